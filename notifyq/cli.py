@@ -1,0 +1,305 @@
+"""The `notifyq` command: a thin click layer over the library.
+
+Every user error is one line on stderr and an exit code from errors.py; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from typing import Any
+
+import click
+import MySQLdb
+
+from notifyq import config as config_mod
+from notifyq import errors
+
+log = logging.getLogger("notifyq.cli")
+
+
+class Context:
+    """What the group's options resolve to; commands load the config through it."""
+
+    def __init__(self, dsn: str | None, log_level: str | None, log_format: str | None):
+        self.flags: dict[str, Any] = {}
+        if dsn:
+            self.flags["dsn"] = dsn
+        log_flags = {k: v for k, v in (("level", log_level), ("format", log_format)) if v}
+        if log_flags:
+            self.flags["log"] = log_flags
+        self._config: config_mod.Config | None = None
+
+    def config(self, **extra: Any) -> config_mod.Config:
+        if self._config is None or extra:
+            overrides = dict(self.flags)
+            for key, value in extra.items():
+                if isinstance(value, dict):
+                    overrides[key] = {**overrides.get(key, {}), **value}
+                else:
+                    overrides[key] = value
+            self._config = config_mod.load(overrides=overrides, warn=_warn)
+        return self._config
+
+    def reload(self) -> config_mod.Config:
+        self._config = None
+        return self.config()
+
+
+def _warn(message: str) -> None:
+    click.echo(f"notifyq: warning: {message}", err=True)
+
+
+def _setup_logging(cfg: config_mod.Config, log_file: str | None = None) -> None:
+    from notifyq import logs
+
+    logs.setup_logging(level=cfg.log.level, fmt=cfg.log.format, log_file=log_file or cfg.log.file or None,
+                       use_syslog=cfg.log.syslog)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--dsn", envvar="NOTIFYQ_DSN", show_envvar=True,
+              help="mysql://user[:password]@host[:port]/database (or ?unix_socket=PATH).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+              help="Overrides log.level.")
+@click.option("--log-format", type=click.Choice(["auto", "kv", "json"]), default=None)
+@click.version_option(package_name="notifyq")
+@click.pass_context
+def main_group(ctx: click.Context, dsn: str | None, log_level: str | None, log_format: str | None) -> None:
+    """notifyq: a durable job queue in MySQL 8.0+ / MariaDB 10.6+.
+
+    Config: /etc/notifyq/notifyq.toml and conf.d/*.toml (or $NOTIFYQ_CONFIG), then NOTIFYQ_*
+    variables, then flags. Exit codes: 0 ok, 2 usage, 3 config, 4 bad input, 5 database,
+    6 schema, 7 server version, 8 handler, 9 unknown outcome, 10 already running.
+    """
+    ctx.obj = Context(dsn, log_level, log_format)
+
+
+# ------------------------------------------------------------------ init / config / status
+
+@main_group.command()
+@click.option("--print-grants", "grant_user", metavar="USER",
+              help="Print the GRANTs a runtime user needs (DML on notifyq tables only) and exit.")
+@click.pass_obj
+def init(obj: Context, grant_user: str | None) -> None:
+    """Create the database schema, or upgrade it. Safe to run again and on many hosts at once."""
+    from notifyq import schema
+
+    cfg = obj.config()
+    if grant_user:
+        click.echo("\n".join(schema.grants(cfg.dsn.database, grant_user)))
+        return
+    _setup_logging(cfg)
+    before, after = schema.init(cfg.dsn)
+    if before == after:
+        click.echo(f"schema of {cfg.dsn.database} is up to date (version {after})")
+    else:
+        click.echo(f"schema of {cfg.dsn.database}: version {before or 'none'} -> {after}")
+
+
+@main_group.command("config")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML-ish text.")
+@click.pass_obj
+def show_config(obj: Context, as_json: bool) -> None:
+    """Print the effective configuration (the password is masked)."""
+    data = obj.config().masked_dict()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    for key in ("dsn", "password_file", "sources"):
+        if key in data:
+            click.echo(f"{key} = {json.dumps(data[key])}")
+    for section in ("log", "wakeup", "consumer", "producer", "defaults"):
+        click.echo(f"\n[{section}]")
+        for k, v in data[section].items():
+            click.echo(f"{k} = {json.dumps(v)}")
+    for name, section in data["queue"].items():
+        click.echo(f"\n[queue.{name}]")
+        for k, v in section.items():
+            click.echo(f"{k} = {json.dumps(v)}")
+
+
+@main_group.command()
+@click.option("-q", "--queue", help="Only this queue.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def status(obj: Context, queue: str | None, as_json: bool) -> None:
+    """Per queue: ready, delayed, claimed, dead, oldest ready age; and the live consumers."""
+    from notifyq import schema
+    from notifyq import status as status_mod
+    from notifyq.db import Session
+
+    cfg = obj.config()
+    if queue:
+        config_mod.validate_queue_name(queue)
+    session = Session(cfg.dsn, retry_s=10, name="status")
+    try:
+        schema.require_current(session)
+        data = status_mod.collect(session, queue)
+    finally:
+        session.close()
+    click.echo(json.dumps(data, indent=2) if as_json else status_mod.render(data))
+
+
+@main_group.command()
+@click.option("-q", "--queue", required=True)
+@click.pass_obj
+def pause(obj: Context, queue: str) -> None:
+    """Stop consumers claiming from QUEUE (they go back to waiting, without polling)."""
+    _set_paused(obj, queue, True)
+
+
+@main_group.command()
+@click.option("-q", "--queue", required=True)
+@click.pass_obj
+def resume(obj: Context, queue: str) -> None:
+    """Let consumers claim from QUEUE again; the watcher wakes at once."""
+    _set_paused(obj, queue, False)
+
+
+def _set_paused(obj: Context, queue: str, paused: bool) -> None:
+    from notifyq import schema, store
+    from notifyq.db import Session
+
+    cfg = obj.config()
+    config_mod.validate_queue_name(queue)
+    session = Session(cfg.dsn, retry_s=10, name="admin")
+    try:
+        schema.require_current(session)
+        store.set_paused(session, queue, paused)
+    finally:
+        session.close()
+    click.echo(f"{queue}: {'paused' if paused else 'resumed'}")
+
+
+# ------------------------------------------------------------------ produce
+
+@main_group.command()
+@click.option("-q", "--queue", required=True, help="Queue to put the jobs on.")
+@click.argument("payloads", nargs=-1, metavar="[JSON ...]")
+@click.option("--priority", type=int, default=0, help="Higher runs first.")
+@click.option("--delay", type=float, default=0.0, help="Seconds before the jobs may run.")
+@click.option("--at", "run_at", help="Run at this ISO-8601 time (with offset; naive means UTC).")
+@click.option("--max-attempts", type=int, default=None)
+@click.option("--dedup-key", help="Skip if a pending job on the queue has this key (one JSON only).")
+@click.option("--input", "input_path", type=click.Path(dir_okay=False),
+              help="Read JSON lines from this file or FIFO instead of stdin.")
+@click.option("--follow", is_flag=True, help="With --input: reopen at EOF (a FIFO whose writers come and go).")
+@click.option("--reject-file", type=click.Path(dir_okay=False), help="Append rejected lines here.")
+@click.option("--print-ids/--count", default=None,
+              help="Print each id (default with JSON arguments) or only a final count (default for streams).")
+@click.option("--daemon", is_flag=True, help="Detach (classic daemon mode; not under systemd).")
+@click.option("--pidfile", type=click.Path(dir_okay=False), help="With --daemon: pidfile path.")
+@click.option("--log-file", type=click.Path(dir_okay=False), help="With --daemon: log here.")
+@click.pass_obj
+def produce(obj: Context, queue: str, payloads: tuple[str, ...], priority: int, delay: float,
+            run_at: str | None, max_attempts: int | None, dedup_key: str | None, input_path: str | None,
+            follow: bool, reject_file: str | None, print_ids: bool | None, daemon: bool,
+            pidfile: str | None, log_file: str | None) -> None:
+    """Enqueue JSON payloads given as arguments, or JSON lines from stdin until EOF."""
+    from notifyq import runner
+
+    cfg = obj.config()
+    config_mod.validate_queue_name(queue)
+    when = _parse_at(run_at)
+    if payloads:
+        runner.produce_args(cfg, queue, payloads, priority=priority, delay=delay, run_at=when,
+                            max_attempts=max_attempts, dedup_key=dedup_key,
+                            print_ids=print_ids is not False)
+        return
+    if dedup_key:
+        raise errors.InputError("--dedup-key needs exactly one JSON argument")
+    runner.produce_stream(cfg, queue, priority=priority, delay=delay, run_at=when,
+                          input_path=input_path, follow=follow, reject_file=reject_file,
+                          print_ids=bool(print_ids), daemon=daemon, pidfile=pidfile, log_file=log_file)
+
+
+def _parse_at(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise errors.InputError(f"--at {text!r}: expected an ISO-8601 time like 2026-01-31T08:00:00+00:00") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+# ------------------------------------------------------------------ consume
+
+@main_group.command()
+@click.option("-q", "--queue", "queues", multiple=True, help="Queue to consume (repeatable).")
+@click.option("--profile", help="Config section [queue.NAME] to run (the systemd instance name).")
+@click.option("--handler", help="Python callable pkg.module:function, called with each Job.")
+@click.option("--command", help="Command run per job with the payload JSON on stdin; exit 0 = done.")
+@click.option("--per-batch/--per-job", default=None, help="Hand the handler whole batches.")
+@click.option("--workers", type=click.IntRange(1, 256), default=None, help="Worker threads per queue.")
+@click.option("--batch-size", type=click.IntRange(1, 10000), default=None)
+@click.option("--exit-when-empty", is_flag=True, help="Exit once a claim finds no ready job.")
+@click.option("--max-jobs", type=click.IntRange(1), default=None, help="Exit after this many jobs.")
+@click.option("--daemon", is_flag=True, help="Detach (classic daemon mode; not under systemd).")
+@click.option("--pidfile", type=click.Path(dir_okay=False), help="With --daemon: pidfile path.")
+@click.option("--log-file", type=click.Path(dir_okay=False), help="Log to this file.")
+@click.pass_obj
+def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler: str | None,
+            command: str | None, per_batch: bool | None, workers: int | None, batch_size: int | None,
+            exit_when_empty: bool, max_jobs: int | None, daemon: bool, pidfile: str | None,
+            log_file: str | None) -> None:
+    """Claim and run jobs until stopped (SIGTERM/SIGINT drain gracefully; SIGHUP reloads)."""
+    from notifyq import runner
+    from notifyq.service import ConsumeOptions
+
+    cfg = obj.config()
+    if profile:
+        config_mod.validate_queue_name(profile)
+        if profile not in cfg.queues:
+            raise errors.ConfigError(f"--profile {profile}: no [queue.{profile}] section in the config")
+        queues = (*queues, profile) if profile not in queues else queues
+    if handler and command:
+        raise errors.ConfigError("give --handler or --command, not both")
+    options = ConsumeOptions(queues=tuple(dict.fromkeys(queues)), handler=handler, command=command,
+                             per_batch=per_batch, workers=workers, batch_size=batch_size,
+                             exit_when_empty=exit_when_empty, max_jobs=max_jobs)
+    sys.exit(runner.consume(obj, options, daemon=daemon, pidfile=pidfile, log_file=log_file))
+
+
+@main_group.command()
+@click.option("--producers", type=click.IntRange(1, 32), default=2)
+@click.option("--consumers", type=click.IntRange(1, 64), default=10)
+@click.option("--rate", type=click.IntRange(1), default=2000, help="Jobs per second offered in all.")
+@click.option("--duration", type=float, default=0, help="Seconds to run (0: until Ctrl-C).")
+@click.pass_obj
+def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float) -> None:
+    """Live demo: producers and consumers against a local (or private) MariaDB."""
+    from notifyq import demo as demo_mod
+
+    sys.exit(demo_mod.run(obj.flags.get("dsn"), producers=producers, consumers=consumers,
+                          rate=rate, duration=duration))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: map errors to one line and an exit code."""
+    try:
+        main_group.main(args=argv, prog_name="notifyq", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("notifyq: aborted", err=True)
+        sys.exit(errors.EXIT_KILLED)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except errors.NotifyqError as e:
+        click.echo(f"notifyq: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except MySQLdb.Error as e:
+        from notifyq.db import describe
+
+        click.echo(f"notifyq: error: database: {describe(e)}", err=True)
+        sys.exit(errors.EXIT_DB)
+    except KeyboardInterrupt:
+        sys.exit(errors.EXIT_KILLED)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(errors.EXIT_OK)

@@ -1,0 +1,314 @@
+"""Worker: one claim -> run -> ack loop for one queue, with its own two database sessions.
+
+The work session runs claims and acks (short READ COMMITTED transactions). The lock session
+holds the worker's liveness lock for its whole life, queues for the watch lock when idle, and
+never holds row locks. A worker whose lock session had to reconnect has lost its liveness lock
+(and maybe its claimed jobs to the reaper): it re-registers under a new id, and acks of the old
+claims are fenced by claim token, so they can never touch a job someone else now holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import MySQLdb
+
+from notifyq import errors, locks, reaper, retry, store
+from notifyq.config import Config
+from notifyq.db import Session
+from notifyq.jobs import Job
+from notifyq.wakeup import Waiter, locks_unavailable
+
+log = logging.getLogger("notifyq.consumer")
+
+ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
+TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
+
+
+@dataclass
+class Stats:
+    """Counters of one worker; the supervisor sums them (each has a single writer)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost_acks: int = 0
+    given_back: int = 0
+    reclaimed: int = 0
+    batches: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    handler_seconds: list[float] = field(default_factory=list)
+
+
+class Budget:
+    """--max-jobs across all workers of a process."""
+
+    def __init__(self, limit: int | None):
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> int:
+        if self.left is None:
+            return n
+        with self._lock:
+            granted = min(n, self.left)
+            self.left -= granted
+            return granted
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+
+class Worker:
+    def __init__(self, config: Config, queue: str, handler, *, stop: threading.Event,
+                 budget: Budget, batch_size: int | None = None, exit_when_empty: bool = False,
+                 name: str = "worker"):
+        self.config = config
+        self.queue = queue
+        self.qc = config.queue(queue)
+        self.handler = handler
+        self.stop = stop
+        self.budget = budget
+        self.batch_size = batch_size or self.qc.batch_size
+        self.exit_when_empty = exit_when_empty
+        self.name = name
+        self.stats = Stats()
+        self.work = Session(config.dsn, name=f"{name}-work")
+        wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
+        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock")
+        self.queue_locks = locks.QueueLocks(config.dsn.database, queue)
+        self.use_locks = config.wakeup.use_locks
+        self.consumer_id = ""
+        self._registered_generation = -1
+        self.waiter = Waiter(self.lock, queue, self.queue_locks, config.wakeup, stop,
+                             on_turn=self._turned, on_reap=self._reap_soon)
+        self.last_turn = time.monotonic()
+        self.in_handler_since: float | None = None
+        self.pending: tuple[int, list[int]] | None = None  # (token, unstarted ids) for the supervisor
+        self.finished = False
+        self.error: BaseException | None = None  # why run() ended early, if it did
+        self._next_reap = 0.0
+        self._next_touch = 0.0
+
+    @property
+    def wakeup_mode(self) -> str:
+        return "locks" if self.use_locks else "polling"
+
+    # -------------------------------------------------------- life cycle
+
+    def run(self) -> None:
+        try:
+            self._register()
+            busy = True
+            while not self.stop.is_set() and not self.budget.exhausted:
+                self._turned()
+                self._ensure_registered()
+                if busy:
+                    got, drained = self._claim_and_run()
+                    if not got and self.exit_when_empty:
+                        break
+                    # --exit-when-empty never idles: it claims until a claim comes back empty.
+                    busy = self.exit_when_empty or (got > 0 and not drained)
+                    self._maybe_reap()
+                else:
+                    busy = self._idle()
+        except Exception as e:
+            self.error = e
+            log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e,
+                      exc_info=not isinstance(e, errors.NotifyqError))
+        finally:
+            self.finished = True
+            self._unregister()
+
+    def _register(self) -> None:
+        """Liveness lock first, then the row: a row is never visible without its lock held."""
+        self.consumer_id = uuid.uuid4().hex
+        lock_name = locks.consumer_lock(self.config.dsn.database, self.consumer_id)
+        if self.use_locks:
+            try:
+                if store.get_lock(self.lock, lock_name, 5) != 1:
+                    raise RuntimeError("could not take a fresh liveness lock")
+            except MySQLdb.Error as e:
+                if not locks_unavailable(e):
+                    raise
+                self.use_locks = False
+                log.warning("advisory locks unavailable (%s): falling back to polling the signal "
+                            "row; dead consumers are found by lease expiry only", e.args[0])
+        store.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
+                                os.getpid(), [self.queue], self.wakeup_mode)
+        self._registered_generation = self.lock.generation
+        log.info("consumer started queue=%s consumer=%s wakeup=%s batch_size=%d",
+                 self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
+
+    def _ensure_registered(self) -> None:
+        if self.use_locks and self.lock.generation != self._registered_generation:
+            log.warning("lock session reconnected: liveness lock was lost, re-registering "
+                        "queue=%s old_consumer=%s", self.queue, self.consumer_id)
+            self.waiter.watching = False
+            self._register()
+        now = time.monotonic()
+        if now >= self._next_touch:
+            self._next_touch = now + TOUCH_S
+            store.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
+
+    def _unregister(self) -> None:
+        try:
+            if self.consumer_id:
+                store.unregister_consumer(self.work, self.consumer_id)
+        except Exception as e:  # the reaper cleans up whatever we could not
+            log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
+        self.lock.close()  # frees the liveness, watch and any bell locks at once
+        self.work.close()
+
+    def _turned(self) -> None:
+        self.last_turn = time.monotonic()
+
+    # -------------------------------------------------------- idle
+
+    def _idle(self) -> bool:
+        """Wait for work without touching the jobs table; True when more work is likely."""
+        if not self.use_locks:
+            return self.waiter.poll_for_work()
+        if not self.waiter.acquire_watch():
+            return False  # timed out or interrupted: the loop turns, then we queue up again
+        try:
+            total = self.waiter.wait_for_work()
+            if total is None:
+                return False
+            got, drained = self._claim_and_run(before_run=lambda d: self._hand_on_watch(total, d))
+            return got > 0 and not drained
+        finally:
+            if self.waiter.watching:  # not yet handed on (no jobs, or an error)
+                self.waiter.release_watch(None)
+
+    def _hand_on_watch(self, total: int, drained: bool) -> None:
+        # Before running the batch: the next idle consumer takes over watching right away.
+        self.waiter.release_watch(total if drained else None)
+
+    # -------------------------------------------------------- claim, run, ack
+
+    def _claim_and_run(self, before_run=None) -> tuple[int, bool]:
+        want = self.budget.take(self.batch_size)
+        if want <= 0:
+            return 0, True
+        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s)
+        if self.budget.left is not None and want > len(claim.jobs):
+            self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
+        if before_run is not None:
+            before_run(claim.drained and not claim.paused)
+        if claim.jobs:
+            self._run_batch(claim.jobs, claim.token)
+        return len(claim.jobs), claim.drained
+
+    def _run_batch(self, jobs: list[Job], token: int) -> None:
+        self.stats.claimed += len(jobs)
+        self.stats.batches += 1
+        self.stats.batch_sizes.append(len(jobs))
+        for job in jobs:
+            try:
+                job.payload = json.loads(job.payload)
+            except ValueError as e:
+                job.fail(f"payload is not valid JSON: {e}", retry=False)
+            job._extend = lambda ids=[j.id for j in jobs]: self._extend(ids, token)
+        self.pending = (token, [j.id for j in jobs])
+        log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
+        done: list[Job] = []
+        last_flush = time.monotonic()
+        started = 0
+        try:
+            if self.handler.per_batch:
+                started = len(jobs)
+                self._call([j for j in jobs if j.error is None], token)
+                done = jobs
+            else:
+                for job in jobs:
+                    if self.stop.is_set():
+                        break
+                    started += 1
+                    self.pending = (token, [j.id for j in jobs[started:]])
+                    if job.error is None:
+                        self._call([job], token)
+                    done.append(job)
+                    if time.monotonic() - last_flush >= ACK_FLUSH_S:
+                        self._settle(done, token)
+                        done, last_flush = [], time.monotonic()
+        finally:
+            self._settle(done, token)
+            rest = [j.id for j in jobs[started:]]
+            if rest:
+                n = store.give_back(self.work, self.queue, rest, token)
+                self.stats.given_back += n
+                log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+            self.pending = None
+
+    def _call(self, jobs: list[Job], token: int) -> None:
+        self.in_handler_since = t0 = time.monotonic()
+        try:
+            self.handler(jobs, lambda: self._extend([j.id for j in jobs], token))
+        finally:
+            self.in_handler_since = None
+            self.stats.handler_seconds.append(time.monotonic() - t0)
+            self._turned()
+
+    def _extend(self, ids: list[int], token: int) -> None:
+        store.extend_lease(self.work, ids, token, self.qc.lease_s)
+
+    def _settle(self, jobs: list[Job], token: int) -> None:
+        """Ack the successes in one statement, retry or bury the failures."""
+        if not jobs:
+            return
+        ok = [j.id for j in jobs if j.error is None]
+        failures = []
+        for job in jobs:
+            if job.error is None:
+                continue
+            delay = retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
+                                       self.qc.retry_max_s) if job.retry else None
+            failures.append((job.id, delay, job.error))
+            if delay is None:
+                self.stats.dead += 1
+                log.warning("job dead queue=%s job=%d attempts=%d error=%r",
+                            self.queue, job.id, job.attempts, job.error[:200])
+            else:
+                self.stats.retried += 1
+                log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
+                         self.queue, job.id, job.attempts, delay, job.error[:200])
+        owned = store.ack(self.work, ok, token, self.qc.keep_done)
+        owned += store.fail(self.work, self.queue, token, failures)
+        self.stats.succeeded += len(ok)
+        self.stats.failed += len(failures)
+        lost = len(jobs) - owned
+        if lost:
+            # The claim was taken from us (lease expired or our session died and the reaper
+            # moved in): the job belongs to someone else now. Count it, touch nothing.
+            self.stats.lost_acks += lost
+            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+
+    # -------------------------------------------------------- the reaper, run by consumers
+
+    def _reap_soon(self) -> None:
+        self._maybe_reap(check=False)  # the watch statement already asked reap_needed
+
+    def _maybe_reap(self, check: bool = True) -> None:
+        now = time.monotonic()
+        if now < self._next_reap or not self.use_locks:
+            if not self.use_locks and now >= self._next_reap:
+                self._next_reap = now + self.config.consumer.reap_interval_s
+                self.stats.reclaimed += store.reclaim_expired(self.work)
+            return
+        self._next_reap = now + self.config.consumer.reap_interval_s
+        if check and not store.reap_needed(self.work):
+            return
+        result = reaper.reap(self.lock, self.work, self.config.dsn.database)
+        if result is not None:
+            self.stats.reclaimed += result.reclaimed + result.expired

@@ -1,0 +1,197 @@
+"""Connections, error classes and the one retry policy for database work.
+
+Retries wrap whole transactions, never single statements: after a deadlock the earlier
+statements of the transaction are gone, after a lock wait timeout they are still there.
+Either way the only safe move is ROLLBACK (or a new connection) and run the whole thing again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import MySQLdb
+import tenacity
+
+from notifyq import errors
+from notifyq.config import DSN
+
+log = logging.getLogger("notifyq.db")
+T = TypeVar("T")
+
+# Run the transaction again on a live connection.
+RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
+# The connection is gone or the server cannot serve us right now: reconnect, then run again.
+RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040})
+ACCESS_DENIED = frozenset({1044, 1045, 1698})
+UNKNOWN_DATABASE = 1049
+
+
+def error_code(exc: BaseException) -> int | None:
+    if isinstance(exc, MySQLdb.Error) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    return error_code(exc) in RERUN_CODES | RECONNECT_CODES
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    return error_code(exc) in RECONNECT_CODES
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the user. Server messages name user@host, never the password."""
+    code = error_code(exc)
+    if code is None:
+        return str(exc)
+    return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
+
+
+def retry_policy(give_up_after_s: float, what: str) -> tenacity.Retrying:
+    """The infrastructure policy: full-jitter exponential backoff on transient errors only."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=tenacity.wait_random_exponential(multiplier=0.05, max=5.0),
+        stop=tenacity.stop_after_delay(give_up_after_s),
+        before_sleep=lambda rs: log.warning(
+            "database error, retrying what=%s attempt=%d error=%r",
+            what, rs.attempt_number, describe(rs.outcome.exception()),
+        ),
+        reraise=True,
+    )
+
+
+class Session:
+    """One MySQLdb connection that knows how to rebuild itself.
+
+    `autocommit=False` sessions run claims and acks as explicit short transactions in READ
+    COMMITTED; `autocommit=True` sessions hold advisory locks and wait in GET_LOCK, and must
+    never hold row locks (a row-lock/user-lock cycle is not detected by the server).
+    """
+
+    def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
+                 retry_s: float = 60.0, name: str = "work"):
+        self.dsn = dsn
+        self.autocommit = autocommit
+        self.read_timeout_s = read_timeout_s
+        self.retry_s = retry_s
+        self.name = name
+        self._conn: MySQLdb.connections.Connection | None = None
+        self.generation = 0  # bumped on every new connection: advisory locks died with the old one
+        self.auto_increment_increment = 1
+        self.server_version = ""
+        self.connection_id: int | None = None  # readable from other threads (the stopper)
+
+    @property
+    def conn(self) -> MySQLdb.connections.Connection:
+        if self._conn is None:
+            self.connect()
+        assert self._conn is not None
+        return self._conn
+
+    def connect(self) -> None:
+        self.discard()
+        try:
+            for attempt in retry_policy(self.retry_s, f"connect {self.name}"):
+                with attempt:
+                    self._conn = self._open()
+        except MySQLdb.Error as e:
+            raise errors.DatabaseError(
+                f"cannot reach the database at {self.dsn.masked()}: {describe(e)}"
+            ) from None
+        self.generation += 1
+
+    def _open(self) -> MySQLdb.connections.Connection:
+        try:
+            conn = MySQLdb.connect(
+                **self.dsn.connect_args(),
+                autocommit=self.autocommit,
+                connect_timeout=10,
+                read_timeout=self.read_timeout_s,
+                write_timeout=30,
+            )
+        except MySQLdb.OperationalError as e:
+            code = error_code(e)
+            if code in ACCESS_DENIED:
+                raise errors.DatabaseError(
+                    f"the server refused user {self.dsn.user!r}: check the password and grants"
+                ) from None
+            if code == UNKNOWN_DATABASE:
+                raise errors.SchemaError(
+                    f"database {self.dsn.database!r} does not exist: run `notifyq init`"
+                ) from None
+            raise
+        cur = conn.cursor()
+        # READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide new
+        # jobs) and locking reads take no gap locks that block producers.
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
+        cur.execute("SELECT VERSION(), @@auto_increment_increment")
+        self.server_version, self.auto_increment_increment = cur.fetchone()
+        cur.close()
+        self.connection_id = conn.thread_id()
+        return conn
+
+    def discard(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # already broken: nothing to clean up
+                pass
+            self._conn = None
+            self.connection_id = None
+
+    def close(self) -> None:
+        self.discard()
+
+    def cursor(self):
+        return self.conn.cursor()
+
+    def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True) -> T:
+        """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
+
+        A lost connection during COMMIT leaves the outcome unknown: idempotent bodies (every
+        claim, ack and retry statement is fenced by status and claim token) just run again;
+        others raise OutcomeUnknown rather than risk doing the work twice.
+        """
+        try:
+            return self._run(body, what=what, idempotent=idempotent)
+        except MySQLdb.Error as e:
+            if is_transient(e):
+                raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
+            raise
+
+    def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool) -> T:
+        for attempt in retry_policy(self.retry_s, what):
+            with attempt:
+                committing = False
+                try:
+                    cur = self.conn.cursor()
+                    try:
+                        result = body(cur)
+                    finally:
+                        cur.close()
+                    if not self.autocommit:
+                        committing = True
+                        self.conn.commit()
+                    return result
+                except MySQLdb.Error as e:
+                    self._after_error(e)
+                    if committing and is_connection_lost(e) and not idempotent:
+                        raise errors.OutcomeUnknown(
+                            f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
+                        ) from None
+                    raise
+        raise AssertionError("unreachable")
+
+    def _after_error(self, exc: MySQLdb.Error) -> None:
+        if is_connection_lost(exc) or self._conn is None:
+            self.discard()
+            return
+        try:
+            self._conn.rollback()
+        except MySQLdb.Error:
+            self.discard()

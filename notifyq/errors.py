@@ -1,0 +1,80 @@
+"""One exception hierarchy and the exit codes the CLI maps it to.
+
+Operators script against the exit codes, so they are part of the contract:
+
+    0  ok
+    1  unexpected internal error (a bug: the traceback is logged)
+    2  usage error (bad flag or argument; click's own code)
+    3  bad configuration (unknown key, bad DSN, unreadable password file)
+    4  bad input (invalid JSON, oversize payload, invalid queue name)
+    5  database unreachable or refused the login
+    6  schema missing, older or newer than this code: run `notifyq init`
+    7  server unsupported (no SKIP LOCKED: MySQL < 8.0.1, MariaDB < 10.6)
+    8  handler cannot be loaded (import error, command not found)
+    9  an enqueue's outcome is unknown (connection lost during COMMIT)
+   10  another instance holds the pidfile
+  130  killed by a second SIGINT/SIGTERM
+"""
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+EXIT_INPUT = 4
+EXIT_DB = 5
+EXIT_SCHEMA = 6
+EXIT_SERVER = 7
+EXIT_HANDLER = 8
+EXIT_UNKNOWN_OUTCOME = 9
+EXIT_RUNNING = 10
+EXIT_KILLED = 130
+
+
+class NotifyqError(Exception):
+    """Base of every error notifyq raises on purpose; `str()` is one line for the user."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class ConfigError(NotifyqError):
+    exit_code = EXIT_CONFIG
+
+
+class InputError(NotifyqError):
+    """Bad user data: nothing was written."""
+
+    exit_code = EXIT_INPUT
+
+
+class DatabaseError(NotifyqError):
+    """The server could not be reached, or refused us, after retrying."""
+
+    exit_code = EXIT_DB
+
+
+class TransientDBError(DatabaseError):
+    """A retryable database failure that outlived the retry policy."""
+
+
+class SchemaError(NotifyqError):
+    exit_code = EXIT_SCHEMA
+
+
+class UnsupportedServer(NotifyqError):
+    exit_code = EXIT_SERVER
+
+
+class HandlerError(NotifyqError):
+    """A handler could not be loaded at all (not: a handler that raised)."""
+
+    exit_code = EXIT_HANDLER
+
+
+class OutcomeUnknown(NotifyqError):
+    """The connection died during COMMIT: the jobs may or may not be stored."""
+
+    exit_code = EXIT_UNKNOWN_OUTCOME
+
+
+class AlreadyRunning(NotifyqError):
+    exit_code = EXIT_RUNNING

@@ -1,0 +1,151 @@
+"""Handlers: a Python callable `pkg.module:function`, or an external command.
+
+Per job, a handler gets one Job (a command gets the payload JSON on stdin). Per batch, it
+gets the list (a command gets JSON lines) and may fail jobs one by one with `job.fail()`;
+jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from notifyq import errors
+from notifyq.jobs import Job
+
+
+class PythonHandler:
+    def __init__(self, spec: str, per_batch: bool):
+        self.spec = spec
+        self.per_batch = per_batch
+        self.func = load_callable(spec)
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        if self.per_batch:
+            _run_batch(lambda: self.func(jobs), jobs)
+            return
+        for job in jobs:
+            if job.error is not None:
+                continue
+            try:
+                self.func(job)
+            except Exception as e:  # the handler's failure is the job's, never the consumer's
+                job.fail(f"{type(e).__name__}: {e}")
+
+
+def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
+    try:
+        call()
+    except Exception as e:
+        for job in jobs:
+            if job.error is None:
+                job.fail(f"{type(e).__name__}: {e}")
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise errors.HandlerError(f"handler {spec!r}: expected pkg.module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: handlers next to the caller import
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise errors.HandlerError(f"handler {spec!r}: cannot import {module_name}: {e}") from None
+    func = module
+    for part in attr.split("."):
+        func = getattr(func, part, None)
+        if func is None:
+            raise errors.HandlerError(f"handler {spec!r}: {module_name} has no attribute {attr}")
+    if not callable(func):
+        raise errors.HandlerError(f"handler {spec!r} is not callable")
+    return func
+
+
+class CommandHandler:
+    """Runs `command` (split like a shell would, but without a shell) with a timeout.
+
+    Exit 0 is success. The environment carries NOTIFYQ_QUEUE, NOTIFYQ_JOB_ID(S) and
+    NOTIFYQ_ATTEMPT. The command runs in its own process group, so a timeout kills everything
+    it started, not just the first process.
+    """
+
+    def __init__(self, command: str, per_batch: bool, timeout_s: float):
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as e:
+            raise errors.HandlerError(f"command {command!r}: {e}") from None
+        if not self.argv:
+            raise errors.HandlerError("command is empty")
+        if shutil.which(self.argv[0]) is None:
+            raise errors.HandlerError(f"command not found: {self.argv[0]}")
+        self.per_batch = per_batch
+        self.timeout_s = timeout_s
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        if self.per_batch:
+            lines = "".join(json.dumps(j.payload, separators=(",", ":")) + "\n" for j in jobs)
+            env = {"NOTIFYQ_JOB_IDS": " ".join(str(j.id) for j in jobs)}
+            error = self._run(lines, env, jobs[0].queue, extend)
+            if error:
+                for job in jobs:
+                    job.fail(error)
+            return
+        for job in jobs:
+            env = {"NOTIFYQ_JOB_ID": str(job.id), "NOTIFYQ_ATTEMPT": str(job.attempts)}
+            error = self._run(json.dumps(job.payload), env, job.queue, extend)
+            if error:
+                job.fail(error)
+
+    def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None]) -> str | None:
+        env = {**os.environ, **extra_env, "NOTIFYQ_QUEUE": queue}
+        try:
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
+        except OSError as e:
+            return f"cannot run {self.argv[0]}: {e.strerror}"
+        deadline = time.monotonic() + self.timeout_s
+        stderr = ""
+        pending = stdin
+        while True:
+            try:
+                _, stderr = proc.communicate(pending, timeout=min(30.0, max(0.01, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                pending = None
+                if time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    return f"command timed out after {self.timeout_s:g}s"
+                extend()  # still running and within its timeout: keep the lease
+        if proc.returncode != 0:
+            tail = (stderr or "").strip()[-2000:]
+            return f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
+        return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def load(handler: str, command: str, per_batch: bool, timeout_s: float):
+    if handler and command:
+        raise errors.HandlerError("give a handler or a command, not both")
+    if handler:
+        return PythonHandler(handler, per_batch)
+    if command:
+        return CommandHandler(command, per_batch, timeout_s)
+    raise errors.HandlerError("no handler: pass --handler pkg.module:function or --command CMD "
+                              "(or set handler/command for the queue in the config)")

@@ -1,0 +1,50 @@
+"""Job: what a handler receives, and how it reports a per-job outcome in batch mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.IntEnum):
+    READY = 0
+    SCHEDULED = 1  # run_at lies in the future (delayed put, or a retry waiting for its backoff)
+    CLAIMED = 2
+    DONE = 3  # only kept when the queue has keep_done = true
+    DEAD = 4  # out of attempts; last_error says why
+
+
+STATUS_NAMES = {s.value: s.name.lower() for s in Status}
+
+
+@dataclass(eq=False)
+class Job:
+    id: int
+    queue: str
+    payload: Any
+    priority: int
+    attempts: int  # including the current one
+    max_attempts: int
+    run_at: dt.datetime
+    created_at: dt.datetime
+    dedup_key: str | None = None
+    # Set by a batch handler that wants to fail this one job; None means success.
+    error: str | None = field(default=None, repr=False)
+    retry: bool = field(default=True, repr=False)
+    _extend: Any = field(default=None, repr=False)
+
+    def fail(self, error: str, *, retry: bool = True) -> None:
+        """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
+        self.error = str(error) or "failed"
+        self.retry = retry
+
+    def extend_lease(self) -> None:
+        """Long-running handlers: push the claim's lease out again so no reaper takes the job."""
+        if self._extend is not None:
+            self._extend()
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts

@@ -1,0 +1,150 @@
+"""One line per event, key=value or JSON, secrets redacted; only the "notifyq" logger.
+
+log.info("claimed batch", extra=logs.kv(queue="emails", n=1)) writes
+ts=2026-01-02T03:04:05.678Z level=info logger=notifyq.consumer msg="claimed batch" queue=emails n=1"""
+
+import datetime
+import json
+import logging
+import os
+import re
+import sys
+from logging.handlers import SysLogHandler, WatchedFileHandler
+from typing import Any, TextIO
+
+LOGGER = "notifyq"
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "warn": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL}
+_OURS = "_notifyq_handler"  # marks our handlers, so a second setup replaces only them
+
+
+def kv(**fields: Any) -> dict[str, dict[str, Any]]:
+    """Structured fields for a log call: `log.info("msg", extra=kv(queue=q, n=3))`."""
+    return {"kv": fields}
+
+
+def setup_logging(level: str = "info", fmt: str = "auto", log_file: str | None = None,
+                  use_syslog: bool = False) -> logging.Logger:
+    """Configure the "notifyq" logger; safe to call again (e.g. on reload)."""
+    if fmt not in ("auto", "kv", "json"):
+        raise ValueError(f"log format must be auto, kv or json, not {fmt!r}")
+    logger = logging.getLogger(LOGGER)
+    for old in [h for h in logger.handlers if getattr(h, _OURS, False)]:
+        logger.removeHandler(old)
+        old.close()
+    if log_file:
+        # Watched: a file moved away by logrotate is reopened, not written into forever.
+        main: logging.Handler = WatchedFileHandler(log_file, encoding="utf-8")
+        stamped = True
+    else:
+        main = logging.StreamHandler(sys.stderr)
+        stamped = fmt != "auto" or not under_journald(sys.stderr)  # journald stamps its own
+    handlers = [(main, stamped)]
+    if use_syslog:
+        syslog = SysLogHandler("/dev/log", SysLogHandler.LOG_DAEMON)
+        syslog.ident = f"notifyq[{os.getpid()}]: "
+        handlers.append((syslog, False))  # syslog stamps its own
+    for handler, stamped in handlers:
+        handler.setFormatter(JSONFormatter() if fmt == "json" else KVFormatter(timestamps=stamped))
+        # On the handler, not the logger: logger filters skip records from child loggers.
+        handler.addFilter(Redactor())
+        setattr(handler, _OURS, True)
+        logger.addHandler(handler)
+    logger.propagate = False  # a root handler (basicConfig, a library) would print twice
+    set_level(level)
+    return logger
+
+
+def set_level(level: str) -> None:
+    """Change the level live (SIGHUP reload)."""
+    try:
+        logging.getLogger(LOGGER).setLevel(_LEVELS[level.lower()])
+    except KeyError:
+        raise ValueError(f"log level must be one of {', '.join(_LEVELS)}, not {level!r}") from None
+
+
+def under_journald(stream: TextIO, env: dict[str, str] | None = None) -> bool:
+    """stream is systemd's journal connection: $JOURNAL_STREAM=dev:inode matches it (the
+    variable alone proves nothing: children inherit it with stderr redirected elsewhere)."""
+    env = os.environ if env is None else env
+    try:
+        dev, ino = (int(part) for part in env.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):  # io.UnsupportedOperation is both
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+_URL_SECRET = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)\S*@", re.I)  # to the last @
+_KEY_SECRET = re.compile(
+    r"""(\b[\w.-]*(?:password|passwd|pwd|pw)["']?\s*[=:]\s*)("[^"]*"|'[^']*'|[^\s,;&'"}]+)""", re.I)
+_SECRET_FIELD = re.compile(r"(?:passw(?:or)?d|pwd|(?:^|[_.-])pw)$", re.I)
+
+
+def redact(text: str) -> str:
+    return _KEY_SECRET.sub(r"\1***", _URL_SECRET.sub(r"\1***@", text))
+
+
+class Redactor(logging.Filter):
+    """Last line of defence: masks password=..., pw=..., scheme://user:SECRET@ in messages,
+    string fields and tracebacks. Code should never log secrets in the first place."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            record.msg, record.args = redact(record.getMessage()), None
+        except Exception:
+            return True  # bad format args: let the handler report it as usual
+        fields = getattr(record, "kv", None)
+        if isinstance(fields, dict):
+            record.kv = {k: "***" if _SECRET_FIELD.search(str(k))
+                         else redact(v) if isinstance(v, str) else v for k, v in fields.items()}
+        if record.exc_info or record.exc_text:  # formatters reuse a cached exc_text
+            exc = record.exc_text or logging.Formatter().formatException(record.exc_info)
+            record.exc_text = redact(exc)
+        return True
+
+
+def _core(record: logging.LogRecord, formatter: logging.Formatter, ts: bool) -> dict[str, Any]:
+    when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+    doc: dict[str, Any] = {"ts": when.isoformat(timespec="milliseconds")[:-6] + "Z"} if ts else {}
+    doc.update(level=record.levelname.lower(), logger=record.name, msg=record.getMessage())
+    fields = getattr(record, "kv", None)
+    for key, value in (fields.items() if isinstance(fields, dict) else ()):
+        doc["_" + key if key in doc else key] = value  # never overwrite the core keys
+    if record.exc_info and not record.exc_text:
+        record.exc_text = formatter.formatException(record.exc_info)
+    if record.exc_text:
+        doc["exc"] = record.exc_text
+    if record.stack_info:
+        doc["stack"] = record.stack_info
+    return doc
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_core(record, self, ts=True), default=str, ensure_ascii=False)
+
+
+_NEEDS_QUOTES = re.compile(r'[\s"=\\\x00-\x1f\x7f]')
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPE = re.compile(r'[\\"\x00-\x1f\x7f]')
+_BAD_KEY = re.compile(r"[^\w.-]")
+
+
+class KVFormatter(logging.Formatter):
+    """logfmt-style key=value; values are quoted only when they must be, newlines escaped."""
+
+    def __init__(self, timestamps: bool = True) -> None:
+        super().__init__()
+        self.timestamps = timestamps
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = _core(record, self, ts=self.timestamps)
+        return " ".join(f"{_BAD_KEY.sub('_', str(k)) or '_'}={_value(v)}" for k, v in doc.items())
+
+
+def _value(value: object) -> str:
+    text = json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return '"' + _ESCAPE.sub(lambda m: _ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}"), text) + '"'

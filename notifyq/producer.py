@@ -1,0 +1,261 @@
+"""Producer: put jobs on one queue, alone or inside the caller's own transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from notifyq import errors, store
+from notifyq.config import Config, validate_queue_name
+from notifyq.db import Session
+from notifyq.jobs import Status
+from notifyq.locks import QueueLocks
+from notifyq.wakeup import Bell, instant_wake
+
+log = logging.getLogger("notifyq.producer")
+
+
+class Producer:
+    """Enqueue jobs on `queue`.
+
+    `ring=True` is for long-lived producers (`notifyq produce`, a web app's producer kept open):
+    the producer then holds the queue's bell and rings it after every commit, which wakes an
+    idle consumer within a millisecond or two. One-shot producers leave it off: the watcher's
+    backoff poll of the signal row finds their jobs (or `wakeup.instant_wake` interrupts it).
+    """
+
+    def __init__(self, queue: str, config: Config, *, ring: bool = False):
+        self.queue = validate_queue_name(queue)
+        self.config = config
+        self.queue_config = config.queue(queue)
+        self.locks = QueueLocks(config.dsn.database, queue)
+        self._session: Session | None = None
+        self._lock_session: Session | None = None
+        self._bell: Bell | None = None
+        self._ring = ring
+        self._queue_known = False
+
+    # -------------------------------------------------------- the API
+
+    def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
+            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+        """Enqueue one job and return its id; with `conn` it commits with the caller's transaction.
+
+        With `dedup_key`, a pending job (ready, scheduled or claimed) holding the same key on this
+        queue makes this a no-op that returns that job's id.
+        """
+        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
+        if dedup_key is not None:
+            return self._write(lambda cur: self._insert_unique(cur, row), 1, conn)
+        return self._write(lambda cur: self._insert(cur, [row], conn), 1, conn)[0]
+
+    def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
+                 run_at: dt.datetime | None = None, max_attempts: int | None = None,
+                 conn: Any = None) -> list[int]:
+        """Enqueue many jobs atomically: multi-row INSERTs of `producer.chunk_size` rows each."""
+        rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
+        if not rows:
+            return []
+        size = self.config.producer.chunk_size
+
+        def body(cur) -> list[int]:
+            ids: list[int] = []
+            for i in range(0, len(rows), size):
+                ids += self._insert(cur, rows[i:i + size], conn, bump=False)
+            store.bump_signal(cur, self.queue, len(rows))
+            return ids
+
+        return self._write(body, len(rows), conn)
+
+    def close(self) -> None:
+        if self._bell is not None:
+            self._bell.disarm()
+        for session in (self._session, self._lock_session):
+            if session is not None:
+                session.close()
+        self._session = self._lock_session = self._bell = None
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -------------------------------------------------------- internals
+
+    def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+             max_attempts: int | None, dedup_key: str | None) -> tuple:
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise errors.InputError(f"payload is not JSON-serialisable: {e}") from None
+        limit = self.config.producer.max_payload_bytes
+        if len(text.encode()) > limit:
+            raise errors.InputError(f"payload is {len(text.encode())} bytes, over the {limit}-byte limit")
+        if not -32768 <= int(priority) <= 32767:
+            raise errors.InputError("priority must be between -32768 and 32767")
+        if run_at is not None:
+            if run_at.tzinfo is None:
+                raise errors.InputError("run_at must be timezone-aware (it is stored in UTC)")
+            delay = (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
+        if delay < 0 and run_at is None:
+            raise errors.InputError("delay must not be negative")
+        attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
+        if not 1 <= attempts <= 65535:
+            raise errors.InputError("max_attempts must be between 1 and 65535")
+        if dedup_key is not None and not 0 < len(dedup_key) <= 191:
+            raise errors.InputError("dedup_key must be 1 to 191 characters")
+        status = Status.SCHEDULED if delay > 0 else Status.READY
+        return (self.queue, int(status), int(priority), max(0, int(delay * 1e6)), attempts, text, dedup_key)
+
+    def _insert(self, cur, rows: list[tuple], conn: Any, bump: bool = True) -> list[int]:
+        increment = self._session.auto_increment_increment if conn is None else _increment(cur)
+        ids = store.insert_jobs(cur, rows, increment)
+        if bump:
+            store.bump_signal(cur, self.queue, len(rows))
+        return ids
+
+    def _insert_unique(self, cur, row: tuple) -> int:
+        keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
+        job_id, created = store.insert_unique_job(cur, dict(zip(keys, row)))
+        if created:
+            store.bump_signal(cur, self.queue, 1)
+        return job_id
+
+    def _write(self, body: Callable[[Any], Any], n: int, conn: Any) -> Any:
+        if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
+            cur = conn.cursor()
+            try:
+                return body(cur)
+            finally:
+                cur.close()
+        session = self._work_session()
+        bell = self._armed_bell()
+
+        def with_bell(cur):
+            if bell is not None:
+                bell.before_commit(cur)
+            return body(cur)
+
+        try:
+            # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
+            # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
+            result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
+        except BaseException:
+            if bell is not None:
+                bell.after_rollback()
+            raise
+        if bell is not None:
+            bell.after_commit()
+        elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
+            instant_wake(self._locks(), self.locks)
+        return result
+
+    def _work_session(self) -> Session:
+        if self._session is None:
+            self._session = Session(self.config.dsn, name="producer")
+        if not self._queue_known:
+            self._session.run(lambda cur: store.ensure_queue(cur, self.queue), what="ensure queue")
+            self._queue_known = True
+        return self._session
+
+    def _locks(self) -> Session:
+        if self._lock_session is None:
+            self._lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks")
+        return self._lock_session
+
+    def _armed_bell(self) -> Bell | None:
+        if not self._ring or not self.config.wakeup.use_locks:
+            return None
+        if self._bell is None:
+            self._bell = Bell(self._locks(), self.queue, self.locks)
+        return self._bell if self._bell.arm(self._session) else None
+
+
+def _increment(cur) -> int:
+    cur.execute("SELECT @@auto_increment_increment")
+    return int(cur.fetchone()[0])
+
+
+# ------------------------------------------------------------ `notifyq produce` from a stream
+
+@dataclass
+class ProduceStats:
+    lines: int = 0
+    enqueued: int = 0
+    rejected: int = 0
+    batches: int = 0
+
+
+def _batches(lines: Iterable[str], max_lines: int, max_wait_s: float) -> Iterator[list[tuple[int, str]]]:
+    """Group lines by count and by time: a slow trickle still commits within max_wait_s.
+
+    A reader thread feeds a queue so the wait for the next line can time out.
+    """
+    q: queue_mod.Queue = queue_mod.Queue(maxsize=max_lines * 4)
+    done = object()
+
+    def read() -> None:
+        try:
+            for number, line in enumerate(lines, 1):
+                q.put((number, line))
+        finally:
+            q.put(done)
+
+    threading.Thread(target=read, name="produce-reader", daemon=True).start()
+    batch: list[tuple[int, str]] = []
+    deadline = None
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            item = q.get(timeout=timeout)
+        except queue_mod.Empty:
+            item = None
+        if item is done:
+            if batch:
+                yield batch
+            return
+        if item is not None:
+            batch.append(item)
+            if deadline is None:
+                deadline = time.monotonic() + max_wait_s
+        if batch and (len(batch) >= max_lines or time.monotonic() >= (deadline or 0)):
+            yield batch
+            batch, deadline = [], None
+
+
+def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[[list[int]], None],
+                  on_reject: Callable[[int, str, str], None], priority: int = 0, delay: float = 0,
+                  run_at: dt.datetime | None = None, stop: threading.Event | None = None) -> ProduceStats:
+    """Enqueue JSON lines until EOF; bad lines are reported and skipped, good ones never lost."""
+    cfg = producer.config.producer
+    stats = ProduceStats()
+    for batch in _batches(lines, cfg.batch_lines, cfg.batch_wait_s):
+        payloads = []
+        for number, line in batch:
+            stats.lines += 1
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                payload = json.loads(text)
+                producer._row(payload, priority, delay, run_at, None, None)  # size, type checks
+            except (ValueError, errors.InputError) as e:
+                stats.rejected += 1
+                on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
+                continue
+            payloads.append(payload)
+        if payloads:
+            on_ids(producer.put_many(payloads, priority=priority, delay=delay, run_at=run_at))
+            stats.enqueued += len(payloads)
+            stats.batches += 1
+        if stop is not None and stop.is_set():
+            break
+    return stats

@@ -1,0 +1,142 @@
+"""Schema versions: `notifyq init` creates or upgrades; everything else refuses a mismatch."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import MySQLdb
+
+from notifyq import errors, locks
+from notifyq.config import DSN
+from notifyq.db import Session, describe, error_code
+from notifyq.sql import QUERIES as Q
+from notifyq.sql import migrations, split_statements
+
+log = logging.getLogger("notifyq.schema")
+
+
+def code_version() -> int:
+    return migrations()[-1][0]
+
+
+def check_server(version: str) -> None:
+    """SKIP LOCKED is the whole claim design: MySQL 8.0.1+, MariaDB 10.6+."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if not m:
+        return
+    major, minor, patch = map(int, m.groups())
+    if "mariadb" in version.lower():
+        if (major, minor) < (10, 6):
+            raise errors.UnsupportedServer(
+                f"MariaDB {major}.{minor} has no SKIP LOCKED: notifyq needs MariaDB 10.6 or newer")
+    elif (major, minor, patch) < (8, 0, 1):
+        raise errors.UnsupportedServer(
+            f"MySQL {major}.{minor}.{patch} has no SKIP LOCKED: notifyq needs MySQL 8.0.1 or newer")
+
+
+def current_version(session: Session) -> int | None:
+    def body(cur):
+        try:
+            cur.execute(Q["schema_version"])
+        except MySQLdb.ProgrammingError as e:
+            if error_code(e) == 1146:  # no nq_meta table: never initialised
+                return None
+            raise
+        row = cur.fetchone()
+        return int(row[0]) if row else None
+
+    return session.run(body, what="read schema version")
+
+
+def require_current(session: Session) -> None:
+    """Refuse to run against a schema this code was not written for."""
+    check_server(session.server_version or "")
+    have, want = current_version(session), code_version()
+    if have is None:
+        raise errors.SchemaError(
+            f"database {session.dsn.database!r} has no notifyq schema: run `notifyq init`")
+    if have < want:
+        raise errors.SchemaError(
+            f"schema version {have} is older than this notifyq's {want}: run `notifyq init` to upgrade")
+    if have > want:
+        raise errors.SchemaError(
+            f"schema version {have} is newer than this notifyq's {want}: upgrade notifyq on this host")
+
+
+def init(dsn: DSN, retry_s: float = 30.0) -> tuple[int | None, int]:
+    """Create the database if we may, then apply missing migrations under an advisory lock.
+
+    Two hosts running `init` at once serialise on the lock; the second finds nothing to do.
+    Returns (version before, version after).
+    """
+    _create_database(dsn, retry_s)
+    session = Session(dsn, autocommit=True, retry_s=retry_s, name="init")
+    try:
+        check_server(session.conn.get_server_info())
+        name = locks.migrate_lock(dsn.database)
+        cur = session.cursor()
+        cur.execute(Q["get_lock"], {"name": name, "wait_s": 120})
+        if cur.fetchone()[0] != 1:
+            raise errors.DatabaseError("another `notifyq init` has held the migration lock for 120 s")
+        try:
+            before = current_version(session)
+            if before is not None and before > code_version():
+                raise errors.SchemaError(
+                    f"schema version {before} is newer than this notifyq's {code_version()}")
+            for version, text in migrations():
+                if before is not None and version <= before:
+                    continue
+                log.info("applying migration version=%d", version)
+                for statement in split_statements(text):
+                    cur.execute(statement)
+                cur.execute(Q["set_schema_version"], {"version": str(version)})
+            return before, code_version()
+        finally:
+            cur.execute(Q["release_lock"], {"name": name})
+    except MySQLdb.Error as e:
+        raise errors.DatabaseError(f"init failed: {describe(e)}") from None
+    finally:
+        session.close()
+
+
+def _create_database(dsn: DSN, retry_s: float) -> None:
+    """CREATE DATABASE IF NOT EXISTS, connected without a default database."""
+    import dataclasses
+
+    probe = Session(dataclasses.replace(dsn, database="mysql"), autocommit=True,
+                    retry_s=retry_s, name="init")
+    args = dsn.connect_args()
+    args.pop("database")
+    try:
+        conn = MySQLdb.connect(**args, connect_timeout=10)
+    except MySQLdb.OperationalError as e:
+        probe.close()
+        if error_code(e) in (1044, 1045, 1698):
+            raise errors.DatabaseError(
+                f"the server refused user {dsn.user!r}: check the password and grants") from None
+        # Let Session's retry policy produce the user-facing error for an unreachable server.
+        probe.connect()
+        raise
+    try:
+        cur = conn.cursor()
+        # The name was validated by DSN.parse (letters, digits, underscore): safe to quote.
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
+    except MySQLdb.Error as e:
+        if error_code(e) not in (1044, 1142):  # no CREATE privilege: the DBA made it already
+            raise errors.DatabaseError(f"cannot create database {dsn.database!r}: {describe(e)}") from None
+    finally:
+        conn.close()
+        probe.close()
+
+
+def grants(database: str, user: str) -> list[str]:
+    """The least a runtime user needs: DML on notifyq's tables, nothing else."""
+    if not re.match(r"^[A-Za-z0-9_.@%'-]{1,100}$", user):
+        raise errors.InputError(f"invalid user {user!r}: expected 'name'@'host' or name")
+    if "@" not in user:
+        user = f"'{user}'@'%'"
+    tables = ("nq_job", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic")
+    out = [f"GRANT SELECT ON `{database}`.`nq_meta` TO {user};"]
+    out += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{t}` TO {user};" for t in tables]
+    return out

@@ -1,0 +1,218 @@
+-- Every statement notifyq runs, except DDL (migrations/). Each has exactly one caller in
+-- store.py, named like the query. Values are always bound parameters.
+
+-- server_info --
+-- Version check and the settings multi-row INSERT ids depend on.
+SELECT VERSION(), @@auto_increment_increment, DATABASE()
+
+-- schema_version --
+SELECT value FROM nq_meta WHERE name = 'schema_version'
+
+-- set_schema_version --
+INSERT INTO nq_meta (name, value) VALUES ('schema_version', %(version)s)
+ON DUPLICATE KEY UPDATE value = %(version)s
+
+-- ensure_queue --
+INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
+
+-- insert_job --
+-- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk.
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key)
+VALUES (%s, %s, %s, NOW(6) + INTERVAL %s MICROSECOND, %s, %s, %s)
+
+-- insert_unique_job --
+-- A pending job with the same key wins: LAST_INSERT_ID(id) hands its id back, nothing changes.
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key)
+VALUES (%(queue)s, %(status)s, %(priority)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND,
+        %(max_attempts)s, %(payload)s, %(dedup_key)s)
+ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)
+
+-- bump_signal --
+-- Every change that makes work claimable bumps one random slot of its queue, inside the same
+-- transaction, so the watcher can never see the count before the rows.
+INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
+ON DUPLICATE KEY UPDATE seq = seq + %(n)s
+
+-- claim_candidates --
+-- Step 1 of a claim, a plain read: up to `limit` ready ids in priority/age order (index order
+-- of ix_ready, no filesort), due scheduled ids (ix_due), and a marker row (id 0) when the
+-- queue is paused. One round trip.
+(SELECT id, prio_key, run_at FROM nq_job FORCE INDEX (ix_ready)
+  WHERE queue = %(queue)s AND status = 0
+  ORDER BY prio_key, run_at, id LIMIT %(limit)s)
+UNION ALL
+(SELECT id, prio_key, run_at FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
+  ORDER BY run_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 0, NULL, NULL FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
+-- claim_lock --
+-- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
+-- optimizer may scan a covering secondary index and lock every row it passes. Rows another
+-- consumer holds are skipped; rows it already claimed fail the status test (a current read).
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
+FOR UPDATE SKIP LOCKED
+
+-- claim_mark --
+-- Step 3: the attempt is counted at claim time, so a job that kills its consumer every time
+-- still runs out of attempts and ends dead instead of looping forever.
+UPDATE nq_job
+SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
+    lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
+WHERE id IN %(ids)s
+
+-- unclaim_token --
+-- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken.
+UPDATE nq_job
+SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL,
+    attempts = GREATEST(attempts, 1) - 1
+WHERE owner = %(owner)s AND claim_token = %(token)s AND status = 2
+
+-- ack_delete --
+-- Fencing: only rows still held by this claim; a reclaimed job is someone else's now.
+DELETE FROM nq_job WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- ack_keep --
+UPDATE nq_job
+SET status = 3, finished_at = NOW(6), lease_until = NULL
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- retry_later --
+UPDATE nq_job
+SET status = 1, run_at = NOW(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = %(error)s,
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- bury --
+UPDATE nq_job
+SET status = 4, last_error = %(error)s, finished_at = NOW(6), owner = NULL, claim_token = NULL,
+    lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- give_back --
+-- Claimed but never started (shutdown): not an attempt, so the count is undone.
+UPDATE nq_job
+SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL,
+    attempts = GREATEST(attempts, 1) - 1
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- extend_lease --
+UPDATE nq_job SET lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- register_consumer --
+INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup)
+VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s)
+
+-- touch_consumer --
+UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
+
+-- unregister_consumer --
+DELETE FROM nq_consumer WHERE id = %(id)s
+
+-- reap_needed --
+-- The reaper's cheap question, asked every few seconds: is anyone dead or any lease over?
+SELECT (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
+
+-- dead_consumers --
+-- The liveness test: a registered consumer whose lock nobody holds has lost its session.
+SELECT id, lock_name, queues FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1
+
+-- reclaim_owner --
+-- Runs while the reaper holds the dead consumer's lock. Out of attempts: dead, not ready.
+UPDATE nq_job
+SET status = IF(attempts >= max_attempts, 4, 0),
+    last_error = IF(attempts >= max_attempts, %(error)s, last_error),
+    finished_at = IF(attempts >= max_attempts, NOW(6), NULL),
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE owner = %(owner)s AND status = 2
+
+-- expired_leases --
+SELECT id, queue FROM nq_job FORCE INDEX (ix_lease)
+WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
+
+-- reclaim_expired --
+UPDATE nq_job
+SET status = IF(attempts >= max_attempts, 4, 0),
+    last_error = IF(attempts >= max_attempts, %(error)s, last_error),
+    finished_at = IF(attempts >= max_attempts, NOW(6), NULL),
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
+
+-- watch --
+-- The watcher's whole idle cycle in one statement: read the queue's enqueue count, and only if
+-- nothing new arrived (or the queue is paused) wait: in GET_LOCK on the current bell when a
+-- producer holds it (released right after that producer commits), else in SLEEP. The derived
+-- table is read before the wait; the caller re-runs the statement after every wait.
+-- waited: 1 bell rung (release it), 0 bell wait timed out, -1 slept, NULL did not wait/killed.
+-- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
+-- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
+SELECT s.total, q.watched_seq, q.paused, q.bell,
+       (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
+       AS reap,
+       TIMESTAMPDIFF(MICROSECOND, NOW(6),
+         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
+       AS due_in_us,
+       IF(s.total > q.watched_seq AND q.paused = 0, NULL,
+          IF(IS_USED_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s)) IS NOT NULL,
+             GET_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s), %(wait_s)s),
+             SLEEP(%(wait_s)s) - 1)) AS waited
+FROM nq_queue q,
+     (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
+WHERE q.queue = %(queue)s
+
+-- mark_watched --
+-- Everything enqueued up to `seq` has been claimed (the claim that saw it came back partial).
+UPDATE nq_queue SET watched_seq = GREATEST(watched_seq, %(seq)s) WHERE queue = %(queue)s
+
+-- read_bell --
+SELECT bell FROM nq_queue WHERE queue = %(queue)s
+
+-- set_bell --
+UPDATE nq_queue SET bell = %(bell)s WHERE queue = %(queue)s
+
+-- get_lock --
+SELECT GET_LOCK(%(name)s, %(wait_s)s)
+
+-- release_lock --
+SELECT RELEASE_LOCK(%(name)s)
+
+-- lock_holder --
+SELECT IS_USED_LOCK(%(name)s)
+
+-- kill_query --
+KILL QUERY %(conn_id)s
+
+-- connection_id --
+SELECT CONNECTION_ID()
+
+-- poll_signal --
+-- Fallback without advisory locks: every idle consumer polls this one small read.
+SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s)
+FROM nq_signal WHERE queue = %(queue)s
+
+-- set_paused --
+UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
+
+-- queue_counts --
+-- Per queue and status, with scheduled split into due and future; index-only on ix_due.
+SELECT queue, status, run_at > NOW(6) AS future, COUNT(*), MIN(run_at)
+FROM nq_job FORCE INDEX (ix_due)
+GROUP BY queue, status, future
+
+-- queue_rows --
+SELECT queue, paused, watched_seq,
+       (SELECT COALESCE(SUM(seq), 0) FROM nq_signal s WHERE s.queue = q.queue)
+FROM nq_queue q
+
+-- consumers --
+SELECT id, host, pid, queues, started_at, last_seen, wakeup, IS_USED_LOCK(lock_name) IS NOT NULL
+FROM nq_consumer ORDER BY started_at
+
+-- server_now --
+SELECT NOW(6)

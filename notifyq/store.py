@@ -1,0 +1,386 @@
+"""Every statement notifyq runs goes through here: the only user of sql.QUERIES.
+
+Functions that take a cursor run inside a transaction someone else owns (the caller's own
+connection for transactional enqueue, or a body passed to Session.run). Functions that take a
+Session own their transaction and retry it whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import MySQLdb
+
+from notifyq.db import Session, error_code
+from notifyq.jobs import Job
+from notifyq.sql import QUERIES as Q
+
+SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
+OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+
+
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1_000_000))
+
+
+# ---------------------------------------------------------------- enqueue (caller's cursor)
+
+def ensure_queue(cur, queue: str) -> None:
+    cur.execute(Q["ensure_queue"], {"queue": queue})
+
+
+def bump_signal(cur, queue: str, n: int) -> None:
+    cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
+
+
+def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int) -> list[int]:
+    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key).
+
+    One multi-row INSERT. InnoDB hands a single INSERT of known row count consecutive ids (in
+    every autoinc lock mode), spaced by auto_increment_increment, so the ids are computable.
+    (executemany() cannot batch this: mysqlclient only rewrites VALUES of bare placeholders,
+    and run_at is computed by the server, so that producers' clocks never matter.)
+    """
+    head, row = Q["insert_job"].split("VALUES", 1)
+    sql = f"{head}VALUES {','.join([row.strip()] * len(rows))}"
+    cur.execute(sql, [value for r in rows for value in r])
+    first = cur.lastrowid
+    return [first + i * auto_increment_increment for i in range(len(rows))]
+
+
+def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
+    """(id, created): an existing pending job with the same dedup key returns its own id."""
+    cur.execute(Q["insert_unique_job"], row)
+    return cur.lastrowid, cur.rowcount == 1
+
+
+# ---------------------------------------------------------------- claim
+
+@dataclass
+class Claim:
+    jobs: list[Job]
+    token: int
+    drained: bool  # every ready job seen was taken (by us or a peer): nothing left behind
+    paused: bool
+
+
+def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float) -> Claim:
+    """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit."""
+    token = secrets.randbits(63)
+    limit = batch_size * OVERFETCH
+
+    def body(cur) -> Claim:
+        cur.execute(Q["claim_candidates"], {"queue": queue, "limit": limit})
+        candidates, paused = [], False
+        for job_id, prio_key, run_at in cur.fetchall():
+            if job_id == 0:
+                paused = True
+            else:
+                candidates.append((prio_key, run_at, job_id))
+        if paused:
+            return Claim([], token, True, True)
+        candidates.sort()
+        ordered = [c[2] for c in candidates]
+        locked: list[tuple] = []
+        tried = 0
+        # Lock windows in priority order, each exactly as large as what is still missing: no
+        # LIMIT on the locking read, so InnoDB's primary-key order can never pick a low-priority
+        # job over a higher one. Under contention the next window takes over skipped rows.
+        while len(locked) < batch_size and tried < len(ordered):
+            window = ordered[tried: tried + batch_size - len(locked)]
+            tried += len(window)
+            cur.execute(Q["claim_lock"], {"ids": window})
+            locked.extend(cur.fetchall())
+        drained = len(candidates) < limit and tried == len(ordered)
+        if locked:
+            cur.execute(Q["claim_mark"], {
+                "ids": [r[0] for r in locked], "owner": owner, "token": token,
+                "lease_us": _us(lease_s),
+            })
+        rank = {job_id: i for i, job_id in enumerate(ordered)}
+        locked.sort(key=lambda r: rank[r[0]])
+        jobs = [
+            Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
+                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
+            for r in locked
+        ]
+        return Claim(jobs, token, drained, False)
+
+    runs = 0
+
+    def once(cur) -> Claim:
+        nonlocal runs
+        runs += 1
+        if runs > 1:
+            # A rerun after a lost connection: if the earlier COMMIT did land, its rows carry
+            # this token; hand them back first, or they would sit claimed until their lease ends.
+            cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
+        return body(cur)
+
+    return session.run(once, what=f"claim {queue}")
+
+
+# ---------------------------------------------------------------- outcomes
+
+def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
+    """Success for `ids`; returns how many rows this claim still owned (the rest were lost)."""
+    if not ids:
+        return 0
+
+    def body(cur) -> int:
+        cur.execute(Q["ack_keep" if keep else "ack_delete"], {"ids": ids, "token": token})
+        return cur.rowcount
+
+    return session.run(body, what="ack")
+
+
+def fail(session: Session, queue: str, token: int, failures: list[tuple[int, float | None, str]]) -> int:
+    """failures: (id, delay_s or None for dead, error). Returns rows still owned."""
+    if not failures:
+        return 0
+
+    def body(cur) -> int:
+        owned = 0
+        retried = 0
+        for job_id, delay_s, error in failures:
+            if delay_s is None:
+                cur.execute(Q["bury"], {"id": job_id, "token": token, "error": error[:65000]})
+            else:
+                cur.execute(Q["retry_later"], {
+                    "id": job_id, "token": token, "error": error[:65000], "delay_us": _us(delay_s)})
+                retried += cur.rowcount
+            owned += cur.rowcount
+        if retried:
+            bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
+        return owned
+
+    return session.run(body, what="fail")
+
+
+def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
+    if not ids:
+        return 0
+
+    def body(cur) -> int:
+        cur.execute(Q["give_back"], {"ids": ids, "token": token})
+        if cur.rowcount:
+            bump_signal(cur, queue, cur.rowcount)
+        return cur.rowcount
+
+    return session.run(body, what="give back")
+
+
+def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> int:
+    def body(cur) -> int:
+        cur.execute(Q["extend_lease"], {"ids": ids, "token": token, "lease_us": _us(lease_s)})
+        return cur.rowcount
+
+    return session.run(body, what="extend lease")
+
+
+# ---------------------------------------------------------------- advisory locks (lock session)
+
+def _one(session: Session, name: str, params: dict[str, Any], what: str) -> Any:
+    def body(cur):
+        cur.execute(Q[name], params)
+        row = cur.fetchone()
+        return row[0] if row else None
+
+    return session.run(body, what=what)
+
+
+def get_lock(session: Session, name: str, wait_s: float) -> int | None:
+    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error. Never a negative wait."""
+    return _one(session, "get_lock", {"name": name, "wait_s": max(0.0, wait_s)}, "get_lock")
+
+
+def release_lock(session: Session, name: str) -> int | None:
+    return _one(session, "release_lock", {"name": name}, "release_lock")
+
+
+def lock_holder(session: Session, name: str) -> int | None:
+    """The connection id holding `name`, or None."""
+    return _one(session, "lock_holder", {"name": name}, "lock_holder")
+
+
+def kill_query(session: Session, conn_id: int) -> bool:
+    """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
+    try:
+        session.conn.cursor().execute(Q["kill_query"], {"conn_id": int(conn_id)})
+        return True
+    except MySQLdb.Error as e:
+        if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake
+            return False
+        raise
+
+
+@dataclass
+class WatchState:
+    total: int
+    watched: int
+    paused: bool
+    bell: int
+    reap: int
+    due_in_s: float | None
+    waited: int | None
+
+
+def watch(session: Session, queue: str, bells: tuple[str, str], wait_s: float) -> WatchState:
+    def body(cur) -> WatchState:
+        try:
+            cur.execute(Q["watch"], {"queue": queue, "bell0": bells[0], "bell1": bells[1],
+                                     "wait_s": max(0.0, wait_s)})
+        except MySQLdb.OperationalError as e:
+            if error_code(e) != 1317:
+                raise
+            # KILL QUERY interrupted our SLEEP: a wake-up (or a stop), not an error to retry.
+            return WatchState(-1, 0, False, 0, 0, None, None)
+        row = cur.fetchone()
+        if row is None:  # queue row missing (a fresh database): make it and report nothing new
+            ensure_queue(cur, queue)
+            return WatchState(0, 0, False, 0, 0, None, None)
+        total, watched, paused, bell, reap, due_in_us, waited = row
+        return WatchState(int(total), int(watched), bool(paused), int(bell), int(reap or 0),
+                          None if due_in_us is None else due_in_us / 1e6,
+                          None if waited is None else int(waited))
+
+    return session.run(body, what="watch")
+
+
+def mark_watched(session: Session, queue: str, seq: int) -> None:
+    session.run(lambda cur: cur.execute(Q["mark_watched"], {"queue": queue, "seq": seq}),
+                what="mark watched")
+
+
+def poll_signal(session: Session, queue: str) -> tuple[int, bool]:
+    def body(cur):
+        cur.execute(Q["poll_signal"], {"queue": queue})
+        total, paused = cur.fetchone()
+        return int(total), bool(paused)
+
+    return session.run(body, what="poll signal")
+
+
+def read_bell(cur, queue: str) -> int:
+    cur.execute(Q["read_bell"], {"queue": queue})
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+def set_bell(cur, queue: str, bell: int) -> None:
+    cur.execute(Q["set_bell"], {"queue": queue, "bell": bell})
+
+
+def set_paused(session: Session, queue: str, paused: bool) -> None:
+    def body(cur):
+        ensure_queue(cur, queue)
+        cur.execute(Q["set_paused"], {"queue": queue, "paused": int(paused)})
+        if not paused:
+            bump_signal(cur, queue, 1)  # wake the watcher: there may be work waiting
+
+    session.run(body, what="pause" if paused else "resume")
+
+
+# ---------------------------------------------------------------- consumers and the reaper
+
+def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
+                      queues: list[str], wakeup: str) -> None:
+    def body(cur):
+        for queue in queues:
+            ensure_queue(cur, queue)
+        cur.execute(Q["register_consumer"], {
+            "id": consumer_id, "lock_name": lock_name, "host": host[:255], "pid": pid,
+            "queues": ",".join(queues)[:1024], "wakeup": wakeup})
+
+    session.run(body, what="register consumer")
+
+
+def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:
+    session.run(lambda cur: cur.execute(Q["touch_consumer"], {"id": consumer_id, "wakeup": wakeup}),
+                what="touch consumer")
+
+
+def unregister_consumer(session: Session, consumer_id: str) -> None:
+    session.run(lambda cur: cur.execute(Q["unregister_consumer"], {"id": consumer_id}),
+                what="unregister consumer")
+
+
+def reap_needed(session: Session) -> int:
+    return int(_one(session, "reap_needed", {}, "reap check") or 0)
+
+
+def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
+    def body(cur):
+        cur.execute(Q["dead_consumers"])
+        return [(cid, lock, [q for q in queues.split(",") if q]) for cid, lock, queues in cur.fetchall()]
+
+    return session.run(body, what="find dead consumers")
+
+
+def reclaim_owner(session: Session, consumer_id: str, queues: list[str]) -> int:
+    """Return a dead consumer's claimed jobs and drop its registration, in one transaction."""
+    def body(cur) -> int:
+        cur.execute(Q["reclaim_owner"], {"owner": consumer_id,
+                                         "error": "consumer died; out of attempts"})
+        n = cur.rowcount
+        for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
+            bump_signal(cur, queue, max(n, 1))
+        cur.execute(Q["unregister_consumer"], {"id": consumer_id})
+        return n
+
+    return session.run(body, what="reclaim dead consumer")
+
+
+def reclaim_expired(session: Session) -> int:
+    def body(cur) -> int:
+        cur.execute(Q["expired_leases"])
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        cur.execute(Q["reclaim_expired"], {"ids": [r[0] for r in rows],
+                                           "error": "lease expired; out of attempts"})
+        n = cur.rowcount
+        for queue in {r[1] for r in rows}:
+            bump_signal(cur, queue, max(n, 1))
+        return n
+
+    return session.run(body, what="reclaim expired leases")
+
+
+# ---------------------------------------------------------------- status
+
+def queue_counts(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["queue_counts"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def queue_rows(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["queue_rows"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def consumers(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["consumers"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def server_now(session: Session) -> dt.datetime:
+    return _one(session, "server_now", {}, "server time")
+
+
+def decode_payload(text: str) -> Any:
+    return json.loads(text)

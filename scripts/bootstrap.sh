@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Make this checkout ready to run: system packages (MariaDB server + mysqlclient
+# build deps), a .venv in the repo root, and `pip install -e '.[test]'` into it.
+# Idempotent and quick when nothing changed. Starts no server: the Python side
+# (notifyq.localserver) runs its own private one.
+# Run it, or source it: when sourced it runs in a subshell, so a failure never
+# exits (or changes the options of) the calling shell.
+
+_notifyq_bootstrap() {
+    set -euo pipefail
+    local root
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    cd "$root"
+    say() { echo "bootstrap: $*"; }
+    die() { echo "bootstrap: ERROR: $*" >&2; exit 1; }
+
+    # --- Python >= 3.11 ------------------------------------------------------
+    local py="" cand
+    for cand in python3.13 python3.12 python3.11 python3; do
+        if command -v "$cand" >/dev/null 2>&1 &&
+            "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            py="$(command -v "$cand")"
+            break
+        fi
+    done
+    [ -n "$py" ] || die "python3 >= 3.11 not found; install it (Debian 12: sudo apt-get install python3 python3-venv python3-dev)"
+    local pyver
+    pyver="$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
+    # --- system packages -----------------------------------------------------
+    # mysqlclient has no Linux wheels: pip compiles it, which needs a C compiler,
+    # Python headers and the MariaDB/MySQL client library found via pkg-config.
+    local missing=()
+    if ! command -v pkg-config >/dev/null 2>&1; then
+        missing+=(pkg-config libmariadb-dev)
+    elif ! pkg-config --exists libmariadb && ! pkg-config --exists mysqlclient; then
+        missing+=(libmariadb-dev)
+    fi
+    # The server is often in /usr/sbin, which is not on a normal user's PATH.
+    if ! PATH="$PATH:/usr/sbin:/usr/local/mysql/bin" command -v mariadbd >/dev/null 2>&1 &&
+        ! PATH="$PATH:/usr/sbin:/usr/local/mysql/bin" command -v mysqld >/dev/null 2>&1; then
+        missing+=(mariadb-server)
+    fi
+    command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+    # Debian splits these out of python3; only the apt names of the distro python are known.
+    local pypkg=python3
+    [ "$py" = /usr/bin/python3 ] || pypkg="python$pyver"
+    "$py" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+        missing+=("$pypkg-dev")
+    if [ ! -x .venv/bin/python ]; then
+        "$py" -c 'import ensurepip, venv' 2>/dev/null || missing+=("$pypkg-venv")
+    fi
+
+    if [ "${#missing[@]}" -gt 0 ]; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            say "installing ${missing[*]} (apt-get)"
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        elif command -v apt-get >/dev/null 2>&1; then
+            die "missing system packages; run: sudo apt-get install -y ${missing[*]}"
+        else
+            die "missing system packages (Debian names): ${missing[*]}; install the equivalents with your package manager"
+        fi
+    fi
+
+    # --- virtualenv ----------------------------------------------------------
+    # A venv copied from another machine (or whose python was removed) is useless.
+    if [ -e .venv ] && ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        say "existing .venv is broken or too old; recreating it"
+        rm -rf .venv
+    fi
+    if [ ! -x .venv/bin/python ]; then
+        say "creating .venv with $py (Python $pyver)"
+        "$py" -m venv .venv
+    fi
+
+    [ -f pyproject.toml ] || die "no pyproject.toml in $root"
+    local want have=""
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    [ -f .venv/.notifyq-installed ] && have="$(cat .venv/.notifyq-installed)"
+    if [ "$want" != "$have" ]; then
+        say "installing notifyq and its dependencies into .venv (pip install -e '.[test]')"
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+        echo "$want" >.venv/.notifyq-installed
+    else
+        say ".venv is up to date"
+    fi
+}
+
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then
+    # Sourced: isolate set -e / exit in a subshell and hand back its status.
+    (_notifyq_bootstrap)
+    return $?
+fi
+_notifyq_bootstrap

@@ -1,0 +1,138 @@
+"""Shared fixtures: a real MariaDB for every test, a fresh database per test, a runtime user with
+only the grants `notifyq init --print-grants` prints, and deadline-bound waiting helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import MySQLdb
+import pytest
+
+from notifyq import config as config_mod
+from notifyq import schema
+from notifyq.config import DSN
+from notifyq.localserver import LocalServer
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_USER = "nq_runtime"
+RUNTIME_PASSWORD = "runtime-secret-pw"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02,
+               message: str = "condition") -> Any:
+    """Poll a condition until it holds; fail the test with `message` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message} (last: {value!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory) -> str:
+    """A server for the whole run: $NOTIFYQ_TEST_DSN, else a private throwaway mariadbd."""
+    if os.environ.get("NOTIFYQ_TEST_DSN"):
+        yield os.environ["NOTIFYQ_TEST_DSN"]
+        return
+    server = LocalServer(tmp_path_factory.mktemp("mariadb"))
+    server.start()
+    try:
+        yield server.dsn
+    finally:
+        server.cleanup()
+
+
+def admin_connect(dsn: DSN, database: str | None = None):
+    args = dsn.connect_args()
+    args.pop("database", None)
+    if database:
+        args["database"] = database
+    return MySQLdb.connect(**args, autocommit=True)
+
+
+@dataclasses.dataclass
+class TestDB:
+    admin: DSN  # root: init, inspection, faults
+    dsn: DSN  # the runtime user: what producers and consumers use
+    env: dict[str, str]  # for CLI subprocesses
+
+    def config(self, **overrides: Any) -> config_mod.Config:
+        raw = {"dsn": _url(self.dsn), "wakeup": {"poll_max_s": 0.2, "idle_wait_s": 5.0},
+               "consumer": {"reap_interval_s": 0.5, "shutdown_grace_s": 10.0}}
+        for key, value in overrides.items():
+            if isinstance(value, dict):
+                raw[key] = {**raw.get(key, {}), **value}
+            else:
+                raw[key] = value
+        return config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_PASSWORD": RUNTIME_PASSWORD},
+                               overrides=raw)
+
+    def query(self, sql: str, params: Any = None) -> list[tuple]:
+        conn = admin_connect(self.admin, self.admin.database)
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def scalar(self, sql: str, params: Any = None) -> Any:
+        rows = self.query(sql, params)
+        return rows[0][0] if rows else None
+
+
+def _url(dsn: DSN) -> str:
+    base = f"mysql://{dsn.user}@{dsn.host}:{dsn.port}/{dsn.database}"
+    return base + (f"?unix_socket={dsn.unix_socket}" if dsn.unix_socket else "")
+
+
+@pytest.fixture(scope="session")
+def runtime_user(server_dsn) -> str:
+    root = DSN.parse(server_dsn)
+    conn = admin_connect(root)
+    cur = conn.cursor()
+    cur.execute(f"CREATE USER IF NOT EXISTS '{RUNTIME_USER}'@'%%' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
+    cur.execute(f"CREATE USER IF NOT EXISTS '{RUNTIME_USER}'@'localhost' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
+    conn.close()
+    return RUNTIME_USER
+
+
+@pytest.fixture
+def db(server_dsn, runtime_user) -> TestDB:
+    """A fresh database with the current schema, and grants for the runtime user only on it."""
+    root = DSN.parse(server_dsn)
+    name = f"nq_t_{uuid.uuid4().hex[:12]}"
+    admin = dataclasses.replace(root, database=name)
+    schema.init(admin)
+    conn = admin_connect(root)
+    cur = conn.cursor()
+    for host in ("%", "localhost"):
+        for grant in schema.grants(name, f"'{runtime_user}'@'{host}'"):
+            cur.execute(grant)
+    conn.close()
+    runtime = dataclasses.replace(admin, user=runtime_user, password=RUNTIME_PASSWORD)
+    env = {**os.environ, "NOTIFYQ_DSN": _url(runtime), "NOTIFYQ_PASSWORD": RUNTIME_PASSWORD,
+           "NOTIFYQ_CONFIG": "/dev/null", "PYTHONPATH": str(REPO / "tests" / "helpers")}
+    yield TestDB(admin, runtime, env)
+    conn = admin_connect(root)
+    conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    conn.close()
+
+
+def notifyq_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "notifyq", *args]
+
+
+def run_cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60):
+    return subprocess.run(notifyq_cmd(*args), env=env, input=input, capture_output=True, text=True,
+                          timeout=timeout)
