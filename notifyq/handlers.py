@@ -24,10 +24,9 @@ from notifyq.jobs import Job
 
 
 class PythonHandler:
-    def __init__(self, spec: str, per_batch: bool):
-        self.spec = spec
+    def __init__(self, spec: str | Callable[..., Any], per_batch: bool):
         self.per_batch = per_batch
-        self.func = load_callable(spec)
+        self.func = spec if callable(spec) else load_callable(spec)
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:

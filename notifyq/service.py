@@ -27,6 +27,7 @@ class ConsumeOptions:
     """What the command line says; None means: take it from the queue's config."""
 
     queues: tuple[str, ...]
+    function: Callable | None = None  # library use: a Python callable instead of a handler spec
     handler: str | None = None
     command: str | None = None
     per_batch: bool | None = None
@@ -55,9 +56,11 @@ class ConsumerService:
         qc = self.config.queue(queue)
         handler = self.options.handler if self.options.handler is not None else qc.handler
         command = self.options.command if self.options.command is not None else qc.command
-        if self.options.handler or self.options.command:  # a flag replaces the config's pair
+        if self.options.handler or self.options.command or self.options.function:  # replaces the config's pair
             handler, command = self.options.handler or "", self.options.command or ""
         per_batch = self.options.per_batch if self.options.per_batch is not None else qc.per_batch
+        if self.options.function is not None:
+            return handlers.PythonHandler(self.options.function, per_batch)
         return handlers.load(handler, command, per_batch, qc.command_timeout_s)
 
     def start(self) -> None:
@@ -158,7 +161,7 @@ class ConsumerService:
                 worker.qc = new.queue(worker.queue)
                 worker.batch_size = self.options.batch_size or worker.qc.batch_size
                 worker.waiter.cfg = new.wakeup
-                if not (self.options.handler or self.options.command):
+                if not (self.options.handler or self.options.command or self.options.function):
                     try:
                         worker.handler = self._handler_for(worker.queue)
                     except errors.NotifyqError as e:

@@ -1,9 +1,5 @@
--- Every statement notifyq runs, except DDL (migrations/). Each has exactly one caller in
--- store.py, named like the query. Values are always bound parameters.
-
--- server_info --
--- Version check and the settings multi-row INSERT ids depend on.
-SELECT VERSION(), @@auto_increment_increment, DATABASE()
+-- Every statement notifyq runs, except DDL (migrations/). Run only from store.py (and the
+-- schema-version ones from schema.py). Values are always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
@@ -187,9 +183,6 @@ SELECT IS_USED_LOCK(%(name)s)
 
 -- kill_query --
 KILL QUERY %(conn_id)s
-
--- connection_id --
-SELECT CONNECTION_ID()
 
 -- poll_signal --
 -- Fallback without advisory locks: every idle consumer polls this one small read.

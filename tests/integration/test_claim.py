@@ -84,3 +84,11 @@ def test_put_many_returns_the_stored_ids_and_payloads(db):
     rows = db.query("SELECT id, payload FROM nq_job ORDER BY id")
     assert [r[0] for r in rows] == ids
     assert [json.loads(r[1])["n"] for r in rows] == list(range(1234))
+
+
+def test_in_list_parameter_renders_as_a_parenthesised_list(db):
+    # The claim's `IN %(ids)s` relies on mysqlclient rendering a sequence as (a,b,c);
+    # callers never pass an empty list (store guards it): `IN ()` is a syntax error.
+    session = Session(db.config().dsn)
+    assert session.conn.literal([1, 2, 3]) == b"(1,2,3)"
+    session.close()

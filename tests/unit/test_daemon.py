@@ -65,11 +65,8 @@ def listener(tmp_path):
 
 def nothing_pending(s):
     # AF_UNIX datagrams are queued by the time sendto() returns: no race in checking.
-    try:
-        s.recv(4096, socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return True
-    return False
+    readable, _, _ = select.select([s], [], [], 0)
+    return not readable
 
 
 # --- sd_notify -------------------------------------------------------------------------
@@ -320,8 +317,9 @@ def test_a_stale_pidfile_is_replaced(tmp_path, content):
 
 def test_a_live_python_pid_without_lock_means_already_running(tmp_path):
     # Given a pidfile naming a live python process (an instance that does not flock)
-    child = spawn("import sys; sys.stdin.read()")
+    child = spawn("import sys; print('up', flush=True); sys.stdin.read()")
     try:
+        assert readline(child) == "up", child.stderr.read()
         path = tmp_path / "notifyq.pid"
         path.write_text(f"{child.pid}\n")
         # Then acquiring refuses, naming the pid and the file

@@ -1,0 +1,194 @@
+"""`notifyq demo`: producers and consumers as separate processes, with a live progress line.
+
+With no DSN it uses the local server (root over the Debian socket) or, failing that, starts a
+private MariaDB in a temp dir. It works in its own database, `notifyq_demo`, dropped first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+from notifyq import config as config_mod
+from notifyq import errors, localserver, schema
+from notifyq.config import DSN
+from notifyq.jobs import Job
+from notifyq.producer import Producer
+from notifyq.service import ConsumeOptions, ConsumerService
+
+QUEUE = "demo"
+REPORT_S = 0.5
+
+
+def _resolve_dsn(dsn: str | None, tmp: str) -> tuple[DSN, localserver.LocalServer | None]:
+    if dsn:
+        return DSN.parse(dsn), None
+    found = localserver.find_local_server()
+    server = None
+    if found is None:
+        if localserver.find_server_binaries() is None:
+            raise errors.DatabaseError("no MariaDB/MySQL server found: install mariadb-server, "
+                                       "or pass --dsn mysql://user:pw@host:port/db")
+        print("demo: starting a private MariaDB in", tmp, flush=True)
+        server = localserver.LocalServer(tmp)
+        server.start()
+        found = server.dsn
+    return dataclasses.replace(DSN.parse(found), database="notifyq_demo"), server
+
+
+def _quiet_child() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    logging.getLogger("notifyq").setLevel(logging.ERROR)  # keep the progress line readable
+
+
+def _consumer(dsn: DSN, reports: mp.Queue, stop: mp.Event) -> None:
+    _quiet_child()
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def handle(job: Job) -> None:
+        lag = time.time() - job.payload["t"]
+        with lock:
+            latencies.append(lag)
+
+    cfg = _config(dsn)
+    service = ConsumerService(cfg, ConsumeOptions(queues=(QUEUE,), function=handle, workers=1))
+    stopper = threading.Event()
+
+    def report() -> None:
+        while not stopper.wait(REPORT_S):
+            with lock:
+                batch, latencies[:] = latencies[:], []
+            reports.put(("done", os.getpid(), batch))
+
+    threading.Thread(target=report, daemon=True).start()
+    threading.Thread(target=lambda: (stop.wait(), stopper.set()), daemon=True).start()
+    service.run(stopper)
+    with lock:
+        reports.put(("done", os.getpid(), list(latencies)))
+
+
+def _producer(dsn: DSN, rate: float, reports: mp.Queue, stop: mp.Event) -> None:
+    _quiet_child()
+    cfg = _config(dsn)
+    tick = 0.01  # commit every 10 ms: rate is met with a few jobs per commit, latency stays low
+    owed = 0.0
+    with Producer(QUEUE, cfg, ring=True) as producer:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            owed += rate * tick
+            n = int(owed)
+            if n:
+                owed -= n
+                now = time.time()
+                producer.put_many([{"t": now} for _ in range(n)])
+                reports.put(("produced", os.getpid(), n))
+            next_at += tick
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                stop.wait(delay)
+            else:
+                next_at = time.monotonic()  # behind: do not try to catch up in a burst
+
+
+def _config(dsn: DSN) -> config_mod.Config:
+    return dataclasses.replace(config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}), dsn=dsn)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def run(dsn: str | None, *, producers: int, consumers: int, rate: int, duration: float) -> int:
+    with tempfile.TemporaryDirectory(prefix="notifyq-demo-") as tmp:
+        target, server = _resolve_dsn(dsn, tmp)
+        try:
+            return _run(target, producers, consumers, rate, duration)
+        finally:
+            if server is not None:
+                server.cleanup()
+
+
+def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -> int:
+    _reset_database(dsn)
+    ctx = mp.get_context("spawn")  # no inherited connections or threads
+    reports, stop = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_consumer, args=(dsn, reports, stop), daemon=True) for _ in range(consumers)]
+    procs += [ctx.Process(target=_producer, args=(dsn, rate / producers, reports, stop), daemon=True)
+              for _ in range(producers)]
+    print(f"demo: {producers} producers offering {rate} jobs/s, {consumers} consumers, queue {QUEUE!r} "
+          f"in {dsn.masked()} (Ctrl-C stops)", flush=True)
+    for p in procs:
+        p.start()
+    produced = done = 0
+    window: list[float] = []
+    all_lat: list[float] = []
+    started = last = time.monotonic()
+    last_done = 0
+    try:
+        while duration <= 0 or time.monotonic() - started < duration:
+            try:
+                kind, _pid, value = reports.get(timeout=0.2)
+                if kind == "produced":
+                    produced += value
+                else:
+                    done += len(value)
+                    window += value
+            except Exception:
+                pass
+            now = time.monotonic()
+            if now - last >= 1.0:
+                rate_now = (done - last_done) / (now - last)
+                all_lat += window
+                sys.stdout.write(
+                    f"\r{now - started:6.1f}s  produced {produced:>8}  done {done:>8}  "
+                    f"{rate_now:7.0f} jobs/s  depth {max(0, produced - done):>6}  latency ms "
+                    f"p50 {_pct(window, 50) * 1e3:6.1f}  p95 {_pct(window, 95) * 1e3:6.1f}  "
+                    f"p99 {_pct(window, 99) * 1e3:6.1f}   ")
+                sys.stdout.flush()
+                window, last, last_done = [], now, done
+    except KeyboardInterrupt:
+        pass
+    print("\ndemo: stopping (consumers drain what they hold)...", flush=True)
+    stop.set()
+    deadline = time.monotonic() + 30
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    while True:
+        try:
+            kind, _pid, value = reports.get(timeout=0.2)
+        except Exception:
+            break
+        if kind == "produced":
+            produced += value
+        else:
+            done += len(value)
+            all_lat += value
+    elapsed = time.monotonic() - started
+    print(f"demo: {done} jobs done of {produced} produced in {elapsed:.1f}s "
+          f"({done / elapsed:.0f} jobs/s); latency commit->handler p50 {_pct(all_lat, 50) * 1e3:.1f} ms, "
+          f"p99 {_pct(all_lat, 99) * 1e3:.1f} ms; {produced - done} still queued")
+    return errors.EXIT_OK
+
+
+def _reset_database(dsn: DSN) -> None:
+    import MySQLdb
+
+    args = dsn.connect_args()
+    args.pop("database")
+    conn = MySQLdb.connect(**args, autocommit=True)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
+    finally:
+        conn.close()
+    schema.init(dsn)

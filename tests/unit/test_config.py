@@ -1,0 +1,102 @@
+"""Config: precedence, DSN parsing, masking, and the errors a typo deserves."""
+
+import os
+import stat
+
+import pytest
+
+from notifyq import config, errors
+from notifyq.config import DSN
+
+
+def load(tmp_path, text="", env=None, overrides=None, warnings=None):
+    path = tmp_path / "notifyq.toml"
+    path.write_text(text)
+    return config.load(env={"NOTIFYQ_CONFIG": str(path), **(env or {})}, overrides=overrides,
+                       warn=(warnings.append if warnings is not None else None))
+
+
+def test_dsn_url_with_password_port_and_database():
+    dsn = DSN.parse("mysql://app:s%40cret@db.example:3307/jobs")
+    assert (dsn.user, dsn.password, dsn.host, dsn.port, dsn.database) == ("app", "s@cret", "db.example", 3307, "jobs")
+    assert "s@cret" not in repr(dsn) and "s@cret" not in dsn.masked()
+    assert dsn.masked() == "mysql://app:***@db.example:3307/jobs"
+
+
+def test_dsn_unix_socket_and_tls_options_reach_the_driver():
+    dsn = DSN.parse("mysql://app@localhost/q?unix_socket=/run/mysqld/mysqld.sock&ssl_ca=/ca.pem")
+    args = dsn.connect_args()
+    assert args["unix_socket"] == "/run/mysqld/mysqld.sock" and "host" not in args
+    assert args["ssl"] == {"ca": "/ca.pem"}
+
+
+@pytest.mark.parametrize("url", ["postgres://x@y/z", "mysql://u@h:notaport/db", "mysql://u@h/bad-name!",
+                                 "mysql://u@h/db?colour=blue"])
+def test_bad_dsn_is_a_config_error(url):
+    with pytest.raises(errors.ConfigError):
+        DSN.parse(url)
+
+
+def test_precedence_defaults_file_confd_env_flags(tmp_path):
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "10-batch.toml").write_text("[defaults]\nbatch_size = 20\n")
+    cfg = load(tmp_path, 'dsn = "mysql://a@h/one"\n[defaults]\nbatch_size = 10\nmax_attempts = 3\n',
+               env={"NOTIFYQ_DSN": "mysql://b@h/two"}, overrides={"log": {"level": "debug"}})
+    assert cfg.defaults.batch_size == 20  # conf.d beats the main file
+    assert cfg.defaults.max_attempts == 3
+    assert cfg.dsn.database == "two"  # env beats files
+    assert cfg.log.level == "debug"  # flags beat everything
+
+
+def test_queue_sections_inherit_defaults(tmp_path):
+    cfg = load(tmp_path, '[defaults]\nmax_attempts = 7\n[queue.emails]\nbatch_size = 5\nhandler = "m:f"\n')
+    assert cfg.queue("emails").batch_size == 5 and cfg.queue("emails").max_attempts == 7
+    assert cfg.queue("other").batch_size == 100
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("colour = 1\n", "colour"),
+    ("[defaults]\nbatch_sise = 1\n", "batch_sise"),
+    ("[defaults]\nbatch_size = \"ten\"\n", "batch_size"),
+    ("[queue.emails]\nhandler = \"a:b\"\ncommand = \"c\"\n", "not both"),
+    ("[log]\nlevel = \"loud\"\n", "log.level"),
+    ("this is = = not toml", "invalid TOML"),
+])
+def test_config_mistakes_are_one_clear_error(tmp_path, text, needle):
+    with pytest.raises(errors.ConfigError) as e:
+        load(tmp_path, text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_password_sources_and_readable_file_warning(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    os.chmod(secret, 0o644)
+    warnings = []
+    cfg = load(tmp_path, f'dsn = "mysql://a:in-url@h/db"\npassword_file = "{secret}"\n', warnings=warnings)
+    assert cfg.dsn.password == "from-file"
+    assert any("readable by other users" in w for w in warnings)
+    assert "from-file" not in str(cfg.masked_dict()) and "in-url" not in str(cfg.masked_dict())
+    os.chmod(secret, stat.S_IRUSR | stat.S_IWUSR)
+    warnings.clear()
+    load(tmp_path, f'password_file = "{secret}"\n', warnings=warnings)
+    assert warnings == []
+
+
+def test_systemd_credential_is_read(tmp_path):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "db_password").write_text("cred-pw")
+    cfg = load(tmp_path, "", env={"CREDENTIALS_DIRECTORY": str(creds)})
+    assert cfg.dsn.password == "cred-pw"
+
+
+@pytest.mark.parametrize("name", ["", "a" * 65, "has space", "semi;colon", "quote'", "ünï"])
+def test_invalid_queue_names_are_refused(name):
+    with pytest.raises(errors.InputError):
+        config.validate_queue_name(name)
+
+
+def test_missing_config_named_by_env_is_an_error(tmp_path):
+    with pytest.raises(errors.ConfigError):
+        config.load(env={"NOTIFYQ_CONFIG": str(tmp_path / "nope.toml")})
