@@ -16,6 +16,7 @@ from typing import Any
 import click
 import MySQLdb
 
+from notifyq import cli_jobs
 from notifyq import config as config_mod
 from notifyq import errors
 
@@ -110,7 +111,7 @@ def show_config(obj: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
-    for key in ("dsn", "password_file", "sources"):
+    for key in ("dsn", "password_file", "connect_retry_s", "sources"):
         if key in data:
             click.echo(f"{key} = {json.dumps(data[key])}")
     for section in ("log", "wakeup", "consumer", "producer", "defaults"):
@@ -136,7 +137,7 @@ def status(obj: Context, queue: str | None, as_json: bool) -> None:
     cfg = obj.config()
     if queue:
         config_mod.validate_queue_name(queue)
-    session = Session(cfg.dsn, retry_s=10, name="status")
+    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="status")
     try:
         schema.require_current(session)
         data = status_mod.collect(session, queue)
@@ -167,7 +168,7 @@ def _set_paused(obj: Context, queue: str, paused: bool) -> None:
 
     cfg = obj.config()
     config_mod.validate_queue_name(queue)
-    session = Session(cfg.dsn, retry_s=10, name="admin")
+    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="admin")
     try:
         schema.require_current(session)
         store.set_paused(session, queue, paused)
@@ -278,6 +279,9 @@ def demo(obj: Context, producers: int, consumers: int, rate: int, duration: floa
 
     sys.exit(demo_mod.run(obj.flags.get("dsn"), producers=producers, consumers=consumers,
                           rate=rate, duration=duration))
+
+
+main_group.add_command(cli_jobs.jobs)  # `notifyq jobs list|show|retry|cancel|purge`
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -152,6 +152,7 @@ class LogConfig:
 class Config:
     dsn: DSN = field(default_factory=DSN)
     password_file: str = ""
+    connect_retry_s: float = 30.0  # how long a starting command retries an unreachable server
     log: LogConfig = field(default_factory=LogConfig)
     wakeup: WakeupConfig = field(default_factory=WakeupConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
@@ -169,7 +170,8 @@ class Config:
 
     def masked_dict(self) -> dict[str, Any]:
         """Everything, as `notifyq config` prints it: the password never appears."""
-        out: dict[str, Any] = {"dsn": self.dsn.masked(), "sources": list(self.sources)}
+        out: dict[str, Any] = {"dsn": self.dsn.masked(), "connect_retry_s": self.connect_retry_s,
+                               "sources": list(self.sources)}
         if self.password_file:
             out["password_file"] = self.password_file
         for name in ("log", "wakeup", "consumer", "producer", "defaults"):
@@ -246,6 +248,7 @@ ENV_KEYS = {
     # variable -> (section or None, key)
     "NOTIFYQ_DSN": (None, "dsn"),
     "NOTIFYQ_PASSWORD_FILE": (None, "password_file"),
+    "NOTIFYQ_CONNECT_RETRY_S": (None, "connect_retry_s"),
     "NOTIFYQ_LOG_LEVEL": ("log", "level"),
     "NOTIFYQ_LOG_FORMAT": ("log", "format"),
     "NOTIFYQ_LOG_FILE": ("log", "file"),
@@ -290,7 +293,8 @@ def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = N
 
 def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], warn) -> Config:
     raw = dict(raw)
-    top_known = {"dsn", "password_file", "log", "wakeup", "consumer", "producer", "defaults", "queue", "tls"}
+    top_known = {"dsn", "password_file", "connect_retry_s", "log", "wakeup", "consumer", "producer",
+                 "defaults", "queue", "tls"}
     unknown = sorted(set(raw) - top_known)
     if unknown:
         raise errors.ConfigError(f"unknown config key(s) {', '.join(unknown)}")
@@ -313,9 +317,13 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
         queues[name] = _coerce(QueueConfig, section, f"queue.{name}", defaults)
         if entries:
             periodic[name] = tuple(_periodic_entry(e, name) for e in entries)
+    connect_retry_s = raw.get("connect_retry_s", Config.connect_retry_s)
+    if isinstance(connect_retry_s, bool) or not isinstance(connect_retry_s, (int, float)) or connect_retry_s < 0:
+        raise errors.ConfigError(f"connect_retry_s: expected a number of seconds >= 0, got {connect_retry_s!r}")
     cfg = Config(
         dsn=dsn,
         password_file=password_file,
+        connect_retry_s=float(connect_retry_s),
         log=_coerce(LogConfig, raw.get("log", {}), "log"),
         wakeup=_coerce(WakeupConfig, raw.get("wakeup", {}), "wakeup"),
         consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import MySQLdb
 
-from notifyq import errors, locks, reaper, retry, store
+from notifyq import errors, locks, metrics, reaper, retry, store
 from notifyq.config import Config
 from notifyq.db import Session
 from notifyq.jobs import Job
@@ -45,8 +45,9 @@ class Stats:
     given_back: int = 0
     reclaimed: int = 0
     batches: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
-    handler_seconds: list[float] = field(default_factory=list)
+    # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
+    batch_sizes: metrics.Histogram = field(default_factory=metrics.batch_size_histogram)
+    handler_seconds: metrics.Histogram = field(default_factory=metrics.handler_seconds_histogram)
 
 
 class Budget:
@@ -138,12 +139,11 @@ class Worker:
             try:
                 if store.get_lock(self.lock, lock_name, 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
+                store.hold_session(self.lock)  # idle during long batches: no idle-timeout drop
             except MySQLdb.Error as e:
                 if not locks_unavailable(e):
                     raise
-                self.use_locks = False
-                log.warning("advisory locks unavailable (%s): falling back to polling the signal "
-                            "row; dead consumers are found by lease expiry only", e.args[0])
+                self._fall_back_to_polling(e)
         store.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
                                 os.getpid(), [self.queue], self.wakeup_mode)
         self._registered_generation = self.lock.generation
@@ -175,10 +175,25 @@ class Worker:
 
     # -------------------------------------------------------- idle
 
+    def _fall_back_to_polling(self, exc: BaseException) -> None:
+        self.use_locks = False
+        self._next_touch = 0.0  # `notifyq status` shows wakeup=polling at the next turn
+        log.warning("advisory locks unavailable (%s): falling back to polling the signal "
+                    "row; dead consumers are found by lease expiry only", exc.args[0] if exc.args else exc)
+
     def _idle(self) -> bool:
         """Wait for work without touching the jobs table; True when more work is likely."""
         if not self.use_locks:
             return self.waiter.poll_for_work()
+        try:
+            return self._idle_with_locks()
+        except MySQLdb.Error as e:  # a proxy may pass GET_LOCK alone but refuse the watch statement
+            if not locks_unavailable(e):
+                raise
+            self._fall_back_to_polling(e)
+            return True
+
+    def _idle_with_locks(self) -> bool:
         if not self.waiter.acquire_watch():
             return False  # timed out or interrupted: the loop turns, then we queue up again
         try:
@@ -213,17 +228,23 @@ class Worker:
     def _run_batch(self, jobs: list[Job], token: int) -> None:
         self.stats.claimed += len(jobs)
         self.stats.batches += 1
-        self.stats.batch_sizes.append(len(jobs))
+        self.stats.batch_sizes.observe(len(jobs))
+        ids = [j.id for j in jobs]  # once per batch: the per-job list copies made the loop O(n^2)
+
+        def extend_all() -> None:  # a job extends its whole batch's lease
+            self._extend(ids, token)
+
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
-            job._extend = lambda ids=[j.id for j in jobs]: self._extend(ids, token)
-        self.pending = (token, [j.id for j in jobs])
+            job._extend = extend_all
+            job._cancel_check = lambda job_id=job.id: store.cancel_requested(self.work, job_id, token)
+        self.pending = (token, ids)
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
         done: list[Job] = []
-        last_flush = time.monotonic()
+        last_flush = t0 = time.monotonic()
         started = 0
         try:
             if self.handler.per_batch:
@@ -235,7 +256,7 @@ class Worker:
                     if self.stop.is_set():
                         break
                     started += 1
-                    self.pending = (token, [j.id for j in jobs[started:]])
+                    self.pending = (token, ids[started:])
                     if job.error is None:
                         self._call([job], token)
                     done.append(job)
@@ -244,7 +265,9 @@ class Worker:
                         done, last_flush = [], time.monotonic()
         finally:
             self._settle(done, token)
-            rest = [j.id for j in jobs[started:]]
+            log.info("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                     sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+            rest = ids[started:]
             if rest:
                 n = store.give_back(self.work, self.queue, rest, token)
                 self.stats.given_back += n
@@ -257,7 +280,7 @@ class Worker:
             self.handler(jobs, lambda: self._extend([j.id for j in jobs], token))
         finally:
             self.in_handler_since = None
-            self.stats.handler_seconds.append(time.monotonic() - t0)
+            self.stats.handler_seconds.observe(time.monotonic() - t0)
             self._turned()
 
     def _extend(self, ids: list[int], token: int) -> None:
@@ -283,6 +306,10 @@ class Worker:
                 self.stats.retried += 1
                 log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
                          self.queue, job.id, job.attempts, delay, job.error[:200])
+        if log.isEnabledFor(logging.DEBUG):
+            for job in jobs:
+                log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
+                          self.queue, job.id, job.attempts)
         owned = store.ack(self.work, ok, token, self.qc.keep_done)
         owned += store.fail(self.work, self.queue, token, failures)
         self.stats.succeeded += len(ok)
@@ -307,7 +334,11 @@ class Worker:
                 self.stats.reclaimed += store.reclaim_expired(self.work)
             return
         self._next_reap = now + self.config.consumer.reap_interval_s
-        if check and not store.reap_needed(self.work):
+        # Asked on the lock session on purpose: a busy worker touches it nowhere else, so a
+        # lock session that died (KILL, network) would go unnoticed while the worker kept
+        # claiming under an id the reaper has already unregistered. Here it reconnects, and
+        # the next loop turn re-registers before claiming again.
+        if check and not store.reap_needed(self.lock):
             return
         result = reaper.reap(self.lock, self.work, self.config.dsn.database)
         if result is not None:

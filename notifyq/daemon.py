@@ -57,8 +57,7 @@ class SystemdNotifier:
         self._last_ping = float("-inf")
 
     @property
-    def watchdog_interval_s(self) -> float | None:
-        """WatchdogSec= in seconds; None when nobody watches this process."""
+    def watchdog_interval_s(self) -> float | None:  # None: nobody watches this process
         return self._interval_s
 
     def ready(self, status: str | None = None) -> bool:
@@ -116,10 +115,10 @@ class StopSignals:
     def __enter__(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("StopSignals is already installed")
-        self._thread = threading.Thread(target=self._dispatch, name="notifyq-signals", daemon=True)
-        self._thread.start()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # raises off the main thread
             self._previous[signum] = signal.signal(signum, self._handle)
+        self._thread = threading.Thread(target=self._dispatch, name="notifyq-signals", daemon=True)
+        self._thread.start()  # a signal that came first is waiting in the queue
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,9 +163,9 @@ class AlreadyRunning(errors.AlreadyRunning, RuntimeError):
 
 
 class PidFile:
-    """O_CREAT|O_EXCL on the file itself, flock()ed for our lifetime: the kernel drops the
-    lock however we die. Staleness is judged under the lock, after checking the path still
-    names the locked inode (the creator re-checks too), so two starters never both win."""
+    """O_CREAT|O_EXCL on the file itself, flock()ed for our lifetime (the kernel drops the
+    lock however we die). Staleness is judged under the lock, on the inode the path still
+    names; a fresh pid-less file is a starter before its flock(), never stale (no livelock)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         # Absolute now: DaemonContext changes directory before it acquires the pidfile.
@@ -186,8 +185,8 @@ class PidFile:
         self._inspect(remove_stale=False)
 
     def acquire(self) -> None:
-        if self._fd is not None:
-            raise RuntimeError(f"pidfile {self.path} is already held by this object")
+        if self._fd is not None and self._pid == os.getpid():
+            return  # ours already: DaemonContext.open() acquires it, callers may again
         for _ in range(5):  # each lost race costs one retry; this bounds a pathological loop
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -231,8 +230,10 @@ class PidFile:
             if not _same_file(fd, self.path):
                 return  # replaced meanwhile: the caller looks again
             pid = _read_pid(fd)
-            # Unlocked, yet catch an instance that does not lock (flock a no-op on NFS). Our
-            # own pid is stale by definition: containers reuse small pids every boot.
+            if pid is None and time.time() - os.fstat(fd).st_mtime < 2:
+                raise AlreadyRunning(None, self.path)  # a starter between open() and flock()
+            # Unlocked, yet catch an instance that does not lock (NFS). Our own pid is stale
+            # by definition: containers reuse small pids every boot.
             if pid is not None and pid != os.getpid() and _is_notifyq(pid):
                 raise AlreadyRunning(pid, self.path)
             if remove_stale:

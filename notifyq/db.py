@@ -7,12 +7,16 @@ Either way the only safe move is ROLLBACK (or a new connection) and run the whol
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import MySQLdb
+import MySQLdb.converters
 import tenacity
+from MySQLdb.constants import FIELD_TYPE
 
 from notifyq import errors
 from notifyq.config import DSN
@@ -64,6 +68,22 @@ def retry_policy(give_up_after_s: float, what: str) -> tenacity.Retrying:
     )
 
 
+def _datetime(text):
+    """DATETIME/TIMESTAMP decoder: the C `fromisoformat` instead of mysqlclient's pure-Python
+    parser, which was a fifth of a consumer's CPU (three datetimes per claimed job). Anything
+    it does not take (zero dates, odd precision) goes to the original, so results are equal."""
+    if 19 <= len(text) <= 26:  # 'YYYY-MM-DD hh:mm:ss[.ffffff]'
+        try:
+            return dt.datetime.fromisoformat(text.decode() if isinstance(text, bytes) else text)
+        except ValueError:
+            pass
+    return MySQLdb.converters.DateTime_or_None(text)
+
+
+CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
+               FIELD_TYPE.TIMESTAMP: _datetime}
+
+
 class Session:
     """One MySQLdb connection that knows how to rebuild itself.
 
@@ -112,6 +132,7 @@ class Session:
                 connect_timeout=10,
                 read_timeout=self.read_timeout_s,
                 write_timeout=30,
+                conv=CONVERSIONS,
             )
         except MySQLdb.OperationalError as e:
             code = error_code(e)
@@ -165,27 +186,45 @@ class Session:
             raise
 
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool) -> T:
-        for attempt in retry_policy(self.retry_s, what):
+        # The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
+        # as much as a round trip, on every claim, ack and put. Only a transient failure enters
+        # the policy, which is handed that failure as its attempt 1, so the backoff, the log
+        # lines and the give-up deadline (counted from the first attempt) are what they were.
+        started = time.monotonic()
+        try:
+            return self._attempt(body, idempotent)
+        except MySQLdb.Error as e:
+            if not is_transient(e):
+                raise
+            first: MySQLdb.Error | None = e
+        remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
+        for attempt in retry_policy(remaining_s, what):
             with attempt:
-                committing = False
-                try:
-                    cur = self.conn.cursor()
-                    try:
-                        result = body(cur)
-                    finally:
-                        cur.close()
-                    if not self.autocommit:
-                        committing = True
-                        self.conn.commit()
-                    return result
-                except MySQLdb.Error as e:
-                    self._after_error(e)
-                    if committing and is_connection_lost(e) and not idempotent:
-                        raise errors.OutcomeUnknown(
-                            f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
-                        ) from None
-                    raise
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
+                return self._attempt(body, idempotent)
         raise AssertionError("unreachable")
+
+    def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
+        committing = False
+        try:
+            cur = self.conn.cursor()
+            try:
+                result = body(cur)
+            finally:
+                cur.close()
+            if not self.autocommit:
+                committing = True
+                self.conn.commit()
+            return result
+        except MySQLdb.Error as e:
+            self._after_error(e)
+            if committing and is_connection_lost(e) and not idempotent:
+                raise errors.OutcomeUnknown(
+                    f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
+                ) from None
+            raise
 
     def _after_error(self, exc: MySQLdb.Error) -> None:
         if is_connection_lost(exc) or self._conn is None:

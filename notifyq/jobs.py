@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ class Job:
     error: str | None = field(default=None, repr=False)
     retry: bool = field(default=True, repr=False)
     _extend: Any = field(default=None, repr=False)
+    _cancel_check: Any = field(default=None, repr=False)  # set by the worker: () -> bool
+    _cancel_seen: bool = field(default=False, repr=False)
+    _cancel_checked_at: float = field(default=float("-inf"), repr=False)
 
     def fail(self, error: str, *, retry: bool = True) -> None:
         """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
@@ -44,6 +48,23 @@ class Job:
         """Long-running handlers: push the claim's lease out again so no reaper takes the job."""
         if self._extend is not None:
             self._extend()
+
+    def cancel_requested(self, max_age_s: float = 1.0) -> bool:
+        """Long-running handlers: has `notifyq jobs cancel` asked this job to stop?
+
+        Cooperative: the handler decides where it is safe to stop, then returns (the job is
+        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends dead). Also true
+        once the claim is no longer this worker's (lease expired, job taken back). Cheap to
+        call in a loop: the database is asked at most once per `max_age_s`, and never again
+        after it said yes.
+        """
+        if self._cancel_seen or self._cancel_check is None:
+            return self._cancel_seen
+        now = time.monotonic()
+        if now - self._cancel_checked_at >= max_age_s:
+            self._cancel_checked_at = now
+            self._cancel_seen = bool(self._cancel_check())
+        return self._cancel_seen
 
     @property
     def last_attempt(self) -> bool:

@@ -3,6 +3,11 @@
 MySQL refuses names over 64 characters and compares them case-insensitively; MariaDB allows
 192 bytes and is case-sensitive. Names here are lowercase ASCII and short on both, and a
 database name is part of every one, so two notifyq databases on one server never collide.
+
+A name that would be too long, or is not plain lowercase (queue `Q` and queue `q` are two
+queues, but one lock on MySQL), becomes `nq:<kind>:<hash>:<database>`, cut at 64: the 96-bit
+hash of (database, kind, key) keeps it unique, and the database stays readable in
+`performance_schema.metadata_locks` / `information_schema.METADATA_LOCK_INFO`.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ def lock_name(database: str, kind: str, key: str = "") -> str:
     plain = f"nq:{database}:{kind}" + (f":{key}" if key else "")
     if len(plain) <= 64 and _PLAIN.match(plain):
         return plain
-    digest = hashlib.sha1(f"{database}\0{kind}\0{key}".encode()).hexdigest()[:32]
-    return f"nq:{kind}:{digest}"
+    digest = hashlib.sha1(f"{database}\0{kind}\0{key}".encode()).hexdigest()[:24]
+    return f"nq:{kind}:{digest}:{database}"[:64]
 
 
 class QueueLocks:

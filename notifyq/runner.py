@@ -27,7 +27,7 @@ log = logging.getLogger("notifyq.runner")
 
 
 def _require_schema(cfg: Config) -> None:
-    session = Session(cfg.dsn, retry_s=10, name="startup")
+    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="startup")
     try:
         schema.require_current(session)
     finally:

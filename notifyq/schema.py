@@ -22,6 +22,11 @@ def code_version() -> int:
 
 def check_server(version: str) -> None:
     """SKIP LOCKED is the whole claim design: MySQL 8.0.1+, MariaDB 10.6+."""
+    # MariaDB 10.x greets as "5.5.5-10.x.y-MariaDB"; libmysqlclient (unlike Connector/C) keeps it.
+    version = re.sub(r"^5\.5\.5-(?=\d+\.\d+\.\d+.*mariadb)", "", version, flags=re.I)
+    if "tidb" in version.lower():
+        raise errors.UnsupportedServer(
+            f"TiDB ({version}) ignores SKIP LOCKED (a plain read): notifyq would run jobs twice")
     m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
     if not m:
         return

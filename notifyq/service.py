@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from notifyq import errors, handlers, schema, store
+from notifyq import errors, handlers, periodic, schema, store
 from notifyq.config import Config, validate_queue_name
 from notifyq.consumer import Budget, Stats, Worker
 from notifyq.db import Session
@@ -51,6 +51,7 @@ class ConsumerService:
         self.workers: list[Worker] = []
         self.threads: list[threading.Thread] = []
         self.retired: list[Stats] = []
+        self.scheduler: periodic.Scheduler | None = None  # cron ticks and retention (periodic.py)
 
     def _handler_for(self, queue: str):
         qc = self.config.queue(queue)
@@ -65,12 +66,13 @@ class ConsumerService:
 
     def start(self) -> None:
         """Check everything that can fail early (schema, handlers), then start the workers."""
-        probe = Session(self.config.dsn, name="startup", retry_s=self.config.consumer.shutdown_grace_s)
+        probe = Session(self.config.dsn, name="startup", retry_s=self.config.connect_retry_s)
         try:
             probe.conn
             schema.require_current(probe)
         finally:
             probe.close()
+        self.scheduler = periodic.Scheduler(self.config, self.options.queues)  # checks the entries
         n = 0
         for queue in self.options.queues:
             handler = self._handler_for(queue)
@@ -105,6 +107,8 @@ class ConsumerService:
             if reload_requested is not None and reload_requested.is_set():
                 reload_requested.clear()
                 self._reload(on_reload)
+            if self.scheduler is not None:
+                self.scheduler.tick()  # usually no query: only when a tick or retention is due
             if self.notifier:
                 if self.healthy():
                     self.notifier.watchdog()
@@ -166,6 +170,8 @@ class ConsumerService:
                         worker.handler = self._handler_for(worker.queue)
                     except errors.NotifyqError as e:
                         log.error("reload: keeping the old handler queue=%s error=%s", worker.queue, e)
+            if self.scheduler is not None:
+                self.scheduler.reload(new)
             log.info("reloaded config sources=%s", ",".join(new.sources))
         if self.notifier:
             self.notifier.ready(self.status_line())
@@ -178,6 +184,8 @@ class ConsumerService:
             self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")
         self.stop.set()
         self._interrupt_idle_waits()
+        if self.scheduler is not None:
+            self.scheduler.close()  # frees the leader locks: a peer takes over the ticks
         deadline = time.monotonic() + grace
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -12,31 +12,61 @@ from notifyq.jobs import Status
 COLUMNS = ("ready", "delayed", "claimed", "dead", "done")
 
 
+def _blank() -> dict[str, Any]:
+    return {**{c: 0 for c in COLUMNS}, "oldest_ready_age_s": None, "next_due_in_s": None,
+            "oldest_claim_age_s": None, "cancel_requested": 0, "paused": False, "consumers": 0}
+
+
+def _fold(e: dict[str, Any], now: dt.datetime, status: int, future: int, count: int,
+          min_run_at: dt.datetime | None) -> None:
+    """One (status, future) count row into a queue's figures."""
+    if status == Status.READY or (status == Status.SCHEDULED and not future):
+        e["ready"] += count
+        age = max(0.0, (now - min_run_at).total_seconds()) if min_run_at else None
+        if age is not None and (e["oldest_ready_age_s"] is None or age > e["oldest_ready_age_s"]):
+            e["oldest_ready_age_s"] = round(age, 3)
+    elif status == Status.SCHEDULED:
+        e["delayed"] += count
+        if min_run_at is not None:
+            e["next_due_in_s"] = round(max(0.0, (min_run_at - now).total_seconds()), 3)
+    elif status == Status.CLAIMED:
+        e["claimed"] += count
+    elif status == Status.DEAD:
+        e["dead"] += count
+    elif status == Status.DONE:
+        e["done"] += count
+
+
+def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:
+    """The figures of a few queues only (a consumer's metrics endpoint): one indexed read each."""
+    now = store.server_now(session)
+    out = {q: _blank() for q in queues}
+    for name, paused, _watched, _total in store.queue_rows(session):
+        if name in out:
+            out[name]["paused"] = bool(paused)
+    for q in queues:
+        for status, future, count, min_run_at in store.queue_depth(session, q):
+            _fold(out[q], now, status, future, count, min_run_at)
+    return out
+
+
 def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
     now = store.server_now(session)
     queues: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return queues.setdefault(name, {**{c: 0 for c in COLUMNS}, "oldest_ready_age_s": None,
-                                        "paused": False, "consumers": 0})
+        return queues.setdefault(name, _blank())
 
     for name, paused, _watched, _total in store.queue_rows(session):
         entry(name)["paused"] = bool(paused)
     for name, status, future, count, min_run_at in store.queue_counts(session):
+        _fold(entry(name), now, status, future, count, min_run_at)
+    for name, oldest_claim, cancels in store.claim_ages(session):
         e = entry(name)
-        if status == Status.READY or (status == Status.SCHEDULED and not future):
-            e["ready"] += count
-            age = max(0.0, (now - min_run_at).total_seconds()) if min_run_at else None
-            if age is not None and (e["oldest_ready_age_s"] is None or age > e["oldest_ready_age_s"]):
-                e["oldest_ready_age_s"] = round(age, 3)
-        elif status == Status.SCHEDULED:
-            e["delayed"] += count
-        elif status == Status.CLAIMED:
-            e["claimed"] += count
-        elif status == Status.DEAD:
-            e["dead"] += count
-        elif status == Status.DONE:
-            e["done"] += count
+        e["oldest_claim_age_s"] = round(max(0.0, (now - oldest_claim).total_seconds()), 3) if oldest_claim else None
+        e["cancel_requested"] = int(cancels or 0)
+    periodic = [{"queue": q, "name": n, "last_tick": _iso(t)} for q, n, t in store.periodic_rows(session)
+                if queue is None or q == queue]
     consumers = []
     for cid, host, pid, qs, started, last_seen, wakeup, alive in store.consumers(session):
         consumers.append({"id": cid, "host": host, "pid": pid, "queues": qs.split(","),
@@ -50,20 +80,24 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
         consumers = [c for c in consumers if queue in c["queues"]]
     degraded = sorted({q for c in consumers if c["wakeup"] != "locks" for q in c["queues"]})
     return {"server_time": _iso(now), "queues": queues, "consumers": consumers,
-            "wakeup_degraded": degraded}
+            "wakeup_degraded": degraded, "periodic": periodic}
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.replace(tzinfo=dt.timezone.utc).isoformat()
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
 def render(data: dict[str, Any]) -> str:
-    head = ("queue", *COLUMNS, "oldest_ready", "consumers", "state")
+    head = ("queue", *COLUMNS, "oldest_ready", "next_due", "oldest_claim", "consumers", "state")
     rows = [head]
     for name, q in sorted(data["queues"].items()):
-        age = q["oldest_ready_age_s"]
         rows.append((name, *(str(q[c]) for c in COLUMNS),
-                     "-" if age is None else f"{age:.1f}s", str(q["consumers"]),
+                     *(_secs(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
+                     str(q["consumers"]),
                      "paused" if q["paused"] else ("polling" if name in data["wakeup_degraded"] else "ok")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
@@ -72,6 +106,13 @@ def render(data: dict[str, Any]) -> str:
         for c in data["consumers"]:
             lines.append(f"  {c['id'][:12]}  {c['host']}:{c['pid']}  queues={','.join(c['queues'])}  "
                          f"wakeup={c['wakeup']}  {'alive' if c['alive'] else 'DEAD (reaper pending)'}")
+    if data.get("periodic"):
+        lines += ["", "periodic (last tick, UTC):"]
+        lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" for p in data["periodic"]]
+    cancels = {n: q["cancel_requested"] for n, q in data["queues"].items() if q["cancel_requested"]}
+    if cancels:
+        lines.append("cancel requested, handler still running: "
+                     + ", ".join(f"{n}={c}" for n, c in sorted(cancels.items())))
     if data["wakeup_degraded"]:
         lines.append(f"warning: advisory-lock wake-up unavailable, polling: {', '.join(data['wakeup_degraded'])}")
     return "\n".join(lines)

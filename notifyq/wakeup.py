@@ -1,24 +1,41 @@
 """How idle consumers learn of new work without polling the jobs table.
 
-Consumers of a queue that have nothing to do queue up in GET_LOCK(watch). The one holding it,
-the watcher, runs one statement in a loop (sql `watch`): it reads the queue's enqueue count
-(the sum of its nq_signal slots) and, only if nothing new arrived, waits inside that same
-statement: in GET_LOCK on the current bell when a long-running producer holds it (the producer
-releases it right after each commit), otherwise in SLEEP with exponential backoff. When the
-count moved, the watcher claims a batch while still holding the watch lock; if that batch
-drained the queue it records the count as watched, so the next watcher does not wake for
-work already taken. Then it releases the watch lock: the next idle consumer becomes the
-watcher. A burst therefore wakes consumers one after another while batches come back full,
-and a single job wakes exactly one.
+Consumers of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both servers).
+The one holding it, the watcher, runs one statement in a loop (sql `watch`): it reads the
+queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
+inside that same statement: in GET_LOCK on the current bell when a long-running producer rings
+this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
+poll_max_s, and never past the earliest scheduled job's run_at). When the count moved, the
+watcher claims a batch while still holding the watch lock; if that batch drained the queue it
+records the count as watched, so the next watcher does not wake for work already taken. Then
+it releases the watch lock: the next idle consumer becomes the watcher. A burst therefore wakes
+consumers one after another while batches come back full, and a single job wakes exactly one.
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait the count is read again.
 
 Bells: a producer ringer holds bell[b] where b is nq_queue.bell. To publish, it takes
-bell[1-b], commits its jobs together with nq_queue.bell = 1-b, then releases bell[b]. A
-watcher that read b before the commit is either already waiting on bell[b] (and is granted
-it on release) or asks for it after the release and gets it at once; a watcher that read
-after the commit sees the new count. No interleaving loses the wake-up.
+bell[1-b], commits its jobs together with nq_queue.bell = 1-b, then releases bell[b]. So a
+ringer always holds at least one bell, and holds only bell[1-b] while nq_queue.bell = b only
+after that commit. The watcher waits on the bell its read named whenever either bell is held:
+  - read before the commit, GET_LOCK before the release: it is granted bell[b] on release;
+  - read before the commit, GET_LOCK after the release: bell[b] is free, granted at once;
+  - read after the commit: it sees the new count and does not wait.
+After a grant it releases the bell at once (the producer needs it for its next ring) and reads
+again. No interleaving loses the wake-up. Two grants in a row on the same bell value mean the
+bells are in a state no ringer leaves them in for long (a producer arming or dying): the next
+wait sleeps instead, so that can never become a spin.
+
+Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
+(tenacity) and reruns the statement, so after every statement the Waiter compares the session's
+generation and, if it changed, gives up its turn: the worker re-registers (new liveness lock)
+before it claims anything. Lock sessions raise their own wait_timeout (store.hold_session),
+because they sit idle between statements while their owner runs a long batch or a producer
+waits for input, and an idle-timeout disconnect would drop the liveness lock or the bell.
+
+Without advisory locks (wakeup.use_locks = false, or the server refuses them: Galera's 1235,
+a proxy's 1105) every idle consumer polls the signal row itself with the same backoff: correct,
+but the cost grows with the number of consumers, and `notifyq status` says so.
 """
 
 from __future__ import annotations
@@ -30,7 +47,7 @@ from collections.abc import Callable
 
 import MySQLdb
 
-from notifyq import store
+from notifyq import errors, store
 from notifyq.config import WakeupConfig
 from notifyq.db import Session, error_code
 from notifyq.locks import QueueLocks
@@ -39,6 +56,7 @@ log = logging.getLogger("notifyq.wakeup")
 
 # Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
 LOCKS_UNAVAILABLE = frozenset({1235, 1105})
+SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
 
 
 def locks_unavailable(exc: BaseException) -> bool:
@@ -58,14 +76,24 @@ class Waiter:
         self.on_turn = on_turn  # called once per loop turn: liveness for the systemd watchdog
         self.on_reap = on_reap  # the watch statement saw a dead peer or an expired lease
         self.watching = False
+        # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
         self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
         self._last_total = -1  # polling fallback only
+        self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
 
     # -------------------------------------------------------- the watch lock
 
     def acquire_watch(self) -> bool:
-        """Block (bounded) until we are the watcher; False on timeout or interruption."""
+        """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
+        generation = self.session.generation
         got = store.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
+        if self.session.generation != generation:
+            # Reconnected while queued: our liveness lock is gone, so we must not claim under the
+            # old id. Give the turn back; the worker re-registers and queues up again.
+            if got == 1:
+                store.release_lock(self.session, self.locks.watch)
+            self.watching = False
+            return False
         self.watching = got == 1
         return self.watching
 
@@ -73,30 +101,43 @@ class Waiter:
         if drained_at is not None:
             store.mark_watched(self.session, self.queue, drained_at)
         if self.watching:
-            store.release_lock(self.session, self.locks.watch)
             self.watching = False
+            store.release_lock(self.session, self.locks.watch)
 
     # -------------------------------------------------------- waiting for work
 
-    def wait_for_work(self, safety_s: float = 60.0) -> int | None:
+    def wait_for_work(self, safety_s: float = SAFETY_S) -> int | None:
         """As the watcher: return the enqueue count once there is something to claim.
 
-        Returns None when stopping. The watch statement also reports the time until the
-        earliest scheduled job, which bounds the next wait. After `safety_s` of silence it
-        returns anyway, so one claim checks the jobs table: a belt for the braces of a lost
-        wake-up nobody foresaw.
+        Returns None when stopping, or when the lock session reconnected (the caller must
+        re-register first). The watch statement also reports the time until the earliest
+        scheduled job, which bounds the next wait. After `safety_s` of silence it returns
+        anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
+        nobody foresaw.
         """
+        generation = self.session.generation
         start = time.monotonic()
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
-        rang = False
+        rang = False  # the last wait ended with a bell: the work found now came with it
+        granted_on: int | None = None  # bell value of the previous statement's grant
+        use_bell = True
         while not self.stop.is_set():
             self.on_turn()
             wait = min(backoff, self.cfg.poll_max_s)
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
-            state = store.watch(self.session, self.queue, self.locks.bells, wait)
-            if state.total < 0:  # interrupted by KILL QUERY
+            sent = time.monotonic()  # due_in_s is measured before the statement's wait
+            state = store.watch(self.session, self.queue, self.locks.bells, wait, use_bell)
+            if state.waited == 1:
+                # Granted the bell: hand it straight back (its producer needs it for the next
+                # ring), before anything else can return or raise with it held.
+                store.release_lock(self.session, self.locks.bells[state.bell])
+            if self.session.generation != generation:
+                self.watching = False  # the watch lock died with the old connection
+                return None
+            if state.total < 0:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
+                rang = False
                 continue
             if state.reap:
                 self.on_reap()
@@ -107,36 +148,49 @@ class Waiter:
                 if state.due_in_s is not None and state.due_in_s <= 0:
                     self.wakeups["due"] += 1
                     return state.total
-            due_at = None if state.due_in_s is None else time.monotonic() + state.due_in_s
-            rang = False
-            if state.waited == 1:  # the bell rang: hand it straight back to its producer
-                store.release_lock(self.session, self.locks.bells[state.bell])
-                backoff = self.cfg.poll_initial_s
-                rang = True
+            # A paused queue ignores due jobs: waking for them would only find the pause again.
+            due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
+            rang = state.waited == 1
+            # Two grants in a row on the same bell value: no ring explains that (see the
+            # module docstring); sleep the next wait instead of spinning on a free bell.
+            use_bell = not (rang and granted_on == state.bell)
+            granted_on = state.bell if rang else None
+            if state.waited is None and not rang:  # interrupted: a stop request or an instant wake
                 continue
-            if state.waited is None:  # interrupted: a stop request or an instant wake
-                continue
-            backoff *= 2
+            if not rang:
+                backoff *= 2
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
                 return state.total
         return None
 
-    def poll_for_work(self) -> bool:
-        """Fallback without advisory locks: each idle consumer polls the signal row itself."""
+    def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
+        """Fallback without advisory locks: each idle consumer polls the signal row itself.
+
+        The backoff survives between idle spells and restarts only when the count moves, so
+        an idle consumer settles at one cheap read per poll_max_s.
+        """
         start = time.monotonic()
-        backoff = self.cfg.poll_initial_s
         while not self.stop.is_set():
             self.on_turn()
-            total, paused = store.poll_signal(self.session, self.queue)
-            if total != self._last_total and not paused:
-                self._last_total = total
-                self.wakeups["signal"] += 1
+            total, paused, due_in_s = store.poll_signal(self.session, self.queue)
+            if not paused:
+                if total != self._last_total:
+                    self._last_total = total
+                    self._poll_backoff = self.cfg.poll_initial_s
+                    self.wakeups["signal"] += 1
+                    return True
+                if due_in_s is not None and due_in_s <= 0:
+                    self.wakeups["due"] += 1
+                    return True
+            if time.monotonic() - start >= safety_s:
+                self.wakeups["timeout"] += 1
                 return True
-            if time.monotonic() - start >= self.cfg.poll_max_s:
-                return True  # no watcher to track scheduled jobs: claim once per cap instead
-            self.stop.wait(min(backoff, self.cfg.poll_max_s))
-            backoff *= 2
+            wait = min(self._poll_backoff, self.cfg.poll_max_s)
+            if not paused and due_in_s is not None:
+                wait = min(wait, due_in_s)
+            self.stop.wait(wait)
+            self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False
 
 
@@ -154,17 +208,21 @@ class Bell:
     def arm(self, work: Session) -> bool:
         """Become this queue's ringer if none is; `work` is the producer's work session."""
         if self.session.generation != self._generation:
-            self.held = None  # a new lock connection: whatever we held died with the old one
+            # A new lock connection (or none yet): whatever we held died with the old one.
+            self.held = self._next = None
         if self.held is not None:
             return True
         try:
             if store.get_lock(self.session, self.locks.ringer, 0) != 1:
                 return False  # another producer rings this queue's bells
             self._generation = self.session.generation
+            store.hold_session(self.session)
             bell = work.run(lambda cur: store.read_bell(cur, self.queue), what="read bell")
             if store.get_lock(self.session, self.locks.bells[bell], 5) != 1:
                 store.release_lock(self.session, self.locks.ringer)
                 return False
+            if self.session.generation != self._generation:
+                return False  # reconnected in between: the ringer lock is gone; try next time
             self.held = bell
             return True
         except MySQLdb.Error as e:
@@ -180,7 +238,13 @@ class Bell:
         if self._next == other:  # the transaction is being retried: we hold it already
             store.set_bell(cur, self.queue, other)
             return
-        if store.get_lock(self.session, self.locks.bells[other], 5) != 1:
+        got = store.get_lock(self.session, self.locks.bells[other], 5)
+        if self.session.generation != self._generation:
+            # The lock connection was lost and reopened: the ringer lock and our bell went
+            # with it. Skip this ring (the watcher's backoff poll covers it) and re-arm later.
+            self._forget()
+            return
+        if got != 1:
             self._next = None  # a watcher sat on it too long: skip this ring, polling covers it
             return
         store.set_bell(cur, self.queue, other)
@@ -193,12 +257,26 @@ class Bell:
         self.held, self._next = self._next, None
 
     def after_rollback(self) -> None:
+        """The transaction failed. If it had moved the bell we cannot know whether its COMMIT
+        landed (OutcomeUnknown), so which bell is current is unknown too: let go of everything
+        and re-arm from the committed state on the next put."""
         if self._next is not None:
-            store.release_lock(self.session, self.locks.bells[self._next])
-            self._next = None
+            self._forget()
+
+    def _forget(self) -> None:
+        try:
+            self.disarm()
+        except Exception as e:  # the session is broken: the server frees its locks anyway
+            log.debug("could not release bells queue=%s error=%s", self.queue, e)
+            self.session.discard()
+        self._next = None
+        self._generation = -1
 
     def disarm(self) -> None:
-        for name in (*self.locks.bells, self.locks.ringer):
+        # The other bell first: releasing the current one wakes the watcher, which must then
+        # find both free (no ringer) rather than a bell that looks like a ring in progress.
+        order = (1 - self.held, self.held) if self.held is not None else (0, 1)
+        for name in (*(self.locks.bells[i] for i in order), self.locks.ringer):
             try:
                 store.release_lock(self.session, name)
             except Exception:  # closing anyway; the server frees them with the session
@@ -209,9 +287,22 @@ class Bell:
 def instant_wake(session: Session, locks: QueueLocks) -> bool:
     """Interrupt the watcher's wait so it re-reads the count now (`wakeup.instant_wake`).
 
-    Sound only where producers and consumers use the same database user (or CONNECTION ADMIN),
-    talk to the same server without a multiplexing proxy, and accept that a kill arriving
-    between two statements is lost (polling still catches it).
+    Best effort, after the jobs are committed: it never fails a put. Safe only when
+      - producers and consumers log in as the same database user (KILL needs that, or
+        CONNECTION ADMIN / SUPER, which a runtime user should not have);
+      - they talk to the same server directly: the watcher's connection id means nothing
+        behind a multiplexing proxy (ProxySQL, Vitess, RDS Proxy) or on another Galera or
+        group-replication node, where the KILL could hit an unrelated session;
+      - an extra connection and two statements per put are acceptable.
+    A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
+    connection does nothing); the next read catches the job anyway, within poll_max_s. The
+    watcher's lock session only runs lock statements and autocommit single-row updates, which
+    are rerun when interrupted, so the KILL can never abort a claim.
     """
-    conn_id = store.lock_holder(session, locks.watch)
-    return bool(conn_id) and store.kill_query(session, conn_id)
+    try:
+        conn_id = store.lock_holder(session, locks.watch)
+        return bool(conn_id) and store.kill_query(session, conn_id)
+    except (MySQLdb.Error, errors.NotifyqError) as e:
+        log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
+        session.discard()
+        return False

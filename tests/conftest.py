@@ -96,20 +96,20 @@ def _url(dsn: DSN) -> str:
     return base + (f"?unix_socket={dsn.unix_socket}" if dsn.unix_socket else "")
 
 
-@pytest.fixture(scope="session")
-def runtime_user(server_dsn) -> str:
-    root = DSN.parse(server_dsn)
+def ensure_runtime_user(root: DSN) -> str:
+    """The least-privilege account producers and consumers use (grants come per database)."""
     conn = admin_connect(root)
     cur = conn.cursor()
-    cur.execute(f"CREATE USER IF NOT EXISTS '{RUNTIME_USER}'@'%%' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
-    cur.execute(f"CREATE USER IF NOT EXISTS '{RUNTIME_USER}'@'localhost' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
+    for host in ("%%", "localhost"):
+        cur.execute(f"CREATE USER IF NOT EXISTS '{RUNTIME_USER}'@'{host}' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
     conn.close()
     return RUNTIME_USER
 
 
-@pytest.fixture
-def db(server_dsn, runtime_user) -> TestDB:
-    """A fresh database with the current schema, and grants for the runtime user only on it."""
+def create_test_db(server_dsn: str, runtime_user: str = RUNTIME_USER) -> TestDB:
+    """A fresh database with the current schema, and grants for the runtime user only on it.
+
+    Shared by the `db` fixture (the session's server) and the fault tests (a private server)."""
     root = DSN.parse(server_dsn)
     name = f"nq_t_{uuid.uuid4().hex[:12]}"
     admin = dataclasses.replace(root, database=name)
@@ -123,10 +123,26 @@ def db(server_dsn, runtime_user) -> TestDB:
     runtime = dataclasses.replace(admin, user=runtime_user, password=RUNTIME_PASSWORD)
     env = {**os.environ, "NOTIFYQ_DSN": _url(runtime), "NOTIFYQ_PASSWORD": RUNTIME_PASSWORD,
            "NOTIFYQ_CONFIG": "/dev/null", "PYTHONPATH": str(REPO / "tests" / "helpers")}
-    yield TestDB(admin, runtime, env)
-    conn = admin_connect(root)
-    conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    return TestDB(admin, runtime, env)
+
+
+def drop_test_db(testdb: TestDB) -> None:
+    conn = admin_connect(testdb.admin)
+    conn.cursor().execute(f"DROP DATABASE IF EXISTS `{testdb.admin.database}`")
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def runtime_user(server_dsn) -> str:
+    return ensure_runtime_user(DSN.parse(server_dsn))
+
+
+@pytest.fixture
+def db(server_dsn, runtime_user) -> TestDB:
+    """A fresh database with the current schema, and grants for the runtime user only on it."""
+    testdb = create_test_db(server_dsn, runtime_user)
+    yield testdb
+    drop_test_db(testdb)
 
 
 def notifyq_cmd(*args: str) -> list[str]:

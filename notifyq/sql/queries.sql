@@ -141,10 +141,12 @@ WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
 
 -- watch --
 -- The watcher's whole idle cycle in one statement: read the queue's enqueue count, and only if
--- nothing new arrived (or the queue is paused) wait: in GET_LOCK on the current bell when a
--- producer holds it (released right after that producer commits), else in SLEEP. The derived
--- table is read before the wait; the caller re-runs the statement after every wait.
--- waited: 1 bell rung (release it), 0 bell wait timed out, -1 slept, NULL did not wait/killed.
+-- nothing new arrived (or the queue is paused) wait: in GET_LOCK on the bell the read names
+-- when a ringing producer holds either bell, else in SLEEP. A ringer holds only the other bell
+-- once it has committed and swapped, so then the named bell is free and granted at once: a ring
+-- between our read and our wait is never slept through (wakeup.py). The derived table is read
+-- before the wait; the caller re-runs the statement after every wait. use_bell = 0 forces SLEEP.
+-- waited: 1 bell granted (release it), 0 bell wait timed out, -1 slept, NULL did not wait/killed.
 -- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
 -- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
 SELECT s.total, q.watched_seq, q.paused, q.bell,
@@ -155,7 +157,7 @@ SELECT s.total, q.watched_seq, q.paused, q.bell,
          (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
-          IF(IS_USED_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s)) IS NOT NULL,
+          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
              GET_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s), %(wait_s)s),
              SLEEP(%(wait_s)s) - 1)) AS waited
 FROM nq_queue q,
@@ -185,9 +187,17 @@ SELECT IS_USED_LOCK(%(name)s)
 KILL QUERY %(conn_id)s
 
 -- poll_signal --
--- Fallback without advisory locks: every idle consumer polls this one small read.
-SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s)
+-- Fallback without advisory locks: every idle consumer polls this one small read. With no
+-- watcher to track scheduled jobs, each poller also learns when the earliest one is due.
+SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
+       TIMESTAMPDIFF(MICROSECOND, NOW(6),
+         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
 FROM nq_signal WHERE queue = %(queue)s
+
+-- hold_session --
+-- Lock sessions idle between statements while their owner runs a long batch or a producer waits
+-- for input; an idle-timeout disconnect would silently drop the liveness lock or the bell.
+SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, %(wait_s)s)
 
 -- set_paused --
 UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
@@ -209,3 +219,91 @@ FROM nq_consumer ORDER BY started_at
 
 -- server_now --
 SELECT NOW(6)
+
+-- ============================================================================================
+-- Features: `notifyq jobs` admin commands, the periodic scheduler and retention, metrics and
+-- status figures. Optional filters are written `(%(x)s IS NULL OR col = %(x)s)`: the driver
+-- binds values client-side, so the server folds the test to a constant and can still use
+-- the (queue, status) indexes.
+
+-- job_get --
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
+       lease_until, dedup_key, cancel_requested, payload, last_error, created_at, finished_at
+FROM nq_job WHERE id = %(id)s
+
+-- job_list --
+-- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200)
+FROM nq_job
+WHERE (%(queue)s IS NULL OR queue = %(queue)s)
+  AND (%(status)s IS NULL OR status = %(status)s)
+  AND created_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+  AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+
+-- job_ids --
+-- One chunk of finished (dead or done) jobs for `retry --dead`, `purge` and retention:
+-- keyset-paged by id so rows a chunk leaves behind are never read again.
+SELECT id, queue FROM nq_job
+WHERE status = %(status)s
+  AND (%(queue)s IS NULL OR queue = %(queue)s)
+  AND COALESCE(finished_at, created_at) <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+  AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+
+-- job_retry --
+-- Back to ready now with the attempts reset; the last error stays for the record. Never a
+-- claimed job (it is running). IGNORE: a job whose dedup key a pending job holds meanwhile
+-- stays where it is instead of failing the whole chunk on the unique index.
+UPDATE IGNORE nq_job
+SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id IN %(ids)s AND status IN (1, 3, 4)
+
+-- job_purge --
+-- The status is tested again: a job retried since its chunk was read is not deleted.
+DELETE FROM nq_job WHERE id IN %(ids)s AND status = %(status)s
+
+-- job_cancel_pending --
+-- Not yet claimed (ready or scheduled): gone, and its dedup key with it.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
+
+-- job_cancel_running --
+-- Claimed: the handler sees it through Job.cancel_requested() and stops when it can.
+UPDATE nq_job SET cancel_requested = 1 WHERE id = %(id)s AND status = 2
+
+-- job_cancel_check --
+-- A handler's cooperative check; no row means the claim is no longer ours: stop as well.
+SELECT cancel_requested FROM nq_job
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- periodic_last_tick --
+SELECT last_tick FROM nq_periodic WHERE queue = %(queue)s AND name = %(name)s
+
+-- periodic_start --
+-- First sight of an entry: its current tick is the baseline, not a job (a new entry does not
+-- fire for a time before it existed). IGNORE: another scheduler may have just done the same.
+INSERT IGNORE INTO nq_periodic (queue, name, last_tick) VALUES (%(queue)s, %(name)s, %(tick)s)
+
+-- periodic_advance --
+-- The exactly-once guard. It commits together with the tick's job; two schedulers that both
+-- think they lead (a failover overlap) serialise on the row and only one sees a row change.
+UPDATE nq_periodic SET last_tick = %(tick)s
+WHERE queue = %(queue)s AND name = %(name)s AND last_tick < %(tick)s
+
+-- periodic_rows --
+SELECT queue, name, last_tick FROM nq_periodic ORDER BY queue, name
+
+-- claim_ages --
+-- Status: the longest-running claim and the pending cancel requests per queue. Claimed rows
+-- are few (batch size x consumers), found through ix_lease.
+SELECT queue, MIN(claimed_at), SUM(cancel_requested)
+FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 GROUP BY queue
+
+-- queue_depth --
+-- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues.
+SELECT status, run_at > NOW(6) AS future, COUNT(*), MIN(run_at)
+FROM nq_job FORCE INDEX (ix_due)
+WHERE queue = %(queue)s
+GROUP BY status, future

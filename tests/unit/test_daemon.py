@@ -300,6 +300,15 @@ def test_acquire_writes_our_pid_and_release_removes_it(tmp_path):
     assert not path.exists()
 
 
+def test_acquiring_twice_in_one_process_is_harmless(tmp_path):
+    # DaemonContext acquires in open(); a caller that enters the pidfile too must not fail.
+    path = tmp_path / "notifyq.pid"
+    pidfile = daemon.PidFile(path)
+    with pidfile, pidfile:
+        assert read(path) == str(os.getpid())
+    assert not path.exists()
+
+
 def test_a_relative_path_is_made_absolute_before_daemonising_changes_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert daemon.PidFile("run/q.pid").path == str(tmp_path / "run" / "q.pid")
@@ -310,9 +319,21 @@ def test_a_stale_pidfile_is_replaced(tmp_path, content):
     # Our own pid counts as stale: nobody holds the lock, and containers reuse pids.
     path = tmp_path / "notifyq.pid"
     path.write_text(content.format(dead=dead_pid(), me=os.getpid()))
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
     with daemon.PidFile(path):
         assert read(path) == str(os.getpid())
     assert not path.exists()
+
+
+def test_a_fresh_pidless_file_is_a_starter_not_a_corpse(tmp_path):
+    # Given an unlocked, empty file created just now (a starter between open and flock)
+    path = tmp_path / "notifyq.pid"
+    path.touch()
+    # Then others back off rather than delete it under the starter
+    with pytest.raises(daemon.AlreadyRunning, match="an unknown pid"):
+        daemon.PidFile(path).acquire()
+    assert path.exists()
 
 
 def test_a_live_python_pid_without_lock_means_already_running(tmp_path):
@@ -460,7 +481,9 @@ def test_daemon_context_refuses_in_the_parent_when_already_running(tmp_path):
 DAEMON = """
     import os, sys
     from notifyq import daemon
-    with daemon.daemon_context(daemon.PidFile(sys.argv[1]), sys.argv[2], working_directory=sys.argv[3]):
+    pidfile = daemon.PidFile(sys.argv[1])
+    # Entering the pidfile again, as notifyq.runner does, is harmless.
+    with daemon.daemon_context(pidfile, sys.argv[2], working_directory=sys.argv[3]), pidfile:
         with daemon.StopSignals() as signals:
             open("made-by-daemon", "w").close()
             print(f"daemon pid={os.getpid()}", flush=True)

@@ -1,0 +1,44 @@
+"""Handlers the benchmark runs, in `notifyq consume` processes and in the raw floor alike.
+
+Both sides call exactly these functions per job, so the handler's own cost cancels out of
+the ratios. What ran is kept in memory (a list append per job) and written once, at exit, to
+$NQB_OUT/<pid>.json: no per-job I/O inside the measured loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+
+_ids: list[int] = []
+_stamps: list[float] = []  # e2e only: wall time at handler start, parallel to _ids
+_span = {"first": None, "last": None, "cpu_first": None, "cpu_last": None}
+
+
+def noop(job) -> None:
+    """Drain: remember the id; the first and last call bound the steady-state rate."""
+    now = time.time()
+    cpu = time.process_time()
+    if _span["first"] is None:
+        _span["first"], _span["cpu_first"] = now, cpu
+    _span["last"], _span["cpu_last"] = now, cpu
+    _ids.append(job.id)
+
+
+def stamp(job) -> None:
+    """End-to-end: the handler-start time of every job, matched later to its commit time."""
+    _stamps.append(time.time())
+    _ids.append(job.id)
+
+
+def _dump() -> None:
+    out = os.environ.get("NQB_OUT")
+    if not out or not (_ids or _span["first"]):
+        return
+    with open(os.path.join(out, f"{os.getpid()}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "ids": _ids, "stamps": _stamps, **_span}, f)
+
+
+atexit.register(_dump)

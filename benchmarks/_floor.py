@@ -1,0 +1,125 @@
+"""The raw-SQL floor: the statements notifyq needs at minimum, in plain mysqlclient.
+
+No notifyq import, no retry layer, no validation: a multi-row INSERT and COMMIT to enqueue; a
+claim of a batch by SKIP LOCKED straight off the ready index, one UPDATE to mark it, COMMIT;
+then one DELETE of the batch and COMMIT. It does the work any consumer must do (JSON in and
+out, a handler call per job) and nothing else, in the same READ COMMITTED session setup.
+
+Run as a child process by bench.py: `python _floor.py ROLE JSON-ARGS`; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import sys
+import time
+
+import MySQLdb
+
+import _bench_handlers
+
+INSERT_ROW = "(%s, 0, 0, NOW(6), 5, %s)"
+INSERT = "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) VALUES "
+CLAIM = ("SELECT id, payload FROM nq_job FORCE INDEX (ix_ready) WHERE queue = %s AND status = 0 "
+         "ORDER BY prio_key, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED")
+MARK = ("UPDATE nq_job SET status = 2, owner = %s, claim_token = %s, claimed_at = NOW(6), "
+        "lease_until = NOW(6) + INTERVAL 300 SECOND, attempts = attempts + 1 WHERE id IN ({})")
+DELETE = "DELETE FROM nq_job WHERE id IN ({})"
+
+Job = collections.namedtuple("Job", "id payload")
+
+
+def connect(conn_args: dict):
+    conn = MySQLdb.connect(**conn_args, autocommit=False,
+                           init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn, conn.cursor()
+
+
+def payload(i: int) -> dict:
+    return {"user_id": i, "event": "signup", "email": f"user{i}@example.com"}
+
+
+def put(a: dict) -> dict:
+    conn, cur = connect(a["conn"])
+    sql = INSERT + INSERT_ROW
+    cur.execute(sql, (a["queue"], json.dumps(payload(-1))))  # warm-up: connection, plan cache
+    conn.commit()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(a["n"]):
+        cur.execute(sql, (a["queue"], json.dumps(payload(i))))
+        conn.commit()
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+
+
+def put_many(a: dict) -> dict:
+    conn, cur = connect(a["conn"])
+    queue, chunk = a["queue"], a["chunk"]
+    cur.execute(INSERT + INSERT_ROW, (queue, json.dumps(payload(-1))))
+    conn.commit()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for start in range(0, a["n"], chunk):
+        count = min(chunk, a["n"] - start)
+        params = []
+        for i in range(start, start + count):
+            params += (queue, json.dumps(payload(i)))
+        cur.execute(INSERT + ",".join([INSERT_ROW] * count), params)
+        conn.commit()
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+
+
+def _claim(conn, cur, queue: str, batch: int, owner: str) -> list[tuple]:
+    cur.execute(CLAIM, (queue, batch))
+    rows = cur.fetchall()
+    if rows:
+        marks = ",".join(["%s"] * len(rows))
+        cur.execute(MARK.format(marks), (owner, secrets.randbits(63), *[r[0] for r in rows]))
+    conn.commit()
+    return rows
+
+
+def _ack(conn, cur, ids: list[int]) -> None:
+    cur.execute(DELETE.format(",".join(["%s"] * len(ids))), ids)
+    conn.commit()
+
+
+def drain(a: dict) -> dict:
+    """Claim, run, ack until a claim comes back empty (like --exit-when-empty)."""
+    conn, cur = connect(a["conn"])
+    owner = secrets.token_hex(16)
+    handler = getattr(_bench_handlers, a.get("handler", "noop"))
+    n = 0
+    while True:
+        rows = _claim(conn, cur, a["queue"], a["batch"], owner)
+        if not rows:
+            break
+        for job_id, text in rows:
+            handler(Job(job_id, json.loads(text)))
+        _ack(conn, cur, [r[0] for r in rows])
+        n += len(rows)
+    conn.close()
+    return {"n": n}
+
+
+def claims(a: dict) -> dict:
+    """Time single claims (and their acks) against a standing backlog."""
+    conn, cur = connect(a["conn"])
+    owner = secrets.token_hex(16)
+    claim_s, ack_s = [], []
+    for _ in range(a["m"]):
+        t0 = time.perf_counter()
+        rows = _claim(conn, cur, a["queue"], a["batch"], owner)
+        t1 = time.perf_counter()
+        _ack(conn, cur, [r[0] for r in rows])
+        claim_s.append(t1 - t0)
+        ack_s.append(time.perf_counter() - t1)
+    return {"claim_s": claim_s, "ack_s": ack_s}
+
+
+ROLES = {"put": put, "put_many": put_many, "drain": drain, "claims": claims}
+
+if __name__ == "__main__":
+    result = ROLES[sys.argv[1]](json.loads(sys.argv[2]))
+    print(json.dumps({"pid": os.getpid(), **result}), flush=True)

@@ -1,0 +1,110 @@
+"""notifyq's side of the benchmark, one role per child process (the floor's twin: _floor.py).
+
+Run by bench.py: `python _nqchild.py ROLE JSON-ARGS`; prints one JSON line. Only the public
+Producer API is used for enqueueing; the claim-latency role calls store.claim/store.ack, the
+functions every Worker turn goes through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from notifyq import config as config_mod
+from notifyq import store
+from notifyq.db import Session
+from notifyq.producer import Producer
+
+from _floor import payload
+
+
+def _config(a: dict) -> config_mod.Config:
+    return config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": a["dsn"]})
+
+
+def put(a: dict) -> dict:
+    with Producer(a["queue"], _config(a)) as producer:
+        producer.put(payload(-1))  # warm-up: connection, ensure_queue
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(a["n"]):
+            producer.put(payload(i))
+        return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+
+
+def put_many(a: dict) -> dict:
+    with Producer(a["queue"], _config(a)) as producer:
+        producer.put(payload(-1))
+        chunk = a["chunk"]
+        t0, c0 = time.perf_counter(), time.process_time()
+        for start in range(0, a["n"], chunk):
+            producer.put_many([payload(i) for i in range(start, min(a["n"], start + chunk))])
+        return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+
+
+def paced(a: dict) -> dict:
+    """Offer `rate` jobs/s for `duration_s`: put() per job, put_many() of what fell behind.
+
+    Every id is written with the wall time its COMMIT returned: the start of its latency.
+    """
+    rate, duration = a["rate"], a["duration_s"]
+    ids, commits = [], []
+    with Producer(a["queue"], _config(a), ring=a.get("ring", True)) as producer:
+        producer.put({"warmup": True})
+        ids.append(-1)  # the warm-up job is not measured
+        commits.append(0.0)
+        start = time.perf_counter()
+        sent = 0
+        while True:
+            elapsed = time.perf_counter() - start
+            if elapsed >= duration:
+                break
+            due = min(int(rate * elapsed) + 1, int(rate * duration)) - sent
+            if due <= 0:
+                time.sleep(max(0.0, (sent + 1) / rate - elapsed))
+                continue
+            due = min(due, 100)
+            if due == 1:
+                new = [producer.put(payload(sent))]
+            else:
+                new = producer.put_many([payload(sent + i) for i in range(due)])
+            now = time.time()
+            ids += new
+            commits += [now] * len(new)
+            sent += len(new)
+    with open(a["out"], "w") as f:
+        json.dump({"ids": ids[1:], "commits": commits[1:]}, f)
+    return {"n": sent, "wall_s": time.perf_counter() - start}
+
+
+def _handler_reads(cur) -> int:
+    cur.execute("SHOW SESSION STATUS WHERE Variable_name IN ('Handler_read_next', 'Handler_read_key')")
+    return sum(int(v) for _, v in cur.fetchall())
+
+
+def claims(a: dict) -> dict:
+    """Time store.claim (and store.ack) against a standing backlog, plus index reads per claim."""
+    cfg = _config(a)
+    session = Session(cfg.dsn, name="bench")
+    owner = "bench" + os.urandom(6).hex()
+    claim_s, ack_s, sizes = [], [], []
+    reads0 = _handler_reads(session.cursor())
+    for _ in range(a["m"]):
+        t0 = time.perf_counter()
+        claim = store.claim(session, a["queue"], owner, a["batch"], 300.0)
+        t1 = time.perf_counter()
+        store.ack(session, [j.id for j in claim.jobs], claim.token, False)
+        claim_s.append(t1 - t0)
+        ack_s.append(time.perf_counter() - t1)
+        sizes.append(len(claim.jobs))
+    reads = _handler_reads(session.cursor()) - reads0
+    session.close()
+    return {"claim_s": claim_s, "ack_s": ack_s, "sizes": sizes, "index_reads_per_claim": reads / a["m"]}
+
+
+ROLES = {"put": put, "put_many": put_many, "paced": paced, "claims": claims}
+
+if __name__ == "__main__":
+    result = ROLES[sys.argv[1]](json.loads(sys.argv[2]))
+    print(json.dumps({"pid": os.getpid(), **result}), flush=True)

@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""notifyq benchmark suite: notifyq next to a raw-SQL floor, on one server, in one run.
+
+    .venv/bin/python benchmarks/bench.py [--quick] [--json results.json] [--dsn mysql://root@host:port/]
+
+Without --dsn a private MariaDB/MySQL server (notifyq.localserver.LocalServer) is started in a
+temp dir, so the numbers are reproducible and the system database is untouched. With --dsn the
+benchmark drops and recreates its own database (--database, default nq_bench) on that server.
+
+Every comparison runs notifyq and the floor (_floor.py: plain mysqlclient, the minimum
+statements) interleaved, repetition by repetition, on the same tables; ratios are notifyq /
+floor per repetition, reported as median [min-max]. Every producer and consumer is its own
+process; consumers are the real `python -m notifyq consume` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+import MySQLdb  # noqa: E402
+
+from notifyq import schema  # noqa: E402
+from notifyq.config import DSN  # noqa: E402
+from notifyq.localserver import LocalServer  # noqa: E402
+
+SIZES = {
+    "full": dict(reps=3, put_n=3000, bulk_n=50_000, chunk=100, drain_n=20_000, consumers=4,
+                 batch=100, e2e_s=8.0, e2e_loads=(0.5, 0.9), e2e_reps=3, producers=2,
+                 backlog=(1_000, 100_000, 1_000_000), claims_m=40, backlog_drain=10_000,
+                 backlog_reps=3, idle_consumers=10, idle_settle_s=5.0, idle_window_s=15.0,
+                 idle_reps=3),
+    "quick": dict(reps=3, put_n=300, bulk_n=5_000, chunk=100, drain_n=2_000, consumers=4,
+                  batch=100, e2e_s=2.0, e2e_loads=(0.5,), e2e_reps=1, producers=2,
+                  backlog=(1_000, 10_000, 50_000), claims_m=10, backlog_drain=1_000,
+                  backlog_reps=1, idle_consumers=10, idle_settle_s=2.0, idle_window_s=3.0,
+                  idle_reps=1),
+}
+QUEUE = "bench"
+FILL_CHUNK = 100_000  # rows per server-side INSERT ... SELECT FROM seq_1_to_N
+
+
+# ------------------------------------------------------------------ small statistics
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def pct(xs, p):
+    """Nearest-rank percentile, p in 0..100."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+
+
+def summary(xs):
+    xs = [x for x in xs if x is not None]
+    return {"median": median(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None,
+            "reps": xs}
+
+
+# ------------------------------------------------------------------ processes
+
+def wait_rusage(proc: subprocess.Popen, timeout: float):
+    """Wait for a child and return its resource usage (user+sys CPU of that process alone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage
+        if time.monotonic() >= deadline:
+            proc.kill()
+            raise RuntimeError(f"child {proc.args!r} did not finish within {timeout:.0f}s")
+        time.sleep(0.005)
+
+
+def cpu_of(usage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """utime+stime of another process (the server), from /proc."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------ the bench
+
+class Bench:
+    def __init__(self, url: str, database: str, size: dict, workdir: Path, server_pid: int | None):
+        parts = urllib.parse.urlsplit(url)
+        self.url = urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+        self.dsn = DSN.parse(self.url)
+        self.size = size
+        self.workdir = workdir
+        self.server_pid = server_pid
+        self.conn_args = {k: v for k, v in self.dsn.connect_args().items() if k != "ssl"}
+        self.env = {**os.environ, "NOTIFYQ_DSN": self.url, "NOTIFYQ_CONFIG": "/dev/null",
+                    "NOTIFYQ_LOG_LEVEL": "warning",
+                    "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+        self._admin = None
+        self._n = 0
+
+    # ---------------------------------------------------------- database
+
+    def admin(self):
+        if self._admin is None:
+            self._admin = MySQLdb.connect(**self.conn_args, autocommit=True)
+        return self._admin
+
+    def sql(self, statement: str, params=None) -> list[tuple]:
+        cur = self.admin().cursor()
+        cur.execute(statement, params)
+        rows = list(cur.fetchall()) if cur.description else []
+        cur.close()
+        return rows
+
+    def scalar(self, statement: str, params=None):
+        rows = self.sql(statement, params)
+        return rows[0][0] if rows else None
+
+    def create(self) -> None:
+        args = dict(self.conn_args)
+        args.pop("database")
+        conn = MySQLdb.connect(**args, autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{self.dsn.database}`")
+        conn.close()
+        schema.init(self.dsn)
+
+    def drop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+        args = dict(self.conn_args)
+        args.pop("database")
+        conn = MySQLdb.connect(**args, autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{self.dsn.database}`")
+        conn.close()
+
+    def reset(self) -> None:
+        for table in ("nq_job", "nq_signal", "nq_consumer", "nq_queue"):
+            self.sql(f"TRUNCATE TABLE {table}")
+        self.sql("INSERT IGNORE INTO nq_queue (queue) VALUES (%s)", (QUEUE,))
+
+    def fill(self, n: int) -> None:
+        """n ready jobs, inserted by the server itself (MariaDB's sequence engine), in chunks."""
+        done = 0
+        while done < n:
+            count = min(FILL_CHUNK, n - done)
+            self.sql(
+                "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
+                "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, ',\"event\":\"signup\","
+                "\"email\":\"user', seq, '@example.com\"}') "
+                f"FROM seq_{done + 1}_to_{done + count}", (QUEUE,))
+            done += count
+
+    def ready_count(self) -> int:
+        return int(self.scalar("SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_ready) "
+                               "WHERE queue = %s AND status = 0", (QUEUE,)))
+
+    def questions(self) -> int:
+        return int(self.sql("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1])
+
+    # ---------------------------------------------------------- children
+
+    def outdir(self) -> Path:
+        self._n += 1
+        path = self.workdir / f"run{self._n:03d}"
+        path.mkdir()
+        return path
+
+    def spawn(self, argv: list[str], out: Path | None = None, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+        env = dict(self.env)
+        if out is not None:
+            env["NQB_OUT"] = str(out)
+        log = open(self.workdir / "children.log", "ab")
+        try:
+            return subprocess.Popen(argv, env=env, cwd=str(HERE), stdout=stdout, stderr=log)
+        finally:
+            log.close()
+
+    def child(self, side: str, role: str, args: dict, timeout: float = 600) -> dict:
+        """Run one _floor.py / _nqchild.py role to completion; its JSON result plus its CPU."""
+        args = {"conn": self.conn_args, "dsn": self.url, "queue": QUEUE, **args}
+        script = "_floor.py" if side == "floor" else "_nqchild.py"
+        proc = self.spawn([sys.executable, str(HERE / script), role, json.dumps(args)],
+                          stdout=subprocess.PIPE)
+        usage = wait_rusage(proc, timeout)
+        out = proc.stdout.read().decode()
+        proc.stdout.close()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{side} {role} failed (exit {proc.returncode}); see {self.workdir}/children.log")
+        return {**json.loads(out.strip().splitlines()[-1]), "proc_cpu_s": cpu_of(usage)}
+
+    def consumer_argv(self, side: str, handler: str, *extra: str) -> list[str]:
+        if side == "floor":
+            args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler}
+            return [sys.executable, str(HERE / "_floor.py"), "drain", json.dumps(args)]
+        return [sys.executable, "-m", "notifyq", "consume", "-q", QUEUE, "--handler",
+                f"_bench_handlers:{handler}", "--workers", "1", "--batch-size", str(self.size["batch"]),
+                *extra]
+
+    @staticmethod
+    def records(out: Path) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+    # ---------------------------------------------------------- enqueue
+
+    def enqueue(self, role: str, n: int) -> dict:
+        rows = {"notifyq": [], "floor": []}
+        for _ in range(self.size["reps"]):
+            for side in ("notifyq", "floor"):
+                self.reset()
+                r = self.child(side, role, {"n": n, "chunk": self.size["chunk"]})
+                got = self.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (QUEUE,))
+                if got != n + 1:  # + the warm-up job
+                    raise RuntimeError(f"{side} {role}: {got} rows, expected {n + 1}")
+                rows[side].append({"jobs_s": n / r["wall_s"], "cpu_us_per_job": r["cpu_s"] / n * 1e6})
+        return self._paired(rows, ("jobs_s", "cpu_us_per_job"))
+
+    @staticmethod
+    def _paired(rows: dict, metrics) -> dict:
+        out = {"raw": rows}
+        for m in metrics:
+            nq = [r[m] for r in rows["notifyq"]]
+            fl = [r[m] for r in rows["floor"]]
+            out[m] = {"notifyq": summary(nq), "floor": summary(fl),
+                      "ratio": summary([a / b for a, b in zip(nq, fl) if b])}
+        return out
+
+    # ---------------------------------------------------------- drain
+
+    def drain_once(self, side: str, n: int, k: int, extra: tuple[str, ...] = ("--exit-when-empty",),
+                   verify_all: bool = True) -> dict:
+        """K consumer processes drain the queue; every job must have run exactly once."""
+        before = {r[0] for r in self.sql("SELECT id FROM nq_job WHERE queue = %s AND status = 0", (QUEUE,))}
+        out = self.outdir()
+        srv0 = proc_cpu_s(self.server_pid)
+        t0 = time.time()
+        procs = [self.spawn(self.consumer_argv(side, "noop", *extra), out) for _ in range(k)]
+        usages = [wait_rusage(p, 600) for p in procs]
+        t1 = time.time()
+        srv1 = proc_cpu_s(self.server_pid)
+        bad = [p.returncode for p in procs if p.returncode != 0]
+        if bad:
+            raise RuntimeError(f"{side} consumers exited with {bad}; see {self.workdir}/children.log")
+        recs = self.records(out)
+        counts = collections.Counter(i for r in recs for i in r["ids"])
+        ran = sum(counts.values())
+        dupes = sum(1 for c in counts.values() if c > 1)
+        stray = set(counts) - before
+        if dupes or stray:
+            raise RuntimeError(f"{side} drain: {dupes} jobs ran twice, {len(stray)} unknown ids")
+        left = self.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s)" % ",".join(map(str, counts)))\
+            if counts else 0
+        if left:
+            raise RuntimeError(f"{side} drain: {left} jobs ran but are still in the table")
+        if verify_all and set(counts) != before:
+            raise RuntimeError(f"{side} drain: {len(before - set(counts))} jobs never ran")
+        if not verify_all and ran != n:
+            raise RuntimeError(f"{side} drain: {ran} jobs ran, expected {n}")
+        first = min(r["first"] for r in recs)
+        last = max(r["last"] for r in recs)
+        steady_cpu = sum(r["cpu_last"] - r["cpu_first"] for r in recs)
+        return {
+            "jobs": ran, "exactly_once": True, "processes_that_ran_jobs": len(recs),
+            "jobs_s": ran / (last - first) if last > first else None,
+            "jobs_s_with_startup": ran / (t1 - t0),
+            "cpu_us_per_job": steady_cpu / ran * 1e6,
+            "cpu_us_per_job_with_startup": sum(cpu_of(u) for u in usages) / ran * 1e6,
+            "server_cpu_us_per_job": (srv1 - srv0) / ran * 1e6 if srv0 is not None else None,
+        }
+
+    def drain(self) -> dict:
+        n, k = self.size["drain_n"], self.size["consumers"]
+        rows = {"notifyq": [], "floor": []}
+        for _ in range(self.size["reps"]):
+            for side in ("notifyq", "floor"):
+                self.reset()
+                self.fill(n)
+                rows[side].append(self.drain_once(side, n, k))
+        return self._paired(rows, ("jobs_s", "jobs_s_with_startup", "cpu_us_per_job",
+                                   "cpu_us_per_job_with_startup", "server_cpu_us_per_job"))
+
+    # ---------------------------------------------------------- end to end
+
+    def e2e_once(self, rate: float, duration: float) -> dict:
+        k, p = self.size["consumers"], self.size["producers"]
+        self.reset()
+        out = self.outdir()
+        consumers = [self.spawn(self.consumer_argv("notifyq", "stamp"), out) for _ in range(k)]
+        try:
+            deadline = time.monotonic() + 60
+            while self.scalar("SELECT COUNT(*) FROM nq_consumer") < k:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("consumers did not register within 60 s")
+                time.sleep(0.05)
+            time.sleep(1.0)  # let them go idle: the first jobs then measure a wake-up too
+            files = [out / f"producer{i}.ids" for i in range(p)]
+            producers = [
+                self.spawn([sys.executable, str(HERE / "_nqchild.py"), "paced", json.dumps(
+                    {"dsn": self.url, "queue": QUEUE, "rate": rate / p, "duration_s": duration,
+                     "out": str(f), "ring": True})], stdout=subprocess.DEVNULL)
+                for f in files]
+            for proc in producers:
+                wait_rusage(proc, duration + 120)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"producer failed; see {self.workdir}/children.log")
+            deadline = time.monotonic() + 120
+            while self.scalar("SELECT COUNT(*) FROM nq_job") > 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("e2e: jobs left after 120 s")
+                time.sleep(0.02)
+        finally:
+            for proc in consumers:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in consumers:
+                wait_rusage(proc, 90)
+        commits = {}
+        for f in files:
+            d = json.loads(f.read_text())
+            commits.update(zip(d["ids"], d["commits"]))
+        starts = {}
+        dupes = 0
+        for r in self.records(out):
+            for i, t in zip(r["ids"], r["stamps"]):
+                if i in starts:
+                    dupes += 1
+                starts.setdefault(i, t)
+        starts = {i: t for i, t in starts.items() if i in commits}  # drop the warm-up jobs
+        if dupes or set(starts) != set(commits):
+            raise RuntimeError(f"e2e: {dupes} duplicates, {len(set(commits) - set(starts))} missing")
+        t_begin = min(commits.values())
+        warm = t_begin + 0.1 * duration  # the first 10 % settles the consumers' rhythm
+        lat = [(starts[i] - c) * 1e3 for i, c in commits.items() if c >= warm]
+        return {"offered_jobs_s": rate, "achieved_jobs_s": len(commits) / (max(commits.values()) - t_begin),
+                "jobs": len(commits), "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95),
+                "p99_ms": pct(lat, 99), "max_ms": max(lat)}
+
+    def e2e(self, drain_rate: float) -> dict:
+        out = {}
+        for load in self.size["e2e_loads"]:
+            reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"]) for _ in range(self.size["e2e_reps"])]
+            out[f"{int(load * 100)}%"] = {
+                "raw": reps, **{m: summary([r[m] for r in reps])
+                                for m in ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms")}}
+        return out
+
+    # ---------------------------------------------------------- backlog scaling
+
+    def top_up(self, want: int) -> None:
+        have = self.ready_count()
+        if have < want:
+            self.fill(want - have)
+
+    def backlog(self) -> dict:
+        out = {}
+        self.reset()
+        m, batch, k = self.size["claims_m"], self.size["batch"], self.size["consumers"]
+        for size in self.size["backlog"]:
+            t0 = time.monotonic()
+            self.top_up(size)
+            fill_s = time.monotonic() - t0
+            rows = collections.defaultdict(list)
+            for _ in range(self.size["backlog_reps"]):
+                for side in ("notifyq", "floor"):
+                    self.top_up(size)
+                    r = self.child(side, "claims", {"m": m, "batch": batch})
+                    rows[f"{side}_claim_ms"].append(median(r["claim_s"]) * 1e3)
+                    rows[f"{side}_claim_p95_ms"].append(pct(r["claim_s"], 95) * 1e3)
+                    rows[f"{side}_ack_ms"].append(median(r["ack_s"]) * 1e3)
+                    if "index_reads_per_claim" in r:
+                        rows["notifyq_index_reads_per_claim"].append(r["index_reads_per_claim"])
+                self.top_up(size)
+                d = min(size, self.size["backlog_drain"])
+                if d == size:  # the whole backlog: drain it with --exit-when-empty
+                    r = self.drain_once("notifyq", d, k)
+                else:
+                    r = self.drain_once("notifyq", d, k, ("--max-jobs", str(d // k)), verify_all=False)
+                rows["notifyq_drain_jobs_s"].append(r["jobs_s"])
+            out[str(size)] = {"fill_s": fill_s, **{key: summary(v) for key, v in rows.items()}}
+        return out
+
+    # ---------------------------------------------------------- idle cost
+
+    def idle(self) -> dict:
+        n = self.size["idle_consumers"]
+        self.reset()
+        procs = [self.spawn(self.consumer_argv("notifyq", "noop")) for _ in range(n)]
+        try:
+            deadline = time.monotonic() + 60
+            while self.scalar("SELECT COUNT(*) FROM nq_consumer") < n:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("idle consumers did not register within 60 s")
+                time.sleep(0.1)
+            time.sleep(self.size["idle_settle_s"])
+            rates = []
+            for _ in range(self.size["idle_reps"]):
+                q0, t0 = self.questions(), time.monotonic()
+                time.sleep(self.size["idle_window_s"])
+                q1, t1 = self.questions(), time.monotonic()
+                rates.append((q1 - q0 - 1) / (t1 - t0))  # -1: our own SHOW STATUS
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                wait_rusage(proc, 90)
+        return {"consumers": n, "queues": 1, "window_s": self.size["idle_window_s"],
+                "questions_s": summary(rates)}
+
+    # ---------------------------------------------------------- pick-up from idle (a colleague's)
+
+    def wakeup(self, quick: bool) -> dict:
+        script = HERE / "wakeup.py"
+        if not script.exists():
+            return {"status": "not run: benchmarks/wakeup.py is not present (pick-up latency from idle lives there)"}
+        out = self.workdir / "wakeup.json"
+        argv = [sys.executable, str(script), "--dsn", self.url, "--json", str(out)] + (["--quick"] if quick else [])
+        proc = subprocess.run(argv, env=self.env, cwd=str(REPO), capture_output=True, text=True, timeout=600)
+        result = {"command": shlex.join(argv), "exit": proc.returncode, "stdout": proc.stdout[-4000:]}
+        if out.exists():
+            result["result"] = json.loads(out.read_text())
+        return result
+
+    # ---------------------------------------------------------- settings
+
+    def meta(self, argv: list[str], server: str) -> dict:
+        keys = ("version", "innodb_flush_log_at_trx_commit", "innodb_buffer_pool_size", "innodb_log_file_size",
+                "sync_binlog", "log_bin", "innodb_doublewrite", "max_connections")
+        row = self.sql("SELECT " + ", ".join(f"@@{k}" for k in keys))[0]
+        settings = dict(zip(keys, (v.decode() if isinstance(v, bytes) else v for v in row)))
+        cpu_model = next((line.split(":", 1)[1].strip() for line in
+                          Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+        try:
+            rev = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                                 capture_output=True, text=True).stdout.strip()
+        except OSError:
+            rev = ""
+        return {"command": shlex.join([sys.executable, *argv]), "server": server, "settings": settings,
+                "cpu_count": os.cpu_count(), "cpu_affinity": len(os.sched_getaffinity(0)),
+                "cpu_model": cpu_model, "python": platform.python_version(),
+                "mysqlclient": ".".join(map(str, MySQLdb.version_info[:3])), "notifyq_rev": rev,
+                "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+# ------------------------------------------------------------------ report
+
+def fmt(x, digits=None) -> str:
+    if x is None:
+        return "-"
+    if digits is None:
+        digits = 0 if abs(x) >= 100 else 2 if abs(x) < 10 else 1
+    return f"{x:,.{digits}f}"
+
+
+def cell(s: dict | None, digits=None) -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    return f"{fmt(s['median'], digits)} [{fmt(s['min'], digits)}-{fmt(s['max'], digits)}]"
+
+
+def check(value, op: str, target: float) -> str:
+    if value is None:
+        return "?"
+    return "yes" if (value >= target if op == ">=" else value <= target) else "NO"
+
+
+def report(res: dict) -> tuple[str, list[dict]]:
+    rows = []  # case, metric, notifyq, floor, ratio, target, met
+    targets = []
+
+    def add(case, metric, nq="", fl="", ratio="", target="", met=""):
+        rows.append((case, metric, nq, fl, ratio, target, met))
+
+    def paired(case, block, metric, label, op=None, tgt=None, ratio_digits=2):
+        b = block[metric]
+        ratio = b["ratio"]
+        met = check(ratio["median"], op, tgt) if op else ""
+        add(case, label, cell(b["notifyq"]), cell(b["floor"]), cell(ratio, ratio_digits),
+            f"ratio {op} {tgt}" if op else "", met)
+        if op:
+            targets.append({"target": f"{case}: {label} ratio {op} {tgt}", "value": ratio["median"], "met": met})
+
+    if "enqueue_single" in res:
+        paired("enqueue, put() per job", res["enqueue_single"], "jobs_s", "jobs/s", ">=", 0.8)
+        paired("enqueue, put() per job", res["enqueue_single"], "cpu_us_per_job", "producer CPU us/job")
+    if "enqueue_bulk" in res:
+        paired("enqueue, put_many() x100", res["enqueue_bulk"], "jobs_s", "jobs/s", ">=", 0.7)
+        paired("enqueue, put_many() x100", res["enqueue_bulk"], "cpu_us_per_job", "producer CPU us/job")
+    if "drain" in res:
+        d = res["drain"]
+        case = "drain, 4 consumer processes"
+        paired(case, d, "jobs_s", "jobs/s first..last handler", ">=", 0.6)
+        paired(case, d, "jobs_s_with_startup", "jobs/s incl. start-up")
+        paired(case, d, "cpu_us_per_job", "consumer CPU us/job", "<=", 2.0)
+        paired(case, d, "cpu_us_per_job_with_startup", "consumer CPU us/job incl. start-up")
+        if d["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
+            paired(case, d, "server_cpu_us_per_job", "server CPU us/job")
+    for load, b in res.get("e2e", {}).items():
+        case = f"end-to-end at {load} of drain"
+        add(case, "offered / achieved jobs/s", cell(b["offered_jobs_s"]), "", "", "", "")
+        add(case, "", cell(b["achieved_jobs_s"]))
+        for m in ("p50_ms", "p95_ms", "p99_ms"):
+            tgt = m == "p99_ms" and load == "50%"
+            met = check(b[m]["median"], "<=", 50) if tgt else ""
+            add(case, f"commit->handler {m[:-3]} ms", cell(b[m], 1), "", "", "<= 50 ms" if tgt else "", met)
+            if tgt:
+                targets.append({"target": "end-to-end p99 <= 50 ms at 50% load", "value": b[m]["median"], "met": met})
+    if "backlog" in res:
+        base = None
+        for size, b in res["backlog"].items():
+            case = f"backlog {int(size):,} queued"
+            nq = b["notifyq_claim_ms"]
+            base = base or nq["median"]
+            add(case, "claim of 100, ms (median of claims)", cell(nq, 2), cell(b["floor_claim_ms"], 2),
+                fmt(nq["median"] / b["floor_claim_ms"]["median"]) if b["floor_claim_ms"]["median"] else "",
+                "flat within 2x", f"{nq['median'] / base:.2f}x of smallest")
+            add(case, "claim p95 ms", cell(b["notifyq_claim_p95_ms"], 2), cell(b["floor_claim_p95_ms"], 2))
+            add(case, "ack of 100, ms", cell(b["notifyq_ack_ms"], 2), cell(b["floor_ack_ms"], 2))
+            add(case, "index reads per claim", cell(b.get("notifyq_index_reads_per_claim"), 0))
+            add(case, "drain jobs/s (4 procs)", cell(b["notifyq_drain_jobs_s"]))
+        meds = [b["notifyq_claim_ms"]["median"] for b in res["backlog"].values()]
+        spread = max(meds) / min(meds)
+        targets.append({"target": "backlog: claim time flat within 2x (1k..1M)", "value": spread,
+                        "met": "yes" if spread <= 2 else "NO"})
+    if "idle" in res:
+        i = res["idle"]
+        per_queue = i["questions_s"]["median"] / i["queues"] if i["questions_s"]["median"] is not None else None
+        met = check(per_queue, "<=", 2)
+        add(f"idle, {i['consumers']} consumers, 1 queue", "server Questions/s", cell(i["questions_s"], 2),
+            "", "", "<= 2 /s per queue", met)
+        targets.append({"target": "idle <= 2 queries/s per queue with 10 consumers", "value": per_queue, "met": met})
+    if "wakeup" in res:
+        w = res["wakeup"]
+        add("pick-up from idle", "(benchmarks/wakeup.py)", w.get("status") or f"exit {w.get('exit')}, see JSON")
+
+    widths = [max(len(str(r[i])) for r in rows + [("case", "metric", "notifyq", "floor", "ratio", "target", "met")])
+              for i in range(7)]
+    header = ("case", "metric", "notifyq median [min-max]", "floor median [min-max]", "nq/floor", "target", "met")
+    widths = [max(w, len(h)) for w, h in zip(widths, header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    last_case = None
+    for r in rows:
+        shown = list(r)
+        if r[0] == last_case:
+            shown[0] = ""
+        last_case = r[0]
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(shown, widths)).rstrip())
+    return "\n".join(lines), targets
+
+
+# ------------------------------------------------------------------ main
+
+CASES = ("enqueue", "drain", "e2e", "backlog", "idle", "wakeup")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, one smoke run (< 1 min)")
+    ap.add_argument("--json", dest="json_path", help="write all results (raw repetitions too) here")
+    ap.add_argument("--dsn", help="use this server (root-like user) instead of a private LocalServer")
+    ap.add_argument("--database", default="nq_bench", help="database to (re)create and drop")
+    ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (children.log, raw records)")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    size = SIZES["quick" if args.quick else "full"]
+    workdir = Path(tempfile.mkdtemp(prefix="nqbench-"))
+    server = None
+    started = time.monotonic()
+    try:
+        if args.dsn:
+            url, server_pid, where = args.dsn, None, f"given --dsn {DSN.parse(args.dsn).masked()}"
+        else:
+            server = LocalServer(workdir / "server")
+            server.start()
+            url, server_pid, where = server.dsn, server._proc.pid, f"private LocalServer in {workdir / 'server'}"
+        bench = Bench(url, args.database, size, workdir, server_pid)
+        bench.create()
+        res: dict = {"meta": bench.meta(argv=[sys.argv[0], *argv], server=where), "sizes": size}
+        print(f"# {res['meta']['settings']['version']}  flush_log_at_trx_commit="
+              f"{res['meta']['settings']['innodb_flush_log_at_trx_commit']}  buffer_pool="
+              f"{int(res['meta']['settings']['innodb_buffer_pool_size']) >> 20}M  cpus={os.cpu_count()}  "
+              f"({where})", flush=True)
+
+        def step(name, fn):
+            t = time.monotonic()
+            print(f"# {name} ...", end=" ", flush=True)
+            res[name] = fn()
+            print(f"{time.monotonic() - t:.0f}s", flush=True)
+
+        if "enqueue" in only:
+            step("enqueue_single", lambda: bench.enqueue("put", size["put_n"]))
+            step("enqueue_bulk", lambda: bench.enqueue("put_many", size["bulk_n"]))
+        if "drain" in only or "e2e" in only:
+            step("drain", bench.drain)
+        if "e2e" in only:
+            step("e2e", lambda: bench.e2e(res["drain"]["jobs_s"]["notifyq"]["median"]))
+        if "backlog" in only:
+            step("backlog", bench.backlog)
+        if "idle" in only:
+            step("idle", bench.idle)
+        if "wakeup" in only:
+            step("wakeup", lambda: bench.wakeup(args.quick))
+        res["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
+        table, targets = report(res)
+        res["targets"] = targets
+        print()
+        print(table)
+        print()
+        for t in targets:
+            print(f"target {t['met']:>3}: {t['target']} (value {fmt(t['value'])})")
+        print(f"\ncommand: {res['meta']['command']}\nelapsed: {res['meta']['elapsed_s']}s")
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(res, indent=2, default=str))
+        bench.drop()
+        return 0
+    finally:
+        if server is not None:
+            server.cleanup()
+        if args.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,166 @@
+"""Operator actions on single jobs and on many: list, show, retry, cancel, purge.
+
+The library behind `notifyq jobs`; the periodic scheduler uses `purge` for retention. Bulk
+actions work in chunks, one short transaction each, so a purge of a million dead jobs never
+holds a million row locks or bloats the undo log: it can be interrupted at any point and run
+again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+from notifyq import errors, store
+from notifyq.config import validate_queue_name
+from notifyq.db import Session
+from notifyq.jobs import STATUS_NAMES, Status
+
+STATUS_BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
+CHUNK = 1000  # rows per transaction in bulk actions
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+_GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
+               "claimed_at", "lease_until", "dedup_key", "cancel_requested", "payload",
+               "last_error", "created_at", "finished_at")
+_LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts",
+                "created_at", "finished_at", "cancel_requested", "last_error")
+
+
+def parse_age(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' or plain seconds -> seconds."""
+    m = _AGE.match(str(text).strip().lower())
+    if not m:
+        raise errors.InputError(f"invalid age {text!r}: expected a number with s, m, h, d or w, like 30m or 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_status(text: str) -> int:
+    try:
+        return STATUS_BY_NAME[text.strip().lower()]
+    except KeyError:
+        raise errors.InputError(
+            f"invalid status {text!r}: expected one of {', '.join(STATUS_BY_NAME)}") from None
+
+
+def _iso(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=dt.timezone.utc).isoformat()  # the session runs in UTC
+    return value
+
+
+def _record(fields: tuple[str, ...], row: tuple) -> dict[str, Any]:
+    out = {name: _iso(value) for name, value in zip(fields, row)}
+    out["status"] = STATUS_NAMES.get(out["status"], str(out["status"]))
+    out["cancel_requested"] = bool(out["cancel_requested"])
+    return out
+
+
+# ------------------------------------------------------------------ reading
+
+def list_jobs(session: Session, *, queue: str | None = None, status: int | None = None,
+              older_than_s: float = 0.0, limit: int = 100) -> list[dict[str, Any]]:
+    """Oldest first. `older_than_s` compares with created_at."""
+    if queue is not None:
+        validate_queue_name(queue)
+    if limit < 1:
+        raise errors.InputError("--limit must be at least 1")
+    rows = store.list_jobs(session, queue=queue, status=status, age_s=older_than_s, after=0,
+                           limit=limit)
+    return [_record(_LIST_FIELDS, r) for r in rows]
+
+
+def get_job(session: Session, job_id: int) -> dict[str, Any]:
+    row = store.get_job(session, job_id)
+    if row is None:
+        raise errors.InputError(f"no job {job_id}")
+    job = _record(_GET_FIELDS, row)
+    try:
+        job["payload"] = json.loads(job["payload"])
+    except ValueError:
+        pass  # shown as stored; the consumer will bury it as invalid JSON
+    return job
+
+
+# ------------------------------------------------------------------ retry
+
+def retry(session: Session, job_id: int) -> str:
+    """Dead, done or scheduled -> ready now, attempts reset. Returns what happened."""
+    job = get_job(session, job_id)
+    if job["status"] == "ready":
+        return "already ready"
+    if job["status"] == "claimed":
+        raise errors.InputError(f"job {job_id} is running (claimed): cancel it or let it finish first")
+    if store.retry_jobs(session, [(job_id, job["queue"])]):
+        return "retried"
+    now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
+    if now["status"] in ("dead", "done", "scheduled") and now["dedup_key"] is not None:
+        raise errors.InputError(f"job {job_id}: another pending job holds dedup key {now['dedup_key']!r}")
+    raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
+
+
+def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -> tuple[int, int]:
+    """Every dead job (of `queue`) back to ready, in chunks. Returns (retried, skipped):
+    skipped jobs keep status dead because a pending job holds their dedup key."""
+    if queue is not None:
+        validate_queue_name(queue)
+    retried = skipped = 0
+    after = 0
+    while True:
+        rows = store.job_ids(session, status=Status.DEAD, queue=queue, age_s=0, after=after, limit=chunk)
+        if not rows:
+            return retried, skipped
+        n = store.retry_jobs(session, rows)
+        retried += n
+        skipped += len(rows) - n
+        after = rows[-1][0]
+
+
+# ------------------------------------------------------------------ cancel
+
+def cancel(session: Session, job_id: int) -> str:
+    """A pending job is deleted; a running one is asked to stop (Job.cancel_requested())."""
+    outcome = store.cancel_job(session, job_id)
+    if outcome is not None:
+        return outcome
+    row = store.get_job(session, job_id)
+    if row is None:
+        raise errors.InputError(f"no job {job_id}")
+    raise errors.InputError(f"job {job_id} is {STATUS_NAMES.get(row[2], row[2])}: nothing to cancel")
+
+
+# ------------------------------------------------------------------ purge
+
+def purge(session: Session, statuses: list[int], older_than_s: float, queue: str | None = None,
+          chunk: int = CHUNK, max_chunks: int | None = None) -> tuple[int, bool]:
+    """Delete dead/done jobs finished more than `older_than_s` ago, `chunk` rows per transaction.
+
+    Returns (deleted, complete). With `max_chunks` it stops early (complete=False) so a caller
+    on a loop with a watchdog, like the retention pass, can spread a big backlog over turns.
+    """
+    if queue is not None:
+        validate_queue_name(queue)
+    if older_than_s < 0:
+        raise errors.InputError("--older-than must not be negative")
+    deleted = chunks = 0
+    for status in statuses:
+        if status not in (Status.DONE, Status.DEAD):
+            raise errors.InputError("only dead and done jobs can be purged")
+        after = 0
+        while True:
+            if max_chunks is not None and chunks >= max_chunks:
+                return deleted, False
+            rows = store.job_ids(session, status=status, queue=queue, age_s=older_than_s,
+                                 after=after, limit=chunk)
+            if not rows:
+                break
+            deleted += store.purge_jobs(session, [r[0] for r in rows], status)
+            chunks += 1
+            after = rows[-1][0]
+            if len(rows) < chunk:
+                break
+    return deleted, True

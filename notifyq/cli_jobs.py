@@ -1,0 +1,139 @@
+"""`notifyq jobs ...`: look at and act on single jobs, or on many (a thin layer over admin.py).
+
+Errors are raised as errors.InputError and friends; cli.main turns them into one line on
+stderr and the exit code. Value checks happen here, not in click types, so that a bad
+--status or --older-than is one line too, not a usage screen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from notifyq import admin, errors
+from notifyq.jobs import Status
+
+
+@contextmanager
+def _session(obj: Any) -> Iterator[Any]:
+    from notifyq import schema
+    from notifyq.db import Session
+
+    session = Session(obj.config().dsn, retry_s=10, name="admin")
+    try:
+        schema.require_current(session)
+        yield session
+    finally:
+        session.close()
+
+
+def _age(text: str | None) -> float:
+    return admin.parse_age(text) if text else 0.0
+
+
+@click.group()
+def jobs() -> None:
+    """Inspect, retry, cancel and purge jobs."""
+
+
+@jobs.command("list")
+@click.option("-q", "--queue", help="Only this queue.")
+@click.option("--status", "status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
+@click.option("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
+@click.option("--limit", type=int, default=100, help="At most this many jobs (oldest first).")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array instead of a table.")
+@click.pass_obj
+def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str | None, limit: int,
+          as_json: bool) -> None:
+    """List jobs, oldest first."""
+    status = admin.parse_status(status_name) if status_name else None
+    age = _age(older_than)
+    with _session(obj) as session:
+        rows = admin.list_jobs(session, queue=queue, status=status, older_than_s=age, limit=limit)
+    click.echo(json.dumps(rows, indent=2) if as_json else _table(rows))
+
+
+@jobs.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
+@click.pass_obj
+def show(obj: Any, job_id: int, as_json: bool) -> None:
+    """Every field of one job, the payload pretty-printed."""
+    with _session(obj) as session:
+        job = admin.get_job(session, job_id)
+    if as_json:
+        click.echo(json.dumps(job, indent=2))
+        return
+    width = max(len(k) for k in job)
+    for key, value in job.items():
+        if key != "payload":
+            text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
+            click.echo(f"{key.ljust(width)}  {text}")
+    click.echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
+
+
+@jobs.command()
+@click.argument("job_id", type=int, required=False)
+@click.option("--dead", "all_dead", is_flag=True, help="Every dead job (of -q QUEUE).")
+@click.option("-q", "--queue", help="With --dead: only this queue.")
+@click.pass_obj
+def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> None:
+    """Put a dead, done or scheduled job back to ready now, attempts reset."""
+    if (job_id is None) == (not all_dead) or (queue and not all_dead):
+        raise errors.InputError("give a JOB_ID, or --dead [-q QUEUE]")
+    with _session(obj) as session:
+        if not all_dead:
+            click.echo(f"job {job_id}: {admin.retry(session, job_id)}")
+            return
+        retried, skipped = admin.retry_dead(session, queue)
+    click.echo(f"retried {retried}" + (f", skipped {skipped} (their dedup key is taken by a pending job)"
+                                       if skipped else ""))
+
+
+@jobs.command()
+@click.argument("job_id", type=int)
+@click.pass_obj
+def cancel(obj: Any, job_id: int) -> None:
+    """Delete a pending job, or ask a running one to stop (Job.cancel_requested())."""
+    with _session(obj) as session:
+        outcome = admin.cancel(session, job_id)
+    click.echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
+                                    "cancel requested (its handler stops when it checks)"))
+
+
+@jobs.command()
+@click.option("--dead", is_flag=True, help="Purge dead jobs.")
+@click.option("--done", is_flag=True, help="Purge done jobs (kept with keep_done).")
+@click.option("--older-than", metavar="AGE", required=True, help="Finished more than AGE ago: 7d, 12h ...")
+@click.option("-q", "--queue", help="Only this queue.")
+@click.pass_obj
+def purge(obj: Any, dead: bool, done: bool, older_than: str, queue: str | None) -> None:
+    """Delete finished jobs, 1000 rows per transaction."""
+    if not (dead or done):
+        raise errors.InputError("say what to purge: --dead, --done or both")
+    statuses = [s for s, wanted in ((Status.DEAD, dead), (Status.DONE, done)) if wanted]
+    age = _age(older_than)
+    with _session(obj) as session:
+        deleted, _ = admin.purge(session, statuses, age, queue=queue)
+    click.echo(f"purged {deleted}")
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("id", "queue", "status", "prio", "attempts", "run_at", "created_at", "last_error")
+    lines = [head]
+    for r in rows:
+        status = r["status"] + (" (cancel)" if r["cancel_requested"] else "")
+        error = (r["last_error"] or "").replace("\n", " ")
+        lines.append((str(r["id"]), r["queue"], status, str(r["priority"]),
+                      f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
+                      _short(r["created_at"]), error[:60]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def _short(iso: str | None) -> str:
+    return "-" if iso is None else iso[:19].replace("T", " ")

@@ -1,0 +1,276 @@
+"""Prometheus endpoint of a consumer process (`consumer.metrics_port`), and bounded histograms.
+
+Nothing here keeps state of its own and nothing touches prometheus_client's global registry:
+a collector reads the service's worker Stats, the waiters' wake-up counts and the periodic
+scheduler at scrape time, into a CollectorRegistry owned by this endpoint. Queue depth and
+the oldest ready job's age come from the database (one indexed read per queue, cached for
+DEPTH_CACHE_S so several scrapers do not multiply it).
+
+    /metrics  the text exposition format
+    /healthz  200 while every worker loop turns (what the systemd watchdog is fed), else 503
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from notifyq import errors
+
+log = logging.getLogger("notifyq.metrics")
+
+HANDLER_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000)
+DEPTH_CACHE_S = 2.0
+COUNTERS = (
+    ("claimed", "Jobs claimed (each claim is one attempt)."),
+    ("succeeded", "Jobs acked as done."),
+    ("failed", "Jobs whose attempt failed (retried + dead)."),
+    ("retried", "Failed jobs rescheduled with backoff."),
+    ("dead", "Failed jobs out of attempts (or not retryable)."),
+    ("given_back", "Claimed jobs returned unstarted at shutdown."),
+    ("lost_acks", "Outcomes dropped because the claim had been taken back (lease or reaper)."),
+)
+
+
+class Histogram:
+    """Counts per bucket, a sum and nothing else: constant memory however long a worker runs.
+
+    One writer (the worker thread); a scrape may read a bucket one observation behind the
+    sum, which Prometheus tolerates. The +Inf bucket is derived from the counts, so it always
+    equals the reported count.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Iterable[float]):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def add(self, other: "Histogram") -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
+        self.sum += other.sum
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """Cumulative (le, count) pairs, as the exposition format wants them."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), list(self.counts)):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
+
+
+def handler_seconds_histogram() -> Histogram:
+    return Histogram(HANDLER_SECONDS_BUCKETS)
+
+
+def batch_size_histogram() -> Histogram:
+    return Histogram(BATCH_SIZE_BUCKETS)
+
+
+class ServiceCollector:
+    """Reads a ConsumerService when scraped."""
+
+    def __init__(self, service: Any):
+        self.service = service
+        self._depth: dict[str, dict[str, Any]] = {}
+        self._depth_at = 0.0
+        self._depth_ok = False
+        self._session = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list:
+        return []  # registering must not scrape (the service may not have started)
+
+    def collect(self) -> Iterator[Any]:
+        svc = self.service
+        workers = list(svc.workers)
+        queues = list(dict.fromkeys([*svc.options.queues, *(w.queue for w in workers)]))
+        yield from self._job_counters(workers, queues)
+        yield from self._histograms(workers, queues)
+        yield from self._wakeups(workers, queues)
+        yield from self._depth_gauges(queues)
+        yield from self._periodic(getattr(svc, "scheduler", None))
+        reclaimed = sum(w.stats.reclaimed for w in workers) + sum(s.reclaimed for s in svc.retired)
+        yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
+                                  "from dead consumers or expired leases (any queue).", value=reclaimed)
+        yield GaugeMetricFamily("notifyq_healthy", "1 while every worker loop turns (watchdog view).",
+                                value=1 if workers and svc.healthy() else 0)
+
+    def _job_counters(self, workers, queues) -> Iterator[Any]:
+        for name, doc in COUNTERS:
+            family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=["queue"])
+            for q in queues:
+                family.add_metric([q], sum(getattr(w.stats, name) for w in workers if w.queue == q))
+            yield family
+        batches = CounterMetricFamily("notifyq_claim_batches", "Non-empty claims.", labels=["queue"])
+        for q in queues:
+            batches.add_metric([q], sum(w.stats.batches for w in workers if w.queue == q))
+        yield batches
+
+    def _histograms(self, workers, queues) -> Iterator[Any]:
+        for attr, metric, doc, make in (
+                ("handler_seconds", "notifyq_handler_seconds",
+                 "Handler run time per call (one job, or one batch with --per-batch).",
+                 handler_seconds_histogram),
+                ("batch_sizes", "notifyq_claim_batch_size", "Jobs per non-empty claim.",
+                 batch_size_histogram)):
+            family = HistogramMetricFamily(metric, doc, labels=["queue"])
+            for q in queues:
+                total = make()
+                for w in workers:
+                    if w.queue == q:
+                        total.add(getattr(w.stats, attr))
+                family.add_metric([q], total.buckets(), sum_value=total.sum)
+            yield family
+
+    def _wakeups(self, workers, queues) -> Iterator[Any]:
+        wakeups = CounterMetricFamily(
+            "notifyq_wakeups", "Why an idle worker went to claim: bell (producer rang), signal "
+            "(count moved, found by polling), due (a scheduled job came due), timeout (safety poll).",
+            labels=["queue", "kind"])
+        locks = GaugeMetricFamily("notifyq_wakeup_locks", "Workers using the advisory-lock "
+                                  "wake-up channel.", labels=["queue"])
+        polling = GaugeMetricFamily("notifyq_wakeup_polling", "Workers fallen back to polling "
+                                    "(advisory locks refused): alert when above 0.", labels=["queue"])
+        watching = GaugeMetricFamily("notifyq_watching", "Workers holding the queue's watch lock "
+                                     "(at most 1 across all hosts).", labels=["queue"])
+        busy = GaugeMetricFamily("notifyq_workers_busy", "Workers inside a handler.", labels=["queue"])
+        count = GaugeMetricFamily("notifyq_workers", "Worker threads.", labels=["queue"])
+        for q in queues:
+            mine = [w for w in workers if w.queue == q]
+            for kind in ("bell", "signal", "due", "timeout"):
+                wakeups.add_metric([q, kind], sum(w.waiter.wakeups.get(kind, 0) for w in mine))
+            locks.add_metric([q], sum(1 for w in mine if w.use_locks))
+            polling.add_metric([q], sum(1 for w in mine if not w.use_locks))
+            watching.add_metric([q], sum(1 for w in mine if w.waiter.watching))
+            busy.add_metric([q], sum(1 for w in mine if w.in_handler_since is not None))
+            count.add_metric([q], len(mine))
+        yield from (wakeups, locks, polling, watching, busy, count)
+
+    def _depth_gauges(self, queues) -> Iterator[Any]:
+        depth, ok = self._read_depth(queues)
+        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.", value=int(ok))
+        jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
+                                 "due scheduled jobs; delayed = not yet due).", labels=["queue", "state"])
+        age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "
+                                "job has been waiting (0 when none).", labels=["queue"])
+        paused = GaugeMetricFamily("notifyq_queue_paused", "1 while the queue is paused.", labels=["queue"])
+        for q in queues:
+            d = depth.get(q)
+            if d is None:
+                continue
+            for state in ("ready", "delayed", "claimed", "dead", "done"):
+                jobs.add_metric([q, state], d[state])
+            age.add_metric([q], d["oldest_ready_age_s"] or 0.0)
+            paused.add_metric([q], int(d["paused"]))
+        yield from (up, jobs, age, paused)
+
+    def _read_depth(self, queues) -> tuple[dict[str, dict[str, Any]], bool]:
+        from notifyq import status
+        from notifyq.db import Session
+
+        with self._lock:
+            if time.monotonic() - self._depth_at < DEPTH_CACHE_S:
+                return self._depth, self._depth_ok
+            try:
+                if self._session is None:
+                    self._session = Session(self.service.config.dsn, retry_s=2, name="metrics")
+                self._depth = status.depths(self._session, queues)
+                self._depth_ok = True
+            except Exception as e:  # a scrape must answer even with the database down
+                log.warning("metrics: cannot read queue depth error=%s", e)
+                self._depth_ok = False
+            self._depth_at = time.monotonic()
+            return self._depth, self._depth_ok
+
+    def _periodic(self, scheduler) -> Iterator[Any]:
+        leader = GaugeMetricFamily("notifyq_periodic_leader", "1 where this process enqueues the "
+                                   "queue's periodic jobs.", labels=["queue"])
+        enqueued = CounterMetricFamily("notifyq_periodic_enqueued", "Periodic ticks enqueued here.",
+                                       labels=["queue"])
+        skipped = CounterMetricFamily("notifyq_periodic_skipped", "Missed ticks not enqueued "
+                                      "(catch-up enqueues only the most recent).", labels=["queue"])
+        purged = CounterMetricFamily("notifyq_retention_purged", "Done/dead jobs deleted by "
+                                     "retention.", labels=["queue"])
+        if scheduler is not None:
+            for q, figures in scheduler.figures().items():
+                leader.add_metric([q], int(figures["leader"]))
+                enqueued.add_metric([q], figures["enqueued"])
+                skipped.add_metric([q], figures["skipped"])
+                purged.add_metric([q], figures["purged"])
+        yield from (leader, enqueued, skipped, purged)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+
+
+class MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], collector: ServiceCollector):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self.collector = collector
+        super().__init__(addr, _Handler)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        self.collector.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            ok = self.server.collector.service.healthy()
+            self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+        else:
+            self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("metrics request " + format, *args)
+
+
+def serve(service: Any, port: int, addr: str = "") -> MetricsServer:
+    """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port)."""
+    try:
+        server = MetricsServer((addr, port), ServiceCollector(service))
+    except OSError as e:
+        raise errors.ConfigError(f"consumer.metrics_port {port}: cannot listen: {e.strerror}") from None
+    threading.Thread(target=server.serve_forever, name="notifyq-metrics", daemon=True).start()
+    log.info("metrics endpoint listening port=%d", server.server_port)
+    return server

@@ -1,0 +1,311 @@
+"""Periodic jobs from cron expressions, enqueued once per tick across every consumer host;
+and retention of kept done/dead jobs.
+
+ConsumerService calls `Scheduler.tick()` on every turn of its main loop. For each queue it
+serves that has periodic entries, the scheduler tries for the queue's leader lock
+(QueueLocks.periodic) on its own autocommit session; the one holder enqueues that queue's
+ticks. Everyone else tries again every `leader_retry_s`, so when a leader's session dies
+another host takes over within seconds. Queues without entries cost no lock and no session.
+
+The lock only keeps the work in one place. Exactly-once comes from the database: a tick's
+job is inserted in the same transaction as `UPDATE nq_periodic SET last_tick = T WHERE
+last_tick < T`, so even two schedulers that both believe they lead (a failover overlap, a
+paused process waking up) cannot enqueue the same tick twice.
+
+Rules (times are the database server's clock, cron expressions are evaluated in UTC):
+- First sight: a new entry's most recent tick is recorded as its baseline without a job. The
+  first job is the next tick.
+- Catch-up: after downtime, only the most recent missed tick is enqueued; older missed ticks
+  are skipped and counted (log line and metric), never replayed as a flood.
+- Retention: every consumer process, about every `retention_every_s` (5 min, the first pass
+  at a random point of the first period so a fleet restarted together does not purge in
+  step), deletes its queues' done and dead jobs that finished more than `retention_s` ago
+  (retention_s <= 0 keeps them forever). No leader is needed: a purge is chunked and
+  idempotent, and two overlapping passes only repeat a cheap read. At most RETENTION_CHUNKS
+  chunks per loop turn, so the watchdog keeps being fed; the session is closed after a pass
+  when no periodic entry needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import MySQLdb
+from croniter import croniter
+
+from notifyq import admin, errors, store
+from notifyq.config import Config
+from notifyq.db import Session
+from notifyq.jobs import Status
+from notifyq.locks import QueueLocks
+from notifyq.producer import Producer
+from notifyq.wakeup import locks_unavailable
+
+log = logging.getLogger("notifyq.periodic")
+
+UTC = dt.timezone.utc
+RETENTION_CHUNKS = 5  # purge chunks per loop turn; a bigger backlog continues next turn
+ERROR_BACKOFF_S = 5.0
+MAX_COUNTED_MISSES = 10_000  # counting missed ticks stops here (a per-second cron down for days)
+
+
+@dataclasses.dataclass
+class Entry:
+    queue: str
+    name: str
+    cron: str
+    payload: dict[str, Any]
+    priority: int
+    next_due: float | None = None  # server time (epoch s) of the next tick; None: check now
+
+
+@dataclasses.dataclass
+class QueueState:
+    leader: bool = False
+    generation: int = -1  # the lock session's connection the lock was taken on
+    next_try: float = 0.0  # monotonic: when a non-leader asks for the lock again
+    next_retention: float | None = None  # monotonic
+    enqueued: int = 0
+    skipped: int = 0
+    purged: int = 0
+
+
+def latest_tick(cron: str, now: dt.datetime) -> dt.datetime:
+    """The most recent tick at or before `now` (aware UTC in, aware UTC out)."""
+    prev = croniter(cron, now).get_prev(dt.datetime)
+    following = croniter(cron, prev).get_next(dt.datetime)
+    return following if following <= now else prev  # croniter's get_prev excludes `now` itself
+
+
+def missed_between(cron: str, last: dt.datetime, tick: dt.datetime) -> int:
+    """Ticks strictly between `last` and `tick`: what the catch-up rule skipped."""
+    it, n = croniter(cron, last), 0
+    while n < MAX_COUNTED_MISSES and it.get_next(dt.datetime) < tick:
+        n += 1
+    return n
+
+
+def _entries(config: Config, queues: tuple[str, ...]) -> list[Entry]:
+    out: list[Entry] = []
+    for queue in queues:
+        seen: set[str] = set()
+        for raw in config.periodic.get(queue, ()):
+            where = f"queue.{queue}.periodic {raw['name']!r}"
+            payload = raw.get("payload", {})
+            if not isinstance(payload, dict) or "tick" in payload or "periodic" in payload:
+                raise errors.ConfigError(f"{where}: payload must be a table without the keys "
+                                         "'tick' and 'periodic' (the scheduler adds them)")
+            if raw["name"] in seen or not 0 < len(raw["name"]) <= 191:
+                raise errors.ConfigError(f"{where}: names must be unique per queue, 1-191 characters")
+            if len(json.dumps(payload)) + 100 > config.producer.max_payload_bytes:
+                raise errors.ConfigError(f"{where}: payload over producer.max_payload_bytes")
+            seen.add(raw["name"])
+            out.append(Entry(queue, raw["name"], str(raw["cron"]), payload, int(raw.get("priority", 0))))
+    return out
+
+
+class Scheduler:
+    def __init__(self, config: Config, queues: tuple[str, ...], *, leader_retry_s: float = 5.0,
+                 retention_every_s: float = 300.0, retention_first_s: float | None = None):
+        self.queues = tuple(queues)
+        self.leader_retry_s = leader_retry_s
+        self.retention_every_s = retention_every_s
+        first = retention_every_s * random.uniform(0.5, 1.0) if retention_first_s is None else retention_first_s
+        self._first_retention = time.monotonic() + first
+        self.state = {q: QueueState() for q in self.queues}
+        self._lock: Session | None = None
+        self._work: Session | None = None
+        self._producers: dict[str, Producer] = {}
+        self._offset_s = 0.0  # server clock minus ours, refreshed on every server read
+        self._pause_until = 0.0
+        self._use_locks = config.wakeup.use_locks
+        self.reload(config)
+
+    def reload(self, config: Config) -> None:
+        """New entries start from their baseline; known ones keep their schedule. A bad new
+        entry fails the constructor (startup) but only logs on SIGHUP: the old ones stay."""
+        old = {(e.queue, e.name, e.cron): e for e in getattr(self, "entries", [])}
+        try:
+            entries = _entries(config, self.queues)
+        except errors.ConfigError as e:
+            if not old and not hasattr(self, "config"):
+                raise
+            log.error("reload: keeping the old periodic entries error=%s", e)
+            return
+        self.config = config
+        self.entries = entries
+        for entry in self.entries:
+            if (entry.queue, entry.name, entry.cron) in old:
+                entry.next_due = old[(entry.queue, entry.name, entry.cron)].next_due
+        for producer in self._producers.values():
+            producer.close()
+        self._producers = {}
+
+    def _scheduled(self, queue: str) -> bool:
+        return any(e.queue == queue for e in self.entries)
+
+    # -------------------------------------------------------- the loop turn
+
+    def tick(self) -> None:
+        """One pass; never raises (a database outage backs off and is retried)."""
+        if time.monotonic() < self._pause_until:
+            return
+        try:
+            for queue in self.queues:
+                if self._scheduled(queue):
+                    self._tick_queue(queue, self.state[queue])
+                self._maybe_retain(queue, self.state[queue])
+            if not self.entries and self._work is not None and all(
+                    (s.next_retention or 0) > time.monotonic() for s in self.state.values()):
+                self._work.close()  # retention only: no connection kept between passes
+                self._work = None
+        except Exception as e:
+            log.warning("periodic scheduler: will retry error=%s", e,
+                        exc_info=not isinstance(e, (errors.NotifyqError, MySQLdb.Error)))
+            self._pause_until = time.monotonic() + ERROR_BACKOFF_S
+            for state in self.state.values():
+                state.leader = False  # prove it again after the outage
+
+    def _tick_queue(self, queue: str, state: QueueState) -> None:
+        now = time.monotonic()
+        if state.leader and self._lock_session().generation != state.generation:
+            state.leader = False  # reconnected: the lock died with the old connection
+        if not state.leader:
+            if now < state.next_try or not self._take_lead(queue, state):
+                return
+        clock = self._server_clock()
+        due = [e for e in self.entries if e.queue == queue and (e.next_due is None or clock >= e.next_due)]
+        if not due or not self._still_leader(queue, state):
+            return
+        server_now = self._server_now()
+        for entry in due:
+            self._fire(entry, server_now, state)
+
+    def _take_lead(self, queue: str, state: QueueState) -> bool:
+        state.next_try = time.monotonic() + self.leader_retry_s
+        session = self._lock_session()
+        if self._use_locks:
+            try:
+                if store.get_lock(session, QueueLocks(self.config.dsn.database, queue).periodic, 0) != 1:
+                    return False
+            except MySQLdb.Error as e:
+                if not locks_unavailable(e):
+                    raise
+                log.warning("advisory locks unavailable: every consumer schedules periodic jobs; "
+                            "the nq_periodic guard still enqueues each tick once")
+                self._use_locks = False
+        state.leader, state.generation = True, session.generation
+        for entry in self.entries:
+            if entry.queue == queue:
+                entry.next_due = None  # catch up at once
+        log.info("periodic leader queue=%s", queue)
+        return True
+
+    def _still_leader(self, queue: str, state: QueueState) -> bool:
+        """Before acting: is the lock still ours? (A silently dropped session lost it.)"""
+        if not self._use_locks:
+            return True
+        session = self._lock_session()
+        holder = store.lock_holder(session, QueueLocks(self.config.dsn.database, queue).periodic)
+        if holder is not None and holder == session.connection_id and session.generation == state.generation:
+            return True
+        log.warning("periodic leadership lost queue=%s", queue)
+        state.leader = False
+        state.next_try = 0.0
+        return False
+
+    # -------------------------------------------------------- ticks
+
+    def _server_clock(self) -> float:
+        """The server's time as last measured, without asking it (epoch seconds)."""
+        return time.time() + self._offset_s
+
+    def _server_now(self) -> dt.datetime:
+        now = store.server_now(self._work_session()).replace(tzinfo=UTC)
+        self._offset_s = now.timestamp() - time.time()
+        return now
+
+    def _fire(self, entry: Entry, now: dt.datetime, state: QueueState) -> None:
+        tick = latest_tick(entry.cron, now)
+        naive = tick.replace(tzinfo=None)
+        payload = {**entry.payload, "periodic": entry.name, "tick": tick.isoformat()}
+        producer = self._producer(entry.queue)
+        work = self._work_session()
+
+        def body(cur) -> tuple[int | None, dt.datetime | None]:
+            last = store.periodic_last_tick(cur, entry.queue, entry.name)
+            if last is None:
+                store.periodic_start(cur, entry.queue, entry.name, naive)
+                return None, None
+            if last >= naive or not store.periodic_advance(cur, entry.queue, entry.name, naive):
+                return None, last
+            return producer.put(payload, priority=entry.priority, conn=work.conn), last
+
+        # Safe to run again after a lost COMMIT: the guard makes a second run a no-op.
+        job_id, last = work.run(body, what=f"periodic {entry.queue}/{entry.name}")
+        entry.next_due = croniter(entry.cron, tick).get_next(dt.datetime).timestamp()
+        if job_id is None:
+            return
+        missed = missed_between(entry.cron, last.replace(tzinfo=UTC), tick) if last else 0
+        state.enqueued += 1
+        state.skipped += missed
+        if missed:
+            log.warning("periodic catch-up: enqueued only the latest tick queue=%s name=%s "
+                        "tick=%s skipped=%d", entry.queue, entry.name, tick.isoformat(), missed)
+        log.info("periodic job enqueued queue=%s name=%s tick=%s job=%d",
+                 entry.queue, entry.name, tick.isoformat(), job_id)
+
+    # -------------------------------------------------------- retention
+
+    def _maybe_retain(self, queue: str, state: QueueState) -> None:
+        if time.monotonic() < (state.next_retention or self._first_retention):
+            return
+        keep_s = self.config.queue(queue).retention_s
+        if keep_s <= 0:
+            state.next_retention = time.monotonic() + self.retention_every_s
+            return
+        n, complete = admin.purge(self._work_session(), [Status.DONE, Status.DEAD], keep_s,
+                                  queue=queue, max_chunks=RETENTION_CHUNKS)
+        state.purged += n
+        state.next_retention = time.monotonic() + (self.retention_every_s if complete else 0.0)
+        if n:
+            log.info("retention purged jobs queue=%s n=%d older_than_s=%g%s", queue, n, keep_s,
+                     "" if complete else " (more next turn)")
+
+    # -------------------------------------------------------- sessions
+
+    def _lock_session(self) -> Session:
+        if self._lock is None:
+            self._lock = Session(self.config.dsn, autocommit=True, retry_s=5, name="periodic-lock")
+        return self._lock
+
+    def _work_session(self) -> Session:
+        if self._work is None:
+            self._work = Session(self.config.dsn, retry_s=5, name="periodic")
+        return self._work
+
+    def _producer(self, queue: str) -> Producer:
+        if queue not in self._producers:
+            self._producers[queue] = Producer(queue, self.config)
+        return self._producers[queue]
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """For metrics: per queue, leader or not and what was enqueued, skipped and purged."""
+        return {q: {"leader": s.leader, "enqueued": s.enqueued, "skipped": s.skipped,
+                    "purged": s.purged} for q, s in self.state.items()}
+
+    def close(self) -> None:
+        for producer in self._producers.values():
+            producer.close()
+        for session in (self._lock, self._work):
+            if session is not None:
+                session.close()  # frees the leader locks at once: a peer takes over
+        self._lock = self._work = None
+        for state in self.state.values():
+            state.leader = False

@@ -1,0 +1,123 @@
+"""KILL CONNECTION (as root) on the sessions of running consumers and producers.
+
+A killed work session costs a reconnect and nothing else. A killed lock session frees the
+consumer's liveness lock: the reaper may take its claimed jobs back (those alone may run twice)
+and the consumer must notice, re-register under a new id and carry on.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from conftest import wait_until
+from notifyq import locks
+
+from .conftest import connections_of, consumer_sessions, finished_counts, read_runs, recorder_env
+
+from .test_kill_consumer import _consumer_id, _freeze_mid_batch, _produce
+
+
+def _kill(testdb, conn_id: int) -> None:
+    testdb.query(f"KILL CONNECTION {int(conn_id)}")
+
+
+def test_killing_a_consumers_work_session_three_times_costs_reconnects_and_no_job(fdb, procs, tmp_path):
+    # Given one consumer working through 200 jobs
+    out = tmp_path / "runs"
+    env = recorder_env(fdb, out, sleep_s=0.01)
+    consumer = procs.consumer(env, "w", "--batch-size", "10")
+    consumer_id = _consumer_id(fdb, consumer.pid)
+    _produce(fdb, "w", 200)
+
+    # When its work session is KILLed three times while it works
+    killed = []
+    for progress in (20, 60, 100):
+        wait_until(lambda: len(finished_counts(read_runs(out))) >= progress, 30, message=f"{progress} done")
+        work, _, _ = consumer_sessions(fdb, consumer.pid)
+        _kill(fdb, work)
+        killed.append(work)
+
+    # Then every job is handled exactly once, by the same registration, which never lost its lock
+    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.05, "all 200 acked")
+    counts = finished_counts(read_runs(out))
+    assert len(counts) == 200 and max(counts.values()) == 1
+    assert fdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s", (consumer.pid,)) == consumer_id
+    # And it really did reconnect
+    work_now, _, _ = consumer_sessions(fdb, consumer.pid)
+    assert work_now not in killed
+    assert consumer.alive()
+
+
+def test_killing_a_busy_consumers_lock_session_makes_it_re_register_and_loses_no_job(fdb, procs, tmp_path):
+    # Given two consumers busy with 150 jobs (sped-up reaper, so the dead lock is seen quickly)
+    out = tmp_path / "runs"
+    env = {**recorder_env(fdb, out, sleep_s=0.05), "NOTIFYQ_CONFIG": str(_fast_config(tmp_path))}
+    victim = procs.consumer(env, "l", "--batch-size", "10")
+    peer = procs.consumer(env, "l", "--batch-size", "10")
+    old_id = _consumer_id(fdb, victim.pid)
+    _consumer_id(fdb, peer.pid)
+    _produce(fdb, "l", 150)
+    wait_until(lambda: len(finished_counts(read_runs(out))) >= 20, 30, message="20 done")
+
+    # When the victim's lock session is KILLed in the middle of a batch
+    held = _freeze_mid_batch(fdb, victim, old_id)
+    _, lock_conn, _ = consumer_sessions(fdb, victim.pid)
+    _kill(fdb, lock_conn)
+    victim.signal(signal.SIGCONT)
+
+    # Then, still busy, it re-registers under a new id and its old registration is reaped
+    new_id = wait_until(lambda: fdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s AND id <> %s",
+                                           (victim.pid, old_id)), 10, message="a new registration")
+    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (old_id,)) == 0,
+               10, message="the old registration reaped")
+    assert fdb.scalar("SELECT COUNT(*) FROM nq_job") > 0, "the queue drained before the victim noticed"
+    # And every job is handled; only jobs the victim held when its lock died may have run twice
+    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.05, "all 150 acked")
+    counts = finished_counts(read_runs(out))
+    duplicates = {job for job, n in counts.items() if n > 1}
+    assert len(counts) == 150
+    assert duplicates <= held
+    assert victim.alive() and peer.alive()
+    assert new_id != old_id
+    print(f"\nlock session killed: {len(held)} jobs held, {len(duplicates)} ran twice")
+
+
+def test_killing_a_streaming_producers_sessions_between_batches_loses_no_line(fdb, procs, tmp_path):
+    # Given a consumer and a `notifyq produce --print-ids` fed through a pipe
+    out = tmp_path / "runs"
+    env = recorder_env(fdb, out, sleep_s=0.0)
+    procs.consumer(env, "p", "--handler", "nqhandlers:record")
+    producer = procs.start(env, "produce", "-q", "p", "--print-ids", stdin=True)
+    ringer = locks.QueueLocks(fdb.admin.database, "p").ringer
+
+    def feed(start: int, n: int) -> None:
+        producer.stdin.write("".join(f'{{"n": {i}}}\n' for i in range(start, start + n)))
+        producer.stdin.flush()
+        wait_until(lambda: len(producer.stdout_text().split()) == start + n, 30,
+                   message=f"{start + n} ids printed")
+
+    feed(0, 50)
+    # When its work session is KILLed while it waits for more input, and then its lock session
+    sessions = wait_until(lambda: connections_of(fdb, producer.pid), 10, message="producer sessions")
+    lock_conn = fdb.scalar("SELECT IS_USED_LOCK(%s)", (ringer,))
+    assert lock_conn in sessions and len(sessions) == 2
+    work_conn = next(c for c in sessions if c != lock_conn)
+    _kill(fdb, work_conn)
+    feed(50, 50)
+    _kill(fdb, lock_conn)
+    feed(100, 50)
+    producer.stdin.close()
+
+    # Then the producer carries on to a clean exit, and every printed id is handled exactly once
+    assert producer.wait(30) == 0, producer.stderr_text()
+    ids = [int(x) for x in producer.stdout_text().split()]
+    assert len(set(ids)) == 150
+    wait_until(lambda: set(finished_counts(read_runs(out))) == set(ids), 30, message="150 jobs handled")
+    assert max(finished_counts(read_runs(out)).values()) == 1
+    assert fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def _fast_config(tmp_path):
+    path = tmp_path / "fast.toml"
+    path.write_text("[consumer]\nreap_interval_s = 0.5\n[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 5.0\n")
+    return path

@@ -1,0 +1,105 @@
+"""The Prometheus endpoint of a consumer, read over HTTP while the service runs, and the
+extra figures `notifyq status` computes from the database."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import prometheus_client
+from conftest import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+from test_features import running
+
+from notifyq import metrics, status
+from notifyq.db import Session
+from notifyq.jobs import Job
+from notifyq.producer import Producer
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_the_endpoint_reports_job_outcomes_histograms_depth_and_wakeups_per_queue(db):
+    # Given a consumer whose handler fails jobs marked "fail" (one attempt: they die)
+    cfg = db.config(defaults={"max_attempts": 1})
+
+    def handler(job: Job) -> None:
+        if job.payload.get("fail"):
+            raise RuntimeError("no")
+
+    with running(cfg, "m", handler) as service:
+        server = metrics.serve(service, 0, "127.0.0.1")
+        try:
+            # When 6 jobs run, 2 of them failing, and one more waits for later
+            with Producer("m", cfg) as p:
+                p.put_many([{"fail": i < 2} for i in range(6)])
+                p.put({"later": True}, delay=3600)
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 2)") == 0,
+                       20, message="jobs settled")
+            wait_until(lambda: service.totals().succeeded + service.totals().dead == 6, 10,
+                       message="stats counted")
+            code, text = scrape(server.server_port)
+            health, _ = scrape(server.server_port, "/healthz")
+            missing, _ = scrape(server.server_port, "/nope")
+        finally:
+            server.close()
+    # Then the counters, histograms and database figures say what happened
+    assert code == 200 and health == 200 and missing == 404
+    s = samples(text)
+    q = (("queue", "m"),)
+    assert s[("notifyq_jobs_claimed_total", q)] == 6
+    assert s[("notifyq_jobs_succeeded_total", q)] == 4
+    assert s[("notifyq_jobs_failed_total", q)] == 2
+    assert s[("notifyq_jobs_dead_total", q)] == 2
+    assert s[("notifyq_jobs_retried_total", q)] == 0
+    assert s[("notifyq_handler_seconds_count", q)] == 6  # one call per job
+    assert s[("notifyq_handler_seconds_bucket", (("le", "+Inf"), ("queue", "m")))] == 6
+    assert s[("notifyq_claim_batch_size_sum", q)] == 6
+    assert s[("notifyq_queue_jobs", (("queue", "m"), ("state", "dead")))] == 2
+    assert s[("notifyq_queue_jobs", (("queue", "m"), ("state", "delayed")))] == 1
+    assert s[("notifyq_oldest_ready_age_seconds", q)] == 0
+    assert s[("notifyq_db_up", ())] == 1
+    assert s[("notifyq_healthy", ())] == 1
+    assert s[("notifyq_wakeup_locks", q)] == 1 and s[("notifyq_wakeup_polling", q)] == 0
+    assert sum(v for (name, labels), v in s.items() if name == "notifyq_wakeups_total") >= 1
+    assert ("notifyq_periodic_leader", q) in s
+    # And nothing was put in prometheus_client's global registry
+    assert not [n for n in prometheus_client.REGISTRY._names_to_collectors if n.startswith("notifyq")]
+
+
+def test_status_reports_the_longest_claim_next_due_cancel_requests_and_periodic_ticks(db):
+    # Given a claimed job with a cancel request, a delayed job and a periodic entry's row
+    cfg = db.config()
+    with Producer("s", cfg) as p:
+        running_id = p.put({"n": 1})
+        p.put({"n": 2}, delay=600)
+    db.query("UPDATE nq_job SET status = 2, claimed_at = NOW(6) - INTERVAL 90 SECOND, "
+             "cancel_requested = 1 WHERE id = %s", (running_id,))
+    db.query("INSERT INTO nq_periodic (queue, name, last_tick) VALUES ('s', 'nightly', '2026-01-05 03:00:00')")
+    session = Session(cfg.dsn)
+    try:
+        data = status.collect(session)
+    finally:
+        session.close()
+    # Then status shows them, in JSON and in the table
+    q = data["queues"]["s"]
+    assert 89 <= q["oldest_claim_age_s"] < 120
+    assert 500 < q["next_due_in_s"] <= 600
+    assert q["cancel_requested"] == 1
+    assert data["periodic"] == [{"queue": "s", "name": "nightly", "last_tick": "2026-01-05T03:00:00+00:00"}]
+    text = status.render(data)
+    assert "oldest_claim" in text and "s/nightly" in text and "cancel requested" in text

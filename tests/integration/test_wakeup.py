@@ -1,0 +1,408 @@
+"""The wake-up protocol against a real server: Worker threads in this process, a recording handler.
+
+"Woken" is read from observable facts only: which worker ran a handler, the Waiter.wakeups
+counters (one per return from an idle wait with work to claim), the watch lock's holder and
+the sessions queued behind it in PROCESSLIST, and the server's Questions counter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import threading
+import time
+
+import MySQLdb
+import pytest
+
+from conftest import admin_connect, run_cli, wait_until
+from notifyq import store
+from notifyq.consumer import Budget, Worker
+from notifyq.db import Session
+from notifyq.locks import QueueLocks, lock_name
+from notifyq.producer import Producer
+from notifyq.wakeup import locks_unavailable
+
+Q = "wq"
+MARGIN_S = 1.0  # scheduling noise on a loaded 2-core machine, on top of any designed delay
+SHARED_SERVER = bool(os.environ.get("NOTIFYQ_TEST_DSN"))
+
+
+class Recorder:
+    """A per-job handler that records (worker thread, start time) and lets tests wait for ids."""
+
+    per_batch = False
+
+    def __init__(self, linger_s: float = 0.0):
+        self.linger_s = linger_s
+        self.runs: dict[int, list[tuple[str, float]]] = {}
+        self._cond = threading.Condition()
+
+    def __call__(self, jobs, extend) -> None:
+        for job in jobs:
+            with self._cond:
+                self.runs.setdefault(job.id, []).append((threading.current_thread().name, time.monotonic()))
+                self._cond.notify_all()
+            if self.linger_s:
+                time.sleep(self.linger_s)  # the job's own work
+
+    def wait_for(self, job_id: int, timeout: float) -> float:
+        """Start time of job_id's first run; fails the test at the deadline."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while job_id not in self.runs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"job {job_id} not started within {timeout:.2f}s")
+                self._cond.wait(left)
+            return self.runs[job_id][0][1]
+
+    def count(self) -> int:
+        with self._cond:
+            return sum(len(v) for v in self.runs.values())
+
+
+class Fleet:
+    """N Worker threads on one queue, stopped the way ConsumerService stops them."""
+
+    def __init__(self, config, n: int, handler, queue: str = Q, batch_size: int | None = None):
+        self.config = config
+        self.stop = threading.Event()
+        self.workers = [Worker(config, queue, handler, stop=self.stop, budget=Budget(None),
+                               batch_size=batch_size, name=f"w{i}") for i in range(n)]
+        self.threads = [threading.Thread(target=w.run, name=w.name, daemon=True) for w in self.workers]
+
+    def __enter__(self) -> "Fleet":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        killer = Session(self.config.dsn, autocommit=True, retry_s=2, name="test-stopper")
+        deadline = time.monotonic() + 30
+        try:
+            while any(t.is_alive() for t in self.threads) and time.monotonic() < deadline:
+                for w, t in zip(self.workers, self.threads):
+                    if t.is_alive() and w.lock.connection_id:
+                        try:  # a KILL between two statements is lost: repeat until they are out
+                            store.kill_query(killer, w.lock.connection_id)
+                        except Exception:
+                            pass
+                for t in self.threads:
+                    t.join(0.1)
+        finally:
+            killer.close()
+        assert not any(t.is_alive() for t in self.threads), "workers did not stop"
+        errors = [w.error for w in self.workers if w.error is not None]
+        assert not errors, errors
+
+    def wakeups(self) -> int:
+        return sum(sum(w.waiter.wakeups.values()) for w in self.workers)
+
+
+def watch_state(db, queue: str = Q) -> tuple[int | None, int]:
+    """(connection holding the watch lock, sessions queued in GET_LOCK for it)."""
+    watch = QueueLocks(db.dsn.database, queue).watch
+    return db.query(
+        "SELECT IS_USED_LOCK(%s), (SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+        " WHERE INFO LIKE %s)", (watch, f"SELECT GET_LOCK('{watch}',%"))[0]
+
+
+def watcher_waits_on_the_bell(db, queue: str = Q) -> bool:
+    """The watcher's statement is inside GET_LOCK on a bell (not SLEEP): a ringer is armed."""
+    holder, _ = watch_state(db, queue)
+    return holder is not None and db.scalar(
+        "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,)) == "User lock"
+
+
+def wait_settled(db, n: int, timeout: float = 20.0, queue: str = Q) -> None:
+    """Every consumer asleep: one watcher, the other n-1 queued behind it on the watch lock."""
+    wait_until(lambda: (lambda h, queued: h is not None and queued == n - 1)(*watch_state(db, queue)),
+               timeout, message=f"1 watcher and {n - 1} queued consumers")
+
+
+class Questions:
+    """The server's Questions counter, read on one connection; our own reads are subtracted."""
+
+    def __init__(self, db):
+        self.conn = admin_connect(db.admin)
+        self.reads = 0
+
+    def read(self) -> int:
+        cur = self.conn.cursor()
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+        self.reads += 1
+        return int(cur.fetchone()[1])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def put_and_time(producer: Producer, recorder: Recorder, timeout: float, **kw) -> float:
+    job_id = producer.put({"t": time.monotonic()}, **kw)
+    committed = time.monotonic()
+    return recorder.wait_for(job_id, timeout) - committed
+
+
+# ------------------------------------------------------------------ names
+
+
+def test_lock_names_fit_64_characters_and_always_name_the_database():
+    # Given the longest database and queue names allowed, and names differing only in case
+    for database, queue in [("notifyq", "orders"), ("d" * 64, "q" * 64), ("Shop", "Q"), ("shop", "q")]:
+        locks = QueueLocks(database, queue)
+        names = [locks.watch, *locks.bells, locks.ringer, locks.periodic]
+        # Then every name fits MySQL's 64 characters and shows (the start of) the database
+        assert all(len(n) <= 64 for n in names), names
+        assert all(database[:20] in n for n in names), names
+        assert len(set(names)) == len(names)
+    # And no two databases, queues or cases share a lock
+    assert len({QueueLocks(d, q).watch for d, q in
+                [("a", "q"), ("b", "q"), ("a", "Q"), ("A", "q"), ("d" * 64, "q" * 64), ("d" * 64, "q" * 63 + "r")]}) == 6
+    assert lock_name("db", "watch", "orders") == "nq:db:watch:orders"
+
+
+# ------------------------------------------------------------------ no lost wake-up
+
+
+def test_500_one_shot_jobs_after_random_idle_gaps_are_each_picked_up_within_the_cap(db):
+    # Given 3 idle consumers whose watcher polls the signal row with backoff capped at 0.2 s
+    cfg = db.config()
+    cap = cfg.wakeup.poll_max_s
+    recorder = Recorder()
+    rng = random.Random(500)
+    latencies = []
+    with Fleet(cfg, 3, recorder), Producer(Q, cfg) as producer:
+        wait_settled(db, 3)
+        # When 500 single jobs are put by a one-shot producer, each after a random gap of 0-50 ms
+        for _ in range(500):
+            time.sleep(rng.uniform(0, 0.05))  # the adversarial input, not a synchronisation
+            latencies.append(put_and_time(producer, recorder, cap + MARGIN_S))
+    # Then every one was started within the cap plus a margin (put_and_time asserts it)
+    latencies.sort()
+    print(f"\none-shot pick-up over 500 rounds: p50={latencies[250] * 1e3:.1f}ms "
+          f"p99={latencies[495] * 1e3:.1f}ms max={latencies[-1] * 1e3:.1f}ms")
+    assert recorder.count() == 500
+
+
+def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
+    # Given 3 idle consumers whose watcher, without a bell, would sleep 5 s between reads
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    rng = random.Random(2)
+    latencies = []
+    with Fleet(cfg, 3, recorder) as fleet, Producer(Q, cfg, ring=True) as producer:
+        wait_settled(db, 3)
+        # (A ringer arms on its first put, which a watcher already asleep hears only when it
+        # next reads; from then on the watcher waits on the bell.)
+        put_and_time(producer, recorder, 5.0 + MARGIN_S)
+        wait_settled(db, 3)
+        wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+        # When a bell-holding producer puts 500 single jobs after random gaps of 0-50 ms, so
+        # that commits, bell swaps, the watcher's reads and the watch hand-offs interleave
+        for _ in range(500):
+            time.sleep(rng.uniform(0, 0.05))  # the adversarial input, not a synchronisation
+            latencies.append(put_and_time(producer, recorder, MARGIN_S))
+        # Then no ring was lost: a lost one would cost up to the 5 s sleep
+        assert producer._bell is not None and producer._bell.held is not None, "never rang"
+        assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
+    latencies.sort()
+    print(f"\nbell pick-up over 500 rounds: p50={latencies[250] * 1e3:.2f}ms "
+          f"p99={latencies[495] * 1e3:.2f}ms max={latencies[-1] * 1e3:.1f}ms")
+
+
+def test_a_single_job_wakes_exactly_one_of_five_idle_consumers(db):
+    # Given five idle consumers: one watcher, four asleep in GET_LOCK behind it
+    cfg = db.config()
+    recorder = Recorder()
+    with Fleet(cfg, 5, recorder) as fleet, Producer(Q, cfg) as one_shot, \
+            Producer(Q, cfg, ring=True) as ringer:
+        wait_settled(db, 5)
+        for producer in (one_shot, ringer, ringer, one_shot):
+            woken = fleet.wakeups()
+            claimed = [w.stats.claimed for w in fleet.workers]
+            # When one job is put (by a one-shot producer, then by a bell ringer)
+            job_id = producer.put({"single": True})
+            recorder.wait_for(job_id, 5)
+            wait_settled(db, 5)
+            # Then exactly one consumer left its idle wait, and it alone claimed anything
+            assert fleet.wakeups() - woken == 1
+            grew = [w.stats.claimed - c for w, c in zip(fleet.workers, claimed)]
+            assert sorted(grew) == [0, 0, 0, 0, 1], grew
+    assert recorder.count() == 4
+
+
+# ------------------------------------------------------------------ delayed and paused work
+
+
+def test_a_delayed_job_is_picked_up_at_its_time_by_an_idle_fleet(db):
+    # Given an idle fleet with the default 1 s backoff cap and nothing else going on
+    cfg = db.config(wakeup={"poll_max_s": 1.0})
+    recorder = Recorder()
+    with Fleet(cfg, 3, recorder) as fleet, Producer(Q, cfg) as producer:
+        wait_settled(db, 3)
+        due_before = sum(w.waiter.wakeups["due"] for w in fleet.workers)
+        # When a job is put with a 1.5 s delay
+        latency = put_and_time(producer, recorder, 1.5 + MARGIN_S, delay=1.5)
+        # Then it starts at its time (+-0.5 s): the watcher woke for its run_at, not a poller
+        assert 1.0 <= latency <= 2.0, latency
+        assert sum(w.waiter.wakeups["due"] for w in fleet.workers) > due_before
+
+
+def test_a_paused_queue_is_not_claimed_and_resume_wakes_it_within_a_second(db):
+    # Given an idle fleet and a paused queue
+    cfg = db.config()
+    recorder = Recorder()
+    admin = Session(cfg.dsn, name="test-admin")
+    questions = Questions(db)
+    try:
+        with Fleet(cfg, 3, recorder) as fleet, Producer(Q, cfg) as producer:
+            wait_settled(db, 3)
+            store.set_paused(admin, Q, True)
+            # When a ready job and a soon-due delayed job are put
+            now_id = producer.put({"n": 1})
+            later_id = producer.put({"n": 2}, delay=0.1)
+            before = questions.read()
+            put_at = time.monotonic()
+            # Then while the watcher keeps looking (its loop turns past the due time) ...
+            wait_until(lambda: max(w.last_turn for w in fleet.workers) > put_at + 1.0, 5,
+                       message="the watcher to look again after the jobs became due")
+            spent = questions.read() - before - 1
+            # ... nothing is claimed, and the due job does not make it spin
+            assert recorder.count() == 0
+            assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1)") == 2
+            assert spent < 60, f"{spent} statements while paused for about a second"
+            # When the queue is resumed, both start within a second
+            store.set_paused(admin, Q, False)
+            resumed = time.monotonic()
+            for job_id in (now_id, later_id):
+                assert recorder.wait_for(job_id, 1.0 + MARGIN_S) - resumed <= 1.0
+    finally:
+        admin.close()
+        questions.close()
+
+
+# ------------------------------------------------------------------ degraded and accelerated modes
+
+
+def test_polling_fallback_still_delivers_and_status_shows_the_queue_degraded(db):
+    # Given consumers told not to use advisory locks
+    cfg = db.config(wakeup={"use_locks": False})
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg, ring=True) as producer:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE wakeup = 'polling'") == 2,
+                   10, message="2 polling consumers")
+        # When jobs are put (a ringing producer cannot ring without locks either)
+        for _ in range(5):
+            put_and_time(producer, recorder, cfg.wakeup.poll_max_s + MARGIN_S)
+        # Then each is delivered by the pollers, and `notifyq status` says the queue is degraded
+        assert all(w.wakeup_mode == "polling" for w in fleet.workers)
+        result = run_cli(db.env, "status", "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["wakeup_degraded"] == [Q]
+        assert "polling" in run_cli(db.env, "status").stdout
+
+
+def test_the_servers_1235_refusal_counts_as_locks_unavailable(db):
+    # Given the server's own 1235 ER_NOT_SUPPORTED_YET (the code Galera uses to refuse GET_LOCK)
+    conn = admin_connect(db.admin, db.admin.database)
+    try:
+        with pytest.raises(MySQLdb.Error) as caught:
+            conn.cursor().execute("SELECT 1 FROM DUAL WHERE 1 IN (SELECT 1 LIMIT 1)")
+    finally:
+        conn.close()
+    # Then mysqlclient raises NotSupportedError, and the wake-up falls back to polling on it
+    assert isinstance(caught.value, MySQLdb.NotSupportedError) and caught.value.args[0] == 1235
+    assert locks_unavailable(caught.value)
+
+
+def test_instant_wake_interrupts_the_watchers_wait_for_a_one_shot_producer(db):
+    # Given consumers whose watcher sleeps 3 s between reads, and a one-shot producer with
+    # wakeup.instant_wake (same database user as the consumers)
+    cfg = db.config(wakeup={"poll_initial_s": 3.0, "poll_max_s": 3.0})
+    recorder = Recorder()
+    rng = random.Random(7)
+    with Fleet(cfg, 2, recorder), \
+            Producer(Q, db.config(wakeup={"poll_initial_s": 3.0, "poll_max_s": 3.0, "instant_wake": True})) as p:
+        wait_settled(db, 2)
+        # When jobs are put at random moments of that sleep
+        latencies = []
+        for _ in range(5):
+            time.sleep(rng.uniform(0.05, 0.5))  # the input: where in the sleep the put lands
+            latencies.append(put_and_time(p, recorder, 3.0 + MARGIN_S))
+    # Then each starts at once instead of about 1.5 s later on average
+    assert max(latencies) < 0.5, latencies
+    print(f"\ninstant wake pick-up: median={statistics.median(latencies) * 1e3:.1f}ms")
+
+
+# ------------------------------------------------------------------ cost and resilience
+
+
+@pytest.mark.skipif(SHARED_SERVER, reason="needs a server of its own: Questions counts everyone")
+def test_ten_idle_consumers_cost_the_server_about_one_query_per_second(db):
+    # Given 10 idle consumers with the production wake-up defaults
+    cfg = db.config(wakeup={"poll_max_s": 1.0, "idle_wait_s": 25.0})
+    questions = Questions(db)
+    try:
+        with Fleet(cfg, 10, Recorder()):
+            wait_settled(db, 10)
+            # When the server's Questions counter is read across a 10 s measurement window
+            # (after the watcher's backoff has reached its cap)
+            time.sleep(2.5)  # not a synchronisation: lets the 5 ms..1 s backoff ramp finish
+            before, t0 = questions.read(), time.monotonic()
+            time.sleep(10)  # the measurement window itself
+            spent = questions.read() - before - 1
+            rate = spent / (time.monotonic() - t0)
+    finally:
+        questions.close()
+    # Then the whole fleet costs about one statement per second (bound generous for noise)
+    print(f"\n10 idle consumers: {rate:.2f} statements/s")
+    assert rate <= 2.5
+
+
+def test_a_lock_session_killed_while_waiting_reconnects_and_still_picks_up_work(db):
+    # Given two idle consumers: a watcher and one queued behind it
+    cfg = db.config()
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg) as producer:
+        wait_settled(db, 2)
+        old_ids = {w.consumer_id for w in fleet.workers}
+        # When root kills both lock sessions (KILL CONNECTION) in the middle of their waits
+        for worker in fleet.workers:
+            db.query(f"KILL CONNECTION {int(worker.lock.connection_id)}")
+        # Then both reconnect, re-register under new ids (their liveness locks died) ...
+        wait_until(lambda: all(w.lock.generation > 1 for w in fleet.workers), 10,
+                   message="lock sessions reconnected")
+        wait_settled(db, 2)
+        assert not old_ids & {w.consumer_id for w in fleet.workers}
+        # ... and still pick up work, while the reaper clears the dead registrations
+        put_and_time(producer, recorder, cfg.wakeup.poll_max_s + MARGIN_S)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 10,
+                   message="dead registrations reaped")
+
+
+@pytest.mark.skipif(SHARED_SERVER, reason="changes a global variable of the server")
+def test_lock_sessions_survive_a_wait_timeout_shorter_than_a_batch(db):
+    # Given a server that drops connections idle for 2 s
+    saved = db.scalar("SELECT @@GLOBAL.wait_timeout")
+    db.query("SET GLOBAL wait_timeout = 2")
+    try:
+        cfg = db.config()
+        recorder = Recorder(linger_s=3.5)  # the handler keeps the lock session idle for 3.5 s
+        with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg) as producer:
+            wait_settled(db, 2)
+            ids = {w.consumer_id for w in fleet.workers}
+            # When a job runs longer than wait_timeout, and the fleet idles well past it
+            job_id = producer.put({"long": True})
+            recorder.wait_for(job_id, 5)
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 10, message="acked")
+            # Then no lock session was dropped: same connections, same registrations
+            assert [w.lock.generation for w in fleet.workers] == [1, 1]
+            assert {w.consumer_id for w in fleet.workers} == ids
+            assert sum(w.stats.lost_acks for w in fleet.workers) == 0
+            put_and_time(producer, recorder, 3.5 + cfg.wakeup.poll_max_s + MARGIN_S)
+    finally:
+        db.query("SET GLOBAL wait_timeout = %s", (saved,))
