@@ -4,13 +4,22 @@
 DESTDIR ?=
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/notifyq
+# The command the units run; `pip install .` as root puts it in /usr/local/bin. For a venv:
+#   make install-systemd NOTIFYQ=/opt/notifyq/bin/notifyq
+NOTIFYQ ?= /usr/local/bin/notifyq
 UNITS := $(wildcard systemd/*.service systemd/*.socket systemd/*.target)
 
 .PHONY: install-systemd uninstall-systemd verify-systemd test demo
 
 install-systemd:
+	@case "$(NOTIFYQ)" in /*) ;; *) echo "install-systemd: NOTIFYQ must be an absolute path" >&2; exit 1;; esac
 	install -d -m 0755 $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(CONFDIR)/conf.d
 	install -m 0644 $(UNITS) $(DESTDIR)$(UNITDIR)/
+	@if [ "$(NOTIFYQ)" != /usr/local/bin/notifyq ]; then \
+		sed -i 's#^ExecStart=/usr/local/bin/notifyq #ExecStart=$(NOTIFYQ) #' \
+			$(addprefix $(DESTDIR)$(UNITDIR)/,$(notdir $(UNITS))); \
+	fi
+	@[ -x "$(NOTIFYQ)" ] || echo "note: $(NOTIFYQ) does not exist yet: pip install . (or pass NOTIFYQ=/path/to/notifyq)"
 	@# The config is the operator's once installed: never overwrite it.
 	@if [ -e $(DESTDIR)$(CONFDIR)/notifyq.toml ]; then \
 		echo "keeping existing $(DESTDIR)$(CONFDIR)/notifyq.toml"; \

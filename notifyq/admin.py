@@ -35,7 +35,8 @@ def parse_age(text: str) -> float:
     """'90s', '30m', '12h', '7d', '2w' or plain seconds -> seconds."""
     m = _AGE.match(str(text).strip().lower())
     if not m:
-        raise errors.InputError(f"invalid age {text!r}: expected a number with s, m, h, d or w, like 30m or 7d")
+        raise errors.InputError(
+            f"invalid age {text!r}: expected a number with s, m, h, d or w, like 30m or 7d")
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 

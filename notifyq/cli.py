@@ -135,7 +135,7 @@ def status(obj: Context, queue: str | None, as_json: bool) -> None:
     from notifyq.db import Session
 
     cfg = obj.config()
-    if queue:
+    if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
     session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="status")
     try:
@@ -180,7 +180,8 @@ def _set_paused(obj: Context, queue: str, paused: bool) -> None:
 # ------------------------------------------------------------------ produce
 
 @main_group.command()
-@click.option("-q", "--queue", required=True, help="Queue to put the jobs on.")
+@click.option("-q", "--queue", help="Queue to put the jobs on.")
+@click.option("--profile", help="Config section [queue.NAME]: its queue (the systemd instance name).")
 @click.argument("payloads", nargs=-1, metavar="[JSON ...]")
 @click.option("--priority", type=int, default=0, help="Higher runs first.")
 @click.option("--delay", type=float, default=0.0, help="Seconds before the jobs may run.")
@@ -189,15 +190,18 @@ def _set_paused(obj: Context, queue: str, paused: bool) -> None:
 @click.option("--dedup-key", help="Skip if a pending job on the queue has this key (one JSON only).")
 @click.option("--input", "input_path", type=click.Path(dir_okay=False),
               help="Read JSON lines from this file or FIFO instead of stdin.")
-@click.option("--follow", is_flag=True, help="With --input: reopen at EOF (a FIFO whose writers come and go).")
+@click.option("--follow", is_flag=True,
+              help="With --input: keep reading a FIFO whose writers come and go (a file: tail it).")
 @click.option("--reject-file", type=click.Path(dir_okay=False), help="Append rejected lines here.")
 @click.option("--print-ids/--count", default=None,
               help="Print each id (default with JSON arguments) or only a final count (default for streams).")
-@click.option("--daemon", is_flag=True, help="Detach (classic daemon mode; not under systemd).")
-@click.option("--pidfile", type=click.Path(dir_okay=False), help="With --daemon: pidfile path.")
-@click.option("--log-file", type=click.Path(dir_okay=False), help="With --daemon: log here.")
+@click.option("--daemon", is_flag=True,
+              help="Detach (classic daemon mode; not under systemd); needs --input, implies --follow.")
+@click.option("--pidfile", type=click.Path(dir_okay=False), help="Refuse to start while another holds it.")
+@click.option("--log-file", type=click.Path(dir_okay=False), help="Log to this file.")
 @click.pass_obj
-def produce(obj: Context, queue: str, payloads: tuple[str, ...], priority: int, delay: float,
+def produce(obj: Context, queue: str | None, profile: str | None, payloads: tuple[str, ...],
+            priority: int, delay: float,
             run_at: str | None, max_attempts: int | None, dedup_key: str | None, input_path: str | None,
             follow: bool, reject_file: str | None, print_ids: bool | None, daemon: bool,
             pidfile: str | None, log_file: str | None) -> None:
@@ -205,6 +209,15 @@ def produce(obj: Context, queue: str, payloads: tuple[str, ...], priority: int, 
     from notifyq import runner
 
     cfg = obj.config()
+    if profile:
+        config_mod.validate_queue_name(profile)
+        if profile not in cfg.queues:
+            raise errors.ConfigError(f"--profile {profile}: no [queue.{profile}] section in the config")
+        if queue not in (None, profile):
+            raise errors.ConfigError("give -q QUEUE or --profile NAME, not both")
+        queue = profile
+    if queue is None:
+        raise errors.ConfigError("no queue: pass -q QUEUE (or --profile NAME)")
     config_mod.validate_queue_name(queue)
     when = _parse_at(run_at)
     if payloads:
@@ -216,7 +229,8 @@ def produce(obj: Context, queue: str, payloads: tuple[str, ...], priority: int, 
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
     runner.produce_stream(cfg, queue, priority=priority, delay=delay, run_at=when,
                           input_path=input_path, follow=follow, reject_file=reject_file,
-                          print_ids=bool(print_ids), daemon=daemon, pidfile=pidfile, log_file=log_file)
+                          print_ids=bool(print_ids), daemon=daemon, pidfile=pidfile, log_file=log_file,
+                          reload=obj.reload)
 
 
 def _parse_at(text: str | None) -> dt.datetime | None:
@@ -242,7 +256,7 @@ def _parse_at(text: str | None) -> dt.datetime | None:
 @click.option("--exit-when-empty", is_flag=True, help="Exit once a claim finds no ready job.")
 @click.option("--max-jobs", type=click.IntRange(1), default=None, help="Exit after this many jobs.")
 @click.option("--daemon", is_flag=True, help="Detach (classic daemon mode; not under systemd).")
-@click.option("--pidfile", type=click.Path(dir_okay=False), help="With --daemon: pidfile path.")
+@click.option("--pidfile", type=click.Path(dir_okay=False), help="Refuse to start while another holds it.")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Log to this file.")
 @click.pass_obj
 def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler: str | None,

@@ -200,27 +200,25 @@ class Worker:
             total = self.waiter.wait_for_work()
             if total is None:
                 return False
-            got, drained = self._claim_and_run(before_run=lambda d: self._hand_on_watch(total, d))
+            # The claim records `total` as watched if it drains the queue; then, before running
+            # the batch, the next idle consumer takes over watching.
+            got, drained = self._claim_and_run(before_run=self.waiter.release_watch, watched_seq=total)
             return got > 0 and not drained
         finally:
             if self.waiter.watching:  # not yet handed on (no jobs, or an error)
-                self.waiter.release_watch(None)
-
-    def _hand_on_watch(self, total: int, drained: bool) -> None:
-        # Before running the batch: the next idle consumer takes over watching right away.
-        self.waiter.release_watch(total if drained else None)
+                self.waiter.release_watch()
 
     # -------------------------------------------------------- claim, run, ack
 
-    def _claim_and_run(self, before_run=None) -> tuple[int, bool]:
+    def _claim_and_run(self, before_run=None, watched_seq: int | None = None) -> tuple[int, bool]:
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
-        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s)
+        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, watched_seq)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
-            before_run(claim.drained and not claim.paused)
+            before_run()
         if claim.jobs:
             self._run_batch(claim.jobs, claim.token)
         return len(claim.jobs), claim.drained

@@ -168,7 +168,8 @@ class ServiceCollector:
 
     def _depth_gauges(self, queues) -> Iterator[Any]:
         depth, ok = self._read_depth(queues)
-        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.", value=int(ok))
+        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.",
+                               value=int(ok))
         jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
                                  "due scheduled jobs; delayed = not yet due).", labels=["queue", "state"])
         age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "

@@ -103,10 +103,13 @@ def _entries(config: Config, queues: tuple[str, ...]) -> list[Entry]:
                                          "'tick' and 'periodic' (the scheduler adds them)")
             if raw["name"] in seen or not 0 < len(raw["name"]) <= 191:
                 raise errors.ConfigError(f"{where}: names must be unique per queue, 1-191 characters")
+            priority = raw.get("priority", 0)
+            if not isinstance(priority, int) or isinstance(priority, bool) or not -32768 <= priority <= 32767:
+                raise errors.ConfigError(f"{where}: priority must be an integer from -32768 to 32767")
             if len(json.dumps(payload)) + 100 > config.producer.max_payload_bytes:
                 raise errors.ConfigError(f"{where}: payload over producer.max_payload_bytes")
             seen.add(raw["name"])
-            out.append(Entry(queue, raw["name"], str(raw["cron"]), payload, int(raw.get("priority", 0))))
+            out.append(Entry(queue, raw["name"], str(raw["cron"]), payload, priority))
     return out
 
 
@@ -116,7 +119,9 @@ class Scheduler:
         self.queues = tuple(queues)
         self.leader_retry_s = leader_retry_s
         self.retention_every_s = retention_every_s
-        first = retention_every_s * random.uniform(0.5, 1.0) if retention_first_s is None else retention_first_s
+        first = retention_first_s
+        if first is None:
+            first = retention_every_s * random.uniform(0.5, 1.0)
         self._first_retention = time.monotonic() + first
         self.state = {q: QueueState() for q in self.queues}
         self._lock: Session | None = None

@@ -194,12 +194,13 @@ class ProduceStats:
     batches: int = 0
 
 
-def _batches(lines: Iterable[str], max_lines: int, max_wait_s: float) -> Iterator[list[tuple[int, str]]]:
+def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> Iterator[list[tuple[int, str]]]:
     """Group lines by count and by time: a slow trickle still commits within max_wait_s.
 
-    A reader thread feeds a queue so the wait for the next line can time out.
+    A reader thread feeds a queue so the wait for the next line can time out. `limits()` gives
+    (max_lines, max_wait_s) and is asked again for every line, so a reload applies at once.
     """
-    q: queue_mod.Queue = queue_mod.Queue(maxsize=max_lines * 4)
+    q: queue_mod.Queue = queue_mod.Queue(maxsize=limits()[0] * 4)
     done = object()
 
     def read() -> None:
@@ -213,6 +214,7 @@ def _batches(lines: Iterable[str], max_lines: int, max_wait_s: float) -> Iterato
     batch: list[tuple[int, str]] = []
     deadline = None
     while True:
+        max_lines, max_wait_s = limits()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             item = q.get(timeout=timeout)
@@ -233,11 +235,18 @@ def _batches(lines: Iterable[str], max_lines: int, max_wait_s: float) -> Iterato
 
 def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[[list[int]], None],
                   on_reject: Callable[[int, str, str], None], priority: int = 0, delay: float = 0,
-                  run_at: dt.datetime | None = None, stop: threading.Event | None = None) -> ProduceStats:
-    """Enqueue JSON lines until EOF; bad lines are reported and skipped, good ones never lost."""
-    cfg = producer.config.producer
+                  run_at: dt.datetime | None = None) -> ProduceStats:
+    """Enqueue JSON lines until `lines` ends; bad lines are reported and skipped, good ones never lost.
+
+    Every line `lines` yields is enqueued or rejected, also after a stop request: ending the
+    stream on a stop is the reader's job (runner.LineSource), which stops reading first.
+    Batch limits come from producer.config.producer, read live (SIGHUP reload)."""
     stats = ProduceStats()
-    for batch in _batches(lines, cfg.batch_lines, cfg.batch_wait_s):
+
+    def limits() -> tuple[int, float]:
+        return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
+
+    for batch in _batches(lines, limits):
         payloads = []
         for number, line in batch:
             stats.lines += 1
@@ -247,7 +256,7 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
             try:
                 payload = json.loads(text)
                 producer._row(payload, priority, delay, run_at, None, None)  # size, type checks
-            except (ValueError, errors.InputError) as e:
+            except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
                 stats.rejected += 1
                 on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
                 continue
@@ -256,6 +265,4 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
             on_ids(producer.put_many(payloads, priority=priority, delay=delay, run_at=run_at))
             stats.enqueued += len(payloads)
             stats.batches += 1
-        if stop is not None and stop.is_set():
-            break
     return stats

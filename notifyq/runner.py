@@ -1,17 +1,23 @@
 """The long-running commands: process set-up (daemon mode, signals, logging) around the library.
 
-Order matters under python-daemon: fork first, then the pidfile, then logging, then the
-database: a connection opened before the fork would be closed by DaemonContext (2006).
+Order matters under python-daemon: logging first (DaemonContext keeps its files open across the
+fork, so even the pidfile's "stale" warning is a proper log line), then the fork and the pidfile,
+then signals, then the database: a connection opened before the fork would be closed by
+DaemonContext (2006).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
-import sys
+import os
+import select
+import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -24,6 +30,10 @@ from notifyq.producer import Producer, produce_lines
 from notifyq.service import ConsumeOptions, ConsumerService
 
 log = logging.getLogger("notifyq.runner")
+
+READ_CHUNK = 65536
+POLL_S = 0.2  # how often an input that stays silent lets the reader see stop and reload requests
+FINISH_LINE_S = 1.0  # on stop, how long to wait for the rest of a line already half read
 
 
 def _require_schema(cfg: Config) -> None:
@@ -60,75 +70,297 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
         click.echo(f"enqueued {len(ids)}")
 
 
-def _daemonize(stack: ExitStack, pidfile: str | None, log_file: str | None) -> None:
-    from notifyq import daemon
-
-    pid = daemon.PidFile(pidfile) if pidfile else None
-    if pid is not None:
-        pid.check()  # refuse before forking, so the error reaches the terminal
-    stack.enter_context(daemon.daemon_context(pid, log_file))
-    if pid is not None:
-        stack.enter_context(pid)
+# ------------------------------------------------------------------ process set-up
 
 
-def _lines(input_path: str | None, follow: bool, stop: threading.Event) -> Iterator[str]:
-    if input_path is None:
-        yield from sys.stdin
-        return
-    while not stop.is_set():
+def _setup_process(stack: ExitStack, cfg: Config, *, daemon: bool, pidfile: str | None,
+                   log_file: str | None) -> None:
+    """Logging, then (--daemon) detach and take the pidfile, or (foreground) just the pidfile.
+
+    daemon_context() refuses in the parent when another instance holds the pidfile, so that
+    error reaches the operator's terminal; DaemonContext takes the file after the fork."""
+    from notifyq import daemon as daemon_mod
+    from notifyq import logs
+
+    path, use_syslog = log_file or cfg.log.file or None, cfg.log.syslog
+    if daemon:
+        if path is None and not use_syslog:
+            if not _is_socket("/dev/log"):
+                raise errors.ConfigError("--daemon needs somewhere to log: --log-file PATH, log.file, "
+                                         "or log.syslog = true (there is no /dev/log here)")
+            use_syslog = True  # a detached process's stderr is /dev/null
+        path = os.path.abspath(path) if path else None
+        if os.environ.get("NOTIFYQ_CONFIG"):  # reload re-reads it after DaemonContext's chdir("/")
+            os.environ["NOTIFYQ_CONFIG"] = os.path.abspath(os.environ["NOTIFYQ_CONFIG"])
+    logs.setup_logging(level=cfg.log.level, fmt=cfg.log.format, log_file=path, use_syslog=use_syslog)
+    pid = daemon_mod.PidFile(pidfile) if pidfile else None
+    if daemon:
+        stack.enter_context(daemon_mod.daemon_context(pid, path))
+    elif pid is not None:
+        stack.enter_context(pid)  # --pidfile alone: a single-instance guard in the foreground
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+# What a SIGHUP cannot change in a running process: (what to call it, how to read it). The
+# consumer service reports a changed dsn itself.
+_FIXED = [("log.format", lambda c: c.log.format),
+          ("log.file", lambda c: c.log.file), ("log.syslog", lambda c: c.log.syslog),
+          ("wakeup.use_locks", lambda c: c.wakeup.use_locks)]
+
+
+def _warn_fixed(old: Config, new: Config, extra: list[tuple[str, Callable[[Config], Any]]] = ()) -> None:
+    for name, get in [*_FIXED, *extra]:
+        if get(old) != get(new):
+            log.warning("reload: %s changed; restart the service to apply it", name)
+
+
+# ------------------------------------------------------------------ reading JSON lines
+
+
+class LineSource:
+    """stdin or --input, read with select() + os.read(), never through a Python file object.
+
+    Under the socket unit, stdin is systemd's FIFO opened O_RDWR|O_NONBLOCK: `for line in
+    sys.stdin` there yields half-written lines and stops at the first empty read as if at EOF.
+    Here an empty pipe is "no data yet" (BlockingIOError, or select() timing out), b"" is a
+    real EOF (the last writer of `cat x | notifyq produce` went away), an unfinished line waits
+    for its newline, and the stop event is looked at between reads.
+
+    --input FIFO without --follow ends when its writers have come and gone; with --follow it is
+    opened read-write, like systemd does, so it never reaches EOF and writers never block in
+    open() or lose a line between two readers. A regular file with --follow is tailed."""
+
+    def __init__(self, path: str | None, follow: bool, max_line_bytes: int):
+        self.path = path
+        self.follow = follow
+        self.max_line_bytes = max_line_bytes
+        self.cut: set[int] = set()  # numbers of lines longer than max_line_bytes (yielded cut)
+        self.fd = 0
+        self._owned = False
+        self._tail = False  # a regular file: at EOF wait for more rather than end
+
+    def __enter__(self) -> "LineSource":
+        if self.path is None:
+            try:
+                os.fstat(self.fd)
+            except OSError:
+                raise errors.InputError("stdin is closed: give --input PATH") from None
+            return self
         try:
-            with open(input_path, encoding="utf-8", errors="replace") as f:  # blocks for a FIFO writer
-                yield from f
+            is_fifo = stat.S_ISFIFO(os.stat(self.path).st_mode)
+            if is_fifo:
+                mode = os.O_RDWR if self.follow else os.O_RDONLY  # O_NONBLOCK: open() never waits
+                self.fd = os.open(self.path, mode | os.O_NONBLOCK | os.O_CLOEXEC)
+            else:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._tail = self.follow
         except OSError as e:
-            raise errors.InputError(f"--input {input_path}: {e.strerror}") from None
-        if not follow:
+            raise errors.InputError(f"--input {self.path}: {e.strerror}") from None
+        self._owned = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            os.close(self.fd)
+            self._owned = False
+
+    def lines(self, stop: threading.Event, between_reads: Callable[[], None] = lambda: None) -> Iterator[str]:
+        """Every complete line, then an unterminated last one at EOF; ends soon after `stop`."""
+        buf = bytearray()
+        skipping = False  # inside a line already cut at max_line_bytes: drop up to its newline
+        number = 0
+        while not stop.is_set():
+            between_reads()
+            chunk = self._read(POLL_S)
+            if chunk is None:
+                continue
+            if not chunk:  # EOF
+                if self._tail:
+                    stop.wait(POLL_S)
+                    continue
+                break
+            parts = chunk.split(b"\n")
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if not skipping:
+                    buf += part
+                if len(buf) > self.max_line_bytes and not skipping:
+                    del buf[self.max_line_bytes:]
+                    skipping = True
+                    self.cut.add(number + 1)
+                if last:
+                    break
+                number += 1
+                # A NUL can end no JSON text: a cut line is always rejected, never half enqueued.
+                yield self._decode(buf) + ("\0" if skipping else "")
+                buf.clear()
+                skipping = False
+        if stop.is_set() and buf and not skipping:
+            buf += self._finish_line()
+        if buf:  # at EOF a last line needs no newline; on stop it may be incomplete
+            yield self._decode(buf) + ("\0" if skipping else "")
+
+    def _read(self, timeout: float) -> bytes | None:
+        """Some bytes, b"" at EOF, or None when nothing came within `timeout`."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            return None
+        try:
+            return os.read(self.fd, READ_CHUNK)
+        except BlockingIOError:  # another reader of the same pipe was quicker
+            return None
+
+    def _finish_line(self) -> bytes:
+        """Stopping mid-line: writers write whole lines, so the rest is in the pipe already.
+        Read it byte by byte, to take nothing beyond the newline from the next instance."""
+        rest = bytearray()
+        deadline = time.monotonic() + FINISH_LINE_S
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.fd], [], [], left)
+            if not readable:
+                break
+            try:
+                byte = os.read(self.fd, 1)
+            except BlockingIOError:
+                continue
+            if byte in (b"", b"\n"):
+                return bytes(rest)
+            rest += byte
+            if len(rest) > self.max_line_bytes:
+                break
+        log.warning("stopped inside an unfinished line: enqueueing what was read of it, if it parses")
+        return bytes(rest)
+
+    @staticmethod
+    def _decode(raw: bytearray) -> str:
+        # surrogateescape: invalid UTF-8 survives to the reject file byte for byte.
+        return raw.decode("utf-8", "surrogateescape")
+
+
+def _is_utf8(text: str) -> bool:
+    return not any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+class _Stream:
+    """One `notifyq produce` stream: live figures for STATUS=, the reject report, SIGHUP."""
+
+    def __init__(self, producer: Producer, source: LineSource, notifier: Any, signals: Any,
+                 reload: Callable[[], Config] | None, rejects: Any, print_ids: bool, quiet: bool):
+        self.producer, self.source, self.notifier, self.signals = producer, source, notifier, signals
+        self._reload, self.rejects, self.print_ids, self.quiet = reload, rejects, print_ids, quiet
+        self.enqueued = self.rejected = self.batches = 0
+
+    def status(self) -> str:
+        return (f"queue={self.producer.queue} enqueued={self.enqueued} rejected={self.rejected} "
+                f"batches={self.batches}")
+
+    def on_ids(self, ids: list[int]) -> None:
+        self.enqueued += len(ids)
+        self.batches += 1
+        if self.print_ids:
+            click.echo("\n".join(map(str, ids)))
+        log.info("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
+                 len(ids), ids[0], ids[-1])
+        if log.isEnabledFor(logging.DEBUG):
+            for job_id in ids:
+                log.debug("job enqueued queue=%s job=%d", self.producer.queue, job_id)
+        self.notifier.status(self.status())
+
+    def on_reject(self, number: int, text: str, why: str) -> None:
+        self.rejected += 1
+        if number in self.source.cut:
+            why = f"line longer than {self.source.max_line_bytes} bytes (cut there)"
+            text = text.removesuffix("\0")
+        elif not _is_utf8(text):
+            why = "not valid UTF-8"
+        if self.quiet:  # detached: stderr is the log file, keep it one key=value line per event
+            log.warning("rejected line queue=%s line=%d reason=%r", self.producer.queue, number, why)
+        else:
+            click.echo(f"notifyq: rejected line {number}: {why}", err=True)
+        if self.rejects is not None:
+            self.rejects.write(text + "\n")
+            self.rejects.flush()
+        self.notifier.status(self.status())
+
+    def between_reads(self) -> None:
+        """Runs on the reader thread, at least every POLL_S while the input is quiet."""
+        if not self.signals.reload_requested.is_set():
             return
+        self.signals.reload_requested.clear()
+        if self._reload is None:
+            return
+        from notifyq import logs
+
+        self.notifier.reloading("reloading config")
+        try:
+            new = self._reload()
+        except errors.NotifyqError as e:
+            log.error("reload failed, keeping the old config error=%s", e)
+        else:
+            old = self.producer.config
+            _warn_fixed(old, new, [("dsn", lambda c: c.dsn)])
+            new = dataclasses.replace(new, dsn=old.dsn)
+            logs.set_level(new.log.level)
+            # Read per batch and per row: the next batch uses them (producer._batches).
+            self.producer.config, self.producer.queue_config = new, new.queue(self.producer.queue)
+            log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
+                     ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
+                     new.log.level)
+        self.notifier.ready(self.status())
 
 
 def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_at: dt.datetime | None,
                    input_path: str | None, follow: bool, reject_file: str | None, print_ids: bool,
-                   daemon: bool, pidfile: str | None, log_file: str | None) -> None:
-    """`notifyq produce` without arguments: a long-running producer that rings the bell."""
-    from notifyq import daemon as daemon_mod
-    from notifyq import logs
+                   daemon: bool, pidfile: str | None, log_file: str | None,
+                   reload: Callable[[], Config] | None = None) -> None:
+    """`notifyq produce` without arguments: a long-running producer that rings the bell.
 
+    Exit 4 when a stream that ended (EOF) had rejected lines; a stream stopped by a signal
+    exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
+    from notifyq import daemon as daemon_mod
+
+    if daemon and input_path is None:
+        raise errors.ConfigError("--daemon needs --input (stdin is closed when detached)")
+    # Resolved now: the daemon runs in "/". A detached producer has nobody to restart it at
+    # its input's EOF, so it follows.
+    input_path = os.path.abspath(input_path) if input_path else None
+    reject_file = os.path.abspath(reject_file) if reject_file else None
+    follow = follow or daemon
     with ExitStack() as stack:
-        if daemon:
-            if input_path is None:
-                raise errors.ConfigError("--daemon needs --input (stdin is closed when detached)")
-            _daemonize(stack, pidfile, log_file)
-        logs.setup_logging(level=cfg.log.level, fmt=cfg.log.format,
-                           log_file=log_file or cfg.log.file or None, use_syslog=cfg.log.syslog)
+        _setup_process(stack, cfg, daemon=daemon, pidfile=pidfile, log_file=log_file)
         signals = stack.enter_context(daemon_mod.StopSignals())
         notifier = daemon_mod.SystemdNotifier()
+        max_line = max(65536, 8 * cfg.producer.max_payload_bytes)  # escapes and spaces widen a line
+        source = stack.enter_context(LineSource(input_path, follow, max_line))
         _require_schema(cfg)
-        rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8")) if reject_file else None
+        rejects = None
+        if reject_file:
+            rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))
         producer = stack.enter_context(Producer(queue, cfg, ring=True))
-        notifier.ready(f"producing to {queue}")
-        counts = {"enqueued": 0}
-
-        def on_ids(ids: list[int]) -> None:
-            counts["enqueued"] += len(ids)
-            if print_ids:
-                click.echo("\n".join(map(str, ids)))
-            notifier.status(f"queue={queue} enqueued={counts['enqueued']}")
-
-        def on_reject(number: int, text: str, why: str) -> None:
-            click.echo(f"notifyq: rejected line {number}: {why}", err=True)
-            if rejects is not None:
-                rejects.write(text + "\n")
-                rejects.flush()
-
-        stats = produce_lines(producer, _lines(input_path, follow, signals.stop_requested),
-                              on_ids=on_ids, on_reject=on_reject, priority=priority, delay=delay,
-                              run_at=run_at, stop=signals.stop_requested)
-        notifier.stopping()
-        log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d", queue, stats.lines,
-                 stats.enqueued, stats.rejected)
-        if not print_ids:
+        stream = _Stream(producer, source, notifier, signals, reload, rejects, print_ids, quiet=daemon)
+        notifier.ready(stream.status())
+        log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
+        stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
+                              on_ids=stream.on_ids, on_reject=stream.on_reject, priority=priority,
+                              delay=delay, run_at=run_at)
+        stopped = signals.stop_requested.is_set()
+        notifier.stopping(stream.status())
+        log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",
+                 queue, stats.lines, stats.enqueued, stats.rejected, stats.batches,
+                 "stop" if stopped else "eof")
+        if not print_ids and not daemon:
             click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""))
-        if stats.rejected:
+        if stats.rejected and not stopped:
             raise SystemExit(errors.EXIT_INPUT)
+
+
+# ------------------------------------------------------------------ consume
 
 
 def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | None,
@@ -139,10 +371,7 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
     cfg = ctx.config()
     service = ConsumerService(cfg, options)  # validates queue names before any fork
     with ExitStack() as stack:
-        if daemon:
-            _daemonize(stack, pidfile, log_file)
-        logs.setup_logging(level=cfg.log.level, fmt=cfg.log.format,
-                           log_file=log_file or cfg.log.file or None, use_syslog=cfg.log.syslog)
+        _setup_process(stack, cfg, daemon=daemon, pidfile=pidfile, log_file=log_file)
         signals = stack.enter_context(daemon_mod.StopSignals())
         service.notifier = daemon_mod.SystemdNotifier()
         if cfg.consumer.metrics_port:
@@ -151,7 +380,12 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
             metrics.serve(service, cfg.consumer.metrics_port)
 
         def reload() -> Config:
-            new = ctx.reload()
+            """The service applies batch sizes, backoff, wakeup timing and handlers itself."""
+            old, new = service.config, ctx.reload()
+            fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port)]
+            if not options.workers:
+                fixed += [(f"queue.{q}.workers", lambda c, q=q: c.queue(q).workers) for q in options.queues]
+            _warn_fixed(old, new, fixed)
             logs.set_level(new.log.level)
             return new
 

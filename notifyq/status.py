@@ -63,7 +63,8 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
         _fold(entry(name), now, status, future, count, min_run_at)
     for name, oldest_claim, cancels in store.claim_ages(session):
         e = entry(name)
-        e["oldest_claim_age_s"] = round(max(0.0, (now - oldest_claim).total_seconds()), 3) if oldest_claim else None
+        if oldest_claim is not None:
+            e["oldest_claim_age_s"] = round(max(0.0, (now - oldest_claim).total_seconds()), 3)
         e["cancel_requested"] = int(cancels or 0)
     periodic = [{"queue": q, "name": n, "last_tick": _iso(t)} for q, n, t in store.periodic_rows(session)
                 if queue is None or q == queue]

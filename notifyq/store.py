@@ -69,8 +69,13 @@ class Claim:
     paused: bool
 
 
-def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float) -> Claim:
-    """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit."""
+def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
+          watched_seq: int | None = None) -> Claim:
+    """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
+
+    watched_seq: the watcher's enqueue count read before this claim; recorded as watched when
+    the claim drains the queue, in the claim's own COMMIT (one fsync on the wake-up path, not two).
+    """
     token = secrets.randbits(63)
     limit = batch_size * OVERFETCH
 
@@ -97,6 +102,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.execute(Q["claim_lock"], {"ids": window})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
+        if drained and watched_seq is not None:
+            cur.execute(Q["mark_watched"], {"queue": queue, "seq": watched_seq})
         if locked:
             cur.execute(Q["claim_mark"], {
                 "ids": [r[0] for r in locked], "owner": owner, "token": token,
@@ -251,11 +258,6 @@ def watch(session: Session, queue: str, bells: tuple[str, str], wait_s: float,
                           None if waited is None else int(waited))
 
     return session.run(body, what="watch")
-
-
-def mark_watched(session: Session, queue: str, seq: int) -> None:
-    session.run(lambda cur: cur.execute(Q["mark_watched"], {"queue": queue, "seq": seq}),
-                what="mark watched")
 
 
 def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None]:

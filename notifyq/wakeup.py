@@ -6,9 +6,10 @@ queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new 
 inside that same statement: in GET_LOCK on the current bell when a long-running producer rings
 this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
 poll_max_s, and never past the earliest scheduled job's run_at). When the count moved, the
-watcher claims a batch while still holding the watch lock; if that batch drained the queue it
-records the count as watched, so the next watcher does not wake for work already taken. Then
-it releases the watch lock: the next idle consumer becomes the watcher. A burst therefore wakes
+watcher claims a batch while still holding the watch lock; if that batch drained the queue the
+claim's transaction records the count as watched (store.claim, watched_seq), so the next
+watcher does not wake for work already taken. Then it releases the watch lock, before running
+the batch: the next idle consumer becomes the watcher. A burst therefore wakes
 consumers one after another while batches come back full, and a single job wakes exactly one.
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
@@ -97,9 +98,7 @@ class Waiter:
         self.watching = got == 1
         return self.watching
 
-    def release_watch(self, drained_at: int | None) -> None:
-        if drained_at is not None:
-            store.mark_watched(self.session, self.queue, drained_at)
+    def release_watch(self) -> None:
         if self.watching:
             self.watching = False
             store.release_lock(self.session, self.locks.watch)

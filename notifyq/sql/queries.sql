@@ -165,7 +165,8 @@ FROM nq_queue q,
 WHERE q.queue = %(queue)s
 
 -- mark_watched --
--- Everything enqueued up to `seq` has been claimed (the claim that saw it came back partial).
+-- Everything enqueued up to `seq` has been claimed: run inside the watcher's claim when that
+-- claim drained the queue, so the next watcher does not wake for work already taken.
 UPDATE nq_queue SET watched_seq = GREATEST(watched_seq, %(seq)s) WHERE queue = %(queue)s
 
 -- read_bell --

@@ -89,7 +89,8 @@ def test_status_reports_the_longest_claim_next_due_cancel_requests_and_periodic_
         p.put({"n": 2}, delay=600)
     db.query("UPDATE nq_job SET status = 2, claimed_at = NOW(6) - INTERVAL 90 SECOND, "
              "cancel_requested = 1 WHERE id = %s", (running_id,))
-    db.query("INSERT INTO nq_periodic (queue, name, last_tick) VALUES ('s', 'nightly', '2026-01-05 03:00:00')")
+    db.query("INSERT INTO nq_periodic (queue, name, last_tick) "
+             "VALUES ('s', 'nightly', '2026-01-05 03:00:00')")
     session = Session(cfg.dsn)
     try:
         data = status.collect(session)

@@ -196,7 +196,8 @@ def _finished_jobs(db, cfg, queue: str, n: int, status: int, hours_ago: float) -
 def test_the_leader_purges_done_and_dead_jobs_past_retention_and_keeps_the_rest(db):
     # Given old and recent done and dead jobs on a queue with 1 h retention, and another queue
     cfg = db.config(queue={"cron": {"retention_s": 3600.0}, "other": {"retention_s": 3600.0}})
-    old = _finished_jobs(db, cfg, "cron", 30, Status.DEAD, 2) + _finished_jobs(db, cfg, "cron", 20, Status.DONE, 2)
+    old = (_finished_jobs(db, cfg, "cron", 30, Status.DEAD, 2)
+           + _finished_jobs(db, cfg, "cron", 20, Status.DONE, 2))
     recent = _finished_jobs(db, cfg, "cron", 5, Status.DEAD, 0.5)
     elsewhere = _finished_jobs(db, cfg, "other", 5, Status.DEAD, 2)
     with Producer("cron", cfg) as p:

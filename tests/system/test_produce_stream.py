@@ -1,0 +1,193 @@
+"""`notifyq produce` as a long-running stream reader: FIFOs, slow writers, half lines, bad lines.
+
+Synchronisation without sleeps: FIONREAD on the pipe tells when the producer has read what was
+written, a fake $NOTIFY_SOCKET tells when it is READY, and nq_job shows what was committed.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, notifyq_cmd, wait_until
+from notifyq import errors
+from test_daemon_notify import NotifyListener
+
+UNIT = REPO / "systemd" / "notifyq-producer@.service"
+
+
+@pytest.fixture
+def notify():
+    listener = NotifyListener()
+    yield listener
+    listener.close()
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def producer(procs, env, tmp_path: Path, *args: str, stdin=subprocess.DEVNULL):
+    out, err = tmp_path / f"produce-{len(procs)}.out", tmp_path / f"produce-{len(procs)}.err"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(notifyq_cmd("produce", *args), env=env, stdin=stdin, stdout=o, stderr=e)
+    procs.append(proc)
+    return proc, out, err
+
+
+def setup_env(db, tmp_path: Path, config: str, notify: NotifyListener | None = None) -> dict[str, str]:
+    path = tmp_path / "nq.toml"
+    path.write_text(config)
+    env = {**db.env, "NOTIFYQ_CONFIG": str(path)}
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM"):
+        env.pop(key, None)
+    if notify is not None:
+        env["NOTIFY_SOCKET"] = notify.address
+    return env
+
+
+def unread(fd: int) -> int:
+    """Bytes in the pipe nobody has read yet (FIONREAD works on either end)."""
+    n = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, n)
+    return n[0]
+
+
+def payloads(db) -> list:
+    return [json.loads(p) for (p,) in db.query("SELECT payload FROM nq_job ORDER BY id")]
+
+
+def test_a_followed_fifo_survives_writers_coming_and_going_and_commits_a_slow_line_in_time(db, tmp_path, notify, procs):
+    # Given a producer following a FIFO, committing every 100 lines or 0.2 s
+    env = setup_env(db, tmp_path, "[producer]\nbatch_lines = 100\nbatch_wait_s = 0.2\n", notify)
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    rejects = tmp_path / "rejects.txt"
+    proc, out, err = producer(procs, env, tmp_path, "-q", "p", "--input", str(fifo), "--follow",
+                              "--reject-file", str(rejects))
+    notify.wait_for("READY=1")
+    # When a first writer sends one line and stays connected
+    writer = os.open(fifo, os.O_WRONLY)
+    written = time.monotonic()
+    os.write(writer, b'{"n": 1}\n')
+    # Then that line is committed by the time limit while the writer and the producer go on
+    wait_until(lambda: payloads(db) == [{"n": 1}], 10, message="the slow line committed")
+    assert time.monotonic() - written < 5  # 0.2 s nominal; generous for a loaded machine
+    assert proc.poll() is None
+    # When it sends a bad line and a good one, and goes away
+    os.write(writer, b'{"n": oops}\n{"n": 2}\n')
+    os.close(writer)
+    wait_until(lambda: len(payloads(db)) == 2, 10, message="the second good line")
+    # And a second writer comes, writing one line in two halves
+    writer = os.open(fifo, os.O_WRONLY)
+    os.write(writer, b'{"n": ')
+    wait_until(lambda: unread(writer) == 0, 10, message="the producer to read the half line")
+    os.write(writer, b'3}\n')
+    os.close(writer)
+    # Then every good line is enqueued once, in order; the bad one is reported and kept
+    wait_until(lambda: payloads(db) == [{"n": 1}, {"n": 2}, {"n": 3}], 10, message="all three lines")
+    assert proc.poll() is None  # writers gone: a followed FIFO is not at EOF
+    wait_until(lambda: "rejected line 2:" in err.read_text(), 10, message="the report")
+    assert [ln for ln in err.read_text().splitlines() if ln.startswith("notifyq:")] == [
+        "notifyq: rejected line 2: invalid JSON: Expecting value: line 1 column 7 (char 6)"]
+    assert rejects.read_text() == '{"n": oops}\n'
+    # When it is stopped, it exits 0 (a stop is no failure) with the counts
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, err.read_text()
+    assert out.read_text() == "enqueued 3, rejected 1\n"
+    assert "Traceback" not in err.read_text()
+
+
+def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, tmp_path, notify, procs):
+    # Given stdin is a FIFO opened O_RDWR|O_NONBLOCK, as systemd passes ListenFIFO= with
+    # StandardInput=socket: never at EOF, and empty reads fail with EAGAIN
+    config = "[producer]\nbatch_lines = 1\nbatch_wait_s = 30.0\n[log]\nlevel = \"info\"\n"
+    env = setup_env(db, tmp_path, config, notify)
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        ready = notify.wait_for("READY=1")
+        assert any(ln == "STATUS=queue=s enqueued=0 rejected=0 batches=0" for ln in notify.messages()[ready][1])
+        # When a line arrives in two halves, with the pipe empty in between
+        os.write(systemd_end, b'{"n": 1, "text": "')
+        wait_until(lambda: unread(systemd_end) == 0, 10, message="the producer to read the half line")
+        assert proc.poll() is None  # an empty non-blocking pipe is no EOF
+        os.write(systemd_end, b'abc"}\n')
+        # Then the whole line is enqueued (batch_lines = 1: at once), and STATUS= says so
+        wait_until(lambda: payloads(db) == [{"n": 1, "text": "abc"}], 10, message="the joined line")
+        notify.wait_for("STATUS=queue=s enqueued=1 rejected=0 batches=1")
+        # When the config changes to batches of 3 within 0.1 s, debug logs, and SIGHUP comes
+        Path(env["NOTIFYQ_CONFIG"]).write_text(
+            "[producer]\nbatch_lines = 3\nbatch_wait_s = 0.1\n[log]\nlevel = \"debug\"\n")
+        mark = len(notify.messages())
+        proc.send_signal(signal.SIGHUP)
+        reloading = notify.wait_for("RELOADING=1", mark)
+        assert any(ln.startswith("MONOTONIC_USEC=") for ln in notify.messages()[reloading][1])
+        notify.wait_for("READY=1", reloading + 1)
+        # Then three lines written at once are one batch, logged per job at debug
+        os.write(systemd_end, b'{"n": 2}\n{"n": 3}\n{"n": 4}\n')
+        wait_until(lambda: len(payloads(db)) == 4, 10, message="three more jobs")
+        wait_until(lambda: "batch enqueued queue=s n=3 " in err.read_text(), 10, message="one batch of 3")
+        text = err.read_text()
+        assert text.count("job enqueued queue=s") == 3
+        assert "reloaded config" in text and "batch_lines=3" in text
+        # When it is stopped: STOPPING=1 and exit 0
+        mark = len(notify.messages())
+        proc.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1", mark)
+        assert proc.wait(30) == 0, err.read_text()
+        assert out.read_text() == "enqueued 4\n"
+    finally:
+        os.close(systemd_end)
+
+
+def test_bad_lines_are_reported_counted_and_kept_while_every_good_line_is_enqueued(db, tmp_path):
+    # Given a file of good lines with every kind of bad line between them
+    env = setup_env(db, tmp_path, "[producer]\nmax_payload_bytes = 100\nbatch_lines = 2\n")
+    long_line = b'"' + b"x" * 70000 + b'"'  # beyond the reader's line cap (64 KiB here)
+    lines = [b'{"n": 1}', b"{nope", b'{"n": 2}', b'{"s": "caf\xe9"}', b"[" * 100000,
+             b'"' + b"y" * 200 + b'"', long_line, b"", b'{"n": 3}']
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\n".join(lines))  # the last line has no newline
+    rejects = tmp_path / "rejects.txt"
+    # When it is produced
+    result = subprocess.run(notifyq_cmd("produce", "-q", "b", "--input", str(source), "--reject-file", str(rejects)),
+                            env=env, capture_output=True, timeout=60)
+    # Then the good lines are enqueued in order, the bad ones reported by number and reason
+    assert payloads(db) == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert result.returncode == errors.EXIT_INPUT, result.stderr
+    assert result.stdout == b"enqueued 3, rejected 5\n"
+    reports = [ln for ln in result.stderr.decode().splitlines() if ln.startswith("notifyq:")]
+    assert [ln.split(":")[1] for ln in reports] == [f" rejected line {n}" for n in (2, 4, 5, 6, 7)]
+    assert "invalid JSON" in reports[0]
+    assert reports[1].endswith("not valid UTF-8")
+    assert "invalid JSON" in reports[2]  # nesting too deep: rejected, not a crash
+    assert "over the 100-byte limit" in reports[3]
+    assert reports[4].endswith("line longer than 65536 bytes (cut there)")
+    assert "Traceback" not in result.stderr.decode()
+    # And the reject file has each bad line byte for byte (the over-long one cut at the cap)
+    kept = rejects.read_bytes().split(b"\n")
+    assert kept == [b"{nope", b'{"s": "caf\xe9"}', b"[" * 100000, b'"' + b"y" * 200 + b'"', long_line[:65536], b""]
+
+
+def test_the_producer_unit_waits_for_ready_and_reloads_with_sighup():
+    text = UNIT.read_text()
+    assert "\nType=notify\n" in text and "\nNotifyAccess=main\n" in text
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in text
