@@ -54,6 +54,24 @@ def put(a: dict) -> dict:
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
 
 
+BUMP = ("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, %s, %s) "
+        "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)")
+
+
+def put_signal(a: dict) -> dict:
+    """put() plus what notifyq's wake-up design adds per commit: one nq_signal bump."""
+    conn, cur = connect(a["conn"])
+    sql = INSERT + INSERT_ROW
+    cur.execute(sql, (a["queue"], json.dumps(payload(-1))))
+    conn.commit()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(a["n"]):
+        cur.execute(sql, (a["queue"], json.dumps(payload(i))))
+        cur.execute(BUMP, (a["queue"], i % 16, 1))
+        conn.commit()
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+
+
 def put_many(a: dict) -> dict:
     conn, cur = connect(a["conn"])
     queue, chunk = a["queue"], a["chunk"]
@@ -66,6 +84,8 @@ def put_many(a: dict) -> dict:
         for i in range(start, start + count):
             params += (queue, json.dumps(payload(i)))
         cur.execute(INSERT + ",".join([INSERT_ROW] * count), params)
+        if a.get("signal"):
+            cur.execute(BUMP, (queue, start % 16, count))
         conn.commit()
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
 
@@ -118,7 +138,7 @@ def claims(a: dict) -> dict:
     return {"claim_s": claim_s, "ack_s": ack_s}
 
 
-ROLES = {"put": put, "put_many": put_many, "drain": drain, "claims": claims}
+ROLES = {"put": put, "put_signal": put_signal, "put_many": put_many, "drain": drain, "claims": claims}
 
 if __name__ == "__main__":
     result = ROLES[sys.argv[1]](json.loads(sys.argv[2]))

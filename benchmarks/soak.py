@@ -273,11 +273,13 @@ def run(args: argparse.Namespace) -> dict:
         next_kill = started + args.kill_every * rng.uniform(0.5, 1.5)
         restart_marks = [args.jobs * (k + 1) / (args.restarts + 1) for k in range(args.restarts)]
         last_progress, last_remaining, handled_estimate = time.monotonic(), -1, 0
+        backlog: list[int] = []  # jobs in the table at each driver turn: were consumers saturated?
 
         while True:
             now = time.monotonic()
             remaining = root.scalar("SELECT COUNT(*) FROM nq_job")
             feeder.remaining_in_db = remaining
+            backlog.append(remaining)
             handled_estimate = feeder.produced - remaining
             if remaining != last_remaining:
                 last_progress, last_remaining = now, remaining
@@ -352,7 +354,7 @@ def run(args: argparse.Namespace) -> dict:
         feeder.join(10)
         dead = root.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 4")
         left = root.scalar("SELECT COUNT(*) FROM nq_job")
-        return _report(args, out, feeder, crashes, codes, dead, left, wall_s, workdir, logs)
+        return _report(args, out, feeder, crashes, codes, dead, left, wall_s, backlog)
     finally:
         if args.keep:
             server.stop()
@@ -363,7 +365,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _report(args, out: Path, feeder: Feeder, crashes: list[Crash], codes: list, dead: int, left: int,
-            wall_s: float, workdir: Path, logs: Path) -> dict:
+            wall_s: float, backlog: list[int]) -> dict:
     runs: collections.Counter = collections.Counter()
     for path in out.glob("*.log"):
         with path.open() as f:
@@ -395,6 +397,8 @@ def _report(args, out: Path, feeder: Feeder, crashes: list[Crash], codes: list, 
                        "over_5s": sum(1 for r in recoveries if r >= 5.0),
                        "unmeasured": sum(1 for c in kills if c.in_flight and c.recovery_s is None)},
         "consumer_exit_codes": collections.Counter(map(str, codes)),
+        "backlog": {"median": statistics.median(backlog) if backlog else None,
+                    "zero_share": round(sum(1 for b in backlog if b == 0) / len(backlog), 3) if backlog else None},
         "wall_s": round(wall_s, 1), "jobs_per_s": round(len(runs) / wall_s, 1) if wall_s else None,
         "ok": verdict,
     }
@@ -423,6 +427,7 @@ def _print_table(r: dict) -> None:
         ("back in work after SIGKILL (s)", f"p50 {fmt(rec['p50'])}  p95 {fmt(rec['p95'])}  max {fmt(rec['max'])}"
                                            f"  >=5s: {rec['over_5s']}/{rec['n']}"),
         ("consumer exit codes (SIGTERM)", ", ".join(f"{k}x{v}" for k, v in r["consumer_exit_codes"].items())),
+        ("backlog median (share empty)", f"{r['backlog']['median']} ({r['backlog']['zero_share']})"),
         ("wall time / throughput", f"{r['wall_s']}s / {r['jobs_per_s']} jobs/s"),
         ("verdict", "OK" if r["ok"] else "FAILED"),
     ]

@@ -91,6 +91,7 @@ class Worker:
         self.use_locks = config.wakeup.use_locks
         self.consumer_id = ""
         self._registered_generation = -1
+        self._work_generation = -1  # the work session's generation when last checked
         self.waiter = Waiter(self.lock, queue, self.queue_locks, config.wakeup, stop,
                              on_turn=self._turned, on_reap=self._reap_soon)
         self.last_turn = time.monotonic()
@@ -147,10 +148,18 @@ class Worker:
         store.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
                                 os.getpid(), [self.queue], self.wakeup_mode)
         self._registered_generation = self.lock.generation
+        self._work_generation = self.work.generation
         log.info("consumer started queue=%s consumer=%s wakeup=%s batch_size=%d",
                  self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
 
     def _ensure_registered(self) -> None:
+        if self.use_locks and self.work.generation != self._work_generation:
+            # The work session reconnected. If the server restarted, the lock session (idle
+            # while we run batches) died too, and our liveness lock with it: touch it before
+            # the next claim, so a dead one reconnects now and we re-register below, instead
+            # of claiming under an id the reaper already treats as dead.
+            self._work_generation = self.work.generation
+            store.lock_holder(self.lock, locks.consumer_lock(self.config.dsn.database, self.consumer_id))
         if self.use_locks and self.lock.generation != self._registered_generation:
             log.warning("lock session reconnected: liveness lock was lost, re-registering "
                         "queue=%s old_consumer=%s", self.queue, self.consumer_id)

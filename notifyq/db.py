@@ -80,8 +80,18 @@ def _datetime(text):
     return MySQLdb.converters.DateTime_or_None(text)
 
 
+class Ids(tuple):
+    """Job ids for `IN %(ids)s`, rendered `(1,2,3)` in one step. A plain list goes through
+    literal() once per element, about 1 us an id, three times per claimed batch. int() on
+    every element keeps it a bound value: anything but an integer raises."""
+
+
+def _ids_literal(ids: Ids, _conversions) -> str:
+    return "(" + ",".join(map(str, map(int, ids))) + ")"
+
+
 CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
-               FIELD_TYPE.TIMESTAMP: _datetime}
+               FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal}
 
 
 class Session:

@@ -214,12 +214,12 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> I
     batch: list[tuple[int, str]] = []
     deadline = None
     while True:
-        max_lines, max_wait_s = limits()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             item = q.get(timeout=timeout)
         except queue_mod.Empty:
             item = None
+        max_lines, max_wait_s = limits()  # after the wait, which may have spanned a reload
         if item is done:
             if batch:
                 yield batch
@@ -239,7 +239,7 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
     """Enqueue JSON lines until `lines` ends; bad lines are reported and skipped, good ones never lost.
 
     Every line `lines` yields is enqueued or rejected, also after a stop request: ending the
-    stream on a stop is the reader's job (runner.LineSource), which stops reading first.
+    stream on a stop is the reader's job (lines.LineSource), which stops reading first.
     Batch limits come from producer.config.producer, read live (SIGHUP reload)."""
     stats = ProduceStats()
 

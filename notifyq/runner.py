@@ -13,11 +13,9 @@ import datetime as dt
 import json
 import logging
 import os
-import select
 import stat
-import threading
-import time
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -26,14 +24,11 @@ import click
 from notifyq import errors, schema
 from notifyq.config import Config
 from notifyq.db import Session
+from notifyq.lines import LineSource
 from notifyq.producer import Producer, produce_lines
 from notifyq.service import ConsumeOptions, ConsumerService
 
 log = logging.getLogger("notifyq.runner")
-
-READ_CHUNK = 65536
-POLL_S = 0.2  # how often an input that stays silent lets the reader see stop and reload requests
-FINISH_LINE_S = 1.0  # on stop, how long to wait for the rest of a line already half read
 
 
 def _require_schema(cfg: Config) -> None:
@@ -120,127 +115,7 @@ def _warn_fixed(old: Config, new: Config, extra: list[tuple[str, Callable[[Confi
             log.warning("reload: %s changed; restart the service to apply it", name)
 
 
-# ------------------------------------------------------------------ reading JSON lines
-
-
-class LineSource:
-    """stdin or --input, read with select() + os.read(), never through a Python file object.
-
-    Under the socket unit, stdin is systemd's FIFO opened O_RDWR|O_NONBLOCK: `for line in
-    sys.stdin` there yields half-written lines and stops at the first empty read as if at EOF.
-    Here an empty pipe is "no data yet" (BlockingIOError, or select() timing out), b"" is a
-    real EOF (the last writer of `cat x | notifyq produce` went away), an unfinished line waits
-    for its newline, and the stop event is looked at between reads.
-
-    --input FIFO without --follow ends when its writers have come and gone; with --follow it is
-    opened read-write, like systemd does, so it never reaches EOF and writers never block in
-    open() or lose a line between two readers. A regular file with --follow is tailed."""
-
-    def __init__(self, path: str | None, follow: bool, max_line_bytes: int):
-        self.path = path
-        self.follow = follow
-        self.max_line_bytes = max_line_bytes
-        self.cut: set[int] = set()  # numbers of lines longer than max_line_bytes (yielded cut)
-        self.fd = 0
-        self._owned = False
-        self._tail = False  # a regular file: at EOF wait for more rather than end
-
-    def __enter__(self) -> "LineSource":
-        if self.path is None:
-            try:
-                os.fstat(self.fd)
-            except OSError:
-                raise errors.InputError("stdin is closed: give --input PATH") from None
-            return self
-        try:
-            is_fifo = stat.S_ISFIFO(os.stat(self.path).st_mode)
-            if is_fifo:
-                mode = os.O_RDWR if self.follow else os.O_RDONLY  # O_NONBLOCK: open() never waits
-                self.fd = os.open(self.path, mode | os.O_NONBLOCK | os.O_CLOEXEC)
-            else:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-                self._tail = self.follow
-        except OSError as e:
-            raise errors.InputError(f"--input {self.path}: {e.strerror}") from None
-        self._owned = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._owned:
-            os.close(self.fd)
-            self._owned = False
-
-    def lines(self, stop: threading.Event, between_reads: Callable[[], None] = lambda: None) -> Iterator[str]:
-        """Every complete line, then an unterminated last one at EOF; ends soon after `stop`."""
-        buf = bytearray()
-        skipping = False  # inside a line already cut at max_line_bytes: drop up to its newline
-        number = 0
-        while not stop.is_set():
-            between_reads()
-            chunk = self._read(POLL_S)
-            if chunk is None:
-                continue
-            if not chunk:  # EOF
-                if self._tail:
-                    stop.wait(POLL_S)
-                    continue
-                break
-            parts = chunk.split(b"\n")
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                if not skipping:
-                    buf += part
-                if len(buf) > self.max_line_bytes and not skipping:
-                    del buf[self.max_line_bytes:]
-                    skipping = True
-                    self.cut.add(number + 1)
-                if last:
-                    break
-                number += 1
-                # A NUL can end no JSON text: a cut line is always rejected, never half enqueued.
-                yield self._decode(buf) + ("\0" if skipping else "")
-                buf.clear()
-                skipping = False
-        if stop.is_set() and buf and not skipping:
-            buf += self._finish_line()
-        if buf:  # at EOF a last line needs no newline; on stop it may be incomplete
-            yield self._decode(buf) + ("\0" if skipping else "")
-
-    def _read(self, timeout: float) -> bytes | None:
-        """Some bytes, b"" at EOF, or None when nothing came within `timeout`."""
-        readable, _, _ = select.select([self.fd], [], [], timeout)
-        if not readable:
-            return None
-        try:
-            return os.read(self.fd, READ_CHUNK)
-        except BlockingIOError:  # another reader of the same pipe was quicker
-            return None
-
-    def _finish_line(self) -> bytes:
-        """Stopping mid-line: writers write whole lines, so the rest is in the pipe already.
-        Read it byte by byte, to take nothing beyond the newline from the next instance."""
-        rest = bytearray()
-        deadline = time.monotonic() + FINISH_LINE_S
-        while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([self.fd], [], [], left)
-            if not readable:
-                break
-            try:
-                byte = os.read(self.fd, 1)
-            except BlockingIOError:
-                continue
-            if byte in (b"", b"\n"):
-                return bytes(rest)
-            rest += byte
-            if len(rest) > self.max_line_bytes:
-                break
-        log.warning("stopped inside an unfinished line: enqueueing what was read of it, if it parses")
-        return bytes(rest)
-
-    @staticmethod
-    def _decode(raw: bytearray) -> str:
-        # surrogateescape: invalid UTF-8 survives to the reject file byte for byte.
-        return raw.decode("utf-8", "surrogateescape")
+# ------------------------------------------------------------------ produce from a stream
 
 
 def _is_utf8(text: str) -> bool:
@@ -279,7 +154,7 @@ class _Stream:
             text = text.removesuffix("\0")
         elif not _is_utf8(text):
             why = "not valid UTF-8"
-        if self.quiet:  # detached: stderr is the log file, keep it one key=value line per event
+        if self.quiet:  # stderr is the log file or the journal: one key=value line per event
             log.warning("rejected line queue=%s line=%d reason=%r", self.producer.queue, number, why)
         else:
             click.echo(f"notifyq: rejected line {number}: {why}", err=True)
@@ -300,8 +175,9 @@ class _Stream:
         self.notifier.reloading("reloading config")
         try:
             new = self._reload()
-        except errors.NotifyqError as e:
-            log.error("reload failed, keeping the old config error=%s", e)
+        except Exception as e:  # on the reader thread: a failed reload must not end the stream
+            log.error("reload failed, keeping the old config error=%s", e,
+                      exc_info=not isinstance(e, errors.NotifyqError))
         else:
             old = self.producer.config
             _warn_fixed(old, new, [("dsn", lambda c: c.dsn)])
@@ -324,6 +200,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
     Exit 4 when a stream that ended (EOF) had rejected lines; a stream stopped by a signal
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
     from notifyq import daemon as daemon_mod
+    from notifyq import logs
 
     if daemon and input_path is None:
         raise errors.ConfigError("--daemon needs --input (stdin is closed when detached)")
@@ -343,7 +220,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))
         producer = stack.enter_context(Producer(queue, cfg, ring=True))
-        stream = _Stream(producer, source, notifier, signals, reload, rejects, print_ids, quiet=daemon)
+        quiet = daemon or logs.under_journald(sys.stderr)  # reports go through the log then
+        stream = _Stream(producer, source, notifier, signals, reload, rejects, print_ids, quiet)
         notifier.ready(stream.status())
         log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
         stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
@@ -354,7 +232,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",
                  queue, stats.lines, stats.enqueued, stats.rejected, stats.batches,
                  "stop" if stopped else "eof")
-        if not print_ids and not daemon:
+        if not print_ids and not quiet:
             click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""))
         if stats.rejected and not stopped:
             raise SystemExit(errors.EXIT_INPUT)

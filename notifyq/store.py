@@ -8,6 +8,7 @@ Session own their transaction and retry it whole.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import random
 import secrets
@@ -16,7 +17,7 @@ from typing import Any
 
 import MySQLdb
 
-from notifyq.db import Session, error_code
+from notifyq.db import Ids, Session, error_code
 from notifyq.jobs import Job
 from notifyq.sql import QUERIES as Q
 
@@ -46,11 +47,15 @@ def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int) -> list[i
     (executemany() cannot batch this: mysqlclient only rewrites VALUES of bare placeholders,
     and run_at is computed by the server, so that producers' clocks never matter.)
     """
-    head, row = Q["insert_job"].split("VALUES", 1)
-    sql = f"{head}VALUES {','.join([row.strip()] * len(rows))}"
-    cur.execute(sql, [value for r in rows for value in r])
+    cur.execute(_insert_sql(len(rows)), [value for r in rows for value in r])
     first = cur.lastrowid
     return [first + i * auto_increment_increment for i in range(len(rows))]
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(n: int) -> str:
+    head, row = Q["insert_job"].split("VALUES", 1)
+    return f"{head}VALUES {','.join([row.strip()] * n)}"
 
 
 def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
@@ -99,14 +104,14 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         while len(locked) < batch_size and tried < len(ordered):
             window = ordered[tried: tried + batch_size - len(locked)]
             tried += len(window)
-            cur.execute(Q["claim_lock"], {"ids": window})
+            cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
         if drained and watched_seq is not None:
             cur.execute(Q["mark_watched"], {"queue": queue, "seq": watched_seq})
         if locked:
             cur.execute(Q["claim_mark"], {
-                "ids": [r[0] for r in locked], "owner": owner, "token": token,
+                "ids": Ids([r[0] for r in locked]), "owner": owner, "token": token,
                 "lease_us": _us(lease_s),
             })
         rank = {job_id: i for i, job_id in enumerate(ordered)}
@@ -140,7 +145,7 @@ def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
         return 0
 
     def body(cur) -> int:
-        cur.execute(Q["ack_keep" if keep else "ack_delete"], {"ids": ids, "token": token})
+        cur.execute(Q["ack_keep" if keep else "ack_delete"], {"ids": Ids(ids), "token": token})
         return cur.rowcount
 
     return session.run(body, what="ack")

@@ -221,7 +221,10 @@ class Bell:
                 store.release_lock(self.session, self.locks.ringer)
                 return False
             if self.session.generation != self._generation:
-                return False  # reconnected in between: the ringer lock is gone; try next time
+                # Reconnected in between: the ringer lock is gone, but this connection may hold
+                # the bell; a later arm would take it twice and one release would never ring.
+                self._forget()
+                return False
             self.held = bell
             return True
         except MySQLdb.Error as e:
@@ -263,12 +266,10 @@ class Bell:
             self._forget()
 
     def _forget(self) -> None:
-        try:
-            self.disarm()
-        except Exception as e:  # the session is broken: the server frees its locks anyway
-            log.debug("could not release bells queue=%s error=%s", self.queue, e)
-            self.session.discard()
-        self._next = None
+        # Drop the lock connection: the server frees the ringer and both bells with it, at
+        # once and whatever state they were in; the next put re-arms on a fresh connection.
+        self.session.discard()
+        self.held = self._next = None
         self._generation = -1
 
     def disarm(self) -> None:

@@ -77,8 +77,11 @@ SET status = 3, finished_at = NOW(6), lease_until = NULL
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- retry_later --
+-- A job cancelled while it ran is not retried: it ends dead, its error kept.
 UPDATE nq_job
-SET status = 1, run_at = NOW(6) + INTERVAL %(delay_us)s MICROSECOND, last_error = %(error)s,
+SET status = IF(cancel_requested, 4, 1),
+    run_at = IF(cancel_requested, run_at, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
+    finished_at = IF(cancel_requested, NOW(6), NULL), last_error = %(error)s,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 

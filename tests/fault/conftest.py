@@ -13,7 +13,6 @@ import collections
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import IO
 
 import pytest
 
-from conftest import TestDB, create_test_db, ensure_runtime_user, notifyq_cmd
+from conftest import TestDB, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, wait_until
 from notifyq.config import DSN
 from notifyq.localserver import LocalServer
 
@@ -217,7 +216,30 @@ def consumer_sessions(testdb: TestDB, pid: int) -> tuple[int, int, str]:
     return others[0], int(lock_conn), consumer_id
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ------------------------------------------------------------------ driving consumers
+
+
+def produce(testdb: TestDB, queue: str, n: int) -> None:
+    """n jobs {"n": i} in one `notifyq produce` (one transaction)."""
+    result = run_cli(testdb.env, "produce", "-q", queue, "--count", *[f'{{"n": {i}}}' for i in range(n)])
+    assert result.returncode == 0, result.stderr
+
+
+def consumer_id_of(testdb: TestDB, pid: int) -> str:
+    return wait_until(lambda: testdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s", (pid,)),
+                      30, message=f"consumer pid {pid} registered")
+
+
+def freeze_mid_batch(testdb: TestDB, proc: Proc, consumer_id: str) -> set[int]:
+    """SIGSTOP the consumer at a moment it holds claimed jobs; returns their ids.
+
+    Frozen, its sessions (and liveness lock) stay open, so what it holds cannot change."""
+    def frozen_holding_jobs():
+        proc.signal(signal.SIGSTOP)
+        held = {r[0] for r in testdb.query(
+            "SELECT id FROM nq_job WHERE owner = %s AND status = 2", (consumer_id,))}
+        if not held:
+            proc.signal(signal.SIGCONT)  # between two batches: let it claim the next one
+        return held
+
+    return wait_until(frozen_holding_jobs, 30, 0.05, "the consumer frozen in the middle of a batch")

@@ -12,9 +12,8 @@ import signal
 from conftest import wait_until
 from notifyq import locks
 
-from .conftest import connections_of, consumer_sessions, finished_counts, read_runs, recorder_env
-
-from .test_kill_consumer import _consumer_id, _freeze_mid_batch, _produce
+from .conftest import (connections_of, consumer_id_of, consumer_sessions, finished_counts, freeze_mid_batch,
+                       produce, read_runs, recorder_env, write_config)
 
 
 def _kill(testdb, conn_id: int) -> None:
@@ -26,8 +25,8 @@ def test_killing_a_consumers_work_session_three_times_costs_reconnects_and_no_jo
     out = tmp_path / "runs"
     env = recorder_env(fdb, out, sleep_s=0.01)
     consumer = procs.consumer(env, "w", "--batch-size", "10")
-    consumer_id = _consumer_id(fdb, consumer.pid)
-    _produce(fdb, "w", 200)
+    consumer_id = consumer_id_of(fdb, consumer.pid)
+    produce(fdb, "w", 200)
 
     # When its work session is KILLed three times while it works
     killed = []
@@ -51,16 +50,18 @@ def test_killing_a_consumers_work_session_three_times_costs_reconnects_and_no_jo
 def test_killing_a_busy_consumers_lock_session_makes_it_re_register_and_loses_no_job(fdb, procs, tmp_path):
     # Given two consumers busy with 150 jobs (sped-up reaper, so the dead lock is seen quickly)
     out = tmp_path / "runs"
-    env = {**recorder_env(fdb, out, sleep_s=0.05), "NOTIFYQ_CONFIG": str(_fast_config(tmp_path))}
+    fast = write_config(tmp_path / "fast.toml", "[consumer]\nreap_interval_s = 0.5\n"
+                        "[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 5.0\n")
+    env = {**recorder_env(fdb, out, sleep_s=0.05), "NOTIFYQ_CONFIG": str(fast)}
     victim = procs.consumer(env, "l", "--batch-size", "10")
     peer = procs.consumer(env, "l", "--batch-size", "10")
-    old_id = _consumer_id(fdb, victim.pid)
-    _consumer_id(fdb, peer.pid)
-    _produce(fdb, "l", 150)
+    old_id = consumer_id_of(fdb, victim.pid)
+    consumer_id_of(fdb, peer.pid)
+    produce(fdb, "l", 150)
     wait_until(lambda: len(finished_counts(read_runs(out))) >= 20, 30, message="20 done")
 
     # When the victim's lock session is KILLed in the middle of a batch
-    held = _freeze_mid_batch(fdb, victim, old_id)
+    held = freeze_mid_batch(fdb, victim, old_id)
     _, lock_conn, _ = consumer_sessions(fdb, victim.pid)
     _kill(fdb, lock_conn)
     victim.signal(signal.SIGCONT)
@@ -116,8 +117,3 @@ def test_killing_a_streaming_producers_sessions_between_batches_loses_no_line(fd
     assert max(finished_counts(read_runs(out)).values()) == 1
     assert fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0
 
-
-def _fast_config(tmp_path):
-    path = tmp_path / "fast.toml"
-    path.write_text("[consumer]\nreap_interval_s = 0.5\n[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 5.0\n")
-    return path

@@ -9,34 +9,11 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import run_cli, wait_until
+from conftest import wait_until
 from notifyq import locks
 
-from .conftest import consumer_sessions, finished_counts, read_runs, recorder_env, started_by
-
-
-def _produce(testdb, queue: str, n: int, start: int = 0) -> None:
-    payloads = [f'{{"n": {i}}}' for i in range(start, start + n)]
-    result = run_cli(testdb.env, "produce", "-q", queue, "--count", *payloads)
-    assert result.returncode == 0, result.stderr
-
-
-def _consumer_id(testdb, pid: int) -> str:
-    return wait_until(lambda: testdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s", (pid,)),
-                      30, message=f"consumer pid {pid} registered")
-
-
-def _freeze_mid_batch(testdb, proc, consumer_id: str) -> set[int]:
-    """SIGSTOP the consumer at a moment it holds claimed jobs; returns their ids."""
-    def frozen_holding_jobs():
-        proc.signal(signal.SIGSTOP)
-        held = {r[0] for r in testdb.query(
-            "SELECT id FROM nq_job WHERE owner = %s AND status = 2", (consumer_id,))}
-        if not held:
-            proc.signal(signal.SIGCONT)  # between two batches: let it claim the next one
-        return held
-
-    return wait_until(frozen_holding_jobs, 30, 0.05, "the consumer frozen in the middle of a batch")
+from .conftest import (consumer_id_of, consumer_sessions, finished_counts, freeze_mid_batch, produce,
+                       read_runs, recorder_env, started_by)
 
 
 def test_a_busy_consumer_killed_mid_batch_has_its_jobs_claimed_again_within_5_s_with_default_settings(
@@ -46,13 +23,13 @@ def test_a_busy_consumer_killed_mid_batch_has_its_jobs_claimed_again_within_5_s_
     env = recorder_env(fdb, out, sleep_s=0.05)
     victim = procs.consumer(env, "k", "--batch-size", "10")
     survivor = procs.consumer(env, "k", "--batch-size", "10")
-    victim_id = _consumer_id(fdb, victim.pid)
-    _consumer_id(fdb, survivor.pid)
-    _produce(fdb, "k", 300)
+    victim_id = consumer_id_of(fdb, victim.pid)
+    consumer_id_of(fdb, survivor.pid)
+    produce(fdb, "k", 150)
     wait_until(lambda: len(started_by(read_runs(out), victim.pid)) >= 5, 30, message="victim at work")
 
     # When the victim is SIGKILLed in the middle of a batch
-    in_flight = _freeze_mid_batch(fdb, victim, victim_id)
+    in_flight = freeze_mid_batch(fdb, victim, victim_id)
     started_unacked = in_flight & started_by(read_runs(out), victim.pid)
     victim.signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -66,11 +43,11 @@ def test_a_busy_consumer_killed_mid_batch_has_its_jobs_claimed_again_within_5_s_
     assert recovery_s < 5.0, f"jobs of the killed consumer came back after {recovery_s:.2f}s"
 
     # And every job is handled; only jobs the victim had started and not acked ran twice
-    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.1, "all 300 jobs acked")
+    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.1, "all 150 jobs acked")
     runs = read_runs(out)
     counts = finished_counts(runs)
     duplicates = {job for job, n in counts.items() if n > 1}
-    assert len(counts) == 300
+    assert len(counts) == 150
     assert duplicates <= started_unacked
     # And the killed claim counted as an attempt: the survivor ran them as attempt 2
     assert {r.attempt for r in runs if r.job in in_flight and r.pid == survivor.pid} == {2}
@@ -85,7 +62,7 @@ def _kill_idle(fdb, procs, tmp_path, kill_the_watcher: bool) -> None:
     env = recorder_env(fdb, out, sleep_s=0.0)
     first = procs.consumer(env, "idle")
     second = procs.consumer(env, "idle")
-    ids = {p.pid: _consumer_id(fdb, p.pid) for p in (first, second)}
+    ids = {p.pid: consumer_id_of(fdb, p.pid) for p in (first, second)}
     watch = locks.QueueLocks(fdb.admin.database, "idle").watch
     watcher_conn = wait_until(lambda: fdb.scalar("SELECT IS_USED_LOCK(%s)", (watch,)), 30,
                               message="a watcher")
@@ -103,7 +80,7 @@ def _kill_idle(fdb, procs, tmp_path, kill_the_watcher: bool) -> None:
                10, 0.01, "the dead consumer's row reaped")
     assert time.monotonic() - killed_at < 5.0
     # And the survivor handles every new job exactly once
-    _produce(fdb, "idle", 50)
+    produce(fdb, "idle", 50)
     wait_until(lambda: len(finished_counts(read_runs(out))) == 50, 30, message="50 jobs handled")
     counts = finished_counts(read_runs(out))
     assert max(counts.values()) == 1

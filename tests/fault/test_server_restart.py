@@ -12,7 +12,6 @@ import collections
 import json
 import signal
 import threading
-import time
 
 from conftest import wait_until
 from notifyq import errors

@@ -7,6 +7,7 @@ the sessions queued behind it in PROCESSLIST, and the server's Questions counter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -141,6 +142,28 @@ class Questions:
         self.conn.close()
 
 
+class Ballast:
+    """n extra live consumers (rows whose liveness locks one admin session really holds).
+
+    The watch statement tests every consumer's lock between its read of the count and its
+    wait, so ballast widens exactly the window a ring must never fall into unheard."""
+
+    def __init__(self, db, n: int):
+        self.conn = admin_connect(db.admin, db.admin.database)
+        cur = self.conn.cursor()
+        names = [f"nq:{db.admin.database}:ballast:{i}" for i in range(n)]
+        for i in range(0, n, 500):
+            chunk = names[i:i + 500]
+            cur.execute("SELECT " + ",".join(["GET_LOCK(%s, 0)"] * len(chunk)), chunk)
+            assert all(v == 1 for v in cur.fetchone())
+            cur.executemany("INSERT INTO nq_consumer (id, lock_name, host, pid, queues) VALUES (%s, %s, 'ballast', 0, %s)",
+                            [(f"{j:032d}", name, Q) for j, name in enumerate(chunk, i)])
+
+    def close(self) -> None:
+        self.conn.cursor().execute("DELETE FROM nq_consumer WHERE host = 'ballast'")
+        self.conn.close()
+
+
 def put_and_time(producer: Producer, recorder: Recorder, timeout: float, **kw) -> float:
     job_id = producer.put({"t": time.monotonic()}, **kw)
     committed = time.monotonic()
@@ -189,22 +212,27 @@ def test_500_one_shot_jobs_after_random_idle_gaps_are_each_picked_up_within_the_
 
 
 def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
-    # Given 3 idle consumers whose watcher, without a bell, would sleep 5 s between reads
+    # Given 3 idle consumers whose watcher, without a bell, would sleep 5 s between reads, and
+    # 2,000 more live consumers registered, which stretch the watch statement's gap between its
+    # read and its wait to a few milliseconds
     cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
     recorder = Recorder()
     rng = random.Random(2)
     latencies = []
-    with Fleet(cfg, 3, recorder) as fleet, Producer(Q, cfg, ring=True) as producer:
+    ballast = Ballast(db, 2000)
+    with contextlib.closing(ballast), Fleet(cfg, 3, recorder) as fleet, \
+            Producer(Q, cfg, ring=True) as producer:
         wait_settled(db, 3)
         # (A ringer arms on its first put, which a watcher already asleep hears only when it
         # next reads; from then on the watcher waits on the bell.)
         put_and_time(producer, recorder, 5.0 + MARGIN_S)
         wait_settled(db, 3)
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
-        # When a bell-holding producer puts 500 single jobs after random gaps of 0-50 ms, so
-        # that commits, bell swaps, the watcher's reads and the watch hand-offs interleave
+        # When a bell-holding producer puts 500 single jobs after random gaps of 0-50 ms (half
+        # of them 0-5 ms), so that commits, bell swaps, the watcher's reads and the watch
+        # hand-offs interleave
         for _ in range(500):
-            time.sleep(rng.uniform(0, 0.05))  # the adversarial input, not a synchronisation
+            time.sleep(rng.uniform(0, rng.choice((0.005, 0.05))))  # the adversarial input
             latencies.append(put_and_time(producer, recorder, MARGIN_S))
         # Then no ring was lost: a lost one would cost up to the 5 s sleep
         assert producer._bell is not None and producer._bell.held is not None, "never rang"
@@ -406,3 +434,23 @@ def test_lock_sessions_survive_a_wait_timeout_shorter_than_a_batch(db):
             put_and_time(producer, recorder, 3.5 + cfg.wakeup.poll_max_s + MARGIN_S)
     finally:
         db.query("SET GLOBAL wait_timeout = %s", (saved,))
+
+
+def test_a_ringing_producer_whose_lock_session_is_killed_still_delivers_and_rings_again(db):
+    # Given idle consumers that read every 2 s without a bell, and an armed bell ringer
+    cfg = db.config(wakeup={"poll_initial_s": 2.0, "poll_max_s": 2.0})
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as producer:
+        wait_settled(db, 2)
+        put_and_time(producer, recorder, 2.0 + MARGIN_S)
+        wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+        # When root kills the producer's lock session (the one holding the ringer and the bell)
+        db.query(f"KILL CONNECTION {int(producer._lock_session.connection_id)}")
+        # Then its next puts are still delivered (found by the watcher's poll) ...
+        for _ in range(2):
+            put_and_time(producer, recorder, 2.0 + MARGIN_S)
+        # ... and once re-armed on a new connection it rings again: pick-up well under the 2 s poll
+        wait_settled(db, 2)
+        wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell again")
+        assert producer._lock_session.generation > 1
+        assert put_and_time(producer, recorder, 2.0 + MARGIN_S) < 0.5

@@ -298,3 +298,17 @@ def test_sighup_applies_batch_size_and_log_level_between_reloading_and_ready(db,
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, log
     assert "Traceback" not in err.read_text()
+
+
+# ------------------------------------------------------------------ the guide
+
+
+def test_the_systemd_guide_shows_the_consumer_unit_as_shipped():
+    repo = Path(__file__).resolve().parents[2]
+    guides = [p for p in (repo / "README.md", repo / "docs" / "systemd.md")
+              if p.exists() and "## Running under systemd" in p.read_text()]
+    if not guides:
+        pytest.skip("no 'Running under systemd' section yet")
+    text = guides[0].read_text().split("## Running under systemd", 1)[1]
+    shown = text.split("### The consumer unit", 1)[1].split("```ini\n", 1)[1].split("\n```", 1)[0]
+    assert shown == (repo / "systemd" / "notifyq-consumer@.service").read_text().rstrip("\n")

@@ -1,0 +1,139 @@
+"""LineSource: JSON lines from stdin or --input for `notifyq produce`, read with select() + os.read()."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from notifyq import errors
+
+log = logging.getLogger("notifyq.lines")
+
+READ_CHUNK = 65536
+POLL_S = 0.2  # how often an input that stays silent lets the reader see stop and reload requests
+FINISH_LINE_S = 1.0  # on stop, how long to wait for the rest of a line already half read
+
+
+class LineSource:
+    """stdin or --input, read with select() + os.read(), never through a Python file object.
+
+    Under the socket unit, stdin is systemd's FIFO opened O_RDWR|O_NONBLOCK: `for line in
+    sys.stdin` there yields half-written lines and stops at the first empty read as if at EOF.
+    Here an empty pipe is "no data yet" (BlockingIOError, or select() timing out), b"" is a
+    real EOF (the last writer of `cat x | notifyq produce` went away), an unfinished line waits
+    for its newline, and the stop event is looked at between reads.
+
+    --input FIFO without --follow ends when its writers have come and gone; with --follow it is
+    opened read-write, like systemd does, so it never reaches EOF and writers never block in
+    open() or lose a line between two readers. A regular file with --follow is tailed."""
+
+    def __init__(self, path: str | None, follow: bool, max_line_bytes: int):
+        self.path = path
+        self.follow = follow
+        self.max_line_bytes = max_line_bytes
+        self.cut: set[int] = set()  # numbers of lines longer than max_line_bytes (yielded cut)
+        self.fd = 0
+        self._owned = False
+        self._tail = False  # a regular file: at EOF wait for more rather than end
+
+    def __enter__(self) -> "LineSource":
+        if self.path is None:
+            try:
+                os.fstat(self.fd)
+            except OSError:
+                raise errors.InputError("stdin is closed: give --input PATH") from None
+            return self
+        try:
+            is_fifo = stat.S_ISFIFO(os.stat(self.path).st_mode)
+            if is_fifo:
+                mode = os.O_RDWR if self.follow else os.O_RDONLY  # O_NONBLOCK: open() never waits
+                self.fd = os.open(self.path, mode | os.O_NONBLOCK | os.O_CLOEXEC)
+            else:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._tail = self.follow
+        except OSError as e:
+            raise errors.InputError(f"--input {self.path}: {e.strerror}") from None
+        self._owned = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            os.close(self.fd)
+            self._owned = False
+
+    def lines(self, stop: threading.Event, between_reads: Callable[[], None] = lambda: None) -> Iterator[str]:
+        """Every complete line, then an unterminated last one at EOF; ends soon after `stop`."""
+        buf = bytearray()
+        skipping = False  # inside a line already cut at max_line_bytes: drop up to its newline
+        number = 0
+        while not stop.is_set():
+            between_reads()
+            chunk = self._read(POLL_S)
+            if chunk is None:
+                continue
+            if not chunk:  # EOF
+                if self._tail:
+                    stop.wait(POLL_S)
+                    continue
+                break
+            parts = chunk.split(b"\n")
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if not skipping:
+                    buf += part
+                if len(buf) > self.max_line_bytes and not skipping:
+                    del buf[self.max_line_bytes:]
+                    skipping = True
+                    self.cut.add(number + 1)
+                if last:
+                    break
+                number += 1
+                # A NUL can end no JSON text: a cut line is always rejected, never half enqueued.
+                yield self._decode(buf) + ("\0" if skipping else "")
+                buf.clear()
+                skipping = False
+        if stop.is_set() and buf and not skipping:
+            buf += self._finish_line()
+        if buf:  # at EOF a last line needs no newline; on stop it may be incomplete
+            yield self._decode(buf) + ("\0" if skipping else "")
+
+    def _read(self, timeout: float) -> bytes | None:
+        """Some bytes, b"" at EOF, or None when nothing came within `timeout`."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            return None
+        try:
+            return os.read(self.fd, READ_CHUNK)
+        except BlockingIOError:  # another reader of the same pipe was quicker
+            return None
+
+    def _finish_line(self) -> bytes:
+        """Stopping mid-line: writers write whole lines, so the rest is in the pipe already.
+        Read it byte by byte, to take nothing beyond the newline from the next instance."""
+        rest = bytearray()
+        deadline = time.monotonic() + FINISH_LINE_S
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.fd], [], [], left)
+            if not readable:
+                break
+            try:
+                byte = os.read(self.fd, 1)
+            except BlockingIOError:
+                continue
+            if byte in (b"", b"\n"):
+                return bytes(rest)
+            rest += byte
+            if len(rest) > self.max_line_bytes:
+                break
+        log.warning("stopped inside an unfinished line: enqueueing what was read of it, if it parses")
+        return bytes(rest)
+
+    @staticmethod
+    def _decode(raw: bytearray) -> str:
+        # surrogateescape: invalid UTF-8 survives to the reject file byte for byte.
+        return raw.decode("utf-8", "surrogateescape")
