@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode, wakeup in () if args.skip_idle else (("locks", locks), ("polling", polling)):
             for n in (1, 10):
                 rate = idle_cost(env, admin, n, wakeup, args.idle_s, sock)
-                idle.append({"mode": mode, "consumers": n, "queries_per_s": round(rate, 3)})
+                idle.append({"mode": mode, "consumers": n, "queries_per_s": round(rate, 3),
+                             "loadavg_1m_after": round(os.getloadavg()[0], 2)})
                 print(f"  idle {mode:8s} {n:2d} consumers: {rate:6.2f} queries/s", flush=True)
 
         gaps_short, gaps_mixed, gaps_quiet = (0.0, 0.05), (0.0, 2 * cap), (2.5 * cap, 3.5 * cap)
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 if fast:
                     admin.query("SET GLOBAL innodb_flush_log_at_trx_commit = 1")
             row = {"mode": mode, "producer": what, "rounds": rounds, "gap_s": list(gap),
+                   "loadavg_1m_after": round(os.getloadavg()[0], 2),
                    **{f"p{p}_ms": round(pct(values, p) * 1e3, 2) for p in (50, 95, 99)},
                    "max_ms": round(max(values) * 1e3, 2)}
             lat.append(row)
@@ -322,16 +324,17 @@ def main(argv: list[str] | None = None) -> int:
               "consumers_during_latency": args.consumers, "idle": idle, "latency": lat, "targets": targets}
 
     print()
-    print("| mode | consumers | idle queries/s |")
-    print("|---|---:|---:|")
+    print("| mode | consumers | idle queries/s | load 1m |")
+    print("|---|---:|---:|---:|")
     for r in idle:
-        print(f"| {r['mode']} | {r['consumers']} | {r['queries_per_s']:.2f} |")
+        print(f"| {r['mode']} | {r['consumers']} | {r['queries_per_s']:.2f} | {r['loadavg_1m_after']:.1f} |")
     print()
-    print(f"| mode | producer | rounds | gap s | p50 ms | p95 ms | p99 ms | max ms |")
-    print("|---|---|---:|---|---:|---:|---:|---:|")
+    print("| mode | producer | rounds | gap s | p50 ms | p95 ms | p99 ms | max ms | load 1m |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for r in lat:
         print(f"| {r['mode']} | {r['producer']} | {r['rounds']} | {r['gap_s'][0]:g}-{r['gap_s'][1]:g} | "
-              f"{r['p50_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+              f"{r['p50_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} | "
+              f"{r['loadavg_1m_after']:.1f} |")
     print()
     for name, ok in targets.items():
         print(f"{'MET   ' if ok else 'MISSED'} {name}")

@@ -132,11 +132,23 @@ class Worker:
             self.finished = True
             self._unregister()
 
-    def _register(self) -> None:
-        """Liveness lock first, then the row: a row is never visible without its lock held."""
-        self.consumer_id = uuid.uuid4().hex
+    def _register(self, old_id: str | None = None) -> None:
+        """Liveness lock first, then the row: a row is never visible without its lock held.
+
+        After a lost lock session (a server restart kills every session at once) we try to take
+        our old lock back without waiting. That succeeds only if no reaper holds it, and a reaper
+        reclaims only while holding it, so either our claims are untouched and stay ours, or they
+        were taken back and our acks are fenced off by claim token. Without this, a restart
+        would make every consumer's in-flight batch run twice.
+        """
+        if old_id and store.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
+            self.consumer_id = old_id
+            store.hold_session(self.lock)
+        else:
+            self.consumer_id = uuid.uuid4().hex
+            old_id = None
         lock_name = locks.consumer_lock(self.config.dsn.database, self.consumer_id)
-        if self.use_locks:
+        if self.use_locks and old_id is None:
             try:
                 if store.get_lock(self.lock, lock_name, 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
@@ -161,10 +173,12 @@ class Worker:
             self._work_generation = self.work.generation
             store.lock_holder(self.lock, locks.consumer_lock(self.config.dsn.database, self.consumer_id))
         if self.use_locks and self.lock.generation != self._registered_generation:
-            log.warning("lock session reconnected: liveness lock was lost, re-registering "
-                        "queue=%s old_consumer=%s", self.queue, self.consumer_id)
+            old = self.consumer_id
             self.waiter.watching = False
-            self._register()
+            self._register(old_id=old)
+            log.warning("lock session reconnected: liveness lock %s queue=%s consumer=%s",
+                        "taken back" if self.consumer_id == old else "lost, re-registered",
+                        self.queue, self.consumer_id)
         now = time.monotonic()
         if now >= self._next_touch:
             self._next_touch = now + TOUCH_S

@@ -107,13 +107,15 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
-        if drained and watched_seq is not None:
-            cur.execute(Q["mark_watched"], {"queue": queue, "seq": watched_seq})
         if locked:
             cur.execute(Q["claim_mark"], {
                 "ids": Ids([r[0] for r in locked]), "owner": owner, "token": token,
                 "lease_us": _us(lease_s),
             })
+        if drained and watched_seq is not None:
+            # Last before COMMIT: the queue row's lock is held only for the commit itself, not
+            # also while claim_mark rewrites the batch (a ringing producer updates that row too).
+            cur.execute(Q["mark_watched"], {"queue": queue, "seq": watched_seq})
         rank = {job_id: i for i, job_id in enumerate(ordered)}
         locked.sort(key=lambda r: rank[r[0]])
         jobs = [

@@ -32,16 +32,19 @@ ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 -- claim_candidates --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids in priority/age order (index order
 -- of ix_ready, no filesort), due scheduled ids (ix_due), and a marker row (id 0) when the
--- queue is paused. One round trip.
-(SELECT id, prio_key, run_at FROM nq_job FORCE INDEX (ix_ready)
+-- queue is paused. One round trip. run_at comes back as text ('YYYY-MM-DD hh:mm:ss.ffffff',
+-- fixed width, so it sorts like the time): the client only merges the two parts by it, and
+-- decoding 3 x batch datetimes per claim was a consumer's largest single CPU cost. The marker's
+-- 0 is cast so the ids stay BIGINT UNSIGNED (a plain 0 turned every id into a DECIMAL).
+(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_ready)
   WHERE queue = %(queue)s AND status = 0
   ORDER BY prio_key, run_at, id LIMIT %(limit)s)
 UNION ALL
-(SELECT id, prio_key, run_at FROM nq_job FORCE INDEX (ix_due)
+(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_due)
   WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
   ORDER BY run_at LIMIT %(limit)s)
 UNION ALL
-(SELECT 0, NULL, NULL FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+(SELECT CAST(0 AS UNSIGNED), NULL, NULL FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
 
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
@@ -103,8 +106,10 @@ UPDATE nq_job SET lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- register_consumer --
+-- An upsert: a consumer that took its own lock back after a reconnect re-registers its id.
 INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup)
 VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s)
+ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s
 
 -- touch_consumer --
 UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s

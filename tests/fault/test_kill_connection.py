@@ -47,7 +47,7 @@ def test_killing_a_consumers_work_session_three_times_costs_reconnects_and_no_jo
     assert consumer.alive()
 
 
-def test_killing_a_busy_consumers_lock_session_makes_it_re_register_and_loses_no_job(fdb, procs, tmp_path):
+def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registered(fdb, procs, tmp_path):
     # Given two consumers busy with 150 jobs (sped-up reaper, so the dead lock is seen quickly)
     out = tmp_path / "runs"
     fast = write_config(tmp_path / "fast.toml", "[consumer]\nreap_interval_s = 0.5\n"
@@ -66,12 +66,17 @@ def test_killing_a_busy_consumers_lock_session_makes_it_re_register_and_loses_no
     _kill(fdb, lock_conn)
     victim.signal(signal.SIGCONT)
 
-    # Then, still busy, it re-registers under a new id and its old registration is reaped
-    new_id = wait_until(lambda: fdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s AND id <> %s",
-                                           (victim.pid, old_id)), 10, message="a new registration")
-    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (old_id,)) == 0,
-               10, message="the old registration reaped")
-    assert fdb.scalar("SELECT COUNT(*) FROM nq_job") > 0, "the queue drained before the victim noticed"
+    # Then, still busy, it holds a liveness lock again: its old one if it took it back before a
+    # reaper did (its claims stay its own), else a new registration (the old one is reaped)
+    def registered_and_locked():
+        rows = fdb.query("SELECT id FROM nq_consumer WHERE pid = %s AND IS_USED_LOCK(lock_name) IS NOT NULL",
+                         (victim.pid,))
+        return rows[0][0] if rows else None
+
+    new_id = wait_until(registered_and_locked, 10, message="a live registration")
+    if new_id != old_id:
+        wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (old_id,)) == 0,
+                   10, message="the old registration reaped")
     # And every job is handled; only jobs the victim held when its lock died may have run twice
     wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.05, "all 150 acked")
     counts = finished_counts(read_runs(out))
@@ -79,8 +84,8 @@ def test_killing_a_busy_consumers_lock_session_makes_it_re_register_and_loses_no
     assert len(counts) == 150
     assert duplicates <= held
     assert victim.alive() and peer.alive()
-    assert new_id != old_id
-    print(f"\nlock session killed: {len(held)} jobs held, {len(duplicates)} ran twice")
+    print(f"\nlock session killed: {len(held)} jobs held, {len(duplicates)} ran twice, "
+          f"{'kept its id' if new_id == old_id else 're-registered'}")
 
 
 def test_killing_a_streaming_producers_sessions_between_batches_loses_no_line(fdb, procs, tmp_path):
