@@ -29,8 +29,8 @@ wait sleeps instead, so that can never become a spin.
 
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
-generation and, if it changed, gives up its turn: the worker re-registers (new liveness lock)
-before it claims anything. Lock sessions raise their own wait_timeout (store.hold_session),
+generation and, if it changed, gives up its turn: the worker re-registers (takes its liveness
+lock back, or a new one) before it claims anything. Lock sessions raise their own wait_timeout (store.hold_session),
 because they sit idle between statements while their owner runs a long batch or a producer
 waits for input, and an idle-timeout disconnect would drop the liveness lock or the bell.
 
@@ -89,8 +89,8 @@ class Waiter:
         generation = self.session.generation
         got = store.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
         if self.session.generation != generation:
-            # Reconnected while queued: our liveness lock is gone, so we must not claim under the
-            # old id. Give the turn back; the worker re-registers and queues up again.
+            # Reconnected while queued: our liveness lock went with the old connection, so we
+            # must not claim yet. Give the turn back; the worker re-registers and queues again.
             if got == 1:
                 store.release_lock(self.session, self.locks.watch)
             self.watching = False

@@ -57,8 +57,10 @@ FOR UPDATE SKIP LOCKED
 
 -- claim_mark --
 -- Step 3: the attempt is counted at claim time, so a job that kills its consumer every time
--- still runs out of attempts and ends dead instead of looping forever.
-UPDATE nq_job
+-- still runs out of attempts and ends dead instead of looping forever. FORCE INDEX (PRIMARY), as
+-- in step 2: with 100 ids in a small table the optimizer chose a full index scan, which locked
+-- (and waited on, and deadlocked over) every other consumer's claimed rows.
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
     lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
 WHERE id IN %(ids)s
@@ -72,10 +74,13 @@ WHERE owner = %(owner)s AND claim_token = %(token)s AND status = 2
 
 -- ack_delete --
 -- Fencing: only rows still held by this claim; a reclaimed job is someone else's now.
-DELETE FROM nq_job WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+-- Primary key only (see claim_mark: on a small table a batch-sized IN list got a full table
+-- scan). A single-table DELETE takes no index hint, so this is the multi-table form.
+DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- ack_keep --
-UPDATE nq_job
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 3, finished_at = NOW(6), lease_until = NULL
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 

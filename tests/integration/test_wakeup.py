@@ -397,19 +397,26 @@ def test_a_lock_session_killed_while_waiting_reconnects_and_still_picks_up_work(
     recorder = Recorder()
     with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg) as producer:
         wait_settled(db, 2)
-        old_ids = {w.consumer_id for w in fleet.workers}
         # When root kills both lock sessions (KILL CONNECTION) in the middle of their waits
         for worker in fleet.workers:
             db.query(f"KILL CONNECTION {int(worker.lock.connection_id)}")
-        # Then both reconnect, re-register under new ids (their liveness locks died) ...
-        wait_until(lambda: all(w.lock.generation > 1 for w in fleet.workers), 10,
-                   message="lock sessions reconnected")
+
+        def registered_again(w) -> bool:
+            # the liveness lock (taken back, or a new one) is held by the *new* connection
+            name = lock_name(db.dsn.database, "c", w.consumer_id)
+            return w.lock.generation > 1 and db.scalar("SELECT IS_USED_LOCK(%s)", (name,)) == w.lock.connection_id
+
+        # Then both reconnect and hold a liveness lock again before claiming anything (a worker
+        # queued in GET_LOCK notices when that statement, rerun on the new connection, returns:
+        # within idle_wait_s) ...
+        wait_until(lambda: all(registered_again(w) for w in fleet.workers), cfg.wakeup.idle_wait_s + 10,
+                   message="both workers registered on their new connections")
         wait_settled(db, 2)
-        assert not old_ids & {w.consumer_id for w in fleet.workers}
-        # ... and still pick up work, while the reaper clears the dead registrations
+        # ... and still pick up work, with no dead registration left behind
         put_and_time(producer, recorder, cfg.wakeup.poll_max_s + MARGIN_S)
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 10,
                    message="dead registrations reaped")
+        assert {r[0] for r in db.query("SELECT id FROM nq_consumer")} == {w.consumer_id for w in fleet.workers}
 
 
 @pytest.mark.skipif(SHARED_SERVER, reason="changes a global variable of the server")
