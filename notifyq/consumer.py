@@ -218,7 +218,9 @@ class Worker:
 
     def _idle_with_locks(self) -> bool:
         if not self.waiter.acquire_watch():
-            return False  # timed out or interrupted: the loop turns, then we queue up again
+            # Timed out or interrupted: the loop turns, then we queue up again, unless work
+            # waits that the watcher should have handed on by now (its host may be gone).
+            return self.waiter.watch_timed_out and self.waiter.watcher_overdue()
         try:
             total = self.waiter.wait_for_work()
             if total is None:

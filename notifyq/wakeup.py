@@ -77,6 +77,7 @@ class Waiter:
         self.on_turn = on_turn  # called once per loop turn: liveness for the systemd watchdog
         self.on_reap = on_reap  # the watch statement saw a dead peer or an expired lease
         self.watching = False
+        self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
         self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
         self._last_total = -1  # polling fallback only
@@ -88,6 +89,7 @@ class Waiter:
         """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
         generation = self.session.generation
         got = store.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
+        self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock went with the old connection, so we
             # must not claim yet. Give the turn back; the worker re-registers and queues again.
@@ -96,7 +98,21 @@ class Waiter:
             self.watching = False
             return False
         self.watching = got == 1
+        self.watch_timed_out = got == 0
         return self.watching
+
+    def watcher_overdue(self) -> bool:
+        """After a watch-lock timeout: is there work the watcher has not dispatched?
+
+        A healthy watcher hands work on within milliseconds. A watcher whose host vanished
+        without closing its connection (power loss, partition) keeps the watch lock until the
+        server's TCP keepalive gives up, hours later; queued consumers must not sleep that long.
+        One cheap read per idle_wait_s: if work is pending, the caller claims it itself.
+        """
+        state = store.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
+        if state.paused or state.total < 0:
+            return False
+        return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
 
     def release_watch(self) -> None:
         if self.watching:

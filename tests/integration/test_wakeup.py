@@ -24,6 +24,7 @@ from notifyq.consumer import Budget, Worker
 from notifyq.db import Session
 from notifyq.locks import QueueLocks, lock_name
 from notifyq.producer import Producer
+from notifyq.service import ConsumeOptions, ConsumerService
 from notifyq.wakeup import locks_unavailable
 
 Q = "wq"
@@ -461,3 +462,27 @@ def test_a_ringing_producer_whose_lock_session_is_killed_still_delivers_and_ring
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell again")
         assert producer._lock_session.generation > 1
         assert put_and_time(producer, recorder, 2.0 + MARGIN_S) < 0.5
+
+
+def test_a_watcher_that_never_hands_on_is_overtaken_after_idle_wait(db):
+    # Given a "watcher" that holds the watch lock but is gone for good (a host that vanished
+    # without closing its connection looks exactly like this to the server)
+    cfg = db.config(wakeup={"idle_wait_s": 1.0})
+    ghost = Session(cfg.dsn, autocommit=True)
+    assert store.get_lock(ghost, QueueLocks(cfg.dsn.database, "ghost").watch, 0) == 1
+    ran = []
+    service = ConsumerService(cfg, ConsumeOptions(queues=("ghost",), function=lambda job: ran.append(job.id)))
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="consumer up")
+        # When a job arrives
+        with Producer("ghost", cfg) as p:
+            job_id = p.put({"x": 1})
+        # Then the queued consumer notices within about idle_wait_s and runs it itself
+        wait_until(lambda: ran == [job_id], 10, message="the job run despite the stuck watcher")
+    finally:
+        stop.set()
+        thread.join(30)
+        ghost.close()
