@@ -123,19 +123,32 @@ def drain(a: dict) -> dict:
     return {"n": n}
 
 
+REFILL = ("INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
+          "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, '}') FROM seq_1_to_")
+
+
+def refill(conn, cur, queue: str, n: int) -> None:
+    """Put back as many jobs as a claim took (untimed): the backlog stays at its size."""
+    cur.execute(REFILL + str(int(n)), (queue,))
+    conn.commit()
+
+
 def claims(a: dict) -> dict:
     """Time single claims (and their acks) against a standing backlog."""
     conn, cur = connect(a["conn"])
     owner = secrets.token_hex(16)
-    claim_s, ack_s = [], []
+    claim_s, ack_s, sizes = [], [], []
     for _ in range(a["m"]):
         t0 = time.perf_counter()
         rows = _claim(conn, cur, a["queue"], a["batch"], owner)
         t1 = time.perf_counter()
-        _ack(conn, cur, [r[0] for r in rows])
+        if rows:
+            _ack(conn, cur, [r[0] for r in rows])
         claim_s.append(t1 - t0)
         ack_s.append(time.perf_counter() - t1)
-    return {"claim_s": claim_s, "ack_s": ack_s}
+        sizes.append(len(rows))
+        refill(conn, cur, a["queue"], a["batch"])
+    return {"claim_s": claim_s, "ack_s": ack_s, "sizes": sizes}
 
 
 ROLES = {"put": put, "put_signal": put_signal, "put_many": put_many, "drain": drain, "claims": claims}

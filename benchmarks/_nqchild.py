@@ -17,6 +17,7 @@ from notifyq import store
 from notifyq.db import Session
 from notifyq.producer import Producer
 
+import _floor
 from _floor import payload
 
 
@@ -86,22 +87,27 @@ def _handler_reads(cur) -> int:
 
 
 def claims(a: dict) -> dict:
-    """Time store.claim (and store.ack) against a standing backlog, plus index reads per claim."""
+    """Time store.claim (and store.ack) against a standing backlog, plus index reads per claim
+    (Handler_read_key + Handler_read_next of the claim alone: flat means index-bound)."""
     cfg = _config(a)
     session = Session(cfg.dsn, name="bench")
     owner = "bench" + os.urandom(6).hex()
     claim_s, ack_s, sizes = [], [], []
-    reads0 = _handler_reads(session.cursor())
+    raw, raw_cur = _floor.connect(a["conn"])
+    reads = 0
     for _ in range(a["m"]):
+        reads0 = _handler_reads(session.cursor())
         t0 = time.perf_counter()
         claim = store.claim(session, a["queue"], owner, a["batch"], 300.0)
         t1 = time.perf_counter()
+        reads += _handler_reads(session.cursor()) - reads0
         store.ack(session, [j.id for j in claim.jobs], claim.token, False)
         claim_s.append(t1 - t0)
         ack_s.append(time.perf_counter() - t1)
         sizes.append(len(claim.jobs))
-    reads = _handler_reads(session.cursor()) - reads0
+        _floor.refill(raw, raw_cur, a["queue"], a["batch"])
     session.close()
+    raw.close()
     return {"claim_s": claim_s, "ack_s": ack_s, "sizes": sizes, "index_reads_per_claim": reads / a["m"]}
 
 

@@ -179,6 +179,9 @@ class Bench:
                 "\"email\":\"user', seq, '@example.com\"}') "
                 f"FROM seq_{done + 1}_to_{done + count}", (QUEUE,))
             done += count
+        # As a producer would: idle consumers learn of new work from the signal row only.
+        self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "
+                 "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, n))
 
     def ready_count(self) -> int:
         return int(self.scalar("SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_ready) "

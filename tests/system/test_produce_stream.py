@@ -20,26 +20,9 @@ import pytest
 
 from conftest import REPO, notifyq_cmd, wait_until
 from notifyq import errors
-from test_daemon_notify import NotifyListener
+from test_daemon_notify import NotifyListener, notify, procs  # noqa: F401 (shared fixtures)
 
 UNIT = REPO / "systemd" / "notifyq-producer@.service"
-
-
-@pytest.fixture
-def notify():
-    listener = NotifyListener()
-    yield listener
-    listener.close()
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def producer(procs, env, tmp_path: Path, *args: str, stdin=subprocess.DEVNULL):
