@@ -77,6 +77,10 @@ def main_group(ctx: click.Context, dsn: str | None, log_level: str | None, log_f
     variables, then flags. Exit codes: 0 ok, 2 usage, 3 config, 4 bad input, 5 database,
     6 schema, 7 server version, 8 handler, 9 unknown outcome, 10 already running.
     """
+    source = ctx.get_parameter_source("dsn")
+    if dsn and source == click.core.ParameterSource.COMMANDLINE and config_mod.DSN.parse(dsn).password:
+        _warn("a password in --dsn is visible to every user in the process list: "
+              "use NOTIFYQ_PASSWORD, password_file or a systemd credential")
     ctx.obj = Context(dsn, log_level, log_format)
 
 

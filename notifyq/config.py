@@ -240,7 +240,8 @@ def warn_if_readable(path: Path, warn) -> None:
         mode = path.stat().st_mode
     except OSError:
         return
-    if mode & (stat.S_IRGRP | stat.S_IROTH) and mode & stat.S_IROTH:
+    # Group-readable is a deliberate choice (root:notifyq 0640); world-readable never is.
+    if mode & stat.S_IROTH:
         warn(f"{path} holds a database password and is readable by other users: chmod 600 it")
 
 

@@ -100,3 +100,16 @@ def test_invalid_queue_names_are_refused(name):
 def test_missing_config_named_by_env_is_an_error(tmp_path):
     with pytest.raises(errors.ConfigError):
         config.load(env={"NOTIFYQ_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_a_password_on_the_command_line_draws_a_warning_and_is_never_printed(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NOTIFYQ_CONFIG": "/dev/null"}
+    env.pop("NOTIFYQ_DSN", None)
+    out = subprocess.run([sys.executable, "-m", "notifyq", "--dsn", "mysql://u:hunter2@h/db", "config"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert "process list" in out.stderr
+    assert "hunter2" not in out.stdout + out.stderr
