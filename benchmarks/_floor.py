@@ -100,6 +100,30 @@ def _claim(conn, cur, queue: str, batch: int, owner: str) -> list[tuple]:
     return rows
 
 
+CANDIDATES = ("SELECT id FROM nq_job FORCE INDEX (ix_ready) WHERE queue = %s AND status = 0 "
+              "ORDER BY prio_key, run_at, id LIMIT %s")
+LOCK = ("SELECT id, payload FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN ({}) AND status = 0 "
+        "FOR UPDATE SKIP LOCKED")
+
+
+def _claim_two_step(conn, cur, queue: str, batch: int, owner: str) -> list[tuple]:
+    """notifyq's claim shape, bare: plain candidate read (3x), lock by primary key, mark."""
+    cur.execute(CANDIDATES, (queue, batch * 3))
+    ids = [r[0] for r in cur.fetchall()]
+    rows: list[tuple] = []
+    for start in range(0, len(ids), batch):
+        if len(rows) >= batch:
+            break
+        window = ids[start:start + batch - len(rows)]
+        cur.execute(LOCK.format(",".join(["%s"] * len(window))), window)
+        rows += cur.fetchall()
+    if rows:
+        marks = ",".join(["%s"] * len(rows))
+        cur.execute(MARK.format(marks), (owner, secrets.randbits(63), *[r[0] for r in rows]))
+    conn.commit()
+    return rows
+
+
 def _ack(conn, cur, ids: list[int]) -> None:
     cur.execute(DELETE.format(",".join(["%s"] * len(ids))), ids)
     conn.commit()
@@ -110,9 +134,10 @@ def drain(a: dict) -> dict:
     conn, cur = connect(a["conn"])
     owner = secrets.token_hex(16)
     handler = getattr(_bench_handlers, a.get("handler", "noop"))
+    claim = _claim_two_step if a.get("two_step") else _claim
     n = 0
     while True:
-        rows = _claim(conn, cur, a["queue"], a["batch"], owner)
+        rows = claim(conn, cur, a["queue"], a["batch"], owner)
         if not rows:
             break
         for job_id, text in rows:

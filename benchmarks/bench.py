@@ -39,20 +39,26 @@ sys.path.insert(0, str(REPO))
 import MySQLdb  # noqa: E402
 
 from notifyq import schema  # noqa: E402
-from notifyq.config import DSN  # noqa: E402
+from notifyq.config import DSN, WakeupConfig  # noqa: E402
 from notifyq.localserver import LocalServer  # noqa: E402
 
 SIZES = {
-    "full": dict(reps=3, put_n=3000, bulk_n=50_000, chunk=100, drain_n=20_000, consumers=4,
-                 batch=100, e2e_s=8.0, e2e_warmup_s=2.0, e2e_tick_s=0.01, e2e_loads=(0.5, 0.9), e2e_reps=3, producers=2,
-                 backlog=(1_000, 100_000, 1_000_000), claims_m=40, backlog_drain=10_000,
-                 backlog_reps=3, idle_consumers=10, idle_settle_s=5.0, idle_window_s=15.0,
-                 idle_reps=3, wakeup_args=("--oneshot-rounds", "30", "--quiet-rounds", "8")),
-    "quick": dict(reps=3, put_n=300, bulk_n=5_000, chunk=100, drain_n=2_000, consumers=4,
-                  batch=100, e2e_s=2.0, e2e_warmup_s=1.0, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1, producers=2,
-                  backlog=(1_000, 10_000, 50_000), claims_m=10, backlog_drain=1_000,
-                  backlog_reps=1, idle_consumers=10, idle_settle_s=2.0, idle_window_s=3.0,
-                  idle_reps=1, wakeup_args=()),
+    "full": dict(
+        reps=3, put_n=3000, bulk_n=50_000, chunk=100,
+        drain_n=20_000, consumers=4, batch=100,
+        e2e_s=8.0, e2e_warmup_s=2.0, e2e_tick_s=0.01, e2e_loads=(0.5, 0.9), e2e_reps=3, e2e_no_fsync=True,
+        producers=2,
+        backlog=(1_000, 100_000, 1_000_000), claims_m=40, backlog_drain=10_000, backlog_reps=3,
+        idle_consumers=10, idle_settle_s=5.0, idle_window_s=None, idle_reps=3,  # window: idle_wait_s
+        wakeup_args=("--oneshot-rounds", "30", "--quiet-rounds", "8")),
+    "quick": dict(
+        reps=3, put_n=200, bulk_n=3_000, chunk=100,
+        drain_n=2_000, consumers=4, batch=100,
+        e2e_s=2.0, e2e_warmup_s=1.0, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1, e2e_no_fsync=False,
+        producers=2,
+        backlog=(1_000, 10_000, 50_000), claims_m=8, backlog_drain=1_000, backlog_reps=1,
+        idle_consumers=10, idle_settle_s=1.0, idle_window_s=3.0, idle_reps=1,
+        wakeup_args=()),
 }
 QUEUE = "bench"
 FILL_CHUNK = 100_000  # rows per server-side INSERT ... SELECT FROM seq_1_to_N
@@ -222,8 +228,9 @@ class Bench:
         return {**json.loads(out.strip().splitlines()[-1]), "proc_cpu_s": cpu_of(usage)}
 
     def consumer_argv(self, side: str, handler: str, *extra: str) -> list[str]:
-        if side == "floor":
-            args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler}
+        if side.startswith("floor"):
+            args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler,
+                    "two_step": side == "floor_two_step"}
             return [sys.executable, str(HERE / "_floor.py"), "drain", json.dumps(args)]
         return [sys.executable, "-m", "notifyq", "consume", "-q", QUEUE, "--handler",
                 f"_bench_handlers:{handler}", "--workers", "1", "--batch-size", str(self.size["batch"]),
@@ -308,15 +315,22 @@ class Bench:
         }
 
     def drain(self) -> dict:
+        """The floor as the issue words it (one SKIP LOCKED read straight off the ready index),
+        and a second raw floor shaped like notifyq's claim (plain candidate read, then lock by
+        primary key): under 4-way contention the locking index scan is the slower of the two."""
         n, k = self.size["drain_n"], self.size["consumers"]
-        rows = {"notifyq": [], "floor": []}
+        rows = {"notifyq": [], "floor": [], "floor_two_step": []}
         for _ in range(self.size["reps"]):
-            for side in ("notifyq", "floor"):
+            for side in rows:
                 self.reset()
                 self.fill(n)
                 rows[side].append(self.drain_once(side, n, k))
-        return self._paired(rows, ("jobs_s", "jobs_s_with_startup", "cpu_us_per_job",
-                                   "cpu_us_per_job_with_startup", "server_cpu_us_per_job"))
+        metrics = ("jobs_s", "jobs_s_with_startup", "cpu_us_per_job", "cpu_us_per_job_with_startup",
+                   "server_cpu_us_per_job")
+        out = self._paired(rows, metrics)
+        out["vs_floor_two_step"] = self._paired({"notifyq": rows["notifyq"], "floor": rows["floor_two_step"]},
+                                                metrics)
+        return out
 
     # ---------------------------------------------------------- end to end
 
@@ -381,12 +395,21 @@ class Bench:
 
     def e2e(self, drain_rate: float) -> dict:
         out = {}
-        for load in self.size["e2e_loads"]:
-            reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"], self.size["e2e_warmup_s"],
-                                  self.size["e2e_tick_s"]) for _ in range(self.size["e2e_reps"])]
-            out[f"{int(load * 100)}%"] = {
-                "raw": reps, **{m: summary([r[m] for r in reps])
-                                for m in ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms", "warmup_max_ms")}}
+        runs = [(f"{int(load * 100)}%", load, False) for load in self.size["e2e_loads"]]
+        if self.server_pid is not None and self.size["e2e_no_fsync"]:  # our own server only: a global
+            load = self.size["e2e_loads"][0]
+            runs.append((f"{int(load * 100)}% no-fsync", load, True))
+        for name, load, no_fsync in runs:
+            if no_fsync:  # what the per-COMMIT redo fsync adds to pick-up (informational)
+                self.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+            try:
+                reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"], self.size["e2e_warmup_s"],
+                                      self.size["e2e_tick_s"]) for _ in range(self.size["e2e_reps"])]
+            finally:
+                if no_fsync:
+                    self.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1")
+            metrics = ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms", "warmup_max_ms")
+            out[name] = {"raw": reps, **{m: summary([r[m] for r in reps]) for m in metrics}}
         return out
 
     # ---------------------------------------------------------- backlog scaling
@@ -427,7 +450,11 @@ class Bench:
     # ---------------------------------------------------------- idle cost
 
     def idle(self) -> dict:
+        """Questions/s of an idle fleet. A window spans one idle_wait_s: every queued consumer
+        re-arms its GET_LOCK once per idle_wait_s, all in step (they started together), so a
+        shorter window over- or under-counts those bursts depending on where it falls."""
         n = self.size["idle_consumers"]
+        window = self.size["idle_window_s"] or WakeupConfig().idle_wait_s
         self.reset()
         procs = [self.spawn(self.consumer_argv("notifyq", "noop")) for _ in range(n)]
         try:
@@ -440,7 +467,7 @@ class Bench:
             rates = []
             for _ in range(self.size["idle_reps"]):
                 q0, t0 = self.questions(), time.monotonic()
-                time.sleep(self.size["idle_window_s"])
+                time.sleep(window)
                 q1, t1 = self.questions(), time.monotonic()
                 rates.append((q1 - q0 - 1) / (t1 - t0))  # -1: our own SHOW STATUS
         finally:
@@ -448,7 +475,7 @@ class Bench:
                 proc.send_signal(signal.SIGTERM)
             for proc in procs:
                 wait_rusage(proc, 90)
-        return {"consumers": n, "queues": 1, "window_s": self.size["idle_window_s"],
+        return {"consumers": n, "queues": 1, "window_s": window,
                 "questions_s": summary(rates)}
 
     # ---------------------------------------------------------- pick-up from idle (a colleague's)
@@ -548,13 +575,19 @@ def report(res: dict) -> tuple[str, list[dict]]:
         paired(case, d, "cpu_us_per_job_with_startup", "consumer CPU us/job incl. start-up")
         if d["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
             paired(case, d, "server_cpu_us_per_job", "server CPU us/job")
+        two = d["vs_floor_two_step"]
+        paired(case, two, "jobs_s", "jobs/s vs two-step floor")
+        paired(case, two, "cpu_us_per_job", "consumer CPU us/job vs two-step floor")
+        if two["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
+            paired(case, two, "server_cpu_us_per_job", "server CPU us/job vs two-step floor")
     for load, b in res.get("e2e", {}).items():
-        case = f"end-to-end at {load} of drain"
+        case = (f"end-to-end at {load.split()[0]} of drain" if "no-fsync" not in load else
+                f"end-to-end at {load.split()[0]}, flush_log_at_trx_commit=2")
         add(case, "offered / achieved jobs/s", cell(b["offered_jobs_s"]), "", "", "", "")
         add(case, "", cell(b["achieved_jobs_s"]))
         add(case, "max latency during warm-up, ms", cell(b["warmup_max_ms"], 0))
         for m in ("p50_ms", "p95_ms", "p99_ms"):
-            tgt = m == "p99_ms" and load == "50%"
+            tgt = m == "p99_ms" and load == f"{int(res['sizes']['e2e_loads'][0] * 100)}%"
             met = check(b[m]["median"], "<=", 50) if tgt else ""
             add(case, f"commit->handler {m[:-3]} ms", cell(b[m], 1), "", "", "<= 50 ms" if tgt else "", met)
             if tgt:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import MySQLdb
+import MySQLdb.cursors
 
 from notifyq.db import Ids, Session, error_code
 from notifyq.jobs import Job
@@ -47,7 +48,25 @@ def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int) -> list[i
     (executemany() cannot batch this: mysqlclient only rewrites VALUES of bare placeholders,
     and run_at is computed by the server, so that producers' clocks never matter.)
     """
-    cur.execute(_insert_sql(len(rows)), [value for r in rows for value in r])
+    sql = _insert_sql(len(rows))
+    if isinstance(cur, MySQLdb.cursors.BaseCursor):
+        # Bound exactly as cursor.execute(sql, args) binds (connection.literal() per value,
+        # then %), but each distinct value is rendered once: in a put_many chunk five of the
+        # seven values repeat in every row, and literal() per value was half of a bulk
+        # producer's CPU.
+        db = cur.connection
+        rendered: dict[tuple, bytes] = {}
+        args = []
+        for row in rows:
+            for value in row:
+                key = (value.__class__, value)  # the class too: 1 and True are equal keys
+                text = rendered.get(key)
+                if text is None:
+                    text = rendered[key] = db.literal(value)
+                args.append(text)
+        cur.execute(sql.encode(db.encoding) % tuple(args))
+    else:  # another driver's cursor (a caller's own connection): its own binding
+        cur.execute(sql, [value for r in rows for value in r])
     first = cur.lastrowid
     return [first + i * auto_increment_increment for i in range(len(rows))]
 
