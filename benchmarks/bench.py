@@ -11,6 +11,20 @@ Every comparison runs notifyq and the floor (_floor.py: plain mysqlclient, the m
 statements) interleaved, repetition by repetition, on the same tables; ratios are notifyq /
 floor per repetition, reported as median [min-max]. Every producer and consumer is its own
 process; consumers are the real `python -m notifyq consume` command.
+
+Cases:
+  enqueue   put() per job and put_many() of 100, one producer process; the floor does a bare
+            INSERT + COMMIT, and "floor+signal" adds the nq_signal bump notifyq's wake-up needs.
+  drain     N jobs inserted server-side, K consumer processes with a no-op handler, until empty;
+            every job must run exactly once. Two floors: one SKIP LOCKED read off the ready
+            index (as the issue words it), and the same two-step shape notifyq uses.
+  e2e       2 long-lived producers (bell holders) committing what is due every 10 ms, 4
+            consumers; offered load = a fraction of the drain rate above; latency = handler
+            start - the job's COMMIT returning; the first second is reported apart.
+  backlog   1k, 100k, 1M ready jobs (INSERT ... SELECT FROM seq_1_to_N); single claims timed
+            with the backlog topped up after each; then 4 consumers drain a slice of it.
+  idle      Questions/s of the server with 10 idle consumers, per idle_wait_s window.
+  wakeup    benchmarks/wakeup.py (pick-up from idle), run on the same server.
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ SIZES = {
     "full": dict(
         reps=3, put_n=3000, bulk_n=50_000, chunk=100,
         drain_n=20_000, consumers=4, batch=100,
-        e2e_s=8.0, e2e_warmup_s=2.0, e2e_tick_s=0.01, e2e_loads=(0.5, 0.9), e2e_reps=3, e2e_no_fsync=True,
+        e2e_s=8.0, e2e_warmup_s=1.0, e2e_tick_s=0.01, e2e_loads=(0.5, 0.9, 0.25), e2e_reps=3,
         producers=2,
         backlog=(1_000, 100_000, 1_000_000), claims_m=40, backlog_drain=10_000, backlog_reps=3,
         idle_consumers=10, idle_settle_s=5.0, idle_window_s=None, idle_reps=3,  # window: idle_wait_s
@@ -54,7 +68,7 @@ SIZES = {
     "quick": dict(
         reps=3, put_n=200, bulk_n=3_000, chunk=100,
         drain_n=2_000, consumers=4, batch=100,
-        e2e_s=2.0, e2e_warmup_s=1.0, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1, e2e_no_fsync=False,
+        e2e_s=2.0, e2e_warmup_s=0.5, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1,
         producers=2,
         backlog=(1_000, 10_000, 50_000), claims_m=8, backlog_drain=1_000, backlog_reps=1,
         idle_consumers=10, idle_settle_s=1.0, idle_window_s=3.0, idle_reps=1,
@@ -98,6 +112,13 @@ def wait_rusage(proc: subprocess.Popen, timeout: float):
             proc.kill()
             raise RuntimeError(f"child {proc.args!r} did not finish within {timeout:.0f}s")
         time.sleep(0.005)
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat (idle and iowait are idle)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
 
 
 def cpu_of(usage) -> float:
@@ -345,17 +366,24 @@ class Bench:
                 if time.monotonic() > deadline:
                     raise RuntimeError("consumers did not register within 60 s")
                 time.sleep(0.05)
-            time.sleep(1.0)  # let them go idle: the first jobs then measure a wake-up too
+            time.sleep(1.0)  # let them go idle: one watches, the others queue behind it
             files = [out / f"producer{i}.ids" for i in range(p)]
+            settle = WakeupConfig().poll_max_s + 0.5
             producers = [
                 self.spawn([sys.executable, str(HERE / "_nqchild.py"), "paced", json.dumps(
                     {"dsn": self.url, "queue": QUEUE, "rate": rate / p, "duration_s": warmup + duration,
-                     "out": str(f), "ring": True, "tick_s": tick})], stdout=subprocess.DEVNULL)
+                     "out": str(f), "ring": True, "tick_s": tick, "settle_s": settle})],
+                           stdout=subprocess.DEVNULL)
                 for f in files]
+            time.sleep(settle + 0.2)
+            busy0, total0 = machine_jiffies()
+            srv0, t0 = proc_cpu_s(self.server_pid), time.monotonic()
             for proc in producers:
-                wait_rusage(proc, duration + 120)
+                wait_rusage(proc, warmup + duration + 120)
                 if proc.returncode != 0:
                     raise RuntimeError(f"producer failed; see {self.workdir}/children.log")
+            busy1, total1 = machine_jiffies()
+            srv1, t1 = proc_cpu_s(self.server_pid), time.monotonic()
             deadline = time.monotonic() + 120
             while self.scalar("SELECT COUNT(*) FROM nq_job") > 0:
                 if time.monotonic() > deadline:
@@ -382,8 +410,8 @@ class Bench:
         if dupes or set(starts) != set(commits):
             raise RuntimeError(f"e2e: {dupes} duplicates, {len(set(commits) - set(starts))} missing")
         t_begin = min(commits.values())
-        # Only jobs committed after the warm-up count: the first ones measure pick-up from a
-        # deep idle backoff (benchmarks/wakeup.py's subject), not service under load.
+        # Only jobs committed after the warm-up count (reported apart): service under load, not
+        # the fleet finding its rhythm. The producers held the bell before their clock started.
         measured = {i: c for i, c in commits.items() if c >= t_begin + warmup}
         lat = [(starts[i] - c) * 1e3 for i, c in measured.items()]
         first = [(starts[i] - c) * 1e3 for i, c in commits.items() if c < t_begin + warmup]
@@ -391,25 +419,21 @@ class Bench:
                 "achieved_jobs_s": len(measured) / (max(measured.values()) - min(measured.values())),
                 "jobs": len(measured), "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95),
                 "p99_ms": pct(lat, 99), "max_ms": max(lat), "warmup_jobs": len(first),
-                "warmup_max_ms": max(first) if first else None}
+                "warmup_max_ms": max(first) if first else None,
+                # Everything on the machine while producers ran (server, producers, consumers,
+                # and anything else running): how close "N % of the drain rate" is to saturation.
+                "cpu_busy_cores": (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1),
+                "server_cores": (srv1 - srv0) / (t1 - t0) if srv0 is not None else None}
 
     def e2e(self, drain_rate: float) -> dict:
+        """Offered load as a fraction of the drain rate measured above (no producers then)."""
         out = {}
-        runs = [(f"{int(load * 100)}%", load, False) for load in self.size["e2e_loads"]]
-        if self.server_pid is not None and self.size["e2e_no_fsync"]:  # our own server only: a global
-            load = self.size["e2e_loads"][0]
-            runs.append((f"{int(load * 100)}% no-fsync", load, True))
-        for name, load, no_fsync in runs:
-            if no_fsync:  # what the per-COMMIT redo fsync adds to pick-up (informational)
-                self.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
-            try:
-                reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"], self.size["e2e_warmup_s"],
-                                      self.size["e2e_tick_s"]) for _ in range(self.size["e2e_reps"])]
-            finally:
-                if no_fsync:
-                    self.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 1")
-            metrics = ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms", "warmup_max_ms")
-            out[name] = {"raw": reps, **{m: summary([r[m] for r in reps]) for m in metrics}}
+        for load in self.size["e2e_loads"]:
+            reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"], self.size["e2e_warmup_s"],
+                                  self.size["e2e_tick_s"]) for _ in range(self.size["e2e_reps"])]
+            metrics = ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms", "warmup_max_ms",
+                       "cpu_busy_cores", "server_cores")
+            out[f"{round(load * 100)}%"] = {"raw": reps, **{m: summary([r[m] for r in reps]) for m in metrics}}
         return out
 
     # ---------------------------------------------------------- backlog scaling
@@ -483,7 +507,7 @@ class Bench:
     def wakeup(self, quick: bool) -> dict:
         script = HERE / "wakeup.py"
         if not script.exists():
-            return {"status": "not run: benchmarks/wakeup.py is not present (pick-up latency from idle lives there)"}
+            return {"status": "not run: benchmarks/wakeup.py (pick-up latency from idle) is missing"}
         out = self.workdir / "wakeup.json"
         # Its own database on the same server; idle cost is measured above, so latency runs only.
         argv = [sys.executable, str(script), "--dsn", self.root_url, "--json", str(out), "--skip-idle",
@@ -581,13 +605,15 @@ def report(res: dict) -> tuple[str, list[dict]]:
         if two["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
             paired(case, two, "server_cpu_us_per_job", "server CPU us/job vs two-step floor")
     for load, b in res.get("e2e", {}).items():
-        case = (f"end-to-end at {load.split()[0]} of drain" if "no-fsync" not in load else
-                f"end-to-end at {load.split()[0]}, flush_log_at_trx_commit=2")
+        case = f"end-to-end at {load} of drain"
         add(case, "offered / achieved jobs/s", cell(b["offered_jobs_s"]), "", "", "", "")
         add(case, "", cell(b["achieved_jobs_s"]))
+        add(case, f"machine CPU busy, cores of {os.cpu_count()}", cell(b.get("cpu_busy_cores"), 2))
+        if b.get("server_cores") and b["server_cores"]["median"] is not None:
+            add(case, "  of which the server", cell(b["server_cores"], 2))
         add(case, "max latency during warm-up, ms", cell(b["warmup_max_ms"], 0))
         for m in ("p50_ms", "p95_ms", "p99_ms"):
-            tgt = m == "p99_ms" and load == f"{int(res['sizes']['e2e_loads'][0] * 100)}%"
+            tgt = m == "p99_ms" and load == "50%"
             met = check(b[m]["median"], "<=", 50) if tgt else ""
             add(case, f"commit->handler {m[:-3]} ms", cell(b[m], 1), "", "", "<= 50 ms" if tgt else "", met)
             if tgt:
@@ -607,7 +633,9 @@ def report(res: dict) -> tuple[str, list[dict]]:
             add(case, "drain jobs/s (4 procs)", cell(b["notifyq_drain_jobs_s"]))
         meds = [b["notifyq_claim_ms"]["median"] for b in res["backlog"].values()]
         spread = max(meds) / min(meds)
-        targets.append({"target": "backlog: claim time flat within 2x (1k..1M)", "value": spread,
+        sizes = list(res["backlog"])
+        targets.append({"target": f"backlog: claim time flat within 2x ({int(sizes[0]):,}..{int(sizes[-1]):,} queued)",
+                        "value": spread,
                         "met": "yes" if spread <= 2 else "NO"})
     if "idle" in res:
         i = res["idle"]
@@ -628,7 +656,7 @@ def report(res: dict) -> tuple[str, list[dict]]:
                     continue  # run with --skip-idle: the idle row above measures it
                 add(case, name, "", "", "", "wakeup.py target", "yes" if ok else "NO")
         else:
-            add(case, "not measured", w.get("status") or f"exit {w.get('exit')}: see JSON")
+            add(case, w.get("status") or f"not measured: exit {w.get('exit')}, see the JSON")
 
     widths = [max(len(str(r[i])) for r in rows + [("case", "metric", "notifyq", "floor", "ratio", "target", "met")])
               for i in range(7)]
@@ -700,8 +728,7 @@ def main(argv: list[str]) -> int:
         if "wakeup" in only and (not args.quick or args.only == "wakeup"):
             step("wakeup", lambda: bench.wakeup(args.quick))
         elif "wakeup" in only:
-            res["wakeup"] = {"status": "skipped in --quick (it alone takes ~1 min): "
-                                       "python benchmarks/wakeup.py --quick, or bench.py --only wakeup"}
+            res["wakeup"] = {"status": "skipped in --quick: bench.py --quick --only wakeup"}
         res["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
         table, targets = report(res)
         res["targets"] = targets
