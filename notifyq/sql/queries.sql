@@ -101,13 +101,13 @@ WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
 -- give_back --
 -- Claimed but never started (shutdown): not an attempt, so the count is undone.
-UPDATE nq_job
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL,
     attempts = GREATEST(attempts, 1) - 1
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- extend_lease --
-UPDATE nq_job SET lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND
+UPDATE nq_job FORCE INDEX (PRIMARY) SET lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- register_consumer --
@@ -145,7 +145,7 @@ SELECT id, queue FROM nq_job FORCE INDEX (ix_lease)
 WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
 
 -- reclaim_expired --
-UPDATE nq_job
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = IF(attempts >= max_attempts, 4, 0),
     last_error = IF(attempts >= max_attempts, %(error)s, last_error),
     finished_at = IF(attempts >= max_attempts, NOW(6), NULL),
