@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import random
 import secrets
 from dataclasses import dataclass
@@ -418,10 +417,6 @@ def consumers(session: Session) -> list[tuple]:
 
 def server_now(session: Session) -> dt.datetime:
     return _one(session, "server_now", {}, "server time")
-
-
-def decode_payload(text: str) -> Any:
-    return json.loads(text)
 
 
 # ---------------------------------------------------------------- admin: `notifyq jobs`

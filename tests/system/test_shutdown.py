@@ -73,6 +73,22 @@ class NotifySocket:
         self.sock.close()
 
 
+def _busy(db, tmp_path: Path, n: int) -> tuple[list[int], int]:
+    """Wait for one registered consumer, give it n jobs, wait until one has started."""
+    wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
+    ids = _produce(db, n)
+    running = wait_until(lambda: _started(tmp_path / "runs"), 30, message="a job started")[0]
+    return ids, running
+
+
+def _sigterm(proc: subprocess.Popen, timeout: float = 15) -> tuple[int, float]:
+    """Send SIGTERM; return the exit code and the seconds it took to exit."""
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code = proc.wait(timeout)
+    return code, time.monotonic() - sent
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -84,15 +100,10 @@ def test_sigterm_mid_batch_finishes_the_running_job_gives_back_the_rest_and_exit
     env = _setup(db, tmp_path, sleep_s=1.0)
     proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "8")
     try:
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
-        ids = _produce(db, 8)
-        running = wait_until(lambda: _started(tmp_path / "runs"), 30, message="a job started")[0]
+        ids, running = _busy(db, tmp_path, 8)
 
         # When it gets SIGTERM
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(15)
-        took = time.monotonic() - sent
+        code, took = _sigterm(proc)
     finally:
         _stop(proc)
 
@@ -141,18 +152,13 @@ def test_a_second_sigterm_exits_130_at_once_and_the_reaper_returns_what_it_held(
     env = {**_setup(db, tmp_path, sleep_s=30.0, grace_s=60.0), "NOTIFY_SOCKET": notify.name}
     proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "5")
     try:
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
-        ids = _produce(db, 5)
-        running = wait_until(lambda: _started(tmp_path / "runs"), 30, message="a job started")[0]
+        ids, running = _busy(db, tmp_path, 5)
         proc.send_signal(signal.SIGTERM)
         notify.wait_for("STOPPING=1", 10)
         assert proc.poll() is None, "did not wait for its running job"
 
         # When a second SIGTERM arrives
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(15)
-        took = time.monotonic() - sent
+        code, took = _sigterm(proc)
     finally:
         _stop(proc)
         notify.close()
@@ -179,15 +185,10 @@ def test_a_handler_outliving_the_grace_period_is_left_to_the_reaper_and_the_rest
     env = _setup(db, tmp_path, sleep_s=30.0, grace_s=1.0)
     proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "5")
     try:
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
-        ids = _produce(db, 5)
-        running = wait_until(lambda: _started(tmp_path / "runs"), 30, message="a job started")[0]
+        ids, running = _busy(db, tmp_path, 5)
 
         # When it gets SIGTERM
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(15)
-        took = time.monotonic() - sent
+        code, took = _sigterm(proc)
     finally:
         _stop(proc)
 
