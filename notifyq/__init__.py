@@ -1,10 +1,34 @@
 """notifyq: a durable job queue in MySQL 8.0+ / MariaDB 10.6+."""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from notifyq.config import Config, load as load_config
 from notifyq.errors import NotifyqError
 from notifyq.jobs import Job, Status
-from notifyq.producer import Producer
-from notifyq.service import ConsumeOptions, ConsumerService
+
+if TYPE_CHECKING:
+    from notifyq.producer import Producer
+    from notifyq.service import ConsumeOptions, ConsumerService
 
 __all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
            "Status", "load_config"]
+
+# Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
+# `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
+_LAZY = {"Producer": "notifyq.producer", "ConsumeOptions": "notifyq.service",
+         "ConsumerService": "notifyq.service"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'notifyq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # the next lookup does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

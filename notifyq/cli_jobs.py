@@ -14,8 +14,11 @@ from typing import Any
 
 import click
 
-from notifyq import admin, errors
+from notifyq import errors
 from notifyq.jobs import Status
+
+# admin (with the store, the driver and tenacity, ~55 ms) is imported inside each command:
+# `notifyq --help` and the commands that do not touch jobs never need it.
 
 
 @contextmanager
@@ -32,6 +35,8 @@ def _session(obj: Any) -> Iterator[Any]:
 
 
 def _age(text: str | None) -> float:
+    from notifyq import admin
+
     return admin.parse_age(text) if text else 0.0
 
 
@@ -50,6 +55,8 @@ def jobs() -> None:
 def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str | None, limit: int,
           as_json: bool) -> None:
     """List jobs, oldest first."""
+    from notifyq import admin
+
     status = admin.parse_status(status_name) if status_name else None
     age = _age(older_than)
     with _session(obj) as session:
@@ -63,6 +70,8 @@ def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str 
 @click.pass_obj
 def show(obj: Any, job_id: int, as_json: bool) -> None:
     """Every field of one job, the payload pretty-printed."""
+    from notifyq import admin
+
     with _session(obj) as session:
         job = admin.get_job(session, job_id)
     if as_json:
@@ -83,6 +92,8 @@ def show(obj: Any, job_id: int, as_json: bool) -> None:
 @click.pass_obj
 def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> None:
     """Put a dead, done or scheduled job back to ready now, attempts reset."""
+    from notifyq import admin
+
     if (job_id is None) == (not all_dead) or (queue and not all_dead):
         raise errors.InputError("give a JOB_ID, or --dead [-q QUEUE]")
     with _session(obj) as session:
@@ -99,6 +110,8 @@ def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> No
 @click.pass_obj
 def cancel(obj: Any, job_id: int) -> None:
     """Delete a pending job, or ask a running one to stop (Job.cancel_requested())."""
+    from notifyq import admin
+
     with _session(obj) as session:
         outcome = admin.cancel(session, job_id)
     click.echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
@@ -113,6 +126,8 @@ def cancel(obj: Any, job_id: int) -> None:
 @click.pass_obj
 def purge(obj: Any, dead: bool, done: bool, older_than: str, queue: str | None) -> None:
     """Delete finished jobs, 1000 rows per transaction."""
+    from notifyq import admin
+
     if not (dead or done):
         raise errors.InputError("say what to purge: --dead, --done or both")
     statuses = [s for s, wanted in ((Status.DEAD, dead), (Status.DONE, done)) if wanted]

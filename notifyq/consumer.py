@@ -222,12 +222,11 @@ class Worker:
             # waits that the watcher should have handed on by now (its host may be gone).
             return self.waiter.watch_timed_out and self.waiter.watcher_overdue()
         try:
-            total = self.waiter.wait_for_work()
-            if total is None:
+            if not self.waiter.wait_for_work():
                 return False
-            # The claim records `total` as watched if it drains the queue; then, before running
-            # the batch, the next idle consumer takes over watching.
-            got, drained = self._claim_and_run(before_run=self.waiter.release_watch, watched_seq=total)
+            # The claim records the count it saw as watched if it drains the queue; then, before
+            # running the batch, the next idle consumer takes over watching.
+            got, drained = self._claim_and_run(before_run=self._hand_watch_on, as_watcher=True)
             return got > 0 and not drained
         finally:
             if self.waiter.watching:  # not yet handed on (no jobs, or an error)
@@ -235,15 +234,19 @@ class Worker:
 
     # -------------------------------------------------------- claim, run, ack
 
-    def _claim_and_run(self, before_run=None, watched_seq: int | None = None) -> tuple[int, bool]:
+    def _hand_watch_on(self, claimed: int) -> None:
+        self.waiter.after_claim(claimed)
+        self.waiter.release_watch(wait=False)
+
+    def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
-        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, watched_seq)
+        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, as_watcher)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
-            before_run()
+            before_run(len(claim.jobs))
         if claim.jobs:
             self._run_batch(claim.jobs, claim.token)
         return len(claim.jobs), claim.drained

@@ -114,12 +114,17 @@ class Session:
         self.auto_increment_increment = 1
         self.server_version = ""
         self.connection_id: int | None = None  # readable from other threads (the stopper)
+        self._unread = False  # a statement sent by send_later whose reply is still on the wire
+        self._attempt_idempotent = True
+        self._committed_in_body = False
 
     @property
     def conn(self) -> MySQLdb.connections.Connection:
         if self._conn is None:
             self.connect()
         assert self._conn is not None
+        if self._unread:
+            self._read_later_reply()
         return self._conn
 
     def connect(self) -> None:
@@ -167,6 +172,7 @@ class Session:
         return conn
 
     def discard(self) -> None:
+        self._unread = False
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -180,6 +186,57 @@ class Session:
 
     def cursor(self):
         return self.conn.cursor()
+
+    def send_later(self, sql: str, params: dict[str, Any]) -> None:
+        """Send one result-less statement (DO ...) and return without waiting for its reply.
+
+        The server acts on it as soon as it arrives; the reply is read before this session's
+        next statement. For the watch hand-off: the next idle consumer is granted the watch
+        lock while this one already runs its batch, a round trip sooner. Only on autocommit
+        sessions, and only for statements whose failure needs no handling beyond a reconnect
+        (a lost connection frees every advisory lock it held anyway).
+        """
+        assert self.autocommit
+        conn = self.conn
+        cur = conn.cursor()
+        try:
+            query = cur.mogrify(sql, params).encode(conn.encoding)
+        finally:
+            cur.close()
+        try:
+            conn.send_query(query)
+        except MySQLdb.Error as e:
+            self._after_error(e)
+            return
+        self._unread = True
+
+    def _read_later_reply(self) -> None:
+        self._unread = False
+        try:
+            self._conn.read_query_result()
+        except MySQLdb.Error as e:
+            if not is_connection_lost(e):
+                raise
+            self.discard()
+            self.connect()
+
+    def commit_with(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
+        """A transaction's last statements and its COMMIT, sent as one multi-statement query.
+
+        One round trip instead of len(statements) + 1 (mysqlclient enables multi-statement
+        queries by default; every value is bound by mogrify, as in execute). Returns each
+        statement's rowcount. Only inside an idempotent Session.run body: a connection lost
+        here leaves the COMMIT's outcome unknown, and the body must be safe to run again.
+        """
+        if not self._attempt_idempotent or self.autocommit:
+            raise AssertionError("commit_with is for idempotent transactions only")
+        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements] + ["COMMIT"])
+        cur.execute(query)
+        rowcounts = [cur.rowcount]
+        while cur.nextset():
+            rowcounts.append(cur.rowcount)
+        self._committed_in_body = True
+        return rowcounts[:len(statements)]
 
     def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
@@ -218,13 +275,14 @@ class Session:
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
         committing = False
+        self._attempt_idempotent, self._committed_in_body = idempotent, False
         try:
             cur = self.conn.cursor()
             try:
                 result = body(cur)
             finally:
                 cur.close()
-            if not self.autocommit:
+            if not self.autocommit and not self._committed_in_body:
                 committing = True
                 self.conn.commit()
             return result

@@ -13,18 +13,17 @@ DEPTH_CACHE_S so several scrapers do not multiply it).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 from notifyq import errors
+
+# prometheus_client and http.server (~40 ms of imports) are imported where they are first used:
+# every consumer imports this module for Histogram, few serve the endpoint.
 
 log = logging.getLogger("notifyq.metrics")
 
@@ -101,6 +100,8 @@ class ServiceCollector:
         return []  # registering must not scrape (the service may not have started)
 
     def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         svc = self.service
         workers = list(svc.workers)
         queues = list(dict.fromkeys([*svc.options.queues, *(w.queue for w in workers)]))
@@ -116,6 +117,8 @@ class ServiceCollector:
                                 value=1 if workers and svc.healthy() else 0)
 
     def _job_counters(self, workers, queues) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
         for name, doc in COUNTERS:
             family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=["queue"])
             for q in queues:
@@ -127,6 +130,8 @@ class ServiceCollector:
         yield batches
 
     def _histograms(self, workers, queues) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
         for attr, metric, doc, make in (
                 ("handler_seconds", "notifyq_handler_seconds",
                  "Handler run time per call (one job, or one batch with --per-batch).",
@@ -143,6 +148,8 @@ class ServiceCollector:
             yield family
 
     def _wakeups(self, workers, queues) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         wakeups = CounterMetricFamily(
             "notifyq_wakeups", "Why an idle worker went to claim: bell (producer rang), signal "
             "(count moved, found by polling), due (a scheduled job came due), timeout (safety poll).",
@@ -167,6 +174,8 @@ class ServiceCollector:
         yield from (wakeups, locks, polling, watching, busy, count)
 
     def _depth_gauges(self, queues) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         depth, ok = self._read_depth(queues)
         up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.",
                                value=int(ok))
@@ -204,6 +213,8 @@ class ServiceCollector:
             return self._depth, self._depth_ok
 
     def _periodic(self, scheduler) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         leader = GaugeMetricFamily("notifyq_periodic_leader", "1 where this process enqueues the "
                                    "queue's periodic jobs.", labels=["queue"])
         enqueued = CounterMetricFamily("notifyq_periodic_enqueued", "Periodic ticks enqueued here.",
@@ -227,43 +238,64 @@ class ServiceCollector:
                 self._session = None
 
 
-class MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
+class MetricsServer:
+    """The endpoint: a threading HTTP server answering from a registry of its own."""
 
     def __init__(self, addr: tuple[str, int], collector: ServiceCollector):
+        from http.server import ThreadingHTTPServer
+        from prometheus_client import CollectorRegistry
+
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.collector = collector
-        super().__init__(addr, _Handler)
+        self.httpd = ThreadingHTTPServer(addr, _handler_class())
+        self.httpd.daemon_threads = True
+        self.httpd.endpoint = self  # type: ignore[attr-defined]  # how a request finds us
+
+    @property
+    def server_port(self) -> int:
+        return self.httpd.server_port
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
 
     def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        self.httpd.shutdown()
+        self.httpd.server_close()
         self.collector.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: MetricsServer
+@functools.cache
+def _handler_class() -> type:
+    """Defined on first use: its base class comes from http.server."""
+    from http.server import BaseHTTPRequestHandler
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
-        elif path == "/healthz":
-            ok = self.server.collector.service.healthy()
-            self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
-        else:
-            self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
+    from prometheus_client import generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-    def _send(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            endpoint: MetricsServer = self.server.endpoint  # type: ignore[attr-defined]
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(endpoint.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = endpoint.collector.service.healthy()
+                self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+            else:
+                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("metrics request " + format, *args)
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            log.debug("metrics request " + format, *args)
+
+    return Handler
 
 
 def serve(service: Any, port: int, addr: str = "") -> MetricsServer:

@@ -54,7 +54,7 @@ class Producer:
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
         if dedup_key is not None:
             return self._write(lambda cur: self._insert_unique(cur, row), 1, conn)
-        return self._write(lambda cur: self._insert(cur, [row], conn), 1, conn)[0]
+        return self._write(lambda cur: self._insert(cur, [row], conn, bump_n=1), 1, conn)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
@@ -68,8 +68,8 @@ class Producer:
         def body(cur) -> list[int]:
             ids: list[int] = []
             for i in range(0, len(rows), size):
-                ids += self._insert(cur, rows[i:i + size], conn, bump=False)
-            store.bump_signal(cur, self.queue, len(rows))
+                last = i + size >= len(rows)  # the last chunk carries the bump for all of them
+                ids += self._insert(cur, rows[i:i + size], conn, bump_n=len(rows) if last else 0)
             return ids
 
         return self._write(body, len(rows), conn)
@@ -115,12 +115,9 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return (self.queue, int(status), int(priority), max(0, int(delay * 1e6)), attempts, text, dedup_key)
 
-    def _insert(self, cur, rows: list[tuple], conn: Any, bump: bool = True) -> list[int]:
+    def _insert(self, cur, rows: list[tuple], conn: Any, bump_n: int) -> list[int]:
         increment = self._session.auto_increment_increment if conn is None else _increment(cur)
-        ids = store.insert_jobs(cur, rows, increment)
-        if bump:
-            store.bump_signal(cur, self.queue, len(rows))
-        return ids
+        return store.insert_jobs(cur, rows, increment, (self.queue, bump_n) if bump_n else None)
 
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")

@@ -5,15 +5,21 @@ The one holding it, the watcher, runs one statement in a loop (sql `watch`): it 
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
 inside that same statement: in GET_LOCK on the current bell when a long-running producer rings
 this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
-poll_max_s, and never past the earliest scheduled job's run_at). When the count moved, the
-watcher claims a batch while still holding the watch lock; if that batch drained the queue the
-claim's transaction records the count as watched (store.claim, watched_seq), so the next
-watcher does not wake for work already taken. Then it releases the watch lock, before running
-the batch: the next idle consumer becomes the watcher. A burst therefore wakes
-consumers one after another while batches come back full, and a single job wakes exactly one.
+poll_max_s, and never past the earliest scheduled job's run_at). When the count moved or the
+bell rang, the watcher claims a batch while still holding the watch lock. That claim reads the
+count again in its first round trip, just before its candidate read, and if the batch drained
+the queue it records that count as watched in its own COMMIT (store.claim, as_watcher), so the
+next watcher does not wake for work already taken. Then it releases the watch lock (without
+waiting for the reply) before running the batch: the next idle consumer becomes the watcher.
+A burst therefore wakes consumers one after another while batches come back full, and a
+single job wakes exactly one.
+
+From a ring to the handler: the producer's RELEASE_LOCK, the grant ending the watch statement
+(which releases the bell itself), then the claim's three round trips (count + candidates, the
+locking read, the mark + COMMIT).
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
-and after every wait the count is read again.
+and after every wait either the count is read again or a claim looks at the jobs table.
 
 Bells: a producer ringer holds bell[b] where b is nq_queue.bell. To publish, it takes
 bell[1-b], commits its jobs together with nq_queue.bell = 1-b, then releases bell[b]. So a
@@ -22,10 +28,11 @@ after that commit. The watcher waits on the bell its read named whenever either 
   - read before the commit, GET_LOCK before the release: it is granted bell[b] on release;
   - read before the commit, GET_LOCK after the release: bell[b] is free, granted at once;
   - read after the commit: it sees the new count and does not wait.
-After a grant it releases the bell at once (the producer needs it for its next ring) and reads
-again. No interleaving loses the wake-up. Two grants in a row on the same bell value mean the
-bells are in a state no ringer leaves them in for long (a producer arming or dying): the next
-wait sleeps instead, so that can never become a spin.
+The watch statement releases a granted bell at once (the producer needs it for its next ring),
+and the watcher goes to claim. No interleaving loses the wake-up. A grant whose claim found
+nothing, with no new count since, means the bells are in a state no ringer leaves them in for
+long (a producer arming or dying): that watcher's next wait sleeps instead, so a free bell can
+never become a spin.
 
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
@@ -80,6 +87,8 @@ class Waiter:
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
         self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
+        self._last_grant: int | None = None  # bell value of the last grant, until the count moves
+        self._last_grant_total = -1
         self._last_total = -1  # polling fallback only
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
 
@@ -114,15 +123,25 @@ class Waiter:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
 
-    def release_watch(self) -> None:
+    def release_watch(self, wait: bool = True) -> None:
+        """Hand the watch on. wait=False sends the release without waiting for its reply: the
+        next idle consumer is granted the watch while we already run our batch."""
         if self.watching:
             self.watching = False
-            store.release_lock(self.session, self.locks.watch)
+            if wait:
+                store.release_lock(self.session, self.locks.watch)
+            else:
+                store.release_lock_later(self.session, self.locks.watch)
 
     # -------------------------------------------------------- waiting for work
 
-    def wait_for_work(self, safety_s: float = SAFETY_S) -> int | None:
-        """As the watcher: return the enqueue count once there is something to claim.
+    def wait_for_work(self, safety_s: float = SAFETY_S) -> bool | None:
+        """As the watcher: return True once there may be something to claim.
+
+        That is: the enqueue count moved past the watched count, a scheduled job fell due, or
+        a producer rang the bell. A bell grant returns at once, without reading the count
+        again: the claim reads it itself in its first round trip (store.claim, as_watcher),
+        so a ring costs one statement here between the producer's release and the claim.
 
         Returns None when stopping, or when the lock session reconnected (the caller must
         re-register first). The watch statement also reports the time until the earliest
@@ -134,50 +153,53 @@ class Waiter:
         start = time.monotonic()
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
-        rang = False  # the last wait ended with a bell: the work found now came with it
-        granted_on: int | None = None  # bell value of the previous statement's grant
-        use_bell = True
         while not self.stop.is_set():
             self.on_turn()
             wait = min(backoff, self.cfg.poll_max_s)
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
-            state = store.watch(self.session, self.queue, self.locks.bells, wait, use_bell)
-            if state.waited == 1:
-                # Granted the bell: hand it straight back (its producer needs it for the next
-                # ring), before anything else can return or raise with it held.
-                store.release_lock(self.session, self.locks.bells[state.bell])
+            # A grant that brought no work, and no new count since: a second grant would mean
+            # the bells are in a state no ringer leaves them in for long (see the module
+            # docstring), so sleep this wait instead of spinning on a free bell.
+            state = store.watch(self.session, self.queue, self.locks.bells, wait,
+                                use_bell=self._last_grant is None)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
             if state.total < 0:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
-                rang = False
                 continue
             if state.reap:
                 self.on_reap()
+            if state.total != self._last_grant_total:
+                self._last_grant = None  # the count moved since that grant: it was a real ring
             if not state.paused:
                 if state.total > state.watched:
-                    self.wakeups["bell" if rang else "signal"] += 1
-                    return state.total
+                    self.wakeups["signal"] += 1
+                    return True
                 if state.due_in_s is not None and state.due_in_s <= 0:
                     self.wakeups["due"] += 1
-                    return state.total
+                    return True
             # A paused queue ignores due jobs: waking for them would only find the pause again.
             due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
-            rang = state.waited == 1
-            # Two grants in a row on the same bell value: no ring explains that (see the
-            # module docstring); sleep the next wait instead of spinning on a free bell.
-            use_bell = not (rang and granted_on == state.bell)
-            granted_on = state.bell if rang else None
-            if state.waited is None and not rang:  # interrupted: a stop request or an instant wake
+            if state.waited == 1:
+                self._last_grant, self._last_grant_total = state.bell, state.total
+                if state.paused:
+                    continue
+                self.wakeups["bell"] += 1
+                return True
+            if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
                 continue
-            if not rang:
-                backoff *= 2
+            backoff *= 2
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
-                return state.total
+                return True
         return None
+
+    def after_claim(self, claimed: int) -> None:
+        """The claim that followed a wake-up took `claimed` jobs: a bell that brought work was a ring."""
+        if claimed:
+            self._last_grant = None
 
     def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.

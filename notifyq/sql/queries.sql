@@ -157,9 +157,12 @@ WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
 -- nothing new arrived (or the queue is paused) wait: in GET_LOCK on the bell the read names
 -- when a ringing producer holds either bell, else in SLEEP. A ringer holds only the other bell
 -- once it has committed and swapped, so then the named bell is free and granted at once: a ring
--- between our read and our wait is never slept through (wakeup.py). The derived table is read
--- before the wait; the caller re-runs the statement after every wait. use_bell = 0 forces SLEEP.
--- waited: 1 bell granted (release it), 0 bell wait timed out, -1 slept, NULL did not wait/killed.
+-- between our read and our wait is never slept through (wakeup.py). A granted bell is released
+-- in the same statement, at once: its producer needs it for the next ring, and the watcher saves
+-- a round trip on its way to the claim. Everything is read before the wait (one statement, one
+-- snapshot): after a grant the claim itself reads the count again. use_bell = 0 forces SLEEP.
+-- waited: 1 bell granted (and released), 0 bell wait timed out or was killed, -1 slept,
+-- NULL did not wait.
 -- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
 -- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
 SELECT s.total, q.watched_seq, q.paused, q.bell,
@@ -171,11 +174,16 @@ SELECT s.total, q.watched_seq, q.paused, q.bell,
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
-             GET_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s), %(wait_s)s),
+             IF(GET_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s), %(wait_s)s) = 1,
+                RELEASE_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s)), 0),
              SLEEP(%(wait_s)s) - 1)) AS waited
 FROM nq_queue q,
      (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
 WHERE q.queue = %(queue)s
+
+-- signal_total --
+-- The queue's enqueue count: what a watcher's claim records as watched when it drains the queue.
+SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s
 
 -- mark_watched --
 -- Everything enqueued up to `seq` has been claimed: run inside the watcher's claim when that
@@ -193,6 +201,10 @@ SELECT GET_LOCK(%(name)s, %(wait_s)s)
 
 -- release_lock --
 SELECT RELEASE_LOCK(%(name)s)
+
+-- release_lock_later --
+-- Sent without waiting for its reply: DO returns no result set to read later.
+DO RELEASE_LOCK(%(name)s)
 
 -- lock_holder --
 SELECT IS_USED_LOCK(%(name)s)

@@ -1,0 +1,49 @@
+"""Enqueue against a real server: the signal bump travels with the jobs, in every path."""
+
+import json
+
+import MySQLdb
+import pytest
+
+from notifyq.producer import Producer
+
+
+def _signal(db) -> int:
+    return int(db.scalar("SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = 'q'"))
+
+
+def test_put_and_put_many_bump_the_signal_by_exactly_the_jobs_they_commit(db):
+    cfg = db.config(producer={"chunk_size": 100})
+    with Producer("q", cfg) as p:
+        one = p.put({"n": -1})
+        assert _signal(db) == 1
+        many = p.put_many([{"n": i} for i in range(250)])  # three chunks, one bump of 250
+        assert _signal(db) == 251
+        again = p.put({"n": 250})
+    assert _signal(db) == 252
+    rows = db.query("SELECT id, payload FROM nq_job WHERE queue = 'q' ORDER BY id")
+    assert [r[0] for r in rows] == [one, *many, again]
+    assert [json.loads(r[1])["n"] for r in rows] == list(range(-1, 251))
+
+
+@pytest.mark.parametrize("multi_statements", [True, False])
+def test_put_on_the_callers_connection_commits_and_rolls_back_with_it(db, multi_statements):
+    # A caller's connection opened with multi_statements=False gets the bump as its own
+    # statement; with them on, in the INSERT's round trip. Either way it is the caller's
+    # transaction: rolled back, nothing of it stays; committed, the jobs and the bump do.
+    dsn = db.dsn
+    conn = MySQLdb.connect(**dsn.connect_args(), autocommit=False, multi_statements=multi_statements)
+    try:
+        with Producer("q", db.config()) as p:
+            p.put({"n": 1}, conn=conn)
+            p.put_many([{"n": 2}, {"n": 3}], conn=conn)
+            conn.rollback()
+            assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+            assert _signal(db) == 0
+            ids = [p.put({"n": 4}, conn=conn), *p.put_many([{"n": 5}, {"n": 6}], conn=conn)]
+            conn.cursor().execute("SELECT 1")  # the connection is in sync: nothing left unread
+            conn.commit()
+    finally:
+        conn.close()
+    assert [r[0] for r in db.query("SELECT id FROM nq_job ORDER BY id")] == ids
+    assert _signal(db) == 3

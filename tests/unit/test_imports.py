@@ -1,0 +1,50 @@
+"""Start-up cost: a consumer or producer without metrics or periodic jobs never imports
+prometheus_client, croniter or http.server; the package's public names still resolve."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import notifyq
+
+HEAVY = ("prometheus_client", "croniter", "http.server")
+
+
+def loaded_after(code: str) -> set[str]:
+    """The HEAVY modules in sys.modules after running `code` in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\n"
+                          f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_importing_the_library_loads_no_metrics_or_cron_modules():
+    code = ("import notifyq, notifyq.service, notifyq.consumer, notifyq.producer, notifyq.cli\n"
+            "notifyq.Producer, notifyq.ConsumerService, notifyq.ConsumeOptions\n"
+            "notifyq.metrics.handler_seconds_histogram().observe(0.2)")
+    assert loaded_after(code) == set()
+
+
+def test_the_check_sees_them_once_metrics_and_cron_are_used():
+    # The probe above must be able to fail: using the features loads the modules.
+    code = ("import datetime as dt\n"
+            "from notifyq import metrics, periodic\n"
+            "periodic.latest_tick('* * * * *', dt.datetime.now(dt.timezone.utc))\n"
+            "metrics.MetricsServer(('127.0.0.1', 0), metrics.ServiceCollector(None)).httpd.server_close()")
+    assert loaded_after(code) == set(HEAVY)
+
+
+def test_the_lazy_public_names_resolve_to_the_real_objects():
+    from notifyq import producer, service
+
+    assert notifyq.Producer is producer.Producer
+    assert notifyq.ConsumerService is service.ConsumerService
+    assert notifyq.ConsumeOptions is service.ConsumeOptions
+    assert set(notifyq.__all__) <= set(dir(notifyq))
+    namespace: dict = {}
+    exec("from notifyq import *", namespace)
+    assert set(notifyq.__all__) <= set(namespace)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        notifyq.Nope  # noqa: B018
