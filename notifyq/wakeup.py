@@ -293,7 +293,11 @@ class Bell:
     def after_commit(self) -> None:
         if self.held is None or self._next is None:
             return
-        store.release_lock(self.session, self.locks.bells[self.held])  # ring
+        # Ring, without waiting for the reply: the server grants the bell to the watcher the
+        # moment the release arrives, and put() returns right after its COMMIT. The reply is
+        # read before this session's next statement (a lost connection shows up there, as a
+        # new generation, and the next put re-arms).
+        store.release_lock_later(self.session, self.locks.bells[self.held])
         self.held, self._next = self._next, None
 
     def after_rollback(self) -> None:

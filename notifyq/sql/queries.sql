@@ -282,14 +282,15 @@ ORDER BY id LIMIT %(limit)s
 -- Back to ready now with the attempts reset; the last error stays for the record. Never a
 -- claimed job (it is running). IGNORE: a job whose dedup key a pending job holds meanwhile
 -- stays where it is instead of failing the whole chunk on the unique index.
-UPDATE IGNORE nq_job
+UPDATE IGNORE nq_job FORCE INDEX (PRIMARY)
 SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status IN (1, 3, 4)
 
 -- job_purge --
 -- The status is tested again: a job retried since its chunk was read is not deleted.
-DELETE FROM nq_job WHERE id IN %(ids)s AND status = %(status)s
+-- By primary key only, as the acks (the optimizer read a status index and locked more).
+DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status = %(status)s
 
 -- job_cancel_pending --
 -- Not yet claimed (ready or scheduled): gone, and its dedup key with it.

@@ -1,0 +1,78 @@
+"""Plans of the by-id statements on a SMALL table (300 jobs).
+
+test_claim.py locks the claim's plan on 100k rows. On a few hundred rows the optimizer judged
+a 100-id IN list not worth a range read and scanned instead (a full table scan, or a full scan
+of PRIMARY or of ix_lease), and a locking scan locks every row it passes: consumers waited on,
+and deadlocked over, each other's claimed rows. These statements now say FORCE INDEX (PRIMARY);
+each EXPLAIN here must show a PRIMARY key range.
+"""
+
+import re
+
+import pytest
+
+from notifyq import store
+from notifyq.db import Ids, Session
+from notifyq.producer import Producer
+from notifyq.sql import QUERIES
+
+OWNER = "e" * 32
+# Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
+# test here, not quietly take it off the list.
+BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
+         "reclaim_expired", "job_retry", "job_purge")
+CLAIM_STEPS = {"claim_lock", "claim_mark"}
+GOOD_ACCESS = ("range", "const", "eq_ref")
+
+
+@pytest.fixture
+def small_queue(db):
+    """300 jobs on queue q: 100 claimed by OWNER (the claim's token), 200 ready."""
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(300)])
+    session = Session(cfg.dsn)
+    try:
+        claim = store.claim(session, "q", OWNER, 100, 60)
+        yield session, claim
+    finally:
+        session.conn.rollback()  # EXPLAIN opened a transaction: its metadata lock blocks the DROP
+        session.close()
+
+
+def explain(session: Session, sql: str, params: dict) -> list[dict]:
+    cur = session.conn.cursor()
+    cur.execute("EXPLAIN " + sql, params)
+    names = [d[0] for d in cur.description]  # by name: MySQL 8 adds a `partitions` column
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def bound(name: str, claim: store.Claim, ready_ids: list[int]) -> dict:
+    """Real values for exactly the parameters the statement names: the claim steps take ready
+    jobs, the others act on the claimed ones."""
+    claimed = [job.id for job in claim.jobs]
+    values = {"ids": Ids(ready_ids if name in CLAIM_STEPS else claimed), "owner": OWNER,
+              "token": claim.token, "lease_us": 60_000_000, "error": "lease expired", "status": 3}
+    return {param: values[param] for param in re.findall(r"%\((\w+)\)s", QUERIES[name])}
+
+
+@pytest.mark.parametrize("name", BY_ID)
+def test_by_id_statement_reads_a_primary_key_range_on_300_rows(db, small_queue, name):
+    # Given 300 jobs of one queue, 100 of them claimed
+    session, claim = small_queue
+    assert len(claim.jobs) == 100
+    ready = [r[0] for r in db.query("SELECT id FROM nq_job WHERE status = 0 ORDER BY id LIMIT 100")]
+    # When the statement is explained with 100 ids
+    plan = explain(session, QUERIES[name], bound(name, claim, ready))
+    # Then nq_job is read by a PRIMARY key range: no full scan of the table or of an index
+    rows = [r for r in plan if r["table"] == "nq_job"]
+    assert rows, plan
+    for row in rows:
+        assert row["key"] == "PRIMARY" and row["type"] in GOOD_ACCESS, (name, plan)
+
+
+def test_every_by_id_statement_is_pinned_above():
+    # A new `IN %(ids)s` statement gets a plan test here
+    by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
+    assert by_id == set(BY_ID)
+    assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in BY_ID)
