@@ -234,8 +234,7 @@ class Worker:
 
     # -------------------------------------------------------- claim, run, ack
 
-    def _hand_watch_on(self, claimed: int) -> None:
-        self.waiter.after_claim(claimed)
+    def _hand_watch_on(self) -> None:
         self.waiter.release_watch(wait=False)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
@@ -246,7 +245,7 @@ class Worker:
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
-            before_run(len(claim.jobs))
+            before_run()
         if claim.jobs:
             self._run_batch(claim.jobs, claim.token)
         return len(claim.jobs), claim.drained

@@ -71,16 +71,19 @@ def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int,
     # %), but each distinct value is rendered once: in a put_many chunk five of the seven
     # values repeat in every row, and literal() per value was half of a bulk producer's CPU.
     db = cur.connection
-    rendered: dict[tuple, bytes] = {}
-    args = []
-    for row in rows:
-        for value in row:
-            key = (value.__class__, value)  # the class too: 1 and True are equal keys
-            text = rendered.get(key)
-            if text is None:
-                text = rendered[key] = db.literal(value)
-            args.append(text)
-    statement = sql.encode(db.encoding) % tuple(args)
+    if len(rows) == 1:  # put(): nothing repeats
+        args = [db.literal(value) for value in rows[0]]
+    else:
+        rendered: dict[tuple, bytes] = {}
+        args = []
+        for row in rows:
+            for value in row:
+                key = (value.__class__, value)  # the class too: 1 and True are equal keys
+                text = rendered.get(key)
+                if text is None:
+                    text = rendered[key] = db.literal(value)
+                args.append(text)
+    statement = _encoded(sql, db.encoding) % tuple(args)
     if combine:
         assert signal is not None
         statement += _rendered_bump(db, *signal)
@@ -104,6 +107,11 @@ def _rendered_bump(db, queue: str, n: int) -> bytes:
 def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int) -> bytes:
     params = {"queue": queue_literal, "slot": str(slot).encode(), "n": str(int(n)).encode()}
     return b";\n" + Q["bump_signal"].encode(encoding) % {k.encode(): v for k, v in params.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _encoded(sql: str, encoding: str) -> bytes:
+    return sql.encode(encoding)
 
 
 @functools.lru_cache(maxsize=64)

@@ -29,10 +29,10 @@ after that commit. The watcher waits on the bell its read named whenever either 
   - read before the commit, GET_LOCK after the release: bell[b] is free, granted at once;
   - read after the commit: it sees the new count and does not wait.
 The watch statement releases a granted bell at once (the producer needs it for its next ring),
-and the watcher goes to claim. No interleaving loses the wake-up. A grant whose claim found
-nothing, with no new count since, means the bells are in a state no ringer leaves them in for
-long (a producer arming or dying): that watcher's next wait sleeps instead, so a free bell can
-never become a spin.
+and the watcher goes to claim. No interleaving loses the wake-up. Two grants on the same bell
+value with the same count mean the bells are in a state no ringer leaves them in for long (a
+producer arming or dying): that watcher's next waits sleep instead until the count moves, so
+a free bell can never become a spin (at most one needless claim per consumer).
 
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
@@ -65,6 +65,7 @@ log = logging.getLogger("notifyq.wakeup")
 # Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
 LOCKS_UNAVAILABLE = frozenset({1235, 1105})
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
+ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
 
 
 def locks_unavailable(exc: BaseException) -> bool:
@@ -87,8 +88,8 @@ class Waiter:
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
         self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
-        self._last_grant: int | None = None  # bell value of the last grant, until the count moves
-        self._last_grant_total = -1
+        self._last_grant: tuple[int, int] | None = None  # (bell value, count) of the last grant
+        self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
         self._last_total = -1  # polling fallback only
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
 
@@ -159,11 +160,8 @@ class Waiter:
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
-            # A grant that brought no work, and no new count since: a second grant would mean
-            # the bells are in a state no ringer leaves them in for long (see the module
-            # docstring), so sleep this wait instead of spinning on a free bell.
             state = store.watch(self.session, self.queue, self.locks.bells, wait,
-                                use_bell=self._last_grant is None)
+                                use_bell=not self._suspect_bell)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
@@ -171,8 +169,8 @@ class Waiter:
                 continue
             if state.reap:
                 self.on_reap()
-            if state.total != self._last_grant_total:
-                self._last_grant = None  # the count moved since that grant: it was a real ring
+            if self._last_grant is not None and state.total != self._last_grant[1]:
+                self._suspect_bell = False  # the count moved: rings are real again
             if not state.paused:
                 if state.total > state.watched:
                     self.wakeups["signal"] += 1
@@ -183,7 +181,16 @@ class Waiter:
             # A paused queue ignores due jobs: waking for them would only find the pause again.
             due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
             if state.waited == 1:
-                self._last_grant, self._last_grant_total = state.bell, state.total
+                # Every ring flips the bell and comes with a new count. A grant on the same
+                # bell value with the same count as the last grant (in this turn or an earlier
+                # one) had no ring behind it: the bells are in a state no ringer leaves them in
+                # for long (see the module docstring). Sleep the next waits instead of spinning
+                # on a free bell, until the count moves.
+                grant = (state.bell, state.total)
+                if grant == self._last_grant:
+                    self._suspect_bell = True
+                    continue
+                self._last_grant = grant
                 if state.paused:
                     continue
                 self.wakeups["bell"] += 1
@@ -195,11 +202,6 @@ class Waiter:
                 self.wakeups["timeout"] += 1
                 return True
         return None
-
-    def after_claim(self, claimed: int) -> None:
-        """The claim that followed a wake-up took `claimed` jobs: a bell that brought work was a ring."""
-        if claimed:
-            self._last_grant = None
 
     def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.
@@ -241,6 +243,7 @@ class Bell:
         self.held: int | None = None  # index of the bell we hold
         self._next: int | None = None
         self._generation = -1
+        self._retry_arm_at = 0.0
 
     def arm(self, work: Session) -> bool:
         """Become this queue's ringer if none is; `work` is the producer's work session."""
@@ -249,9 +252,14 @@ class Bell:
             self.held = self._next = None
         if self.held is not None:
             return True
+        if time.monotonic() < self._retry_arm_at:
+            return False
         try:
             if store.get_lock(self.session, self.locks.ringer, 0) != 1:
-                return False  # another producer rings this queue's bells
+                # Another producer rings this queue's bells. Ask again in a while, not on every
+                # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
+                self._retry_arm_at = time.monotonic() + ARM_RETRY_S
+                return False
             self._generation = self.session.generation
             store.hold_session(self.session)
             bell = work.run(lambda cur: store.read_bell(cur, self.queue), what="read bell")
