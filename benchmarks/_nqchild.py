@@ -61,16 +61,20 @@ def paced(a: dict) -> dict:
         time.sleep(a.get("settle_s", 0.0))
         start = time.perf_counter()
         sent = 0
+        next_tick = 0.0
         while True:
             elapsed = time.perf_counter() - start
             if elapsed >= duration:
                 break
             due = min(int(rate * elapsed) + 1, int(rate * duration)) - sent
-            if due <= 0:
+            if due <= 0 or elapsed < next_tick:
                 # Commit what is due once per tick (like `notifyq produce` batching its input):
                 # one job -> put(), more -> put_many(); latency counts from the COMMIT either way.
-                time.sleep(max(tick, (sent + 1) / rate - elapsed))
+                # (Until this was checked, a producer whose commit took longer than 1/rate
+                # committed 1-2 jobs at a time back to back, never waiting for the tick.)
+                time.sleep(max(next_tick - elapsed, (sent + 1) / rate - elapsed, 0.0005))
                 continue
+            next_tick = elapsed + tick
             due = min(due, 100)
             if due == 1:
                 new = [producer.put(payload(sent))]

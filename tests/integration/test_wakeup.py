@@ -243,6 +243,38 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
           f"p99={latencies[495] * 1e3:.2f}ms max={latencies[-1] * 1e3:.1f}ms")
 
 
+def test_a_bell_left_free_by_a_half_armed_ringer_costs_one_claim_per_consumer_not_a_spin(db):
+    # Given 3 idle consumers and the state no ringer leaves the bells in for long (a producer
+    # arming or dying): bell[1] held, while the queue row names bell[0], which is free, so a
+    # watcher waiting on it is granted at once, every time
+    cfg = db.config(wakeup={"poll_max_s": 0.2})
+    recorder = Recorder()
+    bells = QueueLocks(db.dsn.database, Q).bells
+    half_armed = admin_connect(db.admin)
+    questions = Questions(db)
+    try:
+        with Fleet(cfg, 3, recorder) as fleet:
+            wait_settled(db, 3)
+            assert db.scalar("SELECT bell FROM nq_queue WHERE queue = %s", (Q,)) == 0
+            half_armed.cursor().execute("SELECT GET_LOCK(%s, 0)", (bells[1],))
+            before, t0 = questions.read(), time.monotonic()
+            # When the fleet idles in that state for 3 s
+            time.sleep(3)  # the measurement window itself, not a synchronisation
+            rate = (questions.read() - before - 1) / (time.monotonic() - t0)
+            bell_wakeups = sum(w.waiter.wakeups["bell"] for w in fleet.workers)
+            # Then each consumer took at most one needless claim for a grant, and the fleet's
+            # statements stay at the backoff poll's rate, not a spin of grants and claims
+            assert bell_wakeups <= 3, bell_wakeups
+            assert rate < 40, f"{rate:.0f} statements/s"
+            # And work put meanwhile (no ring) is still found by the backoff poll
+            with Producer(Q, cfg) as one_shot:
+                job_id = one_shot.put({"after": "stuck bells"})
+            recorder.wait_for(job_id, 0.2 + 2 * MARGIN_S)
+    finally:
+        questions.close()
+        half_armed.close()
+
+
 def test_a_single_job_wakes_exactly_one_of_five_idle_consumers(db):
     # Given five idle consumers: one watcher, four asleep in GET_LOCK behind it
     cfg = db.config()

@@ -1,0 +1,89 @@
+"""Session's one-round-trip helpers against a real server: commit_with and send_later."""
+
+import MySQLdb
+import pytest
+
+from conftest import admin_connect
+from notifyq.db import Session
+
+
+def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.query("INSERT INTO t VALUES (1, 0), (2, 0), (3, 0)")
+    session = Session(db.admin)
+    try:
+        counts = session.run(lambda cur: session.commit_with(cur, [
+            ("UPDATE t SET v = %(v)s WHERE id <= %(n)s", {"v": 7, "n": 2}),
+            ("DELETE FROM t WHERE id = %(id)s", {"id": 3}),
+        ]), what="test")
+        assert counts == [2, 1]
+        assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 7), (2, 7)]
+    finally:
+        session.close()
+
+
+def test_commit_with_a_failing_statement_commits_nothing_and_the_session_goes_on(db):
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
+    session = Session(db.admin)
+    try:
+        # The second statement breaks the primary key: the server stops there, before COMMIT
+        with pytest.raises(MySQLdb.IntegrityError):
+            session.run(lambda cur: session.commit_with(cur, [
+                ("UPDATE t SET v = 9 WHERE id = %(id)s", {"id": 1}),
+                ("UPDATE t SET id = 1 WHERE id = %(id)s", {"id": 2}),
+            ]), what="test")
+        assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 0)]
+        # and the connection is in step: the next transaction runs normally
+        assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
+                           what="test") == 2
+    finally:
+        session.close()
+
+
+def test_commit_with_refuses_a_transaction_that_is_not_idempotent(db):
+    session = Session(db.admin)
+    try:
+        with pytest.raises(AssertionError):
+            session.run(lambda cur: session.commit_with(cur, [("DO 1", {})]), what="test",
+                        idempotent=False)
+    finally:
+        session.close()
+
+
+def test_send_later_acts_at_once_and_its_reply_is_read_before_the_next_statement(db):
+    name = f"{db.admin.database}:later"
+    holder = Session(db.admin, autocommit=True)
+    other = admin_connect(db.admin)
+    try:
+        cur = holder.cursor()
+        cur.execute("SELECT GET_LOCK(%s, 0)", (name,))
+        assert cur.fetchone()[0] == 1
+        cur.close()
+        # When the release is sent without waiting for its reply
+        holder.send_later("DO RELEASE_LOCK(%(name)s)", {"name": name})
+        # Then another session is granted the lock although the holder has read nothing yet
+        ocur = other.cursor()
+        ocur.execute("SELECT GET_LOCK(%s, 5)", (name,))
+        assert ocur.fetchone()[0] == 1
+        # And the holder's next statement runs in step, on the same connection
+        generation = holder.generation
+        assert holder.run(lambda c: (c.execute("SELECT 41 + 1"), c.fetchone()[0])[1], what="test") == 42
+        assert holder.generation == generation
+    finally:
+        holder.close()
+        other.close()
+
+
+def test_send_later_on_a_connection_killed_meanwhile_reconnects_at_the_next_statement(db):
+    holder = Session(db.admin, autocommit=True)
+    killer = admin_connect(db.admin)
+    try:
+        generation = holder.generation if holder.conn else None
+        holder.send_later("DO SLEEP(%(s)s)", {"s": 0.2})
+        killer.cursor().execute(f"KILL CONNECTION {int(holder.connection_id)}")
+        assert holder.run(lambda c: (c.execute("SELECT 1"), c.fetchone()[0])[1], what="test") == 1
+        assert holder.generation == generation + 1
+    finally:
+        holder.close()
+        killer.close()
