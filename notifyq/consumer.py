@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import MySQLdb
 
-from notifyq import errors, locks, metrics, reaper, retry, store
+from notifyq import errors, locks, metrics, reaper, retry, store, store_admin
 from notifyq.config import Config
 from notifyq.db import Session
 from notifyq.jobs import Job
@@ -265,7 +265,8 @@ class Worker:
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
             job._extend = extend_all
-            job._cancel_check = lambda job_id=job.id: store.cancel_requested(self.work, job_id, token)
+            job._cancel_check = (lambda job_id=job.id:
+                                 store_admin.cancel_requested(self.work, job_id, token))
         self.pending = (token, ids)
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
         done: list[Job] = []

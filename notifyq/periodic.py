@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import MySQLdb
 
-from notifyq import admin, errors, store
+from notifyq import admin, errors, store, store_admin
 from notifyq.config import Config
 from notifyq.db import Session
 from notifyq.jobs import Status
@@ -241,7 +241,7 @@ class Scheduler:
         return time.time() + self._offset_s
 
     def _server_now(self) -> dt.datetime:
-        now = store.server_now(self._work_session()).replace(tzinfo=UTC)
+        now = store_admin.server_now(self._work_session()).replace(tzinfo=UTC)
         self._offset_s = now.timestamp() - time.time()
         return now
 
@@ -253,11 +253,11 @@ class Scheduler:
         work = self._work_session()
 
         def body(cur) -> tuple[int | None, dt.datetime | None]:
-            last = store.periodic_last_tick(cur, entry.queue, entry.name)
+            last = store_admin.periodic_last_tick(cur, entry.queue, entry.name)
             if last is None:
-                store.periodic_start(cur, entry.queue, entry.name, naive)
+                store_admin.periodic_start(cur, entry.queue, entry.name, naive)
                 return None, None
-            if last >= naive or not store.periodic_advance(cur, entry.queue, entry.name, naive):
+            if last >= naive or not store_admin.periodic_advance(cur, entry.queue, entry.name, naive):
                 return None, last
             return producer.put(payload, priority=entry.priority, conn=work.conn), last
 

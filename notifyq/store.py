@@ -1,4 +1,6 @@
-"""Every statement notifyq runs goes through here: the only user of sql.QUERIES.
+"""The hot path's statements: enqueue, claim, outcomes, wake-up locks and bells, consumers and
+the reaper. With store_admin.py (status, metrics, `notifyq jobs`, periodic ticks) the only user
+of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the caller's own
 connection for transactional enqueue, or a body passed to Session.run). Functions that take a
@@ -7,7 +9,6 @@ Session own their transaction and retry it whole.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import random
 import secrets
@@ -26,7 +27,7 @@ SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
 
 
-def _us(seconds: float) -> int:
+def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
 
@@ -185,7 +186,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         last: list[tuple[str, dict[str, Any]]] = []
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
-                                           "token": token, "lease_us": _us(lease_s)}))
+                                           "token": token, "lease_us": microseconds(lease_s)}))
         if drained and seen_seq is not None:
             # Last before COMMIT: the queue row's lock is held only for the commit itself, not
             # also while claim_mark rewrites the batch (a ringing producer updates that row too).
@@ -242,7 +243,7 @@ def fail(session: Session, queue: str, token: int, failures: list[tuple[int, flo
                 cur.execute(Q["bury"], {"id": job_id, "token": token, "error": error[:65000]})
             else:
                 cur.execute(Q["retry_later"], {
-                    "id": job_id, "token": token, "error": error[:65000], "delay_us": _us(delay_s)})
+                    "id": job_id, "token": token, "error": error[:65000], "delay_us": microseconds(delay_s)})
                 retried += cur.rowcount
             owned += cur.rowcount
         if retried:
@@ -267,7 +268,7 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
 
 def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> int:
     def body(cur) -> int:
-        cur.execute(Q["extend_lease"], {"ids": ids, "token": token, "lease_us": _us(lease_s)})
+        cur.execute(Q["extend_lease"], {"ids": ids, "token": token, "lease_us": microseconds(lease_s)})
         return cur.rowcount
 
     return session.run(body, what="extend lease")
@@ -275,7 +276,7 @@ def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -
 
 # ---------------------------------------------------------------- advisory locks (lock session)
 
-def _one(session: Session, name: str, params: dict[str, Any], what: str) -> Any:
+def one_value(session: Session, name: str, params: dict[str, Any], what: str) -> Any:
     def body(cur):
         cur.execute(Q[name], params)
         row = cur.fetchone()
@@ -286,11 +287,11 @@ def _one(session: Session, name: str, params: dict[str, Any], what: str) -> Any:
 
 def get_lock(session: Session, name: str, wait_s: float) -> int | None:
     """1 got it, 0 timed out, None interrupted (KILL QUERY) or error. Never a negative wait."""
-    return _one(session, "get_lock", {"name": name, "wait_s": max(0.0, wait_s)}, "get_lock")
+    return one_value(session, "get_lock", {"name": name, "wait_s": max(0.0, wait_s)}, "get_lock")
 
 
 def release_lock(session: Session, name: str) -> int | None:
-    return _one(session, "release_lock", {"name": name}, "release_lock")
+    return one_value(session, "release_lock", {"name": name}, "release_lock")
 
 
 def release_lock_later(session: Session, name: str) -> None:
@@ -300,7 +301,7 @@ def release_lock_later(session: Session, name: str) -> None:
 
 def lock_holder(session: Session, name: str) -> int | None:
     """The connection id holding `name`, or None."""
-    return _one(session, "lock_holder", {"name": name}, "lock_holder")
+    return one_value(session, "lock_holder", {"name": name}, "lock_holder")
 
 
 def kill_query(session: Session, conn_id: int) -> bool:
@@ -411,7 +412,7 @@ def unregister_consumer(session: Session, consumer_id: str) -> None:
 
 
 def reap_needed(session: Session) -> int:
-    return int(_one(session, "reap_needed", {}, "reap check") or 0)
+    return int(one_value(session, "reap_needed", {}, "reap check") or 0)
 
 
 def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
@@ -450,155 +451,3 @@ def reclaim_expired(session: Session) -> int:
         return n
 
     return session.run(body, what="reclaim expired leases")
-
-
-# ---------------------------------------------------------------- status
-
-def queue_counts(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_counts"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
-
-
-def queue_rows(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_rows"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
-
-
-def consumers(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["consumers"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
-
-
-def server_now(session: Session) -> dt.datetime:
-    return _one(session, "server_now", {}, "server time")
-
-
-# ---------------------------------------------------------------- admin: `notifyq jobs`
-
-def get_job(session: Session, job_id: int) -> tuple | None:
-    def body(cur):
-        cur.execute(Q["job_get"], {"id": job_id})
-        return cur.fetchone()
-
-    return session.run(body, what="read job")
-
-
-def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
-              after: int, limit: int) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["job_list"], {"queue": queue, "status": status, "age_us": _us(age_s),
-                                    "after": after, "limit": limit})
-        return list(cur.fetchall())
-
-    return session.run(body, what="list jobs")
-
-
-def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,
-            limit: int) -> list[tuple[int, str]]:
-    def body(cur):
-        cur.execute(Q["job_ids"], {"status": status, "queue": queue, "age_us": _us(age_s),
-                                   "after": after, "limit": limit})
-        return [(int(r[0]), r[1]) for r in cur.fetchall()]
-
-    return session.run(body, what="find jobs")
-
-
-def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
-    """jobs: (id, queue). Back to ready, attempts reset; wakes each queue's watcher."""
-    if not jobs:
-        return 0
-
-    def body(cur) -> int:
-        cur.execute(Q["job_retry"], {"ids": [j[0] for j in jobs]})
-        n = cur.rowcount
-        if n:
-            for queue in {j[1] for j in jobs}:
-                bump_signal(cur, queue, n)
-        return n
-
-    return session.run(body, what="retry jobs")
-
-
-def purge_jobs(session: Session, ids: list[int], status: int) -> int:
-    if not ids:
-        return 0
-
-    def body(cur) -> int:
-        cur.execute(Q["job_purge"], {"ids": ids, "status": status})
-        return cur.rowcount
-
-    return session.run(body, what="purge jobs")
-
-
-def cancel_job(session: Session, job_id: int) -> str | None:
-    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone)."""
-    def body(cur) -> str | None:
-        cur.execute(Q["job_cancel_pending"], {"id": job_id})
-        if cur.rowcount:
-            return "deleted"
-        cur.execute(Q["job_cancel_running"], {"id": job_id})
-        return "requested" if cur.rowcount else None
-
-    return session.run(body, what="cancel job")
-
-
-def cancel_requested(session: Session, job_id: int, token: int) -> bool:
-    def body(cur) -> bool:
-        cur.execute(Q["job_cancel_check"], {"id": job_id, "token": token})
-        row = cur.fetchone()
-        return row is None or bool(row[0])
-
-    return session.run(body, what="cancel check")
-
-
-# ---------------------------------------------------------------- periodic (scheduler's cursor)
-
-def periodic_last_tick(cur, queue: str, name: str) -> dt.datetime | None:
-    cur.execute(Q["periodic_last_tick"], {"queue": queue, "name": name})
-    row = cur.fetchone()
-    return row[0] if row else None
-
-
-def periodic_start(cur, queue: str, name: str, tick: dt.datetime) -> None:
-    cur.execute(Q["periodic_start"], {"queue": queue, "name": name, "tick": tick})
-
-
-def periodic_advance(cur, queue: str, name: str, tick: dt.datetime) -> bool:
-    """True when this transaction owns `tick`: it must enqueue the tick's job before COMMIT."""
-    cur.execute(Q["periodic_advance"], {"queue": queue, "name": name, "tick": tick})
-    return cur.rowcount == 1
-
-
-# ---------------------------------------------------------------- status and metrics figures
-
-def periodic_rows(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["periodic_rows"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
-
-
-def claim_ages(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["claim_ages"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
-
-
-def queue_depth(session: Session, queue: str) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_depth"], {"queue": queue})
-        return list(cur.fetchall())
-
-    return session.run(body, what="queue depth")

@@ -1,0 +1,167 @@
+"""Statements for operators and bookkeeping: `notifyq status`, metrics, `notifyq jobs`, periodic
+ticks — off the hot path. store.py keeps enqueue, claim, outcomes, wake-up and the reaper; with
+it (and schema.py) this is the only user of sql.QUERIES.
+
+Functions that take a cursor run inside a transaction someone else owns (the scheduler's, for
+periodic ticks). Functions that take a Session own their transaction and retry it whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from notifyq import store
+from notifyq.db import Session
+from notifyq.sql import QUERIES as Q
+
+
+# ---------------------------------------------------------------- status
+
+def queue_counts(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["queue_counts"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def queue_rows(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["queue_rows"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def consumers(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["consumers"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def server_now(session: Session) -> dt.datetime:
+    return store.one_value(session, "server_now", {}, "server time")
+
+
+# ---------------------------------------------------------------- admin: `notifyq jobs`
+
+def get_job(session: Session, job_id: int) -> tuple | None:
+    def body(cur):
+        cur.execute(Q["job_get"], {"id": job_id})
+        return cur.fetchone()
+
+    return session.run(body, what="read job")
+
+
+def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
+              after: int, limit: int) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["job_list"], {"queue": queue, "status": status, "age_us": store.microseconds(age_s),
+                                    "after": after, "limit": limit})
+        return list(cur.fetchall())
+
+    return session.run(body, what="list jobs")
+
+
+def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,
+            limit: int) -> list[tuple[int, str]]:
+    def body(cur):
+        cur.execute(Q["job_ids"], {"status": status, "queue": queue, "age_us": store.microseconds(age_s),
+                                   "after": after, "limit": limit})
+        return [(int(r[0]), r[1]) for r in cur.fetchall()]
+
+    return session.run(body, what="find jobs")
+
+
+def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
+    """jobs: (id, queue). Back to ready, attempts reset; wakes each queue's watcher."""
+    if not jobs:
+        return 0
+
+    def body(cur) -> int:
+        cur.execute(Q["job_retry"], {"ids": [j[0] for j in jobs]})
+        n = cur.rowcount
+        if n:
+            for queue in {j[1] for j in jobs}:
+                store.bump_signal(cur, queue, n)
+        return n
+
+    return session.run(body, what="retry jobs")
+
+
+def purge_jobs(session: Session, ids: list[int], status: int) -> int:
+    if not ids:
+        return 0
+
+    def body(cur) -> int:
+        cur.execute(Q["job_purge"], {"ids": ids, "status": status})
+        return cur.rowcount
+
+    return session.run(body, what="purge jobs")
+
+
+def cancel_job(session: Session, job_id: int) -> str | None:
+    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone)."""
+    def body(cur) -> str | None:
+        cur.execute(Q["job_cancel_pending"], {"id": job_id})
+        if cur.rowcount:
+            return "deleted"
+        cur.execute(Q["job_cancel_running"], {"id": job_id})
+        return "requested" if cur.rowcount else None
+
+    return session.run(body, what="cancel job")
+
+
+def cancel_requested(session: Session, job_id: int, token: int) -> bool:
+    def body(cur) -> bool:
+        cur.execute(Q["job_cancel_check"], {"id": job_id, "token": token})
+        row = cur.fetchone()
+        return row is None or bool(row[0])
+
+    return session.run(body, what="cancel check")
+
+
+# ---------------------------------------------------------------- periodic (scheduler's cursor)
+
+def periodic_last_tick(cur, queue: str, name: str) -> dt.datetime | None:
+    cur.execute(Q["periodic_last_tick"], {"queue": queue, "name": name})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def periodic_start(cur, queue: str, name: str, tick: dt.datetime) -> None:
+    cur.execute(Q["periodic_start"], {"queue": queue, "name": name, "tick": tick})
+
+
+def periodic_advance(cur, queue: str, name: str, tick: dt.datetime) -> bool:
+    """True when this transaction owns `tick`: it must enqueue the tick's job before COMMIT."""
+    cur.execute(Q["periodic_advance"], {"queue": queue, "name": name, "tick": tick})
+    return cur.rowcount == 1
+
+
+# ---------------------------------------------------------------- status and metrics figures
+
+def periodic_rows(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["periodic_rows"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def claim_ages(session: Session) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["claim_ages"])
+        return list(cur.fetchall())
+
+    return session.run(body, what="status")
+
+
+def queue_depth(session: Session, queue: str) -> list[tuple]:
+    def body(cur):
+        cur.execute(Q["queue_depth"], {"queue": queue})
+        return list(cur.fetchall())
+
+    return session.run(body, what="queue depth")
