@@ -38,11 +38,7 @@ def ensure_queue(cur, queue: str) -> None:
 
 
 def bump_signal(cur, queue: str, n: int) -> None:
-    cur.execute(Q["bump_signal"], _bump_args(queue, n))
-
-
-def _bump_args(queue: str, n: int) -> dict[str, Any]:
-    return {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n}
+    cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
 
 
 def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int,

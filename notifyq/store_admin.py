@@ -9,36 +9,34 @@ periodic ticks). Functions that take a Session own their transaction and retry i
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from notifyq import store
 from notifyq.db import Session
 from notifyq.sql import QUERIES as Q
 
 
+def _rows(session: Session, name: str, params: dict[str, Any], what: str) -> list[tuple]:
+    """Every row of one named read, in its own transaction."""
+    def body(cur):
+        cur.execute(Q[name], params)
+        return list(cur.fetchall())
+
+    return session.run(body, what=what)
+
+
 # ---------------------------------------------------------------- status
 
 def queue_counts(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_counts"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
+    return _rows(session, "queue_counts", {}, "status")
 
 
 def queue_rows(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_rows"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
+    return _rows(session, "queue_rows", {}, "status")
 
 
 def consumers(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["consumers"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
+    return _rows(session, "consumers", {}, "status")
 
 
 def server_now(session: Session) -> dt.datetime:
@@ -57,12 +55,8 @@ def get_job(session: Session, job_id: int) -> tuple | None:
 
 def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
               after: int, limit: int) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["job_list"], {"queue": queue, "status": status, "age_us": store.microseconds(age_s),
-                                    "after": after, "limit": limit})
-        return list(cur.fetchall())
-
-    return session.run(body, what="list jobs")
+    return _rows(session, "job_list", {"queue": queue, "status": status, "after": after, "limit": limit,
+                                       "age_us": store.microseconds(age_s)}, "list jobs")
 
 
 def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,
@@ -144,24 +138,12 @@ def periodic_advance(cur, queue: str, name: str, tick: dt.datetime) -> bool:
 # ---------------------------------------------------------------- status and metrics figures
 
 def periodic_rows(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["periodic_rows"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
+    return _rows(session, "periodic_rows", {}, "status")
 
 
 def claim_ages(session: Session) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["claim_ages"])
-        return list(cur.fetchall())
-
-    return session.run(body, what="status")
+    return _rows(session, "claim_ages", {}, "status")
 
 
 def queue_depth(session: Session, queue: str) -> list[tuple]:
-    def body(cur):
-        cur.execute(Q["queue_depth"], {"queue": queue})
-        return list(cur.fetchall())
-
-    return session.run(body, what="queue depth")
+    return _rows(session, "queue_depth", {"queue": queue}, "queue depth")
