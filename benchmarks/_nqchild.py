@@ -1,7 +1,7 @@
 """notifyq's side of the benchmark, one role per child process (the floor's twin: _floor.py).
 
 Run by bench.py: `python _nqchild.py ROLE JSON-ARGS`; prints one JSON line. Only the public
-Producer API is used for enqueueing; the claim-latency role calls store.claim/store.ack, the
+Producer API is used for enqueueing; the claim-latency role calls queries.claim/queries.ack, the
 functions every Worker turn goes through.
 """
 
@@ -12,13 +12,13 @@ import os
 import sys
 import time
 
-from notifyq import config as config_mod
-from notifyq import store
-from notifyq.db import Session
-from notifyq.producer import Producer
-
 import _floor
 from _floor import payload
+
+from notifyq import config as config_mod
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
 
 
 def _config(a: dict) -> config_mod.Config:
@@ -95,7 +95,7 @@ def _handler_reads(cur) -> int:
 
 
 def claims(a: dict) -> dict:
-    """Time store.claim (and store.ack) against a standing backlog, plus index reads per claim
+    """Time queries.claim (and queries.ack) against a standing backlog, plus index reads per claim
     (Handler_read_key + Handler_read_next of the claim alone: flat means index-bound)."""
     cfg = _config(a)
     session = Session(cfg.dsn, name="bench")
@@ -106,10 +106,10 @@ def claims(a: dict) -> dict:
     for _ in range(a["m"]):
         reads0 = _handler_reads(session.cursor())
         t0 = time.perf_counter()
-        claim = store.claim(session, a["queue"], owner, a["batch"], 300.0)
+        claim = queries.claim(session, a["queue"], owner, a["batch"], 300.0)
         t1 = time.perf_counter()
         reads += _handler_reads(session.cursor()) - reads0
-        store.ack(session, [j.id for j in claim.jobs], claim.token, False)
+        queries.ack(session, [j.id for j in claim.jobs], claim.token, False)
         claim_s.append(t1 - t0)
         ack_s.append(time.perf_counter() - t1)
         sizes.append(len(claim.jobs))

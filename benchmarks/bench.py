@@ -52,9 +52,9 @@ sys.path.insert(0, str(REPO))
 
 import MySQLdb  # noqa: E402
 
-from notifyq import schema  # noqa: E402
 from notifyq.config import DSN, WakeupConfig  # noqa: E402
-from notifyq.localserver import LocalServer  # noqa: E402
+from notifyq.run.localserver import LocalServer  # noqa: E402
+from notifyq.store import schema  # noqa: E402
 
 SIZES = {
     "full": dict(

@@ -4,7 +4,7 @@ Times each phase of every ring, in one process (one clock), and prints medians:
   put()                      the producer's whole call (bell, INSERT+bump, COMMIT, ring sent)
   commit -> watch returns    put() returned until the watcher's statement came back granted
   watch -> claim start       the watcher's own Python between the two
-  claim                      store.claim: 3 round trips, the last one with the durable COMMIT
+  claim                      queries.claim: 3 round trips, the last one with the durable COMMIT
   claim -> handler           hand-off and dispatch to the handler
   commit -> handler          the total, as benchmarks/wakeup.py measures it
 
@@ -26,11 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from notifyq import config as config_mod, schema, store  # noqa: E402
+from notifyq import config as config_mod  # noqa: E402
 from notifyq.config import DSN  # noqa: E402
-from notifyq.consumer import Budget, Worker  # noqa: E402
-from notifyq.localserver import LocalServer  # noqa: E402
-from notifyq.producer import Producer  # noqa: E402
+from notifyq.consume.worker import Budget, Worker  # noqa: E402
+from notifyq.produce.producer import Producer  # noqa: E402
+from notifyq.run.localserver import LocalServer  # noqa: E402
+from notifyq.store import queries, schema  # noqa: E402
 
 
 class Marks:
@@ -39,8 +40,8 @@ class Marks:
     def __init__(self):
         self.watch_returned: list[float] = []
         self.claims: list[tuple[float, float]] = []
-        self._watch, self._claim = store.watch, store.claim
-        store.watch, store.claim = self.watch, self.claim
+        self._watch, self._claim = queries.watch, queries.claim
+        queries.watch, queries.claim = self.watch, self.claim
 
     def watch(self, *a, **kw):
         result = self._watch(*a, **kw)

@@ -158,7 +158,7 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         from notifyq import errors
-        from notifyq.producer import Producer
+        from notifyq.produce.producer import Producer
 
         try:
             with Producer(QUEUE, self.config, ring=True) as producer:
@@ -205,8 +205,8 @@ class Fleet:
 def _setup_database(server_dsn: str):
     import MySQLdb
 
-    from notifyq import schema
     from notifyq.config import DSN
+    from notifyq.store import schema
 
     root = DSN.parse(server_dsn)
     admin = dataclasses.replace(root, database="nq_soak")
@@ -231,7 +231,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def run(args: argparse.Namespace) -> dict:
     from notifyq import config as config_mod
-    from notifyq.localserver import LocalServer
+    from notifyq.run.localserver import LocalServer
 
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="nq-soak-"))

@@ -150,7 +150,7 @@ def wait_until(pred, timeout: float, what: str, fleet: Fleet | None = None) -> N
 
 def settled(admin: Admin, env: Env, n: int, locks: bool) -> bool:
     if locks:
-        from notifyq.locks import QueueLocks
+        from notifyq.store.locks import QueueLocks
 
         watch = QueueLocks(env.database, QUEUE).watch
         holder, queued, registered = admin.query(
@@ -181,7 +181,7 @@ def latencies(env: Env, admin: Admin, wakeup: dict, producer_wakeup: dict, ring:
               gap: tuple[float, float], n_consumers: int, rx: socket.socket, sock: str,
               seed: int) -> list[float]:
     from notifyq import config as config_mod
-    from notifyq.producer import Producer
+    from notifyq.produce.producer import Producer
 
     locks = wakeup.get("use_locks", True)
     cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"},
@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         args.idle_s, args.bell_rounds, args.oneshot_rounds, args.quiet_rounds = 5.0, 100, 10, 3
 
     sys.path.insert(0, str(REPO))
-    from notifyq import schema
     from notifyq.config import DSN
-    from notifyq.localserver import LocalServer
+    from notifyq.run.localserver import LocalServer
+    from notifyq.store import schema
 
     workdir = Path(tempfile.mkdtemp(prefix="nq-wakeup-bench-"))
     server = None

@@ -5,21 +5,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from notifyq.config import Config, load as load_config
+from notifyq.config import Config
+from notifyq.config import load as load_config
 from notifyq.errors import NotifyqError
 from notifyq.jobs import Job, Status
 
 if TYPE_CHECKING:
-    from notifyq.producer import Producer
-    from notifyq.service import ConsumeOptions, ConsumerService
+    from notifyq.consume.service import ConsumeOptions, ConsumerService
+    from notifyq.produce.producer import Producer
 
 __all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
            "Status", "load_config"]
 
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
-_LAZY = {"Producer": "notifyq.producer", "ConsumeOptions": "notifyq.service",
-         "ConsumerService": "notifyq.service"}
+_LAZY = {"Producer": "notifyq.produce.producer", "ConsumeOptions": "notifyq.consume.service",
+         "ConsumerService": "notifyq.consume.service"}
 
 
 def __getattr__(name: str) -> Any:

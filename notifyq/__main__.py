@@ -1,3 +1,3 @@
-from notifyq.cli import main
+from notifyq.run.cli import main
 
 main()

@@ -8,7 +8,7 @@ this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling
 poll_max_s, and never past the earliest scheduled job's run_at). When the count moved or the
 bell rang, the watcher claims a batch while still holding the watch lock. That claim reads the
 count again in its first round trip, just before its candidate read, and if the batch drained
-the queue it records that count as watched in its own COMMIT (store.claim, as_watcher), so the
+the queue it records that count as watched in its own COMMIT (queries.claim, as_watcher), so the
 next watcher does not wake for work already taken. Then it releases the watch lock (without
 waiting for the reply) before running the batch: the next idle consumer becomes the watcher.
 A burst therefore wakes consumers one after another while batches come back full, and a
@@ -37,7 +37,7 @@ a free bell can never become a spin (at most one needless claim per consumer).
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
 generation and, if it changed, gives up its turn: the worker re-registers (takes its liveness
-lock back, or a new one) before it claims anything. Lock sessions raise their own wait_timeout (store.hold_session),
+lock back, or a new one) before it claims anything. Lock sessions raise their own wait_timeout (queries.hold_session),
 because they sit idle between statements while their owner runs a long batch or a producer
 waits for input, and an idle-timeout disconnect would drop the liveness lock or the bell.
 
@@ -53,23 +53,16 @@ import threading
 import time
 from collections.abc import Callable
 
-import MySQLdb
-
-from notifyq import errors, store
+from notifyq import errors
 from notifyq.config import WakeupConfig
-from notifyq.db import Session, error_code
-from notifyq.locks import QueueLocks
+from notifyq.store import queries
+from notifyq.store.db import DriverError, Session, error_code, locks_unavailable
+from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.wakeup")
 
-# Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
-LOCKS_UNAVAILABLE = frozenset({1235, 1105})
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
 ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
-
-
-def locks_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, MySQLdb.NotSupportedError) or error_code(exc) in LOCKS_UNAVAILABLE
 
 
 class Waiter:
@@ -98,13 +91,13 @@ class Waiter:
     def acquire_watch(self) -> bool:
         """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
         generation = self.session.generation
-        got = store.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
+        got = queries.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock went with the old connection, so we
             # must not claim yet. Give the turn back; the worker re-registers and queues again.
             if got == 1:
-                store.release_lock(self.session, self.locks.watch)
+                queries.release_lock(self.session, self.locks.watch)
             self.watching = False
             return False
         self.watching = got == 1
@@ -119,7 +112,7 @@ class Waiter:
         server's TCP keepalive gives up, hours later; queued consumers must not sleep that long.
         One cheap read per idle_wait_s: if work is pending, the caller claims it itself.
         """
-        state = store.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
+        state = queries.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
         if state.paused or state.total < 0:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
@@ -130,9 +123,9 @@ class Waiter:
         if self.watching:
             self.watching = False
             if wait:
-                store.release_lock(self.session, self.locks.watch)
+                queries.release_lock(self.session, self.locks.watch)
             else:
-                store.release_lock_later(self.session, self.locks.watch)
+                queries.release_lock_later(self.session, self.locks.watch)
 
     # -------------------------------------------------------- waiting for work
 
@@ -141,7 +134,7 @@ class Waiter:
 
         That is: the enqueue count moved past the watched count, a scheduled job fell due, or
         a producer rang the bell. A bell grant returns at once, without reading the count
-        again: the claim reads it itself in its first round trip (store.claim, as_watcher),
+        again: the claim reads it itself in its first round trip (queries.claim, as_watcher),
         so a ring costs one statement here between the producer's release and the claim.
 
         Returns None when stopping, or when the lock session reconnected (the caller must
@@ -160,7 +153,7 @@ class Waiter:
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
-            state = store.watch(self.session, self.queue, self.locks.bells, wait,
+            state = queries.watch(self.session, self.queue, self.locks.bells, wait,
                                 use_bell=not self._suspect_bell)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
@@ -212,7 +205,7 @@ class Waiter:
         start = time.monotonic()
         while not self.stop.is_set():
             self.on_turn()
-            total, paused, due_in_s = store.poll_signal(self.session, self.queue)
+            total, paused, due_in_s = queries.poll_signal(self.session, self.queue)
             if not paused:
                 if total != self._last_total:
                     self._last_total = total
@@ -255,16 +248,16 @@ class Bell:
         if time.monotonic() < self._retry_arm_at:
             return False
         try:
-            if store.get_lock(self.session, self.locks.ringer, 0) != 1:
+            if queries.get_lock(self.session, self.locks.ringer, 0) != 1:
                 # Another producer rings this queue's bells. Ask again in a while, not on every
                 # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
                 self._retry_arm_at = time.monotonic() + ARM_RETRY_S
                 return False
             self._generation = self.session.generation
-            store.hold_session(self.session)
-            bell = work.run(lambda cur: store.read_bell(cur, self.queue), what="read bell")
-            if store.get_lock(self.session, self.locks.bells[bell], 5) != 1:
-                store.release_lock(self.session, self.locks.ringer)
+            queries.hold_session(self.session)
+            bell = work.run(lambda cur: queries.read_bell(cur, self.queue), what="read bell")
+            if queries.get_lock(self.session, self.locks.bells[bell], 5) != 1:
+                queries.release_lock(self.session, self.locks.ringer)
                 return False
             if self.session.generation != self._generation:
                 # Reconnected in between: the ringer lock is gone, but this connection may hold
@@ -273,7 +266,7 @@ class Bell:
                 return False
             self.held = bell
             return True
-        except MySQLdb.Error as e:
+        except DriverError as e:
             if locks_unavailable(e):
                 return False
             raise
@@ -284,9 +277,9 @@ class Bell:
             return
         other = 1 - self.held
         if self._next == other:  # the transaction is being retried: we hold it already
-            store.set_bell(cur, self.queue, other)
+            queries.set_bell(cur, self.queue, other)
             return
-        got = store.get_lock(self.session, self.locks.bells[other], 5)
+        got = queries.get_lock(self.session, self.locks.bells[other], 5)
         if self.session.generation != self._generation:
             # The lock connection was lost and reopened: the ringer lock and our bell went
             # with it. Skip this ring (the watcher's backoff poll covers it) and re-arm later.
@@ -295,7 +288,7 @@ class Bell:
         if got != 1:
             self._next = None  # a watcher sat on it too long: skip this ring, polling covers it
             return
-        store.set_bell(cur, self.queue, other)
+        queries.set_bell(cur, self.queue, other)
         self._next = other
 
     def after_commit(self) -> None:
@@ -305,7 +298,7 @@ class Bell:
         # moment the release arrives, and put() returns right after its COMMIT. The reply is
         # read before this session's next statement (a lost connection shows up there, as a
         # new generation, and the next put re-arms).
-        store.release_lock_later(self.session, self.locks.bells[self.held])
+        queries.release_lock_later(self.session, self.locks.bells[self.held])
         self.held, self._next = self._next, None
 
     def after_rollback(self) -> None:
@@ -328,7 +321,7 @@ class Bell:
         order = (1 - self.held, self.held) if self.held is not None else (0, 1)
         for name in (*(self.locks.bells[i] for i in order), self.locks.ringer):
             try:
-                store.release_lock(self.session, name)
+                queries.release_lock(self.session, name)
             except Exception:  # closing anyway; the server frees them with the session
                 pass
         self.held = None
@@ -350,9 +343,9 @@ def instant_wake(session: Session, locks: QueueLocks) -> bool:
     are rerun when interrupted, so the KILL can never abort a claim.
     """
     try:
-        conn_id = store.lock_holder(session, locks.watch)
-        return bool(conn_id) and store.kill_query(session, conn_id)
-    except (MySQLdb.Error, errors.NotifyqError) as e:
+        conn_id = queries.lock_holder(session, locks.watch)
+        return bool(conn_id) and queries.kill_query(session, conn_id)
+    except (DriverError, errors.NotifyqError) as e:
         log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
         session.discard()
         return False

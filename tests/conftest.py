@@ -16,9 +16,9 @@ import MySQLdb
 import pytest
 
 from notifyq import config as config_mod
-from notifyq import schema
 from notifyq.config import DSN
-from notifyq.localserver import LocalServer
+from notifyq.run.localserver import LocalServer
+from notifyq.store import schema
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_USER = "nq_runtime"

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-
 from conftest import TestDB, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, wait_until
+
 from notifyq.config import DSN
-from notifyq.localserver import LocalServer
+from notifyq.run.localserver import LocalServer
 
 
 @pytest.fixture(scope="session")

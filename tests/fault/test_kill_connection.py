@@ -10,10 +10,20 @@ from __future__ import annotations
 import signal
 
 from conftest import wait_until
-from notifyq import locks
 
-from .conftest import (connections_of, consumer_id_of, consumer_sessions, finished_counts, freeze_mid_batch,
-                       produce, read_runs, recorder_env, write_config)
+from notifyq.store import locks
+
+from .conftest import (
+    connections_of,
+    consumer_id_of,
+    consumer_sessions,
+    finished_counts,
+    freeze_mid_batch,
+    produce,
+    read_runs,
+    recorder_env,
+    write_config,
+)
 
 
 def _kill(testdb, conn_id: int) -> None:

@@ -10,10 +10,19 @@ import signal
 import time
 
 from conftest import wait_until
-from notifyq import locks
 
-from .conftest import (consumer_id_of, consumer_sessions, finished_counts, freeze_mid_batch, produce,
-                       read_runs, recorder_env, started_by)
+from notifyq.store import locks
+
+from .conftest import (
+    consumer_id_of,
+    consumer_sessions,
+    finished_counts,
+    freeze_mid_batch,
+    produce,
+    read_runs,
+    recorder_env,
+    started_by,
+)
 
 
 def test_a_busy_consumer_killed_mid_batch_has_its_jobs_claimed_again_within_5_s_with_default_settings(

@@ -14,8 +14,9 @@ import signal
 import threading
 
 from conftest import wait_until
+
 from notifyq import errors
-from notifyq.producer import Producer
+from notifyq.produce.producer import Producer
 
 from .conftest import finished_counts, read_runs, recorder_env, write_config
 

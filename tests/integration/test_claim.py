@@ -2,10 +2,10 @@
 
 import json
 
-from notifyq import store
-from notifyq.db import Session
-from notifyq.producer import Producer
-from notifyq.sql import QUERIES
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.sql import QUERIES
 
 
 def _explain(db, name, params):
@@ -41,7 +41,7 @@ def test_higher_priority_first_then_oldest(db):
         low = p.put_many([{"n": i} for i in range(20)])
         high = p.put_many([{"n": i} for i in range(5)], priority=10)
     session = Session(cfg.dsn)
-    claim = store.claim(session, "q", "me" * 16, 10, 60)
+    claim = queries.claim(session, "q", "me" * 16, 10, 60)
     assert [j.id for j in claim.jobs] == high + low[:5]
     assert not claim.drained
     session.close()
@@ -53,10 +53,10 @@ def test_scheduled_jobs_wait_for_their_time(db):
         later = p.put({"x": 1}, delay=3600)
         now = p.put({"x": 2})
     session = Session(cfg.dsn)
-    claim = store.claim(session, "q", "me" * 16, 10, 60)
+    claim = queries.claim(session, "q", "me" * 16, 10, 60)
     assert [j.id for j in claim.jobs] == [now]
     db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (later,))
-    claim = store.claim(session, "q", "me" * 16, 10, 60)
+    claim = queries.claim(session, "q", "me" * 16, 10, 60)
     assert [j.id for j in claim.jobs] == [later]
     session.close()
 
@@ -71,7 +71,7 @@ def test_two_claimers_never_share_a_job_and_skip_each_others_locks(db):
     cur.execute(QUERIES["claim_lock"], {"ids": ids[:20]})
     assert len(cur.fetchall()) == 20
     # ... while B claims: it skips A's rows instead of waiting, and takes the next ones
-    claim = store.claim(b, "q", "b" * 32, 20, 60)
+    claim = queries.claim(b, "q", "b" * 32, 20, 60)
     assert {j.id for j in claim.jobs} == set(ids[20:40])
     a.conn.rollback()
     a.close(), b.close()

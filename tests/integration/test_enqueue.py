@@ -5,7 +5,7 @@ import json
 import MySQLdb
 import pytest
 
-from notifyq.producer import Producer
+from notifyq.produce.producer import Producer
 
 
 def _signal(db) -> int:

@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-from notifyq import store
-from notifyq.db import Ids, Session
-from notifyq.producer import Producer
-from notifyq.sql import QUERIES
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Ids, Session
+from notifyq.store.sql import QUERIES
 
 OWNER = "e" * 32
 # Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
@@ -33,7 +33,7 @@ def small_queue(db):
         p.put_many([{"n": i} for i in range(300)])
     session = Session(cfg.dsn)
     try:
-        claim = store.claim(session, "q", OWNER, 100, 60)
+        claim = queries.claim(session, "q", OWNER, 100, 60)
         yield session, claim
     finally:
         session.conn.rollback()  # EXPLAIN opened a transaction: its metadata lock blocks the DROP
@@ -47,7 +47,7 @@ def explain(session: Session, sql: str, params: dict) -> list[dict]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def bound(name: str, claim: store.Claim, ready_ids: list[int]) -> dict:
+def bound(name: str, claim: queries.Claim, ready_ids: list[int]) -> dict:
     """Real values for exactly the parameters the statement names: the claim steps take ready
     jobs, the others act on the claimed ones."""
     claimed = [job.id for job in claim.jobs]

@@ -12,11 +12,13 @@ import time
 import pytest
 from conftest import wait_until
 
-from notifyq import admin, errors, metrics, store
-from notifyq.db import Session
+from notifyq import errors
+from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
-from notifyq.producer import Producer
-from notifyq.service import ConsumeOptions, ConsumerService
+from notifyq.ops import admin, metrics
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
 
 
 @contextlib.contextmanager
@@ -102,9 +104,9 @@ def test_scheduled_jobs_are_invisible_to_claims_until_due(db):
         later = producer.put({"n": 1}, delay=3600)
     session = Session(cfg.dsn)
     try:
-        assert store.claim(session, "sched", "o" * 32, 10, 60).jobs == []
+        assert queries.claim(session, "sched", "o" * 32, 10, 60).jobs == []
         db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (later,))
-        assert [j.id for j in store.claim(session, "sched", "o" * 32, 10, 60).jobs] == [later]
+        assert [j.id for j in queries.claim(session, "sched", "o" * 32, 10, 60).jobs] == [later]
     finally:
         session.close()
 
@@ -126,7 +128,7 @@ def test_claim_order_is_priority_then_oldest_run_at_then_id(db):
     # When one claim takes them all
     session = Session(cfg.dsn)
     try:
-        claim = store.claim(session, "prio", "o" * 32, 10, 60)
+        claim = queries.claim(session, "prio", "o" * 32, 10, 60)
     finally:
         session.close()
     # Then higher priority comes first; within a priority, the oldest run_at (a due scheduled
@@ -142,11 +144,11 @@ def test_a_retried_job_goes_behind_jobs_already_waiting_at_its_priority(db):
     session = Session(cfg.dsn)
     try:
         # When the head job fails and is retried at once (no backoff)
-        first = store.claim(session, "fifo", "o" * 32, 1, 60)
+        first = queries.claim(session, "fifo", "o" * 32, 1, 60)
         assert [j.id for j in first.jobs] == [a]
-        store.fail(session, "fifo", first.token, [(a, 0.0, "boom")])
+        queries.fail(session, "fifo", first.token, [(a, 0.0, "boom")])
         # Then it queues behind the others: a failing job cannot hog the head of its level
-        order = [store.claim(session, "fifo", "o" * 32, 1, 60).jobs[0].id for _ in range(3)]
+        order = [queries.claim(session, "fifo", "o" * 32, 1, 60).jobs[0].id for _ in range(3)]
     finally:
         session.close()
     assert order == [b, c, a]
@@ -207,9 +209,9 @@ def test_a_dedup_key_is_free_again_once_its_job_finished(db):
         assert p.put({"n": 2}, dedup_key="k") == first  # pending: the same job
         session = Session(cfg.dsn)
         try:
-            claim = store.claim(session, "uniq", "o" * 32, 1, 60)
+            claim = queries.claim(session, "uniq", "o" * 32, 1, 60)
             assert p.put({"n": 3}, dedup_key="k") == first  # claimed (running) still counts
-            store.ack(session, [first], claim.token, keep=True)  # kept as done
+            queries.ack(session, [first], claim.token, keep=True)  # kept as done
         finally:
             session.close()
         second = p.put({"n": 4}, dedup_key="k")
@@ -237,7 +239,7 @@ def test_pause_stops_claims_within_a_second_and_resume_wakes_the_consumer(db):
             feeder.start()
             wait_until(lambda: len(rec.ids()) >= 10, 15, message="trickle flowing")
             # When the queue is paused
-            store.set_paused(admin_session, "pausable", True)
+            queries.set_paused(admin_session, "pausable", True)
             paused_at = time.monotonic()
             # Then nothing is handled from one second on, though jobs keep arriving
             wait_until(lambda: time.monotonic() - paused_at >= 1.0, 5, message="one second")
@@ -252,7 +254,7 @@ def test_pause_stops_claims_within_a_second_and_resume_wakes_the_consumer(db):
             stop_feed.set()
             feeder.join(10)
             resumed_at = time.monotonic()
-            store.set_paused(admin_session, "pausable", False)
+            queries.set_paused(admin_session, "pausable", False)
             wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 20, message="backlog drained")
             first_after = min(t for _, _, t in rec.seen if t > resumed_at)
             assert first_after - resumed_at < 3.0

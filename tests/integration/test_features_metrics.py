@@ -11,10 +11,10 @@ from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from test_features import running
 
-from notifyq import metrics, status
-from notifyq.db import Session
 from notifyq.jobs import Job
-from notifyq.producer import Producer
+from notifyq.ops import metrics, status
+from notifyq.produce.producer import Producer
+from notifyq.store.db import Session
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:

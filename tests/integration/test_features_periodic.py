@@ -16,9 +16,11 @@ import time
 import pytest
 from conftest import REPO, notifyq_cmd, wait_until
 
-from notifyq import admin, errors, periodic
+from notifyq import errors
+from notifyq.consume import periodic
 from notifyq.jobs import Status
-from notifyq.producer import Producer
+from notifyq.ops import admin
+from notifyq.produce.producer import Producer
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 5, 12, 0, 30, tzinfo=UTC)
@@ -219,7 +221,7 @@ def test_the_leader_purges_done_and_dead_jobs_past_retention_and_keeps_the_rest(
 def test_purge_works_in_chunks_and_can_stop_after_a_budget(db):
     cfg = db.config()
     _finished_jobs(db, cfg, "q", 35, Status.DEAD, 1)
-    from notifyq.db import Session
+    from notifyq.store.db import Session
 
     session = Session(cfg.dsn)
     try:

@@ -2,7 +2,7 @@
 import MySQLdb
 import pytest
 
-from notifyq.localserver import LocalServer, probe_dsn
+from notifyq.run.localserver import LocalServer, probe_dsn
 
 
 def _connect(srv: LocalServer):

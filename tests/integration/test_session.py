@@ -2,9 +2,9 @@
 
 import MySQLdb
 import pytest
-
 from conftest import admin_connect
-from notifyq.db import Session
+
+from notifyq.store.db import Session
 
 
 def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):

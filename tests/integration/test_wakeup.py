@@ -17,15 +17,14 @@ import time
 
 import MySQLdb
 import pytest
-
 from conftest import admin_connect, run_cli, wait_until
-from notifyq import store
-from notifyq.consumer import Budget, Worker
-from notifyq.db import Session
-from notifyq.locks import QueueLocks, lock_name
-from notifyq.producer import Producer
-from notifyq.service import ConsumeOptions, ConsumerService
-from notifyq.wakeup import locks_unavailable
+
+from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.consume.worker import Budget, Worker
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session, locks_unavailable
+from notifyq.store.locks import QueueLocks, lock_name
 
 Q = "wq"
 MARGIN_S = 1.0  # scheduling noise on a loaded 2-core machine, on top of any designed delay
@@ -90,7 +89,7 @@ class Fleet:
                 for w, t in zip(self.workers, self.threads):
                     if t.is_alive() and w.lock.connection_id:
                         try:  # a KILL between two statements is lost: repeat until they are out
-                            store.kill_query(killer, w.lock.connection_id)
+                            queries.kill_query(killer, w.lock.connection_id)
                         except Exception:
                             pass
                 for t in self.threads:
@@ -322,7 +321,7 @@ def test_a_paused_queue_is_not_claimed_and_resume_wakes_it_within_a_second(db):
     try:
         with Fleet(cfg, 3, recorder) as fleet, Producer(Q, cfg) as producer:
             wait_settled(db, 3)
-            store.set_paused(admin, Q, True)
+            queries.set_paused(admin, Q, True)
             # When a ready job and a soon-due delayed job are put
             now_id = producer.put({"n": 1})
             later_id = producer.put({"n": 2}, delay=0.1)
@@ -337,7 +336,7 @@ def test_a_paused_queue_is_not_claimed_and_resume_wakes_it_within_a_second(db):
             assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1)") == 2
             assert spent < 60, f"{spent} statements while paused for about a second"
             # When the queue is resumed, both start within a second
-            store.set_paused(admin, Q, False)
+            queries.set_paused(admin, Q, False)
             resumed = time.monotonic()
             for job_id in (now_id, later_id):
                 assert recorder.wait_for(job_id, 1.0 + MARGIN_S) - resumed <= 1.0
@@ -501,7 +500,7 @@ def test_a_watcher_that_never_hands_on_is_overtaken_after_idle_wait(db):
     # without closing its connection looks exactly like this to the server)
     cfg = db.config(wakeup={"idle_wait_s": 1.0})
     ghost = Session(cfg.dsn, autocommit=True)
-    assert store.get_lock(ghost, QueueLocks(cfg.dsn.database, "ghost").watch, 0) == 1
+    assert queries.get_lock(ghost, QueueLocks(cfg.dsn.database, "ghost").watch, 0) == 1
     ran = []
     service = ConsumerService(cfg, ConsumeOptions(queues=("ghost",), function=lambda job: ran.append(job.id)))
     stop = threading.Event()

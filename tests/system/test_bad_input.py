@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RUNTIME_PASSWORD, notifyq_cmd, run_cli, wait_until
-from notifyq import errors, schema
+
+from notifyq import errors
+from notifyq.store import schema
 
 TABLES = ("nq_job", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic")
 

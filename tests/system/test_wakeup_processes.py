@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from conftest import notifyq_cmd, wait_until
-from notifyq.locks import QueueLocks
-from notifyq.producer import Producer
+
+from notifyq.produce.producer import Producer
+from notifyq.store.locks import QueueLocks
 
 Q = "wq"
 

@@ -1,4 +1,4 @@
-"""notifyq.daemon: sd_notify, SystemdNotifier, StopSignals, PidFile, daemon_context.
+"""notifyq.run.daemon: sd_notify, SystemdNotifier, StopSignals, PidFile, daemon_context.
 
 Every wait has a deadline; child processes are driven over pipes, never by sleeping.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from notifyq import daemon, errors
+from notifyq import errors
+from notifyq.run import daemon
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -248,7 +249,7 @@ def test_a_second_stop_signal_exits_at_once_with_130():
     # Given a child that has seen its first SIGTERM and is "draining"
     child = spawn("""
         import threading
-        from notifyq.daemon import StopSignals
+        from notifyq.run.daemon import StopSignals
         with StopSignals() as signals:
             print("ready", flush=True)
             assert signals.wait(30) == "stop"
@@ -283,7 +284,7 @@ def dead_pid():
 
 HOLDER = """
     import sys
-    from notifyq.daemon import PidFile
+    from notifyq.run.daemon import PidFile
     pidfile = PidFile(sys.argv[1])
     pidfile.acquire()
     print("held", flush=True)
@@ -480,9 +481,9 @@ def test_daemon_context_refuses_in_the_parent_when_already_running(tmp_path):
 
 DAEMON = """
     import os, sys
-    from notifyq import daemon
+    from notifyq.run import daemon
     pidfile = daemon.PidFile(sys.argv[1])
-    # Entering the pidfile again, as notifyq.runner does, is harmless.
+    # Entering the pidfile again, as notifyq.run.runner does, is harmless.
     with daemon.daemon_context(pidfile, sys.argv[2], working_directory=sys.argv[3]), pidfile:
         with daemon.StopSignals() as signals:
             open("made-by-daemon", "w").close()

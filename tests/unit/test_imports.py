@@ -21,23 +21,26 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_importing_the_library_loads_no_metrics_or_cron_modules():
-    code = ("import notifyq, notifyq.service, notifyq.consumer, notifyq.producer, notifyq.cli\n"
+    code = ("import notifyq, notifyq.consume.service, notifyq.consume.worker\n"
+            "import notifyq.produce.producer, notifyq.run.cli\n"
             "notifyq.Producer, notifyq.ConsumerService, notifyq.ConsumeOptions\n"
-            "notifyq.metrics.handler_seconds_histogram().observe(0.2)")
+            "notifyq.ops.metrics.handler_seconds_histogram().observe(0.2)")
     assert loaded_after(code) == set()
 
 
 def test_the_check_sees_them_once_metrics_and_cron_are_used():
     # The probe above must be able to fail: using the features loads the modules.
     code = ("import datetime as dt\n"
-            "from notifyq import metrics, periodic\n"
+            "from notifyq.consume import periodic\n"
+            "from notifyq.ops import metrics\n"
             "periodic.latest_tick('* * * * *', dt.datetime.now(dt.timezone.utc))\n"
             "metrics.MetricsServer(('127.0.0.1', 0), metrics.ServiceCollector(None)).httpd.server_close()")
     assert loaded_after(code) == set(HEAVY)
 
 
 def test_the_lazy_public_names_resolve_to_the_real_objects():
-    from notifyq import producer, service
+    from notifyq.consume import service
+    from notifyq.produce import producer
 
     assert notifyq.Producer is producer.Producer
     assert notifyq.ConsumerService is service.ConsumerService

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from notifyq import locks, store
-from notifyq.db import Session
+from notifyq.store import locks, queries
+from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.reaper")
 
@@ -26,24 +26,24 @@ class ReapResult:
 def reap(lock_session: Session, work_session: Session, database: str) -> ReapResult | None:
     """One pass; None when another consumer is running one right now."""
     name = locks.reaper_lock(database)
-    if store.get_lock(lock_session, name, 0) != 1:
+    if queries.get_lock(lock_session, name, 0) != 1:
         return None
     result = ReapResult()
     try:
-        for consumer_id, lock_name, queues in store.dead_consumers(work_session):
-            if store.get_lock(lock_session, lock_name, 0) != 1:
+        for consumer_id, lock_name, queues in queries.dead_consumers(work_session):
+            if queries.get_lock(lock_session, lock_name, 0) != 1:
                 continue  # its session is back, or another reaper beat us to it
             try:
-                n = store.reclaim_owner(work_session, consumer_id, queues)
+                n = queries.reclaim_owner(work_session, consumer_id, queues)
             finally:
-                store.release_lock(lock_session, lock_name)
+                queries.release_lock(lock_session, lock_name)
             result.dead_consumers += 1
             result.reclaimed += n
             log.warning("consumer died, jobs returned consumer=%s jobs=%d queues=%s",
                         consumer_id, n, ",".join(queues))
-        result.expired = store.reclaim_expired(work_session)
+        result.expired = queries.reclaim_expired(work_session)
         if result.expired:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
     finally:
-        store.release_lock(lock_session, name)
+        queries.release_lock(lock_session, name)
     return result

@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from notifyq import errors, store
+from notifyq import errors
 from notifyq.config import Config, validate_queue_name
-from notifyq.db import Session
 from notifyq.jobs import Status
-from notifyq.locks import QueueLocks
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
 
 log = logging.getLogger("notifyq.producer")
@@ -117,13 +118,13 @@ class Producer:
 
     def _insert(self, cur, rows: list[tuple], conn: Any, bump_n: int) -> list[int]:
         increment = self._session.auto_increment_increment if conn is None else _increment(cur)
-        return store.insert_jobs(cur, rows, increment, (self.queue, bump_n) if bump_n else None)
+        return queries.insert_jobs(cur, rows, increment, (self.queue, bump_n) if bump_n else None)
 
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
-        job_id, created = store.insert_unique_job(cur, dict(zip(keys, row)))
+        job_id, created = queries.insert_unique_job(cur, dict(zip(keys, row)))
         if created:
-            store.bump_signal(cur, self.queue, 1)
+            queries.bump_signal(cur, self.queue, 1)
         return job_id
 
     def _write(self, body: Callable[[Any], Any], n: int, conn: Any) -> Any:
@@ -159,7 +160,7 @@ class Producer:
         if self._session is None:
             self._session = Session(self.config.dsn, name="producer")
         if not self._queue_known:
-            self._session.run(lambda cur: store.ensure_queue(cur, self.queue), what="ensure queue")
+            self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
             self._queue_known = True
         return self._session
 

@@ -15,7 +15,7 @@ import daemon
 
 from notifyq import errors
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("notifyq.daemon")
 
 EXIT_KILLED = errors.EXIT_KILLED  # 130: a second stop signal skips the drain
 

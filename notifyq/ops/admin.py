@@ -13,10 +13,11 @@ import json
 import re
 from typing import Any
 
-from notifyq import errors, store_admin
+from notifyq import errors
 from notifyq.config import validate_queue_name
-from notifyq.db import Session
 from notifyq.jobs import STATUS_NAMES, Status
+from notifyq.store import admin_queries
+from notifyq.store.db import Session
 
 STATUS_BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
 CHUNK = 1000  # rows per transaction in bulk actions
@@ -70,13 +71,13 @@ def list_jobs(session: Session, *, queue: str | None = None, status: int | None 
         validate_queue_name(queue)
     if limit < 1:
         raise errors.InputError("--limit must be at least 1")
-    rows = store_admin.list_jobs(session, queue=queue, status=status, age_s=older_than_s, after=0,
+    rows = admin_queries.list_jobs(session, queue=queue, status=status, age_s=older_than_s, after=0,
                                  limit=limit)
     return [_record(_LIST_FIELDS, r) for r in rows]
 
 
 def get_job(session: Session, job_id: int) -> dict[str, Any]:
-    row = store_admin.get_job(session, job_id)
+    row = admin_queries.get_job(session, job_id)
     if row is None:
         raise errors.InputError(f"no job {job_id}")
     job = _record(_GET_FIELDS, row)
@@ -96,7 +97,7 @@ def retry(session: Session, job_id: int) -> str:
         return "already ready"
     if job["status"] == "claimed":
         raise errors.InputError(f"job {job_id} is running (claimed): cancel it or let it finish first")
-    if store_admin.retry_jobs(session, [(job_id, job["queue"])]):
+    if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
         return "retried"
     now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
     if now["status"] in ("dead", "done", "scheduled") and now["dedup_key"] is not None:
@@ -112,11 +113,11 @@ def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -
     retried = skipped = 0
     after = 0
     while True:
-        rows = store_admin.job_ids(session, status=Status.DEAD, queue=queue, age_s=0, after=after,
+        rows = admin_queries.job_ids(session, status=Status.DEAD, queue=queue, age_s=0, after=after,
                                    limit=chunk)
         if not rows:
             return retried, skipped
-        n = store_admin.retry_jobs(session, rows)
+        n = admin_queries.retry_jobs(session, rows)
         retried += n
         skipped += len(rows) - n
         after = rows[-1][0]
@@ -126,10 +127,10 @@ def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -
 
 def cancel(session: Session, job_id: int) -> str:
     """A pending job is deleted; a running one is asked to stop (Job.cancel_requested())."""
-    outcome = store_admin.cancel_job(session, job_id)
+    outcome = admin_queries.cancel_job(session, job_id)
     if outcome is not None:
         return outcome
-    row = store_admin.get_job(session, job_id)
+    row = admin_queries.get_job(session, job_id)
     if row is None:
         raise errors.InputError(f"no job {job_id}")
     raise errors.InputError(f"job {job_id} is {STATUS_NAMES.get(row[2], row[2])}: nothing to cancel")
@@ -156,11 +157,11 @@ def purge(session: Session, statuses: list[int], older_than_s: float, queue: str
         while True:
             if max_chunks is not None and chunks >= max_chunks:
                 return deleted, False
-            rows = store_admin.job_ids(session, status=status, queue=queue, age_s=older_than_s,
+            rows = admin_queries.job_ids(session, status=status, queue=queue, age_s=older_than_s,
                                        after=after, limit=chunk)
             if not rows:
                 break
-            deleted += store_admin.purge_jobs(session, [r[0] for r in rows], status)
+            deleted += admin_queries.purge_jobs(session, [r[0] for r in rows], status)
             chunks += 1
             after = rows[-1][0]
             if len(rows) < chunk:

@@ -14,11 +14,10 @@ from contextlib import ExitStack
 from typing import Any
 
 import click
-import MySQLdb
 
-from notifyq import cli_jobs
 from notifyq import config as config_mod
 from notifyq import errors
+from notifyq.run import cli_jobs
 
 log = logging.getLogger("notifyq.cli")
 
@@ -92,7 +91,7 @@ def main_group(ctx: click.Context, dsn: str | None, log_level: str | None, log_f
 @click.pass_obj
 def init(obj: Context, grant_user: str | None) -> None:
     """Create the database schema, or upgrade it. Safe to run again and on many hosts at once."""
-    from notifyq import schema
+    from notifyq.store import schema
 
     cfg = obj.config()
     if grant_user:
@@ -134,9 +133,9 @@ def show_config(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 def status(obj: Context, queue: str | None, as_json: bool) -> None:
     """Per queue: ready, delayed, claimed, dead, oldest ready age; and the live consumers."""
-    from notifyq import schema
-    from notifyq import status as status_mod
-    from notifyq.db import Session
+    from notifyq.ops import status as status_mod
+    from notifyq.store import schema
+    from notifyq.store.db import Session
 
     cfg = obj.config()
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
@@ -167,15 +166,15 @@ def resume(obj: Context, queue: str) -> None:
 
 
 def _set_paused(obj: Context, queue: str, paused: bool) -> None:
-    from notifyq import schema, store
-    from notifyq.db import Session
+    from notifyq.store import queries, schema
+    from notifyq.store.db import Session
 
     cfg = obj.config()
     config_mod.validate_queue_name(queue)
     session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="admin")
     try:
         schema.require_current(session)
-        store.set_paused(session, queue, paused)
+        queries.set_paused(session, queue, paused)
     finally:
         session.close()
     click.echo(f"{queue}: {'paused' if paused else 'resumed'}")
@@ -210,7 +209,7 @@ def produce(obj: Context, queue: str | None, profile: str | None, payloads: tupl
             follow: bool, reject_file: str | None, print_ids: bool | None, daemon: bool,
             pidfile: str | None, log_file: str | None) -> None:
     """Enqueue JSON payloads given as arguments, or JSON lines from stdin until EOF."""
-    from notifyq import runner
+    from notifyq.run import runner
 
     cfg = obj.config()
     if profile:
@@ -268,8 +267,8 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
             exit_when_empty: bool, max_jobs: int | None, daemon: bool, pidfile: str | None,
             log_file: str | None) -> None:
     """Claim and run jobs until stopped (SIGTERM/SIGINT drain gracefully; SIGHUP reloads)."""
-    from notifyq import runner
-    from notifyq.service import ConsumeOptions
+    from notifyq.consume.service import ConsumeOptions
+    from notifyq.run import runner
 
     cfg = obj.config()
     if profile:
@@ -293,7 +292,7 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
 @click.pass_obj
 def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float) -> None:
     """Live demo: producers and consumers against a local (or private) MariaDB."""
-    from notifyq import demo as demo_mod
+    from notifyq.run import demo as demo_mod
 
     sys.exit(demo_mod.run(obj.flags.get("dsn"), producers=producers, consumers=consumers,
                           rate=rate, duration=duration))
@@ -315,10 +314,12 @@ def main(argv: list[str] | None = None) -> None:
     except errors.NotifyqError as e:
         click.echo(f"notifyq: error: {e}", err=True)
         sys.exit(e.exit_code)
-    except MySQLdb.Error as e:
-        from notifyq.db import describe
+    except Exception as e:
+        from notifyq.store import db  # only here: `notifyq --help` never loads the driver
 
-        click.echo(f"notifyq: error: database: {describe(e)}", err=True)
+        if not isinstance(e, db.DriverError):
+            raise
+        click.echo(f"notifyq: error: database: {db.describe(e)}", err=True)
         sys.exit(errors.EXIT_DB)
     except KeyboardInterrupt:
         sys.exit(errors.EXIT_KILLED)

@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from notifyq import errors, handlers, periodic, schema, store
+from notifyq import errors
 from notifyq.config import Config, validate_queue_name
-from notifyq.consumer import Budget, Stats, Worker
-from notifyq.db import Session
+from notifyq.consume import handlers, periodic
+from notifyq.consume.worker import Budget, Stats, Worker
+from notifyq.store import queries, schema
+from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.service")
 
@@ -207,7 +209,7 @@ class ConsumerService:
         try:
             for worker in waiting:
                 try:
-                    store.kill_query(session, worker.lock.connection_id)
+                    queries.kill_query(session, worker.lock.connection_id)
                 except Exception as e:  # best effort: the wait ends by its own timeout anyway
                     log.debug("could not interrupt worker=%s error=%s", worker.name, e)
         except errors.NotifyqError as e:
@@ -221,7 +223,7 @@ class ConsumerService:
             for worker in stuck:
                 pending = worker.pending
                 if pending and pending[1]:
-                    worker.stats.given_back += store.give_back(session, worker.queue, pending[1], pending[0])
+                    worker.stats.given_back += queries.give_back(session, worker.queue, pending[1], pending[0])
         except Exception as e:
             log.warning("could not give back unstarted jobs error=%s", e)
         finally:

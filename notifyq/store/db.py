@@ -32,6 +32,19 @@ ACCESS_DENIED = frozenset({1044, 1045, 1698})
 UNKNOWN_DATABASE = 1049
 
 
+# The driver's base error class, for the parts above the store that must catch database
+# errors without importing the driver (only store/ imports MySQLdb; an import contract holds it).
+DriverError = MySQLdb.Error
+# Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
+LOCKS_UNAVAILABLE = frozenset({1235, 1105})
+
+
+def connect(**connect_args: Any) -> MySQLdb.connections.Connection:
+    """One plain driver connection, for tools that manage a server rather than a queue
+    (run/localserver.py). Queue work goes through Session."""
+    return MySQLdb.connect(**connect_args)
+
+
 def error_code(exc: BaseException) -> int | None:
     if isinstance(exc, MySQLdb.Error) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -40,6 +53,10 @@ def error_code(exc: BaseException) -> int | None:
 
 def is_transient(exc: BaseException) -> bool:
     return error_code(exc) in RERUN_CODES | RECONNECT_CODES
+
+
+def locks_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, MySQLdb.NotSupportedError) or error_code(exc) in LOCKS_UNAVAILABLE
 
 
 def is_connection_lost(exc: BaseException) -> bool:

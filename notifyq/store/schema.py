@@ -7,11 +7,12 @@ import re
 
 import MySQLdb
 
-from notifyq import errors, locks
+from notifyq import errors
 from notifyq.config import DSN
-from notifyq.db import Session, describe, error_code
-from notifyq.sql import QUERIES as Q
-from notifyq.sql import migrations, split_statements
+from notifyq.store import locks
+from notifyq.store.db import Session, describe, error_code
+from notifyq.store.sql import QUERIES as Q
+from notifyq.store.sql import migrations, split_statements
 
 log = logging.getLogger("notifyq.schema")
 
@@ -133,6 +134,18 @@ def _create_database(dsn: DSN, retry_s: float) -> None:
     finally:
         conn.close()
         probe.close()
+
+
+def drop_database(dsn: DSN) -> None:
+    """DROP DATABASE IF EXISTS: for the demo's own database only."""
+    args = dsn.connect_args()
+    args.pop("database")
+    conn = MySQLdb.connect(**args, autocommit=True)
+    try:
+        # The name was validated by DSN.parse (letters, digits, underscore): safe to quote.
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
+    finally:
+        conn.close()
 
 
 def grants(database: str, user: str) -> list[str]:

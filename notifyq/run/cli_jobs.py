@@ -23,8 +23,8 @@ from notifyq.jobs import Status
 
 @contextmanager
 def _session(obj: Any) -> Iterator[Any]:
-    from notifyq import schema
-    from notifyq.db import Session
+    from notifyq.store import schema
+    from notifyq.store.db import Session
 
     session = Session(obj.config().dsn, retry_s=10, name="admin")
     try:
@@ -35,7 +35,7 @@ def _session(obj: Any) -> Iterator[Any]:
 
 
 def _age(text: str | None) -> float:
-    from notifyq import admin
+    from notifyq.ops import admin
 
     return admin.parse_age(text) if text else 0.0
 
@@ -55,7 +55,7 @@ def jobs() -> None:
 def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str | None, limit: int,
           as_json: bool) -> None:
     """List jobs, oldest first."""
-    from notifyq import admin
+    from notifyq.ops import admin
 
     status = admin.parse_status(status_name) if status_name else None
     age = _age(older_than)
@@ -70,7 +70,7 @@ def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str 
 @click.pass_obj
 def show(obj: Any, job_id: int, as_json: bool) -> None:
     """Every field of one job, the payload pretty-printed."""
-    from notifyq import admin
+    from notifyq.ops import admin
 
     with _session(obj) as session:
         job = admin.get_job(session, job_id)
@@ -92,7 +92,7 @@ def show(obj: Any, job_id: int, as_json: bool) -> None:
 @click.pass_obj
 def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> None:
     """Put a dead, done or scheduled job back to ready now, attempts reset."""
-    from notifyq import admin
+    from notifyq.ops import admin
 
     if (job_id is None) == (not all_dead) or (queue and not all_dead):
         raise errors.InputError("give a JOB_ID, or --dead [-q QUEUE]")
@@ -110,7 +110,7 @@ def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> No
 @click.pass_obj
 def cancel(obj: Any, job_id: int) -> None:
     """Delete a pending job, or ask a running one to stop (Job.cancel_requested())."""
-    from notifyq import admin
+    from notifyq.ops import admin
 
     with _session(obj) as session:
         outcome = admin.cancel(session, job_id)
@@ -126,7 +126,7 @@ def cancel(obj: Any, job_id: int) -> None:
 @click.pass_obj
 def purge(obj: Any, dead: bool, done: bool, older_than: str, queue: str | None) -> None:
     """Delete finished jobs, 1000 rows per transaction."""
-    from notifyq import admin
+    from notifyq.ops import admin
 
     if not (dead or done):
         raise errors.InputError("say what to purge: --dead, --done or both")

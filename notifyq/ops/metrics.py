@@ -195,8 +195,8 @@ class ServiceCollector:
         yield from (up, jobs, age, paused)
 
     def _read_depth(self, queues) -> tuple[dict[str, dict[str, Any]], bool]:
-        from notifyq import status
-        from notifyq.db import Session
+        from notifyq.ops import status
+        from notifyq.store.db import Session
 
         with self._lock:
             if time.monotonic() - self._depth_at < DEPTH_CACHE_S:
@@ -243,6 +243,7 @@ class MetricsServer:
 
     def __init__(self, addr: tuple[str, int], collector: ServiceCollector):
         from http.server import ThreadingHTTPServer
+
         from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry(auto_describe=False)

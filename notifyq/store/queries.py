@@ -1,5 +1,5 @@
 """The hot path's statements: enqueue, claim, outcomes, wake-up locks and bells, consumers and
-the reaper. With store_admin.py (status, metrics, `notifyq jobs`, periodic ticks) the only user
+the reaper. With admin_queries.py (status, metrics, `notifyq jobs`, periodic ticks) the only user
 of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the caller's own
@@ -19,9 +19,9 @@ import MySQLdb
 import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
-from notifyq.db import Ids, Session, error_code
 from notifyq.jobs import Job
-from notifyq.sql import QUERIES as Q
+from notifyq.store.db import Ids, Session, error_code
+from notifyq.store.sql import QUERIES as Q
 
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from notifyq import store_admin
-from notifyq.db import Session
 from notifyq.jobs import Status
+from notifyq.store import admin_queries
+from notifyq.store.db import Session
 
 COLUMNS = ("ready", "delayed", "claimed", "dead", "done")
 
@@ -39,37 +39,37 @@ def _fold(e: dict[str, Any], now: dt.datetime, status: int, future: int, count: 
 
 def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:
     """The figures of a few queues only (a consumer's metrics endpoint): one indexed read each."""
-    now = store_admin.server_now(session)
+    now = admin_queries.server_now(session)
     out = {q: _blank() for q in queues}
-    for name, paused, _watched, _total in store_admin.queue_rows(session):
+    for name, paused, _watched, _total in admin_queries.queue_rows(session):
         if name in out:
             out[name]["paused"] = bool(paused)
     for q in queues:
-        for status, future, count, min_run_at in store_admin.queue_depth(session, q):
+        for status, future, count, min_run_at in admin_queries.queue_depth(session, q):
             _fold(out[q], now, status, future, count, min_run_at)
     return out
 
 
 def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
-    now = store_admin.server_now(session)
+    now = admin_queries.server_now(session)
     queues: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
         return queues.setdefault(name, _blank())
 
-    for name, paused, _watched, _total in store_admin.queue_rows(session):
+    for name, paused, _watched, _total in admin_queries.queue_rows(session):
         entry(name)["paused"] = bool(paused)
-    for name, status, future, count, min_run_at in store_admin.queue_counts(session):
+    for name, status, future, count, min_run_at in admin_queries.queue_counts(session):
         _fold(entry(name), now, status, future, count, min_run_at)
-    for name, oldest_claim, cancels in store_admin.claim_ages(session):
+    for name, oldest_claim, cancels in admin_queries.claim_ages(session):
         e = entry(name)
         if oldest_claim is not None:
             e["oldest_claim_age_s"] = round(max(0.0, (now - oldest_claim).total_seconds()), 3)
         e["cancel_requested"] = int(cancels or 0)
     periodic = [{"queue": q, "name": n, "last_tick": _iso(t)}
-                for q, n, t in store_admin.periodic_rows(session) if queue is None or q == queue]
+                for q, n, t in admin_queries.periodic_rows(session) if queue is None or q == queue]
     consumers = []
-    for cid, host, pid, qs, started, last_seen, wakeup, alive in store_admin.consumers(session):
+    for cid, host, pid, qs, started, last_seen, wakeup, alive in admin_queries.consumers(session):
         consumers.append({"id": cid, "host": host, "pid": pid, "queues": qs.split(","),
                           "started_at": _iso(started), "last_seen": _iso(last_seen),
                           "wakeup": wakeup, "alive": bool(alive)})

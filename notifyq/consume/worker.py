@@ -18,13 +18,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import MySQLdb
-
-from notifyq import errors, locks, metrics, reaper, retry, store, store_admin
+from notifyq import errors
 from notifyq.config import Config
-from notifyq.db import Session
+from notifyq.consume import reaper, retry
 from notifyq.jobs import Job
-from notifyq.wakeup import Waiter, locks_unavailable
+from notifyq.ops import metrics
+from notifyq.store import admin_queries, locks, queries
+from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.wakeup import Waiter
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -141,23 +142,23 @@ class Worker:
         were taken back and our acks are fenced off by claim token. Without this, a restart
         would make every consumer's in-flight batch run twice.
         """
-        if old_id and store.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
+        if old_id and queries.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
             self.consumer_id = old_id
-            store.hold_session(self.lock)
+            queries.hold_session(self.lock)
         else:
             self.consumer_id = uuid.uuid4().hex
             old_id = None
         lock_name = locks.consumer_lock(self.config.dsn.database, self.consumer_id)
         if self.use_locks and old_id is None:
             try:
-                if store.get_lock(self.lock, lock_name, 5) != 1:
+                if queries.get_lock(self.lock, lock_name, 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
-                store.hold_session(self.lock)  # idle during long batches: no idle-timeout drop
-            except MySQLdb.Error as e:
+                queries.hold_session(self.lock)  # idle during long batches: no idle-timeout drop
+            except DriverError as e:
                 if not locks_unavailable(e):
                     raise
                 self._fall_back_to_polling(e)
-        store.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
+        queries.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
                                 os.getpid(), [self.queue], self.wakeup_mode)
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
@@ -171,7 +172,7 @@ class Worker:
             # the next claim, so a dead one reconnects now and we re-register below, instead
             # of claiming under an id the reaper already treats as dead.
             self._work_generation = self.work.generation
-            store.lock_holder(self.lock, locks.consumer_lock(self.config.dsn.database, self.consumer_id))
+            queries.lock_holder(self.lock, locks.consumer_lock(self.config.dsn.database, self.consumer_id))
         if self.use_locks and self.lock.generation != self._registered_generation:
             old = self.consumer_id
             self.waiter.watching = False
@@ -182,12 +183,12 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_touch:
             self._next_touch = now + TOUCH_S
-            store.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
+            queries.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
 
     def _unregister(self) -> None:
         try:
             if self.consumer_id:
-                store.unregister_consumer(self.work, self.consumer_id)
+                queries.unregister_consumer(self.work, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
         self.lock.close()  # frees the liveness, watch and any bell locks at once
@@ -210,7 +211,7 @@ class Worker:
             return self.waiter.poll_for_work()
         try:
             return self._idle_with_locks()
-        except MySQLdb.Error as e:  # a proxy may pass GET_LOCK alone but refuse the watch statement
+        except DriverError as e:  # a proxy may pass GET_LOCK alone but refuse the watch statement
             if not locks_unavailable(e):
                 raise
             self._fall_back_to_polling(e)
@@ -241,7 +242,7 @@ class Worker:
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
-        claim = store.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, as_watcher)
+        claim = queries.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, as_watcher)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
@@ -266,7 +267,7 @@ class Worker:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
             job._extend = extend_all
             job._cancel_check = (lambda job_id=job.id:
-                                 store_admin.cancel_requested(self.work, job_id, token))
+                                 admin_queries.cancel_requested(self.work, job_id, token))
         self.pending = (token, ids)
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
         done: list[Job] = []
@@ -295,7 +296,7 @@ class Worker:
                      sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
             rest = ids[started:]
             if rest:
-                n = store.give_back(self.work, self.queue, rest, token)
+                n = queries.give_back(self.work, self.queue, rest, token)
                 self.stats.given_back += n
                 log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
             self.pending = None
@@ -310,7 +311,7 @@ class Worker:
             self._turned()
 
     def _extend(self, ids: list[int], token: int) -> None:
-        store.extend_lease(self.work, ids, token, self.qc.lease_s)
+        queries.extend_lease(self.work, ids, token, self.qc.lease_s)
 
     def _settle(self, jobs: list[Job], token: int) -> None:
         """Ack the successes in one statement, retry or bury the failures."""
@@ -336,8 +337,8 @@ class Worker:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        owned = store.ack(self.work, ok, token, self.qc.keep_done)
-        owned += store.fail(self.work, self.queue, token, failures)
+        owned = queries.ack(self.work, ok, token, self.qc.keep_done)
+        owned += queries.fail(self.work, self.queue, token, failures)
         self.stats.succeeded += len(ok)
         self.stats.failed += len(failures)
         lost = len(jobs) - owned
@@ -357,14 +358,14 @@ class Worker:
         if now < self._next_reap or not self.use_locks:
             if not self.use_locks and now >= self._next_reap:
                 self._next_reap = now + self.config.consumer.reap_interval_s
-                self.stats.reclaimed += store.reclaim_expired(self.work)
+                self.stats.reclaimed += queries.reclaim_expired(self.work)
             return
         self._next_reap = now + self.config.consumer.reap_interval_s
         # Asked on the lock session on purpose: a busy worker touches it nowhere else, so a
         # lock session that died (KILL, network) would go unnoticed while the worker kept
         # claiming under an id the reaper has already unregistered. Here it reconnects, and
         # the next loop turn re-registers before claiming again.
-        if check and not store.reap_needed(self.lock):
+        if check and not queries.reap_needed(self.lock):
             return
         result = reaper.reap(self.lock, self.work, self.config.dsn.database)
         if result is not None:

@@ -1,5 +1,5 @@
 """Statements for operators and bookkeeping: `notifyq status`, metrics, `notifyq jobs`, periodic
-ticks — off the hot path. store.py keeps enqueue, claim, outcomes, wake-up and the reaper; with
+ticks — off the hot path. queries.py keeps enqueue, claim, outcomes, wake-up and the reaper; with
 it (and schema.py) this is the only user of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the scheduler's, for
@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from notifyq import store
-from notifyq.db import Session
-from notifyq.sql import QUERIES as Q
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.sql import QUERIES as Q
 
 
 def _rows(session: Session, name: str, params: dict[str, Any], what: str) -> list[tuple]:
@@ -40,7 +40,7 @@ def consumers(session: Session) -> list[tuple]:
 
 
 def server_now(session: Session) -> dt.datetime:
-    return store.one_value(session, "server_now", {}, "server time")
+    return queries.one_value(session, "server_now", {}, "server time")
 
 
 # ---------------------------------------------------------------- admin: `notifyq jobs`
@@ -56,13 +56,13 @@ def get_job(session: Session, job_id: int) -> tuple | None:
 def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
               after: int, limit: int) -> list[tuple]:
     return _rows(session, "job_list", {"queue": queue, "status": status, "after": after, "limit": limit,
-                                       "age_us": store.microseconds(age_s)}, "list jobs")
+                                       "age_us": queries.microseconds(age_s)}, "list jobs")
 
 
 def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,
             limit: int) -> list[tuple[int, str]]:
     def body(cur):
-        cur.execute(Q["job_ids"], {"status": status, "queue": queue, "age_us": store.microseconds(age_s),
+        cur.execute(Q["job_ids"], {"status": status, "queue": queue, "age_us": queries.microseconds(age_s),
                                    "after": after, "limit": limit})
         return [(int(r[0]), r[1]) for r in cur.fetchall()]
 
@@ -79,7 +79,7 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         n = cur.rowcount
         if n:
             for queue in {j[1] for j in jobs}:
-                store.bump_signal(cur, queue, n)
+                queries.bump_signal(cur, queue, n)
         return n
 
     return session.run(body, what="retry jobs")

@@ -36,15 +36,14 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-import MySQLdb
-
-from notifyq import admin, errors, store, store_admin
+from notifyq import errors
 from notifyq.config import Config
-from notifyq.db import Session
 from notifyq.jobs import Status
-from notifyq.locks import QueueLocks
-from notifyq.producer import Producer
-from notifyq.wakeup import locks_unavailable
+from notifyq.ops import admin
+from notifyq.produce.producer import Producer
+from notifyq.store import admin_queries, queries
+from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.store.locks import QueueLocks
 
 if TYPE_CHECKING:
     from croniter import croniter
@@ -181,7 +180,7 @@ class Scheduler:
                 self._work = None
         except Exception as e:
             log.warning("periodic scheduler: will retry error=%s", e,
-                        exc_info=not isinstance(e, (errors.NotifyqError, MySQLdb.Error)))
+                        exc_info=not isinstance(e, (errors.NotifyqError, DriverError)))
             self._pause_until = time.monotonic() + ERROR_BACKOFF_S
             for state in self.state.values():
                 state.leader = False  # prove it again after the outage
@@ -206,9 +205,9 @@ class Scheduler:
         session = self._lock_session()
         if self._use_locks:
             try:
-                if store.get_lock(session, QueueLocks(self.config.dsn.database, queue).periodic, 0) != 1:
+                if queries.get_lock(session, QueueLocks(self.config.dsn.database, queue).periodic, 0) != 1:
                     return False
-            except MySQLdb.Error as e:
+            except DriverError as e:
                 if not locks_unavailable(e):
                     raise
                 log.warning("advisory locks unavailable: every consumer schedules periodic jobs; "
@@ -226,7 +225,7 @@ class Scheduler:
         if not self._use_locks:
             return True
         session = self._lock_session()
-        holder = store.lock_holder(session, QueueLocks(self.config.dsn.database, queue).periodic)
+        holder = queries.lock_holder(session, QueueLocks(self.config.dsn.database, queue).periodic)
         if holder is not None and holder == session.connection_id and session.generation == state.generation:
             return True
         log.warning("periodic leadership lost queue=%s", queue)
@@ -241,7 +240,7 @@ class Scheduler:
         return time.time() + self._offset_s
 
     def _server_now(self) -> dt.datetime:
-        now = store_admin.server_now(self._work_session()).replace(tzinfo=UTC)
+        now = admin_queries.server_now(self._work_session()).replace(tzinfo=UTC)
         self._offset_s = now.timestamp() - time.time()
         return now
 
@@ -253,11 +252,11 @@ class Scheduler:
         work = self._work_session()
 
         def body(cur) -> tuple[int | None, dt.datetime | None]:
-            last = store_admin.periodic_last_tick(cur, entry.queue, entry.name)
+            last = admin_queries.periodic_last_tick(cur, entry.queue, entry.name)
             if last is None:
-                store_admin.periodic_start(cur, entry.queue, entry.name, naive)
+                admin_queries.periodic_start(cur, entry.queue, entry.name, naive)
                 return None, None
-            if last >= naive or not store_admin.periodic_advance(cur, entry.queue, entry.name, naive):
+            if last >= naive or not admin_queries.periodic_advance(cur, entry.queue, entry.name, naive):
                 return None, last
             return producer.put(payload, priority=entry.priority, conn=work.conn), last
 

@@ -1,7 +1,7 @@
 """Start and control a private, throwaway MariaDB/MySQL server.
 
 Used by the test suite (fault tests kill and restart it) and by the live demo,
-so that neither depends on, nor disturbs, a system server. Only stdlib + MySQLdb.
+so that neither depends on, nor disturbs, a system server. Only stdlib + the store's driver connection.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import MySQLdb
+from notifyq.store import db
 
 # /usr/sbin is often not on a normal user's PATH, yet that is where Debian puts mariadbd.
 _EXTRA_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/mysql/bin")
@@ -66,8 +66,8 @@ def _parse_dsn(dsn: str) -> dict:
 def probe_dsn(dsn: str, timeout: float = 2) -> bool:
     """True if a connection with this DSN can be opened right now."""
     try:
-        conn = MySQLdb.connect(connect_timeout=max(1, int(timeout)), **_parse_dsn(dsn))
-    except (MySQLdb.Error, OSError, ValueError):
+        conn = db.connect(connect_timeout=max(1, int(timeout)), **_parse_dsn(dsn))
+    except (db.DriverError, OSError, ValueError):
         return False
     conn.close()
     return True
@@ -176,7 +176,7 @@ class LocalServer:
             raise
 
     def _connect_socket(self):
-        return MySQLdb.connect(host="localhost", user="root", passwd="",
+        return db.connect(host="localhost", user="root", passwd="",
                                unix_socket=self.socket_path, connect_timeout=2)
 
     def _wait_ready(self, deadline: float) -> None:
@@ -186,7 +186,7 @@ class LocalServer:
             try:
                 self._connect_socket().close()
                 return
-            except MySQLdb.Error as e:  # "can't connect" until the socket is up
+            except db.DriverError as e:  # "can't connect" until the socket is up
                 last = e
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"server not ready before deadline ({last!r}):\n{self._log_tail()}")

@@ -21,12 +21,13 @@ from typing import Any
 
 import click
 
-from notifyq import errors, schema
+from notifyq import errors
 from notifyq.config import Config
-from notifyq.db import Session
-from notifyq.lines import LineSource
-from notifyq.producer import Producer, produce_lines
-from notifyq.service import ConsumeOptions, ConsumerService
+from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.produce.lines import LineSource
+from notifyq.produce.producer import Producer, produce_lines
+from notifyq.store import schema
+from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.runner")
 
@@ -74,8 +75,8 @@ def _setup_process(stack: ExitStack, cfg: Config, *, daemon: bool, pidfile: str 
 
     daemon_context() refuses in the parent when another instance holds the pidfile, so that
     error reaches the operator's terminal; DaemonContext takes the file after the fork."""
-    from notifyq import daemon as daemon_mod
     from notifyq import logs
+    from notifyq.run import daemon as daemon_mod
 
     path, use_syslog = log_file or cfg.log.file or None, cfg.log.syslog
     if daemon:
@@ -199,8 +200,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
 
     Exit 4 when a stream that ended (EOF) had rejected lines; a stream stopped by a signal
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
-    from notifyq import daemon as daemon_mod
     from notifyq import logs
+    from notifyq.run import daemon as daemon_mod
 
     if daemon and input_path is None:
         raise errors.ConfigError("--daemon needs --input (stdin is closed when detached)")
@@ -243,8 +244,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
 
 def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | None,
             log_file: str | None) -> int:
-    from notifyq import daemon as daemon_mod
     from notifyq import logs
+    from notifyq.run import daemon as daemon_mod
 
     cfg = ctx.config()
     service = ConsumerService(cfg, options)  # validates queue names before any fork
@@ -253,7 +254,7 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
         signals = stack.enter_context(daemon_mod.StopSignals())
         service.notifier = daemon_mod.SystemdNotifier()
         if cfg.consumer.metrics_port:
-            from notifyq import metrics
+            from notifyq.ops import metrics
 
             metrics.serve(service, cfg.consumer.metrics_port)
 

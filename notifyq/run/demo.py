@@ -18,11 +18,13 @@ import threading
 import time
 
 from notifyq import config as config_mod
-from notifyq import errors, localserver, schema
+from notifyq import errors
 from notifyq.config import DSN
+from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
-from notifyq.producer import Producer
-from notifyq.service import ConsumeOptions, ConsumerService
+from notifyq.produce.producer import Producer
+from notifyq.run import localserver
+from notifyq.store import schema
 
 QUEUE = "demo"
 REPORT_S = 0.5
@@ -182,13 +184,5 @@ def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -
 
 
 def _reset_database(dsn: DSN) -> None:
-    import MySQLdb
-
-    args = dsn.connect_args()
-    args.pop("database")
-    conn = MySQLdb.connect(**args, autocommit=True)
-    try:
-        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
-    finally:
-        conn.close()
+    schema.drop_database(dsn)
     schema.init(dsn)
