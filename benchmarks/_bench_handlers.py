@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import socket
 import time
 
 _ids: list[int] = []
@@ -31,6 +32,19 @@ def stamp(job) -> None:
     """End-to-end: the handler-start time of every job, matched later to its commit time."""
     _stamps.append(time.time())
     _ids.append(job.id)
+
+
+_sock: socket.socket | None = None
+
+
+def announce(job) -> None:
+    """Pick-up: send (the payload's tag n, CLOCK_MONOTONIC at handler start) to the benchmark
+    over the datagram socket $NQB_SOCK; the monotonic clock is one clock for every process."""
+    global _sock
+    now = time.monotonic()
+    if _sock is None:
+        _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    _sock.sendto(f"{job.payload['n']} {now:.9f}".encode(), os.environ["NQB_SOCK"])
 
 
 def _dump() -> None:

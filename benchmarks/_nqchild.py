@@ -12,7 +12,10 @@ import os
 import sys
 import time
 
+import MySQLdb
+
 import _floor
+import _statements
 from _floor import payload
 
 from notifyq import config as config_mod
@@ -25,23 +28,37 @@ def _config(a: dict) -> config_mod.Config:
     return config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": a["dsn"]})
 
 
+def _observer(a: dict):
+    """A root connection outside the producer's sessions, for the statement counts."""
+    return MySQLdb.connect(**a["conn"], autocommit=True)
+
+
 def put(a: dict) -> dict:
-    with Producer(a["queue"], _config(a)) as producer:
-        producer.put(payload(-1))  # warm-up: connection, ensure_queue
+    """put() per job; ring=True is the mode the README recommends for a long-lived producer."""
+    observer = _observer(a)
+    with Producer(a["queue"], _config(a), ring=a.get("ring", False)) as producer:
+        producer.put(payload(-1))  # warm-up: connection, ensure_queue, and a ringer arms here
+        before = _statements.snapshot(observer)
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(a["n"]):
             producer.put(payload(i))
-        return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    counts = _statements.delta(before, _statements.snapshot(observer))
+    return {"wall_s": wall, "cpu_s": cpu, "n": a["n"], "statements": counts}
 
 
 def put_many(a: dict) -> dict:
-    with Producer(a["queue"], _config(a)) as producer:
+    observer = _observer(a)
+    with Producer(a["queue"], _config(a), ring=a.get("ring", False)) as producer:
         producer.put(payload(-1))
         chunk = a["chunk"]
+        before = _statements.snapshot(observer)
         t0, c0 = time.perf_counter(), time.process_time()
         for start in range(0, a["n"], chunk):
             producer.put_many([payload(i) for i in range(start, min(a["n"], start + chunk))])
-        return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "n": a["n"]}
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    counts = _statements.delta(before, _statements.snapshot(observer))
+    return {"wall_s": wall, "cpu_s": cpu, "n": a["n"], "statements": counts}
 
 
 def paced(a: dict) -> dict:

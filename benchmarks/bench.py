@@ -49,6 +49,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
 import MySQLdb  # noqa: E402
 
@@ -56,10 +57,18 @@ from notifyq.config import DSN, WakeupConfig  # noqa: E402
 from notifyq.run.localserver import LocalServer  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 
+import _pickup  # noqa: E402  (benchmarks/ is on sys.path, as it is for the children)
+import _seed  # noqa: E402
+import _sessions  # noqa: E402
+import _statements  # noqa: E402
+from _report import fmt, report  # noqa: E402
+
 SIZES = {
     "full": dict(
         reps=3, put_n=3000, bulk_n=50_000, chunk=100,
-        drain_n=20_000, consumers=4, batch=100,
+        drain_n=20_000, consumers=4, batch=100, start_reps=5,
+        pickup_rounds=200, pickup_gap_s=(0.05, 0.25), pickup_consumers=4, pickup_settle_s=2.0,
+        sessions_settle_s=5.0,
         e2e_s=8.0, e2e_warmup_s=1.0, e2e_tick_s=0.01, e2e_loads=(0.5, 0.9, 0.25), e2e_reps=3,
         producers=2,
         backlog=(1_000, 100_000, 1_000_000), claims_m=40, backlog_drain=10_000, backlog_reps=3,
@@ -67,7 +76,9 @@ SIZES = {
         wakeup_args=("--oneshot-rounds", "30", "--quiet-rounds", "8")),
     "quick": dict(
         reps=3, put_n=200, bulk_n=3_000, chunk=100,
-        drain_n=2_000, consumers=4, batch=100,
+        drain_n=2_000, consumers=4, batch=100, start_reps=3,
+        pickup_rounds=20, pickup_gap_s=(0.05, 0.25), pickup_consumers=2, pickup_settle_s=1.5,
+        sessions_settle_s=2.5,
         e2e_s=2.0, e2e_warmup_s=0.5, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1,
         producers=2,
         backlog=(1_000, 10_000, 50_000), claims_m=8, backlog_drain=1_000, backlog_reps=1,
@@ -99,6 +110,25 @@ def summary(xs):
     xs = [x for x in xs if x is not None]
     return {"median": median(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None,
             "reps": xs}
+
+
+def alternate(sides: list[str], rnd: int) -> list[str]:
+    """The order of the sides in round `rnd`: reversed every other round, so a machine that
+    drifts over minutes favours no side."""
+    return sides if rnd % 2 == 0 else sides[::-1]
+
+
+def compare(rows: dict[str, list[dict]], orders: list[list[str]], metrics, pairs) -> dict:
+    """Per side and metric, median [min-max] over rounds; per (a, b) pair, the same of a / b
+    taken round by round (both measured within minutes of each other)."""
+    out = {"raw": rows, "orders": orders, "sides": {}, "ratios": {}}
+    for side, reps in rows.items():
+        out["sides"][side] = {m: summary([r.get(m) for r in reps]) for m in metrics}
+    for a, b in pairs:
+        out["ratios"][f"{a}/{b}"] = {
+            m: summary([x[m] / y[m] for x, y in zip(rows[a], rows[b])
+                        if x.get(m) is not None and y.get(m)]) for m in metrics}
+    return out
 
 
 # ------------------------------------------------------------------ processes
@@ -154,6 +184,7 @@ class Bench:
         self.env = {**os.environ, "NOTIFYQ_DSN": self.url, "NOTIFYQ_CONFIG": "/dev/null",
                     "NOTIFYQ_LOG_LEVEL": "warning",
                     "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+        self.queue = QUEUE
         self._admin = None
         self._n = 0
 
@@ -182,6 +213,7 @@ class Bench:
         conn.cursor().execute(f"DROP DATABASE IF EXISTS `{self.dsn.database}`")
         conn.close()
         schema.init(self.dsn)
+        self.sql(_seed.DDL)
 
     def drop(self) -> None:
         if self._admin is not None:
@@ -194,15 +226,20 @@ class Bench:
         conn.close()
 
     def reset(self) -> None:
-        for table in ("nq_job", "nq_signal", "nq_consumer", "nq_queue"):
+        for table in ("nq_job", "nq_signal", "nq_consumer", "nq_queue", _seed.TABLE):
             self.sql(f"TRUNCATE TABLE {table}")
         self.sql("INSERT IGNORE INTO nq_queue (queue) VALUES (%s)", (QUEUE,))
 
-    def fill(self, n: int) -> None:
-        """n ready jobs, inserted by the server itself (MariaDB's sequence engine), in chunks."""
+    def fill(self, n: int, table: str = "nq_job") -> None:
+        """n ready jobs, inserted by the server itself (MariaDB's sequence engine), in chunks;
+        table=seed_job fills the seed floor's table with the same payloads."""
         done = 0
         while done < n:
             count = min(FILL_CHUNK, n - done)
+            if table == _seed.TABLE:
+                self.sql(_seed.FILL.format(done + 1, done + count), (QUEUE,))
+                done += count
+                continue
             self.sql(
                 "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
                 "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, ',\"event\":\"signup\","
@@ -220,6 +257,9 @@ class Bench:
     def questions(self) -> int:
         return int(self.sql("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1])
 
+    def statements(self) -> dict[str, int]:
+        return _statements.snapshot(self.admin())
+
     # ---------------------------------------------------------- children
 
     def outdir(self) -> Path:
@@ -228,20 +268,21 @@ class Bench:
         path.mkdir()
         return path
 
-    def spawn(self, argv: list[str], out: Path | None = None, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-        env = dict(self.env)
+    def spawn(self, argv: list[str], out: Path | None = None, stdout=subprocess.DEVNULL,
+              stdin=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
+        env = {**self.env, **(env or {})}
         if out is not None:
             env["NQB_OUT"] = str(out)
         log = open(self.workdir / "children.log", "ab")
         try:
-            return subprocess.Popen(argv, env=env, cwd=str(HERE), stdout=stdout, stderr=log)
+            return subprocess.Popen(argv, env=env, cwd=str(HERE), stdin=stdin, stdout=stdout, stderr=log)
         finally:
             log.close()
 
     def child(self, side: str, role: str, args: dict, timeout: float = 600) -> dict:
-        """Run one _floor.py / _nqchild.py role to completion; its JSON result plus its CPU."""
+        """Run one _floor.py / _seed.py / _nqchild.py role to completion; its JSON result plus its CPU."""
         args = {"conn": self.conn_args, "dsn": self.url, "queue": QUEUE, **args}
-        script = "_floor.py" if side == "floor" else "_nqchild.py"
+        script = {"floor": "_floor.py", "seed": "_seed.py"}.get(side, "_nqchild.py")
         proc = self.spawn([sys.executable, str(HERE / script), role, json.dumps(args)],
                           stdout=subprocess.PIPE)
         usage = wait_rusage(proc, timeout)
@@ -251,13 +292,17 @@ class Bench:
             raise RuntimeError(f"{side} {role} failed (exit {proc.returncode}); see {self.workdir}/children.log")
         return {**json.loads(out.strip().splitlines()[-1]), "proc_cpu_s": cpu_of(usage)}
 
-    def consumer_argv(self, side: str, handler: str, *extra: str) -> list[str]:
+    def consumer_argv(self, side: str, handler: str, *extra: str, workers: int = 1) -> list[str]:
+        if side == "seed":
+            args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler}
+            role = "drain" if "--exit-when-empty" in extra else "serve"
+            return [sys.executable, str(HERE / "_seed.py"), role, json.dumps(args)]
         if side.startswith("floor"):
             args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler,
                     "two_step": side == "floor_two_step"}
             return [sys.executable, str(HERE / "_floor.py"), "drain", json.dumps(args)]
         return [sys.executable, "-m", "notifyq", "consume", "-q", QUEUE, "--handler",
-                f"_bench_handlers:{handler}", "--workers", "1", "--batch-size", str(self.size["batch"]),
+                f"_bench_handlers:{handler}", "--workers", str(workers), "--batch-size", str(self.size["batch"]),
                 *extra]
 
     @staticmethod
@@ -267,47 +312,52 @@ class Bench:
     # ---------------------------------------------------------- enqueue
 
     def enqueue(self, role: str, n: int) -> dict:
-        """notifyq, the floor, and the floor plus the nq_signal bump notifyq's design adds."""
-        sides = {"notifyq": (role, {}), "floor": (role, {}),
-                 "floor_signal": ("put_signal", {}) if role == "put" else (role, {"signal": True})}
+        """notifyq without and with the ring (the README's mode for a long-lived producer), the
+        seed floor, the same-schema floor, and that floor plus the nq_signal bump notifyq adds.
+        The sides run in turn within each round, the order reversed every other round."""
+        sides = {"notifyq": ("notifyq", role, {}), "notifyq_ring": ("notifyq", role, {"ring": True}),
+                 "seed": ("seed", role, {}), "floor": ("floor", role, {}),
+                 "floor_signal": ("floor", "put_signal", {}) if role == "put" else ("floor", role, {"signal": True})}
         rows = {side: [] for side in sides}
-        for _ in range(self.size["reps"]):
-            for side, (name, extra) in sides.items():
+        orders = []
+        for rnd in range(self.size["reps"]):
+            orders.append(alternate(list(sides), rnd))
+            for side in orders[-1]:
+                script, name, extra = sides[side]
                 self.reset()
-                r = self.child("floor" if side.startswith("floor") else side, name,
-                               {"n": n, "chunk": self.size["chunk"], **extra})
-                got = self.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (QUEUE,))
+                r = self.child(script, name, {"n": n, "chunk": self.size["chunk"], **extra})
+                table = _seed.TABLE if script == "seed" else "nq_job"
+                got = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE queue = %s", (QUEUE,))
                 if got != n + 1:  # + the warm-up job
                     raise RuntimeError(f"{side} {role}: {got} rows, expected {n + 1}")
-                rows[side].append({"jobs_s": n / r["wall_s"], "cpu_us_per_job": r["cpu_s"] / n * 1e6})
-        out = self._paired(rows, ("jobs_s", "cpu_us_per_job"))
-        out["vs_floor_signal"] = self._paired({"notifyq": rows["notifyq"], "floor": rows["floor_signal"]},
-                                              ("jobs_s", "cpu_us_per_job"))
-        return out
-
-    @staticmethod
-    def _paired(rows: dict, metrics) -> dict:
-        out = {"raw": rows}
-        for m in metrics:
-            nq = [r[m] for r in rows["notifyq"]]
-            fl = [r[m] for r in rows["floor"]]
-            out[m] = {"notifyq": summary(nq), "floor": summary(fl),
-                      "ratio": summary([a / b for a, b in zip(nq, fl) if b])}
-        return out
+                counts = r.get("statements")
+                rows[side].append({"jobs_s": n / r["wall_s"], "cpu_us_per_job": r["cpu_s"] / n * 1e6,
+                                   "statements_per_job": counts["Questions"] / n if counts else None,
+                                   "statements": _statements.per_job(counts, n) if counts else None})
+        return compare(rows, orders, ("jobs_s", "cpu_us_per_job", "statements_per_job"),
+                       (("notifyq", "seed"), ("notifyq_ring", "seed"), ("notifyq", "floor"),
+                        ("notifyq_ring", "floor"), ("notifyq", "floor_signal"), ("floor", "seed")))
 
     # ---------------------------------------------------------- drain
 
     def drain_once(self, side: str, n: int, k: int, extra: tuple[str, ...] = ("--exit-when-empty",),
                    verify_all: bool = True) -> dict:
         """K consumer processes drain the queue; every job must have run exactly once."""
-        before = {r[0] for r in self.sql("SELECT id FROM nq_job WHERE queue = %s AND status = 0", (QUEUE,))}
+        table = _seed.TABLE if side == "seed" else "nq_job"
+        before = {r[0] for r in self.sql(f"SELECT id FROM {table} WHERE queue = %s AND status = 0", (QUEUE,))}
         out = self.outdir()
+        stmts0 = self.statements()
         srv0 = proc_cpu_s(self.server_pid)
         t0 = time.time()
-        procs = [self.spawn(self.consumer_argv(side, "noop", *extra), out) for _ in range(k)]
+        procs, spawned = [], {}
+        for _ in range(k):
+            at = time.time()
+            procs.append(self.spawn(self.consumer_argv(side, "noop", *extra), out))
+            spawned[procs[-1].pid] = at
         usages = [wait_rusage(p, 600) for p in procs]
         t1 = time.time()
         srv1 = proc_cpu_s(self.server_pid)
+        stmts = _statements.delta(stmts0, self.statements())
         bad = [p.returncode for p in procs if p.returncode != 0]
         if bad:
             raise RuntimeError(f"{side} consumers exited with {bad}; see {self.workdir}/children.log")
@@ -318,7 +368,7 @@ class Bench:
         stray = set(counts) - before
         if dupes or stray:
             raise RuntimeError(f"{side} drain: {dupes} jobs ran twice, {len(stray)} unknown ids")
-        left = self.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s)" % ",".join(map(str, counts)))\
+        left = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE id IN (%s)" % ",".join(map(str, counts)))\
             if counts else 0
         if left:
             raise RuntimeError(f"{side} drain: {left} jobs ran but are still in the table")
@@ -329,8 +379,12 @@ class Bench:
         first = min(r["first"] for r in recs)
         last = max(r["last"] for r in recs)
         steady_cpu = sum(r["cpu_last"] - r["cpu_first"] for r in recs)
+        # Each process's first handled job after its own spawn (K start together on the cores).
+        firsts = [r["first"] - spawned[r["pid"]] for r in recs if r["pid"] in spawned]
         return {
             "jobs": ran, "exactly_once": True, "processes_that_ran_jobs": len(recs),
+            "first_job_s": median(firsts), "first_job_fleet_s": first - t0,
+            "statements_per_job": stmts["Questions"] / ran, "statements": _statements.per_job(stmts, ran),
             "jobs_s": ran / (last - first) if last > first else None,
             "jobs_s_with_startup": ran / (t1 - t0),
             "cpu_us_per_job": steady_cpu / ran * 1e6,
@@ -339,22 +393,41 @@ class Bench:
         }
 
     def drain(self) -> dict:
-        """The floor as the issue words it (one SKIP LOCKED read straight off the ready index),
-        and a second raw floor shaped like notifyq's claim (plain candidate read, then lock by
-        primary key): under 4-way contention the locking index scan is the slower of the two."""
+        """notifyq, the seed floor (its own table and claim), and two floors on notifyq's table:
+        one SKIP LOCKED read straight off the ready index, and the same two-step shape notifyq
+        uses (plain candidate read, then lock by primary key)."""
         n, k = self.size["drain_n"], self.size["consumers"]
-        rows = {"notifyq": [], "floor": [], "floor_two_step": []}
-        for _ in range(self.size["reps"]):
-            for side in rows:
+        sides = ("notifyq", "seed", "floor", "floor_two_step")
+        rows = {side: [] for side in sides}
+        orders = []
+        for rnd in range(self.size["reps"]):
+            orders.append(alternate(list(sides), rnd))
+            for side in orders[-1]:
                 self.reset()
-                self.fill(n)
+                self.fill(n, _seed.TABLE if side == "seed" else "nq_job")
                 rows[side].append(self.drain_once(side, n, k))
         metrics = ("jobs_s", "jobs_s_with_startup", "cpu_us_per_job", "cpu_us_per_job_with_startup",
-                   "server_cpu_us_per_job")
-        out = self._paired(rows, metrics)
-        out["vs_floor_two_step"] = self._paired({"notifyq": rows["notifyq"], "floor": rows["floor_two_step"]},
-                                                metrics)
-        return out
+                   "server_cpu_us_per_job", "statements_per_job", "first_job_s", "first_job_fleet_s")
+        return compare(rows, orders, metrics, (("notifyq", "seed"), ("notifyq", "floor"),
+                                               ("notifyq", "floor_two_step"), ("floor", "seed")))
+
+    # ---------------------------------------------------------- first job after start
+
+    def start(self) -> dict:
+        """One consumer process (one worker) started with a batch of jobs waiting: from its
+        spawn to its first handled job, and its whole CPU; notifyq and the seed in turn."""
+        sides = ("notifyq", "seed")
+        rows = {side: [] for side in sides}
+        orders = []
+        for rnd in range(self.size["start_reps"]):
+            orders.append(alternate(list(sides), rnd))
+            for side in orders[-1]:
+                self.reset()
+                self.fill(self.size["batch"], _seed.TABLE if side == "seed" else "nq_job")
+                r = self.drain_once(side, self.size["batch"], 1)
+                rows[side].append({"first_job_s": r["first_job_s"],
+                                   "process_cpu_ms": r["cpu_us_per_job_with_startup"] * r["jobs"] / 1e3})
+        return compare(rows, orders, ("first_job_s", "process_cpu_ms"), (("notifyq", "seed"),))
 
     # ---------------------------------------------------------- end to end
 
@@ -545,140 +618,9 @@ class Bench:
                 "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-# ------------------------------------------------------------------ report
-
-def fmt(x, digits=None) -> str:
-    if x is None:
-        return "-"
-    if digits is None:
-        digits = 0 if abs(x) >= 100 else 2 if abs(x) < 10 else 1
-    return f"{x:,.{digits}f}"
-
-
-def cell(s: dict | None, digits=None) -> str:
-    if not s or s.get("median") is None:
-        return "-"
-    return f"{fmt(s['median'], digits)} [{fmt(s['min'], digits)}-{fmt(s['max'], digits)}]"
-
-
-def check(value, op: str, target: float) -> str:
-    if value is None:
-        return "?"
-    return "yes" if (value >= target if op == ">=" else value <= target) else "NO"
-
-
-def report(res: dict) -> tuple[str, list[dict]]:
-    rows = []  # case, metric, notifyq, floor, ratio, target, met
-    targets = []
-
-    def add(case, metric, nq="", fl="", ratio="", target="", met=""):
-        rows.append((case, metric, nq, fl, ratio, target, met))
-
-    def paired(case, block, metric, label, op=None, tgt=None, ratio_digits=2):
-        b = block[metric]
-        ratio = b["ratio"]
-        met = check(ratio["median"], op, tgt) if op else ""
-        add(case, label, cell(b["notifyq"]), cell(b["floor"]), cell(ratio, ratio_digits),
-            f"ratio {op} {tgt}" if op else "", met)
-        if op:
-            targets.append({"target": f"{case}: {label} ratio {op} {tgt}", "value": ratio["median"], "met": met})
-
-    if "enqueue_single" in res:
-        e = res["enqueue_single"]
-        paired("enqueue, put() per job", e, "jobs_s", "jobs/s", ">=", 0.8)
-        paired("enqueue, put() per job", e, "cpu_us_per_job", "producer CPU us/job")
-        paired("enqueue, put() per job", e["vs_floor_signal"], "jobs_s", "jobs/s vs floor+signal bump")
-    if "enqueue_bulk" in res:
-        e = res["enqueue_bulk"]
-        paired("enqueue, put_many() x100", e, "jobs_s", "jobs/s", ">=", 0.7)
-        paired("enqueue, put_many() x100", e, "cpu_us_per_job", "producer CPU us/job")
-        paired("enqueue, put_many() x100", e["vs_floor_signal"], "jobs_s", "jobs/s vs floor+signal bump")
-    if "drain" in res:
-        d = res["drain"]
-        case = "drain, 4 consumer processes"
-        paired(case, d, "jobs_s", "jobs/s first..last handler", ">=", 0.6)
-        paired(case, d, "jobs_s_with_startup", "jobs/s incl. start-up")
-        paired(case, d, "cpu_us_per_job", "consumer CPU us/job", "<=", 2.0)
-        paired(case, d, "cpu_us_per_job_with_startup", "consumer CPU us/job incl. start-up")
-        if d["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
-            paired(case, d, "server_cpu_us_per_job", "server CPU us/job")
-        two = d["vs_floor_two_step"]
-        paired(case, two, "jobs_s", "jobs/s vs two-step floor")
-        paired(case, two, "cpu_us_per_job", "consumer CPU us/job vs two-step floor")
-        if two["server_cpu_us_per_job"]["notifyq"]["median"] is not None:
-            paired(case, two, "server_cpu_us_per_job", "server CPU us/job vs two-step floor")
-    for load, b in res.get("e2e", {}).items():
-        case = f"end-to-end at {load} of drain"
-        add(case, "offered / achieved jobs/s", cell(b["offered_jobs_s"]), "", "", "", "")
-        add(case, "", cell(b["achieved_jobs_s"]))
-        add(case, f"machine CPU busy, cores of {os.cpu_count()}", cell(b.get("cpu_busy_cores"), 2))
-        if b.get("server_cores") and b["server_cores"]["median"] is not None:
-            add(case, "  of which the server", cell(b["server_cores"], 2))
-        add(case, "max latency during warm-up, ms", cell(b["warmup_max_ms"], 0))
-        for m in ("p50_ms", "p95_ms", "p99_ms"):
-            tgt = m == "p99_ms" and load == "50%"
-            met = check(b[m]["median"], "<=", 50) if tgt else ""
-            add(case, f"commit->handler {m[:-3]} ms", cell(b[m], 1), "", "", "<= 50 ms" if tgt else "", met)
-            if tgt:
-                targets.append({"target": "end-to-end p99 <= 50 ms at 50% load", "value": b[m]["median"], "met": met})
-    if "backlog" in res:
-        base = None
-        for size, b in res["backlog"].items():
-            case = f"backlog {int(size):,} queued"
-            nq = b["notifyq_claim_ms"]
-            base = base or nq["median"]
-            add(case, "claim of 100, ms (median of claims)", cell(nq, 2), cell(b["floor_claim_ms"], 2),
-                fmt(nq["median"] / b["floor_claim_ms"]["median"]) if b["floor_claim_ms"]["median"] else "",
-                "flat within 2x", f"{nq['median'] / base:.2f}x of smallest")
-            add(case, "claim p95 ms", cell(b["notifyq_claim_p95_ms"], 2), cell(b["floor_claim_p95_ms"], 2))
-            add(case, "ack of 100, ms", cell(b["notifyq_ack_ms"], 2), cell(b["floor_ack_ms"], 2))
-            add(case, "index reads per claim", cell(b.get("notifyq_index_reads_per_claim"), 0))
-            add(case, "drain jobs/s (4 procs)", cell(b["notifyq_drain_jobs_s"]))
-        meds = [b["notifyq_claim_ms"]["median"] for b in res["backlog"].values()]
-        spread = max(meds) / min(meds)
-        sizes = list(res["backlog"])
-        targets.append({"target": f"backlog: claim time flat within 2x ({int(sizes[0]):,}..{int(sizes[-1]):,} queued)",
-                        "value": spread,
-                        "met": "yes" if spread <= 2 else "NO"})
-    if "idle" in res:
-        i = res["idle"]
-        per_queue = i["questions_s"]["median"] / i["queues"] if i["questions_s"]["median"] is not None else None
-        met = check(per_queue, "<=", 2)
-        add(f"idle, {i['consumers']} consumers, 1 queue", "server Questions/s", cell(i["questions_s"], 2),
-            "", "", "<= 2 /s per queue", met)
-        targets.append({"target": "idle <= 2 queries/s per queue with 10 consumers", "value": per_queue, "met": met})
-    if "wakeup" in res:
-        w = res["wakeup"]
-        case = "pick-up from idle (wakeup.py)"
-        if "result" in w:
-            for r in w["result"].get("latency", []):
-                add(case, f"{r['mode']}, {r['producer']}: p50/p95/p99 ms",
-                    f"{fmt(r['p50_ms'], 1)} / {fmt(r['p95_ms'], 1)} / {fmt(r['p99_ms'], 1)}")
-            for name, ok in w["result"].get("targets", {}).items():
-                if name.startswith("idle cost") and not w["result"].get("idle"):
-                    continue  # run with --skip-idle: the idle row above measures it
-                add(case, name, "", "", "", "wakeup.py target", "yes" if ok else "NO")
-        else:
-            add(case, w.get("status") or f"not measured: exit {w.get('exit')}, see the JSON")
-
-    widths = [max(len(str(r[i])) for r in rows + [("case", "metric", "notifyq", "floor", "ratio", "target", "met")])
-              for i in range(7)]
-    header = ("case", "metric", "notifyq median [min-max]", "floor median [min-max]", "nq/floor", "target", "met")
-    widths = [max(w, len(h)) for w, h in zip(widths, header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    last_case = None
-    for r in rows:
-        shown = list(r)
-        if r[0] == last_case:
-            shown[0] = ""
-        last_case = r[0]
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(shown, widths)).rstrip())
-    return "\n".join(lines), targets
-
-
 # ------------------------------------------------------------------ main
 
-CASES = ("enqueue", "drain", "e2e", "backlog", "idle", "wakeup")
+CASES = ("enqueue", "drain", "start", "pickup", "sessions", "e2e", "backlog", "idle", "wakeup")
 
 
 def main(argv: list[str]) -> int:
@@ -723,8 +665,15 @@ def main(argv: list[str]) -> int:
             step("enqueue_bulk", lambda: bench.enqueue("put_many", size["bulk_n"]))
         if "drain" in only or "e2e" in only:
             step("drain", bench.drain)
+        if "start" in only:
+            step("start", bench.start)
+        if "pickup" in only:
+            step("pickup", lambda: _pickup.run(bench, size["pickup_rounds"], size["pickup_gap_s"],
+                                               size["pickup_consumers"], size["pickup_settle_s"]))
+        if "sessions" in only:
+            step("sessions", lambda: _sessions.run(bench, size["sessions_settle_s"]))
         if "e2e" in only:
-            step("e2e", lambda: bench.e2e(res["drain"]["jobs_s"]["notifyq"]["median"]))
+            step("e2e", lambda: bench.e2e(res["drain"]["sides"]["notifyq"]["jobs_s"]["median"]))
         if "backlog" in only:
             step("backlog", bench.backlog)
         if "idle" in only:
