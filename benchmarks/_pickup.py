@@ -72,13 +72,14 @@ class Fleet:
     """K idle consumer processes of one side, announcing their handler starts."""
 
     def __init__(self, bench, side: str, k: int, sock: str):
+        self.bench = bench
         self.procs = [bench.spawn(bench.consumer_argv(side, "announce"), env={"NQB_SOCK": sock})
                       for _ in range(k)]
 
     def check(self) -> None:
         dead = [p.returncode for p in self.procs if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"pick-up consumers exited with {dead}; see children.log")
+            raise RuntimeError(f"pick-up consumers exited with {dead}{self.bench.log_tail()}")
 
     def stop(self) -> None:
         for p in self.procs:

@@ -53,8 +53,10 @@ CANDIDATES = f"SELECT id FROM {TABLE} WHERE queue = %s AND status = 0 ORDER BY i
 # deadlocks with) the other consumers' rows. status = 0 drops candidates claimed meanwhile.
 LOCK = (f"SELECT id, payload FROM {TABLE} FORCE INDEX (PRIMARY) WHERE id IN ({{}}) AND status = 0 "
         "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED")
-MARK = f"UPDATE {TABLE} SET status = 1, owner = %s, claimed_at = NOW(6) WHERE id IN ({{}})"
-DELETE = f"DELETE FROM {TABLE} WHERE id IN ({{}})"
+# The same hint for the mark and the delete: a scan would wait on the other consumers' rows.
+MARK = (f"UPDATE {TABLE} FORCE INDEX (PRIMARY) SET status = 1, owner = %s, claimed_at = NOW(6) "
+        "WHERE id IN ({})")
+DELETE = f"DELETE {TABLE} FROM {TABLE} FORCE INDEX (PRIMARY) WHERE id IN ({{}})"
 # Server-side fill for bench.py: the same payload text as notifyq's fill.
 FILL = (f"INSERT INTO {TABLE} (queue, status, payload) "
         "SELECT %s, 0, CONCAT('{{\"user_id\":', seq, ',\"event\":\"signup\",\"email\":\"user', seq, "

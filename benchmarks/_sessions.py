@@ -25,11 +25,13 @@ SESSIONS = ("SELECT COMMAND, COALESCE(INFO, '') FROM information_schema.PROCESSL
 
 
 def _kind(command: str, info: str) -> str:
+    """What a session is doing. The watcher's poll names both SLEEP and GET_LOCK (it waits in
+    one or the other), so it is told apart first."""
     text = info.upper()
-    if "GET_LOCK" in text:
-        return "get_lock"
     if "SLEEP(" in text:
-        return "sleep"
+        return "watching"
+    if "GET_LOCK" in text:
+        return "in GET_LOCK"
     return "idle" if command == "Sleep" else "other"
 
 
@@ -58,8 +60,8 @@ def measure(bench, queues: tuple[str, ...], workers: int, settle_s: float) -> di
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"consumer {' '.join(argv[3:])} exited with {proc.returncode}; "
-                                   "see children.log")
+                raise RuntimeError(f"consumer {' '.join(argv[3:])} exited with {proc.returncode}"
+                                   f"{bench.log_tail()}")
             last = bench.sql(SESSIONS, (USER,))
             peak = max(peak, len(last))
             time.sleep(SAMPLE_S)

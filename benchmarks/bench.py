@@ -1,30 +1,48 @@
 #!/usr/bin/env python3
-"""notifyq benchmark suite: notifyq next to a raw-SQL floor, on one server, in one run.
+"""notifyq benchmark suite: notifyq next to two raw-SQL floors, on one server, in one run.
 
-    .venv/bin/python benchmarks/bench.py [--quick] [--json results.json] [--dsn mysql://root@host:port/]
+    .venv/bin/python benchmarks/bench.py [--quick] [--only CASES] [--json results.json] [--dsn mysql://root@host:port/]
 
 Without --dsn a private MariaDB/MySQL server (notifyq.localserver.LocalServer) is started in a
 temp dir, so the numbers are reproducible and the system database is untouched. With --dsn the
 benchmark drops and recreates its own database (--database, default nq_bench) on that server.
 
-Every comparison runs notifyq and the floor (_floor.py: plain mysqlclient, the minimum
-statements) interleaved, repetition by repetition, on the same tables; ratios are notifyq /
-floor per repetition, reported as median [min-max]. Every producer and consumer is its own
-process; consumers are the real `python -m notifyq consume` command.
+Two floors, both plain mysqlclient, READ COMMITTED, the same handlers and JSON as notifyq:
+  seed floor         _seed.py: the seed's own design on its own table (id, queue, status,
+                     owner, claimed_at, payload; one index (queue, status, id)): INSERT + COMMIT
+                     per job, 100-row INSERT + COMMIT in bulk; claim 3 x 100 candidates, lock by
+                     SKIP LOCKED, mark, COMMIT, run, DELETE, COMMIT; poll every 0.1 s when empty.
+                     notifyq / seed is the price of notifyq's code and schema together.
+  same-schema floor  _floor.py: the fewest statements on notifyq's own table. notifyq / floor
+                     is the price of the code alone; floor / seed the price of the schema.
+Within a round every side runs once, one after the other, the order reversed every other round
+(the machine drifts over minutes); a ratio is taken within each round, and reported as the
+median [min-max] over the rounds. Every producer and consumer is its own process; consumers
+are the real `python -m notifyq consume` command.
 
 Cases:
-  enqueue   put() per job and put_many() of 100, one producer process; the floor does a bare
-            INSERT + COMMIT, and "floor+signal" adds the nq_signal bump notifyq's wake-up needs.
+  enqueue   put() per job (without the ring, and with it: the README's long-lived producer)
+            and put_many() of 100, one producer process; statements per job are the server's
+            Questions delta around the timed loop. "floor+signal" adds the nq_signal bump.
   drain     N jobs inserted server-side, K consumer processes with a no-op handler, until empty;
-            every job must run exactly once. Two floors: one SKIP LOCKED read off the ready
-            index (as the issue words it), and the same two-step shape notifyq uses.
+            every job must run exactly once. Rate from the first to the last handled job and
+            including start-up; consumer CPU per job from the processes' rusage; statements per
+            drained job (Questions delta over the whole run); each process's first job after
+            its spawn. Two same-schema floors: one SKIP LOCKED read off the ready index, and
+            the same two-step shape notifyq uses.
+  start     one consumer process, a batch of jobs waiting: its spawn to its first handled job.
+  pickup    from idle, enqueue to handler start (_pickup.py): put() with and without the
+            ring, a long-running `notifyq produce` fed one line at a time (from the write),
+            and the seed (INSERT + COMMIT, consumers polling).
+  sessions  database sessions of one consumer process (_sessions.py): PROCESSLIST rows of a
+            user only that process uses, for 1 queue x 1 and 4 workers, 3 queues x 4 workers.
   e2e       2 long-lived producers (bell holders) committing what is due every 10 ms, 4
             consumers; offered load = a fraction of the drain rate above; latency = handler
             start - the job's COMMIT returning; the first second is reported apart.
   backlog   1k, 100k, 1M ready jobs (INSERT ... SELECT FROM seq_1_to_N); single claims timed
             with the backlog topped up after each; then 4 consumers drain a slice of it.
   idle      Questions/s of the server with 10 idle consumers, per idle_wait_s window.
-  wakeup    benchmarks/wakeup.py (pick-up from idle), run on the same server.
+  wakeup    benchmarks/wakeup.py (pick-up from idle, more producer modes), on the same server.
 """
 
 from __future__ import annotations
@@ -279,6 +297,15 @@ class Bench:
         finally:
             log.close()
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the children's stderr, for an error message: the temp dir is removed
+        on exit unless --keep."""
+        try:
+            text = (self.workdir / "children.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return f"; children.log ends:\n{text[-chars:]}"
+
     def child(self, side: str, role: str, args: dict, timeout: float = 600) -> dict:
         """Run one _floor.py / _seed.py / _nqchild.py role to completion; its JSON result plus its CPU."""
         args = {"conn": self.conn_args, "dsn": self.url, "queue": QUEUE, **args}
@@ -289,7 +316,7 @@ class Bench:
         out = proc.stdout.read().decode()
         proc.stdout.close()
         if proc.returncode != 0:
-            raise RuntimeError(f"{side} {role} failed (exit {proc.returncode}); see {self.workdir}/children.log")
+            raise RuntimeError(f"{side} {role} failed (exit {proc.returncode}){self.log_tail()}")
         return {**json.loads(out.strip().splitlines()[-1]), "proc_cpu_s": cpu_of(usage)}
 
     def consumer_argv(self, side: str, handler: str, *extra: str, workers: int = 1) -> list[str]:
@@ -360,7 +387,7 @@ class Bench:
         stmts = _statements.delta(stmts0, self.statements())
         bad = [p.returncode for p in procs if p.returncode != 0]
         if bad:
-            raise RuntimeError(f"{side} consumers exited with {bad}; see {self.workdir}/children.log")
+            raise RuntimeError(f"{side} consumers exited with {bad}{self.log_tail()}")
         recs = self.records(out)
         counts = collections.Counter(i for r in recs for i in r["ids"])
         ran = sum(counts.values())
@@ -457,7 +484,7 @@ class Bench:
             for proc in producers:
                 wait_rusage(proc, warmup + duration + 120)
                 if proc.returncode != 0:
-                    raise RuntimeError(f"producer failed; see {self.workdir}/children.log")
+                    raise RuntimeError(f"producer failed{self.log_tail()}")
             busy1, total1 = machine_jiffies()
             srv1, t1 = proc_cpu_s(self.server_pid), time.monotonic()
             deadline = time.monotonic() + 120
