@@ -28,17 +28,10 @@ import time
 from pathlib import Path
 
 import _seed
+from _stats import pct
 
 MODES = ("put_ring", "put", "produce", "seed")
 RECV_TIMEOUT_S = 10.0
-
-
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile, p in 0..100."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
 
 
 def _stats(values_s: list[float]) -> dict:

@@ -56,7 +56,6 @@ import platform
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,11 +74,15 @@ from notifyq.config import DSN, WakeupConfig  # noqa: E402
 from notifyq.run.localserver import LocalServer  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 
-import _pickup  # noqa: E402  (benchmarks/ is on sys.path, as it is for the children)
+import _backlog  # noqa: E402  (benchmarks/ is on sys.path, as it is for the children)
+import _e2e  # noqa: E402
+import _pickup  # noqa: E402
 import _seed  # noqa: E402
 import _sessions  # noqa: E402
 import _statements  # noqa: E402
+from _procs import cpu_of, proc_cpu_s, wait_rusage  # noqa: E402
 from _report import fmt, report  # noqa: E402
+from _stats import alternate, compare, median, summary  # noqa: E402
 
 SIZES = {
     "full": dict(
@@ -97,11 +100,11 @@ SIZES = {
     "quick": dict(
         reps=2, put_n=200, bulk_n=3_000, chunk=100,
         drain_n=2_000, consumers=4, batch=100, start_reps=2,
-        pickup_rounds=15, pickup_gap_s=(0.05, 0.25), pickup_consumers=2, pickup_settle_s=1.0,
+        pickup_rounds=12, pickup_gap_s=(0.05, 0.25), pickup_consumers=2, pickup_settle_s=1.0,
         sessions_settle_s=2.0,
         e2e_s=2.0, e2e_warmup_s=0.5, e2e_tick_s=0.01, e2e_loads=(0.5,), e2e_reps=1,
         producers=2,
-        backlog=(1_000, 20_000), claims_m=8, backlog_drain=1_000, backlog_reps=1,
+        backlog=(1_000, 10_000), claims_m=8, backlog_drain=1_000, backlog_reps=1,
         idle_consumers=10, idle_settle_s=1.0, idle_window_s=3.0, idle_reps=1,
         wakeup_args=()),
 }
@@ -110,83 +113,6 @@ QUEUE = "bench"
 # wraps every few seconds under this load and stalls every commit at each checkpoint.
 BENCH_REDO_LOG_MB = 96
 FILL_CHUNK = 100_000  # rows per server-side INSERT ... SELECT FROM seq_1_to_N
-
-
-# ------------------------------------------------------------------ small statistics
-
-def median(xs):
-    return statistics.median(xs) if xs else None
-
-
-def pct(xs, p):
-    """Nearest-rank percentile, p in 0..100."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
-
-
-def summary(xs):
-    xs = [x for x in xs if x is not None]
-    return {"median": median(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None,
-            "reps": xs}
-
-
-def alternate(sides: list[str], rnd: int) -> list[str]:
-    """The order of the sides in round `rnd`: reversed every other round, so a machine that
-    drifts over minutes favours no side."""
-    return sides if rnd % 2 == 0 else sides[::-1]
-
-
-def compare(rows: dict[str, list[dict]], orders: list[list[str]], metrics, pairs) -> dict:
-    """Per side and metric, median [min-max] over rounds; per (a, b) pair, the same of a / b
-    taken round by round (both measured within minutes of each other)."""
-    out = {"raw": rows, "orders": orders, "sides": {}, "ratios": {}}
-    for side, reps in rows.items():
-        out["sides"][side] = {m: summary([r.get(m) for r in reps]) for m in metrics}
-    for a, b in pairs:
-        out["ratios"][f"{a}/{b}"] = {
-            m: summary([x[m] / y[m] for x, y in zip(rows[a], rows[b])
-                        if x.get(m) is not None and y.get(m)]) for m in metrics}
-    return out
-
-
-# ------------------------------------------------------------------ processes
-
-def wait_rusage(proc: subprocess.Popen, timeout: float):
-    """Wait for a child and return its resource usage (user+sys CPU of that process alone)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage
-        if time.monotonic() >= deadline:
-            proc.kill()
-            raise RuntimeError(f"child {proc.args!r} did not finish within {timeout:.0f}s")
-        time.sleep(0.005)
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat (idle and iowait are idle)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
-def cpu_of(usage) -> float:
-    return usage.ru_utime + usage.ru_stime
-
-
-def proc_cpu_s(pid: int | None) -> float | None:
-    """utime+stime of another process (the server), from /proc."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ the bench
@@ -463,124 +389,6 @@ class Bench:
                                    "process_cpu_ms": r["cpu_us_per_job_with_startup"] * r["jobs"] / 1e3})
         return compare(rows, orders, ("first_job_s", "process_cpu_ms"), (("notifyq", "seed"),))
 
-    # ---------------------------------------------------------- end to end
-
-    def e2e_once(self, rate: float, duration: float, warmup: float, tick: float) -> dict:
-        k, p = self.size["consumers"], self.size["producers"]
-        self.reset()
-        out = self.outdir()
-        consumers = [self.spawn(self.consumer_argv("notifyq", "stamp"), out) for _ in range(k)]
-        try:
-            deadline = time.monotonic() + 60
-            while self.scalar("SELECT COUNT(*) FROM nq_consumer") < k:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("consumers did not register within 60 s")
-                time.sleep(0.05)
-            time.sleep(1.0)  # let them go idle: one watches, the others queue behind it
-            files = [out / f"producer{i}.ids" for i in range(p)]
-            settle = WakeupConfig().poll_max_s + 0.5
-            producers = [
-                self.spawn([sys.executable, str(HERE / "_nqchild.py"), "paced", json.dumps(
-                    {"dsn": self.url, "queue": QUEUE, "rate": rate / p, "duration_s": warmup + duration,
-                     "out": str(f), "ring": True, "tick_s": tick, "settle_s": settle})],
-                           stdout=subprocess.DEVNULL)
-                for f in files]
-            time.sleep(settle + 0.2)
-            busy0, total0 = machine_jiffies()
-            srv0, t0 = proc_cpu_s(self.server_pid), time.monotonic()
-            for proc in producers:
-                wait_rusage(proc, warmup + duration + 120)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"producer failed{self.log_tail()}")
-            busy1, total1 = machine_jiffies()
-            srv1, t1 = proc_cpu_s(self.server_pid), time.monotonic()
-            deadline = time.monotonic() + 120
-            while self.scalar("SELECT COUNT(*) FROM nq_job") > 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("e2e: jobs left after 120 s")
-                time.sleep(0.02)
-        finally:
-            for proc in consumers:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in consumers:
-                wait_rusage(proc, 90)
-        commits = {}
-        for f in files:
-            d = json.loads(f.read_text())
-            commits.update(zip(d["ids"], d["commits"]))
-        starts = {}
-        dupes = 0
-        for r in self.records(out):
-            for i, t in zip(r["ids"], r["stamps"]):
-                if i in starts:
-                    dupes += 1
-                starts.setdefault(i, t)
-        starts = {i: t for i, t in starts.items() if i in commits}  # drop the warm-up jobs
-        if dupes or set(starts) != set(commits):
-            raise RuntimeError(f"e2e: {dupes} duplicates, {len(set(commits) - set(starts))} missing")
-        t_begin = min(commits.values())
-        # Only jobs committed after the warm-up count (reported apart): service under load, not
-        # the fleet finding its rhythm. The producers held the bell before their clock started.
-        measured = {i: c for i, c in commits.items() if c >= t_begin + warmup}
-        lat = [(starts[i] - c) * 1e3 for i, c in measured.items()]
-        first = [(starts[i] - c) * 1e3 for i, c in commits.items() if c < t_begin + warmup]
-        return {"offered_jobs_s": rate,
-                "achieved_jobs_s": len(measured) / (max(measured.values()) - min(measured.values())),
-                "jobs": len(measured), "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95),
-                "p99_ms": pct(lat, 99), "max_ms": max(lat), "warmup_jobs": len(first),
-                "warmup_max_ms": max(first) if first else None,
-                # Everything on the machine while producers ran (server, producers, consumers,
-                # and anything else running): how close "N % of the drain rate" is to saturation.
-                "cpu_busy_cores": (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1),
-                "server_cores": (srv1 - srv0) / (t1 - t0) if srv0 is not None else None}
-
-    def e2e(self, drain_rate: float) -> dict:
-        """Offered load as a fraction of the drain rate measured above (no producers then)."""
-        out = {}
-        for load in self.size["e2e_loads"]:
-            reps = [self.e2e_once(load * drain_rate, self.size["e2e_s"], self.size["e2e_warmup_s"],
-                                  self.size["e2e_tick_s"]) for _ in range(self.size["e2e_reps"])]
-            metrics = ("offered_jobs_s", "achieved_jobs_s", "p50_ms", "p95_ms", "p99_ms", "warmup_max_ms",
-                       "cpu_busy_cores", "server_cores")
-            out[f"{round(load * 100)}%"] = {"raw": reps, **{m: summary([r[m] for r in reps]) for m in metrics}}
-        return out
-
-    # ---------------------------------------------------------- backlog scaling
-
-    def top_up(self, want: int) -> None:
-        have = self.ready_count()
-        if have < want:
-            self.fill(want - have)
-
-    def backlog(self) -> dict:
-        out = {}
-        self.reset()
-        m, batch, k = self.size["claims_m"], self.size["batch"], self.size["consumers"]
-        for size in self.size["backlog"]:
-            t0 = time.monotonic()
-            self.top_up(size)
-            fill_s = time.monotonic() - t0
-            rows = collections.defaultdict(list)
-            for _ in range(self.size["backlog_reps"]):
-                for side in ("notifyq", "floor"):
-                    self.top_up(size)
-                    r = self.child(side, "claims", {"m": m, "batch": batch})
-                    rows[f"{side}_claim_ms"].append(median(r["claim_s"]) * 1e3)
-                    rows[f"{side}_claim_p95_ms"].append(pct(r["claim_s"], 95) * 1e3)
-                    rows[f"{side}_ack_ms"].append(median(r["ack_s"]) * 1e3)
-                    if "index_reads_per_claim" in r:
-                        rows["notifyq_index_reads_per_claim"].append(r["index_reads_per_claim"])
-                self.top_up(size)
-                d = min(size, self.size["backlog_drain"])
-                if d == size:  # the whole backlog: drain it with --exit-when-empty
-                    r = self.drain_once("notifyq", d, k)
-                else:
-                    r = self.drain_once("notifyq", d, k, ("--max-jobs", str(d // k)), verify_all=False)
-                rows["notifyq_drain_jobs_s"].append(r["jobs_s"])
-            out[str(size)] = {"fill_s": fill_s, **{key: summary(v) for key, v in rows.items()}}
-        return out
-
     # ---------------------------------------------------------- idle cost
 
     def idle(self) -> dict:
@@ -708,9 +516,9 @@ def main(argv: list[str]) -> int:
         if "sessions" in only:
             step("sessions", lambda: _sessions.run(bench, size["sessions_settle_s"]))
         if "e2e" in only:
-            step("e2e", lambda: bench.e2e(res["drain"]["sides"]["notifyq"]["jobs_s"]["median"]))
+            step("e2e", lambda: _e2e.e2e(bench, res["drain"]["sides"]["notifyq"]["jobs_s"]["median"]))
         if "backlog" in only:
-            step("backlog", bench.backlog)
+            step("backlog", lambda: _backlog.backlog(bench))
         if "idle" in only:
             step("idle", bench.idle)
         if "wakeup" in only and (not args.quick or args.only == "wakeup"):

@@ -1,0 +1,44 @@
+"""CPU of the benchmark's processes: a child's own rusage, the server's, the whole machine's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+
+def wait_rusage(proc: subprocess.Popen, timeout: float):
+    """Wait for a child and return its resource usage (user+sys CPU of that process alone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage
+        if time.monotonic() >= deadline:
+            proc.kill()
+            raise RuntimeError(f"child {proc.args!r} did not finish within {timeout:.0f}s")
+        time.sleep(0.005)
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat (idle and iowait are idle)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_of(usage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """utime+stime of another process (the server), from /proc."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
