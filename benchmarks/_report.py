@@ -90,6 +90,21 @@ def _enqueue(t: Table, res: dict) -> None:
         f = e["ratios"].get("notifyq/floor_signal", {}).get("jobs_s")
         t.add(f"enqueue, {what}, no ring", "jobs/s vs same-schema floor + signal bump",
               floor=cell(e["sides"]["floor_signal"]["jobs_s"]), nq_floor=cell(f))
+        if "notifyq_ring_attached" in e["sides"]:
+            _attached(t, e, what)
+
+
+def _attached(t: Table, e: dict, what: str) -> None:
+    """The ring with one idle consumer attached, against the seed with one polling consumer."""
+    case = f"enqueue, {what}, ring=True, 1 idle consumer attached"
+    sides, ratios = e["sides"], e["ratios"]["notifyq_ring_attached/seed_attached"]
+    for metric, label, goal in (("jobs_s", "jobs/s (seed: INSERT + COMMIT, 1 consumer polling)", 0.9),
+                                ("cpu_us_per_job", "producer CPU us/job", None),
+                                ("statements_per_job", "statements/job, the consumer's included", None)):
+        met = t.target(case, label, ratios[metric]["median"], ">=", goal, f"nq/seed >= {goal}") if goal else ""
+        t.add(case, label, cell(sides["notifyq_ring_attached"][metric], 2 if "statements" in metric else None),
+              cell(sides["seed_attached"][metric], 2 if "statements" in metric else None), cell(ratios[metric]),
+              target=f"nq/seed >= {goal}" if goal else "", met=met)
 
 
 def _drain(t: Table, res: dict) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime as dt
 import json
 import os
@@ -274,10 +275,15 @@ class Bench:
     def enqueue(self, role: str, n: int) -> dict:
         """notifyq without and with the ring (the README's mode for a long-lived producer), the
         seed floor, the same-schema floor, and that floor plus the nq_signal bump notifyq adds.
+        For put() also the ring and the seed each with one idle consumer attached, so the
+        wake-ups really happen (the statement counts then include the consumer's).
         The sides run in turn within each round, the order reversed every other round."""
         sides = {"notifyq": ("notifyq", role, {}), "notifyq_ring": ("notifyq", role, {"ring": True}),
                  "seed": ("seed", role, {}), "floor": ("floor", role, {}),
                  "floor_signal": ("floor", "put_signal", {}) if role == "put" else ("floor", role, {"signal": True})}
+        if role == "put":
+            sides["notifyq_ring_attached"] = ("notifyq", role, {"ring": True})
+            sides["seed_attached"] = ("seed", role, {})
         rows = {side: [] for side in sides}
         orders = []
         for rnd in range(self.size["reps"]):
@@ -285,18 +291,55 @@ class Bench:
             for side in orders[-1]:
                 script, name, extra = sides[side]
                 self.reset()
-                r = self.child(script, name, {"n": n, "chunk": self.size["chunk"], **extra})
-                table = _seed.TABLE if script == "seed" else "nq_job"
-                got = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE queue = %s", (QUEUE,))
-                if got != n + 1:  # + the warm-up job
-                    raise RuntimeError(f"{side} {role}: {got} rows, expected {n + 1}")
+                args = {"n": n, "chunk": self.size["chunk"], **extra}
+                if side.endswith("_attached"):
+                    with self.attached_consumer(script, n + 1):
+                        r = self.child(script, name, args)
+                else:
+                    r = self.child(script, name, args)
+                    table = _seed.TABLE if script == "seed" else "nq_job"
+                    got = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE queue = %s", (QUEUE,))
+                    if got != n + 1:  # + the warm-up job
+                        raise RuntimeError(f"{side} {role}: {got} rows, expected {n + 1}")
                 counts = r.get("statements")
                 rows[side].append({"jobs_s": n / r["wall_s"], "cpu_us_per_job": r["cpu_s"] / n * 1e6,
                                    "statements_per_job": counts["Questions"] / n if counts else None,
                                    "statements": _statements.per_job(counts, n) if counts else None})
-        return compare(rows, orders, ("jobs_s", "cpu_us_per_job", "statements_per_job"),
-                       (("notifyq", "seed"), ("notifyq_ring", "seed"), ("notifyq", "floor"),
-                        ("notifyq_ring", "floor"), ("notifyq", "floor_signal"), ("floor", "seed")))
+        pairs = [("notifyq", "seed"), ("notifyq_ring", "seed"), ("notifyq", "floor"), ("notifyq_ring", "floor"),
+                 ("notifyq", "floor_signal"), ("floor", "seed")]
+        if role == "put":
+            pairs.append(("notifyq_ring_attached", "seed_attached"))
+        return compare(rows, orders, ("jobs_s", "cpu_us_per_job", "statements_per_job"), pairs)
+
+    @contextlib.contextmanager
+    def attached_consumer(self, side: str, expect: int, timeout_s: float = 120):
+        """One consumer process of `side`, idle when the body starts; afterwards it must have
+        run all `expect` jobs the body enqueued (and the sentinel that proved it was up)."""
+        table = _seed.TABLE if side == "seed" else "nq_job"
+        out = self.outdir()
+        proc = self.spawn(self.consumer_argv(side, "noop"), out)
+        try:
+            self.fill(1, table)  # the sentinel: gone once the consumer is up and claiming
+            self._wait_empty(table, proc, timeout_s)
+            time.sleep(0.5)  # back to idle: watching the bell, or polling
+            yield
+            self._wait_empty(table, proc, timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            wait_rusage(proc, 90)
+        ran = sum(len(r["ids"]) for r in self.records(out))
+        if ran != expect + 1:
+            raise RuntimeError(f"attached {side} consumer ran {ran} jobs, expected {expect + 1}")
+
+    def _wait_empty(self, table: str, proc: subprocess.Popen, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.scalar(f"SELECT COUNT(*) FROM {table}"):
+            if proc.poll() is not None:
+                raise RuntimeError(f"attached consumer exited with {proc.returncode}{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"attached consumer left jobs in {table} after {timeout_s:.0f} s")
+            time.sleep(0.02)
 
     # ---------------------------------------------------------- drain
 
