@@ -23,7 +23,9 @@ are the real `python -m notifyq consume` command.
 Cases:
   enqueue   put() per job (without the ring, and with it: the README's long-lived producer)
             and put_many() of 100, one producer process; statements per job are the server's
-            Questions delta around the timed loop. "floor+signal" adds the nq_signal bump.
+            Questions delta around the timed loop. "floor+signal" adds the nq_signal bump. For
+            put() also the ring and the seed each with one idle consumer attached (the
+            wake-ups happen; the consumer's statements count too).
   drain     N jobs inserted server-side, K consumer processes with a no-op handler, until empty;
             every job must run exactly once. Rate from the first to the last handled job and
             including start-up; consumer CPU per job from the processes' rusage; statements per
@@ -513,6 +515,7 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="small sizes: a smoke run of every case (about a minute), not a measurement")
+    ap.add_argument("--rounds", type=int, help="rounds of the alternating cases (enqueue, drain, start)")
     ap.add_argument("--json", dest="json_path", help="write all results (raw repetitions too) here")
     ap.add_argument("--dsn", help="use this server (root-like user) instead of a private LocalServer")
     ap.add_argument("--database", default="nq_bench", help="database to (re)create and drop")
@@ -520,7 +523,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (children.log, raw records)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
-    size = SIZES["quick" if args.quick else "full"]
+    size = dict(SIZES["quick" if args.quick else "full"])
+    if args.rounds:
+        size.update(reps=args.rounds, start_reps=max(args.rounds, size["start_reps"]))
     workdir = Path(tempfile.mkdtemp(prefix="nqbench-"))
     server = None
     started = time.monotonic()
