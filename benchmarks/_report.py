@@ -34,10 +34,24 @@ def check(value, op: str, target: float) -> str:
     return "yes" if (value >= target if op == ">=" else value <= target) else "NO"
 
 
+def mix(reps: list[dict]) -> str:
+    """The kinds of statement per job (Com_* counters, median over rounds), most first."""
+    per = [r["statements"] for r in reps if r.get("statements")]
+    names = {k for p in per for k in p if k.startswith("Com_") and k != "Com_show_status"}
+    values = {k[4:]: sorted(p.get(k, 0) for p in per)[len(per) // 2] for k in names}
+    shown = sorted(((v, k) for k, v in values.items() if v), reverse=True)
+    return " ".join(f"{k} {fmt(v, 3 if v < 0.1 else 2)}" for v, k in shown) or "-"
+
+
 class Table:
     def __init__(self):
         self.rows: list[tuple] = []
         self.targets: list[dict] = []
+        self.notes: list[str] = []
+
+    def note(self, case: str, text: str) -> None:
+        """A line under the table: the statement mix, too wide for a cell."""
+        self.notes.append(f"  {case}: {text}")
 
     def add(self, case, metric, nq="", seed="", nq_seed="", floor="", nq_floor="", target="", met=""):
         self.rows.append((case, metric, nq, seed, nq_seed, floor, nq_floor, target, met))
@@ -70,6 +84,8 @@ class Table:
                 shown[0] = ""
             last_case = r[0]
             lines.append("  ".join(str(c).ljust(w) for c, w in zip(shown, widths)).rstrip())
+        if self.notes:
+            lines += ["", "statements per job by kind (Com_* counters, median over the rounds):", *self.notes]
         return "\n".join(lines)
 
 
@@ -87,6 +103,7 @@ def _enqueue(t: Table, res: dict) -> None:
             t.compared(case, e, side, "jobs_s", f"jobs/s ({seed_what})", *goal)
             t.compared(case, e, side, "cpu_us_per_job", "producer CPU us/job")
             t.compared(case, e, side, "statements_per_job", "statements/job (Questions)", digits=2)
+            t.note(case, f"notifyq {mix(e['raw'][side])}; seed {mix(e['raw']['seed'])}")
         f = e["ratios"].get("notifyq/floor_signal", {}).get("jobs_s")
         t.add(f"enqueue, {what}, no ring", "jobs/s vs same-schema floor + signal bump",
               floor=cell(e["sides"]["floor_signal"]["jobs_s"]), nq_floor=cell(f))
@@ -119,6 +136,8 @@ def _drain(t: Table, res: dict) -> None:
     if d["sides"]["notifyq"]["server_cpu_us_per_job"]["median"] is not None:
         t.compared(case, d, "notifyq", "server_cpu_us_per_job", "server CPU us/job")
     t.compared(case, d, "notifyq", "statements_per_job", "statements/drained job (Questions)", digits=3)
+    t.note(case, f"notifyq {mix(d['raw']['notifyq'])}; seed {mix(d['raw']['seed'])}; "
+                 f"same-schema floor {mix(d['raw']['floor'])}")
     t.compared(case, d, "notifyq", "first_job_s", "first job after spawn, s (median of the 4)", digits=3)
     two = d["ratios"]["notifyq/floor_two_step"]["jobs_s"]
     t.add(case, "jobs/s vs two-step same-schema floor",

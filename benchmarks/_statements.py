@@ -8,8 +8,10 @@ SHOW (the second one: the first is counted before it is read) is taken off.
 
 from __future__ import annotations
 
-COUNTERS = ("Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_commit",
-            "Com_rollback", "Com_set_option", "Com_show_status", "Com_do")
+# DELETE t FROM t FORCE INDEX (...) is the multi-table form: Com_delete_multi, not Com_delete.
+COUNTERS = ("Questions", "Com_select", "Com_insert", "Com_insert_select", "Com_update", "Com_update_multi",
+            "Com_delete", "Com_delete_multi", "Com_begin", "Com_commit", "Com_rollback", "Com_set_option",
+            "Com_show_status", "Com_do")
 _SHOW = "SHOW GLOBAL STATUS WHERE Variable_name IN ({})".format(", ".join(["%s"] * len(COUNTERS)))
 
 
