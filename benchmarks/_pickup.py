@@ -28,10 +28,12 @@ import time
 from pathlib import Path
 
 import _seed
+from _procs import wait_idle
 from _stats import pct
 
 MODES = ("put_ring", "put", "produce", "seed")
-RECV_TIMEOUT_S = 10.0
+RECV_TIMEOUT_S = 10.0  # a job's pick-up; the cap of the backoff poll is 1 s
+START_TIMEOUT_S = 90.0  # the first job: K consumer processes starting on a busy machine
 
 
 def _stats(values_s: list[float]) -> dict:
@@ -47,10 +49,10 @@ class Receiver:
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
-        self.sock.settimeout(RECV_TIMEOUT_S)
 
-    def started(self, tag: int) -> float:
+    def started(self, tag: int, timeout_s: float = RECV_TIMEOUT_S) -> float:
         """The handler start time of the job tagged `tag` (reports of earlier tags are skipped)."""
+        self.sock.settimeout(timeout_s)
         while True:
             got, at = self.sock.recv(128).decode().split()
             if int(got) == tag:
@@ -150,8 +152,9 @@ def run_mode(bench, mode: str, rx: Receiver, rounds: int, gap_s: tuple[float, fl
     from_call, from_return = [], []
     try:
         send(-1)  # warm-up: a consumer is up, the producer connected (and, ringing, armed)
-        rx.started(-1)
-        time.sleep(settle_s)  # the rest start and go idle; the watcher reaches its wait
+        rx.started(-1, START_TIMEOUT_S)
+        wait_idle([p.pid for p in fleet.procs], timeout_s=START_TIMEOUT_S)  # all started, all waiting
+        time.sleep(settle_s)  # and the watcher's backoff reaches its cap, as after a quiet spell
         fleet.check()
         for tag in range(rounds):
             time.sleep(rng.uniform(*gap_s))

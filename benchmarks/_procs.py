@@ -42,3 +42,19 @@ def proc_cpu_s(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pids: list[int], window_s: float = 0.5, busy_s: float = 0.02, timeout_s: float = 90) -> None:
+    """Until no process of `pids` used more than busy_s of CPU in window_s: started up (imports
+    done, connected) and now waiting. Idle consumers poll, so idle is little CPU, not none."""
+    deadline = time.monotonic() + timeout_s
+    before = [proc_cpu_s(p) for p in pids]
+    while time.monotonic() < deadline:
+        time.sleep(window_s)
+        after = [proc_cpu_s(p) for p in pids]
+        if None in after:
+            raise RuntimeError("a process exited while waiting for it to go idle")
+        if all(a - b <= busy_s for a, b in zip(after, before)):
+            return
+        before = after
+    raise RuntimeError(f"processes {pids} still busy after {timeout_s:.0f} s")

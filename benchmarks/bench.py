@@ -83,7 +83,7 @@ import _pickup  # noqa: E402
 import _seed  # noqa: E402
 import _sessions  # noqa: E402
 import _statements  # noqa: E402
-from _procs import cpu_of, proc_cpu_s, wait_rusage  # noqa: E402
+from _procs import cpu_of, proc_cpu_s, wait_idle, wait_rusage  # noqa: E402
 from _report import fmt, report  # noqa: E402
 from _stats import alternate, compare, median, summary  # noqa: E402
 
@@ -255,7 +255,7 @@ class Bench:
             raise RuntimeError(f"{side} {role} failed (exit {proc.returncode}){self.log_tail()}")
         return {**json.loads(out.strip().splitlines()[-1]), "proc_cpu_s": cpu_of(usage)}
 
-    def consumer_argv(self, side: str, handler: str, *extra: str, workers: int = 1) -> list[str]:
+    def consumer_argv(self, side: str, handler: str, *extra: str) -> list[str]:
         if side == "seed":
             args = {"conn": self.conn_args, "queue": QUEUE, "batch": self.size["batch"], "handler": handler}
             role = "drain" if "--exit-when-empty" in extra else "serve"
@@ -265,7 +265,7 @@ class Bench:
                     "two_step": side == "floor_two_step"}
             return [sys.executable, str(HERE / "_floor.py"), "drain", json.dumps(args)]
         return [sys.executable, "-m", "notifyq", "consume", "-q", QUEUE, "--handler",
-                f"_bench_handlers:{handler}", "--workers", str(workers), "--batch-size", str(self.size["batch"]),
+                f"_bench_handlers:{handler}", "--workers", "1", "--batch-size", str(self.size["batch"]),
                 *extra]
 
     @staticmethod
@@ -323,7 +323,7 @@ class Bench:
         try:
             self.fill(1, table)  # the sentinel: gone once the consumer is up and claiming
             self._wait_empty(table, proc, timeout_s)
-            time.sleep(0.5)  # back to idle: watching the bell, or polling
+            wait_idle([proc.pid])  # back to idle: watching the bell, or polling
             yield
             self._wait_empty(table, proc, timeout_s)
         finally:
