@@ -187,22 +187,16 @@ class Bench:
     def fill(self, n: int, table: str = "nq_job") -> None:
         """n ready jobs, inserted by the server itself (MariaDB's sequence engine), in chunks;
         table=seed_job fills the seed floor's table with the same payloads."""
-        done = 0
-        while done < n:
-            count = min(FILL_CHUNK, n - done)
-            if table == _seed.TABLE:
-                self.sql(_seed.FILL.format(done + 1, done + count), (QUEUE,))
-                done += count
-                continue
-            self.sql(
-                "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
-                "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, ',\"event\":\"signup\","
-                "\"email\":\"user', seq, '@example.com\"}') "
-                f"FROM seq_{done + 1}_to_{done + count}", (QUEUE,))
-            done += count
-        # As a producer would: idle consumers learn of new work from the signal row only.
-        self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "
-                 "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, n))
+        statement = _seed.FILL if table == _seed.TABLE else (
+            "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
+            "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{{\"user_id\":', seq, ',\"event\":\"signup\","
+            "\"email\":\"user', seq, '@example.com\"}}') FROM seq_{}_to_{}")
+        for start in range(0, n, FILL_CHUNK):
+            self.sql(statement.format(start + 1, min(n, start + FILL_CHUNK)), (QUEUE,))
+        if table == "nq_job":
+            # As a producer would: idle consumers learn of new work from the signal row only.
+            self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "
+                     "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, n))
 
     def ready_count(self) -> int:
         return int(self.scalar("SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_ready) "
