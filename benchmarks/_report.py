@@ -165,6 +165,9 @@ def _pickup(t: Table, res: dict) -> None:
               "put": ("put(), no ring", "from_return", "from put() returning"),
               "produce": ("notifyq produce, line by line", "from_call", "from the line's write")}
 
+    def p50_ratio(s, seed_s):
+        return f"{fmt(s['p50_ms'] / seed_s['p50_ms'])} (p50)" if seed_s and seed_s["p50_ms"] else ""
+
     def three(s):
         return "-" if not s else f"{fmt(s['p50_ms'], 2)} / {fmt(s['p95_ms'], 2)} / {fmt(s['p99_ms'], 2)}"
 
@@ -176,11 +179,11 @@ def _pickup(t: Table, res: dict) -> None:
         seed_s = seed and (seed["from_return"] if key == "from_return" else seed["from_call"])
         met50 = t.target(case, "p50", s["p50_ms"], "<=", 1.0, "<= 1 ms")
         met99 = t.target(case, "p99", s["p99_ms"], "<=", 5.0, "<= 5 ms")
-        t.add(case, f"{since}: p50 / p95 / p99 ms", three(s), three(seed_s), target="p50 <= 1, p99 <= 5",
-              met=f"{met50}/{met99}")
+        t.add(case, f"{since}: p50 / p95 / p99 ms", three(s), three(seed_s), p50_ratio(s, seed_s),
+              target="p50 <= 1, p99 <= 5", met=f"{met50}/{met99}")
         if key == "from_return":
             t.add(case, "from the put() call: p50 / p95 / p99 ms", three(p[mode]["from_call"]),
-                  three(seed and seed["from_call"]))
+                  three(seed and seed["from_call"]), p50_ratio(p[mode]["from_call"], seed and seed["from_call"]))
 
 
 def _sessions(t: Table, res: dict) -> None:
@@ -190,7 +193,7 @@ def _sessions(t: Table, res: dict) -> None:
                        f"<= {mix['limit']} (worker threads + queues + 1)")
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(mix["settled_kinds"].items()))
         t.add(case, "peak sessions of the process", str(mix["peak"]),
-              f"{mix['worker_threads']} (1 per worker process)",
+              f"{mix['worker_threads']} (1 per worker process)", fmt(mix["peak"] / mix["worker_threads"]),
               target=f"<= {mix['limit']}", met=met)
         t.add(case, f"when idle: {mix['settled']} ({kinds})")
 
