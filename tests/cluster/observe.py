@@ -3,7 +3,7 @@
 Starts a private single server (notifyq.run.localserver) and a 3-node cluster (galera.py), prints
 one section per observation, and removes both:
 
-    .venv/bin/python tests/cluster/observe.py [--commits 300] [--kills 3]
+    tests/cluster/galera.sh observe [--commits 300] [--kills 3] [--latency-only]
 
 1. INSERT+COMMIT latency: single server vs one cluster node (same table, rounds interleaved so
    that the machine's load hits both alike), innodb_flush_log_at_trx_commit=1, then 2, on all.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -27,10 +26,10 @@ from pathlib import Path
 
 import MySQLdb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from galera import GaleraCluster, GaleraNode, wait_for  # noqa: E402  (run as a script)
+from notifyq.run.localserver import LocalServer
 
-from notifyq.run.localserver import LocalServer  # noqa: E402
+from .galera import GaleraCluster, wait_for
+from .node import GaleraNode
 
 TABLE_DDL = ("CREATE TABLE IF NOT EXISTS nq_observe.t "
              "(id BIGINT AUTO_INCREMENT PRIMARY KEY, payload VARCHAR(200) NOT NULL)")
@@ -240,12 +239,7 @@ def observe_auto_increment(cluster: GaleraCluster) -> None:
     conn.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commits", type=int, default=300, help="INSERT+COMMIT per target (section 1)")
-    parser.add_argument("--kills", type=int, default=3, help="SIGKILL stall measurements (section 4)")
-    parser.add_argument("--latency-only", action="store_true", help="section 1 alone")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="nq-obs-") as tmp, LocalServer(Path(tmp) / "single") as single:
         t = time.monotonic()
         with GaleraCluster(3) as cluster:
@@ -263,5 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--commits", type=int, default=300, help="INSERT+COMMIT per target (section 1)")
+    parser.add_argument("--kills", type=int, default=3, help="SIGKILL stall measurements (section 4)")
+    parser.add_argument("--latency-only", action="store_true", help="section 1 alone")

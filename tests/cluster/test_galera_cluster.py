@@ -13,7 +13,8 @@ import MySQLdb
 import pytest
 
 from .conftest import requires_galera
-from .galera import GaleraCluster, GaleraNode
+from .galera import GaleraCluster
+from .node import GaleraNode
 
 pytestmark = requires_galera
 
