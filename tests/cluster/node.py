@@ -113,7 +113,7 @@ class GaleraNode:
         self.socket_path = str(basedir / "mysqld.sock")
         self.log_path = basedir / "error.log"
         self._proc: subprocess.Popen | None = None
-        self._launch_log_offset = 0
+        self._log_mark = 0
         self.paused = False
 
     def __repr__(self) -> str:
@@ -147,17 +147,22 @@ class GaleraNode:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def log_since_launch(self) -> str:
-        """What the node logged since it was last started (e.g. to tell IST from SST)."""
+    def log_since_mark(self) -> str:
+        """What the node logged since it was last started or resumed (e.g. to tell IST from SST)."""
         with open(self.log_path, "rb") as f:
-            f.seek(self._launch_log_offset)
+            f.seek(self._log_mark)
             return f.read().decode(errors="replace")
 
     def last_join(self) -> str | None:
-        """"IST" or "SST": how the node received state when it last joined (None: no transfer).
-        The rsync script runs on every join; the donor decides whether it copies the datadir."""
-        found = re.findall(r"rsync (IST|SST) completed on joiner", self.log_since_launch())
-        return found[-1] if found else None
+        """"IST" or "SST": how the node received state when it last (re)joined, after its last start
+        or resume (None: no transfer yet). On a start the rsync script runs for either, and the
+        donor decides whether to copy the datadir; a running node (resumed) can only take IST."""
+        log = self.log_since_mark()
+        if "rsync SST completed on joiner" in log:
+            return "SST"
+        if "rsync IST completed on joiner" in log or re.search(r"Receiving IST: \d+ writesets", log):
+            return "IST"
+        return None
 
     # -- state ---------------------------------------------------------------
     def wsrep_status(self) -> dict[str, str] | None:
@@ -264,7 +269,7 @@ class GaleraNode:
             cmd.append("--wsrep-new-cluster")
         if position:
             cmd.append(f"--wsrep-start-position={position}")
-        self._launch_log_offset = self.log_path.stat().st_size
+        self._log_mark = self.log_path.stat().st_size
         with open(self.log_path, "ab") as log:
             # Own session: a Ctrl-C aimed at the test run must not kill a node mid-test.
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
@@ -321,6 +326,7 @@ class GaleraNode:
         self.paused = True
 
     def resume(self) -> None:
+        self._log_mark = self.log_path.stat().st_size
         self._proc.send_signal(signal.SIGCONT)
         self.paused = False
 

@@ -118,6 +118,7 @@ def test_a_paused_node_falls_out_of_the_cluster_and_comes_back_when_resumed(clus
 
     # When it is resumed (SIGCONT)
     cluster.resume(3)
-    # Then it is a Synced member again and has caught up
+    # Then it is a Synced member again and has caught up by IST
     assert cluster.cluster_sizes() == {1: 3, 2: 3, 3: 3}
+    assert cluster.node(3).last_join() == "IST"
     assert has_row(cluster.node(3), table, missed)
