@@ -27,7 +27,8 @@ def _hold_up(args: argparse.Namespace) -> int:
     print(f"cluster of {args.nodes} Synced in {time.monotonic() - started:.1f}s under {cluster.basedir}")
     for n in cluster.nodes:
         print(f"node{n.index} pid={n.pid} {n.dsn} socket={n.socket_path} galera={n.ports.galera} "
-              f"ist={n.ports.ist} sst={n.ports.sst}", flush=True)
+              f"ist={n.ports.ist} sst={n.ports.sst}")
+    print(f"all nodes: {cluster.multi_host_dsn()}", flush=True)
     try:
         while not stop:
             signal.pause()

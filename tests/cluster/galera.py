@@ -73,6 +73,11 @@ class GaleraCluster:
         self.nodes = [GaleraNode(i + 1, self.basedir / f"node{i + 1}", p, self.settings)
                       for i, p in enumerate(node_ports)]
 
+    def multi_host_dsn(self, user: str = "root", database: str = "") -> str:
+        """Every node in one DSN, node 1 first: mysql://user@127.0.0.1:p1,127.0.0.1:p2,.../database"""
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"mysql://{user}@{hosts}/{database}"
+
     def node(self, index: int) -> GaleraNode:
         return self.nodes[index - 1]
 
