@@ -62,7 +62,7 @@ class GaleraCluster:
         if missing:
             raise RuntimeError(f"cannot run a Galera cluster: install {' '.join(missing)}")
         # A short path: unix socket paths must fit in 108 bytes, pytest's tmp_path often does not.
-        self._own_basedir = basedir is None
+        # destroy() removes it, given or not.
         self.basedir = Path(basedir or tempfile.mkdtemp(prefix="nq-galera-")).resolve()
         ports = reserve_ports(4 * size)
         node_ports = [NodePorts(*ports[4 * i:4 * i + 4]) for i in range(size)]
@@ -102,7 +102,7 @@ class GaleraCluster:
         def all_synced():
             for n in nodes:
                 if not n.is_running():
-                    raise RuntimeError(f"node {n.index} exited with {n._proc.returncode}:\n{n.log_tail()}")
+                    raise RuntimeError(f"node {n.index} exited with {n.exit_code}:\n{n.log_tail()}")
             return all(n.is_synced_member(size) for n in nodes)
 
         wait_for(all_synced, time.monotonic() + timeout,
@@ -173,7 +173,10 @@ class GaleraCluster:
         self.wait_synced(timeout=timeout)
 
     def heal(self, timeout: float = 90) -> None:
-        """Back to every node running and Synced: resume paused nodes, restart dead ones."""
+        """Back to every node running and Synced: resume paused nodes, restart dead ones.
+
+        Needs a primary component to rejoin: after two of three nodes died, the survivor is
+        non-Primary (1047 to every query) and only a new bootstrap helps; start a new cluster."""
         for node in self.nodes:
             if node.paused:
                 node.resume()

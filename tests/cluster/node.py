@@ -133,6 +133,10 @@ class GaleraNode:
     def dsn(self) -> str:
         return f"mysql://root@127.0.0.1:{self.port}/"
 
+    @property
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
