@@ -10,7 +10,8 @@ one section per observation, and removes both:
 2. GET_LOCK on node 1: what node 2 sees (IS_USED_LOCK, IS_FREE_LOCK, GET_LOCK).
 3. What the clients of a SIGKILLed node get: idle session, running statement, open transaction,
    new connection.
-4. How long the survivors' commits stall after a SIGKILL (and a SIGSTOP) of another node.
+4. How long the survivors' commits stall after a SIGKILL of another node (and a SIGSTOP, and a
+   clean SIGTERM shutdown for comparison).
 5. @@auto_increment_increment/offset of an already-open session before and after a node leaves,
    and after it rejoins.
 """
@@ -186,7 +187,8 @@ def observe_stall(cluster: GaleraCluster, victim: int, how: str) -> None:
         loop.start()
     wait_for(lambda: all(len(loop.commits) > 50 for loop in loops), time.monotonic() + 30, "commits flowing")
     t0 = time.monotonic()
-    (cluster.kill if how == "SIGKILL" else cluster.pause)(victim)
+    take_away = {"SIGKILL": cluster.kill, "SIGSTOP": cluster.pause, "SIGTERM": lambda i: cluster.node(i).stop()}
+    take_away[how](victim)
     cluster.wait_synced(survivors, cluster_size=2, timeout=60)
     evicted = time.monotonic() - t0
     # Commits flow again once the view changed; a moment more shows they keep flowing.
@@ -203,9 +205,9 @@ def observe_stall(cluster: GaleraCluster, victim: int, how: str) -> None:
     print(f"{how} node {victim}: both survivors Synced at size 2 after {evicted:.2f} s; " + "; ".join(parts),
           flush=True)
     t = time.monotonic()
-    (cluster.restart if how == "SIGKILL" else cluster.resume)(victim)
+    (cluster.resume if how == "SIGSTOP" else cluster.restart)(victim)
     print(f"   node {victim} back and Synced {time.monotonic() - t:.2f} s after "
-          f"{'restart' if how == 'SIGKILL' else 'SIGCONT'} (joined by {cluster.node(victim).last_join() or '-'})")
+          f"{'SIGCONT' if how == 'SIGSTOP' else 'restart'} (joined by {cluster.node(victim).last_join() or '-'})")
 
 
 def observe_auto_increment(cluster: GaleraCluster) -> None:
@@ -253,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
             for i in range(args.kills):
                 observe_stall(cluster, victim=3 if i % 2 == 0 else 2, how="SIGKILL")
             observe_stall(cluster, victim=3, how="SIGSTOP")
+            observe_stall(cluster, victim=3, how="SIGTERM")
             observe_auto_increment(cluster)
     return 0
 
