@@ -1,5 +1,7 @@
 """The Galera harness against real nodes: it starts a Synced 3-node cluster, replicates writes, and
-can kill, restart, pause and resume one node, with the cluster noticing each time.
+can kill, restart, pause and resume one node, with the cluster noticing each time. Along the way
+it pins the Galera facts notifyq's design has to live with (node-local advisory locks, connection
+errors of a killed node's clients, an auto-increment step that changes in open sessions).
 
 One cluster serves the whole module (~10 s to start); the `cluster` fixture makes it whole again
 before every test.
@@ -44,6 +46,12 @@ def insert(node: GaleraNode, table: str) -> str:
     return value
 
 
+def scalar(conn, sql: str):
+    cur = conn.cursor()
+    cur.execute(sql)
+    return cur.fetchone()[0]
+
+
 def has_row(node: GaleraNode, table: str, value: str) -> bool:
     """Read through `node`. wsrep_sync_wait=1 makes the read wait until the node has applied every
     write set committed anywhere before it: without it a node may answer from slightly behind."""
@@ -81,9 +89,24 @@ def test_a_row_committed_on_node_1_is_readable_on_node_3(cluster, table):
     assert has_row(cluster.node(3), table, value)
 
 
+def test_advisory_locks_are_node_local(cluster):
+    # Given a session on node 1 holding a GET_LOCK lock
+    holder = cluster.node(1).connect()
+    assert scalar(holder, "SELECT GET_LOCK('nq_cluster_t', 0)") == 1
+    # Then node 2 sees the lock as free and can take it too: nothing about it is replicated
+    other = cluster.node(2).connect()
+    assert scalar(other, "SELECT IS_USED_LOCK('nq_cluster_t')") is None
+    assert scalar(other, "SELECT GET_LOCK('nq_cluster_t', 0)") == 1
+    assert scalar(holder, "SELECT IS_USED_LOCK('nq_cluster_t')") == holder.thread_id()
+    holder.close()
+    other.close()
+
+
 def test_a_killed_node_leaves_writes_working_and_rejoins_by_ist_when_restarted(cluster, table):
-    # Given a session open on node 2
+    # Given a session open on node 2, and one on node 1 whose auto-increment step is the cluster size
     client = cluster.node(2).connect()
+    survivor = cluster.node(1).connect()
+    assert scalar(survivor, "SELECT @@session.auto_increment_increment") == 3
     # When node 2 is SIGKILLed
     cluster.kill(2)
     # Then that session's next statement fails as a lost connection (2006 or 2013), and a new
@@ -100,6 +123,9 @@ def test_a_killed_node_leaves_writes_working_and_rejoins_by_ist_when_restarted(c
     # And writes through node 1 still commit and replicate to node 3
     missed = insert(cluster.node(1), table)
     assert has_row(cluster.node(3), table, missed)
+    # And the already-open session's auto-increment step followed the membership (3 -> 2): ids of
+    # a multi-row INSERT cannot be computed from a step read earlier
+    assert scalar(survivor, "SELECT @@session.auto_increment_increment") == 2
 
     # When node 2 is started again
     cluster.restart(2)
@@ -107,6 +133,7 @@ def test_a_killed_node_leaves_writes_working_and_rejoins_by_ist_when_restarted(c
     assert cluster.cluster_sizes() == {1: 3, 2: 3, 3: 3}
     assert cluster.node(2).last_join() == "IST"
     assert has_row(cluster.node(2), table, missed)
+    assert scalar(survivor, "SELECT @@session.auto_increment_increment") == 3
 
 
 def test_a_paused_node_falls_out_of_the_cluster_and_comes_back_when_resumed(cluster, table):
