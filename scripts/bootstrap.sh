@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Make this checkout ready to run: system packages (MariaDB server + mysqlclient
+# Make this checkout ready to run: system packages (MariaDB server, galera-4 and rsync, mysqlclient
 # build deps), a .venv in the repo root, and `pip install -e '.[test]'` into it.
 # Idempotent and quick when nothing changed. Starts no server: the Python side
-# (notifyq.localserver) runs its own private one.
+# (notifyq.localserver) runs its own private one, or a Galera cluster (tests/cluster).
 # Run it, or source it: when sourced it runs in a subshell, so a failure never
 # exits (or changes the options of) the calling shell.
 
@@ -41,6 +41,12 @@ _notifyq_bootstrap() {
         ! PATH="$PATH:/usr/sbin:/usr/local/mysql/bin" command -v mysqld >/dev/null 2>&1; then
         missing+=(mariadb-server)
     fi
+    # tests/cluster runs a private 3-node Galera cluster: the wsrep provider library, and rsync
+    # for the state transfers that bring a joining node up to date.
+    if [ ! -e /usr/lib/galera/libgalera_smm.so ] && [ ! -e /usr/lib/libgalera_smm.so ]; then
+        missing+=(galera-4)
+    fi
+    command -v rsync >/dev/null 2>&1 || missing+=(rsync)
     command -v cc >/dev/null 2>&1 || missing+=(build-essential)
     # Debian splits these out of python3; only the apt names of the distro python are known.
     local pypkg=python3
