@@ -303,7 +303,10 @@ class Session:
                 committing = True
                 self.conn.commit()
             return result
-        except MySQLdb.Error as e:
+        except BaseException as e:
+            # Any exception, not only the driver's: a body that fails halfway (bad input found
+            # after its first statement, a bug, an interrupt) must not leave its statements in
+            # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
             if committing and is_connection_lost(e) and not idempotent:
                 raise errors.OutcomeUnknown(
@@ -311,11 +314,11 @@ class Session:
                 ) from None
             raise
 
-    def _after_error(self, exc: MySQLdb.Error) -> None:
+    def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:
             self.discard()
             return
         try:
             self._conn.rollback()
-        except MySQLdb.Error:
+        except Exception:  # out of sync or gone: closing the connection rolls back too
             self.discard()
