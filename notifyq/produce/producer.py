@@ -8,6 +8,7 @@ import logging
 import queue as queue_mod
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ class Producer:
         self._bell: Bell | None = None
         self._ring = ring
         self._queue_known = False
+        self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -------------------------------------------------------- the API
 
@@ -53,27 +55,15 @@ class Producer:
         queue makes this a no-op that returns that job's id.
         """
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        if dedup_key is not None:
-            return self._write(lambda cur: self._insert_unique(cur, row), 1, conn)
-        return self._write(lambda cur: self._insert(cur, [row], conn, bump_n=1), 1, conn)[0]
+        return self._write([row], conn, unique=dedup_key is not None)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
-        """Enqueue many jobs atomically: multi-row INSERTs of `producer.chunk_size` rows each."""
+        """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
+        that each fit the server's max_allowed_packet."""
         rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
-        if not rows:
-            return []
-        size = self.config.producer.chunk_size
-
-        def body(cur) -> list[int]:
-            ids: list[int] = []
-            for i in range(0, len(rows), size):
-                last = i + size >= len(rows)  # the last chunk carries the bump for all of them
-                ids += self._insert(cur, rows[i:i + size], conn, bump_n=len(rows) if last else 0)
-            return ids
-
-        return self._write(body, len(rows), conn)
+        return self._write(rows, conn) if rows else []
 
     def close(self) -> None:
         if self._bell is not None:
@@ -116,10 +106,6 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return (self.queue, int(status), int(priority), max(0, int(delay * 1e6)), attempts, text, dedup_key)
 
-    def _insert(self, cur, rows: list[tuple], conn: Any, bump_n: int) -> list[int]:
-        increment = self._session.auto_increment_increment if conn is None else _increment(cur)
-        return queries.insert_jobs(cur, rows, increment, (self.queue, bump_n) if bump_n else None)
-
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
         job_id, created = queries.insert_unique_job(cur, dict(zip(keys, row)))
@@ -127,20 +113,29 @@ class Producer:
             queries.bump_signal(cur, self.queue, 1)
         return job_id
 
-    def _write(self, body: Callable[[Any], Any], n: int, conn: Any) -> Any:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+        """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
+        is sent (insert_jobs plans every chunk first)."""
+        def body(cur, max_packet: int) -> list[int]:
+            if unique:
+                queries.check_fits(rows, max_packet, cur.connection)
+                return [self._insert_unique(cur, rows[0])]
+            return queries.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
+                                       max_packet=max_packet, signal=(self.queue, len(rows)))
+
         if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
             cur = conn.cursor()
             try:
-                return body(cur)
+                return body(cur, self._caller_max_packet(conn, cur))
             finally:
                 cur.close()
         session = self._work_session()
         bell = self._armed_bell()
 
-        def with_bell(cur):
+        def with_bell(cur) -> list[int]:
             if bell is not None:
                 bell.before_commit(cur)
-            return body(cur)
+            return body(cur, session.max_allowed_packet)
 
         try:
             # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
@@ -155,6 +150,22 @@ class Producer:
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(self._locks(), self.locks)
         return result
+
+    def _check_fits(self, rows: list[tuple]) -> None:
+        """InputError for a row too big for the server, on notifyq's own session."""
+        session = self._work_session()
+        queries.check_fits(rows, session.max_allowed_packet, session.conn)
+
+    def _caller_max_packet(self, conn: Any, cur: Any) -> int:
+        """The caller's server limit, asked once per connection (it is fixed for a session)."""
+        try:
+            return self._caller_packets[conn]
+        except KeyError:
+            pass
+        except TypeError:  # a connection that takes no weak reference: ask every time
+            return queries.max_allowed_packet(cur)
+        max_packet = self._caller_packets[conn] = queries.max_allowed_packet(cur)
+        return max_packet
 
     def _work_session(self) -> Session:
         if self._session is None:
@@ -175,11 +186,6 @@ class Producer:
         if self._bell is None:
             self._bell = Bell(self._locks(), self.queue, self.locks)
         return self._bell if self._bell.arm(self._session) else None
-
-
-def _increment(cur) -> int:
-    cur.execute("SELECT @@auto_increment_increment")
-    return int(cur.fetchone()[0])
 
 
 # ------------------------------------------------------------ `notifyq produce` from a stream
@@ -245,22 +251,22 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
         return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
 
     for batch in _batches(lines, limits):
-        payloads = []
+        rows = []
         for number, line in batch:
             stats.lines += 1
             text = line.strip()
             if not text:
                 continue
             try:
-                payload = json.loads(text)
-                producer._row(payload, priority, delay, run_at, None, None)  # size, type checks
+                row = producer._row(json.loads(text), priority, delay, run_at, None, None)
+                producer._check_fits([row])  # a line too big for the server goes alone
             except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
                 stats.rejected += 1
                 on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
                 continue
-            payloads.append(payload)
-        if payloads:
-            on_ids(producer.put_many(payloads, priority=priority, delay=delay, run_at=run_at))
-            stats.enqueued += len(payloads)
+            rows.append(row)
+        if rows:
+            on_ids(producer._write(rows, None))
+            stats.enqueued += len(rows)
             stats.batches += 1
     return stats

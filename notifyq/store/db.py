@@ -128,8 +128,8 @@ class Session:
         self.name = name
         self._conn: MySQLdb.connections.Connection | None = None
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
-        self.auto_increment_increment = 1
         self.server_version = ""
+        self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
         self.connection_id: int | None = None  # readable from other threads (the stopper)
         self._unread = False  # a statement sent by send_later whose reply is still on the wire
         self._attempt_idempotent = True
@@ -182,8 +182,8 @@ class Session:
         # jobs) and locking reads take no gap locks that block producers.
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
-        cur.execute("SELECT VERSION(), @@auto_increment_increment")
-        self.server_version, self.auto_increment_increment = cur.fetchone()
+        cur.execute("SELECT VERSION(), @@max_allowed_packet")
+        self.server_version, self.max_allowed_packet = cur.fetchone()
         cur.close()
         self.connection_id = conn.thread_id()
         return conn
