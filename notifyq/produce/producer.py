@@ -16,6 +16,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
+from notifyq.produce.lines import ReadError
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
@@ -203,14 +204,18 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> I
 
     A reader thread feeds a queue so the wait for the next line can time out. `limits()` gives
     (max_lines, max_wait_s) and is asked again for every line, so a reload applies at once.
+    A failure of the input itself is raised here, after the lines read before it.
     """
     q: queue_mod.Queue = queue_mod.Queue(maxsize=limits()[0] * 4)
     done = object()
+    failed: list[BaseException] = []
 
     def read() -> None:
         try:
             for number, line in enumerate(lines, 1):
                 q.put((number, line))
+        except BaseException as e:  # handed to the main thread, where it ends the stream
+            failed.append(e)
         finally:
             q.put(done)
 
@@ -227,6 +232,8 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> I
         if item is done:
             if batch:
                 yield batch
+            if failed:
+                raise failed[0]
             return
         if item is not None:
             batch.append(item)
@@ -250,23 +257,34 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
     def limits() -> tuple[int, float]:
         return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
 
-    for batch in _batches(lines, limits):
-        rows = []
-        for number, line in batch:
-            stats.lines += 1
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                row = producer._row(json.loads(text), priority, delay, run_at, None, None)
-                producer._check_fits([row])  # a line too big for the server goes alone
-            except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
-                stats.rejected += 1
-                on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
-                continue
-            rows.append(row)
-        if rows:
-            on_ids(producer._write(rows, None))
-            stats.enqueued += len(rows)
-            stats.batches += 1
+    try:
+        for batch in _batches(lines, limits):
+            _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at)
+    except ReadError as e:  # the lines before it are enqueued: say how far it got
+        if not stats.lines:
+            raise
+        raise ReadError(e.name, e.why, after_line=stats.lines, enqueued=stats.enqueued) from None
     return stats
+
+
+def _produce_batch(producer: Producer, batch: list[tuple[int, str]], stats: ProduceStats,
+                   on_ids: Callable[[list[int]], None], on_reject: Callable[[int, str, str], None],
+                   priority: int, delay: float, run_at: dt.datetime | None) -> None:
+    rows = []
+    for number, line in batch:
+        stats.lines += 1
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            row = producer._row(json.loads(text), priority, delay, run_at, None, None)
+            producer._check_fits([row])  # a line too big for the server goes alone
+        except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
+            stats.rejected += 1
+            on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
+            continue
+        rows.append(row)
+    if rows:
+        on_ids(producer._write(rows, None))
+        stats.enqueued += len(rows)
+        stats.batches += 1
