@@ -89,9 +89,9 @@ def test_transactional_enqueue_writes_utc_whatever_the_callers_session_time_zone
     try:
         conn.cursor().execute("SET SESSION time_zone = %s", (time_zone,))
         with Producer("q", db.config()) as p:
-            # When it enqueues in its own transaction, one job in 2 s and two at once
+            # When it enqueues in its own transaction, one job in 2 s and three at once
             delayed = p.put({"n": 1}, delay=2, conn=conn)
-            now_ids = p.put_many([{"n": 2}, {"n": 3}], conn=conn)
+            now_ids = [*p.put_many([{"n": 2}, {"n": 3}], conn=conn), p.put({"n": 4}, dedup_key="k", conn=conn)]
             conn.commit()
             committed = time.monotonic()
         # Then its session is as it left it
