@@ -17,7 +17,7 @@ from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce.lines import ReadError
-from notifyq.store import queries
+from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
@@ -109,19 +109,19 @@ class Producer:
 
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
-        job_id, created = queries.insert_unique_job(cur, dict(zip(keys, row)))
+        job_id, created = inserts.insert_unique_job(cur, dict(zip(keys, row)))
         if created:
             queries.bump_signal(cur, self.queue, 1)
         return job_id
 
     def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
         """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
-        is sent (insert_jobs plans every chunk first)."""
+        is sent (inserts.insert_jobs plans every chunk first)."""
         def body(cur, max_packet: int) -> list[int]:
             if unique:
-                queries.check_fits(rows, max_packet, cur.connection)
+                inserts.check_fits(rows, max_packet, cur.connection)
                 return [self._insert_unique(cur, rows[0])]
-            return queries.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
+            return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
 
         if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
@@ -155,7 +155,7 @@ class Producer:
     def _check_fits(self, rows: list[tuple]) -> None:
         """InputError for a row too big for the server, on notifyq's own session."""
         session = self._work_session()
-        queries.check_fits(rows, session.max_allowed_packet, session.conn)
+        inserts.check_fits(rows, session.max_allowed_packet, session.conn)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
@@ -164,8 +164,8 @@ class Producer:
         except KeyError:
             pass
         except TypeError:  # a connection that takes no weak reference: ask every time
-            return queries.max_allowed_packet(cur)
-        max_packet = self._caller_packets[conn] = queries.max_allowed_packet(cur)
+            return inserts.max_allowed_packet(cur)
+        max_packet = self._caller_packets[conn] = inserts.max_allowed_packet(cur)
         return max_packet
 
     def _work_session(self) -> Session:

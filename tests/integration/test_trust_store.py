@@ -15,7 +15,7 @@ from conftest import admin_connect, wait_until
 from notifyq import errors
 from notifyq.consume import periodic
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 
 UTC = dt.timezone.utc
@@ -132,7 +132,7 @@ def _set_increment(conn, n: int) -> None:
 @pytest.mark.parametrize("returning", [True, False], ids=["mariadb-returning", "increment-read"])
 def test_put_many_returns_the_rows_ids_after_the_sessions_auto_increment_increment_changed(db, monkeypatch, returning):
     # Both ways of learning the ids: MariaDB's RETURNING, and MySQL's increment read with the insert
-    monkeypatch.setattr(queries, "returns_ids", lambda conn: returning, raising=False)
+    monkeypatch.setattr(inserts, "returns_ids", lambda conn: returning, raising=False)
     with Producer("q", db.config(producer={"chunk_size": 3})) as p:
         before = p.put_many([{"n": i} for i in range(4)])
         # Given a session whose increment changes after it connected (a Galera node left or joined)

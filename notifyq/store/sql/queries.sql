@@ -1,4 +1,4 @@
--- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py and
+-- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py, inserts.py and
 -- admin_queries.py (and the schema-version ones from schema.py). Values are always bound parameters.
 
 -- schema_version --
