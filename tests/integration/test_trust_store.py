@@ -145,8 +145,12 @@ def test_put_many_returns_the_rows_ids_after_the_sessions_auto_increment_increme
     assert [json.loads(rows[i])["n"] for i in before + after + [one]] == list(range(12))
 
 
-def test_put_many_on_the_callers_connection_returns_the_rows_ids_with_its_increment(db):
-    conn = caller_connection(db)
+@pytest.mark.parametrize("returning", [True, False], ids=["mariadb-returning", "increment-read"])
+@pytest.mark.parametrize("multi_statements", [True, False])
+def test_put_many_on_the_callers_connection_returns_the_rows_ids_with_its_increment(
+        db, monkeypatch, returning, multi_statements):
+    monkeypatch.setattr(inserts, "returns_ids", lambda conn: returning)
+    conn = caller_connection(db, multi_statements=multi_statements)
     try:
         _set_increment(conn, 5)
         with Producer("q", db.config(producer={"chunk_size": 3})) as p:
