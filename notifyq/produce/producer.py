@@ -119,7 +119,7 @@ class Producer:
         is sent (inserts.insert_jobs plans every chunk first)."""
         def body(cur, max_packet: int) -> list[int]:
             if unique:
-                inserts.check_fits(rows, max_packet, cur.connection)
+                inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
                 return [self._insert_unique(cur, rows[0])]
             return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
