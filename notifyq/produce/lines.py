@@ -14,6 +14,16 @@ from notifyq import errors
 
 log = logging.getLogger("notifyq.lines")
 
+
+class ReadError(errors.InputError):
+    """The input failed while being read: what came before it was enqueued, the rest is lost."""
+
+    def __init__(self, name: str, why: str, *, after_line: int = 0, enqueued: int = 0):
+        where = f" after line {after_line}" if after_line else ""
+        done = f" (enqueued {enqueued} lines before it)" if after_line else ""
+        super().__init__(f"reading {name} failed{where}: {why}{done}")
+        self.name, self.why = name, why
+
 READ_CHUNK = 65536
 POLL_S = 0.2  # how often an input that stays silent lets the reader see stop and reload requests
 FINISH_LINE_S = 1.0  # on stop, how long to wait for the rest of a line already half read
@@ -103,14 +113,19 @@ class LineSource:
             yield self._decode(buf) + ("\0" if skipping else "")
 
     def _read(self, timeout: float) -> bytes | None:
-        """Some bytes, b"" at EOF, or None when nothing came within `timeout`."""
-        readable, _, _ = select.select([self.fd], [], [], timeout)
-        if not readable:
-            return None
+        """Some bytes, b"" at EOF, or None when nothing came within `timeout`.
+
+        A failing read (EIO from a terminal that went away, EISDIR, EBADF) is no EOF: taken for
+        one, the lines still to come would be lost without a word and the exit status would be 0."""
         try:
+            readable, _, _ = select.select([self.fd], [], [], timeout)
+            if not readable:
+                return None
             return os.read(self.fd, READ_CHUNK)
         except BlockingIOError:  # another reader of the same pipe was quicker
             return None
+        except (OSError, ValueError) as e:  # ValueError: select() on a closed descriptor
+            raise ReadError(self.path or "stdin", getattr(e, "strerror", None) or str(e)) from None
 
     def _finish_line(self) -> bytes:
         """Stopping mid-line: writers write whole lines, so the rest is in the pipe already.
@@ -125,6 +140,8 @@ class LineSource:
                 byte = os.read(self.fd, 1)
             except BlockingIOError:
                 continue
+            except OSError:  # stopping anyway: keep what was read of the line
+                break
             if byte in (b"", b"\n"):
                 return bytes(rest)
             rest += byte

@@ -8,6 +8,7 @@ import logging
 import queue as queue_mod
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
-from notifyq.store import queries
+from notifyq.produce.lines import ReadError
+from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
@@ -42,6 +44,7 @@ class Producer:
         self._bell: Bell | None = None
         self._ring = ring
         self._queue_known = False
+        self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -------------------------------------------------------- the API
 
@@ -53,27 +56,15 @@ class Producer:
         queue makes this a no-op that returns that job's id.
         """
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        if dedup_key is not None:
-            return self._write(lambda cur: self._insert_unique(cur, row), 1, conn)
-        return self._write(lambda cur: self._insert(cur, [row], conn, bump_n=1), 1, conn)[0]
+        return self._write([row], conn, unique=dedup_key is not None)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
-        """Enqueue many jobs atomically: multi-row INSERTs of `producer.chunk_size` rows each."""
+        """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
+        that each fit the server's max_allowed_packet."""
         rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
-        if not rows:
-            return []
-        size = self.config.producer.chunk_size
-
-        def body(cur) -> list[int]:
-            ids: list[int] = []
-            for i in range(0, len(rows), size):
-                last = i + size >= len(rows)  # the last chunk carries the bump for all of them
-                ids += self._insert(cur, rows[i:i + size], conn, bump_n=len(rows) if last else 0)
-            return ids
-
-        return self._write(body, len(rows), conn)
+        return self._write(rows, conn) if rows else []
 
     def close(self) -> None:
         if self._bell is not None:
@@ -116,31 +107,36 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return (self.queue, int(status), int(priority), max(0, int(delay * 1e6)), attempts, text, dedup_key)
 
-    def _insert(self, cur, rows: list[tuple], conn: Any, bump_n: int) -> list[int]:
-        increment = self._session.auto_increment_increment if conn is None else _increment(cur)
-        return queries.insert_jobs(cur, rows, increment, (self.queue, bump_n) if bump_n else None)
-
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
-        job_id, created = queries.insert_unique_job(cur, dict(zip(keys, row)))
+        job_id, created = inserts.insert_unique_job(cur, dict(zip(keys, row)))
         if created:
             queries.bump_signal(cur, self.queue, 1)
         return job_id
 
-    def _write(self, body: Callable[[Any], Any], n: int, conn: Any) -> Any:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+        """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
+        is sent (inserts.insert_jobs plans every chunk first)."""
+        def body(cur, max_packet: int) -> list[int]:
+            if unique:
+                inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
+                return [self._insert_unique(cur, rows[0])]
+            return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
+                                       max_packet=max_packet, signal=(self.queue, len(rows)))
+
         if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
             cur = conn.cursor()
             try:
-                return body(cur)
+                return body(cur, self._caller_max_packet(conn, cur))
             finally:
                 cur.close()
         session = self._work_session()
         bell = self._armed_bell()
 
-        def with_bell(cur):
+        def with_bell(cur) -> list[int]:
             if bell is not None:
                 bell.before_commit(cur)
-            return body(cur)
+            return body(cur, session.max_allowed_packet)
 
         try:
             # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
@@ -155,6 +151,22 @@ class Producer:
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(self._locks(), self.locks)
         return result
+
+    def _check_fits(self, rows: list[tuple]) -> None:
+        """InputError for a row too big for the server, on notifyq's own session."""
+        session = self._work_session()
+        inserts.check_fits(rows, session.max_allowed_packet, session.conn)
+
+    def _caller_max_packet(self, conn: Any, cur: Any) -> int:
+        """The caller's server limit, asked once per connection (it is fixed for a session)."""
+        try:
+            return self._caller_packets[conn]
+        except KeyError:
+            pass
+        except TypeError:  # a connection that takes no weak reference: ask every time
+            return inserts.max_allowed_packet(cur)
+        max_packet = self._caller_packets[conn] = inserts.max_allowed_packet(cur)
+        return max_packet
 
     def _work_session(self) -> Session:
         if self._session is None:
@@ -177,11 +189,6 @@ class Producer:
         return self._bell if self._bell.arm(self._session) else None
 
 
-def _increment(cur) -> int:
-    cur.execute("SELECT @@auto_increment_increment")
-    return int(cur.fetchone()[0])
-
-
 # ------------------------------------------------------------ `notifyq produce` from a stream
 
 @dataclass
@@ -197,14 +204,18 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> I
 
     A reader thread feeds a queue so the wait for the next line can time out. `limits()` gives
     (max_lines, max_wait_s) and is asked again for every line, so a reload applies at once.
+    A failure of the input itself is raised here, after the lines read before it.
     """
     q: queue_mod.Queue = queue_mod.Queue(maxsize=limits()[0] * 4)
     done = object()
+    failed: list[BaseException] = []
 
     def read() -> None:
         try:
             for number, line in enumerate(lines, 1):
                 q.put((number, line))
+        except BaseException as e:  # handed to the main thread, where it ends the stream
+            failed.append(e)
         finally:
             q.put(done)
 
@@ -221,6 +232,8 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> I
         if item is done:
             if batch:
                 yield batch
+            if failed:
+                raise failed[0]
             return
         if item is not None:
             batch.append(item)
@@ -244,23 +257,34 @@ def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[
     def limits() -> tuple[int, float]:
         return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
 
-    for batch in _batches(lines, limits):
-        payloads = []
-        for number, line in batch:
-            stats.lines += 1
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                payload = json.loads(text)
-                producer._row(payload, priority, delay, run_at, None, None)  # size, type checks
-            except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
-                stats.rejected += 1
-                on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
-                continue
-            payloads.append(payload)
-        if payloads:
-            on_ids(producer.put_many(payloads, priority=priority, delay=delay, run_at=run_at))
-            stats.enqueued += len(payloads)
-            stats.batches += 1
+    try:
+        for batch in _batches(lines, limits):
+            _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at)
+    except ReadError as e:  # the lines before it are enqueued: say how far it got
+        if not stats.lines:
+            raise
+        raise ReadError(e.name, e.why, after_line=stats.lines, enqueued=stats.enqueued) from None
     return stats
+
+
+def _produce_batch(producer: Producer, batch: list[tuple[int, str]], stats: ProduceStats,
+                   on_ids: Callable[[list[int]], None], on_reject: Callable[[int, str, str], None],
+                   priority: int, delay: float, run_at: dt.datetime | None) -> None:
+    rows = []
+    for number, line in batch:
+        stats.lines += 1
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            row = producer._row(json.loads(text), priority, delay, run_at, None, None)
+            producer._check_fits([row])  # a line too big for the server goes alone
+        except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
+            stats.rejected += 1
+            on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
+            continue
+        rows.append(row)
+    if rows:
+        on_ids(producer._write(rows, None))
+        stats.enqueued += len(rows)
+        stats.batches += 1

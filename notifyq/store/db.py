@@ -128,8 +128,8 @@ class Session:
         self.name = name
         self._conn: MySQLdb.connections.Connection | None = None
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
-        self.auto_increment_increment = 1
         self.server_version = ""
+        self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
         self.connection_id: int | None = None  # readable from other threads (the stopper)
         self._unread = False  # a statement sent by send_later whose reply is still on the wire
         self._attempt_idempotent = True
@@ -182,8 +182,8 @@ class Session:
         # jobs) and locking reads take no gap locks that block producers.
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
-        cur.execute("SELECT VERSION(), @@auto_increment_increment")
-        self.server_version, self.auto_increment_increment = cur.fetchone()
+        cur.execute("SELECT VERSION(), @@max_allowed_packet")
+        self.server_version, self.max_allowed_packet = cur.fetchone()
         cur.close()
         self.connection_id = conn.thread_id()
         return conn
@@ -303,7 +303,10 @@ class Session:
                 committing = True
                 self.conn.commit()
             return result
-        except MySQLdb.Error as e:
+        except BaseException as e:
+            # Any exception, not only the driver's: a body that fails halfway (bad input found
+            # after its first statement, a bug, an interrupt) must not leave its statements in
+            # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
             if committing and is_connection_lost(e) and not idempotent:
                 raise errors.OutcomeUnknown(
@@ -311,11 +314,11 @@ class Session:
                 ) from None
             raise
 
-    def _after_error(self, exc: MySQLdb.Error) -> None:
+    def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:
             self.discard()
             return
         try:
             self._conn.rollback()
-        except MySQLdb.Error:
+        except Exception:  # out of sync or gone: closing the connection rolls back too
             self.discard()

@@ -1,6 +1,6 @@
-"""The hot path's statements: enqueue, claim, outcomes, wake-up locks and bells, consumers and
-the reaper. With admin_queries.py (status, metrics, `notifyq jobs`, periodic ticks) the only user
-of sql.QUERIES.
+"""The hot path's statements: enqueue (the job INSERTs are in inserts.py), claim, outcomes,
+wake-up locks and bells, consumers and the reaper. With inserts.py and admin_queries.py (status,
+metrics, `notifyq jobs`, periodic ticks) the only user of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the caller's own
 connection for transactional enqueue, or a body passed to Session.run). Functions that take a
@@ -9,15 +9,12 @@ Session own their transaction and retry it whole.
 
 from __future__ import annotations
 
-import functools
 import random
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import MySQLdb
-import MySQLdb.cursors
-from MySQLdb.constants import CLIENT
 
 from notifyq.jobs import Job
 from notifyq.store.db import Ids, Session, error_code
@@ -39,88 +36,6 @@ def ensure_queue(cur, queue: str) -> None:
 
 def bump_signal(cur, queue: str, n: int) -> None:
     cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
-
-
-def insert_jobs(cur, rows: list[tuple], auto_increment_increment: int,
-                signal: tuple[str, int] | None = None) -> list[int]:
-    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key).
-
-    One multi-row INSERT. InnoDB hands a single INSERT of known row count consecutive ids (in
-    every autoinc lock mode), spaced by auto_increment_increment, so the ids are computable.
-    (executemany() cannot batch this: mysqlclient only rewrites VALUES of bare placeholders,
-    and run_at is computed by the server, so that producers' clocks never matter.)
-
-    signal=(queue, n) bumps the queue's signal row by n in the same transaction. On a
-    mysqlclient cursor the bump rides in the INSERT's round trip, as a second statement of
-    one multi-statement query (mysqlclient enables them by default; every value in both is
-    bound, as always): for put() per job that is 2 round trips with the COMMIT instead of 3,
-    the same as a bare INSERT + COMMIT. If the INSERT fails the server never runs the bump.
-    """
-    sql = _insert_sql(len(rows))
-    if not isinstance(cur, MySQLdb.cursors.BaseCursor):  # another driver's cursor: its own binding
-        cur.execute(sql, [value for r in rows for value in r])
-        first = cur.lastrowid
-        if signal is not None:
-            bump_signal(cur, *signal)
-        return [first + i * auto_increment_increment for i in range(len(rows))]
-    combine = signal is not None and bool(cur.connection.client_flag & CLIENT.MULTI_STATEMENTS)
-    # Bound exactly as cursor.execute(sql, args) binds (connection.literal() per value, then
-    # %), but each distinct value is rendered once: in a put_many chunk five of the seven
-    # values repeat in every row, and literal() per value was half of a bulk producer's CPU.
-    db = cur.connection
-    if len(rows) == 1:  # put(): nothing repeats
-        args = [db.literal(value) for value in rows[0]]
-    else:
-        rendered: dict[tuple, bytes] = {}
-        args = []
-        for row in rows:
-            for value in row:
-                key = (value.__class__, value)  # the class too: 1 and True are equal keys
-                text = rendered.get(key)
-                if text is None:
-                    text = rendered[key] = db.literal(value)
-                args.append(text)
-    statement = _encoded(sql, db.encoding) % tuple(args)
-    if combine:
-        assert signal is not None
-        statement += _rendered_bump(db, *signal)
-    cur.execute(statement)
-    first = cur.lastrowid  # the INSERT's: read before moving on to the bump's result
-    if combine:
-        cur.nextset()  # the bump's result; raises the bump's error if it failed
-    elif signal is not None:  # a caller's connection opened with multi_statements=False
-        bump_signal(cur, *signal)
-    return [first + i * auto_increment_increment for i in range(len(rows))]
-
-
-def _rendered_bump(db, queue: str, n: int) -> bytes:
-    """";\n" + the bump statement, bound. put() sends one per job, and binding it afresh
-    (mogrify) cost 13 us of a producer's ~100 us of CPU per put; the bound text only depends
-    on the queue, the slot, n and the connection's charset, so it is rendered once."""
-    return _bump_text(db.encoding, db.literal(queue), random.randrange(SIGNAL_SLOTS), n)
-
-
-@functools.lru_cache(maxsize=1024)
-def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int) -> bytes:
-    params = {"queue": queue_literal, "slot": str(slot).encode(), "n": str(int(n)).encode()}
-    return b";\n" + Q["bump_signal"].encode(encoding) % {k.encode(): v for k, v in params.items()}
-
-
-@functools.lru_cache(maxsize=64)
-def _encoded(sql: str, encoding: str) -> bytes:
-    return sql.encode(encoding)
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_sql(n: int) -> str:
-    head, row = Q["insert_job"].split("VALUES", 1)
-    return f"{head}VALUES {','.join([row.strip()] * n)}"
-
-
-def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
-    """(id, created): an existing pending job with the same dedup key returns its own id."""
-    cur.execute(Q["insert_unique_job"], row)
-    return cur.lastrowid, cur.rowcount == 1
 
 
 # ---------------------------------------------------------------- claim

@@ -1,4 +1,4 @@
--- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py and
+-- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py, inserts.py and
 -- admin_queries.py (and the schema-version ones from schema.py). Values are always bound parameters.
 
 -- schema_version --
@@ -12,15 +12,34 @@ ON DUPLICATE KEY UPDATE value = %(version)s
 INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 
 -- insert_job --
--- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key)
-VALUES (%s, %s, %s, NOW(6) + INTERVAL %s MICROSECOND, %s, %s, %s)
+-- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk. Times are
+-- UTC_TIMESTAMP(6), never NOW(6) or a column default: a transactional enqueue runs on the
+-- caller's connection, whose session time_zone may be anything (notifyq's own sessions use UTC).
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
+
+-- insert_job_returning --
+-- MariaDB: appended to a multi-row insert_job, so that the server names the ids it gave. The
+-- ids cannot be computed from the first one: auto_increment_increment changes in open sessions
+-- when a Galera node leaves or joins.
+RETURNING id
+
+-- auto_increment_increment --
+-- Without RETURNING (MySQL): the spacing of a multi-row INSERT's ids, read right after it in the
+-- same round trip (a view change between the two statements is the one window left).
+SELECT @@auto_increment_increment
+
+-- max_allowed_packet --
+-- The largest statement the server takes, on a caller's connection (notifyq's own sessions
+-- read it when they connect). Fixed for the session's lifetime.
+SELECT @@max_allowed_packet
 
 -- insert_unique_job --
 -- A pending job with the same key wins: LAST_INSERT_ID(id) hands its id back, nothing changes.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key)
-VALUES (%(queue)s, %(status)s, %(priority)s, NOW(6) + INTERVAL %(delay_us)s MICROSECOND,
-        %(max_attempts)s, %(payload)s, %(dedup_key)s)
+-- UTC_TIMESTAMP(6): see insert_job.
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+VALUES (%(queue)s, %(status)s, %(priority)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND,
+        %(max_attempts)s, %(payload)s, %(dedup_key)s, UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)
 
 -- bump_signal --

@@ -1,0 +1,219 @@
+"""The job INSERTs of an enqueue: values bound once, statements sized against the server's
+max_allowed_packet, and the ids the server gave. Run on the caller's cursor: the Producer's
+transaction on a notifyq session, or the caller's own connection (transactional enqueue).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+import MySQLdb
+import MySQLdb.connections
+import MySQLdb.cursors
+from MySQLdb.constants import CLIENT
+
+from notifyq import errors
+from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
+from notifyq.store.sql import QUERIES as Q
+
+# What a statement holds besides its rows (the INSERT's head, RETURNING or the increment read, the
+# signal bump: well under 1 KB), plus the protocol's own bytes, kept free of max_allowed_packet.
+PACKET_MARGIN_BYTES = 4096
+
+
+def max_allowed_packet(cur) -> int:
+    cur.execute(Q["max_allowed_packet"])
+    return int(cur.fetchone()[0])
+
+
+def returns_ids(conn) -> bool:
+    """MariaDB has INSERT ... RETURNING, MySQL has not. From the handshake: no round trip."""
+    return "MariaDB" in conn.get_server_info()
+
+
+def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
+    """Raise InputError for the first row too big for the server even in an INSERT of its own.
+
+    An upper bound first (escaping at most doubles a string's bytes), so the usual row costs no
+    rendering; a row over it is rendered exactly on `conn` (a MySQLdb connection) to decide."""
+    budget = max_packet - PACKET_MARGIN_BYTES
+    for i, row in enumerate(rows):
+        size = _bound(row)
+        if size > budget and isinstance(conn, MySQLdb.connections.Connection):
+            size = _ROW_BYTES + sum(len(conn.literal(value)) for value in row)
+        if size > budget:
+            raise _too_big(i, len(rows), size, max_packet)
+
+
+def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
+                signal: tuple[str, int] | None = None) -> list[int]:
+    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key).
+
+    Multi-row INSERTs of at most max_rows rows, each statement within the server's
+    max_allowed_packet (a bigger one fails as a lost connection, 2006, and was retried for a
+    minute). Every chunk is planned before the first is sent: a row too big for the server
+    raises InputError with nothing written. (executemany() cannot batch this: mysqlclient only
+    rewrites VALUES of bare placeholders, and run_at is computed by the server, so that
+    producers' clocks never matter.)
+
+    The ids: one row's is lastrowid. A multi-row INSERT's ids are consecutive steps of
+    auto_increment_increment (InnoDB reserves them at once for a known row count), but that
+    increment changes in open sessions when a Galera node leaves or joins: on MariaDB the INSERT
+    returns its ids (RETURNING), on MySQL the increment is read right after it, in its round trip.
+
+    signal=(queue, n) bumps the queue's signal row by n in the same transaction. On a
+    mysqlclient cursor the bump rides in the last INSERT's round trip, as a further statement
+    of one multi-statement query (mysqlclient enables them by default; every value in both is
+    bound, as always): for put() per job that is 2 round trips with the COMMIT instead of 3,
+    the same as a bare INSERT + COMMIT. If the INSERT fails the server never runs the bump.
+    """
+    if not isinstance(cur, MySQLdb.cursors.BaseCursor):  # another driver's cursor: its own binding
+        return _insert_with_driver(cur, rows, max_rows, max_packet, signal)
+    db = cur.connection
+    values = _render(db, rows)
+    width = len(rows[0])
+    if sum(map(len, values)) + len(rows) * _ROW_BYTES <= max_packet - PACKET_MARGIN_BYTES:
+        chunks = [(i, min(i + max_rows, len(rows))) for i in range(0, len(rows), max_rows)]
+    else:  # not all in one statement's bytes: size every row
+        sizes = [_ROW_BYTES + sum(map(len, values[i:i + width])) for i in range(0, len(values), width)]
+        chunks = _chunks(sizes, max_rows, max_packet)
+    returning, combine = returns_ids(db), bool(db.client_flag & CLIENT.MULTI_STATEMENTS)
+    ids: list[int] = []
+    for start, end in chunks:
+        last = end == len(rows)
+        ids += _insert_chunk(cur, end - start, values[start * width:end * width], returning, combine,
+                             signal if last else None)
+    return ids
+
+
+def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bool,
+                  signal: tuple[str, int] | None) -> list[int]:
+    db = cur.connection
+    returning = returning and n > 1
+    read_increment = n > 1 and not returning
+    statements = [_encoded(_insert_sql(n, returning), db.encoding) % tuple(values)]
+    if read_increment and combine:
+        statements.append(_encoded(Q["auto_increment_increment"], db.encoding))
+    if signal is not None and combine:
+        statements.append(_rendered_bump(db, *signal))
+    cur.execute(b";\n".join(statements))
+    if returning:
+        ids = [row[0] for row in cur.fetchall()]
+    else:
+        ids = [cur.lastrowid]  # the INSERT's (its first row's): read before moving on
+    if read_increment:
+        if combine:
+            cur.nextset()
+            increment = int(cur.fetchone()[0])
+        else:
+            increment = _increment(cur)
+        ids = [ids[0] + i * increment for i in range(n)]
+    if signal is not None:
+        if combine:
+            cur.nextset()  # the bump's result; raises the bump's error if it failed
+        else:  # a caller's connection opened with multi_statements=False
+            bump_signal(cur, *signal)
+    return ids
+
+
+def _insert_with_driver(cur, rows: list[tuple], max_rows: int, max_packet: int,
+                        signal: tuple[str, int] | None) -> list[int]:
+    """Another driver's cursor binds its own values: chunks are sized by the upper bound."""
+    ids: list[int] = []
+    for start, end in _chunks([_bound(row) for row in rows], max_rows, max_packet):
+        chunk = rows[start:end]
+        cur.execute(_insert_sql(len(chunk), False), [value for r in chunk for value in r])
+        first = cur.lastrowid
+        increment = _increment(cur) if len(chunk) > 1 else 1
+        ids += [first + i * increment for i in range(len(chunk))]
+    if signal is not None:
+        bump_signal(cur, *signal)
+    return ids
+
+
+def _increment(cur) -> int:
+    cur.execute(Q["auto_increment_increment"])
+    return int(cur.fetchone()[0])
+
+
+def _render(db, rows: list[tuple]) -> list[bytes]:
+    """Every row's values, in one flat list, each bound exactly as cursor.execute(sql, args) binds
+    it (connection.literal()), but each distinct value rendered once: in a put_many chunk five of
+    the seven values repeat in every row, and literal() per value was half of a bulk producer's CPU."""
+    if len(rows) == 1:  # put(): nothing repeats
+        return [db.literal(value) for value in rows[0]]
+    seen: dict[tuple, bytes] = {}
+    out = []
+    for row in rows:
+        for value in row:
+            key = (value.__class__, value)  # the class too: 1 and True are equal keys
+            text = seen.get(key)
+            if text is None:
+                text = seen[key] = db.literal(value)
+            out.append(text)
+    return out
+
+
+def _chunks(sizes: list[int], max_rows: int, max_packet: int) -> list[tuple[int, int]]:
+    """(start, end) of each INSERT: at most max_rows rows and max_packet less the margin bytes."""
+    budget = max_packet - PACKET_MARGIN_BYTES
+    chunks, start, used = [], 0, 0
+    for i, size in enumerate(sizes):
+        if size > budget:
+            raise _too_big(i, len(sizes), size, max_packet)
+        if i > start and (i - start >= max_rows or used + size > budget):
+            chunks.append((start, i))
+            start, used = i, 0
+        used += size
+    chunks.append((start, len(sizes)))
+    return chunks
+
+
+def _bound(row: tuple) -> int:
+    """At least the row's bytes in the statement: a string's bytes escaped at most double."""
+    return _ROW_BYTES + sum(2 * len(v.encode()) + 2 if isinstance(v, str) else 24 for v in row)
+
+
+def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.InputError:
+    which = f"payload {index + 1} of {count}" if count > 1 else "payload"
+    return errors.InputError(
+        f"{which} is too big for the server: about {size} bytes as SQL, and the server's "
+        f"max_allowed_packet of {max_packet} bytes takes at most {max_packet - PACKET_MARGIN_BYTES}"
+        " (raise max_allowed_packet on the server, or send smaller payloads)")
+
+
+def _rendered_bump(db, queue: str, n: int) -> bytes:
+    """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) cost
+    13 us of a producer's ~100 us of CPU per put; the bound text only depends on the queue, the
+    slot, n and the connection's charset, so it is rendered once."""
+    return _bump_text(db.encoding, db.literal(queue), random.randrange(SIGNAL_SLOTS), n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int) -> bytes:
+    params = {"queue": queue_literal, "slot": str(slot).encode(), "n": str(int(n)).encode()}
+    return Q["bump_signal"].encode(encoding) % {k.encode(): v for k, v in params.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _encoded(sql: str, encoding: str) -> bytes:
+    return sql.encode(encoding)
+
+
+_HEAD, _ROW = (part.strip() for part in Q["insert_job"].split("VALUES", 1))
+_RETURNING = Q["insert_job_returning"]
+_ROW_BYTES = len(_ROW.replace("%s", "")) + 1  # a row's text around its values, and its comma
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(n: int, returning: bool) -> str:
+    rows = ",".join([_ROW] * n)
+    return f"{_HEAD} VALUES {rows}" + (f" {_RETURNING}" if returning else "")
+
+
+def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
+    """(id, created): an existing pending job with the same dedup key returns its own id."""
+    cur.execute(Q["insert_unique_job"], row)
+    return cur.lastrowid, cur.rowcount == 1
