@@ -36,7 +36,8 @@ def queue_rows(session: Session) -> list[tuple]:
 
 
 def consumers(session: Session) -> list[tuple]:
-    return _rows(session, "consumers", {}, "status")
+    return _rows(session, "consumers", {"stale_us": queries.microseconds(queries.POLLING_STALE_S)},
+                 "status")
 
 
 def server_now(session: Session) -> dt.datetime:

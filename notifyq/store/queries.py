@@ -25,6 +25,9 @@ from notifyq.store.sql import QUERIES as Q
 
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
+# heartbeat (consume/heartbeat.py) beats several times inside it.
+POLLING_STALE_S = 30.0
 
 
 def microseconds(seconds: float) -> int:
@@ -327,7 +330,8 @@ def watch(session: Session, queue: str, bells: tuple[str, str], wait_s: float,
     def body(cur) -> WatchState:
         try:
             cur.execute(Q["watch"], {"queue": queue, "bell0": bells[0], "bell1": bells[1],
-                                     "wait_s": max(0.0, wait_s), "use_bell": int(use_bell)})
+                                     "wait_s": max(0.0, wait_s), "use_bell": int(use_bell),
+                                     "stale_us": microseconds(POLLING_STALE_S)})
         except MySQLdb.OperationalError as e:
             if error_code(e) != 1317:
                 raise
@@ -407,21 +411,75 @@ def unregister_consumer(session: Session, consumer_id: str) -> None:
                 what="unregister consumer")
 
 
+def heartbeat(session: Session, consumer_id: str, wakeup: str, lease_s: float) -> bool:
+    """A polling consumer's beat: its row's last_seen, and its claims' leases. False when the
+    row is gone (a reaper judged it dead): the worker must re-register."""
+    def body(cur) -> bool:
+        cur.execute(Q["heartbeat"], {"id": consumer_id, "wakeup": wakeup})
+        if cur.rowcount == 0 and not _row_exists(cur, consumer_id):
+            return False  # (rowcount is 0 as well when last_seen did not change)
+        cur.execute(Q["extend_owned_leases"], {"owner": consumer_id, "lease_us": microseconds(lease_s)})
+        return True
+
+    return session.run(body, what="heartbeat")
+
+
+def _row_exists(cur, consumer_id: str) -> bool:
+    cur.execute(Q["consumer_exists"], {"id": consumer_id})
+    return cur.fetchone() is not None
+
+
 def reap_needed(session: Session) -> int:
-    return int(one_value(session, "reap_needed", {}, "reap check") or 0)
+    return int(one_value(session, "reap_needed", {"stale_us": microseconds(POLLING_STALE_S)},
+                         "reap check") or 0)
 
 
 def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
+    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues)."""
     def body(cur):
         cur.execute(Q["dead_consumers"])
-        return [(cid, lock, [q for q in queues.split(",") if q]) for cid, lock, queues in cur.fetchall()]
+        return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
 
 
-def reclaim_owner(session: Session, consumer_id: str, queues: list[str]) -> int:
-    """Return a dead consumer's claimed jobs and drop its registration, in one transaction."""
-    def body(cur) -> int:
+def stale_consumers(session: Session) -> list[tuple[str, list[str]]]:
+    """Polling consumers whose heartbeat stopped: (id, queues)."""
+    def body(cur):
+        cur.execute(Q["stale_consumers"], {"stale_us": microseconds(POLLING_STALE_S)})
+        return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
+
+    return session.run(body, what="find stale consumers")
+
+
+def _queues(text: str) -> list[str]:
+    return [q for q in text.split(",") if q]
+
+
+def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
+                  lock_name: str | None = None) -> int | None:
+    """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
+
+    The verdict is taken inside that transaction, on its session, so it cannot go stale before
+    the COMMIT: with `lock_name` (a lock-mode consumer) GET_LOCK(lock, 0) must succeed, and the
+    lock is held until after the COMMIT (the caller releases it); without (a polling consumer)
+    its row must still be stale when deleted. If the session reconnects midway, the transaction
+    is rolled back and the lock gone together, and the rerun judges again: a consumer that took
+    its lock back meanwhile keeps its jobs. (With the lock on another session, as before, a
+    reconnect of that session lost the lock while the reclaim went on.) Never waits: nobody
+    queues for a liveness lock, so holding one next to row locks cannot hide a deadlock.
+    None: the consumer is alive after all.
+    """
+    def body(cur) -> int | None:
+        if lock_name is not None:
+            cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
+            if cur.fetchone()[0] != 1:
+                return None
+        else:
+            cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
+                                                   "stale_us": microseconds(POLLING_STALE_S)})
+            if cur.rowcount == 0:
+                return None
         cur.execute(Q["reclaim_owner"], {"owner": consumer_id,
                                          "error": "consumer died; out of attempts"})
         n = cur.rowcount

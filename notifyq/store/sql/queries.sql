@@ -124,12 +124,43 @@ DELETE FROM nq_consumer WHERE id = %(id)s
 
 -- reap_needed --
 -- The reaper's cheap question, asked every few seconds: is anyone dead or any lease over?
-SELECT (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+-- A consumer is judged by what it has: its liveness lock (wakeup 'locks'), or else its heartbeat
+-- (wakeup 'polling': it never held the lock, so IS_FREE_LOCK would call it dead while it runs).
+-- IF evaluates only the branch it picks.
+SELECT (SELECT COUNT(*) FROM nq_consumer
+        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
 
 -- dead_consumers --
--- The liveness test: a registered consumer whose lock nobody holds has lost its session.
-SELECT id, lock_name, queues FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1
+-- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
+-- lost its session. Polling consumers hold no lock: stale_consumers judges them.
+SELECT id, lock_name, queues FROM nq_consumer WHERE wakeup = 'locks' AND IS_FREE_LOCK(lock_name) = 1
+
+-- stale_consumers --
+-- Polling consumers whose heartbeat stopped (heartbeat.py beats well inside stale_us).
+SELECT id, queues FROM nq_consumer
+WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+
+-- drop_stale_consumer --
+-- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
+-- and then nothing of that consumer is taken back.
+DELETE FROM nq_consumer
+WHERE id = %(id)s AND wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+
+-- heartbeat --
+-- A polling consumer's proof of life; no row means it was judged dead and must re-register.
+UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
+
+-- consumer_exists --
+SELECT 1 FROM nq_consumer WHERE id = %(id)s
+
+-- extend_owned_leases --
+-- With the heartbeat: a polling consumer's claims live as long as it does (the lease is its
+-- only liveness). Through ix_owner: a consumer's claims are one batch or so.
+UPDATE nq_job FORCE INDEX (ix_owner)
+SET lease_until = GREATEST(lease_until, NOW(6) + INTERVAL %(lease_us)s MICROSECOND)
+WHERE owner = %(owner)s AND status = 2
 
 -- reclaim_owner --
 -- Runs while the reaper holds the dead consumer's lock. Out of attempts: dead, not ready.
@@ -166,7 +197,9 @@ WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
 -- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
 -- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
 SELECT s.total, q.watched_seq, q.paused, q.bell,
-       (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+       (SELECT COUNT(*) FROM nq_consumer
+        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
@@ -240,7 +273,10 @@ SELECT queue, paused, watched_seq,
 FROM nq_queue q
 
 -- consumers --
-SELECT id, host, pid, queues, started_at, last_seen, wakeup, IS_USED_LOCK(lock_name) IS NOT NULL
+-- alive: as the reaper judges it (reap_needed): by its lock, or by its heartbeat without one.
+SELECT id, host, pid, queues, started_at, last_seen, wakeup,
+       IF(wakeup = 'locks', IS_USED_LOCK(lock_name) IS NOT NULL,
+          last_seen >= NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
 FROM nq_consumer ORDER BY started_at
 
 -- server_now --
