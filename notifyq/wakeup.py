@@ -110,9 +110,13 @@ class Waiter:
         A healthy watcher hands work on within milliseconds. A watcher whose host vanished
         without closing its connection (power loss, partition) keeps the watch lock until the
         server's TCP keepalive gives up, hours later; queued consumers must not sleep that long.
-        One cheap read per idle_wait_s: if work is pending, the caller claims it itself.
+        One cheap read per idle_wait_s: if work is pending, the caller claims it itself. The
+        same read asks whether a peer died: the watcher, which runs the reaper for an idle
+        fleet, may be the one that is gone.
         """
         state = queries.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
+        if state.reap:
+            self.on_reap()
         if state.paused or state.total < 0:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
