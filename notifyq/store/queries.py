@@ -25,6 +25,7 @@ from notifyq.store.sql import QUERIES as Q
 
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
 # heartbeat (consume/heartbeat.py) beats several times inside it.
 POLLING_STALE_S = 30.0
@@ -161,8 +162,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.nextset()
         else:
             cur.execute(Q["claim_candidates"], params)
+        rows = cur.fetchall()
+        if (any(row[3] for row in rows) and not any(row[0] == 0 for row in rows)  # due, not paused
+                and _promote_due(session, cur, queue)):
+            cur.execute(Q["claim_candidates"], params)  # now in priority order with the ready ones
+            rows = cur.fetchall()
         candidates, paused = [], False
-        for job_id, prio_key, run_at in cur.fetchall():
+        for job_id, prio_key, run_at, _due in rows:
             if job_id == 0:
                 paused = True
             else:
@@ -213,6 +219,17 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
+
+
+def _promote_due(session: Session, cur, queue: str) -> int:
+    """Due jobs -> ready, committed at once (before the claim locks anything), so peers that
+    promote at the same time wait on these rows only for this one statement. The signal moves
+    with them: idle consumers wake for promoted work as they did for due work."""
+    cur.execute(Q["promote_due"], {"queue": queue, "limit": PROMOTE_MAX})
+    n = cur.rowcount
+    bump = [(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})] if n else []
+    session.commit_with(cur, bump)
+    return n
 
 
 # ---------------------------------------------------------------- outcomes

@@ -36,15 +36,27 @@ ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 -- fixed width, so it sorts like the time): the client only merges the two parts by it, and
 -- decoding 3 x batch datetimes per claim was a consumer's largest single CPU cost. The marker's
 -- 0 is cast so the ids stay BIGINT UNSIGNED (a plain 0 turned every id into a DECIMAL).
-(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_ready)
+-- The due part is read by run_at (its index order), not by priority: when it has rows, the
+-- claim promotes due jobs to ready (promote_due) and reads again, so that every claimable job
+-- is taken in (priority, run_at, id) order. The last column tells the parts apart.
+(SELECT id, prio_key, CAST(run_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_ready)
   WHERE queue = %(queue)s AND status = 0
   ORDER BY prio_key, run_at, id LIMIT %(limit)s)
 UNION ALL
-(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_due)
+(SELECT id, prio_key, CAST(run_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_due)
   WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
   ORDER BY run_at LIMIT %(limit)s)
 UNION ALL
-(SELECT CAST(0 AS UNSIGNED), NULL, NULL FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+(SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
+-- promote_due --
+-- Due scheduled jobs and due retries become ready, run_at kept: in ix_ready they then sort by
+-- priority with every other claimable job. Oldest first, a bounded number per claim, through
+-- ix_due; the run_at test is repeated on the locked row, so a job rescheduled meanwhile stays.
+-- Idempotent: a job another consumer promoted or claimed first no longer matches.
+UPDATE nq_job FORCE INDEX (ix_due) SET status = 0
+WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
+ORDER BY run_at LIMIT %(limit)s
 
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
