@@ -224,12 +224,16 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 def _promote_due(session: Session, cur, queue: str) -> int:
     """Due jobs -> ready, committed at once (before the claim locks anything), so peers that
     promote at the same time wait on these rows only for this one statement. The signal moves
-    with them: idle consumers wake for promoted work as they did for due work."""
-    cur.execute(Q["promote_due"], {"queue": queue, "limit": PROMOTE_MAX})
-    n = cur.rowcount
-    bump = [(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})] if n else []
-    session.commit_with(cur, bump)
-    return n
+    with them, by the count read (an upper bound: a spurious wake-up at worst): idle consumers
+    wake for promoted work as they did for due work."""
+    cur.execute(Q["due_ids"], {"queue": queue, "limit": PROMOTE_MAX})
+    ids = [r[0] for r in cur.fetchall()]
+    if not ids:
+        return 0
+    session.commit_with(cur, [
+        (Q["promote_due"], {"ids": Ids(ids)}),
+        (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
+    return len(ids)
 
 
 # ---------------------------------------------------------------- outcomes

@@ -49,14 +49,20 @@ UNION ALL
 UNION ALL
 (SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
 
--- promote_due --
--- Due scheduled jobs and due retries become ready, run_at kept: in ix_ready they then sort by
--- priority with every other claimable job. Oldest first, a bounded number per claim, through
--- ix_due; the run_at test is repeated on the locked row, so a job rescheduled meanwhile stays.
--- Idempotent: a job another consumer promoted or claimed first no longer matches.
-UPDATE nq_job FORCE INDEX (ix_due) SET status = 0
+-- due_ids --
+-- The due jobs a claim promotes: oldest first, a bounded number, in ix_due's own order (a plain
+-- read: an UPDATE ... ORDER BY on the index whose key it changes sorted the whole due range).
+SELECT id FROM nq_job FORCE INDEX (ix_due)
 WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
 ORDER BY run_at LIMIT %(limit)s
+
+-- promote_due --
+-- Due scheduled jobs and due retries become ready, run_at kept: in ix_ready they then sort by
+-- priority with every other claimable job. By primary key (see claim_mark); the status and
+-- run_at tests are repeated on the locked rows, so a job a peer promoted or claimed meanwhile,
+-- or an operator rescheduled, is left as it is.
+UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0
+WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
@@ -377,8 +383,33 @@ SELECT queue, MIN(claimed_at), SUM(cancel_requested)
 FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 GROUP BY queue
 
 -- queue_depth --
--- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues.
-SELECT status, run_at > NOW(6) AS future, COUNT(*), MIN(run_at)
-FROM nq_job FORCE INDEX (ix_due)
-WHERE queue = %(queue)s
-GROUP BY status, future
+-- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues, at
+-- every scrape. Each state is its own range of ix_due, so counting the work never reads the
+-- kept history (done and dead jobs, often most of the table), and the history is counted only
+-- up to %(cap)s rows. Rows as queue_counts: (status, future, count, min run_at).
+(SELECT 0, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 0)
+UNION ALL
+(SELECT 1, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6))
+UNION ALL
+(SELECT 1, 1, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 1 AND run_at > NOW(6))
+UNION ALL
+(SELECT 2, 0, COUNT(*), NULL FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 2)
+UNION ALL
+(SELECT 3, 0, COUNT(*), NULL FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 3 LIMIT %(cap)s) done)
+UNION ALL
+(SELECT 4, 0, COUNT(*), NULL FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 4 LIMIT %(cap)s) dead)
+
+-- retention_ids --
+-- One chunk of a queue's done or dead jobs that finished before the cutoff, oldest first: a
+-- range of ix_finished that holds exactly the rows to delete. No paging: a purged row leaves
+-- the range, and so does one retried meanwhile (its status changed), which job_purge skips.
+SELECT id FROM nq_job FORCE INDEX (ix_finished)
+WHERE queue = %(queue)s AND status = %(status)s
+  AND finished_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+ORDER BY finished_at LIMIT %(limit)s
