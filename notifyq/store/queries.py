@@ -10,8 +10,10 @@ Session own their transaction and retry it whole.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ from MySQLdb.constants import CLIENT
 from notifyq.jobs import Job
 from notifyq.store.db import Ids, Session, error_code
 from notifyq.store.sql import QUERIES as Q
+
+log = logging.getLogger("notifyq.store")
 
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
@@ -208,14 +212,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return Claim(jobs, token, drained, False)
 
     runs = 0
+    connection: int | None = None
 
     def once(cur) -> Claim:
-        nonlocal runs
+        nonlocal runs, connection
         runs += 1
         if runs > 1:
-            # A rerun after a lost connection: if the earlier COMMIT did land, its rows carry
-            # this token; hand them back first, or they would sit claimed until their lease ends.
+            if session.connection_id != connection and connection is not None:
+                # A rerun on a new connection (a read timeout, a lost connection): the earlier
+                # attempt may still be running on the server, and commit after we looked.
+                # End it and wait until it is gone, so its outcome is settled ...
+                end_connection(cur, connection)
+            # ... then, if it did commit, its rows carry this token: hand them back first, or
+            # they would sit claimed under a token nobody runs until their lease ends.
             cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
+        connection = session.connection_id
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
@@ -322,6 +333,31 @@ def release_lock_later(session: Session, name: str) -> None:
 def lock_holder(session: Session, name: str) -> int | None:
     """The connection id holding `name`, or None."""
     return one_value(session, "lock_holder", {"name": name}, "lock_holder")
+
+
+END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
+
+
+def end_connection(cur, conn_id: int) -> bool:
+    """KILL one of our own earlier connections and wait until the server has ended it (its
+    transaction then committed or rolled back, for good). False if it outlived the wait."""
+    try:
+        cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
+    except MySQLdb.OperationalError as e:
+        if error_code(e) not in (1094, 1095):  # already gone, or not ours
+            raise
+    deadline = time.monotonic() + END_CONNECTION_WAIT_S
+    delay = 0.005
+    while True:
+        cur.execute(Q["connection_alive"], {"conn_id": int(conn_id)})
+        if not cur.fetchone()[0]:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("an earlier connection outlived its KILL for %.0fs conn=%d: what it "
+                        "claimed returns when its lease ends", END_CONNECTION_WAIT_S, conn_id)
+            return False
+        time.sleep(delay)  # a rare recovery path: the killed thread ends within milliseconds
+        delay = min(delay * 2, 0.5)
 
 
 def kill_query(session: Session, conn_id: int) -> bool:

@@ -263,6 +263,13 @@ SELECT IS_USED_LOCK(%(name)s)
 -- kill_query --
 KILL QUERY %(conn_id)s
 
+-- kill_connection --
+KILL CONNECTION %(conn_id)s
+
+-- connection_alive --
+-- Our own user's sessions are visible without the PROCESS privilege.
+SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
+
 -- poll_signal --
 -- Fallback without advisory locks: every idle consumer polls this one small read. With no
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due.
