@@ -31,6 +31,7 @@ class Heartbeat:
         self.interval_s = min(BEAT_S, lease_s / 3)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
         self._stop = threading.Event()
+        self._beating = threading.Lock()
         self._session = Session(dsn, retry_s=min(10.0, self.interval_s), name=f"{name}-heartbeat")
         self._thread = threading.Thread(target=self._run, name=f"{name}-heartbeat", daemon=True)
 
@@ -44,8 +45,9 @@ class Heartbeat:
         self._session.close()
 
     def beat(self) -> None:
-        if not queries.heartbeat(self._session, self._consumer_id(), "polling", self.lease_s):
-            self.lost.set()
+        with self._beating:  # the worker beats once at start, then the thread: one session
+            if not queries.heartbeat(self._session, self._consumer_id(), "polling", self.lease_s):
+                self.lost.set()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
