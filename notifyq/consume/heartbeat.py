@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from notifyq.config import DSN
-from notifyq.store import queries
+from notifyq.store import liveness
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.heartbeat")
@@ -46,7 +46,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         with self._beating:  # the worker beats once at start, then the thread: one session
-            if not queries.heartbeat(self._session, self._consumer_id(), "polling", self.lease_s):
+            if not liveness.heartbeat(self._session, self._consumer_id(), "polling", self.lease_s):
                 self.lost.set()
 
     def _run(self) -> None:

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from notifyq.config import DSN
-from notifyq.store import locks, queries
+from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.reaper")
@@ -60,13 +60,13 @@ def reap(session: Session, database: str, use_locks: bool = True) -> ReapResult 
     result = ReapResult()
     try:
         if use_locks:
-            for consumer_id, lock_name, queues in queries.dead_consumers(session):
+            for consumer_id, lock_name, queues in liveness.dead_consumers(session):
                 try:
                     n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name)
                 finally:
                     queries.release_lock(session, lock_name)
                 _count(result, consumer_id, queues, n, "consumer died")
-        for consumer_id, queues in queries.stale_consumers(session):
+        for consumer_id, queues in liveness.stale_consumers(session):
             n = queries.reclaim_owner(session, consumer_id, queues)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         result.expired = queries.reclaim_expired(session)

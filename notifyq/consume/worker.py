@@ -24,7 +24,7 @@ from notifyq.consume import reaper, retry
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.jobs import Job
 from notifyq.ops import metrics
-from notifyq.store import admin_queries, locks, queries
+from notifyq.store import admin_queries, liveness, locks, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.wakeup import Waiter
 
@@ -163,7 +163,7 @@ class Worker:
                 if not locks_unavailable(e):
                     raise
                 self._fall_back_to_polling(e)
-        queries.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
+        liveness.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
                                 os.getpid(), [self.queue], self.wakeup_mode)
         if not self.use_locks:
             self._start_heartbeat()
@@ -198,7 +198,7 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_touch:
             self._next_touch = now + TOUCH_S
-            queries.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
+            liveness.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
 
     def _unregister(self) -> None:
         if self.heartbeat is not None:
@@ -206,7 +206,7 @@ class Worker:
             self.heartbeat = None
         try:
             if self.consumer_id:
-                queries.unregister_consumer(self.work, self.consumer_id)
+                liveness.unregister_consumer(self.work, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
         self.lock.close()  # frees the liveness, watch and any bell locks at once
@@ -396,7 +396,7 @@ class Worker:
 
     def _reap_needed(self) -> bool:
         try:
-            return queries.reap_needed(self.lock) > 0
+            return liveness.reap_needed(self.lock) > 0
         except DriverError as e:  # a polling consumer's server may refuse the lock test
             if not locks_unavailable(e):
                 raise

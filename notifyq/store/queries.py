@@ -1,6 +1,6 @@
-"""The hot path's statements: enqueue, claim, outcomes, wake-up locks and bells, consumers and
-the reaper. With admin_queries.py (status, metrics, `notifyq jobs`, periodic ticks) the only user
-of sql.QUERIES.
+"""The hot path's statements: enqueue, claim, outcomes, wake-up locks and bells, and taking a
+dead consumer's jobs back. With admin_queries.py (status, metrics, `notifyq jobs`, periodic ticks)
+and liveness.py (consumer registration, heartbeat, who is dead) the only user of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the caller's own
 connection for transactional enqueue, or a body passed to Session.run). Functions that take a
@@ -444,74 +444,8 @@ def set_paused(session: Session, queue: str, paused: bool) -> None:
     session.run(body, what="pause" if paused else "resume")
 
 
-# ---------------------------------------------------------------- consumers and the reaper
-
-def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
-                      queues: list[str], wakeup: str) -> None:
-    def body(cur):
-        for queue in queues:
-            ensure_queue(cur, queue)
-        cur.execute(Q["register_consumer"], {
-            "id": consumer_id, "lock_name": lock_name, "host": host[:255], "pid": pid,
-            "queues": ",".join(queues)[:1024], "wakeup": wakeup})
-
-    session.run(body, what="register consumer")
-
-
-def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:
-    session.run(lambda cur: cur.execute(Q["touch_consumer"], {"id": consumer_id, "wakeup": wakeup}),
-                what="touch consumer")
-
-
-def unregister_consumer(session: Session, consumer_id: str) -> None:
-    session.run(lambda cur: cur.execute(Q["unregister_consumer"], {"id": consumer_id}),
-                what="unregister consumer")
-
-
-def heartbeat(session: Session, consumer_id: str, wakeup: str, lease_s: float) -> bool:
-    """A polling consumer's beat: its row's last_seen, and its claims' leases. False when the
-    row is gone (a reaper judged it dead): the worker must re-register."""
-    def body(cur) -> bool:
-        cur.execute(Q["heartbeat"], {"id": consumer_id, "wakeup": wakeup})
-        if cur.rowcount == 0 and not _row_exists(cur, consumer_id):
-            return False  # (rowcount is 0 as well when last_seen did not change)
-        cur.execute(Q["extend_owned_leases"], {"owner": consumer_id, "lease_us": microseconds(lease_s)})
-        return True
-
-    return session.run(body, what="heartbeat")
-
-
-def _row_exists(cur, consumer_id: str) -> bool:
-    cur.execute(Q["consumer_exists"], {"id": consumer_id})
-    return cur.fetchone() is not None
-
-
-def reap_needed(session: Session) -> int:
-    return int(one_value(session, "reap_needed", {"stale_us": microseconds(POLLING_STALE_S)},
-                         "reap check") or 0)
-
-
-def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
-    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues)."""
-    def body(cur):
-        cur.execute(Q["dead_consumers"])
-        return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
-
-    return session.run(body, what="find dead consumers")
-
-
-def stale_consumers(session: Session) -> list[tuple[str, list[str]]]:
-    """Polling consumers whose heartbeat stopped: (id, queues)."""
-    def body(cur):
-        cur.execute(Q["stale_consumers"], {"stale_us": microseconds(POLLING_STALE_S)})
-        return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
-
-    return session.run(body, what="find stale consumers")
-
-
-def _queues(text: str) -> list[str]:
-    return [q for q in text.split(",") if q]
-
+# ---------------------------------------------------------------- the reaper
+# (consumer registration and liveness: liveness.py)
 
 def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                   lock_name: str | None = None) -> int | None:

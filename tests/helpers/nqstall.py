@@ -6,9 +6,9 @@ $NQ_TEST_OUT/stalled once inside the pass."""
 import os
 import threading
 
-from notifyq.store import queries
+from notifyq.store import liveness
 
-_real = queries.dead_consumers
+_real = liveness.dead_consumers
 
 
 def _stalled(session):
@@ -18,7 +18,7 @@ def _stalled(session):
     return _real(session)
 
 
-queries.dead_consumers = _stalled
+liveness.dead_consumers = _stalled
 
 
 def record(job):

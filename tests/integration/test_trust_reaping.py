@@ -9,7 +9,7 @@ from conftest import wait_until
 
 from notifyq.consume import reaper
 from notifyq.produce.producer import Producer
-from notifyq.store import locks, queries
+from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
 
 DEAD = "d" * 32
@@ -45,7 +45,7 @@ def _dead_consumer_holding(db, n: int) -> tuple[str, list[int]]:
     lock_name = locks.consumer_lock(cfg.dsn.database, DEAD)
     lock, work = Session(cfg.dsn, autocommit=True), Session(cfg.dsn)
     assert queries.get_lock(lock, lock_name, 0) == 1
-    queries.register_consumer(work, DEAD, lock_name, "host", 1, ["q"], "locks")
+    liveness.register_consumer(work, DEAD, lock_name, "host", 1, ["q"], "locks")
     claim = queries.claim(work, "q", DEAD, n, 300)
     work.close()
     lock.close()  # its session is gone: its lock is free, it is dead
@@ -102,7 +102,7 @@ def _polling_consumer_holding(db, n: int, consumer_id: str) -> list[int]:
         p.put_many([{"n": i} for i in range(n)])
     work = Session(cfg.dsn)
     try:
-        queries.register_consumer(work, consumer_id, locks.consumer_lock(cfg.dsn.database, consumer_id),
+        liveness.register_consumer(work, consumer_id, locks.consumer_lock(cfg.dsn.database, consumer_id),
                                   "host", 1, ["q"], "polling")
         return [j.id for j in queries.claim(work, "q", consumer_id, n, 300).jobs]
     finally:
@@ -122,7 +122,7 @@ def test_a_polling_consumer_with_a_fresh_heartbeat_is_not_reaped_although_its_lo
     assert db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1
     # And the reaper's cheap question does not call it dead either
     session = Session(cfg.dsn, autocommit=True)
-    assert queries.reap_needed(session) == 0
+    assert liveness.reap_needed(session) == 0
     session.close()
 
 
@@ -139,7 +139,7 @@ def test_a_polling_consumer_whose_heartbeat_stopped_is_reaped_and_a_late_beat_sa
     assert db.query("SELECT id, status, owner FROM nq_job ORDER BY id") == [(i, 0, None) for i in ids]
     # And its next heartbeat reports it was judged dead (the worker re-registers)
     session = Session(cfg.dsn)
-    assert queries.heartbeat(session, "s" * 32, "polling", 60) is False
+    assert liveness.heartbeat(session, "s" * 32, "polling", 60) is False
     session.close()
 
 
@@ -150,7 +150,7 @@ def test_a_heartbeat_extends_the_leases_of_every_job_its_consumer_holds(db):
     db.query("UPDATE nq_job SET lease_until = NOW(6) + INTERVAL 1 SECOND")
     # When it beats with a 600 s lease
     session = Session(cfg.dsn)
-    assert queries.heartbeat(session, "h" * 32, "polling", 600) is True
+    assert liveness.heartbeat(session, "h" * 32, "polling", 600) is True
     session.close()
     # Then every lease reaches 10 minutes from now
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until > NOW(6) + INTERVAL 590 SECOND") == len(ids)

@@ -1,5 +1,5 @@
--- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py and
--- admin_queries.py (and the schema-version ones from schema.py). Values are always bound parameters.
+-- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py,
+-- admin_queries.py and liveness.py (and the schema-version ones from schema.py). Values are always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
