@@ -56,12 +56,13 @@ from collections.abc import Callable
 from notifyq import errors
 from notifyq.config import WakeupConfig
 from notifyq.store import queries
-from notifyq.store.db import DriverError, Session, error_code, locks_unavailable
+from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.wakeup")
 
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
+READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's read timeout
 ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
 
 
@@ -86,12 +87,20 @@ class Waiter:
         self._last_total = -1  # polling fallback only
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
 
+    def _bounded(self, wait_s: float) -> float:
+        """A wait inside a statement must end before the client stops reading its reply. The
+        lock session's read timeout is fixed when it connects, from the config of that time;
+        a SIGHUP may raise idle_wait_s or poll_max_s past it, and a wait that outlasts it ends
+        in a lost connection (and liveness lock), reconnected and waited again: a loop."""
+        timeout = self.session.read_timeout_s
+        return min(wait_s, max(timeout - READ_MARGIN_S, timeout / 2))
+
     # -------------------------------------------------------- the watch lock
 
     def acquire_watch(self) -> bool:
         """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
         generation = self.session.generation
-        got = queries.get_lock(self.session, self.locks.watch, self.cfg.idle_wait_s)
+        got = queries.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock went with the old connection, so we
@@ -110,9 +119,13 @@ class Waiter:
         A healthy watcher hands work on within milliseconds. A watcher whose host vanished
         without closing its connection (power loss, partition) keeps the watch lock until the
         server's TCP keepalive gives up, hours later; queued consumers must not sleep that long.
-        One cheap read per idle_wait_s: if work is pending, the caller claims it itself.
+        One cheap read per idle_wait_s: if work is pending, the caller claims it itself. The
+        same read asks whether a peer died: the watcher, which runs the reaper for an idle
+        fleet, may be the one that is gone.
         """
         state = queries.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
+        if state.reap:
+            self.on_reap()
         if state.paused or state.total < 0:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
@@ -149,7 +162,7 @@ class Waiter:
         due_at: float | None = None
         while not self.stop.is_set():
             self.on_turn()
-            wait = min(backoff, self.cfg.poll_max_s)
+            wait = self._bounded(min(backoff, self.cfg.poll_max_s))
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait

@@ -121,6 +121,26 @@ def _entries(config: Config, queues: tuple[str, ...]) -> list[Entry]:
     return out
 
 
+def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = admin.CHUNK,
+                   max_chunks: int = RETENTION_CHUNKS) -> tuple[int, bool]:
+    """Delete `queue`'s done and dead jobs that finished more than keep_s ago: (deleted, complete).
+
+    Each chunk is a range of ix_finished holding only rows to delete (retention_ids), so a pass
+    costs what it deletes, however much history is kept. complete=False: more next turn.
+    """
+    deleted = chunks = 0
+    for status in (Status.DONE, Status.DEAD):
+        while True:
+            if chunks >= max_chunks:
+                return deleted, False
+            ids = admin_queries.retention_ids(session, queue, status, keep_s, chunk)
+            n = admin_queries.purge_jobs(session, ids, status)
+            deleted, chunks = deleted + n, chunks + 1
+            if len(ids) < chunk or n == 0:  # the range is empty, or all retried meanwhile
+                break
+    return deleted, True
+
+
 class Scheduler:
     def __init__(self, config: Config, queues: tuple[str, ...], *, leader_retry_s: float = 5.0,
                  retention_every_s: float = 300.0, retention_first_s: float | None = None):
@@ -283,8 +303,7 @@ class Scheduler:
         if keep_s <= 0:
             state.next_retention = time.monotonic() + self.retention_every_s
             return
-        n, complete = admin.purge(self._work_session(), [Status.DONE, Status.DEAD], keep_s,
-                                  queue=queue, max_chunks=RETENTION_CHUNKS)
+        n, complete = purge_finished(self._work_session(), queue, keep_s)
         state.purged += n
         state.next_retention = time.monotonic() + (self.retention_every_s if complete else 0.0)
         if n:

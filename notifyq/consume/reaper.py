@@ -1,8 +1,17 @@
-"""Dead-peer recovery: a consumer's session holds its liveness lock; a free lock means it died.
+"""Dead-peer recovery: what a consumer that is gone still holds comes back to the queue.
 
-Any consumer may run a pass, but only one at a time cluster-wide (the reaper lock). A dead
-consumer's jobs are taken back only while the reaper holds that consumer's own lock, so a
-consumer that is merely slow to register can never be robbed.
+A lock-mode consumer's session holds its liveness lock; a free lock means it died. A polling
+consumer holds no lock (wakeup.use_locks = false, or the server refused locks): it is judged by
+its heartbeat (heartbeat.py), which also keeps its claims' leases, and never by the free lock
+of a lock it never took. Any lease that runs out comes back as well, whoever held it.
+
+Any consumer may run a pass. A pass runs on a session of its own, opened for the pass and
+closed after it, whose server-side idle timeout is short (REAPER_IDLE_TIMEOUT_S): a host that
+vanishes mid-pass (power loss, no FIN) frees the reaper lock, and any dead peer's lock it took,
+within that bound instead of the server's wait_timeout (8 h by default). The reaper lock only
+keeps passes from repeating each other's work; correctness never rests on it: each verdict
+is taken inside the reclaim's own transaction (queries.reclaim_owner), so two passes, or a
+pass whose session reconnected, cannot take back the jobs of a consumer that is alive.
 """
 
 from __future__ import annotations
@@ -10,10 +19,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from notifyq.store import locks, queries
+from notifyq.config import DSN
+from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.reaper")
+
+# A pass's statements follow each other at once; a pass session idle this long belongs to a
+# host that stalled or vanished. Too short costs nothing but a repeated pass.
+REAPER_IDLE_TIMEOUT_S = 10
 
 
 @dataclass
@@ -23,27 +37,50 @@ class ReapResult:
     expired: int = 0
 
 
-def reap(lock_session: Session, work_session: Session, database: str) -> ReapResult | None:
-    """One pass; None when another consumer is running one right now."""
+def open_session(dsn: DSN) -> Session:
+    return Session(dsn, name="reaper", retry_s=10, idle_timeout_s=REAPER_IDLE_TIMEOUT_S)
+
+
+def reap_once(dsn: DSN, use_locks: bool = True) -> ReapResult | None:
+    """One pass on a fresh session; None when another consumer is running one right now."""
+    session = open_session(dsn)
+    try:
+        return reap(session, dsn.database, use_locks)
+    finally:
+        session.close()
+
+
+def reap(session: Session, database: str, use_locks: bool = True) -> ReapResult | None:
+    """One pass on `session`. use_locks=False (no advisory locks on this server, or not wanted):
+    stale polling consumers and expired leases only; dead lock-mode consumers then come back
+    through their leases."""
     name = locks.reaper_lock(database)
-    if queries.get_lock(lock_session, name, 0) != 1:
+    if use_locks and queries.get_lock(session, name, 0) != 1:
         return None
     result = ReapResult()
     try:
-        for consumer_id, lock_name, queues in queries.dead_consumers(work_session):
-            if queries.get_lock(lock_session, lock_name, 0) != 1:
-                continue  # its session is back, or another reaper beat us to it
-            try:
-                n = queries.reclaim_owner(work_session, consumer_id, queues)
-            finally:
-                queries.release_lock(lock_session, lock_name)
-            result.dead_consumers += 1
-            result.reclaimed += n
-            log.warning("consumer died, jobs returned consumer=%s jobs=%d queues=%s",
-                        consumer_id, n, ",".join(queues))
-        result.expired = queries.reclaim_expired(work_session)
+        if use_locks:
+            for consumer_id, lock_name, queues in liveness.dead_consumers(session):
+                try:
+                    n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name)
+                finally:
+                    queries.release_lock(session, lock_name)
+                _count(result, consumer_id, queues, n, "consumer died")
+        for consumer_id, queues in liveness.stale_consumers(session):
+            n = queries.reclaim_owner(session, consumer_id, queues)
+            _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
+        result.expired = queries.reclaim_expired(session)
         if result.expired:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
     finally:
-        queries.release_lock(lock_session, name)
+        if use_locks:
+            queries.release_lock(session, name)
     return result
+
+
+def _count(result: ReapResult, consumer_id: str, queues: list[str], n: int | None, why: str) -> None:
+    if n is None:
+        return  # alive after all (its session is back, or another reaper beat us to it)
+    result.dead_consumers += 1
+    result.reclaimed += n
+    log.warning("%s, jobs returned consumer=%s jobs=%d queues=%s", why, consumer_id, n, ",".join(queues))

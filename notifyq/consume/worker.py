@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper, retry
+from notifyq.consume.heartbeat import Heartbeat
 from notifyq.jobs import Job
 from notifyq.ops import metrics
-from notifyq.store import admin_queries, locks, queries
+from notifyq.store import admin_queries, liveness, locks, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.wakeup import Waiter
 
@@ -102,6 +103,8 @@ class Worker:
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._next_reap = 0.0
         self._next_touch = 0.0
+        self.heartbeat: Heartbeat | None = None  # polling mode only: our liveness without a lock
+        self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
 
     @property
     def wakeup_mode(self) -> str:
@@ -119,6 +122,8 @@ class Worker:
                 if busy:
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
+                        if self._reap_before_exit():
+                            continue  # a dead peer's jobs came back: they are ours to run
                         break
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     busy = self.exit_when_empty or (got > 0 and not drained)
@@ -158,14 +163,24 @@ class Worker:
                 if not locks_unavailable(e):
                     raise
                 self._fall_back_to_polling(e)
-        queries.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
+        liveness.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
                                 os.getpid(), [self.queue], self.wakeup_mode)
+        if not self.use_locks:
+            self._start_heartbeat()
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
         log.info("consumer started queue=%s consumer=%s wakeup=%s batch_size=%d",
                  self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
 
     def _ensure_registered(self) -> None:
+        if self.heartbeat is not None and self.heartbeat.lost.is_set():
+            # A reaper found our heartbeat stale (a stall longer than POLLING_STALE_S) and took
+            # our claims back; our acks of them are fenced. Carry on under a new id.
+            self.heartbeat.lost.clear()
+            old = self.consumer_id
+            self._register()
+            log.warning("heartbeat was judged stale, re-registered queue=%s consumer=%s old=%s",
+                        self.queue, self.consumer_id, old)
         if self.use_locks and self.work.generation != self._work_generation:
             # The work session reconnected. If the server restarted, the lock session (idle
             # while we run batches) died too, and our liveness lock with it: touch it before
@@ -183,12 +198,15 @@ class Worker:
         now = time.monotonic()
         if now >= self._next_touch:
             self._next_touch = now + TOUCH_S
-            queries.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
+            liveness.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
 
     def _unregister(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # first: a beat after the row is gone would only log
+            self.heartbeat = None
         try:
             if self.consumer_id:
-                queries.unregister_consumer(self.work, self.consumer_id)
+                liveness.unregister_consumer(self.work, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
         self.lock.close()  # frees the liveness, watch and any bell locks at once
@@ -201,9 +219,19 @@ class Worker:
 
     def _fall_back_to_polling(self, exc: BaseException) -> None:
         self.use_locks = False
-        self._next_touch = 0.0  # `notifyq status` shows wakeup=polling at the next turn
+        if self.consumer_id:  # registered already (else _register starts the heartbeat)
+            self._start_heartbeat()
         log.warning("advisory locks unavailable (%s): falling back to polling the signal "
-                    "row; dead consumers are found by lease expiry only", exc.args[0] if exc.args else exc)
+                    "row; liveness by heartbeat and lease", exc.args[0] if exc.args else exc)
+
+    def _start_heartbeat(self) -> None:
+        """Polling mode: from now on we are judged by heartbeat (the row says wakeup=polling
+        after the first beat, which runs here, before the next claim)."""
+        if self.heartbeat is None:
+            self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, self.qc.lease_s,
+                                       self.name)
+            self.heartbeat.start()
+        self.heartbeat.beat()
 
     def _idle(self) -> bool:
         """Wait for work without touching the jobs table; True when more work is likely."""
@@ -355,18 +383,46 @@ class Worker:
 
     def _maybe_reap(self, check: bool = True) -> None:
         now = time.monotonic()
-        if now < self._next_reap or not self.use_locks:
-            if not self.use_locks and now >= self._next_reap:
-                self._next_reap = now + self.config.consumer.reap_interval_s
-                self.stats.reclaimed += queries.reclaim_expired(self.work)
+        if now < self._next_reap:
             return
         self._next_reap = now + self.config.consumer.reap_interval_s
         # Asked on the lock session on purpose: a busy worker touches it nowhere else, so a
         # lock session that died (KILL, network) would go unnoticed while the worker kept
         # claiming under an id the reaper has already unregistered. Here it reconnects, and
         # the next loop turn re-registers before claiming again.
-        if check and not queries.reap_needed(self.lock):
+        if check and not self._reap_needed():
             return
-        result = reaper.reap(self.lock, self.work, self.config.dsn.database)
-        if result is not None:
-            self.stats.reclaimed += result.reclaimed + result.expired
+        self._reap()
+
+    def _reap_needed(self) -> bool:
+        try:
+            return liveness.reap_needed(self.lock) > 0
+        except DriverError as e:  # a polling consumer's server may refuse the lock test
+            if not locks_unavailable(e):
+                raise
+            return True
+
+    def _reap(self) -> int:
+        """A pass on a session of its own; how many jobs came back (0 when another consumer
+        is running a pass right now)."""
+        result = reaper.reap_once(self.config.dsn, self.use_locks)
+        n = 0 if result is None else result.reclaimed + result.expired
+        self.stats.reclaimed += n
+        return n
+
+    def _reap_before_exit(self) -> bool:
+        """--exit-when-empty found nothing: first take back what dead peers hold (a fleet of
+        such consumers never idles, so nobody else may ever run the reaper). True when jobs
+        came back, or when another pass is running right now and may bring some: claim again."""
+        if self._exit_deadline is None:
+            self._exit_deadline = time.monotonic() + reaper.REAPER_IDLE_TIMEOUT_S + 5
+        result = reaper.reap_once(self.config.dsn, self.use_locks)
+        if result is None:
+            # Another pass is running (or its host vanished holding the reaper lock, which the
+            # server frees within REAPER_IDLE_TIMEOUT_S): try again shortly, within a bound.
+            return not self.stop.wait(0.1) and time.monotonic() < self._exit_deadline
+        n = result.reclaimed + result.expired
+        self.stats.reclaimed += n
+        if n:
+            log.info("took back jobs of dead consumers before exiting queue=%s n=%d", self.queue, n)
+        return n > 0

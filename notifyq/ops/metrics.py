@@ -179,8 +179,11 @@ class ServiceCollector:
         depth, ok = self._read_depth(queues)
         up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.",
                                value=int(ok))
+        from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
+
         jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
-                                 "due scheduled jobs; delayed = not yet due).", labels=["queue", "state"])
+                                 "due scheduled jobs; delayed = not yet due; done and dead are counted "
+                                 f"up to {DEPTH_HISTORY_CAP}).", labels=["queue", "state"])
         age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "
                                 "job has been waiting (0 when none).", labels=["queue"])
         paused = GaugeMetricFamily("notifyq_queue_paused", "1 while the queue is paused.", labels=["queue"])

@@ -36,7 +36,8 @@ def queue_rows(session: Session) -> list[tuple]:
 
 
 def consumers(session: Session) -> list[tuple]:
-    return _rows(session, "consumers", {}, "status")
+    return _rows(session, "consumers", {"stale_us": queries.microseconds(queries.POLLING_STALE_S)},
+                 "status")
 
 
 def server_now(session: Session) -> dt.datetime:
@@ -145,5 +146,15 @@ def claim_ages(session: Session) -> list[tuple]:
     return _rows(session, "claim_ages", {}, "status")
 
 
+DEPTH_HISTORY_CAP = 10_000  # done and dead jobs are counted up to this many per queue and scrape
+
+
 def queue_depth(session: Session, queue: str) -> list[tuple]:
-    return _rows(session, "queue_depth", {"queue": queue}, "queue depth")
+    return _rows(session, "queue_depth", {"queue": queue, "cap": DEPTH_HISTORY_CAP}, "queue depth")
+
+
+def retention_ids(session: Session, queue: str, status: int, age_s: float, limit: int) -> list[int]:
+    """Ids of `queue`'s jobs in `status` (done or dead) that finished more than age_s ago."""
+    rows = _rows(session, "retention_ids", {"queue": queue, "status": status, "limit": limit,
+                                            "age_us": queries.microseconds(age_s)}, "retention")
+    return [int(r[0]) for r in rows]

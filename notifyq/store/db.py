@@ -120,10 +120,14 @@ class Session:
     """
 
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
-                 retry_s: float = 60.0, name: str = "work"):
+                 retry_s: float = 60.0, name: str = "work", idle_timeout_s: int | None = None):
         self.dsn = dsn
         self.autocommit = autocommit
         self.read_timeout_s = read_timeout_s
+        # The server ends the session after this long without a statement (wait_timeout), and
+        # frees its advisory locks: for short-lived sessions that hold a lock others need, so a
+        # client host that vanished without closing its connection blocks them only this long.
+        self.idle_timeout_s = idle_timeout_s
         self.retry_s = retry_s
         self.name = name
         self._conn: MySQLdb.connections.Connection | None = None
@@ -182,6 +186,8 @@ class Session:
         # jobs) and locking reads take no gap locks that block producers.
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
+        if self.idle_timeout_s is not None:
+            cur.execute("SET SESSION wait_timeout = %s", (int(self.idle_timeout_s),))
         cur.execute("SELECT VERSION(), @@max_allowed_packet")
         self.server_version, self.max_allowed_packet = cur.fetchone()
         cur.close()

@@ -1,6 +1,7 @@
-"""The hot path's statements: enqueue (the job INSERTs are in inserts.py), claim, outcomes,
-wake-up locks and bells, consumers and the reaper. With inserts.py and admin_queries.py (status,
-metrics, `notifyq jobs`, periodic ticks) the only user of sql.QUERIES.
+"""The hot path's statements: claim, outcomes, wake-up locks and bells, and taking a dead
+consumer's jobs back. The job INSERTs are in inserts.py, consumer registration, heartbeat and
+who is dead in liveness.py, the operators' statements (status, metrics, `notifyq jobs`,
+periodic ticks) in admin_queries.py: with schema.py the only users of sql.QUERIES.
 
 Functions that take a cursor run inside a transaction someone else owns (the caller's own
 connection for transactional enqueue, or a body passed to Session.run). Functions that take a
@@ -9,8 +10,10 @@ Session own their transaction and retry it whole.
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +23,14 @@ from notifyq.jobs import Job
 from notifyq.store.db import Ids, Session, error_code
 from notifyq.store.sql import QUERIES as Q
 
+log = logging.getLogger("notifyq.store")
+
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
+# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
+# heartbeat (consume/heartbeat.py) beats several times inside it.
+POLLING_STALE_S = 30.0
 
 
 def microseconds(seconds: float) -> int:
@@ -73,8 +82,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.nextset()
         else:
             cur.execute(Q["claim_candidates"], params)
+        rows = cur.fetchall()
+        if (any(row[3] for row in rows) and not any(row[0] == 0 for row in rows)  # due, not paused
+                and _promote_due(session, cur, queue)):
+            cur.execute(Q["claim_candidates"], params)  # now in priority order with the ready ones
+            rows = cur.fetchall()
         candidates, paused = [], False
-        for job_id, prio_key, run_at in cur.fetchall():
+        for job_id, prio_key, run_at, _due in rows:
             if job_id == 0:
                 paused = True
             else:
@@ -114,17 +128,39 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return Claim(jobs, token, drained, False)
 
     runs = 0
+    connection: int | None = None
 
     def once(cur) -> Claim:
-        nonlocal runs
+        nonlocal runs, connection
         runs += 1
         if runs > 1:
-            # A rerun after a lost connection: if the earlier COMMIT did land, its rows carry
-            # this token; hand them back first, or they would sit claimed until their lease ends.
+            if session.connection_id != connection and connection is not None:
+                # A rerun on a new connection (a read timeout, a lost connection): the earlier
+                # attempt may still be running on the server, and commit after we looked.
+                # End it and wait until it is gone, so its outcome is settled ...
+                end_connection(cur, connection)
+            # ... then, if it did commit, its rows carry this token: hand them back first, or
+            # they would sit claimed under a token nobody runs until their lease ends.
             cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
+        connection = session.connection_id
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
+
+
+def _promote_due(session: Session, cur, queue: str) -> int:
+    """Due jobs -> ready, committed at once (before the claim locks anything), so peers that
+    promote at the same time wait on these rows only for this one statement. The signal moves
+    with them, by the count read (an upper bound: a spurious wake-up at worst): idle consumers
+    wake for promoted work as they did for due work."""
+    cur.execute(Q["due_ids"], {"queue": queue, "limit": PROMOTE_MAX})
+    ids = [r[0] for r in cur.fetchall()]
+    if not ids:
+        return 0
+    session.commit_with(cur, [
+        (Q["promote_due"], {"ids": Ids(ids)}),
+        (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
+    return len(ids)
 
 
 # ---------------------------------------------------------------- outcomes
@@ -215,6 +251,31 @@ def lock_holder(session: Session, name: str) -> int | None:
     return one_value(session, "lock_holder", {"name": name}, "lock_holder")
 
 
+END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
+
+
+def end_connection(cur, conn_id: int) -> bool:
+    """KILL one of our own earlier connections and wait until the server has ended it (its
+    transaction then committed or rolled back, for good). False if it outlived the wait."""
+    try:
+        cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
+    except MySQLdb.OperationalError as e:
+        if error_code(e) not in (1094, 1095):  # already gone, or not ours
+            raise
+    deadline = time.monotonic() + END_CONNECTION_WAIT_S
+    delay = 0.005
+    while True:
+        cur.execute(Q["connection_alive"], {"conn_id": int(conn_id)})
+        if not cur.fetchone()[0]:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("an earlier connection outlived its KILL for %.0fs conn=%d: what it "
+                        "claimed returns when its lease ends", END_CONNECTION_WAIT_S, conn_id)
+            return False
+        time.sleep(delay)  # a rare recovery path: the killed thread ends within milliseconds
+        delay = min(delay * 2, 0.5)
+
+
 def kill_query(session: Session, conn_id: int) -> bool:
     """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
     try:
@@ -242,7 +303,8 @@ def watch(session: Session, queue: str, bells: tuple[str, str], wait_s: float,
     def body(cur) -> WatchState:
         try:
             cur.execute(Q["watch"], {"queue": queue, "bell0": bells[0], "bell1": bells[1],
-                                     "wait_s": max(0.0, wait_s), "use_bell": int(use_bell)})
+                                     "wait_s": max(0.0, wait_s), "use_bell": int(use_bell),
+                                     "stale_us": microseconds(POLLING_STALE_S)})
         except MySQLdb.OperationalError as e:
             if error_code(e) != 1317:
                 raise
@@ -298,45 +360,33 @@ def set_paused(session: Session, queue: str, paused: bool) -> None:
     session.run(body, what="pause" if paused else "resume")
 
 
-# ---------------------------------------------------------------- consumers and the reaper
+# ---------------------------------------------------------------- the reaper
+# (consumer registration and liveness: liveness.py)
 
-def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
-                      queues: list[str], wakeup: str) -> None:
-    def body(cur):
-        for queue in queues:
-            ensure_queue(cur, queue)
-        cur.execute(Q["register_consumer"], {
-            "id": consumer_id, "lock_name": lock_name, "host": host[:255], "pid": pid,
-            "queues": ",".join(queues)[:1024], "wakeup": wakeup})
+def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
+                  lock_name: str | None = None) -> int | None:
+    """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
 
-    session.run(body, what="register consumer")
-
-
-def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:
-    session.run(lambda cur: cur.execute(Q["touch_consumer"], {"id": consumer_id, "wakeup": wakeup}),
-                what="touch consumer")
-
-
-def unregister_consumer(session: Session, consumer_id: str) -> None:
-    session.run(lambda cur: cur.execute(Q["unregister_consumer"], {"id": consumer_id}),
-                what="unregister consumer")
-
-
-def reap_needed(session: Session) -> int:
-    return int(one_value(session, "reap_needed", {}, "reap check") or 0)
-
-
-def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
-    def body(cur):
-        cur.execute(Q["dead_consumers"])
-        return [(cid, lock, [q for q in queues.split(",") if q]) for cid, lock, queues in cur.fetchall()]
-
-    return session.run(body, what="find dead consumers")
-
-
-def reclaim_owner(session: Session, consumer_id: str, queues: list[str]) -> int:
-    """Return a dead consumer's claimed jobs and drop its registration, in one transaction."""
-    def body(cur) -> int:
+    The verdict is taken inside that transaction, on its session, so it cannot go stale before
+    the COMMIT: with `lock_name` (a lock-mode consumer) GET_LOCK(lock, 0) must succeed, and the
+    lock is held until after the COMMIT (the caller releases it); without (a polling consumer)
+    its row must still be stale when deleted. If the session reconnects midway, the transaction
+    is rolled back and the lock gone together, and the rerun judges again: a consumer that took
+    its lock back meanwhile keeps its jobs. (With the lock on another session, as before, a
+    reconnect of that session lost the lock while the reclaim went on.) Never waits: nobody
+    queues for a liveness lock, so holding one next to row locks cannot hide a deadlock.
+    None: the consumer is alive after all.
+    """
+    def body(cur) -> int | None:
+        if lock_name is not None:
+            cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
+            if cur.fetchone()[0] != 1:
+                return None
+        else:
+            cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
+                                                   "stale_us": microseconds(POLLING_STALE_S)})
+            if cur.rowcount == 0:
+                return None
         cur.execute(Q["reclaim_owner"], {"owner": consumer_id,
                                          "error": "consumer died; out of attempts"})
         n = cur.rowcount

@@ -20,8 +20,8 @@ OWNER = "e" * 32
 # Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
-         "reclaim_expired", "job_retry", "job_purge")
-CLAIM_STEPS = {"claim_lock", "claim_mark"}
+         "reclaim_expired", "job_retry", "job_purge", "promote_due")
+CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
 
 

@@ -1,5 +1,6 @@
--- Every statement notifyq runs, except DDL (migrations/). Run only from queries.py, inserts.py and
--- admin_queries.py (and the schema-version ones from schema.py). Values are always bound parameters.
+-- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
+-- inserts.py, liveness.py and admin_queries.py (and the schema-version ones from schema.py).
+-- Values are always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
@@ -55,15 +56,33 @@ ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 -- fixed width, so it sorts like the time): the client only merges the two parts by it, and
 -- decoding 3 x batch datetimes per claim was a consumer's largest single CPU cost. The marker's
 -- 0 is cast so the ids stay BIGINT UNSIGNED (a plain 0 turned every id into a DECIMAL).
-(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_ready)
+-- The due part is read by run_at (its index order), not by priority: when it has rows, the
+-- claim promotes due jobs to ready (promote_due) and reads again, so that every claimable job
+-- is taken in (priority, run_at, id) order. The last column tells the parts apart.
+(SELECT id, prio_key, CAST(run_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_ready)
   WHERE queue = %(queue)s AND status = 0
   ORDER BY prio_key, run_at, id LIMIT %(limit)s)
 UNION ALL
-(SELECT id, prio_key, CAST(run_at AS CHAR) FROM nq_job FORCE INDEX (ix_due)
+(SELECT id, prio_key, CAST(run_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_due)
   WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
   ORDER BY run_at LIMIT %(limit)s)
 UNION ALL
-(SELECT CAST(0 AS UNSIGNED), NULL, NULL FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+(SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
+-- due_ids --
+-- The due jobs a claim promotes: oldest first, a bounded number, in ix_due's own order (a plain
+-- read: an UPDATE ... ORDER BY on the index whose key it changes sorted the whole due range).
+SELECT id FROM nq_job FORCE INDEX (ix_due)
+WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
+ORDER BY run_at LIMIT %(limit)s
+
+-- promote_due --
+-- Due scheduled jobs and due retries become ready, run_at kept: in ix_ready they then sort by
+-- priority with every other claimable job. By primary key (see claim_mark); the status and
+-- run_at tests are repeated on the locked rows, so a job a peer promoted or claimed meanwhile,
+-- or an operator rescheduled, is left as it is.
+UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0
+WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
@@ -143,12 +162,43 @@ DELETE FROM nq_consumer WHERE id = %(id)s
 
 -- reap_needed --
 -- The reaper's cheap question, asked every few seconds: is anyone dead or any lease over?
-SELECT (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+-- A consumer is judged by what it has: its liveness lock (wakeup 'locks'), or else its heartbeat
+-- (wakeup 'polling': it never held the lock, so IS_FREE_LOCK would call it dead while it runs).
+-- IF evaluates only the branch it picks.
+SELECT (SELECT COUNT(*) FROM nq_consumer
+        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
 
 -- dead_consumers --
--- The liveness test: a registered consumer whose lock nobody holds has lost its session.
-SELECT id, lock_name, queues FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1
+-- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
+-- lost its session. Polling consumers hold no lock: stale_consumers judges them.
+SELECT id, lock_name, queues FROM nq_consumer WHERE wakeup = 'locks' AND IS_FREE_LOCK(lock_name) = 1
+
+-- stale_consumers --
+-- Polling consumers whose heartbeat stopped (heartbeat.py beats well inside stale_us).
+SELECT id, queues FROM nq_consumer
+WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+
+-- drop_stale_consumer --
+-- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
+-- and then nothing of that consumer is taken back.
+DELETE FROM nq_consumer
+WHERE id = %(id)s AND wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+
+-- heartbeat --
+-- A polling consumer's proof of life; no row means it was judged dead and must re-register.
+UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
+
+-- consumer_exists --
+SELECT 1 FROM nq_consumer WHERE id = %(id)s
+
+-- extend_owned_leases --
+-- With the heartbeat: a polling consumer's claims live as long as it does (the lease is its
+-- only liveness). Through ix_owner: a consumer's claims are one batch or so.
+UPDATE nq_job FORCE INDEX (ix_owner)
+SET lease_until = GREATEST(lease_until, NOW(6) + INTERVAL %(lease_us)s MICROSECOND)
+WHERE owner = %(owner)s AND status = 2
 
 -- reclaim_owner --
 -- Runs while the reaper holds the dead consumer's lock. Out of attempts: dead, not ready.
@@ -185,7 +235,9 @@ WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
 -- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
 -- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
 SELECT s.total, q.watched_seq, q.paused, q.bell,
-       (SELECT COUNT(*) FROM nq_consumer WHERE IS_FREE_LOCK(lock_name) = 1)
+       (SELECT COUNT(*) FROM nq_consumer
+        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
@@ -231,6 +283,13 @@ SELECT IS_USED_LOCK(%(name)s)
 -- kill_query --
 KILL QUERY %(conn_id)s
 
+-- kill_connection --
+KILL CONNECTION %(conn_id)s
+
+-- connection_alive --
+-- Our own user's sessions are visible without the PROCESS privilege.
+SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
+
 -- poll_signal --
 -- Fallback without advisory locks: every idle consumer polls this one small read. With no
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due.
@@ -259,7 +318,10 @@ SELECT queue, paused, watched_seq,
 FROM nq_queue q
 
 -- consumers --
-SELECT id, host, pid, queues, started_at, last_seen, wakeup, IS_USED_LOCK(lock_name) IS NOT NULL
+-- alive: as the reaper judges it (reap_needed): by its lock, or by its heartbeat without one.
+SELECT id, host, pid, queues, started_at, last_seen, wakeup,
+       IF(wakeup = 'locks', IS_USED_LOCK(lock_name) IS NOT NULL,
+          last_seen >= NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
 FROM nq_consumer ORDER BY started_at
 
 -- server_now --
@@ -348,8 +410,33 @@ SELECT queue, MIN(claimed_at), SUM(cancel_requested)
 FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 GROUP BY queue
 
 -- queue_depth --
--- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues.
-SELECT status, run_at > NOW(6) AS future, COUNT(*), MIN(run_at)
-FROM nq_job FORCE INDEX (ix_due)
-WHERE queue = %(queue)s
-GROUP BY status, future
+-- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues, at
+-- every scrape. Each state is its own range of ix_due, so counting the work never reads the
+-- kept history (done and dead jobs, often most of the table), and the history is counted only
+-- up to %(cap)s rows. Rows as queue_counts: (status, future, count, min run_at).
+(SELECT 0, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 0)
+UNION ALL
+(SELECT 1, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6))
+UNION ALL
+(SELECT 1, 1, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 1 AND run_at > NOW(6))
+UNION ALL
+(SELECT 2, 0, COUNT(*), NULL FROM nq_job FORCE INDEX (ix_due)
+  WHERE queue = %(queue)s AND status = 2)
+UNION ALL
+(SELECT 3, 0, COUNT(*), NULL FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 3 LIMIT %(cap)s) done)
+UNION ALL
+(SELECT 4, 0, COUNT(*), NULL FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 4 LIMIT %(cap)s) dead)
+
+-- retention_ids --
+-- One chunk of a queue's done or dead jobs that finished before the cutoff, oldest first: a
+-- range of ix_finished that holds exactly the rows to delete. No paging: a purged row leaves
+-- the range, and so does one retried meanwhile (its status changed), which job_purge skips.
+SELECT id FROM nq_job FORCE INDEX (ix_finished)
+WHERE queue = %(queue)s AND status = %(status)s
+  AND finished_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+ORDER BY finished_at LIMIT %(limit)s

@@ -1,0 +1,73 @@
+"""A claim retried after a read timeout leaves nothing claimed under its token that it does not
+deliver: the first attempt's transaction may still be running on the server when the client
+gives up on it, and commit after the retry looked for its rows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import wait_until
+
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+OWNER = "r" * 32
+STALL_S = 4
+READ_TIMEOUT_S = 2
+
+
+def _stall_claim_marks_of(db, connection_id: int, when: str) -> None:
+    """claim_mark sleeps STALL_S per row on that one connection only (a server stalled mid-
+    statement); the retry, on a new connection, runs at full speed. The trigger reads an InnoDB
+    table: a consistent read, no lock the retry could wait on. It runs as the runtime user, so
+    the stalled session stays the consumer's own (as a session stalled in I/O would), and the
+    consumer may see and end it."""
+    definer = f"'{db.dsn.user}'@'%'"
+    db.query("CREATE TABLE nq_test_stall (id BIGINT UNSIGNED PRIMARY KEY) ENGINE=InnoDB")
+    db.query("INSERT INTO nq_test_stall VALUES (%s)", (connection_id,))
+    db.query(f"GRANT SELECT ON nq_test_stall TO {definer}")
+    db.query(f"GRANT TRIGGER ON nq_job TO {definer}")
+    db.query(f"""
+        CREATE DEFINER = {definer} TRIGGER nq_test_stall {when} UPDATE ON nq_job FOR EACH ROW
+        BEGIN
+          IF NEW.status = 2 AND OLD.status <> 2
+             AND EXISTS (SELECT 1 FROM nq_test_stall WHERE id = CONNECTION_ID()) THEN
+            DO SLEEP({STALL_S});
+          END IF;
+        END""")
+
+
+@pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
+def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_its_token(db, when):
+    # Given 3 ready jobs, and a server that stalls the first claim's mark past the read timeout
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(3)])
+        p.put_many([{"n": i} for i in range(500)], delay=3600)  # a table big enough for its indexes
+
+    session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
+    first_connection = session.conn.thread_id()
+    _stall_claim_marks_of(db, first_connection, when)
+    try:
+        # When a consumer claims: its first attempt times out, it reconnects and claims again
+        started = time.monotonic()
+        claim = queries.claim(session, "q", OWNER, 3, 60)
+        assert session.connection_id != first_connection, "the claim was retried on a new connection"
+        # Then once the first attempt's server thread is gone, whatever it did is settled ...
+        wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                        (first_connection,)), STALL_S * 6, message="the first attempt ended")
+        # ... and the rows claimed under our name are exactly the ones delivered: none waits for
+        # its lease under a token nobody runs
+        delivered = sorted(job.id for job in claim.jobs)
+        held = sorted(r[0] for r in db.query("SELECT id FROM nq_job WHERE status = 2 AND owner = %s", (OWNER,)))
+        assert held == delivered, (held, delivered)
+        # And every job is claimable or delivered
+        ready = sorted(r[0] for r in db.query("SELECT id FROM nq_job WHERE status = 0 AND id IN %s", (ids,)))
+        assert sorted(delivered + ready) == ids
+        print(f"\nclaim retried after the read timeout: {len(delivered)} delivered, "
+              f"{time.monotonic() - started:.1f}s")
+    finally:
+        session.close()

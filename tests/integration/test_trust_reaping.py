@@ -1,0 +1,156 @@
+"""The reaper against a real server: a verdict that goes stale mid-pass takes nothing back, and
+polling consumers are judged by heartbeat, never by a lock they never held."""
+
+from __future__ import annotations
+
+import MySQLdb
+import MySQLdb.cursors
+from conftest import wait_until
+
+from notifyq.consume import reaper
+from notifyq.produce.producer import Producer
+from notifyq.store import liveness, locks, queries
+from notifyq.store.db import Session
+
+DEAD = "d" * 32
+
+
+class _KillAfterLock(MySQLdb.cursors.Cursor):
+    """Runs `after_lock()` once, right after a GET_LOCK on `lock_name` returned."""
+
+    lock_name = ""
+    after_lock = None
+
+    def execute(self, query, args=None):
+        result = super().execute(query, args)
+        if isinstance(args, dict) and args.get("name") == self.lock_name and "GET_LOCK" in str(query):
+            hook, type(self).after_lock = type(self).after_lock, None
+            if hook is not None:
+                hook()
+        return result
+
+
+class _HookedSession(Session):
+    def _open(self):
+        conn = super()._open()
+        conn.cursorclass = _KillAfterLock
+        return conn
+
+
+def _dead_consumer_holding(db, n: int) -> tuple[str, list[int]]:
+    """A lock-mode consumer that claimed n jobs and lost its session: (lock name, job ids)."""
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(n)])
+    lock_name = locks.consumer_lock(cfg.dsn.database, DEAD)
+    lock, work = Session(cfg.dsn, autocommit=True), Session(cfg.dsn)
+    assert queries.get_lock(lock, lock_name, 0) == 1
+    liveness.register_consumer(work, DEAD, lock_name, "host", 1, ["q"], "locks")
+    claim = queries.claim(work, "q", DEAD, n, 300)
+    work.close()
+    lock.close()  # its session is gone: its lock is free, it is dead
+    wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(%s)", (lock_name,)) == 1, 10, message="the lock freed")
+    return lock_name, [j.id for j in claim.jobs]
+
+
+def test_a_reaper_whose_session_reconnects_after_taking_a_dead_peers_lock_leaves_the_peer_that_came_back_alone(db):
+    # Given a consumer that lost its session while holding 3 jobs
+    cfg = db.config()
+    lock_name, ids = _dead_consumer_holding(db, 3)
+    came_back = Session(cfg.dsn, autocommit=True)
+    reaping = _HookedSession(cfg.dsn, name="reaper")
+
+    def reaper_session_drops_and_the_peer_takes_its_lock_back():
+        # the reaper just took the dead peer's lock; now its session dies, the lock with it ...
+        db.query(f"KILL CONNECTION {int(reaping.connection_id)}")
+        wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(%s)", (lock_name,)) == 1, 10,
+                   message="the reaper's hold on the lock gone")
+        # ... and the peer reconnects and takes its own lock back (worker._register(old_id))
+        assert queries.get_lock(came_back, lock_name, 0) == 1
+
+    _KillAfterLock.lock_name = lock_name
+    _KillAfterLock.after_lock = reaper_session_drops_and_the_peer_takes_its_lock_back
+    try:
+        # When a reaper pass runs and its session reconnects right after it took the peer's lock
+        result = reaper.reap(reaping, cfg.dsn.database)
+        assert _KillAfterLock.after_lock is None, "the hook ran"
+        # Then the peer, alive again, keeps its jobs and its registration
+        assert result is not None and result.reclaimed == 0 and result.dead_consumers == 0
+        rows = db.query("SELECT id, status, owner FROM nq_job ORDER BY id")
+        assert rows == [(i, 2, DEAD) for i in ids]
+        assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (DEAD,)) == 1
+    finally:
+        reaping.close()
+        came_back.close()
+
+
+def test_a_reaper_takes_back_a_dead_lock_mode_consumers_jobs(db):
+    # Given a consumer that lost its session while holding 3 jobs
+    cfg = db.config()
+    _lock_name, ids = _dead_consumer_holding(db, 3)
+    # When a reaper pass runs
+    result = reaper.reap_once(cfg.dsn)
+    # Then its jobs are ready again and its registration is gone
+    assert result is not None and result.reclaimed == 3 and result.dead_consumers == 1
+    assert db.query("SELECT id, status, owner FROM nq_job ORDER BY id") == [(i, 0, None) for i in ids]
+    assert db.scalar("SELECT COUNT(*) FROM nq_consumer") == 0
+
+
+def _polling_consumer_holding(db, n: int, consumer_id: str) -> list[int]:
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(n)])
+    work = Session(cfg.dsn)
+    try:
+        liveness.register_consumer(work, consumer_id, locks.consumer_lock(cfg.dsn.database, consumer_id),
+                                  "host", 1, ["q"], "polling")
+        return [j.id for j in queries.claim(work, "q", consumer_id, n, 300).jobs]
+    finally:
+        work.close()
+
+
+def test_a_polling_consumer_with_a_fresh_heartbeat_is_not_reaped_although_its_lock_is_free(db):
+    # Given a polling consumer (no liveness lock held) with a fresh heartbeat, holding 2 jobs
+    cfg = db.config()
+    ids = _polling_consumer_holding(db, 2, "p" * 32)
+    # When reaper passes run, with and without advisory locks
+    for use_locks in (True, False):
+        result = reaper.reap_once(cfg.dsn, use_locks)
+        # Then nothing is taken back
+        assert result is not None and result.reclaimed == 0 and result.dead_consumers == 0
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(i, 2) for i in ids]
+    assert db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1
+    # And the reaper's cheap question does not call it dead either
+    session = Session(cfg.dsn, autocommit=True)
+    assert liveness.reap_needed(session) == 0
+    session.close()
+
+
+def test_a_polling_consumer_whose_heartbeat_stopped_is_reaped_and_a_late_beat_says_so(db):
+    # Given a polling consumer holding 2 jobs whose heartbeat is older than POLLING_STALE_S
+    cfg = db.config()
+    ids = _polling_consumer_holding(db, 2, "s" * 32)
+    db.query("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND",
+             (int(queries.POLLING_STALE_S) + 1,))
+    # When a reaper pass runs (without advisory locks: polling consumers may be all there is)
+    result = reaper.reap_once(cfg.dsn, use_locks=False)
+    # Then its jobs are ready again and its row is gone
+    assert result is not None and result.reclaimed == 2 and result.dead_consumers == 1
+    assert db.query("SELECT id, status, owner FROM nq_job ORDER BY id") == [(i, 0, None) for i in ids]
+    # And its next heartbeat reports it was judged dead (the worker re-registers)
+    session = Session(cfg.dsn)
+    assert liveness.heartbeat(session, "s" * 32, "polling", 60) is False
+    session.close()
+
+
+def test_a_heartbeat_extends_the_leases_of_every_job_its_consumer_holds(db):
+    # Given a polling consumer holding 3 jobs whose leases end in 1 s
+    cfg = db.config()
+    ids = _polling_consumer_holding(db, 3, "h" * 32)
+    db.query("UPDATE nq_job SET lease_until = NOW(6) + INTERVAL 1 SECOND")
+    # When it beats with a 600 s lease
+    session = Session(cfg.dsn)
+    assert liveness.heartbeat(session, "h" * 32, "polling", 600) is True
+    session.close()
+    # Then every lease reaches 10 minutes from now
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until > NOW(6) + INTERVAL 590 SECOND") == len(ids)
