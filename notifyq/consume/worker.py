@@ -277,7 +277,7 @@ class Worker:
         try:
             if self.handler.per_batch:
                 batch.start(jobs)
-                self._call(batch, [j for j in jobs if j.error is None], extend)
+                self._call([j for j in jobs if j.error is None], extend)
                 done = jobs
                 batch.finish()
             else:
@@ -294,7 +294,7 @@ class Worker:
                         continue
                     batch.start([job])
                     if job.error is None:
-                        self._call(batch, [job], extend)
+                        self._call([job], extend)
                     done.append(job)
                     batch.finish()
         except BaseException as e:
@@ -319,7 +319,7 @@ class Worker:
             finally:
                 self.batch = None
 
-    def _call(self, batch: Batch, jobs: list[Job], extend) -> None:
+    def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
             self.handler(jobs, extend)
@@ -347,26 +347,30 @@ class Worker:
         """
         if not jobs:
             return
-        ok = [j.id for j in jobs if j.error is None]
-        failures = []
-        for job in jobs:
-            if job.error is None:
-                continue
-            delay = retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
-                                       self.qc.retry_max_s) if job.retry else None
-            failures.append((job.id, delay, job.error))
         if log.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        acked = queries.ack(self.work, ok, token, self.qc.keep_done)
-        failed = set(queries.fail(self.work, self.queue, token, failures))
+        acked = queries.ack(self.work, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
         self.stats.succeeded += acked
-        by_id = {j.id: j for j in jobs}
-        for job_id, delay, error in failures:
-            if job_id not in failed:
+        failed = self._fail(self.work, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
+        lost = len(jobs) - acked - failed
+        if lost:
+            # The claim was taken from us (lease expired or our session died and the reaper
+            # moved in): the job belongs to someone else now. Count it, touch nothing.
+            self.stats.lost_acks += lost
+            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+
+    def _fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
+        """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
+        logs the ones this claim still owned, and returns how many those were."""
+        decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
+                                            self.qc.retry_max_s) if may_retry else None, error)
+                   for job, error, may_retry in failures]
+        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+        for job, delay, error in decided:
+            if job.id not in owned:
                 continue
-            job = by_id[job_id]
             self.stats.failed += 1
             if delay is None:
                 self.stats.dead += 1
@@ -376,19 +380,14 @@ class Worker:
                 self.stats.retried += 1
                 log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
                          self.queue, job.id, job.attempts, delay, error[:200])
-        lost = len(jobs) - acked - len(failed)
-        if lost:
-            # The claim was taken from us (lease expired or our session died and the reaper
-            # moved in): the job belongs to someone else now. Count it, touch nothing.
-            self.stats.lost_acks += lost
-            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+        return len(owned)
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread).
 
         What waits is given back uncharged. What runs has started: it is failed with the reason,
-        charged, and retried by the queue's policy (dead when out of attempts), never returned as
-        if it had not run, and not left claimed by a process that is about to exit.
+        charged, and retried by the queue's policy (dead when out of attempts): never returned
+        as if it had not run, nor left claimed by a process that is about to exit.
         """
         batch = self.batch
         if batch is None:
@@ -396,23 +395,8 @@ class Worker:
         waiting, running = batch.waiting(), list(batch.running)
         if waiting:
             self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
-        failures = []
-        for job in running:
-            delay = retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
-                                       self.qc.retry_max_s)
-            failures.append((job.id, delay, f"shutdown grace expired while the handler ran "
-                                            f"(attempt {job.attempts})"))
-        owned = set(queries.fail(session, self.queue, batch.token, failures))
-        for job_id, delay, error in failures:
-            if job_id not in owned:
-                continue
-            self.stats.failed += 1
-            if delay is None:
-                self.stats.dead += 1
-            else:
-                self.stats.retried += 1
-            log.warning("job %s queue=%s job=%d error=%r", "dead" if delay is None else "failed, retrying",
-                        self.queue, job_id, error)
+        self._fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
+                                          for job in running])
 
     # -------------------------------------------------------- the reaper, run by consumers
 
