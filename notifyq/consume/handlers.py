@@ -40,10 +40,16 @@ class PythonHandler:
             try:
                 self.func(job)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
-                job.fail(f"{type(e).__name__}: {e}")
+                job.fail(describe(e))
 
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def describe(e: BaseException) -> str:
+    """The job's error: 'SystemExit: 3', 'ValueError: bad input', or the bare name (sys.exit())."""
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
@@ -52,7 +58,7 @@ def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
     except HANDLER_FAILURES as e:
         for job in jobs:
             if job.error is None:
-                job.fail(f"{type(e).__name__}: {e}")
+                job.fail(describe(e))
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

@@ -284,10 +284,11 @@ class Worker:
                 for job in jobs:
                     if self.stop.is_set():
                         break
-                    if time.monotonic() - last_flush >= ACK_FLUSH_S:
+                    now = time.monotonic()
+                    if now - last_flush >= ACK_FLUSH_S:
                         self._settle(done, token)
                         done, last_flush = [], time.monotonic()
-                    if batch.extend_due():
+                    if batch.extend_due(now):
                         self._extend(batch)  # before the next start: never start a job not ours
                     if job.id in batch.lost:
                         batch.skip()

@@ -181,7 +181,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         drained = len(candidates) < limit and tried == len(ordered)
         if len(locked) > 1 and any(r[SUSPECT] for r in locked):
             rank = {job_id: i for i, job_id in enumerate(ordered)}
-            kept = alone_or_innocent(sorted(locked, key=lambda r: rank[r[0]]))
+            kept = suspects_alone(sorted(locked, key=lambda r: rank[r[0]]))
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
         last: list[tuple[str, dict[str, Any]]] = []
@@ -220,7 +220,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
 
 
-def alone_or_innocent(locked: list[tuple]) -> list[tuple]:
+def suspects_alone(locked: list[tuple]) -> list[tuple]:
     """What a claim takes of rows it locked, in claim order: a suspect alone, or the jobs before
     the first suspect. A suspect's next crash is then charged to it alone (and claim order
     holds: the rest, suspects first, go to the next claims). Rows left out are not marked, so

@@ -104,12 +104,13 @@ WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
 -- give_back --
 -- Claimed but never started (shutdown): not an attempt, so the count is undone. A job cancelled
--- meanwhile ends dead, not ready: it must never start. Assignments run left to right (MySQL and
--- MariaDB): finished_at reads the status just set.
+-- meanwhile ends dead, not ready: it must never start. (Every assignment here and below reads
+-- only columns it does not set: right whatever the order of evaluation, which MariaDB's
+-- SIMULTANEOUS_ASSIGNMENT mode changes.)
 UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = IF(cancel_requested, 4, 0),
     last_error = IF(cancel_requested, %(cancelled)s, last_error),
-    finished_at = IF(status = 4, NOW(6), NULL),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
     owner = NULL, claim_token = NULL, lease_until = NULL,
     attempts = GREATEST(attempts, 1) - 1
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
@@ -169,12 +170,11 @@ FOR UPDATE
 -- died, or the only one of its claim whose lease ran out. It was running (a live consumer acks
 -- and gives back the others), so the attempt counted at claim time stands, and out of attempts
 -- it is dead. A job cancelled while it ran ends dead with the reason and never runs again. A
--- suspect from now on: it is claimed alone. Assignments run left to right: the status first,
--- then what reads it.
+-- suspect from now on: it is claimed alone.
 UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = IF(cancel_requested OR attempts >= max_attempts, 4, 0),
-    last_error = IF(cancel_requested, %(cancelled)s, IF(status = 4, %(error)s, last_error)),
-    finished_at = IF(status = 4, NOW(6), NULL),
+    last_error = IF(cancel_requested, %(cancelled)s, IF(attempts >= max_attempts, %(error)s, last_error)),
+    finished_at = IF(cancel_requested OR attempts >= max_attempts, NOW(6), NULL),
     suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status = 2
 
@@ -187,8 +187,8 @@ WHERE id IN %(ids)s AND status = 2
 UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = IF(cancel_requested, 4, 0),
     last_error = IF(cancel_requested, %(cancelled)s, last_error),
-    finished_at = IF(status = 4, NOW(6), NULL),
-    attempts = IF(status = 4, attempts, GREATEST(attempts, 1) - 1),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
+    attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
     suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status = 2
 
