@@ -285,10 +285,13 @@ class Worker:
                     if self.stop.is_set():
                         break
                     now = time.monotonic()
-                    if now - last_flush >= ACK_FLUSH_S:
+                    extend_due = batch.extend_due(now)
+                    if extend_due or now - last_flush >= ACK_FLUSH_S:
+                        # Acks first: then every job of the claim still held is extended at
+                        # once, and a stalled consumer's jobs all expire together.
                         self._settle(done, token)
                         done, last_flush = [], time.monotonic()
-                    if batch.extend_due(now):
+                    if extend_due:
                         self._extend(batch)  # before the next start: never start a job not ours
                     if job.id in batch.lost:
                         batch.skip()
