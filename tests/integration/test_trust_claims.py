@@ -7,14 +7,15 @@ import contextlib
 import threading
 
 import pytest
-from conftest import wait_until
+from conftest import admin_connect, wait_until
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
 from notifyq.ops import admin
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import queries, schema
 from notifyq.store.db import Session
+from notifyq.store.sql import migrations, split_statements
 
 OWNER = "d" * 32  # a consumer that "died": nothing holds its lock
 
@@ -166,3 +167,25 @@ def test_a_worker_never_starts_a_job_whose_lease_ran_out_and_counts_a_fenced_ack
     assert sorted(ran) == sorted([(ids[0], 1), (ids[0], 1), (ids[1], 1), (ids[2], 1)])
     # And the overrunning job's fenced-out ack is counted as lost, not as done
     assert (totals.succeeded, totals.lost_acks) == (3, 1)
+
+
+def test_init_upgrades_a_version_1_database_and_migration_2_can_run_twice(db):
+    # Given a database at schema version 1 with a job in it
+    db.query("ALTER TABLE nq_job DROP COLUMN suspect")
+    db.query("UPDATE nq_meta SET value = '1' WHERE name = 'schema_version'")
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) VALUES ('q', 0, NOW(6), 5, '{}')")
+
+    # When `notifyq init` runs, then the column is there and the job is no suspect
+    assert schema.init(db.admin) == (1, 2)
+    assert db.query("SELECT suspect FROM nq_job") == [(0,)]
+    # And an init interrupted after the ALTER (version not yet recorded) can simply run again
+    version, text = migrations()[1]
+    assert version == 2
+    conn = admin_connect(db.admin, db.admin.database)  # one session: the statements share @nq_ddl
+    try:
+        for statement in split_statements(text):
+            conn.cursor().execute(statement)
+    finally:
+        conn.close()
+    assert db.scalar("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                     "AND TABLE_NAME = 'nq_job' AND COLUMN_NAME = 'suspect'", (db.admin.database,)) == 1
