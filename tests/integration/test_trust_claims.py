@@ -169,6 +169,32 @@ def test_a_worker_never_starts_a_job_whose_lease_ran_out_and_counts_a_fenced_ack
     assert (totals.succeeded, totals.lost_acks) == (3, 1)
 
 
+def test_an_ack_fenced_out_by_the_claim_token_counts_as_lost_not_as_done(db, session):
+    # Given a 1 s lease and a job whose first run outlives it
+    cfg = db.config(defaults={"lease_s": 1.0})
+    [job_id] = put(db, 1)
+    reclaimed = threading.Event()
+    ran: list[int] = []
+
+    def handler(job: Job) -> None:
+        ran.append(job.attempts)
+        if len(ran) == 1:
+            assert reclaimed.wait(30)
+
+    with consuming(cfg, handler) as service:
+        wait_until(lambda: ran, 30, message="the job started")
+        # When a reaper takes it back before the handler returns (it then runs again, alone)
+        wait_until(lambda: db.scalar("SELECT lease_until < NOW(6) FROM nq_job"), 30, message="lease expired")
+        assert queries.reclaim_expired(session) == 1
+        reclaimed.set()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
+        totals = service.totals()
+
+    # Then the first run's ack, fenced out, is counted as lost; only the second run is done
+    assert ran == [1, 2]  # taken back alone: the overrun counted as an attempt
+    assert (totals.succeeded, totals.lost_acks) == (1, 1)
+
+
 def test_init_upgrades_a_version_1_database_and_migration_2_can_run_twice(db):
     # Given a database at schema version 1 with a job in it
     db.query("ALTER TABLE nq_job DROP COLUMN suspect")
