@@ -160,7 +160,7 @@ def test_a_worker_never_starts_a_job_whose_lease_ran_out_and_counts_a_fenced_ack
         assert queries.reclaim_expired(session) == 3
         reclaimed.set()
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="all done")
-        totals = service.totals()
+    totals = service.totals()  # once stopped: a worker counts an ack just after its COMMIT
 
     # Then the 2 jobs that waited were never started under the claim they had lost: each ran
     # once, under a claim of its own; only the job whose handler overran its lease ran twice
@@ -188,7 +188,7 @@ def test_an_ack_fenced_out_by_the_claim_token_counts_as_lost_not_as_done(db, ses
         assert queries.reclaim_expired(session) == 1
         reclaimed.set()
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
-        totals = service.totals()
+    totals = service.totals()  # once stopped: a worker counts an ack just after its COMMIT
 
     # Then the first run's ack, fenced out, is counted as lost; only the second run is done
     assert ran == [1, 2]  # taken back alone: the overrun counted as an attempt
