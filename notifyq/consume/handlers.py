@@ -2,7 +2,9 @@
 
 Per job, a handler gets one Job (a command gets the payload JSON on stdin). Per batch, it
 gets the list (a command gets JSON lines) and may fail jobs one by one with `job.fail()`;
-jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided.
+jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided;
+so does SystemExit or KeyboardInterrupt: in a worker thread they could never stop the process,
+only end the thread and strand its claimed jobs.
 """
 
 from __future__ import annotations
@@ -37,17 +39,26 @@ class PythonHandler:
                 continue
             try:
                 self.func(job)
-            except Exception as e:  # the handler's failure is the job's, never the consumer's
-                job.fail(f"{type(e).__name__}: {e}")
+            except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
+                job.fail(describe(e))
+
+
+HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def describe(e: BaseException) -> str:
+    """The job's error: 'SystemExit: 3', 'ValueError: bad input', or the bare name (sys.exit())."""
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
     try:
         call()
-    except Exception as e:
+    except HANDLER_FAILURES as e:
         for job in jobs:
             if job.error is None:
-                job.fail(f"{type(e).__name__}: {e}")
+                job.fail(describe(e))
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

@@ -3,7 +3,8 @@
 The main thread never touches jobs. It starts the workers, pings the systemd watchdog only
 while every worker's loop is turning (or its handler is inside its lease), reports STATUS=,
 and on stop runs the drain order: stop claiming -> interrupt idle waits -> let running
-handlers finish within the grace period -> give back what never started -> exit.
+handlers finish within the grace period -> give back what never started, fail (charged,
+retried by policy) what still runs -> exit.
 """
 
 from __future__ import annotations
@@ -193,9 +194,9 @@ class ConsumerService:
             thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [w for w, t in zip(self.workers, self.threads) if t.is_alive()]
         if stuck:
-            self._give_back_unstarted(stuck)
-            log.warning("grace period over, %d handler(s) still running: exiting; the reaper "
-                        "returns their jobs", len(stuck))
+            log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
+                        "are failed (retried by policy), the unstarted ones given back", len(stuck))
+            self._abandon(stuck)
         t = self.totals()
         log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d",
                  t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks)
@@ -217,14 +218,13 @@ class ConsumerService:
         finally:
             session.close()
 
-    def _give_back_unstarted(self, stuck: list[Worker]) -> None:
+    def _abandon(self, stuck: list[Worker]) -> None:
+        """Nothing stays claimed by a process that exits: see Worker.abandon."""
         session = Session(self.config.dsn, retry_s=5, name="shutdown")
         try:
             for worker in stuck:
-                pending = worker.pending
-                if pending and pending[1]:
-                    worker.stats.given_back += queries.give_back(session, worker.queue, pending[1], pending[0])
-        except Exception as e:
-            log.warning("could not give back unstarted jobs error=%s", e)
+                worker.abandon(session)
+        except Exception as e:  # what we could not settle, the reaper returns
+            log.warning("could not settle the running batches error=%s", e)
         finally:
             session.close()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper, retry
+from notifyq.consume.batch import Batch
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.jobs import Job
 from notifyq.ops import metrics
@@ -98,7 +99,7 @@ class Worker:
                              on_turn=self._turned, on_reap=self._reap_soon)
         self.last_turn = time.monotonic()
         self.in_handler_since: float | None = None
-        self.pending: tuple[int, list[int]] | None = None  # (token, unstarted ids) for the supervisor
+        self.batch: Batch | None = None  # the claim being run; the service reads it at shutdown
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._next_reap = 0.0
@@ -270,111 +271,164 @@ class Worker:
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
+        claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         claim = queries.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, as_watcher)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
             before_run()
         if claim.jobs:
-            self._run_batch(claim.jobs, claim.token)
+            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at))
         return len(claim.jobs), claim.drained
 
-    def _run_batch(self, jobs: list[Job], token: int) -> None:
+    def _run_batch(self, batch: Batch) -> None:
+        jobs, token = batch.jobs, batch.token
         self.stats.claimed += len(jobs)
         self.stats.batches += 1
         self.stats.batch_sizes.observe(len(jobs))
-        ids = [j.id for j in jobs]  # once per batch: the per-job list copies made the loop O(n^2)
 
-        def extend_all() -> None:  # a job extends its whole batch's lease
-            self._extend(ids, token)
+        def extend() -> None:  # job.extend_lease(), and a command handler within its timeout
+            self._extend(batch)
 
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
-            job._extend = extend_all
+            job._extend = extend
             job._cancel_check = (lambda job_id=job.id:
                                  admin_queries.cancel_requested(self.work, job_id, token))
-        self.pending = (token, ids)
+        self.batch = batch
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
         done: list[Job] = []
         last_flush = t0 = time.monotonic()
-        started = 0
         try:
             if self.handler.per_batch:
-                started = len(jobs)
-                self._call([j for j in jobs if j.error is None], token)
+                batch.start(jobs)
+                self._call([j for j in jobs if j.error is None], extend)
                 done = jobs
+                batch.finish()
             else:
                 for job in jobs:
                     if self.stop.is_set():
                         break
-                    started += 1
-                    self.pending = (token, ids[started:])
-                    if job.error is None:
-                        self._call([job], token)
-                    done.append(job)
-                    if time.monotonic() - last_flush >= ACK_FLUSH_S:
+                    now = time.monotonic()
+                    extend_due = batch.extend_due(now)
+                    if extend_due or now - last_flush >= ACK_FLUSH_S:
+                        # Acks first: then every job of the claim still held is extended at
+                        # once, and a stalled consumer's jobs all expire together.
                         self._settle(done, token)
                         done, last_flush = [], time.monotonic()
+                    if extend_due:
+                        self._extend(batch)  # before the next start: never start a job not ours
+                    if job.id in batch.lost:
+                        batch.skip()
+                        continue
+                    batch.start([job])
+                    if job.error is None:
+                        self._call([job], extend)
+                    done.append(job)
+                    batch.finish()
+        except BaseException as e:
+            # Only the worker's own failures get here (handlers.py turns every exception a handler
+            # raises into its job's failure): fail what was running rather than leave it claimed.
+            for job in batch.running:
+                if job.error is None:
+                    job.fail(f"the consumer failed while the job ran: {type(e).__name__}: {e}")
+            done.extend(batch.running)
+            batch.finish()
+            raise
         finally:
-            self._settle(done, token)
-            log.info("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                     sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
-            rest = ids[started:]
-            if rest:
-                n = queries.give_back(self.work, self.queue, rest, token)
-                self.stats.given_back += n
-                log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
-            self.pending = None
+            try:
+                self._settle(done, token)
+                log.info("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                         sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                rest = batch.waiting()
+                if rest:
+                    n = queries.give_back(self.work, self.queue, rest, token)
+                    self.stats.given_back += n
+                    log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+            finally:
+                self.batch = None
 
-    def _call(self, jobs: list[Job], token: int) -> None:
+    def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            self.handler(jobs, lambda: self._extend([j.id for j in jobs], token))
+            self.handler(jobs, extend)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)
             self._turned()
 
-    def _extend(self, ids: list[int], token: int) -> None:
-        queries.extend_lease(self.work, ids, token, self.qc.lease_s)
+    def _extend(self, batch: Batch) -> None:
+        """Push out the lease of what the batch still holds; what comes back lost is skipped."""
+        asked, sent_at = batch.held(), time.monotonic()
+        owned = queries.extend_lease(self.work, asked, batch.token, self.qc.lease_s)
+        gone = batch.extended(asked, owned, sent_at)
+        if gone:
+            log.warning("leases ran out before the jobs started: skipped, they are someone "
+                        "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
+                        ",".join(map(str, gone[:20])))
 
     def _settle(self, jobs: list[Job], token: int) -> None:
-        """Ack the successes in one statement, retry or bury the failures."""
+        """Ack the successes in one statement, retry or bury the failures.
+
+        Only outcomes the claim still owned count: an ack or a failure fenced out by the claim
+        token (the job was taken back: lease expired, or our session died) is counted and
+        logged as lost, never as done.
+        """
         if not jobs:
             return
-        ok = [j.id for j in jobs if j.error is None]
-        failures = []
-        for job in jobs:
-            if job.error is None:
-                continue
-            delay = retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
-                                       self.qc.retry_max_s) if job.retry else None
-            failures.append((job.id, delay, job.error))
-            if delay is None:
-                self.stats.dead += 1
-                log.warning("job dead queue=%s job=%d attempts=%d error=%r",
-                            self.queue, job.id, job.attempts, job.error[:200])
-            else:
-                self.stats.retried += 1
-                log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
-                         self.queue, job.id, job.attempts, delay, job.error[:200])
         if log.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        owned = queries.ack(self.work, ok, token, self.qc.keep_done)
-        owned += queries.fail(self.work, self.queue, token, failures)
-        self.stats.succeeded += len(ok)
-        self.stats.failed += len(failures)
-        lost = len(jobs) - owned
+        acked = queries.ack(self.work, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
+        self.stats.succeeded += acked
+        failed = self._fail(self.work, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
+        lost = len(jobs) - acked - failed
         if lost:
             # The claim was taken from us (lease expired or our session died and the reaper
             # moved in): the job belongs to someone else now. Count it, touch nothing.
             self.stats.lost_acks += lost
             log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+
+    def _fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
+        """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
+        logs the ones this claim still owned, and returns how many those were."""
+        decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
+                                            self.qc.retry_max_s) if may_retry else None, error)
+                   for job, error, may_retry in failures]
+        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+        for job, delay, error in decided:
+            if job.id not in owned:
+                continue
+            self.stats.failed += 1
+            if delay is None:
+                self.stats.dead += 1
+                log.warning("job dead queue=%s job=%d attempts=%d error=%r",
+                            self.queue, job.id, job.attempts, error[:200])
+            else:
+                self.stats.retried += 1
+                log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
+                         self.queue, job.id, job.attempts, delay, error[:200])
+        return len(owned)
+
+    def abandon(self, session: Session) -> None:
+        """The shutdown grace expired while this worker's handler still ran (service thread).
+
+        What waits is given back uncharged. What runs has started: it is failed with the reason,
+        charged, and retried by the queue's policy (dead when out of attempts): never returned
+        as if it had not run, nor left claimed by a process that is about to exit.
+        """
+        batch = self.batch
+        if batch is None:
+            return
+        waiting, running = batch.waiting(), list(batch.running)
+        if waiting:
+            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
+        self._fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
+                                          for job in running])
 
     # -------------------------------------------------------- the reaper, run by consumers
 

@@ -108,6 +108,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
+        if len(locked) > 1 and any(r[SUSPECT] for r in locked):
+            rank = {job_id: i for i, job_id in enumerate(ordered)}
+            kept = suspects_alone(sorted(locked, key=lambda r: rank[r[0]]))
+            drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
+            locked = kept
         last: list[tuple[str, dict[str, Any]]] = []
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
@@ -163,6 +168,22 @@ def _promote_due(session: Session, cur, queue: str) -> int:
     return len(ids)
 
 
+SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+
+
+def suspects_alone(locked: list[tuple]) -> list[tuple]:
+    """What a claim takes of rows it locked, in claim order: a suspect alone, or the jobs before
+    the first suspect. A suspect's next crash is then charged to it alone (and claim order
+    holds: the rest, suspects first, go to the next claims). Rows left out are not marked, so
+    the claim's COMMIT simply releases them."""
+    if locked[0][SUSPECT]:
+        return locked[:1]
+    for i, row in enumerate(locked):
+        if row[SUSPECT]:
+            return locked[:i]
+    return locked
+
+
 # ---------------------------------------------------------------- outcomes
 
 def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
@@ -177,13 +198,14 @@ def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
     return session.run(body, what="ack")
 
 
-def fail(session: Session, queue: str, token: int, failures: list[tuple[int, float | None, str]]) -> int:
-    """failures: (id, delay_s or None for dead, error). Returns rows still owned."""
+def fail(session: Session, queue: str, token: int,
+         failures: list[tuple[int, float | None, str]]) -> list[int]:
+    """failures: (id, delay_s or None for dead, error). Returns the ids the claim still owned."""
     if not failures:
-        return 0
+        return []
 
-    def body(cur) -> int:
-        owned = 0
+    def body(cur) -> list[int]:
+        owned = []
         retried = 0
         for job_id, delay_s, error in failures:
             if delay_s is None:
@@ -192,7 +214,8 @@ def fail(session: Session, queue: str, token: int, failures: list[tuple[int, flo
                 cur.execute(Q["retry_later"], {
                     "id": job_id, "token": token, "error": error[:65000], "delay_us": microseconds(delay_s)})
                 retried += cur.rowcount
-            owned += cur.rowcount
+            if cur.rowcount:
+                owned.append(job_id)
         if retried:
             bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
         return owned
@@ -201,22 +224,36 @@ def fail(session: Session, queue: str, token: int, failures: list[tuple[int, flo
 
 
 def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
+    """Claimed jobs that never started go back to ready; returns how many this claim still held."""
     if not ids:
         return 0
 
     def body(cur) -> int:
-        cur.execute(Q["give_back"], {"ids": ids, "token": token})
-        if cur.rowcount:
-            bump_signal(cur, queue, cur.rowcount)
-        return cur.rowcount
+        cur.execute(Q["give_back"], {"ids": Ids(ids), "token": token,
+                                     "cancelled": "cancelled before it started"})
+        n = cur.rowcount  # read before the bump: its own row count would replace this one
+        if n:
+            bump_signal(cur, queue, n)
+        return n
 
     return session.run(body, what="give back")
 
 
-def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> int:
-    def body(cur) -> int:
-        cur.execute(Q["extend_lease"], {"ids": ids, "token": token, "lease_us": microseconds(lease_s)})
-        return cur.rowcount
+def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> list[int]:
+    """Push the claim's lease out for `ids`; returns those the claim still holds.
+
+    One statement for the batch; only when it changed fewer rows than asked (someone took jobs
+    back after their lease ran out) a second read says which ones are still ours."""
+    if not ids:
+        return []
+
+    def body(cur) -> list[int]:
+        params = {"ids": Ids(ids), "token": token}
+        cur.execute(Q["extend_lease"], {**params, "lease_us": microseconds(lease_s)})
+        if cur.rowcount == len(ids):
+            return list(ids)
+        cur.execute(Q["claims_owned"], params)
+        return [r[0] for r in cur.fetchall()]
 
     return session.run(body, what="extend lease")
 
@@ -363,6 +400,25 @@ def set_paused(session: Session, queue: str, paused: bool) -> None:
 # ---------------------------------------------------------------- the reaper
 # (consumer registration and liveness: liveness.py)
 
+def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
+    """Return claimed jobs, locked by the caller: held is (id, claim token) rows.
+
+    A job alone of its claim keeps its attempt (out of attempts: dead); jobs of one claim taken
+    back together are not charged. Every one becomes a suspect, claimed alone from then on."""
+    per_claim: dict[int, list[int]] = {}
+    for job_id, token in held:
+        per_claim.setdefault(token, []).append(job_id)
+    alone = [ids[0] for ids in per_claim.values() if len(ids) == 1]
+    shared = [job_id for ids in per_claim.values() if len(ids) > 1 for job_id in ids]
+    reasons = {"error": f"{why}; out of attempts", "cancelled": f"cancelled; {why} while it ran"}
+    n = 0
+    for name, ids in (("return_alone", alone), ("return_shared", shared)):
+        if ids:
+            cur.execute(Q[name], {"ids": Ids(ids), **reasons})
+            n += cur.rowcount
+    return n
+
+
 def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                   lock_name: str | None = None) -> int | None:
     """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
@@ -387,9 +443,8 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                                                    "stale_us": microseconds(POLLING_STALE_S)})
             if cur.rowcount == 0:
                 return None
-        cur.execute(Q["reclaim_owner"], {"owner": consumer_id,
-                                         "error": "consumer died; out of attempts"})
-        n = cur.rowcount
+        cur.execute(Q["claims_of_owner"], {"owner": consumer_id})
+        n = take_back(cur, list(cur.fetchall()), "consumer died")
         for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
             bump_signal(cur, queue, max(n, 1))
         cur.execute(Q["unregister_consumer"], {"id": consumer_id})
@@ -404,9 +459,8 @@ def reclaim_expired(session: Session) -> int:
         rows = cur.fetchall()
         if not rows:
             return 0
-        cur.execute(Q["reclaim_expired"], {"ids": [r[0] for r in rows],
-                                           "error": "lease expired; out of attempts"})
-        n = cur.rowcount
+        cur.execute(Q["claims_expired"], {"ids": Ids([r[0] for r in rows])})
+        n = take_back(cur, list(cur.fetchall()), "lease expired")
         for queue in {r[1] for r in rows}:
             bump_signal(cur, queue, max(n, 1))
         return n

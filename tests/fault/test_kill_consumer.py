@@ -58,8 +58,10 @@ def test_a_busy_consumer_killed_mid_batch_has_its_jobs_claimed_again_within_5_s_
     duplicates = {job for job, n in counts.items() if n > 1}
     assert len(counts) == 150
     assert duplicates <= started_unacked
-    # And the killed claim counted as an attempt: the survivor ran them as attempt 2
-    assert {r.attempt for r in runs if r.job in in_flight and r.pid == survivor.pid} == {2}
+    # And the killed claim is charged only if it held one job (the crash is that job's): jobs
+    # taken back together are not, so the survivor ran them as attempt 1 (README, delivery contract)
+    charged = {2} if len(in_flight) == 1 else {1}
+    assert {r.attempt for r in runs if r.job in in_flight and r.pid == survivor.pid} == charged
     assert fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (victim_id,)) == 0
     print(f"\nSIGKILL mid-batch: {len(in_flight)} jobs in flight ({len(started_unacked)} started), "
           f"claimed again after {recovery_s:.2f}s, {len(duplicates)} ran twice")

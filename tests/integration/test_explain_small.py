@@ -20,7 +20,8 @@ OWNER = "e" * 32
 # Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
-         "reclaim_expired", "job_retry", "job_purge", "promote_due")
+         "claims_owned", "claims_expired", "return_alone", "return_shared", "job_retry", "job_purge",
+         "promote_due")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
 
@@ -52,7 +53,8 @@ def bound(name: str, claim: queries.Claim, ready_ids: list[int]) -> dict:
     jobs, the others act on the claimed ones."""
     claimed = [job.id for job in claim.jobs]
     values = {"ids": Ids(ready_ids if name in CLAIM_STEPS else claimed), "owner": OWNER,
-              "token": claim.token, "lease_us": 60_000_000, "error": "lease expired", "status": 3}
+              "token": claim.token, "lease_us": 60_000_000, "error": "lease expired", "status": 3,
+              "cancelled": "cancelled"}
     return {param: values[param] for param in re.findall(r"%\((\w+)\)s", QUERIES[name])}
 
 

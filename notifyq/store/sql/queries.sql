@@ -88,14 +88,17 @@ WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key
+-- `suspect` comes last: a suspect job is claimed alone (queries.claim).
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
 
 -- claim_mark --
--- Step 3: the attempt is counted at claim time, so a job that kills its consumer every time
--- still runs out of attempts and ends dead instead of looping forever. FORCE INDEX (PRIMARY), as
+-- Step 3: the attempt is counted at claim time (no extra write per job when it starts): a
+-- job that kills its consumer every time still runs out of attempts and ends dead instead of
+-- looping forever. Taking a claim back undoes the count where it cannot be pinned on the job
+-- (return_shared), and giving back an unstarted job undoes it too. FORCE INDEX (PRIMARY), as
 -- in step 2: with 100 ids in a small table the optimizer chose a full index scan, which locked
 -- (and waited on, and deadlocked over) every other consumer's claimed rows.
 UPDATE nq_job FORCE INDEX (PRIMARY)
@@ -138,13 +141,21 @@ SET status = 4, last_error = %(error)s, finished_at = NOW(6), owner = NULL, clai
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
 -- give_back --
--- Claimed but never started (shutdown): not an attempt, so the count is undone.
+-- Claimed but never started (shutdown): not an attempt, so the count is undone. A job cancelled
+-- meanwhile ends dead, not ready: it must never start. (Every assignment here and below reads
+-- only columns it does not set: right whatever the order of evaluation, which MariaDB's
+-- SIMULTANEOUS_ASSIGNMENT mode changes.)
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL,
+SET status = IF(cancel_requested, 4, 0),
+    last_error = IF(cancel_requested, %(cancelled)s, last_error),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
+    owner = NULL, claim_token = NULL, lease_until = NULL,
     attempts = GREATEST(attempts, 1) - 1
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- extend_lease --
+-- A live consumer's claim: the running job and the ones waiting behind it, one statement per
+-- batch. Its row count tells the worker whether it still owns them all (claims_owned if not).
 UPDATE nq_job FORCE INDEX (PRIMARY) SET lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
@@ -200,26 +211,55 @@ UPDATE nq_job FORCE INDEX (ix_owner)
 SET lease_until = GREATEST(lease_until, NOW(6) + INTERVAL %(lease_us)s MICROSECOND)
 WHERE owner = %(owner)s AND status = 2
 
--- reclaim_owner --
--- Runs while the reaper holds the dead consumer's lock. Out of attempts: dead, not ready.
-UPDATE nq_job
-SET status = IF(attempts >= max_attempts, 4, 0),
-    last_error = IF(attempts >= max_attempts, %(error)s, last_error),
-    finished_at = IF(attempts >= max_attempts, NOW(6), NULL),
-    owner = NULL, claim_token = NULL, lease_until = NULL
+-- claims_owned --
+-- Which of these jobs the claim still holds, when extend_lease changed fewer rows than asked.
+SELECT id FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- claims_of_owner --
+-- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: lock them and learn
+-- which claim each belongs to, so that each is returned alone or shared (queries.take_back).
+SELECT id, claim_token FROM nq_job FORCE INDEX (ix_owner)
 WHERE owner = %(owner)s AND status = 2
+FOR UPDATE
 
 -- expired_leases --
 SELECT id, queue FROM nq_job FORCE INDEX (ix_lease)
 WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
 
--- reclaim_expired --
-UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = IF(attempts >= max_attempts, 4, 0),
-    last_error = IF(attempts >= max_attempts, %(error)s, last_error),
-    finished_at = IF(attempts >= max_attempts, NOW(6), NULL),
-    owner = NULL, claim_token = NULL, lease_until = NULL
+-- claims_expired --
+-- Taking back jobs whose lease ran out, step 1: lock the ones still expired (a consumer may have
+-- extended or acked some since expired_leases read them) and learn their claims.
+SELECT id, claim_token FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
+FOR UPDATE
+
+-- return_alone --
+-- Step 2 for a job taken back alone from its claim: the only one its consumer still held when it
+-- died, or the only one of its claim whose lease ran out. It was running (a live consumer acks
+-- and gives back the others), so the attempt counted at claim time stands, and out of attempts
+-- it is dead. A job cancelled while it ran ends dead with the reason and never runs again. A
+-- suspect from now on: it is claimed alone.
+UPDATE nq_job FORCE INDEX (PRIMARY)
+SET status = IF(cancel_requested OR attempts >= max_attempts, 4, 0),
+    last_error = IF(cancel_requested, %(cancelled)s, IF(attempts >= max_attempts, %(error)s, last_error)),
+    finished_at = IF(cancel_requested OR attempts >= max_attempts, NOW(6), NULL),
+    suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id IN %(ids)s AND status = 2
+
+-- return_shared --
+-- Step 2 for jobs taken back together from one claim (a consumer that died or stalled with
+-- several in hand): which one caused it is unknown, some may never have started, some may have
+-- finished with their ack lost. So none is charged: the attempt counted at claim time is undone,
+-- and each becomes a suspect, claimed alone from now on, so that a next crash names its culprit.
+-- A job cancelled while it ran ends dead with the reason and never runs again.
+UPDATE nq_job FORCE INDEX (PRIMARY)
+SET status = IF(cancel_requested, 4, 0),
+    last_error = IF(cancel_requested, %(cancelled)s, last_error),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
+    attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
+    suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id IN %(ids)s AND status = 2
 
 -- watch --
 -- The watcher's whole idle cycle in one statement: read the queue's enqueue count, and only if

@@ -1,0 +1,60 @@
+"""Batch: one claim in a worker's hands — which jobs have started, which run, which wait, and
+when the lease of those still held must be pushed out.
+
+The claim's lease covers every job of the batch from the claim on. Jobs that wait behind a
+long-running one would see it run out while their consumer is alive and well, and a reaper
+would hand them to another consumer: the batch would run them twice. So the worker pushes the
+lease of the jobs it still holds out again, in one statement, at most every lease/3, before
+it starts the next job; the answer says which jobs are still its own, and a job that is not
+is never started. The service reads `running` and `waiting()` from its own thread at shutdown.
+"""
+
+from __future__ import annotations
+
+import time
+
+from notifyq.jobs import Job
+
+EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
+
+
+class Batch:
+    def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float):
+        self.token = token
+        self.jobs = jobs
+        self.lease_s = lease_s
+        self.extended_at = claimed_at  # monotonic, taken before the statement was sent
+        self.started = 0  # jobs[:started] have been handed to the handler
+        self.running: list[Job] = []  # in the handler right now
+        self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
+
+    def waiting(self) -> list[int]:
+        """Ids of the jobs not started yet that are still ours."""
+        return [j.id for j in self.jobs[self.started:] if j.id not in self.lost]
+
+    def held(self) -> list[int]:
+        """What a lease extension covers: the running jobs and the waiting ones."""
+        return [j.id for j in self.running] + self.waiting()
+
+    def extend_due(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return now - self.extended_at >= self.lease_s * EXTEND_EVERY
+
+    def extended(self, asked: list[int], owned: list[int], sent_at: float) -> list[int]:
+        """Record an extension's answer; returns the waiting ids we no longer own."""
+        self.extended_at = sent_at
+        running = {j.id for j in self.running}
+        gone = [job_id for job_id in set(asked) - set(owned) if job_id not in running]
+        self.lost.update(gone)
+        return sorted(gone)
+
+    def skip(self) -> None:
+        """The next job is lost: pass over it without starting it."""
+        self.started += 1
+
+    def start(self, jobs: list[Job]) -> None:
+        self.started += len(jobs)
+        self.running = jobs
+
+    def finish(self) -> None:
+        self.running = []

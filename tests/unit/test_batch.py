@@ -1,0 +1,37 @@
+"""Batch: what a worker still holds of a claim, and when its lease must be pushed out (pure)."""
+
+import datetime as dt
+
+from notifyq.consume.batch import Batch
+from notifyq.jobs import Job
+
+
+def jobs(n: int) -> list[Job]:
+    now = dt.datetime(2026, 1, 1)
+    return [Job(id=i, queue="q", payload="{}", priority=0, attempts=1, max_attempts=5, run_at=now,
+                created_at=now) for i in range(1, n + 1)]
+
+
+def test_the_lease_is_extended_at_most_every_third_of_it_counted_from_the_claim():
+    batch = Batch(token=7, jobs=jobs(3), lease_s=30.0, claimed_at=100.0)
+    assert not batch.extend_due(109.9)
+    assert batch.extend_due(110.0)
+    batch.extended([1, 2, 3], [1, 2, 3], sent_at=110.0)
+    assert not batch.extend_due(119.9) and batch.extend_due(120.0)
+
+
+def test_an_extension_covers_the_running_job_and_the_waiting_ones_and_names_the_lost():
+    batch = Batch(token=7, jobs=jobs(4), lease_s=30.0, claimed_at=0.0)
+    batch.start(batch.jobs[:1])
+    batch.finish()
+    batch.start(batch.jobs[1:2])
+    assert batch.held() == [2, 3, 4]
+    # Job 3 was taken back; the running job 2 too (it is not skipped: it already runs)
+    assert batch.extended([2, 3, 4], [4], sent_at=12.0) == [3]
+    assert batch.lost == {3}
+    batch.finish()
+    assert batch.waiting() == [4]
+    batch.skip()  # job 3
+    assert batch.waiting() == [4]
+    batch.start(batch.jobs[3:])
+    assert batch.waiting() == [] and batch.held() == [4]
