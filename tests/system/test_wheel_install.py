@@ -34,12 +34,11 @@ def run(*cmd: str | Path, **kw) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory) -> Path:
     """The bin/ of a fresh venv holding notifyq from its wheel; its dependencies are the test venv's."""
     base = tmp_path_factory.mktemp("wheel")
-    # Build from a copy of what git tracks: no build/ or egg-info of an earlier build leaks in,
-    # and the checkout is left as it was.
+    # Build from a copy of the sources: no build/ or egg-info of an earlier build leaks in, and
+    # the checkout is left as it was.
     src = base / "src"
-    tracked = run("git", "ls-files", "-z", "pyproject.toml", "README.md", "notifyq", cwd=REPO).stdout
-    for name in filter(None, tracked.split("\0")):
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(REPO / "notifyq", src / "notifyq", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", base / "dist", src)
     wheel = next((base / "dist").glob("notifyq-*.whl"))
