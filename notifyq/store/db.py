@@ -319,6 +319,7 @@ class Session:
             if not is_transient(e):
                 raise
             first: MySQLdb.Error | None = e
+            lost = is_connection_lost(e)
         remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
         for attempt in retry_policy(remaining_s, what, self.retry_log_level):
             with attempt:
@@ -326,8 +327,9 @@ class Session:
                     failed, first = first, None
                     raise failed
                 result = self._attempt(body, idempotent)
-            self._say_back(attempt.retry_state.attempt_number, started, what)
-            return result
+                if lost:  # a deadlock retried is no outage: nothing to announce
+                    self._say_back(attempt.retry_state.attempt_number, started, what)
+                return result
         raise AssertionError("unreachable")
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
