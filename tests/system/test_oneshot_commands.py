@@ -52,7 +52,7 @@ def test_a_one_shot_command_honours_connect_retry_0_and_fails_at_once_with_one_l
     took = time.monotonic() - started
     # Then it fails at once (one attempt) with one line naming host:port and the reason
     assert_one_unreachable_line(result, closed_port)
-    assert took < 4.0, took
+    assert took < 4.5, took  # the 5 s default would show here
 
 
 @pytest.mark.parametrize("args", [("status",), ("init",)], ids=" ".join)
