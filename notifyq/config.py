@@ -20,6 +20,8 @@ from typing import Any
 from notifyq import errors
 
 DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
+DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start
+ONESHOT_CONNECT_RETRY_S = 5.0  # an operator at a prompt wants the answer, not a wait
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -130,6 +132,7 @@ class ConsumerConfig:
     reap_interval_s: float = 2.0
     shutdown_grace_s: float = 60.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,10 @@ class LogConfig:
 class Config:
     dsn: DSN = field(default_factory=DSN)
     password_file: str = ""
-    connect_retry_s: float = 30.0  # how long a starting command retries an unreachable server
+    # How long a command retries an unreachable server before exit 5. Unset: a daemon (consume,
+    # a produce stream) waits DAEMON_CONNECT_RETRY_S at start, a one-shot command (status, init,
+    # jobs ...) ONESHOT_CONNECT_RETRY_S.
+    connect_retry_s: float | None = None
     log: LogConfig = field(default_factory=LogConfig)
     wakeup: WakeupConfig = field(default_factory=WakeupConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
@@ -162,6 +168,11 @@ class Config:
     periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
 
+    def connect_retry(self, *, oneshot: bool) -> float:
+        if self.connect_retry_s is not None:
+            return self.connect_retry_s
+        return ONESHOT_CONNECT_RETRY_S if oneshot else DAEMON_CONNECT_RETRY_S
+
     def queue(self, name: str) -> QueueConfig:
         return self.queues.get(validate_queue_name(name), self.defaults)
 
@@ -170,8 +181,9 @@ class Config:
 
     def masked_dict(self) -> dict[str, Any]:
         """Everything, as `notifyq config` prints it: the password never appears."""
-        out: dict[str, Any] = {"dsn": self.dsn.masked(), "connect_retry_s": self.connect_retry_s,
-                               "sources": list(self.sources)}
+        out: dict[str, Any] = {"dsn": self.dsn.masked(), "sources": list(self.sources)}
+        if self.connect_retry_s is not None:  # unset: each command's own default
+            out["connect_retry_s"] = self.connect_retry_s
         if self.password_file:
             out["password_file"] = self.password_file
         for name in ("log", "wakeup", "consumer", "producer", "defaults"):
@@ -256,6 +268,7 @@ ENV_KEYS = {
     "NOTIFYQ_POLL_MAX_S": ("wakeup", "poll_max_s"),
     "NOTIFYQ_INSTANT_WAKE": ("wakeup", "instant_wake"),
     "NOTIFYQ_METRICS_PORT": ("consumer", "metrics_port"),
+    "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
 }
 
 
@@ -287,7 +300,7 @@ def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = N
     for var, (section, key) in ENV_KEYS.items():
         if env.get(var):
             target = raw.setdefault(section, {}) if section else raw
-            target[key] = env[var] if key in ("dsn", "password_file", "level", "format", "file") else _env_value(env[var])
+            target[key] = env[var] if key in ("dsn", "password_file", "level", "format", "file", "metrics_addr") else _env_value(env[var])
     _merge(raw, overrides or {})
     return _build(raw, env, tuple(str(p) for p in files), warn)
 
@@ -318,13 +331,14 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
         queues[name] = _coerce(QueueConfig, section, f"queue.{name}", defaults)
         if entries:
             periodic[name] = tuple(_periodic_entry(e, name) for e in entries)
-    connect_retry_s = raw.get("connect_retry_s", Config.connect_retry_s)
-    if isinstance(connect_retry_s, bool) or not isinstance(connect_retry_s, (int, float)) or connect_retry_s < 0:
+    connect_retry_s = raw.get("connect_retry_s")
+    if connect_retry_s is not None and (isinstance(connect_retry_s, bool) or
+                                        not isinstance(connect_retry_s, (int, float)) or connect_retry_s < 0):
         raise errors.ConfigError(f"connect_retry_s: expected a number of seconds >= 0, got {connect_retry_s!r}")
     cfg = Config(
         dsn=dsn,
         password_file=password_file,
-        connect_retry_s=float(connect_retry_s),
+        connect_retry_s=None if connect_retry_s is None else float(connect_retry_s),
         log=_coerce(LogConfig, raw.get("log", {}), "log"),
         wakeup=_coerce(WakeupConfig, raw.get("wakeup", {}), "wakeup"),
         consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer"),

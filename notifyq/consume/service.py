@@ -69,7 +69,7 @@ class ConsumerService:
 
     def start(self) -> None:
         """Check everything that can fail early (schema, handlers), then start the workers."""
-        probe = Session(self.config.dsn, name="startup", retry_s=self.config.connect_retry_s)
+        probe = Session(self.config.dsn, name="startup", retry_s=self.config.connect_retry(oneshot=False))
         try:
             probe.conn
             schema.require_current(probe)

@@ -252,7 +252,12 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.collector = collector
-        self.httpd = ThreadingHTTPServer(addr, _handler_class())
+        server_class = ThreadingHTTPServer
+        if ":" in addr[0]:  # an IPv6 address ("::" is every interface, both families on Linux)
+            import socket
+
+            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        self.httpd = server_class(addr, _handler_class())
         self.httpd.daemon_threads = True
         self.httpd.endpoint = self  # type: ignore[attr-defined]  # how a request finds us
 
@@ -302,12 +307,16 @@ def _handler_class() -> type:
     return Handler
 
 
-def serve(service: Any, port: int, addr: str = "") -> MetricsServer:
-    """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port)."""
+def serve(service: Any, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port).
+
+    Loopback by default (consumer.metrics_addr): counters and queue names are nobody else's
+    business unless the operator opens them up ("0.0.0.0", "::", or one interface's address)."""
     try:
         server = MetricsServer((addr, port), ServiceCollector(service))
-    except OSError as e:
-        raise errors.ConfigError(f"consumer.metrics_port {port}: cannot listen: {e.strerror}") from None
+    except (OSError, OverflowError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise errors.ConfigError(f"consumer.metrics_addr {addr!r} port {port}: cannot listen: {why}") from None
     threading.Thread(target=server.serve_forever, name="notifyq-metrics", daemon=True).start()
-    log.info("metrics endpoint listening port=%d", server.server_port)
+    log.info("metrics endpoint listening addr=%s port=%d", addr, server.server_port)
     return server

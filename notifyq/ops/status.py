@@ -88,8 +88,17 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.replace(tzinfo=dt.timezone.utc).isoformat()
 
 
-def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+def human_duration(seconds: float | None) -> str:
+    """The table's ages: 0.4s, 42s, 3m20s, 2h05m, 3d04h (the exact seconds are in --json)."""
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if whole >= size:
+            return f"{whole // size}{unit}{(whole % size) // sub_size:02d}{sub}"
+    return f"{whole}s"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -97,7 +106,7 @@ def render(data: dict[str, Any]) -> str:
     rows = [head]
     for name, q in sorted(data["queues"].items()):
         rows.append((name, *(str(q[c]) for c in COLUMNS),
-                     *(_secs(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
+                     *(human_duration(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
                      str(q["consumers"]),
                      "paused" if q["paused"] else ("polling" if name in data["wakeup_degraded"] else "ok")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

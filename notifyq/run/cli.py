@@ -5,6 +5,7 @@ Every user error is one line on stderr and an exit code from errors.py; a traceb
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -45,6 +46,15 @@ class Context:
             self._config = config_mod.load(overrides=overrides, warn=_warn)
         return self._config
 
+    def oneshot_config(self) -> config_mod.Config:
+        """The config of a command that answers and exits, its logging set up: warnings only
+        unless --log-level asks for more (log.level in the config file is the daemons')."""
+        cfg = self.config()
+        level = self.flags.get("log", {}).get("level") or "warning"
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, level=level))
+        _setup_logging(cfg)
+        return cfg
+
     def reload(self) -> config_mod.Config:
         self._config = None
         return self.config()
@@ -54,11 +64,11 @@ def _warn(message: str) -> None:
     click.echo(f"notifyq: warning: {message}", err=True)
 
 
-def _setup_logging(cfg: config_mod.Config, log_file: str | None = None) -> None:
+def _setup_logging(cfg: config_mod.Config, log_file: str | None = None, level: str | None = None) -> None:
     from notifyq import logs
 
-    logs.setup_logging(level=cfg.log.level, fmt=cfg.log.format, log_file=log_file or cfg.log.file or None,
-                       use_syslog=cfg.log.syslog)
+    logs.setup_logging(level=level or cfg.log.level, fmt=cfg.log.format,
+                       log_file=log_file or cfg.log.file or None, use_syslog=cfg.log.syslog)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -93,12 +103,11 @@ def init(obj: Context, grant_user: str | None) -> None:
     """Create the database schema, or upgrade it. Safe to run again and on many hosts at once."""
     from notifyq.store import schema
 
-    cfg = obj.config()
+    cfg = obj.oneshot_config()
     if grant_user:
         click.echo("\n".join(schema.grants(cfg.dsn.database, grant_user)))
         return
-    _setup_logging(cfg)
-    before, after = schema.init(cfg.dsn)
+    before, after = schema.init(cfg.dsn, cfg.connect_retry(oneshot=True), retry_log_level=logging.DEBUG)
     if before == after:
         click.echo(f"schema of {cfg.dsn.database} is up to date (version {after})")
     else:
@@ -135,12 +144,12 @@ def status(obj: Context, queue: str | None, as_json: bool) -> None:
     """Per queue: ready, delayed, claimed, dead, oldest ready age; and the live consumers."""
     from notifyq.ops import status as status_mod
     from notifyq.store import schema
-    from notifyq.store.db import Session
+    from notifyq.store.db import oneshot_session
 
-    cfg = obj.config()
+    cfg = obj.oneshot_config()
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
-    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="status")
+    session = oneshot_session(cfg.dsn, cfg.connect_retry(oneshot=True), "status")
     try:
         schema.require_current(session)
         data = status_mod.collect(session, queue)
@@ -167,17 +176,20 @@ def resume(obj: Context, queue: str) -> None:
 
 def _set_paused(obj: Context, queue: str, paused: bool) -> None:
     from notifyq.store import queries, schema
-    from notifyq.store.db import Session
+    from notifyq.store.db import oneshot_session
 
-    cfg = obj.config()
+    cfg = obj.oneshot_config()
     config_mod.validate_queue_name(queue)
-    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="admin")
+    session = oneshot_session(cfg.dsn, cfg.connect_retry(oneshot=True), "admin")
     try:
         schema.require_current(session)
-        queries.set_paused(session, queue, paused)
+        created = queries.set_paused(session, queue, paused)
     finally:
         session.close()
-    click.echo(f"{queue}: {'paused' if paused else 'resumed'}")
+    state = "paused" if paused else "resumed"
+    if created:  # a typo would otherwise pause nothing, in silence
+        state = f"created {'paused' if paused else 'running'} (no job or consumer had used this queue yet)"
+    click.echo(f"{queue}: {state}")
 
 
 # ------------------------------------------------------------------ produce
@@ -224,16 +236,27 @@ def produce(obj: Context, queue: str | None, profile: str | None, payloads: tupl
     config_mod.validate_queue_name(queue)
     when = _parse_at(run_at)
     if payloads:
+        cfg = obj.oneshot_config()
         runner.produce_args(cfg, queue, payloads, priority=priority, delay=delay, run_at=when,
                             max_attempts=max_attempts, dedup_key=dedup_key,
                             print_ids=print_ids is not False)
         return
     if dedup_key:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
+    if _interactive_stream(obj, daemon or follow or bool(log_file)):
+        cfg = obj.oneshot_config()
     runner.produce_stream(cfg, queue, priority=priority, delay=delay, run_at=when,
                           input_path=input_path, follow=follow, reject_file=reject_file,
                           print_ids=bool(print_ids), daemon=daemon, pidfile=pidfile, log_file=log_file,
                           reload=obj.reload)
+
+
+def _interactive_stream(obj: Context, service: bool) -> bool:
+    """`seq 10 | notifyq produce -q q` ends at EOF like any one-shot command, and is as quiet;
+    a service (--daemon, --follow, --log-file, or stderr on the journal) logs at log.level."""
+    from notifyq import logs
+
+    return not service and not logs.under_journald(sys.stderr)
 
 
 def _parse_at(text: str | None) -> dt.datetime | None:
@@ -289,13 +312,20 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
 @click.option("--consumers", type=click.IntRange(1, 64), default=10)
 @click.option("--rate", type=click.IntRange(1), default=2000, help="Jobs per second offered in all.")
 @click.option("--duration", type=float, default=0, help="Seconds to run (0: until Ctrl-C).")
+@click.option("--keep", is_flag=True, help="Keep the demo's database at the end (it is dropped otherwise).")
 @click.pass_obj
-def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float) -> None:
-    """Live demo: producers and consumers against a local (or private) MariaDB."""
+def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float, keep: bool) -> None:
+    """Live demo: producers and consumers against a local (or private) MariaDB.
+
+    It works in a new database of its own (notifyq_demo_<random>) on that server, never in the
+    database of --dsn, and drops it at the end unless --keep."""
     from notifyq.run import demo as demo_mod
 
+    from notifyq import logs
+
+    logs.setup_logging(level=obj.flags.get("log", {}).get("level") or "warning")  # the progress is the output
     sys.exit(demo_mod.run(obj.flags.get("dsn"), producers=producers, consumers=consumers,
-                          rate=rate, duration=duration))
+                          rate=rate, duration=duration, keep=keep))
 
 
 main_group.add_command(cli_jobs.jobs)  # `notifyq jobs list|show|retry|cancel|purge`

@@ -24,9 +24,10 @@ from notifyq.jobs import Status
 @contextmanager
 def _session(obj: Any) -> Iterator[Any]:
     from notifyq.store import schema
-    from notifyq.store.db import Session
+    from notifyq.store.db import oneshot_session
 
-    session = Session(obj.config().dsn, retry_s=10, name="admin")
+    cfg = obj.oneshot_config()
+    session = oneshot_session(cfg.dsn, cfg.connect_retry(oneshot=True), "admin")
     try:
         schema.require_current(session)
         yield session

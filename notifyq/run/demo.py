@@ -1,7 +1,9 @@
 """`notifyq demo`: producers and consumers as separate processes, with a live progress line.
 
 With no DSN it uses the local server (root over the Debian socket) or, failing that, starts a
-private MariaDB in a temp dir. It works in its own database, `notifyq_demo`, dropped first.
+private MariaDB in a temp dir. With a DSN it uses that server, never that database: it creates
+a database of its own (`notifyq_demo_<random>`, marked as the demo's) and drops it at the end
+unless --keep. A user's queue is never touched.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
 from notifyq.produce.producer import Producer
+from notifyq.ops import status
 from notifyq.run import localserver
 from notifyq.store import schema
+from notifyq.store.db import Session, address
 
 QUEUE = "demo"
 REPORT_S = 0.5
 
 
-def _resolve_dsn(dsn: str | None, tmp: str) -> tuple[DSN, localserver.LocalServer | None]:
+def _resolve_server(dsn: str | None, tmp: str) -> tuple[DSN, localserver.LocalServer | None]:
+    """The server to work on; its database name is never used (the demo makes its own)."""
     if dsn:
         return DSN.parse(dsn), None
     found = localserver.find_local_server()
@@ -43,7 +48,7 @@ def _resolve_dsn(dsn: str | None, tmp: str) -> tuple[DSN, localserver.LocalServe
         server = localserver.LocalServer(tmp)
         server.start()
         found = server.dsn
-    return dataclasses.replace(DSN.parse(found), database="notifyq_demo"), server
+    return DSN.parse(found), server
 
 
 def _quiet_child() -> None:
@@ -105,24 +110,48 @@ def _config(dsn: DSN) -> config_mod.Config:
     return dataclasses.replace(config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}), dsn=dsn)
 
 
-def _pct(values: list[float], q: float) -> float:
+def _pct(values: list[float], q: int) -> float | None:
+    """The q-th percentile, or None before the first job."""
     if not values:
-        return float("nan")
+        return None
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def run(dsn: str | None, *, producers: int, consumers: int, rate: int, duration: float) -> int:
+def _ms(seconds: float | None, width: int = 0) -> str:
+    """Milliseconds for the progress line: "-" until there is a value (never nan)."""
+    return ("-" if seconds is None else f"{seconds * 1e3:.1f}").rjust(width)
+
+
+def _backlog(session: Session) -> int:
+    """The real depth: jobs ready (due scheduled included) or claimed, read from the database."""
+    figures = status.depths(session, [QUEUE])[QUEUE]
+    return figures["ready"] + figures["claimed"]
+
+
+def run(dsn: str | None, *, producers: int, consumers: int, rate: int, duration: float,
+        keep: bool = False) -> int:
     with tempfile.TemporaryDirectory(prefix="notifyq-demo-") as tmp:
-        target, server = _resolve_dsn(dsn, tmp)
+        server_dsn, server = _resolve_server(dsn, tmp)
         try:
-            return _run(target, producers, consumers, rate, duration)
+            target, token = schema.create_demo_database(server_dsn)
+            print(f"demo: created database {target.database} on {address(target)} for this run"
+                  + (" (the database named in --dsn is never used)" if dsn else ""), flush=True)
+            try:
+                schema.init(target, retry_log_level=logging.DEBUG)
+                return _run(target, producers, consumers, rate, duration)
+            finally:
+                if keep and server is None:
+                    print(f"demo: kept database {target.database} (--keep); drop it when done: "
+                          f"DROP DATABASE {target.database}", flush=True)
+                else:
+                    schema.drop_database(target, token)
+                    print(f"demo: dropped database {target.database}", flush=True)
         finally:
             if server is not None:
                 server.cleanup()
 
 
 def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -> int:
-    _reset_database(dsn)
     ctx = mp.get_context("spawn")  # no inherited connections or threads
     reports, stop = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_consumer, args=(dsn, reports, stop), daemon=True) for _ in range(consumers)]
@@ -137,6 +166,8 @@ def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -
     all_lat: list[float] = []
     started = last = time.monotonic()
     last_done = 0
+    live = sys.stdout.isatty()  # redraw one line in a terminal; a pipe or file gets plain lines
+    depth_session = Session(dsn, retry_s=5, name="demo-depth")
     try:
         while duration <= 0 or time.monotonic() - started < duration:
             try:
@@ -152,20 +183,24 @@ def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -
             if now - last >= 1.0:
                 rate_now = (done - last_done) / (now - last)
                 all_lat += window
-                sys.stdout.write(
-                    f"\r{now - started:6.1f}s  produced {produced:>8}  done {done:>8}  "
-                    f"{rate_now:7.0f} jobs/s  depth {max(0, produced - done):>6}  latency ms "
-                    f"p50 {_pct(window, 50) * 1e3:6.1f}  p95 {_pct(window, 95) * 1e3:6.1f}  "
-                    f"p99 {_pct(window, 99) * 1e3:6.1f}   ")
+                line = (f"{now - started:6.1f}s  produced {produced:>8}  done {done:>8}  "
+                        f"{rate_now:7.0f} jobs/s  depth {_backlog(depth_session):>6}  latency ms "
+                        f"p50 {_ms(_pct(window, 50), 6)}  p95 {_ms(_pct(window, 95), 6)}  "
+                        f"p99 {_ms(_pct(window, 99), 6)}")
+                sys.stdout.write(f"\r{line}   " if live else f"{line}\n")
                 sys.stdout.flush()
                 window, last, last_done = [], now, done
     except KeyboardInterrupt:
         pass
-    print("\ndemo: stopping (consumers drain what they hold)...", flush=True)
+    print(("\n" if live else "") + "demo: stopping (consumers drain what they hold)...", flush=True)
     stop.set()
     deadline = time.monotonic() + 30
     for p in procs:
         p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:  # none should be left; one that is must not hold the database open
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
     while True:
         try:
             kind, _pid, value = reports.get(timeout=0.2)
@@ -177,12 +212,11 @@ def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -
             done += len(value)
             all_lat += value
     elapsed = time.monotonic() - started
+    try:
+        left = _backlog(depth_session)
+    finally:
+        depth_session.close()
     print(f"demo: {done} jobs done of {produced} produced in {elapsed:.1f}s "
-          f"({done / elapsed:.0f} jobs/s); latency commit->handler p50 {_pct(all_lat, 50) * 1e3:.1f} ms, "
-          f"p99 {_pct(all_lat, 99) * 1e3:.1f} ms; {produced - done} still queued")
+          f"({done / elapsed:.0f} jobs/s); latency commit->handler p50 {_ms(_pct(all_lat, 50))} ms, "
+          f"p99 {_ms(_pct(all_lat, 99))} ms; {left} still queued")
     return errors.EXIT_OK
-
-
-def _reset_database(dsn: DSN) -> None:
-    schema.drop_database(dsn)
-    schema.init(dsn)

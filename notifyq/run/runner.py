@@ -27,13 +27,15 @@ from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.produce.lines import LineSource
 from notifyq.produce.producer import Producer, produce_lines
 from notifyq.store import schema
-from notifyq.store.db import Session
+from notifyq.store.db import Session, oneshot_session
 
 log = logging.getLogger("notifyq.runner")
 
 
-def _require_schema(cfg: Config) -> None:
-    session = Session(cfg.dsn, retry_s=cfg.connect_retry_s, name="startup")
+def _require_schema(cfg: Config, *, oneshot: bool) -> None:
+    retry_s = cfg.connect_retry(oneshot=oneshot)
+    session = (oneshot_session(cfg.dsn, retry_s, "startup") if oneshot
+               else Session(cfg.dsn, retry_s=retry_s, name="startup"))
     try:
         schema.require_current(session)
     finally:
@@ -52,7 +54,7 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             raise errors.InputError(f"argument {i} is not valid JSON: {e}") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
-    _require_schema(cfg)
+    _require_schema(cfg, oneshot=True)
     with Producer(queue, cfg) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
@@ -216,7 +218,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         notifier = daemon_mod.SystemdNotifier()
         max_line = max(65536, 8 * cfg.producer.max_payload_bytes)  # escapes and spaces widen a line
         source = stack.enter_context(LineSource(input_path, follow, max_line))
-        _require_schema(cfg)
+        _require_schema(cfg, oneshot=False)
         rejects = None
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))
@@ -256,12 +258,13 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
         if cfg.consumer.metrics_port:
             from notifyq.ops import metrics
 
-            metrics.serve(service, cfg.consumer.metrics_port)
+            metrics.serve(service, cfg.consumer.metrics_port, cfg.consumer.metrics_addr)
 
         def reload() -> Config:
             """The service applies batch sizes, backoff, wakeup timing and handlers itself."""
             old, new = service.config, ctx.reload()
-            fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port)]
+            fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port),
+                     ("consumer.metrics_addr", lambda c: c.consumer.metrics_addr)]
             if not options.workers:
                 fixed += [(f"queue.{q}.workers", lambda c, q=q: c.queue(q).workers) for q in options.queues]
             _warn_fixed(old, new, fixed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -71,18 +72,38 @@ def describe(exc: BaseException) -> str:
     return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
 
 
-def retry_policy(give_up_after_s: float, what: str) -> tenacity.Retrying:
-    """The infrastructure policy: full-jitter exponential backoff on transient errors only."""
+def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING) -> tenacity.Retrying:
+    """The infrastructure policy: full-jitter exponential backoff on transient errors only.
+
+    One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
+    costs them one error line, not one line per attempt."""
+    backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
+
+    def wait(rs: tenacity.RetryCallState) -> float:
+        # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
+        return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
+
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
-        wait=tenacity.wait_random_exponential(multiplier=0.05, max=5.0),
+        wait=wait,
         stop=tenacity.stop_after_delay(give_up_after_s),
-        before_sleep=lambda rs: log.warning(
-            "database error, retrying what=%s attempt=%d error=%r",
+        before_sleep=lambda rs: log.log(
+            log_level, "database error, retrying what=%s attempt=%d error=%r",
             what, rs.attempt_number, describe(rs.outcome.exception()),
         ),
         reraise=True,
     )
+
+
+def address(dsn: DSN) -> str:
+    """Where the server is expected: host:port, or the socket path."""
+    return f"socket {dsn.unix_socket}" if dsn.unix_socket else f"{dsn.host}:{dsn.port}"
+
+
+def oneshot_session(dsn: DSN, retry_s: float, name: str) -> Session:
+    """A session for a command that answers and exits (status, pause, jobs ...): its retries
+    are logged at DEBUG only, so an unreachable server costs one error line, not one a step."""
+    return Session(dsn, retry_s=retry_s, name=name, retry_log_level=logging.DEBUG)
 
 
 def _datetime(text):
@@ -120,7 +141,8 @@ class Session:
     """
 
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
-                 retry_s: float = 60.0, name: str = "work", idle_timeout_s: int | None = None):
+                 retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
+                 use_database: bool = True, idle_timeout_s: int | None = None):
         self.dsn = dsn
         self.autocommit = autocommit
         self.read_timeout_s = read_timeout_s
@@ -130,6 +152,8 @@ class Session:
         self.idle_timeout_s = idle_timeout_s
         self.retry_s = retry_s
         self.name = name
+        self.retry_log_level = retry_log_level
+        self.use_database = use_database  # False: `init`, before CREATE DATABASE
         self._conn: MySQLdb.connections.Connection | None = None
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
         self.server_version = ""
@@ -150,22 +174,36 @@ class Session:
 
     def connect(self) -> None:
         self.discard()
+        started = time.monotonic()
         try:
-            for attempt in retry_policy(self.retry_s, f"connect {self.name}"):
+            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level):
                 with attempt:
                     self._conn = self._open()
         except MySQLdb.Error as e:
+            waited = f" (retried for {self.retry_s:g} s: connect_retry_s)" if self.retry_s else ""
             raise errors.DatabaseError(
-                f"cannot reach the database at {self.dsn.masked()}: {describe(e)}"
+                f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
             ) from None
+        self._say_back(attempt.retry_state.attempt_number, started, f"connect {self.name}")
         self.generation += 1
 
+    def _say_back(self, attempts: int, started: float, what: str) -> None:
+        """After retrying, one line that the server answers again (the retries each logged one)."""
+        if attempts > 1:
+            log.log(self.retry_log_level, "database reachable again what=%s attempts=%d seconds=%.1f",
+                    what, attempts, time.monotonic() - started)
+
     def _open(self) -> MySQLdb.connections.Connection:
+        args = self.dsn.connect_args()
+        if not self.use_database:
+            args.pop("database")
         try:
             conn = MySQLdb.connect(
-                **self.dsn.connect_args(),
+                **args,
                 autocommit=self.autocommit,
-                connect_timeout=10,
+                # One attempt never outlasts the retry budget by much (a one-shot command's
+                # few seconds), nor 10 s (a host that drops packets).
+                connect_timeout=min(10, max(3, math.ceil(self.retry_s))),
                 read_timeout=self.read_timeout_s,
                 write_timeout=30,
                 conv=CONVERSIONS,
@@ -287,13 +325,17 @@ class Session:
             if not is_transient(e):
                 raise
             first: MySQLdb.Error | None = e
+            lost = is_connection_lost(e)
         remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
-        for attempt in retry_policy(remaining_s, what):
+        for attempt in retry_policy(remaining_s, what, self.retry_log_level):
             with attempt:
                 if first is not None:
                     failed, first = first, None
                     raise failed
-                return self._attempt(body, idempotent)
+                result = self._attempt(body, idempotent)
+                if lost:  # a deadlock retried is no outage: nothing to announce
+                    self._say_back(attempt.retry_state.attempt_number, started, what)
+                return result
         raise AssertionError("unreachable")
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:

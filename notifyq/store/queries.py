@@ -39,8 +39,10 @@ def microseconds(seconds: float) -> int:
 
 # ---------------------------------------------------------------- enqueue (caller's cursor)
 
-def ensure_queue(cur, queue: str) -> None:
+def ensure_queue(cur, queue: str) -> bool:
+    """True when the queue's row is new: nothing had used this name before."""
     cur.execute(Q["ensure_queue"], {"queue": queue})
+    return cur.rowcount == 1
 
 
 def bump_signal(cur, queue: str, n: int) -> None:
@@ -387,14 +389,16 @@ def set_bell(cur, queue: str, bell: int) -> None:
     cur.execute(Q["set_bell"], {"queue": queue, "bell": bell})
 
 
-def set_paused(session: Session, queue: str, paused: bool) -> None:
+def set_paused(session: Session, queue: str, paused: bool) -> bool:
+    """Pause or resume; True when the queue did not exist before (it is created in that state)."""
     def body(cur):
-        ensure_queue(cur, queue)
+        created = ensure_queue(cur, queue)
         cur.execute(Q["set_paused"], {"queue": queue, "paused": int(paused)})
         if not paused:
             bump_signal(cur, queue, 1)  # wake the watcher: there may be work waiting
+        return created
 
-    session.run(body, what="pause" if paused else "resume")
+    return session.run(body, what="pause" if paused else "resume")
 
 
 # ---------------------------------------------------------------- the reaper

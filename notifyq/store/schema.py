@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+import secrets
 
 import MySQLdb
 
@@ -70,14 +72,14 @@ def require_current(session: Session) -> None:
             f"schema version {have} is newer than this notifyq's {want}: upgrade notifyq on this host")
 
 
-def init(dsn: DSN, retry_s: float = 30.0) -> tuple[int | None, int]:
+def init(dsn: DSN, retry_s: float = 30.0, retry_log_level: int = logging.WARNING) -> tuple[int | None, int]:
     """Create the database if we may, then apply missing migrations under an advisory lock.
 
     Two hosts running `init` at once serialise on the lock; the second finds nothing to do.
     Returns (version before, version after).
     """
-    _create_database(dsn, retry_s)
-    session = Session(dsn, autocommit=True, retry_s=retry_s, name="init")
+    _create_database(dsn, retry_s, retry_log_level)
+    session = Session(dsn, autocommit=True, retry_s=retry_s, name="init", retry_log_level=retry_log_level)
     try:
         check_server(session.conn.get_server_info())
         name = locks.migrate_lock(dsn.database)
@@ -106,46 +108,72 @@ def init(dsn: DSN, retry_s: float = 30.0) -> tuple[int | None, int]:
         session.close()
 
 
-def _create_database(dsn: DSN, retry_s: float) -> None:
-    """CREATE DATABASE IF NOT EXISTS, connected without a default database."""
-    import dataclasses
-
-    probe = Session(dataclasses.replace(dsn, database="mysql"), autocommit=True,
-                    retry_s=retry_s, name="init")
-    args = dsn.connect_args()
-    args.pop("database")
+def _create_database(dsn: DSN, retry_s: float, retry_log_level: int) -> None:
+    """CREATE DATABASE IF NOT EXISTS, connected without a default database (it may not exist yet)."""
+    session = Session(dsn, autocommit=True, retry_s=retry_s, name="init", retry_log_level=retry_log_level,
+                      use_database=False)
     try:
-        conn = MySQLdb.connect(**args, connect_timeout=10)
-    except MySQLdb.OperationalError as e:
-        probe.close()
-        if error_code(e) in (1044, 1045, 1698):
-            raise errors.DatabaseError(
-                f"the server refused user {dsn.user!r}: check the password and grants") from None
-        # Let Session's retry policy produce the user-facing error for an unreachable server.
-        probe.connect()
-        raise
-    try:
-        cur = conn.cursor()
         # The name was validated by DSN.parse (letters, digits, underscore): safe to quote.
-        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
+        session.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
     except MySQLdb.Error as e:
         if error_code(e) not in (1044, 1142):  # no CREATE privilege: the DBA made it already
             raise errors.DatabaseError(f"cannot create database {dsn.database!r}: {describe(e)}") from None
     finally:
-        conn.close()
-        probe.close()
+        session.close()
 
 
-def drop_database(dsn: DSN) -> None:
-    """DROP DATABASE IF EXISTS: for the demo's own database only."""
-    args = dsn.connect_args()
-    args.pop("database")
-    conn = MySQLdb.connect(**args, autocommit=True)
+# A database the demo created: its own prefix and a random suffix, so it never names a user's.
+DEMO_DATABASE = re.compile(r"^notifyq_demo_[0-9a-f]{12}$")
+
+
+def create_demo_database(dsn: DSN, retry_s: float = 10.0) -> tuple[DSN, str]:
+    """A new database for `notifyq demo` on dsn's server, marked with a random token.
+
+    Plain CREATE DATABASE (no IF NOT EXISTS): an existing database of that name is an error,
+    so the database is provably this call's. Returns (its DSN, the token drop_database needs).
+    """
+    target = dataclasses.replace(dsn, database=f"notifyq_demo_{secrets.token_hex(6)}")
+    token = secrets.token_hex(16)
+    server = Session(target, autocommit=True, retry_s=retry_s, name="demo", use_database=False)
     try:
-        # The name was validated by DSN.parse (letters, digits, underscore): safe to quote.
-        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
+        # The name is DEMO_DATABASE's: letters, digits, underscore, safe to quote.
+        server.cursor().execute(f"CREATE DATABASE `{target.database}` CHARACTER SET utf8mb4")
+    except MySQLdb.Error as e:
+        raise errors.DatabaseError(f"cannot create the demo database: {describe(e)}") from None
     finally:
-        conn.close()
+        server.close()
+    session = Session(target, autocommit=True, retry_s=retry_s, name="demo")
+    try:
+        session.run(lambda cur: (cur.execute(Q["demo_marker_create"]),
+                                 cur.execute(Q["demo_marker_set"], {"token": token})), what="mark demo database")
+    finally:
+        session.close()
+    return target, token
+
+
+def drop_database(dsn: DSN, token: str) -> None:
+    """DROP DATABASE, for the demo's own database only: its name matches DEMO_DATABASE and its
+    marker table holds `token`, written by create_demo_database. Anything else is refused."""
+    if not DEMO_DATABASE.match(dsn.database):
+        raise errors.InputError(f"refusing to drop database {dsn.database!r}: not a demo database")
+    session = Session(dsn, autocommit=True, retry_s=10.0, name="demo")
+    try:
+        def marked(cur) -> bool:
+            try:
+                cur.execute(Q["demo_marker_get"])
+            except MySQLdb.ProgrammingError as e:
+                if error_code(e) == 1146:  # no marker table: not made by the demo
+                    return False
+                raise
+            return any(row[0] == token for row in cur.fetchall())
+
+        if not session.run(marked, what="check demo marker"):
+            raise errors.InputError(f"refusing to drop database {dsn.database!r}: "
+                                    "it does not carry this demo run's marker")
+        # The name matched DEMO_DATABASE above: safe to quote.
+        session.cursor().execute(f"DROP DATABASE `{dsn.database}`")
+    finally:
+        session.close()
 
 
 def grants(database: str, user: str) -> list[str]:

@@ -480,3 +480,14 @@ SELECT id FROM nq_job FORCE INDEX (ix_finished)
 WHERE queue = %(queue)s AND status = %(status)s
   AND finished_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
 ORDER BY finished_at LIMIT %(limit)s
+
+-- demo_marker_create --
+-- `notifyq demo` works in a database it creates itself and marks with a random token; it may
+-- drop a database only when this table holds the token it wrote (schema.drop_database).
+CREATE TABLE nq_demo_marker (token CHAR(32) NOT NULL PRIMARY KEY)
+
+-- demo_marker_set --
+INSERT INTO nq_demo_marker (token) VALUES (%(token)s)
+
+-- demo_marker_get --
+SELECT token FROM nq_demo_marker
