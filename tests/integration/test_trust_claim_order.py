@@ -51,7 +51,7 @@ def test_ready_due_scheduled_and_due_retries_are_claimed_in_one_priority_order(d
     session = Session(cfg.dsn)
     claim = queries.claim(session, "q", OWNER, 1, 60)
     assert [j.id for j in claim.jobs] == [retried]
-    assert queries.fail(session, "q", claim.token, [(retried, 3600.0, "boom")]) == 1
+    assert queries.fail(session, "q", claim.token, [(retried, 3600.0, "boom")]) == [retried]
     _make_due(db, [due_scheduled, retried], seconds_ago=60)
     # When a consumer claims one job at a time
     order = _claim_order(session)
