@@ -9,6 +9,7 @@ claims are fenced by claim token, so they can never touch a job someone else now
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from notifyq import errors
+from notifyq import errors, logs
 from notifyq.config import Config
 from notifyq.consume import reaper, retry
 from notifyq.jobs import Job
@@ -319,6 +320,7 @@ class Worker:
             return
         ok = [j.id for j in jobs if j.error is None]
         failures = []
+        logged: dict[str, int] = {}  # traceback -> the job whose line showed it
         for job in jobs:
             if job.error is None:
                 continue
@@ -327,12 +329,9 @@ class Worker:
             failures.append((job.id, delay, job.error))
             if delay is None:
                 self.stats.dead += 1
-                log.warning("job dead queue=%s job=%d attempts=%d error=%r",
-                            self.queue, job.id, job.attempts, job.error[:200])
             else:
                 self.stats.retried += 1
-                log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
-                         self.queue, job.id, job.attempts, delay, job.error[:200])
+            _log_failure(job, delay, logged)
         if log.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
@@ -370,3 +369,27 @@ class Worker:
         result = reaper.reap(self.lock, self.work, self.config.dsn.database)
         if result is not None:
             self.stats.reclaimed += result.reclaimed + result.expired
+
+
+def _log_failure(job: Job, delay: float | None, logged: dict[str, int]) -> None:
+    """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
+    time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
+    that raised fails all its jobs with the same one)."""
+    fields: dict[str, object] = {"queue": job.queue, "job": job.id,
+                                 "attempt": f"{job.attempts}/{job.max_attempts}"}
+    if delay is None:
+        fields["next"] = "dead" if job.retry else "dead (not retried)"
+    else:
+        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
+        fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    fields["error"] = job.error[:2000] if job.error else job.error
+    if job.detail:
+        if job.detail in logged:
+            fields["traceback"] = f"as for job {logged[job.detail]}"
+        else:
+            logged[job.detail] = job.id
+            fields["traceback"] = job.detail.rstrip("\n")
+    if delay is None:
+        log.error("job dead", extra=logs.kv(**fields))
+    else:
+        log.warning("job failed, retrying", extra=logs.kv(**fields))

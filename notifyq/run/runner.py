@@ -50,6 +50,8 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             decoded.append(json.loads(text))
         except ValueError as e:
             raise errors.InputError(f"argument {i} is not valid JSON: {e}") from None
+        except RecursionError:  # [[[[... 10,000 deep
+            raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
     _require_schema(cfg)

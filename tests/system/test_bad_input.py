@@ -108,7 +108,7 @@ def test_an_invalid_queue_name_is_refused_with_exit_4_by_every_command(db, queue
     ("[consumer]\nreap_intervall_s = 1\n", "consumer: unknown key(s) reap_intervall_s"),
     ("[queue.q]\nhandlr = 'x:y'\n", "queue.q: unknown key(s) handlr"),
     ("[tls]\nkey2 = 'x'\n", "tls: unknown key(s) key2"),
-    ("[consumer]\nreap_interval_s = 'fast'\n", "consumer.reap_interval_s: expected float"),
+    ("[consumer]\nreap_interval_s = 'fast'\n", "consumer.reap_interval_s: expected a number"),
     ("connect_retry_s = -1\n", "connect_retry_s"),
     ("[consumer\n", "invalid TOML"),
 ])
@@ -126,7 +126,7 @@ def test_a_config_file_with_an_unknown_key_or_a_wrong_value_stops_every_command_
 
 @pytest.mark.parametrize("dsn, mentions", [
     ("http://nq:TopSecret1@localhost/db", "bad DSN: expected mysql://"),
-    ("mysql://nq:TopSecret1@localhost:port/db", "the port is not a number"),
+    ("mysql://nq:TopSecret1@localhost:port/db", "the port must be a number"),
     ("mysql://nq:TopSecret1@localhost/bad-name!", "invalid database name"),
     ("mysql://nq:TopSecret1@localhost/db?bogus=1", "unknown option(s) bogus"),
 ])
