@@ -200,6 +200,7 @@ class LogConfig:
     format: str = "auto"  # auto | kv | json
     file: str = ""
     syslog: bool = False
+    summary_s: float = 60.0  # a consumer's INFO summary line this often, busy or idle (0: never)
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ _RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),
     "batch_wait_s": _POSITIVE_S, "chunk_size": (True, 1, False, 1_000_000),
     "connect_retry_s": (False, 0, False, values.MAX_SECONDS),  # 0: one attempt
+    "summary_s": (False, 0, False, values.MAX_SECONDS),  # 0: no summary lines
 }
 
 

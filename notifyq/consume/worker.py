@@ -163,8 +163,8 @@ class Worker:
                                 os.getpid(), [self.queue], self.wakeup_mode)
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
-        log.info("consumer started queue=%s consumer=%s wakeup=%s batch_size=%d",
-                 self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
+        log.debug("worker started queue=%s consumer=%s wakeup=%s batch_size=%d",
+                  self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
 
     def _ensure_registered(self) -> None:
         if self.use_locks and self.work.generation != self._work_generation:
@@ -293,8 +293,8 @@ class Worker:
                         done, last_flush = [], time.monotonic()
         finally:
             self._settle(done, token)
-            log.info("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                     sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+            log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                      sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
             rest = ids[started:]
             if rest:
                 n = queries.give_back(self.work, self.queue, rest, token)

@@ -44,8 +44,8 @@ def _age(text: str | None) -> float:
     if text is None:
         return 0.0
     if not text.strip():
-        raise errors.InputError("--older-than: an age is required, like 30m or 7d")
-    return values.seconds("--older-than", admin.parse_age(text), positive=False)
+        raise errors.InputError("--older-than: an age is required, like 30m or 7d (a purge never defaults to all)")
+    return values.seconds("--older-than age", admin.parse_age(text), positive=False)
 
 
 @click.group()

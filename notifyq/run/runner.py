@@ -235,8 +235,10 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",
                  queue, stats.lines, stats.enqueued, stats.rejected, stats.batches,
                  "stop" if stopped else "eof")
-        if not print_ids and not quiet:
-            click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""))
+        if not quiet and (not print_ids or stats.rejected):
+            # With --print-ids stdout is the ids: the counts go to stderr, when a line was rejected.
+            click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""),
+                       err=print_ids)
         if stats.rejected and not stopped:
             raise SystemExit(errors.EXIT_INPUT)
 
