@@ -20,6 +20,7 @@ from MySQLdb.constants import FIELD_TYPE
 
 from notifyq import errors
 from notifyq.config import DSN
+from notifyq.store.sql import QUERIES
 
 log = logging.getLogger("notifyq.db")
 T = TypeVar("T")
@@ -83,6 +84,22 @@ def retry_policy(give_up_after_s: float, what: str) -> tenacity.Retrying:
         ),
         reraise=True,
     )
+
+
+def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
+    """TLS was asked for: refuse a session without it. The driver alone does not (with MariaDB
+    Connector/C, mysqlclient's ssl_mode does not make a server without TLS an error), so ask
+    the session itself. Not retried: a server without TLS does not grow it in 30 s."""
+    cur = conn.cursor()
+    try:
+        cur.execute(QUERIES["tls_cipher"])
+        row = cur.fetchone()
+    finally:
+        cur.close()
+    if not row or not row[1]:
+        conn.close()
+        raise errors.DatabaseError(f"the server at {dsn.masked()} does not use TLS, which the TLS "
+                                   "options ask for (remove them only if plaintext is acceptable)")
 
 
 def _datetime(text):
@@ -177,6 +194,8 @@ class Session:
                     f"database {self.dsn.database!r} does not exist: run `notifyq init`"
                 ) from None
             raise
+        if self.dsn.tls_mode:
+            _require_tls(conn, self.dsn)
         cur = conn.cursor()
         # READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide new
         # jobs) and locking reads take no gap locks that block producers.
