@@ -64,6 +64,8 @@ def load_callable(spec: str) -> Callable[..., Any]:
         sys.path.insert(0, os.getcwd())  # like `python -m`: handlers next to the caller import
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # a module that exits at import would end the consumer without a word
+        raise errors.HandlerError(f"handler {spec!r}: importing {module_name} called sys.exit({e.code!r})") from None
     except Exception as e:
         raise errors.HandlerError(f"handler {spec!r}: cannot import {module_name}: {e}") from None
     func = module

@@ -265,10 +265,12 @@ def test_check_server_refuses_servers_without_skip_locked(version, supported):
     ("nqhandlers", "expected pkg.module:function"),
     ("nqhandlers:_files", "is not callable"),
     ("broken_at_import:handle", "import-time boom"),
+    ("exits_at_import:handle", "called sys.exit(7)"),
 ])
 def test_a_handler_that_cannot_be_loaded_stops_the_consumer_with_exit_8(db, tmp_path, spec, mentions):
     # Given a handler spec that does not resolve to a callable (one module raises on import)
     (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('import-time boom')\n")
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
     env = {**db.env, "PYTHONPATH": f"{db.env['PYTHONPATH']}{os.pathsep}{tmp_path}"}
     # When a consumer starts with it
     result = run_cli(env, "consume", "-q", "q", "--handler", spec)
