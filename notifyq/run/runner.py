@@ -143,8 +143,8 @@ class _Stream:
         self.batches += 1
         if self.print_ids:
             click.echo("\n".join(map(str, ids)))
-        log.info("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
-                 len(ids), ids[0], ids[-1])
+        log.debug("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
+                  len(ids), ids[0], ids[-1])
         if log.isEnabledFor(logging.DEBUG):
             for job_id in ids:
                 log.debug("job enqueued queue=%s job=%d", self.producer.queue, job_id)
