@@ -280,8 +280,14 @@ def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = N
     """Merge files, environment and `overrides` (flags: {"dsn": ..., "log": {"level": ...}}).
 
     `config_path` (`--config FILE`) replaces $NOTIFYQ_CONFIG."""
-    env = dict(os.environ if env is None else env)
-    warn = warn or (lambda msg: None)
+    try:
+        return _load(dict(os.environ if env is None else env), overrides, warn or (lambda msg: None),
+                     config_path)
+    except RecursionError:  # tables nested thousands deep, in two files: merged recursively
+        raise errors.ConfigError("config: tables nested too deeply") from None
+
+
+def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_path: str | None) -> Config:
     raw: dict[str, Any] = {}
     origins = _Origins()
     files = config_files(env, config_path)

@@ -248,3 +248,10 @@ def test_values_number_is_the_one_finite_and_range_check():
     with pytest.raises(errors.ConfigError):
         values.seconds("t", 0, error=errors.ConfigError)
     assert os.path.basename(values.writable_file("f", "x.log")) == "x.log"
+
+
+def test_tables_nested_thousands_deep_in_two_files_are_one_line(tmp_path):
+    deep = "[" + ".".join(["a"] * 3000) + "]\nx = 1\n"
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "10.toml").write_text(deep)
+    assert "nested too deeply" in config_error(tmp_path, deep)
