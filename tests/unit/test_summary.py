@@ -46,3 +46,25 @@ def test_a_summary_interval_of_zero_turns_it_off(caplog):
     clock.now += 1e6
     summary.maybe_log([Stats()], busy=0, workers=1)
     assert caplog.messages == []
+
+
+def test_a_batch_failure_logs_one_line_per_job_and_its_traceback_once(caplog):
+    import datetime as dt
+
+    from notifyq.consume.worker import _log_failure
+    from notifyq.jobs import Job
+
+    caplog.set_level(logging.INFO, logger="notifyq.consumer")
+    now = dt.datetime.now(dt.timezone.utc)
+    jobs = [Job(id=i, queue="b", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+            for i in (7, 8)]
+    for job in jobs:
+        job.fail("RuntimeError: batch broke")
+        job.detail = "Traceback (most recent call last):\n  ...\nRuntimeError: batch broke\n"
+    logged: dict[str, int] = {}
+    _log_failure(jobs[0], 2.0, logged)
+    _log_failure(jobs[1], None, logged)
+    first, second = caplog.records
+    assert (first.levelname, first.kv["job"], first.kv["attempt"]) == ("WARNING", 7, "1/3")
+    assert first.kv["next"].startswith("retry at 20") and first.kv["traceback"].endswith("RuntimeError: batch broke")
+    assert (second.levelname, second.kv["next"], second.kv["traceback"]) == ("ERROR", "dead", "as for job 7")
