@@ -106,7 +106,7 @@ def _not_empty(name: str, value: str) -> str:
     return value
 
 
-_delay = _check(lambda name, v: values.seconds(name, v, positive=False))
+_seconds = _check(lambda name, v: values.seconds(name, v, positive=False))
 _writable = _check(values.writable_file)
 _readable = _check(values.readable_file)
 _nonempty = _check(_not_empty)
@@ -272,7 +272,7 @@ def _set_paused(obj: Context, queue: str, paused: bool) -> None:
 @click.option("--profile", help="Config section [queue.NAME]: its queue (the systemd instance name).")
 @click.argument("payloads", nargs=-1, metavar="[JSON ...]")
 @click.option("--priority", type=click.IntRange(-32768, 32767), default=0, help="Higher runs first.")
-@click.option("--delay", type=float, default=0.0, callback=_delay, help="Seconds before the jobs may run.")
+@click.option("--delay", type=float, default=0.0, callback=_seconds, help="Seconds before the jobs may run.")
 @click.option("--at", "run_at", callback=_nonempty,
               help="Run at this ISO-8601 time (with offset; naive means UTC).")
 @click.option("--max-attempts", type=click.IntRange(1, 65535), default=None)
@@ -378,7 +378,7 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
 @click.option("--producers", type=click.IntRange(1, 32), default=2)
 @click.option("--consumers", type=click.IntRange(1, 64), default=10)
 @click.option("--rate", type=click.IntRange(1), default=2000, help="Jobs per second offered in all.")
-@click.option("--duration", type=float, default=0, help="Seconds to run (0: until Ctrl-C).")
+@click.option("--duration", type=float, default=0, callback=_seconds, help="Seconds to run (0: until Ctrl-C).")
 @click.pass_obj
 def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float) -> None:
     """Live demo: producers and consumers against a local (or private) MariaDB."""
