@@ -45,8 +45,13 @@ def number(name: str, value: Any, *, lo: float | None = None, hi: float | None =
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type:
         raise error(f"{name}: expected {kind}, got {shown(value)}")
-    if not integer and not math.isfinite(value):
-        raise error(f"{name}: expected a finite number, got {value!r}")
+    if not integer:
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int too large for a float (TOML ints have no size limit)
+            finite = False
+        if not finite:
+            raise error(f"{name}: expected a finite number, got {shown(value)}")
     too_low = lo is not None and (value <= lo if lo_open else value < lo)
     too_high = hi is not None and value > hi
     if too_low or too_high:

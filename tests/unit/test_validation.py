@@ -80,7 +80,7 @@ def test_a_queue_name_with_a_trailing_newline_or_too_long_is_refused_everywhere(
     ("wakeup", "idle_wait_s"), ("wakeup", "poll_initial_s"), ("consumer", "reap_interval_s"),
     ("consumer", "shutdown_grace_s"), ("producer", "batch_wait_s"),
 ])
-@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "-inf", "1e300"])
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "-inf", "1e300", "9" * 400])
 def test_zero_negative_and_non_finite_durations_are_refused_naming_the_key_and_file(tmp_path, section, key, bad):
     # Given a config file setting a duration to a bad value
     message = config_error(tmp_path, f"[{section}]\n{key} = {bad}\n")
