@@ -310,13 +310,13 @@ def produce(obj: Context, queue: str | None, profile: str | None, payloads: tupl
         raise click.UsageError("missing option -q QUEUE (or --profile NAME)")
     config_mod.validate_queue_name(queue)
     when = _parse_at(run_at)
+    if dedup_key and len(payloads) != 1:
+        raise click.UsageError("--dedup-key needs exactly one JSON argument")
     if payloads:
         runner.produce_args(cfg, queue, payloads, priority=priority, delay=delay, run_at=when,
                             max_attempts=max_attempts, dedup_key=dedup_key,
                             print_ids=print_ids is not False)
         return
-    if dedup_key:
-        raise click.UsageError("--dedup-key needs exactly one JSON argument")
     runner.produce_stream(cfg, queue, priority=priority, delay=delay, run_at=when,
                           input_path=input_path, follow=follow, reject_file=reject_file,
                           print_ids=bool(print_ids), daemon=daemon, pidfile=pidfile, log_file=log_file,

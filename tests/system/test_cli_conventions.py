@@ -71,6 +71,14 @@ def test_a_missing_queue_is_a_usage_error_in_one_line(db, args):
     assert nothing_written(db)
 
 
+@pytest.mark.parametrize("args", [("produce", "-q", "q", "--dedup-key", "k", "{}", "{}"),
+                                  ("produce", "-q", "q", "--dedup-key", "k"),
+                                  ("consume", "-q", "q", "--handler", "a:b", "--command", "true")])
+def test_a_wrong_combination_of_flags_is_a_usage_error_like_a_missing_one(db, args):
+    one_line(run_cli(db.env, *args, input=""), errors.EXIT_USAGE)
+    assert nothing_written(db)
+
+
 def test_the_exit_codes_are_listed_in_help(db):
     out = run_cli(db.env, "--help").stdout
     for code, word in ((2, "usage"), (3, "configuration"), (4, "bad input"), (5, "database"), (6, "schema")):
