@@ -33,6 +33,8 @@ class Producer:
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False):
+        if not isinstance(config, Config):
+            raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
@@ -61,6 +63,8 @@ class Producer:
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
         """Enqueue many jobs atomically: multi-row INSERTs of `producer.chunk_size` rows each."""
+        if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
+            raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
         if not rows:
             return []

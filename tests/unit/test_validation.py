@@ -255,3 +255,11 @@ def test_tables_nested_thousands_deep_in_two_files_are_one_line(tmp_path):
     (tmp_path / "conf.d").mkdir()
     (tmp_path / "conf.d" / "10.toml").write_text(deep)
     assert "nested too deeply" in config_error(tmp_path, deep)
+
+
+def test_a_producer_refuses_a_config_that_is_none_and_put_many_a_single_payload(tmp_path):
+    with pytest.raises(errors.InputError, match="config"):
+        Producer("q", None)
+    for payloads in ("abc", {"n": 1}, 5):
+        with pytest.raises(errors.InputError, match="payloads"):
+            Producer("q", load(tmp_path)).put_many(payloads)
