@@ -8,96 +8,23 @@ should stop a deploy, not silently run with the default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import re
 import stat
 import tomllib
-import urllib.parse
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from notifyq import errors
+from notifyq import errors, values
+from notifyq.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
 
 DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
 DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start
 ONESHOT_CONNECT_RETRY_S = 5.0  # an operator at a prompt wants the answer, not a wait
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
+validate_queue_name = values.queue_name  # the name every part imports
 
-def validate_queue_name(name: str) -> str:
-    """Queue names end up in lock names and log lines, never in SQL text; still, keep them tame."""
-    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
-        raise errors.InputError(
-            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . -"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class DSN:
-    user: str = "root"
-    password: str | None = field(default=None, repr=False)
-    host: str = "localhost"
-    port: int = 3306
-    database: str = "notifyq"
-    unix_socket: str | None = None
-    tls: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, url: str) -> "DSN":
-        """mysql://user:pw@host:port/db, or mysql://user@localhost/db?unix_socket=/run/mysqld/mysqld.sock"""
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("mysql", "mariadb"):
-            raise errors.ConfigError("bad DSN: expected mysql://user:password@host:port/database")
-        try:
-            port = parts.port or 3306
-        except ValueError:
-            raise errors.ConfigError("bad DSN: the port is not a number") from None
-        query = dict(urllib.parse.parse_qsl(parts.query))
-        socket_path = query.pop("unix_socket", None) or query.pop("socket", None)
-        tls = {k: query.pop(k) for k in list(query) if k.startswith("ssl_")}
-        if query:
-            raise errors.ConfigError(f"bad DSN: unknown option(s) {', '.join(sorted(query))}")
-        database = parts.path.lstrip("/") or "notifyq"
-        if not re.match(r"^[A-Za-z0-9_]{1,64}$", database):
-            raise errors.ConfigError(f"bad DSN: invalid database name {database!r}")
-        password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-        return cls(
-            user=urllib.parse.unquote(parts.username or "root"),
-            password=password,
-            host=parts.hostname or "localhost",
-            port=port,
-            database=database,
-            unix_socket=socket_path,
-            tls=tls,
-        )
-
-    def masked(self) -> str:
-        """The DSN as a URL with the password replaced: safe for logs and `notifyq config`."""
-        auth = self.user + (":***" if self.password else "")
-        host = f"{self.host}:{self.port}" if not self.unix_socket else self.host
-        params = dict(self.tls)
-        if self.unix_socket:
-            params["unix_socket"] = self.unix_socket
-        query = ("?" + urllib.parse.urlencode(params)) if params else ""
-        return f"mysql://{auth}@{host}/{self.database}{query}"
-
-    def connect_args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"user": self.user, "database": self.database, "charset": "utf8mb4"}
-        if self.password:
-            args["password"] = self.password
-        if self.unix_socket:
-            args["unix_socket"] = self.unix_socket
-        else:
-            args["host"] = self.host
-            args["port"] = self.port
-        if self.tls:
-            # Passed through to the driver as its `ssl` mapping (ca, cert, key, capath, cipher).
-            args["ssl"] = {k.removeprefix("ssl_"): v for k, v in self.tls.items() if k != "ssl_mode"}
-            if "ssl_mode" in self.tls:
-                args["ssl_mode"] = self.tls["ssl_mode"]
-        return args
 
 
 @dataclass(frozen=True)
@@ -149,6 +76,7 @@ class LogConfig:
     format: str = "auto"  # auto | kv | json
     file: str = ""
     syslog: bool = False
+    summary_s: float = 60.0  # a consumer's INFO summary line this often, busy or idle (0: never)
 
 
 @dataclass(frozen=True)
@@ -198,22 +126,71 @@ def _diff(qc: QueueConfig, base: QueueConfig) -> dict[str, Any]:
     return {f.name: getattr(qc, f.name) for f in fields(qc) if getattr(qc, f.name) != getattr(base, f.name)}
 
 
-def _coerce(cls: type, data: dict[str, Any], where: str, base: Any = None) -> Any:
-    """Build dataclass `cls` from a TOML table, rejecting unknown keys and wrong types."""
+# Every number a setting may hold, in one table: (integer, low, low excluded, high). Checked by
+# values.number, which also refuses nan and inf, for files, NOTIFYQ_* variables and flags alike.
+_POSITIVE_S = (False, 0, True, values.MAX_SECONDS)
+_RANGES: dict[str, tuple[bool, float, bool, float]] = {
+    "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
+    "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
+    "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
+    "max_attempts": (True, 1, False, 65535),
+    "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
+    "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
+    "metrics_port": (True, 0, False, 65535),  # 0: no endpoint
+    "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),
+    "batch_wait_s": _POSITIVE_S, "chunk_size": (True, 1, False, 1_000_000),
+    "connect_retry_s": (False, 0, False, values.MAX_SECONDS),  # 0: one attempt
+    "summary_s": (False, 0, False, values.MAX_SECONDS),  # 0: no summary lines
+}
+
+
+def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqError] = errors.ConfigError,
+                  suffix: str = "") -> Any:
+    """One setting's number check (the flags that override settings use it too)."""
+    integer, lo, lo_open, hi = _RANGES[key]
+    try:
+        value = values.number(where, value, lo=lo, lo_open=lo_open, hi=hi, integer=integer, error=error)
+    except errors.NotifyqError as e:
+        raise type(e)(f"{e}{suffix}") from None
+    return value if integer else float(value)
+
+
+class _Origins(dict):
+    """Dotted key -> where its value came from (a file, a variable, the command line)."""
+
+    def at(self, dotted: str) -> str:
+        """' (in FILE)' for an error line about `dotted`; '' for a default."""
+        source = self.get(dotted) or self.get(dotted.rsplit(".", 1)[0])
+        return f" (in {source})" if source else ""
+
+
+def _table(value: Any, dotted: str, origins: _Origins) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise errors.ConfigError(f"{dotted}: expected a table ([{dotted}]), got {values.shown(value)}{origins.at(dotted)}")
+    return value
+
+
+def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = None) -> Any:
+    """Build dataclass `cls` from a TOML table, rejecting unknown keys, wrong types and numbers
+    out of range: one line naming the key and where it was set."""
+    data = _table(data, where, origins)
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}{origins.at(where)}")
     base = base if base is not None else cls()
-    values = {}
+    out = {}
     for key, value in data.items():
+        dotted = f"{where}.{key}"
+        if key in _RANGES:
+            out[key] = check_setting(key, value, dotted, suffix=origins.at(dotted))
+            continue
         expected = type(getattr(base, key))
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise errors.ConfigError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
-        values[key] = value
-    return replace(base, **values)
+            raise errors.ConfigError(f"{dotted}: expected {expected.__name__}, got {values.shown(value)}"
+                                     f"{origins.at(dotted)}")
+        out[key] = value
+    return replace(base, **out)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -222,27 +199,44 @@ def _read_toml(path: Path) -> dict[str, Any]:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise errors.ConfigError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise errors.ConfigError(f"{path}: invalid TOML: not UTF-8") from None
+    except RecursionError:
+        raise errors.ConfigError(f"{path}: invalid TOML: nested too deeply") from None
     except OSError as e:
         raise errors.ConfigError(f"{path}: cannot read: {e.strerror}") from None
     return data
 
 
-def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+def _merge(into: dict[str, Any], new: dict[str, Any], origins: _Origins, source: str, prefix: str = "") -> None:
     for key, value in new.items():
+        dotted = f"{prefix}{key}"
         if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
+            _merge(into[key], value, origins, source, dotted + ".")
         else:
             into[key] = value
+            origins[dotted] = source
+            if isinstance(value, dict):
+                for sub in value:
+                    origins[f"{dotted}.{sub}"] = source
 
 
-def config_files(env: dict[str, str]) -> list[Path]:
-    main = Path(env.get("NOTIFYQ_CONFIG") or DEFAULT_CONFIG_PATH)
-    if "NOTIFYQ_CONFIG" in env and not main.exists():
-        raise errors.ConfigError(f"NOTIFYQ_CONFIG names {main}, which does not exist")
-    found = [main] if main.exists() else []
-    confd = main.parent / "conf.d"
-    if confd.is_dir():
-        found += sorted(confd.glob("*.toml"))
+def config_files(env: dict[str, str], explicit: str | None = None) -> list[Path]:
+    """The main file (`--config`, else $NOTIFYQ_CONFIG, else the default), then its conf.d/."""
+    named_by = "--config" if explicit else "NOTIFYQ_CONFIG" if env.get("NOTIFYQ_CONFIG") else None
+    main = Path(explicit or env.get("NOTIFYQ_CONFIG") or DEFAULT_CONFIG_PATH)
+    try:
+        exists = main.exists()
+        if named_by and not exists:
+            raise errors.ConfigError(f"{named_by} names {values.shown(str(main))}, which does not exist")
+        if exists and main.is_dir():
+            raise errors.ConfigError(f"{named_by or 'config'} {values.shown(str(main))} is a directory")
+        found = [main] if exists else []
+        confd = main.parent / "conf.d"
+        if confd.is_dir():
+            found += sorted(confd.glob("*.toml"))
+    except OSError as e:  # a name too long, a loop of links
+        raise errors.ConfigError(f"{named_by or 'config'} {values.shown(str(main))}: {e.strerror}") from None
     return found
 
 
@@ -270,6 +264,9 @@ ENV_KEYS = {
     "NOTIFYQ_METRICS_PORT": ("consumer", "metrics_port"),
     "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
 }
+_ENV_TEXT = ("dsn", "password_file", "level", "format", "file", "metrics_addr")
+# What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.
+SECRET_ENV = ("NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")
 
 
 def _env_value(raw: str) -> Any:
@@ -286,83 +283,118 @@ def _env_value(raw: str) -> Any:
     return raw
 
 
-def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None, warn=None) -> Config:
-    """Merge files, environment and `overrides` (flags: {"dsn": ..., "log": {"level": ...}})."""
-    env = dict(os.environ if env is None else env)
-    warn = warn or (lambda msg: None)
+def _has_password(dsn: Any) -> bool:
+    try:
+        return DSN.parse(str(dsn)).password is not None
+    except errors.ConfigError:
+        return False  # reported when the config is built
+
+
+def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None, warn=None,
+         config_path: str | None = None) -> Config:
+    """Merge files, environment and `overrides` (flags: {"dsn": ..., "log": {"level": ...}}).
+
+    `config_path` (`--config FILE`) replaces $NOTIFYQ_CONFIG."""
+    try:
+        return _load(dict(os.environ if env is None else env), overrides, warn or (lambda msg: None),
+                     config_path)
+    except RecursionError:  # tables nested thousands deep, in two files: merged recursively
+        raise errors.ConfigError("config: tables nested too deeply") from None
+
+
+def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_path: str | None) -> Config:
     raw: dict[str, Any] = {}
-    files = config_files(env)
+    origins = _Origins()
+    files = config_files(env, config_path)
     for path in files:
         data = _read_toml(path)
-        if "dsn" in data and ":" in urllib.parse.urlsplit(str(data["dsn"])).netloc.split("@")[0]:
+        if "dsn" in data and _has_password(data["dsn"]):
             warn_if_readable(path, warn)
-        _merge(raw, data)
+        _merge(raw, data, origins, str(path))
     for var, (section, key) in ENV_KEYS.items():
         if env.get(var):
             target = raw.setdefault(section, {}) if section else raw
-            target[key] = env[var] if key in ("dsn", "password_file", "level", "format", "file", "metrics_addr") else _env_value(env[var])
-    _merge(raw, overrides or {})
-    return _build(raw, env, tuple(str(p) for p in files), warn)
+            if not isinstance(target, dict):
+                continue  # the file's section is not a table: _build says so
+            target[key] = env[var] if key in _ENV_TEXT else _env_value(env[var])
+            origins[f"{section}.{key}" if section else key] = var
+    _merge(raw, overrides or {}, origins, "the command line")
+    return _build(raw, env, tuple(str(p) for p in files), warn, origins)
 
 
-def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], warn) -> Config:
+def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], warn, origins: _Origins) -> Config:
     raw = dict(raw)
     top_known = {"dsn", "password_file", "connect_retry_s", "log", "wakeup", "consumer", "producer",
                  "defaults", "queue", "tls"}
     unknown = sorted(set(raw) - top_known)
     if unknown:
-        raise errors.ConfigError(f"unknown config key(s) {', '.join(unknown)}")
-    dsn = DSN.parse(str(raw.get("dsn") or "mysql://root@localhost/notifyq"))
-    tls = raw.get("tls", {})
-    bad_tls = sorted(set(tls) - {"ca", "cert", "key", "capath", "cipher", "mode"})
+        raise errors.ConfigError(f"unknown config key(s) {', '.join(map(str, unknown))}")
+    for key in ("dsn", "password_file"):
+        if key in raw and not isinstance(raw[key], str):
+            raise errors.ConfigError(f"{key}: expected a string{origins.at(key)}")
+    dsn = DSN.parse(raw.get("dsn") or DEFAULT_DSN)
+    tls = _table(raw.get("tls", {}), "tls", origins)
+    bad_tls = sorted(set(tls) - set(TLS_KEYS))
     if bad_tls:
-        raise errors.ConfigError(f"tls: unknown key(s) {', '.join(bad_tls)}")
+        raise errors.ConfigError(f"tls: unknown key(s) {', '.join(map(str, bad_tls))}{origins.at('tls')}")
     if tls:
-        dsn = replace(dsn, tls={**dsn.tls, **{f"ssl_{k}": str(v) for k, v in tls.items()}})
+        given = tls_options({f"ssl_{k}": str(v) for k, v in tls.items()}, "tls.mode")
+        dsn = replace(dsn, tls={**dsn.tls, **given})
+    dsn.check_files()
     password_file = str(raw.get("password_file") or "")
     dsn = replace(dsn, password=_password(dsn, password_file, env, warn))
-    defaults = _coerce(QueueConfig, raw.get("defaults", {}), "defaults")
+    defaults = _coerce(QueueConfig, raw.get("defaults", {}), "defaults", origins)
     queues: dict[str, QueueConfig] = {}
     periodic: dict[str, tuple[dict[str, Any], ...]] = {}
-    for name, section in raw.get("queue", {}).items():
-        validate_queue_name(name)
-        section = dict(section)
+    for name, section in _table(raw.get("queue", {}), "queue", origins).items():
+        validate_queue_name(name, errors.ConfigError)
+        section = dict(_table(section, f"queue.{name}", origins))
         entries = section.pop("periodic", [])
-        queues[name] = _coerce(QueueConfig, section, f"queue.{name}", defaults)
+        queues[name] = _coerce(QueueConfig, section, f"queue.{name}", origins, defaults)
+        if not isinstance(entries, list):
+            raise errors.ConfigError(f"queue.{name}.periodic: expected [[queue.{name}.periodic]] entries"
+                                     f"{origins.at(f'queue.{name}.periodic')}")
         if entries:
             periodic[name] = tuple(_periodic_entry(e, name) for e in entries)
-    connect_retry_s = raw.get("connect_retry_s")
-    if connect_retry_s is not None and (isinstance(connect_retry_s, bool) or
-                                        not isinstance(connect_retry_s, (int, float)) or connect_retry_s < 0):
-        raise errors.ConfigError(f"connect_retry_s: expected a number of seconds >= 0, got {connect_retry_s!r}")
+    connect_retry_s = raw.get("connect_retry_s")  # unset: each command's own default
+    if connect_retry_s is not None:
+        connect_retry_s = check_setting("connect_retry_s", connect_retry_s, "connect_retry_s",
+                                        suffix=origins.at("connect_retry_s"))
     cfg = Config(
         dsn=dsn,
         password_file=password_file,
-        connect_retry_s=None if connect_retry_s is None else float(connect_retry_s),
-        log=_coerce(LogConfig, raw.get("log", {}), "log"),
-        wakeup=_coerce(WakeupConfig, raw.get("wakeup", {}), "wakeup"),
-        consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer"),
-        producer=_coerce(ProducerConfig, raw.get("producer", {}), "producer"),
+        connect_retry_s=connect_retry_s,
+        log=_coerce(LogConfig, raw.get("log", {}), "log", origins),
+        wakeup=_coerce(WakeupConfig, raw.get("wakeup", {}), "wakeup", origins),
+        consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer", origins),
+        producer=_coerce(ProducerConfig, raw.get("producer", {}), "producer", origins),
         defaults=defaults,
         queues=queues,
         periodic=periodic,
         sources=sources,
     )
-    _check_ranges(cfg)
+    _check_ranges(cfg, origins)
     return cfg
 
 
 def _periodic_entry(entry: Any, queue: str) -> dict[str, Any]:
     where = f"queue.{queue}.periodic"
-    if not isinstance(entry, dict) or "cron" not in entry:
+    if not isinstance(entry, dict) or not isinstance(entry.get("cron"), str):
         raise errors.ConfigError(f"{where}: each entry needs a cron = \"...\" expression")
     unknown = sorted(set(entry) - {"cron", "payload", "name", "priority"})
     if unknown:
         raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
     from croniter import croniter  # imported here: only periodic configs need it
 
-    if not croniter.is_valid(str(entry["cron"])):
-        raise errors.ConfigError(f"{where}: invalid cron expression {entry['cron']!r}")
+    if not croniter.is_valid(entry["cron"]):
+        raise errors.ConfigError(f"{where}: invalid cron expression {values.shown(entry['cron'])}")
+    if "priority" in entry:
+        values.number(f"{where}.priority", entry["priority"], lo=-32768, hi=32767, integer=True,
+                      error=errors.ConfigError)
+    try:  # nan and inf are valid TOML but no JSON: refused here, not at the first tick
+        json.dumps(entry.get("payload", {}), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise errors.ConfigError(f"{where}.payload: not JSON: {e}") from None
     return {"name": str(entry.get("name") or entry["cron"]), "payload": entry.get("payload", {}), **entry}
 
 
@@ -379,22 +411,28 @@ def _password(dsn: DSN, password_file: str, env: dict[str, str], warn) -> str | 
             try:
                 password = path.read_text().rstrip("\n")
             except OSError as e:
-                raise errors.ConfigError(f"password_file {path}: cannot read: {e.strerror}") from None
+                raise errors.ConfigError(f"password_file {values.shown(str(path))}: cannot read: {e.strerror}") from None
+            except ValueError:  # not UTF-8, or a NUL in the name
+                raise errors.ConfigError(f"password_file {values.shown(str(path))}: not a readable text file") from None
             warn_if_readable(path, warn)
     return password
 
 
-def _check_ranges(cfg: Config) -> None:
+def _check_ranges(cfg: Config, origins: _Origins) -> None:
+    """What no single value shows: combinations, and the words a text setting may hold.
+    (Every number's own range is checked as it is read: _RANGES.)"""
     for name, qc in [("defaults", cfg.defaults), *((f"queue.{q}", c) for q, c in cfg.queues.items())]:
-        if not 1 <= qc.batch_size <= 10000:
-            raise errors.ConfigError(f"{name}.batch_size must be 1..10000")
-        if qc.max_attempts < 1 or qc.workers < 1:
-            raise errors.ConfigError(f"{name}: max_attempts and workers must be at least 1")
         if qc.handler and qc.command:
-            raise errors.ConfigError(f"{name}: set handler or command, not both")
+            raise errors.ConfigError(f"{name}: set handler or command, not both{origins.at(name)}")
     if cfg.log.level.lower() not in ("debug", "info", "warning", "error"):
-        raise errors.ConfigError("log.level must be debug, info, warning or error")
+        raise errors.ConfigError(f"log.level must be debug, info, warning or error{origins.at('log.level')}")
     if cfg.log.format not in ("auto", "kv", "json"):
-        raise errors.ConfigError("log.format must be auto, kv or json")
-    if cfg.wakeup.poll_initial_s <= 0 or cfg.wakeup.poll_max_s < cfg.wakeup.poll_initial_s:
-        raise errors.ConfigError("wakeup: need 0 < poll_initial_s <= poll_max_s")
+        raise errors.ConfigError(f"log.format must be auto, kv or json{origins.at('log.format')}")
+    if cfg.log.file:
+        try:
+            values.writable_file("log.file", cfg.log.file)
+        except errors.ConfigError as e:
+            raise errors.ConfigError(f"{e}{origins.at('log.file')}") from None
+    if cfg.wakeup.poll_max_s < cfg.wakeup.poll_initial_s:
+        raise errors.ConfigError(f"wakeup.poll_max_s: must be >= poll_initial_s "
+                                 f"({cfg.wakeup.poll_initial_s:g}){origins.at('wakeup.poll_max_s')}")

@@ -34,6 +34,8 @@ class Job:
     # Set by a batch handler that wants to fail this one job; None means success.
     error: str | None = field(default=None, repr=False)
     retry: bool = field(default=True, repr=False)
+    # For the failure's log line only (never stored): the traceback of a handler that raised.
+    detail: str | None = field(default=None, repr=False)
     _extend: Any = field(default=None, repr=False)
     _cancel_check: Any = field(default=None, repr=False)  # set by the worker: () -> bool
     _cancel_seen: bool = field(default=False, repr=False)

@@ -32,20 +32,23 @@ def setup_logging(level: str = "info", fmt: str = "auto", log_file: str | None =
     for old in [h for h in logger.handlers if getattr(h, _OURS, False)]:
         logger.removeHandler(old)
         old.close()
+    journal = False
     if log_file:
         # Watched: a file moved away by logrotate is reopened, not written into forever.
         main: logging.Handler = WatchedFileHandler(log_file, encoding="utf-8")
         stamped = True
     else:
         main = logging.StreamHandler(sys.stderr)
-        stamped = fmt != "auto" or not under_journald(sys.stderr)  # journald stamps its own
-    handlers = [(main, stamped)]
+        journal = under_journald(sys.stderr)
+        stamped = fmt != "auto" or not journal  # journald stamps its own
+    handlers = [(main, stamped, journal)]
     if use_syslog:
         syslog = SysLogHandler("/dev/log", SysLogHandler.LOG_DAEMON)
         syslog.ident = f"notifyq[{os.getpid()}]: "
-        handlers.append((syslog, False))  # syslog stamps its own
-    for handler, stamped in handlers:
-        handler.setFormatter(JSONFormatter() if fmt == "json" else KVFormatter(timestamps=stamped))
+        handlers.append((syslog, False, False))  # syslog stamps its own, and sends the level itself
+    for handler, stamped, journal in handlers:
+        formatter = JSONFormatter() if fmt == "json" else KVFormatter(timestamps=stamped)
+        handler.setFormatter(PriorityPrefix(formatter) if journal else formatter)
         # On the handler, not the logger: logger filters skip records from child loggers.
         handler.addFilter(Redactor())
         setattr(handler, _OURS, True)
@@ -123,6 +126,24 @@ def _core(record: logging.LogRecord, formatter: logging.Formatter, ts: bool) -> 
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(_core(record, self, ts=True), default=str, ensure_ascii=False)
+
+
+# syslog(3) priorities: journald reads a leading "<N>" on a stream line as the line's level
+# (SyslogLevelPrefix=, on by default), so `journalctl -p warning` works and errors show red.
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class PriorityPrefix(logging.Formatter):
+    """Wraps a formatter for a stderr that is the journal: "<6>msg=..." (one line per record:
+    both formatters escape newlines, so the prefix covers the whole record)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = max((n for n in _PRIORITY if n <= record.levelno), default=logging.DEBUG)
+        return f"<{_PRIORITY[level]}>{self.inner.format(record)}"
 
 
 _NEEDS_QUOTES = re.compile(r'[\s"=\\\x00-\x1f\x7f]')

@@ -18,11 +18,14 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors
+from notifyq import config, errors
 from notifyq.jobs import Job
+
+STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
 
 
 class PythonHandler:
@@ -41,6 +44,7 @@ class PythonHandler:
                 self.func(job)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
+                job.detail = traceback.format_exc()  # for the log line only: last_error stays short
 
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
@@ -56,9 +60,11 @@ def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
     try:
         call()
     except HANDLER_FAILURES as e:
+        detail = traceback.format_exc()
         for job in jobs:
             if job.error is None:
                 job.fail(describe(e))
+                job.detail = detail
 
 
 def load_callable(spec: str) -> Callable[..., Any]:
@@ -69,6 +75,8 @@ def load_callable(spec: str) -> Callable[..., Any]:
         sys.path.insert(0, os.getcwd())  # like `python -m`: handlers next to the caller import
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # a module that exits at import would end the consumer without a word
+        raise errors.HandlerError(f"handler {spec!r}: importing {module_name} called sys.exit({e.code!r})") from None
     except Exception as e:
         raise errors.HandlerError(f"handler {spec!r}: cannot import {module_name}: {e}") from None
     func = module
@@ -84,9 +92,10 @@ def load_callable(spec: str) -> Callable[..., Any]:
 class CommandHandler:
     """Runs `command` (split like a shell would, but without a shell) with a timeout.
 
-    Exit 0 is success. The environment carries NOTIFYQ_QUEUE, NOTIFYQ_JOB_ID(S) and
-    NOTIFYQ_ATTEMPT. The command runs in its own process group, so a timeout kills everything
-    it started, not just the first process.
+    Exit 0 is success. The environment is notifyq's own without its secrets (child_env), plus
+    NOTIFYQ_QUEUE and, per job, NOTIFYQ_JOB_ID and NOTIFYQ_ATTEMPT, or, per batch,
+    NOTIFYQ_JOB_IDS (space-separated, in the order of the lines on stdin). The command runs in its
+    own process group, so a timeout kills everything it started, not just the first process.
     """
 
     def __init__(self, command: str, per_batch: bool, timeout_s: float):
@@ -117,7 +126,8 @@ class CommandHandler:
                 job.fail(error)
 
     def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None]) -> str | None:
-        env = {**os.environ, **extra_env, "NOTIFYQ_QUEUE": queue}
+        """None on success, else the job's error: the exit status and the tail of stderr."""
+        env = {**child_env(os.environ), **extra_env, "NOTIFYQ_QUEUE": queue}
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
@@ -137,9 +147,22 @@ class CommandHandler:
                     return f"command timed out after {self.timeout_s:g}s"
                 extend()  # still running and within its timeout: keep the lease
         if proc.returncode != 0:
-            tail = (stderr or "").strip()[-2000:]
-            return f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
+            tail = (stderr or "").strip()[-STDERR_TAIL:]
+            status = (f"exit status {proc.returncode}" if proc.returncode > 0
+                      else f"killed by signal {-proc.returncode}")
+            return status + (f": {tail}" if tail else "")
         return None
+
+
+def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """notifyq's environment for a command, without the database password in any of its forms:
+    NOTIFYQ_PASSWORD(_FILE), and NOTIFYQ_DSN when it holds a password. A command that needs the
+    database gets its own credentials."""
+    out = {k: v for k, v in env.items() if k not in config.SECRET_ENV}
+    userinfo, at, _ = out.get("NOTIFYQ_DSN", "").partition("//")[2].partition("@")
+    if at and ":" in userinfo:  # parsed by hand: even a DSN too malformed to parse keeps its secret
+        del out["NOTIFYQ_DSN"]
+    return out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

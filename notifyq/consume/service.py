@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, periodic
+from notifyq.consume.summary import Summary
 from notifyq.consume.worker import Budget, Stats, Worker
 from notifyq.store import queries, schema
 from notifyq.store.db import Session
@@ -55,6 +57,7 @@ class ConsumerService:
         self.threads: list[threading.Thread] = []
         self.retired: list[Stats] = []
         self.scheduler: periodic.Scheduler | None = None  # cron ticks and retention (periodic.py)
+        self.summary = Summary(config.log.summary_s)  # the periodic INFO line
 
     def _handler_for(self, queue: str):
         qc = self.config.queue(queue)
@@ -83,6 +86,9 @@ class ConsumerService:
             for _ in range(count):
                 n += 1
                 self._spawn(queue, handler, f"w{n}")
+        # The process's one start line (each worker's is DEBUG).
+        log.info("consumer started pid=%d queues=%s workers=%d database=%s",
+                 os.getpid(), ",".join(self.options.queues), n, self.config.dsn.masked())
 
     def _spawn(self, queue: str, handler, name: str) -> None:
         worker = Worker(self.config, queue, handler, stop=self.stop, budget=self.budget,
@@ -112,6 +118,9 @@ class ConsumerService:
                 self._reload(on_reload)
             if self.scheduler is not None:
                 self.scheduler.tick()  # usually no query: only when a tick or retention is due
+            self.summary.maybe_log([w.stats for w in self.workers] + self.retired,
+                                   sum(1 for w in self.workers if w.in_handler_since is not None),
+                                   len(self.workers))
             if self.notifier:
                 if self.healthy():
                     self.notifier.watchdog()
@@ -163,6 +172,7 @@ class ConsumerService:
                 log.warning("reload: dsn changed; restart the service to use it")
                 new = dataclasses.replace(new, dsn=self.config.dsn)
             self.config = new
+            self.summary.every_s = new.log.summary_s
             for worker in self.workers:
                 worker.config = new
                 worker.qc = new.queue(worker.queue)

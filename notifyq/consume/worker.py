@@ -9,6 +9,7 @@ claims are fenced by claim token, so they can never touch a job someone else now
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from notifyq import errors
+from notifyq import errors, logs
 from notifyq.config import Config
 from notifyq.consume import reaper, retry
 from notifyq.consume.batch import Batch
@@ -170,8 +171,8 @@ class Worker:
             self._start_heartbeat()
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
-        log.info("consumer started queue=%s consumer=%s wakeup=%s batch_size=%d",
-                 self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
+        log.debug("worker started queue=%s consumer=%s wakeup=%s batch_size=%d",
+                  self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
 
     def _ensure_registered(self) -> None:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
@@ -341,8 +342,8 @@ class Worker:
         finally:
             try:
                 self._settle(done, token)
-                log.info("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                         sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 rest = batch.waiting()
                 if rest:
                     n = queries.give_back(self.work, self.queue, rest, token)
@@ -400,18 +401,16 @@ class Worker:
                                             self.qc.retry_max_s) if may_retry else None, error)
                    for job, error, may_retry in failures]
         owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+        logged: dict[str, int] = {}  # traceback -> the job whose line showed it
         for job, delay, error in decided:
             if job.id not in owned:
                 continue
             self.stats.failed += 1
             if delay is None:
                 self.stats.dead += 1
-                log.warning("job dead queue=%s job=%d attempts=%d error=%r",
-                            self.queue, job.id, job.attempts, error[:200])
             else:
                 self.stats.retried += 1
-                log.info("job failed, retrying queue=%s job=%d attempt=%d in_s=%.2f error=%r",
-                         self.queue, job.id, job.attempts, delay, error[:200])
+            _log_failure(job, delay, error, logged)
         return len(owned)
 
     def abandon(self, session: Session) -> None:
@@ -480,3 +479,27 @@ class Worker:
         if n:
             log.info("took back jobs of dead consumers before exiting queue=%s n=%d", self.queue, n)
         return n > 0
+
+
+def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
+    """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
+    time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
+    that raised fails all its jobs with the same one)."""
+    fields: dict[str, object] = {"queue": job.queue, "job": job.id,
+                                 "attempt": f"{job.attempts}/{job.max_attempts}"}
+    if delay is None:
+        fields["next"] = "dead" if job.retry else "dead (not retried)"
+    else:
+        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
+        fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    fields["error"] = error[:2000]
+    if job.detail:
+        if job.detail in logged:
+            fields["traceback"] = f"as for job {logged[job.detail]}"
+        else:
+            logged[job.detail] = job.id
+            fields["traceback"] = job.detail.rstrip("\n")
+    if delay is None:
+        log.error("job dead", extra=logs.kv(**fields))
+    else:
+        log.warning("job failed, retrying", extra=logs.kv(**fields))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from notifyq import errors
+from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce.lines import ReadError
@@ -35,6 +35,8 @@ class Producer:
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False):
+        if not isinstance(config, Config):
+            raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
@@ -63,6 +65,8 @@ class Producer:
                  conn: Any = None) -> list[int]:
         """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
         that each fit the server's max_allowed_packet."""
+        if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
+            raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
         return self._write(rows, conn) if rows else []
 
@@ -84,28 +88,41 @@ class Producer:
 
     def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
              max_attempts: int | None, dedup_key: str | None) -> tuple:
+        """Every argument checked before anything is written: one InputError line each."""
         try:
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise errors.InputError(f"payload is not JSON-serialisable: {e}") from None
+            size = len(text.encode())
+        except (TypeError, ValueError) as e:  # also UnicodeEncodeError: a lone surrogate
+            raise errors.InputError(f"payload is not JSON-serialisable: {values.shown(str(e))}") from None
+        except RecursionError:
+            raise errors.InputError("payload is not JSON-serialisable: nested too deeply") from None
         limit = self.config.producer.max_payload_bytes
-        if len(text.encode()) > limit:
-            raise errors.InputError(f"payload is {len(text.encode())} bytes, over the {limit}-byte limit")
-        if not -32768 <= int(priority) <= 32767:
-            raise errors.InputError("priority must be between -32768 and 32767")
+        if size > limit:
+            raise errors.InputError(f"payload is {size} bytes, over the {limit}-byte limit")
+        priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         if run_at is not None:
+            if not isinstance(run_at, dt.datetime):
+                raise errors.InputError(f"run_at: expected a datetime, got {values.shown(run_at)}")
             if run_at.tzinfo is None:
                 raise errors.InputError("run_at must be timezone-aware (it is stored in UTC)")
             delay = (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
-        if delay < 0 and run_at is None:
-            raise errors.InputError("delay must not be negative")
+            if delay > values.MAX_SECONDS:
+                raise errors.InputError(f"run_at: at most {values.MAX_SECONDS / 86400 / 365:g} years ahead")
+            delay = max(delay, 0.0)  # a time in the past means: now
+        delay = values.seconds("delay", delay, positive=False)
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
-        if not 1 <= attempts <= 65535:
-            raise errors.InputError("max_attempts must be between 1 and 65535")
-        if dedup_key is not None and not 0 < len(dedup_key) <= 191:
-            raise errors.InputError("dedup_key must be 1 to 191 characters")
+        attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
+        if dedup_key is not None:
+            if not isinstance(dedup_key, str):
+                raise errors.InputError(f"dedup_key: expected a string, got {values.shown(dedup_key)}")
+            if not 0 < len(dedup_key) <= 191:
+                raise errors.InputError("dedup_key must be 1 to 191 characters")
+            try:
+                dedup_key.encode()
+            except UnicodeEncodeError:
+                raise errors.InputError("dedup_key is not valid UTF-8") from None
         status = Status.SCHEDULED if delay > 0 else Status.READY
-        return (self.queue, int(status), int(priority), max(0, int(delay * 1e6)), attempts, text, dedup_key)
+        return (self.queue, int(status), priority, int(delay * 1e6), attempts, text, dedup_key)
 
     def _insert_unique(self, cur, row: tuple) -> int:
         keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
@@ -125,6 +142,8 @@ class Producer:
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
 
         if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
+            if not callable(getattr(conn, "cursor", None)):
+                raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
             cur = conn.cursor()
             try:
                 return body(cur, self._caller_max_packet(conn, cur))

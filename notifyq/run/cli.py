@@ -11,29 +11,43 @@ import json
 import logging
 import os
 import sys
-from contextlib import ExitStack
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from notifyq import config as config_mod
-from notifyq import errors
+from notifyq import errors, values
 from notifyq.run import cli_jobs
 
 log = logging.getLogger("notifyq.cli")
 
 
 class Context:
-    """What the group's options resolve to; commands load the config through it."""
+    """What the global options resolve to; commands load the config through it.
 
-    def __init__(self, dsn: str | None, log_level: str | None, log_format: str | None):
+    The global options are accepted before and after the command name (`notifyq --dsn X status`
+    and `notifyq status --dsn X`): both set the same fields here, the later one winning."""
+
+    def __init__(self) -> None:
         self.flags: dict[str, Any] = {}
-        if dsn:
-            self.flags["dsn"] = dsn
-        log_flags = {k: v for k, v in (("level", log_level), ("format", log_format)) if v}
-        if log_flags:
-            self.flags["log"] = log_flags
+        self.config_path: str | None = None
         self._config: config_mod.Config | None = None
+
+    def set_global(self, name: str, value: Any, from_command_line: bool = True) -> None:
+        if value is None:
+            return
+        if name == "dsn":
+            if from_command_line and _dsn_has_password(value):
+                _warn("a password in --dsn is visible to every user in the process list: "
+                      "use NOTIFYQ_PASSWORD, password_file or a systemd credential")
+            self.flags["dsn"] = value
+        elif name == "config":
+            # Absolute: a daemon re-reads it on SIGHUP after chdir("/").
+            self.config_path = os.path.abspath(values.readable_file("--config", value, errors.ConfigError))
+        else:
+            self.flags.setdefault("log", {})[name.removeprefix("log_")] = value
+        self._config = None
 
     def config(self, **extra: Any) -> config_mod.Config:
         if self._config is None or extra:
@@ -43,7 +57,7 @@ class Context:
                     overrides[key] = {**overrides.get(key, {}), **value}
                 else:
                     overrides[key] = value
-            self._config = config_mod.load(overrides=overrides, warn=_warn)
+            self._config = config_mod.load(overrides=overrides, warn=_warn, config_path=self.config_path)
         return self._config
 
     def oneshot_config(self) -> config_mod.Config:
@@ -60,6 +74,13 @@ class Context:
         return self.config()
 
 
+def _dsn_has_password(dsn: str) -> bool:
+    try:
+        return config_mod.DSN.parse(dsn).password is not None
+    except errors.ConfigError:
+        return False  # the config load reports it
+
+
 def _warn(message: str) -> None:
     click.echo(f"notifyq: warning: {message}", err=True)
 
@@ -71,26 +92,89 @@ def _setup_logging(cfg: config_mod.Config, log_file: str | None = None, level: s
                        log_file=log_file or cfg.log.file or None, use_syslog=cfg.log.syslog)
 
 
+# ------------------------------------------------------------------ option checks
+# Flags go through the same checks as the config (notifyq.values): a bad value is a usage
+# error (exit 2) in one line, named by its flag.
+
+def _check(fn: Callable[[str, Any], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        name = param.opts[-1]
+        try:
+            return fn(name, value)
+        except errors.NotifyqError as e:  # click names the flag itself
+            raise click.BadParameter(str(e).removeprefix(f"{name}: ").removeprefix(f"{name} "),
+                                     ctx=ctx, param=param) from None
+    return callback
+
+
+def _not_empty(name: str, value: str) -> str:
+    if not value.strip():
+        raise errors.InputError(f"{name}: must not be empty")
+    return value
+
+
+_seconds = _check(lambda name, v: values.seconds(name, v, positive=False))
+_writable = _check(values.writable_file)
+_readable = _check(values.readable_file)
+_nonempty = _check(_not_empty)
+
+
+def _global(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if ctx.obj is None:
+            ctx.obj = Context()
+        source = ctx.get_parameter_source(param.name)
+        try:
+            ctx.obj.set_global(name, value, from_command_line=source == click.core.ParameterSource.COMMANDLINE)
+        except errors.NotifyqError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return callback
+
+
+def _global_options(envvar: bool) -> list[click.Option]:
+    """--dsn, --config, --log-level, --log-format: on the group and, without their variables
+    (the group reads those once), on every command."""
+    return [
+        click.Option(["--dsn"], envvar="NOTIFYQ_DSN" if envvar else None, show_envvar=envvar,
+                     expose_value=False, callback=_global("dsn"),
+                     help="mysql://user[:password]@host[:port][/database][?unix_socket=PATH&ssl_ca=FILE]; "
+                          f"default {config_mod.DEFAULT_DSN} (no database named: "
+                          f"{config_mod.DEFAULT_DATABASE}). Percent-encode / ? # @ in the password."),
+        click.Option(["--config", "config_file"], metavar="FILE", expose_value=False, callback=_global("config"),
+                     help="Config file instead of $NOTIFYQ_CONFIG (default /etc/notifyq/notifyq.toml)."),
+        click.Option(["--log-level"], type=click.Choice(["debug", "info", "warning", "error"]),
+                     expose_value=False, callback=_global("log_level"), help="Overrides log.level."),
+        click.Option(["--log-format"], type=click.Choice(["auto", "kv", "json"]),
+                     expose_value=False, callback=_global("log_format"), help="Overrides log.format."),
+    ]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@click.option("--dsn", envvar="NOTIFYQ_DSN", show_envvar=True,
-              help="mysql://user[:password]@host[:port]/database (or ?unix_socket=PATH).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
-              help="Overrides log.level.")
-@click.option("--log-format", type=click.Choice(["auto", "kv", "json"]), default=None)
 @click.version_option(package_name="notifyq")
 @click.pass_context
-def main_group(ctx: click.Context, dsn: str | None, log_level: str | None, log_format: str | None) -> None:
+def main_group(ctx: click.Context) -> None:
     """notifyq: a durable job queue in MySQL 8.0+ / MariaDB 10.6+.
 
-    Config: /etc/notifyq/notifyq.toml and conf.d/*.toml (or $NOTIFYQ_CONFIG), then NOTIFYQ_*
-    variables, then flags. Exit codes: 0 ok, 2 usage, 3 config, 4 bad input, 5 database,
-    6 schema, 7 server version, 8 handler, 9 unknown outcome, 10 already running.
+    Config: /etc/notifyq/notifyq.toml and conf.d/*.toml (or --config FILE, or $NOTIFYQ_CONFIG),
+    then NOTIFYQ_* variables, then flags. The global options also work after the command.
+
+    \b
+    Exit codes:
+      0  ok                        6  schema missing or of another version
+      1  internal error (a bug)    7  server unsupported
+      2  usage (bad or missing     8  handler cannot be loaded
+         flag or argument)         9  an enqueue's outcome is unknown
+      3  configuration            10  another instance holds the pidfile
+      4  bad input (data)        130  killed by a second signal
+      5  database unreachable
     """
-    source = ctx.get_parameter_source("dsn")
-    if dsn and source == click.core.ParameterSource.COMMANDLINE and config_mod.DSN.parse(dsn).password:
-        _warn("a password in --dsn is visible to every user in the process list: "
-              "use NOTIFYQ_PASSWORD, password_file or a systemd credential")
-    ctx.obj = Context(dsn, log_level, log_format)
+    if ctx.obj is None:
+        ctx.obj = Context()
+
+
+main_group.params[:0] = _global_options(envvar=True)
 
 
 # ------------------------------------------------------------------ init / config / status
@@ -198,22 +282,24 @@ def _set_paused(obj: Context, queue: str, paused: bool) -> None:
 @click.option("-q", "--queue", help="Queue to put the jobs on.")
 @click.option("--profile", help="Config section [queue.NAME]: its queue (the systemd instance name).")
 @click.argument("payloads", nargs=-1, metavar="[JSON ...]")
-@click.option("--priority", type=int, default=0, help="Higher runs first.")
-@click.option("--delay", type=float, default=0.0, help="Seconds before the jobs may run.")
-@click.option("--at", "run_at", help="Run at this ISO-8601 time (with offset; naive means UTC).")
-@click.option("--max-attempts", type=int, default=None)
-@click.option("--dedup-key", help="Skip if a pending job on the queue has this key (one JSON only).")
-@click.option("--input", "input_path", type=click.Path(dir_okay=False),
+@click.option("--priority", type=click.IntRange(-32768, 32767), default=0, help="Higher runs first.")
+@click.option("--delay", type=float, default=0.0, callback=_seconds, help="Seconds before the jobs may run.")
+@click.option("--at", "run_at", callback=_nonempty,
+              help="Run at this ISO-8601 time (with offset; naive means UTC).")
+@click.option("--max-attempts", type=click.IntRange(1, 65535), default=None)
+@click.option("--dedup-key", callback=_nonempty,
+              help="Skip if a pending job on the queue has this key (one JSON only).")
+@click.option("--input", "input_path", callback=_readable,
               help="Read JSON lines from this file or FIFO instead of stdin.")
 @click.option("--follow", is_flag=True,
               help="With --input: keep reading a FIFO whose writers come and go (a file: tail it).")
-@click.option("--reject-file", type=click.Path(dir_okay=False), help="Append rejected lines here.")
+@click.option("--reject-file", callback=_writable, help="Append rejected lines here.")
 @click.option("--print-ids/--count", default=None,
               help="Print each id (default with JSON arguments) or only a final count (default for streams).")
 @click.option("--daemon", is_flag=True,
               help="Detach (classic daemon mode; not under systemd); needs --input, implies --follow.")
-@click.option("--pidfile", type=click.Path(dir_okay=False), help="Refuse to start while another holds it.")
-@click.option("--log-file", type=click.Path(dir_okay=False), help="Log to this file.")
+@click.option("--pidfile", callback=_writable, help="Refuse to start while another holds it.")
+@click.option("--log-file", callback=_writable, help="Log to this file.")
 @click.pass_obj
 def produce(obj: Context, queue: str | None, profile: str | None, payloads: tuple[str, ...],
             priority: int, delay: float,
@@ -229,20 +315,20 @@ def produce(obj: Context, queue: str | None, profile: str | None, payloads: tupl
         if profile not in cfg.queues:
             raise errors.ConfigError(f"--profile {profile}: no [queue.{profile}] section in the config")
         if queue not in (None, profile):
-            raise errors.ConfigError("give -q QUEUE or --profile NAME, not both")
+            raise click.UsageError("give -q QUEUE or --profile NAME, not both")
         queue = profile
     if queue is None:
-        raise errors.ConfigError("no queue: pass -q QUEUE (or --profile NAME)")
+        raise click.UsageError("missing option -q QUEUE (or --profile NAME)")
     config_mod.validate_queue_name(queue)
     when = _parse_at(run_at)
+    if dedup_key and len(payloads) != 1:
+        raise click.UsageError("--dedup-key needs exactly one JSON argument")
     if payloads:
         cfg = obj.oneshot_config()
         runner.produce_args(cfg, queue, payloads, priority=priority, delay=delay, run_at=when,
                             max_attempts=max_attempts, dedup_key=dedup_key,
                             print_ids=print_ids is not False)
         return
-    if dedup_key:
-        raise errors.InputError("--dedup-key needs exactly one JSON argument")
     if _interactive_stream(obj, daemon or follow or bool(log_file)):
         cfg = obj.oneshot_config()
     runner.produce_stream(cfg, queue, priority=priority, delay=delay, run_at=when,
@@ -265,7 +351,8 @@ def _parse_at(text: str | None) -> dt.datetime | None:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise errors.InputError(f"--at {text!r}: expected an ISO-8601 time like 2026-01-31T08:00:00+00:00") from None
+        raise errors.InputError(f"--at {values.shown(text)}: expected an ISO-8601 time like "
+                                "2026-01-31T08:00:00+00:00") from None
     return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
 
 
@@ -282,8 +369,8 @@ def _parse_at(text: str | None) -> dt.datetime | None:
 @click.option("--exit-when-empty", is_flag=True, help="Exit once a claim finds no ready job.")
 @click.option("--max-jobs", type=click.IntRange(1), default=None, help="Exit after this many jobs.")
 @click.option("--daemon", is_flag=True, help="Detach (classic daemon mode; not under systemd).")
-@click.option("--pidfile", type=click.Path(dir_okay=False), help="Refuse to start while another holds it.")
-@click.option("--log-file", type=click.Path(dir_okay=False), help="Log to this file.")
+@click.option("--pidfile", callback=_writable, help="Refuse to start while another holds it.")
+@click.option("--log-file", callback=_writable, help="Log to this file.")
 @click.pass_obj
 def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler: str | None,
             command: str | None, per_batch: bool | None, workers: int | None, batch_size: int | None,
@@ -300,7 +387,9 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
             raise errors.ConfigError(f"--profile {profile}: no [queue.{profile}] section in the config")
         queues = (*queues, profile) if profile not in queues else queues
     if handler and command:
-        raise errors.ConfigError("give --handler or --command, not both")
+        raise click.UsageError("give --handler or --command, not both")
+    if not queues:
+        raise click.UsageError("missing option -q QUEUE (or --profile NAME)")
     options = ConsumeOptions(queues=tuple(dict.fromkeys(queues)), handler=handler, command=command,
                              per_batch=per_batch, workers=workers, batch_size=batch_size,
                              exit_when_empty=exit_when_empty, max_jobs=max_jobs)
@@ -311,7 +400,7 @@ def consume(obj: Context, queues: tuple[str, ...], profile: str | None, handler:
 @click.option("--producers", type=click.IntRange(1, 32), default=2)
 @click.option("--consumers", type=click.IntRange(1, 64), default=10)
 @click.option("--rate", type=click.IntRange(1), default=2000, help="Jobs per second offered in all.")
-@click.option("--duration", type=float, default=0, help="Seconds to run (0: until Ctrl-C).")
+@click.option("--duration", type=float, default=0, callback=_seconds, help="Seconds to run (0: until Ctrl-C).")
 @click.option("--keep", is_flag=True, help="Keep the demo's database at the end (it is dropped otherwise).")
 @click.pass_obj
 def demo(obj: Context, producers: int, consumers: int, rate: int, duration: float, keep: bool) -> None:
@@ -331,6 +420,24 @@ def demo(obj: Context, producers: int, consumers: int, rate: int, duration: floa
 main_group.add_command(cli_jobs.jobs)  # `notifyq jobs list|show|retry|cancel|purge`
 
 
+def _add_global_options(group: click.Group) -> None:
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            command.params += _global_options(envvar=False)  # `notifyq jobs --dsn X list`
+            _add_global_options(command)
+        else:
+            command.params += _global_options(envvar=False)
+
+
+_add_global_options(main_group)
+
+
+def _usage_line(e: click.UsageError) -> str:
+    """click prints usage, a hint and the error over three lines; notifyq's errors are one."""
+    where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+    return f"notifyq: error: {e.format_message()}{where}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: map errors to one line and an exit code."""
     try:
@@ -338,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("notifyq: aborted", err=True)
         sys.exit(errors.EXIT_KILLED)
+    except click.UsageError as e:
+        click.echo(_usage_line(e), err=True)
+        sys.exit(errors.EXIT_USAGE)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

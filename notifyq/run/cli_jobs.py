@@ -14,8 +14,10 @@ from typing import Any
 
 import click
 
-from notifyq import errors
+from notifyq import errors, values
 from notifyq.jobs import Status
+
+JOB_ID = click.IntRange(1, 2**63 - 1)  # ids are BIGINT: a larger number is no job, not a database error
 
 # admin (with the store, the driver and tenacity, ~55 ms) is imported inside each command:
 # `notifyq --help` and the commands that do not touch jobs never need it.
@@ -36,9 +38,15 @@ def _session(obj: Any) -> Iterator[Any]:
 
 
 def _age(text: str | None) -> float:
+    """An age given is parsed in full: an empty or invalid one is refused, never read as 0
+    (for a purge, 0 would mean every finished job). None means: no age filter."""
     from notifyq.ops import admin
 
-    return admin.parse_age(text) if text else 0.0
+    if text is None:
+        return 0.0
+    if not text.strip():
+        raise errors.InputError("--older-than: an age is required, like 30m or 7d (a purge never defaults to all)")
+    return values.seconds("--older-than age", admin.parse_age(text), positive=False)
 
 
 @click.group()
@@ -50,7 +58,7 @@ def jobs() -> None:
 @click.option("-q", "--queue", help="Only this queue.")
 @click.option("--status", "status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
 @click.option("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
-@click.option("--limit", type=int, default=100, help="At most this many jobs (oldest first).")
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, help="At most this many jobs (oldest first).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array instead of a table.")
 @click.pass_obj
 def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str | None, limit: int,
@@ -66,7 +74,7 @@ def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str 
 
 
 @jobs.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
 @click.pass_obj
 def show(obj: Any, job_id: int, as_json: bool) -> None:
@@ -87,7 +95,7 @@ def show(obj: Any, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command()
-@click.argument("job_id", type=int, required=False)
+@click.argument("job_id", type=JOB_ID, required=False)
 @click.option("--dead", "all_dead", is_flag=True, help="Every dead job (of -q QUEUE).")
 @click.option("-q", "--queue", help="With --dead: only this queue.")
 @click.pass_obj
@@ -96,7 +104,7 @@ def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> No
     from notifyq.ops import admin
 
     if (job_id is None) == (not all_dead) or (queue and not all_dead):
-        raise errors.InputError("give a JOB_ID, or --dead [-q QUEUE]")
+        raise click.UsageError("give a JOB_ID, or --dead [-q QUEUE]")
     with _session(obj) as session:
         if not all_dead:
             click.echo(f"job {job_id}: {admin.retry(session, job_id)}")
@@ -107,7 +115,7 @@ def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None) -> No
 
 
 @jobs.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.pass_obj
 def cancel(obj: Any, job_id: int) -> None:
     """Delete a pending job, or ask a running one to stop (Job.cancel_requested())."""
@@ -130,7 +138,7 @@ def purge(obj: Any, dead: bool, done: bool, older_than: str, queue: str | None) 
     from notifyq.ops import admin
 
     if not (dead or done):
-        raise errors.InputError("say what to purge: --dead, --done or both")
+        raise click.UsageError("say what to purge: --dead, --done or both")
     statuses = [s for s, wanted in ((Status.DEAD, dead), (Status.DONE, done)) if wanted]
     age = _age(older_than)
     with _session(obj) as session:

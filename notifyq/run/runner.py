@@ -52,6 +52,8 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             decoded.append(json.loads(text))
         except ValueError as e:
             raise errors.InputError(f"argument {i} is not valid JSON: {e}") from None
+        except RecursionError:  # [[[[... 10,000 deep
+            raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
     _require_schema(cfg, oneshot=True)
@@ -143,8 +145,8 @@ class _Stream:
         self.batches += 1
         if self.print_ids:
             click.echo("\n".join(map(str, ids)))
-        log.info("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
-                 len(ids), ids[0], ids[-1])
+        log.debug("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
+                  len(ids), ids[0], ids[-1])
         if log.isEnabledFor(logging.DEBUG):
             for job_id in ids:
                 log.debug("job enqueued queue=%s job=%d", self.producer.queue, job_id)
@@ -235,8 +237,10 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",
                  queue, stats.lines, stats.enqueued, stats.rejected, stats.batches,
                  "stop" if stopped else "eof")
-        if not print_ids and not quiet:
-            click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""))
+        if not quiet and (not print_ids or stats.rejected):
+            # With --print-ids stdout is the ids: the counts go to stderr, when a line was rejected.
+            click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""),
+                       err=print_ids)
         if stats.rejected and not stopped:
             raise SystemExit(errors.EXIT_INPUT)
 

@@ -21,6 +21,7 @@ from MySQLdb.constants import FIELD_TYPE
 
 from notifyq import errors
 from notifyq.config import DSN
+from notifyq.store.sql import QUERIES
 
 log = logging.getLogger("notifyq.db")
 T = TypeVar("T")
@@ -104,6 +105,22 @@ def oneshot_session(dsn: DSN, retry_s: float, name: str) -> Session:
     """A session for a command that answers and exits (status, pause, jobs ...): its retries
     are logged at DEBUG only, so an unreachable server costs one error line, not one a step."""
     return Session(dsn, retry_s=retry_s, name=name, retry_log_level=logging.DEBUG)
+
+
+def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
+    """TLS was asked for: refuse a session without it. The driver alone does not (with MariaDB
+    Connector/C, mysqlclient's ssl_mode does not make a server without TLS an error), so ask
+    the session itself. Not retried: a server without TLS does not grow it in 30 s."""
+    cur = conn.cursor()
+    try:
+        cur.execute(QUERIES["tls_cipher"])
+        row = cur.fetchone()
+    finally:
+        cur.close()
+    if not row or not row[1]:
+        conn.close()
+        raise errors.DatabaseError(f"the server at {dsn.masked()} does not use TLS, which the TLS "
+                                   "options ask for (remove them only if plaintext is acceptable)")
 
 
 def _datetime(text):
@@ -219,6 +236,8 @@ class Session:
                     f"database {self.dsn.database!r} does not exist: run `notifyq init`"
                 ) from None
             raise
+        if self.dsn.tls_mode:
+            _require_tls(conn, self.dsn)
         cur = conn.cursor()
         # READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide new
         # jobs) and locking reads take no gap locks that block producers.

@@ -112,9 +112,10 @@ def test_admin_user_errors_are_one_line_with_an_exit_code(db):
     one_line_error(run_cli(db.env, "jobs", "list", "--older-than", "soon"), 4, "invalid age")
     one_line_error(run_cli(db.env, "jobs", "list", "--status", "lost"), 4, "invalid status")
     one_line_error(run_cli(db.env, "jobs", "list", "-q", "no way"), 4, "invalid queue name")
-    one_line_error(run_cli(db.env, "jobs", "retry"), 4, "give a JOB_ID, or --dead")
-    one_line_error(run_cli(db.env, "jobs", "retry", "5", "--dead"), 4, "give a JOB_ID, or --dead")
-    one_line_error(run_cli(db.env, "jobs", "purge", "--older-than", "7d"), 4, "--dead, --done")
+    # A wrong combination of arguments is a usage error (2), like a missing one
+    one_line_error(run_cli(db.env, "jobs", "retry"), 2, "give a JOB_ID, or --dead")
+    one_line_error(run_cli(db.env, "jobs", "retry", "5", "--dead"), 2, "give a JOB_ID, or --dead")
+    one_line_error(run_cli(db.env, "jobs", "purge", "--older-than", "7d"), 2, "--dead, --done")
     one_line_error(run_cli(db.env, "jobs", "cancel", "999999"), 4, "no job 999999")
     (job_id,) = produce(db, "-q", "e", '{"n": 1}')
     db.query("UPDATE nq_job SET status = 2 WHERE id = %s", (job_id,))

@@ -108,7 +108,7 @@ def test_an_invalid_queue_name_is_refused_with_exit_4_by_every_command(db, queue
     ("[consumer]\nreap_intervall_s = 1\n", "consumer: unknown key(s) reap_intervall_s"),
     ("[queue.q]\nhandlr = 'x:y'\n", "queue.q: unknown key(s) handlr"),
     ("[tls]\nkey2 = 'x'\n", "tls: unknown key(s) key2"),
-    ("[consumer]\nreap_interval_s = 'fast'\n", "consumer.reap_interval_s: expected float"),
+    ("[consumer]\nreap_interval_s = 'fast'\n", "consumer.reap_interval_s: expected a number"),
     ("connect_retry_s = -1\n", "connect_retry_s"),
     ("[consumer\n", "invalid TOML"),
 ])
@@ -126,7 +126,7 @@ def test_a_config_file_with_an_unknown_key_or_a_wrong_value_stops_every_command_
 
 @pytest.mark.parametrize("dsn, mentions", [
     ("http://nq:TopSecret1@localhost/db", "bad DSN: expected mysql://"),
-    ("mysql://nq:TopSecret1@localhost:port/db", "the port is not a number"),
+    ("mysql://nq:TopSecret1@localhost:port/db", "the port must be a number"),
     ("mysql://nq:TopSecret1@localhost/bad-name!", "invalid database name"),
     ("mysql://nq:TopSecret1@localhost/db?bogus=1", "unknown option(s) bogus"),
 ])
@@ -264,10 +264,12 @@ def test_check_server_refuses_servers_without_skip_locked(version, supported):
     ("nqhandlers", "expected pkg.module:function"),
     ("nqhandlers:_files", "is not callable"),
     ("broken_at_import:handle", "import-time boom"),
+    ("exits_at_import:handle", "called sys.exit(7)"),
 ])
 def test_a_handler_that_cannot_be_loaded_stops_the_consumer_with_exit_8(db, tmp_path, spec, mentions):
     # Given a handler spec that does not resolve to a callable (one module raises on import)
     (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('import-time boom')\n")
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
     env = {**db.env, "PYTHONPATH": f"{db.env['PYTHONPATH']}{os.pathsep}{tmp_path}"}
     # When a consumer starts with it
     result = run_cli(env, "consume", "-q", "q", "--handler", spec)

@@ -1,8 +1,9 @@
 """Logs of real `notifyq consume` processes: one line per event, as journald and log shippers want.
 
 Under journald (JOURNAL_STREAM names our stderr) the journal stamps each line, so ts= is left
-out; log.format = "json" gives one JSON object per line. Batch summaries are info, per-job
-lines debug.
+out, and each line starts with its syslog priority (<6> for info) so the journal keeps the
+level; log.format = "json" gives one JSON object per line. Info has one start line and a periodic
+summary; batch and per-job lines are debug.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ def consume_until_empty(db, tmp_path: Path, queue: str, journal: bool, *options:
     return text.splitlines()
 
 
-def test_under_journald_lines_carry_no_timestamp_and_info_has_batches_not_jobs(db, tmp_path):
+def test_under_journald_lines_carry_their_priority_and_no_timestamp_and_info_has_no_batches(db, tmp_path):
     lines = consume_until_empty(db, tmp_path, "j", True)
-    assert lines and [ln for ln in lines if not KV_NO_TS.match(ln)] == []
+    # Every line starts with its syslog priority, which journald keeps as the entry's level
+    priority = {"debug": "<7>", "info": "<6>", "warning": "<4>", "error": "<3>"}
+    assert lines and all(priority[KV_NO_TS.match(ln[3:]).group(1)] == ln[:3] for ln in lines), lines
     assert not any("ts=" in ln for ln in lines)
-    assert any('msg="batch done queue=j n=3 ' in ln for ln in lines)
-    assert not any("job ok" in ln for ln in lines)
+    # One start line for the process; batches and jobs only at debug
+    assert sum('msg="consumer started ' in ln for ln in lines) == 1
+    assert not any("batch done" in ln or "job ok" in ln or "worker started" in ln for ln in lines)
 
 
 def test_json_format_is_one_object_per_line_with_per_job_lines_at_debug(db, tmp_path):
@@ -55,5 +59,5 @@ def test_json_format_is_one_object_per_line_with_per_job_lines_at_debug(db, tmp_
     assert all({"ts", "level", "logger", "msg"} <= doc.keys() for doc in docs)
     assert sum(doc["msg"].startswith("job ok queue=js") for doc in docs) == 3
     batch = [doc for doc in docs if doc["msg"].startswith("batch done queue=js n=3 ")]
-    assert len(batch) == 1 and batch[0]["level"] == "info"
+    assert len(batch) == 1 and batch[0]["level"] == "debug"
     assert {doc["level"] for doc in docs if doc["msg"].startswith("job ok")} == {"debug"}

@@ -155,11 +155,37 @@ def test_under_journald_timestamps_are_left_to_the_journal(tmp_path, monkeypatch
         st = os.fstat(fake_journal.fileno())
         monkeypatch.setattr(sys, "stderr", fake_journal)
         monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
-        logs.setup_logging("info", "auto")
-        logging.getLogger("notifyq").info("hello")
+        logs.setup_logging("debug", "auto")
+        log = logging.getLogger("notifyq")
+        log.debug("d")
+        log.info("hello")
+        log.warning("w")
+        log.error("e")
+        log.critical("c")
         fake_journal.flush()
-        # Then the auto format is kv without ts=
-        assert (tmp_path / "journal").read_text() == "level=info logger=notifyq msg=hello\n"
+        # Then the auto format is kv without ts=, each line prefixed with its syslog priority,
+        # which journald turns into the entry's level
+        assert (tmp_path / "journal").read_text().splitlines() == [
+            "<7>level=debug logger=notifyq msg=d", "<6>level=info logger=notifyq msg=hello",
+            "<4>level=warning logger=notifyq msg=w", "<3>level=error logger=notifyq msg=e",
+            "<2>level=critical logger=notifyq msg=c"]
+
+
+def test_under_journald_a_traceback_stays_on_its_prefixed_line(tmp_path, monkeypatch):
+    with open(tmp_path / "journal", "w+") as fake_journal:
+        st = os.fstat(fake_journal.fileno())
+        monkeypatch.setattr(sys, "stderr", fake_journal)
+        monkeypatch.setenv("JOURNAL_STREAM", f"{st.st_dev}:{st.st_ino}")
+        for fmt in ("auto", "json"):
+            logs.setup_logging("info", fmt)
+            try:
+                raise ValueError("bad\nthing")
+            except ValueError:
+                logging.getLogger("notifyq").exception("failed")
+        fake_journal.flush()
+        lines = (tmp_path / "journal").read_text().splitlines()
+        assert len(lines) == 2 and all(line.startswith("<3>") for line in lines)
+        assert "Traceback" in lines[0] and json.loads(lines[1][3:])["msg"] == "failed"
 
 
 def test_a_journal_stream_that_is_not_our_stderr_keeps_timestamps(tmp_path, monkeypatch):

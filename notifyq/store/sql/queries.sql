@@ -1,6 +1,6 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- inserts.py, liveness.py and admin_queries.py (and the schema-version ones from schema.py).
--- Values are always bound parameters.
+-- inserts.py, liveness.py and admin_queries.py (the schema-version ones from schema.py, tls_cipher
+-- from db.py). Values are always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
@@ -8,6 +8,10 @@ SELECT value FROM nq_meta WHERE name = 'schema_version'
 -- set_schema_version --
 INSERT INTO nq_meta (name, value) VALUES ('schema_version', %(version)s)
 ON DUPLICATE KEY UPDATE value = %(version)s
+
+-- tls_cipher --
+-- After connecting with TLS options (store.db): an empty cipher means the session is plaintext.
+SHOW SESSION STATUS LIKE 'Ssl_cipher';
 
 -- ensure_queue --
 INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)

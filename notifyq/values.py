@@ -1,0 +1,103 @@
+"""Checks of user-given values, in one place: config files, NOTIFYQ_* variables, flags and the
+Python API all go through these, so a value refused in one is refused in all, in the same words.
+
+Each check returns the clean value or raises `error` (an errors.NotifyqError subclass chosen by
+the caller: ConfigError for settings, InputError for data) with one line that names the value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from notifyq import errors
+
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+DATABASE_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
+MAX_SECONDS = 10 * 365 * 86400.0  # any duration: beyond this the database's datetimes overflow
+_SHOWN = 80  # a value echoed in an error is cut here: a 10,000-character name is no message
+
+
+def shown(value: Any) -> str:
+    """repr(value), cut short for an error line."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "...(cut)"
+
+
+def queue_name(name: Any, error: type[errors.NotifyqError] = errors.InputError) -> str:
+    """Queue names end up in lock names and log lines, never in SQL text; still, keep them tame.
+    fullmatch, not match with `$`: `$` also matches before a trailing newline."""
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+        raise error(f"invalid queue name {shown(name)}: use 1-64 characters from A-Z a-z 0-9 _ . -")
+    return name
+
+
+def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, integer: bool = False,
+           error: type[errors.NotifyqError] = errors.InputError) -> Any:
+    """A finite int or float within [lo, hi] ((lo, hi] with lo_open); bools and nan/inf refused.
+
+    `integer` demands an int (a float like 2.0 is refused: a count is never fractional)."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise error(f"{name}: expected {kind}, got {shown(value)}")
+    if not integer:
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int too large for a float (TOML ints have no size limit)
+            finite = False
+        if not finite:
+            raise error(f"{name}: expected a finite number, got {shown(value)}")
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    too_high = hi is not None and value > hi
+    if too_low or too_high:
+        low = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
+        high = "" if hi is None else f"<= {hi:g}"
+        raise error(f"{name}: must be {' and '.join(p for p in (low, high) if p)}, got {shown(value)}")
+    return value
+
+
+def seconds(name: str, value: Any, *, positive: bool = True,
+            error: type[errors.NotifyqError] = errors.InputError) -> float:
+    """A duration: finite, > 0 (or >= 0 when not `positive`), at most MAX_SECONDS."""
+    return float(number(name, value, lo=0, lo_open=positive, hi=MAX_SECONDS, error=error))
+
+
+def writable_file(name: str, path: str, error: type[errors.NotifyqError] = errors.ConfigError) -> str:
+    """A file notifyq will create or append to: its directory exists and it can be written.
+    Checked before anything starts, so a typo is one line, not a traceback from deep inside."""
+    try:
+        p = Path(path)
+        parent = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise error(f"{name} {shown(path)} is a directory")
+        if not parent.is_dir():
+            raise error(f"{name} {shown(path)}: directory {shown(str(parent))} does not exist")
+        target = p if p.exists() else parent
+        if not os.access(target, os.W_OK):
+            raise error(f"{name} {shown(path)}: permission denied")
+    except OSError as e:  # name too long, a loop of links ...
+        raise error(f"{name} {shown(path)}: {e.strerror}") from None
+    except ValueError:  # an embedded NUL byte
+        raise error(f"{name} {shown(path)}: not a valid path") from None
+    return path
+
+
+def readable_file(name: str, path: str, error: type[errors.NotifyqError] = errors.ConfigError) -> str:
+    """A file notifyq will read (a FIFO counts): it exists and can be read."""
+    try:
+        if not os.path.exists(path):
+            raise error(f"{name} {shown(path)} does not exist")
+        if os.path.isdir(path):
+            raise error(f"{name} {shown(path)} is a directory")
+        if not os.access(path, os.R_OK):
+            raise error(f"{name} {shown(path)}: permission denied")
+    except OSError as e:
+        raise error(f"{name} {shown(path)}: {e.strerror}") from None
+    except ValueError:
+        raise error(f"{name} {shown(path)}: not a valid path") from None
+    return path
