@@ -10,7 +10,9 @@ and every process it starts; it kills only those, by pid, and removes its direct
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import random
 import shutil
 import signal
@@ -97,7 +99,8 @@ class FaultRun:
         t0 = time.monotonic()
         self.server.start()
         try:
-            return self._run(t0)
+            with _library_log_to(self.logs / "harness.log"):  # the producer's retries during restarts
+                return self._run(t0)
         finally:
             self.fleet.reap_all()
             if self.keep:
@@ -314,3 +317,19 @@ def _starts_in(log: Path) -> int:
         return sum(1 for line in log.read_text().splitlines() if line.startswith("S "))
     except FileNotFoundError:
         return 0
+
+
+@contextlib.contextmanager
+def _library_log_to(path: Path):
+    logger = logging.getLogger("notifyq")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()
