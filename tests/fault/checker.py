@@ -188,9 +188,9 @@ def check_attempts(h: History) -> list[Violation]:
     if STRICT_ATTEMPTS:
         starts = collections.Counter(r.key for r in h.runs)
         for row in h.final_rows:
-            if row.status == DEAD and row.attempts != starts[(row.deploy, row.job)]:
-                out.append(Violation("attempts", (row.deploy, row.job),
-                                     f"dead with attempts {row.attempts} after {starts[(row.deploy, row.job)]} starts"))
+            n = starts[(row.deploy, row.job)]
+            if row.status == DEAD and row.attempts != n:
+                out.append(Violation("attempts", (row.deploy, row.job), f"dead with attempts {row.attempts} after {n} starts"))
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import shutil
 import signal
@@ -212,7 +213,8 @@ class FaultRun:
                 self.faults.append(Fault("stall", stopped_at, end, consumer.pid))
 
     def _kill_connection(self, pick: float) -> None:
-        owners = {}
+        """Consumers' sessions and the producers' (this process's own) alike."""
+        owners = {port: os.getpid() for port in client_ports(os.getpid())}
         for c in self.fleet.started:
             if c.alive():
                 for port in client_ports(c.pid):
