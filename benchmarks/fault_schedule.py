@@ -3,7 +3,8 @@
 of faults, and the history checker's verdict on the delivery contract (issue 13).
 
     .venv/bin/python benchmarks/fault_schedule.py [--minutes 10] [--jobs 100000] [--seed N]
-        [--classes all|today|sigkill,stall,...|all,-polling] [--consumers 8] [--json out.json] [--keep]
+        [--classes all|today|sigkill,stall,...|all,-polling] [--consumers 8] [--lease 4]
+        [--seconds S (instead of --minutes)] [--json out.json] [--keep]
 
 The same seed replays the same schedule (tests/fault/schedule.py lists the fault classes).
 Prints a table (jobs, consumers, faults by kind, lost, duplicates by cause, innocent dead, the
@@ -72,6 +73,7 @@ def print_table(d: dict) -> None:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=None, help="instead of --minutes (replays print it)")
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
     ap.add_argument("--classes", default="all")
@@ -82,7 +84,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, handler records)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
-    plan = make_plan(seed, parse_classes(args.classes), args.minutes * 60, args.jobs, args.consumers,
+    duration_s = args.seconds if args.seconds is not None else args.minutes * 60
+    plan = make_plan(seed, parse_classes(args.classes), duration_s, args.jobs, args.consumers,
                      args.lease, args.fault_every)
     print(plan.describe(), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="nq-fault-"))

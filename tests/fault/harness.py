@@ -63,8 +63,7 @@ class RunResult:
 
     def summary(self) -> str:
         lines = [self.plan.describe(),
-                 f"replay: --seed {self.plan.seed} --classes {','.join(self.plan.classes)} "
-                 f"--duration {self.plan.duration_s:g} --jobs {self.plan.jobs}",
+                 f"replay: {self.plan.replay_command()}",
                  f"{self.report.jobs} jobs, {self.report.runs} runs, drained={self.drained}, "
                  f"violations by rule: {self.report.by_rule() or 'none'}"]
         lines += [f"  {v}" for v in self.report.violations[:25]]

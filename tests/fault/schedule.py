@@ -34,12 +34,12 @@ SERVER_GAP_S = 20.0  # at least this long between two server restarts: let the f
 
 
 def parse_classes(text: str) -> tuple[str, ...]:
-    """'all', 'today', or a comma list; a leading '-' removes a class ('all,-polling')."""
+    """'all', 'today', 'none', or a comma list; a leading '-' removes a class ('all,-polling')."""
     chosen: list[str] = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
         remove = word.startswith("-")
         name = word.lstrip("-")
-        names = FAULT_CLASSES if name == "all" else PASSING_TODAY if name == "today" else (name,)
+        names = {"all": FAULT_CLASSES, "today": PASSING_TODAY, "none": ()}.get(name, (name,))
         for n in names:
             if n not in FAULT_CLASSES:
                 raise ValueError(f"unknown fault class {n!r}; known: {', '.join(FAULT_CLASSES)}")
@@ -67,6 +67,12 @@ class Plan:
     consumers: int
     lease_s: float
     steps: tuple[Step, ...]
+    fault_every_s: float = 1.5
+
+    def replay_command(self) -> str:
+        return (f"benchmarks/fault_schedule.py --seed {self.seed} --classes {','.join(self.classes) or 'none'} "
+                f"--seconds {self.duration_s:g} --jobs {self.jobs} --consumers {self.consumers} "
+                f"--lease {self.lease_s:g} --fault-every {self.fault_every_s:g}")
 
     def describe(self) -> str:
         counts: dict[str, int] = {}
@@ -96,4 +102,4 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
             last_server = t
         length = rng.uniform(lease_s + 1.0, lease_s + 3.0) if kind == "stall" else 0.0
         steps.append(Step(round(t, 3), kind, rng.random(), round(length, 3)))
-    return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps))
+    return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps), fault_every_s)
