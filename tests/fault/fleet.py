@@ -26,6 +26,7 @@ class Consumer:
     started_at: float
     err: Path  # its log (stderr)
     stopped: bool = False  # SIGSTOPped right now
+    retiring: bool = False  # SIGTERMed by a rolling restart: its exit is expected
     killed_at: float | None = None  # when the schedule (or a poison job) ended it
 
     @property

@@ -199,6 +199,10 @@ class FaultRun:
                 self.server.kill()
             self.server.start()
             self.faults.append(Fault(step.kind, at, time.monotonic()))
+        elif step.kind == "rolling_restart":
+            if victim.alive() and not victim.stopped and not victim.retiring:
+                victim.retiring = True
+                victim.popen.send_signal(signal.SIGTERM)  # _respawn_exited starts its successor
         elif step.kind == "cancel":
             recent = workload.enqueues[-50:]
             if recent:
@@ -253,7 +257,7 @@ class FaultRun:
             if consumer.killed_at is None:  # not the schedule's doing: a poison job, or a crash
                 consumer.killed_at = time.monotonic()
                 code = consumer.popen.returncode
-                if code != 70:
+                if code != 70 and not (consumer.retiring and code == 0):
                     self.unexpected.append(f"slot {consumer.slot} pid {consumer.pid} exited {code}")
             self.fleet.slots[consumer.slot] = self._spawn_slot(consumer.slot)
 

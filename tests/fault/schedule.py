@@ -12,7 +12,9 @@ Fault classes, each switched on or off by name:
   server_crash     SIGKILL of the server, start (InnoDB recovery)
   poison           a few jobs whose handler os._exit()s: only they may end dead
   slow             a few jobs whose handler outlasts the lease
-  polling          half the consumer slots run with wakeup.use_locks = false
+  polling          half the consumer slots run with wakeup.use_locks = false, slots are
+                   restarted gracefully now and then (consumers join a busy queue), and a
+                   few jobs take 0.1 s (so a claim is in flight when a reaper looks)
   exit_when_empty  a second deployment (its own database) served only by cron-like
                    `consume --exit-when-empty` runs, some of them SIGKILLed mid-batch
   cancel           `jobs cancel` of random recently enqueued jobs
@@ -29,7 +31,12 @@ FAULT_CLASSES = ("sigkill", "stall", "kill_connection", "server_restart", "serve
 # The classes that pass on today's code (issue 13); the CI schedule runs these.
 PASSING_TODAY = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "retry")
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
-TIMED = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "cancel")
+# Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
+# slot) is no fault, but it is how new consumers join a busy queue: with `polling` it makes
+# polling-mode consumers join while lock-mode reapers run.
+TIMED = {"sigkill": "sigkill", "stall": "stall", "kill_connection": "kill_connection",
+         "server_restart": "server_restart", "server_crash": "server_crash", "cancel": "cancel",
+         "rolling_restart": "polling"}
 SERVER_GAP_S = 20.0  # at least this long between two server restarts: let the fleet settle
 
 
@@ -53,7 +60,7 @@ def parse_classes(text: str) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class Step:
     at_s: float  # offset from the start of the schedule
-    kind: str  # one of TIMED
+    kind: str  # a key of TIMED
     pick: float  # in [0, 1): which slot, session or job, resolved against what exists then
     length_s: float = 0.0  # a stall's duration
 
@@ -86,7 +93,7 @@ class Plan:
 def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int, consumers: int = 4,
               lease_s: float = 4.0, fault_every_s: float = 1.5) -> Plan:
     rng = random.Random(seed)
-    timed = [c for c in TIMED if c in classes]
+    timed = [kind for kind, cls in TIMED.items() if cls in classes]
     steps: list[Step] = []
     t, last_server = 0.0, -SERVER_GAP_S / 2
     while timed:

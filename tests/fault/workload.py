@@ -40,6 +40,8 @@ class Mix:
             return "slow", {"k": "slow", "s": round(self.lease_s + 1.5, 3)}
         if "retry" in self.classes and r < 0.04:
             return "fail1", {"k": "fail1", "s": 0.002}
+        if "polling" in self.classes and r < 0.09:
+            return "", {"s": 0.1}
         return "", {"s": self.rng.choice((0.0, 0.002, 0.005, 0.01))}
 
 
