@@ -39,7 +39,7 @@ def as_json(r: RunResult) -> dict:
         "faults": dict(sorted(r.faults.items())), "lost": rep.lost, "innocent_dead": rep.innocent_dead,
         "dead": rep.dead, "duplicates": dict(sorted(rep.duplicates.items())), "concurrent_runs": rep.concurrent,
         "max_recovery_s": rep.max_recovery_s, "priority_batches_judged": rep.priority_checked,
-        "violations": rep.by_rule(), "violation_sample": [str(v) for v in rep.violations[:20]],
+        "violations": rep.by_rule(), "violation_examples": [str(v) for v in rep.examples()],
         "drained": r.drained, "producer_errors": r.producer_errors, "outcome_unknown": r.outcome_unknown,
         "unexpected_exits": r.unexpected_exits, "wall_s": round(r.wall_s, 1),
         "ok": rep.ok and r.drained,

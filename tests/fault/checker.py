@@ -80,6 +80,16 @@ class Report:
     def by_rule(self) -> dict[str, int]:
         return dict(collections.Counter(v.rule for v in self.violations))
 
+    def examples(self, per_rule: int = 5) -> list[Violation]:
+        """The first few violations of each rule: one rule's flood must not hide another's."""
+        seen: collections.Counter = collections.Counter()
+        out = []
+        for v in self.violations:
+            seen[v.rule] += 1
+            if seen[v.rule] <= per_rule:
+                out.append(v)
+        return out
+
 
 # ------------------------------------------------------------------ the rules
 

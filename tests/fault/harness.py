@@ -66,9 +66,10 @@ class RunResult:
                  f"replay: {self.plan.replay_command()}",
                  f"{self.report.jobs} jobs, {self.report.runs} runs, drained={self.drained}, "
                  f"violations by rule: {self.report.by_rule() or 'none'}"]
-        lines += [f"  {v}" for v in self.report.violations[:25]]
-        if len(self.report.violations) > 25:
-            lines.append(f"  ... {len(self.report.violations) - 25} more")
+        shown = self.report.examples()
+        lines += [f"  {v}" for v in shown]
+        if len(self.report.violations) > len(shown):
+            lines.append(f"  ... {len(self.report.violations) - len(shown)} more of the same rules")
         lines.append(f"logs: {self.workdir}")
         return "\n".join(lines)
 
@@ -200,7 +201,7 @@ class FaultRun:
             self.server.start()
             self.faults.append(Fault(step.kind, at, time.monotonic()))
         elif step.kind == "rolling_restart":
-            if victim.alive() and not victim.stopped and not victim.retiring:
+            if victim.alive() and victim.ready() and not victim.stopped and not victim.retiring:
                 victim.retiring = True
                 victim.popen.send_signal(signal.SIGTERM)  # _respawn_exited starts its successor
         elif step.kind == "cancel":
