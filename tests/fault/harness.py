@@ -90,6 +90,7 @@ class FaultRun:
         self.rng = random.Random(plan.seed + 7)  # the second deployment's cron runs
         self.batch_enqueues = []
         self.stalls: list[tuple[float, Consumer, float]] = []  # (SIGCONT due, consumer, SIGSTOP time)
+        self.rolling_restarts = 0  # not faults (nothing excuses a second run), but shown
         self.ewe_kill: dict[int, bool] = {}  # pid -> to be SIGKILLed once it has started jobs
 
     # ------------------------------------------------------------ the run
@@ -163,6 +164,8 @@ class FaultRun:
         report = checker.check(history)
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
+        if self.rolling_restarts:
+            kinds["rolling_restart"] = self.rolling_restarts
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir)
 
@@ -204,6 +207,7 @@ class FaultRun:
             if victim.alive() and victim.ready() and not victim.stopped and not victim.retiring:
                 victim.retiring = True
                 victim.popen.send_signal(signal.SIGTERM)  # _respawn_exited starts its successor
+                self.rolling_restarts += 1
         elif step.kind == "cancel":
             recent = workload.enqueues[-50:]
             if recent:
