@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--lease", type=float, default=4.0, help="the consumers' lease_s")
     ap.add_argument("--fault-every", type=float, default=1.5, help="seconds between timed faults (jittered)")
     ap.add_argument("--json", help="also write the JSON result here")
-    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, handler records)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work directory (logs, handler records) also when the run passes")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     duration_s = args.seconds if args.seconds is not None else args.minutes * 60
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
                      args.lease, args.fault_every)
     print(plan.describe(), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="nq-fault-"))
-    result = FaultRun(plan, workdir, keep=args.keep).run()
+    result = FaultRun(plan, workdir, keep=True if args.keep else None).run()  # a failure keeps its logs
     data = as_json(result)
     print_table(data)
     if not data["ok"]:

@@ -75,8 +75,10 @@ class RunResult:
 
 
 class FaultRun:
-    def __init__(self, plan: Plan, workdir: Path, template: Path | None = None, keep: bool = False,
+    def __init__(self, plan: Plan, workdir: Path, template: Path | None = None, keep: bool | None = None,
                  drain_s: float = 60.0):
+        """keep: True keeps the work directory (server datadir, logs, handler records), False
+        removes it, None (the default) keeps it only when the run failed."""
         self.plan, self.workdir, self.template, self.keep = plan, Path(workdir), template, keep
         self.drain_s = drain_s
         self.out = self.workdir / "runs"
@@ -102,12 +104,15 @@ class FaultRun:
             shutil.copytree(self.template, self.server.datadir)
         t0 = time.monotonic()
         self.server.start()
+        ok = False
         try:
             with _library_log_to(self.logs / "harness.log"):  # the producer's retries during restarts
-                return self._run(t0)
+                result = self._run(t0)
+            ok = result.report.ok and result.drained
+            return result
         finally:
             self.fleet.reap_all()
-            if self.keep:
+            if self.keep or (self.keep is None and not ok):  # a failure keeps its evidence
                 self.server.stop()
             else:
                 self.server.cleanup()
