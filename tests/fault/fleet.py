@@ -69,6 +69,9 @@ class Fleet:
                  "--batch-size", str(batch_size), *extra],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path)
+        with (self.logdir / "fleet.txt").open("a") as fleet_log:  # which log is which pid, for a post-mortem
+            fleet_log.write(f"consumer{n}.err pid {popen.pid} slot {slot} mode {mode} deploy {deploy} "
+                            f"args {' '.join(extra) or '-'}\n")
         self.started.append(consumer)
         return consumer
 
