@@ -205,10 +205,29 @@ def check_attempts(h: History) -> list[Violation]:
 
 
 def check_after_cancel(h: History) -> list[Violation]:
+    """A deleted (pending) job never starts again. A running one ('requested') may still be
+    started by the claim that held it at the cancel (its handler sees cancel_requested()), but
+    by no later claim: at most one claim token starts it after the cancel, and it is the token
+    of a run that had started before, if any had."""
     cancels = {f.job: f for f in h.faults if f.kind == "cancel" and f.detail in ("deleted", "requested")}
-    return [Violation("after_cancel", r.key, f"started at {r.start:.3f}, cancelled ({cancels[r.key].detail}) "
-                                             f"at {cancels[r.key].end:.3f}")
-            for r in h.runs if r.key in cancels and r.start > cancels[r.key].end]
+    out = []
+    for key, runs in h.runs_by_job().items():
+        cancel = cancels.get(key)
+        if cancel is None:
+            continue
+        after = [r for r in runs if r.start > cancel.end]
+        before_tokens = {r.token for r in runs
+                         if r.start <= cancel.end and (r.end is None or r.end >= cancel.start)}
+        tokens_after = {r.token for r in after}
+        allowed = before_tokens if before_tokens else set(list(tokens_after)[:1])
+        if cancel.detail == "deleted":
+            allowed = set()
+        bad = [r for r in after if r.token not in allowed]
+        if bad or len(tokens_after) > 1:
+            r = (bad or after)[0]
+            out.append(Violation("after_cancel", key, f"attempt {r.attempt} started at {r.start:.3f} on pid {r.pid}, "
+                                                      f"cancelled ({cancel.detail}) at {cancel.end:.3f}"))
+    return out
 
 
 def check_stranded(h: History) -> list[Violation]:

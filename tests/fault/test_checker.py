@@ -105,10 +105,22 @@ def test_the_attempt_rule_is_one_function_with_a_strict_form():
     assert not checker.attempts_ok([1, 1], strict=False)
 
 
-def test_a_job_that_starts_after_its_cancel_is_caught():
-    h = history([run(1, 1, 10, 1.0, 1.1, outcome="fail"), run(1, 2, 11, 3.0, 3.1)], [enq(1)],
+def test_a_job_that_starts_again_under_a_new_claim_after_its_cancel_is_caught():
+    # Running at the cancel (attempt 1 until 2.5), then run again by another claim at 3.0
+    h = history([run(1, 1, 10, 1.0, 2.5, outcome="fail"), run(1, 2, 11, 3.0, 3.1)], [enq(1)],
                 faults=[Fault("cancel", 2.0, 2.1, job=("main", 1), detail="requested")])
     assert rules(h) == {"after_cancel": 1}
+    # Deleted while pending: no start after it at all
+    h = history([run(1, 1, 11, 3.0, 3.1)], [enq(1)], faults=[Fault("cancel", 2.0, 2.1, job=("main", 1),
+                                                                   detail="deleted")])
+    assert rules(h) == {"after_cancel": 1}
+
+
+def test_the_claim_that_held_a_job_at_its_cancel_may_still_start_it():
+    # Claimed (not started) when the cancel was requested: its handler starts and sees the request
+    h = history([run(1, 1, 10, 3.0, 3.1)], [enq(1)],
+                faults=[Fault("cancel", 2.0, 2.1, job=("main", 1), detail="requested")])
+    assert checker.check(h).ok
 
 
 def test_jobs_left_claimed_or_stranded_by_a_gone_consumer_are_caught():
