@@ -301,18 +301,24 @@ class FaultRun:
     # ------------------------------------------------------------ drain and collect
 
     def _drain(self) -> bool:
-        """Healthy consumers until nothing is pending; False if the deadline came first."""
+        """Healthy consumers until nothing is pending. Bounded: False once `drain_s` pass
+        without the pending count going down (a backlog left by a slow machine drains as long
+        as it keeps moving; a job stuck for good does not hold the run forever)."""
         self._resume_due_stalls(time.monotonic(), all_of_them=True)
         self._respawn_exited()
         if "batch" in self.dbs:
             self.fleet.spawn(self.dbs["batch"].env, "batch", BATCH_QUEUE, "locks", self.configs["locks"], 10)
-        deadline = time.monotonic() + self.drain_s + 3 * self.plan.lease_s
-        while time.monotonic() < deadline:
+        patience = self.drain_s + 3 * self.plan.lease_s
+        best, stalled_since = None, time.monotonic()
+        while time.monotonic() - stalled_since < patience:
             self._respawn_exited()
             self.monitor.tick()
-            if all(root.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1, 2)") == 0
-                   for root in self.roots.values()):
+            pending = sum(root.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1, 2)")
+                          for root in self.roots.values())
+            if pending == 0:
                 return True
+            if best is None or pending < best:
+                best, stalled_since = pending, time.monotonic()
             time.sleep(0.25)  # poll interval inside a deadline loop
         return False
 

@@ -19,6 +19,8 @@ Fault classes, each switched on or off by name:
                    `consume --exit-when-empty` runs, some of them SIGKILLed mid-batch
   cancel           `jobs cancel` of random recently enqueued jobs
   retry            a few jobs fail their first attempt (retries, due retries in the claim order)
+  due_priority     every 10 s, 100 delayed low-priority jobs and then one high-priority job, all
+                   due a second later: the high one must be claimed before the backlog
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import dataclasses
 import random
 
 FAULT_CLASSES = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "poison",
-                 "slow", "polling", "exit_when_empty", "cancel", "retry")
+                 "slow", "polling", "exit_when_empty", "cancel", "retry", "due_priority")
 # The classes that pass on today's code (issue 13); the CI schedule runs these.
 PASSING_TODAY = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "retry")
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).

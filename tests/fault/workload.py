@@ -20,6 +20,8 @@ from notifyq.produce.producer import Producer
 from .history import Enqueue
 
 METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
+BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
+BURST_JOBS = 100
 
 
 class Mix:
@@ -65,11 +67,15 @@ class Workload(threading.Thread):
         started = time.monotonic()
         rate = self.jobs / self.duration_s
         produced = 0
+        next_burst = started + BURST_EVERY_S / 2 if "due_priority" in self.mix.classes else float("inf")
         with Producer(self.queue, self.config) as producer:
             while produced < self.jobs and not self.stop.is_set():
                 due = started + produced / rate
                 if self.stop.wait(max(0.0, due - time.monotonic())):  # pacing, not synchronisation
                     break
+                if time.monotonic() >= next_burst:
+                    next_burst += BURST_EVERY_S
+                    self._burst(producer)
                 method = self.rng.choice(METHODS)
                 n = self.rng.randint(5, 60) if method == "put_many" else 1
                 n = min(n, self.jobs - produced)
@@ -101,6 +107,19 @@ class Workload(threading.Thread):
         acked = time.monotonic()
         for job_id, (kind, _) in zip(ids, kinds_payloads):
             self.enqueues.append(Enqueue(self.deploy, job_id, kind, method, priority, delay, acked))
+
+    def _burst(self, producer: Producer) -> None:
+        """A backlog of due low-priority jobs, then one urgent job due at the same moment."""
+        try:
+            ids = producer.put_many([{"s": 0.005}] * BURST_JOBS, delay=1.0)
+            acked = time.monotonic()
+            self.enqueues += [Enqueue(self.deploy, i, "", "burst", 0, 1.0, acked) for i in ids]
+            urgent = producer.put({"s": 0.0}, priority=9, delay=1.0)
+            self.enqueues.append(Enqueue(self.deploy, urgent, "", "burst", 9, 1.0, time.monotonic()))
+        except errors.OutcomeUnknown:
+            self.unknown += 1
+        except (errors.NotifyqError, MySQLdb.Error):
+            self.errors += 1
 
     def _caller_conn(self):
         """The application's own connection, for `put(conn=...)` inside its transaction."""
