@@ -19,7 +19,7 @@ Fault classes, each switched on or off by name:
                    `consume --exit-when-empty` runs, some of them SIGKILLed mid-batch
   cancel           `jobs cancel` of random recently enqueued jobs
   retry            a few jobs fail their first attempt (retries, due retries in the claim order)
-  due_priority     every 10 s, 100 delayed low-priority jobs and then one high-priority job, all
+  due_priority     every 10 s, 400 delayed low-priority jobs and then one high-priority job, all
                    due a second later: the high one must be claimed before the backlog
 """
 

@@ -21,7 +21,7 @@ from .history import Enqueue
 
 METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
 BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
-BURST_JOBS = 100
+BURST_JOBS = 400  # more than any claim reads of due jobs (3 x the batch size)
 
 
 class Mix:
@@ -111,7 +111,7 @@ class Workload(threading.Thread):
     def _burst(self, producer: Producer) -> None:
         """A backlog of due low-priority jobs, then one urgent job due at the same moment."""
         try:
-            ids = producer.put_many([{"s": 0.005}] * BURST_JOBS, delay=1.0)
+            ids = producer.put_many([{"s": 0.002}] * BURST_JOBS, delay=1.0)
             acked = time.monotonic()
             self.enqueues += [Enqueue(self.deploy, i, "", "burst", 0, 1.0, acked) for i in ids]
             urgent = producer.put({"s": 0.0}, priority=9, delay=1.0)
