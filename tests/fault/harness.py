@@ -137,6 +137,25 @@ class FaultRun:
         workload = Workload("main", self._config("main"), QUEUE, plan.seed, plan.classes, plan.jobs,
                             plan.duration_s, plan.lease_s)
         batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
+        self._play(workload, batch_producer)
+        workload.join(30)
+        if batch_producer is not None:
+            batch_producer.close()
+        drained = self._drain()
+        codes = self.fleet.stop_all(plan.lease_s * 3 + 15)
+        history = self._history(workload)
+        report = checker.check(history)
+        kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
+        kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
+        if self.rolling_restarts:
+            kinds["rolling_restart"] = self.rolling_restarts
+        return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
+                         workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir)
+
+    def _play(self, workload: Workload, batch_producer: Producer | None) -> None:
+        """The schedule: its faults at their offsets, the second deployment's cron runs, and a
+        look at the fleet twice a second, until the time is up and the producers are done."""
+        plan = self.plan
         started = time.monotonic()
         workload.start()
         steps = list(plan.steps)
@@ -145,7 +164,7 @@ class FaultRun:
             now = time.monotonic()
             elapsed = now - started
             if elapsed >= plan.duration_s and not workload.is_alive():
-                break
+                return
             if elapsed >= plan.duration_s + 60:
                 workload.stop.set()  # the server restarts slowed it down: stop where it is
             while steps and steps[0].at_s <= elapsed:
@@ -160,19 +179,6 @@ class FaultRun:
                 self._respawn_exited()
                 self.monitor.tick()
             time.sleep(0.05)  # the driver's pace, not a synchronisation
-        workload.join(30)
-        if batch_producer is not None:
-            batch_producer.close()
-        drained = self._drain()
-        codes = self.fleet.stop_all(plan.lease_s * 3 + 15)
-        history = self._history(workload)
-        report = checker.check(history)
-        kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
-        kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
-        if self.rolling_restarts:
-            kinds["rolling_restart"] = self.rolling_restarts
-        return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
-                         workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir)
 
     def _config(self, deploy: str) -> config_mod.Config:
         env = {k: v for k, v in self.dbs[deploy].env.items() if k.startswith("NOTIFYQ_")}
