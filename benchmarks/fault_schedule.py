@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""notifyq fault schedule, the long run: real consumers, a real private server, a seeded schedule
+of faults, and the history checker's verdict on the delivery contract (issue 13).
+
+    .venv/bin/python benchmarks/fault_schedule.py [--minutes 10] [--jobs 100000] [--seed N]
+        [--classes all|today|sigkill,stall,...|all,-polling] [--consumers 8] [--lease 4]
+        [--seconds S (instead of --minutes)] [--json out.json] [--keep]
+
+The same seed replays the same schedule (tests/fault/schedule.py lists the fault classes).
+Prints a table (jobs, consumers, faults by kind, lost, duplicates by cause, innocent dead, the
+longest time a gone consumer's jobs stayed claimed, violations by rule) and one JSON document.
+Exit 0 when the checker finds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+for path in (REPO, REPO / "tests", REPO / "tests" / "helpers"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from fault.harness import FaultRun, RunResult  # noqa: E402
+from fault.schedule import make_plan, parse_classes  # noqa: E402
+
+
+def as_json(r: RunResult) -> dict:
+    rep = r.report
+    return {
+        "seed": r.plan.seed, "classes": list(r.plan.classes), "minutes": round(r.plan.duration_s / 60, 2),
+        "jobs": rep.jobs, "runs": rep.runs, "consumers": r.plan.consumers,
+        "consumer_processes": r.consumers_started, "lease_s": r.plan.lease_s,
+        "faults": dict(sorted(r.faults.items())), "lost": rep.lost, "innocent_dead": rep.innocent_dead,
+        "dead": rep.dead, "duplicates": dict(sorted(rep.duplicates.items())), "concurrent_runs": rep.concurrent,
+        "max_recovery_s": rep.max_recovery_s, "priority_batches_judged": rep.priority_checked,
+        "violations": rep.by_rule(), "violation_examples": [str(v) for v in rep.examples()],
+        "drained": r.drained, "producer_errors": r.producer_errors, "outcome_unknown": r.outcome_unknown,
+        "unexpected_exits": r.unexpected_exits, "wall_s": round(r.wall_s, 1),
+        "ok": rep.ok and r.drained,
+    }
+
+
+def print_table(d: dict) -> None:
+    fmt = lambda m: ", ".join(f"{k} {v}" for k, v in m.items()) or "0"  # noqa: E731
+    rows = [
+        ("seed / classes", f"{d['seed']} / {','.join(d['classes'])}"),
+        ("jobs (acknowledged) / handler runs", f"{d['jobs']} / {d['runs']}"),
+        ("consumers (slots / processes)", f"{d['consumers']} / {d['consumer_processes']}"),
+        ("faults by kind", fmt(d["faults"])),
+        ("lost", d["lost"]),
+        ("duplicates by cause (extra runs)", fmt(d["duplicates"])),
+        ("  of them concurrent", d["concurrent_runs"]),
+        ("innocent dead / dead", f"{d['innocent_dead']} / {d['dead']}"),
+        ("max recovery of a gone consumer's jobs",
+         "-" if d["max_recovery_s"] is None else f"{d['max_recovery_s']:.2f}s"),
+        ("violations by rule", fmt(d["violations"])),
+        ("drained / wall", f"{d['drained']} / {d['wall_s']}s"),
+        ("verdict", "OK" if d["ok"] else "FAILED"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print()
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    print()
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=None, help="instead of --minutes (replays print it)")
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
+    ap.add_argument("--classes", default="all")
+    ap.add_argument("--consumers", type=int, default=8)
+    ap.add_argument("--lease", type=float, default=4.0, help="the consumers' lease_s")
+    ap.add_argument("--fault-every", type=float, default=1.5, help="seconds between timed faults (jittered)")
+    ap.add_argument("--json", help="also write the JSON result here")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work directory (logs, handler records) also when the run passes")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
+    duration_s = args.seconds if args.seconds is not None else args.minutes * 60
+    plan = make_plan(seed, parse_classes(args.classes), duration_s, args.jobs, args.consumers,
+                     args.lease, args.fault_every)
+    print(plan.describe(), flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="nq-fault-"))
+    result = FaultRun(plan, workdir, keep=True if args.keep else None).run()  # a failure keeps its logs
+    data = as_json(result)
+    print_table(data)
+    if not data["ok"]:
+        print(result.summary())
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data))
+    return 0 if data["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,370 @@
+"""The history checker: does a fault-schedule run keep notifyq's delivery contract?
+
+The contract (issue 13, "The contract to hold"), one rule per function below:
+- lost: every acknowledged enqueue is handled at least once, or ends dead with a reason, or
+  was cancelled by the schedule (the operator);
+- innocent_dead: only poison jobs (the ones that crash their process) may end dead;
+- duplicates: a job runs again (other than a retry after a failure) only when a process that
+  ran or held it was killed or stalled, lost a connection, saw the server restart, or when the
+  earlier run itself outlasted the lease. Any other second run is a violation: concurrent
+  ("running in two places at once") or sequential ("run twice while its consumer was healthy");
+- attempts: `attempts_ok` (one function, so the rule is tightened in one place);
+- after_cancel: a job the operator cancelled never starts again;
+- stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
+  recovery bound while the schedule runs);
+- priority: among jobs that were claimable at the same time, a claim never takes a lower
+  priority one while a higher priority one waits. Asserted only where the history proves both
+  were claimable and untouched by any fault; ties (run_at, id) are asserted only within a batch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+from collections.abc import Iterable
+
+from .history import Fault, History, JobKey, Run
+
+# Which fault explains a second run, in the order a cause is named. Faults on one process
+# explain runs of that process; server faults explain every run.
+PROCESS_CAUSES = {"sigkill": "sigkill", "poison_exit": "poison", "stall": "stall",
+                  "kill_connection": "kill_connection"}
+SERVER_CAUSES = {"server_restart": "server", "server_crash": "server"}
+CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
+DEAD = 4
+CLAIMED = 2
+
+# The attempt rule. True: the contract as issue 13 states it, the k-th start is attempt k.
+# False (today's code): a claim that died before its handler started (SIGKILL, stall, a lost
+# connection, a poison job earlier in the batch) still counted an attempt, so attempts may run
+# ahead of starts, but never behind them and never twice the same.
+STRICT_ATTEMPTS = False
+
+
+def attempts_ok(attempts_in_start_order: list[int], strict: bool = STRICT_ATTEMPTS) -> bool:
+    if strict:
+        return attempts_in_start_order == list(range(1, len(attempts_in_start_order) + 1))
+    ordered = sorted(attempts_in_start_order)
+    return len(set(ordered)) == len(ordered) and all(a >= k for k, a in enumerate(ordered, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    rule: str
+    job: JobKey | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f" job {self.job[0]}/{self.job[1]}" if self.job else ""
+        return f"{self.rule}{where}: {self.detail}"
+
+
+@dataclasses.dataclass
+class Report:
+    violations: list[Violation]
+    jobs: int
+    runs: int
+    lost: int
+    innocent_dead: int
+    dead: int
+    duplicates: dict[str, int]  # extra runs by cause
+    concurrent: int  # of those, runs that overlapped another run of the same job
+    priority_checked: int  # batches the cross-batch priority rule could judge
+    max_recovery_s: float | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def by_rule(self) -> dict[str, int]:
+        return dict(collections.Counter(v.rule for v in self.violations))
+
+    def examples(self, per_rule: int = 5) -> list[Violation]:
+        """The first few violations of each rule: one rule's flood must not hide another's."""
+        seen: collections.Counter = collections.Counter()
+        out = []
+        for v in self.violations:
+            seen[v.rule] += 1
+            if seen[v.rule] <= per_rule:
+                out.append(v)
+        return out
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def check_lost(h: History) -> list[Violation]:
+    done = {r.key for r in h.runs if r.outcome == "ok"}
+    dead = {(f.deploy, f.job) for f in h.final_rows if f.status == DEAD and f.last_error}
+    cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail in ("deleted", "requested")}
+    left = {(f.deploy, f.job): f for f in h.final_rows}
+    out = []
+    for key in sorted({e.key for e in h.enqueues}):
+        if key in done or key in dead or key in cancelled:
+            continue
+        row = left.get(key)
+        state = f"still in the table with status {row.status}" if row else "gone without a successful run"
+        out.append(Violation("lost", key, state))
+    for row in h.final_rows:
+        if row.status == DEAD and not row.last_error:
+            out.append(Violation("dead_without_reason", (row.deploy, row.job), "dead, last_error empty"))
+    return out
+
+
+def check_innocent_dead(h: History) -> list[Violation]:
+    poison = {e.key for e in h.enqueues if e.kind == "poison"}
+    return [Violation("innocent_dead", (r.deploy, r.job), f"attempts {r.attempts}: {r.last_error}")
+            for r in h.final_rows if r.status == DEAD and (r.deploy, r.job) not in poison]
+
+
+class Faults:
+    """The faults, indexed for "did anything hit this process (or the server) in [lo, hi]"."""
+
+    def __init__(self, faults: Iterable[Fault]):
+        self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
+        self.server: list[Fault] = []
+        self.all = sorted((f for f in faults if f.kind != "cancel"), key=lambda f: f.start)
+        for f in self.all:
+            if f.kind in SERVER_CAUSES:
+                self.server.append(f)
+            elif f.pid is not None:
+                self.by_pid[f.pid].append(f)
+        self._starts = [f.start for f in self.all]
+
+    def cause(self, pids: Iterable[int], lo: float, hi: float) -> str | None:
+        for pid in pids:
+            for f in self.by_pid.get(pid, ()):
+                if f.start <= hi and f.end >= lo:
+                    return PROCESS_CAUSES.get(f.kind, f.kind)
+        for f in self.server:
+            if f.start <= hi and f.end >= lo:
+                return SERVER_CAUSES[f.kind]
+        return None
+
+    def any_between(self, lo: float, hi: float) -> bool:
+        """Any fault at all (any process, the server) overlapping [lo, hi]."""
+        i = bisect.bisect_right(self._starts, hi)
+        return any(f.end >= lo for f in self.all[:i])
+
+
+def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) -> str | None:
+    """Why `later` ran although `earlier` had not failed; None: no excuse the contract allows.
+
+    The window reaches a lease back from the first start: a job is claimed before its handler
+    starts, and a claim older than the lease is fair game for a reaper anyway."""
+    lo = min(earlier.start, later.start) - lease_s
+    hi = max(earlier.start, later.start)
+    cause = faults.cause({earlier.pid, later.pid}, lo, hi)
+    if cause:
+        return cause
+    if earlier.end is None or earlier.end - earlier.start > lease_s:
+        return "past_lease" if earlier.end is not None else None
+    return None
+
+
+def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[str, int], int]:
+    out: list[Violation] = []
+    causes: collections.Counter = collections.Counter()
+    concurrent = 0
+    for key, runs in h.runs_by_job().items():
+        for i in range(1, len(runs)):
+            later = runs[i]
+            if runs[i - 1].outcome == "fail":
+                continue  # a retry: the contract's normal path
+            earlier_ok = [r for r in runs[:i] if r.outcome != "fail"]
+            overlapping = any(r.pid != later.pid and (r.end is None or r.end > later.start) for r in earlier_ok)
+            concurrent += overlapping
+            cause = next((c for c in (duplicate_cause(r, later, faults, h.lease_s) for r in earlier_ok) if c),
+                         None)
+            if cause:
+                causes[cause] += 1
+                continue
+            causes["unexplained"] += 1
+            rule = "concurrent_run" if overlapping else "run_twice"
+            first = earlier_ok[-1] if earlier_ok else runs[i - 1]
+            out.append(Violation(rule, key, f"attempt {first.attempt} on pid {first.pid} at {first.start:.3f}, "
+                                            f"attempt {later.attempt} on pid {later.pid} at {later.start:.3f}, "
+                                            "no fault on either process nor the server in between"))
+    return out, dict(causes), concurrent
+
+
+def check_attempts(h: History) -> list[Violation]:
+    out = []
+    for key, runs in h.runs_by_job().items():
+        attempts = [r.attempt for r in runs]
+        if not attempts_ok(attempts):
+            out.append(Violation("attempts", key, f"attempts at each start: {attempts}"))
+    if STRICT_ATTEMPTS:
+        starts = collections.Counter(r.key for r in h.runs)
+        for row in h.final_rows:
+            n = starts[(row.deploy, row.job)]
+            if row.status == DEAD and row.attempts != n:
+                out.append(Violation("attempts", (row.deploy, row.job), f"dead with attempts {row.attempts} after {n} starts"))
+    return out
+
+
+def check_after_cancel(h: History) -> list[Violation]:
+    """A deleted (pending) job never starts again. A running one ('requested') may still be
+    started by the claim that held it at the cancel (its handler sees cancel_requested()), but
+    by no later claim: at most one claim token starts it after the cancel, and it is the token
+    of a run that had started before, if any had."""
+    cancels = {f.job: f for f in h.faults if f.kind == "cancel" and f.detail in ("deleted", "requested")}
+    out = []
+    for key, runs in h.runs_by_job().items():
+        cancel = cancels.get(key)
+        if cancel is None:
+            continue
+        after = [r for r in runs if r.start > cancel.end]
+        before_tokens = {r.token for r in runs
+                         if r.start <= cancel.end and (r.end is None or r.end >= cancel.start)}
+        tokens_after = {r.token for r in after}
+        allowed = before_tokens if before_tokens else set(list(tokens_after)[:1])
+        if cancel.detail == "deleted":
+            allowed = set()
+        bad = [r for r in after if r.token not in allowed]
+        if bad or len(tokens_after) > 1:
+            r = (bad or after)[0]
+            out.append(Violation("after_cancel", key, f"attempt {r.attempt} started at {r.start:.3f} on pid {r.pid}, "
+                                                      f"cancelled ({cancel.detail}) at {cancel.end:.3f}"))
+    return out
+
+
+def check_stranded(h: History) -> list[Violation]:
+    out = [Violation("left_claimed", (r.deploy, r.job), f"claimed by {r.owner} after the drain")
+           for r in h.final_rows if r.status == CLAIMED]
+    for consumer, seconds in sorted(h.recovery_s.items()):
+        if seconds is None or seconds > h.recovery_bound_s:
+            shown = "never (until the drain)" if seconds is None else f"after {seconds:.1f}s"
+            out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} came back {shown}, "
+                                                   f"bound {h.recovery_bound_s:g}s"))
+    return out
+
+
+# ------------------------------------------------------------------ claim order
+
+
+def _rank(r: Run) -> tuple:
+    return (-r.priority, r.run_at, r.job)
+
+
+def _batches(h: History) -> dict[tuple, list[Run]]:
+    batches: dict[tuple, list[Run]] = collections.defaultdict(list)
+    for r in sorted(h.runs, key=lambda r: r.start):
+        if r.token:
+            batches[(r.deploy, r.pid, r.token)].append(r)
+    return batches
+
+
+def check_batch_order(h: History) -> list[Violation]:
+    """Within one claim, jobs run in claim order: priority, then run_at, then id."""
+    out = []
+    for (deploy, pid, token), runs in _batches(h).items():
+        for a, b in zip(runs, runs[1:]):
+            if _rank(b) < _rank(a):
+                out.append(Violation("priority", b.key, f"ran after job {a.job} (priority {a.priority}) in the "
+                                                        f"same batch of pid {pid}, with priority {b.priority}"))
+                break
+    return out
+
+
+def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], int]:
+    """No claim takes a lower-priority job while a higher one is claimable and left waiting.
+
+    Claim times are not recorded, so they are bounded: a worker (one per process) claims its
+    next batch after the previous batch's last handler returned and before its first handler
+    starts. A batch k is an inversion when a job H of higher priority than k's lowest was
+    claimable (acknowledged and due, or failed and due again) before k's claim could start, and
+    H's own claim cannot have started before k's first handler. Any fault between the two
+    claims excuses it (H may have been locked by a claim that then died)."""
+    enq_at: dict[JobKey, float] = {}
+    for e in h.enqueues:
+        enq_at[e.key] = min(enq_at.get(e.key, e.acked_at), e.acked_at)
+    batches = _batches(h)
+    lower: dict[tuple, float] = {}
+    per_pid: dict[tuple, list[tuple]] = collections.defaultdict(list)
+    for bkey, runs in batches.items():
+        per_pid[bkey[:2]].append(bkey)
+    for keys in per_pid.values():
+        keys.sort(key=lambda k: batches[k][0].start)
+        for prev, cur in zip(keys, keys[1:]):
+            ends = [r.end for r in batches[prev]]
+            if all(e is not None for e in ends):
+                lower[cur] = max(ends)
+    batch_of = {id(r): bkey for bkey, runs in batches.items() for r in runs}
+    # Claimable jobs H: (deploy, priority) -> sorted [(claimable_since, lower bound of H's claim, H)]
+    waiting: dict[tuple, list[tuple]] = collections.defaultdict(list)
+    for key, runs in h.runs_by_job().items():
+        for i, r in enumerate(runs):
+            if i == 0 and key in enq_at:
+                since = enq_at[key]
+            elif i > 0 and runs[i - 1].outcome == "fail" and runs[i - 1].end is not None:
+                since = runs[i - 1].end
+            else:
+                continue
+            claim_lo = lower.get(batch_of.get(id(r)))
+            if claim_lo is not None:
+                waiting[(r.deploy, r.priority)].append((max(since, r.run_at_mono), claim_lo, r))
+    index = {}
+    for k, items in waiting.items():
+        items.sort(key=lambda t: t[0])
+        best, prefix = None, []
+        for item in items:
+            if best is None or item[1] > best[1]:
+                best = item
+            prefix.append(best)
+        index[k] = ([t[0] for t in items], prefix)
+    out, judged = [], 0
+    for bkey, runs in batches.items():
+        lo = lower.get(bkey)
+        if lo is None:
+            continue
+        judged += 1
+        first = runs[0].start
+        lowest = min(runs, key=lambda r: r.priority)
+        for (deploy, priority), (since, prefix) in index.items():
+            if deploy != bkey[0] or priority <= lowest.priority:
+                continue
+            n = bisect.bisect_left(since, lo - CLOCK_SLACK_S)
+            if not n:
+                continue
+            h_since, h_claim_lo, h_run = prefix[n - 1]
+            if h_claim_lo <= first or faults.any_between(lo - h.lease_s, h_run.start):
+                continue
+            out.append(Violation("priority", h_run.key, f"priority {priority}, claimable since {h_since:.3f}, "
+                                                        f"waited while pid {bkey[1]} claimed job {lowest.job} "
+                                                        f"(priority {lowest.priority}) after {lo:.3f}"))
+            break
+    return out, judged
+
+
+# ------------------------------------------------------------------ all of it
+
+
+def check(h: History) -> Report:
+    faults = Faults(h.faults)
+    violations: list[Violation] = []
+    violations += check_lost(h)
+    violations += check_innocent_dead(h)
+    dup_violations, causes, concurrent = check_duplicates(h, faults)
+    violations += dup_violations
+    violations += check_attempts(h)
+    violations += check_after_cancel(h)
+    violations += check_stranded(h)
+    violations += check_batch_order(h)
+    prio_violations, judged = check_claim_priority(h, faults)
+    violations += prio_violations
+    lost = sum(1 for v in violations if v.rule == "lost")
+    recoveries = [s for s in h.recovery_s.values() if s is not None]
+    return Report(
+        violations=violations,
+        jobs=len({e.key for e in h.enqueues}),
+        runs=len(h.runs),
+        lost=lost,
+        innocent_dead=sum(1 for v in violations if v.rule == "innocent_dead"),
+        dead=sum(1 for r in h.final_rows if r.status == DEAD),
+        duplicates=causes,
+        concurrent=concurrent,
+        priority_checked=judged,
+        max_recovery_s=max(recoveries, default=None),
+    )

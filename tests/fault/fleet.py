@@ -1,0 +1,125 @@
+"""The real `notifyq consume` processes of a fault-schedule run, in numbered slots.
+
+Every process this harness starts is kept in `started`, and `reap_all` ends each by its own
+pid: nothing is found by name, so other people's consumers and servers are never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONSUMER_HANDLER = "nqfault:handle"
+
+
+@dataclasses.dataclass
+class Consumer:
+    popen: subprocess.Popen
+    slot: int  # -1: not in a slot (exit-when-empty runs, drain helpers)
+    mode: str  # locks | polling
+    deploy: str
+    started_at: float
+    err: Path  # its log (stderr)
+    stopped: bool = False  # SIGSTOPped right now
+    retiring: bool = False  # SIGTERMed by a rolling restart: its exit is expected
+    killed_at: float | None = None  # when the schedule (or a poison job) ended it
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        """It says it started consuming (its registration row may already be reaped: polling mode)."""
+        return "consumer started" in self.err.read_text()
+
+
+def write_config(path: Path, lease_s: float, polling: bool) -> Path:
+    """The consumers' config: a short lease (stalls outlast it), quick reaping, default attempts."""
+    text = (f"[defaults]\nlease_s = {lease_s}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
+            f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {lease_s * 3}\n")
+    if polling:
+        text += "[wakeup]\nuse_locks = false\npoll_max_s = 0.2\n"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+class Fleet:
+    def __init__(self, logdir: Path, out: Path):
+        self.logdir, self.out = logdir, out
+        self.started: list[Consumer] = []
+        self.slots: list[Consumer] = []
+
+    def spawn(self, env: dict[str, str], deploy: str, queue: str, mode: str, config: Path, batch_size: int,
+              slot: int = -1, *extra: str) -> Consumer:
+        n = len(self.started)
+        env = {**env, "NOTIFYQ_CONFIG": str(config), "NQF_OUT": str(self.out), "NQF_DEPLOY": deploy}
+        err_path = self.logdir / f"consumer{n}.err"
+        with err_path.open("w") as err:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "notifyq", "consume", "-q", queue, "--handler", CONSUMER_HANDLER,
+                 "--batch-size", str(batch_size), *extra],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path)
+        with (self.logdir / "fleet.txt").open("a") as fleet_log:  # which log is which pid, for a post-mortem
+            fleet_log.write(f"consumer{n}.err pid {popen.pid} slot {slot} mode {mode} deploy {deploy} "
+                            f"args {' '.join(extra) or '-'}\n")
+        self.started.append(consumer)
+        return consumer
+
+    def by_pid(self, pid: int) -> Consumer | None:
+        return next((c for c in self.started if c.pid == pid), None)
+
+    def signal(self, consumer: Consumer, sig: int) -> None:
+        if consumer.alive():
+            consumer.popen.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            consumer.stopped = True
+        elif sig == signal.SIGCONT:
+            consumer.stopped = False
+
+    def kill(self, consumer: Consumer) -> float:
+        """SIGKILL and wait for the kernel to close its sockets; returns the kill time."""
+        at = time.monotonic()
+        if consumer.alive():
+            consumer.popen.send_signal(signal.SIGKILL)
+        consumer.popen.wait(30)
+        consumer.killed_at = at
+        consumer.stopped = False
+        return at
+
+    def stop_all(self, timeout_s: float) -> dict[int, int | str]:
+        """SIGTERM (a graceful drain) every live process, then wait; returns pid -> exit code."""
+        live = [c for c in self.started if c.alive()]
+        for c in live:
+            if c.stopped:
+                self.signal(c, signal.SIGCONT)
+            c.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes: dict[int, int | str] = {}
+        for c in live:
+            try:
+                codes[c.pid] = c.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.popen.kill()
+                c.popen.wait(30)
+                codes[c.pid] = "hung"
+        return codes
+
+    def reap_all(self) -> None:
+        for c in self.started:
+            if c.alive():
+                try:
+                    os.kill(c.pid, signal.SIGCONT)
+                    c.popen.kill()
+                except ProcessLookupError:
+                    pass
+            c.popen.wait(30)

@@ -1,0 +1,364 @@
+"""Runs a fault schedule (schedule.py) against real `notifyq consume` processes and a real
+throwaway server, then drains, collects the history and hands it to the checker.
+
+    result = FaultRun(make_plan(seed, classes, duration_s, jobs), workdir).run()
+    assert result.report.ok, result.summary()
+
+One run owns one private server (a copy of a template datadir starts in a fraction of a second)
+and every process it starts; it kills only those, by pid, and removes its directory unless kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import MySQLdb
+from conftest import TestDB, create_test_db, ensure_runtime_user
+
+from notifyq import config as config_mod
+from notifyq import errors
+from notifyq.produce.producer import Producer
+from notifyq.run.localserver import LocalServer
+from notifyq.store import admin_queries
+from notifyq.store.db import Session
+
+from . import checker
+from .conftest import client_ports
+from .fleet import Consumer, Fleet, write_config
+from .history import Enqueue, Fault, FinalRow, History, poison_exits, read_runs
+from .monitor import ClaimMonitor, Root
+from .schedule import Plan, Step
+from .workload import Workload
+
+QUEUE = "fq"
+BATCH_QUEUE = "fb"
+SLOT_BATCH_SIZES = (10, 25, 50, 5)
+EWE_EVERY_S = 4.0  # a cron-like `--exit-when-empty` run this often on the second deployment
+EWE_BURST = 30
+
+
+@dataclasses.dataclass
+class RunResult:
+    plan: Plan
+    report: checker.Report
+    history: History
+    faults: Counter
+    consumers_started: int
+    exit_codes: dict
+    unexpected_exits: list[str]
+    producer_errors: int
+    outcome_unknown: int
+    drained: bool
+    wall_s: float
+    workdir: Path
+
+    def summary(self) -> str:
+        lines = [self.plan.describe(),
+                 f"replay: {self.plan.replay_command()}",
+                 f"{self.report.jobs} jobs, {self.report.runs} runs, drained={self.drained}, "
+                 f"violations by rule: {self.report.by_rule() or 'none'}"]
+        shown = self.report.examples()
+        lines += [f"  {v}" for v in shown]
+        if len(self.report.violations) > len(shown):
+            lines.append(f"  ... {len(self.report.violations) - len(shown)} more of the same rules")
+        lines.append(f"logs: {self.workdir}")
+        return "\n".join(lines)
+
+
+class FaultRun:
+    def __init__(self, plan: Plan, workdir: Path, template: Path | None = None, keep: bool | None = None,
+                 drain_s: float = 60.0):
+        """keep: True keeps the work directory (server datadir, logs, handler records), False
+        removes it, None (the default) keeps it only when the run failed."""
+        self.plan, self.workdir, self.template, self.keep = plan, Path(workdir), template, keep
+        self.drain_s = drain_s
+        self.out = self.workdir / "runs"
+        self.logs = self.workdir / "logs"
+        # A template datadir keeps the redo log size it was made with; a fresh one gets the
+        # server's default (the 16 MB of test servers stalls commits under sustained load).
+        self.server = LocalServer(self.workdir / "srv", redo_log_mb=16 if template else 96)
+        self.fleet = Fleet(self.logs, self.out)
+        self.faults: list[Fault] = []
+        self.unexpected: list[str] = []
+        self.rng = random.Random(plan.seed + 7)  # the second deployment's cron runs
+        self.batch_enqueues = []
+        self.stalls: list[tuple[float, Consumer, float]] = []  # (SIGCONT due, consumer, SIGSTOP time)
+        self.rolling_restarts = 0  # not faults (nothing excuses a second run), but shown
+        self.ewe_kill: dict[int, bool] = {}  # pid -> to be SIGKILLed once it has started jobs
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> RunResult:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if self.template is not None:
+            shutil.copytree(self.template, self.server.datadir)
+        t0 = time.monotonic()
+        self.server.start()
+        ok = False
+        try:
+            with _library_log_to(self.logs / "harness.log"):  # the producer's retries during restarts
+                result = self._run(t0)
+            ok = result.report.ok and result.drained
+            return result
+        finally:
+            self.fleet.reap_all()
+            if self.keep or (self.keep is None and not ok):  # a failure keeps its evidence
+                self.server.stop()
+            else:
+                self.server.cleanup()
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _run(self, t0: float) -> RunResult:
+        plan = self.plan
+        ensure_runtime_user(config_mod.DSN.parse(self.server.dsn))
+        self.dbs: dict[str, TestDB] = {"main": create_test_db(self.server.dsn)}
+        ewe = "exit_when_empty" in plan.classes
+        if ewe:
+            self.dbs["batch"] = create_test_db(self.server.dsn)
+        self.runtime_user = self.dbs["main"].dsn.user
+        self.configs = {mode: write_config(self.workdir / f"{mode}.toml", plan.lease_s, mode == "polling")
+                        for mode in ("locks", "polling")}
+        self.roots = {d: Root(db.admin) for d, db in self.dbs.items()}
+        self.monitor = ClaimMonitor(self.roots, self.fleet)
+        for slot in range(plan.consumers):
+            self.fleet.slots.append(self._spawn_slot(slot))
+        self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots), 60,
+                                    "the consumers started")
+        workload = Workload("main", self._config("main"), QUEUE, plan.seed, plan.classes, plan.jobs,
+                            plan.duration_s, plan.lease_s)
+        batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
+        self._play(workload, batch_producer)
+        workload.join(30)
+        if batch_producer is not None:
+            batch_producer.close()
+        drained = self._drain()
+        codes = self.fleet.stop_all(plan.lease_s * 3 + 15)
+        history = self._history(workload)
+        report = checker.check(history)
+        kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
+        kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
+        if self.rolling_restarts:
+            kinds["rolling_restart"] = self.rolling_restarts
+        return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
+                         workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir)
+
+    def _play(self, workload: Workload, batch_producer: Producer | None) -> None:
+        """The schedule: its faults at their offsets, the second deployment's cron runs, and a
+        look at the fleet twice a second, until the time is up and the producers are done."""
+        plan = self.plan
+        started = time.monotonic()
+        workload.start()
+        steps = list(plan.steps)
+        next_tick = next_ewe = started
+        while True:
+            now = time.monotonic()
+            elapsed = now - started
+            if elapsed >= plan.duration_s and not workload.is_alive():
+                return
+            if elapsed >= plan.duration_s + 60:
+                workload.stop.set()  # the server restarts slowed it down: stop where it is
+            while steps and steps[0].at_s <= elapsed:
+                self._inject(steps.pop(0), workload)
+            self._resume_due_stalls(now)
+            if batch_producer is not None and elapsed < plan.duration_s and now >= next_ewe:
+                next_ewe = now + EWE_EVERY_S
+                self._cron_run(batch_producer)
+            self._kill_ewe_mid_batch()
+            if now >= next_tick:
+                next_tick = now + 0.5
+                self._respawn_exited()
+                self.monitor.tick()
+            time.sleep(0.05)  # the driver's pace, not a synchronisation
+
+    def _config(self, deploy: str) -> config_mod.Config:
+        env = {k: v for k, v in self.dbs[deploy].env.items() if k.startswith("NOTIFYQ_")}
+        return config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(self.configs["locks"])})
+
+    def _spawn_slot(self, slot: int) -> Consumer:
+        mode = "polling" if "polling" in self.plan.classes and slot % 2 == 1 else "locks"
+        return self.fleet.spawn(self.dbs["main"].env, "main", QUEUE, mode, self.configs[mode],
+                                SLOT_BATCH_SIZES[slot % len(SLOT_BATCH_SIZES)], slot)
+
+    # ------------------------------------------------------------ faults
+
+    def _inject(self, step: Step, workload: Workload) -> None:
+        slots = self.fleet.slots
+        victim = slots[int(step.pick * len(slots))]
+        if step.kind == "sigkill":
+            at = self.fleet.kill(victim)
+            self.faults.append(Fault("sigkill", at, at, victim.pid))
+            slots[victim.slot] = self._spawn_slot(victim.slot)
+        elif step.kind == "stall":
+            if victim.stopped or not victim.alive():
+                return
+            self.fleet.signal(victim, signal.SIGSTOP)
+            now = time.monotonic()
+            self.stalls.append((now + step.length_s, victim, now))
+        elif step.kind == "kill_connection":
+            self._kill_connection(step.pick)
+        elif step.kind in ("server_restart", "server_crash"):
+            at = time.monotonic()
+            if step.kind == "server_restart":
+                self.server.stop()
+            else:
+                self.server.kill()
+            self.server.start()
+            self.faults.append(Fault(step.kind, at, time.monotonic()))
+        elif step.kind == "rolling_restart":
+            if victim.alive() and victim.ready() and not victim.stopped and not victim.retiring:
+                victim.retiring = True
+                victim.popen.send_signal(signal.SIGTERM)  # _respawn_exited starts its successor
+                self.rolling_restarts += 1
+        elif step.kind == "cancel":
+            recent = workload.enqueues[-50:]
+            if recent:
+                self._cancel(recent[int(step.pick * len(recent))].job)
+
+    def _resume_due_stalls(self, now: float, all_of_them: bool = False) -> None:
+        for item in list(self.stalls):
+            due, consumer, stopped_at = item
+            if all_of_them or now >= due:
+                self.stalls.remove(item)
+                self.fleet.signal(consumer, signal.SIGCONT)
+                end = consumer.killed_at if consumer.killed_at is not None else time.monotonic()
+                self.faults.append(Fault("stall", stopped_at, end, consumer.pid))
+
+    def _kill_connection(self, pick: float) -> None:
+        """Consumers' sessions and the producers' (this process's own) alike."""
+        owners = {port: os.getpid() for port in client_ports(os.getpid())}
+        for c in self.fleet.started:
+            if c.alive():
+                for port in client_ports(c.pid):
+                    owners[port] = c.pid
+        rows = self.roots["main"].query(
+            "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE USER = %s ORDER BY ID",
+            (self.runtime_user,))
+        sessions = [(int(cid), owners[int(host.rsplit(":", 1)[1])]) for cid, host in rows
+                    if ":" in host and int(host.rsplit(":", 1)[1]) in owners]
+        if not sessions:
+            return
+        conn_id, pid = sessions[int(pick * len(sessions))]
+        at = time.monotonic()
+        try:
+            self.roots["main"].query(f"KILL CONNECTION {conn_id}")
+        except MySQLdb.Error:
+            return  # it closed meanwhile
+        self.faults.append(Fault("kill_connection", at, at, pid, detail=str(conn_id)))
+
+    def _cancel(self, job_id: int) -> None:
+        session = Session(self.dbs["main"].dsn, retry_s=5, name="cancel")
+        at = time.monotonic()
+        try:
+            result = admin_queries.cancel_job(session, job_id)
+        except errors.NotifyqError:
+            return
+        finally:
+            session.close()
+        self.faults.append(Fault("cancel", at, time.monotonic(), job=("main", job_id), detail=result or "none"))
+
+    def _respawn_exited(self) -> None:
+        for consumer in list(self.fleet.slots):
+            if consumer.alive() or consumer.stopped:
+                continue
+            if consumer.killed_at is None:  # not the schedule's doing: a poison job, or a crash
+                consumer.killed_at = time.monotonic()
+                code = consumer.popen.returncode
+                if code != 70 and not (consumer.retiring and code == 0):
+                    self.unexpected.append(f"slot {consumer.slot} pid {consumer.pid} exited {code}")
+            self.fleet.slots[consumer.slot] = self._spawn_slot(consumer.slot)
+
+    # ------------------------------------------------------------ the exit-when-empty deployment
+
+    def _cron_run(self, producer: Producer) -> None:
+        payloads = [{"s": 0.02} for _ in range(EWE_BURST)]
+        try:
+            ids = producer.put_many(payloads)
+        except errors.NotifyqError:
+            return
+        acked = time.monotonic()
+        self.batch_enqueues += [Enqueue("batch", i, "", "put_many", 0, 0.0, acked) for i in ids]
+        consumer = self.fleet.spawn(self.dbs["batch"].env, "batch", BATCH_QUEUE, "locks", self.configs["locks"],
+                                    10, -1, "--exit-when-empty")
+        self.ewe_kill[consumer.pid] = self.rng.random() < 0.5
+
+    def _kill_ewe_mid_batch(self) -> None:
+        for pid, kill in list(self.ewe_kill.items()):
+            consumer = self.fleet.by_pid(pid)
+            if not kill or consumer is None or not consumer.alive():
+                if consumer is not None and not consumer.alive():
+                    del self.ewe_kill[pid]
+                    consumer.killed_at = consumer.killed_at or time.monotonic()
+                continue
+            if _starts_in(self.out / f"{pid}.log") >= 3:
+                at = self.fleet.kill(consumer)
+                self.faults.append(Fault("sigkill", at, at, pid, detail="exit-when-empty"))
+                del self.ewe_kill[pid]
+
+    # ------------------------------------------------------------ drain and collect
+
+    def _drain(self) -> bool:
+        """Healthy consumers until nothing is pending. Bounded: False once `drain_s` pass
+        without the pending count going down (a backlog left by a slow machine drains as long
+        as it keeps moving; a job stuck for good does not hold the run forever)."""
+        self._resume_due_stalls(time.monotonic(), all_of_them=True)
+        self._respawn_exited()
+        if "batch" in self.dbs:
+            self.fleet.spawn(self.dbs["batch"].env, "batch", BATCH_QUEUE, "locks", self.configs["locks"], 10)
+        patience = self.drain_s + 3 * self.plan.lease_s
+        best, stalled_since = None, time.monotonic()
+        while time.monotonic() - stalled_since < patience:
+            self._respawn_exited()
+            self.monitor.tick()
+            pending = sum(root.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1, 2)")
+                          for root in self.roots.values())
+            if pending == 0:
+                return True
+            if best is None or pending < best:
+                best, stalled_since = pending, time.monotonic()
+            time.sleep(0.25)  # poll interval inside a deadline loop
+        return False
+
+    def _history(self, workload: Workload) -> History:
+        runs = read_runs(self.out)
+        enqueues = workload.enqueues + self.batch_enqueues
+        poison = {e.key for e in enqueues if e.kind == "poison"}
+        rows = []
+        for deploy, root in self.roots.items():
+            for job, status, attempts, last_error, owner in root.query(
+                    "SELECT id, status, attempts, last_error, owner FROM nq_job"):
+                rows.append(FinalRow(deploy, int(job), int(status), int(attempts), last_error, owner))
+        return History(runs, enqueues, self.faults + poison_exits(runs, poison), rows, self.plan.lease_s,
+                       recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0)
+
+
+def _starts_in(log: Path) -> int:
+    try:
+        return sum(1 for line in log.read_text().splitlines() if line.startswith("S "))
+    except FileNotFoundError:
+        return 0
+
+
+@contextlib.contextmanager
+def _library_log_to(path: Path):
+    logger = logging.getLogger("notifyq")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()

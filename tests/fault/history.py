@@ -1,0 +1,126 @@
+"""What a fault-schedule run leaves behind, as plain data the checker reads.
+
+Four sources, all timed on CLOCK_MONOTONIC (shared by every process of the machine):
+- runs: the handler's start/end lines (tests/helpers/nqfault.py), one Run per start;
+- enqueues: every enqueue the producer saw acknowledged (the call returned, the commit landed);
+- faults: what the schedule did, to which process, when;
+- the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw.
+
+A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from pathlib import Path
+
+NS = 1_000_000_000
+
+JobKey = tuple[str, int]
+
+
+@dataclasses.dataclass
+class Run:
+    deploy: str
+    job: int
+    attempt: int
+    pid: int
+    token: int
+    start: float  # monotonic seconds
+    wall_start: float  # epoch seconds at the same instant (to place run_at on the monotonic clock)
+    priority: int
+    run_at: float  # epoch seconds (server time, UTC)
+    end: float | None = None  # None: the process died (or stopped) before the handler returned
+    outcome: str | None = None  # ok | fail
+
+    @property
+    def key(self) -> JobKey:
+        return (self.deploy, self.job)
+
+    @property
+    def run_at_mono(self) -> float:
+        """When the job became due, on the monotonic clock."""
+        return self.run_at - (self.wall_start - self.start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Enqueue:
+    deploy: str
+    job: int
+    kind: str  # "" (plain), poison, fail1, slow
+    method: str  # put, put_many, delayed, priority, dedup, transactional
+    priority: int
+    delay_s: float
+    acked_at: float  # monotonic, when the call (or the caller's COMMIT) returned
+
+    @property
+    def key(self) -> JobKey:
+        return (self.deploy, self.job)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: str  # sigkill, stall, kill_connection, server_restart, server_crash, poison_exit, cancel
+    start: float  # monotonic
+    end: float  # == start for instantaneous faults; SIGCONT time for a stall, back-up for a server
+    pid: int | None = None  # the process hit; None: every process (the server)
+    job: JobKey | None = None  # cancel: the job; poison_exit: the job that crashed its process
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalRow:
+    deploy: str
+    job: int
+    status: int  # 0 ready, 1 scheduled, 2 claimed, 3 done, 4 dead
+    attempts: int
+    last_error: str | None
+    owner: str | None
+
+
+@dataclasses.dataclass
+class History:
+    runs: list[Run]
+    enqueues: list[Enqueue]
+    faults: list[Fault]
+    final_rows: list[FinalRow]
+    lease_s: float  # the consumers' lease
+    recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)  # per killed consumer id
+    recovery_bound_s: float = 10.0
+
+    def runs_by_job(self) -> dict[JobKey, list[Run]]:
+        by_job: dict[JobKey, list[Run]] = defaultdict(list)
+        for run in self.runs:
+            by_job[run.key].append(run)
+        for runs in by_job.values():
+            runs.sort(key=lambda r: r.start)
+        return by_job
+
+
+def read_runs(out: Path) -> list[Run]:
+    """Every start, joined with its end (same deploy, job, attempt, pid and token)."""
+    runs: list[Run] = []
+    open_runs: dict[tuple, Run] = {}
+    for path in sorted(out.glob("*.log")):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if not parts:
+                continue
+            if parts[0] == "S" and len(parts) == 10:
+                deploy, job, attempt, pid, token = parts[1], *map(int, parts[2:6])
+                run = Run(deploy, job, attempt, pid, token, int(parts[6]) / NS, int(parts[7]) / NS,
+                          int(parts[8]), int(parts[9]) / 1e6)
+                runs.append(run)
+                open_runs[(deploy, job, attempt, pid, token)] = run
+            elif parts[0] == "E" and len(parts) == 8:
+                deploy, job, attempt, pid, token = parts[1], *map(int, parts[2:6])
+                run = open_runs.pop((deploy, job, attempt, pid, token), None)
+                if run is not None:
+                    run.end, run.outcome = int(parts[6]) / NS, parts[7]
+    return runs
+
+
+def poison_exits(runs: list[Run], poison: set[JobKey]) -> list[Fault]:
+    """A poison job's start is the moment its process died (it os._exits right after the line)."""
+    return [Fault("poison_exit", r.start, r.start, r.pid, r.key) for r in runs if r.key in poison]

@@ -1,0 +1,90 @@
+"""Watching a fault-schedule run from outside: root queries that survive server restarts, and
+how long the jobs of each consumer that is gone stay claimed under its id.
+
+A consumer's registration (id -> pid) is remembered from every sample, because the reaper
+deletes the row of a dead consumer; the recovery time runs from the death of its process until
+no job is claimed under that id any more (claimed again by someone else, or done).
+"""
+
+from __future__ import annotations
+
+import time
+
+import MySQLdb
+
+from notifyq.config import DSN
+
+
+class Root:
+    """Admin queries as root; a fresh connection each time, so a restart in between is harmless."""
+
+    def __init__(self, dsn: DSN):
+        self.dsn = dsn
+
+    def query(self, sql: str, params=None, retry_s: float = 60.0) -> list[tuple]:
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                conn = MySQLdb.connect(**self.dsn.connect_args(), autocommit=True, connect_timeout=2)
+            except MySQLdb.OperationalError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)  # the server is restarting: poll interval inside a deadline
+                continue
+            try:
+                cur = conn.cursor()
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+            finally:
+                conn.close()
+
+    def scalar(self, sql: str, params=None):
+        rows = self.query(sql, params)
+        return rows[0][0] if rows else None
+
+    def wait_for(self, predicate, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
+            time.sleep(0.1)  # poll interval inside a deadline
+
+
+class ClaimMonitor:
+    def __init__(self, roots: dict[str, Root], fleet):
+        self.roots, self.fleet = roots, fleet
+        self.pid_of: dict[tuple[str, str], int] = {}  # (deploy, consumer id) -> pid
+        self.recovered: dict[tuple[str, str], float] = {}
+        self.pending: set[tuple[str, str]] = set()
+
+    def tick(self) -> None:
+        for deploy, root in self.roots.items():
+            try:
+                registered = root.query("SELECT id, pid FROM nq_consumer", retry_s=0)
+                held = dict(root.query("SELECT owner, COUNT(*) FROM nq_job WHERE status = 2 GROUP BY owner",
+                                       retry_s=0))
+            except MySQLdb.Error:
+                continue  # the server is down: the next tick measures
+            now = time.monotonic()
+            for cid, pid in registered:
+                self.pid_of[(deploy, cid)] = int(pid)
+            for key, pid in self.pid_of.items():
+                if key[0] != deploy or key in self.recovered:
+                    continue
+                consumer = self.fleet.by_pid(pid)
+                if consumer is None or consumer.alive() or consumer.killed_at is None:
+                    continue
+                if held.get(key[1], 0) == 0:
+                    self.recovered[key] = now - consumer.killed_at
+                    self.pending.discard(key)
+                else:
+                    self.pending.add(key)
+
+    def recovery(self) -> dict[str, float | None]:
+        """Per gone consumer: seconds until its claims were gone; None if they never went."""
+        out: dict[str, float | None] = {}
+        for key, seconds in self.recovered.items():
+            out[f"{key[0]}/{key[1][:8]} pid {self.pid_of[key]}"] = round(seconds, 2)
+        for key in self.pending - self.recovered.keys():
+            out[f"{key[0]}/{key[1][:8]} pid {self.pid_of[key]}"] = None
+        return out

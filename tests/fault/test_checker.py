@@ -1,0 +1,154 @@
+"""The history checker catches what it is there to catch: planted violations in synthetic
+histories (no server needed), and clean histories pass."""
+
+from __future__ import annotations
+
+from . import checker
+from .history import Enqueue, Fault, FinalRow, History, Run
+from .schedule import PASSING_TODAY, make_plan, parse_classes
+
+LEASE = 4.0
+
+
+def run(job, attempt, pid, start, end=None, outcome="ok", token=None, priority=0, run_at=0.0):
+    token = token if token is not None else job * 100 + attempt  # one batch per run unless given
+    r = Run("main", job, attempt, pid, token, start, start, priority, run_at)
+    if end is not None:
+        r.end, r.outcome = end, outcome
+    return r
+
+
+def enq(job, at=0.0, kind="", priority=0):
+    return Enqueue("main", job, kind, "put", priority, 0.0, at)
+
+
+def history(runs, enqueues, faults=(), rows=(), recovery=None):
+    return History(list(runs), list(enqueues), list(faults), list(rows), LEASE, recovery or {})
+
+
+def rules(h: History) -> dict[str, int]:
+    return checker.check(h).by_rule()
+
+
+def test_a_clean_history_passes():
+    h = history([run(1, 1, 10, 1.0, 1.1), run(2, 1, 11, 1.0, 1.2)], [enq(1), enq(2)])
+    assert checker.check(h).ok
+
+
+def test_a_job_acknowledged_but_never_handled_is_lost():
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), enq(2)])
+    assert rules(h) == {"lost": 1}
+
+
+def test_a_job_that_started_but_never_ended_and_is_gone_is_lost():
+    h = history([run(1, 1, 10, 1.0)], [enq(1)])
+    assert rules(h) == {"lost": 1}
+
+
+def test_a_dead_job_with_a_reason_or_a_cancelled_job_is_not_lost():
+    h = history([], [enq(1, kind="poison"), enq(2)],
+                faults=[Fault("cancel", 1.0, 1.1, job=("main", 2), detail="deleted")],
+                rows=[FinalRow("main", 1, 4, 3, "consumer died; out of attempts", None)])
+    assert checker.check(h).ok
+
+
+def test_an_innocent_job_dead_is_caught_and_a_poison_one_is_not():
+    rows = [FinalRow("main", 1, 4, 5, "consumer died; out of attempts", None),
+            FinalRow("main", 2, 4, 5, "consumer died; out of attempts", None)]
+    h = history([], [enq(1, kind="poison"), enq(2)], rows=rows)
+    assert rules(h) == {"innocent_dead": 1}
+    assert checker.check(h).violations[0].job == ("main", 2)
+
+
+def test_a_job_run_twice_by_healthy_consumers_is_caught():
+    h = history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 2.0, 2.1)], [enq(1)])
+    assert rules(h) == {"run_twice": 1}
+
+
+def test_a_job_running_in_two_places_at_once_is_caught():
+    h = history([run(1, 1, 10, 1.0, 2.0), run(1, 2, 11, 1.5, 2.5)], [enq(1)])
+    assert rules(h) == {"concurrent_run": 1}
+
+
+def test_a_second_run_is_excused_by_a_kill_stall_lost_connection_or_restart_in_between():
+    for fault in (Fault("sigkill", 1.05, 1.05, 10), Fault("stall", 0.5, 6.0, 11),
+                  Fault("kill_connection", 1.5, 1.5, 10), Fault("server_crash", 1.2, 1.8)):
+        h = history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 2.0, 2.1)], [enq(1)], faults=[fault])
+        report = checker.check(h)
+        assert report.ok, (fault, report.violations)
+        assert sum(report.duplicates.values()) == 1
+
+
+def test_a_fault_on_an_unrelated_process_excuses_nothing():
+    h = history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 2.0, 2.1)], [enq(1)],
+                faults=[Fault("sigkill", 1.5, 1.5, 99)])
+    assert rules(h) == {"run_twice": 1}
+
+
+def test_a_run_that_outlasted_the_lease_excuses_the_second_run_and_a_retry_is_no_duplicate():
+    past_lease = [run(1, 1, 10, 1.0, 1.0 + LEASE + 1), run(1, 2, 11, 1.0 + LEASE + 0.5, 7.0)]
+    retry = [run(2, 1, 10, 1.0, 1.1, outcome="fail"), run(2, 2, 11, 2.0, 2.1)]
+    report = checker.check(history(past_lease + retry, [enq(1), enq(2)]))
+    assert report.ok, report.violations
+    assert report.duplicates == {"past_lease": 1}
+
+
+def test_attempts_that_fall_behind_the_starts_are_caught():
+    h = history([run(1, 1, 10, 1.0, 1.1, outcome="fail"), run(1, 1, 10, 2.0, 2.1)], [enq(1)])
+    assert rules(h) == {"attempts": 1}
+
+
+def test_the_attempt_rule_is_one_function_with_a_strict_form():
+    assert checker.attempts_ok([1, 2, 3], strict=True)
+    assert not checker.attempts_ok([2, 3], strict=True)  # a claim that never started counted
+    assert checker.attempts_ok([2, 3], strict=False)
+    assert not checker.attempts_ok([1, 1], strict=False)
+
+
+def test_a_job_that_starts_again_under_a_new_claim_after_its_cancel_is_caught():
+    # Running at the cancel (attempt 1 until 2.5), then run again by another claim at 3.0
+    h = history([run(1, 1, 10, 1.0, 2.5, outcome="fail"), run(1, 2, 11, 3.0, 3.1)], [enq(1)],
+                faults=[Fault("cancel", 2.0, 2.1, job=("main", 1), detail="requested")])
+    assert rules(h) == {"after_cancel": 1}
+    # Deleted while pending: no start after it at all
+    h = history([run(1, 1, 11, 3.0, 3.1)], [enq(1)], faults=[Fault("cancel", 2.0, 2.1, job=("main", 1),
+                                                                   detail="deleted")])
+    assert rules(h) == {"after_cancel": 1}
+
+
+def test_the_claim_that_held_a_job_at_its_cancel_may_still_start_it():
+    # Claimed (not started) when the cancel was requested: its handler starts and sees the request
+    h = history([run(1, 1, 10, 3.0, 3.1)], [enq(1)],
+                faults=[Fault("cancel", 2.0, 2.1, job=("main", 1), detail="requested")])
+    assert checker.check(h).ok
+
+
+def test_jobs_left_claimed_or_stranded_by_a_gone_consumer_are_caught():
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), enq(2)],
+                rows=[FinalRow("main", 2, 2, 1, None, "c" * 32)],
+                recovery={"main/aaaa pid 10": 1.0, "main/bbbb pid 11": 30.0, "main/cccc pid 12": None})
+    assert rules(h) == {"lost": 1, "left_claimed": 1, "stranded": 2}
+
+
+def test_a_batch_run_out_of_priority_order_is_caught():
+    runs = [run(1, 1, 10, 1.0, 1.1, token=1, priority=0), run(2, 1, 10, 1.2, 1.3, token=1, priority=9)]
+    assert rules(history(runs, [enq(1), enq(2)])) == {"priority": 1}
+
+
+def test_a_claim_that_takes_a_low_priority_job_while_a_high_one_waits_is_caught():
+    # pid 10 finishes a batch at 2.0, then claims job 3 (priority 0) and starts it at 2.1;
+    # job 4 (priority 9) was acknowledged at 0.5 and is only claimed by pid 11 after 3.0.
+    runs = [run(1, 1, 10, 1.0, 2.0, token=1), run(3, 1, 10, 2.1, 2.2, token=2),
+            run(2, 1, 11, 1.0, 3.0, token=5), run(4, 1, 11, 3.1, 3.2, token=6, priority=9)]
+    enqueues = [enq(1), enq(2), enq(3), enq(4, at=0.5, priority=9)]
+    assert rules(history(runs, enqueues)) == {"priority": 1}
+    # Any fault between the two claims excuses it: job 4 may have been held by a claim that died.
+    assert checker.check(history(runs, enqueues, faults=[Fault("kill_connection", 2.5, 2.5, 77)])).ok
+
+
+def test_fault_classes_parse_and_a_seed_replays_the_same_schedule():
+    assert parse_classes("today") == PASSING_TODAY
+    assert "polling" not in parse_classes("all,-polling")
+    a = make_plan(7, parse_classes("all"), 60, 1000)
+    assert a == make_plan(7, parse_classes("all"), 60, 1000)
+    assert a.steps != make_plan(8, parse_classes("all"), 60, 1000).steps

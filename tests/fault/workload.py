@@ -1,0 +1,136 @@
+"""The producers of a fault-schedule run: threads in the harness process that enqueue throughout,
+by every path a user has (put, put_many, delayed, priority, dedup, transactional `conn=`), and
+record each enqueue the moment it is acknowledged (the call returned, or the caller's COMMIT did).
+
+An enqueue that raised is not acknowledged and owes nothing; OutcomeUnknown is counted apart.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import MySQLdb
+
+from notifyq import errors
+from notifyq.config import Config
+from notifyq.produce.producer import Producer
+
+from .history import Enqueue
+
+METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
+BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
+BURST_JOBS = 400  # more than any claim reads of due jobs (3 x the batch size)
+
+
+class Mix:
+    """What the next job is: kind, sleep and priority, from the workload's own seeded stream."""
+
+    def __init__(self, rng: random.Random, classes: tuple[str, ...], lease_s: float, jobs: int):
+        self.rng, self.classes, self.lease_s = rng, classes, lease_s
+        self.poison_left = max(2, jobs // 1000) if "poison" in classes else 0
+        self.slow_left = max(2, jobs // 500) if "slow" in classes else 0
+
+    def payload(self) -> tuple[str, dict]:
+        r = self.rng.random()
+        if self.poison_left and r < 0.002:
+            self.poison_left -= 1
+            return "poison", {"k": "poison"}
+        if self.slow_left and r < 0.005:
+            self.slow_left -= 1
+            return "slow", {"k": "slow", "s": round(self.lease_s + 1.5, 3)}
+        if "retry" in self.classes and r < 0.04:
+            return "fail1", {"k": "fail1", "s": 0.002}
+        if "polling" in self.classes and r < 0.09:
+            return "", {"s": 0.1}
+        return "", {"s": self.rng.choice((0.0, 0.002, 0.005, 0.01))}
+
+
+class Workload(threading.Thread):
+    """Enqueues `jobs` jobs on `queue` at an even pace over `duration_s`."""
+
+    def __init__(self, deploy: str, config: Config, queue: str, seed: int, classes: tuple[str, ...],
+                 jobs: int, duration_s: float, lease_s: float):
+        super().__init__(name=f"workload-{deploy}", daemon=True)
+        self.deploy, self.config, self.queue = deploy, config, queue
+        self.rng = random.Random(seed)
+        self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs)
+        self.jobs, self.duration_s = jobs, duration_s
+        self.enqueues: list[Enqueue] = []
+        self.unknown = 0
+        self.errors = 0
+        self.stop = threading.Event()
+        self._conn = None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        rate = self.jobs / self.duration_s
+        produced = 0
+        next_burst = started + BURST_EVERY_S / 2 if "due_priority" in self.mix.classes else float("inf")
+        with Producer(self.queue, self.config) as producer:
+            while produced < self.jobs and not self.stop.is_set():
+                due = started + produced / rate
+                if self.stop.wait(max(0.0, due - time.monotonic())):  # pacing, not synchronisation
+                    break
+                if time.monotonic() >= next_burst:
+                    next_burst += BURST_EVERY_S
+                    self._burst(producer)
+                method = self.rng.choice(METHODS)
+                n = self.rng.randint(5, 60) if method == "put_many" else 1
+                n = min(n, self.jobs - produced)
+                try:
+                    self._enqueue(producer, method, n)
+                except errors.OutcomeUnknown:
+                    self.unknown += n
+                except (errors.NotifyqError, MySQLdb.Error):
+                    self.errors += 1  # not acknowledged: nothing is owed
+                    self._drop_conn()
+                produced += n
+        self._drop_conn()
+
+    def _enqueue(self, producer: Producer, method: str, n: int) -> None:
+        kinds_payloads = [self.mix.payload() for _ in range(n)]
+        priority = self.rng.choice((1, 5, 9)) if method == "priority" else 0
+        delay = round(self.rng.uniform(0.2, 3.0), 3) if method == "delayed" else 0.0
+        if method == "put_many":
+            ids = producer.put_many([p for _, p in kinds_payloads])
+        elif method == "dedup":
+            key = f"d{self.rng.randrange(30)}"
+            ids = [producer.put(kinds_payloads[0][1], dedup_key=key)]
+        elif method == "transactional":
+            conn = self._caller_conn()
+            ids = [producer.put(kinds_payloads[0][1], conn=conn)]
+            conn.commit()
+        else:
+            ids = [producer.put(kinds_payloads[0][1], priority=priority, delay=delay)]
+        acked = time.monotonic()
+        for job_id, (kind, _) in zip(ids, kinds_payloads):
+            self.enqueues.append(Enqueue(self.deploy, job_id, kind, method, priority, delay, acked))
+
+    def _burst(self, producer: Producer) -> None:
+        """A backlog of due low-priority jobs, then one urgent job due at the same moment."""
+        try:
+            ids = producer.put_many([{"s": 0.002}] * BURST_JOBS, delay=1.0)
+            acked = time.monotonic()
+            self.enqueues += [Enqueue(self.deploy, i, "", "burst", 0, 1.0, acked) for i in ids]
+            urgent = producer.put({"s": 0.0}, priority=9, delay=1.0)
+            self.enqueues.append(Enqueue(self.deploy, urgent, "", "burst", 9, 1.0, time.monotonic()))
+        except errors.OutcomeUnknown:
+            self.unknown += 1
+        except (errors.NotifyqError, MySQLdb.Error):
+            self.errors += 1
+
+    def _caller_conn(self):
+        """The application's own connection, for `put(conn=...)` inside its transaction."""
+        if self._conn is None:
+            self._conn = MySQLdb.connect(**self.config.dsn.connect_args(), connect_timeout=5)
+        return self._conn
+
+    def _drop_conn(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except MySQLdb.Error:
+                pass
+            self._conn = None

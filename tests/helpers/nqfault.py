@@ -1,0 +1,68 @@
+"""The fault schedule's handler (tests/fault/harness.py): it records every start and end.
+
+Each record is one line written with a single os.write() on an O_APPEND descriptor, with no
+buffer in between: whatever a SIGKILL or os._exit() interrupts, every line written before it
+is complete in the file and none is half-written (an O_APPEND write of a short line to a
+local file lands whole). A process killed mid-handler leaves its start line and no end line:
+that missing end is how the checker knows the run was cut short.
+
+    S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us>
+    E <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <ok|fail>
+
+Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, so the
+harness's fault times and these lines compare directly. <token> is the claim token, read
+from the job's lease-extension closure (the handler API does not expose it; 0 if that
+ever changes). Payload: {"k": kind, "s": seconds}; kind "poison" kills the process with
+os._exit before the job can end, "fail1" fails the first attempt (a normal retry).
+"""
+
+import datetime as dt
+import os
+import time
+
+_EPOCH = dt.datetime(1970, 1, 1)
+_fd_by_pid = {}
+
+
+def _fd() -> int:
+    pid = os.getpid()
+    fd = _fd_by_pid.get(pid)
+    if fd is None:
+        path = os.path.join(os.environ["NQF_OUT"], f"{pid}.log")
+        fd = _fd_by_pid[pid] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    return fd
+
+
+def _token(job) -> int:
+    extend = getattr(job, "_extend", None)
+    code = getattr(extend, "__code__", None)
+    if code is None or not extend.__closure__:
+        return 0
+    cells = dict(zip(code.co_freevars, extend.__closure__))
+    cell = cells.get("token")
+    return int(cell.cell_contents) if cell is not None else 0
+
+
+def _run_at_us(job) -> int:
+    run_at = job.run_at
+    if run_at.tzinfo is not None:  # the server's session time zone is UTC in the harness
+        run_at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return (run_at - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def handle(job) -> None:
+    deploy = os.environ.get("NQF_DEPLOY", "main")
+    pid = os.getpid()
+    token = _token(job)
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    os.write(_fd(), (f"S {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
+                     f"{time.time_ns()} {job.priority} {_run_at_us(job)}\n").encode())
+    kind = payload.get("k", "")
+    if kind == "poison":
+        os._exit(70)  # a crash the job itself causes (segfault, OOM kill): no cleanup, no ack
+    time.sleep(float(payload.get("s", 0)))
+    failed = kind == "fail1" and job.attempts == 1
+    os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
+                    f"{'fail' if failed else 'ok'}\n".encode())
+    if failed:
+        raise RuntimeError("planned failure of the first attempt")
