@@ -29,8 +29,9 @@ class Producer:
     """Enqueue jobs on `queue`.
 
     `ring=True` is for long-lived producers (`notifyq produce`, a web app's producer kept open):
-    the producer then holds the queue's bell and rings it after every commit, which wakes an
-    idle consumer within a millisecond or two. One-shot producers leave it off: the watcher's
+    the producer then holds one of the queue's bells, its COMMIT looks whether a consumer is
+    watching, and only then it rings, which wakes that idle consumer within a millisecond or
+    two. Under load (no consumer idle) a put costs what a plain one does. One-shot producers leave it off: the watcher's
     backoff poll of the signal row finds their jobs (or `wakeup.instant_wake` interrupts it).
     """
 
@@ -151,22 +152,19 @@ class Producer:
                 cur.close()
         session = self._work_session()
         bell = self._armed_bell()
+        seen: list[tuple | None] = [None]
 
         def with_bell(cur) -> list[int]:
-            if bell is not None:
-                bell.before_commit(cur)
-            return body(cur, session.max_allowed_packet)
+            ids = body(cur, session.max_allowed_packet)
+            if bell is not None:  # the COMMIT carries the look: is anyone watching?
+                seen[0] = session.commit_then_read(cur, *bell.look())
+            return ids
 
-        try:
-            # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
-            # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
-            result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
-        except BaseException:
-            if bell is not None:
-                bell.after_rollback()
-            raise
+        # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
+        # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
+        result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
         if bell is not None:
-            bell.after_commit()
+            bell.after_commit(seen[0])
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(self._locks(), self.locks)
         return result
@@ -205,7 +203,7 @@ class Producer:
             return None
         if self._bell is None:
             self._bell = Bell(self._locks(), self.queue, self.locks)
-        return self._bell if self._bell.arm(self._session) else None
+        return self._bell if self._bell.arm() else None
 
 
 # ------------------------------------------------------------ `notifyq produce` from a stream
