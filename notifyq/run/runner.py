@@ -230,7 +230,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         notifier.ready(stream.status())
         log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
         stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
-                              on_ids=stream.on_ids, on_reject=stream.on_reject, priority=priority,
+                              on_ids=stream.on_ids, on_reject=stream.on_reject, more=source.ready,
+                              priority=priority,
                               delay=delay, run_at=run_at)
         stopped = signals.stop_requested.is_set()
         notifier.stopping(stream.status())
