@@ -1,9 +1,9 @@
 """How idle consumers learn of new work without polling the jobs table.
 
 Consumers of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both servers).
-The one holding it, the watcher, runs one statement in a loop (sql `watch`): it reads the
+The one holding it, the watcher, runs one statement in a loop (sql `watch_bell`): it reads the
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
-inside that same statement: in GET_LOCK on the current bell when a long-running producer rings
+inside that same statement: in GET_LOCK on a bell when a long-running producer rings
 this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
 poll_max_s, and never past the earliest scheduled job's run_at). When the count moved or the
 bell rang, the watcher claims a batch while still holding the watch lock. That claim reads the
@@ -14,25 +14,30 @@ waiting for the reply) before running the batch: the next idle consumer becomes 
 A burst therefore wakes consumers one after another while batches come back full, and a
 single job wakes exactly one.
 
-From a ring to the handler: the producer's RELEASE_LOCK, the grant ending the watch statement
-(which releases the bell itself), then the claim's three round trips (count + candidates, the
-locking read, the mark + COMMIT).
+From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
+RELEASE_LOCK of the held one), the grant ending the watch statement (which releases the bell
+itself), then the claim's three round trips (count + candidates, the locking read, the mark +
+COMMIT).
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
 
-Bells: a producer ringer holds bell[b] where b is nq_queue.bell. To publish, it takes
-bell[1-b], commits its jobs together with nq_queue.bell = 1-b, then releases bell[b]. So a
-ringer always holds at least one bell, and holds only bell[1-b] while nq_queue.bell = b only
-after that commit. The watcher waits on the bell its read named whenever either bell is held:
-  - read before the commit, GET_LOCK before the release: it is granted bell[b] on release;
-  - read before the commit, GET_LOCK after the release: bell[b] is free, granted at once;
-  - read after the commit: it sees the new count and does not wait.
+Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). Its COMMIT carries, in the
+same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
+the watch lock does it ring: in one statement it takes the other bell and releases the held one,
+so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
+whoever becomes the watcher later reads the count after the COMMIT. The watcher waits on the
+bell its previous statement saw held at that statement's end; a new turn's first statement
+only reads. That choice is made before the statement's read of the count, so:
+  - a commit after the read is followed by a ring that releases the bell held at the choice
+    (or, if a ring came between the choice and the read, the count already shows its jobs);
+  - the released bell is granted at once if the release came before the GET_LOCK.
 The watch statement releases a granted bell at once (the producer needs it for its next ring),
-and the watcher goes to claim. No interleaving loses the wake-up. Two grants on the same bell
-value with the same count mean the bells are in a state no ringer leaves them in for long (a
-producer arming or dying): that watcher's next waits sleep instead until the count moves, so
-a free bell can never become a spin (at most one needless claim per consumer).
+and the watcher goes to claim. Two grants on the same bell with the same count mean a bell held
+by something that is no ringer (a producer arming, dying, or of an older version): that
+watcher's next waits sleep instead until the count moves, so a free bell can never become a
+spin (at most one needless claim per consumer). Two rings between one statement's choice and
+its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
 
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
