@@ -15,7 +15,7 @@ A burst therefore wakes consumers one after another while batches come back full
 single job wakes exactly one.
 
 From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
-RELEASE_LOCK of the held one), the grant ending the watch statement (which releases the bell
+RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
 itself), then the claim's three round trips (count + candidates, the locking read, the mark +
 COMMIT).
 
@@ -268,7 +268,16 @@ class Bell:
             # A new lock connection (or none yet): whatever we held died with the old one.
             self.held = None
         if self.held is not None:
-            return True
+            # The last ring's reply, read now (it came long ago, as a rule): the look after our
+            # COMMIT must see the ring done. A lost connection shows as a new generation.
+            try:
+                self.session.conn
+            except (DriverError, errors.NotifyqError) as e:
+                log.debug("the last ring failed, re-arming error=%s", e)
+                self._forget()
+            if self.held is not None and self.session.generation == self._generation:
+                return True
+            self.held = None
         if time.monotonic() < self._retry_arm_at:
             return False
         try:
@@ -318,25 +327,25 @@ class Bell:
             watcher, *holders = seen
             mine = self.session.connection_id
             if [holder == mine for holder in holders] != [self.held == 0, self.held == 1]:
-                # Our lock connection lost its bell (killed, or the server restarted): let go
-                # of everything and re-arm on a fresh connection at the next put.
+                # Our lock connection lost its bell (killed, the server restarted, or the last
+                # ring could not take the other bell): let go of everything and re-arm on a
+                # fresh connection at the next put.
                 self._forget()
                 return
             if watcher is None:
                 return
         try:
-            rang = bells.ring(self.session, self.locks, self.held)
+            bells.ring(self.session, self.locks, self.held)
         except (DriverError, errors.NotifyqError) as e:
             # The jobs are committed; a watcher's bounded wait finds them. Re-arm next put.
             log.debug("ring failed, the watcher's bounded wait finds the jobs error=%s", e)
             self._forget()
             return
         if self.session.generation != self._generation:
-            self._forget()  # rang on a new connection that holds neither bell: start over
+            self._forget()  # a new connection that holds neither bell: start over
             return
-        if rang:
-            self.held = 1 - self.held
-            self.rings += 1
+        self.held = 1 - self.held  # the next look checks it
+        self.rings += 1
 
     def _forget(self) -> None:
         # Drop the lock connection: the server frees the ringer and both bells with it, at

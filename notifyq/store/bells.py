@@ -63,11 +63,8 @@ def look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
     return Q["ring_look"], {"watch": locks.watch, "bell0": locks.bells[0], "bell1": locks.bells[1]}
 
 
-def ring(session: Session, locks: QueueLocks, held: int) -> bool:
-    """Take the other bell, release bell `held`; True when it rang (the other bell is now held)."""
-    def body(cur) -> bool:
-        cur.execute(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
-                                "wait_s": RING_WAIT_S})
-        return cur.fetchone()[0] == 1
-
-    return session.run(body, what="ring")
+def ring(session: Session, locks: QueueLocks, held: int) -> None:
+    """Take the other bell, release bell `held`, without waiting for the reply (Session.send_later:
+    the reply is read before the session's next statement). The next look says whether it rang."""
+    session.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
+                                   "wait_s": RING_WAIT_S})

@@ -338,9 +338,9 @@ SELECT IS_USED_LOCK(%(watch)s), IS_USED_LOCK(%(bell0)s), IS_USED_LOCK(%(bell1)s)
 
 -- ring --
 -- Take the other bell, then release the held one: the watcher waiting on it is granted it. A
--- ringer never holds neither, so a watcher always has a held bell to wait on. 1 rang, 0 the
--- other bell stayed busy past wait_s (no ring: the watcher's bounded wait covers it).
-SELECT IF(GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
+-- ringer never holds neither, so a watcher always has a held bell to wait on. Sent without
+-- waiting for the reply (DO); the next ring_look says whether it rang (which bell is ours).
+DO IF(GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
 
 -- signal_total --
 -- The queue's enqueue count: what a watcher's claim records as watched when it drains the queue.
