@@ -65,8 +65,8 @@ class ConsumerConfig:
 @dataclass(frozen=True)
 class ProducerConfig:
     max_payload_bytes: int = 65536
-    batch_lines: int = 500  # `produce` from stdin commits every this many lines ...
-    batch_wait_s: float = 0.05  # ... or after this long, whichever comes first
+    batch_lines: int = 500  # `produce` from stdin commits at most this many lines at once ...
+    batch_wait_s: float = 0.0  # ... and holds a batch open this long for more (0: commit at once)
     chunk_size: int = 500  # rows per multi-row INSERT in put_many
 
 
@@ -138,7 +138,7 @@ _RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
     "metrics_port": (True, 0, False, 65535),  # 0: no endpoint
     "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),
-    "batch_wait_s": _POSITIVE_S, "chunk_size": (True, 1, False, 1_000_000),
+    "batch_wait_s": (False, 0, False, values.MAX_SECONDS), "chunk_size": (True, 1, False, 1_000_000),
     "connect_retry_s": (False, 0, False, values.MAX_SECONDS),  # 0: one attempt
     "summary_s": (False, 0, False, values.MAX_SECONDS),  # 0: no summary lines
 }

@@ -9,7 +9,6 @@ import logging
 import os
 import re
 import sys
-from logging.handlers import SysLogHandler, WatchedFileHandler
 from typing import Any, TextIO
 
 LOGGER = "notifyq"
@@ -33,7 +32,10 @@ def setup_logging(level: str = "info", fmt: str = "auto", log_file: str | None =
         logger.removeHandler(old)
         old.close()
     journal = False
+    # logging.handlers (and socket) cost ~5 ms of every start: imported only when used.
     if log_file:
+        from logging.handlers import WatchedFileHandler
+
         # Watched: a file moved away by logrotate is reopened, not written into forever.
         main: logging.Handler = WatchedFileHandler(log_file, encoding="utf-8")
         stamped = True
@@ -43,6 +45,8 @@ def setup_logging(level: str = "info", fmt: str = "auto", log_file: str | None =
         stamped = fmt != "auto" or not journal  # journald stamps its own
     handlers = [(main, stamped, journal)]
     if use_syslog:
+        from logging.handlers import SysLogHandler
+
         syslog = SysLogHandler("/dev/log", SysLogHandler.LOG_DAEMON)
         syslog.ident = f"notifyq[{os.getpid()}]: "
         handlers.append((syslog, False, False))  # syslog stamps its own, and sends the level itself

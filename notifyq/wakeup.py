@@ -1,9 +1,9 @@
 """How idle consumers learn of new work without polling the jobs table.
 
 Consumers of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both servers).
-The one holding it, the watcher, runs one statement in a loop (sql `watch`): it reads the
+The one holding it, the watcher, runs one statement in a loop (sql `watch_bell`): it reads the
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
-inside that same statement: in GET_LOCK on the current bell when a long-running producer rings
+inside that same statement: in GET_LOCK on a bell when a long-running producer rings
 this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
 poll_max_s, and never past the earliest scheduled job's run_at). When the count moved or the
 bell rang, the watcher claims a batch while still holding the watch lock. That claim reads the
@@ -14,25 +14,30 @@ waiting for the reply) before running the batch: the next idle consumer becomes 
 A burst therefore wakes consumers one after another while batches come back full, and a
 single job wakes exactly one.
 
-From a ring to the handler: the producer's RELEASE_LOCK, the grant ending the watch statement
-(which releases the bell itself), then the claim's three round trips (count + candidates, the
-locking read, the mark + COMMIT).
+From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
+RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
+itself), then the claim's three round trips (count + candidates, the locking read, the mark +
+COMMIT).
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
 
-Bells: a producer ringer holds bell[b] where b is nq_queue.bell. To publish, it takes
-bell[1-b], commits its jobs together with nq_queue.bell = 1-b, then releases bell[b]. So a
-ringer always holds at least one bell, and holds only bell[1-b] while nq_queue.bell = b only
-after that commit. The watcher waits on the bell its read named whenever either bell is held:
-  - read before the commit, GET_LOCK before the release: it is granted bell[b] on release;
-  - read before the commit, GET_LOCK after the release: bell[b] is free, granted at once;
-  - read after the commit: it sees the new count and does not wait.
+Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). Its COMMIT carries, in the
+same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
+the watch lock does it ring: in one statement it takes the other bell and releases the held one,
+so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
+whoever becomes the watcher later reads the count after the COMMIT. The watcher waits on the
+bell its previous statement saw held at that statement's end; a new turn's first statement
+only reads. That choice is made before the statement's read of the count, so:
+  - a commit after the read is followed by a ring that releases the bell held at the choice
+    (or, if a ring came between the choice and the read, the count already shows its jobs);
+  - the released bell is granted at once if the release came before the GET_LOCK.
 The watch statement releases a granted bell at once (the producer needs it for its next ring),
-and the watcher goes to claim. No interleaving loses the wake-up. Two grants on the same bell
-value with the same count mean the bells are in a state no ringer leaves them in for long (a
-producer arming or dying): that watcher's next waits sleep instead until the count moves, so
-a free bell can never become a spin (at most one needless claim per consumer).
+and the watcher goes to claim. Two grants on the same bell with the same count mean a bell held
+by something that is no ringer (a producer arming, dying, or of an older version): that
+watcher's next waits sleep instead until the count moves, so a free bell can never become a
+spin (at most one needless claim per consumer). Two rings between one statement's choice and
+its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
 
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
@@ -55,7 +60,7 @@ from collections.abc import Callable
 
 from notifyq import errors
 from notifyq.config import WakeupConfig
-from notifyq.store import queries
+from notifyq.store import bells, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
@@ -123,7 +128,7 @@ class Waiter:
         same read asks whether a peer died: the watcher, which runs the reaper for an idle
         fleet, may be the one that is gone.
         """
-        state = queries.watch(self.session, self.queue, self.locks.bells, 0, use_bell=False)
+        state = bells.watch(self.session, self.queue, self.locks, None, 0, use_bell=False)
         if state.reap:
             self.on_reap()
         if state.paused or state.total < 0:
@@ -160,19 +165,24 @@ class Waiter:
         start = time.monotonic()
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
+        # The bell to wait on: the one the previous statement saw held at its end. A new turn
+        # does not know it yet, so its first statement only reads (bells.watch).
+        wait_on: int | None = None
         while not self.stop.is_set():
             self.on_turn()
             wait = self._bounded(min(backoff, self.cfg.poll_max_s))
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
-            state = queries.watch(self.session, self.queue, self.locks.bells, wait,
+            state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
             if state.total < 0:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
+                wait_on = None  # the statement ended early: it did not say which bell is held
                 continue
+            waited_on, wait_on = wait_on, state.held
             if state.reap:
                 self.on_reap()
             if self._last_grant is not None and state.total != self._last_grant[1]:
@@ -192,7 +202,7 @@ class Waiter:
                 # one) had no ring behind it: the bells are in a state no ringer leaves them in
                 # for long (see the module docstring). Sleep the next waits instead of spinning
                 # on a free bell, until the count moves.
-                grant = (state.bell, state.total)
+                grant = (waited_on, state.total)
                 if grant == self._last_grant:
                     self._suspect_bell = True
                     continue
@@ -240,24 +250,34 @@ class Waiter:
 
 
 class Bell:
-    """A long-running producer's side: hold a bell, ring it by releasing it after each commit."""
+    """A long-running producer's side: hold a bell, and ring it after a commit that a consumer
+    is watching for, by taking the other bell and releasing the held one (bells.ring)."""
 
     def __init__(self, session: Session, queue: str, locks: QueueLocks):
         self.session = session
         self.queue = queue
         self.locks = locks
         self.held: int | None = None  # index of the bell we hold
-        self._next: int | None = None
+        self.rings = 0  # rings sent: tests and the benchmark read it
         self._generation = -1
         self._retry_arm_at = 0.0
 
-    def arm(self, work: Session) -> bool:
-        """Become this queue's ringer if none is; `work` is the producer's work session."""
+    def arm(self) -> bool:
+        """Become this queue's ringer if none is."""
         if self.session.generation != self._generation:
             # A new lock connection (or none yet): whatever we held died with the old one.
-            self.held = self._next = None
+            self.held = None
         if self.held is not None:
-            return True
+            # The last ring's reply, read now (it came long ago, as a rule): the look after our
+            # COMMIT must see the ring done. A lost connection shows as a new generation.
+            try:
+                self.session.conn
+            except (DriverError, errors.NotifyqError) as e:
+                log.debug("the last ring failed, re-arming error=%s", e)
+                self._forget()
+            if self.held is not None and self.session.generation == self._generation:
+                return True
+            self.held = None
         if time.monotonic() < self._retry_arm_at:
             return False
         try:
@@ -268,71 +288,77 @@ class Bell:
                 return False
             self._generation = self.session.generation
             queries.hold_session(self.session)
-            bell = work.run(lambda cur: queries.read_bell(cur, self.queue), what="read bell")
-            if queries.get_lock(self.session, self.locks.bells[bell], 5) != 1:
-                queries.release_lock(self.session, self.locks.ringer)
+            # Either bell will do: a watcher chooses the one it sees held. One is busy only for
+            # the instant a watcher's statement holds a grant.
+            for bell, wait_s in ((0, 0), (1, 0), (0, 5)):
+                if queries.get_lock(self.session, self.locks.bells[bell], wait_s) == 1:
+                    self.held = bell
+                    break
+            else:
+                self._forget()
                 return False
             if self.session.generation != self._generation:
                 # Reconnected in between: the ringer lock is gone, but this connection may hold
                 # the bell; a later arm would take it twice and one release would never ring.
                 self._forget()
                 return False
-            self.held = bell
             return True
         except DriverError as e:
             if locks_unavailable(e):
+                self.held = None
                 return False
             raise
 
-    def before_commit(self, cur) -> None:
-        """Inside the jobs' transaction: take the other bell and point watchers at it."""
+    def look(self) -> tuple[str, dict]:
+        """The read the jobs' COMMIT carries (Session.commit_then_read)."""
+        return bells.look(self.locks)
+
+    def after_commit(self, seen: tuple | None) -> None:
+        """Ring if a consumer watches the queue. `seen` is the look's row (watch holder, bell 0
+        and bell 1 holders), read after our COMMIT: nobody watching then means whoever watches
+        later reads the count after our jobs, so no ring is needed. None: the look failed; ring
+        anyway (one needless claim at worst)."""
         if self.held is None:
             return
-        other = 1 - self.held
-        if self._next == other:  # the transaction is being retried: we hold it already
-            queries.set_bell(cur, self.queue, other)
-            return
-        got = queries.get_lock(self.session, self.locks.bells[other], 5)
         if self.session.generation != self._generation:
-            # The lock connection was lost and reopened: the ringer lock and our bell went
-            # with it. Skip this ring (the watcher's backoff poll covers it) and re-arm later.
             self._forget()
             return
-        if got != 1:
-            self._next = None  # a watcher sat on it too long: skip this ring, polling covers it
-            return
-        queries.set_bell(cur, self.queue, other)
-        self._next = other
-
-    def after_commit(self) -> None:
-        if self.held is None or self._next is None:
-            return
-        # Ring, without waiting for the reply: the server grants the bell to the watcher the
-        # moment the release arrives, and put() returns right after its COMMIT. The reply is
-        # read before this session's next statement (a lost connection shows up there, as a
-        # new generation, and the next put re-arms).
-        queries.release_lock_later(self.session, self.locks.bells[self.held])
-        self.held, self._next = self._next, None
-
-    def after_rollback(self) -> None:
-        """The transaction failed. If it had moved the bell we cannot know whether its COMMIT
-        landed (OutcomeUnknown), so which bell is current is unknown too: let go of everything
-        and re-arm from the committed state on the next put."""
-        if self._next is not None:
+        if seen is not None:
+            watcher, *holders = seen
+            mine = self.session.connection_id
+            if [holder == mine for holder in holders] != [self.held == 0, self.held == 1]:
+                # Our lock connection lost its bell (killed, the server restarted, or the last
+                # ring could not take the other bell): let go of everything and re-arm on a
+                # fresh connection at the next put.
+                self._forget()
+                return
+            if watcher is None:
+                return
+        try:
+            bells.ring(self.session, self.locks, self.held)
+        except (DriverError, errors.NotifyqError) as e:
+            # The jobs are committed; a watcher's bounded wait finds them. Re-arm next put.
+            log.debug("ring failed, the watcher's bounded wait finds the jobs error=%s", e)
             self._forget()
+            return
+        if self.session.generation != self._generation:
+            self._forget()  # a new connection that holds neither bell: start over
+            return
+        self.held = 1 - self.held  # the next look checks it
+        self.rings += 1
 
     def _forget(self) -> None:
         # Drop the lock connection: the server frees the ringer and both bells with it, at
         # once and whatever state they were in; the next put re-arms on a fresh connection.
         self.session.discard()
-        self.held = self._next = None
+        self.held = None
         self._generation = -1
 
     def disarm(self) -> None:
-        # The other bell first: releasing the current one wakes the watcher, which must then
-        # find both free (no ringer) rather than a bell that looks like a ring in progress.
-        order = (1 - self.held, self.held) if self.held is not None else (0, 1)
-        for name in (*(self.locks.bells[i] for i in order), self.locks.ringer):
+        # The bell first: releasing it wakes the watcher, which then finds no bell held (no
+        # ringer) and sleeps with backoff.
+        names = ([self.locks.bells[self.held]] if self.held is not None else list(self.locks.bells))
+        for name in (*names, self.locks.ringer):
             try:
                 queries.release_lock(self.session, name)
             except Exception:  # closing anyway; the server frees them with the session

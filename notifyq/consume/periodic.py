@@ -40,12 +40,12 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.jobs import Status
 from notifyq.ops import admin
-from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
 if TYPE_CHECKING:
+    from notifyq.produce.producer import Producer
     from croniter import croniter
 
 log = logging.getLogger("notifyq.periodic")
@@ -154,7 +154,7 @@ class Scheduler:
         self.state = {q: QueueState() for q in self.queues}
         self._lock: Session | None = None
         self._work: Session | None = None
-        self._producers: dict[str, Producer] = {}
+        self._producers: dict[str, "Producer"] = {}
         self._offset_s = 0.0  # server clock minus ours, refreshed on every server read
         self._pause_until = 0.0
         self._use_locks = config.wakeup.use_locks
@@ -322,8 +322,12 @@ class Scheduler:
             self._work = Session(self.config.dsn, retry_s=5, name="periodic")
         return self._work
 
-    def _producer(self, queue: str) -> Producer:
+    def _producer(self, queue: str) -> "Producer":
         if queue not in self._producers:
+            # Imported when a tick is first due: a consumer's start-up does not pay for the
+            # producer (and its INSERT machinery) that most consumers never use.
+            from notifyq.produce.producer import Producer
+
             self._producers[queue] = Producer(queue, self.config)
         return self._producers[queue]
 

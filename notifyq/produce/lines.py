@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import select
@@ -50,6 +51,11 @@ class LineSource:
         self.fd = 0
         self._owned = False
         self._tail = False  # a regular file: at EOF wait for more rather than end
+        self._complete: collections.deque[str] = collections.deque()  # read, not yet yielded
+        self._buf = bytearray()  # the line being read
+        self._skipping = False  # inside a line already cut at max_line_bytes: drop up to its newline
+        self._number = 0  # complete lines read
+        self._failed: ReadError | None = None  # a read failed in ready(): raised by lines()
 
     def __enter__(self) -> "LineSource":
         if self.path is None:
@@ -78,10 +84,13 @@ class LineSource:
 
     def lines(self, stop: threading.Event, between_reads: Callable[[], None] = lambda: None) -> Iterator[str]:
         """Every complete line, then an unterminated last one at EOF; ends soon after `stop`."""
-        buf = bytearray()
-        skipping = False  # inside a line already cut at max_line_bytes: drop up to its newline
-        number = 0
-        while not stop.is_set():
+        while True:
+            while self._complete:
+                yield self._complete.popleft()
+            if stop.is_set():
+                break
+            if self._failed is not None:
+                raise self._failed
             between_reads()
             chunk = self._read(POLL_S)
             if chunk is None:
@@ -91,26 +100,50 @@ class LineSource:
                     stop.wait(POLL_S)
                     continue
                 break
-            parts = chunk.split(b"\n")
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                if not skipping:
-                    buf += part
-                if len(buf) > self.max_line_bytes and not skipping:
-                    del buf[self.max_line_bytes:]
-                    skipping = True
-                    self.cut.add(number + 1)
-                if last:
+            self._feed(chunk)
+        if stop.is_set() and self._buf and not self._skipping:
+            self._buf += self._finish_line()
+        if self._buf:  # at EOF a last line needs no newline; on stop it may be incomplete
+            yield self._decode(self._buf) + ("\0" if self._skipping else "")
+            self._buf.clear()
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Is a complete line waiting, or does one arrive within `timeout`? What `notifyq
+        produce` asks before it commits: lines that came while the last commit was in flight
+        join this one, and a lone line is committed at once. A failing read is raised by
+        lines(), after the lines before it."""
+        deadline = time.monotonic() + timeout
+        while not self._complete and self._failed is None:
+            try:
+                chunk = self._read(max(0.0, deadline - time.monotonic()))
+            except ReadError as e:
+                self._failed = e
+                break
+            if chunk is None:
+                if time.monotonic() >= deadline:
                     break
-                number += 1
-                # A NUL can end no JSON text: a cut line is always rejected, never half enqueued.
-                yield self._decode(buf) + ("\0" if skipping else "")
-                buf.clear()
-                skipping = False
-        if stop.is_set() and buf and not skipping:
-            buf += self._finish_line()
-        if buf:  # at EOF a last line needs no newline; on stop it may be incomplete
-            yield self._decode(buf) + ("\0" if skipping else "")
+                continue
+            if not chunk:  # EOF: lines() sees it again and ends the stream
+                break
+            self._feed(chunk)
+        return bool(self._complete)
+
+    def _feed(self, chunk: bytes) -> None:
+        parts = chunk.split(b"\n")
+        for i, part in enumerate(parts):
+            if not self._skipping:
+                self._buf += part
+            if len(self._buf) > self.max_line_bytes and not self._skipping:
+                del self._buf[self.max_line_bytes:]
+                self._skipping = True
+                self.cut.add(self._number + 1)
+            if i == len(parts) - 1:
+                break
+            self._number += 1
+            # A NUL can end no JSON text: a cut line is always rejected, never half enqueued.
+            self._complete.append(self._decode(self._buf) + ("\0" if self._skipping else ""))
+            self._buf.clear()
+            self._skipping = False
 
     def _read(self, timeout: float) -> bytes | None:
         """Some bytes, b"" at EOF, or None when nothing came within `timeout`.

@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import queue as queue_mod
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -29,8 +27,9 @@ class Producer:
     """Enqueue jobs on `queue`.
 
     `ring=True` is for long-lived producers (`notifyq produce`, a web app's producer kept open):
-    the producer then holds the queue's bell and rings it after every commit, which wakes an
-    idle consumer within a millisecond or two. One-shot producers leave it off: the watcher's
+    the producer then holds one of the queue's bells, its COMMIT looks whether a consumer is
+    watching, and only then it rings, which wakes that idle consumer within a millisecond or
+    two. Under load (no consumer idle) a put costs what a plain one does. One-shot producers leave it off: the watcher's
     backoff poll of the signal row finds their jobs (or `wakeup.instant_wake` interrupts it).
     """
 
@@ -151,22 +150,19 @@ class Producer:
                 cur.close()
         session = self._work_session()
         bell = self._armed_bell()
+        seen: list[tuple | None] = [None]
 
         def with_bell(cur) -> list[int]:
-            if bell is not None:
-                bell.before_commit(cur)
-            return body(cur, session.max_allowed_packet)
+            ids = body(cur, session.max_allowed_packet)
+            if bell is not None:  # the COMMIT carries the look: is anyone watching?
+                seen[0] = session.commit_then_read(cur, *bell.look())
+            return ids
 
-        try:
-            # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
-            # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
-            result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
-        except BaseException:
-            if bell is not None:
-                bell.after_rollback()
-            raise
+        # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
+        # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
+        result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
         if bell is not None:
-            bell.after_commit()
+            bell.after_commit(seen[0])
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(self._locks(), self.locks)
         return result
@@ -205,7 +201,7 @@ class Producer:
             return None
         if self._bell is None:
             self._bell = Bell(self._locks(), self.queue, self.locks)
-        return self._bell if self._bell.arm(self._session) else None
+        return self._bell if self._bell.arm() else None
 
 
 # ------------------------------------------------------------ `notifyq produce` from a stream
@@ -218,66 +214,45 @@ class ProduceStats:
     batches: int = 0
 
 
-def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]]) -> Iterator[list[tuple[int, str]]]:
-    """Group lines by count and by time: a slow trickle still commits within max_wait_s.
+def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]],
+             more: Callable[[float], bool]) -> Iterator[list[tuple[int, str]]]:
+    """Group lines for one commit each: a line with nothing behind it is committed at once, and
+    the lines that came while a commit was in flight go together in the next one.
 
-    A reader thread feeds a queue so the wait for the next line can time out. `limits()` gives
-    (max_lines, max_wait_s) and is asked again for every line, so a reload applies at once.
-    A failure of the input itself is raised here, after the lines read before it.
+    `more(timeout)` says whether a further line is waiting (or comes within timeout).
+    `limits()` gives (max_lines, max_wait_s), asked again for every line, so a reload applies at
+    once: max_wait_s > 0 holds a batch open that long after its first line for more to come.
     """
-    q: queue_mod.Queue = queue_mod.Queue(maxsize=limits()[0] * 4)
-    done = object()
-    failed: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            for number, line in enumerate(lines, 1):
-                q.put((number, line))
-        except BaseException as e:  # handed to the main thread, where it ends the stream
-            failed.append(e)
-        finally:
-            q.put(done)
-
-    threading.Thread(target=read, name="produce-reader", daemon=True).start()
     batch: list[tuple[int, str]] = []
-    deadline = None
-    while True:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            item = q.get(timeout=timeout)
-        except queue_mod.Empty:
-            item = None
-        max_lines, max_wait_s = limits()  # after the wait, which may have spanned a reload
-        if item is done:
-            if batch:
-                yield batch
-            if failed:
-                raise failed[0]
-            return
-        if item is not None:
-            batch.append(item)
-            if deadline is None:
-                deadline = time.monotonic() + max_wait_s
-        if batch and (len(batch) >= max_lines or time.monotonic() >= (deadline or 0)):
+    opened = 0.0
+    for item in enumerate(lines, 1):
+        if not batch:
+            opened = time.monotonic()
+        batch.append(item)
+        max_lines, max_wait_s = limits()
+        if len(batch) >= max_lines or not more(max(0.0, opened + max_wait_s - time.monotonic())):
             yield batch
-            batch, deadline = [], None
+            batch = []
+    if batch:
+        yield batch
 
 
 def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[[list[int]], None],
-                  on_reject: Callable[[int, str, str], None], priority: int = 0, delay: float = 0,
-                  run_at: dt.datetime | None = None) -> ProduceStats:
+                  on_reject: Callable[[int, str, str], None], more: Callable[[float], bool],
+                  priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None) -> ProduceStats:
     """Enqueue JSON lines until `lines` ends; bad lines are reported and skipped, good ones never lost.
 
     Every line `lines` yields is enqueued or rejected, also after a stop request: ending the
     stream on a stop is the reader's job (lines.LineSource), which stops reading first.
-    Batch limits come from producer.config.producer, read live (SIGHUP reload)."""
+    `more` is LineSource.ready. Batch limits come from producer.config.producer, read live
+    (SIGHUP reload)."""
     stats = ProduceStats()
 
     def limits() -> tuple[int, float]:
         return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
 
     try:
-        for batch in _batches(lines, limits):
+        for batch in _batches(lines, limits, more):
             _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at)
     except ReadError as e:  # the lines before it are enqueued: say how far it got
         if not stats.lines:

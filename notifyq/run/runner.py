@@ -17,17 +17,19 @@ import stat
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions, ConsumerService
-from notifyq.produce.lines import LineSource
-from notifyq.produce.producer import Producer, produce_lines
 from notifyq.store import schema
 from notifyq.store.db import Session, oneshot_session
+
+if TYPE_CHECKING:
+    from notifyq.produce.lines import LineSource
+    from notifyq.produce.producer import Producer
 
 log = logging.getLogger("notifyq.runner")
 
@@ -56,6 +58,8 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
+    from notifyq.produce.producer import Producer  # a consumer's start-up need not load it
+
     _require_schema(cfg, oneshot=True)
     with Producer(queue, cfg) as producer:
         if dedup_key:
@@ -205,6 +209,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
     Exit 4 when a stream that ended (EOF) had rejected lines; a stream stopped by a signal
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
     from notifyq import logs
+    from notifyq.produce.lines import LineSource
+    from notifyq.produce.producer import Producer, produce_lines
     from notifyq.run import daemon as daemon_mod
 
     if daemon and input_path is None:
@@ -230,7 +236,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         notifier.ready(stream.status())
         log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
         stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
-                              on_ids=stream.on_ids, on_reject=stream.on_reject, priority=priority,
+                              on_ids=stream.on_ids, on_reject=stream.on_reject, more=source.ready,
+                              priority=priority,
                               delay=delay, run_at=run_at)
         stopped = signals.stop_requested.is_set()
         notifier.stopping(stream.status())

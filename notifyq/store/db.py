@@ -179,6 +179,8 @@ class Session:
         self._unread = False  # a statement sent by send_later whose reply is still on the wire
         self._attempt_idempotent = True
         self._committed_in_body = False
+        self._committing_in_body = False  # inside commit_then_read's COMMIT
+        self._rendered: dict[tuple, str] = {}  # commit_then_read's statements, bound
 
     @property
     def conn(self) -> MySQLdb.connections.Connection:
@@ -318,6 +320,39 @@ class Session:
         self._committed_in_body = True
         return rowcounts[:len(statements)]
 
+    def commit_then_read(self, cur, sql: str, params: dict[str, Any]) -> tuple | None:
+        """COMMIT, and one read that must see the world after it, as one multi-statement query:
+        one round trip, as a bare COMMIT. Returns the read's first row, or None if the read
+        failed after the COMMIT succeeded (the read is advice: the transaction is done, and
+        must not be run again for it). A lost connection during the COMMIT leaves its outcome
+        unknown: Session.run treats it as it treats a lost COMMIT (OutcomeUnknown, or a rerun
+        of an idempotent body)."""
+        if self.autocommit:
+            raise AssertionError("commit_then_read is for transactions")
+        # Bound once per statement and values: a producer sends the same look after every put,
+        # and mogrify per put was a tenth of its CPU.
+        key = (sql, tuple(sorted(params.items())))
+        query = self._rendered.get(key)
+        if query is None:
+            query = self._rendered[key] = "COMMIT;\n" + cur.mogrify(sql, params)
+        self._committing_in_body = True
+        cur.execute(query)  # the COMMIT's result: raises if the COMMIT failed
+        self._committing_in_body = False
+        self._committed_in_body = True
+        try:
+            cur.nextset()
+            row = cur.fetchone()
+            while cur.nextset():
+                pass
+            return row
+        except MySQLdb.Error:
+            try:
+                cur.close()
+            except MySQLdb.Error:
+                pass
+            self.discard()  # out of step with the server, or gone: the next run reconnects
+            return None
+
     def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
 
@@ -360,6 +395,7 @@ class Session:
     def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
         committing = False
         self._attempt_idempotent, self._committed_in_body = idempotent, False
+        self._committing_in_body = False
         try:
             cur = self.conn.cursor()
             try:
@@ -375,6 +411,7 @@ class Session:
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
+            committing = committing or self._committing_in_body
             if committing and is_connection_lost(e) and not idempotent:
                 raise errors.OutcomeUnknown(
                     f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"

@@ -242,10 +242,44 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
           f"p99={latencies[495] * 1e3:.2f}ms max={latencies[-1] * 1e3:.1f}ms")
 
 
+@pytest.mark.skipif(SHARED_SERVER, reason="needs a server of its own: Questions counts everyone")
+def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_it_at_once(db):
+    # Given an armed bell ringer and no consumer at all
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    questions = Questions(db)
+    try:
+        with Producer(Q, cfg, ring=True) as producer:
+            producer.put({"warm-up": True})  # connects and arms
+            assert producer._bell is not None and producer._bell.held is not None
+            # When it puts 50 jobs with nobody watching
+            before = questions.read()
+            for i in range(50):
+                producer.put({"n": i})
+            spent = questions.read() - before - 1
+            # Then it never rang, and each put cost what a plain one does plus the look that
+            # rides with its COMMIT: INSERT, signal bump, COMMIT, look (no lock statements)
+            assert spent <= 50 * 4, f"{spent / 50:.2f} statements per put"
+            assert producer._bell.rings == 0
+            # When consumers start (their watcher, without a bell, would sleep 5 s between
+            # reads), drain the backlog, and settle with the watcher on the bell
+            with Fleet(cfg, 2, recorder) as fleet:
+                wait_until(lambda: recorder.count() == 51, 10 + MARGIN_S, message="the backlog drained")
+                wait_settled(db, 2)
+                wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+                # Then each single put rings, and the watcher starts it at once, not 5 s later
+                for _ in range(20):
+                    assert put_and_time(producer, recorder, MARGIN_S) < MARGIN_S
+                    wait_settled(db, 2)
+                assert producer._bell.rings >= 20
+                assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
+    finally:
+        questions.close()
+
+
 def test_a_bell_left_free_by_a_half_armed_ringer_costs_one_claim_per_consumer_not_a_spin(db):
-    # Given 3 idle consumers and the state no ringer leaves the bells in for long (a producer
-    # arming or dying): bell[1] held, while the queue row names bell[0], which is free, so a
-    # watcher waiting on it is granted at once, every time
+    # Given 3 idle consumers and a state no ringer leaves the bells in (a session that is no
+    # ringer holds bell[1], while the queue row of the earlier protocol names bell[0], free)
     cfg = db.config(wakeup={"poll_max_s": 0.2})
     recorder = Recorder()
     bells = QueueLocks(db.dsn.database, Q).bells

@@ -12,10 +12,10 @@ import notifyq
 HEAVY = ("prometheus_client", "croniter", "http.server")
 
 
-def loaded_after(code: str) -> set[str]:
-    """The HEAVY modules in sys.modules after running `code` in a fresh interpreter."""
+def loaded_after(code: str, modules: tuple[str, ...] = HEAVY) -> set[str]:
+    """The `modules` in sys.modules after running `code` in a fresh interpreter."""
     out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\n"
-                          f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"],
+                          f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     return set(json.loads(out.splitlines()[-1]))
 
@@ -26,6 +26,18 @@ def test_importing_the_library_loads_no_metrics_or_cron_modules():
             "notifyq.Producer, notifyq.ConsumerService, notifyq.ConsumeOptions\n"
             "notifyq.ops.metrics.handler_seconds_histogram().observe(0.2)")
     assert loaded_after(code) == set()
+
+
+def test_a_consumers_start_path_loads_neither_the_producer_nor_the_log_file_handlers():
+    # What `notifyq consume` imports and runs before its first job, with logs on stderr
+    code = ("import logging\nfrom notifyq import config, logs\nfrom notifyq.run import cli, runner\n"
+            "from notifyq.consume import service\n"
+            "logs.setup_logging('info', 'auto', None, False)")
+    lazy = ("notifyq.produce.producer", "notifyq.produce.lines", "notifyq.store.inserts", "logging.handlers")
+    assert loaded_after(code, lazy) == set()
+    # (and the probe can fail: a producer loads them)
+    assert loaded_after("import notifyq.produce.producer", lazy) >= {"notifyq.produce.producer",
+                                                                       "notifyq.store.inserts"}
 
 
 def test_the_check_sees_them_once_metrics_and_cron_are_used():

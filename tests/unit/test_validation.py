@@ -78,7 +78,7 @@ def test_a_queue_name_with_a_trailing_newline_or_too_long_is_refused_everywhere(
     ("defaults", "lease_s"), ("defaults", "command_timeout_s"), ("defaults", "retry_base_s"),
     ("defaults", "retry_max_s"), ("queue.q", "lease_s"), ("wakeup", "poll_max_s"),
     ("wakeup", "idle_wait_s"), ("wakeup", "poll_initial_s"), ("consumer", "reap_interval_s"),
-    ("consumer", "shutdown_grace_s"), ("producer", "batch_wait_s"),
+    ("consumer", "shutdown_grace_s"),
 ])
 @pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "-inf", "1e300", "9" * 400])
 def test_zero_negative_and_non_finite_durations_are_refused_naming_the_key_and_file(tmp_path, section, key, bad):
@@ -86,6 +86,12 @@ def test_zero_negative_and_non_finite_durations_are_refused_naming_the_key_and_f
     message = config_error(tmp_path, f"[{section}]\n{key} = {bad}\n")
     # Then the one line names the key and the file it came from
     assert f"{section}.{key}" in message and str(tmp_path / "notifyq.toml") in message
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e300"])
+def test_a_batch_wait_may_be_zero_but_not_negative_or_non_finite(tmp_path, bad):
+    assert load(tmp_path, "[producer]\nbatch_wait_s = 0\n").producer.batch_wait_s == 0
+    assert "producer.batch_wait_s" in config_error(tmp_path, f"[producer]\nbatch_wait_s = {bad}\n")
 
 
 @pytest.mark.parametrize("section, key", [

@@ -1,6 +1,6 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- inserts.py, liveness.py and admin_queries.py (the schema-version ones from schema.py, tls_cipher
--- from db.py). Values are always bound parameters.
+-- inserts.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
@@ -295,6 +295,52 @@ SELECT s.total, q.watched_seq, q.paused, q.bell,
 FROM nq_queue q,
      (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
 WHERE q.queue = %(queue)s
+
+-- watch_bell --
+-- The watcher's idle cycle in one statement, as `watch` but choosing its bell by the locks held,
+-- not by a row: a ringing producer holds one bell and rings only when a consumer watches
+-- (store/bells.py, wakeup.py). Read the queue's enqueue count and, only if nothing new arrived
+-- (or the queue is paused), wait: in GET_LOCK on bell `wait_on` when a ringer holds a bell, else
+-- in SLEEP. `wait_on` is what the previous statement saw held at its end, before this
+-- statement's read of the count, so any ring after that read releases the bell waited on (or
+-- released it already: granted at once). NULL (a new turn): no bell wait this time, only the
+-- read. A granted bell is released in the same statement, at once: its producer needs it for
+-- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
+-- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
+-- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
+-- reap and due_in_us: as in `watch`.
+SELECT s.total, q.watched_seq, q.paused,
+       (SELECT COUNT(*) FROM nq_consumer
+        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
+       AS reap,
+       TIMESTAMPDIFF(MICROSECOND, NOW(6),
+         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
+       AS due_in_us,
+       IF(s.total > q.watched_seq AND q.paused = 0, NULL,
+          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
+             IF(%(wait_on)s IS NULL, NULL,
+                IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(wait_s)s) = 1,
+                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
+             SLEEP(%(wait_s)s) - 1)) AS waited,
+       CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL THEN 0
+            WHEN IS_USED_LOCK(%(bell1)s) IS NOT NULL THEN 1 END AS held
+FROM nq_queue q,
+     (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
+WHERE q.queue = %(queue)s
+
+-- ring_look --
+-- A ringing producer's COMMIT carries this read in its round trip (after the COMMIT, so what it
+-- sees follows the jobs): is a consumer watching the queue, and which sessions hold the bells.
+-- Nobody watching: no ring is needed, since whoever starts watching later reads the count first.
+SELECT IS_USED_LOCK(%(watch)s), IS_USED_LOCK(%(bell0)s), IS_USED_LOCK(%(bell1)s)
+
+-- ring --
+-- Take the other bell, then release the held one: the watcher waiting on it is granted it. A
+-- ringer never holds neither, so a watcher always has a held bell to wait on. Sent without
+-- waiting for the reply (DO); the next ring_look says whether it rang (which bell is ours).
+DO IF(GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
 
 -- signal_total --
 -- The queue's enqueue count: what a watcher's claim records as watched when it drains the queue.

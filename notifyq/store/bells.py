@@ -1,0 +1,70 @@
+"""The wake-up's bell statements: the watcher's wait, and a ringing producer's look and ring.
+
+A ringing producer holds one of its queue's two bells. After each COMMIT it looks (in the
+COMMIT's own round trip) whether a consumer watches the queue; only then it rings: it takes the
+other bell and releases the one it held, in one statement. The watcher waits on the bell it saw
+held at the end of its previous statement (wakeup.py says why that loses no ring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import MySQLdb
+
+from notifyq.store.db import Session, error_code
+from notifyq.store.locks import QueueLocks
+from notifyq.store.queries import POLLING_STALE_S, ensure_queue, microseconds
+from notifyq.store.sql import QUERIES as Q
+
+RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
+
+
+@dataclass
+class WatchState:
+    total: int  # the queue's enqueue count; -1: a KILL QUERY interrupted the wait
+    watched: int
+    paused: bool
+    reap: int
+    due_in_s: float | None
+    waited: int | None
+    held: int | None  # the bell a ringer holds once the statement is done, None without a ringer
+
+
+def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, wait_s: float,
+          use_bell: bool = True) -> WatchState:
+    def body(cur) -> WatchState:
+        try:
+            cur.execute(Q["watch_bell"], {
+                "queue": queue, "bell0": locks.bells[0], "bell1": locks.bells[1], "wait_on": wait_on,
+                "wait_s": max(0.0, wait_s), "use_bell": int(use_bell),
+                "stale_us": microseconds(POLLING_STALE_S)})
+        except MySQLdb.OperationalError as e:
+            if error_code(e) != 1317:
+                raise
+            # KILL QUERY interrupted our SLEEP: a wake-up (or a stop), not an error to retry.
+            return WatchState(-1, 0, False, 0, None, None, None)
+        row = cur.fetchone()
+        if row is None:  # queue row missing (a fresh database): make it and report nothing new
+            ensure_queue(cur, queue)
+            return WatchState(0, 0, False, 0, None, None, None)
+        total, watched, paused, reap, due_in_us, waited, held = row
+        return WatchState(int(total), int(watched), bool(paused), int(reap or 0),
+                          None if due_in_us is None else due_in_us / 1e6,
+                          None if waited is None else int(waited), None if held is None else int(held))
+
+    return session.run(body, what="watch")
+
+
+def look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
+    """The read a ringing producer's COMMIT carries (Session.commit_then_read): it returns the
+    connection ids holding the watch lock, bell 0 and bell 1 (None: free)."""
+    return Q["ring_look"], {"watch": locks.watch, "bell0": locks.bells[0], "bell1": locks.bells[1]}
+
+
+def ring(session: Session, locks: QueueLocks, held: int) -> None:
+    """Take the other bell, release bell `held`, without waiting for the reply (Session.send_later:
+    the reply is read before the session's next statement). The next look says whether it rang."""
+    session.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
+                                   "wait_s": RING_WAIT_S})
