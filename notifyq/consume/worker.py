@@ -166,8 +166,10 @@ class Worker:
                     raise
                 self._fall_back_to_polling(e)
         liveness.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
-                                os.getpid(), [self.queue], self.wakeup_mode)
-        if not self.use_locks:
+                                os.getpid(), [self.queue], self.wakeup_mode, node=self.lock.node)
+        if not self.use_locks or self.lock.galera:
+            # On a Galera node our lock is invisible to reapers on the other nodes: they judge
+            # us by heartbeat (liveness.py), so we beat too.
             self._start_heartbeat()
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
@@ -231,7 +233,7 @@ class Worker:
         after the first beat, which runs here, before the next claim)."""
         if self.heartbeat is None:
             self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, self.qc.lease_s,
-                                       self.name)
+                                       self.name, wakeup=lambda: self.wakeup_mode)
             self.heartbeat.start()
         self.heartbeat.beat()
 
