@@ -137,6 +137,7 @@ class WriterChoice:
 
     def __init__(self) -> None:
         self.index = 0
+        self.chosen = False  # a session of this process has connected through `index`
         self.lock = threading.Lock()
 
     @classmethod
@@ -278,11 +279,14 @@ class Session:
                 last = e
                 continue
             with choice.lock:
-                if choice.index != index:
+                if choice.index != index and choice.chosen:
                     old = servers[choice.index]
-                    choice.index = index
                     log.warning("database writer node changed from=%s:%d to=%s:%d session=%s",
                                 old[0], old[1], servers[index][0], servers[index][1], self.name)
+                elif choice.index != index:
+                    log.info("database writer node host=%s:%d (the ones before it in the DSN are down "
+                             "or not ready)", servers[index][0], servers[index][1])
+                choice.index, choice.chosen = index, True
             return conn
         assert last is not None
         raise last
