@@ -158,9 +158,11 @@ class Producer:
             return body(cur, session.max_allowed_packet)
 
         try:
-            # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
-            # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
-            result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
+            # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
+            # one Session.run asks whether the jobs are stored (a writer node that died after
+            # committing) and runs it again only if not; failures before COMMIT are retried whole.
+            result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
+                                 committed=inserts.jobs_stored)
         except BaseException:
             if bell is not None:
                 bell.after_rollback()

@@ -412,28 +412,33 @@ class Session:
         self._committed_in_body = True
         return rowcounts[:len(statements)]
 
-    def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True) -> T:
+    def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True,
+            committed: Callable[[Any, T], bool] | None = None) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
 
         A lost connection during COMMIT leaves the outcome unknown: idempotent bodies (every
         claim, ack and retry statement is fenced by status and claim token) just run again;
-        others raise OutcomeUnknown rather than risk doing the work twice.
+        others raise OutcomeUnknown rather than risk doing the work twice, unless they say how
+        to find out: `committed(cursor, result)` asks, on a new connection (on Galera, the next
+        node, after it applied everything the cluster committed), whether the transaction that
+        returned `result` is stored; if so its result stands, if not it is run again.
         """
         try:
-            return self._run(body, what=what, idempotent=idempotent)
+            return self._run(body, what=what, idempotent=idempotent, committed=committed)
         except MySQLdb.Error as e:
             if is_transient(e):
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
             raise
 
-    def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool) -> T:
+    def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
+             committed: Callable[[Any, T], bool] | None) -> T:
         # The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
         # as much as a round trip, on every claim, ack and put. Only a transient failure enters
         # the policy, which is handed that failure as its attempt 1, so the backoff, the log
         # lines and the give-up deadline (counted from the first attempt) are what they were.
         started = time.monotonic()
         try:
-            return self._attempt(body, idempotent)
+            return self._attempt(body, idempotent, committed)
         except MySQLdb.Error as e:
             if not is_transient(e):
                 raise
@@ -447,7 +452,7 @@ class Session:
                     self._count_conflict(failed, what)
                     raise failed
                 try:
-                    result = self._attempt(body, idempotent)
+                    result = self._attempt(body, idempotent, committed)
                 except MySQLdb.Error as e:
                     self._count_conflict(e, what)
                     raise
@@ -472,7 +477,8 @@ class Session:
                         "(one multi-host DSN in the same order, or one HAProxy backend)",
                         CONFLICT_WARN_COUNT, CONFLICT_WINDOW_S, what, self.name)
 
-    def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
+    def _attempt(self, body: Callable[[Any], T], idempotent: bool,
+                 committed: Callable[[Any, T], bool] | None = None) -> T:
         committing = False
         self._attempt_idempotent, self._committed_in_body = idempotent, False
         try:
@@ -490,11 +496,39 @@ class Session:
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
+            if committing and is_connection_lost(e) and not idempotent and committed is not None:
+                if self._landed(committed, result):
+                    return result
+                raise  # not stored: the policy runs it again
             if committing and is_connection_lost(e) and not idempotent:
                 raise errors.OutcomeUnknown(
                     f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
                 ) from None
             raise
+
+    def _landed(self, committed: Callable[[Any, T], bool], result: T) -> bool:
+        """After a COMMIT whose reply was lost: is its transaction stored? On a new connection,
+        retried like any read; on Galera the read first waits until this node has applied every
+        write set the cluster committed (wsrep_sync_wait), so one that made it is seen."""
+        def ask(cur) -> bool:
+            if self.galera:
+                cur.execute("SET SESSION wsrep_sync_wait = 1")
+            try:
+                return committed(cur, result)
+            finally:
+                if self.galera:
+                    cur.execute("SET SESSION wsrep_sync_wait = 0")
+
+        try:
+            landed = self._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
+        except MySQLdb.Error as e:
+            raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
+                                        f"asked whether it was stored ({describe(e)})") from None
+        if landed:
+            log.warning("connection lost during COMMIT; the transaction was stored, not run again")
+        else:
+            log.warning("connection lost during COMMIT; the transaction was not stored: running it again")
+        return landed
 
     def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:

@@ -15,6 +15,7 @@ import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
 from notifyq import errors
+from notifyq.store.db import Ids
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
@@ -217,3 +218,13 @@ def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
     """(id, created): an existing pending job with the same dedup key returns its own id."""
     cur.execute(Q["insert_unique_job"], row)
     return cur.lastrowid, cur.rowcount == 1
+
+
+def jobs_stored(cur, ids: list[int]) -> bool:
+    """Whether the jobs an enqueue transaction inserted are stored: Session.run's `committed`
+    test for an enqueue whose COMMIT lost its reply. Ids are never reused, so any one of them
+    present means the transaction committed (a consumer may have run and purged none so soon)."""
+    if not ids:
+        return False
+    cur.execute(Q["jobs_stored"], {"ids": Ids(ids)})
+    return int(cur.fetchone()[0]) > 0
