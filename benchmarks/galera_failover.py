@@ -148,7 +148,7 @@ def run(args) -> dict:
         times = [r["failover_s"] for r in rounds]
         return {
             "failovers": len(rounds), "eviction": "fast (fixture evs)" if args.fast_eviction else "Galera defaults",
-            "rounds": rounds, "failover_p50_s": statistics.median(times) if times else None,
+            "rounds": rounds, "failover_p50_s": round(statistics.median(times), 2) if times else None,
             "failover_max_s": max(times) if times else None,
             "jobs_enqueued": len(ids), "jobs_sent": feed.sent, "distinct_ids": len(set(ids)),
             "lost": len(set(ids) - set(runs)), "duplicates": sum(n - 1 for n in runs.values()),

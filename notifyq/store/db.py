@@ -91,21 +91,26 @@ def describe(exc: BaseException) -> str:
     return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
 
 
-def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING) -> tenacity.Retrying:
+def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING,
+                 stop: threading.Event | None = None) -> tenacity.Retrying:
     """The infrastructure policy: full-jitter exponential backoff on transient errors only.
 
     One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
-    costs them one error line, not one line per attempt."""
+    costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
+    the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
+    server that is gone (the last error is raised, as at the deadline)."""
     backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
 
     def wait(rs: tenacity.RetryCallState) -> float:
         # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
         return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
 
+    give_up = tenacity.stop_after_delay(give_up_after_s)
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         wait=wait,
-        stop=tenacity.stop_after_delay(give_up_after_s),
+        stop=give_up if stop is None else tenacity.stop_any(give_up, lambda rs: stop.is_set()),
+        sleep=time.sleep if stop is None else stop.wait,
         before_sleep=lambda rs: log.log(
             log_level, "database error, retrying what=%s attempt=%d error=%r",
             what, rs.attempt_number, describe(rs.outcome.exception()),
@@ -209,8 +214,10 @@ class Session:
 
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
                  retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
-                 use_database: bool = True, idle_timeout_s: int | None = None):
+                 use_database: bool = True, idle_timeout_s: int | None = None,
+                 stop: threading.Event | None = None):
         self.dsn = dsn
+        self.stop = stop  # set: retries end at once (retry_policy)
         self.autocommit = autocommit
         self.read_timeout_s = read_timeout_s
         # The server ends the session after this long without a statement (wait_timeout), and
@@ -247,10 +254,13 @@ class Session:
         self.discard()
         started = time.monotonic()
         try:
-            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level):
+            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level, self.stop):
                 with attempt:
                     self._conn = self._open()
         except MySQLdb.Error as e:
+            if self.stop is not None and self.stop.is_set():
+                raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
+                                              f"{describe(e)}") from None
             waited = f" (retried for {self.retry_s:g} s: connect_retry_s)" if self.retry_s else ""
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
@@ -445,7 +455,7 @@ class Session:
             first: MySQLdb.Error | None = e
             lost = is_connection_lost(e)
         remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
-        for attempt in retry_policy(remaining_s, what, self.retry_log_level):
+        for attempt in retry_policy(remaining_s, what, self.retry_log_level, self.stop):
             with attempt:
                 if first is not None:
                     failed, first = first, None
