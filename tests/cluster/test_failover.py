@@ -11,13 +11,16 @@ import collections
 import dataclasses
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, notifyq_cmd, run_cli, wait_until
 from notifyq.dsn import DSN
+from notifyq.consume import reaper
 from notifyq.store import db as store_db
+from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
 
 from .conftest import requires_galera
@@ -98,6 +101,80 @@ def test_sessions_of_a_process_fail_over_together_and_do_not_fail_back(cluster, 
     assert _port_of(c) == cluster.node(2).port
     for s in (a, b, c):
         s.close()
+
+
+def _on(dsn_url: str, cluster: GaleraCluster, index: int) -> DSN:
+    """The DSN of one node alone."""
+    return dataclasses.replace(DSN.parse(dsn_url), hosts=(), port=cluster.node(index).port)
+
+
+def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node(cluster, dsn_url):
+    database = DSN.parse(dsn_url).database
+    lock2, work2, reaper1 = (Session(_on(dsn_url, cluster, 2), autocommit=True, name="lock"),
+                             Session(_on(dsn_url, cluster, 2), name="work"), Session(_on(dsn_url, cluster, 1)))
+    ids = {name: uuid.uuid4().hex for name in ("live on node 2", "dead on node 1", "gone with its node")}
+    try:
+        # Given a live consumer on node 2: its liveness lock held there (free as seen from node 1)
+        live = ids["live on node 2"]
+        assert queries.get_lock(lock2, locks.consumer_lock(database, live), 0) == 1
+        liveness.register_consumer(work2, live, locks.consumer_lock(database, live), "h", 1, [QUEUE], "locks",
+                                   node=lock2.node)
+        # And one registered on node 1 whose lock is free there: dead
+        reaper1.connect()
+        dead = ids["dead on node 1"]
+        liveness.register_consumer(work2, dead, locks.consumer_lock(database, dead), "h", 2, [QUEUE], "locks",
+                                   node=reaper1.node)
+        # And one whose lock lived on a node that is gone, and whose heartbeat stopped long ago
+        gone = ids["gone with its node"]
+        liveness.register_consumer(work2, gone, locks.consumer_lock(database, gone), "h", 3, [QUEUE], "locks",
+                                   node="a-node-that-died:3306")
+        work2.run(lambda cur: cur.execute("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL 1 HOUR "
+                                          "WHERE id = %s", (gone,)), what="t")
+        # When a reaper passes on node 1
+        result = reaper.reap(reaper1, database)
+        # Then the dead one and the one gone with its node are taken back, the live one is not
+        assert result is not None and result.dead_consumers == 2
+
+        def registered(cur):
+            cur.execute("SELECT id FROM nq_consumer")
+            return {r[0] for r in cur.fetchall()}
+
+        assert work2.run(registered, what="t") == {live}
+    finally:
+        work2.run(lambda cur: cur.execute("DELETE FROM nq_consumer"), what="t")
+        for s in (lock2, work2, reaper1):
+            s.close()
+
+
+def test_a_certification_conflict_reruns_the_whole_transaction_and_is_counted(cluster, dsn_url):
+    one = Session(_on(dsn_url, cluster, 1), name="one")
+    two = Session(_on(dsn_url, cluster, 2), name="two")
+    one.run(lambda cur: cur.execute("INSERT INTO nq_queue (queue) VALUES ('conflict') "
+                                    "ON DUPLICATE KEY UPDATE paused = 0"), what="t")
+    attempts = []
+
+    def pause_on_node_1(cur):
+        attempts.append(1)
+        cur.execute("UPDATE nq_queue SET paused = paused + 1 WHERE queue = 'conflict'")
+        if len(attempts) == 1:  # meanwhile node 2 commits a write to the same row
+            two.run(lambda c: c.execute("UPDATE nq_queue SET paused = paused + 10 WHERE queue = 'conflict'"),
+                    what="t")
+
+    try:
+        # When node 1's transaction commits after node 2 committed a write to the same row
+        one.run(pause_on_node_1, what="conflicting write")
+        # Then it failed certification (1213) and ran again whole: both writes count, once each
+        assert len(attempts) == 2 and one.conflicts == 1
+
+        def paused(cur):
+            cur.execute("SELECT paused FROM nq_queue WHERE queue = 'conflict'")
+            return cur.fetchone()[0]
+
+        assert one.run(paused, what="t") == 11
+    finally:
+        one.run(lambda cur: cur.execute("DELETE FROM nq_queue WHERE queue = 'conflict'"), what="t")
+        one.close()
+        two.close()
 
 
 def _recorded(out: Path) -> collections.Counter:
