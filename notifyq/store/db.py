@@ -217,7 +217,11 @@ class Session:
                  use_database: bool = True, idle_timeout_s: int | None = None,
                  stop: threading.Event | None = None):
         self.dsn = dsn
-        self.stop = stop  # set: retries end at once (retry_policy)
+        # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
+        # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
+        # lock wait, one lost connection that reconnects at once) is still retried, as the drain's
+        # acks and give-backs must be.
+        self.stop = stop
         self.autocommit = autocommit
         self.read_timeout_s = read_timeout_s
         # The server ends the session after this long without a statement (wait_timeout), and
@@ -455,7 +459,7 @@ class Session:
             first: MySQLdb.Error | None = e
             lost = is_connection_lost(e)
         remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
-        for attempt in retry_policy(remaining_s, what, self.retry_log_level, self.stop):
+        for attempt in retry_policy(remaining_s, what, self.retry_log_level):
             with attempt:
                 if first is not None:
                     failed, first = first, None
