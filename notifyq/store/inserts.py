@@ -15,7 +15,6 @@ import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
 from notifyq import errors
-from notifyq.store.db import Ids
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
@@ -222,9 +221,11 @@ def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
 
 def jobs_stored(cur, ids: list[int]) -> bool:
     """Whether the jobs an enqueue transaction inserted are stored: Session.run's `committed`
-    test for an enqueue whose COMMIT lost its reply. Ids are never reused, so any one of them
-    present means the transaction committed (a consumer may have run and purged none so soon)."""
+    test for an enqueue whose COMMIT lost its reply. A transaction commits whole and ids are
+    never reused, so its first job tells. One case reads as not stored although it was: a
+    consumer ran and deleted the job (ack with retention 0) between the lost reply and this
+    read; it is then enqueued again, a second run, as at-least-once delivery allows."""
     if not ids:
         return False
-    cur.execute(Q["jobs_stored"], {"ids": Ids(ids)})
-    return int(cur.fetchone()[0]) > 0
+    cur.execute(Q["job_stored"], {"id": int(ids[0])})
+    return cur.fetchone() is not None

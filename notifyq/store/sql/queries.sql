@@ -23,10 +23,10 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
 VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
 
--- jobs_stored --
--- After a COMMIT whose reply was lost (the server or the Galera node died): how many of the ids
--- the transaction's INSERT got are stored. All: it committed. None: it did not, enqueue again.
-SELECT COUNT(*) FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+-- job_stored --
+-- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
+-- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
+SELECT 1 FROM nq_job WHERE id = %(id)s
 
 -- insert_job_returning --
 -- MariaDB: appended to a multi-row insert_job, so that the server names the ids it gave. The
