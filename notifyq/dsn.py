@@ -1,6 +1,10 @@
 """The DSN: where the queue lives, parsed once, checked once, never echoed with its password.
 
     mysql://user[:password]@host[:port][/database][?unix_socket=PATH&ssl_ca=FILE&ssl_mode=...]
+    mysql://user[:password]@host1[:port1],host2[:port2],...[/database][?ssl_...]
+
+Several hosts name the nodes of one Galera cluster: every session connects to the first of them
+that answers and is ready (store/db.py), so that every process writes through the same node.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ class DSN:
     database: str = "notifyq"
     unix_socket: str | None = None
     tls: dict[str, str] = field(default_factory=dict)
+    # Every node of a multi-host DSN, in the order given; empty for one host (host, port).
+    hosts: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """(host, port) of every server to try, in order: one for a plain DSN."""
+        return self.hosts or ((self.host, self.port),)
 
     @classmethod
     def parse(cls, url: str) -> "DSN":
@@ -54,6 +65,13 @@ class DSN:
         if parts.scheme not in ("mysql", "mariadb"):
             raise errors.ConfigError("bad DSN: expected mysql://user:password@host:port/database")
         rest = url.split("//", 1)[-1][len(parts.netloc):]  # path, query and fragment as given
+        hosts: tuple[tuple[str, int], ...] = ()
+        if "," in parts.netloc.rpartition("@")[2] and "@" not in rest:
+            hosts = _host_list(parts.netloc.rpartition("@")[2])
+            # The rest of the checks see the first host alone, as in a one-host DSN.
+            first = parts.netloc.rpartition("@")[0] + ("@" if "@" in parts.netloc else "")
+            first += parts.netloc.rpartition("@")[2].split(",", 1)[0]
+            parts = parts._replace(netloc=first)
         # urlsplit ends the user:password@host part at the first / ? #: an unencoded one in the
         # password leaves an '@' behind it. A database name, option or fragment never has one.
         if "@" in rest or parts.fragment or "#" in url:
@@ -70,6 +88,8 @@ class DSN:
         except ValueError:
             raise errors.ConfigError("bad DSN: too many or undecodable options") from None
         socket_path = query.pop("unix_socket", None) or query.pop("socket", None)
+        if socket_path and hosts:
+            raise errors.ConfigError("bad DSN: unix_socket names one server: not with several hosts")
         tls = {k: query.pop(k) for k in list(query) if k.startswith("ssl_")}
         if query:
             names = sorted(query)
@@ -93,27 +113,28 @@ class DSN:
             database=database,
             unix_socket=socket_path,
             tls=tls_options(tls, "bad DSN: ssl_mode"),
+            hosts=hosts,
         )
 
     def masked(self) -> str:
         """The DSN as a URL with the password replaced: safe for logs and `notifyq config`."""
         auth = self.user + (":***" if self.password else "")
-        host = f"{self.host}:{self.port}" if not self.unix_socket else self.host
+        host = ",".join(f"{_bracketed(h)}:{p}" for h, p in self.servers) if not self.unix_socket else self.host
         params = dict(self.tls)
         if self.unix_socket:
             params["unix_socket"] = self.unix_socket
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         return f"mysql://{auth}@{host}/{self.database}{query}"
 
-    def connect_args(self) -> dict[str, Any]:
+    def connect_args(self, server: int = 0) -> dict[str, Any]:
+        """The driver's arguments for one server: `server` indexes `servers`."""
         args: dict[str, Any] = {"user": self.user, "database": self.database, "charset": "utf8mb4"}
         if self.password:
             args["password"] = self.password
         if self.unix_socket:
             args["unix_socket"] = self.unix_socket
         else:
-            args["host"] = self.host
-            args["port"] = self.port
+            args["host"], args["port"] = self.servers[server]
         if self.tls:
             # Passed through to the driver as its `ssl` mapping (ca, cert, key, capath, cipher).
             # The driver alone does not refuse a server without TLS (MariaDB Connector/C ignores
@@ -162,3 +183,26 @@ def tls_options(tls: dict[str, str], where: str) -> dict[str, str]:
         raise errors.ConfigError(f"{where} {values.shown(tls['ssl_mode'])}: expected {', '.join(TLS_MODES)} "
                                  "(leave out every TLS option for a connection without TLS)")
     return {**tls, "ssl_mode": mode}
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _host_list(text: str) -> tuple[tuple[str, int], ...]:
+    """`h1:p1,h2:p2,...` (ports optional, IPv6 in brackets) -> ((h1, p1), (h2, p2), ...)."""
+    out = []
+    for entry in text.split(","):
+        try:
+            one = urllib.parse.urlsplit("//" + entry)
+            port = one.port
+        except ValueError:
+            raise errors.ConfigError("bad DSN: in a list of hosts, each is host or host:port, the port "
+                                     "a number from 1 to 65535 (an IPv6 address goes in [brackets])") from None
+        if not one.hostname or one.username is not None or one.path or one.query or port == 0:
+            raise errors.ConfigError("bad DSN: an empty or invalid host in the list of hosts "
+                                     "(expected host1:port1,host2:port2,...)")
+        out.append((one.hostname, port or 3306))
+    if len(set(out)) != len(out):
+        raise errors.ConfigError("bad DSN: a host is named twice in the list of hosts")
+    return tuple(out)

@@ -25,8 +25,10 @@ BEAT_S = 5.0  # well inside POLLING_STALE_S: a few missed beats are not a death
 
 
 class Heartbeat:
-    def __init__(self, dsn: DSN, consumer_id: Callable[[], str], lease_s: float, name: str):
+    def __init__(self, dsn: DSN, consumer_id: Callable[[], str], lease_s: float, name: str,
+                 wakeup: Callable[[], str] = lambda: "polling"):
         self._consumer_id = consumer_id  # read at every beat: a re-registered worker has a new id
+        self._wakeup = wakeup  # 'locks' for a lock-mode consumer on a Galera node (liveness.py)
         self.lease_s = lease_s
         self.interval_s = min(BEAT_S, lease_s / 3)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
@@ -46,7 +48,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         with self._beating:  # the worker beats once at start, then the thread: one session
-            if not liveness.heartbeat(self._session, self._consumer_id(), "polling", self.lease_s):
+            if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
                 self.lost.set()
 
     def _run(self) -> None:

@@ -70,12 +70,18 @@ class ConsumerService:
             return handlers.PythonHandler(self.options.function, per_batch)
         return handlers.load(handler, command, per_batch, qc.command_timeout_s)
 
-    def start(self) -> None:
-        """Check everything that can fail early (schema, handlers), then start the workers."""
-        probe = Session(self.config.dsn, name="startup", retry_s=self.config.connect_retry(oneshot=False))
+    def start(self, stop_requested: threading.Event | None = None) -> None:
+        """Check everything that can fail early (schema, handlers), then start the workers.
+        A stop requested while the server is unreachable ends the connect retries at once."""
+        probe = Session(self.config.dsn, name="startup", retry_s=self.config.connect_retry(oneshot=False),
+                        stop=stop_requested)
         try:
             probe.conn
             schema.require_current(probe)
+        except errors.TransientDBError:
+            if stop_requested is not None and stop_requested.is_set():
+                return  # stopped before the server answered: nothing started, a clean exit
+            raise
         finally:
             probe.close()
         self.scheduler = periodic.Scheduler(self.config, self.options.queues)  # checks the entries
@@ -104,7 +110,7 @@ class ConsumerService:
     def run(self, stop_requested: threading.Event, reload_requested: threading.Event | None = None,
             on_reload: Callable[[], Config] | None = None) -> int:
         """Supervise until asked to stop, or every worker finished (--exit-when-empty, --max-jobs)."""
-        self.start()
+        self.start(stop_requested)
         if self.notifier:
             self.notifier.ready(self.status_line())
         tick = 0.5

@@ -88,9 +88,9 @@ class Worker:
         self.exit_when_empty = exit_when_empty
         self.name = name
         self.stats = Stats()
-        self.work = Session(config.dsn, name=f"{name}-work")
+        self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
         wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
-        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock")
+        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock", stop=stop)
         self.queue_locks = locks.QueueLocks(config.dsn.database, queue)
         self.use_locks = config.wakeup.use_locks
         self.consumer_id = ""
@@ -132,6 +132,12 @@ class Worker:
                     self._maybe_reap()
                 else:
                     busy = self._idle()
+        except errors.TransientDBError as e:
+            if not self.stop.is_set():
+                self.error = e
+                log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e)
+            else:  # asked to stop while the server was unreachable: the retry ended at once
+                log.info("worker stopped while retrying queue=%s worker=%s error=%s", self.queue, self.name, e)
         except Exception as e:
             self.error = e
             log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e,
@@ -166,8 +172,10 @@ class Worker:
                     raise
                 self._fall_back_to_polling(e)
         liveness.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
-                                os.getpid(), [self.queue], self.wakeup_mode)
-        if not self.use_locks:
+                                os.getpid(), [self.queue], self.wakeup_mode, node=self.lock.node)
+        if not self.use_locks or self.lock.galera:
+            # On a Galera node our lock is invisible to reapers on the other nodes: they judge
+            # us by heartbeat (liveness.py), so we beat too.
             self._start_heartbeat()
         self._registered_generation = self.lock.generation
         self._work_generation = self.work.generation
@@ -231,7 +239,7 @@ class Worker:
         after the first beat, which runs here, before the next claim)."""
         if self.heartbeat is None:
             self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, self.qc.lease_s,
-                                       self.name)
+                                       self.name, wakeup=lambda: self.wakeup_mode)
             self.heartbeat.start()
         self.heartbeat.beat()
 

@@ -113,6 +113,10 @@ class ServiceCollector:
         reclaimed = sum(w.stats.reclaimed for w in workers) + sum(s.reclaimed for s in svc.retired)
         yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
                                   "from dead consumers or expired leases (any queue).", value=reclaimed)
+        conflicts = sum(w.work.conflicts + w.lock.conflicts for w in workers)
+        yield CounterMetricFamily("notifyq_db_conflicts", "Transactions of this process's workers rerun "
+                                  "after error 1213: deadlocks, or on Galera certification conflicts "
+                                  "(a steady rate: writes through a second node).", value=conflicts)
         yield GaugeMetricFamily("notifyq_healthy", "1 while every worker loop turns (watchdog view).",
                                 value=1 if workers and svc.healthy() else 0)
 

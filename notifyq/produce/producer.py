@@ -158,9 +158,12 @@ class Producer:
                 seen[0] = session.commit_then_read(cur, *bell.look())
             return ids
 
-        # Not idempotent: a retry after an unknown COMMIT could enqueue twice, so Session.run
-        # raises OutcomeUnknown instead; failures before COMMIT are retried whole.
-        result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False)
+        # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
+        # one Session.run asks whether the jobs are stored (a writer node that died after
+        # committing) and runs it again only if not; failures before COMMIT are retried whole.
+        # (A COMMIT sent inside the body, with the ring's look, still ends in OutcomeUnknown.)
+        result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
+                             committed=inserts.jobs_stored)
         if bell is not None:
             bell.after_commit(seen[0])
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:

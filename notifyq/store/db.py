@@ -3,6 +3,13 @@
 Retries wrap whole transactions, never single statements: after a deadlock the earlier
 statements of the transaction are gone, after a lock wait timeout they are still there.
 Either way the only safe move is ROLLBACK (or a new connection) and run the whole thing again.
+On Galera a certification conflict is 1213 as well, at COMMIT or at any statement after the
+conflicting write set arrived: the same rerun, counted (Session.conflicts).
+
+A multi-host DSN names the nodes of one Galera cluster. A session connects to the first node of
+the list that answers and is ready (Synced, in the primary component); all sessions of a process
+share which node that is (WriterChoice), so they move together when it dies and stay on the new
+one when the old one comes back: one writer, no certification conflicts between our own sessions.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,6 +40,16 @@ RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
 RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040})
 ACCESS_DENIED = frozenset({1044, 1045, 1698})
 UNKNOWN_DATABASE = 1049
+DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows
+NOT_READY = 1047  # a Galera node outside the primary component, or not synced yet
+# A steady rate of conflicts: this many in CONFLICT_WINDOW_S on one session gets a warning.
+CONFLICT_WARN_COUNT = 10
+CONFLICT_WINDOW_S = 60.0
+# Identity of the server a session runs on: what a consumer records as the node holding its
+# liveness lock, compared in SQL by the reaper's queries (queries.sql uses the same expression).
+NODE_IDENTITY_SQL = "CONCAT(@@hostname, ':', @@port)"
+_WSREP_STATUS = ("SHOW GLOBAL STATUS WHERE Variable_name IN "
+                 "('wsrep_provider_name', 'wsrep_ready', 'wsrep_local_state_comment', 'wsrep_cluster_status')")
 
 
 # The driver's base error class, for the parts above the store that must catch database
@@ -73,21 +91,26 @@ def describe(exc: BaseException) -> str:
     return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
 
 
-def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING) -> tenacity.Retrying:
+def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING,
+                 stop: threading.Event | None = None) -> tenacity.Retrying:
     """The infrastructure policy: full-jitter exponential backoff on transient errors only.
 
     One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
-    costs them one error line, not one line per attempt."""
+    costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
+    the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
+    server that is gone (the last error is raised, as at the deadline)."""
     backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
 
     def wait(rs: tenacity.RetryCallState) -> float:
         # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
         return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
 
+    give_up = tenacity.stop_after_delay(give_up_after_s)
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         wait=wait,
-        stop=tenacity.stop_after_delay(give_up_after_s),
+        stop=give_up if stop is None else tenacity.stop_any(give_up, lambda rs: stop.is_set()),
+        sleep=time.sleep if stop is None else stop.wait,
         before_sleep=lambda rs: log.log(
             log_level, "database error, retrying what=%s attempt=%d error=%r",
             what, rs.attempt_number, describe(rs.outcome.exception()),
@@ -97,8 +120,40 @@ def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WAR
 
 
 def address(dsn: DSN) -> str:
-    """Where the server is expected: host:port, or the socket path."""
-    return f"socket {dsn.unix_socket}" if dsn.unix_socket else f"{dsn.host}:{dsn.port}"
+    """Where the server is expected: host:port (each of them), or the socket path."""
+    if dsn.unix_socket:
+        return f"socket {dsn.unix_socket}"
+    return ",".join(f"{h}:{p}" for h, p in dsn.servers)
+
+
+class WriterChoice:
+    """Which node of a multi-host DSN this process writes through: one per process and host list.
+
+    Shared by every session of the process (a consumer has several, a reaper opens one per pass):
+    a session that finds the writer gone moves the choice, and the others follow at their next
+    connect instead of each walking the list from the top. Starting from the current choice, not
+    from the first host, is what keeps a process from failing back on its own to a node that
+    returned: it stays where it is until that node fails in turn. This is the one piece of
+    process-wide state in the store; it holds only an index.
+    """
+
+    _choices: dict[tuple[tuple[str, int], ...], "WriterChoice"] = {}
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.chosen = False  # a session of this process has connected through `index`
+        self.lock = threading.Lock()
+
+    @classmethod
+    def of(cls, dsn: DSN) -> "WriterChoice":
+        with cls._guard:
+            return cls._choices.setdefault(dsn.servers, cls())
+
+    def order(self, count: int) -> list[int]:
+        """Indexes to try: the current writer, then the list from the top."""
+        first = self.index
+        return [first] + [i for i in range(count) if i != first]
 
 
 def oneshot_session(dsn: DSN, retry_s: float, name: str) -> Session:
@@ -159,8 +214,14 @@ class Session:
 
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
                  retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
-                 use_database: bool = True, idle_timeout_s: int | None = None):
+                 use_database: bool = True, idle_timeout_s: int | None = None,
+                 stop: threading.Event | None = None):
         self.dsn = dsn
+        # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
+        # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
+        # lock wait, one lost connection that reconnects at once) is still retried, as the drain's
+        # acks and give-backs must be.
+        self.stop = stop
         self.autocommit = autocommit
         self.read_timeout_s = read_timeout_s
         # The server ends the session after this long without a statement (wait_timeout), and
@@ -181,6 +242,10 @@ class Session:
         self._committed_in_body = False
         self._committing_in_body = False  # inside commit_then_read's COMMIT
         self._rendered: dict[tuple, str] = {}  # commit_then_read's statements, bound
+        self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
+        self.galera = False  # the server is a Galera node (wsrep provider loaded)
+        self.conflicts = 0  # transactions rerun after 1213: deadlocks, certification conflicts
+        self._conflict_times: list[float] = []
 
     @property
     def conn(self) -> MySQLdb.connections.Connection:
@@ -195,10 +260,13 @@ class Session:
         self.discard()
         started = time.monotonic()
         try:
-            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level):
+            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level, self.stop):
                 with attempt:
                     self._conn = self._open()
         except MySQLdb.Error as e:
+            if self.stop is not None and self.stop.is_set():
+                raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
+                                              f"{describe(e)}") from None
             waited = f" (retried for {self.retry_s:g} s: connect_retry_s)" if self.retry_s else ""
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
@@ -213,7 +281,36 @@ class Session:
                     what, attempts, time.monotonic() - started)
 
     def _open(self) -> MySQLdb.connections.Connection:
-        args = self.dsn.connect_args()
+        servers = self.dsn.servers
+        if len(servers) == 1:
+            return self._open_server(0, check_ready=False)
+        choice = WriterChoice.of(self.dsn)
+        last: MySQLdb.Error | None = None
+        for index in choice.order(len(servers)):
+            try:
+                conn = self._open_server(index, check_ready=True)
+            except MySQLdb.Error as e:
+                if not is_connection_lost(e):
+                    raise
+                last = e
+                continue
+            with choice.lock:
+                if choice.index != index and choice.chosen:
+                    old = servers[choice.index]
+                    log.warning("database writer node changed from=%s:%d to=%s:%d session=%s",
+                                old[0], old[1], servers[index][0], servers[index][1], self.name)
+                elif choice.index != index:
+                    log.info("database writer node host=%s:%d (the ones before it in the DSN are down "
+                             "or not ready)", servers[index][0], servers[index][1])
+                choice.index, choice.chosen = index, True
+            return conn
+        assert last is not None
+        raise last
+
+    def _open_server(self, index: int, check_ready: bool) -> MySQLdb.connections.Connection:
+        """One connection to servers[index]; check_ready: refuse a Galera node that is not a
+        Synced member of the primary component (as a 1047, which the retry policy retries)."""
+        args = self.dsn.connect_args(index)
         if not self.use_database:
             args.pop("database")
         try:
@@ -247,9 +344,20 @@ class Session:
         cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
         if self.idle_timeout_s is not None:
             cur.execute("SET SESSION wait_timeout = %s", (int(self.idle_timeout_s),))
-        cur.execute("SELECT VERSION(), @@max_allowed_packet")
-        self.server_version, self.max_allowed_packet = cur.fetchone()
+        # One round trip: the server, its identity and its wsrep state (empty values on a server
+        # without Galera; MySQL has the status names too, or none: both read as not Galera).
+        cur.execute(f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_WSREP_STATUS}")
+        self.server_version, self.max_allowed_packet, self.node = cur.fetchone()
+        cur.nextset()
+        wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
         cur.close()
+        self.galera = bool(wsrep.get("wsrep_provider_name"))
+        if check_ready and self.galera and not _ready(wsrep):
+            conn.close()
+            host, port = self.dsn.servers[index]
+            raise MySQLdb.OperationalError(NOT_READY, f"node {host}:{port} is not ready (state "
+                                           f"{wsrep.get('wsrep_local_state_comment')}, component "
+                                           f"{wsrep.get('wsrep_cluster_status')})")
         self.connection_id = conn.thread_id()
         return conn
 
@@ -353,28 +461,33 @@ class Session:
             self.discard()  # out of step with the server, or gone: the next run reconnects
             return None
 
-    def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True) -> T:
+    def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True,
+            committed: Callable[[Any, T], bool] | None = None) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
 
         A lost connection during COMMIT leaves the outcome unknown: idempotent bodies (every
         claim, ack and retry statement is fenced by status and claim token) just run again;
-        others raise OutcomeUnknown rather than risk doing the work twice.
+        others raise OutcomeUnknown rather than risk doing the work twice, unless they say how
+        to find out: `committed(cursor, result)` asks, on a new connection (on Galera, the next
+        node, after it applied everything the cluster committed), whether the transaction that
+        returned `result` is stored; if so its result stands, if not it is run again.
         """
         try:
-            return self._run(body, what=what, idempotent=idempotent)
+            return self._run(body, what=what, idempotent=idempotent, committed=committed)
         except MySQLdb.Error as e:
             if is_transient(e):
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
             raise
 
-    def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool) -> T:
+    def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
+             committed: Callable[[Any, T], bool] | None) -> T:
         # The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
         # as much as a round trip, on every claim, ack and put. Only a transient failure enters
         # the policy, which is handed that failure as its attempt 1, so the backoff, the log
         # lines and the give-up deadline (counted from the first attempt) are what they were.
         started = time.monotonic()
         try:
-            return self._attempt(body, idempotent)
+            return self._attempt(body, idempotent, committed)
         except MySQLdb.Error as e:
             if not is_transient(e):
                 raise
@@ -385,14 +498,36 @@ class Session:
             with attempt:
                 if first is not None:
                     failed, first = first, None
+                    self._count_conflict(failed, what)
                     raise failed
-                result = self._attempt(body, idempotent)
+                try:
+                    result = self._attempt(body, idempotent, committed)
+                except MySQLdb.Error as e:
+                    self._count_conflict(e, what)
+                    raise
                 if lost:  # a deadlock retried is no outage: nothing to announce
                     self._say_back(attempt.retry_state.attempt_number, started, what)
                 return result
         raise AssertionError("unreachable")
 
-    def _attempt(self, body: Callable[[Any], T], idempotent: bool) -> T:
+    def _count_conflict(self, exc: BaseException, what: str) -> None:
+        """Count a 1213 (the transaction is rerun whole). One now and then is a deadlock; a steady
+        rate on a Galera cluster means writes through a second node conflict with ours."""
+        if error_code(exc) != DEADLOCK:
+            return
+        self.conflicts += 1
+        now = time.monotonic()
+        self._conflict_times = [t for t in self._conflict_times if now - t < CONFLICT_WINDOW_S] + [now]
+        if len(self._conflict_times) >= CONFLICT_WARN_COUNT:
+            self._conflict_times = []
+            log.warning("transactions rerun after deadlocks or certification conflicts at a steady rate "
+                        "count=%d seconds=%g what=%s session=%s: on a Galera cluster another node takes "
+                        "writes to the queue tables; point every notifyq process at the same node "
+                        "(one multi-host DSN in the same order, or one HAProxy backend)",
+                        CONFLICT_WARN_COUNT, CONFLICT_WINDOW_S, what, self.name)
+
+    def _attempt(self, body: Callable[[Any], T], idempotent: bool,
+                 committed: Callable[[Any, T], bool] | None = None) -> T:
         committing = False
         self._attempt_idempotent, self._committed_in_body = idempotent, False
         self._committing_in_body = False
@@ -411,12 +546,42 @@ class Session:
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
-            committing = committing or self._committing_in_body
+            in_body = self._committing_in_body  # commit_then_read's COMMIT: no result to return
+            committing = committing or in_body
+            if (committing and not in_body and is_connection_lost(e) and not idempotent
+                    and committed is not None):
+                if self._landed(committed, result):
+                    return result
+                raise  # not stored: the policy runs it again
             if committing and is_connection_lost(e) and not idempotent:
                 raise errors.OutcomeUnknown(
                     f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
                 ) from None
             raise
+
+    def _landed(self, committed: Callable[[Any, T], bool], result: T) -> bool:
+        """After a COMMIT whose reply was lost: is its transaction stored? On a new connection,
+        retried like any read; on Galera the read first waits until this node has applied every
+        write set the cluster committed (wsrep_sync_wait), so one that made it is seen."""
+        def ask(cur) -> bool:
+            if self.galera:
+                cur.execute("SET SESSION wsrep_sync_wait = 1")
+            try:
+                return committed(cur, result)
+            finally:
+                if self.galera:
+                    cur.execute("SET SESSION wsrep_sync_wait = 0")
+
+        try:
+            landed = self._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
+        except MySQLdb.Error as e:
+            raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
+                                        f"asked whether it was stored ({describe(e)})") from None
+        if landed:
+            log.warning("connection lost during COMMIT; the transaction was stored, not run again")
+        else:
+            log.warning("connection lost during COMMIT; the transaction was not stored: running it again")
+        return landed
 
     def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:
@@ -426,3 +591,9 @@ class Session:
             self._conn.rollback()
         except Exception:  # out of sync or gone: closing the connection rolls back too
             self.discard()
+
+
+def _ready(wsrep: dict[str, str]) -> bool:
+    """A Galera node that may take our writes: ready, Synced, in the primary component."""
+    return (wsrep.get("wsrep_ready") == "ON" and wsrep.get("wsrep_local_state_comment") == "Synced"
+            and wsrep.get("wsrep_cluster_status") == "Primary")

@@ -217,3 +217,15 @@ def insert_unique_job(cur, row: dict[str, Any]) -> tuple[int, bool]:
     """(id, created): an existing pending job with the same dedup key returns its own id."""
     cur.execute(Q["insert_unique_job"], row)
     return cur.lastrowid, cur.rowcount == 1
+
+
+def jobs_stored(cur, ids: list[int]) -> bool:
+    """Whether the jobs an enqueue transaction inserted are stored: Session.run's `committed`
+    test for an enqueue whose COMMIT lost its reply. A transaction commits whole and ids are
+    never reused, so its first job tells. One case reads as not stored although it was: a
+    consumer ran and deleted the job (ack with retention 0) between the lost reply and this
+    read; it is then enqueued again, a second run, as at-least-once delivery allows."""
+    if not ids:
+        return False
+    cur.execute(Q["job_stored"], {"id": int(ids[0])})
+    return cur.fetchone() is not None

@@ -5,6 +5,12 @@ queries.py (reclaim_owner, reclaim_expired).
 A consumer is judged by what it has: a lock-mode consumer by its liveness lock (its session
 holds it; free means the session is gone), a polling consumer by its heartbeat (no lock was
 ever taken: IS_FREE_LOCK would call it dead while it runs).
+
+Advisory locks are local to one server. On a Galera cluster a consumer records the server its
+lock lives on (`node`), a reaper judges by the lock only the consumers whose lock lives on its
+own server, and the others by their heartbeat, which lock-mode consumers on a Galera node beat
+as polling ones do (consume/heartbeat.py). The SQL compares `node` with the reaper session's own
+CONCAT(@@hostname, ':', @@port) (db.NODE_IDENTITY_SQL), so no query needs to be told its server.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ from notifyq.store.sql import QUERIES as Q
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
-                      queues: list[str], wakeup: str) -> None:
+                      queues: list[str], wakeup: str, node: str = "") -> None:
+    """node: the server the liveness lock lives on (the lock session's Session.node)."""
     def body(cur):
         for queue in queues:
             queries.ensure_queue(cur, queue)
         cur.execute(Q["register_consumer"], {
             "id": consumer_id, "lock_name": lock_name, "host": host[:255], "pid": pid,
-            "queues": ",".join(queues)[:1024], "wakeup": wakeup})
+            "queues": ",".join(queues)[:1024], "wakeup": wakeup,
+            "node": node[:320]})
 
     session.run(body, what="register consumer")
 

@@ -442,6 +442,9 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
             cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
             if cur.fetchone()[0] != 1:
                 return None
+            cur.execute(Q["consumer_lock_elsewhere"], {"id": consumer_id})
+            if cur.fetchone() is not None:
+                return None  # its lock lives on another server now (liveness.py)
         else:
             cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
                                                    "stale_us": microseconds(POLLING_STALE_S)})

@@ -6,6 +6,7 @@ import logging
 
 from conftest import admin_connect
 
+from notifyq.store import inserts
 from notifyq.store.db import Session
 
 
@@ -70,3 +71,42 @@ def test_a_deadlock_retried_is_not_announced_as_an_outage(db):
         assert not [line for line in log.lines if "reachable again" in line]
     finally:
         session.close()
+
+
+def _enqueue_once_then_lose_the_connection(session, calls: list, commit_first: bool):
+    """An enqueue transaction whose first attempt loses its connection at COMMIT: killed by the
+    server before the COMMIT arrives (not stored), or right after a COMMIT the body sent itself
+    (stored, the reply lost): what a client sees when its writer node dies around the COMMIT."""
+    def body(cur):
+        calls.append(1)
+        ids = inserts.insert_jobs(cur, [("q", 0, 0, 0, 3, '{"n": 1}', None)], max_rows=10,
+                                  max_packet=session.max_allowed_packet)
+        if len(calls) == 1:
+            if commit_first:
+                cur.connection.commit()
+            killer = admin_connect(session.dsn)
+            killer.cursor().execute("KILL %s", (session.connection_id,))
+            killer.close()
+        return ids
+
+    return body
+
+
+def test_an_enqueue_whose_commit_reply_was_lost_is_run_again_only_if_it_was_not_stored(db):
+    for commit_first in (False, True):
+        session = Session(db.admin, retry_s=10)
+        calls: list = []
+        try:
+            with Lines() as log:
+                ids = session.run(_enqueue_once_then_lose_the_connection(session, calls, commit_first),
+                                  what="enqueue", idempotent=False, committed=inserts.jobs_stored)
+            # Then exactly one job is stored, the one whose id the run returns
+            rows = session.run(lambda cur: (cur.execute("SELECT id FROM nq_job"), cur.fetchall())[1], what="t")
+            assert [r[0] for r in rows] == ids
+            # And the body ran again only when the first COMMIT had not been stored
+            assert len(calls) == (1 if commit_first else 2)
+            said = "was stored, not run again" if commit_first else "was not stored: running it again"
+            assert any(said in line for line in log.lines), log.lines
+            session.run(lambda cur: cur.execute("DELETE FROM nq_job"), what="t")
+        finally:
+            session.close()

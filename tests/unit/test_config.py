@@ -30,6 +30,33 @@ def test_dsn_unix_socket_and_tls_options_reach_the_driver():
     assert args["ssl"] == {"ca": "/ca.pem"}
 
 
+def test_multi_host_dsn_lists_every_node_in_order_and_masks_the_password():
+    # Given the nodes of a Galera cluster in one DSN (a ',' in a password needs no encoding)
+    dsn = DSN.parse("mysql://app:pw,1@h1:3307,h2,[::1]:3309/jobs")
+    # Then every node is kept in order (default port 3306), the first one is the host
+    assert dsn.servers == (("h1", 3307), ("h2", 3306), ("::1", 3309))
+    assert (dsn.host, dsn.port, dsn.password, dsn.database) == ("h1", 3307, "pw,1", "jobs")
+    assert dsn.masked() == "mysql://app:***@h1:3307,h2:3306,[::1]:3309/jobs"
+    # And each node's driver arguments name that node
+    assert (dsn.connect_args(2)["host"], dsn.connect_args(2)["port"]) == ("::1", 3309)
+    # And a one-host DSN is one server, as before
+    assert DSN.parse("mysql://app@h1:3307/jobs").servers == (("h1", 3307),)
+
+
+def test_multi_host_dsn_from_env_and_config_file(tmp_path):
+    cfg = load(tmp_path, 'dsn = "mysql://a@h1:1,h2:2/one"\n')
+    assert cfg.dsn.servers == (("h1", 1), ("h2", 2))
+    cfg = load(tmp_path, "", env={"NOTIFYQ_DSN": "mysql://a@h3:3,h4:4/two"})
+    assert cfg.dsn.servers == (("h3", 3), ("h4", 4))
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h1:1,,h2:2/db", "mysql://u@h1:1,h2:x/db", "mysql://u@h1:1,h1:1/db",
+                                 "mysql://u@h1,h2/db?unix_socket=/tmp/s", "mysql://u@h1:1,h2:0/db"])
+def test_bad_multi_host_dsn_is_one_clear_error(url):
+    with pytest.raises(errors.ConfigError, match="bad DSN"):
+        DSN.parse(url)
+
+
 @pytest.mark.parametrize("url", ["postgres://x@y/z", "mysql://u@h:notaport/db", "mysql://u@h/bad-name!",
                                  "mysql://u@h/db?colour=blue"])
 def test_bad_dsn_is_a_config_error(url):

@@ -23,6 +23,11 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
 VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- job_stored --
+-- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
+-- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
+SELECT 1 FROM nq_job WHERE id = %(id)s
+
 -- insert_job_returning --
 -- MariaDB: appended to a multi-row insert_job, so that the server names the ids it gave. The
 -- ids cannot be computed from the first one: auto_increment_increment changes in open sessions
@@ -164,10 +169,12 @@ UPDATE nq_job FORCE INDEX (PRIMARY) SET lease_until = NOW(6) + INTERVAL %(lease_
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- register_consumer --
--- An upsert: a consumer that took its own lock back after a reconnect re-registers its id.
-INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup)
-VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s)
-ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s
+-- An upsert: a consumer that took its own lock back after a reconnect re-registers its id, with
+-- the server it now holds the lock on (node: the lock session's CONCAT(@@hostname, ':', @@port);
+-- on a Galera cluster after a failover, another node than before).
+INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, node)
+VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s, %(node)s)
+ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s, node = %(node)s
 
 -- touch_consumer --
 UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
@@ -180,26 +187,39 @@ DELETE FROM nq_consumer WHERE id = %(id)s
 -- A consumer is judged by what it has: its liveness lock (wakeup 'locks'), or else its heartbeat
 -- (wakeup 'polling': it never held the lock, so IS_FREE_LOCK would call it dead while it runs).
 -- IF evaluates only the branch it picks.
+-- Advisory locks are local to a server: only a consumer whose lock lives on this session's server
+-- (node, or '' from before schema 4) is judged by it; one on another Galera node by its heartbeat.
 SELECT (SELECT COUNT(*) FROM nq_consumer
-        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+        WHERE IF(wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)), IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
 
 -- dead_consumers --
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
--- lost its session. Polling consumers hold no lock: stale_consumers judges them.
-SELECT id, lock_name, queues FROM nq_consumer WHERE wakeup = 'locks' AND IS_FREE_LOCK(lock_name) = 1
+-- lost its session. Polling consumers hold no lock: stale_consumers judges them. Nor does one
+-- whose lock lives on another server (a Galera node: locks are node-local, so it reads as free
+-- here while its holder runs): stale_consumers judges it by its heartbeat too.
+SELECT id, lock_name, queues FROM nq_consumer
+WHERE wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)) AND IS_FREE_LOCK(lock_name) = 1
 
 -- stale_consumers --
--- Polling consumers whose heartbeat stopped (heartbeat.py beats well inside stale_us).
+-- Consumers judged by heartbeat (polling ones, and lock-mode ones whose lock lives on another
+-- server) whose heartbeat stopped (heartbeat.py beats well inside stale_us).
 SELECT id, queues FROM nq_consumer
-WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+WHERE NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port))) AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
 
 -- drop_stale_consumer --
 -- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
 -- and then nothing of that consumer is taken back.
 DELETE FROM nq_consumer
-WHERE id = %(id)s AND wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+WHERE id = %(id)s AND NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)))
+  AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+
+-- consumer_lock_elsewhere --
+-- The verdict by lock, inside the reclaim: a row here means the consumer re-registered on another
+-- Galera node meanwhile and holds its lock there (free here): not ours to judge.
+SELECT 1 FROM nq_consumer
+WHERE id = %(id)s AND node NOT IN ('', CONCAT(@@hostname, ':', @@port)) FOR UPDATE
 
 -- heartbeat --
 -- A polling consumer's proof of life; no row means it was judged dead and must re-register.
@@ -280,7 +300,7 @@ WHERE id IN %(ids)s AND status = 2
 -- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
 SELECT s.total, q.watched_seq, q.paused, q.bell,
        (SELECT COUNT(*) FROM nq_consumer
-        WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
+        WHERE IF(wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)), IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
        AS reap,

@@ -1,0 +1,248 @@
+"""notifyq on a 3-node Galera cluster through a multi-host DSN: every session writes through the
+first ready node, and when that node is killed, real `notifyq` producer and consumer processes
+carry on through the next one, without restarting, losing nothing and reaping no live consumer.
+
+One cluster serves the module (FAST_EVICTION: a kill stalls the survivors ~3 s, not ~6 s).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, notifyq_cmd, run_cli, wait_until
+from notifyq.dsn import DSN
+from notifyq.consume import reaper
+from notifyq.store import db as store_db
+from notifyq.store import liveness, locks, queries
+from notifyq.store.db import Session
+
+from .conftest import requires_galera
+from .galera import GaleraCluster
+
+pytestmark = requires_galera
+
+QUEUE = "t"
+BATCH = 10
+
+
+@pytest.fixture(autouse=True)
+def fresh_writer_choice():
+    """Each test starts as a new process would: no writer chosen yet."""
+    store_db.WriterChoice._choices.clear()
+    yield
+    store_db.WriterChoice._choices.clear()
+
+
+@pytest.fixture(scope="module")
+def dsn_url(galera: GaleraCluster) -> str:
+    url = galera.multi_host_dsn(database="nq_failover_t")
+    result = run_cli(_env(url), "init")
+    assert result.returncode == 0, result.stderr
+    return url
+
+
+def _env(url: str, **extra: str) -> dict[str, str]:
+    import os
+    return {**os.environ, "NOTIFYQ_DSN": url, "NOTIFYQ_CONFIG": "/dev/null",
+            "PYTHONPATH": str(REPO / "tests" / "helpers"), **extra}
+
+
+def _port_of(session: Session) -> int:
+    return int(session.node.rsplit(":", 1)[1])
+
+
+def test_a_multi_host_dsn_writes_through_the_first_node_and_skips_one_that_is_not_synced(cluster, dsn_url):
+    dsn = DSN.parse(dsn_url)
+    # When a session connects through the multi-host DSN
+    first = Session(dsn, name="t")
+    first.connect()
+    # Then it is on node 1, and knows it is a Galera node
+    assert _port_of(first) == cluster.node(1).port and first.galera
+    first.close()
+
+    # Given node 1 out of sync (desynced, as for a backup: it still answers)
+    store_db.WriterChoice._choices.clear()
+    admin = cluster.node(1).connect()
+    admin.cursor().execute("SET GLOBAL wsrep_desync = ON")
+    try:
+        # When a new process's session connects
+        second = Session(dsn, name="t")
+        second.connect()
+        # Then it skipped node 1 for node 2
+        assert _port_of(second) == cluster.node(2).port
+        second.close()
+    finally:
+        admin.cursor().execute("SET GLOBAL wsrep_desync = OFF")
+        admin.close()
+
+
+def test_sessions_of_a_process_fail_over_together_and_do_not_fail_back(cluster, dsn_url):
+    dsn = DSN.parse(dsn_url)
+    a, b = Session(dsn, name="a"), Session(dsn, name="b")
+    a.connect()
+    b.connect()
+    # When node 1, the writer, is killed
+    cluster.kill(1)
+    # Then a transaction on each session runs on node 2 (a reconnect inside the retry policy)
+    for s in (a, b):
+        assert s.run(lambda cur: cur.execute("SELECT 1") and cur.fetchone()[0], what="t") == 1
+        assert _port_of(s) == cluster.node(2).port
+    # And after node 1 is back, a new session of this process still goes to node 2
+    cluster.restart(1)
+    c = Session(dsn, name="c")
+    c.connect()
+    assert _port_of(c) == cluster.node(2).port
+    for s in (a, b, c):
+        s.close()
+
+
+def _on(dsn_url: str, cluster: GaleraCluster, index: int) -> DSN:
+    """The DSN of one node alone."""
+    return dataclasses.replace(DSN.parse(dsn_url), hosts=(), port=cluster.node(index).port)
+
+
+def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node(cluster, dsn_url):
+    database = DSN.parse(dsn_url).database
+    lock2, work2, reaper1 = (Session(_on(dsn_url, cluster, 2), autocommit=True, name="lock"),
+                             Session(_on(dsn_url, cluster, 2), name="work"), Session(_on(dsn_url, cluster, 1)))
+    ids = {name: uuid.uuid4().hex for name in ("live on node 2", "dead on node 1", "gone with its node")}
+    try:
+        # Given a live consumer on node 2: its liveness lock held there (free as seen from node 1)
+        live = ids["live on node 2"]
+        assert queries.get_lock(lock2, locks.consumer_lock(database, live), 0) == 1
+        liveness.register_consumer(work2, live, locks.consumer_lock(database, live), "h", 1, [QUEUE], "locks",
+                                   node=lock2.node)
+        # And one registered on node 1 whose lock is free there: dead
+        reaper1.connect()
+        dead = ids["dead on node 1"]
+        liveness.register_consumer(work2, dead, locks.consumer_lock(database, dead), "h", 2, [QUEUE], "locks",
+                                   node=reaper1.node)
+        # And one whose lock lived on a node that is gone, and whose heartbeat stopped long ago
+        gone = ids["gone with its node"]
+        liveness.register_consumer(work2, gone, locks.consumer_lock(database, gone), "h", 3, [QUEUE], "locks",
+                                   node="a-node-that-died:3306")
+        work2.run(lambda cur: cur.execute("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL 1 HOUR "
+                                          "WHERE id = %s", (gone,)), what="t")
+        # When a reaper passes on node 1
+        result = reaper.reap(reaper1, database)
+        # Then the dead one and the one gone with its node are taken back, the live one is not
+        assert result is not None and result.dead_consumers == 2
+
+        def registered(cur):
+            cur.execute("SELECT id FROM nq_consumer")
+            return {r[0] for r in cur.fetchall()}
+
+        assert work2.run(registered, what="t") == {live}
+    finally:
+        work2.run(lambda cur: cur.execute("DELETE FROM nq_consumer"), what="t")
+        for s in (lock2, work2, reaper1):
+            s.close()
+
+
+def test_a_certification_conflict_reruns_the_whole_transaction_and_is_counted(cluster, dsn_url):
+    one = Session(_on(dsn_url, cluster, 1), name="one")
+    two = Session(_on(dsn_url, cluster, 2), name="two")
+    one.run(lambda cur: cur.execute("INSERT INTO nq_queue (queue) VALUES ('conflict') "
+                                    "ON DUPLICATE KEY UPDATE paused = 0"), what="t")
+    attempts = []
+
+    def pause_on_node_1(cur):
+        attempts.append(1)
+        cur.execute("UPDATE nq_queue SET paused = paused + 1 WHERE queue = 'conflict'")
+        if len(attempts) == 1:  # meanwhile node 2 commits a write to the same row
+            two.run(lambda c: c.execute("UPDATE nq_queue SET paused = paused + 10 WHERE queue = 'conflict'"),
+                    what="t")
+
+    try:
+        # When node 1's transaction commits after node 2 committed a write to the same row
+        one.run(pause_on_node_1, what="conflicting write")
+        # Then it failed certification (1213) and ran again whole: both writes count, once each
+        assert len(attempts) == 2 and one.conflicts == 1
+
+        def paused(cur):
+            cur.execute("SELECT paused FROM nq_queue WHERE queue = 'conflict'")
+            return cur.fetchone()[0]
+
+        assert one.run(paused, what="t") == 11
+    finally:
+        one.run(lambda cur: cur.execute("DELETE FROM nq_queue WHERE queue = 'conflict'"), what="t")
+        one.close()
+        two.close()
+
+
+def _recorded(out: Path) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    for path in out.glob("*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                counts[int(parts[0])] += 1
+    return counts
+
+
+def test_killing_the_writer_loses_nothing_and_reaps_no_live_consumer(cluster, dsn_url, tmp_path):
+    out = tmp_path / "runs"
+    out.mkdir()
+    config = tmp_path / "c.toml"
+    config.write_text("[consumer]\nreap_interval_s = 0.5\n[wakeup]\npoll_max_s = 0.2\n")
+    config.chmod(0o600)
+    env = _env(dsn_url, NQ_TEST_OUT=str(out), NQ_TEST_SLEEP="0.02", NOTIFYQ_CONFIG=str(config))
+    consumers = [subprocess.Popen(notifyq_cmd("consume", "-q", QUEUE, "--handler", "nqhandlers:record_slow",
+                                              "--workers", "2", "--batch-size", str(BATCH)),
+                                  env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"c{i}.err").open("w"))
+                 for i in range(2)]
+    producer = subprocess.Popen(notifyq_cmd("produce", "-q", QUEUE, "--print-ids"), env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=(tmp_path / "p.err").open("w"))
+    try:
+        # Given jobs flowing from a producer process to two consumer processes through node 1
+        for i in range(200):
+            producer.stdin.write(f'{{"n": {i}}}\n')
+        producer.stdin.flush()
+        wait_until(lambda: len(_recorded(out)) >= 100, 60, message="jobs handled before the kill")
+        # When node 1 is killed mid-flow, and more jobs come after it
+        cluster.kill(1)
+        after = "".join(f'{{"n": {i}}}\n' for i in range(200, 400))
+        ids_text, _ = producer.communicate(input=after, timeout=60)
+        assert producer.returncode == 0, (tmp_path / "p.err").read_text()
+        ids = [int(x) for x in ids_text.split()]
+        # Then every job was enqueued once, and every one is handled: nothing lost
+        assert len(ids) == 400 and len(set(ids)) == 400
+        wait_until(lambda: set(_recorded(out)) >= set(ids), 60, message="every job handled")
+        # And duplicates come only from batches in flight at the kill (2 consumers x 2 workers)
+        runs = _recorded(out)
+        duplicates = sum(n - 1 for n in runs.values())
+        assert duplicates <= 2 * 2 * BATCH, duplicates
+        print(f"failover: {len(ids)} jobs, {len(runs)} handled, {duplicates} duplicates")
+        # And no live consumer was judged dead, and both still run, on node 2
+        for i, proc in enumerate(consumers):
+            err = (tmp_path / f"c{i}.err").read_text()
+            assert proc.poll() is None, err
+            assert "consumer died" not in err and "judged stale" not in err, err
+        probe = Session(DSN.parse(dsn_url), name="probe")
+
+        def nodes(cur):
+            cur.execute("SELECT DISTINCT node FROM nq_consumer")
+            return cur.fetchall()
+
+        rows = probe.run(nodes, what="t")
+        assert [r[0] for r in rows] == [probe.node] and _port_of(probe) == cluster.node(2).port
+        probe.close()
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+        for proc in consumers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in consumers:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
