@@ -228,14 +228,18 @@ WHERE owner = %(owner)s AND status = 2
 FOR UPDATE
 
 -- expired_leases --
-SELECT id, queue FROM nq_job FORCE INDEX (ix_lease)
+-- Whose leases ran out: a bounded read, so it names owners, not every job (a claim's rows can
+-- straddle the limit; claims_expired then reads each owner's expired rows whole).
+SELECT DISTINCT owner, queue FROM nq_job FORCE INDEX (ix_lease)
 WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
 
 -- claims_expired --
 -- Taking back jobs whose lease ran out, step 1: lock the ones still expired (a consumer may have
--- extended or acked some since expired_leases read them) and learn their claims.
-SELECT id, claim_token FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
+-- extended or acked some since expired_leases read them) and learn their claims. By owner
+-- (ix_owner: a consumer holds a batch or so), so every expired row of a claim is read in this
+-- pass: one job of a claim taken back apart from the rest would count as alone and be charged.
+SELECT id, claim_token FROM nq_job FORCE INDEX (ix_owner)
+WHERE owner IN %(owners)s AND status = 2 AND lease_until < NOW(6)
 FOR UPDATE
 
 -- return_alone --
