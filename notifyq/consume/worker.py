@@ -12,20 +12,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from notifyq import errors, logs
 from notifyq.config import Config
 from notifyq.consume import reaper, retry
 from notifyq.consume.batch import Batch
 from notifyq.consume.heartbeat import Heartbeat
+from notifyq.consume.keepalive import SessionKeeper
+from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
-from notifyq.ops import metrics
 from notifyq.store import admin_queries, liveness, locks, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.wakeup import Waiter
@@ -34,44 +35,6 @@ log = logging.getLogger("notifyq.consumer")
 
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
-
-
-@dataclass
-class Stats:
-    """Counters of one worker; the supervisor sums them (each has a single writer)."""
-
-    claimed: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    retried: int = 0
-    dead: int = 0
-    lost_acks: int = 0
-    given_back: int = 0
-    reclaimed: int = 0
-    batches: int = 0
-    # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
-    batch_sizes: metrics.Histogram = field(default_factory=metrics.batch_size_histogram)
-    handler_seconds: metrics.Histogram = field(default_factory=metrics.handler_seconds_histogram)
-
-
-class Budget:
-    """--max-jobs across all workers of a process."""
-
-    def __init__(self, limit: int | None):
-        self.left = limit
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> int:
-        if self.left is None:
-            return n
-        with self._lock:
-            granted = min(n, self.left)
-            self.left -= granted
-            return granted
-
-    @property
-    def exhausted(self) -> bool:
-        return self.left is not None and self.left <= 0
 
 
 class Worker:
@@ -90,7 +53,11 @@ class Worker:
         self.stats = Stats()
         self.work = Session(config.dsn, name=f"{name}-work")
         wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
-        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock")
+        # A short server idle timeout: a vanished host's liveness lock is freed soon after it
+        # (keepalive.py keeps this session talking while handlers run).
+        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock",
+                            idle_timeout_s=math.ceil(config.consumer.session_idle_s))
+        self.keeper = SessionKeeper(self.lock, config.consumer.session_idle_s, name)
         self.queue_locks = locks.QueueLocks(config.dsn.database, queue)
         self.use_locks = config.wakeup.use_locks
         self.consumer_id = ""
@@ -122,6 +89,9 @@ class Worker:
                 self._turned()
                 self._ensure_registered()
                 if busy:
+                    # Before the claim: a consumer that just started (a cron run, a restart)
+                    # first takes back what dead peers hold, then claims in order among it.
+                    self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
                         if self._reap_before_exit():
@@ -129,7 +99,6 @@ class Worker:
                         break
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     busy = self.exit_when_empty or (got > 0 and not drained)
-                    self._maybe_reap()
                 else:
                     busy = self._idle()
         except Exception as e:
@@ -151,7 +120,6 @@ class Worker:
         """
         if old_id and queries.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
             self.consumer_id = old_id
-            queries.hold_session(self.lock)
         else:
             self.consumer_id = uuid.uuid4().hex
             old_id = None
@@ -160,7 +128,6 @@ class Worker:
             try:
                 if queries.get_lock(self.lock, lock_name, 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
-                queries.hold_session(self.lock)  # idle during long batches: no idle-timeout drop
             except DriverError as e:
                 if not locks_unavailable(e):
                     raise
@@ -211,6 +178,7 @@ class Worker:
                 liveness.unregister_consumer(self.work, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
+        self.keeper.stop()
         self.lock.close()  # frees the liveness, watch and any bell locks at once
         self.work.close()
 
@@ -355,7 +323,8 @@ class Worker:
     def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            self.handler(jobs, extend)
+            with self.keeper.lent():
+                self.handler(jobs, extend)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)

@@ -384,6 +384,10 @@ def hold_session(session: Session) -> None:
                 what="hold session")
 
 
+def keep_alive(session: Session) -> None:
+    session.run(lambda cur: cur.execute(Q["keep_alive"]), what="keepalive")
+
+
 def read_bell(cur, queue: str) -> int:
     cur.execute(Q["read_bell"], {"queue": queue})
     row = cur.fetchone()

@@ -3,12 +3,14 @@
 The contract (issue 13, "The contract to hold"), one rule per function below:
 - lost: every acknowledged enqueue is handled at least once, or ends dead with a reason, or
   was cancelled by the schedule (the operator);
-- innocent_dead: only poison jobs (the ones that crash their process) may end dead;
+- innocent_dead: only poison jobs (the ones that crash their process) and jobs the operator
+  cancelled may end dead;
 - duplicates: a job runs again (other than a retry after a failure) only when a process that
   ran or held it was killed or stalled, lost a connection, saw the server restart, or when the
   earlier run itself outlasted the lease. Any other second run is a violation: concurrent
   ("running in two places at once") or sequential ("run twice while its consumer was healthy");
-- attempts: `attempts_ok` (one function, so the rule is tightened in one place);
+- attempts: `attempts_ok`, the README's rule exactly: the k-th start is attempt k, with its two
+  documented exceptions, each allowed only where a fault (or a run past its lease) explains it;
 - after_cancel: a job the operator cancelled never starts again;
 - stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
   recovery bound while the schedule runs);
@@ -34,20 +36,6 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
 CLAIMED = 2
-
-# The attempt rule. True: the contract as issue 13 states it, the k-th start is attempt k.
-# False (today's code): a claim that died before its handler started (SIGKILL, stall, a lost
-# connection, a poison job earlier in the batch) still counted an attempt, so attempts may run
-# ahead of starts, but never behind them and never twice the same.
-STRICT_ATTEMPTS = False
-
-
-def attempts_ok(attempts_in_start_order: list[int], strict: bool = STRICT_ATTEMPTS) -> bool:
-    if strict:
-        return attempts_in_start_order == list(range(1, len(attempts_in_start_order) + 1))
-    ordered = sorted(attempts_in_start_order)
-    return len(set(ordered)) == len(ordered) and all(a >= k for k, a in enumerate(ordered, 1))
-
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -114,8 +102,10 @@ def check_lost(h: History) -> list[Violation]:
 
 def check_innocent_dead(h: History) -> list[Violation]:
     poison = {e.key for e in h.enqueues if e.kind == "poison"}
+    cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
     return [Violation("innocent_dead", (r.deploy, r.job), f"attempts {r.attempts}: {r.last_error}")
-            for r in h.final_rows if r.status == DEAD and (r.deploy, r.job) not in poison]
+            for r in h.final_rows
+            if r.status == DEAD and (r.deploy, r.job) not in poison | cancelled]
 
 
 class Faults:
@@ -189,18 +179,52 @@ def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[
     return out, dict(causes), concurrent
 
 
-def check_attempts(h: History) -> list[Violation]:
+def attempts_ok(runs: list[Run], faults: Faults, lease_s: float, enqueued_at: float | None,
+                final_attempts: int | None = None) -> str | None:
+    """The README's attempt rule; None when `runs` (one job's starts, in order) keep it, else why not.
+
+    `attempts` counts handler starts: the k-th start is attempt k. Its two exceptions, both caused
+    by a consumer dying or stalling, are allowed only where the history shows such a cause:
+    - taken back together: a start's claim was taken back with other jobs of its claim, so its
+      attempt was undone, and the next start repeats the number. Allowed when a fault hit the
+      run's process or the server, or the run outlasted its lease (duplicate_cause);
+    - taken back alone before it started (or after it ended, before its ack): that claim's
+      attempt stands although its handler did not start, and the number skips. Allowed when
+      any fault happened since the previous start (or the enqueue): which claim died, and on
+      which process, leaves no trace in the history.
+    A number never goes down. A job that ended dead shows the attempt of its last start, one
+    fewer (its last claim taken back together before it was given back cancelled), or more (a
+    claim taken back alone after it).
+    """
+    previous: Run | None = None
+    expected = 1
+    for r in runs:
+        since = previous.start if previous is not None else enqueued_at
+        if r.attempt < expected - 1 or (r.attempt == expected - 1 and previous is None):
+            return f"attempt {r.attempt} at the start at {r.start:.3f}, expected {expected}"
+        if r.attempt == expected - 1 and not duplicate_cause(previous, r, faults, lease_s):
+            return (f"attempt {r.attempt} repeated at {r.start:.3f} on pid {r.pid}, "
+                    "but nothing took the earlier claim back")
+        if r.attempt > expected and (since is None or not faults.any_between(since - lease_s, r.start)):
+            return f"attempt {r.attempt} at the start at {r.start:.3f}, expected {expected}, and no fault before it"
+        previous, expected = r, r.attempt + 1
+    if final_attempts is not None and previous is not None and final_attempts != previous.attempt:
+        after_last = faults.any_between(previous.start - lease_s, float("inf"))
+        if not after_last or final_attempts < previous.attempt - 1:
+            return f"dead with attempts {final_attempts}, last start was attempt {previous.attempt}"
+    return None
+
+
+def check_attempts(h: History, faults: Faults) -> list[Violation]:
+    enqueued = {}
+    for e in h.enqueues:
+        enqueued[e.key] = min(enqueued.get(e.key, e.acked_at), e.acked_at)
+    dead = {(row.deploy, row.job): row.attempts for row in h.final_rows if row.status == DEAD}
     out = []
     for key, runs in h.runs_by_job().items():
-        attempts = [r.attempt for r in runs]
-        if not attempts_ok(attempts):
-            out.append(Violation("attempts", key, f"attempts at each start: {attempts}"))
-    if STRICT_ATTEMPTS:
-        starts = collections.Counter(r.key for r in h.runs)
-        for row in h.final_rows:
-            n = starts[(row.deploy, row.job)]
-            if row.status == DEAD and row.attempts != n:
-                out.append(Violation("attempts", (row.deploy, row.job), f"dead with attempts {row.attempts} after {n} starts"))
+        why = attempts_ok(runs, faults, h.lease_s, enqueued.get(key), dead.get(key))
+        if why:
+            out.append(Violation("attempts", key, f"{why}; attempts at each start: {[r.attempt for r in runs]}"))
     return out
 
 
@@ -348,7 +372,7 @@ def check(h: History) -> Report:
     violations += check_innocent_dead(h)
     dup_violations, causes, concurrent = check_duplicates(h, faults)
     violations += dup_violations
-    violations += check_attempts(h)
+    violations += check_attempts(h, faults)
     violations += check_after_cancel(h)
     violations += check_stranded(h)
     violations += check_batch_order(h)

@@ -139,6 +139,45 @@ def test_a_leader_whose_connection_was_killed_steps_down_without_enqueuing(db):
         b.close()
 
 
+def test_a_leader_whose_host_vanished_loses_the_lead_within_session_idle_s(db):
+    # Given a leader and a standby, with a 2 s server idle timeout on lock sessions
+    cfg = cron_config(db, consumer={"session_idle_s": 2})
+    a, b = ClockedScheduler(cfg, ("cron",)), ClockedScheduler(cfg, ("cron",))
+    try:
+        a.tick()
+        b.tick()
+        assert a.figures()["cron"]["leader"] and not b.figures()["cron"]["leader"]
+        # When the leader's host vanishes: its session stays open but says nothing more
+        vanished_at = time.monotonic()
+        # Then the server ends that session within the bound, and the standby takes the lead
+        wait_until(lambda: (b.tick(), b.figures()["cron"]["leader"])[1], 15, 0.2, "standby leads")
+        assert time.monotonic() - vanished_at < 2 + 5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_leader_whose_ticks_are_far_apart_keeps_the_lead_past_session_idle_s(db):
+    # Given a leader and a standby, with a 2 s server idle timeout on lock sessions
+    cfg = cron_config(db, consumer={"session_idle_s": 2})
+    a, b = ClockedScheduler(cfg, ("cron",)), ClockedScheduler(cfg, ("cron",))
+    try:
+        a.tick()
+        b.tick()
+        # When both keep ticking for three idle timeouts and no tick falls due
+        until = time.monotonic() + 6
+        while time.monotonic() < until:
+            a.tick()
+            b.tick()
+            time.sleep(0.1)  # a main loop's pace
+        # Then the leader is still the leader, on its first connection
+        assert a.figures()["cron"]["leader"] and not b.figures()["cron"]["leader"]
+        assert a._lock.generation == 1
+    finally:
+        a.close()
+        b.close()
+
+
 def test_two_schedulers_that_both_think_they_lead_still_enqueue_each_tick_once(db):
     # Given two schedulers without the leader lock (as with use_locks = false): both act
     cfg = cron_config(db, wakeup={"use_locks": False})

@@ -351,6 +351,11 @@ FROM nq_signal WHERE queue = %(queue)s
 -- for input; an idle-timeout disconnect would silently drop the liveness lock or the bell.
 SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, %(wait_s)s)
 
+-- keep_alive --
+-- One tiny statement on a session whose owner is busy elsewhere: a session that is never silent
+-- for its wait_timeout can have a short one (consume/keepalive.py).
+DO 0
+
 -- set_paused --
 UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
 
