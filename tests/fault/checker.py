@@ -109,9 +109,12 @@ def check_innocent_dead(h: History) -> list[Violation]:
 
 
 class Faults:
-    """The faults, indexed for "did anything hit this process (or the server) in [lo, hi]"."""
+    """The faults, indexed for "did anything hit this process (or the server) in [lo, hi]";
+    and the claims (pid, claim token) in which a handler ran past the lease."""
 
-    def __init__(self, faults: Iterable[Fault]):
+    def __init__(self, faults: Iterable[Fault], runs: Iterable[Run] = (), lease_s: float = float("inf")):
+        self.past_lease = {(r.pid, r.token) for r in runs
+                           if r.token and r.end is not None and r.end - r.start > lease_s}
         self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
         self.server: list[Fault] = []
         self.all = sorted((f for f in faults if f.kind != "cancel"), key=lambda f: f.start)
@@ -142,14 +145,21 @@ def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) ->
     """Why `later` ran although `earlier` had not failed; None: no excuse the contract allows.
 
     The window reaches a lease back from the first start: a job is claimed before its handler
-    starts, and a claim older than the lease is fair game for a reaper anyway."""
+    starts, and a claim older than the lease is fair game for a reaper anyway. A handler that
+    ran past the lease excuses its own second run, and that of the jobs of its claim that had
+    finished before it with their ack still pending (acks go out about once a second, before a
+    start): the reaper takes the claim back whole."""
     lo = min(earlier.start, later.start) - lease_s
     hi = max(earlier.start, later.start)
     cause = faults.cause({earlier.pid, later.pid}, lo, hi)
     if cause:
         return cause
-    if earlier.end is None or earlier.end - earlier.start > lease_s:
-        return "past_lease" if earlier.end is not None else None
+    if earlier.end is None:
+        return None
+    if earlier.end - earlier.start > lease_s:
+        return "past_lease"
+    if (earlier.pid, earlier.token) in faults.past_lease:
+        return "past_lease_in_batch"
     return None
 
 
@@ -366,7 +376,7 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
 
 
 def check(h: History) -> Report:
-    faults = Faults(h.faults)
+    faults = Faults(h.faults, h.runs, h.lease_s)
     violations: list[Violation] = []
     violations += check_lost(h)
     violations += check_innocent_dead(h)

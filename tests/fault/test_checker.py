@@ -174,3 +174,14 @@ def test_fault_classes_parse_and_a_seed_replays_the_same_schedule():
     a = make_plan(7, parse_classes("all"), 60, 1000)
     assert a == make_plan(7, parse_classes("all"), 60, 1000)
     assert a.steps != make_plan(8, parse_classes("all"), 60, 1000).steps
+
+
+def test_a_handler_past_the_lease_excuses_the_rerun_of_the_finished_jobs_of_its_claim_only():
+    # Jobs 1 and 2 finish at 1.1 (their ack pending), job 3 of the same claim runs to 7.0
+    runs = [run(1, 1, 10, 1.0, 1.1, token=7), run(3, 1, 10, 1.1, 7.0, token=7),
+            run(1, 1, 11, 5.5, 5.6, token=8), run(2, 1, 12, 1.0, 1.1, token=9), run(2, 1, 11, 5.6, 5.7, token=8)]
+    report = checker.check(history(runs, [enq(1), enq(2), enq(3)]))
+    # Then job 1's second run is excused, job 2's (another claim) is not
+    assert report.by_rule() == {"run_twice": 1, "attempts": 1}
+    assert {v.job for v in report.violations} == {("main", 2)}
+    assert report.duplicates == {"past_lease_in_batch": 1, "unexplained": 1}

@@ -387,8 +387,9 @@ SELECT NOW(6)
 -- the (queue, status) indexes.
 
 -- job_get --
+-- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
-       lease_until, dedup_key, cancel_requested, payload, last_error, created_at, finished_at
+       lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at
 FROM nq_job WHERE id = %(id)s
 
 -- job_list --
