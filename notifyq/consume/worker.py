@@ -9,7 +9,6 @@ claims are fenced by claim token, so they can never touch a job someone else now
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import math
@@ -19,12 +18,13 @@ import threading
 import time
 import uuid
 
-from notifyq import errors, logs
+from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import reaper, retry
+from notifyq.consume import reaper
 from notifyq.consume.batch import Batch
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.consume.keepalive import SessionKeeper
+from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
 from notifyq.store import admin_queries, liveness, locks, queries
@@ -51,6 +51,7 @@ class Worker:
         self.exit_when_empty = exit_when_empty
         self.name = name
         self.stats = Stats()
+        self.outcomes = Outcomes(queue, self.qc, self.stats)
         self.work = Session(config.dsn, name=f"{name}-work")
         wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
         # A short server idle timeout: a vanished host's liveness lock is freed soon after it
@@ -286,7 +287,7 @@ class Worker:
                     if extend_due or now - last_flush >= ACK_FLUSH_S:
                         # Acks first: then every job of the claim still held is extended at
                         # once, and a stalled consumer's jobs all expire together.
-                        self._settle(done, token)
+                        self.outcomes.settle(self.work, done, token)
                         done, last_flush = [], time.monotonic()
                     if extend_due:
                         self._extend(batch)  # before the next start: never start a job not ours
@@ -309,7 +310,7 @@ class Worker:
             raise
         finally:
             try:
-                self._settle(done, token)
+                self.outcomes.settle(self.work, done, token)
                 log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                           sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 rest = batch.waiting()
@@ -340,63 +341,10 @@ class Worker:
                         "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
                         ",".join(map(str, gone[:20])))
 
-    def _settle(self, jobs: list[Job], token: int) -> None:
-        """Ack the successes in one statement, retry or bury the failures.
-
-        Only outcomes the claim still owned count: an ack or a failure fenced out by the claim
-        token (the job was taken back: lease expired, or our session died) is counted and
-        logged as lost, never as done.
-        """
-        if not jobs:
-            return
-        if log.isEnabledFor(logging.DEBUG):
-            for job in jobs:
-                log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
-                          self.queue, job.id, job.attempts)
-        acked = queries.ack(self.work, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
-        self.stats.succeeded += acked
-        failed = self._fail(self.work, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
-        lost = len(jobs) - acked - failed
-        if lost:
-            # The claim was taken from us (lease expired or our session died and the reaper
-            # moved in): the job belongs to someone else now. Count it, touch nothing.
-            self.stats.lost_acks += lost
-            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
-
-    def _fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
-        """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
-        logs the ones this claim still owned, and returns how many those were."""
-        decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
-                                            self.qc.retry_max_s) if may_retry else None, error)
-                   for job, error, may_retry in failures]
-        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
-        logged: dict[str, int] = {}  # traceback -> the job whose line showed it
-        for job, delay, error in decided:
-            if job.id not in owned:
-                continue
-            self.stats.failed += 1
-            if delay is None:
-                self.stats.dead += 1
-            else:
-                self.stats.retried += 1
-            _log_failure(job, delay, error, logged)
-        return len(owned)
-
     def abandon(self, session: Session) -> None:
-        """The shutdown grace expired while this worker's handler still ran (service thread).
-
-        What waits is given back uncharged. What runs has started: it is failed with the reason,
-        charged, and retried by the queue's policy (dead when out of attempts): never returned
-        as if it had not run, nor left claimed by a process that is about to exit.
-        """
-        batch = self.batch
-        if batch is None:
-            return
-        waiting, running = batch.waiting(), list(batch.running)
-        if waiting:
-            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
-        self._fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
-                                          for job in running])
+        """The shutdown grace expired while this worker's handler still ran (service thread)."""
+        if self.batch is not None:
+            self.outcomes.abandon(session, self.batch)
 
     # -------------------------------------------------------- the reaper, run by consumers
 
@@ -449,26 +397,3 @@ class Worker:
             log.info("took back jobs of dead consumers before exiting queue=%s n=%d", self.queue, n)
         return n > 0
 
-
-def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
-    """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
-    time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
-    that raised fails all its jobs with the same one)."""
-    fields: dict[str, object] = {"queue": job.queue, "job": job.id,
-                                 "attempt": f"{job.attempts}/{job.max_attempts}"}
-    if delay is None:
-        fields["next"] = "dead" if job.retry else "dead (not retried)"
-    else:
-        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
-        fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    fields["error"] = error[:2000]
-    if job.detail:
-        if job.detail in logged:
-            fields["traceback"] = f"as for job {logged[job.detail]}"
-        else:
-            logged[job.detail] = job.id
-            fields["traceback"] = job.detail.rstrip("\n")
-    if delay is None:
-        log.error("job dead", extra=logs.kv(**fields))
-    else:
-        log.warning("job failed, retrying", extra=logs.kv(**fields))
