@@ -101,11 +101,16 @@ def check_lost(h: History) -> list[Violation]:
 
 
 def check_innocent_dead(h: History) -> list[Violation]:
+    """Poison jobs die of the crashes they cause, cancelled ones of their cancel, and a job whose
+    handler always outlasts the lease (it never extends it) of its expired leases: each is
+    the job's own doing, charged to it alone."""
     poison = {e.key for e in h.enqueues if e.kind == "poison"}
+    slow = {e.key for e in h.enqueues if e.kind == "slow"}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
     return [Violation("innocent_dead", (r.deploy, r.job), f"attempts {r.attempts}: {r.last_error}")
             for r in h.final_rows
-            if r.status == DEAD and (r.deploy, r.job) not in poison | cancelled]
+            if r.status == DEAD and (r.deploy, r.job) not in poison | cancelled
+            and not ((r.deploy, r.job) in slow and (r.last_error or "").startswith("lease expired"))]
 
 
 class Faults:
@@ -113,8 +118,11 @@ class Faults:
     and the claims (pid, claim token) in which a handler ran past the lease."""
 
     def __init__(self, faults: Iterable[Fault], runs: Iterable[Run] = (), lease_s: float = float("inf")):
-        self.past_lease = {(r.pid, r.token) for r in runs
-                           if r.token and r.end is not None and r.end - r.start > lease_s}
+        by_job: dict[JobKey, list[Run]] = collections.defaultdict(list)
+        for r in runs:
+            by_job[r.key].append(r)
+        self.past_lease = {(r.pid, r.token) for same_job in by_job.values() for r in same_job
+                           if r.token and outlasted_lease(r, same_job, lease_s)}
         self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
         self.server: list[Fault] = []
         self.all = sorted((f for f in faults if f.kind != "cancel"), key=lambda f: f.start)
@@ -141,6 +149,14 @@ class Faults:
         return any(f.end >= lo for f in self.all[:i])
 
 
+def outlasted_lease(r: Run, same_job: list[Run], lease_s: float) -> bool:
+    """The handler ran past the lease: it ended after it, or (no end recorded: its process died
+    or stopped later) the job started again elsewhere more than a lease after it started."""
+    if r.end is not None:
+        return r.end - r.start > lease_s
+    return any(o.start - r.start > lease_s for o in same_job if o is not r)
+
+
 def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) -> str | None:
     """Why `later` ran although `earlier` had not failed; None: no excuse the contract allows.
 
@@ -155,7 +171,8 @@ def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) ->
     if cause:
         return cause
     if earlier.end is None:
-        return None
+        # Still running when the later run started, more than a lease after it: its lease ran out
+        return "past_lease" if later.start - earlier.start > lease_s else None
     if earlier.end - earlier.start > lease_s:
         return "past_lease"
     if (earlier.pid, earlier.token) in faults.past_lease:

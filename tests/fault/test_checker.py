@@ -185,3 +185,19 @@ def test_a_handler_past_the_lease_excuses_the_rerun_of_the_finished_jobs_of_its_
     assert report.by_rule() == {"run_twice": 1, "attempts": 1}
     assert {v.job for v in report.violations} == {("main", 2)}
     assert report.duplicates == {"past_lease_in_batch": 1, "unexplained": 1}
+
+
+def test_a_run_cut_short_after_its_lease_ran_out_excuses_the_second_run_and_its_batch_mates():
+    # Job 1 finished at 1.1 (ack pending); job 2 of the same claim started at 1.1 and never
+    # ended (its process died later); both ran again after the lease ran out
+    runs = [run(1, 1, 10, 1.0, 1.1, token=7), run(2, 1, 10, 1.1, token=7),
+            run(1, 1, 11, 5.2, 5.3, token=8), run(2, 1, 11, 5.3, 5.4, token=8)]
+    report = checker.check(history(runs, [enq(1), enq(2)]))
+    assert report.ok, report.violations
+    assert report.duplicates == {"past_lease_in_batch": 1, "past_lease": 1}
+
+
+def test_a_slow_job_may_die_of_its_expired_leases_and_an_ordinary_one_may_not():
+    rows = [FinalRow("main", 1, 4, 5, "lease expired; out of attempts", None),
+            FinalRow("main", 2, 4, 5, "lease expired; out of attempts", None)]
+    assert rules(history([], [enq(1, kind="slow"), enq(2)], rows=rows)) == {"innocent_dead": 1}
