@@ -376,7 +376,7 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None]:
     return session.run(body, what="poll signal")
 
 
-HOLD_SESSION_S = 7 * 86400  # a lock session may idle this long (a vanished host: TCP keepalive)
+HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input
 
 
 def hold_session(session: Session) -> None:
