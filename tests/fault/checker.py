@@ -3,8 +3,9 @@
 The contract (issue 13, "The contract to hold"), one rule per function below:
 - lost: every acknowledged enqueue is handled at least once, or ends dead with a reason, or
   was cancelled by the schedule (the operator);
-- innocent_dead: only poison jobs (the ones that crash their process) and jobs the operator
-  cancelled may end dead;
+- innocent_dead: only poison jobs (the ones that crash their process), jobs the operator
+  cancelled, slow jobs (of their expired leases) and jobs whose last run was cut short by a
+  fault on their own process (taken back alone, charged) may end dead;
 - duplicates: a job runs again (other than a retry after a failure) only when a process that
   ran or held it was killed or stalled, lost a connection, saw the server restart, or when the
   earlier run itself outlasted the lease. Any other second run is a violation: concurrent
@@ -100,17 +101,34 @@ def check_lost(h: History) -> list[Violation]:
     return out
 
 
-def check_innocent_dead(h: History) -> list[Violation]:
+def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
     """Poison jobs die of the crashes they cause, cancelled ones of their cancel, and a job whose
     handler always outlasts the lease (it never extends it) of its expired leases: each is
-    the job's own doing, charged to it alone."""
+    the job's own doing, charged to it alone.
+
+    One more death is the contract's, not the job's: a job alone in its consumer's hands when
+    that consumer dies is charged (a crash it causes and a kill that hits while it runs look
+    alike from outside). So a job whose last run was cut short by a fault on its own process,
+    or by the server (the earlier charges are the attempt rule's to judge), may end dead with
+    "consumer died" or "lease expired"."""
     poison = {e.key for e in h.enqueues if e.kind == "poison"}
     slow = {e.key for e in h.enqueues if e.kind == "slow"}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
-    return [Violation("innocent_dead", (r.deploy, r.job), f"attempts {r.attempts}: {r.last_error}")
-            for r in h.final_rows
-            if r.status == DEAD and (r.deploy, r.job) not in poison | cancelled
-            and not ((r.deploy, r.job) in slow and (r.last_error or "").startswith("lease expired"))]
+    runs = h.runs_by_job()
+    out = []
+    for r in h.final_rows:
+        key = (r.deploy, r.job)
+        if r.status != DEAD or key in poison | cancelled:
+            continue
+        error = r.last_error or ""
+        if key in slow and error.startswith("lease expired"):
+            continue
+        last = runs[key][-1] if runs.get(key) else None
+        if (error.startswith(("consumer died", "lease expired")) and last is not None and last.end is None
+                and faults.cause({last.pid}, last.start, float("inf"))):
+            continue
+        out.append(Violation("innocent_dead", key, f"attempts {r.attempts}: {r.last_error}"))
+    return out
 
 
 class Faults:
@@ -396,7 +414,7 @@ def check(h: History) -> Report:
     faults = Faults(h.faults, h.runs, h.lease_s)
     violations: list[Violation] = []
     violations += check_lost(h)
-    violations += check_innocent_dead(h)
+    violations += check_innocent_dead(h, faults)
     dup_violations, causes, concurrent = check_duplicates(h, faults)
     violations += dup_violations
     violations += check_attempts(h, faults)

@@ -201,3 +201,13 @@ def test_a_slow_job_may_die_of_its_expired_leases_and_an_ordinary_one_may_not():
     rows = [FinalRow("main", 1, 4, 5, "lease expired; out of attempts", None),
             FinalRow("main", 2, 4, 5, "lease expired; out of attempts", None)]
     assert rules(history([], [enq(1, kind="slow"), enq(2)], rows=rows)) == {"innocent_dead": 1}
+
+
+def test_a_job_killed_while_it_ran_alone_may_end_dead_and_one_killed_elsewhere_may_not():
+    # Job 1's last run (pid 10) was cut short by a SIGKILL of pid 10; job 2's by nothing
+    runs = [run(1, 5, 10, 1.0), run(2, 5, 11, 1.0)]
+    rows = [FinalRow("main", 1, 4, 5, "consumer died; out of attempts", None),
+            FinalRow("main", 2, 4, 5, "consumer died; out of attempts", None)]
+    faults = [Fault("sigkill", 0.5, 0.5, 10), Fault("sigkill", 2.0, 2.0, 10)]
+    report = checker.check(history(runs, [enq(1), enq(2)], faults=faults, rows=rows))
+    assert [v.job for v in report.violations if v.rule == "innocent_dead"] == [("main", 2)]
