@@ -108,9 +108,10 @@ def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
 
     One more death is the contract's, not the job's: a job alone in its consumer's hands when
     that consumer dies is charged (a crash it causes and a kill that hits while it runs look
-    alike from outside). So a job whose last run was cut short by a fault on its own process,
-    or by the server (the earlier charges are the attempt rule's to judge), may end dead with
-    "consumer died" or "lease expired"."""
+    alike from outside), also when it died between the job's end and its ack. So a job whose
+    last run was hit by a fault on its own process, or by the server, during or after it (the
+    earlier charges are the attempt rule's to judge), may end dead with "consumer died" or
+    "lease expired"."""
     poison = {e.key for e in h.enqueues if e.kind == "poison"}
     slow = {e.key for e in h.enqueues if e.kind == "slow"}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
@@ -124,7 +125,7 @@ def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
         if key in slow and error.startswith("lease expired"):
             continue
         last = runs[key][-1] if runs.get(key) else None
-        if (error.startswith(("consumer died", "lease expired")) and last is not None and last.end is None
+        if (error.startswith(("consumer died", "lease expired")) and last is not None
                 and faults.cause({last.pid}, last.start, float("inf"))):
             continue
         out.append(Violation("innocent_dead", key, f"attempts {r.attempts}: {r.last_error}"))

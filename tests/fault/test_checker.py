@@ -204,10 +204,11 @@ def test_a_slow_job_may_die_of_its_expired_leases_and_an_ordinary_one_may_not():
 
 
 def test_a_job_killed_while_it_ran_alone_may_end_dead_and_one_killed_elsewhere_may_not():
-    # Job 1's last run (pid 10) was cut short by a SIGKILL of pid 10; job 2's by nothing
-    runs = [run(1, 5, 10, 1.0), run(2, 5, 11, 1.0)]
-    rows = [FinalRow("main", 1, 4, 5, "consumer died; out of attempts", None),
-            FinalRow("main", 2, 4, 5, "consumer died; out of attempts", None)]
-    faults = [Fault("sigkill", 0.5, 0.5, 10), Fault("sigkill", 2.0, 2.0, 10)]
-    report = checker.check(history(runs, [enq(1), enq(2)], faults=faults, rows=rows))
+    # Job 1's last run (pid 10) was cut short by a SIGKILL of pid 10; job 3's (pid 12) ended,
+    # and pid 12 lost its connection before the ack; job 2's was hit by nothing
+    runs = [run(1, 5, 10, 1.0), run(2, 5, 11, 1.0), run(3, 5, 12, 1.0, 1.5)]
+    rows = [FinalRow("main", j, 4, 5, "consumer died; out of attempts", None) for j in (1, 2, 3)]
+    faults = [Fault("sigkill", 0.5, 0.5, 10), Fault("sigkill", 2.0, 2.0, 10),
+              Fault("kill_connection", 1.6, 1.6, 12), Fault("sigkill", 0.5, 0.5, 12)]
+    report = checker.check(history(runs, [enq(1), enq(2), enq(3)], faults=faults, rows=rows))
     assert [v.job for v in report.violations if v.rule == "innocent_dead"] == [("main", 2)]
