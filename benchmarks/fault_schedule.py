@@ -3,7 +3,7 @@
 of faults, and the history checker's verdict on the delivery contract (issue 13).
 
     .venv/bin/python benchmarks/fault_schedule.py [--minutes 10] [--jobs 100000] [--seed N]
-        [--classes all|today|sigkill,stall,...|all,-polling] [--consumers 8] [--lease 4]
+        [--classes all|ci|sigkill,stall,...|all,-polling] [--consumers 8] [--lease 4]
         [--seconds S (instead of --minutes)] [--json out.json] [--keep]
 
 The same seed replays the same schedule (tests/fault/schedule.py lists the fault classes).

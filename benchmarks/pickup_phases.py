@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from notifyq import config as config_mod  # noqa: E402
 from notifyq.config import DSN  # noqa: E402
-from notifyq.consume.worker import Budget, Worker  # noqa: E402
+from notifyq.consume.stats import Budget  # noqa: E402
+from notifyq.consume.worker import Worker  # noqa: E402
 from notifyq.produce.producer import Producer  # noqa: E402
 from notifyq.run.localserver import LocalServer  # noqa: E402
 from notifyq.store import queries, schema  # noqa: E402

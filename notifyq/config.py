@@ -58,6 +58,10 @@ class WakeupConfig:
 class ConsumerConfig:
     reap_interval_s: float = 2.0
     shutdown_grace_s: float = 60.0
+    # The server drops a consumer's lock sessions (liveness lock, periodic leadership) after this
+    # long without a statement: a host that vanished without closing them loses its locks then.
+    # Live consumers ping well inside it (consume/keepalive.py).
+    session_idle_s: float = 60.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
 
@@ -136,6 +140,7 @@ _RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
+    "session_idle_s": (False, 2, False, 86400),  # whole seconds on the server, pinged at 1/4
     "metrics_port": (True, 0, False, 65535),  # 0: no endpoint
     "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),
     "batch_wait_s": (False, 0, False, values.MAX_SECONDS), "chunk_size": (True, 1, False, 1_000_000),

@@ -42,9 +42,11 @@ its GET_LOCK would leave it waiting on a bell held again; its bounded wait cover
 Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
 (tenacity) and reruns the statement, so after every statement the Waiter compares the session's
 generation and, if it changed, gives up its turn: the worker re-registers (takes its liveness
-lock back, or a new one) before it claims anything. Lock sessions raise their own wait_timeout (queries.hold_session),
-because they sit idle between statements while their owner runs a long batch or a producer
-waits for input, and an idle-timeout disconnect would drop the liveness lock or the bell.
+lock back, or a new one) before it claims anything. A producer's bell session raises its own
+wait_timeout (queries.hold_session): it sits idle while the producer waits for input, and an
+idle-timeout disconnect would drop the bell. A consumer's lock session has a short one instead
+(consumer.session_idle_s), kept alive while its handlers run (consume/keepalive.py), so that the
+liveness lock of a host that vanished is freed soon.
 
 Without advisory locks (wakeup.use_locks = false, or the server refuses them: Galera's 1235,
 a proxy's 1105) every idle consumer polls the signal row itself with the same backoff: correct,

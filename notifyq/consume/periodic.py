@@ -32,6 +32,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,7 @@ class Scheduler:
         self._offset_s = 0.0  # server clock minus ours, refreshed on every server read
         self._pause_until = 0.0
         self._use_locks = config.wakeup.use_locks
+        self._next_keepalive = 0.0  # monotonic: when a leader's lock session is pinged next
         self.reload(config)
 
     def reload(self, config: Config) -> None:
@@ -190,6 +192,7 @@ class Scheduler:
         if time.monotonic() < self._pause_until:
             return
         try:
+            self._keep_lead_alive()
             for queue in self.queues:
                 if self._scheduled(queue):
                     self._tick_queue(queue, self.state[queue])
@@ -204,6 +207,17 @@ class Scheduler:
             self._pause_until = time.monotonic() + ERROR_BACKOFF_S
             for state in self.state.values():
                 state.leader = False  # prove it again after the outage
+
+    def _keep_lead_alive(self) -> None:
+        """A leader's lock session has a short server idle timeout (a leader whose host vanished
+        loses the lock within consumer.session_idle_s, not the server's 8 h wait_timeout): ping
+        it well inside that while the ticks are far apart. A ping that had to reconnect shows
+        in the session's generation: _tick_queue then proves the lead again."""
+        now = time.monotonic()
+        if self._lock is None or now < self._next_keepalive or not any(s.leader for s in self.state.values()):
+            return
+        self._next_keepalive = now + self.config.consumer.session_idle_s / 4
+        queries.keep_alive(self._lock)
 
     def _tick_queue(self, queue: str, state: QueueState) -> None:
         now = time.monotonic()
@@ -314,7 +328,8 @@ class Scheduler:
 
     def _lock_session(self) -> Session:
         if self._lock is None:
-            self._lock = Session(self.config.dsn, autocommit=True, retry_s=5, name="periodic-lock")
+            self._lock = Session(self.config.dsn, autocommit=True, retry_s=5, name="periodic-lock",
+                                 idle_timeout_s=math.ceil(self.config.consumer.session_idle_s))
         return self._lock
 
     def _work_session(self) -> Session:

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, periodic
+from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
-from notifyq.consume.worker import Budget, Stats, Worker
+from notifyq.consume.worker import Worker
 from notifyq.store import queries, schema
 from notifyq.store.db import Session
 

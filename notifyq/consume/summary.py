@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from notifyq.consume.worker import Stats
+from notifyq.consume.stats import Stats
 
 log = logging.getLogger("notifyq.service")
 

@@ -9,23 +9,24 @@ claims are fenced by claim token, so they can never touch a job someone else now
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
-from notifyq import errors, logs
+from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import reaper, retry
+from notifyq.consume import reaper
 from notifyq.consume.batch import Batch
 from notifyq.consume.heartbeat import Heartbeat
+from notifyq.consume.keepalive import SessionKeeper
+from notifyq.consume.outcomes import Outcomes
+from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
-from notifyq.ops import metrics
 from notifyq.store import admin_queries, liveness, locks, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.wakeup import Waiter
@@ -34,44 +35,6 @@ log = logging.getLogger("notifyq.consumer")
 
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
-
-
-@dataclass
-class Stats:
-    """Counters of one worker; the supervisor sums them (each has a single writer)."""
-
-    claimed: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    retried: int = 0
-    dead: int = 0
-    lost_acks: int = 0
-    given_back: int = 0
-    reclaimed: int = 0
-    batches: int = 0
-    # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
-    batch_sizes: metrics.Histogram = field(default_factory=metrics.batch_size_histogram)
-    handler_seconds: metrics.Histogram = field(default_factory=metrics.handler_seconds_histogram)
-
-
-class Budget:
-    """--max-jobs across all workers of a process."""
-
-    def __init__(self, limit: int | None):
-        self.left = limit
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> int:
-        if self.left is None:
-            return n
-        with self._lock:
-            granted = min(n, self.left)
-            self.left -= granted
-            return granted
-
-    @property
-    def exhausted(self) -> bool:
-        return self.left is not None and self.left <= 0
 
 
 class Worker:
@@ -88,9 +51,14 @@ class Worker:
         self.exit_when_empty = exit_when_empty
         self.name = name
         self.stats = Stats()
+        self.outcomes = Outcomes(queue, self.qc, self.stats)
         self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
         wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
-        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock", stop=stop)
+        # A short server idle timeout: a vanished host's liveness lock is freed soon after it
+        # (keepalive.py keeps this session talking while handlers run).
+        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock",
+                            idle_timeout_s=math.ceil(config.consumer.session_idle_s), stop=stop)
+        self.keeper = SessionKeeper(self.lock, config.consumer.session_idle_s, name)
         self.queue_locks = locks.QueueLocks(config.dsn.database, queue)
         self.use_locks = config.wakeup.use_locks
         self.consumer_id = ""
@@ -122,6 +90,9 @@ class Worker:
                 self._turned()
                 self._ensure_registered()
                 if busy:
+                    # Before the claim: a consumer that just started (a cron run, a restart)
+                    # first takes back what dead peers hold, then claims in order among it.
+                    self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
                         if self._reap_before_exit():
@@ -129,7 +100,6 @@ class Worker:
                         break
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     busy = self.exit_when_empty or (got > 0 and not drained)
-                    self._maybe_reap()
                 else:
                     busy = self._idle()
         except errors.TransientDBError as e:
@@ -157,7 +127,6 @@ class Worker:
         """
         if old_id and queries.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
             self.consumer_id = old_id
-            queries.hold_session(self.lock)
         else:
             self.consumer_id = uuid.uuid4().hex
             old_id = None
@@ -166,7 +135,6 @@ class Worker:
             try:
                 if queries.get_lock(self.lock, lock_name, 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
-                queries.hold_session(self.lock)  # idle during long batches: no idle-timeout drop
             except DriverError as e:
                 if not locks_unavailable(e):
                     raise
@@ -219,6 +187,7 @@ class Worker:
                 liveness.unregister_consumer(self.work, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
+        self.keeper.stop()
         self.lock.close()  # frees the liveness, watch and any bell locks at once
         self.work.close()
 
@@ -326,7 +295,7 @@ class Worker:
                     if extend_due or now - last_flush >= ACK_FLUSH_S:
                         # Acks first: then every job of the claim still held is extended at
                         # once, and a stalled consumer's jobs all expire together.
-                        self._settle(done, token)
+                        self.outcomes.settle(self.work, done, token)
                         done, last_flush = [], time.monotonic()
                     if extend_due:
                         self._extend(batch)  # before the next start: never start a job not ours
@@ -349,7 +318,7 @@ class Worker:
             raise
         finally:
             try:
-                self._settle(done, token)
+                self.outcomes.settle(self.work, done, token)
                 log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                           sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 rest = batch.waiting()
@@ -363,7 +332,8 @@ class Worker:
     def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            self.handler(jobs, extend)
+            with self.keeper.lent():
+                self.handler(jobs, extend)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)
@@ -379,63 +349,10 @@ class Worker:
                         "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
                         ",".join(map(str, gone[:20])))
 
-    def _settle(self, jobs: list[Job], token: int) -> None:
-        """Ack the successes in one statement, retry or bury the failures.
-
-        Only outcomes the claim still owned count: an ack or a failure fenced out by the claim
-        token (the job was taken back: lease expired, or our session died) is counted and
-        logged as lost, never as done.
-        """
-        if not jobs:
-            return
-        if log.isEnabledFor(logging.DEBUG):
-            for job in jobs:
-                log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
-                          self.queue, job.id, job.attempts)
-        acked = queries.ack(self.work, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
-        self.stats.succeeded += acked
-        failed = self._fail(self.work, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
-        lost = len(jobs) - acked - failed
-        if lost:
-            # The claim was taken from us (lease expired or our session died and the reaper
-            # moved in): the job belongs to someone else now. Count it, touch nothing.
-            self.stats.lost_acks += lost
-            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
-
-    def _fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
-        """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
-        logs the ones this claim still owned, and returns how many those were."""
-        decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
-                                            self.qc.retry_max_s) if may_retry else None, error)
-                   for job, error, may_retry in failures]
-        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
-        logged: dict[str, int] = {}  # traceback -> the job whose line showed it
-        for job, delay, error in decided:
-            if job.id not in owned:
-                continue
-            self.stats.failed += 1
-            if delay is None:
-                self.stats.dead += 1
-            else:
-                self.stats.retried += 1
-            _log_failure(job, delay, error, logged)
-        return len(owned)
-
     def abandon(self, session: Session) -> None:
-        """The shutdown grace expired while this worker's handler still ran (service thread).
-
-        What waits is given back uncharged. What runs has started: it is failed with the reason,
-        charged, and retried by the queue's policy (dead when out of attempts): never returned
-        as if it had not run, nor left claimed by a process that is about to exit.
-        """
-        batch = self.batch
-        if batch is None:
-            return
-        waiting, running = batch.waiting(), list(batch.running)
-        if waiting:
-            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
-        self._fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
-                                          for job in running])
+        """The shutdown grace expired while this worker's handler still ran (service thread)."""
+        if self.batch is not None:
+            self.outcomes.abandon(session, self.batch)
 
     # -------------------------------------------------------- the reaper, run by consumers
 
@@ -488,26 +405,3 @@ class Worker:
             log.info("took back jobs of dead consumers before exiting queue=%s n=%d", self.queue, n)
         return n > 0
 
-
-def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
-    """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
-    time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
-    that raised fails all its jobs with the same one)."""
-    fields: dict[str, object] = {"queue": job.queue, "job": job.id,
-                                 "attempt": f"{job.attempts}/{job.max_attempts}"}
-    if delay is None:
-        fields["next"] = "dead" if job.retry else "dead (not retried)"
-    else:
-        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
-        fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    fields["error"] = error[:2000]
-    if job.detail:
-        if job.detail in logged:
-            fields["traceback"] = f"as for job {logged[job.detail]}"
-        else:
-            logged[job.detail] = job.id
-            fields["traceback"] = job.detail.rstrip("\n")
-    if delay is None:
-        log.error("job dead", extra=logs.kv(**fields))
-    else:
-        log.warning("job failed, retrying", extra=logs.kv(**fields))

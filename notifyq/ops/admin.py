@@ -26,7 +26,7 @@ _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 _GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
-               "claimed_at", "lease_until", "dedup_key", "cancel_requested", "payload",
+               "claimed_at", "lease_until", "dedup_key", "cancel_requested", "suspect", "payload",
                "last_error", "created_at", "finished_at")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts",
                 "created_at", "finished_at", "cancel_requested", "last_error")
@@ -59,6 +59,8 @@ def _record(fields: tuple[str, ...], row: tuple) -> dict[str, Any]:
     out = {name: _iso(value) for name, value in zip(fields, row)}
     out["status"] = STATUS_NAMES.get(out["status"], str(out["status"]))
     out["cancel_requested"] = bool(out["cancel_requested"])
+    if "suspect" in out:
+        out["suspect"] = bool(out["suspect"])
     return out
 
 

@@ -16,7 +16,7 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce.lines import ReadError
 from notifyq.store import inserts, queries
-from notifyq.store.db import Session
+from notifyq.store.db import DriverError, Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
 
@@ -143,11 +143,17 @@ class Producer:
         if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
             if not callable(getattr(conn, "cursor", None)):
                 raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
-            cur = conn.cursor()
             try:
-                return body(cur, self._caller_max_packet(conn, cur))
-            finally:
-                cur.close()
+                cur = conn.cursor()
+                try:
+                    return body(cur, self._caller_max_packet(conn, cur))
+                finally:
+                    cur.close()
+            except DriverError as e:
+                mine = inserts.caller_error(e)
+                if mine is e:
+                    raise  # the caller's to handle (a deadlock: rerun its transaction)
+                raise mine from None
         session = self._work_session()
         bell = self._armed_bell()
         seen: list[tuple | None] = [None]

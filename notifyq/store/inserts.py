@@ -15,6 +15,7 @@ import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
 from notifyq import errors
+from notifyq.store.db import RECONNECT_CODES, describe, error_code
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
@@ -229,3 +230,22 @@ def jobs_stored(cur, ids: list[int]) -> bool:
         return False
     cur.execute(Q["job_stored"], {"id": int(ids[0])})
     return cur.fetchone() is not None
+
+
+NO_SUCH_TABLE = 1146
+
+
+def caller_error(exc: BaseException) -> BaseException:
+    """notifyq's own error for the two ways a caller's connection (`conn=`) cannot take a job:
+    it is closed or lost, or its database has no notifyq tables. Anything else (a deadlock the
+    caller reruns its transaction on, say) is the caller's own driver error, unchanged."""
+    code = error_code(exc)
+    if code in RECONNECT_CODES or isinstance(exc, MySQLdb.InterfaceError):
+        return errors.DatabaseError(
+            f"conn: the connection is closed or was lost ({describe(exc)}); nothing was enqueued: "
+            "open a new connection and run the transaction again")
+    if code == NO_SUCH_TABLE:
+        return errors.InputError(
+            f"conn: its database has no notifyq tables ({describe(exc)}): use a connection to the "
+            "database notifyq uses (the DSN's), or run `notifyq init` there")
+    return exc

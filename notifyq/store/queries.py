@@ -110,9 +110,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
+        # Claim order by what the locked rows say now, not by the candidate read: a job a peer
+        # retried (or an operator re-prioritised) since then has a new run_at or priority.
+        locked.sort(key=claim_rank)
         if len(locked) > 1 and any(r[SUSPECT] for r in locked):
-            rank = {job_id: i for i, job_id in enumerate(ordered)}
-            kept = suspects_alone(sorted(locked, key=lambda r: rank[r[0]]))
+            kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
         last: list[tuple[str, dict[str, Any]]] = []
@@ -125,8 +127,6 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             last.append((Q["mark_watched"], {"queue": queue, "seq": seen_seq}))
         if last:
             session.commit_with(cur, last)
-        rank = {job_id: i for i, job_id in enumerate(ordered)}
-        locked.sort(key=lambda r: rank[r[0]])
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
@@ -171,6 +171,11 @@ def _promote_due(session: Session, cur, queue: str) -> int:
 
 
 SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+
+
+def claim_rank(row: tuple) -> tuple:
+    """Claim order of a claim_lock row: priority (highest first), then run_at, then id."""
+    return (-row[2], row[5], row[0])
 
 
 def suspects_alone(locked: list[tuple]) -> list[tuple]:
@@ -371,12 +376,16 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None]:
     return session.run(body, what="poll signal")
 
 
-HOLD_SESSION_S = 7 * 86400  # a lock session may idle this long (a vanished host: TCP keepalive)
+HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input
 
 
 def hold_session(session: Session) -> None:
     session.run(lambda cur: cur.execute(Q["hold_session"], {"wait_s": HOLD_SESSION_S}),
                 what="hold session")
+
+
+def keep_alive(session: Session) -> None:
+    session.run(lambda cur: cur.execute(Q["keep_alive"]), what="keepalive")
 
 
 def read_bell(cur, queue: str) -> int:
@@ -466,7 +475,7 @@ def reclaim_expired(session: Session) -> int:
         rows = cur.fetchall()
         if not rows:
             return 0
-        cur.execute(Q["claims_expired"], {"ids": Ids([r[0] for r in rows])})
+        cur.execute(Q["claims_expired"], {"owners": tuple({r[0] for r in rows})})
         n = take_back(cur, list(cur.fetchall()), "lease expired")
         for queue in {r[1] for r in rows}:
             bump_signal(cur, queue, max(n, 1))

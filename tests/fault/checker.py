@@ -3,12 +3,15 @@
 The contract (issue 13, "The contract to hold"), one rule per function below:
 - lost: every acknowledged enqueue is handled at least once, or ends dead with a reason, or
   was cancelled by the schedule (the operator);
-- innocent_dead: only poison jobs (the ones that crash their process) may end dead;
+- innocent_dead: only poison jobs (the ones that crash their process), jobs the operator
+  cancelled, slow jobs (of their expired leases) and jobs whose last run was cut short by a
+  fault on their own process (taken back alone, charged) may end dead;
 - duplicates: a job runs again (other than a retry after a failure) only when a process that
   ran or held it was killed or stalled, lost a connection, saw the server restart, or when the
   earlier run itself outlasted the lease. Any other second run is a violation: concurrent
   ("running in two places at once") or sequential ("run twice while its consumer was healthy");
-- attempts: `attempts_ok` (one function, so the rule is tightened in one place);
+- attempts: `attempts_ok`, the README's rule exactly: the k-th start is attempt k, with its two
+  documented exceptions, each allowed only where a fault (or a run past its lease) explains it;
 - after_cancel: a job the operator cancelled never starts again;
 - stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
   recovery bound while the schedule runs);
@@ -34,20 +37,6 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
 CLAIMED = 2
-
-# The attempt rule. True: the contract as issue 13 states it, the k-th start is attempt k.
-# False (today's code): a claim that died before its handler started (SIGKILL, stall, a lost
-# connection, a poison job earlier in the batch) still counted an attempt, so attempts may run
-# ahead of starts, but never behind them and never twice the same.
-STRICT_ATTEMPTS = False
-
-
-def attempts_ok(attempts_in_start_order: list[int], strict: bool = STRICT_ATTEMPTS) -> bool:
-    if strict:
-        return attempts_in_start_order == list(range(1, len(attempts_in_start_order) + 1))
-    ordered = sorted(attempts_in_start_order)
-    return len(set(ordered)) == len(ordered) and all(a >= k for k, a in enumerate(ordered, 1))
-
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -112,16 +101,47 @@ def check_lost(h: History) -> list[Violation]:
     return out
 
 
-def check_innocent_dead(h: History) -> list[Violation]:
+def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
+    """Poison jobs die of the crashes they cause, cancelled ones of their cancel, and a job whose
+    handler always outlasts the lease (it never extends it) of its expired leases: each is
+    the job's own doing, charged to it alone.
+
+    One more death is the contract's, not the job's: a job alone in its consumer's hands when
+    that consumer dies is charged (a crash it causes and a kill that hits while it runs look
+    alike from outside), also when it died between the job's end and its ack. So a job whose
+    last run was hit by a fault on its own process, or by the server, during or after it (the
+    earlier charges are the attempt rule's to judge), may end dead with "consumer died" or
+    "lease expired"."""
     poison = {e.key for e in h.enqueues if e.kind == "poison"}
-    return [Violation("innocent_dead", (r.deploy, r.job), f"attempts {r.attempts}: {r.last_error}")
-            for r in h.final_rows if r.status == DEAD and (r.deploy, r.job) not in poison]
+    slow = {e.key for e in h.enqueues if e.kind == "slow"}
+    cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
+    runs = h.runs_by_job()
+    out = []
+    for r in h.final_rows:
+        key = (r.deploy, r.job)
+        if r.status != DEAD or key in poison | cancelled:
+            continue
+        error = r.last_error or ""
+        if key in slow and error.startswith("lease expired"):
+            continue
+        last = runs[key][-1] if runs.get(key) else None
+        if (error.startswith(("consumer died", "lease expired")) and last is not None
+                and faults.cause({last.pid}, last.start, float("inf"))):
+            continue
+        out.append(Violation("innocent_dead", key, f"attempts {r.attempts}: {r.last_error}"))
+    return out
 
 
 class Faults:
-    """The faults, indexed for "did anything hit this process (or the server) in [lo, hi]"."""
+    """The faults, indexed for "did anything hit this process (or the server) in [lo, hi]";
+    and the claims (pid, claim token) in which a handler ran past the lease."""
 
-    def __init__(self, faults: Iterable[Fault]):
+    def __init__(self, faults: Iterable[Fault], runs: Iterable[Run] = (), lease_s: float = float("inf")):
+        by_job: dict[JobKey, list[Run]] = collections.defaultdict(list)
+        for r in runs:
+            by_job[r.key].append(r)
+        self.past_lease = {(r.pid, r.token) for same_job in by_job.values() for r in same_job
+                           if r.token and outlasted_lease(r, same_job, lease_s)}
         self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
         self.server: list[Fault] = []
         self.all = sorted((f for f in faults if f.kind != "cancel"), key=lambda f: f.start)
@@ -148,18 +168,34 @@ class Faults:
         return any(f.end >= lo for f in self.all[:i])
 
 
+def outlasted_lease(r: Run, same_job: list[Run], lease_s: float) -> bool:
+    """The handler ran past the lease: it ended after it, or (no end recorded: its process died
+    or stopped later) the job started again elsewhere more than a lease after it started."""
+    if r.end is not None:
+        return r.end - r.start > lease_s
+    return any(o.start - r.start > lease_s for o in same_job if o is not r)
+
+
 def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) -> str | None:
     """Why `later` ran although `earlier` had not failed; None: no excuse the contract allows.
 
     The window reaches a lease back from the first start: a job is claimed before its handler
-    starts, and a claim older than the lease is fair game for a reaper anyway."""
+    starts, and a claim older than the lease is fair game for a reaper anyway. A handler that
+    ran past the lease excuses its own second run, and that of the jobs of its claim that had
+    finished before it with their ack still pending (acks go out about once a second, before a
+    start): the reaper takes the claim back whole."""
     lo = min(earlier.start, later.start) - lease_s
     hi = max(earlier.start, later.start)
     cause = faults.cause({earlier.pid, later.pid}, lo, hi)
     if cause:
         return cause
-    if earlier.end is None or earlier.end - earlier.start > lease_s:
-        return "past_lease" if earlier.end is not None else None
+    if earlier.end is None:
+        # Still running when the later run started, more than a lease after it: its lease ran out
+        return "past_lease" if later.start - earlier.start > lease_s else None
+    if earlier.end - earlier.start > lease_s:
+        return "past_lease"
+    if (earlier.pid, earlier.token) in faults.past_lease:
+        return "past_lease_in_batch"
     return None
 
 
@@ -189,18 +225,52 @@ def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[
     return out, dict(causes), concurrent
 
 
-def check_attempts(h: History) -> list[Violation]:
+def attempts_ok(runs: list[Run], faults: Faults, lease_s: float, enqueued_at: float | None,
+                final_attempts: int | None = None) -> str | None:
+    """The README's attempt rule; None when `runs` (one job's starts, in order) keep it, else why not.
+
+    `attempts` counts handler starts: the k-th start is attempt k. Its two exceptions, both caused
+    by a consumer dying or stalling, are allowed only where the history shows such a cause:
+    - taken back together: a start's claim was taken back with other jobs of its claim, so its
+      attempt was undone, and the next start repeats the number. Allowed when a fault hit the
+      run's process or the server, or the run outlasted its lease (duplicate_cause);
+    - taken back alone before it started (or after it ended, before its ack): that claim's
+      attempt stands although its handler did not start, and the number skips. Allowed when
+      any fault happened since the previous start (or the enqueue): which claim died, and on
+      which process, leaves no trace in the history.
+    A number never goes down. A job that ended dead shows the attempt of its last start, one
+    fewer (its last claim taken back together before it was given back cancelled), or more (a
+    claim taken back alone after it).
+    """
+    previous: Run | None = None
+    expected = 1
+    for r in runs:
+        since = previous.start if previous is not None else enqueued_at
+        if r.attempt < expected - 1 or (r.attempt == expected - 1 and previous is None):
+            return f"attempt {r.attempt} at the start at {r.start:.3f}, expected {expected}"
+        if r.attempt == expected - 1 and not duplicate_cause(previous, r, faults, lease_s):
+            return (f"attempt {r.attempt} repeated at {r.start:.3f} on pid {r.pid}, "
+                    "but nothing took the earlier claim back")
+        if r.attempt > expected and (since is None or not faults.any_between(since - lease_s, r.start)):
+            return f"attempt {r.attempt} at the start at {r.start:.3f}, expected {expected}, and no fault before it"
+        previous, expected = r, r.attempt + 1
+    if final_attempts is not None and previous is not None and final_attempts != previous.attempt:
+        after_last = faults.any_between(previous.start - lease_s, float("inf"))
+        if not after_last or final_attempts < previous.attempt - 1:
+            return f"dead with attempts {final_attempts}, last start was attempt {previous.attempt}"
+    return None
+
+
+def check_attempts(h: History, faults: Faults) -> list[Violation]:
+    enqueued = {}
+    for e in h.enqueues:
+        enqueued[e.key] = min(enqueued.get(e.key, e.acked_at), e.acked_at)
+    dead = {(row.deploy, row.job): row.attempts for row in h.final_rows if row.status == DEAD}
     out = []
     for key, runs in h.runs_by_job().items():
-        attempts = [r.attempt for r in runs]
-        if not attempts_ok(attempts):
-            out.append(Violation("attempts", key, f"attempts at each start: {attempts}"))
-    if STRICT_ATTEMPTS:
-        starts = collections.Counter(r.key for r in h.runs)
-        for row in h.final_rows:
-            n = starts[(row.deploy, row.job)]
-            if row.status == DEAD and row.attempts != n:
-                out.append(Violation("attempts", (row.deploy, row.job), f"dead with attempts {row.attempts} after {n} starts"))
+        why = attempts_ok(runs, faults, h.lease_s, enqueued.get(key), dead.get(key))
+        if why:
+            out.append(Violation("attempts", key, f"{why}; attempts at each start: {[r.attempt for r in runs]}"))
     return out
 
 
@@ -342,13 +412,13 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
 
 
 def check(h: History) -> Report:
-    faults = Faults(h.faults)
+    faults = Faults(h.faults, h.runs, h.lease_s)
     violations: list[Violation] = []
     violations += check_lost(h)
-    violations += check_innocent_dead(h)
+    violations += check_innocent_dead(h, faults)
     dup_violations, causes, concurrent = check_duplicates(h, faults)
     violations += dup_violations
-    violations += check_attempts(h)
+    violations += check_attempts(h, faults)
     violations += check_after_cancel(h)
     violations += check_stranded(h)
     violations += check_batch_order(h)

@@ -64,7 +64,8 @@ class RunResult:
     def summary(self) -> str:
         lines = [self.plan.describe(),
                  f"replay: {self.plan.replay_command()}",
-                 f"{self.report.jobs} jobs, {self.report.runs} runs, drained={self.drained}, "
+                 f"{self.report.jobs} jobs, {self.report.runs} runs, "
+                 f"{self.report.priority_checked} claims judged for priority, drained={self.drained}, "
                  f"violations by rule: {self.report.by_rule() or 'none'}"]
         shown = self.report.examples()
         lines += [f"  {v}" for v in shown]

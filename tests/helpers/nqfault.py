@@ -34,13 +34,18 @@ def _fd() -> int:
 
 
 def _token(job) -> int:
+    """The claim token, from the closure of the job's lease extension: a `token` cell, or the
+    worker's `batch` (consume/batch.py) that carries it. 0 if neither is there."""
     extend = getattr(job, "_extend", None)
     code = getattr(extend, "__code__", None)
     if code is None or not extend.__closure__:
         return 0
     cells = dict(zip(code.co_freevars, extend.__closure__))
-    cell = cells.get("token")
-    return int(cell.cell_contents) if cell is not None else 0
+    if "token" in cells:
+        return int(cells["token"].cell_contents)
+    if "batch" in cells:
+        return int(getattr(cells["batch"].cell_contents, "token", 0))
+    return 0
 
 
 def _run_at_us(job) -> int:

@@ -5,6 +5,7 @@ import json
 import MySQLdb
 import pytest
 
+from notifyq import errors
 from notifyq.produce.producer import Producer
 
 
@@ -47,3 +48,27 @@ def test_put_on_the_callers_connection_commits_and_rolls_back_with_it(db, multi_
         conn.close()
     assert [r[0] for r in db.query("SELECT id FROM nq_job ORDER BY id")] == ids
     assert _signal(db) == 3
+
+
+def test_a_closed_callers_connection_or_one_without_notifyq_tables_is_one_clear_error(db):
+    # Given a caller's connection that is closed, and one to a database without notifyq's tables
+    closed = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    closed.close()
+    admin = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    admin.cursor().execute("CREATE DATABASE IF NOT EXISTS nq_no_tables")
+    admin.select_db("nq_no_tables")
+    try:
+        with Producer("q", db.config()) as p:
+            # When a job is enqueued on each, by every path
+            for call in (lambda c: p.put({"n": 1}, conn=c), lambda c: p.put_many([{"n": 1}], conn=c),
+                         lambda c: p.put({"n": 1}, conn=c, dedup_key="k")):
+                # Then notifyq's own errors, one line each, say what to do
+                with pytest.raises(errors.DatabaseError, match="conn: the connection is closed or was lost"):
+                    call(closed)
+                with pytest.raises(errors.InputError, match="conn: its database has no notifyq tables") as e:
+                    call(admin)
+                assert "\n" not in str(e.value)
+    finally:
+        admin.cursor().execute("DROP DATABASE nq_no_tables")
+        admin.close()
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0

@@ -20,7 +20,7 @@ OWNER = "e" * 32
 # Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
-         "claims_owned", "claims_expired", "return_alone", "return_shared", "job_retry", "job_purge",
+         "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
@@ -78,3 +78,13 @@ def test_every_by_id_statement_is_pinned_above():
     by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
     assert by_id == set(BY_ID)
     assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in BY_ID)
+
+
+def test_expired_claims_are_read_by_owner_through_ix_owner_on_300_rows(db, small_queue):
+    # Given 300 jobs of one queue, 100 of them claimed by one consumer
+    session, claim = small_queue
+    # When the reaper's locking read of expired claims is explained for that owner
+    plan = explain(session, QUERIES["claims_expired"], {"owners": (OWNER, "f" * 32)})
+    # Then nq_job is read through ix_owner only (it locks what it reads)
+    rows = [r for r in plan if r["table"] == "nq_job"]
+    assert rows and all(r["key"] == "ix_owner" and r["type"] in ("range", "ref") for r in rows), plan

@@ -102,9 +102,9 @@ def test_one_leader_per_queue_and_a_takeover_never_repeats_a_tick(db):
         assert [t for t, _ in jobs(db)] == [f"2026-01-05T12:{m:02d}:00+00:00" for m in range(1, 11)]
         # When the leader dies (its session goes) in the middle of minute 10
         a.close()
-        b.tick()
+        # (the server frees the lock once it has processed the disconnect: wait for that)
+        wait_until(lambda: (b.tick(), b.figures()["cron"]["leader"])[1], 10, message="standby leads")
         # Then the other takes over, does not repeat 12:10, and carries on from 12:11
-        assert b.figures()["cron"]["leader"]
         for minute in (11, 12):
             b.now = T0.replace(minute=minute)
             b.tick()
@@ -134,6 +134,45 @@ def test_a_leader_whose_connection_was_killed_steps_down_without_enqueuing(db):
         assert not a.figures()["cron"]["leader"]
         assert jobs(db) == [("2026-01-05T12:01:00+00:00", "report")]
         assert b.figures()["cron"]["enqueued"] == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_leader_whose_host_vanished_loses_the_lead_within_session_idle_s(db):
+    # Given a leader and a standby, with a 2 s server idle timeout on lock sessions
+    cfg = cron_config(db, consumer={"session_idle_s": 2})
+    a, b = ClockedScheduler(cfg, ("cron",)), ClockedScheduler(cfg, ("cron",))
+    try:
+        a.tick()
+        b.tick()
+        assert a.figures()["cron"]["leader"] and not b.figures()["cron"]["leader"]
+        # When the leader's host vanishes: its session stays open but says nothing more
+        vanished_at = time.monotonic()
+        # Then the server ends that session within the bound, and the standby takes the lead
+        wait_until(lambda: (b.tick(), b.figures()["cron"]["leader"])[1], 15, 0.2, "standby leads")
+        assert time.monotonic() - vanished_at < 2 + 5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_leader_whose_ticks_are_far_apart_keeps_the_lead_past_session_idle_s(db):
+    # Given a leader and a standby, with a 2 s server idle timeout on lock sessions
+    cfg = cron_config(db, consumer={"session_idle_s": 2})
+    a, b = ClockedScheduler(cfg, ("cron",)), ClockedScheduler(cfg, ("cron",))
+    try:
+        a.tick()
+        b.tick()
+        # When both keep ticking for three idle timeouts and no tick falls due
+        until = time.monotonic() + 6
+        while time.monotonic() < until:
+            a.tick()
+            b.tick()
+            time.sleep(0.1)  # a main loop's pace
+        # Then the leader is still the leader, on its first connection
+        assert a.figures()["cron"]["leader"] and not b.figures()["cron"]["leader"]
+        assert a._lock.generation == 1
     finally:
         a.close()
         b.close()

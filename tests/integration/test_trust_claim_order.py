@@ -91,3 +91,28 @@ def test_a_paused_queue_promotes_nothing(db):
     # Then nothing is claimed and the job is still scheduled
     assert claim.paused and not claim.jobs
     assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 1
+
+
+def test_a_batch_runs_in_the_claim_order_of_its_rows_as_locked_not_as_first_read(db, monkeypatch):
+    # Given three ready jobs of one priority, and a peer that, between this claim's candidate
+    # read and its locking read, retried the oldest one (due again now, so it sorts last)
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        first, second, third = p.put_many([{"n": i} for i in range(3)])
+    real_ids = queries.Ids
+    retried = []
+
+    def ids_then_retry_first(ids):
+        if not retried:  # the first Ids() of a claim is its locking read's window
+            retried.append(first)
+            db.query("UPDATE nq_job SET status = 1, run_at = NOW(6), attempts = 1 WHERE id = %s", (first,))
+        return real_ids(ids)
+
+    monkeypatch.setattr(queries, "Ids", ids_then_retry_first)
+    # When a consumer claims all three in one batch
+    session = Session(cfg.dsn)
+    claim = queries.claim(session, "q", OWNER, 3, 60)
+    session.close()
+    # Then the batch runs them by their current run_at: the retried job last
+    assert retried == [first]
+    assert [j.id for j in claim.jobs] == [second, third, first]

@@ -65,6 +65,25 @@ def test_jobs_taken_back_together_are_not_charged_and_a_job_taken_back_alone_is(
     assert db.scalar("SELECT last_error FROM nq_job WHERE id = %s", alone) == f"{reason}; out of attempts"
 
 
+def test_a_claim_whose_expired_rows_straddle_the_reapers_read_limit_is_taken_back_together(db, session):
+    # Given a claim of 3 jobs on their last attempt and another claim of 999 jobs, all expired,
+    # the first job of the 3 expired before the 999 and the other two after them
+    trio = put(db, 3, max_attempts=1)
+    assert len(queries.claim(session, "q", OWNER, 3, 60).jobs) == 3
+    filler = put(db, 999)
+    assert len(queries.claim(session, "q", "f" * 32, 999, 60).jobs) == 999
+    db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 3000 SECOND WHERE id = %s", (trio[0],))
+    db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 2000 SECOND WHERE id IN %s", (tuple(filler),))
+    db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1000 SECOND WHERE id IN %s", (tuple(trio[1:]),))
+
+    # When the reaper takes expired leases back (it reads them 1,000 at a time)
+    while queries.reclaim_expired(session):
+        pass
+
+    # Then the 3 came back together: none charged, none dead
+    assert state(db, trio) == [(0, 0, 1, None)] * 3
+
+
 @pytest.mark.parametrize("how", ["dead consumer", "expired lease", "given back"])
 def test_a_job_cancelled_while_claimed_ends_dead_with_the_reason_on_every_way_back(db, session, how):
     # Given two claimed jobs, one of them asked to cancel while it ran

@@ -20,7 +20,8 @@ import pytest
 from conftest import admin_connect, run_cli, wait_until
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
-from notifyq.consume.worker import Budget, Worker
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session, locks_unavailable

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -60,8 +61,13 @@ def test_jobs_show_prints_every_field_and_the_payload_pretty(db):
                   "dedup_key", "cancel_requested", "last_error", "finished_at"):
         assert field in r.stdout
     assert '"user": {\n    "id": 42\n  }' in r.stdout
+    assert re.search(r"^suspect +False$", r.stdout, re.M), r.stdout
     data = json.loads(run_cli(db.env, "jobs", "show", str(job_id), "--json").stdout)
     assert data["priority"] == 7 and data["dedup_key"] == "k1" and data["payload"] == {"user": {"id": 42}}
+    assert data["suspect"] is False
+    # A job taken back from a consumer that died is a suspect (claimed alone from then on)
+    db.query("UPDATE nq_job SET suspect = 1 WHERE id = %s", (job_id,))
+    assert re.search(r"^suspect +True$", run_cli(db.env, "jobs", "show", str(job_id)).stdout, re.M)
 
 
 def test_jobs_retry_puts_dead_jobs_back_with_attempts_reset_and_skips_taken_dedup_keys(db):

@@ -105,6 +105,29 @@ def test_exit_when_empty_takes_back_a_killed_consumers_jobs_and_runs_them(db, tm
         consumers.close()
 
 
+def test_a_consumer_takes_back_a_dead_peers_jobs_before_its_own_first_claim(db, tmp_path):
+    consumers = Consumers(tmp_path)
+    try:
+        # Given a consumer that claimed 5 slow jobs and was then SIGKILLed, and 5 newer jobs
+        env = _env(db, tmp_path, _config(tmp_path, "nq"), sleep_s=60)
+        victim = consumers.start(env, "--batch-size", "5")
+        held = _produce(db, 5)
+        wait_until(lambda: _claimed_by(db, victim.pid) == 5, 30, message="the victim holds all 5 jobs")
+        victim.kill()
+        victim.wait(10)
+        _produce(db, 5)
+        # When a consumer starts (a cron run, one job only) and claims a batch of 10
+        result = subprocess.run(notifyq_cmd("consume", "-q", QUEUE, "--handler", "nqhandlers:record",
+                                            "--exit-when-empty", "--max-jobs", "1", "--batch-size", "10"),
+                                env={**env, "NQ_TEST_SLEEP": "0"}, capture_output=True, text=True, timeout=60)
+        # Then it reaped before that claim: the oldest of the dead consumer's jobs ran first
+        assert result.returncode == 0, result.stderr
+        assert list(_finished(tmp_path)) == [held[0]], result.stderr
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2") == 0
+    finally:
+        consumers.close()
+
+
 def test_a_polling_and_a_lock_mode_consumer_on_one_queue_never_run_a_job_twice(db, tmp_path):
     consumers = Consumers(tmp_path)
     try:

@@ -3,7 +3,7 @@
 import logging
 
 from notifyq.consume.summary import Summary
-from notifyq.consume.worker import Stats
+from notifyq.consume.stats import Stats
 
 
 class Clock:
@@ -51,7 +51,7 @@ def test_a_summary_interval_of_zero_turns_it_off(caplog):
 def test_a_batch_failure_logs_one_line_per_job_and_its_traceback_once(caplog):
     import datetime as dt
 
-    from notifyq.consume.worker import _log_failure
+    from notifyq.consume.outcomes import _log_failure
     from notifyq.jobs import Job
 
     caplog.set_level(logging.INFO, logger="notifyq.consumer")

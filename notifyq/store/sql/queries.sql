@@ -248,14 +248,18 @@ WHERE owner = %(owner)s AND status = 2
 FOR UPDATE
 
 -- expired_leases --
-SELECT id, queue FROM nq_job FORCE INDEX (ix_lease)
+-- Whose leases ran out: a bounded read, so it names owners, not every job (a claim's rows can
+-- straddle the limit; claims_expired then reads each owner's expired rows whole).
+SELECT DISTINCT owner, queue FROM nq_job FORCE INDEX (ix_lease)
 WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
 
 -- claims_expired --
 -- Taking back jobs whose lease ran out, step 1: lock the ones still expired (a consumer may have
--- extended or acked some since expired_leases read them) and learn their claims.
-SELECT id, claim_token FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id IN %(ids)s AND status = 2 AND lease_until < NOW(6)
+-- extended or acked some since expired_leases read them) and learn their claims. By owner
+-- (ix_owner: a consumer holds a batch or so), so every expired row of a claim is read in this
+-- pass: one job of a claim taken back apart from the rest would count as alone and be charged.
+SELECT id, claim_token FROM nq_job FORCE INDEX (ix_owner)
+WHERE owner IN %(owners)s AND status = 2 AND lease_until < NOW(6)
 FOR UPDATE
 
 -- return_alone --
@@ -413,6 +417,11 @@ FROM nq_signal WHERE queue = %(queue)s
 -- for input; an idle-timeout disconnect would silently drop the liveness lock or the bell.
 SET SESSION wait_timeout = GREATEST(@@session.wait_timeout, %(wait_s)s)
 
+-- keep_alive --
+-- One tiny statement on a session whose owner is busy elsewhere: a session that is never silent
+-- for its wait_timeout can have a short one (consume/keepalive.py).
+DO 0
+
 -- set_paused --
 UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
 
@@ -444,8 +453,9 @@ SELECT NOW(6)
 -- the (queue, status) indexes.
 
 -- job_get --
+-- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
-       lease_until, dedup_key, cancel_requested, payload, last_error, created_at, finished_at
+       lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at
 FROM nq_job WHERE id = %(id)s
 
 -- job_list --

@@ -1,0 +1,102 @@
+"""What becomes of a job once its handler returned: acked, retried later, or buried; counted in
+the worker's Stats and logged, one line per failed attempt.
+
+Only outcomes the claim still owned count: an ack or a failure fenced out by the claim token
+(the job was taken back: its lease ran out, or our session died) is counted and logged as a
+lost ack, never as done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from notifyq import logs
+from notifyq.config import QueueConfig
+from notifyq.consume import retry
+from notifyq.consume.batch import Batch
+from notifyq.consume.stats import Stats
+from notifyq.jobs import Job
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+log = logging.getLogger("notifyq.consumer")
+
+
+class Outcomes:
+    def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
+        self.queue, self.qc, self.stats = queue, qc, stats
+
+    def settle(self, session: Session, jobs: list[Job], token: int) -> None:
+        """Ack the successes in one statement, retry or bury the failures."""
+        if not jobs:
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            for job in jobs:
+                log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
+                          self.queue, job.id, job.attempts)
+        acked = queries.ack(session, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
+        self.stats.succeeded += acked
+        failed = self.fail(session, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
+        lost = len(jobs) - acked - failed
+        if lost:
+            # The claim was taken from us (lease expired or our session died and the reaper
+            # moved in): the job belongs to someone else now. Count it, touch nothing.
+            self.stats.lost_acks += lost
+            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+
+    def fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
+        """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
+        logs the ones this claim still owned, and returns how many those were."""
+        decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
+                                            self.qc.retry_max_s) if may_retry else None, error)
+                   for job, error, may_retry in failures]
+        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+        logged: dict[str, int] = {}  # traceback -> the job whose line showed it
+        for job, delay, error in decided:
+            if job.id not in owned:
+                continue
+            self.stats.failed += 1
+            if delay is None:
+                self.stats.dead += 1
+            else:
+                self.stats.retried += 1
+            _log_failure(job, delay, error, logged)
+        return len(owned)
+
+    def abandon(self, session: Session, batch: Batch) -> None:
+        """The shutdown grace expired while the batch's handler still ran.
+
+        What waits is given back uncharged. What runs has started: it is failed with the reason,
+        charged, and retried by the queue's policy (dead when out of attempts): never returned
+        as if it had not run, nor left claimed by a process that is about to exit.
+        """
+        waiting, running = batch.waiting(), list(batch.running)
+        if waiting:
+            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
+        self.fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
+                                         for job in running])
+
+
+def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
+    """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
+    time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
+    that raised fails all its jobs with the same one)."""
+    fields: dict[str, object] = {"queue": job.queue, "job": job.id,
+                                 "attempt": f"{job.attempts}/{job.max_attempts}"}
+    if delay is None:
+        fields["next"] = "dead" if job.retry else "dead (not retried)"
+    else:
+        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
+        fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    fields["error"] = error[:2000]
+    if job.detail:
+        if job.detail in logged:
+            fields["traceback"] = f"as for job {logged[job.detail]}"
+        else:
+            logged[job.detail] = job.id
+            fields["traceback"] = job.detail.rstrip("\n")
+    if delay is None:
+        log.error("job dead", extra=logs.kv(**fields))
+    else:
+        log.warning("job failed, retrying", extra=logs.kv(**fields))

@@ -1,0 +1,46 @@
+"""A worker's counters, and the --max-jobs budget its process shares across workers."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from notifyq.ops import metrics
+
+
+@dataclass
+class Stats:
+    """Counters of one worker; the supervisor sums them (each has a single writer)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost_acks: int = 0
+    given_back: int = 0
+    reclaimed: int = 0
+    batches: int = 0
+    # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
+    batch_sizes: metrics.Histogram = field(default_factory=metrics.batch_size_histogram)
+    handler_seconds: metrics.Histogram = field(default_factory=metrics.handler_seconds_histogram)
+
+
+class Budget:
+    """--max-jobs across all workers of a process."""
+
+    def __init__(self, limit: int | None):
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> int:
+        if self.left is None:
+            return n
+        with self._lock:
+            granted = min(n, self.left)
+            self.left -= granted
+            return granted
+
+    @property
+    def exhausted(self) -> bool:
+        return self.left is not None and self.left <= 0
