@@ -32,7 +32,7 @@ from notifyq.consume.stats import Budget  # noqa: E402
 from notifyq.consume.worker import Worker  # noqa: E402
 from notifyq.produce.producer import Producer  # noqa: E402
 from notifyq.run.localserver import LocalServer  # noqa: E402
-from notifyq.store import queries, schema  # noqa: E402
+from notifyq.store import bells, queries, schema  # noqa: E402
 
 
 class Marks:
@@ -41,8 +41,8 @@ class Marks:
     def __init__(self):
         self.watch_returned: list[float] = []
         self.claims: list[tuple[float, float]] = []
-        self._watch, self._claim = queries.watch, queries.claim
-        queries.watch, queries.claim = self.watch, self.claim
+        self._watch, self._claim = bells.watch, queries.claim
+        bells.watch, queries.claim = self.watch, self.claim
 
     def watch(self, *a, **kw):
         result = self._watch(*a, **kw)

@@ -331,41 +331,6 @@ def kill_query(session: Session, conn_id: int) -> bool:
         raise
 
 
-@dataclass
-class WatchState:
-    total: int
-    watched: int
-    paused: bool
-    bell: int
-    reap: int
-    due_in_s: float | None
-    waited: int | None
-
-
-def watch(session: Session, queue: str, bells: tuple[str, str], wait_s: float,
-          use_bell: bool = True) -> WatchState:
-    def body(cur) -> WatchState:
-        try:
-            cur.execute(Q["watch"], {"queue": queue, "bell0": bells[0], "bell1": bells[1],
-                                     "wait_s": max(0.0, wait_s), "use_bell": int(use_bell),
-                                     "stale_us": microseconds(POLLING_STALE_S)})
-        except MySQLdb.OperationalError as e:
-            if error_code(e) != 1317:
-                raise
-            # KILL QUERY interrupted our SLEEP: a wake-up (or a stop), not an error to retry.
-            return WatchState(-1, 0, False, 0, 0, None, None)
-        row = cur.fetchone()
-        if row is None:  # queue row missing (a fresh database): make it and report nothing new
-            ensure_queue(cur, queue)
-            return WatchState(0, 0, False, 0, 0, None, None)
-        total, watched, paused, bell, reap, due_in_us, waited = row
-        return WatchState(int(total), int(watched), bool(paused), int(bell), int(reap or 0),
-                          None if due_in_us is None else due_in_us / 1e6,
-                          None if waited is None else int(waited))
-
-    return session.run(body, what="watch")
-
-
 def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None]:
     """(enqueue count, paused, seconds until the earliest scheduled job or None)."""
     def body(cur):
@@ -386,16 +351,6 @@ def hold_session(session: Session) -> None:
 
 def keep_alive(session: Session) -> None:
     session.run(lambda cur: cur.execute(Q["keep_alive"]), what="keepalive")
-
-
-def read_bell(cur, queue: str) -> int:
-    cur.execute(Q["read_bell"], {"queue": queue})
-    row = cur.fetchone()
-    return int(row[0]) if row else 0
-
-
-def set_bell(cur, queue: str, bell: int) -> None:
-    cur.execute(Q["set_bell"], {"queue": queue, "bell": bell})
 
 
 def set_paused(session: Session, queue: str, paused: bool) -> bool:

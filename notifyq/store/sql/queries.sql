@@ -289,37 +289,6 @@ SET status = IF(cancel_requested, 4, 0),
     suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status = 2
 
--- watch --
--- The watcher's whole idle cycle in one statement: read the queue's enqueue count, and only if
--- nothing new arrived (or the queue is paused) wait: in GET_LOCK on the bell the read names
--- when a ringing producer holds either bell, else in SLEEP. A ringer holds only the other bell
--- once it has committed and swapped, so then the named bell is free and granted at once: a ring
--- between our read and our wait is never slept through (wakeup.py). A granted bell is released
--- in the same statement, at once: its producer needs it for the next ring, and the watcher saves
--- a round trip on its way to the claim. Everything is read before the wait (one statement, one
--- snapshot): after a grant the claim itself reads the count again. use_bell = 0 forces SLEEP.
--- waited: 1 bell granted (and released), 0 bell wait timed out or was killed, -1 slept,
--- NULL did not wait.
--- reap: the reap_needed question folded in, so an idle fleet's reaper costs no extra queries.
--- due_in_us: until the earliest scheduled job (delayed put or retry): the wait's deadline.
-SELECT s.total, q.watched_seq, q.paused, q.bell,
-       (SELECT COUNT(*) FROM nq_consumer
-        WHERE IF(wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)), IS_FREE_LOCK(lock_name) = 1,
-                 last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
-     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
-       AS reap,
-       TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
-       AS due_in_us,
-       IF(s.total > q.watched_seq AND q.paused = 0, NULL,
-          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
-             IF(GET_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s), %(wait_s)s) = 1,
-                RELEASE_LOCK(IF(q.bell = 0, %(bell0)s, %(bell1)s)), 0),
-             SLEEP(%(wait_s)s) - 1)) AS waited
-FROM nq_queue q,
-     (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
-WHERE q.queue = %(queue)s
-
 -- watch_bell --
 -- The watcher's idle cycle in one statement, as `watch` but choosing its bell by the locks held,
 -- not by a row: a ringing producer holds one bell and rings only when a consumer watches
@@ -374,12 +343,6 @@ SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s
 -- Everything enqueued up to `seq` has been claimed: run inside the watcher's claim when that
 -- claim drained the queue, so the next watcher does not wake for work already taken.
 UPDATE nq_queue SET watched_seq = GREATEST(watched_seq, %(seq)s) WHERE queue = %(queue)s
-
--- read_bell --
-SELECT bell FROM nq_queue WHERE queue = %(queue)s
-
--- set_bell --
-UPDATE nq_queue SET bell = %(bell)s WHERE queue = %(queue)s
 
 -- get_lock --
 SELECT GET_LOCK(%(name)s, %(wait_s)s)
