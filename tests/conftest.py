@@ -152,3 +152,21 @@ def notifyq_cmd(*args: str) -> list[str]:
 def run_cli(env: dict[str, str], *args: str, input: str | None = None, timeout: float = 60):
     return subprocess.run(notifyq_cmd(*args), env=env, input=input, capture_output=True, text=True,
                           timeout=timeout)
+
+
+SMALL_PACKET = 1024 * 1024  # max_allowed_packet for the size tests (the server's minimum is 1 KB)
+
+
+@pytest.fixture
+def small_packet(db):
+    """The server's max_allowed_packet lowered for new sessions, and put back afterwards."""
+    root = admin_connect(db.admin)
+    cur = root.cursor()
+    cur.execute("SELECT @@global.max_allowed_packet")
+    old = cur.fetchone()[0]
+    cur.execute("SET GLOBAL max_allowed_packet = %s", (SMALL_PACKET,))
+    try:
+        yield SMALL_PACKET
+    finally:
+        cur.execute("SET GLOBAL max_allowed_packet = %s", (old,))
+        root.close()

@@ -10,7 +10,7 @@ import time
 
 import MySQLdb
 import pytest
-from conftest import admin_connect, wait_until
+from conftest import SMALL_PACKET, wait_until
 
 from notifyq import errors
 from notifyq.consume import periodic
@@ -19,7 +19,6 @@ from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 
 UTC = dt.timezone.utc
-SMALL_PACKET = 1024 * 1024  # max_allowed_packet for the size tests (the server's minimum is 1 KB)
 
 
 def caller_connection(db, **kw):
@@ -163,21 +162,6 @@ def test_put_many_on_the_callers_connection_returns_the_rows_ids_with_its_increm
 
 
 # ---------------------------------------------------------------- item 8: statement size vs max_allowed_packet
-
-@pytest.fixture
-def small_packet(db):
-    """The server's max_allowed_packet lowered for new sessions, and put back afterwards."""
-    root = admin_connect(db.admin)
-    cur = root.cursor()
-    cur.execute("SELECT @@global.max_allowed_packet")
-    old = cur.fetchone()[0]
-    cur.execute("SET GLOBAL max_allowed_packet = %s", (SMALL_PACKET,))
-    try:
-        yield SMALL_PACKET
-    finally:
-        cur.execute("SET GLOBAL max_allowed_packet = %s", (old,))
-        root.close()
-
 
 def big_config(db, **producer):
     return db.config(producer={"max_payload_bytes": 4 * SMALL_PACKET, **producer})

@@ -9,27 +9,10 @@ import pty
 import subprocess
 import tty
 
-import pytest
-from conftest import admin_connect, notifyq_cmd, wait_until
+from conftest import notifyq_cmd, wait_until
 
 from notifyq import errors
 
-SMALL_PACKET = 1024 * 1024
-
-
-@pytest.fixture
-def small_packet(db):
-    """The server's max_allowed_packet lowered for new sessions, and put back afterwards."""
-    root = admin_connect(db.admin)
-    cur = root.cursor()
-    cur.execute("SELECT @@global.max_allowed_packet")
-    old = cur.fetchone()[0]
-    cur.execute("SET GLOBAL max_allowed_packet = %s", (SMALL_PACKET,))
-    try:
-        yield SMALL_PACKET
-    finally:
-        cur.execute("SET GLOBAL max_allowed_packet = %s", (old,))
-        root.close()
 
 
 def env_with(db, tmp_path, config: str) -> dict[str, str]:
