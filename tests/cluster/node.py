@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -326,10 +327,31 @@ class GaleraNode:
         _LIVE.discard(self)
         return True
 
-    def pause(self) -> None:
-        """SIGSTOP: the node stops answering, and the others evict it after evs.suspect_timeout."""
+    def pause(self, timeout: float = 10) -> None:
+        """SIGSTOP: the node stops answering, and the others evict it after evs.suspect_timeout.
+
+        Returns once every thread is stopped: kill() only queues the stop, and a thread already
+        on the other core can still answer a query for a moment (a test once saw its SELECT answered
+        by the node it had just paused)."""
         self._proc.send_signal(signal.SIGSTOP)
         self.paused = True
+        deadline = time.monotonic() + timeout
+        while not self._all_threads_stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {self.index} not stopped {timeout} s after SIGSTOP")
+            time.sleep(0.005)
+
+    def _all_threads_stopped(self) -> bool:
+        tasks = Path(f"/proc/{self._proc.pid}/task")
+        for task in tasks.iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except FileNotFoundError:  # the thread ended meanwhile
+                continue
+            # The state follows the command name, which is in parentheses and may hold spaces.
+            if stat[stat.rindex(")") + 2] not in "tT":
+                return False
+        return True
 
     def resume(self) -> None:
         self._log_mark = self.log_path.stat().st_size
