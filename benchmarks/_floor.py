@@ -23,8 +23,8 @@ import _bench_handlers
 
 INSERT_ROW = "(%s, 0, 0, NOW(6), 5, %s)"
 INSERT = "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) VALUES "
-CLAIM = ("SELECT id, payload FROM nq_job FORCE INDEX (ix_ready) WHERE queue = %s AND status = 0 "
-         "ORDER BY prio_key, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED")
+CLAIM = ("SELECT id, payload FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %s "
+         "ORDER BY prio_key, sort_at, id LIMIT %s FOR UPDATE SKIP LOCKED")
 # By primary key, as notifyq does: on a small table the optimizer scans instead, and the scan
 # waits on (and deadlocks with) other consumers' rows.
 MARK = ("UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 2, owner = %s, claim_token = %s, "
@@ -103,8 +103,8 @@ def _claim(conn, cur, queue: str, batch: int, owner: str) -> list[tuple]:
     return rows
 
 
-CANDIDATES = ("SELECT id FROM nq_job FORCE INDEX (ix_ready) WHERE queue = %s AND status = 0 "
-              "ORDER BY prio_key, run_at, id LIMIT %s")
+CANDIDATES = ("SELECT id FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %s "
+              "ORDER BY prio_key, sort_at, id LIMIT %s")
 LOCK = ("SELECT id, payload FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN ({}) AND status = 0 "
         "FOR UPDATE SKIP LOCKED")
 

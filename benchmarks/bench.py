@@ -203,7 +203,7 @@ class Bench:
                      "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, n))
 
     def ready_count(self) -> int:
-        return int(self.scalar("SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_ready) "
+        return int(self.scalar("SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) "
                                "WHERE queue = %s AND status = 0", (QUEUE,)))
 
     def questions(self) -> int:

@@ -5,11 +5,19 @@ of faults, and the history checker's verdict on the delivery contract (issue 13)
     .venv/bin/python benchmarks/fault_schedule.py [--minutes 10] [--jobs 100000] [--seed N]
         [--classes all|ci|sigkill,stall,...|all,-polling] [--consumers 8] [--lease 4]
         [--seconds S (instead of --minutes)] [--json out.json] [--keep]
+    .venv/bin/python benchmarks/fault_schedule.py --galera [--minutes 5] [--jobs 15000] [--seed N]
+        [--consumers 3] [--lease 20] [--node-every 30] [--fast-eviction]
 
 The same seed replays the same schedule (tests/fault/schedule.py lists the fault classes).
 Prints a table (jobs, consumers, faults by kind, lost, duplicates by cause, innocent dead, the
 longest time a gone consumer's jobs stayed claimed, violations by rule) and one JSON document.
 Exit 0 when the checker finds nothing.
+
+--galera runs it on a 3-node Galera cluster through one multi-host DSN (tests/cluster/fault_run.py):
+the writer node SIGKILLed and restarted, a node (the writer 60 % of the time) paused and resumed,
+by turns every --node-every seconds, and consumers SIGKILLed in between (--classes is ignored).
+It adds the failover table (fault -> first job enqueued after it handled, p50/max per kind),
+false reclaims and the consumers still running at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ for path in (REPO, REPO / "tests", REPO / "tests" / "helpers"):
         sys.path.insert(0, str(path))
 
 from fault.harness import FaultRun, RunResult  # noqa: E402
-from fault.schedule import make_plan, parse_classes  # noqa: E402
+from fault.schedule import make_cluster_plan, make_plan, parse_classes  # noqa: E402
 
 
 def as_json(r: RunResult) -> dict:
@@ -74,27 +82,75 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--seconds", type=float, default=None, help="instead of --minutes (replays print it)")
-    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--jobs", type=int, default=None, help="default 100000 (--galera: 15000)")
     ap.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
     ap.add_argument("--classes", default="all")
-    ap.add_argument("--consumers", type=int, default=8)
-    ap.add_argument("--lease", type=float, default=4.0, help="the consumers' lease_s")
+    ap.add_argument("--consumers", type=int, default=None, help="default 8 (--galera: 3)")
+    ap.add_argument("--lease", type=float, default=None, help="the consumers' lease_s: 4 (--galera: 20)")
     ap.add_argument("--fault-every", type=float, default=1.5, help="seconds between timed faults (jittered)")
     ap.add_argument("--json", help="also write the JSON result here")
+    ap.add_argument("--galera", action="store_true", help="on a 3-node Galera cluster, with node faults")
+    ap.add_argument("--node-every", type=float, default=30.0, help="--galera: seconds between node faults")
+    ap.add_argument("--fast-eviction", action="store_true",
+                    help="--galera: the test fixture's 2 s suspect timeout instead of Galera's defaults")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work directory (logs, handler records) also when the run passes")
     args = ap.parse_args(argv)
+    for name, single, cluster in (("jobs", 100_000, 15_000), ("consumers", 8, 3), ("lease", 4.0, 20.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, cluster if args.galera else single)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     duration_s = args.seconds if args.seconds is not None else args.minutes * 60
+    workdir = Path(tempfile.mkdtemp(prefix="nq-fault-"))
+    keep = True if args.keep else None  # a failure keeps its logs
+    if args.galera:
+        return run_on_cluster(args, seed, duration_s, workdir, keep)
     plan = make_plan(seed, parse_classes(args.classes), duration_s, args.jobs, args.consumers,
                      args.lease, args.fault_every)
     print(plan.describe(), flush=True)
-    workdir = Path(tempfile.mkdtemp(prefix="nq-fault-"))
-    result = FaultRun(plan, workdir, keep=True if args.keep else None).run()  # a failure keeps its logs
+    result = FaultRun(plan, workdir, keep=keep).run()
     data = as_json(result)
     print_table(data)
     if not data["ok"]:
         print(result.summary())
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data))
+    return 0 if data["ok"] else 1
+
+
+def run_on_cluster(args, seed: int, duration_s: float, workdir: Path, keep: bool | None) -> int:
+    from cluster.conftest import FAST_EVICTION
+    from cluster.fault_run import ClusterFaultRun, failover_summary, verdict
+
+    plan = make_cluster_plan(seed, duration_s, args.jobs, args.consumers, args.lease, args.node_every,
+                             max(args.fault_every, 2.0))
+    print(plan.describe() + (", fast eviction" if args.fast_eviction else ", Galera's default eviction"),
+          flush=True)
+    settings = {"provider_options": FAST_EVICTION} if args.fast_eviction else {}
+    run = ClusterFaultRun(plan, workdir, keep=keep, **settings)
+    result = run.run()
+    data = as_json(result)
+    failovers = run.failovers(result.history)
+    problems = verdict(result)
+    data.update(galera=True, eviction="fast" if args.fast_eviction else "Galera defaults", failovers=failovers,
+                failover_summary=failover_summary(failovers), false_reclaims=len(result.false_reclaims),
+                consumers_running_at_end=result.running_at_end, problems=problems)
+    data["ok"] = data["ok"] and not problems
+    print_table(data)
+    print("| fault | failovers | fault -> first job enqueued after it handled, p50 / max | lost | "
+          "duplicates (by cause) | innocent dead | false reclaims | consumers running at the end |")
+    print("|---|---|---|---|---|---|---|---|")
+    dup = ", ".join(f"{k} {v}" for k, v in sorted(result.report.duplicates.items())) or "0"
+    for kind, s in data["failover_summary"].items():
+        print(f"| {kind} (writer) | {s['count']} | {s['p50_s']} s / {s['max_s']} s | {result.report.lost} | {dup} | "
+              f"{result.report.innocent_dead} | {len(result.false_reclaims)} | "
+              f"{result.running_at_end} of {plan.consumers} |")
+    for f in failovers:
+        print(f"  {f}")
+    if not data["ok"]:
+        print(result.summary())
+        print("\n".join(problems))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ class QueueConfig:
     lease_s: float = 300.0  # a claim older than this, not extended, is taken back even from a live consumer
     keep_done: bool = False  # keep finished jobs as status done instead of deleting them
     retention_s: float = 7 * 86400.0  # how long kept done/dead jobs stay before `purge` removes them
+    shard: str = ""  # with [shards]: the shard that holds this queue ("": by hash of its name)
+    spread: bool = False  # with [shards]: jobs go to every shard (round-robin, or by dedup key)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class ConsumerConfig:
     shutdown_grace_s: float = 60.0
     # The server drops a consumer's lock sessions (liveness lock, periodic leadership) after this
     # long without a statement: a host that vanished without closing them loses its locks then.
-    # Live consumers ping well inside it (consume/keepalive.py).
+    # Live consumers ping well inside it (consume/presence.py).
     session_idle_s: float = 60.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
@@ -99,6 +101,17 @@ class Config:
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+    # [shards]: name -> DSN of each independent server. Empty: one server, `dsn`. Set: `dsn` is
+    # the first shard's (by name), for what is not a queue's (shards.py places the queues).
+    shards: dict[str, DSN] = field(default_factory=dict)
+
+    def shard_names(self) -> tuple[str, ...]:
+        """Every shard's name in name order; ("",) for one server."""
+        return tuple(sorted(self.shards)) or ("",)
+
+    def on_shard(self, name: str) -> "Config":
+        """This config with `dsn` the shard's and no [shards]: what a single-server part runs with."""
+        return replace(self, dsn=self.shards[name], shards={}) if name else self
 
     def connect_retry(self, *, oneshot: bool) -> float:
         if self.connect_retry_s is not None:
@@ -114,6 +127,8 @@ class Config:
     def masked_dict(self) -> dict[str, Any]:
         """Everything, as `notifyq config` prints it: the password never appears."""
         out: dict[str, Any] = {"dsn": self.dsn.masked(), "sources": list(self.sources)}
+        if self.shards:
+            out = {"shards": {n: d.masked() for n, d in sorted(self.shards.items())}, "sources": out["sources"]}
         if self.connect_retry_s is not None:  # unset: each command's own default
             out["connect_retry_s"] = self.connect_retry_s
         if self.password_file:
@@ -201,15 +216,21 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
+    except OSError as e:
+        raise errors.ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if not raw.strip():
+        return {}
+    import tomllib  # only for a file with something in it: an empty one costs no parser
+
+    try:
+        data = tomllib.loads(raw.decode())
     except tomllib.TOMLDecodeError as e:
         raise errors.ConfigError(f"{path}: invalid TOML: {e}") from None
     except UnicodeDecodeError:
         raise errors.ConfigError(f"{path}: invalid TOML: not UTF-8") from None
     except RecursionError:
         raise errors.ConfigError(f"{path}: invalid TOML: nested too deeply") from None
-    except OSError as e:
-        raise errors.ConfigError(f"{path}: cannot read: {e.strerror}") from None
     return data
 
 
@@ -259,6 +280,7 @@ def warn_if_readable(path: Path, warn) -> None:
 ENV_KEYS = {
     # variable -> (section or None, key)
     "NOTIFYQ_DSN": (None, "dsn"),
+    "NOTIFYQ_SHARDS": (None, "shards"),  # a=mysql://...,b=mysql://... (parse_shards_env)
     "NOTIFYQ_PASSWORD_FILE": (None, "password_file"),
     "NOTIFYQ_CONNECT_RETRY_S": (None, "connect_retry_s"),
     "NOTIFYQ_LOG_LEVEL": ("log", "level"),
@@ -269,7 +291,7 @@ ENV_KEYS = {
     "NOTIFYQ_METRICS_PORT": ("consumer", "metrics_port"),
     "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
 }
-_ENV_TEXT = ("dsn", "password_file", "level", "format", "file", "metrics_addr")
+_ENV_TEXT = ("dsn", "shards", "password_file", "level", "format", "file", "metrics_addr")
 # What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.
 SECRET_ENV = ("NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")
 
@@ -313,7 +335,9 @@ def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_pa
     files = config_files(env, config_path)
     for path in files:
         data = _read_toml(path)
-        if "dsn" in data and _has_password(data["dsn"]):
+        shard_dsns = data.get("shards") if isinstance(data.get("shards"), dict) else {}
+        shard_dsns = [v.get("dsn") if isinstance(v, dict) else v for v in shard_dsns.values()]
+        if any(_has_password(d) for d in [data.get("dsn", ""), *shard_dsns] if d):
             warn_if_readable(path, warn)
         _merge(raw, data, origins, str(path))
     for var, (section, key) in ENV_KEYS.items():
@@ -330,13 +354,16 @@ def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_pa
 def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], warn, origins: _Origins) -> Config:
     raw = dict(raw)
     top_known = {"dsn", "password_file", "connect_retry_s", "log", "wakeup", "consumer", "producer",
-                 "defaults", "queue", "tls"}
+                 "defaults", "queue", "tls", "shards"}
     unknown = sorted(set(raw) - top_known)
     if unknown:
         raise errors.ConfigError(f"unknown config key(s) {', '.join(map(str, unknown))}")
     for key in ("dsn", "password_file"):
         if key in raw and not isinstance(raw[key], str):
             raise errors.ConfigError(f"{key}: expected a string{origins.at(key)}")
+    shard_urls = _shard_urls(raw, origins)
+    if shard_urls:
+        raw.pop("dsn", None)
     dsn = DSN.parse(raw.get("dsn") or DEFAULT_DSN)
     tls = _table(raw.get("tls", {}), "tls", origins)
     bad_tls = sorted(set(tls) - set(TLS_KEYS))
@@ -345,9 +372,20 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
     if tls:
         given = tls_options({f"ssl_{k}": str(v) for k, v in tls.items()}, "tls.mode")
         dsn = replace(dsn, tls={**dsn.tls, **given})
-    dsn.check_files()
     password_file = str(raw.get("password_file") or "")
-    dsn = replace(dsn, password=_password(dsn, password_file, env, warn))
+    shards = {}
+    for name, (url, own_password_file) in shard_urls.items():
+        try:
+            shard = DSN.parse(url)
+        except errors.ConfigError as e:
+            raise errors.ConfigError(f"shards.{name}: {e}{origins.at(f'shards.{name}')}") from None
+        shard = replace(shard, tls={**shard.tls, **dsn.tls})
+        shard.check_files()
+        shards[name] = replace(shard, password=_password(shard, own_password_file or password_file, env, warn))
+    if shards:
+        dsn = shards[min(shards)]
+    dsn.check_files()
+    dsn = replace(dsn, password=_password(dsn, password_file, env, warn)) if not shards else dsn
     defaults = _coerce(QueueConfig, raw.get("defaults", {}), "defaults", origins)
     queues: dict[str, QueueConfig] = {}
     periodic: dict[str, tuple[dict[str, Any], ...]] = {}
@@ -377,9 +415,87 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
         queues=queues,
         periodic=periodic,
         sources=sources,
+        shards=shards,
     )
     _check_ranges(cfg, origins)
+    _check_placement(cfg, origins, overridden="shards" in raw and not shards)
     return cfg
+
+
+SHARD_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,32}")
+_LEVELS = {"the command line": 2}  # where a setting came from: files 0, NOTIFYQ_* 1, flags 2
+
+
+def _level(source: str | None) -> int:
+    return _LEVELS.get(source or "", 1 if (source or "").startswith("NOTIFYQ_") else 0)
+
+
+def parse_shards_env(text: str) -> dict[str, str]:
+    """NOTIFYQ_SHARDS: `a=mysql://...,b=mysql://...`. A comma ends a DSN only where the next
+    `name=` begins, so a Galera host list (h1:p1,h2:p2) stays whole; a comma in a password
+    must be percent-encoded (%2C) here."""
+    out: dict[str, str] = {}
+    for item in re.split(r"[,\s]+(?=[A-Za-z0-9_]+=)", text.strip()):
+        name, eq, url = item.partition("=")
+        if not eq or not url.strip():
+            raise errors.ConfigError("NOTIFYQ_SHARDS: expected name=mysql://...,name=mysql://...")
+        out[name] = url.strip().rstrip(",")
+    return out
+
+
+def _shard_urls(raw: dict[str, Any], origins: _Origins) -> dict[str, tuple[str, str]]:
+    """[shards] as name -> (DSN text, own password_file); {} for one server.
+
+    `dsn` and [shards] both name where the queues live: the one set at the higher level wins
+    (a --dsn flag looks at one server of a sharded config), both at one level is an error."""
+    if "shards" not in raw:
+        return {}
+    given = raw["shards"]
+    shard_level = max(_level(v) for k, v in origins.items() if k == "shards" or k.startswith("shards."))
+    if "dsn" in raw:
+        dsn_level = _level(origins.get("dsn"))
+        if dsn_level == shard_level:
+            raise errors.ConfigError(f"set dsn or [shards], not both{origins.at('dsn')}")
+        if dsn_level > shard_level:
+            return {}
+    if isinstance(given, str):
+        given = parse_shards_env(given)
+    given = _table(given, "shards", origins)
+    if not given:
+        raise errors.ConfigError(f"shards: an empty [shards] table: name at least one server{origins.at('shards')}")
+    out = {}
+    for name, value in given.items():
+        where = f"shards.{name}"
+        if not SHARD_NAME_RE.fullmatch(str(name)):
+            raise errors.ConfigError(f"shards: invalid shard name {values.shown(name)}: use 1-32 characters "
+                                     f"from A-Z a-z 0-9 _{origins.at('shards')}")
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"dsn", "password_file"})
+            if unknown or not isinstance(value.get("dsn"), str) or not isinstance(value.get("password_file", ""), str):
+                raise errors.ConfigError(f"{where}: expected a DSN string, or a table with dsn = \"...\" "
+                                         f"and optionally password_file = \"...\"{origins.at(where)}")
+            out[name] = (value["dsn"], value.get("password_file", ""))
+        elif isinstance(value, str):
+            out[name] = (value, "")
+        else:
+            raise errors.ConfigError(f"{where}: expected a DSN string, got {values.shown(value)}{origins.at(where)}")
+    return out
+
+
+def _check_placement(cfg: Config, origins: _Origins, overridden: bool) -> None:
+    """A queue's shard must exist; `shard` and `spread` need [shards] and exclude each other.
+    (`overridden`: a --dsn or NOTIFYQ_DSN replaced the [shards] of the files: placement is moot.)"""
+    if overridden:
+        return
+    for name, qc in [("defaults", cfg.defaults), *((f"queue.{q}", c) for q, c in cfg.queues.items())]:
+        if (qc.shard or qc.spread) and not cfg.shards:
+            key = "shard" if qc.shard else "spread"
+            raise errors.ConfigError(f"{name}.{key}: no [shards] configured (one server: dsn){origins.at(name)}")
+        if qc.shard and qc.spread:
+            raise errors.ConfigError(f"{name}: set shard or spread, not both{origins.at(name)}")
+        if qc.shard and qc.shard not in cfg.shards:
+            raise errors.ConfigError(f"{name}.shard: unknown shard {values.shown(qc.shard)}: [shards] names "
+                                     f"{', '.join(sorted(cfg.shards))}{origins.at(f'{name}.shard')}")
 
 
 def _periodic_entry(entry: Any, queue: str) -> dict[str, Any]:

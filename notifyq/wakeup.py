@@ -1,6 +1,8 @@
 """How idle consumers learn of new work without polling the jobs table.
 
-Consumers of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both servers).
+Consumer processes of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both
+servers), each on its watcher session for that queue, which one idle worker of the process uses
+at a time (consume/presence.py); its other idle workers wait for that seat in the process.
 The one holding it, the watcher, runs one statement in a loop (sql `watch_bell`): it reads the
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
 inside that same statement: in GET_LOCK on a bell when a long-running producer rings
@@ -39,14 +41,15 @@ watcher's next waits sleep instead until the count moves, so a free bell can nev
 spin (at most one needless claim per consumer). Two rings between one statement's choice and
 its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
 
-Reconnects: the lock session's advisory locks die with its connection. Session.run reconnects
-(tenacity) and reruns the statement, so after every statement the Waiter compares the session's
-generation and, if it changed, gives up its turn: the worker re-registers (takes its liveness
-lock back, or a new one) before it claims anything. A producer's bell session raises its own
+Reconnects: the watcher session's advisory locks die with its connection (the first queue's
+also holds the process's liveness lock). Session.run reconnects (tenacity) and reruns the
+statement, so after every statement the Waiter compares the session's generation and, if it
+changed, gives up its turn: the worker re-registers (takes its liveness lock back, or a new
+one) before it waits or claims again. A producer's bell session raises its own
 wait_timeout (queries.hold_session): it sits idle while the producer waits for input, and an
-idle-timeout disconnect would drop the bell. A consumer's lock session has a short one instead
-(consumer.session_idle_s), kept alive while its handlers run (consume/keepalive.py), so that the
-liveness lock of a host that vanished is freed soon.
+idle-timeout disconnect would drop the bell. The watcher session that holds a consumer's liveness lock has
+a short one instead (consumer.session_idle_s), kept alive while its workers are busy
+(consume/presence.py), so that the liveness lock of a host that vanished is freed soon.
 
 Without advisory locks (wakeup.use_locks = false, or the server refuses them: Galera's 1235,
 a proxy's 1105) every idle consumer polls the signal row itself with the same backoff: correct,
@@ -74,7 +77,8 @@ ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ri
 
 
 class Waiter:
-    """A consumer's side of the wake-up protocol, on its dedicated lock session."""
+    """A consumer process's side of the wake-up protocol for one queue, on its watcher session
+    (used by one idle worker at a time: on_turn and on_reap are that worker's)."""
 
     def __init__(self, session: Session, queue: str, locks: QueueLocks, cfg: WakeupConfig,
                  stop: threading.Event, on_turn: Callable[[], None], on_reap: Callable[[], None]):
@@ -96,7 +100,7 @@ class Waiter:
 
     def _bounded(self, wait_s: float) -> float:
         """A wait inside a statement must end before the client stops reading its reply. The
-        lock session's read timeout is fixed when it connects, from the config of that time;
+        watcher session's read timeout is fixed when it connects, from the config of that time;
         a SIGHUP may raise idle_wait_s or poll_max_s past it, and a wait that outlasts it ends
         in a lost connection (and liveness lock), reconnected and waited again: a loop."""
         timeout = self.session.read_timeout_s
@@ -110,8 +114,8 @@ class Waiter:
         got = queries.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
         self.watch_timed_out = False
         if self.session.generation != generation:
-            # Reconnected while queued: our liveness lock went with the old connection, so we
-            # must not claim yet. Give the turn back; the worker re-registers and queues again.
+            # Reconnected while queued: our liveness lock may have gone with the old connection,
+            # so we must not claim yet. Give the turn back; the worker re-registers and queues again.
             if got == 1:
                 queries.release_lock(self.session, self.locks.watch)
             self.watching = False
@@ -145,7 +149,7 @@ class Waiter:
             if wait:
                 queries.release_lock(self.session, self.locks.watch)
             else:
-                queries.release_lock_later(self.session, self.locks.watch)
+                queries.hand_watch_on(self.session, self.locks.watch, self.queue)
 
     # -------------------------------------------------------- waiting for work
 
@@ -157,7 +161,7 @@ class Waiter:
         again: the claim reads it itself in its first round trip (queries.claim, as_watcher),
         so a ring costs one statement here between the producer's release and the claim.
 
-        Returns None when stopping, or when the lock session reconnected (the caller must
+        Returns None when stopping, or when the watcher session reconnected (the caller must
         re-register first). The watch statement also reports the time until the earliest
         scheduled job, which bounds the next wait. After `safety_s` of silence it returns
         anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
@@ -220,6 +224,10 @@ class Waiter:
                 self.wakeups["timeout"] += 1
                 return True
         return None
+
+    def work_left(self) -> None:
+        """Polling: the last claim left work behind; the next poll claims at once."""
+        self._last_total = -1
 
     def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.
@@ -380,7 +388,7 @@ def instant_wake(session: Session, locks: QueueLocks) -> bool:
       - an extra connection and two statements per put are acceptable.
     A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
     connection does nothing); the next read catches the job anyway, within poll_max_s. The
-    watcher's lock session only runs lock statements and autocommit single-row updates, which
+    watcher session only runs lock statements and autocommit single-row updates, which
     are rerun when interrupted, so the KILL can never abort a claim.
     """
     try:

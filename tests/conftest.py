@@ -38,6 +38,38 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
         time.sleep(interval)
 
 
+# ------------------------------------------------------------------ which connection is whose
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def client_ports(pid: int) -> set[int]:
+    """Local TCP ports of `pid`'s sockets (from /proc: no psutil needed)."""
+    inodes = _socket_inodes(pid)
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[9]) in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory) -> str:
     """A server for the whole run: $NOTIFYQ_TEST_DSN, else a private throwaway mariadbd."""
@@ -92,7 +124,8 @@ class TestDB:
 
 
 def _url(dsn: DSN) -> str:
-    base = f"mysql://{dsn.user}@{dsn.host}:{dsn.port}/{dsn.database}"
+    hosts = ",".join(f"{h}:{p}" for h, p in dsn.servers)  # every node of a multi-host DSN
+    base = f"mysql://{dsn.user}@{hosts}/{dsn.database}"
     return base + (f"?unix_socket={dsn.unix_socket}" if dsn.unix_socket else "")
 
 

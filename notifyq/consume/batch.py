@@ -14,19 +14,27 @@ from __future__ import annotations
 import time
 
 from notifyq.jobs import Job
+from notifyq.store.db import Pending
 
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
 
 
 class Batch:
-    def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float):
+    def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float,
+                 commit: Pending | None = None):
         self.token = token
+        self.commit = commit  # the claim's COMMIT, sent ahead: read at the session's next statement
         self.jobs = jobs
         self.lease_s = lease_s
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
         self.running: list[Job] = []  # in the handler right now
         self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
+
+    def claim_lost(self) -> bool:
+        """The claim's COMMIT failed (or its connection was lost) after its jobs began to run:
+        none of them is ours to start any more (the rest are given back, fenced by token)."""
+        return self.commit is not None and self.commit.failed
 
     def waiting(self) -> list[int]:
         """Ids of the jobs not started yet that are still ours."""

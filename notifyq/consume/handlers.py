@@ -12,18 +12,17 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notifyq import config, errors
 from notifyq.jobs import Job
+
+if TYPE_CHECKING:
+    import subprocess
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
 
@@ -99,6 +98,9 @@ class CommandHandler:
     """
 
     def __init__(self, command: str, per_batch: bool, timeout_s: float):
+        import shlex  # here, as subprocess below: a consumer of Python handlers never loads them
+        import shutil
+
         try:
             self.argv = shlex.split(command)
         except ValueError as e:
@@ -127,6 +129,8 @@ class CommandHandler:
 
     def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None]) -> str | None:
         """None on success, else the job's error: the exit status and the tail of stderr."""
+        import subprocess
+
         env = {**child_env(os.environ), **extra_env, "NOTIFYQ_QUEUE": queue}
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -156,16 +160,23 @@ class CommandHandler:
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     """notifyq's environment for a command, without the database password in any of its forms:
-    NOTIFYQ_PASSWORD(_FILE), and NOTIFYQ_DSN when it holds a password. A command that needs the
+    NOTIFYQ_PASSWORD(_FILE), and NOTIFYQ_DSN or NOTIFYQ_SHARDS when it holds a password. A command that needs the
     database gets its own credentials."""
     out = {k: v for k, v in env.items() if k not in config.SECRET_ENV}
     userinfo, at, _ = out.get("NOTIFYQ_DSN", "").partition("//")[2].partition("@")
     if at and ":" in userinfo:  # parsed by hand: even a DSN too malformed to parse keeps its secret
         del out["NOTIFYQ_DSN"]
+    # NOTIFYQ_SHARDS: any `//...:...@` (each DSN's user:password, or text spanning two DSNs: left
+    # out too, on the safe side).
+    shards = out.get("NOTIFYQ_SHARDS", "")
+    if any(":" in part.partition("@")[0] for part in shards.split("//")[1:] if "@" in part):
+        del out["NOTIFYQ_SHARDS"]
     return out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    import signal
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -1,8 +1,8 @@
 """The liveness of a consumer that holds no liveness lock (polling mode).
 
-A lock-mode consumer is alive while the server holds its lock for it, whatever its handler
-does. A polling consumer has no such lock, so it proves it is alive by writing: a thread of its
-own, on a session of its own (a handler may run for hours on the worker's thread), refreshes
+A lock-mode consumer is alive while the server holds its lock for it, whatever its handlers
+do. A polling consumer process has no such lock, so it proves it is alive by writing: a thread
+of its own, on a session of its own (handlers may run for hours on the workers' threads), refreshes
 its nq_consumer row and extends the lease of every job it holds, every BEAT_S or a third of the
 lease, whichever is shorter. Reapers judge it dead when the row is older than
 queries.POLLING_STALE_S, or take its jobs back when a lease runs out: both mean the process,
@@ -12,29 +12,45 @@ its host or its connection stopped.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
 from notifyq.config import DSN
 from notifyq.store import liveness
 from notifyq.store.db import Session
+from notifyq.store.queries import POLLING_STALE_S
 
 log = logging.getLogger("notifyq.heartbeat")
 
 BEAT_S = 5.0  # well inside POLLING_STALE_S: a few missed beats are not a death
+# On a multi-host DSN, how long one beat keeps trying (a read timeout, reconnects to the next
+# node) before the thread waits for its next turn: half of POLLING_STALE_S, room for a second try.
+BEAT_RETRY_S = POLLING_STALE_S / 2
 
 
 class Heartbeat:
     def __init__(self, dsn: DSN, consumer_id: Callable[[], str], lease_s: float, name: str,
                  wakeup: Callable[[], str] = lambda: "polling"):
-        self._consumer_id = consumer_id  # read at every beat: a re-registered worker has a new id
+        self._consumer_id = consumer_id  # read at every beat: a re-registered process has a new id
         self._wakeup = wakeup  # 'locks' for a lock-mode consumer on a Galera node (liveness.py)
         self.lease_s = lease_s
         self.interval_s = min(BEAT_S, lease_s / 3)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
         self._stop = threading.Event()
         self._beating = threading.Lock()
-        self._session = Session(dsn, retry_s=min(10.0, self.interval_s), name=f"{name}-heartbeat")
+        # A beat must land within POLLING_STALE_S of the last one. On a multi-host DSN a paused
+        # writer answers nothing: with the work sessions' 12 s read timeout, and then a whole
+        # interval before the next try, a beat landed ~23 s after the last one, past 30 s on a
+        # busy host (a live consumer reaped). So there its statements (tiny) give up after one
+        # interval and a failed beat is retried at once, on the next ready node: it lands about
+        # two intervals and a connect timeout after the last one (~15 s). One server: nowhere
+        # else to go, so the beat keeps the plain timeouts.
+        if len(dsn.servers) > 1:
+            self._session = Session(dsn, retry_s=BEAT_RETRY_S, read_timeout_s=math.ceil(self.interval_s),
+                                    name=f"{name}-heartbeat", stop=self._stop)
+        else:
+            self._session = Session(dsn, retry_s=min(10.0, self.interval_s), name=f"{name}-heartbeat")
         self._thread = threading.Thread(target=self._run, name=f"{name}-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -47,7 +63,7 @@ class Heartbeat:
         self._session.close()
 
     def beat(self) -> None:
-        with self._beating:  # the worker beats once at start, then the thread: one session
+        with self._beating:  # the process beats once at registration, then the thread: one session
             if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
                 self.lost.set()
 

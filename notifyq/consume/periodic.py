@@ -41,7 +41,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.jobs import Status
 from notifyq.ops import admin
-from notifyq.store import admin_queries, queries
+from notifyq.store import admin_queries, dedup, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
@@ -76,6 +76,7 @@ class QueueState:
     enqueued: int = 0
     skipped: int = 0
     purged: int = 0
+    dedup_after: str = ""  # where the next sweep of ended jobs' dedup keys starts
 
 
 def _croniter(cron: str, start: dt.datetime) -> croniter:
@@ -126,7 +127,7 @@ def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = adm
                    max_chunks: int = RETENTION_CHUNKS) -> tuple[int, bool]:
     """Delete `queue`'s done and dead jobs that finished more than keep_s ago: (deleted, complete).
 
-    Each chunk is a range of ix_finished holding only rows to delete (retention_ids), so a pass
+    Each chunk is a range of ix_state holding only rows to delete (retention_ids), so a pass
     costs what it deletes, however much history is kept. complete=False: more next turn.
     """
     deleted = chunks = 0
@@ -313,6 +314,7 @@ class Scheduler:
     def _maybe_retain(self, queue: str, state: QueueState) -> None:
         if time.monotonic() < (state.next_retention or self._first_retention):
             return
+        _, state.dedup_after = dedup.sweep(self._work_session(), queue, state.dedup_after)
         keep_s = self.config.queue(queue).retention_s
         if keep_s <= 0:
             state.next_retention = time.monotonic() + self.retention_every_s

@@ -1,46 +1,41 @@
-"""Worker: one claim -> run -> ack loop for one queue, with its own two database sessions.
+"""Worker: one claim -> run -> ack loop for one queue, on its own work session.
 
-The work session runs claims and acks (short READ COMMITTED transactions). The lock session
-holds the worker's liveness lock for its whole life, queues for the watch lock when idle, and
-never holds row locks. A worker whose lock session had to reconnect has lost its liveness lock
-(and maybe its claimed jobs to the reaper): it re-registers under a new id, and acks of the old
-claims are fenced by claim token, so they can never touch a job someone else now holds.
+The work session runs claims and acks (short READ COMMITTED transactions). Everything else a
+worker needs from the database is its process's, shared by all its workers (presence.py): the
+liveness lock and registration, whose id every claim is made under, and its queue's watcher
+session, which the worker borrows while it is idle and the seat is free. A worker asks the
+presence for the id before every claim: after a lost liveness session that id is either the
+old one taken back or a new one, and acks of the old claims are fenced by claim token, so they
+can never touch a job someone else now holds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import socket
 import threading
 import time
-import uuid
 
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.batch import Batch
-from notifyq.consume.heartbeat import Heartbeat
-from notifyq.consume.keepalive import SessionKeeper
 from notifyq.consume.outcomes import Outcomes
+from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
-from notifyq.store import admin_queries, liveness, locks, queries
+from notifyq.store import admin_queries, queries
 from notifyq.store.db import DriverError, Session, locks_unavailable
-from notifyq.wakeup import Waiter
 
 log = logging.getLogger("notifyq.consumer")
 
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
-TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
 
 
 class Worker:
     def __init__(self, config: Config, queue: str, handler, *, stop: threading.Event,
                  budget: Budget, batch_size: int | None = None, exit_when_empty: bool = False,
-                 name: str = "worker"):
+                 name: str = "worker", presence: Presence | None = None):
         self.config = config
         self.queue = queue
         self.qc = config.queue(queue)
@@ -53,42 +48,43 @@ class Worker:
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
         self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
-        wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
-        # A short server idle timeout: a vanished host's liveness lock is freed soon after it
-        # (keepalive.py keeps this session talking while handlers run).
-        self.lock = Session(config.dsn, autocommit=True, read_timeout_s=wait_s, name=f"{name}-lock",
-                            idle_timeout_s=math.ceil(config.consumer.session_idle_s), stop=stop)
-        self.keeper = SessionKeeper(self.lock, config.consumer.session_idle_s, name)
-        self.queue_locks = locks.QueueLocks(config.dsn.database, queue)
-        self.use_locks = config.wakeup.use_locks
-        self.consumer_id = ""
-        self._registered_generation = -1
+        # Without a presence (tests, benchmarks) the worker is a process of its own.
+        self._owns_presence = presence is None
+        self.presence = presence if presence is not None else Presence(config, [queue], stop)
+        self.watcher = self.presence.watchers[queue]
         self._work_generation = -1  # the work session's generation when last checked
-        self.waiter = Waiter(self.lock, queue, self.queue_locks, config.wakeup, stop,
-                             on_turn=self._turned, on_reap=self._reap_soon)
         self.last_turn = time.monotonic()
         self.in_handler_since: float | None = None
         self.batch: Batch | None = None  # the claim being run; the service reads it at shutdown
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
-        self._next_reap = 0.0
-        self._next_touch = 0.0
-        self.heartbeat: Heartbeat | None = None  # polling mode only: our liveness without a lock
         self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
 
     @property
+    def waiter(self):
+        """The queue's wake-up state in this process (shared by its workers of this queue)."""
+        return self.watcher.waiter
+
+    @property
+    def use_locks(self) -> bool:
+        return self.presence.use_locks
+
+    @property
     def wakeup_mode(self) -> str:
-        return "locks" if self.use_locks else "polling"
+        return self.presence.wakeup_mode
+
+    @property
+    def consumer_id(self) -> str:
+        return self.presence.consumer_id
 
     # -------------------------------------------------------- life cycle
 
     def run(self) -> None:
         try:
-            self._register()
+            self.presence.consumer_id_for_claim(self)  # registered before anything else
             busy = True
             while not self.stop.is_set() and not self.budget.exhausted:
                 self._turned()
-                self._ensure_registered()
                 if busy:
                     # Before the claim: a consumer that just started (a cron run, a restart)
                     # first takes back what dead peers hold, then claims in order among it.
@@ -114,115 +110,41 @@ class Worker:
                       exc_info=not isinstance(e, errors.NotifyqError))
         finally:
             self.finished = True
-            self._unregister()
-
-    def _register(self, old_id: str | None = None) -> None:
-        """Liveness lock first, then the row: a row is never visible without its lock held.
-
-        After a lost lock session (a server restart kills every session at once) we try to take
-        our old lock back without waiting. That succeeds only if no reaper holds it, and a reaper
-        reclaims only while holding it, so either our claims are untouched and stay ours, or they
-        were taken back and our acks are fenced off by claim token. Without this, a restart
-        would make every consumer's in-flight batch run twice.
-        """
-        if old_id and queries.get_lock(self.lock, locks.consumer_lock(self.config.dsn.database, old_id), 0) == 1:
-            self.consumer_id = old_id
-        else:
-            self.consumer_id = uuid.uuid4().hex
-            old_id = None
-        lock_name = locks.consumer_lock(self.config.dsn.database, self.consumer_id)
-        if self.use_locks and old_id is None:
-            try:
-                if queries.get_lock(self.lock, lock_name, 5) != 1:
-                    raise RuntimeError("could not take a fresh liveness lock")
-            except DriverError as e:
-                if not locks_unavailable(e):
-                    raise
-                self._fall_back_to_polling(e)
-        liveness.register_consumer(self.work, self.consumer_id, lock_name, socket.gethostname(),
-                                os.getpid(), [self.queue], self.wakeup_mode, node=self.lock.node)
-        if not self.use_locks or self.lock.galera:
-            # On a Galera node our lock is invisible to reapers on the other nodes: they judge
-            # us by heartbeat (liveness.py), so we beat too.
-            self._start_heartbeat()
-        self._registered_generation = self.lock.generation
-        self._work_generation = self.work.generation
-        log.debug("worker started queue=%s consumer=%s wakeup=%s batch_size=%d",
-                  self.queue, self.consumer_id, self.wakeup_mode, self.batch_size)
-
-    def _ensure_registered(self) -> None:
-        if self.heartbeat is not None and self.heartbeat.lost.is_set():
-            # A reaper found our heartbeat stale (a stall longer than POLLING_STALE_S) and took
-            # our claims back; our acks of them are fenced. Carry on under a new id.
-            self.heartbeat.lost.clear()
-            old = self.consumer_id
-            self._register()
-            log.warning("heartbeat was judged stale, re-registered queue=%s consumer=%s old=%s",
-                        self.queue, self.consumer_id, old)
-        if self.use_locks and self.work.generation != self._work_generation:
-            # The work session reconnected. If the server restarted, the lock session (idle
-            # while we run batches) died too, and our liveness lock with it: touch it before
-            # the next claim, so a dead one reconnects now and we re-register below, instead
-            # of claiming under an id the reaper already treats as dead.
-            self._work_generation = self.work.generation
-            queries.lock_holder(self.lock, locks.consumer_lock(self.config.dsn.database, self.consumer_id))
-        if self.use_locks and self.lock.generation != self._registered_generation:
-            old = self.consumer_id
-            self.waiter.watching = False
-            self._register(old_id=old)
-            log.warning("lock session reconnected: liveness lock %s queue=%s consumer=%s",
-                        "taken back" if self.consumer_id == old else "lost, re-registered",
-                        self.queue, self.consumer_id)
-        now = time.monotonic()
-        if now >= self._next_touch:
-            self._next_touch = now + TOUCH_S
-            liveness.touch_consumer(self.work, self.consumer_id, self.wakeup_mode)
-
-    def _unregister(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.stop()  # first: a beat after the row is gone would only log
-            self.heartbeat = None
-        try:
-            if self.consumer_id:
-                liveness.unregister_consumer(self.work, self.consumer_id)
-        except Exception as e:  # the reaper cleans up whatever we could not
-            log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
-        self.keeper.stop()
-        self.lock.close()  # frees the liveness, watch and any bell locks at once
-        self.work.close()
+            self.work.close()
+            if self._owns_presence:
+                self.presence.close()
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
 
     # -------------------------------------------------------- idle
 
-    def _fall_back_to_polling(self, exc: BaseException) -> None:
-        self.use_locks = False
-        if self.consumer_id:  # registered already (else _register starts the heartbeat)
-            self._start_heartbeat()
-        log.warning("advisory locks unavailable (%s): falling back to polling the signal "
-                    "row; liveness by heartbeat and lease", exc.args[0] if exc.args else exc)
-
-    def _start_heartbeat(self) -> None:
-        """Polling mode: from now on we are judged by heartbeat (the row says wakeup=polling
-        after the first beat, which runs here, before the next claim)."""
-        if self.heartbeat is None:
-            self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, self.qc.lease_s,
-                                       self.name, wakeup=lambda: self.wakeup_mode)
-            self.heartbeat.start()
-        self.heartbeat.beat()
-
     def _idle(self) -> bool:
-        """Wait for work without touching the jobs table; True when more work is likely."""
-        if not self.use_locks:
-            return self.waiter.poll_for_work()
+        """Wait for work without touching the jobs table; True when more work is likely.
+
+        One idle worker of the queue per process holds the seat and watches (or polls);
+        the others wait here for the seat, turning their loop every idle_wait_s."""
+        if not self.watcher.seat(self, self.config.wakeup.idle_wait_s):
+            return False
+        self.waiter.on_turn, self.waiter.on_reap = self._turned, self._reap_soon
         try:
-            return self._idle_with_locks()
-        except DriverError as e:  # a proxy may pass GET_LOCK alone but refuse the watch statement
-            if not locks_unavailable(e):
-                raise
-            self._fall_back_to_polling(e)
-            return True
+            # The home session (our first queue's watcher) holds the liveness lock: if it
+            # reconnected, the lock is taken back or renewed here, before we wait or claim.
+            self.presence.consumer_id_for_claim(self)
+            if not self.presence.use_locks:
+                if not self.waiter.poll_for_work():
+                    return False
+                got, drained = self._claim_and_run(before_run=self._hand_poll_on)
+                return got > 0 and not drained
+            try:
+                return self._idle_with_locks()
+            except DriverError as e:  # a proxy may pass GET_LOCK alone but refuse the watch statement
+                if not locks_unavailable(e):
+                    raise
+                self.presence.fall_back_to_polling(e)
+                return True
+        finally:
+            self.watcher.leave(self)  # (already left when the watch was handed on)
 
     def _idle_with_locks(self) -> bool:
         if not self.waiter.acquire_watch():
@@ -237,26 +159,40 @@ class Worker:
             got, drained = self._claim_and_run(before_run=self._hand_watch_on, as_watcher=True)
             return got > 0 and not drained
         finally:
-            if self.waiter.watching:  # not yet handed on (no jobs, or an error)
+            # Not yet handed on (no jobs, or an error). Once handed on, the waiter is the next
+            # seated worker's: never touched again here.
+            if self.watcher.holds(self) and self.waiter.watching:
                 self.waiter.release_watch()
 
     # -------------------------------------------------------- claim, run, ack
 
-    def _hand_watch_on(self) -> None:
+    def _hand_watch_on(self, drained: bool) -> None:
+        """Before running the batch: the watch lock goes to the next idle consumer (of any
+        process, FIFO), and the seat to the next idle worker of ours, which queues for it."""
         self.waiter.release_watch(wait=False)
+        self.watcher.leave(self)
+
+    def _hand_poll_on(self, drained: bool) -> None:
+        """Polling: the next idle worker of ours polls; if work is left, it claims at once."""
+        if not drained:
+            self.waiter.work_left()
+        self.watcher.leave(self)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
+        reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
+        self._work_generation = self.work.generation
+        owner = self.presence.consumer_id_for_claim(self, self.work if reconnected else None)
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = queries.claim(self.work, self.queue, self.consumer_id, want, self.qc.lease_s, as_watcher)
+        claim = queries.claim(self.work, self.queue, owner, want, self.qc.lease_s, as_watcher)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
-            before_run()
+            before_run(claim.drained)
         if claim.jobs:
-            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at))
+            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit))
         return len(claim.jobs), claim.drained
 
     def _run_batch(self, batch: Batch) -> None:
@@ -288,7 +224,7 @@ class Worker:
                 batch.finish()
             else:
                 for job in jobs:
-                    if self.stop.is_set():
+                    if self.stop.is_set() or batch.claim_lost():
                         break
                     now = time.monotonic()
                     extend_due = batch.extend_due(now)
@@ -332,8 +268,7 @@ class Worker:
     def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            with self.keeper.lent():
-                self.handler(jobs, extend)
+            self.handler(jobs, extend)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)
@@ -360,33 +295,7 @@ class Worker:
         self._maybe_reap(check=False)  # the watch statement already asked reap_needed
 
     def _maybe_reap(self, check: bool = True) -> None:
-        now = time.monotonic()
-        if now < self._next_reap:
-            return
-        self._next_reap = now + self.config.consumer.reap_interval_s
-        # Asked on the lock session on purpose: a busy worker touches it nowhere else, so a
-        # lock session that died (KILL, network) would go unnoticed while the worker kept
-        # claiming under an id the reaper has already unregistered. Here it reconnects, and
-        # the next loop turn re-registers before claiming again.
-        if check and not self._reap_needed():
-            return
-        self._reap()
-
-    def _reap_needed(self) -> bool:
-        try:
-            return liveness.reap_needed(self.lock) > 0
-        except DriverError as e:  # a polling consumer's server may refuse the lock test
-            if not locks_unavailable(e):
-                raise
-            return True
-
-    def _reap(self) -> int:
-        """A pass on a session of its own; how many jobs came back (0 when another consumer
-        is running a pass right now)."""
-        result = reaper.reap_once(self.config.dsn, self.use_locks)
-        n = 0 if result is None else result.reclaimed + result.expired
-        self.stats.reclaimed += n
-        return n
+        self.stats.reclaimed += self.presence.maybe_reap(self, self.work, check)
 
     def _reap_before_exit(self) -> bool:
         """--exit-when-empty found nothing: first take back what dead peers hold (a fleet of
@@ -394,7 +303,7 @@ class Worker:
         came back, or when another pass is running right now and may bring some: claim again."""
         if self._exit_deadline is None:
             self._exit_deadline = time.monotonic() + reaper.REAPER_IDLE_TIMEOUT_S + 5
-        result = reaper.reap_once(self.config.dsn, self.use_locks)
+        result = reaper.reap_once(self.config.dsn, self.presence.use_locks)
         if result is None:
             # Another pass is running (or its host vanished holding the reaper lock, which the
             # server frees within REAPER_IDLE_TIMEOUT_S): try again shortly, within a bound.

@@ -90,10 +90,11 @@ class ServiceCollector:
 
     def __init__(self, service: Any):
         self.service = service
-        self._depth: dict[str, dict[str, Any]] = {}
+        # Per shard ("" for one server): the last depth read, and whether it reached the server.
+        self._depth: dict[str, dict[str, dict[str, Any]]] = {}
         self._depth_at = 0.0
-        self._depth_ok = False
-        self._session = None
+        self._depth_ok: dict[str, bool] = {}
+        self._sessions: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def describe(self) -> list:
@@ -105,32 +106,46 @@ class ServiceCollector:
         svc = self.service
         workers = list(svc.workers)
         queues = list(dict.fromkeys([*svc.options.queues, *(w.queue for w in workers)]))
-        yield from self._job_counters(workers, queues)
+        yield from self._job_counters(workers, self._groups(workers, queues))
         yield from self._histograms(workers, queues)
-        yield from self._wakeups(workers, queues)
+        yield from self._wakeups(self._groups(workers, queues))
         yield from self._depth_gauges(queues)
-        yield from self._periodic(getattr(svc, "scheduler", None))
+        yield from self._periodic(list(getattr(svc, "schedulers", {}).values()))
         reclaimed = sum(w.stats.reclaimed for w in workers) + sum(s.reclaimed for s in svc.retired)
         yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
                                   "from dead consumers or expired leases (any queue).", value=reclaimed)
-        conflicts = sum(w.work.conflicts + w.lock.conflicts for w in workers)
+        conflicts = sum(w.work.conflicts for w in workers) + sum(
+            watcher.session.conflicts for presence in svc.presences.values()
+            for watcher in presence.watchers.values())
         yield CounterMetricFamily("notifyq_db_conflicts", "Transactions of this process's workers rerun "
                                   "after error 1213: deadlocks, or on Galera certification conflicts "
                                   "(a steady rate: writes through a second node).", value=conflicts)
         yield GaugeMetricFamily("notifyq_healthy", "1 while every worker loop turns (watchdog view).",
                                 value=1 if workers and svc.healthy() else 0)
 
-    def _job_counters(self, workers, queues) -> Iterator[Any]:
+    def _groups(self, workers, queues) -> tuple[list[str], dict[tuple[str, ...], list]]:
+        """The labels of the per-worker families and their workers: per queue, and with [shards]
+        per queue and shard (sum by (queue) for the queue)."""
+        shard_of = dict(zip(map(id, self.service.workers), getattr(self.service, "worker_shards", ())))
+        if not self.service.config.shards:
+            return ["queue"], {(q,): [w for w in workers if w.queue == q] for q in queues}
+        groups: dict[tuple[str, ...], list] = {}
+        for w in workers:
+            groups.setdefault((w.queue, shard_of.get(id(w), "")), []).append(w)
+        return ["queue", "shard"], groups
+
+    def _job_counters(self, workers, groups) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
+        labels, by_label = groups
         for name, doc in COUNTERS:
-            family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=["queue"])
-            for q in queues:
-                family.add_metric([q], sum(getattr(w.stats, name) for w in workers if w.queue == q))
+            family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=labels)
+            for key, mine in by_label.items():
+                family.add_metric(list(key), sum(getattr(w.stats, name) for w in mine))
             yield family
-        batches = CounterMetricFamily("notifyq_claim_batches", "Non-empty claims.", labels=["queue"])
-        for q in queues:
-            batches.add_metric([q], sum(w.stats.batches for w in workers if w.queue == q))
+        batches = CounterMetricFamily("notifyq_claim_batches", "Non-empty claims.", labels=labels)
+        for key, mine in by_label.items():
+            batches.add_metric(list(key), sum(w.stats.batches for w in mine))
         yield batches
 
     def _histograms(self, workers, queues) -> Iterator[Any]:
@@ -151,75 +166,93 @@ class ServiceCollector:
                 family.add_metric([q], total.buckets(), sum_value=total.sum)
             yield family
 
-    def _wakeups(self, workers, queues) -> Iterator[Any]:
+    def _wakeups(self, groups) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        labels, by_label = groups
         wakeups = CounterMetricFamily(
             "notifyq_wakeups", "Why an idle worker went to claim: bell (producer rang), signal "
             "(count moved, found by polling), due (a scheduled job came due), timeout (safety poll).",
-            labels=["queue", "kind"])
+            labels=[*labels, "kind"])
         locks = GaugeMetricFamily("notifyq_wakeup_locks", "Workers using the advisory-lock "
-                                  "wake-up channel.", labels=["queue"])
+                                  "wake-up channel.", labels=labels)
         polling = GaugeMetricFamily("notifyq_wakeup_polling", "Workers fallen back to polling "
-                                    "(advisory locks refused): alert when above 0.", labels=["queue"])
+                                    "(advisory locks refused): alert when above 0.", labels=labels)
         watching = GaugeMetricFamily("notifyq_watching", "Workers holding the queue's watch lock "
-                                     "(at most 1 across all hosts).", labels=["queue"])
-        busy = GaugeMetricFamily("notifyq_workers_busy", "Workers inside a handler.", labels=["queue"])
-        count = GaugeMetricFamily("notifyq_workers", "Worker threads.", labels=["queue"])
-        for q in queues:
-            mine = [w for w in workers if w.queue == q]
+                                     "(at most 1 across all hosts, per shard).", labels=labels)
+        busy = GaugeMetricFamily("notifyq_workers_busy", "Workers inside a handler.", labels=labels)
+        count = GaugeMetricFamily("notifyq_workers", "Worker threads.", labels=labels)
+        for key, mine in by_label.items():
+            key = list(key)
+            # The queue's waiter is its watcher's, shared by the queue's workers on one database.
+            watchers = list({id(w.watcher): w.watcher for w in mine}.values())
             for kind in ("bell", "signal", "due", "timeout"):
-                wakeups.add_metric([q, kind], sum(w.waiter.wakeups.get(kind, 0) for w in mine))
-            locks.add_metric([q], sum(1 for w in mine if w.use_locks))
-            polling.add_metric([q], sum(1 for w in mine if not w.use_locks))
-            watching.add_metric([q], sum(1 for w in mine if w.waiter.watching))
-            busy.add_metric([q], sum(1 for w in mine if w.in_handler_since is not None))
-            count.add_metric([q], len(mine))
+                wakeups.add_metric([*key, kind], sum(x.waiter.wakeups.get(kind, 0) for x in watchers))
+            locks.add_metric(key, sum(1 for w in mine if w.use_locks))
+            polling.add_metric(key, sum(1 for w in mine if not w.use_locks))
+            watching.add_metric(key, sum(1 for x in watchers if x.waiter.watching))
+            busy.add_metric(key, sum(1 for w in mine if w.in_handler_since is not None))
+            count.add_metric(key, len(mine))
         yield from (wakeups, locks, polling, watching, busy, count)
 
     def _depth_gauges(self, queues) -> Iterator[Any]:
+        """Per queue; with [shards] per queue and shard (a `shard` label: sum by (queue) for the
+        queue), and notifyq_db_up per shard."""
         from prometheus_client.core import GaugeMetricFamily
 
+        config = self.service.config
         depth, ok = self._read_depth(queues)
-        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database.",
-                               value=int(ok))
+        sharded = bool(config.shards)
+        extra = ["shard"] if sharded else []
+        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database"
+                               + (" (per shard)." if sharded else "."), labels=extra)
+        for shard in config.shard_names():
+            up.add_metric([shard] if sharded else [], int(ok.get(shard, False)))
         from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
         jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
                                  "due scheduled jobs; delayed = not yet due; done and dead are counted "
-                                 f"up to {DEPTH_HISTORY_CAP}).", labels=["queue", "state"])
+                                 f"up to {DEPTH_HISTORY_CAP}).", labels=["queue", "state", *extra])
         age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "
-                                "job has been waiting (0 when none).", labels=["queue"])
-        paused = GaugeMetricFamily("notifyq_queue_paused", "1 while the queue is paused.", labels=["queue"])
-        for q in queues:
-            d = depth.get(q)
-            if d is None:
-                continue
-            for state in ("ready", "delayed", "claimed", "dead", "done"):
-                jobs.add_metric([q, state], d[state])
-            age.add_metric([q], d["oldest_ready_age_s"] or 0.0)
-            paused.add_metric([q], int(d["paused"]))
+                                "job has been waiting (0 when none).", labels=["queue", *extra])
+        paused = GaugeMetricFamily("notifyq_queue_paused", "1 while the queue is paused.", labels=["queue", *extra])
+        for shard, figures in sorted(depth.items()):
+            label = [shard] if sharded else []
+            for q in queues:
+                d = figures.get(q)
+                if d is None:
+                    continue
+                for state in ("ready", "delayed", "claimed", "dead", "done"):
+                    jobs.add_metric([q, state, *label], d[state])
+                age.add_metric([q, *label], d["oldest_ready_age_s"] or 0.0)
+                paused.add_metric([q, *label], int(d["paused"]))
         yield from (up, jobs, age, paused)
 
-    def _read_depth(self, queues) -> tuple[dict[str, dict[str, Any]], bool]:
+    def _read_depth(self, queues) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]]:
         from notifyq.ops import status
         from notifyq.store.db import Session
 
+        config = self.service.config
+        placement = getattr(self.service, "placement", None)
         with self._lock:
             if time.monotonic() - self._depth_at < DEPTH_CACHE_S:
                 return self._depth, self._depth_ok
-            try:
-                if self._session is None:
-                    self._session = Session(self.service.config.dsn, retry_s=2, name="metrics")
-                self._depth = status.depths(self._session, queues)
-                self._depth_ok = True
-            except Exception as e:  # a scrape must answer even with the database down
-                log.warning("metrics: cannot read queue depth error=%s", e)
-                self._depth_ok = False
+            for shard in config.shard_names():
+                mine = [q for q in queues if placement is None or shard in placement.shards_of(q)]
+                try:
+                    if shard not in self._sessions:
+                        self._sessions[shard] = Session(config.on_shard(shard).dsn, retry_s=2, name="metrics")
+                    self._depth[shard] = status.depths(self._sessions[shard], mine)
+                    self._depth_ok[shard] = True
+                except Exception as e:  # a scrape must answer even with the database down
+                    log.warning("metrics: cannot read queue depth%s error=%s",
+                                f" shard={shard}" if shard else "", e)
+                    self._depth_ok[shard] = False
+                    self._depth.pop(shard, None)
             self._depth_at = time.monotonic()
             return self._depth, self._depth_ok
 
-    def _periodic(self, scheduler) -> Iterator[Any]:
+    def _periodic(self, schedulers) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         leader = GaugeMetricFamily("notifyq_periodic_leader", "1 where this process enqueues the "
@@ -230,19 +263,24 @@ class ServiceCollector:
                                       "(catch-up enqueues only the most recent).", labels=["queue"])
         purged = CounterMetricFamily("notifyq_retention_purged", "Done/dead jobs deleted by "
                                      "retention.", labels=["queue"])
-        if scheduler is not None:
+        totals: dict[str, dict[str, int]] = {}
+        for scheduler in schedulers:  # one per shard: a queue's figures summed over them
             for q, figures in scheduler.figures().items():
-                leader.add_metric([q], int(figures["leader"]))
-                enqueued.add_metric([q], figures["enqueued"])
-                skipped.add_metric([q], figures["skipped"])
-                purged.add_metric([q], figures["purged"])
+                mine = totals.setdefault(q, dict.fromkeys(("leader", "enqueued", "skipped", "purged"), 0))
+                for key in mine:
+                    mine[key] += int(figures[key])
+        for q, figures in totals.items():
+            leader.add_metric([q], min(1, figures["leader"]))
+            enqueued.add_metric([q], figures["enqueued"])
+            skipped.add_metric([q], figures["skipped"])
+            purged.add_metric([q], figures["purged"])
         yield from (leader, enqueued, skipped, purged)
 
     def close(self) -> None:
         with self._lock:
-            if self._session is not None:
-                self._session.close()
-                self._session = None
+            for session in self._sessions.values():
+                session.close()
+            self._sessions.clear()
 
 
 class MetricsServer:

@@ -84,6 +84,31 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
             "wakeup_degraded": degraded, "periodic": periodic}
 
 
+def merge(per_shard: dict[str, dict[str, Any]], down: dict[str, str]) -> dict[str, Any]:
+    """Every shard's collect() in one: a queue's counts summed over its shards (ages: the oldest,
+    next due: the soonest), each shard's own figures under by_shard, consumers and periodic
+    rows tagged with their shard, and every shard up or down (with its error line)."""
+    out: dict[str, Any] = {"server_time": None, "queues": {}, "consumers": [], "wakeup_degraded": [],
+                           "periodic": [], "shards": {}}
+    for shard in sorted([*per_shard, *down]):
+        out["shards"][shard] = {"up": True} if shard in per_shard else {"up": False, "error": down[shard]}
+    for shard, data in sorted(per_shard.items()):
+        out["server_time"] = out["server_time"] or data["server_time"]
+        for name, figures in data["queues"].items():
+            total = out["queues"].setdefault(name, {**_blank(), "by_shard": {}})
+            total["by_shard"][shard] = figures
+            for key in (*COLUMNS, "cancel_requested", "consumers"):
+                total[key] += figures[key]
+            total["paused"] = total["paused"] or figures["paused"]
+            for key, pick in (("oldest_ready_age_s", max), ("next_due_in_s", min), ("oldest_claim_age_s", max)):
+                both = [v for v in (total[key], figures[key]) if v is not None]
+                total[key] = pick(both) if both else None
+        out["consumers"] += [{**c, "shard": shard} for c in data["consumers"]]
+        out["periodic"] += [{**p, "shard": shard} for p in data["periodic"]]
+        out["wakeup_degraded"] = sorted({*out["wakeup_degraded"], *data["wakeup_degraded"]})
+    return out
+
+
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.replace(tzinfo=dt.timezone.utc).isoformat()
 
@@ -101,24 +126,42 @@ def human_duration(seconds: float | None) -> str:
     return f"{whole}s"
 
 
+def _row(name: str, q: dict[str, Any], degraded: list[str], shard: str | None) -> tuple[str, ...]:
+    return (name, *(() if shard is None else (shard,)), *(str(q[c]) for c in COLUMNS),
+            *(human_duration(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
+            str(q["consumers"]), "paused" if q["paused"] else ("polling" if name in degraded else "ok"))
+
+
 def render(data: dict[str, Any]) -> str:
-    head = ("queue", *COLUMNS, "oldest_ready", "next_due", "oldest_claim", "consumers", "state")
+    """The table; with [shards] (merge()) a shard column: a row per queue and shard, and a
+    queue's total over its shards as shard `all` when it has jobs on more than one."""
+    sharded = "shards" in data
+    head = ("queue", *(("shard",) if sharded else ()), *COLUMNS, "oldest_ready", "next_due", "oldest_claim",
+            "consumers", "state")
     rows = [head]
     for name, q in sorted(data["queues"].items()):
-        rows.append((name, *(str(q[c]) for c in COLUMNS),
-                     *(human_duration(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
-                     str(q["consumers"]),
-                     "paused" if q["paused"] else ("polling" if name in data["wakeup_degraded"] else "ok")))
+        if not sharded:
+            rows.append(_row(name, q, data["wakeup_degraded"], None))
+            continue
+        for shard, figures in sorted(q["by_shard"].items()):
+            rows.append(_row(name, figures, data["wakeup_degraded"], shard))
+        if len(q["by_shard"]) > 1:
+            rows.append(_row(name, q, data["wakeup_degraded"], "all"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     if data["consumers"]:
         lines += ["", "consumers:"]
         for c in data["consumers"]:
-            lines.append(f"  {c['id'][:12]}  {c['host']}:{c['pid']}  queues={','.join(c['queues'])}  "
+            where = f"shard={c['shard']}  " if sharded else ""
+            lines.append(f"  {c['id'][:12]}  {c['host']}:{c['pid']}  {where}queues={','.join(c['queues'])}  "
                          f"wakeup={c['wakeup']}  {'alive' if c['alive'] else 'DEAD (reaper pending)'}")
     if data.get("periodic"):
         lines += ["", "periodic (last tick, UTC):"]
-        lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" for p in data["periodic"]]
+        lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" + (f"  shard={p['shard']}" if sharded else "")
+                  for p in data["periodic"]]
+    if sharded:
+        lines += ["", "shards:"]
+        lines += [f"  {name}  " + ("up" if s["up"] else f"DOWN: {s['error']}") for name, s in data["shards"].items()]
     cancels = {n: q["cancel_requested"] for n, q in data["queues"].items() if q["cancel_requested"]}
     if cancels:
         lines.append("cancel requested, handler still running: "

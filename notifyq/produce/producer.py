@@ -11,16 +11,19 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors, shards, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce.lines import ReadError
-from notifyq.store import inserts, queries
+from notifyq.store import dedup, inserts, queries
 from notifyq.store.db import DriverError, Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
 
 log = logging.getLogger("notifyq.producer")
+
+# One encoder for every payload: json.dumps with options builds a new one per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class Producer:
@@ -39,13 +42,29 @@ class Producer:
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
-        self.locks = QueueLocks(config.dsn.database, queue)
-        self._session: Session | None = None
-        self._lock_session: Session | None = None
-        self._bell: Bell | None = None
+        self.placement = shards.Placement(config)
+        self._home = self.placement.home(queue)
+        self._turn = shards.RoundRobin(self.placement.names) if self.placement.spread(queue) else None
+        self._links: dict[str, _ShardLink] = {}  # shard name -> its sessions, opened on first use
         self._ring = ring
-        self._queue_known = False
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    # The home shard's sessions and bell (the only ones of a queue that is not spread).
+    @property
+    def locks(self) -> QueueLocks:
+        return self._link(self._home).locks
+
+    @property
+    def _session(self) -> Session | None:
+        return self._link(self._home).session
+
+    @property
+    def _lock_session(self) -> Session | None:
+        return self._link(self._home).lock_session
+
+    @property
+    def _bell(self) -> Bell | None:
+        return self._link(self._home).bell
 
     # -------------------------------------------------------- the API
 
@@ -57,25 +76,26 @@ class Producer:
         queue makes this a no-op that returns that job's id.
         """
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        return self._write([row], conn, unique=dedup_key is not None)[0]
+        shard = self.placement.for_key(self.queue, dedup_key) if dedup_key is not None else None
+        return self._write([row], conn, unique=dedup_key is not None, shard=shard)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
         """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
-        that each fit the server's max_allowed_packet."""
+        that each fit the server's max_allowed_packet. On a spread queue the jobs are dealt
+        round-robin over the shards and each shard's share is one transaction there: atomic per
+        shard, not across shards; the ids come back in the order of `payloads`."""
         if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
-        rows = [self._row(p, priority, delay, run_at, max_attempts, None) for p in payloads]
+        options = self._options(priority, delay, run_at, max_attempts, None)
+        rows = [(self.queue, *options, self._payload_text(p), None) for p in payloads]
         return self._write(rows, conn) if rows else []
 
     def close(self) -> None:
-        if self._bell is not None:
-            self._bell.disarm()
-        for session in (self._session, self._lock_session):
-            if session is not None:
-                session.close()
-        self._session = self._lock_session = self._bell = None
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
 
     def __enter__(self) -> "Producer":
         return self
@@ -88,9 +108,15 @@ class Producer:
     def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
              max_attempts: int | None, dedup_key: str | None) -> tuple:
         """Every argument checked before anything is written: one InputError line each."""
+        text = self._payload_text(payload)
+        return (self.queue, *self._options(priority, delay, run_at, max_attempts, dedup_key), text, dedup_key)
+
+    def _payload_text(self, payload: Any) -> str:
         try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-            size = len(text.encode())
+            text = _JSON.encode(payload)
+            # An ASCII text is its own size; any other is encoded, which also refuses a lone
+            # surrogate (ensure_ascii=False lets it through the JSON encoder).
+            size = len(text) if text.isascii() else len(text.encode())
         except (TypeError, ValueError) as e:  # also UnicodeEncodeError: a lone surrogate
             raise errors.InputError(f"payload is not JSON-serialisable: {values.shown(str(e))}") from None
         except RecursionError:
@@ -98,6 +124,12 @@ class Producer:
         limit = self.config.producer.max_payload_bytes
         if size > limit:
             raise errors.InputError(f"payload is {size} bytes, over the {limit}-byte limit")
+        return text
+
+    def _options(self, priority: int, delay: float, run_at: dt.datetime | None, max_attempts: int | None,
+                 dedup_key: str | None) -> tuple[int, int, int, int]:
+        """(status, priority, delay_us, max_attempts), checked: the same for every job of a call,
+        so put_many checks them once."""
         priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         if run_at is not None:
             if not isinstance(run_at, dt.datetime):
@@ -121,22 +153,39 @@ class Producer:
             except UnicodeEncodeError:
                 raise errors.InputError("dedup_key is not valid UTF-8") from None
         status = Status.SCHEDULED if delay > 0 else Status.READY
-        return (self.queue, int(status), priority, int(delay * 1e6), attempts, text, dedup_key)
+        return int(status), priority, int(delay * 1e6), attempts
 
-    def _insert_unique(self, cur, row: tuple) -> int:
-        keys = ("queue", "status", "priority", "delay_us", "max_attempts", "payload", "dedup_key")
-        job_id, created = inserts.insert_unique_job(cur, dict(zip(keys, row)))
-        if created:
-            queries.bump_signal(cur, self.queue, 1)
+    def _insert_unique(self, cur, row: tuple, max_packet: int) -> int:
+        """A pending job holding the key wins: its id, nothing written but the key's lock."""
+        held = dedup.holder(cur, self.queue, row[6])
+        if held is not None:
+            return held
+        job_id = inserts.insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(self.queue, 1))[0]
+        dedup.take(cur, self.queue, row[6], job_id)
         return job_id
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, shard: str | None = None) -> list[int]:
+        """Each row to its shard: the queue's one shard, the key's (`shard`), or in turn."""
+        if self._turn is None or shard is not None:
+            return self._write_shard(rows, conn, unique, self._home if shard is None else shard)
+        if conn is not None:
+            raise errors.InputError(f"conn: queue {self.queue} is spread over shards: a caller's transaction "
+                                    "is on one server (put it without conn, or pin the queue to a shard)")
+        dealt = self._turn.take(len(rows))
+        ids: list[int] = [0] * len(rows)
+        for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
+            mine = [i for i, s in enumerate(dealt) if s == name]
+            for i, job_id in zip(mine, self._write_shard([rows[i] for i in mine], None, unique, name)):
+                ids[i] = job_id
+        return ids
+
+    def _write_shard(self, rows: list[tuple], conn: Any, unique: bool, shard: str) -> list[int]:
         """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
         is sent (inserts.insert_jobs plans every chunk first)."""
         def body(cur, max_packet: int) -> list[int]:
             if unique:
                 inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
-                return [self._insert_unique(cur, rows[0])]
+                return [self._insert_unique(cur, rows[0], max_packet)]
             return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
 
@@ -154,31 +203,35 @@ class Producer:
                 if mine is e:
                     raise  # the caller's to handle (a deadlock: rerun its transaction)
                 raise mine from None
-        session = self._work_session()
-        bell = self._armed_bell()
+        link = self._link(shard)
+        session = link.work_session()
+        bell = link.armed_bell()
         seen: list[tuple | None] = [None]
 
         def with_bell(cur) -> list[int]:
             ids = body(cur, session.max_allowed_packet)
             if bell is not None:  # the COMMIT carries the look: is anyone watching?
-                seen[0] = session.commit_then_read(cur, *bell.look())
+                seen[0] = session.commit_then_read(cur, *bell.look(), result=ids)
             return ids
 
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
-        # (A COMMIT sent inside the body, with the ring's look, still ends in OutcomeUnknown.)
+        # The same for the COMMIT a ringing producer sends inside the body, with the ring's look
+        # (commit_then_read is handed the ids the body returns). A ring lost with it costs the
+        # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
         result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
                              committed=inserts.jobs_stored)
         if bell is not None:
             bell.after_commit(seen[0])
         elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
-            instant_wake(self._locks(), self.locks)
+            instant_wake(link.lock_sessions(), link.locks)
         return result
 
     def _check_fits(self, rows: list[tuple]) -> None:
-        """InputError for a row too big for the server, on notifyq's own session."""
-        session = self._work_session()
+        """InputError for a row too big for the server, on notifyq's own session (the home
+        shard's: the shards of one deployment share their settings)."""
+        session = self._link(self._home).work_session()
         inserts.check_fits(rows, session.max_allowed_packet, session.conn)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
@@ -192,25 +245,52 @@ class Producer:
         max_packet = self._caller_packets[conn] = inserts.max_allowed_packet(cur)
         return max_packet
 
-    def _work_session(self) -> Session:
-        if self._session is None:
-            self._session = Session(self.config.dsn, name="producer")
-        if not self._queue_known:
-            self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
-            self._queue_known = True
-        return self._session
+    def _link(self, shard: str) -> "_ShardLink":
+        if shard not in self._links:
+            self._links[shard] = _ShardLink(self.config.on_shard(shard), self.queue, self._ring)
+        return self._links[shard]
 
-    def _locks(self) -> Session:
-        if self._lock_session is None:
-            self._lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks")
-        return self._lock_session
 
-    def _armed_bell(self) -> Bell | None:
-        if not self._ring or not self.config.wakeup.use_locks:
+class _ShardLink:
+    """A producer's sessions and bell on one shard, each opened on first use."""
+
+    def __init__(self, config: Config, queue: str, ring: bool):
+        self.config = config  # its dsn is the shard's
+        self.queue = queue
+        self.ring = ring
+        self.locks = QueueLocks(config.dsn.database, queue)
+        self.session: Session | None = None
+        self.lock_session: Session | None = None
+        self.bell: Bell | None = None
+        self.queue_known = False
+
+    def work_session(self) -> Session:
+        if self.session is None:
+            self.session = Session(self.config.dsn, name="producer")
+        if not self.queue_known:
+            self.session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
+            self.queue_known = True
+        return self.session
+
+    def lock_sessions(self) -> Session:
+        if self.lock_session is None:
+            self.lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks")
+        return self.lock_session
+
+    def armed_bell(self) -> Bell | None:
+        if not self.ring or not self.config.wakeup.use_locks:
             return None
-        if self._bell is None:
-            self._bell = Bell(self._locks(), self.queue, self.locks)
-        return self._bell if self._bell.arm() else None
+        if self.bell is None:
+            self.bell = Bell(self.lock_sessions(), self.queue, self.locks)
+        return self.bell if self.bell.arm() else None
+
+    def close(self) -> None:
+        if self.bell is not None:
+            self.bell.disarm()
+        for session in (self.session, self.lock_session):
+            if session is not None:
+                session.close()
+        self.session = self.lock_session = self.bell = None
 
 
 # ------------------------------------------------------------ `notifyq produce` from a stream

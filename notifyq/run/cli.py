@@ -191,11 +191,14 @@ def init(obj: Context, grant_user: str | None) -> None:
     if grant_user:
         click.echo("\n".join(schema.grants(cfg.dsn.database, grant_user)))
         return
-    before, after = schema.init(cfg.dsn, cfg.connect_retry(oneshot=True), retry_log_level=logging.DEBUG)
-    if before == after:
-        click.echo(f"schema of {cfg.dsn.database} is up to date (version {after})")
-    else:
-        click.echo(f"schema of {cfg.dsn.database}: version {before or 'none'} -> {after}")
+    for shard in cfg.shard_names():  # with [shards]: every shard, each its own schema
+        dsn = cfg.on_shard(shard).dsn
+        where = f" on shard {shard}" if shard else ""
+        before, after = schema.init(dsn, cfg.connect_retry(oneshot=True), retry_log_level=logging.DEBUG)
+        if before == after:
+            click.echo(f"schema of {dsn.database}{where} is up to date (version {after})")
+        else:
+            click.echo(f"schema of {dsn.database}{where}: version {before or 'none'} -> {after}")
 
 
 @main_group.command("config")
@@ -210,7 +213,9 @@ def show_config(obj: Context, as_json: bool) -> None:
     for key in ("dsn", "password_file", "connect_retry_s", "sources"):
         if key in data:
             click.echo(f"{key} = {json.dumps(data[key])}")
-    for section in ("log", "wakeup", "consumer", "producer", "defaults"):
+    for section in ("shards", "log", "wakeup", "consumer", "producer", "defaults"):
+        if section not in data:
+            continue
         click.echo(f"\n[{section}]")
         for k, v in data[section].items():
             click.echo(f"{k} = {json.dumps(v)}")
@@ -227,19 +232,15 @@ def show_config(obj: Context, as_json: bool) -> None:
 def status(obj: Context, queue: str | None, as_json: bool) -> None:
     """Per queue: ready, delayed, claimed, dead, oldest ready age; and the live consumers."""
     from notifyq.ops import status as status_mod
-    from notifyq.store import schema
-    from notifyq.store.db import oneshot_session
+    from notifyq.run import fanout
 
     cfg = obj.oneshot_config()
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
-    session = oneshot_session(cfg.dsn, cfg.connect_retry(oneshot=True), "status")
-    try:
-        schema.require_current(session)
-        data = status_mod.collect(session, queue)
-    finally:
-        session.close()
+    answers, down = fanout.on_shards(cfg, "status", lambda session: status_mod.collect(session, queue))
+    data = status_mod.merge(answers, down) if cfg.shards else answers[""]
     click.echo(json.dumps(data, indent=2) if as_json else status_mod.render(data))
+    fanout.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
 
 
 @main_group.command()
@@ -259,17 +260,16 @@ def resume(obj: Context, queue: str) -> None:
 
 
 def _set_paused(obj: Context, queue: str, paused: bool) -> None:
-    from notifyq.store import queries, schema
-    from notifyq.store.db import oneshot_session
+    from notifyq import shards
+    from notifyq.run import fanout
+    from notifyq.store import queries
 
     cfg = obj.oneshot_config()
     config_mod.validate_queue_name(queue)
-    session = oneshot_session(cfg.dsn, cfg.connect_retry(oneshot=True), "admin")
-    try:
-        schema.require_current(session)
-        created = queries.set_paused(session, queue, paused)
-    finally:
-        session.close()
+    answers, down = fanout.on_shards(cfg, "admin", lambda session: queries.set_paused(session, queue, paused),
+                                     shards.Placement(cfg).shards_of(queue))
+    fanout.fail_if_down(down)  # every shard of the queue, or an error naming the ones not reached
+    created = all(answers.values())
     state = "paused" if paused else "resumed"
     if created:  # a typo would otherwise pause nothing, in silence
         state = f"created {'paused' if paused else 'running'} (no job or consumer had used this queue yet)"

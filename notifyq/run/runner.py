@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from notifyq import errors
+from notifyq import errors, shards
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.store import schema
@@ -34,14 +34,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("notifyq.runner")
 
 
-def _require_schema(cfg: Config, *, oneshot: bool) -> None:
+def _require_schema(cfg: Config, queue: str, *, oneshot: bool) -> None:
+    """The schema of every shard that takes `queue`'s jobs (one server: the one)."""
     retry_s = cfg.connect_retry(oneshot=oneshot)
-    session = (oneshot_session(cfg.dsn, retry_s, "startup") if oneshot
-               else Session(cfg.dsn, retry_s=retry_s, name="startup"))
-    try:
-        schema.require_current(session)
-    finally:
-        session.close()
+    for shard in shards.Placement(cfg).shards_of(queue):
+        dsn = cfg.on_shard(shard).dsn
+        session = (oneshot_session(dsn, retry_s, "startup") if oneshot
+                   else Session(dsn, retry_s=retry_s, name="startup"))
+        try:
+            schema.require_current(session)
+        finally:
+            session.close()
 
 
 def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority: int, delay: float,
@@ -60,7 +63,7 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
     from notifyq.produce.producer import Producer  # a consumer's start-up need not load it
 
-    _require_schema(cfg, oneshot=True)
+    _require_schema(cfg, queue, oneshot=True)
     with Producer(queue, cfg) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
@@ -189,8 +192,8 @@ class _Stream:
                       exc_info=not isinstance(e, errors.NotifyqError))
         else:
             old = self.producer.config
-            _warn_fixed(old, new, [("dsn", lambda c: c.dsn)])
-            new = dataclasses.replace(new, dsn=old.dsn)
+            _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
+            new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
             logs.set_level(new.log.level)
             # Read per batch and per row: the next batch uses them (producer._batches).
             self.producer.config, self.producer.queue_config = new, new.queue(self.producer.queue)
@@ -226,7 +229,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         notifier = daemon_mod.SystemdNotifier()
         max_line = max(65536, 8 * cfg.producer.max_payload_bytes)  # escapes and spaces widen a line
         source = stack.enter_context(LineSource(input_path, follow, max_line))
-        _require_schema(cfg, oneshot=False)
+        _require_schema(cfg, queue, oneshot=False)
         rejects = None
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from notifyq.store import queries
+from notifyq.store import dedup, queries
 from notifyq.store.db import Session
 from notifyq.store.sql import QUERIES as Q
 
@@ -76,8 +76,22 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         return 0
 
     def body(cur) -> int:
-        cur.execute(Q["job_retry"], {"ids": [j[0] for j in jobs]})
-        n = cur.rowcount
+        ids = [j[0] for j in jobs]
+        cur.execute(Q["keyed_jobs"], {"ids": ids})
+        keyed = cur.fetchall()
+        alone = {job_id for job_id, _, _ in keyed}
+        plain = [job_id for job_id in ids if job_id not in alone]
+        n = 0
+        if plain:
+            cur.execute(Q["job_retry"], {"ids": plain})
+            n += cur.rowcount
+        for job_id, queue, key in keyed:  # each under its key's lock, if no other job holds it
+            if dedup.holder(cur, queue, key) not in (None, job_id):
+                continue
+            cur.execute(Q["job_retry"], {"ids": [job_id]})
+            if cur.rowcount:
+                dedup.take(cur, queue, key, job_id)
+                n += 1
         if n:
             for queue in {j[1] for j in jobs}:
                 queries.bump_signal(cur, queue, n)

@@ -20,16 +20,18 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import MySQLdb
 import MySQLdb.converters
-import tenacity
 from MySQLdb.constants import FIELD_TYPE
 
 from notifyq import errors
 from notifyq.config import DSN
 from notifyq.store.sql import QUERIES
+
+if TYPE_CHECKING:
+    import tenacity
 
 log = logging.getLogger("notifyq.db")
 T = TypeVar("T")
@@ -37,7 +39,9 @@ T = TypeVar("T")
 # Run the transaction again on a live connection.
 RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
 # The connection is gone or the server cannot serve us right now: reconnect, then run again.
-RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040})
+# 1180 (an error during COMMIT): on Galera, a node that dropped out of the primary component
+# (a membership change, a node resuming after a pause) refuses the COMMIT; nothing was stored.
+RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040, 1180})
 ACCESS_DENIED = frozenset({1044, 1045, 1698})
 UNKNOWN_DATABASE = 1049
 DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows
@@ -48,6 +52,14 @@ CONFLICT_WINDOW_S = 60.0
 # Identity of the server a session runs on: what a consumer records as the node holding its
 # liveness lock, compared in SQL by the reaper's queries (queries.sql uses the same expression).
 NODE_IDENTITY_SQL = "CONCAT(@@hostname, ':', @@port)"
+# A multi-host DSN: a writer node that is paused (SIGSTOP, a frozen VM, a network that drops
+# packets) keeps its sockets open and answers nothing, so a session learns of it only from its
+# own timeouts. Reads give up after FAILOVER_READ_TIMEOUT_S (above innodb_lock_wait_timeout, 10 s,
+# and Galera's eviction stall of ~6.5 s, the longest a healthy node keeps a statement waiting),
+# and a connect after FAILOVER_CONNECT_TIMEOUT_S (a paused node accepts the TCP connection but
+# never greets): a session moves to the next ready node within about the sum of the two.
+FAILOVER_READ_TIMEOUT_S = 12
+FAILOVER_CONNECT_TIMEOUT_S = 4
 _WSREP_STATUS = ("SHOW GLOBAL STATUS WHERE Variable_name IN "
                  "('wsrep_provider_name', 'wsrep_ready', 'wsrep_local_state_comment', 'wsrep_cluster_status')")
 
@@ -99,6 +111,8 @@ def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WAR
     costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
     the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
     server that is gone (the last error is raised, as at the deadline)."""
+    import tenacity  # here: most processes never retry, and it costs a few ms of start-up
+
     backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
 
     def wait(rs: tenacity.RetryCallState) -> float:
@@ -204,6 +218,28 @@ CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
                FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal}
 
 
+class Pending:
+    """A statement sent without waiting for its reply (Session.send_later, send_commit).
+
+    The reply is read before the session's next statement, or by Session.settle(). `failed`
+    is known once `settled`: for a COMMIT it means the transaction is not ours to count on,
+    whether the server refused it or the connection was lost before the reply (then its outcome
+    is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
+
+    __slots__ = ("what", "commit", "replied", "settled", "error")
+
+    def __init__(self, what: str, commit: bool):
+        self.what = what
+        self.commit = commit
+        self.replied = 0  # replies of the query read already (send_commit: all but the COMMIT's)
+        self.settled = False
+        self.error: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
 class Session:
     """One MySQLdb connection that knows how to rebuild itself.
 
@@ -223,7 +259,9 @@ class Session:
         # acks and give-backs must be.
         self.stop = stop
         self.autocommit = autocommit
-        self.read_timeout_s = read_timeout_s
+        # Waits inside statements (GET_LOCK, the watch's SLEEP) are bounded by this (wakeup.py).
+        self.read_timeout_s = (min(read_timeout_s, FAILOVER_READ_TIMEOUT_S) if len(dsn.servers) > 1
+                               else read_timeout_s)
         # The server ends the session after this long without a statement (wait_timeout), and
         # frees its advisory locks: for short-lived sessions that hold a lock others need, so a
         # client host that vanished without closing its connection blocks them only this long.
@@ -233,14 +271,21 @@ class Session:
         self.retry_log_level = retry_log_level
         self.use_database = use_database  # False: `init`, before CREATE DATABASE
         self._conn: MySQLdb.connections.Connection | None = None
+        # A multi-host DSN: the process's writer choice, and the index of the node this session's
+        # connection is on. When another session moved the choice, this one follows at its next
+        # transaction instead of finding out from its own read timeout (a paused node).
+        self._choice = WriterChoice.of(dsn) if len(dsn.servers) > 1 else None
+        self._server_index = -1
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
         self.server_version = ""
         self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
         self.connection_id: int | None = None  # readable from other threads (the stopper)
-        self._unread = False  # a statement sent by send_later whose reply is still on the wire
+        self._pending: Pending | None = None  # a statement whose reply is still on the wire
+        self.failed_commits = 0  # COMMITs sent ahead (send_commit) that failed or were lost
         self._attempt_idempotent = True
         self._committed_in_body = False
         self._committing_in_body = False  # inside commit_then_read's COMMIT
+        self._body_result: Any = None  # what the body returns after commit_then_read's COMMIT
         self._rendered: dict[tuple, str] = {}  # commit_then_read's statements, bound
         self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
         self.galera = False  # the server is a Galera node (wsrep provider loaded)
@@ -248,21 +293,27 @@ class Session:
         self._conflict_times: list[float] = []
 
     @property
+    def connected(self) -> bool:
+        """False while (re)connecting, or before the first connect: for health views."""
+        return self._conn is not None
+
+    @property
     def conn(self) -> MySQLdb.connections.Connection:
         if self._conn is None:
             self.connect()
+        if self._pending is not None:
+            self.settle()
+            if self._conn is None:  # the reply was a lost connection
+                self.connect()
         assert self._conn is not None
-        if self._unread:
-            self._read_later_reply()
         return self._conn
 
     def connect(self) -> None:
         self.discard()
         started = time.monotonic()
+        what = f"connect {self.name}"
         try:
-            for attempt in retry_policy(self.retry_s, f"connect {self.name}", self.retry_log_level, self.stop):
-                with attempt:
-                    self._conn = self._open()
+            _, attempts, _ = self._retrying(self._open_into, what, started, self.stop)
         except MySQLdb.Error as e:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
@@ -271,8 +322,43 @@ class Session:
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
             ) from None
-        self._say_back(attempt.retry_state.attempt_number, started, f"connect {self.name}")
+        self._say_back(attempts, started, what)
         self.generation += 1
+
+    def _open_into(self) -> None:
+        self._conn = self._open()
+
+    def _retrying(self, step: Callable[[], T], what: str, started: float,
+                  stop: threading.Event | None = None) -> tuple[T, int, bool]:
+        """Run `step` under the retry policy: (its result, attempts taken, whether the first
+        failure was a lost connection).
+
+        The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
+        as much as a round trip, on every claim, ack and put, and importing tenacity a few ms
+        of every process's start. Only a transient failure enters the policy, which is handed
+        that failure as its attempt 1, so the backoff, the log lines and the give-up deadline
+        (counted from `started`) are what they were."""
+        try:
+            return step(), 1, False
+        except MySQLdb.Error as e:
+            if not is_transient(e):
+                raise
+            first: MySQLdb.Error | None = e
+            lost = is_connection_lost(e)
+        remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
+        for attempt in retry_policy(remaining_s, what, self.retry_log_level, stop):
+            with attempt:
+                if first is not None:
+                    failed, first = first, None
+                    self._count_conflict(failed, what)
+                    raise failed
+                try:
+                    result = step()
+                except MySQLdb.Error as e:
+                    self._count_conflict(e, what)
+                    raise
+                return result, attempt.retry_state.attempt_number, lost
+        raise AssertionError("unreachable")
 
     def _say_back(self, attempts: int, started: float, what: str) -> None:
         """After retrying, one line that the server answers again (the retries each logged one)."""
@@ -284,7 +370,7 @@ class Session:
         servers = self.dsn.servers
         if len(servers) == 1:
             return self._open_server(0, check_ready=False)
-        choice = WriterChoice.of(self.dsn)
+        choice = self._choice
         last: MySQLdb.Error | None = None
         for index in choice.order(len(servers)):
             try:
@@ -294,6 +380,7 @@ class Session:
                     raise
                 last = e
                 continue
+            self._server_index = index
             with choice.lock:
                 if choice.index != index and choice.chosen:
                     old = servers[choice.index]
@@ -318,8 +405,10 @@ class Session:
                 **args,
                 autocommit=self.autocommit,
                 # One attempt never outlasts the retry budget by much (a one-shot command's
-                # few seconds), nor 10 s (a host that drops packets).
-                connect_timeout=min(10, max(3, math.ceil(self.retry_s))),
+                # few seconds), nor 10 s (a host that drops packets), nor, with several nodes
+                # to choose from, FAILOVER_CONNECT_TIMEOUT_S (a paused node).
+                connect_timeout=min(10 if len(self.dsn.servers) == 1 else FAILOVER_CONNECT_TIMEOUT_S,
+                                    max(3, math.ceil(self.retry_s))),
                 read_timeout=self.read_timeout_s,
                 write_timeout=30,
                 conv=CONVERSIONS,
@@ -362,7 +451,8 @@ class Session:
         return conn
 
     def discard(self) -> None:
-        self._unread = False
+        if self._pending is not None:  # its reply is never read: a COMMIT's outcome is unknown
+            self._fail_pending(MySQLdb.OperationalError(2013, "connection discarded before the reply"))
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -372,43 +462,118 @@ class Session:
             self.connection_id = None
 
     def close(self) -> None:
+        if self._pending is not None and self._conn is not None:
+            self.settle()  # a COMMIT sent ahead is read, not left to an unknown outcome
         self.discard()
 
     def cursor(self):
         return self.conn.cursor()
 
     def send_later(self, sql: str, params: dict[str, Any]) -> None:
-        """Send one result-less statement (DO ...) and return without waiting for its reply.
+        """Send statements and return without waiting for their reply.
 
-        The server acts on it as soon as it arrives; the reply is read before this session's
-        next statement. For the watch hand-off: the next idle consumer is granted the watch
-        lock while this one already runs its batch, a round trip sooner. Only on autocommit
-        sessions, and only for statements whose failure needs no handling beyond a reconnect
-        (a lost connection frees every advisory lock it held anyway).
+        The server acts on them as soon as they arrive; the reply is read (and any rows
+        discarded) before this session's next statement. For the watch hand-off: the next idle
+        consumer is granted the watch lock while this one already runs its batch, a round trip
+        sooner. Only on autocommit sessions, and only for statements whose failure needs no
+        handling beyond a reconnect: a failure ends the connection, which frees every advisory
+        lock it held.
         """
         assert self.autocommit
         conn = self.conn
         cur = conn.cursor()
         try:
-            query = cur.mogrify(sql, params).encode(conn.encoding)
+            query = cur.mogrify(sql, params)
         finally:
             cur.close()
         try:
-            conn.send_query(query)
+            conn.send_query(query.encode(conn.encoding))
         except MySQLdb.Error as e:
             self._after_error(e)
             return
-        self._unread = True
+        self._pending = Pending("send later", commit=False)
 
-    def _read_later_reply(self) -> None:
-        self._unread = False
+    @property
+    def commit_rides_along(self) -> bool:
+        """Whether a COMMIT may share a multi-statement query with other statements (one round
+        trip). Not on a Galera node: there a COMMIT inside a multi-statement query returned OK
+        for transactions a certification conflict had rolled back (writers on two nodes: 357 of
+        2,400 jobs acknowledged and not stored), so it goes alone, a round trip more."""
+        return not self.galera
+
+    def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str) -> Pending:
+        """A transaction's last statements and its COMMIT as one multi-statement query, of which
+        only the COMMIT's reply is left on the wire: it is read before this session's next
+        statement, or by settle().
+
+        The statements' own replies are read here (their errors are the body's, and rerun it as
+        any statement's would): when this returns they have run and the rows they wrote are
+        ours but for the COMMIT's fsync (about 3 ms on a plain disk), which the caller need not
+        wait for. For the claim: its jobs may start at once. If that COMMIT then fails or its
+        connection is lost, the rows unlock and may be claimed again elsewhere, a duplicate run
+        of the kind a crash allows under at-least-once, and the claim token fences this claim's
+        acks. So the failure is not retried (nothing would run the work again here): it is
+        recorded in the returned Pending, counted (failed_commits) and logged. Closes `cur`:
+        the COMMIT is the transaction's last word. Only in an idempotent Session.run body.
+        """
+        if not self._attempt_idempotent or self.autocommit or not statements:
+            raise AssertionError("send_commit is for idempotent transactions with statements")
+        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
+                           + (["COMMIT"] if self.commit_rides_along else []))
+        cur.close()  # now: closing it later would read the connection while the reply is due
+        conn = self.conn
+        pending = Pending(what, commit=True)
+        conn.send_query(query.encode(conn.encoding))
+        self._pending = pending
         try:
-            self._conn.read_query_result()
+            conn.read_query_result()
+            for _ in statements[1:]:
+                conn.next_result()
+            if not self.commit_rides_along:
+                conn.send_query(b"COMMIT")  # once the statements answered
+        except BaseException:
+            self._pending = None  # a statement failed: the server ran nothing after it
+            raise
+        pending.replied = len(statements) if self.commit_rides_along else 0
+        self._committed_in_body = True
+        return pending
+
+    def settle(self) -> None:
+        """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
+        COMMIT's failure is its Pending's (and counted); a statement sent later that failed
+        ends the connection, as a lost one would (send_later says which statements may)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        conn = self._conn
+        try:
+            if pending.replied:
+                conn.next_result()  # the COMMIT's, after the statements' replies read already
+            else:
+                conn.read_query_result()
+                conn.discard_result()
+            while conn.next_result() == 0:  # the rest of a multi-statement query
+                conn.discard_result()
         except MySQLdb.Error as e:
-            if not is_connection_lost(e):
-                raise
-            self.discard()
-            self.connect()
+            self._fail_pending(e, pending)
+            if pending.commit:
+                self._after_error(e)  # lost: discard; else ROLLBACK, so the rows unlock now
+            else:
+                self.discard()
+        finally:
+            pending.settled = True
+
+    def _fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
+        if pending is None:
+            pending, self._pending = self._pending, None
+        if pending is None or pending.settled:
+            return
+        pending.error, pending.settled = exc, True
+        if pending.commit:
+            self.failed_commits += 1
+            log.warning("a COMMIT sent ahead failed what=%s session=%s error=%r: the transaction is "
+                        "not ours to count on (the claim's jobs may run again elsewhere; its acks "
+                        "are fenced)", pending.what, self.name, describe(exc))
 
     def commit_with(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
         """A transaction's last statements and its COMMIT, sent as one multi-statement query.
@@ -420,21 +585,25 @@ class Session:
         """
         if not self._attempt_idempotent or self.autocommit:
             raise AssertionError("commit_with is for idempotent transactions only")
-        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements] + ["COMMIT"])
+        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
+                           + (["COMMIT"] if self.commit_rides_along else []))
         cur.execute(query)
         rowcounts = [cur.rowcount]
         while cur.nextset():
             rowcounts.append(cur.rowcount)
+        if not self.commit_rides_along:
+            cur.connection.commit()
         self._committed_in_body = True
         return rowcounts[:len(statements)]
 
-    def commit_then_read(self, cur, sql: str, params: dict[str, Any]) -> tuple | None:
+    def commit_then_read(self, cur, sql: str, params: dict[str, Any], *, result: Any = None) -> tuple | None:
         """COMMIT, and one read that must see the world after it, as one multi-statement query:
         one round trip, as a bare COMMIT. Returns the read's first row, or None if the read
         failed after the COMMIT succeeded (the read is advice: the transaction is done, and
         must not be run again for it). A lost connection during the COMMIT leaves its outcome
-        unknown: Session.run treats it as it treats a lost COMMIT (OutcomeUnknown, or a rerun
-        of an idempotent body)."""
+        unknown: Session.run treats it as it treats a lost COMMIT after the body (a rerun of an
+        idempotent body; else its `committed` test, asked about `result`, the value the body
+        returns after this call; else OutcomeUnknown)."""
         if self.autocommit:
             raise AssertionError("commit_then_read is for transactions")
         # Bound once per statement and values: a producer sends the same look after every put,
@@ -442,13 +611,19 @@ class Session:
         key = (sql, tuple(sorted(params.items())))
         query = self._rendered.get(key)
         if query is None:
-            query = self._rendered[key] = "COMMIT;\n" + cur.mogrify(sql, params)
-        self._committing_in_body = True
-        cur.execute(query)  # the COMMIT's result: raises if the COMMIT failed
+            query = self._rendered[key] = ("COMMIT;\n" if self.commit_rides_along else "") + cur.mogrify(sql, params)
+        self._committing_in_body, self._body_result = True, result
+        if self.commit_rides_along:
+            cur.execute(query)  # the COMMIT's result: raises if the COMMIT failed
+        else:
+            cur.connection.commit()
         self._committing_in_body = False
         self._committed_in_body = True
         try:
-            cur.nextset()
+            if self.commit_rides_along:
+                cur.nextset()
+            else:
+                cur.execute(query)
             row = cur.fetchone()
             while cur.nextset():
                 pass
@@ -481,34 +656,12 @@ class Session:
 
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
              committed: Callable[[Any, T], bool] | None) -> T:
-        # The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
-        # as much as a round trip, on every claim, ack and put. Only a transient failure enters
-        # the policy, which is handed that failure as its attempt 1, so the backoff, the log
-        # lines and the give-up deadline (counted from the first attempt) are what they were.
         started = time.monotonic()
-        try:
-            return self._attempt(body, idempotent, committed)
-        except MySQLdb.Error as e:
-            if not is_transient(e):
-                raise
-            first: MySQLdb.Error | None = e
-            lost = is_connection_lost(e)
-        remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
-        for attempt in retry_policy(remaining_s, what, self.retry_log_level):
-            with attempt:
-                if first is not None:
-                    failed, first = first, None
-                    self._count_conflict(failed, what)
-                    raise failed
-                try:
-                    result = self._attempt(body, idempotent, committed)
-                except MySQLdb.Error as e:
-                    self._count_conflict(e, what)
-                    raise
-                if lost:  # a deadlock retried is no outage: nothing to announce
-                    self._say_back(attempt.retry_state.attempt_number, started, what)
-                return result
-        raise AssertionError("unreachable")
+        result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed),
+                                                what, started)
+        if lost:  # a deadlock retried is no outage: nothing to announce
+            self._say_back(attempts, started, what)
+        return result
 
     def _count_conflict(self, exc: BaseException, what: str) -> None:
         """Count a 1213 (the transaction is rerun whole). One now and then is a deadlock; a steady
@@ -530,7 +683,9 @@ class Session:
                  committed: Callable[[Any, T], bool] | None = None) -> T:
         committing = False
         self._attempt_idempotent, self._committed_in_body = idempotent, False
-        self._committing_in_body = False
+        self._committing_in_body, self._body_result = False, None
+        if self._choice is not None and self._conn is not None and self._choice.index != self._server_index:
+            self.discard()  # another session of this process failed over: follow it (never mid-transaction)
         try:
             cur = self.conn.cursor()
             try:
@@ -546,10 +701,11 @@ class Session:
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
-            in_body = self._committing_in_body  # commit_then_read's COMMIT: no result to return
+            in_body = self._committing_in_body  # commit_then_read's COMMIT: its `result` stands in
             committing = committing or in_body
-            if (committing and not in_body and is_connection_lost(e) and not idempotent
-                    and committed is not None):
+            if committing and is_connection_lost(e) and not idempotent and committed is not None:
+                if in_body:
+                    result = self._body_result
                 if self._landed(committed, result):
                     return result
                 raise  # not stored: the policy runs it again

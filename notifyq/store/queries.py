@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import MySQLdb
 
 from notifyq.jobs import Job
-from notifyq.store.db import Ids, Session, error_code
+from notifyq.store.db import Ids, Pending, Session, error_code
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
@@ -57,6 +57,10 @@ class Claim:
     token: int
     drained: bool  # every ready job seen was taken (by us or a peer): nothing left behind
     paused: bool
+    # The claim's COMMIT, sent and not yet read when claim() returns (Session.send_commit): its
+    # jobs may start at once. It is read before the work session's next statement; if it
+    # failed, the claim is lost: start no more of its jobs (their acks would be fenced anyway).
+    commit: Pending | None = None
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
@@ -64,14 +68,16 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Three round trips: the candidate read; the locking read (one per window, usually one);
-    the mark with its COMMIT in one multi-statement query (Session.commit_with).
+    the mark with its COMMIT in one multi-statement query, whose reply is not waited for
+    (Session.send_commit): the rows are locked, so the jobs may start while the COMMIT's
+    fsync runs, and a COMMIT that fails after all loses the claim like a crash would.
     as_watcher: the watcher's claim. It reads the queue's enqueue count in the candidates'
     round trip, as a statement of its own just before them (READ COMMITTED: a fresh snapshot
     per statement, so every job that count includes is visible to the candidate read), and if
     the claim drains the queue it records that count as watched, in the claim's own COMMIT:
     the next watcher then does not wake for work already taken.
     """
-    token = secrets.randbits(63)
+    token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
 
     def body(cur) -> Claim:
@@ -125,14 +131,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             # Last before COMMIT: the queue row's lock is held only for the commit itself, not
             # also while claim_mark rewrites the batch (a ringing producer updates that row too).
             last.append((Q["mark_watched"], {"queue": queue, "seq": seen_seq}))
-        if last:
-            session.commit_with(cur, last)
+        commit = session.send_commit(cur, last, what=f"claim {queue}") if last else None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
             for r in locked
         ]
-        return Claim(jobs, token, drained, False)
+        return Claim(jobs, token, drained, False, commit)
 
     runs = 0
     connection: int | None = None
@@ -285,9 +290,10 @@ def release_lock(session: Session, name: str) -> int | None:
     return one_value(session, "release_lock", {"name": name}, "release_lock")
 
 
-def release_lock_later(session: Session, name: str) -> None:
-    """RELEASE_LOCK without waiting for the reply (Session.send_later)."""
-    session.send_later(Q["release_lock_later"], {"name": name})
+def hand_watch_on(session: Session, name: str, queue: str) -> None:
+    """Release the watch lock once the claim's COMMIT is done, without waiting for either
+    (Session.send_later; the statement says how)."""
+    session.send_later(Q["hand_watch_on"], {"name": name, "queue": queue})
 
 
 def lock_holder(session: Session, name: str) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import secrets
 
 import MySQLdb
 
@@ -132,6 +131,8 @@ def create_demo_database(dsn: DSN, retry_s: float = 10.0) -> tuple[DSN, str]:
     Plain CREATE DATABASE (no IF NOT EXISTS): an existing database of that name is an error,
     so the database is provably this call's. Returns (its DSN, the token drop_database needs).
     """
+    import secrets  # here: a consumer's start-up need not load it
+
     target = dataclasses.replace(dsn, database=f"notifyq_demo_{secrets.token_hex(6)}")
     token = secrets.token_hex(16)
     server = Session(target, autocommit=True, retry_s=retry_s, name="demo", use_database=False)
@@ -182,7 +183,7 @@ def grants(database: str, user: str) -> list[str]:
         raise errors.InputError(f"invalid user {user!r}: expected 'name'@'host' or name")
     if "@" not in user:
         user = f"'{user}'@'%'"
-    tables = ("nq_job", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic")
+    tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic")
     out = [f"GRANT SELECT ON `{database}`.`nq_meta` TO {user};"]
     out += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{t}` TO {user};" for t in tables]
     return out

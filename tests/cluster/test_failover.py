@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from conftest import REPO, notifyq_cmd, run_cli, wait_until
 from notifyq.dsn import DSN
 from notifyq.consume import reaper
+from notifyq.consume.heartbeat import Heartbeat
 from notifyq.store import db as store_db
 from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
@@ -246,3 +248,118 @@ def test_killing_the_writer_loses_nothing_and_reaps_no_live_consumer(cluster, ds
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_a_paused_writer_is_left_within_the_bound_by_every_session_and_not_failed_back_to(cluster, dsn_url):
+    """Regression: SIGSTOP keeps the writer's sockets open, so its clients saw no error, only
+    silence, until a 60 s read timeout (a consumer's worker then gave up; the producer exited)."""
+    dsn = DSN.parse(dsn_url)
+    a, b = Session(dsn, name="a"), Session(dsn, name="b")
+    for s in (a, b):
+        s.connect()
+        assert _port_of(s) == cluster.node(1).port
+    # When node 1, the writer, is paused
+    cluster.pause(1)
+    paused_at = time.monotonic()
+    # Then a transaction on one session runs on node 2 within the bound (its read times out,
+    # the paused node's connect times out, the next ready node takes it)
+    assert a.run(lambda cur: cur.execute("SELECT 1") and cur.fetchone()[0], what="t") == 1
+    moved_s = time.monotonic() - paused_at
+    bound_s = store_db.FAILOVER_READ_TIMEOUT_S + store_db.FAILOVER_CONNECT_TIMEOUT_S + 3
+    assert _port_of(a) == cluster.node(2).port and moved_s < bound_s, (moved_s, bound_s)
+    # And the process's other session follows at its next transaction, without its own timeout
+    followed_at = time.monotonic()
+    assert b.run(lambda cur: cur.execute("SELECT 2") and cur.fetchone()[0], what="t") == 2
+    assert _port_of(b) == cluster.node(2).port and time.monotonic() - followed_at < 2.0
+    # And once node 1 is resumed and Synced again, neither they nor a new session go back to it
+    cluster.resume(1)
+    c = Session(dsn, name="c")
+    c.connect()
+    for s in (a, b, c):
+        assert s.run(lambda cur: cur.execute("SELECT 3") and cur.fetchone()[0], what="t") == 3
+        assert _port_of(s) == cluster.node(2).port
+        s.close()
+    print(f"paused writer left after {moved_s:.2f} s (bound {bound_s} s)")
+
+
+def test_a_heartbeat_lands_on_the_next_node_well_inside_the_staleness_bound_after_the_writer_pauses(
+        cluster, dsn_url):
+    """Regression: the heartbeat's beat waited out the 12 s read timeout on the paused writer, then
+    a whole interval before its next try: it landed ~23 s after the last one (past POLLING_STALE_S,
+    30 s, on a busy host), and reapers on the other nodes took a live consumer's jobs back."""
+    database = DSN.parse(dsn_url).database
+    consumer_id = uuid.uuid4().hex
+    on2 = Session(_on(dsn_url, cluster, 2), name="observer")  # reads the row where the beat must land
+    liveness.register_consumer(on2, consumer_id, locks.consumer_lock(database, consumer_id), "h", 1, [QUEUE],
+                               "locks", node="node-1")
+    beat = Heartbeat(DSN.parse(dsn_url), lambda: consumer_id, lease_s=20.0, name="t")
+
+    def last_seen():
+        return on2.run(lambda cur: cur.execute("SELECT last_seen FROM nq_consumer WHERE id = %s",
+                                               (consumer_id,)) and cur.fetchone()[0], what="t")
+
+    try:
+        beat.beat()  # on node 1, the writer
+        assert _port_of(beat._session) == cluster.node(1).port
+        beat.start()
+        # Given a beat that just landed (the next one is due in an interval: it meets the pause)
+        first = last_seen()
+        landed = wait_until(lambda: (seen := last_seen()) > first and seen, 10, message="a beat")
+        # When node 1, the writer, is paused
+        cluster.pause(1)
+        # Then the next beat lands on another node within two intervals and a connect timeout
+        # (not a read timeout of 12 s and another interval), well inside POLLING_STALE_S
+        bound_s = 2 * beat.interval_s + store_db.FAILOVER_CONNECT_TIMEOUT_S + 3
+        after = wait_until(lambda: (seen := last_seen()) > landed and seen, queries.POLLING_STALE_S,
+                           interval=0.2, message="a beat after the pause")
+        gap_s = (after - landed).total_seconds()
+        print(f"heartbeat gap across a paused writer: {gap_s:.2f} s (bound {bound_s} s)")
+        assert gap_s < bound_s, (gap_s, bound_s)
+        assert not beat.lost.is_set()
+    finally:
+        beat.stop()
+        on2.run(lambda cur: cur.execute("DELETE FROM nq_consumer WHERE id = %s", (consumer_id,)), what="t")
+        on2.close()
+
+
+def test_ringing_producers_writing_through_two_nodes_lose_no_acknowledged_job(cluster, dsn_url):
+    """Regression: a ringing producer sent its COMMIT at the head of a multi-statement query
+    (with the bell's look), and on Galera that COMMIT returned OK for transactions a certification
+    conflict had already rolled back: with writers on two nodes (new processes started after a
+    failed writer returned), 10-15 % of acknowledged jobs were never stored."""
+    import threading
+
+    from notifyq import config as config_mod
+    from notifyq.produce.producer import Producer
+
+    acked: dict[int, list[int]] = {1: [], 2: []}
+
+    def produce(node: int) -> None:
+        node_url = f"mysql://root@127.0.0.1:{cluster.node(node).port}/{DSN.parse(dsn_url).database}"
+        cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": node_url})
+        with Producer("split", cfg, ring=True) as producer:
+            for i in range(300):
+                acked[node] += producer.put_many([{"i": i}] * 3) if i % 2 else [producer.put({"i": i})]
+
+    # Given two ringing producers, one writing through node 1 and one through node 2, whose
+    # commits conflict (both bump the queue's signal row)
+    threads = [threading.Thread(target=produce, args=(node,)) for node in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    # Then every job either of them was acknowledged is stored
+    probe = Session(DSN.parse(dsn_url), name="probe")
+
+    def stored(cur):
+        cur.execute("SET SESSION wsrep_sync_wait = 1")
+        cur.execute("SELECT id FROM nq_job WHERE queue = 'split'")
+        return {r[0] for r in cur.fetchall()}
+
+    try:
+        rows = probe.run(stored, what="t")
+        for node, ids in acked.items():
+            assert len(ids) == 600 and not set(ids) - rows, (node, len(set(ids) - rows))
+    finally:
+        probe.run(lambda cur: cur.execute("DELETE FROM nq_job WHERE queue = 'split'"), what="t")
+        probe.close()

@@ -33,7 +33,11 @@ from .history import Fault, History, JobKey, Run
 # explain runs of that process; server faults explain every run.
 PROCESS_CAUSES = {"sigkill": "sigkill", "poison_exit": "poison", "stall": "stall",
                   "kill_connection": "kill_connection"}
-SERVER_CAUSES = {"server_restart": "server", "server_crash": "server"}
+# On a Galera cluster (tests/cluster/fault_run.py) a node fault reaches every process through
+# the failover it forces (or the eviction stall of a paused non-writer): its window runs from the
+# fault until the node is a Synced member again. A duplicate it explains was in flight then.
+SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
+                 "writer_kill": "failover_kill", "node_pause": "failover_pause"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
 CLAIMED = 2

@@ -10,7 +10,6 @@ under the bare name `conftest`, and this file would then shadow tests/conftest.p
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import TestDB, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, wait_until
+from conftest import TestDB, client_ports, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, wait_until
 
 from notifyq.config import DSN
 from notifyq.run.localserver import LocalServer
@@ -166,54 +165,35 @@ def write_config(path: Path, text: str) -> Path:
 # ------------------------------------------------------------------ which connection is whose
 
 
-def _socket_inodes(pid: int) -> set[int]:
-    inodes = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
-def client_ports(pid: int) -> set[int]:
-    """Local TCP ports of `pid`'s sockets (from /proc: no psutil needed)."""
-    inodes = _socket_inodes(pid)
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if int(fields[9]) in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def connections_of(testdb: TestDB, pid: int) -> dict[int, str]:
     """{connection id: COMMAND} of the server sessions process `pid` holds right now."""
+    return {cid: command for cid, (command, _) in _sessions_of(testdb, pid).items()}
+
+
+def _sessions_of(testdb: TestDB, pid: int) -> dict[int, tuple[str, int]]:
+    """{connection id: (COMMAND, QUERY_ID of its latest statement)} of process `pid`."""
     ports = client_ports(pid)
-    rows = testdb.query("SELECT ID, HOST, COMMAND FROM information_schema.PROCESSLIST WHERE USER = %s",
+    rows = testdb.query("SELECT ID, HOST, COMMAND, QUERY_ID FROM information_schema.PROCESSLIST WHERE USER = %s",
                         (testdb.dsn.user,))
-    return {int(cid): command for cid, host, command in rows
+    return {int(cid): (command, int(query_id)) for cid, host, command, query_id in rows
             if ":" in host and int(host.rsplit(":", 1)[1]) in ports}
 
 
 def consumer_sessions(testdb: TestDB, pid: int) -> tuple[int, int, str]:
-    """(work connection id, lock connection id, consumer id) of a one-worker consumer process."""
+    """(work connection id, lock connection id, consumer id) of a busy one-worker consumer.
+
+    The lock session is its queue's watcher session, which holds the liveness lock. Besides it
+    such a process has its work session, and in polling mode a heartbeat session that beats
+    every few seconds: the work session is the one that ran the latest statement (the server
+    numbers statements in order)."""
     rows = testdb.query("SELECT id, IS_USED_LOCK(lock_name) FROM nq_consumer WHERE pid = %s", (pid,))
     assert len(rows) == 1, f"expected one registration of pid {pid}, got {rows}"
     consumer_id, lock_conn = rows[0]
-    conns = connections_of(testdb, pid)
+    conns = _sessions_of(testdb, pid)
     assert lock_conn in conns, f"lock session {lock_conn} is not among {conns} of pid {pid}"
-    others = [c for c in conns if c != lock_conn]
-    assert len(others) == 1, f"expected one work session besides {lock_conn}, got {conns}"
-    return others[0], int(lock_conn), consumer_id
+    others = {c: query_id for c, (_, query_id) in conns.items() if c != lock_conn}
+    assert 1 <= len(others) <= 2, f"expected a work session besides {lock_conn}, got {conns}"
+    return max(others, key=others.get), int(lock_conn), consumer_id
 
 
 # ------------------------------------------------------------------ driving consumers

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import time
@@ -60,6 +61,8 @@ class RunResult:
     drained: bool
     wall_s: float
     workdir: Path
+    running_at_end: int = 0  # consumer slots whose process still ran when the fleet was stopped
+    false_reclaims: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         lines = [self.plan.describe(),
@@ -101,10 +104,8 @@ class FaultRun:
     def run(self) -> RunResult:
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        if self.template is not None:
-            shutil.copytree(self.template, self.server.datadir)
         t0 = time.monotonic()
-        self.server.start()
+        self._start_server()
         ok = False
         try:
             with _library_log_to(self.logs / "harness.log"):  # the producer's retries during restarts
@@ -113,19 +114,34 @@ class FaultRun:
             return result
         finally:
             self.fleet.reap_all()
-            if self.keep or (self.keep is None and not ok):  # a failure keeps its evidence
-                self.server.stop()
-            else:
-                self.server.cleanup()
+            keep = self.keep or (self.keep is None and not ok)  # a failure keeps its evidence
+            self._stop_server(keep)
+            if not keep:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # The server(s): one private server here; a Galera cluster in tests/cluster/fault_run.py.
+
+    def _start_server(self) -> None:
+        if self.template is not None:
+            shutil.copytree(self.template, self.server.datadir)
+        self.server.start()
+
+    def _stop_server(self, keep: bool) -> None:
+        if keep:
+            self.server.stop()
+        else:
+            self.server.cleanup()
+
+    def _server_dsn(self) -> str:
+        return self.server.dsn
 
     def _run(self, t0: float) -> RunResult:
         plan = self.plan
-        ensure_runtime_user(config_mod.DSN.parse(self.server.dsn))
-        self.dbs: dict[str, TestDB] = {"main": create_test_db(self.server.dsn)}
+        ensure_runtime_user(config_mod.DSN.parse(self._server_dsn()))
+        self.dbs: dict[str, TestDB] = {"main": create_test_db(self._server_dsn())}
         ewe = "exit_when_empty" in plan.classes
         if ewe:
-            self.dbs["batch"] = create_test_db(self.server.dsn)
+            self.dbs["batch"] = create_test_db(self._server_dsn())
         self.runtime_user = self.dbs["main"].dsn.user
         self.configs = {mode: write_config(self.workdir / f"{mode}.toml", plan.lease_s, mode == "polling")
                         for mode in ("locks", "polling")}
@@ -135,14 +151,14 @@ class FaultRun:
             self.fleet.slots.append(self._spawn_slot(slot))
         self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots), 60,
                                     "the consumers started")
-        workload = Workload("main", self._config("main"), QUEUE, plan.seed, plan.classes, plan.jobs,
-                            plan.duration_s, plan.lease_s)
+        workload = self._workload(self._config("main"))
         batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
         self._play(workload, batch_producer)
         workload.join(30)
         if batch_producer is not None:
             batch_producer.close()
         drained = self._drain()
+        running_at_end = sum(c.alive() for c in self.fleet.slots)
         codes = self.fleet.stop_all(plan.lease_s * 3 + 15)
         history = self._history(workload)
         report = checker.check(history)
@@ -151,7 +167,25 @@ class FaultRun:
         if self.rolling_restarts:
             kinds["rolling_restart"] = self.rolling_restarts
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
-                         workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir)
+                         workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
+                         running_at_end, self._false_reclaims())
+
+    def _false_reclaims(self) -> list[str]:
+        """Live consumers a reaper judged dead: a consumer that logged it was judged stale, or a
+        reaped registration whose process was never killed nor stopped by the schedule."""
+        out = []
+        reaped = re.compile(r"(?:consumer died|heartbeat stopped), jobs returned consumer=([0-9a-f]+)")
+        for consumer in self.fleet.started:
+            text = consumer.err.read_text()
+            if "heartbeat was judged stale" in text:
+                out.append(f"pid {consumer.pid} says its heartbeat was judged stale")
+            for cid in reaped.findall(text):
+                pid = next((p for (_, c), p in self.monitor.pid_of.items() if c == cid), None)
+                victim = self.fleet.by_pid(pid) if pid is not None else None
+                if victim is not None and victim.killed_at is None and not victim.stopped and not any(
+                        f.pid == pid for f in self.faults if f.kind == "stall"):
+                    out.append(f"consumer {cid[:8]} (pid {pid}, never killed) reaped, seen by pid {consumer.pid}")
+        return out
 
     def _play(self, workload: Workload, batch_producer: Producer | None) -> None:
         """The schedule: its faults at their offsets, the second deployment's cron runs, and a
@@ -179,7 +213,15 @@ class FaultRun:
                 next_tick = now + 0.5
                 self._respawn_exited()
                 self.monitor.tick()
+                self._tick()
             time.sleep(0.05)  # the driver's pace, not a synchronisation
+
+    def _workload(self, config: config_mod.Config) -> Workload:
+        plan = self.plan
+        return Workload("main", config, QUEUE, plan.seed, plan.classes, plan.jobs, plan.duration_s, plan.lease_s)
+
+    def _tick(self) -> None:
+        """Twice a second while the schedule runs: the cluster harness follows its nodes here."""
 
     def _config(self, deploy: str) -> config_mod.Config:
         env = {k: v for k, v in self.dbs[deploy].env.items() if k.startswith("NOTIFYQ_")}
@@ -224,6 +266,11 @@ class FaultRun:
             recent = workload.enqueues[-50:]
             if recent:
                 self._cancel(recent[int(step.pick * len(recent))].job)
+        else:
+            self._inject_server_fault(step)
+
+    def _inject_server_fault(self, step: Step) -> None:
+        raise ValueError(f"no such fault here: {step.kind}")
 
     def _resume_due_stalls(self, now: float, all_of_them: bool = False) -> None:
         for item in list(self.stalls):

@@ -25,7 +25,7 @@ class Root:
         deadline = time.monotonic() + retry_s
         while True:
             try:
-                conn = MySQLdb.connect(**self.dsn.connect_args(), autocommit=True, connect_timeout=2)
+                conn = self._connect()
             except MySQLdb.OperationalError:
                 if time.monotonic() >= deadline:
                     raise
@@ -37,6 +37,27 @@ class Root:
                 return list(cur.fetchall())
             finally:
                 conn.close()
+
+    def _connect(self):
+        """The first server of the DSN that answers and takes queries (every node of a cluster is
+        tried: one may be down, paused or out of the primary component)."""
+        last: MySQLdb.OperationalError | None = None
+        for index in range(len(self.dsn.servers)):
+            try:
+                conn = MySQLdb.connect(**self.dsn.connect_args(index), autocommit=True, connect_timeout=2,
+                                       read_timeout=5)
+                if len(self.dsn.servers) > 1:
+                    cur = conn.cursor()
+                    cur.execute("SHOW GLOBAL STATUS LIKE 'wsrep_ready'")
+                    row = cur.fetchone()
+                    if not row or row[1] != "ON":  # out of the primary component: 1047 to every read
+                        conn.close()
+                        raise MySQLdb.OperationalError(1047, "node not ready")
+                return conn
+            except MySQLdb.OperationalError as e:
+                last = e
+        assert last is not None
+        raise last
 
     def scalar(self, sql: str, params=None):
         rows = self.query(sql, params)

@@ -93,6 +93,41 @@ class Plan:
                 f"lease {self.lease_s:g}s, classes {','.join(self.classes) or '-'}; timed faults: {faults}")
 
 
+# Faults on a node of a Galera cluster (tests/cluster/fault_run.py), never in FAULT_CLASSES: the
+# single-server schedule has no cluster to run them on.
+NODE_FAULTS = ("writer_kill", "node_pause")
+NODE_WRITER_PAUSE = 0.6  # a node_pause whose pick is below this pauses the writer, else another node
+
+
+def make_cluster_plan(seed: int, duration_s: float, jobs: int, consumers: int = 3, lease_s: float = 20.0,
+                      node_every_s: float = 30.0, fault_every_s: float = 4.0) -> Plan:
+    """The schedule on a 3-node cluster: a node fault every `node_every_s` (writer kill and node
+    pause by turns, the first chosen by the seed), a killed node restarted after 6-10 s, a paused
+    one resumed after 14-18 s; consumer SIGKILLs
+    at random between them. The lease outlasts a paused writer's failover (about 16 s), so a batch
+    in flight keeps its claim and is acked on the new writer."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    first = rng.randrange(2)
+    t, i = min(6.0, node_every_s / 3), 0
+    while t < duration_s:
+        kind = NODE_FAULTS[(first + i) % 2]
+        # A pause outlasts the sessions' read timeout (store/db.py FAILOVER_READ_TIMEOUT_S, 12 s):
+        # they find the writer silent, not back.
+        length = rng.uniform(14.0, 18.0) if kind == "node_pause" else rng.uniform(6.0, 10.0)
+        steps.append(Step(round(t, 3), kind, rng.random(), round(length, 3)))
+        t, i = t + node_every_s, i + 1
+    t = 0.0
+    while True:
+        t += rng.uniform(0.5, 1.5) * fault_every_s
+        if t >= duration_s:
+            break
+        steps.append(Step(round(t, 3), "sigkill", rng.random()))
+    classes = ("sigkill",) + NODE_FAULTS
+    return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(sorted(steps, key=lambda s: s.at_s)),
+                fault_every_s)
+
+
 def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int, consumers: int = 4,
               lease_s: float = 4.0, fault_every_s: float = 1.5) -> Plan:
     rng = random.Random(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import checker
 from .history import Enqueue, Fault, FinalRow, History, Run
-from .schedule import CI_CLASSES, make_plan, parse_classes
+from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
 
@@ -212,3 +212,26 @@ def test_a_job_killed_while_it_ran_alone_may_end_dead_and_one_killed_elsewhere_m
               Fault("kill_connection", 1.6, 1.6, 12), Fault("sigkill", 0.5, 0.5, 12)]
     report = checker.check(history(runs, [enq(1), enq(2), enq(3)], faults=faults, rows=rows))
     assert [v.job for v in report.violations if v.rule == "innocent_dead"] == [("main", 2)]
+
+
+def test_a_second_run_inside_a_failover_window_is_put_down_to_it_and_one_after_it_is_caught():
+    # Given a Galera node fault from 1.5 s until the node was a Synced member again at 9 s
+    for kind, cause in (("writer_kill", "failover_kill"), ("node_pause", "failover_pause")):
+        window = Fault(kind, 1.5, 9.0, detail="node 1 (writer)")
+        # When a job ran at 1.0 s and again at 8 s (its batch in flight at the failover)
+        inside = checker.check(history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 8.0, 8.1)], [enq(1)],
+                                       faults=[window]))
+        # Then the second run is the failover's
+        assert inside.ok and inside.duplicates == {cause: 1}, inside.violations
+        # And a job whose both runs come a lease after the window is a violation
+        after = history([run(2, 1, 10, 20.0, 20.1), run(2, 2, 11, 21.0, 21.1)], [enq(2)], faults=[window])
+        assert rules(after) == {"run_twice": 1}
+
+
+def test_a_cluster_plan_kills_and_pauses_nodes_by_turns_and_a_seed_replays_it():
+    a = make_cluster_plan(5, 120, 1000, node_every_s=30)
+    assert a == make_cluster_plan(5, 120, 1000, node_every_s=30)
+    nodes = [s.kind for s in a.steps if s.kind in ("writer_kill", "node_pause")]
+    assert len(nodes) == 4 and set(nodes[0::2]) == {nodes[0]} and set(nodes[1::2]) == {nodes[1]} != {nodes[0]}
+    assert all(s.length_s > 12 for s in a.steps if s.kind == "node_pause")  # beyond the read timeout
+    assert "writer_kill" not in parse_classes("all")  # the single-server schedule has no nodes

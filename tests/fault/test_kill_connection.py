@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from conftest import wait_until
 
 from notifyq.store import locks
@@ -57,22 +58,29 @@ def test_killing_a_consumers_work_session_three_times_costs_reconnects_and_no_jo
     assert consumer.alive()
 
 
-def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registered(fdb, procs, tmp_path):
-    # Given two consumers busy with 150 jobs (sped-up reaper, so the dead lock is seen quickly)
+# Three workers and no peer: the victim's own reaper is the only one that can take its claims
+# back, and it must not run before the process took its lock back (or claim under a free lock).
+@pytest.mark.parametrize("workers, with_peer", [(1, True), (3, False)])
+def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registered(
+        fdb, procs, tmp_path, workers, with_peer):
+    # Given busy consumers and 150 jobs (sped-up reaper, so the dead lock is seen quickly); the
+    # victim's workers share one registration, whose lock its queue's watcher session holds
     out = tmp_path / "runs"
     fast = write_config(tmp_path / "fast.toml", "[consumer]\nreap_interval_s = 0.5\n"
                         "[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 5.0\n")
     env = {**recorder_env(fdb, out, sleep_s=0.05), "NOTIFYQ_CONFIG": str(fast)}
-    victim = procs.consumer(env, "l", "--batch-size", "10")
-    peer = procs.consumer(env, "l", "--batch-size", "10")
+    victim = procs.consumer(env, "l", "--batch-size", "10", "--workers", str(workers))
+    peer = procs.consumer(env, "l", "--batch-size", "10") if with_peer else None
     old_id = consumer_id_of(fdb, victim.pid)
-    consumer_id_of(fdb, peer.pid)
+    if peer is not None:
+        consumer_id_of(fdb, peer.pid)
     produce(fdb, "l", 150)
     wait_until(lambda: len(finished_counts(read_runs(out))) >= 20, 30, message="20 done")
 
     # When the victim's lock session is KILLed in the middle of a batch
     held = freeze_mid_batch(fdb, victim, old_id)
-    _, lock_conn, _ = consumer_sessions(fdb, victim.pid)
+    lock_conn = fdb.scalar("SELECT IS_USED_LOCK(lock_name) FROM nq_consumer WHERE id = %s", (old_id,))
+    assert lock_conn in connections_of(fdb, victim.pid)
     _kill(fdb, lock_conn)
     victim.signal(signal.SIGCONT)
 
@@ -93,9 +101,10 @@ def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registe
     duplicates = {job for job, n in counts.items() if n > 1}
     assert len(counts) == 150
     assert duplicates <= held
-    assert victim.alive() and peer.alive()
-    print(f"\nlock session killed: {len(held)} jobs held, {len(duplicates)} ran twice, "
-          f"{'kept its id' if new_id == old_id else 're-registered'}")
+    assert fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE pid = %s", (victim.pid,)) == 1
+    assert victim.alive() and (peer is None or peer.alive())
+    print(f"\nlock session of {workers} worker(s) killed: {len(held)} jobs held, {len(duplicates)} ran "
+          f"twice, {'kept its id' if new_id == old_id else 're-registered'}")
 
 
 def test_killing_a_streaming_producers_sessions_between_batches_loses_no_line(fdb, procs, tmp_path):

@@ -51,12 +51,16 @@ class Workload(threading.Thread):
     """Enqueues `jobs` jobs on `queue` at an even pace over `duration_s`."""
 
     def __init__(self, deploy: str, config: Config, queue: str, seed: int, classes: tuple[str, ...],
-                 jobs: int, duration_s: float, lease_s: float):
+                 jobs: int, duration_s: float, lease_s: float, methods: tuple[str, ...] = METHODS,
+                 ring: bool = False):
+        """ring: a second, long-lived producer that rings the consumers' bell (Producer(ring=True))
+        takes every other enqueue, chosen at random; methods: the enqueue paths to use."""
         super().__init__(name=f"workload-{deploy}", daemon=True)
         self.deploy, self.config, self.queue = deploy, config, queue
         self.rng = random.Random(seed)
         self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs)
         self.jobs, self.duration_s = jobs, duration_s
+        self.methods, self.ring = methods, ring
         self.enqueues: list[Enqueue] = []
         self.unknown = 0
         self.errors = 0
@@ -68,15 +72,16 @@ class Workload(threading.Thread):
         rate = self.jobs / self.duration_s
         produced = 0
         next_burst = started + BURST_EVERY_S / 2 if "due_priority" in self.mix.classes else float("inf")
-        with Producer(self.queue, self.config) as producer:
+        with Producer(self.queue, self.config) as plain, Producer(self.queue, self.config, ring=self.ring) as ringer:
             while produced < self.jobs and not self.stop.is_set():
                 due = started + produced / rate
                 if self.stop.wait(max(0.0, due - time.monotonic())):  # pacing, not synchronisation
                     break
                 if time.monotonic() >= next_burst:
                     next_burst += BURST_EVERY_S
-                    self._burst(producer)
-                method = self.rng.choice(METHODS)
+                    self._burst(plain)
+                producer = ringer if self.ring and self.rng.random() < 0.5 else plain
+                method = self.rng.choice(self.methods)
                 n = self.rng.randint(5, 60) if method == "put_many" else 1
                 n = min(n, self.jobs - produced)
                 try:

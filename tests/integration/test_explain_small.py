@@ -2,7 +2,7 @@
 
 test_claim.py locks the claim's plan on 100k rows. On a few hundred rows the optimizer judged
 a 100-id IN list not worth a range read and scanned instead (a full table scan, or a full scan
-of PRIMARY or of ix_lease), and a locking scan locks every row it passes: consumers waited on,
+of PRIMARY or of a status index), and a locking scan locks every row it passes: consumers waited on,
 and deadlocked over, each other's claimed rows. These statements now say FORCE INDEX (PRIMARY);
 each EXPLAIN here must show a PRIMARY key range.
 """
@@ -21,7 +21,7 @@ OWNER = "e" * 32
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
-         "promote_due")
+         "promote_due", "keyed_jobs")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
 
@@ -80,11 +80,13 @@ def test_every_by_id_statement_is_pinned_above():
     assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in BY_ID)
 
 
-def test_expired_claims_are_read_by_owner_through_ix_owner_on_300_rows(db, small_queue):
+@pytest.mark.parametrize("name", ["claims_expired", "claims_of_owner"])
+def test_claims_are_taken_back_through_the_claimed_range_of_ix_state_on_300_rows(db, small_queue, name):
     # Given 300 jobs of one queue, 100 of them claimed by one consumer
     session, claim = small_queue
-    # When the reaper's locking read of expired claims is explained for that owner
-    plan = explain(session, QUERIES["claims_expired"], {"owners": (OWNER, "f" * 32)})
-    # Then nq_job is read through ix_owner only (it locks what it reads)
+    # When the reaper's locking read of a consumer's claims is explained for that owner
+    plan = explain(session, QUERIES[name], {"owners": (OWNER, "f" * 32), "owner": OWNER})
+    # Then nq_job is read through the claimed range of ix_state only (it locks what it reads):
+    # the 200 ready jobs are never passed
     rows = [r for r in plan if r["table"] == "nq_job"]
-    assert rows and all(r["key"] == "ix_owner" and r["type"] in ("range", "ref") for r in rows), plan
+    assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan

@@ -1,4 +1,4 @@
-"""Session's one-round-trip helpers against a real server: commit_with and send_later."""
+"""Session's one-round-trip helpers against a real server: commit_with, send_commit and send_later."""
 
 import MySQLdb
 import pytest
@@ -22,18 +22,23 @@ def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
         session.close()
 
 
-def test_commit_with_a_failing_statement_commits_nothing_and_the_session_goes_on(db):
+@pytest.mark.parametrize("helper", ["commit_with", "send_commit"])
+def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, helper):
     db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
     session = Session(db.admin)
+    send = (lambda cur, statements: session.commit_with(cur, statements)) if helper == "commit_with" \
+        else (lambda cur, statements: session.send_commit(cur, statements, "test"))
     try:
-        # The second statement breaks the primary key: the server stops there, before COMMIT
+        # The second statement breaks the primary key: the server stops there, before COMMIT (and
+        # send_commit reads that reply before it returns: the failure is the body's)
         with pytest.raises(MySQLdb.IntegrityError):
-            session.run(lambda cur: session.commit_with(cur, [
+            session.run(lambda cur: send(cur, [
                 ("UPDATE t SET v = 9 WHERE id = %(id)s", {"id": 1}),
                 ("UPDATE t SET id = 1 WHERE id = %(id)s", {"id": 2}),
             ]), what="test")
         assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 0)]
+        assert session.failed_commits == 0  # a statement's failure is no lost COMMIT
         # and the connection is in step: the next transaction runs normally
         assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
                            what="test") == 2
@@ -87,3 +92,22 @@ def test_send_later_on_a_connection_killed_meanwhile_reconnects_at_the_next_stat
     finally:
         holder.close()
         killer.close()
+
+
+def test_send_commit_reads_each_statements_reply_and_the_commits_at_the_next_statement(db):
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
+    session = Session(db.admin)
+    try:
+        # When a transaction's last statements go out with its COMMIT, sent ahead
+        pending = session.run(lambda cur: session.send_commit(cur, [
+            ("UPDATE t SET v = 7 WHERE id = %(id)s", {"id": 1}),
+            ("UPDATE t SET v = 8 WHERE id = %(id)s", {"id": 2}),
+        ], "test"), what="test")
+        assert not pending.settled
+        # Then the session's next statement reads the COMMIT's reply first, and runs in step
+        assert session.run(lambda c: (c.execute("SELECT SUM(v) FROM t"), c.fetchone()[0])[1], what="test") == 15
+        assert pending.settled and not pending.failed and session.failed_commits == 0
+        assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 7), (2, 8)]
+    finally:
+        session.close()

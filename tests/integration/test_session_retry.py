@@ -73,6 +73,15 @@ def test_a_deadlock_retried_is_not_announced_as_an_outage(db):
         session.close()
 
 
+def _lose_the_connection(session, cur, commit_first: bool) -> None:
+    """The server kills the session's connection; commit_first: after its transaction committed."""
+    if commit_first:
+        cur.connection.commit()
+    killer = admin_connect(session.dsn)
+    killer.cursor().execute("KILL %s", (session.connection_id,))
+    killer.close()
+
+
 def _enqueue_once_then_lose_the_connection(session, calls: list, commit_first: bool):
     """An enqueue transaction whose first attempt loses its connection at COMMIT: killed by the
     server before the COMMIT arrives (not stored), or right after a COMMIT the body sent itself
@@ -82,11 +91,7 @@ def _enqueue_once_then_lose_the_connection(session, calls: list, commit_first: b
         ids = inserts.insert_jobs(cur, [("q", 0, 0, 0, 3, '{"n": 1}', None)], max_rows=10,
                                   max_packet=session.max_allowed_packet)
         if len(calls) == 1:
-            if commit_first:
-                cur.connection.commit()
-            killer = admin_connect(session.dsn)
-            killer.cursor().execute("KILL %s", (session.connection_id,))
-            killer.close()
+            _lose_the_connection(session, cur, commit_first)
         return ids
 
     return body
@@ -110,3 +115,48 @@ def test_an_enqueue_whose_commit_reply_was_lost_is_run_again_only_if_it_was_not_
             session.run(lambda cur: cur.execute("DELETE FROM nq_job"), what="t")
         finally:
             session.close()
+
+
+def _lose_the_ringing_commit(producer, commit_first: bool) -> list:
+    """The producer's first COMMIT sent with the ring's look (commit_then_read) loses its
+    connection: killed before the COMMIT arrives (not stored), or right after the transaction
+    was committed (stored, the reply lost), as when the writer node dies around the COMMIT."""
+    session = producer._link(producer._home).work_session()
+    real = session.commit_then_read
+    calls: list = []
+
+    def commit_then_read(cur, sql, params, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            _lose_the_connection(session, cur, commit_first)
+        return real(cur, sql, params, **kw)
+
+    session.commit_then_read = commit_then_read
+    return calls
+
+
+def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
+    """Regression: a producer that rings sends its COMMIT inside the enqueue (with the ring's
+    look); a lost connection there raised OutcomeUnknown, where a plain put() asks whether the
+    jobs are stored and carries on. A job with a dedup key is never enqueued twice, and no job
+    is silently dropped."""
+    from notifyq.produce.producer import Producer
+
+    cfg = db.config()
+    for commit_first in (False, True):
+        for dedup_key in (None, f"key-{commit_first}"):
+            with Producer("rq", cfg, ring=True) as producer:
+                producer.put({"warm-up": True})  # connects and arms the bell
+                assert producer._bell is not None and producer._bell.held is not None
+                producer._session.run(lambda cur: cur.execute("DELETE FROM nq_job"), what="t")
+                calls = _lose_the_ringing_commit(producer, commit_first)
+                # When the put's COMMIT loses its connection
+                with Lines() as log:
+                    job = producer.put({"n": 1}, dedup_key=dedup_key)
+                # Then the put returns the one job stored, run again only if it was not stored
+                rows = producer._session.run(
+                    lambda cur: (cur.execute("SELECT id FROM nq_job"), cur.fetchall())[1], what="t")
+                assert [r[0] for r in rows] == [job], (commit_first, dedup_key, rows)
+                assert len(calls) == (1 if commit_first else 2)
+                said = "was stored, not run again" if commit_first else "was not stored: running it again"
+                assert any(said in line for line in log.lines), log.lines

@@ -218,7 +218,6 @@ def test_an_ack_fenced_out_by_the_claim_token_counts_as_lost_not_as_done(db, ses
 def test_init_upgrades_a_version_1_database_and_migration_2_can_run_twice(db):
     # Given a database at schema version 1 with a job in it
     db.query("ALTER TABLE nq_job DROP COLUMN suspect")
-    db.query("ALTER TABLE nq_job DROP INDEX ix_finished")  # migration 3's; it runs again too
     db.query("UPDATE nq_meta SET value = '1' WHERE name = 'schema_version'")
     db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) VALUES ('q', 0, NOW(6), 5, '{}')")
 

@@ -65,7 +65,7 @@ def test_a_reaper_whose_session_reconnects_after_taking_a_dead_peers_lock_leaves
         db.query(f"KILL CONNECTION {int(reaping.connection_id)}")
         wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(%s)", (lock_name,)) == 1, 10,
                    message="the reaper's hold on the lock gone")
-        # ... and the peer reconnects and takes its own lock back (worker._register(old_id))
+        # ... and the peer reconnects and takes its own lock back (Presence._register(old_id))
         assert queries.get_lock(came_back, lock_name, 0) == 1
 
     _KillAfterLock.lock_name = lock_name

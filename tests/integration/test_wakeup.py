@@ -88,11 +88,8 @@ class Fleet:
         try:
             while any(t.is_alive() for t in self.threads) and time.monotonic() < deadline:
                 for w, t in zip(self.workers, self.threads):
-                    if t.is_alive() and w.lock.connection_id:
-                        try:  # a KILL between two statements is lost: repeat until they are out
-                            queries.kill_query(killer, w.lock.connection_id)
-                        except Exception:
-                            pass
+                    if t.is_alive():  # a KILL between two statements is lost: repeat until they are out
+                        w.presence.interrupt_waits(killer)
                 for t in self.threads:
                     t.join(0.1)
         finally:
@@ -289,7 +286,6 @@ def test_a_bell_left_free_by_a_half_armed_ringer_costs_one_claim_per_consumer_no
     try:
         with Fleet(cfg, 3, recorder) as fleet:
             wait_settled(db, 3)
-            assert db.scalar("SELECT bell FROM nq_queue WHERE queue = %s", (Q,)) == 0
             half_armed.cursor().execute("SELECT GET_LOCK(%s, 0)", (bells[1],))
             before, t0 = questions.read(), time.monotonic()
             # When the fleet idles in that state for 3 s
@@ -464,14 +460,16 @@ def test_a_lock_session_killed_while_waiting_reconnects_and_still_picks_up_work(
     recorder = Recorder()
     with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg) as producer:
         wait_settled(db, 2)
-        # When root kills both lock sessions (KILL CONNECTION) in the middle of their waits
+        # When root kills both lock sessions (KILL CONNECTION: the queue's watcher session, which
+        # holds the liveness lock) in the middle of their waits
         for worker in fleet.workers:
-            db.query(f"KILL CONNECTION {int(worker.lock.connection_id)}")
+            db.query(f"KILL CONNECTION {int(worker.presence.session.connection_id)}")
 
         def registered_again(w) -> bool:
             # the liveness lock (taken back, or a new one) is held by the *new* connection
             name = lock_name(db.dsn.database, "c", w.consumer_id)
-            return w.lock.generation > 1 and db.scalar("SELECT IS_USED_LOCK(%s)", (name,)) == w.lock.connection_id
+            live = w.presence.session
+            return live.generation > 1 and db.scalar("SELECT IS_USED_LOCK(%s)", (name,)) == live.connection_id
 
         # Then both reconnect and hold a liveness lock again before claiming anything (a worker
         # queued in GET_LOCK notices when that statement, rerun on the new connection, returns:
@@ -502,7 +500,7 @@ def test_lock_sessions_survive_a_wait_timeout_shorter_than_a_batch(db):
             recorder.wait_for(job_id, 5)
             wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 10, message="acked")
             # Then no lock session was dropped: same connections, same registrations
-            assert [w.lock.generation for w in fleet.workers] == [1, 1]
+            assert [w.presence.session.generation for w in fleet.workers] == [1, 1]
             assert {w.consumer_id for w in fleet.workers} == ids
             assert sum(w.stats.lost_acks for w in fleet.workers) == 0
             put_and_time(producer, recorder, 3.5 + cfg.wakeup.poll_max_s + MARGIN_S)

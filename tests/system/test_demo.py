@@ -133,7 +133,8 @@ def test_create_demo_database_never_reuses_an_existing_database(server_dsn, monk
     conn = admin_connect(root)
     conn.cursor().execute("CREATE DATABASE IF NOT EXISTS `notifyq_demo_aaaaaaaaaaaa`")
     conn.close()
-    monkeypatch.setattr(schema.secrets, "token_hex", lambda n: "a" * (2 * n))
+    import secrets  # the demo imports it when it names its database
+    monkeypatch.setattr(secrets, "token_hex", lambda n: "a" * (2 * n))
     try:
         # Then creating the demo's database fails rather than adopt it
         with pytest.raises(errors.DatabaseError, match="cannot create the demo database"):

@@ -81,16 +81,22 @@ def _claimed_by(db, pid: int) -> int:
                      "WHERE c.pid = %s AND j.status = 2", (pid,))
 
 
+def _killed_holding_five(db, tmp_path, consumers):
+    """A consumer that claimed 5 slow jobs, then SIGKILLed: its env and the jobs' ids."""
+    env = _env(db, tmp_path, _config(tmp_path, "nq"), sleep_s=60)
+    victim = consumers.start(env, "--batch-size", "5")
+    ids = _produce(db, 5)
+    wait_until(lambda: _claimed_by(db, victim.pid) == 5, 30, message="the victim holds all 5 jobs")
+    victim.kill()
+    victim.wait(10)
+    return env, ids
+
+
 def test_exit_when_empty_takes_back_a_killed_consumers_jobs_and_runs_them(db, tmp_path):
     consumers = Consumers(tmp_path)
     try:
         # Given a consumer that claimed 5 slow jobs and was then SIGKILLed
-        env = _env(db, tmp_path, _config(tmp_path, "nq"), sleep_s=60)
-        victim = consumers.start(env, "--batch-size", "5")
-        ids = _produce(db, 5)
-        wait_until(lambda: _claimed_by(db, victim.pid) == 5, 30, message="the victim holds all 5 jobs")
-        victim.kill()
-        victim.wait(10)
+        env, ids = _killed_holding_five(db, tmp_path, consumers)
         # When `consume --exit-when-empty` runs
         result = subprocess.run(notifyq_cmd("consume", "-q", QUEUE, "--handler", "nqhandlers:record",
                                             "--exit-when-empty"),
@@ -109,12 +115,7 @@ def test_a_consumer_takes_back_a_dead_peers_jobs_before_its_own_first_claim(db, 
     consumers = Consumers(tmp_path)
     try:
         # Given a consumer that claimed 5 slow jobs and was then SIGKILLed, and 5 newer jobs
-        env = _env(db, tmp_path, _config(tmp_path, "nq"), sleep_s=60)
-        victim = consumers.start(env, "--batch-size", "5")
-        held = _produce(db, 5)
-        wait_until(lambda: _claimed_by(db, victim.pid) == 5, 30, message="the victim holds all 5 jobs")
-        victim.kill()
-        victim.wait(10)
+        env, held = _killed_holding_five(db, tmp_path, consumers)
         _produce(db, 5)
         # When a consumer starts (a cron run, one job only) and claims a batch of 10
         result = subprocess.run(notifyq_cmd("consume", "-q", QUEUE, "--handler", "nqhandlers:record",

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import notifyq_cmd, wait_until
+from conftest import client_ports, notifyq_cmd, wait_until
 
 from notifyq.produce.producer import Producer
 from notifyq.store.locks import QueueLocks
@@ -47,12 +47,14 @@ def stop_consumers(procs: list[subprocess.Popen]) -> list[int | None]:
     return [proc.wait(60) for proc in procs]
 
 
-def watcher_pid(db) -> int | None:
-    """The pid of the consumer whose lock session holds the watch lock (it holds its liveness
-    lock on the same session)."""
+def watcher_pid(db, procs: list[subprocess.Popen]) -> int | None:
+    """The pid of the consumer process whose watcher session holds the watch lock."""
     watch = QueueLocks(db.dsn.database, Q).watch
-    rows = db.query("SELECT pid FROM nq_consumer WHERE IS_USED_LOCK(lock_name) = IS_USED_LOCK(%s)", (watch,))
-    return rows[0][0] if rows else None
+    rows = db.query("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%s)", (watch,))
+    if not rows or ":" not in rows[0][0]:
+        return None
+    port = int(rows[0][0].rsplit(":", 1)[1])
+    return next((p.pid for p in procs if p.poll() is None and port in client_ports(p.pid)), None)
 
 
 def queued_on_watch(db) -> int:
@@ -65,14 +67,14 @@ def test_the_watchers_death_by_sigkill_hands_the_watch_to_another_consumer(db, t
     # Given three idle consumer processes: one watching, two queued behind it
     procs = start_consumers(db, tmp_path, 3)
     try:
-        wait_until(lambda: watcher_pid(db) is not None and queued_on_watch(db) == 2, 60,
+        wait_until(lambda: watcher_pid(db, procs) is not None and queued_on_watch(db) == 2, 60,
                    message="a watcher and two queued consumers")
-        victim = watcher_pid(db)
+        victim = watcher_pid(db, procs)
         # When the watcher is killed with SIGKILL (its connections close, its locks go with them)
         os.kill(victim, signal.SIGKILL)
         next(p for p in procs if p.pid == victim).wait(10)
         # Then another consumer becomes the watcher at once, long before any lock timeout (25 s)
-        wait_until(lambda: watcher_pid(db) not in (None, victim), 5, message="a new watcher")
+        wait_until(lambda: watcher_pid(db, procs) not in (None, victim), 5, message="a new watcher")
         # And it picks up the next job within the backoff cap plus a margin
         with Producer(Q, db.config()) as producer:
             job_id = producer.put({"after": "kill"})
@@ -93,19 +95,21 @@ def test_a_burst_of_10000_jobs_makes_every_consumer_busy_then_they_fall_asleep(d
     # owner column then names the consumer that ran them)
     procs = start_consumers(db, tmp_path, 4, "--workers", "2", config="[defaults]\nkeep_done = true\n")
     try:
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 8 and queued_on_watch(db) == 7,
-                   60, message="8 idle consumers")
+        # (one registration and one watcher session per process: its idle workers share them)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 4 and queued_on_watch(db) == 3,
+                   60, message="4 idle consumer processes")
         # When 10,000 jobs arrive in one transaction
         with Producer(Q, db.config()) as producer:
             producer.put_many([{"n": i} for i in range(10_000)])
-        # Then all of them run exactly once, and every one of the 8 consumers took part
+        # Then all of them run exactly once, and every one of the 4 processes took part (a
+        # process claims under one consumer id for all its workers)
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 3") == 10_000, 120, 0.1,
                    "10,000 jobs done")
         assert len(runs(tmp_path)) == len(records(tmp_path)) == 10_000
-        assert db.scalar("SELECT COUNT(DISTINCT owner) FROM nq_job") == 8
+        assert db.scalar("SELECT COUNT(DISTINCT owner) FROM nq_job") == 4
         assert len(set(records(tmp_path).values())) == 4
-        # And once the work is gone they all fall back asleep: one watcher, seven queued
-        wait_until(lambda: watcher_pid(db) is not None and queued_on_watch(db) == 7, 30,
+        # And once the work is gone they all fall back asleep: one watcher, three queued
+        wait_until(lambda: watcher_pid(db, procs) is not None and queued_on_watch(db) == 3, 30,
                    message="the fleet asleep again")
     finally:
         codes = stop_consumers(procs)

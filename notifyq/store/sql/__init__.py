@@ -1,7 +1,10 @@
 """Named SQL: `-- name --` headers in queries.sql, parsed once (after procrastinate's sql/__init__.py)."""
 
+import os
 import re
-from importlib import resources
+
+# Files next to this module (importlib.resources would load zipfile at every start).
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
@@ -26,12 +29,17 @@ def split_statements(text: str) -> list[str]:
 
 def migrations() -> list[tuple[int, str]]:
     """(version, text) for every file in sql/migrations, in order."""
-    folder = resources.files(__package__) / "migrations"
+    folder = os.path.join(_HERE, "migrations")
     found = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
+    for name in os.listdir(folder):
+        if name.endswith(".sql"):
+            found.append((int(name.split("_", 1)[0]), _read(os.path.join(folder, name))))
     return sorted(found)
 
 
-QUERIES = parse((resources.files(__package__) / "queries.sql").read_text())
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+QUERIES = parse(_read(os.path.join(_HERE, "queries.sql")))

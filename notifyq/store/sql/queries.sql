@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- inserts.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
@@ -44,13 +44,35 @@ SELECT @@auto_increment_increment
 -- read it when they connect). Fixed for the session's lifetime.
 SELECT @@max_allowed_packet
 
--- insert_unique_job --
--- A pending job with the same key wins: LAST_INSERT_ID(id) hands its id back, nothing changes.
--- UTC_TIMESTAMP(6): see insert_job.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
-VALUES (%(queue)s, %(status)s, %(priority)s, UTC_TIMESTAMP(6) + INTERVAL %(delay_us)s MICROSECOND,
-        %(max_attempts)s, %(payload)s, %(dedup_key)s, UTC_TIMESTAMP(6))
-ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)
+-- dedup_lock --
+-- A unique put, and a retry of a job that carries a key, first lock the key's row (made if it is
+-- new; job 0 is no job), so that puts and retries of one key take turns until they commit.
+-- Only jobs that carry a key touch nq_dedup: a plain insert writes no index entry for keys.
+INSERT INTO nq_dedup (queue, dedup_key, job_id) VALUES (%(queue)s, %(dedup_key)s, 0)
+ON DUPLICATE KEY UPDATE job_id = job_id
+
+-- dedup_holder --
+-- Under dedup_lock: the job holding the key, if the job that took it last is still pending
+-- (ready, scheduled, claimed). Done, dead and deleted jobs leave the key free without a write.
+SELECT j.id FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
+WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
+
+-- dedup_take --
+-- Under dedup_lock: the key is this job's now.
+UPDATE nq_dedup SET job_id = %(id)s WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+
+-- dedup_free_keys --
+-- Retention's sweep, a plain read: the next keys of a queue, in key order after `after`, whose
+-- job is no longer pending. Their rows would otherwise stay forever (a key never used again).
+SELECT d.dedup_key FROM nq_dedup d LEFT JOIN nq_job j ON j.id = d.job_id AND j.status < 3
+WHERE d.queue = %(queue)s AND d.dedup_key > %(after)s AND j.id IS NULL
+ORDER BY d.dedup_key LIMIT %(limit)s
+
+-- dedup_drop_free --
+-- The sweep's delete tests again, under the row's lock: a key a put or a retry took meanwhile
+-- (even by the same job, retried) is held now and stays.
+DELETE d FROM nq_dedup d LEFT JOIN nq_job j ON j.id = d.job_id AND j.status < 3
+WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 
 -- bump_signal --
 -- Every change that makes work claimable bumps one random slot of its queue, inside the same
@@ -60,33 +82,37 @@ ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
 -- claim_candidates --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids in priority/age order (index order
--- of ix_ready, no filesort), due scheduled ids (ix_due), and a marker row (id 0) when the
--- queue is paused. One round trip. run_at comes back as text ('YYYY-MM-DD hh:mm:ss.ffffff',
+-- of ix_state, no filesort), due scheduled ids, and a marker row (id 0) when the queue is
+-- paused. One round trip, index-only: a ready or scheduled job's sort_at is its run_at, and a
+-- ready job's prio_key its negated priority. run_at comes back as text ('YYYY-MM-DD hh:mm:ss.ffffff',
 -- fixed width, so it sorts like the time): the client only merges the two parts by it, and
 -- decoding 3 x batch datetimes per claim was a consumer's largest single CPU cost. The marker's
 -- 0 is cast so the ids stay BIGINT UNSIGNED (a plain 0 turned every id into a DECIMAL).
--- The due part is read by run_at (its index order), not by priority: when it has rows, the
--- claim promotes due jobs to ready (promote_due) and reads again, so that every claimable job
--- is taken in (priority, run_at, id) order. The last column tells the parts apart.
-(SELECT id, prio_key, CAST(run_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_ready)
-  WHERE queue = %(queue)s AND status = 0
-  ORDER BY prio_key, run_at, id LIMIT %(limit)s)
+-- The due part is read by run_at (its index order: a scheduled job's prio_key is 0), not by
+-- priority: when it has rows, the claim promotes due jobs to ready (promote_due) and reads
+-- again, so that every claimable job is taken in (priority, run_at, id) order. Its priority
+-- comes from the row (rarely read: only a claim that finds due jobs and cannot promote them
+-- uses it). The last column tells the parts apart.
+(SELECT id, prio_key, CAST(sort_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s
+  ORDER BY prio_key, sort_at, id LIMIT %(limit)s)
 UNION ALL
-(SELECT id, prio_key, CAST(run_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_due)
-  WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
-  ORDER BY run_at LIMIT %(limit)s)
+(SELECT id, -priority, CAST(sort_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
+  ORDER BY sort_at LIMIT %(limit)s)
 UNION ALL
 (SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
 
 -- due_ids --
--- The due jobs a claim promotes: oldest first, a bounded number, in ix_due's own order (a plain
+-- The due jobs a claim promotes: oldest first, a bounded number, in ix_state's own order (a plain
 -- read: an UPDATE ... ORDER BY on the index whose key it changes sorted the whole due range).
-SELECT id FROM nq_job FORCE INDEX (ix_due)
-WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6)
-ORDER BY run_at LIMIT %(limit)s
+-- A scheduled job's prio_key is 0 and its sort_at its run_at.
+SELECT id FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
+ORDER BY sort_at LIMIT %(limit)s
 
 -- promote_due --
--- Due scheduled jobs and due retries become ready, run_at kept: in ix_ready they then sort by
+-- Due scheduled jobs and due retries become ready, run_at kept: in ix_state they then sort by
 -- priority with every other claimable job. By primary key (see claim_mark); the status and
 -- run_at tests are repeated on the locked rows, so a job a peer promoted or claimed meanwhile,
 -- or an operator rescheduled, is left as it is.
@@ -192,7 +218,7 @@ DELETE FROM nq_consumer WHERE id = %(id)s
 SELECT (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)), IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
-     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
 
 -- dead_consumers --
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
@@ -230,10 +256,10 @@ SELECT 1 FROM nq_consumer WHERE id = %(id)s
 
 -- extend_owned_leases --
 -- With the heartbeat: a polling consumer's claims live as long as it does (the lease is its
--- only liveness). Through ix_owner: a consumer's claims are one batch or so.
-UPDATE nq_job FORCE INDEX (ix_owner)
+-- only liveness). Through the claimed range of ix_state: consumers x batch rows, owner from the row.
+UPDATE nq_job FORCE INDEX (ix_state)
 SET lease_until = GREATEST(lease_until, NOW(6) + INTERVAL %(lease_us)s MICROSECOND)
-WHERE owner = %(owner)s AND status = 2
+WHERE status = 2 AND owner = %(owner)s
 
 -- claims_owned --
 -- Which of these jobs the claim still holds, when extend_lease changed fewer rows than asked.
@@ -243,23 +269,26 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- claims_of_owner --
 -- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: lock them and learn
 -- which claim each belongs to, so that each is returned alone or shared (queries.take_back).
-SELECT id, claim_token FROM nq_job FORCE INDEX (ix_owner)
-WHERE owner = %(owner)s AND status = 2
+-- Through the claimed range of ix_state (consumers x batch rows); the owner is tested on the row.
+SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND owner = %(owner)s
 FOR UPDATE
 
 -- expired_leases --
 -- Whose leases ran out: a bounded read, so it names owners, not every job (a claim's rows can
 -- straddle the limit; claims_expired then reads each owner's expired rows whole).
-SELECT DISTINCT owner, queue FROM nq_job FORCE INDEX (ix_lease)
-WHERE status = 2 AND lease_until < NOW(6) LIMIT 1000
+SELECT DISTINCT owner, queue FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND sort_at < NOW(6) LIMIT 1000
 
 -- claims_expired --
 -- Taking back jobs whose lease ran out, step 1: lock the ones still expired (a consumer may have
--- extended or acked some since expired_leases read them) and learn their claims. By owner
--- (ix_owner: a consumer holds a batch or so), so every expired row of a claim is read in this
+-- extended or acked some since expired_leases read them) and learn their claims. By owner, so
+-- every expired row of a claim is read in this
 -- pass: one job of a claim taken back apart from the rest would count as alone and be charged.
-SELECT id, claim_token FROM nq_job FORCE INDEX (ix_owner)
-WHERE owner IN %(owners)s AND status = 2 AND lease_until < NOW(6)
+-- Through the claimed range of ix_state, the lease tested in the index (a claimed job's sort_at
+-- is its lease_until), the owner on the row.
+SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND sort_at < NOW(6) AND owner IN %(owners)s
 FOR UPDATE
 
 -- return_alone --
@@ -306,10 +335,11 @@ SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
-     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 AND lease_until < NOW(6))
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
+         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
@@ -350,8 +380,15 @@ SELECT GET_LOCK(%(name)s, %(wait_s)s)
 -- release_lock --
 SELECT RELEASE_LOCK(%(name)s)
 
--- release_lock_later --
--- Sent without waiting for its reply: DO returns no result set to read later.
+-- hand_watch_on --
+-- The watcher hands the watch lock on right after its claim, sent without waiting for the reply
+-- while the claim's COMMIT may still be in flight (Session.send_commit). The share lock on the
+-- queue's row waits, on the server, for that COMMIT when the claim wrote the row (mark_watched,
+-- whose reply was read before this was sent): the next watcher then reads the watched count
+-- the claim recorded, and does not wake for work already taken. Held for this statement only
+-- (autocommit), and the row's writers (claims, pause, resume) never wait for a user lock. A
+-- failure ends the connection (Session.send_later), which frees the watch lock as well.
+SELECT 1 FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE;
 DO RELEASE_LOCK(%(name)s)
 
 -- lock_holder --
@@ -372,7 +409,8 @@ SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due.
 SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(run_at) FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 1))
+         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
 FROM nq_signal WHERE queue = %(queue)s
 
 -- hold_session --
@@ -389,9 +427,10 @@ DO 0
 UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
 
 -- queue_counts --
--- Per queue and status, with scheduled split into due and future; index-only on ix_due.
-SELECT queue, status, run_at > NOW(6) AS future, COUNT(*), MIN(run_at)
-FROM nq_job FORCE INDEX (ix_due)
+-- Per queue and status, with scheduled split into due and future; index-only on ix_state
+-- (future and the earliest time count for ready and scheduled jobs only, whose sort_at is run_at).
+SELECT queue, status, sort_at > NOW(6) AS future, COUNT(*), MIN(sort_at)
+FROM nq_job FORCE INDEX (ix_state)
 GROUP BY queue, status, future
 
 -- queue_rows --
@@ -444,12 +483,17 @@ ORDER BY id LIMIT %(limit)s
 
 -- job_retry --
 -- Back to ready now with the attempts reset; the last error stays for the record. Never a
--- claimed job (it is running). IGNORE: a job whose dedup key a pending job holds meanwhile
--- stays where it is instead of failing the whole chunk on the unique index.
-UPDATE IGNORE nq_job FORCE INDEX (PRIMARY)
+-- claimed job (it is running). A job that carries a dedup key is retried alone, under its
+-- key's lock and only if no other pending job holds the key (admin_queries.retry_jobs).
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status IN (1, 3, 4)
+
+-- keyed_jobs --
+-- The jobs of a retry chunk that carry a dedup key, with it: each is retried alone.
+SELECT id, queue, dedup_key FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND status IN (1, 3, 4) AND dedup_key IS NOT NULL
 
 -- job_purge --
 -- The status is tested again: a job retried since its chunk was read is not deleted.
@@ -488,41 +532,42 @@ SELECT queue, name, last_tick FROM nq_periodic ORDER BY queue, name
 
 -- claim_ages --
 -- Status: the longest-running claim and the pending cancel requests per queue. Claimed rows
--- are few (batch size x consumers), found through ix_lease.
+-- are few (batch size x consumers), the claimed range of ix_state.
 SELECT queue, MIN(claimed_at), SUM(cancel_requested)
-FROM nq_job FORCE INDEX (ix_lease) WHERE status = 2 GROUP BY queue
+FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 GROUP BY queue
 
 -- queue_depth --
 -- queue_counts for one queue: what a consumer's metrics endpoint reports for its own queues, at
--- every scrape. Each state is its own range of ix_due, so counting the work never reads the
+-- every scrape. Each state is its own range of ix_state, so counting the work never reads the
 -- kept history (done and dead jobs, often most of the table), and the history is counted only
 -- up to %(cap)s rows. Rows as queue_counts: (status, future, count, min run_at).
-(SELECT 0, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
-  WHERE queue = %(queue)s AND status = 0)
+(SELECT 0, 0, COUNT(*), MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s)
 UNION ALL
-(SELECT 1, 0, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
-  WHERE queue = %(queue)s AND status = 1 AND run_at <= NOW(6))
+(SELECT 1, 0, COUNT(*), MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6))
 UNION ALL
-(SELECT 1, 1, COUNT(*), MIN(run_at) FROM nq_job FORCE INDEX (ix_due)
-  WHERE queue = %(queue)s AND status = 1 AND run_at > NOW(6))
+(SELECT 1, 1, COUNT(*), MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6))
 UNION ALL
-(SELECT 2, 0, COUNT(*), NULL FROM nq_job FORCE INDEX (ix_due)
-  WHERE queue = %(queue)s AND status = 2)
+(SELECT 2, 0, COUNT(*), NULL FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 2 AND queue = %(queue)s)
 UNION ALL
 (SELECT 3, 0, COUNT(*), NULL FROM
-  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 3 LIMIT %(cap)s) done)
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 3 AND queue = %(queue)s LIMIT %(cap)s) done)
 UNION ALL
 (SELECT 4, 0, COUNT(*), NULL FROM
-  (SELECT 1 FROM nq_job FORCE INDEX (ix_due) WHERE queue = %(queue)s AND status = 4 LIMIT %(cap)s) dead)
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) dead)
 
 -- retention_ids --
 -- One chunk of a queue's done or dead jobs that finished before the cutoff, oldest first: a
--- range of ix_finished that holds exactly the rows to delete. No paging: a purged row leaves
+-- range of ix_state that holds exactly the rows to delete. No paging: a purged row leaves
 -- the range, and so does one retried meanwhile (its status changed), which job_purge skips.
-SELECT id FROM nq_job FORCE INDEX (ix_finished)
-WHERE queue = %(queue)s AND status = %(status)s
-  AND finished_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
-ORDER BY finished_at LIMIT %(limit)s
+-- A finished job's prio_key is 0 and its sort_at its finished_at.
+SELECT id FROM nq_job FORCE INDEX (ix_state)
+WHERE status = %(status)s AND queue = %(queue)s AND prio_key = 0
+  AND sort_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+ORDER BY sort_at LIMIT %(limit)s
 
 -- demo_marker_create --
 -- `notifyq demo` works in a database it creates itself and marks with a random token; it may

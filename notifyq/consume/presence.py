@@ -1,0 +1,313 @@
+"""Presence: one consumer process on one database, its liveness and its watchers.
+
+A process opens, per database, one watcher session per queue, and each of its workers one work
+session (claims and acks): workers + queues sessions, plus one heartbeat session when it is
+judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1.
+
+A watcher session is lent to one idle worker of its queue at a time (`Watcher.seat`): that
+worker queues for the queue's watch lock, FIFO across processes, watches the bell, claims as
+the watcher and hands the watch lock on (wakeup.py). The process's other idle workers of that
+queue wait on a Condition for the seat, not in GET_LOCK, and cost the server nothing.
+
+The first queue's watcher session (`home`) also holds the process's one liveness lock, for its
+nq_consumer row, for all its queues and workers. Its server idle timeout is short
+(consumer.session_idle_s), so the lock is freed soon after the host vanishes (no FIN); a live
+process is never silent that long: an idle worker's watch statements talk on it, and while
+nobody holds its seat (every worker of that queue busy, in handlers that may run for hours)
+the keeper thread takes the seat and sends one tiny statement every session_idle_s / 4. A
+stalled process (SIGSTOP) is judged the same way. In polling mode, and on a Galera node (whose
+locks reapers on other nodes cannot see, liveness.py), a heartbeat (heartbeat.py) beats too.
+
+Trust rules: the lock is taken before the row is written. When the home session reconnected
+(a server restart, a KILL), the process first tries to take its old lock back without waiting:
+that succeeds only if no reaper holds it, and a reaper reclaims only while holding it, so either
+its claims are untouched, or they were taken back and its acks are fenced by claim token;
+otherwise it re-registers under a new id. A worker asks `consumer_id_for_claim` before every
+claim: after its work session reconnected it first makes sure the lock is still held by the
+home session, so nobody claims under an id a reaper already treats as dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+
+from notifyq.config import Config
+from notifyq.consume import reaper
+from notifyq.consume.heartbeat import Heartbeat
+from notifyq.store import liveness, locks, queries
+from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.wakeup import Waiter
+
+log = logging.getLogger("notifyq.consumer")
+
+TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
+PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's timeout is near
+SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
+
+
+class Watcher:
+    """One queue's watcher session in this process, and the seat: who may use it now."""
+
+    def __init__(self, config: Config, queue: str, stop: threading.Event, idle_timeout_s: int | None = None):
+        wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
+        self.session = Session(config.dsn, autocommit=True, read_timeout_s=wait_s,
+                               idle_timeout_s=idle_timeout_s, name=f"watch-{queue}", stop=stop)
+        self.waiter = Waiter(self.session, queue, locks.QueueLocks(config.dsn.database, queue),
+                             config.wakeup, stop, on_turn=lambda: None, on_reap=lambda: None)
+        self.stop = stop
+        self._seat = threading.Condition()
+        self._holder: object | None = None  # who uses the session, None: free
+
+    def seat(self, holder, timeout_s: float) -> bool:
+        """Take the session; False when someone else still has it at the timeout, or stopping."""
+        with self._seat:
+            if not self._seat.wait_for(lambda: self._holder is None or self.stop.is_set(), timeout_s):
+                return False
+            if self.stop.is_set():
+                return False
+            self._holder = holder
+            return True
+
+    def holds(self, holder) -> bool:
+        return self._holder is holder
+
+    def leave(self, holder) -> None:
+        """Give the seat up (a no-op once given up)."""
+        with self._seat:
+            if self._holder is holder:
+                self._holder = None
+                self._seat.notify()
+
+    def wake_all(self) -> None:
+        with self._seat:
+            self._seat.notify_all()
+
+
+class Presence:
+    def __init__(self, config: Config, queues: list[str], stop: threading.Event):
+        self.config = config
+        self.queues = list(dict.fromkeys(queues))
+        self.stop = stop
+        self.use_locks = config.wakeup.use_locks
+        idle = math.ceil(config.consumer.session_idle_s)
+        self.watchers = {q: Watcher(config, q, stop, idle if i == 0 else None)
+                         for i, q in enumerate(self.queues)}
+        self.home = self.watchers[self.queues[0]]  # its session holds the liveness lock
+        self.session = self.home.session
+        self.consumer_id = ""
+        self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
+        self._registered_generation = -1
+        self._next_touch = 0.0
+        self._next_reap = 0.0
+        self._reap_mutex = threading.Lock()
+        self._closed = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, name="notifyq-liveness", daemon=True)
+
+    @property
+    def wakeup_mode(self) -> str:
+        return "locks" if self.use_locks else "polling"
+
+    # -------------------------------------------------------- registration
+
+    def _current(self) -> bool:
+        """Registered, and (lock mode) on the home session's present connection: no statement."""
+        return bool(self.consumer_id) and not (self.heartbeat is not None and self.heartbeat.lost.is_set()) \
+            and (not self.use_locks or self.session.generation == self._registered_generation)
+
+    def consumer_id_for_claim(self, holder, work: Session | None = None) -> str:
+        """The id to claim under, (re-)registered first if need be. `work`: the caller's work
+        session, when it reconnected since the caller's last claim. If the server restarted,
+        the home session died too, maybe unnoticed yet: then our lock is not held by it, and
+        we re-register (taking the old lock back if we can) before the claim."""
+        seated = self.home.holds(holder)  # then _check costs nothing, but a due touch
+        if self._current() and not seated:
+            if work is None or not self.use_locks:
+                return self.consumer_id
+            # Asked on the work session: no need to wait for the home seat.
+            if queries.lock_holder(work, self._lock_name()) == self.session.connection_id:
+                return self.consumer_id
+        while not seated:
+            if self.home.seat(holder, SEAT_POLL_S):
+                break
+            if self.stop.is_set():
+                return self.consumer_id
+            if self._current() and work is None:
+                return self.consumer_id  # someone else (re-)registered meanwhile
+        try:
+            if work is not None and self.consumer_id and self.use_locks:
+                queries.lock_holder(self.session, self._lock_name())  # a dead connection reconnects
+            self._check()
+        finally:
+            if not seated:
+                self.home.leave(holder)
+        return self.consumer_id
+
+    def _lock_name(self, consumer_id: str | None = None) -> str:
+        return locks.consumer_lock(self.config.dsn.database, consumer_id or self.consumer_id)
+
+    def _check(self) -> None:
+        """Holding the home seat: register, or re-register if the home session reconnected or a
+        reaper judged our heartbeat stale; refresh the row's last_seen now and then."""
+        if not self.consumer_id:
+            self._register()
+        elif self.heartbeat is not None and self.heartbeat.lost.is_set():
+            # A reaper found our heartbeat stale (a stall longer than POLLING_STALE_S) and took
+            # our claims back; our acks of them are fenced. Carry on under a new id.
+            self.heartbeat.lost.clear()
+            old = self.consumer_id
+            self._register()
+            log.warning("heartbeat was judged stale, re-registered consumer=%s old=%s", self.consumer_id, old)
+        elif self.use_locks and self.session.generation != self._registered_generation:
+            old = self.consumer_id
+            self._register(old_id=old)
+            log.warning("liveness session reconnected: liveness lock %s consumer=%s",
+                        "taken back" if self.consumer_id == old else "lost, re-registered", self.consumer_id)
+        if self._keeper.ident is None:  # registered: from now on the home session is kept alive
+            self._keeper.start()
+        now = time.monotonic()
+        if now >= self._next_touch:
+            self._next_touch = now + TOUCH_S
+            liveness.touch_consumer(self.session, self.consumer_id, self.wakeup_mode)
+
+    def _register(self, old_id: str | None = None) -> None:
+        """Liveness lock first, then the row: a row is never visible without its lock held."""
+        if old_id and queries.get_lock(self.session, self._lock_name(old_id), 0) == 1:
+            self.consumer_id = old_id
+        else:
+            self.consumer_id = uuid.uuid4().hex
+            old_id = None
+        if self.use_locks and old_id is None:
+            try:
+                if queries.get_lock(self.session, self._lock_name(), 5) != 1:
+                    raise RuntimeError("could not take a fresh liveness lock")
+            except DriverError as e:
+                if not locks_unavailable(e):
+                    raise
+                self._polling(e)
+        liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), socket.gethostname(),
+                                   os.getpid(), self.queues, self.wakeup_mode, node=self.session.node)
+        if not self.use_locks or self.session.galera:
+            # On a Galera node our lock is invisible to reapers on the other nodes: they judge
+            # us by heartbeat (liveness.py), so we beat too.
+            self._start_heartbeat()
+        self._registered_generation = self.session.generation
+        self._next_touch = time.monotonic() + TOUCH_S
+        log.debug("registered consumer=%s queues=%s wakeup=%s", self.consumer_id,
+                  ",".join(self.queues), self.wakeup_mode)
+
+    def _start_heartbeat(self) -> None:
+        """From now on we are judged by heartbeat (the row says wakeup=polling after the first
+        beat, which runs here, before the next claim). The beat extends every job we hold by
+        the longest lease of our queues: a worker extends its own batch by its queue's lease,
+        and a beat must never shorten one."""
+        if self.heartbeat is None:
+            lease_s = max(self.config.queue(q).lease_s for q in self.queues)
+            self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, lease_s, "consumer",
+                                       wakeup=lambda: self.wakeup_mode)
+            self.heartbeat.start()
+        self.heartbeat.beat()
+
+    def _keep(self) -> None:
+        """While no worker holds the home seat, keep the home session talking."""
+        while not self._closed.wait(self.config.consumer.session_idle_s / PINGS_PER_IDLE):
+            if not self.home.seat(self, 0):
+                continue  # a worker has the session: its own statements keep it alive
+            try:
+                queries.keep_alive(self.session)
+                self._check()  # a reconnect: take the old lock back at once
+            except Exception as e:  # the next turn (or a worker's next claim) tries again
+                log.warning("liveness session keepalive failed error=%s", e)
+            finally:
+                self.home.leave(self)
+
+    def fall_back_to_polling(self, exc: BaseException) -> None:
+        """A watcher's statement was refused (a proxy may pass GET_LOCK alone): poll from now on."""
+        if self.use_locks:
+            self._polling(exc)
+            if self.consumer_id:
+                self._start_heartbeat()
+
+    def _polling(self, exc: BaseException) -> None:
+        self.use_locks = False
+        log.warning("advisory locks unavailable (%s): falling back to polling the signal "
+                    "row; liveness by heartbeat and lease", exc.args[0] if exc.args else exc)
+
+    # -------------------------------------------------------- the reaper, run by consumers
+
+    def maybe_reap(self, holder, session: Session, check: bool = True) -> int:
+        """A reaper pass at most every reap_interval_s per process; jobs that came back.
+
+        The question whether a pass is needed goes on the home session when nobody holds its
+        seat, on purpose: a busy process touches it nowhere else but in the keeper's pings, so
+        a home session that died (KILL, network) would go unnoticed while its workers claim
+        under an id whose lock is free. Here it reconnects, and the process takes its lock back
+        (or re-registers) before the pass, and before the next claim. Else `session`, the
+        caller's: a worker holding the seat talks on the home session anyway."""
+        with self._reap_mutex:
+            now = time.monotonic()
+            if now < self._next_reap:
+                return 0
+            self._next_reap = now + self.config.consumer.reap_interval_s
+        if check:
+            if self.home.seat(holder, 0):
+                try:
+                    needed = self._reap_needed(self.session)
+                    self._check()
+                finally:
+                    self.home.leave(holder)
+            else:
+                needed = self._reap_needed(session)
+            if not needed:
+                return 0
+        result = reaper.reap_once(self.config.dsn, self.use_locks)
+        return 0 if result is None else result.reclaimed + result.expired
+
+    @staticmethod
+    def _reap_needed(session: Session) -> bool:
+        try:
+            return liveness.reap_needed(session) > 0
+        except DriverError as e:  # a polling consumer's server may refuse the lock test
+            if not locks_unavailable(e):
+                raise
+            return True
+
+    # -------------------------------------------------------- reload and shutdown
+
+    def reload(self, config: Config) -> None:
+        self.config = config
+        for watcher in self.watchers.values():
+            watcher.waiter.cfg = config.wakeup
+
+    def interrupt_waits(self, killer: Session) -> None:
+        """At stop: wake the workers waiting for a seat, and KILL QUERY the watchers' waits
+        (in GET_LOCK or SLEEP, they would notice the stop only at their timeout)."""
+        for watcher in self.watchers.values():
+            watcher.wake_all()
+            conn_id = watcher.session.connection_id
+            if conn_id and watcher.session.connected:  # (a shard that is down: nothing waits there)
+                try:
+                    queries.kill_query(killer, conn_id)
+                except Exception as e:  # best effort: the wait ends by its own timeout anyway
+                    log.debug("could not interrupt watcher=%s error=%s", watcher.session.name, e)
+
+    def close(self) -> None:
+        """After the workers: the row goes, then the sessions (which free every lock at once)."""
+        self._closed.set()
+        if self._keeper.is_alive():
+            self._keeper.join(30)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # first: a beat after the row is gone would only log
+            self.heartbeat = None
+        try:
+            if self.consumer_id:
+                liveness.unregister_consumer(self.session, self.consumer_id)
+        except Exception as e:  # the reaper cleans up whatever we could not
+            log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
+        for watcher in self.watchers.values():
+            watcher.session.close()

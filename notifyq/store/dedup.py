@@ -1,0 +1,43 @@
+"""Dedup keys (nq_dedup): which pending job holds a queue's key. Only jobs that carry a key
+touch the table, so a plain insert writes no index entry for keys.
+
+A key row names the job that took the key last; the key is held while that job exists and is
+pending (ready, scheduled, claimed). A job that ends (done, dead, deleted) frees its key without
+a write, and the next job to take the key overwrites the row. Run on the caller's cursor, inside
+the transaction that inserts or retries the job: the key's row lock is held until it commits.
+"""
+
+from __future__ import annotations
+
+from notifyq.store.db import Session
+from notifyq.store.sql import QUERIES as Q
+
+SWEEP_CHUNK = 1000
+
+
+def holder(cur, queue: str, key: str) -> int | None:
+    """Lock the key (its row is made if new), then the pending job holding it, or None: free."""
+    params = {"queue": queue, "dedup_key": key}
+    cur.execute(Q["dedup_lock"], params)
+    cur.execute(Q["dedup_holder"], params)
+    row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+def take(cur, queue: str, key: str, job_id: int) -> None:
+    """The key is job_id's now; under holder()'s lock, in the same transaction."""
+    cur.execute(Q["dedup_take"], {"queue": queue, "dedup_key": key, "id": job_id})
+
+
+def sweep(session: Session, queue: str, after: str = "", chunk: int = SWEEP_CHUNK) -> tuple[int, str]:
+    """Delete up to `chunk` key rows of `queue` whose job ended, in key order after `after`:
+    (deleted, where the next sweep starts; "" once the queue's keys are all read)."""
+    def body(cur) -> tuple[int, str]:
+        cur.execute(Q["dedup_free_keys"], {"queue": queue, "after": after, "limit": chunk})
+        keys = [row[0] for row in cur.fetchall()]
+        if not keys:
+            return 0, ""
+        cur.execute(Q["dedup_drop_free"], {"queue": queue, "keys": keys})
+        return cur.rowcount, keys[-1] if len(keys) == chunk else ""
+
+    return session.run(body, what=f"sweep dedup keys {queue}")

@@ -1,0 +1,234 @@
+"""Sharding on real servers: two private MariaDB instances (one pair for the module), queues
+placed on them, producers routing, a consumer draining both, status/jobs/metrics over both, and
+one shard killed while the consumer keeps working on the other, then back."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+
+import pytest
+from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli, wait_until
+
+from notifyq import config as config_mod
+from notifyq import shards
+from notifyq.config import DSN
+from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.ops.metrics import ServiceCollector
+from notifyq.produce.producer import Producer
+from notifyq.run.localserver import LocalServer
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two independent servers, started once for the module (a test may kill and restart b)."""
+    pair = {name: LocalServer(tmp_path_factory.mktemp(f"shard-{name}") / "srv") for name in ("a", "b")}
+    for srv in pair.values():
+        srv.start()
+        ensure_runtime_user(DSN.parse(srv.dsn))
+    yield pair
+    for srv in pair.values():
+        srv.cleanup()
+
+
+@pytest.fixture
+def sharded(servers, tmp_path):
+    """A fresh notifyq database on each server, and a config file naming them as shards a and b:
+    queue `s` spread, `pinned` on b, any other queue placed by hash. Returns (config, env, dbs)."""
+    dbs = {name: create_test_db(srv.dsn) for name, srv in servers.items()}
+    path = tmp_path / "notifyq.toml"
+    urls = {n: f"mysql://{d.dsn.user}@127.0.0.1:{d.dsn.port}/{d.dsn.database}" for n, d in dbs.items()}
+    path.write_text("[shards]\n" + "".join(f'{n} = "{u}"\n' for n, u in urls.items())
+                    + '[queue.s]\nspread = true\n[queue.pinned]\nshard = "b"\n'
+                    + "[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 5.0\n"
+                    + "[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = 10.0\n")
+    env = {k: v for k, v in dbs["a"].env.items() if k != "NOTIFYQ_DSN"}
+    env["NOTIFYQ_CONFIG"] = str(path)
+    cfg = config_mod.load(env=env)
+    yield cfg, env, dbs
+    for name, testdb in dbs.items():
+        if servers[name].is_running():
+            drop_test_db(testdb)
+
+
+def rows(testdb, queue: str) -> list[tuple]:
+    return testdb.query("SELECT id, queue, dedup_key FROM nq_job WHERE queue = %s", (queue,))
+
+
+def test_producer_puts_each_job_on_its_shard(sharded):
+    cfg, _env, dbs = sharded
+    place = shards.Placement(cfg)
+    hashed = next(q for q in (f"h{i}" for i in range(50)) if place.home(q) == "a")
+    with Producer("pinned", cfg) as pinned, Producer(hashed, cfg) as by_hash, Producer("s", cfg) as spread:
+        pinned.put({"n": 1})
+        by_hash.put_many([{"n": i} for i in range(3)])
+        ids = spread.put_many([{"n": i} for i in range(10)])
+        assert len(ids) == 10
+        first = spread.put({"k": 1}, dedup_key="user-7")
+        assert spread.put({"k": 2}, dedup_key="user-7") == first  # the same key: the same shard, one job
+    assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 1]
+    assert [len(rows(dbs[s], hashed)) for s in "ab"] == [3, 0]
+    keyed = place.for_key("s", "user-7")
+    on = {s: [r for r in rows(dbs[s], "s") if r[2] is None] for s in "ab"}
+    assert sorted(len(v) for v in on.values()) == [5, 5]  # dealt in turn
+    assert [len([r for r in rows(dbs[s], "s") if r[2] == "user-7"]) for s in "ab"] == \
+        [int(keyed == "a"), int(keyed == "b")]
+
+
+def test_cli_init_and_produce_reach_every_shard(sharded):
+    _cfg, env, dbs = sharded
+    init = run_cli(env, "init")
+    assert init.returncode == 0, init.stderr
+    assert [line.split(" is ")[0] for line in init.stdout.splitlines()] == \
+        [f"schema of {dbs[s].dsn.database} on shard {s}" for s in "ab"]
+    out = run_cli(env, "produce", "-q", "pinned", '{"n": 1}', '{"n": 2}')
+    assert out.returncode == 0, out.stderr
+    assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 2]
+
+
+def _service(cfg, queue, seen, **kw):
+    def record(job):
+        seen.append(job.payload["n"])
+
+    return ConsumerService(cfg, ConsumeOptions(queues=(queue,), function=record, **kw))
+
+
+def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
+    cfg, _env, dbs = sharded
+    with Producer("s", cfg) as producer:
+        producer.put_many([{"n": i} for i in range(300)])
+    seen: list[int] = []
+    service = _service(cfg, "s", seen, exit_when_empty=True)
+    assert service.run(threading.Event()) == 0
+    assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
+    assert {s for s in service.worker_shards} == {"a", "b"}
+    # the metrics show each shard's share (sum by queue: the queue's total)
+    families = {f.name: f for f in ServiceCollector(service).collect()}
+    done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
+            if s.name.endswith("_total")}
+    assert sum(done.values()) == 300 and set(done) == {"a", "b"} and min(done.values()) > 0
+    assert [len(rows(dbs[s], "s")) for s in "ab"] == [0, 0]
+
+
+def test_status_jobs_and_metrics_show_every_shard_and_the_total(sharded):
+    cfg, env, dbs = sharded
+    with Producer("s", cfg) as spread, Producer("pinned", cfg) as pinned:
+        spread.put_many([{"n": i} for i in range(6)])
+        pinned.put({"n": 0})
+    out = run_cli(env, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["shards"] == {"a": {"up": True}, "b": {"up": True}}
+    assert data["queues"]["s"]["ready"] == 6
+    assert {s: f["ready"] for s, f in data["queues"]["s"]["by_shard"].items()} == {"a": 3, "b": 3}
+    assert list(data["queues"]["pinned"]["by_shard"]) == ["b"]
+    table = run_cli(env, "status").stdout
+    assert table.splitlines()[0].split()[:2] == ["queue", "shard"]
+    assert any(line.split()[:3] == ["s", "all", "6"] for line in table.splitlines()), table
+    listed = json.loads(run_cli(env, "jobs", "list", "--json").stdout)
+    assert collections.Counter(r["shard"] for r in listed) == {"a": 3, "b": 4}
+    # ids are per shard: one that exists on both needs --shard
+    both = {r["id"] for r in listed if r["shard"] == "a"} & {r["id"] for r in listed if r["shard"] == "b"}
+    job = min(both)
+    ambiguous = run_cli(env, "jobs", "show", str(job))
+    assert ambiguous.returncode == 4 and "give --shard" in ambiguous.stderr
+    shown = run_cli(env, "jobs", "show", str(job), "--shard", "b", "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == job
+    service = _service(cfg, "s", [])  # not started: the collector reads depth from both shards
+    families = {f.name: f for f in ServiceCollector(service).collect()}
+    ready = {s.labels["shard"]: s.value for s in families["notifyq_queue_jobs"].samples
+             if s.labels["state"] == "ready" and s.labels["queue"] == "s"}
+    assert ready == {"a": 3, "b": 3}
+    assert {s.labels["shard"]: s.value for s in families["notifyq_db_up"].samples} == {"a": 1, "b": 1}
+
+
+def test_one_shard_down_the_consumer_drains_the_other_and_recovers(sharded, servers):
+    cfg, env, dbs = sharded
+    on_a, on_b = (Producer("s", cfg.on_shard(s)) for s in "ab")
+    on_b.put_many([{"n": 1000 + i} for i in range(20)])
+    seen: list[int] = []
+    stop = threading.Event()
+    service = _service(cfg, "s", seen)
+    runner = threading.Thread(target=service.run, args=(stop,))
+    try:
+        runner.start()
+        wait_until(lambda: len(seen) == 20, message="b's first jobs handled")
+        servers["b"].kill()
+        on_b.close()
+        wait_until(lambda: "shards_down=b" in service.status_line(), message="b shown down")
+        on_a.put_many([{"n": i} for i in range(50)])
+        wait_until(lambda: set(range(50)) <= set(seen), message="a drained while b is down")
+        assert service.healthy() and runner.is_alive()  # the watchdog keeps being fed
+        status = run_cli({**env, "NOTIFYQ_CONNECT_RETRY_S": "0"}, "status")
+        assert status.returncode == 5 and "b: cannot reach" in status.stderr, status.stderr
+        assert "  b  DOWN" in status.stdout and "\ns      a" in status.stdout, status.stdout
+        families = {f.name: f for f in ServiceCollector(service).collect()}
+        assert {s.labels["shard"]: s.value for s in families["notifyq_db_up"].samples} == {"a": 1, "b": 0}
+        servers["b"].start()
+        on_b.put_many([{"n": 2000 + i} for i in range(20)])
+        wait_until(lambda: set(range(2000, 2020)) <= set(seen), timeout=90, message="b drained again")
+        wait_until(lambda: "shards_down" not in service.status_line(), message="b shown up again")
+    finally:
+        stop.set()
+        runner.join(60)
+        on_a.close()
+        on_b.close()
+    assert not runner.is_alive()
+    assert sorted(set(seen)) == sorted([*range(50), *range(1000, 1020), *range(2000, 2020)])
+
+
+def test_a_consumer_started_while_a_shard_is_down_serves_the_others_at_once(sharded, servers):
+    cfg, _env, _dbs = sharded
+    servers["b"].kill()
+    seen: list[int] = []
+    stop = threading.Event()
+    service = _service(cfg, "s", seen)
+    runner = threading.Thread(target=service.run, args=(stop,))
+    try:
+        with Producer("s", cfg.on_shard("a")) as on_a:
+            on_a.put_many([{"n": i} for i in range(10)])
+        runner.start()
+        # well inside the start-up connect retry (30 s) that b's probe is still in
+        wait_until(lambda: len(seen) == 10, timeout=15, message="a's jobs handled while b is down")
+        assert "shards_down=b" in service.status_line()
+    finally:
+        stop.set()
+        runner.join(60)
+        servers["b"].start()
+    assert not runner.is_alive()
+
+
+def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(sharded, servers):
+    """Down past the connect retry (60 s), a shard's workers end and are restarted on the same
+    Presence: when the server is back they drain it, with one registration there and at most
+    workers + queues + 1 sessions of ours on it, none left over from the workers that ended."""
+    cfg, _env, dbs = sharded
+    seen: list[int] = []
+    stop = threading.Event()
+    service = _service(cfg, "s", seen, workers=2)
+    runner = threading.Thread(target=service.run, args=(stop,))
+    presence_b = service.presences["b"]
+    try:
+        runner.start()
+        wait_until(lambda: all(w.work.connected for w in service.workers), message="every worker connected")
+        first = list(service.workers)
+        servers["b"].kill()
+        wait_until(lambda: service.retired and any(w not in first for w in service.workers),
+                   timeout=150, message="a worker of b ended past the connect retry and was restarted")
+        assert all(w.presence is presence_b for w, s in zip(service.workers, service.worker_shards) if s == "b")
+        assert service.healthy() and runner.is_alive()
+        servers["b"].start()
+        with Producer("s", cfg.on_shard("b")) as on_b:
+            on_b.put_many([{"n": i} for i in range(20)])
+        wait_until(lambda: set(range(20)) <= set(seen), timeout=90, message="b drained after the restart")
+        wait_until(lambda: dbs["b"].query("SELECT COUNT(*) FROM nq_consumer")[0][0] == 1,
+                   message="one registration on b")
+        ours = ("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = %s AND USER = %s")
+        wait_until(lambda: dbs["b"].query(ours, (dbs["b"].dsn.database, dbs["b"].dsn.user))[0][0] <= 2 + 1 + 1,
+                   message="at most workers + queues + 1 sessions on b")
+        assert len(service.presences) == 2 and service.presences["b"] is presence_b
+    finally:
+        stop.set()
+        runner.join(60)
+    assert not runner.is_alive()

@@ -1,0 +1,133 @@
+"""A claim's COMMIT is sent ahead (Session.send_commit): its jobs start while the COMMIT is on the
+wire. When that COMMIT fails after all, the claim is lost like a crash loses it: the job ran, its
+ack is fenced, it runs again elsewhere, and nothing is lost."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import admin_connect, wait_until
+
+from notifyq.consume import handlers
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+OWNER, PEER = "a" * 32, "b" * 32
+HOLD_S = 20  # how long a claim may take to return while commits are blocked
+
+
+@pytest.fixture
+def backup_stage(db):
+    """These tests hold COMMITs back with MariaDB's BACKUP STAGE; MySQL has no such statement."""
+    if "mariadb" not in db.query("SELECT VERSION()")[0][0].lower():
+        pytest.skip("needs MariaDB's BACKUP STAGE to hold a COMMIT back")
+
+
+def test_a_claim_whose_commit_fails_after_its_job_started_loses_the_job_to_a_peer_not_to_nobody(db, backup_stage):
+    # Given one ready job, and a server that holds every COMMIT back (MariaDB's backup stage)
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}])
+    blocker = admin_connect(db.admin)
+    blocker.cursor().execute("BACKUP STAGE START")
+    blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+    work, peer = Session(cfg.dsn, name="work"), Session(cfg.dsn, name="peer")
+    try:
+        # When a consumer claims: claim() returns with the job while its COMMIT waits
+        got: list = []
+        claimer = threading.Thread(target=lambda: got.append(queries.claim(work, "q", OWNER, 10, 60)),
+                                   daemon=True)
+        claimer.start()
+        wait_until(lambda: got, HOLD_S, message="claim() to return before its COMMIT could")
+        claimer.join()
+        claim = got[0]
+        assert [j.id for j in claim.jobs] == [job_id]
+        assert claim.commit is not None and not claim.commit.settled
+        ran = [claim.jobs[0].id]  # the handler runs now, the COMMIT still in flight
+        # ... and the claim's session dies before the COMMIT's reply is read
+        killer = admin_connect(db.admin)
+        try:
+            killer.cursor().execute(f"KILL CONNECTION {int(work.connection_id)}")
+        finally:
+            killer.close()
+        wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                        (work.connection_id,)), HOLD_S, message="the killed session gone")
+        blocker.cursor().execute("BACKUP STAGE END")
+        # Then the ack (the session's next statement) reads the COMMIT's failure first, and is
+        # fenced out: the claim never became ours
+        assert queries.ack(work, ran, claim.token, keep=False) == 0
+        assert claim.commit.failed and work.failed_commits == 1
+        # And the job is claimable again, with the failed claim's attempt never counted: a peer
+        # runs it, and its ack holds
+        again = queries.claim(peer, "q", PEER, 10, 60)
+        assert [(j.id, j.attempts) for j in again.jobs] == [(job_id, 1)]
+        assert queries.ack(peer, [job_id], again.token, keep=False) == 1
+        assert not again.commit.failed
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()  # ends the backup stage, if a failure above left it on
+        work.close()
+        peer.close()
+
+
+def test_a_claim_returns_its_jobs_before_its_commit_and_settles_it_at_the_next_statement(db):
+    # Given two ready jobs
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(2)])
+    work = Session(cfg.dsn)
+    try:
+        # When a consumer claims them, its COMMIT is in flight until the next statement
+        claim = queries.claim(work, "q", OWNER, 10, 60)
+        assert sorted(j.id for j in claim.jobs) == ids and not claim.commit.settled
+        # Then the next statement reads it first, and the claim is ours
+        assert queries.extend_lease(work, ids, claim.token, 60) == ids
+        assert claim.commit.settled and not claim.commit.failed and work.failed_commits == 0
+        assert db.query("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", (OWNER,)) == [(2,)]
+    finally:
+        work.close()
+
+
+def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_loses_nothing(db, backup_stage):
+    # Given three ready jobs and a registered worker, whose next claim's COMMIT the server holds back
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(3)])
+    blocker = admin_connect(db.admin)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job) -> None:
+        runs.append((job.id, job.attempts))
+        if len(runs) == 1:  # the batch's first start, its claim's COMMIT still on the wire: the session dies
+            conn_id = worker.work.connection_id
+            blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
+            wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                            (conn_id,)), HOLD_S, message="the killed session gone")
+            blocker.cursor().execute("BACKUP STAGE END")
+            assert not job.cancel_requested()  # a statement on the work session: it reads the failure
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    try:
+        worker.presence.consumer_id_for_claim(worker)  # registered, as run() does first
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When it claims and its first job starts
+        got, _ = worker._claim_and_run()
+        # Then the batch stops after that job: the claim is lost, the job's ack fenced out
+        assert got == 3 and runs == [(ids[0], 1)]
+        assert worker.work.failed_commits == 1 and worker.stats.lost_acks == 1
+        assert worker.stats.succeeded == 0
+        # And its next claim takes all three (the lost claim's attempt was never counted)
+        got, _ = worker._claim_and_run()
+        assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
+        assert worker.stats.succeeded == 3
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()
+        worker.work.close()
+        worker.presence.close()

@@ -1,0 +1,115 @@
+"""Schema version 5 (fewer index entries per job) upgrading a version-4 database with data in
+place: the pending jobs keep their dedup keys, finished jobs free theirs, nothing else changes,
+and an init interrupted anywhere in the migration can simply run again."""
+
+from __future__ import annotations
+
+from conftest import admin_connect
+
+from notifyq.produce.producer import Producer
+from notifyq.store import schema
+from notifyq.store.sql import migrations, split_statements
+
+TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_meta")
+
+
+def _apply(db, versions) -> None:
+    conn = admin_connect(db.admin, db.admin.database)  # one session: the statements share @nq_ddl
+    try:
+        for version, text in migrations():
+            if version in versions:
+                for statement in split_statements(text):
+                    conn.cursor().execute(statement)
+    finally:
+        conn.close()
+
+
+def _version_4(db) -> None:
+    """The database as version 4 left it: the current tables dropped, migrations 1-4 applied."""
+    db.query(f"DROP TABLE {', '.join(TABLES)}")
+    _apply(db, range(1, 5))
+    db.query("INSERT INTO nq_meta (name, value) VALUES ('schema_version', '4')")
+
+
+def _indexes(db, table: str) -> set[str]:
+    return {r[0] for r in db.query("SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS "
+                                   "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (table,))}
+
+
+def _columns(db, table: str) -> set[str]:
+    return {r[0] for r in db.query("SELECT COLUMN_NAME FROM information_schema.COLUMNS "
+                                   "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (table,))}
+
+
+def test_init_upgrades_a_version_4_database_with_jobs_and_keys_in_place(db):
+    # Given a version-4 database with jobs: keyed pending (ready, scheduled, claimed), keyed
+    # finished (done, dead), and plain ones
+    _version_4(db)
+    assert "ux_dedup" in _indexes(db, "nq_job") and "bell" in _columns(db, "nq_queue")
+    db.query("INSERT INTO nq_queue (queue) VALUES ('q')")
+    db.query(
+        "INSERT INTO nq_job (id, queue, status, run_at, max_attempts, payload, dedup_key, owner, "
+        "                    lease_until, finished_at) VALUES "
+        "(1, 'q', 0, NOW(6), 5, '{\"n\":1}', 'ready', NULL, NULL, NULL), "
+        "(2, 'q', 1, NOW(6) + INTERVAL 1 HOUR, 5, '{\"n\":2}', 'later', NULL, NULL, NULL), "
+        "(3, 'q', 2, NOW(6), 5, '{\"n\":3}', 'running', 'o', NOW(6) + INTERVAL 1 HOUR, NULL), "
+        "(4, 'q', 3, NOW(6), 5, '{\"n\":4}', 'done', NULL, NULL, NOW(6)), "
+        "(5, 'q', 4, NOW(6), 5, '{\"n\":5}', 'dead', NULL, NULL, NOW(6)), "
+        "(6, 'q', 0, NOW(6), 5, '{\"n\":6}', NULL, NULL, NULL, NULL)")
+    before = db.query("SELECT id, queue, status, run_at, payload, dedup_key, owner FROM nq_job ORDER BY id")
+
+    # When `notifyq init` runs
+    assert schema.init(db.admin) == (4, 5)
+
+    # Then nq_job has the three indexes of version 5, the jobs are as they were, the pending
+    # jobs' keys moved to nq_dedup, and nq_queue.bell is gone
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert "dedup_active" not in _columns(db, "nq_job") and "bell" not in _columns(db, "nq_queue")
+    assert db.query("SELECT id, queue, status, run_at, payload, dedup_key, owner FROM nq_job ORDER BY id") == before
+    assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup ORDER BY job_id") == [
+        ("q", "ready", 1), ("q", "later", 2), ("q", "running", 3)]
+    # And the keys behave as before the upgrade: a pending job's key is held, a finished one's free
+    with Producer("q", db.config()) as p:
+        assert [p.put({}, dedup_key=k) for k in ("ready", "later", "running")] == [1, 2, 3]
+        fresh = [p.put({}, dedup_key=k) for k in ("done", "dead")]
+    assert min(fresh) > 6 and len(set(fresh)) == 2
+    assert db.scalar("SELECT COUNT(*) FROM nq_dedup") == 5
+
+
+def test_migration_5_runs_again_after_an_interrupted_init(db):
+    # Given a version-4 database with a keyed pending job, upgraded, whose init stopped before
+    # recording the version (the whole of migration 5 applied)
+    _version_4(db)
+    db.query("INSERT INTO nq_job (id, queue, status, run_at, max_attempts, payload, dedup_key) "
+             "VALUES (1, 'q', 0, NOW(6), 5, '{}', 'k')")
+    _apply(db, [5])
+    # When `notifyq init` runs migration 5 again
+    assert schema.init(db.admin) == (4, 5)
+    # Then it is a no-op: the same indexes, the key still held by its job
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
+    with Producer("q", db.config()) as p:
+        assert p.put({}, dedup_key="k") == 1
+
+
+def test_migration_5_runs_again_after_it_stopped_between_its_steps(db):
+    # Given a version-4 database with a keyed pending job whose migration 5 stopped right after
+    # copying the keys (the nq_job ALTER not yet run)
+    _version_4(db)
+    db.query("INSERT INTO nq_job (id, queue, status, run_at, max_attempts, payload, dedup_key) "
+             "VALUES (1, 'q', 0, NOW(6), 5, '{}', 'k')")
+    text = dict(migrations())[5]
+    first_two = split_statements(text)[:5]  # CREATE TABLE; SET, PREPARE, EXECUTE, DEALLOCATE
+    conn = admin_connect(db.admin, db.admin.database)
+    try:
+        for statement in first_two:
+            conn.cursor().execute(statement)
+    finally:
+        conn.close()
+    assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
+    assert "ux_dedup" in _indexes(db, "nq_job")
+    # When `notifyq init` runs
+    assert schema.init(db.admin) == (4, 5)
+    # Then the upgrade is complete and the key copied once
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
