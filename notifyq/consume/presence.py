@@ -17,6 +17,9 @@ nobody holds its seat (every worker of that queue busy, in handlers that may run
 the keeper thread takes the seat and sends one tiny statement every session_idle_s / 4. A
 stalled process (SIGSTOP) is judged the same way. In polling mode, and on a Galera node (whose
 locks reapers on other nodes cannot see, liveness.py), a heartbeat (heartbeat.py) beats too.
+The home session never leaves a connection that works: not to follow the process's other
+sessions to a new Galera writer (Session.follows_writer), nor after a failed watch hand-on
+(queries.hand_watch_on): a reaper on its node would read the freed lock as a death.
 
 Trust rules: the lock is taken before the row is written. When the home session reconnected
 (a server restart, a KILL), the process first tries to take its old lock back without waiting:
@@ -54,10 +57,16 @@ SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registrati
 class Watcher:
     """One queue's watcher session in this process, and the seat: who may use it now."""
 
-    def __init__(self, config: Config, queue: str, stop: threading.Event, idle_timeout_s: int | None = None):
+    def __init__(self, config: Config, queue: str, stop: threading.Event, home: bool = False):
+        """home: the session also holds the process's liveness lock (Presence)."""
         wait_s = int(config.wakeup.idle_wait_s + config.wakeup.poll_max_s) + 30
+        idle_timeout_s = math.ceil(config.consumer.session_idle_s) if home else None
+        # The home session stays on its node while its connection works (Session.follows_writer):
+        # following the process's other sessions to a new writer would free the liveness lock,
+        # and a reaper on the old node would take a live consumer's jobs back.
         self.session = Session(config.dsn, autocommit=True, read_timeout_s=wait_s,
-                               idle_timeout_s=idle_timeout_s, name=f"watch-{queue}", stop=stop)
+                               idle_timeout_s=idle_timeout_s, name=f"watch-{queue}", stop=stop,
+                               follows_writer=not home)
         self.waiter = Waiter(self.session, queue, locks.QueueLocks(config.dsn.database, queue),
                              config.wakeup, stop, on_turn=lambda: None, on_reap=lambda: None)
         self.stop = stop
@@ -95,9 +104,7 @@ class Presence:
         self.queues = list(dict.fromkeys(queues))
         self.stop = stop
         self.use_locks = config.wakeup.use_locks
-        idle = math.ceil(config.consumer.session_idle_s)
-        self.watchers = {q: Watcher(config, q, stop, idle if i == 0 else None)
-                         for i, q in enumerate(self.queues)}
+        self.watchers = {q: Watcher(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
         self.home = self.watchers[self.queues[0]]  # its session holds the liveness lock
         self.session = self.home.session
         self.consumer_id = ""

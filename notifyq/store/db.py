@@ -147,8 +147,9 @@ class WriterChoice:
     a session that finds the writer gone moves the choice, and the others follow at their next
     connect instead of each walking the list from the top. Starting from the current choice, not
     from the first host, is what keeps a process from failing back on its own to a node that
-    returned: it stays where it is until that node fails in turn. This is the one piece of
-    process-wide state in the store; it holds only an index.
+    returned: it stays where it is until that node fails in turn. A session holding a lock it
+    must keep (Session.follows_writer False) does not follow while its own connection works.
+    This is the one piece of process-wide state in the store; it holds only an index.
     """
 
     _choices: dict[tuple[tuple[str, int], ...], "WriterChoice"] = {}
@@ -226,11 +227,12 @@ class Pending:
     whether the server refused it or the connection was lost before the reply (then its outcome
     is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
 
-    __slots__ = ("what", "commit", "replied", "settled", "error")
+    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback")
 
-    def __init__(self, what: str, commit: bool):
+    def __init__(self, what: str, commit: bool, fallback: str | None = None):
         self.what = what
         self.commit = commit
+        self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
         self.replied = 0  # replies of the query read already (send_commit: all but the COMMIT's)
         self.settled = False
         self.error: BaseException | None = None
@@ -251,7 +253,7 @@ class Session:
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
                  retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
                  use_database: bool = True, idle_timeout_s: int | None = None,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, follows_writer: bool = True):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
         # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
@@ -275,6 +277,10 @@ class Session:
         # connection is on. When another session moved the choice, this one follows at its next
         # transaction instead of finding out from its own read timeout (a paused node).
         self._choice = WriterChoice.of(dsn) if len(dsn.servers) > 1 else None
+        # False for a session holding a lock it must keep (a consumer's liveness lock): leaving
+        # a connection that works frees its locks, which to a reaper on that node is the sign of
+        # death. It moves only when its own connection fails.
+        self.follows_writer = follows_writer
         self._server_index = -1
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
         self.server_version = ""
@@ -469,21 +475,24 @@ class Session:
     def cursor(self):
         return self.conn.cursor()
 
-    def send_later(self, sql: str, params: dict[str, Any]) -> None:
+    def send_later(self, sql: str, params: dict[str, Any], fallback: str | None = None) -> None:
         """Send statements and return without waiting for their reply.
 
         The server acts on them as soon as they arrive; the reply is read (and any rows
         discarded) before this session's next statement. For the watch hand-off: the next idle
         consumer is granted the watch lock while this one already runs its batch, a round trip
-        sooner. Only on autocommit sessions, and only for statements whose failure needs no
-        handling beyond a reconnect: a failure ends the connection, which frees every advisory
-        lock it held.
+        sooner. Only on autocommit sessions. If they fail (the server stops a multi-statement
+        query at its first error), `fallback`, bound with the same params, runs in their place
+        when the reply is read: it must do what matters of theirs (release a lock). Without
+        one, or if it fails too, the connection ends, which frees every advisory lock it held:
+        never for a session holding a lock it must keep (a consumer's liveness lock).
         """
         assert self.autocommit
         conn = self.conn
         cur = conn.cursor()
         try:
             query = cur.mogrify(sql, params)
+            fallback_query = cur.mogrify(fallback, params) if fallback is not None else None
         finally:
             cur.close()
         try:
@@ -491,7 +500,7 @@ class Session:
         except MySQLdb.Error as e:
             self._after_error(e)
             return
-        self._pending = Pending("send later", commit=False)
+        self._pending = Pending("send later", commit=False, fallback=fallback_query)
 
     @property
     def commit_rides_along(self) -> bool:
@@ -541,7 +550,7 @@ class Session:
     def settle(self) -> None:
         """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
         COMMIT's failure is its Pending's (and counted); a statement sent later that failed
-        ends the connection, as a lost one would (send_later says which statements may)."""
+        is replaced by its fallback, or else ends the connection, as a lost one would."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -558,10 +567,27 @@ class Session:
             self._fail_pending(e, pending)
             if pending.commit:
                 self._after_error(e)  # lost: discard; else ROLLBACK, so the rows unlock now
-            else:
+            elif not self._run_fallback(e, pending):
                 self.discard()
         finally:
             pending.settled = True
+
+    def _run_fallback(self, exc: MySQLdb.Error, pending: Pending) -> bool:
+        """A statement sent later failed on a connection that still answers: run its fallback
+        there. False when the connection must end instead."""
+        if pending.fallback is None or is_connection_lost(exc):
+            return False
+        log.debug("a statement sent ahead failed session=%s error=%s: running its fallback",
+                  self.name, describe(exc))
+        try:
+            cur = self._conn.cursor()
+            try:
+                cur.execute(pending.fallback)
+            finally:
+                cur.close()
+        except MySQLdb.Error:
+            return False
+        return True
 
     def _fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
         if pending is None:
@@ -684,7 +710,8 @@ class Session:
         committing = False
         self._attempt_idempotent, self._committed_in_body = idempotent, False
         self._committing_in_body, self._body_result = False, None
-        if self._choice is not None and self._conn is not None and self._choice.index != self._server_index:
+        if (self._choice is not None and self.follows_writer and self._conn is not None
+                and self._choice.index != self._server_index):
             self.discard()  # another session of this process failed over: follow it (never mid-transaction)
         try:
             cur = self.conn.cursor()

@@ -292,8 +292,9 @@ def release_lock(session: Session, name: str) -> int | None:
 
 def hand_watch_on(session: Session, name: str, queue: str) -> None:
     """Release the watch lock once the claim's COMMIT is done, without waiting for either
-    (Session.send_later; the statement says how)."""
-    session.send_later(Q["hand_watch_on"], {"name": name, "queue": queue})
+    (Session.send_later; the statement says how). If its share lock fails, the lock is released
+    anyway: the session may hold the process's liveness lock, which a reconnect would free."""
+    session.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
 
 
 def lock_holder(session: Session, name: str) -> int | None:

@@ -85,6 +85,40 @@ def test_a_multi_host_dsn_writes_through_the_first_node_and_skips_one_that_is_no
         admin.close()
 
 
+def test_a_session_holding_a_liveness_lock_keeps_its_working_connection_when_the_writer_choice_moves(
+        cluster, dsn_url):
+    """Regression (issue 16): the consumer's home session followed its process's other sessions to
+    a new writer while its own connection still worked, and so freed its liveness lock on the old
+    node, where a reaper took the live consumer's jobs back."""
+    dsn = DSN.parse(dsn_url)
+    lock_name = locks.consumer_lock(dsn.database, uuid.uuid4().hex)
+    home = Session(dsn, autocommit=True, name="home", follows_writer=False)
+    work = Session(dsn, name="work")
+    admin = cluster.node(1).connect()
+    try:
+        # Given the home session on node 1 holding a liveness lock, and the process's work session
+        assert queries.get_lock(home, lock_name, 0) == 1 and _port_of(home) == cluster.node(1).port
+        held_by = home.connection_id
+        work.connect()
+        # When node 1 falls out of sync (desynced: it still answers) and the work session
+        # reconnects, moving the process's writer choice to node 2
+        admin.cursor().execute("SET GLOBAL wsrep_desync = ON")
+        work.discard()
+        work.connect()
+        assert _port_of(work) == cluster.node(2).port
+        # Then the home session's next statements stay on node 1, where its lock is still held
+        assert queries.lock_holder(home, lock_name) == held_by
+        assert _port_of(home) == cluster.node(1).port and home.generation == 1
+        cur = admin.cursor()
+        cur.execute("SELECT IS_USED_LOCK(%s)", (lock_name,))
+        assert cur.fetchone()[0] == held_by
+    finally:
+        admin.cursor().execute("SET GLOBAL wsrep_desync = OFF")
+        admin.close()
+        home.close()
+        work.close()
+
+
 def test_sessions_of_a_process_fail_over_together_and_do_not_fail_back(cluster, dsn_url):
     dsn = DSN.parse(dsn_url)
     a, b = Session(dsn, name="a"), Session(dsn, name="b")

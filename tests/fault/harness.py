@@ -110,7 +110,7 @@ class FaultRun:
         try:
             with _library_log_to(self.logs / "harness.log"):  # the producer's retries during restarts
                 result = self._run(t0)
-            ok = result.report.ok and result.drained
+            ok = result.report.ok and result.drained and not result.false_reclaims
             return result
         finally:
             self.fleet.reap_all()

@@ -131,3 +131,35 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         blocker.close()
         worker.work.close()
         worker.presence.close()
+
+
+def test_a_failed_watch_hand_on_frees_the_watch_lock_and_keeps_the_session_and_its_liveness_lock(db):
+    """Regression (issue 16): the hand-on's share lock failed (on Galera a remote write set aborts
+    it, 1213; here a lock wait timeout), and the failure ended the watcher's connection: on the
+    first queue's watcher, which holds the process's liveness lock, that freed the lock, and a
+    reaper took a live consumer's jobs back."""
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": 1}])  # (the queue's nq_queue row exists from here)
+    home = Session(cfg.dsn, autocommit=True, name="home")
+    blocker = admin_connect(db.admin, db.admin.database)
+    live, watch = "nq_test_liveness", "nq_test_watch"
+    try:
+        # Given the watcher session holding a liveness lock and the watch lock, whose row-lock
+        # waits end after 1 s, and another transaction holding the queue's row
+        assert queries.get_lock(home, live, 0) == 1 and queries.get_lock(home, watch, 0) == 1
+        home.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="t")
+        generation, conn_id = home.generation, home.connection_id
+        cur = blocker.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT 1 FROM nq_queue WHERE queue = 'q' FOR UPDATE")
+        # When the watch is handed on and its share lock times out
+        queries.hand_watch_on(home, watch, "q")
+        # Then the session's next statement (which reads the hand-on's reply first, the timeout)
+        # finds the same connection, still holding the liveness lock
+        assert queries.lock_holder(home, live) == conn_id and home.generation == generation
+        # And the watch lock was released all the same
+        assert db.query("SELECT IS_USED_LOCK(%s)", (watch,)) == [(None,)]
+    finally:
+        blocker.close()
+        home.close()

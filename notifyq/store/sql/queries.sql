@@ -386,8 +386,10 @@ SELECT RELEASE_LOCK(%(name)s)
 -- queue's row waits, on the server, for that COMMIT when the claim wrote the row (mark_watched,
 -- whose reply was read before this was sent): the next watcher then reads the watched count
 -- the claim recorded, and does not wake for work already taken. Held for this statement only
--- (autocommit), and the row's writers (claims, pause, resume) never wait for a user lock. A
--- failure ends the connection (Session.send_later), which frees the watch lock as well.
+-- (autocommit), and the row's writers (claims, pause, resume) never wait for a user lock. If the
+-- share lock fails (a lock wait timeout; on Galera a remote write set aborts it, 1213), the
+-- server runs nothing after it, and release_lock runs in its place (Session.send_later): never
+-- a reconnect, which would free the liveness lock the first queue's watcher session holds.
 SELECT 1 FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE;
 DO RELEASE_LOCK(%(name)s)
 
