@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 
 from notifyq.config import DSN
@@ -37,6 +38,8 @@ class Heartbeat:
         self.lease_s = lease_s
         self.interval_s = min(BEAT_S, lease_s / 3)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
+        self._landed_at: float | None = None  # monotonic time of the last beat that landed
+        self._steady_since = -math.inf  # ... of the first landing after a gap (none yet: -inf)
         self._stop = threading.Event()
         self._beating = threading.Lock()
         # A beat must land within POLLING_STALE_S of the last one. On a multi-host DSN a paused
@@ -66,6 +69,24 @@ class Heartbeat:
         with self._beating:  # the process beats once at registration, then the thread: one session
             if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
                 self.lost.set()
+            now = time.monotonic()
+            if self._landed_at is not None and now - self._landed_at > self._gap_s:
+                self._steady_since = now
+            self._landed_at = now
+
+    @property
+    def _gap_s(self) -> float:
+        return 2 * self.interval_s + 1  # a beat that took this long since the last one: a gap
+
+    def steady_s(self) -> float:
+        """For how long our beats have been landing since the last gap in them: 0 while in one,
+        infinite if there was none yet. While ours could not land, others' could not either, as
+        a rule (the server, or the cluster's primary component, was gone): for a while after
+        such a gap their silence says nothing (reaper.reap)."""
+        now = time.monotonic()
+        if self._landed_at is not None and now - self._landed_at > self._gap_s:
+            return 0.0
+        return now - self._steady_since
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -52,6 +52,9 @@ log = logging.getLogger("notifyq.consumer")
 TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
 PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's timeout is near
 SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
+# After an outage our reaper passes wait this long with our heartbeat landing before they judge
+# anyone by silence: as long as a free lock must go with a silent heartbeat on Galera.
+SILENCE_TRUST_S = queries.GALERA_LOCK_GRACE_S
 
 
 class Watcher:
@@ -272,8 +275,13 @@ class Presence:
                 needed = self._reap_needed(session)
             if not needed:
                 return 0
-        result = reaper.reap_once(self.config.dsn, self.use_locks)
+        result = reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence())
         return 0 if result is None else result.reclaimed + result.expired
+
+    def judges_silence(self) -> bool:
+        """Whether our reaper passes may take others' silence for death: not until our own
+        heartbeat, if we beat one, has landed steadily for SILENCE_TRUST_S (reaper.reap)."""
+        return self.heartbeat is None or self.heartbeat.steady_s() >= SILENCE_TRUST_S
 
     @staticmethod
     def _reap_needed(session: Session) -> bool:

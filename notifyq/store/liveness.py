@@ -11,6 +11,10 @@ lock lives on (`node`), a reaper judges by the lock only the consumers whose loc
 own server, and the others by their heartbeat, which lock-mode consumers on a Galera node beat
 as polling ones do (consume/heartbeat.py). The SQL compares `node` with the reaper session's own
 CONCAT(@@hostname, ':', @@port) (db.NODE_IDENTITY_SQL), so no query needs to be told its server.
+On a Galera node even the reaper that shares the consumer's node takes a free lock for death only
+once the heartbeat is silent too (queries.GALERA_LOCK_GRACE_S): a node that leaves the primary
+component and comes back breaks its clients' connections, and frees the locks of processes alive
+and reconnecting.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def reap_needed(session: Session) -> int:
 def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
     """Lock-mode consumers whose liveness lock is free: (id, lock name, queues)."""
     def body(cur):
-        cur.execute(Q["dead_consumers"])
+        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session)})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")

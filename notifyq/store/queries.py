@@ -31,6 +31,19 @@ PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog ta
 # A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
 # heartbeat (consume/heartbeat.py) beats several times inside it.
 POLLING_STALE_S = 30.0
+# On a Galera node a lock-mode consumer whose lock is free is dead only once its heartbeat (which
+# every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
+# liveness session's connection breaks when its node leaves the primary component or is KILLed,
+# and for the moment the session takes to come back the lock is free while the process lives;
+# its heartbeat, which fails and comes back with it, says so. Three beats: a beat may fail twice.
+# The price: a consumer that died on a Galera node has its jobs back this much later.
+GALERA_LOCK_GRACE_S = 15.0
+
+
+def lock_grace_us(session: Session) -> int:
+    """How long, on the session's server, a free liveness lock must go with the heartbeat silent
+    too before it means death: GALERA_LOCK_GRACE_S on a Galera node, else 0 (the lock's word)."""
+    return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
 
 
 def microseconds(seconds: float) -> int:
@@ -413,9 +426,9 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
             cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
             if cur.fetchone()[0] != 1:
                 return None
-            cur.execute(Q["consumer_lock_elsewhere"], {"id": consumer_id})
+            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session)})
             if cur.fetchone() is not None:
-                return None  # its lock lives on another server now (liveness.py)
+                return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
         else:
             cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
                                                    "stale_us": microseconds(POLLING_STALE_S)})

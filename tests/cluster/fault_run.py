@@ -49,6 +49,8 @@ class ClusterFaultRun(FaultRun):
         super().__init__(plan, workdir, keep=keep, drain_s=drain_s)
         self.cluster = GaleraCluster(3, **cluster_settings)
         self.node_faults: list[NodeFault] = []
+        self.deferred: list[Step] = []  # node faults due while the last one had not healed
+        self.draining = False  # no deferred fault once the drain began
 
     # ------------------------------------------------------------ the cluster as the server
 
@@ -81,11 +83,17 @@ class ClusterFaultRun(FaultRun):
         return next((n for n in self.cluster.nodes if n.port == port), None)
 
     def _inject_server_fault(self, step: Step) -> None:
-        if any(f.synced_at is None for f in self.node_faults):
-            return  # the last node fault has not healed: one node down at a time (3 nodes keep quorum)
-        writer = self.writer()
+        writer = None
+        # One node down at a time (3 nodes keep quorum): a fault due before the last one healed
+        # waits for that (the tick injects it), so every planned kind happens.
+        if not any(f.synced_at is None for f in self.node_faults):
+            writer = self.writer()
         if writer is None or not all(n.is_running() and not n.paused for n in self.cluster.nodes):
+            if step not in self.deferred:
+                self.deferred.append(step)
             return
+        if step in self.deferred:
+            self.deferred.remove(step)
         if step.kind == "writer_kill":
             node = writer
         elif step.kind == "node_pause":
@@ -108,9 +116,12 @@ class ClusterFaultRun(FaultRun):
                 f.synced_at = now
                 self.faults.append(Fault(f.kind, f.at, now, detail=f"node {f.node.index}"
                                          + (" (writer)" if f.writer else "")))
+        if self.deferred and not self.draining and all(f.synced_at is not None for f in self.node_faults):
+            self._inject_server_fault(self.deferred[0])
 
     def _drain(self) -> bool:
         """Every node back and Synced first, then the harness's drain."""
+        self.draining = True
         deadline = time.monotonic() + 120
         while any(f.synced_at is None for f in self.node_faults) and time.monotonic() < deadline:
             for f in self.node_faults:

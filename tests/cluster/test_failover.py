@@ -144,21 +144,30 @@ def _on(dsn_url: str, cluster: GaleraCluster, index: int) -> DSN:
     return dataclasses.replace(DSN.parse(dsn_url), hosts=(), port=cluster.node(index).port)
 
 
-def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node(cluster, dsn_url):
+def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node_and_whose_heartbeat_stopped(
+        cluster, dsn_url):
     database = DSN.parse(dsn_url).database
     lock2, work2, reaper1 = (Session(_on(dsn_url, cluster, 2), autocommit=True, name="lock"),
                              Session(_on(dsn_url, cluster, 2), name="work"), Session(_on(dsn_url, cluster, 1)))
-    ids = {name: uuid.uuid4().hex for name in ("live on node 2", "dead on node 1", "gone with its node")}
+    ids = {name: uuid.uuid4().hex for name in ("live on node 2", "dead on node 1", "gone with its node",
+                                               "reconnecting on node 1")}
     try:
         # Given a live consumer on node 2: its liveness lock held there (free as seen from node 1)
         live = ids["live on node 2"]
         assert queries.get_lock(lock2, locks.consumer_lock(database, live), 0) == 1
         liveness.register_consumer(work2, live, locks.consumer_lock(database, live), "h", 1, [QUEUE], "locks",
                                    node=lock2.node)
-        # And one registered on node 1 whose lock is free there: dead
+        # And one registered on node 1 whose lock is free there and whose heartbeat stopped: dead
         reaper1.connect()
         dead = ids["dead on node 1"]
         liveness.register_consumer(work2, dead, locks.consumer_lock(database, dead), "h", 2, [QUEUE], "locks",
+                                   node=reaper1.node)
+        work2.run(lambda cur: cur.execute("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND "
+                                          "WHERE id = %s", (queries.GALERA_LOCK_GRACE_S + 1, dead)), what="t")
+        # And one on node 1 whose lock is free but whose heartbeat just beat: its liveness session
+        # is reconnecting (regression, issue 16: a reaper on its node took it for dead)
+        back = ids["reconnecting on node 1"]
+        liveness.register_consumer(work2, back, locks.consumer_lock(database, back), "h", 4, [QUEUE], "locks",
                                    node=reaper1.node)
         # And one whose lock lived on a node that is gone, and whose heartbeat stopped long ago
         gone = ids["gone with its node"]
@@ -168,14 +177,18 @@ def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node
                                           "WHERE id = %s", (gone,)), what="t")
         # When a reaper passes on node 1
         result = reaper.reap(reaper1, database)
-        # Then the dead one and the one gone with its node are taken back, the live one is not
+        # Then the dead one and the one gone with its node are taken back, the live one and the
+        # reconnecting one are not
         assert result is not None and result.dead_consumers == 2
 
         def registered(cur):
             cur.execute("SELECT id FROM nq_consumer")
             return {r[0] for r in cur.fetchall()}
 
-        assert work2.run(registered, what="t") == {live}
+        assert work2.run(registered, what="t") == {live, back}
+        # And the verdict inside the reclaim spares the reconnecting one too, however it was chosen
+        assert queries.reclaim_owner(reaper1, back, [QUEUE], lock_name=locks.consumer_lock(database, back)) is None
+        queries.release_lock(reaper1, locks.consumer_lock(database, back))
     finally:
         work2.run(lambda cur: cur.execute("DELETE FROM nq_consumer"), what="t")
         for s in (lock2, work2, reaper1):

@@ -154,3 +154,41 @@ def test_a_heartbeat_extends_the_leases_of_every_job_its_consumer_holds(db):
     session.close()
     # Then every lease reaches 10 minutes from now
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until > NOW(6) + INTERVAL 590 SECOND") == len(ids)
+
+
+def test_a_reaper_just_out_of_an_outage_judges_nobody_by_silence(db):
+    """Regression (issue 16): after an outage that silenced every heartbeat (a Galera cluster
+    without a primary component, seen in the cluster fault schedule), the first reaper back took
+    consumers whose beats had failed like its own for dead, while they were reconnecting."""
+    # Given a polling consumer whose heartbeat is older than POLLING_STALE_S
+    cfg = db.config()
+    ids = _polling_consumer_holding(db, 2, "o" * 32)
+    db.query("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND",
+             (int(queries.POLLING_STALE_S) + 1,))
+    # When a reaper pass runs for a process whose own heartbeat has just come back from a gap
+    result = reaper.reap_once(cfg.dsn, use_locks=False, judge_silence=False)
+    # Then it takes nothing back
+    assert result is not None and result.reclaimed == 0 and result.dead_consumers == 0
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(i, 2) for i in ids]
+    # And a pass by a process that was heard steadily does
+    result = reaper.reap_once(cfg.dsn, use_locks=False)
+    assert result is not None and result.reclaimed == 2 and result.dead_consumers == 1
+
+
+def test_a_heartbeat_says_how_long_it_has_landed_since_its_last_gap(db):
+    from notifyq.consume.heartbeat import Heartbeat
+
+    cfg = db.config()
+    _polling_consumer_holding(db, 1, "h" * 32)
+    beat = Heartbeat(cfg.dsn, lambda: "h" * 32, lease_s=0.3, name="t")  # a beat every 0.1 s
+    try:
+        # Given beats that landed with no gap yet: steady for ever (a process just started)
+        beat.beat()
+        assert beat.steady_s() == float("inf")
+        # When no beat lands for longer than two intervals (nobody beats here: no thread)
+        wait_until(lambda: beat.steady_s() == 0.0, 10, message="the gap to show")
+        # Then the next beat that lands starts the count again, from 0
+        beat.beat()
+        assert 0 < beat.steady_s() < 1.0
+    finally:
+        beat.stop()

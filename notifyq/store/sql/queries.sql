@@ -224,9 +224,11 @@ SELECT (SELECT COUNT(*) FROM nq_consumer
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
 -- lost its session. Polling consumers hold no lock: stale_consumers judges them. Nor does one
 -- whose lock lives on another server (a Galera node: locks are node-local, so it reads as free
--- here while its holder runs): stale_consumers judges it by its heartbeat too.
+-- here while its holder runs): stale_consumers judges it by its heartbeat too. grace_us (0 but
+-- on a Galera node, queries.GALERA_LOCK_GRACE_S): its heartbeat must be silent that long too.
 SELECT id, lock_name, queues FROM nq_consumer
 WHERE wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)) AND IS_FREE_LOCK(lock_name) = 1
+  AND (%(grace_us)s = 0 OR last_seen < NOW(6) - INTERVAL %(grace_us)s MICROSECOND)
 
 -- stale_consumers --
 -- Consumers judged by heartbeat (polling ones, and lock-mode ones whose lock lives on another
@@ -241,11 +243,14 @@ DELETE FROM nq_consumer
 WHERE id = %(id)s AND NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)))
   AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
 
--- consumer_lock_elsewhere --
--- The verdict by lock, inside the reclaim: a row here means the consumer re-registered on another
--- Galera node meanwhile and holds its lock there (free here): not ours to judge.
+-- consumer_spared --
+-- The verdict by lock, inside the reclaim: a row here means the consumer is not ours to take
+-- back: it re-registered on another Galera node meanwhile and holds its lock there (free here),
+-- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile.
 SELECT 1 FROM nq_consumer
-WHERE id = %(id)s AND node NOT IN ('', CONCAT(@@hostname, ':', @@port)) FOR UPDATE
+WHERE id = %(id)s AND (node NOT IN ('', CONCAT(@@hostname, ':', @@port))
+                       OR (%(grace_us)s > 0 AND last_seen >= NOW(6) - INTERVAL %(grace_us)s MICROSECOND))
+FOR UPDATE
 
 -- heartbeat --
 -- A polling consumer's proof of life; no row means it was judged dead and must re-register.
