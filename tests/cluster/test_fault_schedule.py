@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import pytest
-
 from fault.schedule import make_cluster_plan
 
 from .conftest import FAST_EVICTION, requires_galera
@@ -55,14 +53,6 @@ def test_the_fault_schedule_on_a_cluster_keeps_the_delivery_contract_across_fail
     assert all(f["failover_s"] is not None for f in failovers), failovers
     # And every consumer slot still ran at the end, and no live consumer was reaped
     assert result.report.jobs >= JOBS * 0.9, result.summary()
-    problems = verdict(result)
-    open_issue = [p for p in problems if p.startswith("false reclaim: consumer ") and "never killed) reaped" in p]
-    assert not [p for p in problems if p not in open_issue], problems
-    if open_issue:
-        # Known and open (issue 16), seen in about 1 run in 10 after a heartbeat fix: the
-        # process's liveness session reconnects (at a certification conflict on its node), and
-        # in the instant its lock is free a reaper on that node takes it and removes the
-        # registration; the consumer takes its lock back and re-registers. Everything the
-        # checker judges above still holds; reported as XFAIL, never as a pass.
-        pytest.xfail("issue 16 open: a live consumer's registration reaped while its liveness "
-                     "session reconnected: " + "; ".join(open_issue))
+    # (false reclaims included: a live consumer reaped while its liveness session reconnected,
+    # after a failed watch hand-on, a move to a new writer, or the loss of the primary component)
+    assert not verdict(result), verdict(result)
