@@ -59,8 +59,9 @@ class RoundRobin:
         self.names = names
         self._next = random.randrange(len(names)) if start is None else start % len(names)
 
-    def take(self, n: int) -> list[str]:
-        """The shards of the next `n` jobs, in turn."""
-        out = [self.names[(self._next + i) % len(self.names)] for i in range(n)]
-        self._next = (self._next + n) % len(self.names)
+    def take(self, n: int, among: tuple[str, ...] | None = None) -> list[str]:
+        """The shards of the next `n` jobs, in turn; `among`: only those (the others are down)."""
+        names = among or self.names
+        out = [names[(self._next + i) % len(names)] for i in range(n)]
+        self._next = (self._next + n) % len(names)
         return out

@@ -25,6 +25,13 @@ log = logging.getLogger("notifyq.producer")
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
+# A spread queue's put keeps trying a shard this long (a deadlock, a reconnect) before its rows go
+# to the next shard, and a shard it could not reach is left out of the deal this long, then tried
+# again. One shard's outage then costs a put about SHARD_RETRY_S once per SHARD_RECHECK_S, not the
+# 60 s a pinned queue's put waits for its one server.
+SHARD_RETRY_S = 1.0
+SHARD_RECHECK_S = 10.0
+
 
 class Producer:
     """Enqueue jobs on `queue`.
@@ -46,6 +53,7 @@ class Producer:
         self._home = self.placement.home(queue)
         self._turn = shards.RoundRobin(self.placement.names) if self.placement.spread(queue) else None
         self._links: dict[str, _ShardLink] = {}  # shard name -> its sessions, opened on first use
+        self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
         self._ring = ring
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -167,17 +175,59 @@ class Producer:
     def _write(self, rows: list[tuple], conn: Any, unique: bool = False, shard: str | None = None) -> list[int]:
         """Each row to its shard: the queue's one shard, the key's (`shard`), or in turn."""
         if self._turn is None or shard is not None:
-            return self._write_shard(rows, conn, unique, self._home if shard is None else shard)
+            try:
+                return self._write_shard(rows, conn, unique, self._home if shard is None else shard)
+            except errors.DatabaseError as e:
+                if self._turn is None or shard is None:
+                    raise
+                raise type(e)(f"{e} (shard {shard}: a job with a dedup key goes to its key's shard only)") from None
         if conn is not None:
             raise errors.InputError(f"conn: queue {self.queue} is spread over shards: a caller's transaction "
                                     "is on one server (put it without conn, or pin the queue to a shard)")
-        dealt = self._turn.take(len(rows))
+        return self._deal(rows)
+
+    def _deal(self, rows: list[tuple]) -> list[int]:
+        """A spread queue's rows in turn over the shards that are up. A shard's share that fails
+        with DatabaseError was not stored (Session.run: a COMMIT whose outcome is unknown raises
+        OutcomeUnknown instead, and is never moved): it is dealt again over the others, and that
+        shard left out until SHARD_RECHECK_S. Only when no shard takes it does the put fail."""
         ids: list[int] = [0] * len(rows)
-        for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
-            mine = [i for i, s in enumerate(dealt) if s == name]
-            for i, job_id in zip(mine, self._write_shard([rows[i] for i in mine], None, unique, name)):
-                ids[i] = job_id
+        left = list(range(len(rows)))
+        tried: set[str] = set()
+        last: errors.DatabaseError | None = None
+        while left:
+            now = time.monotonic()
+            up = tuple(n for n in self.placement.names if n not in tried and self._down.get(n, 0.0) <= now)
+            if not up:  # every shard left out: try those not tried in this put, down or not
+                up = tuple(n for n in self.placement.names if n not in tried)
+            if not up:
+                assert last is not None
+                raise type(last)(f"no shard of queue {self.queue} could take its jobs; the last: {last}") from None
+            dealt = self._turn.take(len(left), among=up)
+            moved: list[int] = []
+            for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
+                mine = [i for i, s in zip(left, dealt) if s == name]
+                tried.add(name)
+                try:
+                    got = self._write_shard([rows[i] for i in mine], None, False, name)
+                except errors.DatabaseError as e:
+                    self._shard_down(name, e)
+                    moved += mine
+                    last = e
+                    continue
+                if self._down.pop(name, None) is not None:
+                    log.warning("shard reachable again, jobs of queue %s go to it again shard=%s", self.queue, name)
+                for i, job_id in zip(mine, got):
+                    ids[i] = job_id
+            left = moved
         return ids
+
+    def _shard_down(self, name: str, exc: errors.DatabaseError) -> None:
+        if name not in self._down:
+            log.warning("shard unreachable, jobs of queue %s go to the other shards (tried again every "
+                        "%g s) shard=%s error=%s", self.queue, SHARD_RECHECK_S, name, exc)
+        self._down[name] = time.monotonic() + SHARD_RECHECK_S
+        self._links.pop(name).drop()  # a fresh link when it is tried again
 
     def _write_shard(self, rows: list[tuple], conn: Any, unique: bool, shard: str) -> list[int]:
         """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
@@ -247,17 +297,19 @@ class Producer:
 
     def _link(self, shard: str) -> "_ShardLink":
         if shard not in self._links:
-            self._links[shard] = _ShardLink(self.config.on_shard(shard), self.queue, self._ring)
+            retry_s = SHARD_RETRY_S if self._turn is not None else None
+            self._links[shard] = _ShardLink(self.config.on_shard(shard), self.queue, self._ring, retry_s)
         return self._links[shard]
 
 
 class _ShardLink:
     """A producer's sessions and bell on one shard, each opened on first use."""
 
-    def __init__(self, config: Config, queue: str, ring: bool):
+    def __init__(self, config: Config, queue: str, ring: bool, retry_s: float | None = None):
         self.config = config  # its dsn is the shard's
         self.queue = queue
         self.ring = ring
+        self.retry = {} if retry_s is None else {"retry_s": retry_s}  # None: the sessions' default
         self.locks = QueueLocks(config.dsn.database, queue)
         self.session: Session | None = None
         self.lock_session: Session | None = None
@@ -266,7 +318,7 @@ class _ShardLink:
 
     def work_session(self) -> Session:
         if self.session is None:
-            self.session = Session(self.config.dsn, name="producer")
+            self.session = Session(self.config.dsn, name="producer", **self.retry)
         if not self.queue_known:
             self.session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
             self.queue_known = True
@@ -274,7 +326,7 @@ class _ShardLink:
 
     def lock_sessions(self) -> Session:
         if self.lock_session is None:
-            self.lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks")
+            self.lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks", **self.retry)
         return self.lock_session
 
     def armed_bell(self) -> Bell | None:
@@ -287,9 +339,17 @@ class _ShardLink:
     def close(self) -> None:
         if self.bell is not None:
             self.bell.disarm()
+        self._end(Session.close)
+
+    def drop(self) -> None:
+        """Close the connections without a word to the server (it is gone): its locks, the
+        bell's among them, die with them."""
+        self._end(Session.discard)
+
+    def _end(self, how: Callable[[Session], None]) -> None:
         for session in (self.session, self.lock_session):
             if session is not None:
-                session.close()
+                how(session)
         self.session = self.lock_session = self.bell = None
 
 

@@ -35,9 +35,10 @@ POLLING_STALE_S = 30.0
 # every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
 # liveness session's connection breaks when its node leaves the primary component or is KILLed,
 # and for the moment the session takes to come back the lock is free while the process lives;
-# its heartbeat, which fails and comes back with it, says so. Three beats: a beat may fail twice.
+# its heartbeat, which goes on beating on its own session, says so. Two beats: one may fail. An
+# outage that silences every heartbeat is the reaper's to allow for (reaper.reap, judge_silence).
 # The price: a consumer that died on a Galera node has its jobs back this much later.
-GALERA_LOCK_GRACE_S = 15.0
+GALERA_LOCK_GRACE_S = 10.0
 
 
 def lock_grace_us(session: Session) -> int:

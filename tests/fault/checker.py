@@ -304,15 +304,33 @@ def check_after_cancel(h: History) -> list[Violation]:
     return out
 
 
+# Faults during which no reaper can take anything back (the server, or the writer node, is gone):
+# the recovery bound of a consumer killed meanwhile is extended by the time they overlap.
+OUTAGES = ("server_restart", "server_crash", "writer_kill", "node_pause")
+
+
 def check_stranded(h: History) -> list[Violation]:
     out = [Violation("left_claimed", (r.deploy, r.job), f"claimed by {r.owner} after the drain")
            for r in h.final_rows if r.status == CLAIMED]
     for consumer, seconds in sorted(h.recovery_s.items()):
-        if seconds is None or seconds > h.recovery_bound_s:
+        bound = h.recovery_bound_s
+        if seconds is not None:
+            bound += _outage_overlap(h, consumer, seconds)
+        if seconds is None or seconds > bound:
             shown = "never (until the drain)" if seconds is None else f"after {seconds:.1f}s"
             out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} came back {shown}, "
-                                                   f"bound {h.recovery_bound_s:g}s"))
+                                                   f"bound {bound:g}s"))
     return out
+
+
+def _outage_overlap(h: History, consumer: str, seconds: float) -> float:
+    """Seconds of outage (OUTAGES) between the consumer's kill and its jobs' return."""
+    pid = int(consumer.rsplit(" pid ", 1)[1]) if " pid " in consumer else None
+    killed = next((f.start for f in h.faults if f.kind == "sigkill" and f.pid == pid), None)
+    if killed is None:
+        return 0.0
+    back = killed + seconds
+    return sum(max(0.0, min(back, f.end) - max(killed, f.start)) for f in h.faults if f.kind in OUTAGES)
 
 
 # ------------------------------------------------------------------ claim order

@@ -235,3 +235,15 @@ def test_a_cluster_plan_kills_and_pauses_nodes_by_turns_and_a_seed_replays_it():
     assert len(nodes) == 4 and set(nodes[0::2]) == {nodes[0]} and set(nodes[1::2]) == {nodes[1]} != {nodes[0]}
     assert all(s.length_s > 12 for s in a.steps if s.kind == "node_pause")  # beyond the read timeout
     assert "writer_kill" not in parse_classes("all")  # the single-server schedule has no nodes
+
+
+def test_a_gone_consumers_recovery_bound_stretches_by_the_outages_it_overlaps():
+    # A consumer killed at t=10 whose jobs came back 25 s later (bound 10 s here): stranded,
+    # unless a writer node was down for at least 15 s of that time (no reaper could reach it)
+    recovery = {"main/aaaaaaaa pid 10": 25.0}
+    kill = Fault("sigkill", 10.0, 10.0, 10)
+    assert rules(history([], [], faults=[kill], recovery=recovery)) == {"stranded": 1}
+    outage = Fault("node_pause", 12.0, 28.0, detail="node 1 (writer)")
+    assert checker.check(history([], [], faults=[kill, outage], recovery=recovery)).ok
+    short = Fault("writer_kill", 12.0, 20.0, detail="node 1 (writer)")
+    assert rules(history([], [], faults=[kill, short], recovery=recovery)) == {"stranded": 1}

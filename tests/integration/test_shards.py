@@ -7,15 +7,17 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import time
 
 import pytest
 from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli, wait_until
 
 from notifyq import config as config_mod
-from notifyq import shards
+from notifyq import errors, shards
 from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.ops.metrics import ServiceCollector
+from notifyq.produce import producer as producer_mod
 from notifyq.produce.producer import Producer
 from notifyq.run.localserver import LocalServer
 
@@ -232,3 +234,40 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
         stop.set()
         runner.join(60)
     assert not runner.is_alive()
+
+
+def test_a_spread_producer_deals_around_a_shard_that_is_down_and_to_it_again_once_back(sharded, servers,
+                                                                                      monkeypatch):
+    """Regression (issue 16): a spread queue's producer kept dealing jobs to a shard that was down,
+    and each such put waited out the 60 s connect retry, then failed, while the other shard
+    could have taken the job."""
+    cfg, _env, dbs = sharded
+    monkeypatch.setattr(producer_mod, "SHARD_RECHECK_S", 1.0)  # (10 s by default)
+
+    def count(name: str) -> int:
+        return dbs[name].query("SELECT COUNT(*) FROM nq_job WHERE queue = 's'")[0][0]
+
+    with Producer("s", cfg, ring=True) as p:
+        p.put_many([{"n": -1}, {"n": -2}])  # one job on each shard: both links open, bells armed
+        # Given shard b down
+        servers["b"].kill()
+        try:
+            # When 20 jobs are put one by one
+            started = time.monotonic()
+            for i in range(20):
+                p.put({"n": i})
+            took = time.monotonic() - started
+            print(f"20 puts with shard b down: {took:.2f} s")
+            # Then all of them are on a, and the puts did not wait for b
+            assert count("a") == 21 and took < 10, (count("a"), took)
+            # And a job whose dedup key places it on b fails at once, saying why
+            key = next(k for k in (f"k{i}" for i in range(1000)) if shards.pick(("a", "b"), f"s\0{k}") == "b")
+            started = time.monotonic()
+            with pytest.raises(errors.DatabaseError, match="goes to its key's shard only"):
+                p.put({"n": 99}, dedup_key=key)
+            assert time.monotonic() - started < 10
+        finally:
+            servers["b"].start()
+        # And once b is back, it is dealt jobs again (after the recheck interval)
+        before = count("b")
+        wait_until(lambda: p.put({"n": 100}) and count("b") > before, timeout=30, message="b dealt jobs again")
