@@ -57,6 +57,15 @@ class ConsumeOptions:
     max_jobs: int | None = None
 
 
+@dataclasses.dataclass
+class Running:
+    """A worker, the thread it runs on, and its shard ("" for one server; it runs on
+    config.on_shard(shard), whose dsn is the shard's)."""
+    worker: Worker
+    thread: threading.Thread
+    shard: str
+
+
 class ConsumerService:
     def __init__(self, config: Config, options: ConsumeOptions, notifier=None):
         if not options.queues:
@@ -68,13 +77,9 @@ class ConsumerService:
         self.notifier = notifier
         self.stop = threading.Event()
         self.budget = Budget(options.max_jobs)
-        self.workers: list[Worker] = []
-        self.threads: list[threading.Thread] = []
+        self.running: list[Running] = []  # one per worker slot; a restarted worker takes its slot
         self.retired: list[Stats] = []
-        # With [shards], a queue's workers are per shard: worker_shards[i] is workers[i]'s shard
-        # ("" for one server), and each runs on config.on_shard(shard) (its dsn is the shard's).
         self.placement = shards.Placement(config)
-        self.worker_shards: list[str] = []
         # Per shard ("" for one server): the process's presence there, for the queues it holds.
         self.presences: dict[str, Presence] = {}
         for shard in config.shard_names():
@@ -100,6 +105,10 @@ class ConsumerService:
     @property
     def sharded(self) -> bool:
         return bool(self.config.shards)
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [r.worker for r in self.running]
 
     @property
     def presence(self) -> Presence:
@@ -195,15 +204,13 @@ class ConsumerService:
                         budget=self.budget, batch_size=self.options.batch_size,
                         exit_when_empty=self.options.exit_when_empty, name=name,
                         presence=self.presences[shard])
-        thread = threading.Thread(target=worker.run, name=f"notifyq-{name}", daemon=True)
+        running = Running(worker, threading.Thread(target=worker.run, name=f"notifyq-{name}", daemon=True), shard)
         if index is None:
-            self.workers.append(worker)
-            self.threads.append(thread)
-            self.worker_shards.append(shard)
+            self.running.append(running)
         else:  # a shard's failed worker replaced in its place
-            self.retired.append(self.workers[index].stats)
-            self.workers[index], self.threads[index] = worker, thread
-        thread.start()
+            self.retired.append(self.running[index].worker.stats)
+            self.running[index] = running
+        running.thread.start()
 
     def _respawn_shard_workers(self) -> None:
         """A shard's worker that ended because its server is gone (past the connect retry) is
@@ -214,15 +221,15 @@ class ConsumerService:
         sessions' reconnects by design (every seat is left in a `finally`), and the first claim
         after the outage takes the old liveness lock back or re-registers (presence.py)."""
         now = time.monotonic()
-        for i, (worker, thread) in enumerate(zip(self.workers, self.threads)):
-            if thread.is_alive() or not isinstance(worker.error, errors.DatabaseError):
+        for i, r in enumerate(self.running):
+            if r.thread.is_alive() or not isinstance(r.worker.error, errors.DatabaseError):
                 continue
             due = self._respawn_at.setdefault(i, now + RESPAWN_S)
             if now >= due:
                 del self._respawn_at[i]
                 log.warning("shard down, restarting its worker shard=%s queue=%s worker=%s",
-                            self.worker_shards[i], worker.queue, worker.name)
-                self._spawn(worker.queue, worker.handler, worker.name, self.worker_shards[i], index=i)
+                            r.shard, r.worker.queue, r.worker.name)
+                self._spawn(r.worker.queue, r.worker.handler, r.worker.name, r.shard, index=i)
 
     def _failed(self) -> bool:
         """A worker's error ends the process, except a shard's server gone (retried here)."""
@@ -241,7 +248,8 @@ class ConsumerService:
         if not self.sharded:
             return []
         down: dict[str, bool] = {}
-        for shard, worker, thread in zip(self.worker_shards, self.workers, self.threads):
+        for r in self.running:
+            shard, worker, thread = r.shard, r.worker, r.thread
             lost = not thread.is_alive() and worker.error is not None
             # Reconnecting; or not connected yet, on a shard the start-up probe found down.
             never = (worker.work.generation == 0 and worker.presence.session.generation == 0
@@ -268,7 +276,7 @@ class ConsumerService:
                 break
             if self.sharded and not self.options.exit_when_empty:
                 self._respawn_shard_workers()
-            if all(not t.is_alive() for t in self.threads) and not self._respawn_at:
+            if all(not r.thread.is_alive() for r in self.running) and not self._respawn_at:
                 break
             if reload_requested is not None and reload_requested.is_set():
                 reload_requested.clear()
@@ -304,7 +312,8 @@ class ConsumerService:
         counts as healthy: one shard down must not make the watchdog kill the process."""
         limit = max(self.config.wakeup.idle_wait_s, self.config.wakeup.poll_max_s) + 15
         now = time.monotonic()
-        for worker, thread in zip(self.workers, self.threads):
+        for r in self.running:
+            worker, thread = r.worker, r.thread
             if self.sharded and ((not thread.is_alive() and isinstance(worker.error, errors.DatabaseError))
                                  or (thread.is_alive() and self._reconnecting(worker))):
                 continue
@@ -349,8 +358,9 @@ class ConsumerService:
             self.summary.every_s = new.log.summary_s
             for shard, presence in self.presences.items():
                 presence.reload(self._shard_config(new, shard))
-            for worker, shard in zip(self.workers, self.worker_shards):
-                worker.config = self._shard_config(new, shard)
+            for r in self.running:
+                worker = r.worker
+                worker.config = self._shard_config(new, r.shard)
                 worker.qc = new.queue(worker.queue)
                 worker.batch_size = self.options.batch_size or worker.qc.batch_size
                 if not (self.options.handler or self.options.command or self.options.function):
@@ -375,9 +385,9 @@ class ConsumerService:
         for scheduler in self.schedulers.values():
             scheduler.close()  # frees the leader locks: a peer takes over the ticks
         deadline = time.monotonic() + grace
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [w for w, t in zip(self.workers, self.threads) if t.is_alive()]
+        for r in self.running:
+            r.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [r for r in self.running if r.thread.is_alive()]
         if stuck:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
                         "are failed (retried by policy), the unstarted ones given back", len(stuck))
@@ -403,10 +413,10 @@ class ConsumerService:
         finally:
             session.close()
 
-    def _abandon(self, stuck: list[Worker]) -> None:
+    def _abandon(self, stuck: list[Running]) -> None:
         """Nothing stays claimed by a process that exits: see Worker.abandon."""
         for shard in self.config.shard_names():
-            mine = [w for w in stuck if self.worker_shards[self.workers.index(w)] == shard]
+            mine = [r.worker for r in stuck if r.shard == shard]
             if mine:
                 self._abandon_on(shard, mine)
 

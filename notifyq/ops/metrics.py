@@ -126,7 +126,7 @@ class ServiceCollector:
     def _groups(self, workers, queues) -> tuple[list[str], dict[tuple[str, ...], list]]:
         """The labels of the per-worker families and their workers: per queue, and with [shards]
         per queue and shard (sum by (queue) for the queue)."""
-        shard_of = dict(zip(map(id, self.service.workers), getattr(self.service, "worker_shards", ())))
+        shard_of = {id(r.worker): r.shard for r in self.service.running}
         if not self.service.config.shards:
             return ["queue"], {(q,): [w for w in workers if w.queue == q] for q in queues}
         groups: dict[tuple[str, ...], list] = {}

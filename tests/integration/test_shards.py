@@ -104,7 +104,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     service = _service(cfg, "s", seen, exit_when_empty=True)
     assert service.run(threading.Event()) == 0
     assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
-    assert {s for s in service.worker_shards} == {"a", "b"}
+    assert {r.shard for r in service.running} == {"a", "b"}
     # the metrics show each shard's share (sum by queue: the queue's total)
     families = {f.name: f for f in ServiceCollector(service).collect()}
     done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
@@ -218,7 +218,7 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
         servers["b"].kill()
         wait_until(lambda: service.retired and any(w not in first for w in service.workers),
                    timeout=150, message="a worker of b ended past the connect retry and was restarted")
-        assert all(w.presence is presence_b for w, s in zip(service.workers, service.worker_shards) if s == "b")
+        assert all(r.worker.presence is presence_b for r in service.running if r.shard == "b")
         assert service.healthy() and runner.is_alive()
         servers["b"].start()
         with Producer("s", cfg.on_shard("b")) as on_b:
