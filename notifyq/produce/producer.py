@@ -193,13 +193,13 @@ class Producer:
         shard left out until SHARD_RECHECK_S. Only when no shard takes it does the put fail."""
         ids: list[int] = [0] * len(rows)
         left = list(range(len(rows)))
-        tried: set[str] = set()
+        failed: set[str] = set()  # in this put
         last: errors.DatabaseError | None = None
         while left:
             now = time.monotonic()
-            up = tuple(n for n in self.placement.names if n not in tried and self._down.get(n, 0.0) <= now)
-            if not up:  # every shard left out: try those not tried in this put, down or not
-                up = tuple(n for n in self.placement.names if n not in tried)
+            up = tuple(n for n in self.placement.names if n not in failed and self._down.get(n, 0.0) <= now)
+            if not up:  # every shard left out: try those that did not fail in this put, down or not
+                up = tuple(n for n in self.placement.names if n not in failed)
             if not up:
                 assert last is not None
                 raise type(last)(f"no shard of queue {self.queue} could take its jobs; the last: {last}") from None
@@ -207,11 +207,11 @@ class Producer:
             moved: list[int] = []
             for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
                 mine = [i for i, s in zip(left, dealt) if s == name]
-                tried.add(name)
                 try:
                     got = self._write_shard([rows[i] for i in mine], None, False, name)
                 except errors.DatabaseError as e:
                     self._shard_down(name, e)
+                    failed.add(name)
                     moved += mine
                     last = e
                     continue
@@ -280,9 +280,21 @@ class Producer:
 
     def _check_fits(self, rows: list[tuple]) -> None:
         """InputError for a row too big for the server, on notifyq's own session (the home
-        shard's: the shards of one deployment share their settings)."""
-        session = self._link(self._home).work_session()
-        inserts.check_fits(rows, session.max_allowed_packet, session.conn)
+        shard's: the shards of one deployment share their settings; a spread queue's, the first
+        shard that answers)."""
+        names = [self._home] + ([n for n in self.placement.names if n != self._home] if self._turn else [])
+        for name in names:
+            if name in self._down and self._down[name] > time.monotonic() and name != names[-1]:
+                continue
+            try:
+                session = self._link(name).work_session()
+            except errors.DatabaseError as e:
+                if self._turn is None or name == names[-1]:
+                    raise
+                self._shard_down(name, e)
+                continue
+            inserts.check_fits(rows, session.max_allowed_packet, session.conn)
+            return
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
@@ -309,7 +321,9 @@ class _ShardLink:
         self.config = config  # its dsn is the shard's
         self.queue = queue
         self.ring = ring
-        self.retry = {} if retry_s is None else {"retry_s": retry_s}  # None: the sessions' default
+        # None: the sessions' defaults. Else a spread queue's: short, and its retries logged at
+        # DEBUG (the producer says once that the shard is down).
+        self.retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
         self.locks = QueueLocks(config.dsn.database, queue)
         self.session: Session | None = None
         self.lock_session: Session | None = None

@@ -35,16 +35,32 @@ log = logging.getLogger("notifyq.runner")
 
 
 def _require_schema(cfg: Config, queue: str, *, oneshot: bool) -> None:
-    """The schema of every shard that takes `queue`'s jobs (one server: the one)."""
+    """The schema of every shard that takes `queue`'s jobs (one server: the one). A spread
+    queue's producer deals around a shard that is down (Producer), so here such a shard is
+    tried briefly and passed over with a warning, while one shard at least answers."""
     retry_s = cfg.connect_retry(oneshot=oneshot)
-    for shard in shards.Placement(cfg).shards_of(queue):
+    placement = shards.Placement(cfg)
+    spread = placement.spread(queue)
+    if spread:
+        from notifyq.produce.producer import SHARD_RETRY_S
+        retry_s = min(retry_s, SHARD_RETRY_S)
+    down: list[errors.DatabaseError] = []
+    for shard in placement.shards_of(queue):
         dsn = cfg.on_shard(shard).dsn
-        session = (oneshot_session(dsn, retry_s, "startup") if oneshot
+        session = (oneshot_session(dsn, retry_s, "startup") if oneshot or spread
                    else Session(dsn, retry_s=retry_s, name="startup"))
         try:
             schema.require_current(session)
+        except errors.DatabaseError as e:
+            if not spread:
+                raise
+            log.warning("shard unreachable, jobs of queue %s go to the other shards shard=%s error=%s",
+                        queue, shard, e)
+            down.append(e)
         finally:
             session.close()
+    if down and len(down) == len(placement.shards_of(queue)):
+        raise down[-1]
 
 
 def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority: int, delay: float,

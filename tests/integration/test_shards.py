@@ -271,3 +271,22 @@ def test_a_spread_producer_deals_around_a_shard_that_is_down_and_to_it_again_onc
         # And once b is back, it is dealt jobs again (after the recheck interval)
         before = count("b")
         wait_until(lambda: p.put({"n": 100}) and count("b") > before, timeout=30, message="b dealt jobs again")
+
+
+def test_cli_produce_on_a_spread_queue_with_a_shard_down_puts_every_job_on_the_others(sharded, servers):
+    """Regression (issue 16): `notifyq produce` checked every shard's schema first and waited out
+    the connect retry on the one that was down, then failed; fed a stream, it also failed on the
+    down shard's packet check."""
+    _cfg, env, dbs = sharded
+    servers["b"].kill()
+    try:
+        # When jobs of a spread queue are produced from a stream and from arguments, b down
+        stream = run_cli(env, "produce", "-q", "s", input="".join(f'{{"n": {i}}}\n' for i in range(6)))
+        args = run_cli(env, "produce", "-q", "s", '{"n": 10}', '{"n": 11}')
+        # Then every job is on a, each command says so, and b's outage is one warning, no traceback
+        assert (stream.returncode, args.returncode) == (0, 0), (stream.stderr, args.stderr)
+        assert "enqueued 6" in stream.stdout and len(args.stdout.split()) == 2  # (args: the ids)
+        assert len(rows(dbs["a"], "s")) == 8
+        assert "shard=b" in stream.stderr and "Traceback" not in stream.stderr + args.stderr
+    finally:
+        servers["b"].start()
