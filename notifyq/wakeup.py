@@ -28,7 +28,10 @@ Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). Its COMMIT c
 same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
 the watch lock does it ring: in one statement it takes the other bell and releases the held one,
 so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
-whoever becomes the watcher later reads the count after the COMMIT. The watcher waits on the
+whoever becomes the watcher later reads the count after the COMMIT. A look that saw nobody
+holds for QUIET_LOOK_S: the puts in that window skip it (under load, where nobody idles, that
+is nearly every put). A watcher that began inside the window reads the count again within its
+first backoff steps, and the first put after the window looks and rings it. The watcher waits on the
 bell its previous statement saw held at that statement's end; a new turn's first statement
 only reads. That choice is made before the statement's read of the count, so:
   - a commit after the read is followed by a ring that releases the bell held at the choice
@@ -74,6 +77,11 @@ log = logging.getLogger("notifyq.wakeup")
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
 READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's read timeout
 ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
+# A ringer's look that saw nobody watching holds this long: the puts in between commit without a
+# look, as plain puts do. Under load no consumer idles, and a look per put was a statement per
+# job. A consumer that starts watching inside the window is rung by the first put after it, or
+# finds the jobs first by its own reads of the count (poll_initial_s doubling): a few ms more.
+QUIET_LOOK_S = 0.005
 
 
 class Waiter:
@@ -269,6 +277,9 @@ class Bell:
         self.locks = locks
         self.held: int | None = None  # index of the bell we hold
         self.rings = 0  # rings sent: tests and the benchmark read it
+        self.looks = 0  # looks taken (the others were skipped in a quiet window): the same
+        self.quiet_s = QUIET_LOOK_S
+        self._quiet_until = 0.0  # monotonic: until then, the last look's "nobody watching" holds
         self._generation = -1
         self._retry_arm_at = 0.0
 
@@ -319,8 +330,14 @@ class Bell:
                 return False
             raise
 
+    def look_due(self) -> bool:
+        """Whether this put's COMMIT carries the look: not inside the quiet window of a look that
+        saw nobody watching (QUIET_LOOK_S)."""
+        return time.monotonic() >= self._quiet_until
+
     def look(self) -> tuple[str, dict]:
         """The read the jobs' COMMIT carries (Session.commit_then_read)."""
+        self.looks += 1
         return bells.look(self.locks)
 
     def after_commit(self, seen: tuple | None) -> None:
@@ -343,6 +360,7 @@ class Bell:
                 self._forget()
                 return
             if watcher is None:
+                self._quiet_until = time.monotonic() + self.quiet_s
                 return
         try:
             bells.ring(self.session, self.locks, self.held)
@@ -363,6 +381,7 @@ class Bell:
         self.session.discard()
         self.held = None
         self._generation = -1
+        self._quiet_until = 0.0
 
     def disarm(self) -> None:
         # The bell first: releasing it wakes the watcher, which then finds no bell held (no

@@ -256,11 +256,13 @@ class Producer:
         link = self._link(shard)
         session = link.work_session()
         bell = link.armed_bell()
+        # Inside the quiet window of a look that saw nobody watching, commit as a plain put does.
+        look = bell is not None and bell.look_due()
         seen: list[tuple | None] = [None]
 
         def with_bell(cur) -> list[int]:
             ids = body(cur, session.max_allowed_packet)
-            if bell is not None:  # the COMMIT carries the look: is anyone watching?
+            if look:  # the COMMIT carries the look: is anyone watching?
                 seen[0] = session.commit_then_read(cur, *bell.look(), result=ids)
             return ids
 
@@ -272,9 +274,9 @@ class Producer:
         # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
         result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
                              committed=inserts.jobs_stored)
-        if bell is not None:
+        if look:
             bell.after_commit(seen[0])
-        elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
+        elif bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(link.lock_sessions(), link.locks)
         return result
 

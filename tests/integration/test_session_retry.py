@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from conftest import admin_connect
+from conftest import admin_connect, wait_until
 
 from notifyq.store import inserts
 from notifyq.store.db import Session
@@ -149,6 +149,8 @@ def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
                 producer.put({"warm-up": True})  # connects and arms the bell
                 assert producer._bell is not None and producer._bell.held is not None
                 producer._session.run(lambda cur: cur.execute("DELETE FROM nq_job"), what="t")
+                # the warm-up's look saw nobody watching: the next put looks once its quiet window is over
+                wait_until(producer._bell.look_due, 5, message="a put that looks again")
                 calls = _lose_the_ringing_commit(producer, commit_first)
                 # When the put's COMMIT loses its connection
                 with Lines() as log:

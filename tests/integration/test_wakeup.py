@@ -26,6 +26,7 @@ from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session, locks_unavailable
 from notifyq.store.locks import QueueLocks, lock_name
+from notifyq.wakeup import QUIET_LOOK_S
 
 Q = "wq"
 MARGIN_S = 1.0  # scheduling noise on a loaded 2-core machine, on top of any designed delay
@@ -251,14 +252,19 @@ def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_i
             producer.put({"warm-up": True})  # connects and arms
             assert producer._bell is not None and producer._bell.held is not None
             # When it puts 50 jobs with nobody watching
-            before = questions.read()
+            bell = producer._bell
+            before, looks_before, t0 = questions.read(), bell.looks, time.monotonic()
             for i in range(50):
                 producer.put({"n": i})
+            elapsed = time.monotonic() - t0
             spent = questions.read() - before - 1
-            # Then it never rang, and each put cost what a plain one does plus the look that
-            # rides with its COMMIT: INSERT, signal bump, COMMIT, look (no lock statements)
-            assert spent <= 50 * 4, f"{spent / 50:.2f} statements per put"
+            looks = bell.looks - looks_before
+            # Then it never rang, it looked at most once per quiet window (a look that saw nobody
+            # watching holds for QUIET_LOOK_S), and each put cost what a plain one does
+            # (INSERT, signal bump, COMMIT) plus the looks that rode with COMMITs
             assert producer._bell.rings == 0
+            assert looks <= 1 + elapsed / QUIET_LOOK_S, f"{looks} looks in {elapsed * 1e3:.1f} ms"
+            assert spent <= 50 * 3 + looks, f"{spent / 50:.2f} statements per put"
             # When consumers start (their watcher, without a bell, would sleep 5 s between
             # reads), drain the backlog, and settle with the watcher on the bell
             with Fleet(cfg, 2, recorder) as fleet:
@@ -273,6 +279,35 @@ def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_i
                 assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
     finally:
         questions.close()
+
+
+def test_a_watcher_that_starts_inside_a_ringers_quiet_window_finds_the_job_by_the_count_and_is_rung_after_it(db):
+    # Given an armed ringer whose last look saw nobody watching, with a quiet window of 60 s (the
+    # default is a few ms: long here so that the consumer surely starts inside it)
+    cfg = db.config(wakeup={"poll_max_s": 0.2})
+    recorder = Recorder()
+    with Producer(Q, cfg, ring=True) as producer:
+        producer.put({"warm-up": True})  # arms
+        bell = producer._bell
+        assert bell is not None and bell.held is not None
+        bell.quiet_s = 60.0
+        wait_until(bell.look_due, 1, message="the warm-up's own quiet window over")
+        producer.put({"look": True})  # it looks, sees nobody, and goes quiet for 60 s
+        looks = bell.looks
+        # When a consumer starts watching inside the window, and a job is put there
+        with Fleet(cfg, 1, recorder):
+            wait_until(lambda: recorder.count() == 2, 10, message="the first two jobs run")
+            wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher on the bell")
+            took = put_and_time(producer, recorder, 0.2 + MARGIN_S)
+            # Then that put did not look (nor ring), and the watcher found the job by its own
+            # read of the count within its backoff (capped at poll_max_s 0.2 s here)
+            assert bell.looks == looks and bell.rings == 0
+            assert took < 0.2 + MARGIN_S
+            # And once the window is over, the next put looks and rings the watcher again
+            bell._quiet_until = 0.0  # what quiet_s later would do
+            wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher on the bell")
+            put_and_time(producer, recorder, MARGIN_S)
+            assert bell.looks == looks + 1 and bell.rings == 1
 
 
 def test_a_bell_left_free_by_a_half_armed_ringer_costs_one_claim_per_consumer_not_a_spin(db):
