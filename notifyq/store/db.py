@@ -233,7 +233,7 @@ class Pending:
         self.what = what
         self.commit = commit
         self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
-        self.replied = 0  # replies of the query read already (send_commit: all but the COMMIT's)
+        self.replied = 0  # replies of the query read already (send_commit, wait_replies)
         self.settled = False
         self.error: BaseException | None = None
 
@@ -510,20 +510,24 @@ class Session:
         2,400 jobs acknowledged and not stored), so it goes alone, a round trip more."""
         return not self.galera
 
-    def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str) -> Pending:
-        """A transaction's last statements and its COMMIT as one multi-statement query, of which
-        only the COMMIT's reply is left on the wire: it is read before this session's next
-        statement, or by settle().
+    def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str,
+                    wait_replies: bool = False) -> Pending:
+        """A transaction's last statements and its COMMIT as one multi-statement query, sent and
+        not waited for: every reply is read before this session's next statement, or by settle().
+        wait_replies: the statements' replies are read here (their errors are the body's, and
+        rerun it), so that the row locks they take are held when this returns; only the
+        COMMIT's is left on the wire.
 
-        The statements' own replies are read here (their errors are the body's, and rerun it as
-        any statement's would): when this returns they have run and the rows they wrote are
-        ours but for the COMMIT's fsync (about 3 ms on a plain disk), which the caller need not
-        wait for. For the claim: its jobs may start at once. If that COMMIT then fails or its
-        connection is lost, the rows unlock and may be claimed again elsewhere, a duplicate run
-        of the kind a crash allows under at-least-once, and the claim token fences this claim's
-        acks. So the failure is not retried (nothing would run the work again here): it is
-        recorded in the returned Pending, counted (failed_commits) and logged. Closes `cur`:
-        the COMMIT is the transaction's last word. Only in an idempotent Session.run body.
+        For the claim: its rows are locked by the time this is called, so its jobs may start at
+        once, while the server writes the mark and the COMMIT's fsync runs (about 3 ms on a plain
+        disk). If a statement or the COMMIT then fails, or the connection is lost, the rows unlock
+        and may be claimed again elsewhere: a duplicate run of the kind a crash allows under
+        at-least-once, and the claim token fences this claim's acks (a mark that never landed
+        leaves rows no ack of ours matches). So the failure is not retried (nothing would run the
+        work again here): it is recorded in the returned Pending, counted (failed_commits) and
+        logged. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
+        statements' replies are read here first. Closes `cur`: the COMMIT is the transaction's
+        last word. Only in an idempotent Session.run body.
         """
         if not self._attempt_idempotent or self.autocommit or not statements:
             raise AssertionError("send_commit is for idempotent transactions with statements")
@@ -534,16 +538,17 @@ class Session:
         pending = Pending(what, commit=True)
         conn.send_query(query.encode(conn.encoding))
         self._pending = pending
-        try:
-            conn.read_query_result()
-            for _ in statements[1:]:
-                conn.next_result()
-            if not self.commit_rides_along:
-                conn.send_query(b"COMMIT")  # once the statements answered
-        except BaseException:
-            self._pending = None  # a statement failed: the server ran nothing after it
-            raise
-        pending.replied = len(statements) if self.commit_rides_along else 0
+        if wait_replies or not self.commit_rides_along:
+            try:
+                conn.read_query_result()
+                for _ in statements[1:]:
+                    conn.next_result()
+                if not self.commit_rides_along:
+                    conn.send_query(b"COMMIT")  # once the statements answered
+            except BaseException:
+                self._pending = None  # a statement failed: the server ran nothing after it
+                raise
+            pending.replied = len(statements) if self.commit_rides_along else 0
         self._committed_in_body = True
         return pending
 

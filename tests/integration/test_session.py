@@ -28,10 +28,10 @@ def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, he
     db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
     session = Session(db.admin)
     send = (lambda cur, statements: session.commit_with(cur, statements)) if helper == "commit_with" \
-        else (lambda cur, statements: session.send_commit(cur, statements, "test"))
+        else (lambda cur, statements: session.send_commit(cur, statements, "test", wait_replies=True))
     try:
         # The second statement breaks the primary key: the server stops there, before COMMIT (and
-        # send_commit reads that reply before it returns: the failure is the body's)
+        # send_commit waiting for the replies reads that one before it returns: the body's failure)
         with pytest.raises(MySQLdb.IntegrityError):
             session.run(lambda cur: send(cur, [
                 ("UPDATE t SET v = 9 WHERE id = %(id)s", {"id": 1}),
@@ -42,6 +42,28 @@ def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, he
         # and the connection is in step: the next transaction runs normally
         assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
                            what="test") == 2
+    finally:
+        session.close()
+
+
+def test_a_statement_sent_ahead_with_the_commit_that_fails_is_the_commits_failure_and_commits_nothing(db):
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
+    session = Session(db.admin)
+    try:
+        # When a transaction's last statements go out with its COMMIT, none of them waited for,
+        # and the second breaks the primary key
+        pending = session.run(lambda cur: session.send_commit(cur, [
+            ("UPDATE t SET v = 9 WHERE id = %(id)s", {"id": 1}),
+            ("UPDATE t SET id = 1 WHERE id = %(id)s", {"id": 2}),
+        ], "test"), what="test")
+        # Then the body returned before any reply, and the session's next statement reads the
+        # failure into the Pending (the claim's "lost" case): nothing of it is stored
+        assert not pending.settled
+        assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
+                           what="test") == 2
+        assert pending.settled and pending.failed and session.failed_commits == 1
+        assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 0)]
     finally:
         session.close()
 
@@ -94,7 +116,7 @@ def test_send_later_on_a_connection_killed_meanwhile_reconnects_at_the_next_stat
         killer.close()
 
 
-def test_send_commit_reads_each_statements_reply_and_the_commits_at_the_next_statement(db):
+def test_send_commit_leaves_every_reply_to_the_next_statement(db):
     db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
     session = Session(db.admin)

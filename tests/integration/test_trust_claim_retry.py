@@ -1,6 +1,7 @@
 """A claim retried after a read timeout leaves nothing claimed under its token that it does not
 deliver: the first attempt's transaction may still be running on the server when the client
-gives up on it, and commit after the retry looked for its rows."""
+gives up on it, and commit after the retry looked for its rows. And a claim whose mark stalls
+(sent with its COMMIT, not waited for) delivers its jobs at once and strands none of them."""
 
 from __future__ import annotations
 
@@ -19,42 +20,46 @@ STALL_S = 4
 READ_TIMEOUT_S = 2
 
 
-def _stall_claim_marks_of(db, connection_id: int, when: str) -> None:
-    """claim_mark sleeps STALL_S per row on that one connection only (a server stalled mid-
-    statement); the retry, on a new connection, runs at full speed. The trigger reads an InnoDB
-    table: a consistent read, no lock the retry could wait on. It runs as the runtime user, so
-    the stalled session stays the consumer's own (as a session stalled in I/O would), and the
-    consumer may see and end it."""
+def _stall_updates_of(db, connection_id: int, table: str, when: str, condition: str) -> None:
+    """An UPDATE of `table` matching `condition` sleeps STALL_S per row on that one connection
+    only (a server stalled mid-statement); the retry, on a new connection, runs at full speed.
+    The trigger reads an InnoDB table: a consistent read, no lock the retry could wait on. It
+    runs as the runtime user, so the stalled session stays the consumer's own (as a session
+    stalled in I/O would), and the consumer may see and end it."""
     definer = f"'{db.dsn.user}'@'%'"
     db.query("CREATE TABLE nq_test_stall (id BIGINT UNSIGNED PRIMARY KEY) ENGINE=InnoDB")
     db.query("INSERT INTO nq_test_stall VALUES (%s)", (connection_id,))
     db.query(f"GRANT SELECT ON nq_test_stall TO {definer}")
-    db.query(f"GRANT TRIGGER ON nq_job TO {definer}")
+    db.query(f"GRANT TRIGGER ON {table} TO {definer}")
     db.query(f"""
-        CREATE DEFINER = {definer} TRIGGER nq_test_stall {when} UPDATE ON nq_job FOR EACH ROW
+        CREATE DEFINER = {definer} TRIGGER nq_test_stall {when} UPDATE ON {table} FOR EACH ROW
         BEGIN
-          IF NEW.status = 2 AND OLD.status <> 2
-             AND EXISTS (SELECT 1 FROM nq_test_stall WHERE id = CONNECTION_ID()) THEN
+          IF {condition} AND EXISTS (SELECT 1 FROM nq_test_stall WHERE id = CONNECTION_ID()) THEN
             DO SLEEP({STALL_S});
           END IF;
         END""")
 
 
-@pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
-def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_its_token(db, when):
-    # Given 3 ready jobs, and a server that stalls the first claim's mark past the read timeout
+def _jobs(db) -> tuple[Producer, list[int]]:
     cfg = db.config()
     with Producer("q", cfg) as p:
         ids = p.put_many([{"n": i} for i in range(3)])
         p.put_many([{"n": i} for i in range(500)], delay=3600)  # a table big enough for its indexes
+    return cfg, ids
 
+
+@pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
+def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_its_token(db, when):
+    # Given 3 ready jobs, and a server that stalls the first watcher claim's record of the
+    # watched count (the statement that rides with its locking read) past the read timeout
+    cfg, ids = _jobs(db)
     session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
     first_connection = session.conn.thread_id()
-    _stall_claim_marks_of(db, first_connection, when)
+    _stall_updates_of(db, first_connection, "nq_queue", when, "NEW.watched_seq <> OLD.watched_seq")
     try:
         # When a consumer claims: its first attempt times out, it reconnects and claims again
         started = time.monotonic()
-        claim = queries.claim(session, "q", OWNER, 3, 60)
+        claim = queries.claim(session, "q", OWNER, 3, 60, as_watcher=True)
         assert session.connection_id != first_connection, "the claim was retried on a new connection"
         # Then once the first attempt's server thread is gone, whatever it did is settled ...
         wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
@@ -69,5 +74,36 @@ def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_i
         assert sorted(delivered + ready) == ids
         print(f"\nclaim retried after the read timeout: {len(delivered)} delivered, "
               f"{time.monotonic() - started:.1f}s")
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
+def test_a_claim_whose_mark_stalls_delivers_at_once_and_its_acks_land_once_the_mark_does(db, when):
+    # Given 3 ready jobs, and a server that stalls the claim's mark (sent with its COMMIT, not
+    # waited for) past the session's read timeout
+    cfg, ids = _jobs(db)
+    session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
+    first_connection = session.conn.thread_id()
+    _stall_updates_of(db, first_connection, "nq_job", when, "NEW.status = 2 AND OLD.status <> 2")
+    try:
+        # When a consumer claims
+        started = time.monotonic()
+        claim = queries.claim(session, "q", OWNER, 3, 60)
+        # Then the jobs come back at once: their rows are locked, the mark runs meanwhile
+        assert sorted(job.id for job in claim.jobs) == ids
+        assert time.monotonic() - started < STALL_S
+        # When the consumer acks them: the COMMIT's reply is read first (the read times out:
+        # the claim counts as lost), and the ack, on a new connection, waits for the rows
+        queries.ack(session, ids, claim.token, keep=False)
+        assert claim.commit is not None and claim.commit.settled
+        wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                        (first_connection,)), STALL_S * 6, message="the first attempt ended")
+        # Then nothing is left claimed under our token: all acked (the mark landed, and an ack
+        # attempt after it; a retried ack may count 0 of them, its earlier attempt having
+        # deleted them), or all ready again (the claim was lost, and they run elsewhere)
+        rows = db.query("SELECT id, status FROM nq_job WHERE id IN %s", (ids,))
+        assert not [r for r in rows if r[1] != 0], rows
+        assert sorted(r[0] for r in rows) in ([], ids), rows
     finally:
         session.close()
