@@ -89,8 +89,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     as_watcher: the watcher's claim. It reads the queue's enqueue count in the candidates'
     round trip, as a statement of its own just before them (READ COMMITTED: a fresh snapshot
     per statement, so every job that count includes is visible to the candidate read), and if
-    the claim drains the queue it records that count as watched, in the claim's own
-    transaction, before it returns: the next watcher then does not wake for work already taken.
+    the claim drains the queue it records that count as watched, in the claim's own COMMIT,
+    and waits for that statement's reply (a third round trip): the next watcher then does not
+    wake for work already taken.
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -120,12 +121,6 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             return Claim([], token, True, True)
         candidates.sort()
         ordered = [c[2] for c in candidates]
-        watched = {"queue": queue, "seq": seen_seq}
-        # The watcher's claim drains the queue when one lock window tries every candidate: then
-        # the count is recorded as watched in that window's round trip, so that the queue row's
-        # lock is ours when claim() returns (hand_watch_on waits on it: the next watcher reads
-        # the count we saw), and the mark and the COMMIT need not be waited for at all.
-        watched_early = seen_seq is not None and len(candidates) < limit and 0 < len(ordered) <= batch_size
         locked: list[tuple] = []
         tried = 0
         # Lock windows in priority order, each exactly as large as what is still missing: no
@@ -134,12 +129,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         while len(locked) < batch_size and tried < len(ordered):
             window = ordered[tried: tried + batch_size - len(locked)]
             tried += len(window)
-            if watched_early:
-                cur.execute(cur.mogrify(Q["mark_watched"], watched) + ";\n"
-                            + cur.mogrify(Q["claim_lock"], {"ids": Ids(window)}))
-                cur.nextset()
-            else:
-                cur.execute(Q["claim_lock"], {"ids": Ids(window)})
+            cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
         drained = len(candidates) < limit and tried == len(ordered)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
@@ -153,12 +143,16 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
-        late = drained and seen_seq is not None and not watched_early
-        if late:  # a drained queue with nothing to lock, or more candidates than one window
-            last.append((Q["mark_watched"], watched))
-        # The rows are locked: the jobs may start while the mark and the COMMIT run. Only a
-        # late mark_watched is waited for (its row lock must be held on return, as above).
-        commit = session.send_commit(cur, last, what=f"claim {queue}", wait_replies=late) if last else None
+        watched = drained and seen_seq is not None
+        if watched:
+            # Last before COMMIT, in the same query: the queue row's lock is held only for the
+            # commit itself, never across a pause of this process between two round trips.
+            last.append((Q["mark_watched"], {"queue": queue, "seq": seen_seq}))
+        # The rows are locked: the jobs may start while the mark and the COMMIT run. A watcher's
+        # mark_watched is waited for, so that the queue row's lock is ours when claim() returns:
+        # hand_watch_on's share lock then waits for our COMMIT, and the next watcher reads the
+        # count we saw instead of waking for work just taken.
+        commit = session.send_commit(cur, last, what=f"claim {queue}", wait_replies=watched) if last else None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
