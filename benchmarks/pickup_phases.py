@@ -4,7 +4,7 @@ Times each phase of every ring, in one process (one clock), and prints medians:
   put()                      the producer's whole call (bell, INSERT+bump, COMMIT, ring sent)
   commit -> watch returns    put() returned until the watcher's statement came back granted
   watch -> claim start       the watcher's own Python between the two
-  claim                      queries.claim: 3 round trips, the last one with the durable COMMIT
+  claim                      queries.claim: 3 round trips, the COMMIT riding with the last, unwaited
   claim -> handler           hand-off and dispatch to the handler
   commit -> handler          the total, as benchmarks/wakeup.py measures it
 

@@ -18,8 +18,8 @@ single job wakes exactly one.
 
 From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
 RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
-itself), then the claim's three round trips (count + candidates, the locking read, the mark +
-COMMIT).
+itself), then the claim's three round trips (count + candidates, the locking read, the mark
+with the watched count, its COMMIT riding along unwaited).
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
