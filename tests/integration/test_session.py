@@ -7,6 +7,14 @@ from conftest import admin_connect
 from notifyq.store.db import Session
 
 
+@pytest.fixture
+def two_rows(db):
+    """A session on the test database, which holds a table t with rows (1, 0) and (2, 0)."""
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
+    return Session(db.admin)
+
+
 def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
     db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     db.query("INSERT INTO t VALUES (1, 0), (2, 0), (3, 0)")
@@ -23,10 +31,8 @@ def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
 
 
 @pytest.mark.parametrize("helper", ["commit_with", "send_commit"])
-def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, helper):
-    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
-    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
-    session = Session(db.admin)
+def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, two_rows, helper):
+    session = two_rows
     send = (lambda cur, statements: session.commit_with(cur, statements)) if helper == "commit_with" \
         else (lambda cur, statements: session.send_commit(cur, statements, "test", wait_replies=True))
     try:
@@ -46,10 +52,8 @@ def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, he
         session.close()
 
 
-def test_a_statement_sent_ahead_with_the_commit_that_fails_is_the_commits_failure_and_commits_nothing(db):
-    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
-    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
-    session = Session(db.admin)
+def test_a_statement_sent_ahead_with_the_commit_that_fails_is_the_commits_failure_and_commits_nothing(db, two_rows):
+    session = two_rows
     try:
         # When a transaction's last statements go out with its COMMIT, none of them waited for,
         # and the second breaks the primary key
@@ -116,10 +120,8 @@ def test_send_later_on_a_connection_killed_meanwhile_reconnects_at_the_next_stat
         killer.close()
 
 
-def test_send_commit_leaves_every_reply_to_the_next_statement(db):
-    db.query("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
-    db.query("INSERT INTO t VALUES (1, 0), (2, 0)")
-    session = Session(db.admin)
+def test_send_commit_leaves_every_reply_to_the_next_statement(db, two_rows):
+    session = two_rows
     try:
         # When a transaction's last statements go out with its COMMIT, sent ahead
         pending = session.run(lambda cur: session.send_commit(cur, [

@@ -40,30 +40,37 @@ def _stall_updates_of(db, connection_id: int, table: str, when: str, condition: 
         END""")
 
 
-def _jobs(db) -> tuple[Producer, list[int]]:
+def _stalled_claimer(db, table: str, when: str, condition: str) -> tuple[list[int], Session, int]:
+    """3 ready jobs (and 500 scheduled: a table big enough for its indexes), and a consumer's work
+    session whose UPDATEs of `table` matching `condition` stall: (the ready ids, the session,
+    its first connection's id)."""
     cfg = db.config()
     with Producer("q", cfg) as p:
         ids = p.put_many([{"n": i} for i in range(3)])
-        p.put_many([{"n": i} for i in range(500)], delay=3600)  # a table big enough for its indexes
-    return cfg, ids
+        p.put_many([{"n": i} for i in range(500)], delay=3600)
+    session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
+    first_connection = session.conn.thread_id()
+    _stall_updates_of(db, first_connection, table, when, condition)
+    return ids, session, first_connection
+
+
+def _wait_gone(db, connection_id: int) -> None:
+    wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                    (connection_id,)), STALL_S * 6, message="the first attempt ended")
 
 
 @pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
 def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_its_token(db, when):
     # Given 3 ready jobs, and a server that stalls the first watcher claim's record of the
     # watched count (the statement that rides with its locking read) past the read timeout
-    cfg, ids = _jobs(db)
-    session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
-    first_connection = session.conn.thread_id()
-    _stall_updates_of(db, first_connection, "nq_queue", when, "NEW.watched_seq <> OLD.watched_seq")
+    ids, session, first_connection = _stalled_claimer(db, "nq_queue", when, "NEW.watched_seq <> OLD.watched_seq")
     try:
         # When a consumer claims: its first attempt times out, it reconnects and claims again
         started = time.monotonic()
         claim = queries.claim(session, "q", OWNER, 3, 60, as_watcher=True)
         assert session.connection_id != first_connection, "the claim was retried on a new connection"
         # Then once the first attempt's server thread is gone, whatever it did is settled ...
-        wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
-                                        (first_connection,)), STALL_S * 6, message="the first attempt ended")
+        _wait_gone(db, first_connection)
         # ... and the rows claimed under our name are exactly the ones delivered: none waits for
         # its lease under a token nobody runs
         delivered = sorted(job.id for job in claim.jobs)
@@ -82,10 +89,7 @@ def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_i
 def test_a_claim_whose_mark_stalls_delivers_at_once_and_its_acks_land_once_the_mark_does(db, when):
     # Given 3 ready jobs, and a server that stalls the claim's mark (sent with its COMMIT, not
     # waited for) past the session's read timeout
-    cfg, ids = _jobs(db)
-    session = Session(cfg.dsn, read_timeout_s=READ_TIMEOUT_S)
-    first_connection = session.conn.thread_id()
-    _stall_updates_of(db, first_connection, "nq_job", when, "NEW.status = 2 AND OLD.status <> 2")
+    ids, session, first_connection = _stalled_claimer(db, "nq_job", when, "NEW.status = 2 AND OLD.status <> 2")
     try:
         # When a consumer claims
         started = time.monotonic()
@@ -97,8 +101,7 @@ def test_a_claim_whose_mark_stalls_delivers_at_once_and_its_acks_land_once_the_m
         # the claim counts as lost), and the ack, on a new connection, waits for the rows
         queries.ack(session, ids, claim.token, keep=False)
         assert claim.commit is not None and claim.commit.settled
-        wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
-                                        (first_connection,)), STALL_S * 6, message="the first attempt ended")
+        _wait_gone(db, first_connection)
         # Then nothing is left claimed under our token: all acked (the mark landed, and an ack
         # attempt after it; a retried ack may count 0 of them, its earlier attempt having
         # deleted them), or all ready again (the claim was lost, and they run elsewhere)
