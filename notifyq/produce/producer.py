@@ -256,14 +256,15 @@ class Producer:
         link = self._link(shard)
         session = link.work_session()
         bell = link.armed_bell()
-        # Inside the quiet window of a look that saw nobody watching, commit as a plain put does.
-        look = bell is not None and bell.look_due()
+        # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
+        # nobody watching, where the put commits as a plain one does.
+        looking = bell if bell is not None and bell.look_due() else None
         seen: list[tuple | None] = [None]
 
         def with_bell(cur) -> list[int]:
             ids = body(cur, session.max_allowed_packet)
-            if look:  # the COMMIT carries the look: is anyone watching?
-                seen[0] = session.commit_then_read(cur, *bell.look(), result=ids)
+            if looking is not None:  # the COMMIT carries the look: is anyone watching?
+                seen[0] = session.commit_then_read(cur, *looking.look(), result=ids)
             return ids
 
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
@@ -274,8 +275,8 @@ class Producer:
         # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
         result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
                              committed=inserts.jobs_stored)
-        if look:
-            bell.after_commit(seen[0])
+        if looking is not None:
+            looking.after_commit(seen[0])
         elif bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
             instant_wake(link.lock_sessions(), link.locks)
         return result
