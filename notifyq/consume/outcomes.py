@@ -18,7 +18,7 @@ from notifyq.consume.batch import Batch
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
-from notifyq.store.db import Session
+from notifyq.store.db import Pending, Session
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -27,18 +27,42 @@ class Outcomes:
     def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
         self.queue, self.qc, self.stats = queue, qc, stats
 
-    def settle(self, session: Session, jobs: list[Job], token: int) -> None:
-        """Ack the successes in one statement, retry or bury the failures."""
+    def settle(self, session: Session, jobs: list[Job], token: int,
+               carry: bool = False) -> queries.Acks | None:
+        """Retry or bury the failures, and ack the successes in one statement; or, with carry,
+        return the successes' Acks for the next claim's COMMIT (queries.claim), whose outcome
+        the caller passes to `landed`."""
         if not jobs:
-            return
+            return None
         if log.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        acked = queries.ack(session, [j.id for j in jobs if j.error is None], token, self.qc.keep_done)
+        failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
+        self._count_lost(len(failures) - self.fail(session, token, failures))
+        acks = queries.Acks([j.id for j in jobs if j.error is None], token, self.qc.keep_done)
+        if not acks.ids:
+            return None
+        if carry:
+            return acks
+        self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep))
+        return None
+
+    def landed(self, session: Session, acks: queries.Acks, commit: Pending | None) -> None:
+        """The claim that carried `acks` sent its COMMIT: count them once it is read, or ack them
+        on their own if it failed (or the claim sent none: a paused queue)."""
+        if commit is not None:
+            session.settle()  # read now if still on the wire (else it was, by a later statement)
+        if commit is None or commit.failed or not commit.rowcounts:
+            self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep))
+        else:
+            self._count_acked(acks, commit.rowcounts[0])
+
+    def _count_acked(self, acks: queries.Acks, acked: int) -> None:
         self.stats.succeeded += acked
-        failed = self.fail(session, token, [(j, j.error, j.retry) for j in jobs if j.error is not None])
-        lost = len(jobs) - acked - failed
+        self._count_lost(len(acks.ids) - acked)
+
+    def _count_lost(self, lost: int) -> None:
         if lost:
             # The claim was taken from us (lease expired or our session died and the reaper
             # moved in): the job belongs to someone else now. Count it, touch nothing.

@@ -227,13 +227,14 @@ class Pending:
     whether the server refused it or the connection was lost before the reply (then its outcome
     is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
 
-    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback")
+    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts")
 
     def __init__(self, what: str, commit: bool, fallback: str | None = None):
         self.what = what
         self.commit = commit
         self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
         self.replied = 0  # replies of the query read already (send_commit, wait_replies)
+        self.rowcounts: list[int] = []  # each statement's affected rows, as its reply is read
         self.settled = False
         self.error: BaseException | None = None
 
@@ -541,8 +542,10 @@ class Session:
         if wait_replies or not self.commit_rides_along:
             try:
                 conn.read_query_result()
+                pending.rowcounts.append(conn.affected_rows())
                 for _ in statements[1:]:
                     conn.next_result()
+                    pending.rowcounts.append(conn.affected_rows())
                 if not self.commit_rides_along:
                     conn.send_query(b"COMMIT")  # once the statements answered
             except BaseException:
@@ -565,8 +568,10 @@ class Session:
                 conn.next_result()  # the COMMIT's, after the statements' replies read already
             else:
                 conn.read_query_result()
+                pending.rowcounts.append(conn.affected_rows())
                 conn.discard_result()
             while conn.next_result() == 0:  # the rest of a multi-statement query
+                pending.rowcounts.append(conn.affected_rows())
                 conn.discard_result()
         except MySQLdb.Error as e:
             self._fail_pending(e, pending)

@@ -118,12 +118,14 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When it claims and its first job starts
         got, _ = worker._claim_and_run()
+        worker._flush_acks()  # as run() does before anything but its next claim
         # Then the batch stops after that job: the claim is lost, the job's ack fenced out
         assert got == 3 and runs == [(ids[0], 1)]
         assert worker.work.failed_commits == 1 and worker.stats.lost_acks == 1
         assert worker.stats.succeeded == 0
         # And its next claim takes all three (the lost claim's attempt was never counted)
         got, _ = worker._claim_and_run()
+        worker._flush_acks()
         assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
         assert worker.stats.succeeded == 3
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
@@ -163,3 +165,86 @@ def test_a_failed_watch_hand_on_frees_the_watch_lock_and_keeps_the_session_and_i
     finally:
         blocker.close()
         home.close()
+
+
+def _commits(session: Session) -> int:
+    """COMMITs this session has sent, by the server's own count of it."""
+    return int(session.run(lambda cur: (cur.execute("SHOW SESSION STATUS LIKE 'Com_commit'"),
+                                        cur.fetchone())[1][1], what="count commits"))
+
+
+def test_a_busy_worker_acks_each_batch_in_the_next_claims_commit_one_commit_per_batch(db):
+    # Given ten ready jobs and a worker that claims two at a time
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(10)])
+    runs: list[int] = []
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append(job.id), False),
+                    stop=threading.Event(), budget=Budget(None), batch_size=2, exit_when_empty=True)
+    try:
+        worker.presence.consumer_id_for_claim(worker)
+        before = _commits(worker.work)
+        # When it drains the queue, claim after claim
+        batches = 0
+        while worker._claim_and_run()[0]:
+            batches += 1
+            # Then each batch's acks wait for the next claim: its jobs are still claimed
+            assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s AND status = 2",
+                            (tuple(runs[-2:]),)) == [(2,)]
+        worker._flush_acks()
+        # Then every job ran once and is gone, acked in the next claim's COMMIT: one COMMIT per
+        # claim (the last one, which found nothing, carried the last batch's acks)
+        assert sorted(runs) == ids and batches == 5
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+        assert worker.stats.succeeded == 10 and worker.stats.lost_acks == 0
+        assert _commits(worker.work) - before - 1 == batches + 1  # - 1: the count's own COMMIT
+    finally:
+        worker.work.close()
+        worker.presence.close()
+
+
+def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_jobs_never_rerun(db, backup_stage):
+    # Given four ready jobs, a worker that claims two at a time, and its first batch run
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(4)])
+    blocker = admin_connect(db.admin)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job) -> None:
+        runs.append((job.id, job.attempts))
+        if len(runs) == 3:  # the second batch's first start: its claim's COMMIT (with the first
+            conn_id = worker.work.connection_id  # batch's acks) held back, the session dies
+            blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
+            wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                            (conn_id,)), HOLD_S, message="the killed session gone")
+            blocker.cursor().execute("BACKUP STAGE END")
+            assert not job.cancel_requested()  # a statement on the work session: it reads the failure
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=2, exit_when_empty=True)
+    try:
+        worker.presence.consumer_id_for_claim(worker)
+        assert worker._claim_and_run()[0] == 2
+        first = [job_id for job_id, _ in runs]
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When the next claim, carrying the first batch's acks, loses its COMMIT
+        assert worker._claim_and_run()[0] == 2
+        worker._flush_acks()
+        assert worker.work.failed_commits == 1
+        # Then the first batch's acks went out again on their own and hold
+        assert worker.stats.succeeded == 2 and worker.stats.lost_acks == 1
+        assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(first),)) == [(0,)]
+        # And the queue drains with the first batch never run again
+        while worker._claim_and_run()[0]:
+            pass
+        worker._flush_acks()
+        assert sorted(job_id for job_id, _ in runs if job_id in first) == sorted(first)
+        assert sorted(job_id for job_id, _ in runs) == sorted(ids + [runs[2][0]])
+        assert worker.stats.succeeded == 4
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()
+        worker.work.close()
+        worker.presence.close()
