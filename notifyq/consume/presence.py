@@ -250,6 +250,10 @@ class Presence:
 
     # -------------------------------------------------------- the reaper, run by consumers
 
+    def reap_due(self) -> bool:
+        """Whether maybe_reap would look now (a hint: another worker may take the turn first)."""
+        return time.monotonic() >= self._next_reap
+
     def maybe_reap(self, holder, session: Session, check: bool = True) -> int:
         """A reaper pass at most every reap_interval_s per process; jobs that came back.
 

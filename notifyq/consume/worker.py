@@ -94,6 +94,8 @@ class Worker:
                 if busy:
                     # Before the claim: a consumer that just started (a cron run, a restart)
                     # first takes back what dead peers hold, then claims in order among it.
+                    if self.presence.reap_due():
+                        self._flush_acks()  # a pass can take long: what ran is acked before it
                     self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:

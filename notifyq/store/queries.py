@@ -105,10 +105,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     the claim drains the queue it records that count as watched, in the claim's own COMMIT,
     and waits for that statement's reply (a third round trip): the next watcher then does not
     wake for work already taken.
-    acks: the last batch's successes, acked first in that same final query. Its COMMIT is the
-    ack's: if it fails, Claim.commit says so and the caller acks them again (ack()); its first
-    row count is theirs. A claim that locked nothing waits for the ack's reply, so that only
-    the COMMIT's is left on the wire.
+    acks: the last batch's successes, acked first in that same final query, whose statements'
+    replies are then waited for (unlike the mark, the ack's DELETE can wait for a lock or lose a
+    deadlock: that fails the claim before its jobs start, and the claim is run again). Only the
+    COMMIT is left on the wire; if it fails, Claim.commit says so and the caller acks them again
+    (ack()). Its first row count is theirs.
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -169,8 +170,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # mark_watched is waited for, so that the queue row's lock is ours when claim() returns:
         # hand_watch_on's share lock then waits for our COMMIT, and the next watcher reads the
         # count we saw instead of waking for work just taken.
-        commit = (session.send_commit(cur, last, what=f"claim {queue}", wait_replies=watched or not locked)
-                  if last else None)
+        # Acks are waited for too: their DELETE may wait for a row lock or lose a deadlock, and
+        # that must fail the claim here, before its jobs start (the body is then run again),
+        # not after, when it would take the claim with it and let its jobs run twice.
+        wait = watched or not locked or acks is not None
+        commit = session.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait) if last else None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])

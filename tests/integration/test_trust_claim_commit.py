@@ -248,3 +248,42 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
         blocker.close()
         worker.work.close()
         worker.presence.close()
+
+
+def test_carried_acks_that_lose_a_deadlock_fail_the_claim_before_its_jobs_start_and_it_runs_again(db):
+    # Given four ready jobs, a worker that claims two at a time, its first batch run, and a
+    # server on which the next ack's DELETE loses a deadlock once (a trigger signals 1213, as a
+    # peer's reaper locking the claimed range in index order can make it)
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(4)])
+    definer = f"'{db.dsn.user}'@'%'"
+    db.query(f"GRANT TRIGGER ON nq_job TO {definer}")
+    db.query(f"""
+        CREATE DEFINER = {definer} TRIGGER nq_test_deadlock BEFORE DELETE ON nq_job FOR EACH ROW
+        BEGIN
+          IF @nq_test_deadlock = 1 THEN
+            SET @nq_test_deadlock = 0;
+            SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, MESSAGE_TEXT = 'test: deadlock';
+          END IF;
+        END""")
+    runs: list[tuple[int, int]] = []
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append((job.id, job.attempts)), False),
+                    stop=threading.Event(), budget=Budget(None), batch_size=2, exit_when_empty=True)
+    try:
+        worker.presence.consumer_id_for_claim(worker)
+        assert worker._claim_and_run()[0] == 2
+        worker.work.run(lambda cur: cur.execute("SET @nq_test_deadlock = 1"), what="arm")
+        # When the next claim carries the first batch's acks and its DELETE loses the deadlock
+        while worker._claim_and_run()[0]:
+            pass
+        worker._flush_acks()
+        # Then that claim failed before any of its jobs started, and ran again: every job ran
+        # once, on its first attempt, and nothing was lost or fenced
+        assert sorted(runs) == [(job_id, 1) for job_id in ids]
+        assert worker.work.failed_commits == 0
+        assert worker.stats.succeeded == 4 and worker.stats.lost_acks == 0
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        worker.work.close()
+        worker.presence.close()
