@@ -40,10 +40,11 @@ import threading
 import time
 import uuid
 
+from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
-from notifyq.store import liveness, locks, queries
+from notifyq.store import liveness, locks, queries, schema
 from notifyq.store.db import DriverError, Session, locks_unavailable
 from notifyq.wakeup import Waiter
 
@@ -113,6 +114,9 @@ class Presence:
         self.consumer_id = ""
         self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
         self._registered_generation = -1
+        # Set by the service for a shard its start-up probe could not reach: the schema there is
+        # checked at the first registration, before any claim (schema.require_current).
+        self.unchecked_shard: str | None = None
         self._next_touch = 0.0
         self._next_reap = 0.0
         self._reap_mutex = threading.Lock()
@@ -187,6 +191,12 @@ class Presence:
 
     def _register(self, old_id: str | None = None) -> None:
         """Liveness lock first, then the row: a row is never visible without its lock held."""
+        if self.unchecked_shard is not None:
+            try:
+                schema.require_current(self.session)
+            except (errors.SchemaError, errors.UnsupportedServer) as e:
+                raise type(e)(f"shard {self.unchecked_shard}: {e}") from None
+            self.unchecked_shard = None
         if old_id and queries.get_lock(self.session, self._lock_name(old_id), 0) == 1:
             self.consumer_id = old_id
         else:

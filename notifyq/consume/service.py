@@ -197,6 +197,8 @@ class ConsumerService:
         for shard, e in failed.items():
             log.warning("shard down at start, its workers retry shard=%s error=%s", shard, e)
         self._down_at_start = set(failed)
+        for shard in failed:  # its schema is checked when it answers, before its first claim
+            self.presences[shard].unchecked_shard = shard
         return [s for s in names if s not in failed]
 
     def _spawn(self, queue: str, handler, name: str, shard: str = "", index: int | None = None) -> None:

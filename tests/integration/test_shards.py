@@ -20,6 +20,7 @@ from notifyq.ops.metrics import ServiceCollector
 from notifyq.produce import producer as producer_mod
 from notifyq.produce.producer import Producer
 from notifyq.run.localserver import LocalServer
+from notifyq.store import schema
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +199,42 @@ def test_a_consumer_started_while_a_shard_is_down_serves_the_others_at_once(shar
         stop.set()
         runner.join(60)
         servers["b"].start()
+    assert not runner.is_alive()
+
+
+def test_a_shard_down_at_start_has_its_schema_checked_when_it_answers_before_any_claim(sharded, servers):
+    # Given shard b, whose schema is newer than this notifyq's (another host upgraded it), down
+    # while the consumer starts: the start-up probe cannot check it
+    cfg, _env, dbs = sharded
+    dbs["b"].query("UPDATE nq_meta SET value = %s WHERE name = 'schema_version'", (str(schema.code_version() + 1),))
+    with Producer("s", cfg.on_shard("b")) as on_b:
+        on_b.put_many([{"n": i} for i in range(5)])
+    servers["b"].kill()
+    seen: list[int] = []
+    stop = threading.Event()
+    service = _service(cfg, "s", seen)
+    exit_code: list[int] = []
+    runner = threading.Thread(target=lambda: exit_code.append(service.run(stop)))
+    try:
+        runner.start()
+        wait_until(lambda: service.workers and "shards_down=b" in service.status_line(), timeout=15,
+                   message="the consumer running with b down")
+        # When b answers again
+        servers["b"].start()
+        # Then its schema is checked before any claim there: the consumer ends as it would have
+        # at start, with the schema's exit code and the shard named, and ran nothing of b's
+        runner.join(60)
+        assert not runner.is_alive() and exit_code == [errors.EXIT_SCHEMA]
+        failures = [w.error for w in service.workers if w.error is not None]
+        assert failures and all(isinstance(e, errors.SchemaError) for e in failures)
+        assert "shard b: schema version" in str(failures[0])
+        assert seen == [] and dbs["b"].query("SELECT COUNT(*) FROM nq_job WHERE status = 0") == [(5,)]
+    finally:
+        stop.set()
+        runner.join(60)
+        if not servers["b"].is_running():
+            servers["b"].start()
+        dbs["b"].query("UPDATE nq_meta SET value = %s WHERE name = 'schema_version'", (str(schema.code_version()),))
     assert not runner.is_alive()
 
 
