@@ -78,7 +78,8 @@ class ConsumerService:
         self.stop = threading.Event()
         self.budget = Budget(options.max_jobs)
         self.running: list[Running] = []  # one per worker slot; a restarted worker takes its slot
-        self.retired: list[Stats] = []
+        # Slots' workers replaced after a shard outage: their counts stay in the totals and metrics.
+        self.retired: list[Running] = []
         self.placement = shards.Placement(config)
         # Per shard ("" for one server): the process's presence there, for the queues it holds.
         self.presences: dict[str, Presence] = {}
@@ -109,6 +110,10 @@ class ConsumerService:
     @property
     def workers(self) -> list[Worker]:
         return [r.worker for r in self.running]
+
+    def every_stats(self) -> list[Stats]:
+        """The counts of every worker this process ran: the running ones and the replaced ones."""
+        return [r.worker.stats for r in (*self.running, *self.retired)]
 
     @property
     def presence(self) -> Presence:
@@ -210,7 +215,7 @@ class ConsumerService:
         if index is None:
             self.running.append(running)
         else:  # a shard's failed worker replaced in its place
-            self.retired.append(self.running[index].worker.stats)
+            self.retired.append(self.running[index])
             self.running[index] = running
         running.thread.start()
 
@@ -285,7 +290,7 @@ class ConsumerService:
                 self._reload(on_reload)
             for scheduler in self.schedulers.values():
                 self._tick(scheduler)  # usually no query: only when a tick or retention is due
-            self.summary.maybe_log([w.stats for w in self.workers] + self.retired,
+            self.summary.maybe_log(self.every_stats(),
                                    sum(1 for w in self.workers if w.in_handler_since is not None),
                                    len(self.workers))
             if self.notifier:
@@ -327,7 +332,7 @@ class ConsumerService:
 
     def totals(self) -> Stats:
         total = Stats()
-        for s in [w.stats for w in self.workers] + self.retired:
+        for s in self.every_stats():
             for f in ("claimed", "succeeded", "failed", "retried", "dead", "lost_acks",
                       "given_back", "reclaimed", "batches"):
                 setattr(total, f, getattr(total, f) + getattr(s, f))

@@ -106,12 +106,15 @@ class ServiceCollector:
         svc = self.service
         workers = list(svc.workers)
         queues = list(dict.fromkeys([*svc.options.queues, *(w.queue for w in workers)]))
-        yield from self._job_counters(workers, self._groups(workers, queues))
-        yield from self._histograms(workers, queues)
+        # Counters and histograms count every worker this process ran, the ones replaced after a
+        # shard outage too (a counter never goes down); the gauges, the workers running now.
+        ran = self._groups([*workers, *(r.worker for r in svc.retired)], queues)
+        yield from self._job_counters(ran)
+        yield from self._histograms(ran)
         yield from self._wakeups(self._groups(workers, queues))
         yield from self._depth_gauges(queues)
         yield from self._periodic(list(getattr(svc, "schedulers", {}).values()))
-        reclaimed = sum(w.stats.reclaimed for w in workers) + sum(s.reclaimed for s in svc.retired)
+        reclaimed = sum(s.reclaimed for s in svc.every_stats())
         yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
                                   "from dead consumers or expired leases (any queue).", value=reclaimed)
         conflicts = sum(w.work.conflicts for w in workers) + sum(
@@ -126,7 +129,7 @@ class ServiceCollector:
     def _groups(self, workers, queues) -> tuple[list[str], dict[tuple[str, ...], list]]:
         """The labels of the per-worker families and their workers: per queue, and with [shards]
         per queue and shard (sum by (queue) for the queue)."""
-        shard_of = {id(r.worker): r.shard for r in self.service.running}
+        shard_of = {id(r.worker): r.shard for r in (*self.service.running, *self.service.retired)}
         if not self.service.config.shards:
             return ["queue"], {(q,): [w for w in workers if w.queue == q] for q in queues}
         groups: dict[tuple[str, ...], list] = {}
@@ -134,7 +137,7 @@ class ServiceCollector:
             groups.setdefault((w.queue, shard_of.get(id(w), "")), []).append(w)
         return ["queue", "shard"], groups
 
-    def _job_counters(self, workers, groups) -> Iterator[Any]:
+    def _job_counters(self, groups) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
         labels, by_label = groups
@@ -148,22 +151,23 @@ class ServiceCollector:
             batches.add_metric(list(key), sum(w.stats.batches for w in mine))
         yield batches
 
-    def _histograms(self, workers, queues) -> Iterator[Any]:
+    def _histograms(self, groups) -> Iterator[Any]:
+        """Per queue; with [shards] per queue and shard, as the job counters."""
         from prometheus_client.core import HistogramMetricFamily
 
+        labels, by_label = groups
         for attr, metric, doc, make in (
                 ("handler_seconds", "notifyq_handler_seconds",
                  "Handler run time per call (one job, or one batch with --per-batch).",
                  handler_seconds_histogram),
                 ("batch_sizes", "notifyq_claim_batch_size", "Jobs per non-empty claim.",
                  batch_size_histogram)):
-            family = HistogramMetricFamily(metric, doc, labels=["queue"])
-            for q in queues:
+            family = HistogramMetricFamily(metric, doc, labels=labels)
+            for key, mine in by_label.items():
                 total = make()
-                for w in workers:
-                    if w.queue == q:
-                        total.add(getattr(w.stats, attr))
-                family.add_metric([q], total.buckets(), sum_value=total.sum)
+                for w in mine:
+                    total.add(getattr(w.stats, attr))
+                family.add_metric(list(key), total.buckets(), sum_value=total.sum)
             yield family
 
     def _wakeups(self, groups) -> Iterator[Any]:

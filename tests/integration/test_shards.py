@@ -112,6 +112,21 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
             if s.name.endswith("_total")}
     assert sum(done.values()) == 300 and set(done) == {"a", "b"} and min(done.values()) > 0
     assert [len(rows(dbs[s], "s")) for s in "ab"] == [0, 0]
+    # and so do the histograms: one handler call per job, per shard
+    calls = {s.labels["shard"]: s.value for s in families["notifyq_handler_seconds"].samples
+             if s.name.endswith("_count")}
+    assert calls == done
+    # When a slot's worker is replaced (as after a shard outage), its counts stay in the totals:
+    # a counter never goes down
+    old = service.running[0]
+    service._spawn(old.worker.queue, old.worker.handler, old.worker.name, old.shard, index=0)
+    service.running[0].thread.join(30)  # nothing left to claim: it ends at once
+    families = {f.name: f for f in ServiceCollector(service).collect()}
+    after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
+             if s.name.endswith("_total")}
+    assert after == done and service.totals().succeeded == 300
+    assert {s.labels["shard"]: s.value for s in families["notifyq_handler_seconds"].samples
+            if s.name.endswith("_count")} == done
 
 
 def test_status_jobs_and_metrics_show_every_shard_and_the_total(sharded):
