@@ -129,7 +129,7 @@ class Presence:
 
     # -------------------------------------------------------- registration
 
-    def _current(self) -> bool:
+    def registration_current(self) -> bool:
         """Registered, and (lock mode) on the home session's present connection: no statement."""
         return bool(self.consumer_id) and not (self.heartbeat is not None and self.heartbeat.lost.is_set()) \
             and (not self.use_locks or self.session.generation == self._registered_generation)
@@ -140,7 +140,7 @@ class Presence:
         the home session died too, maybe unnoticed yet: then our lock is not held by it, and
         we re-register (taking the old lock back if we can) before the claim."""
         seated = self.home.holds(holder)  # then _check costs nothing, but a due touch
-        if self._current() and not seated:
+        if self.registration_current() and not seated:
             if work is None or not self.use_locks:
                 return self.consumer_id
             # Asked on the work session: no need to wait for the home seat.
@@ -151,7 +151,7 @@ class Presence:
                 break
             if self.stop.is_set():
                 return self.consumer_id
-            if self._current() and work is None:
+            if self.registration_current() and work is None:
                 return self.consumer_id  # someone else (re-)registered meanwhile
         try:
             if work is not None and self.consumer_id and self.use_locks:

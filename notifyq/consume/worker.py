@@ -200,6 +200,8 @@ class Worker:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
         self._work_generation = self.work.generation
+        if self._acks is not None and (reconnected or not self.presence.registration_current()):
+            self._flush_acks()  # registering again may wait for the home seat: what ran is acked first
         owner = self.presence.consumer_id_for_claim(self, self.work if reconnected else None)
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         self._acks_landed()
