@@ -5,9 +5,10 @@ seed's, without notifyq's Python, on one connection, the sides alternating withi
     .venv/bin/python benchmarks/enqueue_price.py --dsn mysql://root@127.0.0.1:3306/ [--rounds 5]
 
 Bulk (100-row INSERT + COMMIT): the seed's table, nq_job at schema version 4 (seven index
-entries per row) and at the current version. Per job: the seed's INSERT + COMMIT, the same on
-nq_job, plus the signal bump in the INSERT's round trip (every put), plus the ring's look in the
-COMMIT's round trip (a ringing producer). Ratios are jobs/s over the seed's, median [min-max].
+entries per row) and at the current version, and the latter with the `RETURNING id` MariaDB
+names the ids with. Per job: the seed's INSERT + COMMIT, the same on nq_job, plus the signal bump
+in the INSERT's round trip (every put), plus the ring's look in the COMMIT's round trip (a
+ringing producer), and the bump as a plain UPDATE instead (the alternative measured). Ratios are jobs/s over the seed's, median [min-max].
 It creates and drops two databases of its own (nq_price_v4, nq_price_now).
 """
 
@@ -40,6 +41,8 @@ SEED_ROW = "(%s, 0, %s)"
 SEED_HEAD = "INSERT INTO {db}." + SEED_TABLE + " (queue, status, payload) VALUES "
 BUMP = ("INSERT INTO {db}.nq_signal (queue, slot, seq) VALUES ('q', %s, 1) "
         "ON DUPLICATE KEY UPDATE seq = seq + 1")
+# The bump as a plain UPDATE of a slot row that exists already (the alternative measured).
+BUMP_UPDATE = "UPDATE {db}.nq_signal SET seq = seq + 1 WHERE queue = 'q' AND slot = %s"
 LOOK = "SELECT IS_USED_LOCK('nq:price:watch'), IS_USED_LOCK('nq:price:b0'), IS_USED_LOCK('nq:price:b1')"
 
 
@@ -54,6 +57,7 @@ def setup(conn) -> None:
                 for statement in split_statements(text):
                     cur.execute(statement)
     cur.execute(SEED_DDL)  # in the current version's database
+    cur.execute("INSERT INTO nq_signal (queue, slot, seq) VALUES " + ",".join(f"('q', {i}, 0)" for i in range(16)))
 
 
 def rows(start: int, n: int) -> list[str]:
@@ -63,19 +67,20 @@ def rows(start: int, n: int) -> list[str]:
     return params
 
 
-def bulk_side(conn, head: str, row: str, n: int, chunk: int = 100):
+def bulk_side(conn, head: str, row: str, n: int, chunk: int = 100, tail: str = ""):
     cur = conn.cursor()
 
     def run() -> None:
         for start in range(0, n, chunk):
-            cur.execute(head + ",".join([row] * chunk), rows(start, chunk))
+            cur.execute(head + ",".join([row] * chunk) + tail, rows(start, chunk))
+            cur.fetchall()
             conn.commit()
     return run
 
 
-def single_side(conn, head: str, row: str, n: int, bump: bool, look: bool):
+def single_side(conn, head: str, row: str, n: int, bump: bool, look: bool, bump_update: bool = False):
     cur = conn.cursor()
-    bump_sql = BUMP.format(db=DATABASES["now"])
+    bump_sql = (BUMP_UPDATE if bump_update else BUMP).format(db=DATABASES["now"])
 
     def run() -> None:
         for i in range(n):
@@ -125,11 +130,14 @@ def main(argv: list[str]) -> int:
         now, v4 = DATABASES["now"], DATABASES["v4"]
         bulk = {"seed": bulk_side(conn, SEED_HEAD.format(db=now), SEED_ROW, a.bulk_n),
                 "nq_job v4": bulk_side(conn, JOB_HEAD.format(db=v4), JOB_ROW, a.bulk_n),
-                "nq_job now": bulk_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.bulk_n)}
+                "nq_job now": bulk_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.bulk_n),
+                "+ RETURNING id": bulk_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.bulk_n,
+                                            tail=" RETURNING id")}
         single = {"seed": single_side(conn, SEED_HEAD.format(db=now), SEED_ROW, a.put_n, False, False),
                   "nq_job now": single_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.put_n, False, False),
                   "+ bump": single_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.put_n, True, False),
-                  "+ bump + look": single_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.put_n, True, True)}
+                  "+ bump + look": single_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.put_n, True, True),
+                  "+ UPDATE bump": single_side(conn, JOB_HEAD.format(db=now), JOB_ROW, a.put_n, True, False, True)}
         for title, sides, n in (("100-row INSERT + COMMIT", bulk, a.bulk_n),
                                 ("INSERT + COMMIT per job", single, a.put_n)):
             for name, values in measure(sides, n, a.rounds).items():

@@ -92,6 +92,17 @@ def test_a_claim_returns_its_jobs_before_its_commit_and_settles_it_at_the_next_s
         work.close()
 
 
+def _lose_the_claims_commit(db, blocker, worker: Worker, job) -> None:
+    """Inside a handler, while `blocker`'s BACKUP STAGE holds the claim's COMMIT back: the work
+    session dies, the stage ends, and a statement on the work session reads the COMMIT's failure."""
+    conn_id = worker.work.connection_id
+    blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
+    wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                    (conn_id,)), HOLD_S, message="the killed session gone")
+    blocker.cursor().execute("BACKUP STAGE END")
+    assert not job.cancel_requested()
+
+
 def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_loses_nothing(db, backup_stage):
     # Given three ready jobs and a registered worker, whose next claim's COMMIT the server holds back
     cfg = db.config()
@@ -103,12 +114,7 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
     def handler(job) -> None:
         runs.append((job.id, job.attempts))
         if len(runs) == 1:  # the batch's first start, its claim's COMMIT still on the wire: the session dies
-            conn_id = worker.work.connection_id
-            blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
-            wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
-                                            (conn_id,)), HOLD_S, message="the killed session gone")
-            blocker.cursor().execute("BACKUP STAGE END")
-            assert not job.cancel_requested()  # a statement on the work session: it reads the failure
+            _lose_the_claims_commit(db, blocker, worker, job)
 
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
@@ -214,12 +220,7 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
     def handler(job) -> None:
         runs.append((job.id, job.attempts))
         if len(runs) == 3:  # the second batch's first start: its claim's COMMIT (with the first
-            conn_id = worker.work.connection_id  # batch's acks) held back, the session dies
-            blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
-            wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
-                                            (conn_id,)), HOLD_S, message="the killed session gone")
-            blocker.cursor().execute("BACKUP STAGE END")
-            assert not job.cancel_requested()  # a statement on the work session: it reads the failure
+            _lose_the_claims_commit(db, blocker, worker, job)  # batch's acks) held back, the session dies
 
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=2, exit_when_empty=True)
