@@ -17,7 +17,8 @@ same clock in every process of the machine.
 (b) pick-up latency, from put() returning (COMMIT done, and for the bell its release too) to
     the handler's first line: a bell-holding producer (gaps 0-50 ms); one-shot put() (gaps
     uniform in 0..2 caps, so arrivals land both in the backoff ramp and at the cap); one-shot
-    put() after >= 2.5 s of silence (the watcher polls at the cap); one-shot with instant wake.
+    put() after >= 2.5 s of silence (the watcher polls at the cap); one-shot with instant wake; a
+    second ring=True producer while another holds the queue's bell (one ringer per queue and server).
 (c) the same with the wake-up disabled: use_locks = false, every consumer polling the signal
     row at a fixed interval equal to the cap.
 
@@ -177,7 +178,7 @@ def idle_cost(env: Env, admin: Admin, n: int, wakeup: dict, seconds: float, sock
     return (after - before - ours) / (t1 - t0)
 
 
-def latencies(env: Env, admin: Admin, wakeup: dict, producer_wakeup: dict, ring: bool, rounds: int,
+def latencies(env: Env, admin: Admin, wakeup: dict, producer_wakeup: dict, ring: bool | str, rounds: int,
               gap: tuple[float, float], n_consumers: int, rx: socket.socket, sock: str,
               seed: int) -> list[float]:
     from notifyq import config as config_mod
@@ -188,7 +189,13 @@ def latencies(env: Env, admin: Admin, wakeup: dict, producer_wakeup: dict, ring:
                           overrides={"dsn": env.dsn(), "wakeup": {**wakeup, **producer_wakeup}})
     rng = random.Random(seed)
     out: list[float] = []
-    with Fleet(env, n_consumers, wakeup, sock) as fleet, Producer(QUEUE, cfg, ring=ring) as producer:
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(Fleet(env, n_consumers, wakeup, sock))
+        if ring == "second":
+            # Another long-lived producer rings the queue's bell (one per queue and server): it
+            # arms on its first put, before the measured producer's warm-up could.
+            stack.enter_context(Producer(QUEUE, cfg, ring=True)).put({})
+        producer = stack.enter_context(Producer(QUEUE, cfg, ring=bool(ring)))
         wait_until(lambda: settled(admin, env, n_consumers, locks), 60, "idle consumers", fleet)
 
         def one() -> float:
@@ -284,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             ("locks", "one-shot put()", locks, {}, False, args.oneshot_rounds, gaps_mixed),
             ("locks", "one-shot, idle >= 2.5 caps", locks, {}, False, args.quiet_rounds, gaps_quiet),
             ("locks", "one-shot + instant_wake", locks, {"instant_wake": True}, False, args.oneshot_rounds, gaps_mixed),
+            ("locks", "ring=True, another rings", locks, {}, "second", args.oneshot_rounds, gaps_mixed),
             ("polling", "one-shot put()", polling, {}, False, args.oneshot_rounds, gaps_mixed),
         ]
         if server is not None:

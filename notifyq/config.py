@@ -52,7 +52,7 @@ class WakeupConfig:
     poll_initial_s: float = 0.005  # first signal-row poll after going idle, doubled each time
     poll_max_s: float = 1.0  # backoff cap: the worst pick-up delay when no bell rings
     idle_wait_s: float = 25.0  # how long a non-watcher sleeps in GET_LOCK before re-arming
-    instant_wake: bool = False  # one-shot producers KILL QUERY the watcher's wait (same DB user only)
+    instant_wake: bool = False  # producers that do not ring KILL QUERY the watcher's wait (same DB user only)
     use_locks: bool = True  # false: poll the signal row only (for proxies that break GET_LOCK)
 
 

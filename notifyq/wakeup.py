@@ -24,7 +24,10 @@ with the watched count, its COMMIT riding along unwaited).
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
 
-Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). Its COMMIT carries, in the
+Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). One per queue and server:
+a GET_LOCK waits on one name, and only its holder can release it, so a second ringer could
+never end the watcher's wait. The first producer to arm holds the ringer lock; the others'
+jobs are found by the watcher's poll (or `instant_wake`). Its COMMIT carries, in the
 same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
 the watch lock does it ring: in one statement it takes the other bell and releases the held one,
 so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
@@ -282,6 +285,7 @@ class Bell:
         self._quiet_until = 0.0  # monotonic: until then, the last look's "nobody watching" holds
         self._generation = -1
         self._retry_arm_at = 0.0
+        self._told_not_ringer = False
 
     def arm(self) -> bool:
         """Become this queue's ringer if none is."""
@@ -306,6 +310,11 @@ class Bell:
                 # Another producer rings this queue's bells. Ask again in a while, not on every
                 # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
                 self._retry_arm_at = time.monotonic() + ARM_RETRY_S
+                if not self._told_not_ringer:  # once: why this producer's jobs start later
+                    self._told_not_ringer = True
+                    log.info("another producer rings this queue's bell (one per queue and server): "
+                             "this one's jobs are found by the consumers' poll, within "
+                             "wakeup.poll_max_s, or at once with wakeup.instant_wake queue=%s", self.queue)
                 return False
             self._generation = self.session.generation
             queries.hold_session(self.session)

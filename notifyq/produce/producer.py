@@ -39,8 +39,10 @@ class Producer:
     `ring=True` is for long-lived producers (`notifyq produce`, a web app's producer kept open):
     the producer then holds one of the queue's bells, its COMMIT looks whether a consumer is
     watching, and only then it rings, which wakes that idle consumer within a millisecond or
-    two. Under load (no consumer idle) a put costs what a plain one does. One-shot producers leave it off: the watcher's
-    backoff poll of the signal row finds their jobs (or `wakeup.instant_wake` interrupts it).
+    two. Under load (no consumer idle) a put costs what a plain one does. One producer per
+    queue and server holds the bells: the first to put; another takes over within ARM_RETRY_S
+    of it closing. The others, like one-shot producers (which leave it off), rely on the
+    watcher's backoff poll of the signal row (or `wakeup.instant_wake`, which interrupts it).
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False):

@@ -281,6 +281,22 @@ def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_i
         questions.close()
 
 
+def test_one_producer_per_queue_rings_and_another_ringing_producer_says_once_that_it_does_not(db, caplog):
+    # Given a ringing producer that armed first
+    cfg = db.config()
+    with Producer(Q, cfg, ring=True) as first, Producer(Q, cfg, ring=True) as second:
+        first.put({"n": 0})
+        assert first._bell is not None and first._bell.held is not None
+        # When a second ringing producer puts on the same queue, again and again
+        with caplog.at_level("INFO", logger="notifyq.wakeup"):
+            for i in range(3):
+                second.put({"n": i})
+        # Then it holds no bell (one per queue and server) and says so once, with what to expect
+        assert second._bell is not None and second._bell.held is None
+        told = [r.getMessage() for r in caplog.records if "another producer rings" in r.getMessage()]
+        assert len(told) == 1 and "wakeup.poll_max_s" in told[0] and "instant_wake" in told[0]
+
+
 def test_a_watcher_that_starts_inside_a_ringers_quiet_window_finds_the_job_by_the_count_and_is_rung_after_it(db):
     # Given an armed ringer whose last look saw nobody watching, with a quiet window of 60 s (the
     # default is a few ms: long here so that the consumer surely starts inside it)
