@@ -62,7 +62,8 @@ class Worker:
         # The last batch's successes ride in the next claim's COMMIT (queries.Acks): one fsync'd
         # COMMIT per busy batch instead of two. Acks waiting for that claim, then the claim's
         # COMMIT they went out with, until it is read (Outcomes.landed). A worker that does
-        # anything but claim next (idles, stops) acks them on their own first (_flush_acks).
+        # anything but claim next (idles, stops, runs a reaper pass, registers again) acks them
+        # on their own first (_flush_acks).
         self._acks: queries.Acks | None = None
         self._acks_sent: tuple[queries.Acks, Pending | None] | None = None
 
@@ -119,8 +120,11 @@ class Worker:
             log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e,
                       exc_info=not isinstance(e, errors.NotifyqError))
         finally:
-            if self._acks is not None or self._acks_sent is not None:
-                try:  # after a failure: what ran is acked if the server answers, else it runs again
+            # After a failure of ours, what ran is acked if the server answers. Not after the
+            # server's: that would only wait out another connect retry; those jobs run again.
+            if (self._acks is not None or self._acks_sent is not None) \
+                    and not isinstance(self.error, errors.DatabaseError):
+                try:
                     self._flush_acks()
                 except Exception as e:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
