@@ -279,8 +279,14 @@ class Producer:
                              committed=inserts.jobs_stored)
         if looking is not None:
             looking.after_commit(seen[0])
-        elif bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks:
-            instant_wake(link.lock_sessions(), link.locks)
+        elif (bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks
+              and not link.behind_proxy):
+            if instant_wake(link.lock_sessions(), link.locks) is None:
+                link.behind_proxy = True
+                log.warning("wakeup.instant_wake is off for this producer: its connection goes through "
+                            "a proxy (the server knows it by another id than the handshake gave), where a "
+                            "KILL QUERY could hit an unrelated session; the consumers' poll finds its jobs "
+                            "queue=%s", self.queue)
         return result
 
     def _check_fits(self, rows: list[tuple]) -> None:
@@ -334,6 +340,7 @@ class _ShardLink:
         self.lock_session: Session | None = None
         self.bell: Bell | None = None
         self.queue_known = False
+        self.behind_proxy = False  # instant_wake refused: the server's id for us is not the handshake's
 
     def work_session(self) -> Session:
         if self.session is None:

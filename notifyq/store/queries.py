@@ -344,6 +344,13 @@ def lock_holder(session: Session, name: str) -> int | None:
     return one_value(session, "lock_holder", {"name": name}, "lock_holder")
 
 
+def lock_holder_and_me(cur, name: str) -> tuple[int | None, int]:
+    """(the connection id holding `name` or None, this session's id as the server knows it)."""
+    cur.execute(Q["lock_holder_and_me"], {"name": name})
+    holder, me = cur.fetchone()
+    return holder, int(me)
+
+
 END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
 
 
@@ -371,8 +378,12 @@ def end_connection(cur, conn_id: int) -> bool:
 
 def kill_query(session: Session, conn_id: int) -> bool:
     """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
+    return kill_query_on(session.conn.cursor(), conn_id)
+
+
+def kill_query_on(cur, conn_id: int) -> bool:
     try:
-        session.conn.cursor().execute(Q["kill_query"], {"conn_id": int(conn_id)})
+        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
         return True
     except MySQLdb.Error as e:
         if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake

@@ -401,6 +401,11 @@ DO RELEASE_LOCK(%(name)s)
 -- lock_holder --
 SELECT IS_USED_LOCK(%(name)s)
 
+-- lock_holder_and_me --
+-- The holder's id, and this session's own as the server knows it: a proxy between client and
+-- server gives the client another id in the handshake (wakeup.instant_wake checks the two).
+SELECT IS_USED_LOCK(%(name)s), CONNECTION_ID()
+
 -- kill_query --
 KILL QUERY %(conn_id)s
 
