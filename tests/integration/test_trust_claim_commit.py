@@ -288,3 +288,28 @@ def test_carried_acks_that_lose_a_deadlock_fail_the_claim_before_its_jobs_start_
     finally:
         worker.work.close()
         worker.presence.close()
+
+
+def test_a_worker_that_goes_idle_acks_its_last_batch_before_it_waits(db):
+    # Given a long-running worker, idle and watching the empty queue
+    cfg = db.config(wakeup={"poll_initial_s": 0.01, "poll_max_s": 0.05})
+    runs: list[int] = []
+    stop = threading.Event()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append(job.id), False),
+                    stop=stop, budget=Budget(None), batch_size=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: worker.waiter.watching, HOLD_S, message="the worker watching")
+        # When one job arrives: the watcher claims it, drains the queue (so it records the count
+        # as watched and will not wake again), runs it and goes back to watching
+        with Producer("q", cfg) as p:
+            [job_id] = p.put_many([{"n": 1}])
+        wait_until(lambda: runs == [job_id], HOLD_S, message="the job run")
+        # Then its ack does not wait for a next claim that may never come: the job is gone
+        wait_until(lambda: db.query("SELECT COUNT(*) FROM nq_job") == [(0,)], HOLD_S,
+                   message="the job acked while the worker idles")
+        assert worker.stats.succeeded == 1 and not worker.finished
+    finally:
+        stop.set()
+        thread.join(30)
