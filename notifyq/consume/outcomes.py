@@ -45,12 +45,12 @@ class Outcomes:
             return None
         if carry:
             return acks
-        self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep))
+        self.landed(session, acks, None)
         return None
 
     def landed(self, session: Session, acks: queries.Acks, commit: Pending | None) -> None:
         """The claim that carried `acks` sent its COMMIT: count them once it is read, or ack them
-        on their own if it failed (or the claim sent none: a paused queue)."""
+        on their own if it failed, or if no claim carried them (commit None)."""
         if commit is not None:
             session.settle()  # read now if still on the wire (else it was, by a later statement)
         if commit is None or commit.failed or not commit.rowcounts:

@@ -122,8 +122,7 @@ class Worker:
         finally:
             # After a failure of ours, what ran is acked if the server answers. Not after the
             # server's: that would only wait out another connect retry; those jobs run again.
-            if (self._acks is not None or self._acks_sent is not None) \
-                    and not isinstance(self.error, errors.DatabaseError):
+            if not isinstance(self.error, errors.DatabaseError):
                 try:
                     self._flush_acks()
                 except Exception as e:
