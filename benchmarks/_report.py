@@ -154,6 +154,14 @@ def _start(t: Table, res: dict) -> None:
     t.add(case, "first job handled after spawn, s", cell(first, 3), cell(s["sides"]["seed"]["first_job_s"], 3),
           cell(s["ratios"]["notifyq/seed"]["first_job_s"]), target="<= 0.15 s", met=met)
     t.compared(case, s, "notifyq", "process_cpu_ms", "process CPU, ms", floor=None)
+    counts = s.get("instructions")
+    if counts:  # one run per side under callgrind: a count, not a time, so no spread to show
+        nq, seed = counts["process"]["notifyq"], counts["process"]["seed"]
+        t.add(case, "process instructions, millions (callgrind)", fmt(nq / 1e6), fmt(seed / 1e6),
+              fmt(nq / seed, 2))
+        base = counts["interpreter"]
+        t.add(case, "… beyond the bare interpreter's", fmt((nq - base) / 1e6), fmt((seed - base) / 1e6),
+              fmt((nq - base) / (seed - base), 2))
 
 
 def _pickup(t: Table, res: dict) -> None:

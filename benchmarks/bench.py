@@ -435,7 +435,27 @@ class Bench:
                 r = self.drain_once(side, self.size["batch"], 1)
                 rows[side].append({"first_job_s": r["first_job_s"],
                                    "process_cpu_ms": r["cpu_us_per_job_with_startup"] * r["jobs"] / 1e3})
-        return compare(rows, orders, ("first_job_s", "process_cpu_ms"), (("notifyq", "seed"),))
+        result = compare(rows, orders, ("first_job_s", "process_cpu_ms"), (("notifyq", "seed"),))
+        result["instructions"] = self.instructions(sides)
+        return result
+
+    def instructions(self, sides: tuple[str, ...]) -> dict | None:
+        """The same process once more per side under callgrind: the instructions it executes,
+        from spawn to exit. A count does not drift with the machine's load as CPU time does
+        (±30 % here), so a start-up change of a few per cent shows. None without valgrind."""
+        if shutil.which("valgrind") is None:
+            return None
+        counts = {}
+        for side in sides:
+            self.reset()
+            self.fill(self.size["batch"], _seed.TABLE if side == "seed" else "nq_job")
+            argv = self.consumer_argv(side, "noop", "--exit-when-empty")
+            counts[side] = callgrind_instructions(argv, {**self.env, "NQB_OUT": str(self.outdir())}, HERE)
+            left = self.scalar(f"SELECT COUNT(*) FROM {_seed.TABLE}") if side == "seed" else self.ready_count()
+            if left:
+                raise RuntimeError(f"{side}: the process under callgrind left {left} jobs behind")
+        interpreter = callgrind_instructions([sys.executable, "-c", "pass"], self.env, HERE)
+        return {"process": counts, "interpreter": interpreter}
 
     # ---------------------------------------------------------- idle cost
 
@@ -511,6 +531,19 @@ class Bench:
 # ------------------------------------------------------------------ main
 
 CASES = ("enqueue", "drain", "start", "pickup", "sessions", "e2e", "backlog", "idle", "wakeup")
+
+
+def callgrind_instructions(argv: list[str], env: dict, cwd: Path) -> int:
+    """Instructions a process executes from start to exit (valgrind's callgrind, all threads)."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+                          env=env, cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"under callgrind, {argv[:3]} exited with {done.returncode}: {done.stderr[-2000:]}")
+    for line in done.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1])
+    raise RuntimeError(f"callgrind printed no count: {done.stderr[-2000:]}")
 
 
 def main(argv: list[str]) -> int:

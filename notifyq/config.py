@@ -49,6 +49,8 @@ class QueueConfig:
 
 @dataclass(frozen=True)
 class WakeupConfig:
+    """[wakeup]: how idle consumers wait for work and how often they poll."""
+
     poll_initial_s: float = 0.005  # first signal-row poll after going idle, doubled each time
     poll_max_s: float = 1.0  # backoff cap: the worst pick-up delay when no bell rings
     idle_wait_s: float = 25.0  # how long a non-watcher sleeps in GET_LOCK before re-arming
@@ -58,6 +60,8 @@ class WakeupConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
+    """[consumer]: the consumer process as a whole (reaper, shutdown, sessions, metrics)."""
+
     reap_interval_s: float = 2.0
     shutdown_grace_s: float = 60.0
     # The server drops a consumer's lock sessions (liveness lock, periodic leadership) after this
@@ -70,6 +74,8 @@ class ConsumerConfig:
 
 @dataclass(frozen=True)
 class ProducerConfig:
+    """[producer]: payload limit and batching of `notifyq produce` and put_many."""
+
     max_payload_bytes: int = 65536
     batch_lines: int = 500  # `produce` from stdin commits at most this many lines at once ...
     batch_wait_s: float = 0.0  # ... and holds a batch open this long for more (0: commit at once)
@@ -78,6 +84,8 @@ class ProducerConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    """[log]: level, format, where lines go, and the consumer's summary line."""
+
     level: str = "info"
     format: str = "auto"  # auto | kv | json
     file: str = ""
@@ -87,6 +95,8 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """Every setting, merged from defaults, files, NOTIFYQ_* variables and flags (load())."""
+
     dsn: DSN = field(default_factory=DSN)
     password_file: str = ""
     # How long a command retries an unreachable server before exit 5. Unset: a daemon (consume,

@@ -31,6 +31,8 @@ _ENCODE_PASSWORD = ("bad DSN: a '/', '?', '#' or '@' in the password (or user na
 
 @dataclass(frozen=True)
 class DSN:
+    """Where one server is and how to log in: what a mysql:// URL says (password masked in repr)."""
+
     user: str = "root"
     password: str | None = field(default=None, repr=False)
     host: str = "localhost"

@@ -4,7 +4,7 @@ Operators script against the exit codes, so they are part of the contract:
 
     0  ok
     1  unexpected internal error (a bug: the traceback is logged)
-    2  usage error (bad flag or argument; click's own code)
+    2  usage error (bad flag or argument)
     3  bad configuration (unknown key, bad DSN, unreadable password file)
     4  bad input (invalid JSON, oversize payload, invalid queue name)
     5  database unreachable or refused the login

@@ -22,6 +22,8 @@ STATUS_NAMES = {s.value: s.name.lower() for s in Status}
 
 @dataclass(eq=False)
 class Job:
+    """One claimed job as a handler sees it."""
+
     id: int
     queue: str
     payload: Any

@@ -59,6 +59,8 @@ MAX_COUNTED_MISSES = 10_000  # counting missed ticks stops here (a per-second cr
 
 @dataclasses.dataclass
 class Entry:
+    """One [[periodic]] job: what to enqueue on which queue, and when next."""
+
     queue: str
     name: str
     cron: str
@@ -69,6 +71,8 @@ class Entry:
 
 @dataclasses.dataclass
 class QueueState:
+    """One queue's scheduler state in this process: leadership, next tries, counts."""
+
     leader: bool = False
     generation: int = -1  # the lock session's connection the lock was taken on
     next_try: float = 0.0  # monotonic: when a non-leader asks for the lock again

@@ -35,10 +35,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
-import uuid
 
 from notifyq import errors
 from notifyq.config import Config
@@ -200,7 +198,7 @@ class Presence:
         if old_id and queries.get_lock(self.session, self._lock_name(old_id), 0) == 1:
             self.consumer_id = old_id
         else:
-            self.consumer_id = uuid.uuid4().hex
+            self.consumer_id = os.urandom(16).hex()  # as random as uuid4, without its import
             old_id = None
         if self.use_locks and old_id is None:
             try:
@@ -210,7 +208,7 @@ class Presence:
                 if not locks_unavailable(e):
                     raise
                 self._polling(e)
-        liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), socket.gethostname(),
+        liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), os.uname().nodename,
                                    os.getpid(), self.queues, self.wakeup_mode, node=self.session.node)
         if not self.use_locks or self.session.galera:
             # On a Galera node our lock is invisible to reapers on the other nodes: they judge

@@ -32,6 +32,8 @@ REAPER_IDLE_TIMEOUT_S = 10
 
 @dataclass
 class ReapResult:
+    """What one reaper pass did."""
+
     dead_consumers: int = 0
     reclaimed: int = 0
     expired: int = 0

@@ -1,22 +1,22 @@
 """`notifyq jobs ...`: look at and act on single jobs, or on many (a thin layer over admin.py).
 
 Errors are raised as errors.InputError and friends; cli.main turns them into one line on
-stderr and the exit code. Value checks happen here, not in click types, so that a bad
---status or --older-than is one line too, not a usage screen.
+stderr and the exit code. Value checks happen here, not in argparse types, so that a bad
+--status or --older-than is an input error (exit 4) naming what is wrong with it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from typing import Any
 
-import click
-
 from notifyq import errors, values
 from notifyq.jobs import Status
+from notifyq.run import echo
 
-JOB_ID = click.IntRange(1, 2**63 - 1)  # ids are BIGINT: a larger number is no job, not a database error
+MAX_JOB_ID = 2**63 - 1  # ids are BIGINT: a larger number is no job, not a database error
 
 # admin (with the store, the driver and tenacity, ~55 ms) is imported inside each command:
 # `notifyq --help` and the commands that do not touch jobs never need it.
@@ -52,9 +52,6 @@ def _one_job(obj: Any, job_id: int, shard: str | None, work: Callable[[Any], Any
     return fanout.only(answers, f"job {job_id}", down)[1]
 
 
-SHARD_OPTION = click.option("--shard", help="With [shards]: the shard of the job (ids are per shard).")
-
-
 def _age(text: str | None) -> float:
     """An age given is parsed in full: an empty or invalid one is refused, never read as 0
     (for a purge, 0 would mean every finished job). None means: no age filter."""
@@ -67,113 +64,124 @@ def _age(text: str | None) -> float:
     return values.seconds("--older-than age", admin.parse_age(text), positive=False)
 
 
-@click.group()
-def jobs() -> None:
-    """Inspect, retry, cancel and purge jobs."""
-
-
-@jobs.command("list")
-@click.option("-q", "--queue", help="Only this queue.")
-@click.option("--status", "status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
-@click.option("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
-@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, help="At most this many jobs (oldest first).")
-@click.option("--json", "as_json", is_flag=True, help="A JSON array instead of a table.")
-@click.pass_obj
-def list_(obj: Any, queue: str | None, status_name: str | None, older_than: str | None, limit: int,
-          as_json: bool) -> None:
-    """List jobs, oldest first."""
+def list_(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
-
     from notifyq.run import fanout
 
-    status = admin.parse_status(status_name) if status_name else None
-    age = _age(older_than)
+    queue, limit = a.queue, a.limit
+    status = admin.parse_status(a.status_name) if a.status_name else None
+    age = _age(a.older_than)
     answers, down = _each_shard(obj, lambda session: admin.list_jobs(
         session, queue=queue, status=status, older_than_s=age, limit=limit))
     sharded = bool(obj.oneshot_config().shards)
     rows = [{**r, "shard": shard} if sharded else r for shard, found in answers.items() for r in found]
     if sharded:  # oldest first over every shard
         rows = sorted(rows, key=lambda r: (r["created_at"], r["shard"], r["id"]))[:limit]
-    click.echo(json.dumps(rows, indent=2) if as_json else _table(rows, sharded))
+    echo(json.dumps(rows, indent=2) if a.as_json else _table(rows, sharded))
     fanout.fail_if_down(down)
 
 
-@jobs.command()
-@click.argument("job_id", type=JOB_ID)
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
-@SHARD_OPTION
-@click.pass_obj
-def show(obj: Any, job_id: int, as_json: bool, shard: str | None) -> None:
-    """Every field of one job, the payload pretty-printed."""
+def show(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
 
-    job = _one_job(obj, job_id, shard, lambda session: admin.get_job(session, job_id))
-    if as_json:
-        click.echo(json.dumps(job, indent=2))
+    job_id = a.job_id
+    job = _one_job(obj, job_id, a.shard, lambda session: admin.get_job(session, job_id))
+    if a.as_json:
+        echo(json.dumps(job, indent=2))
         return
     width = max(len(k) for k in job)
     for key, value in job.items():
         if key != "payload":
             text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
-            click.echo(f"{key.ljust(width)}  {text}")
-    click.echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
+            echo(f"{key.ljust(width)}  {text}")
+    echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
 
 
-@jobs.command()
-@click.argument("job_id", type=JOB_ID, required=False)
-@click.option("--dead", "all_dead", is_flag=True, help="Every dead job (of -q QUEUE).")
-@click.option("-q", "--queue", help="With --dead: only this queue.")
-@SHARD_OPTION
-@click.pass_obj
-def retry(obj: Any, job_id: int | None, all_dead: bool, queue: str | None, shard: str | None) -> None:
-    """Put a dead, done or scheduled job back to ready now, attempts reset."""
+def retry(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
     from notifyq.run import fanout
+    from notifyq.run.cli import UsageError
 
-    if (job_id is None) == (not all_dead) or (queue and not all_dead):
-        raise click.UsageError("give a JOB_ID, or --dead [-q QUEUE]")
-    if not all_dead:
-        click.echo(f"job {job_id}: {_one_job(obj, job_id, shard, lambda session: admin.retry(session, job_id))}")
+    job_id, queue = a.job_id, a.queue
+    if (job_id is None) == (not a.all_dead) or (queue and not a.all_dead):
+        raise UsageError("give a JOB_ID, or --dead [-q QUEUE]", "notifyq jobs retry")
+    if not a.all_dead:
+        echo(f"job {job_id}: {_one_job(obj, job_id, a.shard, lambda session: admin.retry(session, job_id))}")
         return
-    answers, down = _each_shard(obj, lambda session: admin.retry_dead(session, queue), shard)
-    retried, skipped = (sum(a[i] for a in answers.values()) for i in (0, 1))
-    click.echo(f"retried {retried}" + (f", skipped {skipped} (their dedup key is taken by a pending job)"
-                                       if skipped else ""))
+    answers, down = _each_shard(obj, lambda session: admin.retry_dead(session, queue), a.shard)
+    retried, skipped = (sum(answer[i] for answer in answers.values()) for i in (0, 1))
+    echo(f"retried {retried}" + (f", skipped {skipped} (their dedup key is taken by a pending job)"
+                                 if skipped else ""))
     fanout.fail_if_down(down)
 
 
-@jobs.command()
-@click.argument("job_id", type=JOB_ID)
-@SHARD_OPTION
-@click.pass_obj
-def cancel(obj: Any, job_id: int, shard: str | None) -> None:
-    """Delete a pending job, or ask a running one to stop (Job.cancel_requested())."""
+def cancel(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
 
-    outcome = _one_job(obj, job_id, shard, lambda session: admin.cancel(session, job_id))
-    click.echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
-                                    "cancel requested (its handler stops when it checks)"))
+    job_id = a.job_id
+    outcome = _one_job(obj, job_id, a.shard, lambda session: admin.cancel(session, job_id))
+    echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
+                              "cancel requested (its handler stops when it checks)"))
 
 
-@jobs.command()
-@click.option("--dead", is_flag=True, help="Purge dead jobs.")
-@click.option("--done", is_flag=True, help="Purge done jobs (kept with keep_done).")
-@click.option("--older-than", metavar="AGE", required=True, help="Finished more than AGE ago: 7d, 12h ...")
-@click.option("-q", "--queue", help="Only this queue.")
-@click.pass_obj
-def purge(obj: Any, dead: bool, done: bool, older_than: str, queue: str | None) -> None:
-    """Delete finished jobs, 1000 rows per transaction."""
+def purge(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
-
-    if not (dead or done):
-        raise click.UsageError("say what to purge: --dead, --done or both")
     from notifyq.run import fanout
+    from notifyq.run.cli import UsageError
 
-    statuses = [s for s, wanted in ((Status.DEAD, dead), (Status.DONE, done)) if wanted]
-    age = _age(older_than)
+    if not (a.dead or a.done):
+        raise UsageError("say what to purge: --dead, --done or both", "notifyq jobs purge")
+    statuses = [s for s, wanted in ((Status.DEAD, a.dead), (Status.DONE, a.done)) if wanted]
+    age, queue = _age(a.older_than), a.queue
     answers, down = _each_shard(obj, lambda session: admin.purge(session, statuses, age, queue=queue))
-    click.echo(f"purged {sum(deleted for deleted, _ in answers.values())}")
+    echo(f"purged {sum(deleted for deleted, _ in answers.values())}")
     fanout.fail_if_down(down)
+
+
+def _list_options(p: argparse.ArgumentParser) -> None:
+    from notifyq.run.cli import int_range
+
+    p.add_argument("-q", "--queue", help="Only this queue.")
+    p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
+    p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
+    p.add_argument("--limit", type=int_range(1, 1_000_000), default=100,
+                   help="At most this many jobs, oldest first (default 100).")
+    p.add_argument("--json", dest="as_json", action="store_true", help="A JSON array instead of a table.")
+
+
+def _job_id(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    from notifyq.run.cli import int_range
+
+    p.add_argument("job_id", type=int_range(1, MAX_JOB_ID), metavar="JOB_ID", **({"nargs": "?"} if optional else {}))
+    p.add_argument("--shard", help="With [shards]: the shard of the job (ids are per shard).")
+
+
+def _show_options(p: argparse.ArgumentParser) -> None:
+    _job_id(p)
+    p.add_argument("--json", dest="as_json", action="store_true", help="JSON instead of text.")
+
+
+def _retry_options(p: argparse.ArgumentParser) -> None:
+    _job_id(p, optional=True)
+    p.add_argument("--dead", dest="all_dead", action="store_true", help="Every dead job (of -q QUEUE).")
+    p.add_argument("-q", "--queue", help="With --dead: only this queue.")
+
+
+def _purge_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dead", action="store_true", help="Purge dead jobs.")
+    p.add_argument("--done", action="store_true", help="Purge done jobs (kept with keep_done).")
+    p.add_argument("--older-than", metavar="AGE", required=True, help="Finished more than AGE ago: 7d, 12h ...")
+    p.add_argument("-q", "--queue", help="Only this queue.")
+
+
+# `notifyq jobs NAME`: (what runs it, its help, what adds its options), as cli.COMMANDS
+COMMANDS: dict[str, tuple[Callable[[Any, argparse.Namespace], None], str, Callable[[argparse.ArgumentParser], None]]] = {
+    "list": (list_, "List jobs, oldest first.", _list_options),
+    "show": (show, "Every field of one job, the payload pretty-printed.", _show_options),
+    "retry": (retry, "Put a dead, done or scheduled job back to ready now, attempts reset.", _retry_options),
+    "cancel": (cancel, "Delete a pending job, or ask a running one to stop (Job.cancel_requested()).", _job_id),
+    "purge": (purge, "Delete finished jobs, 1000 rows per transaction.", _purge_options),
+}
 
 
 def _table(rows: list[dict[str, Any]], sharded: bool = False) -> str:

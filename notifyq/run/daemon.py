@@ -1,19 +1,21 @@
 """sd_notify, stop/reload signals; pidfile and DaemonContext for hosts without systemd."""
 
+from __future__ import annotations
+
 import fcntl
 import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal, Self
-
-import daemon
+from typing import TYPE_CHECKING, Literal, Self
 
 from notifyq import errors
+
+if TYPE_CHECKING:
+    import daemon
 
 log = logging.getLogger("notifyq.daemon")
 
@@ -30,6 +32,8 @@ def _send(address: str | None, lines: tuple[str, ...]) -> bool:
         return False
     if address[0] == "@":
         address = "\0" + address[1:]  # abstract namespace; other schemes fail in sendto
+    import socket  # here: a process outside systemd (and the tests, the benchmark) never needs it
+
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
             # A congested manager must never stall the loop; a lost ping is simply resent.
@@ -288,6 +292,8 @@ def daemon_context(pidfile: PidFile | None, log_file: str | None,
     close() (also at exit) releases it. check() runs here in the parent first, so "already
     running" reaches the operator's terminal. stdout/stderr go to log_file or /dev/null;
     files of handlers on the "notifyq" logger (streams, syslog sockets) are kept."""
+    import daemon  # python-daemon: only classic daemon mode needs it
+
     if pidfile is not None:
         pidfile.check()
     stream = open(log_file, "a", buffering=1, encoding="utf-8") if log_file else None

@@ -19,9 +19,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-import click
-
 from notifyq import errors, shards
+from notifyq.run import echo
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.store import schema
@@ -88,9 +87,9 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             ids = producer.put_many(decoded, priority=priority, delay=delay, run_at=run_at,
                                     max_attempts=max_attempts)
     if print_ids:
-        click.echo("\n".join(map(str, ids)))
+        echo("\n".join(map(str, ids)))
     else:
-        click.echo(f"enqueued {len(ids)}")
+        echo(f"enqueued {len(ids)}")
 
 
 # ------------------------------------------------------------------ process set-up
@@ -167,7 +166,7 @@ class _Stream:
         self.enqueued += len(ids)
         self.batches += 1
         if self.print_ids:
-            click.echo("\n".join(map(str, ids)))
+            echo("\n".join(map(str, ids)))
         log.debug("batch enqueued queue=%s n=%d first_job=%d last_job=%d", self.producer.queue,
                   len(ids), ids[0], ids[-1])
         if log.isEnabledFor(logging.DEBUG):
@@ -185,7 +184,7 @@ class _Stream:
         if self.quiet:  # stderr is the log file or the journal: one key=value line per event
             log.warning("rejected line queue=%s line=%d reason=%r", self.producer.queue, number, why)
         else:
-            click.echo(f"notifyq: rejected line {number}: {why}", err=True)
+            echo(f"notifyq: rejected line {number}: {why}", err=True)
         if self.rejects is not None:
             self.rejects.write(text + "\n")
             self.rejects.flush()
@@ -265,8 +264,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
                  "stop" if stopped else "eof")
         if not quiet and (not print_ids or stats.rejected):
             # With --print-ids stdout is the ids: the counts go to stderr, when a line was rejected.
-            click.echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""),
-                       err=print_ids)
+            echo(f"enqueued {stats.enqueued}" + (f", rejected {stats.rejected}" if stats.rejected else ""),
+                 err=print_ids)
         if stats.rejected and not stopped:
             raise SystemExit(errors.EXIT_INPUT)
 

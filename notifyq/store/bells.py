@@ -23,6 +23,8 @@ RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement relea
 
 @dataclass
 class WatchState:
+    """What one watch statement saw: the counts, the pause, the bells, the next due job."""
+
     total: int  # the queue's enqueue count; -1: a KILL QUERY interrupted the wait
     watched: int
     paused: bool

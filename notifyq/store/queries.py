@@ -67,6 +67,8 @@ def bump_signal(cur, queue: str, n: int) -> None:
 
 @dataclass
 class Claim:
+    """What one claim took: its jobs, its fencing token, and whether it left the queue empty."""
+
     jobs: list[Job]
     token: int
     drained: bool  # every ready job seen was taken (by us or a peer): nothing left behind
