@@ -278,7 +278,7 @@ class ConsumerService:
             tick = FINITE_TICK_S  # a run that ends by itself exits when its workers do
         if self.notifier and self.notifier.watchdog_interval_s:
             tick = min(tick, self.notifier.watchdog_interval_s / 2)
-        while not stop_requested.wait(tick):
+        while not self._wait_one_tick(stop_requested, tick):
             if self._failed():
                 break
             if self.sharded and not self.options.exit_when_empty:
@@ -303,6 +303,17 @@ class ConsumerService:
             first = failures[0]
             return first.exit_code if isinstance(first, errors.NotifyqError) else errors.EXIT_INTERNAL
         return errors.EXIT_OK
+
+    def _wait_one_tick(self, stop_requested: threading.Event, tick: float) -> bool:
+        """True when asked to stop. A run that ends by itself (--exit-when-empty, --max-jobs)
+        waits on a worker's thread instead, so it exits the moment its last worker ends, not
+        up to a tick later; a stop is still seen within the tick."""
+        if self.options.exit_when_empty or self.options.max_jobs:
+            alive = [r.thread for r in self.running if r.thread.is_alive()]
+            if alive and not stop_requested.is_set():
+                alive[0].join(tick)
+                return stop_requested.is_set()
+        return stop_requested.wait(tick)
 
     def _tick(self, scheduler: periodic.Scheduler) -> None:
         if not self.sharded:
@@ -407,7 +418,10 @@ class ConsumerService:
 
     def _interrupt_idle_waits(self) -> None:
         """Idle workers wait for the watcher seat, or in GET_LOCK/SLEEP on the watcher session:
-        they would notice the stop only at their timeout."""
+        they would notice the stop only at their timeout. Once every worker has ended (a run
+        that ended by itself), nothing waits: no session is opened to interrupt it."""
+        if not any(r.thread.is_alive() for r in self.running):
+            return
         for shard, presence in self.presences.items():
             self._interrupt_on(shard, presence)
 

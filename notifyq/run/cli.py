@@ -418,7 +418,7 @@ def _produce_options(p: argparse.ArgumentParser) -> None:
 
 
 def _consume_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-q", "--queue", dest="queues", action="append", default=[],
+    p.add_argument("-q", "--queue", dest="queues", metavar="QUEUE", action="append", default=[],
                    help="Queue to consume (repeatable).")
     p.add_argument("--profile", help="Config section [queue.NAME] to run (the systemd instance name).")
     p.add_argument("--handler", help="Python callable pkg.module:function, called with each Job.")
@@ -479,9 +479,24 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The terminal's width as shutil.get_terminal_size reads it, without importing shutil
+    (which loads bz2 and lzma): argparse makes a formatter for every option it adds."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            columns = int(os.environ["COLUMNS"])
+        except (KeyError, ValueError):
+            try:
+                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+            except (AttributeError, ValueError, OSError):
+                columns = 80
+        super().__init__(prog, width=max(columns, 40) - 2)
+
+
 def _parser(prog: str, description: str, epilog: str | None = None) -> Parser:
     return Parser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=_Formatter)
 
 
 def _group_parser(prog: str, description: str, names: dict[str, str], top: bool) -> Parser:

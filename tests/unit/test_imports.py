@@ -37,7 +37,7 @@ def test_a_consumers_start_path_loads_neither_the_producer_nor_the_log_file_hand
     lazy = ("notifyq.produce.producer", "notifyq.produce.lines", "notifyq.store.inserts", "logging.handlers",
             # python-daemon is for --daemon; sd_notify's socket only under systemd; uuid (and the
             # platform module it loads) not at all: each costs every consumer process its import
-            "daemon", "socket", "uuid", "importlib.metadata")
+            "daemon", "socket", "uuid", "importlib.metadata", "shutil")
     assert loaded_after(code, lazy) == set()
     # (and the probe can fail: a producer loads them)
     assert loaded_after("import notifyq.produce.producer", lazy) >= {"notifyq.produce.producer",
