@@ -586,6 +586,10 @@ def main(argv: list[str] | None = None) -> None:
     except errors.NotifyqError as e:
         echo(f"notifyq: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except BrokenPipeError:  # before Exception, which it is: `notifyq status | head -1`
+        # The reader has what it wanted. Python would fail again flushing stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(errors.EXIT_OK)
     except Exception as e:
         from notifyq.store import db  # only here: `notifyq --help` never loads the driver
 
@@ -595,6 +599,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(errors.EXIT_DB)
     except KeyboardInterrupt:
         sys.exit(errors.EXIT_KILLED)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(errors.EXIT_OK)

@@ -5,12 +5,14 @@ result and no log lines; a pause of a queue nobody used says so."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import time
 import uuid
 
 import pytest
-from conftest import admin_connect, run_cli
+from conftest import admin_connect, notifyq_cmd, run_cli
 
 from notifyq import errors
 from notifyq.store import schema
@@ -161,3 +163,18 @@ def test_status_shows_ages_in_human_units_and_seconds_in_json(db):
     figures = json.loads(as_json.stdout)["queues"]["aged"]
     assert 199 <= figures["oldest_ready_age_s"] < 260
     assert 7400 < figures["next_due_in_s"] <= 7500
+
+
+@pytest.mark.parametrize("args", [("config",), ("status",), ("jobs", "list")])
+def test_output_whose_reader_has_gone_ends_quietly_with_exit_0(db, args):
+    # Given a pipe whose reader has gone, as after `| head -1` read its line
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    # When a command writes its answer there
+    try:
+        result = subprocess.run(notifyq_cmd(*args), env=db.env, stdout=write_end, stderr=subprocess.PIPE,
+                                text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    # Then it ends with exit 0 and says nothing: no traceback about the pipe
+    assert (result.returncode, result.stderr) == (errors.EXIT_OK, "")
