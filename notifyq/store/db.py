@@ -434,15 +434,19 @@ class Session:
         if self.dsn.tls_mode:
             _require_tls(conn, self.dsn)
         cur = conn.cursor()
-        # READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide new
-        # jobs) and locking reads take no gap locks that block producers.
-        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        cur.execute("SET SESSION time_zone = '+00:00', innodb_lock_wait_timeout = 10")
+        # One round trip: the session's settings, then the server, its identity and its wsrep
+        # state (empty values on a server without Galera; MySQL has the status names too, or
+        # none: both read as not Galera). READ COMMITTED: every statement sees fresh commits (a
+        # long RR snapshot would hide new jobs) and locking reads take no gap locks that block
+        # producers.
+        settings, params = "time_zone = '+00:00', innodb_lock_wait_timeout = 10", ()
         if self.idle_timeout_s is not None:
-            cur.execute("SET SESSION wait_timeout = %s", (int(self.idle_timeout_s),))
-        # One round trip: the server, its identity and its wsrep state (empty values on a server
-        # without Galera; MySQL has the status names too, or none: both read as not Galera).
-        cur.execute(f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_WSREP_STATUS}")
+            settings, params = f"{settings}, wait_timeout = %s", (int(self.idle_timeout_s),)
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                    f"SET SESSION {settings}; "
+                    f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_WSREP_STATUS}", params or None)
+        cur.nextset()  # past the two SETs' results, each an error if the statement failed
+        cur.nextset()
         self.server_version, self.max_allowed_packet, self.node = cur.fetchone()
         cur.nextset()
         wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
