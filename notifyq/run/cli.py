@@ -409,11 +409,11 @@ def _produce_options(p: argparse.ArgumentParser) -> None:
                    help="With --input: keep reading a FIFO whose writers come and go (a file: tail it).")
     p.add_argument("--reject-file", type=checked("--reject-file", values.writable_file),
                    help="Append rejected lines here.")
-    ids = p.add_mutually_exclusive_group()
-    ids.add_argument("--print-ids", dest="print_ids", action="store_true", default=None,
-                     help="Print each id (default with JSON arguments).")
-    ids.add_argument("--count", dest="print_ids", action="store_false",
-                     help="Print only a final count (default for streams).")
+    # A pair of flags on one setting, the later one winning (as click's --print-ids/--count did).
+    p.add_argument("--print-ids", dest="print_ids", action="store_true", default=None,
+                   help="Print each id (default with JSON arguments).")
+    p.add_argument("--count", dest="print_ids", action="store_false",
+                   help="Print only a final count (default for streams).")
     _process_options(p, "Detach (classic daemon mode; not under systemd); needs --input, implies --follow.")
 
 
@@ -423,10 +423,9 @@ def _consume_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="Config section [queue.NAME] to run (the systemd instance name).")
     p.add_argument("--handler", help="Python callable pkg.module:function, called with each Job.")
     p.add_argument("--command", help="Command run per job with the payload JSON on stdin; exit 0 = done.")
-    batches = p.add_mutually_exclusive_group()
-    batches.add_argument("--per-batch", dest="per_batch", action="store_true", default=None,
-                         help="Hand the handler whole batches.")
-    batches.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call.")
+    p.add_argument("--per-batch", dest="per_batch", action="store_true", default=None,
+                   help="Hand the handler whole batches.")
+    p.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call (the later flag wins).")
     p.add_argument("--workers", type=int_range(1, 256), help="Worker threads per queue.")
     p.add_argument("--batch-size", type=int_range(1, 10000))
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
@@ -572,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         a = parse(sys.argv[1:] if argv is None else list(argv))
         obj = Context()
-        if "dsn" in a and a.dsn is not None:
+        if a.dsn is not None:
             obj.set_global("dsn", a.dsn)
         elif os.environ.get("NOTIFYQ_DSN"):
             obj.set_global("dsn", os.environ["NOTIFYQ_DSN"], from_command_line=False)
