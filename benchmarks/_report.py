@@ -153,6 +153,7 @@ def _start(t: Table, res: dict) -> None:
     met = t.target(case, "first job", first["median"], "<=", 0.15, "<= 0.15 s")
     t.add(case, "first job handled after spawn, s", cell(first, 3), cell(s["sides"]["seed"]["first_job_s"], 3),
           cell(s["ratios"]["notifyq/seed"]["first_job_s"]), target="<= 0.15 s", met=met)
+    t.compared(case, s, "notifyq", "exit_after_last_s", "last handled job to exit, s", floor=None, digits=3)
     t.compared(case, s, "notifyq", "process_cpu_ms", "process CPU, ms", floor=None)
     counts = s.get("instructions")
     if counts:  # one run per side under callgrind: a count, not a time, so no spread to show
