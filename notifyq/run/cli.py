@@ -20,24 +20,9 @@ from typing import Any
 
 from notifyq import config as config_mod
 from notifyq import errors, values
-from notifyq.run import cli_jobs, echo
+from notifyq.run import args, cli_jobs, echo
 
 log = logging.getLogger("notifyq.cli")
-
-
-class UsageError(Exception):
-    """A bad or missing flag or argument: exit 2, one line naming the command's --help."""
-
-    def __init__(self, message: str, prog: str = "notifyq"):
-        super().__init__(message)
-        self.prog = prog
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse prints usage and exits on an error; notifyq's errors are one line (main)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message, self.prog)
 
 
 class Context:
@@ -113,29 +98,6 @@ def _setup_logging(cfg: config_mod.Config, log_file: str | None = None, level: s
 # Flags go through the same checks as the config (notifyq.values): a bad value is a usage
 # error (exit 2) in one line, named by its flag (argparse puts "argument --flag: " before it).
 
-def checked(name: str, fn: Callable[[str, Any], Any]) -> Callable[[str], Any]:
-    """An argparse type from a notifyq.values check of the flag `name`."""
-    def convert(text: str) -> Any:
-        try:
-            return fn(name, text)
-        except errors.NotifyqError as e:  # argparse names the flag itself
-            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{name}: ").removeprefix(f"{name} ")) from None
-    return convert
-
-
-def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    def convert(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{values.shown(text)} is not a valid integer") from None
-        if value < lo or (hi is not None and value > hi):
-            bounds = f"{lo}<=x<={hi}" if hi is not None else f"x>={lo}"
-            raise argparse.ArgumentTypeError(f"{value} is not in the range {bounds}")
-        return value
-    return convert
-
-
 def _seconds(name: str, text: str) -> float:
     try:
         number = float(text)
@@ -167,7 +129,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     group = parser.add_argument_group("global options (before or after the command)" if top else None)
     group.add_argument("--dsn", default=default, help=GLOBAL_HELP["dsn"] if top else argparse.SUPPRESS)
     group.add_argument("--config", dest="config_file", metavar="FILE", default=default,
-                       type=checked("--config", values.readable_file),
+                       type=args.checked("--config", values.readable_file),
                        help=GLOBAL_HELP["config"] if top else argparse.SUPPRESS)
     group.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=default,
                        help="Overrides log.level." if top else argparse.SUPPRESS)
@@ -263,7 +225,7 @@ def produce(obj: Context, a: argparse.Namespace) -> None:
     config_mod.validate_queue_name(queue)
     when = _parse_at(a.run_at)
     if a.dedup_key and len(a.payloads) != 1:
-        raise UsageError("--dedup-key needs exactly one JSON argument", "notifyq produce")
+        raise args.UsageError("--dedup-key needs exactly one JSON argument", "notifyq produce")
     if a.payloads:
         cfg = obj.oneshot_config()
         runner.produce_args(cfg, queue, tuple(a.payloads), priority=a.priority, delay=a.delay, run_at=when,
@@ -282,10 +244,10 @@ def _queue_or_profile(cfg: config_mod.Config, queue: str | None, profile: str | 
     if profile:
         _check_profile(cfg, profile)
         if queue not in (None, profile):
-            raise UsageError("give -q QUEUE or --profile NAME, not both", "notifyq produce")
+            raise args.UsageError("give -q QUEUE or --profile NAME, not both", "notifyq produce")
         queue = profile
     if queue is None:
-        raise UsageError("missing option -q QUEUE (or --profile NAME)", "notifyq produce")
+        raise args.UsageError("missing option -q QUEUE (or --profile NAME)", "notifyq produce")
     return queue
 
 
@@ -326,9 +288,9 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
         _check_profile(cfg, a.profile)
         queues = (*queues, a.profile) if a.profile not in queues else queues
     if a.handler and a.command:
-        raise UsageError("give --handler or --command, not both", "notifyq consume")
+        raise args.UsageError("give --handler or --command, not both", "notifyq consume")
     if not queues:
-        raise UsageError("missing option -q QUEUE (or --profile NAME)", "notifyq consume")
+        raise args.UsageError("missing option -q QUEUE (or --profile NAME)", "notifyq consume")
     options = ConsumeOptions(queues=tuple(dict.fromkeys(queues)), handler=a.handler, command=a.command,
                              per_batch=a.per_batch, workers=a.workers, batch_size=a.batch_size,
                              exit_when_empty=a.exit_when_empty, max_jobs=a.max_jobs)
@@ -387,27 +349,27 @@ def _queue_option(p: argparse.ArgumentParser) -> None:
 
 def _process_options(p: argparse.ArgumentParser, daemon_help: str) -> None:
     p.add_argument("--daemon", action="store_true", help=daemon_help)
-    p.add_argument("--pidfile", type=checked("--pidfile", values.writable_file),
+    p.add_argument("--pidfile", type=args.checked("--pidfile", values.writable_file),
                    help="Refuse to start while another holds it.")
-    p.add_argument("--log-file", type=checked("--log-file", values.writable_file), help="Log to this file.")
+    p.add_argument("--log-file", type=args.checked("--log-file", values.writable_file), help="Log to this file.")
 
 
 def _produce_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("payloads", nargs="*", metavar="JSON")
     p.add_argument("-q", "--queue", help="Queue to put the jobs on.")
     p.add_argument("--profile", help="Config section [queue.NAME]: its queue (the systemd instance name).")
-    p.add_argument("--priority", type=int_range(-32768, 32767), default=0, help="Higher runs first (default 0).")
-    p.add_argument("--delay", type=checked("--delay", _seconds), default=0.0, help="Seconds before the jobs may run.")
-    p.add_argument("--at", dest="run_at", type=checked("--at", _not_empty),
+    p.add_argument("--priority", type=args.int_range(-32768, 32767), default=0, help="Higher runs first (default 0).")
+    p.add_argument("--delay", type=args.checked("--delay", _seconds), default=0.0, help="Seconds before the jobs may run.")
+    p.add_argument("--at", dest="run_at", type=args.checked("--at", _not_empty),
                    help="Run at this ISO-8601 time (with offset; naive means UTC).")
-    p.add_argument("--max-attempts", type=int_range(1, 65535))
-    p.add_argument("--dedup-key", type=checked("--dedup-key", _not_empty),
+    p.add_argument("--max-attempts", type=args.int_range(1, 65535))
+    p.add_argument("--dedup-key", type=args.checked("--dedup-key", _not_empty),
                    help="Skip if a pending job on the queue has this key (one JSON only).")
-    p.add_argument("--input", dest="input_path", type=checked("--input", values.readable_file),
+    p.add_argument("--input", dest="input_path", type=args.checked("--input", values.readable_file),
                    help="Read JSON lines from this file or FIFO instead of stdin.")
     p.add_argument("--follow", action="store_true",
                    help="With --input: keep reading a FIFO whose writers come and go (a file: tail it).")
-    p.add_argument("--reject-file", type=checked("--reject-file", values.writable_file),
+    p.add_argument("--reject-file", type=args.checked("--reject-file", values.writable_file),
                    help="Append rejected lines here.")
     # A pair of flags on one setting, the later one winning (as click's --print-ids/--count did).
     p.add_argument("--print-ids", dest="print_ids", action="store_true", default=None,
@@ -426,18 +388,18 @@ def _consume_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-batch", dest="per_batch", action="store_true", default=None,
                    help="Hand the handler whole batches.")
     p.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call (the later flag wins).")
-    p.add_argument("--workers", type=int_range(1, 256), help="Worker threads per queue.")
-    p.add_argument("--batch-size", type=int_range(1, 10000))
+    p.add_argument("--workers", type=args.int_range(1, 256), help="Worker threads per queue.")
+    p.add_argument("--batch-size", type=args.int_range(1, 10000))
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
-    p.add_argument("--max-jobs", type=int_range(1), help="Exit after this many jobs.")
+    p.add_argument("--max-jobs", type=args.int_range(1), help="Exit after this many jobs.")
     _process_options(p, "Detach (classic daemon mode; not under systemd).")
 
 
 def _demo_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--producers", type=int_range(1, 32), default=2, help="(default 2)")
-    p.add_argument("--consumers", type=int_range(1, 64), default=10, help="(default 10)")
-    p.add_argument("--rate", type=int_range(1), default=2000, help="Jobs per second offered in all (default 2000).")
-    p.add_argument("--duration", type=checked("--duration", _seconds), default=0.0,
+    p.add_argument("--producers", type=args.int_range(1, 32), default=2, help="(default 2)")
+    p.add_argument("--consumers", type=args.int_range(1, 64), default=10, help="(default 10)")
+    p.add_argument("--rate", type=args.int_range(1), default=2000, help="Jobs per second offered in all (default 2000).")
+    p.add_argument("--duration", type=args.checked("--duration", _seconds), default=0.0,
                    help="Seconds to run (0: until Ctrl-C; the default).")
     p.add_argument("--keep", action="store_true", help="Keep the demo's database at the end (it is dropped otherwise).")
 
@@ -478,31 +440,11 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """The terminal's width as shutil.get_terminal_size reads it, without importing shutil
-    (which loads bz2 and lzma): argparse makes a formatter for every option it adds."""
-
-    def __init__(self, prog: str) -> None:
-        try:
-            columns = int(os.environ["COLUMNS"])
-        except (KeyError, ValueError):
-            try:
-                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
-            except (AttributeError, ValueError, OSError):
-                columns = 80
-        super().__init__(prog, width=max(columns, 40) - 2)
-
-
-def _parser(prog: str, description: str, epilog: str | None = None) -> Parser:
-    return Parser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
-                  formatter_class=_Formatter)
-
-
-def _group_parser(prog: str, description: str, names: dict[str, str], top: bool) -> Parser:
+def _group_parser(prog: str, description: str, names: dict[str, str], top: bool) -> args.Parser:
     """`notifyq` or `notifyq jobs`: global options, then COMMAND and what follows it, unparsed."""
     width = max(map(len, names)) + 2
     listing = "\n".join(f"  {name.ljust(width)}{summary.splitlines()[0]}" for name, summary in names.items())
-    parser = _parser(prog, f"{description}\ncommands:\n{listing}\n", EXIT_CODES if top else None)
+    parser = args.make_parser(prog, f"{description}\ncommands:\n{listing}\n", EXIT_CODES if top else None)
     parser.usage = f"%(prog)s [-h]{' [--version] [global options]' if top else ''} COMMAND ..."
     if top:
         parser.add_argument("--version", action=_Version, help="Print the version and exit.")
@@ -513,50 +455,22 @@ def _group_parser(prog: str, description: str, names: dict[str, str], top: bool)
     return parser
 
 
-def _options_taking_a_value(parser: argparse.ArgumentParser) -> set[str]:
-    return {o for action in parser._actions if action.option_strings and action.nargs is None
-            for o in action.option_strings}
-
-
-def _dash_values_attached(parser: argparse.ArgumentParser, argv: list[str],
-                          until_command: bool = False) -> list[str]:
-    """`--dedup-key -x` and `--older-than -1d` give the value -x and -1d, as a user means
-    (argparse would take them for options): such a value is attached, `--dedup-key=-x`.
-    until_command: what follows the command's name is the command's parser's to read."""
-    takes_value, out, i = _options_taking_a_value(parser), [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--" or (until_command and not arg.startswith("-")):
-            return [*out, *argv[i:]]
-        if arg in takes_value and i + 1 < len(argv):
-            value = argv[i + 1]
-            if not value.startswith("-"):
-                out += [arg, value]
-            else:
-                out.append(f"{arg}={value}" if arg.startswith("--") else arg + value)
-            i += 2
-            continue
-        out.append(arg)
-        i += 1
-    return out
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     """The command line: global options, the command (`jobs` takes one more), its options."""
     names = {**{n: doc for n, (_, doc, _) in COMMANDS.items()}, **{n: doc for n, (doc, _) in GROUPS.items()}}
     top = _group_parser("notifyq", DESCRIPTION, names, top=True)
-    a = top.parse_args(_dash_values_attached(top, argv, until_command=True))
+    a = top.parse_args(args.dash_values_attached(top, argv, until_command=True))
     prog, commands = f"notifyq {a.command_name}", COMMANDS
     if a.command_name in GROUPS:
         doc, commands = GROUPS[a.command_name]
         group = _group_parser(prog, doc, {n: d for n, (_, d, _) in commands.items()}, top=False)
-        group.parse_args(_dash_values_attached(group, a.rest, until_command=True), namespace=a)
+        group.parse_args(args.dash_values_attached(group, a.rest, until_command=True), namespace=a)
         prog = f"{prog} {a.command_name}"
     run, doc, add_options = commands[a.command_name]
-    parser = _parser(prog, doc)
+    parser = args.make_parser(prog, doc)
     add_options(parser)
     add_global_options(parser, top=False)
-    parser.parse_intermixed_args(_dash_values_attached(parser, a.rest), namespace=a)
+    parser.parse_intermixed_args(args.dash_values_attached(parser, a.rest), namespace=a)
     a.run = run
     return a
 
@@ -579,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
             if getattr(a, name, None) is not None:
                 obj.set_global(name.removesuffix("_file"), getattr(a, name))
         a.run(obj, a)
-    except UsageError as e:
+    except args.UsageError as e:
         echo(f"notifyq: error: {_one_line(str(e))} (see '{e.prog} --help')", err=True)
         sys.exit(errors.EXIT_USAGE)
     except errors.NotifyqError as e:

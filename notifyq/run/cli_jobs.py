@@ -14,7 +14,7 @@ from typing import Any
 
 from notifyq import errors, values
 from notifyq.jobs import Status
-from notifyq.run import echo
+from notifyq.run import args, echo
 
 MAX_JOB_ID = 2**63 - 1  # ids are BIGINT: a larger number is no job, not a database error
 
@@ -100,11 +100,10 @@ def show(obj: Any, a: argparse.Namespace) -> None:
 def retry(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
     from notifyq.run import fanout
-    from notifyq.run.cli import UsageError
 
     job_id, queue = a.job_id, a.queue
     if (job_id is None) == (not a.all_dead) or (queue and not a.all_dead):
-        raise UsageError("give a JOB_ID, or --dead [-q QUEUE]", "notifyq jobs retry")
+        raise args.UsageError("give a JOB_ID, or --dead [-q QUEUE]", "notifyq jobs retry")
     if not a.all_dead:
         echo(f"job {job_id}: {_one_job(obj, job_id, a.shard, lambda session: admin.retry(session, job_id))}")
         return
@@ -127,10 +126,9 @@ def cancel(obj: Any, a: argparse.Namespace) -> None:
 def purge(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
     from notifyq.run import fanout
-    from notifyq.run.cli import UsageError
 
     if not (a.dead or a.done):
-        raise UsageError("say what to purge: --dead, --done or both", "notifyq jobs purge")
+        raise args.UsageError("say what to purge: --dead, --done or both", "notifyq jobs purge")
     statuses = [s for s, wanted in ((Status.DEAD, a.dead), (Status.DONE, a.done)) if wanted]
     age, queue = _age(a.older_than), a.queue
     answers, down = _each_shard(obj, lambda session: admin.purge(session, statuses, age, queue=queue))
@@ -139,20 +137,16 @@ def purge(obj: Any, a: argparse.Namespace) -> None:
 
 
 def _list_options(p: argparse.ArgumentParser) -> None:
-    from notifyq.run.cli import int_range
-
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
     p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
-    p.add_argument("--limit", type=int_range(1, 1_000_000), default=100,
+    p.add_argument("--limit", type=args.int_range(1, 1_000_000), default=100,
                    help="At most this many jobs, oldest first (default 100).")
     p.add_argument("--json", dest="as_json", action="store_true", help="A JSON array instead of a table.")
 
 
 def _job_id(p: argparse.ArgumentParser, optional: bool = False) -> None:
-    from notifyq.run.cli import int_range
-
-    p.add_argument("job_id", type=int_range(1, MAX_JOB_ID), metavar="JOB_ID", **({"nargs": "?"} if optional else {}))
+    p.add_argument("job_id", type=args.int_range(1, MAX_JOB_ID), metavar="JOB_ID", **({"nargs": "?"} if optional else {}))
     p.add_argument("--shard", help="With [shards]: the shard of the job (ids are per shard).")
 
 
