@@ -338,8 +338,14 @@ def run(args: argparse.Namespace) -> dict:
             time.sleep(0.05)  # the driver's poll interval
 
         wall_s = time.monotonic() - started
-        deadline = time.monotonic() + 60  # a consumer still starting up would die of SIGTERM
-        while root.scalar("SELECT COUNT(*) FROM nq_consumer") < len(fleet.procs) and time.monotonic() < deadline:
+        # A consumer still starting up dies of SIGTERM (by design: it holds nothing yet), so
+        # every live process must have registered first. By its pid: a row count would also
+        # count the row of a consumer just SIGKILLed, not reaped yet, while its replacement
+        # is still importing.
+        deadline = time.monotonic() + 60
+        live = {proc.pid for proc in fleet.procs}
+        while (not live <= {r[0] for r in root.query("SELECT pid FROM nq_consumer")}
+               and time.monotonic() < deadline):
             time.sleep(0.1)
         codes = []
         for proc in fleet.procs:
