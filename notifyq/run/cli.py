@@ -127,7 +127,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     they are only set when given (argparse.SUPPRESS), so the later one wins."""
     default = None if top else argparse.SUPPRESS
     group = parser.add_argument_group("global options (before or after the command)" if top else None)
-    group.add_argument("--dsn", default=default, help=GLOBAL_HELP["dsn"] if top else argparse.SUPPRESS)
+    group.add_argument("--dsn", metavar="URL", default=default, help=GLOBAL_HELP["dsn"] if top else argparse.SUPPRESS)
     group.add_argument("--config", dest="config_file", metavar="FILE", default=default,
                        type=args.checked("--config", values.readable_file),
                        help=GLOBAL_HELP["config"] if top else argparse.SUPPRESS)
@@ -349,27 +349,27 @@ def _queue_option(p: argparse.ArgumentParser) -> None:
 
 def _process_options(p: argparse.ArgumentParser, daemon_help: str) -> None:
     p.add_argument("--daemon", action="store_true", help=daemon_help)
-    p.add_argument("--pidfile", type=args.checked("--pidfile", values.writable_file),
+    p.add_argument("--pidfile", metavar="FILE", type=args.checked("--pidfile", values.writable_file),
                    help="Refuse to start while another holds it.")
-    p.add_argument("--log-file", type=args.checked("--log-file", values.writable_file), help="Log to this file.")
+    p.add_argument("--log-file", metavar="FILE", type=args.checked("--log-file", values.writable_file), help="Log to this file.")
 
 
 def _produce_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("payloads", nargs="*", metavar="JSON")
+    p.add_argument("payloads", nargs="*", metavar="JSON", help="One job each; none: JSON lines from stdin.")
     p.add_argument("-q", "--queue", help="Queue to put the jobs on.")
-    p.add_argument("--profile", help="Config section [queue.NAME]: its queue (the systemd instance name).")
-    p.add_argument("--priority", type=args.int_range(-32768, 32767), default=0, help="Higher runs first (default 0).")
-    p.add_argument("--delay", type=args.checked("--delay", _seconds), default=0.0, help="Seconds before the jobs may run.")
-    p.add_argument("--at", dest="run_at", type=args.checked("--at", _not_empty),
+    p.add_argument("--profile", metavar="NAME", help="Config section [queue.NAME]: its queue (the systemd instance name).")
+    p.add_argument("--priority", metavar="N", type=args.int_range(-32768, 32767), default=0, help="Higher runs first (default 0).")
+    p.add_argument("--delay", metavar="SECONDS", type=args.checked("--delay", _seconds), default=0.0, help="Seconds before the jobs may run.")
+    p.add_argument("--at", dest="run_at", metavar="TIME", type=args.checked("--at", _not_empty),
                    help="Run at this ISO-8601 time (with offset; naive means UTC).")
-    p.add_argument("--max-attempts", type=args.int_range(1, 65535))
-    p.add_argument("--dedup-key", type=args.checked("--dedup-key", _not_empty),
+    p.add_argument("--max-attempts", metavar="N", type=args.int_range(1, 65535), help="Runs before the job is dead.")
+    p.add_argument("--dedup-key", metavar="KEY", type=args.checked("--dedup-key", _not_empty),
                    help="Skip if a pending job on the queue has this key (one JSON only).")
-    p.add_argument("--input", dest="input_path", type=args.checked("--input", values.readable_file),
+    p.add_argument("--input", dest="input_path", metavar="FILE", type=args.checked("--input", values.readable_file),
                    help="Read JSON lines from this file or FIFO instead of stdin.")
     p.add_argument("--follow", action="store_true",
                    help="With --input: keep reading a FIFO whose writers come and go (a file: tail it).")
-    p.add_argument("--reject-file", type=args.checked("--reject-file", values.writable_file),
+    p.add_argument("--reject-file", metavar="FILE", type=args.checked("--reject-file", values.writable_file),
                    help="Append rejected lines here.")
     # A pair of flags on one setting, the later one winning (as click's --print-ids/--count did).
     p.add_argument("--print-ids", dest="print_ids", action="store_true", default=None,
@@ -382,24 +382,24 @@ def _produce_options(p: argparse.ArgumentParser) -> None:
 def _consume_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", dest="queues", metavar="QUEUE", action="append", default=[],
                    help="Queue to consume (repeatable).")
-    p.add_argument("--profile", help="Config section [queue.NAME] to run (the systemd instance name).")
-    p.add_argument("--handler", help="Python callable pkg.module:function, called with each Job.")
-    p.add_argument("--command", help="Command run per job with the payload JSON on stdin; exit 0 = done.")
+    p.add_argument("--profile", metavar="NAME", help="Config section [queue.NAME] to run (the systemd instance name).")
+    p.add_argument("--handler", metavar="MODULE:FUNCTION", help="Python callable pkg.module:function, called with each Job.")
+    p.add_argument("--command", metavar="COMMAND", help="Command run per job with the payload JSON on stdin; exit 0 = done.")
     p.add_argument("--per-batch", dest="per_batch", action="store_true", default=None,
                    help="Hand the handler whole batches.")
     p.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call (the later flag wins).")
-    p.add_argument("--workers", type=args.int_range(1, 256), help="Worker threads per queue.")
-    p.add_argument("--batch-size", type=args.int_range(1, 10000))
+    p.add_argument("--workers", metavar="N", type=args.int_range(1, 256), help="Worker threads per queue.")
+    p.add_argument("--batch-size", metavar="N", type=args.int_range(1, 10000), help="Jobs per claim.")
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
-    p.add_argument("--max-jobs", type=args.int_range(1), help="Exit after this many jobs.")
+    p.add_argument("--max-jobs", metavar="N", type=args.int_range(1), help="Exit after this many jobs.")
     _process_options(p, "Detach (classic daemon mode; not under systemd).")
 
 
 def _demo_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--producers", type=args.int_range(1, 32), default=2, help="(default 2)")
-    p.add_argument("--consumers", type=args.int_range(1, 64), default=10, help="(default 10)")
-    p.add_argument("--rate", type=args.int_range(1), default=2000, help="Jobs per second offered in all (default 2000).")
-    p.add_argument("--duration", type=args.checked("--duration", _seconds), default=0.0,
+    p.add_argument("--producers", metavar="N", type=args.int_range(1, 32), default=2, help="(default 2)")
+    p.add_argument("--consumers", metavar="N", type=args.int_range(1, 64), default=10, help="(default 10)")
+    p.add_argument("--rate", metavar="N", type=args.int_range(1), default=2000, help="Jobs per second offered in all (default 2000).")
+    p.add_argument("--duration", metavar="SECONDS", type=args.checked("--duration", _seconds), default=0.0,
                    help="Seconds to run (0: until Ctrl-C; the default).")
     p.add_argument("--keep", action="store_true", help="Keep the demo's database at the end (it is dropped otherwise).")
 

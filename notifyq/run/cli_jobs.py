@@ -140,14 +140,14 @@ def _list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
     p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
-    p.add_argument("--limit", type=args.int_range(1, 1_000_000), default=100,
+    p.add_argument("--limit", metavar="N", type=args.int_range(1, 1_000_000), default=100,
                    help="At most this many jobs, oldest first (default 100).")
     p.add_argument("--json", dest="as_json", action="store_true", help="A JSON array instead of a table.")
 
 
 def _job_id(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("job_id", type=args.int_range(1, MAX_JOB_ID), metavar="JOB_ID", **({"nargs": "?"} if optional else {}))
-    p.add_argument("--shard", help="With [shards]: the shard of the job (ids are per shard).")
+    p.add_argument("--shard", metavar="NAME", help="With [shards]: the shard of the job (ids are per shard).")
 
 
 def _show_options(p: argparse.ArgumentParser) -> None:
