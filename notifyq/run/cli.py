@@ -29,27 +29,23 @@ class Context:
     """What the global options resolve to; commands load the config through it.
 
     The global options are accepted before and after the command name (`notifyq --dsn X status`
-    and `notifyq status --dsn X`): both set the same fields here, the later one winning."""
+    and `notifyq status --dsn X`): parse() keeps the later one (add_global_options)."""
 
-    def __init__(self) -> None:
+    def __init__(self, a: argparse.Namespace) -> None:
         self.flags: dict[str, Any] = {}
-        self.config_path: str | None = None
-        self._config: config_mod.Config | None = None
-
-    def set_global(self, name: str, value: Any, from_command_line: bool = True) -> None:
-        if value is None:
-            return
-        if name == "dsn":
-            if from_command_line and _dsn_has_password(value):
+        if a.dsn is not None:
+            if _dsn_has_password(a.dsn):
                 _warn("a password in --dsn is visible to every user in the process list: "
                       "use NOTIFYQ_PASSWORD, password_file or a systemd credential")
-            self.flags["dsn"] = value
-        elif name == "config":
-            # Absolute: a daemon re-reads it on SIGHUP after chdir("/").
-            self.config_path = os.path.abspath(values.readable_file("--config", value, errors.ConfigError))
-        else:
-            self.flags.setdefault("log", {})[name.removeprefix("log_")] = value
-        self._config = None
+            self.flags["dsn"] = a.dsn
+        elif os.environ.get("NOTIFYQ_DSN"):  # the demo reads the DSN from here
+            self.flags["dsn"] = os.environ["NOTIFYQ_DSN"]
+        log = {key: value for key, value in (("level", a.log_level), ("format", a.log_format)) if value}
+        if log:
+            self.flags["log"] = log
+        # Absolute: a daemon re-reads it on SIGHUP after chdir("/"). (Its argparse type checked it.)
+        self.config_path = os.path.abspath(a.config_file) if a.config_file else None
+        self._config: config_mod.Config | None = None
 
     def config(self, **extra: Any) -> config_mod.Config:
         if self._config is None or extra:
@@ -484,15 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: map errors to one line and an exit code."""
     try:
         a = parse(sys.argv[1:] if argv is None else list(argv))
-        obj = Context()
-        if a.dsn is not None:
-            obj.set_global("dsn", a.dsn)
-        elif os.environ.get("NOTIFYQ_DSN"):
-            obj.set_global("dsn", os.environ["NOTIFYQ_DSN"], from_command_line=False)
-        for name in ("config_file", "log_level", "log_format"):
-            if getattr(a, name, None) is not None:
-                obj.set_global(name.removesuffix("_file"), getattr(a, name))
-        a.run(obj, a)
+        a.run(Context(a), a)
     except args.UsageError as e:
         echo(f"notifyq: error: {_one_line(str(e))} (see '{e.prog} --help')", err=True)
         sys.exit(errors.EXIT_USAGE)

@@ -20,9 +20,9 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from notifyq import errors, shards
-from notifyq.run import echo
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.run import echo
 from notifyq.store import schema
 from notifyq.store.db import Session, oneshot_session
 
