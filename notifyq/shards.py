@@ -12,7 +12,6 @@ one job each must not all land on the first shard).
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 from notifyq.config import Config
@@ -21,6 +20,9 @@ SINGLE = ""  # the one shard's name when there is no [shards]: `dsn`
 
 
 def _score(shard: str, key: str) -> bytes:
+    import hashlib  # here, not at the top: only [shards] hash, and loading OpenSSL's hashes is
+    # a tenth of a consumer's imports (every process imports this module)
+
     return hashlib.blake2b(f"{shard}\0{key}".encode(), digest_size=8).digest()
 
 

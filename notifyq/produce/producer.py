@@ -140,6 +140,11 @@ class Producer:
                  dedup_key: str | None) -> tuple[int, int, int, int]:
         """(status, priority, delay_us, max_attempts), checked: the same for every job of a call,
         so put_many checks them once."""
+        if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
+                and run_at is None and max_attempts is None and dedup_key is None):
+            # put()'s defaults, the usual call: nothing to check (the queue's max_attempts was
+            # checked with the config). Checking them costs a fifth of put()'s own Python.
+            return int(Status.READY), 0, 0, self.queue_config.max_attempts
         priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         if run_at is not None:
             if not isinstance(run_at, dt.datetime):

@@ -12,7 +12,6 @@ hash of (database, kind, key) keeps it unique, and the database stays readable i
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 _PLAIN = re.compile(r"^[a-z0-9_.:-]+$")
@@ -22,6 +21,8 @@ def lock_name(database: str, kind: str, key: str = "") -> str:
     plain = f"nq:{database}:{kind}" + (f":{key}" if key else "")
     if len(plain) <= 64 and _PLAIN.match(plain):
         return plain
+    import hashlib  # only for names that are not plain: loading it costs every process's start
+
     digest = hashlib.sha1(f"{database}\0{kind}\0{key}".encode()).hexdigest()[:24]
     return f"nq:{kind}:{digest}:{database}"[:64]
 

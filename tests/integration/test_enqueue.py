@@ -27,6 +27,21 @@ def test_put_and_put_many_bump_the_signal_by_exactly_the_jobs_they_commit(db):
     assert [json.loads(r[1])["n"] for r in rows] == list(range(-1, 251))
 
 
+def test_a_put_with_the_defaults_stores_what_the_same_values_given_explicitly_store(db):
+    # put()'s defaults skip the argument checks and render without literal(): the rows must not
+    # tell the two calls apart, and the queue's own max_attempts must still be taken.
+    cfg = db.config(defaults={"max_attempts": 3}, queue={"q": {"max_attempts": 7}})
+    with Producer("q", cfg) as p:
+        plain = p.put({"n": 1})
+        given = p.put({"n": 1}, priority=0, delay=0.0, max_attempts=7)
+    with Producer("other", cfg) as p:
+        other = p.put({"n": 1})
+    columns = "status, priority, max_attempts, attempts, payload, dedup_key, run_at <= created_at + INTERVAL 1 SECOND"
+    rows = {r[0]: r[1:] for r in db.query(f"SELECT id, {columns} FROM nq_job")}
+    assert rows[plain] == rows[given] == (0, 0, 7, 0, '{"n":1}', None, 1)
+    assert rows[other][2] == 3
+
+
 @pytest.mark.parametrize("multi_statements", [True, False])
 def test_put_on_the_callers_connection_commits_and_rolls_back_with_it(db, multi_statements):
     # A caller's connection opened with multi_statements=False gets the bump as its own
