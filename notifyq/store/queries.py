@@ -96,8 +96,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
           as_watcher: bool = False, acks: Acks | None = None) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
-    Two round trips and a send: the candidate read; the locking read (one per window, usually
-    one); then the mark with its COMMIT in one multi-statement query that is not waited for
+    Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
+    in its round trip; a claim that finds due jobs promotes them and reads them with the ready
+    ones, _with_due); the locking read (one per window, usually one); then the mark with its
+    COMMIT in one multi-statement query that is not waited for
     (Session.send_commit): the rows are locked, so the jobs may start while the server writes
     the mark and the COMMIT's fsync runs. If either fails after all, the claim is lost as a
     crash loses it: the rows unlock, and the claim token fences this claim's acks.
@@ -119,28 +121,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     def body(cur) -> Claim:
         params = {"queue": queue, "limit": limit}
         seen_seq = None
+        names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
+        cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
         if as_watcher:
-            statements = [cur.mogrify(Q[name], params) for name in ("signal_total", "claim_candidates")]
-            cur.execute(";\n".join(statements))  # one round trip, two statements
             seen_seq = int(cur.fetchone()[0])
             cur.nextset()
-        else:
-            cur.execute(Q["claim_candidates"], params)
-        rows = cur.fetchall()
-        if (any(row[3] for row in rows) and not any(row[0] == 0 for row in rows)  # due, not paused
-                and _promote_due(session, cur, queue)):
-            cur.execute(Q["claim_candidates"], params)  # now in priority order with the ready ones
-            rows = cur.fetchall()
-        candidates, paused = [], False
-        for job_id, prio_key, run_at, _due in rows:
-            if job_id == 0:
-                paused = True
-            else:
-                candidates.append((prio_key, run_at, job_id))
-        if paused:
+        ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+        cur.nextset()
+        due = cur.fetchone() is not None
+        cur.nextset()
+        if cur.fetchone() is not None:  # paused
             return Claim([], token, True, True)
-        candidates.sort()
-        ordered = [c[2] for c in candidates]
+        if due:
+            ordered = _with_due(session, cur, queue, params)
+            if ordered is None:  # paused meanwhile
+                return Claim([], token, True, True)
         locked: list[tuple] = []
         tried = 0
         # Lock windows in priority order, each exactly as large as what is still missing: no
@@ -151,7 +146,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             tried += len(window)
             cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
-        drained = len(candidates) < limit and tried == len(ordered)
+        drained = len(ordered) < limit and tried == len(ordered)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -203,6 +198,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
+
+
+def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list[int] | None:
+    """The candidates of a claim that found due jobs: promoted to ready first, then read with the
+    ready ones (and any due ones still left) and merged in claim order; None if the queue was
+    paused meanwhile."""
+    _promote_due(session, cur, queue)
+    cur.execute(Q["claim_candidates"], params)
+    candidates = []
+    for job_id, prio_key, run_at, _due in cur.fetchall():
+        if job_id == 0:
+            return None
+        candidates.append((prio_key, run_at, job_id))
+    candidates.sort()
+    return [c[2] for c in candidates]
 
 
 def _promote_due(session: Session, cur, queue: str) -> int:

@@ -20,15 +20,18 @@ def test_claim_query_uses_indexes_and_no_filesort_with_100k_rows(db):
         "SELECT IF(seq % 3 = 0, 'other', 'q'), seq % 5, seq % 7, NOW(6) - INTERVAL seq SECOND, 5, '{}' "
         "FROM seq_1_to_100000")
     db.query("ANALYZE TABLE nq_job")
-    # When the candidate read is explained
-    plan = _explain(db, "claim_candidates", {"queue": "q", "limit": 300})
-    # Then every part reads an index in order: no filesort, no full scan
-    text = json.dumps([list(map(str, row)) for row in plan])
-    assert "filesort" not in text.lower()
-    for row in plan:
-        if row[2] and row[2].startswith("nq_job"):
-            assert row[5] == "ix_state", row
-            assert row[3] in ("ref", "range"), row
+    # When the candidate reads are explained: the usual one's statements, and the union a claim
+    # that found due jobs reads
+    for name in ("claim_ready", "due_any", "claim_candidates"):
+        plan = _explain(db, name, {"queue": "q", "limit": 300})
+        # Then every part reads an index in order: no filesort, no full scan
+        text = json.dumps([list(map(str, row)) for row in plan])
+        assert "filesort" not in text.lower(), (name, plan)
+        tables = [row for row in plan if row[2] and row[2].startswith("nq_job")]
+        assert tables, (name, plan)
+        for row in tables:
+            assert row[5] == "ix_state", (name, row)
+            assert row[3] in ("ref", "range"), (name, row)
     # And the locking read goes by primary key range only
     ids = [r[0] for r in db.query("SELECT id FROM nq_job WHERE queue='q' AND status=0 LIMIT 100")]
     plan = _explain(db, "claim_lock", {"ids": ids})

@@ -81,6 +81,8 @@ def _explain(session: Session, name: str, params: dict) -> list[dict]:
 
 CHECKS = {
     # label: (statement, params, the index every nq_job access must use)
+    "claim_ready": ("claim_ready", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
+    "due_any": ("due_any", {"queue": "q"}, {"ix_state"}),
     "claim_candidates": ("claim_candidates", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
     "due_ids": ("due_ids", {"queue": "q", "limit": queries.PROMOTE_MAX}, {"ix_state"}),
     "queue_depth": ("queue_depth", {"queue": "q", "cap": admin_queries.DEPTH_HISTORY_CAP}, {"ix_state"}),
@@ -154,7 +156,7 @@ def test_rows_read_stay_flat_from_a_small_table_to_a_large_one(tables, label):
     # dead: 90% of the jobs here) only up to the cap (each capped count reads its rows twice:
     # the index, then the derived table).
     claimed = tables[LARGE].scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2")
-    bound = {"claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
+    bound = {"claim_ready": LIMIT + 10, "due_any": 10, "claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
              "retention_ids": 1000 + 10, "retention_ids_none": 10,
              "queue_depth": _work_rows(tables[LARGE]) + 4 * admin_queries.DEPTH_HISTORY_CAP + 10,
              "reap_needed": claimed + 10, "expired_leases": claimed + 10, "claims_of_owner": 2 * claimed + 10,
