@@ -197,6 +197,31 @@ def test_a_run_cut_short_after_its_lease_ran_out_excuses_the_second_run_and_its_
     assert report.duplicates == {"past_lease_in_batch": 1, "past_lease": 1}
 
 
+def test_a_run_cut_short_whose_lease_ran_from_its_claim_excuses_a_second_run_sooner_after_its_start():
+    # Seed 44: pid 10's batch before ended at 0.9, so its next claim came after that. Job 1 of
+    # the new claim started at 1.0 and ended; job 2 started at 1.3 (no lease push can come
+    # before it: a push needs a third of the lease since the claim) and ran on past the lease,
+    # its process killed later. The lease ran out by 1.0 + 4.0: both ran again at 5.1 and 5.2,
+    # less than a lease after job 2's own start
+    runs = [run(9, 1, 10, 0.8, 0.9, token=6),
+            run(1, 1, 10, 1.0, 1.05, token=7), run(2, 1, 10, 1.3, token=7),
+            run(1, 1, 11, 5.1, 5.15, token=8), run(2, 1, 11, 5.2, 5.3, token=8)]
+    report = checker.check(history(runs, [enq(9), enq(1), enq(2)]))
+    assert report.ok, report.violations
+    assert report.duplicates == {"past_lease_in_batch": 1, "past_lease": 1}
+
+
+def test_a_second_run_sooner_than_a_lease_after_a_start_that_may_have_pushed_the_lease_is_caught():
+    # The same, but the batch before ended at -1.0 (a push may have come just before job 2
+    # started, at 1.3), or there was no batch before (the claim may be older): the lease may
+    # have run until 5.3, so job 2's run at 5.2 is still a violation
+    for before in ([run(9, 1, 10, -1.2, -1.0, token=6)], []):
+        runs = [*before, run(1, 1, 10, 1.0, 1.05, token=7), run(2, 1, 10, 1.3, token=7),
+                run(2, 1, 11, 5.2, 5.3, token=8)]
+        report = checker.check(history(runs, [enq(r.job) for r in before] + [enq(1), enq(2)]))
+        assert report.by_rule() == {"concurrent_run": 1, "attempts": 1}, before
+
+
 def test_a_slow_job_may_die_of_its_expired_leases_and_an_ordinary_one_may_not():
     rows = [FinalRow("main", 1, 4, 5, "lease expired; out of attempts", None),
             FinalRow("main", 2, 4, 5, "lease expired; out of attempts", None)]
