@@ -215,7 +215,7 @@ def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list
     return [c[2] for c in candidates]
 
 
-def _promote_due(session: Session, cur, queue: str) -> int:
+def _promote_due(session: Session, cur, queue: str) -> None:
     """Due jobs -> ready, committed at once (before the claim locks anything), so peers that
     promote at the same time wait on these rows only for this one statement. The signal moves
     with them, by the count read (an upper bound: a spurious wake-up at worst): idle consumers
@@ -223,11 +223,10 @@ def _promote_due(session: Session, cur, queue: str) -> int:
     cur.execute(Q["due_ids"], {"queue": queue, "limit": PROMOTE_MAX})
     ids = [r[0] for r in cur.fetchall()]
     if not ids:
-        return 0
+        return
     session.commit_with(cur, [
         (Q["promote_due"], {"ids": Ids(ids)}),
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
-    return len(ids)
 
 
 SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled

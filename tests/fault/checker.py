@@ -27,6 +27,9 @@ import collections
 import dataclasses
 from collections.abc import Iterable
 
+from notifyq.consume.batch import EXTEND_EVERY  # the worker's rule: a push just before a start,
+# once this share of the lease has passed since the claim or the last push
+
 from .history import Fault, History, JobKey, Run
 
 # Which fault explains a second run, in the order a cause is named. Faults on one process
@@ -134,11 +137,6 @@ def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
             continue
         out.append(Violation("innocent_dead", key, f"attempts {r.attempts}: {r.last_error}"))
     return out
-
-
-# The worker pushes its batch's lease out just before it starts a job, and only once this share
-# of the lease has passed since the claim or the last push (notifyq/consume/batch.py).
-EXTEND_EVERY = 1 / 3
 
 
 def lease_out_bounds(runs: Iterable[Run], lease_s: float) -> dict[tuple, float]:
