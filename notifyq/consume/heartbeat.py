@@ -28,6 +28,11 @@ BEAT_S = 5.0  # well inside POLLING_STALE_S: a few missed beats are not a death
 # On a multi-host DSN, how long one beat keeps trying (a read timeout, reconnects to the next
 # node) before the thread waits for its next turn: half of POLLING_STALE_S, room for a second try.
 BEAT_RETRY_S = POLLING_STALE_S / 2
+# A beat that lands more than this late (past its interval; a shorter interval allows as much
+# as itself) ends our steady spell: the server or the cluster's primary component was away for
+# us, and so, as a rule, for the others (steady_s). Well below GALERA_LOCK_GRACE_S less a beat,
+# by which a lock-mode consumer on a Galera node is judged by its silence.
+LATE_S = 1.0
 
 
 class Heartbeat:
@@ -70,13 +75,18 @@ class Heartbeat:
             if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
                 self.lost.set()
             now = time.monotonic()
-            if self._landed_at is not None and now - self._landed_at > self._gap_s:
+            if self._landed_at is not None and now - self._landed_at > self.gap_s:
                 self._steady_since = now
             self._landed_at = now
 
     @property
-    def _gap_s(self) -> float:
-        return 2 * self.interval_s + 1  # a beat that took this long since the last one: a gap
+    def gap_s(self) -> float:
+        """A silence of ours longer than this is a gap. It must stay well below
+        GALERA_LOCK_GRACE_S less a beat: at two intervals and a second (11 s, then above the
+        grace's 10 s), a reaper whose own beats had been silent 10.5 s, as everyone's were while
+        the cluster had no primary component, took live peers silent as long for dead (one of
+        them its own process)."""
+        return self.interval_s + min(LATE_S, self.interval_s)
 
     def steady_s(self) -> float:
         """For how long our beats have been landing since the last gap in them: 0 while in one,
@@ -84,7 +94,7 @@ class Heartbeat:
         a rule (the server, or the cluster's primary component, was gone): for a while after
         such a gap their silence says nothing (reaper.reap)."""
         now = time.monotonic()
-        if self._landed_at is not None and now - self._landed_at > self._gap_s:
+        if self._landed_at is not None and now - self._landed_at > self.gap_s:
             return 0.0
         return now - self._steady_since
 

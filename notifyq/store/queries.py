@@ -35,10 +35,12 @@ POLLING_STALE_S = 30.0
 # every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
 # liveness session's connection breaks when its node leaves the primary component or is KILLed,
 # and for the moment the session takes to come back the lock is free while the process lives;
-# its heartbeat, which goes on beating on its own session, says so. Two beats: one may fail. An
-# outage that silences every heartbeat is the reaper's to allow for (reaper.reap, judge_silence).
+# its heartbeat, which goes on beating on its own session, says so. Three beats: an outage
+# shorter than a beat may miss the reaper's own beats (so that it judges on) and still hold up a
+# peer's for as long plus its reconnect, about two beats in all. An outage that silences every
+# heartbeat, the reaper's too, is the reaper's to allow for (reaper.reap, judge_silence).
 # The price: a consumer that died on a Galera node has its jobs back this much later.
-GALERA_LOCK_GRACE_S = 10.0
+GALERA_LOCK_GRACE_S = 15.0
 
 
 def lock_grace_us(session: Session) -> int:

@@ -3,6 +3,8 @@ polling consumers are judged by heartbeat, never by a lock they never held."""
 
 from __future__ import annotations
 
+import time
+
 import MySQLdb
 import MySQLdb.cursors
 from conftest import wait_until
@@ -185,10 +187,39 @@ def test_a_heartbeat_says_how_long_it_has_landed_since_its_last_gap(db):
         # Given beats that landed with no gap yet: steady for ever (a process just started)
         beat.beat()
         assert beat.steady_s() == float("inf")
-        # When no beat lands for longer than two intervals (nobody beats here: no thread)
+        # When no beat lands for longer than its gap (nobody beats here: no thread)
         wait_until(lambda: beat.steady_s() == 0.0, 10, message="the gap to show")
         # Then the next beat that lands starts the count again, from 0
         beat.beat()
         assert 0 < beat.steady_s() < 1.0
     finally:
         beat.stop()
+
+
+def test_a_beat_more_than_a_second_late_is_a_gap_well_inside_the_galera_grace(db):
+    """Regression: a gap took two intervals and a second (11 s with the 5 s beat), more than the
+    10 s of silence after which a reaper then took a Galera peer with a free lock for dead. In the
+    cluster fault schedule (seed 1) every heartbeat stopped while the cluster had no primary
+    component; a second after it came back, a reaper whose own last beat was 10.5 s old still
+    counted itself steady and reaped two live consumers reconnecting, its own process one of them."""
+    from notifyq.consume.heartbeat import Heartbeat
+
+    cfg = db.config()
+    _polling_consumer_holding(db, 1, "g" * 32)
+    # Given the beat every consumer on a Galera node runs (a 60 s lease: every 5 s): a peer whose
+    # beats stopped with ours, up to a beat before, is silent for less than the Galera grace
+    # while ours is silent for no longer than a gap
+    galera_beat = Heartbeat(cfg.dsn, lambda: "g" * 32, lease_s=60, name="t")
+    assert galera_beat.gap_s + galera_beat.interval_s < queries.GALERA_LOCK_GRACE_S
+    # And one beating every second (a 3 s lease), whose beat landed
+    beat = Heartbeat(cfg.dsn, lambda: "g" * 32, lease_s=3, name="t")
+    try:
+        beat.beat()
+        landed = time.monotonic()
+        # When the next beat is 1.5 s late, two and a half intervals after the last landing
+        wait_until(lambda: time.monotonic() - landed > 2.5, 10, message="2.5 s to pass")
+        # Then our own heartbeat counts as in a gap: this process judges nobody by silence
+        assert beat.steady_s() == 0.0
+    finally:
+        beat.stop()
+
