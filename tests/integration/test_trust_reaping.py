@@ -223,3 +223,41 @@ def test_a_beat_more_than_a_second_late_is_a_gap_well_inside_the_galera_grace(db
     finally:
         beat.stop()
 
+
+def test_a_process_whose_liveness_lock_was_lost_never_reaps_its_own_jobs(db):
+    """Regression: in the cluster fault schedule a consumer's liveness session lost its
+    connection (its lock free on the server), and a reaper pass the process ran before it had
+    taken its lock back found its own consumer dead. Its jobs would have run again while its
+    handlers still ran them."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a lock-mode consumer running a job
+    cfg = db.config(consumer={"reap_interval_s": 0.01})
+    started, release, stop = threading.Event(), threading.Event(), threading.Event()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: (started.set(), release.wait(60)), False),
+                    stop=stop, budget=Budget(None), batch_size=1)
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(started.is_set, 20, message="the job running")
+        owner = worker.presence.consumer_id
+        # When its liveness session's connection dies, which frees its lock on the server
+        db.query(f"KILL CONNECTION {int(worker.presence.session.conn.thread_id())}")
+        wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(lock_name) FROM nq_consumer WHERE id = %s",
+                                     (owner,)) == 1, 20, message="the liveness lock free")
+        # And the process runs a reaper pass before it notices (a reap hint that came on another session)
+        worker._reap_soon()
+        # Then the job is still its own, claimed and running
+        assert db.query("SELECT status, owner FROM nq_job WHERE id = %s", (job_id,)) == [(2, owner)]
+        assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (owner,)) == 1
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+
