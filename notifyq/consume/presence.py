@@ -287,8 +287,7 @@ class Presence:
                 needed = self._reap_needed(session)
             if not needed:
                 return 0
-        result = reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence(),
-                                  spare=self.consumer_id)
+        result = reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence())
         return 0 if result is None else result.reclaimed + result.expired
 
     def judges_silence(self) -> bool:

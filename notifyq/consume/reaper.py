@@ -43,18 +43,17 @@ def open_session(dsn: DSN) -> Session:
     return Session(dsn, name="reaper", retry_s=10, idle_timeout_s=REAPER_IDLE_TIMEOUT_S)
 
 
-def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True,
-              spare: str = "") -> ReapResult | None:
+def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True) -> ReapResult | None:
     """One pass on a fresh session; None when another consumer is running one right now."""
     session = open_session(dsn)
     try:
-        return reap(session, dsn.database, use_locks, judge_silence, spare)
+        return reap(session, dsn.database, use_locks, judge_silence)
     finally:
         session.close()
 
 
 def reap(session: Session, database: str, use_locks: bool = True,
-         judge_silence: bool = True, spare: str = "") -> ReapResult | None:
+         judge_silence: bool = True) -> ReapResult | None:
     """One pass on `session`. use_locks=False (no advisory locks on this server, or not wanted):
     stale polling consumers and expired leases only; dead lock-mode consumers then come back
     through their leases.
@@ -64,12 +63,7 @@ def reap(session: Session, database: str, use_locks: bool = True,
     others too (a server restart, a Galera cluster without a primary component). Then nobody is
     judged by silence: not by heartbeat, and on a Galera node not by a free lock either (which
     needs a silent heartbeat there, queries.GALERA_LOCK_GRACE_S). Free locks on one server, and
-    expired leases, are still judged.
-
-    spare: the calling process's own consumer id. A process running a pass is alive whatever
-    its liveness lock says: the lock reads as free while the process's liveness session is
-    lost or reconnecting, and a pass run then (a reap hint that came on a reconnected session)
-    took the process's own jobs back while its handlers ran them (the cluster fault schedule)."""
+    expired leases, are still judged."""
     name = locks.reaper_lock(database)
     if use_locks and queries.get_lock(session, name, 0) != 1:
         return None
@@ -77,16 +71,12 @@ def reap(session: Session, database: str, use_locks: bool = True,
     try:
         if use_locks and (judge_silence or not session.galera):
             for consumer_id, lock_name, queues in liveness.dead_consumers(session):
-                if consumer_id == spare:
-                    continue
                 try:
                     n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name)
                 finally:
                     queries.release_lock(session, lock_name)
                 _count(result, consumer_id, queues, n, "consumer died")
         for consumer_id, queues in liveness.stale_consumers(session) if judge_silence else ():
-            if consumer_id == spare:
-                continue
             n = queries.reclaim_owner(session, consumer_id, queues)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         result.expired = queries.reclaim_expired(session)

@@ -348,8 +348,7 @@ class Worker:
         came back, or when another pass is running right now and may bring some: claim again."""
         if self._exit_deadline is None:
             self._exit_deadline = time.monotonic() + reaper.REAPER_IDLE_TIMEOUT_S + 5
-        result = reaper.reap_once(self.config.dsn, self.presence.use_locks, self.presence.judges_silence(),
-                                  spare=self.presence.consumer_id)
+        result = reaper.reap_once(self.config.dsn, self.presence.use_locks, self.presence.judges_silence())
         if result is None:
             # Another pass is running (or its host vanished holding the reaper lock, which the
             # server frees within REAPER_IDLE_TIMEOUT_S): try again shortly, within a bound.
