@@ -42,6 +42,11 @@ class Heartbeat:
         self._wakeup = wakeup  # 'locks' for a lock-mode consumer on a Galera node (liveness.py)
         self.lease_s = lease_s
         self.interval_s = min(BEAT_S, lease_s / 3)
+        # A silence of ours longer than this is a gap (steady_s). At two intervals and a second
+        # (11 s, then above the Galera grace's 10 s), a reaper whose own beats had been silent
+        # 10.5 s, as everyone's were while the cluster had no primary component, took live
+        # peers silent as long for dead (one of them its own process).
+        self.gap_s = self.interval_s + min(LATE_S, self.interval_s)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
         self._landed_at: float | None = None  # monotonic time of the last beat that landed
         self._steady_since = -math.inf  # ... of the first landing after a gap (none yet: -inf)
@@ -75,18 +80,12 @@ class Heartbeat:
             if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
                 self.lost.set()
             now = time.monotonic()
-            if self._landed_at is not None and now - self._landed_at > self.gap_s:
+            if self._in_gap(now):
                 self._steady_since = now
             self._landed_at = now
 
-    @property
-    def gap_s(self) -> float:
-        """A silence of ours longer than this is a gap. It must stay well below
-        GALERA_LOCK_GRACE_S less a beat: at two intervals and a second (11 s, then above the
-        grace's 10 s), a reaper whose own beats had been silent 10.5 s, as everyone's were while
-        the cluster had no primary component, took live peers silent as long for dead (one of
-        them its own process)."""
-        return self.interval_s + min(LATE_S, self.interval_s)
+    def _in_gap(self, now: float) -> bool:
+        return self._landed_at is not None and now - self._landed_at > self.gap_s
 
     def steady_s(self) -> float:
         """For how long our beats have been landing since the last gap in them: 0 while in one,
@@ -94,7 +93,7 @@ class Heartbeat:
         a rule (the server, or the cluster's primary component, was gone): for a while after
         such a gap their silence says nothing (reaper.reap)."""
         now = time.monotonic()
-        if self._landed_at is not None and now - self._landed_at > self.gap_s:
+        if self._in_gap(now):
             return 0.0
         return now - self._steady_since
 

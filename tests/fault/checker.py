@@ -27,8 +27,9 @@ import collections
 import dataclasses
 from collections.abc import Iterable
 
-from notifyq.consume.batch import EXTEND_EVERY  # the worker's rule: a push just before a start,
-# once this share of the lease has passed since the claim or the last push
+# The worker's rule: a lease push just before a start, once this share of the lease has passed
+# since the claim or the last push
+from notifyq.consume.batch import EXTEND_EVERY
 
 from .history import Fault, History, JobKey, Run
 
