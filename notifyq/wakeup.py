@@ -249,7 +249,9 @@ class Waiter:
         start = time.monotonic()
         while not self.stop.is_set():
             self.on_turn()
-            total, paused, due_in_s = queries.poll_signal(self.session, self.queue)
+            total, paused, due_in_s, reap = queries.poll_signal(self.session, self.queue)
+            if reap:
+                self.on_reap()
             if not paused:
                 if total != self._last_total:
                     self._last_total = total

@@ -21,11 +21,13 @@ EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would
 
 class Batch:
     def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float,
-                 commit: Pending | None = None):
+                 commit: Pending | None = None, owner: str = "", epoch: int = 0):
         self.token = token
+        self.owner = owner  # the consumer id claimed under
+        self.epoch = epoch  # the Presence's registration it was made (or last confirmed) in
         self.commit = commit  # the claim's COMMIT, sent ahead: read at the session's next statement
         self.jobs = jobs
-        self.lease_s = lease_s
+        self.lease_s = lease_s  # the claim's own: a reload changes the next claims' lease, not this one
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
         self.running: list[Job] = []  # in the handler right now
@@ -55,6 +57,13 @@ class Batch:
         gone = [job_id for job_id in set(asked) - set(owned) if job_id not in running]
         self.lost.update(gone)
         return sorted(gone)
+
+    def taken_back(self) -> list[int]:
+        """The whole claim is someone else's now: none of what waits is ours to start. Returns
+        the ids that waited."""
+        gone = self.waiting()
+        self.lost.update(gone)
+        return gone
 
     def skip(self) -> None:
         """The next job is lost: pass over it without starting it."""

@@ -2,11 +2,15 @@
 
 A lock-mode consumer is alive while the server holds its lock for it, whatever its handlers
 do. A polling consumer process has no such lock, so it proves it is alive by writing: a thread
-of its own, on a session of its own (handlers may run for hours on the workers' threads), refreshes
-its nq_consumer row and extends the lease of every job it holds, every BEAT_S or a third of the
-lease, whichever is shorter. Reapers judge it dead when the row is older than
-queries.POLLING_STALE_S, or take its jobs back when a lease runs out: both mean the process,
-its host or its connection stopped.
+of its own, on a session of its own (handlers may run for hours on the workers' threads),
+refreshes its nq_consumer row every BEAT_S. Reapers judge it dead when the row is older than
+queries.POLLING_STALE_S: the process, its host or its connection stopped.
+
+The beat says the process lives, not that its handlers make progress: it extends no lease. A
+job's lease is pushed out by its worker (between the jobs of a batch, while a command runs
+within its timeout) and by the handler itself (job.extend_lease()), in polling mode as with
+locks; a handler hung past its lease loses its job to another consumer in both modes. (The
+beat once extended every job the process held, and a hung handler then held its job forever.)
 """
 
 from __future__ import annotations
@@ -36,12 +40,11 @@ LATE_S = 1.0
 
 
 class Heartbeat:
-    def __init__(self, dsn: DSN, consumer_id: Callable[[], str], lease_s: float, name: str,
-                 wakeup: Callable[[], str] = lambda: "polling"):
+    def __init__(self, dsn: DSN, consumer_id: Callable[[], str], name: str,
+                 wakeup: Callable[[], str] = lambda: "polling", interval_s: float = BEAT_S):
         self._consumer_id = consumer_id  # read at every beat: a re-registered process has a new id
         self._wakeup = wakeup  # 'locks' for a lock-mode consumer on a Galera node (liveness.py)
-        self.lease_s = lease_s
-        self.interval_s = min(BEAT_S, lease_s / 3)
+        self.interval_s = interval_s
         # A silence of ours longer than this is a gap (steady_s). At two intervals and a second
         # (11 s, then above the Galera grace's 10 s), a reaper whose own beats had been silent
         # 10.5 s, as everyone's were while the cluster had no primary component, took live
@@ -77,12 +80,15 @@ class Heartbeat:
 
     def beat(self) -> None:
         with self._beating:  # the process beats once at registration, then the thread: one session
-            if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup(), self.lease_s):
+            if not liveness.heartbeat(self._session, self._consumer_id(), self._wakeup()):
                 self.lost.set()
             now = time.monotonic()
             if self._in_gap(now):
                 self._steady_since = now
             self._landed_at = now
+
+    def landed_within(self, seconds: float, now: float) -> bool:
+        return self._landed_at is not None and now - self._landed_at < seconds
 
     def _in_gap(self, now: float) -> bool:
         return self._landed_at is not None and now - self._landed_at > self.gap_s

@@ -221,7 +221,7 @@ class Scheduler:
         now = time.monotonic()
         if self._lock is None or now < self._next_keepalive or not any(s.leader for s in self.state.values()):
             return
-        self._next_keepalive = now + self.config.consumer.session_idle_s / 4
+        self._next_keepalive = now + self._lock.idle_timeout_s / 4  # as opened: a reload cannot change it
         queries.keep_alive(self._lock)
 
     def _tick_queue(self, queue: str, state: QueueState) -> None:

@@ -106,12 +106,19 @@ class Presence:
         self.queues = list(dict.fromkeys(queues))
         self.stop = stop
         self.use_locks = config.wakeup.use_locks
+        # Fixed for the process's life: the home session's server idle timeout is set when it
+        # connects, and its keeper must ping well inside that, whatever a reload says.
+        self.session_idle_s = config.consumer.session_idle_s
         self.watchers = {q: Watcher(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
         self.home = self.watchers[self.queues[0]]  # its session holds the liveness lock
         self.session = self.home.session
         self.consumer_id = ""
         self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
         self._registered_generation = -1
+        # Bumped at every (re-)registration: a claim made under an earlier one may have been
+        # taken back while the lock was free, even when the old id came back with it.
+        self.epoch = 0
+        self._lock_seen_at = -math.inf  # monotonic: a work session last saw the home session hold the lock
         # Set by the service for a shard its start-up probe could not reach: the schema there is
         # checked at the first registration, before any claim (schema.require_current).
         self.unchecked_shard: str | None = None
@@ -142,7 +149,9 @@ class Presence:
             if work is None or not self.use_locks:
                 return self.consumer_id
             # Asked on the work session: no need to wait for the home seat.
+            asked_at = time.monotonic()
             if queries.lock_holder(work, self._lock_name()) == self.session.connection_id:
+                self._lock_seen_at = asked_at
                 return self.consumer_id
         while not seated:
             if self.home.seat(holder, SEAT_POLL_S):
@@ -159,6 +168,31 @@ class Presence:
             if not seated:
                 self.home.leave(holder)
         return self.consumer_id
+
+    # -------------------------------------------------------- do we still hold our claims?
+
+    def known_alive(self, now: float) -> bool:
+        """Whether the process knows, without a statement, that no reaper can have judged it
+        dead: its heartbeat, if it beats one, landed less than half the shortest silence a
+        reaper takes for death ago; else its liveness lock was seen held, on the connection it
+        was registered on, less than half a session_idle_s ago (the server ends that connection
+        only after a whole one of silence; a stall of the process, SIGSTOP, is such silence)."""
+        if self.heartbeat is not None:
+            return not self.heartbeat.lost.is_set() and self.heartbeat.landed_within(
+                queries.GALERA_LOCK_GRACE_S / 2, now)
+        if not self.use_locks or not self.registration_current():
+            return False
+        seen = max(self.session.answered_at, self._lock_seen_at)
+        return now - seen < self.session_idle_s / 2
+
+    def confirm_alive(self, holder, work: Session) -> None:
+        """When known_alive is not: one check (a beat, or the lock's holder asked on `work`),
+        and a re-registration if it failed (a new epoch, maybe a new id)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat()  # finds our row gone if a reaper judged us: lost is set
+            self.consumer_id_for_claim(holder)
+        else:
+            self.consumer_id_for_claim(holder, work)
 
     def _lock_name(self, consumer_id: str | None = None) -> str:
         return locks.consumer_lock(self.config.dsn.database, consumer_id or self.consumer_id)
@@ -215,25 +249,23 @@ class Presence:
             # us by heartbeat (liveness.py), so we beat too.
             self._start_heartbeat()
         self._registered_generation = self.session.generation
+        self.epoch += 1
         self._next_touch = time.monotonic() + TOUCH_S
         log.debug("registered consumer=%s queues=%s wakeup=%s", self.consumer_id,
                   ",".join(self.queues), self.wakeup_mode)
 
     def _start_heartbeat(self) -> None:
         """From now on we are judged by heartbeat (the row says wakeup=polling after the first
-        beat, which runs here, before the next claim). The beat extends every job we hold by
-        the longest lease of our queues: a worker extends its own batch by its queue's lease,
-        and a beat must never shorten one."""
+        beat, which runs here, before the next claim)."""
         if self.heartbeat is None:
-            lease_s = max(self.config.queue(q).lease_s for q in self.queues)
-            self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, lease_s, "consumer",
+            self.heartbeat = Heartbeat(self.config.dsn, lambda: self.consumer_id, "consumer",
                                        wakeup=lambda: self.wakeup_mode)
             self.heartbeat.start()
         self.heartbeat.beat()
 
     def _keep(self) -> None:
         """While no worker holds the home seat, keep the home session talking."""
-        while not self._closed.wait(self.config.consumer.session_idle_s / PINGS_PER_IDLE):
+        while not self._closed.wait(self.session_idle_s / PINGS_PER_IDLE):
             if not self.home.seat(self, 0):
                 continue  # a worker has the session: its own statements keep it alive
             try:
@@ -287,8 +319,17 @@ class Presence:
                 needed = self._reap_needed(session)
             if not needed:
                 return 0
-        result = reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence())
+        result = self.reap_pass()
         return 0 if result is None else result.reclaimed + result.expired
+
+    def reap_pass(self) -> reaper.ReapResult | None:
+        """One reaper pass by this process: never judging its own consumer, and, on a server
+        that has just restarted, judging nobody it has not heard from since until every live
+        consumer has had the time to take its lock back: two keeper pings (a keeper pings at
+        session_idle_s / 4, and the first may meet the server still starting), or three beats."""
+        restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, queries.GALERA_LOCK_GRACE_S)
+        return reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence(),
+                                own_id=self.consumer_id, restart_grace_s=restart_grace_s)
 
     def judges_silence(self) -> bool:
         """Whether our reaper passes may take others' silence for death: not until our own

@@ -2,7 +2,7 @@
 
 A lock-mode consumer's session holds its liveness lock; a free lock means it died. A polling
 consumer holds no lock (wakeup.use_locks = false, or the server refused locks): it is judged by
-its heartbeat (heartbeat.py), which also keeps its claims' leases, and never by the free lock
+its heartbeat (heartbeat.py), and never by the free lock
 of a lock it never took. Any lease that runs out comes back as well, whoever held it.
 
 Any consumer may run a pass. A pass runs on a session of its own, opened for the pass and
@@ -43,17 +43,19 @@ def open_session(dsn: DSN) -> Session:
     return Session(dsn, name="reaper", retry_s=10, idle_timeout_s=REAPER_IDLE_TIMEOUT_S)
 
 
-def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True) -> ReapResult | None:
+def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True, *,
+              own_id: str = "", restart_grace_s: float = 0.0) -> ReapResult | None:
     """One pass on a fresh session; None when another consumer is running one right now."""
     session = open_session(dsn)
     try:
-        return reap(session, dsn.database, use_locks, judge_silence)
+        return reap(session, dsn.database, use_locks, judge_silence,
+                    own_id=own_id, restart_grace_s=restart_grace_s)
     finally:
         session.close()
 
 
-def reap(session: Session, database: str, use_locks: bool = True,
-         judge_silence: bool = True) -> ReapResult | None:
+def reap(session: Session, database: str, use_locks: bool = True, judge_silence: bool = True, *,
+         own_id: str = "", restart_grace_s: float = 0.0) -> ReapResult | None:
     """One pass on `session`. use_locks=False (no advisory locks on this server, or not wanted):
     stale polling consumers and expired leases only; dead lock-mode consumers then come back
     through their leases.
@@ -63,20 +65,38 @@ def reap(session: Session, database: str, use_locks: bool = True,
     others too (a server restart, a Galera cluster without a primary component). Then nobody is
     judged by silence: not by heartbeat, and on a Galera node not by a free lock either (which
     needs a silent heartbeat there, queries.GALERA_LOCK_GRACE_S). Free locks on one server, and
-    expired leases, are still judged."""
+    expired leases, are still judged.
+
+    own_id: the calling process's own consumer id, never judged. A process running a pass is
+    alive whatever its liveness lock says: the lock reads as free while the process's liveness
+    session is lost or reconnecting, and a pass run then (a reap hint that came on another
+    session) took the process's own jobs back while its handlers still ran them.
+
+    restart_grace_s: a server up for less than this judges by a free lock or a silent heartbeat
+    only the consumers that talked to it since it started. A restart frees every liveness lock
+    at once, and a busy consumer takes its own back only when its liveness session next talks
+    (a keeper ping, every session_idle_s / 4): a reaper that came back first took two live
+    consumers' running jobs back. One that died since the start, or before it but has not come
+    back within the grace, is judged as ever; expired leases need no liveness session."""
     name = locks.reaper_lock(database)
     if use_locks and queries.get_lock(session, name, 0) != 1:
         return None
     result = ReapResult()
+    up_s = session.server_up_s()
+    up_us = queries.microseconds(up_s) if up_s < restart_grace_s else None
     try:
         if use_locks and (judge_silence or not session.galera):
-            for consumer_id, lock_name, queues in liveness.dead_consumers(session):
+            for consumer_id, lock_name, queues in liveness.dead_consumers(session, up_us):
+                if consumer_id == own_id:
+                    continue
                 try:
                     n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name)
                 finally:
                     queries.release_lock(session, lock_name)
                 _count(result, consumer_id, queues, n, "consumer died")
-        for consumer_id, queues in liveness.stale_consumers(session) if judge_silence else ():
+        for consumer_id, queues in liveness.stale_consumers(session, up_us) if judge_silence else ():
+            if consumer_id == own_id:
+                continue
             n = queries.reclaim_owner(session, consumer_id, queues)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         result.expired = queries.reclaim_expired(session)

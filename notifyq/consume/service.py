@@ -371,6 +371,13 @@ class ConsumerService:
             if new.dsn != self.config.dsn or new.shards != self.config.shards:
                 log.warning("reload: dsn or [shards] changed; restart the service to use it")
                 new = dataclasses.replace(new, dsn=self.config.dsn, shards=self.config.shards)
+            idle_s = self.config.consumer.session_idle_s
+            if new.consumer.session_idle_s != idle_s:
+                # The liveness sessions' server idle timeout is set when they connect; a keeper
+                # pinging at a raised value's pace let the server end a busy consumer's session,
+                # and a peer took its running job back.
+                log.warning("reload: consumer.session_idle_s needs a restart; keeping %g", idle_s)
+                new = dataclasses.replace(new, consumer=dataclasses.replace(new.consumer, session_idle_s=idle_s))
             self.config = new
             self.placement = shards.Placement(new)  # the same shards: queue shard = ... needs a restart
             self.summary.every_s = new.log.summary_s

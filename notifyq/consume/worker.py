@@ -206,6 +206,7 @@ class Worker:
         if self._acks is not None and (reconnected or not self.presence.registration_current()):
             self._flush_acks()  # registering again may wait for the home seat: what ran is acked first
         owner = self.presence.consumer_id_for_claim(self, self.work if reconnected else None)
+        epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         self._acks_landed()
         acks, self._acks = self._acks, None
@@ -223,7 +224,8 @@ class Worker:
         if before_run is not None:
             before_run(claim.drained)
         if claim.jobs:
-            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit))
+            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit,
+                                  owner=owner, epoch=epoch))
         return len(claim.jobs), claim.drained
 
     def _run_batch(self, batch: Batch) -> None:
@@ -232,8 +234,12 @@ class Worker:
         self.stats.batches += 1
         self.stats.batch_sizes.observe(len(jobs))
 
-        def extend() -> None:  # job.extend_lease(), and a command handler within its timeout
+        def extend() -> None:  # job.extend_lease(): at once, as the handler asks
             self._extend(batch)
+
+        def keep_lease() -> None:  # a command handler, every second or so while it runs
+            if batch.extend_due():
+                self._extend(batch)
 
         for job in jobs:
             try:
@@ -250,7 +256,7 @@ class Worker:
         try:
             if self.handler.per_batch:
                 batch.start(jobs)
-                self._call([j for j in jobs if j.error is None], extend)
+                self._call([j for j in jobs if j.error is None], keep_lease)
                 done = jobs
                 batch.finish()
             else:
@@ -262,16 +268,22 @@ class Worker:
                     if extend_due or now - last_flush >= ACK_FLUSH_S:
                         # Acks first: then every job of the claim still held is extended at
                         # once, and a stalled consumer's jobs all expire together.
+                        lost_before = self.stats.lost_acks
                         self.outcomes.settle(self.work, done, token)
                         done, last_flush = [], time.monotonic()
-                    if extend_due:
+                        # An ack fenced out: the claim was taken back; learn what is left of it.
+                        extend_due = extend_due or self.stats.lost_acks > lost_before
+                    if not self._still_ours(batch, now):
+                        break
+                    if extend_due or batch.epoch != self.presence.epoch:
                         self._extend(batch)  # before the next start: never start a job not ours
+                        batch.epoch = self.presence.epoch
                     if job.id in batch.lost:
                         batch.skip()
                         continue
                     batch.start([job])
                     if job.error is None:
-                        self._call([job], extend)
+                        self._call([job], keep_lease)
                     done.append(job)
                     batch.finish()
         except BaseException as e:
@@ -295,6 +307,28 @@ class Worker:
                     log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
             finally:
                 self.batch = None
+
+    def _still_ours(self, batch: Batch, now: float) -> bool:
+        """Before a job starts: is the claim still this process's? From what the presence knows
+        at no cost; only when that is too old (the process stalled, or its liveness session
+        went silent) one check, and a re-registration if it failed. Under another consumer id
+        now, the old one's claims are a reaper's (it held the old lock when we asked): the rest
+        of the batch is not ours to start. Under the same id in a new epoch, the caller's lease
+        extension says which jobs are left."""
+        if not self.presence.known_alive(now):
+            try:
+                self.presence.confirm_alive(self, self.work)
+            except errors.NotifyqError as e:  # cannot tell: start nothing more of this batch
+                log.warning("could not confirm the claim is still ours: the rest of the batch is "
+                            "given back queue=%s error=%s", self.queue, e)
+                return False
+        if self.presence.consumer_id == batch.owner:
+            return True
+        gone = batch.taken_back()
+        log.warning("claim taken back while this process was silent: the rest of the batch is "
+                    "someone else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
+                    ",".join(map(str, gone[:20])))
+        return False
 
     def _acks_landed(self) -> None:
         """Count the acks the last claim carried, or ack them again if its COMMIT failed."""
@@ -322,7 +356,7 @@ class Worker:
     def _extend(self, batch: Batch) -> None:
         """Push out the lease of what the batch still holds; what comes back lost is skipped."""
         asked, sent_at = batch.held(), time.monotonic()
-        owned = queries.extend_lease(self.work, asked, batch.token, self.qc.lease_s)
+        owned = queries.extend_lease(self.work, asked, batch.token, batch.lease_s)
         gone = batch.extended(asked, owned, sent_at)
         if gone:
             log.warning("leases ran out before the jobs started: skipped, they are someone "
@@ -348,7 +382,7 @@ class Worker:
         came back, or when another pass is running right now and may bring some: claim again."""
         if self._exit_deadline is None:
             self._exit_deadline = time.monotonic() + reaper.REAPER_IDLE_TIMEOUT_S + 5
-        result = reaper.reap_once(self.config.dsn, self.presence.use_locks, self.presence.judges_silence())
+        result = self.presence.reap_pass()
         if result is None:
             # Another pass is running (or its host vanished holding the reaper lock, which the
             # server frees within REAPER_IDLE_TIMEOUT_S): try again shortly, within a bound.

@@ -60,8 +60,9 @@ NODE_IDENTITY_SQL = "CONCAT(@@hostname, ':', @@port)"
 # never greets): a session moves to the next ready node within about the sum of the two.
 FAILOVER_READ_TIMEOUT_S = 12
 FAILOVER_CONNECT_TIMEOUT_S = 4
-_WSREP_STATUS = ("SHOW GLOBAL STATUS WHERE Variable_name IN "
-                 "('wsrep_provider_name', 'wsrep_ready', 'wsrep_local_state_comment', 'wsrep_cluster_status')")
+# The server's uptime (a reaper's restart grace: reaper.reap) and its wsrep state.
+_SERVER_STATUS = ("SHOW GLOBAL STATUS WHERE Variable_name IN ('Uptime', "
+                 "'wsrep_provider_name', 'wsrep_ready', 'wsrep_local_state_comment', 'wsrep_cluster_status')")
 
 
 # The driver's base error class, for the parts above the store that must catch database
@@ -296,8 +297,17 @@ class Session:
         self._rendered: dict[tuple, str] = {}  # commit_then_read's statements, bound
         self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
         self.galera = False  # the server is a Galera node (wsrep provider loaded)
+        self._server_started_at = -math.inf  # monotonic, from the server's Uptime at connect
+        # Monotonic time at which the last transaction that succeeded was sent: the connection (of
+        # this generation, if it did not reconnect since) was open then, and with it its locks.
+        self.answered_at = -math.inf
         self.conflicts = 0  # transactions rerun after 1213: deadlocks, certification conflicts
         self._conflict_times: list[float] = []
+
+    def server_up_s(self) -> float:
+        """How long the server has been up (from its Uptime read at connect): whole seconds,
+        rounded down, so never more than the truth."""
+        return time.monotonic() - self._server_started_at
 
     @property
     def connected(self) -> bool:
@@ -444,13 +454,14 @@ class Session:
             settings, params = f"{settings}, wait_timeout = %s", (int(self.idle_timeout_s),)
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
                     f"SET SESSION {settings}; "
-                    f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_WSREP_STATUS}", params or None)
+                    f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}", params or None)
         cur.nextset()  # past the two SETs' results, each an error if the statement failed
         cur.nextset()
         self.server_version, self.max_allowed_packet, self.node = cur.fetchone()
         cur.nextset()
         wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
         cur.close()
+        self._server_started_at = time.monotonic() - float(wsrep.get("uptime", "inf"))
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not _ready(wsrep):
             conn.close()
@@ -722,6 +733,7 @@ class Session:
     def _attempt(self, body: Callable[[Any], T], idempotent: bool,
                  committed: Callable[[Any, T], bool] | None = None) -> T:
         committing = False
+        sent_at = time.monotonic()
         self._attempt_idempotent, self._committed_in_body = idempotent, False
         self._committing_in_body, self._body_result = False, None
         if (self._choice is not None and self.follows_writer and self._conn is not None
@@ -736,6 +748,7 @@ class Session:
             if not self.autocommit and not self._committed_in_body:
                 committing = True
                 self.conn.commit()
+            self.answered_at = sent_at
             return result
         except BaseException as e:
             # Any exception, not only the driver's: a body that fails halfway (bad input found

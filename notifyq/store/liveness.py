@@ -48,14 +48,13 @@ def unregister_consumer(session: Session, consumer_id: str) -> None:
                 what="unregister consumer")
 
 
-def heartbeat(session: Session, consumer_id: str, wakeup: str, lease_s: float) -> bool:
-    """A polling consumer's beat: its row's last_seen, and its claims' leases. False when the
-    row is gone (a reaper judged it dead): the worker must re-register."""
+def heartbeat(session: Session, consumer_id: str, wakeup: str) -> bool:
+    """A polling consumer's beat: its row's last_seen (no lease: heartbeat.py says why). False
+    when the row is gone (a reaper judged it dead): the worker must re-register."""
     def body(cur) -> bool:
         cur.execute(Q["heartbeat"], {"id": consumer_id, "wakeup": wakeup})
         if cur.rowcount == 0 and not _row_exists(cur, consumer_id):
             return False  # (rowcount is 0 as well when last_seen did not change)
-        cur.execute(Q["extend_owned_leases"], {"owner": consumer_id, "lease_us": queries.microseconds(lease_s)})
         return True
 
     return session.run(body, what="heartbeat")
@@ -71,19 +70,21 @@ def reap_needed(session: Session) -> int:
                          "reap check") or 0)
 
 
-def dead_consumers(session: Session) -> list[tuple[str, str, list[str]]]:
-    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues)."""
+def dead_consumers(session: Session, up_us: int | None = None) -> list[tuple[str, str, list[str]]]:
+    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues). up_us: the
+    server restarted this long ago, within a grace: only those that talked to it since."""
     def body(cur):
-        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session)})
+        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session), "up_us": up_us})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
 
 
-def stale_consumers(session: Session) -> list[tuple[str, list[str]]]:
-    """Polling consumers whose heartbeat stopped: (id, queues)."""
+def stale_consumers(session: Session, up_us: int | None = None) -> list[tuple[str, list[str]]]:
+    """Polling consumers whose heartbeat stopped: (id, queues). up_us: as in dead_consumers."""
     def body(cur):
-        cur.execute(Q["stale_consumers"], {"stale_us": queries.microseconds(queries.POLLING_STALE_S)})
+        cur.execute(Q["stale_consumers"], {"stale_us": queries.microseconds(queries.POLLING_STALE_S),
+                                           "up_us": up_us})
         return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
 
     return session.run(body, what="find stale consumers")

@@ -404,12 +404,12 @@ def kill_query_on(cur, conn_id: int) -> bool:
         raise
 
 
-def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None]:
-    """(enqueue count, paused, seconds until the earliest scheduled job or None)."""
+def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, bool]:
+    """(enqueue count, paused, seconds until the earliest scheduled job or None, reap needed)."""
     def body(cur):
-        cur.execute(Q["poll_signal"], {"queue": queue})
-        total, paused, due_in_us = cur.fetchone()
-        return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6
+        cur.execute(Q["poll_signal"], {"queue": queue, "stale_us": microseconds(POLLING_STALE_S)})
+        total, paused, due_in_us, reap = cur.fetchone()
+        return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6, bool(reap)
 
     return session.run(body, what="poll signal")
 

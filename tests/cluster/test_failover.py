@@ -339,7 +339,7 @@ def test_a_heartbeat_lands_on_the_next_node_well_inside_the_staleness_bound_afte
     on2 = Session(_on(dsn_url, cluster, 2), name="observer")  # reads the row where the beat must land
     liveness.register_consumer(on2, consumer_id, locks.consumer_lock(database, consumer_id), "h", 1, [QUEUE],
                                "locks", node="node-1")
-    beat = Heartbeat(DSN.parse(dsn_url), lambda: consumer_id, lease_s=20.0, name="t")
+    beat = Heartbeat(DSN.parse(dsn_url), lambda: consumer_id, name="t")
 
     def last_seen():
         return on2.run(lambda cur: cur.execute("SELECT last_seen FROM nq_consumer WHERE id = %s",

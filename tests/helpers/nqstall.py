@@ -11,11 +11,11 @@ from notifyq.store import liveness
 _real = liveness.dead_consumers
 
 
-def _stalled(session):
+def _stalled(session, *args):
     with open(os.path.join(os.environ["NQ_TEST_OUT"], "stalled"), "w") as f:
         f.write("holding\n")
     threading.Event().wait()  # never returns: the pass holds the reaper lock for good
-    return _real(session)
+    return _real(session, *args)
 
 
 liveness.dead_consumers = _stalled

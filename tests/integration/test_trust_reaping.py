@@ -141,21 +141,25 @@ def test_a_polling_consumer_whose_heartbeat_stopped_is_reaped_and_a_late_beat_sa
     assert db.query("SELECT id, status, owner FROM nq_job ORDER BY id") == [(i, 0, None) for i in ids]
     # And its next heartbeat reports it was judged dead (the worker re-registers)
     session = Session(cfg.dsn)
-    assert liveness.heartbeat(session, "s" * 32, "polling", 60) is False
+    assert liveness.heartbeat(session, "s" * 32, "polling") is False
     session.close()
 
 
-def test_a_heartbeat_extends_the_leases_of_every_job_its_consumer_holds(db):
+def test_a_heartbeat_says_its_consumer_lives_and_extends_no_lease(db):
+    """Issue 26, item 8: the heartbeat extended every job its consumer held, so in polling mode a
+    hung handler held its job forever; a lease is its worker's and its handler's to extend."""
     # Given a polling consumer holding 3 jobs whose leases end in 1 s
     cfg = db.config()
-    ids = _polling_consumer_holding(db, 3, "h" * 32)
+    _polling_consumer_holding(db, 3, "h" * 32)
     db.query("UPDATE nq_job SET lease_until = NOW(6) + INTERVAL 1 SECOND")
-    # When it beats with a 600 s lease
+    db.query("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL 10 SECOND")
+    # When it beats
     session = Session(cfg.dsn)
-    assert liveness.heartbeat(session, "h" * 32, "polling", 600) is True
+    assert liveness.heartbeat(session, "h" * 32, "polling") is True
     session.close()
-    # Then every lease reaches 10 minutes from now
-    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until > NOW(6) + INTERVAL 590 SECOND") == len(ids)
+    # Then its row is fresh and no lease moved
+    assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE last_seen > NOW(6) - INTERVAL 5 SECOND") == 1
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until > NOW(6) + INTERVAL 2 SECOND") == 0
 
 
 def test_a_reaper_just_out_of_an_outage_judges_nobody_by_silence(db):
@@ -182,7 +186,7 @@ def test_a_heartbeat_says_how_long_it_has_landed_since_its_last_gap(db):
 
     cfg = db.config()
     _polling_consumer_holding(db, 1, "h" * 32)
-    beat = Heartbeat(cfg.dsn, lambda: "h" * 32, lease_s=0.3, name="t")  # a beat every 0.1 s
+    beat = Heartbeat(cfg.dsn, lambda: "h" * 32, name="t", interval_s=0.1)
     try:
         # Given beats that landed with no gap yet: steady for ever (a process just started)
         beat.beat()
@@ -206,14 +210,14 @@ def test_a_beat_more_than_a_second_late_is_a_gap_well_inside_the_galera_grace(db
 
     cfg = db.config()
     _polling_consumer_holding(db, 1, "g" * 32)
-    # Given the beat every consumer on a Galera node runs (a 60 s lease: every 5 s): a peer whose
+    # Given the beat every consumer on a Galera node runs (every 5 s): a peer whose
     # beats stopped with ours, up to a beat before, is silent for less than the Galera grace
     # while ours is silent for no longer than a gap
-    galera_beat = Heartbeat(cfg.dsn, lambda: "g" * 32, lease_s=60, name="t")
+    galera_beat = Heartbeat(cfg.dsn, lambda: "g" * 32, name="t")
     galera_beat.stop()  # never started: only its timing is asked
     assert galera_beat.gap_s + galera_beat.interval_s < queries.GALERA_LOCK_GRACE_S
-    # And one beating every second (a 3 s lease), whose beat landed
-    beat = Heartbeat(cfg.dsn, lambda: "g" * 32, lease_s=3, name="t")
+    # And one beating every second, whose beat landed
+    beat = Heartbeat(cfg.dsn, lambda: "g" * 32, name="t", interval_s=1.0)
     try:
         beat.beat()
         landed = time.monotonic()
@@ -223,3 +227,74 @@ def test_a_beat_more_than_a_second_late_is_a_gap_well_inside_the_galera_grace(db
         assert beat.steady_s() == 0.0
     finally:
         beat.stop()
+
+def test_a_process_whose_liveness_lock_was_lost_never_reaps_its_own_jobs(db):
+    """Regression: in the cluster fault schedule a consumer's liveness session lost its
+    connection (its lock free on the server), and a reaper pass the process ran before it had
+    taken its lock back found its own consumer dead. Its jobs would have run again while its
+    handlers still ran them."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a lock-mode consumer running a job
+    cfg = db.config(consumer={"reap_interval_s": 0.01})
+    started, release, stop = threading.Event(), threading.Event(), threading.Event()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: (started.set(), release.wait(60)), False),
+                    stop=stop, budget=Budget(None), batch_size=1)
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(started.is_set, 20, message="the job running")
+        owner = worker.presence.consumer_id
+        # When its liveness session's connection dies, which frees its lock on the server
+        db.query(f"KILL CONNECTION {int(worker.presence.session.conn.thread_id())}")
+        wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(lock_name) FROM nq_consumer WHERE id = %s",
+                                     (owner,)) == 1, 20, message="the liveness lock free")
+        # And the process runs a reaper pass before it notices (a reap hint that came on another session)
+        worker._reap_soon()
+        # Then the job is still its own, claimed and running
+        assert db.query("SELECT status, owner FROM nq_job WHERE id = %s", (job_id,)) == [(2, owner)]
+        assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (owner,)) == 1
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+
+
+
+def test_a_batchs_lease_is_extended_by_its_claims_lease_after_a_reload_lowers_it(db):
+    """Regression (issue 26, item 6): after a SIGHUP lowered lease_s, a batch was paced by its
+    claim's lease/3 but extended by the new, shorter lease, and its waiting jobs ran out between
+    two extensions while their consumer ran the batch."""
+    import dataclasses
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.batch import Batch
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a worker that claimed two jobs under a 300 s lease
+    cfg = db.config()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: None, False), stop=threading.Event(),
+                    budget=Budget(None))
+    try:
+        with Producer("q", cfg) as p:
+            p.put_many([{"n": 1}, {"n": 2}])
+        owner = worker.presence.consumer_id_for_claim(worker)
+        claim = queries.claim(worker.work, "q", owner, 2, 300)
+        batch = Batch(claim.token, claim.jobs, 300, time.monotonic(), claim.commit, owner=owner)
+        # When a reload lowers the queue's lease to 3 s and the batch's lease is pushed out
+        worker.qc = dataclasses.replace(worker.qc, lease_s=3)
+        worker._extend(batch)
+        # Then it is pushed out by the claim's own lease, which paces its extensions
+        left = db.scalar("SELECT MIN(TIMESTAMPDIFF(SECOND, NOW(6), lease_until)) FROM nq_job")
+        assert left > 200, left
+    finally:
+        worker.work.close()
+        worker.presence.close()

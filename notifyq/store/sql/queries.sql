@@ -246,15 +246,20 @@ SELECT (SELECT COUNT(*) FROM nq_consumer
 -- whose lock lives on another server (a Galera node: locks are node-local, so it reads as free
 -- here while its holder runs): stale_consumers judges it by its heartbeat too. grace_us (0 but
 -- on a Galera node, queries.GALERA_LOCK_GRACE_S): its heartbeat must be silent that long too.
+-- up_us (a server that restarted less than a grace ago, reaper.reap): only consumers that talked
+-- to it since it started are judged; the others may be alive and about to take their lock back.
 SELECT id, lock_name, queues FROM nq_consumer
 WHERE wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)) AND IS_FREE_LOCK(lock_name) = 1
   AND (%(grace_us)s = 0 OR last_seen < NOW(6) - INTERVAL %(grace_us)s MICROSECOND)
+  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
 
 -- stale_consumers --
 -- Consumers judged by heartbeat (polling ones, and lock-mode ones whose lock lives on another
 -- server) whose heartbeat stopped (heartbeat.py beats well inside stale_us).
+-- up_us: as in dead_consumers.
 SELECT id, queues FROM nq_consumer
 WHERE NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port))) AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
 
 -- drop_stale_consumer --
 -- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
@@ -278,13 +283,6 @@ UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
 
 -- consumer_exists --
 SELECT 1 FROM nq_consumer WHERE id = %(id)s
-
--- extend_owned_leases --
--- With the heartbeat: a polling consumer's claims live as long as it does (the lease is its
--- only liveness). Through the claimed range of ix_state: consumers x batch rows, owner from the row.
-UPDATE nq_job FORCE INDEX (ix_state)
-SET lease_until = GREATEST(lease_until, NOW(6) + INTERVAL %(lease_us)s MICROSECOND)
-WHERE status = 2 AND owner = %(owner)s
 
 -- claims_owned --
 -- Which of these jobs the claim still holds, when extend_lease changed fewer rows than asked.
@@ -438,11 +436,17 @@ SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 
 -- poll_signal --
 -- Fallback without advisory locks: every idle consumer polls this one small read. With no
--- watcher to track scheduled jobs, each poller also learns when the earliest one is due.
+-- watcher to track scheduled jobs, each poller also learns when the earliest one is due, and,
+-- as the watch statement tells a watcher, whether a reaper pass is needed: by heartbeat and
+-- lease only (this server may refuse the lock functions). Without it a queue served only by
+-- idle polling consumers left a hung handler's expired lease claimed for good.
 SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
          (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
+          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)),
+       (SELECT COUNT(*) FROM nq_consumer
+        WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
+     + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
 FROM nq_signal WHERE queue = %(queue)s
 
 -- hold_session --
