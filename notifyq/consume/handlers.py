@@ -4,19 +4,24 @@ Per job, a handler gets one Job (a command gets the payload JSON on stdin). Per 
 gets the list (a command gets JSON lines) and may fail jobs one by one with `job.fail()`;
 jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided;
 so does SystemExit or KeyboardInterrupt: in a worker thread they could never stop the process,
-only end the thread and strand its claimed jobs.
+only end the thread and strand its claimed jobs. A coroutine handler (`async def`, or any handler
+that returns an awaitable) is run to completion on its worker thread's event loop: its job's
+outcome is the coroutine's. A process the handler forked never comes back into the consumer's
+code: it exits where the handler returned or raised (_exit_child).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from notifyq import config, errors
 from notifyq.jobs import Job
@@ -34,19 +39,86 @@ class PythonHandler:
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
-            _run_batch(lambda: self.func(jobs), jobs)
+            _run_batch(lambda: self._call(jobs), jobs)
             return
         for job in jobs:
             if job.error is not None:
                 continue
             try:
-                self.func(job)
+                self._call(job)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
 
+    def _call(self, arg: Job | list[Job]) -> None:
+        """The function on `arg`, awaited when it returns an awaitable; in a child the function
+        forked, this never returns."""
+        pid = os.getpid()
+        try:
+            result = self.func(arg)
+            if inspect.isawaitable(result):
+                _await(result)
+        except BaseException as e:
+            if os.getpid() != pid:
+                _exit_child(e)
+            raise
+        if os.getpid() != pid:
+            _exit_child(None)
+
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+_thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its first coroutine
+
+
+def _await(awaitable: Awaitable[Any]) -> None:
+    """Run a handler's awaitable to completion on the calling worker thread's own event loop:
+    one per thread, kept across jobs (a loop per job would cost its setup on every job)."""
+    import asyncio  # here: a consumer of plain handlers never loads it
+
+    async def wait() -> None:
+        await awaitable
+
+    runner = getattr(_thread, "runner", None)
+    if runner is None:
+        runner = _thread.runner = asyncio.Runner()
+    try:
+        runner.run(wait())
+    except BaseException as e:
+        if not isinstance(e, Exception):  # SystemExit and the like stop the loop mid-step:
+            close_loop()  # the next coroutine gets a fresh one
+        raise
+
+
+def close_loop() -> None:
+    """Close the calling thread's event loop, if a coroutine handler made one (its worker ends)."""
+    runner = getattr(_thread, "runner", None)
+    if runner is not None:
+        _thread.runner = None
+        runner.close()
+
+
+def _exit_child(e: BaseException | None) -> NoReturn:
+    """A process the handler forked came back from it. It shares the consumer's sessions,
+    sockets and claimed jobs: going on into consumer code would ack, read replies meant for the
+    parent and hang its drain. So it exits here, with the code Python gives at top level:
+    SystemExit's code, 1 after any other exception (its traceback on stderr), 0 on a return."""
+    code = 0
+    try:
+        if isinstance(e, SystemExit):
+            if isinstance(e.code, int):
+                code = e.code
+            elif e.code is not None:
+                code = 1
+                print(e.code, file=sys.stderr)
+        elif e is not None:
+            code = 1
+            traceback.print_exception(e)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(code)
 
 
 def describe(e: BaseException) -> str:

@@ -18,7 +18,7 @@ import time
 
 from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import reaper
+from notifyq.consume import handlers, reaper
 from notifyq.consume.batch import Batch
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
@@ -129,6 +129,7 @@ class Worker:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
                                 self.queue, e)
             self.finished = True
+            handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
             if self._owns_presence:
                 self.presence.close()
