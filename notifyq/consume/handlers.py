@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     import subprocess
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
+EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
+TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
+GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group was killed"
 
 
 class PythonHandler:
@@ -166,7 +169,10 @@ class CommandHandler:
     Exit 0 is success. The environment is notifyq's own without its secrets (child_env), plus
     NOTIFYQ_QUEUE and, per job, NOTIFYQ_JOB_ID and NOTIFYQ_ATTEMPT, or, per batch,
     NOTIFYQ_JOB_IDS (space-separated, in the order of the lines on stdin). The command runs in its
-    own process group, so a timeout kills everything it started, not just the first process.
+    own process group, so a timeout, or the end of the shutdown grace (stop_running), kills
+    everything it started, not just the first process.
+
+    The workers of a queue share one handler, so it tracks each thread's running command.
     """
 
     def __init__(self, command: str, per_batch: bool, timeout_s: float):
@@ -183,6 +189,9 @@ class CommandHandler:
             raise errors.HandlerError(f"command not found: {self.argv[0]}")
         self.per_batch = per_batch
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
+        self._stopping = False
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
@@ -209,12 +218,30 @@ class CommandHandler:
                                     stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
         except OSError as e:
             return f"cannot run {self.argv[0]}: {e.strerror}"
+        with self._lock:
+            self._running[threading.get_ident()] = proc
+            stopping = self._stopping
+        try:
+            if stopping:  # started as the grace expired: it must not outlive the consumer
+                _kill_group(proc)
+                return GRACE_EXPIRED
+            return self._wait(proc, stdin, extend)
+        finally:
+            with self._lock:
+                self._running.pop(threading.get_ident(), None)
+
+    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None]) -> str | None:
+        import subprocess
+
         deadline = time.monotonic() + self.timeout_s
         stderr = ""
-        pending = stdin
+        pending: str | None = stdin
         while True:
             try:
-                _, stderr = proc.communicate(pending, timeout=min(30.0, max(0.01, deadline - time.monotonic())))
+                # In slices of a second, each followed by an extension: whatever the lease, it
+                # never runs out under a running command (extend() is cheap when not yet due).
+                wait_s = min(EXTEND_EVERY_S, max(0.01, deadline - time.monotonic()))
+                _, stderr = proc.communicate(pending, timeout=wait_s)
                 break
             except subprocess.TimeoutExpired:
                 pending = None
@@ -222,12 +249,42 @@ class CommandHandler:
                     _kill_group(proc)
                     return f"command timed out after {self.timeout_s:g}s"
                 extend()  # still running and within its timeout: keep the lease
+        if self._stopping and proc.returncode != 0:
+            return GRACE_EXPIRED
         if proc.returncode != 0:
             tail = (stderr or "").strip()[-STDERR_TAIL:]
             status = (f"exit status {proc.returncode}" if proc.returncode > 0
                       else f"killed by signal {-proc.returncode}")
             return status + (f": {tail}" if tail else "")
         return None
+
+
+    def stop_running(self, wait_s: float = TERM_WAIT_S) -> None:
+        """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
+        what is left of the groups after wait_s, and return once the commands are reaped, so
+        the caller fails their jobs only when nothing of them runs any more. Commands started
+        from now on are killed at once."""
+        import signal
+        import subprocess
+
+        with self._lock:
+            self._stopping = True
+            procs = list(self._running.values())
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:  # also what a leader that obeyed SIGTERM left behind in its group
+            _signal_group(proc, signal.SIGKILL)
+        for proc in procs:
+            try:
+                proc.wait(1.0)
+            except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
+                pass
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
@@ -249,11 +306,15 @@ def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
 def _kill_group(proc: subprocess.Popen) -> None:
     import signal
 
+    _signal_group(proc, signal.SIGKILL)
+    proc.communicate()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
     except ProcessLookupError:
         pass
-    proc.communicate()
 
 
 def load(handler: str, command: str, per_batch: bool, timeout_s: float):

@@ -333,6 +333,11 @@ class Worker:
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""
         if self.batch is not None:
+            # A command runs in a process group of its own: it would outlive us and run on
+            # while a peer ran its jobs again. It is killed before its jobs are failed.
+            stop_running = getattr(self.handler, "stop_running", None)
+            if stop_running is not None:
+                stop_running()
             self.outcomes.abandon(session, self.batch)
 
     # -------------------------------------------------------- the reaper, run by consumers
