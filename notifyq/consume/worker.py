@@ -30,6 +30,7 @@ from notifyq.store.db import DriverError, Pending, Session, locks_unavailable
 log = logging.getLogger("notifyq.consumer")
 
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
+SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was killed settle its batch
 
 
 class Worker:
@@ -332,13 +333,21 @@ class Worker:
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""
-        if self.batch is not None:
+        batch = self.batch
+        if batch is None:
+            return
+        stop_running = getattr(self.handler, "stop_running", None)
+        if stop_running is not None:
             # A command runs in a process group of its own: it would outlive us and run on
-            # while a peer ran its jobs again. It is killed before its jobs are failed.
-            stop_running = getattr(self.handler, "stop_running", None)
-            if stop_running is not None:
-                stop_running()
-            self.outcomes.abandon(session, self.batch)
+            # while a peer ran its jobs again. Killed, it hands its worker back the batch,
+            # which settles it (failed: the grace expired) and counts it before our summary.
+            stop_running()
+            deadline = time.monotonic() + SETTLE_AFTER_STOP_S
+            while self.batch is batch and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if self.batch is not batch:
+                return
+        self.outcomes.abandon(session, batch)
 
     # -------------------------------------------------------- the reaper, run by consumers
 

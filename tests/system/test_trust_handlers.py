@@ -215,6 +215,8 @@ def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_be
         "SELECT status, attempts, owner, last_error FROM nq_job WHERE id = %s", (job,))[0]
     assert (status, attempts, owner) == (1, 1, None)
     assert "shutdown grace expired" in error
+    # And the summary counts it (its worker settled it once the command was killed)
+    assert "consumer stopped claimed=1 done=0 failed=1 dead=0" in stderr_of(tmp_path)
 
 
 # ------------------------------------------------------------------ errors the server refuses
