@@ -4,19 +4,24 @@ Per job, a handler gets one Job (a command gets the payload JSON on stdin). Per 
 gets the list (a command gets JSON lines) and may fail jobs one by one with `job.fail()`;
 jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided;
 so does SystemExit or KeyboardInterrupt: in a worker thread they could never stop the process,
-only end the thread and strand its claimed jobs.
+only end the thread and strand its claimed jobs. A coroutine handler (`async def`, or any handler
+that returns an awaitable) is run to completion on its worker thread's event loop: its job's
+outcome is the coroutine's. A process the handler forked never comes back into the consumer's
+code: it exits where the handler returned or raised (_exit_child).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from notifyq import config, errors
 from notifyq.jobs import Job
@@ -25,6 +30,9 @@ if TYPE_CHECKING:
     import subprocess
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
+EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
+TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
+GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group was killed"
 
 
 class PythonHandler:
@@ -34,19 +42,86 @@ class PythonHandler:
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
-            _run_batch(lambda: self.func(jobs), jobs)
+            _run_batch(lambda: self._call(jobs), jobs)
             return
         for job in jobs:
             if job.error is not None:
                 continue
             try:
-                self.func(job)
+                self._call(job)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
 
+    def _call(self, arg: Job | list[Job]) -> None:
+        """The function on `arg`, awaited when it returns an awaitable; in a child the function
+        forked, this never returns."""
+        pid = os.getpid()
+        try:
+            result = self.func(arg)
+            if inspect.isawaitable(result):
+                _await(result)
+        except BaseException as e:
+            if os.getpid() != pid:
+                _exit_child(e)
+            raise
+        if os.getpid() != pid:
+            _exit_child(None)
+
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+_thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its first coroutine
+
+
+def _await(awaitable: Awaitable[Any]) -> None:
+    """Run a handler's awaitable to completion on the calling worker thread's own event loop:
+    one per thread, kept across jobs (a loop per job would cost its setup on every job)."""
+    import asyncio  # here: a consumer of plain handlers never loads it
+
+    async def wait() -> None:
+        await awaitable
+
+    runner = getattr(_thread, "runner", None)
+    if runner is None:
+        runner = _thread.runner = asyncio.Runner()
+    try:
+        runner.run(wait())
+    except BaseException as e:
+        if not isinstance(e, Exception):  # SystemExit and the like stop the loop mid-step:
+            close_loop()  # the next coroutine gets a fresh one
+        raise
+
+
+def close_loop() -> None:
+    """Close the calling thread's event loop, if a coroutine handler made one (its worker ends)."""
+    runner = getattr(_thread, "runner", None)
+    if runner is not None:
+        _thread.runner = None
+        runner.close()
+
+
+def _exit_child(e: BaseException | None) -> NoReturn:
+    """A process the handler forked came back from it. It shares the consumer's sessions,
+    sockets and claimed jobs: going on into consumer code would ack, read replies meant for the
+    parent and hang its drain. So it exits here, with the code Python gives at top level:
+    SystemExit's code, 1 after any other exception (its traceback on stderr), 0 on a return."""
+    code = 0
+    try:
+        if isinstance(e, SystemExit):
+            if isinstance(e.code, int):
+                code = e.code
+            elif e.code is not None:
+                code = 1
+                print(e.code, file=sys.stderr)
+        elif e is not None:
+            code = 1
+            traceback.print_exception(e)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(code)
 
 
 def describe(e: BaseException) -> str:
@@ -94,7 +169,10 @@ class CommandHandler:
     Exit 0 is success. The environment is notifyq's own without its secrets (child_env), plus
     NOTIFYQ_QUEUE and, per job, NOTIFYQ_JOB_ID and NOTIFYQ_ATTEMPT, or, per batch,
     NOTIFYQ_JOB_IDS (space-separated, in the order of the lines on stdin). The command runs in its
-    own process group, so a timeout kills everything it started, not just the first process.
+    own process group, so a timeout, or the end of the shutdown grace (stop_running), kills
+    everything it started, not just the first process.
+
+    The workers of a queue share one handler, so it tracks each thread's running command.
     """
 
     def __init__(self, command: str, per_batch: bool, timeout_s: float):
@@ -111,6 +189,9 @@ class CommandHandler:
             raise errors.HandlerError(f"command not found: {self.argv[0]}")
         self.per_batch = per_batch
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
+        self._stopping = False
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
@@ -137,12 +218,30 @@ class CommandHandler:
                                     stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
         except OSError as e:
             return f"cannot run {self.argv[0]}: {e.strerror}"
+        with self._lock:
+            self._running[threading.get_ident()] = proc
+            stopping = self._stopping
+        try:
+            if stopping:  # started as the grace expired: it must not outlive the consumer
+                _kill_group(proc)
+                return GRACE_EXPIRED
+            return self._wait(proc, stdin, extend)
+        finally:
+            with self._lock:
+                self._running.pop(threading.get_ident(), None)
+
+    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None]) -> str | None:
+        import subprocess
+
         deadline = time.monotonic() + self.timeout_s
         stderr = ""
-        pending = stdin
+        pending: str | None = stdin
         while True:
             try:
-                _, stderr = proc.communicate(pending, timeout=min(30.0, max(0.01, deadline - time.monotonic())))
+                # In slices of a second, each followed by an extension: whatever the lease, it
+                # never runs out under a running command (extend() is cheap when not yet due).
+                wait_s = min(EXTEND_EVERY_S, max(0.01, deadline - time.monotonic()))
+                _, stderr = proc.communicate(pending, timeout=wait_s)
                 break
             except subprocess.TimeoutExpired:
                 pending = None
@@ -150,12 +249,42 @@ class CommandHandler:
                     _kill_group(proc)
                     return f"command timed out after {self.timeout_s:g}s"
                 extend()  # still running and within its timeout: keep the lease
+        if self._stopping and proc.returncode != 0:
+            return GRACE_EXPIRED
         if proc.returncode != 0:
             tail = (stderr or "").strip()[-STDERR_TAIL:]
             status = (f"exit status {proc.returncode}" if proc.returncode > 0
                       else f"killed by signal {-proc.returncode}")
             return status + (f": {tail}" if tail else "")
         return None
+
+
+    def stop_running(self, wait_s: float = TERM_WAIT_S) -> None:
+        """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
+        what is left of the groups after wait_s, and return once the commands are reaped, so
+        the caller fails their jobs only when nothing of them runs any more. Commands started
+        from now on are killed at once."""
+        import signal
+        import subprocess
+
+        with self._lock:
+            self._stopping = True
+            procs = list(self._running.values())
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:  # also what a leader that obeyed SIGTERM left behind in its group
+            _signal_group(proc, signal.SIGKILL)
+        for proc in procs:
+            try:
+                proc.wait(1.0)
+            except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
+                pass
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
@@ -177,11 +306,15 @@ def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
 def _kill_group(proc: subprocess.Popen) -> None:
     import signal
 
+    _signal_group(proc, signal.SIGKILL)
+    proc.communicate()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
     except ProcessLookupError:
         pass
-    proc.communicate()
 
 
 def load(handler: str, command: str, per_batch: bool, timeout_s: float):

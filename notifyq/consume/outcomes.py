@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from notifyq import logs
+from notifyq import errors, logs
 from notifyq.config import QueueConfig
 from notifyq.consume import retry
 from notifyq.consume.batch import Batch
@@ -21,6 +21,9 @@ from notifyq.store import queries
 from notifyq.store.db import Pending, Session
 
 log = logging.getLogger("notifyq.consumer")
+
+SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
+CUT_NOTE = " [cut short: the server refused the full text]"
 
 
 class Outcomes:
@@ -71,11 +74,18 @@ class Outcomes:
 
     def fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
         """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
-        logs the ones this claim still owned, and returns how many those were."""
+        logs the ones this claim still owned, and returns how many were not taken from us
+        (those, and those whose failure the server would not record: left to their lease)."""
         decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
                                             self.qc.retry_max_s) if may_retry else None, error)
                    for job, error, may_retry in failures]
-        owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+        try:
+            owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+            unrecorded: list[Job] = []
+        except errors.DatabaseError:
+            raise  # the server is away: the worker's outage path, as for any statement
+        except Exception as e:  # the server refused the statement: it must not end the worker
+            owned, unrecorded = self._fail_one_by_one(session, token, decided, e)
         logged: dict[str, int] = {}  # traceback -> the job whose line showed it
         for job, delay, error in decided:
             if job.id not in owned:
@@ -86,7 +96,34 @@ class Outcomes:
             else:
                 self.stats.retried += 1
             _log_failure(job, delay, error, logged)
-        return len(owned)
+        return len(owned) + len(unrecorded)
+
+    def _fail_one_by_one(self, session: Session, token: int, decided: list[tuple[Job, float | None, str]],
+                         refused: Exception) -> tuple[set[int], list[Job]]:
+        """The failures' statement was refused (a trigger, a server limit, a driver that cannot
+        encode the text): each job's failure on its own, with its error, then with the error cut
+        short. A job whose failure is refused both times is left to its lease: the reaper takes
+        it back then, and the worker goes on."""
+        log.warning("could not record failures, recording them one by one queue=%s n=%d error=%s",
+                    self.queue, len(decided), refused)
+        owned: set[int] = set()
+        unrecorded: list[Job] = []
+        for job, delay, error in decided:
+            texts = [error] if len(decided) > 1 else []  # one job alone: its full text was just refused
+            texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
+            for text in texts:
+                try:
+                    owned.update(queries.fail(session, self.queue, token, [(job.id, delay, text)]))
+                    break
+                except errors.DatabaseError:
+                    raise
+                except Exception as e:
+                    refused = e
+            else:
+                unrecorded.append(job)
+                log.error("could not record a job's failure: left to its lease queue=%s job=%d error=%s",
+                          self.queue, job.id, refused)
+        return owned, unrecorded
 
     def abandon(self, session: Session, batch: Batch) -> None:
         """The shutdown grace expired while the batch's handler still ran.

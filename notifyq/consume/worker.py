@@ -18,7 +18,7 @@ import time
 
 from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import reaper
+from notifyq.consume import handlers, reaper
 from notifyq.consume.batch import Batch
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
@@ -30,6 +30,7 @@ from notifyq.store.db import DriverError, Pending, Session, locks_unavailable
 log = logging.getLogger("notifyq.consumer")
 
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
+SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was killed settle its batch
 
 
 class Worker:
@@ -129,6 +130,7 @@ class Worker:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
                                 self.queue, e)
             self.finished = True
+            handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
             if self._owns_presence:
                 self.presence.close()
@@ -365,8 +367,21 @@ class Worker:
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""
-        if self.batch is not None:
-            self.outcomes.abandon(session, self.batch)
+        batch = self.batch
+        if batch is None:
+            return
+        stop_running = getattr(self.handler, "stop_running", None)
+        if stop_running is not None:
+            # A command runs in a process group of its own: it would outlive us and run on
+            # while a peer ran its jobs again. Killed, it hands its worker back the batch,
+            # which settles it (failed: the grace expired) and counts it before our summary.
+            stop_running()
+            deadline = time.monotonic() + SETTLE_AFTER_STOP_S
+            while self.batch is batch and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if self.batch is not batch:
+                return
+        self.outcomes.abandon(session, batch)
 
     # -------------------------------------------------------- the reaper, run by consumers
 

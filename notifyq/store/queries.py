@@ -30,6 +30,9 @@ OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
 # heartbeat (consume/heartbeat.py) beats several times inside it.
+# nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
+# error (1406, or 1366 where the cut splits a character) under strict sql_mode.
+ERROR_MAX_BYTES = 65535
 POLLING_STALE_S = 30.0
 # On a Galera node a lock-mode consumer whose lock is free is dead only once its heartbeat (which
 # every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
@@ -276,10 +279,10 @@ def fail(session: Session, queue: str, token: int,
         retried = 0
         for job_id, delay_s, error in failures:
             if delay_s is None:
-                cur.execute(Q["bury"], {"id": job_id, "token": token, "error": error[:65000]})
+                cur.execute(Q["bury"], {"id": job_id, "token": token, "error": error_text(error)})
             else:
                 cur.execute(Q["retry_later"], {
-                    "id": job_id, "token": token, "error": error[:65000], "delay_us": microseconds(delay_s)})
+                    "id": job_id, "token": token, "error": error_text(error), "delay_us": microseconds(delay_s)})
                 retried += cur.rowcount
             if cur.rowcount:
                 owned.append(job_id)
@@ -288,6 +291,12 @@ def fail(session: Session, queue: str, token: int,
         return owned
 
     return session.run(body, what="fail")
+
+
+def error_text(error: str, max_bytes: int = ERROR_MAX_BYTES) -> str:
+    """The error as last_error can hold it: valid UTF-8 (a lone surrogate, which no encoder
+    takes, becomes '?') of at most max_bytes, cut on a character boundary."""
+    return error.encode("utf-8", "replace")[:max_bytes].decode("utf-8", "ignore")
 
 
 def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
