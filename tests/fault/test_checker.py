@@ -171,11 +171,15 @@ def test_a_claim_that_takes_a_low_priority_job_while_a_high_one_waits_is_caught(
 
 
 def test_fault_classes_parse_and_a_seed_replays_the_same_schedule():
-    assert parse_classes("ci") == CI_CLASSES == parse_classes("all")
+    assert parse_classes("ci") == CI_CLASSES
+    assert "stall_idle" in parse_classes("all") and "stall_idle" not in CI_CLASSES  # long runs only
+    assert "kill_session" in CI_CLASSES and parse_classes("episodes,-busy_restart")[0] == "stall_idle"
     assert "polling" not in parse_classes("all,-polling")
     a = make_plan(7, parse_classes("all"), 60, 1000)
     assert a == make_plan(7, parse_classes("all"), 60, 1000)
     assert a.steps != make_plan(8, parse_classes("all"), 60, 1000).steps
+    # Episodes take their own random stream: the timed faults stay where they were without them
+    assert a.episodes and make_plan(7, parse_classes("all,-episodes"), 60, 1000).steps == a.steps
 
 
 def test_a_handler_past_the_lease_excuses_the_rerun_of_the_finished_jobs_of_its_claim_only():
