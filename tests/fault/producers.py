@@ -10,7 +10,6 @@ rr_dedup (item 12): a caller's REPEATABLE READ transaction reads first; another 
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -23,6 +22,7 @@ from notifyq.produce.producer import Producer
 from .history import Enqueue, Refused
 
 THREADS = 4
+BURST = 5  # puts per thread per round, all threads released together: they contend for the producer
 DEDUP_EVERY_S = 2.0
 DEDUP_DELAY_S = 2.0  # the first job of a key stays pending (scheduled) this long
 
@@ -30,9 +30,9 @@ DEDUP_DELAY_S = 2.0  # the first job of a key stays pending (scheduled) this lon
 class SharedProducer:
     def __init__(self, deploy: str, config: Config, queue: str, seed: int, jobs: int, duration_s: float):
         self.deploy, self.config, self.queue = deploy, config, queue
-        self.per_thread = max(1, jobs // THREADS)
-        self.pace_s = duration_s / self.per_thread
-        self.rng = random.Random(seed + 1)
+        self.rounds = max(1, jobs // (THREADS * BURST))
+        self.pace_s = duration_s / self.rounds
+        self.barrier = threading.Barrier(THREADS)
         self.enqueues: list[Enqueue] = []
         self.refused: list[Refused] = []
         self.unknown = 0
@@ -57,18 +57,27 @@ class SharedProducer:
             pass
 
     def _put_loop(self, thread: int) -> None:
-        for n in range(self.per_thread):
-            if self.stop.wait(self.pace_s * random.uniform(0.5, 1.5)):  # pacing, not synchronisation
+        for n in range(self.rounds):
+            if self.stop.wait(self.pace_s * 0.5):  # pacing, not synchronisation
+                self.barrier.abort()  # the others must not wait for this thread at the barrier
                 return
-            tag = f"t{thread}-{n}"
             try:
-                job = self.producer.put({"s": 0.0, "u": tag})
-            except errors.OutcomeUnknown:
-                self.unknown += 1
-            except Exception as e:  # noqa: BLE001 - any exception (a raw driver error too) is a refusal
-                self.refused.append(Refused(self.deploy, tag, type(e).__name__))
-            else:
-                self.enqueues.append(Enqueue(self.deploy, job, "", "shared", 0, 0.0, time.monotonic(), tag=tag))
+                self.barrier.wait(timeout=30)  # every thread puts at once: the contention item 1 needs
+            except threading.BrokenBarrierError:
+                return  # a thread is stuck in a put: the others stop too
+            for k in range(BURST):
+                self._put(f"t{thread}-{n}-{k}")
+        self.barrier.abort()
+
+    def _put(self, tag: str) -> None:
+        try:
+            job = self.producer.put({"s": 0.0, "u": tag})
+        except errors.OutcomeUnknown:
+            self.unknown += 1
+        except Exception as e:  # noqa: BLE001 - any exception (a raw driver error too) is a refusal
+            self.refused.append(Refused(self.deploy, tag, type(e).__name__))
+        else:
+            self.enqueues.append(Enqueue(self.deploy, job, "", "shared", 0, 0.0, time.monotonic(), tag=tag))
 
 
 class DedupCaller(threading.Thread):
