@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from .fleet import Consumer
@@ -58,14 +59,15 @@ class Episodes(threading.Thread):
                 self.played.append(name)
                 self.stop.wait(3.0)  # schedule.EPISODE_GAP_S: the queue empties between episodes
         except Exception as e:  # noqa: BLE001 - reported in the run's summary, not swallowed
-            self.error = f"{type(e).__name__}: {e}"
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            self.error = f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})"
 
     # ------------------------------------------------------------ helpers
 
     def _put(self, queue: str, payloads: list[dict]) -> list[int]:
         return self.run_.long_put(queue, payloads)
 
-    def _started(self, jobs: list[int], timeout_s: float, pids: int = 1) -> dict[int, int]:
+    def _wait_started(self, jobs: list[int], timeout_s: float, pids: int = 1) -> dict[int, int]:
         """Wait until `pids` distinct processes started some of `jobs`; job -> pid of its first start."""
         deadline = time.monotonic() + timeout_s
         wanted = set(jobs)
@@ -90,7 +92,7 @@ class Episodes(threading.Thread):
     def _stall_idle(self) -> None:
         """Item 4: a batch of six 2 s jobs; its consumer stopped 9 s (> session_idle_s) in job 1."""
         jobs = self._put(PY_QUEUE, [{"s": 2.0}] * 6)
-        victim = self._consumer(next(iter(self._started(jobs, 20).values()), -1))
+        victim = self._consumer(next(iter(self._wait_started(jobs, 20).values()), -1))
         if victim is None or not victim.alive():
             return
         self.run_.fleet.signal(victim, signal.SIGSTOP)
@@ -103,7 +105,7 @@ class Episodes(threading.Thread):
     def _busy_restart(self) -> None:
         """Item 5: two consumers in 20 s jobs (they extend their leases), the third idle."""
         jobs = self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}, {"k": "long", "s": 20.0, "x": 3.0}])
-        if not self._started(jobs, 20, pids=2):
+        if not self._wait_started(jobs, 20, pids=2):
             return
         kind = "busy_crash" if self.crash_next else "busy_restart"
         self.crash_next = not self.crash_next
@@ -116,7 +118,7 @@ class Episodes(threading.Thread):
         30 s job (extending its lease) and a batch of twelve 1.5 s jobs run; then back."""
         jobs = self._put(PY_QUEUE, [{"k": "long", "s": 30.0, "x": 3.0}])
         jobs += self._put(PY_QUEUE, [{"s": 1.5}] * 12)
-        if not self._started(jobs, 20, pids=2):
+        if not self._wait_started(jobs, 20, pids=2):
             return
         self._reload(session_idle_s=40, py_lease_s=8.0, detail="session_idle_s 4->40, fl lease_s 30->8")
         self.stop.wait(40.0)
@@ -144,7 +146,7 @@ class Episodes(threading.Thread):
         while not grace.ready() and time.monotonic() < deadline:
             time.sleep(0.1)  # poll interval inside a deadline
         jobs = self._put(GRACE_QUEUE, [{"s": 10.0}])
-        if not self._started(jobs, 20):
+        if not self._wait_started(jobs, 20):
             return
         at = time.monotonic()
         run.fleet.signal(grace, signal.SIGTERM)
