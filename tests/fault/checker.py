@@ -309,7 +309,7 @@ def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[
             first = earlier_ok[-1] if earlier_ok else runs[i - 1]
             out.append(Violation(rule, key, f"attempt {first.attempt} on pid {first.pid} at {first.start:.3f}, "
                                             f"attempt {later.attempt} on pid {later.pid} at {later.start:.3f}, "
-                                            "no fault on either process nor the server in between"))
+                                            "no fault that excuses it on either process nor the server in between"))
     return out, dict(causes), concurrent
 
 

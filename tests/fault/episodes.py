@@ -104,7 +104,11 @@ class Episodes(threading.Thread):
 
     def _busy_restart(self) -> None:
         """Item 5: two consumers in 20 s jobs (they extend their leases), the third idle."""
-        jobs = self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}, {"k": "long", "s": 20.0, "x": 3.0}])
+        # One at a time: put together, one claim would take both and run them one after the other
+        first = self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}])
+        if not self._wait_started(first, 20):
+            return
+        jobs = first + self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}])
         if not self._wait_started(jobs, 20, pids=2):
             return
         kind = "busy_crash" if self.crash_next else "busy_restart"
