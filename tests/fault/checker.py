@@ -18,6 +18,21 @@ The contract (issue 13, "The contract to hold"), one rule per function below:
 - priority: among jobs that were claimable at the same time, a claim never takes a lower
   priority one while a higher priority one waits. Asserted only where the history proves both
   were claimable and untouched by any fault; ties (run_at, id) are asserted only within a batch.
+
+Issue 26 ("a live consumer keeps what it holds", "a worker never starts a job it no longer
+owns", "an id that put() returned is always stored"):
+- stale_start: no start under a claim that had been taken back (another claim started the job
+  since this claim's first start), whatever the faults;
+- orphaned_run: no handler (a --command) still running after its consumer exited;
+- consumer_exit: no consumer process ends unless the schedule ended it;
+- stray_process: no job starts in a process the harness did not start (a forked child);
+- stored_after_raise / wrong_id: a put() that raised stored nothing, and the id a put()
+  returned is the job it stored (tagged puts);
+- dedup_twice: never two pending jobs with one dedup key;
+- the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
+  second run, not the process's own; a server restart excuses the second run of a job that had
+  finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
+  handler that keeps its lease (Run.keeps_lease) never excuses its own second run as past-lease.
 """
 
 from __future__ import annotations
@@ -41,7 +56,16 @@ PROCESS_CAUSES = {"sigkill": "sigkill", "poison_exit": "poison", "stall": "stall
 # the failover it forces (or the eviction stall of a paused non-writer): its window runs from the
 # fault until the node is a Synced member again. A duplicate it explains was in flight then.
 SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
-                 "writer_kill": "failover_kill", "node_pause": "failover_pause"}
+                 "writer_kill": "failover_kill", "node_pause": "failover_pause",
+                 "busy_restart": "server_busy", "busy_crash": "server_busy"}
+# What a fault may excuse (duplicate_cause), by kind; "any" when not listed:
+# peer      only a second run on another process than the one hit: a peer may take back what a
+#           process held while its session was gone (presence.py's trust rules), but a process
+#           never runs its own jobs again for it (issue 26 item 3, a process reaping itself);
+# finished  only the second run of a job whose run had ended before the fault (its ack may have
+#           been in flight); one whose handler ran through it was a live consumer's (item 5);
+# never     a reload changes settings, it takes nothing back (item 6).
+EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
 CLAIMED = 2
@@ -196,13 +220,16 @@ class Faults:
                 self.by_pid[f.pid].append(f)
         self._starts = [f.start for f in self.all]
 
-    def cause(self, pids: Iterable[int], lo: float, hi: float) -> str | None:
+    def cause(self, pids: Iterable[int], lo: float, hi: float, earlier: Run | None = None,
+              later: Run | None = None) -> str | None:
+        """A fault on one of `pids` (or the server) in [lo, hi] that may excuse `later` running
+        again after `earlier` (EXCUSE); without the runs, any fault that can excuse anything."""
         for pid in pids:
             for f in self.by_pid.get(pid, ()):
-                if f.start <= hi and f.end >= lo:
+                if f.start <= hi and f.end >= lo and excuses(f, earlier, later):
                     return PROCESS_CAUSES.get(f.kind, f.kind)
         for f in self.server:
-            if f.start <= hi and f.end >= lo:
+            if f.start <= hi and f.end >= lo and excuses(f, earlier, later):
                 return SERVER_CAUSES[f.kind]
         return None
 
@@ -212,9 +239,23 @@ class Faults:
         return any(f.end >= lo for f in self.all[:i])
 
 
+def excuses(f: Fault, earlier: Run | None, later: Run | None) -> bool:
+    policy = EXCUSE.get(f.kind, "any")
+    if policy == "never":
+        return False
+    if earlier is None or later is None or policy == "any":
+        return True
+    if policy == "peer":
+        return later.pid != f.pid
+    return earlier.end is not None and earlier.end <= f.start  # finished
+
+
 def outlasted_lease(r: Run, same_job: list[Run], lease_out: float) -> bool:
     """The handler ran past the lease (which had run out by `lease_out`): it ended after it, or
-    (no end recorded: its process died or stopped later) the job started again elsewhere after."""
+    (no end recorded: its process died or stopped later) the job started again elsewhere after.
+    Never a handler that kept its lease: extending it was its claim's (or its consumer's) job."""
+    if r.keeps_lease:
+        return False
     if r.end is not None:
         return r.end > lease_out
     return any(o.start > lease_out for o in same_job if o is not r)
@@ -230,9 +271,11 @@ def duplicate_cause(earlier: Run, later: Run, faults: Faults, lease_s: float) ->
     start): the reaper takes the claim back whole."""
     lo = min(earlier.start, later.start) - lease_s
     hi = max(earlier.start, later.start)
-    cause = faults.cause({earlier.pid, later.pid}, lo, hi)
+    cause = faults.cause({earlier.pid, later.pid}, lo, hi, earlier, later)
     if cause:
         return cause
+    if earlier.keeps_lease:
+        return None
     lease_out = faults.lease_out.get(run_id(earlier), earlier.start + lease_s)
     if earlier.end is None:
         # Still running when the later run started, after its lease ran out
@@ -266,7 +309,7 @@ def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[
             first = earlier_ok[-1] if earlier_ok else runs[i - 1]
             out.append(Violation(rule, key, f"attempt {first.attempt} on pid {first.pid} at {first.start:.3f}, "
                                             f"attempt {later.attempt} on pid {later.pid} at {later.start:.3f}, "
-                                            "no fault on either process nor the server in between"))
+                                            "no fault that excuses it on either process nor the server in between"))
     return out, dict(causes), concurrent
 
 
@@ -347,7 +390,7 @@ def check_after_cancel(h: History) -> list[Violation]:
 
 # Faults during which no reaper can take anything back (the server, or the writer node, is gone):
 # the recovery bound of a consumer killed meanwhile is extended by the time they overlap.
-OUTAGES = ("server_restart", "server_crash", "writer_kill", "node_pause")
+OUTAGES = ("server_restart", "server_crash", "writer_kill", "node_pause", "busy_restart", "busy_crash")
 
 
 def check_stranded(h: History) -> list[Violation]:
@@ -471,10 +514,139 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
     return out, judged
 
 
+# ------------------------------------------------------------------ issue 26
+
+
+def check_stale_starts(h: History) -> list[Violation]:
+    """A worker never starts a job it no longer owns (item 4): a start under claim (pid, token)
+    after another claim had started the same job since this claim's first start. That other
+    claim came while this one was live, so this one had been taken back before the start."""
+    first: dict[tuple, float] = {}
+    for r in h.runs:
+        if r.token:
+            ident = (r.deploy, r.pid, r.token)
+            first[ident] = min(first.get(ident, r.start), r.start)
+    out = []
+    for key, runs in h.runs_by_job().items():
+        for i, r in enumerate(runs):
+            if not r.token:
+                continue
+            mine = first[(r.deploy, r.pid, r.token)]
+            other = next((o for o in runs[:i] if o.token and (o.pid, o.token) != (r.pid, r.token)
+                          and o.start > mine), None)
+            if other is not None:
+                out.append(Violation("stale_start", key, f"pid {r.pid} started it at {r.start:.3f} under claim "
+                                                         f"{r.token} (its first start {mine:.3f}), after pid "
+                                                         f"{other.pid} had started it at {other.start:.3f} "
+                                                         f"under claim {other.token}"))
+                break
+    return out
+
+
+def check_orphans(h: History) -> list[Violation]:
+    """A consumer's exit ends its handlers (item 9): no run ends after its consumer exited."""
+    exited = {e.pid: e.at for e in h.exits}
+    runs_of = h.runs_by_job()
+    out = []
+    for r in h.runs:
+        gone = exited.get(r.pid)
+        if gone is None or r.end is None or r.end <= gone + CLOCK_SLACK_S:
+            continue
+        peers = [o for o in runs_of[r.key] if o is not r and o.start < r.end and (o.end is None or o.end > gone)]
+        overlap = f", overlapping pid {peers[0].pid}'s run from {peers[0].start:.3f}" if peers else ""
+        out.append(Violation("orphaned_run", r.key, f"run {r.proc or r.pid} of consumer pid {r.pid} ended at "
+                                                    f"{r.end:.3f}, {r.end - gone:.1f}s after the consumer "
+                                                    f"exited{overlap}"))
+    return out
+
+
+def check_exits(h: History) -> list[Violation]:
+    """No consumer dies of a job (item 10): every exit is the schedule's doing."""
+    return [Violation("consumer_exit", None, f"pid {e.pid} exited {e.code} at {e.at:.3f}: {e.why}")
+            for e in h.exits if not e.expected]
+
+
+def check_strays(h: History) -> list[Violation]:
+    """Only consumer processes start jobs (item 11): a forked child that starts one runs
+    consumer code it must not."""
+    if not h.consumer_pids:
+        return []
+    return [Violation("stray_process", r.key, f"started at {r.start:.3f} by pid {r.pid}, not a consumer "
+                                              "process the harness started")
+            for r in h.runs if r.pid not in h.consumer_pids]
+
+
+def check_tagged_puts(h: History) -> list[Violation]:
+    """A put() that returned stored its job, one that raised stored nothing (item 1): the tag of
+    every put (payload "u") is on the start line of the job it stored."""
+    refused = {(x.deploy, x.tag): x for x in h.refused}
+    returned = {e.key: e.tag for e in h.enqueues if e.tag}
+    out, seen = [], set()
+    for r in h.runs:
+        if not r.tag or r.key in seen:
+            continue
+        seen.add(r.key)
+        if (r.deploy, r.tag) in refused:
+            out.append(Violation("stored_after_raise", r.key, f"put {r.tag} raised "
+                                                              f"{refused[(r.deploy, r.tag)].error} but its job ran"))
+        elif r.key in returned and returned[r.key] != r.tag:
+            out.append(Violation("wrong_id", r.key, f"put {returned[r.key]} returned this id; "
+                                                    f"the job holds put {r.tag}'s payload"))
+    return out
+
+
+def check_dedup(h: History) -> list[Violation]:
+    """Never two pending jobs with one dedup key (item 12): a keyed put called while an earlier
+    job with that key was acknowledged and had not started yet returns that job's id."""
+    first_start = {key: runs[0].start for key, runs in h.runs_by_job().items()}
+    keyed: dict[tuple, list] = collections.defaultdict(list)
+    for e in h.enqueues:
+        if e.dedup and e.called_at is not None:
+            keyed[(e.deploy, e.dedup)].append(e)
+    out = []
+    for (deploy, key), puts in keyed.items():
+        puts.sort(key=lambda e: e.acked_at)
+        for i, later in enumerate(puts):
+            holder = next((e for e in puts[:i] if e.job != later.job and e.acked_at < later.called_at
+                           and first_start.get(e.key, float("inf")) > later.called_at), None)
+            if holder is not None:
+                out.append(Violation("dedup_twice", later.key, f"key {key}: put at {later.called_at:.3f} stored "
+                                                               f"job {later.job} while job {holder.job} (acked "
+                                                               f"{holder.acked_at:.3f}) was pending"))
+    return out
+
+
 # ------------------------------------------------------------------ all of it
 
 
 def check(h: History) -> Report:
+    """Every rule; the lease-bound ones on each deployment with its own lease (lease_of)."""
+    deploys = sorted({r.deploy for r in h.runs} | {e.deploy for e in h.enqueues} | {f.deploy for f in h.final_rows}
+                     | {k.split("/", 1)[0] for k in h.recovery_s})
+    parts = [_check_deploy(_only(h, d)) for d in deploys] or [_check_deploy(h)]
+    violations = [v for p in parts for v in p.violations]
+    violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
+    violations += check_tagged_puts(h) + check_dedup(h)
+    duplicates: collections.Counter = collections.Counter()
+    for p in parts:
+        duplicates.update(p.duplicates)
+    recoveries = [p.max_recovery_s for p in parts if p.max_recovery_s is not None]
+    return Report(violations=violations, jobs=sum(p.jobs for p in parts), runs=sum(p.runs for p in parts),
+                  lost=sum(p.lost for p in parts), innocent_dead=sum(p.innocent_dead for p in parts),
+                  dead=sum(p.dead for p in parts), duplicates=dict(duplicates),
+                  concurrent=sum(p.concurrent for p in parts),
+                  priority_checked=sum(p.priority_checked for p in parts), max_recovery_s=max(recoveries, default=None))
+
+
+def _only(h: History, deploy: str) -> History:
+    """One deployment's part of the history, with its lease; faults are everyone's."""
+    return dataclasses.replace(
+        h, runs=[r for r in h.runs if r.deploy == deploy], enqueues=[e for e in h.enqueues if e.deploy == deploy],
+        final_rows=[f for f in h.final_rows if f.deploy == deploy], lease_s=h.lease_of(deploy),
+        recovery_s={k: v for k, v in h.recovery_s.items() if k.startswith(f"{deploy}/")}, lease_by_deploy={})
+
+
+def _check_deploy(h: History) -> Report:
     faults = Faults(h.faults, h.runs, h.lease_s)
     violations: list[Violation] = []
     violations += check_lost(h)

@@ -28,6 +28,9 @@ class Consumer:
     stopped: bool = False  # SIGSTOPped right now
     retiring: bool = False  # SIGTERMed by a rolling restart: its exit is expected
     killed_at: float | None = None  # when the schedule (or a poison job) ended it
+    expect: str = ""  # why its exit is the schedule's doing (SIGKILL, SIGTERM ...); "": a death
+    exit_noted: bool = False  # its Exit is in the history
+    args: tuple[str, ...] = ()  # its queue, handler and extra arguments
 
     @property
     def pid(self) -> int:
@@ -59,16 +62,16 @@ class Fleet:
         self.slots: list[Consumer] = []
 
     def spawn(self, env: dict[str, str], deploy: str, queue: str, mode: str, config: Path, batch_size: int,
-              slot: int = -1, *extra: str) -> Consumer:
+              slot: int = -1, *extra: str, handler: tuple[str, ...] = ("--handler", CONSUMER_HANDLER)) -> Consumer:
         n = len(self.started)
         env = {**env, "NOTIFYQ_CONFIG": str(config), "NQF_OUT": str(self.out), "NQF_DEPLOY": deploy}
         err_path = self.logdir / f"consumer{n}.err"
         with err_path.open("w") as err:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "notifyq", "consume", "-q", queue, "--handler", CONSUMER_HANDLER,
+                [sys.executable, "-m", "notifyq", "consume", "-q", queue, *handler,
                  "--batch-size", str(batch_size), *extra],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path)
+        consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path, args=(queue, *handler, *extra))
         with (self.logdir / "fleet.txt").open("a") as fleet_log:  # which log is which pid, for a post-mortem
             fleet_log.write(f"consumer{n}.err pid {popen.pid} slot {slot} mode {mode} deploy {deploy} "
                             f"args {' '.join(extra) or '-'}\n")
@@ -81,6 +84,8 @@ class Fleet:
     def signal(self, consumer: Consumer, sig: int) -> None:
         if consumer.alive():
             consumer.popen.send_signal(sig)
+        if sig == signal.SIGTERM:
+            consumer.expect = consumer.expect or "SIGTERM"
         if sig == signal.SIGSTOP:
             consumer.stopped = True
         elif sig == signal.SIGCONT:
@@ -89,6 +94,7 @@ class Fleet:
     def kill(self, consumer: Consumer) -> float:
         """SIGKILL and wait for the kernel to close its sockets; returns the kill time."""
         at = time.monotonic()
+        consumer.expect = "SIGKILL"
         if consumer.alive():
             consumer.popen.send_signal(signal.SIGKILL)
         consumer.popen.wait(30)
@@ -102,13 +108,14 @@ class Fleet:
         for c in live:
             if c.stopped:
                 self.signal(c, signal.SIGCONT)
-            c.popen.send_signal(signal.SIGTERM)
+            self.signal(c, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         codes: dict[int, int | str] = {}
         for c in live:
             try:
                 codes[c.pid] = c.popen.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                c.expect = ""  # a drain that hangs is no exit the schedule asked for
                 c.popen.kill()
                 c.popen.wait(30)
                 codes[c.pid] = "hung"

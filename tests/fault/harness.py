@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,15 +35,20 @@ from notifyq.store.db import Session
 
 from . import checker
 from .conftest import client_ports
+from . import episodes as ep
 from .fleet import Consumer, Fleet, write_config
-from .history import Enqueue, Fault, FinalRow, History, poison_exits, read_runs
+from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
-from .schedule import Plan, Step
+from .producers import DedupCaller, SharedProducer
+from .schedule import EPISODES, Plan, Step
 from .workload import Workload
 
 QUEUE = "fq"
 BATCH_QUEUE = "fb"
 SLOT_BATCH_SIZES = (10, 25, 50, 5)
+# kill_session: which session of a consumer, drawn by the step's pick; the liveness session of a
+# busy consumer twice as often (issue 26 item 3). "other": its watcher, heartbeat or reaper session.
+SESSION_KINDS = ("liveness", "liveness", "work", "other")
 EWE_EVERY_S = 4.0  # a cron-like `--exit-when-empty` run this often on the second deployment
 EWE_BURST = 30
 
@@ -63,6 +69,7 @@ class RunResult:
     workdir: Path
     running_at_end: int = 0  # consumer slots whose process still ran when the fleet was stopped
     false_reclaims: list[str] = dataclasses.field(default_factory=list)
+    episode_note: str = ""  # which episodes were played (and an error that stopped them)
 
     def summary(self) -> str:
         lines = [self.plan.describe(),
@@ -74,6 +81,8 @@ class RunResult:
         lines += [f"  {v}" for v in shown]
         if len(self.report.violations) > len(shown):
             lines.append(f"  ... {len(self.report.violations) - len(shown)} more of the same rules")
+        if self.episode_note:
+            lines.append(self.episode_note)
         lines.append(f"logs: {self.workdir}")
         return "\n".join(lines)
 
@@ -98,6 +107,17 @@ class FaultRun:
         self.stalls: list[tuple[float, Consumer, float]] = []  # (SIGCONT due, consumer, SIGSTOP time)
         self.rolling_restarts = 0  # not faults (nothing excuses a second run), but shown
         self.ewe_kill: dict[int, bool] = {}  # pid -> to be SIGKILLed once it has started jobs
+        # issue 26
+        self.server_lock = threading.Lock()  # the episodes thread restarts the server too
+        self.exits: list[Exit] = []
+        self.long_slots: list[Consumer] = []
+        self.long_enqueues: list[Enqueue] = []
+        self.long_producers: dict[str, Producer] = {}
+        self.async_consumer: Consumer | None = None
+        self.episodes: ep.Episodes | None = None
+        self.shared: SharedProducer | None = None
+        self.dedup: DedupCaller | None = None
+        self.long_config_path: Path | None = None
 
     # ------------------------------------------------------------ the run
 
@@ -149,26 +169,36 @@ class FaultRun:
         self.monitor = ClaimMonitor(self.roots, self.fleet)
         for slot in range(plan.consumers):
             self.fleet.slots.append(self._spawn_slot(slot))
-        self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots), 60,
+        self._start_long_deployment()
+        if "async_handler" in plan.classes:
+            self.async_consumer = self.fleet.spawn(self.dbs["main"].env, "main", QUEUE, "locks", self.configs["locks"],
+                                                   10, handler=("--handler", "nqfault:handle_async"))
+        self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots + self.long_slots), 60,
                                     "the consumers started")
         workload = self._workload(self._config("main"))
         batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
         self._play(workload, batch_producer)
         workload.join(30)
+        self._join_issue26_threads()
         if batch_producer is not None:
             batch_producer.close()
         drained = self._drain()
         running_at_end = sum(c.alive() for c in self.fleet.slots)
-        codes = self.fleet.stop_all(plan.lease_s * 3 + 15)
+        codes = self.fleet.stop_all(plan.lease_s * 3 + 15 if not self.long_slots else ep.LONG_LEASE_S + 15)
+        self._note_exits()
         history = self._history(workload)
         report = checker.check(history)
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
         if self.rolling_restarts:
             kinds["rolling_restart"] = self.rolling_restarts
+        note = ""
+        if self.episodes is not None:
+            note = f"episodes played: {' '.join(self.episodes.played) or 'none'}"
+            note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
-                         running_at_end, self._false_reclaims())
+                         running_at_end, self._false_reclaims(), note)
 
     def _false_reclaims(self) -> list[str]:
         """Live consumers a reaper judged dead: a consumer that logged it was judged stale, or a
@@ -193,15 +223,18 @@ class FaultRun:
         plan = self.plan
         started = time.monotonic()
         workload.start()
+        self._start_issue26_threads()
         steps = list(plan.steps)
         next_tick = next_ewe = started
         while True:
             now = time.monotonic()
             elapsed = now - started
-            if elapsed >= plan.duration_s and not workload.is_alive():
+            if elapsed >= plan.duration_s and not workload.is_alive() and not self._episodes_running():
                 return
             if elapsed >= plan.duration_s + 60:
                 workload.stop.set()  # the server restarts slowed it down: stop where it is
+                if self.episodes is not None:
+                    self.episodes.stop.set()
             while steps and steps[0].at_s <= elapsed:
                 self._inject(steps.pop(0), workload)
             self._resume_due_stalls(now)
@@ -211,6 +244,7 @@ class FaultRun:
             self._kill_ewe_mid_batch()
             if now >= next_tick:
                 next_tick = now + 0.5
+                self._note_exits()
                 self._respawn_exited()
                 self.monitor.tick()
                 self._tick()
@@ -225,7 +259,8 @@ class FaultRun:
 
     def _config(self, deploy: str) -> config_mod.Config:
         env = {k: v for k, v in self.dbs[deploy].env.items() if k.startswith("NOTIFYQ_")}
-        return config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(self.configs["locks"])})
+        path = self.long_config_path if deploy == ep.DEPLOY else self.configs["locks"]
+        return config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(path)})
 
     def _spawn_slot(self, slot: int) -> Consumer:
         mode = "polling" if "polling" in self.plan.classes and slot % 2 == 1 else "locks"
@@ -249,18 +284,15 @@ class FaultRun:
             self.stalls.append((now + step.length_s, victim, now))
         elif step.kind == "kill_connection":
             self._kill_connection(step.pick)
+        elif step.kind == "kill_session":
+            self._kill_session(step.pick)
         elif step.kind in ("server_restart", "server_crash"):
-            at = time.monotonic()
-            if step.kind == "server_restart":
-                self.server.stop()
-            else:
-                self.server.kill()
-            self.server.start()
-            self.faults.append(Fault(step.kind, at, time.monotonic()))
+            at, back = self.restart_server(crash=step.kind == "server_crash")
+            self.faults.append(Fault(step.kind, at, back))
         elif step.kind == "rolling_restart":
             if victim.alive() and victim.ready() and not victim.stopped and not victim.retiring:
                 victim.retiring = True
-                victim.popen.send_signal(signal.SIGTERM)  # _respawn_exited starts its successor
+                self.fleet.signal(victim, signal.SIGTERM)  # _respawn_exited starts its successor
                 self.rolling_restarts += 1
         elif step.kind == "cancel":
             recent = workload.enqueues[-50:]
@@ -268,6 +300,17 @@ class FaultRun:
                 self._cancel(recent[int(step.pick * len(recent))].job)
         else:
             self._inject_server_fault(step)
+
+    def restart_server(self, crash: bool) -> tuple[float, float]:
+        """A clean restart (SIGTERM) or a crash (SIGKILL) and a start; (when, back up)."""
+        with self.server_lock:
+            at = time.monotonic()
+            if crash:
+                self.server.kill()
+            else:
+                self.server.stop()
+            self.server.start()
+            return at, time.monotonic()
 
     def _inject_server_fault(self, step: Step) -> None:
         raise ValueError(f"no such fault here: {step.kind}")
@@ -324,6 +367,10 @@ class FaultRun:
                 if code != 70 and not (consumer.retiring and code == 0):
                     self.unexpected.append(f"slot {consumer.slot} pid {consumer.pid} exited {code}")
             self.fleet.slots[consumer.slot] = self._spawn_slot(consumer.slot)
+        for i, consumer in enumerate(list(self.long_slots)):
+            if not consumer.alive() and not consumer.stopped:  # a death (the exit rule judges it)
+                consumer.killed_at = consumer.killed_at or time.monotonic()
+                self.long_slots[i] = self.spawn_long(consumer.args[0], command="--command" in consumer.args)
 
     # ------------------------------------------------------------ the exit-when-empty deployment
 
@@ -352,6 +399,128 @@ class FaultRun:
                 self.faults.append(Fault("sigkill", at, at, pid, detail="exit-when-empty"))
                 del self.ewe_kill[pid]
 
+    # ------------------------------------------------------------ issue 26's classes
+
+    def _start_long_deployment(self) -> None:
+        """The episodes' deployment (episodes.py): its own database, Python and --command consumers."""
+        if not any(c in self.plan.classes for c in EPISODES):
+            return
+        self.dbs[ep.DEPLOY] = create_test_db(self._server_dsn())
+        self.roots[ep.DEPLOY] = Root(self.dbs[ep.DEPLOY].admin)  # the monitor and the drain see it too
+        self.long_config_path = ep.long_config(self.workdir / "long.toml")
+        self.long_slots += [self.spawn_long(ep.PY_QUEUE) for _ in range(ep.PY_CONSUMERS)]
+        self.long_slots += [self.spawn_long(ep.CMD_QUEUE, command=True) for _ in range(ep.CMD_CONSUMERS)]
+
+    def spawn_long(self, queue: str, command: bool = False, config: Path | None = None) -> Consumer:
+        handler = ("--command", ep.COMMAND) if command else ("--handler", "nqfault:handle")
+        return self.fleet.spawn(self.dbs[ep.DEPLOY].env, ep.DEPLOY, queue, "locks", config or self.long_config_path,
+                                10, handler=handler)
+
+    def long_put(self, queue: str, payloads: list[dict]) -> list[int]:
+        """Enqueue an episode's jobs; each acknowledged one is owed (the lost rule)."""
+        producer = self.long_producers.get(queue)
+        if producer is None:
+            producer = self.long_producers[queue] = Producer(queue, self._config(ep.DEPLOY))
+        try:
+            ids = producer.put_many(payloads)
+        except errors.NotifyqError:
+            return []
+        acked = time.monotonic()
+        self.long_enqueues += [Enqueue(ep.DEPLOY, i, "", "episode", 0, 0.0, acked) for i in ids]
+        return ids
+
+    def _start_issue26_threads(self) -> None:
+        plan = self.plan
+        if "shared_producer" in plan.classes:
+            self.shared = SharedProducer("main", self._config("main"), QUEUE, plan.seed, max(40, plan.jobs // 20),
+                                         plan.duration_s)
+            self.shared.start()
+        if "rr_dedup" in plan.classes:
+            self.dedup = DedupCaller("main", self._config("main"), QUEUE, plan.duration_s)
+            self.dedup.start()
+        if plan.episodes and self.long_slots:
+            self.episodes = ep.Episodes(self, plan.episodes)
+            self.episodes.start()
+
+    def _episodes_running(self) -> bool:
+        return self.episodes is not None and self.episodes.is_alive()
+
+    def _join_issue26_threads(self) -> None:
+        if self.shared is not None:
+            self.shared.join(30)
+        if self.dedup is not None:
+            self.dedup.stop.set()
+            self.dedup.join(30)
+        if self.episodes is not None:
+            self.episodes.stop.set()
+            self.episodes.join(60)
+        for producer in self.long_producers.values():
+            producer.close()
+
+    def _note_exits(self) -> None:
+        """Every consumer's end, once, and whether the schedule explains it (checker: consumer_exit).
+        `at` is when it was first seen gone (no earlier than the exit): a handler still running
+        after it outlived its consumer (checker: orphaned_run)."""
+        for c in self.fleet.started:
+            if c.exit_noted or c.alive():
+                continue
+            c.exit_noted = True
+            code = c.popen.returncode
+            at = c.killed_at if c.expect == "SIGKILL" and c.killed_at is not None else time.monotonic()
+            self.exits.append(Exit(c.pid, at, code, *self._exit_reason(c, code)))
+
+    def _exit_reason(self, c: Consumer, code: int | None) -> tuple[bool, str]:
+        if c.expect == "SIGKILL":
+            return True, "SIGKILL"
+        if code == 70:
+            return True, "a poison job's os._exit"
+        if code == 0 and (c.expect == "SIGTERM" or "--exit-when-empty" in c.args):
+            return True, c.expect or "exit when empty"
+        if code == 3 and c is self.async_consumer:
+            return True, "refused an async handler at start"
+        return False, f"not the schedule's doing (signalled: {c.expect or 'no'}; log {c.err.name})"
+
+    def _kill_session(self, pick: float) -> None:
+        """KILL CONNECTION of one session of a main-deployment consumer, of the kind the pick draws:
+        the liveness session (IS_USED_LOCK of its registration), the work session (the latest
+        statement), or another one (watcher, heartbeat, reaper)."""
+        kind = SESSION_KINDS[int(pick * len(SESSION_KINDS))]
+        victim, busy = self._busy_consumer(pick)
+        if victim is None:
+            return
+        sessions = self._sessions_of(victim.pid)
+        lock = self.roots["main"].scalar("SELECT IS_USED_LOCK(lock_name) FROM nq_consumer WHERE pid = %s",
+                                         (victim.pid,))
+        lock = int(lock) if lock is not None else None
+        others = {c: q for c, q in sessions.items() if c != lock}
+        work = max(others, key=others.get) if others else None
+        target = {"liveness": lock, "work": work}.get(kind, next((c for c in sorted(others) if c != work), None))
+        if target is None or target not in sessions:
+            return
+        at = time.monotonic()
+        try:
+            self.roots["main"].query(f"KILL CONNECTION {target}")
+        except MySQLdb.Error:
+            return  # it closed meanwhile
+        self.faults.append(Fault("kill_session", at, at, victim.pid,
+                                 detail=f"{kind} of a {'busy' if busy else 'live'} consumer, connection {target}"))
+
+    def _busy_consumer(self, pick: float) -> tuple[Consumer | None, bool]:
+        """A lock-mode main consumer in a long job if there is one (by the pick), else any."""
+        live = [c for c in self.fleet.slots if c.alive() and not c.stopped and c.mode == "locks" and c.ready()]
+        open_long = {r.pid for r in read_runs(self.out) if r.end is None and "L" in r.flags}
+        busy = [c for c in live if c.pid in open_long]
+        pool = busy or live
+        return (pool[int(pick * len(pool))], bool(busy)) if pool else (None, False)
+
+    def _sessions_of(self, pid: int) -> dict[int, int]:
+        """{connection id: QUERY_ID of its latest statement} of process `pid`."""
+        ports = client_ports(pid)
+        rows = self.roots["main"].query(
+            "SELECT ID, HOST, QUERY_ID FROM information_schema.PROCESSLIST WHERE USER = %s", (self.runtime_user,))
+        return {int(cid): int(query_id) for cid, host, query_id in rows
+                if ":" in host and int(host.rsplit(":", 1)[1]) in ports}
+
     # ------------------------------------------------------------ drain and collect
 
     def _drain(self) -> bool:
@@ -378,7 +547,8 @@ class FaultRun:
 
     def _history(self, workload: Workload) -> History:
         runs = read_runs(self.out)
-        enqueues = workload.enqueues + self.batch_enqueues
+        enqueues = workload.enqueues + self.batch_enqueues + self.long_enqueues
+        enqueues += (self.shared.enqueues if self.shared else []) + (self.dedup.enqueues if self.dedup else [])
         poison = {e.key for e in enqueues if e.kind == "poison"}
         rows = []
         for deploy, root in self.roots.items():
@@ -386,7 +556,10 @@ class FaultRun:
                     "SELECT id, status, attempts, last_error, owner FROM nq_job"):
                 rows.append(FinalRow(deploy, int(job), int(status), int(attempts), last_error, owner))
         return History(runs, enqueues, self.faults + poison_exits(runs, poison), rows, self.plan.lease_s,
-                       recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0)
+                       recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
+                       exits=self.exits, refused=self.shared.refused if self.shared else [],
+                       consumer_pids={c.pid for c in self.fleet.started},
+                       lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S})
 
 
 def _starts_in(log: Path) -> int:

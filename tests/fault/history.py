@@ -33,6 +33,15 @@ class Run:
     run_at: float  # epoch seconds (server time, UTC)
     end: float | None = None  # None: the process died (or stopped) before the handler returned
     outcome: str | None = None  # ok | fail
+    flags: str = ""  # L: kept its lease (extended it), C: a --command run, F: forked a child
+    tag: str = ""  # the put() that stored the job (payload "u"), when the workload tagged it
+    proc: int = 0  # the process the handler ran in when not `pid` (a --command's own pid)
+
+    @property
+    def keeps_lease(self) -> bool:
+        """Its handler extended its lease (or its consumer owed it that, for a command within
+        command_timeout_s): running past the lease is no excuse for a second run of it."""
+        return "L" in self.flags or "C" in self.flags
 
     @property
     def key(self) -> JobKey:
@@ -53,6 +62,9 @@ class Enqueue:
     priority: int
     delay_s: float
     acked_at: float  # monotonic, when the call (or the caller's COMMIT) returned
+    tag: str = ""  # payload "u" of a tagged put (shared_producer), "" otherwise
+    dedup: str = ""  # the dedup key it was put with
+    called_at: float | None = None  # monotonic, when the put was called (dedup checks)
 
     @property
     def key(self) -> JobKey:
@@ -60,8 +72,27 @@ class Enqueue:
 
 
 @dataclasses.dataclass(frozen=True)
+class Refused:
+    """A tagged put() that raised (not OutcomeUnknown): it must have stored nothing."""
+    deploy: str
+    tag: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """A consumer process's end, as the harness saw it (`at` is no earlier than the real exit)."""
+    pid: int
+    at: float  # monotonic
+    code: int | None
+    expected: bool  # the schedule's doing (SIGKILL, SIGTERM, a poison job, a refused handler)
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # sigkill, stall, kill_connection, server_restart, server_crash, poison_exit, cancel
+    kind: str  # sigkill, stall, kill_connection, server_restart, server_crash, poison_exit, cancel,
+    #            kill_session, busy_restart, busy_crash, sighup, grace_expiry (checker.EXCUSE)
     start: float  # monotonic
     end: float  # == start for instantaneous faults; SIGCONT time for a stall, back-up for a server
     pid: int | None = None  # the process hit; None: every process (the server)
@@ -88,6 +119,13 @@ class History:
     lease_s: float  # the consumers' lease
     recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)  # per killed consumer id
     recovery_bound_s: float = 10.0
+    exits: list[Exit] = dataclasses.field(default_factory=list)
+    refused: list[Refused] = dataclasses.field(default_factory=list)
+    consumer_pids: set[int] = dataclasses.field(default_factory=set)  # empty: not known, not judged
+    lease_by_deploy: dict[str, float] = dataclasses.field(default_factory=dict)  # else lease_s
+
+    def lease_of(self, deploy: str) -> float:
+        return self.lease_by_deploy.get(deploy, self.lease_s)
 
     def runs_by_job(self) -> dict[JobKey, list[Run]]:
         by_job: dict[JobKey, list[Run]] = defaultdict(list)
@@ -107,10 +145,12 @@ def read_runs(out: Path) -> list[Run]:
             parts = line.split()
             if not parts:
                 continue
-            if parts[0] == "S" and len(parts) == 10:
+            if parts[0] == "S" and len(parts) >= 10:
                 deploy, job, attempt, pid, token = parts[1], *map(int, parts[2:6])
+                extra = dict(p.split("=", 1) for p in parts[10:] if "=" in p)
                 run = Run(deploy, job, attempt, pid, token, int(parts[6]) / NS, int(parts[7]) / NS,
-                          int(parts[8]), int(parts[9]) / 1e6)
+                          int(parts[8]), int(parts[9]) / 1e6, flags=extra.get("f", ""), tag=extra.get("u", ""),
+                          proc=int(extra.get("c", 0)))
                 runs.append(run)
                 open_runs[(deploy, job, attempt, pid, token)] = run
             elif parts[0] == "E" and len(parts) == 8:

@@ -21,6 +21,27 @@ Fault classes, each switched on or off by name:
   retry            a few jobs fail their first attempt (retries, due retries in the claim order)
   due_priority     every 10 s, 400 delayed low-priority jobs and then one high-priority job, all
                    due a second later: the high one must be claimed before the backlog
+
+Issue 26's classes. Cheap ones, on the main deployment (in the CI draw):
+  kill_session     KILL CONNECTION of one session of a consumer, by kind in turn: the liveness
+                   session of a busy consumer (one in a long, lease-extending job; the class adds
+                   a few), its work session, its other sessions (watcher, heartbeat, reaper)
+  huge_error       a few jobs whose first attempt fails with a 90 KB non-ASCII error
+  fork             a few jobs whose handler forks a child that calls sys.exit(0)
+  shared_producer  four threads put() tagged jobs through one shared Producer
+  rr_dedup         a REPEATABLE READ caller (and an autocommit one) puts a dedup key another
+                   producer has just taken: the key's first job is still pending
+  async_handler    one more consumer whose handler is `async def`
+Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
+Python handlers, fc and fg for --command), one at a time in a seeded order:
+  stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
+                   wait behind the running one, then SIGCONT
+  busy_restart     two consumers in 20 s jobs, a third idle: a clean restart or a crash, by turns
+  sighup_reload    SIGHUP with session_idle_s raised 4 -> 40 and queue fl's lease_s lowered
+                   30 -> 8, while a 30 s job and a batch of 1.5 s jobs run; then back
+  long_command     two 14 s --command jobs on a 6 s lease (command_timeout_s 60)
+  grace_expiry     SIGTERM a --command consumer with shutdown_grace_s 2 while a 10 s command
+                   runs; a peer then serves its queue
 """
 
 from __future__ import annotations
@@ -28,17 +49,22 @@ from __future__ import annotations
 import dataclasses
 import random
 
-FAULT_CLASSES = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "poison",
-                 "slow", "polling", "exit_when_empty", "cancel", "retry", "due_priority")
-# What the CI schedule (test_fault_schedule.py) runs: every class.
-CI_CLASSES = FAULT_CLASSES
+BEFORE_26 = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "poison",
+             "slow", "polling", "exit_when_empty", "cancel", "retry", "due_priority")
+CHEAP_26 = ("kill_session", "huge_error", "fork", "shared_producer", "rr_dedup", "async_handler")
+EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EPISODES
+# What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
+# takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
+CI_CLASSES = BEFORE_26 + CHEAP_26
+EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
 # slot) is no fault, but it is how new consumers join a busy queue: with `polling` it makes
 # polling-mode consumers join while lock-mode reapers run.
 TIMED = {"sigkill": "sigkill", "stall": "stall", "kill_connection": "kill_connection",
          "server_restart": "server_restart", "server_crash": "server_crash", "cancel": "cancel",
-         "rolling_restart": "polling"}
+         "rolling_restart": "polling", "kill_session": "kill_session"}
 SERVER_GAP_S = 20.0  # at least this long between two server restarts: let the fleet settle
 
 
@@ -49,7 +75,8 @@ def parse_classes(text: str) -> tuple[str, ...]:
     for word in (w.strip() for w in text.split(",") if w.strip()):
         remove = word.startswith("-")
         name = word.lstrip("-")
-        names = {"all": FAULT_CLASSES, "ci": CI_CLASSES, "today": CI_CLASSES, "none": ()}.get(name, (name,))
+        names = {"all": FAULT_CLASSES, "ci": CI_CLASSES, "today": CI_CLASSES, "none": (), "before26": BEFORE_26,
+                 "cheap26": CHEAP_26, "episodes": EPISODES}.get(name, (name,))
         for n in names:
             if n not in FAULT_CLASSES:
                 raise ValueError(f"unknown fault class {n!r}; known: {', '.join(FAULT_CLASSES)}")
@@ -78,6 +105,7 @@ class Plan:
     lease_s: float
     steps: tuple[Step, ...]
     fault_every_s: float = 1.5
+    episodes: tuple[str, ...] = ()  # the long deployment's episodes, in the order they are played
 
     def replay_command(self) -> str:
         return (f"benchmarks/fault_schedule.py --seed {self.seed} --classes {','.join(self.classes) or 'none'} "
@@ -89,6 +117,8 @@ class Plan:
         for s in self.steps:
             counts[s.kind] = counts.get(s.kind, 0) + 1
         faults = ", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"
+        if self.episodes:
+            faults += f"; episodes {' '.join(self.episodes)}"
         return (f"seed {self.seed}: {self.jobs} jobs over {self.duration_s:g}s, {self.consumers} consumers, "
                 f"lease {self.lease_s:g}s, classes {','.join(self.classes) or '-'}; timed faults: {faults}")
 
@@ -147,4 +177,27 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
             last_server = t
         length = rng.uniform(lease_s + 1.0, lease_s + 3.0) if kind == "stall" else 0.0
         steps.append(Step(round(t, 3), kind, rng.random(), round(length, 3)))
-    return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps), fault_every_s)
+    return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps), fault_every_s,
+                episode_order(seed, classes, duration_s))
+
+
+# About how long each episode takes (episodes.py), to fit them in the run's duration
+EPISODE_S = {"stall_idle": 20.0, "busy_restart": 30.0, "sighup_reload": 50.0, "long_command": 25.0,
+             "grace_expiry": 25.0}
+
+
+def episode_order(seed: int, classes: tuple[str, ...], duration_s: float) -> tuple[str, ...]:
+    """Every chosen episode once in a seeded order, then again in a new order while time is
+    left. Its own random stream: choosing episodes leaves the timed faults' offsets as they were."""
+    chosen = [c for c in EPISODES if c in classes]
+    rng = random.Random(seed * 1000 + 26)
+    order: list[str] = []
+    t = 0.0
+    while chosen:
+        rng.shuffle(chosen)
+        for name in chosen:
+            if order and t + EPISODE_S[name] > duration_s:
+                return tuple(order)
+            order.append(name)
+            t += EPISODE_S[name] + EPISODE_GAP_S
+    return tuple(order)

@@ -3,8 +3,10 @@ histories (no server needed), and clean histories pass."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import checker
-from .history import Enqueue, Fault, FinalRow, History, Run
+from .history import Enqueue, Exit, Fault, FinalRow, History, Refused, Run
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -169,11 +171,15 @@ def test_a_claim_that_takes_a_low_priority_job_while_a_high_one_waits_is_caught(
 
 
 def test_fault_classes_parse_and_a_seed_replays_the_same_schedule():
-    assert parse_classes("ci") == CI_CLASSES == parse_classes("all")
+    assert parse_classes("ci") == CI_CLASSES
+    assert "stall_idle" in parse_classes("all") and "stall_idle" not in CI_CLASSES  # long runs only
+    assert "kill_session" in CI_CLASSES and parse_classes("episodes,-busy_restart")[0] == "stall_idle"
     assert "polling" not in parse_classes("all,-polling")
     a = make_plan(7, parse_classes("all"), 60, 1000)
     assert a == make_plan(7, parse_classes("all"), 60, 1000)
     assert a.steps != make_plan(8, parse_classes("all"), 60, 1000).steps
+    # Episodes take their own random stream: the timed faults stay where they were without them
+    assert a.episodes and make_plan(7, parse_classes("all,-episodes"), 60, 1000).steps == a.steps
 
 
 def test_a_handler_past_the_lease_excuses_the_rerun_of_the_finished_jobs_of_its_claim_only():
@@ -272,3 +278,127 @@ def test_a_gone_consumers_recovery_bound_stretches_by_the_outages_it_overlaps():
     assert checker.check(history([], [], faults=[kill, outage], recovery=recovery)).ok
     short = Fault("writer_kill", 12.0, 20.0, detail="node 1 (writer)")
     assert rules(history([], [], faults=[kill, short], recovery=recovery)) == {"stranded": 1}
+
+
+# ------------------------------------------------------------------ issue 26's fault classes
+
+
+def test_kill_session_a_process_that_reruns_its_own_jobs_after_losing_its_liveness_session_is_caught():
+    # Item 3: pid 10 runs a long job (it extends its lease) and a short one of the same claim;
+    # its liveness session is KILLed at 2.0 and pid 10 itself runs both again (it reaped itself)
+    kill = Fault("kill_session", 2.0, 2.0, 10, detail="liveness")
+    runs = [run(1, 1, 10, 0.9, 1.0, token=7), run(2, 1, 10, 1.0, 9.0, token=7),
+            run(1, 2, 10, 3.0, 3.1, token=8), run(2, 2, 10, 3.1, 3.2, token=8)]
+    runs[1].flags = "L"
+    report = checker.check(history(runs, [enq(1), enq(2)], faults=[kill]))
+    assert report.by_rule() == {"run_twice": 2}, report.violations
+    # A peer that took the claim back while the lock was free is the trust rules' case: excused
+    peer = [runs[0], run(1, 2, 11, 3.1, 3.2, token=8)]
+    assert checker.check(history(peer, [enq(1)], faults=[kill])).ok
+
+
+def test_stall_idle_a_start_under_a_claim_taken_back_during_a_stall_is_caught():
+    # Item 4: pid 10 claimed jobs 1-3 (claim 7), started job 1 at 1.0 and was stopped 1.5-10.5;
+    # pid 11 took the claim back and ran jobs 2 and 3 at 6.0; pid 10, resumed, started them too
+    stall = Fault("stall", 1.5, 10.5, 10)
+    runs = [run(1, 1, 10, 1.0, 11.0, token=7), run(2, 1, 11, 6.0, 6.1, token=9), run(3, 1, 11, 6.1, 6.2, token=9),
+            run(2, 1, 10, 11.0, 11.1, token=7), run(3, 1, 10, 11.1, 11.2, token=7)]
+    report = checker.check(history(runs, [enq(1), enq(2), enq(3)], faults=[stall]))
+    assert report.by_rule() == {"stale_start": 2}, report.violations
+    # Without the late starts, the stall explains everything
+    assert checker.check(history(runs[:3], [enq(1), enq(2), enq(3)], faults=[stall])).ok
+
+
+def test_busy_restart_a_job_run_again_while_its_handler_ran_through_a_server_restart_is_caught():
+    # Item 5: job 1's handler (it keeps its lease) ran through a restart at 5.0-5.2; a peer ran it at 6.0
+    for kind in ("busy_restart", "busy_crash"):
+        restart = Fault(kind, 5.0, 5.2)
+        runs = [run(1, 1, 10, 1.0, 20.0), run(1, 1, 11, 6.0, 6.5), run(2, 1, 10, 4.0, 4.9), run(2, 2, 11, 6.0, 6.1)]
+        runs[0].flags = "L"
+        report = checker.check(history(runs, [enq(1), enq(2)], faults=[restart]))
+        # Job 2 had finished before it (its ack may have been lost): excused; job 1 is not
+        assert report.by_rule() == {"concurrent_run": 1, "attempts": 1}, report.violations
+        assert {v.job for v in report.violations} == {("main", 1)}
+
+
+def test_sighup_a_job_run_again_after_a_reload_is_caught_and_a_kept_lease_is_no_excuse():
+    # Item 6: pid 10 reloaded at 2.0; its 60 s job (extending its lease) ran again on pid 11 at 13.3
+    runs = [run(1, 1, 10, 1.0, 61.0), run(1, 2, 11, 13.3, 73.3)]
+    runs[0].flags = "L"
+    report = checker.check(history(runs, [enq(1)], faults=[Fault("sighup", 2.0, 2.0, 10, detail="session_idle_s")]))
+    assert report.by_rule() == {"concurrent_run": 1}, report.violations
+
+
+def test_long_command_a_command_within_its_timeout_run_again_past_the_lease_is_caught():
+    # Item 7: a 20 s --command (lease 4): its consumer owed it extensions; a peer ran it at 6.0
+    first, second = run(1, 1, 10, 1.0, 21.0, token=0), run(1, 2, 11, 6.0, 26.0, token=0)
+    first.flags = second.flags = "C"
+    assert rules(history([first, second], [enq(1)])) == {"concurrent_run": 1}
+    # A Python handler past its lease that never extended it is its own doing (the slow jobs)
+    assert checker.check(history([run(1, 1, 10, 1.0, 21.0), run(1, 2, 11, 6.0, 6.1)], [enq(1)])).ok
+
+
+def test_grace_expiry_a_command_that_outlives_its_consumer_is_caught():
+    # Item 9: consumer pid 10 exited at 4.0 (grace expired); its command (pid 50) ended at 15.0,
+    # while pid 11 ran the same job from 5.0
+    first = run(1, 1, 10, 1.0, 15.0, token=0)
+    first.flags, first.proc = "C", 50
+    faults = [Fault("grace_expiry", 2.0, 4.0, 10)]
+    h = history([first, run(1, 2, 11, 5.0, 6.0, token=0)], [enq(1)], faults=faults)
+    h.exits = [Exit(10, 4.0, 0, True, "SIGTERM, shutdown grace 2 s")]
+    report = checker.check(h)
+    assert report.by_rule() == {"orphaned_run": 1}, report.violations
+    assert "overlapping pid 11" in report.violations[0].detail
+    # Its command killed with it (no end line): the grace expiry explains the second run
+    first.end = first.outcome = None
+    assert checker.check(h).ok
+
+
+def test_fork_a_job_started_by_a_forked_child_is_caught():
+    # Item 11: pid 10's handler forked pid 77, whose sys.exit returned into the worker loop
+    h = history([run(1, 1, 10, 1.0, 1.5), run(2, 1, 77, 1.1, 1.2)], [enq(1), enq(2)])
+    h.consumer_pids = {10, 11}
+    assert rules(h) == {"stray_process": 1}
+
+
+def test_huge_error_a_consumer_that_dies_of_a_job_is_caught():
+    # Item 10: the failure of a job with a 90 KB error killed its consumer (exit 1)
+    h = history([run(1, 1, 10, 1.0, 1.1, outcome="fail"), run(1, 2, 11, 6.0, 6.1)], [enq(1)])
+    h.exits = [Exit(10, 1.3, 1, False, "not the schedule's doing"), Exit(12, 2.0, -9, True, "SIGKILL")]
+    assert rules(h) == {"consumer_exit": 1}
+
+
+def test_shared_producer_a_put_that_raised_but_stored_and_an_id_of_another_put_are_caught():
+    # Item 1: put t1 raised and its job ran; put t2 returned id 2, which holds put t3's payload
+    runs = [run(1, 1, 10, 1.0, 1.1), run(2, 1, 10, 1.2, 1.3), run(3, 1, 10, 1.4, 1.5)]
+    runs[0].tag, runs[1].tag, runs[2].tag = "t1", "t3", "t4"
+    h = history(runs, [Enqueue("main", 2, "", "shared", 0, 0.0, 0.5, tag="t2"),
+                       Enqueue("main", 3, "", "shared", 0, 0.0, 0.5, tag="t4"), enq(1)])
+    h.refused = [Refused("main", "t1", "ProgrammingError")]
+    assert rules(h) == {"stored_after_raise": 1, "wrong_id": 1}
+
+
+def test_rr_dedup_two_pending_jobs_with_one_key_are_caught():
+    # Item 12: job 1 put with key K at 1.0 (due at 3.0); a REPEATABLE READ caller's put(K) at 1.5 got job 2
+    puts = [Enqueue("main", 1, "", "dedup", 0, 2.0, 1.0, dedup="K", called_at=0.9),
+            Enqueue("main", 2, "", "rr_dedup", 0, 2.0, 1.6, dedup="K", called_at=1.5)]
+    runs = [run(1, 1, 10, 3.0, 3.1), run(2, 1, 10, 3.6, 3.7)]
+    assert rules(history(runs, puts)) == {"dedup_twice": 1}
+    # The same key taken again after job 1 had started is a new job, not a violation
+    late = [puts[0], dataclasses.replace(puts[1], called_at=3.2, acked_at=3.3)]
+    assert checker.check(history(runs, late)).ok
+
+
+def test_async_handler_a_job_acked_without_its_handler_running_is_caught():
+    # Item 2: the coroutine was never awaited: no start line, and the row is gone (done)
+    assert rules(history([], [enq(1)])) == {"lost": 1}
+
+
+def test_a_deployment_is_judged_with_its_own_lease():
+    # A 10 s run on the long deployment (lease 30) rerun at 12.0 by a peer is no past-lease case
+    runs = [Run("long", 1, 1, 10, 5, 1.0, 1.0, 0, 0.0), Run("long", 1, 2, 11, 6, 12.0, 12.0, 0, 0.0)]
+    runs[0].end, runs[0].outcome, runs[1].end, runs[1].outcome = 11.0, "ok", 12.1, "ok"
+    h = history(runs, [Enqueue("long", 1, "", "put", 0, 0.0, 0.5)])
+    assert checker.check(h).ok  # judged with the default lease (4 s): past its lease
+    h.lease_by_deploy = {"long": 30.0}
+    assert checker.check(h).by_rule() == {"run_twice": 1}

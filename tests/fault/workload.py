@@ -31,6 +31,10 @@ class Mix:
         self.rng, self.classes, self.lease_s = rng, classes, lease_s
         self.poison_left = max(2, jobs // 1000) if "poison" in classes else 0
         self.slow_left = max(2, jobs // 500) if "slow" in classes else 0
+        # issue 26: long jobs (busy consumers for kill_session), huge errors, forking handlers
+        self.long_left = max(4, jobs // 500) if "kill_session" in classes else 0
+        self.kanji_left = max(2, jobs // 1000) if "huge_error" in classes else 0
+        self.fork_left = max(2, jobs // 1000) if "fork" in classes else 0
 
     def payload(self) -> tuple[str, dict]:
         r = self.rng.random()
@@ -40,6 +44,15 @@ class Mix:
         if self.slow_left and r < 0.005:
             self.slow_left -= 1
             return "slow", {"k": "slow", "s": round(self.lease_s + 1.5, 3)}
+        if self.long_left and r < 0.008:
+            self.long_left -= 1  # 3 leases long, extending every quarter lease
+            return "long", {"k": "long", "s": round(self.lease_s * 3, 3), "x": round(self.lease_s / 4, 3)}
+        if self.kanji_left and r < 0.01:
+            self.kanji_left -= 1
+            return "kanji", {"k": "kanji"}
+        if self.fork_left and r < 0.012:
+            self.fork_left -= 1
+            return "fork", {"k": "fork"}
         if "retry" in self.classes and r < 0.04:
             return "fail1", {"k": "fail1", "s": 0.002}
         if "polling" in self.classes and r < 0.09:

@@ -6,7 +6,7 @@ is complete in the file and none is half-written (an O_APPEND write of a short l
 local file lands whole). A process killed mid-handler leaves its start line and no end line:
 that missing end is how the checker knows the run was cut short.
 
-    S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us>
+    S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us> [f=<flags>] [u=<tag>]
     E <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <ok|fail>
 
 Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, so the
@@ -14,10 +14,21 @@ harness's fault times and these lines compare directly. <token> is the claim tok
 from the job's lease-extension closure (the handler API does not expose it; 0 if that
 ever changes). Payload: {"k": kind, "s": seconds}; kind "poison" kills the process with
 os._exit before the job can end, "fail1" fails the first attempt (a normal retry).
+
+Kinds of the issue-26 classes (tests/fault/schedule.py):
+  long   runs "s" seconds and calls job.extend_lease() every "x" seconds: a handler that keeps its
+         lease, so a second run of it is never its own doing (flag L on its start line)
+  fork   forks a child that calls sys.exit(0) at once; the parent waits for it (flag F). A child
+         that runs consumer code instead starts jobs under its own pid: the checker sees it
+  kanji  the first attempt fails with a 90 KB non-ASCII error (30,000 x U+6F22)
+Payload "u" is echoed as u=<tag> on the start line: which put() stored this job.
+`handle_async` is the same handler as a coroutine (`async def` handlers, item 2).
 """
 
 import datetime as dt
 import os
+import signal
+import sys
 import time
 
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -55,19 +66,67 @@ def _run_at_us(job) -> int:
     return (run_at - _EPOCH) // dt.timedelta(microseconds=1)
 
 
+FORK_WAIT_S = 3.0  # a child that has not exited by then runs on as a stray: it is killed
+KANJI_ERROR = "\u6f22" * 30000
+
+
+def _extras(payload: dict) -> str:
+    flags = {"long": "L", "fork": "F"}.get(payload.get("k", ""), "")
+    out = f" f={flags}" if flags else ""
+    return out + (f" u={payload['u']}" if payload.get("u") else "")
+
+
 def handle(job) -> None:
     deploy = os.environ.get("NQF_DEPLOY", "main")
     pid = os.getpid()
     token = _token(job)
     payload = job.payload if isinstance(job.payload, dict) else {}
     os.write(_fd(), (f"S {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
-                     f"{time.time_ns()} {job.priority} {_run_at_us(job)}\n").encode())
+                     f"{time.time_ns()} {job.priority} {_run_at_us(job)}{_extras(payload)}\n").encode())
     kind = payload.get("k", "")
     if kind == "poison":
         os._exit(70)  # a crash the job itself causes (segfault, OOM kill): no cleanup, no ack
-    time.sleep(float(payload.get("s", 0)))
-    failed = kind == "fail1" and job.attempts == 1
+    if kind == "long":
+        _run_long(job, float(payload.get("s", 0)), float(payload.get("x", 1.0)))
+    elif kind == "fork":
+        _fork_and_wait()
+    else:
+        time.sleep(float(payload.get("s", 0)))
+    failed = kind in ("fail1", "kanji") and job.attempts == 1
     os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                     f"{'fail' if failed else 'ok'}\n".encode())
     if failed:
-        raise RuntimeError("planned failure of the first attempt")
+        raise RuntimeError(KANJI_ERROR if kind == "kanji" else "planned failure of the first attempt")
+
+
+async def handle_async(job) -> None:
+    handle(job)
+
+
+def _run_long(job, seconds: float, every_s: float) -> None:
+    """Sleep `seconds`, extending the lease every `every_s` as a well-behaved long handler does.
+    A refused extension (the claim is gone) does not stop it: what follows is the checker's."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(every_s, left))
+        try:
+            job.extend_lease()
+        except Exception:  # noqa: BLE001 - the claim was taken back: keep running, as a user's handler would
+            pass
+
+
+def _fork_and_wait() -> None:
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a user's child process ending the usual way (item 11)
+    deadline = time.monotonic() + FORK_WAIT_S
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(child, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.02)  # poll interval inside a deadline
+    os.kill(child, signal.SIGKILL)  # it ran consumer code: its starts are already on record
+    os.waitpid(child, 0)

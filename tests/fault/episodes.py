@@ -1,0 +1,163 @@
+"""Issue 26's long fault classes: episodes played one at a time, in a thread, on a second
+deployment ("long") whose settings let the holes show: lease 30 s (a worker's ownership check
+between starts comes every 10 s), session_idle_s 4 (a stop of 9 s frees a liveness lock),
+--command queues with a 6 s lease and a 60 s command timeout.
+
+Each episode enqueues its own jobs, waits until the consumers are where the fault must find
+them (watching the handlers' start lines), injects the fault and records it, then waits for
+its jobs to finish. What it proves is the checker's (checker.py, issue 26's rules).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from .fleet import Consumer
+from .history import Fault, read_runs
+
+DEPLOY = "long"
+PY_QUEUE, CMD_QUEUE, GRACE_QUEUE = "fl", "fc", "fg"
+LONG_LEASE_S, CMD_LEASE_S, SESSION_IDLE_S = 30.0, 6.0, 4
+PY_CONSUMERS, CMD_CONSUMERS = 3, 2
+COMMAND = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'helpers' / 'nqfault_cmd.py'}"
+
+
+def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: float = LONG_LEASE_S,
+                grace_s: float = 30.0) -> Path:
+    text = (f"[defaults]\nlease_s = {LONG_LEASE_S}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
+            f"command_timeout_s = 60\n"
+            f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
+            f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
+            f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+class Episodes(threading.Thread):
+    """Plays plan.episodes against the harness's long deployment (FaultRun.long_*)."""
+
+    def __init__(self, run, order: tuple[str, ...]):
+        super().__init__(name="episodes", daemon=True)
+        self.run_, self.order = run, order
+        self.stop = threading.Event()
+        self.played: list[str] = []
+        self.crash_next = False  # busy_restart: clean and crash by turns
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            for name in self.order:
+                if self.stop.is_set():
+                    return
+                getattr(self, f"_{name}")()
+                self.played.append(name)
+                self.stop.wait(3.0)  # schedule.EPISODE_GAP_S: the queue empties between episodes
+        except Exception as e:  # noqa: BLE001 - reported in the run's summary, not swallowed
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            self.error = f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})"
+
+    # ------------------------------------------------------------ helpers
+
+    def _put(self, queue: str, payloads: list[dict]) -> list[int]:
+        return self.run_.long_put(queue, payloads)
+
+    def _wait_started(self, jobs: list[int], timeout_s: float, pids: int = 1) -> dict[int, int]:
+        """Wait until `pids` distinct processes started some of `jobs`; job -> pid of its first start."""
+        deadline = time.monotonic() + timeout_s
+        wanted = set(jobs)
+        while time.monotonic() < deadline and not self.stop.is_set():
+            first: dict[int, int] = {}
+            for r in sorted(read_runs(self.run_.out), key=lambda r: r.start):
+                if r.deploy == DEPLOY and r.job in wanted:
+                    first.setdefault(r.job, r.pid)
+            if len(set(first.values())) >= pids:
+                return first
+            time.sleep(0.1)  # poll interval inside a deadline
+        return {}
+
+    def _consumer(self, pid: int) -> Consumer | None:
+        return self.run_.fleet.by_pid(pid)
+
+    def _fault(self, kind: str, start: float, end: float, pid: int | None = None, detail: str = "") -> None:
+        self.run_.faults.append(Fault(kind, start, end, pid, detail=detail))
+
+    # ------------------------------------------------------------ the episodes
+
+    def _stall_idle(self) -> None:
+        """Item 4: a batch of six 2 s jobs; its consumer stopped 9 s (> session_idle_s) in job 1."""
+        jobs = self._put(PY_QUEUE, [{"s": 2.0}] * 6)
+        victim = self._consumer(next(iter(self._wait_started(jobs, 20).values()), -1))
+        if victim is None or not victim.alive():
+            return
+        self.run_.fleet.signal(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        self.stop.wait(SESSION_IDLE_S + 5.0)
+        self.run_.fleet.signal(victim, signal.SIGCONT)
+        self._fault("stall", stopped, time.monotonic(), victim.pid, detail="stall_idle")
+        self.stop.wait(14.0)
+
+    def _busy_restart(self) -> None:
+        """Item 5: two consumers in 20 s jobs (they extend their leases), the third idle."""
+        # One at a time: put together, one claim would take both and run them one after the other
+        first = self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}])
+        if not self._wait_started(first, 20):
+            return
+        jobs = first + self._put(PY_QUEUE, [{"k": "long", "s": 20.0, "x": 3.0}])
+        if not self._wait_started(jobs, 20, pids=2):
+            return
+        kind = "busy_crash" if self.crash_next else "busy_restart"
+        self.crash_next = not self.crash_next
+        at, back = self.run_.restart_server(crash=kind == "busy_crash")
+        self._fault(kind, at, back)
+        self.stop.wait(24.0)
+
+    def _sighup_reload(self) -> None:
+        """Item 6: session_idle_s raised 4 -> 40 and fl's lease lowered 30 -> 8, live, while a
+        30 s job (extending its lease) and a batch of twelve 1.5 s jobs run; then back."""
+        jobs = self._put(PY_QUEUE, [{"k": "long", "s": 30.0, "x": 3.0}])
+        jobs += self._put(PY_QUEUE, [{"s": 1.5}] * 12)
+        if not self._wait_started(jobs, 20, pids=2):
+            return
+        self._reload(session_idle_s=40, py_lease_s=8.0, detail="session_idle_s 4->40, fl lease_s 30->8")
+        self.stop.wait(40.0)
+        self._reload(session_idle_s=SESSION_IDLE_S, py_lease_s=LONG_LEASE_S, detail="back")
+
+    def _reload(self, session_idle_s: int, py_lease_s: float, detail: str) -> None:
+        long_config(self.run_.long_config_path, session_idle_s, py_lease_s)
+        for consumer in list(self.run_.long_slots):
+            if consumer.alive() and "--command" not in consumer.args:
+                at = time.monotonic()
+                self.run_.fleet.signal(consumer, signal.SIGHUP)
+                self._fault("sighup", at, at, consumer.pid, detail=detail)
+
+    def _long_command(self) -> None:
+        """Item 7: two 14 s commands on a 6 s lease, within the 60 s command timeout; no fault."""
+        self._put(CMD_QUEUE, [{"s": 14.0}, {"s": 14.0}])
+        self.stop.wait(22.0)
+
+    def _grace_expiry(self) -> None:
+        """Item 9: SIGTERM a --command consumer (shutdown_grace_s 2) while its 10 s command runs;
+        a peer serves the queue from then on."""
+        run = self.run_
+        grace = run.spawn_long(GRACE_QUEUE, command=True, config=long_config(run.workdir / "grace.toml", grace_s=2.0))
+        deadline = time.monotonic() + 30
+        while not grace.ready() and time.monotonic() < deadline:
+            time.sleep(0.1)  # poll interval inside a deadline
+        jobs = self._put(GRACE_QUEUE, [{"s": 10.0}])
+        if not self._wait_started(jobs, 20):
+            return
+        at = time.monotonic()
+        run.fleet.signal(grace, signal.SIGTERM)
+        try:
+            grace.popen.wait(15)
+        except Exception:  # noqa: BLE001 - still running: the exit rule and the drain will say
+            pass
+        self._fault("grace_expiry", at, time.monotonic(), grace.pid, detail="shutdown_grace_s 2")
+        run.long_slots.append(run.spawn_long(GRACE_QUEUE, command=True))  # the peer, to the end of the run
+        self.stop.wait(15.0)
