@@ -367,3 +367,29 @@ def test_worker_histograms_stay_bounded():
     buckets = dict(h.buckets())
     assert buckets["+Inf"] == 100_000 and buckets["0.001"] == 100  # the zeros, le semantics
     assert buckets["1.0"] == 101 * 100  # 0.00 .. 1.00 inclusive
+
+
+def test_a_cancelled_job_whose_handler_raises_ends_dead_with_its_error(db):
+    """The README said such a job is retried like any failure; the failure's statement ends it
+    dead, as the operator asked, its error kept (issue 26: code and README agree)."""
+    cfg = db.config()
+    started = threading.Event()
+
+    def handler(job: Job) -> None:
+        started.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not job.cancel_requested():
+            time.sleep(0.01)
+        raise RuntimeError("stopped on request")
+
+    with running(cfg, "cancel", handler), Producer("cancel", cfg) as p:
+        job_id = p.put({"n": 1})
+        assert started.wait(15)
+        session = Session(cfg.dsn)
+        try:
+            assert admin.cancel(session, job_id) == "requested"
+            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 4,
+                       15, message="the cancelled job dead")
+        finally:
+            session.close()
+    assert "stopped on request" in db.scalar("SELECT last_error FROM nq_job WHERE id = %s", (job_id,))
