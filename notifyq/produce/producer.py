@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +44,12 @@ class Producer:
     queue and server holds the bells: the first to put; another takes over within ARM_RETRY_S
     of it closing. The others, like one-shot producers (which leave it off), rely on the
     watcher's backoff poll of the signal row (or `wakeup.instant_wake`, which interrupts it).
+
+    Safe to share between threads (a web worker's threads may share one): put(), put_many()
+    and close() take turns on the producer's own session, bell and (on a spread queue) its
+    dealing state, one call at a time. A put that returns has stored its job; one that raises
+    stored nothing, or raises OutcomeUnknown. Calls with `conn=` run on the caller's connection
+    and never wait for the producer's other calls.
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False):
@@ -58,6 +65,11 @@ class Producer:
         self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
         self._ring = ring
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # One thread at a time on the producer's own sessions and bell (a MySQLdb connection
+        # shared by two threads mixes their statements: ids returned for jobs that were rolled
+        # back), and on _links, _down and _turn. One session, not a pool: README, "Threads".
+        self._mutex = threading.Lock()
+        self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
 
     # The home shard's sessions and bell (the only ones of a queue that is not spread).
     @property
@@ -103,9 +115,11 @@ class Producer:
         return self._write(rows, conn) if rows else []
 
     def close(self) -> None:
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
+        """Close the producer's sessions (after any put under way); a later put opens new ones."""
+        with self._mutex:
+            for link in self._links.values():
+                link.close()
+            self._links.clear()
 
     def __enter__(self) -> "Producer":
         return self
@@ -183,7 +197,10 @@ class Producer:
         """Each row to its shard: the queue's one shard, the key's (`shard`), or in turn."""
         if self._turn is None or shard is not None:
             try:
-                return self._write_shard(rows, conn, unique, self._home if shard is None else shard)
+                if conn is not None:
+                    return self._write_caller(rows, conn, unique)
+                with self._mutex:
+                    return self._write_shard(rows, unique, self._home if shard is None else shard)
             except errors.DatabaseError as e:
                 if self._turn is None or shard is None:
                     raise
@@ -191,7 +208,8 @@ class Producer:
         if conn is not None:
             raise errors.InputError(f"conn: queue {self.queue} is spread over shards: a caller's transaction "
                                     "is on one server (put it without conn, or pin the queue to a shard)")
-        return self._deal(rows)
+        with self._mutex:
+            return self._deal(rows)
 
     def _deal(self, rows: list[tuple]) -> list[int]:
         """A spread queue's rows in turn over the shards that are up. A shard's share that fails
@@ -215,7 +233,7 @@ class Producer:
             for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
                 mine = [i for i, s in zip(left, dealt) if s == name]
                 try:
-                    got = self._write_shard([rows[i] for i in mine], None, False, name)
+                    got = self._write_shard([rows[i] for i in mine], False, name)
                 except errors.DatabaseError as e:
                     self._shard_down(name, e)
                     failed.add(name)
@@ -236,30 +254,38 @@ class Producer:
         self._down[name] = time.monotonic() + SHARD_RECHECK_S
         self._links.pop(name).drop()  # a fresh link when it is tried again
 
-    def _write_shard(self, rows: list[tuple], conn: Any, unique: bool, shard: str) -> list[int]:
-        """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
-        is sent (inserts.insert_jobs plans every chunk first)."""
+    def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
+        """The statements of a put: rows too big for the server's max_allowed_packet raise
+        InputError before any INSERT is sent (inserts.insert_jobs plans every chunk first)."""
         def body(cur, max_packet: int) -> list[int]:
             if unique:
                 inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
                 return [self._insert_unique(cur, rows[0], max_packet)]
             return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
+        return body
 
-        if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
-            if not callable(getattr(conn, "cursor", None)):
-                raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+        """The caller's transaction: no commit, no bell, no retry here, and none of the
+        producer's own state (no wait for its other calls)."""
+        if not callable(getattr(conn, "cursor", None)):
+            raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
+        body = self._body(rows, unique)
+        try:
+            cur = conn.cursor()
             try:
-                cur = conn.cursor()
-                try:
-                    return body(cur, self._caller_max_packet(conn, cur))
-                finally:
-                    cur.close()
-            except DriverError as e:
-                mine = inserts.caller_error(e)
-                if mine is e:
-                    raise  # the caller's to handle (a deadlock: rerun its transaction)
-                raise mine from None
+                return body(cur, self._caller_max_packet(conn, cur))
+            finally:
+                cur.close()
+        except DriverError as e:
+            mine = inserts.caller_error(e)
+            if mine is e:
+                raise  # the caller's to handle (a deadlock: rerun its transaction)
+            raise mine from None
+
+    def _write_shard(self, rows: list[tuple], unique: bool, shard: str) -> list[int]:
+        """On the producer's own session of `shard`, under self._mutex."""
+        body = self._body(rows, unique)
         link = self._link(shard)
         session = link.work_session()
         bell = link.armed_bell()
@@ -298,6 +324,10 @@ class Producer:
         """InputError for a row too big for the server, on notifyq's own session (the home
         shard's: the shards of one deployment share their settings; a spread queue's, the first
         shard that answers)."""
+        with self._mutex:
+            self._check_fits_locked(rows)
+
+    def _check_fits_locked(self, rows: list[tuple]) -> None:
         names = [self._home] + ([n for n in self.placement.names if n != self._home] if self._turn else [])
         for name in names:
             if name in self._down and self._down[name] > time.monotonic() and name != names[-1]:
@@ -315,12 +345,15 @@ class Producer:
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
         try:
-            return self._caller_packets[conn]
+            with self._packets_mutex:
+                return self._caller_packets[conn]
         except KeyError:
             pass
         except TypeError:  # a connection that takes no weak reference: ask every time
             return inserts.max_allowed_packet(cur)
-        max_packet = self._caller_packets[conn] = inserts.max_allowed_packet(cur)
+        max_packet = inserts.max_allowed_packet(cur)
+        with self._packets_mutex:
+            self._caller_packets[conn] = max_packet
         return max_packet
 
     def _link(self, shard: str) -> "_ShardLink":
