@@ -267,14 +267,19 @@ class Producer:
 
     def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
-        producer's own state (no wait for its other calls)."""
+        producer's own state (no wait for its other calls). On a connection in autocommit mode
+        with no transaction open, a put of several statements (a dedup key, several INSERTs)
+        runs as a transaction of its own: its key lock must last until its job is in."""
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
         body = self._body(rows, unique)
         try:
             cur = conn.cursor()
             try:
-                return body(cur, self._caller_max_packet(conn, cur))
+                max_packet = self._caller_max_packet(conn, cur)
+                if (unique or len(rows) > 1) and inserts.outside_transaction(conn, cur):
+                    return inserts.in_own_transaction(conn, cur, lambda c: body(c, max_packet))
+                return body(cur, max_packet)
             finally:
                 cur.close()
         except DriverError as e:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import MySQLdb
 import MySQLdb.connections
@@ -22,6 +23,7 @@ from notifyq.store.sql import QUERIES as Q
 # What a statement holds besides its rows (the INSERT's head, RETURNING or the increment read, the
 # signal bump: well under 1 KB), plus the protocol's own bytes, kept free of max_allowed_packet.
 PACKET_MARGIN_BYTES = 4096
+T = TypeVar("T")
 
 
 def max_allowed_packet(cur) -> int:
@@ -216,6 +218,50 @@ def _insert_sql(n: int, returning: bool) -> str:
     return f"{_HEAD} VALUES {rows}" + (f" {_RETURNING}" if returning else "")
 
 
+def outside_transaction(conn, cur) -> bool:
+    """Whether a caller's connection commits every statement by itself: autocommit on (asked of
+    the driver, no round trip) and no transaction opened with BEGIN (asked of the server)."""
+    autocommit = getattr(conn, "get_autocommit", None)
+    if not callable(autocommit) or not autocommit():  # DB-API's default: always in a transaction
+        return False
+    cur.execute(Q["savepoint_probe"])
+    try:
+        cur.execute(Q["caller_transaction_open"])
+    except Exception as e:  # noqa: BLE001 - any driver's error class; told apart by its code
+        if _code(e) == NO_SUCH_SAVEPOINT:
+            return True
+        raise
+    return False
+
+
+def in_own_transaction(conn, cur, body: Callable[[Any], T]) -> T:
+    """body(cur) in a transaction of its own on a caller's connection in autocommit mode.
+    What raises has stored nothing, or raises OutcomeUnknown (the COMMIT's reply was lost)."""
+    cur.execute(Q["begin_own_transaction"])
+    try:
+        result = body(cur)
+    except BaseException:
+        try:
+            conn.rollback()
+        except Exception:  # noqa: BLE001 - gone: the server rolls back with the connection
+            pass
+        raise
+    try:
+        conn.commit()
+    except Exception as e:  # noqa: BLE001
+        if _code(e) in RECONNECT_CODES:
+            raise errors.OutcomeUnknown(f"conn: connection lost during COMMIT ({describe(e)}): the "
+                                        "outcome is unknown") from None
+        raise
+    return result
+
+
+def _code(exc: BaseException) -> int | None:
+    """The server's error code of any driver's error (PyMySQL's too: args[0])."""
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
 def jobs_stored(cur, ids: list[int]) -> bool:
     """Whether the jobs an enqueue transaction inserted are stored: Session.run's `committed`
     test for an enqueue whose COMMIT lost its reply. A transaction commits whole and ids are
@@ -229,6 +275,7 @@ def jobs_stored(cur, ids: list[int]) -> bool:
 
 
 NO_SUCH_TABLE = 1146
+NO_SUCH_SAVEPOINT = 1305
 
 
 def caller_error(exc: BaseException) -> BaseException:
