@@ -151,9 +151,10 @@ class Producer:
         return text
 
     def _options(self, priority: int, delay: float, run_at: dt.datetime | None, max_attempts: int | None,
-                 dedup_key: str | None) -> tuple[int, int, int, int]:
+                 dedup_key: str | None) -> tuple[Any, int, Any, int]:
         """(status, priority, delay_us, max_attempts), checked: the same for every job of a call,
-        so put_many checks them once."""
+        so put_many checks them once. With run_at: (at, priority, at, max_attempts), `at` in UTC,
+        for the server to compare with its own clock (inserts.insert_jobs)."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None):
             # put()'s defaults, the usual call: nothing to check (the queue's max_attempts was
@@ -165,10 +166,11 @@ class Producer:
                 raise errors.InputError(f"run_at: expected a datetime, got {values.shown(run_at)}")
             if run_at.tzinfo is None:
                 raise errors.InputError("run_at must be timezone-aware (it is stored in UTC)")
-            delay = (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
-            if delay > values.MAX_SECONDS:
+            # The producer's clock only bounds how far ahead: whether the time has come is the
+            # server's to say, when it inserts the job.
+            if (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds() > values.MAX_SECONDS:
                 raise errors.InputError(f"run_at: at most {values.MAX_SECONDS / 86400 / 365:g} years ahead")
-            delay = max(delay, 0.0)  # a time in the past means: now
+            delay = 0
         delay = values.seconds("delay", delay, positive=False)
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
@@ -181,6 +183,9 @@ class Producer:
                 dedup_key.encode()
             except UnicodeEncodeError:
                 raise errors.InputError("dedup_key is not valid UTF-8") from None
+        if run_at is not None:
+            at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return at, priority, at, attempts
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 

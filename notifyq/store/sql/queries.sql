@@ -23,6 +23,15 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
 VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- insert_job_at --
+-- insert_job for a put at a given time (put(run_at=...), `produce --at`): the time is bound
+-- twice, and the server's clock decides whether it has come (ready) or not (scheduled), as it
+-- does for a delay: a producer's clock never matters. A time past is now. Only the VALUES row
+-- is used, after insert_job's head.
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
+        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
+
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
 -- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
