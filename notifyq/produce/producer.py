@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +44,12 @@ class Producer:
     queue and server holds the bells: the first to put; another takes over within ARM_RETRY_S
     of it closing. The others, like one-shot producers (which leave it off), rely on the
     watcher's backoff poll of the signal row (or `wakeup.instant_wake`, which interrupts it).
+
+    Safe to share between threads (a web worker's threads may share one): put(), put_many()
+    and close() take turns on the producer's own session, bell and (on a spread queue) its
+    dealing state, one call at a time. A put that returns has stored its job; one that raises
+    stored nothing, or raises OutcomeUnknown. Calls with `conn=` run on the caller's connection
+    and never wait for the producer's other calls.
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False):
@@ -58,6 +65,11 @@ class Producer:
         self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
         self._ring = ring
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # One thread at a time on the producer's own sessions and bell (a MySQLdb connection
+        # shared by two threads mixes their statements: ids returned for jobs that were rolled
+        # back), and on _links, _down and _turn. One session, not a pool: README, "Threads".
+        self._mutex = threading.Lock()
+        self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
 
     # The home shard's sessions and bell (the only ones of a queue that is not spread).
     @property
@@ -103,9 +115,11 @@ class Producer:
         return self._write(rows, conn) if rows else []
 
     def close(self) -> None:
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
+        """Close the producer's sessions (after any put under way); a later put opens new ones."""
+        with self._mutex:
+            for link in self._links.values():
+                link.close()
+            self._links.clear()
 
     def __enter__(self) -> "Producer":
         return self
@@ -137,9 +151,10 @@ class Producer:
         return text
 
     def _options(self, priority: int, delay: float, run_at: dt.datetime | None, max_attempts: int | None,
-                 dedup_key: str | None) -> tuple[int, int, int, int]:
+                 dedup_key: str | None) -> tuple[Any, int, Any, int]:
         """(status, priority, delay_us, max_attempts), checked: the same for every job of a call,
-        so put_many checks them once."""
+        so put_many checks them once. With run_at: (at, priority, at, max_attempts), `at` in UTC,
+        for the server to compare with its own clock (inserts.insert_jobs)."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None):
             # put()'s defaults, the usual call: nothing to check (the queue's max_attempts was
@@ -151,10 +166,11 @@ class Producer:
                 raise errors.InputError(f"run_at: expected a datetime, got {values.shown(run_at)}")
             if run_at.tzinfo is None:
                 raise errors.InputError("run_at must be timezone-aware (it is stored in UTC)")
-            delay = (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
-            if delay > values.MAX_SECONDS:
+            # The producer's clock only bounds how far ahead: whether the time has come is the
+            # server's to say, when it inserts the job.
+            if (run_at - dt.datetime.now(dt.timezone.utc)).total_seconds() > values.MAX_SECONDS:
                 raise errors.InputError(f"run_at: at most {values.MAX_SECONDS / 86400 / 365:g} years ahead")
-            delay = max(delay, 0.0)  # a time in the past means: now
+            delay = 0
         delay = values.seconds("delay", delay, positive=False)
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
@@ -167,6 +183,9 @@ class Producer:
                 dedup_key.encode()
             except UnicodeEncodeError:
                 raise errors.InputError("dedup_key is not valid UTF-8") from None
+        if run_at is not None:
+            at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return at, priority, at, attempts
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
@@ -183,7 +202,10 @@ class Producer:
         """Each row to its shard: the queue's one shard, the key's (`shard`), or in turn."""
         if self._turn is None or shard is not None:
             try:
-                return self._write_shard(rows, conn, unique, self._home if shard is None else shard)
+                if conn is not None:
+                    return self._write_caller(rows, conn, unique)
+                with self._mutex:
+                    return self._write_shard(rows, unique, self._home if shard is None else shard)
             except errors.DatabaseError as e:
                 if self._turn is None or shard is None:
                     raise
@@ -191,7 +213,8 @@ class Producer:
         if conn is not None:
             raise errors.InputError(f"conn: queue {self.queue} is spread over shards: a caller's transaction "
                                     "is on one server (put it without conn, or pin the queue to a shard)")
-        return self._deal(rows)
+        with self._mutex:
+            return self._deal(rows)
 
     def _deal(self, rows: list[tuple]) -> list[int]:
         """A spread queue's rows in turn over the shards that are up. A shard's share that fails
@@ -215,7 +238,7 @@ class Producer:
             for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
                 mine = [i for i, s in zip(left, dealt) if s == name]
                 try:
-                    got = self._write_shard([rows[i] for i in mine], None, False, name)
+                    got = self._write_shard([rows[i] for i in mine], False, name)
                 except errors.DatabaseError as e:
                     self._shard_down(name, e)
                     failed.add(name)
@@ -236,30 +259,43 @@ class Producer:
         self._down[name] = time.monotonic() + SHARD_RECHECK_S
         self._links.pop(name).drop()  # a fresh link when it is tried again
 
-    def _write_shard(self, rows: list[tuple], conn: Any, unique: bool, shard: str) -> list[int]:
-        """Rows too big for the server's max_allowed_packet raise InputError before any INSERT
-        is sent (inserts.insert_jobs plans every chunk first)."""
+    def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
+        """The statements of a put: rows too big for the server's max_allowed_packet raise
+        InputError before any INSERT is sent (inserts.insert_jobs plans every chunk first)."""
         def body(cur, max_packet: int) -> list[int]:
             if unique:
                 inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
                 return [self._insert_unique(cur, rows[0], max_packet)]
             return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
                                        max_packet=max_packet, signal=(self.queue, len(rows)))
+        return body
 
-        if conn is not None:  # the caller's transaction: no commit, no bell, no retry here
-            if not callable(getattr(conn, "cursor", None)):
-                raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+        """The caller's transaction: no commit, no bell, no retry here, and none of the
+        producer's own state (no wait for its other calls). On a connection in autocommit mode
+        with no transaction open, a put of several statements (a dedup key, several INSERTs)
+        runs as a transaction of its own: its key lock must last until its job is in."""
+        if not callable(getattr(conn, "cursor", None)):
+            raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
+        body = self._body(rows, unique)
+        try:
+            cur = conn.cursor()
             try:
-                cur = conn.cursor()
-                try:
-                    return body(cur, self._caller_max_packet(conn, cur))
-                finally:
-                    cur.close()
-            except DriverError as e:
-                mine = inserts.caller_error(e)
-                if mine is e:
-                    raise  # the caller's to handle (a deadlock: rerun its transaction)
-                raise mine from None
+                max_packet = self._caller_max_packet(conn, cur)
+                if (unique or len(rows) > 1) and inserts.outside_transaction(conn, cur):
+                    return inserts.in_own_transaction(conn, cur, lambda c: body(c, max_packet))
+                return body(cur, max_packet)
+            finally:
+                cur.close()
+        except DriverError as e:
+            mine = inserts.caller_error(e)
+            if mine is e:
+                raise  # the caller's to handle (a deadlock: rerun its transaction)
+            raise mine from None
+
+    def _write_shard(self, rows: list[tuple], unique: bool, shard: str) -> list[int]:
+        """On the producer's own session of `shard`, under self._mutex."""
+        body = self._body(rows, unique)
         link = self._link(shard)
         session = link.work_session()
         bell = link.armed_bell()
@@ -298,6 +334,10 @@ class Producer:
         """InputError for a row too big for the server, on notifyq's own session (the home
         shard's: the shards of one deployment share their settings; a spread queue's, the first
         shard that answers)."""
+        with self._mutex:
+            self._check_fits_locked(rows)
+
+    def _check_fits_locked(self, rows: list[tuple]) -> None:
         names = [self._home] + ([n for n in self.placement.names if n != self._home] if self._turn else [])
         for name in names:
             if name in self._down and self._down[name] > time.monotonic() and name != names[-1]:
@@ -315,12 +355,15 @@ class Producer:
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
         try:
-            return self._caller_packets[conn]
+            with self._packets_mutex:
+                return self._caller_packets[conn]
         except KeyError:
             pass
         except TypeError:  # a connection that takes no weak reference: ask every time
             return inserts.max_allowed_packet(cur)
-        max_packet = self._caller_packets[conn] = inserts.max_allowed_packet(cur)
+        max_packet = inserts.max_allowed_packet(cur)
+        with self._packets_mutex:
+            self._caller_packets[conn] = max_packet
         return max_packet
 
     def _link(self, shard: str) -> "_ShardLink":

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import MySQLdb
 import MySQLdb.connections
@@ -22,6 +23,7 @@ from notifyq.store.sql import QUERIES as Q
 # What a statement holds besides its rows (the INSERT's head, RETURNING or the increment read, the
 # signal bump: well under 1 KB), plus the protocol's own bytes, kept free of max_allowed_packet.
 PACKET_MARGIN_BYTES = 4096
+T = TypeVar("T")
 
 
 def max_allowed_packet(cur) -> int:
@@ -50,7 +52,10 @@ def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
 
 def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
                 signal: tuple[str, int] | None = None) -> list[int]:
-    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key).
+    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key), or for
+    a put at a given time (queue, at, priority, at, max_attempts, payload_json, dedup_key) with
+    `at` a naive UTC datetime in both places: the server decides the status (insert_job_at).
+    Every row of one call is of one kind.
 
     Multi-row INSERTs of at most max_rows rows, each statement within the server's
     max_allowed_packet (a bigger one fails as a lost connection, 2006, and was retried for a
@@ -81,20 +86,26 @@ def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
         sizes = [_ROW_BYTES + sum(map(len, values[i:i + width])) for i in range(0, len(values), width)]
         chunks = _chunks(sizes, max_rows, max_packet)
     returning, combine = returns_ids(db), bool(db.client_flag & CLIENT.MULTI_STATEMENTS)
+    at = _at(rows)
     ids: list[int] = []
     for start, end in chunks:
         last = end == len(rows)
         ids += _insert_chunk(cur, end - start, values[start * width:end * width], returning, combine,
-                             signal if last else None)
+                             signal if last else None, at)
     return ids
 
 
+def _at(rows: list[tuple]) -> bool:
+    """Whether the rows are put at a given time (insert_job_at) rather than after a delay."""
+    return rows[0][3].__class__ is not int
+
+
 def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bool,
-                  signal: tuple[str, int] | None) -> list[int]:
+                  signal: tuple[str, int] | None, at: bool) -> list[int]:
     db = cur.connection
     returning = returning and n > 1
     read_increment = n > 1 and not returning
-    statements = [_encoded(_insert_sql(n, returning), db.encoding) % tuple(values)]
+    statements = [_encoded(_insert_sql(n, returning, at), db.encoding) % tuple(values)]
     if read_increment and combine:
         statements.append(_encoded(Q["auto_increment_increment"], db.encoding))
     if signal is not None and combine:
@@ -125,7 +136,7 @@ def _insert_with_driver(cur, rows: list[tuple], max_rows: int, max_packet: int,
     ids: list[int] = []
     for start, end in _chunks([_bound(row) for row in rows], max_rows, max_packet):
         chunk = rows[start:end]
-        cur.execute(_insert_sql(len(chunk), False), [value for r in chunk for value in r])
+        cur.execute(_insert_sql(len(chunk), False, _at(chunk)), [value for r in chunk for value in r])
         first = cur.lastrowid
         increment = _increment(cur) if len(chunk) > 1 else 1
         ids += [first + i * increment for i in range(len(chunk))]
@@ -175,8 +186,9 @@ def _chunks(sizes: list[int], max_rows: int, max_packet: int) -> list[tuple[int,
 
 
 def _bound(row: tuple) -> int:
-    """At least the row's bytes in the statement: a string's bytes escaped at most double."""
-    return _ROW_BYTES + sum(2 * len(v.encode()) + 2 if isinstance(v, str) else 24 for v in row)
+    """At least the row's bytes in the statement: a string's bytes escaped at most double, any
+    other value (an integer, a quoted datetime with microseconds) at most 32."""
+    return _ROW_BYTES + sum(2 * len(v.encode()) + 2 if isinstance(v, str) else 32 for v in row)
 
 
 def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.InputError:
@@ -206,14 +218,60 @@ def _encoded(sql: str, encoding: str) -> bytes:
 
 
 _HEAD, _ROW = (part.strip() for part in Q["insert_job"].split("VALUES", 1))
+_ROW_AT = Q["insert_job_at"].split("VALUES", 1)[1].strip()
 _RETURNING = Q["insert_job_returning"]
-_ROW_BYTES = len(_ROW.replace("%s", "")) + 1  # a row's text around its values, and its comma
+# A row's text around its values, and its comma (the longer of the two kinds).
+_ROW_BYTES = max(len(row.replace("%s", "")) for row in (_ROW, _ROW_AT)) + 1
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_sql(n: int, returning: bool) -> str:
-    rows = ",".join([_ROW] * n)
+def _insert_sql(n: int, returning: bool, at: bool = False) -> str:
+    rows = ",".join([_ROW_AT if at else _ROW] * n)
     return f"{_HEAD} VALUES {rows}" + (f" {_RETURNING}" if returning else "")
+
+
+def outside_transaction(conn, cur) -> bool:
+    """Whether a caller's connection commits every statement by itself: autocommit on (asked of
+    the driver, no round trip) and no transaction opened with BEGIN (asked of the server)."""
+    autocommit = getattr(conn, "get_autocommit", None)
+    if not callable(autocommit) or not autocommit():  # DB-API's default: always in a transaction
+        return False
+    cur.execute(Q["savepoint_probe"])
+    try:
+        cur.execute(Q["caller_transaction_open"])
+    except Exception as e:  # noqa: BLE001 - any driver's error class; told apart by its code
+        if _code(e) == NO_SUCH_SAVEPOINT:
+            return True
+        raise
+    return False
+
+
+def in_own_transaction(conn, cur, body: Callable[[Any], T]) -> T:
+    """body(cur) in a transaction of its own on a caller's connection in autocommit mode.
+    What raises has stored nothing, or raises OutcomeUnknown (the COMMIT's reply was lost)."""
+    cur.execute(Q["begin_own_transaction"])
+    try:
+        result = body(cur)
+    except BaseException:
+        try:
+            conn.rollback()
+        except Exception:  # noqa: BLE001 - gone: the server rolls back with the connection
+            pass
+        raise
+    try:
+        conn.commit()
+    except Exception as e:  # noqa: BLE001
+        if _code(e) in RECONNECT_CODES:
+            raise errors.OutcomeUnknown(f"conn: connection lost during COMMIT ({describe(e)}): the "
+                                        "outcome is unknown") from None
+        raise
+    return result
+
+
+def _code(exc: BaseException) -> int | None:
+    """The server's error code of any driver's error (PyMySQL's too: args[0])."""
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
 
 
 def jobs_stored(cur, ids: list[int]) -> bool:
@@ -229,6 +287,7 @@ def jobs_stored(cur, ids: list[int]) -> bool:
 
 
 NO_SUCH_TABLE = 1146
+NO_SUCH_SAVEPOINT = 1305
 
 
 def caller_error(exc: BaseException) -> BaseException:

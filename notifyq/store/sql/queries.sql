@@ -23,6 +23,15 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
 VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- insert_job_at --
+-- insert_job for a put at a given time (put(run_at=...), `produce --at`): the time is bound
+-- twice, and the server's clock decides whether it has come (ready) or not (scheduled), as it
+-- does for a delay: a producer's clock never matters. A time past is now. Only the VALUES row
+-- is used, after insert_job's head.
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
+        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
+
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
 -- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
@@ -39,6 +48,20 @@ RETURNING id
 -- same round trip (a view change between the two statements is the one window left).
 SELECT @@auto_increment_increment
 
+-- savepoint_probe --
+-- With caller_transaction_open: a caller's connection in autocommit mode may still have a
+-- transaction open (BEGIN). A savepoint outside one ends with its statement, and releasing it
+-- then fails (1305); inside one it is released. MariaDB's @@in_transaction is not in MySQL.
+SAVEPOINT nq_probe
+
+-- caller_transaction_open --
+RELEASE SAVEPOINT nq_probe
+
+-- begin_own_transaction --
+-- A put of several statements on a caller's connection that commits each one by itself: the
+-- key's lock (dedup_lock) must last until its job is inserted, and put_many is atomic.
+START TRANSACTION
+
 -- max_allowed_packet --
 -- The largest statement the server takes, on a caller's connection (notifyq's own sessions
 -- read it when they connect). Fixed for the session's lifetime.
@@ -54,8 +77,16 @@ ON DUPLICATE KEY UPDATE job_id = job_id
 -- dedup_holder --
 -- Under dedup_lock: the job holding the key, if the job that took it last is still pending
 -- (ready, scheduled, claimed). Done, dead and deleted jobs leave the key free without a write.
+-- A locking read, so that it reads the rows as they are now: in a caller's REPEATABLE READ
+-- transaction a plain read sees its snapshot, without a holder another producer committed
+-- since (two pending jobs with one key). LOCK IN SHARE MODE, not FOR UPDATE: it only keeps
+-- the holder from ending until the put commits (MariaDB has no FOR SHARE; MySQL 8 takes both).
+-- In READ COMMITTED (notifyq's own sessions) it locks the holder row only; in REPEATABLE READ
+-- also the gap after a holder that is gone. With innodb_snapshot_isolation (MariaDB) a row
+-- changed since the snapshot fails the read with 1020: the caller reruns its transaction.
 SELECT j.id FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
 WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
+LOCK IN SHARE MODE
 
 -- dedup_take --
 -- Under dedup_lock: the key is this job's now.
