@@ -31,6 +31,10 @@ class Batch:
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
         self.running: list[Job] = []  # in the handler right now
+        # Finished, outcome not yet sent (acks go out about once a second): still claimed, so
+        # still covered by every extension. A long job's extend_lease() once pushed out its own
+        # lease alone, and the finished jobs before it expired and ran again elsewhere.
+        self.done: list[Job] = []
         self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
 
     def claim_lost(self) -> bool:
@@ -43,8 +47,8 @@ class Batch:
         return [j.id for j in self.jobs[self.started:] if j.id not in self.lost]
 
     def held(self) -> list[int]:
-        """What a lease extension covers: the running jobs and the waiting ones."""
-        return [j.id for j in self.running] + self.waiting()
+        """What a lease extension covers: every job whose outcome is not sent yet."""
+        return [j.id for j in self.done] + [j.id for j in self.running] + self.waiting()
 
     def extend_due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -53,8 +57,8 @@ class Batch:
     def extended(self, asked: list[int], owned: list[int], sent_at: float) -> list[int]:
         """Record an extension's answer; returns the waiting ids we no longer own."""
         self.extended_at = sent_at
-        running = {j.id for j in self.running}
-        gone = [job_id for job_id in set(asked) - set(owned) if job_id not in running]
+        started = {j.id for j in self.running} | {j.id for j in self.done}
+        gone = [job_id for job_id in set(asked) - set(owned) if job_id not in started]
         self.lost.update(gone)
         return sorted(gone)
 
@@ -74,4 +78,10 @@ class Batch:
         self.running = jobs
 
     def finish(self) -> None:
+        self.done += self.running
         self.running = []
+
+    def take_done(self) -> list[Job]:
+        """The finished jobs, for their outcomes to be sent: no longer the batch's to extend."""
+        done, self.done = self.done, []
+        return done

@@ -253,13 +253,11 @@ class Worker:
                                  admin_queries.cancel_requested(self.work, job_id, token))
         self.batch = batch
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
-        done: list[Job] = []
         last_flush = t0 = time.monotonic()
         try:
             if self.handler.per_batch:
                 batch.start(jobs)
                 self._call([j for j in jobs if j.error is None], keep_lease)
-                done = jobs
                 batch.finish()
             else:
                 for job in jobs:
@@ -271,8 +269,8 @@ class Worker:
                         # Acks first: then every job of the claim still held is extended at
                         # once, and a stalled consumer's jobs all expire together.
                         lost_before = self.stats.lost_acks
-                        self.outcomes.settle(self.work, done, token)
-                        done, last_flush = [], time.monotonic()
+                        self.outcomes.settle(self.work, batch.take_done(), token)
+                        last_flush = time.monotonic()
                         # An ack fenced out: the claim was taken back; learn what is left of it.
                         extend_due = extend_due or self.stats.lost_acks > lost_before
                     if not self._still_ours(batch, now):
@@ -286,7 +284,6 @@ class Worker:
                     batch.start([job])
                     if job.error is None:
                         self._call([job], keep_lease)
-                    done.append(job)
                     batch.finish()
         except BaseException as e:
             # Only the worker's own failures get here (handlers.py turns every exception a handler
@@ -294,12 +291,11 @@ class Worker:
             for job in batch.running:
                 if job.error is None:
                     job.fail(f"the consumer failed while the job ran: {type(e).__name__}: {e}")
-            done.extend(batch.running)
             batch.finish()
             raise
         finally:
             try:
-                self._acks = self.outcomes.settle(self.work, done, token, carry=True)
+                self._acks = self.outcomes.settle(self.work, batch.take_done(), token, carry=True)
                 log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                           sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 rest = batch.waiting()

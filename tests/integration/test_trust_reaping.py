@@ -298,3 +298,47 @@ def test_a_batchs_lease_is_extended_by_its_claims_lease_after_a_reload_lowers_it
     finally:
         worker.work.close()
         worker.presence.close()
+
+
+def test_a_long_job_that_extends_its_lease_keeps_its_finished_batch_mates_claimed(db):
+    """Regression (issue 26's fault schedule, kill_session class): a job's extend_lease() pushed
+    out its own lease and the waiting jobs', not those of the batch that had finished before it
+    while their ack was still pending (acks go out about once a second, before a job starts).
+    Those ran out and ran again on other consumers while the long job went on."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a batch of a quick job and then a long one that extends its lease (2 s)
+    cfg = db.config(defaults={"lease_s": 2})
+    long_started, release, stop = threading.Event(), threading.Event(), threading.Event()
+
+    def handle(job) -> None:
+        if job.payload["n"] == 2:
+            long_started.set()
+            while not release.wait(0.3):
+                job.extend_lease()
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handle, False), stop=stop, budget=Budget(None),
+                    batch_size=2)
+    with Producer("q", cfg) as p:
+        quick, _ = p.put_many([{"n": 1}, {"n": 2}])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(long_started.is_set, 20, message="the long job running")
+        # When more than a lease passes while the long job runs
+        started = time.monotonic()
+        wait_until(lambda: time.monotonic() - started > 3, 10, message="a lease and a half")
+        # Then no lease of the batch ran out: a reaper pass takes nothing back, and the quick job
+        # is still the worker's, its ack pending
+        result = reaper.reap_once(cfg.dsn)
+        assert result is not None and result.expired == 0
+        assert db.query("SELECT status FROM nq_job WHERE id = %s", (quick,)) == [(2,)]
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
