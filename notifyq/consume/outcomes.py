@@ -128,10 +128,12 @@ class Outcomes:
     def abandon(self, session: Session, batch: Batch) -> None:
         """The shutdown grace expired while the batch's handler still ran.
 
-        What waits is given back uncharged. What runs has started: it is failed with the reason,
-        charged, and retried by the queue's policy (dead when out of attempts): never returned
-        as if it had not run, nor left claimed by a process that is about to exit.
+        What finished before it gets its outcome (its ack was still pending). What waits is given
+        back uncharged. What runs has started: it is failed with the reason, charged, and retried
+        by the queue's policy (dead when out of attempts): never returned as if it had not run,
+        nor left claimed by a process that is about to exit.
         """
+        self.settle(session, batch.take_done(), batch.token)  # its worker is stuck in the handler
         waiting, running = batch.waiting(), list(batch.running)
         if waiting:
             self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)

@@ -204,3 +204,25 @@ def test_a_handler_outliving_the_grace_period_fails_its_job_charged_and_the_rest
     assert (status, attempts, owner) == (1, 1, None)
     assert "shutdown grace expired" in error
     assert {r[:3] for r in rows.values()} == {(0, 0, None)}
+
+
+def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_acked(db, tmp_path):
+    """Regression: the acks of a batch's finished jobs go out about once a second, before a job
+    starts; when the grace expired in the job after them, the exit left them claimed, and they
+    ran again after their lease."""
+    # Given a consumer whose batch is a quick job, then a 30-second one
+    env = _setup(db, tmp_path, sleep_s=0.0, grace_s=1.0)
+    proc = _consume(env, tmp_path, "--handler", "nqlifecycle:run", "--batch-size", "2")
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
+        result = run_cli(db.env, "produce", "-q", "s", '{"n": 0}', '{"n": 1, "sleep": 30}')
+        assert result.returncode == 0, result.stderr
+        quick, slow = (int(x) for x in result.stdout.split())
+        wait_until(lambda: slow in _started(tmp_path / "runs"), 30, message="the slow job started")
+        # When it gets SIGTERM and the grace expires
+        code, _ = _sigterm(proc)
+    finally:
+        _stop(proc)
+    # Then the quick job is acked (gone), and only the stuck one is failed for a retry
+    assert code == errors.EXIT_OK
+    assert db.query("SELECT id, status FROM nq_job") == [(slow, 1)]
