@@ -82,22 +82,21 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
     if use_locks and queries.get_lock(session, name, 0) != 1:
         return None
     result = ReapResult()
-    up_s = session.server_up_s()
-    up_us = queries.microseconds(up_s) if up_s < restart_grace_s else None
     try:
         if use_locks and (judge_silence or not session.galera):
-            for consumer_id, lock_name, queues in liveness.dead_consumers(session, up_us):
+            for consumer_id, lock_name, queues in liveness.dead_consumers(session, restart_grace_s):
                 if consumer_id == own_id:
                     continue
                 try:
-                    n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name)
+                    n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name,
+                                              restart_grace_s=restart_grace_s)
                 finally:
                     queries.release_lock(session, lock_name)
                 _count(result, consumer_id, queues, n, "consumer died")
-        for consumer_id, queues in liveness.stale_consumers(session, up_us) if judge_silence else ():
+        for consumer_id, queues in liveness.stale_consumers(session, restart_grace_s) if judge_silence else ():
             if consumer_id == own_id:
                 continue
-            n = queries.reclaim_owner(session, consumer_id, queues)
+            n = queries.reclaim_owner(session, consumer_id, queues, restart_grace_s=restart_grace_s)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         result.expired = queries.reclaim_expired(session)
         if result.expired:

@@ -305,8 +305,9 @@ class Session:
         self._conflict_times: list[float] = []
 
     def server_up_s(self) -> float:
-        """How long the server has been up (from its Uptime read at connect): whole seconds,
-        rounded down, so never more than the truth."""
+        """How long the server has been up, never more than the truth: its Uptime, read at
+        connect, is a difference of whole-second clock readings, up to a second over (a server
+        0.3 s old said 1), so a second less than it."""
         return time.monotonic() - self._server_started_at
 
     @property
@@ -461,7 +462,7 @@ class Session:
         cur.nextset()
         wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
         cur.close()
-        self._server_started_at = time.monotonic() - float(wsrep.get("uptime", "inf"))
+        self._server_started_at = time.monotonic() - max(0.0, float(wsrep.get("uptime", "inf")) - 1)
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not _ready(wsrep):
             conn.close()

@@ -70,21 +70,22 @@ def reap_needed(session: Session) -> int:
                          "reap check") or 0)
 
 
-def dead_consumers(session: Session, up_us: int | None = None) -> list[tuple[str, str, list[str]]]:
-    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues). up_us: the
-    server restarted this long ago, within a grace: only those that talked to it since."""
+def dead_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple[str, str, list[str]]]:
+    """Lock-mode consumers whose liveness lock is free: (id, lock name, queues). On a server that
+    started less than restart_grace_s ago, only those that talked to it since."""
     def body(cur):
-        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session), "up_us": up_us})
+        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session),
+                                          "up_us": queries.restarted_us(session, restart_grace_s)})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
 
 
-def stale_consumers(session: Session, up_us: int | None = None) -> list[tuple[str, list[str]]]:
-    """Polling consumers whose heartbeat stopped: (id, queues). up_us: as in dead_consumers."""
+def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple[str, list[str]]]:
+    """Polling consumers whose heartbeat stopped: (id, queues). restart_grace_s: as in dead_consumers."""
     def body(cur):
         cur.execute(Q["stale_consumers"], {"stale_us": queries.microseconds(queries.POLLING_STALE_S),
-                                           "up_us": up_us})
+                                           "up_us": queries.restarted_us(session, restart_grace_s)})
         return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
 
     return session.run(body, what="find stale consumers")

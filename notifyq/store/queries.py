@@ -52,6 +52,14 @@ def lock_grace_us(session: Session) -> int:
     return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
 
 
+def restarted_us(session: Session, grace_s: float) -> int | None:
+    """How long ago the session's server started, in microseconds, if less than `grace_s` ago
+    (a reaper's restart grace: consume/reaper.py), else None. Asked inside a transaction's body,
+    so that a body rerun on a new connection asks the server it now talks to."""
+    up_s = session.server_up_s()
+    return microseconds(up_s) if up_s < grace_s else None
+
+
 def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
@@ -470,7 +478,7 @@ def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
 
 
 def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
-                  lock_name: str | None = None) -> int | None:
+                  lock_name: str | None = None, restart_grace_s: float = 0.0) -> int | None:
     """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
 
     The verdict is taken inside that transaction, on its session, so it cannot go stale before
@@ -488,12 +496,14 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
             cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
             if cur.fetchone()[0] != 1:
                 return None
-            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session)})
+            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session),
+                                               "up_us": restarted_us(session, restart_grace_s)})
             if cur.fetchone() is not None:
                 return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
         else:
             cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
-                                                   "stale_us": microseconds(POLLING_STALE_S)})
+                                                   "stale_us": microseconds(POLLING_STALE_S),
+                                                   "up_us": restarted_us(session, restart_grace_s)})
             if cur.rowcount == 0:
                 return None
         cur.execute(Q["claims_of_owner"], {"owner": consumer_id})

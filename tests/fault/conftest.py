@@ -39,11 +39,12 @@ def server(tmp_path, server_template) -> LocalServer:
     srv = LocalServer(tmp_path / "srv")
     shutil.copytree(server_template, srv.datadir)
     srv.start()
-    # Its Uptime counts whole seconds: a consumer that registers in the server's first second
-    # reads to a reaper as registered before the start, and gets the restart grace (reaper.reap)
-    # that the tests' reaping deadlines do not allow for.
+    # Its Uptime counts whole seconds, and a reaper reads it a second short (Session.server_up_s):
+    # a consumer that registers in the server's first seconds reads to a reaper as registered
+    # before the start, and gets the restart grace (reaper.reap) that the tests' reaping
+    # deadlines do not allow for.
     root = DSN.parse(srv.dsn)
-    wait_until(lambda: _uptime(root) >= 2, 10, 0.05, "the server up 2 s")
+    wait_until(lambda: _uptime(root) >= 3, 10, 0.05, "the server up 3 s")
     yield srv
     srv.cleanup()
 

@@ -295,17 +295,23 @@ WHERE NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port))) A
 -- drop_stale_consumer --
 -- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
 -- and then nothing of that consumer is taken back.
+-- up_us: as in dead_consumers, asked again here (the session may have reconnected to a server
+-- that restarted since the list was read).
 DELETE FROM nq_consumer
 WHERE id = %(id)s AND NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)))
   AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
+  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
 
 -- consumer_spared --
 -- The verdict by lock, inside the reclaim: a row here means the consumer is not ours to take
 -- back: it re-registered on another Galera node meanwhile and holds its lock there (free here),
--- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile.
+-- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile, or (up_us, as in
+-- dead_consumers, asked again: the session may have reconnected to a server that restarted since
+-- the list was read) it has not talked to this server since it started.
 SELECT 1 FROM nq_consumer
 WHERE id = %(id)s AND (node NOT IN ('', CONCAT(@@hostname, ':', @@port))
-                       OR (%(grace_us)s > 0 AND last_seen >= NOW(6) - INTERVAL %(grace_us)s MICROSECOND))
+                       OR (%(grace_us)s > 0 AND last_seen >= NOW(6) - INTERVAL %(grace_us)s MICROSECOND)
+                       OR (%(up_us)s IS NOT NULL AND last_seen < NOW(6) - INTERVAL %(up_us)s MICROSECOND))
 FOR UPDATE
 
 -- heartbeat --
