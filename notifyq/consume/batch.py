@@ -11,6 +11,7 @@ is never started. The service reads `running` and `waiting()` from its own threa
 
 from __future__ import annotations
 
+import threading
 import time
 
 from notifyq.jobs import Job
@@ -35,6 +36,7 @@ class Batch:
         # still covered by every extension. A long job's extend_lease() once pushed out its own
         # lease alone, and the finished jobs before it expired and ran again elsewhere.
         self.done: list[Job] = []
+        self.settled = threading.Event()  # its worker is done with it (the service waits at shutdown)
         self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
 
     def claim_lost(self) -> bool:

@@ -305,6 +305,7 @@ class Worker:
                     log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
             finally:
                 self.batch = None
+                batch.settled.set()
 
     def _still_ours(self, batch: Batch, now: float) -> bool:
         """Before a job starts: is the claim still this process's? From what the presence knows
@@ -372,10 +373,7 @@ class Worker:
             # while a peer ran its jobs again. Killed, it hands its worker back the batch,
             # which settles it (failed: the grace expired) and counts it before our summary.
             stop_running()
-            deadline = time.monotonic() + SETTLE_AFTER_STOP_S
-            while self.batch is batch and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if self.batch is not batch:
+            if batch.settled.wait(SETTLE_AFTER_STOP_S):
                 return
         self.outcomes.abandon(session, batch)
 
