@@ -258,7 +258,6 @@ class CommandHandler:
             return status + (f": {tail}" if tail else "")
         return None
 
-
     def stop_running(self, wait_s: float = TERM_WAIT_S) -> None:
         """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
         what is left of the groups after wait_s, and return once the commands are reaped, so
