@@ -28,11 +28,11 @@ log = logging.getLogger("notifyq.store")
 SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
-# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
-# heartbeat (consume/heartbeat.py) beats several times inside it.
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
 ERROR_MAX_BYTES = 65535
+# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
+# heartbeat (consume/heartbeat.py) beats several times inside it.
 POLLING_STALE_S = 30.0
 # On a Galera node a lock-mode consumer whose lock is free is dead only once its heartbeat (which
 # every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from conftest import notifyq_cmd, run_cli, wait_until
+from test_trust_lifecycle import registered, stderr_of, unsettled
 from notifyq import errors
 
 QUEUE = "odd"
@@ -35,22 +36,10 @@ def consume(env: dict[str, str], tmp_path: Path, *args: str) -> subprocess.Popen
                             stdout=subprocess.DEVNULL, stderr=err, text=True)
 
 
-def stderr_of(tmp_path: Path) -> str:
-    return "".join(p.read_text() for p in sorted(tmp_path.glob("consume-*.err")))
-
-
 def produce(db, payloads: list[dict], *args: str) -> list[int]:
     result = run_cli(db.env, "produce", "-q", QUEUE, *args, *[json.dumps(p) for p in payloads])
     assert result.returncode == 0, result.stderr
     return [int(x) for x in result.stdout.split()]
-
-
-def registered(db, n: int) -> None:
-    wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == n, 30, message=f"{n} registered")
-
-
-def unsettled(db) -> int:
-    return db.scalar("SELECT COUNT(*) FROM nq_job WHERE status IN (0, 1, 2)")
 
 
 def records(tmp_path: Path) -> list[tuple[int, str]]:
