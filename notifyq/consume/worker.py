@@ -261,6 +261,11 @@ class Worker:
                 batch.finish()
             else:
                 for job in jobs:
+                    if batch.started and batch.commit is not None and not batch.commit.settled:
+                        # The first job ran while the claim's COMMIT was on the wire; the second
+                        # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
+                        # another node's claim won certification): a peer may hold them already.
+                        self.work.settle()
                     if self.stop.is_set() or batch.claim_lost():
                         break
                     now = time.monotonic()

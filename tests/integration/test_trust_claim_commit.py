@@ -10,6 +10,7 @@ import pytest
 from conftest import admin_connect, wait_until
 
 from notifyq.consume import handlers
+from notifyq.consume import worker as worker_module
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
@@ -134,6 +135,54 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         worker._flush_acks()
         assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
         assert worker.stats.succeeded == 3
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()
+        worker.work.close()
+        worker.presence.close()
+
+
+def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with_fast_jobs(
+        db, backup_stage, monkeypatch):
+    """Regression (CI, the Galera fault schedule): the claim's COMMIT was read only at the work
+    session's next statement, an ack flush a second later, so fast jobs after the first started
+    under a claim whose COMMIT had failed, while a peer (on Galera: the claim that won
+    certification on another node) ran them too."""
+    # Given three ready jobs, a worker whose acks would wait long, and a server that holds
+    # its claim's COMMIT back
+    monkeypatch.setattr(worker_module, "ACK_FLUSH_S", 3600.0)
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(3)])
+    blocker = admin_connect(db.admin)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job) -> None:
+        runs.append((job.id, job.attempts))
+        if len(runs) == 1:  # the first start: the claim's session dies with its COMMIT unread;
+            conn_id = worker.work.connection_id  # the handler itself never touches that session
+            blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
+            wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                            (conn_id,)), HOLD_S, message="the killed session gone")
+            blocker.cursor().execute("BACKUP STAGE END")
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    try:
+        worker.presence.consumer_id_for_claim(worker)
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When it claims and runs the batch
+        got, _ = worker._claim_and_run()
+        worker._flush_acks()
+        # Then only the first job ran under the lost claim: the second waited for the COMMIT's
+        # reply, read its failure, and started nothing more
+        assert got == 3 and runs == [(ids[0], 1)]
+        assert worker.work.failed_commits == 1
+        # And the next claim runs all three
+        got, _ = worker._claim_and_run()
+        worker._flush_acks()
+        assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:
         blocker.close()
