@@ -68,11 +68,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from notifyq import errors
 from notifyq.config import WakeupConfig
 from notifyq.store import bells, queries
-from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.wakeup")
@@ -288,6 +290,7 @@ class Bell:
         self._generation = -1
         self._retry_arm_at = 0.0
         self._told_not_ringer = False
+        self._look_query: str | None = None
 
     def arm(self) -> bool:
         """Become this queue's ringer if none is."""
@@ -346,10 +349,14 @@ class Bell:
         saw nobody watching (QUIET_LOOK_S)."""
         return time.monotonic() >= self._quiet_until
 
-    def look(self) -> tuple[str, dict]:
-        """The read the jobs' COMMIT carries (Session.commit_then_read)."""
+    def commit_and_look(self, work: Session, cur, result: Any) -> tuple | None:
+        """COMMIT the put's transaction on `work` and, in that round trip, look whether a consumer
+        watches (Pipeline.commit_then_read): the row for after_commit(). `result` is what the
+        put's body returns, for Session.run to ask about if the COMMIT's reply is lost."""
         self.looks += 1
-        return bells.look(self.locks)
+        if self._look_query is None:  # bound once: mogrify per put was a tenth of a producer's CPU
+            self._look_query = cur.mogrify(*bells.look(self.locks))
+        return work.pipeline.commit_then_read(cur, self._look_query, result=result)
 
     def after_commit(self, seen: tuple | None) -> None:
         """Ring if a consumer watches the queue. `seen` is the look's row (watch holder, bell 0

@@ -15,7 +15,7 @@ import threading
 import time
 
 from notifyq.jobs import Job
-from notifyq.store.db import Pending
+from notifyq.store.pipeline import Pending
 
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
 

@@ -18,7 +18,8 @@ from notifyq.consume.batch import Batch
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
-from notifyq.store.db import Pending, Session
+from notifyq.store.db import Session
+from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -55,7 +56,7 @@ class Outcomes:
         """The claim that carried `acks` sent its COMMIT: count them once it is read, or ack them
         on their own if it failed, or if no claim carried them (commit None)."""
         if commit is not None:
-            session.settle()  # read now if still on the wire (else it was, by a later statement)
+            session.pipeline.read_reply()  # read now if still on the wire (else it was, by a later statement)
         if commit is None or commit.failed or not commit.rowcounts:
             self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep))
         else:

@@ -42,7 +42,8 @@ from notifyq.config import Config
 from notifyq.jobs import Status
 from notifyq.ops import admin
 from notifyq.store import admin_queries, dedup, queries
-from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
 if TYPE_CHECKING:

@@ -43,7 +43,8 @@ from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.store import liveness, locks, queries, schema
-from notifyq.store.db import DriverError, Session, locks_unavailable
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.wakeup import Waiter
 
 log = logging.getLogger("notifyq.consumer")

@@ -25,7 +25,9 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
 from notifyq.store import admin_queries, queries
-from notifyq.store.db import DriverError, Pending, Session, locks_unavailable
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -265,7 +267,7 @@ class Worker:
                         # The first job ran while the claim's COMMIT was on the wire; the second
                         # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
                         # another node's claim won certification): a peer may hold them already.
-                        self.work.settle()
+                        self.work.pipeline.read_reply()
                     if self.stop.is_set() or batch.claim_lost():
                         break
                     now = time.monotonic()

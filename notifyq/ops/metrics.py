@@ -117,8 +117,8 @@ class ServiceCollector:
         reclaimed = sum(s.reclaimed for s in svc.every_stats())
         yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
                                   "from dead consumers or expired leases (any queue).", value=reclaimed)
-        conflicts = sum(w.work.conflicts for w in workers) + sum(
-            watcher.session.conflicts for presence in svc.presences.values()
+        conflicts = sum(w.work.conflicts.count for w in workers) + sum(
+            watcher.session.conflicts.count for presence in svc.presences.values()
             for watcher in presence.watchers.values())
         yield CounterMetricFamily("notifyq_db_conflicts", "Transactions of this process's workers rerun "
                                   "after error 1213: deadlocks, or on Galera certification conflicts "

@@ -17,7 +17,8 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce.lines import ReadError
 from notifyq.store import dedup, inserts, queries
-from notifyq.store.db import DriverError, Session
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Bell, instant_wake
 
@@ -307,14 +308,14 @@ class Producer:
         def with_bell(cur) -> list[int]:
             ids = body(cur, session.max_allowed_packet)
             if looking is not None:  # the COMMIT carries the look: is anyone watching?
-                seen[0] = session.commit_then_read(cur, *looking.look(), result=ids)
+                seen[0] = looking.commit_and_look(session, cur, ids)
             return ids
 
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         # The same for the COMMIT a ringing producer sends inside the body, with the ring's look
-        # (commit_then_read is handed the ids the body returns). A ring lost with it costs the
+        # (commit_and_look is handed the ids the body returns). A ring lost with it costs the
         # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
         result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
                              committed=inserts.jobs_stored)

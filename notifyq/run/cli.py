@@ -492,11 +492,11 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(errors.EXIT_OK)
     except Exception as e:
-        from notifyq.store import db  # only here: `notifyq --help` never loads the driver
+        from notifyq.store import driver  # only here: `notifyq --help` never loads the driver
 
-        if not isinstance(e, db.DriverError):
+        if not isinstance(e, driver.DriverError):
             raise
-        echo(f"notifyq: error: database: {db.describe(e)}", err=True)
+        echo(f"notifyq: error: database: {driver.describe(e)}", err=True)
         sys.exit(errors.EXIT_DB)
     except KeyboardInterrupt:
         sys.exit(errors.EXIT_KILLED)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from notifyq.store import db
+from notifyq.store import driver
 
 # /usr/sbin is often not on a normal user's PATH, yet that is where Debian puts mariadbd.
 _EXTRA_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/mysql/bin")
@@ -66,8 +66,8 @@ def _parse_dsn(dsn: str) -> dict:
 def probe_dsn(dsn: str, timeout: float = 2) -> bool:
     """True if a connection with this DSN can be opened right now."""
     try:
-        conn = db.connect(connect_timeout=max(1, int(timeout)), **_parse_dsn(dsn))
-    except (db.DriverError, OSError, ValueError):
+        conn = driver.connect(connect_timeout=max(1, int(timeout)), **_parse_dsn(dsn))
+    except (driver.DriverError, OSError, ValueError):
         return False
     conn.close()
     return True
@@ -176,7 +176,7 @@ class LocalServer:
             raise
 
     def _connect_socket(self):
-        return db.connect(host="localhost", user="root", passwd="",
+        return driver.connect(host="localhost", user="root", passwd="",
                                unix_socket=self.socket_path, connect_timeout=2)
 
     def _wait_ready(self, deadline: float) -> None:
@@ -186,7 +186,7 @@ class LocalServer:
             try:
                 self._connect_socket().close()
                 return
-            except db.DriverError as e:  # "can't connect" until the socket is up
+            except driver.DriverError as e:  # "can't connect" until the socket is up
                 last = e
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"server not ready before deadline ({last!r}):\n{self._log_tail()}")

@@ -13,7 +13,8 @@ from typing import Any
 
 import MySQLdb
 
-from notifyq.store.db import Session, error_code
+from notifyq.store.db import Session
+from notifyq.store.driver import error_code
 from notifyq.store.locks import QueueLocks
 from notifyq.store.queries import POLLING_STALE_S, ensure_queue, microseconds
 from notifyq.store.sql import QUERIES as Q
@@ -60,13 +61,13 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
 
 
 def look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
-    """The read a ringing producer's COMMIT carries (Session.commit_then_read): it returns the
+    """The read a ringing producer's COMMIT carries (Pipeline.commit_then_read): it returns the
     connection ids holding the watch lock, bell 0 and bell 1 (None: free)."""
     return Q["ring_look"], {"watch": locks.watch, "bell0": locks.bells[0], "bell1": locks.bells[1]}
 
 
 def ring(session: Session, locks: QueueLocks, held: int) -> None:
-    """Take the other bell, release bell `held`, without waiting for the reply (Session.send_later:
+    """Take the other bell, release bell `held`, without waiting for the reply (Pipeline.send_later:
     the reply is read before the session's next statement). The next look says whether it rang."""
-    session.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
+    session.pipeline.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
                                    "wait_s": RING_WAIT_S})

@@ -1,137 +1,37 @@
-"""Connections, error classes and the one retry policy for database work.
-
-Retries wrap whole transactions, never single statements: after a deadlock the earlier
-statements of the transaction are gone, after a lock wait timeout they are still there.
-Either way the only safe move is ROLLBACK (or a new connection) and run the whole thing again.
-On Galera a certification conflict is 1213 as well, at COMMIT or at any statement after the
-conflicting write set arrived: the same rerun, counted (Session.conflicts).
-
-A multi-host DSN names the nodes of one Galera cluster. A session connects to the first node of
-the list that answers and is ready (Synced, in the primary component); all sessions of a process
-share which node that is (WriterChoice), so they move together when it dies and stay on the new
-one when the old one comes back: one writer, no certification conflicts between our own sessions.
+"""A session: one connection to the queue's database that knows how to rebuild itself, and runs
+transactions whole under the one retry policy (store/driver.py). What it sends ahead of the
+replies is its Pipeline's (store/pipeline.py); which Galera node it writes through, its
+WriterChoice's (store/writer.py).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import MySQLdb
-import MySQLdb.converters
-from MySQLdb.constants import FIELD_TYPE
 
 from notifyq import errors
 from notifyq.config import DSN
+from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, UNKNOWN_DATABASE, Conflicts, describe,
+                                  error_code, is_connection_lost, is_transient, retry_policy)
+from notifyq.store.pipeline import Attempt, Pipeline
 from notifyq.store.sql import QUERIES
-
-if TYPE_CHECKING:
-    import tenacity
+from notifyq.store.writer import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, WriterChoice, ready_for_writes
 
 log = logging.getLogger("notifyq.db")
 T = TypeVar("T")
 
-# Run the transaction again on a live connection.
-RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
-# The connection is gone or the server cannot serve us right now: reconnect, then run again.
-# 1180 (an error during COMMIT): on Galera, a node that dropped out of the primary component
-# (a membership change, a node resuming after a pause) refuses the COMMIT; nothing was stored.
-RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040, 1180})
-ACCESS_DENIED = frozenset({1044, 1045, 1698})
-UNKNOWN_DATABASE = 1049
-DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows
-NOT_READY = 1047  # a Galera node outside the primary component, or not synced yet
-# A steady rate of conflicts: this many in CONFLICT_WINDOW_S on one session gets a warning.
-CONFLICT_WARN_COUNT = 10
-CONFLICT_WINDOW_S = 60.0
 # Identity of the server a session runs on: what a consumer records as the node holding its
 # liveness lock, compared in SQL by the reaper's queries (queries.sql uses the same expression).
 NODE_IDENTITY_SQL = "CONCAT(@@hostname, ':', @@port)"
-# A multi-host DSN: a writer node that is paused (SIGSTOP, a frozen VM, a network that drops
-# packets) keeps its sockets open and answers nothing, so a session learns of it only from its
-# own timeouts. Reads give up after FAILOVER_READ_TIMEOUT_S (above innodb_lock_wait_timeout, 10 s,
-# and Galera's eviction stall of ~6.5 s, the longest a healthy node keeps a statement waiting),
-# and a connect after FAILOVER_CONNECT_TIMEOUT_S (a paused node accepts the TCP connection but
-# never greets): a session moves to the next ready node within about the sum of the two.
-FAILOVER_READ_TIMEOUT_S = 12
-FAILOVER_CONNECT_TIMEOUT_S = 4
 # The server's uptime (a reaper's restart grace: reaper.reap) and its wsrep state.
 _SERVER_STATUS = ("SHOW GLOBAL STATUS WHERE Variable_name IN ('Uptime', "
                  "'wsrep_provider_name', 'wsrep_ready', 'wsrep_local_state_comment', 'wsrep_cluster_status')")
-
-
-# The driver's base error class, for the parts above the store that must catch database
-# errors without importing the driver (only store/ imports MySQLdb; an import contract holds it).
-DriverError = MySQLdb.Error
-# Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
-LOCKS_UNAVAILABLE = frozenset({1235, 1105})
-
-
-def connect(**connect_args: Any) -> MySQLdb.connections.Connection:
-    """One plain driver connection, for tools that manage a server rather than a queue
-    (run/localserver.py). Queue work goes through Session."""
-    return MySQLdb.connect(**connect_args)
-
-
-def error_code(exc: BaseException) -> int | None:
-    if isinstance(exc, MySQLdb.Error) and exc.args and isinstance(exc.args[0], int):
-        return exc.args[0]
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    return error_code(exc) in RERUN_CODES | RECONNECT_CODES
-
-
-def locks_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, MySQLdb.NotSupportedError) or error_code(exc) in LOCKS_UNAVAILABLE
-
-
-def is_connection_lost(exc: BaseException) -> bool:
-    return error_code(exc) in RECONNECT_CODES
-
-
-def describe(exc: BaseException) -> str:
-    """One line for the user. Server messages name user@host, never the password."""
-    code = error_code(exc)
-    if code is None:
-        return str(exc)
-    return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
-
-
-def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING,
-                 stop: threading.Event | None = None) -> tenacity.Retrying:
-    """The infrastructure policy: full-jitter exponential backoff on transient errors only.
-
-    One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
-    costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
-    the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
-    server that is gone (the last error is raised, as at the deadline)."""
-    import tenacity  # here: most processes never retry, and it costs a few ms of start-up
-
-    backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
-
-    def wait(rs: tenacity.RetryCallState) -> float:
-        # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
-        return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
-
-    give_up = tenacity.stop_after_delay(give_up_after_s)
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(is_transient),
-        wait=wait,
-        stop=give_up if stop is None else tenacity.stop_any(give_up, lambda rs: stop.is_set()),
-        sleep=time.sleep if stop is None else stop.wait,
-        before_sleep=lambda rs: log.log(
-            log_level, "database error, retrying what=%s attempt=%d error=%r",
-            what, rs.attempt_number, describe(rs.outcome.exception()),
-        ),
-        reraise=True,
-    )
 
 
 def address(dsn: DSN) -> str:
@@ -139,37 +39,6 @@ def address(dsn: DSN) -> str:
     if dsn.unix_socket:
         return f"socket {dsn.unix_socket}"
     return ",".join(f"{h}:{p}" for h, p in dsn.servers)
-
-
-class WriterChoice:
-    """Which node of a multi-host DSN this process writes through: one per process and host list.
-
-    Shared by every session of the process (a consumer has several, a reaper opens one per pass):
-    a session that finds the writer gone moves the choice, and the others follow at their next
-    connect instead of each walking the list from the top. Starting from the current choice, not
-    from the first host, is what keeps a process from failing back on its own to a node that
-    returned: it stays where it is until that node fails in turn. A session holding a lock it
-    must keep (Session.follows_writer False) does not follow while its own connection works.
-    This is the one piece of process-wide state in the store; it holds only an index.
-    """
-
-    _choices: dict[tuple[tuple[str, int], ...], "WriterChoice"] = {}
-    _guard = threading.Lock()
-
-    def __init__(self) -> None:
-        self.index = 0
-        self.chosen = False  # a session of this process has connected through `index`
-        self.lock = threading.Lock()
-
-    @classmethod
-    def of(cls, dsn: DSN) -> "WriterChoice":
-        with cls._guard:
-            return cls._choices.setdefault(dsn.servers, cls())
-
-    def order(self, count: int) -> list[int]:
-        """Indexes to try: the current writer, then the list from the top."""
-        first = self.index
-        return [first] + [i for i in range(count) if i != first]
 
 
 def oneshot_session(dsn: DSN, retry_s: float, name: str) -> Session:
@@ -192,56 +61,6 @@ def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
         conn.close()
         raise errors.DatabaseError(f"the server at {dsn.masked()} does not use TLS, which the TLS "
                                    "options ask for (remove them only if plaintext is acceptable)")
-
-
-def _datetime(text):
-    """DATETIME/TIMESTAMP decoder: the C `fromisoformat` instead of mysqlclient's pure-Python
-    parser, which was a fifth of a consumer's CPU (three datetimes per claimed job). Anything
-    it does not take (zero dates, odd precision) goes to the original, so results are equal."""
-    if 19 <= len(text) <= 26:  # 'YYYY-MM-DD hh:mm:ss[.ffffff]'
-        try:
-            return dt.datetime.fromisoformat(text.decode() if isinstance(text, bytes) else text)
-        except ValueError:
-            pass
-    return MySQLdb.converters.DateTime_or_None(text)
-
-
-class Ids(tuple):
-    """Job ids for `IN %(ids)s`, rendered `(1,2,3)` in one step. A plain list goes through
-    literal() once per element, about 1 us an id, three times per claimed batch. int() on
-    every element keeps it a bound value: anything but an integer raises."""
-
-
-def _ids_literal(ids: Ids, _conversions) -> str:
-    return "(" + ",".join(map(str, map(int, ids))) + ")"
-
-
-CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
-               FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal}
-
-
-class Pending:
-    """A statement sent without waiting for its reply (Session.send_later, send_commit).
-
-    The reply is read before the session's next statement, or by Session.settle(). `failed`
-    is known once `settled`: for a COMMIT it means the transaction is not ours to count on,
-    whether the server refused it or the connection was lost before the reply (then its outcome
-    is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
-
-    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts")
-
-    def __init__(self, what: str, commit: bool, fallback: str | None = None):
-        self.what = what
-        self.commit = commit
-        self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
-        self.replied = 0  # replies of the query read already (send_commit, wait_replies)
-        self.rowcounts: list[int] = []  # each statement's affected rows, as its reply is read
-        self.settled = False
-        self.error: BaseException | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
 
 
 class Session:
@@ -288,21 +107,15 @@ class Session:
         self.server_version = ""
         self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
         self.connection_id: int | None = None  # readable from other threads (the stopper)
-        self._pending: Pending | None = None  # a statement whose reply is still on the wire
-        self.failed_commits = 0  # COMMITs sent ahead (send_commit) that failed or were lost
-        self._attempt_idempotent = True
-        self._committed_in_body = False
-        self._committing_in_body = False  # inside commit_then_read's COMMIT
-        self._body_result: Any = None  # what the body returns after commit_then_read's COMMIT
-        self._rendered: dict[tuple, str] = {}  # commit_then_read's statements, bound
+        self.pipeline = Pipeline(self)
+        self.attempt = Attempt()  # the transaction being run (Session.run)
         self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
         self.galera = False  # the server is a Galera node (wsrep provider loaded)
         self._server_started_at = -math.inf  # monotonic, from the server's Uptime at connect
         # Monotonic time at which the last transaction that succeeded was sent: the connection (of
         # this generation, if it did not reconnect since) was open then, and with it its locks.
         self.answered_at = -math.inf
-        self.conflicts = 0  # transactions rerun after 1213: deadlocks, certification conflicts
-        self._conflict_times: list[float] = []
+        self.conflicts = Conflicts()  # transactions rerun after 1213: deadlocks, certification conflicts
 
     def server_up_s(self) -> float:
         """How long the server has been up, never more than the truth: its Uptime, read at
@@ -319,8 +132,8 @@ class Session:
     def conn(self) -> MySQLdb.connections.Connection:
         if self._conn is None:
             self.connect()
-        if self._pending is not None:
-            self.settle()
+        if self.pipeline.pending is not None:
+            self.pipeline.read_reply()
             if self._conn is None:  # the reply was a lost connection
                 self.connect()
         assert self._conn is not None
@@ -368,12 +181,12 @@ class Session:
             with attempt:
                 if first is not None:
                     failed, first = first, None
-                    self._count_conflict(failed, what)
+                    self.conflicts.record(failed, what, self.name)
                     raise failed
                 try:
                     result = step()
                 except MySQLdb.Error as e:
-                    self._count_conflict(e, what)
+                    self.conflicts.record(e, what, self.name)
                     raise
                 return result, attempt.retry_state.attempt_number, lost
         raise AssertionError("unreachable")
@@ -385,32 +198,11 @@ class Session:
                     what, attempts, time.monotonic() - started)
 
     def _open(self) -> MySQLdb.connections.Connection:
-        servers = self.dsn.servers
-        if len(servers) == 1:
+        if self._choice is None:
             return self._open_server(0, check_ready=False)
-        choice = self._choice
-        last: MySQLdb.Error | None = None
-        for index in choice.order(len(servers)):
-            try:
-                conn = self._open_server(index, check_ready=True)
-            except MySQLdb.Error as e:
-                if not is_connection_lost(e):
-                    raise
-                last = e
-                continue
-            self._server_index = index
-            with choice.lock:
-                if choice.index != index and choice.chosen:
-                    old = servers[choice.index]
-                    log.warning("database writer node changed from=%s:%d to=%s:%d session=%s",
-                                old[0], old[1], servers[index][0], servers[index][1], self.name)
-                elif choice.index != index:
-                    log.info("database writer node host=%s:%d (the ones before it in the DSN are down "
-                             "or not ready)", servers[index][0], servers[index][1])
-                choice.index, choice.chosen = index, True
-            return conn
-        assert last is not None
-        raise last
+        self._server_index, conn = self._choice.open(
+            self.dsn.servers, lambda index: self._open_server(index, check_ready=True), self.name)
+        return conn
 
     def _open_server(self, index: int, check_ready: bool) -> MySQLdb.connections.Connection:
         """One connection to servers[index]; check_ready: refuse a Galera node that is not a
@@ -444,27 +236,10 @@ class Session:
             raise
         if self.dsn.tls_mode:
             _require_tls(conn, self.dsn)
-        cur = conn.cursor()
-        # One round trip: the session's settings, then the server, its identity and its wsrep
-        # state (empty values on a server without Galera; MySQL has the status names too, or
-        # none: both read as not Galera). READ COMMITTED: every statement sees fresh commits (a
-        # long RR snapshot would hide new jobs) and locking reads take no gap locks that block
-        # producers.
-        settings, params = "time_zone = '+00:00', innodb_lock_wait_timeout = 10", ()
-        if self.idle_timeout_s is not None:
-            settings, params = f"{settings}, wait_timeout = %s", (int(self.idle_timeout_s),)
-        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
-                    f"SET SESSION {settings}; "
-                    f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}", params or None)
-        cur.nextset()  # past the two SETs' results, each an error if the statement failed
-        cur.nextset()
-        self.server_version, self.max_allowed_packet, self.node = cur.fetchone()
-        cur.nextset()
-        wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
-        cur.close()
+        self.server_version, self.max_allowed_packet, self.node, wsrep = _prepare(conn, self.idle_timeout_s)
         self._server_started_at = time.monotonic() - max(0.0, float(wsrep.get("uptime", "inf")) - 1)
         self.galera = bool(wsrep.get("wsrep_provider_name"))
-        if check_ready and self.galera and not _ready(wsrep):
+        if check_ready and self.galera and not ready_for_writes(wsrep):
             conn.close()
             host, port = self.dsn.servers[index]
             raise MySQLdb.OperationalError(NOT_READY, f"node {host}:{port} is not ready (state "
@@ -474,8 +249,8 @@ class Session:
         return conn
 
     def discard(self) -> None:
-        if self._pending is not None:  # its reply is never read: a COMMIT's outcome is unknown
-            self._fail_pending(MySQLdb.OperationalError(2013, "connection discarded before the reply"))
+        if self.pipeline.pending is not None:  # its reply is never read: a COMMIT's outcome is unknown
+            self.pipeline.fail_pending(MySQLdb.OperationalError(2013, "connection discarded before the reply"))
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -485,208 +260,12 @@ class Session:
             self.connection_id = None
 
     def close(self) -> None:
-        if self._pending is not None and self._conn is not None:
-            self.settle()  # a COMMIT sent ahead is read, not left to an unknown outcome
+        if self.pipeline.pending is not None and self._conn is not None:
+            self.pipeline.read_reply()  # a COMMIT sent ahead is read, not left to an unknown outcome
         self.discard()
 
     def cursor(self):
         return self.conn.cursor()
-
-    def send_later(self, sql: str, params: dict[str, Any], fallback: str | None = None) -> None:
-        """Send statements and return without waiting for their reply.
-
-        The server acts on them as soon as they arrive; the reply is read (and any rows
-        discarded) before this session's next statement. For the watch hand-off: the next idle
-        consumer is granted the watch lock while this one already runs its batch, a round trip
-        sooner. Only on autocommit sessions. If they fail (the server stops a multi-statement
-        query at its first error), `fallback`, bound with the same params, runs in their place
-        when the reply is read: it must do what matters of theirs (release a lock). Without
-        one, or if it fails too, the connection ends, which frees every advisory lock it held:
-        never for a session holding a lock it must keep (a consumer's liveness lock).
-        """
-        assert self.autocommit
-        conn = self.conn
-        cur = conn.cursor()
-        try:
-            query = cur.mogrify(sql, params)
-            fallback_query = cur.mogrify(fallback, params) if fallback is not None else None
-        finally:
-            cur.close()
-        try:
-            conn.send_query(query.encode(conn.encoding))
-        except MySQLdb.Error as e:
-            self._after_error(e)
-            return
-        self._pending = Pending("send later", commit=False, fallback=fallback_query)
-
-    @property
-    def commit_rides_along(self) -> bool:
-        """Whether a COMMIT may share a multi-statement query with other statements (one round
-        trip). Not on a Galera node: there a COMMIT inside a multi-statement query returned OK
-        for transactions a certification conflict had rolled back (writers on two nodes: 357 of
-        2,400 jobs acknowledged and not stored), so it goes alone, a round trip more."""
-        return not self.galera
-
-    def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str,
-                    wait_replies: bool = False) -> Pending:
-        """A transaction's last statements and its COMMIT as one multi-statement query, sent and
-        not waited for: every reply is read before this session's next statement, or by settle().
-        wait_replies: the statements' replies are read here (their errors are the body's, and
-        rerun it), so that the row locks they take are held when this returns; only the
-        COMMIT's is left on the wire.
-
-        For the claim: its rows are locked by the time this is called, so its jobs may start at
-        once, while the server writes the mark and the COMMIT's fsync runs (about 3 ms on a plain
-        disk). If a statement or the COMMIT then fails, or the connection is lost, the rows unlock
-        and may be claimed again elsewhere: a duplicate run of the kind a crash allows under
-        at-least-once, and the claim token fences this claim's acks (a mark that never landed
-        leaves rows no ack of ours matches). So the failure is not retried (nothing would run the
-        work again here): it is recorded in the returned Pending, counted (failed_commits) and
-        logged. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
-        statements' replies are read here first. Closes `cur`: the COMMIT is the transaction's
-        last word. Only in an idempotent Session.run body.
-        """
-        if not self._attempt_idempotent or self.autocommit or not statements:
-            raise AssertionError("send_commit is for idempotent transactions with statements")
-        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
-                           + (["COMMIT"] if self.commit_rides_along else []))
-        cur.close()  # now: closing it later would read the connection while the reply is due
-        conn = self.conn
-        pending = Pending(what, commit=True)
-        conn.send_query(query.encode(conn.encoding))
-        self._pending = pending
-        if wait_replies or not self.commit_rides_along:
-            try:
-                conn.read_query_result()
-                pending.rowcounts.append(conn.affected_rows())
-                for _ in statements[1:]:
-                    conn.next_result()
-                    pending.rowcounts.append(conn.affected_rows())
-                if not self.commit_rides_along:
-                    conn.send_query(b"COMMIT")  # once the statements answered
-            except BaseException:
-                self._pending = None  # a statement failed: the server ran nothing after it
-                raise
-            pending.replied = len(statements) if self.commit_rides_along else 0
-        self._committed_in_body = True
-        return pending
-
-    def settle(self) -> None:
-        """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
-        COMMIT's failure is its Pending's (and counted); a statement sent later that failed
-        is replaced by its fallback, or else ends the connection, as a lost one would."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        conn = self._conn
-        try:
-            if pending.replied:
-                conn.next_result()  # the COMMIT's, after the statements' replies read already
-            else:
-                conn.read_query_result()
-                pending.rowcounts.append(conn.affected_rows())
-                conn.discard_result()
-            while conn.next_result() == 0:  # the rest of a multi-statement query
-                pending.rowcounts.append(conn.affected_rows())
-                conn.discard_result()
-        except MySQLdb.Error as e:
-            self._fail_pending(e, pending)
-            if pending.commit:
-                self._after_error(e)  # lost: discard; else ROLLBACK, so the rows unlock now
-            elif not self._run_fallback(e, pending):
-                self.discard()
-        finally:
-            pending.settled = True
-
-    def _run_fallback(self, exc: MySQLdb.Error, pending: Pending) -> bool:
-        """A statement sent later failed on a connection that still answers: run its fallback
-        there. False when the connection must end instead."""
-        if pending.fallback is None or is_connection_lost(exc):
-            return False
-        log.debug("a statement sent ahead failed session=%s error=%s: running its fallback",
-                  self.name, describe(exc))
-        try:
-            cur = self._conn.cursor()
-            try:
-                cur.execute(pending.fallback)
-            finally:
-                cur.close()
-        except MySQLdb.Error:
-            return False
-        return True
-
-    def _fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
-        if pending is None:
-            pending, self._pending = self._pending, None
-        if pending is None or pending.settled:
-            return
-        pending.error, pending.settled = exc, True
-        if pending.commit:
-            self.failed_commits += 1
-            log.warning("a COMMIT sent ahead failed what=%s session=%s error=%r: the transaction is "
-                        "not ours to count on (the claim's jobs may run again elsewhere; its acks "
-                        "are fenced)", pending.what, self.name, describe(exc))
-
-    def commit_with(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
-        """A transaction's last statements and its COMMIT, sent as one multi-statement query.
-
-        One round trip instead of len(statements) + 1 (mysqlclient enables multi-statement
-        queries by default; every value is bound by mogrify, as in execute). Returns each
-        statement's rowcount. Only inside an idempotent Session.run body: a connection lost
-        here leaves the COMMIT's outcome unknown, and the body must be safe to run again.
-        """
-        if not self._attempt_idempotent or self.autocommit:
-            raise AssertionError("commit_with is for idempotent transactions only")
-        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
-                           + (["COMMIT"] if self.commit_rides_along else []))
-        cur.execute(query)
-        rowcounts = [cur.rowcount]
-        while cur.nextset():
-            rowcounts.append(cur.rowcount)
-        if not self.commit_rides_along:
-            cur.connection.commit()
-        self._committed_in_body = True
-        return rowcounts[:len(statements)]
-
-    def commit_then_read(self, cur, sql: str, params: dict[str, Any], *, result: Any = None) -> tuple | None:
-        """COMMIT, and one read that must see the world after it, as one multi-statement query:
-        one round trip, as a bare COMMIT. Returns the read's first row, or None if the read
-        failed after the COMMIT succeeded (the read is advice: the transaction is done, and
-        must not be run again for it). A lost connection during the COMMIT leaves its outcome
-        unknown: Session.run treats it as it treats a lost COMMIT after the body (a rerun of an
-        idempotent body; else its `committed` test, asked about `result`, the value the body
-        returns after this call; else OutcomeUnknown)."""
-        if self.autocommit:
-            raise AssertionError("commit_then_read is for transactions")
-        # Bound once per statement and values: a producer sends the same look after every put,
-        # and mogrify per put was a tenth of its CPU.
-        key = (sql, tuple(sorted(params.items())))
-        query = self._rendered.get(key)
-        if query is None:
-            query = self._rendered[key] = ("COMMIT;\n" if self.commit_rides_along else "") + cur.mogrify(sql, params)
-        self._committing_in_body, self._body_result = True, result
-        if self.commit_rides_along:
-            cur.execute(query)  # the COMMIT's result: raises if the COMMIT failed
-        else:
-            cur.connection.commit()
-        self._committing_in_body = False
-        self._committed_in_body = True
-        try:
-            if self.commit_rides_along:
-                cur.nextset()
-            else:
-                cur.execute(query)
-            row = cur.fetchone()
-            while cur.nextset():
-                pass
-            return row
-        except MySQLdb.Error:
-            try:
-                cur.close()
-            except MySQLdb.Error:
-                pass
-            self.discard()  # out of step with the server, or gone: the next run reconnects
-            return None
 
     def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True,
             committed: Callable[[Any, T], bool] | None = None) -> T:
@@ -715,28 +294,11 @@ class Session:
             self._say_back(attempts, started, what)
         return result
 
-    def _count_conflict(self, exc: BaseException, what: str) -> None:
-        """Count a 1213 (the transaction is rerun whole). One now and then is a deadlock; a steady
-        rate on a Galera cluster means writes through a second node conflict with ours."""
-        if error_code(exc) != DEADLOCK:
-            return
-        self.conflicts += 1
-        now = time.monotonic()
-        self._conflict_times = [t for t in self._conflict_times if now - t < CONFLICT_WINDOW_S] + [now]
-        if len(self._conflict_times) >= CONFLICT_WARN_COUNT:
-            self._conflict_times = []
-            log.warning("transactions rerun after deadlocks or certification conflicts at a steady rate "
-                        "count=%d seconds=%g what=%s session=%s: on a Galera cluster another node takes "
-                        "writes to the queue tables; point every notifyq process at the same node "
-                        "(one multi-host DSN in the same order, or one HAProxy backend)",
-                        CONFLICT_WARN_COUNT, CONFLICT_WINDOW_S, what, self.name)
-
     def _attempt(self, body: Callable[[Any], T], idempotent: bool,
                  committed: Callable[[Any, T], bool] | None = None) -> T:
         committing = False
         sent_at = time.monotonic()
-        self._attempt_idempotent, self._committed_in_body = idempotent, False
-        self._committing_in_body, self._body_result = False, None
+        self.attempt = attempt = Attempt(idempotent)
         if (self._choice is not None and self.follows_writer and self._conn is not None
                 and self._choice.index != self._server_index):
             self.discard()  # another session of this process failed over: follow it (never mid-transaction)
@@ -746,7 +308,7 @@ class Session:
                 result = body(cur)
             finally:
                 cur.close()
-            if not self.autocommit and not self._committed_in_body:
+            if not self.autocommit and not attempt.committed:
                 committing = True
                 self.conn.commit()
             self.answered_at = sent_at
@@ -756,11 +318,11 @@ class Session:
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.
             self._after_error(e)
-            in_body = self._committing_in_body  # commit_then_read's COMMIT: its `result` stands in
+            in_body = attempt.committing  # commit_then_read's COMMIT: its `result` stands in
             committing = committing or in_body
             if committing and is_connection_lost(e) and not idempotent and committed is not None:
                 if in_body:
-                    result = self._body_result
+                    result = attempt.result
                 if self._landed(committed, result):
                     return result
                 raise  # not stored: the policy runs it again
@@ -804,7 +366,28 @@ class Session:
             self.discard()
 
 
-def _ready(wsrep: dict[str, str]) -> bool:
-    """A Galera node that may take our writes: ready, Synced, in the primary component."""
-    return (wsrep.get("wsrep_ready") == "ON" and wsrep.get("wsrep_local_state_comment") == "Synced"
-            and wsrep.get("wsrep_cluster_status") == "Primary")
+def _prepare(conn: MySQLdb.connections.Connection, idle_timeout_s: int | None) -> tuple[str, int, str, dict]:
+    """A new connection's settings, and what it says of its server: (version, max_allowed_packet,
+    identity, wsrep and uptime status)."""
+    cur = conn.cursor()
+    # One round trip: the session's settings, then the server, its identity and its wsrep
+    # state (empty values on a server without Galera; MySQL has the status names too, or
+    # none: both read as not Galera). READ COMMITTED: every statement sees fresh commits (a
+    # long RR snapshot would hide new jobs) and locking reads take no gap locks that block
+    # producers. No statement time limit a DBA may have set server-wide (MariaDB's
+    # max_statement_time, MySQL's max_execution_time, each in a comment only its server runs):
+    # it would kill a watcher's long GET_LOCK with an error nothing expects.
+    settings, params = ("time_zone = '+00:00', innodb_lock_wait_timeout = 10"
+                        " /*M!100108 , max_statement_time = 0 */ /*!50708 , max_execution_time = 0 */"), ()
+    if idle_timeout_s is not None:
+        settings, params = f"{settings}, wait_timeout = %s", (int(idle_timeout_s),)
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+                f"SET SESSION {settings}; "
+                f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}", params or None)
+    cur.nextset()  # past the two SETs' results, each an error if the statement failed
+    cur.nextset()
+    version, max_packet, node = cur.fetchone()
+    cur.nextset()
+    wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
+    cur.close()
+    return version, max_packet, node, wsrep

@@ -16,7 +16,7 @@ import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
 from notifyq import errors
-from notifyq.store.db import RECONNECT_CODES, describe, error_code
+from notifyq.store.driver import RECONNECT_CODES, describe, error_code
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 

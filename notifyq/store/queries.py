@@ -20,7 +20,9 @@ from typing import Any
 import MySQLdb
 
 from notifyq.jobs import Job
-from notifyq.store.db import Ids, Pending, Session, error_code
+from notifyq.store.db import Session
+from notifyq.store.driver import Ids, error_code
+from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
@@ -86,7 +88,7 @@ class Claim:
     token: int
     drained: bool  # every ready job seen was taken (by us or a peer): nothing left behind
     paused: bool
-    # The claim's COMMIT, sent and not yet read when claim() returns (Session.send_commit): its
+    # The claim's COMMIT, sent and not yet read when claim() returns (Pipeline.send_commit): its
     # jobs may start at once. It is read before the work session's next statement; if it
     # failed, the claim is lost: start no more of its jobs (their acks would be fenced anyway).
     commit: Pending | None = None
@@ -113,7 +115,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     in its round trip; a claim that finds due jobs promotes them and reads them with the ready
     ones, _with_due); the locking read (one per window, usually one); then the mark with its
     COMMIT in one multi-statement query that is not waited for
-    (Session.send_commit): the rows are locked, so the jobs may start while the server writes
+    (Pipeline.send_commit): the rows are locked, so the jobs may start while the server writes
     the mark and the COMMIT's fsync runs. If either fails after all, the claim is lost as a
     crash loses it: the rows unlock, and the claim token fences this claim's acks.
     as_watcher: the watcher's claim. It reads the queue's enqueue count in the candidates'
@@ -184,7 +186,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # that must fail the claim here, before its jobs start (the body is then run again),
         # not after, when it would take the claim with it and let its jobs run twice.
         wait = watched or not locked or acks is not None
-        commit = session.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait) if last else None
+        commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait) if last else None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
@@ -237,7 +239,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
     ids = [r[0] for r in cur.fetchall()]
     if not ids:
         return
-    session.commit_with(cur, [
+    session.pipeline.commit_with(cur, [
         (Q["promote_due"], {"ids": Ids(ids)}),
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
@@ -271,7 +273,7 @@ def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
         return 0
 
     def body(cur) -> int:  # with its COMMIT in one round trip: fenced by token, so idempotent
-        return session.commit_with(cur, [Acks(ids, token, keep).statement()])[0]
+        return session.pipeline.commit_with(cur, [Acks(ids, token, keep).statement()])[0]
 
     return session.run(body, what="ack")
 
@@ -364,9 +366,9 @@ def release_lock(session: Session, name: str) -> int | None:
 
 def hand_watch_on(session: Session, name: str, queue: str) -> None:
     """Release the watch lock once the claim's COMMIT is done, without waiting for either
-    (Session.send_later; the statement says how). If its share lock fails, the lock is released
+    (Pipeline.send_later; the statement says how). If its share lock fails, the lock is released
     anyway: the session may hold the process's liveness lock, which a reconnect would free."""
-    session.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
+    session.pipeline.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
 
 
 def lock_holder(session: Session, name: str) -> int | None:

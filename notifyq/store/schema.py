@@ -11,7 +11,8 @@ import MySQLdb
 from notifyq import errors
 from notifyq.config import DSN
 from notifyq.store import locks
-from notifyq.store.db import Session, describe, error_code
+from notifyq.store.db import Session
+from notifyq.store.driver import describe, error_code
 from notifyq.store.sql import QUERIES as Q
 from notifyq.store.sql import migrations, split_statements
 

@@ -21,7 +21,7 @@ from conftest import REPO, notifyq_cmd, run_cli, wait_until
 from notifyq.dsn import DSN
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
-from notifyq.store import db as store_db
+from notifyq.store import writer as store_writer
 from notifyq.store import liveness, locks, queries
 from notifyq.store.db import Session
 
@@ -37,9 +37,9 @@ BATCH = 10
 @pytest.fixture(autouse=True)
 def fresh_writer_choice():
     """Each test starts as a new process would: no writer chosen yet."""
-    store_db.WriterChoice._choices.clear()
+    store_writer.WriterChoice._choices.clear()
     yield
-    store_db.WriterChoice._choices.clear()
+    store_writer.WriterChoice._choices.clear()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_a_multi_host_dsn_writes_through_the_first_node_and_skips_one_that_is_no
     first.close()
 
     # Given node 1 out of sync (desynced, as for a backup: it still answers)
-    store_db.WriterChoice._choices.clear()
+    store_writer.WriterChoice._choices.clear()
     admin = cluster.node(1).connect()
     admin.cursor().execute("SET GLOBAL wsrep_desync = ON")
     try:
@@ -312,7 +312,7 @@ def test_a_paused_writer_is_left_within_the_bound_by_every_session_and_not_faile
     # the paused node's connect times out, the next ready node takes it)
     assert a.run(lambda cur: cur.execute("SELECT 1") and cur.fetchone()[0], what="t") == 1
     moved_s = time.monotonic() - paused_at
-    bound_s = store_db.FAILOVER_READ_TIMEOUT_S + store_db.FAILOVER_CONNECT_TIMEOUT_S + 3
+    bound_s = store_writer.FAILOVER_READ_TIMEOUT_S + store_writer.FAILOVER_CONNECT_TIMEOUT_S + 3
     assert _port_of(a) == cluster.node(2).port and moved_s < bound_s, (moved_s, bound_s)
     # And the process's other session follows at its next transaction, without its own timeout
     followed_at = time.monotonic()
@@ -356,7 +356,7 @@ def test_a_heartbeat_lands_on_the_next_node_well_inside_the_staleness_bound_afte
         cluster.pause(1)
         # Then the next beat lands on another node within two intervals and a connect timeout
         # (not a read timeout of 12 s and another interval), well inside POLLING_STALE_S
-        bound_s = 2 * beat.interval_s + store_db.FAILOVER_CONNECT_TIMEOUT_S + 3
+        bound_s = 2 * beat.interval_s + store_writer.FAILOVER_CONNECT_TIMEOUT_S + 3
         after = wait_until(lambda: (seen := last_seen()) > landed and seen, queries.POLLING_STALE_S,
                            interval=0.2, message="a beat after the pause")
         gap_s = (after - landed).total_seconds()

@@ -13,7 +13,8 @@ import pytest
 
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
-from notifyq.store.db import Ids, Session
+from notifyq.store.db import Session
+from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES
 
 OWNER = "e" * 32

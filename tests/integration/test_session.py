@@ -1,4 +1,4 @@
-"""Session's one-round-trip helpers against a real server: commit_with, send_commit and send_later."""
+"""A session pipeline's one-round-trip helpers against a real server: commit_with, send_commit and send_later."""
 
 import MySQLdb
 import pytest
@@ -20,7 +20,7 @@ def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
     db.query("INSERT INTO t VALUES (1, 0), (2, 0), (3, 0)")
     session = Session(db.admin)
     try:
-        counts = session.run(lambda cur: session.commit_with(cur, [
+        counts = session.run(lambda cur: session.pipeline.commit_with(cur, [
             ("UPDATE t SET v = %(v)s WHERE id <= %(n)s", {"v": 7, "n": 2}),
             ("DELETE FROM t WHERE id = %(id)s", {"id": 3}),
         ]), what="test")
@@ -33,8 +33,8 @@ def test_commit_with_commits_every_statement_and_reports_each_rowcount(db):
 @pytest.mark.parametrize("helper", ["commit_with", "send_commit"])
 def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, two_rows, helper):
     session = two_rows
-    send = (lambda cur, statements: session.commit_with(cur, statements)) if helper == "commit_with" \
-        else (lambda cur, statements: session.send_commit(cur, statements, "test", wait_replies=True))
+    send = (lambda cur, statements: session.pipeline.commit_with(cur, statements)) if helper == "commit_with" \
+        else (lambda cur, statements: session.pipeline.send_commit(cur, statements, "test", wait_replies=True))
     try:
         # The second statement breaks the primary key: the server stops there, before COMMIT (and
         # send_commit waiting for the replies reads that one before it returns: the body's failure)
@@ -44,7 +44,7 @@ def test_a_failing_last_statement_commits_nothing_and_the_session_goes_on(db, tw
                 ("UPDATE t SET id = 1 WHERE id = %(id)s", {"id": 2}),
             ]), what="test")
         assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 0)]
-        assert session.failed_commits == 0  # a statement's failure is no lost COMMIT
+        assert session.pipeline.failed_commits == 0  # a statement's failure is no lost COMMIT
         # and the connection is in step: the next transaction runs normally
         assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
                            what="test") == 2
@@ -57,7 +57,7 @@ def test_a_statement_sent_ahead_with_the_commit_that_fails_is_the_commits_failur
     try:
         # When a transaction's last statements go out with its COMMIT, none of them waited for,
         # and the second breaks the primary key
-        pending = session.run(lambda cur: session.send_commit(cur, [
+        pending = session.run(lambda cur: session.pipeline.send_commit(cur, [
             ("UPDATE t SET v = 9 WHERE id = %(id)s", {"id": 1}),
             ("UPDATE t SET id = 1 WHERE id = %(id)s", {"id": 2}),
         ], "test"), what="test")
@@ -66,7 +66,7 @@ def test_a_statement_sent_ahead_with_the_commit_that_fails_is_the_commits_failur
         assert not pending.settled
         assert session.run(lambda cur: (cur.execute("SELECT COUNT(*) FROM t"), cur.fetchone()[0])[1],
                            what="test") == 2
-        assert pending.settled and pending.failed and session.failed_commits == 1
+        assert pending.settled and pending.failed and session.pipeline.failed_commits == 1
         assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 0)]
     finally:
         session.close()
@@ -76,7 +76,7 @@ def test_commit_with_refuses_a_transaction_that_is_not_idempotent(db):
     session = Session(db.admin)
     try:
         with pytest.raises(AssertionError):
-            session.run(lambda cur: session.commit_with(cur, [("DO 1", {})]), what="test",
+            session.run(lambda cur: session.pipeline.commit_with(cur, [("DO 1", {})]), what="test",
                         idempotent=False)
     finally:
         session.close()
@@ -92,7 +92,7 @@ def test_send_later_acts_at_once_and_its_reply_is_read_before_the_next_statement
         assert cur.fetchone()[0] == 1
         cur.close()
         # When the release is sent without waiting for its reply
-        holder.send_later("DO RELEASE_LOCK(%(name)s)", {"name": name})
+        holder.pipeline.send_later("DO RELEASE_LOCK(%(name)s)", {"name": name})
         # Then another session is granted the lock although the holder has read nothing yet
         ocur = other.cursor()
         ocur.execute("SELECT GET_LOCK(%s, 5)", (name,))
@@ -111,7 +111,7 @@ def test_send_later_on_a_connection_killed_meanwhile_reconnects_at_the_next_stat
     killer = admin_connect(db.admin)
     try:
         generation = holder.generation if holder.conn else None
-        holder.send_later("DO SLEEP(%(s)s)", {"s": 0.2})
+        holder.pipeline.send_later("DO SLEEP(%(s)s)", {"s": 0.2})
         killer.cursor().execute(f"KILL CONNECTION {int(holder.connection_id)}")
         assert holder.run(lambda c: (c.execute("SELECT 1"), c.fetchone()[0])[1], what="test") == 1
         assert holder.generation == generation + 1
@@ -124,14 +124,14 @@ def test_send_commit_leaves_every_reply_to_the_next_statement(db, two_rows):
     session = two_rows
     try:
         # When a transaction's last statements go out with its COMMIT, sent ahead
-        pending = session.run(lambda cur: session.send_commit(cur, [
+        pending = session.run(lambda cur: session.pipeline.send_commit(cur, [
             ("UPDATE t SET v = 7 WHERE id = %(id)s", {"id": 1}),
             ("UPDATE t SET v = 8 WHERE id = %(id)s", {"id": 2}),
         ], "test"), what="test")
         assert not pending.settled
         # Then the session's next statement reads the COMMIT's reply first, and runs in step
         assert session.run(lambda c: (c.execute("SELECT SUM(v) FROM t"), c.fetchone()[0])[1], what="test") == 15
-        assert pending.settled and not pending.failed and session.failed_commits == 0
+        assert pending.settled and not pending.failed and session.pipeline.failed_commits == 0
         assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 7), (2, 8)]
     finally:
         session.close()

@@ -122,16 +122,16 @@ def _lose_the_ringing_commit(producer, commit_first: bool) -> list:
     connection: killed before the COMMIT arrives (not stored), or right after the transaction
     was committed (stored, the reply lost), as when the writer node dies around the COMMIT."""
     session = producer._link(producer._home).work_session()
-    real = session.commit_then_read
+    real = session.pipeline.commit_then_read
     calls: list = []
 
-    def commit_then_read(cur, sql, params, **kw):
+    def commit_then_read(cur, read, **kw):
         calls.append(1)
         if len(calls) == 1:
             _lose_the_connection(session, cur, commit_first)
-        return real(cur, sql, params, **kw)
+        return real(cur, read, **kw)
 
-    session.commit_then_read = commit_then_read
+    session.pipeline.commit_then_read = commit_then_read
     return calls
 
 

@@ -1,4 +1,4 @@
-"""A claim's COMMIT is sent ahead (Session.send_commit): its jobs start while the COMMIT is on the
+"""A claim's COMMIT is sent ahead (Pipeline.send_commit): its jobs start while the COMMIT is on the
 wire. When that COMMIT fails after all, the claim is lost like a crash loses it: the job ran, its
 ack is fenced, it runs again elsewhere, and nothing is lost."""
 
@@ -61,7 +61,7 @@ def test_a_claim_whose_commit_fails_after_its_job_started_loses_the_job_to_a_pee
         # Then the ack (the session's next statement) reads the COMMIT's failure first, and is
         # fenced out: the claim never became ours
         assert queries.ack(work, ran, claim.token, keep=False) == 0
-        assert claim.commit.failed and work.failed_commits == 1
+        assert claim.commit.failed and work.pipeline.failed_commits == 1
         # And the job is claimable again, with the failed claim's attempt never counted: a peer
         # runs it, and its ack holds
         again = queries.claim(peer, "q", PEER, 10, 60)
@@ -87,7 +87,7 @@ def test_a_claim_returns_its_jobs_before_its_commit_and_settles_it_at_the_next_s
         assert sorted(j.id for j in claim.jobs) == ids and not claim.commit.settled
         # Then the next statement reads it first, and the claim is ours
         assert queries.extend_lease(work, ids, claim.token, 60) == ids
-        assert claim.commit.settled and not claim.commit.failed and work.failed_commits == 0
+        assert claim.commit.settled and not claim.commit.failed and work.pipeline.failed_commits == 0
         assert db.query("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", (OWNER,)) == [(2,)]
     finally:
         work.close()
@@ -128,7 +128,7 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         worker._flush_acks()  # as run() does before anything but its next claim
         # Then the batch stops after that job: the claim is lost, the job's ack fenced out
         assert got == 3 and runs == [(ids[0], 1)]
-        assert worker.work.failed_commits == 1 and worker.stats.lost_acks == 1
+        assert worker.work.pipeline.failed_commits == 1 and worker.stats.lost_acks == 1
         assert worker.stats.succeeded == 0
         # And its next claim takes all three (the lost claim's attempt was never counted)
         got, _ = worker._claim_and_run()
@@ -178,7 +178,7 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
         # Then only the first job ran under the lost claim: the second waited for the COMMIT's
         # reply, read its failure, and started nothing more
         assert got == 3 and runs == [(ids[0], 1)]
-        assert worker.work.failed_commits == 1
+        assert worker.work.pipeline.failed_commits == 1
         # And the next claim runs all three
         got, _ = worker._claim_and_run()
         worker._flush_acks()
@@ -282,7 +282,7 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
         # When the next claim, carrying the first batch's acks, loses its COMMIT
         assert worker._claim_and_run()[0] == 2
         worker._flush_acks()
-        assert worker.work.failed_commits == 1
+        assert worker.work.pipeline.failed_commits == 1
         # Then the first batch's acks went out again on their own and hold
         assert worker.stats.succeeded == 2 and worker.stats.lost_acks == 1
         assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(first),)) == [(0,)]
@@ -331,7 +331,7 @@ def test_carried_acks_that_lose_a_deadlock_fail_the_claim_before_its_jobs_start_
         # Then that claim failed before any of its jobs started, and ran again: every job ran
         # once, on its first attempt, and nothing was lost or fenced
         assert sorted(runs) == [(job_id, 1) for job_id in ids]
-        assert worker.work.failed_commits == 0
+        assert worker.work.pipeline.failed_commits == 0
         assert worker.stats.succeeded == 4 and worker.stats.lost_acks == 0
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:

@@ -24,7 +24,8 @@ from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
-from notifyq.store.db import Session, locks_unavailable
+from notifyq.store.db import Session
+from notifyq.store.driver import locks_unavailable
 from notifyq.store.locks import QueueLocks, lock_name
 from notifyq.wakeup import QUIET_LOOK_S
 

@@ -1,0 +1,159 @@
+"""The driver's side of the store: which errors mean what, the one retry policy, and how values
+cross the wire (the DATETIME decoder, job ids for `IN`).
+
+Retries wrap whole transactions, never single statements: after a deadlock the earlier
+statements of the transaction are gone, after a lock wait timeout they are still there.
+Either way the only safe move is ROLLBACK (or a new connection) and run the whole thing again.
+On Galera a certification conflict is 1213 as well, at COMMIT or at any statement after the
+conflicting write set arrived: the same rerun, counted (Conflicts).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import MySQLdb
+import MySQLdb.converters
+from MySQLdb.constants import FIELD_TYPE
+
+if TYPE_CHECKING:
+    import tenacity
+
+log = logging.getLogger("notifyq.db")
+
+# Run the transaction again on a live connection.
+RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
+# The connection is gone or the server cannot serve us right now: reconnect, then run again.
+# 1180 (an error during COMMIT): on Galera, a node that dropped out of the primary component
+# (a membership change, a node resuming after a pause) refuses the COMMIT; nothing was stored.
+RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040, 1180})
+ACCESS_DENIED = frozenset({1044, 1045, 1698})
+UNKNOWN_DATABASE = 1049
+DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows
+NOT_READY = 1047  # a Galera node outside the primary component, or not synced yet
+# A steady rate of conflicts: this many in CONFLICT_WINDOW_S on one session gets a warning.
+CONFLICT_WARN_COUNT = 10
+CONFLICT_WINDOW_S = 60.0
+
+# The driver's base error class, for the parts above the store that must catch database
+# errors without importing the driver (only store/ imports MySQLdb; an import contract holds it).
+DriverError = MySQLdb.Error
+# Lock functions refused: Galera with wsrep_on (1235, NotSupportedError), or a proxy. Not retried.
+LOCKS_UNAVAILABLE = frozenset({1235, 1105})
+
+
+def connect(**connect_args: Any) -> MySQLdb.connections.Connection:
+    """One plain driver connection, for tools that manage a server rather than a queue
+    (run/localserver.py). Queue work goes through Session."""
+    return MySQLdb.connect(**connect_args)
+
+
+def error_code(exc: BaseException) -> int | None:
+    if isinstance(exc, MySQLdb.Error) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    return error_code(exc) in RERUN_CODES | RECONNECT_CODES
+
+
+def locks_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, MySQLdb.NotSupportedError) or error_code(exc) in LOCKS_UNAVAILABLE
+
+
+def is_connection_lost(exc: BaseException) -> bool:
+    return error_code(exc) in RECONNECT_CODES
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the user. Server messages name user@host, never the password."""
+    code = error_code(exc)
+    if code is None:
+        return str(exc)
+    return f"MySQL error {code}: {exc.args[1] if len(exc.args) > 1 else ''}"
+
+
+def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING,
+                 stop: threading.Event | None = None) -> tenacity.Retrying:
+    """The infrastructure policy: full-jitter exponential backoff on transient errors only.
+
+    One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
+    costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
+    the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
+    server that is gone (the last error is raised, as at the deadline)."""
+    import tenacity  # here: most processes never retry, and it costs a few ms of start-up
+
+    backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
+
+    def wait(rs: tenacity.RetryCallState) -> float:
+        # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
+        return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
+
+    give_up = tenacity.stop_after_delay(give_up_after_s)
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=wait,
+        stop=give_up if stop is None else tenacity.stop_any(give_up, lambda rs: stop.is_set()),
+        sleep=time.sleep if stop is None else stop.wait,
+        before_sleep=lambda rs: log.log(
+            log_level, "database error, retrying what=%s attempt=%d error=%r",
+            what, rs.attempt_number, describe(rs.outcome.exception()),
+        ),
+        reraise=True,
+    )
+
+
+
+class Conflicts:
+    """Transactions of one session rerun after 1213. One now and then is a deadlock; a steady rate
+    on a Galera cluster means writes through a second node conflict with ours: warned about."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._times: list[float] = []
+
+    def record(self, exc: BaseException, what: str, session_name: str) -> None:
+        if error_code(exc) != DEADLOCK:
+            return
+        self.count += 1
+        now = time.monotonic()
+        self._times = [t for t in self._times if now - t < CONFLICT_WINDOW_S] + [now]
+        if len(self._times) >= CONFLICT_WARN_COUNT:
+            self._times = []
+            log.warning("transactions rerun after deadlocks or certification conflicts at a steady rate "
+                        "count=%d seconds=%g what=%s session=%s: on a Galera cluster another node takes "
+                        "writes to the queue tables; point every notifyq process at the same node "
+                        "(one multi-host DSN in the same order, or one HAProxy backend)",
+                        CONFLICT_WARN_COUNT, CONFLICT_WINDOW_S, what, session_name)
+
+
+def _datetime(text):
+    """DATETIME/TIMESTAMP decoder: the C `fromisoformat` instead of mysqlclient's pure-Python
+    parser, which was a fifth of a consumer's CPU (three datetimes per claimed job). Anything
+    it does not take (zero dates, odd precision) goes to the original, so results are equal."""
+    if 19 <= len(text) <= 26:  # 'YYYY-MM-DD hh:mm:ss[.ffffff]'
+        try:
+            return dt.datetime.fromisoformat(text.decode() if isinstance(text, bytes) else text)
+        except ValueError:
+            pass
+    return MySQLdb.converters.DateTime_or_None(text)
+
+
+class Ids(tuple):
+    """Job ids for `IN %(ids)s`, rendered `(1,2,3)` in one step. A plain list goes through
+    literal() once per element, about 1 us an id, three times per claimed batch. int() on
+    every element keeps it a bound value: anything but an integer raises."""
+
+
+def _ids_literal(ids: Ids, _conversions) -> str:
+    return "(" + ",".join(map(str, map(int, ids))) + ")"
+
+
+CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
+               FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal}
+

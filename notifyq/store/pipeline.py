@@ -1,0 +1,256 @@
+"""What a session sends ahead of its replies, and the COMMITs that share a round trip.
+
+A claim's COMMIT goes out with its last statements and its jobs start before the reply comes
+back (send_commit); a watcher's hand-on goes out without waiting (send_later); an ack's
+statements and COMMIT go as one query (commit_with); a ringing producer's COMMIT carries the
+bell's look (commit_then_read). The reply still on the wire is read before the session's next
+statement (Session.conn), or by read_reply(); what it said lands in its Pending.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import MySQLdb
+
+from notifyq.store.driver import describe, is_connection_lost
+
+if TYPE_CHECKING:
+    from notifyq.store.db import Session
+
+log = logging.getLogger("notifyq.db")
+
+
+class Pending:
+    """A statement sent without waiting for its reply (Pipeline.send_later, send_commit).
+
+    The reply is read before the session's next statement, or by Pipeline.read_reply(). `failed`
+    is known once `settled`: for a COMMIT it means the transaction is not ours to count on,
+    whether the server refused it or the connection was lost before the reply (then its outcome
+    is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
+
+    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts")
+
+    def __init__(self, what: str, commit: bool, fallback: str | None = None):
+        self.what = what
+        self.commit = commit
+        self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
+        self.replied = 0  # replies of the query read already (send_commit, wait_replies)
+        self.rowcounts: list[int] = []  # each statement's affected rows, as its reply is read
+        self.settled = False
+        self.error: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class Attempt:
+    """One run of a Session.run body: what the session needs to know of it when it fails."""
+
+    idempotent: bool = True
+    committed: bool = False  # the body sent its own COMMIT (send_commit, commit_with, commit_then_read)
+    committing: bool = False  # inside commit_then_read's COMMIT: its outcome is unknown if the connection is lost
+    result: Any = None  # what the body returns after commit_then_read's COMMIT
+
+
+class Pipeline:
+    """A session's statements sent ahead of their replies (one per session, Session.pipeline)."""
+
+    def __init__(self, session: Session):
+        self._session = session
+        self.pending: Pending | None = None  # a statement whose reply is still on the wire
+        self.failed_commits = 0  # COMMITs sent ahead (send_commit) that failed or were lost
+
+    def send_later(self, sql: str, params: dict[str, Any], fallback: str | None = None) -> None:
+        """Send statements and return without waiting for their reply.
+
+        The server acts on them as soon as they arrive; the reply is read (and any rows
+        discarded) before this session's next statement. For the watch hand-off: the next idle
+        consumer is granted the watch lock while this one already runs its batch, a round trip
+        sooner. Only on autocommit sessions. If they fail (the server stops a multi-statement
+        query at its first error), `fallback`, bound with the same params, runs in their place
+        when the reply is read: it must do what matters of theirs (release a lock). Without
+        one, or if it fails too, the connection ends, which frees every advisory lock it held:
+        never for a session holding a lock it must keep (a consumer's liveness lock).
+        """
+        assert self._session.autocommit
+        conn = self._session.conn
+        cur = conn.cursor()
+        try:
+            query = cur.mogrify(sql, params)
+            fallback_query = cur.mogrify(fallback, params) if fallback is not None else None
+        finally:
+            cur.close()
+        try:
+            conn.send_query(query.encode(conn.encoding))
+        except MySQLdb.Error as e:
+            self._session._after_error(e)
+            return
+        self.pending = Pending("send later", commit=False, fallback=fallback_query)
+
+    @property
+    def commit_rides_along(self) -> bool:
+        """Whether a COMMIT may share a multi-statement query with other statements (one round
+        trip). Not on a Galera node: there a COMMIT inside a multi-statement query returned OK
+        for transactions a certification conflict had rolled back (writers on two nodes: 357 of
+        2,400 jobs acknowledged and not stored), so it goes alone, a round trip more."""
+        return not self._session.galera
+
+    def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str,
+                    wait_replies: bool = False) -> Pending:
+        """A transaction's last statements and its COMMIT as one multi-statement query, sent and
+        not waited for: every reply is read before this session's next statement, or by read_reply().
+        wait_replies: the statements' replies are read here (their errors are the body's, and
+        rerun it), so that the row locks they take are held when this returns; only the
+        COMMIT's is left on the wire.
+
+        For the claim: its rows are locked by the time this is called, so its jobs may start at
+        once, while the server writes the mark and the COMMIT's fsync runs (about 3 ms on a plain
+        disk). If a statement or the COMMIT then fails, or the connection is lost, the rows unlock
+        and may be claimed again elsewhere: a duplicate run of the kind a crash allows under
+        at-least-once, and the claim token fences this claim's acks (a mark that never landed
+        leaves rows no ack of ours matches). So the failure is not retried (nothing would run the
+        work again here): it is recorded in the returned Pending, counted (failed_commits) and
+        logged. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
+        statements' replies are read here first. Closes `cur`: the COMMIT is the transaction's
+        last word. Only in an idempotent Session.run body.
+        """
+        if not self._session.attempt.idempotent or self._session.autocommit or not statements:
+            raise AssertionError("send_commit is for idempotent transactions with statements")
+        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
+                           + (["COMMIT"] if self.commit_rides_along else []))
+        cur.close()  # now: closing it later would read the connection while the reply is due
+        conn = self._session.conn
+        pending = Pending(what, commit=True)
+        conn.send_query(query.encode(conn.encoding))
+        self.pending = pending
+        if wait_replies or not self.commit_rides_along:
+            try:
+                conn.read_query_result()
+                pending.rowcounts.append(conn.affected_rows())
+                for _ in statements[1:]:
+                    conn.next_result()
+                    pending.rowcounts.append(conn.affected_rows())
+                if not self.commit_rides_along:
+                    conn.send_query(b"COMMIT")  # once the statements answered
+            except BaseException:
+                self.pending = None  # a statement failed: the server ran nothing after it
+                raise
+            pending.replied = len(statements) if self.commit_rides_along else 0
+        self._session.attempt.committed = True
+        return pending
+
+    def read_reply(self) -> None:
+        """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
+        COMMIT's failure is its Pending's (and counted); a statement sent later that failed
+        is replaced by its fallback, or else ends the connection, as a lost one would."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        conn = self._session._conn
+        try:
+            if pending.replied:
+                conn.next_result()  # the COMMIT's, after the statements' replies read already
+            else:
+                conn.read_query_result()
+                pending.rowcounts.append(conn.affected_rows())
+                conn.discard_result()
+            while conn.next_result() == 0:  # the rest of a multi-statement query
+                pending.rowcounts.append(conn.affected_rows())
+                conn.discard_result()
+        except MySQLdb.Error as e:
+            self.fail_pending(e, pending)
+            if pending.commit:
+                self._session._after_error(e)  # lost: discard; else ROLLBACK, so the rows unlock now
+            elif not self._run_fallback(e, pending):
+                self._session.discard()
+        finally:
+            pending.settled = True
+
+    def _run_fallback(self, exc: MySQLdb.Error, pending: Pending) -> bool:
+        """A statement sent later failed on a connection that still answers: run its fallback
+        there. False when the connection must end instead."""
+        if pending.fallback is None or is_connection_lost(exc):
+            return False
+        log.debug("a statement sent ahead failed session=%s error=%s: running its fallback",
+                  self._session.name, describe(exc))
+        try:
+            cur = self._session._conn.cursor()
+            try:
+                cur.execute(pending.fallback)
+            finally:
+                cur.close()
+        except MySQLdb.Error:
+            return False
+        return True
+
+    def fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
+        if pending is None:
+            pending, self.pending = self.pending, None
+        if pending is None or pending.settled:
+            return
+        pending.error, pending.settled = exc, True
+        if pending.commit:
+            self.failed_commits += 1
+            log.warning("a COMMIT sent ahead failed what=%s session=%s error=%r: the transaction is "
+                        "not ours to count on (the claim's jobs may run again elsewhere; its acks "
+                        "are fenced)", pending.what, self._session.name, describe(exc))
+
+    def commit_with(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
+        """A transaction's last statements and its COMMIT, sent as one multi-statement query.
+
+        One round trip instead of len(statements) + 1 (mysqlclient enables multi-statement
+        queries by default; every value is bound by mogrify, as in execute). Returns each
+        statement's rowcount. Only inside an idempotent Session.run body: a connection lost
+        here leaves the COMMIT's outcome unknown, and the body must be safe to run again.
+        """
+        if not self._session.attempt.idempotent or self._session.autocommit:
+            raise AssertionError("commit_with is for idempotent transactions only")
+        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
+                           + (["COMMIT"] if self.commit_rides_along else []))
+        cur.execute(query)
+        rowcounts = [cur.rowcount]
+        while cur.nextset():
+            rowcounts.append(cur.rowcount)
+        if not self.commit_rides_along:
+            cur.connection.commit()
+        self._session.attempt.committed = True
+        return rowcounts[:len(statements)]
+
+    def commit_then_read(self, cur, read: str, *, result: Any = None) -> tuple | None:
+        """COMMIT, and one read that must see the world after it (`read`, bound already), as one
+        multi-statement query: one round trip, as a bare COMMIT. Returns the read's first row, or
+        None if the read failed after the COMMIT succeeded (the read is advice: the transaction
+        is done, and must not be run again for it). A lost connection during the COMMIT leaves
+        its outcome unknown: Session.run treats it as it treats a lost COMMIT after the body (a
+        rerun of an idempotent body; else its `committed` test, asked about `result`, the value
+        the body returns after this call; else OutcomeUnknown)."""
+        if self._session.autocommit:
+            raise AssertionError("commit_then_read is for transactions")
+        attempt = self._session.attempt
+        attempt.committing, attempt.result = True, result
+        if self.commit_rides_along:
+            cur.execute("COMMIT;\n" + read)  # the COMMIT's result: raises if the COMMIT failed
+        else:
+            cur.connection.commit()
+        attempt.committing, attempt.committed = False, True
+        try:
+            if self.commit_rides_along:
+                cur.nextset()
+            else:
+                cur.execute(read)
+            row = cur.fetchone()
+            while cur.nextset():
+                pass
+            return row
+        except MySQLdb.Error:
+            try:
+                cur.close()
+            except MySQLdb.Error:
+                pass
+            self._session.discard()  # out of step with the server, or gone: the next run reconnects
+            return None
