@@ -1,6 +1,7 @@
 """The DSN: where the queue lives, parsed once, checked once, never echoed with its password.
 
     mysql://user[:password]@host[:port][/database][?unix_socket=PATH&ssl_ca=FILE&ssl_mode=...]
+    mysql://user[:password]@host[:port][/database]?server_public_key=PATH   (MySQL 8, plain TCP)
     mysql://user[:password]@host1[:port1],host2[:port2],...[/database][?ssl_...]
 
 Several hosts name the nodes of one Galera cluster: every session connects to the first of them
@@ -42,6 +43,9 @@ class DSN:
     tls: dict[str, str] = field(default_factory=dict)
     # Every node of a multi-host DSN, in the order given; empty for one host (host, port).
     hosts: tuple[tuple[str, int], ...] = ()
+    # MySQL 8's caching_sha2_password over a connection without TLS: the server's RSA public
+    # key, which libmysqlclient needs on a cache miss (else error 2061).
+    server_public_key: str | None = None
 
     @property
     def servers(self) -> tuple[tuple[str, int], ...]:
@@ -93,11 +97,12 @@ class DSN:
         if socket_path and hosts:
             raise errors.ConfigError("bad DSN: unix_socket names one server: not with several hosts")
         tls = {k: query.pop(k) for k in list(query) if k.startswith("ssl_")}
+        server_public_key = query.pop("server_public_key", None) or None
         if query:
             names = sorted(query)
             shown = ", ".join(names) if all(n.isidentifier() for n in names) else "(not shown)"
-            raise errors.ConfigError(f"bad DSN: unknown option(s) {shown}: expected unix_socket or "
-                                     f"ssl_{', ssl_'.join(TLS_KEYS)}")
+            raise errors.ConfigError(f"bad DSN: unknown option(s) {shown}: expected unix_socket, "
+                                     f"server_public_key or ssl_{', ssl_'.join(TLS_KEYS)}")
         bad_tls = sorted(k for k in tls if k.removeprefix("ssl_") not in TLS_KEYS)
         if bad_tls:
             raise errors.ConfigError(f"bad DSN: unknown TLS option(s) {', '.join(values.shown(k) for k in bad_tls)}: "
@@ -116,6 +121,7 @@ class DSN:
             unix_socket=socket_path,
             tls=tls_options(tls, "bad DSN: ssl_mode"),
             hosts=hosts,
+            server_public_key=server_public_key,
         )
 
     def masked(self) -> str:
@@ -125,6 +131,8 @@ class DSN:
         params = dict(self.tls)
         if self.unix_socket:
             params["unix_socket"] = self.unix_socket
+        if self.server_public_key:
+            params["server_public_key"] = self.server_public_key
         query = ("?" + urllib.parse.urlencode(params)) if params else ""
         return f"mysql://{auth}@{host}/{self.database}{query}"
 
@@ -143,6 +151,8 @@ class DSN:
             # ssl_mode): store.db checks the session's cipher after connecting (_require_tls).
             args["ssl"] = {k.removeprefix("ssl_"): v for k, v in self.tls.items() if k != "ssl_mode"}
             args["ssl_mode"] = self.tls_mode
+        if self.server_public_key:
+            args["server_public_key_path"] = self.server_public_key
         return args
 
     def check_files(self) -> None:
@@ -151,6 +161,8 @@ class DSN:
             path = self.tls.get(f"ssl_{key}")
             if path is not None:
                 values.readable_file(f"TLS {key} file" if key != "capath" else "TLS capath", path)
+        if self.server_public_key:
+            values.readable_file("server_public_key file", self.server_public_key)
         if self.unix_socket:
             # A socket that is not there yet may be a server still starting (retried); a path that
             # can never become one is a typo.

@@ -1,7 +1,8 @@
 """How idle consumers learn of new work without polling the jobs table.
 
-Consumer processes of a queue that have nothing to do queue up in GET_LOCK(watch) (FIFO on both
-servers), each on its watcher session for that queue, which one idle worker of the process uses
+Consumer processes of a queue that have nothing to do queue up in GET_LOCK(watch) (granted in
+arrival order on MariaDB; MySQL leaves the order undefined, and nothing here relies on it: any one
+queued consumer becoming the watcher is all the protocol needs), each on its watcher session for that queue, which one idle worker of the process uses
 at a time (consume/presence.py); its other idle workers wait for that seat in the process.
 The one holding it, the watcher, runs one statement in a loop (sql `watch_bell`): it reads the
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits

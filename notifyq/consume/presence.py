@@ -5,7 +5,7 @@ session (claims and acks): workers + queues sessions, plus one heartbeat session
 judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1.
 
 A watcher session is lent to one idle worker of its queue at a time (`Watcher.seat`): that
-worker queues for the queue's watch lock, FIFO across processes, watches the bell, claims as
+worker queues for the queue's watch lock (across processes), watches the bell, claims as
 the watcher and hands the watch lock on (wakeup.py). The process's other idle workers of that
 queue wait on a Condition for the seat, not in GET_LOCK, and cost the server nothing.
 

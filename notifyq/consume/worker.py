@@ -191,7 +191,7 @@ class Worker:
 
     def _hand_watch_on(self, drained: bool) -> None:
         """Before running the batch: the watch lock goes to the next idle consumer (of any
-        process, FIFO), and the seat to the next idle worker of ours, which queues for it."""
+        process), and the seat to the next idle worker of ours, which queues for it."""
         self.waiter.release_watch(wait=False)
         self.watcher.leave(self)
 

@@ -14,9 +14,9 @@ from typing import Any
 import MySQLdb
 
 from notifyq.store.db import Session
-from notifyq.store.driver import error_code
+from notifyq.store.driver import QUERY_INTERRUPTED, error_code
 from notifyq.store.locks import QueueLocks
-from notifyq.store.queries import POLLING_STALE_S, ensure_queue, microseconds
+from notifyq.store.queries import POLLING_STALE_S, ensure_queue, lock_wait_s, microseconds
 from notifyq.store.sql import QUERIES as Q
 
 RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
@@ -41,10 +41,11 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
         try:
             cur.execute(Q["watch_bell"], {
                 "queue": queue, "bell0": locks.bells[0], "bell1": locks.bells[1], "wait_on": wait_on,
-                "wait_s": max(0.0, wait_s), "use_bell": int(use_bell),
+                "wait_s": max(0.0, wait_s),
+                "lock_wait_s": lock_wait_s(session, wait_s), "use_bell": int(use_bell),
                 "stale_us": microseconds(POLLING_STALE_S)})
         except MySQLdb.OperationalError as e:
-            if error_code(e) != 1317:
+            if error_code(e) != QUERY_INTERRUPTED:
                 raise
             # KILL QUERY interrupted our SLEEP: a wake-up (or a stop), not an error to retry.
             return WatchState(-1, 0, False, 0, None, None, None)

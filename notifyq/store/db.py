@@ -17,8 +17,9 @@ import MySQLdb
 
 from notifyq import errors
 from notifyq.config import DSN
-from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, UNKNOWN_DATABASE, Conflicts, describe,
-                                  error_code, is_connection_lost, is_transient, retry_policy)
+from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, RSA_KEY_NEEDED, UNKNOWN_DATABASE,
+                                  Conflicts, describe, error_code, is_connection_lost, is_transient,
+                                  retry_policy)
 from notifyq.store.pipeline import Attempt, Pipeline
 from notifyq.store.sql import QUERIES
 from notifyq.store.writer import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, WriterChoice, ready_for_writes
@@ -228,6 +229,12 @@ class Session:
             if code in ACCESS_DENIED:
                 raise errors.DatabaseError(
                     f"the server refused user {self.dsn.user!r}: check the password and grants"
+                ) from None
+            if code == RSA_KEY_NEEDED:
+                raise errors.DatabaseError(
+                    f"the server asks user {self.dsn.user!r} for caching_sha2_password's RSA exchange "
+                    "over a connection without TLS: use TLS (ssl_mode=REQUIRED), or give the server's "
+                    "public key with ?server_public_key=PATH in the DSN"
                 ) from None
             if code == UNKNOWN_DATABASE:
                 raise errors.SchemaError(

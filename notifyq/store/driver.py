@@ -33,8 +33,10 @@ RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
 RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040, 1180})
 ACCESS_DENIED = frozenset({1044, 1045, 1698})
 UNKNOWN_DATABASE = 1049
+RSA_KEY_NEEDED = 2061  # caching_sha2_password without TLS and without the server's public key
 DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows
 NOT_READY = 1047  # a Galera node outside the primary component, or not synced yet
+QUERY_INTERRUPTED = 1317  # KILL QUERY: a wait ended on purpose (a wake-up, a stop)
 # A steady rate of conflicts: this many in CONFLICT_WINDOW_S on one session gets a warning.
 CONFLICT_WARN_COUNT = 10
 CONFLICT_WINDOW_S = 60.0

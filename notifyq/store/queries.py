@@ -11,6 +11,7 @@ Session own their transaction and retry it whole.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import os
 import time
@@ -21,7 +22,7 @@ import MySQLdb
 
 from notifyq.jobs import Job
 from notifyq.store.db import Session
-from notifyq.store.driver import Ids, error_code
+from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, Ids, error_code
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -355,9 +356,33 @@ def one_value(session: Session, name: str, params: dict[str, Any], what: str) ->
     return session.run(body, what=what)
 
 
+def lock_wait_s(session: Session, wait_s: float) -> float:
+    """A GET_LOCK timeout the server keeps. Never negative (a negative one waits forever).
+    MariaDB keeps a fraction; MySQL rounds the timeout to whole seconds, so a wait under half a
+    second would return at once and an idle watcher would spin at round-trip rate: there it
+    waits whole seconds, rounded up (a grant still ends the wait at once; only a timeout, a
+    poll's turn, comes later, by under a second)."""
+    wait_s = max(0.0, wait_s)
+    if wait_s and "mariadb" not in session.server_version.lower():
+        return float(math.ceil(wait_s))
+    return wait_s
+
+
 def get_lock(session: Session, name: str, wait_s: float) -> int | None:
-    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error. Never a negative wait."""
-    return one_value(session, "get_lock", {"name": name, "wait_s": max(0.0, wait_s)}, "get_lock")
+    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error."""
+    def body(cur) -> int | None:
+        try:
+            cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(session, wait_s)})
+        except DriverError as e:
+            if error_code(e) != QUERY_INTERRUPTED:
+                raise
+            # MySQL answers a KILL QUERY in GET_LOCK with error 1317 (MariaDB returns NULL):
+            # the interruption the caller asked for (a stop), not an error to run again.
+            return None
+        row = cur.fetchone()
+        return row[0] if row else None
+
+    return session.run(body, what="get_lock")
 
 
 def release_lock(session: Session, name: str) -> int | None:

@@ -390,7 +390,7 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
--- reap and due_in_us: as in `watch`.
+-- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (queries.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
@@ -404,7 +404,7 @@ SELECT s.total, q.watched_seq, q.paused,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
              IF(%(wait_on)s IS NULL, NULL,
-                IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(wait_s)s) = 1,
+                IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
                    RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
              SLEEP(%(wait_s)s) - 1)) AS waited,
        CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL THEN 0
