@@ -252,7 +252,7 @@ class Waiter:
         start = time.monotonic()
         while not self.stop.is_set():
             self.on_turn()
-            total, paused, due_in_s, reap = queries.poll_signal(self.session, self.queue)
+            total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
             if reap:
                 self.on_reap()
             if not paused:

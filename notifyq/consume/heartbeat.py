@@ -4,7 +4,7 @@ A lock-mode consumer is alive while the server holds its lock for it, whatever i
 do. A polling consumer process has no such lock, so it proves it is alive by writing: a thread
 of its own, on a session of its own (handlers may run for hours on the workers' threads),
 refreshes its nq_consumer row every BEAT_S. Reapers judge it dead when the row is older than
-queries.POLLING_STALE_S: the process, its host or its connection stopped.
+liveness.POLLING_STALE_S: the process, its host or its connection stopped.
 
 The beat says the process lives, not that its handlers make progress: it extends no lease. A
 job's lease is pushed out by its worker (between the jobs of a batch, while a command runs
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from notifyq.config import DSN
 from notifyq.store import liveness
 from notifyq.store.db import Session
-from notifyq.store.queries import POLLING_STALE_S
+from notifyq.store.liveness import POLLING_STALE_S
 
 log = logging.getLogger("notifyq.heartbeat")
 

@@ -54,7 +54,7 @@ PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's time
 SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
 # After an outage our reaper passes wait this long with our heartbeat landing before they judge
 # anyone by silence: as long as a free lock must go with a silent heartbeat on Galera.
-SILENCE_TRUST_S = queries.GALERA_LOCK_GRACE_S
+SILENCE_TRUST_S = liveness.GALERA_LOCK_GRACE_S
 
 
 class Watcher:
@@ -180,7 +180,7 @@ class Presence:
         only after a whole one of silence; a stall of the process, SIGSTOP, is such silence)."""
         if self.heartbeat is not None:
             return not self.heartbeat.lost.is_set() and self.heartbeat.landed_within(
-                queries.GALERA_LOCK_GRACE_S / 2, now)
+                liveness.GALERA_LOCK_GRACE_S / 2, now)
         if not self.use_locks or not self.registration_current():
             return False
         seen = max(self.session.answered_at, self._lock_seen_at)
@@ -328,7 +328,7 @@ class Presence:
         that has just restarted, judging nobody it has not heard from since until every live
         consumer has had the time to take its lock back: two keeper pings (a keeper pings at
         session_idle_s / 4, and the first may meet the server still starting), or three beats."""
-        restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, queries.GALERA_LOCK_GRACE_S)
+        restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, liveness.GALERA_LOCK_GRACE_S)
         return reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence(),
                                 own_id=self.consumer_id, restart_grace_s=restart_grace_s)
 

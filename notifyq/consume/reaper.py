@@ -10,7 +10,7 @@ closed after it, whose server-side idle timeout is short (REAPER_IDLE_TIMEOUT_S)
 vanishes mid-pass (power loss, no FIN) frees the reaper lock, and any dead peer's lock it took,
 within that bound instead of the server's wait_timeout (8 h by default). The reaper lock only
 keeps passes from repeating each other's work; correctness never rests on it: each verdict
-is taken inside the reclaim's own transaction (queries.reclaim_owner), so two passes, or a
+is taken inside the reclaim's own transaction (liveness.reclaim_owner), so two passes, or a
 pass whose session reconnected, cannot take back the jobs of a consumer that is alive.
 """
 
@@ -64,7 +64,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
     (Heartbeat.steady_s): it has just come out of an outage, which, as a rule, silenced the
     others too (a server restart, a Galera cluster without a primary component). Then nobody is
     judged by silence: not by heartbeat, and on a Galera node not by a free lock either (which
-    needs a silent heartbeat there, queries.GALERA_LOCK_GRACE_S). Free locks on one server, and
+    needs a silent heartbeat there, liveness.GALERA_LOCK_GRACE_S). Free locks on one server, and
     expired leases, are still judged.
 
     own_id: the calling process's own consumer id, never judged. A process running a pass is
@@ -88,7 +88,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
                 if consumer_id == own_id:
                     continue
                 try:
-                    n = queries.reclaim_owner(session, consumer_id, queues, lock_name=lock_name,
+                    n = liveness.reclaim_owner(session, consumer_id, queues, lock_name=lock_name,
                                               restart_grace_s=restart_grace_s)
                 finally:
                     queries.release_lock(session, lock_name)
@@ -96,9 +96,9 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
         for consumer_id, queues in liveness.stale_consumers(session, restart_grace_s) if judge_silence else ():
             if consumer_id == own_id:
                 continue
-            n = queries.reclaim_owner(session, consumer_id, queues, restart_grace_s=restart_grace_s)
+            n = liveness.reclaim_owner(session, consumer_id, queues, restart_grace_s=restart_grace_s)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
-        result.expired = queries.reclaim_expired(session)
+        result.expired = liveness.reclaim_expired(session)
         if result.expired:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
     finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from notifyq.store import dedup, queries
+from notifyq.store import dedup, liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.sql import QUERIES as Q
 
@@ -36,7 +36,7 @@ def queue_rows(session: Session) -> list[tuple]:
 
 
 def consumers(session: Session) -> list[tuple]:
-    return _rows(session, "consumers", {"stale_us": queries.microseconds(queries.POLLING_STALE_S)},
+    return _rows(session, "consumers", {"stale_us": queries.microseconds(liveness.POLLING_STALE_S)},
                  "status")
 
 

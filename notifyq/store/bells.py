@@ -16,7 +16,8 @@ import MySQLdb
 from notifyq.store.db import Session
 from notifyq.store.driver import QUERY_INTERRUPTED, error_code
 from notifyq.store.locks import QueueLocks
-from notifyq.store.queries import POLLING_STALE_S, ensure_queue, lock_wait_s, microseconds
+from notifyq.store.liveness import POLLING_STALE_S
+from notifyq.store.queries import ensure_queue, lock_wait_s, microseconds
 from notifyq.store.sql import QUERIES as Q
 
 RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
@@ -71,4 +72,15 @@ def ring(session: Session, locks: QueueLocks, held: int) -> None:
     """Take the other bell, release bell `held`, without waiting for the reply (Pipeline.send_later:
     the reply is read before the session's next statement). The next look says whether it rang."""
     session.pipeline.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
-                                   "wait_s": RING_WAIT_S})
+                                            "wait_s": RING_WAIT_S})
+
+
+def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, bool]:
+    """The polling fallback's read: (enqueue count, paused, seconds until the earliest scheduled
+    job or None, whether a reap is needed)."""
+    def body(cur):
+        cur.execute(Q["poll_signal"], {"queue": queue, "stale_us": microseconds(POLLING_STALE_S)})
+        total, paused, due_in_us, reap = cur.fetchone()
+        return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6, bool(reap)
+
+    return session.run(body, what="poll signal")

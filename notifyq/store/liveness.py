@@ -1,6 +1,6 @@
 """Consumer registration and liveness: the nq_consumer rows, the polling heartbeat, and the
-reaper's questions (who is dead, who is stale). Taking a dead consumer's jobs back is in
-queries.py (reclaim_owner, reclaim_expired).
+reaper's questions (who is dead, who is stale), and taking back what the dead held
+(reclaim_owner, reclaim_expired).
 
 A consumer is judged by what it has: a lock-mode consumer by its liveness lock (its session
 holds it; free means the session is gone), a polling consumer by its heartbeat (no lock was
@@ -12,7 +12,7 @@ own server, and the others by their heartbeat, which lock-mode consumers on a Ga
 as polling ones do (consume/heartbeat.py). The SQL compares `node` with the reaper session's own
 CONCAT(@@hostname, ':', @@port) (db.NODE_IDENTITY_SQL), so no query needs to be told its server.
 On a Galera node even the reaper that shares the consumer's node takes a free lock for death only
-once the heartbeat is silent too (queries.GALERA_LOCK_GRACE_S): a node that leaves the primary
+once the heartbeat is silent too (GALERA_LOCK_GRACE_S): a node that leaves the primary
 component and comes back breaks its clients' connections, and frees the locks of processes alive
 and reconnecting.
 """
@@ -21,7 +21,37 @@ from __future__ import annotations
 
 from notifyq.store import queries
 from notifyq.store.db import Session
+from notifyq.store.driver import Ids
+from notifyq.store.queries import bump_signal, microseconds
 from notifyq.store.sql import QUERIES as Q
+
+# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
+# heartbeat (consume/heartbeat.py) beats several times inside it.
+POLLING_STALE_S = 30.0
+# On a Galera node a lock-mode consumer whose lock is free is dead only once its heartbeat (which
+# every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
+# liveness session's connection breaks when its node leaves the primary component or is KILLed,
+# and for the moment the session takes to come back the lock is free while the process lives;
+# its heartbeat, which goes on beating on its own session, says so. Three beats: an outage
+# shorter than a beat may miss the reaper's own beats (so that it judges on) and still hold up a
+# peer's for as long plus its reconnect, about two beats in all. An outage that silences every
+# heartbeat, the reaper's too, is the reaper's to allow for (reaper.reap, judge_silence).
+# The price: a consumer that died on a Galera node has its jobs back this much later.
+GALERA_LOCK_GRACE_S = 15.0
+
+
+def lock_grace_us(session: Session) -> int:
+    """How long, on the session's server, a free liveness lock must go with the heartbeat silent
+    too before it means death: GALERA_LOCK_GRACE_S on a Galera node, else 0 (the lock's word)."""
+    return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
+
+
+def restarted_us(session: Session, grace_s: float) -> int | None:
+    """How long ago the session's server started, in microseconds, if less than `grace_s` ago
+    (a reaper's restart grace: consume/reaper.py), else None. Asked inside a transaction's body,
+    so that a body rerun on a new connection asks the server it now talks to."""
+    up_s = session.server_up_s()
+    return microseconds(up_s) if up_s < grace_s else None
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
@@ -66,7 +96,7 @@ def _row_exists(cur, consumer_id: str) -> bool:
 
 
 def reap_needed(session: Session) -> int:
-    return int(queries.one_value(session, "reap_needed", {"stale_us": queries.microseconds(queries.POLLING_STALE_S)},
+    return int(queries.one_value(session, "reap_needed", {"stale_us": microseconds(POLLING_STALE_S)},
                          "reap check") or 0)
 
 
@@ -74,8 +104,8 @@ def dead_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple
     """Lock-mode consumers whose liveness lock is free: (id, lock name, queues). On a server that
     started less than restart_grace_s ago, only those that talked to it since."""
     def body(cur):
-        cur.execute(Q["dead_consumers"], {"grace_us": queries.lock_grace_us(session),
-                                          "up_us": queries.restarted_us(session, restart_grace_s)})
+        cur.execute(Q["dead_consumers"], {"grace_us": lock_grace_us(session),
+                                          "up_us": restarted_us(session, restart_grace_s)})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
@@ -84,8 +114,8 @@ def dead_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple
 def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple[str, list[str]]]:
     """Polling consumers whose heartbeat stopped: (id, queues). restart_grace_s: as in dead_consumers."""
     def body(cur):
-        cur.execute(Q["stale_consumers"], {"stale_us": queries.microseconds(queries.POLLING_STALE_S),
-                                           "up_us": queries.restarted_us(session, restart_grace_s)})
+        cur.execute(Q["stale_consumers"], {"stale_us": microseconds(POLLING_STALE_S),
+                                           "up_us": restarted_us(session, restart_grace_s)})
         return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
 
     return session.run(body, what="find stale consumers")
@@ -93,3 +123,78 @@ def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tupl
 
 def _queues(text: str) -> list[str]:
     return [q for q in text.split(",") if q]
+
+
+# ---------------------------------------------------------------- taking back what the dead held
+
+def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
+    """Return claimed jobs, locked by the caller: held is (id, claim token) rows.
+
+    A job alone of its claim keeps its attempt (out of attempts: dead); jobs of one claim taken
+    back together are not charged. Every one becomes a suspect, claimed alone from then on."""
+    per_claim: dict[int, list[int]] = {}
+    for job_id, token in held:
+        per_claim.setdefault(token, []).append(job_id)
+    alone = [ids[0] for ids in per_claim.values() if len(ids) == 1]
+    shared = [job_id for ids in per_claim.values() if len(ids) > 1 for job_id in ids]
+    reasons = {"error": f"{why}; out of attempts", "cancelled": f"cancelled; {why} while it ran"}
+    n = 0
+    for name, ids in (("return_alone", alone), ("return_shared", shared)):
+        if ids:
+            cur.execute(Q[name], {"ids": Ids(ids), **reasons})
+            n += cur.rowcount
+    return n
+
+
+def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
+                  lock_name: str | None = None, restart_grace_s: float = 0.0) -> int | None:
+    """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
+
+    The verdict is taken inside that transaction, on its session, so it cannot go stale before
+    the COMMIT: with `lock_name` (a lock-mode consumer) GET_LOCK(lock, 0) must succeed, and the
+    lock is held until after the COMMIT (the caller releases it); without (a polling consumer)
+    its row must still be stale when deleted. If the session reconnects midway, the transaction
+    is rolled back and the lock gone together, and the rerun judges again: a consumer that took
+    its lock back meanwhile keeps its jobs. (With the lock on another session, as before, a
+    reconnect of that session lost the lock while the reclaim went on.) Never waits: nobody
+    queues for a liveness lock, so holding one next to row locks cannot hide a deadlock.
+    None: the consumer is alive after all.
+    """
+    def body(cur) -> int | None:
+        if lock_name is not None:
+            cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
+            if cur.fetchone()[0] != 1:
+                return None
+            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session),
+                                               "up_us": restarted_us(session, restart_grace_s)})
+            if cur.fetchone() is not None:
+                return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
+        else:
+            cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
+                                                   "stale_us": microseconds(POLLING_STALE_S),
+                                                   "up_us": restarted_us(session, restart_grace_s)})
+            if cur.rowcount == 0:
+                return None
+        cur.execute(Q["claims_of_owner"], {"owner": consumer_id})
+        n = take_back(cur, list(cur.fetchall()), "consumer died")
+        for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
+            bump_signal(cur, queue, max(n, 1))
+        cur.execute(Q["unregister_consumer"], {"id": consumer_id})
+        return n
+
+    return session.run(body, what="reclaim dead consumer")
+
+
+def reclaim_expired(session: Session) -> int:
+    def body(cur) -> int:
+        cur.execute(Q["expired_leases"])
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        cur.execute(Q["claims_expired"], {"owners": tuple({r[0] for r in rows})})
+        n = take_back(cur, list(cur.fetchall()), "lease expired")
+        for queue in {r[1] for r in rows}:
+            bump_signal(cur, queue, max(n, 1))
+        return n
+
+    return session.run(body, what="reclaim expired leases")

@@ -34,35 +34,6 @@ PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog ta
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
 ERROR_MAX_BYTES = 65535
-# A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
-# heartbeat (consume/heartbeat.py) beats several times inside it.
-POLLING_STALE_S = 30.0
-# On a Galera node a lock-mode consumer whose lock is free is dead only once its heartbeat (which
-# every consumer on a Galera node beats, every 5 s: consume/heartbeat.py) is also this old. Its
-# liveness session's connection breaks when its node leaves the primary component or is KILLed,
-# and for the moment the session takes to come back the lock is free while the process lives;
-# its heartbeat, which goes on beating on its own session, says so. Three beats: an outage
-# shorter than a beat may miss the reaper's own beats (so that it judges on) and still hold up a
-# peer's for as long plus its reconnect, about two beats in all. An outage that silences every
-# heartbeat, the reaper's too, is the reaper's to allow for (reaper.reap, judge_silence).
-# The price: a consumer that died on a Galera node has its jobs back this much later.
-GALERA_LOCK_GRACE_S = 15.0
-
-
-def lock_grace_us(session: Session) -> int:
-    """How long, on the session's server, a free liveness lock must go with the heartbeat silent
-    too before it means death: GALERA_LOCK_GRACE_S on a Galera node, else 0 (the lock's word)."""
-    return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
-
-
-def restarted_us(session: Session, grace_s: float) -> int | None:
-    """How long ago the session's server started, in microseconds, if less than `grace_s` ago
-    (a reaper's restart grace: consume/reaper.py), else None. Asked inside a transaction's body,
-    so that a body rerun on a new connection asks the server it now talks to."""
-    up_s = session.server_up_s()
-    return microseconds(up_s) if up_s < grace_s else None
-
-
 def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
@@ -448,16 +419,6 @@ def kill_query_on(cur, conn_id: int) -> bool:
         raise
 
 
-def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, bool]:
-    """(enqueue count, paused, seconds until the earliest scheduled job or None, reap needed)."""
-    def body(cur):
-        cur.execute(Q["poll_signal"], {"queue": queue, "stale_us": microseconds(POLLING_STALE_S)})
-        total, paused, due_in_us, reap = cur.fetchone()
-        return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6, bool(reap)
-
-    return session.run(body, what="poll signal")
-
-
 HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input
 
 
@@ -480,79 +441,3 @@ def set_paused(session: Session, queue: str, paused: bool) -> bool:
         return created
 
     return session.run(body, what="pause" if paused else "resume")
-
-
-# ---------------------------------------------------------------- the reaper
-# (consumer registration and liveness: liveness.py)
-
-def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
-    """Return claimed jobs, locked by the caller: held is (id, claim token) rows.
-
-    A job alone of its claim keeps its attempt (out of attempts: dead); jobs of one claim taken
-    back together are not charged. Every one becomes a suspect, claimed alone from then on."""
-    per_claim: dict[int, list[int]] = {}
-    for job_id, token in held:
-        per_claim.setdefault(token, []).append(job_id)
-    alone = [ids[0] for ids in per_claim.values() if len(ids) == 1]
-    shared = [job_id for ids in per_claim.values() if len(ids) > 1 for job_id in ids]
-    reasons = {"error": f"{why}; out of attempts", "cancelled": f"cancelled; {why} while it ran"}
-    n = 0
-    for name, ids in (("return_alone", alone), ("return_shared", shared)):
-        if ids:
-            cur.execute(Q[name], {"ids": Ids(ids), **reasons})
-            n += cur.rowcount
-    return n
-
-
-def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
-                  lock_name: str | None = None, restart_grace_s: float = 0.0) -> int | None:
-    """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
-
-    The verdict is taken inside that transaction, on its session, so it cannot go stale before
-    the COMMIT: with `lock_name` (a lock-mode consumer) GET_LOCK(lock, 0) must succeed, and the
-    lock is held until after the COMMIT (the caller releases it); without (a polling consumer)
-    its row must still be stale when deleted. If the session reconnects midway, the transaction
-    is rolled back and the lock gone together, and the rerun judges again: a consumer that took
-    its lock back meanwhile keeps its jobs. (With the lock on another session, as before, a
-    reconnect of that session lost the lock while the reclaim went on.) Never waits: nobody
-    queues for a liveness lock, so holding one next to row locks cannot hide a deadlock.
-    None: the consumer is alive after all.
-    """
-    def body(cur) -> int | None:
-        if lock_name is not None:
-            cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
-            if cur.fetchone()[0] != 1:
-                return None
-            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session),
-                                               "up_us": restarted_us(session, restart_grace_s)})
-            if cur.fetchone() is not None:
-                return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
-        else:
-            cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
-                                                   "stale_us": microseconds(POLLING_STALE_S),
-                                                   "up_us": restarted_us(session, restart_grace_s)})
-            if cur.rowcount == 0:
-                return None
-        cur.execute(Q["claims_of_owner"], {"owner": consumer_id})
-        n = take_back(cur, list(cur.fetchall()), "consumer died")
-        for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
-            bump_signal(cur, queue, max(n, 1))
-        cur.execute(Q["unregister_consumer"], {"id": consumer_id})
-        return n
-
-    return session.run(body, what="reclaim dead consumer")
-
-
-def reclaim_expired(session: Session) -> int:
-    def body(cur) -> int:
-        cur.execute(Q["expired_leases"])
-        rows = cur.fetchall()
-        if not rows:
-            return 0
-        cur.execute(Q["claims_expired"], {"owners": tuple({r[0] for r in rows})})
-        n = take_back(cur, list(cur.fetchall()), "lease expired")
-        for queue in {r[1] for r in rows}:
-            bump_signal(cur, queue, max(n, 1))
-        return n
-
-    return session.run(body, what="reclaim expired leases")

@@ -11,10 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import MySQLdb
 
 from notifyq.store.driver import is_connection_lost
+
+if TYPE_CHECKING:
+    from notifyq.config import DSN
 
 log = logging.getLogger("notifyq.db")
 

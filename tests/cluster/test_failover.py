@@ -21,8 +21,8 @@ from conftest import REPO, notifyq_cmd, run_cli, wait_until
 from notifyq.dsn import DSN
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
-from notifyq.store import writer as store_writer
 from notifyq.store import liveness, locks, queries
+from notifyq.store import writer as store_writer
 from notifyq.store.db import Session
 
 from .conftest import requires_galera
@@ -163,7 +163,7 @@ def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node
         liveness.register_consumer(work2, dead, locks.consumer_lock(database, dead), "h", 2, [QUEUE], "locks",
                                    node=reaper1.node)
         work2.run(lambda cur: cur.execute("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND "
-                                          "WHERE id = %s", (queries.GALERA_LOCK_GRACE_S + 1, dead)), what="t")
+                                          "WHERE id = %s", (liveness.GALERA_LOCK_GRACE_S + 1, dead)), what="t")
         # And one on node 1 whose lock is free but whose heartbeat just beat: its liveness session
         # is reconnecting (regression, issue 16: a reaper on its node took it for dead)
         back = ids["reconnecting on node 1"]
@@ -187,7 +187,7 @@ def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node
 
         assert work2.run(registered, what="t") == {live, back}
         # And the verdict inside the reclaim spares the reconnecting one too, however it was chosen
-        assert queries.reclaim_owner(reaper1, back, [QUEUE], lock_name=locks.consumer_lock(database, back)) is None
+        assert liveness.reclaim_owner(reaper1, back, [QUEUE], lock_name=locks.consumer_lock(database, back)) is None
         queries.release_lock(reaper1, locks.consumer_lock(database, back))
     finally:
         work2.run(lambda cur: cur.execute("DELETE FROM nq_consumer"), what="t")
@@ -357,7 +357,7 @@ def test_a_heartbeat_lands_on_the_next_node_well_inside_the_staleness_bound_afte
         # Then the next beat lands on another node within two intervals and a connect timeout
         # (not a read timeout of 12 s and another interval), well inside POLLING_STALE_S
         bound_s = 2 * beat.interval_s + store_writer.FAILOVER_CONNECT_TIMEOUT_S + 3
-        after = wait_until(lambda: (seen := last_seen()) > landed and seen, queries.POLLING_STALE_S,
+        after = wait_until(lambda: (seen := last_seen()) > landed and seen, liveness.POLLING_STALE_S,
                            interval=0.2, message="a beat after the pause")
         gap_s = (after - landed).total_seconds()
         print(f"heartbeat gap across a paused writer: {gap_s:.2f} s (bound {bound_s} s)")

@@ -13,7 +13,7 @@ from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
 from notifyq.ops import admin
 from notifyq.produce.producer import Producer
-from notifyq.store import queries, schema
+from notifyq.store import liveness, queries, schema
 from notifyq.store.db import Session
 from notifyq.store.sql import migrations, split_statements
 
@@ -41,9 +41,9 @@ def take_back(db, session, how: str) -> int:
     """The reaper's two paths: a dead consumer's claims, or claims whose lease ran out."""
     if how == "dead consumer":
         # A lock-mode consumer whose liveness lock nobody holds: the reaper's verdict is to take it
-        return queries.reclaim_owner(session, OWNER, ["q"], lock_name=f"nq:test:{OWNER}")
+        return liveness.reclaim_owner(session, OWNER, ["q"], lock_name=f"nq:test:{OWNER}")
     db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE status = 2")
-    return queries.reclaim_expired(session)
+    return liveness.reclaim_expired(session)
 
 
 @pytest.mark.parametrize("how", ["dead consumer", "expired lease"])
@@ -77,7 +77,7 @@ def test_a_claim_whose_expired_rows_straddle_the_reapers_read_limit_is_taken_bac
     db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1000 SECOND WHERE id IN %s", (tuple(trio[1:]),))
 
     # When the reaper takes expired leases back (it reads them 1,000 at a time)
-    while queries.reclaim_expired(session):
+    while liveness.reclaim_expired(session):
         pass
 
     # Then the 3 came back together: none charged, none dead
@@ -138,7 +138,7 @@ def test_extend_lease_says_which_jobs_the_claim_still_holds(db, session):
     ids = put(db, 3)
     claim = queries.claim(session, "q", OWNER, 3, 60)
     db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (ids[1],))
-    assert queries.reclaim_expired(session) == 1
+    assert liveness.reclaim_expired(session) == 1
     # When the claim extends its lease, then only the 2 it still holds are extended and named
     assert queries.extend_lease(session, ids, claim.token, 60) == [ids[0], ids[2]]
 
@@ -177,7 +177,7 @@ def test_a_worker_never_starts_a_job_whose_lease_ran_out_and_counts_a_fenced_ack
         # When a reaper takes the batch back once its leases ran out, then the first handler ends
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE lease_until < NOW(6)") == 3,
                    30, message="the 3 leases expired")
-        assert queries.reclaim_expired(session) == 3
+        assert liveness.reclaim_expired(session) == 3
         reclaimed.set()
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="all done")
     totals = service.totals()  # once stopped: a worker counts an ack just after its COMMIT
@@ -205,7 +205,7 @@ def test_an_ack_fenced_out_by_the_claim_token_counts_as_lost_not_as_done(db, ses
         wait_until(lambda: ran, 30, message="the job started")
         # When a reaper takes it back before the handler returns (it then runs again, alone)
         wait_until(lambda: db.scalar("SELECT lease_until < NOW(6) FROM nq_job"), 30, message="lease expired")
-        assert queries.reclaim_expired(session) == 1
+        assert liveness.reclaim_expired(session) == 1
         reclaimed.set()
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
     totals = service.totals()  # once stopped: a worker counts an ack just after its COMMIT

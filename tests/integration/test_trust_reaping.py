@@ -133,7 +133,7 @@ def test_a_polling_consumer_whose_heartbeat_stopped_is_reaped_and_a_late_beat_sa
     cfg = db.config()
     ids = _polling_consumer_holding(db, 2, "s" * 32)
     db.query("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND",
-             (int(queries.POLLING_STALE_S) + 1,))
+             (int(liveness.POLLING_STALE_S) + 1,))
     # When a reaper pass runs (without advisory locks: polling consumers may be all there is)
     result = reaper.reap_once(cfg.dsn, use_locks=False)
     # Then its jobs are ready again and its row is gone
@@ -170,7 +170,7 @@ def test_a_reaper_just_out_of_an_outage_judges_nobody_by_silence(db):
     cfg = db.config()
     ids = _polling_consumer_holding(db, 2, "o" * 32)
     db.query("UPDATE nq_consumer SET last_seen = NOW(6) - INTERVAL %s SECOND",
-             (int(queries.POLLING_STALE_S) + 1,))
+             (int(liveness.POLLING_STALE_S) + 1,))
     # When a reaper pass runs for a process whose own heartbeat has just come back from a gap
     result = reaper.reap_once(cfg.dsn, use_locks=False, judge_silence=False)
     # Then it takes nothing back
@@ -215,7 +215,7 @@ def test_a_beat_more_than_a_second_late_is_a_gap_well_inside_the_galera_grace(db
     # while ours is silent for no longer than a gap
     galera_beat = Heartbeat(cfg.dsn, lambda: "g" * 32, name="t")
     galera_beat.stop()  # never started: only its timing is asked
-    assert galera_beat.gap_s + galera_beat.interval_s < queries.GALERA_LOCK_GRACE_S
+    assert galera_beat.gap_s + galera_beat.interval_s < liveness.GALERA_LOCK_GRACE_S
     # And one beating every second, whose beat landed
     beat = Heartbeat(cfg.dsn, lambda: "g" * 32, name="t", interval_s=1.0)
     try:

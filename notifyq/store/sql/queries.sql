@@ -276,7 +276,7 @@ SELECT (SELECT COUNT(*) FROM nq_consumer
 -- lost its session. Polling consumers hold no lock: stale_consumers judges them. Nor does one
 -- whose lock lives on another server (a Galera node: locks are node-local, so it reads as free
 -- here while its holder runs): stale_consumers judges it by its heartbeat too. grace_us (0 but
--- on a Galera node, queries.GALERA_LOCK_GRACE_S): its heartbeat must be silent that long too.
+-- on a Galera node, liveness.GALERA_LOCK_GRACE_S): its heartbeat must be silent that long too.
 -- up_us (a server that restarted less than a grace ago, reaper.reap): only consumers that talked
 -- to it since it started are judged; the others may be alive and about to take their lock back.
 SELECT id, lock_name, queues FROM nq_consumer
@@ -328,7 +328,7 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- claims_of_owner --
 -- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: lock them and learn
--- which claim each belongs to, so that each is returned alone or shared (queries.take_back).
+-- which claim each belongs to, so that each is returned alone or shared (liveness.take_back).
 -- Through the claimed range of ix_state (consumers x batch rows); the owner is tested on the row.
 SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND owner = %(owner)s
