@@ -1,19 +1,8 @@
 """One exception hierarchy and the exit codes the CLI maps it to.
 
-Operators script against the exit codes, so they are part of the contract:
-
-    0  ok
-    1  unexpected internal error (a bug: the traceback is logged)
-    2  usage error (bad flag or argument)
-    3  bad configuration (unknown key, bad DSN, unreadable password file)
-    4  bad input (invalid JSON, oversize payload, invalid queue name)
-    5  database unreachable or refused the login
-    6  schema missing, older or newer than this code: run `notifyq init`
-    7  server unsupported (no SKIP LOCKED: MySQL < 8.0.1, MariaDB < 10.6)
-    8  handler cannot be loaded (import error, command not found)
-    9  an enqueue's outcome is unknown (connection lost during COMMIT)
-   10  another instance holds the pidfile
-  130  killed by a second SIGINT/SIGTERM
+Operators script against the exit codes, so they are part of the contract. What each code means
+is written once, in docs/configuration.md ("Exit codes"); `notifyq --help` (run/cli.py) lists
+them in short, and tests/unit/test_docs.py keeps the table, these constants and the help in step.
 """
 
 EXIT_OK = 0

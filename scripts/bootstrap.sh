@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make this checkout ready to run: system packages (MariaDB server, galera-4 and rsync, mysqlclient
-# build deps), a .venv in the repo root, and `pip install -e '.[test]'` into it.
+# build deps), a .venv in the repo root, and `pip install -e '.[test,docs]'` into it.
 # Idempotent and quick when nothing changed. Starts no server: the Python side
 # (notifyq.localserver) runs its own private one, or a Galera cluster (tests/cluster).
 # Run it, or source it: when sourced it runs in a subshell, so a failure never
@@ -86,8 +86,8 @@ _notifyq_bootstrap() {
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
     [ -f .venv/.notifyq-installed ] && have="$(cat .venv/.notifyq-installed)"
     if [ "$want" != "$have" ]; then
-        say "installing notifyq and its dependencies into .venv (pip install -e '.[test]')"
-        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+        say "installing notifyq and its dependencies into .venv (pip install -e '.[test,docs]')"
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,docs]'
         echo "$want" >.venv/.notifyq-installed
     else
         say ".venv is up to date"

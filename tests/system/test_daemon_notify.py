@@ -304,11 +304,10 @@ def test_sighup_applies_batch_size_and_log_level_between_reloading_and_ready(db,
 
 
 def test_the_systemd_guide_shows_the_consumer_unit_as_shipped():
+    # The guide is docs/operations.md; a heading renamed fails here rather than skipping the check
     repo = Path(__file__).resolve().parents[2]
-    guides = [p for p in (repo / "README.md", repo / "docs" / "systemd.md")
-              if p.exists() and "## Running under systemd" in p.read_text()]
-    if not guides:
-        pytest.skip("no 'Running under systemd' section yet")
-    text = guides[0].read_text().split("## Running under systemd", 1)[1]
+    guide = (repo / "docs" / "operations.md").read_text()
+    assert "## Running under systemd" in guide and "### The consumer unit" in guide
+    text = guide.split("## Running under systemd", 1)[1]
     shown = text.split("### The consumer unit", 1)[1].split("```ini\n", 1)[1].split("\n```", 1)[0]
     assert shown == (repo / "systemd" / "notifyq-consumer@.service").read_text().rstrip("\n")
