@@ -41,12 +41,12 @@ TICKS = os.sysconf("SC_CLK_TCK")
 def _produce_child(args: dict) -> None:
     """One producer process: put() its share, one commit each; prints its first/last time."""
     from notifyq import config as config_mod
-    from notifyq.produce.producer import Producer
+    from notifyq.sharding.producer import Producer
 
     cfg = config_mod.load(env={"NOTIFYQ_CONFIG": args["config"]})
     with Producer(args["queue"], cfg) as producer:
         for shard in cfg.shard_names():  # connect everywhere before the clock starts
-            producer._link(shard).work_session()
+            producer._on(shard)._work_session()
         t0 = time.time()
         for n in range(args["first"], args["first"] + args["count"]):
             producer.put({"n": n})

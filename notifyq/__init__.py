@@ -12,14 +12,14 @@ from notifyq.jobs import Job, Status
 
 if TYPE_CHECKING:
     from notifyq.consume.service import ConsumeOptions, ConsumerService
-    from notifyq.produce.producer import Producer
+    from notifyq.sharding.producer import Producer
 
 __all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
            "Status", "load_config"]
 
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
-_LAZY = {"Producer": "notifyq.produce.producer", "ConsumeOptions": "notifyq.consume.service",
+_LAZY = {"Producer": "notifyq.sharding.producer", "ConsumeOptions": "notifyq.consume.service",
          "ConsumerService": "notifyq.consume.service"}
 
 

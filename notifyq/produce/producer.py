@@ -1,4 +1,8 @@
-"""Producer: put jobs on one queue, alone or inside the caller's own transaction."""
+"""Producer: put jobs on one queue of one server, alone or inside the caller's own transaction.
+
+With [shards] a queue lives on several servers: notifyq.Producer is then sharding's
+ShardedProducer (notifyq/sharding/producer.py), which deals the jobs over one of these per shard.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,13 @@ import datetime as dt
 import json
 import logging
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from notifyq import errors, shards, values
+from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
-from notifyq.produce.lines import ReadError
 from notifyq.store import dedup, inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
@@ -26,13 +27,6 @@ log = logging.getLogger("notifyq.producer")
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-# A spread queue's put keeps trying a shard this long (a deadlock, a reconnect) before its rows go
-# to the next shard, and a shard it could not reach is left out of the deal this long, then tried
-# again. One shard's outage then costs a put about SHARD_RETRY_S once per SHARD_RECHECK_S, not the
-# 60 s a pinned queue's put waits for its one server.
-SHARD_RETRY_S = 1.0
-SHARD_RECHECK_S = 10.0
 
 
 class Producer:
@@ -47,47 +41,37 @@ class Producer:
     watcher's backoff poll of the signal row (or `wakeup.instant_wake`, which interrupts it).
 
     Safe to share between threads (a web worker's threads may share one): put(), put_many()
-    and close() take turns on the producer's own session, bell and (on a spread queue) its
-    dealing state, one call at a time. A put that returns has stored its job; one that raises
+    and close() take turns on the producer's own sessions and bell, one call at a time. A put that returns has stored its job; one that raises
     stored nothing, or raises OutcomeUnknown. Calls with `conn=` run on the caller's connection
     and never wait for the producer's other calls.
     """
 
-    def __init__(self, queue: str, config: Config, *, ring: bool = False):
+    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
+        """retry_s: how long a put retries its server (None: the sessions' default, a minute).
+        Sharding's dealer passes a short one, and its retries are logged at DEBUG: it says
+        once itself that a shard is down, and puts the jobs on another."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
+        if config.shards:
+            raise errors.ConfigError("this config has [shards]: use notifyq.Producer, which places the "
+                                     "queue's jobs on its shards")
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
-        self.placement = shards.Placement(config)
-        self._home = self.placement.home(queue)
-        self._turn = shards.RoundRobin(self.placement.names) if self.placement.spread(queue) else None
-        self._links: dict[str, _ShardLink] = {}  # shard name -> its sessions, opened on first use
-        self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
+        self.locks = QueueLocks(config.dsn.database, queue)
         self._ring = ring
+        self._retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
+        # Opened on first use. One session, not a pool: docs, "Threads".
+        self._session: Session | None = None
+        self._lock_session: Session | None = None  # the bell's, and instant_wake's
+        self._bell: Bell | None = None
+        self._queue_known = False
+        self._behind_proxy = False  # instant_wake refused: the server's id for us is not the handshake's
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # One thread at a time on the producer's own sessions and bell (a MySQLdb connection
-        # shared by two threads mixes their statements: ids returned for jobs that were rolled
-        # back), and on _links, _down and _turn. One session, not a pool: README, "Threads".
+        # One thread at a time on the producer's own sessions and bell: a MySQLdb connection
+        # shared by two threads mixes their statements (ids returned for jobs rolled back).
         self._mutex = threading.Lock()
         self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
-
-    # The home shard's sessions and bell (the only ones of a queue that is not spread).
-    @property
-    def locks(self) -> QueueLocks:
-        return self._link(self._home).locks
-
-    @property
-    def _session(self) -> Session | None:
-        return self._link(self._home).session
-
-    @property
-    def _lock_session(self) -> Session | None:
-        return self._link(self._home).lock_session
-
-    @property
-    def _bell(self) -> Bell | None:
-        return self._link(self._home).bell
 
     # -------------------------------------------------------- the API
 
@@ -99,28 +83,58 @@ class Producer:
         queue makes this a no-op that returns that job's id.
         """
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        shard = self.placement.for_key(self.queue, dedup_key) if dedup_key is not None else None
-        return self._write([row], conn, unique=dedup_key is not None, shard=shard)[0]
+        return self._write([row], conn, unique=dedup_key is not None)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
         """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
-        that each fit the server's max_allowed_packet. On a spread queue the jobs are dealt
-        round-robin over the shards and each shard's share is one transaction there: atomic per
-        shard, not across shards; the ids come back in the order of `payloads`."""
+        that each fit the server's max_allowed_packet; the ids come back in the order of
+        `payloads`."""
+        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        return self._write(rows, conn) if rows else []
+
+    def rows(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
+             run_at: dt.datetime | None = None, max_attempts: int | None = None) -> list[tuple]:
+        """The jobs' rows, every argument checked (InputError) before anything is written: for
+        put_many, and for sharding's dealer, which puts them on several servers (put_rows)."""
         if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         options = self._options(priority, delay, run_at, max_attempts, None)
-        rows = [(self.queue, *options, self._payload_text(p), None) for p in payloads]
-        return self._write(rows, conn) if rows else []
+        return [(self.queue, *options, self._payload_text(p), None) for p in payloads]
+
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+        """A job of `notifyq produce`'s stream, checked (InputError: that line is rejected) and
+        its row sized against the server: a line too big for the server goes alone."""
+        row = self._row(payload, priority, delay, run_at, None, None)
+        with self._mutex:
+            session = self._work_session()
+            inserts.check_fits([row], session.max_allowed_packet, session.conn)
+        return row
+
+    def put_rows(self, rows: list[tuple]) -> list[int]:
+        """rows() or line_row()'s rows, in one transaction on the producer's own session."""
+        return self._write(rows, None)
 
     def close(self) -> None:
         """Close the producer's sessions (after any put under way); a later put opens new ones."""
         with self._mutex:
-            for link in self._links.values():
-                link.close()
-            self._links.clear()
+            if self._bell is not None:
+                self._bell.disarm()
+            self._end(Session.close)
+
+    def drop(self) -> None:
+        """Close the connections without a word to the server (it is gone): its locks, the
+        bell's among them, die with them."""
+        with self._mutex:
+            self._end(Session.discard)
+
+    def _end(self, how: Callable[[Session], None]) -> None:
+        for session in (self._session, self._lock_session):
+            if session is not None:
+                how(session)
+        self._session = self._lock_session = self._bell = None
+        self._queue_known = False
 
     def __enter__(self) -> "Producer":
         return self
@@ -199,66 +213,11 @@ class Producer:
         dedup.take(cur, self.queue, row[6], job_id)
         return job_id
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, shard: str | None = None) -> list[int]:
-        """Each row to its shard: the queue's one shard, the key's (`shard`), or in turn."""
-        if self._turn is None or shard is not None:
-            try:
-                if conn is not None:
-                    return self._write_caller(rows, conn, unique)
-                with self._mutex:
-                    return self._write_shard(rows, unique, self._home if shard is None else shard)
-            except errors.DatabaseError as e:
-                if self._turn is None or shard is None:
-                    raise
-                raise type(e)(f"{e} (shard {shard}: a job with a dedup key goes to its key's shard only)") from None
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
         if conn is not None:
-            raise errors.InputError(f"conn: queue {self.queue} is spread over shards: a caller's transaction "
-                                    "is on one server (put it without conn, or pin the queue to a shard)")
+            return self._write_caller(rows, conn, unique)
         with self._mutex:
-            return self._deal(rows)
-
-    def _deal(self, rows: list[tuple]) -> list[int]:
-        """A spread queue's rows in turn over the shards that are up. A shard's share that fails
-        with DatabaseError was not stored (Session.run: a COMMIT whose outcome is unknown raises
-        OutcomeUnknown instead, and is never moved): it is dealt again over the others, and that
-        shard left out until SHARD_RECHECK_S. Only when no shard takes it does the put fail."""
-        ids: list[int] = [0] * len(rows)
-        left = list(range(len(rows)))
-        failed: set[str] = set()  # in this put
-        last: errors.DatabaseError | None = None
-        while left:
-            now = time.monotonic()
-            up = tuple(n for n in self.placement.names if n not in failed and self._down.get(n, 0.0) <= now)
-            if not up:  # every shard left out: try those that did not fail in this put, down or not
-                up = tuple(n for n in self.placement.names if n not in failed)
-            if not up:
-                assert last is not None
-                raise type(last)(f"no shard of queue {self.queue} could take its jobs; the last: {last}") from None
-            dealt = self._turn.take(len(left), among=up)
-            moved: list[int] = []
-            for name in dict.fromkeys(dealt):  # each shard's share, in the order dealt
-                mine = [i for i, s in zip(left, dealt) if s == name]
-                try:
-                    got = self._write_shard([rows[i] for i in mine], False, name)
-                except errors.DatabaseError as e:
-                    self._shard_down(name, e)
-                    failed.add(name)
-                    moved += mine
-                    last = e
-                    continue
-                if self._down.pop(name, None) is not None:
-                    log.warning("shard reachable again, jobs of queue %s go to it again shard=%s", self.queue, name)
-                for i, job_id in zip(mine, got):
-                    ids[i] = job_id
-            left = moved
-        return ids
-
-    def _shard_down(self, name: str, exc: errors.DatabaseError) -> None:
-        if name not in self._down:
-            log.warning("shard unreachable, jobs of queue %s go to the other shards (tried again every "
-                        "%g s) shard=%s error=%s", self.queue, SHARD_RECHECK_S, name, exc)
-        self._down[name] = time.monotonic() + SHARD_RECHECK_S
-        self._links.pop(name).drop()  # a fresh link when it is tried again
+            return self._write_own(rows, unique)
 
     def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
         """The statements of a put: rows too big for the server's max_allowed_packet raise
@@ -294,12 +253,11 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_shard(self, rows: list[tuple], unique: bool, shard: str) -> list[int]:
-        """On the producer's own session of `shard`, under self._mutex."""
+    def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
+        """On the producer's own session, under self._mutex."""
         body = self._body(rows, unique)
-        link = self._link(shard)
-        session = link.work_session()
-        bell = link.armed_bell()
+        session = self._work_session()
+        bell = self._armed_bell()
         # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
         # nobody watching, where the put commits as a plain one does.
         looking = bell if bell is not None and bell.look_due() else None
@@ -322,36 +280,14 @@ class Producer:
         if looking is not None:
             looking.after_commit(seen[0])
         elif (bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks
-              and not link.behind_proxy):
-            if instant_wake(link.lock_sessions(), link.locks) is None:
-                link.behind_proxy = True
+              and not self._behind_proxy):
+            if instant_wake(self._locks_session(), self.locks) is None:
+                self._behind_proxy = True
                 log.warning("wakeup.instant_wake is off for this producer: its connection goes through "
                             "a proxy (the server knows it by another id than the handshake gave), where a "
                             "KILL QUERY could hit an unrelated session; the consumers' poll finds its jobs "
                             "queue=%s", self.queue)
         return result
-
-    def _check_fits(self, rows: list[tuple]) -> None:
-        """InputError for a row too big for the server, on notifyq's own session (the home
-        shard's: the shards of one deployment share their settings; a spread queue's, the first
-        shard that answers)."""
-        with self._mutex:
-            self._check_fits_locked(rows)
-
-    def _check_fits_locked(self, rows: list[tuple]) -> None:
-        names = [self._home] + ([n for n in self.placement.names if n != self._home] if self._turn else [])
-        for name in names:
-            if name in self._down and self._down[name] > time.monotonic() and name != names[-1]:
-                continue
-            try:
-                session = self._link(name).work_session()
-            except errors.DatabaseError as e:
-                if self._turn is None or name == names[-1]:
-                    raise
-                self._shard_down(name, e)
-                continue
-            inserts.check_fits(rows, session.max_allowed_packet, session.conn)
-            return
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
@@ -367,142 +303,22 @@ class Producer:
             self._caller_packets[conn] = max_packet
         return max_packet
 
-    def _link(self, shard: str) -> "_ShardLink":
-        if shard not in self._links:
-            retry_s = SHARD_RETRY_S if self._turn is not None else None
-            self._links[shard] = _ShardLink(self.config.on_shard(shard), self.queue, self._ring, retry_s)
-        return self._links[shard]
+    def _work_session(self) -> Session:
+        if self._session is None:
+            self._session = Session(self.config.dsn, name="producer", **self._retry)
+        if not self._queue_known:
+            self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
+            self._queue_known = True
+        return self._session
 
+    def _locks_session(self) -> Session:
+        if self._lock_session is None:
+            self._lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks", **self._retry)
+        return self._lock_session
 
-class _ShardLink:
-    """A producer's sessions and bell on one shard, each opened on first use."""
-
-    def __init__(self, config: Config, queue: str, ring: bool, retry_s: float | None = None):
-        self.config = config  # its dsn is the shard's
-        self.queue = queue
-        self.ring = ring
-        # None: the sessions' defaults. Else a spread queue's: short, and its retries logged at
-        # DEBUG (the producer says once that the shard is down).
-        self.retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
-        self.locks = QueueLocks(config.dsn.database, queue)
-        self.session: Session | None = None
-        self.lock_session: Session | None = None
-        self.bell: Bell | None = None
-        self.queue_known = False
-        self.behind_proxy = False  # instant_wake refused: the server's id for us is not the handshake's
-
-    def work_session(self) -> Session:
-        if self.session is None:
-            self.session = Session(self.config.dsn, name="producer", **self.retry)
-        if not self.queue_known:
-            self.session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
-            self.queue_known = True
-        return self.session
-
-    def lock_sessions(self) -> Session:
-        if self.lock_session is None:
-            self.lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks", **self.retry)
-        return self.lock_session
-
-    def armed_bell(self) -> Bell | None:
-        if not self.ring or not self.config.wakeup.use_locks:
+    def _armed_bell(self) -> Bell | None:
+        if not self._ring or not self.config.wakeup.use_locks:
             return None
-        if self.bell is None:
-            self.bell = Bell(self.lock_sessions(), self.queue, self.locks)
-        return self.bell if self.bell.arm() else None
-
-    def close(self) -> None:
-        if self.bell is not None:
-            self.bell.disarm()
-        self._end(Session.close)
-
-    def drop(self) -> None:
-        """Close the connections without a word to the server (it is gone): its locks, the
-        bell's among them, die with them."""
-        self._end(Session.discard)
-
-    def _end(self, how: Callable[[Session], None]) -> None:
-        for session in (self.session, self.lock_session):
-            if session is not None:
-                how(session)
-        self.session = self.lock_session = self.bell = None
-
-
-# ------------------------------------------------------------ `notifyq produce` from a stream
-
-@dataclass
-class ProduceStats:
-    lines: int = 0
-    enqueued: int = 0
-    rejected: int = 0
-    batches: int = 0
-
-
-def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]],
-             more: Callable[[float], bool]) -> Iterator[list[tuple[int, str]]]:
-    """Group lines for one commit each: a line with nothing behind it is committed at once, and
-    the lines that came while a commit was in flight go together in the next one.
-
-    `more(timeout)` says whether a further line is waiting (or comes within timeout).
-    `limits()` gives (max_lines, max_wait_s), asked again for every line, so a reload applies at
-    once: max_wait_s > 0 holds a batch open that long after its first line for more to come.
-    """
-    batch: list[tuple[int, str]] = []
-    opened = 0.0
-    for item in enumerate(lines, 1):
-        if not batch:
-            opened = time.monotonic()
-        batch.append(item)
-        max_lines, max_wait_s = limits()
-        if len(batch) >= max_lines or not more(max(0.0, opened + max_wait_s - time.monotonic())):
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def produce_lines(producer: Producer, lines: Iterable[str], *, on_ids: Callable[[list[int]], None],
-                  on_reject: Callable[[int, str, str], None], more: Callable[[float], bool],
-                  priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None) -> ProduceStats:
-    """Enqueue JSON lines until `lines` ends; bad lines are reported and skipped, good ones never lost.
-
-    Every line `lines` yields is enqueued or rejected, also after a stop request: ending the
-    stream on a stop is the reader's job (lines.LineSource), which stops reading first.
-    `more` is LineSource.ready. Batch limits come from producer.config.producer, read live
-    (SIGHUP reload)."""
-    stats = ProduceStats()
-
-    def limits() -> tuple[int, float]:
-        return producer.config.producer.batch_lines, producer.config.producer.batch_wait_s
-
-    try:
-        for batch in _batches(lines, limits, more):
-            _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at)
-    except ReadError as e:  # the lines before it are enqueued: say how far it got
-        if not stats.lines:
-            raise
-        raise ReadError(e.name, e.why, after_line=stats.lines, enqueued=stats.enqueued) from None
-    return stats
-
-
-def _produce_batch(producer: Producer, batch: list[tuple[int, str]], stats: ProduceStats,
-                   on_ids: Callable[[list[int]], None], on_reject: Callable[[int, str, str], None],
-                   priority: int, delay: float, run_at: dt.datetime | None) -> None:
-    rows = []
-    for number, line in batch:
-        stats.lines += 1
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            row = producer._row(json.loads(text), priority, delay, run_at, None, None)
-            producer._check_fits([row])  # a line too big for the server goes alone
-        except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
-            stats.rejected += 1
-            on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")
-            continue
-        rows.append(row)
-    if rows:
-        on_ids(producer._write(rows, None))
-        stats.enqueued += len(rows)
-        stats.batches += 1
+        if self._bell is None:
+            self._bell = Bell(self._locks_session(), self.queue, self.locks)
+        return self._bell if self._bell.arm() else None

@@ -28,7 +28,7 @@ from notifyq.store.db import Session, oneshot_session
 
 if TYPE_CHECKING:
     from notifyq.produce.lines import LineSource
-    from notifyq.produce.producer import Producer
+    from notifyq.sharding.producer import Producer
 
 log = logging.getLogger("notifyq.runner")
 
@@ -41,7 +41,7 @@ def _require_schema(cfg: Config, queue: str, *, oneshot: bool) -> None:
     placement = shards.Placement(cfg)
     spread = placement.spread(queue)
     if spread:
-        from notifyq.produce.producer import SHARD_RETRY_S
+        from notifyq.sharding.producer import SHARD_RETRY_S
         retry_s = min(retry_s, SHARD_RETRY_S)
     down: list[errors.DatabaseError] = []
     for shard in placement.shards_of(queue):
@@ -76,7 +76,7 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
-    from notifyq.produce.producer import Producer  # a consumer's start-up need not load it
+    from notifyq.sharding.producer import Producer  # a consumer's start-up need not load it
 
     _require_schema(cfg, queue, oneshot=True)
     with Producer(queue, cfg) as producer:
@@ -210,7 +210,7 @@ class _Stream:
             _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
             new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
             logs.set_level(new.log.level)
-            # Read per batch and per row: the next batch uses them (producer._batches).
+            # Read per batch and per row: the next batch uses them (stream._batches).
             self.producer.config, self.producer.queue_config = new, new.queue(self.producer.queue)
             log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
                      ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
@@ -228,7 +228,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
     from notifyq import logs
     from notifyq.produce.lines import LineSource
-    from notifyq.produce.producer import Producer, produce_lines
+    from notifyq.produce.stream import produce_lines
+    from notifyq.sharding.producer import Producer
     from notifyq.run import daemon as daemon_mod
 
     if daemon and input_path is None:

@@ -121,7 +121,7 @@ def _lose_the_ringing_commit(producer, commit_first: bool) -> list:
     """The producer's first COMMIT sent with the ring's look (commit_then_read) loses its
     connection: killed before the COMMIT arrives (not stored), or right after the transaction
     was committed (stored, the reply lost), as when the writer node dies around the COMMIT."""
-    session = producer._link(producer._home).work_session()
+    session = producer._work_session()
     real = session.pipeline.commit_then_read
     calls: list = []
 

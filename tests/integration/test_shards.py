@@ -17,8 +17,8 @@ from notifyq import errors, shards
 from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.ops.metrics import ServiceCollector
-from notifyq.produce import producer as producer_mod
-from notifyq.produce.producer import Producer
+from notifyq.sharding import producer as producer_mod
+from notifyq.sharding.producer import Producer
 from notifyq.run.localserver import LocalServer
 from notifyq.store import schema
 

@@ -14,7 +14,7 @@ from conftest import create_test_db, drop_test_db, wait_until
 
 from notifyq import config as config_mod
 from notifyq import errors
-from notifyq.produce.producer import Producer
+from notifyq import Producer
 
 THREADS = 8
 PUTS = 100

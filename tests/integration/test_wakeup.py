@@ -492,7 +492,7 @@ def test_instant_wake_refuses_to_kill_through_a_proxy_and_says_so_once(db, caplo
         assert queries.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, cfg) as p:
             p.put({"n": 0})  # opens the link's sessions, and wakes (KILLs) nothing but a watcher
-            lock_session = p._links[p._home].lock_session
+            lock_session = p._lock_session
             kills_before = _com_kill(lock_session)
             lock_session.connection_id += 1_000_000  # the id a proxy's handshake would give
             # When it puts

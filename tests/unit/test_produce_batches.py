@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from notifyq.produce.lines import LineSource
-from notifyq.produce.producer import _batches
+from notifyq.produce.stream import _batches
 
 
 @pytest.fixture
