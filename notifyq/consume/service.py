@@ -29,6 +29,7 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.worker import Worker
+from notifyq.figures import COUNTER_NAMES, ServiceFigures, WatcherFigures, WorkerFigures
 from notifyq.store import schema
 from notifyq.store.db import Session
 
@@ -340,6 +341,30 @@ class ConsumerService:
             if worker.in_handler_since is None and now - worker.last_turn > limit:
                 return False
         return True
+
+    def figures(self) -> ServiceFigures:
+        """This process's figures now, for the metrics endpoint (read from its thread)."""
+        workers = [WorkerFigures(queue=r.worker.queue, shard=r.shard, running=running,
+                                 counters={name: getattr(r.worker.stats, name) for name in COUNTER_NAMES},
+                                 handler_seconds=r.worker.stats.handler_seconds.copy(),
+                                 batch_sizes=r.worker.stats.batch_sizes.copy(),
+                                 use_locks=r.worker.use_locks, busy=r.worker.in_handler_since is not None)
+                   for group, running in ((self.running, True), (self.retired, False)) for r in list(group)]
+        watchers = [WatcherFigures(queue, shard, dict(w.waiter.wakeups), w.waiter.watching)
+                    for shard, presence in self.presences.items() for queue, w in presence.watchers.items()]
+        periodic: dict[str, dict[str, int]] = {}
+        for scheduler in list(self.schedulers.values()):  # one per shard: a queue's figures summed
+            for queue, figures in scheduler.figures().items():
+                mine = periodic.setdefault(queue, dict.fromkeys(("leader", "enqueued", "skipped", "purged"), 0))
+                for key in mine:
+                    mine[key] += int(figures[key])
+        conflicts = (sum(r.worker.work.conflicts.count for r in self.running)
+                     + sum(w.session.conflicts.count for p in self.presences.values() for w in p.watchers.values()))
+        return ServiceFigures(
+            queues=tuple(dict.fromkeys(self.options.queues)), sharded=self.sharded,
+            healthy=bool(self.running) and self.healthy(), workers=workers, watchers=watchers,
+            periodic=periodic, reclaimed=sum(s.reclaimed for s in self.every_stats()), conflicts=conflicts,
+            shards_of={q: self.placement.shards_of(q) for q in self.options.queues})
 
     def totals(self) -> Stats:
         total = Stats()

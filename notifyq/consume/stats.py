@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from notifyq.ops import metrics
+from notifyq.figures import Histogram, batch_size_histogram, handler_seconds_histogram
 
 
 @dataclass
@@ -22,8 +22,8 @@ class Stats:
     reclaimed: int = 0
     batches: int = 0
     # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
-    batch_sizes: metrics.Histogram = field(default_factory=metrics.batch_size_histogram)
-    handler_seconds: metrics.Histogram = field(default_factory=metrics.handler_seconds_histogram)
+    batch_sizes: Histogram = field(default_factory=batch_size_histogram)
+    handler_seconds: Histogram = field(default_factory=handler_seconds_histogram)
 
 
 class Budget:

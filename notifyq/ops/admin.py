@@ -16,7 +16,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
-from notifyq.store import admin_queries
+from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
 
 STATUS_BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
@@ -91,6 +91,12 @@ def get_job(session: Session, job_id: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ retry
+
+def set_paused(session: Session, queue: str, paused: bool) -> bool:
+    """Pause or resume `queue` on this server; True when the queue did not exist before (it is
+    created in that state: a typo would otherwise pause nothing, in silence)."""
+    return queries.set_paused(session, validate_queue_name(queue), paused)
+
 
 def retry(session: Session, job_id: int) -> str:
     """Dead, done or scheduled -> ready now, attempts reset. Returns what happened."""

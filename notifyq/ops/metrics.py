@@ -1,10 +1,10 @@
-"""Prometheus endpoint of a consumer process (`consumer.metrics_port`), and bounded histograms.
+"""Prometheus endpoint of a consumer process (`consumer.metrics_port`).
 
 Nothing here keeps state of its own and nothing touches prometheus_client's global registry:
-a collector reads the service's worker Stats, the waiters' wake-up counts and the periodic
-scheduler at scrape time, into a CollectorRegistry owned by this endpoint. Queue depth and
-the oldest ready job's age come from the database (one indexed read per queue, cached for
-DEPTH_CACHE_S so several scrapers do not multiply it).
+a scrape asks the consumer for a snapshot of its figures (figures.ServiceFigures: its workers'
+counters, why they woke, the periodic schedulers) and renders it into a CollectorRegistry
+owned by this endpoint. Queue depth and the oldest ready job's age come from the database (one
+indexed read per queue, cached for DEPTH_CACHE_S so several scrapers do not multiply it).
 
     /metrics  the text exposition format
     /healthz  200 while every worker loop turns (what the systemd watchdog is fed), else 503
@@ -12,23 +12,21 @@ DEPTH_CACHE_S so several scrapers do not multiply it).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from notifyq import errors
+from notifyq.config import Config
+from notifyq.figures import ServiceFigures, WorkerFigures, batch_size_histogram, handler_seconds_histogram
 
-# prometheus_client and http.server (~40 ms of imports) are imported where they are first used:
-# every consumer imports this module for Histogram, few serve the endpoint.
+# prometheus_client and http.server (~40 ms of imports) are imported where they are first used.
 
 log = logging.getLogger("notifyq.metrics")
 
-HANDLER_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000)
 DEPTH_CACHE_S = 2.0
 COUNTERS = (
     ("claimed", "Jobs claimed (each claim is one attempt)."),
@@ -41,55 +39,13 @@ COUNTERS = (
 )
 
 
-class Histogram:
-    """Counts per bucket, a sum and nothing else: constant memory however long a worker runs.
-
-    One writer (the worker thread); a scrape may read a bucket one observation behind the
-    sum, which Prometheus tolerates. The +Inf bucket is derived from the counts, so it always
-    equals the reported count.
-    """
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Iterable[float]):
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def add(self, other: "Histogram") -> None:
-        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
-        self.sum += other.sum
-
-    def buckets(self) -> list[tuple[str, int]]:
-        """Cumulative (le, count) pairs, as the exposition format wants them."""
-        out, total = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), list(self.counts)):
-            total += n
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
-        return out
-
-
-def handler_seconds_histogram() -> Histogram:
-    return Histogram(HANDLER_SECONDS_BUCKETS)
-
-
-def batch_size_histogram() -> Histogram:
-    return Histogram(BATCH_SIZE_BUCKETS)
-
-
 class ServiceCollector:
-    """Reads a ConsumerService when scraped."""
+    """Renders a consumer's figures when scraped: `figures` is ConsumerService.figures, `config`
+    where its queues live (for the depth reads)."""
 
-    def __init__(self, service: Any):
-        self.service = service
+    def __init__(self, figures: Callable[[], ServiceFigures], config: Config):
+        self.figures = figures
+        self.config = config
         # Per shard ("" for one server): the last depth read, and whether it reached the server.
         self._depth: dict[str, dict[str, dict[str, Any]]] = {}
         self._depth_at = 0.0
@@ -103,38 +59,33 @@ class ServiceCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        svc = self.service
-        workers = list(svc.workers)
-        queues = list(dict.fromkeys([*svc.options.queues, *(w.queue for w in workers)]))
+        now = self.figures()
+        running = [w for w in now.workers if w.running]
         # Counters and histograms count every worker this process ran, the ones replaced after a
         # shard outage too (a counter never goes down); the gauges, the workers running now.
-        ran = self._groups([*workers, *(r.worker for r in svc.retired)], queues)
-        yield from self._job_counters(ran)
-        yield from self._histograms(ran)
-        yield from self._wakeups(self._groups(workers, queues))
-        yield from self._depth_gauges(queues)
-        yield from self._periodic(list(getattr(svc, "schedulers", {}).values()))
-        reclaimed = sum(s.reclaimed for s in svc.every_stats())
+        yield from self._job_counters(self._groups(now, now.workers))
+        yield from self._histograms(self._groups(now, now.workers))
+        yield from self._wakeups(now, self._groups(now, running))
+        yield from self._depth_gauges(now)
+        yield from self._periodic(now)
         yield CounterMetricFamily("notifyq_reaper_reclaimed", "Jobs this process's reaper took back "
-                                  "from dead consumers or expired leases (any queue).", value=reclaimed)
-        conflicts = sum(w.work.conflicts.count for w in workers) + sum(
-            watcher.session.conflicts.count for presence in svc.presences.values()
-            for watcher in presence.watchers.values())
+                                  "from dead consumers or expired leases (any queue).", value=now.reclaimed)
         yield CounterMetricFamily("notifyq_db_conflicts", "Transactions of this process's workers rerun "
                                   "after error 1213: deadlocks, or on Galera certification conflicts "
-                                  "(a steady rate: writes through a second node).", value=conflicts)
+                                  "(a steady rate: writes through a second node).", value=now.conflicts)
         yield GaugeMetricFamily("notifyq_healthy", "1 while every worker loop turns (watchdog view).",
-                                value=1 if workers and svc.healthy() else 0)
+                                value=int(now.healthy))
 
-    def _groups(self, workers, queues) -> tuple[list[str], dict[tuple[str, ...], list]]:
+    @staticmethod
+    def _groups(now: ServiceFigures, workers: list[WorkerFigures]) -> tuple[list[str], dict[tuple[str, ...], list]]:
         """The labels of the per-worker families and their workers: per queue, and with [shards]
         per queue and shard (sum by (queue) for the queue)."""
-        shard_of = {id(r.worker): r.shard for r in (*self.service.running, *self.service.retired)}
-        if not self.service.config.shards:
+        queues = list(dict.fromkeys([*now.queues, *(w.queue for w in workers)]))
+        if not now.sharded:
             return ["queue"], {(q,): [w for w in workers if w.queue == q] for q in queues}
         groups: dict[tuple[str, ...], list] = {}
         for w in workers:
-            groups.setdefault((w.queue, shard_of.get(id(w), "")), []).append(w)
+            groups.setdefault((w.queue, w.shard), []).append(w)
         return ["queue", "shard"], groups
 
     def _job_counters(self, groups) -> Iterator[Any]:
@@ -144,11 +95,11 @@ class ServiceCollector:
         for name, doc in COUNTERS:
             family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=labels)
             for key, mine in by_label.items():
-                family.add_metric(list(key), sum(getattr(w.stats, name) for w in mine))
+                family.add_metric(list(key), sum(w.counters[name] for w in mine))
             yield family
         batches = CounterMetricFamily("notifyq_claim_batches", "Non-empty claims.", labels=labels)
         for key, mine in by_label.items():
-            batches.add_metric(list(key), sum(w.stats.batches for w in mine))
+            batches.add_metric(list(key), sum(w.counters["batches"] for w in mine))
         yield batches
 
     def _histograms(self, groups) -> Iterator[Any]:
@@ -166,11 +117,12 @@ class ServiceCollector:
             for key, mine in by_label.items():
                 total = make()
                 for w in mine:
-                    total.add(getattr(w.stats, attr))
+                    total.add(getattr(w, attr))
                 family.add_metric(list(key), total.buckets(), sum_value=total.sum)
             yield family
 
-    def _wakeups(self, groups) -> Iterator[Any]:
+    @staticmethod
+    def _wakeups(now: ServiceFigures, groups) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels, by_label = groups
@@ -188,24 +140,26 @@ class ServiceCollector:
         count = GaugeMetricFamily("notifyq_workers", "Worker threads.", labels=labels)
         for key, mine in by_label.items():
             key = list(key)
-            # The queue's waiter is its watcher's, shared by the queue's workers on one database.
-            watchers = list({id(w.watcher): w.watcher for w in mine}.values())
+            # The queue's watcher, shared by the queue's workers on one database.
+            queue, shard = key[0], (key[1] if now.sharded else None)
+            watchers = [x for x in now.watchers if x.queue == queue and (shard is None or x.shard == shard)]
             for kind in ("bell", "signal", "due", "timeout"):
-                wakeups.add_metric([*key, kind], sum(x.waiter.wakeups.get(kind, 0) for x in watchers))
+                wakeups.add_metric([*key, kind], sum(x.wakeups.get(kind, 0) for x in watchers))
             locks.add_metric(key, sum(1 for w in mine if w.use_locks))
             polling.add_metric(key, sum(1 for w in mine if not w.use_locks))
-            watching.add_metric(key, sum(1 for x in watchers if x.waiter.watching))
-            busy.add_metric(key, sum(1 for w in mine if w.in_handler_since is not None))
+            watching.add_metric(key, sum(1 for x in watchers if x.watching))
+            busy.add_metric(key, sum(1 for w in mine if w.busy))
             count.add_metric(key, len(mine))
         yield from (wakeups, locks, polling, watching, busy, count)
 
-    def _depth_gauges(self, queues) -> Iterator[Any]:
+    def _depth_gauges(self, now: ServiceFigures) -> Iterator[Any]:
         """Per queue; with [shards] per queue and shard (a `shard` label: sum by (queue) for the
         queue), and notifyq_db_up per shard."""
         from prometheus_client.core import GaugeMetricFamily
 
-        config = self.service.config
-        depth, ok = self._read_depth(queues)
+        config = self.config
+        queues = list(now.queues)
+        depth, ok = self._read_depth(now)
         sharded = bool(config.shards)
         extra = ["shard"] if sharded else []
         up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database"
@@ -232,17 +186,16 @@ class ServiceCollector:
                 paused.add_metric([q, *label], int(d["paused"]))
         yield from (up, jobs, age, paused)
 
-    def _read_depth(self, queues) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]]:
+    def _read_depth(self, now: ServiceFigures) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]]:
         from notifyq.ops import status
         from notifyq.store.db import Session
 
-        config = self.service.config
-        placement = getattr(self.service, "placement", None)
+        config = self.config
         with self._lock:
             if time.monotonic() - self._depth_at < DEPTH_CACHE_S:
                 return self._depth, self._depth_ok
             for shard in config.shard_names():
-                mine = [q for q in queues if placement is None or shard in placement.shards_of(q)]
+                mine = [q for q in now.queues if shard in now.shards_of.get(q, ("",))]
                 try:
                     if shard not in self._sessions:
                         self._sessions[shard] = Session(config.on_shard(shard).dsn, retry_s=2, name="metrics")
@@ -256,7 +209,8 @@ class ServiceCollector:
             self._depth_at = time.monotonic()
             return self._depth, self._depth_ok
 
-    def _periodic(self, schedulers) -> Iterator[Any]:
+    @staticmethod
+    def _periodic(now: ServiceFigures) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         leader = GaugeMetricFamily("notifyq_periodic_leader", "1 where this process enqueues the "
@@ -267,13 +221,7 @@ class ServiceCollector:
                                       "(catch-up enqueues only the most recent).", labels=["queue"])
         purged = CounterMetricFamily("notifyq_retention_purged", "Done/dead jobs deleted by "
                                      "retention.", labels=["queue"])
-        totals: dict[str, dict[str, int]] = {}
-        for scheduler in schedulers:  # one per shard: a queue's figures summed over them
-            for q, figures in scheduler.figures().items():
-                mine = totals.setdefault(q, dict.fromkeys(("leader", "enqueued", "skipped", "purged"), 0))
-                for key in mine:
-                    mine[key] += int(figures[key])
-        for q, figures in totals.items():
+        for q, figures in now.periodic.items():
             leader.add_metric([q], min(1, figures["leader"]))
             enqueued.add_metric([q], figures["enqueued"])
             skipped.add_metric([q], figures["skipped"])
@@ -290,7 +238,7 @@ class ServiceCollector:
 class MetricsServer:
     """The endpoint: a threading HTTP server answering from a registry of its own."""
 
-    def __init__(self, addr: tuple[str, int], collector: ServiceCollector):
+    def __init__(self, addr: tuple[str, int], collector: ServiceCollector, healthy: Callable[[], bool]):
         from http.server import ThreadingHTTPServer
 
         from prometheus_client import CollectorRegistry
@@ -298,6 +246,7 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.collector = collector
+        self.healthy = healthy
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:  # an IPv6 address ("::" is every interface, both families on Linux)
             import socket
@@ -335,7 +284,7 @@ def _handler_class() -> type:
             if path == "/metrics":
                 self._send(200, generate_latest(endpoint.registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
-                ok = endpoint.collector.service.healthy()
+                ok = endpoint.healthy()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
             else:
                 self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
@@ -357,9 +306,10 @@ def serve(service: Any, port: int, addr: str = "127.0.0.1") -> MetricsServer:
     """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port).
 
     Loopback by default (consumer.metrics_addr): counters and queue names are nobody else's
-    business unless the operator opens them up ("0.0.0.0", "::", or one interface's address)."""
+    business unless the operator opens them up ("0.0.0.0", "::", or one interface's address).
+    `service`: a ConsumerService; its figures(), healthy() and config are all the endpoint uses."""
     try:
-        server = MetricsServer((addr, port), ServiceCollector(service))
+        server = MetricsServer((addr, port), ServiceCollector(service.figures, service.config), service.healthy)
     except (OSError, OverflowError) as e:
         why = getattr(e, "strerror", None) or str(e)
         raise errors.ConfigError(f"consumer.metrics_addr {addr!r} port {port}: cannot listen: {why}") from None

@@ -196,12 +196,12 @@ def resume(obj: Context, a: argparse.Namespace) -> None:
 
 def _set_paused(obj: Context, queue: str, paused: bool) -> None:
     from notifyq import shards
+    from notifyq.ops import admin
     from notifyq.run import fanout
-    from notifyq.store import queries
 
     cfg = obj.oneshot_config()
     config_mod.validate_queue_name(queue)
-    answers, down = fanout.on_shards(cfg, "admin", lambda session: queries.set_paused(session, queue, paused),
+    answers, down = fanout.on_shards(cfg, "admin", lambda session: admin.set_paused(session, queue, paused),
                                      shards.Placement(cfg).shards_of(queue))
     fanout.fail_if_down(down)  # every shard of the queue, or an error naming the ones not reached
     created = all(answers.values())

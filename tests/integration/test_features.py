@@ -12,10 +12,10 @@ import time
 import pytest
 from conftest import wait_until
 
-from notifyq import errors
+from notifyq import errors, figures
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
-from notifyq.ops import admin, metrics
+from notifyq.ops import admin
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
@@ -359,10 +359,10 @@ def test_cancel_requested_asks_the_database_at_most_once_per_interval():
 
 
 def test_worker_histograms_stay_bounded():
-    h = metrics.handler_seconds_histogram()
+    h = figures.handler_seconds_histogram()
     for i in range(100_000):
         h.observe((i % 1000) / 100)
-    assert len(h.counts) == len(metrics.HANDLER_SECONDS_BUCKETS) + 1
+    assert len(h.counts) == len(figures.HANDLER_SECONDS_BUCKETS) + 1
     assert h.count == 100_000
     buckets = dict(h.buckets())
     assert buckets["+Inf"] == 100_000 and buckets["0.001"] == 100  # the zeros, le semantics

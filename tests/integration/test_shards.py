@@ -107,7 +107,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
     assert {r.shard for r in service.running} == {"a", "b"}
     # the metrics show each shard's share (sum by queue: the queue's total)
-    families = {f.name: f for f in ServiceCollector(service).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
     done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
             if s.name.endswith("_total")}
     assert sum(done.values()) == 300 and set(done) == {"a", "b"} and min(done.values()) > 0
@@ -121,7 +121,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     old = service.running[0]
     service._spawn(old.worker.queue, old.worker.handler, old.worker.name, old.shard, index=0)
     service.running[0].thread.join(30)  # nothing left to claim: it ends at once
-    families = {f.name: f for f in ServiceCollector(service).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
              if s.name.endswith("_total")}
     assert after == done and service.totals().succeeded == 300
@@ -154,7 +154,7 @@ def test_status_jobs_and_metrics_show_every_shard_and_the_total(sharded):
     shown = run_cli(env, "jobs", "show", str(job), "--shard", "b", "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == job
     service = _service(cfg, "s", [])  # not started: the collector reads depth from both shards
-    families = {f.name: f for f in ServiceCollector(service).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
     ready = {s.labels["shard"]: s.value for s in families["notifyq_queue_jobs"].samples
              if s.labels["state"] == "ready" and s.labels["queue"] == "s"}
     assert ready == {"a": 3, "b": 3}
@@ -181,7 +181,7 @@ def test_one_shard_down_the_consumer_drains_the_other_and_recovers(sharded, serv
         status = run_cli({**env, "NOTIFYQ_CONNECT_RETRY_S": "0"}, "status")
         assert status.returncode == 5 and "b: cannot reach" in status.stderr, status.stderr
         assert "  b  DOWN" in status.stdout and "\ns      a" in status.stdout, status.stdout
-        families = {f.name: f for f in ServiceCollector(service).collect()}
+        families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
         assert {s.labels["shard"]: s.value for s in families["notifyq_db_up"].samples} == {"a": 1, "b": 0}
         servers["b"].start()
         on_b.put_many([{"n": 2000 + i} for i in range(20)])

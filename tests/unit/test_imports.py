@@ -24,7 +24,7 @@ def test_importing_the_library_loads_no_metrics_or_cron_modules():
     code = ("import notifyq, notifyq.consume.service, notifyq.consume.worker\n"
             "import notifyq.produce.producer, notifyq.run.cli\n"
             "notifyq.Producer, notifyq.ConsumerService, notifyq.ConsumeOptions\n"
-            "notifyq.ops.metrics.handler_seconds_histogram().observe(0.2)")
+            "notifyq.figures.handler_seconds_histogram().observe(0.2)")
     assert loaded_after(code) == set()
 
 
@@ -53,7 +53,7 @@ def test_the_check_sees_them_once_metrics_and_cron_are_used():
             "from notifyq.consume import periodic\n"
             "from notifyq.ops import metrics\n"
             "periodic.latest_tick('* * * * *', dt.datetime.now(dt.timezone.utc))\n"
-            "metrics.MetricsServer(('127.0.0.1', 0), metrics.ServiceCollector(None)).httpd.server_close()")
+            "metrics.MetricsServer(('127.0.0.1', 0), metrics.ServiceCollector(None, None), bool).httpd.server_close()")
     assert loaded_after(code) == set(HEAVY)
 
 
