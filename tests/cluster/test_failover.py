@@ -213,7 +213,7 @@ def test_a_certification_conflict_reruns_the_whole_transaction_and_is_counted(cl
         # When node 1's transaction commits after node 2 committed a write to the same row
         one.run(pause_on_node_1, what="conflicting write")
         # Then it failed certification (1213) and ran again whole: both writes count, once each
-        assert len(attempts) == 2 and one.conflicts == 1
+        assert len(attempts) == 2 and one.conflicts.count == 1
 
         def paused(cur):
             cur.execute("SELECT paused FROM nq_queue WHERE queue = 'conflict'")
