@@ -11,7 +11,8 @@ from notifyq.errors import NotifyqError
 from notifyq.jobs import Job, Status
 
 if TYPE_CHECKING:
-    from notifyq.consume.service import ConsumeOptions, ConsumerService
+    from notifyq.consume.service import ConsumeOptions
+    from notifyq.sharding.service import ConsumerService
     from notifyq.sharding.producer import Producer
 
 __all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
@@ -20,7 +21,7 @@ __all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError",
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
 _LAZY = {"Producer": "notifyq.sharding.producer", "ConsumeOptions": "notifyq.consume.service",
-         "ConsumerService": "notifyq.consume.service"}
+         "ConsumerService": "notifyq.sharding.service"}
 
 
 def __getattr__(name: str) -> Any:

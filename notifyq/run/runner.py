@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from notifyq import errors, shards
 from notifyq.config import Config
-from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.consume.service import ConsumeOptions
+from notifyq.sharding.service import ConsumerService
 from notifyq.run import echo
 from notifyq.store import schema
 from notifyq.store.db import Session, oneshot_session

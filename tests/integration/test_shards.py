@@ -15,7 +15,8 @@ from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli,
 from notifyq import config as config_mod
 from notifyq import errors, shards
 from notifyq.config import DSN
-from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.consume.service import ConsumeOptions
+from notifyq.sharding.service import ConsumerService
 from notifyq.ops.metrics import ServiceCollector
 from notifyq.sharding import producer as producer_mod
 from notifyq.sharding.producer import Producer
@@ -105,7 +106,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     service = _service(cfg, "s", seen, exit_when_empty=True)
     assert service.run(threading.Event()) == 0
     assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
-    assert {r.shard for r in service.running} == {"a", "b"}
+    assert set(service.services) == {"a", "b"} and all(x.running for x in service.services.values())
     # the metrics show each shard's share (sum by queue: the queue's total)
     families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
     done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
@@ -118,9 +119,10 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     assert calls == done
     # When a slot's worker is replaced (as after a shard outage), its counts stay in the totals:
     # a counter never goes down
-    old = service.running[0]
-    service._spawn(old.worker.queue, old.worker.handler, old.worker.name, old.shard, index=0)
-    service.running[0].thread.join(30)  # nothing left to claim: it ends at once
+    on_a = service.services["a"]
+    old = on_a.running[0]
+    on_a._spawn(old.worker.queue, old.worker.handler, old.worker.name, index=0)
+    on_a.running[0].thread.join(30)  # nothing left to claim: it ends at once
     families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
              if s.name.endswith("_total")}
@@ -262,15 +264,16 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
     stop = threading.Event()
     service = _service(cfg, "s", seen, workers=2)
     runner = threading.Thread(target=service.run, args=(stop,))
-    presence_b = service.presences["b"]
+    on_b_service = service.services["b"]
+    presence_b = on_b_service.presence
     try:
         runner.start()
         wait_until(lambda: all(w.work.connected for w in service.workers), message="every worker connected")
         first = list(service.workers)
         servers["b"].kill()
-        wait_until(lambda: service.retired and any(w not in first for w in service.workers),
+        wait_until(lambda: on_b_service.retired and any(w not in first for w in service.workers),
                    timeout=150, message="a worker of b ended past the connect retry and was restarted")
-        assert all(r.worker.presence is presence_b for r in service.running if r.shard == "b")
+        assert all(r.worker.presence is presence_b for r in on_b_service.running)
         assert service.healthy() and runner.is_alive()
         servers["b"].start()
         with Producer("s", cfg.on_shard("b")) as on_b:
@@ -281,7 +284,7 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
         ours = ("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = %s AND USER = %s")
         wait_until(lambda: dbs["b"].query(ours, (dbs["b"].dsn.database, dbs["b"].dsn.user))[0][0] <= 2 + 1 + 1,
                    message="at most workers + queues + 1 sessions on b")
-        assert len(service.presences) == 2 and service.presences["b"] is presence_b
+        assert len(service.services) == 2 and service.services["b"].presence is presence_b
     finally:
         stop.set()
         runner.join(60)

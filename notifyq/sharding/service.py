@@ -1,0 +1,201 @@
+"""notifyq.ConsumerService, and the consumer of a deployment with [shards]: one one-server
+ConsumerService per shard (notifyq/consume/service.py), each with the queues that live there,
+sharing the process's stop, its --max-jobs budget and one supervision loop.
+
+What sharding adds to the one-server services: they start together (a shard down at start is
+passed over and its workers retry, unless every shard is down), a worker whose shard is gone is
+restarted after a pause instead of ending the process, one shard down keeps the watchdog fed,
+and the status line names the shards that are down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+
+from notifyq import errors, shards
+from notifyq.config import Config, validate_queue_name
+from notifyq.consume import service as one_server
+from notifyq.consume.service import ConsumeOptions, Supervisor
+from notifyq.consume.stats import Budget, Stats
+from notifyq.consume.summary import Summary
+from notifyq.consume.worker import Worker
+from notifyq.figures import ServiceFigures
+
+log = logging.getLogger("notifyq.service")
+PROBE_GRACE_S = 3.0  # at start, how long the other shards may take once one has answered
+
+
+class ConsumerService(one_server.ConsumerService):
+    """Consume `options.queues` (notifyq.ConsumerService): on one server, the one-server
+    service itself; with [shards], a ShardedConsumerService, which has the same methods."""
+
+    def __new__(cls, config: Config, options: ConsumeOptions, notifier=None):
+        if isinstance(config, Config) and config.shards:
+            return ShardedConsumerService(config, options, notifier)
+        return super().__new__(cls)
+
+
+class ShardedConsumerService(Supervisor):
+    def __init__(self, config: Config, options: ConsumeOptions, notifier=None):
+        if not options.queues:
+            raise errors.ConfigError("no queue: pass -q QUEUE (or --profile NAME)")
+        for q in options.queues:
+            validate_queue_name(q)
+        self.config = config
+        self.options = options
+        self.notifier = notifier
+        self.stop = threading.Event()
+        self.budget = Budget(options.max_jobs)
+        self.placement = shards.Placement(config)
+        self.summary = Summary(config.log.summary_s)
+        # Per shard, the service of the queues whose jobs live there.
+        self.services: dict[str, one_server.ConsumerService] = {}
+        for shard in config.shard_names():
+            mine = tuple(q for q in options.queues if shard in self.placement.shards_of(q))
+            if mine:
+                self.services[shard] = one_server.ConsumerService(
+                    self._shard_config(config, shard), dataclasses.replace(options, queues=mine),
+                    stop=self.stop, budget=self.budget, shard=shard)
+
+    def _shard_config(self, config: Config, shard: str) -> Config:
+        """What a shard's service runs with: its dsn, and only the periodic entries of the queues
+        whose home it is (a spread queue's ticks are enqueued once, on its home)."""
+        homed = {q: e for q, e in config.periodic.items() if self.placement.home(q) == shard}
+        return dataclasses.replace(config.on_shard(shard), periodic=homed)
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [w for service in self.services.values() for w in service.workers]
+
+    def threads(self) -> list[threading.Thread]:
+        return [t for service in self.services.values() for t in service.threads()]
+
+    def every_stats(self) -> list[Stats]:
+        return [s for service in self.services.values() for s in service.every_stats()]
+
+    # -------------------------------------------------------- start
+
+    def start(self, stop_requested: threading.Event | None = None) -> None:
+        up = self._probe(stop_requested)
+        if up is None:
+            return  # stopped before any shard answered: nothing started, a clean exit
+        n = 1
+        for shard, service in self.services.items():
+            n = service.start_workers(first=n, checked=shard in up)
+        where = ",".join(f"{s}={self.config.shards[s].masked()}" for s in self.config.shard_names())
+        log.info("consumer started pid=%d queues=%s workers=%d shards=%s", os.getpid(),
+                 ",".join(self.options.queues), n - 1, where)
+
+    def _probe(self, stop_requested: threading.Event | None) -> list[str] | None:
+        """Every shard's schema checked at once; the shards that answer, or None when stopped.
+        A shard down at start is logged and its workers retry; all of them down is an error."""
+        outcome: dict[str, BaseException | None] = {}
+
+        def probe(shard: str) -> None:
+            try:
+                outcome[shard] = None if self.services[shard].probe(stop_requested) else \
+                    errors.TransientDBError("stopped")
+            except Exception as e:
+                outcome[shard] = e
+
+        names = list(self.services)
+        threads = [threading.Thread(target=probe, args=(s,), name=f"notifyq-probe-{s}", daemon=True)
+                   for s in names]
+        for thread in threads:
+            thread.start()
+        # Once one shard answered, the others get PROBE_GRACE_S more: a shard that is down must
+        # not hold back the start on the others for the whole connect retry.
+        grace_until = None
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(0.05)
+            if grace_until is None and any(outcome.get(s, 1) is None for s in names):
+                grace_until = time.monotonic() + PROBE_GRACE_S
+            if grace_until is not None and time.monotonic() > grace_until:
+                break
+        if stop_requested is not None and stop_requested.is_set():
+            if any(isinstance(e, errors.TransientDBError) for e in outcome.values()):
+                return None
+        failed = {s: outcome.get(s) or errors.TransientDBError("no answer yet") for s in names
+                  if outcome.get(s, True) is not None}
+        for e in failed.values():
+            if not isinstance(e, errors.DatabaseError) or len(failed) == len(names):
+                raise e
+        for shard, e in failed.items():
+            log.warning("shard down at start, its workers retry shard=%s error=%s", shard, e)
+        return [s for s in names if s not in failed]
+
+    # -------------------------------------------------------- supervision
+
+    def failed(self) -> bool:
+        """A worker's error ends the process, except its shard's server gone (restarted here)."""
+        if self.options.exit_when_empty:
+            return any(w.error for w in self.workers)
+        return any(w.error is not None and not isinstance(w.error, errors.DatabaseError) for w in self.workers)
+
+    def finished(self) -> bool:
+        restarting = not self.options.exit_when_empty
+        return all(not r.thread.is_alive() and not (restarting and service.lost(r))
+                   for service in self.services.values() for r in service.running) and \
+            not any(service._respawn_at for service in self.services.values())
+
+    def turn(self) -> None:
+        for shard, service in self.services.items():
+            if not self.options.exit_when_empty:
+                service.respawn_lost_workers()
+            try:  # one shard's server gone must not stop the others' ticks, nor the process
+                service.turn()
+            except errors.DatabaseError as e:
+                log.warning("periodic: shard unreachable shard=%s error=%s", shard, e)
+
+    def healthy(self) -> bool:
+        return all(service.healthy(outage_is_healthy=True) for service in self.services.values())
+
+    def shards_down(self) -> list[str]:
+        """Shards whose workers are all reconnecting or waiting to restart."""
+        return sorted(shard for shard, service in self.services.items() if service.is_down())
+
+    def status_line(self) -> str:
+        down = self.shards_down()
+        return self._status(f" shards_down={','.join(down)}" if down else "")
+
+    def figures(self) -> ServiceFigures:
+        parts = [service.figures() for service in self.services.values()]
+        periodic: dict[str, dict[str, int]] = {}
+        for part in parts:  # a queue's figures summed over its shards
+            for queue, figures in part.periodic.items():
+                mine = periodic.setdefault(queue, dict.fromkeys(figures, 0))
+                for key, value in figures.items():
+                    mine[key] += value
+        return ServiceFigures(
+            queues=tuple(dict.fromkeys(self.options.queues)), sharded=True,
+            healthy=bool(self.workers) and self.healthy(),
+            workers=[w for part in parts for w in part.workers],
+            watchers=[w for part in parts for w in part.watchers], periodic=periodic,
+            reclaimed=sum(part.reclaimed for part in parts), conflicts=sum(part.conflicts for part in parts),
+            shards_of={q: self.placement.shards_of(q) for q in self.options.queues})
+
+    def reload(self, new: Config) -> None:
+        self.config = new
+        self.placement = shards.Placement(new)  # the same shards: queue shard = ... needs a restart
+        for shard, service in self.services.items():
+            service.reload(self._shard_config(new, shard))
+
+    # -------------------------------------------------------- shutdown
+
+    def shutdown(self) -> None:
+        grace = self.config.consumer.shutdown_grace_s
+        if self.notifier:
+            self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")
+        for service in self.services.values():
+            service.begin_shutdown()
+        deadline = time.monotonic() + grace
+        for service in self.services.values():
+            service.finish_shutdown(deadline)
+        t = self.totals()
+        log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d",
+                 t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks)
