@@ -1,0 +1,171 @@
+"""The status pages over plain HTTP (no browser): read-only by default, CSRF-checked forms,
+escaped payloads and errors, no password on any page, the action log, the command's errors."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import subprocess
+
+from conftest import RUNTIME_PASSWORD, notifyq_cmd, run_cli, wait_until
+from web.conftest import TOKEN, Client, dead_job, produce
+
+PAGES = ("/", "/consumers", "/jobs", "/dead", "/periodic")
+
+
+def _status(db, job_id: int) -> int:
+    return db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,))
+
+
+def test_the_pages_are_read_only_by_default(db, web):
+    # Given a dead job and a server started without an actions token
+    job = dead_job(db)
+    w = web()
+    c = Client(w.url)
+    # When every page is read
+    for path in (*PAGES, f"/jobs/{job}"):
+        code, body = c.get(path)
+        # Then it answers, with no action form and no sign-in link
+        assert code == 200, (path, body)
+        assert 'action="/act"' not in body and "/login" not in body and "read-only" in body
+    # And a posted action is refused, whatever it carries, and changes nothing
+    code, body, _ = c.post("/act", {"verb": "retry", "job": str(job), "csrf": "0" * 64})
+    assert code == 403 and "read-only" in body
+    code, body, _ = c.post("/act", {"verb": "retry", "job": str(job)}, {"Authorization": f"Bearer {TOKEN}"})
+    assert code == 403
+    assert c.get("/login")[0] == 404
+    assert _status(db, job) == 4
+
+
+def test_payloads_and_errors_are_shown_as_text(db, web):
+    # Given a dead job whose payload and error both hold markup
+    job = dead_job(db, payload='{"html": "<script>window.pwned = 1</script><img src=x onerror=alert(1)>"}')
+    c = Client(web().url)
+    # When its page and the dead list are read
+    for path in (f"/jobs/{job}", "/dead", "/jobs?state=dead&queue=mail"):
+        code, body = c.get(path)
+        assert code == 200
+        # Then the markup is escaped, never sent as markup
+        assert "<script>window" not in body and "<img src=x" not in body and "<b>refused" not in body
+        assert "&lt;b&gt;refused&lt;/b&gt;" in body
+    code, body = c.get(f"/jobs/{job}")
+    assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in body
+    # And even a missed escape could not run: no inline script is allowed
+    _, _, headers = c.request("/")
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert "unsafe-inline" not in headers["Content-Security-Policy"]
+
+
+def test_the_database_password_appears_on_no_page(db, web):
+    job = dead_job(db)
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in() == 303
+    for path in (*PAGES, f"/jobs/{job}", "/jobs?state=dead", "/login"):
+        code, body = c.get(path)
+        assert RUNTIME_PASSWORD not in body, path
+
+
+def test_an_action_without_this_browsers_csrf_token_is_refused(db, web):
+    # Given a dead job and a signed-in browser on a server with actions enabled
+    job = dead_job(db)
+    w = web(token=TOKEN)
+    c = Client(w.url)
+    assert c.sign_in() == 303
+    form = {"verb": "retry", "job": str(job), "back": "/dead"}
+    # When the form comes without a CSRF token, with a made-up one, or with another browser's
+    other = Client(w.url)
+    for csrf in (None, "0" * 64, other.csrf()):
+        code, body, _ = c.post("/act", {**form, **({"csrf": csrf} if csrf else {})})
+        # Then it is refused and the job stays dead
+        assert code == 403 and "CSRF" in body
+        assert _status(db, job) == 4
+    # And with this browser's own token it is done
+    code, _, headers = c.post("/act", {**form, "csrf": c.csrf()})
+    assert code == 303 and headers["Location"] == "/dead"
+    assert _status(db, job) == 0
+
+
+def test_an_action_needs_a_signed_in_browser_or_the_token(db, web, caplog):
+    # Given two dead jobs and a server with actions enabled
+    first, second = dead_job(db), dead_job(db)
+    c = Client(web(token=TOKEN).url)
+    # When a browser that has not signed in posts a well-formed form
+    code, body, _ = c.post("/act", {"verb": "retry", "job": str(first), "csrf": c.csrf()})
+    # Then it is refused
+    assert code == 403 and "sign in" in body and _status(db, first) == 4
+    # And a wrong token signs nobody in
+    assert c.sign_in(token="wrong-token-wrong-token") == 403
+    # And a script with the token retries by bearer header; a wrong one is refused
+    code, body, _ = c.post("/act", {"verb": "retry", "job": str(second)}, {"Authorization": "Bearer nope-nope-nope-nope"})
+    assert code == 403 and _status(db, second) == 4
+    with caplog.at_level(logging.INFO, logger="notifyq.web"):
+        code, body, _ = c.post("/act", {"verb": "retry", "job": str(second)}, {"Authorization": f"Bearer {TOKEN}"})
+    assert code == 200 and body.strip() == f"job {second}: retried"
+    assert _status(db, second) == 0
+    # And each action is logged with who and what
+    assert any(f"who=token@127.0.0.1 action=retry job={second}" in r.getMessage() for r in caplog.records)
+
+
+def test_signed_in_actions_are_logged_with_the_name_given(db, web, caplog):
+    job = dead_job(db)
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in(who="alice") == 303
+    with caplog.at_level(logging.INFO, logger="notifyq.web"):
+        for verb in ("pause", "resume"):
+            assert c.post("/act", {"verb": verb, "queue": "mail", "csrf": c.csrf()})[0] == 303
+        assert c.post("/act", {"verb": "purge", "job": str(job), "csrf": c.csrf(), "back": "/dead"})[0] == 303
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web action")]
+    assert [re.search(r"action=(\S+)", line).group(1) for line in lines] == ["pause", "resume", "purge"]
+    assert all("who=alice@127.0.0.1" in line for line in lines)
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job,)) == 0
+    # And the outcome is shown once on the next page
+    assert f"job {job}: purged" in c.get("/dead")[1]
+    assert f"job {job}: purged" not in c.get("/dead")[1]
+
+
+def test_bad_filters_are_one_clear_error(db, web):
+    c = Client(web().url)
+    produce(db, "mail", "{}")
+    for path, words in (("/jobs?state=lost", "state 'lost'"), ("/jobs?queue=a%20b", "invalid queue name"),
+                        ("/jobs?dedup=k", "within a queue"), ("/jobs?limit=0", "limit 0"),
+                        ("/jobs?id=x", "expected a job id")):
+        code, body = c.get(path)
+        assert code == 400 and words in body.replace("&#39;", "'"), (path, body)
+    assert c.get("/jobs/99999")[0] == 404
+
+
+def test_the_command_refuses_bad_input_in_one_line(db, tmp_path):
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    for args, env, code, words in (
+            (("--port", "70000"), {}, 2, "--port"),
+            (("--actions-token-file", str(tmp_path / "missing")), {}, 2, "--actions-token-file"),
+            (("--actions-token-file", str(short)), {}, 3, "at least 16 characters"),
+            ((), {"NOTIFYQ_WEB_TOKEN": "short"}, 3, "NOTIFYQ_WEB_TOKEN"),
+            (("--bind", "203.0.113.1"), {}, 3, "cannot listen")):
+        r = run_cli({**db.env, **env}, "web", "--port", "0", *args, timeout=30)
+        assert r.returncode == code, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, (args, r.stderr)
+
+
+def test_the_command_serves_until_sigterm(db):
+    # Given `notifyq web` started on a free port with a token in the environment
+    proc = subprocess.Popen(notifyq_cmd("web", "--port", "0"), env={**db.env, "NOTIFYQ_WEB_TOKEN": TOKEN},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = wait_until(lambda: _url_line(proc), timeout=30, message="the listening line")
+        url = re.search(r"http://\S+", line).group(0)
+        # Then it answers on loopback, with actions enabled, and never prints the token
+        assert url.startswith("http://127.0.0.1:") and "actions enabled" in line and TOKEN not in line
+        code, body = Client(url).get("/")
+        assert code == 200 and "sign in to act" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def _url_line(proc: subprocess.Popen) -> str | None:
+    line = proc.stderr.readline()
+    assert line or proc.poll() is None, "notifyq web exited"
+    return line if "http://" in line else None
