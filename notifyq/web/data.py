@@ -19,7 +19,8 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.ops import admin
 from notifyq.store import admin_queries, queries, schema
-from notifyq.store.db import DriverError, Session, describe
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, describe
 from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.web")
@@ -97,16 +98,20 @@ def _queue_figures(session: Session) -> dict[str, Any]:
     for _cid, _host, _pid, qs, _started, _seen, _wakeup, is_alive in admin_queries.consumers(session):
         for q in qs.split(","):
             alive[q] = alive.get(q, 0) + int(bool(is_alive))
-    cap = admin_queries.WEB_COUNT_CAP
+    cap, sample = admin_queries.WEB_COUNT_CAP, admin_queries.WEB_RETRY_SAMPLE
     out = {}
     for name, paused, _watched, _total in rows:
         f = figures[name]
         d = f["depth"]
-        depth = {"ready": d["ready"] + d["due"], "scheduled": d["scheduled"] - d["retrying"],
-                 "retrying": d["retrying"], "claimed": d["claimed"], "dead": d["dead"], "done": d["done"]}
+        retrying, estimated = d["retrying"], d["scheduled"] > sample
+        if estimated:  # the share of retries among the soonest due, over every scheduled job
+            retrying = round(retrying / sample * d["scheduled"])
+        depth = {"ready": d["ready"] + d["due"], "scheduled": d["scheduled"] - retrying,
+                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "done": d["done"]}
         capped = {"ready": cap in (d["ready"], d["due"]), "scheduled": d["scheduled"] == cap,
                   "retrying": d["scheduled"] == cap, "claimed": d["claimed"] == cap,
                   "dead": d["dead"] == cap, "done": d["done"] == cap}
+        approx = {state: estimated and state in ("scheduled", "retrying") for state in depth}
         due = f["oldest"].get("scheduled")
         firsts = [t for t in (f["oldest"].get("ready"), due if due is not None and due <= now else None) if t]
         minutes = admin_queries.WEB_RATE_MINUTES
@@ -114,7 +119,8 @@ def _queue_figures(session: Session) -> dict[str, Any]:
         for status, ago, n in f["rate"]:
             if 0 <= ago < minutes:
                 rate["done" if status == Status.DONE else "dead"][ago] += n
-        out[name] = {"paused": bool(paused), "depth": depth, "capped": capped, "consumers": alive.get(name, 0),
+        out[name] = {"paused": bool(paused), "depth": depth, "capped": capped, "approx": approx,
+                     "consumers": alive.get(name, 0),
                      "oldest_ready_age_s": _age_s(now, min(firsts)) if firsts else None, "rate": rate}
     return {"now": now, "queues": out}
 
@@ -125,7 +131,7 @@ def overview(reader: Reader) -> dict[str, Any]:
             for name, q in sorted(data["queues"].items())]
     rows.sort(key=lambda r: (r["name"], r["shard"]))
     return {"queues": rows, "down": down, "where": reader.where(), "cap": admin_queries.WEB_COUNT_CAP,
-            "minutes": admin_queries.WEB_RATE_MINUTES}
+            "sample": admin_queries.WEB_RETRY_SAMPLE, "minutes": admin_queries.WEB_RATE_MINUTES}
 
 
 def _consumers(session: Session) -> list[dict[str, Any]]:

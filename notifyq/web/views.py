@@ -42,8 +42,8 @@ def when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def count(n: int, capped: bool = False) -> str:
-    return f"{n:,}+" if capped else f"{n:,}"
+def count(n: int, capped: bool = False, approx: bool = False) -> str:
+    return ("≈" if approx else "") + (f"{n:,}+" if capped else f"{n:,}")
 
 
 def chart(rate: dict[str, list[int]]) -> dict[str, Any]:

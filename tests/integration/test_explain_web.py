@@ -34,7 +34,7 @@ def _plan(db, name: str, params: dict) -> list[dict]:
     return [dict(zip(names, r[:6] + r[-4:] if len(r) > 10 else r)) for r in rows]
 
 
-PARAMS = {"queue": "q", "cap": 100_000, "minutes": 15, "buckets": 16, "status": 4, "limit": 50}
+PARAMS = {"queue": "q", "cap": 100_000, "sample": 1000, "minutes": 15, "buckets": 16, "status": 4, "limit": 50}
 
 
 @pytest.mark.parametrize("name", WEB_READS)
