@@ -169,3 +169,72 @@ def _url_line(proc: subprocess.Popen) -> str | None:
     line = proc.stderr.readline()
     assert line or proc.poll() is None, "notifyq web exited"
     return line if "http://" in line else None
+
+
+def test_the_consumers_page_shows_a_live_consumer_and_the_jobs_in_its_hands(db, web, tmp_path):
+    # Given a consumer process holding one job in a slow handler
+    produce(db, "mail", "{}")
+    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NQ_TEST_SLEEP": "60"}
+    proc = subprocess.Popen(notifyq_cmd("consume", "-q", "mail", "--handler", "nqhandlers:record_slow"),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        c = Client(web().url)
+        # When the consumers page is read
+        row = wait_until(lambda: _consumer_row(c, proc.pid), timeout=30, message="the consumer's row")
+        # Then its row names the host, the queue, the job in hand and a live lock
+        assert ">mail</a>" in row and '<td class="num">1</td>' in row and "alive (lock held)" in row
+        # And the overview counts it, and the job as claimed
+        body = c.get("/")[1]
+        assert re.search(r'data-state="claimed"><a [^>]*>1</a>', body)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _consumer_row(c: Client, pid: int) -> str | None:
+    body = c.get("/consumers")[1]
+    for row in body.split("<tr>")[1:]:
+        if f'<td class="num">{pid}</td>' in row and '<td class="num">1</td>' in row:
+            return row
+    return None
+
+
+def test_the_periodic_page_shows_last_and_next_tick(db, web):
+    # Given a periodic entry in the config that has ticked once
+    config = {"queue": {"reports": {"periodic": [{"cron": "*/5 * * * *", "name": "daily-digest"}]}}}
+    db.query("INSERT INTO nq_periodic (queue, name, last_tick) VALUES ('reports', 'daily-digest', "
+             "'2026-01-02 03:05:00')")
+    # When the periodic page is read
+    code, body = Client(web(**config).url).get("/periodic")
+    # Then the entry shows its cron, its last tick, a next tick and no leader (no consumer runs)
+    assert code == 200
+    row = body.split('<td>daily-digest</td>', 1)[1].split("</tr>", 1)[0]
+    assert "*/5 * * * *" in row and "2026-01-02 03:05:00" in row and "none (no consumer holds the lock)" in row
+    assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d[05]:00</td>", row), row
+
+
+def test_jobs_are_found_by_state_queue_and_dedup_key_and_cancelled(db, web):
+    # Given jobs on two queues, one with a dedup key
+    produce(db, "mail", "{}", "{}")
+    (keyed,) = produce(db, "mail", '{"order": 42}', flags=("--dedup-key", "order-42"))
+    produce(db, "thumbs", "{}")
+    c = Client(web(token=TOKEN).url)
+    # When the jobs page is filtered
+    ids = lambda path: [int(i) for i in re.findall(r'<tr data-job="(\d+)">', c.get(path)[1])]  # noqa: E731
+    # Then it lists what the filter names
+    assert len(ids("/jobs")) == 4 and len(ids("/jobs?queue=mail")) == 3 and len(ids("/jobs?queue=mail&limit=2")) == 2
+    assert ids("/jobs?queue=mail&dedup=order-42") == [keyed]
+    assert ids("/jobs?queue=thumbs&dedup=order-42") == [] and ids("/jobs?state=dead") == []
+    # And a signed-in browser cancels the keyed job (pending: deleted)
+    assert c.sign_in() == 303
+    assert c.post("/act", {"verb": "cancel", "job": str(keyed), "csrf": c.csrf()})[0] == 303
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (keyed,)) == 0
+    assert f"job {keyed}: deleted" in c.get("/jobs")[1]
+
+
+def test_a_form_goes_back_only_to_a_page_of_this_site():
+    from notifyq.web.server import _back
+
+    assert _back("/dead?queue=mail") == "/dead?queue=mail"
+    for bad in ("//evil.example/", "https://evil.example/", "/\\evil.example", "", None, "jobs"):
+        assert _back(bad) == "/"
