@@ -71,6 +71,7 @@ class WebServer:
             raise errors.ConfigError(f"--bind {addr[0]} --port {addr[1]}: cannot listen: {why}") from None
         self.httpd.daemon_threads = True
         self.httpd.web = self  # type: ignore[attr-defined]
+        self.loopback = _loopback(addr[0])
 
     @property
     def url(self) -> str:
@@ -180,7 +181,16 @@ def _handler_class() -> type:
         def do_HEAD(self) -> None:  # noqa: N802
             self.do_GET()
 
+        def _misdirected(self) -> bool:
+            if _host_ok(self.web, self.headers.get("Host")):
+                return False
+            self._send(421, b"misdirected: this server answers to its loopback address only\n",
+                       "text/plain; charset=utf-8")
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self._misdirected():
+                return
             parts = urllib.parse.urlsplit(self.path)
             path = parts.path
             query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, max_num_fields=20).items()}
@@ -241,6 +251,8 @@ def _handler_class() -> type:
         # ------------------------------------------------------------ POST
 
         def do_POST(self) -> None:  # noqa: N802
+            if self._misdirected():
+                return
             sid, new = self._session()
             try:
                 length = int(self.headers.get("Content-Length", "0"))
@@ -309,6 +321,28 @@ def _handler_class() -> type:
             self._redirect(_back(form.get("back")))
 
     return Handler
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _host_ok(web: WebServer, host: str | None) -> bool:
+    """On loopback, only requests addressed to loopback: a page of another site whose name
+    was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
+    if not web.loopback:
+        return True
+    name = (host or "").strip().lower()
+    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
+    return name in LOOPBACK_NAMES or name.startswith("127.")
 
 
 def _job_id(text: str | None) -> int | None:

@@ -238,3 +238,14 @@ def test_a_form_goes_back_only_to_a_page_of_this_site():
     assert _back("/dead?queue=mail") == "/dead?queue=mail"
     for bad in ("//evil.example/", "https://evil.example/", "/\\evil.example", "", None, "jobs"):
         assert _back(bad) == "/"
+
+
+def test_on_loopback_only_requests_addressed_to_loopback_are_answered(db, web):
+    # Given the server on 127.0.0.1 (the default)
+    c = Client(web().url)
+    # When a request names another host (a rebinding attacker's name for 127.0.0.1)
+    code, body, _ = c.request("/", headers={"Host": "evil.example:8089"})
+    # Then it is refused, and the loopback names are answered
+    assert code == 421
+    for host in ("127.0.0.1:8089", "localhost:8089", "[::1]:8089", "localhost"):
+        assert c.request("/", headers={"Host": host})[0] == 200, host
