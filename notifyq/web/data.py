@@ -48,10 +48,16 @@ class Reader:
         return bool(self.config.shards)
 
     def check(self) -> None:
-        """At start: every shard reachable with the current schema, or the first error."""
-        for session, lock in self._shards.values():
-            with lock:
-                schema.require_current(session)
+        """At start: the server reachable with the current schema, or its error. With [shards]
+        a shard that is down is only logged (the pages name it); a wrong schema is an error."""
+        for name, (session, lock) in self._shards.items():
+            try:
+                with lock:
+                    schema.require_current(session)
+            except errors.DatabaseError as e:
+                if not self.sharded:
+                    raise
+                log.warning("web: shard %r is down at start: %s", name, e)
 
     def each(self, work: Callable[[Session], T], shards: list[str] | None = None) -> tuple[dict[str, T], dict[str, str]]:
         answers: dict[str, T] = {}

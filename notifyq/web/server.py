@@ -27,6 +27,7 @@ from typing import Any
 
 from notifyq import errors
 from notifyq.config import Config
+from notifyq.store.driver import DriverError, describe
 from notifyq.web import auth, data, views
 
 log = logging.getLogger("notifyq.web")
@@ -228,6 +229,8 @@ def _handler_class() -> type:
                 self._message(400, str(e), sid, new)
             except errors.NotifyqError as e:
                 self._message(503, f"database: {e}", sid, new)
+            except DriverError as e:
+                self._message(503, f"database: {describe(e)}", sid, new)
             except Exception:  # a bug: logged with its traceback, the browser gets a page
                 log.exception("web: page %s failed", path)
                 self._send(500, b"internal error: see the notifyq web log\n", "text/plain; charset=utf-8")
@@ -307,8 +310,8 @@ def _handler_class() -> type:
                     raise errors.InputError(f"no action {verb!r}")
                 job_id = _job_id(form.get("job"))
                 outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue)
-            except errors.NotifyqError as e:
-                outcome = f"{verb} refused: {e}"
+            except (errors.NotifyqError, DriverError) as e:
+                outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
                 code = 400 if isinstance(e, errors.InputError) else 503
             else:
                 code = 200

@@ -249,3 +249,18 @@ def test_on_loopback_only_requests_addressed_to_loopback_are_answered(db, web):
     assert code == 421
     for host in ("127.0.0.1:8089", "localhost:8089", "[::1]:8089", "localhost"):
         assert c.request("/", headers={"Host": host})[0] == 200, host
+
+
+def test_deep_states_are_counted_up_to_the_cap_and_retries_estimated(db, web):
+    # Given 20,005 ready jobs, and 1,500 scheduled ones of which every other has run before
+    db.query("INSERT INTO nq_queue (queue) VALUES ('deep')")
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) "
+             "SELECT 'deep', 0, UTC_TIMESTAMP(6), 5, '{}' FROM seq_1_to_20005")
+    db.query("INSERT INTO nq_job (queue, status, run_at, attempts, max_attempts, payload) "
+             "SELECT 'deep', 1, UTC_TIMESTAMP(6) + INTERVAL seq SECOND, seq % 2, 5, '{}' FROM seq_1_to_1500")
+    # When the overview is read
+    body = Client(web().url).get("/")[1]
+    cells = dict(re.findall(r'data-state="(\w+)"><a [^>]*>([^<]*)</a>', body))
+    # Then ready stops at the cap, and the retries are an estimate from the sample, marked so
+    assert cells["ready"] == "20,000+"
+    assert cells["retrying"] == "≈750" and cells["scheduled"] == "≈750"
