@@ -38,9 +38,13 @@ _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_
 class Reader:
     """A session per shard ("" for one server), each used under its own lock."""
 
-    def __init__(self, config: Config, retry_s: float = 2.0):
+    def __init__(self, config: Config):
         self.config = config
-        self._shards = {name: (Session(config.on_shard(name).dsn, retry_s=retry_s, name="web"), threading.Lock())
+        # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
+        # the retries are logged at DEBUG only (the page, or the start's one line, says it).
+        retry_s = config.connect_retry(oneshot=True)
+        self._shards = {name: (Session(config.on_shard(name).dsn, retry_s=retry_s, name="web",
+                                       retry_log_level=logging.DEBUG), threading.Lock())
                         for name in config.shard_names()}
 
     @property
