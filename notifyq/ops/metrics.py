@@ -8,6 +8,7 @@ DEPTH_CACHE_S so several scrapers do not multiply it).
 
     /metrics  the text exposition format
     /healthz  200 while every worker loop turns (what the systemd watchdog is fed), else 503
+    /...      with consumer.metrics_pages, the status pages, read-only (handed to notifyq.web)
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ class ServiceCollector:
 class MetricsServer:
     """The endpoint: a threading HTTP server answering from a registry of its own."""
 
-    def __init__(self, addr: tuple[str, int], collector: ServiceCollector):
+    def __init__(self, addr: tuple[str, int], collector: ServiceCollector, pages: Any = None):
         from http.server import ThreadingHTTPServer
 
         from prometheus_client import CollectorRegistry
@@ -298,6 +299,7 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.collector = collector
+        self.pages = pages  # answer(request) for every other GET, or None
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:  # an IPv6 address ("::" is every interface, both families on Linux)
             import socket
@@ -318,6 +320,8 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.collector.close()
+        if self.pages is not None:
+            self.pages.close()
 
 
 @functools.cache
@@ -337,6 +341,8 @@ def _handler_class() -> type:
             elif path == "/healthz":
                 ok = endpoint.collector.service.healthy()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+            elif endpoint.pages is not None:
+                endpoint.pages(self)
             else:
                 self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
 
@@ -353,13 +359,14 @@ def _handler_class() -> type:
     return Handler
 
 
-def serve(service: Any, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+def serve(service: Any, port: int, addr: str = "127.0.0.1", pages: Any = None) -> MetricsServer:
     """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port).
+    `pages`: what answers the other paths (the status pages, notifyq.web.server.mount).
 
     Loopback by default (consumer.metrics_addr): counters and queue names are nobody else's
     business unless the operator opens them up ("0.0.0.0", "::", or one interface's address)."""
     try:
-        server = MetricsServer((addr, port), ServiceCollector(service))
+        server = MetricsServer((addr, port), ServiceCollector(service), pages)
     except (OSError, OverflowError) as e:
         why = getattr(e, "strerror", None) or str(e)
         raise errors.ConfigError(f"consumer.metrics_addr {addr!r} port {port}: cannot listen: {why}") from None

@@ -22,7 +22,9 @@ import importlib.resources
 import logging
 import re
 import threading
+import types
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from notifyq import errors
@@ -48,36 +50,17 @@ _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 VERBS = ("retry", "cancel", "purge", "pause", "resume", "retry-dead")
 
 
-class WebServer:
-    """The pages of one config's servers, served by a ThreadingHTTPServer."""
+class Site:
+    """What a request is answered from: the readers, who may act, and one-time messages. One per
+    `notifyq web`, or per consumer process serving the pages on its metrics port (mount)."""
 
-    def __init__(self, config: Config, addr: tuple[str, int], token: str | None, reader: data.Reader | None = None):
-        from http.server import ThreadingHTTPServer
-
+    def __init__(self, config: Config, token: str | None, loopback: bool, reader: data.Reader | None = None):
         views.environment()  # Jinja2 missing: one clear error before listening
-        self.config = config
         self.guard = auth.Guard(token)
         self.reader = reader or data.Reader(config)
+        self.loopback = loopback
         self._flash: dict[str, str] = {}
         self._flash_lock = threading.Lock()
-        server_class = ThreadingHTTPServer
-        if ":" in addr[0]:
-            import socket
-
-            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
-        try:
-            self.httpd = server_class(addr, _handler_class())
-        except (OSError, OverflowError) as e:
-            why = getattr(e, "strerror", None) or str(e)
-            raise errors.ConfigError(f"--bind {addr[0]} --port {addr[1]}: cannot listen: {why}") from None
-        self.httpd.daemon_threads = True
-        self.httpd.web = self  # type: ignore[attr-defined]
-        self.loopback = _loopback(addr[0])
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{f'[{host}]' if ':' in str(host) else host}:{port}/"
 
     def flash(self, sid: str, message: str | None = None) -> str | None:
         """Set (message given) or take the one-time message shown to this browser."""
@@ -89,6 +72,36 @@ class WebServer:
             self._flash[sid] = message
             return None
 
+    def close(self) -> None:
+        self.reader.close()
+
+
+class WebServer:
+    """The pages of one config's servers, served by a ThreadingHTTPServer."""
+
+    def __init__(self, config: Config, addr: tuple[str, int], token: str | None, reader: data.Reader | None = None):
+        from http.server import ThreadingHTTPServer
+
+        self.site = Site(config, token, _loopback(addr[0]), reader)
+        server_class = ThreadingHTTPServer
+        if ":" in addr[0]:
+            import socket
+
+            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        try:
+            self.httpd = server_class(addr, _handler_class())
+        except (OSError, OverflowError) as e:
+            self.site.close()
+            why = getattr(e, "strerror", None) or str(e)
+            raise errors.ConfigError(f"--bind {addr[0]} --port {addr[1]}: cannot listen: {why}") from None
+        self.httpd.daemon_threads = True
+        self.httpd.web = self.site  # type: ignore[attr-defined]  # how a request finds its site
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{f'[{host}]' if ':' in str(host) else host}:{port}/"
+
     def start(self) -> "WebServer":
         threading.Thread(target=self.httpd.serve_forever, name="notifyq-web", daemon=True).start()
         return self
@@ -96,7 +109,24 @@ class WebServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-        self.reader.close()
+        self.site.close()
+
+
+def mount(config: Config, addr: str) -> Callable[[Any], None]:
+    """The pages, read-only, for another server of the standard library's (the consumer's
+    metrics endpoint, consumer.metrics_pages): answer(request) takes over a GET it was handed,
+    as if it had come here; answer.close() closes the sessions."""
+    site = Site(config, None, _loopback(addr))
+    handler_class, server = _handler_class(), types.SimpleNamespace(web=site)
+
+    def answer(request: Any) -> None:
+        ours = object.__new__(handler_class)
+        ours.__dict__.update(request.__dict__)  # the parsed request, its socket files
+        ours.server = server
+        ours.do_GET()
+
+    answer.close = site.close  # type: ignore[attr-defined]
+    return answer
 
 
 def serve(config: Config, port: int = 0, bind: str = "127.0.0.1", token: str | None = None) -> WebServer:
@@ -126,7 +156,7 @@ def _handler_class() -> type:
         # ------------------------------------------------------------ plumbing
 
         @property
-        def web(self) -> WebServer:
+        def web(self) -> Site:
             return self.server.web  # type: ignore[attr-defined]
 
         def _session(self) -> tuple[str, bool]:
@@ -338,7 +368,7 @@ def _loopback(host: str) -> bool:
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 
-def _host_ok(web: WebServer, host: str | None) -> bool:
+def _host_ok(web: Site, host: str | None) -> bool:
     """On loopback, only requests addressed to loopback: a page of another site whose name
     was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
     if not web.loopback:

@@ -20,7 +20,7 @@ def environment() -> Any:
     except ImportError:
         from notifyq import errors
 
-        raise errors.ConfigError("notifyq web needs Jinja2: pip install 'notifyq[web]'") from None
+        raise errors.ConfigError("the status pages need Jinja2: pip install 'notifyq[web]'") from None
     env = jinja2.Environment(loader=jinja2.PackageLoader("notifyq.web", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)

@@ -265,3 +265,47 @@ def test_deep_states_are_counted_up_to_the_cap_and_retries_estimated(db, web):
     # Then ready stops at the cap, and the retries are an estimate from the sample, marked so
     assert cells["ready"] == "20,000+"
     assert cells["retrying"] == "≈750" and cells["scheduled"] == "≈750"
+
+
+def test_a_consumer_serves_the_pages_read_only_on_its_metrics_port_when_asked(db, tmp_path):
+    import socket
+    import urllib.error
+    import urllib.request
+
+    # Given a consumer with a metrics port and consumer.metrics_pages on, and a job to show
+    (job,) = produce(db, "mail", '{"html": "<script>x</script>"}', flags=("--delay", "600"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**db.env, "NOTIFYQ_METRICS_PORT": str(port), "NOTIFYQ_METRICS_PAGES": "true",
+           "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_WEB_TOKEN": TOKEN}
+    proc = subprocess.Popen(notifyq_cmd("consume", "-q", "mail", "--handler", "nqhandlers:record"),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        c = Client(f"http://127.0.0.1:{port}/")
+        # When its pages are read
+        mine = f'<td class="num">{proc.pid}</td>'
+        code, body = wait_until(lambda: _answered(c, "/consumers", mine), timeout=30,
+                                message="the consumers page naming this consumer")
+        # Then they are the status pages, showing this very consumer, read-only even with a token set
+        assert code == 200 and "read-only" in body
+        code, body = c.get(f"/jobs/{job}")
+        assert code == 200 and "&lt;script&gt;x&lt;/script&gt;" in body and 'action="/act"' not in body
+        # And the metrics are still there
+        code, body = c.get("/metrics")
+        assert code == 200 and "notifyq_healthy" in body
+        # And nothing is posted there
+        assert c.post("/act", {"verb": "cancel", "job": str(job)})[0] in (403, 405, 501)
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job,)) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+
+def _answered(c: Client, path: str, text: str):
+    """(code, body) of `path` once it holds `text`; None before (or while nothing listens)."""
+    try:
+        code, body = c.get(path)
+    except OSError:
+        return None
+    return (code, body) if text in body else None
