@@ -108,3 +108,34 @@ class Guard:
     def sign_out(self, sid: str | None) -> None:
         with self._lock:
             self._signed_in.pop(sid or "", None)
+
+
+# ------------------------------------------------------------------ where requests come from and go
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_ok(on_loopback: bool, host: str | None) -> bool:
+    """On loopback, only requests addressed to loopback: a page of another site whose name
+    was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
+    if not on_loopback:
+        return True
+    name = (host or "").strip().lower()
+    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
+    return name in LOOPBACK_NAMES or name.startswith("127.")
+
+
+def safe_back(text: str | None) -> str:
+    """Where a form returns to: a path of this site only (never `//host` or a scheme)."""
+    if text and text.startswith("/") and not text.startswith("//") and "\\" not in text and len(text) < 2000:
+        return text
+    return "/"

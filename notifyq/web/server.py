@@ -82,7 +82,7 @@ class WebServer:
     def __init__(self, config: Config, addr: tuple[str, int], token: str | None, reader: data.Reader | None = None):
         from http.server import ThreadingHTTPServer
 
-        self.site = Site(config, token, _loopback(addr[0]), reader)
+        self.site = Site(config, token, auth.loopback(addr[0]), reader)
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:
             import socket
@@ -116,7 +116,7 @@ def mount(config: Config, addr: str) -> Callable[[Any], None]:
     """The pages, read-only, for another server of the standard library's (the consumer's
     metrics endpoint, consumer.metrics_pages): answer(request) takes over a GET it was handed,
     as if it had come here; answer.close() closes the sessions."""
-    site = Site(config, None, _loopback(addr))
+    site = Site(config, None, auth.loopback(addr))
     handler_class, server = _handler_class(), types.SimpleNamespace(web=site)
 
     def answer(request: Any) -> None:
@@ -213,7 +213,7 @@ def _handler_class() -> type:
             self.do_GET()
 
         def _misdirected(self) -> bool:
-            if _host_ok(self.web, self.headers.get("Host")):
+            if auth.host_ok(self.web.loopback, self.headers.get("Host")):
                 return False
             self._send(421, b"misdirected: this server answers to its loopback address only\n",
                        "text/plain; charset=utf-8")
@@ -251,7 +251,7 @@ def _handler_class() -> type:
                 elif path == "/periodic":
                     self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
                 elif path == "/login" and self.web.guard.actions:
-                    self._page(200, "login.html", sid, new, title="sign in", back=_back(query.get("back")),
+                    self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
                                failed=False)
                 else:
                     self._message(404, f"no page {path}", sid, new)
@@ -324,7 +324,7 @@ def _handler_class() -> type:
                 self._message(404, f"no form {path}", sid, new)
 
         def _login(self, form: dict[str, str], sid: str) -> None:
-            back = _back(form.get("back"))
+            back = auth.safe_back(form.get("back"))
             new_sid = self.web.guard.sign_in(form.get("token", ""), form.get("who", "").strip())
             if new_sid is None:
                 log.warning("web: sign-in refused addr=%s", self.client_address[0])
@@ -351,31 +351,9 @@ def _handler_class() -> type:
                 self._send(code, (outcome + "\n").encode(), "text/plain; charset=utf-8")
                 return
             self.web.flash(sid, outcome)
-            self._redirect(_back(form.get("back")))
+            self._redirect(auth.safe_back(form.get("back")))
 
     return Handler
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-
-
-def _host_ok(web: Site, host: str | None) -> bool:
-    """On loopback, only requests addressed to loopback: a page of another site whose name
-    was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
-    if not web.loopback:
-        return True
-    name = (host or "").strip().lower()
-    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
-    return name in LOOPBACK_NAMES or name.startswith("127.")
 
 
 def _job_id(text: str | None) -> int | None:
@@ -384,13 +362,6 @@ def _job_id(text: str | None) -> int | None:
     if not text.isdigit() or not 0 < int(text) < 2**63:
         raise errors.InputError(f"job {text!r}: expected a job id")
     return int(text)
-
-
-def _back(text: str | None) -> str:
-    """Where a form returns to: a path of this site only (never `//host` or a scheme)."""
-    if text and text.startswith("/") and not text.startswith("//") and "\\" not in text and len(text) < 2000:
-        return text
-    return "/"
 
 
 def run(config: Config, port: int, bind: str, token: str | None) -> int:

@@ -234,7 +234,7 @@ def test_jobs_are_found_by_state_queue_and_dedup_key_and_cancelled(db, web):
 
 
 def test_a_form_goes_back_only_to_a_page_of_this_site():
-    from notifyq.web.server import _back
+    from notifyq.web.auth import safe_back as _back
 
     assert _back("/dead?queue=mail") == "/dead?queue=mail"
     for bad in ("//evil.example/", "https://evil.example/", "/\\evil.example", "", None, "jobs"):
