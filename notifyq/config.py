@@ -70,6 +70,9 @@ class ConsumerConfig:
     session_idle_s: float = 60.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
+    # With metrics_port: the status pages (notifyq web's, read-only) on the same port. Off by
+    # default: they show payloads and errors, which a port opened for scraping may not be for.
+    metrics_pages: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,7 @@ ENV_KEYS = {
     "NOTIFYQ_INSTANT_WAKE": ("wakeup", "instant_wake"),
     "NOTIFYQ_METRICS_PORT": ("consumer", "metrics_port"),
     "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
+    "NOTIFYQ_METRICS_PAGES": ("consumer", "metrics_pages"),
 }
 _ENV_TEXT = ("dsn", "shards", "password_file", "level", "format", "file", "metrics_addr")
 # What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.

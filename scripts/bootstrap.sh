@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make this checkout ready to run: system packages (MariaDB server, galera-4 and rsync, mysqlclient
-# build deps), a .venv in the repo root, and `pip install -e '.[test,docs]'` into it.
+# build deps; chromium for the browser tests, optional), a .venv in the repo root, and `pip install -e '.[test,docs]'` into it.
 # Idempotent and quick when nothing changed. Starts no server: the Python side
 # (notifyq.localserver) runs its own private one, or a Galera cluster (tests/cluster).
 # Run it, or source it: when sourced it runs in a subshell, so a failure never
@@ -67,6 +67,20 @@ _notifyq_bootstrap() {
             die "missing system packages; run: sudo apt-get install -y ${missing[*]}"
         else
             die "missing system packages (Debian names): ${missing[*]}; install the equivalents with your package manager"
+        fi
+    fi
+
+    # The status pages' browser tests (tests/web) drive the distribution's Chromium with
+    # Playwright (no browser download). Optional: where it cannot be installed they skip, with
+    # one line saying why.
+    if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            say "installing chromium (apt-get) for the browser tests"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null ||
+                { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } ||
+                say "chromium could not be installed: the browser tests will skip"
+        else
+            say "no chromium: the browser tests will skip (Debian: sudo apt-get install chromium)"
         fi
     fi
 

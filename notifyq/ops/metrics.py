@@ -8,6 +8,7 @@ indexed read per queue, cached for DEPTH_CACHE_S so several scrapers do not mult
 
     /metrics  the text exposition format
     /healthz  200 while every worker loop turns (what the systemd watchdog is fed), else 503
+    /...      with consumer.metrics_pages, the status pages, read-only (handed to notifyq.web)
 """
 
 from __future__ import annotations
@@ -238,7 +239,8 @@ class ServiceCollector:
 class MetricsServer:
     """The endpoint: a threading HTTP server answering from a registry of its own."""
 
-    def __init__(self, addr: tuple[str, int], collector: ServiceCollector, healthy: Callable[[], bool]):
+    def __init__(self, addr: tuple[str, int], collector: ServiceCollector, healthy: Callable[[], bool],
+                 pages: Any = None):
         from http.server import ThreadingHTTPServer
 
         from prometheus_client import CollectorRegistry
@@ -247,6 +249,7 @@ class MetricsServer:
         self.registry.register(collector)
         self.collector = collector
         self.healthy = healthy
+        self.pages = pages  # answer(request) for every other GET, or None
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:  # an IPv6 address ("::" is every interface, both families on Linux)
             import socket
@@ -267,6 +270,8 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.collector.close()
+        if self.pages is not None:
+            self.pages.close()
 
 
 @functools.cache
@@ -286,6 +291,8 @@ def _handler_class() -> type:
             elif path == "/healthz":
                 ok = endpoint.healthy()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+            elif endpoint.pages is not None:
+                endpoint.pages(self)
             else:
                 self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
 
@@ -302,14 +309,16 @@ def _handler_class() -> type:
     return Handler
 
 
-def serve(service: Any, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+def serve(service: Any, port: int, addr: str = "127.0.0.1", pages: Any = None) -> MetricsServer:
     """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port).
+    `pages`: what answers the other paths (the status pages, notifyq.web.server.mount).
 
     Loopback by default (consumer.metrics_addr): counters and queue names are nobody else's
     business unless the operator opens them up ("0.0.0.0", "::", or one interface's address).
     `service`: a ConsumerService; its figures(), healthy() and config are all the endpoint uses."""
     try:
-        server = MetricsServer((addr, port), ServiceCollector(service.figures, service.config), service.healthy)
+        server = MetricsServer((addr, port), ServiceCollector(service.figures, service.config), service.healthy,
+                               pages)
     except (OSError, OverflowError) as e:
         why = getattr(e, "strerror", None) or str(e)
         raise errors.ConfigError(f"consumer.metrics_addr {addr!r} port {port}: cannot listen: {why}") from None

@@ -293,6 +293,15 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
     sys.exit(runner.consume(obj, options, daemon=a.daemon, pidfile=a.pidfile, log_file=a.log_file))
 
 
+def web(obj: Context, a: argparse.Namespace) -> None:
+    from notifyq.web import auth, server
+
+    token = auth.load_token(a.token_file)  # a file or $NOTIFYQ_WEB_TOKEN, never a flag's value
+    cfg = obj.config()
+    _setup_logging(cfg)
+    sys.exit(server.run(cfg, a.port, a.bind, token))
+
+
 def demo(obj: Context, a: argparse.Namespace) -> None:
     from notifyq import logs
     from notifyq.run import demo as demo_mod
@@ -400,6 +409,17 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="Keep the demo's database at the end (it is dropped otherwise).")
 
 
+def _web_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", metavar="N", type=args.int_range(0, 65535), default=8089,
+                   help="Port to listen on (default 8089; 0: any free one, printed at start).")
+    p.add_argument("--bind", metavar="ADDR", default="127.0.0.1",
+                   help="Address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface).")
+    p.add_argument("--actions-token-file", dest="token_file", metavar="FILE",
+                   type=args.checked("--actions-token-file", values.readable_file),
+                   help="Enable retry/cancel/purge/pause/resume for whoever signs in with the token in FILE "
+                        "(or set NOTIFYQ_WEB_TOKEN). Without one the pages are read-only.")
+
+
 # name -> (what runs it, its help: the first line is its summary, what adds its options)
 Commands = dict[str, tuple[Callable[[Context, argparse.Namespace], None], str,
                            Callable[[argparse.ArgumentParser], None]]]
@@ -416,6 +436,8 @@ COMMANDS: Commands = {
                 _produce_options),
     "consume": (consume, "Claim and run jobs until stopped (SIGTERM/SIGINT drain gracefully; SIGHUP reloads).",
                 _consume_options),
+    "web": (web, "Status pages in a browser: queues, consumers, jobs, dead jobs, periodic (needs notifyq[web]).\n\n"
+            "Read-only unless an actions token is given (--actions-token-file or NOTIFYQ_WEB_TOKEN).", _web_options),
     "demo": (demo, "Live demo: producers and consumers against a local (or private) MariaDB.\n\n"
              "It works in a new database of its own (notifyq_demo_<random>) on that server, never in the\n"
              "database of --dsn, and drops it at the end unless --keep.", _demo_options),

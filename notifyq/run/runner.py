@@ -289,13 +289,19 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
         if cfg.consumer.metrics_port:
             from notifyq.ops import metrics
 
-            metrics.serve(service, cfg.consumer.metrics_port, cfg.consumer.metrics_addr)
+            pages = None
+            if cfg.consumer.metrics_pages:  # the status pages, read-only, beside the metrics
+                from notifyq.web import server as web_server
+
+                pages = web_server.mount(cfg, cfg.consumer.metrics_addr)
+            metrics.serve(service, cfg.consumer.metrics_port, cfg.consumer.metrics_addr, pages)
 
         def reload() -> Config:
             """The service applies batch sizes, backoff, wakeup timing and handlers itself."""
             old, new = service.config, ctx.reload()
             fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port),
-                     ("consumer.metrics_addr", lambda c: c.consumer.metrics_addr)]
+                     ("consumer.metrics_addr", lambda c: c.consumer.metrics_addr),
+                     ("consumer.metrics_pages", lambda c: c.consumer.metrics_pages)]
             if not options.workers:
                 fixed += [(f"queue.{q}.workers", lambda c, q=q: c.queue(q).workers) for q in options.queues]
             _warn_fixed(old, new, fixed)

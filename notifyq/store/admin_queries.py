@@ -172,3 +172,53 @@ def retention_ids(session: Session, queue: str, status: int, age_s: float, limit
     rows = _rows(session, "retention_ids", {"queue": queue, "status": status, "limit": limit,
                                             "age_us": queries.microseconds(age_s)}, "retention")
     return [int(r[0]) for r in rows]
+
+
+# ---------------------------------------------------------------- the status page (notifyq web)
+
+# A state's count stops here on the status page ("20,000+"): counting an index range costs
+# ~0.3 us an entry, so a queue's overview costs at most ~6 ms a state however deep it is
+# (benchmarks/web_pages.py). Retries are told from other scheduled jobs by reading rows, ~8x
+# dearer: a sample of the soonest due.
+WEB_COUNT_CAP = 20_000
+WEB_RETRY_SAMPLE = 1_000
+WEB_RATE_MINUTES = 15
+
+
+def web_queue_figures(session: Session, queues: list[str], cap: int = WEB_COUNT_CAP,
+                      sample: int = WEB_RETRY_SAMPLE, minutes: int = WEB_RATE_MINUTES) -> dict[str, dict[str, Any]]:
+    """Per queue, in one transaction: {"depth": {state: n}, "oldest": {"ready"|"scheduled": at},
+    "rate": [(status, minutes_ago, n)]}."""
+    def body(cur) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for queue in queues:
+            cur.execute(Q["web_depth"], {"queue": queue, "cap": cap, "sample": sample})
+            depth = {state: int(n) for state, n in cur.fetchall()}
+            cur.execute(Q["web_oldest"], {"queue": queue})
+            oldest = dict(cur.fetchall())
+            cur.execute(Q["web_rate"], {"queue": queue, "cap": cap, "minutes": minutes, "buckets": minutes + 1})
+            rate = [(int(s), int(ago), int(n)) for s, ago, n in cur.fetchall()]
+            out[queue] = {"depth": depth, "oldest": oldest, "rate": rate}
+        return out
+
+    return session.run(body, what="status page")
+
+
+def web_jobs(session: Session, *, status: int, queue: str | None, limit: int, newest: bool) -> list[tuple]:
+    return _rows(session, "web_jobs_newest" if newest else "web_jobs",
+                 {"status": status, "queue": queue, "limit": limit}, "list jobs")
+
+
+def web_dedup_job(session: Session, queue: str, key: str) -> int | None:
+    rows = _rows(session, "web_dedup_job", {"queue": queue, "key": key}, "find dedup key")
+    return int(rows[0][0]) if rows else None
+
+
+def web_claims_by_owner(session: Session) -> dict[str, int]:
+    return {owner: int(n) for owner, n in _rows(session, "web_claims_by_owner", {}, "claims")}
+
+
+def web_lock_holder(session: Session, lock: str) -> tuple[int | None, str | None]:
+    """(connection id, client host) of the session holding `lock`, or (None, None)."""
+    rows = _rows(session, "web_lock_holder", {"lock": lock}, "lock holder")
+    return (rows[0][0], rows[0][1]) if rows else (None, None)

@@ -652,3 +652,101 @@ INSERT INTO nq_demo_marker (token) VALUES (%(token)s)
 
 -- demo_marker_get --
 SELECT token FROM nq_demo_marker
+
+-- ============================================================================================
+-- The status page (notifyq web). Every read rides ix_state or a primary key: a page costs the
+-- same with a million jobs queued (tests/integration/test_explain_web.py pins the plans).
+
+-- web_depth --
+-- One queue's jobs by state, each state its own range of ix_state, counted up to %(cap)s
+-- entries (a count at the cap is shown as "cap+"): index-only, except `retrying`, which reads
+-- the rows of the %(sample)s not-yet-due scheduled jobs due soonest for their attempts (a
+-- scheduled job that has run before is a retry waiting out its backoff; beyond the sample the
+-- page estimates). Row reads cost ~8x an index entry. Due scheduled jobs are ready.
+(SELECT 'ready', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %(queue)s LIMIT %(cap)s) r)
+UNION ALL
+(SELECT 'due', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6) LIMIT %(cap)s) d)
+UNION ALL
+(SELECT 'scheduled', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(cap)s) s)
+UNION ALL
+(SELECT 'retrying', COALESCE(SUM(attempts > 0), 0) FROM
+  (SELECT attempts FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(sample)s) t)
+UNION ALL
+(SELECT 'claimed', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s LIMIT %(cap)s) c)
+UNION ALL
+(SELECT 'done', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 3 AND queue = %(queue)s LIMIT %(cap)s) f)
+UNION ALL
+(SELECT 'dead', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) x)
+
+-- web_oldest --
+-- The earliest run_at of one queue's ready jobs and of its scheduled ones: ready jobs sort by
+-- priority first, so their earliest is the least of each priority's first entry (a loose index
+-- scan, "Using index for group-by": one probe per priority in use, not one per job; it needs
+-- the GROUP BY to name the index's leading columns, fixed as they are); a
+-- scheduled job's prio_key is 0, so its earliest is the first entry of its range.
+(SELECT 'ready', MIN(m) FROM
+  (SELECT MIN(sort_at) AS m FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 0 AND queue = %(queue)s GROUP BY status, queue, prio_key ORDER BY NULL) p)
+UNION ALL
+(SELECT 'scheduled', MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)
+
+-- web_rate --
+-- Jobs of one queue that finished in each of the last %(minutes)s minutes, done and dead:
+-- the newest %(cap)s of each range of ix_state (a finished job's sort_at is its finished_at),
+-- index-only. Done jobs are there only where the queue keeps them (keep_done). The LIMIT
+-- (minutes + 1 groups: never reached) keeps MariaDB from dropping ORDER BY NULL in a union,
+-- which then sorted the groups.
+(SELECT 3, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+  (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 3 AND queue = %(queue)s AND prio_key = 0
+      AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
+    ORDER BY sort_at DESC LIMIT %(cap)s) d GROUP BY 2 ORDER BY NULL LIMIT %(buckets)s)
+UNION ALL
+(SELECT 4, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+  (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
+    WHERE status = 4 AND queue = %(queue)s AND prio_key = 0
+      AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
+    ORDER BY sort_at DESC LIMIT %(cap)s) x GROUP BY 2 ORDER BY NULL LIMIT %(buckets)s)
+
+-- web_jobs --
+-- The jobs page: one queue's jobs in one state, in ix_state's own order: ready jobs in claim
+-- order, scheduled ones by due time, claimed ones by lease end. No filesort, and the read stops
+-- at %(limit)s entries (every queue: this per queue, merged by the caller). Naming `queue` in
+-- the ORDER BY, though it is fixed, made MariaDB 10.11 sort.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key
+FROM nq_job FORCE INDEX (ix_state)
+WHERE status = %(status)s AND queue = %(queue)s
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
+-- web_jobs_newest --
+-- web_jobs for done and dead jobs: the most recently finished first.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key
+FROM nq_job FORCE INDEX (ix_state)
+WHERE status = %(status)s AND queue = %(queue)s
+ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
+
+-- web_dedup_job --
+-- The job that took a queue's dedup key last (it holds the key while it is pending).
+SELECT job_id FROM nq_dedup WHERE queue = %(queue)s AND dedup_key = %(key)s
+
+-- web_claims_by_owner --
+-- Jobs in each consumer's hands: the claimed range of ix_state (batch size x consumers rows).
+SELECT owner, COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 GROUP BY owner ORDER BY NULL
+
+-- web_lock_holder --
+-- The session holding a queue's periodic leader lock, and the client address it came from
+-- (a user sees its own sessions in the process list without the PROCESS privilege).
+SELECT IS_USED_LOCK(%(lock)s) AS holder,
+       (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s))

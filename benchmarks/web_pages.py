@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""How long the status pages take with a big backlog: `notifyq web` in this process, each page
+fetched over HTTP (render and transfer, as a browser waits for it), --rounds times.
+
+    .venv/bin/python benchmarks/web_pages.py --dsn mysql://root@127.0.0.1:3306/ [--jobs 1000000]
+
+The backlog, filled on the server (INSERT ... SELECT from MariaDB's sequence engine): 80 % ready
+over 5 priorities on queue `bulk`, 10 % scheduled on `mail` (half of them retries), 5 % dead and
+5 % done on `thumbs`, finished over the last hour. Prints a table (ms: median, p95, max) and the
+same as one JSON line. It creates and drops a database of its own (nq_web_bench; --keep keeps it,
+and a kept one of the same size is reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import MySQLdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from notifyq import config as config_mod  # noqa: E402
+from notifyq.dsn import DSN  # noqa: E402
+from notifyq.store import schema  # noqa: E402
+from notifyq.web import server  # noqa: E402
+
+DATABASE = "nq_web_bench"
+CHUNK = 100_000
+# status, queue, attempts and finished_at by share of the rows (seq is 1..jobs)
+FILL = ("INSERT INTO nq_job (queue, status, priority, run_at, attempts, max_attempts, finished_at, last_error, payload) "
+        "SELECT ELT(k, 'bulk', 'mail', 'thumbs', 'thumbs'), ELT(k, 0, 1, 4, 3), IF(k = 1, seq % 5, 0), "
+        "IF(k = 2, UTC_TIMESTAMP(6) + INTERVAL (seq % 3600) SECOND, UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND), "
+        "IF(k = 2, seq % 2, IF(k >= 3, 5, 0)), 5, "
+        "IF(k >= 3, UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND, NULL), IF(k = 3, 'timeout after 30 s', NULL), "
+        "'{\"n\": 1}' FROM (SELECT seq, CASE WHEN seq % 20 < 16 THEN 1 WHEN seq % 20 < 18 THEN 2 "
+        "WHEN seq % 20 = 18 THEN 3 ELSE 4 END AS k FROM seq_FIRST_to_LAST) s")
+
+
+def fill(root: DSN, jobs: int) -> None:
+    dsn = dataclasses.replace(root, database=DATABASE)
+    args = dsn.connect_args()
+    conn = MySQLdb.connect(**args, autocommit=True)
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM nq_job")
+    if cur.fetchone()[0] == jobs:
+        print(f"reusing {DATABASE} with {jobs:,} jobs", file=sys.stderr)
+        return
+    cur.execute("DELETE FROM nq_job")
+    started = time.monotonic()
+    for first in range(1, jobs + 1, CHUNK):
+        cur.execute(FILL.replace("FIRST", str(first)).replace("LAST", str(min(jobs, first + CHUNK - 1))))
+    for queue in ("bulk", "mail", "thumbs"):
+        cur.execute("INSERT IGNORE INTO nq_queue (queue) VALUES (%s)", (queue,))
+    cur.execute("ANALYZE TABLE nq_job")
+    cur.fetchall()
+    print(f"filled {jobs:,} jobs in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    conn.close()
+
+
+def fetch(url: str) -> float:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        r.read()
+        assert r.status == 200, (url, r.status)
+    return (time.perf_counter() - started) * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dsn", default="mysql://root@127.0.0.1:3306/", help="A server and an account that may create a database.")
+    p.add_argument("--jobs", type=int, default=1_000_000)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--keep", action="store_true", help="Keep the database (and reuse it next time).")
+    a = p.parse_args()
+    root = DSN.parse(a.dsn)
+    dsn = dataclasses.replace(root, database=DATABASE)
+    schema.init(dsn)
+    fill(root, a.jobs)
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": a.dsn.rstrip("/") + "/" + DATABASE})
+    web = server.serve(cfg, 0, "127.0.0.1", None)
+    conn = MySQLdb.connect(**dsn.connect_args())
+    cur = conn.cursor()
+    cur.execute("SELECT MAX(id) FROM nq_job WHERE status = 4 AND queue = 'thumbs'")
+    dead_id = cur.fetchone()[0]
+    conn.close()
+    pages = {"overview": "", "consumers": "consumers", "jobs: bulk ready": "jobs?queue=bulk&state=ready",
+             "jobs: mail scheduled": "jobs?queue=mail&state=scheduled", "dead: every queue": "dead",
+             "dead: thumbs": "dead?queue=thumbs", "a dead job": f"jobs/{dead_id}", "periodic": "periodic"}
+    results = {}
+    try:
+        for name, path in pages.items():
+            fetch(web.url + path)  # warm: the session connects, the templates compile
+            times = sorted(fetch(web.url + path) for _ in range(a.rounds))
+            results[name] = {"median_ms": round(statistics.median(times), 2),
+                             "p95_ms": round(times[min(len(times) - 1, int(len(times) * 0.95))], 2),
+                             "max_ms": round(times[-1], 2)}
+    finally:
+        web.close()
+        if not a.keep:
+            args = root.connect_args()
+            args.pop("database", None)  # a DSN without one names notifyq's default
+            conn = MySQLdb.connect(**args, autocommit=True)
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS {DATABASE}")
+            conn.close()
+    width = max(map(len, results))
+    print(f"{'page'.ljust(width)}  median_ms  p95_ms  max_ms   ({a.jobs:,} jobs, {a.rounds} rounds)")
+    for name, r in results.items():
+        print(f"{name.ljust(width)}  {r['median_ms']:9.2f}  {r['p95_ms']:6.2f}  {r['max_ms']:6.2f}")
+    print(json.dumps({"jobs": a.jobs, "rounds": a.rounds, "pages": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Who may act, and proof that a form came from our own page.
+
+Read-only unless an actions token is configured (`--actions-token-file FILE` or
+$NOTIFYQ_WEB_TOKEN; never a flag's value, which every user sees in the process list). A
+browser signs in once with the token and a name (who the action log names); a script may send
+`Authorization: Bearer TOKEN` instead, which no browser adds by itself to a forged request.
+
+CSRF: every browser gets a random session id in a cookie (HttpOnly, SameSite=Strict), and
+every form carries HMAC(secret, session id): a page of another site can neither read our
+cookie nor compute the token, so its forms are refused. The secret is random per process, so
+a restart signs every browser out. Signing in gives a new session id (no fixation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import threading
+import time
+
+from notifyq import errors
+
+TOKEN_MIN_CHARS = 16
+SESSION_TTL_S = 12 * 3600
+MAX_SIGNED_IN = 1000  # signed-in sessions kept; the oldest is dropped beyond it
+COOKIE = "nq_web"
+_NAME = re.compile(r"^[\w .@+-]{1,64}$")
+_SID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def load_token(path: str | None, env: dict[str, str] | None = None) -> str | None:
+    """The actions token: from the file, else $NOTIFYQ_WEB_TOKEN, else None (read-only)."""
+    env = os.environ if env is None else env
+    where = f"--actions-token-file {path}" if path else "NOTIFYQ_WEB_TOKEN"
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise errors.ConfigError(f"{where}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    else:
+        token = env.get("NOTIFYQ_WEB_TOKEN", "").strip()
+        if not token:
+            return None
+    if len(token) < TOKEN_MIN_CHARS or any(c.isspace() for c in token):
+        raise errors.ConfigError(f"{where}: the token must be at least {TOKEN_MIN_CHARS} characters "
+                                 "without spaces (for example: openssl rand -hex 24)")
+    return token
+
+
+class Guard:
+    """The actions token, the CSRF secret and the signed-in browsers of one server process."""
+
+    def __init__(self, token: str | None):
+        self.token = token
+        self._secret = secrets.token_bytes(32)
+        self._signed_in: dict[str, tuple[str, float]] = {}  # session id -> (who, since, monotonic)
+        self._lock = threading.Lock()
+
+    @property
+    def actions(self) -> bool:
+        return self.token is not None
+
+    @staticmethod
+    def new_session() -> str:
+        return secrets.token_hex(16)
+
+    @staticmethod
+    def valid_session(sid: str | None) -> bool:
+        return bool(sid) and bool(_SID.match(sid or ""))
+
+    def csrf(self, sid: str) -> str:
+        return hmac.new(self._secret, b"csrf:" + sid.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, sid: str | None, value: str | None) -> bool:
+        return self.valid_session(sid) and bool(value) and hmac.compare_digest(self.csrf(sid or ""), value or "")
+
+    def token_ok(self, value: str | None) -> bool:
+        return self.token is not None and bool(value) and hmac.compare_digest(
+            self.token.encode(), (value or "").encode())
+
+    def sign_in(self, token: str, who: str) -> str | None:
+        """A new session id for a right token and a plain name, else None."""
+        if not self.token_ok(token) or not _NAME.match(who):
+            return None
+        sid = self.new_session()
+        with self._lock:
+            while len(self._signed_in) >= MAX_SIGNED_IN:
+                self._signed_in.pop(next(iter(self._signed_in)))
+            self._signed_in[sid] = (who, time.monotonic())
+        return sid
+
+    def who(self, sid: str | None) -> str | None:
+        if not self.actions or not sid:
+            return None
+        with self._lock:
+            entry = self._signed_in.get(sid)
+            if entry is None:
+                return None
+            if time.monotonic() - entry[1] > SESSION_TTL_S:
+                del self._signed_in[sid]
+                return None
+            return entry[0]
+
+    def sign_out(self, sid: str | None) -> None:
+        with self._lock:
+            self._signed_in.pop(sid or "", None)
+
+
+# ------------------------------------------------------------------ where requests come from and go
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_ok(on_loopback: bool, host: str | None) -> bool:
+    """On loopback, only requests addressed to loopback: a page of another site whose name
+    was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
+    if not on_loopback:
+        return True
+    name = (host or "").strip().lower()
+    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
+    return name in LOOPBACK_NAMES or name.startswith("127.")
+
+
+def safe_back(text: str | None) -> str:
+    """Where a form returns to: a path of this site only (never `//host` or a scheme)."""
+    if text and text.startswith("/") and not text.startswith("//") and "\\" not in text and len(text) < 2000:
+        return text
+    return "/"

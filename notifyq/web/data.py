@@ -1,0 +1,295 @@
+"""What the pages show, read from every shard through the store's admin reads.
+
+One Reader per server process: a session per shard, used by one request at a time (a lock),
+so a page costs each shard one connection however many browsers look. A shard that cannot be
+reached is reported on the page, never raised: the others still answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from notifyq import errors
+from notifyq.config import Config, validate_queue_name
+from notifyq.jobs import STATUS_NAMES, Status
+from notifyq.ops import admin
+from notifyq.store import admin_queries, queries, schema
+from notifyq.store.db import Session
+from notifyq.store.driver import DriverError, describe
+from notifyq.store.locks import QueueLocks
+
+log = logging.getLogger("notifyq.web")
+T = TypeVar("T")
+
+PAYLOAD_SHOWN_BYTES = 64 * 1024  # a job's page shows this much of its payload
+LIST_LIMIT = 50
+LIST_LIMIT_MAX = 500
+STATES = ("ready", "scheduled", "claimed", "done", "dead")  # the jobs list's filter
+DEPTH_COLUMNS = ("ready", "scheduled", "retrying", "claimed", "dead", "done")
+_LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "created_at",
+                "finished_at", "cancel_requested", "last_error", "dedup_key")
+
+
+class Reader:
+    """A session per shard ("" for one server), each used under its own lock."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
+        # the retries are logged at DEBUG only (the page, or the start's one line, says it).
+        retry_s = config.connect_retry(oneshot=True)
+        self._shards = {name: (Session(config.on_shard(name).dsn, retry_s=retry_s, name="web",
+                                       retry_log_level=logging.DEBUG), threading.Lock())
+                        for name in config.shard_names()}
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.config.shards)
+
+    def check(self) -> None:
+        """At start: the server reachable with the current schema, or its error. With [shards]
+        a shard that is down is only logged (the pages name it); a wrong schema is an error."""
+        for name, (session, lock) in self._shards.items():
+            try:
+                with lock:
+                    schema.require_current(session)
+            except errors.DatabaseError as e:
+                if not self.sharded:
+                    raise
+                log.warning("web: shard %r is down at start: %s", name, e)
+
+    def each(self, work: Callable[[Session], T], shards: list[str] | None = None) -> tuple[dict[str, T], dict[str, str]]:
+        answers: dict[str, T] = {}
+        down: dict[str, str] = {}
+        for name in (self._shards if shards is None else shards):
+            session, lock = self._shards[name]
+            try:
+                with lock:
+                    answers[name] = work(session)
+            except (errors.DatabaseError, errors.SchemaError, DriverError) as e:
+                down[name] = describe(e) if isinstance(e, DriverError) else str(e)
+                log.warning("web: shard %r did not answer: %s", name, down[name])
+        return answers, down
+
+    def one(self, shard: str, work: Callable[[Session], T]) -> T:
+        """`work` on one shard; its errors are the caller's."""
+        if shard not in self._shards:
+            raise errors.InputError(f"no shard {shard!r}")
+        session, lock = self._shards[shard]
+        with lock:
+            return work(session)
+
+    def where(self) -> dict[str, dict[str, Any]]:
+        """Per shard: the server a session is on (its identity; on Galera, the writer node)."""
+        return {name: {"node": s.node, "galera": s.galera, "database": s.dsn.database}
+                for name, (s, _) in self._shards.items()}
+
+    def close(self) -> None:
+        for session, lock in self._shards.values():
+            with lock:
+                session.close()
+
+
+def _age_s(now: dt.datetime, then: dt.datetime | None) -> float | None:
+    return None if then is None else max(0.0, (now - then).total_seconds())
+
+
+def _queue_figures(session: Session) -> dict[str, Any]:
+    now = admin_queries.server_now(session)
+    rows = admin_queries.queue_rows(session)
+    names = [name for name, _paused, _watched, _total in rows]
+    figures = admin_queries.web_queue_figures(session, names)
+    alive: dict[str, int] = {}
+    for _cid, _host, _pid, qs, _started, _seen, _wakeup, is_alive in admin_queries.consumers(session):
+        for q in qs.split(","):
+            alive[q] = alive.get(q, 0) + int(bool(is_alive))
+    cap, sample = admin_queries.WEB_COUNT_CAP, admin_queries.WEB_RETRY_SAMPLE
+    out = {}
+    for name, paused, _watched, _total in rows:
+        f = figures[name]
+        d = f["depth"]
+        retrying, estimated = d["retrying"], d["scheduled"] > sample
+        if estimated:  # the share of retries among the soonest due, over every scheduled job
+            retrying = round(retrying / sample * d["scheduled"])
+        depth = {"ready": d["ready"] + d["due"], "scheduled": d["scheduled"] - retrying,
+                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "done": d["done"]}
+        capped = {"ready": cap in (d["ready"], d["due"]), "scheduled": d["scheduled"] == cap,
+                  "retrying": d["scheduled"] == cap, "claimed": d["claimed"] == cap,
+                  "dead": d["dead"] == cap, "done": d["done"] == cap}
+        approx = {state: estimated and state in ("scheduled", "retrying") for state in depth}
+        due = f["oldest"].get("scheduled")
+        firsts = [t for t in (f["oldest"].get("ready"), due if due is not None and due <= now else None) if t]
+        minutes = admin_queries.WEB_RATE_MINUTES
+        rate = {"done": [0] * minutes, "dead": [0] * minutes}
+        for status, ago, n in f["rate"]:
+            if 0 <= ago < minutes:
+                rate["done" if status == Status.DONE else "dead"][ago] += n
+        out[name] = {"paused": bool(paused), "depth": depth, "capped": capped, "approx": approx,
+                     "consumers": alive.get(name, 0),
+                     "oldest_ready_age_s": _age_s(now, min(firsts)) if firsts else None, "rate": rate}
+    return {"now": now, "queues": out}
+
+
+def overview(reader: Reader) -> dict[str, Any]:
+    answers, down = reader.each(_queue_figures)
+    rows = [{"name": name, "shard": shard, **q} for shard, data in sorted(answers.items())
+            for name, q in sorted(data["queues"].items())]
+    rows.sort(key=lambda r: (r["name"], r["shard"]))
+    return {"queues": rows, "down": down, "where": reader.where(), "cap": admin_queries.WEB_COUNT_CAP,
+            "sample": admin_queries.WEB_RETRY_SAMPLE, "minutes": admin_queries.WEB_RATE_MINUTES}
+
+
+def _consumers(session: Session) -> list[dict[str, Any]]:
+    now = admin_queries.server_now(session)
+    held = admin_queries.web_claims_by_owner(session)
+    return [{"id": cid, "host": host, "pid": pid, "queues": qs.split(","), "started_at": started,
+             "last_seen": seen, "last_seen_age_s": _age_s(now, seen), "wakeup": wakeup, "alive": bool(alive),
+             "in_hand": held.get(cid, 0)}
+            for cid, host, pid, qs, started, seen, wakeup, alive in admin_queries.consumers(session)]
+
+
+def consumers(reader: Reader) -> dict[str, Any]:
+    answers, down = reader.each(_consumers)
+    rows = [{**c, "shard": shard} for shard, found in sorted(answers.items()) for c in found]
+    return {"consumers": rows, "down": down}
+
+
+def parse_filters(query: dict[str, str], shards: tuple[str, ...]) -> dict[str, Any]:
+    """The jobs page's filters from its query string; a bad one is an InputError naming it."""
+    queue = query.get("queue", "").strip() or None
+    if queue is not None:
+        validate_queue_name(queue)
+    state = query.get("state", "").strip() or "ready"
+    if state not in STATES:
+        raise errors.InputError(f"state {state!r}: expected one of {', '.join(STATES)}")
+    dedup = query.get("dedup", "") or None
+    if dedup is not None and queue is None:
+        raise errors.InputError("a dedup key is looked up within a queue: choose the queue too")
+    if dedup is not None and len(dedup) > 191:
+        raise errors.InputError("a dedup key has at most 191 characters")
+    try:
+        limit = int(query.get("limit", "") or LIST_LIMIT)
+    except ValueError:
+        raise errors.InputError(f"limit {query.get('limit')!r}: expected a whole number") from None
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise errors.InputError(f"limit {limit}: expected 1 to {LIST_LIMIT_MAX}")
+    shard = query.get("shard", "") or None
+    if shard is not None and shard not in shards:
+        raise errors.InputError(f"no shard {shard!r}")
+    return {"queue": queue, "state": state, "dedup": dedup, "limit": limit, "shard": shard}
+
+
+def _listed(row: tuple) -> dict[str, Any]:
+    job = dict(zip(_LIST_FIELDS, row))
+    job["status"] = STATUS_NAMES.get(job["status"], str(job["status"]))
+    return job
+
+
+def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
+    """One state's jobs, of one queue or of every queue (each queue's first `limit`, merged)."""
+    status = admin.parse_status(f["state"])
+    newest = status in (Status.DONE, Status.DEAD)
+
+    def work(session: Session) -> list[dict[str, Any]]:
+        if f["dedup"] is not None:
+            job_id = admin_queries.web_dedup_job(session, f["queue"], f["dedup"])
+            row = None if job_id is None else admin_queries.get_job(session, job_id)
+            return [] if row is None else [admin.get_job(session, job_id)]
+        names = [f["queue"]] if f["queue"] else [r[0] for r in admin_queries.queue_rows(session)]
+        found = []
+        for name in names:
+            found += [_listed(r) for r in admin_queries.web_jobs(session, status=status, queue=name,
+                                                                 limit=f["limit"], newest=newest)]
+        return found
+
+    answers, down = reader.each(work, None if f["shard"] is None else [f["shard"]])
+    rows = [{**j, "shard": shard} for shard, found in answers.items() for j in found]
+    if newest:
+        rows.sort(key=lambda j: (j["finished_at"] or j["created_at"], j["id"]), reverse=True)
+    else:
+        rows.sort(key=lambda j: (-j["priority"] if status == Status.READY else 0, j["run_at"], j["id"]))
+    return {"jobs": rows[:f["limit"]], "down": down, "filters": f, "more": len(rows) > f["limit"]}
+
+
+def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
+    """Every field of one job; the payload pretty-printed and cut at PAYLOAD_SHOWN_BYTES."""
+    found = reader.one(shard, lambda session: admin.get_job(session, job_id))
+    payload = found.pop("payload")
+    text = payload if isinstance(payload, str) else json.dumps(payload, indent=2, ensure_ascii=False)
+    raw = text.encode()
+    found["payload_text"] = raw[:PAYLOAD_SHOWN_BYTES].decode(errors="ignore")
+    found["payload_cut"] = max(0, len(raw) - PAYLOAD_SHOWN_BYTES)
+    found["shard"] = shard
+    return found
+
+
+def _periodic(session: Session, config: Config) -> list[dict[str, Any]]:
+    from croniter import croniter  # only this page needs it (~20 ms)
+
+    now = admin_queries.server_now(session).replace(tzinfo=dt.timezone.utc)
+    last = {(q, n): t for q, n, t in admin_queries.periodic_rows(session)}
+    entries = {(q, e["name"]): e["cron"] for q, es in config.periodic.items() for e in es}
+    out, leaders = [], {}
+    for queue, name in sorted({*last, *entries}):
+        if queue not in leaders:
+            lock = QueueLocks(session.dsn.database, queue).periodic
+            leaders[queue] = admin_queries.web_lock_holder(session, lock)
+        cron = entries.get((queue, name))
+        holder, host = leaders[queue]
+        out.append({"queue": queue, "name": name, "cron": cron, "last_tick": last.get((queue, name)),
+                    "next_run": croniter(cron, now).get_next(dt.datetime) if cron else None,
+                    "leader": None if holder is None else f"session {holder}" + (f" from {host}" if host else "")})
+    return out
+
+
+def periodic(reader: Reader) -> dict[str, Any]:
+    answers, down = reader.each(lambda session: _periodic(session, reader.config))
+    return {"entries": [{**e, "shard": shard} for shard, found in sorted(answers.items()) for e in found],
+            "down": down}
+
+
+# ------------------------------------------------------------------ actions
+
+def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str | None) -> str:
+    """One operator action; returns what happened in a few words (InputError: why not)."""
+    if verb in ("pause", "resume"):
+        if queue is None:
+            raise errors.InputError(f"{verb}: which queue?")
+        validate_queue_name(queue)
+        from notifyq import shards as shards_mod
+
+        places = list(shards_mod.Placement(reader.config).shards_of(queue)) if reader.sharded else [""]
+        _answers, down = reader.each(lambda session: queries.set_paused(session, queue, verb == "pause"), places)
+        if down:
+            raise errors.DatabaseError("not every shard of the queue answered: " + "; ".join(
+                f"{s or 'server'}: {e}" for s, e in sorted(down.items())))
+        return f"queue {queue} {'paused' if verb == 'pause' else 'resumed'}"
+    if verb == "retry-dead":
+        if queue is None:
+            raise errors.InputError("retry-dead: which queue?")
+        validate_queue_name(queue)
+        retried, skipped = reader.one(shard, lambda session: admin.retry_dead(session, queue))
+        return f"retried {retried} dead jobs of {queue}" + (f", skipped {skipped} (dedup key taken)" if skipped else "")
+    if job_id is None:
+        raise errors.InputError(f"{verb}: which job?")
+    if verb == "retry":
+        return f"job {job_id}: " + reader.one(shard, lambda session: admin.retry(session, job_id))
+    if verb == "cancel":
+        outcome = reader.one(shard, lambda session: admin.cancel(session, job_id))
+        return f"job {job_id}: " + ("deleted" if outcome == "deleted" else "cancel requested")
+    if verb == "purge":
+        return reader.one(shard, lambda session: _purge_one(session, job_id))
+    raise errors.InputError(f"no action {verb!r}")
+
+
+def _purge_one(session: Session, job_id: int) -> str:
+    status = admin.get_job(session, job_id)["status"]
+    if status not in ("dead", "done"):
+        raise errors.InputError(f"job {job_id} is {status}: only dead and done jobs are purged")
+    deleted = admin_queries.purge_jobs(session, [job_id], admin.parse_status(status))
+    return f"job {job_id}: " + ("purged" if deleted else "changed meanwhile, not purged")

@@ -1,0 +1,66 @@
+"""Plans of the status page's reads (notifyq web) on 100k jobs: every read of nq_job rides
+ix_state (a range or a ref, never a full scan of the table or of the index) and sorts nothing;
+the dedup key and job lookups go by primary key."""
+
+import json
+import re
+
+import pytest
+
+from notifyq.store.sql import QUERIES
+
+WEB_READS = ("web_depth", "web_oldest", "web_rate", "web_jobs", "web_jobs_newest", "web_claims_by_owner")
+
+
+@pytest.fixture
+def many_jobs(db):
+    """100k jobs over two queues and every status; finished ones finished within the hour."""
+    db.query(
+        "INSERT INTO nq_job (queue, status, priority, run_at, attempts, max_attempts, owner, lease_until, "
+        "finished_at, payload) "
+        "SELECT IF(seq % 3 = 0, 'other', 'q'), seq % 5, seq % 7, NOW(6) + INTERVAL CAST(seq % 11 AS SIGNED) - 5 MINUTE, "
+        "seq % 2, 5, IF(seq % 5 = 2, LPAD(seq % 4, 32, 'o'), NULL), "
+        "IF(seq % 5 = 2, NOW(6) + INTERVAL 1 MINUTE, NULL), "
+        "IF(seq % 5 >= 3, NOW(6) - INTERVAL (seq % 3600) SECOND, NULL), '{}' FROM seq_1_to_100000")
+    db.query("INSERT INTO nq_dedup (queue, dedup_key, job_id) VALUES ('q', 'k', 1), ('q', 'l', 2)")
+    db.query("ANALYZE TABLE nq_job")
+    return db
+
+
+def _plan(db, name: str, params: dict) -> list[dict]:
+    wanted = {p: params[p] for p in re.findall(r"%\((\w+)\)s", QUERIES[name])}
+    rows = db.query("EXPLAIN " + QUERIES[name], wanted)
+    names = ("id", "select_type", "table", "type", "possible_keys", "key", "key_len", "ref", "rows", "extra")
+    return [dict(zip(names, r[:6] + r[-4:] if len(r) > 10 else r)) for r in rows]
+
+
+PARAMS = {"queue": "q", "cap": 100_000, "sample": 1000, "minutes": 15, "buckets": 16, "status": 4, "limit": 50}
+
+
+@pytest.mark.parametrize("name", WEB_READS)
+def test_every_status_page_read_rides_ix_state_without_a_sort(many_jobs, name):
+    # Given 100k jobs of every status on two queues
+    # When the read is explained
+    plan = _plan(many_jobs, name, PARAMS)
+    # Then nq_job is read through ix_state, by range or ref, and nothing is sorted (the few
+    # rows a GROUP BY makes are not sorted either: ORDER BY NULL)
+    text = json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower()
+    assert "filesort" not in text, (name, plan)
+    reads = [r for r in plan if r["table"] == "nq_job"]
+    assert reads, (name, plan)
+    for r in reads:
+        assert r["key"] == "ix_state" and r["type"] in ("range", "ref"), (name, r)
+
+
+def test_the_oldest_ready_job_is_found_by_a_loose_index_scan(many_jobs):
+    # Given 100k jobs, a third of them ready, over seven priorities
+    plan = _plan(many_jobs, "web_oldest", PARAMS)
+    # When the oldest ready job's time is explained
+    ready = [r for r in plan if r["table"] == "nq_job" and "group-by" in str(r["extra"]).lower()]
+    # Then the ready part probes one entry per priority (not one per job)
+    assert ready, plan
+
+
+def test_the_dedup_key_lookup_reads_one_primary_key_entry(many_jobs):
+    plan = _plan(many_jobs, "web_dedup_job", {"queue": "q", "key": "k"})
+    assert plan[0]["key"] == "PRIMARY" and plan[0]["type"] in ("const", "eq_ref", "ref"), plan

@@ -1,0 +1,119 @@
+"""The status pages' fixtures: a private `notifyq web` server in this process (on a free port of
+127.0.0.1, against the test's database), dead jobs made by a real consumer, and a headless
+Chromium driven by Playwright (Debian's package; the browser tests skip with one line without it)."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import re
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from notifyq.web import server
+
+TOKEN = "test-actions-token-0123456789"
+IMG = REPO / "docs" / "img"
+
+
+@pytest.fixture
+def web(db):
+    """start(token=None) -> a started WebServer; every one is closed at the end of the test."""
+    started = []
+
+    def start(token: str | None = None, **config):
+        started.append(server.serve(db.config(**config), 0, "127.0.0.1", token))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.close()
+
+
+def produce(db, queue: str, *payloads: str, flags: tuple[str, ...] = ()) -> list[int]:
+    r = run_cli(db.env, "produce", "-q", queue, *flags, *payloads)
+    assert r.returncode == 0, r.stderr
+    return [int(line) for line in r.stdout.split()]
+
+
+def dead_job(db, queue: str = "mail", payload: str = '{"to": "a@example.com"}') -> int:
+    """A job a real consumer ran once and buried: its handler raised an error with markup."""
+    (job_id,) = produce(db, queue, payload, flags=("--max-attempts", "1"))
+    r = run_cli(db.env, "consume", "-q", queue, "--handler", "nqweb:fail_with_markup", "--exit-when-empty")
+    assert r.returncode == 0, r.stderr
+    assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 4
+    return job_id
+
+
+class Client:
+    """A browser without a browser: cookies kept, redirects not followed, errors returned."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect)
+
+    def request(self, path: str, form: dict | None = None, headers: dict | None = None) -> tuple[int, str, dict]:
+        body = None if form is None else urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(self.base.rstrip("/") + path, data=body, headers=headers or {})
+        try:
+            with self.opener.open(req, timeout=30) as r:
+                return r.status, r.read().decode(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(), dict(e.headers)
+
+    def get(self, path: str) -> tuple[int, str]:
+        code, body, _ = self.request(path)
+        return code, body
+
+    def post(self, path: str, form: dict, headers: dict | None = None) -> tuple[int, str, dict]:
+        return self.request(path, form, headers)
+
+    def csrf(self, path: str = "/") -> str:
+        code, body = self.get(path)
+        return re.search(r'name="csrf" value="([0-9a-f]+)"', body).group(1)
+
+    def sign_in(self, who: str = "alice", token: str = TOKEN) -> int:
+        code, body = self.get("/login")
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', body).group(1)
+        return self.post("/login", {"csrf": csrf, "who": who, "token": token, "back": "/"})[0]
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+@pytest.fixture(scope="session")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')")
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
+                    "scripts/bootstrap.sh installs it as root)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    yield context.new_page()
+    context.close()
+
+
+def screenshot(page, name: str) -> Path:
+    IMG.mkdir(parents=True, exist_ok=True)
+    path = IMG / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
