@@ -151,7 +151,7 @@ class Waiter:
         state = bells.watch(self.session, self.queue, self.locks, None, 0, use_bell=False)
         if state.reap:
             self.on_reap()
-        if state.paused or state.total < 0:
+        if state.paused or state.interrupted:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
 
@@ -199,7 +199,7 @@ class Waiter:
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
-            if state.total < 0:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
+            if state.interrupted:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
                 wait_on = None  # the statement ended early: it did not say which bell is held
                 continue
             waited_on, wait_on = wait_on, state.held

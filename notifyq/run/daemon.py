@@ -157,7 +157,7 @@ class StopSignals:
         return "stop" if self.stop_requested.is_set() else "reload"
 
 
-class AlreadyRunning(errors.AlreadyRunning, RuntimeError):
+class PidfileHeld(errors.AlreadyRunning, RuntimeError):
     """A live process holds the pidfile (the CLI maps it to errors.EXIT_RUNNING)."""
 
     def __init__(self, pid: int | None, path: str) -> None:
@@ -185,7 +185,7 @@ class PidFile:
         self.release()
 
     def check(self) -> None:
-        """Raise AlreadyRunning if a live instance holds the file; takes nothing."""
+        """Raise PidfileHeld if a live instance holds the file; takes nothing."""
         self._inspect(remove_stale=False)
 
     def acquire(self) -> None:
@@ -230,16 +230,16 @@ class PidFile:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise AlreadyRunning(_read_pid(fd), self.path) from None
+                raise PidfileHeld(_read_pid(fd), self.path) from None
             if not _same_file(fd, self.path):
                 return  # replaced meanwhile: the caller looks again
             pid = _read_pid(fd)
             if pid is None and time.time() - os.fstat(fd).st_mtime < 2:
-                raise AlreadyRunning(None, self.path)  # a starter between open() and flock()
+                raise PidfileHeld(None, self.path)  # a starter between open() and flock()
             # Unlocked, yet catch an instance that does not lock (NFS). Our own pid is stale
             # by definition: containers reuse small pids every boot.
             if pid is not None and pid != os.getpid() and _is_notifyq(pid):
-                raise AlreadyRunning(pid, self.path)
+                raise PidfileHeld(pid, self.path)
             if remove_stale:
                 log.warning("removing stale pidfile %s (pid %s)", self.path, pid)
                 os.unlink(self.path)

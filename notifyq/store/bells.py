@@ -27,13 +27,14 @@ RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement relea
 class WatchState:
     """What one watch statement saw: the counts, the pause, the bells, the next due job."""
 
-    total: int  # the queue's enqueue count; -1: a KILL QUERY interrupted the wait
+    total: int  # the queue's enqueue count (0 when interrupted)
     watched: int
     paused: bool
     reap: int
     due_in_s: float | None
     waited: int | None
     held: int | None  # the bell a ringer holds once the statement is done, None without a ringer
+    interrupted: bool = False  # a KILL QUERY ended the wait (a wake-up, or a stop): nothing was read
 
 
 def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, wait_s: float,
@@ -49,7 +50,7 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
             if error_code(e) != QUERY_INTERRUPTED:
                 raise
             # KILL QUERY interrupted our SLEEP: a wake-up (or a stop), not an error to retry.
-            return WatchState(-1, 0, False, 0, None, None, None)
+            return WatchState(0, 0, False, 0, None, None, None, interrupted=True)
         row = cur.fetchone()
         if row is None:  # queue row missing (a fresh database): make it and report nothing new
             ensure_queue(cur, queue)

@@ -154,7 +154,7 @@ class Session:
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
             ) from None
-        self._say_back(attempts, started, what)
+        self._log_reachable_again(attempts, started, what)
         self.generation += 1
 
     def _open_into(self) -> None:
@@ -192,7 +192,7 @@ class Session:
                 return result, attempt.retry_state.attempt_number, lost
         raise AssertionError("unreachable")
 
-    def _say_back(self, attempts: int, started: float, what: str) -> None:
+    def _log_reachable_again(self, attempts: int, started: float, what: str) -> None:
         """After retrying, one line that the server answers again (the retries each logged one)."""
         if attempts > 1:
             log.log(self.retry_log_level, "database reachable again what=%s attempts=%d seconds=%.1f",
@@ -298,7 +298,7 @@ class Session:
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed),
                                                 what, started)
         if lost:  # a deadlock retried is no outage: nothing to announce
-            self._say_back(attempts, started, what)
+            self._log_reachable_again(attempts, started, what)
         return result
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool,

@@ -336,7 +336,7 @@ def test_a_fresh_pidless_file_is_a_starter_not_a_corpse(tmp_path):
     path = tmp_path / "notifyq.pid"
     path.touch()
     # Then others back off rather than delete it under the starter
-    with pytest.raises(daemon.AlreadyRunning, match="an unknown pid"):
+    with pytest.raises(daemon.PidfileHeld, match="an unknown pid"):
         daemon.PidFile(path).acquire()
     assert path.exists()
 
@@ -349,7 +349,7 @@ def test_a_live_python_pid_without_lock_means_already_running(tmp_path):
         path = tmp_path / "notifyq.pid"
         path.write_text(f"{child.pid}\n")
         # Then acquiring refuses, naming the pid and the file
-        with pytest.raises(daemon.AlreadyRunning) as caught:
+        with pytest.raises(daemon.PidfileHeld) as caught:
             daemon.PidFile(path).acquire()
         assert caught.value.pid == child.pid
         assert str(caught.value) == (f"another notifyq is running with pid {child.pid} "
@@ -379,10 +379,10 @@ def test_a_holder_process_blocks_others_until_it_dies(tmp_path):
     try:
         assert readline(holder) == "held"
         # While it lives, nobody else gets in, and check() says so too
-        with pytest.raises(daemon.AlreadyRunning) as caught:
+        with pytest.raises(daemon.PidfileHeld) as caught:
             daemon.PidFile(path).acquire()
         assert caught.value.pid == holder.pid
-        with pytest.raises(daemon.AlreadyRunning):
+        with pytest.raises(daemon.PidfileHeld):
             daemon.PidFile(path).check()
         # When it is SIGKILLed, its file stays behind but its lock dies with it
         holder.kill()
@@ -441,7 +441,7 @@ def test_racing_starters_have_exactly_one_winner(tmp_path):
             pidfile.acquire()
             winners.append(pidfile)
             outcomes.append("won")
-        except daemon.AlreadyRunning:
+        except daemon.PidfileHeld:
             outcomes.append("refused")
 
     threads = [threading.Thread(target=start) for _ in range(8)]
@@ -479,7 +479,7 @@ def test_daemon_context_is_configured_for_classic_mode(tmp_path):
 
 def test_daemon_context_refuses_in_the_parent_when_already_running(tmp_path):
     with daemon.PidFile(tmp_path / "q.pid"):
-        with pytest.raises(daemon.AlreadyRunning):
+        with pytest.raises(daemon.PidfileHeld):
             daemon.daemon_context(daemon.PidFile(tmp_path / "q.pid"), None)
 
 
