@@ -2,8 +2,7 @@
 
 Every user error is one line on stderr and an exit code from errors.py; a traceback means a bug.
 argparse, not click: it is in the standard library, and with only the given command's parser
-built, a consumer process runs 9 % fewer instructions than it did on click (callgrind, the
-start case of benchmarks/bench.py).
+built a consumer starts with fewer instructions (benchmarks/HISTORY.md, the start case).
 """
 
 from __future__ import annotations

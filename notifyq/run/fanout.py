@@ -30,7 +30,7 @@ def on_shards(cfg: Config, name: str, work: Callable[[Session], T],
             answers[shard] = work(session)
         except (errors.DatabaseError, errors.SchemaError) as e:
             if not cfg.shards:
-                raise  # one server: as before, the error is the command's
+                raise  # one server: the error is the command's
             down[shard] = str(e)
         finally:
             session.close()

@@ -155,8 +155,8 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
     lock is held until after the COMMIT (the caller releases it); without (a polling consumer)
     its row must still be stale when deleted. If the session reconnects midway, the transaction
     is rolled back and the lock gone together, and the rerun judges again: a consumer that took
-    its lock back meanwhile keeps its jobs. (With the lock on another session, as before, a
-    reconnect of that session lost the lock while the reclaim went on.) Never waits: nobody
+    its lock back meanwhile keeps its jobs. (The lock on another session would be lost by that
+    session's reconnect while the reclaim went on.) Never waits: nobody
     queues for a liveness lock, so holding one next to row locks cannot hide a deadlock.
     None: the consumer is alive after all.
     """
