@@ -17,7 +17,7 @@ import pytest
 
 from notifyq import config as config_mod
 from notifyq.config import DSN
-from notifyq.run.localserver import LocalServer
+from notifyq.run.localserver import PROFILES, LocalServer
 from notifyq.store import schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,11 +72,15 @@ def client_ports(pid: int) -> set[int]:
 
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory) -> str:
-    """A server for the whole run: $NOTIFYQ_TEST_DSN, else a private throwaway mariadbd."""
+    """A server for the whole run: $NOTIFYQ_TEST_DSN, else a private throwaway mariadbd, started
+    with $NOTIFYQ_TEST_SERVER_PROFILE's settings (mysql80: MySQL 8.0's defaults, localserver.py)."""
     if os.environ.get("NOTIFYQ_TEST_DSN"):
         yield os.environ["NOTIFYQ_TEST_DSN"]
         return
-    server = LocalServer(tmp_path_factory.mktemp("mariadb"))
+    profile = os.environ.get("NOTIFYQ_TEST_SERVER_PROFILE", "")
+    if profile not in PROFILES:
+        pytest.exit(f"NOTIFYQ_TEST_SERVER_PROFILE={profile!r}: expected one of {sorted(PROFILES)}", 2)
+    server = LocalServer(tmp_path_factory.mktemp("mariadb"), extra_args=PROFILES[profile])
     server.start()
     try:
         yield server.dsn
