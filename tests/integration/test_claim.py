@@ -2,6 +2,8 @@
 
 import json
 
+from conftest import numbers
+
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
@@ -18,7 +20,7 @@ def test_claim_query_uses_indexes_and_no_filesort_with_100k_rows(db):
     db.query(
         "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
         "SELECT IF(seq % 3 = 0, 'other', 'q'), seq % 5, seq % 7, NOW(6) - INTERVAL seq SECOND, 5, '{}' "
-        "FROM seq_1_to_100000")
+        f"FROM {numbers(100000)}")
     db.query("ANALYZE TABLE nq_job")
     # When the candidate reads are explained: the usual one's statements, and the union a claim
     # that found due jobs reads

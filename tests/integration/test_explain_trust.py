@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from conftest import create_test_db, drop_test_db
+from conftest import create_test_db, drop_test_db, numbers
 
 from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
@@ -37,7 +37,7 @@ def _fill(testdb, n: int) -> None:
         "       IF(st = 2, 'x', NULL), IF(st = 2, NOW(6) + INTERVAL 1 HOUR, NULL) "
         "FROM (SELECT seq, CASE WHEN seq % 100 < 70 THEN 3 WHEN seq % 100 < 90 THEN 4 "
         "                       WHEN seq % 100 < 97 THEN 1 WHEN seq % 100 < 99 THEN 0 ELSE 2 END AS st "
-        f"      FROM seq_1_to_{int(n)}) s")
+        f"      FROM {numbers(n)}) s")
     testdb.query("ANALYZE TABLE nq_job")
 
 

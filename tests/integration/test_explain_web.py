@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from conftest import numbers
 
 from notifyq.store.sql import QUERIES
 
@@ -21,7 +22,7 @@ def many_jobs(db):
         "SELECT IF(seq % 3 = 0, 'other', 'q'), seq % 5, seq % 7, NOW(6) + INTERVAL CAST(seq % 11 AS SIGNED) - 5 MINUTE, "
         "seq % 2, 5, IF(seq % 5 = 2, LPAD(seq % 4, 32, 'o'), NULL), "
         "IF(seq % 5 = 2, NOW(6) + INTERVAL 1 MINUTE, NULL), "
-        "IF(seq % 5 >= 3, NOW(6) - INTERVAL (seq % 3600) SECOND, NULL), '{}' FROM seq_1_to_100000")
+        f"IF(seq % 5 >= 3, NOW(6) - INTERVAL (seq % 3600) SECOND, NULL), '{{}}' FROM {numbers(100000)}")
     db.query("INSERT INTO nq_dedup (queue, dedup_key, job_id) VALUES ('q', 'k', 1), ('q', 'l', 2)")
     db.query("ANALYZE TABLE nq_job")
     return db

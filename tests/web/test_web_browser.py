@@ -18,7 +18,7 @@ if not (shutil.which("chromium") or shutil.which("chromium-browser")):
     pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
                 "scripts/bootstrap.sh installs it as root)", allow_module_level=True)
 
-from conftest import run_cli
+from conftest import numbers, run_cli
 from web.conftest import TOKEN, dead_job, produce, screenshot
 
 DEADLINE_MS = 15_000
@@ -133,7 +133,7 @@ def test_overview_screenshot(db, web, page):
     db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload, finished_at, last_error) "
              "SELECT 'thumbs', IF(seq % 9 = 0, 4, 3), NOW(6), 1, '{}', "
              "UTC_TIMESTAMP(6) - INTERVAL (seq % 840) SECOND - INTERVAL (seq % 7) MINUTE, "
-             "IF(seq % 9 = 0, 'timeout', NULL) FROM seq_1_to_900")
+             f"IF(seq % 9 = 0, 'timeout', NULL) FROM {numbers(900)}")
     base = web(token=TOKEN).url
     _sign_in(page, base)
     # When the overview is opened

@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 
-from conftest import RUNTIME_PASSWORD, notifyq_cmd, run_cli, wait_until
+from conftest import RUNTIME_PASSWORD, notifyq_cmd, numbers, run_cli, wait_until
 from web.conftest import TOKEN, Client, dead_job, produce
 
 PAGES = ("/", "/consumers", "/jobs", "/dead", "/periodic")
@@ -256,9 +256,9 @@ def test_deep_states_are_counted_up_to_the_cap_and_retries_estimated(db, web):
     # Given 20,005 ready jobs, and 1,500 scheduled ones of which every other has run before
     db.query("INSERT INTO nq_queue (queue) VALUES ('deep')")
     db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) "
-             "SELECT 'deep', 0, UTC_TIMESTAMP(6), 5, '{}' FROM seq_1_to_20005")
+             f"SELECT 'deep', 0, UTC_TIMESTAMP(6), 5, '{{}}' FROM {numbers(20005)}")
     db.query("INSERT INTO nq_job (queue, status, run_at, attempts, max_attempts, payload) "
-             "SELECT 'deep', 1, UTC_TIMESTAMP(6) + INTERVAL seq SECOND, seq % 2, 5, '{}' FROM seq_1_to_1500")
+             f"SELECT 'deep', 1, UTC_TIMESTAMP(6) + INTERVAL seq SECOND, seq % 2, 5, '{{}}' FROM {numbers(1500)}")
     # When the overview is read
     body = Client(web().url).get("/")[1]
     cells = dict(re.findall(r'data-state="(\w+)"><a [^>]*>([^<]*)</a>', body))
