@@ -70,6 +70,7 @@ class ConsumerConfig:
     session_idle_s: float = 60.0
     metrics_port: int = 0  # 0: no Prometheus endpoint
     metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
+    on_failure: str = ""  # "pkg.module:function" called with (job, exception) for every failed job
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,7 @@ ENV_KEYS = {
     "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
 }
 _ENV_TEXT = ("dsn", "shards", "password_file", "level", "format", "file", "metrics_addr")
+_ENV_BOOL = ("instant_wake",)  # 1/0, true/false, yes/no, on/off (any case)
 # What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.
 SECRET_ENV = ("NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")
 
@@ -318,6 +320,15 @@ def _env_value(raw: str) -> Any:
         except ValueError:
             pass
     return raw
+
+
+def _env_bool(var: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise errors.ConfigError(f"{var}: expected 1 or 0 (or true/false, yes/no, on/off), got {values.shown(raw)}")
 
 
 def _has_password(dsn: Any) -> bool:
@@ -355,7 +366,10 @@ def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_pa
             target = raw.setdefault(section, {}) if section else raw
             if not isinstance(target, dict):
                 continue  # the file's section is not a table: _build says so
-            target[key] = env[var] if key in _ENV_TEXT else _env_value(env[var])
+            if key in _ENV_BOOL:
+                target[key] = _env_bool(var, env[var])
+            else:
+                target[key] = env[var] if key in _ENV_TEXT else _env_value(env[var])
             origins[f"{section}.{key}" if section else key] = var
     _merge(raw, overrides or {}, origins, "the command line")
     return _build(raw, env, tuple(str(p) for p in files), warn, origins)
