@@ -62,7 +62,7 @@ class TaskRegistry:
     """Tasks by name, and the producers their enqueue() puts through (one per queue, shared by
     the threads of the process: Producer is thread-safe)."""
 
-    def __init__(self, config: Config | None = None):
+    def __init__(self, config: Config | Callable[[], Config] | None = None):
         self.tasks: dict[str, Task] = {}
         self._config = config
         self._producers: dict[str, Producer] = {}
@@ -81,8 +81,10 @@ class TaskRegistry:
             return t
         return wrap(fn) if fn is not None else wrap
 
-    def configure(self, config: Config) -> None:
-        """The config enqueue() uses (closes the producers of the one before)."""
+    def configure(self, config: Config | Callable[[], Config]) -> None:
+        """The config enqueue() uses, or a function that gives it when a queue's producer is
+        first needed (contrib.django's: the database of its settings). Closes the producers
+        of the one before."""
         self.close()
         self._config = config
 
@@ -95,7 +97,8 @@ class TaskRegistry:
                     from notifyq.config import load
 
                     self._config = load()
-                self._producers[queue] = Producer(queue, self._config, ring=True)
+                config = self._config() if callable(self._config) else self._config
+                self._producers[queue] = Producer(queue, config, ring=True)
             return self._producers[queue]
 
     def close(self) -> None:
