@@ -33,6 +33,7 @@ class QueueConfig:
 
     handler: str = ""  # "pkg.module:function"
     command: str = ""  # external command; payload JSON on stdin
+    tasks: str = ""  # modules whose @notifyq.task functions run the jobs ("a.tasks b.tasks")
     per_batch: bool = False  # handler gets the whole batch (command: JSON lines)
     command_timeout_s: float = 60.0
     batch_size: int = 100
@@ -569,6 +570,8 @@ def _check_ranges(cfg: Config, origins: _Origins) -> None:
     for name, qc in [("defaults", cfg.defaults), *((f"queue.{q}", c) for q, c in cfg.queues.items())]:
         if qc.handler and qc.command:
             raise errors.ConfigError(f"{name}: set handler or command, not both{origins.at(name)}")
+        if qc.tasks and (qc.handler or qc.command):
+            raise errors.ConfigError(f"{name}: set tasks or a handler/command, not both{origins.at(name)}")
     if cfg.log.level.lower() not in ("debug", "info", "warning", "error"):
         raise errors.ConfigError(f"log.level must be debug, info, warning or error{origins.at('log.level')}")
     if cfg.log.format not in ("auto", "kv", "json"):

@@ -110,13 +110,15 @@ class ConsumerService:
         return handlers.Reporting(handler, hook) if hook is not None else handler
 
     def _plain_handler_for(self, queue: str):
-        if self.options.tasks:
+        qc = self.config.queue(queue)
+        given = self.options.handler or self.options.command or self.options.function
+        modules = self.options.tasks or (() if given else tuple(qc.tasks.replace(",", " ").split()))
+        if modules:
             from notifyq.consume import tasks
 
-            if self.options.handler or self.options.command or self.options.function:
+            if given:
                 raise errors.HandlerError("give --tasks or a handler, not both")
-            return tasks.TaskHandler(tasks.tasks_in(self.options.tasks), queue, around=self.options.around_job)
-        qc = self.config.queue(queue)
+            return tasks.TaskHandler(tasks.tasks_in(modules), queue, around=self.options.around_job)
         handler = self.options.handler if self.options.handler is not None else qc.handler
         command = self.options.command if self.options.command is not None else qc.command
         if self.options.handler or self.options.command or self.options.function:  # replaces the config's pair

@@ -105,3 +105,22 @@ def test_a_task_on_a_bad_queue_name_is_refused_at_decoration(db):
     registry = notifyq.TaskRegistry(db.config())
     with pytest.raises(errors.InputError, match="invalid queue name"):
         registry.task(lambda: None, queue="no spaces")
+
+
+def test_a_queue_of_the_config_runs_its_tasks_under_its_profile(db, tmp_path):
+    out = tmp_path / "out.jsonl"
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text('[queue.tq]\ntasks = "nqtasks"\n')
+    env = {**db.env, "NQ_TASKS_OUT": str(out), "NOTIFYQ_CONFIG": str(conf)}
+    assert run_cli(env, "produce", "-q", "tq", json.dumps({"task": "greet", "args": ["bo"]})).returncode == 0
+    done = run_cli(env, "consume", "--profile", "tq", "--exit-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().splitlines() == [json.dumps({"task": "greet", "who": "bo"})]
+
+
+def test_a_queue_with_a_handler_and_tasks_is_a_config_error(db, tmp_path):
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text('[queue.tq]\ntasks = "nqtasks"\nhandler = "nqtasks:add"\n')
+    done = run_cli({**db.env, "NOTIFYQ_CONFIG": str(conf)}, "config")
+    assert done.returncode == 3
+    assert done.stderr.strip() == f"notifyq: error: queue.tq: set tasks or a handler/command, not both (in {conf})"
