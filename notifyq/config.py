@@ -38,6 +38,7 @@ class QueueConfig:
     command_timeout_s: float = 60.0
     batch_size: int = 100
     workers: int = 1
+    concurrency: int = 1  # a coroutine handler's jobs run at once per worker (per job only)
     max_attempts: int = 5
     retry_base_s: float = 1.0
     retry_max_s: float = 3600.0
@@ -164,6 +165,7 @@ _RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
     "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
     "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
+    "concurrency": (True, 1, False, 10000),
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,

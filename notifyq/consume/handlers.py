@@ -41,17 +41,24 @@ GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group
 
 class PythonHandler:
     """`around`: a context manager factory each call of the function runs inside (a framework's
-    per-job hygiene: contrib.django closes stale connections before and after each job)."""
+    per-job hygiene: contrib.django closes stale connections before and after each job).
+    `concurrency` N > 1: per job, the worker hands over up to N jobs at once, and a coroutine
+    handler runs them as N coroutines on the thread's loop (a plain function still runs them
+    one after another)."""
 
     def __init__(self, spec: str | Callable[..., Any], per_batch: bool,
-                 around: Callable[[], ContextManager[Any]] | None = None):
+                 around: Callable[[], ContextManager[Any]] | None = None, concurrency: int = 1):
         self.per_batch = per_batch
         self.func = spec if callable(spec) else load_callable(spec)
         self.around = around
+        self.concurrency = concurrency
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
             _run_batch(lambda: self._call(jobs), jobs)
+            return
+        if self.concurrency > 1 and len(jobs) > 1:
+            self._call([j for j in jobs if j.error is None], self._together)
             return
         for job in jobs:
             if job.error is not None:
@@ -63,13 +70,30 @@ class PythonHandler:
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
                 job.exception = e
 
-    def _call(self, arg: Job | list[Job]) -> None:
-        """The function on `arg`, awaited when it returns an awaitable; in a child the function
-        forked, this never returns."""
+    async def _together(self, jobs: list[Job]) -> None:
+        """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
+        is its own coroutine's."""
+        import asyncio
+
+        async def one(job: Job) -> None:
+            try:
+                result = self.func(job)
+                if inspect.isawaitable(result):
+                    await result
+            except HANDLER_FAILURES as e:
+                job.fail(describe(e))
+                job.detail = "".join(traceback.format_exception(e))
+                job.exception = e
+
+        await asyncio.gather(*(one(job) for job in jobs))
+
+    def _call(self, arg: Job | list[Job], func: Callable[[Any], Any] | None = None) -> None:
+        """The function (or `func`) on `arg`, awaited when it returns an awaitable; in a child
+        the function forked, this never returns."""
         pid = os.getpid()
         try:
             with self.around() if self.around is not None else contextlib.nullcontext():
-                result = self.func(arg)
+                result = (func or self.func)(arg)
                 if inspect.isawaitable(result):
                     _await(result)
         except BaseException as e:

@@ -56,6 +56,7 @@ class ConsumeOptions:
     exit_when_empty: bool = False
     max_jobs: int | None = None
     tasks: tuple[str, ...] = ()  # modules whose @notifyq.task functions run the queues' jobs
+    concurrency: int | None = None  # a coroutine handler's jobs at once per worker
     # Called with (job, exception) for every failed job (an error reporter); None: the
     # config's consumer.on_failure ("pkg.module:function"), if set.
     on_failure: Callable | None = None
@@ -101,6 +102,8 @@ class ConsumerService:
 
     def _handler_for(self, queue: str):
         handler = self._plain_handler_for(queue)
+        if isinstance(handler, handlers.PythonHandler):
+            handler.concurrency = self.options.concurrency or self.config.queue(queue).concurrency
         hook = self.options.on_failure
         if hook is None and self.config.consumer.on_failure:
             try:

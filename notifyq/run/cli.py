@@ -313,7 +313,8 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
     options = ConsumeOptions(queues=tuple(dict.fromkeys(queues)), handler=a.handler, command=a.command,
                              per_batch=a.per_batch, workers=a.workers, batch_size=a.batch_size,
                              exit_when_empty=a.exit_when_empty, max_jobs=a.max_jobs,
-                             tasks=tuple(dict.fromkeys(a.tasks)), **obj.host.consume_options)
+                             tasks=tuple(dict.fromkeys(a.tasks)), concurrency=a.concurrency,
+                             **obj.host.consume_options)
     sys.exit(runner.consume(obj, options, daemon=a.daemon, pidfile=a.pidfile, log_file=a.log_file))
 
 
@@ -412,6 +413,8 @@ def _consume_options(p: argparse.ArgumentParser) -> None:
                    help="Hand the handler whole batches.")
     p.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call (the later flag wins).")
     p.add_argument("--workers", metavar="N", type=args.int_range(1, 256), help="Worker threads per queue.")
+    p.add_argument("--concurrency", metavar="N", type=args.int_range(1, 10000),
+                   help="Jobs an async def handler runs at once, per worker (per job only; default 1).")
     p.add_argument("--batch-size", metavar="N", type=args.int_range(1, 10000), help="Jobs per claim.")
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
     p.add_argument("--max-jobs", metavar="N", type=args.int_range(1), help="Exit after this many jobs.")

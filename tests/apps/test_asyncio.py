@@ -79,3 +79,42 @@ def test_bad_arguments_raise_input_errors_and_a_closed_producer_refuses(db):
     asyncio.run(main())
     with pytest.raises(errors.InputError, match="invalid queue name"):
         notifyq.AsyncProducer("no spaces", db.config())
+
+
+def test_an_async_handler_runs_up_to_concurrency_jobs_at_once_each_with_its_own_outcome(db):
+    # Given 10 jobs, one of which fails, and one worker running an async def handler with
+    # concurrency 5 (claims of 10: the first job alone, while the claim's COMMIT may be on the
+    # wire, then groups of 5 and 4)
+    with notifyq.Producer("conc", db.config()) as producer:
+        ids = producer.put_many([{"n": i} for i in range(10)])
+    running, most, loops = 0, 0, set()
+
+    async def handler(job):
+        nonlocal running, most
+        loops.add(id(asyncio.get_running_loop()))
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.05)
+            if job.payload["n"] == 7:
+                raise ValueError("seven")
+        finally:
+            running -= 1
+
+    import threading
+    options = notifyq.ConsumeOptions(queues=("conc",), function=handler, exit_when_empty=True, concurrency=5,
+                                     batch_size=10)
+    service = notifyq.ConsumerService(db.config(defaults={"retry_base_s": 60.0}), options)
+    assert service.run(threading.Event()) == 0
+    # Then five ran at once on one loop, the worker's, and only the failing job is left, failed
+    assert most == 5 and len(loops) == 1
+    assert db.query("SELECT id, last_error FROM nq_job WHERE queue = 'conc'") == [(ids[7], "ValueError: seven")]
+
+
+def test_concurrency_is_refused_out_of_range_in_one_line(db):
+    from conftest import run_cli
+
+    done = run_cli(db.env, "consume", "-q", "conc", "--handler", "nqtasks:add", "--concurrency", "0")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("notifyq: error: argument --concurrency: 0 is not in the range 1<=x<=10000 "
+                                   "(see 'notifyq consume --help')")
