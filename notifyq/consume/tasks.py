@@ -98,6 +98,9 @@ class TaskRegistry:
 
                     self._config = load()
                 config = self._config() if callable(self._config) else self._config
+                if config.shards:
+                    raise errors.ConfigError("tasks enqueue on one server: a config with [shards] "
+                                             "is not supported by TaskRegistry yet")
                 self._producers[queue] = Producer(queue, config, ring=True)
             return self._producers[queue]
 

@@ -38,6 +38,9 @@ class AsyncProducer:
         self.queue = queue
         self.config = config
         self.sessions = values.number("sessions", sessions, lo=1, hi=64, integer=True)
+        if isinstance(config, Config) and config.shards:
+            raise errors.ConfigError("AsyncProducer puts on one server: with [shards], put with "
+                                     "notifyq.Producer (thread-safe) from a thread pool")
         # Checked now (queue name, config): a bad argument fails here, not in a thread later.
         self._producers = [Producer(queue, config, ring=ring and i == 0) for i in range(self.sessions)]
         self._ring = ring

@@ -118,3 +118,14 @@ def test_concurrency_is_refused_out_of_range_in_one_line(db):
     assert done.returncode == 2
     assert done.stderr.strip() == ("notifyq: error: argument --concurrency: 0 is not in the range 1<=x<=10000 "
                                    "(see 'notifyq consume --help')")
+
+
+def test_an_async_producer_refuses_a_config_with_shards_in_one_line():
+    from notifyq import config as config_mod
+
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"},
+                          overrides={"shards": {"a": "mysql://u@h1/db", "b": "mysql://u@h2/db"}})
+    with pytest.raises(errors.ConfigError) as e:
+        notifyq.AsyncProducer("q", cfg)
+    assert str(e.value) == ("AsyncProducer puts on one server: with [shards], put with notifyq.Producer "
+                            "(thread-safe) from a thread pool")

@@ -87,4 +87,4 @@ def get_config(alias: str | None = None, overrides: dict[str, Any] | None = None
     env = {k: v for k, v in os.environ.items() if k not in _THE_DATABASES}
     env.setdefault("NOTIFYQ_CONFIG", "/dev/null")
     cfg = config_mod.load(env=env, overrides=tables, warn=warn, config_path=config_path)
-    return replace(cfg, dsn=dsn_of(alias), password_file="")
+    return replace(cfg, dsn=dsn_of(alias), password_file="", shards={})  # the one database: Django's
