@@ -129,3 +129,28 @@ def test_an_async_producer_refuses_a_config_with_shards_in_one_line():
         notifyq.AsyncProducer("q", cfg)
     assert str(e.value) == ("AsyncProducer puts on one server: with [shards], put with notifyq.Producer "
                             "(thread-safe) from a thread pool")
+
+
+def test_the_fastapi_example_of_the_docs_enqueues_from_its_endpoint(db, monkeypatch):
+    pytest.importorskip("fastapi", reason="FastAPI not installed: the docs example is not run")
+    pytest.importorskip("httpx", reason="httpx not installed (FastAPI's TestClient): the docs example is not run")
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    # Given the first Python block of docs/asyncio.md, configured from the environment as it says
+    text = (Path(__file__).resolve().parents[2] / "docs" / "asyncio.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    for key in ("NOTIFYQ_DSN", "NOTIFYQ_PASSWORD", "NOTIFYQ_CONFIG"):
+        monkeypatch.setenv(key, db.env[key])
+    namespace: dict = {"__name__": "docs_asyncio"}
+    exec(compile(code, "docs/asyncio.md", "exec"), namespace)
+    # When a client signs up through the app (its lifespan closes the producer at the end)
+    with TestClient(namespace["app"]) as client:
+        answer = client.post("/signup", params={"address": "a@example.com"})
+    # Then the job it answered with is stored, with its payload and priority
+    assert answer.status_code == 200, answer.text
+    job_id = answer.json()["job"]
+    assert db.query("SELECT id, payload, priority FROM nq_job WHERE queue = 'emails'") == [
+        (job_id, '{"to":"a@example.com"}', 5)]
+    assert namespace["emails"]._closed
