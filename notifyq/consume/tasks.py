@@ -81,10 +81,10 @@ class TaskRegistry:
             return t
         return wrap(fn) if fn is not None else wrap
 
-    def configure(self, config: Config | Callable[[], Config]) -> None:
+    def configure(self, config: Config | Callable[[], Config] | None) -> None:
         """The config enqueue() uses, or a function that gives it when a queue's producer is
-        first needed (contrib.django's: the database of its settings). Closes the producers
-        of the one before."""
+        first needed (contrib.django's: the database of its settings); None: load_config().
+        Closes the producers of the one before."""
         self.close()
         self._config = config
 

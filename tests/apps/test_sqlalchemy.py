@@ -76,3 +76,38 @@ def test_a_connection_of_another_database_kind_is_refused_in_one_line(db):
     with Producer("sal", db.config()) as producer, engine.connect() as conn:
         with pytest.raises(errors.InputError, match="a sqlite connection"):
             producer.put({"n": 1}, conn=conn)
+
+
+def test_the_example_of_the_docs_stores_an_order_and_its_job_together(db, monkeypatch):
+    from pathlib import Path
+    from unittest import mock
+
+    from sqlalchemy import event
+
+    # Given the Python block of docs/sqlalchemy.md, its DATABASE_URL the test database's
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sqlalchemy.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    a = db.admin
+    monkeypatch.setenv("DATABASE_URL", f"mysql+mysqldb://{a.user}@{a.host}:{a.port}/{a.database}")
+    for key in ("NOTIFYQ_DSN", "NOTIFYQ_PASSWORD", "NOTIFYQ_CONFIG"):
+        monkeypatch.setenv(key, db.env[key])
+    import sys
+    import types
+
+    module = types.ModuleType("docs_sqlalchemy")  # SQLAlchemy resolves the annotations through it
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    ns = module.__dict__
+    exec(compile(code, "docs/sqlalchemy.md", "exec"), ns)
+    ns["Base"].metadata.create_all(ns["engine"])
+    try:
+        with mock.patch.object(ns["producer"], "wake", wraps=ns["producer"].wake) as wake:
+            # When an order is placed
+            order_id = ns["place_order"]("a@example.com")
+            # Then the order and its job are stored, and the consumers were woken after the commit
+            assert db.query("SELECT id, email FROM orders") == [(order_id, "a@example.com")]
+            assert db.query("SELECT payload FROM nq_job WHERE queue = 'emails'") == [(f'{{"order":{order_id}}}',)]
+            assert wake.call_count == 1
+    finally:
+        event.remove(ns["Session"], "after_commit", ns["wake_consumers"])
+        ns["producer"].close()
+        ns["engine"].dispose()

@@ -124,3 +124,35 @@ def test_a_queue_with_a_handler_and_tasks_is_a_config_error(db, tmp_path):
     done = run_cli({**db.env, "NOTIFYQ_CONFIG": str(conf)}, "config")
     assert done.returncode == 3
     assert done.stderr.strip() == f"notifyq: error: queue.tq: set tasks or a handler/command, not both (in {conf})"
+
+
+def test_the_first_example_of_the_docs_enqueues_what_it_says(db, monkeypatch):
+    from pathlib import Path
+
+    from notifyq.consume.tasks import default_registry
+
+    # Given the first Python block of docs/tasks.md, the default registry configured from the
+    # environment as it says, and `my_connection` a connection of the caller's
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tasks.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    for key in ("NOTIFYQ_DSN", "NOTIFYQ_PASSWORD", "NOTIFYQ_CONFIG"):
+        monkeypatch.setenv(key, db.env[key])
+    conn = MySQLdb.connect(**db.dsn.connect_args())
+    ns = {"__name__": "myapp.tasks", "my_connection": conn}
+    try:
+        exec(compile(code, "docs/tasks.md", "exec"), ns)
+        conn.commit()
+        # Then its four jobs are stored, one delayed, each naming the task with its arguments
+        rows = db.query("SELECT payload, priority, max_attempts, status, dedup_key FROM nq_job "
+                        "WHERE queue = 'emails' ORDER BY id")
+        def job(to, **kwargs):
+            return json.dumps({"task": "myapp.tasks.send_email", "args": [to], "kwargs": kwargs},
+                              separators=(",", ":"))
+        assert rows == [(job("a@example.com", template="reset"), 5, 10, 0, None),
+                        (job("b@example.com"), 5, 10, 1, None),
+                        (job("c@example.com"), 5, 10, 0, "welcome-c"),
+                        (job("d@example.com"), 5, 10, 0, None)]
+    finally:
+        conn.close()
+        default_registry.tasks.pop("myapp.tasks.send_email", None)
+        default_registry.configure(None)
