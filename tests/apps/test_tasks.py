@@ -98,7 +98,7 @@ def test_a_consumer_of_a_queue_none_of_the_tasks_is_on_says_so(db):
     done = run_cli(db.env, "consume", "-q", "nobody", "--tasks", "nqtasks", "--exit-when-empty")
     assert done.returncode == 8
     assert done.stderr.strip() == ("notifyq: error: --tasks: no task of these modules is on queue nobody "
-                                   "(theirs: elsewhere, tq)")
+                                   "(theirs: atq, elsewhere, tq)")
 
 
 def test_a_task_on_a_bad_queue_name_is_refused_at_decoration(db):
@@ -156,3 +156,14 @@ def test_the_first_example_of_the_docs_enqueues_what_it_says(db, monkeypatch):
         conn.close()
         default_registry.tasks.pop("myapp.tasks.send_email", None)
         default_registry.configure(None)
+
+
+def test_an_async_task_is_awaited_also_several_at_once(db, tmp_path):
+    out = tmp_path / "out.jsonl"
+    env = {**db.env, "NQ_TASKS_OUT": str(out)}
+    jobs = [json.dumps({"task": "nqtasks.slow_echo", "args": [n]}) for n in range(6)]
+    assert run_cli(env, "produce", "-q", "atq", *jobs).returncode == 0
+    done = run_cli(env, "consume", "-q", "atq", "--tasks", "nqtasks", "--concurrency", "3", "--exit-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(line)["n"] for line in out.read_text().splitlines()) == list(range(6))
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'atq'") == 0

@@ -31,3 +31,11 @@ def elsewhere():
 def report_failure(job, exc):
     """consumer.on_failure for the CLI test."""
     _out({"failed": job.id, "type": type(exc).__name__, "error": str(exc)})
+
+
+@registry.task(queue="atq")
+async def slow_echo(n):
+    import asyncio
+
+    await asyncio.sleep(0.02)
+    _out({"task": "slow_echo", "n": n})
