@@ -12,15 +12,19 @@ from notifyq.jobs import Job, Status
 
 if TYPE_CHECKING:
     from notifyq.consume.service import ConsumeOptions
+    from notifyq.consume.tasks import Task, TaskRegistry, task
+    from notifyq.produce.aio import AsyncProducer
     from notifyq.sharding.service import ConsumerService
     from notifyq.sharding.producer import Producer
 
-__all__ = ["Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
-           "Status", "load_config"]
+__all__ = ["AsyncProducer", "Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError", "Producer",
+           "Status", "Task", "TaskRegistry", "load_config", "setup_logging", "task"]
 
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
-_LAZY = {"Producer": "notifyq.sharding.producer", "ConsumeOptions": "notifyq.consume.service",
+_LAZY = {"Producer": "notifyq.sharding.producer", "AsyncProducer": "notifyq.produce.aio",
+         "task": "notifyq.consume.tasks", "Task": "notifyq.consume.tasks", "TaskRegistry": "notifyq.consume.tasks",
+         "setup_logging": "notifyq.logs", "ConsumeOptions": "notifyq.consume.service",
          "ConsumerService": "notifyq.sharding.service"}
 
 

@@ -33,10 +33,12 @@ class QueueConfig:
 
     handler: str = ""  # "pkg.module:function"
     command: str = ""  # external command; payload JSON on stdin
+    tasks: str = ""  # modules whose @notifyq.task functions run the jobs ("a.tasks b.tasks")
     per_batch: bool = False  # handler gets the whole batch (command: JSON lines)
     command_timeout_s: float = 60.0
     batch_size: int = 100
     workers: int = 1
+    concurrency: int = 1  # a coroutine handler's jobs run at once per worker (per job only)
     max_attempts: int = 5
     retry_base_s: float = 1.0
     retry_max_s: float = 3600.0
@@ -73,6 +75,7 @@ class ConsumerConfig:
     # With metrics_port: the status pages (notifyq web's, read-only) on the same port. Off by
     # default: they show payloads and errors, which a port opened for scraping may not be for.
     metrics_pages: bool = False
+    on_failure: str = ""  # "pkg.module:function" called with (job, exception) for every failed job
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ _RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
     "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
     "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
+    "concurrency": (True, 1, False, 10000),
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
@@ -306,6 +310,7 @@ ENV_KEYS = {
     "NOTIFYQ_METRICS_PAGES": ("consumer", "metrics_pages"),
 }
 _ENV_TEXT = ("dsn", "shards", "password_file", "level", "format", "file", "metrics_addr")
+_ENV_BOOL = ("instant_wake",)  # 1/0, true/false, yes/no, on/off (any case)
 # What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.
 SECRET_ENV = ("NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")
 
@@ -322,6 +327,15 @@ def _env_value(raw: str) -> Any:
         except ValueError:
             pass
     return raw
+
+
+def _env_bool(var: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise errors.ConfigError(f"{var}: expected 1 or 0 (or true/false, yes/no, on/off), got {values.shown(raw)}")
 
 
 def _has_password(dsn: Any) -> bool:
@@ -359,7 +373,10 @@ def _load(env: dict[str, str], overrides: dict[str, Any] | None, warn, config_pa
             target = raw.setdefault(section, {}) if section else raw
             if not isinstance(target, dict):
                 continue  # the file's section is not a table: _build says so
-            target[key] = env[var] if key in _ENV_TEXT else _env_value(env[var])
+            if key in _ENV_BOOL:
+                target[key] = _env_bool(var, env[var])
+            else:
+                target[key] = env[var] if key in _ENV_TEXT else _env_value(env[var])
             origins[f"{section}.{key}" if section else key] = var
     _merge(raw, overrides or {}, origins, "the command line")
     return _build(raw, env, tuple(str(p) for p in files), warn, origins)
@@ -559,6 +576,8 @@ def _check_ranges(cfg: Config, origins: _Origins) -> None:
     for name, qc in [("defaults", cfg.defaults), *((f"queue.{q}", c) for q, c in cfg.queues.items())]:
         if qc.handler and qc.command:
             raise errors.ConfigError(f"{name}: set handler or command, not both{origins.at(name)}")
+        if qc.tasks and (qc.handler or qc.command):
+            raise errors.ConfigError(f"{name}: set tasks or a handler/command, not both{origins.at(name)}")
     if cfg.log.level.lower() not in ("debug", "info", "warning", "error"):
         raise errors.ConfigError(f"log.level must be debug, info, warning or error{origins.at('log.level')}")
     if cfg.log.format not in ("auto", "kv", "json"):

@@ -59,6 +59,11 @@ class HandlerError(NotifyqError):
     exit_code = EXIT_HANDLER
 
 
+class JobFailed(NotifyqError):
+    """What an on_failure hook gets for a job that failed without a Python exception: a command's
+    non-zero exit, or job.fail() in a batch handler. str() is the job's error."""
+
+
 class OutcomeUnknown(NotifyqError):
     """The connection died during COMMIT: the jobs may or may not be stored."""
 

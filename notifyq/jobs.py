@@ -38,6 +38,8 @@ class Job:
     retry: bool = field(default=True, repr=False)
     # For the failure's log line only (never stored): the traceback of a handler that raised.
     detail: str | None = field(default=None, repr=False)
+    # What the handler raised, for the on_failure hook only (never stored).
+    exception: BaseException | None = field(default=None, repr=False)
     _extend: Any = field(default=None, repr=False)
     _cancel_check: Any = field(default=None, repr=False)  # set by the worker: () -> bool
     _cancel_seen: bool = field(default=False, repr=False)

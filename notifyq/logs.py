@@ -22,6 +22,28 @@ def kv(**fields: Any) -> dict[str, dict[str, Any]]:
     return {"kv": fields}
 
 
+class Line:
+    """A message that carries its fields, so that it reads fully under any formatter (an app's
+    `logging.basicConfig`, where record.kv is never printed): str() is `msg key=value ...`, and a
+    multi-line traceback field follows on the lines below, as stdlib prints exc_info.
+    notifyq's own formatters print the bare msg and the fields as keys of their own (record.kv).
+
+        log.warning(logs.Line("job failed, retrying", fields), extra=logs.kv(**fields))
+    """
+
+    __slots__ = ("msg", "fields")
+
+    def __init__(self, msg: str, fields: dict[str, Any]):
+        self.msg, self.fields = msg, fields
+
+    def __str__(self) -> str:
+        tb = self.fields.get("traceback")
+        parts = [self.msg] + [f"{k}={_value(v)}" for k, v in self.fields.items()
+                              if k != "traceback" or "\n" not in str(v)]
+        text = " ".join(parts) + (f"\n{tb}" if tb is not None and "\n" in str(tb) else "")
+        return redact(text)
+
+
 def setup_logging(level: str = "info", fmt: str = "auto", log_file: str | None = None,
                   use_syslog: bool = False) -> logging.Logger:
     """Configure the "notifyq" logger; safe to call again (e.g. on reload)."""
@@ -97,14 +119,17 @@ class Redactor(logging.Filter):
     string fields and tracebacks. Code should never log secrets in the first place."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            record.msg, record.args = redact(record.getMessage()), None
-        except Exception:
-            return True  # bad format args: let the handler report it as usual
         fields = getattr(record, "kv", None)
         if isinstance(fields, dict):
             record.kv = {k: "***" if _SECRET_FIELD.search(str(k))
                          else redact(v) if isinstance(v, str) else v for k, v in fields.items()}
+        if isinstance(record.msg, Line):  # the bare message; its fields are record.kv
+            record.msg = Line(redact(record.msg.msg), record.kv if isinstance(fields, dict) else record.msg.fields)
+        else:
+            try:
+                record.msg, record.args = redact(record.getMessage()), None
+            except Exception:
+                return True  # bad format args: let the handler report it as usual
         if record.exc_info or record.exc_text:  # formatters reuse a cached exc_text
             exc = record.exc_text or logging.Formatter().formatException(record.exc_info)
             record.exc_text = redact(exc)
@@ -114,7 +139,8 @@ class Redactor(logging.Filter):
 def _core(record: logging.LogRecord, formatter: logging.Formatter, ts: bool) -> dict[str, Any]:
     when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
     doc: dict[str, Any] = {"ts": when.isoformat(timespec="milliseconds")[:-6] + "Z"} if ts else {}
-    doc.update(level=record.levelname.lower(), logger=record.name, msg=record.getMessage())
+    msg = record.msg.msg if isinstance(record.msg, Line) else record.getMessage()
+    doc.update(level=record.levelname.lower(), logger=record.name, msg=msg)
     fields = getattr(record, "kv", None)
     for key, value in (fields.items() if isinstance(fields, dict) else ()):
         doc["_" + key if key in doc else key] = value  # never overwrite the core keys

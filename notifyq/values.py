@@ -67,6 +67,16 @@ def seconds(name: str, value: Any, *, positive: bool = True,
     return float(number(name, value, lo=0, lo_open=positive, hi=MAX_SECONDS, error=error))
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration_text(text: str) -> float | None:
+    """'90s', '30m', '12h', '7d', '2w' or plain seconds -> seconds; None if it is none of them."""
+    m = _DURATION.match(str(text).strip().lower())
+    return float(m.group(1)) * _UNIT_S[m.group(2)] if m else None
+
+
 def writable_file(name: str, path: str, error: type[errors.NotifyqError] = errors.ConfigError) -> str:
     """A file notifyq will create or append to: its directory exists and it can be written.
     Checked before anything starts, so a typo is one line, not a traceback from deep inside."""

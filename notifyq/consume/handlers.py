@@ -12,8 +12,10 @@ code: it exits where the handler returned or raised (_exit_child).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import logging
 import json
 import os
 import sys
@@ -21,13 +23,15 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ContextManager, NoReturn
 
 from notifyq import config, errors
 from notifyq.jobs import Job
 
 if TYPE_CHECKING:
     import subprocess
+
+log = logging.getLogger("notifyq.consumer")
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
 EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
@@ -36,13 +40,25 @@ GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group
 
 
 class PythonHandler:
-    def __init__(self, spec: str | Callable[..., Any], per_batch: bool):
+    """`around`: a context manager factory each call of the function runs inside (a framework's
+    per-job hygiene: contrib.django closes stale connections before and after each job).
+    `concurrency` N > 1: per job, the worker hands over up to N jobs at once, and a coroutine
+    handler runs them as N coroutines on the thread's loop (a plain function still runs them
+    one after another)."""
+
+    def __init__(self, spec: str | Callable[..., Any], per_batch: bool,
+                 around: Callable[[], ContextManager[Any]] | None = None, concurrency: int = 1):
         self.per_batch = per_batch
         self.func = spec if callable(spec) else load_callable(spec)
+        self.around = around
+        self.concurrency = concurrency
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
             _run_batch(lambda: self._call(jobs), jobs)
+            return
+        if self.concurrency > 1 and len(jobs) > 1:
+            self._call([j for j in jobs if j.error is None], self._together)
             return
         for job in jobs:
             if job.error is not None:
@@ -52,15 +68,34 @@ class PythonHandler:
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
+                job.exception = e
 
-    def _call(self, arg: Job | list[Job]) -> None:
-        """The function on `arg`, awaited when it returns an awaitable; in a child the function
-        forked, this never returns."""
+    async def _together(self, jobs: list[Job]) -> None:
+        """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
+        is its own coroutine's."""
+        import asyncio
+
+        async def one(job: Job) -> None:
+            try:
+                result = self.func(job)
+                if inspect.isawaitable(result):
+                    await result
+            except HANDLER_FAILURES as e:
+                job.fail(describe(e))
+                job.detail = "".join(traceback.format_exception(e))
+                job.exception = e
+
+        await asyncio.gather(*(one(job) for job in jobs))
+
+    def _call(self, arg: Job | list[Job], func: Callable[[Any], Any] | None = None) -> None:
+        """The function (or `func`) on `arg`, awaited when it returns an awaitable; in a child
+        the function forked, this never returns."""
         pid = os.getpid()
         try:
-            result = self.func(arg)
-            if inspect.isawaitable(result):
-                _await(result)
+            with self.around() if self.around is not None else contextlib.nullcontext():
+                result = (func or self.func)(arg)
+                if inspect.isawaitable(result):
+                    _await(result)
         except BaseException as e:
             if os.getpid() != pid:
                 _exit_child(e)
@@ -139,6 +174,7 @@ def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
             if job.error is None:
                 job.fail(describe(e))
                 job.detail = detail
+                job.exception = e
 
 
 def load_callable(spec: str) -> Callable[..., Any]:
@@ -314,6 +350,37 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
     except ProcessLookupError:
         pass
+
+
+class Reporting:
+    """A handler whose failed jobs are also handed to `on_failure(job, exc)` (an error reporter
+    such as Sentry): `exc` is what the handler raised, or errors.JobFailed for a command's
+    failure or a batch job failed with job.fail(). A hook that raises is logged, never fails
+    the job twice nor the consumer."""
+
+    def __init__(self, inner: Any, on_failure: Callable[[Job, BaseException], Any]):
+        self.inner = inner
+        self.on_failure = on_failure
+        self.per_batch = inner.per_batch
+
+    def __getattr__(self, name: str) -> Any:  # stop_running and the like: the inner handler's
+        return getattr(self.inner, name)
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        fresh = [job for job in jobs if job.error is None]
+        try:
+            self.inner(jobs, extend)
+        finally:
+            for job in fresh:
+                if job.error is not None:
+                    self._report(job)
+
+    def _report(self, job: Job) -> None:
+        exc = job.exception if job.exception is not None else errors.JobFailed(job.error or "failed")
+        try:
+            self.on_failure(job, exc)
+        except Exception as e:
+            log.warning("on_failure hook raised queue=%s job=%d error=%s", job.queue, job.id, describe(e))
 
 
 def load(handler: str, command: str, per_batch: bool, timeout_s: float):

@@ -161,6 +161,6 @@ def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, in
             logged[job.detail] = job.id
             fields["traceback"] = job.detail.rstrip("\n")
     if delay is None:
-        log.error("job dead", extra=logs.kv(**fields))
+        log.error(logs.Line("job dead", fields), extra=logs.kv(**fields))
     else:
-        log.warning("job failed, retrying", extra=logs.kv(**fields))
+        log.warning(logs.Line("job failed, retrying", fields), extra=logs.kv(**fields))

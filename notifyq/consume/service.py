@@ -55,6 +55,14 @@ class ConsumeOptions:
     batch_size: int | None = None
     exit_when_empty: bool = False
     max_jobs: int | None = None
+    tasks: tuple[str, ...] = ()  # modules whose @notifyq.task functions run the queues' jobs
+    concurrency: int | None = None  # a coroutine handler's jobs at once per worker
+    # Called with (job, exception) for every failed job (an error reporter); None: the
+    # config's consumer.on_failure ("pkg.module:function"), if set.
+    on_failure: Callable | None = None
+    # A context manager factory every Python handler call runs inside (contrib.django's
+    # connection hygiene).
+    around_job: Callable | None = None
 
 
 @dataclasses.dataclass
@@ -227,15 +235,38 @@ class ConsumerService(Supervisor):
         self.down_at_start = False  # the start-up probe could not reach the server
 
     def _handler_for(self, queue: str):
+        handler = self._plain_handler_for(queue)
+        if isinstance(handler, handlers.PythonHandler):
+            handler.concurrency = self.options.concurrency or self.config.queue(queue).concurrency
+        hook = self.options.on_failure
+        if hook is None and self.config.consumer.on_failure:
+            try:
+                hook = handlers.load_callable(self.config.consumer.on_failure)
+            except errors.HandlerError as e:
+                raise errors.HandlerError(f"consumer.on_failure: {e}") from None
+        return handlers.Reporting(handler, hook) if hook is not None else handler
+
+    def _plain_handler_for(self, queue: str):
         qc = self.config.queue(queue)
+        given = self.options.handler or self.options.command or self.options.function
+        modules = self.options.tasks or (() if given else tuple(qc.tasks.replace(",", " ").split()))
+        if modules:
+            from notifyq.consume import tasks
+
+            if given:
+                raise errors.HandlerError("give --tasks or a handler, not both")
+            return tasks.TaskHandler(tasks.tasks_in(modules), queue, around=self.options.around_job)
         handler = self.options.handler if self.options.handler is not None else qc.handler
         command = self.options.command if self.options.command is not None else qc.command
         if self.options.handler or self.options.command or self.options.function:  # replaces the config's pair
             handler, command = self.options.handler or "", self.options.command or ""
         per_batch = self.options.per_batch if self.options.per_batch is not None else qc.per_batch
         if self.options.function is not None:
-            return handlers.PythonHandler(self.options.function, per_batch)
-        return handlers.load(handler, command, per_batch, qc.command_timeout_s)
+            return handlers.PythonHandler(self.options.function, per_batch, around=self.options.around_job)
+        loaded = handlers.load(handler, command, per_batch, qc.command_timeout_s)
+        if isinstance(loaded, handlers.PythonHandler):
+            loaded.around = self.options.around_job
+        return loaded
 
     @property
     def workers(self) -> list[Worker]:
@@ -401,7 +432,7 @@ class ConsumerService(Supervisor):
             worker.config = new
             worker.qc = new.queue(worker.queue)
             worker.batch_size = self.options.batch_size or worker.qc.batch_size
-            if not (self.options.handler or self.options.command or self.options.function):
+            if not (self.options.handler or self.options.command or self.options.function or self.options.tasks):
                 try:
                     worker.handler = self._handler_for(worker.queue)
                 except errors.NotifyqError as e:

@@ -262,7 +262,11 @@ class Worker:
                 self._call([j for j in jobs if j.error is None], keep_lease)
                 batch.finish()
             else:
-                for job in jobs:
+                # A coroutine handler with `concurrency` N runs up to N jobs at once (a group,
+                # started and finished together); any other handler one at a time.
+                size = max(1, getattr(self.handler, "concurrency", 1))
+                while batch.started < len(jobs):
+                    job = jobs[batch.started]
                     if batch.started and batch.commit is not None and not batch.commit.settled:
                         # The first job ran while the claim's COMMIT was on the wire; the second
                         # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
@@ -288,9 +292,12 @@ class Worker:
                     if job.id in batch.lost:
                         batch.skip()
                         continue
-                    batch.start([job])
-                    if job.error is None:
-                        self._call([job], keep_lease)
+                    # The first job alone: it may run while the claim's COMMIT is on the wire.
+                    group = self._group(batch, size if batch.started else 1)
+                    batch.start(group)
+                    ready = [j for j in group if j.error is None]
+                    if ready:
+                        self._call(ready, keep_lease)
                     batch.finish()
         except BaseException as e:
             # Only the worker's own failures get here (handlers.py turns every exception a handler
@@ -313,6 +320,17 @@ class Worker:
             finally:
                 self.batch = None
                 batch.settled.set()
+
+    @staticmethod
+    def _group(batch: Batch, size: int) -> list[Job]:
+        """The next jobs to start together: up to `size`, in claim order, ending before a job
+        that is no longer ours (Batch.start counts from batch.started)."""
+        group: list[Job] = []
+        for job in batch.jobs[batch.started:batch.started + size]:
+            if job.id in batch.lost:
+                break
+            group.append(job)
+        return group
 
     def _still_ours(self, batch: Batch, now: float) -> bool:
         """Before a job starts: is the claim still this process's? From what the presence knows

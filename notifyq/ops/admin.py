@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from typing import Any
 
-from notifyq import errors
+from notifyq import errors, values
 from notifyq.config import validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.store import admin_queries, queries
@@ -22,8 +21,6 @@ from notifyq.store.db import Session
 STATUS_BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
 CHUNK = 1000  # rows per transaction in bulk actions
 
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 _GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
                "claimed_at", "lease_until", "dedup_key", "cancel_requested", "suspect", "payload",
@@ -34,11 +31,11 @@ _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_
 
 def parse_age(text: str) -> float:
     """'90s', '30m', '12h', '7d', '2w' or plain seconds -> seconds."""
-    m = _AGE.match(str(text).strip().lower())
-    if not m:
+    seconds = values.duration_text(text)
+    if seconds is None:
         raise errors.InputError(
             f"invalid age {text!r}: expected a number with s, m, h, d or w, like 30m or 7d")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+    return seconds
 
 
 def parse_status(text: str) -> int:

@@ -17,7 +17,8 @@ from typing import Any
 from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
-from notifyq.store import dedup, inserts, queries
+from notifyq.produce import conns
+from notifyq.store import bells, dedup, inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -77,7 +78,8 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
-        """Enqueue one job and return its id; with `conn` it commits with the caller's transaction.
+        """Enqueue one job and return its id; with `conn` it commits with the caller's transaction
+        (a DB-API connection, a SQLAlchemy Session or Connection, or Django's connection).
 
         With `dedup_key`, a pending job (ready, scheduled or claimed) holding the same key on this
         queue makes this a no-op that returns that job's id.
@@ -135,6 +137,26 @@ class Producer:
                 how(session)
         self._session = self._lock_session = self._bell = None
         self._queue_known = False
+
+    def wake(self) -> None:
+        """Wake an idle consumer of the queue now, for jobs the caller committed on its own
+        connection (`conn=`): call it after that COMMIT (contrib.django does, on commit). Rings
+        as a `ring=True` producer's put does, else `wakeup.instant_wake` if set. Best effort:
+        never raises; the consumers' poll finds the jobs anyway."""
+        try:
+            with self._mutex:
+                bell = self._armed_bell()
+                if bell is not None:
+                    if not bell.look_due():  # a look just saw nobody watching (Bell.look_due)
+                        return
+                    sql, params = bells.look(self.locks)  # the read a ringing put's COMMIT carries
+                    seen = self._locks_session().run(lambda cur: (cur.execute(sql, params), cur.fetchone())[1],
+                                                     what="look for a watcher")
+                    bell.after_commit(seen)
+                elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks and not self._behind_proxy:
+                    instant_wake(self._locks_session(), self.locks)
+        except (errors.NotifyqError, DriverError) as e:
+            log.debug("wake failed, the consumers' poll finds the jobs queue=%s error=%s", self.queue, e)
 
     def __enter__(self) -> "Producer":
         return self
@@ -235,6 +257,7 @@ class Producer:
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
         runs as a transaction of its own: its key lock must last until its job is in."""
+        conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
         body = self._body(rows, unique)

@@ -24,15 +24,31 @@ from notifyq.run import args, cli_jobs, cli_options, echo
 log = logging.getLogger("notifyq.cli")
 
 
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """An app that runs notifyq's commands as its own (contrib.django's `manage.py notifyq`):
+    `load(overrides=, warn=, config_path=)` builds the config in place of config.load (the
+    database from the app's settings), and consume_options go to every ConsumeOptions."""
+
+    load: Callable[..., config_mod.Config] | None = None
+    consume_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    no_dsn: str = ""  # set: --dsn is refused with this reason
+
+
 class Context:
     """What the global options resolve to; commands load the config through it.
 
     The global options are accepted before and after the command name (`notifyq --dsn X status`
     and `notifyq status --dsn X`): parse() keeps the later one (add_global_options)."""
 
-    def __init__(self, a: argparse.Namespace) -> None:
+    def __init__(self, a: argparse.Namespace, host: Host | None = None) -> None:
+        self.host = host or Host()
         self.flags: dict[str, Any] = {}
-        if a.dsn is not None:
+        if a.dsn is not None and self.host.no_dsn:
+            raise errors.ConfigError(f"--dsn: {self.host.no_dsn}")
+        if self.host.load is not None:
+            pass  # the database is the app's
+        elif a.dsn is not None:
             if _dsn_has_password(a.dsn):
                 _warn("a password in --dsn is visible to every user in the process list: "
                       "use NOTIFYQ_PASSWORD, password_file or a systemd credential")
@@ -54,7 +70,8 @@ class Context:
                     overrides[key] = {**overrides.get(key, {}), **value}
                 else:
                     overrides[key] = value
-            self._config = config_mod.load(overrides=overrides, warn=_warn, config_path=self.config_path)
+            load = self.host.load or config_mod.load
+            self._config = load(overrides=overrides, warn=_warn, config_path=self.config_path)
         return self._config
 
     def oneshot_config(self) -> config_mod.Config:
@@ -241,11 +258,15 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
         queues = (*queues, a.profile) if a.profile not in queues else queues
     if a.handler and a.command:
         raise args.UsageError("give --handler or --command, not both", "notifyq consume")
+    if a.tasks and (a.handler or a.command):
+        raise args.UsageError("give --tasks or --handler/--command, not both", "notifyq consume")
     if not queues:
         raise args.UsageError("missing option -q QUEUE (or --profile NAME)", "notifyq consume")
     options = ConsumeOptions(queues=tuple(dict.fromkeys(queues)), handler=a.handler, command=a.command,
                              per_batch=a.per_batch, workers=a.workers, batch_size=a.batch_size,
-                             exit_when_empty=a.exit_when_empty, max_jobs=a.max_jobs)
+                             exit_when_empty=a.exit_when_empty, max_jobs=a.max_jobs,
+                             tasks=tuple(dict.fromkeys(a.tasks)), concurrency=a.concurrency,
+                             **obj.host.consume_options)
     sys.exit(runner.consume(obj, options, daemon=a.daemon, pidfile=a.pidfile, log_file=a.log_file))
 
 
@@ -317,11 +338,11 @@ def _one_line(message: str) -> str:
     return message.translate({i: f"\\x{i:02x}" for i in range(32)})
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, host: Host | None = None) -> None:
     """Entry point: map errors to one line and an exit code."""
     try:
         a = parse(sys.argv[1:] if argv is None else list(argv))
-        a.run(Context(a), a)
+        a.run(Context(a, host), a)
     except args.UsageError as e:
         echo(f"notifyq: error: {_one_line(str(e))} (see '{e.prog} --help')", err=True)
         sys.exit(errors.EXIT_USAGE)

@@ -18,10 +18,14 @@ from notifyq.run import args, echo
 # error (exit 2) in one line, named by its flag (argparse puts "argument --flag: " before it).
 
 def seconds(name: str, text: str) -> float:
+    """Seconds, or a duration with a unit as --older-than takes: 90s, 5m, 2h, 7d, 2w."""
     try:
         number = float(text)
     except ValueError:
-        raise errors.InputError(f"{values.shown(text)} is not a valid number of seconds") from None
+        number = values.duration_text(text)
+        if number is None:
+            raise errors.InputError(f"{values.shown(text)} is not a valid number of seconds "
+                                    "(or a duration like 90s, 5m, 2h, 7d)") from None
     return values.seconds(name, number, positive=False)
 
 
@@ -109,7 +113,8 @@ def produce_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Queue to put the jobs on.")
     p.add_argument("--profile", metavar="NAME", help="Config section [queue.NAME]: its queue (the systemd instance name).")
     p.add_argument("--priority", metavar="N", type=args.int_range(-32768, 32767), default=0, help="Higher runs first (default 0).")
-    p.add_argument("--delay", metavar="SECONDS", type=args.checked("--delay", seconds), default=0.0, help="Seconds before the jobs may run.")
+    p.add_argument("--delay", metavar="SECONDS", type=args.checked("--delay", seconds), default=0.0,
+                   help="Seconds before the jobs may run, or a duration: 90s, 5m, 2h, 7d.")
     p.add_argument("--at", dest="run_at", metavar="TIME", type=args.checked("--at", not_empty),
                    help="Run at this ISO-8601 time (with offset; naive means UTC).")
     p.add_argument("--max-attempts", metavar="N", type=args.int_range(1, 65535), help="Runs before the job is dead.")
@@ -134,11 +139,15 @@ def consume_options(p: argparse.ArgumentParser) -> None:
                    help="Queue to consume (repeatable).")
     p.add_argument("--profile", metavar="NAME", help="Config section [queue.NAME] to run (the systemd instance name).")
     p.add_argument("--handler", metavar="MODULE:FUNCTION", help="Python callable pkg.module:function, called with each Job.")
+    p.add_argument("--tasks", metavar="MODULE", action="append", default=[],
+                   help="Run each job by the @notifyq.task function of MODULE it names (repeatable).")
     p.add_argument("--command", metavar="COMMAND", help="Command run per job with the payload JSON on stdin; exit 0 = done.")
     p.add_argument("--per-batch", dest="per_batch", action="store_true", default=None,
                    help="Hand the handler whole batches.")
     p.add_argument("--per-job", dest="per_batch", action="store_false", help="One job per call (the later flag wins).")
     p.add_argument("--workers", metavar="N", type=args.int_range(1, 256), help="Worker threads per queue.")
+    p.add_argument("--concurrency", metavar="N", type=args.int_range(1, 10000),
+                   help="Jobs an async def handler runs at once, per worker (per job only; default 1).")
     p.add_argument("--batch-size", metavar="N", type=args.int_range(1, 10000), help="Jobs per claim.")
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
     p.add_argument("--max-jobs", metavar="N", type=args.int_range(1), help="Exit after this many jobs.")

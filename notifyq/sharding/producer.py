@@ -112,6 +112,12 @@ class ShardedProducer:
         for producer in producers:
             producer.close()
 
+    def wake(self) -> None:
+        """Producer.wake, on the shard of a queue that is not spread (a spread queue takes no
+        conn= puts)."""
+        if self._turn is None:
+            self._on(self._home).wake()
+
     def __enter__(self) -> "ShardedProducer":
         return self
 

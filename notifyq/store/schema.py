@@ -82,30 +82,47 @@ def init(dsn: DSN, retry_s: float = 30.0, retry_log_level: int = logging.WARNING
     session = Session(dsn, autocommit=True, retry_s=retry_s, name="init", retry_log_level=retry_log_level)
     try:
         check_server(session.conn.get_server_info())
-        name = locks.migrate_lock(dsn.database)
-        cur = session.cursor()
-        cur.execute(Q["get_lock"], {"name": name, "wait_s": 120})
-        if cur.fetchone()[0] != 1:
-            raise errors.DatabaseError("another `notifyq init` has held the migration lock for 120 s")
-        try:
-            before = current_version(session)
-            if before is not None and before > code_version():
-                raise errors.SchemaError(
-                    f"schema version {before} is newer than this notifyq's {code_version()}")
-            for version, text in migrations():
-                if before is not None and version <= before:
-                    continue
-                log.info("applying migration version=%d", version)
-                for statement in split_statements(text):
-                    cur.execute(statement)
-                cur.execute(Q["set_schema_version"], {"version": str(version)})
-            return before, code_version()
-        finally:
-            cur.execute(Q["release_lock"], {"name": name})
+        return migrate(session.cursor(), dsn.database)
     except MySQLdb.Error as e:
         raise errors.DatabaseError(f"init failed: {describe(e)}") from None
     finally:
         session.close()
+
+
+def migrate(cur, database: str, upto: int | None = None) -> tuple[int | None, int]:
+    """Apply the missing migrations up to version `upto` (all: None) on `cur`, a cursor of an
+    autocommit MySQLdb connection to `database` (`init`'s own, or a framework's: contrib.django's
+    migrations run notifyq's through this). Returns (version before, version after)."""
+    upto = code_version() if upto is None else upto
+    name = locks.migrate_lock(database)
+    cur.execute(Q["get_lock"], {"name": name, "wait_s": 120})
+    if cur.fetchone()[0] != 1:
+        raise errors.DatabaseError("another `notifyq init` has held the migration lock for 120 s")
+    try:
+        before = _version(cur)
+        if before is not None and before > code_version():
+            raise errors.SchemaError(f"schema version {before} is newer than this notifyq's {code_version()}")
+        for version, text in migrations():
+            if (before is not None and version <= before) or version > upto:
+                continue
+            log.info("applying migration version=%d", version)
+            for statement in split_statements(text):
+                cur.execute(statement)
+            cur.execute(Q["set_schema_version"], {"version": str(version)})
+        return before, max(before or 0, upto)
+    finally:
+        cur.execute(Q["release_lock"], {"name": name})
+
+
+def _version(cur) -> int | None:
+    try:
+        cur.execute(Q["schema_version"])
+    except MySQLdb.ProgrammingError as e:
+        if error_code(e) == 1146:  # no nq_meta table: never initialised
+            return None
+        raise
+    row = cur.fetchone()
+    return int(row[0]) if row else None
 
 
 def _create_database(dsn: DSN, retry_s: float, retry_log_level: int) -> None:

@@ -1,0 +1,169 @@
+"""Tasks: `@notifyq.task(queue="emails")` on a function gives `send_email.enqueue(...)`, and
+`notifyq consume --tasks myapp.tasks` runs each job of the queue by the task it names.
+
+A task's job payload is {"task": NAME, "args": [...], "kwargs": {...}}; NAME is the function's
+`module.qualname` unless given. A consumer runs only the tasks of the modules it was given, found
+there as Task objects (no import-time side effect decides what runs), and fails a job that names
+another with a clear error: it never runs something else.
+
+The registry is an object: `TaskRegistry()` gives an app (or a test) its own, with its own config
+and producers; `notifyq.task` is the default registry's decorator, whose config is
+`notifyq.load_config()` unless `configure()` set one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from notifyq import errors, values
+from notifyq.config import Config, validate_queue_name
+from notifyq.consume import handlers
+from notifyq.jobs import Job
+from notifyq.produce.producer import Producer
+
+
+class Task:
+    """A function that can also be enqueued: calling it runs it here, `.enqueue()` puts a job."""
+
+    def __init__(self, fn: Callable[..., Any], registry: "TaskRegistry", *, queue: str, name: str,
+                 max_attempts: int | None, priority: int):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.registry = registry
+        self.queue = validate_queue_name(queue)
+        self.name = name
+        self.max_attempts = max_attempts
+        self.priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def enqueue(self, *args: Any, delay: float = 0, dedup_key: str | None = None, conn: Any = None,
+                **kwargs: Any) -> int:
+        """Put a job that runs this task with these arguments (JSON-serialisable); its id.
+        `delay`, `dedup_key` and `conn` are Producer.put's (so a task cannot take arguments of
+        those names); `conn` commits the job with the caller's transaction."""
+        payload = {"task": self.name, "args": list(args), "kwargs": kwargs}
+        return self.registry.producer(self.queue).put(payload, priority=self.priority, delay=delay,
+                                                      max_attempts=self.max_attempts,
+                                                      dedup_key=dedup_key, conn=conn)
+
+    def __repr__(self) -> str:
+        return f"<notifyq task {self.name} queue={self.queue}>"
+
+
+class TaskRegistry:
+    """Tasks by name, and the producers their enqueue() puts through (one per queue, shared by
+    the threads of the process: Producer is thread-safe)."""
+
+    def __init__(self, config: Config | Callable[[], Config] | None = None):
+        self.tasks: dict[str, Task] = {}
+        self._config = config
+        self._producers: dict[str, Producer] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
+             max_attempts: int | None = None, priority: int = 0) -> Any:
+        """Decorator: `@registry.task` or `@registry.task(queue="emails", max_attempts=3)`."""
+        def wrap(f: Callable[..., Any]) -> Task:
+            if not callable(f):
+                raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority)
+            self.tasks[task_name] = t
+            return t
+        return wrap(fn) if fn is not None else wrap
+
+    def configure(self, config: Config | Callable[[], Config] | None) -> None:
+        """The config enqueue() uses, or a function that gives it when a queue's producer is
+        first needed (contrib.django's: the database of its settings); None: load_config().
+        Closes the producers of the one before."""
+        self.close()
+        self._config = config
+
+    def producer(self, queue: str) -> Producer:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's sessions are not its own
+                self._producers, self._pid = {}, os.getpid()
+            if queue not in self._producers:
+                if self._config is None:
+                    from notifyq.config import load
+
+                    self._config = load()
+                config = self._config() if callable(self._config) else self._config
+                if config.shards:
+                    raise errors.ConfigError("tasks enqueue on one server: a config with [shards] "
+                                             "is not supported by TaskRegistry yet")
+                self._producers[queue] = Producer(queue, config, ring=True)
+            return self._producers[queue]
+
+    def close(self) -> None:
+        with self._lock:
+            producers, self._producers = self._producers, {}
+        for producer in producers.values():
+            producer.close()
+
+
+default_registry = TaskRegistry()
+task = default_registry.task
+
+
+def tasks_in(module_names: tuple[str, ...]) -> dict[str, Task]:
+    """The Task objects the modules define (imported as a handler's module is), by name."""
+    found: dict[str, Task] = {}
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, as handlers.load_callable does
+    for module_name in module_names:
+        try:
+            module = importlib.import_module(module_name)
+        except SystemExit as e:
+            raise errors.HandlerError(f"--tasks {module_name}: importing it called sys.exit({e.code!r})") from None
+        except Exception as e:
+            raise errors.HandlerError(f"--tasks {module_name}: cannot import it: {e}") from None
+        mine = {t.name: t for t in vars(module).values() if isinstance(t, Task)}
+        if not mine:
+            raise errors.HandlerError(f"--tasks {module_name}: it defines no @notifyq.task function")
+        found.update(mine)
+    return found
+
+
+class TaskHandler(handlers.PythonHandler):
+    """Runs each job by the task its payload names, among `tasks`; per job only."""
+
+    def __init__(self, tasks: dict[str, Task], queue: str, around=None):
+        self.tasks = {n: t for n, t in tasks.items() if t.queue == queue}
+        if not self.tasks:
+            raise errors.HandlerError(f"--tasks: no task of these modules is on queue {queue} "
+                                      f"(theirs: {', '.join(sorted({t.queue for t in tasks.values()}))})")
+        super().__init__(self._run, per_batch=False, around=around)
+
+    def _run(self, job: Job) -> Any:
+        payload = job.payload
+        name = payload.get("task") if isinstance(payload, dict) else None
+        task = self.tasks.get(name) if isinstance(name, str) else None
+        if task is None:
+            raise UnknownTask(_unknown(name, payload, sorted(self.tasks)))
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise UnknownTask(f"task {name}: the job's args must be a list and its kwargs an object")
+        return task.fn(*args, **kwargs)
+
+
+class UnknownTask(errors.NotifyqError):
+    """A job that names no task this consumer runs."""
+
+
+def _unknown(name: Any, payload: Any, known: list[str]) -> str:
+    if name is None:
+        what = "the job names no task (its payload has no \"task\" key)" if isinstance(payload, dict) \
+            else "the job is not a task's (its payload is not an object)"
+    else:
+        what = f"unknown task {values.shown(name)}"
+    return f"{what}; this consumer runs: {', '.join(known)}"

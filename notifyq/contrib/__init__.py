@@ -1,0 +1,1 @@
+"""Adapters to frameworks (each an optional extra): the core never imports them."""

@@ -1,0 +1,103 @@
+"""AsyncProducer: `await put(...)` from asyncio code, over the thread-safe Producer.
+
+A put runs on a small thread pool, each thread with a Producer (and so a session) of its own,
+so the event loop never waits on the database: it only awaits a future. Why threads over
+mysqlclient rather than an async driver: docs/asyncio.md (measured by benchmarks/async_put.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from notifyq import errors, values
+from notifyq.config import Config
+from notifyq.produce.producer import Producer
+
+
+class AsyncProducer:
+    """Enqueue jobs on `queue` from coroutines: `await put(...)`, `await put_many(...)`.
+
+    `sessions` threads (and database sessions) carry the puts; one is enough for an app whose
+    puts are a small part of its work, more raise the rate of many concurrent puts (docs/asyncio.md
+    has the figures). With `ring=True` the first session's producer rings the
+    queue's bell (one ringer per queue and server), and the others wake the consumers with
+    `Producer.wake()` after their puts. `conn=` takes a *synchronous* DB-API connection, used
+    from the pool's thread: most async apps enqueue without it.
+
+    A put cancelled while its thread runs it still completes (a statement cannot be taken back
+    half-sent): the job may be stored although the awaiting coroutine never saw its id.
+    """
+
+    def __init__(self, queue: str, config: Config, *, ring: bool = True, sessions: int = 1):
+        self.queue = queue
+        self.config = config
+        self.sessions = values.number("sessions", sessions, lo=1, hi=64, integer=True)
+        if isinstance(config, Config) and config.shards:
+            raise errors.ConfigError("AsyncProducer puts on one server: with [shards], put with "
+                                     "notifyq.Producer (thread-safe) from a thread pool")
+        # Checked now (queue name, config): a bad argument fails here, not in a thread later.
+        self._producers = [Producer(queue, config, ring=ring and i == 0) for i in range(self.sessions)]
+        self._ring = ring
+        self._free = list(self._producers)  # producers no thread is using
+        self._free_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    async def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
+                  max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+        """Producer.put, awaited."""
+        return await self._run("put", payload, priority=priority, delay=delay, run_at=run_at,
+                               max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
+
+    async def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
+                       run_at: dt.datetime | None = None, max_attempts: int | None = None,
+                       conn: Any = None) -> list[int]:
+        """Producer.put_many, awaited (atomic: one transaction)."""
+        if not isinstance(payloads, (list, tuple)):  # a generator must not be read on another thread
+            if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
+                raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
+            payloads = list(payloads)
+        return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
+                               max_attempts=max_attempts, conn=conn)
+
+    async def close(self) -> None:
+        """Close every session, after the puts under way."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, functools.partial(pool.shutdown, wait=True))
+        for producer in self._producers:
+            producer.close()
+
+    async def __aenter__(self) -> "AsyncProducer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise errors.InputError("AsyncProducer is closed")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.sessions, thread_name_prefix=f"notifyq-put-{self.queue}")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(self._call, method, args, kwargs))
+
+    def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """On a pool thread: a free producer (there are as many as threads) does the put."""
+        with self._free_lock:
+            producer = self._free.pop()
+        try:
+            result = getattr(producer, method)(*args, **kwargs)
+        finally:
+            with self._free_lock:
+                self._free.append(producer)
+        if self._ring and kwargs.get("conn") is None and producer is not self._producers[0]:
+            self._producers[0].wake()  # only the first rings its own puts (one ringer per queue)
+        return result

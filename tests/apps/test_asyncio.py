@@ -1,0 +1,156 @@
+"""notifyq.AsyncProducer (issue 28, item 2): awaited puts that store what they return, and an
+event loop that keeps turning while a hundred coroutines put."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+import notifyq
+from notifyq import errors
+
+COROUTINES = 100
+PUTS = 5
+
+
+def test_every_id_an_awaited_put_returns_is_stored_with_its_payload(db):
+    # Given an AsyncProducer with two sessions
+    async def main() -> dict[int, str]:
+        async with notifyq.AsyncProducer("aq", db.config(), sessions=2) as producer:
+            # When 100 coroutines put 5 jobs each, and one put_many of three
+            async def worker(c: int) -> list[tuple[int, str]]:
+                out = []
+                for i in range(PUTS):
+                    out.append((await producer.put({"p": f"{c}-{i}"}), f"{c}-{i}"))
+                return out
+            results = await asyncio.gather(*(worker(c) for c in range(COROUTINES)))
+            many = await producer.put_many(({"p": f"m-{i}"} for i in range(3)))
+        return {**{i: p for r in results for i, p in r}, **{i: f"m-{n}" for n, i in enumerate(many)}}
+
+    returned = asyncio.run(main())
+    # Then every returned id is stored, with the payload of the put that returned it
+    stored = {i: json.loads(p)["p"] for i, p in db.query("SELECT id, payload FROM nq_job WHERE queue = 'aq'")}
+    assert len(returned) == COROUTINES * PUTS + 3
+    assert stored == returned
+
+
+def test_the_event_loop_keeps_turning_while_coroutines_put(db):
+    # Given a ticker that measures how late the loop wakes it
+    async def main() -> tuple[float, int]:
+        lag = 0.0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal lag
+            while not done.is_set():
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.001)
+                lag = max(lag, time.perf_counter() - t0 - 0.001)
+
+        async with notifyq.AsyncProducer("lag", db.config()) as producer:
+            await producer.put({"warm": 1})  # connects: not what is measured
+            tick = asyncio.create_task(ticker())
+            # When 100 coroutines put 5 jobs each
+            await asyncio.gather(*(producer.put({"c": c, "i": i}) for c in range(COROUTINES) for i in range(PUTS)))
+            done.set()
+            await tick
+        return lag, db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'lag'")
+
+    lag, count = asyncio.run(main())
+    # Then every job is stored, and the loop was never held for as long as a put takes in a row
+    assert count == COROUTINES * PUTS + 1
+    assert lag < 0.25, f"event loop held for {lag * 1000:.0f} ms"
+
+
+def test_bad_arguments_raise_input_errors_and_a_closed_producer_refuses(db):
+    async def main() -> None:
+        producer = notifyq.AsyncProducer("bad", db.config())
+        with pytest.raises(errors.InputError, match="payload is not JSON"):
+            await producer.put({"x": object()})
+        with pytest.raises(errors.InputError, match="expected a list"):
+            await producer.put_many("abc")
+        await producer.close()
+        with pytest.raises(errors.InputError, match="closed"):
+            await producer.put({"x": 1})
+
+    asyncio.run(main())
+    with pytest.raises(errors.InputError, match="invalid queue name"):
+        notifyq.AsyncProducer("no spaces", db.config())
+
+
+def test_an_async_handler_runs_up_to_concurrency_jobs_at_once_each_with_its_own_outcome(db):
+    # Given 10 jobs, one of which fails, and one worker running an async def handler with
+    # concurrency 5 (claims of 10: the first job alone, while the claim's COMMIT may be on the
+    # wire, then groups of 5 and 4)
+    with notifyq.Producer("conc", db.config()) as producer:
+        ids = producer.put_many([{"n": i} for i in range(10)])
+    running, most, loops = 0, 0, set()
+
+    async def handler(job):
+        nonlocal running, most
+        loops.add(id(asyncio.get_running_loop()))
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.05)
+            if job.payload["n"] == 7:
+                raise ValueError("seven")
+        finally:
+            running -= 1
+
+    import threading
+    options = notifyq.ConsumeOptions(queues=("conc",), function=handler, exit_when_empty=True, concurrency=5,
+                                     batch_size=10)
+    service = notifyq.ConsumerService(db.config(defaults={"retry_base_s": 60.0}), options)
+    assert service.run(threading.Event()) == 0
+    # Then five ran at once on one loop, the worker's, and only the failing job is left, failed
+    assert most == 5 and len(loops) == 1
+    assert db.query("SELECT id, last_error FROM nq_job WHERE queue = 'conc'") == [(ids[7], "ValueError: seven")]
+
+
+def test_concurrency_is_refused_out_of_range_in_one_line(db):
+    from conftest import run_cli
+
+    done = run_cli(db.env, "consume", "-q", "conc", "--handler", "nqtasks:add", "--concurrency", "0")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("notifyq: error: argument --concurrency: 0 is not in the range 1<=x<=10000 "
+                                   "(see 'notifyq consume --help')")
+
+
+def test_an_async_producer_refuses_a_config_with_shards_in_one_line():
+    from notifyq import config as config_mod
+
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"},
+                          overrides={"shards": {"a": "mysql://u@h1/db", "b": "mysql://u@h2/db"}})
+    with pytest.raises(errors.ConfigError) as e:
+        notifyq.AsyncProducer("q", cfg)
+    assert str(e.value) == ("AsyncProducer puts on one server: with [shards], put with notifyq.Producer "
+                            "(thread-safe) from a thread pool")
+
+
+def test_the_fastapi_example_of_the_docs_enqueues_from_its_endpoint(db, monkeypatch):
+    pytest.importorskip("fastapi", reason="FastAPI not installed: the docs example is not run")
+    pytest.importorskip("httpx", reason="httpx not installed (FastAPI's TestClient): the docs example is not run")
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    # Given the first Python block of docs/asyncio.md, configured from the environment as it says
+    text = (Path(__file__).resolve().parents[2] / "docs" / "asyncio.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    for key in ("NOTIFYQ_DSN", "NOTIFYQ_PASSWORD", "NOTIFYQ_CONFIG"):
+        monkeypatch.setenv(key, db.env[key])
+    namespace: dict = {"__name__": "docs_asyncio"}
+    exec(compile(code, "docs/asyncio.md", "exec"), namespace)
+    # When a client signs up through the app (its lifespan closes the producer at the end)
+    with TestClient(namespace["app"]) as client:
+        answer = client.post("/signup", params={"address": "a@example.com"})
+    # Then the job it answered with is stored, with its payload and priority
+    assert answer.status_code == 200, answer.text
+    job_id = answer.json()["job"]
+    assert db.query("SELECT id, payload, priority FROM nq_job WHERE queue = 'emails'") == [
+        (job_id, '{"to":"a@example.com"}', 5)]
+    assert namespace["emails"]._closed

@@ -1,0 +1,202 @@
+"""notifyq.contrib.django (issue 28, item 3) on a real Django project (tests/django_project):
+`manage.py migrate` gives the tables, `manage.py test` runs with them in its test database
+(commit, rollback, savepoint, on_commit: shop/tests.py), `manage.py notifyq consume` runs the
+project's handlers and tasks, wakes on commit, and survives a server that drops idle connections."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("django", reason="Django not installed: pip install 'notifyq[django]'")
+
+from conftest import REPO, admin_connect, wait_until  # noqa: E402
+
+from notifyq.config import DSN  # noqa: E402
+from notifyq.run.localserver import LocalServer  # noqa: E402
+from notifyq.store import schema  # noqa: E402
+
+PROJECT = REPO / "tests" / "django_project"
+
+
+class Project:
+    """The test project on one database of `root`'s server."""
+
+    def __init__(self, root: DSN, notifyq_config: dict | None = None):
+        self.root = root
+        self.name = f"nq_dj_{uuid.uuid4().hex[:10]}"
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")},
+                    "NQ_DJANGO_HOST": root.host, "NQ_DJANGO_PORT": str(root.port), "NQ_DJANGO_USER": root.user,
+                    "NQ_DJANGO_PASSWORD": root.password or "", "NQ_DJANGO_NAME": self.name,
+                    "NQ_DJANGO_TEST_NAME": f"test_{self.name}",
+                    "NQ_DJANGO_NOTIFYQ_CONFIG": json.dumps(notifyq_config or {}),
+                    "PYTHONPATH": str(PROJECT)}
+        conn = admin_connect(root)
+        conn.cursor().execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+        conn.close()
+        self.procs: list[subprocess.Popen] = []
+
+    def manage(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def start(self, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def query(self, sql: str, params=None) -> list[tuple]:
+        conn = admin_connect(self.root, self.name)
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+        conn = admin_connect(self.root)
+        for name in (self.name, f"test_{self.name}"):
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        conn.close()
+
+
+@pytest.fixture
+def project(server_dsn):
+    p = Project(DSN.parse(server_dsn))
+    yield p
+    p.close()
+
+
+def _migrated(project: Project) -> None:
+    done = project.manage("migrate", "--noinput")
+    assert done.returncode == 0, done.stderr
+
+
+def test_manage_py_migrate_creates_notifyqs_schema_and_a_second_run_changes_nothing(project):
+    # Given an empty database, When `manage.py migrate` runs
+    _migrated(project)
+    # Then it holds notifyq's current schema, applied by notifyq's own migration
+    assert int(project.query("SELECT value FROM nq_meta WHERE name = 'schema_version'")[0][0]) == schema.code_version()
+    assert ("notifyq", "0001_initial") in project.query("SELECT app, name FROM django_migrations")
+    # And a second run has nothing to do; `manage.py notifyq status` reads the same database
+    again = project.manage("migrate", "--noinput")
+    assert again.returncode == 0 and "No migrations to apply" in again.stdout
+    status = project.manage("notifyq", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["queues"] == [] or "queues" in json.loads(status.stdout)
+
+
+def test_the_django_migrations_reach_the_schema_version_of_this_notifyq():
+    # A notifyq migration without its Django migration would leave Django projects behind.
+    from notifyq.contrib.django.migrations import __path__ as migrations_path
+
+    texts = [p.read_text() for p in Path(migrations_path[0]).glob("0*.py")]
+    versions = [int(line.split("=")[1]) for t in texts for line in t.splitlines()
+                if line.startswith("SCHEMA_VERSION =")]
+    assert max(versions) == schema.code_version()
+
+
+def test_manage_py_test_runs_with_notifyqs_tables_in_the_test_database(project):
+    # shop/tests.py: the test database's schema, enqueue_on_commit under commit, rollback and
+    # savepoint, the on_commit ring registered only for a commit, a task on Django's connection
+    done = project.manage("test", "shop", "--noinput", "-v", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Ran 6 tests" in done.stderr and "OK" in done.stderr
+
+
+def test_manage_py_notifyq_refuses_a_dsn_in_one_line(project):
+    done = project.manage("notifyq", "status", "--dsn", "mysql://x@y/z")
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        "notifyq: error: --dsn: manage.py notifyq uses the database of settings.NOTIFYQ['DATABASE']"]
+
+
+def test_a_job_enqueued_on_commit_is_picked_up_at_once_not_at_the_next_poll(server_dsn):
+    # Given a consumer whose poll comes only every 5 s (so only a ring can start a job sooner)
+    project = Project(DSN.parse(server_dsn), {"wakeup": {"poll_initial_s": 5.0, "poll_max_s": 5.0}})
+    try:
+        _migrated(project)
+        consumer = project.start("notifyq", "consume", "-q", "pickup", "--handler", "shop.handlers:record")
+        wait_until(lambda: project.query("SELECT COUNT(*) FROM nq_consumer")[0][0] == 1 or consumer.poll() is not None,
+                   message="the consumer registered")
+        assert consumer.poll() is None, consumer.communicate()[1]
+        # When jobs are enqueued in atomic() blocks, one after another
+        done = project.manage("enqueue_and_wait", "--queue", "pickup", "--jobs", "5")
+        assert done.returncode == 0, done.stderr
+        pickups = json.loads(done.stdout)
+        # Then each starts well before the 5 s poll (the on_commit ring woke the consumer)
+        assert None not in pickups, pickups
+        assert max(pickups) < 1500, pickups
+    finally:
+        project.close()
+
+
+def test_consume_tasks_runs_a_projects_task_and_fails_an_unknown_one_clearly(project):
+    _migrated(project)
+    # Given a task job and a job naming no task of the module
+    put = project.manage("shell", "-c", "from shop.tasks import make_order; "
+                         "print(make_order.enqueue('via-task', copies=2))")
+    assert put.returncode == 0, put.stderr
+    bad = project.manage("notifyq", "produce", "-q", "orders", '{"task": "shop.tasks.rm_rf", "args": []}')
+    assert bad.returncode == 0, bad.stderr
+    # When a consumer runs the queue with --tasks until it is empty
+    run = project.manage("notifyq", "consume", "-q", "orders", "--tasks", "shop.tasks", "--exit-when-empty")
+    assert run.returncode == 0, run.stderr
+    # Then the task ran with its arguments, and the other job failed naming what it asked for
+    assert project.query("SELECT name FROM shop_order ORDER BY id") == [("via-task",), ("via-task",)]
+    errors = [r[0] for r in project.query("SELECT last_error FROM nq_job WHERE queue = 'orders'")]
+    assert errors == ["UnknownTask: unknown task 'shop.tasks.rm_rf'; this consumer runs: shop.tasks.make_order"]
+
+
+@pytest.fixture(scope="module")
+def forgetful_server(tmp_path_factory):
+    """A private server that drops a connection idle for 2 s (SET GLOBAL wait_timeout)."""
+    server = LocalServer(tmp_path_factory.mktemp("forgetful"))
+    server.start()
+    try:
+        conn = admin_connect(DSN.parse(server.dsn))
+        conn.cursor().execute("SET GLOBAL wait_timeout = 2")
+        conn.close()
+        yield server.dsn
+    finally:
+        server.cleanup()
+
+
+def test_an_orm_handler_keeps_working_after_the_server_dropped_its_idle_connection(forgetful_server):
+    project = Project(DSN.parse(forgetful_server))
+    try:
+        _migrated(project)
+        consumer = project.start("notifyq", "consume", "-q", "stale", "--handler", "shop.handlers:record")
+        # Given a handler that ran once on the ORM's connection
+        assert project.manage("notifyq", "produce", "-q", "stale", '{"n": 0}').returncode == 0
+        first = wait_until(lambda: project.query("SELECT connection_id FROM shop_handled"), timeout=60,
+                           message="the first job handled")[0][0]
+        # And the server dropped that connection once it sat idle past wait_timeout
+        wait_until(lambda: not project.query("SELECT 1 FROM information_schema.processlist WHERE id = %s",
+                                             (first,)), timeout=30, message="the idle connection dropped")
+        # When more jobs come
+        assert project.manage("notifyq", "produce", "-q", "stale", *[json.dumps({"n": i}) for i in range(1, 6)]).returncode == 0
+        # Then every one is handled, none failed (2006 "server has gone away" before)
+        wait_until(lambda: project.query("SELECT COUNT(*) FROM shop_handled")[0][0] == 6 or consumer.poll() is not None,
+                   timeout=60, message="six jobs handled")
+        assert project.query("SELECT COUNT(*) FROM shop_handled")[0][0] == 6, consumer.communicate()[1][-2000:]
+        assert project.query("SELECT COUNT(*) FROM nq_job WHERE last_error IS NOT NULL") == [(0,)]
+    finally:
+        project.close()

@@ -1,0 +1,114 @@
+"""The small ones of issue 28 (items 7-9): failure records that read fully under any stdlib
+formatter, the on_failure hook, NOTIFYQ_INSTANT_WAKE=1, `produce --delay 5m`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+from conftest import run_cli
+
+import notifyq
+from notifyq import config as config_mod
+from notifyq import errors
+
+
+def _consume_once(db, queue, function, **options):
+    service = notifyq.ConsumerService(db.config(defaults={"retry_base_s": 60.0}),
+                                      notifyq.ConsumeOptions(queues=(queue,), function=function,
+                                                             exit_when_empty=True, **options))
+    assert service.run(threading.Event()) == 0
+
+
+def test_a_failure_record_reads_fully_under_a_plain_stdlib_formatter(db, caplog):
+    # Given an app that only called logging.basicConfig (caplog stands for its root handler)
+    with notifyq.Producer("lg", db.config()) as producer:
+        job_id = producer.put({"n": 1})
+
+    def boom(job):
+        raise ValueError("disk full")
+
+    # When a job fails
+    with caplog.at_level(logging.WARNING, logger="notifyq"):
+        _consume_once(db, "lg", boom)
+    record = next(r for r in caplog.records if "job failed" in r.getMessage())
+    text = logging.Formatter("%(levelname)s:%(name)s:%(message)s").format(record)
+    # Then the line names the queue, the job, the attempt, the error, and the traceback follows
+    head, *tb = text.splitlines()
+    assert head.startswith(f"WARNING:notifyq.consumer:job failed, retrying queue=lg job={job_id} attempt=1/5 "
+                           "next=\"retry at ")
+    assert head.endswith('error="ValueError: disk full"')
+    assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: disk full"
+    # And notifyq's own key=value format prints the bare message, the fields as keys
+    from notifyq import logs
+    kv = logs.KVFormatter(timestamps=False).format(record)
+    assert kv.startswith('level=warning logger=notifyq.consumer msg="job failed, retrying" queue=lg ')
+    assert "traceback=\"Traceback (most recent call last):\\n" in kv
+
+
+def test_on_failure_gets_the_job_and_what_the_handler_raised(db):
+    with notifyq.Producer("hook", db.config()) as producer:
+        failing, fine = producer.put({"fail": True}), producer.put({"fail": False})
+    seen = []
+
+    def handler(job):
+        if job.payload["fail"]:
+            raise KeyError("missing")
+
+    def hook(job, exc):
+        seen.append((job.id, job.queue, exc))
+        raise RuntimeError("a broken reporter fails nothing")
+
+    _consume_once(db, "hook", handler, on_failure=hook)
+    assert [(i, q, type(e), e.args) for i, q, e in seen] == [(failing, "hook", KeyError, ("missing",))]
+    assert seen[0][2].__traceback__ is not None  # an error reporter gets the stack
+    assert db.query("SELECT id, attempts FROM nq_job WHERE queue = 'hook'") == [(failing, 1)]
+    assert fine != failing
+
+
+def test_consumer_on_failure_in_the_config_reports_a_commands_failure(db, tmp_path):
+    out = tmp_path / "failures.jsonl"
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text('[consumer]\non_failure = "nqtasks:report_failure"\n')
+    env = {**db.env, "NQ_TASKS_OUT": str(out), "NOTIFYQ_CONFIG": str(conf)}
+    job_id = int(run_cli(env, "produce", "-q", "cmd", '{"n": 1}').stdout)
+    done = run_cli(env, "consume", "-q", "cmd", "--command", "false", "--exit-when-empty")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"failed": job_id, "type": "JobFailed", "error": "exit status 1"}]
+
+
+def test_an_on_failure_path_that_does_not_load_is_one_line(db, tmp_path):
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text('[consumer]\non_failure = "nqtasks:nothing_here"\n')
+    done = run_cli({**db.env, "NOTIFYQ_CONFIG": str(conf)}, "consume", "-q", "cmd", "--command", "true",
+                   "--exit-when-empty")
+    assert done.returncode == 8
+    assert done.stderr.strip() == ("notifyq: error: consumer.on_failure: handler 'nqtasks:nothing_here': "
+                                   "nqtasks has no attribute nothing_here")
+
+
+@pytest.mark.parametrize("text, value", [("1", True), ("0", False), ("true", True), ("False", False),
+                                         ("yes", True), ("no", False), ("on", True), ("off", False)])
+def test_notifyq_instant_wake_takes_the_usual_forms_of_a_boolean(text, value):
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_INSTANT_WAKE": text})
+    assert cfg.wakeup.instant_wake is value
+
+
+def test_notifyq_instant_wake_refuses_other_words_in_one_line():
+    with pytest.raises(errors.ConfigError) as e:
+        notifyq.load_config(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_INSTANT_WAKE": "2"})
+    assert str(e.value) == "NOTIFYQ_INSTANT_WAKE: expected 1 or 0 (or true/false, yes/no, on/off), got '2'"
+
+
+def test_produce_delay_takes_units_like_older_than(db):
+    done = run_cli(db.env, "produce", "-q", "later", "--delay", "5m", '{"n": 1}')
+    assert done.returncode == 0, done.stderr
+    ahead = db.scalar("SELECT TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(6), run_at) FROM nq_job WHERE queue = 'later'")
+    assert 290 <= ahead <= 300
+    bad = run_cli(db.env, "produce", "-q", "later", "--delay", "5x", '{"n": 1}')
+    assert (bad.returncode, bad.stderr.strip()) == (2, (
+        "notifyq: error: argument --delay: '5x' is not a valid number of seconds (or a duration like 90s, 5m, "
+        "2h, 7d) (see 'notifyq produce --help')"))

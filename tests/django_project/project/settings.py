@@ -1,0 +1,25 @@
+import json
+import os
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "notifyq.contrib.django", "shop"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": os.environ.get("NQ_DJANGO_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("NQ_DJANGO_PORT", "3306"),
+        "USER": os.environ.get("NQ_DJANGO_USER", "root"),
+        "PASSWORD": os.environ.get("NQ_DJANGO_PASSWORD", ""),
+        "NAME": os.environ.get("NQ_DJANGO_NAME", "nq_django"),
+        "TEST": {"NAME": os.environ.get("NQ_DJANGO_TEST_NAME")},
+    }
+}
+NOTIFYQ = {
+    "DATABASE": "default",
+    "QUEUES": {"orders": {"max_attempts": 3}},
+    "CONFIG": json.loads(os.environ.get("NQ_DJANGO_NOTIFYQ_CONFIG", "{}")),
+}
+LOGGING_CONFIG = None
