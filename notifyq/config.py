@@ -2,194 +2,25 @@
 
 Files: `$NOTIFYQ_CONFIG` (default /etc/notifyq/notifyq.toml) and then every `conf.d/*.toml`
 beside it, in name order. Unknown keys are errors, not warnings: a typo in a retry setting
-should stop a deploy, not silently run with the default.
+should stop a deploy, not silently run with the default. What a configuration holds is
+settings.py's (its names are importable from here too, as every part does).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from notifyq import errors, values
 from notifyq.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
-
-DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
-DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start
-ONESHOT_CONNECT_RETRY_S = 5.0  # an operator at a prompt wants the answer, not a wait
-
-validate_queue_name = values.queue_name  # the name every part imports
-
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    """Settings one queue's consumers run with; `[defaults]` then `[queue.NAME]`."""
-
-    handler: str = ""  # "pkg.module:function"
-    command: str = ""  # external command; payload JSON on stdin
-    tasks: str = ""  # modules whose @notifyq.task functions run the jobs ("a.tasks b.tasks")
-    per_batch: bool = False  # handler gets the whole batch (command: JSON lines)
-    command_timeout_s: float = 60.0
-    batch_size: int = 100
-    workers: int = 1
-    concurrency: int = 1  # a coroutine handler's jobs run at once per worker (per job only)
-    max_attempts: int = 5
-    retry_base_s: float = 1.0
-    retry_max_s: float = 3600.0
-    lease_s: float = 300.0  # a claim older than this, not extended, is taken back even from a live consumer
-    keep_done: bool = False  # keep finished jobs as status done instead of deleting them
-    retention_s: float = 7 * 86400.0  # how long kept done/dead jobs stay before `purge` removes them
-    shard: str = ""  # with [shards]: the shard that holds this queue ("": by hash of its name)
-    spread: bool = False  # with [shards]: jobs go to every shard (round-robin, or by dedup key)
-
-
-@dataclass(frozen=True)
-class WakeupConfig:
-    """[wakeup]: how idle consumers wait for work and how often they poll."""
-
-    poll_initial_s: float = 0.005  # first signal-row poll after going idle, doubled each time
-    poll_max_s: float = 1.0  # backoff cap: the worst pick-up delay when no bell rings
-    idle_wait_s: float = 25.0  # how long a non-watcher sleeps in GET_LOCK before re-arming
-    instant_wake: bool = False  # producers that do not ring KILL QUERY the watcher's wait (same DB user only)
-    use_locks: bool = True  # false: poll the signal row only (for proxies that break GET_LOCK)
-
-
-@dataclass(frozen=True)
-class ConsumerConfig:
-    """[consumer]: the consumer process as a whole (reaper, shutdown, sessions, metrics)."""
-
-    reap_interval_s: float = 2.0
-    shutdown_grace_s: float = 60.0
-    # The server drops a consumer's lock sessions (liveness lock, periodic leadership) after this
-    # long without a statement: a host that vanished without closing them loses its locks then.
-    # Live consumers ping well inside it (consume/presence.py).
-    session_idle_s: float = 60.0
-    metrics_port: int = 0  # 0: no Prometheus endpoint
-    metrics_addr: str = "127.0.0.1"  # where it listens: "0.0.0.0" or "::" for every interface
-    # With metrics_port: the status pages (notifyq web's, read-only) on the same port. Off by
-    # default: they show payloads and errors, which a port opened for scraping may not be for.
-    metrics_pages: bool = False
-    on_failure: str = ""  # "pkg.module:function" called with (job, exception) for every failed job
-
-
-@dataclass(frozen=True)
-class ProducerConfig:
-    """[producer]: payload limit and batching of `notifyq produce` and put_many."""
-
-    max_payload_bytes: int = 65536
-    batch_lines: int = 500  # `produce` from stdin commits at most this many lines at once ...
-    batch_wait_s: float = 0.0  # ... and holds a batch open this long for more (0: commit at once)
-    chunk_size: int = 500  # rows per multi-row INSERT in put_many
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """[log]: level, format, where lines go, and the consumer's summary line."""
-
-    level: str = "info"
-    format: str = "auto"  # auto | kv | json
-    file: str = ""
-    syslog: bool = False
-    summary_s: float = 60.0  # a consumer's INFO summary line this often, busy or idle (0: never)
-
-
-@dataclass(frozen=True)
-class Config:
-    """Every setting, merged from defaults, files, NOTIFYQ_* variables and flags (load())."""
-
-    dsn: DSN = field(default_factory=DSN)
-    password_file: str = ""
-    # How long a command retries an unreachable server before exit 5. Unset: a daemon (consume,
-    # a produce stream) waits DAEMON_CONNECT_RETRY_S at start, a one-shot command (status, init,
-    # jobs ...) ONESHOT_CONNECT_RETRY_S.
-    connect_retry_s: float | None = None
-    log: LogConfig = field(default_factory=LogConfig)
-    wakeup: WakeupConfig = field(default_factory=WakeupConfig)
-    consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
-    producer: ProducerConfig = field(default_factory=ProducerConfig)
-    defaults: QueueConfig = field(default_factory=QueueConfig)
-    queues: dict[str, QueueConfig] = field(default_factory=dict)
-    periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
-    sources: tuple[str, ...] = ()
-    # [shards]: name -> DSN of each independent server. Empty: one server, `dsn`. Set: `dsn` is
-    # the first shard's (by name), for what is not a queue's (shards.py places the queues).
-    shards: dict[str, DSN] = field(default_factory=dict)
-
-    def shard_names(self) -> tuple[str, ...]:
-        """Every shard's name in name order; ("",) for one server."""
-        return tuple(sorted(self.shards)) or ("",)
-
-    def on_shard(self, name: str) -> "Config":
-        """This config with `dsn` the shard's and no [shards]: what a single-server part runs with."""
-        return replace(self, dsn=self.shards[name], shards={}) if name else self
-
-    def connect_retry(self, *, oneshot: bool) -> float:
-        if self.connect_retry_s is not None:
-            return self.connect_retry_s
-        return ONESHOT_CONNECT_RETRY_S if oneshot else DAEMON_CONNECT_RETRY_S
-
-    def queue(self, name: str) -> QueueConfig:
-        return self.queues.get(validate_queue_name(name), self.defaults)
-
-    def with_overrides(self, **kw: Any) -> "Config":
-        return replace(self, **kw)
-
-    def masked_dict(self) -> dict[str, Any]:
-        """Everything, as `notifyq config` prints it: the password never appears."""
-        out: dict[str, Any] = {"dsn": self.dsn.masked(), "sources": list(self.sources)}
-        if self.shards:
-            out = {"shards": {n: d.masked() for n, d in sorted(self.shards.items())}, "sources": out["sources"]}
-        if self.connect_retry_s is not None:  # unset: each command's own default
-            out["connect_retry_s"] = self.connect_retry_s
-        if self.password_file:
-            out["password_file"] = self.password_file
-        for name in ("log", "wakeup", "consumer", "producer", "defaults"):
-            out[name] = dataclasses.asdict(getattr(self, name))
-        out["queue"] = {q: _diff(qc, self.defaults) for q, qc in self.queues.items()}
-        if self.periodic:
-            out["periodic"] = {q: list(p) for q, p in self.periodic.items()}
-        return out
-
-
-def _diff(qc: QueueConfig, base: QueueConfig) -> dict[str, Any]:
-    return {f.name: getattr(qc, f.name) for f in fields(qc) if getattr(qc, f.name) != getattr(base, f.name)}
-
-
-# Every number a setting may hold, in one table: (integer, low, low excluded, high). Checked by
-# values.number, which also refuses nan and inf, for files, NOTIFYQ_* variables and flags alike.
-_POSITIVE_S = (False, 0, True, values.MAX_SECONDS)
-_RANGES: dict[str, tuple[bool, float, bool, float]] = {
-    "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
-    "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
-    "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
-    "concurrency": (True, 1, False, 10000),
-    "max_attempts": (True, 1, False, 65535),
-    "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
-    "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
-    "session_idle_s": (False, 2, False, 86400),  # whole seconds on the server, pinged at 1/4
-    "metrics_port": (True, 0, False, 65535),  # 0: no endpoint
-    "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),
-    "batch_wait_s": (False, 0, False, values.MAX_SECONDS), "chunk_size": (True, 1, False, 1_000_000),
-    "connect_retry_s": (False, 0, False, values.MAX_SECONDS),  # 0: one attempt
-    "summary_s": (False, 0, False, values.MAX_SECONDS),  # 0: no summary lines
-}
-
-
-def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqError] = errors.ConfigError,
-                  suffix: str = "") -> Any:
-    """One setting's number check (the flags that override settings use it too)."""
-    integer, lo, lo_open, hi = _RANGES[key]
-    try:
-        value = values.number(where, value, lo=lo, lo_open=lo_open, hi=hi, integer=integer, error=error)
-    except errors.NotifyqError as e:
-        raise type(e)(f"{e}{suffix}") from None
-    return value if integer else float(value)
+from notifyq.settings import (  # noqa: F401 (re-exported: `from notifyq.config import Config`)
+    DAEMON_CONNECT_RETRY_S, DEFAULT_CONFIG_PATH, ONESHOT_CONNECT_RETRY_S, RANGES, Config, ConsumerConfig,
+    LogConfig, ProducerConfig, QueueConfig, WakeupConfig, check_setting, validate_queue_name)
 
 
 class _Origins(dict):
@@ -219,7 +50,7 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
     out = {}
     for key, value in data.items():
         dotted = f"{where}.{key}"
-        if key in _RANGES:
+        if key in RANGES:
             out[key] = check_setting(key, value, dotted, suffix=origins.at(dotted))
             continue
         expected = type(getattr(base, key))

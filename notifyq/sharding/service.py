@@ -19,9 +19,10 @@ import time
 from notifyq import errors, shards
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import service as one_server
-from notifyq.consume.service import ConsumeOptions, Supervisor
+from notifyq.consume.service import ConsumeOptions
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
+from notifyq.consume.supervisor import Supervisor
 from notifyq.consume.worker import Worker
 from notifyq.figures import ServiceFigures
 

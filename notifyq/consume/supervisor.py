@@ -1,0 +1,159 @@
+"""Supervisor: the consumer process's main-thread loop, for one server's service
+(consume/service.py) and for sharding's (sharding/service.py). It never touches jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from notifyq import errors
+from notifyq.config import Config
+from notifyq.consume.stats import Stats
+from notifyq.consume.summary import Summary
+from notifyq.consume.worker import Worker
+
+if TYPE_CHECKING:
+    from notifyq.consume.service import ConsumeOptions
+
+log = logging.getLogger("notifyq.service")
+
+# The main loop's turn when every worker may finish on its own (--exit-when-empty, --max-jobs):
+# it notices that they did within this, not half a second later. Not much shorter: each turn
+# costs tens of microseconds of the CPU the workers drain with.
+FINITE_TICK_S = 0.05
+
+
+class Supervisor:
+    """The main thread's loop, for one server's service and for sharding's: it never touches
+    jobs. It pings the systemd watchdog only while healthy() (every worker's loop turning, or
+    its handler inside its lease), reports STATUS=, applies SIGHUP, and on stop shuts down."""
+
+    config: Config
+    options: ConsumeOptions
+    notifier: Any
+    summary: Summary
+
+    def start(self, stop_requested: threading.Event | None = None) -> None:
+        raise NotImplementedError
+
+    def every_stats(self) -> list[Stats]:
+        raise NotImplementedError
+
+    @property
+    def workers(self) -> list[Worker]:
+        raise NotImplementedError
+
+    def threads(self) -> list[threading.Thread]:
+        """The running workers' threads."""
+        raise NotImplementedError
+
+    def failed(self) -> bool:
+        """A worker's error that ends the process."""
+        raise NotImplementedError
+
+    def finished(self) -> bool:
+        """Every worker ended by itself (--exit-when-empty, --max-jobs), none to restart."""
+        raise NotImplementedError
+
+    def turn(self) -> None:
+        """Once per loop turn: what is due (periodic ticks, restarting a worker)."""
+        raise NotImplementedError
+
+    def healthy(self) -> bool:
+        raise NotImplementedError
+
+    def status_line(self) -> str:
+        raise NotImplementedError
+
+    def reload(self, new: Config) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def run(self, stop_requested: threading.Event, reload_requested: threading.Event | None = None,
+            on_reload: Callable[[], Config] | None = None) -> int:
+        """Supervise until asked to stop, or every worker finished (--exit-when-empty, --max-jobs)."""
+        self.start(stop_requested)
+        if self.notifier:
+            self.notifier.ready(self.status_line())
+        tick = 0.5
+        if self.options.exit_when_empty or self.options.max_jobs:
+            tick = FINITE_TICK_S  # a run that ends by itself exits when its workers do
+        if self.notifier and self.notifier.watchdog_interval_s:
+            tick = min(tick, self.notifier.watchdog_interval_s / 2)
+        while not self._wait_one_tick(stop_requested, tick):
+            if self.failed() or self.finished():
+                break
+            if reload_requested is not None and reload_requested.is_set():
+                reload_requested.clear()
+                self._reload(on_reload)
+            self.turn()
+            self.summary.maybe_log(self.every_stats(),
+                                   sum(1 for w in self.workers if w.in_handler_since is not None),
+                                   len(self.workers))
+            if self.notifier:
+                if self.healthy():
+                    self.notifier.watchdog()
+                self.notifier.status(self.status_line())
+        self.shutdown()
+        failures = [w.error for w in self.workers if w.error is not None]
+        if failures:
+            first = failures[0]
+            return first.exit_code if isinstance(first, errors.NotifyqError) else errors.EXIT_INTERNAL
+        return errors.EXIT_OK
+
+    def _wait_one_tick(self, stop_requested: threading.Event, tick: float) -> bool:
+        """True when asked to stop. A run that ends by itself (--exit-when-empty, --max-jobs)
+        waits on a worker's thread instead, so it exits the moment its last worker ends, not
+        up to a tick later; a stop is still seen within the tick."""
+        if self.options.exit_when_empty or self.options.max_jobs:
+            alive = [t for t in self.threads() if t.is_alive()]
+            if alive and not stop_requested.is_set():
+                alive[0].join(tick)
+                return stop_requested.is_set()
+        return stop_requested.wait(tick)
+
+    def totals(self) -> Stats:
+        total = Stats()
+        for s in self.every_stats():
+            for f in ("claimed", "succeeded", "failed", "retried", "dead", "lost_acks",
+                      "given_back", "reclaimed", "batches"):
+                setattr(total, f, getattr(total, f) + getattr(s, f))
+        return total
+
+    def _status(self, extra: str = "") -> str:
+        t = self.totals()
+        busy = sum(1 for w in self.workers if w.in_handler_since is not None)
+        return (f"queues={','.join(self.options.queues)} workers={len(self.workers)} busy={busy} "
+                f"claimed={t.claimed} done={t.succeeded} failed={t.failed} dead={t.dead}" + extra)
+
+    def _reload(self, on_reload: Callable[[], Config] | None) -> None:
+        """SIGHUP: settings that can change live do; the rest say they need a restart."""
+        if on_reload is None:
+            return
+        if self.notifier:
+            self.notifier.reloading()
+        try:
+            new = on_reload()
+        except errors.NotifyqError as e:
+            log.error("reload failed, keeping the old config error=%s", e)
+        else:
+            if new.dsn != self.config.dsn or new.shards != self.config.shards:
+                log.warning("reload: dsn or [shards] changed; restart the service to use it")
+                new = dataclasses.replace(new, dsn=self.config.dsn, shards=self.config.shards)
+            idle_s = self.config.consumer.session_idle_s
+            if new.consumer.session_idle_s != idle_s:
+                # The liveness sessions' server idle timeout is set when they connect; a keeper
+                # pinging at a raised value's pace let the server end a busy consumer's session,
+                # and a peer took its running job back.
+                log.warning("reload: consumer.session_idle_s needs a restart; keeping %g", idle_s)
+                new = dataclasses.replace(new, consumer=dataclasses.replace(new.consumer, session_idle_s=idle_s))
+            self.summary.every_s = new.log.summary_s
+            self.reload(new)
+            log.info("reloaded config sources=%s", ",".join(new.sources))
+        if self.notifier:
+            self.notifier.ready(self.status_line())
