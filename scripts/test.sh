@@ -24,6 +24,6 @@ rm -rf "$site"
 if [ "$#" -eq 0 ]; then
     NOTIFYQ_TEST_SERVER_PROFILE=mysql80 .venv/bin/python -m pytest -p no:cacheprovider \
         tests/integration/test_server_profile.py tests/integration/test_enqueue.py \
-        tests/integration/test_claim.py tests/integration/test_trust_producer_keys.py \
-        tests/integration/test_trust_store.py tests/integration/test_trust_claims.py
+        tests/integration/test_claim.py tests/integration/test_dedup_keys.py \
+        tests/integration/test_store_edges.py tests/integration/test_taking_back.py
 fi

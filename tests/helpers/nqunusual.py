@@ -1,5 +1,5 @@
 """Handlers of unusual kinds, run inside real `notifyq consume` processes by
-tests/system/test_trust_handlers.py: coroutines, a huge non-ASCII error, a handler that forks.
+tests/system/test_handlers.py: coroutines, a huge non-ASCII error, a handler that forks.
 
 Each records "job_id attempt pid tag" lines in $NQ_TEST_OUT/<pid>.log (O_APPEND writes of one
 short line never interleave).

@@ -17,19 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
+
 from notifyq import errors
 from notifyq.run import daemon
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def wait_until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def readline(proc, timeout=10.0):
@@ -504,14 +498,14 @@ def test_a_daemon_writes_its_own_pid_and_cleans_up_on_sigterm(tmp_path):
                               env=CHILD_ENV, cwd=REPO, capture_output=True, timeout=30)
     assert launcher.returncode == 0, launcher.stderr
     log_text = lambda: log_path.read_text() if log_path.exists() else ""  # noqa: E731
-    wait_until(lambda: "daemon pid=" in log_text(), what="the daemon to start")
+    wait_until(lambda: "daemon pid=" in log_text(), 10, message="the daemon to start")
     pid = int(log_text().split("daemon pid=")[1].split()[0])
     try:
         assert pid != launcher.args and read(pid_path) == str(pid)
         assert (tmp_path / "made-by-daemon").stat().st_mode & 0o777 == 0o640  # umask 027
         os.kill(pid, signal.SIGTERM)
-        wait_until(lambda: "stopping" in log_text() and not pid_path.exists(),
-                   what="the daemon to stop and remove its pidfile")
+        wait_until(lambda: "stopping" in log_text() and not pid_path.exists(), 10,
+                   message="the daemon to stop and remove its pidfile")
     finally:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from conftest import notifyq_cmd, run_cli, wait_until
-from test_trust_lifecycle import registered, stderr_of, unsettled
+from test_job_lifecycle import registered, stderr_of, unsettled
 from notifyq import errors
 
 QUEUE = "odd"
