@@ -330,7 +330,7 @@ class Session:
             if committing and is_connection_lost(e) and not idempotent and committed is not None:
                 if in_body:
                     result = attempt.result
-                if self._landed(committed, result):
+                if _landed(self, committed, result):
                     return result
                 raise  # not stored: the policy runs it again
             if committing and is_connection_lost(e) and not idempotent:
@@ -338,30 +338,6 @@ class Session:
                     f"connection lost during COMMIT ({describe(e)}): the outcome is unknown"
                 ) from None
             raise
-
-    def _landed(self, committed: Callable[[Any, T], bool], result: T) -> bool:
-        """After a COMMIT whose reply was lost: is its transaction stored? On a new connection,
-        retried like any read; on Galera the read first waits until this node has applied every
-        write set the cluster committed (wsrep_sync_wait), so one that made it is seen."""
-        def ask(cur) -> bool:
-            if self.galera:
-                cur.execute("SET SESSION wsrep_sync_wait = 1")
-            try:
-                return committed(cur, result)
-            finally:
-                if self.galera:
-                    cur.execute("SET SESSION wsrep_sync_wait = 0")
-
-        try:
-            landed = self._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
-        except MySQLdb.Error as e:
-            raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
-                                        f"asked whether it was stored ({describe(e)})") from None
-        if landed:
-            log.warning("connection lost during COMMIT; the transaction was stored, not run again")
-        else:
-            log.warning("connection lost during COMMIT; the transaction was not stored: running it again")
-        return landed
 
     def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:
@@ -371,6 +347,31 @@ class Session:
             self._conn.rollback()
         except Exception:  # out of sync or gone: closing the connection rolls back too
             self.discard()
+
+
+def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) -> bool:
+    """After a COMMIT whose reply was lost: is its transaction stored? On a new connection,
+    retried like any read; on Galera the read first waits until this node has applied every
+    write set the cluster committed (wsrep_sync_wait), so one that made it is seen."""
+    def ask(cur) -> bool:
+        if session.galera:
+            cur.execute("SET SESSION wsrep_sync_wait = 1")
+        try:
+            return committed(cur, result)
+        finally:
+            if session.galera:
+                cur.execute("SET SESSION wsrep_sync_wait = 0")
+
+    try:
+        landed = session._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
+    except MySQLdb.Error as e:
+        raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
+                                    f"asked whether it was stored ({describe(e)})") from None
+    if landed:
+        log.warning("connection lost during COMMIT; the transaction was stored, not run again")
+    else:
+        log.warning("connection lost during COMMIT; the transaction was not stored: running it again")
+    return landed
 
 
 def _prepare(conn: MySQLdb.connections.Connection, idle_timeout_s: int | None) -> tuple[str, int, str, dict]:
