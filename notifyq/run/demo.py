@@ -13,6 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import shutil
 import statistics
 import sys
 import tempfile
@@ -122,6 +123,14 @@ def _ms(seconds: float | None, width: int = 0) -> str:
     return ("-" if seconds is None else f"{seconds * 1e3:.1f}").rjust(width)
 
 
+def progress_line(elapsed_s: float, produced: int, done: int, rate: float, depth: int,
+                  latencies: list[float]) -> str:
+    """The demo's live line: at most 79 characters below ten million jobs and ten-second latencies."""
+    p50, p95, p99 = (_ms(_pct(latencies, q)) for q in (50, 95, 99))
+    return (f"{elapsed_s:6.1f}s produced {produced:>7} done {done:>7} {rate:5.0f}/s "
+            f"depth {depth:>5} ms {p50}/{p95}/{p99}")
+
+
 def _backlog(session: Session) -> int:
     """The real depth: jobs ready (due scheduled included) or claimed, read from the database."""
     figures = status.depths(session, [QUEUE])[QUEUE]
@@ -183,11 +192,12 @@ def _run(dsn: DSN, producers: int, consumers: int, rate: int, duration: float) -
             if now - last >= 1.0:
                 rate_now = (done - last_done) / (now - last)
                 all_lat += window
-                line = (f"{now - started:6.1f}s  produced {produced:>8}  done {done:>8}  "
-                        f"{rate_now:7.0f} jobs/s  depth {_backlog(depth_session):>6}  latency ms "
-                        f"p50 {_ms(_pct(window, 50), 6)}  p95 {_ms(_pct(window, 95), 6)}  "
-                        f"p99 {_ms(_pct(window, 99), 6)}")
-                sys.stdout.write(f"\r{line}   " if live else f"{line}\n")
+                line = progress_line(now - started, produced, done, rate_now, _backlog(depth_session), window)
+                if live:  # one line that fits the terminal, redrawn (an 80-column one too)
+                    width = shutil.get_terminal_size().columns - 1
+                    sys.stdout.write(f"\r{line[:width].ljust(width)}")
+                else:
+                    sys.stdout.write(f"{line}\n")
                 sys.stdout.flush()
                 window, last, last_done = [], now, done
     except KeyboardInterrupt:

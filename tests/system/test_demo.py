@@ -165,6 +165,13 @@ def test_the_demos_depth_is_the_backlog_in_the_database_ready_and_claimed(db):
         session.close()
 
 
+def test_the_live_line_fits_an_80_column_terminal():
+    # (issue 28: it was 121 characters and garbled an 80-column terminal)
+    line = demo.progress_line(3601.5, 9_999_999, 9_999_999, 99_999, 99_999, [0.0012, 0.0034, 9.99])
+    assert len(line) <= 79, (len(line), line)
+    assert re.search(r"produced +\d+ +done +\d+ .* depth +\d+", line)
+
+
 def test_latencies_read_a_dash_until_there_is_one():
     assert demo._pct([], 50) is None
     assert demo._ms(None) == "-" and demo._ms(None, 6) == "     -"
