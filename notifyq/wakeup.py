@@ -359,6 +359,17 @@ class Bell:
             self._look_query = cur.mogrify(*bells.look(self.locks))
         return work.pipeline.commit_then_read(cur, self._look_query, result=result)
 
+    def ring_if_watched(self) -> None:
+        """After a COMMIT this bell did not look after (the caller's own, `put(conn=...)`): look
+        on the bell's session whether a consumer watches, and ring if so. Nothing inside the
+        quiet window of a look that saw nobody watching."""
+        if not self.look_due():
+            return
+        self.looks += 1
+        sql, params = bells.look(self.locks)
+        seen = self.session.run(lambda cur: (cur.execute(sql, params), cur.fetchone())[1], what="look for a watcher")
+        self.after_commit(seen)
+
     def after_commit(self, seen: tuple | None) -> None:
         """Ring if a consumer watches the queue. `seen` is the look's row (watch holder, bell 0
         and bell 1 holders), read after our COMMIT: nobody watching then means whoever watches

@@ -6,19 +6,20 @@ ShardedProducer (notifyq/sharding/producer.py), which deals the jobs over one of
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
-from notifyq.store import bells, dedup, inserts, queries
+from notifyq.store import dedup, inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -28,6 +29,23 @@ log = logging.getLogger("notifyq.producer")
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class CallerTransaction:
+    """Producer.transaction()'s handle: put() and put_many() on the caller's connection."""
+
+    def __init__(self, producer: "Producer", conn: Any):
+        self.producer, self.conn, self.puts = producer, conn, 0
+
+    def put(self, payload: Any, **options: Any) -> int:
+        job_id = self.producer.put(payload, conn=self.conn, **options)
+        self.puts += 1
+        return job_id
+
+    def put_many(self, payloads: Iterable[Any], **options: Any) -> list[int]:
+        ids = self.producer.put_many(payloads, conn=self.conn, **options)
+        self.puts += len(ids)
+        return ids
 
 
 class Producer:
@@ -138,25 +156,45 @@ class Producer:
         self._session = self._lock_session = self._bell = None
         self._queue_known = False
 
-    def wake(self) -> None:
+    def wake(self, instant: bool | None = None) -> None:
         """Wake an idle consumer of the queue now, for jobs the caller committed on its own
         connection (`conn=`): call it after that COMMIT (contrib.django does, on commit). Rings
-        as a `ring=True` producer's put does, else `wakeup.instant_wake` if set. Best effort:
-        never raises; the consumers' poll finds the jobs anyway."""
+        as a `ring=True` producer's put does; a producer without the bell interrupts the
+        watcher's wait instead (instant_wake) if `instant` (None: `wakeup.instant_wake`). Best
+        effort: never raises; the consumers' poll finds the jobs anyway."""
+        instant = self.config.wakeup.instant_wake if instant is None else instant
         try:
             with self._mutex:
                 bell = self._armed_bell()
                 if bell is not None:
-                    if not bell.look_due():  # a look just saw nobody watching (Bell.look_due)
-                        return
-                    sql, params = bells.look(self.locks)  # the read a ringing put's COMMIT carries
-                    seen = self._locks_session().run(lambda cur: (cur.execute(sql, params), cur.fetchone())[1],
-                                                     what="look for a watcher")
-                    bell.after_commit(seen)
-                elif self.config.wakeup.instant_wake and self.config.wakeup.use_locks and not self._behind_proxy:
-                    instant_wake(self._locks_session(), self.locks)
+                    bell.ring_if_watched()
+                elif instant and self.config.wakeup.use_locks and not self._behind_proxy:
+                    if instant_wake(self._locks_session(), self.locks) is None:
+                        self._behind_proxy = True  # (as in _write_own: a proxy's ids are not the server's)
         except (errors.NotifyqError, DriverError) as e:
             log.debug("wake failed, the consumers' poll finds the jobs queue=%s error=%s", self.queue, e)
+
+    @contextlib.contextmanager
+    def transaction(self, conn: Any) -> Iterator[CallerTransaction]:
+        """The caller's own transaction on `conn` (a MySQLdb connection, a SQLAlchemy Session or
+        Connection), with the jobs put in it: committed when the block ends, rolled back if it
+        raises, and the queue's idle consumers woken once it committed (wake(instant=True): by
+        the bell of a `ring=True` producer, else by interrupting the watcher's wait), so that
+        they start the jobs at once rather than at their next poll. (Django: enqueue_on_commit.)
+
+            with producer.transaction(conn) as tx:
+                conn.cursor().execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order,))
+                tx.put({"order": order})
+        """
+        tx = CallerTransaction(self, conn)
+        try:
+            yield tx
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        if tx.puts:
+            self.wake(instant=True)
 
     def __enter__(self) -> "Producer":
         return self

@@ -9,6 +9,7 @@ transaction there (atomic per shard, not across shards).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -117,6 +118,11 @@ class ShardedProducer:
         conn= puts)."""
         if self._turn is None:
             self._on(self._home).wake()
+
+    def transaction(self, conn: Any) -> contextlib.AbstractContextManager[one_server.CallerTransaction]:
+        """Producer.transaction, on the shard of a queue that is not spread."""
+        self._refuse_caller(conn if self._turn is not None else None)
+        return self._on(self._home).transaction(conn)
 
     def __enter__(self) -> "ShardedProducer":
         return self
