@@ -19,7 +19,7 @@ from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
-from notifyq.store import dedup, inserts, queries
+from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -264,15 +264,6 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _insert_unique(self, cur, row: tuple, max_packet: int) -> int:
-        """A pending job holding the key wins: its id, nothing written but the key's lock."""
-        held = dedup.holder(cur, self.queue, row[6])
-        if held is not None:
-            return held
-        job_id = inserts.insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(self.queue, 1))[0]
-        dedup.take(cur, self.queue, row[6], job_id)
-        return job_id
-
     def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
         if conn is not None:
             return self._write_caller(rows, conn, unique)
@@ -280,15 +271,10 @@ class Producer:
             return self._write_own(rows, unique)
 
     def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
-        """The statements of a put: rows too big for the server's max_allowed_packet raise
-        InputError before any INSERT is sent (inserts.insert_jobs plans every chunk first)."""
-        def body(cur, max_packet: int) -> list[int]:
-            if unique:
-                inserts.check_fits(rows, max_packet, getattr(cur, "connection", None))
-                return [self._insert_unique(cur, rows[0], max_packet)]
-            return inserts.insert_jobs(cur, rows, max_rows=self.config.producer.chunk_size,
-                                       max_packet=max_packet, signal=(self.queue, len(rows)))
-        return body
+        """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
+        max_rows = self.config.producer.chunk_size
+        return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
+                                                        max_packet=max_packet)
 
     def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the

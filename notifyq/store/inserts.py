@@ -16,6 +16,7 @@ import MySQLdb.cursors
 from MySQLdb.constants import CLIENT
 
 from notifyq import errors
+from notifyq.store import dedup
 from notifyq.store.driver import RECONNECT_CODES, describe, error_code
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
@@ -48,6 +49,23 @@ def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
             size = _ROW_BYTES + sum(len(conn.literal(value)) for value in row)
         if size > budget:
             raise _too_big(i, len(rows), size, max_packet)
+
+
+def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int) -> list[int]:
+    """The statements of a put: the rows, and the queue's signal bumped by as many. unique: one
+    row whose dedup key a pending job may hold already; that job wins (its id is returned, and
+    nothing is written but the key's lock). Rows too big for the server's max_allowed_packet
+    raise InputError before any INSERT is sent (insert_jobs plans every chunk first)."""
+    if not unique:
+        return insert_jobs(cur, rows, max_rows=max_rows, max_packet=max_packet, signal=(queue, len(rows)))
+    check_fits(rows, max_packet, getattr(cur, "connection", None))
+    row = rows[0]
+    held = dedup.holder(cur, queue, row[6])
+    if held is not None:
+        return [held]
+    job_id = insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(queue, 1))[0]
+    dedup.take(cur, queue, row[6], job_id)
+    return [job_id]
 
 
 def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
