@@ -423,36 +423,3 @@ class Bell:
             except Exception:  # closing anyway; the server frees them with the session
                 pass
         self.held = None
-
-
-def instant_wake(session: Session, locks: QueueLocks) -> bool | None:
-    """Interrupt the watcher's wait so it re-reads the count now (`wakeup.instant_wake`).
-    True: a watcher was interrupted; False: none, or the attempt failed; None: refused, this
-    session does not reach the server directly (below), and never will on this connection.
-
-    Best effort, after the jobs are committed: it never fails a put. Safe only when
-      - producers and consumers log in as the same database user (KILL needs that, or
-        CONNECTION ADMIN / SUPER, which a runtime user should not have);
-      - they talk to the same server directly: the watcher's connection id means nothing
-        behind a multiplexing proxy (ProxySQL, Vitess, RDS Proxy), where the KILL could hit
-        an unrelated session. Checked: the server's id for this session must be the one the
-        handshake gave (a proxy answers the handshake itself). The holder is read and the
-        KILL sent on one connection, so both name sessions of the same node;
-      - an extra connection and two statements per put are acceptable.
-    A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
-    connection does nothing); the next read catches the job anyway, within poll_max_s. The
-    watcher session only runs lock statements and autocommit single-row updates, which
-    are rerun when interrupted, so the KILL can never abort a claim.
-    """
-    def body(cur) -> bool | None:
-        holder, me = queries.lock_holder_and_me(cur, locks.watch)
-        if me != session.connection_id:
-            return None
-        return bool(holder) and queries.kill_query_on(cur, holder)
-
-    try:
-        return session.run(body, what="instant wake")
-    except (DriverError, errors.NotifyqError) as e:
-        log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
-        session.discard()
-        return False

@@ -20,10 +20,11 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
 from notifyq.store import inserts, queries
+from notifyq.store.bells import instant_wake
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
-from notifyq.wakeup import Bell, instant_wake
+from notifyq.wakeup import Bell
 
 log = logging.getLogger("notifyq.producer")
 

@@ -1,4 +1,5 @@
-"""The wake-up's bell statements: the watcher's wait, and a ringing producer's look and ring.
+"""The wake-up's statements: the watcher's wait, the polling read, a ringing producer's look and
+ring, and a producer's interrupt of the watcher's wait (instant_wake).
 
 A ringing producer holds one of its queue's two bells. After each COMMIT it looks (in the
 COMMIT's own round trip) whether a consumer watches the queue; only then it rings: it takes the
@@ -8,17 +9,22 @@ held at the end of its previous statement (wakeup.py says why that loses no ring
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import MySQLdb
 
+from notifyq import errors
+from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.driver import QUERY_INTERRUPTED, error_code
 from notifyq.store.locks import QueueLocks
 from notifyq.store.liveness import POLLING_STALE_S
 from notifyq.store.queries import ensure_queue, lock_wait_s, microseconds
 from notifyq.store.sql import QUERIES as Q
+
+log = logging.getLogger("notifyq.wakeup")
 
 RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
 
@@ -85,3 +91,36 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, 
         return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6, bool(reap)
 
     return session.run(body, what="poll signal")
+
+
+def instant_wake(session: Session, locks: QueueLocks) -> bool | None:
+    """Interrupt the watcher's wait so it re-reads the count now (`wakeup.instant_wake`).
+    True: a watcher was interrupted; False: none, or the attempt failed; None: refused, this
+    session does not reach the server directly (below), and never will on this connection.
+
+    Best effort, after the jobs are committed: it never fails a put. Safe only when
+      - producers and consumers log in as the same database user (KILL needs that, or
+        CONNECTION ADMIN / SUPER, which a runtime user should not have);
+      - they talk to the same server directly: the watcher's connection id means nothing
+        behind a multiplexing proxy (ProxySQL, Vitess, RDS Proxy), where the KILL could hit
+        an unrelated session. Checked: the server's id for this session must be the one the
+        handshake gave (a proxy answers the handshake itself). The holder is read and the
+        KILL sent on one connection, so both name sessions of the same node;
+      - an extra connection and two statements per put are acceptable.
+    A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
+    connection does nothing); the next read catches the job anyway, within poll_max_s. The
+    watcher session only runs lock statements and autocommit single-row updates, which
+    are rerun when interrupted, so the KILL can never abort a claim.
+    """
+    def body(cur) -> bool | None:
+        holder, me = queries.lock_holder_and_me(cur, locks.watch)
+        if me != session.connection_id:
+            return None
+        return bool(holder) and queries.kill_query_on(cur, holder)
+
+    try:
+        return session.run(body, what="instant wake")
+    except (MySQLdb.Error, errors.NotifyqError) as e:
+        log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
+        session.discard()
+        return False
