@@ -27,8 +27,9 @@ and after every wait either the count is read again or a claim looks at the jobs
 
 Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). One per queue and server:
 a GET_LOCK waits on one name, and only its holder can release it, so a second ringer could
-never end the watcher's wait. The first producer to arm holds the ringer lock; the others'
-jobs are found by the watcher's poll (or `instant_wake`). Its COMMIT carries, in the
+never end the watcher's wait. The first producer to arm holds the ringer lock; the others
+interrupt the watcher's wait (produce/interrupt.py, `wakeup.instant_wake`), else their jobs are
+found by the watcher's poll. Its COMMIT carries, in the
 same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
 the watch lock does it ring: in one statement it takes the other bell and releases the held one,
 so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
@@ -319,8 +320,8 @@ class Bell:
                 if not self._told_not_ringer:  # once: why this producer's jobs start later
                     self._told_not_ringer = True
                     log.info("another producer rings this queue's bell (one per queue and server): "
-                             "this one's jobs are found by the consumers' poll, within "
-                             "wakeup.poll_max_s, or at once with wakeup.instant_wake queue=%s", self.queue)
+                             "this one wakes the consumers by interrupting their wait (wakeup.instant_wake), "
+                             "else their poll finds its jobs, within wakeup.poll_max_s queue=%s", self.queue)
                 return False
             self._generation = self.session.generation
             queries.hold_session(self.session)
@@ -424,35 +425,3 @@ class Bell:
                 pass
         self.held = None
 
-
-def instant_wake(session: Session, locks: QueueLocks) -> bool | None:
-    """Interrupt the watcher's wait so it re-reads the count now (`wakeup.instant_wake`).
-    True: a watcher was interrupted; False: none, or the attempt failed; None: refused, this
-    session does not reach the server directly (below), and never will on this connection.
-
-    Best effort, after the jobs are committed: it never fails a put. Safe only when
-      - producers and consumers log in as the same database user (KILL needs that, or
-        CONNECTION ADMIN / SUPER, which a runtime user should not have);
-      - they talk to the same server directly: the watcher's connection id means nothing
-        behind a multiplexing proxy (ProxySQL, Vitess, RDS Proxy), where the KILL could hit
-        an unrelated session. Checked: the server's id for this session must be the one the
-        handshake gave (a proxy answers the handshake itself). The holder is read and the
-        KILL sent on one connection, so both name sessions of the same node;
-      - an extra connection and two statements per put are acceptable.
-    A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
-    connection does nothing); the next read catches the job anyway, within poll_max_s. The
-    watcher session only runs lock statements and autocommit single-row updates, which
-    are rerun when interrupted, so the KILL can never abort a claim.
-    """
-    def body(cur) -> bool | None:
-        holder, me = queries.lock_holder_and_me(cur, locks.watch)
-        if me != session.connection_id:
-            return None
-        return bool(holder) and queries.kill_query_on(cur, holder)
-
-    try:
-        return session.run(body, what="instant wake")
-    except (DriverError, errors.NotifyqError) as e:
-        log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
-        session.discard()
-        return False

@@ -85,3 +85,28 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, 
         return int(total), bool(paused), None if due_in_us is None else due_in_us / 1e6, bool(reap)
 
     return session.run(body, what="poll signal")
+
+
+def interrupt_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
+    """The read an interrupting producer's COMMIT carries (Pipeline.commit_then_read): the
+    connection id holding the watch lock (None: nobody watches) and this session's own id as
+    the server knows it (a proxy's handshake gives another)."""
+    return Q["lock_holder_and_me"], {"name": locks.watch}
+
+
+KILL_DENIED = 1095  # ER_KILL_DENIED_ERROR: "You are not owner of thread", another user's session
+NO_SUCH_THREAD = 1094
+
+
+def interrupt(cur, conn_id: int) -> str:
+    """KILL QUERY the watcher's statement: "sent", "gone" (it ended meanwhile) or "refused" (a
+    session of another database user, and we lack CONNECTION ADMIN)."""
+    try:
+        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
+    except MySQLdb.Error as e:
+        if error_code(e) == KILL_DENIED:
+            return "refused"
+        if error_code(e) == NO_SUCH_THREAD:
+            return "gone"
+        raise
+    return "sent"
