@@ -6,7 +6,8 @@ stamps the same clock. Between jobs the fleet sits idle for a random gap, so eve
 picked up from idle. Modes:
 
   put_ring  Producer(ring=True) in this process: the README's long-lived producer
-  put       Producer() in this process, no ring: the watcher's backoff poll finds the job
+  put       Producer() in this process, no ring and wakeup.instant_wake = false: the watcher's
+            backoff poll finds the job
   produce   a long-running `notifyq produce` subprocess fed one JSON line at a time on its
             stdin; latency from the line's write (its batch wait and COMMIT included)
   seed      the seed floor: INSERT + COMMIT here, `_seed.py serve` consumers polling at 0.1 s
@@ -92,7 +93,9 @@ def _put_sender(bench, ring: bool):
     from notifyq import config as config_mod
     from notifyq.produce.producer import Producer
 
-    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": bench.url})
+    # Without the ring, the poll is what is measured: no instant wake (on by default).
+    wakeup = {} if ring else {"wakeup": {"instant_wake": False}}
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": bench.url, **wakeup})
     producer = Producer(bench.queue, cfg, ring=ring)
 
     def send(tag: int) -> tuple[float, float]:

@@ -20,7 +20,7 @@ from notifyq import errors, values
 from notifyq.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
 from notifyq.settings import (  # noqa: F401 (re-exported: `from notifyq.config import Config`)
     DAEMON_CONNECT_RETRY_S, DEFAULT_CONFIG_PATH, ONESHOT_CONNECT_RETRY_S, RANGES, Config, ConsumerConfig,
-    LogConfig, ProducerConfig, QueueConfig, WakeupConfig, check_setting, validate_queue_name)
+    LogConfig, ProducerConfig, QueueConfig, WakeupConfig, check_setting, instant_wake_value, validate_queue_name)
 
 
 class _Origins(dict):
@@ -52,6 +52,9 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
         dotted = f"{where}.{key}"
         if key in RANGES:
             out[key] = check_setting(key, value, dotted, suffix=origins.at(dotted))
+            continue
+        if key == "instant_wake":
+            out[key] = instant_wake_value(value, dotted, suffix=origins.at(dotted))
             continue
         expected = type(getattr(base, key))
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -141,7 +144,7 @@ ENV_KEYS = {
     "NOTIFYQ_METRICS_PAGES": ("consumer", "metrics_pages"),
 }
 _ENV_TEXT = ("dsn", "shards", "password_file", "level", "format", "file", "metrics_addr")
-_ENV_BOOL = ("instant_wake",)  # 1/0, true/false, yes/no, on/off (any case)
+_ENV_BOOL = ("instant_wake",)  # 1/0, true/false, yes/no, on/off (any case); instant_wake also auto
 # What a `--command` child must not inherit (handlers.py): the ways notifyq is given a password.
 SECRET_ENV = ("NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")
 
@@ -160,13 +163,16 @@ def _env_value(raw: str) -> Any:
     return raw
 
 
-def _env_bool(var: str, raw: str) -> bool:
+def _env_bool(var: str, raw: str) -> bool | str:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise errors.ConfigError(f"{var}: expected 1 or 0 (or true/false, yes/no, on/off), got {values.shown(raw)}")
+    if var == "NOTIFYQ_INSTANT_WAKE" and low == "auto":
+        return "auto"
+    also = " or auto" if var == "NOTIFYQ_INSTANT_WAKE" else ""
+    raise errors.ConfigError(f"{var}: expected 1 or 0 (or true/false, yes/no, on/off){also}, got {values.shown(raw)}")
 
 
 def _has_password(dsn: Any) -> bool:

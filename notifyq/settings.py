@@ -48,7 +48,11 @@ class WakeupConfig:
     poll_initial_s: float = 0.005  # first signal-row poll after going idle, doubled each time
     poll_max_s: float = 1.0  # backoff cap: the worst pick-up delay when no bell rings
     idle_wait_s: float = 25.0  # how long a non-watcher sleeps in GET_LOCK before re-arming
-    instant_wake: bool = False  # producers that do not ring KILL QUERY the watcher's wait (same DB user only)
+    # A producer that does not hold the queue's bell KILL QUERYs the watcher's wait after its
+    # COMMIT. "auto": unless the server refuses it (another database user), a proxy stands in
+    # between or locks are unavailable, each found by the producer itself and remembered.
+    # true: on every put whatever the server said; false: never (the consumers' poll).
+    instant_wake: bool | str = "auto"
     use_locks: bool = True  # false: poll the signal row only (for proxies that break GET_LOCK)
 
 
@@ -171,6 +175,18 @@ RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "connect_retry_s": (False, 0, False, values.MAX_SECONDS),  # 0: one attempt
     "summary_s": (False, 0, False, values.MAX_SECONDS),  # 0: no summary lines
 }
+
+
+INSTANT_WAKE_FORMS = "true, false or \"auto\""
+
+
+def instant_wake_value(value: Any, where: str, suffix: str = "") -> bool | str:
+    """wakeup.instant_wake: true, false or "auto" (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    raise errors.ConfigError(f"{where}: expected {INSTANT_WAKE_FORMS}, got {values.shown(value)}{suffix}")
 
 
 def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqError] = errors.ConfigError,

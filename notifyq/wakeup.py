@@ -27,8 +27,9 @@ and after every wait either the count is read again or a claim looks at the jobs
 
 Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). One per queue and server:
 a GET_LOCK waits on one name, and only its holder can release it, so a second ringer could
-never end the watcher's wait. The first producer to arm holds the ringer lock; the others'
-jobs are found by the watcher's poll (or `instant_wake`). Its COMMIT carries, in the
+never end the watcher's wait. The first producer to arm holds the ringer lock; the others
+interrupt the watcher's wait (produce/interrupt.py, `wakeup.instant_wake`), else their jobs are
+found by the watcher's poll. Its COMMIT carries, in the
 same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
 the watch lock does it ring: in one statement it takes the other bell and releases the held one,
 so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
@@ -319,8 +320,8 @@ class Bell:
                 if not self._told_not_ringer:  # once: why this producer's jobs start later
                     self._told_not_ringer = True
                     log.info("another producer rings this queue's bell (one per queue and server): "
-                             "this one's jobs are found by the consumers' poll, within "
-                             "wakeup.poll_max_s, or at once with wakeup.instant_wake queue=%s", self.queue)
+                             "this one wakes the consumers by interrupting their wait (wakeup.instant_wake), "
+                             "else their poll finds its jobs, within wakeup.poll_max_s queue=%s", self.queue)
                 return False
             self._generation = self.session.generation
             queries.hold_session(self.session)

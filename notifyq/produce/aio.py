@@ -8,6 +8,7 @@ mysqlclient rather than an async driver: docs/asyncio.md (measured by benchmarks
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import functools
 import threading
@@ -42,7 +43,12 @@ class AsyncProducer:
             raise errors.ConfigError("AsyncProducer puts on one server: with [shards], put with "
                                      "notifyq.Producer (thread-safe) from a thread pool")
         # Checked now (queue name, config): a bad argument fails here, not in a thread later.
-        self._producers = [Producer(queue, config, ring=ring and i == 0) for i in range(self.sessions)]
+        # With the ring, the first wakes the consumers after the others' puts (its bell, else an
+        # interrupt of the watcher's wait): the others do not interrupt it themselves as well.
+        others = (dataclasses.replace(config, wakeup=dataclasses.replace(config.wakeup, instant_wake=False))
+                  if ring and isinstance(config, Config) else config)
+        self._producers = [Producer(queue, config if i == 0 else others, ring=ring and i == 0)
+                           for i in range(self.sessions)]
         self._ring = ring
         self._free = list(self._producers)  # producers no thread is using
         self._free_lock = threading.Lock()

@@ -19,8 +19,8 @@ from notifyq import errors, values
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
+from notifyq.produce.interrupt import Interrupter
 from notifyq.store import inserts, queries
-from notifyq.store.bells import instant_wake
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -58,7 +58,8 @@ class Producer:
     two. Under load (no consumer idle) a put costs what a plain one does. One producer per
     queue and server holds the bells: the first to put; another takes over within ARM_RETRY_S
     of it closing. The others, like one-shot producers (which leave it off), rely on the
-    watcher's backoff poll of the signal row (or `wakeup.instant_wake`, which interrupts it).
+    watcher's backoff poll of the signal row, unless they interrupt the watcher's wait
+    (`wakeup.instant_wake`, by default where the server lets them: interrupt.py).
 
     Safe to share between threads (a web worker's threads may share one): put(), put_many()
     and close() take turns on the producer's own sessions and bell, one call at a time. A put that returns has stored its job; one that raises
@@ -83,10 +84,12 @@ class Producer:
         self._retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
-        self._lock_session: Session | None = None  # the bell's, and instant_wake's
+        self._lock_session: Session | None = None  # the bell's, and wake()'s instant wake
         self._bell: Bell | None = None
+        # Without the bell: the instant wake (interrupt.py), kept for the producer's life, since
+        # what it learnt (another database user, a proxy) outlives a reconnect.
+        self._interrupter: Interrupter | None = None
         self._queue_known = False
-        self._behind_proxy = False  # instant_wake refused: the server's id for us is not the handshake's
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # One thread at a time on the producer's own sessions and bell: a MySQLdb connection
         # shared by two threads mixes their statements (ids returned for jobs rolled back).
@@ -161,17 +164,17 @@ class Producer:
         """Wake an idle consumer of the queue now, for jobs the caller committed on its own
         connection (`conn=`): call it after that COMMIT (contrib.django does, on commit). Rings
         as a `ring=True` producer's put does; a producer without the bell interrupts the
-        watcher's wait instead (instant_wake) if `instant` (None: `wakeup.instant_wake`). Best
-        effort: never raises; the consumers' poll finds the jobs anyway."""
-        instant = self.config.wakeup.instant_wake if instant is None else instant
+        watcher's wait instead (interrupt.py) unless `instant` is False (None:
+        `wakeup.instant_wake`). Best effort: never raises; the consumers' poll finds the jobs."""
         try:
             with self._mutex:
                 bell = self._armed_bell()
                 if bell is not None:
                     bell.ring_if_watched()
-                elif instant and self.config.wakeup.use_locks and not self._behind_proxy:
-                    if instant_wake(self._locks_session(), self.locks) is None:
-                        self._behind_proxy = True  # (as in _write_own: a proxy's ids are not the server's)
+                    return
+                interrupter = self._waker(instant)
+                if interrupter is not None and interrupter.look_due():
+                    interrupter.wake(self._locks_session())
         except (errors.NotifyqError, DriverError) as e:
             log.debug("wake failed, the consumers' poll finds the jobs queue=%s error=%s", self.queue, e)
 
@@ -179,9 +182,9 @@ class Producer:
     def transaction(self, conn: Any) -> Iterator[CallerTransaction]:
         """The caller's own transaction on `conn` (a MySQLdb connection, a SQLAlchemy Session or
         Connection), with the jobs put in it: committed when the block ends, rolled back if it
-        raises, and the queue's idle consumers woken once it committed (wake(instant=True): by
-        the bell of a `ring=True` producer, else by interrupting the watcher's wait), so that
-        they start the jobs at once rather than at their next poll. (Django: enqueue_on_commit.)
+        raises, and the queue's idle consumers woken once it committed (wake(): by the bell of a
+        `ring=True` producer, else by interrupting the watcher's wait, as `wakeup.instant_wake`
+        allows), so that they start the jobs at once rather than at their next poll. (Django: enqueue_on_commit.)
 
             with producer.transaction(conn) as tx:
                 conn.cursor().execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order,))
@@ -195,7 +198,7 @@ class Producer:
             raise
         conn.commit()
         if tx.puts:
-            self.wake(instant=True)
+            self.wake()
 
     def __enter__(self) -> "Producer":
         return self
@@ -307,14 +310,21 @@ class Producer:
         session = self._work_session()
         bell = self._armed_bell()
         # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
-        # nobody watching, where the put commits as a plain one does.
+        # nobody watching, where the put commits as a plain one does. Without the bell, the
+        # instant wake looks (and KILLs the watcher's wait) the same way.
         looking = bell if bell is not None and bell.look_due() else None
+        interrupter = self._waker(None) if bell is None else None
+        waking = interrupter if interrupter is not None and interrupter.look_due() else None
         seen: list[tuple | None] = [None]
+        looked = [False]
 
         def with_bell(cur) -> list[int]:
+            looked[0] = False
             ids = body(cur, session.max_allowed_packet)
             if looking is not None:  # the COMMIT carries the look: is anyone watching?
                 seen[0] = looking.commit_and_look(session, cur, ids)
+            elif waking is not None:
+                looked[0] = waking.commit_look_and_kill(session, cur, ids)
             return ids
 
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
@@ -327,14 +337,8 @@ class Producer:
                              committed=inserts.jobs_stored)
         if looking is not None:
             looking.after_commit(seen[0])
-        elif (bell is None and self.config.wakeup.instant_wake and self.config.wakeup.use_locks
-              and not self._behind_proxy):
-            if instant_wake(self._locks_session(), self.locks) is None:
-                self._behind_proxy = True
-                log.warning("wakeup.instant_wake is off for this producer: its connection goes through "
-                            "a proxy (the server knows it by another id than the handshake gave), where a "
-                            "KILL QUERY could hit an unrelated session; the consumers' poll finds its jobs "
-                            "queue=%s", self.queue)
+        elif waking is not None and not looked[0]:  # the look was lost with the COMMIT's reply
+            waking.wake(session)
         return result
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
@@ -363,6 +367,16 @@ class Producer:
         if self._lock_session is None:
             self._lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks", **self._retry)
         return self._lock_session
+
+    def _waker(self, instant: bool | None) -> Interrupter | None:
+        """The instant wake, unless `instant` (None: `wakeup.instant_wake`) is False, locks are off,
+        or it stopped for good (another database user with "auto", a proxy)."""
+        mode = self.config.wakeup.instant_wake
+        if (mode if instant is None else instant) is False or not self.config.wakeup.use_locks:
+            return None
+        if self._interrupter is None:
+            self._interrupter = Interrupter(self.queue, self.locks, insist=mode is True)
+        return self._interrupter if self._interrupter.off is None else None
 
     def _armed_bell(self) -> Bell | None:
         if not self._ring or not self.config.wakeup.use_locks:

@@ -9,22 +9,17 @@ held at the end of its previous statement (wakeup.py says why that loses no ring
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import MySQLdb
 
-from notifyq import errors
-from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.driver import QUERY_INTERRUPTED, error_code
 from notifyq.store.locks import QueueLocks
 from notifyq.store.liveness import POLLING_STALE_S
 from notifyq.store.queries import ensure_queue, lock_wait_s, microseconds
 from notifyq.store.sql import QUERIES as Q
-
-log = logging.getLogger("notifyq.wakeup")
 
 RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
 
@@ -93,34 +88,26 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, 
     return session.run(body, what="poll signal")
 
 
-def instant_wake(session: Session, locks: QueueLocks) -> bool | None:
-    """Interrupt the watcher's wait so it re-reads the count now (`wakeup.instant_wake`).
-    True: a watcher was interrupted; False: none, or the attempt failed; None: refused, this
-    session does not reach the server directly (below), and never will on this connection.
+def interrupt_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
+    """The read an interrupting producer's COMMIT carries (Pipeline.commit_then_read): the
+    connection id holding the watch lock (None: nobody watches) and this session's own id as
+    the server knows it (a proxy's handshake gives another)."""
+    return Q["lock_holder_and_me"], {"name": locks.watch}
 
-    Best effort, after the jobs are committed: it never fails a put. Safe only when
-      - producers and consumers log in as the same database user (KILL needs that, or
-        CONNECTION ADMIN / SUPER, which a runtime user should not have);
-      - they talk to the same server directly: the watcher's connection id means nothing
-        behind a multiplexing proxy (ProxySQL, Vitess, RDS Proxy), where the KILL could hit
-        an unrelated session. Checked: the server's id for this session must be the one the
-        handshake gave (a proxy answers the handshake itself). The holder is read and the
-        KILL sent on one connection, so both name sessions of the same node;
-      - an extra connection and two statements per put are acceptable.
-    A KILL that lands between two of the watcher's statements is lost (KILL QUERY on an idle
-    connection does nothing); the next read catches the job anyway, within poll_max_s. The
-    watcher session only runs lock statements and autocommit single-row updates, which
-    are rerun when interrupted, so the KILL can never abort a claim.
-    """
-    def body(cur) -> bool | None:
-        holder, me = queries.lock_holder_and_me(cur, locks.watch)
-        if me != session.connection_id:
-            return None
-        return bool(holder) and queries.kill_query_on(cur, holder)
 
+KILL_DENIED = 1095  # ER_KILL_DENIED_ERROR: "You are not owner of thread", another user's session
+NO_SUCH_THREAD = 1094
+
+
+def interrupt(cur, conn_id: int) -> str:
+    """KILL QUERY the watcher's statement: "sent", "gone" (it ended meanwhile) or "refused" (a
+    session of another database user, and we lack CONNECTION ADMIN)."""
     try:
-        return session.run(body, what="instant wake")
-    except (MySQLdb.Error, errors.NotifyqError) as e:
-        log.debug("instant wake failed, the watcher's poll will find the job error=%s", e)
-        session.discard()
-        return False
+        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
+    except MySQLdb.Error as e:
+        if error_code(e) == KILL_DENIED:
+            return "refused"
+        if error_code(e) == NO_SUCH_THREAD:
+            return "gone"
+        raise
+    return "sent"

@@ -100,7 +100,32 @@ def test_notifyq_instant_wake_takes_the_usual_forms_of_a_boolean(text, value):
 def test_notifyq_instant_wake_refuses_other_words_in_one_line():
     with pytest.raises(errors.ConfigError) as e:
         notifyq.load_config(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_INSTANT_WAKE": "2"})
-    assert str(e.value) == "NOTIFYQ_INSTANT_WAKE: expected 1 or 0 (or true/false, yes/no, on/off), got '2'"
+    assert str(e.value) == "NOTIFYQ_INSTANT_WAKE: expected 1 or 0 (or true/false, yes/no, on/off) or auto, got '2'"
+
+
+@pytest.mark.parametrize("text", ["auto", "AUTO", " Auto "])
+def test_notifyq_instant_wake_takes_auto_the_default(text):
+    # Given no setting at all, then NOTIFYQ_INSTANT_WAKE=auto in any case
+    assert config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}).wakeup.instant_wake == "auto"
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_INSTANT_WAKE": text})
+    # Then both read as "auto"
+    assert cfg.wakeup.instant_wake == "auto"
+
+
+@pytest.mark.parametrize("toml, value", [("true", True), ("false", False), ('"auto"', "auto"), ('"Auto"', "auto")])
+def test_wakeup_instant_wake_in_a_file_takes_true_false_or_auto(tmp_path, toml, value):
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text(f"[wakeup]\ninstant_wake = {toml}\n")
+    assert config_mod.load(env={"NOTIFYQ_CONFIG": str(conf)}).wakeup.instant_wake == value
+
+
+@pytest.mark.parametrize("toml", ["1", '"yes"', '"sometimes"'])
+def test_wakeup_instant_wake_in_a_file_refuses_anything_else_in_one_line(tmp_path, toml):
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text(f"[wakeup]\ninstant_wake = {toml}\n")
+    with pytest.raises(errors.ConfigError) as e:
+        config_mod.load(env={"NOTIFYQ_CONFIG": str(conf)})
+    assert str(e.value).startswith('wakeup.instant_wake: expected true, false or "auto", got ')
 
 
 def test_produce_delay_takes_units_like_older_than(db):

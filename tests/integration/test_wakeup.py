@@ -481,26 +481,28 @@ def test_instant_wake_interrupts_the_watchers_wait_for_a_one_shot_producer(db):
     print(f"\ninstant wake pick-up: median={statistics.median(latencies) * 1e3:.1f}ms")
 
 
-def test_instant_wake_refuses_to_kill_through_a_proxy_and_says_so_once(db, caplog):
-    # Given a watcher waiting on the queue, and an instant_wake producer whose lock session the
-    # server knows by another id than its handshake gave (as behind ProxySQL, which answers
-    # the handshake itself: a KILL by the server's id would reach some other client's session)
-    cfg = db.config(wakeup={"instant_wake": True})
+@pytest.mark.parametrize("instant_wake", [True, "auto"])
+def test_instant_wake_refuses_to_kill_through_a_proxy_and_says_so_once(db, caplog, instant_wake):
+    # Given a watcher waiting on the queue, and an instant_wake producer (true, or the default
+    # "auto") whose session the server knows by another id than its handshake gave (as behind
+    # ProxySQL, which answers the handshake itself: a KILL by the server's id would reach some
+    # other client's session)
+    cfg = db.config(wakeup={"instant_wake": instant_wake})
     locks = QueueLocks(db.dsn.database, Q)
     watcher = Session(db.dsn, autocommit=True, name="watcher")
     try:
         assert queries.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, cfg) as p:
-            p.put({"n": 0})  # opens the link's sessions, and wakes (KILLs) nothing but a watcher
-            lock_session = p._lock_session
-            kills_before = _com_kill(lock_session)
-            lock_session.connection_id += 1_000_000  # the id a proxy's handshake would give
+            p.put({"n": 0})  # opens its session, and wakes (KILLs) nothing but a watcher
+            session = p._session
+            kills_before = _com_kill(session)
+            session.connection_id += 1_000_000  # the id a proxy's handshake would give
             # When it puts
             with caplog.at_level("WARNING", logger="notifyq.producer"):
                 p.put({"n": 1})
                 p.put({"n": 2})
             # Then it sends no KILL, says once that instant_wake is off and why, and puts go on
-            assert _com_kill(lock_session) == kills_before
+            assert _com_kill(session) == kills_before
             told = [r.getMessage() for r in caplog.records if "instant_wake is off" in r.getMessage()]
             assert len(told) == 1 and "proxy" in told[0]
             assert db.query("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (Q,)) == [(3,)]

@@ -1,0 +1,192 @@
+"""Several long-lived producers on one queue (a web app's worker processes): only one holds the
+queue's bell, and by default the others interrupt the watcher's wait (wakeup.instant_wake =
+"auto", notifyq/produce/interrupt.py) where the server lets them: same database user, no proxy."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import uuid
+
+import pytest
+from conftest import RUNTIME_PASSWORD, admin_connect
+from test_wakeup import MARGIN_S, Q, Fleet, Recorder, _com_kill, put_and_time, wait_settled
+
+from notifyq.produce.producer import Producer
+from notifyq.store import queries, schema
+from notifyq.store.db import Session
+from notifyq.store.locks import QueueLocks
+
+LONG_POLL_S = 5.0  # the consumers' poll: every pick-up the tests want is far below it
+
+
+@pytest.fixture
+def other_user(db):
+    """A second least-privilege database user with the same grants as the consumers' one: it may
+    put jobs, but not KILL the consumers' statements (no CONNECTION ADMIN)."""
+    name = f"nq_o_{uuid.uuid4().hex[:8]}"
+    conn = admin_connect(db.admin)
+    cur = conn.cursor()
+    for host in ("%", "localhost"):
+        cur.execute(f"CREATE USER '{name}'@'{host.replace('%', '%%')}' IDENTIFIED BY %s", (RUNTIME_PASSWORD,))
+        for grant in schema.grants(db.admin.database, f"'{name}'@'{host}'"):
+            cur.execute(grant)
+    try:
+        yield name
+    finally:
+        for host in ("%", "localhost"):
+            cur.execute(f"DROP USER IF EXISTS '{name}'@'{host}'")
+        conn.close()
+
+
+def as_user(cfg, user: str):
+    return dataclasses.replace(cfg, dsn=dataclasses.replace(cfg.dsn, user=user))
+
+
+def test_a_second_ringing_producers_jobs_start_far_before_the_poll_with_the_default_settings(db):
+    # Given idle consumers that poll only every 5 s, a ringing producer that holds the queue's
+    # bell, and a second ringing producer (another web worker process), both with the defaults
+    # (wakeup.instant_wake is not set)
+    cfg = db.config(wakeup={"poll_initial_s": LONG_POLL_S, "poll_max_s": LONG_POLL_S})
+    recorder = Recorder()
+    rng = random.Random(5)
+    with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg, ring=True) as first, \
+            Producer(Q, cfg, ring=True) as second:
+        first.put({"warm-up": True})  # arms: it holds the bell from now on
+        assert first._bell is not None and first._bell.held is not None
+        wait_settled(db, 2)
+        # When the second puts jobs at random moments of the watcher's wait
+        latencies = []
+        for _ in range(6):
+            time.sleep(rng.uniform(0.05, 0.5))  # the input: where in the watcher's wait the put lands
+            latencies.append(put_and_time(second, recorder, LONG_POLL_S + MARGIN_S))
+            wait_settled(db, 2)
+        # Then each starts far sooner than the poll would find it: the second producer interrupted
+        # the watcher's wait, and no watcher ran out its wait to find a job
+        assert max(latencies) < LONG_POLL_S / 5, latencies
+        assert second._bell is not None and second._bell.held is None  # one bell per queue and server
+        assert second._interrupter is not None and second._interrupter.kills >= 1
+        assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
+
+
+@pytest.mark.parametrize("ring", [False, True])
+def test_a_producer_of_another_database_user_stops_interrupting_after_the_first_refusal_and_says_so_once(
+        db, other_user, caplog, ring):
+    # Given a watcher (the consumers' user) holding the queue's watch lock, and a producer with
+    # the default settings logged in as another database user, which may not KILL its statements
+    cfg = db.config()
+    locks = QueueLocks(db.dsn.database, Q)
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    other = as_user(cfg, other_user)
+    try:
+        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        with Producer(Q, other, ring=ring) as bell_holder, Producer(Q, other, ring=ring) as p:
+            if ring:
+                bell_holder.put({"arms": True})  # the bell is taken: `p` is a second ringing producer
+            # When it puts, again and again
+            with caplog.at_level("WARNING", logger="notifyq.producer"):
+                for i in range(4):
+                    p.put({"n": i})
+            # Then its first put was refused, it tried no more, and it said once what to set
+            interrupter = p._interrupter
+            assert interrupter is not None and interrupter.refusals == 1 and interrupter.off == "refused"
+            assert interrupter.looks == 1  # later puts commit as plain ones: no look, no KILL
+            told = [r.getMessage() for r in caplog.records if "instant_wake is off" in r.getMessage()]
+            assert len(told) == 1, told
+            assert "database user" in told[0] and "wakeup.instant_wake" in told[0]
+            assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (Q,)) == 4 + ring
+    finally:
+        watcher.close()
+
+
+def test_instant_wake_true_keeps_trying_after_a_refusal_and_says_so_once(db, other_user, caplog):
+    # Given a watcher, and a producer of another database user with wakeup.instant_wake = true
+    cfg = db.config(wakeup={"instant_wake": True})
+    locks = QueueLocks(db.dsn.database, Q)
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    try:
+        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        with Producer(Q, as_user(cfg, other_user)) as p, \
+                caplog.at_level("WARNING", logger="notifyq.producer"):
+            # When it puts three times
+            for i in range(3):
+                p.put({"n": i})
+            # Then it tried each time, as true always meant, and said once that it was refused
+            assert p._interrupter.refusals == 3 and p._interrupter.off is None
+            told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+            assert len(told) == 1 and "keeps trying" in told[0]
+    finally:
+        watcher.close()
+
+
+def test_instant_wake_false_never_interrupts(db):
+    # Given a watcher, and a producer with wakeup.instant_wake = false
+    cfg = db.config(wakeup={"instant_wake": False})
+    locks = QueueLocks(db.dsn.database, Q)
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    try:
+        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        with Producer(Q, cfg) as p:
+            # When it puts
+            p.put({"n": 0})
+            p.put({"n": 1})
+            # Then it sends no KILL and opens no second connection
+            assert _com_kill(p._session) == 0
+            assert p._interrupter is None and p._lock_session is None
+    finally:
+        watcher.close()
+
+
+def test_with_nobody_watching_a_put_sends_no_kill_and_opens_no_second_connection(db):
+    # Given no consumer at all, and a producer with the default settings
+    cfg = db.config()
+    with Producer(Q, cfg) as p:
+        # When it puts
+        for i in range(3):
+            p.put({"n": i})
+        # Then its COMMITs looked (in their own round trips) and saw nobody: no KILL, one session
+        assert p._interrupter is not None and p._interrupter.looks >= 1 and p._interrupter.kills == 0
+        assert _com_kill(p._session) == 0
+        assert p._lock_session is None
+
+
+def test_nothing_changes_for_the_producer_that_holds_the_bell(db):
+    # Given idle consumers and a ringing producer that holds the queue's bell, default settings
+    cfg = db.config(wakeup={"poll_initial_s": LONG_POLL_S, "poll_max_s": LONG_POLL_S})
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as p:
+        p.put({"warm-up": True})
+        assert p._bell is not None and p._bell.held is not None
+        wait_settled(db, 2)
+        # When it puts
+        for _ in range(4):
+            assert put_and_time(p, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
+            wait_settled(db, 2)
+        # Then it rang, and never looked for a watcher to KILL nor sent a KILL
+        assert p._bell.rings >= 4
+        assert p._interrupter is None
+        assert _com_kill(p._session) == 0 and _com_kill(p._lock_session) == 0
+
+
+def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
+    # Given idle consumers waiting on the bell of a ringing producer, and a second producer
+    cfg = db.config(wakeup={"poll_initial_s": LONG_POLL_S, "poll_max_s": LONG_POLL_S})
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as first, Producer(Q, cfg) as second:
+        first.put({"warm-up": True})
+        bell = first._bell
+        generation = first._lock_session.generation
+        wait_settled(db, 2)
+        # When the second interrupts the watcher's wait, put after put, and then the first puts
+        for _ in range(10):
+            put_and_time(second, recorder, LONG_POLL_S + MARGIN_S)
+            wait_settled(db, 2)
+        rings = bell.rings
+        for _ in range(3):
+            assert put_and_time(first, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
+            wait_settled(db, 2)
+        # Then the first still holds the bell on its first connection, and rang each time
+        assert first._lock_session.generation == generation and bell.held is not None
+        assert bell.rings == rings + 3
+        assert second._interrupter.kills >= 5
