@@ -72,3 +72,9 @@ class OutcomeUnknown(NotifyqError):
 
 class AlreadyRunning(NotifyqError):
     exit_code = EXIT_RUNNING
+
+
+class ClaimLost(NotifyqError):
+    """job.transaction() / job.complete_in(): the claim was taken back (its lease ran out, or
+    its consumer was judged dead) before the job's completion could commit. The transaction is
+    rolled back: none of the handler's writes in it are stored, and the job is someone else's."""

@@ -44,6 +44,13 @@ class Job:
     _cancel_check: Any = field(default=None, repr=False)  # set by the worker: () -> bool
     _cancel_seen: bool = field(default=False, repr=False)
     _cancel_checked_at: float = field(default=float("-inf"), repr=False)
+    # Set by the worker: the job's completion in the handler's own transaction (consume/effects.py)
+    _completion: Any = field(default=None, repr=False)
+    # None; "committed" (job.transaction() committed its completion); "pending" (complete_in:
+    # the caller commits, the worker finds out whether it did)
+    _completed: str | None = field(default=None, repr=False)
+    _started: float | None = field(default=None, repr=False)  # monotonic, for the attempt's record
+    _ended: float | None = field(default=None, repr=False)
 
     def fail(self, error: str, *, retry: bool = True) -> None:
         """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
@@ -64,13 +71,42 @@ class Job:
         call in a loop: the database is asked at most once per `max_age_s`, and never again
         after it said yes.
         """
-        if self._cancel_seen or self._cancel_check is None:
+        check = self._cancel_check
+        if check is None and self._completion is not None:
+            check = lambda: self._completion.cancel_requested(self.id)  # noqa: E731
+        if self._cancel_seen or check is None:
             return self._cancel_seen
         now = time.monotonic()
         if now - self._cancel_checked_at >= max_age_s:
             self._cancel_checked_at = now
-            self._cancel_seen = bool(self._cancel_check())
+            self._cancel_seen = bool(check())
         return self._cancel_seen
+
+    def transaction(self):
+        """A transaction on notifyq's database that also completes this job.
+
+            with job.transaction() as cur:
+                cur.execute("INSERT INTO charge (order_id, cents) VALUES (%s, %s)", (order, cents))
+
+        The handler's writes and the job's completion commit together or not at all. The
+        completion is fenced by the claim (its token and attempt): if the job was taken back
+        meanwhile, nothing is committed and `notifyq.ClaimLost` is raised. Once it committed,
+        the worker does not ack the job again. `cur.connection` is the connection.
+        """
+        if self._completion is None:
+            raise RuntimeError("job.transaction() needs a job a notifyq worker claimed")
+        return self._completion.transaction(self)
+
+    def complete_in(self, conn) -> None:
+        """Complete this job inside the caller's own transaction on `conn` (a MySQLdb
+        connection, Django's `connection`, an SQLAlchemy Connection or Session) to notifyq's
+        database: the caller commits, and the job is done only if that COMMIT lands. Fenced as
+        transaction() is: `notifyq.ClaimLost` (and the transaction rolled back) if the claim
+        was taken back. Commit before the handler returns: the worker then finds out whether
+        the completion landed; if not, the job fails and is retried."""
+        if self._completion is None:
+            raise RuntimeError("job.complete_in() needs a job a notifyq worker claimed")
+        self._completion.complete_in(self, conn)
 
     @property
     def last_attempt(self) -> bool:

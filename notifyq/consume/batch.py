@@ -78,8 +78,14 @@ class Batch:
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
         self.running = jobs
+        now = time.monotonic()
+        for job in jobs:
+            job._started = now
 
     def finish(self) -> None:
+        now = time.monotonic()
+        for job in self.running:
+            job._ended = now
         self.done += self.running
         self.running = []
 

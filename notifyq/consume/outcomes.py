@@ -18,6 +18,7 @@ from notifyq.consume.batch import Batch
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
+from notifyq.store.completion import Completion
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
 
@@ -42,15 +43,42 @@ class Outcomes:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
+        if any(j._completed is not None for j in jobs):
+            jobs = self._completed(session, jobs, token)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
         self._count_lost(len(failures) - self.fail(session, token, failures))
-        acks = queries.Acks([j.id for j in jobs if j.error is None], token, self.qc.keep_done)
-        if not acks.ids:
+        ok = [j for j in jobs if j.error is None]
+        acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
+                            [j._started if j._started is not None else 0.0 for j in ok],
+                            [j._ended if j._ended is not None else 0.0 for j in ok]) if ok else None
+        if acks is None:
             return None
         if carry:
             return acks
         self.landed(session, acks, None)
         return None
+
+    def _completed(self, session: Session, jobs: list[Job], token: int) -> list[Job]:
+        """Jobs the handler completed in its own transaction are done: never acked again, never
+        counted lost. One completed on a caller's connection (complete_in) is done if that
+        transaction committed (asked once for the batch); if not, nothing of it is stored and
+        the job fails. Returns the jobs whose outcome is still to be sent."""
+        pending = [j for j in jobs if j._completed == "pending"]
+        landed = Completion(session, token, self.qc.keep_done).completions_landed(pending) if pending else set()
+        rest = []
+        for job in jobs:
+            if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
+                self.stats.succeeded += 1
+                if job.error is not None:
+                    log.warning("the handler failed after its job's completion committed: the job is done "
+                                "queue=%s job=%d error=%s", self.queue, job.id, job.error[:200])
+                continue
+            if job._completed == "pending":
+                job._completed = None
+                if job.error is None:
+                    job.fail("job.complete_in(): the transaction that completes the job did not commit")
+            rest.append(job)
+        return rest
 
     def landed(self, session: Session, acks: queries.Acks, commit: Pending | None) -> None:
         """The claim that carried `acks` sent its COMMIT: count them once it is read, or ack them
@@ -58,9 +86,9 @@ class Outcomes:
         if commit is not None:
             session.pipeline.read_reply()  # read now if still on the wire (else it was, by a later statement)
         if commit is None or commit.failed or not commit.rowcounts:
-            self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep))
+            self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
         else:
-            self._count_acked(acks, commit.rowcounts[0])
+            self._count_acked(acks, commit.rowcounts[queries.Acks.COUNTED])
 
     def _count_acked(self, acks: queries.Acks, acked: int) -> None:
         self.stats.succeeded += acked
@@ -81,7 +109,7 @@ class Outcomes:
                                             self.qc.retry_max_s) if may_retry else None, error)
                    for job, error, may_retry in failures]
         try:
-            owned = set(queries.fail(session, self.queue, token, [(j.id, d, e) for j, d, e in decided]))
+            owned = set(queries.fail(session, self.queue, token, [_failure(j, d, e) for j, d, e in decided]))
             unrecorded: list[Job] = []
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path, as for any statement
@@ -114,7 +142,7 @@ class Outcomes:
             texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
             for text in texts:
                 try:
-                    owned.update(queries.fail(session, self.queue, token, [(job.id, delay, text)]))
+                    owned.update(queries.fail(session, self.queue, token, [_failure(job, delay, text)]))
                     break
                 except errors.DatabaseError:
                     raise
@@ -140,6 +168,10 @@ class Outcomes:
             self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
         self.fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
                                          for job in running])
+
+
+def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:
+    return queries.Failure(job.id, delay, error, job.attempts, job.detail, job._started, job._ended)
 
 
 def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:

@@ -24,7 +24,8 @@ from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
-from notifyq.store import admin_queries, queries
+from notifyq.store import queries
+from notifyq.store.completion import Completion
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.pipeline import Pending
@@ -245,14 +246,14 @@ class Worker:
             if batch.extend_due():
                 self._extend(batch)
 
+        completion = Completion(self.work, token, self.qc.keep_done)  # job.transaction(), cancel checks
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
             job._extend = extend
-            job._cancel_check = (lambda job_id=job.id:
-                                 admin_queries.cancel_requested(self.work, job_id, token))
+            job._completion = completion
         self.batch = batch
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
         last_flush = t0 = time.monotonic()

@@ -123,15 +123,6 @@ def cancel_job(session: Session, job_id: int) -> str | None:
     return session.run(body, what="cancel job")
 
 
-def cancel_requested(session: Session, job_id: int, token: int) -> bool:
-    def body(cur) -> bool:
-        cur.execute(Q["job_cancel_check"], {"id": job_id, "token": token})
-        row = cur.fetchone()
-        return row is None or bool(row[0])
-
-    return session.run(body, what="cancel check")
-
-
 # ---------------------------------------------------------------- periodic (scheduler's cursor)
 
 def periodic_last_tick(cur, queue: str, name: str) -> dt.datetime | None:

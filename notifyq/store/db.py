@@ -339,6 +339,11 @@ class Session:
                 ) from None
             raise
 
+    def rollback_after(self, exc: BaseException) -> None:
+        """A transaction run outside Session.run (store/completion.py) failed: roll it back, or
+        drop the connection if it is gone or out of step."""
+        self._after_error(exc)
+
     def _after_error(self, exc: BaseException) -> None:
         if is_connection_lost(exc) or self._conn is None:
             self.discard()

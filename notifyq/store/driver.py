@@ -156,6 +156,14 @@ def _ids_literal(ids: Ids, _conversions) -> str:
     return "(" + ",".join(map(str, map(int, ids))) + ")"
 
 
+class IntList(tuple):
+    """Integers for a list inside a call, `FIELD(id, %(ids)s)`: rendered `1,2,3`, no parentheses."""
+
+
+def _int_list_literal(values: IntList, _conversions) -> str:
+    return ",".join(map(str, map(int, values)))
+
+
 CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,
-               FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal}
+               FIELD_TYPE.TIMESTAMP: _datetime, Ids: _ids_literal, IntList: _int_list_literal}
 

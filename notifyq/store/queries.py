@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import os
+import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ import MySQLdb
 
 from notifyq.jobs import Job
 from notifyq.store.db import Session
-from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, Ids, error_code
+from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, Ids, IntList, error_code
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -34,6 +34,14 @@ PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog ta
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
 ERROR_MAX_BYTES = 65535
+# An attempt's record (nq_attempt) keeps less: its error and traceback cut to these, and a job
+# keeps its last ATTEMPTS_KEPT attempts.
+ATTEMPT_ERROR_BYTES = 4000
+ATTEMPT_TRACEBACK_BYTES = 16000
+ATTEMPTS_KEPT = 10
+HOST = os.uname().nodename[:255]  # where an attempt ran, in its record (gethostname without socket)
+
+
 def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
@@ -70,13 +78,26 @@ class Claim:
 class Acks:
     """A finished batch's successes, acked in the next claim's COMMIT (claim(acks=...)): a
     busy consumer then spends one fsync'd COMMIT per batch instead of two. The ack is the
-    last batch's, fenced by its token, so it is as idempotent as ack() is."""
+    last batch's, fenced by its token, so it is as idempotent as ack() is. Each job's attempt
+    record (attempt_acked) goes first in the same query, under the same fence."""
     ids: list[int]
     token: int
     keep: bool  # keep done jobs (ack_keep) instead of deleting them
+    started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
+    ended: list[float] | None = None
 
-    def statement(self) -> tuple[str, dict[str, Any]]:
-        return Q["ack_keep" if self.keep else "ack_delete"], {"ids": Ids(self.ids), "token": self.token}
+    COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
+
+    def statements(self) -> list[tuple[str, dict[str, Any]]]:
+        ids = Ids(self.ids)
+        now = time.monotonic()
+        started = self.started or [now] * len(self.ids)
+        ended = self.ended or [now] * len(self.ids)
+        record = {"ids": ids, "token": self.token, "host": HOST, "id_list": IntList(self.ids),
+                  "started_ages": IntList(microseconds(now - t) for t in started),
+                  "ended_ages": IntList(microseconds(now - t) for t in ended)}
+        return [(Q["attempt_acked"], record),
+                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
@@ -141,7 +162,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
-        last: list[tuple[str, dict[str, Any]]] = [acks.statement()] if acks is not None else []
+        last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
@@ -239,35 +260,67 @@ def suspects_alone(locked: list[tuple]) -> list[tuple]:
 
 # ---------------------------------------------------------------- outcomes
 
-def ack(session: Session, ids: list[int], token: int, keep: bool) -> int:
-    """Success for `ids`; returns how many rows this claim still owned (the rest were lost)."""
-    if not ids:
+def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | None = None) -> int:
+    """Success for `ids` (or `acks`); returns how many rows this claim still owned (the rest
+    were lost)."""
+    acks = acks if acks is not None else Acks(ids, token, keep)
+    if not acks.ids:
         return 0
 
     def body(cur) -> int:  # with its COMMIT in one round trip: fenced by token, so idempotent
-        return session.pipeline.commit_with(cur, [Acks(ids, token, keep).statement()])[0]
+        return session.pipeline.commit_with(cur, acks.statements())[Acks.COUNTED]
 
     return session.run(body, what="ack")
 
 
-def fail(session: Session, queue: str, token: int,
-         failures: list[tuple[int, float | None, str]]) -> list[int]:
-    """failures: (id, delay_s or None for dead, error). Returns the ids the claim still owned."""
+@dataclass
+class Failure:
+    """One failed attempt: what queries.fail records (the job's row, and its attempt's)."""
+    id: int
+    delay_s: float | None  # None: dead
+    error: str
+    attempt: int = 0  # the attempt that failed (prunes the job's older records)
+    traceback: str | None = None
+    started: float | None = None  # monotonic
+    ended: float | None = None
+
+
+def fail(session: Session, queue: str, token: int, failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
+    """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
+    still owned. Each job's attempt record goes with its outcome, in one round trip."""
     if not failures:
         return []
+    items = [f if isinstance(f, Failure) else Failure(*f) for f in failures]
 
     def body(cur) -> list[int]:
-        owned = []
+        owned: list[int] = []
         retried = 0
-        for job_id, delay_s, error in failures:
-            if delay_s is None:
-                cur.execute(Q["bury"], {"id": job_id, "token": token, "error": error_text(error)})
+        now = time.monotonic()
+        for f in items:
+            fenced = {"id": f.id, "token": token}
+            if f.delay_s is None:
+                outcome = (Q["bury"], {**fenced, "error": error_text(f.error)})
             else:
-                cur.execute(Q["retry_later"], {
-                    "id": job_id, "token": token, "error": error_text(error), "delay_us": microseconds(delay_s)})
-                retried += cur.rowcount
-            if cur.rowcount:
-                owned.append(job_id)
+                outcome = (Q["retry_later"], {**fenced, "error": error_text(f.error),
+                                              "delay_us": microseconds(f.delay_s)})
+            record = (Q["attempt_failed"], {
+                **fenced, "dead": int(f.delay_s is None), "host": HOST,
+                "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
+                "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
+                "error": error_text(f.error, ATTEMPT_ERROR_BYTES),
+                "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
+            statements = [record, outcome]
+            if f.attempt > ATTEMPTS_KEPT:
+                statements.append((Q["attempts_prune"], {"id": f.id, "below": f.attempt - ATTEMPTS_KEPT}))
+            cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
+            cur.nextset()
+            n = cur.rowcount  # the outcome's
+            while cur.nextset():
+                pass
+            if f.delay_s is not None:
+                retried += n
+            if n:
+                owned.append(f.id)
         if retried:
             bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
         return owned

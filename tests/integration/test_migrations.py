@@ -10,7 +10,7 @@ from notifyq.produce.producer import Producer
 from notifyq.store import schema
 from notifyq.store.sql import migrations, split_statements
 
-TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_meta")
+TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta")
 
 
 def _apply(db, versions) -> None:
@@ -59,7 +59,7 @@ def test_init_upgrades_a_version_4_database_with_jobs_and_keys_in_place(db):
     before = db.query("SELECT id, queue, status, run_at, payload, dedup_key, owner FROM nq_job ORDER BY id")
 
     # When `notifyq init` runs
-    assert schema.init(db.admin) == (4, 5)
+    assert schema.init(db.admin) == (4, schema.code_version())
 
     # Then nq_job has the three indexes of version 5, the jobs are as they were, the pending
     # jobs' keys moved to nq_dedup, and nq_queue.bell is gone
@@ -84,7 +84,7 @@ def test_migration_5_runs_again_after_an_interrupted_init(db):
              "VALUES (1, 'q', 0, NOW(6), 5, '{}', 'k')")
     _apply(db, [5])
     # When `notifyq init` runs migration 5 again
-    assert schema.init(db.admin) == (4, 5)
+    assert schema.init(db.admin) == (4, schema.code_version())
     # Then it is a no-op: the same indexes, the key still held by its job
     assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
@@ -109,7 +109,22 @@ def test_migration_5_runs_again_after_it_stopped_between_its_steps(db):
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
     assert "ux_dedup" in _indexes(db, "nq_job")
     # When `notifyq init` runs
-    assert schema.init(db.admin) == (4, 5)
+    assert schema.init(db.admin) == (4, schema.code_version())
     # Then the upgrade is complete and the key copied once
     assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
+
+
+def test_init_upgrades_a_version_5_database_to_attempt_records_and_the_jobs_run_on(db):
+    # Given a version-5 database (no attempt records) with a ready job
+    db.query("DROP TABLE nq_attempt")
+    db.query("UPDATE nq_meta SET value = '5' WHERE name = 'schema_version'")
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    # When `notifyq init` runs, twice (an interrupted init runs again)
+    assert schema.init(db.admin) == (5, 6)
+    _apply(db, [6])
+    assert schema.init(db.admin) == (6, 6)
+    # Then nq_attempt exists, and the job is still there to run
+    assert "outcome" in _columns(db, "nq_attempt")
+    assert db.query("SELECT id, status FROM nq_job") == [(job_id, 0)]

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
@@ -210,6 +210,65 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 3, finished_at = NOW(6), lease_until = NULL
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- attempt_acked --
+-- Each acked job's attempt record, in the ack's own transaction and round trip (queries.Acks),
+-- before the ack itself and under the same fence, so its row count is the ack's. Per-job
+-- times come as ages in microseconds before the statement (FIELD finds the job's place in
+-- id_list, ELT picks its age): the client's monotonic clock measures them, the server's clock
+-- places them. The attempt's consumer is the claim's owner.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at)
+SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
+       NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(started_ages)s) MICROSECOND,
+       NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(ended_ages)s) MICROSECOND
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
+
+-- attempt_failed --
+-- A failed attempt's record, sent with its retry_later or bury (queries.fail) in one round
+-- trip, under the same fence. dead: the caller buries it; a job cancelled while it ran ends
+-- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
+                        error, traceback)
+SELECT id, claim_token, attempts, queue, IF(%(dead)s OR cancel_requested, 'dead', 'failed'), owner, %(host)s,
+       NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
+       %(error)s, %(traceback)s
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
+
+-- attempts_prune --
+-- A job keeps its last few attempts: after a failure of attempt n, those numbered n - kept
+-- and below go (only sent when there are some).
+DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
+
+-- complete_attempt --
+-- job.transaction() / job.complete_in(): the completion's record, in the handler's own
+-- transaction, fenced by the claim (its token, its attempt, still claimed). Its row is how a
+-- COMMIT whose reply was lost is found out to have landed (completions_landed). Times are
+-- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
+                        result)
+SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
+       UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND, UTC_TIMESTAMP(6), %(result)s
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
+FOR UPDATE
+
+-- complete_delete --
+-- The completion itself, after complete_attempt in the same transaction: its row count (1, or
+-- 0 when the claim was taken back) decides between COMMIT and ClaimLost.
+DELETE FROM nq_job WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
+
+-- complete_keep --
+UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6), lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
+
+-- completions_landed --
+-- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
+-- lost, and after a handler that completed its job on its own connection (job.complete_in).
+SELECT job_id FROM nq_attempt WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
 
 -- retry_later --
 -- A job cancelled while it ran is not retried: it ends dead, its error kept.

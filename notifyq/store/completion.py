@@ -1,0 +1,175 @@
+"""A job completed in the handler's own transaction: its writes and the completion commit
+together or not at all (job.transaction(), job.complete_in(conn)).
+
+The completion is two statements at the end of that transaction: the attempt's record
+(complete_attempt, whose row is the proof the completion landed) and the completion itself
+(complete_delete or complete_keep), both fenced by the claim: its token, its attempt, and the
+job still claimed. A claim taken back meanwhile (the lease ran out, the consumer was judged
+dead, a reaper moved in) matches no row: the transaction is rolled back and ClaimLost raised, so
+a stale run's writes never land. Once the completion committed, the worker does not ack the job.
+
+A COMMIT whose reply is lost (KILL, a server restart) has an unknown outcome. The completion's
+record says which: on a new connection, once the old one is gone for sure (ended and waited
+for, or the server restarted since), its row is there if and only if the transaction committed,
+the handler's writes with it. So transaction() returns only when the writes are stored, and
+raises when they are not (the job then fails and is retried) or when nobody can say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import MySQLdb
+
+from notifyq import errors
+from notifyq.jobs import Job
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.driver import Ids, describe, is_connection_lost
+from notifyq.store.sql import QUERIES as Q
+
+log = logging.getLogger("notifyq.consumer")
+
+
+class Completion:
+    """What a claimed job needs to complete itself: the worker's work session (idle while the
+    handler runs, on the handler's own thread) and the claim."""
+
+    def __init__(self, session: Session, token: int, keep: bool):
+        self.session, self.token, self.keep = session, token, keep
+
+    @contextlib.contextmanager
+    def transaction(self, job: Job) -> Iterator[Any]:
+        _not_completed(job)
+        session = self.session
+        conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
+        cur = conn.cursor()
+        try:
+            yield cur
+            if not complete(cur, job, self.token, self.keep, multi=True):
+                raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
+                                       "the transaction was rolled back")
+        except BaseException as e:
+            session.rollback_after(e)
+            raise
+        finally:
+            _close(cur)
+        conn_id, sent_at = session.connection_id, time.monotonic()
+        try:
+            conn.commit()
+        except MySQLdb.Error as e:
+            if not is_connection_lost(e):
+                session.rollback_after(e)
+                raise
+            session.discard()
+            if not self._landed_after_loss(job, conn_id, sent_at, e):
+                raise errors.TransientDBError(
+                    f"job {job.id}: connection lost during the COMMIT of its transaction "
+                    f"({describe(e)}), which did not land: nothing was stored, the job runs again") from None
+        job._completed = "committed"
+
+    def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, lost: BaseException) -> bool:
+        """Did the transaction whose COMMIT lost its reply commit? Asked on a new connection, once
+        the old one can no longer commit: ended and waited for, unless the server restarted
+        since the COMMIT was sent (then recovery has settled it)."""
+        session = self.session
+
+        def ask(cur) -> bool:
+            if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
+                queries.end_connection(cur, conn_id)
+            return bool(landed(cur, [job.id], self.token))
+
+        try:
+            stored = session.run(ask, what="check a completion's COMMIT")
+        except errors.NotifyqError as e:
+            raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its "
+                                        f"transaction ({describe(lost)}), and the server could not be asked "
+                                        f"whether it landed ({e})") from None
+        log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
+                    job.id)
+        return stored
+
+    def complete_in(self, job: Job, conn: Any) -> None:
+        _not_completed(job)
+        cur, plain = _cursor_of(conn)
+        try:
+            ok = complete(cur, job, self.token, self.keep, multi=False)
+        except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
+            from notifyq.store.inserts import caller_error  # here: a consumer's start need not load it
+
+            raise caller_error(e) from e
+        finally:
+            _close(cur)
+        if not ok:
+            if plain:  # a framework's transaction rolls back on the exception, as it must
+                conn.rollback()
+            raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
+                                   "the caller's transaction must roll back")
+        job._completed = "pending"
+
+    def cancel_requested(self, job_id: int) -> bool:
+        """Job.cancel_requested(): asked only when a handler asks (a statement on the work
+        session). True too when the claim is no longer ours."""
+        def body(cur) -> bool:
+            cur.execute(Q["job_cancel_check"], {"id": job_id, "token": self.token})
+            row = cur.fetchone()
+            return row is None or bool(row[0])
+
+        return self.session.run(body, what="cancel check")
+
+    def completions_landed(self, jobs: list[Job]) -> set[int]:
+        """Of the jobs completed on a caller's connection (complete_in), those whose completion
+        committed; the caller's COMMIT is over (the handler returned)."""
+        if not jobs:
+            return set()
+        return self.session.run(lambda cur: landed(cur, [j.id for j in jobs], self.token),
+                                what="check completions")
+
+
+def complete(cur, job: Job, token: int, keep: bool, multi: bool) -> bool:
+    """The completion's two statements on `cur`, in its transaction; True when the claim still
+    held the job. multi: one round trip (a multi-statement query; notifyq's own sessions)."""
+    started = job._started if job._started is not None else time.monotonic()
+    params = {"id": job.id, "token": token, "attempt": job.attempts, "host": queries.HOST,
+              "started_age_us": queries.microseconds(time.monotonic() - started), "result": None}
+    statements = [Q["complete_attempt"], Q["complete_keep" if keep else "complete_delete"]]
+    if multi:
+        cur.execute(";\n".join(cur.mogrify(sql, params) for sql in statements))
+        cur.nextset()
+        return cur.rowcount == 1
+    for sql in statements:
+        cur.execute(sql, params)
+    return cur.rowcount == 1
+
+
+def landed(cur, ids: list[int], token: int) -> set[int]:
+    cur.execute(Q["completions_landed"], {"ids": Ids(ids), "token": token})
+    return {int(r[0]) for r in cur.fetchall()}
+
+
+def _not_completed(job: Job) -> None:
+    if job._completed is not None:
+        raise RuntimeError(f"job {job.id} is completed already")
+
+
+def _cursor_of(conn: Any) -> tuple[Any, bool]:
+    """A DB-API cursor in the caller's transaction, and whether `conn` is a plain DB-API
+    connection (notifyq rolls it back on ClaimLost) rather than a framework's wrapper."""
+    if hasattr(conn, "ensure_connection") and hasattr(conn, "cursor"):  # Django's DatabaseWrapper
+        return conn.cursor(), False
+    if callable(getattr(conn, "get_bind", None)) and callable(getattr(conn, "connection", None)):
+        return conn.connection().connection.cursor(), False  # SQLAlchemy Session: its Connection's DB-API one
+    if callable(getattr(conn, "exec_driver_sql", None)):
+        return conn.connection.cursor(), False  # SQLAlchemy Connection
+    return conn.cursor(), True
+
+
+def _close(cur) -> None:
+    try:
+        cur.close()
+    except Exception:  # noqa: BLE001 - a lost connection's cursor: nothing to close
+        pass
