@@ -145,6 +145,12 @@ def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = adm
             deleted, chunks = deleted + n, chunks + 1
             if len(ids) < chunk or n == 0:  # the range is empty, or all retried meanwhile
                 break
+    while True:  # the attempt records (nq_attempt) of the same age, done jobs' and deleted ones' alike
+        if chunks >= max_chunks:
+            return deleted, False
+        chunks += 1
+        if admin_queries.purge_old_attempts(session, queue, keep_s, chunk) == 0:
+            break
     return deleted, True
 
 

@@ -75,16 +75,52 @@ def list_jobs(session: Session, *, queue: str | None = None, status: int | None 
     return [_record(_LIST_FIELDS, r) for r in rows]
 
 
-def get_job(session: Session, job_id: int) -> dict[str, Any]:
+_ATTEMPT_FIELDS = ("attempt", "outcome", "consumer", "host", "started_at", "ended_at", "error", "traceback",
+                   "result")
+
+
+def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, Any]:
+    """The job's row; with history, its attempt records too ("history", oldest first). A job
+    that is gone raises InputError saying what its records know: done, cancelled or purged
+    (while retention keeps them), or never existed."""
     row = admin_queries.get_job(session, job_id)
     if row is None:
-        raise errors.InputError(f"no job {job_id}")
+        raise errors.InputError(gone(session, job_id))
     job = _record(_GET_FIELDS, row)
     try:
         job["payload"] = json.loads(job["payload"])
     except ValueError:
         pass  # shown as stored; the consumer will bury it as invalid JSON
+    if history:
+        job["history"] = attempts(session, job_id)
     return job
+
+
+def attempts(session: Session, job_id: int) -> list[dict[str, Any]]:
+    out = []
+    for row in admin_queries.job_attempts(session, job_id):
+        record = {name: _iso(value) for name, value in zip(_ATTEMPT_FIELDS, row)}
+        if record["result"] is not None:
+            try:
+                record["result"] = json.loads(record["result"])
+            except ValueError:
+                pass
+        out.append(record)
+    return out
+
+
+def gone(session: Session, job_id: int) -> str:
+    """Why there is no row for job_id, from its last attempt record."""
+    history = attempts(session, job_id)
+    if not history:
+        return f"no job {job_id} (it never existed, or its records are past retention)"
+    last = history[-1]
+    when = last["ended_at"]
+    if last["outcome"] == "done":
+        return f"no job {job_id}: it was done at {when} (attempt {last['attempt']}), and not kept"
+    if last["outcome"] in ("cancelled", "purged"):
+        return f"no job {job_id}: it was {last['outcome']} at {when}"
+    return f"no job {job_id}: it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"
 
 
 # ------------------------------------------------------------------ retry
@@ -137,7 +173,7 @@ def cancel(session: Session, job_id: int) -> str:
         return outcome
     row = admin_queries.get_job(session, job_id)
     if row is None:
-        raise errors.InputError(f"no job {job_id}")
+        raise errors.InputError(gone(session, job_id))
     raise errors.InputError(f"job {job_id} is {STATUS_NAMES.get(row[2], row[2])}: nothing to cancel")
 
 

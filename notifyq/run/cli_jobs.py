@@ -85,16 +85,34 @@ def show(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
 
     job_id = a.job_id
-    job = _one_job(obj, job_id, a.shard, lambda session: admin.get_job(session, job_id))
+    job = _one_job(obj, job_id, a.shard, lambda session: admin.get_job(session, job_id, history=True))
     if a.as_json:
         echo(json.dumps(job, indent=2))
         return
     width = max(len(k) for k in job)
     for key, value in job.items():
-        if key != "payload":
+        if key not in ("payload", "history"):
             text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
             echo(f"{key.ljust(width)}  {text}")
     echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
+    _show_history(job["history"])
+
+
+def _show_history(history: list[dict[str, Any]]) -> None:
+    """One line per attempt (its error under it, its traceback indented below that)."""
+    if not history:
+        return
+    echo("history:")
+    for h in history:
+        line = (f"  attempt {h['attempt']}  {h['outcome']:<9} {h['started_at'] or '-'} .. {h['ended_at']}"
+                f"  on {h['host'] or '-'} consumer {h['consumer'] or '-'}")
+        echo(line)
+        if h["error"]:
+            echo(f"    error: {h['error']}")
+        if h["traceback"]:
+            echo("    " + h["traceback"].rstrip("\n").replace("\n", "\n    "))
+        if h["result"] is not None:
+            echo(f"    result: {json.dumps(h['result'], ensure_ascii=False)}")
 
 
 def retry(obj: Any, a: argparse.Namespace) -> None:

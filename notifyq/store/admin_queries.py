@@ -13,6 +13,7 @@ from typing import Any
 
 from notifyq.store import dedup, liveness, queries
 from notifyq.store.db import Session
+from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES as Q
 
 
@@ -52,6 +53,10 @@ def get_job(session: Session, job_id: int) -> tuple | None:
         return cur.fetchone()
 
     return session.run(body, what="read job")
+
+
+def job_attempts(session: Session, job_id: int) -> list[tuple]:
+    return _rows(session, "job_attempts", {"id": job_id}, "read attempts")
 
 
 def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
@@ -105,15 +110,22 @@ def purge_jobs(session: Session, ids: list[int], status: int) -> int:
         return 0
 
     def body(cur) -> int:
+        _record_gone(cur, ids, (status,), "purged", "purged")
         cur.execute(Q["job_purge"], {"ids": ids, "status": status})
         return cur.rowcount
 
     return session.run(body, what="purge jobs")
 
 
+def _record_gone(cur, ids: list[int], statuses: tuple[int, ...], outcome: str, why: str) -> None:
+    cur.execute(Q["job_record_gone"], {"ids": Ids(ids), "statuses": Ids(statuses), "outcome": outcome,
+                                       "host": queries.HOST, "why": f"{why} from {queries.HOST}"})
+
+
 def cancel_job(session: Session, job_id: int) -> str | None:
     """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone)."""
     def body(cur) -> str | None:
+        _record_gone(cur, [job_id], (0, 1), "cancelled", "cancelled before it ran")
         cur.execute(Q["job_cancel_pending"], {"id": job_id})
         if cur.rowcount:
             return "deleted"
@@ -156,6 +168,21 @@ DEPTH_HISTORY_CAP = 10_000  # done and dead jobs are counted up to this many per
 
 def queue_depth(session: Session, queue: str) -> list[tuple]:
     return _rows(session, "queue_depth", {"queue": queue, "cap": DEPTH_HISTORY_CAP}, "queue depth")
+
+
+def purge_old_attempts(session: Session, queue: str, age_s: float, limit: int) -> int:
+    """One chunk of a queue's attempt records older than age_s; returns how many went."""
+    age_us = queries.microseconds(age_s)
+
+    def body(cur) -> int:
+        cur.execute(Q["attempts_retention_ids"], {"queue": queue, "age_us": age_us, "limit": limit})
+        ids = [int(r[0]) for r in cur.fetchall()]
+        if not ids:
+            return 0
+        cur.execute(Q["attempts_purge"], {"ids": Ids(ids), "age_us": age_us})
+        return cur.rowcount
+
+    return session.run(body, what="attempt retention")
 
 
 def retention_ids(session: Session, queue: str, status: int, age_s: float, limit: int) -> list[int]:

@@ -29,6 +29,12 @@ owns", "an id that put() returned is always stored"):
 - stored_after_raise / wrong_id: a put() that raised stored nothing, and the id a put()
   returned is the job it stored (tagged puts);
 - dedup_twice: never two pending jobs with one dedup key;
+Issue 29 ("exactly-once effects"): a job of the `effects` mode (kind fx) writes one row through
+job.transaction(), which commits it with the job's completion:
+- double_effect: never two effect rows for one job, whatever the faults;
+- missing_effect: a job acked (gone from the table, not by a cancel; or kept done) has its row;
+- effect_of_dead / effect_of_cancelled: a job that ended dead, or was cancelled before it
+  completed, has none.
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
   finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
@@ -68,6 +74,7 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
 EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
+DONE = 3
 CLAIMED = 2
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +100,8 @@ class Report:
     concurrent: int  # of those, runs that overlapped another run of the same job
     priority_checked: int  # batches the cross-batch priority rule could judge
     max_recovery_s: float | None
+    effect_jobs: int = 0  # issue 29: fx jobs, and the effect rows their handlers committed
+    effect_rows: int = 0
 
     @property
     def ok(self) -> bool:
@@ -116,7 +125,9 @@ class Report:
 
 
 def check_lost(h: History) -> list[Violation]:
-    done = {r.key for r in h.runs if r.outcome == "ok"}
+    # A completion committed with the effect is a handling, even when the process died before
+    # its handler's end line (SIGKILL right after the COMMIT)
+    done = {r.key for r in h.runs if r.outcome == "ok"} | {k for k, n in h.effects.items() if n}
     dead = {(f.deploy, f.job) for f in h.final_rows if f.status == DEAD and f.last_error}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail in ("deleted", "requested")}
     left = {(f.deploy, f.job): f for f in h.final_rows}
@@ -619,6 +630,30 @@ def check_dedup(h: History) -> list[Violation]:
 # ------------------------------------------------------------------ all of it
 
 
+def check_effects(h: History) -> list[Violation]:
+    """Exactly one effect row per acked fx job; none for one that ended dead or was cancelled."""
+    # A job's kind is its first enqueue's: a dedup put that found the key held returns the
+    # holder's id, and that job runs the holder's payload, not the one this put carried
+    first: dict[JobKey, str] = {}
+    for e in h.enqueues:
+        first.setdefault(e.key, e.kind)
+    fx = {key for key, kind in first.items() if kind == "fx"}
+    final = {(f.deploy, f.job): f for f in h.final_rows}
+    cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "deleted"}
+    out = []
+    for key in sorted(fx | {k for k, n in h.effects.items() if n > 1}):
+        n, row = h.effects.get(key, 0), final.get(key)
+        if n > 1:
+            out.append(Violation("double_effect", key, f"{n} effect rows: the completion committed {n} times"))
+        elif row is not None and row.status == DEAD and n:
+            out.append(Violation("effect_of_dead", key, f"dead ({row.last_error}) with its effect stored"))
+        elif row is None and key in cancelled and n:
+            out.append(Violation("effect_of_cancelled", key, "deleted by a cancel with its effect stored"))
+        elif ((row is None and key not in cancelled) or (row is not None and row.status == DONE)) and n != 1:
+            out.append(Violation("missing_effect", key, "acked without its effect row"))
+    return out
+
+
 def check(h: History) -> Report:
     """Every rule; the lease-bound ones on each deployment with its own lease (lease_of)."""
     deploys = sorted({r.deploy for r in h.runs} | {e.deploy for e in h.enqueues} | {f.deploy for f in h.final_rows}
@@ -626,7 +661,7 @@ def check(h: History) -> Report:
     parts = [_check_deploy(_only(h, d)) for d in deploys] or [_check_deploy(h)]
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
-    violations += check_tagged_puts(h) + check_dedup(h)
+    violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h)
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)
@@ -635,7 +670,8 @@ def check(h: History) -> Report:
                   lost=sum(p.lost for p in parts), innocent_dead=sum(p.innocent_dead for p in parts),
                   dead=sum(p.dead for p in parts), duplicates=dict(duplicates),
                   concurrent=sum(p.concurrent for p in parts),
-                  priority_checked=sum(p.priority_checked for p in parts), max_recovery_s=max(recoveries, default=None))
+                  priority_checked=sum(p.priority_checked for p in parts), max_recovery_s=max(recoveries, default=None),
+                  effect_jobs=len({e.key for e in h.enqueues if e.kind == "fx"}), effect_rows=sum(h.effects.values()))
 
 
 def _only(h: History, deploy: str) -> History:

@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import MySQLdb
-from conftest import TestDB, create_test_db, ensure_runtime_user
+from conftest import TestDB, admin_connect, create_test_db, ensure_runtime_user
 
 from notifyq import config as config_mod
 from notifyq import errors
@@ -51,6 +51,7 @@ SLOT_BATCH_SIZES = (10, 25, 50, 5)
 SESSION_KINDS = ("liveness", "liveness", "work", "other")
 EWE_EVERY_S = 4.0  # a cron-like `--exit-when-empty` run this often on the second deployment
 EWE_BURST = 30
+EFFECTS_TABLE = "nqf_effect"  # tests/helpers/nqfault.py writes it (the consumers' import path)
 
 
 @dataclasses.dataclass
@@ -77,6 +78,9 @@ class RunResult:
                  f"{self.report.jobs} jobs, {self.report.runs} runs, "
                  f"{self.report.priority_checked} claims judged for priority, drained={self.drained}, "
                  f"violations by rule: {self.report.by_rule() or 'none'}"]
+        if self.report.effect_jobs:
+            lines.append(f"effects: {self.report.effect_rows} rows committed for {self.report.effect_jobs} fx jobs "
+                         "through job.transaction()")
         shown = self.report.examples()
         lines += [f"  {v}" for v in shown]
         if len(self.report.violations) > len(shown):
@@ -159,6 +163,8 @@ class FaultRun:
         plan = self.plan
         ensure_runtime_user(config_mod.DSN.parse(self._server_dsn()))
         self.dbs: dict[str, TestDB] = {"main": create_test_db(self._server_dsn())}
+        if "effects" in plan.classes:
+            self._create_effects_table(self.dbs["main"])
         ewe = "exit_when_empty" in plan.classes
         if ewe:
             self.dbs["batch"] = create_test_db(self._server_dsn())
@@ -199,6 +205,21 @@ class FaultRun:
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
                          running_at_end, self._false_reclaims(), note)
+
+    def _create_effects_table(self, db: TestDB) -> None:
+        """The application's table the `fx` jobs write to (tests/helpers/nqfault.py): no unique
+        key, so a second commit of one job's effect would show as a second row."""
+        conn = admin_connect(db.admin, db.admin.database)
+        try:
+            cur = conn.cursor()
+            cur.execute(f"CREATE TABLE {EFFECTS_TABLE} (id BIGINT AUTO_INCREMENT PRIMARY KEY, "
+                        "job_id BIGINT UNSIGNED NOT NULL, attempt INT NOT NULL, pid INT NOT NULL, "
+                        "token BIGINT UNSIGNED NOT NULL)")
+            for host in ("%", "localhost"):
+                cur.execute(f"GRANT SELECT, INSERT ON `{db.admin.database}`.`{EFFECTS_TABLE}` "
+                            f"TO '{db.dsn.user}'@'{host}'")
+        finally:
+            conn.close()
 
     def _false_reclaims(self) -> list[str]:
         """Live consumers a reaper judged dead: a consumer that logged it was judged stale, or a
@@ -555,7 +576,12 @@ class FaultRun:
             for job, status, attempts, last_error, owner in root.query(
                     "SELECT id, status, attempts, last_error, owner FROM nq_job"):
                 rows.append(FinalRow(deploy, int(job), int(status), int(attempts), last_error, owner))
+        effects = {}
+        if "effects" in self.plan.classes:
+            effects = {("main", int(job)): int(n) for job, n in self.roots["main"].query(
+                f"SELECT job_id, COUNT(*) FROM {EFFECTS_TABLE} GROUP BY job_id")}
         return History(runs, enqueues, self.faults + poison_exits(runs, poison), rows, self.plan.lease_s,
+                       effects=effects,
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},

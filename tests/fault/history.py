@@ -4,7 +4,8 @@ Four sources, all timed on CLOCK_MONOTONIC (shared by every process of the machi
 - runs: the handler's start/end lines (tests/helpers/nqfault.py), one Run per start;
 - enqueues: every enqueue the producer saw acknowledged (the call returned, the commit landed);
 - faults: what the schedule did, to which process, when;
-- the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw.
+- the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw;
+- the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29).
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
 """
@@ -123,6 +124,8 @@ class History:
     refused: list[Refused] = dataclasses.field(default_factory=list)
     consumer_pids: set[int] = dataclasses.field(default_factory=set)  # empty: not known, not judged
     lease_by_deploy: dict[str, float] = dataclasses.field(default_factory=dict)  # else lease_s
+    # issue 29: effect rows per job (the `effects` handler mode writes one through job.transaction())
+    effects: dict[JobKey, int] = dataclasses.field(default_factory=dict)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

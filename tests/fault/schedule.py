@@ -32,6 +32,10 @@ Issue 26's classes. Cheap ones, on the main deployment (in the CI draw):
   rr_dedup         a REPEATABLE READ caller (and an autocommit one) puts a dedup key another
                    producer has just taken: the key's first job is still pending
   async_handler    one more consumer whose handler is `async def`
+Issue 29's class, cheap, on the main deployment (in the CI draw):
+  effects          a share of the plain jobs (kind fx) write one row each into an effects table
+                   through job.transaction(), which commits it with the job's completion; the
+                   checker wants exactly one row per acked job, none for a dead or cancelled one
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -52,11 +56,12 @@ import random
 BEFORE_26 = ("sigkill", "stall", "kill_connection", "server_restart", "server_crash", "poison",
              "slow", "polling", "exit_when_empty", "cancel", "retry", "due_priority")
 CHEAP_26 = ("kill_session", "huge_error", "fork", "shared_producer", "rr_dedup", "async_handler")
+EFFECTS_29 = ("effects",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EPISODES
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29  # the long episodes run in benchmarks/fault_schedule.py
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
@@ -76,7 +81,7 @@ def parse_classes(text: str) -> tuple[str, ...]:
         remove = word.startswith("-")
         name = word.lstrip("-")
         names = {"all": FAULT_CLASSES, "ci": CI_CLASSES, "today": CI_CLASSES, "none": (), "before26": BEFORE_26,
-                 "cheap26": CHEAP_26, "episodes": EPISODES}.get(name, (name,))
+                 "cheap26": CHEAP_26, "effects29": EFFECTS_29, "episodes": EPISODES}.get(name, (name,))
         for n in names:
             if n not in FAULT_CLASSES:
                 raise ValueError(f"unknown fault class {n!r}; known: {', '.join(FAULT_CLASSES)}")

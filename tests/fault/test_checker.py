@@ -402,3 +402,41 @@ def test_a_deployment_is_judged_with_its_own_lease():
     assert checker.check(h).ok  # judged with the default lease (4 s): past its lease
     h.lease_by_deploy = {"long": 30.0}
     assert checker.check(h).by_rule() == {"run_twice": 1}
+
+
+def fx(job, at=0.0):
+    return enq(job, at=at, kind="fx")
+
+
+def test_exactly_one_effect_per_acked_job_passes():
+    # Given fx jobs each acked once with its one effect row, one of them killed right after
+    # its COMMIT (no end line: the effect row is its handling)
+    h = history([run(1, 1, 10, 1.0, 1.1), run(2, 1, 10, 1.2)], [fx(1), fx(2)],
+                faults=[Fault("sigkill", 1.3, 1.3, 10)])
+    h.effects = {("main", 1): 1, ("main", 2): 1}
+    assert checker.check(h).ok, checker.check(h).violations
+
+
+def test_a_double_effect_is_caught():
+    # Given an fx job run twice (a kill explains the second run) whose effect committed twice
+    h = history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 2.0, 2.1)], [fx(1)],
+                faults=[Fault("sigkill", 1.05, 1.05, 10)])
+    h.effects = {("main", 1): 2}
+    # Then the checker names it, and nothing else
+    assert rules(h) == {"double_effect": 1}
+
+
+def test_an_effect_of_a_dead_or_cancelled_job_and_an_acked_job_without_one_are_caught():
+    rows = [FinalRow("main", 1, 4, 1, "cancelled", None)]
+    h = history([run(1, 1, 10, 1.0, 1.1, outcome="fail"), run(3, 1, 10, 1.0, 1.1)], [fx(1), fx(2), fx(3)],
+                faults=[Fault("cancel", 0.5, 0.5, job=("main", 1), detail="requested"),
+                        Fault("cancel", 0.5, 0.5, job=("main", 2), detail="deleted")], rows=rows)
+    h.effects = {("main", 1): 1, ("main", 2): 1}
+    assert rules(h) == {"effect_of_dead": 1, "effect_of_cancelled": 1, "missing_effect": 1}
+
+
+def test_a_dedup_put_that_found_a_plain_job_holding_its_key_owes_no_effect():
+    # Given a plain job, then an fx put with the same key that got the plain job's id back
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), fx(1, at=0.5)])
+    # Then the job acked without an effect row is no violation: it ran the plain payload
+    assert checker.check(h).ok, checker.check(h).violations

@@ -21,7 +21,8 @@ from .history import Enqueue
 
 METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
 BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
-BURST_JOBS = 400  # more than any claim reads of due jobs (3 x the batch size)
+BURST_JOBS = 400
+FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
 class Mix:
@@ -35,6 +36,9 @@ class Mix:
         self.long_left = max(4, jobs // 500) if "kill_session" in classes else 0
         self.kanji_left = max(2, jobs // 1000) if "huge_error" in classes else 0
         self.fork_left = max(2, jobs // 1000) if "fork" in classes else 0
+        # issue 29: a share of the plain jobs write their effect through job.transaction(); drawn
+        # from a stream of its own, so the other kinds are drawn as without the class
+        self.fx_rng = random.Random(hash(rng.getstate()) ^ 29) if "effects" in classes else None
 
     def payload(self) -> tuple[str, dict]:
         r = self.rng.random()
@@ -57,7 +61,10 @@ class Mix:
             return "fail1", {"k": "fail1", "s": 0.002}
         if "polling" in self.classes and r < 0.09:
             return "", {"s": 0.1}
-        return "", {"s": self.rng.choice((0.0, 0.002, 0.005, 0.01))}
+        sleep = self.rng.choice((0.0, 0.002, 0.005, 0.01))
+        if self.fx_rng is not None and self.fx_rng.random() < FX_SHARE:
+            return "fx", {"k": "fx", "s": sleep}
+        return "", {"s": sleep}
 
 
 class Workload(threading.Thread):

@@ -22,6 +22,12 @@ Kinds of the issue-26 classes (tests/fault/schedule.py):
          that runs consumer code instead starts jobs under its own pid: the checker sees it
   kanji  the first attempt fails with a 90 KB non-ASCII error (30,000 x U+6F22)
 Payload "u" is echoed as u=<tag> on the start line: which put() stored this job.
+
+Issue 29's kind:
+  fx     sleeps "s", then writes one row (job, attempt, pid, token) into the effects table
+         (EFFECTS_TABLE, made by the harness) through job.transaction(), which commits it with
+         the job's completion. Its end line says ok only once that COMMIT returned; a
+         transaction that raised (ClaimLost, a COMMIT that did not land) ends it fail and raises.
 `handle_async` is the same handler as a coroutine (`async def` handlers, item 2).
 """
 
@@ -92,11 +98,26 @@ def handle(job) -> None:
         _fork_and_wait()
     else:
         time.sleep(float(payload.get("s", 0)))
+    if kind == "fx":
+        _effect(job, deploy, pid, token)
     failed = kind in ("fail1", "kanji") and job.attempts == 1
     os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                     f"{'fail' if failed else 'ok'}\n".encode())
     if failed:
         raise RuntimeError(KANJI_ERROR if kind == "kanji" else "planned failure of the first attempt")
+
+
+EFFECTS_TABLE = "nqf_effect"
+
+
+def _effect(job, deploy: str, pid: int, token: int) -> None:
+    try:
+        with job.transaction() as cur:
+            cur.execute(f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, pid, token) VALUES (%s, %s, %s, %s)",
+                        (job.id, job.attempts, pid, token))
+    except BaseException:
+        os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} fail\n".encode())
+        raise
 
 
 async def handle_async(job) -> None:

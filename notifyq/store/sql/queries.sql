@@ -592,6 +592,11 @@ SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claim
        lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at
 FROM nq_job WHERE id = %(id)s
 
+-- job_attempts --
+-- `jobs show`: the job's attempt records (nq_attempt), oldest first; they outlive a deleted job.
+SELECT attempt, outcome, consumer, host, started_at, ended_at, error, traceback, result
+FROM nq_attempt WHERE job_id = %(id)s ORDER BY ended_at, attempt
+
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
@@ -626,6 +631,17 @@ WHERE id IN %(ids)s AND status IN (1, 3, 4)
 -- The jobs of a retry chunk that carry a dedup key, with it: each is retried alone.
 SELECT id, queue, dedup_key FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND status IN (1, 3, 4) AND dedup_key IS NOT NULL
+
+-- job_record_gone --
+-- Before a cancel deletes a pending job, or a purge a finished one: its record (claim token 0),
+-- so that `jobs show` can say what became of it while retention keeps the records. `why`
+-- names who did it. A job purged after it was retried and purged before keeps the latest.
+-- A locking read: the rows it records are the ones the DELETE that follows removes.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, host, ended_at, error)
+SELECT id, 0, attempts, queue, %(outcome)s, %(host)s, NOW(6), %(why)s
+FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status IN %(statuses)s
+FOR UPDATE
+ON DUPLICATE KEY UPDATE outcome = %(outcome)s, ended_at = NOW(6), error = %(why)s
 
 -- job_purge --
 -- The status is tested again: a job retried since its chunk was read is not deleted.
@@ -700,6 +716,17 @@ SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = %(status)s AND queue = %(queue)s AND prio_key = 0
   AND sort_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
 ORDER BY sort_at LIMIT %(limit)s
+
+-- attempts_retention_ids --
+-- Retention of attempt records: a queue's jobs with records that ended before the cutoff, a
+-- range of ix_ended. Their old records go (attempts_purge), the job's newer ones stay.
+SELECT job_id FROM nq_attempt FORCE INDEX (ix_ended)
+WHERE queue = %(queue)s AND ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+ORDER BY ended_at LIMIT %(limit)s
+
+-- attempts_purge --
+DELETE FROM nq_attempt
+WHERE job_id IN %(ids)s AND ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
 
 -- demo_marker_create --
 -- `notifyq demo` works in a database it creates itself and marks with a random token; it may

@@ -6,7 +6,8 @@
 -- job.complete_in()) writes its 'done' row in the handler's transaction, and that row is how a
 -- COMMIT whose reply was lost is found out to have landed. A job keeps its last few attempts
 -- (queries.ATTEMPTS_KEPT); the rows outlive a deleted job (its record: done, cancelled,
--- purged) until retention drops them. `result` is the handler's return value (JSON) when the
+-- purged) until retention drops them (retention_s, with the queue's
+-- finished jobs). `result` is the handler's return value (JSON) when the
 -- queue keeps results. Times are UTC.
 CREATE TABLE IF NOT EXISTS nq_attempt (
     job_id       BIGINT UNSIGNED   NOT NULL,
@@ -21,5 +22,7 @@ CREATE TABLE IF NOT EXISTS nq_attempt (
     error        TEXT              NULL,
     traceback    TEXT              NULL,
     result       MEDIUMTEXT        NULL,
-    PRIMARY KEY (job_id, claim_token)
+    PRIMARY KEY (job_id, claim_token),
+    -- Retention: a queue's records by age (periodic.purge_finished)
+    KEY ix_ended (queue, ended_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -1,0 +1,125 @@
+"""Every attempt keeps its record (nq_attempt): start, end, consumer, host, outcome, error and
+traceback, bounded; `jobs show` shows it, and a job that is gone says what became of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+from test_effects import drain, put
+
+from notifyq import errors
+from notifyq.consume import periodic
+from notifyq.ops import admin
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+
+@pytest.fixture
+def session(db):
+    s = Session(db.config().dsn)
+    yield s
+    s.close()
+
+
+def test_each_attempt_is_recorded_with_its_error_traceback_and_where_it_ran(db, session):
+    # Given a job that fails twice (the second time with a huge non-ASCII error) and then succeeds
+    [job_id] = put(db, max_attempts=5)
+
+    def handler(job):
+        if job.attempts == 1:
+            raise ValueError("first")
+        if job.attempts == 2:
+            raise RuntimeError("\u6f22" * 30000)
+
+    # When a worker runs it to the end
+    drain(db, handler)
+
+    # Then its three attempts are on record, in order, with where and when they ran
+    history = admin.attempts(session, job_id)
+    assert [(h["attempt"], h["outcome"]) for h in history] == [(1, "failed"), (2, "failed"), (3, "done")]
+    assert history[0]["error"] == "ValueError: first" and "raise ValueError" in history[0]["traceback"]
+    assert all(h["host"] == queries.HOST and h["consumer"] and h["started_at"] <= h["ended_at"] for h in history)
+    # And an error is cut by bytes, on a character boundary
+    assert len(history[1]["error"].encode()) <= queries.ATTEMPT_ERROR_BYTES
+    assert history[1]["error"].startswith("RuntimeError: \u6f22\u6f22")
+
+
+def test_a_job_keeps_only_its_last_attempts(db, session, monkeypatch):
+    # Given a job kept to its last 2 attempt records, that fails 4 times and then ends dead
+    monkeypatch.setattr(queries, "ATTEMPTS_KEPT", 2)
+    [job_id] = put(db, max_attempts=4)
+
+    def handler(job):
+        raise ValueError(f"attempt {job.attempts}")
+
+    drain(db, handler)
+    # Then only the last two records are kept: the third failure and the burial
+    assert [(h["attempt"], h["outcome"], h["error"]) for h in admin.attempts(session, job_id)] == [
+        (3, "failed", "ValueError: attempt 3"), (4, "dead", "ValueError: attempt 4")]
+
+
+def test_a_job_that_is_gone_says_whether_it_was_done_cancelled_purged_or_never_existed(db, session):
+    # Given a job done (and deleted), one cancelled before it ran, one purged once dead
+    done, dead = put(db, 2, max_attempts=1)
+
+    def handler(job):
+        if job.id == dead:
+            raise ValueError("no")
+
+    drain(db, handler)
+    [cancelled] = put(db)
+    assert admin.cancel(session, cancelled) == "deleted"
+    assert admin.purge(session, [4], 0.0) == (1, True)
+
+    # Then `no job N` says which, and for an id never used, that it never existed
+    def message(job_id):
+        with pytest.raises(errors.InputError) as e:
+            admin.get_job(session, job_id)
+        return str(e.value)
+
+    assert f"no job {done}: it was done at " in message(done)
+    assert f"no job {cancelled}: it was cancelled at " in message(cancelled)
+    assert f"no job {dead}: it was purged at " in message(dead)
+    assert "never existed" in message(10_000)
+
+
+def test_jobs_show_prints_the_history_and_json_carries_it(db):
+    # Given a job that failed once and is waiting for its retry
+    [job_id] = put(db, max_attempts=3)
+
+    def handler(job):
+        raise ValueError("boom")
+
+    cfg = db.config(defaults={"retry_base_s": 3600, "retry_max_s": 3600})
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+    import threading
+
+    Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(), budget=Budget(None),
+           batch_size=10, exit_when_empty=True).run()
+
+    # When an operator looks at it
+    shown = run_cli(db.env, "jobs", "show", str(job_id))
+    as_json = run_cli(db.env, "jobs", "show", str(job_id), "--json")
+
+    # Then the attempt, its error and its traceback are there, in both forms
+    assert shown.returncode == 0, shown.stderr
+    assert "history:" in shown.stdout and "attempt 1  failed" in shown.stdout and "ValueError: boom" in shown.stdout
+    record = json.loads(as_json.stdout)["history"]
+    assert [(h["attempt"], h["outcome"], h["error"]) for h in record] == [(1, "failed", "ValueError: boom")]
+    assert "Traceback" in record[0]["traceback"]
+
+
+def test_retention_drops_attempt_records_past_the_queues_retention(db, session):
+    # Given a done job's record
+    [job_id] = put(db)
+    drain(db, lambda job: None)
+    assert len(admin.attempts(session, job_id)) == 1
+    # When retention runs with a retention shorter than its age
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 2 DAY")
+    assert periodic.purge_finished(session, "q", 86400.0)[1]
+    # Then the record is gone
+    assert admin.attempts(session, job_id) == []
