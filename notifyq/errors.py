@@ -78,3 +78,11 @@ class ClaimLost(NotifyqError):
     """job.transaction() / job.complete_in(): the claim was taken back (its lease ran out, or
     its consumer was judged dead) before the job's completion could commit. The transaction is
     rolled back: none of the handler's writes in it are stored, and the job is someone else's."""
+
+
+class JobFailed(NotifyqError):
+    """Producer.result(): the job ended dead; its last error is in the message."""
+
+
+class ResultPending(NotifyqError):
+    """Producer.result(): the job has not finished within the wait."""

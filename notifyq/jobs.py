@@ -49,6 +49,7 @@ class Job:
     # None; "committed" (job.transaction() committed its completion); "pending" (complete_in:
     # the caller commits, the worker finds out whether it did)
     _completed: str | None = field(default=None, repr=False)
+    _result: Any = field(default=None, repr=False)  # the handler's return value (per-job handlers)
     _started: float | None = field(default=None, repr=False)  # monotonic, for the attempt's record
     _ended: float | None = field(default=None, repr=False)
 
@@ -82,7 +83,7 @@ class Job:
             self._cancel_seen = bool(check())
         return self._cancel_seen
 
-    def transaction(self):
+    def transaction(self, result: Any = None):
         """A transaction on notifyq's database that also completes this job.
 
             with job.transaction() as cur:
@@ -91,13 +92,14 @@ class Job:
         The handler's writes and the job's completion commit together or not at all. The
         completion is fenced by the claim (its token and attempt): if the job was taken back
         meanwhile, nothing is committed and `notifyq.ClaimLost` is raised. Once it committed,
-        the worker does not ack the job again. `cur.connection` is the connection.
+        the worker does not ack the job again. `cur.connection` is the connection. `result`
+        (JSON) is stored with the completion when the queue keeps results.
         """
         if self._completion is None:
             raise RuntimeError("job.transaction() needs a job a notifyq worker claimed")
-        return self._completion.transaction(self)
+        return self._completion.transaction(self, result)
 
-    def complete_in(self, conn) -> None:
+    def complete_in(self, conn, result: Any = None) -> None:
         """Complete this job inside the caller's own transaction on `conn` (a MySQLdb
         connection, Django's `connection`, an SQLAlchemy Connection or Session) to notifyq's
         database: the caller commits, and the job is done only if that COMMIT lands. Fenced as
@@ -106,7 +108,7 @@ class Job:
         the completion landed; if not, the job fails and is retried."""
         if self._completion is None:
             raise RuntimeError("job.complete_in() needs a job a notifyq worker claimed")
-        self._completion.complete_in(self, conn)
+        self._completion.complete_in(self, conn, result)
 
     @property
     def last_attempt(self) -> bool:

@@ -37,8 +37,15 @@ class QueueConfig:
     lease_s: float = 300.0  # a claim older than this, not extended, is taken back even from a live consumer
     keep_done: bool = False  # keep finished jobs as status done instead of deleting them
     retention_s: float = 7 * 86400.0  # how long kept done/dead jobs stay before `purge` removes them
+    # > 0: keep a handler's return value (JSON) with the job's completion, readable by
+    # Producer.result() for at least this long (attempt records then live that long too)
+    result_ttl_s: float = 0.0
     shard: str = ""  # with [shards]: the shard that holds this queue ("": by hash of its name)
     spread: bool = False  # with [shards]: jobs go to every shard (round-robin, or by dedup key)
+
+    @property
+    def keeps_results(self) -> bool:
+        return self.keep_done or self.result_ttl_s > 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ _POSITIVE_S = (False, 0, True, values.MAX_SECONDS)
 RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
     "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
+    "result_ttl_s": (False, 0, False, values.MAX_SECONDS),  # 0: results kept only with keep_done
     "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
     "concurrency": (True, 1, False, 10000),
     "max_attempts": (True, 1, False, 65535),

@@ -64,7 +64,7 @@ class PythonHandler:
             if job.error is not None:
                 continue
             try:
-                self._call(job)
+                job._result = self._call(job)  # kept with the completion if the queue keeps results
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
@@ -72,14 +72,15 @@ class PythonHandler:
 
     async def _together(self, jobs: list[Job]) -> None:
         """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
-        is its own coroutine's."""
+        is its own coroutine's (its return value kept as its result)."""
         import asyncio
 
         async def one(job: Job) -> None:
             try:
                 result = self.func(job)
                 if inspect.isawaitable(result):
-                    await result
+                    result = await result
+                job._result = result
             except HANDLER_FAILURES as e:
                 job.fail(describe(e))
                 job.detail = "".join(traceback.format_exception(e))
@@ -87,21 +88,22 @@ class PythonHandler:
 
         await asyncio.gather(*(one(job) for job in jobs))
 
-    def _call(self, arg: Job | list[Job], func: Callable[[Any], Any] | None = None) -> None:
-        """The function (or `func`) on `arg`, awaited when it returns an awaitable; in a child
-        the function forked, this never returns."""
+    def _call(self, arg: Job | list[Job], func: Callable[[Any], Any] | None = None) -> Any:
+        """The function (or `func`) on `arg`, awaited when it returns an awaitable: its return
+        value. In a child the function forked, this never returns."""
         pid = os.getpid()
         try:
             with self.around() if self.around is not None else contextlib.nullcontext():
                 result = (func or self.func)(arg)
                 if inspect.isawaitable(result):
-                    _await(result)
+                    result = _await(result)
         except BaseException as e:
             if os.getpid() != pid:
                 _exit_child(e)
             raise
         if os.getpid() != pid:
             _exit_child(None)
+        return result
 
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
@@ -110,19 +112,19 @@ HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
 _thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its first coroutine
 
 
-def _await(awaitable: Awaitable[Any]) -> None:
+def _await(awaitable: Awaitable[Any]) -> Any:
     """Run a handler's awaitable to completion on the calling worker thread's own event loop:
     one per thread, kept across jobs (a loop per job would cost its setup on every job)."""
     import asyncio  # here: a consumer of plain handlers never loads it
 
-    async def wait() -> None:
-        await awaitable
+    async def wait() -> Any:
+        return await awaitable
 
     runner = getattr(_thread, "runner", None)
     if runner is None:
         runner = _thread.runner = asyncio.Runner()
     try:
-        runner.run(wait())
+        return runner.run(wait())
     except BaseException as e:
         if not isinstance(e, Exception):  # SystemExit and the like stop the loop mid-step:
             close_loop()  # the next coroutine gets a fresh one

@@ -48,11 +48,12 @@ class Outcomes:
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
         self._count_lost(len(failures) - self.fail(session, token, failures))
         ok = [j for j in jobs if j.error is None]
+        if not ok:
+            return None
+        results = [queries.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
                             [j._started if j._started is not None else 0.0 for j in ok],
-                            [j._ended if j._ended is not None else 0.0 for j in ok]) if ok else None
-        if acks is None:
-            return None
+                            [j._ended if j._ended is not None else 0.0 for j in ok], results)
         if carry:
             return acks
         self.landed(session, acks, None)

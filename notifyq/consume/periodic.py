@@ -129,11 +129,13 @@ def _entries(config: Config, queues: tuple[str, ...]) -> list[Entry]:
 
 
 def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = admin.CHUNK,
-                   max_chunks: int = RETENTION_CHUNKS) -> tuple[int, bool]:
+                   max_chunks: int = RETENTION_CHUNKS, attempts_keep_s: float | None = None) -> tuple[int, bool]:
     """Delete `queue`'s done and dead jobs that finished more than keep_s ago: (deleted, complete).
 
     Each chunk is a range of ix_state holding only rows to delete (retention_ids), so a pass
     costs what it deletes, however much history is kept. complete=False: more next turn.
+    Then the queue's attempt records older than attempts_keep_s (else keep_s): a result is
+    readable at least its result_ttl_s.
     """
     deleted = chunks = 0
     for status in (Status.DONE, Status.DEAD):
@@ -149,7 +151,7 @@ def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = adm
         if chunks >= max_chunks:
             return deleted, False
         chunks += 1
-        if admin_queries.purge_old_attempts(session, queue, keep_s, chunk) == 0:
+        if admin_queries.purge_old_attempts(session, queue, attempts_keep_s or keep_s, chunk) == 0:
             break
     return deleted, True
 
@@ -330,7 +332,9 @@ class Scheduler:
         if keep_s <= 0:
             state.next_retention = time.monotonic() + self.retention_every_s
             return
-        n, complete = purge_finished(self._work_session(), queue, keep_s)
+        qc = self.config.queue(queue)
+        n, complete = purge_finished(self._work_session(), queue, keep_s,
+                                     attempts_keep_s=max(keep_s, qc.result_ttl_s))
         state.purged += n
         state.next_retention = time.monotonic() + (self.retention_every_s if complete else 0.0)
         if n:

@@ -246,7 +246,7 @@ class Worker:
             if batch.extend_due():
                 self._extend(batch)
 
-        completion = Completion(self.work, token, self.qc.keep_done)  # job.transaction(), cancel checks
+        completion = Completion(self.work, token, self.qc.keep_done, self.qc.keeps_results)  # job.transaction(), cancel checks
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)

@@ -117,7 +117,8 @@ def gone(session: Session, job_id: int) -> str:
     last = history[-1]
     when = last["ended_at"]
     if last["outcome"] == "done":
-        return f"no job {job_id}: it was done at {when} (attempt {last['attempt']}), and not kept"
+        kept = "" if last["result"] is None else f"; its result: {json.dumps(last['result'])[:500]}"
+        return f"no job {job_id}: it was done at {when} (attempt {last['attempt']}), and not kept{kept}"
     if last["outcome"] in ("cancelled", "purged"):
         return f"no job {job_id}: it was {last['outcome']} at {when}"
     return f"no job {job_id}: it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"

@@ -140,6 +140,22 @@ class Producer:
         """rows() or line_row()'s rows, in one transaction on the producer's own session."""
         return self._write(rows, None)
 
+    def result(self, job_id: int, *, wait: float = 0.0) -> Any:
+        """Job `job_id`'s handler's return value once the job is done, waiting up to `wait`
+        seconds for it (kept when the queue keeps results: docs/exactly-once.md#results).
+        Raises ResultPending (not done yet), JobFailed (dead) or InputError (cancelled, purged,
+        never existed)."""
+        from notifyq.produce import results  # here: a producer that never asks need not load it
+
+        # A session of its own for the wait: the producer's puts (other threads) go on meanwhile
+        with self._mutex:
+            dsn = self._link(self._home).config.dsn  # the home shard's (ids are per shard)
+        session = Session(dsn, name="result")
+        try:
+            return results.wait_for(lambda: session, job_id, wait)
+        finally:
+            session.close()
+
     def close(self) -> None:
         """Close the producer's sessions (after any put under way); a later put opens new ones."""
         with self._mutex:

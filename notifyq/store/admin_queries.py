@@ -55,6 +55,11 @@ def get_job(session: Session, job_id: int) -> tuple | None:
     return session.run(body, what="read job")
 
 
+def job_result(session: Session, job_id: int) -> tuple:
+    """(status or None, last_error, latest record's outcome or None, its result text or None)."""
+    return _rows(session, "job_result", {"id": job_id}, "read result")[0]
+
+
 def job_attempts(session: Session, job_id: int) -> list[tuple]:
     return _rows(session, "job_attempts", {"id": job_id}, "read attempts")
 

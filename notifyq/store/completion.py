@@ -39,18 +39,21 @@ class Completion:
     """What a claimed job needs to complete itself: the worker's work session (idle while the
     handler runs, on the handler's own thread) and the claim."""
 
-    def __init__(self, session: Session, token: int, keep: bool):
-        self.session, self.token, self.keep = session, token, keep
+    def __init__(self, session: Session, token: int, keep: bool, keep_results: bool = False):
+        self.session, self.token, self.keep, self.keep_results = session, token, keep, keep_results
+
+    def _result(self, job: Job, value: Any) -> str | None:
+        return queries.result_text(value, job.id) if self.keep_results else None
 
     @contextlib.contextmanager
-    def transaction(self, job: Job) -> Iterator[Any]:
+    def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
         _not_completed(job)
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
         try:
             yield cur
-            if not complete(cur, job, self.token, self.keep, multi=True):
+            if not complete(cur, job, self.token, self.keep, multi=True, result=self._result(job, result)):
                 raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                        "the transaction was rolled back")
         except BaseException as e:
@@ -93,11 +96,11 @@ class Completion:
                     job.id)
         return stored
 
-    def complete_in(self, job: Job, conn: Any) -> None:
+    def complete_in(self, job: Job, conn: Any, result: Any = None) -> None:
         _not_completed(job)
         cur, plain = _cursor_of(conn)
         try:
-            ok = complete(cur, job, self.token, self.keep, multi=False)
+            ok = complete(cur, job, self.token, self.keep, multi=False, result=self._result(job, result))
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             from notifyq.store.inserts import caller_error  # here: a consumer's start need not load it
 
@@ -130,12 +133,12 @@ class Completion:
                                 what="check completions")
 
 
-def complete(cur, job: Job, token: int, keep: bool, multi: bool) -> bool:
+def complete(cur, job: Job, token: int, keep: bool, multi: bool, result: str | None = None) -> bool:
     """The completion's two statements on `cur`, in its transaction; True when the claim still
     held the job. multi: one round trip (a multi-statement query; notifyq's own sessions)."""
     started = job._started if job._started is not None else time.monotonic()
     params = {"id": job.id, "token": token, "attempt": job.attempts, "host": queries.HOST,
-              "started_age_us": queries.microseconds(time.monotonic() - started), "result": None}
+              "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
     statements = [Q["complete_attempt"], Q["complete_keep" if keep else "complete_delete"]]
     if multi:
         cur.execute(";\n".join(cur.mogrify(sql, params) for sql in statements))

@@ -39,6 +39,7 @@ ERROR_MAX_BYTES = 65535
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
+RESULT_MAX_BYTES = 65536  # a handler's return value kept (JSON, UTF-8); a larger one is not kept
 HOST = os.uname().nodename[:255]  # where an attempt ran, in its record (gethostname without socket)
 
 
@@ -85,6 +86,7 @@ class Acks:
     keep: bool  # keep done jobs (ack_keep) instead of deleting them
     started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
     ended: list[float] | None = None
+    results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -96,8 +98,30 @@ class Acks:
         record = {"ids": ids, "token": self.token, "host": HOST, "id_list": IntList(self.ids),
                   "started_ages": IntList(microseconds(now - t) for t in started),
                   "ended_ages": IntList(microseconds(now - t) for t in ended)}
-        return [(Q["attempt_acked"], record),
-                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
+        out = [(Q["attempt_acked"], record),
+               (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
+        for job_id, result in zip(self.ids, self.results or ()):
+            if result is not None:
+                out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
+        return out
+
+
+def result_text(value: Any, job_id: int) -> str | None:
+    """A handler's return value as kept: JSON of at most RESULT_MAX_BYTES; None (and a warning)
+    for one that is not JSON or too large: the job is done all the same."""
+    if value is None:
+        return None
+    import json  # here: only a queue that keeps results pays for it
+
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        log.warning("a handler's result is not JSON: not kept job=%d error=%s", job_id, e)
+        return None
+    if len(text.encode("utf-8", "replace")) > RESULT_MAX_BYTES:
+        log.warning("a handler's result is over %d bytes: not kept job=%d", RESULT_MAX_BYTES, job_id)
+        return None
+    return error_text(text, RESULT_MAX_BYTES)
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,

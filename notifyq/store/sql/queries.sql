@@ -225,6 +225,11 @@ FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
+-- attempt_result --
+-- A handler's return value, kept when the queue keeps results: on the attempt record that
+-- attempt_acked wrote in the same query (no row when that one was fenced out).
+UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token = %(token)s
+
 -- attempt_failed --
 -- A failed attempt's record, sent with its retry_later or bury (queries.fail) in one round
 -- trip, under the same fence. dead: the caller buries it; a job cancelled while it ran ends
@@ -596,6 +601,15 @@ FROM nq_job WHERE id = %(id)s
 -- `jobs show`: the job's attempt records (nq_attempt), oldest first; they outlive a deleted job.
 SELECT attempt, outcome, consumer, host, started_at, ended_at, error, traceback, result
 FROM nq_attempt WHERE job_id = %(id)s ORDER BY ended_at, attempt
+
+-- job_result --
+-- Producer.result(): the job's status and last error (NULL: no row), and its latest attempt
+-- record's outcome and result (NULL: none).
+SELECT (SELECT status FROM nq_job WHERE id = %(id)s), (SELECT last_error FROM nq_job WHERE id = %(id)s),
+       a.outcome, a.result
+FROM (SELECT 1 AS one) x
+LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s
+           ORDER BY ended_at DESC, attempt DESC LIMIT 1) a ON 1 = 1
 
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.

@@ -1,0 +1,93 @@
+"""A handler's return value is kept with its job's completion when the queue keeps results,
+and read by Producer.result(job_id, wait=...) and `notifyq jobs show`."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import run_cli
+from test_effects import charges, drain, put  # noqa: F401 - charges is a fixture
+
+from notifyq import errors
+from notifyq.consume import handlers
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+
+
+def test_a_kept_result_is_read_by_the_producer_and_shown_by_jobs_show(db):
+    # Given a queue that keeps results for an hour (jobs deleted when done), and three jobs
+    ids = put(db, 3)
+
+    def handler(job):
+        if job.payload["n"] == 1:
+            return {"charged": 1250, "currency": "EUR"}
+        if job.payload["n"] == 2:
+            return object()  # not JSON: not kept, the job is done all the same
+        return None
+
+    drain(db, handler, result_ttl_s=3600)
+    # When a producer asks for them
+    with Producer("q", db.config()) as p:
+        # Then the JSON result comes back, and None for the rest
+        assert p.result(ids[1]) == {"charged": 1250, "currency": "EUR"}
+        assert p.result(ids[0]) is None and p.result(ids[2]) is None
+    # And `jobs show` of the (deleted) job says it was done, with its result
+    shown = run_cli(db.env, "jobs", "show", str(ids[1]))
+    assert "it was done at" in shown.stderr and '"charged": 1250' in shown.stderr
+
+
+def test_a_queue_that_keeps_no_results_stores_none(db):
+    [job_id] = put(db)
+    drain(db, lambda job: {"x": 1})
+    with Producer("q", db.config()) as p:
+        assert p.result(job_id) is None
+    assert db.scalar("SELECT COUNT(*) FROM nq_attempt WHERE result IS NOT NULL") == 0
+
+
+def test_result_waits_for_the_job_and_says_when_it_is_not_done_or_dead(db):
+    # Given a job not run yet, one that ends dead, and a kept-done queue
+    [waiting] = put(db)
+    with Producer("q", db.config()) as p:
+        # Then asking at once says it is pending
+        with pytest.raises(errors.ResultPending):
+            p.result(waiting, wait=0.05)
+        # When a worker runs it while the producer waits
+        cfg = db.config(defaults={"keep_done": True, "max_attempts": 1})
+        worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: job.payload["n"] + 41, False),
+                        stop=threading.Event(), budget=Budget(None), batch_size=10, exit_when_empty=True)
+        t = threading.Thread(target=worker.run)
+        t.start()
+        try:
+            assert p.result(waiting, wait=30) == 41
+        finally:
+            t.join(30)
+        # And a dead job's result raises with its error; an unknown id says it never existed
+        [dead] = put(db, max_attempts=1)
+        drain(db, lambda job: 1 / 0)
+        with pytest.raises(errors.JobFailed, match="ZeroDivisionError"):
+            p.result(dead)
+        with pytest.raises(errors.InputError, match="never existed"):
+            p.result(dead + 1000)
+
+
+def test_a_result_given_to_the_transaction_is_kept_with_the_completion(db, charges):  # noqa: F811
+    [job_id] = put(db)
+
+    def handler(job):
+        with job.transaction(result={"receipt": "r-1"}) as cur:
+            cur.execute("INSERT INTO charge (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempts))
+
+    drain(db, handler, keep_done=True)
+    with Producer("q", db.config()) as p:
+        assert p.result(job_id) == {"receipt": "r-1"}
+
+
+def test_a_result_over_the_size_bound_is_not_kept(db, monkeypatch):
+    monkeypatch.setattr(queries, "RESULT_MAX_BYTES", 100)
+    [job_id] = put(db)
+    drain(db, lambda job: "x" * 200, keep_done=True)
+    with Producer("q", db.config()) as p:
+        assert p.result(job_id) is None
