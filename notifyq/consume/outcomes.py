@@ -66,10 +66,13 @@ class Outcomes:
         the job fails. Returns the jobs whose outcome is still to be sent."""
         pending = [j for j in jobs if j._completed == "pending"]
         landed = Completion(session, token, self.qc.keep_done).completions_landed(pending) if pending else set()
-        rest = []
+        rest, results = [], []
         for job in jobs:
             if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
                 self.stats.succeeded += 1
+                text = queries.result_text(job._result, job.id) if self.qc.keeps_results else None
+                if text is not None:
+                    results.append((job.id, text))
                 if job.error is not None:
                     log.warning("the handler failed after its job's completion committed: the job is done "
                                 "queue=%s job=%d error=%s", self.queue, job.id, job.error[:200])
@@ -79,6 +82,10 @@ class Outcomes:
                 if job.error is None:
                     job.fail("job.complete_in(): the transaction that completes the job did not commit")
             rest.append(job)
+        try:  # the value returned after the completion committed: written right after it
+            queries.keep_results(session, token, results)
+        except errors.NotifyqError as e:
+            log.warning("could not keep results of completed jobs queue=%s n=%d error=%s", self.queue, len(results), e)
         return rest
 
     def landed(self, session: Session, acks: queries.Acks, commit: Pending | None) -> None:

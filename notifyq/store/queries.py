@@ -106,6 +106,19 @@ class Acks:
         return out
 
 
+def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -> None:
+    """Results of jobs whose completion committed already (job.transaction() in the handler,
+    which then returned its value): onto their records, in one round trip."""
+    if not results:
+        return
+
+    def body(cur) -> None:
+        session.pipeline.commit_with(cur, [(Q["attempt_result"], {"id": job_id, "token": token, "result": text})
+                                           for job_id, text in results])
+
+    session.run(body, what="keep results")
+
+
 def result_text(value: Any, job_id: int) -> str | None:
     """A handler's return value as kept: JSON of at most RESULT_MAX_BYTES; None (and a warning)
     for one that is not JSON or too large: the job is done all the same."""
