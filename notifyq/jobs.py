@@ -15,6 +15,7 @@ class Status(enum.IntEnum):
     CLAIMED = 2
     DONE = 3  # only kept when the queue has keep_done = true
     DEAD = 4  # out of attempts; last_error says why
+    CANCELLED = 5  # its cancel was requested while it ran (`notifyq jobs cancel`): who and when on the row
 
 
 STATUS_NAMES = {s.value: s.name.lower() for s in Status}
@@ -113,3 +114,16 @@ class Job:
     @property
     def last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
+
+
+def cancelled(jobs: list[Job]) -> list[Job]:
+    """Per-batch handlers: which of these jobs has `notifyq jobs cancel` asked to stop (or are
+    no longer this worker's)? One statement for the whole batch; a job once seen cancelled stays
+    so. Stop them where it is safe and `job.fail("cancelled", retry=False)` each: they end
+    cancelled (a job of them acked as done ends done)."""
+    asking = [j for j in jobs if not j._cancel_seen and j._completion is not None]
+    if asking:
+        found = asking[0]._completion.cancelled([j.id for j in asking])
+        for job in asking:
+            job._cancel_seen = job.id in found
+    return [j for j in jobs if j._cancel_seen]

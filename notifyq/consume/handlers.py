@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn
 
 from notifyq import config, errors
 from notifyq.jobs import Job
+from notifyq.jobs import cancelled as cancelled_jobs
 
 if TYPE_CHECKING:
     import subprocess
@@ -37,6 +38,8 @@ STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error 
 EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
 TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
 GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group was killed"
+CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
+CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
 
 class PythonHandler:
@@ -233,20 +236,43 @@ class CommandHandler:
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
-            lines = "".join(json.dumps(j.payload, separators=(",", ":")) + "\n" for j in jobs)
-            env = {"NOTIFYQ_JOB_IDS": " ".join(str(j.id) for j in jobs)}
-            error = self._run(lines, env, jobs[0].queue, extend)
-            if error:
-                for job in jobs:
-                    job.fail(error)
+            self._run_batch(jobs, extend)
             return
         for job in jobs:
             env = {"NOTIFYQ_JOB_ID": str(job.id), "NOTIFYQ_ATTEMPT": str(job.attempts)}
-            error = self._run(json.dumps(job.payload), env, job.queue, extend)
+            error = self._run(json.dumps(job.payload), env, job.queue, extend, job.cancel_requested)
             if error:
-                job.fail(error)
+                job.fail(error, retry=error != CANCELLED)
 
-    def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None]) -> str | None:
+    def _run_batch(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        """A per-batch command learns which of its jobs were cancelled from the file named by
+        NOTIFYQ_CANCELLED_FILE (their ids, one a line, appended as the cancels are seen, about
+        once a second); once every job of its batch is cancelled, it is stopped."""
+        import tempfile
+
+        lines = "".join(json.dumps(j.payload, separators=(",", ":")) + "\n" for j in jobs)
+        fd, path = tempfile.mkstemp(prefix="notifyq-cancelled-")
+        told: set[int] = set()
+
+        def cancel() -> bool:
+            gone = [j for j in cancelled_jobs(jobs) if j.id not in told]
+            if gone:
+                os.write(fd, "".join(f"{j.id}\n" for j in gone).encode())
+                told.update(j.id for j in gone)
+            return len(told) == len(jobs)
+
+        try:
+            env = {"NOTIFYQ_JOB_IDS": " ".join(str(j.id) for j in jobs), "NOTIFYQ_CANCELLED_FILE": path}
+            error = self._run(lines, env, jobs[0].queue, extend, cancel)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        if error:
+            for job in jobs:
+                job.fail(error, retry=error != CANCELLED)
+
+    def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None],
+             cancel: Callable[[], bool] | None = None) -> str | None:
         """None on success, else the job's error: the exit status and the tail of stderr."""
         import subprocess
 
@@ -263,12 +289,13 @@ class CommandHandler:
             if stopping:  # started as the grace expired: it must not outlive the consumer
                 _kill_group(proc)
                 return GRACE_EXPIRED
-            return self._wait(proc, stdin, extend)
+            return self._wait(proc, stdin, extend, cancel)
         finally:
             with self._lock:
                 self._running.pop(threading.get_ident(), None)
 
-    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None]) -> str | None:
+    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None],
+              cancel: Callable[[], bool] | None = None) -> str | None:
         import subprocess
 
         deadline = time.monotonic() + self.timeout_s
@@ -287,6 +314,9 @@ class CommandHandler:
                     _kill_group(proc)
                     return f"command timed out after {self.timeout_s:g}s"
                 extend()  # still running and within its timeout: keep the lease
+                if cancel is not None and cancel():  # `jobs cancel` (asked at most once a second)
+                    _stop_group(proc, CANCEL_GRACE_S)
+                    return CANCELLED
         if self._stopping and proc.returncode != 0:
             return GRACE_EXPIRED
         if proc.returncode != 0:
@@ -338,6 +368,21 @@ def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     if any(":" in part.partition("@")[0] for part in shards.split("//")[1:] if "@" in part):
         del out["NOTIFYQ_SHARDS"]
     return out
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the command's process group, SIGKILL what is left of it grace_s later; returns
+    once the command is reaped."""
+    import signal
+    import subprocess
+
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)  # also what a leader that obeyed SIGTERM left behind
+    proc.communicate()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

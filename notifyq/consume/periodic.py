@@ -138,7 +138,7 @@ def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = adm
     readable at least its result_ttl_s.
     """
     deleted = chunks = 0
-    for status in (Status.DONE, Status.DEAD):
+    for status in (Status.DONE, Status.DEAD, Status.CANCELLED):
         while True:
             if chunks >= max_chunks:
                 return deleted, False

@@ -24,7 +24,7 @@ CHUNK = 1000  # rows per transaction in bulk actions
 
 _GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
                "claimed_at", "lease_until", "dedup_key", "cancel_requested", "suspect", "payload",
-               "last_error", "created_at", "finished_at")
+               "last_error", "created_at", "finished_at", "cancelled_by", "cancelled_at")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts",
                 "created_at", "finished_at", "cancel_requested", "last_error")
 
@@ -142,7 +142,7 @@ def retry(session: Session, job_id: int) -> str:
     if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
         return "retried"
     now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
-    if now["status"] in ("dead", "done", "scheduled") and now["dedup_key"] is not None:
+    if now["status"] in ("dead", "done", "cancelled", "scheduled") and now["dedup_key"] is not None:
         raise errors.InputError(f"job {job_id}: another pending job holds dedup key {now['dedup_key']!r}")
     raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
 
@@ -167,9 +167,10 @@ def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -
 
 # ------------------------------------------------------------------ cancel
 
-def cancel(session: Session, job_id: int) -> str:
-    """A pending job is deleted; a running one is asked to stop (Job.cancel_requested())."""
-    outcome = admin_queries.cancel_job(session, job_id)
+def cancel(session: Session, job_id: int, by: str | None = None) -> str:
+    """A pending job is deleted; a running one is asked to stop (Job.cancel_requested(); a
+    command is stopped) and ends cancelled. `by`: who asks (default: this user@host)."""
+    outcome = admin_queries.cancel_job(session, job_id, by)
     if outcome is not None:
         return outcome
     row = admin_queries.get_job(session, job_id)
@@ -193,8 +194,8 @@ def purge(session: Session, statuses: list[int], older_than_s: float, queue: str
         raise errors.InputError("--older-than must not be negative")
     deleted = chunks = 0
     for status in statuses:
-        if status not in (Status.DONE, Status.DEAD):
-            raise errors.InputError("only dead and done jobs can be purged")
+        if status not in (Status.DONE, Status.DEAD, Status.CANCELLED):
+            raise errors.InputError("only dead, done and cancelled jobs can be purged")
         after = 0
         while True:
             if max_chunks is not None and chunks >= max_chunks:

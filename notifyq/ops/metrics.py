@@ -170,7 +170,7 @@ class ServiceCollector:
         from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
         jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
-                                 "due scheduled jobs; delayed = not yet due; done and dead are counted "
+                                 "due scheduled jobs; delayed = not yet due; done, dead and cancelled are counted "
                                  f"up to {DEPTH_HISTORY_CAP}).", labels=["queue", "state", *extra])
         age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "
                                 "job has been waiting (0 when none).", labels=["queue", *extra])
@@ -181,7 +181,7 @@ class ServiceCollector:
                 d = figures.get(q)
                 if d is None:
                     continue
-                for state in ("ready", "delayed", "claimed", "dead", "done"):
+                for state in ("ready", "delayed", "claimed", "dead", "done", "cancelled"):
                     jobs.add_metric([q, state, *label], d[state])
                 age.add_metric([q, *label], d["oldest_ready_age_s"] or 0.0)
                 paused.add_metric([q, *label], int(d["paused"]))

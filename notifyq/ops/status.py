@@ -9,7 +9,7 @@ from notifyq.jobs import Status
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 
-COLUMNS = ("ready", "delayed", "claimed", "dead", "done")
+COLUMNS = ("ready", "delayed", "claimed", "dead", "done", "cancelled")
 
 
 def _blank() -> dict[str, Any]:
@@ -35,6 +35,8 @@ def _fold(e: dict[str, Any], now: dt.datetime, status: int, future: int, count: 
         e["dead"] += count
     elif status == Status.DONE:
         e["done"] += count
+    elif status == Status.CANCELLED:
+        e["cancelled"] += count
 
 
 def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:

@@ -138,16 +138,18 @@ def cancel(obj: Any, a: argparse.Namespace) -> None:
     job_id = a.job_id
     outcome = _one_job(obj, job_id, a.shard, lambda session: admin.cancel(session, job_id))
     echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
-                              "cancel requested (its handler stops when it checks)"))
+                              "cancel requested (a command is stopped at once, a Python handler when it "
+                              "checks; the job ends cancelled)"))
 
 
 def purge(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
     from notifyq.run import fanout
 
-    if not (a.dead or a.done):
-        raise args.UsageError("say what to purge: --dead, --done or both", "notifyq jobs purge")
-    statuses = [s for s, wanted in ((Status.DEAD, a.dead), (Status.DONE, a.done)) if wanted]
+    if not (a.dead or a.done or a.cancelled):
+        raise args.UsageError("say what to purge: --dead, --done, --cancelled or several", "notifyq jobs purge")
+    statuses = [s for s, wanted in ((Status.DEAD, a.dead), (Status.DONE, a.done), (Status.CANCELLED, a.cancelled))
+                if wanted]
     age, queue = _age(a.older_than), a.queue
     answers, down = _each_shard(obj, lambda session: admin.purge(session, statuses, age, queue=queue))
     echo(f"purged {sum(deleted for deleted, _ in answers.values())}")
@@ -156,7 +158,7 @@ def purge(obj: Any, a: argparse.Namespace) -> None:
 
 def _list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
-    p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done or dead.")
+    p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done, dead or cancelled.")
     p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
     p.add_argument("--limit", metavar="N", type=args.int_range(1, 1_000_000), default=100,
                    help="At most this many jobs, oldest first (default 100).")
@@ -182,6 +184,7 @@ def _retry_options(p: argparse.ArgumentParser) -> None:
 def _purge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dead", action="store_true", help="Purge dead jobs.")
     p.add_argument("--done", action="store_true", help="Purge done jobs (kept with keep_done).")
+    p.add_argument("--cancelled", action="store_true", help="Purge jobs cancelled while they ran.")
     p.add_argument("--older-than", metavar="AGE", required=True, help="Finished more than AGE ago: 7d, 12h ...")
     p.add_argument("-q", "--queue", help="Only this queue.")
 

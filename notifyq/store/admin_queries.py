@@ -9,6 +9,7 @@ periodic ticks). Functions that take a Session own their transaction and retry i
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 from notifyq.store import dedup, liveness, queries
@@ -115,26 +116,40 @@ def purge_jobs(session: Session, ids: list[int], status: int) -> int:
         return 0
 
     def body(cur) -> int:
-        _record_gone(cur, ids, (status,), "purged", "purged")
+        _record_gone(cur, ids, (status,), "purged", f"purged by {who()}")
         cur.execute(Q["job_purge"], {"ids": ids, "status": status})
         return cur.rowcount
 
     return session.run(body, what="purge jobs")
 
 
+def who() -> str:
+    """This process's user@host: who an operator's action is recorded as."""
+    try:
+        import pwd  # here: only an operator's cancel needs it
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        user = os.environ.get("USER", "?")
+    return f"{user}@{queries.HOST}"
+
+
 def _record_gone(cur, ids: list[int], statuses: tuple[int, ...], outcome: str, why: str) -> None:
     cur.execute(Q["job_record_gone"], {"ids": Ids(ids), "statuses": Ids(statuses), "outcome": outcome,
-                                       "host": queries.HOST, "why": f"{why} from {queries.HOST}"})
+                                       "host": queries.HOST, "why": why})
 
 
-def cancel_job(session: Session, job_id: int) -> str | None:
-    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone)."""
+def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | None:
+    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone).
+    by: who asks (kept with the cancel; default: this process's user@host)."""
+    by = by or who()
+
     def body(cur) -> str | None:
-        _record_gone(cur, [job_id], (0, 1), "cancelled", "cancelled before it ran")
+        _record_gone(cur, [job_id], (0, 1), "cancelled", f"cancelled before it ran by {by}")
         cur.execute(Q["job_cancel_pending"], {"id": job_id})
         if cur.rowcount:
             return "deleted"
-        cur.execute(Q["job_cancel_running"], {"id": job_id})
+        cur.execute(Q["job_cancel_running"], {"id": job_id, "by": by[:255]})
         return "requested" if cur.rowcount else None
 
     return session.run(body, what="cancel job")

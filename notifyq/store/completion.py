@@ -124,6 +124,19 @@ class Completion:
 
         return self.session.run(body, what="cancel check")
 
+    def cancelled(self, job_ids: list[int]) -> set[int]:
+        """Of these jobs of the claim, those whose cancel was requested, or that are no longer
+        ours: one statement for a batch (notifyq.cancelled(jobs))."""
+        if not job_ids:
+            return set()
+
+        def body(cur) -> set[int]:
+            cur.execute(Q["jobs_cancel_check"], {"ids": Ids(job_ids), "token": self.token})
+            still = {int(job_id): bool(flag) for job_id, flag in cur.fetchall()}
+            return {i for i in job_ids if still.get(i, True)}
+
+        return self.session.run(body, what="cancel check")
+
     def completions_landed(self, jobs: list[Job]) -> set[int]:
         """Of the jobs completed on a caller's connection (complete_in), those whose completion
         committed; the caller's COMMIT is over (the handler returned)."""

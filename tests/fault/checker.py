@@ -75,6 +75,7 @@ EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "fin
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 DEAD = 4
 DONE = 3
+CANCELLED = 5  # issue 29: a job cancelled while it ran ends in a state of its own
 CLAIMED = 2
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,7 @@ def check_lost(h: History) -> list[Violation]:
     # A completion committed with the effect is a handling, even when the process died before
     # its handler's end line (SIGKILL right after the COMMIT)
     done = {r.key for r in h.runs if r.outcome == "ok"} | {k for k, n in h.effects.items() if n}
-    dead = {(f.deploy, f.job) for f in h.final_rows if f.status == DEAD and f.last_error}
+    dead = {(f.deploy, f.job) for f in h.final_rows if f.status in (DEAD, CANCELLED) and f.last_error}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail in ("deleted", "requested")}
     left = {(f.deploy, f.job): f for f in h.final_rows}
     out = []
@@ -139,7 +140,7 @@ def check_lost(h: History) -> list[Violation]:
         state = f"still in the table with status {row.status}" if row else "gone without a successful run"
         out.append(Violation("lost", key, state))
     for row in h.final_rows:
-        if row.status == DEAD and not row.last_error:
+        if row.status in (DEAD, CANCELLED) and not row.last_error:
             out.append(Violation("dead_without_reason", (row.deploy, row.job), "dead, last_error empty"))
     return out
 
@@ -364,7 +365,7 @@ def check_attempts(h: History, faults: Faults) -> list[Violation]:
     enqueued = {}
     for e in h.enqueues:
         enqueued[e.key] = min(enqueued.get(e.key, e.acked_at), e.acked_at)
-    dead = {(row.deploy, row.job): row.attempts for row in h.final_rows if row.status == DEAD}
+    dead = {(row.deploy, row.job): row.attempts for row in h.final_rows if row.status in (DEAD, CANCELLED)}
     out = []
     for key, runs in h.runs_by_job().items():
         why = attempts_ok(runs, faults, h.lease_s, enqueued.get(key), dead.get(key))
@@ -649,6 +650,8 @@ def check_effects(h: History) -> list[Violation]:
             out.append(Violation("effect_of_dead", key, f"dead ({row.last_error}) with its effect stored"))
         elif row is None and key in cancelled and n:
             out.append(Violation("effect_of_cancelled", key, "deleted by a cancel with its effect stored"))
+        elif row is not None and row.status == CANCELLED and n:
+            out.append(Violation("effect_of_cancelled", key, f"cancelled ({row.last_error}) with its effect stored"))
         elif ((row is None and key not in cancelled) or (row is not None and row.status == DONE)) and n != 1:
             out.append(Violation("missing_effect", key, "acked without its effect row"))
     return out

@@ -317,9 +317,9 @@ def test_cancel_of_a_running_job_is_seen_by_its_handler_within_about_a_second(db
             # When the job is cancelled while it runs
             asked = time.monotonic()
             assert admin.cancel(session, job_id) == "requested"
-            # Then the handler sees it on its next (throttled) check and stops; the job ends dead
-            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 4,
-                       15, message="cancelled job dead")
+            # Then the handler sees it on its next (throttled) check and stops; the job ends cancelled
+            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 5,
+                       15, message="cancelled job cancelled")
         finally:
             session.close()
     assert stopped["at"] - asked < 3.0
@@ -369,9 +369,9 @@ def test_worker_histograms_stay_bounded():
     assert buckets["1.0"] == 101 * 100  # 0.00 .. 1.00 inclusive
 
 
-def test_a_cancelled_job_whose_handler_raises_ends_dead_with_its_error(db):
+def test_a_cancelled_job_whose_handler_raises_ends_cancelled_with_its_error(db):
     """The README said such a job is retried like any failure; the failure's statement ends it
-    dead, as the operator asked, its error kept (issue 26: code and README agree)."""
+    cancelled (issue 29: a state of its own, not dead), as the operator asked, its error kept."""
     cfg = db.config()
     started = threading.Event()
 
@@ -388,8 +388,8 @@ def test_a_cancelled_job_whose_handler_raises_ends_dead_with_its_error(db):
         session = Session(cfg.dsn)
         try:
             assert admin.cancel(session, job_id) == "requested"
-            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 4,
-                       15, message="the cancelled job dead")
+            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,)) == 5,
+                       15, message="the cancelled job cancelled")
         finally:
             session.close()
     assert "stopped on request" in db.scalar("SELECT last_error FROM nq_job WHERE id = %s", (job_id,))

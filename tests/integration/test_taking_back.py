@@ -85,7 +85,7 @@ def test_a_claim_whose_expired_rows_straddle_the_reapers_read_limit_is_taken_bac
 
 
 @pytest.mark.parametrize("how", ["dead consumer", "expired lease", "given back"])
-def test_a_job_cancelled_while_claimed_ends_dead_with_the_reason_on_every_way_back(db, session, how):
+def test_a_job_cancelled_while_claimed_ends_cancelled_with_the_reason_on_every_way_back(db, session, how):
     # Given two claimed jobs, one of them asked to cancel while it ran
     cancelled, other = put(db, 2)
     claim = queries.claim(session, "q", OWNER, 2, 60)
@@ -97,9 +97,11 @@ def test_a_job_cancelled_while_claimed_ends_dead_with_the_reason_on_every_way_ba
     else:
         take_back(db, session, how)
 
-    # Then the cancelled job is dead with the reason and can never be claimed again
-    status, error = db.query("SELECT status, last_error FROM nq_job WHERE id = %s", (cancelled,))[0]
-    assert status == 4
+    # Then the cancelled job ends cancelled (not dead) with the reason, who asked and when, and
+    # can never be claimed again
+    status, error, by, at = db.query("SELECT status, last_error, cancelled_by, cancelled_at FROM nq_job "
+                                     "WHERE id = %s", (cancelled,))[0]
+    assert status == 5 and by and at is not None
     assert error.startswith("cancelled")
     assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (other,)) == 0
     assert [j.id for j in queries.claim(session, "q", OWNER, 10, 60).jobs] == [other]

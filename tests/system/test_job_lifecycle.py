@@ -258,13 +258,13 @@ def test_a_job_cancelled_while_running_is_not_run_again_when_its_consumer_dies(d
     env["NQ_TEST_SLEEP"] = "0"
     survivor = consume(env, tmp_path)
     try:
-        wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 4, 30,
-                   message="the cancelled job dead")
+        wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 5, 30,
+                   message="the cancelled job cancelled")
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="victim reaped")
     finally:
         assert stop(survivor) == errors.EXIT_OK
 
-    # Then it ends dead with the reason, and never ran again
+    # Then it ends cancelled with the reason, and never ran again
     assert db.scalar("SELECT last_error FROM nq_job WHERE id = %s", (job,)).startswith("cancelled")
     assert [r.pid for r in runs(tmp_path / "runs")] == [victim.pid]
 
@@ -285,15 +285,15 @@ def test_a_job_cancelled_while_running_is_not_run_again_when_its_lease_runs_out(
         env["NQ_TEST_SLEEP"] = "0"
         other = consume(env, tmp_path)
         try:
-            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 4, 30,
-                       message="the cancelled job dead")
+            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 5, 30,
+                       message="the cancelled job cancelled")
         finally:
             assert stop(other) == errors.EXIT_OK
     finally:
         frozen.kill()
         frozen.wait(10)
 
-    # Then it ends dead with the reason, and never ran again
+    # Then it ends cancelled with the reason, and never ran again
     assert db.scalar("SELECT last_error FROM nq_job WHERE id = %s", (job,)) == \
         "cancelled; lease expired while it ran"
     assert [r.pid for r in runs(tmp_path / "runs")] == [frozen.pid]

@@ -236,7 +236,7 @@ UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token 
 -- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
-SELECT id, claim_token, attempts, queue, IF(%(dead)s OR cancel_requested, 'dead', 'failed'), owner, %(host)s,
+SELECT id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', IF(%(dead)s, 'dead', 'failed')), owner, %(host)s,
        NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
        %(error)s, %(traceback)s
 FROM nq_job FORCE INDEX (PRIMARY)
@@ -276,27 +276,28 @@ WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND sta
 SELECT job_id FROM nq_attempt WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
 
 -- retry_later --
--- A job cancelled while it ran is not retried: it ends dead, its error kept.
+-- A job cancelled while it ran is not retried: it ends cancelled (5), its error kept.
 UPDATE nq_job
-SET status = IF(cancel_requested, 4, 1),
+SET status = IF(cancel_requested, 5, 1),
     run_at = IF(cancel_requested, run_at, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
     finished_at = IF(cancel_requested, NOW(6), NULL), last_error = %(error)s,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
 -- bury --
+-- Dead; or cancelled (5) when its cancel was requested while it ran.
 UPDATE nq_job
-SET status = 4, last_error = %(error)s, finished_at = NOW(6), owner = NULL, claim_token = NULL,
+SET status = IF(cancel_requested, 5, 4), last_error = %(error)s, finished_at = NOW(6), owner = NULL, claim_token = NULL,
     lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
 -- give_back --
 -- Claimed but never started (shutdown): not an attempt, so the count is undone. A job cancelled
--- meanwhile ends dead, not ready: it must never start. (Every assignment here and below reads
+-- meanwhile ends cancelled, not ready: it must never start. (Every assignment here and below reads
 -- only columns it does not set: right whatever the order of evaluation, which MariaDB's
 -- SIMULTANEOUS_ASSIGNMENT mode changes.)
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = IF(cancel_requested, 4, 0),
+SET status = IF(cancel_requested, 5, 0),
     last_error = IF(cancel_requested, %(cancelled)s, last_error),
     finished_at = IF(cancel_requested, NOW(6), NULL),
     owner = NULL, claim_token = NULL, lease_until = NULL,
@@ -419,10 +420,10 @@ FOR UPDATE
 -- Step 2 for a job taken back alone from its claim: the only one its consumer still held when it
 -- died, or the only one of its claim whose lease ran out. It was running (a live consumer acks
 -- and gives back the others), so the attempt counted at claim time stands, and out of attempts
--- it is dead. A job cancelled while it ran ends dead with the reason and never runs again. A
+-- it is dead. A job cancelled while it ran ends cancelled (5) with the reason, never to run again. A
 -- suspect from now on: it is claimed alone.
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = IF(cancel_requested OR attempts >= max_attempts, 4, 0),
+SET status = IF(cancel_requested, 5, IF(attempts >= max_attempts, 4, 0)),
     last_error = IF(cancel_requested, %(cancelled)s, IF(attempts >= max_attempts, %(error)s, last_error)),
     finished_at = IF(cancel_requested OR attempts >= max_attempts, NOW(6), NULL),
     suspect = 1, owner = NULL, claim_token = NULL, lease_until = NULL
@@ -433,9 +434,9 @@ WHERE id IN %(ids)s AND status = 2
 -- several in hand): which one caused it is unknown, some may never have started, some may have
 -- finished with their ack lost. So none is charged: the attempt counted at claim time is undone,
 -- and each becomes a suspect, claimed alone from now on, so that a next crash names its culprit.
--- A job cancelled while it ran ends dead with the reason and never runs again.
+-- A job cancelled while it ran ends cancelled (5) with the reason and never runs again.
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = IF(cancel_requested, 4, 0),
+SET status = IF(cancel_requested, 5, 0),
     last_error = IF(cancel_requested, %(cancelled)s, last_error),
     finished_at = IF(cancel_requested, NOW(6), NULL),
     attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
@@ -594,7 +595,8 @@ SELECT NOW(6)
 -- job_get --
 -- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
-       lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at
+       lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at,
+       cancelled_by, cancelled_at
 FROM nq_job WHERE id = %(id)s
 
 -- job_attempts --
@@ -639,12 +641,12 @@ ORDER BY id LIMIT %(limit)s
 UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
     owner = NULL, claim_token = NULL, lease_until = NULL
-WHERE id IN %(ids)s AND status IN (1, 3, 4)
+WHERE id IN %(ids)s AND status IN (1, 3, 4, 5)
 
 -- keyed_jobs --
 -- The jobs of a retry chunk that carry a dedup key, with it: each is retried alone.
 SELECT id, queue, dedup_key FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id IN %(ids)s AND status IN (1, 3, 4) AND dedup_key IS NOT NULL
+WHERE id IN %(ids)s AND status IN (1, 3, 4, 5) AND dedup_key IS NOT NULL
 
 -- job_record_gone --
 -- Before a cancel deletes a pending job, or a purge a finished one: its record (claim token 0),
@@ -667,8 +669,16 @@ DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status =
 DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
 
 -- job_cancel_running --
--- Claimed: the handler sees it through Job.cancel_requested() and stops when it can.
-UPDATE nq_job SET cancel_requested = 1 WHERE id = %(id)s AND status = 2
+-- Claimed: the handler sees it through Job.cancel_requested() and stops when it can (a command
+-- is stopped); the job then ends cancelled. Who asked and when are kept on the row.
+UPDATE nq_job SET cancel_requested = 1, cancelled_by = %(by)s, cancelled_at = NOW(6)
+WHERE id = %(id)s AND status = 2 AND cancel_requested = 0
+
+-- jobs_cancel_check --
+-- A batch's cooperative check in one statement (notifyq.cancelled(jobs), per-batch commands):
+-- the jobs the claim still holds, with their cancel request; a job missing is no longer ours.
+SELECT id, cancel_requested FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- job_cancel_check --
 -- A handler's cooperative check; no row means the claim is no longer ours: stop as well.
@@ -720,6 +730,9 @@ UNION ALL
 UNION ALL
 (SELECT 4, 0, COUNT(*), NULL FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) dead)
+UNION ALL
+(SELECT 5, 0, COUNT(*), NULL FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 5 AND queue = %(queue)s LIMIT %(cap)s) cancelled)
 
 -- retention_ids --
 -- One chunk of a queue's done or dead jobs that finished before the cutoff, oldest first: a

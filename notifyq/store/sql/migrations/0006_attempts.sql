@@ -1,4 +1,4 @@
--- notifyq schema, version 6: every attempt's record, and the completion's marker.
+-- notifyq schema, version 6: every attempt's record, the completion's marker, and cancelled jobs.
 --
 -- One row per attempt that ended (per claim of a job: a claim token is unique), written in the
 -- same transaction as the outcome it records: the ack (outcome 'done'), the retry ('failed'),
@@ -26,3 +26,14 @@ CREATE TABLE IF NOT EXISTS nq_attempt (
     -- Retention: a queue's records by age (periodic.purge_finished)
     KEY ix_ended (queue, ended_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- A job cancelled while it ran ends in a state of its own (status 5, cancelled), with who asked
+-- and when. Added last: an instant ALTER (MySQL 8.0.12+, MariaDB 10.3+); only when not there yet,
+-- so an interrupted `init` can simply run again.
+SET @nq_ddl = IF((SELECT COUNT(*) FROM information_schema.COLUMNS
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'nq_job' AND COLUMN_NAME = 'cancelled_by') = 0,
+                 'ALTER TABLE nq_job ADD COLUMN cancelled_by VARCHAR(255) NULL, ADD COLUMN cancelled_at DATETIME(6) NULL',
+                 'DO 0');
+PREPARE nq_stmt FROM @nq_ddl;
+EXECUTE nq_stmt;
+DEALLOCATE PREPARE nq_stmt;
