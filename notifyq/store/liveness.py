@@ -141,6 +141,9 @@ def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
     n = 0
     for name, ids in (("return_alone", alone), ("return_shared", shared)):
         if ids:
+            # the attempt's record first (issue 29): alone it is charged, together it is not
+            cur.execute(Q["attempt_taken_back"], {"ids": Ids(ids), "why": why if name == "return_alone"
+                                                  else f"{why}; taken back with its claim, not charged"})
             cur.execute(Q[name], {"ids": Ids(ids), **reasons})
             n += cur.rowcount
     return n

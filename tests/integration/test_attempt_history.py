@@ -123,3 +123,19 @@ def test_retention_drops_attempt_records_past_the_queues_retention(db, session):
     assert periodic.purge_finished(session, "q", 86400.0)[1]
     # Then the record is gone
     assert admin.attempts(session, job_id) == []
+
+
+def test_an_attempt_taken_back_by_a_reaper_is_on_record(db, session):
+    # Given a job claimed by a consumer whose lease runs out before it finishes
+    from notifyq.store import liveness
+
+    [job_id] = put(db)
+    claim = queries.claim(session, "q", "d" * 32, 1, 60)
+    assert [j.id for j in claim.jobs] == [job_id]
+    db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
+    # When a reaper takes it back
+    assert liveness.reclaim_expired(session) == 1
+    # Then its attempt is on record: taken back, by whom it was held, why
+    [h] = admin.attempts(session, job_id)
+    assert (h["attempt"], h["outcome"], h["consumer"]) == (1, "taken back", "d" * 32)
+    assert "lease expired" in h["error"]

@@ -416,6 +416,17 @@ SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND sort_at < NOW(6) AND owner IN %(owners)s
 FOR UPDATE
 
+-- attempt_taken_back --
+-- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
+-- out), written before the job is returned (return_alone, return_shared), in the same
+-- transaction: the rows are locked by the caller. Its start is the claim's; its host unknown.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, started_at, ended_at, error)
+SELECT id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner, claimed_at,
+       NOW(6), %(why)s
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND status = 2 AND claim_token IS NOT NULL
+ON DUPLICATE KEY UPDATE outcome = outcome
+
 -- return_alone --
 -- Step 2 for a job taken back alone from its claim: the only one its consumer still held when it
 -- died, or the only one of its claim whose lease ran out. It was running (a live consumer acks
