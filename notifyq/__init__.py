@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from notifyq.config import Config
 from notifyq.config import load as load_config
-from notifyq.errors import ClaimLost, NotifyqError
+from notifyq.errors import ClaimLost, NotifyqError, Snooze
 from notifyq.jobs import Job, Status, cancelled
 
 if TYPE_CHECKING:
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from notifyq.sharding.producer import Producer
 
 __all__ = ["AsyncProducer", "ClaimLost", "Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError",
-           "Producer", "Status", "Task", "TaskRegistry", "cancelled", "load_config", "setup_logging", "task"]
+           "Producer", "Snooze", "Status", "Task", "TaskRegistry", "cancelled", "load_config", "setup_logging",
+           "task"]
 
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.

@@ -86,3 +86,12 @@ class JobFailed(NotifyqError):
 
 class ResultPending(NotifyqError):
     """Producer.result(): the job has not finished within the wait."""
+
+
+class Snooze(Exception):
+    """Raised by a handler: put the job back for `seconds` without spending an attempt
+    (job.snooze(seconds) does the same without raising). Not a NotifyqError: it is no error."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = float(seconds)

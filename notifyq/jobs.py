@@ -50,6 +50,7 @@ class Job:
     # None; "committed" (job.transaction() committed its completion); "pending" (complete_in:
     # the caller commits, the worker finds out whether it did)
     _completed: str | None = field(default=None, repr=False)
+    _snooze_s: float | None = field(default=None, repr=False)  # job.snooze(): back after this long
     _result: Any = field(default=None, repr=False)  # the handler's return value (per-job handlers)
     _started: float | None = field(default=None, repr=False)  # monotonic, for the attempt's record
     _ended: float | None = field(default=None, repr=False)
@@ -58,6 +59,15 @@ class Job:
         """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
         self.error = str(error) or "failed"
         self.retry = retry
+
+    def snooze(self, seconds: float) -> None:
+        """Put this job back to run again in `seconds`, without spending an attempt (the handler
+        then returns; `raise notifyq.Snooze(seconds)` does the same). Its attempt record says
+        `snoozed`. A job whose cancel was requested ends cancelled instead."""
+        seconds = float(seconds)
+        if not seconds >= 0:
+            raise ValueError(f"snooze: seconds must be >= 0, got {seconds!r}")
+        self._snooze_s = seconds
 
     def extend_lease(self) -> None:
         """Long-running handlers: push the claim's lease out again so no reaper takes the job."""

@@ -68,6 +68,8 @@ class PythonHandler:
                 continue
             try:
                 job._result = self._call(job)  # kept with the completion if the queue keeps results
+            except errors.Snooze as e:
+                job.snooze(e.seconds)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short

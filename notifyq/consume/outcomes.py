@@ -47,7 +47,14 @@ class Outcomes:
             jobs = self._completed(session, jobs, token)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
         self._count_lost(len(failures) - self.fail(session, token, failures))
-        ok = [j for j in jobs if j.error is None]
+        snoozed = [j for j in jobs if j.error is None and j._snooze_s is not None]
+        if snoozed:
+            owned = queries.fail(session, self.queue, token, [
+                queries.Failure(j.id, j._snooze_s, "cancelled while snoozing", j.attempts, None, j._started,
+                                j._ended, snooze=True) for j in snoozed])
+            self.stats.snoozed += len(owned)
+            self._count_lost(len(snoozed) - len(owned))
+        ok = [j for j in jobs if j.error is None and j._snooze_s is None]
         if not ok:
             return None
         results = [queries.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None

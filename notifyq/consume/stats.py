@@ -19,6 +19,7 @@ class Stats:
     dead: int = 0
     lost_acks: int = 0
     given_back: int = 0
+    snoozed: int = 0  # put back for later by the handler (job.snooze, notifyq.Snooze): no attempt spent
     reclaimed: int = 0
     batches: int = 0
     # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).

@@ -320,6 +320,7 @@ class Failure:
     traceback: str | None = None
     started: float | None = None  # monotonic
     ended: float | None = None
+    snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
 
 
 def fail(session: Session, queue: str, token: int, failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
@@ -335,16 +336,19 @@ def fail(session: Session, queue: str, token: int, failures: list[tuple[int, flo
         now = time.monotonic()
         for f in items:
             fenced = {"id": f.id, "token": token}
-            if f.delay_s is None:
+            if f.snooze:
+                outcome = (Q["snooze"], {**fenced, "error": error_text(f.error),
+                                         "delay_us": microseconds(f.delay_s or 0.0)})
+            elif f.delay_s is None:
                 outcome = (Q["bury"], {**fenced, "error": error_text(f.error)})
             else:
                 outcome = (Q["retry_later"], {**fenced, "error": error_text(f.error),
                                               "delay_us": microseconds(f.delay_s)})
             record = (Q["attempt_failed"], {
-                **fenced, "dead": int(f.delay_s is None), "host": HOST,
+                **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
-                "error": error_text(f.error, ATTEMPT_ERROR_BYTES),
+                "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
             statements = [record, outcome]
             if f.attempt > ATTEMPTS_KEPT:

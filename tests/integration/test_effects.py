@@ -301,3 +301,28 @@ def test_complete_in_after_the_claim_was_taken_back_raises_and_rolls_the_callers
     # Then the stale run stored nothing; the run that took over stored the one row
     assert raised == [True]
     assert charges() == [(job_id, 2)]
+
+
+def test_a_snoozed_job_comes_back_later_without_spending_an_attempt(db):
+    # Given a job with one attempt whose handler snoozes it twice (once by raising), then runs it
+    from notifyq import errors as nq_errors
+
+    [job_id] = put(db, max_attempts=1)
+    seen: list[int] = []
+
+    def handler(job):
+        seen.append(job.attempts)
+        if len(seen) == 1:
+            job.snooze(0.05)
+        elif len(seen) == 2:
+            raise nq_errors.Snooze(0.05)
+
+    # When workers run it until the queue is empty
+    totals = drain(db, handler)
+    # Then it ran three times, each as attempt 1 (a snooze spends none), and ended done
+    assert seen == [1, 1, 1]
+    assert totals.succeeded == 1 and totals.failed == 0
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    # And its history says so
+    assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (job_id,)) == [
+        (1, "snoozed"), (1, "snoozed"), (1, "done")]

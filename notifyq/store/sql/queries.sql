@@ -236,7 +236,8 @@ UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token 
 -- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
-SELECT id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', IF(%(dead)s, 'dead', 'failed')), owner, %(host)s,
+SELECT id, claim_token, attempts, queue,
+       IF(cancel_requested, 'cancelled', IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed'))), owner, %(host)s,
        NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
        %(error)s, %(traceback)s
 FROM nq_job FORCE INDEX (PRIMARY)
@@ -281,6 +282,18 @@ UPDATE nq_job
 SET status = IF(cancel_requested, 5, 1),
     run_at = IF(cancel_requested, run_at, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
     finished_at = IF(cancel_requested, NOW(6), NULL), last_error = %(error)s,
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- snooze --
+-- job.snooze(s) / raise notifyq.Snooze(s): back to scheduled, due in delay_us, the attempt counted
+-- at claim undone (a snooze spends none). A job cancelled meanwhile ends cancelled instead.
+UPDATE nq_job
+SET status = IF(cancel_requested, 5, 1),
+    run_at = IF(cancel_requested, run_at, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
+    last_error = IF(cancel_requested, %(error)s, last_error),
+    attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
