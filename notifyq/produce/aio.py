@@ -72,6 +72,12 @@ class AsyncProducer:
         return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
                                max_attempts=max_attempts, conn=conn)
 
+    async def result(self, job_id: int, *, wait: float = 0.0) -> Any:
+        """Producer.result, awaited (on the loop's default executor: a long wait takes no put's
+        thread)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self._producers[0].result, job_id, wait=wait))
+
     async def close(self) -> None:
         """Close every session, after the puts under way."""
         self._closed = True

@@ -148,9 +148,7 @@ class Producer:
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
         # A session of its own for the wait: the producer's puts (other threads) go on meanwhile
-        with self._mutex:
-            dsn = self._link(self._home).config.dsn  # the home shard's (ids are per shard)
-        session = Session(dsn, name="result")
+        session = Session(self.config.dsn, name="result")
         try:
             return results.wait_for(lambda: session, job_id, wait)
         finally:

@@ -107,6 +107,13 @@ class ShardedProducer:
         with self._mutex:
             return self._deal(rows)
 
+    def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
+        """Producer.result on the queue's shard (ids are per shard: a spread queue's job names its
+        shard)."""
+        if shard is None and self._turn is not None:
+            raise errors.InputError(f"queue {self.queue} is spread over shards: give shard= (ids are per shard)")
+        return self._on(shard or self._home).result(job_id, wait=wait)
+
     def close(self) -> None:
         with self._mutex:
             producers, self._producers = list(self._producers.values()), {}

@@ -41,6 +41,7 @@ class Completion:
 
     def __init__(self, session: Session, token: int, keep: bool, keep_results: bool = False):
         self.session, self.token, self.keep, self.keep_results = session, token, keep, keep_results
+        self._open = False  # a transaction() is open on the session (one at a time)
 
     def _result(self, job: Job, value: Any) -> str | None:
         return queries.result_text(value, job.id) if self.keep_results else None
@@ -48,9 +49,13 @@ class Completion:
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
         _not_completed(job)
+        if self._open:  # coroutines of one worker (concurrency > 1) share its session
+            raise RuntimeError("one job.transaction() at a time per worker: another job's is open "
+                               "(with concurrency > 1, do not await inside the block)")
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
+        self._open = True
         try:
             yield cur
             if not complete(cur, job, self.token, self.keep, multi=True, result=self._result(job, result)):
@@ -61,6 +66,7 @@ class Completion:
             raise
         finally:
             _close(cur)
+            self._open = False
         conn_id, sent_at = session.connection_id, time.monotonic()
         try:
             conn.commit()
