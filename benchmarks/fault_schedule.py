@@ -50,6 +50,7 @@ def as_json(r: RunResult) -> dict:
         "violations": rep.by_rule(), "violation_examples": [str(v) for v in rep.examples()],
         "drained": r.drained, "producer_errors": r.producer_errors, "outcome_unknown": r.outcome_unknown,
         "unexpected_exits": r.unexpected_exits, "wall_s": round(r.wall_s, 1),
+        "effect_jobs": rep.effect_jobs, "effect_rows": rep.effect_rows,
         "ok": rep.ok and r.drained,
     }
 
@@ -67,6 +68,7 @@ def print_table(d: dict) -> None:
         ("innocent dead / dead", f"{d['innocent_dead']} / {d['dead']}"),
         ("max recovery of a gone consumer's jobs",
          "-" if d["max_recovery_s"] is None else f"{d['max_recovery_s']:.2f}s"),
+        ("fx jobs / effect rows (job.transaction())", f"{d['effect_jobs']} / {d['effect_rows']}"),
         ("violations by rule", fmt(d["violations"])),
         ("drained / wall", f"{d['drained']} / {d['wall_s']}s"),
         ("verdict", "OK" if d["ok"] else "FAILED"),
