@@ -40,6 +40,9 @@ class QueueConfig:
     # > 0: keep a handler's return value (JSON) with the job's completion, readable by
     # Producer.result() for at least this long (attempt records then live that long too)
     result_ttl_s: float = 0.0
+    # > 0: a Python handler still running after this long fails its job ("timeout") and the
+    # worker moves on; its thread cannot be killed and runs on (consume/timeout.py)
+    timeout_s: float = 0.0
     shard: str = ""  # with [shards]: the shard that holds this queue ("": by hash of its name)
     spread: bool = False  # with [shards]: jobs go to every shard (round-robin, or by dedup key)
 
@@ -171,6 +174,7 @@ RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "command_timeout_s": _POSITIVE_S, "retry_base_s": _POSITIVE_S, "retry_max_s": _POSITIVE_S,
     "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
     "result_ttl_s": (False, 0, False, values.MAX_SECONDS),  # 0: results kept only with keep_done
+    "timeout_s": (False, 0, False, values.MAX_SECONDS),  # 0: none
     "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
     "concurrency": (True, 1, False, 10000),
     "max_attempts": (True, 1, False, 65535),

@@ -38,6 +38,10 @@ class Batch:
         self.done: list[Job] = []
         self.settled = threading.Event()  # its worker is done with it (the service waits at shutdown)
         self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
+        # timeout_s: helper threads whose call timed out (their extensions are refused: the work
+        # session is not theirs any more), under handler_lock with every handler's extension
+        self.revoked: set[int] = set()
+        self.handler_lock = threading.Lock()
 
     def claim_lost(self) -> bool:
         """The claim's COMMIT failed (or its connection was lost) after its jobs began to run:

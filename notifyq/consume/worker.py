@@ -18,7 +18,7 @@ import time
 
 from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import handlers, reaper
+from notifyq.consume import handlers, reaper, timeout
 from notifyq.consume.batch import Batch
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
@@ -70,6 +70,7 @@ class Worker:
         # on their own first (_flush_acks).
         self._acks: queries.Acks | None = None
         self._acks_sent: tuple[queries.Acks, Pending | None] | None = None
+        self._runner: timeout.HandlerThread | None = None  # timeout_s: the handler's helper thread
 
     @property
     def waiter(self):
@@ -133,6 +134,8 @@ class Worker:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
                                 self.queue, e)
             self.finished = True
+            if self._runner is not None:
+                self._runner.close()
             handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
             if self._owns_presence:
@@ -240,7 +243,9 @@ class Worker:
         self.stats.batch_sizes.observe(len(jobs))
 
         def extend() -> None:  # job.extend_lease(): at once, as the handler asks
-            self._extend(batch)
+            with batch.handler_lock:  # (a handler past its timeout_s extends nothing any more)
+                if threading.get_ident() not in batch.revoked:
+                    self._extend(batch)
 
         def keep_lease() -> None:  # a command handler, every second or so while it runs
             if batch.extend_due():
@@ -372,11 +377,38 @@ class Worker:
     def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            self.handler(jobs, extend)
+            if self.qc.timeout_s > 0 and isinstance(self.handler, handlers.PythonHandler):
+                self._call_bounded(jobs, extend, self.qc.timeout_s)  # a command has command_timeout_s
+            else:
+                self.handler(jobs, extend)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)
             self._turned()
+
+    def _call_bounded(self, jobs: list[Job], extend, timeout_s: float) -> None:
+        """The handler on a helper thread, waited for at most timeout_s (consume/timeout.py)."""
+        if self._runner is None:
+            self._runner = timeout.HandlerThread(f"{self.name}-handler")
+        runner = self._runner
+        if runner.run(lambda: self.handler(jobs, extend), timeout_s):
+            return
+        batch = self.batch
+        assert batch is not None
+        with batch.handler_lock:  # an extension under way ends first; then none of that thread's
+            batch.revoked.add(runner.thread.ident or 0)
+        old, self.work = self.work, Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
+        runner.abandon(old.close)  # the stray call keeps the old session until it returns
+        self._runner = None
+        fresh = Completion(self.work, batch.token, self.qc.keep_done, self.qc.keeps_results)
+        for job in batch.jobs[batch.started:]:
+            job._completion = fresh
+        for job in jobs:
+            if job.error is None and job._completed is None:
+                job.fail(f"timeout: the handler ran longer than timeout_s ({timeout_s:g} s); "
+                         "its thread was left running")
+        log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
+                    "timeout_s=%g", self.queue, ",".join(str(j.id) for j in jobs[:20]), timeout_s)
 
     def _extend(self, batch: Batch) -> None:
         """Push out the lease of what the batch still holds; what comes back lost is skipped."""

@@ -326,3 +326,40 @@ def test_a_snoozed_job_comes_back_later_without_spending_an_attempt(db):
     # And its history says so
     assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (job_id,)) == [
         (1, "snoozed"), (1, "snoozed"), (1, "done")]
+
+
+def test_a_python_handler_past_its_timeout_fails_its_job_and_the_worker_moves_on(db, charges):
+    # Given two jobs on a queue with a 0.3 s timeout; the first attempt of the first hangs until
+    # released, and then tries to write its effect
+    first, second = put(db, 2, max_attempts=3)
+    release, stray = threading.Event(), []
+
+    def handler(job):
+        if job.id == first and job.attempts == 1:
+            release.wait(30)
+            try:
+                with job.transaction() as cur:
+                    charge(job, cur)
+            except notifyq.ClaimLost:
+                stray.append("claim lost")
+            return
+        with job.transaction() as cur:
+            charge(job, cur)
+
+    cfg = db.config(defaults={"timeout_s": 0.3, "retry_base_s": 0.01, "retry_max_s": 0.01})
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    # When the worker runs them
+    worker.run()
+    assert worker.error is None, worker.error
+    # Then the first failed with "timeout" and the second ran meanwhile, on the worker's new session
+    assert worker.stats.failed == 1 and worker.stats.succeeded == 1
+    assert db.query("SELECT attempt, outcome, error FROM nq_attempt WHERE job_id = %s", (first,)) == [
+        (1, "failed", "timeout: the handler ran longer than timeout_s (0.3 s); its thread was left running")]
+    # And when the stray call goes on, its write is fenced out
+    release.set()
+    wait_until(lambda: stray, 10, message="the stray call's transaction refused")
+    assert stray == ["claim lost"]
+    # And the retry stores the one effect of the first job
+    drain(db, handler, timeout_s=0.3)
+    assert sorted(charges()) == sorted([(second, 1), (first, 2)])

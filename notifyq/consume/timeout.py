@@ -1,0 +1,61 @@
+"""A Python handler's per-job timeout (`timeout_s`): the call runs on a helper thread, and the
+worker waits for it at most that long.
+
+Threads cannot be killed. A handler past its timeout is left running on its helper thread; its
+job fails ("timeout", retried by the queue's policy) and the worker moves on with a new helper
+thread and a new work session: the old session is the stray call's alone (its extensions are
+refused, its job.transaction() is fenced out by the failure, which clears the claim), and it is
+closed when the call returns. A handler that must be stopped for good belongs in a process:
+`--command`, whose timeout kills its process group.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from notifyq.consume import handlers
+
+
+class HandlerThread:
+    """One helper thread that runs a worker's handler calls, one at a time."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, call: Callable[[], None], timeout_s: float) -> bool:
+        """True when `call` returned within timeout_s (what it raised is raised here)."""
+        done, raised = threading.Event(), []
+        self._calls.put((call, done, raised))
+        if not done.wait(timeout_s):
+            return False
+        if raised:
+            raise raised[0]
+        return True
+
+    def abandon(self, cleanup: Callable[[], None]) -> None:
+        """The call under way timed out: once it returns, `cleanup`, then the thread ends."""
+        self._calls.put((cleanup, threading.Event(), []))
+        self._calls.put(None)
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                item = self._calls.get()
+                if item is None:
+                    return
+                call, done, raised = item
+                try:
+                    call()
+                except BaseException as e:  # handed to the waiting worker
+                    raised.append(e)
+                finally:
+                    done.set()
+        finally:
+            handlers.close_loop()  # a coroutine handler's event loop, if it made one
