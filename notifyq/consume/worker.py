@@ -25,7 +25,7 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
-from notifyq.store.completion import Completion
+from notifyq.consume.effects import Completion
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.pipeline import Pending

@@ -102,9 +102,12 @@ class Completion:
                     job.id)
         return stored
 
-    def complete_in(self, job: Job, conn: Any, result: Any = None) -> None:
+    def complete_in(self, job: Job, conn: Any, result: Any = None, rollback: bool = True) -> None:
+        """conn: the DB-API connection the caller's transaction lives on (consume/effects.py
+        unwraps a framework's). rollback: roll it back on ClaimLost (a framework's transaction
+        rolls back itself, as the exception leaves its block)."""
         _not_completed(job)
-        cur, plain = _cursor_of(conn)
+        cur = conn.cursor()
         try:
             ok = complete(cur, job, self.token, self.keep, multi=False, result=self._result(job, result))
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
@@ -114,7 +117,7 @@ class Completion:
         finally:
             _close(cur)
         if not ok:
-            if plain:  # a framework's transaction rolls back on the exception, as it must
+            if rollback:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
@@ -176,18 +179,6 @@ def landed(cur, ids: list[int], token: int) -> set[int]:
 def _not_completed(job: Job) -> None:
     if job._completed is not None:
         raise RuntimeError(f"job {job.id} is completed already")
-
-
-def _cursor_of(conn: Any) -> tuple[Any, bool]:
-    """A DB-API cursor in the caller's transaction, and whether `conn` is a plain DB-API
-    connection (notifyq rolls it back on ClaimLost) rather than a framework's wrapper."""
-    if hasattr(conn, "ensure_connection") and hasattr(conn, "cursor"):  # Django's DatabaseWrapper
-        return conn.cursor(), False
-    if callable(getattr(conn, "get_bind", None)) and callable(getattr(conn, "connection", None)):
-        return conn.connection().connection.cursor(), False  # SQLAlchemy Session: its Connection's DB-API one
-    if callable(getattr(conn, "exec_driver_sql", None)):
-        return conn.connection.cursor(), False  # SQLAlchemy Connection
-    return conn.cursor(), True
 
 
 def _close(cur) -> None:
