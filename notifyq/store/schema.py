@@ -19,6 +19,10 @@ from notifyq.store.sql import migrations, split_statements
 log = logging.getLogger("notifyq.schema")
 
 
+# Tables a migration adds that the runtime user writes: an upgrade says so (per-table grants)
+NEW_TABLES = {6: "nq_attempt"}
+
+
 def code_version() -> int:
     return migrations()[-1][0]
 
@@ -109,6 +113,10 @@ def migrate(cur, database: str, upto: int | None = None) -> tuple[int | None, in
             for statement in split_statements(text):
                 cur.execute(statement)
             cur.execute(Q["set_schema_version"], {"version": str(version)})
+            if version in NEW_TABLES and before is not None:
+                log.warning("schema %d adds table %s: a runtime user granted table by table needs DML on "
+                            "it before consumers of this version start (`notifyq init --print-grants USER` "
+                            "prints the lines)", version, NEW_TABLES[version])
         return before, max(before or 0, upto)
     finally:
         cur.execute(Q["release_lock"], {"name": name})
