@@ -29,7 +29,7 @@ from notifyq import errors
 from notifyq.jobs import Job
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.driver import Ids, describe, is_connection_lost
+from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.consumer")
@@ -48,6 +48,8 @@ class Completion:
 
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
+        """The handler's block, then the completion, its guard and the COMMIT as one query: the
+        completion costs no round trip of its own (on Galera the COMMIT goes alone: one more)."""
         _not_completed(job)
         if self._open:  # coroutines of one worker (concurrency > 1) share its session
             raise RuntimeError("one job.transaction() at a time per worker: another job's is open "
@@ -56,29 +58,40 @@ class Completion:
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
         self._open = True
+        lost: BaseException | None = None
         try:
             yield cur
-            if not complete(cur, job, self.token, self.keep, multi=True, result=self._result(job, result)):
-                raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
-                                       "the transaction was rolled back")
+            rides = session.pipeline.commit_rides_along
+            params = completion_params(job, self.token, self._result(job, result))
+            statements = [Q["complete_attempt"], Q["complete_keep" if self.keep else "complete_delete"],
+                          Q["complete_guard"]]
+            query = ";\n".join([cur.mogrify(sql, params) for sql in statements] + (["COMMIT"] if rides else []))
+            conn_id, sent_at = session.connection_id, time.monotonic()
+            try:
+                cur.execute(query)
+                while cur.nextset():
+                    pass
+                if not rides:
+                    conn.commit()
+            except MySQLdb.Error as e:
+                if error_code(e) == GUARD_FAILED:
+                    raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
+                                           "the transaction was rolled back") from None
+                if not is_connection_lost(e):
+                    raise
+                lost = e  # during the query that carries the COMMIT: its outcome is unknown
         except BaseException as e:
             session.rollback_after(e)
             raise
         finally:
             _close(cur)
             self._open = False
-        conn_id, sent_at = session.connection_id, time.monotonic()
-        try:
-            conn.commit()
-        except MySQLdb.Error as e:
-            if not is_connection_lost(e):
-                session.rollback_after(e)
-                raise
+        if lost is not None:
             session.discard()
-            if not self._landed_after_loss(job, conn_id, sent_at, e):
+            if not self._landed_after_loss(job, conn_id, sent_at, lost):
                 raise errors.TransientDBError(
                     f"job {job.id}: connection lost during the COMMIT of its transaction "
-                    f"({describe(e)}), which did not land: nothing was stored, the job runs again") from None
+                    f"({describe(lost)}), which did not land: nothing was stored, the job runs again") from None
         job._completed = "committed"
 
     def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, lost: BaseException) -> bool:
@@ -109,7 +122,7 @@ class Completion:
         _not_completed(job)
         cur = conn.cursor()
         try:
-            ok = complete(cur, job, self.token, self.keep, multi=False, result=self._result(job, result))
+            ok = complete(cur, job, self.token, self.keep, result=self._result(job, result))
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             from notifyq.store.inserts import caller_error  # here: a consumer's start need not load it
 
@@ -155,18 +168,20 @@ class Completion:
                                 what="check completions")
 
 
-def complete(cur, job: Job, token: int, keep: bool, multi: bool, result: str | None = None) -> bool:
-    """The completion's two statements on `cur`, in its transaction; True when the claim still
-    held the job. multi: one round trip (a multi-statement query; notifyq's own sessions)."""
+GUARD_FAILED = 1242  # complete_guard's subquery returned two rows: the claim was taken back
+
+
+def completion_params(job: Job, token: int, result: str | None) -> dict[str, Any]:
     started = job._started if job._started is not None else time.monotonic()
-    params = {"id": job.id, "token": token, "attempt": job.attempts, "host": queries.HOST,
-              "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
-    statements = [Q["complete_attempt"], Q["complete_keep" if keep else "complete_delete"]]
-    if multi:
-        cur.execute(";\n".join(cur.mogrify(sql, params) for sql in statements))
-        cur.nextset()
-        return cur.rowcount == 1
-    for sql in statements:
+    return {"id": job.id, "token": token, "attempt": job.attempts, "host": queries.HOST,
+            "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
+
+
+def complete(cur, job: Job, token: int, keep: bool, result: str | None = None) -> bool:
+    """The completion's two statements on a caller's cursor, in its transaction (one at a time:
+    its connection may not take multi-statement queries); True when the claim still held the job."""
+    params = completion_params(job, token, result)
+    for sql in (Q["complete_attempt"], Q["complete_keep" if keep else "complete_delete"]):
         cur.execute(sql, params)
     return cur.rowcount == 1
 

@@ -164,28 +164,31 @@ class _nothing:
         return False
 
 
-def _commit_then_lose_reply(conn):
-    """The COMMIT lands, and its reply is lost (the connection dies right after)."""
-    real = conn.commit
+def _commit_then_lose_reply(cur):
+    """The completion's query (its COMMIT last) lands, and its reply is lost: the connection
+    dies right after."""
+    real = cur.execute
 
-    def commit():
-        real()
-        conn.close()
+    def execute(query, args=None):
+        real(query, args)
+        while cur.nextset():
+            pass
+        cur.connection.close()
         raise MySQLdb.OperationalError(2013, "Lost connection to server during query")
 
-    conn.commit = commit
+    cur.execute = execute
 
 
-def _lose_connection_before_commit(db, conn):
-    """The connection is killed on the server before its COMMIT arrives: nothing lands."""
-    real = conn.commit
-    conn_id = conn.thread_id()
+def _lose_connection_before_commit(db, cur):
+    """The connection is killed on the server before the completion's query arrives: nothing lands."""
+    real = cur.execute
+    conn_id = cur.connection.thread_id()
 
-    def commit():
+    def execute(query, args=None):
         db.query(f"KILL CONNECTION {int(conn_id)}")
-        real()
+        real(query, args)
 
-    conn.commit = commit
+    cur.execute = execute
 
 
 @pytest.mark.parametrize("landed", [True, False])
@@ -201,9 +204,9 @@ def test_a_commit_whose_reply_is_lost_is_found_out_and_never_reported_as_stored_
                 charge(job, cur)
                 if job.attempts == 1:
                     if landed:
-                        _commit_then_lose_reply(cur.connection)
+                        _commit_then_lose_reply(cur)
                     else:
-                        _lose_connection_before_commit(db, cur.connection)
+                        _lose_connection_before_commit(db, cur)
         except notifyq.NotifyqError as e:
             results.append(type(e).__name__)
             raise

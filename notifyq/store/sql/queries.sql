@@ -271,6 +271,16 @@ DELETE FROM nq_job WHERE id = %(id)s AND claim_token = %(token)s AND attempts = 
 UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6), lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
 
+-- complete_guard --
+-- job.transaction(): sent after complete_attempt and the completion, with the COMMIT in the same
+-- query, one round trip. If the claim was taken back (no completion record of this claim: the
+-- fenced statements matched nothing) the subquery has two rows and the statement fails (1242);
+-- the server runs nothing after an error in a multi-statement query, so the COMMIT never runs
+-- and the caller rolls back (ClaimLost). A SELECT, not a DO: MariaDB's DO did not evaluate it.
+SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL
+        WHERE NOT EXISTS (SELECT 1 FROM nq_attempt
+                          WHERE job_id = %(id)s AND claim_token = %(token)s AND outcome = 'done'))
+
 -- completions_landed --
 -- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
 -- lost, and after a handler that completed its job on its own connection (job.complete_in).
