@@ -251,7 +251,7 @@ class Worker:
             if batch.extend_due():
                 self._extend(batch)
 
-        completion = Completion(self.work, token, self.qc.keep_done, self.qc.keeps_results)  # job.transaction(), cancel checks
+        completion = Completion(self.work, token, self.qc.keep_done, self.qc.keeps_results, batch.owner)  # job.transaction(), cancel checks
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
@@ -400,7 +400,7 @@ class Worker:
         old, self.work = self.work, Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
         runner.abandon(old.close)  # the stray call keeps the old session until it returns
         self._runner = None
-        fresh = Completion(self.work, batch.token, self.qc.keep_done, self.qc.keeps_results)
+        fresh = Completion(self.work, batch.token, self.qc.keep_done, self.qc.keeps_results, batch.owner)
         for job in batch.jobs[batch.started:]:
             job._completion = fresh
         for job in jobs:

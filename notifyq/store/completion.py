@@ -1,12 +1,12 @@
 """A job completed in the handler's own transaction: its writes and the completion commit
 together or not at all (job.transaction(), job.complete_in(conn)).
 
-The completion is two statements at the end of that transaction: the attempt's record
-(complete_attempt, whose row is the proof the completion landed) and the completion itself
-(complete_delete or complete_keep), both fenced by the claim: its token, its attempt, and the
-job still claimed. A claim taken back meanwhile (the lease ran out, the consumer was judged
-dead, a reaper moved in) matches no row: the transaction is rolled back and ClaimLost raised, so
-a stale run's writes never land. Once the completion committed, the worker does not ack the job.
+The completion is statements at the end of that transaction: the completion itself
+(complete_delete or complete_keep), fenced by the claim (its token, its attempt, the job still
+claimed), a guard that fails when it changed no row, and the attempt's record (complete_record,
+whose row is the proof the completion landed); with the COMMIT, one query. A claim taken back
+meanwhile (the lease ran out, the consumer was judged dead, a reaper moved in) matches no row:
+the transaction is rolled back and ClaimLost raised, so a stale run's writes never land. Once the completion committed, the worker does not ack the job.
 
 A COMMIT whose reply is lost (KILL, a server restart) has an unknown outcome. The completion's
 record says which: on a new connection, once the old one is gone for sure (ended and waited
@@ -39,8 +39,9 @@ class Completion:
     """What a claimed job needs to complete itself: the worker's work session (idle while the
     handler runs, on the handler's own thread) and the claim."""
 
-    def __init__(self, session: Session, token: int, keep: bool, keep_results: bool = False):
+    def __init__(self, session: Session, token: int, keep: bool, keep_results: bool = False, owner: str = ""):
         self.session, self.token, self.keep, self.keep_results = session, token, keep, keep_results
+        self.owner = owner or None  # the consumer id the claim was made under (the record's consumer)
         self._open = False  # a transaction() is open on the session (one at a time)
 
     def _result(self, job: Job, value: Any) -> str | None:
@@ -62,10 +63,11 @@ class Completion:
         try:
             yield cur
             rides = session.pipeline.commit_rides_along
-            params = completion_params(job, self.token, self._result(job, result))
-            statements = [Q["complete_attempt"], Q["complete_keep" if self.keep else "complete_delete"],
-                          Q["complete_guard"]]
-            query = ";\n".join([cur.mogrify(sql, params) for sql in statements] + (["COMMIT"] if rides else []))
+            params = completion_params(job, self.token, self.owner, self._result(job, result))
+            statements = [Q["complete_keep" if self.keep else "complete_delete"], Q["complete_guard"],
+                          Q["complete_record"]]
+            # One mogrify for the three (each param rendered once), then the COMMIT
+            query = cur.mogrify(";\n".join(statements), params) + (";\nCOMMIT" if rides else "")
             conn_id, sent_at = session.connection_id, time.monotonic()
             try:
                 cur.execute(query)
@@ -122,7 +124,7 @@ class Completion:
         _not_completed(job)
         cur = conn.cursor()
         try:
-            ok = complete(cur, job, self.token, self.keep, result=self._result(job, result))
+            ok = complete(cur, job, self.token, self.keep, self.owner, self._result(job, result))
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             from notifyq.store.inserts import caller_error  # here: a consumer's start need not load it
 
@@ -171,19 +173,23 @@ class Completion:
 GUARD_FAILED = 1242  # complete_guard's subquery returned two rows: the claim was taken back
 
 
-def completion_params(job: Job, token: int, result: str | None) -> dict[str, Any]:
+def completion_params(job: Job, token: int, owner: str | None, result: str | None) -> dict[str, Any]:
     started = job._started if job._started is not None else time.monotonic()
-    return {"id": job.id, "token": token, "attempt": job.attempts, "host": queries.HOST,
-            "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
+    return {"id": job.id, "token": token, "attempt": job.attempts, "queue": job.queue, "owner": owner,
+            "host": queries.HOST, "started_age_us": queries.microseconds(time.monotonic() - started),
+            "result": result}
 
 
-def complete(cur, job: Job, token: int, keep: bool, result: str | None = None) -> bool:
-    """The completion's two statements on a caller's cursor, in its transaction (one at a time:
-    its connection may not take multi-statement queries); True when the claim still held the job."""
-    params = completion_params(job, token, result)
-    for sql in (Q["complete_attempt"], Q["complete_keep" if keep else "complete_delete"]):
-        cur.execute(sql, params)
-    return cur.rowcount == 1
+def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: str | None = None) -> bool:
+    """The completion and its record on a caller's cursor, in its transaction (one statement at
+    a time: its connection may not take multi-statement queries); True when the claim still held
+    the job (the record is written only then)."""
+    params = completion_params(job, token, owner, result)
+    cur.execute(Q["complete_keep" if keep else "complete_delete"], params)
+    if cur.rowcount != 1:
+        return False
+    cur.execute(Q["complete_record"], params)
+    return True
 
 
 def landed(cur, ids: list[int], token: int) -> set[int]:

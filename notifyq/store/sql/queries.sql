@@ -249,22 +249,11 @@ FOR UPDATE
 -- and below go (only sent when there are some).
 DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
 
--- complete_attempt --
--- job.transaction() / job.complete_in(): the completion's record, in the handler's own
--- transaction, fenced by the claim (its token, its attempt, still claimed). Its row is how a
--- COMMIT whose reply was lost is found out to have landed (completions_landed). Times are
--- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything.
-INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
-                        result)
-SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
-       UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND, UTC_TIMESTAMP(6), %(result)s
-FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
-FOR UPDATE
-
 -- complete_delete --
--- The completion itself, after complete_attempt in the same transaction: its row count (1, or
--- 0 when the claim was taken back) decides between COMMIT and ClaimLost.
+-- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
+-- fenced by the claim (its token, its attempt, still claimed). Its row count (1, or 0 when the
+-- claim was taken back) decides between COMMIT and ClaimLost (complete_guard, or the caller's
+-- check of the row count on a caller's connection).
 DELETE FROM nq_job WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
 
 -- complete_keep --
@@ -272,14 +261,23 @@ UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6), lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
 
 -- complete_guard --
--- job.transaction(): sent after complete_attempt and the completion, with the COMMIT in the same
--- query, one round trip. If the claim was taken back (no completion record of this claim: the
--- fenced statements matched nothing) the subquery has two rows and the statement fails (1242);
--- the server runs nothing after an error in a multi-statement query, so the COMMIT never runs
--- and the caller rolls back (ClaimLost). A SELECT, not a DO: MariaDB's DO did not evaluate it.
-SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL
-        WHERE NOT EXISTS (SELECT 1 FROM nq_attempt
-                          WHERE job_id = %(id)s AND claim_token = %(token)s AND outcome = 'done'))
+-- job.transaction(): right after the completion, in the same query as it and the COMMIT (one
+-- round trip). If the completion changed no row (the claim was taken back) the subquery has two
+-- rows and the statement fails (1242); the server runs nothing after an error in a
+-- multi-statement query, so the COMMIT never runs and the caller rolls back (ClaimLost).
+-- ROW_COUNT() is the completion's (the statement before). A SELECT: MariaDB's DO did not
+-- evaluate the subquery.
+SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1)
+
+-- complete_record --
+-- The completion's attempt record, after the completion in the same transaction (only once the
+-- claim held: complete_guard, or the caller's row count): the proof, after a COMMIT whose reply
+-- was lost, that it landed (completions_landed). Values the worker knows: no read of nq_job.
+-- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
+                        result)
+VALUES (%(id)s, %(token)s, %(attempt)s, %(queue)s, 'done', %(owner)s, %(host)s,
+        UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND, UTC_TIMESTAMP(6), %(result)s)
 
 -- completions_landed --
 -- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
