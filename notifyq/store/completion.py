@@ -105,7 +105,13 @@ class Completion:
         def ask(cur) -> bool:
             if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
                 queries.end_connection(cur, conn_id)
-            return bool(landed(cur, [job.id], self.token))
+            if session.galera:  # this node first applies every write set the cluster committed
+                cur.execute(Q["wsrep_sync_wait"], {"level": 1})
+            try:
+                return bool(landed(cur, [job.id], self.token))
+            finally:
+                if session.galera:
+                    cur.execute(Q["wsrep_sync_wait"], {"level": 0})
 
         try:
             stored = session.run(ask, what="check a completion's COMMIT")

@@ -279,6 +279,11 @@ INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, 
 VALUES (%(id)s, %(token)s, %(attempt)s, %(queue)s, 'done', %(owner)s, %(host)s,
         UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND, UTC_TIMESTAMP(6), %(result)s)
 
+-- wsrep_sync_wait --
+-- On a Galera node, before asking whether a lost COMMIT landed: 1 makes the node apply every
+-- write set the cluster committed before the read; 0 puts it back.
+SET SESSION wsrep_sync_wait = %(level)s
+
 -- completions_landed --
 -- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
 -- lost, and after a handler that completed its job on its own connection (job.complete_in).
