@@ -60,8 +60,9 @@ class HandlerError(NotifyqError):
 
 
 class JobFailed(NotifyqError):
-    """What an on_failure hook gets for a job that failed without a Python exception: a command's
-    non-zero exit, or job.fail() in a batch handler. str() is the job's error."""
+    """A job failed, where no Python exception says so: what an on_failure hook gets for a
+    command's non-zero exit or job.fail() in a batch handler, and what Producer.result() raises
+    for a job that ended dead. str() is the job's error."""
 
 
 class OutcomeUnknown(NotifyqError):
@@ -78,10 +79,6 @@ class ClaimLost(NotifyqError):
     """job.transaction() / job.complete_in(): the claim was taken back (its lease ran out, or
     its consumer was judged dead) before the job's completion could commit. The transaction is
     rolled back: none of the handler's writes in it are stored, and the job is someone else's."""
-
-
-class JobFailed(NotifyqError):
-    """Producer.result(): the job ended dead; its last error is in the message."""
 
 
 class ResultPending(NotifyqError):

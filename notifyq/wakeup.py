@@ -54,7 +54,7 @@ also holds the process's liveness lock). Session.run reconnects (tenacity) and r
 statement, so after every statement the Waiter compares the session's generation and, if it
 changed, gives up its turn: the worker re-registers (takes its liveness lock back, or a new
 one) before it waits or claims again. A producer's bell session raises its own
-wait_timeout (queries.hold_session): it sits idle while the producer waits for input, and an
+wait_timeout (advisory.hold_session): it sits idle while the producer waits for input, and an
 idle-timeout disconnect would drop the bell. The watcher session that holds a consumer's liveness lock has
 a short one instead (consumer.session_idle_s), kept alive while its workers are busy
 (consume/presence.py), so that the liveness lock of a host that vanished is freed soon.
@@ -74,7 +74,7 @@ from typing import Any
 
 from notifyq import errors
 from notifyq.config import WakeupConfig
-from notifyq.store import bells, queries
+from notifyq.store import advisory, bells
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
@@ -126,13 +126,13 @@ class Waiter:
     def acquire_watch(self) -> bool:
         """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
         generation = self.session.generation
-        got = queries.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
+        got = advisory.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock may have gone with the old connection,
             # so we must not claim yet. Give the turn back; the worker re-registers and queues again.
             if got == 1:
-                queries.release_lock(self.session, self.locks.watch)
+                advisory.release_lock(self.session, self.locks.watch)
             self.watching = False
             return False
         self.watching = got == 1
@@ -162,9 +162,9 @@ class Waiter:
         if self.watching:
             self.watching = False
             if wait:
-                queries.release_lock(self.session, self.locks.watch)
+                advisory.release_lock(self.session, self.locks.watch)
             else:
-                queries.hand_watch_on(self.session, self.locks.watch, self.queue)
+                advisory.hand_watch_on(self.session, self.locks.watch, self.queue)
 
     # -------------------------------------------------------- waiting for work
 
@@ -313,7 +313,7 @@ class Bell:
         if time.monotonic() < self._retry_arm_at:
             return False
         try:
-            if queries.get_lock(self.session, self.locks.ringer, 0) != 1:
+            if advisory.get_lock(self.session, self.locks.ringer, 0) != 1:
                 # Another producer rings this queue's bells. Ask again in a while, not on every
                 # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
                 self._retry_arm_at = time.monotonic() + ARM_RETRY_S
@@ -324,11 +324,11 @@ class Bell:
                              "else their poll finds its jobs, within wakeup.poll_max_s queue=%s", self.queue)
                 return False
             self._generation = self.session.generation
-            queries.hold_session(self.session)
+            advisory.hold_session(self.session)
             # Either bell will do: a watcher chooses the one it sees held. One is busy only for
             # the instant a watcher's statement holds a grant.
             for bell, wait_s in ((0, 0), (1, 0), (0, 5)):
-                if queries.get_lock(self.session, self.locks.bells[bell], wait_s) == 1:
+                if advisory.get_lock(self.session, self.locks.bells[bell], wait_s) == 1:
                     self.held = bell
                     break
             else:
@@ -420,7 +420,7 @@ class Bell:
         names = ([self.locks.bells[self.held]] if self.held is not None else list(self.locks.bells))
         for name in (*names, self.locks.ringer):
             try:
-                queries.release_lock(self.session, name)
+                advisory.release_lock(self.session, name)
             except Exception:  # closing anyway; the server frees them with the session
                 pass
         self.held = None

@@ -18,6 +18,7 @@ from notifyq.consume.batch import Batch
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
+from notifyq.store import results as kept
 from notifyq.store.completion import Completion
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -57,7 +58,7 @@ class Outcomes:
         ok = [j for j in jobs if j.error is None and j._snooze_s is None]
         if not ok:
             return None
-        results = [queries.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None
+        results = [kept.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
                             [j._started if j._started is not None else 0.0 for j in ok],
                             [j._ended if j._ended is not None else 0.0 for j in ok], results)
@@ -77,7 +78,7 @@ class Outcomes:
         for job in jobs:
             if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
                 self.stats.succeeded += 1
-                text = queries.result_text(job._result, job.id) if self.qc.keeps_results else None
+                text = kept.result_text(job._result, job.id) if self.qc.keeps_results else None
                 if text is not None:
                     results.append((job.id, text))
                 if job.error is not None:
@@ -90,7 +91,7 @@ class Outcomes:
                     job.fail("job.complete_in(): the transaction that completes the job did not commit")
             rest.append(job)
         try:  # the value returned after the completion committed: written right after it
-            queries.keep_results(session, token, results)
+            kept.keep_results(session, token, results)
         except errors.NotifyqError as e:
             log.warning("could not keep results of completed jobs queue=%s n=%d error=%s", self.queue, len(results), e)
         return rest

@@ -41,7 +41,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.jobs import Status
 from notifyq.ops import admin
-from notifyq.store import admin_queries, dedup, queries
+from notifyq.store import admin_queries, advisory, dedup
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
@@ -231,7 +231,7 @@ class Scheduler:
         if self._lock is None or now < self._next_keepalive or not any(s.leader for s in self.state.values()):
             return
         self._next_keepalive = now + self._lock.idle_timeout_s / 4  # as opened: a reload cannot change it
-        queries.keep_alive(self._lock)
+        advisory.keep_alive(self._lock)
 
     def _tick_queue(self, queue: str, state: QueueState) -> None:
         now = time.monotonic()
@@ -253,7 +253,7 @@ class Scheduler:
         session = self._lock_session()
         if self._use_locks:
             try:
-                if queries.get_lock(session, QueueLocks(self.config.dsn.database, queue).periodic, 0) != 1:
+                if advisory.get_lock(session, QueueLocks(self.config.dsn.database, queue).periodic, 0) != 1:
                     return False
             except DriverError as e:
                 if not locks_unavailable(e):
@@ -273,7 +273,7 @@ class Scheduler:
         if not self._use_locks:
             return True
         session = self._lock_session()
-        holder = queries.lock_holder(session, QueueLocks(self.config.dsn.database, queue).periodic)
+        holder = advisory.lock_holder(session, QueueLocks(self.config.dsn.database, queue).periodic)
         if holder is not None and holder == session.connection_id and session.generation == state.generation:
             return True
         log.warning("periodic leadership lost queue=%s", queue)

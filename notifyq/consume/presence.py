@@ -19,7 +19,7 @@ stalled process (SIGSTOP) is judged the same way. In polling mode, and on a Gale
 locks reapers on other nodes cannot see, liveness.py), a heartbeat (heartbeat.py) beats too.
 The home session never leaves a connection that works: not to follow the process's other
 sessions to a new Galera writer (Session.follows_writer), nor after a failed watch hand-on
-(queries.hand_watch_on): a reaper on its node would read the freed lock as a death.
+(advisory.hand_watch_on): a reaper on its node would read the freed lock as a death.
 
 Trust rules: the lock is taken before the row is written. When the home session reconnected
 (a server restart, a KILL), the process first tries to take its old lock back without waiting:
@@ -42,7 +42,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
-from notifyq.store import liveness, locks, queries, schema
+from notifyq.store import advisory, liveness, locks, schema
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.wakeup import Waiter
@@ -151,7 +151,7 @@ class Presence:
                 return self.consumer_id
             # Asked on the work session: no need to wait for the home seat.
             asked_at = time.monotonic()
-            if queries.lock_holder(work, self._lock_name()) == self.session.connection_id:
+            if advisory.lock_holder(work, self._lock_name()) == self.session.connection_id:
                 self._lock_seen_at = asked_at
                 return self.consumer_id
         while not seated:
@@ -163,7 +163,7 @@ class Presence:
                 return self.consumer_id  # someone else (re-)registered meanwhile
         try:
             if work is not None and self.consumer_id and self.use_locks:
-                queries.lock_holder(self.session, self._lock_name())  # a dead connection reconnects
+                advisory.lock_holder(self.session, self._lock_name())  # a dead connection reconnects
             self._check()
         finally:
             if not seated:
@@ -230,14 +230,14 @@ class Presence:
             except (errors.SchemaError, errors.UnsupportedServer) as e:
                 raise type(e)(f"shard {self.unchecked_shard}: {e}") from None
             self.unchecked_shard = None
-        if old_id and queries.get_lock(self.session, self._lock_name(old_id), 0) == 1:
+        if old_id and advisory.get_lock(self.session, self._lock_name(old_id), 0) == 1:
             self.consumer_id = old_id
         else:
             self.consumer_id = os.urandom(16).hex()  # as random as uuid4, without its import
             old_id = None
         if self.use_locks and old_id is None:
             try:
-                if queries.get_lock(self.session, self._lock_name(), 5) != 1:
+                if advisory.get_lock(self.session, self._lock_name(), 5) != 1:
                     raise RuntimeError("could not take a fresh liveness lock")
             except DriverError as e:
                 if not locks_unavailable(e):
@@ -270,7 +270,7 @@ class Presence:
             if not self.home.seat(self, 0):
                 continue  # a worker has the session: its own statements keep it alive
             try:
-                queries.keep_alive(self.session)
+                advisory.keep_alive(self.session)
                 self._check()  # a reconnect: take the old lock back at once
             except Exception as e:  # the next turn (or a worker's next claim) tries again
                 log.warning("liveness session keepalive failed error=%s", e)
@@ -361,7 +361,7 @@ class Presence:
             conn_id = watcher.session.connection_id
             if conn_id and watcher.session.connected:  # (a shard that is down: nothing waits there)
                 try:
-                    queries.kill_query(killer, conn_id)
+                    advisory.kill_query(killer, conn_id)
                 except Exception as e:  # best effort: the wait ends by its own timeout anyway
                     log.debug("could not interrupt watcher=%s error=%s", watcher.session.name, e)
 

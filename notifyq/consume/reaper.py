@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from notifyq.config import DSN
-from notifyq.store import liveness, locks, queries
+from notifyq.store import advisory, liveness, locks
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.reaper")
@@ -79,7 +79,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
     consumers' running jobs back. One that died since the start, or before it but has not come
     back within the grace, is judged as ever; expired leases need no liveness session."""
     name = locks.reaper_lock(database)
-    if use_locks and queries.get_lock(session, name, 0) != 1:
+    if use_locks and advisory.get_lock(session, name, 0) != 1:
         return None
     result = ReapResult()
     try:
@@ -91,7 +91,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
                     n = liveness.reclaim_owner(session, consumer_id, queues, lock_name=lock_name,
                                               restart_grace_s=restart_grace_s)
                 finally:
-                    queries.release_lock(session, lock_name)
+                    advisory.release_lock(session, lock_name)
                 _count(result, consumer_id, queues, n, "consumer died")
         for consumer_id, queues in liveness.stale_consumers(session, restart_grace_s) if judge_silence else ():
             if consumer_id == own_id:
@@ -103,7 +103,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
     finally:
         if use_locks:
-            queries.release_lock(session, name)
+            advisory.release_lock(session, name)
     return result
 
 

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from notifyq import errors
-from notifyq.store import bells, queries
+from notifyq.store import advisory, bells
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
@@ -79,7 +79,7 @@ class Interrupter:
             return
         self.looks += 1
         try:
-            session.run(lambda cur: self._act(session, cur, *queries.lock_holder_and_me(cur, self.locks.watch)),
+            session.run(lambda cur: self._act(session, cur, *advisory.lock_holder_and_me(cur, self.locks.watch)),
                         what="instant wake")
         except DriverError as e:
             if locks_unavailable(e):

@@ -18,7 +18,8 @@ from notifyq.store.db import Session
 from notifyq.store.driver import QUERY_INTERRUPTED, error_code
 from notifyq.store.locks import QueueLocks
 from notifyq.store.liveness import POLLING_STALE_S
-from notifyq.store.queries import ensure_queue, lock_wait_s, microseconds
+from notifyq.store.advisory import lock_wait_s
+from notifyq.store.queries import ensure_queue, microseconds
 from notifyq.store.sql import QUERIES as Q
 
 RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant

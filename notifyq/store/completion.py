@@ -27,7 +27,8 @@ import MySQLdb
 
 from notifyq import errors
 from notifyq.jobs import Job
-from notifyq.store import queries
+from notifyq.store import advisory, queries
+from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
 from notifyq.store.sql import QUERIES as Q
@@ -45,7 +46,7 @@ class Completion:
         self._open = False  # a transaction() is open on the session (one at a time)
 
     def _result(self, job: Job, value: Any) -> str | None:
-        return queries.result_text(value, job.id) if self.keep_results else None
+        return kept.result_text(value, job.id) if self.keep_results else None
 
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
@@ -104,7 +105,7 @@ class Completion:
 
         def ask(cur) -> bool:
             if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
-                queries.end_connection(cur, conn_id)
+                advisory.end_connection(cur, conn_id)
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})
             try:

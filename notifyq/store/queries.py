@@ -11,7 +11,6 @@ Session own their transaction and retry it whole.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import time
@@ -22,7 +21,7 @@ import MySQLdb
 
 from notifyq.jobs import Job
 from notifyq.store.db import Session
-from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, Ids, IntList, error_code
+from notifyq.store.driver import Ids, IntList, error_code
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -39,7 +38,6 @@ ERROR_MAX_BYTES = 65535
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
-RESULT_MAX_BYTES = 65536  # a handler's return value kept (JSON, UTF-8); a larger one is not kept
 HOST = os.uname().nodename[:255]  # where an attempt ran, in its record (gethostname without socket)
 
 
@@ -104,37 +102,6 @@ class Acks:
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
         return out
-
-
-def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -> None:
-    """Results of jobs whose completion committed already (job.transaction() in the handler,
-    which then returned its value): onto their records, in one round trip."""
-    if not results:
-        return
-
-    def body(cur) -> None:
-        session.pipeline.commit_with(cur, [(Q["attempt_result"], {"id": job_id, "token": token, "result": text})
-                                           for job_id, text in results])
-
-    session.run(body, what="keep results")
-
-
-def result_text(value: Any, job_id: int) -> str | None:
-    """A handler's return value as kept: JSON of at most RESULT_MAX_BYTES; None (and a warning)
-    for one that is not JSON or too large: the job is done all the same."""
-    if value is None:
-        return None
-    import json  # here: only a queue that keeps results pays for it
-
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        log.warning("a handler's result is not JSON: not kept job=%d error=%s", job_id, e)
-        return None
-    if len(text.encode("utf-8", "replace")) > RESULT_MAX_BYTES:
-        log.warning("a handler's result is over %d bytes: not kept job=%d", RESULT_MAX_BYTES, job_id)
-        return None
-    return error_text(text, RESULT_MAX_BYTES)
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
@@ -410,7 +377,7 @@ def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -
     return session.run(body, what="extend lease")
 
 
-# ---------------------------------------------------------------- advisory locks (lock session)
+# ---------------------------------------------------------------- one value, and pause
 
 def one_value(session: Session, name: str, params: dict[str, Any], what: str) -> Any:
     def body(cur):
@@ -419,58 +386,6 @@ def one_value(session: Session, name: str, params: dict[str, Any], what: str) ->
         return row[0] if row else None
 
     return session.run(body, what=what)
-
-
-def lock_wait_s(session: Session, wait_s: float) -> float:
-    """A GET_LOCK timeout the server keeps. Never negative (a negative one waits forever).
-    MariaDB keeps a fraction; MySQL rounds the timeout to whole seconds, so a wait under half a
-    second would return at once and an idle watcher would spin at round-trip rate: there it
-    waits whole seconds, rounded up (a grant still ends the wait at once; only a timeout, a
-    poll's turn, comes later, by under a second)."""
-    wait_s = max(0.0, wait_s)
-    if wait_s and "mariadb" not in session.server_version.lower():
-        return float(math.ceil(wait_s))
-    return wait_s
-
-
-def get_lock(session: Session, name: str, wait_s: float) -> int | None:
-    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error."""
-    def body(cur) -> int | None:
-        try:
-            cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(session, wait_s)})
-        except DriverError as e:
-            if error_code(e) != QUERY_INTERRUPTED:
-                raise
-            # MySQL answers a KILL QUERY in GET_LOCK with error 1317 (MariaDB returns NULL):
-            # the interruption the caller asked for (a stop), not an error to run again.
-            return None
-        row = cur.fetchone()
-        return row[0] if row else None
-
-    return session.run(body, what="get_lock")
-
-
-def release_lock(session: Session, name: str) -> int | None:
-    return one_value(session, "release_lock", {"name": name}, "release_lock")
-
-
-def hand_watch_on(session: Session, name: str, queue: str) -> None:
-    """Release the watch lock once the claim's COMMIT is done, without waiting for either
-    (Pipeline.send_later; the statement says how). If its share lock fails, the lock is released
-    anyway: the session may hold the process's liveness lock, which a reconnect would free."""
-    session.pipeline.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
-
-
-def lock_holder(session: Session, name: str) -> int | None:
-    """The connection id holding `name`, or None."""
-    return one_value(session, "lock_holder", {"name": name}, "lock_holder")
-
-
-def lock_holder_and_me(cur, name: str) -> tuple[int | None, int]:
-    """(the connection id holding `name` or None, this session's id as the server knows it)."""
-    cur.execute(Q["lock_holder_and_me"], {"name": name})
-    holder, me = cur.fetchone()
-    return holder, int(me)
 
 
 END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
@@ -496,33 +411,6 @@ def end_connection(cur, conn_id: int) -> bool:
             return False
         time.sleep(delay)  # a rare recovery path: the killed thread ends within milliseconds
         delay = min(delay * 2, 0.5)
-
-
-def kill_query(session: Session, conn_id: int) -> bool:
-    """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
-    return kill_query_on(session.conn.cursor(), conn_id)
-
-
-def kill_query_on(cur, conn_id: int) -> bool:
-    try:
-        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
-        return True
-    except MySQLdb.Error as e:
-        if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake
-            return False
-        raise
-
-
-HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input
-
-
-def hold_session(session: Session) -> None:
-    session.run(lambda cur: cur.execute(Q["hold_session"], {"wait_s": HOLD_SESSION_S}),
-                what="hold session")
-
-
-def keep_alive(session: Session) -> None:
-    session.run(lambda cur: cur.execute(Q["keep_alive"]), what="keepalive")
 
 
 def set_paused(session: Session, queue: str, paused: bool) -> bool:

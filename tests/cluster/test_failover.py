@@ -21,7 +21,7 @@ from conftest import REPO, notifyq_cmd, run_cli, wait_until
 from notifyq.dsn import DSN
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
-from notifyq.store import liveness, locks, queries
+from notifyq.store import advisory, liveness, locks
 from notifyq.store import writer as store_writer
 from notifyq.store.db import Session
 
@@ -97,7 +97,7 @@ def test_a_session_holding_a_liveness_lock_keeps_its_working_connection_when_the
     admin = cluster.node(1).connect()
     try:
         # Given the home session on node 1 holding a liveness lock, and the process's work session
-        assert queries.get_lock(home, lock_name, 0) == 1 and _port_of(home) == cluster.node(1).port
+        assert advisory.get_lock(home, lock_name, 0) == 1 and _port_of(home) == cluster.node(1).port
         held_by = home.connection_id
         work.connect()
         # When node 1 falls out of sync (desynced: it still answers) and the work session
@@ -107,7 +107,7 @@ def test_a_session_holding_a_liveness_lock_keeps_its_working_connection_when_the
         work.connect()
         assert _port_of(work) == cluster.node(2).port
         # Then the home session's next statements stay on node 1, where its lock is still held
-        assert queries.lock_holder(home, lock_name) == held_by
+        assert advisory.lock_holder(home, lock_name) == held_by
         assert _port_of(home) == cluster.node(1).port and home.generation == 1
         cur = admin.cursor()
         cur.execute("SELECT IS_USED_LOCK(%s)", (lock_name,))
@@ -154,7 +154,7 @@ def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node
     try:
         # Given a live consumer on node 2: its liveness lock held there (free as seen from node 1)
         live = ids["live on node 2"]
-        assert queries.get_lock(lock2, locks.consumer_lock(database, live), 0) == 1
+        assert advisory.get_lock(lock2, locks.consumer_lock(database, live), 0) == 1
         liveness.register_consumer(work2, live, locks.consumer_lock(database, live), "h", 1, [QUEUE], "locks",
                                    node=lock2.node)
         # And one registered on node 1 whose lock is free there and whose heartbeat stopped: dead
@@ -188,7 +188,7 @@ def test_a_reaper_judges_by_lock_only_the_consumers_whose_lock_lives_on_its_node
         assert work2.run(registered, what="t") == {live, back}
         # And the verdict inside the reclaim spares the reconnecting one too, however it was chosen
         assert liveness.reclaim_owner(reaper1, back, [QUEUE], lock_name=locks.consumer_lock(database, back)) is None
-        queries.release_lock(reaper1, locks.consumer_lock(database, back))
+        advisory.release_lock(reaper1, locks.consumer_lock(database, back))
     finally:
         work2.run(lambda cur: cur.execute("DELETE FROM nq_consumer"), what="t")
         for s in (lock2, work2, reaper1):

@@ -14,7 +14,7 @@ from notifyq.consume import worker as worker_module
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import advisory, queries
 from notifyq.store.db import Session
 
 OWNER, PEER = "a" * 32, "b" * 32
@@ -204,17 +204,17 @@ def test_a_failed_watch_hand_on_frees_the_watch_lock_and_keeps_the_session_and_i
     try:
         # Given the watcher session holding a liveness lock and the watch lock, whose row-lock
         # waits end after 1 s, and another transaction holding the queue's row
-        assert queries.get_lock(home, live, 0) == 1 and queries.get_lock(home, watch, 0) == 1
+        assert advisory.get_lock(home, live, 0) == 1 and advisory.get_lock(home, watch, 0) == 1
         home.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="t")
         generation, conn_id = home.generation, home.connection_id
         cur = blocker.cursor()
         cur.execute("BEGIN")
         cur.execute("SELECT 1 FROM nq_queue WHERE queue = 'q' FOR UPDATE")
         # When the watch is handed on and its share lock times out
-        queries.hand_watch_on(home, watch, "q")
+        advisory.hand_watch_on(home, watch, "q")
         # Then the session's next statement (which reads the hand-on's reply first, the timeout)
         # finds the same connection, still holding the liveness lock
-        assert queries.lock_holder(home, live) == conn_id and home.generation == generation
+        assert advisory.lock_holder(home, live) == conn_id and home.generation == generation
         # And the watch lock was released all the same
         assert db.query("SELECT IS_USED_LOCK(%s)", (watch,)) == [(None,)]
     finally:

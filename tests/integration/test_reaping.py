@@ -11,7 +11,7 @@ from conftest import wait_until
 
 from notifyq.consume import reaper
 from notifyq.produce.producer import Producer
-from notifyq.store import liveness, locks, queries
+from notifyq.store import advisory, liveness, locks, queries
 from notifyq.store.db import Session
 
 DEAD = "d" * 32
@@ -46,7 +46,7 @@ def _dead_consumer_holding(db, n: int) -> tuple[str, list[int]]:
         p.put_many([{"n": i} for i in range(n)])
     lock_name = locks.consumer_lock(cfg.dsn.database, DEAD)
     lock, work = Session(cfg.dsn, autocommit=True), Session(cfg.dsn)
-    assert queries.get_lock(lock, lock_name, 0) == 1
+    assert advisory.get_lock(lock, lock_name, 0) == 1
     liveness.register_consumer(work, DEAD, lock_name, "host", 1, ["q"], "locks")
     claim = queries.claim(work, "q", DEAD, n, 300)
     work.close()
@@ -68,7 +68,7 @@ def test_a_reaper_whose_session_reconnects_after_taking_a_dead_peers_lock_leaves
         wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(%s)", (lock_name,)) == 1, 10,
                    message="the reaper's hold on the lock gone")
         # ... and the peer reconnects and takes its own lock back (Presence._register(old_id))
-        assert queries.get_lock(came_back, lock_name, 0) == 1
+        assert advisory.get_lock(came_back, lock_name, 0) == 1
 
     _KillAfterLock.lock_name = lock_name
     _KillAfterLock.after_lock = reaper_session_drops_and_the_peer_takes_its_lock_back

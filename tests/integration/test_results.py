@@ -14,7 +14,7 @@ from notifyq.consume import handlers
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import results as results_store
 
 
 def test_a_kept_result_is_read_by_the_producer_and_shown_by_jobs_show(db):
@@ -86,7 +86,7 @@ def test_a_result_given_to_the_transaction_is_kept_with_the_completion(db, charg
 
 
 def test_a_result_over_the_size_bound_is_not_kept(db, monkeypatch):
-    monkeypatch.setattr(queries, "RESULT_MAX_BYTES", 100)
+    monkeypatch.setattr(results_store, "RESULT_MAX_BYTES", 100)
     [job_id] = put(db)
     drain(db, lambda job: "x" * 200, keep_done=True)
     with Producer("q", db.config()) as p:

@@ -23,7 +23,7 @@ from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import locks_unavailable
 from notifyq.store.locks import QueueLocks, lock_name
@@ -491,7 +491,7 @@ def test_instant_wake_refuses_to_kill_through_a_proxy_and_says_so_once(db, caplo
     locks = QueueLocks(db.dsn.database, Q)
     watcher = Session(db.dsn, autocommit=True, name="watcher")
     try:
-        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, cfg) as p:
             p.put({"n": 0})  # opens its session, and wakes (KILLs) nothing but a watcher
             session = p._session
@@ -620,7 +620,7 @@ def test_a_watcher_that_never_hands_on_is_overtaken_after_idle_wait(db):
     # without closing its connection looks exactly like this to the server)
     cfg = db.config(wakeup={"idle_wait_s": 1.0})
     ghost = Session(cfg.dsn, autocommit=True)
-    assert queries.get_lock(ghost, QueueLocks(cfg.dsn.database, "ghost").watch, 0) == 1
+    assert advisory.get_lock(ghost, QueueLocks(cfg.dsn.database, "ghost").watch, 0) == 1
     ran = []
     service = ConsumerService(cfg, ConsumeOptions(queues=("ghost",), function=lambda job: ran.append(job.id)))
     stop = threading.Event()

@@ -7,7 +7,7 @@ import dataclasses
 import threading
 import time
 
-from notifyq.store import queries
+from notifyq.store import advisory
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waiter
@@ -30,7 +30,7 @@ def test_a_consumer_queued_for_the_watch_lock_times_out_instead_of_reconnecting(
     cfg = db.config()
     watcher = Session(cfg.dsn, autocommit=True)
     waiter, session = _waiter(cfg)
-    assert queries.get_lock(watcher, waiter.locks.watch, 0) == 1
+    assert advisory.get_lock(watcher, waiter.locks.watch, 0) == 1
     generation = session.generation
     try:
         # When it waits for its turn
@@ -58,6 +58,6 @@ def test_the_watcher_keeps_its_connection_while_it_waits_for_work(db):
         # Then it comes back by its safety timeout on the same connection, still the watcher
         assert woke is True and waiter.wakeups["timeout"] == 1
         assert session.generation == generation
-        assert queries.lock_holder(session, waiter.locks.watch) == session.connection_id
+        assert advisory.lock_holder(session, waiter.locks.watch) == session.connection_id
     finally:
         session.close()

@@ -14,7 +14,7 @@ from conftest import RUNTIME_PASSWORD, admin_connect
 from test_wakeup import MARGIN_S, Q, Fleet, Recorder, _com_kill, put_and_time, wait_settled
 
 from notifyq.produce.producer import Producer
-from notifyq.store import queries, schema
+from notifyq.store import advisory, schema
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 
@@ -80,7 +80,7 @@ def test_a_producer_of_another_database_user_stops_interrupting_after_the_first_
     watcher = Session(cfg.dsn, autocommit=True, name="watcher")
     other = as_user(cfg, other_user)
     try:
-        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, other, ring=ring) as bell_holder, Producer(Q, other, ring=ring) as p:
             if ring:
                 bell_holder.put({"arms": True})  # the bell is taken: `p` is a second ringing producer
@@ -106,7 +106,7 @@ def test_instant_wake_true_keeps_trying_after_a_refusal_and_says_so_once(db, oth
     locks = QueueLocks(db.dsn.database, Q)
     watcher = Session(cfg.dsn, autocommit=True, name="watcher")
     try:
-        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, as_user(cfg, other_user)) as p, \
                 caplog.at_level("WARNING", logger="notifyq.producer"):
             # When it puts three times
@@ -126,7 +126,7 @@ def test_instant_wake_false_never_interrupts(db):
     locks = QueueLocks(db.dsn.database, Q)
     watcher = Session(cfg.dsn, autocommit=True, name="watcher")
     try:
-        assert queries.get_lock(watcher, locks.watch, 0) == 1
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
         with Producer(Q, cfg) as p:
             # When it puts
             p.put({"n": 0})

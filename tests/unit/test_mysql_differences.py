@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import MySQLdb
 
-from notifyq.store import queries
+from notifyq.store import advisory
 
 
 class _Server:
@@ -32,16 +32,16 @@ class _Server:
 
 def test_mariadb_keeps_a_fractional_lock_wait_and_mysql_waits_whole_seconds_rounded_up():
     mariadb, mysql = _Server("10.11.19-MariaDB-0+deb12u1"), _Server("8.0.40")
-    assert queries.lock_wait_s(mariadb, 0.005) == 0.005
-    assert queries.lock_wait_s(mysql, 0.005) == 1.0  # never 0: MySQL would return at once, a spin
-    assert queries.lock_wait_s(mysql, 1.2) == 2.0
-    assert queries.lock_wait_s(mysql, 0) == 0.0  # a try-lock stays one
-    assert queries.lock_wait_s(mariadb, -3) == queries.lock_wait_s(mysql, -3) == 0.0  # never "forever"
+    assert advisory.lock_wait_s(mariadb, 0.005) == 0.005
+    assert advisory.lock_wait_s(mysql, 0.005) == 1.0  # never 0: MySQL would return at once, a spin
+    assert advisory.lock_wait_s(mysql, 1.2) == 2.0
+    assert advisory.lock_wait_s(mysql, 0) == 0.0  # a try-lock stays one
+    assert advisory.lock_wait_s(mariadb, -3) == advisory.lock_wait_s(mysql, -3) == 0.0  # never "forever"
 
 
 def test_get_lock_sends_the_wait_its_server_keeps():
     mysql = _Server("8.4.3")
-    assert queries.get_lock(mysql, "nq:w", 0.3) == 1
+    assert advisory.get_lock(mysql, "nq:w", 0.3) == 1
     assert mysql.sent[0][1]["wait_s"] == 1.0
 
 
@@ -49,7 +49,7 @@ def test_a_kill_query_in_get_lock_is_an_interruption_on_mysql_too_not_an_error_t
     # MySQL answers KILL QUERY in GET_LOCK with NULL and error 1317 (MariaDB: NULL only); 1317
     # is in the rerun set, so without this the stop's KILL would be undone by a second GET_LOCK
     killed = _Server("8.0.40", MySQLdb.OperationalError(1317, "Query execution was interrupted"))
-    assert queries.get_lock(killed, "nq:w", 25) is None
+    assert advisory.get_lock(killed, "nq:w", 25) is None
     assert len(killed.sent) == 1
 
 

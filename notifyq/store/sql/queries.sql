@@ -492,7 +492,7 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
--- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (queries.lock_wait_s).
+-- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (advisory.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,

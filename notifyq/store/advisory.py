@@ -1,0 +1,92 @@
+"""Statements on advisory locks and on other sessions: GET_LOCK with a wait the server keeps,
+the watch lock's hand-on, who holds a lock, KILL QUERY / KILL CONNECTION of our own sessions,
+and the settings of a session that holds locks for long."""
+
+from __future__ import annotations
+
+import math
+
+import MySQLdb
+
+from notifyq.store.db import Session
+from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, error_code
+from notifyq.store.queries import one_value
+from notifyq.store.sql import QUERIES as Q
+
+def lock_wait_s(session: Session, wait_s: float) -> float:
+    """A GET_LOCK timeout the server keeps. Never negative (a negative one waits forever).
+    MariaDB keeps a fraction; MySQL rounds the timeout to whole seconds, so a wait under half a
+    second would return at once and an idle watcher would spin at round-trip rate: there it
+    waits whole seconds, rounded up (a grant still ends the wait at once; only a timeout, a
+    poll's turn, comes later, by under a second)."""
+    wait_s = max(0.0, wait_s)
+    if wait_s and "mariadb" not in session.server_version.lower():
+        return float(math.ceil(wait_s))
+    return wait_s
+
+
+def get_lock(session: Session, name: str, wait_s: float) -> int | None:
+    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error."""
+    def body(cur) -> int | None:
+        try:
+            cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(session, wait_s)})
+        except DriverError as e:
+            if error_code(e) != QUERY_INTERRUPTED:
+                raise
+            # MySQL answers a KILL QUERY in GET_LOCK with error 1317 (MariaDB returns NULL):
+            # the interruption the caller asked for (a stop), not an error to run again.
+            return None
+        row = cur.fetchone()
+        return row[0] if row else None
+
+    return session.run(body, what="get_lock")
+
+
+def release_lock(session: Session, name: str) -> int | None:
+    return one_value(session, "release_lock", {"name": name}, "release_lock")
+
+
+def hand_watch_on(session: Session, name: str, queue: str) -> None:
+    """Release the watch lock once the claim's COMMIT is done, without waiting for either
+    (Pipeline.send_later; the statement says how). If its share lock fails, the lock is released
+    anyway: the session may hold the process's liveness lock, which a reconnect would free."""
+    session.pipeline.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
+
+
+def lock_holder(session: Session, name: str) -> int | None:
+    """The connection id holding `name`, or None."""
+    return one_value(session, "lock_holder", {"name": name}, "lock_holder")
+
+
+def lock_holder_and_me(cur, name: str) -> tuple[int | None, int]:
+    """(the connection id holding `name` or None, this session's id as the server knows it)."""
+    cur.execute(Q["lock_holder_and_me"], {"name": name})
+    holder, me = cur.fetchone()
+    return holder, int(me)
+
+
+def kill_query(session: Session, conn_id: int) -> bool:
+    """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
+    return kill_query_on(session.conn.cursor(), conn_id)
+
+
+def kill_query_on(cur, conn_id: int) -> bool:
+    try:
+        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
+        return True
+    except MySQLdb.Error as e:
+        if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake
+            return False
+        raise
+
+
+HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input
+
+
+def hold_session(session: Session) -> None:
+    session.run(lambda cur: cur.execute(Q["hold_session"], {"wait_s": HOLD_SESSION_S}),
+                what="hold session")
+
+
+def keep_alive(session: Session) -> None:
+    session.run(lambda cur: cur.execute(Q["keep_alive"]), what="keepalive")

@@ -1,0 +1,47 @@
+"""A handler's return value, kept on its job's attempt record when the queue keeps results
+(keep_done or result_ttl_s): how it is rendered and bounded, and how it is written when the
+job's completion committed already (job.transaction())."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from notifyq.store.db import Session
+from notifyq.store.queries import error_text
+from notifyq.store.sql import QUERIES as Q
+
+log = logging.getLogger("notifyq.consumer")
+
+RESULT_MAX_BYTES = 65536  # a handler's return value kept (JSON, UTF-8); a larger one is not kept
+
+
+def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -> None:
+    """Results of jobs whose completion committed already (job.transaction() in the handler,
+    which then returned its value): onto their records, in one round trip."""
+    if not results:
+        return
+
+    def body(cur) -> None:
+        session.pipeline.commit_with(cur, [(Q["attempt_result"], {"id": job_id, "token": token, "result": text})
+                                           for job_id, text in results])
+
+    session.run(body, what="keep results")
+
+
+def result_text(value: Any, job_id: int) -> str | None:
+    """A handler's return value as kept: JSON of at most RESULT_MAX_BYTES; None (and a warning)
+    for one that is not JSON or too large: the job is done all the same."""
+    if value is None:
+        return None
+    import json  # here: only a queue that keeps results pays for it
+
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        log.warning("a handler's result is not JSON: not kept job=%d error=%s", job_id, e)
+        return None
+    if len(text.encode("utf-8", "replace")) > RESULT_MAX_BYTES:
+        log.warning("a handler's result is over %d bytes: not kept job=%d", RESULT_MAX_BYTES, job_id)
+        return None
+    return error_text(text, RESULT_MAX_BYTES)
