@@ -79,6 +79,16 @@ class Batch:
         """The next job is lost: pass over it without starting it."""
         self.started += 1
 
+    def next_group(self, size: int) -> list[Job]:
+        """The next jobs to start together: up to `size`, in claim order, ending before a job
+        that is no longer ours (start() counts from `started`)."""
+        group: list[Job] = []
+        for job in self.jobs[self.started:self.started + size]:
+            if job.id in self.lost:
+                break
+            group.append(job)
+        return group
+
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
         self.running = jobs

@@ -82,10 +82,6 @@ class Worker:
         return self.presence.use_locks
 
     @property
-    def wakeup_mode(self) -> str:
-        return self.presence.wakeup_mode
-
-    @property
     def consumer_id(self) -> str:
         return self.presence.consumer_id
 
@@ -299,7 +295,7 @@ class Worker:
                         batch.skip()
                         continue
                     # The first job alone: it may run while the claim's COMMIT is on the wire.
-                    group = self._group(batch, size if batch.started else 1)
+                    group = batch.next_group(size if batch.started else 1)
                     batch.start(group)
                     ready = [j for j in group if j.error is None]
                     if ready:
@@ -326,17 +322,6 @@ class Worker:
             finally:
                 self.batch = None
                 batch.settled.set()
-
-    @staticmethod
-    def _group(batch: Batch, size: int) -> list[Job]:
-        """The next jobs to start together: up to `size`, in claim order, ending before a job
-        that is no longer ours (Batch.start counts from batch.started)."""
-        group: list[Job] = []
-        for job in batch.jobs[batch.started:batch.started + size]:
-            if job.id in batch.lost:
-                break
-            group.append(job)
-        return group
 
     def _still_ours(self, batch: Batch, now: float) -> bool:
         """Before a job starts: is the claim still this process's? From what the presence knows

@@ -442,7 +442,7 @@ def test_polling_fallback_still_delivers_and_status_shows_the_queue_degraded(db)
         for _ in range(5):
             put_and_time(producer, recorder, cfg.wakeup.poll_max_s + MARGIN_S)
         # Then each is delivered by the pollers, and `notifyq status` says the queue is degraded
-        assert all(w.wakeup_mode == "polling" for w in fleet.workers)
+        assert all(w.presence.wakeup_mode == "polling" for w in fleet.workers)
         result = run_cli(db.env, "status", "--json")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["wakeup_degraded"] == [Q]
