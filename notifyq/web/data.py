@@ -217,14 +217,17 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
 
 
 def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
-    """Every field of one job; the payload pretty-printed and cut at PAYLOAD_SHOWN_BYTES."""
-    found = reader.one(shard, lambda session: admin.get_job(session, job_id))
+    """Every field of one job, and its attempts' records (newest first: start, end, consumer,
+    host, outcome, error, traceback, result); the payload pretty-printed and cut at
+    PAYLOAD_SHOWN_BYTES."""
+    found = reader.one(shard, lambda session: admin.get_job(session, job_id, history=True))
     payload = found.pop("payload")
     text = payload if isinstance(payload, str) else json.dumps(payload, indent=2, ensure_ascii=False)
     raw = text.encode()
     found["payload_text"] = raw[:PAYLOAD_SHOWN_BYTES].decode(errors="ignore")
     found["payload_cut"] = max(0, len(raw) - PAYLOAD_SHOWN_BYTES)
     found["shard"] = shard
+    found["history"] = list(reversed(found.get("history") or []))
     return found
 
 

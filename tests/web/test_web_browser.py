@@ -59,8 +59,18 @@ def test_a_dead_jobs_error_is_visible_on_its_page(db, web, page):
     expect(page.locator("#job-state")).to_have_text("dead")
     expect(page.locator("#last-error")).to_contain_text(f"<b>refused</b> <script>window.pwnedByError = 1</script> job {job}")
     expect(page.locator("#payload")).to_contain_text('"subject": "welcome"')
+    # And its attempt's record, with the handler's traceback one click away
+    attempt = page.locator('#attempts tr[data-attempt="1"]')
+    expect(attempt).to_contain_text("dead")
+    screenshot(page, "dead-job.png")  # (before the traceback opens: its file paths are this machine's)
+    attempt.locator("summary").click()
+    expect(attempt.locator("pre.traceback")).to_contain_text("Traceback (most recent call last)")
+    expect(attempt.locator("pre.traceback")).to_contain_text("fail_with_markup")
+    # And it stays open through the page's live refresh (the stamp says one happened)
+    stamp = page.locator("#refreshed").text_content()
+    expect(page.locator("#refreshed")).not_to_have_text(stamp or "", timeout=DEADLINE_MS)
+    expect(page.locator('#attempts tr[data-attempt="1"] pre.traceback')).to_be_visible()
     assert page.evaluate("window.pwnedByError") is None
-    screenshot(page, "dead-job.png")
 
 
 def test_retry_from_the_page_makes_a_dead_job_ready(db, web, page):

@@ -25,7 +25,15 @@
         document.querySelectorAll("[data-live]").forEach(function (el) {
           if (el.id === "refreshed") return;
           var next = fresh.getElementById(el.id);
-          if (next) el.replaceWith(document.importNode(next, true));
+          if (!next) return;
+          // What the reader opened (a traceback) stays open across the swap.
+          var opened = Array.prototype.map.call(el.querySelectorAll("details[open][id]"), function (d) { return d.id; });
+          next = document.importNode(next, true);
+          opened.forEach(function (id) {
+            var d = next.querySelector("details[id='" + id.replace(/[^A-Za-z0-9_-]/g, "") + "']");
+            if (d) d.open = true;
+          });
+          el.replaceWith(next);
         });
         stamp("updated " + new Date().toLocaleTimeString(), false);
       })
