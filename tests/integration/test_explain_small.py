@@ -14,7 +14,7 @@ import pytest
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.driver import Ids
+from notifyq.store.driver import Ids, IntList
 from notifyq.store.sql import QUERIES
 
 OWNER = "e" * 32
@@ -22,7 +22,10 @@ OWNER = "e" * 32
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
-         "promote_due", "keyed_jobs")
+         "promote_due", "keyed_jobs", "attempt_acked", "attempt_taken_back", "jobs_cancel_check",
+         "job_record_gone")
+# The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
+ATTEMPTS_BY_ID = ("completions_landed", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
 
@@ -55,7 +58,9 @@ def bound(name: str, claim: queries.Claim, ready_ids: list[int]) -> dict:
     claimed = [job.id for job in claim.jobs]
     values = {"ids": Ids(ready_ids if name in CLAIM_STEPS else claimed), "owner": OWNER,
               "token": claim.token, "lease_us": 60_000_000, "error": "lease expired", "status": 3,
-              "cancelled": "cancelled"}
+              "cancelled": "cancelled", "host": "h", "id_list": IntList(claimed),
+              "started_ages": IntList(1000 for _ in claimed), "ended_ages": IntList(0 for _ in claimed),
+              "why": "consumer died", "statuses": Ids([3, 4]), "outcome": "purged", "age_us": 0}
     return {param: values[param] for param in re.findall(r"%\((\w+)\)s", QUERIES[name])}
 
 
@@ -74,11 +79,28 @@ def test_by_id_statement_reads_a_primary_key_range_on_300_rows(db, small_queue, 
         assert row["key"] == "PRIMARY" and row["type"] in GOOD_ACCESS, (name, plan)
 
 
+@pytest.mark.parametrize("name", ATTEMPTS_BY_ID)
+def test_by_id_statement_on_attempt_records_reads_their_primary_key_range(db, small_queue, name):
+    # Given 300 jobs with an attempt record each, 100 of them claimed again
+    session, claim = small_queue
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             "SELECT id, 1, 1, queue, 'done', NOW(6) FROM nq_job")
+    db.query("ANALYZE TABLE nq_attempt")
+    # When the statement is explained with their 100 ids
+    plan = explain(session, QUERIES[name], bound(name, claim, []))
+    # Then nq_attempt is read by its primary key (job_id first), never scanned
+    rows = [r for r in plan if r["table"] == "nq_attempt"]
+    assert rows, plan
+    for row in rows:
+        assert row["key"] == "PRIMARY" and row["type"] in GOOD_ACCESS, (name, plan)
+
+
 def test_every_by_id_statement_is_pinned_above():
     # A new `IN %(ids)s` statement gets a plan test here
     by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
-    assert by_id == set(BY_ID)
-    assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in BY_ID)
+    assert by_id == set(BY_ID) | set(ATTEMPTS_BY_ID)
+    # (a single-table DELETE takes no index hint: attempts_purge's plan test is its pin)
+    assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in (*BY_ID, "completions_landed"))
 
 
 @pytest.mark.parametrize("name", ["claims_expired", "claims_of_owner"])

@@ -287,7 +287,7 @@ SET SESSION wsrep_sync_wait = %(level)s
 -- completions_landed --
 -- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
 -- lost, and after a handler that completed its job on its own connection (job.complete_in).
-SELECT job_id FROM nq_attempt WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
+SELECT job_id FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
 
 -- retry_later --
 -- A job cancelled while it ran is not retried: it ends cancelled (5), its error kept.
