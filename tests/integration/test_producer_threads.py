@@ -17,7 +17,7 @@ from notifyq import errors
 from notifyq import Producer
 
 THREADS = 8
-PUTS = 100
+PUTS = 200  # the issue-28 proof: 8 threads x 200 puts on one producer, every returned id stored
 JOIN_S = 60.0
 
 
