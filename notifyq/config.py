@@ -45,7 +45,9 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}{origins.at(where)}")
+        # A key is the user's text: one that would break the line (a newline, say) is quoted.
+        names = ", ".join(str(k) if str(k).isprintable() else values.shown(k) for k in unknown)
+        raise errors.ConfigError(f"{where}: unknown key(s) {names}{origins.at(where)}")
     base = base if base is not None else cls()
     out = {}
     for key, value in data.items():

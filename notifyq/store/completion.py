@@ -27,7 +27,7 @@ import MySQLdb
 
 from notifyq import errors
 from notifyq.jobs import Job
-from notifyq.store import advisory, queries
+from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
@@ -105,7 +105,7 @@ class Completion:
 
         def ask(cur) -> bool:
             if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
-                advisory.end_connection(cur, conn_id)
+                queries.end_connection(cur, conn_id)
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})
             try:

@@ -96,7 +96,9 @@ def test_any_settings_load_or_are_one_config_error(tmp_path_factory, data):
     overrides: dict = {}
     for section, value in data.items():
         if section == "queue.q":
-            overrides.setdefault("queue", {})["q"] = value
+            queues = overrides.setdefault("queue", {})
+            if isinstance(queues, dict):  # (else `queue` itself is the bad value under test)
+                queues["q"] = value
         else:
             overrides[section] = value
     try:
