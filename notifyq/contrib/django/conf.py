@@ -4,7 +4,7 @@ DATABASES, "default" unless set), never a second DSN.
     NOTIFYQ = {
         "DATABASE": "default",                            # the alias whose database holds the queue
         "QUEUES": {"emails": {"workers": 4}},             # [queue.NAME] tables of notifyq.toml
-        "CONFIG": {"wakeup": {"instant_wake": True}},     # any other table of notifyq.toml
+        "CONFIG": {"wakeup": {"poll_max_s": 5.0}},        # any other table of notifyq.toml
     }
 
 The NOTIFYQ_* variables apply on top, as for the `notifyq` command, except the ones that name a
