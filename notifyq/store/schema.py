@@ -48,17 +48,7 @@ def check_server(version: str) -> None:
 
 
 def current_version(session: Session) -> int | None:
-    def body(cur):
-        try:
-            cur.execute(Q["schema_version"])
-        except MySQLdb.ProgrammingError as e:
-            if error_code(e) == 1146:  # no nq_meta table: never initialised
-                return None
-            raise
-        row = cur.fetchone()
-        return int(row[0]) if row else None
-
-    return session.run(body, what="read schema version")
+    return session.run(_version, what="read schema version")
 
 
 def require_current(session: Session) -> None:
