@@ -81,6 +81,26 @@ def client_ports(pid: int) -> set[int]:
     return ports
 
 
+# Which of a process's sessions ran the latest statement: MariaDB numbers every statement
+# server-wide (PROCESSLIST.QUERY_ID); MySQL has no such column, but performance_schema's timer of
+# a thread's current or last statement is server-wide too (enabled by default on MySQL 8).
+_SESSIONS_MARIADB = "SELECT ID, HOST, COMMAND, QUERY_ID FROM information_schema.PROCESSLIST WHERE USER = %s"
+_SESSIONS_MYSQL = ("SELECT p.ID, p.HOST, p.COMMAND, MAX(e.TIMER_START) FROM information_schema.PROCESSLIST p"
+                   " JOIN performance_schema.threads t ON t.PROCESSLIST_ID = p.ID"
+                   " JOIN performance_schema.events_statements_current e ON e.THREAD_ID = t.THREAD_ID"
+                   " WHERE p.USER = %s GROUP BY p.ID, p.HOST, p.COMMAND")
+
+
+def sessions_of(query: Callable[..., list[tuple]], user: str, pid: int) -> dict[int, tuple[str, int]]:
+    """{connection id: (COMMAND, order of its latest statement)} of the server sessions that
+    process `pid` holds as `user`; `query(sql, params)` runs on the server (any session)."""
+    mariadb = "mariadb" in query("SELECT VERSION()")[0][0].lower()
+    rows = query(_SESSIONS_MARIADB if mariadb else _SESSIONS_MYSQL, (user,))
+    ports = client_ports(pid)
+    return {int(cid): (command, int(order or 0)) for cid, host, command, order in rows
+            if ":" in host and int(host.rsplit(":", 1)[1]) in ports}
+
+
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory) -> str:
     """A server for the whole run: $NOTIFYQ_TEST_DSN, else a private throwaway mariadbd, started

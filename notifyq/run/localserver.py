@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,6 +45,33 @@ def find_server_binaries() -> tuple[str, str] | None:
         return None
     installer = _which(("mariadb-install-db", "mysql_install_db"))
     return server, installer or server
+
+
+def server_version(server: str) -> tuple[str, tuple[int, ...]]:
+    """("mariadb" | "mysql", (major, minor, patch)) of a server binary, from its --version line,
+    e.g. "mariadbd  Ver 10.11.6-MariaDB-0+deb12u1 for debian-linux-gnu" or
+    "mysqld  Ver 8.0.36-0ubuntu0.22.04.1 for Linux on x86_64"."""
+    line = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return parse_server_version(line)
+
+
+def parse_server_version(line: str) -> tuple[str, tuple[int, ...]]:
+    found = re.search(r"Ver (\d+)\.(\d+)\.(\d+)", line)
+    version = tuple(int(x) for x in found.groups()) if found else (0, 0, 0)
+    return ("mariadb" if "mariadb" in line.lower() else "mysql"), version
+
+
+def storage_options(flavour: str, version: tuple[int, ...], redo_log_mb: int, filedir: Path) -> list[str]:
+    """The options that differ between the servers. MySQL 8.0.30 sizes its redo log with
+    innodb_redo_log_capacity (innodb_log_file_size is deprecated there, and ignored beside it);
+    MariaDB has innodb_log_file_size only. secure_file_priv: MySQL's compiled-in default is a
+    packaging directory (/var/lib/mysql-files) that a machine without the package lacks, and the
+    server refuses to start without it; a directory of the server's own is valid on both."""
+    if flavour == "mysql" and version >= (8, 0, 30):
+        redo = f"--innodb-redo-log-capacity={redo_log_mb}M"
+    else:
+        redo = f"--innodb-log-file-size={redo_log_mb}M"
+    return [redo, f"--secure-file-priv={filedir}"]
 
 
 def _parse_dsn(dsn: str) -> dict:
@@ -126,6 +154,7 @@ class LocalServer:
             sock = Path(self._sockdir) / "mysqld.sock"
         self.socket_path = str(sock)
         self._proc: subprocess.Popen | None = None
+        self._version: tuple[str, tuple[int, ...]] | None = None  # the server binary's, read at first start
 
     @property
     def dsn(self) -> str:
@@ -135,9 +164,11 @@ class LocalServer:
         return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle -----------------------------------------------------------
-    def _common_args(self) -> list[str]:
-        args = [f"--datadir={self.datadir}", f"--tmpdir={self.basedir}",
-                "--innodb-buffer-pool-size=64M", f"--innodb-log-file-size={self.redo_log_mb}M"]
+    def _common_args(self, server: str) -> list[str]:
+        if self._version is None:
+            self._version = server_version(server)
+        args = [f"--datadir={self.datadir}", f"--tmpdir={self.basedir}", "--innodb-buffer-pool-size=64M",
+                *storage_options(*self._version, self.redo_log_mb, self.basedir)]
         if os.geteuid() == 0:  # mariadbd refuses to run as root unless told to
             args.append("--user=root")
         return args
@@ -157,7 +188,7 @@ class LocalServer:
         else:  # MySQL >= 5.7 initialises itself; root@localhost gets an empty password
             cmd = [server, "--no-defaults", "--initialize-insecure"]
         with open(self.log_path, "ab") as log:
-            rc = subprocess.run(cmd + self._common_args(), stdin=subprocess.DEVNULL, stdout=log,
+            rc = subprocess.run(cmd + self._common_args(server), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT,
                                 timeout=max(1.0, deadline - time.monotonic())).returncode
         if rc != 0 or not (self.datadir / "mysql").is_dir():
@@ -174,7 +205,7 @@ class LocalServer:
         self.basedir.mkdir(parents=True, exist_ok=True)
         if not (self.datadir / "mysql").is_dir():
             self._initialise(server, installer, deadline)
-        cmd = [server, "--no-defaults", *self._common_args(),
+        cmd = [server, "--no-defaults", *self._common_args(server),
                f"--socket={self.socket_path}", f"--pid-file={self.basedir / 'mysqld.pid'}",
                f"--port={self.port}", "--bind-address=127.0.0.1", f"--log-error={self.log_path}",
                *(() if any(a.startswith("--log-bin") for a in self.extra_args) else ("--skip-log-bin",)),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import TestDB, client_ports, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, wait_until
+from conftest import TestDB, create_test_db, ensure_runtime_user, notifyq_cmd, run_cli, sessions_of, wait_until
 
 from notifyq.config import DSN
 from notifyq.run.localserver import LocalServer
@@ -185,16 +185,7 @@ def write_config(path: Path, text: str) -> Path:
 
 def connections_of(testdb: TestDB, pid: int) -> dict[int, str]:
     """{connection id: COMMAND} of the server sessions process `pid` holds right now."""
-    return {cid: command for cid, (command, _) in _sessions_of(testdb, pid).items()}
-
-
-def _sessions_of(testdb: TestDB, pid: int) -> dict[int, tuple[str, int]]:
-    """{connection id: (COMMAND, QUERY_ID of its latest statement)} of process `pid`."""
-    ports = client_ports(pid)
-    rows = testdb.query("SELECT ID, HOST, COMMAND, QUERY_ID FROM information_schema.PROCESSLIST WHERE USER = %s",
-                        (testdb.dsn.user,))
-    return {int(cid): (command, int(query_id)) for cid, host, command, query_id in rows
-            if ":" in host and int(host.rsplit(":", 1)[1]) in ports}
+    return {cid: command for cid, (command, _) in sessions_of(testdb.query, testdb.dsn.user, pid).items()}
 
 
 def consumer_sessions(testdb: TestDB, pid: int) -> tuple[int, int, str]:
@@ -207,7 +198,7 @@ def consumer_sessions(testdb: TestDB, pid: int) -> tuple[int, int, str]:
     rows = testdb.query("SELECT id, IS_USED_LOCK(lock_name) FROM nq_consumer WHERE pid = %s", (pid,))
     assert len(rows) == 1, f"expected one registration of pid {pid}, got {rows}"
     consumer_id, lock_conn = rows[0]
-    conns = _sessions_of(testdb, pid)
+    conns = sessions_of(testdb.query, testdb.dsn.user, pid)
     assert lock_conn in conns, f"lock session {lock_conn} is not among {conns} of pid {pid}"
     others = {c: query_id for c, (_, query_id) in conns.items() if c != lock_conn}
     assert 1 <= len(others) <= 2, f"expected a work session besides {lock_conn}, got {conns}"

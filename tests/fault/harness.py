@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import MySQLdb
-from conftest import TestDB, admin_connect, create_test_db, ensure_runtime_user
+from conftest import TestDB, admin_connect, client_ports, create_test_db, ensure_runtime_user, sessions_of
 
 from notifyq import config as config_mod
 from notifyq import errors
@@ -34,7 +34,6 @@ from notifyq.store import admin_queries
 from notifyq.store.db import Session
 
 from . import checker
-from .conftest import client_ports
 from . import episodes as ep
 from .fleet import Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
@@ -535,12 +534,8 @@ class FaultRun:
         return (pool[int(pick * len(pool))], bool(busy)) if pool else (None, False)
 
     def _sessions_of(self, pid: int) -> dict[int, int]:
-        """{connection id: QUERY_ID of its latest statement} of process `pid`."""
-        ports = client_ports(pid)
-        rows = self.roots["main"].query(
-            "SELECT ID, HOST, QUERY_ID FROM information_schema.PROCESSLIST WHERE USER = %s", (self.runtime_user,))
-        return {int(cid): int(query_id) for cid, host, query_id in rows
-                if ":" in host and int(host.rsplit(":", 1)[1]) in ports}
+        """{connection id: order of its latest statement} of process `pid`."""
+        return {cid: order for cid, (_, order) in sessions_of(self.roots["main"].query, self.runtime_user, pid).items()}
 
     # ------------------------------------------------------------ drain and collect
 

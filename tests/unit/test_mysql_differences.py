@@ -73,3 +73,21 @@ def test_a_server_public_key_that_cannot_be_read_is_one_clear_error(tmp_path):
 
     with pytest.raises(errors.ConfigError, match="server_public_key file"):
         DSN.parse(f"mysql://app@db.example/jobs?server_public_key={tmp_path / 'missing.pem'}").check_files()
+
+
+def test_a_private_server_is_started_with_the_options_its_own_kind_and_version_knows(tmp_path):
+    from notifyq.run import localserver
+
+    maria = localserver.parse_server_version("mariadbd  Ver 10.11.6-MariaDB-0+deb12u1 for debian-linux-gnu on x86_64")
+    mysql = localserver.parse_server_version("/usr/sbin/mysqld  Ver 8.0.36-0ubuntu0.22.04.1 for Linux on x86_64")
+    old_mysql = localserver.parse_server_version("mysqld  Ver 8.0.28 for Linux on x86_64 (MySQL Community Server - GPL)")
+    assert maria == ("mariadb", (10, 11, 6)) and mysql == ("mysql", (8, 0, 36))
+    # MySQL 8.0.30+: the redo log's size is innodb_redo_log_capacity (innodb_log_file_size is
+    # deprecated there); MariaDB and older MySQL know only innodb_log_file_size.
+    assert localserver.storage_options(*mysql, 16, tmp_path)[0] == "--innodb-redo-log-capacity=16M"
+    assert localserver.storage_options(*old_mysql, 16, tmp_path)[0] == "--innodb-log-file-size=16M"
+    assert localserver.storage_options(*maria, 16, tmp_path)[0] == "--innodb-log-file-size=16M"
+    # MySQL's compiled-in secure_file_priv is a packaging directory a bare machine lacks (the
+    # server would refuse to start): every private server gets a directory of its own.
+    for kind in (maria, mysql):
+        assert f"--secure-file-priv={tmp_path}" in localserver.storage_options(*kind, 16, tmp_path)
