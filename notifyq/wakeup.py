@@ -27,7 +27,7 @@ and after every wait either the count is read again or a claim looks at the jobs
 
 Bells: a producer ringer holds one of bell0/bell1 (store/bells.py). One per queue and server:
 a GET_LOCK waits on one name, and only its holder can release it, so a second ringer could
-never end the watcher's wait. The first producer to arm holds the ringer lock; the others
+never end the watcher's wait. The first producer to become ringer holds the ringer lock; the others
 interrupt the watcher's wait (produce/interrupt.py, `wakeup.instant_wake`), else their jobs are
 found by the watcher's poll. Its COMMIT carries, in the
 same round trip, a read of who holds the watch lock and the bells. Only when a consumer holds
@@ -290,11 +290,11 @@ class Bell:
         self.quiet_s = QUIET_LOOK_S
         self._quiet_until = 0.0  # monotonic: until then, the last look's "nobody watching" holds
         self._generation = -1
-        self._retry_arm_at = 0.0
+        self._retry_ringer_at = 0.0
         self._told_not_ringer = False
         self._look_query: str | None = None
 
-    def arm(self) -> bool:
+    def become_ringer(self) -> bool:
         """Become this queue's ringer if none is."""
         if self.session.generation != self._generation:
             # A new lock connection (or none yet): whatever we held died with the old one.
@@ -305,18 +305,18 @@ class Bell:
             try:
                 self.session.conn
             except (DriverError, errors.NotifyqError) as e:
-                log.debug("the last ring failed, re-arming error=%s", e)
+                log.debug("the last ring failed, becoming ringer again error=%s", e)
                 self._forget()
             if self.held is not None and self.session.generation == self._generation:
                 return True
             self.held = None
-        if time.monotonic() < self._retry_arm_at:
+        if time.monotonic() < self._retry_ringer_at:
             return False
         try:
             if advisory.get_lock(self.session, self.locks.ringer, 0) != 1:
                 # Another producer rings this queue's bells. Ask again in a while, not on every
                 # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
-                self._retry_arm_at = time.monotonic() + ARM_RETRY_S
+                self._retry_ringer_at = time.monotonic() + ARM_RETRY_S
                 if not self._told_not_ringer:  # once: why this producer's jobs start later
                     self._told_not_ringer = True
                     log.info("another producer rings this queue's bell (one per queue and server): "
@@ -336,7 +336,7 @@ class Bell:
                 return False
             if self.session.generation != self._generation:
                 # Reconnected in between: the ringer lock is gone, but this connection may hold
-                # the bell; a later arm would take it twice and one release would never ring.
+                # the bell; a later become_ringer would take it twice and one release would never ring.
                 self._forget()
                 return False
             return True
@@ -386,7 +386,7 @@ class Bell:
             mine = self.session.connection_id
             if [holder == mine for holder in holders] != [self.held == 0, self.held == 1]:
                 # Our lock connection lost its bell (killed, the server restarted, or the last
-                # ring could not take the other bell): let go of everything and re-arm on a
+                # ring could not take the other bell): let go of everything and become ringer again on a
                 # fresh connection at the next put.
                 self._forget()
                 return
@@ -396,7 +396,7 @@ class Bell:
         try:
             bells.ring(self.session, self.locks, self.held)
         except (DriverError, errors.NotifyqError) as e:
-            # The jobs are committed; a watcher's bounded wait finds them. Re-arm next put.
+            # The jobs are committed; a watcher's bounded wait finds them. Become ringer again at the next put.
             log.debug("ring failed, the watcher's bounded wait finds the jobs error=%s", e)
             self._forget()
             return
@@ -414,7 +414,8 @@ class Bell:
         self._generation = -1
         self._quiet_until = 0.0
 
-    def disarm(self) -> None:
+    def stop_ringing(self) -> None:
+        """At close: give up the ringer lock and the bell, waking the watcher to its polling."""
         # The bell first: releasing it wakes the watcher, which then finds no bell held (no
         # ringer) and sleeps with backoff.
         names = ([self.locks.bells[self.held]] if self.held is not None else list(self.locks.bells))

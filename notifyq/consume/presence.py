@@ -4,7 +4,7 @@ A process opens, per database, one watcher session per queue, and each of its wo
 session (claims and acks): workers + queues sessions, plus one heartbeat session when it is
 judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1.
 
-A watcher session is lent to one idle worker of its queue at a time (`Watcher.seat`): that
+A watcher session is lent to one idle worker of its queue at a time (`WatchSeat.seat`): that
 worker queues for the queue's watch lock (across processes), watches the bell, claims as
 the watcher and hands the watch lock on (wakeup.py). The process's other idle workers of that
 queue wait on a Condition for the seat, not in GET_LOCK, and cost the server nothing.
@@ -25,7 +25,7 @@ Trust rules: the lock is taken before the row is written. When the home session 
 (a server restart, a KILL), the process first tries to take its old lock back without waiting:
 that succeeds only if no reaper holds it, and a reaper reclaims only while holding it, so either
 its claims are untouched, or they were taken back and its acks are fenced by claim token;
-otherwise it re-registers under a new id. A worker asks `consumer_id_for_claim` before every
+otherwise it re-registers under a new id. A worker asks `ensure_registered` before every
 claim: after its work session reconnected it first makes sure the lock is still held by the
 home session, so nobody claims under an id a reaper already treats as dead.
 """
@@ -57,8 +57,8 @@ SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registrati
 SILENCE_TRUST_S = liveness.GALERA_LOCK_GRACE_S
 
 
-class Watcher:
-    """One queue's watcher session in this process, and the seat: who may use it now."""
+class WatchSeat:
+    """One queue's watcher session in this process, and its seat: which idle worker may use it now."""
 
     def __init__(self, config: Config, queue: str, stop: threading.Event, home: bool = False):
         """home: the session also holds the process's liveness lock (Presence)."""
@@ -110,8 +110,8 @@ class Presence:
         # Fixed for the process's life: the home session's server idle timeout is set when it
         # connects, and its keeper must ping well inside that, whatever a reload says.
         self.session_idle_s = config.consumer.session_idle_s
-        self.watchers = {q: Watcher(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
-        self.home = self.watchers[self.queues[0]]  # its session holds the liveness lock
+        self.watch_seats = {q: WatchSeat(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
+        self.home = self.watch_seats[self.queues[0]]  # its session holds the liveness lock
         self.session = self.home.session
         self.consumer_id = ""
         self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
@@ -140,7 +140,7 @@ class Presence:
         return bool(self.consumer_id) and not (self.heartbeat is not None and self.heartbeat.lost.is_set()) \
             and (not self.use_locks or self.session.generation == self._registered_generation)
 
-    def consumer_id_for_claim(self, holder, work: Session | None = None) -> str:
+    def ensure_registered(self, holder, work: Session | None = None) -> str:
         """The id to claim under, (re-)registered first if need be. `work`: the caller's work
         session, when it reconnected since the caller's last claim. If the server restarted,
         the home session died too, maybe unnoticed yet: then our lock is not held by it, and
@@ -191,9 +191,9 @@ class Presence:
         and a re-registration if it failed (a new epoch, maybe a new id)."""
         if self.heartbeat is not None:
             self.heartbeat.beat()  # finds our row gone if a reaper judged us: lost is set
-            self.consumer_id_for_claim(holder)
+            self.ensure_registered(holder)
         else:
-            self.consumer_id_for_claim(holder, work)
+            self.ensure_registered(holder, work)
 
     def _lock_name(self, consumer_id: str | None = None) -> str:
         return locks.consumer_lock(self.config.dsn.database, consumer_id or self.consumer_id)
@@ -329,10 +329,10 @@ class Presence:
         consumer has had the time to take its lock back: two keeper pings (a keeper pings at
         session_idle_s / 4, and the first may meet the server still starting), or three beats."""
         restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, liveness.GALERA_LOCK_GRACE_S)
-        return reaper.reap_once(self.config.dsn, self.use_locks, self.judges_silence(),
+        return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
                                 own_id=self.consumer_id, restart_grace_s=restart_grace_s)
 
-    def judges_silence(self) -> bool:
+    def may_judge_by_silence(self) -> bool:
         """Whether our reaper passes may take others' silence for death: not until our own
         heartbeat, if we beat one, has landed steadily for SILENCE_TRUST_S (reaper.reap)."""
         return self.heartbeat is None or self.heartbeat.steady_s() >= SILENCE_TRUST_S
@@ -350,13 +350,13 @@ class Presence:
 
     def reload(self, config: Config) -> None:
         self.config = config
-        for watcher in self.watchers.values():
+        for watcher in self.watch_seats.values():
             watcher.waiter.cfg = config.wakeup
 
     def interrupt_waits(self, killer: Session) -> None:
         """At stop: wake the workers waiting for a seat, and KILL QUERY the watchers' waits
         (in GET_LOCK or SLEEP, they would notice the stop only at their timeout)."""
-        for watcher in self.watchers.values():
+        for watcher in self.watch_seats.values():
             watcher.wake_all()
             conn_id = watcher.session.connection_id
             if conn_id and watcher.session.connected:  # (a shard that is down: nothing waits there)
@@ -378,5 +378,5 @@ class Presence:
                 liveness.unregister_consumer(self.session, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
-        for watcher in self.watchers.values():
+        for watcher in self.watch_seats.values():
             watcher.session.close()

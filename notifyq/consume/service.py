@@ -276,11 +276,11 @@ class ConsumerService(Supervisor):
                                  use_locks=r.worker.use_locks, busy=r.worker.in_handler_since is not None)
                    for group, running in ((self.running, True), (self.retired, False)) for r in list(group)]
         watchers = [WatcherFigures(queue, self.shard, dict(w.waiter.wakeups), w.waiter.watching)
-                    for queue, w in self.presence.watchers.items()]
+                    for queue, w in self.presence.watch_seats.items()]
         periodic_figures = {q: {k: int(v) for k, v in f.items()}
                             for q, f in (self.scheduler.figures() if self.scheduler else {}).items()}
         conflicts = (sum(r.worker.work.conflicts.count for r in self.running)
-                     + sum(w.session.conflicts.count for w in self.presence.watchers.values()))
+                     + sum(w.session.conflicts.count for w in self.presence.watch_seats.values()))
         return ServiceFigures(
             queues=tuple(dict.fromkeys(self.options.queues)), sharded=False,
             healthy=bool(self.running) and self.healthy(), workers=workers, watchers=watchers,

@@ -55,7 +55,7 @@ class Worker:
         # Without a presence (tests, benchmarks) the worker is a process of its own.
         self._owns_presence = presence is None
         self.presence = presence if presence is not None else Presence(config, [queue], stop)
-        self.watcher = self.presence.watchers[queue]
+        self.watch_seat = self.presence.watch_seats[queue]
         self._work_generation = -1  # the work session's generation when last checked
         self.last_turn = time.monotonic()
         self.in_handler_since: float | None = None
@@ -75,7 +75,7 @@ class Worker:
     @property
     def waiter(self):
         """The queue's wake-up state in this process (shared by its workers of this queue)."""
-        return self.watcher.waiter
+        return self.watch_seat.waiter
 
     @property
     def use_locks(self) -> bool:
@@ -89,7 +89,7 @@ class Worker:
 
     def run(self) -> None:
         try:
-            self.presence.consumer_id_for_claim(self)  # registered before anything else
+            self.presence.ensure_registered(self)  # registered before anything else
             busy = True
             while not self.stop.is_set() and not self.budget.exhausted:
                 self._turned()
@@ -147,13 +147,13 @@ class Worker:
 
         One idle worker of the queue per process holds the seat and watches (or polls);
         the others wait here for the seat, turning their loop every idle_wait_s."""
-        if not self.watcher.seat(self, self.config.wakeup.idle_wait_s):
+        if not self.watch_seat.seat(self, self.config.wakeup.idle_wait_s):
             return False
         self.waiter.on_turn, self.waiter.on_reap = self._turned, self._reap_soon
         try:
             # The home session (our first queue's watcher) holds the liveness lock: if it
             # reconnected, the lock is taken back or renewed here, before we wait or claim.
-            self.presence.consumer_id_for_claim(self)
+            self.presence.ensure_registered(self)
             if not self.presence.use_locks:
                 if not self.waiter.poll_for_work():
                     return False
@@ -167,7 +167,7 @@ class Worker:
                 self.presence.fall_back_to_polling(e)
                 return True
         finally:
-            self.watcher.leave(self)  # (already left when the watch was handed on)
+            self.watch_seat.leave(self)  # (already left when the watch was handed on)
 
     def _idle_with_locks(self) -> bool:
         if not self.waiter.acquire_watch():
@@ -184,7 +184,7 @@ class Worker:
         finally:
             # Not yet handed on (no jobs, or an error). Once handed on, the waiter is the next
             # seated worker's: never touched again here.
-            if self.watcher.holds(self) and self.waiter.watching:
+            if self.watch_seat.holds(self) and self.waiter.watching:
                 self.waiter.release_watch()
 
     # -------------------------------------------------------- claim, run, ack
@@ -193,13 +193,13 @@ class Worker:
         """Before running the batch: the watch lock goes to the next idle consumer (of any
         process), and the seat to the next idle worker of ours, which queues for it."""
         self.waiter.release_watch(wait=False)
-        self.watcher.leave(self)
+        self.watch_seat.leave(self)
 
     def _hand_poll_on(self, drained: bool) -> None:
         """Polling: the next idle worker of ours polls; if work is left, it claims at once."""
         if not drained:
             self.waiter.work_left()
-        self.watcher.leave(self)
+        self.watch_seat.leave(self)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
         want = self.budget.take(self.batch_size)
@@ -209,7 +209,7 @@ class Worker:
         self._work_generation = self.work.generation
         if self._acks is not None and (reconnected or not self.presence.registration_current()):
             self._flush_acks()  # registering again may wait for the home seat: what ran is acked first
-        owner = self.presence.consumer_id_for_claim(self, self.work if reconnected else None)
+        owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         self._acks_landed()

@@ -158,7 +158,7 @@ class Producer:
         """Close the producer's sessions (after any put under way); a later put opens new ones."""
         with self._mutex:
             if self._bell is not None:
-                self._bell.disarm()
+                self._bell.stop_ringing()
             self._end(Session.close)
 
     def drop(self) -> None:
@@ -397,4 +397,4 @@ class Producer:
             return None
         if self._bell is None:
             self._bell = Bell(self._locks_session(), self.queue, self.locks)
-        return self._bell if self._bell.arm() else None
+        return self._bell if self._bell.become_ringer() else None

@@ -168,7 +168,7 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
             cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
             if cur.fetchone()[0] != 1:
                 return None
-            cur.execute(Q["consumer_spared"], {"id": consumer_id, "grace_us": lock_grace_us(session),
+            cur.execute(Q["consumer_alive_after_all"], {"id": consumer_id, "grace_us": lock_grace_us(session),
                                                "up_us": restarted_us(session, restart_grace_s)})
             if cur.fetchone() is not None:
                 return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)

@@ -122,7 +122,7 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
     try:
-        worker.presence.consumer_id_for_claim(worker)  # registered, as run() does first
+        worker.presence.ensure_registered(worker)  # registered, as run() does first
         blocker.cursor().execute("BACKUP STAGE START")
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When it claims and its first job starts
@@ -167,7 +167,7 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
     try:
-        worker.presence.consumer_id_for_claim(worker)
+        worker.presence.ensure_registered(worker)
         blocker.cursor().execute("BACKUP STAGE START")
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When it claims and runs the batch
@@ -235,7 +235,7 @@ def test_a_busy_worker_acks_each_batch_in_the_next_claims_commit_one_commit_per_
     worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append(job.id), False),
                     stop=threading.Event(), budget=Budget(None), batch_size=2, exit_when_empty=True)
     try:
-        worker.presence.consumer_id_for_claim(worker)
+        worker.presence.ensure_registered(worker)
         before = _commits(worker.work)
         # When it drains the queue, claim after claim
         batches = 0
@@ -272,7 +272,7 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=2, exit_when_empty=True)
     try:
-        worker.presence.consumer_id_for_claim(worker)
+        worker.presence.ensure_registered(worker)
         assert worker._claim_and_run()[0] == 2
         first = [job_id for job_id, _ in runs]
         blocker.cursor().execute("BACKUP STAGE START")
@@ -319,7 +319,7 @@ def test_carried_acks_that_lose_a_deadlock_fail_the_claim_before_its_jobs_start_
     worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append((job.id, job.attempts)), False),
                     stop=threading.Event(), budget=Budget(None), batch_size=2, exit_when_empty=True)
     try:
-        worker.presence.consumer_id_for_claim(worker)
+        worker.presence.ensure_registered(worker)
         assert worker._claim_and_run()[0] == 2
         worker.work.run(lambda cur: cur.execute("SET @nq_test_deadlock = 1"), what="arm")
         # When the next claim carries the first batch's acks and its DELETE loses the deadlock

@@ -286,7 +286,7 @@ def test_a_batchs_lease_is_extended_by_its_claims_lease_after_a_reload_lowers_it
     try:
         with Producer("q", cfg) as p:
             p.put_many([{"n": 1}, {"n": 2}])
-        owner = worker.presence.consumer_id_for_claim(worker)
+        owner = worker.presence.ensure_registered(worker)
         claim = queries.claim(worker.work, "q", owner, 2, 300)
         batch = Batch(claim.token, claim.jobs, 300, time.monotonic(), claim.commit, owner=owner)
         # When a reload lowers the queue's lease to 3 s and the batch's lease is pushed out

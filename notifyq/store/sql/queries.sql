@@ -393,7 +393,7 @@ WHERE id = %(id)s AND NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, 
   AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
   AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
 
--- consumer_spared --
+-- consumer_alive_after_all --
 -- The verdict by lock, inside the reclaim: a row here means the consumer is not ours to take
 -- back: it re-registered on another Galera node meanwhile and holds its lock there (free here),
 -- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile, or (up_us, as in
