@@ -45,10 +45,9 @@ class Heartbeat:
         self._consumer_id = consumer_id  # read at every beat: a re-registered process has a new id
         self._wakeup = wakeup  # 'locks' for a lock-mode consumer on a Galera node (liveness.py)
         self.interval_s = interval_s
-        # A silence of ours longer than this is a gap (steady_s). At two intervals and a second
-        # (11 s, then above the Galera grace's 10 s), a reaper whose own beats had been silent
-        # 10.5 s, as everyone's were while the cluster had no primary component, took live
-        # peers silent as long for dead (one of them its own process).
+        # A silence of ours longer than this is a gap (steady_s). It must stay under the Galera
+        # grace: a reaper whose own beats were silent as long as everyone's (no primary
+        # component) would otherwise count itself steady and take live peers for dead.
         self.gap_s = self.interval_s + min(LATE_S, self.interval_s)
         self.lost = threading.Event()  # the row was gone: a reaper judged us dead
         self._landed_at: float | None = None  # monotonic time of the last beat that landed
@@ -56,12 +55,11 @@ class Heartbeat:
         self._stop = threading.Event()
         self._beating = threading.Lock()
         # A beat must land within POLLING_STALE_S of the last one. On a multi-host DSN a paused
-        # writer answers nothing: with the work sessions' 12 s read timeout, and then a whole
-        # interval before the next try, a beat landed ~23 s after the last one, past 30 s on a
-        # busy host (a live consumer reaped). So there its statements (tiny) give up after one
-        # interval and a failed beat is retried at once, on the next ready node: it lands about
-        # two intervals and a connect timeout after the last one (~15 s). One server: nowhere
-        # else to go, so the beat keeps the plain timeouts.
+        # writer answers nothing, and the work sessions' read timeout plus a whole interval
+        # before the next try would overrun it (benchmarks/HISTORY.md). So there its statements
+        # (tiny) give up after one interval and a failed beat is retried at once, on the next
+        # ready node: about two intervals and a connect timeout after the last one. One server:
+        # nowhere else to go, so the beat keeps the plain timeouts.
         if len(dsn.servers) > 1:
             self._session = Session(dsn, retry_s=BEAT_RETRY_S, read_timeout_s=math.ceil(self.interval_s),
                                     name=f"{name}-heartbeat", stop=self._stop)
