@@ -35,19 +35,20 @@ class AsyncProducer:
     half-sent): the job may be stored although the awaiting coroutine never saw its id.
     """
 
+    # Each session's producer: here the one-server Producer; notifyq.AsyncProducer (the sharding
+    # layer's) puts through notifyq.Producer, which with [shards] places each job on its shard.
+    producer_class: type = Producer
+
     def __init__(self, queue: str, config: Config, *, ring: bool = True, sessions: int = 1):
         self.queue = queue
         self.config = config
         self.sessions = values.number("sessions", sessions, lo=1, hi=64, integer=True)
-        if isinstance(config, Config) and config.shards:
-            raise errors.ConfigError("AsyncProducer puts on one server: with [shards], put with "
-                                     "notifyq.Producer (thread-safe) from a thread pool")
         # Checked now (queue name, config): a bad argument fails here, not in a thread later.
         # With the ring, the first wakes the consumers after the others' puts (its bell, else an
         # interrupt of the watcher's wait): the others do not interrupt it themselves as well.
         others = (dataclasses.replace(config, wakeup=dataclasses.replace(config.wakeup, instant_wake=False))
                   if ring and isinstance(config, Config) else config)
-        self._producers = [Producer(queue, config if i == 0 else others, ring=ring and i == 0)
+        self._producers = [self.producer_class(queue, config if i == 0 else others, ring=ring and i == 0)
                            for i in range(self.sessions)]
         self._ring = ring
         self._free = list(self._producers)  # producers no thread is using
@@ -72,11 +73,12 @@ class AsyncProducer:
         return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
                                max_attempts=max_attempts, conn=conn)
 
-    async def result(self, job_id: int, *, wait: float = 0.0) -> Any:
+    async def result(self, job_id: int, *, wait: float = 0.0, **where: Any) -> Any:
         """Producer.result, awaited (on the loop's default executor: a long wait takes no put's
-        thread)."""
+        thread). `where`: with [shards], `shard=NAME` (job ids are per shard)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(self._producers[0].result, job_id, wait=wait))
+        return await loop.run_in_executor(None, functools.partial(self._producers[0].result, job_id,
+                                                                  wait=wait, **where))
 
     async def close(self) -> None:
         """Close every session, after the puts under way."""

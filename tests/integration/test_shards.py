@@ -345,3 +345,28 @@ def test_cli_produce_on_a_spread_queue_with_a_shard_down_puts_every_job_on_the_o
         assert "shard=b" in stream.stderr and "Traceback" not in stream.stderr + args.stderr
     finally:
         servers["b"].start()
+
+
+def test_the_asyncio_producer_places_jobs_on_their_shards_and_reads_a_result_on_its_shard(sharded):
+    import asyncio
+
+    import notifyq
+
+    cfg, _env, dbs = sharded
+
+    async def main():
+        async with notifyq.AsyncProducer("pinned", cfg, sessions=2) as pinned, \
+                notifyq.AsyncProducer("s", cfg) as spread:
+            first = await pinned.put({"n": 1})
+            await asyncio.gather(*(pinned.put({"n": i}) for i in range(2, 6)))
+            ids = await spread.put_many([{"n": i} for i in range(4)])
+            with pytest.raises(errors.ResultPending):  # asked on b, where the job is
+                await pinned.result(first)
+            with pytest.raises(errors.InputError, match="give shard="):
+                await spread.result(ids[0])
+            return ids
+
+    ids = asyncio.run(main())
+    assert len(ids) == 4
+    assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 5]
+    assert sorted(len(rows(dbs[s], "s")) for s in "ab") == [2, 2]  # dealt in turn
