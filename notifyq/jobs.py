@@ -54,6 +54,7 @@ class Job:
     _result: Any = field(default=None, repr=False)  # the handler's return value (per-job handlers)
     _started: float | None = field(default=None, repr=False)  # monotonic, for the attempt's record
     _ended: float | None = field(default=None, repr=False)
+    _reported: bool = field(default=False, repr=False)  # handed to on_failure already
 
     def fail(self, error: str, *, retry: bool = True) -> None:
         """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""

@@ -75,6 +75,11 @@ class PythonHandler:
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
                 job.exception = e
 
+    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
+        """How long a call on `jobs` may run (0: unbounded): the queue's timeout_s here; a
+        TaskHandler's task may say otherwise."""
+        return queue_timeout_s
+
     async def _together(self, jobs: list[Job]) -> None:
         """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
         is its own coroutine's (its return value kept as its result)."""
@@ -399,37 +404,6 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
     except ProcessLookupError:
         pass
-
-
-class Reporting:
-    """A handler whose failed jobs are also handed to `on_failure(job, exc)` (an error reporter
-    such as Sentry): `exc` is what the handler raised, or errors.JobFailed for a command's
-    failure or a batch job failed with job.fail(). A hook that raises is logged, never fails
-    the job twice nor the consumer."""
-
-    def __init__(self, inner: Any, on_failure: Callable[[Job, BaseException], Any]):
-        self.inner = inner
-        self.on_failure = on_failure
-        self.per_batch = inner.per_batch
-
-    def __getattr__(self, name: str) -> Any:  # stop_running and the like: the inner handler's
-        return getattr(self.inner, name)
-
-    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
-        fresh = [job for job in jobs if job.error is None]
-        try:
-            self.inner(jobs, extend)
-        finally:
-            for job in fresh:
-                if job.error is not None:
-                    self._report(job)
-
-    def _report(self, job: Job) -> None:
-        exc = job.exception if job.exception is not None else errors.JobFailed(job.error or "failed")
-        try:
-            self.on_failure(job, exc)
-        except Exception as e:
-            log.warning("on_failure hook raised queue=%s job=%d error=%s", job.queue, job.id, describe(e))
 
 
 def load(handler: str, command: str, per_batch: bool, timeout_s: float):

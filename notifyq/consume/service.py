@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
-from notifyq.consume import handlers, periodic
+from notifyq.consume import handlers, periodic, reporting
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
@@ -107,7 +107,7 @@ class ConsumerService(Supervisor):
                 hook = handlers.load_callable(self.config.consumer.on_failure)
             except errors.HandlerError as e:
                 raise errors.HandlerError(f"consumer.on_failure: {e}") from None
-        return handlers.Reporting(handler, hook) if hook is not None else handler
+        return reporting.Reporting(handler, hook) if hook is not None else handler
 
     def _plain_handler_for(self, queue: str):
         qc = self.config.queue(queue)

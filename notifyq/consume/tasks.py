@@ -32,7 +32,7 @@ class Task:
     """A function that can also be enqueued: calling it runs it here, `.enqueue()` puts a job."""
 
     def __init__(self, fn: Callable[..., Any], registry: "TaskRegistry", *, queue: str, name: str,
-                 max_attempts: int | None, priority: int):
+                 max_attempts: int | None, priority: int, timeout_s: float | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.registry = registry
@@ -40,6 +40,8 @@ class Task:
         self.name = name
         self.max_attempts = max_attempts
         self.priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
+        # None: the queue's timeout_s; 0: none for this task, whatever the queue's
+        self.timeout_s = None if timeout_s is None else values.seconds("timeout_s", timeout_s, positive=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -70,13 +72,16 @@ class TaskRegistry:
         self._pid = os.getpid()
 
     def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
-             max_attempts: int | None = None, priority: int = 0) -> Any:
-        """Decorator: `@registry.task` or `@registry.task(queue="emails", max_attempts=3)`."""
+             max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None) -> Any:
+        """Decorator: `@registry.task` or `@registry.task(queue="emails", max_attempts=3)`.
+        `timeout_s` bounds a run of the task in a consumer as the queue's timeout_s does, in its
+        place (0: no bound); None leaves the queue's."""
         def wrap(f: Callable[..., Any]) -> Task:
             if not callable(f):
                 raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
             task_name = name or f"{f.__module__}.{f.__qualname__}"
-            t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority)
+            t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority,
+                     timeout_s=timeout_s)
             self.tasks[task_name] = t
             return t
         return wrap(fn) if fn is not None else wrap
@@ -144,11 +149,25 @@ class TaskHandler(handlers.PythonHandler):
                                       f"(theirs: {', '.join(sorted({t.queue for t in tasks.values()}))})")
         super().__init__(self._run, per_batch=False, around=around)
 
+    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
+        """Each job's task's timeout_s, else the queue's. Jobs started together (--concurrency)
+        share one call: it is bounded by the longest of theirs, so no job is cut short of its
+        own (and by none if one of them has none)."""
+        limits = []
+        for job in jobs:
+            task = self._task_of(job)
+            limits.append(queue_timeout_s if task is None or task.timeout_s is None else task.timeout_s)
+        return 0.0 if not limits or 0 in limits else max(limits)
+
+    def _task_of(self, job: Job) -> Task | None:
+        name = job.payload.get("task") if isinstance(job.payload, dict) else None
+        return self.tasks.get(name) if isinstance(name, str) else None
+
     def _run(self, job: Job) -> Any:
         payload = job.payload
-        name = payload.get("task") if isinstance(payload, dict) else None
-        task = self.tasks.get(name) if isinstance(name, str) else None
+        task = self._task_of(job)
         if task is None:
+            name = payload.get("task") if isinstance(payload, dict) else None
             raise UnknownTask(_unknown(name, payload, sorted(self.tasks)))
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):

@@ -362,8 +362,9 @@ class Worker:
     def _call(self, jobs: list[Job], extend) -> None:
         self.in_handler_since = t0 = time.monotonic()
         try:
-            if self.qc.timeout_s > 0 and isinstance(self.handler, handlers.PythonHandler):
-                self._call_bounded(jobs, extend, self.qc.timeout_s)  # a command has command_timeout_s
+            limit = timeout.limit_for(self.handler, jobs, self.qc.timeout_s)
+            if limit > 0:  # (a command is bounded by its own command_timeout_s)
+                self._call_bounded(jobs, extend, limit)
             else:
                 self.handler(jobs, extend)
         finally:
@@ -388,10 +389,7 @@ class Worker:
         fresh = Completion(self.work, batch.token, self.qc.keep_done, self.qc.keeps_results, batch.owner)
         for job in batch.jobs[batch.started:]:
             job._completion = fresh
-        for job in jobs:
-            if job.error is None and job._completed is None:
-                job.fail(f"timeout: the handler ran longer than timeout_s ({timeout_s:g} s); "
-                         "its thread was left running")
+        timeout.fail_timed_out(self.handler, jobs, timeout_s)
         log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
                     "timeout_s=%g", self.queue, ",".join(str(j.id) for j in jobs[:20]), timeout_s)
 

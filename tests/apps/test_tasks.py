@@ -167,3 +167,74 @@ def test_an_async_task_is_awaited_also_several_at_once(db, tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(json.loads(line)["n"] for line in out.read_text().splitlines()) == list(range(6))
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'atq'") == 0
+
+
+def _run_tasks(db, registry, queue: str, handler_of=lambda h: h, **queue_defaults):
+    """One worker running the queue's tasks in this process until no job is ready."""
+    import threading
+
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.tasks import TaskHandler
+    from notifyq.consume.worker import Worker
+
+    cfg = db.config(defaults=queue_defaults)
+    worker = Worker(cfg, queue, handler_of(TaskHandler(registry.tasks, queue)), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    worker.run()
+    assert worker.error is None, worker.error
+    return worker
+
+
+def _ended(db, queue):
+    return db.query("SELECT JSON_VALUE(payload, '$.task'), status, last_error FROM nq_job WHERE queue = %s "
+                    "ORDER BY id", (queue,))
+
+
+TIMED_OUT = "timeout: the handler ran longer than timeout_s ({} s); its thread was left running"
+
+
+def test_a_tasks_timeout_overrides_the_queues(db):
+    import threading
+
+    # Given a queue whose timeout_s is 0.2 s, and four tasks on it: two that hang until released
+    # (one with the queue's timeout, one with its own of 0.4 s), two that take 0.6 s (one
+    # allowed 30 s, one with no bound at all)
+    registry, release = notifyq.TaskRegistry(db.config(defaults={"max_attempts": 1})), threading.Event()
+    registry.task(lambda: release.wait(30), queue="tto", name="inherits")
+    registry.task(lambda: release.wait(30), queue="tto", name="own", timeout_s=0.4)
+    # The work itself takes 0.6 s: longer than the queue's timeout, shorter than the task's.
+    registry.task(lambda: threading.Event().wait(0.6), queue="tto", name="longer", timeout_s=30)
+    registry.task(lambda: threading.Event().wait(0.6), queue="tto", name="unbounded", timeout_s=0)
+    try:
+        for name in ("inherits", "own", "longer", "unbounded"):
+            registry.tasks[name].enqueue()
+        # When a worker runs them, each job's only attempt
+        worker = _run_tasks(db, registry, "tto", timeout_s=0.2)
+        # Then each hanging task failed at its own timeout, and the slow ones finished
+        assert _ended(db, "tto") == [("inherits", 4, TIMED_OUT.format(0.2)), ("own", 4, TIMED_OUT.format(0.4))]
+        assert (worker.stats.succeeded, worker.stats.dead) == (2, 2)
+    finally:
+        release.set()
+        registry.close()
+
+
+def test_a_queues_timeout_holds_also_with_an_on_failure_hook(db):
+    import threading
+
+    from notifyq.consume.reporting import Reporting
+
+    # Given a task that hangs on a queue with a 0.2 s timeout, run by a handler that reports
+    # failures (on_failure wraps the handler)
+    registry, release, reported = notifyq.TaskRegistry(db.config(defaults={"max_attempts": 1})), threading.Event(), []
+    registry.task(lambda: release.wait(30), queue="tto", name="hangs")
+    try:
+        registry.tasks["hangs"].enqueue()
+        # When a worker runs it
+        _run_tasks(db, registry, "tto", lambda h: Reporting(h, lambda job, exc: reported.append(str(exc))),
+                   timeout_s=0.2)
+        # Then it timed out, and the hook heard of it
+        assert _ended(db, "tto") == [("hangs", 4, TIMED_OUT.format(0.2))]
+        assert reported == [TIMED_OUT.format(0.2)]
+    finally:
+        release.set()
+        registry.close()

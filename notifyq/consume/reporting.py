@@ -1,0 +1,54 @@
+"""A handler's failed jobs handed to the consumer's `on_failure(job, exc)` hook (an error
+reporter such as Sentry), each once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from notifyq import errors
+from notifyq.consume.handlers import describe
+from notifyq.jobs import Job
+
+log = logging.getLogger("notifyq.consumer")
+
+
+class Reporting:
+    """A handler whose failed jobs are also handed to `on_failure(job, exc)` (an error reporter
+    such as Sentry): `exc` is what the handler raised, or errors.JobFailed for a command's
+    failure or a batch job failed with job.fail(). A hook that raises is logged, never fails
+    the job twice nor the consumer."""
+
+    def __init__(self, inner: Any, on_failure: Callable[[Job, BaseException], Any]):
+        self.inner = inner
+        self.on_failure = on_failure
+        self.per_batch = inner.per_batch
+        self._lock = threading.Lock()  # a timed-out job is reported by the worker, never again by its stray call
+
+    def __getattr__(self, name: str) -> Any:  # stop_running and the like: the inner handler's
+        return getattr(self.inner, name)
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        fresh = [job for job in jobs if job.error is None]
+        try:
+            self.inner(jobs, extend)
+        finally:
+            self.report([job for job in fresh if job.error is not None])
+
+    def report(self, failed: list[Job]) -> None:
+        """Hand each failed job to the hook, once."""
+        with self._lock:
+            new = [job for job in failed if not job._reported]
+            for job in new:
+                job._reported = True
+        for job in new:
+            self._report(job)
+
+    def _report(self, job: Job) -> None:
+        exc = job.exception if job.exception is not None else errors.JobFailed(job.error or "failed")
+        try:
+            self.on_failure(job, exc)
+        except Exception as e:
+            log.warning("on_failure hook raised queue=%s job=%d error=%s", job.queue, job.id, describe(e))
