@@ -37,6 +37,7 @@ COUNTERS = (
     ("dead", "Failed jobs out of attempts (or not retryable)."),
     ("given_back", "Claimed jobs returned unstarted at shutdown."),
     ("lost_acks", "Outcomes dropped because the claim had been taken back (lease or reaper)."),
+    ("snoozed", "Jobs the handler put back for later (job.snooze, notifyq.Snooze): no attempt spent."),
 )
 
 

@@ -81,6 +81,37 @@ def test_the_endpoint_reports_job_outcomes_histograms_depth_and_wakeups_per_queu
     assert not [n for n in prometheus_client.REGISTRY._names_to_collectors if n.startswith("notifyq")]
 
 
+def test_the_endpoint_counts_snoozed_jobs_apart_from_failures(db):
+    import notifyq
+
+    # Given a consumer whose handler snoozes the jobs marked "snooze", each its own way
+    cfg = db.config()
+
+    def handler(job: Job) -> None:
+        if job.payload.get("snooze") == "call":
+            job.snooze(3600)
+        elif job.payload.get("snooze") == "raise":
+            raise notifyq.Snooze(3600)
+
+    with running(cfg, "z", handler) as service:
+        server = metrics.serve(service, 0, "127.0.0.1")
+        try:
+            # When three jobs run, two of them snoozed
+            with Producer("z", cfg) as p:
+                p.put_many([{"snooze": "call"}, {"snooze": "raise"}, {}])
+            wait_until(lambda: service.totals().succeeded == 1 and service.totals().snoozed == 2, 20,
+                       message="the jobs counted")
+            code, text = scrape(server.server_port)
+        finally:
+            server.close()
+    # Then two are counted snoozed, none failed
+    s = samples(text)
+    q = (("queue", "z"),)
+    assert code == 200
+    assert s[("notifyq_jobs_snoozed_total", q)] == 2
+    assert (s[("notifyq_jobs_succeeded_total", q)], s[("notifyq_jobs_failed_total", q)]) == (1, 0)
+
+
 def test_status_reports_the_longest_claim_next_due_cancel_requests_and_periodic_ticks(db):
     # Given a claimed job with a cancel request, a delayed job and a periodic entry's row
     cfg = db.config()
