@@ -55,10 +55,11 @@ class PythonHandler:
         self.func = spec if callable(spec) else load_callable(spec)
         self.around = around
         self.concurrency = concurrency
+        self._warned = False  # a per-batch return value that cannot be kept: said once
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         if self.per_batch:
-            _run_batch(lambda: self._call(jobs), jobs)
+            self._give_results(_run_batch(lambda: self._call(jobs), jobs), jobs)
             return
         if self.concurrency > 1 and len(jobs) > 1:
             self._call([j for j in jobs if j.error is None], self._together)
@@ -74,6 +75,26 @@ class PythonHandler:
                 job.fail(describe(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
                 job.exception = e
+
+    def _give_results(self, returned: Any, jobs: list[Job]) -> None:
+        """A per-batch handler's results: a dict keyed by job (the Job, or its id) gives each
+        job its value, kept as a per-job handler's return value is. A dict, not a list in the
+        jobs' order: a handler that skips or reorders jobs cannot pair a value with the wrong
+        job. Anything else but None is not kept (said once, with what was returned)."""
+        if returned is None:
+            return
+        by_id = {job.id: job for job in jobs}
+        unknown = [] if isinstance(returned, dict) else [type(returned).__name__]
+        for key, value in returned.items() if isinstance(returned, dict) else ():
+            job = by_id.get(key.id if isinstance(key, Job) else key)
+            if job is None or (isinstance(key, Job) and key is not job):
+                unknown.append(repr(key)[:40])
+            else:
+                job._result = value
+        if unknown and not self._warned:
+            self._warned = True
+            log.warning("a per-batch handler's return value: only a dict {job or job.id: result} "
+                        "for the jobs of its batch is kept; not kept: %s", ", ".join(unknown[:5]))
 
     def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
         """How long a call on `jobs` may run (0: unbounded): the queue's timeout_s here; a
@@ -177,9 +198,10 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
+def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> Any:
+    """The batch's call: what it returned; None when it raised (every undecided job failed)."""
     try:
-        call()
+        return call()
     except HANDLER_FAILURES as e:
         detail = traceback.format_exc()
         for job in jobs:
@@ -187,6 +209,7 @@ def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> None:
                 job.fail(describe(e))
                 job.detail = detail
                 job.exception = e
+        return None
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

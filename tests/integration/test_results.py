@@ -91,3 +91,34 @@ def test_a_result_over_the_size_bound_is_not_kept(db, monkeypatch):
     drain(db, lambda job: "x" * 200, keep_done=True)
     with Producer("q", db.config()) as p:
         assert p.result(job_id) is None
+
+
+def test_a_per_batch_handler_gives_each_job_its_result_by_a_dict(db):
+    # Given four jobs run by one per-batch call that fails the one marked 3, gives the one
+    # marked 2 nothing, and the others a result keyed by the job or by its id
+    ids = put(db, 4, max_attempts=1)
+    batches = []
+
+    def handler(jobs):
+        batches.append(len(jobs))
+        jobs[3].fail("no card", retry=False)
+        return {jobs[0]: {"receipt": "r-0"}, jobs[1].id: "r-1", jobs[3].id: "not kept: it failed"}
+
+    drain(db, handler, per_batch=True, keep_done=True)
+    # When a producer asks for their results
+    with Producer("q", db.config()) as p:
+        # Then each done job has its own, the one given none has None, the failed one is dead
+        assert batches == [4]
+        assert [p.result(i) for i in ids[:3]] == [{"receipt": "r-0"}, "r-1", None]
+        with pytest.raises(errors.JobFailed, match="no card"):
+            p.result(ids[3])
+
+
+def test_a_per_batch_handler_returning_other_than_a_dict_keeps_no_result_and_says_so(db, caplog):
+    ids = put(db, 2)
+    drain(db, lambda jobs: ["r-0", "r-1"], per_batch=True, keep_done=True)
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [None, None]
+    said = [r.getMessage() for r in caplog.records if "per-batch handler's return value" in r.getMessage()]
+    assert said == ["a per-batch handler's return value: only a dict {job or job.id: result} for the jobs "
+                    "of its batch is kept; not kept: list"]
