@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from notifyq import errors
 from notifyq.jobs import Job
 from notifyq.produce import conns
 from notifyq.store import completion
@@ -15,5 +16,11 @@ from notifyq.store import completion
 class Completion(completion.Completion):
     def complete_in(self, job: Job, conn: Any, result: Any = None, rollback: bool = True) -> None:
         raw = conns.dbapi(conn)
-        # A framework's transaction rolls back itself when ClaimLost leaves its block
-        super().complete_in(job, raw, result, rollback=rollback and raw is conn)
+        try:
+            super().complete_in(job, raw, result, rollback=rollback and raw is conn)
+        except errors.ClaimLost:
+            if rollback and raw is not conn:
+                # A framework's transaction rolls back as ClaimLost leaves its block; Django's
+                # also when the handler catches it inside the block.
+                conns.doom(conn)
+            raise

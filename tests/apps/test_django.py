@@ -200,3 +200,34 @@ def test_an_orm_handler_keeps_working_after_the_server_dropped_its_idle_connecti
         assert project.query("SELECT COUNT(*) FROM nq_job WHERE last_error IS NOT NULL") == [(0,)]
     finally:
         project.close()
+
+
+def test_complete_in_commits_an_orm_write_with_the_completion_and_a_stale_claim_rolls_it_back(project, tmp_path):
+    _migrated(project)
+    out = tmp_path / "out.jsonl"
+    project.env["NQ_DJANGO_OUT"] = str(out)
+    # Given two jobs whose handler writes an order through the ORM in transaction.atomic() and
+    # completes its job there with job.complete_in(connection); the second has its claim taken
+    # back before its first run completes it; so have the third, whose handler catches ClaimLost
+    # inside its atomic() block and returns, and the fourth, which catches it in an inner block
+    put = project.manage("notifyq", "produce", "-q", "charges", '{"n": 1}', '{"n": 2, "lose_claim": true}',
+                         '{"n": 3, "swallow": true}', '{"n": 4, "nested": true}')
+    assert put.returncode == 0, put.stderr
+    first, second, third, fourth = [r[0] for r in project.query("SELECT id FROM nq_job WHERE queue = 'charges' "
+                                                                "ORDER BY id")]
+    # When a consumer runs the queue until it is empty
+    run = project.manage("notifyq", "consume", "-q", "charges", "--handler", "shop.handlers:charge_once",
+                         "--exit-when-empty")
+    assert run.returncode == 0, run.stderr
+    # Then the first job's order and its completion committed together: one order, the job done
+    # (and never acked a second time)
+    orders = [r[0] for r in project.query("SELECT name FROM shop_order ORDER BY id")]
+    assert orders == [f"charge-{first}-1", f"charge-{second}-2", f"charge-{third}-2", f"charge-{fourth}-2"]
+    attempts = project.query("SELECT job_id, attempt, outcome FROM nq_attempt ORDER BY job_id, attempt")
+    assert (first, 1, "done") in attempts and (second, 2, "done") in attempts
+    assert project.query("SELECT COUNT(*) FROM nq_job WHERE queue = 'charges' AND status IN (0, 1, 2)") == [(0,)]
+    # And the stale runs raised ClaimLost, and their orders were rolled back, also the one whose
+    # handler did not let ClaimLost leave the block: only the runs that took over stored one
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"job": job, "attempt": 1, "raised": "ClaimLost"} for job in (second, third, fourth)]
+    assert "done=4 failed=0 dead=0 given_back=0 lost_acks=3" in run.stderr  # the stale runs' outcomes fenced out
