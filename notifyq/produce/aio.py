@@ -74,11 +74,46 @@ class AsyncProducer:
                                max_attempts=max_attempts, conn=conn)
 
     async def result(self, job_id: int, *, wait: float = 0.0, **where: Any) -> Any:
-        """Producer.result, awaited (on the loop's default executor: a long wait takes no put's
-        thread). `where`: with [shards], `shard=NAME` (job ids are per shard)."""
+        """Producer.result, awaited. The wait is the event loop's: each look at the job is a
+        short read on the loop's default executor, and between looks the coroutine sleeps, so
+        a long wait holds no thread and a cancelled one stops at once. `where`: with [shards],
+        `shard=NAME` (job ids are per shard)."""
+        from notifyq.produce import results  # here: a producer that never asks need not load it
+        from notifyq.store.db import Session
+
+        if self._closed:
+            raise errors.InputError("AsyncProducer is closed")
+        dsn = self._producers[0].result_dsn(**where)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(self._producers[0].result, job_id,
-                                                                  wait=wait, **where))
+        deadline, delay = loop.time() + max(0.0, wait), results.POLL_FIRST_S
+        session, using = Session(dsn, name="result"), threading.Lock()
+
+        def look() -> Any:
+            with using:
+                return results.read(session, job_id)
+
+        def close() -> None:
+            with using:
+                session.close()
+
+        try:
+            while True:
+                try:
+                    return await loop.run_in_executor(None, look)
+                except results.Pending as e:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise errors.ResultPending(str(e)) from None
+                    await asyncio.sleep(min(delay, left))
+                    delay = results.next_delay(delay)
+        finally:
+            if using.acquire(blocking=False):
+                try:
+                    session.close()
+                finally:
+                    using.release()
+            else:  # a cancelled await, its look still under way on a thread: closed after it
+                loop.run_in_executor(None, close)
 
     async def close(self) -> None:
         """Close every session, after the puts under way."""

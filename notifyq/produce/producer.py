@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from notifyq import errors, values
-from notifyq.config import Config, validate_queue_name
+from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
 from notifyq.produce.interrupt import Interrupter
@@ -148,11 +148,15 @@ class Producer:
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
         # A session of its own for the wait: the producer's puts (other threads) go on meanwhile
-        session = Session(self.config.dsn, name="result")
+        session = Session(self.result_dsn(), name="result")
         try:
             return results.wait_for(lambda: session, job_id, wait)
         finally:
             session.close()
+
+    def result_dsn(self) -> DSN:
+        """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""
+        return self.config.dsn
 
     def close(self) -> None:
         """Close the producer's sessions (after any put under way); a later put opens new ones."""

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from notifyq import errors, shards, values
-from notifyq.config import Config, validate_queue_name
+from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.produce import producer as one_server
 
 log = logging.getLogger("notifyq.producer")
@@ -110,9 +110,16 @@ class ShardedProducer:
     def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """Producer.result on the queue's shard (ids are per shard: a spread queue's job names its
         shard)."""
+        return self._on(self._result_shard(shard)).result(job_id, wait=wait)
+
+    def result_dsn(self, shard: str | None = None) -> DSN:
+        """Producer.result_dsn: the shard's that holds the job."""
+        return self._on(self._result_shard(shard)).result_dsn()
+
+    def _result_shard(self, shard: str | None) -> str:
         if shard is None and self._turn is not None:
             raise errors.InputError(f"queue {self.queue} is spread over shards: give shard= (ids are per shard)")
-        return self._on(shard or self._home).result(job_id, wait=wait)
+        return shard or self._home
 
     def close(self) -> None:
         with self._mutex:

@@ -156,3 +156,89 @@ def test_the_fastapi_example_of_the_docs_enqueues_from_its_endpoint(db, monkeypa
     assert db.query("SELECT id, payload, priority FROM nq_job WHERE queue = 'emails'") == [
         (job_id, '{"to":"a@example.com"}', 5)]
     assert namespace["emails"]._closed
+
+
+def _worker(db, queue: str, handler, **queue_defaults):
+    """A worker thread running `queue`'s jobs until it is stopped."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    stop = threading.Event()
+    worker = Worker(db.config(defaults=queue_defaults), queue, handlers.PythonHandler(handler, False), stop=stop,
+                    budget=Budget(None), batch_size=10)
+    thread = threading.Thread(target=worker.run, name="result-worker")
+    return worker, thread, stop
+
+
+def test_an_awaited_result_waits_for_the_job_while_the_loop_turns(db):
+    import threading
+
+    # Given a queue that keeps results, and a job whose handler returns once released
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job):
+        started.set()
+        release.wait(30)
+        return {"sum": job.payload["a"] + job.payload["b"]}
+
+    worker, thread, stop = _worker(db, "ares", handler, keep_done=True)
+
+    async def main():
+        async with notifyq.AsyncProducer("ares", db.config()) as producer:
+            job_id = await producer.put({"a": 2, "b": 3})
+            # When the result is asked for before the job finished, without a wait
+            with pytest.raises(errors.ResultPending, match=f"job {job_id} has not finished"):
+                await producer.result(job_id)
+            # And awaited with a wait while the job runs, beside a coroutine that lets the job
+            # finish only once it turned ten times during the wait
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while not release.is_set():
+                    await asyncio.sleep(0.01)
+                    ticks += started.is_set()
+                    if ticks >= 10:
+                        release.set()
+
+            tick = asyncio.ensure_future(ticker())
+            got = await producer.result(job_id, wait=30)
+            await tick
+            # And a dead job's result raises with its error
+            dead = await producer.put({"a": "x", "b": 1}, max_attempts=1)
+            with pytest.raises(errors.JobFailed, match="TypeError"):
+                await producer.result(dead, wait=30)
+            return got, ticks
+
+    thread.start()
+    try:
+        got, ticks = asyncio.run(main())
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+    # Then the result came back once the job was done, and the loop turned meanwhile
+    assert got == {"sum": 5}
+    assert ticks >= 10
+    assert worker.error is None, worker.error
+
+
+def test_a_cancelled_result_wait_holds_no_thread(db):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Given a job no consumer runs, and a loop whose default executor has one thread
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        async with notifyq.AsyncProducer("acancel", db.config()) as producer:
+            job_id = await producer.put({})
+            # When a long wait for its result is cancelled
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(producer.result(job_id, wait=60), 0.3)
+            # Then the executor's thread is free at once for other work
+            return await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 10)
+
+    assert asyncio.run(main()) == "free"
