@@ -12,7 +12,7 @@ from notifyq.jobs import Job, Status, cancelled
 
 if TYPE_CHECKING:
     from notifyq.consume.service import ConsumeOptions
-    from notifyq.consume.tasks import Task, TaskRegistry, task
+    from notifyq.tasks import Task, TaskRegistry, task
     from notifyq.sharding.aio import AsyncProducer
     from notifyq.sharding.service import ConsumerService
     from notifyq.sharding.producer import Producer
@@ -24,7 +24,7 @@ __all__ = ["AsyncProducer", "ClaimLost", "Config", "ConsumeOptions", "ConsumerSe
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
 _LAZY = {"Producer": "notifyq.sharding.producer", "AsyncProducer": "notifyq.sharding.aio",
-         "task": "notifyq.consume.tasks", "Task": "notifyq.consume.tasks", "TaskRegistry": "notifyq.consume.tasks",
+         "task": "notifyq.tasks", "Task": "notifyq.tasks", "TaskRegistry": "notifyq.tasks",
          "setup_logging": "notifyq.logs", "ConsumeOptions": "notifyq.consume.service",
          "ConsumerService": "notifyq.sharding.service"}
 

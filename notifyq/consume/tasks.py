@@ -6,9 +6,9 @@ A task's job payload is {"task": NAME, "args": [...], "kwargs": {...}}; NAME is 
 there as Task objects (no import-time side effect decides what runs), and fails a job that names
 another with a clear error: it never runs something else.
 
-The registry is an object: `TaskRegistry()` gives an app (or a test) its own, with its own config
-and producers; `notifyq.task` is the default registry's decorator, whose config is
-`notifyq.load_config()` unless `configure()` set one.
+This module is the consumer's side (a Task, finding tasks in modules, running their jobs); the
+app's side, the registry whose producers enqueue() puts through, is notifyq/tasks.py, above the
+sharding layer, so that a task enqueues as notifyq.Producer does (with [shards] too).
 """
 
 from __future__ import annotations
@@ -17,21 +17,19 @@ import functools
 import importlib
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from notifyq import errors, values
-from notifyq.config import Config, validate_queue_name
+from notifyq.config import validate_queue_name
 from notifyq.consume import handlers
 from notifyq.jobs import Job
-from notifyq.produce.producer import Producer
 
 
 class Task:
     """A function that can also be enqueued: calling it runs it here, `.enqueue()` puts a job."""
 
-    def __init__(self, fn: Callable[..., Any], registry: "TaskRegistry", *, queue: str, name: str,
+    def __init__(self, fn: Callable[..., Any], registry: Any, *, queue: str, name: str,
                  max_attempts: int | None, priority: int, timeout_s: float | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
@@ -58,66 +56,6 @@ class Task:
 
     def __repr__(self) -> str:
         return f"<notifyq task {self.name} queue={self.queue}>"
-
-
-class TaskRegistry:
-    """Tasks by name, and the producers their enqueue() puts through (one per queue, shared by
-    the threads of the process: Producer is thread-safe)."""
-
-    def __init__(self, config: Config | Callable[[], Config] | None = None):
-        self.tasks: dict[str, Task] = {}
-        self._config = config
-        self._producers: dict[str, Producer] = {}
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
-             max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None) -> Any:
-        """Decorator: `@registry.task` or `@registry.task(queue="emails", max_attempts=3)`.
-        `timeout_s` bounds a run of the task in a consumer as the queue's timeout_s does, in its
-        place (0: no bound); None leaves the queue's."""
-        def wrap(f: Callable[..., Any]) -> Task:
-            if not callable(f):
-                raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
-            task_name = name or f"{f.__module__}.{f.__qualname__}"
-            t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority,
-                     timeout_s=timeout_s)
-            self.tasks[task_name] = t
-            return t
-        return wrap(fn) if fn is not None else wrap
-
-    def configure(self, config: Config | Callable[[], Config] | None) -> None:
-        """The config enqueue() uses, or a function that gives it when a queue's producer is
-        first needed (contrib.django's: the database of its settings); None: load_config().
-        Closes the producers of the one before."""
-        self.close()
-        self._config = config
-
-    def producer(self, queue: str) -> Producer:
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's sessions are not its own
-                self._producers, self._pid = {}, os.getpid()
-            if queue not in self._producers:
-                if self._config is None:
-                    from notifyq.config import load
-
-                    self._config = load()
-                config = self._config() if callable(self._config) else self._config
-                if config.shards:
-                    raise errors.ConfigError("tasks enqueue on one server: a config with [shards] "
-                                             "is not supported by TaskRegistry yet")
-                self._producers[queue] = Producer(queue, config, ring=True)
-            return self._producers[queue]
-
-    def close(self) -> None:
-        with self._lock:
-            producers, self._producers = self._producers, {}
-        for producer in producers.values():
-            producer.close()
-
-
-default_registry = TaskRegistry()
-task = default_registry.task
 
 
 def tasks_in(module_names: tuple[str, ...]) -> dict[str, Task]:
@@ -171,7 +109,7 @@ class TaskHandler(handlers.PythonHandler):
             raise UnknownTask(_unknown(name, payload, sorted(self.tasks)))
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise UnknownTask(f"task {name}: the job's args must be a list and its kwargs an object")
+            raise UnknownTask(f"task {task.name}: the job's args must be a list and its kwargs an object")
         return task.fn(*args, **kwargs)
 
 

@@ -41,7 +41,7 @@ def test_enqueue_puts_a_job_naming_the_task_with_its_arguments_and_options(db):
         assert rows[1][4] == 1  # scheduled: the delay
         assert registry.tasks == {name: add}
         # And the default registry knows nothing of it
-        from notifyq.consume.tasks import default_registry
+        from notifyq.tasks import default_registry
         assert name not in default_registry.tasks
     finally:
         registry.close()
@@ -129,7 +129,7 @@ def test_a_queue_with_a_handler_and_tasks_is_a_config_error(db, tmp_path):
 def test_the_first_example_of_the_docs_enqueues_what_it_says(db, monkeypatch):
     from pathlib import Path
 
-    from notifyq.consume.tasks import default_registry
+    from notifyq.tasks import default_registry
 
     # Given the first Python block of docs/tasks.md, the default registry configured from the
     # environment as it says, and `my_connection` a connection of the caller's
@@ -238,3 +238,22 @@ def test_a_queues_timeout_holds_also_with_an_on_failure_hook(db):
     finally:
         release.set()
         registry.close()
+
+
+def test_a_job_naming_a_task_with_malformed_arguments_fails_with_one_clear_error(db):
+    # Given a task, and a job of its queue that names it with arguments of the wrong shape
+    registry = notifyq.TaskRegistry(db.config())
+
+    @registry.task(queue="badargs", name="add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        with notifyq.Producer("badargs", db.config()) as producer:
+            producer.put({"task": "add", "args": {"a": 1}, "kwargs": {}}, max_attempts=1)
+        # When a consumer runs it
+        _run_tasks(db, registry, "badargs")
+    finally:
+        registry.close()
+    # Then the job is dead with a line that names the task and says what is wrong
+    assert _ended(db, "badargs") == [("add", notifyq.Status.DEAD, "UnknownTask: task add: the job's args must be a list and its kwargs an object")]

@@ -14,6 +14,7 @@ from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli,
 
 from notifyq import config as config_mod
 from notifyq import errors, shards
+from notifyq import tasks as notifyq_tasks
 from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions
 from notifyq.sharding.service import ConsumerService
@@ -370,3 +371,17 @@ def test_the_asyncio_producer_places_jobs_on_their_shards_and_reads_a_result_on_
     assert len(ids) == 4
     assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 5]
     assert sorted(len(rows(dbs[s], "s")) for s in "ab") == [2, 2]  # dealt in turn
+
+
+def test_a_tasks_enqueue_puts_its_job_on_its_queues_shard(sharded):
+    cfg, _env, dbs = sharded
+    registry = notifyq_tasks.TaskRegistry(cfg)
+
+    @registry.task(queue="pinned")
+    def send(n: int) -> None: ...
+
+    try:
+        job_id = send.enqueue(7)
+    finally:
+        registry.close()
+    assert dbs["b"].query("SELECT payload FROM nq_job WHERE id = %s", (job_id,)) and not rows(dbs["a"], "pinned")
