@@ -65,9 +65,11 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
                  "writer_kill": "failover_kill", "node_pause": "failover_pause",
                  "busy_restart": "server_busy", "busy_crash": "server_busy"}
 # What a fault may excuse (duplicate_cause), by kind; "any" when not listed:
-# peer      only a second run on another process than the one hit: a peer may take back what a
-#           process held while its session was gone (presence.py's trust rules), but a process
-#           never runs its own jobs again for it (issue 26 item 3, a process reaping itself);
+# peer      a second run on another process than the one hit, or on the hit process itself once a
+#           peer's reaper took its claim back (a `taken_back` record): a peer may take back what a
+#           process held while its session was gone (presence.py's trust rules), and the jobs are
+#           then anyone's to claim; but a process never takes its own claims back (issue 26 item 3,
+#           checked directly: the self_reap rule);
 # finished  only the second run of a job whose run had ended before the fault (its ack may have
 #           been in flight); one whose handler ran through it was a live consumer's (item 5);
 # never     a reload changes settings, it takes nothing back (item 6).
@@ -224,7 +226,13 @@ class Faults:
                            if r.token and outlasted_lease(r, same_job, self.lease_out[run_id(r)])}
         self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
         self.server: list[Fault] = []
-        self.all = sorted((f for f in faults if f.kind != "cancel"), key=lambda f: f.start)
+        faults = list(faults)
+        # pid -> when a peer's reaper took its claims back (evidence of a fault, not one itself)
+        self.taken_by_peer: dict[int, list[float]] = collections.defaultdict(list)
+        for f in faults:
+            if f.kind == "taken_back" and f.pid is not None and f.detail != str(f.pid):
+                self.taken_by_peer[f.pid].append(f.start)
+        self.all = sorted((f for f in faults if f.kind not in ("cancel", "taken_back")), key=lambda f: f.start)
         for f in self.all:
             if f.kind in SERVER_CAUSES:
                 self.server.append(f)
@@ -238,12 +246,18 @@ class Faults:
         again after `earlier` (EXCUSE); without the runs, any fault that can excuse anything."""
         for pid in pids:
             for f in self.by_pid.get(pid, ()):
-                if f.start <= hi and f.end >= lo and excuses(f, earlier, later):
+                if f.start <= hi and f.end >= lo and (excuses(f, earlier, later) or self._peer_took_back(f, later)):
                     return PROCESS_CAUSES.get(f.kind, f.kind)
         for f in self.server:
             if f.start <= hi and f.end >= lo and excuses(f, earlier, later):
                 return SERVER_CAUSES[f.kind]
         return None
+
+    def _peer_took_back(self, f: Fault, later: Run | None) -> bool:
+        """A "peer" fault's own process ran the job again after a peer's reaper took its claim
+        back (between the fault and that run): the job was anyone's to claim by then."""
+        return (EXCUSE.get(f.kind) == "peer" and later is not None and later.pid == f.pid
+                and any(f.start <= t <= later.start for t in self.taken_by_peer.get(f.pid, ())))
 
     def any_between(self, lo: float, hi: float) -> bool:
         """Any fault at all (any process, the server) overlapping [lo, hi]."""
@@ -657,6 +671,13 @@ def check_effects(h: History) -> list[Violation]:
     return out
 
 
+def check_self_reaps(h: History) -> list[Violation]:
+    """Issue 26 item 3: a process's reaper never takes back its own process's claims (its
+    workers may be running them)."""
+    return [Violation("self_reap", None, f"pid {f.pid}'s own reaper took its claims back at {f.start:.3f}")
+            for f in h.faults if f.kind == "taken_back" and f.detail == str(f.pid)]
+
+
 def check(h: History) -> Report:
     """Every rule; the lease-bound ones on each deployment with its own lease (lease_of)."""
     deploys = sorted({r.deploy for r in h.runs} | {e.deploy for e in h.enqueues} | {f.deploy for f in h.final_rows}
@@ -664,7 +685,7 @@ def check(h: History) -> Report:
     parts = [_check_deploy(_only(h, d)) for d in deploys] or [_check_deploy(h)]
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
-    violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h)
+    violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import os
 import random
@@ -220,21 +221,35 @@ class FaultRun:
         finally:
             conn.close()
 
+    def _reaps(self) -> list[tuple[float, int, str, int | None]]:
+        """Every "jobs returned" line of a reaper naming a consumer: (monotonic time, the reaper's
+        pid, the consumer id, that consumer's pid if the monitor saw it registered)."""
+        line = re.compile(r"ts=(\S+) .*(?:consumer died|heartbeat stopped), jobs returned consumer=([0-9a-f]+)")
+        to_monotonic = time.monotonic() - time.time()
+        out = []
+        for consumer in self.fleet.started:
+            for ts, cid in line.findall(consumer.err.read_text()):
+                wall = dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+                pid = next((p for (_, c), p in self.monitor.pid_of.items() if c == cid), None)
+                out.append((wall + to_monotonic, consumer.pid, cid, pid))
+        return out
+
+    def _takebacks(self) -> list[Fault]:
+        """The reapers' take-backs, for the checker: a peer's excuses a process's own second run
+        after a fault of its session (EXCUSE "peer"); a process's own is the self_reap rule."""
+        return [Fault("taken_back", at, at, pid, detail=str(reaper)) for at, reaper, _, pid in self._reaps()
+                if pid is not None]
+
     def _false_reclaims(self) -> list[str]:
         """Live consumers a reaper judged dead: a consumer that logged it was judged stale, or a
         reaped registration whose process was never killed nor stopped by the schedule."""
-        out = []
-        reaped = re.compile(r"(?:consumer died|heartbeat stopped), jobs returned consumer=([0-9a-f]+)")
-        for consumer in self.fleet.started:
-            text = consumer.err.read_text()
-            if "heartbeat was judged stale" in text:
-                out.append(f"pid {consumer.pid} says its heartbeat was judged stale")
-            for cid in reaped.findall(text):
-                pid = next((p for (_, c), p in self.monitor.pid_of.items() if c == cid), None)
-                victim = self.fleet.by_pid(pid) if pid is not None else None
-                if victim is not None and victim.killed_at is None and not victim.stopped and not any(
-                        f.pid == pid for f in self.faults if f.kind == "stall"):
-                    out.append(f"consumer {cid[:8]} (pid {pid}, never killed) reaped, seen by pid {consumer.pid}")
+        out = [f"pid {c.pid} says its heartbeat was judged stale" for c in self.fleet.started
+               if "heartbeat was judged stale" in c.err.read_text()]
+        for _, reaper, cid, pid in self._reaps():
+            victim = self.fleet.by_pid(pid) if pid is not None else None
+            if victim is not None and victim.killed_at is None and not victim.stopped and not any(
+                    f.pid == pid for f in self.faults if f.kind == "stall"):
+                out.append(f"consumer {cid[:8]} (pid {pid}, never killed) reaped, seen by pid {reaper}")
         return out
 
     def _play(self, workload: Workload, batch_producer: Producer | None) -> None:
@@ -575,7 +590,9 @@ class FaultRun:
         if "effects" in self.plan.classes:
             effects = {("main", int(job)): int(n) for job, n in self.roots["main"].query(
                 f"SELECT job_id, COUNT(*) FROM {EFFECTS_TABLE} GROUP BY job_id")}
-        return History(runs, enqueues, self.faults + poison_exits(runs, poison), rows, self.plan.lease_s,
+        faults = self.faults + poison_exits(runs, poison)
+        (self.logs / "faults.txt").write_text("".join(f"{f}\n" for f in sorted(faults, key=lambda f: f.start)))
+        return History(runs, enqueues, faults + self._takebacks(), rows, self.plan.lease_s,
                        effects=effects,
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
                        exits=self.exits, refused=self.shared.refused if self.shared else [],

@@ -295,6 +295,14 @@ def test_kill_session_a_process_that_reruns_its_own_jobs_after_losing_its_livene
     # A peer that took the claim back while the lock was free is the trust rules' case: excused
     peer = [runs[0], run(1, 2, 11, 3.1, 3.2, token=8)]
     assert checker.check(history(peer, [enq(1)], faults=[kill])).ok
+    # and so is pid 10 claiming the job again once a peer (pid 11) took it back: it was anyone's
+    by_peer = Fault("taken_back", 2.5, 2.5, 10, detail="11")
+    again = [runs[0], run(1, 2, 10, 3.0, 3.1, token=8)]
+    assert checker.check(history(again, [enq(1)], faults=[kill, by_peer])).ok
+    # but not when pid 10's own reaper took it back: that is item 3, caught by its own rule too
+    by_itself = Fault("taken_back", 2.5, 2.5, 10, detail="10")
+    report = checker.check(history(again, [enq(1)], faults=[kill, by_itself]))
+    assert report.by_rule() == {"run_twice": 1, "self_reap": 1}, report.violations
 
 
 def test_stall_idle_a_start_under_a_claim_taken_back_during_a_stall_is_caught():
