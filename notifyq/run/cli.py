@@ -146,16 +146,15 @@ def show_config(obj: Context, a: argparse.Namespace) -> None:
 
 
 def status(obj: Context, a: argparse.Namespace) -> None:
-    from notifyq.ops import status as status_mod
     from notifyq.sharding import servers
+    from notifyq.sharding import status as status_mod
 
     cfg = obj.oneshot_config()
     queue = a.queue
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
     with servers.Servers.oneshot(cfg, "status") as every:
-        answers, down = every.each(lambda session: status_mod.collect(session, queue))
-    data = status_mod.merge(answers, down) if cfg.shards else answers[""]
+        data, down = status_mod.collect(every, queue)
     echo(json.dumps(data, indent=2) if a.as_json else status_mod.render(data))
     servers.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
 
