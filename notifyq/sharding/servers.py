@@ -1,7 +1,8 @@
 """Every server a config names, asked in turn: the answers by shard name, and the ones that are
 down with their error line. One server (no [shards]) is the one entry "".
 
-The readers that ask every server the same thing use it: the one-shot commands. Each server has one session, used under its own lock, so a
+The readers that ask every server the same thing use it: the one-shot commands and the status
+pages. Each server has one session, used under its own lock, so a
 reader shared by threads costs each server one connection.
 """
 
@@ -70,6 +71,20 @@ class Servers:
                 schema.require_current(session)
             return work(session)
 
+    def check(self) -> dict[str, str]:
+        """At start: every server reachable, with the current schema. One server down is an
+        error; with [shards] the ones down are returned (their error lines), the others serve. A
+        wrong schema is an error either way."""
+        down = {}
+        for name in self.names:
+            try:
+                self.one(name, schema.require_current)
+            except errors.DatabaseError as e:
+                if not self.sharded:
+                    raise
+                down[name] = str(e)
+        return down
+
     def shards_of(self, queue: str) -> tuple[str, ...]:
         """The servers that may hold jobs of `queue` (all of them for a spread queue)."""
         return shards.Placement(self.config).shards_of(queue)
@@ -83,6 +98,11 @@ class Servers:
                 f"[shards] names {', '.join(sorted(self.config.shards))}" if self.sharded
                 else "no [shards] configured"))
         return [shard]
+
+    def where(self) -> dict[str, dict[str, Any]]:
+        """Per server: where its session is (its identity; on Galera, the writer node)."""
+        return {name: {"node": s.node, "galera": s.galera, "database": s.dsn.database}
+                for name, (s, _) in self._sessions.items()}
 
     def close(self) -> None:
         for session, lock in self._sessions.values():
