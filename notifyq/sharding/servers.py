@@ -1,8 +1,8 @@
 """Every server a config names, asked in turn: the answers by shard name, and the ones that are
 down with their error line. One server (no [shards]) is the one entry "".
 
-The readers that ask every server the same thing use it: the one-shot commands and the status
-pages. Each server has one session, used under its own lock, so a
+The readers that ask every server the same thing use it: the one-shot commands, the status
+pages, a consumer's depth gauges. Each server has one session, used under its own lock, so a
 reader shared by threads costs each server one connection.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from notifyq import errors, shards, values
 from notifyq.config import DSN, Config
-from notifyq.ops import admin
+from notifyq.ops import admin, status
 from notifyq.store import schema
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, describe
@@ -158,3 +158,24 @@ def holding(servers: Servers, job_id: int, work: Callable[[Session], T], shard: 
         fail_if_down(down)
         raise errors.InputError(f"no job {job_id}")
     return answers[on[0]]
+
+
+class QueueDepths:
+    """A consumer's queue depths for its metrics endpoint (ops/metrics.py): each server asked for
+    the queues whose jobs it holds. A server that does not answer is logged and reported down."""
+
+    def __init__(self, config: Config):
+        self.servers = Servers(config, "metrics", retry_s=2, retry_log_level=logging.WARNING)
+
+    def __call__(self, shards_of: dict[str, tuple[str, ...]]) -> tuple[dict[str, dict], dict[str, bool]]:
+        depth: dict[str, dict] = {}
+        for name in self.servers.names:
+            mine = [q for q, where in shards_of.items() if name in where]
+            answers, down = self.servers.each(lambda session: status.depths(session, mine), [name])
+            depth.update(answers)
+            for error in down.values():
+                log.warning("metrics: cannot read queue depth%s error=%s", f" shard={name}" if name else "", error)
+        return depth, {name: name in depth for name in self.servers.names}
+
+    def close(self) -> None:
+        self.servers.close()
