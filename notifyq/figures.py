@@ -93,7 +93,6 @@ class WatcherFigures:
 @dataclass(frozen=True)
 class ServiceFigures:
     queues: tuple[str, ...]
-    sharded: bool
     healthy: bool
     workers: list[WorkerFigures] = field(default_factory=list)
     watchers: list[WatcherFigures] = field(default_factory=list)

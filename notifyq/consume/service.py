@@ -282,7 +282,7 @@ class ConsumerService(Supervisor):
         conflicts = (sum(r.worker.work.conflicts.count for r in self.running)
                      + sum(w.session.conflicts.count for w in self.presence.watch_seats.values()))
         return ServiceFigures(
-            queues=tuple(dict.fromkeys(self.options.queues)), sharded=False,
+            queues=tuple(dict.fromkeys(self.options.queues)),
             healthy=bool(self.running) and self.healthy(), workers=workers, watchers=watchers,
             periodic=periodic_figures, reclaimed=sum(s.reclaimed for s in self.every_stats()),
             conflicts=conflicts, shards_of={q: (self.shard,) for q in self.options.queues})

@@ -1,3 +1,3 @@
 """Operators' tools as a library: admin actions on jobs (admin.py), the status report
-(status.py) and Prometheus metrics (metrics.py). Imports store and the ground floor only.
+(status.py, one server's) and Prometheus metrics (metrics.py). Imports store and the ground floor only.
 """

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from notifyq import errors
-from notifyq.config import Config
 from notifyq.figures import ServiceFigures, WorkerFigures, batch_size_histogram, handler_seconds_histogram
 
 # prometheus_client and http.server (~40 ms of imports) are imported where they are first used.
@@ -41,18 +40,20 @@ COUNTERS = (
 )
 
 
-class ServiceCollector:
-    """Renders a consumer's figures when scraped: `figures` is ConsumerService.figures, `config`
-    where its queues live (for the depth reads)."""
+# A depth reader: given where each queue's jobs are (ServiceFigures.shards_of), the queues' depth
+# figures by server (status.depths()) and whether each server answered ("" for one server).
+Depths = Callable[[dict[str, tuple[str, ...]]], tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]]]
 
-    def __init__(self, figures: Callable[[], ServiceFigures], config: Config):
+
+class ServiceCollector:
+    """Renders a consumer's figures when scraped: `figures` is ConsumerService.figures, `depths`
+    what reads its queues' depth (sharding/servers.py QueueDepths: one session per server)."""
+
+    def __init__(self, figures: Callable[[], ServiceFigures], depths: Depths):
         self.figures = figures
-        self.config = config
-        # Per shard ("" for one server): the last depth read, and whether it reached the server.
-        self._depth: dict[str, dict[str, dict[str, Any]]] = {}
-        self._depth_at = 0.0
-        self._depth_ok: dict[str, bool] = {}
-        self._sessions: dict[str, Any] = {}
+        self.depths = depths
+        self._depth: tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]] = ({}, {})
+        self._depth_at = -DEPTH_CACHE_S
         self._lock = threading.Lock()
 
     def describe(self) -> list:
@@ -80,15 +81,12 @@ class ServiceCollector:
 
     @staticmethod
     def _groups(now: ServiceFigures, workers: list[WorkerFigures]) -> tuple[list[str], dict[tuple[str, ...], list]]:
-        """The labels of the per-worker families and their workers: per queue, and with [shards]
-        per queue and shard (sum by (queue) for the queue)."""
-        queues = list(dict.fromkeys([*now.queues, *(w.queue for w in workers)]))
-        if not now.sharded:
-            return ["queue"], {(q,): [w for w in workers if w.queue == q] for q in queues}
-        groups: dict[tuple[str, ...], list] = {}
+        """The labels of the per-worker families and their workers: per queue and server (a
+        `shard` label when the servers have names: sum by (queue) for the queue)."""
+        groups: dict[tuple[str, str], list] = {(q, s): [] for q in now.queues for s in now.shards_of.get(q, ("",))}
         for w in workers:
             groups.setdefault((w.queue, w.shard), []).append(w)
-        return ["queue", "shard"], groups
+        return _by_server(["queue"], groups)
 
     def _job_counters(self, groups) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
@@ -143,8 +141,7 @@ class ServiceCollector:
         for key, mine in by_label.items():
             key = list(key)
             # The queue's watcher, shared by the queue's workers on one database.
-            queue, shard = key[0], (key[1] if now.sharded else None)
-            watchers = [x for x in now.watchers if x.queue == queue and (shard is None or x.shard == shard)]
+            watchers = [x for x in now.watchers if [x.queue, x.shard][:len(key)] == key]
             for kind in ("bell", "signal", "due", "timeout"):
                 wakeups.add_metric([*key, kind], sum(x.wakeups.get(kind, 0) for x in watchers))
             locks.add_metric(key, sum(1 for w in mine if w.use_locks))
@@ -155,30 +152,27 @@ class ServiceCollector:
         yield from (wakeups, locks, polling, watching, busy, count)
 
     def _depth_gauges(self, now: ServiceFigures) -> Iterator[Any]:
-        """Per queue; with [shards] per queue and shard (a `shard` label: sum by (queue) for the
-        queue), and notifyq_db_up per shard."""
+        """Per queue and server (a `shard` label when the servers have names: sum by (queue) for
+        the queue), and notifyq_db_up per server."""
         from prometheus_client.core import GaugeMetricFamily
 
-        config = self.config
-        queues = list(now.queues)
-        depth, ok = self._read_depth(now)
-        sharded = bool(config.shards)
-        extra = ["shard"] if sharded else []
-        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database"
-                               + (" (per shard)." if sharded else "."), labels=extra)
-        for shard in config.shard_names():
-            up.add_metric([shard] if sharded else [], int(ok.get(shard, False)))
         from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
+        depth, ok = self._read_depth(now)
+        extra, up_by = _by_server([], {(s,): v for s, v in ok.items()})
+        up = GaugeMetricFamily("notifyq_db_up", "1 if the last depth read reached the database"
+                               + (" (per shard)." if extra else "."), labels=extra)
+        for key, answered in up_by.items():
+            up.add_metric(list(key), int(answered))
         jobs = GaugeMetricFamily("notifyq_queue_jobs", "Jobs in the queue by state (ready includes "
                                  "due scheduled jobs; delayed = not yet due; done, dead and cancelled are counted "
                                  f"up to {DEPTH_HISTORY_CAP}).", labels=["queue", "state", *extra])
         age = GaugeMetricFamily("notifyq_oldest_ready_age_seconds", "How long the oldest claimable "
                                 "job has been waiting (0 when none).", labels=["queue", *extra])
         paused = GaugeMetricFamily("notifyq_queue_paused", "1 while the queue is paused.", labels=["queue", *extra])
-        for shard, figures in sorted(depth.items()):
-            label = [shard] if sharded else []
-            for q in queues:
+        for server, figures in sorted(depth.items()):
+            label = [server] if extra else []
+            for q in now.queues:
                 d = figures.get(q)
                 if d is None:
                     continue
@@ -189,27 +183,12 @@ class ServiceCollector:
         yield from (up, jobs, age, paused)
 
     def _read_depth(self, now: ServiceFigures) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, bool]]:
-        from notifyq.ops import status
-        from notifyq.store.db import Session
-
-        config = self.config
+        """The last read, or a new one when it is older than DEPTH_CACHE_S."""
         with self._lock:
-            if time.monotonic() - self._depth_at < DEPTH_CACHE_S:
-                return self._depth, self._depth_ok
-            for shard in config.shard_names():
-                mine = [q for q in now.queues if shard in now.shards_of.get(q, ("",))]
-                try:
-                    if shard not in self._sessions:
-                        self._sessions[shard] = Session(config.on_shard(shard).dsn, retry_s=2, name="metrics")
-                    self._depth[shard] = status.depths(self._sessions[shard], mine)
-                    self._depth_ok[shard] = True
-                except Exception as e:  # a scrape must answer even with the database down
-                    log.warning("metrics: cannot read queue depth%s error=%s",
-                                f" shard={shard}" if shard else "", e)
-                    self._depth_ok[shard] = False
-                    self._depth.pop(shard, None)
-            self._depth_at = time.monotonic()
-            return self._depth, self._depth_ok
+            if time.monotonic() - self._depth_at >= DEPTH_CACHE_S:
+                self._depth = self.depths(now.shards_of)
+                self._depth_at = time.monotonic()
+            return self._depth
 
     @staticmethod
     def _periodic(now: ServiceFigures) -> Iterator[Any]:
@@ -231,10 +210,18 @@ class ServiceCollector:
         yield from (leader, enqueued, skipped, purged)
 
     def close(self) -> None:
-        with self._lock:
-            for session in self._sessions.values():
-                session.close()
-            self._sessions.clear()
+        close = getattr(self.depths, "close", None)
+        if close is not None:
+            with self._lock:
+                close()
+
+
+def _by_server(labels: list[str], groups: dict[tuple[str, ...], Any]) -> tuple[list[str], dict[tuple[str, ...], Any]]:
+    """Groups keyed by (..., server): the `shard` label when the servers have names, else none
+    (one server is "")."""
+    if any(key[-1] for key in groups):
+        return [*labels, "shard"], groups
+    return labels, {key[:-1]: value for key, value in groups.items()}
 
 
 class MetricsServer:
@@ -310,15 +297,16 @@ def _handler_class() -> type:
     return Handler
 
 
-def serve(service: Any, port: int, addr: str = "127.0.0.1", pages: Any = None) -> MetricsServer:
+def serve(service: Any, depths: Depths, port: int, addr: str = "127.0.0.1", pages: Any = None) -> MetricsServer:
     """Start the endpoint on a daemon thread; port 0 picks a free one (see server_port).
-    `pages`: what answers the other paths (the status pages, notifyq.web.server.mount).
+    `depths`: what reads the queues' depth (ServiceCollector); `pages`: what answers the other
+    paths (the status pages, notifyq.web.server.mount).
 
     Loopback by default (consumer.metrics_addr): counters and queue names are nobody else's
     business unless the operator opens them up ("0.0.0.0", "::", or one interface's address).
-    `service`: a ConsumerService; its figures(), healthy() and config are all the endpoint uses."""
+    `service`: a ConsumerService; its figures() and healthy() are all the endpoint uses."""
     try:
-        server = MetricsServer((addr, port), ServiceCollector(service.figures, service.config), service.healthy,
+        server = MetricsServer((addr, port), ServiceCollector(service.figures, depths), service.healthy,
                                pages)
     except (OSError, OverflowError) as e:
         why = getattr(e, "strerror", None) or str(e)

@@ -1,4 +1,5 @@
-"""`notifyq status`: per-queue depth and age, and the live consumers."""
+"""`notifyq status` of one server: per-queue depth and age, and the live consumers (over
+[shards]: sharding/status.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from notifyq.store.db import Session
 COLUMNS = ("ready", "delayed", "claimed", "dead", "done", "cancelled")
 
 
-def _blank() -> dict[str, Any]:
+def blank() -> dict[str, Any]:
     return {**{c: 0 for c in COLUMNS}, "oldest_ready_age_s": None, "next_due_in_s": None,
             "oldest_claim_age_s": None, "cancel_requested": 0, "paused": False, "consumers": 0}
 
@@ -42,7 +43,7 @@ def _fold(e: dict[str, Any], now: dt.datetime, status: int, future: int, count: 
 def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:
     """The figures of a few queues only (a consumer's metrics endpoint): one indexed read each."""
     now = admin_queries.server_now(session)
-    out = {q: _blank() for q in queues}
+    out = {q: blank() for q in queues}
     for name, paused, _watched, _total in admin_queries.queue_rows(session):
         if name in out:
             out[name]["paused"] = bool(paused)
@@ -57,7 +58,7 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
     queues: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return queues.setdefault(name, _blank())
+        return queues.setdefault(name, blank())
 
     for name, paused, _watched, _total in admin_queries.queue_rows(session):
         entry(name)["paused"] = bool(paused)
@@ -86,31 +87,6 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
             "wakeup_degraded": degraded, "periodic": periodic}
 
 
-def merge(per_shard: dict[str, dict[str, Any]], down: dict[str, str]) -> dict[str, Any]:
-    """Every shard's collect() in one: a queue's counts summed over its shards (ages: the oldest,
-    next due: the soonest), each shard's own figures under by_shard, consumers and periodic
-    rows tagged with their shard, and every shard up or down (with its error line)."""
-    out: dict[str, Any] = {"server_time": None, "queues": {}, "consumers": [], "wakeup_degraded": [],
-                           "periodic": [], "shards": {}}
-    for shard in sorted([*per_shard, *down]):
-        out["shards"][shard] = {"up": True} if shard in per_shard else {"up": False, "error": down[shard]}
-    for shard, data in sorted(per_shard.items()):
-        out["server_time"] = out["server_time"] or data["server_time"]
-        for name, figures in data["queues"].items():
-            total = out["queues"].setdefault(name, {**_blank(), "by_shard": {}})
-            total["by_shard"][shard] = figures
-            for key in (*COLUMNS, "cancel_requested", "consumers"):
-                total[key] += figures[key]
-            total["paused"] = total["paused"] or figures["paused"]
-            for key, pick in (("oldest_ready_age_s", max), ("next_due_in_s", min), ("oldest_claim_age_s", max)):
-                both = [v for v in (total[key], figures[key]) if v is not None]
-                total[key] = pick(both) if both else None
-        out["consumers"] += [{**c, "shard": shard} for c in data["consumers"]]
-        out["periodic"] += [{**p, "shard": shard} for p in data["periodic"]]
-        out["wakeup_degraded"] = sorted({*out["wakeup_degraded"], *data["wakeup_degraded"]})
-    return out
-
-
 def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.replace(tzinfo=dt.timezone.utc).isoformat()
 
@@ -128,42 +104,36 @@ def human_duration(seconds: float | None) -> str:
     return f"{whole}s"
 
 
-def _row(name: str, q: dict[str, Any], degraded: list[str], shard: str | None) -> tuple[str, ...]:
-    return (name, *(() if shard is None else (shard,)), *(str(q[c]) for c in COLUMNS),
+def row(name: str, q: dict[str, Any], degraded: list[str], *where: str) -> tuple[str, ...]:
+    """A queue's row of the table; `where`: the cells of a column added after its name."""
+    return (name, *where, *(str(q[c]) for c in COLUMNS),
             *(human_duration(q[k]) for k in ("oldest_ready_age_s", "next_due_in_s", "oldest_claim_age_s")),
             str(q["consumers"]), "paused" if q["paused"] else ("polling" if name in degraded else "ok"))
 
 
-def render(data: dict[str, Any]) -> str:
-    """The table; with [shards] (merge()) a shard column: a row per queue and shard, and a
-    queue's total over its shards as shard `all` when it has jobs on more than one."""
-    sharded = "shards" in data
-    head = ("queue", *(("shard",) if sharded else ()), *COLUMNS, "oldest_ready", "next_due", "oldest_claim",
+def render(data: dict[str, Any], column: str | None = None, rows: list[tuple[str, ...]] | None = None,
+           more: list[str] | None = None) -> str:
+    """The table, a row per queue, then the consumers and periodic entries. A composer of several
+    servers (sharding/status.py) adds a `column` after the queue's name: its `rows` carry it, and
+    each consumer and periodic entry its value under that key; `more`: lines after the entries."""
+    head = ("queue", *((column,) if column else ()), *COLUMNS, "oldest_ready", "next_due", "oldest_claim",
             "consumers", "state")
-    rows = [head]
-    for name, q in sorted(data["queues"].items()):
-        if not sharded:
-            rows.append(_row(name, q, data["wakeup_degraded"], None))
-            continue
-        for shard, figures in sorted(q["by_shard"].items()):
-            rows.append(_row(name, figures, data["wakeup_degraded"], shard))
-        if len(q["by_shard"]) > 1:
-            rows.append(_row(name, q, data["wakeup_degraded"], "all"))
+    if rows is None:
+        rows = [row(name, q, data["wakeup_degraded"]) for name, q in sorted(data["queues"].items())]
+    rows = [head, *rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     if data["consumers"]:
         lines += ["", "consumers:"]
         for c in data["consumers"]:
-            where = f"shard={c['shard']}  " if sharded else ""
+            where = f"{column}={c[column]}  " if column else ""
             lines.append(f"  {c['id'][:12]}  {c['host']}:{c['pid']}  {where}queues={','.join(c['queues'])}  "
                          f"wakeup={c['wakeup']}  {'alive' if c['alive'] else 'DEAD (reaper pending)'}")
     if data.get("periodic"):
         lines += ["", "periodic (last tick, UTC):"]
-        lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" + (f"  shard={p['shard']}" if sharded else "")
+        lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" + (f"  {column}={p[column]}" if column else "")
                   for p in data["periodic"]]
-    if sharded:
-        lines += ["", "shards:"]
-        lines += [f"  {name}  " + ("up" if s["up"] else f"DOWN: {s['error']}") for name, s in data["shards"].items()]
+    lines += more or []
     cancels = {n: q["cancel_requested"] for n, q in data["queues"].items() if q["cancel_requested"]}
     if cancels:
         lines.append("cancel requested, handler still running: "

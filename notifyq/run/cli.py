@@ -109,14 +109,14 @@ def _setup_logging(cfg: config_mod.Config, log_file: str | None = None, level: s
 # ------------------------------------------------------------------ init / config / status
 
 def init(obj: Context, a: argparse.Namespace) -> None:
+    from notifyq.sharding import servers
     from notifyq.store import schema
 
     cfg = obj.oneshot_config()
     if a.grant_user:
         echo("\n".join(schema.grants(cfg.dsn.database, a.grant_user)))
         return
-    for shard in cfg.shard_names():  # with [shards]: every shard, each its own schema
-        dsn = cfg.on_shard(shard).dsn
+    for shard, dsn in servers.dsns(cfg).items():  # with [shards]: every shard, each its own schema
         where = f" on shard {shard}" if shard else ""
         before, after = schema.init(dsn, cfg.connect_retry(oneshot=True), retry_log_level=logging.DEBUG)
         if before == after:
@@ -146,17 +146,17 @@ def show_config(obj: Context, a: argparse.Namespace) -> None:
 
 
 def status(obj: Context, a: argparse.Namespace) -> None:
-    from notifyq.ops import status as status_mod
-    from notifyq.run import fanout
+    from notifyq.sharding import servers
+    from notifyq.sharding import status as status_mod
 
     cfg = obj.oneshot_config()
     queue = a.queue
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
-    answers, down = fanout.on_shards(cfg, "status", lambda session: status_mod.collect(session, queue))
-    data = status_mod.merge(answers, down) if cfg.shards else answers[""]
+    with servers.Servers.oneshot(cfg, "status") as every:
+        data, down = status_mod.collect(every, queue)
     echo(json.dumps(data, indent=2) if a.as_json else status_mod.render(data))
-    fanout.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
+    servers.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
 
 
 def pause(obj: Context, a: argparse.Namespace) -> None:
@@ -168,15 +168,14 @@ def resume(obj: Context, a: argparse.Namespace) -> None:
 
 
 def _set_paused(obj: Context, queue: str, paused: bool) -> None:
-    from notifyq import shards
     from notifyq.ops import admin
-    from notifyq.run import fanout
+    from notifyq.sharding import servers
 
     cfg = obj.oneshot_config()
     config_mod.validate_queue_name(queue)
-    answers, down = fanout.on_shards(cfg, "admin", lambda session: admin.set_paused(session, queue, paused),
-                                     shards.Placement(cfg).shards_of(queue))
-    fanout.fail_if_down(down)  # every shard of the queue, or an error naming the ones not reached
+    with servers.Servers.oneshot(cfg, "admin") as every:
+        answers, down = every.each(lambda session: admin.set_paused(session, queue, paused), every.shards_of(queue))
+    servers.fail_if_down(down)  # every shard of the queue, or an error naming the ones not reached
     created = all(answers.values())
     state = "paused" if paused else "resumed"
     if created:  # a typo would otherwise pause nothing, in silence

@@ -22,34 +22,20 @@ MAX_JOB_ID = 2**63 - 1  # ids are BIGINT: a larger number is no job, not a datab
 # `notifyq --help` and the commands that do not touch jobs never need it.
 
 
-def _each_shard(obj: Any, work: Callable[[Any], Any], shard: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-    """`work(session)` on every shard, or on `--shard NAME` (one server: the one)."""
-    from notifyq.run import fanout
+def _on_every(obj: Any, work: Callable[[Any], Any], shard: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """`work(session)` on every server, or on `--shard NAME`: (answers, down) by shard name."""
+    from notifyq.sharding import servers
 
-    cfg = obj.oneshot_config()
-    if shard is not None and shard not in cfg.shards:
-        raise errors.InputError(f"--shard {values.shown(shard)}: " + (f"[shards] names {', '.join(sorted(cfg.shards))}"
-                                                                   if cfg.shards else "no [shards] configured"))
-    return fanout.on_shards(cfg, "admin", work, None if shard is None else [shard])
+    with servers.Servers.oneshot(obj.oneshot_config(), "admin") as every:
+        return every.each(work, every.pick(shard))
 
 
 def _one_job(obj: Any, job_id: int, shard: str | None, work: Callable[[Any], Any]) -> Any:
-    """`work(session)` on the shard that holds job `job_id` (ids are per shard: --shard picks one)."""
-    from notifyq.ops import admin
-    from notifyq.run import fanout
+    """`work(session)` on the server that holds job `job_id` (ids are per shard: --shard picks one)."""
+    from notifyq.sharding import servers
 
-    if not obj.oneshot_config().shards:
-        return _each_shard(obj, work)[0][""]
-
-    def find(session: Any) -> Any:
-        try:
-            admin.get_job(session, job_id)
-        except errors.InputError:
-            return None  # not on this shard
-        return work(session)
-
-    answers, down = _each_shard(obj, find, shard)
-    return fanout.only(answers, f"job {job_id}", down)[1]
+    with servers.Servers.oneshot(obj.oneshot_config(), "admin") as every:
+        return servers.holding(every, job_id, work, shard)
 
 
 def _age(text: str | None) -> float:
@@ -66,19 +52,16 @@ def _age(text: str | None) -> float:
 
 def list_(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
-    from notifyq.run import fanout
+    from notifyq.sharding import servers
 
     queue, limit = a.queue, a.limit
     status = admin.parse_status(a.status_name) if a.status_name else None
     age = _age(a.older_than)
-    answers, down = _each_shard(obj, lambda session: admin.list_jobs(
+    answers, down = _on_every(obj, lambda session: admin.list_jobs(
         session, queue=queue, status=status, older_than_s=age, limit=limit))
-    sharded = bool(obj.oneshot_config().shards)
-    rows = [{**r, "shard": shard} if sharded else r for shard, found in answers.items() for r in found]
-    if sharded:  # oldest first over every shard
-        rows = sorted(rows, key=lambda r: (r["created_at"], r["shard"], r["id"]))[:limit]
-    echo(json.dumps(rows, indent=2) if a.as_json else _table(rows, sharded))
-    fanout.fail_if_down(down)
+    rows, column = servers.jobs_in_one(obj.oneshot_config(), answers, limit)
+    echo(json.dumps(rows, indent=2) if a.as_json else _table(rows, column))
+    servers.fail_if_down(down)
 
 
 def show(obj: Any, a: argparse.Namespace) -> None:
@@ -117,7 +100,7 @@ def _show_history(history: list[dict[str, Any]]) -> None:
 
 def retry(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
-    from notifyq.run import fanout
+    from notifyq.sharding import servers
 
     job_id, queue = a.job_id, a.queue
     if (job_id is None) == (not a.all_dead) or (queue and not a.all_dead):
@@ -125,11 +108,11 @@ def retry(obj: Any, a: argparse.Namespace) -> None:
     if not a.all_dead:
         echo(f"job {job_id}: {_one_job(obj, job_id, a.shard, lambda session: admin.retry(session, job_id))}")
         return
-    answers, down = _each_shard(obj, lambda session: admin.retry_dead(session, queue), a.shard)
+    answers, down = _on_every(obj, lambda session: admin.retry_dead(session, queue), a.shard)
     retried, skipped = (sum(answer[i] for answer in answers.values()) for i in (0, 1))
     echo(f"retried {retried}" + (f", skipped {skipped} (their dedup key is taken by a pending job)"
                                  if skipped else ""))
-    fanout.fail_if_down(down)
+    servers.fail_if_down(down)
 
 
 def cancel(obj: Any, a: argparse.Namespace) -> None:
@@ -144,16 +127,16 @@ def cancel(obj: Any, a: argparse.Namespace) -> None:
 
 def purge(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
-    from notifyq.run import fanout
+    from notifyq.sharding import servers
 
     if not (a.dead or a.done or a.cancelled):
         raise args.UsageError("say what to purge: --dead, --done, --cancelled or several", "notifyq jobs purge")
     statuses = [s for s, wanted in ((Status.DEAD, a.dead), (Status.DONE, a.done), (Status.CANCELLED, a.cancelled))
                 if wanted]
     age, queue = _age(a.older_than), a.queue
-    answers, down = _each_shard(obj, lambda session: admin.purge(session, statuses, age, queue=queue))
+    answers, down = _on_every(obj, lambda session: admin.purge(session, statuses, age, queue=queue))
     echo(f"purged {sum(deleted for deleted, _ in answers.values())}")
-    fanout.fail_if_down(down)
+    servers.fail_if_down(down)
 
 
 def _list_options(p: argparse.ArgumentParser) -> None:
@@ -199,14 +182,15 @@ COMMANDS: dict[str, tuple[Callable[[Any, argparse.Namespace], None], str, Callab
 }
 
 
-def _table(rows: list[dict[str, Any]], sharded: bool = False) -> str:
-    head = ("id", *(("shard",) if sharded else ()), "queue", "status", "prio", "attempts", "run_at",
+def _table(rows: list[dict[str, Any]], column: str | None = None) -> str:
+    """`column`: one more after the id (with [shards], the shard), each row's value under that key."""
+    head = ("id", *((column,) if column else ()), "queue", "status", "prio", "attempts", "run_at",
             "created_at", "last_error")
     lines = [head]
     for r in rows:
         status = r["status"] + (" (cancel)" if r["cancel_requested"] else "")
         error = (r["last_error"] or "").replace("\n", " ")
-        lines.append((str(r["id"]), *((r["shard"],) if sharded else ()), r["queue"], status, str(r["priority"]),
+        lines.append((str(r["id"]), *((r[column],) if column else ()), r["queue"], status, str(r["priority"]),
                       f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
                       _short(r["created_at"]), error[:60]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

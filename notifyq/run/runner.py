@@ -288,13 +288,14 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
         service.notifier = daemon_mod.SystemdNotifier()
         if cfg.consumer.metrics_port:
             from notifyq.ops import metrics
+            from notifyq.sharding.servers import QueueDepths
 
             pages = None
             if cfg.consumer.metrics_pages:  # the status pages, read-only, beside the metrics
                 from notifyq.web import server as web_server
 
                 pages = web_server.mount(cfg, cfg.consumer.metrics_addr)
-            metrics.serve(service, cfg.consumer.metrics_port, cfg.consumer.metrics_addr, pages)
+            metrics.serve(service, QueueDepths(cfg), cfg.consumer.metrics_port, cfg.consumer.metrics_addr, pages)
 
         def reload() -> Config:
             """The service applies batch sizes, backoff, wakeup timing and handlers itself."""

@@ -173,7 +173,7 @@ class ShardedConsumerService(Supervisor):
                 for key, value in figures.items():
                     mine[key] += value
         return ServiceFigures(
-            queues=tuple(dict.fromkeys(self.options.queues)), sharded=True,
+            queues=tuple(dict.fromkeys(self.options.queues)),
             healthy=bool(self.workers) and self.healthy(),
             workers=[w for part in parts for w in part.workers],
             watchers=[w for part in parts for w in part.watchers], periodic=periodic,

@@ -1,8 +1,8 @@
-"""What the pages show, read from every shard through the store's admin reads.
+"""What the pages show, read from every server through the store's admin reads.
 
-One Reader per server process: a session per shard, used by one request at a time (a lock),
-so a page costs each shard one connection however many browsers look. A shard that cannot be
-reached is reported on the page, never raised: the others still answer.
+One Reader per server process: a session per server (sharding/servers.py), used by one request
+at a time, so a page costs each server one connection however many browsers look. A server that
+cannot be reached is reported on the page, never raised: the others still answer.
 """
 
 from __future__ import annotations
@@ -10,17 +10,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.ops import admin
-from notifyq.store import admin_queries, queries, schema
+from notifyq.sharding.servers import Servers
+from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
-from notifyq.store.driver import DriverError, describe
 from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.web")
@@ -35,64 +34,25 @@ _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_
                 "finished_at", "cancel_requested", "last_error", "dedup_key")
 
 
-class Reader:
-    """A session per shard ("" for one server), each used under its own lock."""
+class Reader(Servers):
+    """Every server's session (sharding/servers.py); a server that does not answer is logged."""
 
     def __init__(self, config: Config):
-        self.config = config
         # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
         # the retries are logged at DEBUG only (the page, or the start's one line, says it).
-        retry_s = config.connect_retry(oneshot=True)
-        self._shards = {name: (Session(config.on_shard(name).dsn, retry_s=retry_s, name="web",
-                                       retry_log_level=logging.DEBUG), threading.Lock())
-                        for name in config.shard_names()}
+        super().__init__(config, "web", config.connect_retry(oneshot=True))
 
-    @property
-    def sharded(self) -> bool:
-        return bool(self.config.shards)
+    def check(self) -> dict[str, str]:
+        down = super().check()
+        for name, error in down.items():
+            log.warning("web: shard %r is down at start: %s", name, error)
+        return down
 
-    def check(self) -> None:
-        """At start: the server reachable with the current schema, or its error. With [shards]
-        a shard that is down is only logged (the pages name it); a wrong schema is an error."""
-        for name, (session, lock) in self._shards.items():
-            try:
-                with lock:
-                    schema.require_current(session)
-            except errors.DatabaseError as e:
-                if not self.sharded:
-                    raise
-                log.warning("web: shard %r is down at start: %s", name, e)
-
-    def each(self, work: Callable[[Session], T], shards: list[str] | None = None) -> tuple[dict[str, T], dict[str, str]]:
-        answers: dict[str, T] = {}
-        down: dict[str, str] = {}
-        for name in (self._shards if shards is None else shards):
-            session, lock = self._shards[name]
-            try:
-                with lock:
-                    answers[name] = work(session)
-            except (errors.DatabaseError, errors.SchemaError, DriverError) as e:
-                down[name] = describe(e) if isinstance(e, DriverError) else str(e)
-                log.warning("web: shard %r did not answer: %s", name, down[name])
+    def each(self, work: Callable[[Session], T], names: Iterable[str] | None = None) -> tuple[dict[str, T], dict[str, str]]:
+        answers, down = super().each(work, names)
+        for name, error in down.items():
+            log.warning("web: shard %r did not answer: %s", name, error)
         return answers, down
-
-    def one(self, shard: str, work: Callable[[Session], T]) -> T:
-        """`work` on one shard; its errors are the caller's."""
-        if shard not in self._shards:
-            raise errors.InputError(f"no shard {shard!r}")
-        session, lock = self._shards[shard]
-        with lock:
-            return work(session)
-
-    def where(self) -> dict[str, dict[str, Any]]:
-        """Per shard: the server a session is on (its identity; on Galera, the writer node)."""
-        return {name: {"node": s.node, "galera": s.galera, "database": s.dsn.database}
-                for name, (s, _) in self._shards.items()}
-
-    def close(self) -> None:
-        for session, lock in self._shards.values():
-            with lock:
-                session.close()
 
 
 def _age_s(now: dt.datetime, then: dt.datetime | None) -> float | None:
@@ -264,10 +224,8 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
         if queue is None:
             raise errors.InputError(f"{verb}: which queue?")
         validate_queue_name(queue)
-        from notifyq import shards as shards_mod
-
-        places = list(shards_mod.Placement(reader.config).shards_of(queue)) if reader.sharded else [""]
-        _answers, down = reader.each(lambda session: queries.set_paused(session, queue, verb == "pause"), places)
+        _answers, down = reader.each(lambda session: queries.set_paused(session, queue, verb == "pause"),
+                                     reader.shards_of(queue))
         if down:
             raise errors.DatabaseError("not every shard of the queue answered: " + "; ".join(
                 f"{s or 'server'}: {e}" for s, e in sorted(down.items())))

@@ -242,7 +242,7 @@ def _handler_class() -> type:
                 elif path in ("/jobs", "/dead"):
                     if path == "/dead":
                         query["state"] = "dead"
-                    filters = data.parse_filters(query, reader.config.shard_names())
+                    filters = data.parse_filters(query, reader.names)
                     self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
                                queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
                                **data.jobs(reader, filters))
@@ -270,7 +270,7 @@ def _handler_class() -> type:
             return sorted({q for names in answers.values() for q in names})
 
         def _job_page(self, job_id: int, query: dict[str, str], sid: str, new: bool) -> None:
-            shards = self.web.reader.config.shard_names()
+            shards = self.web.reader.names
             shard = query.get("shard", shards[0])
             if shard not in shards:
                 raise errors.InputError(f"no shard {shard!r}")

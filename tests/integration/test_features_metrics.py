@@ -14,6 +14,7 @@ from test_features import running
 from notifyq.jobs import Job
 from notifyq.ops import metrics, status
 from notifyq.produce.producer import Producer
+from notifyq.sharding.servers import QueueDepths
 from notifyq.store.db import Session
 
 
@@ -42,7 +43,7 @@ def test_the_endpoint_reports_job_outcomes_histograms_depth_and_wakeups_per_queu
             raise RuntimeError("no")
 
     with running(cfg, "m", handler) as service:
-        server = metrics.serve(service, 0, "127.0.0.1")
+        server = metrics.serve(service, QueueDepths(cfg), 0, "127.0.0.1")
         try:
             # When 6 jobs run, 2 of them failing, and one more waits for later
             with Producer("m", cfg) as p:
@@ -94,7 +95,7 @@ def test_the_endpoint_counts_snoozed_jobs_apart_from_failures(db):
             raise notifyq.Snooze(3600)
 
     with running(cfg, "z", handler) as service:
-        server = metrics.serve(service, 0, "127.0.0.1")
+        server = metrics.serve(service, QueueDepths(cfg), 0, "127.0.0.1")
         try:
             # When three jobs run, two of them snoozed
             with Producer("z", cfg) as p:

@@ -21,6 +21,7 @@ from notifyq.sharding.service import ConsumerService
 from notifyq.ops.metrics import ServiceCollector
 from notifyq.sharding import producer as producer_mod
 from notifyq.sharding.producer import Producer
+from notifyq.sharding.servers import QueueDepths
 from notifyq.run.localserver import LocalServer
 from notifyq.store import schema
 
@@ -109,7 +110,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
     assert set(service.services) == {"a", "b"} and all(x.running for x in service.services.values())
     # the metrics show each shard's share (sum by queue: the queue's total)
-    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
     done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
             if s.name.endswith("_total")}
     assert sum(done.values()) == 300 and set(done) == {"a", "b"} and min(done.values()) > 0
@@ -124,7 +125,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     old = on_a.running[0]
     on_a._spawn(old.worker.queue, old.worker.handler, old.worker.name, index=0)
     on_a.running[0].thread.join(30)  # nothing left to claim: it ends at once
-    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
              if s.name.endswith("_total")}
     assert after == done and service.totals().succeeded == 300
@@ -157,7 +158,7 @@ def test_status_jobs_and_metrics_show_every_shard_and_the_total(sharded):
     shown = run_cli(env, "jobs", "show", str(job), "--shard", "b", "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == job
     service = _service(cfg, "s", [])  # not started: the collector reads depth from both shards
-    families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
+    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
     ready = {s.labels["shard"]: s.value for s in families["notifyq_queue_jobs"].samples
              if s.labels["state"] == "ready" and s.labels["queue"] == "s"}
     assert ready == {"a": 3, "b": 3}
@@ -184,7 +185,7 @@ def test_one_shard_down_the_consumer_drains_the_other_and_recovers(sharded, serv
         status = run_cli({**env, "NOTIFYQ_CONNECT_RETRY_S": "0"}, "status")
         assert status.returncode == 5 and "b: cannot reach" in status.stderr, status.stderr
         assert "  b  DOWN" in status.stdout and "\ns      a" in status.stdout, status.stdout
-        families = {f.name: f for f in ServiceCollector(service.figures, service.config).collect()}
+        families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
         assert {s.labels["shard"]: s.value for s in families["notifyq_db_up"].samples} == {"a": 1, "b": 0}
         servers["b"].start()
         on_b.put_many([{"n": 2000 + i} for i in range(20)])
