@@ -93,8 +93,8 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture(scope="module")  # not the session: Playwright's event loop runs in this thread
+def browser():  # until it stops, and a later module's asyncio.run() would refuse to start
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
