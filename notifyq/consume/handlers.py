@@ -16,30 +16,17 @@ import contextlib
 import importlib
 import inspect
 import logging
-import json
 import os
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ContextManager, NoReturn
+from typing import Any, ContextManager, NoReturn
 
-from notifyq import config, errors
+from notifyq import errors
 from notifyq.jobs import Job
-from notifyq.jobs import cancelled as cancelled_jobs
-
-if TYPE_CHECKING:
-    import subprocess
 
 log = logging.getLogger("notifyq.consumer")
-
-STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
-EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
-TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
-GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group was killed"
-CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
-CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
 
 class PythonHandler:
@@ -104,7 +91,7 @@ class PythonHandler:
     async def _together(self, jobs: list[Job]) -> None:
         """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
         is its own coroutine's (its return value kept as its result)."""
-        import asyncio
+        import asyncio  # here, as in _await: ~50 ms of imports a consumer of plain handlers never needs
 
         async def one(job: Job) -> None:
             try:
@@ -146,7 +133,7 @@ _thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its
 def _await(awaitable: Awaitable[Any]) -> Any:
     """Run a handler's awaitable to completion on the calling worker thread's own event loop:
     one per thread, kept across jobs (a loop per job would cost its setup on every job)."""
-    import asyncio  # here: a consumer of plain handlers never loads it
+    import asyncio  # here: ~50 ms of imports a consumer of plain handlers never needs
 
     async def wait() -> Any:
         return await awaitable
@@ -234,200 +221,6 @@ def load_callable(spec: str) -> Callable[..., Any]:
     return func
 
 
-class CommandHandler:
-    """Runs `command` (split like a shell would, but without a shell) with a timeout.
-
-    Exit 0 is success. The environment is notifyq's own without its secrets (child_env), plus
-    NOTIFYQ_QUEUE and, per job, NOTIFYQ_JOB_ID and NOTIFYQ_ATTEMPT, or, per batch,
-    NOTIFYQ_JOB_IDS (space-separated, in the order of the lines on stdin). The command runs in its
-    own process group, so a timeout, or the end of the shutdown grace (stop_running), kills
-    everything it started, not just the first process.
-
-    The workers of a queue share one handler, so it tracks each thread's running command.
-    """
-
-    def __init__(self, command: str, per_batch: bool, timeout_s: float):
-        import shlex  # here, as subprocess below: a consumer of Python handlers never loads them
-        import shutil
-
-        try:
-            self.argv = shlex.split(command)
-        except ValueError as e:
-            raise errors.HandlerError(f"command {command!r}: {e}") from None
-        if not self.argv:
-            raise errors.HandlerError("command is empty")
-        if shutil.which(self.argv[0]) is None:
-            raise errors.HandlerError(f"command not found: {self.argv[0]}")
-        self.per_batch = per_batch
-        self.timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
-        self._stopping = False
-
-    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
-        if self.per_batch:
-            self._run_batch(jobs, extend)
-            return
-        for job in jobs:
-            env = {"NOTIFYQ_JOB_ID": str(job.id), "NOTIFYQ_ATTEMPT": str(job.attempts)}
-            error = self._run(json.dumps(job.payload), env, job.queue, extend, job.cancel_requested)
-            if error:
-                job.fail(error, retry=error != CANCELLED)
-
-    def _run_batch(self, jobs: list[Job], extend: Callable[[], None]) -> None:
-        """A per-batch command learns which of its jobs were cancelled from the file named by
-        NOTIFYQ_CANCELLED_FILE (their ids, one a line, appended as the cancels are seen, about
-        once a second); once every job of its batch is cancelled, it is stopped."""
-        import tempfile
-
-        lines = "".join(json.dumps(j.payload, separators=(",", ":")) + "\n" for j in jobs)
-        fd, path = tempfile.mkstemp(prefix="notifyq-cancelled-")
-        told: set[int] = set()
-
-        def cancel() -> bool:
-            gone = [j for j in cancelled_jobs(jobs) if j.id not in told]
-            if gone:
-                os.write(fd, "".join(f"{j.id}\n" for j in gone).encode())
-                told.update(j.id for j in gone)
-            return len(told) == len(jobs)
-
-        try:
-            env = {"NOTIFYQ_JOB_IDS": " ".join(str(j.id) for j in jobs), "NOTIFYQ_CANCELLED_FILE": path}
-            error = self._run(lines, env, jobs[0].queue, extend, cancel)
-        finally:
-            os.close(fd)
-            os.unlink(path)
-        if error:
-            for job in jobs:
-                job.fail(error, retry=error != CANCELLED)
-
-    def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None],
-             cancel: Callable[[], bool] | None = None) -> str | None:
-        """None on success, else the job's error: the exit status and the tail of stderr."""
-        import subprocess
-
-        env = {**child_env(os.environ), **extra_env, "NOTIFYQ_QUEUE": queue}
-        try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
-        except OSError as e:
-            return f"cannot run {self.argv[0]}: {e.strerror}"
-        with self._lock:
-            self._running[threading.get_ident()] = proc
-            stopping = self._stopping
-        try:
-            if stopping:  # started as the grace expired: it must not outlive the consumer
-                _kill_group(proc)
-                return GRACE_EXPIRED
-            return self._wait(proc, stdin, extend, cancel)
-        finally:
-            with self._lock:
-                self._running.pop(threading.get_ident(), None)
-
-    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None],
-              cancel: Callable[[], bool] | None = None) -> str | None:
-        import subprocess
-
-        deadline = time.monotonic() + self.timeout_s
-        stderr = ""
-        pending: str | None = stdin
-        while True:
-            try:
-                # In slices of a second, each followed by an extension: whatever the lease, it
-                # never runs out under a running command (extend() is cheap when not yet due).
-                wait_s = min(EXTEND_EVERY_S, max(0.01, deadline - time.monotonic()))
-                _, stderr = proc.communicate(pending, timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                pending = None
-                if time.monotonic() >= deadline:
-                    _kill_group(proc)
-                    return f"command timed out after {self.timeout_s:g}s"
-                extend()  # still running and within its timeout: keep the lease
-                if cancel is not None and cancel():  # `jobs cancel` (asked at most once a second)
-                    _stop_group(proc, CANCEL_GRACE_S)
-                    return CANCELLED
-        if self._stopping and proc.returncode != 0:
-            return GRACE_EXPIRED
-        if proc.returncode != 0:
-            tail = (stderr or "").strip()[-STDERR_TAIL:]
-            status = (f"exit status {proc.returncode}" if proc.returncode > 0
-                      else f"killed by signal {-proc.returncode}")
-            return status + (f": {tail}" if tail else "")
-        return None
-
-    def stop_running(self, wait_s: float = TERM_WAIT_S) -> None:
-        """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
-        what is left of the groups after wait_s, and return once the commands are reaped, so
-        the caller fails their jobs only when nothing of them runs any more. Commands started
-        from now on are killed at once."""
-        import signal
-        import subprocess
-
-        with self._lock:
-            self._stopping = True
-            procs = list(self._running.values())
-        for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in procs:  # also what a leader that obeyed SIGTERM left behind in its group
-            _signal_group(proc, signal.SIGKILL)
-        for proc in procs:
-            try:
-                proc.wait(1.0)
-            except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
-                pass
-
-
-def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
-    """notifyq's environment for a command, without the database password in any of its forms:
-    NOTIFYQ_PASSWORD(_FILE), and NOTIFYQ_DSN or NOTIFYQ_SHARDS when it holds a password. A command that needs the
-    database gets its own credentials."""
-    out = {k: v for k, v in env.items() if k not in config.SECRET_ENV}
-    userinfo, at, _ = out.get("NOTIFYQ_DSN", "").partition("//")[2].partition("@")
-    if at and ":" in userinfo:  # parsed by hand: even a DSN too malformed to parse keeps its secret
-        del out["NOTIFYQ_DSN"]
-    # NOTIFYQ_SHARDS: any `//...:...@` (each DSN's user:password, or text spanning two DSNs: left
-    # out too, on the safe side).
-    shards = out.get("NOTIFYQ_SHARDS", "")
-    if any(":" in part.partition("@")[0] for part in shards.split("//")[1:] if "@" in part):
-        del out["NOTIFYQ_SHARDS"]
-    return out
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the command's process group, SIGKILL what is left of it grace_s later; returns
-    once the command is reaped."""
-    import signal
-    import subprocess
-
-    _signal_group(proc, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_group(proc, signal.SIGKILL)  # also what a leader that obeyed SIGTERM left behind
-    proc.communicate()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    import signal
-
-    _signal_group(proc, signal.SIGKILL)
-    proc.communicate()
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
-    except ProcessLookupError:
-        pass
-
 
 def load(handler: str, command: str, per_batch: bool, timeout_s: float):
     if handler and command:
@@ -435,6 +228,10 @@ def load(handler: str, command: str, per_batch: bool, timeout_s: float):
     if handler:
         return PythonHandler(handler, per_batch)
     if command:
+        # Here, not at the top: its subprocess, tempfile and shutil are a tenth of a consumer's
+        # imports, which a consumer of Python handlers never needs.
+        from notifyq.consume.commands import CommandHandler
+
         return CommandHandler(command, per_batch, timeout_s)
     raise errors.HandlerError("no handler: pass --handler pkg.module:function or --command CMD "
                               "(or set handler/command for the queue in the config)")

@@ -13,17 +13,24 @@ indexed read per queue, cached for DEPTH_CACHE_S so several scrapers do not mult
 
 from __future__ import annotations
 
-import functools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from notifyq import errors
 from notifyq.figures import ServiceFigures, WorkerFigures, batch_size_histogram, handler_seconds_histogram
+from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
-# prometheus_client and http.server (~40 ms of imports) are imported where they are first used.
+# prometheus_client and http.server are ~40 ms of imports: a consumer loads this module only
+# when it serves metrics (run/runner.py).
 
 log = logging.getLogger("notifyq.metrics")
 
@@ -60,7 +67,6 @@ class ServiceCollector:
         return []  # registering must not scrape (the service may not have started)
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         now = self.figures()
         running = [w for w in now.workers if w.running]
@@ -89,7 +95,6 @@ class ServiceCollector:
         return _by_server(["queue"], groups)
 
     def _job_counters(self, groups) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
 
         labels, by_label = groups
         for name, doc in COUNTERS:
@@ -104,7 +109,6 @@ class ServiceCollector:
 
     def _histograms(self, groups) -> Iterator[Any]:
         """Per queue; with [shards] per queue and shard, as the job counters."""
-        from prometheus_client.core import HistogramMetricFamily
 
         labels, by_label = groups
         for attr, metric, doc, make in (
@@ -123,7 +127,6 @@ class ServiceCollector:
 
     @staticmethod
     def _wakeups(now: ServiceFigures, groups) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels, by_label = groups
         wakeups = CounterMetricFamily(
@@ -154,9 +157,7 @@ class ServiceCollector:
     def _depth_gauges(self, now: ServiceFigures) -> Iterator[Any]:
         """Per queue and server (a `shard` label when the servers have names: sum by (queue) for
         the queue), and notifyq_db_up per server."""
-        from prometheus_client.core import GaugeMetricFamily
 
-        from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
         depth, ok = self._read_depth(now)
         extra, up_by = _by_server([], {(s,): v for s, v in ok.items()})
@@ -192,7 +193,6 @@ class ServiceCollector:
 
     @staticmethod
     def _periodic(now: ServiceFigures) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         leader = GaugeMetricFamily("notifyq_periodic_leader", "1 where this process enqueues the "
                                    "queue's periodic jobs.", labels=["queue"])
@@ -229,10 +229,6 @@ class MetricsServer:
 
     def __init__(self, addr: tuple[str, int], collector: ServiceCollector, healthy: Callable[[], bool],
                  pages: Any = None):
-        from http.server import ThreadingHTTPServer
-
-        from prometheus_client import CollectorRegistry
-
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.collector = collector
@@ -240,10 +236,8 @@ class MetricsServer:
         self.pages = pages  # answer(request) for every other GET, or None
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:  # an IPv6 address ("::" is every interface, both families on Linux)
-            import socket
-
             server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
-        self.httpd = server_class(addr, _handler_class())
+        self.httpd = server_class(addr, Handler)
         self.httpd.daemon_threads = True
         self.httpd.endpoint = self  # type: ignore[attr-defined]  # how a request finds us
 
@@ -262,39 +256,29 @@ class MetricsServer:
             self.pages.close()
 
 
-@functools.cache
-def _handler_class() -> type:
-    """Defined on first use: its base class comes from http.server."""
-    from http.server import BaseHTTPRequestHandler
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        endpoint: MetricsServer = self.server.endpoint  # type: ignore[attr-defined]
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(endpoint.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            ok = endpoint.healthy()
+            self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+        elif endpoint.pages is not None:
+            endpoint.pages(self)
+        else:
+            self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
 
-    from prometheus_client import generate_latest
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            endpoint: MetricsServer = self.server.endpoint  # type: ignore[attr-defined]
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, generate_latest(endpoint.registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                ok = endpoint.healthy()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
-            elif endpoint.pages is not None:
-                endpoint.pages(self)
-            else:
-                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
-
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            log.debug("metrics request " + format, *args)
-
-    return Handler
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("metrics request " + format, *args)
 
 
 def serve(service: Any, depths: Depths, port: int, addr: str = "127.0.0.1", pages: Any = None) -> MetricsServer:

@@ -11,7 +11,7 @@ import time
 from conftest import run_cli, wait_until
 
 import notifyq
-from notifyq.consume import handlers
+from notifyq.consume import commands, handlers
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.ops import admin, status
@@ -35,7 +35,7 @@ def test_a_cancelled_command_is_stopped_at_once_and_its_job_ends_cancelled(db, t
     cfg = db.config()
     with Producer("q", cfg) as p:
         job_id = p.put({"n": 1})
-    worker = _worker(cfg, handlers.CommandHandler(f"{sys.executable} {script}", False, 120.0))
+    worker = _worker(cfg, commands.CommandHandler(f"{sys.executable} {script}", False, 120.0))
     t = threading.Thread(target=worker.run)
     t.start()
     session = Session(cfg.dsn)

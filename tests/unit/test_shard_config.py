@@ -109,7 +109,7 @@ def test_one_server_has_one_unnamed_shard(tmp_path):
 
 
 def test_a_command_handler_never_inherits_a_shard_password():
-    from notifyq.consume.handlers import child_env
+    from notifyq.consume.commands import child_env
 
     secret = {"NOTIFYQ_SHARDS": "a=mysql://u@h1:1,h2:2/q,b=mysql://u:s3cret@h3/q"}
     assert child_env(secret) == {}

@@ -207,7 +207,7 @@ def test_the_readable_file_warning_ignores_a_dsn_with_a_port_but_no_password(tmp
 
 
 def test_a_command_child_gets_the_environment_without_notifyqs_secrets():
-    from notifyq.consume.handlers import child_env
+    from notifyq.consume.commands import child_env
 
     env = {"PATH": "/bin", "NOTIFYQ_PASSWORD": "pw1", "NOTIFYQ_PASSWORD_FILE": "/run/pw",
            "NOTIFYQ_DSN": "mysql://u:pw2@h/db", "NOTIFYQ_LOG_LEVEL": "info"}
