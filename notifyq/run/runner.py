@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from notifyq import errors, shards
+from notifyq import errors, logs, shards
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions
 from notifyq.sharding.service import ConsumerService
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from notifyq.sharding.producer import Producer
 
 log = logging.getLogger("notifyq.runner")
+
+# What only some commands need is imported inside them: the producer's modules (~60 ms) are no
+# consumer's, run/daemon.py (python-daemon, sd_notify) no one-shot command's, and the metrics
+# endpoint and the status pages only a consumer configured to serve them.
 
 
 def _require_schema(cfg: Config, queue: str, *, oneshot: bool) -> None:
@@ -77,7 +81,7 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
-    from notifyq.sharding.producer import Producer  # a consumer's start-up need not load it
+    from notifyq.sharding.producer import Producer
 
     _require_schema(cfg, queue, oneshot=True)
     with Producer(queue, cfg) as producer:
@@ -102,7 +106,6 @@ def _setup_process(stack: ExitStack, cfg: Config, *, daemon: bool, pidfile: str 
 
     daemon_context() refuses in the parent when another instance holds the pidfile, so that
     error reaches the operator's terminal; DaemonContext takes the file after the fork."""
-    from notifyq import logs
     from notifyq.run import daemon as daemon_mod
 
     path, use_syslog = log_file or cfg.log.file or None, cfg.log.syslog
@@ -198,7 +201,6 @@ class _Stream:
         self.signals.reload_requested.clear()
         if self._reload is None:
             return
-        from notifyq import logs
 
         self.notifier.reloading("reloading config")
         try:
@@ -227,7 +229,6 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
 
     Exit 4 when a stream that ended (EOF) had rejected lines; a stream stopped by a signal
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
-    from notifyq import logs
     from notifyq.produce.lines import LineSource
     from notifyq.produce.stream import produce_lines
     from notifyq.sharding.producer import Producer
@@ -277,7 +278,6 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
 
 def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | None,
             log_file: str | None) -> int:
-    from notifyq import logs
     from notifyq.run import daemon as daemon_mod
 
     cfg = ctx.config()
