@@ -24,6 +24,7 @@ from notifyq.sharding.producer import Producer
 from notifyq.sharding.servers import QueueDepths
 from notifyq.run.localserver import LocalServer
 from notifyq.store import schema
+from notifyq.store.db import Session
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,9 @@ def sharded(servers, tmp_path):
     for name, testdb in dbs.items():
         if servers[name].is_running():
             drop_test_db(testdb)
+
+
+OUTAGE_RETRY_S = 10.0  # the connect retry in the long-outage test
 
 
 def rows(testdb, queue: str) -> list[tuple]:
@@ -257,10 +261,13 @@ def test_a_shard_down_at_start_has_its_schema_checked_when_it_answers_before_any
     assert not runner.is_alive()
 
 
-def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(sharded, servers):
-    """Down past the connect retry (60 s), a shard's workers end and are restarted on the same
+def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(sharded, servers, monkeypatch):
+    """Down past the connect retry, a shard's workers end and are restarted on the same
     Presence: when the server is back they drain it, with one registration there and at most
     workers + queues + 1 sessions of ours on it, none left over from the workers that ended."""
+    # The sessions' connect retry (a minute by default) shortened to OUTAGE_RETRY_S: the outage
+    # still outlasts it, as a long one does, and the test waits ~10 s for that instead of ~60 s.
+    monkeypatch.setitem(Session.__init__.__kwdefaults__, "retry_s", OUTAGE_RETRY_S)
     cfg, _env, dbs = sharded
     seen: list[int] = []
     stop = threading.Event()
