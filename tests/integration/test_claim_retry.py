@@ -21,8 +21,10 @@ READ_TIMEOUT_S = 2
 
 
 def _stall_updates_of(db, connection_id: int, table: str, when: str, condition: str) -> None:
-    """An UPDATE of `table` matching `condition` sleeps STALL_S per row on that one connection
-    only (a server stalled mid-statement); the retry, on a new connection, runs at full speed.
+    """An UPDATE of `table` matching `condition` sleeps STALL_S at its first matching row, on
+    that one connection only (a server stalled mid-statement, once: past the read timeout is what
+    counts, and a stall per row would only lengthen the test); the retry, on a new connection,
+    runs at full speed.
     The trigger reads an InnoDB table: a consistent read, no lock the retry could wait on. It
     runs as the runtime user, so the stalled session stays the consumer's own (as a session
     stalled in I/O would), and the consumer may see and end it."""
@@ -34,7 +36,9 @@ def _stall_updates_of(db, connection_id: int, table: str, when: str, condition: 
     db.query(f"""
         CREATE DEFINER = {definer} TRIGGER nq_test_stall {when} UPDATE ON {table} FOR EACH ROW
         BEGIN
-          IF {condition} AND EXISTS (SELECT 1 FROM nq_test_stall WHERE id = CONNECTION_ID()) THEN
+          IF {condition} AND @nq_test_stalled IS NULL
+             AND EXISTS (SELECT 1 FROM nq_test_stall WHERE id = CONNECTION_ID()) THEN
+            SET @nq_test_stalled = 1;
             DO SLEEP({STALL_S});
           END IF;
         END""")
