@@ -1,69 +1,162 @@
-"""The claim path against a real server: plans, order, SKIP LOCKED behaviour, scheduling."""
+"""The claim path against a real server: the order jobs are claimed in (priority, then run_at,
+then id, for ready, due scheduled and due retried jobs alike), scheduling, pausing, SKIP LOCKED
+behaviour. (The claim's plans are pinned by test_explain_small.py and test_explain_large.py.)"""
+
+from __future__ import annotations
 
 import json
-
-from conftest import numbers
 
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.sql import QUERIES
 
-
-def _explain(db, name, params):
-    conn_rows = db.query("EXPLAIN " + QUERIES[name], params)
-    return conn_rows
+OWNER = "o" * 32
 
 
-def test_claim_query_uses_indexes_and_no_filesort_with_100k_rows(db):
-    # Given 100k jobs spread over two queues and every status
-    db.query(
-        "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
-        "SELECT IF(seq % 3 = 0, 'other', 'q'), seq % 5, seq % 7, NOW(6) - INTERVAL seq SECOND, 5, '{}' "
-        f"FROM {numbers(100000)}")
-    db.query("ANALYZE TABLE nq_job")
-    # When the candidate reads are explained: the usual one's statements, and the union a claim
-    # that found due jobs reads
-    for name in ("claim_ready", "due_any", "claim_candidates"):
-        plan = _explain(db, name, {"queue": "q", "limit": 300})
-        # Then every part reads an index in order: no filesort, no full scan
-        text = json.dumps([list(map(str, row)) for row in plan])
-        assert "filesort" not in text.lower(), (name, plan)
-        tables = [row for row in plan if row[2] and row[2].startswith("nq_job")]
-        assert tables, (name, plan)
-        for row in tables:
-            assert row[5] == "ix_state", (name, row)
-            assert row[3] in ("ref", "range"), (name, row)
-    # And the locking read goes by primary key range only
-    ids = [r[0] for r in db.query("SELECT id FROM nq_job WHERE queue='q' AND status=0 LIMIT 100")]
-    plan = _explain(db, "claim_lock", {"ids": ids})
-    assert plan[0][3] == "range" and plan[0][5] == "PRIMARY", plan
+def _claim_order(session: Session, batch_size: int = 1) -> list[int]:
+    order = []
+    while True:
+        claim = queries.claim(session, "q", OWNER, batch_size, 60)
+        if not claim.jobs:
+            return order
+        order += [job.id for job in claim.jobs]
 
 
-def test_higher_priority_first_then_oldest(db):
+def _make_due(db, ids: list[int], seconds_ago: float = 1.0) -> None:
+    db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL %s MICROSECOND WHERE id IN %s",
+             (int(seconds_ago * 1e6), tuple(ids)))
+
+
+# ------------------------------------------------------------------ order
+
+
+def test_claim_order_is_priority_then_oldest_run_at_then_id_for_ready_due_and_retried_jobs(db):
+    # Given ready jobs at two priorities (one made older by hand), a scheduled job of priority 5
+    # that fell due before the ready ones were enqueued, and a due retry of priority 9
     cfg = db.config()
     with Producer("q", cfg) as p:
-        low = p.put_many([{"n": i} for i in range(20)])
-        high = p.put_many([{"n": i} for i in range(5)], priority=10)
+        retried = p.put({"k": "retry"}, priority=9)
+        a, c = p.put_many([{"n": "a"}, {"n": "c"}])  # one statement: one run_at, told apart by id
+        b, d = p.put_many([{"n": "b"}, {"n": "d"}], priority=5)
+        e = p.put({"n": "e"})
+        f = p.put({"n": "f"}, priority=5, delay=3600)
     session = Session(cfg.dsn)
-    claim = queries.claim(session, "q", "me" * 16, 10, 60)
-    assert [j.id for j in claim.jobs] == high + low[:5]
-    assert not claim.drained
+    try:
+        claim = queries.claim(session, "q", OWNER, 1, 60)
+        assert [j.id for j in claim.jobs] == [retried]
+        assert queries.fail(session, "q", claim.token, [(retried, 3600.0, "boom")]) == [retried]
+        _make_due(db, [retried], seconds_ago=60)
+        _make_due(db, [f], seconds_ago=600)
+        _make_due(db, [e], seconds_ago=3600)
+        # When a batch of 4 is claimed, then the rest one job at a time
+        first = queries.claim(session, "q", OWNER, 4, 60)
+        rest = _claim_order(session)
+    finally:
+        session.close()
+    # Then higher priority comes first; within a priority the oldest run_at (a due scheduled or
+    # retried job counts from when it became due), then the lower id; and a batch that left
+    # jobs behind does not report the queue drained
+    assert [j.id for j in first.jobs] == [retried, f, b, d]
+    assert not first.drained
+    assert rest == [e, a, c]
+
+
+def test_a_retried_job_goes_behind_jobs_already_waiting_at_its_priority(db):
+    # Given three ready jobs of one priority
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        a, b, c = p.put_many([{"n": i} for i in range(3)])
+    session = Session(cfg.dsn)
+    try:
+        # When the head job fails and is retried at once (no backoff)
+        first = queries.claim(session, "q", OWNER, 1, 60)
+        assert [j.id for j in first.jobs] == [a]
+        queries.fail(session, "q", first.token, [(a, 0.0, "boom")])
+        # Then it queues behind the others: a failing job cannot hog the head of its level
+        order = [queries.claim(session, "q", OWNER, 1, 60).jobs[0].id for _ in range(3)]
+    finally:
+        session.close()
+    assert order == [b, c, a]
+
+
+def test_a_due_job_with_the_best_priority_is_claimed_first_behind_a_big_backlog_of_due_jobs(db):
+    # Given 500 due low-priority jobs (far more than the candidate read's window), then one due
+    # high-priority job
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        low = p.put_many([{"n": i} for i in range(500)], delay=3600)
+        high = p.put({"n": "high"}, delay=3600, priority=3)
+    _make_due(db, low + [high])
+    # When a consumer claims a batch of 10
+    session = Session(cfg.dsn)
+    claim = queries.claim(session, "q", OWNER, 10, 60)
     session.close()
+    # Then the high-priority job leads it, and the rest are the oldest low-priority ones
+    assert [j.id for j in claim.jobs] == [high] + low[:9]
 
 
-def test_scheduled_jobs_wait_for_their_time(db):
+def test_a_batch_runs_in_the_claim_order_of_its_rows_as_locked_not_as_first_read(db, monkeypatch):
+    # Given three ready jobs of one priority, and a peer that, between this claim's candidate
+    # read and its locking read, retried the oldest one (due again now, so it sorts last)
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        first, second, third = p.put_many([{"n": i} for i in range(3)])
+    real_ids = queries.Ids
+    retried = []
+
+    def ids_then_retry_first(ids):
+        if not retried:  # the first Ids() of a claim is its locking read's window
+            retried.append(first)
+            db.query("UPDATE nq_job SET status = 1, run_at = NOW(6), attempts = 1 WHERE id = %s", (first,))
+        return real_ids(ids)
+
+    monkeypatch.setattr(queries, "Ids", ids_then_retry_first)
+    # When a consumer claims all three in one batch
+    session = Session(cfg.dsn)
+    claim = queries.claim(session, "q", OWNER, 3, 60)
+    session.close()
+    # Then the batch runs them by their current run_at: the retried job last
+    assert retried == [first]
+    assert [j.id for j in claim.jobs] == [second, third, first]
+
+
+# ------------------------------------------------------------------ scheduling and pausing
+
+
+def test_scheduled_jobs_are_invisible_to_claims_until_due(db):
     cfg = db.config()
     with Producer("q", cfg) as p:
         later = p.put({"x": 1}, delay=3600)
         now = p.put({"x": 2})
     session = Session(cfg.dsn)
-    claim = queries.claim(session, "q", "me" * 16, 10, 60)
-    assert [j.id for j in claim.jobs] == [now]
-    db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (later,))
-    claim = queries.claim(session, "q", "me" * 16, 10, 60)
-    assert [j.id for j in claim.jobs] == [later]
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 60)
+        assert [j.id for j in claim.jobs] == [now]
+        _make_due(db, [later])
+        claim = queries.claim(session, "q", OWNER, 10, 60)
+        assert [j.id for j in claim.jobs] == [later]
+    finally:
+        session.close()
+
+
+def test_a_paused_queue_promotes_nothing(db):
+    # Given a paused queue with a due scheduled job
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        job = p.put({"n": 1}, delay=3600)
+    _make_due(db, [job])
+    session = Session(cfg.dsn)
+    queries.set_paused(session, "q", True)
+    # When a consumer tries to claim
+    claim = queries.claim(session, "q", OWNER, 10, 60)
     session.close()
+    # Then nothing is claimed and the job is still scheduled
+    assert claim.paused and not claim.jobs
+    assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 1
+
+
+# ------------------------------------------------------------------ concurrency and parameters
 
 
 def test_two_claimers_never_share_a_job_and_skip_each_others_locks(db):

@@ -1,6 +1,7 @@
-"""Features against a real server: delayed jobs, priorities, unique jobs, pause/resume, batch
-handlers and cooperative cancel. Consumers run in-process (ConsumerService on a thread) with
-plain Python functions as handlers, so each test can see exactly what ran and when."""
+"""Features against a real server: delayed jobs, unique jobs, pause/resume, batch handlers and
+cooperative cancel. Consumers run in-process (ConsumerService on a thread) with plain Python
+functions as handlers, so each test can see exactly what ran and when. (The claim's order by
+priority and run_at, and scheduled jobs' invisibility until due: test_claim.py.)"""
 
 from __future__ import annotations
 
@@ -96,62 +97,6 @@ def test_run_at_must_be_aware_and_is_stored_as_utc(db):
         # And a naive time is refused: it would silently depend on the host's zone
         with pytest.raises(errors.InputError):
             producer.put({"n": 2}, run_at=dt.datetime.now())
-
-
-def test_scheduled_jobs_are_invisible_to_claims_until_due(db):
-    cfg = db.config()
-    with Producer("sched", cfg) as producer:
-        later = producer.put({"n": 1}, delay=3600)
-    session = Session(cfg.dsn)
-    try:
-        assert queries.claim(session, "sched", "o" * 32, 10, 60).jobs == []
-        db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (later,))
-        assert [j.id for j in queries.claim(session, "sched", "o" * 32, 10, 60).jobs] == [later]
-    finally:
-        session.close()
-
-
-# ------------------------------------------------------------------ 2. priorities
-
-def test_claim_order_is_priority_then_oldest_run_at_then_id(db):
-    # Given jobs at two priorities, one made older by hand and one scheduled job already due
-    cfg = db.config()
-    with Producer("prio", cfg) as p:
-        a = p.put({"n": "a"})
-        b = p.put({"n": "b"}, priority=5)
-        c = p.put({"n": "c"})
-        d = p.put({"n": "d"}, priority=5)
-        e = p.put({"n": "e"})
-        f = p.put({"n": "f"}, priority=5, delay=3600)
-    db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 HOUR WHERE id = %s", (e,))
-    db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 10 MINUTE WHERE id = %s", (f,))
-    # When one claim takes them all
-    session = Session(cfg.dsn)
-    try:
-        claim = queries.claim(session, "prio", "o" * 32, 10, 60)
-    finally:
-        session.close()
-    # Then higher priority comes first; within a priority, the oldest run_at (a due scheduled
-    # job counts from when it became due), then the lower id
-    assert [j.id for j in claim.jobs] == [f, b, d, e, a, c]
-
-
-def test_a_retried_job_goes_behind_jobs_already_waiting_at_its_priority(db):
-    # Given three ready jobs of one priority
-    cfg = db.config()
-    with Producer("fifo", cfg) as p:
-        a, b, c = p.put_many([{"n": i} for i in range(3)])
-    session = Session(cfg.dsn)
-    try:
-        # When the head job fails and is retried at once (no backoff)
-        first = queries.claim(session, "fifo", "o" * 32, 1, 60)
-        assert [j.id for j in first.jobs] == [a]
-        queries.fail(session, "fifo", first.token, [(a, 0.0, "boom")])
-        # Then it queues behind the others: a failing job cannot hog the head of its level
-        order = [queries.claim(session, "fifo", "o" * 32, 1, 60).jobs[0].id for _ in range(3)]
-    finally:
-        session.close()
-    assert order == [b, c, a]
 
 
 # ------------------------------------------------------------------ 3. unique jobs
