@@ -1,5 +1,6 @@
-"""Fault-injection fixtures: a private, throwaway server per test (the test may SIGKILL it, restart
-it, or KILL its connections), a fresh notifyq database on it with the least-privilege runtime user,
+"""Fault-injection fixtures: a private, throwaway server per test that asks for one (the test may
+SIGKILL it or restart it) or else per module (the test KILLs connections or consumers), a fresh
+notifyq database on it with the least-privilege runtime user,
 and real `notifyq` processes that are always reaped at teardown.
 
 tests/fault is a package (it has __init__.py) on purpose: pytest imports a package-less conftest.py
@@ -33,11 +34,9 @@ def server_template(tmp_path_factory) -> Path:
     return srv.datadir
 
 
-@pytest.fixture
-def server(tmp_path, server_template) -> LocalServer:
-    """A private mariadbd for this test alone; root over TCP is `server.dsn`."""
-    srv = LocalServer(tmp_path / "srv")
-    shutil.copytree(server_template, srv.datadir)
+def _started_server(basedir: Path, template: Path) -> LocalServer:
+    srv = LocalServer(basedir)
+    shutil.copytree(template, srv.datadir)
     srv.start()
     # Its Uptime counts whole seconds, and a reaper reads it a second short (Session.server_up_s):
     # a consumer that registers in the server's first seconds reads to a reaper as registered
@@ -45,6 +44,23 @@ def server(tmp_path, server_template) -> LocalServer:
     # deadlines do not allow for.
     root = DSN.parse(srv.dsn)
     wait_until(lambda: _uptime(root) >= 3, 10, 0.05, "the server up 3 s")
+    return srv
+
+
+@pytest.fixture
+def server(tmp_path, server_template) -> LocalServer:
+    """A private mariadbd for this test alone (it may stop, restart or SIGKILL it); root over
+    TCP is `server.dsn`."""
+    srv = _started_server(tmp_path / "srv", server_template)
+    yield srv
+    srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, server_template) -> LocalServer:
+    """A private mariadbd for the tests of one module that leave the server itself alone (they
+    kill consumers and connections, each in a database of its own): the ~3 s start is paid once."""
+    srv = _started_server(tmp_path_factory.mktemp("fault-module") / "srv", server_template)
     yield srv
     srv.cleanup()
 
@@ -62,10 +78,12 @@ def _uptime(root: DSN) -> int:
 
 
 @pytest.fixture
-def fdb(server) -> TestDB:
-    """The `db` fixture's database, on the private server."""
-    ensure_runtime_user(DSN.parse(server.dsn))
-    return create_test_db(server.dsn)
+def fdb(request) -> TestDB:
+    """The `db` fixture's database, on the test's own server when it asks for `server` (to stop
+    or kill it), else on the module's server."""
+    srv = request.getfixturevalue("server" if "server" in request.fixturenames else "module_server")
+    ensure_runtime_user(DSN.parse(srv.dsn))
+    return create_test_db(srv.dsn)
 
 
 # ------------------------------------------------------------------ processes
