@@ -1,8 +1,10 @@
 """Fixtures for tests against a real 3-node MariaDB Galera cluster on loopback (galera.py).
 
-The cluster costs ~10 s to start on a 2-core machine, so a test module shares one (`galera`), and
-every test gets it back whole (`cluster`): a test that killed or paused a node and then failed
-must not leave the next one a cluster of two.
+The cluster costs ~10 s to start on a 2-core machine, so the tests share one (`galera`, for the
+session), and every test gets it back whole (`cluster`): a test that killed or paused a node and
+then failed must not leave the next one a cluster of two. Each module works in a database of its
+own. The fault schedule (test_cluster_fault_schedule.py) runs a cluster of its own, and runs first
+(its file name sorts first), before the shared one starts: no idle cluster beside it.
 
 tests/cluster is a package (it has __init__.py), like tests/fault: a package-less conftest.py would
 be imported as plain `conftest` and shadow tests/conftest.py.
@@ -26,9 +28,9 @@ requires_galera = pytest.mark.skipif(
 FAST_EVICTION = "evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def galera() -> GaleraCluster:
-    """Three nodes, Synced, for the whole test module; stopped and removed after it."""
+    """Three nodes, Synced, for every cluster test; stopped and removed at the end."""
     cluster = GaleraCluster(3, provider_options=FAST_EVICTION)
     cluster.start()
     try:

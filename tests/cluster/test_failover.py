@@ -2,7 +2,7 @@
 first ready node, and when that node is killed, real `notifyq` producer and consumer processes
 carry on through the next one, without restarting, losing nothing and reaping no live consumer.
 
-One cluster serves the module (FAST_EVICTION: a kill stalls the survivors ~3 s, not ~6 s).
+One cluster serves every cluster test (FAST_EVICTION: a kill stalls the survivors ~3 s, not ~6 s).
 """
 
 from __future__ import annotations

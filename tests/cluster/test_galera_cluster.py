@@ -3,7 +3,7 @@ can kill, restart, pause and resume one node, with the cluster noticing each tim
 it pins the Galera facts notifyq's design has to live with (node-local advisory locks, connection
 errors of a killed node's clients, an auto-increment step that changes in open sessions).
 
-One cluster serves the whole module (~10 s to start); the `cluster` fixture makes it whole again
+One cluster serves every cluster test (~10 s to start); the `cluster` fixture makes it whole again
 before every test.
 """
 

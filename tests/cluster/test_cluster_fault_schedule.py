@@ -5,7 +5,7 @@ consumers are SIGKILLed; then the history checker (tests/fault/checker.py).
 
 Another seed without editing anything:
 
-    NOTIFYQ_FAULT_SEED=3 .venv/bin/python -m pytest tests/cluster/test_fault_schedule.py
+    NOTIFYQ_FAULT_SEED=3 .venv/bin/python -m pytest tests/cluster/test_cluster_fault_schedule.py
 
 The long run with a table: benchmarks/fault_schedule.py --galera
 """
