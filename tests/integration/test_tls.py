@@ -54,8 +54,8 @@ class TLSServer(LocalServer):
         finally:
             self._initialising = False
 
-    def _common_args(self) -> list[str]:
-        args = super()._common_args()
+    def _common_args(self, server: str) -> list[str]:
+        args = super()._common_args(server)
         if self._initialising:
             return args
         c = self.certs
