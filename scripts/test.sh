@@ -4,7 +4,7 @@
 # pyproject.toml). The suite includes tests/system/test_wheel_install.py: it builds the wheel,
 # installs it (not editable) into a fresh venv and runs init, produce, consume and status from
 # there, as `pip install .` users do.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k restart -x
+# Extra arguments go to pytest (one run, in one process), e.g. scripts/test.sh -k restart -x
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
@@ -16,14 +16,30 @@ cd "$root"
 site="$(mktemp -d)"
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"
 rm -rf "$site"
-.venv/bin/python -m pytest "$@"
-# The whole suite (no arguments) then runs the integration tests that a server's defaults can
-# change once more, on a private server started with MySQL 8.0's defaults where MariaDB has
-# them (autoinc lock mode 2, strict sql_mode, REPEATABLE READ, ROW binlog, utf8mb4): the
-# nearest this machine comes to MySQL, which it cannot install (docs/compatibility.md).
-if [ "$#" -eq 0 ]; then
-    NOTIFYQ_TEST_SERVER_PROFILE=mysql80 .venv/bin/python -m pytest -p no:cacheprovider \
-        tests/integration/test_server_profile.py tests/integration/test_enqueue.py \
-        tests/integration/test_claim.py tests/integration/test_dedup_keys.py \
-        tests/integration/test_store_edges.py tests/integration/test_taking_back.py
+if [ "$#" -gt 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
 fi
+# The whole suite. Most tests wait (for a server, a process, a lease) more than they compute,
+# and each pytest-xdist worker starts its own private server (tests/conftest.py) in which every
+# test has a database of its own: the unit, integration, apps, web and system tiers run on
+# $NOTIFYQ_TEST_WORKERS workers (3 by default, on 2 cores: ~240 s against ~285 s with 2 and
+# ~580 s in one process; 0 runs them in one process), a file's tests on one worker (--dist
+# loadfile: a module's fixtures, such as test_shards.py's two servers, are built once).
+# Then the integration tests that a server's defaults can change run once more, on private
+# servers started with MySQL 8.0's defaults where MariaDB has them (autoinc lock mode 2, strict
+# sql_mode, REPEATABLE READ, ROW binlog, utf8mb4): the nearest this machine comes to MySQL,
+# which it cannot install (docs/compatibility.md).
+# Then the fault and Galera tiers run alone, in one process: they start private servers per
+# test or per module and time recoveries against bounds, which no other test's load may
+# stretch. Every part runs even when one fails; the script fails if any did.
+workers="${NOTIFYQ_TEST_WORKERS:-3}"
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
+status=0
+.venv/bin/python -m pytest "${parallel[@]}" --ignore=tests/fault --ignore=tests/cluster || status=$?
+NOTIFYQ_TEST_SERVER_PROFILE=mysql80 .venv/bin/python -m pytest -p no:cacheprovider "${parallel[@]}" \
+    tests/integration/test_server_profile.py tests/integration/test_enqueue.py \
+    tests/integration/test_claim.py tests/integration/test_dedup_keys.py \
+    tests/integration/test_store_edges.py tests/integration/test_taking_back.py || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider tests/fault tests/cluster || status=$?
+exit "$status"
