@@ -48,6 +48,9 @@ by something that is no ringer (a producer arming, dying, or of an older version
 watcher's next waits sleep instead until the count moves, so a free bell can never become a
 spin (at most one needless claim per consumer). Two rings between one statement's choice and
 its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
+While no ringer holds a bell the watcher sleeps, so a ring reaches it only once it has read the
+locks again: a new ringer's first put, and a put whose look finds the bell lost while a consumer
+watches, wake it with the instant wake instead, where the producer may (Producer._wakers).
 
 Reconnects: the watcher session's advisory locks die with its connection (the first queue's
 also holds the process's liveness lock). Session.run reconnects (tenacity) and reruns the
@@ -293,6 +296,10 @@ class Bell:
         self._retry_ringer_at = 0.0
         self._told_not_ringer = False
         self._look_query: str | None = None
+        # Whether an idle watcher can be waiting on our bell yet: not until it has read the
+        # locks again since we took it (it sleeps while no ringer holds a bell), so a new
+        # ringer's first put wakes it another way (Producer._wakers).
+        self.announced = False
 
     def become_ringer(self) -> bool:
         """Become this queue's ringer if none is."""
@@ -324,6 +331,7 @@ class Bell:
                              "else their poll finds its jobs, within wakeup.poll_max_s queue=%s", self.queue)
                 return False
             self._generation = self.session.generation
+            self.announced = False
             advisory.hold_session(self.session)
             # Either bell will do: a watcher chooses the one it sees held. One is busy only for
             # the instant a watcher's statement holds a grant.
@@ -360,51 +368,53 @@ class Bell:
             self._look_query = cur.mogrify(*bells.look(self.locks))
         return work.pipeline.commit_then_read(cur, self._look_query, result=result)
 
-    def ring_if_watched(self) -> None:
+    def ring_if_watched(self) -> bool:
         """After a COMMIT this bell did not look after (the caller's own, `put(conn=...)`): look
         on the bell's session whether a consumer watches, and ring if so. Nothing inside the
-        quiet window of a look that saw nobody watching."""
+        quiet window of a look that saw nobody watching. False as after_commit()."""
         if not self.look_due():
-            return
+            return True
         self.looks += 1
         sql, params = bells.look(self.locks)
         seen = self.session.run(lambda cur: (cur.execute(sql, params), cur.fetchone())[1], what="look for a watcher")
-        self.after_commit(seen)
+        return self.after_commit(seen)
 
-    def after_commit(self, seen: tuple | None) -> None:
+    def after_commit(self, seen: tuple | None) -> bool:
         """Ring if a consumer watches the queue. `seen` is the look's row (watch holder, bell 0
         and bell 1 holders), read after our COMMIT: nobody watching then means whoever watches
         later reads the count after our jobs, so no ring is needed. None: the look failed; ring
-        anyway (one needless claim at worst)."""
+        anyway (one needless claim at worst). False when a watcher may be left unrung (the bell
+        was lost, or the ring failed): the caller wakes it another way if it can."""
         if self.held is None:
-            return
+            return True
         if self.session.generation != self._generation:
             self._forget()
-            return
+            return False
         if seen is not None:
             watcher, *holders = seen
             mine = self.session.connection_id
             if [holder == mine for holder in holders] != [self.held == 0, self.held == 1]:
                 # Our lock connection lost its bell (killed, the server restarted, or the last
-                # ring could not take the other bell): let go of everything and become ringer again on a
-                # fresh connection at the next put.
+                # ring could not take the other bell): let go of everything and become ringer
+                # again on a fresh connection at the next put.
                 self._forget()
-                return
+                return watcher is None
             if watcher is None:
                 self._quiet_until = time.monotonic() + self.quiet_s
-                return
+                return True
         try:
             bells.ring(self.session, self.locks, self.held)
         except (DriverError, errors.NotifyqError) as e:
-            # The jobs are committed; a watcher's bounded wait finds them. Become ringer again at the next put.
-            log.debug("ring failed, the watcher's bounded wait finds the jobs error=%s", e)
+            # The jobs are committed. Become ringer again at the next put.
+            log.debug("ring failed error=%s", e)
             self._forget()
-            return
+            return False
         if self.session.generation != self._generation:
             self._forget()  # a new connection that holds neither bell: start over
-            return
+            return False
         self.held = 1 - self.held  # the next look checks it
         self.rings += 1
+        return True
 
     def _forget(self) -> None:
         # Drop the lock connection: the server frees the ringer and both bells with it, at

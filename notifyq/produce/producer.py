@@ -186,11 +186,11 @@ class Producer:
         `wakeup.instant_wake`). Best effort: never raises; the consumers' poll finds the jobs."""
         try:
             with self._mutex:
-                bell = self._armed_bell()
-                if bell is not None:
-                    bell.ring_if_watched()
+                bell, interrupter = self._wakers(instant)
+                if bell is not None and bell.ring_if_watched():
                     return
-                interrupter = self._waker(instant)
+                if interrupter is None and bell is not None:
+                    interrupter = self._waker(instant)  # the bell was lost with a consumer watching
                 if interrupter is not None and interrupter.look_due():
                     interrupter.wake(self._locks_session())
         except (errors.NotifyqError, DriverError) as e:
@@ -326,12 +326,11 @@ class Producer:
         """On the producer's own session, under self._mutex."""
         body = self._body(rows, unique)
         session = self._work_session()
-        bell = self._armed_bell()
+        bell, interrupter = self._wakers(None)
         # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
         # nobody watching, where the put commits as a plain one does. Without the bell, the
         # instant wake looks (and KILLs the watcher's wait) the same way.
         looking = bell if bell is not None and bell.look_due() else None
-        interrupter = self._waker(None) if bell is None else None
         waking = interrupter if interrupter is not None and interrupter.look_due() else None
         seen: list[tuple | None] = [None]
         looked = [False]
@@ -354,7 +353,8 @@ class Producer:
         result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
                              committed=inserts.jobs_stored)
         if looking is not None:
-            looking.after_commit(seen[0])
+            if not looking.after_commit(seen[0]) and (instead := self._waker(None)) is not None:
+                instead.wake(session)  # the bell was lost with a consumer watching
         elif waking is not None and not looked[0]:  # the look was lost with the COMMIT's reply
             waking.wake(session)
         return result
@@ -395,6 +395,18 @@ class Producer:
         if self._interrupter is None:
             self._interrupter = Interrupter(self.queue, self.locks, insist=mode is True)
         return self._interrupter if self._interrupter.off is None else None
+
+    def _wakers(self, instant: bool | None) -> tuple[Bell | None, Interrupter | None]:
+        """Who wakes an idle consumer after the next COMMIT: the bell, once a watcher can be
+        waiting on it; else the instant wake. A new ringer's first put is the instant wake's
+        too: the watcher sleeps while no ringer holds a bell and waits on ours only from its
+        next read on, so a ring would reach nobody."""
+        bell = self._armed_bell()
+        if bell is not None and bell.announced:
+            return bell, None
+        if bell is not None:
+            bell.announced = True  # from the next put on (the KILL makes the watcher read now)
+        return None, self._waker(instant)
 
     def _armed_bell(self) -> Bell | None:
         if not self._ring or not self.config.wakeup.use_locks:

@@ -244,6 +244,45 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
           f"p99={latencies[495] * 1e3:.2f}ms max={latencies[-1] * 1e3:.1f}ms")
 
 
+def test_a_new_ringers_first_put_wakes_a_watcher_asleep_without_a_bell_at_once(db):
+    # Given idle consumers whose watcher, with no ringer holding a bell, sleeps 5 s between
+    # reads, and ringing producers that come and go (a producer process restarted)
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    latencies = []
+    with Fleet(cfg, 2, recorder):
+        for _ in range(3):
+            wait_settled(db, 2)
+            wait_until(lambda: not watcher_waits_on_the_bell(db), 10, message="the watcher asleep, no bell held")
+            # When a new ringing producer puts its first job (it takes a bell the watcher is not
+            # waiting on: a ring would reach nobody)
+            with Producer(Q, cfg, ring=True) as producer:
+                latencies.append(put_and_time(producer, recorder, 5.0 + MARGIN_S))
+    # Then each first job starts at once (the instant wake), not at the watcher's next read
+    # (up to 5 s later)
+    assert max(latencies) < MARGIN_S, latencies
+
+
+def test_a_ringer_whose_bell_was_lost_before_its_put_still_wakes_the_watcher_at_once(db):
+    # Given idle consumers whose watcher waits on a ringing producer's bell (without one it
+    # would sleep 5 s between reads)
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as producer:
+        wait_settled(db, 2)
+        for _ in range(2):  # the first put takes the bell, the second rings it
+            put_and_time(producer, recorder, 5.0 + MARGIN_S)
+        wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+        # When the producer's lock session dies unnoticed (the bell freed: the watcher takes it,
+        # finds nothing new and sleeps) and the producer then puts a job
+        db.query(f"KILL CONNECTION {int(producer._lock_session.connection_id)}")
+        wait_until(lambda: not watcher_waits_on_the_bell(db), 10, message="the watcher asleep, no bell held")
+        latency = put_and_time(producer, recorder, 5.0 + MARGIN_S)
+    # Then the job starts at once (the put's look saw the bell lost and a consumer watching: it
+    # interrupts the watcher's sleep), not at the watcher's next read, up to 5 s later
+    assert latency < MARGIN_S, latency
+
+
 @pytest.mark.skipif(SHARED_SERVER, reason="needs a server of its own: Questions counts everyone")
 def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_it_at_once(db):
     # Given an armed bell ringer and no consumer at all
