@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 import secrets
@@ -116,8 +117,6 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 
 def loopback(host: str) -> bool:
-    import ipaddress
-
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -21,10 +21,14 @@ import http.cookies
 import importlib.resources
 import logging
 import re
+import signal
+import socket
+import sys
 import threading
 import types
 import urllib.parse
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from notifyq import errors
@@ -80,16 +84,12 @@ class WebServer:
     """The pages of one config's servers, served by a ThreadingHTTPServer."""
 
     def __init__(self, config: Config, addr: tuple[str, int], token: str | None, reader: data.Reader | None = None):
-        from http.server import ThreadingHTTPServer
-
         self.site = Site(config, token, auth.loopback(addr[0]), reader)
         server_class = ThreadingHTTPServer
         if ":" in addr[0]:
-            import socket
-
             server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
         try:
-            self.httpd = server_class(addr, _handler_class())
+            self.httpd = server_class(addr, Handler)
         except (OSError, OverflowError) as e:
             self.site.close()
             why = getattr(e, "strerror", None) or str(e)
@@ -117,7 +117,7 @@ def mount(config: Config, addr: str) -> Callable[[Any], None]:
     metrics endpoint, consumer.metrics_pages): answer(request) takes over a GET it was handed,
     as if it had come here; answer.close() closes the sessions."""
     site = Site(config, None, auth.loopback(addr))
-    handler_class, server = _handler_class(), types.SimpleNamespace(web=site)
+    handler_class, server = Handler, types.SimpleNamespace(web=site)
 
     def answer(request: Any) -> None:
         ours = object.__new__(handler_class)
@@ -145,215 +145,209 @@ def _static(name: str) -> bytes:
     return importlib.resources.files("notifyq.web").joinpath("static", name).read_bytes()
 
 
-@functools.cache
-def _handler_class() -> type:
-    from http.server import BaseHTTPRequestHandler
+class Handler(BaseHTTPRequestHandler):
+    server_version = "notifyq-web"
+    sys_version = ""
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "notifyq-web"
-        sys_version = ""
+    # ------------------------------------------------------------ plumbing
 
-        # ------------------------------------------------------------ plumbing
+    @property
+    def web(self) -> Site:
+        return self.server.web  # type: ignore[attr-defined]
 
-        @property
-        def web(self) -> Site:
-            return self.server.web  # type: ignore[attr-defined]
+    def _session(self) -> tuple[str, bool]:
+        """This browser's session id, and whether it is new (a cookie to set)."""
+        cookie = http.cookies.SimpleCookie()
+        try:
+            cookie.load(self.headers.get("Cookie", ""))
+        except http.cookies.CookieError:
+            pass
+        sid = cookie[auth.COOKIE].value if auth.COOKIE in cookie else None
+        if auth.Guard.valid_session(sid):
+            return sid or "", False
+        return auth.Guard.new_session(), True
 
-        def _session(self) -> tuple[str, bool]:
-            """This browser's session id, and whether it is new (a cookie to set)."""
-            cookie = http.cookies.SimpleCookie()
-            try:
-                cookie.load(self.headers.get("Cookie", ""))
-            except http.cookies.CookieError:
-                pass
-            sid = cookie[auth.COOKIE].value if auth.COOKIE in cookie else None
-            if auth.Guard.valid_session(sid):
-                return sid or "", False
-            return auth.Guard.new_session(), True
+    def _send(self, code: int, body: bytes, content_type: str = "text/html; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in {**SECURITY_HEADERS, **(headers or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
-        def _send(self, code: int, body: bytes, content_type: str = "text/html; charset=utf-8",
-                  headers: dict[str, str] | None = None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in {**SECURITY_HEADERS, **(headers or {})}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    def _cookie(self, sid: str) -> dict[str, str]:
+        return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
 
-        def _cookie(self, sid: str) -> dict[str, str]:
-            return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
+    def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
+        guard = self.web.guard
+        body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
+                            csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
+                            sharded=self.web.reader.sharded, **context)
+        self._send(code, body, headers=self._cookie(sid) if new else None)
 
-        def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
-            guard = self.web.guard
-            body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
-                                csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
-                                sharded=self.web.reader.sharded, **context)
-            self._send(code, body, headers=self._cookie(sid) if new else None)
+    def _message(self, code: int, text: str, sid: str, new: bool) -> None:
+        self._page(code, "message.html", sid, new, title="refused" if code == 403 else "error",
+                   message=text, status=code)
 
-        def _message(self, code: int, text: str, sid: str, new: bool) -> None:
-            self._page(code, "message.html", sid, new, title="refused" if code == 403 else "error",
-                       message=text, status=code)
+    def _redirect(self, to: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(303)
+        self.send_header("Location", to)
+        self.send_header("Content-Length", "0")
+        for key, value in {**SECURITY_HEADERS, **(headers or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
 
-        def _redirect(self, to: str, headers: dict[str, str] | None = None) -> None:
-            self.send_response(303)
-            self.send_header("Location", to)
-            self.send_header("Content-Length", "0")
-            for key, value in {**SECURITY_HEADERS, **(headers or {})}.items():
-                self.send_header(key, value)
-            self.end_headers()
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("web request " + format, *args)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            log.debug("web request " + format, *args)
+    # ------------------------------------------------------------ GET
 
-        # ------------------------------------------------------------ GET
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
 
-        def do_HEAD(self) -> None:  # noqa: N802
-            self.do_GET()
+    def _misdirected(self) -> bool:
+        if auth.host_ok(self.web.loopback, self.headers.get("Host")):
+            return False
+        self._send(421, b"misdirected: this server answers to its loopback address only\n",
+                   "text/plain; charset=utf-8")
+        return True
 
-        def _misdirected(self) -> bool:
-            if auth.host_ok(self.web.loopback, self.headers.get("Host")):
-                return False
-            self._send(421, b"misdirected: this server answers to its loopback address only\n",
-                       "text/plain; charset=utf-8")
-            return True
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self._misdirected():
-                return
-            parts = urllib.parse.urlsplit(self.path)
-            path = parts.path
-            query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, max_num_fields=20).items()}
-            if path.startswith("/static/") and path[8:] in STATIC:
-                self._send(200, _static(path[8:]), STATIC[path[8:]], {"Cache-Control": "max-age=300"})
-                return
-            sid, new = self._session()
-            reader = self.web.reader
-            try:
-                if path == "/":
-                    self._page(200, "overview.html", sid, new, title="queues", **data.overview(reader))
-                elif path == "/consumers":
-                    self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
-                elif path == "/jobs" and query.get("id"):
-                    job_id = _job_id(query["id"].strip())
-                    self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(query['shard'])}"
-                                                         if query.get("shard") else ""))
-                elif path in ("/jobs", "/dead"):
-                    if path == "/dead":
-                        query["state"] = "dead"
-                    filters = data.parse_filters(query, reader.names)
-                    self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
-                               queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
-                               **data.jobs(reader, filters))
-                elif _JOB_PATH.match(path):
-                    self._job_page(int(path[6:]), query, sid, new)
-                elif path == "/periodic":
-                    self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
-                elif path == "/login" and self.web.guard.actions:
-                    self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
-                               failed=False)
-                else:
-                    self._message(404, f"no page {path}", sid, new)
-            except errors.InputError as e:
-                self._message(400, str(e), sid, new)
-            except errors.NotifyqError as e:
-                self._message(503, f"database: {e}", sid, new)
-            except DriverError as e:
-                self._message(503, f"database: {describe(e)}", sid, new)
-            except Exception:  # a bug: logged with its traceback, the browser gets a page
-                log.exception("web: page %s failed", path)
-                self._send(500, b"internal error: see the notifyq web log\n", "text/plain; charset=utf-8")
-
-        def _queue_names(self) -> list[str]:
-            answers, _down = self.web.reader.each(lambda session: [r[0] for r in data.admin_queries.queue_rows(session)])
-            return sorted({q for names in answers.values() for q in names})
-
-        def _job_page(self, job_id: int, query: dict[str, str], sid: str, new: bool) -> None:
-            shards = self.web.reader.names
-            shard = query.get("shard", shards[0])
-            if shard not in shards:
-                raise errors.InputError(f"no shard {shard!r}")
-            try:
-                job = data.job(self.web.reader, shard, job_id)
-            except errors.InputError as e:
-                self._message(404, str(e), sid, new)
-                return
-            self._page(200, "job.html", sid, new, title=f"job {job_id}", job=job)
-
-        # ------------------------------------------------------------ POST
-
-        def do_POST(self) -> None:  # noqa: N802
-            if self._misdirected():
-                return
-            sid, new = self._session()
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_FORM_BYTES:
-                self._message(413, "form too large", sid, new)
-                return
-            form = {k: v[-1] for k, v in urllib.parse.parse_qs(
-                self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=20).items()}
-            path = urllib.parse.urlsplit(self.path).path
-            guard = self.web.guard
-            if not guard.actions:
-                self._message(403, "read-only: actions are off (start notifyq web with --actions-token-file "
-                              "or NOTIFYQ_WEB_TOKEN to enable them)", sid, new)
-                return
-            bearer = self.headers.get("Authorization", "")
-            by_token = path == "/act" and bearer.startswith("Bearer ") and guard.token_ok(bearer[7:])
-            if not by_token and not guard.csrf_ok(None if new else sid, form.get("csrf")):
-                log.warning("web: form refused (CSRF token missing or wrong) path=%s addr=%s", path, self.client_address[0])
-                self._message(403, "refused: this form does not carry this browser's CSRF token "
-                              "(reload the page and try again)", sid, new)
-                return
-            if path == "/login":
-                self._login(form, sid)
-            elif path == "/logout":
-                guard.sign_out(sid)
-                self._redirect("/")
-            elif path == "/act":
-                who = "token" if by_token else guard.who(sid)
-                if who is None:
-                    self._message(403, "refused: sign in with the actions token first", sid, new)
-                    return
-                self._act(form, sid, f"{who}@{self.client_address[0]}", by_token)
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self._misdirected():
+            return
+        parts = urllib.parse.urlsplit(self.path)
+        path = parts.path
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, max_num_fields=20).items()}
+        if path.startswith("/static/") and path[8:] in STATIC:
+            self._send(200, _static(path[8:]), STATIC[path[8:]], {"Cache-Control": "max-age=300"})
+            return
+        sid, new = self._session()
+        reader = self.web.reader
+        try:
+            if path == "/":
+                self._page(200, "overview.html", sid, new, title="queues", **data.overview(reader))
+            elif path == "/consumers":
+                self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
+            elif path == "/jobs" and query.get("id"):
+                job_id = _job_id(query["id"].strip())
+                self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(query['shard'])}"
+                                                     if query.get("shard") else ""))
+            elif path in ("/jobs", "/dead"):
+                if path == "/dead":
+                    query["state"] = "dead"
+                filters = data.parse_filters(query, reader.names)
+                self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
+                           queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
+                           **data.jobs(reader, filters))
+            elif _JOB_PATH.match(path):
+                self._job_page(int(path[6:]), query, sid, new)
+            elif path == "/periodic":
+                self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
+            elif path == "/login" and self.web.guard.actions:
+                self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
+                           failed=False)
             else:
-                self._message(404, f"no form {path}", sid, new)
+                self._message(404, f"no page {path}", sid, new)
+        except errors.InputError as e:
+            self._message(400, str(e), sid, new)
+        except errors.NotifyqError as e:
+            self._message(503, f"database: {e}", sid, new)
+        except DriverError as e:
+            self._message(503, f"database: {describe(e)}", sid, new)
+        except Exception:  # a bug: logged with its traceback, the browser gets a page
+            log.exception("web: page %s failed", path)
+            self._send(500, b"internal error: see the notifyq web log\n", "text/plain; charset=utf-8")
 
-        def _login(self, form: dict[str, str], sid: str) -> None:
-            back = auth.safe_back(form.get("back"))
-            new_sid = self.web.guard.sign_in(form.get("token", ""), form.get("who", "").strip())
-            if new_sid is None:
-                log.warning("web: sign-in refused addr=%s", self.client_address[0])
-                self._page(403, "login.html", sid, False, title="sign in", back=back, failed=True)
+    def _queue_names(self) -> list[str]:
+        answers, _down = self.web.reader.each(lambda session: [r[0] for r in data.admin_queries.queue_rows(session)])
+        return sorted({q for names in answers.values() for q in names})
+
+    def _job_page(self, job_id: int, query: dict[str, str], sid: str, new: bool) -> None:
+        shards = self.web.reader.names
+        shard = query.get("shard", shards[0])
+        if shard not in shards:
+            raise errors.InputError(f"no shard {shard!r}")
+        try:
+            job = data.job(self.web.reader, shard, job_id)
+        except errors.InputError as e:
+            self._message(404, str(e), sid, new)
+            return
+        self._page(200, "job.html", sid, new, title=f"job {job_id}", job=job)
+
+    # ------------------------------------------------------------ POST
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self._misdirected():
+            return
+        sid, new = self._session()
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_FORM_BYTES:
+            self._message(413, "form too large", sid, new)
+            return
+        form = {k: v[-1] for k, v in urllib.parse.parse_qs(
+            self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=20).items()}
+        path = urllib.parse.urlsplit(self.path).path
+        guard = self.web.guard
+        if not guard.actions:
+            self._message(403, "read-only: actions are off (start notifyq web with --actions-token-file "
+                          "or NOTIFYQ_WEB_TOKEN to enable them)", sid, new)
+            return
+        bearer = self.headers.get("Authorization", "")
+        by_token = path == "/act" and bearer.startswith("Bearer ") and guard.token_ok(bearer[7:])
+        if not by_token and not guard.csrf_ok(None if new else sid, form.get("csrf")):
+            log.warning("web: form refused (CSRF token missing or wrong) path=%s addr=%s", path, self.client_address[0])
+            self._message(403, "refused: this form does not carry this browser's CSRF token "
+                          "(reload the page and try again)", sid, new)
+            return
+        if path == "/login":
+            self._login(form, sid)
+        elif path == "/logout":
+            guard.sign_out(sid)
+            self._redirect("/")
+        elif path == "/act":
+            who = "token" if by_token else guard.who(sid)
+            if who is None:
+                self._message(403, "refused: sign in with the actions token first", sid, new)
                 return
-            log.warning("web: signed in who=%s addr=%s", form.get("who", "").strip(), self.client_address[0])
-            self._redirect(back, self._cookie(new_sid))
+            self._act(form, sid, f"{who}@{self.client_address[0]}", by_token)
+        else:
+            self._message(404, f"no form {path}", sid, new)
 
-        def _act(self, form: dict[str, str], sid: str, who: str, by_token: bool) -> None:
-            verb, queue, shard = form.get("verb", ""), form.get("queue") or None, form.get("shard", "")
-            try:
-                if verb not in VERBS:
-                    raise errors.InputError(f"no action {verb!r}")
-                job_id = _job_id(form.get("job"))
-                outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue)
-            except (errors.NotifyqError, DriverError) as e:
-                outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
-                code = 400 if isinstance(e, errors.InputError) else 503
-            else:
-                code = 200
-            log.warning("web action who=%s action=%s job=%s queue=%s shard=%s outcome=%s", who, verb,
-                        form.get("job") or "-", queue or "-", shard or "-", outcome)
-            if by_token:
-                self._send(code, (outcome + "\n").encode(), "text/plain; charset=utf-8")
-                return
-            self.web.flash(sid, outcome)
-            self._redirect(auth.safe_back(form.get("back")))
+    def _login(self, form: dict[str, str], sid: str) -> None:
+        back = auth.safe_back(form.get("back"))
+        new_sid = self.web.guard.sign_in(form.get("token", ""), form.get("who", "").strip())
+        if new_sid is None:
+            log.warning("web: sign-in refused addr=%s", self.client_address[0])
+            self._page(403, "login.html", sid, False, title="sign in", back=back, failed=True)
+            return
+        log.warning("web: signed in who=%s addr=%s", form.get("who", "").strip(), self.client_address[0])
+        self._redirect(back, self._cookie(new_sid))
 
-    return Handler
+    def _act(self, form: dict[str, str], sid: str, who: str, by_token: bool) -> None:
+        verb, queue, shard = form.get("verb", ""), form.get("queue") or None, form.get("shard", "")
+        try:
+            if verb not in VERBS:
+                raise errors.InputError(f"no action {verb!r}")
+            job_id = _job_id(form.get("job"))
+            outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue)
+        except (errors.NotifyqError, DriverError) as e:
+            outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
+            code = 400 if isinstance(e, errors.InputError) else 503
+        else:
+            code = 200
+        log.warning("web action who=%s action=%s job=%s queue=%s shard=%s outcome=%s", who, verb,
+                    form.get("job") or "-", queue or "-", shard or "-", outcome)
+        if by_token:
+            self._send(code, (outcome + "\n").encode(), "text/plain; charset=utf-8")
+            return
+        self.web.flash(sid, outcome)
+        self._redirect(auth.safe_back(form.get("back")))
 
 
 def _job_id(text: str | None) -> int | None:
@@ -366,9 +360,6 @@ def _job_id(text: str | None) -> int | None:
 
 def run(config: Config, port: int, bind: str, token: str | None) -> int:
     """`notifyq web`: serve until SIGTERM or SIGINT; the exit code."""
-    import signal
-    import sys
-
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())  # the handler only sets the event

@@ -8,6 +8,7 @@ import datetime as dt
 import functools
 from typing import Any
 
+from notifyq import errors
 from notifyq.ops.status import human_duration
 
 CHART_W, CHART_H = 150, 28  # the rate chart: one pair of bars per minute, newest on the right
@@ -16,10 +17,8 @@ CHART_W, CHART_H = 150, 28  # the rate chart: one pair of bars per minute, newes
 @functools.cache
 def environment() -> Any:
     try:
-        import jinja2
+        import jinja2  # an extra (notifyq[web]): its absence is one clear line, not an ImportError
     except ImportError:
-        from notifyq import errors
-
         raise errors.ConfigError("the status pages need Jinja2: pip install 'notifyq[web]'") from None
     env = jinja2.Environment(loader=jinja2.PackageLoader("notifyq.web", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
