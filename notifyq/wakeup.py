@@ -86,7 +86,7 @@ log = logging.getLogger("notifyq.wakeup")
 
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
 READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's read timeout
-ARM_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
+RINGER_RETRY_S = 1.0  # a producer that found another ringer tries to become the ringer this often
 # A ringer's look that saw nobody watching holds this long: the puts in between commit without a
 # look, as plain puts do. Under load no consumer idles, and a look per put was a statement per
 # job. A consumer that starts watching inside the window is rung by the first put after it, or
@@ -323,7 +323,7 @@ class Bell:
             if advisory.get_lock(self.session, self.locks.ringer, 0) != 1:
                 # Another producer rings this queue's bells. Ask again in a while, not on every
                 # put: at hundreds of puts a second the refused GET_LOCK was a statement each.
-                self._retry_ringer_at = time.monotonic() + ARM_RETRY_S
+                self._retry_ringer_at = time.monotonic() + RINGER_RETRY_S
                 if not self._told_not_ringer:  # once: why this producer's jobs start later
                     self._told_not_ringer = True
                     log.info("another producer rings this queue's bell (one per queue and server): "

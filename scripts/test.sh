@@ -22,8 +22,8 @@ fi
 # The whole suite. Most tests wait (for a server, a process, a lease) more than they compute,
 # and each pytest-xdist worker starts its own private server (tests/conftest.py) in which every
 # test has a database of its own: the unit, integration, apps, web and system tiers run on
-# $NOTIFYQ_TEST_WORKERS workers (3 by default, on 2 cores: ~240 s against ~285 s with 2 and
-# ~580 s in one process; 0 runs them in one process), a file's tests on one worker (--dist
+# $NOTIFYQ_TEST_WORKERS workers (3 by default: most tests wait rather than compute, so on 2
+# cores 3 finish sooner than 2; 0 runs them in one process), a file's tests on one worker (--dist
 # loadfile: a module's fixtures, such as test_shards.py's two servers, are built once).
 # Then the integration tests that a server's defaults can change run once more, on private
 # servers started with MySQL 8.0's defaults where MariaDB has them (autoinc lock mode 2, strict
@@ -40,6 +40,7 @@ status=0
 NOTIFYQ_TEST_SERVER_PROFILE=mysql80 .venv/bin/python -m pytest -p no:cacheprovider "${parallel[@]}" \
     tests/integration/test_server_profile.py tests/integration/test_enqueue.py \
     tests/integration/test_claim.py tests/integration/test_dedup_keys.py \
-    tests/integration/test_store_edges.py tests/integration/test_taking_back.py || status=$?
+    tests/integration/test_store_edges.py tests/integration/test_taking_back.py \
+    tests/integration/test_explain_large.py || status=$?
 .venv/bin/python -m pytest -p no:cacheprovider tests/fault tests/cluster || status=$?
 exit "$status"

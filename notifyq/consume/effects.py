@@ -20,7 +20,7 @@ class Completion(completion.Completion):
             super().complete_in(job, raw, result, rollback=rollback and raw is conn)
         except errors.ClaimLost:
             if rollback and raw is not conn:
-                # A framework's transaction rolls back as ClaimLost leaves its block; Django's
-                # also when the handler catches it inside the block.
-                conns.doom(conn)
+                # A framework's transaction rolls back as ClaimLost leaves its block; doomed
+                # now, it also lands nothing when the handler catches the error inside it.
+                conns.doom(conn, raw)
             raise

@@ -91,7 +91,7 @@ class PythonHandler:
     async def _together(self, jobs: list[Job]) -> None:
         """Each job's call as a coroutine of its own, all awaited at once; each job's outcome
         is its own coroutine's (its return value kept as its result)."""
-        import asyncio  # here, as in _await: ~50 ms of imports a consumer of plain handlers never needs
+        import asyncio  # here, as in _await: a consumer of plain handlers never needs its weight
 
         async def one(job: Job) -> None:
             try:
@@ -133,7 +133,7 @@ _thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its
 def _await(awaitable: Awaitable[Any]) -> Any:
     """Run a handler's awaitable to completion on the calling worker thread's own event loop:
     one per thread, kept across jobs (a loop per job would cost its setup on every job)."""
-    import asyncio  # here: ~50 ms of imports a consumer of plain handlers never needs
+    import asyncio  # here: a consumer of plain handlers never needs its weight
 
     async def wait() -> Any:
         return await awaitable

@@ -350,20 +350,20 @@ class Presence:
 
     def reload(self, config: Config) -> None:
         self.config = config
-        for watcher in self.watch_seats.values():
-            watcher.waiter.cfg = config.wakeup
+        for seat in self.watch_seats.values():
+            seat.waiter.cfg = config.wakeup
 
     def interrupt_waits(self, killer: Session) -> None:
         """At stop: wake the workers waiting for a seat, and KILL QUERY the watchers' waits
         (in GET_LOCK or SLEEP, they would notice the stop only at their timeout)."""
-        for watcher in self.watch_seats.values():
-            watcher.wake_all()
-            conn_id = watcher.session.connection_id
-            if conn_id and watcher.session.connected:  # (a shard that is down: nothing waits there)
+        for seat in self.watch_seats.values():
+            seat.wake_all()
+            conn_id = seat.session.connection_id
+            if conn_id and seat.session.connected:  # (a shard that is down: nothing waits there)
                 try:
                     advisory.kill_query(killer, conn_id)
                 except Exception as e:  # best effort: the wait ends by its own timeout anyway
-                    log.debug("could not interrupt watcher=%s error=%s", watcher.session.name, e)
+                    log.debug("could not interrupt watcher=%s error=%s", seat.session.name, e)
 
     def close(self) -> None:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
@@ -378,5 +378,5 @@ class Presence:
                 liveness.unregister_consumer(self.session, self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
-        for watcher in self.watch_seats.values():
-            watcher.session.close()
+        for seat in self.watch_seats.values():
+            seat.session.close()

@@ -29,8 +29,8 @@ from notifyq import errors
 from notifyq.figures import ServiceFigures, WorkerFigures, batch_size_histogram, handler_seconds_histogram
 from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
-# prometheus_client and http.server are ~40 ms of imports: a consumer loads this module only
-# when it serves metrics (run/runner.py).
+# prometheus_client and http.server weigh more than the rest of a consumer's imports: a
+# consumer loads this module only when it serves metrics (run/runner.py).
 
 log = logging.getLogger("notifyq.metrics")
 

@@ -39,6 +39,12 @@ class AsyncProducer:
     # layer's) puts through notifyq.Producer, which with [shards] places each job on its shard.
     producer_class: type = Producer
 
+    @staticmethod
+    def first_wakes_all(queue: str, config: Config) -> bool:
+        """Whether the first session's producer can wake the consumers of every put (they are
+        all on its server)."""
+        return True
+
     def __init__(self, queue: str, config: Config, *, ring: bool = True, sessions: int = 1):
         self.queue = queue
         self.config = config
@@ -46,11 +52,12 @@ class AsyncProducer:
         # Checked now (queue name, config): a bad argument fails here, not in a thread later.
         # With the ring, the first wakes the consumers after the others' puts (its bell, else an
         # interrupt of the watcher's wait): the others do not interrupt it themselves as well.
+        # Unless their puts may land where the first has no bell (first_wakes_all).
+        self._first_wakes = ring and isinstance(config, Config) and self.first_wakes_all(queue, config)
         others = (dataclasses.replace(config, wakeup=dataclasses.replace(config.wakeup, instant_wake=False))
-                  if ring and isinstance(config, Config) else config)
+                  if self._first_wakes else config)
         self._producers = [self.producer_class(queue, config if i == 0 else others, ring=ring and i == 0)
                            for i in range(self.sessions)]
-        self._ring = ring
         self._free = list(self._producers)  # producers no thread is using
         self._free_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -73,17 +80,17 @@ class AsyncProducer:
         return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
                                max_attempts=max_attempts, conn=conn)
 
-    async def result(self, job_id: int, *, wait: float = 0.0, **where: Any) -> Any:
+    async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """Producer.result, awaited. The wait is the event loop's: each look at the job is a
         short read on the loop's default executor, and between looks the coroutine sleeps, so
-        a long wait holds no thread and a cancelled one stops at once. `where`: with [shards],
-        `shard=NAME` (job ids are per shard)."""
+        a long wait holds no thread and a cancelled one stops at once. `shard`: with [shards],
+        the shard a spread queue's job is on (job ids are per shard)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
         from notifyq.store.db import Session
 
         if self._closed:
             raise errors.InputError("AsyncProducer is closed")
-        dsn = self._producers[0].result_dsn(**where)
+        dsn = self.result_dsn(shard)
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + max(0.0, wait), results.POLL_FIRST_S
         session, using = Session(dsn, name="result"), threading.Lock()
@@ -114,6 +121,12 @@ class AsyncProducer:
                     using.release()
             else:  # a cancelled await, its look still under way on a thread: closed after it
                 loop.run_in_executor(None, close)
+
+    def result_dsn(self, shard: str | None) -> Any:
+        """Where a job's result is read: the one server (no shard= here)."""
+        if shard is not None:
+            raise errors.InputError(f"shard={values.shown(shard)}: no [shards] configured")
+        return self._producers[0].result_dsn()
 
     async def close(self) -> None:
         """Close every session, after the puts under way."""
@@ -147,6 +160,6 @@ class AsyncProducer:
         finally:
             with self._free_lock:
                 self._free.append(producer)
-        if self._ring and kwargs.get("conn") is None and producer is not self._producers[0]:
+        if self._first_wakes and kwargs.get("conn") is None and producer is not self._producers[0]:
             self._producers[0].wake()  # only the first rings its own puts (one ringer per queue)
         return result

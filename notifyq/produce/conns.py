@@ -20,16 +20,15 @@ def dbapi(conn: Any) -> Any:
     return conn
 
 
-def doom(conn: Any) -> None:
-    """The caller's transaction on `conn` must not commit (job.complete_in: the claim was lost).
-    Django's, inside transaction.atomic(): rolled back now on the server, whole (savepoints
-    too), and marked so that Django rolls back at the block's end and refuses queries until
-    then, as after a database error in the block (a handler that catches the error in the
-    block would otherwise commit its writes). Outside atomic() (autocommit) there is nothing
-    open to roll back. A SQLAlchemy transaction rolls back as the exception leaves its block."""
-    module = type(conn).__module__
-    if module.startswith("django.") and getattr(conn, "in_atomic_block", False):
-        conn.connection.rollback()
+def doom(conn: Any, raw: Any) -> None:
+    """The caller's transaction on `conn` (its DB-API connection: `raw`) must not commit
+    (job.complete_in: the claim was lost). Rolled back now on the server, whole (savepoints
+    too), so a handler that catches the error inside its framework's block commits nothing of
+    its writes: the framework's COMMIT then finds no transaction open, and a savepoint's
+    RELEASE fails. Django, inside transaction.atomic(), is also marked so that it rolls back
+    at the block's end and refuses queries until then, as after a database error in the block."""
+    raw.rollback()
+    if type(conn).__module__.startswith("django.") and getattr(conn, "in_atomic_block", False):
         conn.needs_rollback = True
 
 

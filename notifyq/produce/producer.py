@@ -56,7 +56,7 @@ class Producer:
     the producer then holds one of the queue's bells, its COMMIT looks whether a consumer is
     watching, and only then it rings, which wakes that idle consumer within a millisecond or
     two. Under load (no consumer idle) a put costs what a plain one does. One producer per
-    queue and server holds the bells: the first to put; another takes over within ARM_RETRY_S
+    queue and server holds the bells: the first to put; another takes over within RINGER_RETRY_S
     of it closing. The others, like one-shot producers (which leave it off), rely on the
     watcher's backoff poll of the signal row, unless they interrupt the watcher's wait
     (`wakeup.instant_wake`, by default where the server lets them: interrupt.py).

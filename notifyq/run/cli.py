@@ -4,9 +4,9 @@ Every user error is one line on stderr and an exit code from errors.py; a traceb
 argparse, not click: it is in the standard library, and with only the given command's parser
 built a consumer starts with fewer instructions (benchmarks/HISTORY.md, the start case).
 
-Each command imports what it runs, inside its function: `notifyq --help` and `notifyq config`
-load ~50 ms of modules, and a command's machinery (the store with the driver and tenacity, the
-producer, the consumer) is 20-80 ms more (python -X importtime), which the others never pay.
+Each command imports what it runs, inside its function: a command's machinery (the store with
+the driver and tenacity, the producer, the consumer) weighs more than the whole of `notifyq
+--help` (python -X importtime), and the other commands never pay for it.
 """
 
 from __future__ import annotations

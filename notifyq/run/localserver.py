@@ -66,12 +66,13 @@ def storage_options(flavour: str, version: tuple[int, ...], redo_log_mb: int, fi
     innodb_redo_log_capacity (innodb_log_file_size is deprecated there, and ignored beside it);
     MariaDB has innodb_log_file_size only. secure_file_priv: MySQL's compiled-in default is a
     packaging directory (/var/lib/mysql-files) that a machine without the package lacks, and the
-    server refuses to start without it; a directory of the server's own is valid on both."""
-    if flavour == "mysql" and version >= (8, 0, 30):
-        redo = f"--innodb-redo-log-capacity={redo_log_mb}M"
-    else:
-        redo = f"--innodb-log-file-size={redo_log_mb}M"
-    return [redo, f"--secure-file-priv={filedir}"]
+    server refuses to start without it: MySQL's private server gets a directory of its own
+    (MariaDB's default, no restriction, stays)."""
+    if flavour != "mysql":
+        return [f"--innodb-log-file-size={redo_log_mb}M"]
+    if version >= (8, 0, 30):
+        return [f"--innodb-redo-log-capacity={redo_log_mb}M", f"--secure-file-priv={filedir}"]
+    return [f"--innodb-log-file-size={redo_log_mb}M", f"--secure-file-priv={filedir}"]
 
 
 def _parse_dsn(dsn: str) -> dict:

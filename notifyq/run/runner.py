@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("notifyq.runner")
 
-# What only some commands need is imported inside them: the producer's modules (~60 ms) are no
+# What only some commands need is imported inside them: the producer's modules are no
 # consumer's, run/daemon.py (python-daemon, sd_notify) no one-shot command's, and the metrics
 # endpoint and the status pages only a consumer configured to serve them.
 

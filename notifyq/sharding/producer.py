@@ -113,12 +113,15 @@ class ShardedProducer:
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
 
     def result_dsn(self, shard: str | None = None) -> DSN:
-        """Producer.result_dsn: the shard's that holds the job."""
-        return self._on(self._result_shard(shard)).result_dsn()
+        """Producer.result_dsn: the server of the shard that holds the job (from the config,
+        without the producer's lock: AsyncProducer asks on the event loop)."""
+        return self.config.shards[self._result_shard(shard)]
 
     def _result_shard(self, shard: str | None) -> str:
         if shard is None and self._turn is not None:
             raise errors.InputError(f"queue {self.queue} is spread over shards: give shard= (ids are per shard)")
+        if shard is not None and shard not in self.config.shards:
+            raise errors.InputError(f"shard={values.shown(shard)}: [shards] names {', '.join(sorted(self.config.shards))}")
         return shard or self._home
 
     def close(self) -> None:

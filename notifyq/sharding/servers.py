@@ -171,7 +171,10 @@ class QueueDepths:
         depth: dict[str, dict] = {}
         for name in self.servers.names:
             mine = [q for q, where in shards_of.items() if name in where]
-            answers, down = self.servers.each(lambda session: status.depths(session, mine), [name])
+            try:
+                answers, down = self.servers.each(lambda session: status.depths(session, mine), [name])
+            except Exception as e:  # a scrape must answer: the counters are there, the depth is not
+                answers, down = {}, {name: describe(e) if isinstance(e, DriverError) else repr(e)}
             depth.update(answers)
             for error in down.values():
                 log.warning("metrics: cannot read queue depth%s error=%s", f" shard={name}" if name else "", error)

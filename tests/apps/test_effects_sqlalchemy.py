@@ -95,3 +95,32 @@ def test_complete_in_a_session_whose_claim_was_taken_back_raises_and_the_session
     # Then the stale write never landed
     assert raised == [True]
     assert db.scalar("SELECT COUNT(*) FROM charge") == 0
+
+
+def test_a_stale_claims_writes_never_land_even_when_the_handler_catches_claim_lost_in_its_block(db, engine):
+    # Given a job whose claim is taken back before its handler completes it in a Session, and a
+    # handler that catches ClaimLost inside the Session's transaction block
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    reaper = NqSession(db.config().dsn, name="reaper")
+    caught = []
+
+    def handler(job):
+        if job.attempts > 1:
+            return
+        db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
+        liveness.reclaim_expired(reaper)
+        with Session(engine) as session, session.begin():  # would commit at the block's end
+            session.execute(text("INSERT INTO charge (job_id, attempt) VALUES (:j, 1)"), {"j": job.id})
+            try:
+                job.complete_in(session)
+            except notifyq.ClaimLost:
+                caught.append(True)
+
+    try:
+        _run(db, handler)
+    finally:
+        reaper.close()
+    # Then the stale write never landed
+    assert caught == [True]
+    assert db.scalar("SELECT COUNT(*) FROM charge") == 0

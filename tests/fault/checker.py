@@ -75,6 +75,7 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
 # never     a reload changes settings, it takes nothing back (item 6).
 EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never"}
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
+LOG_SLACK_S = 0.002  # a log line's wall-clock millisecond against CLOCK_MONOTONIC
 DEAD = 4
 DONE = 3
 CANCELLED = 5  # issue 29: a job cancelled while it ran ends in a state of its own
@@ -246,18 +247,22 @@ class Faults:
         again after `earlier` (EXCUSE); without the runs, any fault that can excuse anything."""
         for pid in pids:
             for f in self.by_pid.get(pid, ()):
-                if f.start <= hi and f.end >= lo and (excuses(f, earlier, later) or self._peer_took_back(f, later)):
+                if f.start <= hi and f.end >= lo and (excuses(f, earlier, later) or self._peer_took_back(f, earlier, later)):
                     return PROCESS_CAUSES.get(f.kind, f.kind)
         for f in self.server:
             if f.start <= hi and f.end >= lo and excuses(f, earlier, later):
                 return SERVER_CAUSES[f.kind]
         return None
 
-    def _peer_took_back(self, f: Fault, later: Run | None) -> bool:
+    def _peer_took_back(self, f: Fault, earlier: Run | None, later: Run | None) -> bool:
         """A "peer" fault's own process ran the job again after a peer's reaper took its claim
-        back (between the fault and that run): the job was anyone's to claim by then."""
-        return (EXCUSE.get(f.kind) == "peer" and later is not None and later.pid == f.pid
-                and any(f.start <= t <= later.start for t in self.taken_by_peer.get(f.pid, ())))
+        back: after the fault, after the first run started (a take-back before it is no take-back
+        of that run's claim; a start under a claim already taken back is the stale_start rule's),
+        before the second. The reapers' log lines have milliseconds: LOG_SLACK_S either side."""
+        if EXCUSE.get(f.kind) != "peer" or earlier is None or later is None or later.pid != f.pid:
+            return False
+        lo, hi = max(f.start, earlier.start) - LOG_SLACK_S, later.start + LOG_SLACK_S
+        return any(lo <= t <= hi for t in self.taken_by_peer.get(f.pid, ()))
 
     def any_between(self, lo: float, hi: float) -> bool:
         """Any fault at all (any process, the server) overlapping [lo, hi]."""

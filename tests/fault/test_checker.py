@@ -299,6 +299,10 @@ def test_kill_session_a_process_that_reruns_its_own_jobs_after_losing_its_livene
     by_peer = Fault("taken_back", 2.5, 2.5, 10, detail="11")
     again = [runs[0], run(1, 2, 10, 3.0, 3.1, token=8)]
     assert checker.check(history(again, [enq(1)], faults=[kill, by_peer])).ok
+    # nor a take-back of pid 10 before its first run started: that was no take-back of its claim
+    early = Fault("taken_back", 2.5, 2.5, 10, detail="11")
+    late_runs = [run(1, 1, 10, 3.0, 3.1, token=7), run(1, 2, 10, 4.0, 4.1, token=8)]
+    assert checker.check(history(late_runs, [enq(1)], faults=[kill, early])).by_rule() == {"run_twice": 1}
     # but not when pid 10's own reaper took it back: that is item 3, caught by its own rule too
     by_itself = Fault("taken_back", 2.5, 2.5, 10, detail="10")
     report = checker.check(history(again, [enq(1)], faults=[kill, by_itself]))

@@ -97,6 +97,15 @@ def test_cli_init_and_produce_reach_every_shard(sharded):
     assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 2]
 
 
+def scrape(service) -> dict:
+    """The metrics endpoint's families for `service`, its depth reader's sessions closed after."""
+    collector = ServiceCollector(service.figures, QueueDepths(service.config))
+    try:
+        return {f.name: f for f in collector.collect()}
+    finally:
+        collector.close()
+
+
 def _service(cfg, queue, seen, **kw):
     def record(job):
         seen.append(job.payload["n"])
@@ -114,7 +123,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     assert sorted(seen) == list(range(300))  # every job once: none lost, none twice
     assert set(service.services) == {"a", "b"} and all(x.running for x in service.services.values())
     # the metrics show each shard's share (sum by queue: the queue's total)
-    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
+    families = scrape(service)
     done = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
             if s.name.endswith("_total")}
     assert sum(done.values()) == 300 and set(done) == {"a", "b"} and min(done.values()) > 0
@@ -129,7 +138,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     old = on_a.running[0]
     on_a._spawn(old.worker.queue, old.worker.handler, old.worker.name, index=0)
     on_a.running[0].thread.join(30)  # nothing left to claim: it ends at once
-    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
+    families = scrape(service)
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
              if s.name.endswith("_total")}
     assert after == done and service.totals().succeeded == 300
@@ -162,7 +171,7 @@ def test_status_jobs_and_metrics_show_every_shard_and_the_total(sharded):
     shown = run_cli(env, "jobs", "show", str(job), "--shard", "b", "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == job
     service = _service(cfg, "s", [])  # not started: the collector reads depth from both shards
-    families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
+    families = scrape(service)
     ready = {s.labels["shard"]: s.value for s in families["notifyq_queue_jobs"].samples
              if s.labels["state"] == "ready" and s.labels["queue"] == "s"}
     assert ready == {"a": 3, "b": 3}
@@ -189,7 +198,7 @@ def test_one_shard_down_the_consumer_drains_the_other_and_recovers(sharded, serv
         status = run_cli({**env, "NOTIFYQ_CONNECT_RETRY_S": "0"}, "status")
         assert status.returncode == 5 and "b: cannot reach" in status.stderr, status.stderr
         assert "  b  DOWN" in status.stdout and "\ns      a" in status.stdout, status.stdout
-        families = {f.name: f for f in ServiceCollector(service.figures, QueueDepths(service.config)).collect()}
+        families = scrape(service)
         assert {s.labels["shard"]: s.value for s in families["notifyq_db_up"].samples} == {"a": 1, "b": 0}
         servers["b"].start()
         on_b.put_many([{"n": 2000 + i} for i in range(20)])
@@ -266,7 +275,7 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
     Presence: when the server is back they drain it, with one registration there and at most
     workers + queues + 1 sessions of ours on it, none left over from the workers that ended."""
     # The sessions' connect retry (a minute by default) shortened to OUTAGE_RETRY_S: the outage
-    # still outlasts it, as a long one does, and the test waits ~10 s for that instead of ~60 s.
+    # still outlasts it, as a long one does, and the test's outage lasts seconds, not minutes.
     monkeypatch.setitem(Session.__init__.__kwdefaults__, "retry_s", OUTAGE_RETRY_S)
     cfg, _env, dbs = sharded
     seen: list[int] = []
@@ -366,19 +375,64 @@ def test_the_asyncio_producer_places_jobs_on_their_shards_and_reads_a_result_on_
     async def main():
         async with notifyq.AsyncProducer("pinned", cfg, sessions=2) as pinned, \
                 notifyq.AsyncProducer("s", cfg) as spread:
-            first = await pinned.put({"n": 1})
-            await asyncio.gather(*(pinned.put({"n": i}) for i in range(2, 6)))
+            pinned_ids = [await pinned.put({"n": 1})]
+            pinned_ids += await asyncio.gather(*(pinned.put({"n": i}) for i in range(2, 6)))
             ids = await spread.put_many([{"n": i} for i in range(4)])
+            last = max(pinned_ids)  # an id only shard b has (a holds the spread queue's first two)
             with pytest.raises(errors.ResultPending):  # asked on b, where the job is
-                await pinned.result(first)
+                await pinned.result(last)
+            with pytest.raises(errors.InputError, match=f"no job {last}"):  # a has no such job
+                await spread.result(last, shard="a")
             with pytest.raises(errors.InputError, match="give shard="):
                 await spread.result(ids[0])
+            with pytest.raises(errors.InputError, match="shard='c'"):
+                await spread.result(ids[0], shard="c")
             return ids
 
     ids = asyncio.run(main())
     assert len(ids) == 4
     assert [len(rows(dbs[s], "pinned")) for s in "ab"] == [0, 5]
     assert sorted(len(rows(dbs[s], "s")) for s in "ab") == [2, 2]  # dealt in turn
+
+
+def test_every_session_of_an_asyncio_producer_wakes_a_spread_queues_idle_consumers(sharded):
+    import asyncio
+    import dataclasses
+
+    import notifyq
+
+    # Given idle consumers of a spread queue on both shards, whose watchers would otherwise
+    # sleep 3 s between reads, and an asyncio producer of two sessions
+    cfg, _env, _dbs = sharded
+    cfg = dataclasses.replace(cfg, wakeup=dataclasses.replace(cfg.wakeup, poll_initial_s=3.0, poll_max_s=3.0))
+    started: dict[int, float] = {}
+
+    def record(job):
+        started[job.payload["n"]] = time.monotonic()
+
+    service = ConsumerService(cfg, ConsumeOptions(queues=("s",), function=record))
+    stop = threading.Event()
+    runner = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    runner.start()
+    latencies = []
+
+    async def main():
+        async with notifyq.AsyncProducer("s", cfg, sessions=2) as producer:
+            await producer.put({"n": -1})  # each session's producers connect and take their bells
+            wait_until(lambda: -1 in started, 10, message="the first job started")
+            for n in range(8):  # When jobs are put one at a time (dealt over both shards)
+                put_at = time.monotonic()
+                await producer.put({"n": n})
+                await asyncio.to_thread(wait_until, lambda: n in started, 10, message=f"job {n} started")
+                latencies.append(started[n] - put_at)
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        runner.join(30)
+    # Then each starts at once, whichever session put it and whichever shard it went to
+    assert max(latencies) < 1.0, latencies
 
 
 def test_a_tasks_enqueue_puts_its_job_on_its_queues_shard(sharded):

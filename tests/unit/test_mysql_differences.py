@@ -88,6 +88,7 @@ def test_a_private_server_is_started_with_the_options_its_own_kind_and_version_k
     assert localserver.storage_options(*old_mysql, 16, tmp_path)[0] == "--innodb-log-file-size=16M"
     assert localserver.storage_options(*maria, 16, tmp_path)[0] == "--innodb-log-file-size=16M"
     # MySQL's compiled-in secure_file_priv is a packaging directory a bare machine lacks (the
-    # server would refuse to start): every private server gets a directory of its own.
-    for kind in (maria, mysql):
+    # server would refuse to start): a MySQL private server gets a directory of its own
+    for kind in (mysql, old_mysql):
         assert f"--secure-file-priv={tmp_path}" in localserver.storage_options(*kind, 16, tmp_path)
+    assert not any(o.startswith("--secure-file-priv") for o in localserver.storage_options(*maria, 16, tmp_path))

@@ -118,7 +118,7 @@ def page(browser):
 
 def screenshot(page, name: str) -> Path:
     """The page as a PNG: into $NOTIFYQ_SCREENSHOTS_DIR when set (docs/img), else a temporary file."""
-    directory = IMG or Path(tempfile.mkdtemp(prefix="nq-shots-"))
+    directory = IMG or Path(tempfile.gettempdir()) / "notifyq-screenshots"  # overwritten by the next run
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     page.screenshot(path=str(path), full_page=True)
