@@ -84,6 +84,9 @@ def test_a_producer_of_another_database_user_stops_interrupting_after_the_first_
         with Producer(Q, other, ring=ring) as bell_holder, Producer(Q, other, ring=ring) as p:
             if ring:
                 bell_holder.put({"arms": True})  # the bell is taken: `p` is a second ringing producer
+                # (a new ringer's first put wakes by the instant wake too: refused, and said, once)
+                assert bell_holder._interrupter is not None and bell_holder._interrupter.off == "refused"
+                caplog.clear()
             # When it puts, again and again
             with caplog.at_level("WARNING", logger="notifyq.producer"):
                 for i in range(4):
@@ -151,22 +154,27 @@ def test_with_nobody_watching_a_put_sends_no_kill_and_opens_no_second_connection
         assert p._lock_session is None
 
 
-def test_nothing_changes_for_the_producer_that_holds_the_bell(db):
-    # Given idle consumers and a ringing producer that holds the queue's bell, default settings
+def test_the_producer_that_holds_the_bell_rings_it_once_its_first_put_woke_the_watcher(db):
+    # Given idle consumers and a ringing producer that holds the queue's bell, default settings;
+    # its first put woke the watcher with the instant wake (asleep while no ringer held a bell,
+    # it waits on the bell only from its next read on)
     cfg = db.config(wakeup={"poll_initial_s": LONG_POLL_S, "poll_max_s": LONG_POLL_S})
     recorder = Recorder()
     with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as p:
+        wait_settled(db, 2)
         p.put({"warm-up": True})
         assert p._bell is not None and p._bell.held is not None
+        looks, kills = p._interrupter.looks, _com_kill(p._session)
+        assert looks == 1 and kills <= 1
         wait_settled(db, 2)
         # When it puts
         for _ in range(4):
             assert put_and_time(p, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
             wait_settled(db, 2)
-        # Then it rang, and never looked for a watcher to KILL nor sent a KILL
+        # Then it rang, and looked for a watcher to KILL nor sent a KILL no more
         assert p._bell.rings >= 4
-        assert p._interrupter is None
-        assert _com_kill(p._session) == 0 and _com_kill(p._lock_session) == 0
+        assert p._interrupter.looks == looks
+        assert _com_kill(p._session) == kills and _com_kill(p._lock_session) == 0
 
 
 def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
