@@ -45,6 +45,12 @@ def _run(db, handler) -> Worker:
     return worker
 
 
+def _take_claim_back(db, job_id: int, reaper) -> None:
+    """The job's lease expired and taken back by a reaper, while its handler runs."""
+    db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
+    liveness.reclaim_expired(reaper)
+
+
 def test_complete_in_a_session_and_a_connection_commits_the_job_with_the_callers_writes(db, engine):
     # Given two jobs: one completed in a Session, one in a Connection, each with a write
     with Producer("q", db.config()) as p:
@@ -80,8 +86,7 @@ def test_complete_in_a_session_whose_claim_was_taken_back_raises_and_the_session
     def handler(job):
         if job.attempts > 1:
             return
-        db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
-        liveness.reclaim_expired(reaper)
+        _take_claim_back(db, job_id, reaper)
         with pytest.raises(notifyq.ClaimLost):
             with Session(engine) as session, session.begin():  # rolls back as ClaimLost leaves it
                 session.execute(text("INSERT INTO charge (job_id, attempt) VALUES (:j, 1)"), {"j": job.id})
@@ -108,8 +113,7 @@ def test_a_stale_claims_writes_never_land_even_when_the_handler_catches_claim_lo
     def handler(job):
         if job.attempts > 1:
             return
-        db.query("UPDATE nq_job SET lease_until = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
-        liveness.reclaim_expired(reaper)
+        _take_claim_back(db, job_id, reaper)
         with Session(engine) as session, session.begin():  # would commit at the block's end
             session.execute(text("INSERT INTO charge (job_id, attempt) VALUES (:j, 1)"), {"j": job.id})
             try:
