@@ -511,6 +511,11 @@ class FaultRun:
             return True, "a poison job's os._exit"
         if code == 0 and (c.expect == "SIGTERM" or "--exit-when-empty" in c.args):
             return True, c.expect or "exit when empty"
+        if code == -signal.SIGTERM and c.expect == "SIGTERM" and not c.ready():
+            # Stopped while it started (the final stop can meet a successor just spawned): its
+            # handlers were not installed yet, so the signal's default action; it had claimed
+            # nothing (it registers after them), as a service stopped by systemd then.
+            return True, "SIGTERM before it started"
         if code == 3 and c is self.async_consumer:
             return True, "refused an async handler at start"
         return False, f"not the schedule's doing (signalled: {c.expect or 'no'}; log {c.err.name})"
