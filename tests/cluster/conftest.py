@@ -4,7 +4,7 @@ The cluster costs ~10 s to start on a 2-core machine, so the tests share one (`g
 session), and every test gets it back whole (`cluster`): a test that killed or paused a node and
 then failed must not leave the next one a cluster of two. Each module works in a database of its
 own. The fault schedule (test_cluster_fault_schedule.py) runs a cluster of its own, and runs first
-(pytest_collection_modifyitems), before the shared one starts: no idle cluster beside it.
+(its file name sorts first), before the shared one starts: no idle cluster beside it.
 
 tests/cluster is a package (it has __init__.py), like tests/fault: a package-less conftest.py would
 be imported as plain `conftest` and shadow tests/conftest.py.
@@ -26,12 +26,6 @@ requires_galera = pytest.mark.skipif(
 # A lost node is evicted after ~3.2 s instead of Galera's ~6.3 s: each kill or pause costs the
 # suite half as much. Measurements of real failover times use the defaults (observe.py).
 FAST_EVICTION = "evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;evs.inactive_timeout=PT4S"
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """The cluster's fault schedule before every other test of the run (a stable sort: the rest
-    keep their order), whatever the file names and the order they were given in."""
-    items.sort(key=lambda item: "test_cluster_fault_schedule.py" not in item.nodeid)
 
 
 @pytest.fixture(scope="session")
