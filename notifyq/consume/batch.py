@@ -1,23 +1,43 @@
-"""Batch: one claim in a worker's hands — which jobs have started, which run, which wait, and
-when the lease of those still held must be pushed out.
+"""Batch: one claim in a worker's hands, and its run: its jobs through the handler in claim
+order, the lease of what it still holds pushed out, what finished acked about once a second,
+what never started given back.
 
 The claim's lease covers every job of the batch from the claim on. Jobs that wait behind a
 long-running one would see it run out while their consumer is alive and well, and a reaper
-would hand them to another consumer: the batch would run them twice. So the worker pushes the
+would hand them to another consumer: the batch would run them twice. So the run pushes the
 lease of the jobs it still holds out again, in one statement, at most every lease/3, before
 it starts the next job; the answer says which jobs are still its own, and a job that is not
 is never started. The service reads `running` and `waiting()` from its own thread at shutdown.
+
+`Batch` is the claim's state (pure); `BatchRun` runs it on the worker's work session, from the
+claim to the acks it hands back to its worker (which sends them with its next claim).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from notifyq import errors
+from notifyq.config import QueueConfig
+from notifyq.consume.effects import Completion
+from notifyq.consume.outcomes import Outcomes
+from notifyq.consume.presence import Presence
+from notifyq.consume.stats import Stats
+from notifyq.consume.timeout import HandlerCaller
 from notifyq.jobs import Job
+from notifyq.store import queries
+from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
 
+log = logging.getLogger("notifyq.consumer")
+
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
+ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 
 
 class Batch:
@@ -107,3 +127,195 @@ class Batch:
         """The finished jobs, for their outcomes to be sent: no longer the batch's to extend."""
         done, self.done = self.done, []
         return done
+
+
+class BatchRun:
+    """One batch's run on the worker's work session. The worker hands it the claim and gets back
+    `work` (a new session if a handler's call timed out and kept the old one) and `acks` (the
+    successes, for its next claim's COMMIT); the service may `abandon` it from its own thread."""
+
+    def __init__(self, batch: Batch, *, work: Session, new_session: Callable[[], Session], queue: str,
+                 qc: QueueConfig, stats: Stats, outcomes: Outcomes, handler: Any, caller: HandlerCaller,
+                 presence: Presence, holder: object, stop: threading.Event):
+        self.batch = batch
+        self.work = work
+        self._new_session = new_session
+        self.queue, self.qc, self.stats, self.outcomes = queue, qc, stats, outcomes
+        self.handler, self.caller = handler, caller  # the handler when the claim was made
+        self.presence = presence
+        self.holder = holder  # who asks the presence (its seats know their holders)
+        self.stop = stop
+        self.acks: queries.Acks | None = None  # the successes, once the run ended
+
+    def run(self) -> None:
+        batch = self.batch
+        jobs, token = batch.jobs, batch.token
+        self.stats.claimed += len(jobs)
+        self.stats.batches += 1
+        self.stats.batch_sizes.observe(len(jobs))
+        self._hand_out(jobs)
+        log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
+        t0 = time.monotonic()
+        try:
+            if self.handler.per_batch:
+                batch.start(jobs)
+                self._call([j for j in jobs if j.error is None])
+                batch.finish()
+            else:
+                self._run_in_order()
+        except BaseException as e:
+            # Only the worker's own failures get here (handlers.py turns every exception a handler
+            # raises into its job's failure): fail what was running rather than leave it claimed.
+            for job in batch.running:
+                if job.error is None:
+                    job.fail(f"the consumer failed while the job ran: {type(e).__name__}: {e}")
+            batch.finish()
+            raise
+        finally:
+            try:
+                self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
+                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                rest = batch.waiting()
+                if rest:
+                    n = queries.give_back(self.work, self.queue, rest, token)
+                    self.stats.given_back += n
+                    log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+            finally:
+                batch.settled.set()
+
+    def _hand_out(self, jobs: list[Job]) -> None:
+        """What each job carries into the handler: its payload decoded, its lease extension, and
+        its completion in the handler's own transaction (job.transaction(), cancel checks)."""
+        batch = self.batch
+
+        def extend() -> None:  # job.extend_lease(): at once, as the handler asks
+            with batch.handler_lock:  # (a handler past its timeout_s extends nothing any more)
+                if threading.get_ident() not in batch.revoked:
+                    self.extend()
+
+        completion = self._completion()
+        for job in jobs:
+            try:
+                job.payload = json.loads(job.payload)
+            except ValueError as e:
+                job.fail(f"payload is not valid JSON: {e}", retry=False)
+            job._extend = extend
+            job._completion = completion
+
+    def _completion(self) -> Completion:
+        return Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results, self.batch.owner)
+
+    def _run_in_order(self) -> None:
+        """Per-job handlers: one job at a time in claim order; a coroutine handler with
+        `concurrency` N up to N at once (a group, started and finished together)."""
+        batch, jobs = self.batch, self.batch.jobs
+        size = max(1, getattr(self.handler, "concurrency", 1))
+        last_flush = time.monotonic()
+        while batch.started < len(jobs):
+            job = jobs[batch.started]
+            if batch.started and batch.commit is not None and not batch.commit.settled:
+                # The first job ran while the claim's COMMIT was on the wire; the second
+                # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
+                # another node's claim won certification): a peer may hold them already.
+                self.work.pipeline.read_reply()
+            if self.stop.is_set() or batch.claim_lost():
+                break
+            now = time.monotonic()
+            extend_due = batch.extend_due(now)
+            if extend_due or now - last_flush >= ACK_FLUSH_S:
+                # Acks first: then every job of the claim still held is extended at
+                # once, and a stalled consumer's jobs all expire together.
+                lost_before = self.stats.lost_acks
+                self.outcomes.send(self.work, batch.take_done(), batch.token)
+                last_flush = time.monotonic()
+                # An ack fenced out: the claim was taken back; learn what is left of it.
+                extend_due = extend_due or self.stats.lost_acks > lost_before
+            if not self._still_ours(now):
+                break
+            if extend_due or batch.epoch != self.presence.epoch:
+                self.extend()  # before the next start: never start a job not ours
+                batch.epoch = self.presence.epoch
+            if job.id in batch.lost:
+                batch.skip()
+                continue
+            # The first job alone: it may run while the claim's COMMIT is on the wire.
+            group = batch.next_group(size if batch.started else 1)
+            batch.start(group)
+            ready = [j for j in group if j.error is None]
+            if ready:
+                self._call(ready)
+            batch.finish()
+
+    def _still_ours(self, now: float) -> bool:
+        """Before a job starts: is the claim still this process's? From what the presence knows
+        at no cost; only when that is too old (the process stalled, or its liveness session
+        went silent) one check, and a re-registration if it failed. Under another consumer id
+        now, the old one's claims are a reaper's (it held the old lock when we asked): the rest
+        of the batch is not ours to start. Under the same id in a new epoch, the caller's lease
+        extension says which jobs are left."""
+        if not self.presence.known_alive(now):
+            try:
+                self.presence.confirm_alive(self.holder, self.work)
+            except errors.NotifyqError as e:  # cannot tell: start nothing more of this batch
+                log.warning("could not confirm the claim is still ours: the rest of the batch is "
+                            "given back queue=%s error=%s", self.queue, e)
+                return False
+        if self.presence.consumer_id == self.batch.owner:
+            return True
+        gone = self.batch.taken_back()
+        log.warning("claim taken back while this process was silent: the rest of the batch is "
+                    "someone else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
+                    ",".join(map(str, gone[:20])))
+        return False
+
+    def _call(self, jobs: list[Job]) -> None:
+        stray = self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s)
+        if stray is None:
+            return
+        # Past its timeout_s: that thread extends nothing any more (an extension under way ends
+        # first), and keeps the work session until it returns; the run goes on with a new one.
+        batch = self.batch
+        with batch.handler_lock:
+            batch.revoked.add(stray.ident)
+        old, self.work = self.work, self._new_session()
+        stray.abandon(old.close)
+        fresh = self._completion()
+        for job in batch.jobs[batch.started:]:
+            job._completion = fresh
+        self.caller.timed_out(self.handler, jobs, stray)
+        log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
+                    "timeout_s=%g", self.queue, ",".join(str(j.id) for j in jobs[:20]), stray.timeout_s)
+
+    def _keep_lease(self) -> None:
+        """A command handler, every second or so while it runs."""
+        if self.batch.extend_due():
+            self.extend()
+
+    def extend(self) -> None:
+        """Push out the lease of what the batch still holds; what comes back lost is skipped."""
+        batch = self.batch
+        asked, sent_at = batch.held(), time.monotonic()
+        owned = queries.extend_lease(self.work, asked, batch.token, batch.lease_s)
+        gone = batch.extended(asked, owned, sent_at)
+        if gone:
+            log.warning("leases ran out before the jobs started: skipped, they are someone "
+                        "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
+                        ",".join(map(str, gone[:20])))
+
+    def abandon(self, session: Session) -> None:
+        """The shutdown grace expired while the handler still ran (the service's thread, on its
+        own session: the work session is the stuck handler's).
+
+        What finished before it gets its outcome (its ack was still pending). What waits is given
+        back uncharged. What runs has started: it is failed with the reason, charged, and retried
+        by the queue's policy (dead when out of attempts): never returned as if it had not run,
+        nor left claimed by a process that is about to exit.
+        """
+        batch = self.batch
+        self.outcomes.send(session, batch.take_done(), batch.token)
+        waiting, running = batch.waiting(), list(batch.running)
+        if waiting:
+            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
+        self.outcomes.record_failures(session, batch.token, [
+            (job, "shutdown grace expired while the handler ran", True) for job in running])

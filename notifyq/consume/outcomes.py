@@ -14,7 +14,6 @@ import logging
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
 from notifyq.consume import retry
-from notifyq.consume.batch import Batch
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 from notifyq.store import queries
@@ -33,7 +32,7 @@ class Outcomes:
     def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
         self.queue, self.qc, self.stats = queue, qc, stats
 
-    def settle(self, session: Session, jobs: list[Job], token: int,
+    def send(self, session: Session, jobs: list[Job], token: int,
                carry: bool = False) -> queries.Acks | None:
         """Retry or bury the failures, and ack the successes in one statement; or, with carry,
         return the successes' Acks for the next claim's COMMIT (queries.claim), whose outcome
@@ -47,10 +46,10 @@ class Outcomes:
         if any(j._completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
-        self._count_lost(len(failures) - self.fail(session, token, failures))
+        self._count_lost(len(failures) - self.record_failures(session, token, failures))
         snoozed = [j for j in jobs if j.error is None and j._snooze_s is not None]
         if snoozed:
-            owned = queries.fail(session, self.queue, token, [
+            owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, j._snooze_s, "cancelled while snoozing", j.attempts, None, j._started,
                                 j._ended, snooze=True) for j in snoozed])
             self.stats.snoozed += len(owned)
@@ -117,7 +116,7 @@ class Outcomes:
             self.stats.lost_acks += lost
             log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
 
-    def fail(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
+    def record_failures(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
         """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
         logs the ones this claim still owned, and returns how many were not taken from us
         (those, and those whose failure the server would not record: left to their lease)."""
@@ -125,7 +124,8 @@ class Outcomes:
                                             self.qc.retry_max_s) if may_retry else None, error)
                    for job, error, may_retry in failures]
         try:
-            owned = set(queries.fail(session, self.queue, token, [_failure(j, d, e) for j, d, e in decided]))
+            owned = set(queries.reschedule_or_bury(session, self.queue, token,
+                                                   [_failure(j, d, e) for j, d, e in decided]))
             unrecorded: list[Job] = []
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path, as for any statement
@@ -158,7 +158,8 @@ class Outcomes:
             texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
             for text in texts:
                 try:
-                    owned.update(queries.fail(session, self.queue, token, [_failure(job, delay, text)]))
+                    owned.update(queries.reschedule_or_bury(session, self.queue, token,
+                                                            [_failure(job, delay, text)]))
                     break
                 except errors.DatabaseError:
                     raise
@@ -169,21 +170,6 @@ class Outcomes:
                 log.error("could not record a job's failure: left to its lease queue=%s job=%d error=%s",
                           self.queue, job.id, refused)
         return owned, unrecorded
-
-    def abandon(self, session: Session, batch: Batch) -> None:
-        """The shutdown grace expired while the batch's handler still ran.
-
-        What finished before it gets its outcome (its ack was still pending). What waits is given
-        back uncharged. What runs has started: it is failed with the reason, charged, and retried
-        by the queue's policy (dead when out of attempts): never returned as if it had not run,
-        nor left claimed by a process that is about to exit.
-        """
-        self.settle(session, batch.take_done(), batch.token)  # its worker is stuck in the handler
-        waiting, running = batch.waiting(), list(batch.running)
-        if waiting:
-            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
-        self.fail(session, batch.token, [(job, "shutdown grace expired while the handler ran", True)
-                                         for job in running])
 
 
 def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:

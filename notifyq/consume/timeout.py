@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from notifyq.consume import handlers
+from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 
 
@@ -38,6 +40,60 @@ def fail_timed_out(handler: Any, jobs: list[Job], timeout_s: float) -> None:
     report = getattr(handler, "report", None)
     if report is not None:
         report(failed)
+
+
+class HandlerCaller:
+    """A worker's calls of its handler: timed into its stats, and bounded by the handler's
+    timeout on a helper thread when it has one (the same thread call after call)."""
+
+    def __init__(self, name: str, stats: Stats, on_return: Callable[[], None]):
+        self.name = name
+        self.stats = stats
+        self.on_return = on_return  # the worker's loop turned: a long call is not a stall
+        self.in_handler_since: float | None = None  # monotonic; the service's stall check reads it
+        self._thread: HandlerThread | None = None
+
+    def call(self, handler: Any, jobs: list[Job], extend: Callable[[], None],
+             queue_timeout_s: float) -> "Stray | None":
+        """None when the call returned (what it raised is raised here); the helper thread left
+        running when it timed out: the caller takes from it what it held, then `timed_out`."""
+        self.in_handler_since = t0 = time.monotonic()
+        try:
+            limit = limit_for(handler, jobs, queue_timeout_s)
+            if limit <= 0:  # (a command is bounded by its own command_timeout_s)
+                handler(jobs, extend)
+                return None
+            if self._thread is None:
+                self._thread = HandlerThread(f"{self.name}-handler")
+            thread = self._thread
+            if thread.run(lambda: handler(jobs, extend), limit):
+                return None
+            self._thread = None  # it is the stray call's now: the next bounded call gets a new one
+            return Stray(thread, limit)
+        finally:
+            self.in_handler_since = None
+            self.stats.handler_seconds.observe(time.monotonic() - t0)
+            self.on_return()
+
+    @staticmethod
+    def timed_out(handler: Any, jobs: list[Job], stray: "Stray") -> None:
+        fail_timed_out(handler, jobs, stray.timeout_s)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.close()
+
+
+class Stray:
+    """A handler call that ran past its timeout, on the helper thread it keeps."""
+
+    def __init__(self, thread: "HandlerThread", timeout_s: float):
+        self.thread, self.timeout_s = thread, timeout_s
+        self.ident = thread.thread.ident or 0
+
+    def abandon(self, cleanup: Callable[[], None]) -> None:
+        """Once the call returns, `cleanup`, then its thread ends."""
+        self.thread.abandon(cleanup)
 
 
 class HandlerThread:

@@ -1,4 +1,5 @@
-"""Worker: one claim -> run -> ack loop for one queue, on its own work session.
+"""Worker: one queue's idle -> claim -> run loop, on its own work session. It waits for work,
+claims a batch, and hands it to its run (batch.py), whose successes it acks with its next claim.
 
 The work session runs claims and acks (short READ COMMITTED transactions). Everything else a
 worker needs from the database is its process's, shared by all its workers (presence.py): the
@@ -11,28 +12,25 @@ can never touch a job someone else now holds.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 
 from notifyq import errors
 from notifyq.config import Config
-from notifyq.consume import handlers, reaper, timeout
-from notifyq.consume.batch import Batch
+from notifyq.consume import handlers, reaper
+from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
-from notifyq.jobs import Job
+from notifyq.consume.timeout import HandlerCaller
 from notifyq.store import queries
-from notifyq.consume.effects import Completion
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
 
-ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was killed settle its batch
 
 
@@ -51,15 +49,15 @@ class Worker:
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
-        self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
+        self.work = self._new_work_session()
         # Without a presence (tests, benchmarks) the worker is a process of its own.
         self._owns_presence = presence is None
         self.presence = presence if presence is not None else Presence(config, [queue], stop)
         self.watch_seat = self.presence.watch_seats[queue]
         self._work_generation = -1  # the work session's generation when last checked
         self.last_turn = time.monotonic()
-        self.in_handler_since: float | None = None
-        self.batch: Batch | None = None  # the claim being run; the service reads it at shutdown
+        self.caller = HandlerCaller(name, self.stats, self._turned)
+        self.batch: BatchRun | None = None  # the claim being run; the service may abandon it at shutdown
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
@@ -70,12 +68,15 @@ class Worker:
         # on their own first (_flush_acks).
         self._acks: queries.Acks | None = None
         self._acks_sent: tuple[queries.Acks, Pending | None] | None = None
-        self._runner: timeout.HandlerThread | None = None  # timeout_s: the handler's helper thread
 
     @property
     def waiter(self):
         """The queue's wake-up state in this process (shared by its workers of this queue)."""
         return self.watch_seat.waiter
+
+    @property
+    def in_handler_since(self) -> float | None:
+        return self.caller.in_handler_since
 
     @property
     def use_locks(self) -> bool:
@@ -130,8 +131,7 @@ class Worker:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
                                 self.queue, e)
             self.finished = True
-            if self._runner is not None:
-                self._runner.close()
+            self.caller.close()
             handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
             if self._owns_presence:
@@ -228,122 +228,27 @@ class Worker:
         if before_run is not None:
             before_run(claim.drained)
         if claim.jobs:
-            self._run_batch(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit,
-                                  owner=owner, epoch=epoch))
+            self._run(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit,
+                            owner=owner, epoch=epoch))
         return len(claim.jobs), claim.drained
 
-    def _run_batch(self, batch: Batch) -> None:
-        jobs, token = batch.jobs, batch.token
-        self.stats.claimed += len(jobs)
-        self.stats.batches += 1
-        self.stats.batch_sizes.observe(len(jobs))
-
-        def extend() -> None:  # job.extend_lease(): at once, as the handler asks
-            with batch.handler_lock:  # (a handler past its timeout_s extends nothing any more)
-                if threading.get_ident() not in batch.revoked:
-                    self._extend(batch)
-
-        def keep_lease() -> None:  # a command handler, every second or so while it runs
-            if batch.extend_due():
-                self._extend(batch)
-
-        completion = Completion(self.work, token, self.qc.keep_done, self.qc.keeps_results, batch.owner)  # job.transaction(), cancel checks
-        for job in jobs:
-            try:
-                job.payload = json.loads(job.payload)
-            except ValueError as e:
-                job.fail(f"payload is not valid JSON: {e}", retry=False)
-            job._extend = extend
-            job._completion = completion
-        self.batch = batch
-        log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
-        last_flush = t0 = time.monotonic()
+    def _run(self, batch: Batch) -> None:
+        """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""
+        run = self.batch = self.batch_run(batch)
         try:
-            if self.handler.per_batch:
-                batch.start(jobs)
-                self._call([j for j in jobs if j.error is None], keep_lease)
-                batch.finish()
-            else:
-                # A coroutine handler with `concurrency` N runs up to N jobs at once (a group,
-                # started and finished together); any other handler one at a time.
-                size = max(1, getattr(self.handler, "concurrency", 1))
-                while batch.started < len(jobs):
-                    job = jobs[batch.started]
-                    if batch.started and batch.commit is not None and not batch.commit.settled:
-                        # The first job ran while the claim's COMMIT was on the wire; the second
-                        # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
-                        # another node's claim won certification): a peer may hold them already.
-                        self.work.pipeline.read_reply()
-                    if self.stop.is_set() or batch.claim_lost():
-                        break
-                    now = time.monotonic()
-                    extend_due = batch.extend_due(now)
-                    if extend_due or now - last_flush >= ACK_FLUSH_S:
-                        # Acks first: then every job of the claim still held is extended at
-                        # once, and a stalled consumer's jobs all expire together.
-                        lost_before = self.stats.lost_acks
-                        self.outcomes.settle(self.work, batch.take_done(), token)
-                        last_flush = time.monotonic()
-                        # An ack fenced out: the claim was taken back; learn what is left of it.
-                        extend_due = extend_due or self.stats.lost_acks > lost_before
-                    if not self._still_ours(batch, now):
-                        break
-                    if extend_due or batch.epoch != self.presence.epoch:
-                        self._extend(batch)  # before the next start: never start a job not ours
-                        batch.epoch = self.presence.epoch
-                    if job.id in batch.lost:
-                        batch.skip()
-                        continue
-                    # The first job alone: it may run while the claim's COMMIT is on the wire.
-                    group = batch.next_group(size if batch.started else 1)
-                    batch.start(group)
-                    ready = [j for j in group if j.error is None]
-                    if ready:
-                        self._call(ready, keep_lease)
-                    batch.finish()
-        except BaseException as e:
-            # Only the worker's own failures get here (handlers.py turns every exception a handler
-            # raises into its job's failure): fail what was running rather than leave it claimed.
-            for job in batch.running:
-                if job.error is None:
-                    job.fail(f"the consumer failed while the job ran: {type(e).__name__}: {e}")
-            batch.finish()
-            raise
+            run.run()
         finally:
-            try:
-                self._acks = self.outcomes.settle(self.work, batch.take_done(), token, carry=True)
-                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
-                rest = batch.waiting()
-                if rest:
-                    n = queries.give_back(self.work, self.queue, rest, token)
-                    self.stats.given_back += n
-                    log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
-            finally:
-                self.batch = None
-                batch.settled.set()
+            self.work = run.work  # a new session if a handler's call timed out and kept the old one
+            self._acks = run.acks
+            self.batch = None
 
-    def _still_ours(self, batch: Batch, now: float) -> bool:
-        """Before a job starts: is the claim still this process's? From what the presence knows
-        at no cost; only when that is too old (the process stalled, or its liveness session
-        went silent) one check, and a re-registration if it failed. Under another consumer id
-        now, the old one's claims are a reaper's (it held the old lock when we asked): the rest
-        of the batch is not ours to start. Under the same id in a new epoch, the caller's lease
-        extension says which jobs are left."""
-        if not self.presence.known_alive(now):
-            try:
-                self.presence.confirm_alive(self, self.work)
-            except errors.NotifyqError as e:  # cannot tell: start nothing more of this batch
-                log.warning("could not confirm the claim is still ours: the rest of the batch is "
-                            "given back queue=%s error=%s", self.queue, e)
-                return False
-        if self.presence.consumer_id == batch.owner:
-            return True
-        gone = batch.taken_back()
-        log.warning("claim taken back while this process was silent: the rest of the batch is "
-                    "someone else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
-                    ",".join(map(str, gone[:20])))
-        return False
+    def batch_run(self, batch: Batch) -> BatchRun:
+        return BatchRun(batch, work=self.work, new_session=self._new_work_session, queue=self.queue,
+                        qc=self.qc, stats=self.stats, outcomes=self.outcomes, handler=self.handler,
+                        caller=self.caller, presence=self.presence, holder=self, stop=self.stop)
+
+    def _new_work_session(self) -> Session:
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
 
     def _acks_landed(self) -> None:
         """Count the acks the last claim carried, or ack them again if its COMMIT failed."""
@@ -359,64 +264,20 @@ class Worker:
             acks, self._acks = self._acks, None
             self.outcomes.landed(self.work, acks, None)
 
-    def _call(self, jobs: list[Job], extend) -> None:
-        self.in_handler_since = t0 = time.monotonic()
-        try:
-            limit = timeout.limit_for(self.handler, jobs, self.qc.timeout_s)
-            if limit > 0:  # (a command is bounded by its own command_timeout_s)
-                self._call_bounded(jobs, extend, limit)
-            else:
-                self.handler(jobs, extend)
-        finally:
-            self.in_handler_since = None
-            self.stats.handler_seconds.observe(time.monotonic() - t0)
-            self._turned()
-
-    def _call_bounded(self, jobs: list[Job], extend, timeout_s: float) -> None:
-        """The handler on a helper thread, waited for at most timeout_s (consume/timeout.py)."""
-        if self._runner is None:
-            self._runner = timeout.HandlerThread(f"{self.name}-handler")
-        runner = self._runner
-        if runner.run(lambda: self.handler(jobs, extend), timeout_s):
-            return
-        batch = self.batch
-        assert batch is not None
-        with batch.handler_lock:  # an extension under way ends first; then none of that thread's
-            batch.revoked.add(runner.thread.ident or 0)
-        old, self.work = self.work, Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
-        runner.abandon(old.close)  # the stray call keeps the old session until it returns
-        self._runner = None
-        fresh = Completion(self.work, batch.token, self.qc.keep_done, self.qc.keeps_results, batch.owner)
-        for job in batch.jobs[batch.started:]:
-            job._completion = fresh
-        timeout.fail_timed_out(self.handler, jobs, timeout_s)
-        log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
-                    "timeout_s=%g", self.queue, ",".join(str(j.id) for j in jobs[:20]), timeout_s)
-
-    def _extend(self, batch: Batch) -> None:
-        """Push out the lease of what the batch still holds; what comes back lost is skipped."""
-        asked, sent_at = batch.held(), time.monotonic()
-        owned = queries.extend_lease(self.work, asked, batch.token, batch.lease_s)
-        gone = batch.extended(asked, owned, sent_at)
-        if gone:
-            log.warning("leases ran out before the jobs started: skipped, they are someone "
-                        "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
-                        ",".join(map(str, gone[:20])))
-
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""
-        batch = self.batch
-        if batch is None:
+        run = self.batch
+        if run is None:
             return
-        stop_running = getattr(self.handler, "stop_running", None)
+        stop_running = getattr(run.handler, "stop_running", None)
         if stop_running is not None:
             # A command runs in a process group of its own: it would outlive us and run on
             # while a peer ran its jobs again. Killed, it hands its worker back the batch,
             # which settles it (failed: the grace expired) and counts it before our summary.
             stop_running()
-            if batch.settled.wait(SETTLE_AFTER_STOP_S):
+            if run.batch.settled.wait(SETTLE_AFTER_STOP_S):
                 return
-        self.outcomes.abandon(session, batch)
+        run.abandon(session)
 
     # -------------------------------------------------------- the reaper, run by consumers
 

@@ -279,7 +279,7 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
 
 @dataclass
 class Failure:
-    """One failed attempt: what queries.fail records (the job's row, and its attempt's)."""
+    """One failed attempt: what queries.reschedule_or_bury records (the job's row, and its attempt's)."""
     id: int
     delay_s: float | None  # None: dead
     error: str
@@ -290,7 +290,8 @@ class Failure:
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
 
 
-def fail(session: Session, queue: str, token: int, failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
+def reschedule_or_bury(session: Session, queue: str, token: int,
+                       failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
     """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
     still owned. Each job's attempt record goes with its outcome, in one round trip."""
     if not failures:

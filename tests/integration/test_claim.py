@@ -45,7 +45,7 @@ def test_claim_order_is_priority_then_oldest_run_at_then_id_for_ready_due_and_re
     try:
         claim = queries.claim(session, "q", OWNER, 1, 60)
         assert [j.id for j in claim.jobs] == [retried]
-        assert queries.fail(session, "q", claim.token, [(retried, 3600.0, "boom")]) == [retried]
+        assert queries.reschedule_or_bury(session, "q", claim.token, [(retried, 3600.0, "boom")]) == [retried]
         _make_due(db, [retried], seconds_ago=60)
         _make_due(db, [f], seconds_ago=600)
         _make_due(db, [e], seconds_ago=3600)
@@ -72,7 +72,7 @@ def test_a_retried_job_goes_behind_jobs_already_waiting_at_its_priority(db):
         # When the head job fails and is retried at once (no backoff)
         first = queries.claim(session, "q", OWNER, 1, 60)
         assert [j.id for j in first.jobs] == [a]
-        queries.fail(session, "q", first.token, [(a, 0.0, "boom")])
+        queries.reschedule_or_bury(session, "q", first.token, [(a, 0.0, "boom")])
         # Then it queues behind the others: a failing job cannot hog the head of its level
         order = [queries.claim(session, "q", OWNER, 1, 60).jobs[0].id for _ in range(3)]
     finally:

@@ -10,7 +10,7 @@ import pytest
 from conftest import admin_connect, wait_until
 
 from notifyq.consume import handlers
-from notifyq.consume import worker as worker_module
+from notifyq.consume import batch as batch_module
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
@@ -152,7 +152,7 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
     certification on another node) ran them too."""
     # Given three ready jobs, a worker whose acks would wait long, and a server that holds
     # its claim's COMMIT back
-    monkeypatch.setattr(worker_module, "ACK_FLUSH_S", 3600.0)
+    monkeypatch.setattr(batch_module, "ACK_FLUSH_S", 3600.0)
     cfg = db.config()
     with Producer("q", cfg) as p:
         ids = p.put_many([{"n": i} for i in range(3)])

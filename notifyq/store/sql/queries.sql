@@ -231,8 +231,8 @@ FOR UPDATE
 UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token = %(token)s
 
 -- attempt_failed --
--- A failed attempt's record, sent with its retry_later or bury (queries.fail) in one round
--- trip, under the same fence. dead: the caller buries it; a job cancelled while it ran ends
+-- A failed attempt's record, sent with its retry_later or bury in one round trip
+-- (queries.reschedule_or_bury), under the same fence. dead: the caller buries it; a job cancelled while it ran ends
 -- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
