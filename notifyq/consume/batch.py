@@ -28,7 +28,7 @@ from notifyq.consume.effects import Completion
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
-from notifyq.consume.timeout import HandlerCaller
+from notifyq.consume.timeout import HandlerCaller, Stray
 from notifyq.jobs import Job
 from notifyq.store import queries
 from notifyq.store.db import Session
@@ -130,9 +130,13 @@ class Batch:
 
 
 class BatchRun:
-    """One batch's run on the worker's work session. The worker hands it the claim and gets back
-    `work` (a new session if a handler's call timed out and kept the old one) and `acks` (the
-    successes, for its next claim's COMMIT); the service may `abandon` it from its own thread."""
+    """One batch's run on the worker's work session. The worker hands it the claim, and gets
+    back `acks` (the successes, for its next claim's COMMIT); a new work session, when a
+    handler's call timed out and kept the old one, is made by `new_session`, which the worker
+    gives it and which installs it as the worker's own at once. Its handler and queue settings
+    are those of the claim: a reload applies from the next batch (and a command that runs
+    across a reload is the one killed at shutdown). The service may `abandon` it from its own
+    thread."""
 
     def __init__(self, batch: Batch, *, work: Session, new_session: Callable[[], Session], queue: str,
                  qc: QueueConfig, stats: Stats, outcomes: Outcomes, handler: Any, caller: HandlerCaller,
@@ -172,17 +176,14 @@ class BatchRun:
             batch.finish()
             raise
         finally:
-            try:
-                self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
-                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
-                rest = batch.waiting()
-                if rest:
-                    n = queries.give_back(self.work, self.queue, rest, token)
-                    self.stats.given_back += n
-                    log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
-            finally:
-                batch.settled.set()
+            self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
+            log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                      sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+            rest = batch.waiting()
+            if rest:
+                n = queries.give_back(self.work, self.queue, rest, token)
+                self.stats.given_back += n
+                log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
 
     def _hand_out(self, jobs: list[Job]) -> None:
         """What each job carries into the handler: its payload decoded, its lease extension, and
@@ -270,11 +271,12 @@ class BatchRun:
         return False
 
     def _call(self, jobs: list[Job]) -> None:
-        stray = self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s)
-        if stray is None:
-            return
-        # Past its timeout_s: that thread extends nothing any more (an extension under way ends
-        # first), and keeps the work session until it returns; the run goes on with a new one.
+        self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
+
+    def _take_over(self, stray: Stray) -> None:
+        """A call ran past its timeout_s: its thread extends nothing any more (an extension under
+        way ends first) and keeps the work session until it returns; the run goes on with a new
+        one, and the jobs still to start complete on it."""
         batch = self.batch
         with batch.handler_lock:
             batch.revoked.add(stray.ident)
@@ -283,9 +285,8 @@ class BatchRun:
         fresh = self._completion()
         for job in batch.jobs[batch.started:]:
             job._completion = fresh
-        self.caller.timed_out(self.handler, jobs, stray)
         log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
-                    "timeout_s=%g", self.queue, ",".join(str(j.id) for j in jobs[:20]), stray.timeout_s)
+                    "timeout_s=%g", self.queue, ",".join(str(j.id) for j in stray.jobs[:20]), stray.timeout_s)
 
     def _keep_lease(self) -> None:
         """A command handler, every second or so while it runs."""

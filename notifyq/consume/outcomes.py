@@ -33,7 +33,7 @@ class Outcomes:
         self.queue, self.qc, self.stats = queue, qc, stats
 
     def send(self, session: Session, jobs: list[Job], token: int,
-               carry: bool = False) -> queries.Acks | None:
+             carry: bool = False) -> queries.Acks | None:
         """Retry or bury the failures, and ack the successes in one statement; or, with carry,
         return the successes' Acks for the next claim's COMMIT (queries.claim), whose outcome
         the caller passes to `landed`."""

@@ -292,9 +292,7 @@ class ConsumerService(Supervisor):
         self.presence.reload(new)
         for r in self.running:
             worker = r.worker
-            worker.config = new
-            worker.qc = new.queue(worker.queue)
-            worker.batch_size = self.options.batch_size or worker.qc.batch_size
+            worker.reload(new, self.options.batch_size)
             if not (self.options.handler or self.options.command or self.options.function or self.options.tasks):
                 try:
                     worker.handler = self._handler_for(worker.queue)

@@ -53,31 +53,28 @@ class HandlerCaller:
         self.in_handler_since: float | None = None  # monotonic; the service's stall check reads it
         self._thread: HandlerThread | None = None
 
-    def call(self, handler: Any, jobs: list[Job], extend: Callable[[], None],
-             queue_timeout_s: float) -> "Stray | None":
-        """None when the call returned (what it raised is raised here); the helper thread left
-        running when it timed out: the caller takes from it what it held, then `timed_out`."""
+    def call(self, handler: Any, jobs: list[Job], extend: Callable[[], None], queue_timeout_s: float,
+             on_timeout: Callable[["Stray"], None]) -> None:
+        """Call the handler on `jobs` (what it raises is raised here). Past its timeout, the call
+        is left on its helper thread: `on_timeout` takes from it what it held, then its jobs
+        fail; all of that still counts as the handler's time (the worker is not stalled)."""
         self.in_handler_since = t0 = time.monotonic()
         try:
             limit = limit_for(handler, jobs, queue_timeout_s)
             if limit <= 0:  # (a command is bounded by its own command_timeout_s)
                 handler(jobs, extend)
-                return None
+                return
             if self._thread is None:
                 self._thread = HandlerThread(f"{self.name}-handler")
-            thread = self._thread
-            if thread.run(lambda: handler(jobs, extend), limit):
-                return None
-            self._thread = None  # it is the stray call's now: the next bounded call gets a new one
-            return Stray(thread, limit)
+            if self._thread.run(lambda: handler(jobs, extend), limit):
+                return
+            on_timeout(Stray(self._thread, limit, jobs))
+            self._thread = None  # the stray call's now: the next bounded call gets a new one
+            fail_timed_out(handler, jobs, limit)
         finally:
             self.in_handler_since = None
             self.stats.handler_seconds.observe(time.monotonic() - t0)
             self.on_return()
-
-    @staticmethod
-    def timed_out(handler: Any, jobs: list[Job], stray: "Stray") -> None:
-        fail_timed_out(handler, jobs, stray.timeout_s)
 
     def close(self) -> None:
         if self._thread is not None:
@@ -87,8 +84,8 @@ class HandlerCaller:
 class Stray:
     """A handler call that ran past its timeout, on the helper thread it keeps."""
 
-    def __init__(self, thread: "HandlerThread", timeout_s: float):
-        self.thread, self.timeout_s = thread, timeout_s
+    def __init__(self, thread: "HandlerThread", timeout_s: float, jobs: list[Job]):
+        self.thread, self.timeout_s, self.jobs = thread, timeout_s, jobs
         self.ident = thread.thread.ident or 0
 
     def abandon(self, cleanup: Callable[[], None]) -> None:

@@ -49,7 +49,7 @@ class Worker:
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
-        self.work = self._new_work_session()
+        self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
         # Without a presence (tests, benchmarks) the worker is a process of its own.
         self._owns_presence = presence is None
         self.presence = presence if presence is not None else Presence(config, [queue], stop)
@@ -57,7 +57,7 @@ class Worker:
         self._work_generation = -1  # the work session's generation when last checked
         self.last_turn = time.monotonic()
         self.caller = HandlerCaller(name, self.stats, self._turned)
-        self.batch: BatchRun | None = None  # the claim being run; the service may abandon it at shutdown
+        self.current_run: BatchRun | None = None  # the claim being run; the service may abandon it at shutdown
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
@@ -136,6 +136,13 @@ class Worker:
             self.work.close()
             if self._owns_presence:
                 self.presence.close()
+
+    def reload(self, config: Config, batch_size: int | None = None) -> None:
+        """A reload's config: claims from the next on (the batch under way keeps its lease and
+        handler), and the retry backoff of every failure recorded from now on."""
+        self.config = config
+        self.qc = self.outcomes.qc = config.queue(self.queue)
+        self.batch_size = batch_size or self.qc.batch_size
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
@@ -234,21 +241,23 @@ class Worker:
 
     def _run(self, batch: Batch) -> None:
         """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""
-        run = self.batch = self.batch_run(batch)
+        run = self.current_run = self.make_run(batch)
         try:
             run.run()
         finally:
-            self.work = run.work  # a new session if a handler's call timed out and kept the old one
-            self._acks = run.acks
-            self.batch = None
+            self._acks = run.acks  # (none were waiting: the claim carried them)
+            self.current_run = None
+            batch.settled.set()
 
-    def batch_run(self, batch: Batch) -> BatchRun:
-        return BatchRun(batch, work=self.work, new_session=self._new_work_session, queue=self.queue,
+    def make_run(self, batch: Batch) -> BatchRun:
+        return BatchRun(batch, work=self.work, new_session=self._replace_work_session, queue=self.queue,
                         qc=self.qc, stats=self.stats, outcomes=self.outcomes, handler=self.handler,
                         caller=self.caller, presence=self.presence, holder=self, stop=self.stop)
 
-    def _new_work_session(self) -> Session:
-        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
+    def _replace_work_session(self) -> Session:
+        """A handler's call timed out holding the work session: the worker's is a new one now."""
+        self.work = Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
+        return self.work
 
     def _acks_landed(self) -> None:
         """Count the acks the last claim carried, or ack them again if its COMMIT failed."""
@@ -266,7 +275,7 @@ class Worker:
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""
-        run = self.batch
+        run = self.current_run
         if run is None:
             return
         stop_running = getattr(run.handler, "stop_running", None)

@@ -236,6 +236,27 @@ def test_a_batch_handler_gets_the_whole_claim_and_settles_each_job_on_its_own(db
     assert db.query("SELECT id, status, last_error FROM nq_job") == [(ids[3], 4, "asked to fail")]
 
 
+def test_a_reloads_retry_backoff_applies_to_the_next_failure(db):
+    """Regression: a reload reached the workers' claims but not their outcomes: failures kept
+    the retry backoff the consumer started with, though a reload applies it live."""
+    # Given a consumer started with a one-hour retry backoff, whose handler always fails
+    cfg = db.config(defaults={"retry_base_s": 3600, "retry_max_s": 3600})
+    runs: list[int] = []
+
+    def handler(job: Job) -> None:
+        runs.append(job.id)
+        raise RuntimeError("boom")
+
+    with running(cfg, "backoff", handler) as service:
+        # When a reload lowers the backoff to 10 ms and then a job fails
+        service.reload(db.config(defaults={"retry_base_s": 0.01, "retry_max_s": 0.01}))
+        with Producer("backoff", cfg) as p:
+            job = p.put({"n": 1})
+        # Then it is retried within the new backoff, not an hour later
+        wait_until(lambda: len(runs) >= 2, 20, message="the job retried")
+    assert runs[:2] == [job, job]
+
+
 # ------------------------------------------------------------------ 6. cooperative cancel
 
 def test_cancel_of_a_running_job_is_seen_by_its_handler_within_about_a_second(db):

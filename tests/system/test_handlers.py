@@ -208,6 +208,41 @@ def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_be
     assert "consumer stopped claimed=1 done=0 failed=1 dead=0" in stderr_of(tmp_path)
 
 
+def test_a_command_that_runs_across_a_reload_is_still_killed_when_the_grace_expires(db, tmp_path):
+    """Regression: after a SIGHUP the worker's handler was the reloaded one, which knew of no
+    running command: at shutdown nothing was killed, and the command ran on after its consumer
+    had exited while its job was failed and retried elsewhere (a second run)."""
+    # Given a queue run by a config's command (a reload makes a new handler for it), a 1 s
+    # grace, and a consumer inside a 30 s command that ignores SIGTERM, as does its child
+    script = command(tmp_path)
+    env = {**setup(db, tmp_path, f'[queue.{QUEUE}]\ncommand = "{script}"\n', grace_s=1),
+           "NQ_TEST_SLEEP": "30", "NQ_IGNORE_TERM": "1"}
+    proc = consume(env, tmp_path)
+    shell = child = None
+    try:
+        registered(db, 1)
+        [job] = produce(db, [{"n": 1}])
+        wait_until(lambda: command_pids(tmp_path, "child") if (tmp_path / "runs" / "command.log").exists()
+                   else None, 30, message="the command started")
+        [shell], [child] = command_pids(tmp_path, "start"), command_pids(tmp_path, "child")
+        # When the consumer reloads its config while the command runs, then is stopped and the
+        # grace expires
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reloaded config" in stderr_of(tmp_path), 20, message="the reload")
+        code = stop(proc)
+        # Then the command and its child are gone once the consumer has exited
+        wait_until(lambda: not alive(shell) and not alive(child), 1, message="the command's processes gone")
+    finally:
+        stop(proc, 10)
+        for pid in (shell, child):
+            if pid is not None and alive(pid):
+                subprocess.run(["kill", "-KILL", str(pid)], check=False)
+    # And the job is failed with the reason, charged, and retried by policy
+    assert code == errors.EXIT_OK
+    status, attempts, error = db.query("SELECT status, attempts, last_error FROM nq_job WHERE id = %s", (job,))[0]
+    assert (status, attempts) == (1, 1) and "shutdown grace expired" in error
+
+
 # ------------------------------------------------------------------ errors the server refuses
 
 
