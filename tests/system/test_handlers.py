@@ -8,6 +8,7 @@ Python handlers are in tests/helpers/nqunusual.py; the command is a shell script
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -168,20 +169,34 @@ def test_a_command_longer_than_its_lease_keeps_it_and_runs_once(db, tmp_path):
     assert codes == [errors.EXIT_OK, errors.EXIT_OK]
 
 
-def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_before_the_consumer_exits(
-        db, tmp_path):
-    # Given a 1 s shutdown grace and a consumer inside a 30 s command that ignores SIGTERM, as
-    # does the child it started (so only SIGKILL ends them)
-    env = {**setup(db, tmp_path, grace_s=1), "NQ_TEST_SLEEP": "30", "NQ_IGNORE_TERM": "1"}
-    proc = consume(env, tmp_path, "--command", command(tmp_path))
-    shell = child = None
+@contextlib.contextmanager
+def inside_a_long_command(db, tmp_path: Path, env: dict[str, str], *args: str):
+    """A consumer inside a 30 s command that ignores SIGTERM, as does the child it started (so
+    only SIGKILL ends them): yields (consumer, job, the command's pid, its child's); what is left
+    of them is killed at the end."""
+    env = {**env, "NQ_TEST_SLEEP": "30", "NQ_IGNORE_TERM": "1"}
+    proc = consume(env, tmp_path, *args)
+    pids: list[int] = []
     try:
         registered(db, 1)
         [job] = produce(db, [{"n": 1}])
         wait_until(lambda: command_pids(tmp_path, "child") if (tmp_path / "runs" / "command.log").exists()
                    else None, 30, message="the command started")
         [shell], [child] = command_pids(tmp_path, "start"), command_pids(tmp_path, "child")
+        pids += [shell, child]
+        yield proc, job, shell, child
+    finally:
+        stop(proc, 10)
+        for pid in pids:
+            if alive(pid):
+                subprocess.run(["kill", "-KILL", str(pid)], check=False)
 
+
+def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_before_the_consumer_exits(
+        db, tmp_path):
+    # Given a 1 s shutdown grace and a consumer inside a 30 s command that ignores SIGTERM
+    env = setup(db, tmp_path, grace_s=1)
+    with inside_a_long_command(db, tmp_path, env, "--command", command(tmp_path)) as (proc, job, shell, child):
         # When the consumer is stopped and the grace expires with the command still running
         sent = time.monotonic()
         code = stop(proc)
@@ -189,11 +204,6 @@ def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_be
         # Then the command and its child are gone once the consumer has exited (a second for
         # the orphans' reaper, should they have been left to init)
         wait_until(lambda: not alive(shell) and not alive(child), 1, message="the command's processes gone")
-    finally:
-        stop(proc, 10)
-        for pid in (shell, child):
-            if pid is not None and alive(pid):
-                subprocess.run(["kill", "-KILL", str(pid)], check=False)
 
     # And the consumer exited 0 after the grace and a bounded wait for the TERM, the job is
     # failed with the reason and charged (retried by policy), and the command never finished
@@ -213,18 +223,9 @@ def test_a_command_that_runs_across_a_reload_is_still_killed_when_the_grace_expi
     running command: at shutdown nothing was killed, and the command ran on after its consumer
     had exited while its job was failed and retried elsewhere (a second run)."""
     # Given a queue run by a config's command (a reload makes a new handler for it), a 1 s
-    # grace, and a consumer inside a 30 s command that ignores SIGTERM, as does its child
-    script = command(tmp_path)
-    env = {**setup(db, tmp_path, f'[queue.{QUEUE}]\ncommand = "{script}"\n', grace_s=1),
-           "NQ_TEST_SLEEP": "30", "NQ_IGNORE_TERM": "1"}
-    proc = consume(env, tmp_path)
-    shell = child = None
-    try:
-        registered(db, 1)
-        [job] = produce(db, [{"n": 1}])
-        wait_until(lambda: command_pids(tmp_path, "child") if (tmp_path / "runs" / "command.log").exists()
-                   else None, 30, message="the command started")
-        [shell], [child] = command_pids(tmp_path, "start"), command_pids(tmp_path, "child")
+    # grace, and a consumer inside a 30 s command that ignores SIGTERM
+    env = setup(db, tmp_path, f'[queue.{QUEUE}]\ncommand = "{command(tmp_path)}"\n', grace_s=1)
+    with inside_a_long_command(db, tmp_path, env) as (proc, job, shell, child):
         # When the consumer reloads its config while the command runs, then is stopped and the
         # grace expires
         proc.send_signal(signal.SIGHUP)
@@ -232,11 +233,6 @@ def test_a_command_that_runs_across_a_reload_is_still_killed_when_the_grace_expi
         code = stop(proc)
         # Then the command and its child are gone once the consumer has exited
         wait_until(lambda: not alive(shell) and not alive(child), 1, message="the command's processes gone")
-    finally:
-        stop(proc, 10)
-        for pid in (shell, child):
-            if pid is not None and alive(pid):
-                subprocess.run(["kill", "-KILL", str(pid)], check=False)
     # And the job is failed with the reason, charged, and retried by policy
     assert code == errors.EXIT_OK
     status, attempts, error = db.query("SELECT status, attempts, last_error FROM nq_job WHERE id = %s", (job,))[0]
