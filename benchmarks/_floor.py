@@ -20,6 +20,7 @@ import time
 import MySQLdb
 
 import _bench_handlers
+from number_rows import numbers
 
 INSERT_ROW = "(%s, 0, 0, NOW(6), 5, %s)"
 INSERT = "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) VALUES "
@@ -152,12 +153,12 @@ def drain(a: dict) -> dict:
 
 
 REFILL = ("INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
-          "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, '}') FROM seq_1_to_")
+          "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, '}') FROM ")
 
 
 def refill(conn, cur, queue: str, n: int) -> None:
     """Put back as many jobs as a claim took (untimed): the backlog stays at its size."""
-    cur.execute(REFILL + str(int(n)), (queue,))
+    cur.execute(REFILL + numbers(n), (queue,))
     conn.commit()
 
 

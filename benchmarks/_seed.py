@@ -57,10 +57,11 @@ LOCK = (f"SELECT id, payload FROM {TABLE} FORCE INDEX (PRIMARY) WHERE id IN ({{}
 MARK = (f"UPDATE {TABLE} FORCE INDEX (PRIMARY) SET status = 1, owner = %s, claimed_at = NOW(6) "
         "WHERE id IN ({})")
 DELETE = f"DELETE {TABLE} FROM {TABLE} FORCE INDEX (PRIMARY) WHERE id IN ({{}})"
-# Server-side fill for bench.py: the same payload text as notifyq's fill.
+# Server-side fill for bench.py, which appends the rows' source: the same payload text as
+# notifyq's fill.
 FILL = (f"INSERT INTO {TABLE} (queue, status, payload) "
-        "SELECT %s, 0, CONCAT('{{\"user_id\":', seq, ',\"event\":\"signup\",\"email\":\"user', seq, "
-        "'@example.com\"}}') FROM seq_{}_to_{}")
+        "SELECT %s, 0, CONCAT('{\"user_id\":', seq, ',\"event\":\"signup\",\"email\":\"user', seq, "
+        "'@example.com\"}') FROM ")
 
 Job = collections.namedtuple("Job", "id payload")
 

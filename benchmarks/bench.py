@@ -41,7 +41,7 @@ Cases:
   e2e       2 long-lived producers (bell holders) committing what is due every 10 ms, 4
             consumers; offered load = a fraction of the drain rate above; latency = handler
             start - the job's COMMIT returning; the first second is reported apart.
-  backlog   1k, 100k, 1M ready jobs (INSERT ... SELECT FROM seq_1_to_N); single claims timed
+  backlog   1k, 100k, 1M ready jobs (INSERT ... SELECT, counted by the server); single claims timed
             with the backlog topped up after each; then 4 consumers drain a slice of it.
   idle      Questions/s of the server with 10 idle consumers, per idle_wait_s window.
   wakeup    benchmarks/wakeup.py (pick-up from idle, more producer modes), on the same server.
@@ -70,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
+sys.path.append(str(REPO / "tests"))  # number_rows: the fills the tests use too
 
 import MySQLdb  # noqa: E402
 
@@ -86,6 +87,7 @@ import _statements  # noqa: E402
 from _procs import cpu_of, proc_cpu_s, wait_idle, wait_rusage  # noqa: E402
 from _report import fmt, report  # noqa: E402
 from _stats import alternate, compare, median, summary  # noqa: E402
+from number_rows import numbers  # noqa: E402
 
 SIZES = {
     "full": dict(
@@ -115,7 +117,7 @@ QUEUE = "bench"
 # The private server's redo log: MariaDB's own default, not the 16 MB of the test servers, which
 # wraps every few seconds under this load and stalls every commit at each checkpoint.
 BENCH_REDO_LOG_MB = 96
-FILL_CHUNK = 100_000  # rows per server-side INSERT ... SELECT FROM seq_1_to_N
+FILL_CHUNK = 100_000  # rows per server-side INSERT ... SELECT FROM numbers(...)
 
 
 # ------------------------------------------------------------------ the bench
@@ -136,7 +138,8 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         self.env = {**env, "NOTIFYQ_DSN": self.url, "NOTIFYQ_CONFIG": "/dev/null",
                     "NOTIFYQ_LOG_LEVEL": "warning",
-                    "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+                    "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), str(REPO / "tests"),
+                                                      os.environ.get("PYTHONPATH", "")])}
         self.queue = QUEUE
         self._admin = None
         self._n = 0
@@ -189,14 +192,14 @@ class Bench:
         self.sql("INSERT IGNORE INTO nq_queue (queue) VALUES (%s)", (QUEUE,))
 
     def fill(self, n: int, table: str = "nq_job") -> None:
-        """n ready jobs, inserted by the server itself (MariaDB's sequence engine), in chunks;
-        table=seed_job fills the seed floor's table with the same payloads."""
+        """n ready jobs, inserted by the server itself, in chunks; table=seed_job fills the seed
+        floor's table with the same payloads."""
         statement = _seed.FILL if table == _seed.TABLE else (
             "INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload) "
-            "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{{\"user_id\":', seq, ',\"event\":\"signup\","
-            "\"email\":\"user', seq, '@example.com\"}}') FROM seq_{}_to_{}")
+            "SELECT %s, 0, 0, NOW(6), 5, CONCAT('{\"user_id\":', seq, ',\"event\":\"signup\","
+            "\"email\":\"user', seq, '@example.com\"}') FROM ")
         for start in range(0, n, FILL_CHUNK):
-            self.sql(statement.format(start + 1, min(n, start + FILL_CHUNK)), (QUEUE,))
+            self.sql(statement + numbers(min(n, start + FILL_CHUNK), start + 1), (QUEUE,))
         if table == "nq_job":
             # As a producer would: idle consumers learn of new work from the signal row only.
             self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "

@@ -26,6 +26,7 @@ from MySQLdb.constants import CLIENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # _floor's number_rows
 
 from _floor import payload  # noqa: E402
 from _seed import DDL as SEED_DDL  # noqa: E402

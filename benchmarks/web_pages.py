@@ -4,9 +4,9 @@ fetched over HTTP (render and transfer, as a browser waits for it), --rounds tim
 
     .venv/bin/python benchmarks/web_pages.py --dsn mysql://root@127.0.0.1:3306/ [--jobs 1000000]
 
-The backlog, filled on the server (INSERT ... SELECT from MariaDB's sequence engine): 80 % ready
-over 5 priorities on queue `bulk`, 10 % scheduled on `mail` (half of them retries), 5 % dead and
-5 % done on `thumbs`, finished over the last hour. Prints a table (ms: median, p95, max) and the
+The backlog, filled on the server (INSERT ... SELECT from tests/number_rows.py): 80 % ready over
+5 priorities on queue `bulk`, 10 % scheduled on `mail` (half of them retries), 5 % dead and 5 %
+done on `thumbs`, finished over the last hour. Prints a table (ms: median, p95, max) and the
 same as one JSON line. It creates and drops a database of its own (nq_web_bench; --keep keeps it,
 and a kept one of the same size is reused).
 """
@@ -25,11 +25,13 @@ from pathlib import Path
 import MySQLdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # number_rows
 
 from notifyq import config as config_mod  # noqa: E402
 from notifyq.dsn import DSN  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 from notifyq.web import server  # noqa: E402
+from number_rows import numbers  # noqa: E402
 
 DATABASE = "nq_web_bench"
 CHUNK = 100_000
@@ -40,7 +42,7 @@ FILL = ("INSERT INTO nq_job (queue, status, priority, run_at, attempts, max_atte
         "IF(k = 2, seq % 2, IF(k >= 3, 5, 0)), 5, "
         "IF(k >= 3, UTC_TIMESTAMP(6) - INTERVAL (seq % 3600) SECOND, NULL), IF(k = 3, 'timeout after 30 s', NULL), "
         "'{\"n\": 1}' FROM (SELECT seq, CASE WHEN seq % 20 < 16 THEN 1 WHEN seq % 20 < 18 THEN 2 "
-        "WHEN seq % 20 = 18 THEN 3 ELSE 4 END AS k FROM seq_FIRST_to_LAST) s")
+        "WHEN seq % 20 = 18 THEN 3 ELSE 4 END AS k FROM NUMBERS) s")
 
 
 def fill(root: DSN, jobs: int) -> None:
@@ -55,7 +57,7 @@ def fill(root: DSN, jobs: int) -> None:
     cur.execute("DELETE FROM nq_job")
     started = time.monotonic()
     for first in range(1, jobs + 1, CHUNK):
-        cur.execute(FILL.replace("FIRST", str(first)).replace("LAST", str(min(jobs, first + CHUNK - 1))))
+        cur.execute(FILL.replace("NUMBERS", numbers(min(jobs, first + CHUNK - 1), first)))
     for queue in ("bulk", "mail", "thumbs"):
         cur.execute("INSERT IGNORE INTO nq_queue (queue) VALUES (%s)", (queue,))
     cur.execute("ANALYZE TABLE nq_job")

@@ -25,17 +25,6 @@ RUNTIME_USER = "nq_runtime"
 RUNTIME_PASSWORD = "runtime-secret-pw"
 
 
-def numbers(n: int) -> str:
-    """A derived table `numbers` of rows seq = 1..n, for INSERT ... SELECT fills: MariaDB's
-    seq_1_to_N (its Sequence engine) does not exist on MySQL, nor does a recursive CTE go past
-    MySQL's cte_max_recursion_depth (1000) there. Cross-joined digits work on both."""
-    digits = "(SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {i}" for i in range(1, 10)) + ")"
-    places = max(1, len(str(max(1, int(n) - 1))))
-    value = " + ".join(f"d{i}.d * {10 ** i}" for i in range(places)) + " + 1"
-    tables = ", ".join(f"{digits} AS d{i}" for i in range(places))
-    return f"(SELECT {value} AS seq FROM {tables} WHERE {value} <= {int(n)}) AS numbers"
-
-
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02,
                message: str = "condition") -> Any:
     """Poll a condition until it holds; fail the test with `message` at the deadline."""

@@ -19,13 +19,11 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from notifyq import errors, logs, shards
+from notifyq import errors, logs
 from notifyq.config import Config
 from notifyq.consume.service import ConsumeOptions
 from notifyq.sharding.service import ConsumerService
 from notifyq.run import echo
-from notifyq.store import schema
-from notifyq.store.db import Session, oneshot_session
 
 if TYPE_CHECKING:
     from notifyq.produce.lines import LineSource
@@ -36,35 +34,6 @@ log = logging.getLogger("notifyq.runner")
 # What only some commands need is imported inside them: the producer's modules are no
 # consumer's, run/daemon.py (python-daemon, sd_notify) no one-shot command's, and the metrics
 # endpoint and the status pages only a consumer configured to serve them.
-
-
-def _require_schema(cfg: Config, queue: str, *, oneshot: bool) -> None:
-    """The schema of every shard that takes `queue`'s jobs (one server: the one). A spread
-    queue's producer deals around a shard that is down (Producer), so here such a shard is
-    tried briefly and passed over with a warning, while one shard at least answers."""
-    retry_s = cfg.connect_retry(oneshot=oneshot)
-    placement = shards.Placement(cfg)
-    spread = placement.spread(queue)
-    if spread:
-        from notifyq.sharding.producer import SHARD_RETRY_S
-        retry_s = min(retry_s, SHARD_RETRY_S)
-    down: list[errors.DatabaseError] = []
-    for shard in placement.shards_of(queue):
-        dsn = cfg.on_shard(shard).dsn
-        session = (oneshot_session(dsn, retry_s, "startup") if oneshot or spread
-                   else Session(dsn, retry_s=retry_s, name="startup"))
-        try:
-            schema.require_current(session)
-        except errors.DatabaseError as e:
-            if not spread:
-                raise
-            log.warning("shard unreachable, jobs of queue %s go to the other shards shard=%s error=%s",
-                        queue, shard, e)
-            down.append(e)
-        finally:
-            session.close()
-    if down and len(down) == len(placement.shards_of(queue)):
-        raise down[-1]
 
 
 def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority: int, delay: float,
@@ -81,9 +50,9 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
             raise errors.InputError(f"argument {i} is not valid JSON: nested too deeply") from None
     if dedup_key and len(decoded) != 1:
         raise errors.InputError("--dedup-key needs exactly one JSON argument")
-    from notifyq.sharding.producer import Producer
+    from notifyq.sharding.producer import Producer, require_schema
 
-    _require_schema(cfg, queue, oneshot=True)
+    require_schema(cfg, queue, oneshot=True)
     with Producer(queue, cfg) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
@@ -231,7 +200,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
     from notifyq.produce.lines import LineSource
     from notifyq.produce.stream import produce_lines
-    from notifyq.sharding.producer import Producer
+    from notifyq.sharding.producer import Producer, require_schema
     from notifyq.run import daemon as daemon_mod
 
     if daemon and input_path is None:
@@ -247,7 +216,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         notifier = daemon_mod.SystemdNotifier()
         max_line = max(65536, 8 * cfg.producer.max_payload_bytes)  # escapes and spaces widen a line
         source = stack.enter_context(LineSource(input_path, follow, max_line))
-        _require_schema(cfg, queue, oneshot=False)
+        require_schema(cfg, queue, oneshot=False)
         rejects = None
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))

@@ -20,6 +20,8 @@ from typing import Any
 from notifyq import errors, shards, values
 from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.produce import producer as one_server
+from notifyq.store import schema
+from notifyq.store.db import Session, oneshot_session
 
 log = logging.getLogger("notifyq.producer")
 
@@ -219,3 +221,32 @@ class ShardedProducer:
         producer = self._producers.pop(name, None)
         if producer is not None:
             producer.drop()  # a fresh one, with fresh connections, when it is tried again
+
+
+def require_schema(config: Config, queue: str, *, oneshot: bool) -> None:
+    """Before producing: the schema of every shard that takes `queue`'s jobs (one server: the
+    one). A spread queue's producer deals around a shard that is down (ShardedProducer), so here
+    such a shard is tried briefly and passed over with a warning, while one shard at least
+    answers. `oneshot`: for a command that puts its arguments and exits."""
+    retry_s = config.connect_retry(oneshot=oneshot)
+    placement = shards.Placement(config)
+    spread = placement.spread(queue)
+    if spread:
+        retry_s = min(retry_s, SHARD_RETRY_S)
+    down: list[errors.DatabaseError] = []
+    for shard in placement.shards_of(queue):
+        dsn = config.on_shard(shard).dsn
+        session = (oneshot_session(dsn, retry_s, "startup") if oneshot or spread
+                   else Session(dsn, retry_s=retry_s, name="startup"))
+        try:
+            schema.require_current(session)
+        except errors.DatabaseError as e:
+            if not spread:
+                raise
+            log.warning("shard unreachable, jobs of queue %s go to the other shards shard=%s error=%s",
+                        queue, shard, e)
+            down.append(e)
+        finally:
+            session.close()
+    if down and len(down) == len(placement.shards_of(queue)):
+        raise down[-1]

@@ -14,7 +14,8 @@ import json
 import os
 
 import pytest
-from conftest import create_test_db, drop_test_db, numbers
+from conftest import create_test_db, drop_test_db
+from number_rows import numbers
 
 from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from conftest import numbers
+from number_rows import numbers
 
 from notifyq.store.sql import QUERIES
 

@@ -365,6 +365,36 @@ def test_cli_produce_on_a_spread_queue_with_a_shard_down_puts_every_job_on_the_o
         servers["b"].start()
 
 
+def test_cli_produce_on_a_pinned_queue_whose_shard_is_down_fails_with_one_line(sharded, servers):
+    # Given queue `pinned` on shard b, b down, and no connect retry
+    _cfg, env, dbs = sharded
+    env = {**env, "NOTIFYQ_CONNECT_RETRY_S": "0"}
+    servers["b"].kill()
+    try:
+        # When jobs of it are produced from arguments and from a stream
+        for result in (run_cli(env, "produce", "-q", "pinned", '{"n": 1}'),
+                       run_cli(env, "produce", "-q", "pinned", input='{"n": 2}\n')):
+            # Then each fails with exit 5 and one line naming b, and nothing went to a
+            assert result.returncode == errors.EXIT_DB, result.stderr
+            assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+            assert f"cannot reach the database server at 127.0.0.1:{dbs['b'].dsn.port}" in result.stderr
+        assert rows(dbs["a"], "pinned") == []
+    finally:
+        servers["b"].start()
+
+
+def test_cli_produce_on_a_spread_queue_refuses_a_shard_of_another_schema_with_exit_6(sharded):
+    # Given a spread queue, and shard b at a schema version this code was not written for
+    _cfg, env, dbs = sharded
+    dbs["b"].query("UPDATE nq_meta SET value = '999' WHERE name = 'schema_version'")
+    # When a job of it is produced
+    result = run_cli(env, "produce", "-q", "s", '{"n": 1}')
+    # Then the command refuses with one line and exit 6, and puts nothing on shard a either
+    assert result.returncode == errors.EXIT_SCHEMA, result.stderr
+    assert "is newer than this notifyq's" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert rows(dbs["a"], "s") == []
+
+
 def test_the_asyncio_producer_places_jobs_on_their_shards_and_reads_a_result_on_its_shard(sharded):
     import asyncio
 

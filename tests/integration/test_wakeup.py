@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import statistics
 import threading
 import time
@@ -117,6 +118,14 @@ def watcher_waits_on_the_bell(db, queue: str = Q) -> bool:
     holder, _ = watch_state(db, queue)
     return holder is not None and db.scalar(
         "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,)) == "User lock"
+
+
+def watcher_sleep_s(db, queue: str = Q) -> float | None:
+    """How long the watcher's statement sleeps (its backoff step), None while it sleeps in no SLEEP."""
+    holder, _ = watch_state(db, queue)
+    info = holder and db.scalar("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,))
+    found = re.search(r"SLEEP\(([^)]+)\)", info or "")
+    return float(found.group(1)) if found else None
 
 
 def wait_settled(db, n: int, timeout: float = 20.0, queue: str = Q) -> None:
@@ -562,24 +571,27 @@ def _com_kill(session: Session) -> int:
 
 @pytest.mark.skipif(SHARED_SERVER, reason="needs a server of its own: Questions counts everyone")
 def test_ten_idle_consumers_cost_the_server_about_one_query_per_second(db):
-    # Given 10 idle consumers with the production wake-up defaults
+    # Given 10 idle consumers with the production wake-up defaults, the watcher's backoff at its cap
     cfg = db.config(wakeup={"poll_max_s": 1.0, "idle_wait_s": 25.0})
+    window_s = 3.0
     questions = Questions(db)
     try:
         with Fleet(cfg, 10, Recorder()):
-            wait_settled(db, 10)
-            # When the server's Questions counter is read across a 10 s measurement window
-            # (after the watcher's backoff has reached its cap)
-            time.sleep(2.5)  # not a synchronisation: lets the 5 ms..1 s backoff ramp finish
-            before, t0 = questions.read(), time.monotonic()
-            time.sleep(10)  # the measurement window itself
+            # The deadlines and the window add up to less than idle_wait_s: the window ends before
+            # the 9 queued consumers renew their GET_LOCK waits, so it sees the fleet's steady cost.
+            wait_settled(db, 10, timeout=10)
+            wait_until(lambda: (watcher_sleep_s(db) or 0) >= cfg.wakeup.poll_max_s, 5,
+                       message="the watcher's backoff at poll_max_s")
+            # When the server's Questions counter is read across a short window
+            before = questions.read()
+            time.sleep(window_s)  # the measurement window itself
             spent = questions.read() - before - 1
-            rate = spent / (time.monotonic() - t0)
     finally:
         questions.close()
-    # Then the whole fleet costs about one statement per second (bound generous for noise)
-    print(f"\n10 idle consumers: {rate:.2f} statements/s")
-    assert rate <= 2.5
+    # Then the whole fleet costs about one statement per second (twice that as the bound: noise only
+    # delays statements; a consumer polling every 10 ms would spend hundreds). The figure itself:
+    # benchmarks/wakeup.py.
+    assert spent <= 2 * window_s, f"{spent} statements in {window_s:g} s"
 
 
 def test_a_lock_session_killed_while_waiting_reconnects_and_still_picks_up_work(db):

@@ -18,7 +18,8 @@ if not (shutil.which("chromium") or shutil.which("chromium-browser")):
     pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
                 "scripts/bootstrap.sh installs it as root)", allow_module_level=True)
 
-from conftest import numbers, run_cli
+from conftest import run_cli
+from number_rows import numbers
 from web.conftest import TOKEN, dead_job, produce, screenshot
 
 DEADLINE_MS = 15_000

@@ -8,7 +8,8 @@ import re
 import signal
 import subprocess
 
-from conftest import RUNTIME_PASSWORD, notifyq_cmd, numbers, run_cli, wait_until
+from conftest import RUNTIME_PASSWORD, notifyq_cmd, run_cli, wait_until
+from number_rows import numbers
 from web.conftest import TOKEN, Client, dead_job, produce
 
 PAGES = ("/", "/consumers", "/jobs", "/dead", "/periodic")
