@@ -10,6 +10,7 @@ its jobs to finish. What it proves is the checker's (checker.py, issue 26's rule
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
@@ -28,11 +29,14 @@ COMMAND = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'helpers'
 
 
 def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: float = LONG_LEASE_S,
-                grace_s: float = 30.0) -> Path:
+                grace_s: float = 30.0, grace_command: bool = False) -> Path:
+    """The long deployment's config. grace_command: queue fg's command comes from the config
+    (a reload then makes a new handler for it), not from the --command flag."""
+    command = f"command = {json.dumps(COMMAND)}\n" if grace_command else ""
     text = (f"[defaults]\nlease_s = {LONG_LEASE_S}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
             f"command_timeout_s = 60\n"
             f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
-            f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
+            f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
             f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
     path.write_text(text)
     path.chmod(0o600)
@@ -142,16 +146,28 @@ class Episodes(threading.Thread):
         self.stop.wait(22.0)
 
     def _grace_expiry(self) -> None:
-        """Item 9: SIGTERM a --command consumer (shutdown_grace_s 2) while its 10 s command runs;
-        a peer serves the queue from then on."""
+        """Item 9: SIGTERM a command consumer (shutdown_grace_s 2) while its 10 s command runs;
+        a peer serves the queue from then on. Every other time (the first time on an odd seed) the
+        command is the config's and the consumer reloads it (SIGHUP) while it runs, first: the
+        command the grace kills must still be the running one (a reload once left it running
+        on, orphaned, while a peer ran its job again)."""
         run = self.run_
-        grace = run.spawn_long(GRACE_QUEUE, command=True, config=long_config(run.workdir / "grace.toml", grace_s=2.0))
+        reload = (self.played.count("grace_expiry") + run.plan.seed) % 2 == 1
+        config = long_config(run.workdir / "grace.toml", grace_s=2.0, grace_command=reload)
+        grace = run.spawn_long(GRACE_QUEUE, command=True, config=config, flag=not reload)
         deadline = time.monotonic() + 30
         while not grace.ready() and time.monotonic() < deadline:
             time.sleep(0.1)  # poll interval inside a deadline
         jobs = self._put(GRACE_QUEUE, [{"s": 10.0}])
         if not self._wait_started(jobs, 20):
             return
+        if reload:
+            at = time.monotonic()
+            run.fleet.signal(grace, signal.SIGHUP)
+            self._fault("sighup", at, at, grace.pid, detail="while its command runs")
+            deadline = time.monotonic() + 5
+            while "reloaded config" not in grace.err.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)  # poll interval inside a deadline
         at = time.monotonic()
         run.fleet.signal(grace, signal.SIGTERM)
         try:

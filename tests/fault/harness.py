@@ -446,8 +446,11 @@ class FaultRun:
         self.long_slots += [self.spawn_long(ep.PY_QUEUE) for _ in range(ep.PY_CONSUMERS)]
         self.long_slots += [self.spawn_long(ep.CMD_QUEUE, command=True) for _ in range(ep.CMD_CONSUMERS)]
 
-    def spawn_long(self, queue: str, command: bool = False, config: Path | None = None) -> Consumer:
+    def spawn_long(self, queue: str, command: bool = False, config: Path | None = None,
+                   flag: bool = True) -> Consumer:
+        """flag=False: the queue's handler or command is its config's."""
         handler = ("--command", ep.COMMAND) if command else ("--handler", "nqfault:handle")
+        handler = handler if flag else ()
         return self.fleet.spawn(self.dbs[ep.DEPLOY].env, ep.DEPLOY, queue, "locks", config or self.long_config_path,
                                 10, handler=handler)
 

@@ -44,8 +44,9 @@ Python handlers, fc and fg for --command), one at a time in a seeded order:
   sighup_reload    SIGHUP with session_idle_s raised 4 -> 40 and queue fl's lease_s lowered
                    30 -> 8, while a 30 s job and a batch of 1.5 s jobs run; then back
   long_command     two 14 s --command jobs on a 6 s lease (command_timeout_s 60)
-  grace_expiry     SIGTERM a --command consumer with shutdown_grace_s 2 while a 10 s command
-                   runs; a peer then serves its queue
+  grace_expiry     SIGTERM a command consumer with shutdown_grace_s 2 while a 10 s command
+                   runs; a peer then serves its queue. Every other time (first on odd seeds) the
+                   command is the config's, and the consumer is SIGHUPed while it runs
 """
 
 from __future__ import annotations
