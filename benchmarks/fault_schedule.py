@@ -51,6 +51,7 @@ def as_json(r: RunResult) -> dict:
         "drained": r.drained, "producer_errors": r.producer_errors, "outcome_unknown": r.outcome_unknown,
         "unexpected_exits": r.unexpected_exits, "wall_s": round(r.wall_s, 1),
         "effect_jobs": rep.effect_jobs, "effect_rows": rep.effect_rows,
+        "episodes": r.episode_note,  # which were played, and any play that missed its point
         "ok": rep.ok and r.drained,
     }
 
@@ -115,6 +116,8 @@ def main(argv: list[str]) -> int:
     print_table(data)
     if not data["ok"]:
         print(result.summary())
+    elif data["episodes"]:
+        print(data["episodes"])
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data))

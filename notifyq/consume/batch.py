@@ -133,10 +133,10 @@ class BatchRun:
     """One batch's run on the worker's work session. The worker hands it the claim, and gets
     back `acks` (the successes, for its next claim's COMMIT); a new work session, when a
     handler's call timed out and kept the old one, is made by `new_session`, which the worker
-    gives it and which installs it as the worker's own at once. Its handler and queue settings
-    are those of the claim: a reload applies from the next batch (and a command that runs
-    across a reload is the one killed at shutdown). The service may `abandon` it from its own
-    thread."""
+    gives it and which installs it as the worker's own at once. Its handler, lease and
+    timeout_s are the claim's: a reload applies them from the next batch (and a command that
+    runs across a reload is the one killed at shutdown); the outcomes' retry backoff follows a
+    reload at once (Worker.reload). The service may `abandon` it from its own thread."""
 
     def __init__(self, batch: Batch, *, work: Session, new_session: Callable[[], Session], queue: str,
                  qc: QueueConfig, stats: Stats, outcomes: Outcomes, handler: Any, caller: HandlerCaller,

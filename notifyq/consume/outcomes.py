@@ -35,8 +35,8 @@ class Outcomes:
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
         """Retry or bury the failures, and ack the successes in one statement; or, with carry,
-        return the successes' Acks for the next claim's COMMIT (queries.claim), whose outcome
-        the caller passes to `landed`."""
+        send no ack: return the successes' Acks for the next claim's COMMIT (queries.claim),
+        whose outcome the caller passes to `landed`."""
         if not jobs:
             return None
         if log.isEnabledFor(logging.DEBUG):

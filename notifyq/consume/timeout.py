@@ -68,8 +68,8 @@ class HandlerCaller:
                 self._thread = HandlerThread(f"{self.name}-handler")
             if self._thread.run(lambda: handler(jobs, extend), limit):
                 return
-            on_timeout(Stray(self._thread, limit, jobs))
-            self._thread = None  # the stray call's now: the next bounded call gets a new one
+            stray, self._thread = Stray(self._thread, limit, jobs), None  # the next bounded call gets a new one
+            on_timeout(stray)
             fail_timed_out(handler, jobs, limit)
         finally:
             self.in_handler_since = None

@@ -17,7 +17,7 @@ import threading
 import time
 
 from notifyq import errors
-from notifyq.config import Config
+from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
 from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.outcomes import Outcomes
@@ -49,7 +49,7 @@ class Worker:
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
-        self.work = Session(config.dsn, name=f"{name}-work", stop=stop)
+        self.work = self._new_work_session()
         # Without a presence (tests, benchmarks) the worker is a process of its own.
         self._owns_presence = presence is None
         self.presence = presence if presence is not None else Presence(config, [queue], stop)
@@ -209,6 +209,9 @@ class Worker:
         self.watch_seat.leave(self)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
+        # The settings the claim is made with, read once: a reload (the service's thread) may
+        # replace them while the claim is on the wire, and the batch must track the lease it holds.
+        qc, handler = self.qc, self.handler
         want = self.budget.take(self.batch_size)
         if want <= 0:
             return 0, True
@@ -222,7 +225,7 @@ class Worker:
         self._acks_landed()
         acks, self._acks = self._acks, None
         try:
-            claim = queries.claim(self.work, self.queue, owner, want, self.qc.lease_s, as_watcher, acks)
+            claim = queries.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, acks)
         except BaseException:
             self._acks = acks  # not sent, or sent and rolled back: acked on their own at the end
             raise
@@ -235,13 +238,13 @@ class Worker:
         if before_run is not None:
             before_run(claim.drained)
         if claim.jobs:
-            self._run(Batch(claim.token, claim.jobs, self.qc.lease_s, claimed_at, claim.commit,
-                            owner=owner, epoch=epoch))
+            self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
+                            owner=owner, epoch=epoch), qc, handler)
         return len(claim.jobs), claim.drained
 
-    def _run(self, batch: Batch) -> None:
+    def _run(self, batch: Batch, qc: QueueConfig, handler) -> None:
         """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""
-        run = self.current_run = self.make_run(batch)
+        run = self.current_run = self.make_run(batch, qc, handler)
         try:
             run.run()
         finally:
@@ -249,14 +252,20 @@ class Worker:
             self.current_run = None
             batch.settled.set()
 
-    def make_run(self, batch: Batch) -> BatchRun:
+    def make_run(self, batch: Batch, qc: QueueConfig | None = None, handler=None) -> BatchRun:
+        """The batch's run with the settings and handler the claim was made with (by default the
+        worker's present ones)."""
         return BatchRun(batch, work=self.work, new_session=self._replace_work_session, queue=self.queue,
-                        qc=self.qc, stats=self.stats, outcomes=self.outcomes, handler=self.handler,
+                        qc=qc or self.qc, stats=self.stats, outcomes=self.outcomes,
+                        handler=handler if handler is not None else self.handler,
                         caller=self.caller, presence=self.presence, holder=self, stop=self.stop)
+
+    def _new_work_session(self) -> Session:
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
 
     def _replace_work_session(self) -> Session:
         """A handler's call timed out holding the work session: the worker's is a new one now."""
-        self.work = Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
+        self.work = self._new_work_session()
         return self.work
 
     def _acks_landed(self) -> None:

@@ -51,6 +51,7 @@ class Episodes(threading.Thread):
         self.run_, self.order = run, order
         self.stop = threading.Event()
         self.played: list[str] = []
+        self.missed: list[str] = []  # plays that did not do what they are for (in the run's note)
         self.crash_next = False  # busy_restart: clean and crash by turns
         self.error: str | None = None
 
@@ -152,14 +153,19 @@ class Episodes(threading.Thread):
         command the grace kills must still be the running one (a reload once left it running
         on, orphaned, while a peer ran its job again)."""
         run = self.run_
+        play = f"grace_expiry #{self.played.count('grace_expiry') + 1}"
         reload = (self.played.count("grace_expiry") + run.plan.seed) % 2 == 1
+        self._retire_grace_peer()  # else the last play's peer, idle, may take the job
         config = long_config(run.workdir / "grace.toml", grace_s=2.0, grace_command=reload)
-        grace = run.spawn_long(GRACE_QUEUE, command=True, config=config, flag=not reload)
+        grace = run.spawn_long(GRACE_QUEUE, command=True, config=config, handler_from_config=reload)
         deadline = time.monotonic() + 30
         while not grace.ready() and time.monotonic() < deadline:
             time.sleep(0.1)  # poll interval inside a deadline
         jobs = self._put(GRACE_QUEUE, [{"s": 10.0}])
-        if not self._wait_started(jobs, 20):
+        started = self._wait_started(jobs, 20)
+        if started.get(jobs[0] if jobs else -1) != grace.pid:
+            self.missed.append(f"{play}: its job did not start on the grace consumer ({started or 'not at all'})")
+        if not started:
             return
         if reload:
             at = time.monotonic()
@@ -168,6 +174,8 @@ class Episodes(threading.Thread):
             deadline = time.monotonic() + 5
             while "reloaded config" not in grace.err.read_text() and time.monotonic() < deadline:
                 time.sleep(0.05)  # poll interval inside a deadline
+            if "reloaded config" not in grace.err.read_text():
+                self.missed.append(f"{play}: the grace consumer did not say it reloaded within 5 s")
         at = time.monotonic()
         run.fleet.signal(grace, signal.SIGTERM)
         try:
@@ -175,5 +183,17 @@ class Episodes(threading.Thread):
         except Exception:  # noqa: BLE001 - still running: the exit rule and the drain will say
             pass
         self._fault("grace_expiry", at, time.monotonic(), grace.pid, detail="shutdown_grace_s 2")
-        run.long_slots.append(run.spawn_long(GRACE_QUEUE, command=True))  # the peer, to the end of the run
+        run.long_slots.append(run.spawn_long(GRACE_QUEUE, command=True))  # the peer, to the next play
         self.stop.wait(15.0)
+
+    def _retire_grace_peer(self) -> None:
+        """The last grace_expiry play's peer leaves (SIGTERM, idle: it exits at once) before
+        the next play's grace consumer starts."""
+        run = self.run_
+        for peer in [c for c in run.long_slots if c.args and c.args[0] == GRACE_QUEUE]:
+            run.long_slots.remove(peer)  # not respawned
+            run.fleet.signal(peer, signal.SIGTERM)
+            try:
+                peer.popen.wait(15)
+            except Exception:  # noqa: BLE001 - still running: the exit rule and the drain will say
+                pass

@@ -202,6 +202,7 @@ class FaultRun:
         if self.episodes is not None:
             note = f"episodes played: {' '.join(self.episodes.played) or 'none'}"
             note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""
+            note += f"; missed: {'; '.join(self.episodes.missed)}" if self.episodes.missed else ""
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
                          running_at_end, self._false_reclaims(), note)
@@ -447,10 +448,11 @@ class FaultRun:
         self.long_slots += [self.spawn_long(ep.CMD_QUEUE, command=True) for _ in range(ep.CMD_CONSUMERS)]
 
     def spawn_long(self, queue: str, command: bool = False, config: Path | None = None,
-                   flag: bool = True) -> Consumer:
-        """flag=False: the queue's handler or command is its config's."""
+                   handler_from_config: bool = False) -> Consumer:
+        """A consumer of the long deployment: a command or a Python handler, given by its flag,
+        or (handler_from_config) by the queue's entry in its config."""
         handler = ("--command", ep.COMMAND) if command else ("--handler", "nqfault:handle")
-        handler = handler if flag else ()
+        handler = () if handler_from_config else handler
         return self.fleet.spawn(self.dbs[ep.DEPLOY].env, ep.DEPLOY, queue, "locks", config or self.long_config_path,
                                 10, handler=handler)
 
