@@ -300,6 +300,45 @@ def test_a_batchs_lease_is_extended_by_its_claims_lease_after_a_reload_lowers_it
         worker.presence.close()
 
 
+def test_a_reload_racing_a_claim_leaves_its_batch_the_lease_the_claim_took(db, monkeypatch):
+    """Regression: the claim sent the queue's lease, and its batch was built from the lease read
+    again after the claim's round trip: a reload in between (the service's thread) paced the
+    batch's extensions by a lease its jobs did not hold."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume import worker as worker_module
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a worker on a 300 s lease, and a reload to a 3 s lease that lands while its claim is
+    # on the wire
+    cfg = db.config(defaults={"lease_s": 300})
+    seen: list[float] = []
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: seen.append(worker.current_run.batch.lease_s),
+                                                     False), stop=threading.Event(), budget=Budget(None))
+    real_claim = queries.claim
+
+    def claim_then_reload(*args, **kwargs):
+        claim = real_claim(*args, **kwargs)
+        worker.reload(db.config(defaults={"lease_s": 3}))
+        return claim
+
+    monkeypatch.setattr(worker_module.queries, "claim", claim_then_reload)
+    try:
+        with Producer("q", cfg) as p:
+            p.put({"n": 1})
+        # When the worker claims and runs the job
+        worker.presence.ensure_registered(worker)
+        got, _ = worker._claim_and_run()
+        # Then its batch tracks the lease the claim took, not the reloaded one
+        assert got == 1 and seen == [300]
+    finally:
+        worker._flush_acks()
+        worker.work.close()
+        worker.presence.close()
+
+
 def test_a_long_job_that_extends_its_lease_keeps_its_finished_batch_mates_claimed(db):
     """Regression (issue 26's fault schedule, kill_session class): a job's extend_lease() pushed
     out its own lease and the waiting jobs', not those of the batch that had finished before it
