@@ -252,12 +252,10 @@ class Worker:
             self.current_run = None
             batch.settled.set()
 
-    def make_run(self, batch: Batch, qc: QueueConfig | None = None, handler=None) -> BatchRun:
-        """The batch's run with the settings and handler the claim was made with (by default the
-        worker's present ones)."""
+    def make_run(self, batch: Batch, qc: QueueConfig, handler) -> BatchRun:
+        """The batch's run with the settings and handler the claim was made with."""
         return BatchRun(batch, work=self.work, new_session=self._replace_work_session, queue=self.queue,
-                        qc=qc or self.qc, stats=self.stats, outcomes=self.outcomes,
-                        handler=handler if handler is not None else self.handler,
+                        qc=qc, stats=self.stats, outcomes=self.outcomes, handler=handler,
                         caller=self.caller, presence=self.presence, holder=self, stop=self.stop)
 
     def _new_work_session(self) -> Session:

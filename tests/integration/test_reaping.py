@@ -291,7 +291,7 @@ def test_a_batchs_lease_is_extended_by_its_claims_lease_after_a_reload_lowers_it
         batch = Batch(claim.token, claim.jobs, 300, time.monotonic(), claim.commit, owner=owner)
         # When a reload lowers the queue's lease to 3 s and the batch's lease is pushed out
         worker.qc = dataclasses.replace(worker.qc, lease_s=3)
-        worker.make_run(batch).extend()
+        worker.make_run(batch, worker.qc, worker.handler).extend()
         # Then it is pushed out by the claim's own lease, which paces its extensions
         left = db.scalar("SELECT MIN(TIMESTAMPDIFF(SECOND, NOW(6), lease_until)) FROM nq_job")
         assert left > 200, left
