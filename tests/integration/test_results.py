@@ -10,7 +10,7 @@ from conftest import run_cli
 from test_effects import charges, drain, put  # noqa: F401 - charges is a fixture
 
 from notifyq import errors
-from notifyq.consume import handlers
+from notifyq.consume import handlers, periodic
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
@@ -122,3 +122,22 @@ def test_a_per_batch_handler_returning_other_than_a_dict_keeps_no_result_and_say
     said = [r.getMessage() for r in caplog.records if "per-batch handler's return value" in r.getMessage()]
     assert said == ["a per-batch handler's return value: only a dict {job or job.id: result} for the jobs "
                     "of its batch is kept; not kept: list"]
+
+
+def test_a_result_outlives_its_jobs_purge_within_its_ttl(db):
+    # Given a kept-done queue whose done jobs are purged after 2 s but whose results live an
+    # hour, and a job done with a result
+    [job_id] = put(db)
+    drain(db, lambda job: {"receipt": "r-7"}, keep_done=True, retention_s=2, result_ttl_s=3600)
+    cfg = db.config(defaults={"keep_done": True, "retention_s": 2, "result_ttl_s": 3600})
+    # When a retention pass purges the job (its finished_at moved back past the 2 s)
+    db.query("UPDATE nq_job SET finished_at = finished_at - INTERVAL 1 MINUTE WHERE id = %s", (job_id,))
+    scheduler = periodic.Scheduler(cfg, ("q",), retention_first_s=0)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    # Then its result is still read, as the ttl promises
+    with Producer("q", cfg) as p:
+        assert p.result(job_id) == {"receipt": "r-7"}

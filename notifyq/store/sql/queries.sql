@@ -643,11 +643,12 @@ FROM nq_attempt WHERE job_id = %(id)s ORDER BY ended_at, attempt
 
 -- job_result --
 -- Producer.result(): the job's status and last error (NULL: no row), and its latest attempt
--- record's outcome and result (NULL: none).
+-- record's outcome and result (NULL: none). A purge's record is not an attempt: a done job
+-- purged by retention keeps its result on the record before it, for result_ttl_s.
 SELECT (SELECT status FROM nq_job WHERE id = %(id)s), (SELECT last_error FROM nq_job WHERE id = %(id)s),
        a.outcome, a.result
 FROM (SELECT 1 AS one) x
-LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s
+LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s AND outcome <> 'purged'
            ORDER BY ended_at DESC, attempt DESC LIMIT 1) a ON 1 = 1
 
 -- job_list --
