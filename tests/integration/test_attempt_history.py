@@ -60,6 +60,26 @@ def test_a_job_keeps_only_its_last_attempts(db, session, monkeypatch):
         (3, "failed", "ValueError: attempt 3"), (4, "dead", "ValueError: attempt 4")]
 
 
+def test_a_job_that_keeps_snoozing_keeps_only_its_last_records(db, session):
+    # Given a job that snoozes 14 times (a snooze spends no attempt: its number stays 1), then
+    # fails once and is done
+    [job_id] = put(db, max_attempts=3)
+    runs = []
+
+    def handler(job):
+        runs.append(job.attempts)
+        if len(runs) <= 14:
+            job.snooze(0)
+        elif len(runs) == 15:
+            raise ValueError("once")
+
+    drain(db, handler)
+    # Then its records are the last ATTEMPTS_KEPT before the one that ended it, not one per run
+    history = admin.attempts(session, job_id)
+    assert len(runs) == 16
+    assert [h["outcome"] for h in history] == ["snoozed"] * (queries.ATTEMPTS_KEPT - 1) + ["failed", "done"]
+
+
 def test_a_job_that_is_gone_says_whether_it_was_done_cancelled_purged_or_never_existed(db, session):
     # Given a job done (and deleted), one cancelled before it ran, one purged once dead
     done, dead = put(db, 2, max_attempts=1)

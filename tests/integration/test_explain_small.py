@@ -113,3 +113,19 @@ def test_claims_are_taken_back_through_the_claimed_range_of_ix_state_on_300_rows
     # the 200 ready jobs are never passed
     rows = [r for r in plan if r["table"] == "nq_job"]
     assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan
+
+
+def test_the_trim_of_a_jobs_attempt_records_reads_only_that_jobs_records(db, small_queue):
+    # Given 300 jobs with 12 attempt records each
+    session, claim = small_queue
+    twelve = " UNION ALL ".join(f"SELECT {n} AS n" for n in range(1, 13))
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             f"SELECT id, t.n, 1, queue, 'snoozed', NOW(6) - INTERVAL t.n SECOND FROM nq_job, ({twelve}) t")
+    db.query("ANALYZE TABLE nq_attempt")
+    # When the trim sent with a failure is explained for one of them
+    plan = explain(session, QUERIES["attempts_prune"], {"id": claim.jobs[0].id, "kept": 10})
+    # Then nq_attempt is read by its primary key's job_id prefix both times, never scanned
+    rows = [r for r in plan if r["table"] in ("a", "nq_attempt")]
+    assert len(rows) == 2, plan
+    for row in rows:
+        assert row["key"] == "PRIMARY" and row["type"] in ("range", "ref"), plan

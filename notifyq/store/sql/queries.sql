@@ -245,9 +245,16 @@ WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
 -- attempts_prune --
--- A job keeps its last few attempts: after a failure of attempt n, those numbered n - kept
--- and below go (only sent when there are some).
-DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
+-- A job keeps its last %(kept)s records: sent with every failure and snooze, after its record.
+-- By count, not by attempt number: a snooze spends no attempt and an operator's retry starts
+-- the count again, so numbers repeat (a snoozing job wrote hundreds of records numbered 1).
+-- `cut` is the newest record to go (none: nothing goes), read through the primary key's
+-- job_id prefix; LIMIT makes it a derived table of its own, which a DELETE may read.
+DELETE a FROM nq_attempt a
+JOIN (SELECT ended_at, claim_token FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id = %(id)s
+      ORDER BY ended_at DESC, claim_token DESC LIMIT 1 OFFSET %(kept)s) cut
+  ON a.job_id = %(id)s AND (a.ended_at < cut.ended_at
+                            OR (a.ended_at = cut.ended_at AND a.claim_token <= cut.claim_token))
 
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
