@@ -141,3 +141,54 @@ def test_a_result_outlives_its_jobs_purge_within_its_ttl(db):
     # Then its result is still read, as the ttl promises
     with Producer("q", cfg) as p:
         assert p.result(job_id) == {"receipt": "r-7"}
+
+
+def run_batch_of(db, n: int, handler, **defaults) -> Worker:
+    """One worker, batches of `n`, until the queue is empty."""
+    worker = Worker(db.config(defaults=defaults), "q", handlers.PythonHandler(handler, False),
+                    stop=threading.Event(), budget=Budget(None), batch_size=n, exit_when_empty=True)
+    worker.run()
+    return worker
+
+
+def test_a_batchs_results_bigger_than_the_servers_packet_are_all_kept_and_nothing_runs_twice(db, small_packet):
+    # Given 40 jobs whose 60 KB results make a batch of 20's ack 1.2 MB, over the server's
+    # max_allowed_packet of 1 MB
+    ids = put(db, 40)
+    runs = []
+
+    def handler(job):
+        runs.append(job.id)
+        return f"{job.id:06d}" + "r" * 60_000
+
+    # When a worker runs them, in batches of 20
+    worker = run_batch_of(db, 20, handler, keep_done=True)
+    # Then the worker ends well, each job ran once and is done with its result
+    assert worker.error is None, worker.error
+    assert sorted(runs) == ids
+    assert worker.stats.succeeded == 40 and worker.stats.lost_acks == 0
+    with Producer("q", db.config()) as p:
+        assert all(p.result(i) == f"{i:06d}" + "r" * 60_000 for i in ids)
+
+
+def test_a_result_that_can_never_fit_the_servers_packet_is_not_kept_for_that_job_alone(db, small_packet, monkeypatch,
+                                                                                       caplog):
+    # Given a result bound above the server's max_allowed_packet of 1 MB, and three jobs
+    # of which the second returns 1.5 MB
+    monkeypatch.setattr(results_store, "RESULT_MAX_BYTES", 4 * small_packet)
+    ids = put(db, 3)
+    runs = []
+
+    def handler(job):
+        runs.append(job.id)
+        return "x" * 1_500_000 if job.id == ids[1] else {"ok": job.id}
+
+    # When a worker runs them in one batch
+    worker = run_batch_of(db, 3, handler, keep_done=True)
+    # Then every job is done once; the big result alone is not kept, and the log says which
+    assert worker.error is None, worker.error
+    assert sorted(runs) == ids and worker.stats.succeeded == 3
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [{"ok": ids[0]}, None, {"ok": ids[2]}]
+    said = [r.getMessage() for r in caplog.records if "max_allowed_packet" in r.getMessage()]
+    assert len(said) == 1 and f"job={ids[1]}" in said[0], said
