@@ -61,6 +61,12 @@ def job_result(session: Session, job_id: int) -> tuple:
     return _rows(session, "job_result", {"id": job_id}, "read result")[0]
 
 
+def jobs_status(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """{id: status} of the jobs of job_ids that are still there."""
+    rows = _rows(session, "jobs_status", {"ids": Ids(job_ids)}, "read job states")
+    return {int(job_id): int(status) for job_id, status in rows}
+
+
 def job_attempts(session: Session, job_id: int) -> list[tuple]:
     return _rows(session, "job_attempts", {"id": job_id}, "read attempts")
 

@@ -4,6 +4,7 @@ and read by Producer.result(job_id, wait=...) and `notifyq jobs show`."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from conftest import run_cli
@@ -192,3 +193,29 @@ def test_a_result_that_can_never_fit_the_servers_packet_is_not_kept_for_that_job
         assert [p.result(i) for i in ids] == [{"ok": ids[0]}, None, {"ok": ids[2]}]
     said = [r.getMessage() for r in caplog.records if "max_allowed_packet" in r.getMessage()]
     assert len(said) == 1 and f"job={ids[1]}" in said[0], said
+
+
+def test_thirty_threads_waiting_for_results_share_one_session(db):
+    # Given a kept-done queue with 30 jobs no consumer runs yet, and one producer
+    ids = put(db, 30)
+    got: dict[int, object] = {}
+    with Producer("q", db.config()) as p:
+        def sessions() -> int:
+            return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s AND DB = %s",
+                             (db.dsn.user, db.admin.database))
+
+        # When 30 threads wait for their results at once
+        threads = [threading.Thread(target=lambda i=i: got.update({i: p.result(i, wait=60)})) for i in ids]
+        for t in threads:
+            t.start()
+        # Then, while they wait (their first looks take milliseconds), one session looks for
+        # all of them, not one each
+        most, deadline = 0, time.monotonic() + 1.5
+        while time.monotonic() < deadline and most <= 1:
+            most = max(most, sessions())
+        # And once a consumer runs the jobs, each thread gets its own job's result
+        drain(db, lambda job: {"n": job.payload["n"]}, keep_done=True)
+        for t in threads:
+            t.join(30)
+    assert most <= 1, f"{most} sessions for 30 waits"
+    assert got == {i: {"n": n} for n, i in enumerate(ids)}

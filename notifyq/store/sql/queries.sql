@@ -658,6 +658,11 @@ FROM (SELECT 1 AS one) x
 LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s AND outcome <> 'purged'
            ORDER BY ended_at DESC, attempt DESC LIMIT 1) a ON 1 = 1
 
+-- jobs_status --
+-- Producer.result()'s waits, all of a producer's at once: the status of each job still there
+-- (a job with no row is gone: job_result then says why).
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
