@@ -145,6 +145,54 @@ def test_retention_drops_attempt_records_past_the_queues_retention(db, session):
     assert admin.attempts(session, job_id) == []
 
 
+def test_with_retention_0_the_records_of_jobs_gone_go_and_those_of_jobs_kept_stay(db, session):
+    # Given a queue that keeps finished jobs for ever (retention_s = 0) but not done ones
+    # (keep_done = false): a job done, so deleted at its ack, and one dead, so kept; both
+    # records older than the week the records of a job gone are kept
+    done, dead = put(db, 2, max_attempts=1)
+
+    def handler(job):
+        if job.id == dead:
+            raise ValueError("no")
+
+    drain(db, handler, retention_s=0)
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 8 DAY")
+    # When a retention pass runs
+    scheduler = periodic.Scheduler(db.config(defaults={"retention_s": 0}), ("q",), retention_first_s=0)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    # Then the done job's record is gone, and the dead job's stays with its job
+    assert admin.attempts(session, done) == []
+    assert [h["outcome"] for h in admin.attempts(session, dead)] == ["dead"]
+
+
+def test_the_records_of_jobs_gone_are_found_behind_those_of_kept_jobs_chunk_by_chunk(db, session):
+    # Given, oldest first, the records of three dead jobs (kept) and of three done jobs (gone)
+    ids = put(db, 6, max_attempts=1)
+
+    def handler(job):
+        if job.id in ids[:3]:
+            raise ValueError("no")
+
+    drain(db, handler)
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 10 DAY WHERE job_id IN %s", (ids[:3],))
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 9 DAY WHERE job_id IN %s", (ids[3:],))
+    # When retention for retention_s = 0 runs in chunks of 2, one chunk a pass
+    after, passes = periodic.admin_queries.GONE_ATTEMPTS_START, []
+    while len(passes) < 10:
+        deleted, complete, after = periodic.purge_gone_attempts(session, "q", 86400.0, after, chunk=2, max_chunks=1)
+        passes.append((deleted, complete))
+        if complete:
+            break
+    # Then each record was read once: the kept jobs' did not stop the passes, and the gone
+    # jobs' records went
+    assert passes == [(0, False), (1, False), (2, False), (0, True)]
+    assert db.scalar("SELECT COUNT(*) FROM nq_attempt") == 3
+    assert sorted(r[0] for r in db.query("SELECT job_id FROM nq_attempt")) == ids[:3]
+
+
 def test_an_attempt_taken_back_by_a_reaper_is_on_record(db, session):
     # Given a job claimed by a consumer whose lease runs out before it finishes
     from notifyq.store import liveness

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList
 from notifyq.store.sql import QUERIES
@@ -129,3 +129,21 @@ def test_the_trim_of_a_jobs_attempt_records_reads_only_that_jobs_records(db, sma
     assert len(rows) == 2, plan
     for row in rows:
         assert row["key"] == "PRIMARY" and row["type"] in ("range", "ref"), plan
+
+
+def test_retention_of_the_records_of_jobs_gone_reads_a_range_of_ix_ended_in_its_order(db, small_queue):
+    # Given 300 jobs with 3 attempt records each, a day old
+    session, claim = small_queue
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             "SELECT id, t.n, 1, queue, 'failed', NOW(6) - INTERVAL 1 DAY FROM nq_job, "
+             "(SELECT 1 AS n UNION ALL SELECT 2 UNION ALL SELECT 3) t")
+    db.query("ANALYZE TABLE nq_attempt")
+    # When retention's read of the next chunk is explained (retention_s = 0)
+    start_at, start_id = admin_queries.GONE_ATTEMPTS_START
+    plan = explain(session, QUERIES["gone_attempts_ids"], {"queue": "q", "age_us": 3_600_000_000, "limit": 100,
+                                                           "after_at": start_at, "after_id": start_id})
+    # Then nq_attempt is a range of ix_ended read in its order (no sort), and nq_job is read by id
+    by_table = {r["table"]: r for r in plan}
+    assert by_table["a"]["key"] == "ix_ended" and by_table["a"]["type"] == "range", plan
+    assert "filesort" not in (by_table["a"]["Extra"] or ""), plan
+    assert by_table["j"]["key"] == "PRIMARY" and by_table["j"]["type"] in GOOD_ACCESS, plan

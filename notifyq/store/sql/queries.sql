@@ -805,6 +805,20 @@ ORDER BY ended_at LIMIT %(limit)s
 DELETE FROM nq_attempt
 WHERE job_id IN %(ids)s AND ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
 
+-- gone_attempts_ids --
+-- Retention with retention_s = 0 (finished jobs kept for ever): the next chunk of a queue's
+-- attempt records older than the cutoff, after the last one a pass saw ((after_at, after_id):
+-- keyset paging, so the records of jobs still there are passed once, not at every pass), in
+-- ix_ended's order, each with whether its job is gone. Those of jobs gone go (attempts_purge).
+-- A job is deleted with a record of that moment (its ack's, its purge's, its cancel's), so the
+-- records of a job that goes later are met again when that record passes the cutoff.
+SELECT a.job_id, a.ended_at, j.id IS NULL
+FROM nq_attempt a FORCE INDEX (ix_ended)
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
+WHERE a.queue = %(queue)s AND a.ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+  AND (a.ended_at > %(after_at)s OR (a.ended_at = %(after_at)s AND a.job_id > %(after_id)s))
+ORDER BY a.ended_at, a.job_id LIMIT %(limit)s
+
 -- demo_marker_create --
 -- `notifyq demo` works in a database it creates itself and marks with a random token; it may
 -- drop a database only when this table holds the token it wrote (schema.drop_database).
