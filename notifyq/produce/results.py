@@ -6,8 +6,9 @@ it: waits poll, and every wait of one producer on one server shares one Poller, 
 session and one thread however many wait (250 waits with a session each took 250 connections,
 and the server's max_connections ran out under its consumers, 1040). The poller looks at every
 waiting job in one statement (jobs_status), reads the result of each that finished (`read`),
-and looks again with backoff (5 ms doubling to 0.2 s; a new wait is looked at at once). It
-lives while someone waits: the last wait to end closes its session and ends its thread.
+and looks again with backoff (5 ms doubling to 0.2 s; a new wait is looked at at once, but
+never sooner than 5 ms after the last look). It lives while someone waits: the last wait to
+end closes its session and ends its thread.
 """
 
 from __future__ import annotations
@@ -99,14 +100,18 @@ class Poller:
         with self._alive:
             session = Session(self.dsn, name="result")
             try:
-                delay = POLL_FIRST_S
+                delay, looked_at = POLL_FIRST_S, -POLL_FIRST_S
                 while True:
+                    # At most a look every POLL_FIRST_S, however fast new waits come: one busy
+                    # session, never a busy server
+                    time.sleep(max(0.0, looked_at + POLL_FIRST_S - time.monotonic()))
                     with self._mutex:
                         waits = list(self._waits)
                         if not waits:
                             self._thread = None  # a wait added from now on starts a thread
                             return
                         self._new.clear()
+                    looked_at = time.monotonic()
                     self._look(session, waits)
                     if self._new.wait(delay):
                         delay = POLL_FIRST_S
