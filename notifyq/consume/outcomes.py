@@ -57,7 +57,8 @@ class Outcomes:
         ok = [j for j in jobs if j.error is None and j._snooze_s is None]
         if not ok:
             return None
-        results = [kept.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None
+        max_packet = session.max_allowed_packet
+        results = [kept.result_text(j._result, j.id, max_packet) for j in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
                             [j._started if j._started is not None else 0.0 for j in ok],
                             [j._ended if j._ended is not None else 0.0 for j in ok], results)
@@ -77,7 +78,8 @@ class Outcomes:
         for job in jobs:
             if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
                 self.stats.succeeded += 1
-                text = kept.result_text(job._result, job.id) if self.qc.keeps_results else None
+                text = (kept.result_text(job._result, job.id, session.max_allowed_packet)
+                        if self.qc.keeps_results else None)
                 if text is not None:
                     results.append((job.id, text))
                 if job.error is not None:

@@ -95,6 +95,8 @@ class Producer:
         # shared by two threads mixes their statements (ids returned for jobs rolled back).
         self._mutex = threading.Lock()
         self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
+        self._results: Any = None  # result()'s Poller, made at the first wait
+        self._results_mutex = threading.Lock()  # _results only, never held over a statement
 
     # -------------------------------------------------------- the API
 
@@ -147,12 +149,13 @@ class Producer:
         never existed)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
-        # A session of its own for the wait: the producer's puts (other threads) go on meanwhile
-        session = Session(self.result_dsn(), name="result")
-        try:
-            return results.wait_for(lambda: session, job_id, wait)
-        finally:
-            session.close()
+        # Every wait of this producer shares one session (its puts go on meanwhile on theirs):
+        # however many threads wait, one connection (produce/results.py)
+        with self._results_mutex:
+            if self._results is None:
+                self._results = results.Poller(self.result_dsn())
+            poller = self._results
+        return results.wait_for(poller, job_id, wait)
 
     def result_dsn(self) -> DSN:
         """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""

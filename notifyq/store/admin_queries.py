@@ -61,6 +61,12 @@ def job_result(session: Session, job_id: int) -> tuple:
     return _rows(session, "job_result", {"id": job_id}, "read result")[0]
 
 
+def jobs_status(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """{id: status} of the jobs of job_ids that are still there."""
+    rows = _rows(session, "jobs_status", {"ids": Ids(job_ids)}, "read job states")
+    return {int(job_id): int(status) for job_id, status in rows}
+
+
 def job_attempts(session: Session, job_id: int) -> list[tuple]:
     return _rows(session, "job_attempts", {"id": job_id}, "read attempts")
 
@@ -201,6 +207,32 @@ def purge_old_attempts(session: Session, queue: str, age_s: float, limit: int) -
             return 0
         cur.execute(Q["attempts_purge"], {"ids": Ids(ids), "age_us": age_us})
         return cur.rowcount
+
+    return session.run(body, what="attempt retention")
+
+
+GONE_ATTEMPTS_START = (dt.datetime(1000, 1, 1), 0)  # (ended_at, job_id) before every record
+
+
+def purge_gone_attempts(session: Session, queue: str, age_s: float, after: tuple[dt.datetime, int],
+                        limit: int) -> tuple[tuple[dt.datetime, int], int, bool]:
+    """One chunk of a queue's attempt records older than age_s, after `after`: those of jobs
+    that are gone are deleted. Returns (where the next chunk starts, how many went, whether
+    this was the last chunk)."""
+    age_us = queries.microseconds(age_s)
+
+    def body(cur) -> tuple[tuple[dt.datetime, int], int, bool]:
+        cur.execute(Q["gone_attempts_ids"], {"queue": queue, "age_us": age_us, "after_at": after[0],
+                                             "after_id": after[1], "limit": limit})
+        rows = cur.fetchall()
+        if not rows:
+            return after, 0, True
+        gone = sorted({int(job_id) for job_id, _, is_gone in rows if is_gone})
+        deleted = 0
+        if gone:
+            cur.execute(Q["attempts_purge"], {"ids": Ids(gone), "age_us": age_us})
+            deleted = cur.rowcount
+        return (rows[-1][1], int(rows[-1][0])), deleted, len(rows) < limit
 
     return session.run(body, what="attempt retention")
 

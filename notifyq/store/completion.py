@@ -46,7 +46,7 @@ class Completion:
         self._open = False  # a transaction() is open on the session (one at a time)
 
     def _result(self, job: Job, value: Any) -> str | None:
-        return kept.result_text(value, job.id) if self.keep_results else None
+        return kept.result_text(value, job.id, self.session.max_allowed_packet) if self.keep_results else None
 
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:

@@ -34,7 +34,7 @@ PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog ta
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
 ERROR_MAX_BYTES = 65535
 # An attempt's record (nq_attempt) keeps less: its error and traceback cut to these, and a job
-# keeps its last ATTEMPTS_KEPT attempts.
+# keeps its last ATTEMPTS_KEPT records, trimmed with each failure and snooze (attempts_prune).
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
@@ -283,7 +283,7 @@ class Failure:
     id: int
     delay_s: float | None  # None: dead
     error: str
-    attempt: int = 0  # the attempt that failed (prunes the job's older records)
+    attempt: int = 0  # the attempt that failed
     traceback: str | None = None
     started: float | None = None  # monotonic
     ended: float | None = None
@@ -318,9 +318,7 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
                 "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
-            statements = [record, outcome]
-            if f.attempt > ATTEMPTS_KEPT:
-                statements.append((Q["attempts_prune"], {"id": f.id, "below": f.attempt - ATTEMPTS_KEPT}))
+            statements = [record, outcome, (Q["attempts_prune"], {"id": f.id, "kept": ATTEMPTS_KEPT})]
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
             cur.nextset()
             n = cur.rowcount  # the outcome's

@@ -245,9 +245,16 @@ WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
 -- attempts_prune --
--- A job keeps its last few attempts: after a failure of attempt n, those numbered n - kept
--- and below go (only sent when there are some).
-DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
+-- A job keeps its last %(kept)s records: sent with every failure and snooze, after its record.
+-- By count, not by attempt number: a snooze spends no attempt and an operator's retry starts
+-- the count again, so numbers repeat (a snoozing job wrote hundreds of records numbered 1).
+-- `cut` is the newest record to go (none: nothing goes), read through the primary key's
+-- job_id prefix; LIMIT makes it a derived table of its own, which a DELETE may read.
+DELETE a FROM nq_attempt a
+JOIN (SELECT ended_at, claim_token FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id = %(id)s
+      ORDER BY ended_at DESC, claim_token DESC LIMIT 1 OFFSET %(kept)s) cut
+  ON a.job_id = %(id)s AND (a.ended_at < cut.ended_at
+                            OR (a.ended_at = cut.ended_at AND a.claim_token <= cut.claim_token))
 
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
@@ -643,12 +650,18 @@ FROM nq_attempt WHERE job_id = %(id)s ORDER BY ended_at, attempt
 
 -- job_result --
 -- Producer.result(): the job's status and last error (NULL: no row), and its latest attempt
--- record's outcome and result (NULL: none).
+-- record's outcome and result (NULL: none). A purge's record is not an attempt: a done job
+-- purged by retention keeps its result on the record before it, for result_ttl_s.
 SELECT (SELECT status FROM nq_job WHERE id = %(id)s), (SELECT last_error FROM nq_job WHERE id = %(id)s),
        a.outcome, a.result
 FROM (SELECT 1 AS one) x
-LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s
+LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s AND outcome <> 'purged'
            ORDER BY ended_at DESC, attempt DESC LIMIT 1) a ON 1 = 1
+
+-- jobs_status --
+-- Producer.result()'s waits, all of a producer's at once: the status of each job still there
+-- (a job with no row is gone: job_result then says why).
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
@@ -791,6 +804,20 @@ ORDER BY ended_at LIMIT %(limit)s
 -- attempts_purge --
 DELETE FROM nq_attempt
 WHERE job_id IN %(ids)s AND ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+
+-- gone_attempts_ids --
+-- Retention with retention_s = 0 (finished jobs kept for ever): the next chunk of a queue's
+-- attempt records older than the cutoff, after the last one a pass saw ((after_at, after_id):
+-- keyset paging, so the records of jobs still there are passed once, not at every pass), in
+-- ix_ended's order, each with whether its job is gone. Those of jobs gone go (attempts_purge).
+-- A job is deleted with a record of that moment (its ack's, its purge's, its cancel's), so the
+-- records of a job that goes later are met again when that record passes the cutoff.
+SELECT a.job_id, a.ended_at, j.id IS NULL
+FROM nq_attempt a FORCE INDEX (ix_ended)
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
+WHERE a.queue = %(queue)s AND a.ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+  AND (a.ended_at > %(after_at)s OR (a.ended_at = %(after_at)s AND a.job_id > %(after_id)s))
+ORDER BY a.ended_at, a.job_id LIMIT %(limit)s
 
 -- demo_marker_create --
 -- `notifyq demo` works in a database it creates itself and marks with a random token; it may
