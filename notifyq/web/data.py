@@ -28,8 +28,9 @@ T = TypeVar("T")
 PAYLOAD_SHOWN_BYTES = 64 * 1024  # a job's page shows this much of its payload
 LIST_LIMIT = 50
 LIST_LIMIT_MAX = 500
-STATES = ("ready", "scheduled", "claimed", "done", "dead")  # the jobs list's filter
-DEPTH_COLUMNS = ("ready", "scheduled", "retrying", "claimed", "dead", "done")
+STATES = ("ready", "scheduled", "claimed", "done", "dead", "cancelled")  # the jobs list's filter
+FINISHED = ("done", "dead", "cancelled")  # listed newest first, by when they finished
+DEPTH_COLUMNS = ("ready", "scheduled", "retrying", "claimed", "dead", "cancelled", "done")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "created_at",
                 "finished_at", "cancel_requested", "last_error", "dedup_key")
 
@@ -77,10 +78,11 @@ def _queue_figures(session: Session) -> dict[str, Any]:
         if estimated:  # the share of retries among the soonest due, over every scheduled job
             retrying = round(retrying / sample * d["scheduled"])
         depth = {"ready": d["ready"] + d["due"], "scheduled": d["scheduled"] - retrying,
-                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "done": d["done"]}
+                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "cancelled": d["cancelled"],
+                 "done": d["done"]}
         capped = {"ready": cap in (d["ready"], d["due"]), "scheduled": d["scheduled"] == cap,
                   "retrying": d["scheduled"] == cap, "claimed": d["claimed"] == cap,
-                  "dead": d["dead"] == cap, "done": d["done"] == cap}
+                  "dead": d["dead"] == cap, "cancelled": d["cancelled"] == cap, "done": d["done"] == cap}
         approx = {state: estimated and state in ("scheduled", "retrying") for state in depth}
         due = f["oldest"].get("scheduled")
         firsts = [t for t in (f["oldest"].get("ready"), due if due is not None and due <= now else None) if t]
@@ -100,7 +102,8 @@ def overview(reader: Reader) -> dict[str, Any]:
     rows = [{"name": name, "shard": shard, **q} for shard, data in sorted(answers.items())
             for name, q in sorted(data["queues"].items())]
     rows.sort(key=lambda r: (r["name"], r["shard"]))
-    return {"queues": rows, "down": down, "where": reader.where(), "cap": admin_queries.WEB_COUNT_CAP,
+    return {"queues": rows, "down": down, "where": reader.where(), "columns": DEPTH_COLUMNS,
+            "cap": admin_queries.WEB_COUNT_CAP,
             "sample": admin_queries.WEB_RETRY_SAMPLE, "minutes": admin_queries.WEB_RATE_MINUTES}
 
 
@@ -153,7 +156,7 @@ def _listed(row: tuple) -> dict[str, Any]:
 def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
     """One state's jobs, of one queue or of every queue (each queue's first `limit`, merged)."""
     status = admin.parse_status(f["state"])
-    newest = status in (Status.DONE, Status.DEAD)
+    newest = f["state"] in FINISHED
 
     def work(session: Session) -> list[dict[str, Any]]:
         if f["dedup"] is not None:
@@ -173,7 +176,8 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
         rows.sort(key=lambda j: (j["finished_at"] or j["created_at"], j["id"]), reverse=True)
     else:
         rows.sort(key=lambda j: (-j["priority"] if status == Status.READY else 0, j["run_at"], j["id"]))
-    return {"jobs": rows[:f["limit"]], "down": down, "filters": f, "more": len(rows) > f["limit"]}
+    return {"jobs": rows[:f["limit"]], "down": down, "filters": f, "more": len(rows) > f["limit"],
+            "finished": FINISHED}
 
 
 def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
@@ -250,7 +254,7 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
 
 def _purge_one(session: Session, job_id: int) -> str:
     status = admin.get_job(session, job_id)["status"]
-    if status not in ("dead", "done"):
-        raise errors.InputError(f"job {job_id} is {status}: only dead and done jobs are purged")
+    if status not in FINISHED:
+        raise errors.InputError(f"job {job_id} is {status}: only dead, done and cancelled jobs are purged")
     deleted = admin_queries.purge_jobs(session, [job_id], admin.parse_status(status))
     return f"job {job_id}: " + ("purged" if deleted else "changed meanwhile, not purged")

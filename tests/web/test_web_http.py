@@ -234,6 +234,28 @@ def test_jobs_are_found_by_state_queue_and_dedup_key_and_cancelled(db, web):
     assert f"job {keyed}: deleted" in c.get("/jobs")[1]
 
 
+def test_cancelled_jobs_have_a_column_on_the_overview_and_a_list_of_their_own(db, web):
+    # Given a job that ended cancelled (its cancel was requested while it ran) and a ready one
+    (ready,) = produce(db, "mail", "{}")
+    db.query("INSERT INTO nq_job (queue, status, run_at, attempts, max_attempts, finished_at, last_error, "
+             "cancel_requested, cancelled_by, cancelled_at, payload) VALUES ('mail', 5, UTC_TIMESTAMP(6), 1, 5, "
+             "UTC_TIMESTAMP(6), 'cancelled: asked by alice', 1, 'alice', UTC_TIMESTAMP(6), '{}')")
+    cancelled = db.scalar("SELECT id FROM nq_job WHERE status = 5")
+    c = Client(web(token=TOKEN).url)
+    # When the overview and the cancelled jobs' list are read
+    body = c.get("/")[1]
+    code, listed = c.get("/jobs?state=cancelled&queue=mail")
+    # Then the overview counts it in a column of its own (none before), linked to the list
+    cells = dict(re.findall(r'data-state="(\w+)"><a [^>]*>([^<]*)</a>', body))
+    assert cells["cancelled"] == "1" and cells["ready"] == "1", cells
+    assert 'href="/jobs?queue=mail&amp;state=cancelled"' in body
+    # And the list shows it, and only it (an error page, 400, before)
+    assert code == 200, listed
+    assert [int(i) for i in re.findall(r'<tr data-job="(\d+)">', listed)] == [cancelled]
+    assert ready != cancelled and "cancelled: asked by alice" in listed
+    assert [int(i) for i in re.findall(r'<tr data-job="(\d+)">', c.get("/jobs?state=cancelled")[1])] == [cancelled]
+
+
 def test_a_form_goes_back_only_to_a_page_of_this_site():
     from notifyq.web.auth import safe_back as _back
 

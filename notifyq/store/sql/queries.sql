@@ -836,6 +836,9 @@ UNION ALL
 UNION ALL
 (SELECT 'dead', COUNT(*) FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) x)
+UNION ALL
+(SELECT 'cancelled', COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 5 AND queue = %(queue)s LIMIT %(cap)s) k)
 
 -- web_oldest --
 -- The earliest run_at of one queue's ready jobs and of its scheduled ones: ready jobs sort by
