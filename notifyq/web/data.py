@@ -1,7 +1,7 @@
 """What the pages show, read from every server through the store's admin reads.
 
-One Reader per server process: a few sessions per server (SESSIONS, sharding/servers.py's
-first among them), each used by one request at a time, so a slow page holds one of them and
+One Reader per server process: a few sessions per server (SESSIONS, in place of the one of
+sharding/servers.py), each used by one request at a time, so a slow page holds one of them and
 the others still answer; a request that finds none free within SESSION_WAIT_S is told the
 pages are busy (503) rather than waiting behind the others. A server that cannot be reached
 is reported on the page, never raised: the others still answer.
@@ -49,8 +49,8 @@ class Busy(errors.NotifyqError):
 
 
 class Reader(Servers):
-    """Every server's sessions (sharding/servers.py's, and SESSIONS - 1 more each, made when
-    first used); a server that does not answer is logged."""
+    """SESSIONS sessions per server (each connects when first used), in place of the one of
+    sharding/servers.py; a server that does not answer is logged."""
 
     def __init__(self, config: Config, sessions: int = SESSIONS):
         # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
