@@ -139,3 +139,40 @@ def test_a_page_stuck_in_the_database_leaves_the_other_pages_a_session(db, web, 
 def _waiting_on_the_lock(db) -> int:
     return int(db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
                          "WHERE STATE LIKE 'Waiting for table%%' AND INFO LIKE '%%nq_queue%%'"))
+
+
+def test_with_shards_a_page_of_queues_holds_each_name_on_every_shard_and_the_next_page_the_rest(db, server_dsn):
+    from conftest import RUNTIME_PASSWORD, _url, create_test_db, drop_test_db
+
+    from notifyq import config as config_mod
+    from notifyq.web import server
+
+    # Given two shards: odd-numbered queues on a, even ones on b, and queue q0100 on both
+    other = create_test_db(server_dsn)
+    try:
+        db.query(f"INSERT INTO nq_queue (queue) SELECT CONCAT('q', LPAD(seq * 2 - 1, 4, '0')) FROM {numbers(80)}")
+        other.query(f"INSERT INTO nq_queue (queue) SELECT CONCAT('q', LPAD(seq * 2, 4, '0')) FROM {numbers(80)}")
+        db.query("INSERT INTO nq_queue (queue) VALUES ('q0100')")
+        cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_PASSWORD": RUNTIME_PASSWORD},
+                              overrides={"shards": {"a": _url(db.dsn), "b": _url(other.dsn)}})
+        w = server.serve(cfg, 0, "127.0.0.1", None)
+        try:
+            c = Client(w.url)
+            # When the overview is read page by page
+            pages, path = [], "/"
+            while path:
+                body = c.get(path)[1]
+                pages.append(re.findall(r'<tr data-queue="(q\d{4})">\s*<td>.*?</td><td>(\w+)</td>', body))
+                after = re.search(r'href="/\?after=(q\d{4})" rel="next"', body)
+                path = f"/?after={after.group(1)}" if after else None
+        finally:
+            w.close()
+        # Then the first page holds the first 100 names, q0100 with a row on each shard
+        assert sorted({name for name, _shard in pages[0]}) == [f"q{i:04d}" for i in range(1, 101)]
+        assert ("q0100", "a") in pages[0] and ("q0100", "b") in pages[0]
+        # And the next page the other 60, each (name, shard) shown once over the pages
+        assert [name for name, _shard in pages[1]] == [f"q{i:04d}" for i in range(101, 161)]
+        shown = [row for page in pages for row in page]
+        assert len(shown) == len(set(shown)) == 161
+    finally:
+        drop_test_db(other)
