@@ -76,16 +76,25 @@ def test_silent_connections_hold_no_thread_and_are_closed_at_their_deadline(db, 
     finally:
         for s in silent:
             s.close()
-    # And a connection that trickles its request is closed at its deadline too
+    # And a connection that trickles its request, a header line every 0.2 s, is closed at its deadline too
     trickle = socket.create_connection((host, port), timeout=30)
     try:
         trickle.sendall(b"GET / HTTP/1.0\r\n")
-        wait_until(lambda: trickle.sendall(b"X-Slow: 1\r\n") or _closed_by_server(trickle), timeout=30,
-                   interval=0.2, message="the trickling connection closed by the server")
-    except OSError:
-        pass  # reset by the server while sending: closed
+        opened = time.monotonic()
+        wait_until(lambda: _trickled_until_closed(trickle), timeout=30, interval=0.2,
+                   message="the trickling connection closed by the server")
+        assert time.monotonic() - opened >= w.httpd.request_s - 0.5
     finally:
         trickle.close()
+
+
+def _trickled_until_closed(s: socket.socket) -> bool:
+    """One more header line; True once the server has closed the connection."""
+    try:
+        s.sendall(b"X-Slow: 1\r\n")
+    except OSError:
+        return True  # reset by the server
+    return _closed_by_server(s)
 
 
 def _closed_by_server(s: socket.socket) -> bool:
