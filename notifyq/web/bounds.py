@@ -12,12 +12,15 @@ read or write blocked IO_TIMEOUT_S ends its request (a client that stops reading
 
 from __future__ import annotations
 
+import logging
 import selectors
 import socket
 import threading
 import time
 from http.server import ThreadingHTTPServer
 from typing import Any
+
+log = logging.getLogger("notifyq.web")
 
 HANDLERS = 8  # requests served at once; the pages' database sessions are fewer (data.SESSIONS)
 WAITING_MAX = 512  # connections accepted whose request is not read yet; beyond, new ones are closed
@@ -91,23 +94,32 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def _dispatch(self) -> None:
         while not self._closing.is_set():
-            for key, _events in self._waiting.select(timeout=_TICK_S):
-                if key.fileobj is self._wake_r:
-                    try:
-                        self._wake_r.recv(4096)
-                    except OSError:
-                        pass
-                    continue
-                self._waiting.unregister(key.fileobj)
-                self._start(key.fileobj, key.data)
-            with self._lock:
-                accepted, self._accepted = self._accepted, []
-            for request, client_address in accepted:
-                self._waiting.register(request, selectors.EVENT_READ, client_address)
-            self.expire()
+            try:
+                self._dispatch_once()
+            except Exception:  # a bug: said, and the pages keep being served (no silent stall)
+                log.exception("web: the connection dispatcher failed a turn")
+                time.sleep(_TICK_S)
         for key in list(self._waiting.get_map().values()):
             if key.fileobj is not self._wake_r:
                 self.shutdown_request(key.fileobj)
+
+    def _dispatch_once(self) -> None:
+        """Start a handler for each connection that sent something, wait on the new ones, and
+        close the late ones."""
+        for key, _events in self._waiting.select(timeout=_TICK_S):
+            if key.fileobj is self._wake_r:
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+                continue
+            self._waiting.unregister(key.fileobj)
+            self._start(key.fileobj, key.data)
+        with self._lock:
+            accepted, self._accepted = self._accepted, []
+        for request, client_address in accepted:
+            self._waiting.register(request, selectors.EVENT_READ, client_address)
+        self.expire()
 
     def _start(self, request: Any, client_address: Any) -> None:
         """A thread for a connection that sent something, once a handler's slot is free."""
