@@ -834,35 +834,44 @@ SELECT token FROM nq_demo_marker
 -- The status page (notifyq web). Every read rides ix_state or a primary key: a page costs the
 -- same with a million jobs queued (tests/integration/test_explain_web.py pins the plans).
 
+-- web_queue_page --
+-- One page of the overview: the queues named after %(after)s, in name order (the primary key).
+SELECT queue, paused FROM nq_queue WHERE queue > %(after)s ORDER BY queue LIMIT %(limit)s
+
 -- web_depth --
 -- One queue's jobs by state, each state its own range of ix_state, counted up to %(cap)s
 -- entries (a count at the cap is shown as "cap+"): index-only, except `retrying`, which reads
 -- the rows of the %(sample)s not-yet-due scheduled jobs due soonest for their attempts (a
 -- scheduled job that has run before is a retry waiting out its backoff; beyond the sample the
--- page estimates). Row reads cost ~8x an index entry. Due scheduled jobs are ready.
-(SELECT 'ready', COUNT(*) FROM
+-- page estimates). Row reads cost ~8x an index entry. Due scheduled jobs are ready. Each row
+-- names its queue: a page of queues is read as one statement, this repeated per queue
+-- (admin_queries.web_queue_figures), and so are web_oldest and web_rate.
+(SELECT 'ready', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %(queue)s LIMIT %(cap)s) r)
 UNION ALL
-(SELECT 'due', COUNT(*) FROM
+(SELECT 'due', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6) LIMIT %(cap)s) d)
 UNION ALL
-(SELECT 'scheduled', COUNT(*) FROM
+(SELECT 'scheduled', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(cap)s) s)
 UNION ALL
-(SELECT 'retrying', COALESCE(SUM(attempts > 0), 0) FROM
+(SELECT 'retrying', COALESCE(SUM(attempts > 0), 0), %(queue)s FROM
   (SELECT attempts FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(sample)s) t)
 UNION ALL
-(SELECT 'claimed', COUNT(*) FROM
+(SELECT 'claimed', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s LIMIT %(cap)s) c)
 UNION ALL
-(SELECT 'done', COUNT(*) FROM
+(SELECT 'done', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 3 AND queue = %(queue)s LIMIT %(cap)s) f)
 UNION ALL
-(SELECT 'dead', COUNT(*) FROM
+(SELECT 'dead', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) x)
+UNION ALL
+(SELECT 'cancelled', COUNT(*), %(queue)s FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 5 AND queue = %(queue)s LIMIT %(cap)s) k)
 
 -- web_oldest --
 -- The earliest run_at of one queue's ready jobs and of its scheduled ones: ready jobs sort by
@@ -870,11 +879,11 @@ UNION ALL
 -- scan, "Using index for group-by": one probe per priority in use, not one per job; it needs
 -- the GROUP BY to name the index's leading columns, fixed as they are); a
 -- scheduled job's prio_key is 0, so its earliest is the first entry of its range.
-(SELECT 'ready', MIN(m) FROM
+(SELECT 'ready', MIN(m), %(queue)s FROM
   (SELECT MIN(sort_at) AS m FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 0 AND queue = %(queue)s GROUP BY status, queue, prio_key ORDER BY NULL) p)
 UNION ALL
-(SELECT 'scheduled', MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+(SELECT 'scheduled', MIN(sort_at), %(queue)s FROM nq_job FORCE INDEX (ix_state)
   WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)
 
 -- web_rate --
@@ -883,13 +892,13 @@ UNION ALL
 -- index-only. Done jobs are there only where the queue keeps them (keep_done). The LIMIT
 -- (minutes + 1 groups: never reached) keeps MariaDB from dropping ORDER BY NULL in a union,
 -- which then sorted the groups.
-(SELECT 3, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+(SELECT 3, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*), %(queue)s FROM
   (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 3 AND queue = %(queue)s AND prio_key = 0
       AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
     ORDER BY sort_at DESC LIMIT %(cap)s) d GROUP BY 2 ORDER BY NULL LIMIT %(buckets)s)
 UNION ALL
-(SELECT 4, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+(SELECT 4, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*), %(queue)s FROM
   (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 4 AND queue = %(queue)s AND prio_key = 0
       AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
@@ -898,10 +907,11 @@ UNION ALL
 -- web_jobs --
 -- The jobs page: one queue's jobs in one state, in ix_state's own order: ready jobs in claim
 -- order, scheduled ones by due time, claimed ones by lease end. No filesort, and the read stops
--- at %(limit)s entries (every queue: this per queue, merged by the caller). Naming `queue` in
--- the ORDER BY, though it is fixed, made MariaDB 10.11 sort.
+-- at %(limit)s entries. Every queue: this per queue, the copies in one statement merged by
+-- their sort columns (admin_queries.web_jobs). Naming `queue` in the ORDER BY, though it is
+-- fixed, made MariaDB 10.11 sort.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200), dedup_key
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = %(status)s AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
@@ -909,7 +919,7 @@ ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 -- web_jobs_newest --
 -- web_jobs for done and dead jobs: the most recently finished first.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200), dedup_key
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = %(status)s AND queue = %(queue)s
 ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
