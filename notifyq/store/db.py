@@ -372,7 +372,10 @@ def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) ->
 
     try:
         landed = session._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
-    except MySQLdb.Error as e:
+    except (MySQLdb.Error, errors.DatabaseError) as e:
+        # DatabaseError too: the reconnect gave up (connect: the server stays away past the
+        # retry budget, a producer's 5 s). Raised as it is, it said "nothing stored" of a
+        # transaction that may have been, and a sharded dealer moved its jobs to another shard.
         raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
                                     f"asked whether it was stored ({describe(e)})") from None
     if landed:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from conftest import wait_until
 
 from notifyq import config as config_mod
 from notifyq import errors
@@ -80,3 +81,78 @@ def test_a_bad_retry_s_is_one_input_error_before_any_connection(closed_port, ret
     with pytest.raises(errors.InputError) as raised:
         Producer("q", unreachable_config(closed_port), retry_s=retry_s)
     assert "retry_s" in str(raised.value)
+
+
+# A COMMIT as the driver sends it (mysql_commit): a COM_QUERY packet of its own, sequence 0
+COMMIT_PACKET = b"\x07\x00\x00\x00\x03COMMIT"
+
+
+class CommitCutter:
+    """A TCP relay to the test server that, once armed, passes the next COMMIT on, lets the
+    server answer it (so it lands), and drops the answer: the client's connection is cut and the
+    relay stops listening, so the client cannot reconnect to ask what became of it."""
+
+    def __init__(self, host: str, port: int):
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        self.answered = threading.Event()  # the server's reply to the cut COMMIT arrived
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed: the cut
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        try:
+            while data := client.recv(65536):
+                server.sendall(data)
+                if self.armed.is_set() and COMMIT_PACKET in data and not self.cut.is_set():
+                    self.cut.set()
+                    self.listener.shutdown(socket.SHUT_RDWR)  # refused from now on (close alone
+                    self.listener.close()                     # leaves it listening under accept())
+                    client.shutdown(socket.SHUT_RDWR)
+                    return
+        except OSError:
+            pass
+
+    def _down(self, server: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := server.recv(65536):
+                if self.cut.is_set():
+                    self.answered.set()  # the COMMIT's reply, never passed on
+                    return
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            server.close()
+
+
+def test_a_put_whose_commit_reply_is_lost_and_whose_server_stays_away_raises_outcome_unknown(db):
+    # Given a producer reaching its server through a relay, which cuts the connection right
+    # after passing on the next COMMIT, and then lets nobody in
+    admin = db.config().dsn
+    relay = CommitCutter(admin.host, admin.port)
+    cfg = db.config(dsn=f"mysql://nq_runtime@127.0.0.1:{relay.port}/{admin.database}",
+                    wakeup={"instant_wake": False})
+    producer = Producer("q", cfg, retry_s=1)
+    producer.put({"n": 0})  # connected, the queue known: the next COMMIT is the put's
+    relay.armed.set()
+    # When a put's COMMIT lands but its reply is lost, and the server cannot be asked
+    with pytest.raises(errors.NotifyqError) as raised:
+        producer.put({"n": 1})
+    producer.drop()
+    # Then the put says its outcome is unknown, never that it stored nothing: the job is stored
+    assert relay.cut.is_set()
+    wait_until(lambda: relay.answered.is_set(), 10, message="the server answered the cut COMMIT")
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE payload = '{\"n\":1}'") == 1
+    assert isinstance(raised.value, errors.OutcomeUnknown), raised.value
