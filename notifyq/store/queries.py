@@ -322,20 +322,22 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             else:
                 outcome = (Q["retry_later"], {**fenced, "error": error_text(f.error),
                                               "delay_us": microseconds(f.delay_s)})
+            # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
+            outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
             record = (Q["attempt_failed"], {
                 **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
                 "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
-            statements = [record, outcome, (Q["ended_cancelled"], {"id": f.id})]
+            statements = [record, outcome]
             if f.attempt > ATTEMPTS_KEPT:
                 statements.append((Q["attempts_prune"], {"id": f.id, "below": f.attempt - ATTEMPTS_KEPT}))
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
             cur.nextset()
             n = cur.rowcount  # the outcome's
             cur.nextset()
-            ended = cur.fetchone()
+            ended = cur.fetchone()  # ended_cancelled's
             while cur.nextset():
                 pass
             if f.delay_s is not None:
