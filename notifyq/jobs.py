@@ -79,7 +79,7 @@ class Job:
         """Long-running handlers: has `notifyq jobs cancel` asked this job to stop?
 
         Cooperative: the handler decides where it is safe to stop, then returns (the job is
-        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends dead). Also true
+        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends cancelled). Also true
         once the claim is no longer this worker's (lease expired, job taken back). Cheap to
         call in a loop: the database is asked at most once per `max_age_s`, and never again
         after it said yes.

@@ -68,9 +68,11 @@ class Producer:
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
-        """retry_s: how long a put retries its server (None: the sessions' default, a minute).
-        Sharding's dealer passes a short one, and its retries are logged at DEBUG: it says
-        once itself that a shard is down, and puts the jobs on another."""
+        """retry_s: how long a put retries an unreachable server before it raises DatabaseError
+        (None: the config's producer.connect_retry_s, 5 s by default: a put inside a web request
+        fails within the request, not after the worker's timeout; 0: one attempt). The retries
+        are logged at DEBUG: the caller gets the one error. Sharding's dealer passes a short one:
+        it says once itself that a shard is down, and puts the jobs on another."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         if config.shards:
@@ -81,7 +83,11 @@ class Producer:
         self.queue_config = config.queue(queue)
         self.locks = QueueLocks(config.dsn.database, queue)
         self._ring = ring
-        self._retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
+        if retry_s is not None:
+            retry_s = values.seconds("retry_s", retry_s, positive=False)
+        self._retry = {"retry_s": config.producer.connect_retry_s if retry_s is None else retry_s,
+                       "retry_setting": "producer.connect_retry_s" if retry_s is None else None,
+                       "retry_log_level": logging.DEBUG}
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
         self._lock_session: Session | None = None  # the bell's, and wake()'s instant wake

@@ -290,16 +290,26 @@ class Failure:
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
 
 
+class Owned(list):
+    """The ids of the jobs a claim still owned (reschedule_or_bury), and among them `cancelled`:
+    those that ended cancelled instead, their cancel requested while they ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: set[int] = set()
+
+
 def reschedule_or_bury(session: Session, queue: str, token: int,
-                       failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
+                       failures: list[tuple[int, float | None, str] | Failure]) -> Owned:
     """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
-    still owned. Each job's attempt record goes with its outcome, in one round trip."""
+    still owned (Owned: with those that ended cancelled). Each job's attempt record goes with
+    its outcome, in one round trip."""
     if not failures:
-        return []
+        return Owned()
     items = [f if isinstance(f, Failure) else Failure(*f) for f in failures]
 
-    def body(cur) -> list[int]:
-        owned: list[int] = []
+    def body(cur) -> Owned:
+        owned = Owned()
         retried = 0
         now = time.monotonic()
         for f in items:
@@ -312,6 +322,8 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             else:
                 outcome = (Q["retry_later"], {**fenced, "error": error_text(f.error),
                                               "delay_us": microseconds(f.delay_s)})
+            # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
+            outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
             record = (Q["attempt_failed"], {
                 **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
@@ -322,12 +334,16 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
             cur.nextset()
             n = cur.rowcount  # the outcome's
+            cur.nextset()
+            ended = cur.fetchone()  # ended_cancelled's
             while cur.nextset():
                 pass
             if f.delay_s is not None:
                 retried += n
             if n:
                 owned.append(f.id)
+                if ended is not None and ended[0]:
+                    owned.cancelled.add(f.id)
         if retried:
             bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
         return owned

@@ -37,7 +37,7 @@ def test_a_kept_result_is_read_by_the_producer_and_shown_by_jobs_show(db):
         assert p.result(ids[0]) is None and p.result(ids[2]) is None
     # And `jobs show` of the (deleted) job says it was done, with its result
     shown = run_cli(db.env, "jobs", "show", str(ids[1]))
-    assert "it was done at" in shown.stderr and '"charged": 1250' in shown.stderr
+    assert shown.returncode == 0 and "it was done at" in shown.stdout and '"charged": 1250' in shown.stdout
 
 
 def test_a_queue_that_keeps_no_results_stores_none(db):

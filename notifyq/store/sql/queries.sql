@@ -317,6 +317,12 @@ SET status = IF(cancel_requested, 5, 1),
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
+-- ended_cancelled --
+-- After a failure's retry_later, bury or snooze, in the same round trip: whether the job ended
+-- cancelled (its cancel was requested while it ran), which the worker counts and logs as a cancel,
+-- not as a failure.
+SELECT status = 5 FROM nq_job FORCE INDEX (PRIMARY) WHERE id = %(id)s
+
 -- bury --
 -- Dead; or cancelled (5) when its cancel was requested while it ran.
 UPDATE nq_job
@@ -452,12 +458,16 @@ FOR UPDATE
 -- attempt_taken_back --
 -- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
 -- out), written before the job is returned (return_alone, return_shared), in the same
--- transaction: the rows are locked by the caller. Its start is the claim's; its host unknown.
-INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, started_at, ended_at, error)
-SELECT id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner, claimed_at,
-       NOW(6), %(why)s
+-- transaction: the rows are locked by the caller. Its start is the claim's; its host the one its
+-- consumer registered, while it is registered (a live one whose lease ran out, a dead one whose
+-- registration goes after this; a stale polling consumer's went first: NULL).
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
+                        error)
+SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner,
+       c.host, claimed_at, NOW(6), %(why)s
 FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id IN %(ids)s AND status = 2 AND claim_token IS NOT NULL
+LEFT JOIN nq_consumer c ON c.id = nq_job.owner
+WHERE nq_job.id IN %(ids)s AND status = 2 AND claim_token IS NOT NULL
 ON DUPLICATE KEY UPDATE outcome = outcome
 
 -- return_alone --
