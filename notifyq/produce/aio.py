@@ -94,7 +94,7 @@ class AsyncProducer:
         dsn = self.result_dsn(shard)
         poller = next((p for p in self._pollers if p.dsn == dsn), None)  # a DSN is not hashable
         if poller is None:
-            poller = results.Poller(dsn)
+            poller = results.Poller(dsn, self._producers[0].retry)
             self._pollers.append(poller)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait)

@@ -49,6 +49,14 @@ class CallerTransaction:
         return ids
 
 
+
+def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
+    """How a producer's sessions retry an unreachable server (Session's arguments): retry_s, or
+    the config's producer.connect_retry_s; the retries at DEBUG, the caller gets the one error."""
+    return {"retry_s": config.producer.connect_retry_s if retry_s is None else retry_s,
+            "retry_setting": "producer.connect_retry_s" if retry_s is None else None,
+            "retry_log_level": logging.DEBUG}
+
 class Producer:
     """Enqueue jobs on `queue`.
 
@@ -85,9 +93,7 @@ class Producer:
         self._ring = ring
         if retry_s is not None:
             retry_s = values.seconds("retry_s", retry_s, positive=False)
-        self._retry = {"retry_s": config.producer.connect_retry_s if retry_s is None else retry_s,
-                       "retry_setting": "producer.connect_retry_s" if retry_s is None else None,
-                       "retry_log_level": logging.DEBUG}
+        self._retry = session_retry(config, retry_s)
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
         self._lock_session: Session | None = None  # the bell's, and wake()'s instant wake
@@ -159,9 +165,14 @@ class Producer:
         # however many threads wait, one connection (produce/results.py)
         with self._results_mutex:
             if self._results is None:
-                self._results = results.Poller(self.result_dsn())
+                self._results = results.Poller(self.result_dsn(), self._retry)
             poller = self._results
         return results.wait_for(poller, job_id, wait)
+
+    @property
+    def retry(self) -> dict[str, Any]:
+        """How this producer's sessions retry an unreachable server (Session's arguments)."""
+        return dict(self._retry)
 
     def result_dsn(self) -> DSN:
         """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""

@@ -73,8 +73,11 @@ class Poller:
     """The one session and thread that look at the jobs of every wait of a producer on one
     server (`dsn`). Thread-safe: waits come and go from any thread, or an event loop."""
 
-    def __init__(self, dsn: DSN):
+    def __init__(self, dsn: DSN, retry: dict[str, Any] | None = None):
+        """retry: the session's connect retry (Session's retry_s, retry_setting,
+        retry_log_level), the producer's: a wait fails as fast as a put does."""
         self.dsn = dsn
+        self._retry = dict(retry or {})
         self._mutex = threading.Lock()
         self._waits: list[Wait] = []
         self._thread: threading.Thread | None = None
@@ -98,7 +101,7 @@ class Poller:
 
     def _run(self) -> None:
         with self._alive:
-            session = Session(self.dsn, name="result")
+            session = Session(self.dsn, name="result", **self._retry)
             try:
                 delay, looked_at = POLL_FIRST_S, -POLL_FIRST_S
                 while True:

@@ -117,6 +117,11 @@ class ShardedProducer:
         shard)."""
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
 
+    @property
+    def retry(self) -> dict[str, Any]:
+        """How a pinned queue's sessions retry an unreachable server (result() waits too)."""
+        return one_server.session_retry(self.config, self._retry_s)
+
     def result_dsn(self, shard: str | None = None) -> DSN:
         """Producer.result_dsn: the server of the shard that holds the job (from the config,
         without the producer's lock: AsyncProducer asks on the event loop)."""

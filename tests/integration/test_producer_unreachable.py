@@ -156,3 +156,28 @@ def test_a_put_whose_commit_reply_is_lost_and_whose_server_stays_away_raises_out
     wait_until(lambda: relay.answered.is_set(), 10, message="the server answered the cut COMMIT")
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE payload = '{\"n\":1}'") == 1
     assert isinstance(raised.value, errors.OutcomeUnknown), raised.value
+
+
+def test_a_result_wait_on_an_unreachable_server_fails_as_fast_as_a_put(closed_port):
+    # Given a library Producer (connect retry 1 s) whose server is not listening
+    producer = Producer("q", unreachable_config(closed_port, NOTIFYQ_PRODUCER_CONNECT_RETRY_S="1"))
+    outcome: list[BaseException | None] = []
+
+    def wait() -> None:
+        try:
+            producer.result(1, wait=30)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+
+    # When a result is awaited for up to 30 s
+    started = time.monotonic()
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    wait_until(lambda: outcome, timeout=20, message="result() to give up")
+    took = time.monotonic() - started
+    # Then it raises the put's error after the producer's retry, not after the sessions' minute
+    assert isinstance(outcome[0], errors.DatabaseError), outcome[0]
+    assert "retried for 1 s: producer.connect_retry_s" in str(outcome[0]), outcome[0]
+    assert took < 10.0, took
+    producer.close()
