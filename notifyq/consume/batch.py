@@ -150,6 +150,8 @@ class BatchRun:
         self.holder = holder  # who asks the presence (its seats know their holders)
         self.stop = stop
         self.acks: queries.Acks | None = None  # the successes, once the run ended
+        self.completion: Completion | None = None  # what the jobs still to start complete through
+        self._aside: Session | None = None  # extensions asked for inside a job.transaction() block
 
     def run(self) -> None:
         batch = self.batch
@@ -184,6 +186,8 @@ class BatchRun:
                 n = queries.give_back(self.work, self.queue, rest, token)
                 self.stats.given_back += n
                 log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+            if self._aside is not None:
+                self._aside.close()
 
     def _hand_out(self, jobs: list[Job]) -> None:
         """What each job carries into the handler: its payload decoded, its lease extension, and
@@ -195,7 +199,7 @@ class BatchRun:
                 if threading.get_ident() not in batch.revoked:
                     self.extend()
 
-        completion = self._completion()
+        completion = self.completion = self._completion()
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
@@ -275,18 +279,49 @@ class BatchRun:
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under
-        way ends first) and keeps the work session until it returns; the run goes on with a new
-        one, and the jobs still to start complete on it."""
+        way ends first), its completion refuses what it asks from now on, and its connection is
+        ended (the server rolls back a job.transaction() it has open, and its locks go: the
+        job's next run never waits on them); the session is closed when the call returns. The
+        run goes on with a new one, and the jobs still to start complete on it."""
         batch = self.batch
         with batch.handler_lock:
             batch.revoked.add(stray.ident)
+        for job in stray.jobs:
+            if job._completion is not None:
+                job._completion.revoked = True
         old, self.work = self.work, self._new_session()
+        self._end_connection(old.connection_id)
         stray.abandon(old.close)
-        fresh = self._completion()
+        fresh = self.completion = self._completion()
         for job in batch.jobs[batch.started:]:
             job._completion = fresh
         log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
                     "timeout_s=%g", self.queue, ",".join(str(j.id) for j in stray.jobs[:20]), stray.timeout_s)
+
+    def _end_connection(self, conn_id: int | None) -> None:
+        """A timed-out call's connection ended, and waited for, from the new work session."""
+        if conn_id is None:
+            return
+        try:
+            ended = self.work.run(lambda cur: queries.end_connection(cur, conn_id),
+                                  what="end a timed-out handler's connection")
+        except errors.NotifyqError as e:
+            ended, reason = False, str(e)
+        else:
+            reason = "it outlived its KILL"
+        if not ended:
+            log.warning("a timed-out handler's connection could not be ended: a transaction it has open "
+                        "keeps its locks until it ends queue=%s conn=%d reason=%s", self.queue, conn_id, reason)
+
+    def _extension_session(self) -> Session:
+        """The work session, unless a job.transaction() block is open on it (a handler's
+        job.extend_lease() inside its block): its COMMIT would commit the block's writes early,
+        so the extension goes through a session of its own, opened then and closed with the run."""
+        if self.completion is None or not self.completion.in_block:
+            return self.work
+        if self._aside is None:
+            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop)
+        return self._aside
 
     def _keep_lease(self) -> None:
         """A command handler, every second or so while it runs."""
@@ -297,7 +332,7 @@ class BatchRun:
         """Push out the lease of what the batch still holds; what comes back lost is skipped."""
         batch = self.batch
         asked, sent_at = batch.held(), time.monotonic()
-        owned = queries.extend_lease(self.work, asked, batch.token, batch.lease_s)
+        owned = queries.extend_lease(self._extension_session(), asked, batch.token, batch.lease_s)
         gone = batch.extended(asked, owned, sent_at)
         if gone:
             log.warning("leases ran out before the jobs started: skipped, they are someone "

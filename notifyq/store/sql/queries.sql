@@ -249,6 +249,17 @@ FOR UPDATE
 -- and below go (only sent when there are some).
 DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
 
+-- block_savepoint --
+-- job.transaction(), as its block opens: a mark that lives exactly as long as the block's
+-- transaction. COMMIT, ROLLBACK and every implicit COMMIT (START TRANSACTION, SET autocommit = 1,
+-- LOCK TABLES, DDL) drop it; with autocommit off a transaction is always open, so it is kept.
+SAVEPOINT nq_block
+
+-- block_still_open --
+-- The completion query's first statement: 1305 when the mark is gone (the block's transaction
+-- ended inside it), and then the server runs nothing after it: no completion, no COMMIT.
+RELEASE SAVEPOINT nq_block
+
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
 -- fenced by the claim (its token, its attempt, still claimed). Its row count (1, or 0 when the

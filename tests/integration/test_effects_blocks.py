@@ -1,0 +1,152 @@
+"""What a handler does inside its job.transaction() block, and what a stale call may still do:
+nothing of the block commits before the completion, a block whose transaction ended early fails
+loudly, and a call past its timeout_s loses its transaction and its locks. Against a real server."""
+
+from __future__ import annotations
+
+import threading
+
+import MySQLdb
+import pytest
+from conftest import RUNTIME_USER, admin_connect, wait_until
+from test_effects import charge, charges, drain, put  # noqa: F401 - charges is a fixture
+
+import notifyq
+
+
+def _grant(db, privileges: str, on: str) -> None:
+    conn = admin_connect(db.admin)
+    for host in ("%", "localhost"):
+        conn.cursor().execute(f"GRANT {privileges} ON {on} TO '{RUNTIME_USER}'@'{host}'")
+    conn.close()
+
+
+def _lease_until(db, job_id: int):
+    return db.scalar("SELECT lease_until FROM nq_job WHERE id = %s", (job_id,))
+
+
+CALLS = {
+    "extend_lease": lambda job: job.extend_lease(),
+    "cancel_requested": lambda job: job.cancel_requested(),
+    "cancelled": lambda job: notifyq.cancelled([job]),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_call_inside_a_block_commits_nothing_of_it(db, charges, call):
+    # Given a job whose first run writes its row in its block, calls extend_lease(),
+    # cancel_requested() or cancelled() there (what a long handler does), and then dies
+    # inside the block (as a SIGKILL would: nothing after the call commits)
+    [job_id] = put(db)
+    seen_from_outside: list[int] = []
+    leases: list[tuple] = []
+
+    def handler(job):
+        with job.transaction() as cur:
+            charge(job, cur)
+            if job.attempts == 1:
+                before = _lease_until(db, job_id)
+                CALLS[call](job)
+                leases.append((before, _lease_until(db, job_id)))
+                seen_from_outside.append(db.scalar("SELECT COUNT(*) FROM charge"))
+                raise RuntimeError("killed inside the block")
+
+    # When workers run it until it is done
+    drain(db, handler)
+
+    # Then nobody saw the first run's row while its block was open, and only the second run's
+    # row is stored: exactly one effect
+    assert seen_from_outside == [0]
+    assert charges() == [(job_id, 2)]
+    # And the extension itself landed at once (through a session of its own)
+    if call == "extend_lease":
+        [(before, after)] = leases
+        assert after > before
+
+
+STATEMENTS = ["COMMIT", "ROLLBACK", "START TRANSACTION", "SET autocommit = 1", "LOCK TABLES charge WRITE",
+              "ANALYZE TABLE charge"]
+
+
+@pytest.mark.parametrize("statement", STATEMENTS)
+def test_a_block_whose_transaction_ends_inside_it_fails_loudly_and_its_job_is_not_run_again(db, charges,
+                                                                                         statement):
+    # Given a job whose block writes a row, runs a statement that ends its transaction (an
+    # implicit or explicit COMMIT or ROLLBACK), and writes another row
+    _grant(db, "LOCK TABLES", f"`{db.admin.database}`.*")
+    [job_id] = put(db, max_attempts=3)
+    raised: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                charge(job, cur)
+                cur.execute(statement)
+                charge(job, cur)
+        except notifyq.NotifyqError as e:
+            raised.append(type(e).__name__)
+            raise
+
+    # When workers run it
+    totals = drain(db, handler)
+
+    # Then the block raised TransactionEnded instead of completing the job, and the job ended
+    # dead after its one run (a rerun would store again what the first stored)
+    assert raised == ["TransactionEnded"]
+    assert totals.succeeded == 0 and totals.failed == 1
+    [(status, error)] = db.query("SELECT status, last_error FROM nq_job WHERE id = %s", (job_id,))
+    assert status == 4 and "ended inside the job.transaction() block" in error
+    # And no row of it was written after the end of the block: the connection was dropped, so
+    # nothing it left open (autocommit, a table lock) reaches the next job
+    assert len(charges()) <= 2
+    assert db.scalar("SELECT COUNT(*) FROM nq_attempt WHERE job_id = %s AND outcome = 'done'", (job_id,)) == 0
+
+
+def test_a_handler_past_its_timeout_loses_its_transaction_and_its_locks_and_its_retry_never_waits(db):
+    # Given a job whose first run takes a row lock in its block (a unique key) and then hangs
+    # there past the queue's timeout_s; its retry writes the same key
+    db.query("CREATE TABLE ledger (job_id BIGINT PRIMARY KEY, attempt INT NOT NULL)")
+    _grant(db, "SELECT, INSERT", f"`{db.admin.database}`.`ledger`")
+    [job_id] = put(db, max_attempts=2)
+    release, stray = threading.Event(), []
+
+    def write(job, cur) -> None:
+        cur.execute("INSERT INTO ledger (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempts))
+
+    def handler(job):
+        if job.attempts > 1:
+            with job.transaction() as cur:
+                write(job, cur)
+            return
+        try:
+            with job.transaction() as cur:
+                write(job, cur)
+                release.wait(30)  # hung inside its block
+                stray.append(("cancel_requested", job.cancel_requested(max_age_s=0)))
+                write(job, cur)
+        except (MySQLdb.Error, notifyq.NotifyqError) as e:
+            stray.append(("block", type(e).__name__))
+        try:
+            with job.transaction() as cur:
+                write(job, cur)
+        except notifyq.ClaimLost:
+            stray.append(("transaction", "ClaimLost"))
+
+    try:
+        # When workers run it: the first run times out, the second follows at once
+        drain(db, handler, timeout_s=1.5)
+        # Then the retry did not wait on the hung run's lock: it stored its row, and the job is done
+        assert db.query("SELECT job_id, attempt FROM ledger") == [(job_id, 2)]
+        assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+        assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY attempt",
+                        (job_id,)) == [(1, "failed"), (2, "done")]
+        # And the hung run holds no transaction any more
+        assert db.scalar("SELECT COUNT(*) FROM information_schema.innodb_trx t JOIN information_schema.PROCESSLIST p "
+                         "ON p.ID = t.trx_mysql_thread_id WHERE p.USER = %s", (RUNTIME_USER,)) == 0
+    finally:
+        release.set()
+    # And when it goes on, what it asks is refused and nothing of it lands
+    wait_until(lambda: len(stray) == 3, 10, message="the stray call ran to its end")
+    assert stray == [("cancel_requested", True), ("block", "OperationalError"), ("transaction", "ClaimLost")]
+    assert db.query("SELECT job_id, attempt FROM ledger") == [(job_id, 2)]
+
