@@ -168,7 +168,14 @@ class Completion:
             _not_revoked(self, job)
         cur = conn.cursor()
         try:
+            if inserts.outside_transaction(conn, cur):
+                raise errors.InputError(
+                    f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "
+                    "transaction open, so the completion would commit apart from your writes: open "
+                    "the transaction first (BEGIN, or autocommit off)")
             ok = complete(cur, job, self.token, self.keep, self.owner, self._result(job, result))
+        except errors.NotifyqError:
+            raise
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             raise inserts.caller_error(e) from e
         finally:

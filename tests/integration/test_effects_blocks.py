@@ -150,3 +150,28 @@ def test_a_handler_past_its_timeout_loses_its_transaction_and_its_locks_and_its_
     assert stray == [("cancel_requested", True), ("block", "OperationalError"), ("transaction", "ClaimLost")]
     assert db.query("SELECT job_id, attempt FROM ledger") == [(job_id, 2)]
 
+
+def test_complete_in_refuses_a_connection_in_autocommit_mode(db, charges):
+    # Given a job whose handler writes its row on a connection in autocommit mode and completes
+    # the job there (each statement would commit apart)
+    [job_id] = put(db)
+    raised: list[str] = []
+
+    def handler(job):
+        conn = MySQLdb.connect(**db.config().dsn.connect_args(), autocommit=True)
+        try:
+            charge(job, conn.cursor())
+            try:
+                job.complete_in(conn)
+            except notifyq.NotifyqError as e:
+                raised.append(f"{type(e).__name__}: {e}")
+        finally:
+            conn.close()
+
+    # When a worker runs it
+    drain(db, handler)
+    # Then complete_in refused, in one line that says why, and did not complete the job (the
+    # worker acked it as a plain success: its attempt record is the worker's, not complete_in's)
+    assert len(raised) == 1 and raised[0].startswith("InputError: ") and "autocommit" in raised[0]
+    assert "\n" not in raised[0]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
