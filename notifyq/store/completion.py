@@ -134,9 +134,10 @@ class Completion:
         since the COMMIT was sent (then recovery has settled it)."""
         session = self.session
 
-        def ask(cur) -> bool:
+        def ask(cur) -> bool | None:
             if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
-                queries.end_connection(cur, conn_id)
+                if not queries.end_connection(cur, conn_id):
+                    return None  # it outlived its KILL: it may commit yet, so no read tells
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})
             try:
@@ -151,6 +152,10 @@ class Completion:
             raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its "
                                         f"transaction ({describe(lost)}), and the server could not be asked "
                                         f"whether it landed ({e})") from None
+        if stored is None:
+            raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its transaction "
+                                        f"({describe(lost)}), and the old connection outlived its KILL: "
+                                        "whether it landed cannot be told yet")
         log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
                     job.id)
         return stored

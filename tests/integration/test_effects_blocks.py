@@ -9,9 +9,10 @@ import threading
 import MySQLdb
 import pytest
 from conftest import RUNTIME_USER, admin_connect, wait_until
-from test_effects import charge, charges, drain, put  # noqa: F401 - charges is a fixture
+from test_effects import _lose_connection_before_commit, charge, charges, drain, put  # noqa: F401 - charges is a fixture
 
 import notifyq
+from notifyq.store import queries
 
 
 def _grant(db, privileges: str, on: str) -> None:
@@ -175,3 +176,40 @@ def test_complete_in_refuses_a_connection_in_autocommit_mode(db, charges):
     assert len(raised) == 1 and raised[0].startswith("InputError: ") and "autocommit" in raised[0]
     assert "\n" not in raised[0]
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_a_lost_commit_whose_connection_outlives_its_kill_is_unknown_not_reported_as_not_stored(db, charges,
+                                                                                                monkeypatch):
+    # Given a job whose first block writes many rows (rolling them back takes the server a
+    # while) and whose connection is killed as the completion's query goes out (its COMMIT's
+    # outcome unknown): when the worker asks whether it landed, the old connection is still
+    # there, past the wait for it (0 s here; 30 s in production)
+    db.query("CREATE TABLE big (n INT NOT NULL)")
+    _grant(db, "SELECT, INSERT", f"`{db.admin.database}`.`big`")
+    monkeypatch.setattr(queries, "END_CONNECTION_WAIT_S", 0.0)
+    # (on a server up for less than the time since the COMMIT went out, its restart would have
+    # settled the outcome, and the check would read at once: not the case under test)
+    wait_until(lambda: int(db.query("SHOW GLOBAL STATUS LIKE 'Uptime'")[0][1]) >= 3, 10, message="uptime 3 s")
+    [job_id] = put(db)
+    results: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                charge(job, cur)
+                if job.attempts == 1:
+                    cur.execute("INSERT INTO big VALUES (1)")
+                    for _ in range(18):  # 262,144 rows
+                        cur.execute("INSERT INTO big SELECT n FROM big")
+                    _lose_connection_before_commit(db, cur)
+        except notifyq.NotifyqError as e:
+            results.append(type(e).__name__)
+            raise
+        results.append("ok")
+
+    # When workers run it
+    drain(db, handler)
+    # Then the first run's outcome is unknown, not "did not land" (the old connection could still
+    # have committed); the rerun stores the one row
+    assert results == ["OutcomeUnknown", "ok"]
+    assert charges() == [(job_id, 2)]
