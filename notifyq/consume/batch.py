@@ -30,6 +30,7 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
 from notifyq.consume.timeout import HandlerCaller, Stray
 from notifyq.jobs import Job
+from notifyq.store import completion as completion_store
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -281,16 +282,18 @@ class BatchRun:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under
         way ends first), its completion refuses what it asks from now on, and its connection is
         ended (the server rolls back a job.transaction() it has open, and its locks go: the
-        job's next run never waits on them); the session is closed when the call returns. The
+        job's next run never waits on them), as are those it completed a job on with
+        complete_in and did not commit; the session is closed when the call returns. The
         run goes on with a new one, and the jobs still to start complete on it."""
         batch = self.batch
         with batch.handler_lock:
             batch.revoked.add(stray.ident)
-        for job in stray.jobs:
-            if job._completion is not None:
-                job._completion.revoked = True
+        stale = {id(job._completion): job._completion for job in stray.jobs if job._completion is not None}
+        for completion in stale.values():
+            completion.revoked = True
         old, self.work = self.work, self._new_session()
         self._end_connection(old.connection_id)
+        self._end_callers({job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
         stray.abandon(old.close)
         fresh = self.completion = self._completion()
         for job in batch.jobs[batch.started:]:
@@ -312,6 +315,24 @@ class BatchRun:
         if not ended:
             log.warning("a timed-out handler's connection could not be ended: a transaction it has open "
                         "keeps its locks until it ends queue=%s conn=%d reason=%s", self.queue, conn_id, reason)
+
+    def _end_callers(self, conns: dict[int, int]) -> None:
+        """The connections a timed-out call completed jobs on with complete_in (job id -> server
+        id), whose completion has not landed: their transaction still holds the job's row (the
+        job's failure and its next run would wait on it). One whose completion landed is left
+        alone: it is idle, and may be back in its framework's pool."""
+        if not conns:
+            return
+        try:
+            landed = self.work.run(lambda cur: completion_store.landed(cur, sorted(conns), self.batch.token),
+                                   what="check a timed-out handler's completions")
+        except errors.NotifyqError as e:
+            log.warning("a timed-out handler's completions could not be checked: its connections are left "
+                        "open queue=%s error=%s", self.queue, e)
+            return
+        for job_id, conn_id in sorted(conns.items()):
+            if job_id not in landed:
+                self._end_connection(conn_id)
 
     def _extension_session(self) -> Session:
         """The work session, unless a job.transaction() block is open on it (a handler's

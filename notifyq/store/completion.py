@@ -57,6 +57,10 @@ class Completion:
         # The handler's call ran past timeout_s (consume/batch.py): its job failed, its
         # connection was ended, and what it asks of its completion from now on is refused.
         self.revoked = False
+        # job id -> the server id of the connection complete_in wrote its completion on: the
+        # caller's transaction holds the job's row until it ends (consume/batch.py ends it when
+        # the call timed out and the completion did not land).
+        self.caller_conns: dict[int, int] = {}
 
     @property
     def in_block(self) -> bool:
@@ -190,6 +194,9 @@ class Completion:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
+        thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
+        if callable(thread_id):
+            self.caller_conns[job.id] = int(thread_id())
         job._completed = "pending"
 
     def cancel_requested(self, job_id: int) -> bool:

@@ -214,3 +214,42 @@ def test_a_lost_commit_whose_connection_outlives_its_kill_is_unknown_not_reporte
     # have committed); the rerun stores the one row
     assert results == ["OutcomeUnknown", "ok"]
     assert charges() == [(job_id, 2)]
+
+
+def test_a_handler_past_its_timeout_after_complete_in_loses_its_callers_transaction_and_its_retry_never_waits(
+        db, charges):
+    # Given a job whose first run completes it on its own connection with complete_in() and then
+    # hangs past the queue's timeout_s before its COMMIT (its transaction holds the job's row)
+    [job_id] = put(db, max_attempts=3)
+    release = threading.Event()
+    bound = threading.Timer(20, release.set)  # ends the hung run whatever happens (on the code before)
+    second_run_saw_release: list[bool] = []
+
+    def handler(job):
+        conn = MySQLdb.connect(**db.config().dsn.connect_args())
+        try:
+            if job.attempts > 1:
+                second_run_saw_release.append(release.is_set())
+            charge(job, conn.cursor())
+            job.complete_in(conn)
+            if job.attempts == 1:
+                release.wait(30)  # hung before its COMMIT
+            conn.commit()
+        except MySQLdb.Error:
+            pass  # the hung run's connection was ended under it
+        finally:
+            conn.close()
+
+    bound.start()
+    try:
+        # When workers run it
+        drain(db, handler, timeout_s=1.5)
+    finally:
+        release.set()
+        bound.cancel()
+    # Then the second run started while the first still hung (nothing waited on its row), and
+    # stored the one row: the first's transaction was ended, not committed
+    assert second_run_saw_release == [False]
+    assert charges() == [(job_id, 2)]
+    assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY attempt", (job_id,)) == [
+        (1, "failed"), (2, "done")]
