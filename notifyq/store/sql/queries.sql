@@ -256,6 +256,17 @@ JOIN (SELECT ended_at, claim_token FROM nq_attempt FORCE INDEX (PRIMARY) WHERE j
   ON a.job_id = %(id)s AND (a.ended_at < cut.ended_at
                             OR (a.ended_at = cut.ended_at AND a.claim_token <= cut.claim_token))
 
+-- block_savepoint --
+-- job.transaction(), as its block opens: a mark that lives exactly as long as the block's
+-- transaction. COMMIT, ROLLBACK and every implicit COMMIT (START TRANSACTION, SET autocommit = 1,
+-- LOCK TABLES, DDL) drop it; with autocommit off a transaction is always open, so it is kept.
+SAVEPOINT nq_block
+
+-- block_still_open --
+-- The completion query's first statement: 1305 when the mark is gone (the block's transaction
+-- ended inside it), and then the server runs nothing after it: no completion, no COMMIT.
+RELEASE SAVEPOINT nq_block
+
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
 -- fenced by the claim (its token, its attempt, still claimed). Its row count (1, or 0 when the
