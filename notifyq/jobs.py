@@ -23,7 +23,23 @@ STATUS_NAMES = {s.value: s.name.lower() for s in Status}
 
 @dataclass(eq=False)
 class Job:
-    """One claimed job as a handler sees it."""
+    """One job, as a handler gets it: `def handler(job: notifyq.Job) -> None`.
+
+    Return from the handler to complete the job; raise to fail it (retried with backoff, and
+    dead after `max_attempts`). A batch handler (`--per-batch`) gets a list of jobs and fails
+    them one by one with `job.fail()`.
+
+    Attributes:
+        id: the job's id, as `Producer.put()` returned it.
+        queue: the queue's name.
+        payload: the payload that was put, decoded from JSON.
+        priority: higher runs first.
+        attempts: how many times the job was claimed, this run included (1 on the first run).
+        max_attempts: the run after which a failure makes the job dead.
+        run_at: when the job became due (UTC).
+        created_at: when it was put (UTC).
+        dedup_key: the key it was put with, if any.
+    """
 
     id: int
     queue: str
