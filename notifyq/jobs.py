@@ -73,7 +73,9 @@ class Job:
     _reported: bool = field(default=False, repr=False)  # handed to on_failure already
 
     def fail(self, error: str, *, retry: bool = True) -> None:
-        """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
+        """Mark this job failed, then return from the handler: it is retried with backoff, or
+        with `retry=False` dead at once (an error no retry will fix). A batch handler fails its
+        jobs one by one this way; the jobs it does not fail succeed."""
         self.error = str(error) or "failed"
         self.retry = retry
 

@@ -91,7 +91,7 @@ class AsyncProducer:
 
         The wait is the event loop's: the looks at the job are the
         producer's poller's, on its own thread and session, shared by every wait of this
-        producer on that server (produce/results.py), and the coroutine awaits what it finds,
+        producer on that server, and the coroutine awaits what it finds,
         so a long wait holds no thread and a cancelled one stops at once. `shard`: with
         [shards], the shard a spread queue's job is on (job ids are per shard)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it

@@ -226,11 +226,13 @@ class Producer:
         self._queue_known = False
 
     def wake(self, instant: bool | None = None) -> None:
-        """Wake an idle consumer of the queue now, for jobs the caller committed on its own
-        connection (`conn=`): call it after that COMMIT (contrib.django does, on commit). Rings
-        as a `ring=True` producer's put does; a producer without the bell interrupts the
-        watcher's wait instead (interrupt.py) unless `instant` is False (None:
-        `wakeup.instant_wake`). Best effort: never raises; the consumers' poll finds the jobs."""
+        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
+        call it after your COMMIT, or the consumers find them at their next poll (up to
+        `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
+
+        Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
+        idle consumer's wait instead (interrupt.py), unless `instant` is False (None: as
+        `wakeup.instant_wake` says). Best effort: it never raises."""
         try:
             with self._mutex:
                 bell, interrupter = self._wakers(instant)

@@ -42,7 +42,11 @@ def test_the_api_reference_renders_what_adopters_use():
     page = (DOCS / "api.md").read_text()
     rendered = set(re.findall(r"^::: (\S+)$", page, flags=re.MULTILINE))
     assert {"notifyq.Producer", "notifyq.AsyncProducer", "notifyq.Job", "notifyq.ConsumerService",
-            "notifyq.ConsumeOptions", "notifyq.load_config", "notifyq.errors"} <= rendered
+            "notifyq.ConsumeOptions", "notifyq.load_config"} <= rendered
+    from notifyq import errors  # every error class the package raises on purpose, and Snooze
+    raised = {f"notifyq.errors.{n}" for n, v in vars(errors).items()
+              if isinstance(v, type) and issubclass(v, BaseException) and v.__module__ == errors.__name__}
+    assert sorted(raised - rendered) == []
     assert "notifyq.tasks.TaskRegistry.task" in rendered  # notifyq.task is the default registry's
 
 
