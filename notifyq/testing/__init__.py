@@ -13,7 +13,8 @@ importing this package does not import pytest.
 """
 
 from notifyq.testing.drainer import Drained, DrainTimeout, Failure, drain
+from notifyq.testing.harness import QueueHarness
 from notifyq.testing.peek import QueuedJob, assert_enqueued, clear, ensure_schema, jobs
 
-__all__ = ["DrainTimeout", "Drained", "Failure", "QueuedJob", "assert_enqueued", "clear", "drain",
-           "ensure_schema", "jobs"]
+__all__ = ["DrainTimeout", "Drained", "Failure", "QueueHarness", "QueuedJob", "assert_enqueued", "clear",
+           "drain", "ensure_schema", "jobs"]
