@@ -373,6 +373,44 @@ def test_under_django_drain_runs_a_transaction_testcases_jobs_and_a_testcase_see
     try:
         done = project.manage("test", "shop.drain_checks", "--noinput", "-v", "2")
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "Ran 2 tests" in done.stderr and "OK" in done.stderr
+        assert "Ran 3 tests" in done.stderr and "OK" in done.stderr
     finally:
         project.close()
+
+
+def test_drain_counts_a_job_cancelled_while_it_ran_as_cancelled_and_gives_a_batch_handler_its_batches(db):
+    # Given a job whose cancel is requested while its handler runs, and the handler stopping it
+    from notifyq.ops import admin
+    from notifyq.store.db import Session
+
+    producer = notifyq.Producer("stoppable", db.config())
+    session = Session(db.dsn, name="canceller")
+
+    def handler(job):
+        assert admin.cancel(session, job.id, by="the test")
+        assert job.cancel_requested()
+        job.fail("cancelled", retry=False)
+
+    try:
+        job_id = producer.put("long work", max_attempts=5)
+        # When drained
+        result = testing.drain(db.config(), "stoppable", handler, raise_on_failure=False)
+        # Then it counts as cancelled, not dead, as the server recorded it
+        assert (result.failed, result.cancelled, result.dead, result.retried) == (1, 1, 0, 0)
+        assert [f.outcome for f in result.failures] == ["cancelled"] and _status(db, job_id) == 5
+
+        # Given a per-batch queue and five jobs, When drained three per claim
+        config = db.config(queue={"batched": {"per_batch": True}})
+        batches = []
+        batched = notifyq.Producer("batched", config)
+        try:
+            batched.put_many(list(range(5)))
+            done = testing.drain(config, "batched", lambda jobs: batches.append([j.payload for j in jobs]),
+                                 batch_size=3)
+        finally:
+            batched.close()
+        # Then the handler got the jobs in claims of up to three
+        assert batches == [[0, 1, 2], [3, 4]] and done.done == 5
+    finally:
+        session.close()
+        producer.close()

@@ -29,3 +29,11 @@ class InTestCaseOnlyTheTestsConnectionSeesItsJobs(TestCase):
         testing.assert_enqueued(None, "orders", task=make_order, args=["cy"], conn=connection)
         self.assertEqual(testing.jobs(None, "orders"), [])  # another session: not committed
         self.assertEqual(testing.drain(None, "orders").ran, 0)
+
+    def test_a_job_put_by_notifyqs_own_session_commits_and_runs_into_the_testcase_transaction(self):
+        testing.clear(None, "orders")
+        make_order.enqueue("dee")  # the registry's producer: its own session, committed at once
+        self.assertEqual(testing.drain(None, "orders").done, 1)
+        # the handler ran on this thread: its ORM write is in this test's transaction, seen here
+        self.assertEqual([o.name for o in Order.objects.all()], ["dee"])
+        self.assertEqual(testing.clear(None, "orders"), 0)  # done and acked: nothing outlives the test
