@@ -87,6 +87,8 @@ def assert_enqueued(config: Config | str | None, queue: str, *, task: Task | str
     """Assert that the queue holds a job like this (by default: pending); returns the ones that
     match. `payload`, or a task's `args` and `kwargs`, are compared whole (==) when given.
     `count`: exactly that many match (0: none does). Fails with what the queue does hold."""
+    if count is not None:
+        count = values.number("count", count, lo=0, integer=True)
     if payload is not _ANY and (args is not _ANY or kwargs is not _ANY):
         raise errors.InputError("assert_enqueued: compare the payload, or a task's args and kwargs, not both")
     held = jobs(config, queue, status=status, task=task, conn=conn)

@@ -44,7 +44,9 @@ def notifyq_queue(notifyq_config: Config, _notifyq_schemas_ready: set[tuple[Any,
     # The fixture deletes every job of the database it is given: never one that is not a test's.
     if "test" not in database.lower():
         pytest.fail(f"notifyq_queue: database {database!r} has no 'test' in its name; notifyq_queue deletes "
-                    f"every job there before each test: point notifyq_config at a test database", pytrace=False)
+                    f"every job there before each test: point notifyq_config at a test database (under "
+                    f"pytest-django, mark the test django_db(transaction=True): its test database is "
+                    f"set up first)", pytrace=False)
     where = (tuple(config.dsn.servers), config.dsn.unix_socket, database)
     if where not in _notifyq_schemas_ready:
         ensure_schema(config)
