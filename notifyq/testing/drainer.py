@@ -105,7 +105,8 @@ def drain(config: Config | str | None, queues: str | Iterable[str], handler: Han
           run_delayed: bool = False, batch_size: int = 1) -> Drained:
     """Run the due jobs of `queues` here, one claim after another, until none is ready.
 
-    config: a Config, a DSN URL ("mysql://user@host/db"), or None for `notifyq.load_config()`.
+    config: a Config, a DSN URL ("mysql://user@host/db"), or None: the database the app's tasks
+    enqueue on (Django's under notifyq.contrib.django, else `notifyq.load_config()`'s).
     handler: a function taking the job (as `--handler`); a TaskRegistry, a task or a list of
     tasks (`--tasks`: each job runs the task it names); None: the queue's own from the config
     (`handler`, `command` or `tasks`), else the `@notifyq.task` functions on the queue.
