@@ -9,6 +9,10 @@ The backlog, filled on the server (INSERT ... SELECT from tests/number_rows.py):
 done on `thumbs`, finished over the last hour. Prints a table (ms: median, p95, max) and the
 same as one JSON line. It creates and drops a database of its own (nq_web_bench; --keep keeps it,
 and a kept one of the same size is reused).
+
+--queues N adds N small queues (`many00001`...: one ready job each) for the overview's cost in
+queues (its bytes are reported too). --crowd times /consumers while 20 overview requests are in
+flight, and counts the server's threads and a page's time while 300 sockets sit idle on it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import socket
 import statistics
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -50,11 +57,11 @@ def fill(root: DSN, jobs: int) -> None:
     args = dsn.connect_args()
     conn = MySQLdb.connect(**args, autocommit=True)
     cur = conn.cursor()
-    cur.execute("SELECT COUNT(*) FROM nq_job")
+    cur.execute("SELECT COUNT(*) FROM nq_job WHERE queue IN ('bulk', 'mail', 'thumbs')")
     if cur.fetchone()[0] == jobs:
         print(f"reusing {DATABASE} with {jobs:,} jobs", file=sys.stderr)
         return
-    cur.execute("DELETE FROM nq_job")
+    cur.execute("DELETE FROM nq_job WHERE queue IN ('bulk', 'mail', 'thumbs')")
     started = time.monotonic()
     for first in range(1, jobs + 1, CHUNK):
         cur.execute(FILL.replace("NUMBERS", numbers(min(jobs, first + CHUNK - 1), first)))
@@ -66,12 +73,53 @@ def fill(root: DSN, jobs: int) -> None:
     conn.close()
 
 
-def fetch(url: str) -> float:
+def add_queues(root: DSN, queues: int) -> None:
+    """`queues` more queues, one ready job each (kept with --keep, like the backlog)."""
+    conn = MySQLdb.connect(**dataclasses.replace(root, database=DATABASE).connect_args(), autocommit=True)
+    cur = conn.cursor()
+    cur.execute("SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue LIKE 'many%%'), "
+                "(SELECT COUNT(*) FROM nq_job WHERE queue LIKE 'many%%')")
+    if cur.fetchone() != (queues, queues):
+        cur.execute("DELETE FROM nq_job WHERE queue LIKE 'many%%'")
+        cur.execute("DELETE FROM nq_queue WHERE queue LIKE 'many%%'")
+        if queues:
+            cur.execute(f"INSERT INTO nq_queue (queue) SELECT CONCAT('many', LPAD(seq, 5, '0')) FROM {numbers(queues)}")
+            cur.execute("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) "
+                        f"SELECT CONCAT('many', LPAD(seq, 5, '0')), 0, UTC_TIMESTAMP(6), 5, '{{}}' FROM {numbers(queues)}")
+    conn.close()
+
+
+def fetch(url: str, sizes: dict | None = None) -> float:
     started = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as r:
-        r.read()
+    with urllib.request.urlopen(url, timeout=120) as r:
+        body = r.read()
         assert r.status == 200, (url, r.status)
+    if sizes is not None:
+        sizes[url] = len(body)
     return (time.perf_counter() - started) * 1000
+
+
+def crowd(url: str) -> dict:
+    """/consumers while 20 overview requests are in flight; then threads and a page's time
+    with 300 idle sockets open on the server."""
+    out: dict = {}
+    busy = [threading.Thread(target=fetch, args=(url,)) for _ in range(20)]
+    for t in busy:
+        t.start()
+    out["consumers_in_crowd_ms"] = round(fetch(url + "consumers"), 1)
+    for t in busy:
+        t.join()
+    where = urllib.parse.urlsplit(url)
+    threads_before = threading.active_count()
+    idle = [socket.create_connection((where.hostname, where.port)) for _ in range(300)]
+    try:
+        time.sleep(1)  # a benchmark's settling time, not a test's synchronisation: the accepts happen
+        out["threads_with_300_idle"] = threading.active_count() - threads_before
+        out["consumers_with_300_idle_ms"] = round(fetch(url + "consumers"), 1)
+    finally:
+        for s in idle:
+            s.close()
+    return out
 
 
 def main() -> None:
@@ -80,11 +128,14 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1_000_000)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--keep", action="store_true", help="Keep the database (and reuse it next time).")
+    p.add_argument("--queues", type=int, default=0, help="Add this many small queues (one job each).")
+    p.add_argument("--crowd", action="store_true", help="Also time a page among 20 overviews and 300 idle sockets.")
     a = p.parse_args()
     root = DSN.parse(a.dsn)
     dsn = dataclasses.replace(root, database=DATABASE)
     schema.init(dsn)
     fill(root, a.jobs)
+    add_queues(root, a.queues)
     cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": a.dsn.rstrip("/") + "/" + DATABASE})
     web = server.serve(cfg, 0, "127.0.0.1", None)
     conn = MySQLdb.connect(**dsn.connect_args())
@@ -95,14 +146,16 @@ def main() -> None:
     pages = {"overview": "", "consumers": "consumers", "jobs: bulk ready": "jobs?queue=bulk&state=ready",
              "jobs: mail scheduled": "jobs?queue=mail&state=scheduled", "dead: every queue": "dead",
              "dead: thumbs": "dead?queue=thumbs", "a dead job": f"jobs/{dead_id}", "periodic": "periodic"}
-    results = {}
+    results, sizes, extra = {}, {}, {}
     try:
         for name, path in pages.items():
             fetch(web.url + path)  # warm: the session connects, the templates compile
-            times = sorted(fetch(web.url + path) for _ in range(a.rounds))
+            times = sorted(fetch(web.url + path, sizes) for _ in range(a.rounds))
             results[name] = {"median_ms": round(statistics.median(times), 2),
                              "p95_ms": round(times[min(len(times) - 1, int(len(times) * 0.95))], 2),
-                             "max_ms": round(times[-1], 2)}
+                             "max_ms": round(times[-1], 2), "bytes": sizes[web.url + path]}
+        if a.crowd:
+            extra = crowd(web.url)
     finally:
         web.close()
         if not a.keep:
@@ -112,10 +165,13 @@ def main() -> None:
             conn.cursor().execute(f"DROP DATABASE IF EXISTS {DATABASE}")
             conn.close()
     width = max(map(len, results))
-    print(f"{'page'.ljust(width)}  median_ms  p95_ms  max_ms   ({a.jobs:,} jobs, {a.rounds} rounds)")
+    print(f"{'page'.ljust(width)}  median_ms  p95_ms  max_ms    bytes   ({a.jobs:,} jobs, "
+          f"{a.queues:,} more queues, {a.rounds} rounds)")
     for name, r in results.items():
-        print(f"{name.ljust(width)}  {r['median_ms']:9.2f}  {r['p95_ms']:6.2f}  {r['max_ms']:6.2f}")
-    print(json.dumps({"jobs": a.jobs, "rounds": a.rounds, "pages": results}))
+        print(f"{name.ljust(width)}  {r['median_ms']:9.2f}  {r['p95_ms']:6.2f}  {r['max_ms']:6.2f}  {r['bytes']:7,}")
+    for name, value in extra.items():
+        print(f"{name}: {value}")
+    print(json.dumps({"jobs": a.jobs, "queues": a.queues, "rounds": a.rounds, "pages": results, **extra}))
 
 
 if __name__ == "__main__":

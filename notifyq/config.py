@@ -136,6 +136,7 @@ ENV_KEYS = {
     "NOTIFYQ_SHARDS": (None, "shards"),  # a=mysql://...,b=mysql://... (parse_shards_env)
     "NOTIFYQ_PASSWORD_FILE": (None, "password_file"),
     "NOTIFYQ_CONNECT_RETRY_S": (None, "connect_retry_s"),
+    "NOTIFYQ_PRODUCER_CONNECT_RETRY_S": ("producer", "connect_retry_s"),
     "NOTIFYQ_LOG_LEVEL": ("log", "level"),
     "NOTIFYQ_LOG_FORMAT": ("log", "format"),
     "NOTIFYQ_LOG_FILE": ("log", "file"),

@@ -81,6 +81,12 @@ class ClaimLost(NotifyqError):
     rolled back: none of the handler's writes in it are stored, and the job is someone else's."""
 
 
+class TransactionEnded(NotifyqError):
+    """job.transaction(): the block's transaction ended inside the block (a COMMIT, a ROLLBACK,
+    or a statement with an implicit COMMIT), so its writes cannot commit with the job's
+    completion. The job fails and is not retried: a rerun would store again what was stored."""
+
+
 class ResultPending(NotifyqError):
     """Producer.result(): the job has not finished within the wait."""
 

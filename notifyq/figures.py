@@ -13,7 +13,7 @@ HANDLER_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000)
 # A worker's counters (Stats fields), in the order the endpoint lists them.
 COUNTER_NAMES = ("claimed", "succeeded", "failed", "retried", "dead", "given_back", "lost_acks", "snoozed",
-                 "batches")
+                 "cancelled", "batches")
 
 
 class Histogram:

@@ -71,7 +71,8 @@ class Job:
         self._snooze_s = seconds
 
     def extend_lease(self) -> None:
-        """Long-running handlers: push the claim's lease out again so no reaper takes the job."""
+        """Long-running handlers: push the claim's lease out again so no reaper takes the job.
+        Inside job.transaction() too: the extension commits apart, never the block."""
         if self._extend is not None:
             self._extend()
 
@@ -79,10 +80,11 @@ class Job:
         """Long-running handlers: has `notifyq jobs cancel` asked this job to stop?
 
         Cooperative: the handler decides where it is safe to stop, then returns (the job is
-        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends dead). Also true
+        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends cancelled). Also true
         once the claim is no longer this worker's (lease expired, job taken back). Cheap to
         call in a loop: the database is asked at most once per `max_age_s`, and never again
-        after it said yes.
+        after it said yes. Inside job.transaction() it reads in the block's transaction and
+        commits nothing of it.
         """
         check = self._cancel_check
         if check is None and self._completion is not None:
@@ -105,7 +107,10 @@ class Job:
         completion is fenced by the claim (its token and attempt): if the job was taken back
         meanwhile, nothing is committed and `notifyq.ClaimLost` is raised. Once it committed,
         the worker does not ack the job again. `cur.connection` is the connection. `result`
-        (JSON) is stored with the completion when the queue keeps results.
+        (JSON) is stored with the completion when the queue keeps results. Do not end the
+        transaction inside the block (COMMIT, ROLLBACK, or a statement that commits implicitly:
+        START TRANSACTION, SET autocommit = 1, LOCK TABLES, DDL): the block then raises
+        `notifyq.errors.TransactionEnded` and the job fails without a retry.
         """
         if self._completion is None:
             raise RuntimeError("job.transaction() needs a job a notifyq worker claimed")
@@ -116,7 +121,8 @@ class Job:
         connection, Django's `connection`, an SQLAlchemy Connection or Session) to notifyq's
         database: the caller commits, and the job is done only if that COMMIT lands. Fenced as
         transaction() is: `notifyq.ClaimLost` (and the transaction rolled back) if the claim
-        was taken back. Commit before the handler returns: the worker then finds out whether
+        was taken back. A connection in autocommit mode with no transaction open is refused
+        (`InputError`). Commit before the handler returns: the worker then finds out whether
         the completion landed; if not, the job fails and is retried."""
         if self._completion is None:
             raise RuntimeError("job.complete_in() needs a job a notifyq worker claimed")

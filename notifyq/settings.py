@@ -14,6 +14,9 @@ from notifyq.dsn import DSN
 DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
 DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start
 ONESHOT_CONNECT_RETRY_S = 5.0  # an operator at a prompt wants the answer, not a wait
+# A library Producer's put (a web request's): its error well inside a worker's request timeout
+# (gunicorn's 30 s), not after it. producer.connect_retry_s.
+LIBRARY_CONNECT_RETRY_S = 5.0
 
 validate_queue_name = values.queue_name  # the name every part imports
 
@@ -86,12 +89,16 @@ class ConsumerConfig:
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    """[producer]: payload limit and batching of `notifyq produce` and put_many."""
+    """[producer]: payload limit and batching of `notifyq produce` and put_many, and how long a
+    library Producer retries its server."""
 
     max_payload_bytes: int = 65536
     batch_lines: int = 500  # `produce` from stdin commits at most this many lines at once ...
     batch_wait_s: float = 0.0  # ... and holds a batch open this long for more (0: commit at once)
     chunk_size: int = 500  # rows per multi-row INSERT in put_many
+    # How long a library Producer's put retries an unreachable server before it raises
+    # DatabaseError. The commands (`notifyq produce`) go by the top-level connect_retry_s.
+    connect_retry_s: float = LIBRARY_CONNECT_RETRY_S
 
 
 @dataclass(frozen=True)

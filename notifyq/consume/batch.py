@@ -30,6 +30,7 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
 from notifyq.consume.timeout import HandlerCaller, Stray
 from notifyq.jobs import Job
+from notifyq.store import completion as completion_store
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -150,6 +151,8 @@ class BatchRun:
         self.holder = holder  # who asks the presence (its seats know their holders)
         self.stop = stop
         self.acks: queries.Acks | None = None  # the successes, once the run ended
+        self.completion: Completion | None = None  # what the jobs still to start complete through
+        self._aside: Session | None = None  # extensions asked for inside a job.transaction() block
 
     def run(self) -> None:
         batch = self.batch
@@ -184,6 +187,8 @@ class BatchRun:
                 n = queries.give_back(self.work, self.queue, rest, token)
                 self.stats.given_back += n
                 log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+            if self._aside is not None:
+                self._aside.close()
 
     def _hand_out(self, jobs: list[Job]) -> None:
         """What each job carries into the handler: its payload decoded, its lease extension, and
@@ -195,7 +200,7 @@ class BatchRun:
                 if threading.get_ident() not in batch.revoked:
                     self.extend()
 
-        completion = self._completion()
+        completion = self.completion = self._completion()
         for job in jobs:
             try:
                 job.payload = json.loads(job.payload)
@@ -275,18 +280,69 @@ class BatchRun:
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under
-        way ends first) and keeps the work session until it returns; the run goes on with a new
-        one, and the jobs still to start complete on it."""
+        way ends first), its completion refuses what it asks from now on, and its connection is
+        ended (the server rolls back a job.transaction() it has open, and its locks go: the
+        job's next run never waits on them), as are those it completed a job on with
+        complete_in and did not commit; the session is closed when the call returns. The
+        run goes on with a new one, and the jobs still to start complete on it."""
         batch = self.batch
         with batch.handler_lock:
             batch.revoked.add(stray.ident)
+        stale = {id(job._completion): job._completion for job in stray.jobs if job._completion is not None}
+        for completion in stale.values():
+            completion.revoked = True
         old, self.work = self.work, self._new_session()
+        self._end_connection(old.connection_id)
+        self._end_callers({job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
         stray.abandon(old.close)
-        fresh = self._completion()
+        fresh = self.completion = self._completion()
         for job in batch.jobs[batch.started:]:
             job._completion = fresh
         log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
                     "timeout_s=%g", self.queue, ",".join(str(j.id) for j in stray.jobs[:20]), stray.timeout_s)
+
+    def _end_connection(self, conn_id: int | None) -> None:
+        """A timed-out call's connection ended, and waited for, from the new work session."""
+        if conn_id is None:
+            return
+        try:
+            ended = self.work.run(lambda cur: queries.end_connection(cur, conn_id),
+                                  what="end a timed-out handler's connection")
+        except errors.NotifyqError as e:
+            ended, reason = False, str(e)
+        else:
+            reason = "it outlived its KILL"
+        if not ended:
+            log.warning("a timed-out handler's connection could not be ended: a transaction it has open "
+                        "keeps its locks until it ends queue=%s conn=%d reason=%s", self.queue, conn_id, reason)
+
+    def _end_callers(self, conns: dict[int, int]) -> None:
+        """The connections a timed-out call completed jobs on with complete_in (job id -> server
+        id), whose completion has not landed: their transaction still holds the job's row (the
+        job's failure and its next run would wait on it). One whose completion landed is left
+        alone: it is idle, and may be back in its framework's pool."""
+        if not conns:
+            return
+        try:
+            landed = self.work.run(lambda cur: completion_store.landed(cur, sorted(conns), self.batch.token),
+                                   what="check a timed-out handler's completions")
+        except errors.NotifyqError as e:
+            log.warning("a timed-out handler's completions could not be checked: its connections are left "
+                        "open queue=%s error=%s", self.queue, e)
+            return
+        for job_id, conn_id in sorted(conns.items()):
+            if job_id not in landed:
+                self._end_connection(conn_id)
+
+    def _extension_session(self) -> Session:
+        """The work session, unless a job.transaction() block is open on it (a handler's
+        job.extend_lease() inside its block): its COMMIT would commit the block's writes early,
+        so the extension goes through a session of its own, opened then and closed with the run."""
+        if self.completion is None or not self.completion.in_block:
+            return self.work
+        if self._aside is None:
+            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop)
+        return self._aside
 
     def _keep_lease(self) -> None:
         """A command handler, every second or so while it runs."""
@@ -297,7 +353,7 @@ class BatchRun:
         """Push out the lease of what the batch still holds; what comes back lost is skipped."""
         batch = self.batch
         asked, sent_at = batch.held(), time.monotonic()
-        owned = queries.extend_lease(self.work, asked, batch.token, batch.lease_s)
+        owned = queries.extend_lease(self._extension_session(), asked, batch.token, batch.lease_s)
         gone = batch.extended(asked, owned, sent_at)
         if gone:
             log.warning("leases ran out before the jobs started: skipped, they are someone "

@@ -59,7 +59,7 @@ class PythonHandler:
             except errors.Snooze as e:
                 job.snooze(e.seconds)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
-                job.fail(describe(e))
+                job.fail(describe(e), retry=retried(e))
                 job.detail = traceback.format_exc()  # for the log line only: last_error stays short
                 job.exception = e
 
@@ -100,7 +100,7 @@ class PythonHandler:
                     result = await result
                 job._result = result
             except HANDLER_FAILURES as e:
-                job.fail(describe(e))
+                job.fail(describe(e), retry=retried(e))
                 job.detail = "".join(traceback.format_exception(e))
                 job.exception = e
 
@@ -183,6 +183,13 @@ def describe(e: BaseException) -> str:
     """The job's error: 'SystemExit: 3', 'ValueError: bad input', or the bare name (sys.exit())."""
     text = str(e)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def retried(e: BaseException) -> bool:
+    """Whether a job whose handler raised `e` runs again: not when its job.transaction() block
+    lost its transaction (what it stored would be stored again). A per-batch handler's other
+    jobs are retried as ever: that job alone was failed so by its completion."""
+    return not isinstance(e, errors.TransactionEnded)
 
 
 def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> Any:

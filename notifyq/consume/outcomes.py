@@ -25,6 +25,7 @@ from notifyq.store.pipeline import Pending
 log = logging.getLogger("notifyq.consumer")
 
 SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
+LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
 
 
@@ -46,18 +47,22 @@ class Outcomes:
         if any(j._completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
-        self._count_lost(len(failures) - self.record_failures(session, token, failures))
+        self.record_failures(session, token, failures)
         snoozed = [j for j in jobs if j.error is None and j._snooze_s is not None]
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, j._snooze_s, "cancelled while snoozing", j.attempts, None, j._started,
                                 j._ended, snooze=True) for j in snoozed])
-            self.stats.snoozed += len(owned)
-            self._count_lost(len(snoozed) - len(owned))
+            self.stats.snoozed += len(owned) - len(owned.cancelled)
+            for job in snoozed:
+                if job.id in owned.cancelled:
+                    self._count_cancelled(job, "cancelled while snoozing")
+            self._count_lost([j.id for j in snoozed if j.id not in owned])
         ok = [j for j in jobs if j.error is None and j._snooze_s is None]
         if not ok:
             return None
-        results = [kept.result_text(j._result, j.id) for j in ok] if self.qc.keeps_results else None
+        max_packet = session.max_allowed_packet
+        results = [kept.result_text(j._result, j.id, max_packet) for j in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
                             [j._started if j._started is not None else 0.0 for j in ok],
                             [j._ended if j._ended is not None else 0.0 for j in ok], results)
@@ -77,7 +82,8 @@ class Outcomes:
         for job in jobs:
             if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
                 self.stats.succeeded += 1
-                text = kept.result_text(job._result, job.id) if self.qc.keeps_results else None
+                text = (kept.result_text(job._result, job.id, session.max_allowed_packet)
+                        if self.qc.keeps_results else None)
                 if text is not None:
                     results.append((job.id, text))
                 if job.error is not None:
@@ -107,25 +113,39 @@ class Outcomes:
 
     def _count_acked(self, acks: queries.Acks, acked: int) -> None:
         self.stats.succeeded += acked
-        self._count_lost(len(acks.ids) - acked)
+        # The ack's row count says how many, not which: all of them, or some among them
+        self._count_lost(acks.ids, len(acks.ids) - acked)
 
-    def _count_lost(self, lost: int) -> None:
+    def _count_lost(self, ids: list[int], lost: int | None = None) -> None:
+        """`lost` of the jobs `ids` (None: all of them) were fenced out of their outcome."""
+        lost = len(ids) if lost is None else lost
         if lost:
             # The claim was taken from us (lease expired or our session died and the reaper
-            # moved in): the job belongs to someone else now. Count it, touch nothing.
+            # moved in): the job belongs to someone else now. Count it, touch nothing. Which
+            # jobs: the operator's way to their records (`notifyq jobs show ID`).
             self.stats.lost_acks += lost
-            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d", self.queue, lost)
+            shown = ",".join(map(str, ids[:LOST_IDS_SHOWN])) + ("..." if len(ids) > LOST_IDS_SHOWN else "")
+            log.warning("acks lost: jobs were reclaimed from us queue=%s n=%d %s=%s", self.queue, lost,
+                        "jobs" if lost == len(ids) else "among", shown)
 
-    def record_failures(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> int:
+    def _count_cancelled(self, job: Job, error: str) -> None:
+        """Its cancel was requested while it ran (`notifyq jobs cancel`): what the operator asked
+        for, so neither a failure nor dead, and said at INFO."""
+        self.stats.cancelled += 1
+        log.info("job cancelled queue=%s job=%d attempt=%d/%d error=%s", job.queue, job.id, job.attempts,
+                 job.max_attempts, error[:200])
+
+    def record_failures(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> None:
         """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and
-        logs the ones this claim still owned, and returns how many were not taken from us
-        (those, and those whose failure the server would not record: left to their lease)."""
+        logs the ones this claim still owned (a job cancelled while it ran as a cancel), and
+        those taken from us as lost (not those whose failure the server would not record: left
+        to their lease)."""
         decided = [(job, retry.next_delay_s(job.attempts, job.max_attempts, self.qc.retry_base_s,
                                             self.qc.retry_max_s) if may_retry else None, error)
                    for job, error, may_retry in failures]
         try:
-            owned = set(queries.reschedule_or_bury(session, self.queue, token,
-                                                   [_failure(j, d, e) for j, d, e in decided]))
+            owned = queries.reschedule_or_bury(session, self.queue, token,
+                                               [_failure(j, d, e) for j, d, e in decided])
             unrecorded: list[Job] = []
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path, as for any statement
@@ -135,31 +155,36 @@ class Outcomes:
         for job, delay, error in decided:
             if job.id not in owned:
                 continue
+            if job.id in owned.cancelled:
+                self._count_cancelled(job, error)
+                continue
             self.stats.failed += 1
             if delay is None:
                 self.stats.dead += 1
             else:
                 self.stats.retried += 1
             _log_failure(job, delay, error, logged)
-        return len(owned) + len(unrecorded)
+        left = {j.id for j in unrecorded}
+        self._count_lost([j.id for j, _, _ in decided if j.id not in owned and j.id not in left])
 
     def _fail_one_by_one(self, session: Session, token: int, decided: list[tuple[Job, float | None, str]],
-                         refused: Exception) -> tuple[set[int], list[Job]]:
+                         refused: Exception) -> tuple[queries.Owned, list[Job]]:
         """The failures' statement was refused (a trigger, a server limit, a driver that cannot
         encode the text): each job's failure on its own, with its error, then with the error cut
         short. A job whose failure is refused both times is left to its lease: the reaper takes
         it back then, and the worker goes on."""
         log.warning("could not record failures, recording them one by one queue=%s n=%d error=%s",
                     self.queue, len(decided), refused)
-        owned: set[int] = set()
+        owned = queries.Owned()
         unrecorded: list[Job] = []
         for job, delay, error in decided:
             texts = [error] if len(decided) > 1 else []  # one job alone: its full text was just refused
             texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
             for text in texts:
                 try:
-                    owned.update(queries.reschedule_or_bury(session, self.queue, token,
-                                                            [_failure(job, delay, text)]))
+                    alone = queries.reschedule_or_bury(session, self.queue, token, [_failure(job, delay, text)])
+                    owned += alone
+                    owned.cancelled |= alone.cancelled
                     break
                 except errors.DatabaseError:
                     raise

@@ -20,7 +20,10 @@ Rules (times are the database server's clock, cron expressions are evaluated in 
 - Retention: every consumer process, about every `retention_every_s` (5 min, the first pass
   at a random point of the first period so a fleet restarted together does not purge in
   step), deletes its queues' done and dead jobs that finished more than `retention_s` ago
-  (retention_s <= 0 keeps them forever). No leader is needed: a purge is chunked and
+  (retention_s <= 0 keeps them forever), and the attempt records as old. With
+  retention_s <= 0 the records of jobs still there stay with them; those of jobs gone (done
+  without keep_done, cancelled, purged) go after GONE_RECORDS_KEEP_S, or result_ttl_s if
+  longer (purge_gone_attempts). No leader is needed: a purge is chunked and
   idempotent, and two overlapping passes only repeat a cheap read. At most RETENTION_CHUNKS
   chunks per loop turn, so the watchdog keeps being fed; the session is closed after a pass
   when no periodic entry needs it.
@@ -54,6 +57,9 @@ log = logging.getLogger("notifyq.periodic")
 
 UTC = dt.timezone.utc
 RETENTION_CHUNKS = 5  # purge chunks per loop turn; a bigger backlog continues next turn
+# With retention_s <= 0: how long the attempt records of a job that is gone are kept (as long
+# as retention_s's default keeps them), so that `jobs show` can still say what became of it.
+GONE_RECORDS_KEEP_S = 7 * 86400.0
 ERROR_BACKOFF_S = 5.0
 MAX_COUNTED_MISSES = 10_000  # counting missed ticks stops here (a per-second cron down for days)
 
@@ -82,6 +88,8 @@ class QueueState:
     skipped: int = 0
     purged: int = 0
     dedup_after: str = ""  # where the next sweep of ended jobs' dedup keys starts
+    # With retention_s <= 0: the last attempt record retention passed (purge_gone_attempts)
+    records_after: tuple[dt.datetime, int] = admin_queries.GONE_ATTEMPTS_START
 
 
 def _croniter(cron: str, start: dt.datetime) -> croniter:
@@ -154,6 +162,22 @@ def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = adm
         if admin_queries.purge_old_attempts(session, queue, attempts_keep_s or keep_s, chunk) == 0:
             break
     return deleted, True
+
+
+def purge_gone_attempts(session: Session, queue: str, keep_s: float, after: tuple[dt.datetime, int],
+                        chunk: int = admin.CHUNK, max_chunks: int = RETENTION_CHUNKS
+                        ) -> tuple[int, bool, tuple[dt.datetime, int]]:
+    """Retention where finished jobs are kept for ever (retention_s <= 0): delete `queue`'s
+    attempt records older than keep_s of jobs that are gone: (deleted, complete, where the next
+    pass starts). The records are read once each, in ix_ended's order from `after`: those of
+    jobs still there are not read again at every pass."""
+    deleted = 0
+    for _ in range(max_chunks):
+        after, n, last = admin_queries.purge_gone_attempts(session, queue, keep_s, after, chunk)
+        deleted += n
+        if last:
+            return deleted, True, after
+    return deleted, False, after
 
 
 class Scheduler:
@@ -329,10 +353,14 @@ class Scheduler:
             return
         _, state.dedup_after = dedup.sweep(self._work_session(), queue, state.dedup_after)
         keep_s = self.config.queue(queue).retention_s
-        if keep_s <= 0:
-            state.next_retention = time.monotonic() + self.retention_every_s
-            return
         qc = self.config.queue(queue)
+        if keep_s <= 0:  # finished jobs kept for ever, and their records; not those of jobs gone
+            n, complete, state.records_after = purge_gone_attempts(
+                self._work_session(), queue, max(GONE_RECORDS_KEEP_S, qc.result_ttl_s), state.records_after)
+            state.next_retention = time.monotonic() + (self.retention_every_s if complete else 0.0)
+            if n:
+                log.info("retention purged the attempt records of jobs gone queue=%s n=%d", queue, n)
+            return
         n, complete = purge_finished(self._work_session(), queue, keep_s,
                                      attempts_keep_s=max(keep_s, qc.result_ttl_s))
         state.purged += n

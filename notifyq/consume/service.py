@@ -316,8 +316,8 @@ class ConsumerService(Supervisor):
 
     def log_stopped(self) -> None:
         t = self.totals()
-        log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d",
-                 t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks)
+        log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d cancelled=%d",
+                 t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks, t.cancelled)
 
     def begin_shutdown(self) -> None:
         """Stop claiming, wake the idle waits, hand the periodic ticks to a peer."""

@@ -17,6 +17,7 @@ class Stats:
     failed: int = 0
     retried: int = 0
     dead: int = 0
+    cancelled: int = 0  # ended cancelled: their cancel was requested while they ran (not failed)
     lost_acks: int = 0
     given_back: int = 0
     snoozed: int = 0  # put back for later by the handler (job.snooze, notifyq.Snooze): no attempt spent

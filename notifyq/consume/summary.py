@@ -1,7 +1,7 @@
 """The consumer's periodic INFO line: what it did since the last one, and that it is alive
 when it did nothing. Per-batch and per-job lines are DEBUG; this is what INFO shows of the work.
 
-    consumer summary window_s=60 done=5230 failed=3 retried=3 dead=0 rate=87.2/s
+    consumer summary window_s=60 done=5230 failed=3 retried=3 dead=0 cancelled=0 rate=87.2/s
         handler_avg_ms=4.1 busy=2/4 idle=no
 """
 
@@ -34,14 +34,14 @@ class Summary:
         window = now - self._since
         self._since, self._last = now, totals
         avg_ms = f"{1000 * d.handler_s / d.handler_n:.1f}" if d.handler_n else "-"
-        log.info("consumer summary window_s=%.0f done=%d failed=%d retried=%d dead=%d rate=%.1f/s "
-                 "handler_avg_ms=%s busy=%d/%d idle=%s", window, d.done, d.failed, d.retried, d.dead,
+        log.info("consumer summary window_s=%.0f done=%d failed=%d retried=%d dead=%d cancelled=%d rate=%.1f/s "
+                 "handler_avg_ms=%s busy=%d/%d idle=%s", window, d.done, d.failed, d.retried, d.dead, d.cancelled,
                  (d.done + d.failed) / window if window > 0 else 0.0, avg_ms, busy, workers,
                  "yes" if d.claimed == 0 and busy == 0 else "no")
 
 
 class _Totals:
-    FIELDS = ("done", "failed", "retried", "dead", "claimed", "handler_s", "handler_n")
+    FIELDS = ("done", "failed", "retried", "dead", "cancelled", "claimed", "handler_s", "handler_n")
 
     def __init__(self, *numbers: float):
         for name, value in zip(self.FIELDS, numbers or (0,) * len(self.FIELDS)):
@@ -55,6 +55,7 @@ class _Totals:
             t.failed += s.failed
             t.retried += s.retried
             t.dead += s.dead
+            t.cancelled += s.cancelled
             t.claimed += s.claimed
             t.handler_s += s.handler_seconds.sum
             t.handler_n += s.handler_seconds.count

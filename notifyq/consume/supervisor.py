@@ -121,7 +121,7 @@ class Supervisor:
         total = Stats()
         for s in self.every_stats():
             for f in ("claimed", "succeeded", "failed", "retried", "dead", "lost_acks",
-                      "given_back", "snoozed", "reclaimed", "batches"):
+                      "given_back", "snoozed", "cancelled", "reclaimed", "batches"):
                 setattr(total, f, getattr(total, f) + getattr(s, f))
         return total
 

@@ -109,19 +109,39 @@ def attempts(session: Session, job_id: int) -> list[dict[str, Any]]:
     return out
 
 
+def show_job(session: Session, job_id: int) -> dict[str, Any]:
+    """`jobs show`: get_job with its history; for a job whose row is gone (done and not kept,
+    cancelled before it ran, purged) while retention keeps its attempt records, what they know:
+    its status by the last record, a note saying what became of the row, and the history. Only
+    a job without either raises InputError."""
+    try:
+        return get_job(session, job_id, history=True)
+    except errors.InputError:
+        history = attempts(session, job_id)
+        if not history:
+            raise
+    outcome = history[-1]["outcome"]
+    return {"id": job_id, "status": outcome if outcome in ("done", "cancelled", "purged") else "gone",
+            "note": f"no row (its records remain): {_fate(history[-1])}", "history": history}
+
+
 def gone(session: Session, job_id: int) -> str:
     """Why there is no row for job_id, from its last attempt record."""
     history = attempts(session, job_id)
     if not history:
         return f"no job {job_id} (it never existed, or its records are past retention)"
-    last = history[-1]
+    return f"no job {job_id}: {_fate(history[-1])}"
+
+
+def _fate(last: dict[str, Any]) -> str:
+    """What became of a job whose row is gone, by its last attempt record."""
     when = last["ended_at"]
     if last["outcome"] == "done":
         kept = "" if last["result"] is None else f"; its result: {json.dumps(last['result'])[:500]}"
-        return f"no job {job_id}: it was done at {when} (attempt {last['attempt']}), and not kept{kept}"
+        return f"it was done at {when} (attempt {last['attempt']}), and not kept{kept}"
     if last["outcome"] in ("cancelled", "purged"):
-        return f"no job {job_id}: it was {last['outcome']} at {when}"
-    return f"no job {job_id}: it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"
+        return f"it was {last['outcome']} at {when}"
+    return f"it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"
 
 
 # ------------------------------------------------------------------ retry

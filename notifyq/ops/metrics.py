@@ -44,6 +44,7 @@ COUNTERS = (
     ("given_back", "Claimed jobs returned unstarted at shutdown."),
     ("lost_acks", "Outcomes dropped because the claim had been taken back (lease or reaper)."),
     ("snoozed", "Jobs the handler put back for later (job.snooze, notifyq.Snooze): no attempt spent."),
+    ("cancelled", "Jobs that ended cancelled: their cancel was requested while they ran (not failed)."),
 )
 
 

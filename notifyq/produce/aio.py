@@ -61,6 +61,7 @@ class AsyncProducer:
         self._free = list(self._producers)  # producers no thread is using
         self._free_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._pollers: list[Any] = []  # result()'s, one per server: made at its first wait there
         self._closed = False
 
     async def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
@@ -81,46 +82,51 @@ class AsyncProducer:
                                max_attempts=max_attempts, conn=conn)
 
     async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
-        """Producer.result, awaited. The wait is the event loop's: each look at the job is a
-        short read on the loop's default executor, and between looks the coroutine sleeps, so
-        a long wait holds no thread and a cancelled one stops at once. `shard`: with [shards],
-        the shard a spread queue's job is on (job ids are per shard)."""
+        """Producer.result, awaited. The wait is the event loop's: the looks at the job are the
+        producer's poller's, on its own thread and session, shared by every wait of this
+        producer on that server (produce/results.py), and the coroutine awaits what it finds,
+        so a long wait holds no thread and a cancelled one stops at once. `shard`: with
+        [shards], the shard a spread queue's job is on (job ids are per shard)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
-        from notifyq.store.db import Session
 
         if self._closed:
             raise errors.InputError("AsyncProducer is closed")
         dsn = self.result_dsn(shard)
+        poller = next((p for p in self._pollers if p.dsn == dsn), None)  # a DSN is not hashable
+        if poller is None:
+            poller = results.Poller(dsn, self._producers[0].retry)
+            self._pollers.append(poller)
         loop = asyncio.get_running_loop()
-        deadline, delay = loop.time() + max(0.0, wait), results.POLL_FIRST_S
-        session, using = Session(dsn, name="result"), threading.Lock()
+        deadline = loop.time() + max(0.0, wait)
+        state: dict[str, Any] = {"looked": False, "outcome": None}
+        changed = asyncio.Event()
 
-        def look() -> Any:
-            with using:
-                return results.read(session, job_id)
+        def on_loop(outcome: Any) -> None:
+            state["looked"], state["outcome"] = True, outcome
+            changed.set()
 
-        def close() -> None:
-            with using:
-                session.close()
+        def told(outcome: Any) -> None:  # on the poller's thread
+            try:
+                loop.call_soon_threadsafe(on_loop, outcome)
+            except RuntimeError:  # the loop is closed: nobody awaits this any more
+                pass
 
+        looking = results.Wait(job_id, told)
+        poller.add(looking)
         try:
-            while True:
+            while state["outcome"] is None:
+                left = deadline - loop.time()
+                if state["looked"] and left <= 0:
+                    raise errors.ResultPending(looking.pending)
+                changed.clear()  # no await since the check: nothing was told meanwhile
                 try:
-                    return await loop.run_in_executor(None, look)
-                except results.Pending as e:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        raise errors.ResultPending(str(e)) from None
-                    await asyncio.sleep(min(delay, left))
-                    delay = results.next_delay(delay)
+                    # The first look comes whatever the wait
+                    await asyncio.wait_for(changed.wait(), left if state["looked"] else None)
+                except asyncio.TimeoutError:
+                    pass
+            return results.outcome_of(state["outcome"])
         finally:
-            if using.acquire(blocking=False):
-                try:
-                    session.close()
-                finally:
-                    using.release()
-            else:  # a cancelled await, its look still under way on a thread: closed after it
-                loop.run_in_executor(None, close)
+            poller.remove(looking)
 
     def result_dsn(self, shard: str | None) -> Any:
         """Where a job's result is read: the one server (no shard= here)."""

@@ -26,10 +26,16 @@ def doom(conn: Any, raw: Any) -> None:
     too), so a handler that catches the error inside its framework's block commits nothing of
     its writes: the framework's COMMIT then finds no transaction open, and a savepoint's
     RELEASE fails. Django, inside transaction.atomic(), is also marked so that it rolls back
-    at the block's end and refuses queries until then, as after a database error in the block."""
+    at the block's end and refuses queries until then, as after a database error in the block.
+    A SQLAlchemy Session is rolled back too: the objects added but not flushed yet are expunged
+    (its next flush would write them in a new transaction), and inside `session.begin()` it
+    refuses further statements, and the block's end raises, as Django does."""
     raw.rollback()
-    if type(conn).__module__.startswith("django.") and getattr(conn, "in_atomic_block", False):
+    module = type(conn).__module__
+    if module.startswith("django.") and getattr(conn, "in_atomic_block", False):
         conn.needs_rollback = True
+    elif module.startswith("sqlalchemy.orm"):
+        conn.rollback()
 
 
 def _sqlalchemy(conn: Any) -> Any:

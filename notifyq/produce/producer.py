@@ -49,6 +49,14 @@ class CallerTransaction:
         return ids
 
 
+
+def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
+    """How a producer's sessions retry an unreachable server (Session's arguments): retry_s, or
+    the config's producer.connect_retry_s; the retries at DEBUG, the caller gets the one error."""
+    return {"retry_s": config.producer.connect_retry_s if retry_s is None else retry_s,
+            "retry_setting": "producer.connect_retry_s" if retry_s is None else None,
+            "retry_log_level": logging.DEBUG}
+
 class Producer:
     """Enqueue jobs on `queue`.
 
@@ -68,9 +76,11 @@ class Producer:
     """
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
-        """retry_s: how long a put retries its server (None: the sessions' default, a minute).
-        Sharding's dealer passes a short one, and its retries are logged at DEBUG: it says
-        once itself that a shard is down, and puts the jobs on another."""
+        """retry_s: how long a put retries an unreachable server before it raises DatabaseError
+        (None: the config's producer.connect_retry_s, 5 s by default: a put inside a web request
+        fails within the request, not after the worker's timeout; 0: one attempt). The retries
+        are logged at DEBUG: the caller gets the one error. Sharding's dealer passes a short one:
+        it says once itself that a shard is down, and puts the jobs on another."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         if config.shards:
@@ -81,7 +91,9 @@ class Producer:
         self.queue_config = config.queue(queue)
         self.locks = QueueLocks(config.dsn.database, queue)
         self._ring = ring
-        self._retry = {} if retry_s is None else {"retry_s": retry_s, "retry_log_level": logging.DEBUG}
+        if retry_s is not None:
+            retry_s = values.seconds("retry_s", retry_s, positive=False)
+        self._retry = session_retry(config, retry_s)
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
         self._lock_session: Session | None = None  # the bell's, and wake()'s instant wake
@@ -95,6 +107,8 @@ class Producer:
         # shared by two threads mixes their statements (ids returned for jobs rolled back).
         self._mutex = threading.Lock()
         self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
+        self._results: Any = None  # result()'s Poller, made at the first wait
+        self._results_mutex = threading.Lock()  # _results only, never held over a statement
 
     # -------------------------------------------------------- the API
 
@@ -147,12 +161,18 @@ class Producer:
         never existed)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
-        # A session of its own for the wait: the producer's puts (other threads) go on meanwhile
-        session = Session(self.result_dsn(), name="result")
-        try:
-            return results.wait_for(lambda: session, job_id, wait)
-        finally:
-            session.close()
+        # Every wait of this producer shares one session (its puts go on meanwhile on theirs):
+        # however many threads wait, one connection (produce/results.py)
+        with self._results_mutex:
+            if self._results is None:
+                self._results = results.Poller(self.result_dsn(), self._retry)
+            poller = self._results
+        return results.wait_for(poller, job_id, wait)
+
+    @property
+    def retry(self) -> dict[str, Any]:
+        """How this producer's sessions retry an unreachable server (Session's arguments)."""
+        return dict(self._retry)
 
     def result_dsn(self) -> DSN:
         """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""

@@ -68,7 +68,7 @@ def show(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
 
     job_id = a.job_id
-    job = _one_job(obj, job_id, a.shard, lambda session: admin.get_job(session, job_id, history=True))
+    job = _one_job(obj, job_id, a.shard, lambda session: admin.show_job(session, job_id))
     if a.as_json:
         echo(json.dumps(job, indent=2))
         return
@@ -77,7 +77,8 @@ def show(obj: Any, a: argparse.Namespace) -> None:
         if key not in ("payload", "history"):
             text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
             echo(f"{key.ljust(width)}  {text}")
-    echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
+    if "payload" in job:  # gone with its row: the records keep no payload
+        echo("payload:\n" + json.dumps(job["payload"], indent=2, ensure_ascii=False))
     _show_history(job["history"])
 
 

@@ -53,7 +53,9 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
     from notifyq.sharding.producer import Producer, require_schema
 
     require_schema(cfg, queue, oneshot=True)
-    with Producer(queue, cfg) as producer:
+    # A command: its put retries for connect_retry_s (a one-shot command's), not the library's
+    # producer.connect_retry_s
+    with Producer(queue, cfg, retry_s=cfg.connect_retry(oneshot=True)) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
                                 max_attempts=max_attempts, dedup_key=dedup_key)]
@@ -220,7 +222,8 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         rejects = None
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))
-        producer = stack.enter_context(Producer(queue, cfg, ring=True))
+        # A daemon: a put retries for connect_retry_s (a daemon's), not the library's
+        producer = stack.enter_context(Producer(queue, cfg, ring=True, retry_s=cfg.connect_retry(oneshot=False)))
         quiet = daemon or logs.under_journald(sys.stderr)  # reports go through the log then
         stream = _Stream(producer, source, notifier, signals, reload, rejects, print_ids, quiet)
         notifier.ready(stream.status())

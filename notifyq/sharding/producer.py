@@ -28,7 +28,7 @@ log = logging.getLogger("notifyq.producer")
 # A spread queue's put keeps trying a shard this long (a deadlock, a reconnect) before its rows go
 # to the next shard, and a shard it could not reach is left out of the deal this long, then tried
 # again. One shard's outage then costs a put about SHARD_RETRY_S once per SHARD_RECHECK_S, not the
-# 60 s a pinned queue's put waits for its one server.
+# producer.connect_retry_s (5 s) a pinned queue's put waits for its one server.
 SHARD_RETRY_S = 1.0
 SHARD_RECHECK_S = 10.0
 
@@ -37,9 +37,9 @@ class Producer(one_server.Producer):
     """Enqueue jobs on `queue` (notifyq.Producer): on one server, the one-server Producer itself;
     with [shards], a ShardedProducer, which has the same methods."""
 
-    def __new__(cls, queue: str, config: Config, *, ring: bool = False):
+    def __new__(cls, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
         if isinstance(config, Config) and config.shards:
-            return ShardedProducer(queue, config, ring=ring)
+            return ShardedProducer(queue, config, ring=ring, retry_s=retry_s)
         return super().__new__(cls)
 
 
@@ -47,11 +47,14 @@ class ShardedProducer:
     """A queue's producer over [shards]. Safe to share between threads, as Producer is: calls
     take turns on what it keeps (its shards' producers, which shards are down, the turn)."""
 
-    def __init__(self, queue: str, config: Config, *, ring: bool = False):
+    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
+        """retry_s: as Producer's, for a queue pinned to one shard; a spread queue's share tries
+        a shard at most SHARD_RETRY_S before it goes to the next."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         self.queue = validate_queue_name(queue)
         self.config = config
+        self._retry_s = None if retry_s is None else values.seconds("retry_s", retry_s, positive=False)
         self.placement = shards.Placement(config)
         self._home = self.placement.home(queue)
         self._turn = shards.RoundRobin(self.placement.names) if self.placement.spread(queue) else None
@@ -114,6 +117,11 @@ class ShardedProducer:
         shard)."""
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
 
+    @property
+    def retry(self) -> dict[str, Any]:
+        """How a pinned queue's sessions retry an unreachable server (result() waits too)."""
+        return one_server.session_retry(self.config, self._retry_s)
+
     def result_dsn(self, shard: str | None = None) -> DSN:
         """Producer.result_dsn: the server of the shard that holds the job (from the config,
         without the producer's lock: AsyncProducer asks on the event loop)."""
@@ -162,7 +170,9 @@ class ShardedProducer:
 
     def _producer(self, shard: str) -> one_server.Producer:
         if shard not in self._producers:
-            retry_s = SHARD_RETRY_S if self._turn is not None else None
+            retry_s = self._retry_s
+            if self._turn is not None:
+                retry_s = min(SHARD_RETRY_S, self.config.producer.connect_retry_s if retry_s is None else retry_s)
             self._producers[shard] = one_server.Producer(self.queue, self.config.on_shard(shard),
                                                          ring=self._ring, retry_s=retry_s)
         return self._producers[shard]

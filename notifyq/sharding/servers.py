@@ -139,25 +139,27 @@ def fail_if_down(down: dict[str, str]) -> None:
 
 def holding(servers: Servers, job_id: int, work: Callable[[Session], T], shard: str | None = None) -> T:
     """`work(session)` on the server that holds job `job_id`: ids are per shard, so a job found on
-    more than one needs --shard. One server: the one, its errors raised (no such job too)."""
+    more than one needs --shard. A shard with the job's row wins over shards that only keep its
+    attempt records (a job of that id done there and not kept: `jobs show` shows those). One
+    server: the one, its errors raised (no such job too)."""
     if not servers.sharded:
         return servers.each(work)[0][""]
 
-    def found(session: Session) -> Any:
+    def found(session: Session) -> str | None:
         try:
             admin.get_job(session, job_id)
         except errors.InputError:
-            return None  # not on this shard
-        return work(session)
+            return "records" if admin.attempts(session, job_id) else None  # else: not on this shard
+        return "row"
 
     answers, down = servers.each(found, servers.pick(shard))
-    on = sorted(s for s, a in answers.items() if a is not None)
+    on = sorted(s for s, a in answers.items() if a == "row") or sorted(s for s, a in answers.items() if a)
     if len(on) > 1:
         raise errors.InputError(f"job {job_id} exists on shards {', '.join(on)}: ids are per shard, give --shard NAME")
     if not on:
         fail_if_down(down)
         raise errors.InputError(f"no job {job_id}")
-    return answers[on[0]]
+    return servers.one(on[0], work)
 
 
 class QueueDepths:

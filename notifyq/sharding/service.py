@@ -198,5 +198,5 @@ class ShardedConsumerService(Supervisor):
         for service in self.services.values():
             service.finish_shutdown(deadline)
         t = self.totals()
-        log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d",
-                 t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks)
+        log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d cancelled=%d",
+                 t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks, t.cancelled)

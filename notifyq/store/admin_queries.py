@@ -20,8 +20,12 @@ from notifyq.store.sql import QUERIES as Q
 
 def _rows(session: Session, name: str, params: dict[str, Any], what: str) -> list[tuple]:
     """Every row of one named read, in its own transaction."""
+    return _rows_of(session, Q[name], params, what)
+
+
+def _rows_of(session: Session, text: str, params: dict[str, Any], what: str) -> list[tuple]:
     def body(cur):
-        cur.execute(Q[name], params)
+        cur.execute(text, params)
         return list(cur.fetchall())
 
     return session.run(body, what=what)
@@ -59,6 +63,12 @@ def get_job(session: Session, job_id: int) -> tuple | None:
 def job_result(session: Session, job_id: int) -> tuple:
     """(status or None, last_error, latest record's outcome or None, its result text or None)."""
     return _rows(session, "job_result", {"id": job_id}, "read result")[0]
+
+
+def jobs_status(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """{id: status} of the jobs of job_ids that are still there."""
+    rows = _rows(session, "jobs_status", {"ids": Ids(job_ids)}, "read job states")
+    return {int(job_id): int(status) for job_id, status in rows}
 
 
 def job_attempts(session: Session, job_id: int) -> list[tuple]:
@@ -205,6 +215,32 @@ def purge_old_attempts(session: Session, queue: str, age_s: float, limit: int) -
     return session.run(body, what="attempt retention")
 
 
+GONE_ATTEMPTS_START = (dt.datetime(1000, 1, 1), 0)  # (ended_at, job_id) before every record
+
+
+def purge_gone_attempts(session: Session, queue: str, age_s: float, after: tuple[dt.datetime, int],
+                        limit: int) -> tuple[tuple[dt.datetime, int], int, bool]:
+    """One chunk of a queue's attempt records older than age_s, after `after`: those of jobs
+    that are gone are deleted. Returns (where the next chunk starts, how many went, whether
+    this was the last chunk)."""
+    age_us = queries.microseconds(age_s)
+
+    def body(cur) -> tuple[tuple[dt.datetime, int], int, bool]:
+        cur.execute(Q["gone_attempts_ids"], {"queue": queue, "age_us": age_us, "after_at": after[0],
+                                             "after_id": after[1], "limit": limit})
+        rows = cur.fetchall()
+        if not rows:
+            return after, 0, True
+        gone = sorted({int(job_id) for job_id, _, is_gone in rows if is_gone})
+        deleted = 0
+        if gone:
+            cur.execute(Q["attempts_purge"], {"ids": Ids(gone), "age_us": age_us})
+            deleted = cur.rowcount
+        return (rows[-1][1], int(rows[-1][0])), deleted, len(rows) < limit
+
+    return session.run(body, what="attempt retention")
+
+
 def retention_ids(session: Session, queue: str, status: int, age_s: float, limit: int) -> list[int]:
     """Ids of `queue`'s jobs in `status` (done or dead) that finished more than age_s ago."""
     rows = _rows(session, "retention_ids", {"queue": queue, "status": status, "limit": limit,
@@ -223,28 +259,66 @@ WEB_RETRY_SAMPLE = 1_000
 WEB_RATE_MINUTES = 15
 
 
+# A page's per-queue reads go to the server as one statement for this many queues at most: the
+# named read once per queue (UNION ALL), each copy with its own bound queue, so a page costs a
+# round trip per read, not per queue. The overview shows this many queues a page.
+WEB_QUEUES_PER_STATEMENT = 100
+
+
+def _per_queue(name: str, queues: list[str], params: dict[str, Any], wrap: bool = False) -> tuple[str, dict]:
+    """The named read repeated for each of `queues` (UNION ALL), its %(queue)s bound per copy;
+    `wrap`: each copy in parentheses (a read with its own ORDER BY and LIMIT)."""
+    parts, bound = [], dict(params)
+    for i, queue in enumerate(queues):
+        text = Q[name].replace("%(queue)s", f"%(queue_{i})s")
+        parts.append(f"({text})" if wrap else text)
+        bound[f"queue_{i}"] = queue
+    return "\nUNION ALL\n".join(parts), bound
+
+
+def web_queue_page(session: Session, after: str, limit: int) -> list[tuple]:
+    """(queue, paused) of the first `limit` queues named after `after`."""
+    return _rows(session, "web_queue_page", {"after": after, "limit": limit}, "status page")
+
+
 def web_queue_figures(session: Session, queues: list[str], cap: int = WEB_COUNT_CAP,
                       sample: int = WEB_RETRY_SAMPLE, minutes: int = WEB_RATE_MINUTES) -> dict[str, dict[str, Any]]:
-    """Per queue, in one transaction: {"depth": {state: n}, "oldest": {"ready"|"scheduled": at},
-    "rate": [(status, minutes_ago, n)]}."""
-    def body(cur) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for queue in queues:
-            cur.execute(Q["web_depth"], {"queue": queue, "cap": cap, "sample": sample})
-            depth = {state: int(n) for state, n in cur.fetchall()}
-            cur.execute(Q["web_oldest"], {"queue": queue})
-            oldest = dict(cur.fetchall())
-            cur.execute(Q["web_rate"], {"queue": queue, "cap": cap, "minutes": minutes, "buckets": minutes + 1})
-            rate = [(int(s), int(ago), int(n)) for s, ago, n in cur.fetchall()]
-            out[queue] = {"depth": depth, "oldest": oldest, "rate": rate}
+    """Per queue, in one transaction of three statements (at most WEB_QUEUES_PER_STATEMENT
+    queues): {"depth": {state: n}, "oldest": {"ready"|"scheduled": at}, "rate": [(status,
+    minutes_ago, n)]}."""
+    if len(queues) > WEB_QUEUES_PER_STATEMENT:
+        raise ValueError(f"{len(queues)} queues: a page reads at most {WEB_QUEUES_PER_STATEMENT}")
+    out: dict[str, dict[str, Any]] = {q: {"depth": {}, "oldest": {}, "rate": []} for q in queues}
+    if not queues:
         return out
 
-    return session.run(body, what="status page")
+    def body(cur) -> None:
+        cur.execute(*_per_queue("web_depth", queues, {"cap": cap, "sample": sample}))
+        for state, n, queue in cur.fetchall():
+            out[queue]["depth"][state] = int(n)
+        cur.execute(*_per_queue("web_oldest", queues, {}))
+        for state, at, queue in cur.fetchall():
+            out[queue]["oldest"][state] = at
+        cur.execute(*_per_queue("web_rate", queues, {"cap": cap, "minutes": minutes, "buckets": minutes + 1}))
+        for status, ago, n, queue in cur.fetchall():
+            out[queue]["rate"].append((int(status), int(ago), int(n)))
+
+    session.run(body, what="status page")
+    return out
 
 
-def web_jobs(session: Session, *, status: int, queue: str | None, limit: int, newest: bool) -> list[tuple]:
-    return _rows(session, "web_jobs_newest" if newest else "web_jobs",
-                 {"status": status, "queue": queue, "limit": limit}, "list jobs")
+def web_jobs(session: Session, *, status: int, queues: list[str], limit: int, newest: bool) -> list[tuple]:
+    """The first `limit` jobs in one state of `queues`, merged in ix_state's order (the newest
+    first for finished ones): one statement per WEB_QUEUES_PER_STATEMENT queues."""
+    name = "web_jobs_newest" if newest else "web_jobs"
+    order = "prio_key DESC, sort_at DESC, id DESC" if newest else "prio_key, sort_at, id"
+    found: list[tuple] = []
+    for first in range(0, len(queues), WEB_QUEUES_PER_STATEMENT):
+        chunk = queues[first:first + WEB_QUEUES_PER_STATEMENT]
+        text, params = _per_queue(name, chunk, {"status": status, "limit": limit}, wrap=True)
+        rows = _rows_of(session, f"{text}\nORDER BY {order} LIMIT %(limit)s", params, "list jobs")
+        found = sorted(found + rows, key=lambda r: (r[-2], r[-1] or dt.datetime.min, r[0]), reverse=newest)[:limit]
+    return found
 
 
 def web_dedup_job(session: Session, queue: str, key: str) -> int | None:

@@ -8,6 +8,15 @@ whose row is the proof the completion landed); with the COMMIT, one query. A cla
 meanwhile (the lease ran out, the consumer was judged dead, a reaper moved in) matches no row:
 the transaction is rolled back and ClaimLost raised, so a stale run's writes never land. Once the completion committed, the worker does not ack the job.
 
+The block's transaction must be the one that commits with the completion: a statement that
+ends it early (COMMIT, ROLLBACK, START TRANSACTION, SET autocommit = 1, LOCK TABLES, DDL: each
+an implicit COMMIT) would store its writes apart from the completion, and a kill then would
+double them. A savepoint set as the block opens is gone after any of them; releasing it is the
+completion query's first statement, so a block that lost its transaction fails loudly
+(TransactionEnded) at the cost of one round trip as it opens. What the worker asks for the
+handler while the block is open (cancel checks) reads in the block's transaction and commits
+nothing; a lease extension goes through another session (consume/batch.py).
+
 A COMMIT whose reply is lost (KILL, a server restart) has an unknown outcome. The completion's
 record says which: on a new connection, once the old one is gone for sure (ended and waited
 for, or the server restarted since), its row is there if and only if the transaction committed,
@@ -44,30 +53,45 @@ class Completion:
         self.session, self.token, self.keep, self.keep_results = session, token, keep, keep_results
         self.owner = owner or None  # the consumer id the claim was made under (the record's consumer)
         self._open = False  # a transaction() is open on the session (one at a time)
+        self._block: Any = None  # its connection, while it is open
+        # The handler's call ran past timeout_s (consume/batch.py): its job failed, its
+        # connection was ended, and what it asks of its completion from now on is refused.
+        self.revoked = False
+        # job id -> the server id of the connection complete_in wrote its completion on: the
+        # caller's transaction holds the job's row until it ends (consume/batch.py ends it when
+        # the call timed out and the completion did not land).
+        self.caller_conns: dict[int, int] = {}
+
+    @property
+    def in_block(self) -> bool:
+        """A job.transaction() block is open on the work session: nothing may commit on it."""
+        return self._open
 
     def _result(self, job: Job, value: Any) -> str | None:
-        return kept.result_text(value, job.id) if self.keep_results else None
+        return kept.result_text(value, job.id, self.session.max_allowed_packet) if self.keep_results else None
 
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
         """The handler's block, then the completion, its guard and the COMMIT as one query: the
         completion costs no round trip of its own (on Galera the COMMIT goes alone: one more)."""
         _not_completed(job)
+        _not_revoked(self, job)
         if self._open:  # coroutines of one worker (concurrency > 1) share its session
             raise RuntimeError("one job.transaction() at a time per worker: another job's is open "
                                "(with concurrency > 1, do not await inside the block)")
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
-        self._open = True
+        self._open, self._block = True, conn
         lost: BaseException | None = None
         try:
+            cur.execute(Q["block_savepoint"])
             yield cur
             rides = session.pipeline.commit_rides_along
             params = completion_params(job, self.token, self.owner, self._result(job, result))
-            statements = [Q["complete_keep" if self.keep else "complete_delete"], Q["complete_guard"],
-                          Q["complete_record"]]
-            # One mogrify for the three (each param rendered once), then the COMMIT
+            statements = [Q["block_still_open"], Q["complete_keep" if self.keep else "complete_delete"],
+                          Q["complete_guard"], Q["complete_record"]]
+            # One mogrify for the four (each param rendered once), then the COMMIT
             query = cur.mogrify(";\n".join(statements), params) + (";\nCOMMIT" if rides else "")
             conn_id, sent_at = session.connection_id, time.monotonic()
             try:
@@ -80,6 +104,17 @@ class Completion:
                 if error_code(e) == GUARD_FAILED:
                     raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                            "the transaction was rolled back") from None
+                if error_code(e) == NO_SUCH_SAVEPOINT:
+                    # Its statements since may run in autocommit, or hold LOCK TABLES: the
+                    # connection goes (the server rolls back what is open and drops the locks).
+                    session.discard()
+                    ended = errors.TransactionEnded(
+                        f"job {job.id}: its transaction was ended inside the job.transaction() block (by a "
+                        "COMMIT, ROLLBACK, START TRANSACTION, SET autocommit, LOCK TABLES or DDL), so its "
+                        "writes could not commit with the job's completion (some may be stored apart from "
+                        "it); the connection was dropped, the job fails and is not run again")
+                    job.fail(str(ended), retry=False)  # (a per-batch handler's other jobs are retried)
+                    raise ended from None
                 if not is_connection_lost(e):
                     raise
                 lost = e  # during the query that carries the COMMIT: its outcome is unknown
@@ -88,7 +123,7 @@ class Completion:
             raise
         finally:
             _close(cur)
-            self._open = False
+            self._open, self._block = False, None
         if lost is not None:
             session.discard()
             if not self._landed_after_loss(job, conn_id, sent_at, lost):
@@ -103,9 +138,10 @@ class Completion:
         since the COMMIT was sent (then recovery has settled it)."""
         session = self.session
 
-        def ask(cur) -> bool:
+        def ask(cur) -> bool | None:
             if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
-                queries.end_connection(cur, conn_id)
+                if not queries.end_connection(cur, conn_id):
+                    return None  # it outlived its KILL: it may commit yet, so no read tells
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})
             try:
@@ -120,6 +156,10 @@ class Completion:
             raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its "
                                         f"transaction ({describe(lost)}), and the server could not be asked "
                                         f"whether it landed ({e})") from None
+        if stored is None:
+            raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its transaction "
+                                        f"({describe(lost)}), and the old connection outlived its KILL: "
+                                        "whether it landed cannot be told yet")
         log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
                     job.id)
         return stored
@@ -128,14 +168,25 @@ class Completion:
         """conn: the DB-API connection the caller's transaction lives on (consume/effects.py
         unwraps a framework's). rollback: roll it back on ClaimLost (a framework's transaction
         rolls back itself, as the exception leaves its block)."""
+        from notifyq.store import inserts  # here: a consumer's start need not load it
+
         _not_completed(job)
+        if self.revoked:
+            if rollback:
+                conn.rollback()
+            _not_revoked(self, job)
         cur = conn.cursor()
         try:
+            if inserts.outside_transaction(conn, cur):
+                raise errors.InputError(
+                    f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "
+                    "transaction open, so the completion would commit apart from your writes: open "
+                    "the transaction first (BEGIN, or autocommit off)")
             ok = complete(cur, job, self.token, self.keep, self.owner, self._result(job, result))
+        except errors.NotifyqError:
+            raise
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
-            from notifyq.store.inserts import caller_error  # here: a consumer's start need not load it
-
-            raise caller_error(e) from e
+            raise inserts.caller_error(e) from e
         finally:
             _close(cur)
         if not ok:
@@ -143,30 +194,48 @@ class Completion:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
+        thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
+        if callable(thread_id):
+            self.caller_conns[job.id] = int(thread_id())
         job._completed = "pending"
 
     def cancel_requested(self, job_id: int) -> bool:
         """Job.cancel_requested(): asked only when a handler asks (a statement on the work
         session). True too when the claim is no longer ours."""
+        if self.revoked:
+            return True
+
         def body(cur) -> bool:
             cur.execute(Q["job_cancel_check"], {"id": job_id, "token": self.token})
             row = cur.fetchone()
             return row is None or bool(row[0])
 
-        return self.session.run(body, what="cancel check")
+        return self._read(body)
 
     def cancelled(self, job_ids: list[int]) -> set[int]:
         """Of these jobs of the claim, those whose cancel was requested, or that are no longer
         ours: one statement for a batch (notifyq.cancelled(jobs))."""
-        if not job_ids:
-            return set()
+        if not job_ids or self.revoked:
+            return set(job_ids)
 
         def body(cur) -> set[int]:
             cur.execute(Q["jobs_cancel_check"], {"ids": Ids(job_ids), "token": self.token})
             still = {int(job_id): bool(flag) for job_id, flag in cur.fetchall()}
             return {i for i in job_ids if still.get(i, True)}
 
-        return self.session.run(body, what="cancel check")
+        return self._read(body)
+
+    def _read(self, body: Any) -> Any:
+        """A read the handler asks for: inside an open block, in the block's transaction (a
+        plain read under READ COMMITTED: it sees the latest commits, takes no lock and commits
+        nothing); else a transaction of its own on the work session."""
+        if not self._open:
+            return self.session.run(body, what="cancel check")
+        cur = self._block.cursor()
+        try:
+            return body(cur)
+        finally:
+            _close(cur)
 
     def completions_landed(self, jobs: list[Job]) -> set[int]:
         """Of the jobs completed on a caller's connection (complete_in), those whose completion
@@ -178,6 +247,7 @@ class Completion:
 
 
 GUARD_FAILED = 1242  # complete_guard's subquery returned two rows: the claim was taken back
+NO_SUCH_SAVEPOINT = 1305  # block_still_open: the block's transaction ended inside it
 
 
 def completion_params(job: Job, token: int, owner: str | None, result: str | None) -> dict[str, Any]:
@@ -207,6 +277,12 @@ def landed(cur, ids: list[int], token: int) -> set[int]:
 def _not_completed(job: Job) -> None:
     if job._completed is not None:
         raise RuntimeError(f"job {job.id} is completed already")
+
+
+def _not_revoked(completion: Completion, job: Job) -> None:
+    if completion.revoked:
+        raise errors.ClaimLost(f"job {job.id}: its handler ran past timeout_s and the job failed; "
+                               "this late call is refused and nothing of it is stored")
 
 
 def _close(cur) -> None:

@@ -75,7 +75,8 @@ class Session:
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
                  retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
                  use_database: bool = True, idle_timeout_s: int | None = None,
-                 stop: threading.Event | None = None, follows_writer: bool = True):
+                 stop: threading.Event | None = None, follows_writer: bool = True,
+                 retry_setting: str | None = "connect_retry_s"):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
         # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
@@ -91,6 +92,7 @@ class Session:
         # client host that vanished without closing its connection blocks them only this long.
         self.idle_timeout_s = idle_timeout_s
         self.retry_s = retry_s
+        self.retry_setting = retry_setting  # what sets retry_s, named when the connect gives up
         self.name = name
         self.retry_log_level = retry_log_level
         self.use_database = use_database  # False: `init`, before CREATE DATABASE
@@ -150,7 +152,8 @@ class Session:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
                                               f"{describe(e)}") from None
-            waited = f" (retried for {self.retry_s:g} s: connect_retry_s)" if self.retry_s else ""
+            setting = f": {self.retry_setting}" if self.retry_setting else ""
+            waited = f" (retried for {self.retry_s:g} s{setting})" if self.retry_s else ""
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
             ) from None
@@ -369,7 +372,10 @@ def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) ->
 
     try:
         landed = session._run(ask, what="check an unacknowledged commit", idempotent=True, committed=None)
-    except MySQLdb.Error as e:
+    except (MySQLdb.Error, errors.DatabaseError) as e:
+        # DatabaseError too: the reconnect gave up (connect: the server stays away past the
+        # retry budget, a producer's 5 s). Raised as it is, it said "nothing stored" of a
+        # transaction that may have been, and a sharded dealer moved its jobs to another shard.
         raise errors.OutcomeUnknown(f"connection lost during COMMIT, and the server could not be "
                                     f"asked whether it was stored ({describe(e)})") from None
     if landed:

@@ -4,7 +4,9 @@ A claim's COMMIT goes out with its last statements and its jobs start before the
 back (send_commit); a watcher's hand-on goes out without waiting (send_later); an ack's
 statements and COMMIT go as one query (commit_with); a ringing producer's COMMIT carries the
 bell's look (commit_then_read). The reply still on the wire is read before the session's next
-statement (Session.conn), or by read_reply(); what it said lands in its Pending.
+statement (Session.conn), or by read_reply(); what it said lands in its Pending. Statements
+that together exceed the server's max_allowed_packet (an ack's kept results) go as several
+queries of one transaction, each within it (sized).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.db")
+
+# What a query holds besides its statements (the protocol's own bytes, a COMMIT, the joins),
+# kept free of max_allowed_packet, as inserts.py keeps it.
+PACKET_MARGIN_BYTES = 4096
 
 
 class Pending:
@@ -121,18 +127,19 @@ class Pipeline:
         """
         if not self._session.attempt.idempotent or self._session.autocommit or not statements:
             raise AssertionError("send_commit is for idempotent transactions with statements")
-        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
-                           + (["COMMIT"] if self.commit_rides_along else []))
+        *ahead, (query, count) = self.sized(cur, statements)
+        ran = self._run_ahead(cur, ahead)  # only when the statements exceed one packet
         cur.close()  # now: closing it later would read the connection while the reply is due
         conn = self._session.conn
         pending = Pending(what, commit=True)
+        pending.rowcounts.extend(ran)  # before the last query's: one per statement, in order
         conn.send_query(query.encode(conn.encoding))
         self.pending = pending
         if wait_replies or not self.commit_rides_along:
             try:
                 conn.read_query_result()
                 pending.rowcounts.append(conn.affected_rows())
-                for _ in statements[1:]:
+                for _ in range(count - 1):
                     conn.next_result()
                     pending.rowcounts.append(conn.affected_rows())
                 if not self.commit_rides_along:
@@ -140,7 +147,7 @@ class Pipeline:
             except BaseException:
                 self.pending = None  # a statement failed: the server ran nothing after it
                 raise
-            pending.replied = len(statements) if self.commit_rides_along else 0
+            pending.replied = count if self.commit_rides_along else 0
         self._session.attempt.committed = True
         return pending
 
@@ -210,16 +217,58 @@ class Pipeline:
         """
         if not self._session.attempt.idempotent or self._session.autocommit:
             raise AssertionError("commit_with is for idempotent transactions only")
-        query = ";\n".join([cur.mogrify(sql, params) for sql, params in statements]
-                           + (["COMMIT"] if self.commit_rides_along else []))
+        *ahead, (query, _) = self.sized(cur, statements)
+        rowcounts = self._run_ahead(cur, ahead)  # only when the statements exceed one packet
         cur.execute(query)
-        rowcounts = [cur.rowcount]
+        rowcounts.append(cur.rowcount)
         while cur.nextset():
             rowcounts.append(cur.rowcount)
         if not self.commit_rides_along:
             cur.connection.commit()
         self._session.attempt.committed = True
         return rowcounts[:len(statements)]
+
+    def sized(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, int]]:
+        """The statements bound, and the COMMIT where it rides along, as multi-statement queries
+        (query, statements in it) that each fit the server's max_allowed_packet: one, unless
+        they are bigger together (a batch's kept results: 300 of 60 KB made an ack of 18 MB,
+        which the server refused, 1153, as a lost connection, and the batch ran again). Then
+        the first statements go in as many queries as they need, in order, and the last query
+        holds at least the last statement and the COMMIT. A statement too big even alone gets
+        a query of its own, for the server to refuse (a result too big is not kept, before:
+        store/results.py)."""
+        commit = ["COMMIT"] if self.commit_rides_along else []
+        bound = [cur.mogrify(sql, params) for sql, params in statements]
+        query = ";\n".join(bound + commit)
+        budget = self._session.max_allowed_packet - PACKET_MARGIN_BYTES
+        # A character is at most 4 bytes: the usual query is measured without encoding it.
+        if self._session.max_allowed_packet <= 0 or 4 * len(query) <= budget:
+            return [(query, len(bound))]
+        encoding = cur.connection.encoding
+        sizes = [len(text.encode(encoding)) + 2 for text in bound]  # and the ";\n" that joins it
+        if sum(sizes) <= budget:
+            return [(query, len(bound))]
+        queries: list[tuple[str, int]] = []
+        start, used = 0, 0
+        for i, size in enumerate(sizes):
+            if i > start and used + size > budget:
+                queries.append((";\n".join(bound[start:i]), i - start))
+                start, used = i, 0
+            used += size
+        queries.append((";\n".join(bound[start:] + commit), len(bound) - start))
+        return queries
+
+    @staticmethod
+    def _run_ahead(cur, queries: list[tuple[str, int]]) -> list[int]:
+        """The queries before a transaction's last (sized), each waited for: their rowcounts.
+        An error is the body's, as any statement's: the transaction is rolled back and rerun."""
+        rowcounts: list[int] = []
+        for query, _ in queries:
+            cur.execute(query)
+            rowcounts.append(cur.rowcount)
+            while cur.nextset():
+                rowcounts.append(cur.rowcount)
+        return rowcounts
 
     def commit_then_read(self, cur, read: str, *, result: Any = None) -> tuple | None:
         """COMMIT, and one read that must see the world after it (`read`, bound already), as one

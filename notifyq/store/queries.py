@@ -34,7 +34,7 @@ PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog ta
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
 ERROR_MAX_BYTES = 65535
 # An attempt's record (nq_attempt) keeps less: its error and traceback cut to these, and a job
-# keeps its last ATTEMPTS_KEPT attempts.
+# keeps its last ATTEMPTS_KEPT records, trimmed with each failure and snooze (attempts_prune).
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
@@ -283,23 +283,33 @@ class Failure:
     id: int
     delay_s: float | None  # None: dead
     error: str
-    attempt: int = 0  # the attempt that failed (prunes the job's older records)
+    attempt: int = 0  # the attempt that failed
     traceback: str | None = None
     started: float | None = None  # monotonic
     ended: float | None = None
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
 
 
+class Owned(list):
+    """The ids of the jobs a claim still owned (reschedule_or_bury), and among them `cancelled`:
+    those that ended cancelled instead, their cancel requested while they ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: set[int] = set()
+
+
 def reschedule_or_bury(session: Session, queue: str, token: int,
-                       failures: list[tuple[int, float | None, str] | Failure]) -> list[int]:
+                       failures: list[tuple[int, float | None, str] | Failure]) -> Owned:
     """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
-    still owned. Each job's attempt record goes with its outcome, in one round trip."""
+    still owned (Owned: with those that ended cancelled). Each job's attempt record goes with
+    its outcome, in one round trip."""
     if not failures:
-        return []
+        return Owned()
     items = [f if isinstance(f, Failure) else Failure(*f) for f in failures]
 
-    def body(cur) -> list[int]:
-        owned: list[int] = []
+    def body(cur) -> Owned:
+        owned = Owned()
         retried = 0
         now = time.monotonic()
         for f in items:
@@ -312,24 +322,28 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             else:
                 outcome = (Q["retry_later"], {**fenced, "error": error_text(f.error),
                                               "delay_us": microseconds(f.delay_s)})
+            # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
+            outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
             record = (Q["attempt_failed"], {
                 **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
                 "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
-            statements = [record, outcome]
-            if f.attempt > ATTEMPTS_KEPT:
-                statements.append((Q["attempts_prune"], {"id": f.id, "below": f.attempt - ATTEMPTS_KEPT}))
+            statements = [record, outcome, (Q["attempts_prune"], {"id": f.id, "kept": ATTEMPTS_KEPT})]
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
             cur.nextset()
             n = cur.rowcount  # the outcome's
+            cur.nextset()
+            ended = cur.fetchone()  # ended_cancelled's
             while cur.nextset():
                 pass
             if f.delay_s is not None:
                 retried += n
             if n:
                 owned.append(f.id)
+                if ended is not None and ended[0]:
+                    owned.cancelled.add(f.id)
         if retried:
             bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
         return owned

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from notifyq.store.db import Session
+from notifyq.store.pipeline import PACKET_MARGIN_BYTES
 from notifyq.store.queries import error_text
 from notifyq.store.sql import QUERIES as Q
 
@@ -29,9 +30,12 @@ def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -
     session.run(body, what="keep results")
 
 
-def result_text(value: Any, job_id: int) -> str | None:
+def result_text(value: Any, job_id: int, max_packet: int = 0) -> str | None:
     """A handler's return value as kept: JSON of at most RESULT_MAX_BYTES; None (and a warning)
-    for one that is not JSON or too large: the job is done all the same."""
+    for one that is not JSON or too large: the job is done all the same. max_packet: the
+    server's max_allowed_packet (0: unknown). A result whose statement could exceed it even
+    alone is not kept either: it would fail its batch's ack however that is split
+    (Pipeline.sized), and run the batch again."""
     if value is None:
         return None
     import json  # here: only a queue that keeps results pays for it
@@ -41,7 +45,19 @@ def result_text(value: Any, job_id: int) -> str | None:
     except (TypeError, ValueError) as e:
         log.warning("a handler's result is not JSON: not kept job=%d error=%s", job_id, e)
         return None
-    if len(text.encode("utf-8", "replace")) > RESULT_MAX_BYTES:
+    size = len(text.encode("utf-8", "replace"))
+    if size > RESULT_MAX_BYTES:
         log.warning("a handler's result is over %d bytes: not kept job=%d", RESULT_MAX_BYTES, job_id)
         return None
+    if max_packet > 0 and statement_bound(size) > max_packet - PACKET_MARGIN_BYTES:
+        log.warning("a handler's result of %d bytes may not fit the server's max_allowed_packet of %d "
+                    "bytes: not kept job=%d", size, max_packet, job_id)
+        return None
     return error_text(text, RESULT_MAX_BYTES)
+
+
+def statement_bound(size: int) -> int:
+    """At least the bytes of the statement that keeps a result of `size` bytes (attempt_result,
+    or a completion's record): escaping at most doubles it; the rest is the SQL and two
+    integers, within 1 KB."""
+    return 2 * size + len(Q["complete_record"]) + 1024

@@ -113,7 +113,13 @@ class Guard:
 
 # ------------------------------------------------------------------ where requests come from and go
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+# A Host header: a name or an IPv4 literal, or an IPv6 literal in brackets; then a port or not.
+_HOST = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9.-]+))(?::\d{1,5})?")
+# Where a form may send the browser back to: a path of this site in printable ASCII. No
+# whitespace or control character: CR/LF would end the Location header and start another (a
+# Set-Cookie), and browsers drop tabs and newlines from a URL, so "/\t/evil.example/" is
+# "//evil.example/", another site. No backslash: browsers read it as "/".
+_BACK = re.compile(r"/(?![/\\])[!-~]{0,1998}")
 
 
 def loopback(host: str) -> bool:
@@ -124,17 +130,28 @@ def loopback(host: str) -> bool:
 
 
 def host_ok(on_loopback: bool, host: str | None) -> bool:
-    """On loopback, only requests addressed to loopback: a page of another site whose name
-    was made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing."""
+    """On loopback, only requests addressed to loopback: `localhost` or a loopback address
+    literal (127.0.0.1, [::1]), with or without a port. A page of another site whose name was
+    made to point at 127.0.0.1 (DNS rebinding) sends its own name and reads nothing, and so
+    does a name that merely starts like an address (127.0.0.1.nip.io, 127.evil.example)."""
     if not on_loopback:
         return True
-    name = (host or "").strip().lower()
-    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name
-    return name in LOOPBACK_NAMES or name.startswith("127.")
+    m = _HOST.fullmatch((host or "").strip().lower())
+    if m is None:
+        return False
+    v6, name = m.groups()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(v6 or name)
+    except ValueError:
+        return False
+    return address.is_loopback and address.version == (6 if v6 else 4)
 
 
 def safe_back(text: str | None) -> str:
-    """Where a form returns to: a path of this site only (never `//host` or a scheme)."""
-    if text and text.startswith("/") and not text.startswith("//") and "\\" not in text and len(text) < 2000:
+    """Where a form returns to: a path of this site only (never `//host`, a scheme, or a
+    character that a header or a browser would read otherwise); anything else is "/"."""
+    if text and _BACK.fullmatch(text) and "\\" not in text:
         return text
     return "/"

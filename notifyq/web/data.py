@@ -1,8 +1,10 @@
 """What the pages show, read from every server through the store's admin reads.
 
-One Reader per server process: a session per server (sharding/servers.py), used by one request
-at a time, so a page costs each server one connection however many browsers look. A server that
-cannot be reached is reported on the page, never raised: the others still answer.
+One Reader per server process: a few sessions per server (SESSIONS, in place of the one of
+sharding/servers.py), each used by one request at a time, so a slow page holds one of them and
+the others still answer; a request that finds none free within SESSION_WAIT_S is told the
+pages are busy (503) rather than waiting behind the others. A server that cannot be reached
+is reported on the page, never raised: the others still answer.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import queue
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -28,19 +31,57 @@ T = TypeVar("T")
 PAYLOAD_SHOWN_BYTES = 64 * 1024  # a job's page shows this much of its payload
 LIST_LIMIT = 50
 LIST_LIMIT_MAX = 500
-STATES = ("ready", "scheduled", "claimed", "done", "dead")  # the jobs list's filter
-DEPTH_COLUMNS = ("ready", "scheduled", "retrying", "claimed", "dead", "done")
+PAGE_QUEUES = admin_queries.WEB_QUEUES_PER_STATEMENT  # the overview's queues a page (?after=NAME: the next)
+STATES = ("ready", "scheduled", "claimed", "done", "dead", "cancelled")  # the jobs list's filter
+FINISHED = ("done", "dead", "cancelled")  # listed newest first, by when they finished
+DEPTH_COLUMNS = ("ready", "scheduled", "retrying", "claimed", "dead", "cancelled", "done")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "created_at",
                 "finished_at", "cancel_requested", "last_error", "dedup_key")
 
 
-class Reader(Servers):
-    """Every server's session (sharding/servers.py); a server that does not answer is logged."""
+SESSIONS = 3  # database sessions per server; fewer than the requests served at once (bounds.HANDLERS)
+SESSION_WAIT_S = 5.0  # a request waits this long for a free session, then its page is a 503
+READ_TIMEOUT_S = 15  # a statement's answer is awaited this long (the session's read timeout)
 
-    def __init__(self, config: Config):
+
+class Busy(errors.NotifyqError):
+    """Every session of a server stayed in use for SESSION_WAIT_S: the page says so (503)."""
+
+
+class Reader(Servers):
+    """SESSIONS sessions per server (each connects when first used), in place of the one of
+    sharding/servers.py; a server that does not answer is logged."""
+
+    def __init__(self, config: Config, sessions: int = SESSIONS):
         # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
         # the retries are logged at DEBUG only (the page, or the start's one line, says it).
         super().__init__(config, "web", config.connect_retry(oneshot=True))
+        self._pools: dict[str, queue.LifoQueue[Session]] = {}
+        self._made: dict[str, list[Session]] = {}
+        for shard, (first, lock) in self._sessions.items():
+            made = [Session(first.dsn, retry_s=first.retry_s, name="web", retry_log_level=logging.DEBUG,
+                            read_timeout_s=READ_TIMEOUT_S) for _ in range(sessions)]
+            self._sessions[shard] = (made[0], lock)  # where() names the first one's node
+            # Last in, first out: the sessions in use stay few and warm when requests come one at a time.
+            self._pools[shard] = pool = queue.LifoQueue()
+            for session in reversed(made):
+                pool.put(session)
+            self._made[shard] = made
+
+    def one(self, name: str, work: Callable[[Session], T]) -> T:
+        """`work(session)` on a free session of one server; its errors are the caller's."""
+        pool = self._pools.get(name)
+        if pool is None:
+            raise errors.InputError(f"no shard {name!r}")
+        try:
+            session = pool.get(timeout=SESSION_WAIT_S)
+        except queue.Empty:
+            raise Busy(f"busy: the {len(self._made[name])} sessions of {('shard ' + name) if name else 'the server'} "
+                       f"stayed in use for {SESSION_WAIT_S:g} s; try again") from None
+        try:
+            return work(session)
+        finally:
+            pool.put(session)
 
     def check(self) -> dict[str, str]:
         down = super().check()
@@ -54,15 +95,27 @@ class Reader(Servers):
             log.warning("web: shard %r did not answer: %s", name, error)
         return answers, down
 
+    def close(self) -> None:
+        """Close each session as it comes back (one still in use after SESSION_WAIT_S is left
+        to its request, whose thread ends with the process)."""
+        for name, pool in self._pools.items():
+            for _ in self._made[name]:
+                try:
+                    pool.get(timeout=SESSION_WAIT_S).close()
+                except queue.Empty:
+                    break
+
 
 def _age_s(now: dt.datetime, then: dt.datetime | None) -> float | None:
     return None if then is None else max(0.0, (now - then).total_seconds())
 
 
-def _queue_figures(session: Session) -> dict[str, Any]:
+def _queue_figures(session: Session, after: str) -> dict[str, Any]:
+    """One page of queues (named after `after`) with their figures; one more name than the
+    page holds, if there is one, says that a next page exists."""
     now = admin_queries.server_now(session)
-    rows = admin_queries.queue_rows(session)
-    names = [name for name, _paused, _watched, _total in rows]
+    rows = admin_queries.web_queue_page(session, after, PAGE_QUEUES + 1)
+    names = [name for name, _paused in rows[:PAGE_QUEUES]]
     figures = admin_queries.web_queue_figures(session, names)
     alive: dict[str, int] = {}
     for _cid, _host, _pid, qs, _started, _seen, _wakeup, is_alive in admin_queries.consumers(session):
@@ -70,17 +123,18 @@ def _queue_figures(session: Session) -> dict[str, Any]:
             alive[q] = alive.get(q, 0) + int(bool(is_alive))
     cap, sample = admin_queries.WEB_COUNT_CAP, admin_queries.WEB_RETRY_SAMPLE
     out = {}
-    for name, paused, _watched, _total in rows:
+    for name, paused in rows[:PAGE_QUEUES]:
         f = figures[name]
         d = f["depth"]
         retrying, estimated = d["retrying"], d["scheduled"] > sample
         if estimated:  # the share of retries among the soonest due, over every scheduled job
             retrying = round(retrying / sample * d["scheduled"])
         depth = {"ready": d["ready"] + d["due"], "scheduled": d["scheduled"] - retrying,
-                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "done": d["done"]}
+                 "retrying": retrying, "claimed": d["claimed"], "dead": d["dead"], "cancelled": d["cancelled"],
+                 "done": d["done"]}
         capped = {"ready": cap in (d["ready"], d["due"]), "scheduled": d["scheduled"] == cap,
                   "retrying": d["scheduled"] == cap, "claimed": d["claimed"] == cap,
-                  "dead": d["dead"] == cap, "done": d["done"] == cap}
+                  "dead": d["dead"] == cap, "cancelled": d["cancelled"] == cap, "done": d["done"] == cap}
         approx = {state: estimated and state in ("scheduled", "retrying") for state in depth}
         due = f["oldest"].get("scheduled")
         firsts = [t for t in (f["oldest"].get("ready"), due if due is not None and due <= now else None) if t]
@@ -92,15 +146,21 @@ def _queue_figures(session: Session) -> dict[str, Any]:
         out[name] = {"paused": bool(paused), "depth": depth, "capped": capped, "approx": approx,
                      "consumers": alive.get(name, 0),
                      "oldest_ready_age_s": _age_s(now, min(firsts)) if firsts else None, "rate": rate}
-    return {"now": now, "queues": out}
+    return {"now": now, "queues": out, "more": [name for name, _paused in rows[PAGE_QUEUES:]]}
 
 
-def overview(reader: Reader) -> dict[str, Any]:
-    answers, down = reader.each(_queue_figures)
-    rows = [{"name": name, "shard": shard, **q} for shard, data in sorted(answers.items())
-            for name, q in sorted(data["queues"].items())]
+def overview(reader: Reader, after: str = "") -> dict[str, Any]:
+    """A page of the queues: the first PAGE_QUEUES names after `after` over every server (a
+    queue on several shards has a row for each), and the name the next page starts after."""
+    answers, down = reader.each(lambda session: _queue_figures(session, after))
+    names = sorted({name for data in answers.values() for name in [*data["queues"], *data["more"]]})
+    shown = set(names[:PAGE_QUEUES])  # each server sent its first PAGE_QUEUES + 1: these are whole
+    rows = [{"name": name, "shard": shard, **q} for shard, data in answers.items()
+            for name, q in data["queues"].items() if name in shown]
     rows.sort(key=lambda r: (r["name"], r["shard"]))
-    return {"queues": rows, "down": down, "where": reader.where(), "cap": admin_queries.WEB_COUNT_CAP,
+    return {"queues": rows, "down": down, "where": reader.where(), "columns": DEPTH_COLUMNS,
+            "after": after, "next_after": max(shown) if len(names) > PAGE_QUEUES else None,
+            "cap": admin_queries.WEB_COUNT_CAP,
             "sample": admin_queries.WEB_RETRY_SAMPLE, "minutes": admin_queries.WEB_RATE_MINUTES}
 
 
@@ -117,6 +177,12 @@ def consumers(reader: Reader) -> dict[str, Any]:
     answers, down = reader.each(_consumers)
     rows = [{**c, "shard": shard} for shard, found in sorted(answers.items()) for c in found]
     return {"consumers": rows, "down": down}
+
+
+def parse_after(query: dict[str, str]) -> str:
+    """The overview's page: the queue name it starts after ("" for the first page)."""
+    after = query.get("after", "").strip()
+    return validate_queue_name(after) if after else ""
 
 
 def parse_filters(query: dict[str, str], shards: tuple[str, ...]) -> dict[str, Any]:
@@ -153,7 +219,7 @@ def _listed(row: tuple) -> dict[str, Any]:
 def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
     """One state's jobs, of one queue or of every queue (each queue's first `limit`, merged)."""
     status = admin.parse_status(f["state"])
-    newest = status in (Status.DONE, Status.DEAD)
+    newest = f["state"] in FINISHED
 
     def work(session: Session) -> list[dict[str, Any]]:
         if f["dedup"] is not None:
@@ -161,11 +227,8 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
             row = None if job_id is None else admin_queries.get_job(session, job_id)
             return [] if row is None else [admin.get_job(session, job_id)]
         names = [f["queue"]] if f["queue"] else [r[0] for r in admin_queries.queue_rows(session)]
-        found = []
-        for name in names:
-            found += [_listed(r) for r in admin_queries.web_jobs(session, status=status, queue=name,
-                                                                 limit=f["limit"], newest=newest)]
-        return found
+        return [_listed(r) for r in admin_queries.web_jobs(session, status=status, queues=names,
+                                                           limit=f["limit"], newest=newest)]
 
     answers, down = reader.each(work, None if f["shard"] is None else [f["shard"]])
     rows = [{**j, "shard": shard} for shard, found in answers.items() for j in found]
@@ -173,7 +236,8 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
         rows.sort(key=lambda j: (j["finished_at"] or j["created_at"], j["id"]), reverse=True)
     else:
         rows.sort(key=lambda j: (-j["priority"] if status == Status.READY else 0, j["run_at"], j["id"]))
-    return {"jobs": rows[:f["limit"]], "down": down, "filters": f, "more": len(rows) > f["limit"]}
+    return {"jobs": rows[:f["limit"]], "down": down, "filters": f, "more": len(rows) > f["limit"],
+            "finished": FINISHED}
 
 
 def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
@@ -250,7 +314,7 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
 
 def _purge_one(session: Session, job_id: int) -> str:
     status = admin.get_job(session, job_id)["status"]
-    if status not in ("dead", "done"):
-        raise errors.InputError(f"job {job_id} is {status}: only dead and done jobs are purged")
+    if status not in FINISHED:
+        raise errors.InputError(f"job {job_id} is {status}: only dead, done and cancelled jobs are purged")
     deleted = admin_queries.purge_jobs(session, [job_id], admin.parse_status(status))
     return f"job {job_id}: " + ("purged" if deleted else "changed meanwhile, not purged")

@@ -22,19 +22,18 @@ import importlib.resources
 import logging
 import re
 import signal
-import socket
 import sys
 import threading
 import types
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.store.driver import DriverError, describe
-from notifyq.web import auth, data, views
+from notifyq.web import auth, bounds, data, views
 
 log = logging.getLogger("notifyq.web")
 
@@ -81,20 +80,18 @@ class Site:
 
 
 class WebServer:
-    """The pages of one config's servers, served by a ThreadingHTTPServer."""
+    """The pages of one config's servers, served by a ThreadingHTTPServer with bounds
+    (bounds.py: requests at once, time to send a request, blocked writes)."""
 
     def __init__(self, config: Config, addr: tuple[str, int], token: str | None, reader: data.Reader | None = None):
         self.site = Site(config, token, auth.loopback(addr[0]), reader)
-        server_class = ThreadingHTTPServer
-        if ":" in addr[0]:
-            server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        server_class = bounds.BoundedHTTPServer6 if ":" in addr[0] else bounds.BoundedHTTPServer
         try:
             self.httpd = server_class(addr, Handler)
         except (OSError, OverflowError) as e:
             self.site.close()
             why = getattr(e, "strerror", None) or str(e)
             raise errors.ConfigError(f"--bind {addr[0]} --port {addr[1]}: cannot listen: {why}") from None
-        self.httpd.daemon_threads = True
         self.httpd.web = self.site  # type: ignore[attr-defined]  # how a request finds its site
 
     @property
@@ -148,12 +145,19 @@ def _static(name: str) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     server_version = "notifyq-web"
     sys_version = ""
+    timeout = bounds.IO_TIMEOUT_S  # each read and write of the socket (StreamRequestHandler.setup)
 
     # ------------------------------------------------------------ plumbing
 
     @property
     def web(self) -> Site:
         return self.server.web  # type: ignore[attr-defined]
+
+    def _request_read(self) -> None:
+        """The whole request is in: its deadline to send it is lifted (bounds.py)."""
+        request_read = getattr(self.server, "request_read", None)  # not on a consumer's metrics port
+        if request_read is not None:
+            request_read(self.request)
 
     def _session(self) -> tuple[str, bool]:
         """This browser's session id, and whether it is new (a cookie to set)."""
@@ -216,6 +220,7 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._request_read()
         if self._misdirected():
             return
         parts = urllib.parse.urlsplit(self.path)
@@ -228,7 +233,8 @@ class Handler(BaseHTTPRequestHandler):
         reader = self.web.reader
         try:
             if path == "/":
-                self._page(200, "overview.html", sid, new, title="queues", **data.overview(reader))
+                self._page(200, "overview.html", sid, new, title="queues",
+                           **data.overview(reader, data.parse_after(query)))
             elif path == "/consumers":
                 self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
             elif path == "/jobs" and query.get("id"):
@@ -292,6 +298,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         form = {k: v[-1] for k, v in urllib.parse.parse_qs(
             self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=20).items()}
+        self._request_read()
         path = urllib.parse.urlsplit(self.path).path
         guard = self.web.guard
         if not guard.actions:

@@ -242,3 +242,44 @@ def test_a_cancelled_result_wait_holds_no_thread(db):
             return await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 10)
 
     assert asyncio.run(main()) == "free"
+
+
+def _sessions(db) -> int:
+    """The runtime user's sessions in the test's database, now."""
+    return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s AND DB = %s",
+                     (db.dsn.user, db.admin.database))
+
+
+def test_a_hundred_awaited_result_waits_share_one_session(db):
+    import threading
+
+    # Given a queue that keeps results, and 100 jobs no consumer runs yet
+    worker, thread, stop = _worker(db, "amany", lambda job: {"n": job.payload["n"]}, keep_done=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with notifyq.AsyncProducer("amany", db.config()) as producer:
+            ids = await producer.put_many([{"n": n} for n in range(100)])
+            puts = await loop.run_in_executor(None, _sessions, db)  # the put's, and its bell's
+            # When 100 coroutines wait for their results at once
+            waits = [asyncio.ensure_future(producer.result(i, wait=60)) for i in ids]
+            # Then, while they wait (their first looks take milliseconds), the producer holds
+            # one more session, its waits', not one per wait
+            most, deadline = 0, loop.time() + 1.5
+            while loop.time() < deadline and most <= 1:
+                most = max(most, await loop.run_in_executor(None, _sessions, db) - puts)
+            # And once a consumer runs the jobs, every wait gets its own job's result
+            thread.start()
+            got = await asyncio.gather(*waits)
+            return ids, got, most
+
+    try:
+        ids, got, most = asyncio.run(main())
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(30)
+    assert most <= 1, f"{most} sessions for 100 waits"
+    assert got == [{"n": n} for n in range(100)]
+    assert worker.error is None, worker.error
+    assert threading.active_count() < 20  # and no thread per wait either

@@ -179,8 +179,12 @@ def forgetful_server(tmp_path_factory):
         server.cleanup()
 
 
-def test_an_orm_handler_keeps_working_after_the_server_dropped_its_idle_connection(forgetful_server):
+@pytest.mark.parametrize("conn_max_age", ["0", "none"])
+def test_an_orm_handler_keeps_working_after_the_server_dropped_its_idle_connection(forgetful_server, conn_max_age):
+    # CONN_MAX_AGE = None (persistent connections) kept the dropped connection: the job after
+    # the idle gap failed with 2006 "server has gone away" (fails on the code before so)
     project = Project(DSN.parse(forgetful_server))
+    project.env["NQ_DJANGO_CONN_MAX_AGE"] = conn_max_age
     try:
         _migrated(project)
         consumer = project.start("notifyq", "consume", "-q", "stale", "--handler", "shop.handlers:record")
@@ -198,6 +202,9 @@ def test_an_orm_handler_keeps_working_after_the_server_dropped_its_idle_connecti
                    timeout=60, message="six jobs handled")
         assert project.query("SELECT COUNT(*) FROM shop_handled")[0][0] == 6, consumer.communicate()[1][-2000:]
         assert project.query("SELECT COUNT(*) FROM nq_job WHERE last_error IS NOT NULL") == [(0,)]
+        assert project.query("SELECT outcome, error FROM nq_attempt WHERE outcome <> 'done'") == []
+        later = [r[0] for r in project.query("SELECT connection_id FROM shop_handled ORDER BY id")][1:]
+        assert first not in later  # the dropped connection was replaced, not used
     finally:
         project.close()
 

@@ -128,3 +128,41 @@ def test_a_stale_claims_writes_never_land_even_when_the_handler_catches_claim_lo
     # Then the stale write never landed
     assert caught == [True]
     assert db.scalar("SELECT COUNT(*) FROM charge") == 0
+
+
+def test_orm_objects_added_but_not_flushed_never_land_when_the_handler_catches_claim_lost_in_its_block(db, engine):
+    # Given a job whose claim is taken back before its handler completes it in a Session, and a
+    # handler that adds an ORM object (not flushed yet) and catches ClaimLost inside
+    # session.begin(), whose end would flush and commit the object
+    from sqlalchemy import Column, Integer
+    from sqlalchemy.orm import declarative_base
+
+    class Charge(declarative_base()):
+        __tablename__ = "charge"
+        id = Column(Integer, primary_key=True)
+        job_id = Column(Integer, nullable=False)
+        attempt = Column(Integer, nullable=False)
+
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    reaper = NqSession(db.config().dsn, name="reaper")
+    seen: list[str] = []
+
+    def handler(job):
+        if job.attempts > 1:
+            return
+        _take_claim_back(db, job_id, reaper)
+        with Session(engine) as session, session.begin():
+            session.add(Charge(job_id=job.id, attempt=1))
+            try:
+                job.complete_in(session)
+            except notifyq.ClaimLost:
+                seen.append("caught")
+
+    try:
+        _run(db, handler)
+    finally:
+        reaper.close()
+    # Then the stale run's object never landed
+    assert seen == ["caught"]
+    assert db.scalar("SELECT COUNT(*) FROM charge") == 0

@@ -83,7 +83,8 @@ def test_producers_and_consumers_ride_out_a_server_restart_and_a_server_crash(se
     consumers = [procs.consumer(env, "r", "--batch-size", "20") for _ in range(2)]
     wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 30, message="2 consumers")
     stream = procs.start(env, "produce", "-q", "r", "--print-ids", stdin=True)
-    feeder, putter = PipeFeeder(stream), PutLoop(fdb.config(), "r")
+    # The put() loop waits out the restart (a library producer gives up after 5 s by default)
+    feeder, putter = PipeFeeder(stream), PutLoop(fdb.config(producer={"connect_retry_s": 60}), "r")
     feeder.start()
     putter.start()
 

@@ -22,6 +22,7 @@ from .history import Enqueue
 METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
 BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
 BURST_JOBS = 400
+FX_CALLS_SHARE, FX_CALLS_S = 0.5, 0.05  # effects: of those, calls inside the block, and the stay there after
 FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
@@ -39,6 +40,9 @@ class Mix:
         # issue 29: a share of the plain jobs write their effect through job.transaction(); drawn
         # from a stream of its own, so the other kinds are drawn as without the class
         self.fx_rng = random.Random(hash(rng.getstate()) ^ 29) if "effects" in classes else None
+        # half of those call extend_lease() and the cancel checks inside their block, and stay
+        # in it a while (nqfault "c"): a stream of its own again, so which jobs are fx is unchanged
+        self.fx_calls_rng = random.Random(hash(rng.getstate()) ^ 291) if "effects" in classes else None
 
     def payload(self) -> tuple[str, dict]:
         r = self.rng.random()
@@ -63,6 +67,8 @@ class Mix:
             return "", {"s": 0.1}
         sleep = self.rng.choice((0.0, 0.002, 0.005, 0.01))
         if self.fx_rng is not None and self.fx_rng.random() < FX_SHARE:
+            if self.fx_calls_rng.random() < FX_CALLS_SHARE:
+                return "fx", {"k": "fx", "s": sleep, "c": FX_CALLS_S}
             return "fx", {"k": "fx", "s": sleep}
         return "", {"s": sleep}
 

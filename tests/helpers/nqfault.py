@@ -28,6 +28,9 @@ Issue 29's kind:
          (EFFECTS_TABLE, made by the harness) through job.transaction(), which commits it with
          the job's completion. Its end line says ok only once that COMMIT returned; a
          transaction that raised (ClaimLost, a COMMIT that did not land) ends it fail and raises.
+         With "c" (half of them), what a long handler does inside its block: after the row,
+         job.extend_lease(), job.cancel_requested() and notifyq.cancelled() (none may commit
+         the block), then "c" seconds more inside it, a window for the faults to land in.
 `handle_async` is the same handler as a coroutine (`async def` handlers, item 2).
 """
 
@@ -99,7 +102,7 @@ def handle(job) -> None:
     else:
         time.sleep(float(payload.get("s", 0)))
     if kind == "fx":
-        _effect(job, deploy, pid, token)
+        _effect(job, deploy, pid, token, payload.get("c"))
     failed = kind in ("fail1", "kanji") and job.attempts == 1
     os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                     f"{'fail' if failed else 'ok'}\n".encode())
@@ -110,11 +113,18 @@ def handle(job) -> None:
 EFFECTS_TABLE = "nqf_effect"
 
 
-def _effect(job, deploy: str, pid: int, token: int) -> None:
+def _effect(job, deploy: str, pid: int, token: int, calls_s: float | None) -> None:
     try:
         with job.transaction() as cur:
             cur.execute(f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, pid, token) VALUES (%s, %s, %s, %s)",
                         (job.id, job.attempts, pid, token))
+            if calls_s is not None:
+                import notifyq
+
+                job.extend_lease()
+                job.cancel_requested(max_age_s=0)
+                notifyq.cancelled([job])
+                time.sleep(calls_s)
     except BaseException:
         os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} fail\n".encode())
         raise

@@ -60,6 +60,26 @@ def test_a_job_keeps_only_its_last_attempts(db, session, monkeypatch):
         (3, "failed", "ValueError: attempt 3"), (4, "dead", "ValueError: attempt 4")]
 
 
+def test_a_job_that_keeps_snoozing_keeps_only_its_last_records(db, session):
+    # Given a job that snoozes 14 times (a snooze spends no attempt: its number stays 1), then
+    # fails once and is done
+    [job_id] = put(db, max_attempts=3)
+    runs = []
+
+    def handler(job):
+        runs.append(job.attempts)
+        if len(runs) <= 14:
+            job.snooze(0)
+        elif len(runs) == 15:
+            raise ValueError("once")
+
+    drain(db, handler)
+    # Then its records are the last ATTEMPTS_KEPT before the one that ended it, not one per run
+    history = admin.attempts(session, job_id)
+    assert len(runs) == 16
+    assert [h["outcome"] for h in history] == ["snoozed"] * (queries.ATTEMPTS_KEPT - 1) + ["failed", "done"]
+
+
 def test_a_job_that_is_gone_says_whether_it_was_done_cancelled_purged_or_never_existed(db, session):
     # Given a job done (and deleted), one cancelled before it ran, one purged once dead
     done, dead = put(db, 2, max_attempts=1)
@@ -123,6 +143,54 @@ def test_retention_drops_attempt_records_past_the_queues_retention(db, session):
     assert periodic.purge_finished(session, "q", 86400.0)[1]
     # Then the record is gone
     assert admin.attempts(session, job_id) == []
+
+
+def test_with_retention_0_the_records_of_jobs_gone_go_and_those_of_jobs_kept_stay(db, session):
+    # Given a queue that keeps finished jobs for ever (retention_s = 0) but not done ones
+    # (keep_done = false): a job done, so deleted at its ack, and one dead, so kept; both
+    # records older than the week the records of a job gone are kept
+    done, dead = put(db, 2, max_attempts=1)
+
+    def handler(job):
+        if job.id == dead:
+            raise ValueError("no")
+
+    drain(db, handler, retention_s=0)
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 8 DAY")
+    # When a retention pass runs
+    scheduler = periodic.Scheduler(db.config(defaults={"retention_s": 0}), ("q",), retention_first_s=0)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    # Then the done job's record is gone, and the dead job's stays with its job
+    assert admin.attempts(session, done) == []
+    assert [h["outcome"] for h in admin.attempts(session, dead)] == ["dead"]
+
+
+def test_the_records_of_jobs_gone_are_found_behind_those_of_kept_jobs_chunk_by_chunk(db, session):
+    # Given, oldest first, the records of three dead jobs (kept) and of three done jobs (gone)
+    ids = put(db, 6, max_attempts=1)
+
+    def handler(job):
+        if job.id in ids[:3]:
+            raise ValueError("no")
+
+    drain(db, handler)
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 10 DAY WHERE job_id IN %s", (ids[:3],))
+    db.query("UPDATE nq_attempt SET ended_at = ended_at - INTERVAL 9 DAY WHERE job_id IN %s", (ids[3:],))
+    # When retention for retention_s = 0 runs in chunks of 2, one chunk a pass
+    after, passes = periodic.admin_queries.GONE_ATTEMPTS_START, []
+    while len(passes) < 10:
+        deleted, complete, after = periodic.purge_gone_attempts(session, "q", 86400.0, after, chunk=2, max_chunks=1)
+        passes.append((deleted, complete))
+        if complete:
+            break
+    # Then each record was read once: the kept jobs' did not stop the passes, and the gone
+    # jobs' records went
+    assert passes == [(0, False), (1, False), (2, False), (0, True)]
+    assert db.scalar("SELECT COUNT(*) FROM nq_attempt") == 3
+    assert sorted(r[0] for r in db.query("SELECT job_id FROM nq_attempt")) == ids[:3]
 
 
 def test_an_attempt_taken_back_by_a_reaper_is_on_record(db, session):

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList
 from notifyq.store.sql import QUERIES
@@ -23,7 +23,7 @@ OWNER = "e" * 32
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_taken_back", "jobs_cancel_check",
-         "job_record_gone")
+         "job_record_gone", "jobs_status")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
 ATTEMPTS_BY_ID = ("completions_landed", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
@@ -113,3 +113,37 @@ def test_claims_are_taken_back_through_the_claimed_range_of_ix_state_on_300_rows
     # the 200 ready jobs are never passed
     rows = [r for r in plan if r["table"] == "nq_job"]
     assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan
+
+
+def test_the_trim_of_a_jobs_attempt_records_reads_only_that_jobs_records(db, small_queue):
+    # Given 300 jobs with 12 attempt records each
+    session, claim = small_queue
+    twelve = " UNION ALL ".join(f"SELECT {n} AS n" for n in range(1, 13))
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             f"SELECT id, t.n, 1, queue, 'snoozed', NOW(6) - INTERVAL t.n SECOND FROM nq_job, ({twelve}) t")
+    db.query("ANALYZE TABLE nq_attempt")
+    # When the trim sent with a failure is explained for one of them
+    plan = explain(session, QUERIES["attempts_prune"], {"id": claim.jobs[0].id, "kept": 10})
+    # Then nq_attempt is read by its primary key's job_id prefix both times, never scanned
+    rows = [r for r in plan if r["table"] in ("a", "nq_attempt")]
+    assert len(rows) == 2, plan
+    for row in rows:
+        assert row["key"] == "PRIMARY" and row["type"] in ("range", "ref"), plan
+
+
+def test_retention_of_the_records_of_jobs_gone_reads_a_range_of_ix_ended_in_its_order(db, small_queue):
+    # Given 300 jobs with 3 attempt records each, a day old
+    session, claim = small_queue
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             "SELECT id, t.n, 1, queue, 'failed', NOW(6) - INTERVAL 1 DAY FROM nq_job, "
+             "(SELECT 1 AS n UNION ALL SELECT 2 UNION ALL SELECT 3) t")
+    db.query("ANALYZE TABLE nq_attempt")
+    # When retention's read of the next chunk is explained (retention_s = 0)
+    start_at, start_id = admin_queries.GONE_ATTEMPTS_START
+    plan = explain(session, QUERIES["gone_attempts_ids"], {"queue": "q", "age_us": 3_600_000_000, "limit": 100,
+                                                           "after_at": start_at, "after_id": start_id})
+    # Then nq_attempt is a range of ix_ended read in its order (no sort), and nq_job is read by id
+    by_table = {r["table"]: r for r in plan}
+    assert by_table["a"]["key"] == "ix_ended" and by_table["a"]["type"] == "range", plan
+    assert "filesort" not in (by_table["a"]["Extra"] or ""), plan
+    assert by_table["j"]["key"] == "PRIMARY" and by_table["j"]["type"] in GOOD_ACCESS, plan

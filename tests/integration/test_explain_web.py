@@ -65,3 +65,22 @@ def test_the_oldest_ready_job_is_found_by_a_loose_index_scan(many_jobs):
 def test_the_dedup_key_lookup_reads_one_primary_key_entry(many_jobs):
     plan = _plan(many_jobs, "web_dedup_job", {"queue": "q", "key": "k"})
     assert plan[0]["key"] == "PRIMARY" and plan[0]["type"] in ("const", "eq_ref", "ref"), plan
+
+
+@pytest.mark.parametrize("name", ("web_depth", "web_oldest", "web_rate"))
+def test_a_page_of_queues_read_in_one_statement_keeps_each_queues_plan(many_jobs, name):
+    # Given the overview's read repeated for a page of queues, as one statement
+    from notifyq.store import admin_queries
+
+    text, params = admin_queries._per_queue(name, ["q", "other", "none"], PARAMS)
+    # When it is explained
+    rows = many_jobs.query("EXPLAIN " + text, params)
+    names = ("id", "select_type", "table", "type", "possible_keys", "key", "key_len", "ref", "rows", "extra")
+    plan = [dict(zip(names, r[:6] + r[-4:] if len(r) > 10 else r)) for r in rows]
+    # Then every copy reads nq_job through ix_state by range or ref, and nothing is sorted
+    single = [r for r in _plan(many_jobs, name, PARAMS) if r["table"] == "nq_job"]
+    reads = [r for r in plan if r["table"] == "nq_job"]
+    assert len(reads) == 3 * len(single), plan
+    assert "filesort" not in json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower(), plan
+    for r in reads:
+        assert r["key"] == "ix_state" and r["type"] in ("range", "ref"), (name, r)

@@ -4,13 +4,14 @@ and read by Producer.result(job_id, wait=...) and `notifyq jobs show`."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from conftest import run_cli
 from test_effects import charges, drain, put  # noqa: F401 - charges is a fixture
 
 from notifyq import errors
-from notifyq.consume import handlers
+from notifyq.consume import handlers, periodic
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
@@ -36,7 +37,7 @@ def test_a_kept_result_is_read_by_the_producer_and_shown_by_jobs_show(db):
         assert p.result(ids[0]) is None and p.result(ids[2]) is None
     # And `jobs show` of the (deleted) job says it was done, with its result
     shown = run_cli(db.env, "jobs", "show", str(ids[1]))
-    assert "it was done at" in shown.stderr and '"charged": 1250' in shown.stderr
+    assert shown.returncode == 0 and "it was done at" in shown.stdout and '"charged": 1250' in shown.stdout
 
 
 def test_a_queue_that_keeps_no_results_stores_none(db):
@@ -122,3 +123,99 @@ def test_a_per_batch_handler_returning_other_than_a_dict_keeps_no_result_and_say
     said = [r.getMessage() for r in caplog.records if "per-batch handler's return value" in r.getMessage()]
     assert said == ["a per-batch handler's return value: only a dict {job or job.id: result} for the jobs "
                     "of its batch is kept; not kept: list"]
+
+
+def test_a_result_outlives_its_jobs_purge_within_its_ttl(db):
+    # Given a kept-done queue whose done jobs are purged after 2 s but whose results live an
+    # hour, and a job done with a result
+    [job_id] = put(db)
+    drain(db, lambda job: {"receipt": "r-7"}, keep_done=True, retention_s=2, result_ttl_s=3600)
+    cfg = db.config(defaults={"keep_done": True, "retention_s": 2, "result_ttl_s": 3600})
+    # When a retention pass purges the job (its finished_at moved back past the 2 s)
+    db.query("UPDATE nq_job SET finished_at = finished_at - INTERVAL 1 MINUTE WHERE id = %s", (job_id,))
+    scheduler = periodic.Scheduler(cfg, ("q",), retention_first_s=0)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    # Then its result is still read, as the ttl promises
+    with Producer("q", cfg) as p:
+        assert p.result(job_id) == {"receipt": "r-7"}
+
+
+def run_batch_of(db, n: int, handler, **defaults) -> Worker:
+    """One worker, batches of `n`, until the queue is empty."""
+    worker = Worker(db.config(defaults=defaults), "q", handlers.PythonHandler(handler, False),
+                    stop=threading.Event(), budget=Budget(None), batch_size=n, exit_when_empty=True)
+    worker.run()
+    return worker
+
+
+def test_a_batchs_results_bigger_than_the_servers_packet_are_all_kept_and_nothing_runs_twice(db, small_packet):
+    # Given 40 jobs whose 60 KB results make a batch of 20's ack 1.2 MB, over the server's
+    # max_allowed_packet of 1 MB
+    ids = put(db, 40)
+    runs = []
+
+    def handler(job):
+        runs.append(job.id)
+        return f"{job.id:06d}" + "r" * 60_000
+
+    # When a worker runs them, in batches of 20
+    worker = run_batch_of(db, 20, handler, keep_done=True)
+    # Then the worker ends well, each job ran once and is done with its result
+    assert worker.error is None, worker.error
+    assert sorted(runs) == ids
+    assert worker.stats.succeeded == 40 and worker.stats.lost_acks == 0
+    with Producer("q", db.config()) as p:
+        assert all(p.result(i) == f"{i:06d}" + "r" * 60_000 for i in ids)
+
+
+def test_a_result_that_can_never_fit_the_servers_packet_is_not_kept_for_that_job_alone(db, small_packet, monkeypatch,
+                                                                                       caplog):
+    # Given a result bound above the server's max_allowed_packet of 1 MB, and three jobs
+    # of which the second returns 1.5 MB
+    monkeypatch.setattr(results_store, "RESULT_MAX_BYTES", 4 * small_packet)
+    ids = put(db, 3)
+    runs = []
+
+    def handler(job):
+        runs.append(job.id)
+        return "x" * 1_500_000 if job.id == ids[1] else {"ok": job.id}
+
+    # When a worker runs them in one batch
+    worker = run_batch_of(db, 3, handler, keep_done=True)
+    # Then every job is done once; the big result alone is not kept, and the log says which
+    assert worker.error is None, worker.error
+    assert sorted(runs) == ids and worker.stats.succeeded == 3
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [{"ok": ids[0]}, None, {"ok": ids[2]}]
+    said = [r.getMessage() for r in caplog.records if "max_allowed_packet" in r.getMessage()]
+    assert len(said) == 1 and f"job={ids[1]}" in said[0], said
+
+
+def test_thirty_threads_waiting_for_results_share_one_session(db):
+    # Given a kept-done queue with 30 jobs no consumer runs yet, and one producer
+    ids = put(db, 30)
+    got: dict[int, object] = {}
+    with Producer("q", db.config()) as p:
+        def sessions() -> int:
+            return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s AND DB = %s",
+                             (db.dsn.user, db.admin.database))
+
+        # When 30 threads wait for their results at once
+        threads = [threading.Thread(target=lambda i=i: got.update({i: p.result(i, wait=60)})) for i in ids]
+        for t in threads:
+            t.start()
+        # Then, while they wait (their first looks take milliseconds), one session looks for
+        # all of them, not one each
+        most, deadline = 0, time.monotonic() + 1.5
+        while time.monotonic() < deadline and most <= 1:
+            most = max(most, sessions())
+        # And once a consumer runs the jobs, each thread gets its own job's result
+        drain(db, lambda job: {"n": job.payload["n"]}, keep_done=True)
+        for t in threads:
+            t.join(30)
+    assert most <= 1, f"{most} sessions for 30 waits"
+    assert got == {i: {"n": n} for n, i in enumerate(ids)}

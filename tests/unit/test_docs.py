@@ -184,3 +184,17 @@ def test_the_exit_codes_are_one_table_that_the_code_and_the_help_agree_with():
     readme = (REPO / "README.md").read_text()
     assert "docs/configuration.md#exit-codes" in readme
     assert "| 130 |" not in readme
+
+
+# ------------------------------------------------------------------ what the pages refer to
+
+# An issue number ("issue 29", "#29") or a file outside the repository (the house notes the
+# engineers keep beside it): a reader of the site has neither.
+OUTSIDE = re.compile(r"\bissues? #?\d+|(?<![\w./])#\d+\b|STYLE\.md|MYSQL-NOTES", re.I)
+
+
+def test_no_page_refers_to_issue_numbers_or_to_files_outside_the_repository():
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    found = [f"{page.name}:{n}: {m.group(0)}" for page in pages
+             for n, line in enumerate(page.read_text().splitlines(), 1) for m in OUTSIDE.finditer(line)]
+    assert found == []

@@ -30,13 +30,13 @@ def test_the_summary_counts_the_window_and_says_idle_when_nothing_ran(caplog):
     summary.maybe_log([stats], busy=1, workers=2)
     # Then one line with the window's figures
     (line,) = caplog.messages
-    assert line == ("consumer summary window_s=60 done=10 failed=1 retried=1 dead=0 rate=0.2/s "
+    assert line == ("consumer summary window_s=60 done=10 failed=1 retried=1 dead=0 cancelled=0 rate=0.2/s "
                     "handler_avg_ms=2.0 busy=1/2 idle=no")
     # And a minute without work still says so: idle, not silence
     clock.now += 60
     summary.maybe_log([stats], busy=0, workers=2)
     assert caplog.messages[-1] == ("consumer summary window_s=60 done=0 failed=0 retried=0 dead=0 "
-                                   "rate=0.0/s handler_avg_ms=- busy=0/2 idle=yes")
+                                   "cancelled=0 rate=0.0/s handler_avg_ms=- busy=0/2 idle=yes")
 
 
 def test_a_summary_interval_of_zero_turns_it_off(caplog):

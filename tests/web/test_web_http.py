@@ -234,11 +234,34 @@ def test_jobs_are_found_by_state_queue_and_dedup_key_and_cancelled(db, web):
     assert f"job {keyed}: deleted" in c.get("/jobs")[1]
 
 
+def test_cancelled_jobs_have_a_column_on_the_overview_and_a_list_of_their_own(db, web):
+    # Given a job that ended cancelled (its cancel was requested while it ran) and a ready one
+    (ready,) = produce(db, "mail", "{}")
+    db.query("INSERT INTO nq_job (queue, status, run_at, attempts, max_attempts, finished_at, last_error, "
+             "cancel_requested, cancelled_by, cancelled_at, payload) VALUES ('mail', 5, UTC_TIMESTAMP(6), 1, 5, "
+             "UTC_TIMESTAMP(6), 'cancelled: asked by alice', 1, 'alice', UTC_TIMESTAMP(6), '{}')")
+    cancelled = db.scalar("SELECT id FROM nq_job WHERE status = 5")
+    c = Client(web(token=TOKEN).url)
+    # When the overview and the cancelled jobs' list are read
+    body = c.get("/")[1]
+    code, listed = c.get("/jobs?state=cancelled&queue=mail")
+    # Then the overview counts it in a column of its own (none before), linked to the list
+    cells = dict(re.findall(r'data-state="(\w+)"><a [^>]*>([^<]*)</a>', body))
+    assert cells["cancelled"] == "1" and cells["ready"] == "1", cells
+    assert 'href="/jobs?queue=mail&amp;state=cancelled"' in body
+    # And the list shows it, and only it (an error page, 400, before)
+    assert code == 200, listed
+    assert [int(i) for i in re.findall(r'<tr data-job="(\d+)">', listed)] == [cancelled]
+    assert ready != cancelled and "cancelled: asked by alice" in listed
+    assert [int(i) for i in re.findall(r'<tr data-job="(\d+)">', c.get("/jobs?state=cancelled")[1])] == [cancelled]
+
+
 def test_a_form_goes_back_only_to_a_page_of_this_site():
     from notifyq.web.auth import safe_back as _back
 
     assert _back("/dead?queue=mail") == "/dead?queue=mail"
-    for bad in ("//evil.example/", "https://evil.example/", "/\\evil.example", "", None, "jobs"):
+    for bad in ("//evil.example/", "https://evil.example/", "/\\evil.example", "", None, "jobs",
+                "/\t/evil.example/", "/\r\nSet-Cookie: a=b", "/\n", "/a b"):
         assert _back(bad) == "/"
 
 
@@ -251,6 +274,54 @@ def test_on_loopback_only_requests_addressed_to_loopback_are_answered(db, web):
     assert code == 421
     for host in ("127.0.0.1:8089", "localhost:8089", "[::1]:8089", "localhost"):
         assert c.request("/", headers={"Host": host})[0] == 200, host
+
+
+def test_a_name_that_only_starts_like_a_loopback_address_is_refused(db, web):
+    # Given the server on 127.0.0.1
+    c = Client(web().url)
+    # When a request names a host of the attacker's that begins like 127.0.0.1 (DNS rebinding)
+    for host in ("127.attacker.example", "127.0.0.1.nip.io:8089", "127.0.0.1.evil.example", "[127.0.0.1]"):
+        code, body, _ = c.request("/", headers={"Host": host})
+        # Then it is refused, and no page is sent (200 with the queues before)
+        assert code == 421 and "misdirected" in body, host
+    # And a loopback address other than 127.0.0.1 is still loopback
+    assert c.request("/", headers={"Host": "127.0.0.2:8089"})[0] == 200
+
+
+def _raw_post(base: str, path: str, form: dict, cookie: str) -> tuple[int, list[tuple[str, str]]]:
+    """A POST whose response headers are kept as sent, repeats included."""
+    import http.client
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        conn.request("POST", path, urllib.parse.urlencode(form),
+                     {"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+        response = conn.getresponse()
+        response.read()
+        return response.status, response.getheaders()
+    finally:
+        conn.close()
+
+
+def test_sign_in_goes_back_to_a_page_of_this_site_and_adds_no_header(db, web):
+    base = web(token=TOKEN).url
+    for back in ("/\r\nSet-Cookie: nq_web=0123456789abcdef0123456789abcdef; Path=/", "/\t/evil.example/",
+                 "/\n/evil.example/", "/\x0b/evil.example/"):
+        # Given a browser on the sign-in page
+        c = Client(base)
+        csrf = c.csrf("/login")
+        cookie = "; ".join(f"{k.name}={k.value}" for k in c.jar)
+        # When it signs in with a `back` that holds a line break or a character browsers drop
+        code, headers = _raw_post(base, "/login", {"csrf": csrf, "who": "alice", "token": TOKEN, "back": back},
+                                  cookie)
+        # Then it is sent to / (CR/LF ended the Location header and added a Set-Cookie before,
+        # and a tab made "/<tab>/evil.example/" another site), with one cookie: its new session's
+        assert code == 303, back
+        assert [v for k, v in headers if k.lower() == "location"] == ["/"], (back, headers)
+        cookies = [v for k, v in headers if k.lower() == "set-cookie"]
+        assert len(cookies) == 1 and "0123456789abcdef" not in cookies[0], (back, headers)
 
 
 def test_deep_states_are_counted_up_to_the_cap_and_retries_estimated(db, web):

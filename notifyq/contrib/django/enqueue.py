@@ -55,9 +55,24 @@ def enqueue_many_on_commit(queue: str, payloads: Iterable[Any], *, using: str | 
 @contextlib.contextmanager
 def job_hygiene() -> Iterator[None]:
     """What Django does around a request, around a job: connections past CONN_MAX_AGE, or
-    broken (a server that dropped an idle one: 2006), are closed before and after it."""
+    broken (a server that dropped an idle one: 2006), are closed before and after it; and
+    before it, a connection kept open is pinged (see _close_dropped)."""
     close_old_connections()
+    _close_dropped()
     try:
         yield
     finally:
         close_old_connections()
+
+
+def _close_dropped() -> None:
+    """close_old_connections() keeps a connection younger than CONN_MAX_AGE (None: for ever)
+    without asking the server about it, so one that sat idle between jobs past the server's
+    wait_timeout, which the server has closed, failed the next job's first query with 2006
+    ("server has gone away"). A request is short, a consumer's idle gaps are not: ping each
+    connection this thread keeps open (one round trip a job, only where connections persist;
+    CONN_HEALTH_CHECKS does the same per request) and close the dead ones, so the job's first
+    query opens a new one."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()

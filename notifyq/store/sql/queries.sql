@@ -245,9 +245,27 @@ WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
 -- attempts_prune --
--- A job keeps its last few attempts: after a failure of attempt n, those numbered n - kept
--- and below go (only sent when there are some).
-DELETE FROM nq_attempt WHERE job_id = %(id)s AND attempt <= %(below)s
+-- A job keeps its last %(kept)s records: sent with every failure and snooze, after its record.
+-- By count, not by attempt number: a snooze spends no attempt and an operator's retry starts
+-- the count again, so numbers repeat (a snoozing job wrote hundreds of records numbered 1).
+-- `cut` is the newest record to go (none: nothing goes), read through the primary key's
+-- job_id prefix; LIMIT makes it a derived table of its own, which a DELETE may read.
+DELETE a FROM nq_attempt a
+JOIN (SELECT ended_at, claim_token FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id = %(id)s
+      ORDER BY ended_at DESC, claim_token DESC LIMIT 1 OFFSET %(kept)s) cut
+  ON a.job_id = %(id)s AND (a.ended_at < cut.ended_at
+                            OR (a.ended_at = cut.ended_at AND a.claim_token <= cut.claim_token))
+
+-- block_savepoint --
+-- job.transaction(), as its block opens: a mark that lives exactly as long as the block's
+-- transaction. COMMIT, ROLLBACK and every implicit COMMIT (START TRANSACTION, SET autocommit = 1,
+-- LOCK TABLES, DDL) drop it; with autocommit off a transaction is always open, so it is kept.
+SAVEPOINT nq_block
+
+-- block_still_open --
+-- The completion query's first statement: 1305 when the mark is gone (the block's transaction
+-- ended inside it), and then the server runs nothing after it: no completion, no COMMIT.
+RELEASE SAVEPOINT nq_block
 
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
@@ -309,6 +327,12 @@ SET status = IF(cancel_requested, 5, 1),
     attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- ended_cancelled --
+-- After a failure's retry_later, bury or snooze, in the same round trip: whether the job ended
+-- cancelled (its cancel was requested while it ran), which the worker counts and logs as a cancel,
+-- not as a failure.
+SELECT status = 5 FROM nq_job FORCE INDEX (PRIMARY) WHERE id = %(id)s
 
 -- bury --
 -- Dead; or cancelled (5) when its cancel was requested while it ran.
@@ -445,12 +469,16 @@ FOR UPDATE
 -- attempt_taken_back --
 -- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
 -- out), written before the job is returned (return_alone, return_shared), in the same
--- transaction: the rows are locked by the caller. Its start is the claim's; its host unknown.
-INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, started_at, ended_at, error)
-SELECT id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner, claimed_at,
-       NOW(6), %(why)s
+-- transaction: the rows are locked by the caller. Its start is the claim's; its host the one its
+-- consumer registered, while it is registered (a live one whose lease ran out, a dead one whose
+-- registration goes after this; a stale polling consumer's went first: NULL).
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
+                        error)
+SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner,
+       c.host, claimed_at, NOW(6), %(why)s
 FROM nq_job FORCE INDEX (PRIMARY)
-WHERE id IN %(ids)s AND status = 2 AND claim_token IS NOT NULL
+LEFT JOIN nq_consumer c ON c.id = nq_job.owner
+WHERE nq_job.id IN %(ids)s AND status = 2 AND claim_token IS NOT NULL
 ON DUPLICATE KEY UPDATE outcome = outcome
 
 -- return_alone --
@@ -643,12 +671,18 @@ FROM nq_attempt WHERE job_id = %(id)s ORDER BY ended_at, attempt
 
 -- job_result --
 -- Producer.result(): the job's status and last error (NULL: no row), and its latest attempt
--- record's outcome and result (NULL: none).
+-- record's outcome and result (NULL: none). A purge's record is not an attempt: a done job
+-- purged by retention keeps its result on the record before it, for result_ttl_s.
 SELECT (SELECT status FROM nq_job WHERE id = %(id)s), (SELECT last_error FROM nq_job WHERE id = %(id)s),
        a.outcome, a.result
 FROM (SELECT 1 AS one) x
-LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s
+LEFT JOIN (SELECT outcome, result FROM nq_attempt WHERE job_id = %(id)s AND outcome <> 'purged'
            ORDER BY ended_at DESC, attempt DESC LIMIT 1) a ON 1 = 1
+
+-- jobs_status --
+-- Producer.result()'s waits, all of a producer's at once: the status of each job still there
+-- (a job with no row is gone: job_result then says why).
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
@@ -792,6 +826,20 @@ ORDER BY ended_at LIMIT %(limit)s
 DELETE FROM nq_attempt
 WHERE job_id IN %(ids)s AND ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
 
+-- gone_attempts_ids --
+-- Retention with retention_s = 0 (finished jobs kept for ever): the next chunk of a queue's
+-- attempt records older than the cutoff, after the last one a pass saw ((after_at, after_id):
+-- keyset paging, so the records of jobs still there are passed once, not at every pass), in
+-- ix_ended's order, each with whether its job is gone. Those of jobs gone go (attempts_purge).
+-- A job is deleted with a record of that moment (its ack's, its purge's, its cancel's), so the
+-- records of a job that goes later are met again when that record passes the cutoff.
+SELECT a.job_id, a.ended_at, j.id IS NULL
+FROM nq_attempt a FORCE INDEX (ix_ended)
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
+WHERE a.queue = %(queue)s AND a.ended_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
+  AND (a.ended_at > %(after_at)s OR (a.ended_at = %(after_at)s AND a.job_id > %(after_id)s))
+ORDER BY a.ended_at, a.job_id LIMIT %(limit)s
+
 -- demo_marker_create --
 -- `notifyq demo` works in a database it creates itself and marks with a random token; it may
 -- drop a database only when this table holds the token it wrote (schema.drop_database).
@@ -807,35 +855,44 @@ SELECT token FROM nq_demo_marker
 -- The status page (notifyq web). Every read rides ix_state or a primary key: a page costs the
 -- same with a million jobs queued (tests/integration/test_explain_web.py pins the plans).
 
+-- web_queue_page --
+-- One page of the overview: the queues named after %(after)s, in name order (the primary key).
+SELECT queue, paused FROM nq_queue WHERE queue > %(after)s ORDER BY queue LIMIT %(limit)s
+
 -- web_depth --
 -- One queue's jobs by state, each state its own range of ix_state, counted up to %(cap)s
 -- entries (a count at the cap is shown as "cap+"): index-only, except `retrying`, which reads
 -- the rows of the %(sample)s not-yet-due scheduled jobs due soonest for their attempts (a
 -- scheduled job that has run before is a retry waiting out its backoff; beyond the sample the
--- page estimates). Row reads cost ~8x an index entry. Due scheduled jobs are ready.
-(SELECT 'ready', COUNT(*) FROM
+-- page estimates). Row reads cost ~8x an index entry. Due scheduled jobs are ready. Each row
+-- names its queue: a page of queues is read as one statement, this repeated per queue
+-- (admin_queries.web_queue_figures), and so are web_oldest and web_rate.
+(SELECT 'ready', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %(queue)s LIMIT %(cap)s) r)
 UNION ALL
-(SELECT 'due', COUNT(*) FROM
+(SELECT 'due', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6) LIMIT %(cap)s) d)
 UNION ALL
-(SELECT 'scheduled', COUNT(*) FROM
+(SELECT 'scheduled', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(cap)s) s)
 UNION ALL
-(SELECT 'retrying', COALESCE(SUM(attempts > 0), 0) FROM
+(SELECT 'retrying', COALESCE(SUM(attempts > 0), 0), %(queue)s FROM
   (SELECT attempts FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at > NOW(6) LIMIT %(sample)s) t)
 UNION ALL
-(SELECT 'claimed', COUNT(*) FROM
+(SELECT 'claimed', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s LIMIT %(cap)s) c)
 UNION ALL
-(SELECT 'done', COUNT(*) FROM
+(SELECT 'done', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 3 AND queue = %(queue)s LIMIT %(cap)s) f)
 UNION ALL
-(SELECT 'dead', COUNT(*) FROM
+(SELECT 'dead', COUNT(*), %(queue)s FROM
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 4 AND queue = %(queue)s LIMIT %(cap)s) x)
+UNION ALL
+(SELECT 'cancelled', COUNT(*), %(queue)s FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 5 AND queue = %(queue)s LIMIT %(cap)s) k)
 
 -- web_oldest --
 -- The earliest run_at of one queue's ready jobs and of its scheduled ones: ready jobs sort by
@@ -843,11 +900,11 @@ UNION ALL
 -- scan, "Using index for group-by": one probe per priority in use, not one per job; it needs
 -- the GROUP BY to name the index's leading columns, fixed as they are); a
 -- scheduled job's prio_key is 0, so its earliest is the first entry of its range.
-(SELECT 'ready', MIN(m) FROM
+(SELECT 'ready', MIN(m), %(queue)s FROM
   (SELECT MIN(sort_at) AS m FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 0 AND queue = %(queue)s GROUP BY status, queue, prio_key ORDER BY NULL) p)
 UNION ALL
-(SELECT 'scheduled', MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
+(SELECT 'scheduled', MIN(sort_at), %(queue)s FROM nq_job FORCE INDEX (ix_state)
   WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)
 
 -- web_rate --
@@ -856,13 +913,13 @@ UNION ALL
 -- index-only. Done jobs are there only where the queue keeps them (keep_done). The LIMIT
 -- (minutes + 1 groups: never reached) keeps MariaDB from dropping ORDER BY NULL in a union,
 -- which then sorted the groups.
-(SELECT 3, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+(SELECT 3, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*), %(queue)s FROM
   (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 3 AND queue = %(queue)s AND prio_key = 0
       AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
     ORDER BY sort_at DESC LIMIT %(cap)s) d GROUP BY 2 ORDER BY NULL LIMIT %(buckets)s)
 UNION ALL
-(SELECT 4, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*) FROM
+(SELECT 4, TIMESTAMPDIFF(MINUTE, at, NOW(6)), COUNT(*), %(queue)s FROM
   (SELECT sort_at AS at FROM nq_job FORCE INDEX (ix_state)
     WHERE status = 4 AND queue = %(queue)s AND prio_key = 0
       AND sort_at > NOW(6) - INTERVAL %(minutes)s MINUTE
@@ -871,10 +928,11 @@ UNION ALL
 -- web_jobs --
 -- The jobs page: one queue's jobs in one state, in ix_state's own order: ready jobs in claim
 -- order, scheduled ones by due time, claimed ones by lease end. No filesort, and the read stops
--- at %(limit)s entries (every queue: this per queue, merged by the caller). Naming `queue` in
--- the ORDER BY, though it is fixed, made MariaDB 10.11 sort.
+-- at %(limit)s entries. Every queue: this per queue, the copies in one statement merged by
+-- their sort columns (admin_queries.web_jobs). Naming `queue` in the ORDER BY, though it is
+-- fixed, made MariaDB 10.11 sort.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200), dedup_key
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = %(status)s AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
@@ -882,7 +940,7 @@ ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 -- web_jobs_newest --
 -- web_jobs for done and dead jobs: the most recently finished first.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200), dedup_key
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = %(status)s AND queue = %(queue)s
 ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s

@@ -15,6 +15,9 @@ DATABASES = {
         "PASSWORD": os.environ.get("NQ_DJANGO_PASSWORD", ""),
         "NAME": os.environ.get("NQ_DJANGO_NAME", "nq_django"),
         "TEST": {"NAME": os.environ.get("NQ_DJANGO_TEST_NAME")},
+        # "none": persistent connections (CONN_MAX_AGE = None), else seconds (Django's default 0)
+        "CONN_MAX_AGE": (None if os.environ.get("NQ_DJANGO_CONN_MAX_AGE") == "none"
+                         else int(os.environ.get("NQ_DJANGO_CONN_MAX_AGE", "0"))),
     }
 }
 NOTIFYQ = {
