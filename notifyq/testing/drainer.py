@@ -51,8 +51,9 @@ class Failure:
 
 @dataclasses.dataclass
 class Drained:
-    """What a drain did. Counts are attempts: a job failed twice, then done, counts in `failed`
-    twice and in `done` once. A cancelled job counts in `cancelled`, not in `dead` or `retried`."""
+    """What a drain did, as the consumer counts it. Counts are attempts: a job failed twice, then
+    done, counts in `failed` twice and in `done` once. A job whose cancel was requested while it
+    ran and that stopped counts in `cancelled` only (its Failure's outcome: "cancelled")."""
 
     done: int = 0
     failed: int = 0
@@ -65,8 +66,8 @@ class Drained:
 
     @property
     def ran(self) -> int:
-        """Attempts run (done, failed or snoozed)."""
-        return self.done + self.failed + self.snoozed
+        """Attempts run (done, failed, cancelled or snoozed)."""
+        return self.done + self.failed + self.cancelled + self.snoozed
 
 
 class _Budget(Budget):
@@ -220,13 +221,14 @@ def _task_handler(tasks: dict[str, consume_tasks.Task], queue: str, whose: str) 
 
 
 def _settle(session: Session, result: Drained, stats: list[Stats]) -> None:
-    """The counts from the workers' own counters; each failure's outcome from its job's row (the
+    """The counts are the workers' own; each failure's outcome is read from its job's row (the
     server decided: a retry, a burial, or a cancel requested while it ran)."""
     for s in stats:
         result.done += s.succeeded
         result.failed += s.failed
         result.retried += s.retried
         result.dead += s.dead
+        result.cancelled += s.cancelled
         result.snoozed += s.snoozed
     rows = store.statuses(session, sorted({f.job.id for f in result.failures}))
     for f in result.failures:
@@ -237,12 +239,6 @@ def _settle(session: Session, result: Drained, stats: list[Stats]) -> None:
             f.outcome = "dead"
         elif status == Status.CANCELLED:
             f.outcome = "cancelled"
-            result.cancelled += 1
-            # the workers counted it by the retry policy's decision, before the server's
-            if f.job.retry and not f.job.last_attempt:
-                result.retried -= 1
-            else:
-                result.dead -= 1
 
 
 def _noted(failure: Failure) -> BaseException:
