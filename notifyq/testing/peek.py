@@ -91,14 +91,15 @@ def assert_enqueued(config: Config | str | None, queue: str, *, task: Task | str
         count = values.number("count", count, lo=0, integer=True)
     if payload is not _ANY and (args is not _ANY or kwargs is not _ANY):
         raise errors.InputError("assert_enqueued: compare the payload, or a task's args and kwargs, not both")
-    held = jobs(config, queue, status=status, task=task, conn=conn)
-    match = [j for j in held if (payload is _ANY or j.payload == payload)
+    held = jobs(config, queue, status=status, conn=conn)  # all of them: the failure shows them
+    name = None if task is None else _task_name(task)
+    match = [j for j in held if (name is None or j.task == name) and (payload is _ANY or j.payload == payload)
              and (args is _ANY or j.args == list(args)) and (kwargs is _ANY or j.kwargs == kwargs)]
     if (count is None and match) or (count is not None and len(match) == count):
         return match
     wanted = {k: v for k, v in (("payload", payload), ("args", args), ("kwargs", kwargs)) if v is not _ANY}
-    if task is not None:
-        wanted = {"task": _task_name(task), **wanted}
+    if name is not None:
+        wanted = {"task": name, **wanted}
     expected = f"{count} such job(s)" if count is not None else "a job"
     lines = [f"  #{j.id} {j.status} payload={json.dumps(j.payload, default=str)[:300]}" for j in held[:20]]
     shown = "\n".join(lines) if lines else "  (none)"

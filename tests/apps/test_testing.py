@@ -236,6 +236,10 @@ def test_assert_enqueued_matches_a_tasks_arguments_and_says_what_the_queue_holds
         with pytest.raises(AssertionError, match=r"1 matched") as raised:
             testing.assert_enqueued(db.config(), "mail", task=send, count=2, args=["a@example.com"])
         assert f"#{first} ready" in str(raised.value) and "a@example.com" in str(raised.value)
+        # And it lists every job of the queue, also when the task named has none
+        with pytest.raises(AssertionError, match=r"0 matched") as raised:
+            testing.assert_enqueued(db.config(), "mail", task="no.such.task")
+        assert f"#{first} ready" in str(raised.value)
         with pytest.raises(errors.InputError, match="invalid status 'waiting'"):
             testing.jobs(db.config(), "mail", status="waiting")
     finally:
