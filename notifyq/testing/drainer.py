@@ -168,7 +168,7 @@ def drain(config: Config | str | None, queues: str | Iterable[str], handler: Han
     if budget.halted == "failure" and result.failures:
         raise _noted(result.failures[0])
     if budget.halted == "timeout":
-        raise DrainTimeout(f"drain: {', '.join(names)} not empty after timeout_s={timeout_s:g} "
+        raise DrainTimeout(f"drain: {', '.join(names)} not drained within timeout_s={timeout_s:g} "
                            f"(done={result.done} failed={result.failed})", result)
     return result
 

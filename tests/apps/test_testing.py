@@ -166,7 +166,7 @@ def test_drain_stops_at_max_jobs_and_raises_drain_timeout_past_its_deadline(db):
             producer.put({"n": job.payload["n"] + 1})
 
         # When drained with a deadline
-        with pytest.raises(testing.DrainTimeout, match="bounded not empty after timeout_s=0.5") as raised:
+        with pytest.raises(testing.DrainTimeout, match="bounded not drained within timeout_s=0.5") as raised:
             testing.drain(db.config(), "bounded", forever, timeout_s=0.5)
         # Then the error says so and carries what was done
         assert raised.value.result.done >= 3
