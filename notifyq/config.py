@@ -187,9 +187,23 @@ def _has_password(dsn: Any) -> bool:
 
 def load(env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None, warn=None,
          config_path: str | None = None) -> Config:
-    """Merge files, environment and `overrides` (flags: {"dsn": ..., "log": {"level": ...}}).
+    """The configuration every producer and consumer takes: `notifyq.load_config()`.
 
-    `config_path` (`--config FILE`) replaces $NOTIFYQ_CONFIG."""
+    Merged from the defaults, the config file (`/etc/notifyq/notifyq.toml`, or the one
+    `$NOTIFYQ_CONFIG` names), the `NOTIFYQ_*` environment variables, then `overrides`, each
+    winning over the one before.
+
+    Args:
+        env: the environment to read (None: `os.environ`).
+        overrides: settings that win over everything else, shaped as the file is:
+            `{"dsn": "mysql://...", "queue": {"emails": {"max_attempts": 3}}}`.
+        warn: called with each warning's text (a world-readable password file, ...).
+        config_path: the config file to read instead of `$NOTIFYQ_CONFIG` (`--config FILE`).
+
+    Raises:
+        notifyq.errors.ConfigError: an unreadable file, an unknown key or a bad value (one line
+            that names it).
+    """
     try:
         return _load(dict(os.environ if env is None else env), overrides, warn or (lambda msg: None),
                      config_path)

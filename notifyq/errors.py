@@ -26,6 +26,8 @@ class NotifyqError(Exception):
 
 
 class ConfigError(NotifyqError):
+    """Bad configuration: an unknown key, a value out of range, a bad DSN, an unreadable file."""
+
     exit_code = EXIT_CONFIG
 
 
@@ -46,10 +48,15 @@ class TransientDBError(DatabaseError):
 
 
 class SchemaError(NotifyqError):
+    """The database has no notifyq schema, or one older or newer than this notifyq's: run
+    `notifyq init`, or upgrade notifyq on this host."""
+
     exit_code = EXIT_SCHEMA
 
 
 class UnsupportedServer(NotifyqError):
+    """A server without SKIP LOCKED: MySQL before 8.0.1, MariaDB before 10.6."""
+
     exit_code = EXIT_SERVER
 
 
@@ -72,6 +79,8 @@ class OutcomeUnknown(NotifyqError):
 
 
 class AlreadyRunning(NotifyqError):
+    """Another process holds the pidfile (classic daemon mode)."""
+
     exit_code = EXIT_RUNNING
 
 

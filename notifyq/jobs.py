@@ -23,7 +23,23 @@ STATUS_NAMES = {s.value: s.name.lower() for s in Status}
 
 @dataclass(eq=False)
 class Job:
-    """One claimed job as a handler sees it."""
+    """One job, as a handler gets it: `def handler(job: notifyq.Job) -> None`.
+
+    Return from the handler to complete the job; raise to fail it (retried with backoff, and
+    dead after `max_attempts`). A batch handler (`--per-batch`) gets a list of jobs and fails
+    them one by one with `job.fail()`.
+
+    Attributes:
+        id: the job's id, as `Producer.put()` returned it.
+        queue: the queue's name.
+        payload: the payload that was put, decoded from JSON.
+        priority: higher runs first.
+        attempts: how many times the job was claimed, this run included (1 on the first run).
+        max_attempts: the run after which a failure makes the job dead.
+        run_at: when the job became due (UTC).
+        created_at: when it was put (UTC).
+        dedup_key: the key it was put with, if any.
+    """
 
     id: int
     queue: str
@@ -57,7 +73,9 @@ class Job:
     _reported: bool = field(default=False, repr=False)  # handed to on_failure already
 
     def fail(self, error: str, *, retry: bool = True) -> None:
-        """Batch handlers: mark this job failed (retried with backoff unless retry=False)."""
+        """Mark this job failed, then return from the handler: it is retried with backoff, or
+        with `retry=False` dead at once (an error no retry will fix). A batch handler fails its
+        jobs one by one this way; the jobs it does not fail succeed."""
         self.error = str(error) or "failed"
         self.retry = retry
 

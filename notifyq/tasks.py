@@ -33,9 +33,24 @@ class TaskRegistry:
 
     def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
              max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None) -> Any:
-        """Decorator: `@registry.task` or `@registry.task(queue="emails", max_attempts=3)`.
-        `timeout_s` bounds a run of the task in a consumer as the queue's timeout_s does, in its
-        place (0: no bound); None leaves the queue's."""
+        """Make a function a task: callable as before, and `.enqueue(*args, **kwargs)` puts a job
+        that runs it in a consumer (`notifyq consume -q QUEUE --tasks MODULE`).
+
+            @notifyq.task(queue="emails", max_attempts=3)
+            def send_welcome(address: str) -> None: ...
+
+            send_welcome.enqueue("a@example.com")   # returns the job's id
+
+        `@notifyq.task` alone puts on the queue `default`. The arguments must be JSON.
+
+        Args:
+            queue: the queue its jobs go on.
+            name: the name a job carries to find the function (default: `module.qualname`).
+            max_attempts: runs before its job is dead (None: the queue's).
+            priority: its jobs' priority.
+            timeout_s: bounds a run of the task in a consumer, in place of the queue's
+                `timeout_s` (0: no bound; None: the queue's).
+        """
         def wrap(f: Callable[..., Any]) -> Task:
             if not callable(f):
                 raise errors.InputError(f"task: expected a function, got {values.shown(f)}")

@@ -40,7 +40,28 @@ RESPAWN_S = 5.0  # a shard's failed worker (its server gone past the connect ret
 
 @dataclasses.dataclass(frozen=True)
 class ConsumeOptions:
-    """What the command line says; None means: take it from the queue's config."""
+    """How a ConsumerService runs its queues: what `notifyq consume`'s flags say. A field left
+    None takes the queue's setting from the config (`[queue.NAME]`, then `[defaults]`).
+
+    Give exactly one handler: `function` (a Python callable, the usual one in library use),
+    `handler` (`"package.module:function"`), `command` (a program that gets the payload on
+    stdin) or `tasks` (modules of `@notifyq.task` functions).
+
+    Attributes:
+        queues: the queues to consume, at least one.
+        function: the handler, a callable that takes a `notifyq.Job` (or a list, per batch).
+        handler: the handler as `"package.module:function"`, imported at start.
+        command: a program run per job (or per batch), split as a shell would, run without one.
+        per_batch: the handler gets the claimed batch as a list.
+        workers: worker threads per queue.
+        batch_size: jobs claimed at once by a worker.
+        exit_when_empty: stop once no queue has a ready job.
+        max_jobs: stop after this many jobs.
+        tasks: modules whose `@notifyq.task` functions run the queues' jobs.
+        concurrency: jobs of an `async def` handler run at once per worker.
+        on_failure: called with (job, exception) for every failed job, e.g. an error reporter.
+        around_job: a context manager factory every Python handler call runs inside.
+    """
 
     queues: tuple[str, ...]
     function: Callable | None = None  # library use: a Python callable instead of a handler spec

@@ -22,11 +22,16 @@ from notifyq.produce.producer import Producer
 
 
 class AsyncProducer:
-    """Enqueue jobs on `queue` from coroutines: `await put(...)`, `await put_many(...)`.
+    """Put jobs on `queue` from coroutines (FastAPI, aiohttp, ...): `await producer.put(...)`.
 
-    `sessions` threads (and database sessions) carry the puts; one is enough for an app whose
-    puts are a small part of its work, more raise the rate of many concurrent puts (docs/asyncio.md
-    has the figures). With `ring=True` the first session's producer rings the
+        producer = notifyq.AsyncProducer("emails", notifyq.load_config())
+        job_id = await producer.put({"to": "a@example.com"})
+        await producer.close()  # at shutdown
+
+    The methods are Producer's, awaited; the database work runs on threads of the producer's
+    own, so the event loop never blocks on it. `sessions` threads (and database sessions) carry
+    the puts; one is enough for an app whose puts are a small part of its work, more raise the
+    rate of many concurrent puts (the asyncio page has the figures). With `ring=True` the first session's producer rings the
     queue's bell (one ringer per queue and server), and the others wake the consumers with
     `Producer.wake()` after their puts. `conn=` takes a *synchronous* DB-API connection, used
     from the pool's thread: most async apps enqueue without it.
@@ -66,14 +71,14 @@ class AsyncProducer:
 
     async def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
                   max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
-        """Producer.put, awaited."""
+        """Put one job and return its id: `Producer.put`, awaited."""
         return await self._run("put", payload, priority=priority, delay=delay, run_at=run_at,
                                max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
 
     async def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                        run_at: dt.datetime | None = None, max_attempts: int | None = None,
                        conn: Any = None) -> list[int]:
-        """Producer.put_many, awaited (atomic: one transaction)."""
+        """Put many jobs in one transaction and return their ids: `Producer.put_many`, awaited."""
         if not isinstance(payloads, (list, tuple)):  # a generator must not be read on another thread
             if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
                 raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
@@ -82,9 +87,11 @@ class AsyncProducer:
                                max_attempts=max_attempts, conn=conn)
 
     async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
-        """Producer.result, awaited. The wait is the event loop's: the looks at the job are the
+        """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors).
+
+        The wait is the event loop's: the looks at the job are the
         producer's poller's, on its own thread and session, shared by every wait of this
-        producer on that server (produce/results.py), and the coroutine awaits what it finds,
+        producer on that server, and the coroutine awaits what it finds,
         so a long wait holds no thread and a cancelled one stops at once. `shard`: with
         [shards], the shard a spread queue's job is on (job ids are per shard)."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
@@ -135,7 +142,7 @@ class AsyncProducer:
         return self._producers[0].result_dsn()
 
     async def close(self) -> None:
-        """Close every session, after the puts under way."""
+        """Close every session, after the puts under way (at the app's shutdown)."""
         self._closed = True
         pool, self._pool = self._pool, None
         if pool is not None:

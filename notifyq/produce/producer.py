@@ -58,7 +58,7 @@ def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
             "retry_log_level": logging.DEBUG}
 
 class Producer:
-    """Enqueue jobs on `queue`.
+    """Enqueue jobs on `queue`, on one server (notifyq.Producer, for one server or several).
 
     `ring=True` is for long-lived producers (`notifyq produce`, a web app's producer kept open):
     the producer then holds one of the queue's bells, its COMMIT looks whether a consumer is
@@ -114,11 +114,26 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
-        """Enqueue one job and return its id; with `conn` it commits with the caller's transaction
-        (a DB-API connection, a SQLAlchemy Session or Connection, or Django's connection).
+        """Put one job on the queue and return its id.
 
-        With `dedup_key`, a pending job (ready, scheduled or claimed) holding the same key on this
-        queue makes this a no-op that returns that job's id.
+        Args:
+            payload: anything `json.dumps` takes; the handler gets it back as `job.payload`.
+            priority: higher runs first (-32768 to 32767); equal priorities run oldest first.
+            delay: seconds before the job may run.
+            run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
+            max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
+            dedup_key: while a job holding this key on this queue is pending (ready, scheduled
+                or claimed), this put stores nothing and returns that job's id.
+            conn: your own connection (MySQLdb, a SQLAlchemy Session or Connection, Django's
+                `connection`) to the same database: the job is part of your transaction, stored
+                when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
+                use `transaction()`, so that an idle consumer starts it at once.
+
+        Raises:
+            notifyq.errors.InputError: a bad argument, or a payload that is not JSON or too big;
+                nothing was written.
+            notifyq.errors.DatabaseError: the server stayed unreachable for `retry_s`.
+            notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
         """
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
         return self._write([row], conn, unique=dedup_key is not None)[0]
@@ -126,9 +141,10 @@ class Producer:
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
-        """Enqueue many jobs atomically, in multi-row INSERTs of up to `producer.chunk_size` rows
-        that each fit the server's max_allowed_packet; the ids come back in the order of
-        `payloads`."""
+        """Put many jobs in one transaction (all or none) and return their ids, in the order of
+        `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
+        INSERTs of up to `producer.chunk_size` rows, each within the server's
+        `max_allowed_packet`."""
         rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts)
         return self._write(rows, conn) if rows else []
 
@@ -155,10 +171,20 @@ class Producer:
         return self._write(rows, None)
 
     def result(self, job_id: int, *, wait: float = 0.0) -> Any:
-        """Job `job_id`'s handler's return value once the job is done, waiting up to `wait`
-        seconds for it (kept when the queue keeps results: docs/exactly-once.md#results).
-        Raises ResultPending (not done yet), JobFailed (dead) or InputError (cancelled, purged,
-        never existed)."""
+        """The return value of job `job_id`'s handler, once the job is done.
+
+        Results are kept only on a queue with `result_ttl_s` > 0 (see "Results" in the
+        exactly-once page); the value is what the handler returned, through JSON.
+
+        Args:
+            job_id: an id a put returned.
+            wait: seconds to wait for the job to finish (0: look once).
+
+        Raises:
+            notifyq.errors.ResultPending: not done yet when the wait ended.
+            notifyq.errors.JobFailed: the job ended dead; `str()` is its last error.
+            notifyq.errors.InputError: cancelled, purged, or never existed.
+        """
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
         # Every wait of this producer shares one session (its puts go on meanwhile on theirs):
@@ -179,7 +205,8 @@ class Producer:
         return self.config.dsn
 
     def close(self) -> None:
-        """Close the producer's sessions (after any put under way); a later put opens new ones."""
+        """Close the producer's database sessions, after any put under way; a later put opens
+        new ones. `with Producer(...) as producer:` closes it at the end of the block."""
         with self._mutex:
             if self._bell is not None:
                 self._bell.stop_ringing()
@@ -199,11 +226,13 @@ class Producer:
         self._queue_known = False
 
     def wake(self, instant: bool | None = None) -> None:
-        """Wake an idle consumer of the queue now, for jobs the caller committed on its own
-        connection (`conn=`): call it after that COMMIT (contrib.django does, on commit). Rings
-        as a `ring=True` producer's put does; a producer without the bell interrupts the
-        watcher's wait instead (interrupt.py) unless `instant` is False (None:
-        `wakeup.instant_wake`). Best effort: never raises; the consumers' poll finds the jobs."""
+        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
+        call it after your COMMIT, or the consumers find them at their next poll (up to
+        `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
+
+        Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
+        idle consumer's wait instead (interrupt.py), unless `instant` is False (None: as
+        `wakeup.instant_wake` says). Best effort: it never raises."""
         try:
             with self._mutex:
                 bell, interrupter = self._wakers(instant)

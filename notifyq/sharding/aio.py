@@ -15,7 +15,22 @@ from notifyq.sharding.producer import Producer
 
 
 class AsyncProducer(aio.AsyncProducer):
-    __doc__ = aio.AsyncProducer.__doc__
+    """Put jobs on `queue` from coroutines (FastAPI, aiohttp, ...): `await producer.put(...)`.
+
+        producer = notifyq.AsyncProducer("emails", notifyq.load_config())
+        job_id = await producer.put({"to": "a@example.com"})
+        await producer.close()  # at shutdown
+
+    The methods are Producer's, awaited; the database work runs on threads of the producer's
+    own, so the event loop never blocks on it. `sessions` threads (and database sessions) carry
+    the puts; one is enough for an app whose puts are a small part of its work, more raise the
+    rate of many concurrent puts. With `ring=True` (the default) the first session's producer
+    rings the queue's bell, and wakes the consumers after the others' puts. `conn=` takes a
+    *synchronous* DB-API connection, used from the pool's thread: most async apps enqueue
+    without it. A put cancelled while its thread runs it still completes (a statement cannot be
+    taken back half-sent): the job may be stored although the awaiting coroutine never saw its
+    id. With `[shards]`, each session's producer places jobs as `notifyq.Producer` does.
+    """
     producer_class = Producer
 
     @staticmethod

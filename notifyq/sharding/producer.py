@@ -34,8 +34,32 @@ SHARD_RECHECK_S = 10.0
 
 
 class Producer(one_server.Producer):
-    """Enqueue jobs on `queue` (notifyq.Producer): on one server, the one-server Producer itself;
-    with [shards], a ShardedProducer, which has the same methods."""
+    """Put jobs on the queue `queue`: `notifyq.Producer(queue, config)`.
+
+        config = notifyq.load_config()
+        with notifyq.Producer("emails", config) as producer:
+            job_id = producer.put({"to": "a@example.com"})
+
+    A put that returns has stored its job; one that raises has stored nothing, or raises
+    `notifyq.errors.OutcomeUnknown` (the connection died during its COMMIT). Open one producer
+    when the process starts and share it between its threads; close it at exit (or use it as a
+    context manager). Its database session is opened at the first put.
+
+    Args:
+        queue: the queue's name (letters, digits, `_`, `-`, `.`; up to 64 characters).
+        config: what `notifyq.load_config()` returns.
+        ring: for a long-lived producer (a web app's): it then wakes an idle consumer within a
+            millisecond or two of each put. Without it, a put still wakes an idle consumer by
+            interrupting its wait where producers and consumers log in as one database user
+            (`wakeup.instant_wake`), else the consumers find the job at their next poll (at
+            most `wakeup.poll_max_s`, 1 s).
+        retry_s: how long a put retries an unreachable server before it raises
+            `notifyq.errors.DatabaseError` (None: the config's `producer.connect_retry_s`, 5 s;
+            0: a single attempt).
+
+    With `[shards]` in the config, the producer places each job on its queue's shard, with the
+    same methods.
+    """
 
     def __new__(cls, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
         if isinstance(config, Config) and config.shards:

@@ -31,8 +31,18 @@ PROBE_GRACE_S = 3.0  # at start, how long the other shards may take once one has
 
 
 class ConsumerService(one_server.ConsumerService):
-    """Consume `options.queues` (notifyq.ConsumerService): on one server, the one-server
-    service itself; with [shards], a ShardedConsumerService, which has the same methods."""
+    """Run the jobs of `options.queues` in this process: what `notifyq consume` runs.
+
+        service = notifyq.ConsumerService(config, notifyq.ConsumeOptions(queues=("emails",), function=send))
+        stop = threading.Event()       # set it from a signal handler, or another thread
+        service.run(stop)              # returns once stop is set and running jobs finished
+
+    `run(stop)` registers the consumer, starts its workers (`workers` threads per queue), claims
+    and runs jobs until `stop` is set, then stops claiming, gives back the jobs it has not started,
+    lets running handlers finish within `consumer.shutdown_grace_s` and unregisters. It returns
+    0, or the exit code of what stopped it. With `[shards]` in the config, it consumes the
+    queues on every shard that holds them.
+    """
 
     def __new__(cls, config: Config, options: ConsumeOptions, notifier=None):
         if isinstance(config, Config) and config.shards:

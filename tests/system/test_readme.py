@@ -34,7 +34,7 @@ def test_the_readmes_producer_stores_every_job_it_puts(db, tmp_path):
     # one on the caller's connection, which its commit stored
     assert done.returncode == 0, done.stderr
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'emails'") == 10_003
-    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE payload = '{\"order\":42}'") == 1
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE payload LIKE '%%\"order\":42%%'") == 1
 
 
 def test_the_getting_started_page_shows_the_readmes_programs():
