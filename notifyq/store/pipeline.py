@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import MySQLdb
 
-from notifyq.store.driver import describe, is_connection_lost
+from notifyq.store.driver import QUERY_INTERRUPTED, describe, error_code, is_connection_lost
 
 if TYPE_CHECKING:
     from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.db")
+
+FALLBACK_TRIES = 10  # a fallback a KILL QUERY interrupted runs again, up to this often in all
 
 
 class Pending:
@@ -76,6 +78,9 @@ class Pipeline:
         when the reply is read: it must do what matters of theirs (release a lock). Without
         one, or if it fails too, the connection ends, which frees every advisory lock it held:
         never for a session holding a lock it must keep (a consumer's liveness lock).
+        On a session another may KILL QUERY (the watcher's: the instant wake), send one statement:
+        a KILL landing between two statements of one query makes the server drop the rest unanswered
+        after a reply that says more follow, and the read waits out the read timeout.
         """
         assert self._session.autocommit
         conn = self._session.conn
@@ -178,15 +183,20 @@ class Pipeline:
             return False
         log.debug("a statement sent ahead failed session=%s error=%s: running its fallback",
                   self._session.name, describe(exc))
-        try:
-            cur = self._session._conn.cursor()
+        for _ in range(FALLBACK_TRIES):
             try:
-                cur.execute(pending.fallback)
-            finally:
-                cur.close()
-        except MySQLdb.Error:
-            return False
-        return True
+                cur = self._session._conn.cursor()
+                try:
+                    cur.execute(pending.fallback)
+                finally:
+                    cur.close()
+                return True
+            except MySQLdb.Error as e:
+                # A KILL QUERY (the instant wake's, aimed at this watcher) may land in the fallback
+                # too: run it again, rather than end a connection that holds the liveness lock.
+                if error_code(e) != QUERY_INTERRUPTED:
+                    return False
+        return False
 
     def fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
         if pending is None:
