@@ -25,6 +25,7 @@ from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, periodic, reporting
 from notifyq.consume.presence import Presence
+from notifyq.consume.stall import STOPPING_STALL_S, StallWatch
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.supervisor import Supervisor
@@ -96,6 +97,7 @@ class ConsumerService(Supervisor):
         self.summary = Summary(config.log.summary_s)  # the periodic INFO line
         self._respawn_at: dict[int, float] = {}  # index of a failed worker -> when to restart it
         self.down_at_start = False  # the start-up probe could not reach the server
+        self.stall_watch = StallWatch(config.dsn)  # no stall silent, no reply waited for that is not coming
 
     def _handler_for(self, queue: str):
         handler = self._plain_handler_for(queue)
@@ -207,6 +209,13 @@ class ConsumerService(Supervisor):
     def turn(self) -> None:
         if self.scheduler is not None:
             self.scheduler.tick()  # usually no query: only when a tick or retention is due
+        self.stall_watch.check(self.sessions())  # no query unless a call is overdue
+
+    def sessions(self) -> list[tuple[str, Session]]:
+        """The sessions the workers wait on (their work sessions, the watcher sessions), named."""
+        where = f"{self.shard}/" if self.shard else ""
+        return [(where + s.name, s) for s in (*(r.worker.work for r in self.running),
+                                              *(seat.session for seat in self.presence.watch_seats.values()))]
 
     def lost(self, r: Running) -> bool:
         """The worker ended because its server is gone (past the connect retry)."""
@@ -330,7 +339,11 @@ class ConsumerService(Supervisor):
         """Running handlers get until `deadline`; then what still runs is settled, and the
         presence goes (its row, then its locks)."""
         for r in self.running:
-            r.thread.join(max(0.0, deadline - time.monotonic()))
+            # In slices: a worker stuck in a read whose reply is not coming is ended meanwhile
+            # (StallWatch), rather than holding the exit until its read timeout.
+            while r.thread.is_alive() and time.monotonic() < deadline:
+                r.thread.join(min(STOPPING_STALL_S / 2, max(0.0, deadline - time.monotonic())))
+                self.stall_watch.check(self.sessions(), STOPPING_STALL_S)
         stuck = [r.worker for r in self.running if r.thread.is_alive()]
         if stuck:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "

@@ -10,6 +10,7 @@ statement (Session.conn), or by read_reply(); what it said lands in its Pending.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,17 @@ class Pending:
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A call of a session waiting for the server's reply (Session.waiting): since when (monotonic),
+    how long it may wait on purpose (a GET_LOCK's or a SLEEP's wait; 0: an answer is due at once),
+    and what it is."""
+
+    since: float
+    wait_s: float
+    what: str
 
 
 @dataclass
@@ -157,6 +169,7 @@ class Pipeline:
         if pending is None:
             return
         conn = self._session._conn
+        outer, self._session.waiting = self._session.waiting, Waiting(time.monotonic(), 0.0, f"the reply to {pending.what}")
         try:
             if pending.replied:
                 conn.next_result()  # the COMMIT's, after the statements' replies read already
@@ -175,6 +188,7 @@ class Pipeline:
                 self._session.discard()
         finally:
             pending.settled = True
+            self._session.waiting = outer
 
     def _run_fallback(self, exc: MySQLdb.Error, pending: Pending) -> bool:
         """A statement sent later failed on a connection that still answers: run its fallback

@@ -574,6 +574,12 @@ KILL QUERY %(conn_id)s
 -- kill_connection --
 KILL CONNECTION %(conn_id)s
 
+-- session_state --
+-- One of our own sessions as the server sees it (the consumer's stall watch, consume/stall.py):
+-- its command, and whether it runs a statement now. A client waiting for a reply from a session
+-- the server lists without a statement waits for nothing. No row: the server has no such session.
+SELECT COMMAND, INFO IS NOT NULL FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
+
 -- connection_alive --
 -- Our own user's sessions are visible without the PROCESS privilege.
 SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
