@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import MySQLdb
 
@@ -50,11 +50,10 @@ class Pending:
         return self.error is not None
 
 
-@dataclass(frozen=True)
-class Waiting:
+class Waiting(NamedTuple):
     """A call of a session waiting for the server's reply (Session.waiting): since when (monotonic),
     how long it may wait on purpose (a GET_LOCK's or a SLEEP's wait; 0: an answer is due at once),
-    and what it is."""
+    and what it is. A tuple: one is made per call, and the stall watch compares them by identity."""
 
     since: float
     wait_s: float
@@ -169,7 +168,7 @@ class Pipeline:
         if pending is None:
             return
         conn = self._session._conn
-        outer, self._session.waiting = self._session.waiting, Waiting(time.monotonic(), 0.0, f"the reply to {pending.what}")
+        outer, self._session.waiting = self._session.waiting, Waiting(time.monotonic(), 0.0, pending.what)
         try:
             if pending.replied:
                 conn.next_result()  # the COMMIT's, after the statements' replies read already
