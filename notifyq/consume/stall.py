@@ -6,8 +6,10 @@ wait on purpose (Session.waiting: a GET_LOCK's or a SLEEP's wait; an answer is d
 otherwise). The service's main loop asks here, every turn, without a statement, whether one of
 its sessions' calls (the workers' work sessions, the watcher sessions) is overdue by STALL_S.
 Then, once per call, it asks the server on a session of its own how it lists that session:
-  - running a statement (a lock wait, a slow disk): a WARNING saying so; it goes on waiting;
-  - without a statement, or not at all: the reply is not coming (a KILL QUERY that landed
+  - running a statement (a lock wait, a slow disk): a WARNING saying so; it goes on waiting, and
+    is looked at again every STALL_S (a KILL may still cut the rest of its query);
+  - without a statement for under a second: a reply may be on its way; asked again next turn;
+  - without a statement for longer, or not at all: the reply is not coming (a KILL QUERY that landed
     between two statements of one query makes the server drop the rest unanswered, and a client
     would wait out its read timeout, a minute, its jobs ready and nobody starting them). A
     WARNING, and KILL CONNECTION of that session: its read ends at once, and the session
@@ -19,6 +21,7 @@ STOPPING_STALL_S, so a stuck read delays a SIGTERM by about that, not by its rea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -32,9 +35,22 @@ from notifyq.store.pipeline import Waiting
 
 log = logging.getLogger("notifyq.consumer")
 
-STALL_S = 5.0  # a call this long past its own wait is a stall: said, and looked into
+# A call this long past its own wait is a stall: said, and looked into. Short: a foreign KILL
+# QUERY that cuts a work session's claim short while its worker watches holds every idle consumer
+# of the queue until it is ended (about STALL_S + a turn + IDLE_S).
+STALL_S = 2.0
+IDLE_S = 1  # the server lists the session without a statement this long (whole seconds): no reply is on its way
 STOPPING_STALL_S = 1.0  # the same while stopping: a stuck read must not hold the exit long
 LOOK_RETRY_S = 2.0  # the look's own connect retry: the server may be the thing that is gone
+
+
+@dataclasses.dataclass
+class Stall:
+    """An overdue call the watch has said: whose, which, and when to look at it again."""
+
+    label: str
+    waiting: Waiting
+    look_again_at: float | None  # the server still ran it: look again then (its rest may be dropped)
 
 
 class StallWatch:
@@ -42,64 +58,79 @@ class StallWatch:
 
     def __init__(self, dsn: DSN):
         self.dsn = dsn
-        self._told: dict[int, tuple[str, Waiting]] = {}  # id(session) -> the overdue call said
+        self._said: dict[int, Stall] = {}  # id(session) -> its overdue call, said
         self.stalls = 0  # overdue calls said (tests and benchmarks read them)
         self.ended = 0  # connections ended because their reply was not coming
 
     def check(self, sessions: Iterable[tuple[str, Session]], stall_s: float = STALL_S) -> None:
         now = time.monotonic()
-        overdue: list[tuple[str, Session, Waiting]] = []
+        due: list[tuple[str, Session, Waiting]] = []
         seen: set[int] = set()
         for label, session in sessions:
             seen.add(id(session))
             waiting = session.waiting
-            told = self._told.get(id(session))
-            if told is not None and told[1] is not waiting:
-                del self._told[id(session)]
+            said = self._said.get(id(session))
+            if said is not None and said.waiting is not waiting:
+                del self._said[id(session)]
                 log.info("no longer stalled: the call answered or ended after %.1f s session=%s what=%s",
-                         now - told[1].since, told[0], told[1].what)
-            if waiting is None or id(session) in self._told or now - waiting.since < waiting.wait_s + stall_s:
+                         now - said.waiting.since, said.label, said.waiting.what)
+                said = None
+            if waiting is None or now - waiting.since < waiting.wait_s + stall_s:
                 continue
-            overdue.append((label, session, waiting))
-        for gone in set(self._told) - seen:  # a session replaced meanwhile (a worker restarted)
-            del self._told[gone]
-        if overdue:
-            self._look(overdue, now)
+            if said is None or (said.look_again_at is not None and now >= said.look_again_at):
+                due.append((label, session, waiting))
+        for gone in set(self._said) - seen:  # a session replaced meanwhile (a worker restarted)
+            del self._said[gone]
+        if due:
+            self._look(due, now, stall_s)
 
-    def _look(self, overdue: list[tuple[str, Session, Waiting]], now: float) -> None:
+    def _look(self, due: list[tuple[str, Session, Waiting]], now: float, stall_s: float) -> None:
         looker = Session(self.dsn, autocommit=True, retry_s=LOOK_RETRY_S, name="stall-watch")
         try:
-            for label, session, waiting in overdue:
-                self._told[id(session)] = (label, waiting)
-                self.stalls += 1
-                self._look_at(looker, label, session, waiting, now)
+            for label, session, waiting in due:
+                self._look_at(looker, label, session, waiting, now, stall_s)
         finally:
             looker.close()
 
-    def _look_at(self, looker: Session, label: str, session: Session, waiting: Waiting, now: float) -> None:
+    def _look_at(self, looker: Session, label: str, session: Session, waiting: Waiting, now: float,
+                 stall_s: float) -> None:
+        """Say the overdue call (once), and end its connection if its reply is not coming."""
         late_s = now - waiting.since
         conn_id = session.connection_id
+        first = id(session) not in self._said
         try:
             state = advisory.session_state(looker, conn_id) if conn_id else None
         except (DriverError, errors.NotifyqError) as e:
-            log.warning("stalled: a call has waited %.1f s for its reply (due after %g s), and the "
-                        "server could not be asked why session=%s what=%s error=%s", late_s,
-                        waiting.wait_s, label, waiting.what, e)
+            if first:
+                log.warning("stalled: a call has waited %.1f s for its reply (due after %g s), and the "
+                            "server could not be asked why session=%s what=%s error=%s", late_s,
+                            waiting.wait_s, label, waiting.what, e)
+            self._say(session, label, waiting, now + stall_s)
             return
         if session.waiting is not waiting or session.connection_id != conn_id:
-            return  # it answered meanwhile (the INFO line comes at the next check)
+            return  # it answered meanwhile
         if state is not None and state[1]:
-            log.warning("stalled: a call has waited %.1f s for its reply (due after %g s); the server "
-                        "is still running it session=%s what=%s server_command=%s", late_s,
-                        waiting.wait_s, label, waiting.what, state[0])
+            if first:
+                log.warning("stalled: a call has waited %.1f s for its reply (due after %g s); the server "
+                            "is still running it session=%s what=%s server_command=%s", late_s,
+                            waiting.wait_s, label, waiting.what, state[0])
+            self._say(session, label, waiting, now + stall_s)
             return
+        if state is not None and state[2] < IDLE_S:
+            return  # its statement ended just now: its reply may be on the way (looked at next turn)
         listed = "lists it without a statement" if state is not None else "has no such session"
         log.warning("stalled: a call has waited %.1f s for a reply that is not coming (the server %s): "
                     "ending its connection, which reconnects session=%s what=%s", late_s, listed,
                     label, waiting.what)
+        self._say(session, label, waiting, None)
         try:
             if conn_id and advisory.kill_connection(looker, conn_id):
                 self.ended += 1
         except (DriverError, errors.NotifyqError) as e:
             log.warning("could not end the stalled connection: its read ends at its read timeout "
                         "session=%s error=%s", label, e)
+
+    def _say(self, session: Session, label: str, waiting: Waiting, look_again_at: float | None) -> None:
+        if id(session) not in self._said:
+            self.stalls += 1
+        self._said[id(session)] = Stall(label, waiting, look_again_at)

@@ -80,13 +80,13 @@ def kill_query_on(cur, conn_id: int) -> bool:
         raise
 
 
-def session_state(session: Session, conn_id: int) -> tuple[str, bool] | None:
-    """(its command, whether it runs a statement now) of one of our own sessions, as the server
-    lists it; None when the server has no such session."""
-    def body(cur) -> tuple[str, bool] | None:
+def session_state(session: Session, conn_id: int) -> tuple[str, bool, int] | None:
+    """(its command, whether it runs a statement now, whole seconds in that state) of one of our
+    own sessions, as the server lists it; None when the server has no such session."""
+    def body(cur) -> tuple[str, bool, int] | None:
         cur.execute(Q["session_state"], {"conn_id": int(conn_id)})
         row = cur.fetchone()
-        return None if row is None else (str(row[0]), bool(row[1]))
+        return None if row is None else (str(row[0]), bool(row[1]), int(row[2] or 0))
 
     return session.run(body, what="session state")
 

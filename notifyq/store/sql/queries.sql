@@ -576,9 +576,10 @@ KILL CONNECTION %(conn_id)s
 
 -- session_state --
 -- One of our own sessions as the server sees it (the consumer's stall watch, consume/stall.py):
--- its command, and whether it runs a statement now. A client waiting for a reply from a session
--- the server lists without a statement waits for nothing. No row: the server has no such session.
-SELECT COMMAND, INFO IS NOT NULL FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
+-- its command, whether it runs a statement now, and the seconds it has been in that state. A
+-- client waiting for a reply from a session the server has listed without a statement for a
+-- second waits for nothing. No row: the server has no such session.
+SELECT COMMAND, INFO IS NOT NULL, TIME FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 
 -- connection_alive --
 -- Our own user's sessions are visible without the PROCESS privilege.
