@@ -210,6 +210,18 @@ class ConsumerService(Supervisor):
         if self.scheduler is not None:
             self.scheduler.tick()  # usually no query: only when a tick or retention is due
         self.stall_watch.check(self.sessions())  # no query unless a call is overdue
+        self.stall_watch.check_loops(((r.worker.name, r.worker.last_turn, self._excused(r.worker))
+                                      for r in self.running if r.thread.is_alive()), self.loop_limit_s())
+
+    def loop_limit_s(self) -> float:
+        """The longest an idle worker's loop may go without a turn (a wait for the watch lock)."""
+        return max(self.config.wakeup.idle_wait_s, self.config.wakeup.poll_max_s) + 15
+
+    def _excused(self, worker: Worker) -> bool:
+        """In a handler, in a database call (the stall watch's check says those), or reconnecting."""
+        seat = worker.watch_seat
+        return (worker.in_handler_since is not None or worker.work.waiting is not None
+                or (seat.holds(worker) and seat.session.waiting is not None) or self.reconnecting(worker))
 
     def sessions(self) -> list[tuple[str, Session]]:
         """The sessions the workers wait on (their work sessions, the watcher sessions), named."""
@@ -261,7 +273,7 @@ class ConsumerService(Supervisor):
         """Every worker alive and its loop turning (a running handler counts: it has a lease).
         outage_is_healthy (sharding): a worker whose server is gone (reconnecting, or waiting to
         restart) counts as healthy: one shard down must not make the watchdog kill the process."""
-        limit = max(self.config.wakeup.idle_wait_s, self.config.wakeup.poll_max_s) + 15
+        limit = self.loop_limit_s()
         now = time.monotonic()
         for r in self.running:
             worker, thread = r.worker, r.thread

@@ -59,6 +59,7 @@ class StallWatch:
     def __init__(self, dsn: DSN):
         self.dsn = dsn
         self._said: dict[int, Stall] = {}  # id(session) -> its overdue call, said
+        self._stuck_loops: set[str] = set()  # workers whose loop stopped turning, said
         self.stalls = 0  # overdue calls said (tests and benchmarks read them)
         self.ended = 0  # connections ended because their reply was not coming
 
@@ -83,6 +84,22 @@ class StallWatch:
             del self._said[gone]
         if due:
             self._look(due, now, stall_s)
+
+    def check_loops(self, loops: Iterable[tuple[str, float, bool]], limit_s: float) -> None:
+        """loops: (worker name, when its loop last turned, whether it is excused: in a handler, in
+        a database call (check says those), or reconnecting). A loop that has not turned for
+        limit_s otherwise is stuck in the process itself: said once (the systemd watchdog, fed only
+        while every loop turns, stops being fed then), and again when it turns."""
+        now = time.monotonic()
+        for name, last_turn, excused in loops:
+            stuck = not excused and now - last_turn > limit_s
+            if stuck and name not in self._stuck_loops:
+                self._stuck_loops.add(name)
+                log.warning("stalled: a worker's loop has not turned for %.0f s, outside a handler and any "
+                            "database call worker=%s", now - last_turn, name)
+            elif not stuck and name in self._stuck_loops:
+                self._stuck_loops.discard(name)
+                log.info("no longer stalled: the worker's loop turns again worker=%s", name)
 
     def _look(self, due: list[tuple[str, Session, Waiting]], now: float, stall_s: float) -> None:
         looker = Session(self.dsn, autocommit=True, retry_s=LOOK_RETRY_S, name="stall-watch")

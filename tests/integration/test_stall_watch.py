@@ -161,3 +161,34 @@ def test_sigterm_does_not_wait_out_the_read_timeout_of_a_worker_stuck_in_a_read(
     assert time.monotonic() - started < 10
     assert service.stall_watch.ended == 1
     worker.work.close()
+
+
+def test_a_worker_loop_that_stops_turning_outside_a_handler_and_any_database_call_is_said(db, caplog):
+    """Before, the only sign was the systemd watchdog going unfed (healthy() false), silently."""
+    # Given a consumer service whose one worker's loop last turned longer ago than an idle wait
+    service = ConsumerService(db.config(), ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(service.config, "q", handlers.PythonHandler(lambda job: None, False), stop=service.stop,
+                    budget=Budget(None), name="w1", presence=service.presence)
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    service.running.append(Running(worker, thread))
+    worker.work.conn  # (connected: not a worker waiting for its server)
+    service.presence.session.conn
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            worker.last_turn = time.monotonic() - service.loop_limit_s() - 1
+            # When the main loop turns
+            service.turn()
+            service.turn()
+            # Then it says so, once
+            said = [r for r in caplog.records if "loop has not turned" in r.getMessage()]
+            assert len(said) == 1 and said[0].levelno == logging.WARNING and "w1" in said[0].getMessage()
+            # And when the loop turns again, that too
+            worker._turned()
+            service.turn()
+            assert any("turns again" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        worker.work.close()
+        service.presence.close()
