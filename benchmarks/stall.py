@@ -16,7 +16,7 @@ The figure: the longest span in which at least one job was ready (its put() had 
 handler started. Idle consumers waiting for a wake-up they missed, or a consumer stuck in a read,
 show here; a busy fleet starts a handler every few ms. It must stay under 1 s. Also shown: the
 pick-up latency (put() returned to handler start), and the consumers' log lines that say they
-stalled (WARNING "no handler started").
+stalled (the `stalled:` WARNINGs of consume/stall.py and consume/worker.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 QUEUE = "bench"  # wakeup.py's Fleet consumes this queue
 BOUND_S = 1.0  # the longest stall allowed
-STALL_LOG = "no handler started"  # the consumers' watchdog warning (consume/watchdog.py)
+STALL_LOG = "stalled:"  # the consumers' stall warnings (consume/stall.py, consume/worker.py)
 
 
 def child(seconds: float, gap_s: float, seed: int, out: str) -> int:
