@@ -25,6 +25,7 @@ from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, periodic, reporting
 from notifyq.consume.presence import Presence
+from notifyq.consume.stall import STOPPING_STALL_S, StallWatch
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.supervisor import Supervisor
@@ -117,6 +118,7 @@ class ConsumerService(Supervisor):
         self.summary = Summary(config.log.summary_s)  # the periodic INFO line
         self._respawn_at: dict[int, float] = {}  # index of a failed worker -> when to restart it
         self.down_at_start = False  # the start-up probe could not reach the server
+        self.stall_watch = StallWatch(config.dsn)  # no stall silent, no reply waited for that is not coming
 
     def _handler_for(self, queue: str):
         handler = self._plain_handler_for(queue)
@@ -228,6 +230,25 @@ class ConsumerService(Supervisor):
     def turn(self) -> None:
         if self.scheduler is not None:
             self.scheduler.tick()  # usually no query: only when a tick or retention is due
+        self.stall_watch.check(self.sessions())  # no query unless a call is overdue
+        self.stall_watch.check_loops(((r.worker.name, r.worker.last_turn, self._excused(r.worker))
+                                      for r in self.running if r.thread.is_alive()), self.loop_limit_s())
+
+    def loop_limit_s(self) -> float:
+        """The longest an idle worker's loop may go without a turn (a wait for the watch lock)."""
+        return max(self.config.wakeup.idle_wait_s, self.config.wakeup.poll_max_s) + 15
+
+    def _excused(self, worker: Worker) -> bool:
+        """In a handler, in a database call (the stall watch's check says those), or reconnecting."""
+        seat = worker.watch_seat
+        return (worker.in_handler_since is not None or worker.work.waiting is not None
+                or (seat.holds(worker) and seat.session.waiting is not None) or self.reconnecting(worker))
+
+    def sessions(self) -> list[tuple[str, Session]]:
+        """The sessions the workers wait on (their work sessions, the watcher sessions), named."""
+        where = f"{self.shard}/" if self.shard else ""
+        return [(where + s.name, s) for s in (*(r.worker.work for r in self.running),
+                                              *(seat.session for seat in self.presence.watch_seats.values()))]
 
     def lost(self, r: Running) -> bool:
         """The worker ended because its server is gone (past the connect retry)."""
@@ -273,7 +294,7 @@ class ConsumerService(Supervisor):
         """Every worker alive and its loop turning (a running handler counts: it has a lease).
         outage_is_healthy (sharding): a worker whose server is gone (reconnecting, or waiting to
         restart) counts as healthy: one shard down must not make the watchdog kill the process."""
-        limit = max(self.config.wakeup.idle_wait_s, self.config.wakeup.poll_max_s) + 15
+        limit = self.loop_limit_s()
         now = time.monotonic()
         for r in self.running:
             worker, thread = r.worker, r.thread
@@ -351,7 +372,11 @@ class ConsumerService(Supervisor):
         """Running handlers get until `deadline`; then what still runs is settled, and the
         presence goes (its row, then its locks)."""
         for r in self.running:
-            r.thread.join(max(0.0, deadline - time.monotonic()))
+            # In slices: a worker stuck in a read whose reply is not coming is ended meanwhile
+            # (StallWatch), rather than holding the exit until its read timeout.
+            while r.thread.is_alive() and time.monotonic() < deadline:
+                r.thread.join(min(STOPPING_STALL_S / 2, max(0.0, deadline - time.monotonic())))
+                self.stall_watch.check(self.sessions(), STOPPING_STALL_S)
         stuck = [r.worker for r in self.running if r.thread.is_alive()]
         if stuck:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "

@@ -180,7 +180,12 @@ class Worker:
         if not self.waiter.acquire_watch():
             # Timed out or interrupted: the loop turns, then we queue up again, unless work
             # waits that the watcher should have handed on by now (its host may be gone).
-            return self.waiter.watch_timed_out and self.waiter.watcher_overdue()
+            if self.waiter.watch_timed_out and self.waiter.watcher_overdue():
+                log.warning("stalled: jobs are ready and the watcher has not handed them on for %g s "
+                            "(its host may be gone, or its session stuck): claiming them here queue=%s",
+                            self.config.wakeup.idle_wait_s, self.queue)
+                return True
+            return False
         try:
             if not self.waiter.wait_for_work():
                 return False

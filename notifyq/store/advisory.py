@@ -39,7 +39,7 @@ def get_lock(session: Session, name: str, wait_s: float) -> int | None:
         row = cur.fetchone()
         return row[0] if row else None
 
-    return session.run(body, what="get_lock")
+    return session.run(body, what="get_lock", wait_s=math.ceil(max(0.0, wait_s)))  # (MySQL rounds up)
 
 
 def release_lock(session: Session, name: str) -> int | None:
@@ -78,6 +78,31 @@ def kill_query_on(cur, conn_id: int) -> bool:
         if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake
             return False
         raise
+
+
+def session_state(session: Session, conn_id: int) -> tuple[str, bool, int] | None:
+    """(its command, whether it runs a statement now, whole seconds in that state) of one of our
+    own sessions, as the server lists it; None when the server has no such session."""
+    def body(cur) -> tuple[str, bool, int] | None:
+        cur.execute(Q["session_state"], {"conn_id": int(conn_id)})
+        row = cur.fetchone()
+        return None if row is None else (str(row[0]), bool(row[1]), int(row[2] or 0))
+
+    return session.run(body, what="session state")
+
+
+def kill_connection(session: Session, conn_id: int) -> bool:
+    """End one of our own sessions (its client's read returns at once); False if it is gone."""
+    def body(cur) -> bool:
+        try:
+            cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
+            return True
+        except MySQLdb.Error as e:
+            if error_code(e) in (1094, 1095):  # no such thread / not ours
+                return False
+            raise
+
+    return session.run(body, what="kill connection")
 
 
 HOLD_SESSION_S = 7 * 86400  # a producer's bell session may idle this long, waiting for input

@@ -9,6 +9,7 @@ held at the end of its previous statement (wakeup.py says why that loses no ring
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
                           None if due_in_us is None else due_in_us / 1e6,
                           None if waited is None else int(waited), None if held is None else int(held))
 
-    return session.run(body, what="watch")
+    return session.run(body, what="watch", wait_s=math.ceil(max(0.0, wait_s)))  # (MySQL rounds up)
 
 
 def look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:

@@ -20,7 +20,7 @@ from notifyq.config import DSN
 from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, RSA_KEY_NEEDED, UNKNOWN_DATABASE,
                                   Conflicts, describe, error_code, is_connection_lost, is_transient,
                                   retry_policy)
-from notifyq.store.pipeline import Attempt, Pipeline
+from notifyq.store.pipeline import Attempt, Pipeline, Waiting
 from notifyq.store.sql import QUERIES
 from notifyq.store.writer import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, WriterChoice, ready_for_writes
 
@@ -112,6 +112,9 @@ class Session:
         self.connection_id: int | None = None  # readable from other threads (the stopper)
         self.pipeline = Pipeline(self)
         self.attempt = Attempt()  # the transaction being run (Session.run)
+        # The call waiting for the server's reply now, None between calls: read by the consumer's
+        # stall watch (another thread), which says when a reply is overdue (consume/stall.py).
+        self.waiting: Waiting | None = None
         self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
         self.galera = False  # the server is a Galera node (wsrep provider loaded)
         self._server_started_at = -math.inf  # monotonic, from the server's Uptime at connect
@@ -278,7 +281,7 @@ class Session:
         return self.conn.cursor()
 
     def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True,
-            committed: Callable[[Any, T], bool] | None = None) -> T:
+            committed: Callable[[Any, T], bool] | None = None, wait_s: float = 0.0) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
 
         A lost connection during COMMIT leaves the outcome unknown: idempotent bodies (every
@@ -287,25 +290,27 @@ class Session:
         to find out: `committed(cursor, result)` asks, on a new connection (on Galera, the next
         node, after it applied everything the cluster committed), whether the transaction that
         returned `result` is stored; if so its result stands, if not it is run again.
+        wait_s: how long the body may wait on the server on purpose (GET_LOCK, SLEEP): its reply
+        is overdue only after that (Session.waiting).
         """
         try:
-            return self._run(body, what=what, idempotent=idempotent, committed=committed)
+            return self._run(body, what=what, idempotent=idempotent, committed=committed, wait_s=wait_s)
         except MySQLdb.Error as e:
             if is_transient(e):
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
             raise
 
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
-             committed: Callable[[Any, T], bool] | None) -> T:
+             committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
-        result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed),
+        result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
                                                 what, started)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool,
-                 committed: Callable[[Any, T], bool] | None = None) -> T:
+                 committed: Callable[[Any, T], bool] | None = None, what: str = "", wait_s: float = 0.0) -> T:
         committing = False
         sent_at = time.monotonic()
         self.attempt = attempt = Attempt(idempotent)
@@ -314,6 +319,8 @@ class Session:
             self.discard()  # another session of this process failed over: follow it (never mid-transaction)
         try:
             cur = self.conn.cursor()
+            # (after the connect and any reply sent ahead: a connect retry logs on its own)
+            self.waiting = Waiting(time.monotonic(), wait_s, what)
             try:
                 result = body(cur)
             finally:
@@ -321,9 +328,11 @@ class Session:
             if not self.autocommit and not attempt.committed:
                 committing = True
                 self.conn.commit()
+            self.waiting = None
             self.answered_at = sent_at
             return result
         except BaseException as e:
+            self.waiting = None
             # Any exception, not only the driver's: a body that fails halfway (bad input found
             # after its first statement, a bug, an interrupt) must not leave its statements in
             # an open transaction for the session's next COMMIT to make permanent.

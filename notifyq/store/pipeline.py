@@ -12,12 +12,13 @@ queries of one transaction, each within it (sized).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import MySQLdb
 
-from notifyq.store.driver import describe, is_connection_lost
+from notifyq.store.driver import QUERY_INTERRUPTED, describe, error_code, is_connection_lost
 
 if TYPE_CHECKING:
     from notifyq.store.db import Session
@@ -27,6 +28,7 @@ log = logging.getLogger("notifyq.db")
 # What a query holds besides its statements (the protocol's own bytes, a COMMIT, the joins),
 # kept free of max_allowed_packet, as inserts.py keeps it.
 PACKET_MARGIN_BYTES = 4096
+FALLBACK_TRIES = 10  # a fallback a KILL QUERY interrupted runs again, up to this often in all
 
 
 class Pending:
@@ -51,6 +53,16 @@ class Pending:
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+
+class Waiting(NamedTuple):
+    """A call of a session waiting for the server's reply (Session.waiting): since when (monotonic),
+    how long it may wait on purpose (a GET_LOCK's or a SLEEP's wait; 0: an answer is due at once),
+    and what it is. A tuple: one is made per call, and the stall watch compares them by identity."""
+
+    since: float
+    wait_s: float
+    what: str
 
 
 @dataclass
@@ -82,6 +94,9 @@ class Pipeline:
         when the reply is read: it must do what matters of theirs (release a lock). Without
         one, or if it fails too, the connection ends, which frees every advisory lock it held:
         never for a session holding a lock it must keep (a consumer's liveness lock).
+        On a session another may KILL QUERY (the watcher's: the instant wake), send one statement:
+        a KILL landing between two statements of one query makes the server drop the rest unanswered
+        after a reply that says more follow, and the read waits out the read timeout.
         """
         assert self._session.autocommit
         conn = self._session.conn
@@ -159,6 +174,7 @@ class Pipeline:
         if pending is None:
             return
         conn = self._session._conn
+        outer, self._session.waiting = self._session.waiting, Waiting(time.monotonic(), 0.0, pending.what)
         try:
             if pending.replied:
                 conn.next_result()  # the COMMIT's, after the statements' replies read already
@@ -177,6 +193,7 @@ class Pipeline:
                 self._session.discard()
         finally:
             pending.settled = True
+            self._session.waiting = outer
 
     def _run_fallback(self, exc: MySQLdb.Error, pending: Pending) -> bool:
         """A statement sent later failed on a connection that still answers: run its fallback
@@ -185,15 +202,20 @@ class Pipeline:
             return False
         log.debug("a statement sent ahead failed session=%s error=%s: running its fallback",
                   self._session.name, describe(exc))
-        try:
-            cur = self._session._conn.cursor()
+        for _ in range(FALLBACK_TRIES):
             try:
-                cur.execute(pending.fallback)
-            finally:
-                cur.close()
-        except MySQLdb.Error:
-            return False
-        return True
+                cur = self._session._conn.cursor()
+                try:
+                    cur.execute(pending.fallback)
+                finally:
+                    cur.close()
+                return True
+            except MySQLdb.Error as e:
+                # A KILL QUERY (the instant wake's, aimed at this watcher) may land in the fallback
+                # too: run it again, rather than end a connection that holds the liveness lock.
+                if error_code(e) != QUERY_INTERRUPTED:
+                    return False
+        return False
 
     def fail_pending(self, exc: BaseException, pending: Pending | None = None) -> None:
         if pending is None:

@@ -35,6 +35,11 @@ job.transaction(), which commits it with the job's completion:
 - missing_effect: a job acked (gone from the table, not by a cancel; or kept done) has its row;
 - effect_of_dead / effect_of_cancelled: a job that ended dead, or was cancelled before it
   completed, has none.
+"Trust, round three" (no silent stall):
+- no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
+  was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
+  none started, unless a fault other than a kill_query came within a lease and the bound
+  before it (a killed or stopped consumer's claims wait for a reaper or their lease).
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
   finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
@@ -80,6 +85,8 @@ DEAD = 4
 DONE = 3
 CANCELLED = 5  # issue 29: a job cancelled while it ran ends in a state of its own
 CLAIMED = 2
+STALL_BOUND_S = 5.0  # no_progress: a fleet with ready jobs starts one within this (poll_max_s is 1 s)
+STALL_DEPLOY = "main"  # the other deployments idle between cron runs or episodes by design
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -683,6 +690,40 @@ def check_self_reaps(h: History) -> list[Violation]:
             for f in h.faults if f.kind == "taken_back" and f.detail == str(f.pid)]
 
 
+def check_progress(h: History) -> list[Violation]:
+    """no_progress: a sweep over the ready jobs' spans (put() returned to first start) and the
+    runs' (start to end; a run without an end counts only its start: its process died or stopped,
+    a fault): a span with a job ready, no handler running and none starting, longer than
+    STALL_BOUND_S and with no excusing fault near, is a stall."""
+    first: dict[JobKey, float] = {}
+    for r in h.runs:
+        first[r.key] = min(first.get(r.key, r.start), r.start)
+    cancelled = {f.job for f in h.faults if f.kind == "cancel"}
+    events: list[tuple[float, int, int]] = []  # (time, ready change, running change)
+    for e in h.enqueues:
+        if e.delay_s == 0 and e.key in first and e.key not in cancelled and first[e.key] > e.acked_at:
+            events += [(e.acked_at, 1, 0), (first[e.key], -1, 0)]
+    for r in h.runs:
+        events.append((r.start, 0, 1))
+        events.append((r.end if r.end is not None else r.start, 0, -1))
+    excusing = Faults(f for f in h.faults if f.kind != "kill_query")
+    out: list[Violation] = []
+    ready = running = 0
+    since: float | None = None
+    most = 0  # the most jobs ready at once in the span
+    for at, d_ready, d_running in sorted(events, key=lambda e: (e[0], -e[2])):  # a start before an end
+        ready, running = ready + d_ready, running + d_running
+        if ready > 0 and running == 0:
+            since, most = (at, ready) if since is None else (since, max(most, ready))
+            continue
+        if since is not None and at - since > STALL_BOUND_S \
+                and not excusing.any_between(since - h.lease_s - STALL_BOUND_S, at):
+            out.append(Violation("no_progress", None, f"{at - since:.1f} s from t={since:.1f} with up to {most} "
+                                 "job(s) ready and no handler running or starting, no fault near"))
+        since = None
+    return out
+
+
 def check(h: History) -> Report:
     """Every rule; the lease-bound ones on each deployment with its own lease (lease_of)."""
     deploys = sorted({r.deploy for r in h.runs} | {e.deploy for e in h.enqueues} | {f.deploy for f in h.final_rows}
@@ -691,6 +732,7 @@ def check(h: History) -> Report:
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
     violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
+    violations += check_progress(_only(h, STALL_DEPLOY))
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)

@@ -32,10 +32,12 @@ from notifyq import errors
 from notifyq.produce.producer import Producer
 from notifyq.run.localserver import LocalServer
 from notifyq.store import admin_queries
+from notifyq.store.locks import QueueLocks
 from notifyq.store.db import Session
 
 from . import checker
 from . import episodes as ep
+from . import kill_query
 from .fleet import Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
@@ -322,6 +324,8 @@ class FaultRun:
             self._kill_connection(step.pick)
         elif step.kind == "kill_session":
             self._kill_session(step.pick)
+        elif step.kind == "kill_query":
+            self._kill_query(step.pick)
         elif step.kind in ("server_restart", "server_crash"):
             at, back = self.restart_server(crash=step.kind == "server_crash")
             self.faults.append(Fault(step.kind, at, back))
@@ -381,6 +385,24 @@ class FaultRun:
         except MySQLdb.Error:
             return  # it closed meanwhile
         self.faults.append(Fault("kill_connection", at, at, pid, detail=str(conn_id)))
+
+    def _kill_query(self, pick: float) -> None:
+        """A burst of KILL QUERY at the main consumers' sessions (kill_query.py)."""
+        main = self.dbs["main"]
+        at = time.monotonic()
+        try:
+            live = [c for c in self.fleet.slots if c.alive() and not c.stopped and c.ready()]
+            sessions = {cid: c.pid for c in live for cid in self._sessions_of(c.pid)}
+            conn = admin_connect(main.admin, main.admin.database)
+            try:
+                sent, hit = kill_query.burst(conn, QueueLocks(main.dsn.database, QUEUE).watch, sessions,
+                                             random.Random(pick))
+            finally:
+                conn.close()
+        except MySQLdb.Error:
+            return  # the server restarts: no burst
+        end = time.monotonic()
+        self.faults += [Fault("kill_query", at, end, pid, detail=f"{sent} KILL QUERY in the burst") for pid in sorted(hit)]
 
     def _cancel(self, job_id: int) -> None:
         session = Session(self.dbs["main"].dsn, retry_s=5, name="cancel")

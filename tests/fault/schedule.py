@@ -36,6 +36,11 @@ Issue 29's class, cheap, on the main deployment (in the CI draw):
   effects          a share of the plain jobs (kind fx) write one row each into an effects table
                    through job.transaction(), which commits it with the job's completion; the
                    checker wants exactly one row per acked job, none for a dead or cancelled one
+Issue "trust, round three"'s class, cheap, on the main deployment (in the CI draw):
+  kill_query       every ~3 s, a 0.5 s burst of KILL QUERY (kill_query.py): at the watch lock's
+                   holder (the instant wake's target, caught between a statement it sent ahead
+                   and its reply) and at random sessions of random consumers; the checker's
+                   no_progress rule wants no span with jobs ready and nothing started
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -58,11 +63,12 @@ BEFORE_26 = ("sigkill", "stall", "kill_connection", "server_restart", "server_cr
              "slow", "polling", "exit_when_empty", "cancel", "retry", "due_priority")
 CHEAP_26 = ("kill_session", "huge_error", "fork", "shared_producer", "rr_dedup", "async_handler")
 EFFECTS_29 = ("effects",)
+STALL_15 = ("kill_query",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + EPISODES
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15  # the long episodes run in benchmarks/fault_schedule.py
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
@@ -72,6 +78,7 @@ TIMED = {"sigkill": "sigkill", "stall": "stall", "kill_connection": "kill_connec
          "server_restart": "server_restart", "server_crash": "server_crash", "cancel": "cancel",
          "rolling_restart": "polling", "kill_session": "kill_session"}
 SERVER_GAP_S = 20.0  # at least this long between two server restarts: let the fleet settle
+KILL_QUERY_EVERY_S = 3.0  # kill_query's bursts, about this often, on a random stream of their own
 
 
 def parse_classes(text: str) -> tuple[str, ...]:
@@ -183,6 +190,11 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
             last_server = t
         length = rng.uniform(lease_s + 1.0, lease_s + 3.0) if kind == "stall" else 0.0
         steps.append(Step(round(t, 3), kind, rng.random(), round(length, 3)))
+    if "kill_query" in classes:  # a stream of its own: the other faults keep their offsets
+        kill_rng, t = random.Random(seed * 1000 + 15), 0.0
+        while (t := t + kill_rng.uniform(0.5, 1.5) * KILL_QUERY_EVERY_S) < duration_s:
+            steps.append(Step(round(t, 3), "kill_query", kill_rng.random()))
+        steps.sort(key=lambda s: s.at_s)
     return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps), fault_every_s,
                 episode_order(seed, classes, duration_s))
 

@@ -452,3 +452,26 @@ def test_a_dedup_put_that_found_a_plain_job_holding_its_key_owes_no_effect():
     h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), fx(1, at=0.5)])
     # Then the job acked without an effect row is no violation: it ran the plain payload
     assert checker.check(h).ok, checker.check(h).violations
+
+
+def test_ready_jobs_with_nothing_running_or_starting_for_longer_than_the_bound_are_a_stall():
+    # Job 2 is ready from t=1 to t=9 while no handler runs or starts: 8 s > STALL_BOUND_S
+    stalled = ([run(1, 1, 10, 0.1, 0.2), run(2, 1, 10, 9.0, 9.1)], [enq(1, at=0.0), enq(2, at=1.0)])
+    assert rules(history(*stalled)) == {"no_progress": 1}
+    # A burst of KILL QUERY excuses nothing: a KILL must never leave a consumer waiting
+    assert rules(history(*stalled, faults=[Fault("kill_query", 2.0, 2.5, 10)])) == {"no_progress": 1}
+    # A killed consumer does (its claims wait for a reaper), and so does a server restart
+    for fault in (Fault("sigkill", 0.5, 0.5, 10), Fault("server_restart", 3.0, 5.0)):
+        assert checker.check(history(*stalled, faults=[fault])).ok, fault
+
+
+def test_no_stall_while_a_handler_runs_for_a_short_gap_or_for_a_delayed_job():
+    runs = [run(1, 1, 10, 0.1, 0.2), run(2, 1, 10, 9.0, 9.1)]
+    # A handler running through the gap: the fleet is busy, not stalled
+    busy = history(runs + [run(3, 1, 11, 0.5, 8.5)], [enq(1), enq(2, at=1.0), enq(3, at=0.4)])
+    assert checker.check(busy).ok
+    # A gap within the bound
+    assert checker.check(history([run(1, 1, 10, 0.1, 0.2), run(2, 1, 10, 5.5, 5.6)], [enq(1), enq(2, at=1.0)])).ok
+    # A job put with a delay is not ready before it is due
+    delayed = dataclasses.replace(enq(2, at=1.0), method="delayed", delay_s=8.0)
+    assert checker.check(history(runs, [enq(1), delayed])).ok

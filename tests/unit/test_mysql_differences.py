@@ -18,7 +18,7 @@ class _Server:
         self.row = row
         self.sent: list[tuple[str, dict]] = []
 
-    def run(self, body, what: str):
+    def run(self, body, what: str, wait_s: float = 0.0):
         return body(self)
 
     def execute(self, sql, params):

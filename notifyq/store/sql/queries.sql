@@ -578,10 +578,15 @@ SELECT RELEASE_LOCK(%(name)s)
 -- the claim recorded, and does not wake for work already taken. Held for this statement only
 -- (autocommit), and the row's writers (claims, pause, resume) never wait for a user lock. If the
 -- share lock fails (a lock wait timeout; on Galera a remote write set aborts it, 1213), the
--- server runs nothing after it, and release_lock runs in its place (Session.send_later): never
+-- release is not evaluated, and release_lock runs in its place (Session.send_later): never
 -- a reconnect, which would free the liveness lock the first queue's watcher session holds.
-SELECT 1 FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE;
-DO RELEASE_LOCK(%(name)s)
+-- One statement (the select list is evaluated in order, the locking read first), never two: the
+-- instant wake KILLs QUERY this session, and a KILL QUERY that lands between two statements of
+-- one query makes the server drop the rest unanswered (the first reply says more results
+-- follow), so the client waited for a reply until its read timeout, and the watch lock stayed held.
+-- A KILL that ends the share lock's wait makes its subquery NULL: the lock is released without
+-- waiting, and the next watcher may wake once for work the claim took (one needless claim).
+SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE), RELEASE_LOCK(%(name)s)
 
 -- lock_holder --
 SELECT IS_USED_LOCK(%(name)s)
@@ -596,6 +601,13 @@ KILL QUERY %(conn_id)s
 
 -- kill_connection --
 KILL CONNECTION %(conn_id)s
+
+-- session_state --
+-- One of our own sessions as the server sees it (the consumer's stall watch, consume/stall.py):
+-- its command, whether it runs a statement now, and the seconds it has been in that state. A
+-- client waiting for a reply from a session the server has listed without a statement for a
+-- second waits for nothing. No row: the server has no such session.
+SELECT COMMAND, INFO IS NOT NULL, TIME FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 
 -- connection_alive --
 -- Our own user's sessions are visible without the PROCESS privilege.

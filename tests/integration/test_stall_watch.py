@@ -1,0 +1,194 @@
+"""No stall is silent (consume/stall.py): a call overdue for its reply is said in a WARNING, and a
+reply the server is not going to send is not waited for until the read timeout."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from conftest import wait_until
+
+from notifyq.consume import handlers
+from notifyq.consume.service import ConsumeOptions, ConsumerService, Running
+from notifyq.consume.stall import StallWatch
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
+from notifyq.produce.producer import Producer
+from notifyq.store import advisory, locks
+from notifyq.store.db import Session
+from notifyq.store.pipeline import Pending
+
+STALL_S = 0.5  # the tests' overdue mark (the service's is STALL_S, 5 s)
+
+
+def _stuck_read(session: Session) -> threading.Thread:
+    """A thread waiting for a reply the server will not send: the state a KILL QUERY between two
+    statements of one query leaves (the server lists the session idle). Here the reply of a
+    statement sent ahead is read behind the pipeline's back, which then waits for it."""
+    cur = session.conn.cursor()
+    cur.execute("DO 1")
+    cur.close()
+    session.pipeline.pending = Pending("test", commit=False)
+    session._conn.send_query(b"DO 1")
+    session._conn.read_query_result()
+    thread = threading.Thread(target=session.pipeline.read_reply, daemon=True)
+    thread.start()
+    return thread
+
+
+def _overdue(watch: StallWatch, session: Session) -> None:
+    """Check until the watch has looked at the session's overdue call."""
+    wait_until(lambda: (watch.check([("victim", session)], STALL_S), watch.stalls)[1], 10,
+               message="the stall watch's look")
+
+
+def test_a_reply_the_server_will_not_send_is_said_and_its_connection_ended_long_before_the_read_timeout(db, caplog):
+    # Given a session waiting for the reply to a statement sent ahead whose reply was already
+    # read elsewhere: the server lists the session idle, and no reply is coming (as after a KILL
+    # QUERY that cut a multi-statement query short), with a 60 s read timeout
+    session = Session(db.config().dsn, autocommit=True, name="victim", read_timeout_s=60)
+    watch = StallWatch(db.config().dsn)
+    started = time.monotonic()
+    reader = _stuck_read(session)
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            # When the stall watch checks once the call is overdue
+            _overdue(watch, session)
+            # Then the read ends within seconds, its connection ended, and the log said so
+            reader.join(10)
+            assert not reader.is_alive(), "the read waited on"
+            assert time.monotonic() - started < 15
+            assert watch.ended == 1
+            assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage() and "victim" in r.getMessage()
+                       for r in caplog.records)
+            # And once the call ended, an INFO line says after how long
+            watch.check([("victim", session)], STALL_S)
+            assert any("no longer stalled" in r.getMessage() for r in caplog.records)
+        # And the session works again, on a new connection
+        assert advisory.lock_holder(session, "nq_test_nothing") is None and session.generation == 2
+    finally:
+        session.close()
+
+
+def test_a_slow_statement_the_server_still_runs_is_said_and_left_alone(db, caplog):
+    # Given a session in a statement that takes 3 s on the server, with no wait of its own declared
+    session = Session(db.config().dsn, autocommit=True, name="victim")
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(
+        session.run(lambda cur: (cur.execute("SELECT SLEEP(3)"), cur.fetchone())[1], what="slow")), daemon=True)
+    watch = StallWatch(db.config().dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="notifyq.consumer"):
+            runner.start()
+            # When the stall watch checks once it is overdue
+            _overdue(watch, session)
+            # Then it says the server still runs it, and ends nothing: the statement completes
+            runner.join(10)
+            assert result == [(0,)] and watch.ended == 0 and session.generation == 1
+            assert any("still running" in r.getMessage() for r in caplog.records)
+    finally:
+        session.close()
+
+
+def test_a_wait_within_its_declared_bound_is_no_stall(db):
+    # Given a session in a 2 s GET_LOCK wait (a lock another session holds)
+    cfg = db.config()
+    holder, waiter = Session(cfg.dsn, autocommit=True, name="holder"), Session(cfg.dsn, autocommit=True, name="w")
+    watch = StallWatch(cfg.dsn)
+    try:
+        assert advisory.get_lock(holder, "nq_test_lock", 0) == 1
+        got: list = []
+        thread = threading.Thread(target=lambda: got.append(advisory.get_lock(waiter, "nq_test_lock", 2)), daemon=True)
+        thread.start()
+        wait_until(lambda: waiter.waiting is not None, 10, message="the wait")
+        # When the watch checks all through it, past STALL_S
+        while thread.is_alive():
+            watch.check([("w", waiter)], STALL_S)
+            thread.join(0.1)
+        # Then nothing was said: the wait ended as it was asked to, by its timeout
+        assert got == [0] and watch.stalls == 0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_peer_that_finds_jobs_the_watcher_never_handed_on_says_so_and_claims_them(db, caplog):
+    """Regression: a consumer stuck holding the watch lock (a reply it waited for in vain) left its
+    peers to find the ready jobs at their watch lock's timeout, and nothing said so."""
+    cfg = db.config(wakeup={"idle_wait_s": 1.0})
+    stuck = Session(cfg.dsn, autocommit=True, name="stuck-watcher")
+    runs: list[int] = []
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append(job.id), False),
+                    stop=threading.Event(), budget=Budget(None))
+    try:
+        # Given a watcher that holds the queue's watch lock and never hands it on, and a ready job
+        assert advisory.get_lock(stuck, locks.QueueLocks(cfg.dsn.database, "q").watch, 0) == 1
+        with Producer("q", cfg) as p:
+            job_id = p.put({"n": 1})
+        worker.presence.ensure_registered(worker)
+        with caplog.at_level(logging.WARNING, logger="notifyq.consumer"):
+            # When an idle peer's wait for the watch lock times out
+            busy = worker._idle()
+            # Then it says the jobs were not handed on, and claims them itself
+            assert busy is True
+            assert any("not handed them on" in r.getMessage() for r in caplog.records)
+        worker._claim_and_run()
+        worker._flush_acks()
+        assert runs == [job_id]
+    finally:
+        stuck.close()
+        worker.work.close()
+        worker.presence.close()
+
+
+def test_sigterm_does_not_wait_out_the_read_timeout_of_a_worker_stuck_in_a_read(db):
+    """Regression: a consumer stuck in a read took 40-56 s to exit on SIGTERM (its read timeout)."""
+    # Given a consumer service whose one worker waits for a reply that is not coming (60 s read timeout)
+    cfg = db.config(consumer={"shutdown_grace_s": 30.0})
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: None, False), stop=service.stop,
+                    budget=Budget(None), presence=service.presence)
+    thread = _stuck_read(worker.work)
+    service.running.append(Running(worker, thread))
+    wait_until(lambda: worker.work.waiting is not None, 10, message="the stuck read")
+    # When it shuts down, with 30 s of grace
+    started = time.monotonic()
+    service.begin_shutdown()
+    service.finish_shutdown(started + 30)
+    # Then the read ended within a few seconds: the stall watch ended its connection
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 10
+    assert service.stall_watch.ended == 1
+    worker.work.close()
+
+
+def test_a_worker_loop_that_stops_turning_outside_a_handler_and_any_database_call_is_said(db, caplog):
+    """Before, the only sign was the systemd watchdog going unfed (healthy() false), silently."""
+    # Given a consumer service whose one worker's loop last turned longer ago than an idle wait
+    service = ConsumerService(db.config(), ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(service.config, "q", handlers.PythonHandler(lambda job: None, False), stop=service.stop,
+                    budget=Budget(None), name="w1", presence=service.presence)
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    service.running.append(Running(worker, thread))
+    worker.work.conn  # (connected: not a worker waiting for its server)
+    service.presence.session.conn
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            worker.last_turn = time.monotonic() - service.loop_limit_s() - 1
+            # When the main loop turns
+            service.turn()
+            service.turn()
+            # Then it says so, once
+            said = [r for r in caplog.records if "loop has not turned" in r.getMessage()]
+            assert len(said) == 1 and said[0].levelno == logging.WARNING and "w1" in said[0].getMessage()
+            # And when the loop turns again, that too
+            worker._turned()
+            service.turn()
+            assert any("turns again" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        worker.work.close()
+        service.presence.close()
