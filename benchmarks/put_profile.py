@@ -5,12 +5,14 @@ and, with --callgrind, instructions per job; with --top, cProfile's heaviest ent
     .venv/bin/python benchmarks/put_profile.py --dsn mysql://root@127.0.0.1:3306/ [--callgrind] [--top 15]
 
 Sides, each in a process of its own, the order reversed every other round: `put()` without and
-with the ring, `put_many()` of 100 without the ring, and the seed's loops (benchmarks/_seed.py:
+with the ring and with no wake-up at all, `put_many()` of 100 without the ring, and the seed's loops (benchmarks/_seed.py:
 json.dumps, cursor.execute, COMMIT), on the same server and payloads (_floor.payload). CPU per
-job is the process's, median over the rounds; calls per job are cProfile's count (they do not
-depend on the machine's load); instructions (callgrind) are a run of N jobs less a run of none,
-per job, interpreter start and connect taken off. jobs/s here is no benchmark of the server
-(bench.py --only enqueue is): it only shows the run was sane.
+job is the process's, median over the rounds; waits per job are its voluntary context switches
+(each a reply it blocked for: the server sends each statement's reply as that statement ends,
+so a query of two statements can wake the producer twice); calls per job are cProfile's count
+(they do not depend on the machine's load); instructions (callgrind) are a run of N jobs less
+a run of none, per job, interpreter start and connect taken off. jobs/s here is no benchmark
+of the server (bench.py --only enqueue is): it only shows the run was sane.
 It creates and drops a database of its own (nq_put_profile).
 """
 
@@ -22,6 +24,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,7 +47,9 @@ from notifyq.dsn import DSN  # noqa: E402
 
 DATABASE = "nq_put_profile"
 QUEUE = "bench"
-SIDES = ("put", "put_ring", "put_many", "seed_put", "seed_put_many")
+# put_no_wake: instant_wake off, no ring: no look rides a COMMIT. The looks (one per QUIET_LOOK_S
+# at most) come more often per put the slower the puts go, under callgrind most of all.
+SIDES = ("put", "put_ring", "put_no_wake", "put_many", "seed_put", "seed_put_many")
 CHUNK = 100
 
 
@@ -70,7 +75,8 @@ def _loop(side: str, url: str, n: int):
     from notifyq import config as config_mod
     from notifyq.produce.producer import Producer
 
-    config = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": url})
+    wakeup = {"wakeup": {"instant_wake": False}} if side == "put_no_wake" else {}
+    config = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": url, **wakeup})
     producer = Producer(QUEUE, config, ring=side == "put_ring")
     producer.put(payload(-1))
 
@@ -90,9 +96,10 @@ def child(side: str, url: str, n: int, how: str, top: int) -> dict:
     loop, close = _loop(side, url, n)
     result: dict = {}
     if how == "time":
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, w0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         loop()
-        result = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+        result = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                  "waits": resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - w0}
     elif how == "profile":
         profile = cProfile.Profile()
         profile.runcall(loop)
@@ -125,7 +132,8 @@ def run_child(side: str, url: str, n: int, how: str, top: int = 0, callgrind: bo
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dsn", default="mysql://root@127.0.0.1:3306/", help="a root-like account (its database is not used)")
+    ap.add_argument("--dsn", default="mysql://root@127.0.0.1:3306/",
+                    help="a root-like account (its database is not used)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--put-n", type=int, default=2000, help="jobs per put() run")
     ap.add_argument("--bulk-n", type=int, default=20000, help="jobs per put_many() run")
@@ -153,31 +161,39 @@ def main(argv: list[str]) -> int:
         admin.cursor().execute(_seed.DDL)
         sizes = {side: a.bulk_n if side.endswith("many") else a.put_n for side in SIDES}
         cpu: dict[str, list[float]] = {side: [] for side in SIDES}
+        waits: dict[str, list[float]] = {side: [] for side in SIDES}
         rate: dict[str, list[float]] = {side: [] for side in SIDES}
         for rnd in range(a.rounds):
             for side in SIDES if rnd % 2 == 0 else reversed(SIDES):
                 r = run_child(side, url, sizes[side], "time")
                 cpu[side].append(r["cpu_s"] / sizes[side] * 1e6)
+                waits[side].append(r["waits"] / sizes[side])
                 rate[side].append(sizes[side] / r["wall_s"])
         results: dict = {}
         for side in SIDES:
             prof = run_child(side, url, sizes[side], "profile", a.top)
             results[side] = {"cpu_us_per_job": statistics.median(cpu[side]), "cpu_us_all": cpu[side],
-                             "jobs_s": statistics.median(rate[side]), "calls_per_job": prof["calls"] / sizes[side]}
+                             "jobs_s": statistics.median(rate[side]),
+                             "waits_per_job": statistics.median(waits[side]),
+                             "calls_per_job": prof["calls"] / sizes[side]}
             if a.callgrind:
                 n = sizes[side] // 4
-                count = run_child(side, url, n, "bare", callgrind=True) - run_child(side, url, 0, "bare", callgrind=True)
+                count = (run_child(side, url, n, "bare", callgrind=True)
+                         - run_child(side, url, 0, "bare", callgrind=True))
                 results[side]["instructions_per_job"] = count / n
             if a.top:
                 results[side]["top"] = prof["top"]
-        print(f"{'side':<15} {'CPU us/job':>11} {'calls/job':>10} {'k instr/job':>12} {'jobs/s':>8}")
+        print(f"{'side':<15} {'CPU us/job':>11} {'waits/job':>10} {'calls/job':>10} {'k instr/job':>12} {'jobs/s':>8}")
         for side, r in results.items():
             instr = f"{r['instructions_per_job'] / 1000:.1f}" if "instructions_per_job" in r else "-"
-            print(f"{side:<15} {r['cpu_us_per_job']:>11.1f} {r['calls_per_job']:>10.1f} {instr:>12} {r['jobs_s']:>8.0f}")
-        for nq, seed in (("put", "seed_put"), ("put_ring", "seed_put"), ("put_many", "seed_put_many")):
+            print(f"{side:<15} {r['cpu_us_per_job']:>11.1f} {r['waits_per_job']:>10.2f} {r['calls_per_job']:>10.1f} "
+                  f"{instr:>12} {r['jobs_s']:>8.0f}")
+        for nq, seed in (("put", "seed_put"), ("put_ring", "seed_put"), ("put_no_wake", "seed_put"),
+                         ("put_many", "seed_put_many")):
             line = f"{nq} / seed: CPU {results[nq]['cpu_us_per_job'] / results[seed]['cpu_us_per_job']:.2f}"
             if a.callgrind:
-                line += f", instructions {results[nq]['instructions_per_job'] / results[seed]['instructions_per_job']:.2f}"
+                ratio = results[nq]["instructions_per_job"] / results[seed]["instructions_per_job"]
+                line += f", instructions {ratio:.2f}"
             print(line)
         if a.top:
             for side, r in results.items():

@@ -243,6 +243,10 @@ def _render(db, rows: list[tuple]) -> list[bytes]:
         kind = first.__class__  # the class too: 1 and True are equal
         if all(row[i].__class__ is kind and row[i] == first for row in rows):
             out[i::width] = [literal(first)] * n
+        elif kind is str:  # the payloads: a str is bound as literal() binds it, without its type tests
+            escape, encoding = db.string_literal, db.encoding
+            out[i::width] = [escape(row[i].encode(encoding)) if row[i].__class__ is str else literal(row[i])
+                             for row in rows]
         else:
             out[i::width] = [literal(row[i]) for row in rows]
     return out
