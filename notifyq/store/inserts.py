@@ -166,10 +166,10 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
     slot = int(_random() * SIGNAL_SLOTS)
     if row[6] is None and row[3].__class__ is int:
         payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
-        key = (db.encoding, row[:5], n)
+        key = (db.encoding, row[:5], queue, n)
         made = _ONE_STATEMENTS.get(key)
         if made is None:
-            made = _one_statement(db, row, n)
+            made = _one_statement(db, row, queue, n)
             if len(_ONE_STATEMENTS) >= ONE_STATEMENTS_KEPT:  # options that vary call by call (a delay)
                 _ONE_STATEMENTS.clear()
             _ONE_STATEMENTS[key] = made
@@ -189,13 +189,13 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
     return job_id
 
 
-# _one_statement's texts, by (encoding, the row's values before its payload, n). Cleared whole
-# when full: a put's options are the producer's defaults, or a few, as a rule.
+# _one_statement's texts, by (encoding, the row's values before its payload, the signal's queue
+# and n). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
 _ONE_STATEMENTS: dict[tuple, tuple[bytes, tuple[bytes, ...], int]] = {}
 ONE_STATEMENTS_KEPT = 256
 
 
-def _one_statement(db, row: tuple, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
+def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
     """_insert_one's query around the payload for a job's other values (queue, status, priority,
     delay_us, max_attempts; no dedup key, no run_at): (the INSERT up to its payload; the rest of
     it and the bump, for each signal slot; the bytes of the other values as bound)."""
@@ -204,7 +204,8 @@ def _one_statement(db, row: tuple, n: int) -> tuple[bytes, tuple[bytes, ...], in
     parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 7 values' places
     head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
     tail = parts[6] + rendered[5] + parts[7] + b";\n"
-    bumps = (_bump_text(db.encoding, rendered[0], slot, n) for slot in range(SIGNAL_SLOTS))
+    queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
+    bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
 
 
