@@ -30,6 +30,8 @@ log = logging.getLogger("notifyq.producer")
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_encode = _JSON.encode
+_READY = int(Status.READY)
 
 
 class CallerTransaction:
@@ -89,6 +91,10 @@ class Producer:
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
+        # Read on every put: a Config is frozen, so they are read here once.
+        self._max_attempts = self.queue_config.max_attempts
+        self._max_payload_bytes = config.producer.max_payload_bytes
+        self._what = f"enqueue {self.queue}"  # Session.run's name for a put's transaction
         self.locks = QueueLocks(config.dsn.database, queue)
         self._ring = ring
         if retry_s is not None:
@@ -135,6 +141,13 @@ class Producer:
             notifyq.errors.DatabaseError: the server stayed unreachable for `retry_s`.
             notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
         """
+        if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
+                and run_at is None and max_attempts is None and dedup_key is None and conn is None):
+            # The usual call: the defaults' row, on the producer's own session (what _row and
+            # _write do, without their checks of what the defaults make true).
+            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None)
+            with self._mutex:
+                return self._write_own([row], False)[0]
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
         return self._write([row], conn, unique=dedup_key is not None)[0]
 
@@ -283,7 +296,7 @@ class Producer:
 
     def _payload_text(self, payload: Any) -> str:
         try:
-            text = _JSON.encode(payload)
+            text = _encode(payload)
             # An ASCII text is its own size; any other is encoded, which also refuses a lone
             # surrogate (ensure_ascii=False lets it through the JSON encoder).
             size = len(text) if text.isascii() else len(text.encode())
@@ -291,7 +304,7 @@ class Producer:
             raise errors.InputError(f"payload is not JSON-serialisable: {values.shown(str(e))}") from None
         except RecursionError:
             raise errors.InputError("payload is not JSON-serialisable: nested too deeply") from None
-        limit = self.config.producer.max_payload_bytes
+        limit = self._max_payload_bytes
         if size > limit:
             raise errors.InputError(f"payload is {size} bytes, over the {limit}-byte limit")
         return text
@@ -305,7 +318,7 @@ class Producer:
                 and run_at is None and max_attempts is None and dedup_key is None):
             # put()'s defaults, the usual call: nothing to check (the queue's max_attempts was
             # checked with the config). Checking them costs a fifth of put()'s own Python.
-            return int(Status.READY), 0, 0, self.queue_config.max_attempts
+            return _READY, 0, 0, self._max_attempts
         priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         if run_at is not None:
             if not isinstance(run_at, dt.datetime):
@@ -373,7 +386,7 @@ class Producer:
 
     def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
         """On the producer's own session, under self._mutex."""
-        body = self._body(rows, unique)
+        queue, max_rows = self.queue, self.config.producer.chunk_size
         session = self._work_session()
         bell, interrupter = self._wakers(None)
         # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
@@ -386,7 +399,8 @@ class Producer:
 
         def with_bell(cur) -> list[int]:
             looked[0] = False
-            ids = body(cur, session.max_allowed_packet)
+            ids = inserts.put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows,
+                                   max_packet=session.max_allowed_packet)
             if looking is not None:  # the COMMIT carries the look: is anyone watching?
                 seen[0] = looking.commit_and_look(session, cur, ids)
             elif waking is not None:
@@ -399,8 +413,7 @@ class Producer:
         # The same for the COMMIT a ringing producer sends inside the body, with the ring's look
         # (commit_and_look is handed the ids the body returns). A ring lost with it costs the
         # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
-        result = session.run(with_bell, what=f"enqueue {self.queue}", idempotent=False,
-                             committed=inserts.jobs_stored)
+        result = session.run(with_bell, what=self._what, idempotent=False, committed=inserts.jobs_stored)
         if looking is not None:
             if not looking.after_commit(seen[0]) and (instead := self._waker(None)) is not None:
                 instead.wake(session)  # the bell was lost with a consumer watching

@@ -25,6 +25,7 @@ from notifyq.store.sql import QUERIES as Q
 # signal bump: well under 1 KB), plus the protocol's own bytes, kept free of max_allowed_packet.
 PACKET_MARGIN_BYTES = 4096
 T = TypeVar("T")
+_random = random.random
 
 
 def max_allowed_packet(cur) -> int:
@@ -96,6 +97,8 @@ def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
     if not isinstance(cur, MySQLdb.cursors.BaseCursor):  # another driver's cursor: its own binding
         return _insert_with_driver(cur, rows, max_rows, max_packet, signal)
     db = cur.connection
+    if len(rows) == 1 and signal is not None and db.client_flag & CLIENT.MULTI_STATEMENTS:
+        return [_insert_one(db, rows[0], signal, max_packet)]
     values = _render(db, rows)
     width = len(rows[0])
     if sum(map(len, values)) + len(rows) * _ROW_BYTES <= max_packet - PACKET_MARGIN_BYTES:
@@ -148,6 +151,64 @@ def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bo
     return ids
 
 
+def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int:
+    """put()'s statements for one job on a mysqlclient connection that takes multi-statement
+    queries: its INSERT and the signal bump as one query, sent and read with the connection's
+    own calls. Through the cursor (execute, then nextset for the bump's reply) the driver's
+    Python cost a put about as much as all the rest of its own; the values are bound as
+    cursor.execute(sql, args) binds them.
+
+    Every value but the payload is usually the same from one put to the next (the queue, the
+    defaults of the options), so the text around the payload is rendered once for them
+    (_one_statement); a job with a dedup key or a run_at is rendered whole, as insert_jobs does."""
+    text = row[5]
+    queue, n = signal
+    slot = int(_random() * SIGNAL_SLOTS)
+    if row[6] is None and row[3].__class__ is int:
+        payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
+        key = (db.encoding, row[:5], queue, n)
+        made = _ONE_STATEMENTS.get(key)
+        if made is None:
+            made = _one_statement(db, row, queue, n)
+            if len(_ONE_STATEMENTS) >= ONE_STATEMENTS_KEPT:  # options that vary call by call (a delay)
+                _ONE_STATEMENTS.clear()
+            _ONE_STATEMENTS[key] = made
+        head, tails, others = made
+        size = _ROW_BYTES + others + len(payload)
+        statement = head + payload + tails[slot]
+    else:
+        values = _render(db, [row])
+        size = _ROW_BYTES + sum(map(len, values))
+        statement = (_encoded(_insert_sql(1, False, _at([row])), db.encoding) % tuple(values) + b";\n"
+                     + _bump_text(db.encoding, db.literal(queue), slot, n))
+    if size > max_packet - PACKET_MARGIN_BYTES:
+        raise _too_big(0, 1, size, max_packet)
+    db.query(statement)  # raises the INSERT's error; the server then runs no bump
+    job_id = db.insert_id()
+    db.next_result()  # the bump's reply; raises the bump's error if it failed
+    return job_id
+
+
+# _one_statement's texts, by (encoding, the row's values before its payload, the signal's queue
+# and n). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
+_ONE_STATEMENTS: dict[tuple, tuple[bytes, tuple[bytes, ...], int]] = {}
+ONE_STATEMENTS_KEPT = 256
+
+
+def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
+    """_insert_one's query around the payload for a job's other values (queue, status, priority,
+    delay_us, max_attempts; no dedup key, no run_at): (the INSERT up to its payload; the rest of
+    it and the bump, for each signal slot; the bytes of the other values as bound)."""
+    rendered = _render(db, [(*row[:5], None, None)])
+    del rendered[5]  # the payload's place
+    parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 7 values' places
+    head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
+    tail = parts[6] + rendered[5] + parts[7] + b";\n"
+    queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
+    bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
+    return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
+
+
 def _insert_with_driver(cur, rows: list[tuple], max_rows: int, max_packet: int,
                         signal: tuple[str, int] | None) -> list[int]:
     """Another driver's cursor binds its own values: chunks are sized by the upper bound."""
@@ -183,6 +244,10 @@ def _render(db, rows: list[tuple]) -> list[bytes]:
         kind = first.__class__  # the class too: 1 and True are equal
         if all(row[i].__class__ is kind and row[i] == first for row in rows):
             out[i::width] = [literal(first)] * n
+        elif kind is str:  # the payloads: a str is bound as literal() binds it, without its type tests
+            escape, encoding = db.string_literal, db.encoding
+            out[i::width] = [escape(row[i].encode(encoding)) if row[i].__class__ is str else literal(row[i])
+                             for row in rows]
         else:
             out[i::width] = [literal(row[i]) for row in rows]
     return out

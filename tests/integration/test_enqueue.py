@@ -87,3 +87,40 @@ def test_a_closed_callers_connection_or_one_without_notifyq_tables_is_one_clear_
         admin.cursor().execute("DROP DATABASE nq_no_tables")
         admin.close()
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+AWKWARD = ["it's", 'say "hi"', "back\\slash", "100%s done", "%(queue)s", "a;b\n-- c", "é 日本 🎉", "nul \0 byte"]
+
+
+@pytest.mark.parametrize("caller_mode", [None, "", "NO_BACKSLASH_ESCAPES"])
+def test_a_put_stores_its_payload_and_options_as_given_whatever_the_put_before_it_gave(db, caller_mode):
+    # put() sends the text around its payload rendered once per set of options (inserts._insert_one):
+    # each row must still hold its own payload, byte for byte, and its own options, when calls
+    # with and without options alternate, on the producer's session and on a caller's connection
+    # (whose server may escape by doubling quotes, NO_BACKSLASH_ESCAPES, instead of backslashes).
+    cfg = db.config(queue={"q": {"max_attempts": 7}})
+    conn = None
+    if caller_mode is not None:
+        conn = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+        conn.cursor().execute("SET SESSION sql_mode = %s", (caller_mode,))
+    calls = [({}, None), ({"priority": 5}, None), ({}, "k'1%s"), ({"max_attempts": 2}, None), ({}, None),
+             ({"priority": 5}, None), ({"delay": 60}, None), ({"priority": -3}, "k\\2"), ({}, None)]
+    expected = {}
+    try:
+        with Producer("q", cfg) as p:
+            for i, (options, key) in enumerate(calls):
+                payload = {"text": AWKWARD[i % len(AWKWARD)], "i": i}
+                job_id = p.put(payload, dedup_key=key, conn=conn, **options)
+                expected[job_id] = (json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
+                                    options.get("priority", 0), options.get("max_attempts", 7),
+                                    1 if options.get("delay") else 0)
+            if conn is not None:
+                conn.commit()
+    finally:
+        if conn is not None:
+            conn.close()
+    rows = {r[0]: r[1:] for r in db.query("SELECT id, payload, priority, max_attempts, status FROM nq_job")}
+    assert rows == expected
+    keys = {r[0]: r[1] for r in db.query("SELECT dedup_key, job_id FROM nq_dedup WHERE queue = 'q'")}
+    assert set(keys) == {"k'1%s", "k\\2"} and set(keys.values()) <= set(expected)
+    assert _signal(db) == len(calls)
