@@ -395,6 +395,8 @@ def _report(args, out: Path, feeder: Feeder, crashes: list[Crash], codes: list, 
         "kills": len(kills), "server_restarts": sum(1 for c in crashes if c.kind != "sigkill"),
         "in_flight_total": in_flight_total,
         "in_flight_at_kills": [c.in_flight for c in kills],
+        "kills_at_s": [round(c.at_s, 1) for c in kills],  # against server_events' at_s: after a restart?
+        "recovery_at_kills": [None if c.recovery_s is None else round(c.recovery_s, 2) for c in kills],
         "server_events": [dataclasses.asdict(c) for c in crashes if c.kind != "sigkill"],
         "outcome_unknown_jobs": len(unknown), "outcome_unknown_stored": len(unknown & runs.keys()),
         "producer_errors": feeder.errors,
