@@ -46,19 +46,21 @@ def lock_grace_us(session: Session) -> int:
     return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
 
 
-def restart_started_s(session: Session, cur, grace_s: float) -> int | None:
-    """When the session's server started, in whole seconds since the epoch, if less than
-    `grace_s` ago (a reaper's restart grace: consume/reaper.py), else None. Asked on `cur` inside
-    a transaction's body, so that a body rerun on a new connection asks the server it now talks to.
+def restarted_since_s(session: Session, cur, grace_s: float) -> int | None:
+    """If the session's server started less than `grace_s` ago (a reaper's restart grace:
+    consume/reaper.py), the first whole second of its clock that began after it started (since
+    the epoch): a last_seen from then on was written to this server, not to the one before the
+    restart. Else None. Asked on `cur` inside a transaction's body, so that a body rerun on a new
+    connection asks the server it now talks to.
 
     The server counts its Uptime from the second it started to the second of the statement, both
     on its own clock: read between two reads of its clock in the same second, that second less
-    the Uptime is the start (across a second's turn, twice in a row, a second late: never before
-    the start). A consumer that took its lock back in the server's first second is then judged
-    by it: a reaper's estimate from Uptime alone (Session.server_up_s) is up to two seconds
-    short, and such consumers kept the grace, and those that died their jobs until it ended.
-    Only one that talked to the server before, in the very second the server restarted, reads
-    as having talked to it since: a restart whose stop and start fell within one second."""
+    the Uptime is the second it started in (across a second's turn, twice in a row, one later:
+    never sooner). The second after it, not the start itself: the server before a restart may
+    have written rows in the second the restarted one started in. A consumer that took its lock
+    back in that first second says so by a touch (Presence: RETOUCH_S); a reaper's estimate from
+    Uptime alone (Session.server_up_s) is up to two seconds short, and consumers that came back
+    then kept the grace, and those that died their jobs until it ended."""
     if session.server_up_s() >= grace_s:
         return None  # (short of the truth: no statement once the grace has surely ended)
     for _ in range(2):
@@ -70,7 +72,7 @@ def restart_started_s(session: Session, cur, grace_s: float) -> int | None:
         after_s = int(cur.fetchone()[0])
         if after_s == before_s:
             break
-    return after_s - uptime_s
+    return after_s - uptime_s + 1
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
@@ -124,7 +126,7 @@ def dead_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple
     started less than restart_grace_s ago, only those that talked to it since."""
     def body(cur):
         cur.execute(Q["dead_consumers"], {"grace_us": lock_grace_us(session),
-                                          "started_s": restart_started_s(session, cur, restart_grace_s)})
+                                          "since_s": restarted_since_s(session, cur, restart_grace_s)})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
@@ -134,7 +136,7 @@ def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tupl
     """Polling consumers whose heartbeat stopped: (id, queues). restart_grace_s: as in dead_consumers."""
     def body(cur):
         cur.execute(Q["stale_consumers"], {"stale_us": microseconds(POLLING_STALE_S),
-                                           "started_s": restart_started_s(session, cur, restart_grace_s)})
+                                           "since_s": restarted_since_s(session, cur, restart_grace_s)})
         return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
 
     return session.run(body, what="find stale consumers")
@@ -189,13 +191,13 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                 return None
             cur.execute(Q["consumer_alive_after_all"], {
                 "id": consumer_id, "grace_us": lock_grace_us(session),
-                "started_s": restart_started_s(session, cur, restart_grace_s)})
+                "since_s": restarted_since_s(session, cur, restart_grace_s)})
             if cur.fetchone() is not None:
                 return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
         else:
             cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
                                                    "stale_us": microseconds(POLLING_STALE_S),
-                                                   "started_s": restart_started_s(session, cur, restart_grace_s)})
+                                                   "since_s": restarted_since_s(session, cur, restart_grace_s)})
             if cur.rowcount == 0:
                 return None
         cur.execute(Q["claims_of_owner"], {"owner": consumer_id})

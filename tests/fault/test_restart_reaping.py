@@ -2,12 +2,18 @@
 died has its jobs back within seconds: the reaper's restart grace is for consumers that have not
 come back yet, not for every one, for as long as the grace lasts.
 
+A consumer comes back by taking its lock back and writing its row on the new server; a row
+written in the server's first second may be the old server's to a reaper (which knows the start
+to the second only), so one that came back then touches its row again after that second
+(Presence: RETOUCH_S). The test waits for that, and then for the victim at work.
+
 The victim is frozen with SIGSTOP first (conftest.freeze_mid_batch): its sessions, and so its
 liveness lock, stay open while the test reads which jobs it holds, then SIGKILL closes them.
 """
 
 from __future__ import annotations
 
+import datetime
 import signal
 import time
 
@@ -34,12 +40,20 @@ def test_a_consumer_killed_after_it_came_back_from_a_server_restart_has_its_jobs
     server.restart()
     restarted_at = time.monotonic()
 
-    def registered_on_the_new_server(pid: int) -> str | None:
-        return fdb.scalar("SELECT id FROM nq_consumer WHERE pid = %s AND IS_USED_LOCK(lock_name) IS NOT NULL",
-                          (pid,))
+    def back_on_the_new_server(pid: int) -> str | None:
+        """Its id once it holds its lock and its row was written after the server's first second."""
+        rows = fdb.query(
+            "SELECT c.id, c.last_seen, UNIX_TIMESTAMP() - s.VARIABLE_VALUE FROM nq_consumer c "
+            "JOIN information_schema.GLOBAL_STATUS s ON s.VARIABLE_NAME = 'UPTIME' "
+            "WHERE c.pid = %s AND IS_USED_LOCK(c.lock_name) IS NOT NULL", (pid,))
+        if not rows:
+            return None
+        consumer_id, last_seen, started_s = rows[0]  # (one statement: one second of the clock)
+        written_s = last_seen.replace(tzinfo=datetime.timezone.utc).timestamp()  # notifyq writes UTC
+        return consumer_id if written_s >= int(started_s) + 1 else None
 
-    victim_id = wait_until(lambda: registered_on_the_new_server(victim.pid), 20, 0.05, "victim back")
-    wait_until(lambda: registered_on_the_new_server(survivor.pid), 20, 0.05, "survivor back")
+    victim_id = wait_until(lambda: back_on_the_new_server(victim.pid), 20, 0.05, "victim back")
+    wait_until(lambda: back_on_the_new_server(survivor.pid), 20, 0.05, "survivor back")
     worked_before = len(started_by(read_runs(out), victim.pid))
     wait_until(lambda: len(started_by(read_runs(out), victim.pid)) > worked_before, 20, 0.05,
                "victim at work on the new server")
