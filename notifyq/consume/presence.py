@@ -248,8 +248,15 @@ class Presence:
                 if not locks_unavailable(e):
                     raise
                 self._polling(e)
+        locked_on = self.session.generation
         liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), os.uname().nodename,
                                    os.getpid(), self.queues, self.wakeup_mode, node=self.session.node)
+        if self.use_locks and self.session.generation != locked_on:
+            # The session reconnected between the lock and the row (a server restart, a KILL), and
+            # the row was written again without the lock: it would read as ours on the new server,
+            # and our free lock as our death (a reaper's restart grace, liveness.restarted_since_s).
+            self._register(old_id=self.consumer_id)
+            return
         if not self.use_locks or self.session.galera:
             # On a Galera node our lock is invisible to reapers on the other nodes: they judge
             # us by heartbeat (liveness.py), so we beat too.
