@@ -52,9 +52,8 @@ log = logging.getLogger("notifyq.consumer")
 TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
 # A registration in a restarted server's first second reads to a reaper as possibly the server's
 # before the restart (liveness.restarted_since_s), which gets the restart grace: the row is
-# touched again once that second is surely over, and from then on our death reads from our lock.
-# Asked of a server up less than this (Session.server_up_s is short of the truth).
-RETOUCH_S = 2.0
+# touched again this long after that second ends, and from then on our death reads from our lock.
+RETOUCH_AFTER_S = 0.05
 PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's timeout is near
 SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
 # After an outage our reaper passes wait this long with our heartbeat landing before they judge
@@ -263,7 +262,9 @@ class Presence:
             self._start_heartbeat()
         self._registered_generation = self.session.generation
         self.epoch += 1
-        self._next_touch = time.monotonic() + (RETOUCH_S if self.session.server_up_s() < RETOUCH_S else TOUCH_S)
+        first_second_left_s = liveness.first_second_left_s(self.session) if self.use_locks else None
+        self._next_touch = time.monotonic() + (
+            TOUCH_S if first_second_left_s is None else first_second_left_s + RETOUCH_AFTER_S)
         log.debug("registered consumer=%s queues=%s wakeup=%s", self.consumer_id,
                   ",".join(self.queues), self.wakeup_mode)
 
@@ -290,7 +291,7 @@ class Presence:
                 self.home.leave(self)
 
     def _keeper_wait_s(self) -> float:
-        """A ping's interval, or less when a touch is due sooner (RETOUCH_S): a busy process
+        """A ping's interval, or less when a touch is due sooner (RETOUCH_AFTER_S): a busy process
         touches its row nowhere else but in a reaper pass's check, every reap_interval_s. (A
         touch overdue is the seat holder's to do: its next _check.)"""
         ping_s = self.session_idle_s / PINGS_PER_IDLE

@@ -58,9 +58,9 @@ def restarted_since_s(session: Session, cur, grace_s: float) -> int | None:
     the Uptime is the second it started in (across a second's turn, twice in a row, one later:
     never sooner). The second after it, not the start itself: the server before a restart may
     have written rows in the second the restarted one started in. A consumer that took its lock
-    back in that first second says so by a touch (Presence: RETOUCH_S); a reaper's estimate from
-    Uptime alone (Session.server_up_s) is up to two seconds short, and consumers that came back
-    then kept the grace, and those that died their jobs until it ended."""
+    back in that first second says so by a touch after it (Presence: RETOUCH_AFTER_S). (A
+    reaper's estimate from Uptime alone, Session.server_up_s, is up to two seconds short:
+    consumers that came back then kept the grace, and those that died their jobs until it ended.)"""
     if session.server_up_s() >= grace_s:
         return None  # (short of the truth: no statement once the grace has surely ended)
     for _ in range(2):
@@ -73,6 +73,20 @@ def restarted_since_s(session: Session, cur, grace_s: float) -> int | None:
         if after_s == before_s:
             break
     return after_s - uptime_s + 1
+
+
+def first_second_left_s(session: Session) -> float | None:
+    """How long until the session's server's clock reaches restarted_since_s, if the server
+    started less than two seconds ago (else None): a row written to it before then may read to a
+    reaper as written before a restart (Presence touches its row again then)."""
+    def body(cur) -> float | None:
+        since_s = restarted_since_s(session, cur, 2.0)  # (server_up_s is up to two seconds short)
+        if since_s is None:
+            return None
+        cur.execute(Q["server_clock_us"])
+        return max(0.0, since_s - float(cur.fetchone()[0]))
+
+    return session.run(body, what="server start")
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,

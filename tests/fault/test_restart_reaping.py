@@ -5,7 +5,7 @@ come back yet, not for every one, for as long as the grace lasts.
 A consumer comes back by taking its lock back and writing its row on the new server; a row
 written in the server's first second may be the old server's to a reaper (which knows the start
 to the second only), so one that came back then touches its row again after that second
-(Presence: RETOUCH_S). The test waits for that, and then for the victim at work.
+(Presence: RETOUCH_AFTER_S). The test waits for that, and then for the victim at work.
 
 The victim is frozen with SIGSTOP first (conftest.freeze_mid_batch): its sessions, and so its
 liveness lock, stay open while the test reads which jobs it holds, then SIGKILL closes them.

@@ -359,6 +359,9 @@ SHOW GLOBAL STATUS LIKE 'Uptime'
 -- server_clock --
 SELECT UNIX_TIMESTAMP()
 
+-- server_clock_us --
+SELECT UNIX_TIMESTAMP(NOW(6))
+
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
 
