@@ -283,12 +283,11 @@ def run(args: argparse.Namespace) -> dict:
             handled_estimate = feeder.produced - remaining
             if remaining != last_remaining:
                 last_progress, last_remaining = now, remaining
-            if feeder.done.is_set() and remaining == 0:
-                break
             if now - last_progress > args.stall_s:
                 raise RuntimeError(f"no progress for {args.stall_s:.0f}s ({remaining} jobs left); logs in {logs}")
 
-            # Recovery of killed consumers' jobs: claimed again by someone, or done.
+            # Recovery of killed consumers' jobs: claimed again by someone, or done. Before the
+            # end of the run: the last jobs to come back may be a killed consumer's, held until then.
             for item in list(pending):
                 crash, t0, ids, owners = item
                 left = root.scalar(
@@ -297,6 +296,8 @@ def run(args: argparse.Namespace) -> dict:
                 if left == 0:
                     crash.recovery_s = time.monotonic() - t0
                     pending.remove(item)
+            if feeder.done.is_set() and remaining == 0:
+                break
 
             if restart_marks and handled_estimate >= restart_marks[0]:
                 restart_marks.pop(0)
