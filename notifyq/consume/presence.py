@@ -131,6 +131,7 @@ class Presence:
         self._next_reap = 0.0
         self._reap_mutex = threading.Lock()
         self._closed = threading.Event()
+        self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
         self._keeper = threading.Thread(target=self._keep, name="notifyq-liveness", daemon=True)
 
     @property
@@ -265,6 +266,8 @@ class Presence:
         first_second_left_s = liveness.first_second_left_s(self.session) if self.use_locks else None
         self._next_touch = time.monotonic() + (
             TOUCH_S if first_second_left_s is None else first_second_left_s + RETOUCH_AFTER_S)
+        if first_second_left_s is not None:
+            self._wake_keeper.set()  # it may be asleep for a whole ping interval
         log.debug("registered consumer=%s queues=%s wakeup=%s", self.consumer_id,
                   ",".join(self.queues), self.wakeup_mode)
 
@@ -279,7 +282,10 @@ class Presence:
 
     def _keep(self) -> None:
         """While no worker holds the home seat, keep the home session talking."""
-        while not self._closed.wait(self._keeper_wait_s()):
+        while not self._closed.is_set():
+            if self._wake_keeper.wait(self._keeper_wait_s()):
+                self._wake_keeper.clear()  # a touch due sooner, or the close: wait anew
+                continue
             if not self.home.seat(self, 0):
                 continue  # a worker has the session: its own statements keep it alive
             try:
@@ -389,6 +395,7 @@ class Presence:
     def close(self) -> None:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
         self._closed.set()
+        self._wake_keeper.set()
         if self._keeper.is_alive():
             self._keeper.join(30)
         if self.heartbeat is not None:
