@@ -283,12 +283,11 @@ def run(args: argparse.Namespace) -> dict:
             handled_estimate = feeder.produced - remaining
             if remaining != last_remaining:
                 last_progress, last_remaining = now, remaining
-            if feeder.done.is_set() and remaining == 0:
-                break
             if now - last_progress > args.stall_s:
                 raise RuntimeError(f"no progress for {args.stall_s:.0f}s ({remaining} jobs left); logs in {logs}")
 
-            # Recovery of killed consumers' jobs: claimed again by someone, or done.
+            # Recovery of killed consumers' jobs: claimed again by someone, or done. Before the
+            # end of the run: the last jobs to come back may be a killed consumer's, held until then.
             for item in list(pending):
                 crash, t0, ids, owners = item
                 left = root.scalar(
@@ -297,6 +296,8 @@ def run(args: argparse.Namespace) -> dict:
                 if left == 0:
                     crash.recovery_s = time.monotonic() - t0
                     pending.remove(item)
+            if feeder.done.is_set() and remaining == 0:
+                break
 
             if restart_marks and handled_estimate >= restart_marks[0]:
                 restart_marks.pop(0)
@@ -395,6 +396,8 @@ def _report(args, out: Path, feeder: Feeder, crashes: list[Crash], codes: list, 
         "kills": len(kills), "server_restarts": sum(1 for c in crashes if c.kind != "sigkill"),
         "in_flight_total": in_flight_total,
         "in_flight_at_kills": [c.in_flight for c in kills],
+        "kills_at_s": [round(c.at_s, 1) for c in kills],  # against server_events' at_s: after a restart?
+        "recovery_at_kills": [None if c.recovery_s is None else round(c.recovery_s, 2) for c in kills],
         "server_events": [dataclasses.asdict(c) for c in crashes if c.kind != "sigkill"],
         "outcome_unknown_jobs": len(unknown), "outcome_unknown_stored": len(unknown & runs.keys()),
         "producer_errors": feeder.errors,

@@ -50,6 +50,10 @@ from notifyq.wakeup import Waiter
 log = logging.getLogger("notifyq.consumer")
 
 TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only)
+# A registration in a restarted server's first second reads to a reaper as possibly the server's
+# before the restart (liveness.restarted_since_s), which gets the restart grace: the row is
+# touched again this long after that second ends, and from then on our death reads from our lock.
+RETOUCH_AFTER_S = 0.05
 PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's timeout is near
 SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
 # After an outage our reaper passes wait this long with our heartbeat landing before they judge
@@ -127,6 +131,7 @@ class Presence:
         self._next_reap = 0.0
         self._reap_mutex = threading.Lock()
         self._closed = threading.Event()
+        self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
         self._keeper = threading.Thread(target=self._keep, name="notifyq-liveness", daemon=True)
 
     @property
@@ -243,15 +248,26 @@ class Presence:
                 if not locks_unavailable(e):
                     raise
                 self._polling(e)
+        locked_on = self.session.generation
         liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), os.uname().nodename,
                                    os.getpid(), self.queues, self.wakeup_mode, node=self.session.node)
+        if self.use_locks and self.session.generation != locked_on:
+            # The session reconnected between the lock and the row (a server restart, a KILL), and
+            # the row was written again without the lock: it would read as ours on the new server,
+            # and our free lock as our death (a reaper's restart grace, liveness.restarted_since_s).
+            self._register(old_id=self.consumer_id)
+            return
         if not self.use_locks or self.session.galera:
             # On a Galera node our lock is invisible to reapers on the other nodes: they judge
             # us by heartbeat (liveness.py), so we beat too.
             self._start_heartbeat()
         self._registered_generation = self.session.generation
         self.epoch += 1
-        self._next_touch = time.monotonic() + TOUCH_S
+        first_second_left_s = liveness.first_second_left_s(self.session) if self.use_locks else None
+        self._next_touch = time.monotonic() + (
+            TOUCH_S if first_second_left_s is None else first_second_left_s + RETOUCH_AFTER_S)
+        if first_second_left_s is not None:
+            self._wake_keeper.set()  # it may be asleep for a whole ping interval
         log.debug("registered consumer=%s queues=%s wakeup=%s", self.consumer_id,
                   ",".join(self.queues), self.wakeup_mode)
 
@@ -266,7 +282,10 @@ class Presence:
 
     def _keep(self) -> None:
         """While no worker holds the home seat, keep the home session talking."""
-        while not self._closed.wait(self.session_idle_s / PINGS_PER_IDLE):
+        while not self._closed.is_set():
+            if self._wake_keeper.wait(self._keeper_wait_s()):
+                self._wake_keeper.clear()  # a touch due sooner, or the close: wait anew
+                continue
             if not self.home.seat(self, 0):
                 continue  # a worker has the session: its own statements keep it alive
             try:
@@ -276,6 +295,14 @@ class Presence:
                 log.warning("liveness session keepalive failed error=%s", e)
             finally:
                 self.home.leave(self)
+
+    def _keeper_wait_s(self) -> float:
+        """A ping's interval, or less when a touch is due sooner (RETOUCH_AFTER_S): a busy process
+        touches its row nowhere else but in a reaper pass's check, every reap_interval_s. (A
+        touch overdue is the seat holder's to do: its next _check.)"""
+        ping_s = self.session_idle_s / PINGS_PER_IDLE
+        due_s = self._next_touch - time.monotonic()
+        return min(ping_s, due_s + 0.01) if due_s > 0 else ping_s
 
     def fall_back_to_polling(self, exc: BaseException) -> None:
         """A watcher's statement was refused (a proxy may pass GET_LOCK alone): poll from now on."""
@@ -368,6 +395,7 @@ class Presence:
     def close(self) -> None:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
         self._closed.set()
+        self._wake_keeper.set()
         if self._keeper.is_alive():
             self._keeper.join(30)
         if self.heartbeat is not None:

@@ -46,12 +46,47 @@ def lock_grace_us(session: Session) -> int:
     return microseconds(GALERA_LOCK_GRACE_S) if session.galera else 0
 
 
-def restarted_us(session: Session, grace_s: float) -> int | None:
-    """How long ago the session's server started, in microseconds, if less than `grace_s` ago
-    (a reaper's restart grace: consume/reaper.py), else None. Asked inside a transaction's body,
-    so that a body rerun on a new connection asks the server it now talks to."""
-    up_s = session.server_up_s()
-    return microseconds(up_s) if up_s < grace_s else None
+def restarted_since_s(session: Session, cur, grace_s: float) -> int | None:
+    """If the session's server started less than `grace_s` ago (a reaper's restart grace:
+    consume/reaper.py), the first whole second of its clock that began after it started (since
+    the epoch): a last_seen from then on was written to this server, not to the one before the
+    restart. Else None. Asked on `cur` inside a transaction's body, so that a body rerun on a new
+    connection asks the server it now talks to.
+
+    The server counts its Uptime from the second it started to the second of the statement, both
+    on its own clock: read between two reads of its clock in the same second, that second less
+    the Uptime is the second it started in (across a second's turn, twice in a row, one later:
+    never sooner). The second after it, not the start itself: the server before a restart may
+    have written rows in the second the restarted one started in. A consumer that took its lock
+    back in that first second says so by a touch after it (Presence: RETOUCH_AFTER_S). (A
+    reaper's estimate from Uptime alone, Session.server_up_s, is up to two seconds short:
+    consumers that came back then kept the grace, and those that died their jobs until it ended.)"""
+    if session.server_up_s() >= grace_s:
+        return None  # (short of the truth: no statement once the grace has surely ended)
+    for _ in range(2):
+        cur.execute(Q["server_clock"])
+        before_s = int(cur.fetchone()[0])
+        cur.execute(Q["server_uptime"])
+        uptime_s = int(cur.fetchone()[1])
+        cur.execute(Q["server_clock"])
+        after_s = int(cur.fetchone()[0])
+        if after_s == before_s:
+            break
+    return after_s - uptime_s + 1
+
+
+def first_second_left_s(session: Session) -> float | None:
+    """How long until the session's server's clock reaches restarted_since_s, if the server
+    started less than two seconds ago (else None): a row written to it before then may read to a
+    reaper as written before a restart (Presence touches its row again then)."""
+    def body(cur) -> float | None:
+        since_s = restarted_since_s(session, cur, 2.0)  # (server_up_s is up to two seconds short)
+        if since_s is None:
+            return None
+        cur.execute(Q["server_clock_us"])
+        return max(0.0, since_s - float(cur.fetchone()[0]))
+
+    return session.run(body, what="server start")
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
@@ -105,7 +140,7 @@ def dead_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tuple
     started less than restart_grace_s ago, only those that talked to it since."""
     def body(cur):
         cur.execute(Q["dead_consumers"], {"grace_us": lock_grace_us(session),
-                                          "up_us": restarted_us(session, restart_grace_s)})
+                                          "since_s": restarted_since_s(session, cur, restart_grace_s)})
         return [(cid, lock, _queues(queues)) for cid, lock, queues in cur.fetchall()]
 
     return session.run(body, what="find dead consumers")
@@ -115,7 +150,7 @@ def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tupl
     """Polling consumers whose heartbeat stopped: (id, queues). restart_grace_s: as in dead_consumers."""
     def body(cur):
         cur.execute(Q["stale_consumers"], {"stale_us": microseconds(POLLING_STALE_S),
-                                           "up_us": restarted_us(session, restart_grace_s)})
+                                           "since_s": restarted_since_s(session, cur, restart_grace_s)})
         return [(cid, _queues(queues)) for cid, queues in cur.fetchall()]
 
     return session.run(body, what="find stale consumers")
@@ -168,14 +203,15 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
             cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
             if cur.fetchone()[0] != 1:
                 return None
-            cur.execute(Q["consumer_alive_after_all"], {"id": consumer_id, "grace_us": lock_grace_us(session),
-                                               "up_us": restarted_us(session, restart_grace_s)})
+            cur.execute(Q["consumer_alive_after_all"], {
+                "id": consumer_id, "grace_us": lock_grace_us(session),
+                "since_s": restarted_since_s(session, cur, restart_grace_s)})
             if cur.fetchone() is not None:
                 return None  # its lock lives on another server now, or its heartbeat is fresh (liveness.py)
         else:
             cur.execute(Q["drop_stale_consumer"], {"id": consumer_id,
                                                    "stale_us": microseconds(POLLING_STALE_S),
-                                                   "up_us": restarted_us(session, restart_grace_s)})
+                                                   "since_s": restarted_since_s(session, cur, restart_grace_s)})
             if cur.rowcount == 0:
                 return None
         cur.execute(Q["claims_of_owner"], {"owner": consumer_id})

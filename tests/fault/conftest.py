@@ -38,10 +38,11 @@ def _started_server(basedir: Path, template: Path) -> LocalServer:
     srv = LocalServer(basedir)
     shutil.copytree(template, srv.datadir)
     srv.start()
-    # Its Uptime counts whole seconds, and a reaper reads it a second short (Session.server_up_s):
-    # a consumer that registers in the server's first seconds reads to a reaper as registered
-    # before the start, and gets the restart grace (reaper.reap) that the tests' reaping
-    # deadlines do not allow for.
+    # Its Uptime counts whole seconds: a consumer that registers in the server's first second
+    # reads to a reaper as maybe registered before the start (liveness.restarted_since_s) until
+    # it touches its row again once that second is over (presence.RETOUCH_AFTER_S), and one
+    # killed before that gets the restart grace (reaper.reap) that the tests' reaping deadlines
+    # do not allow for.
     root = DSN.parse(srv.dsn)
     wait_until(lambda: _uptime(root) >= 3, 10, 0.05, "the server up 3 s")
     return srv

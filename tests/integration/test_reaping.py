@@ -381,3 +381,33 @@ def test_a_long_job_that_extends_its_lease_keeps_its_finished_batch_mates_claime
         stop.set()
         thread.join(30)
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_a_touch_on_a_session_that_does_not_hold_the_consumers_lock_leaves_its_last_seen_alone(db):
+    """A lock-mode consumer's last_seen says, after a server restart, that it took its lock back
+    on the new server (liveness.restart_started_s): a touch rerun on a reconnected session, before
+    the lock is taken back, must not say so."""
+    # Given a lock-mode consumer registered by the session holding its lock, an hour ago
+    cfg = db.config()
+    consumer_id = "t" * 32
+    lock_name = locks.consumer_lock(cfg.dsn.database, consumer_id)
+    home, reconnected = Session(cfg.dsn, autocommit=True), Session(cfg.dsn, autocommit=True)
+    try:
+        assert advisory.get_lock(home, lock_name, 0) == 1
+        liveness.register_consumer(home, consumer_id, lock_name, "host", 1, ["q"], "locks")
+        db.query("UPDATE nq_consumer SET last_seen = last_seen - INTERVAL 1 HOUR WHERE id = %s", (consumer_id,))
+
+        def last_seen():
+            return db.scalar("SELECT last_seen FROM nq_consumer WHERE id = %s", (consumer_id,))
+
+        before = last_seen()
+        # When a session that does not hold the lock touches the row
+        liveness.touch_consumer(reconnected, consumer_id, "locks")
+        # Then its last_seen stays as it was
+        assert last_seen() == before
+        # And a touch by the session holding the lock refreshes it
+        liveness.touch_consumer(home, consumer_id, "locks")
+        assert last_seen() > before
+    finally:
+        reconnected.close()
+        home.close()

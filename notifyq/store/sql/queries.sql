@@ -369,7 +369,22 @@ VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s, %(node
 ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s, node = %(node)s
 
 -- touch_consumer --
-UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s WHERE id = %(id)s
+-- Information only, but for a lock-mode consumer written only by the session holding its lock:
+-- a touch that reconnected to a restarted server (Session.run reruns it) before the consumer took
+-- its lock back there would tell a reaper it had (dead_consumers' since_s), and its free lock
+-- would read as its death.
+UPDATE nq_consumer SET last_seen = NOW(6), wakeup = %(wakeup)s
+WHERE id = %(id)s AND (%(wakeup)s <> 'locks' OR IS_USED_LOCK(lock_name) = CONNECTION_ID())
+
+-- server_uptime --
+-- Between two server_clock reads: the second the server started in (liveness.restarted_since_s).
+SHOW GLOBAL STATUS LIKE 'Uptime'
+
+-- server_clock --
+SELECT UNIX_TIMESTAMP()
+
+-- server_clock_us --
+SELECT UNIX_TIMESTAMP(NOW(6))
 
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
@@ -392,41 +407,45 @@ SELECT (SELECT COUNT(*) FROM nq_consumer
 -- whose lock lives on another server (a Galera node: locks are node-local, so it reads as free
 -- here while its holder runs): stale_consumers judges it by its heartbeat too. grace_us (0 but
 -- on a Galera node, liveness.GALERA_LOCK_GRACE_S): its heartbeat must be silent that long too.
--- up_us (a server that restarted less than a grace ago, reaper.reap): only consumers that talked
--- to it since it started are judged; the others may be alive and about to take their lock back.
+-- since_s (a server that restarted less than a grace ago, reaper.reap: the first whole second
+-- after its start, liveness.restarted_since_s): only consumers that talked to it since are
+-- judged, by the lock they took back on it; the others may be alive and about to take their lock
+-- back. (Off Galera a lock-mode consumer's last_seen is written only by the session holding its
+-- lock: register_consumer right after taking it, touch_consumer while it holds it. On a Galera
+-- node its heartbeat writes it too, and a heartbeat that beats keeps it alive: grace_us.)
 SELECT id, lock_name, queues FROM nq_consumer
 WHERE wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)) AND IS_FREE_LOCK(lock_name) = 1
   AND (%(grace_us)s = 0 OR last_seen < NOW(6) - INTERVAL %(grace_us)s MICROSECOND)
-  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
+  AND (%(since_s)s IS NULL OR last_seen >= FROM_UNIXTIME(%(since_s)s))
 
 -- stale_consumers --
 -- Consumers judged by heartbeat (polling ones, and lock-mode ones whose lock lives on another
 -- server) whose heartbeat stopped (heartbeat.py beats well inside stale_us).
--- up_us: as in dead_consumers.
+-- since_s: as in dead_consumers.
 SELECT id, queues FROM nq_consumer
 WHERE NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port))) AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
-  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
+  AND (%(since_s)s IS NULL OR last_seen >= FROM_UNIXTIME(%(since_s)s))
 
 -- drop_stale_consumer --
 -- The judgement and the verdict in one statement: a heartbeat that lands first keeps the row,
 -- and then nothing of that consumer is taken back.
--- up_us: as in dead_consumers, asked again here (the session may have reconnected to a server
+-- since_s: as in dead_consumers, asked again here (the session may have reconnected to a server
 -- that restarted since the list was read).
 DELETE FROM nq_consumer
 WHERE id = %(id)s AND NOT (wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)))
   AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND
-  AND (%(up_us)s IS NULL OR last_seen >= NOW(6) - INTERVAL %(up_us)s MICROSECOND)
+  AND (%(since_s)s IS NULL OR last_seen >= FROM_UNIXTIME(%(since_s)s))
 
 -- consumer_alive_after_all --
 -- The verdict by lock, inside the reclaim: a row here means the consumer is not ours to take
 -- back: it re-registered on another Galera node meanwhile and holds its lock there (free here),
--- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile, or (up_us, as in
+-- or (grace_us, as in dead_consumers) its heartbeat beat again meanwhile, or (since_s, as in
 -- dead_consumers, asked again: the session may have reconnected to a server that restarted since
 -- the list was read) it has not talked to this server since it started.
 SELECT 1 FROM nq_consumer
 WHERE id = %(id)s AND (node NOT IN ('', CONCAT(@@hostname, ':', @@port))
                        OR (%(grace_us)s > 0 AND last_seen >= NOW(6) - INTERVAL %(grace_us)s MICROSECOND)
-                       OR (%(up_us)s IS NOT NULL AND last_seen < NOW(6) - INTERVAL %(up_us)s MICROSECOND))
+                       OR (%(since_s)s IS NOT NULL AND last_seen < FROM_UNIXTIME(%(since_s)s)))
 FOR UPDATE
 
 -- heartbeat --
