@@ -42,6 +42,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
+from notifyq.consume.lineup import ClaimSizer, LineupWatch
 from notifyq.store import advisory, liveness, locks, schema
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
@@ -112,6 +113,10 @@ class Presence:
         self.session_idle_s = config.consumer.session_idle_s
         self.watch_seats = {q: WatchSeat(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
         self.home = self.watch_seats[self.queues[0]]  # its session holds the liveness lock
+        # Jobs of mixed duration (lineup.py): claims sized by each queue's time per job, shared by
+        # its workers, and the jobs waiting behind a long one handed back.
+        self.claim_sizers = {q: ClaimSizer() for q in self.queues}
+        self.lineup = LineupWatch(config, stop)
         self.session = self.home.session
         self.consumer_id = ""
         self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
@@ -349,7 +354,7 @@ class Presence:
     # -------------------------------------------------------- reload and shutdown
 
     def reload(self, config: Config) -> None:
-        self.config = config
+        self.config = self.lineup.config = config
         for seat in self.watch_seats.values():
             seat.waiter.cfg = config.wakeup
 
@@ -368,6 +373,7 @@ class Presence:
     def close(self) -> None:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
         self._closed.set()
+        self.lineup.close()  # (the workers have ended: no batch is under way)
         if self._keeper.is_alive():
             self._keeper.join(30)
         if self.heartbeat is not None:
