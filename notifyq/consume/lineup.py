@@ -8,9 +8,10 @@ Two rules keep that from happening, both set by the queue's batch_target_s (0: o
 
   - ClaimSizer: a claim takes about batch_target_s of work, by the queue's time per job as
     this process has seen it (a moving average over every handler call, shared by the queue's
-    workers): batch_target_s / time per job, at least 1 and at most batch_size. Quick jobs keep
-    full batches; slow ones are claimed a few, or one, at a time. Before its first timed call
-    a process claims batch_size.
+    workers): batch_target_s / time per job, at least 1 (a coroutine handler's group) and at
+    most batch_size. Quick jobs keep full batches; slow ones are claimed a few, or one, at a
+    time. Before its first timed call a process claims batch_size; a per-batch handler always
+    does (its batch is one call: no job waits behind another).
   - LineupWatch: one thread per process and server looks at the batches under way. A batch
     whose jobs are still unstarted batch_target_s after its claim, while one of its jobs runs,
     hands them back to the queue (queries.give_back: fenced by the claim's token, the attempt
@@ -59,6 +60,16 @@ class ClaimSizer:
         per_job = seconds / max(1, jobs)
         with self._lock:
             self.job_s = per_job if self.job_s is None else self.job_s + NEWEST_WEIGHT * (per_job - self.job_s)
+
+    def size_for(self, handler, batch_size: int, target_s: float) -> int:
+        """The next claim's size for `handler`. A per-batch handler's claims stay whole: one call
+        runs them all, and smaller batches would only add calls (and a call's fixed cost, spread
+        over fewer jobs, would shrink them further). A coroutine handler's take at least one
+        group (`concurrency`), or its jobs would not run at once."""
+        if getattr(handler, "per_batch", False):
+            return batch_size
+        group = min(batch_size, max(1, getattr(handler, "concurrency", 1)))
+        return max(group, self.size(batch_size, target_s))
 
     def size(self, batch_size: int, target_s: float) -> int:
         """Jobs for the next claim: about target_s of work, at least 1 and at most batch_size."""
