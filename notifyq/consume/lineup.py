@@ -13,8 +13,9 @@ Two rules keep that from happening, both set by the queue's batch_target_s (0: o
     time. Before its first timed call a process claims batch_size; a per-batch handler always
     does (its batch is one call: no job waits behind another).
   - LineupWatch: one thread per process and server looks at the batches under way. A batch
-    whose jobs are still unstarted batch_target_s after its claim, while one of its jobs runs,
-    hands them back to the queue (queries.give_back: fenced by the claim's token, the attempt
+    whose jobs are still unstarted batch_target_s after its claim, while one of its jobs runs
+    and a consumer of the queue idles (its watch lock is held: looked at again every
+    batch_target_s while none does), hands them back to the queue (queries.give_back: fenced by the claim's token, the attempt
     undone, the queue's count bumped) and wakes the queue's idle watcher as a producer does
     (the instant wake: KILL QUERY of its wait), which claims them, in this process or another.
     The batch first marks them as no longer its own to start (Batch.hand_back, under the lock
@@ -35,8 +36,9 @@ from typing import TYPE_CHECKING
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.produce.interrupt import Interrupter
-from notifyq.store import queries
+from notifyq.store import advisory, queries
 from notifyq.store.db import Session
+from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 
 if TYPE_CHECKING:
@@ -82,13 +84,13 @@ class ClaimSizer:
 class LineupWatch:
     """The thread that hands back what waits behind a long job (one per Presence: per process
     and server). Idle costs nothing: the thread starts with the first batch it is given and
-    waits on a condition while no batch is under way; the session opens at the first hand-back."""
+    waits on a condition while no batch is under way; the session opens at the first batch due."""
 
     def __init__(self, config: Config, stop: threading.Event):
         self.config = config  # the presence's (a reload replaces it)
         self.stop = stop
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
-        self._due: dict[Batch, tuple[float, str]] = {}  # batch -> (monotonic due time, queue)
+        self._due: dict[Batch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -102,7 +104,7 @@ class LineupWatch:
         with self._cond:
             if self._closed:
                 return
-            self._due[batch] = (batch.claimed_at + target_s, queue)
+            self._due[batch] = (batch.claimed_at + target_s, queue, target_s)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="notifyq-lineup", daemon=True)
                 self._thread.start()
@@ -111,7 +113,7 @@ class LineupWatch:
             # (otherwise it waits for an earlier batch's due time, and this one's is later)
 
     def done(self, batch: Batch) -> None:
-        """The batch's run ended (its worker gives back what it did not start)."""
+        """The batch's run ended (its worker gives back what it did not start), or it handed back."""
         with self._cond:
             self._due.pop(batch, None)
 
@@ -130,41 +132,78 @@ class LineupWatch:
         while True:
             with self._cond:
                 due = self._next_due()
-                if due is None:
-                    return
-            for batch, queue, ids in due:
+            if due is None:
+                return
+            for batch, queue in due:
                 try:
-                    self._hand_back(batch, queue, ids)
+                    self._relieve(batch, queue)
                 except Exception as e:  # never let the thread die: the batches still run, in order
                     log.warning("could not hand back waiting jobs queue=%s error=%s", queue, e,
                                 exc_info=not isinstance(e, errors.NotifyqError))
 
-    def _next_due(self) -> list[tuple[Batch, str, list[int]]] | None:
+    def _next_due(self) -> list[tuple[Batch, str]] | None:
         """(Under the condition) the batches due now, waiting until there are some; None: closed.
-        A due batch that runs no job right now is looked at again RECHECK_S later."""
+        Each is due again batch_target_s later: while no consumer idles, it is looked at that often."""
         while not self._closed:
             now = time.monotonic()
-            due: list[tuple[Batch, str, list[int]]] = []
-            for batch, (at, queue) in list(self._due.items()):
-                if at > now:
-                    continue
-                ids = batch.hand_back()
-                if ids is None:  # between two jobs: its worker starts the next one now
-                    self._due[batch] = (now + RECHECK_S, queue)
-                    continue
-                del self._due[batch]
-                if ids:
-                    due.append((batch, queue, ids))
+            due: list[tuple[Batch, str]] = []
+            for batch, (at, queue, target_s) in list(self._due.items()):
+                if at <= now:
+                    self._due[batch] = (now + target_s, queue, target_s)
+                    due.append((batch, queue))
             if due:
                 return due
-            self._cond.wait(min((at for at, _ in self._due.values()), default=now + 3600) - now)
+            self._cond.wait(min((at for at, _, _ in self._due.values()), default=now + 3600) - now)
         return None
 
-    def _hand_back(self, batch: Batch, queue: str, ids: list[int]) -> None:
+    def _due_in(self, batch: Batch, seconds: float) -> None:
+        with self._cond:
+            if batch in self._due:
+                _, queue, target_s = self._due[batch]
+                self._due[batch] = (time.monotonic() + seconds, queue, target_s)
+
+    def _relieve(self, batch: Batch, queue: str) -> None:
+        """A due batch: what waits behind its running job goes back to the queue, if a consumer
+        idles to take it. (Read without the batch's lock first: hand_back decides.)"""
+        if not batch.running:
+            self._due_in(batch, RECHECK_S)  # between two jobs: its worker starts the next one now
+            return
+        if not batch.waiting():
+            self.done(batch)
+            return
+        if not self._someone_idles(queue):
+            return  # every consumer is busy: the batch's own worker is as good as any (due again later)
+        ids = batch.hand_back()
+        if ids is None:
+            self._due_in(batch, RECHECK_S)
+            return
+        self.done(batch)  # once: its worker's next claim is sized by then
+        if ids:
+            self._give_back(batch, queue, ids)
+
+    def _someone_idles(self, queue: str) -> bool:
+        """A consumer of the queue, in this process or another, waits for work: the queue's watch
+        lock is held (by the watcher, idle or claiming). Polling consumers cannot be seen: then
+        yes, as when the look fails."""
+        if not self.config.wakeup.use_locks:
+            return True
+        try:
+            return advisory.lock_holder(self._lineup_session(), self._locks(queue).watch) is not None
+        except (errors.NotifyqError, DriverError) as e:
+            log.debug("could not tell whether a consumer idles: handing back queue=%s error=%s", queue, e)
+            return True
+
+    def _lineup_session(self) -> Session:
         if self._session is None:
             self._session = Session(self.config.dsn, name="lineup", stop=self.stop)
+        return self._session
+
+    def _locks(self, queue: str) -> QueueLocks:
+        return QueueLocks(self.config.dsn.database, queue)
+
+    def _give_back(self, batch: Batch, queue: str, ids: list[int]) -> None:
         try:
-            n = queries.give_back(self._session, queue, ids, batch.token)
+            n = queries.give_back(self._lineup_session(), queue, ids, batch.token)
         except errors.NotifyqError as e:
             # Marked as not ours to start, and out of the batch's lease extensions: the reaper
             # returns them when their lease runs out, as it would a dead consumer's.
@@ -172,7 +211,7 @@ class LineupWatch:
                         "lease runs out queue=%s n=%d error=%s", queue, len(ids), e)
             return
         self.handed_back += n
-        log.info("handed back jobs waiting behind a long one queue=%s n=%d running_for_s=%.3f",
+        log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f",
                  queue, n, time.monotonic() - batch.claimed_at)
         if n:
             self._wake(queue)
@@ -184,6 +223,5 @@ class LineupWatch:
             return  # the watchers poll: their next look at the count finds them
         waker = self._wakers.get(queue)
         if waker is None:
-            waker = self._wakers[queue] = Interrupter(queue, QueueLocks(self.config.dsn.database, queue),
-                                                      insist=wakeup.instant_wake is True)
+            waker = self._wakers[queue] = Interrupter(queue, self._locks(queue), insist=wakeup.instant_wake is True)
         waker.wake(self._session)
