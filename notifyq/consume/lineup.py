@@ -29,6 +29,7 @@ the claims after it are sized by it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -91,6 +92,7 @@ class LineupWatch:
         self.stop = stop
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
         self._due: dict[Batch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
+        self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -104,13 +106,13 @@ class LineupWatch:
         with self._cond:
             if self._closed:
                 return
-            self._due[batch] = (batch.claimed_at + target_s, queue, target_s)
+            due = batch.claimed_at + target_s
+            self._due[batch] = (due, queue, target_s)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="notifyq-lineup", daemon=True)
                 self._thread.start()
-            elif len(self._due) == 1:
-                self._cond.notify()  # it waits without a timeout while nothing is due
-            # (otherwise it waits for an earlier batch's due time, and this one's is later)
+            elif due < self._sleeps_until:
+                self._cond.notify()  # (a batch of a queue whose batch_target_s is shorter, or nothing was due)
 
     def done(self, batch: Batch) -> None:
         """The batch's run ended (its worker gives back what it did not start), or it handed back."""
@@ -153,7 +155,9 @@ class LineupWatch:
                     due.append((batch, queue))
             if due:
                 return due
-            self._cond.wait(min((at for at, _, _ in self._due.values()), default=now + 3600) - now)
+            self._sleeps_until = min((at for at, _, _ in self._due.values()), default=math.inf)
+            self._cond.wait(None if self._sleeps_until == math.inf else self._sleeps_until - now)
+            self._sleeps_until = 0.0
         return None
 
     def _due_in(self, batch: Batch, seconds: float) -> None:
@@ -165,6 +169,9 @@ class LineupWatch:
     def _relieve(self, batch: Batch, queue: str) -> None:
         """A due batch: what waits behind its running job goes back to the queue, if a consumer
         idles to take it. (Read without the batch's lock first: hand_back decides.)"""
+        if self.stop.is_set():  # shutting down: the worker gives back what it does not start
+            self.done(batch)
+            return
         if not batch.running:
             self._due_in(batch, RECHECK_S)  # between two jobs: its worker starts the next one now
             return

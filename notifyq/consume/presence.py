@@ -374,7 +374,7 @@ class Presence:
     def close(self) -> None:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
         self._closed.set()
-        self.lineup.close()  # (the workers have ended: no batch is under way)
+        self.lineup.close()  # (stopped: it hands back nothing more; a stuck worker's batch is abandon's)
         if self._keeper.is_alive():
             self._keeper.join(30)
         if self.heartbeat is not None:
