@@ -3,7 +3,7 @@
 does each quick job start after its put?
 
     .venv/bin/python benchmarks/head_of_line.py [--dsn mysql://root@host:port/] [--rounds 3]
-        [--long-s 4] [--quick 8] [--quick-s 0.01] [--targets 0,0.1] [--drain] [--json out.json]
+        [--long-s 4] [--quick 8] [--quick-s 0.01] [--targets 0,0.05] [--drain] [--json out.json]
 
 Without --dsn a private MariaDB (LocalServer) is started in a temp dir; with it, a database of
 its own is created and dropped. Two set-ups of real `notifyq consume` processes (default
@@ -12,7 +12,7 @@ once every consumer idles (the watch lock held): one put_many of the long job (-
 --quick jobs of --quick-s each, in one transaction, so the first claim sees them all; each
 quick job's delay is its handler's start (wall clock, same host) minus the put's return.
 Each set-up runs with every --targets value of the queues' batch_target_s: 0 is the rule off
-(claims of batch_size run in order: the code before it), 0.1 the default. Target: with the
+(claims of batch_size run in order: the code before it), 0.05 the default. Target: with the
 rule on, every quick job starts within 250 ms of its put.
 
 --drain also runs bench.py's drain (20,000 quick jobs, 4 consumer processes, notifyq against
@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--long-s", type=float, default=4.0, help="the long job's duration")
     ap.add_argument("--quick", type=int, default=8, help="quick jobs put after it")
     ap.add_argument("--quick-s", type=float, default=0.01, help="each quick job's duration")
-    ap.add_argument("--targets", default="0,0.1", help="batch_target_s values to run each set-up with")
+    ap.add_argument("--targets", default="0,0.05", help="batch_target_s values to run each set-up with")
     ap.add_argument("--drain", action="store_true", help="also run bench.py's drain against the seed floor")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)

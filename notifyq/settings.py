@@ -35,7 +35,7 @@ class QueueConfig:
     # > 0: a claim is sized to run for about this long (by the queue's observed job time), and
     # the jobs of a claim still unstarted this long after it go back to the queue for an idle
     # worker (consume/lineup.py); 0: every claim takes up to batch_size, run in order
-    batch_target_s: float = 0.1
+    batch_target_s: float = 0.05
     workers: int = 1
     concurrency: int = 1  # a coroutine handler's jobs run at once per worker (per job only)
     max_attempts: int = 5
