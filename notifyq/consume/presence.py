@@ -3,7 +3,8 @@
 A process opens, per database, one watcher session per queue, and each of its workers one work
 session (claims and acks): workers + queues sessions, plus one heartbeat session when it is
 judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1,
-and one more (lineup.py) once the process has handed back jobs that waited behind a long one.
+and one more (lineup.py) from the first time jobs of a batch still wait behind a running one
+batch_target_s after their claim.
 
 A watcher session is lent to one idle worker of its queue at a time (`WatchSeat.seat`): that
 worker queues for the queue's watch lock (across processes), watches the bell, claims as
