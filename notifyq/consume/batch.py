@@ -65,6 +65,7 @@ class Batch:
         # Held while the worker picks and starts the next jobs, and while the lineup watch
         # (another thread) picks what to hand back: a job is started or handed back, never both.
         self.start_lock = threading.Lock()
+        self.handed_back = 0  # jobs the lineup watch took to hand back (counted once the run ended)
         # timeout_s: helper threads whose call timed out (their extensions are refused: the work
         # session is not theirs any more), under handler_lock with every handler's extension
         self.revoked: set[int] = set()
@@ -132,6 +133,7 @@ class Batch:
                 return None
             ids = self.waiting()
             self.lost.update(ids)
+            self.handed_back += len(ids)
             return ids
 
     def start(self, jobs: list[Job]) -> None:
@@ -206,6 +208,9 @@ class BatchRun:
             raise
         finally:
             self.presence.lineup.done(batch)
+            # Counted here, on the worker's thread, as its own give-backs are: no job runs any
+            # more, so the watch cannot take more of this batch.
+            self.stats.given_back += batch.handed_back
             self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
             log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                       sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)

@@ -85,6 +85,8 @@ def test_quick_jobs_claimed_behind_a_long_one_run_on_idle_workers_while_it_runs(
             handler.release.set()
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'mixed'") == 0, 15,
                    message="every job done")
+        # and the long job's worker counts them given back (the summary's given_back=, the metrics)
+        wait_until(lambda: service.totals().given_back == 8, 15, message="the hand-back counted")
     assert len(handler.starts) == 9  # none ran twice
 
 
