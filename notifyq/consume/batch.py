@@ -198,6 +198,7 @@ class BatchRun:
                 # What waits behind a long job goes back to the queue (lineup.py).
                 self.presence.lineup.watch(batch, self.queue, self.qc.batch_target_s)
                 self._run_in_order()
+            self._observe_pace()
         except BaseException as e:
             # Only the worker's own failures get here (handlers.py turns every exception a handler
             # raises into its job's failure): fail what was running rather than leave it claimed.
@@ -306,10 +307,17 @@ class BatchRun:
                     ",".join(map(str, gone[:20])))
         return False
 
+    def _observe_pace(self) -> None:
+        """The queue's claim sizer learns the batch's time per job: from its first start to its
+        last end, over the jobs that ran (a group of coroutines counts as its jobs). Once per
+        batch, from the times each job's attempt record keeps: nothing is added per job."""
+        ran = [j for j in self.batch.jobs if j._ended is not None]
+        if ran:
+            span = max(j._ended for j in ran) - min(j._started for j in ran)
+            self.presence.claim_sizers[self.queue].observe(span, len(ran))
+
     def _call(self, jobs: list[Job]) -> None:
-        t0 = time.monotonic()
         self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
-        self.presence.claim_sizers[self.queue].observe(time.monotonic() - t0, len(jobs))
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under

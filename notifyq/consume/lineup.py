@@ -7,22 +7,23 @@ long holds the rest of its batch back while other workers, of this process or an
 Two rules keep that from happening, both set by the queue's batch_target_s (0: off):
 
   - ClaimSizer: a claim takes about batch_target_s of work, by the queue's time per job as
-    this process has seen it (a moving average over every handler call, shared by the queue's
-    workers): batch_target_s / time per job, at least 1 (a coroutine handler's group) and at
+    this process has seen it (a moving average over every job, learnt once per batch from its
+    first start to its last end, shared by the queue's workers): batch_target_s / time per job, at least 1 (a coroutine handler's group) and at
     most batch_size. Quick jobs keep full batches; slow ones are claimed a few, or one, at a
     time. Before its first timed call a process claims batch_size; a per-batch handler always
     does (its batch is one call: no job waits behind another).
   - LineupWatch: one thread per process and server looks at the batches under way. A batch
     whose jobs are still unstarted batch_target_s after its claim, while one of its jobs runs
     and a consumer of the queue idles (its watch lock is held: looked at again every
-    batch_target_s while none does), hands them back to the queue (queries.give_back: fenced by the claim's token, the attempt
-    undone, the queue's count bumped) and wakes the queue's idle watcher as a producer does
-    (the instant wake: KILL QUERY of its wait), which claims them, in this process or another.
+    batch_target_s while none does), hands them back to the queue (queries.give_back: fenced
+    by the claim's token, the attempt undone, the queue's count bumped) and wakes the queue's
+    idle watcher as a producer does (the instant wake: KILL QUERY of its wait), which claims
+    them, in this process or another.
     The batch first marks them as no longer its own to start (Batch.hand_back, under the lock
     its worker starts jobs under), so each is either started by its old worker or given back,
     never both. A batch hands back once: what its worker claims next is sized by then.
 
-The average sees a call only once it returns: a slow job's first run is found by the watch,
+The average sees a batch only once its run ends: a slow job's first run is found by the watch,
 the claims after it are sized by it.
 """
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("notifyq.consumer")
 
-NEWEST_WEIGHT = 0.2  # of the newest call in the moving average: a change of pace shows within a few calls
+NEWEST_WEIGHT = 0.2  # of the newest job in the moving average: a change of pace shows within a few jobs
 RECHECK_S = 0.01  # a due batch between two jobs (acking, extending) is looked at again after this
 
 
@@ -59,10 +60,13 @@ class ClaimSizer:
         self._lock = threading.Lock()  # the queue's workers observe from their own threads
 
     def observe(self, seconds: float, jobs: int) -> None:
-        """A handler call on `jobs` jobs took `seconds` (a group or a batch: its time per job)."""
-        per_job = seconds / max(1, jobs)
+        """`jobs` jobs took `seconds` (a batch's run): as many updates of the average, each with
+        their mean time, in one step."""
+        jobs = max(1, jobs)
+        per_job = seconds / jobs
+        weight = 1 - (1 - NEWEST_WEIGHT) ** jobs
         with self._lock:
-            self.job_s = per_job if self.job_s is None else self.job_s + NEWEST_WEIGHT * (per_job - self.job_s)
+            self.job_s = per_job if self.job_s is None else self.job_s + weight * (per_job - self.job_s)
 
     def size_for(self, handler, batch_size: int, target_s: float) -> int:
         """The next claim's size for `handler`. A per-batch handler's claims stay whole: one call

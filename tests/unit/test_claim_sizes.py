@@ -20,14 +20,14 @@ def test_a_claim_takes_about_the_target_of_work_at_least_one_job_at_most_batch_s
     sizer.observe(0.001, 1)  # quick jobs keep full batches
     assert sizer.size(100, 0.1) == 100
     sizer = ClaimSizer()
-    sizer.observe(0.2, 4)  # a call of 4 jobs (a batch or a group): 50 ms each
+    sizer.observe(0.2, 4)  # a batch of 4 jobs ran in 0.2 s: 50 ms each
     assert sizer.size(100, 0.1) == 2
     sizer.observe(4.0, 1)  # a long job: one at a time
     assert sizer.size(100, 0.1) == 1
     assert sizer.size(100, 0) == 100  # the rule off
 
 
-def test_the_average_forgets_a_long_job_within_some_quick_calls():
+def test_the_average_forgets_a_long_job_within_some_quick_jobs():
     sizer = ClaimSizer()
     sizer.observe(4.0, 1)
     calls = 0
@@ -35,6 +35,16 @@ def test_the_average_forgets_a_long_job_within_some_quick_calls():
         sizer.observe(0.0005, 1)
         calls += 1
     assert 30 <= calls <= 50  # weight 0.2: the excess over 0.5 ms shrinks by 0.8 per call, to under 1 ms
+
+
+def test_a_batch_of_n_jobs_moves_the_average_as_n_jobs_one_by_one_would():
+    one_by_one, at_once = ClaimSizer(), ClaimSizer()
+    one_by_one.observe(4.0, 1)
+    at_once.observe(4.0, 1)
+    for _ in range(10):
+        one_by_one.observe(0.001, 1)
+    at_once.observe(0.010, 10)
+    assert abs(one_by_one.job_s - at_once.job_s) < 1e-9
 
 
 def test_a_hand_back_takes_the_waiting_jobs_only_while_a_job_runs_and_they_never_start():
