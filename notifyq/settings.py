@@ -31,7 +31,11 @@ class QueueConfig:
     tasks: str = ""  # modules whose @notifyq.task functions run the jobs ("a.tasks b.tasks")
     per_batch: bool = False  # handler gets the whole batch (command: JSON lines)
     command_timeout_s: float = 60.0
-    batch_size: int = 100
+    batch_size: int = 100  # at most this many jobs per claim
+    # > 0: a claim is sized to run for about this long (by the queue's observed job time), and
+    # the jobs of a claim still unstarted this long after it go back to the queue for an idle
+    # worker (consume/lineup.py); 0: every claim takes up to batch_size, run in order
+    batch_target_s: float = 0.05
     workers: int = 1
     concurrency: int = 1  # a coroutine handler's jobs run at once per worker (per job only)
     max_attempts: int = 5
@@ -182,7 +186,8 @@ RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "lease_s": _POSITIVE_S, "retention_s": (False, 0, False, values.MAX_SECONDS),  # 0: keep forever
     "result_ttl_s": (False, 0, False, values.MAX_SECONDS),  # 0: results kept only with keep_done
     "timeout_s": (False, 0, False, values.MAX_SECONDS),  # 0: none
-    "batch_size": (True, 1, False, 10000), "workers": (True, 1, False, 256),
+    "batch_size": (True, 1, False, 10000), "batch_target_s": (False, 0, False, values.MAX_SECONDS),  # 0: off
+    "workers": (True, 1, False, 256),
     "concurrency": (True, 1, False, 10000),
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,

@@ -50,6 +50,7 @@ class Batch:
         self.commit = commit  # the claim's COMMIT, sent ahead: read at the session's next statement
         self.jobs = jobs
         self.lease_s = lease_s  # the claim's own: a reload changes the next claims' lease, not this one
+        self.claimed_at = claimed_at  # monotonic, taken before the claim was sent
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
         self.running: list[Job] = []  # in the handler right now
@@ -58,7 +59,13 @@ class Batch:
         # lease alone, and the finished jobs before it expired and ran again elsewhere.
         self.done: list[Job] = []
         self.settled = threading.Event()  # its worker is done with it (the service waits at shutdown)
-        self.lost: set[int] = set()  # taken back from us (their lease ran out) before they started
+        # Not ours to start: taken back from us (their lease ran out), or handed back to the
+        # queue while a long job ran ahead of them (lineup.py)
+        self.lost: set[int] = set()
+        # Held while the worker picks and starts the next jobs, and while the lineup watch
+        # (another thread) picks what to hand back: a job is started or handed back, never both.
+        self.start_lock = threading.Lock()
+        self.handed_back = 0  # jobs the lineup watch took to hand back (counted once the run ended)
         # timeout_s: helper threads whose call timed out (their extensions are refused: the work
         # session is not theirs any more), under handler_lock with every handler's extension
         self.revoked: set[int] = set()
@@ -109,6 +116,25 @@ class Batch:
                 break
             group.append(job)
         return group
+
+    def start_next(self, size: int) -> list[Job]:
+        """The next group (next_group), started."""
+        with self.start_lock:
+            group = self.next_group(size)
+            self.start(group)
+            return group
+
+    def hand_back(self) -> list[int] | None:
+        """The lineup watch's (another thread): while a job runs, the jobs waiting behind it
+        become not ours to start, and are returned, for the queue; None: no job runs right
+        now (its worker is between two jobs, and about to start the next)."""
+        with self.start_lock:
+            if not self.running:
+                return None
+            ids = self.waiting()
+            self.lost.update(ids)
+            self.handed_back += len(ids)
+            return ids
 
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
@@ -169,7 +195,10 @@ class BatchRun:
                 self._call([j for j in jobs if j.error is None])
                 batch.finish()
             else:
+                # What waits behind a long job goes back to the queue (lineup.py).
+                self.presence.lineup.watch(batch, self.queue, self.qc.batch_target_s)
                 self._run_in_order()
+            self._observe_pace()
         except BaseException as e:
             # Only the worker's own failures get here (handlers.py turns every exception a handler
             # raises into its job's failure): fail what was running rather than leave it claimed.
@@ -179,6 +208,10 @@ class BatchRun:
             batch.finish()
             raise
         finally:
+            self.presence.lineup.done(batch)
+            # Counted here, on the worker's thread, as its own give-backs are: no job runs any
+            # more, so the watch cannot take more of this batch.
+            self.stats.given_back += batch.handed_back
             self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
             log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                       sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
@@ -246,8 +279,7 @@ class BatchRun:
                 batch.skip()
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
-            group = batch.next_group(size if batch.started else 1)
-            batch.start(group)
+            group = batch.start_next(size if batch.started else 1)
             ready = [j for j in group if j.error is None]
             if ready:
                 self._call(ready)
@@ -274,6 +306,15 @@ class BatchRun:
                     "someone else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
                     ",".join(map(str, gone[:20])))
         return False
+
+    def _observe_pace(self) -> None:
+        """The queue's claim sizer learns the batch's time per job: from its first start to its
+        last end, over the jobs that ran (a group of coroutines counts as its jobs). Once per
+        batch, from the times each job's attempt record keeps: nothing is added per job."""
+        ran = [j for j in self.batch.jobs if j._ended is not None]
+        if ran:
+            span = max(j._ended for j in ran) - min(j._started for j in ran)
+            self.presence.claim_sizers[self.queue].observe(span, len(ran))
 
     def _call(self, jobs: list[Job]) -> None:
         self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)

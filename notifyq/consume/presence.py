@@ -2,7 +2,9 @@
 
 A process opens, per database, one watcher session per queue, and each of its workers one work
 session (claims and acks): workers + queues sessions, plus one heartbeat session when it is
-judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1.
+judged by heartbeat (polling mode, or a Galera node). That is at most workers + queues + 1,
+and one more (lineup.py) from the first time jobs of a batch still wait behind a running one
+batch_target_s after their claim.
 
 A watcher session is lent to one idle worker of its queue at a time (`WatchSeat.seat`): that
 worker queues for the queue's watch lock (across processes), watches the bell, claims as
@@ -42,6 +44,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
+from notifyq.consume.lineup import ClaimSizer, LineupWatch
 from notifyq.store import advisory, liveness, locks, schema
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
@@ -116,6 +119,10 @@ class Presence:
         self.session_idle_s = config.consumer.session_idle_s
         self.watch_seats = {q: WatchSeat(config, q, stop, home=i == 0) for i, q in enumerate(self.queues)}
         self.home = self.watch_seats[self.queues[0]]  # its session holds the liveness lock
+        # Jobs of mixed duration (lineup.py): claims sized by each queue's time per job, shared by
+        # its workers, and the jobs waiting behind a long one handed back.
+        self.claim_sizers = {q: ClaimSizer() for q in self.queues}
+        self.lineup = LineupWatch(config, stop)
         self.session = self.home.session
         self.consumer_id = ""
         self.heartbeat: Heartbeat | None = None  # judged by heartbeat: polling, or a Galera node
@@ -376,7 +383,7 @@ class Presence:
     # -------------------------------------------------------- reload and shutdown
 
     def reload(self, config: Config) -> None:
-        self.config = config
+        self.config = self.lineup.config = config
         for seat in self.watch_seats.values():
             seat.waiter.cfg = config.wakeup
 
@@ -396,6 +403,7 @@ class Presence:
         """After the workers: the row goes, then the sessions (which free every lock at once)."""
         self._closed.set()
         self._wake_keeper.set()
+        self.lineup.close()  # (stopped: it hands back nothing more; a stuck worker's batch is abandon's)
         if self._keeper.is_alive():
             self._keeper.join(30)
         if self.heartbeat is not None:

@@ -217,7 +217,7 @@ class Worker:
         # The settings the claim is made with, read once: a reload (the service's thread) may
         # replace them while the claim is on the wire, and the batch must track the lease it holds.
         qc, handler = self.qc, self.handler
-        want = self.budget.take(self.batch_size)
+        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(handler, self.batch_size, qc.batch_target_s))
         if want <= 0:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation

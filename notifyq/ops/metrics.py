@@ -41,7 +41,7 @@ COUNTERS = (
     ("failed", "Jobs whose attempt failed (retried + dead)."),
     ("retried", "Failed jobs rescheduled with backoff."),
     ("dead", "Failed jobs out of attempts (or not retryable)."),
-    ("given_back", "Claimed jobs returned unstarted at shutdown."),
+    ("given_back", "Claimed jobs returned unstarted: at shutdown, or from behind a long job."),
     ("lost_acks", "Outcomes dropped because the claim had been taken back (lease or reaper)."),
     ("snoozed", "Jobs the handler put back for later (job.snooze, notifyq.Snooze): no attempt spent."),
     ("cancelled", "Jobs that ended cancelled: their cancel was requested while they ran (not failed)."),
