@@ -7,16 +7,13 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume.stats import Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.worker import Worker
-
-if TYPE_CHECKING:
-    from notifyq.consume.service import ConsumeOptions
 
 log = logging.getLogger("notifyq.service")
 
@@ -26,13 +23,27 @@ log = logging.getLogger("notifyq.service")
 FINITE_TICK_S = 0.05
 
 
+class RunOptions(Protocol):
+    """What the loop reads of its service's options (service.py's ConsumeOptions): declared
+    here, so the services import the loop and the loop imports neither of them."""
+
+    @property
+    def queues(self) -> tuple[str, ...]: ...
+
+    @property
+    def exit_when_empty(self) -> bool: ...
+
+    @property
+    def max_jobs(self) -> int | None: ...
+
+
 class Supervisor:
     """The main thread's loop, for one server's service and for sharding's: it never touches
     jobs. It pings the systemd watchdog only while healthy() (every worker's loop turning, or
     its handler inside its lease), reports STATUS=, applies SIGHUP, and on stop shuts down."""
 
     config: Config
-    options: ConsumeOptions
+    options: RunOptions
     notifier: Any
     summary: Summary
 
