@@ -37,6 +37,7 @@ from typing import Protocol
 
 from notifyq import errors
 from notifyq.config import Config
+from notifyq.consume.handler import Handler
 from notifyq.jobs import Job
 from notifyq.produce.interrupt import Interrupter
 from notifyq.store import advisory, queries
@@ -80,14 +81,14 @@ class ClaimSizer:
         with self._lock:
             self.job_s = per_job if self.job_s is None else self.job_s + weight * (per_job - self.job_s)
 
-    def size_for(self, handler, batch_size: int, target_s: float) -> int:
+    def size_for(self, handler: Handler, batch_size: int, target_s: float) -> int:
         """The next claim's size for `handler`. A per-batch handler's claims stay whole: one call
         runs them all, and smaller batches would only add calls (and a call's fixed cost, spread
         over fewer jobs, would shrink them further). A coroutine handler's take at least one
         group (`concurrency`), or its jobs would not run at once."""
-        if getattr(handler, "per_batch", False):
+        if handler.per_batch:
             return batch_size
-        group = min(batch_size, max(1, getattr(handler, "concurrency", 1)))
+        group = min(batch_size, max(1, handler.concurrency))
         return max(group, self.size(batch_size, target_s))
 
     def size(self, batch_size: int, target_s: float) -> int:
