@@ -19,7 +19,7 @@ log = logging.getLogger("notifyq.service")
 
 # The main loop's turn when every worker may finish on its own (--exit-when-empty, --max-jobs):
 # it notices that they did within this, not half a second later. Not much shorter: each turn
-# costs tens of microseconds of the CPU the workers drain with.
+# takes its CPU from the workers' drain.
 FINITE_TICK_S = 0.05
 
 
