@@ -272,6 +272,7 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
     dsn.check_files()
     dsn = replace(dsn, password=_password(dsn, password_file, env, warn)) if not shards else dsn
     defaults = _coerce(QueueConfig, raw.get("defaults", {}), "defaults", origins)
+    producer = _coerce(ProducerConfig, raw.get("producer", {}), "producer", origins)  # (periodic payloads' bound)
     queues: dict[str, QueueConfig] = {}
     periodic: dict[str, tuple[dict[str, Any], ...]] = {}
     for name, section in _table(raw.get("queue", {}), "queue", origins).items():
@@ -283,7 +284,7 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
             raise errors.ConfigError(f"queue.{name}.periodic: expected [[queue.{name}.periodic]] entries"
                                      f"{origins.at(f'queue.{name}.periodic')}")
         if entries:
-            periodic[name] = tuple(_periodic_entry(e, name) for e in entries)
+            periodic[name] = periodic_entries(name, entries, producer.max_payload_bytes)
     connect_retry_s = raw.get("connect_retry_s")  # unset: each command's own default
     if connect_retry_s is not None:
         connect_retry_s = check_setting("connect_retry_s", connect_retry_s, "connect_retry_s",
@@ -295,7 +296,7 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
         log=_coerce(LogConfig, raw.get("log", {}), "log", origins),
         wakeup=_coerce(WakeupConfig, raw.get("wakeup", {}), "wakeup", origins),
         consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer", origins),
-        producer=_coerce(ProducerConfig, raw.get("producer", {}), "producer", origins),
+        producer=producer,
         defaults=defaults,
         queues=queues,
         periodic=periodic,
@@ -383,25 +384,40 @@ def _check_placement(cfg: Config, origins: _Origins, overridden: bool) -> None:
                                      f"{', '.join(sorted(cfg.shards))}{origins.at(f'{name}.shard')}")
 
 
-def _periodic_entry(entry: Any, queue: str) -> dict[str, Any]:
+def periodic_entries(queue: str, entries: Any, max_payload_bytes: int) -> tuple[dict[str, Any], ...]:
+    """A queue's [[queue.NAME.periodic]] entries checked by the one set of rules, the config's
+    load's and the scheduler's (consume/periodic.py) alike: each as given, its name (the cron
+    expression when unnamed) and payload ({}) filled in. The first entry broken is one error."""
     where = f"queue.{queue}.periodic"
-    if not isinstance(entry, dict) or not isinstance(entry.get("cron"), str):
-        raise errors.ConfigError(f"{where}: each entry needs a cron = \"...\" expression")
-    unknown = sorted(set(entry) - {"cron", "payload", "name", "priority"})
-    if unknown:
-        raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    from croniter import croniter  # imported here: only periodic configs need it
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("cron"), str):
+            raise errors.ConfigError(f"{where}: each entry needs a cron = \"...\" expression")
+        unknown = sorted(set(entry) - {"cron", "payload", "name", "priority"})
+        if unknown:
+            raise errors.ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        name = entry.get("name", entry["cron"])
+        if not isinstance(name, str) or not 0 < len(name) <= 191 or any(e["name"] == name for e in out):
+            raise errors.ConfigError(f"{where} {values.shown(name)}: names must be unique per queue, 1-191 characters")
+        from croniter import croniter  # imported here: only periodic configs need it
 
-    if not croniter.is_valid(entry["cron"]):
-        raise errors.ConfigError(f"{where}: invalid cron expression {values.shown(entry['cron'])}")
-    if "priority" in entry:
-        values.number(f"{where}.priority", entry["priority"], lo=-32768, hi=32767, integer=True,
-                      error=errors.ConfigError)
-    try:  # nan and inf are valid TOML but no JSON: refused here, not at the first tick
-        json.dumps(entry.get("payload", {}), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise errors.ConfigError(f"{where}.payload: not JSON: {e}") from None
-    return {"name": str(entry.get("name") or entry["cron"]), "payload": entry.get("payload", {}), **entry}
+        if not croniter.is_valid(entry["cron"]):
+            raise errors.ConfigError(f"{where}: invalid cron expression {values.shown(entry['cron'])}")
+        if "priority" in entry:
+            values.number(f"{where}.priority", entry["priority"], lo=-32768, hi=32767, integer=True,
+                          error=errors.ConfigError)
+        payload = entry.get("payload", {})
+        if not isinstance(payload, dict) or "tick" in payload or "periodic" in payload:
+            raise errors.ConfigError(f"{where}.payload: must be a table without the keys 'tick' and "
+                                     "'periodic' (the scheduler adds them)")
+        try:  # nan and inf are valid TOML but no JSON: refused here, not at the first tick
+            size = len(json.dumps(payload, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise errors.ConfigError(f"{where}.payload: not JSON: {e}") from None
+        if size + 100 > max_payload_bytes:
+            raise errors.ConfigError(f"{where}.payload: over producer.max_payload_bytes")
+        out.append({"name": name, "payload": payload, **entry})
+    return tuple(out)
 
 
 def _password(dsn: DSN, password_file: str, env: dict[str, str], warn) -> str | None:

@@ -364,7 +364,7 @@ class Bell:
         watches (Pipeline.commit_then_read): the row for after_commit(). `result` is what the
         put's body returns, for Session.run to ask about if the COMMIT's reply is lost."""
         self.looks += 1
-        if self._look_query is None:  # bound once: mogrify per put was a tenth of a producer's CPU
+        if self._look_query is None:  # bound once, not mogrified on every put
             self._look_query = cur.mogrify(*bells.look(self.locks))
         return work.pipeline.commit_then_read(cur, self._look_query, result=result)
 

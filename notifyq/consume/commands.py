@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from notifyq import config, errors
+from notifyq.consume.handler import Handler
 from notifyq.jobs import Job
 from notifyq.jobs import cancelled as cancelled_jobs
 
@@ -29,7 +30,7 @@ CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
 
-class CommandHandler:
+class CommandHandler(Handler):
     """Runs `command` (split like a shell would, but without a shell) with a timeout.
 
     Exit 0 is success. The environment is notifyq's own without its secrets (child_env), plus
@@ -142,7 +143,7 @@ class CommandHandler:
             return status + (f": {tail}" if tail else "")
         return None
 
-    def stop_running(self, wait_s: float = TERM_WAIT_S) -> None:
+    def stop_running(self, wait_s: float = TERM_WAIT_S) -> bool:
         """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
         what is left of the groups after wait_s, and return once the commands are reaped, so
         the caller fails their jobs only when nothing of them runs any more. Commands started
@@ -165,6 +166,7 @@ class CommandHandler:
                 proc.wait(1.0)
             except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
                 pass
+        return True
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:

@@ -24,12 +24,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ContextManager, NoReturn
 
 from notifyq import errors
+from notifyq.consume.handler import Handler
 from notifyq.jobs import Job
 
 log = logging.getLogger("notifyq.consumer")
 
 
-class PythonHandler:
+class PythonHandler(Handler):
     """`around`: a context manager factory each call of the function runs inside (a framework's
     per-job hygiene: contrib.django closes stale connections before and after each job).
     `concurrency` N > 1: per job, the worker hands over up to N jobs at once, and a coroutine
@@ -229,7 +230,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
 
 
 
-def load(handler: str, command: str, per_batch: bool, timeout_s: float):
+def load(handler: str, command: str, per_batch: bool, timeout_s: float) -> Handler:
     if handler and command:
         raise errors.HandlerError("give a handler or a command, not both")
     if handler:

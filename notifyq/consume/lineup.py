@@ -33,23 +33,36 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from notifyq import errors
 from notifyq.config import Config
+from notifyq.consume.handler import Handler
+from notifyq.jobs import Job
 from notifyq.produce.interrupt import Interrupter
 from notifyq.store import advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 
-if TYPE_CHECKING:
-    from notifyq.consume.batch import Batch
-
 log = logging.getLogger("notifyq.consumer")
 
 NEWEST_WEIGHT = 0.2  # of the newest job in the moving average: a change of pace shows within a few jobs
 RECHECK_S = 0.01  # a due batch between two jobs (acking, extending) is looked at again after this
+
+
+class WatchedBatch(Protocol):
+    """What the watch reads of a batch under way (batch.py's Batch): declared here, so the
+    worker's modules import the watch and the watch imports none of them."""
+
+    token: int
+    jobs: list[Job]
+    claimed_at: float  # monotonic
+    running: list[Job]  # in the handler right now
+
+    def waiting(self) -> list[int]: ...
+
+    def hand_back(self) -> list[int] | None: ...
 
 
 class ClaimSizer:
@@ -68,14 +81,14 @@ class ClaimSizer:
         with self._lock:
             self.job_s = per_job if self.job_s is None else self.job_s + weight * (per_job - self.job_s)
 
-    def size_for(self, handler, batch_size: int, target_s: float) -> int:
+    def size_for(self, handler: Handler, batch_size: int, target_s: float) -> int:
         """The next claim's size for `handler`. A per-batch handler's claims stay whole: one call
         runs them all, and smaller batches would only add calls (and a call's fixed cost, spread
         over fewer jobs, would shrink them further). A coroutine handler's take at least one
         group (`concurrency`), or its jobs would not run at once."""
-        if getattr(handler, "per_batch", False):
+        if handler.per_batch:
             return batch_size
-        group = min(batch_size, max(1, getattr(handler, "concurrency", 1)))
+        group = min(batch_size, max(1, handler.concurrency))
         return max(group, self.size(batch_size, target_s))
 
     def size(self, batch_size: int, target_s: float) -> int:
@@ -95,7 +108,7 @@ class LineupWatch:
         self.config = config  # the presence's (a reload replaces it)
         self.stop = stop
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
-        self._due: dict[Batch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
+        self._due: dict[WatchedBatch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
         self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
         self._closed = False
@@ -103,7 +116,7 @@ class LineupWatch:
         self._session: Session | None = None
         self._wakers: dict[str, Interrupter] = {}
 
-    def watch(self, batch: Batch, queue: str, target_s: float) -> None:
+    def watch(self, batch: WatchedBatch, queue: str, target_s: float) -> None:
         """A per-job batch starts: due batch_target_s after its claim."""
         if target_s <= 0 or len(batch.jobs) < 2:
             return
@@ -118,7 +131,7 @@ class LineupWatch:
             elif due < self._sleeps_until:
                 self._cond.notify()  # (a batch of a queue whose batch_target_s is shorter, or nothing was due)
 
-    def done(self, batch: Batch) -> None:
+    def done(self, batch: WatchedBatch) -> None:
         """The batch's run ended (its worker gives back what it did not start), or it handed back."""
         with self._cond:
             self._due.pop(batch, None)
@@ -147,12 +160,12 @@ class LineupWatch:
                     log.warning("could not hand back waiting jobs queue=%s error=%s", queue, e,
                                 exc_info=not isinstance(e, errors.NotifyqError))
 
-    def _next_due(self) -> list[tuple[Batch, str]] | None:
+    def _next_due(self) -> list[tuple[WatchedBatch, str]] | None:
         """(Under the condition) the batches due now, waiting until there are some; None: closed.
         Each is due again batch_target_s later: while no consumer idles, it is looked at that often."""
         while not self._closed:
             now = time.monotonic()
-            due: list[tuple[Batch, str]] = []
+            due: list[tuple[WatchedBatch, str]] = []
             for batch, (at, queue, target_s) in list(self._due.items()):
                 if at <= now:
                     self._due[batch] = (now + target_s, queue, target_s)
@@ -164,13 +177,13 @@ class LineupWatch:
             self._sleeps_until = 0.0
         return None
 
-    def _due_in(self, batch: Batch, seconds: float) -> None:
+    def _due_in(self, batch: WatchedBatch, seconds: float) -> None:
         with self._cond:
             if batch in self._due:
                 _, queue, target_s = self._due[batch]
                 self._due[batch] = (time.monotonic() + seconds, queue, target_s)
 
-    def _relieve(self, batch: Batch, queue: str) -> None:
+    def _relieve(self, batch: WatchedBatch, queue: str) -> None:
         """A due batch: what waits behind its running job goes back to the queue, if a consumer
         idles to take it. (Read without the batch's lock first: hand_back decides.)"""
         if self.stop.is_set():  # shutting down: the worker gives back what it does not start
@@ -212,7 +225,7 @@ class LineupWatch:
     def _locks(self, queue: str) -> QueueLocks:
         return QueueLocks(self.config.dsn.database, queue)
 
-    def _give_back(self, batch: Batch, queue: str, ids: list[int]) -> None:
+    def _give_back(self, batch: WatchedBatch, queue: str, ids: list[int]) -> None:
         try:
             n = queries.give_back(self._lineup_session(), queue, ids, batch.token)
         except errors.NotifyqError as e:

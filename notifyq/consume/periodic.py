@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 import math
 import random
@@ -41,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from notifyq import errors
-from notifyq.config import Config
+from notifyq.config import Config, periodic_entries
 from notifyq.jobs import Status
 from notifyq.ops import admin
 from notifyq.store import admin_queries, advisory, dedup
@@ -115,25 +114,11 @@ def missed_between(cron: str, last: dt.datetime, tick: dt.datetime) -> int:
 
 
 def _entries(config: Config, queues: tuple[str, ...]) -> list[Entry]:
-    out: list[Entry] = []
-    for queue in queues:
-        seen: set[str] = set()
-        for raw in config.periodic.get(queue, ()):
-            where = f"queue.{queue}.periodic {raw['name']!r}"
-            payload = raw.get("payload", {})
-            if not isinstance(payload, dict) or "tick" in payload or "periodic" in payload:
-                raise errors.ConfigError(f"{where}: payload must be a table without the keys "
-                                         "'tick' and 'periodic' (the scheduler adds them)")
-            if raw["name"] in seen or not 0 < len(raw["name"]) <= 191:
-                raise errors.ConfigError(f"{where}: names must be unique per queue, 1-191 characters")
-            priority = raw.get("priority", 0)
-            if not isinstance(priority, int) or isinstance(priority, bool) or not -32768 <= priority <= 32767:
-                raise errors.ConfigError(f"{where}: priority must be an integer from -32768 to 32767")
-            if len(json.dumps(payload)) + 100 > config.producer.max_payload_bytes:
-                raise errors.ConfigError(f"{where}: payload over producer.max_payload_bytes")
-            seen.add(raw["name"])
-            out.append(Entry(queue, raw["name"], str(raw["cron"]), payload, priority))
-    return out
+    """The queues' entries, checked as the config's load checks them (also a Config built in
+    code): a broken one is a ConfigError."""
+    return [Entry(queue, e["name"], e["cron"], e["payload"], e.get("priority", 0))
+            for queue in queues
+            for e in periodic_entries(queue, config.periodic.get(queue, ()), config.producer.max_payload_bytes)]
 
 
 def purge_finished(session: Session, queue: str, keep_s: float, chunk: int = admin.CHUNK,

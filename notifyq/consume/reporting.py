@@ -9,26 +9,34 @@ from collections.abc import Callable
 from typing import Any
 
 from notifyq import errors
+from notifyq.consume.handler import Handler
 from notifyq.consume.handlers import describe
 from notifyq.jobs import Job
 
 log = logging.getLogger("notifyq.consumer")
 
 
-class Reporting:
+class Reporting(Handler):
     """A handler whose failed jobs are also handed to `on_failure(job, exc)` (an error reporter
     such as Sentry): `exc` is what the handler raised, or errors.JobFailed for a command's
     failure or a batch job failed with job.fail(). A hook that raises is logged, never fails
     the job twice nor the consumer."""
 
-    def __init__(self, inner: Any, on_failure: Callable[[Job, BaseException], Any]):
+    def __init__(self, inner: Handler, on_failure: Callable[[Job, BaseException], Any]):
         self.inner = inner
         self.on_failure = on_failure
         self.per_batch = inner.per_batch
         self._lock = threading.Lock()  # a timed-out job is reported by the worker, never again by its stray call
 
-    def __getattr__(self, name: str) -> Any:  # stop_running and the like: the inner handler's
-        return getattr(self.inner, name)
+    @property
+    def concurrency(self) -> int:
+        return self.inner.concurrency
+
+    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
+        return self.inner.timeout_for(jobs, queue_timeout_s)
+
+    def stop_running(self) -> bool:
+        return self.inner.stop_running()
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         fresh = [job for job in jobs if job.error is None]

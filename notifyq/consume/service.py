@@ -24,6 +24,7 @@ from collections.abc import Callable
 from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, periodic, reporting
+from notifyq.consume.handler import Handler
 from notifyq.consume.presence import Presence
 from notifyq.consume.stall import STOPPING_STALL_S, StallWatch
 from notifyq.consume.stats import Budget, Stats
@@ -120,7 +121,7 @@ class ConsumerService(Supervisor):
         self.down_at_start = False  # the start-up probe could not reach the server
         self.stall_watch = StallWatch(config.dsn)  # no stall silent, no reply waited for that is not coming
 
-    def _handler_for(self, queue: str):
+    def _handler_for(self, queue: str) -> Handler:
         handler = self._plain_handler_for(queue)
         if isinstance(handler, handlers.PythonHandler):
             handler.concurrency = self.options.concurrency or self.config.queue(queue).concurrency
@@ -132,7 +133,7 @@ class ConsumerService(Supervisor):
                 raise errors.HandlerError(f"consumer.on_failure: {e}") from None
         return reporting.Reporting(handler, hook) if hook is not None else handler
 
-    def _plain_handler_for(self, queue: str):
+    def _plain_handler_for(self, queue: str) -> Handler:
         qc = self.config.queue(queue)
         given = self.options.handler or self.options.command or self.options.function
         modules = self.options.tasks or (() if given else tuple(qc.tasks.replace(",", " ").split()))
@@ -207,7 +208,7 @@ class ConsumerService(Supervisor):
                 n += 1
         return n
 
-    def _spawn(self, queue: str, handler, name: str, index: int | None = None) -> None:
+    def _spawn(self, queue: str, handler: Handler, name: str, index: int | None = None) -> None:
         worker = Worker(self.config, queue, handler, stop=self.stop, budget=self.budget,
                         batch_size=self.options.batch_size, exit_when_empty=self.options.exit_when_empty,
                         name=name, presence=self.presence)

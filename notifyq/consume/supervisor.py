@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from notifyq import errors
 from notifyq.config import Config
@@ -15,15 +15,26 @@ from notifyq.consume.stats import Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.worker import Worker
 
-if TYPE_CHECKING:
-    from notifyq.consume.service import ConsumeOptions
-
 log = logging.getLogger("notifyq.service")
 
 # The main loop's turn when every worker may finish on its own (--exit-when-empty, --max-jobs):
 # it notices that they did within this, not half a second later. Not much shorter: each turn
-# costs tens of microseconds of the CPU the workers drain with.
+# takes its CPU from the workers' drain.
 FINITE_TICK_S = 0.05
+
+
+class RunOptions(Protocol):
+    """What the loop reads of its service's options (service.py's ConsumeOptions): declared
+    here, so the services import the loop and the loop imports neither of them."""
+
+    @property
+    def queues(self) -> tuple[str, ...]: ...
+
+    @property
+    def exit_when_empty(self) -> bool: ...
+
+    @property
+    def max_jobs(self) -> int | None: ...
 
 
 class Supervisor:
@@ -32,7 +43,7 @@ class Supervisor:
     its handler inside its lease), reports STATUS=, applies SIGHUP, and on stop shuts down."""
 
     config: Config
-    options: ConsumeOptions
+    options: RunOptions
     notifier: Any
     summary: Summary
 

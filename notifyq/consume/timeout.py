@@ -15,31 +15,28 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from notifyq.consume import handlers
+from notifyq.consume.handler import Handler
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job
 
 
-def limit_for(handler: Any, jobs: list[Job], queue_timeout_s: float) -> float:
+def limit_for(handler: Handler, jobs: list[Job], queue_timeout_s: float) -> float:
     """How long the handler's call on `jobs` may run, 0 for no bound: a Python handler's
-    (its task's timeout_s, else the queue's), also when wrapped (Reporting passes attributes
-    on); a command has none here, its process is bounded by command_timeout_s."""
-    timeout_for = getattr(handler, "timeout_for", None)
-    return timeout_for(jobs, queue_timeout_s) if timeout_for is not None else 0.0
+    (its task's timeout_s, else the queue's), also when wrapped (Reporting asks the handler it
+    wraps); a command has none here, its process is bounded by command_timeout_s."""
+    return handler.timeout_for(jobs, queue_timeout_s)
 
 
-def fail_timed_out(handler: Any, jobs: list[Job], timeout_s: float) -> None:
+def fail_timed_out(handler: Handler, jobs: list[Job], timeout_s: float) -> None:
     """The handler's call on `jobs` ran past timeout_s: what it had not decided fails with
     "timeout", and an on_failure hook (reporting.Reporting) hears of it now, not when the
     stray call returns, if it ever does."""
     failed = [job for job in jobs if job.error is None and job._completed is None]
     for job in failed:
         job.fail(f"timeout: the handler ran longer than timeout_s ({timeout_s:g} s); its thread was left running")
-    report = getattr(handler, "report", None)
-    if report is not None:
-        report(failed)
+    handler.report(failed)
 
 
 class HandlerCaller:
@@ -53,7 +50,7 @@ class HandlerCaller:
         self.in_handler_since: float | None = None  # monotonic; the service's stall check reads it
         self._thread: HandlerThread | None = None
 
-    def call(self, handler: Any, jobs: list[Job], extend: Callable[[], None], queue_timeout_s: float,
+    def call(self, handler: Handler, jobs: list[Job], extend: Callable[[], None], queue_timeout_s: float,
              on_timeout: Callable[["Stray"], None]) -> None:
         """Call the handler on `jobs` (what it raises is raised here). Past its timeout, the call
         is left on its helper thread: `on_timeout` takes from it what it held, then its jobs

@@ -20,6 +20,7 @@ from notifyq import errors
 from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
 from notifyq.consume.batch import Batch, BatchRun
+from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
@@ -35,13 +36,13 @@ SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was ki
 
 
 class Worker:
-    def __init__(self, config: Config, queue: str, handler, *, stop: threading.Event,
+    def __init__(self, config: Config, queue: str, handler: Handler, *, stop: threading.Event,
                  budget: Budget, batch_size: int | None = None, exit_when_empty: bool = False,
                  name: str = "worker", presence: Presence | None = None):
         self.config = config
         self.queue = queue
         self.qc = config.queue(queue)
-        self.handler = handler
+        self.handler = declared(handler)
         self.stop = stop
         self.budget = budget
         self.batch_size = batch_size or self.qc.batch_size
@@ -247,7 +248,7 @@ class Worker:
                             owner=owner, epoch=epoch), qc, handler)
         return len(claim.jobs), claim.drained
 
-    def _run(self, batch: Batch, qc: QueueConfig, handler) -> None:
+    def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:
         """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""
         run = self.current_run = self.make_run(batch, qc, handler)
         try:
@@ -257,7 +258,7 @@ class Worker:
             self.current_run = None
             batch.settled.set()
 
-    def make_run(self, batch: Batch, qc: QueueConfig, handler) -> BatchRun:
+    def make_run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> BatchRun:
         """The batch's run with the settings and handler the claim was made with."""
         return BatchRun(batch, work=self.work, new_session=self._replace_work_session, queue=self.queue,
                         qc=qc, stats=self.stats, outcomes=self.outcomes, handler=handler,
@@ -290,14 +291,11 @@ class Worker:
         run = self.current_run
         if run is None:
             return
-        stop_running = getattr(run.handler, "stop_running", None)
-        if stop_running is not None:
-            # A command runs in a process group of its own: it would outlive us and run on
-            # while a peer ran its jobs again. Killed, it hands its worker back the batch,
-            # which settles it (failed: the grace expired) and counts it before our summary.
-            stop_running()
-            if run.batch.settled.wait(SETTLE_AFTER_STOP_S):
-                return
+        # A command runs in a process group of its own: it would outlive us and run on while
+        # a peer ran its jobs again. Killed, it hands its worker back the batch, which settles
+        # it (failed: the grace expired) and counts it before our summary.
+        if run.handler.stop_running() and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
+            return
         run.abandon(session)
 
     # -------------------------------------------------------- the reaper, run by consumers

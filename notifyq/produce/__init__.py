@@ -1,3 +1,6 @@
-"""Producing: the Producer API (put, put_many, transactional enqueue) and the line reader behind
-`notifyq produce`. Imports wakeup, store and the ground floor; never the consumer or ops.
+"""Producing: the Producer API (producer.py: put, put_many, transactional enqueue; put(conn=)'s
+connection, conns.py; the instant wake, interrupt.py; result(), results.py), its asyncio face
+(aio.py), and the line reader behind `notifyq produce` (lines.py, stream.py). Imports wakeup,
+store and the ground floor, and ops only for result()'s wording of a missing job; never the
+consumer.
 """

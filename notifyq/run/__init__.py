@@ -1,6 +1,7 @@
-"""Processes and the CLI: the argparse commands (cli.py, cli_jobs.py), the producer and consumer
-processes (runner.py), daemon mode and sd_notify (daemon.py), the demo and the private server
-it and the tests start (localserver.py). The top floor: may import every other part.
+"""Processes and the CLI: the argparse commands (cli.py, cli_jobs.py; their flags and help texts,
+cli_options.py; argparse as they use it, args.py), the producer and consumer processes
+(runner.py), daemon mode and sd_notify (daemon.py), the demo and the private server it and the
+tests start (localserver.py). The top floor: may import every other part.
 """
 
 import sys

@@ -250,10 +250,10 @@ def retention_ids(session: Session, queue: str, status: int, age_s: float, limit
 
 # ---------------------------------------------------------------- the status page (notifyq web)
 
-# A state's count stops here on the status page ("20,000+"): counting an index range costs
-# ~0.3 us an entry, so a queue's overview costs at most ~6 ms a state however deep it is
-# (benchmarks/web_pages.py). Retries are told from other scheduled jobs by reading rows, ~8x
-# dearer: a sample of the soonest due.
+# A state's count stops here on the status page ("20,000+"): counting an index range costs in
+# proportion to its entries, so the cap bounds a queue's overview however deep it is
+# (benchmarks/web_pages.py). Retries are told from other scheduled jobs by reading rows,
+# dearer still: a sample of the soonest due.
 WEB_COUNT_CAP = 20_000
 WEB_RETRY_SAMPLE = 1_000
 WEB_RATE_MINUTES = 15

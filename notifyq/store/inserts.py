@@ -232,11 +232,11 @@ def _increment(cur) -> int:
 def _render(db, rows: list[tuple]) -> list[bytes]:
     """Every row's values, in one flat list, each bound exactly as cursor.execute(sql, args) binds
     it (connection.literal()). A column that holds one value in every row (in a put_many chunk,
-    all but the payload) is rendered once and laid into its places by a slice assignment: literal()
-    per value, then a lookup per value, was half of a bulk producer's CPU."""
+    all but the payload) is rendered once and laid into its places by a slice assignment, not
+    through literal() and a lookup per value, which a bulk producer paid on every row."""
     literal = db.literal
     if len(rows) == 1:  # put(): nothing repeats. An int and None render as literal() renders
-        # them, without its type tests: they were half of put()'s rendering.
+        # them, without its type tests: they are most of put()'s values.
         return [b"%d" % v if v.__class__ is int else b"NULL" if v is None else literal(v) for v in rows[0]]
     width, n = len(rows[0]), len(rows)
     out: list[bytes] = [b""] * (width * n)
@@ -283,9 +283,9 @@ def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.Input
 
 
 def _rendered_bump(db, queue: str, n: int) -> bytes:
-    """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) cost
-    13 us of a producer's ~100 us of CPU per put; the bound text only depends on the queue, the
-    slot, n and the connection's charset, so it is rendered once."""
+    """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) would
+    cost every put; the bound text only depends on the queue, the slot, n and the connection's
+    charset, so it is rendered once."""
     return _bump_text(db.encoding, db.literal(queue), random.randrange(SIGNAL_SLOTS), n)
 
 

@@ -209,12 +209,16 @@ def test_two_schedulers_that_both_think_they_lead_still_enqueue_each_tick_once(d
 
 
 def test_bad_periodic_payloads_are_config_errors():
+    import dataclasses
+
     from notifyq import config as config_mod
 
     raw = {"queue": {"q": {"periodic": [{"cron": "* * * * *", "payload": {"tick": 1}}]}}}
-    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides=raw)
     with pytest.raises(errors.ConfigError, match="tick"):
-        periodic.Scheduler(cfg, ("q",))
+        config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides=raw)
+    cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"})  # and a Config built in code
+    with pytest.raises(errors.ConfigError, match="tick"):
+        periodic.Scheduler(dataclasses.replace(cfg, periodic={"q": tuple(raw["queue"]["q"]["periodic"])}), ("q",))
 
 
 def test_latest_tick_includes_a_tick_exactly_at_now():

@@ -269,3 +269,50 @@ def test_a_producer_refuses_a_config_that_is_none_and_put_many_a_single_payload(
     for payloads in ("abc", {"n": 1}, 5):
         with pytest.raises(errors.InputError, match="payloads"):
             Producer("q", load(tmp_path)).put_many(payloads)
+
+
+# ------------------------------------------------------------------ periodic entries
+
+PERIODIC_ENTRIES = [  # (entries of queue q, the error both refuse them with; None: both accept them)
+    ([{"cron": "* * * * *"}], None),
+    ([{"cron": "*/5 * * * *", "name": "report", "payload": {"kind": "report"}, "priority": -32768}], None),
+    ([{"cron": "* * * * *", "name": "a"}, {"cron": "* * * * *", "name": "b"}], None),
+    ([{"name": "x"}], 'queue.q.periodic: each entry needs a cron = "..." expression'),
+    ([{"cron": 5}], 'queue.q.periodic: each entry needs a cron = "..." expression'),
+    ([{"cron": "* * * * *", "every": 1}], "queue.q.periodic: unknown key(s) every"),
+    ([{"cron": "not a cron"}], "queue.q.periodic: invalid cron expression 'not a cron'"),
+    ([{"cron": "* * * * *", "name": ""}], "queue.q.periodic '': names must be unique per queue, 1-191 characters"),
+    ([{"cron": "* * * * *", "name": 5}], "queue.q.periodic 5: names must be unique per queue, 1-191 characters"),
+    ([{"cron": "* * * * *", "name": "n" * 192}], "names must be unique per queue, 1-191 characters"),
+    ([{"cron": "* * * * *"}, {"cron": "* * * * *"}],
+     "queue.q.periodic '* * * * *': names must be unique per queue, 1-191 characters"),
+    ([{"cron": "* * * * *", "priority": 40000}], "queue.q.periodic.priority: must be >= -32768 and <= 32767, got 40000"),
+    ([{"cron": "* * * * *", "priority": True}], "queue.q.periodic.priority: expected an integer, got True"),
+    ([{"cron": "* * * * *", "priority": 1.0}], "queue.q.periodic.priority: expected an integer"),
+    ([{"cron": "* * * * *", "payload": [1]}], "queue.q.periodic.payload: must be a table without the keys 'tick'"),
+    ([{"cron": "* * * * *", "payload": {"periodic": 1}}], "queue.q.periodic.payload: must be a table without"),
+    ([{"cron": "* * * * *", "payload": {"v": float("nan")}}], "queue.q.periodic.payload: not JSON"),
+    ([{"cron": "* * * * *", "payload": {"v": "x" * 2000}}], "queue.q.periodic.payload: over producer.max_payload_bytes"),
+]
+
+
+@pytest.mark.parametrize("entries, refused", PERIODIC_ENTRIES)
+def test_the_config_load_and_the_periodic_scheduler_accept_and_refuse_the_same_entries(tmp_path, entries, refused):
+    import dataclasses
+
+    from notifyq.consume import periodic
+
+    # Given the entries in the config's file (through its overrides), and in a Config built in code
+    overrides = {"queue": {"q": {"periodic": entries}}, "producer": {"max_payload_bytes": 2048}}
+    built = dataclasses.replace(load(tmp_path, overrides={"producer": {"max_payload_bytes": 2048}}),
+                                periodic={"q": tuple(entries)})
+    if refused is None:
+        # Then both take them, as the same entries
+        loaded = load(tmp_path, overrides=overrides)
+        assert periodic._entries(loaded, ("q",)) == periodic._entries(built, ("q",))
+        return
+    # Then the load and the scheduler refuse them with the same one line
+    message = config_error(tmp_path, overrides=overrides)
+    with pytest.raises(errors.ConfigError) as raised:
+        periodic.Scheduler(built, ("q",))
+    assert refused in message and str(raised.value) == message

@@ -1,0 +1,55 @@
+"""Handler: what a worker calls on the jobs it claimed, declared once.
+
+The consumer's handlers declare it (handlers.PythonHandler and tasks.TaskHandler,
+commands.CommandHandler, reporting.Reporting around any of them) and take its defaults where
+they have nothing to add. A bare object with only `per_batch` and the call (a test's
+recorder) is made one by `declared`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from notifyq.jobs import Job
+
+
+@runtime_checkable
+class Handler(Protocol):
+    per_batch: bool  # a call gets the claim's whole batch, not the jobs of one group
+    concurrency: int = 1  # per job: jobs handed over at once (a coroutine handler runs them together)
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        """Run `jobs`, each one's outcome left on it (job.fail, its result); `extend` pushes
+        their lease out at once."""
+        ...
+
+    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
+        """How long a call on `jobs` may run on its helper thread, 0 for no bound (a command is
+        bounded by its own command_timeout_s)."""
+        return 0.0
+
+    def report(self, failed: list[Job]) -> None:
+        """Jobs failed outside the call (it ran past its timeout): an on_failure hook hears of
+        them (reporting.Reporting); nothing else does."""
+
+    def stop_running(self) -> bool:
+        """The shutdown grace expired: stop what the calls still run. True when that ends them
+        (a command's process group), and their batches settle by themselves."""
+        return False
+
+
+class _Bare(Handler):
+    """An object of `per_batch` and the call only, with the defaults for the rest."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.per_batch = inner.per_batch
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        self.inner(jobs, extend)
+
+
+def declared(handler: Any) -> Handler:
+    """`handler` as a Handler: itself when it is one."""
+    return handler if isinstance(handler, Handler) else _Bare(handler)
