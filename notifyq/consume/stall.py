@@ -10,11 +10,17 @@ Then, once per call, it asks the server on a session of its own how it lists tha
     is looked at again every STALL_S (a KILL may still cut the rest of its query);
   - without a statement for under a second: a reply may be on its way; asked again next turn;
   - without a statement for longer, or not at all: the reply is not coming (a KILL QUERY that landed
-    between two statements of one query makes the server drop the rest unanswered, and a client
-    would wait out its read timeout, a minute, its jobs ready and nobody starting them). A
-    WARNING, and KILL CONNECTION of that session: its read ends at once, and the session
+    between two statements of one query makes the server drop the rest unanswered; a network
+    path that went black lost a reply the server sent; a client would wait out its read timeout,
+    a minute, its jobs ready and nobody starting them). A WARNING, KILL CONNECTION of that
+    session, and its socket shut down on this side (Session.cut_socket: the server's close never
+    reaches a client behind a black-holed path): its read ends at once, and the session
     reconnects as after any lost connection (a claim's COMMIT sent ahead counts as failed: its
-    jobs may run again, under at-least-once).
+    jobs may run again, under at-least-once);
+  - the server cannot be reached at all (the look's own connect gets no answer: a black-holed
+    path, a host gone): no reply is coming over that path either. A WARNING, and the socket shut
+    down on this side, the same way. A server that answers the look with an error (too many
+    connections) is reachable: looked at again every STALL_S, nothing ended.
 When the call ends, an INFO line says after how long. At shutdown the same runs with
 STOPPING_STALL_S, so a stuck read delays a SIGTERM by about that, not by its read timeout.
 """
@@ -30,7 +36,7 @@ from notifyq import errors
 from notifyq.config import DSN
 from notifyq.store import advisory
 from notifyq.store.db import Session
-from notifyq.store.driver import DriverError
+from notifyq.store.driver import DriverError, error_code
 from notifyq.store.pipeline import Waiting
 
 log = logging.getLogger("notifyq.consumer")
@@ -42,6 +48,10 @@ STALL_S = 2.0
 IDLE_S = 1  # the server lists the session without a statement this long (whole seconds): no reply is on its way
 STOPPING_STALL_S = 1.0  # the same while stopping: a stuck read must not hold the exit long
 LOOK_RETRY_S = 2.0  # the look's own connect retry: the server may be the thing that is gone
+LOOK_READ_TIMEOUT_S = 5  # the look's reply: a server that stops answering must not hold the main loop a minute
+# The look's connect failed with one of these (no answer, refused, cut in the handshake): the
+# server cannot be reached from here. Any other error is the server's own answer.
+UNREACHABLE = frozenset({2002, 2003, 2006, 2013, 2055})
 
 
 @dataclasses.dataclass
@@ -102,7 +112,8 @@ class StallWatch:
                 log.info("no longer stalled: the worker's loop turns again worker=%s", name)
 
     def _look(self, due: list[tuple[str, Session, Waiting]], now: float, stall_s: float) -> None:
-        looker = Session(self.dsn, autocommit=True, retry_s=LOOK_RETRY_S, name="stall-watch")
+        looker = Session(self.dsn, autocommit=True, retry_s=LOOK_RETRY_S, name="stall-watch",
+                         read_timeout_s=LOOK_READ_TIMEOUT_S)
         try:
             for label, session, waiting in due:
                 self._look_at(looker, label, session, waiting, now, stall_s)
@@ -117,7 +128,18 @@ class StallWatch:
         first = id(session) not in self._said
         try:
             state = advisory.session_state(looker, conn_id) if conn_id else None
+            if session.node and looker.node != session.node:  # (a failover, a balancer): not its server
+                raise errors.DatabaseError(f"the look reached {looker.node}, the call's server is {session.node}")
         except (DriverError, errors.NotifyqError) as e:
+            if _unreachable(looker, e) and session.waiting is waiting and session.connection_id == conn_id:
+                log.warning("stalled: a call has waited %.1f s for its reply (due after %g s), and the "
+                            "server cannot be reached: ending its connection on this side, which "
+                            "reconnects session=%s what=%s error=%s", late_s, waiting.wait_s, label,
+                            waiting.what, e)
+                self._say(session, label, waiting, None)
+                if session.waiting is waiting and session.connection_id == conn_id and session.cut_socket():
+                    self.ended += 1
+                return
             if first:
                 log.warning("stalled: a call has waited %.1f s for its reply (due after %g s), and the "
                             "server could not be asked why session=%s what=%s error=%s", late_s,
@@ -140,14 +162,26 @@ class StallWatch:
                     "ending its connection, which reconnects session=%s what=%s", late_s, listed,
                     label, waiting.what)
         self._say(session, label, waiting, None)
+        killed = False
         try:
-            if conn_id and advisory.kill_connection(looker, conn_id):
-                self.ended += 1
+            killed = bool(conn_id) and advisory.kill_connection(looker, conn_id)
         except (DriverError, errors.NotifyqError) as e:
-            log.warning("could not end the stalled connection: its read ends at its read timeout "
+            log.warning("could not end the stalled connection on the server: ending it on this side "
                         "session=%s error=%s", label, e)
+        # And on this side: the server's close may never reach us (a black-holed network path)
+        cut = session.waiting is waiting and session.connection_id == conn_id and session.cut_socket()
+        if killed or cut:
+            self.ended += 1
 
     def _say(self, session: Session, label: str, waiting: Waiting, look_again_at: float | None) -> None:
         if id(session) not in self._said:
             self.stalls += 1
         self._said[id(session)] = Stall(label, waiting, look_again_at)
+
+
+def _unreachable(looker: Session, e: BaseException) -> bool:
+    """The look failed because its connect got no answer from the server (not the server's own
+    error, nor a failure after it connected)."""
+    if looker.connected or not isinstance(e, errors.DatabaseError):
+        return False
+    return error_code(e.__context__) in UNREACHABLE if e.__context__ is not None else False

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -110,6 +112,10 @@ class Session:
         self.server_version = ""
         self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
         self.connection_id: int | None = None  # readable from other threads (the stopper)
+        # The connection's socket, (descriptor, inode), read at connect: what cut_socket shuts down
+        # from another thread (the driver refuses fileno() while a read is under way, and a
+        # descriptor's number is reused once closed; an inode names one socket).
+        self._socket: tuple[int, int] | None = None
         self.pipeline = Pipeline(self)
         self.attempt = Attempt()  # the transaction being run (Session.run)
         # The call waiting for the server's reply now, None between calls: read by the consumer's
@@ -259,18 +265,52 @@ class Session:
                                            f"{wsrep.get('wsrep_local_state_comment')}, component "
                                            f"{wsrep.get('wsrep_cluster_status')})")
         self.connection_id = conn.thread_id()
+        fd = conn.fileno()
+        self._socket = (fd, os.fstat(fd).st_ino)
         return conn
 
     def discard(self) -> None:
         if self.pipeline.pending is not None:  # its reply is never read: a COMMIT's outcome is unknown
             self.pipeline.fail_pending(MySQLdb.OperationalError(2013, "connection discarded before the reply"))
         if self._conn is not None:
+            self._socket = None
             try:
                 self._conn.close()
             except Exception:  # already broken: nothing to clean up
                 pass
             self._conn = None
             self.connection_id = None
+
+    def cut_socket(self) -> bool:
+        """Shut this session's socket down on the client's side, from another thread (the stall
+        watch): a read blocked on it returns at once, as a lost connection (2013), and the session
+        reconnects at its next call. A KILL CONNECTION alone ends the server's side, whose close
+        never reaches a client behind a black-holed network path: its read waited out its read
+        timeout. Done on a duplicate of the descriptor, and only if it is still this connection's
+        socket (the connection may be closed meanwhile and its number reused). False: nothing cut."""
+        mine = self._socket
+        if mine is None:
+            return False
+        number, inode = mine
+        try:
+            fd = os.dup(number)
+        except OSError:  # closed meanwhile
+            return False
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return False  # the number is another file's now
+            sock = socket.socket(fileno=fd)
+            fd = -1  # the socket object owns the duplicate now
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()  # the duplicate only: the connection's own descriptor stays open
+            return True
+        except OSError:  # not connected any more
+            return False
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def close(self) -> None:
         if self.pipeline.pending is not None and self._conn is not None:

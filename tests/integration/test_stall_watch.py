@@ -3,12 +3,15 @@ reply the server is not going to send is not waited for until the read timeout."
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 
-from conftest import wait_until
+from conftest import admin_connect, wait_until
 
+from notifyq import errors
 from notifyq.consume import handlers
 from notifyq.consume.service import ConsumeOptions, ConsumerService, Running
 from notifyq.consume.stall import StallWatch
@@ -88,6 +91,38 @@ def test_a_slow_statement_the_server_still_runs_is_said_and_left_alone(db, caplo
             assert result == [(0,)] and watch.ended == 0 and session.generation == 1
             assert any("still running" in r.getMessage() for r in caplog.records)
     finally:
+        session.close()
+
+
+def test_a_row_lock_wait_the_server_still_runs_is_left_alone(db):
+    # Given a session waiting for a row lock another transaction holds (innodb_lock_wait_timeout 10 s)
+    cfg = db.config()
+    with Producer("q", cfg) as producer:
+        job_id = producer.put({"n": 1})
+    holder = admin_connect(db.admin, db.admin.database)
+    holder.autocommit(False)
+    holder.cursor().execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+    session = Session(cfg.dsn, name="victim")
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(session.run(
+        lambda cur: (cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,)), cur.fetchone())[1],
+        what="locking read")), daemon=True)
+    watch = StallWatch(cfg.dsn)
+    try:
+        waiter.start()
+        # When the watch checks it, overdue, for 3 s (past its look and IDLE_S)
+        _overdue(watch, session)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            watch.check([("victim", session)], STALL_S)
+            waiter.join(0.1)
+        # Then it ended nothing: once the lock is free, the statement has its row
+        assert watch.ended == 0 and waiter.is_alive()
+        holder.commit()
+        waiter.join(10)
+        assert got == [(job_id,)] and session.generation == 1
+    finally:
+        holder.close()
         session.close()
 
 
@@ -192,3 +227,155 @@ def test_a_worker_loop_that_stops_turning_outside_a_handler_and_any_database_cal
         release.set()
         worker.work.close()
         service.presence.close()
+
+
+class BlackHole:
+    """A TCP relay to the test server whose path can go black without closing anything, as a dead
+    network path does: after freeze(), the server's replies on every connection open then are
+    dropped (read, never passed on: the server has sent them and lists the session idle); while
+    `unreachable` is set, new connections are accepted but never reach the server (no handshake)."""
+
+    def __init__(self, host: str, port: int):
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.unreachable = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[int] = set()  # connections (by number) passing replies on
+        self._frozen: set[int] = set()  # connections whose replies are dropped
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        with self._lock:
+            self._frozen |= self._open
+
+    def thaw(self) -> None:
+        """Later replies pass again (the dropped ones stay lost)."""
+        with self._lock:
+            self._frozen.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def _accept(self) -> None:
+        number = 0
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._sockets.append(client)
+            if self.unreachable.is_set():
+                continue  # held open, never answered
+            server = socket.create_connection(self.target)
+            number += 1
+            with self._lock:
+                self._sockets.append(server)
+                self._open.add(number)
+            threading.Thread(target=self._pass, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pass, args=(server, client, number), daemon=True).start()
+
+    def _pass(self, src: socket.socket, dst: socket.socket, number: int | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if number is None or number not in self._frozen:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        if number is None or number not in self._frozen:  # (a black hole passes no close on either)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
+def _through(db, relay: BlackHole, **overrides):
+    return db.config(dsn=f"mysql://nq_runtime@127.0.0.1:{relay.port}/{db.dsn.database}", **overrides)
+
+
+def test_ready_jobs_run_within_seconds_when_the_path_to_the_server_goes_black(db, caplog):
+    """Regression: the watch KILLed the connection of a call whose reply a black-holed path had lost,
+    but the server's close never reached the client: the call returned only at its read timeout
+    (56 s), and the ready jobs waited that long, twice over (the watcher's, then the claim's)."""
+    admin = db.config().dsn
+    relay = BlackHole(admin.host, admin.port)
+    cfg = _through(db, relay, wakeup={"idle_wait_s": 1.0})
+    runs: list[int] = []
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: runs.append(job.id),
+                                                  workers=1))
+    stop = threading.Event()
+    runner = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    try:
+        runner.start()
+        wait_until(lambda: service.workers and all(w.waiter.watching for w in service.workers), 30,
+                   message="the consumer watching the queue")
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            # Given a consumer whose every connection goes black: the server's replies are lost,
+            # nothing is closed (60 s read timeout)
+            relay.freeze()
+            # When jobs are put meanwhile (by a producer whose path works)
+            put_at = time.monotonic()
+            with Producer("q", db.config()) as producer:
+                ids = [producer.put({"n": n}) for n in range(2)]
+            # Then the stall watch ends the stalled calls (on the client's side too), the consumer
+            # reconnects, and the jobs run within seconds, not after the read timeout
+            wait_until(lambda: sorted(runs) == sorted(ids), 30, message="the jobs run")
+            assert time.monotonic() - put_at < 30
+            assert service.stall_watch.ended >= 1
+            assert any("not coming" in r.getMessage() for r in caplog.records)
+    finally:
+        relay.thaw()
+        stop.set()
+        runner.join(30)
+        relay.close()
+    assert not runner.is_alive()
+
+
+def test_a_call_behind_a_black_hole_to_a_server_that_cannot_be_reached_returns_within_seconds(db, caplog):
+    """Regression: a server that cannot be reached at all could only be said ("could not be asked
+    why"), looked at again, and the call waited out its read timeout (56 s)."""
+    admin = db.config().dsn
+    relay = BlackHole(admin.host, admin.port)
+    dsn = _through(db, relay).dsn
+    session = Session(dsn, autocommit=True, name="victim", read_timeout_s=60, retry_s=1)
+    watch = StallWatch(dsn)
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            outcome.append(session.run(lambda cur: (cur.execute("SELECT 1"), cur.fetchone())[1], what="probe"))
+        except errors.NotifyqError as e:
+            outcome.append(e)
+
+    try:
+        session.conn  # connected through the relay
+        # Given a session whose path goes black, for its connection and for any new one
+        relay.unreachable.set()
+        relay.freeze()
+        with caplog.at_level(logging.WARNING, logger="notifyq.consumer"):
+            # When a call is made and the watch checks it once overdue
+            started = time.monotonic()
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            wait_until(lambda: (watch.check([("victim", session)], STALL_S), not caller.is_alive())[1], 30,
+                       message="the call returned")
+            # Then it returned within seconds (failed: its server cannot be reached), not at its
+            # read timeout, its connection ended on this side, and the log said so
+            assert time.monotonic() - started < 20
+            assert watch.ended == 1 and isinstance(outcome[0], errors.DatabaseError), outcome
+            assert any("cannot be reached" in r.getMessage() for r in caplog.records)
+        # And once the path works again, the next call reconnects and is answered
+        relay.unreachable.clear()
+        relay.thaw()
+        assert session.run(lambda cur: (cur.execute("SELECT 1"), cur.fetchone())[1], what="probe") == (1,)
+        assert session.generation == 2
+    finally:
+        session.discard()
+        relay.close()
