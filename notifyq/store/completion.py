@@ -45,6 +45,7 @@ from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
+from notifyq.store.pipeline import Waiting
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.consumer")
@@ -99,6 +100,11 @@ class Completion:
             # their replies said each did its part (COMPLETION_COUNTS)
             query = cur.mogrify(";\n".join(statements), params)
             counts: list[int] = []
+            # Watched as any call of the session (consume/stall.py): a KILL QUERY landing between
+            # two of the query's statements makes the server drop the rest unanswered, and the
+            # read would wait out its read timeout holding the job's row lock (the reaper's
+            # reclaim then fails with 1205); the stall watch ends the connection instead
+            session.waiting = Waiting(time.monotonic(), 0.0, "complete a job in its transaction")
             try:
                 cur.execute(query)
                 counts.append(cur.rowcount)
@@ -141,9 +147,11 @@ class Completion:
                 # landed is unknown (and the transaction may still be open on this connection)
                 lost = e
         except BaseException as e:
+            session.waiting = None
             session.rollback_after(e)
             raise
         finally:
+            session.waiting = None
             _close(cur)
             self._open, self._block = False, None
         if lost is not None:

@@ -131,3 +131,58 @@ def test_a_block_under_a_storm_of_kill_query_commits_with_its_completion_or_not_
         assert ran - stored - left == set(), ends
     finally:
         session.close()
+
+
+def test_a_completion_whose_reply_is_not_coming_is_ended_by_the_stall_watch_and_stores_nothing(db, charges):
+    """A KILL QUERY between two statements of the completion query makes the server drop the
+    rest unanswered: the read then held the job's row lock until its read timeout (a minute; the
+    reaper's reclaim failed with 1205 meanwhile). The call is watched as any of the session's."""
+    from notifyq.consume.stall import StallWatch
+
+    # Given a claimed job whose block's completion query gets no reply: the server ran it and
+    # lists the session idle (here the reply is read behind the driver's back), 60 s read timeout
+    [job_id] = put(db)
+    _claim(db, job_id)
+    session = Session(db.config().dsn, name="work", read_timeout_s=60)
+    completion = Completion(session, TOKEN, keep=False)
+    watch = StallWatch(db.config().dsn)
+    ends: list[str] = []
+
+    def block() -> None:
+        try:
+            with completion.transaction(_job(job_id)) as cur:
+                charge(_job(job_id), cur)
+                real = cur.execute
+
+                def execute(query, args=None):
+                    if b"RELEASE SAVEPOINT" not in (query if isinstance(query, bytes) else query.encode()):
+                        return real(query, args)
+                    real(query, args)
+                    while cur.nextset():
+                        pass
+                    cur.connection.read_query_result()  # a reply that is not coming
+                    return None
+
+                cur.execute = execute
+            ends.append("committed")
+        except errors.NotifyqError as e:
+            ends.append(type(e).__name__)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=block, daemon=True)
+    thread.start()
+    try:
+        # When the stall watch checks the work session once the call is overdue
+        deadline = time.monotonic() + 10
+        while not watch.ended and time.monotonic() < deadline:
+            watch.check([("work", session)], 0.5)
+            time.sleep(0.1)
+        thread.join(10)
+        # Then its connection was ended within seconds, not at the read timeout, and nothing of
+        # the block is stored: the job is still claimed, for its next run
+        assert not thread.is_alive() and time.monotonic() - started < 15
+        assert watch.ended == 1 and ends == ["TransientDBError"]
+        assert charges() == []
+        assert db.query("SELECT status, claim_token FROM nq_job WHERE id = %s", (job_id,)) == [(2, TOKEN)]
+    finally:
+        session.close()
