@@ -3,10 +3,15 @@ together or not at all (job.transaction(), job.complete_in(conn)).
 
 The completion is statements at the end of that transaction: the completion itself
 (complete_delete or complete_keep), fenced by the claim (its token, its attempt, the job still
-claimed), a guard that fails when it changed no row, and the attempt's record (complete_record,
-whose row is the proof the completion landed); with the COMMIT, one query. A claim taken back
-meanwhile (the lease ran out, the consumer was judged dead, a reaper moved in) matches no row:
-the transaction is rolled back and ClaimLost raised, so a stale run's writes never land. Once the completion committed, the worker does not ack the job.
+claimed), and the attempt's record (complete_record, whose row is the proof the completion
+landed), in one query; then the COMMIT, sent only once their replies said each did its part
+(one row completed, one record written). A claim taken back meanwhile (the lease ran out, the
+consumer was judged dead, a reaper moved in) matches no row: the transaction is rolled back and
+ClaimLost raised, so a stale run's writes never land. So is one whose completion a KILL QUERY
+cut short: the server answers such a statement with OK and no row changed, and reads a subquery
+it cut short as NULL, both without an error, so no check made on the server (a guard statement
+in the same query as the COMMIT) can tell that the COMMIT may go. Once the completion committed,
+the worker does not ack the job.
 
 The block's transaction must be the one that commits with the completion: a statement that
 ends it early (COMMIT, ROLLBACK, START TRANSACTION, SET autocommit = 1, LOCK TABLES, DDL: each
@@ -40,6 +45,7 @@ from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
+from notifyq.store.pipeline import Waiting
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.consumer")
@@ -72,8 +78,8 @@ class Completion:
 
     @contextlib.contextmanager
     def transaction(self, job: Job, result: Any = None) -> Iterator[Any]:
-        """The handler's block, then the completion, its guard and the COMMIT as one query: the
-        completion costs no round trip of its own (on Galera the COMMIT goes alone: one more)."""
+        """The handler's block, then the completion and its record as one query, and the COMMIT
+        once their replies said both landed: one round trip more than the COMMIT alone."""
         _not_completed(job)
         _not_revoked(self, job)
         if self._open:  # coroutines of one worker (concurrency > 1) share its session
@@ -87,21 +93,27 @@ class Completion:
         try:
             cur.execute(Q["block_savepoint"])
             yield cur
-            rides = session.pipeline.commit_rides_along
             params = completion_params(job, self.token, self.owner, self._result(job, result))
             statements = [Q["block_still_open"], Q["complete_keep" if self.keep else "complete_delete"],
-                          Q["complete_guard"], Q["complete_record"]]
-            # One mogrify for the four (each param rendered once), then the COMMIT
-            query = cur.mogrify(";\n".join(statements), params) + (";\nCOMMIT" if rides else "")
-            conn_id, sent_at = session.connection_id, time.monotonic()
+                          Q["complete_record"]]
+            # One mogrify for the three (each param rendered once); the COMMIT goes alone, once
+            # their replies said each did its part (COMPLETION_COUNTS)
+            query = cur.mogrify(";\n".join(statements), params)
+            counts: list[int] = []
+            # Watched as any call of the session (consume/stall.py): a KILL QUERY landing between
+            # two of the query's statements makes the server drop the rest unanswered, and the
+            # read would wait out its read timeout holding the job's row lock (the reaper's
+            # reclaim then fails with 1205); the stall watch ends the connection instead
+            session.waiting = Waiting(time.monotonic(), 0.0, "complete a job in its transaction")
             try:
                 cur.execute(query)
+                counts.append(cur.rowcount)
                 while cur.nextset():
-                    pass
-                if not rides:
-                    conn.commit()
+                    counts.append(cur.rowcount)
             except MySQLdb.Error as e:
-                if error_code(e) == GUARD_FAILED:
+                if counts == COMPLETION_COUNTS[:1] + [0]:
+                    # The completion changed no row, and its record failed (a reaper that took
+                    # the claim back wrote this claim's record already: 1062)
                     raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                            "the transaction was rolled back") from None
                 if error_code(e) == NO_SUCH_SAVEPOINT:
@@ -115,21 +127,39 @@ class Completion:
                         "it); the connection was dropped, the job fails and is not run again")
                     job.fail(str(ended), retry=False)  # (a per-batch handler's other jobs are retried)
                     raise ended from None
-                if not is_connection_lost(e):
-                    raise
-                lost = e  # during the query that carries the COMMIT: its outcome is unknown
+                if is_connection_lost(e):  # no COMMIT was sent: nothing of the block is stored
+                    session.discard()
+                    raise errors.TransientDBError(
+                        f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
+                        "nothing was stored, the job runs again") from None
+                raise  # (a KILL QUERY's 1317 among them: rolled back below)
+            if counts != COMPLETION_COUNTS:
+                # The completion changed no row: the claim was taken back, or a KILL QUERY cut
+                # the statement short (the server then replies OK, 0 rows, and no error).
+                raise errors.ClaimLost(f"job {job.id}: its completion did not land (the claim was taken back, "
+                                       f"or the statement was interrupted; replies {counts}); "
+                                       "the transaction was rolled back") from None
+            conn_id, sent_at = session.connection_id, time.monotonic()
+            try:
+                cur.execute(Q["block_commit"])
+            except MySQLdb.Error as e:
+                # Any error, a KILL QUERY's 1317 as much as a lost connection: whether the COMMIT
+                # landed is unknown (and the transaction may still be open on this connection)
+                lost = e
         except BaseException as e:
+            session.waiting = None
             session.rollback_after(e)
             raise
         finally:
+            session.waiting = None
             _close(cur)
             self._open, self._block = False, None
         if lost is not None:
             session.discard()
             if not self._landed_after_loss(job, conn_id, sent_at, lost):
                 raise errors.TransientDBError(
-                    f"job {job.id}: connection lost during the COMMIT of its transaction "
-                    f"({describe(lost)}), which did not land: nothing was stored, the job runs again") from None
+                    f"job {job.id}: the COMMIT of its transaction failed ({describe(lost)}) and did not "
+                    "land: nothing was stored, the job runs again") from None
         job._completed = "committed"
 
     def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, lost: BaseException) -> bool:
@@ -246,7 +276,12 @@ class Completion:
                                 what="check completions")
 
 
-GUARD_FAILED = 1242  # complete_guard's subquery returned two rows: the claim was taken back
+# What the completion's statements reply when each did its part: the savepoint released (0
+# rows), the job's row completed (1: the claim held; 0 also when a KILL QUERY cut the statement
+# short, which the server answers with OK and no error), its record written (1). Nothing else
+# lets the COMMIT go: no guard evaluated on the server can stand in, as a KILL QUERY makes a
+# subquery read NULL, again without an error.
+COMPLETION_COUNTS = [0, 1, 1]
 NO_SUCH_SAVEPOINT = 1305  # block_still_open: the block's transaction ended inside it
 
 

@@ -165,14 +165,14 @@ class _nothing:
 
 
 def _commit_then_lose_reply(cur):
-    """The completion's query (its COMMIT last) lands, and its reply is lost: the connection
-    dies right after."""
+    """The completion's COMMIT (sent alone, after the completion query) lands, and its reply is
+    lost: the connection dies right after."""
     real = cur.execute
 
     def execute(query, args=None):
         real(query, args)
-        while cur.nextset():
-            pass
+        if query.strip().upper() != "COMMIT":
+            return
         cur.connection.close()
         raise MySQLdb.OperationalError(2013, "Lost connection to server during query")
 
@@ -180,12 +180,13 @@ def _commit_then_lose_reply(cur):
 
 
 def _lose_connection_before_commit(db, cur):
-    """The connection is killed on the server before the completion's query arrives: nothing lands."""
+    """The connection is killed on the server before the completion's COMMIT arrives: nothing lands."""
     real = cur.execute
     conn_id = cur.connection.thread_id()
 
     def execute(query, args=None):
-        db.query(f"KILL CONNECTION {int(conn_id)}")
+        if query.strip().upper() == "COMMIT":
+            db.query(f"KILL CONNECTION {int(conn_id)}")
         real(query, args)
 
     cur.execute = execute

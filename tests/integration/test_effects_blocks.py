@@ -182,7 +182,7 @@ def test_complete_in_refuses_a_connection_in_autocommit_mode(db, charges):
 def test_a_lost_commit_whose_connection_outlives_its_kill_is_unknown_not_reported_as_not_stored(db, charges,
                                                                                                 monkeypatch):
     # Given a job whose first block writes many rows (rolling them back takes the server a
-    # while) and whose connection is killed as the completion's query goes out (its COMMIT's
+    # while) and whose connection is killed as the completion's COMMIT goes out (its
     # outcome unknown): when the worker asks whether it landed, the old connection is still
     # there, past the wait for it (0 s here; 30 s in production)
     db.query("CREATE TABLE big (n INT NOT NULL)")

@@ -264,32 +264,31 @@ SAVEPOINT nq_block
 
 -- block_still_open --
 -- The completion query's first statement: 1305 when the mark is gone (the block's transaction
--- ended inside it), and then the server runs nothing after it: no completion, no COMMIT.
+-- ended inside it), and then the server runs nothing after it: no completion, and the worker
+-- sends no COMMIT.
 RELEASE SAVEPOINT nq_block
+
+-- block_commit --
+-- job.transaction(): sent alone, once the completion query's replies said that each of its
+-- statements did its part (store/completion.py). Never in the completion query itself: a KILL
+-- QUERY can cut a statement short with an OK reply (a DELETE or UPDATE that changed no row, a
+-- subquery read as NULL), so only the worker, reading the replies, can tell that the COMMIT may go.
+COMMIT
 
 -- complete_delete --
 -- job.transaction() / job.complete_in(): the completion, in the handler's own transaction,
 -- fenced by the claim (its token, its attempt, still claimed). Its row count (1, or 0 when the
--- claim was taken back) decides between COMMIT and ClaimLost (complete_guard, or the caller's
--- check of the row count on a caller's connection).
+-- claim was taken back or a KILL QUERY cut it short) decides between COMMIT and ClaimLost (the
+-- worker's check of the replies, or the caller's check of the row count on a caller's connection).
 DELETE FROM nq_job WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
 
 -- complete_keep --
 UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6), lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND status = 2
 
--- complete_guard --
--- job.transaction(): right after the completion, in the same query as it and the COMMIT (one
--- round trip). If the completion changed no row (the claim was taken back) the subquery has two
--- rows and the statement fails (1242); the server runs nothing after an error in a
--- multi-statement query, so the COMMIT never runs and the caller rolls back (ClaimLost).
--- ROW_COUNT() is the completion's (the statement before). A SELECT: MariaDB's DO did not
--- evaluate the subquery.
-SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1)
-
 -- complete_record --
--- The completion's attempt record, after the completion in the same transaction (only once the
--- claim held: complete_guard, or the caller's row count): the proof, after a COMMIT whose reply
+-- The completion's attempt record, after the completion in the same transaction (committed only
+-- once the claim held: the worker's check of the replies, or the caller's row count): the proof, after a COMMIT whose reply
 -- was lost, that it landed (completions_landed). Values the worker knows: no read of nq_job.
 -- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything.
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
