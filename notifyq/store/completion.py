@@ -87,6 +87,8 @@ class Completion:
         try:
             cur.execute(Q["block_savepoint"])
             yield cur
+            # Past timeout_s the block's connection is ended (consume/batch.py): nothing to commit
+            _not_revoked(self, job)
             rides = session.pipeline.commit_rides_along
             params = completion_params(job, self.token, self.owner, self._result(job, result))
             statements = [Q["block_still_open"], Q["complete_keep" if self.keep else "complete_delete"],
@@ -127,6 +129,7 @@ class Completion:
         if lost is not None:
             session.discard()
             if not self._landed_after_loss(job, conn_id, sent_at, lost):
+                _not_revoked(self, job)  # the timeout ended its connection: no server fault
                 raise errors.TransientDBError(
                     f"job {job.id}: connection lost during the COMMIT of its transaction "
                     f"({describe(lost)}), which did not land: nothing was stored, the job runs again") from None
@@ -160,8 +163,9 @@ class Completion:
             raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its transaction "
                                         f"({describe(lost)}), and the old connection outlived its KILL: "
                                         "whether it landed cannot be told yet")
-        log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
-                    job.id)
+        if not self.revoked:  # (else the timeout ended it, and said so)
+            log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
+                        job.id)
         return stored
 
     def complete_in(self, job: Job, conn: Any, result: Any = None, rollback: bool = True) -> None:
