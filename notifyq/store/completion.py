@@ -40,6 +40,7 @@ from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
+from notifyq.store.pipeline import Waiting
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.consumer")
@@ -96,6 +97,9 @@ class Completion:
             # One mogrify for the four (each param rendered once), then the COMMIT
             query = cur.mogrify(";\n".join(statements), params) + (";\nCOMMIT" if rides else "")
             conn_id, sent_at = session.connection_id, time.monotonic()
+            # Said by the consumer's stall watch when overdue, as a claim's or an ack's call is
+            # (consume/stall.py): a lock wait, or a reply that is not coming (its connection ended)
+            session.waiting = Waiting(sent_at, 0.0, "job.transaction() completion")
             try:
                 cur.execute(query)
                 while cur.nextset():
@@ -120,6 +124,8 @@ class Completion:
                 if not is_connection_lost(e):
                     raise
                 lost = e  # during the query that carries the COMMIT: its outcome is unknown
+            finally:
+                session.waiting = None
         except BaseException as e:
             session.rollback_after(e)
             raise
