@@ -73,15 +73,14 @@ class StallWatch:
             said = self._said.get(id(session))
             if said is not None and said.waiting is not waiting:
                 del self._said[id(session)]
-                log.info("no longer stalled: the call answered or ended after %.1f s session=%s what=%s",
-                         now - said.waiting.since, said.label, said.waiting.what)
+                _ended(said, now)
                 said = None
             if waiting is None or now - waiting.since < waiting.wait_s + stall_s:
                 continue
             if said is None or (said.look_again_at is not None and now >= said.look_again_at):
                 due.append((label, session, waiting))
-        for gone in set(self._said) - seen:  # a session replaced meanwhile (a worker restarted)
-            del self._said[gone]
+        for gone in set(self._said) - seen:  # a session replaced meanwhile (a worker restarted), a run over
+            _ended(self._said.pop(gone), now)
         if due:
             self._look(due, now, stall_s)
 
@@ -151,3 +150,8 @@ class StallWatch:
         if id(session) not in self._said:
             self.stalls += 1
         self._said[id(session)] = Stall(label, waiting, look_again_at)
+
+
+def _ended(said: Stall, now: float) -> None:
+    log.info("no longer stalled: the call answered or ended after %.1f s session=%s what=%s",
+             now - said.waiting.since, said.label, said.waiting.what)

@@ -46,6 +46,15 @@ from notifyq.store.sql import QUERIES as Q
 log = logging.getLogger("notifyq.consumer")
 
 
+class CallerCall:
+    """complete_in's statements on the caller's connection, read by the consumer's stall watch as
+    it reads a Session's call (consume/stall.py): the call waiting now, and on which connection."""
+
+    def __init__(self) -> None:
+        self.waiting: Waiting | None = None
+        self.connection_id: int | None = None
+
+
 class Completion:
     """What a claimed job needs to complete itself: the worker's work session (idle while the
     handler runs, on the handler's own thread) and the claim."""
@@ -62,6 +71,7 @@ class Completion:
         # caller's transaction holds the job's row until it ends (consume/batch.py ends it when
         # the call timed out and the completion did not land).
         self.caller_conns: dict[int, int] = {}
+        self.caller = CallerCall()  # complete_in's statements, while they wait for the server
 
     @property
     def in_block(self) -> bool:
@@ -185,8 +195,13 @@ class Completion:
             if rollback:
                 conn.rollback()
             _not_revoked(self, job)
-        cur = conn.cursor()
+        cur, conn_id = conn.cursor(), None
         try:
+            thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
+            conn_id = int(thread_id()) if callable(thread_id) else None
+            if conn_id is not None:  # (watched only on a connection the server can be asked about)
+                self.caller.connection_id = conn_id
+                self.caller.waiting = Waiting(time.monotonic(), 0.0, "job.complete_in() completion")
             if inserts.outside_transaction(conn, cur):
                 raise errors.InputError(
                     f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "
@@ -198,15 +213,15 @@ class Completion:
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             raise inserts.caller_error(e) from e
         finally:
+            self.caller.waiting = None
             _close(cur)
         if not ok:
             if rollback:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
-        thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
-        if callable(thread_id):
-            self.caller_conns[job.id] = int(thread_id())
+        if conn_id is not None:
+            self.caller_conns[job.id] = conn_id
         job._completed = "pending"
 
     def cancel_requested(self, job_id: int) -> bool:

@@ -3,10 +3,13 @@ reply the server is not going to send is not waited for until the read timeout."
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 
+import MySQLdb
+import pytest
 from conftest import admin_connect, wait_until
 
 from notifyq.consume import handlers
@@ -194,51 +197,74 @@ def test_a_worker_loop_that_stops_turning_outside_a_handler_and_any_database_cal
         service.presence.close()
 
 
-def test_a_job_transaction_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog):
-    """Regression: the completion and COMMIT of a job.transaction() block ran on the block's
-    connection outside the session's call bookkeeping: stuck on a lock (or a reply that is not
-    coming), nothing was said, where an ack stuck the same way logs `stalled:`."""
-    # Given a worker whose handler leaves its job.transaction() block once another session holds
-    # the job's row lock: the block's completion waits on it
+def _complete_in_a_block(job, locked: threading.Event, entered: threading.Event) -> None:
+    with job.transaction() as cur:
+        cur.execute("DO 1")
+        entered.set()
+        assert locked.wait(10)
+
+
+def _complete_in_the_handlers_connection(job, locked: threading.Event, entered: threading.Event,
+                                         dsn=None) -> None:
+    conn = MySQLdb.connect(**dsn.connect_args())
+    try:
+        entered.set()
+        assert locked.wait(10)
+        job.complete_in(conn)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("how, what", [("transaction", "job.transaction() completion"),
+                                       ("complete_in", "job.complete_in() completion")])
+def test_a_job_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog, how, what):
+    """Regression: the completion and COMMIT of a job.transaction() block, and the completion
+    job.complete_in(conn) writes on the handler's connection, ran outside the calls the stall
+    watch reads (Session.waiting): stuck on a lock, or on a reply that is not coming, nothing was
+    said, where an ack stuck the same way logs `stalled:`."""
+    # Given a consumer service's worker whose handler completes its job (in its block, or on its
+    # own connection) once another session holds the job's row lock: the completion waits on it
     cfg = db.config()
     with Producer("q", cfg) as p:
         job_id = p.put({"n": 1})
     entered, locked, done = threading.Event(), threading.Event(), []
+    complete = (_complete_in_a_block if how == "transaction"
+                else functools.partial(_complete_in_the_handlers_connection, dsn=cfg.dsn))
 
     def handler(job):
-        with job.transaction() as cur:
-            cur.execute("DO 1")
-            entered.set()
-            assert locked.wait(10)
+        complete(job, locked, entered)
         done.append(job.id)
 
-    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
-                    budget=Budget(None), exit_when_empty=True)
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
+                    exit_when_empty=True, presence=service.presence)
     thread = threading.Thread(target=worker.run, daemon=True)
+    service.running.append(Running(worker, thread))
+    watch = service.stall_watch
     holder = admin_connect(db.admin, db.admin.database)
-    watch = StallWatch(cfg.dsn)
     try:
         with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
             thread.start()
-            assert entered.wait(10), "the handler did not enter its block"
+            assert entered.wait(10), "the handler did not start"
             cur = holder.cursor()
             cur.execute("BEGIN")
             cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
             locked.set()
-            # When the stall watch checks the worker's session once the completion is overdue
+            # When the stall watch checks the service's sessions once the completion is overdue
             # (well within the lock's wait, innodb_lock_wait_timeout = 10 s)
-            wait_until(lambda: (watch.check([("w-work", worker.work)], STALL_S), watch.stalls)[1], 6,
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.stalls)[1], 6,
                        message="the stall watch said the completion's wait")
             # Then it says the completion's call, which the server still runs, and ends nothing
             said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                     and r.getMessage().startswith("stalled:")]
-            assert len(said) == 1 and "still running" in said[0] and "job.transaction()" in said[0], said
+            assert len(said) == 1 and "still running" in said[0] and what in said[0], said
             assert watch.ended == 0
             # And once the lock goes, the job completes and the watch says the call ended
             holder.rollback()
             thread.join(15)
             assert not thread.is_alive() and worker.error is None and done == [job_id]
-            watch.check([("w-work", worker.work)], STALL_S)
+            watch.check(service.sessions(), STALL_S)
             assert any("no longer stalled" in r.getMessage() for r in caplog.records)
         assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
     finally:
@@ -246,3 +272,4 @@ def test_a_job_transaction_completion_waiting_on_a_lock_is_said_like_an_ack(db, 
         holder.close()
         thread.join(15)
         worker.work.close()
+        service.presence.close()
