@@ -273,3 +273,55 @@ def test_a_job_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog, how,
         thread.join(15)
         worker.work.close()
         service.presence.close()
+
+
+def test_a_job_transaction_completion_whose_reply_is_not_coming_is_said_and_its_connection_ended(db, caplog):
+    """Regression: a block's completion waiting for a reply that is not coming (a lost COMMIT's)
+    was silent until the read timeout, a minute."""
+    # Given a consumer service's worker whose first run's block waits, as its completion, for a
+    # reply the server will not send (the server lists the session without a statement)
+    cfg = db.config(defaults={"retry_base_s": 0.01, "retry_max_s": 0.01})
+    with Producer("q", cfg) as p:
+        job_id = p.put({"n": 1})
+    raised: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                cur.execute("DO 1")
+                if job.attempts == 1:
+                    conn = cur.connection
+                    cur.execute = lambda query, args=None: conn.read_query_result()  # nothing was sent
+        except Exception as e:
+            raised.append(type(e).__name__)
+            raise
+        raised.append("completed")
+
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
+                    presence=service.presence)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    service.running.append(Running(worker, thread))
+    watch = service.stall_watch
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            thread.start()
+            # When the stall watch checks the service's sessions
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.ended)[1], 10,
+                       message="the stall watch ended the completion's connection")
+            # Then it said the reply is not coming and ended the connection, long before the read
+            # timeout; the completion did not land, and the job's next run completes it
+            wait_until(lambda: raised == ["TransientDBError", "completed"], 20, message="the job's two runs")
+            assert time.monotonic() - started < 20
+            assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
+                       and "job.transaction() completion" in r.getMessage() for r in caplog.records)
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)) == 0, 10,
+                       message="the job done")
+    finally:
+        worker.stop.set()
+        if thread.is_alive() and worker.work.connection_id:  # (on the code before: the read waits on)
+            db.query(f"KILL CONNECTION {int(worker.work.connection_id)}")
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
