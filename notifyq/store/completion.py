@@ -109,7 +109,7 @@ class Completion:
             conn_id, sent_at = session.connection_id, time.monotonic()
             # Said by the consumer's stall watch when overdue, as a claim's or an ack's call is
             # (consume/stall.py): a lock wait, or a reply that is not coming (its connection ended)
-            session.waiting = Waiting(sent_at, 0.0, "job.transaction() completion")
+            session.waiting = Waiting(sent_at, 0.0, "complete a job in its transaction")
             try:
                 cur.execute(query)
                 while cur.nextset():
@@ -201,7 +201,7 @@ class Completion:
             conn_id = int(thread_id()) if callable(thread_id) else None
             if conn_id is not None:  # (watched only on a connection the server can be asked about)
                 self.caller.connection_id = conn_id
-                self.caller.waiting = Waiting(time.monotonic(), 0.0, "job.complete_in() completion")
+                self.caller.waiting = Waiting(time.monotonic(), 0.0, "complete a job on the caller's connection")
             if inserts.outside_transaction(conn, cur):
                 raise errors.InputError(
                     f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "

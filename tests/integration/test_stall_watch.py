@@ -216,8 +216,8 @@ def _complete_in_the_handlers_connection(job, locked: threading.Event, entered: 
         conn.close()
 
 
-@pytest.mark.parametrize("how, what", [("transaction", "job.transaction() completion"),
-                                       ("complete_in", "job.complete_in() completion")])
+@pytest.mark.parametrize("how, what", [("transaction", "complete a job in its transaction"),
+                                       ("complete_in", "complete a job on the caller's connection")])
 def test_a_job_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog, how, what):
     """Regression: the completion and COMMIT of a job.transaction() block, and the completion
     job.complete_in(conn) writes on the handler's connection, ran outside the calls the stall
@@ -315,7 +315,7 @@ def test_a_job_transaction_completion_whose_reply_is_not_coming_is_said_and_its_
             wait_until(lambda: raised == ["TransientDBError", "completed"], 20, message="the job's two runs")
             assert time.monotonic() - started < 20
             assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
-                       and "job.transaction() completion" in r.getMessage() for r in caplog.records)
+                       and "complete a job in its transaction" in r.getMessage() for r in caplog.records)
             wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)) == 0, 10,
                        message="the job done")
     finally:
