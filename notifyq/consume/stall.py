@@ -4,7 +4,9 @@ not coming.
 Every call a session makes says, while it waits for the server, since when and how long it may
 wait on purpose (Session.waiting: a GET_LOCK's or a SLEEP's wait; an answer is due at once
 otherwise). The service's main loop asks here, every turn, without a statement, whether one of
-its sessions' calls (the workers' work sessions, the watcher sessions) is overdue by STALL_S.
+its sessions' calls (the workers' work sessions, the watcher sessions; a handler's own
+connection while job.complete_in() writes there: store/completion.py's CallerCall) is overdue by
+STALL_S.
 Then, once per call, it asks the server on a session of its own how it lists that session:
   - running a statement (a lock wait, a slow disk): a WARNING saying so; it goes on waiting, and
     is looked at again every STALL_S (a KILL may still cut the rest of its query);
