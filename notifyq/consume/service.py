@@ -246,10 +246,17 @@ class ConsumerService(Supervisor):
                 or (seat.holds(worker) and seat.session.waiting is not None) or self.reconnecting(worker))
 
     def sessions(self) -> list[tuple[str, Session]]:
-        """The sessions the workers wait on (their work sessions, the watcher sessions), named."""
+        """The sessions the workers wait on (their work sessions, the watcher sessions), named;
+        and a handler's own connection while job.complete_in() runs its statements there."""
         where = f"{self.shard}/" if self.shard else ""
-        return [(where + s.name, s) for s in (*(r.worker.work for r in self.running),
-                                              *(seat.session for seat in self.presence.watch_seats.values()))]
+        named = [(where + s.name, s) for s in (*(r.worker.work for r in self.running),
+                                               *(seat.session for seat in self.presence.watch_seats.values()))]
+        for r in self.running:
+            run = r.worker.current_run
+            completion = run.completion if run is not None else None
+            if completion is not None:  # (a CallerCall: read as a session's call is)
+                named.append((f"{where}{r.worker.name}-caller", completion.caller))  # type: ignore[arg-type]
+        return named
 
     def lost(self, r: Running) -> bool:
         """The worker ended because its server is gone (past the connect retry)."""

@@ -4,7 +4,9 @@ not coming.
 Every call a session makes says, while it waits for the server, since when and how long it may
 wait on purpose (Session.waiting: a GET_LOCK's or a SLEEP's wait; an answer is due at once
 otherwise). The service's main loop asks here, every turn, without a statement, whether one of
-its sessions' calls (the workers' work sessions, the watcher sessions) is overdue by STALL_S.
+its sessions' calls (the workers' work sessions, the watcher sessions; a handler's own
+connection while job.complete_in() writes there: store/completion.py's CallerCall) is overdue by
+STALL_S.
 Then, once per call, it asks the server on a session of its own how it lists that session:
   - running a statement (a lock wait, a slow disk): a WARNING saying so; it goes on waiting, and
     is looked at again every STALL_S (a KILL may still cut the rest of its query);
@@ -83,15 +85,14 @@ class StallWatch:
             said = self._said.get(id(session))
             if said is not None and said.waiting is not waiting:
                 del self._said[id(session)]
-                log.info("no longer stalled: the call answered or ended after %.1f s session=%s what=%s",
-                         now - said.waiting.since, said.label, said.waiting.what)
+                _ended(said, now)
                 said = None
             if waiting is None or now - waiting.since < waiting.wait_s + stall_s:
                 continue
             if said is None or (said.look_again_at is not None and now >= said.look_again_at):
                 due.append((label, session, waiting))
-        for gone in set(self._said) - seen:  # a session replaced meanwhile (a worker restarted)
-            del self._said[gone]
+        for gone in set(self._said) - seen:  # a session replaced meanwhile (a worker restarted), a run over
+            _ended(self._said.pop(gone), now)
         if due:
             self._look(due, now, stall_s)
 
@@ -185,3 +186,7 @@ def _unreachable(looker: Session, e: BaseException) -> bool:
     if looker.connected or not isinstance(e, errors.DatabaseError):
         return False
     return error_code(e.__context__) in UNREACHABLE if e.__context__ is not None else False
+
+def _ended(said: Stall, now: float) -> None:
+    log.info("no longer stalled: the call answered or ended after %.1f s session=%s what=%s",
+             now - said.waiting.since, said.label, said.waiting.what)

@@ -51,6 +51,20 @@ from notifyq.store.sql import QUERIES as Q
 log = logging.getLogger("notifyq.consumer")
 
 
+class CallerCall:
+    """complete_in's statements on the caller's connection, read by the consumer's stall watch as
+    it reads a Session's call (consume/stall.py): the call waiting now, and on which connection."""
+
+    def __init__(self) -> None:
+        self.waiting: Waiting | None = None
+        self.connection_id: int | None = None
+        self.node = ""  # its server's identity is not known: the look's server is taken for it
+
+    def cut_socket(self) -> bool:
+        """The caller's connection is the caller's: the watch ends it on the server only."""
+        return False
+
+
 class Completion:
     """What a claimed job needs to complete itself: the worker's work session (idle while the
     handler runs, on the handler's own thread) and the claim."""
@@ -67,6 +81,7 @@ class Completion:
         # caller's transaction holds the job's row until it ends (consume/batch.py ends it when
         # the call timed out and the completion did not land).
         self.caller_conns: dict[int, int] = {}
+        self.caller = CallerCall()  # complete_in's statements, while they wait for the server
 
     @property
     def in_block(self) -> bool:
@@ -93,6 +108,8 @@ class Completion:
         try:
             cur.execute(Q["block_savepoint"])
             yield cur
+            # Past timeout_s the block's connection is ended (consume/batch.py): nothing to commit
+            _not_revoked(self, job)
             params = completion_params(job, self.token, self.owner, self._result(job, result))
             statements = [Q["block_still_open"], Q["complete_keep" if self.keep else "complete_delete"],
                           Q["complete_record"]]
@@ -129,6 +146,7 @@ class Completion:
                     raise ended from None
                 if is_connection_lost(e):  # no COMMIT was sent: nothing of the block is stored
                     session.discard()
+                    _not_revoked(self, job)  # the timeout ended its connection: no server fault
                     raise errors.TransientDBError(
                         f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
                         "nothing was stored, the job runs again") from None
@@ -157,6 +175,7 @@ class Completion:
         if lost is not None:
             session.discard()
             if not self._landed_after_loss(job, conn_id, sent_at, lost):
+                _not_revoked(self, job)  # the timeout ended its connection: no server fault
                 raise errors.TransientDBError(
                     f"job {job.id}: the COMMIT of its transaction failed ({describe(lost)}) and did not "
                     "land: nothing was stored, the job runs again") from None
@@ -190,8 +209,9 @@ class Completion:
             raise errors.OutcomeUnknown(f"job {job.id}: connection lost during the COMMIT of its transaction "
                                         f"({describe(lost)}), and the old connection outlived its KILL: "
                                         "whether it landed cannot be told yet")
-        log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
-                    job.id)
+        if not self.revoked:  # (else the timeout ended it, and said so)
+            log.warning("connection lost during a job's COMMIT; it %s job=%d", "landed" if stored else "did not land",
+                        job.id)
         return stored
 
     def complete_in(self, job: Job, conn: Any, result: Any = None, rollback: bool = True) -> None:
@@ -205,8 +225,13 @@ class Completion:
             if rollback:
                 conn.rollback()
             _not_revoked(self, job)
-        cur = conn.cursor()
+        cur, conn_id = conn.cursor(), None
         try:
+            thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
+            conn_id = int(thread_id()) if callable(thread_id) else None
+            if conn_id is not None:  # (watched only on a connection the server can be asked about)
+                self.caller.connection_id = conn_id
+                self.caller.waiting = Waiting(time.monotonic(), 0.0, "complete a job on the caller's connection")
             if inserts.outside_transaction(conn, cur):
                 raise errors.InputError(
                     f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "
@@ -218,15 +243,15 @@ class Completion:
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
             raise inserts.caller_error(e) from e
         finally:
+            self.caller.waiting = None
             _close(cur)
         if not ok:
             if rollback:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
-        thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
-        if callable(thread_id):
-            self.caller_conns[job.id] = int(thread_id())
+        if conn_id is not None:
+            self.caller_conns[job.id] = conn_id
         job._completed = "pending"
 
     def cancel_requested(self, job_id: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -299,6 +298,8 @@ class Session:
         try:
             if os.fstat(fd).st_ino != inode:
                 return False  # the number is another file's now
+            import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+
             sock = socket.socket(fileno=fd)
             fd = -1  # the socket object owns the duplicate now
             try:

@@ -4,6 +4,7 @@ loudly, and a call past its timeout_s loses its transaction and its locks. Again
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import MySQLdb
@@ -151,6 +152,61 @@ def test_a_handler_past_its_timeout_loses_its_transaction_and_its_locks_and_its_
     wait_until(lambda: len(stray) == 3, 10, message="the stray call ran to its end")
     assert stray == [("cancel_requested", True), ("block", "OperationalError"), ("transaction", "ClaimLost")]
     assert db.query("SELECT job_id, attempt FROM ledger") == [(job_id, 2)]
+
+
+def _until_the_timeout_ended(db, cur) -> None:
+    conn_id = cur.connection.thread_id()
+    wait_until(lambda: not db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s",
+                                     (conn_id,)), 30, message="the timeout ended the block's connection")
+
+
+def _completion_sent_once_the_timeout_ended(db, cur) -> None:
+    """The block's next statement (its completion and COMMIT) is sent only once the timeout ended
+    its connection: as when timeout_s strikes while that query is on its way."""
+    real = cur.execute
+
+    def execute(query, args=None):
+        _until_the_timeout_ended(db, cur)
+        return real(query, args)
+
+    cur.execute = execute
+
+
+@pytest.mark.parametrize("struck", ["in the block", "at the completion"])
+def test_a_handler_past_its_timeout_that_leaves_its_block_gets_claim_lost_and_no_lost_commit_is_said(
+        db, charges, caplog, struck):
+    """Regression: a block left after timeout_s had ended its connection sent its completion and
+    COMMIT there, and raised TransientDBError ("connection lost during the COMMIT ... the job runs
+    again"), the consumer logging a lost COMMIT as if the server had failed; documented: ClaimLost."""
+    # Given a job whose first run writes in its block and leaves it without an error once timeout_s
+    # struck and its connection is gone: before the block's end, or with its completion on the way
+    [job_id] = put(db, max_attempts=2)
+    raised: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                charge(job, cur)
+                if job.attempts == 1 and struck == "in the block":
+                    _until_the_timeout_ended(db, cur)
+                elif job.attempts == 1:
+                    _completion_sent_once_the_timeout_ended(db, cur)
+        except BaseException as e:
+            raised.append(type(e).__name__)
+            raise
+        raised.append("completed")
+
+    with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+        # When workers run it: the first run times out, the second completes it
+        drain(db, handler, timeout_s=1)
+        wait_until(lambda: len(raised) == 2, 30, message="the stray call left its block")
+    # Then the stray call got ClaimLost, as documented, and only the second run's write is stored
+    assert sorted(raised) == ["ClaimLost", "completed"]
+    assert charges() == [(job_id, 2)]
+    assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY attempt",
+                    (job_id,)) == [(1, "failed"), (2, "done")]
+    # And no lost COMMIT was said: the timeout ended that connection, not the server
+    assert not [r for r in caplog.records if "COMMIT" in r.getMessage()]
 
 
 def test_complete_in_refuses_a_connection_in_autocommit_mode(db, charges):

@@ -4,11 +4,14 @@ reply the server is not going to send is not waited for until the read timeout."
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import threading
 import time
 
+import MySQLdb
+import pytest
 from conftest import admin_connect, wait_until
 
 from notifyq import errors
@@ -379,3 +382,132 @@ def test_a_call_behind_a_black_hole_to_a_server_that_cannot_be_reached_returns_w
     finally:
         session.discard()
         relay.close()
+
+def _complete_in_a_block(job, locked: threading.Event, entered: threading.Event) -> None:
+    with job.transaction() as cur:
+        cur.execute("DO 1")
+        entered.set()
+        assert locked.wait(10)
+
+
+def _complete_in_the_handlers_connection(job, locked: threading.Event, entered: threading.Event,
+                                         dsn=None) -> None:
+    conn = MySQLdb.connect(**dsn.connect_args())
+    try:
+        entered.set()
+        assert locked.wait(10)
+        job.complete_in(conn)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("how, what", [("transaction", "complete a job in its transaction"),
+                                       ("complete_in", "complete a job on the caller's connection")])
+def test_a_job_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog, how, what):
+    """Regression: the completion and COMMIT of a job.transaction() block, and the completion
+    job.complete_in(conn) writes on the handler's connection, ran outside the calls the stall
+    watch reads (Session.waiting): stuck on a lock, or on a reply that is not coming, nothing was
+    said, where an ack stuck the same way logs `stalled:`."""
+    # Given a consumer service's worker whose handler completes its job (in its block, or on its
+    # own connection) once another session holds the job's row lock: the completion waits on it
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        job_id = p.put({"n": 1})
+    entered, locked, done = threading.Event(), threading.Event(), []
+    complete = (_complete_in_a_block if how == "transaction"
+                else functools.partial(_complete_in_the_handlers_connection, dsn=cfg.dsn))
+
+    def handler(job):
+        complete(job, locked, entered)
+        done.append(job.id)
+
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
+                    exit_when_empty=True, presence=service.presence)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    service.running.append(Running(worker, thread))
+    watch = service.stall_watch
+    holder = admin_connect(db.admin, db.admin.database)
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            thread.start()
+            assert entered.wait(10), "the handler did not start"
+            cur = holder.cursor()
+            cur.execute("BEGIN")
+            cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+            locked.set()
+            # When the stall watch checks the service's sessions once the completion is overdue
+            # (well within the lock's wait, innodb_lock_wait_timeout = 10 s)
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.stalls)[1], 6,
+                       message="the stall watch said the completion's wait")
+            # Then it says the completion's call, which the server still runs, and ends nothing
+            said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                    and r.getMessage().startswith("stalled:")]
+            assert len(said) == 1 and "still running" in said[0] and what in said[0], said
+            assert watch.ended == 0
+            # And once the lock goes, the job completes and the watch says the call ended
+            holder.rollback()
+            thread.join(15)
+            assert not thread.is_alive() and worker.error is None and done == [job_id]
+            watch.check(service.sessions(), STALL_S)
+            assert any("no longer stalled" in r.getMessage() for r in caplog.records)
+        assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    finally:
+        locked.set()
+        holder.close()
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
+
+
+def test_a_job_transaction_completion_whose_reply_is_not_coming_is_said_and_its_connection_ended(db, caplog):
+    """Regression: a block's completion waiting for a reply that is not coming (a lost COMMIT's)
+    was silent until the read timeout, a minute."""
+    # Given a consumer service's worker whose first run's block waits, as its completion, for a
+    # reply the server will not send (the server lists the session without a statement)
+    cfg = db.config(defaults={"retry_base_s": 0.01, "retry_max_s": 0.01})
+    with Producer("q", cfg) as p:
+        job_id = p.put({"n": 1})
+    raised: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                cur.execute("DO 1")
+                if job.attempts == 1:
+                    conn = cur.connection
+                    cur.execute = lambda query, args=None: conn.read_query_result()  # nothing was sent
+        except Exception as e:
+            raised.append(type(e).__name__)
+            raise
+        raised.append("completed")
+
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
+                    presence=service.presence)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    service.running.append(Running(worker, thread))
+    watch = service.stall_watch
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            thread.start()
+            # When the stall watch checks the service's sessions
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.ended)[1], 10,
+                       message="the stall watch ended the completion's connection")
+            # Then it said the reply is not coming and ended the connection, long before the read
+            # timeout; the completion did not land, and the job's next run completes it
+            wait_until(lambda: raised == ["TransientDBError", "completed"], 20, message="the job's two runs")
+            assert time.monotonic() - started < 20
+            assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
+                       and "complete a job in its transaction" in r.getMessage() for r in caplog.records)
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)) == 0, 10,
+                       message="the job done")
+    finally:
+        worker.stop.set()
+        if thread.is_alive() and worker.work.connection_id:  # (on the code before: the read waits on)
+            db.query(f"KILL CONNECTION {int(worker.work.connection_id)}")
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
