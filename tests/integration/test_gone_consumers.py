@@ -128,7 +128,8 @@ def test_an_idle_consumer_takes_back_and_runs_orphan_claims_long_before_their_le
     ids, _ = _orphan_claims(db, 2)
     ran: list[int] = []
     stop = threading.Event()
-    worker = Worker(db.config(defaults={"keep_done": True}), "q",
+    # (session_idle_s 8: a restart grace of 15 s, not 30, on a server that has just started)
+    worker = Worker(db.config(defaults={"keep_done": True}, consumer={"session_idle_s": 8}), "q",
                     handlers.PythonHandler(lambda job: ran.append(job.id), False),
                     stop=stop, budget=Budget(None), batch_size=10)
     t = threading.Thread(target=worker.run)
