@@ -212,16 +212,39 @@ class BatchRun:
             # Counted here, on the worker's thread, as its own give-backs are: no job runs any
             # more, so the watch cannot take more of this batch.
             self.stats.given_back += batch.handed_back
-            self.acks = self.outcomes.send(self.work, batch.take_done(), token, carry=True)
-            log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                      sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
-            rest = batch.waiting()
-            if rest:
-                n = queries.give_back(self.work, self.queue, rest, token)
-                self.stats.given_back += n
-                log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
-            if self._aside is not None:
-                self._aside.close()
+            # Each step even if one before it raised: a worker that fails leaves nothing of its
+            # batch claimed that it could have settled (its process then exits, deregistered).
+            try:
+                self._settle(batch.take_done())
+            finally:
+                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                try:
+                    rest = batch.waiting()
+                    if rest:
+                        n = queries.give_back(self.work, self.queue, rest, token)
+                        self.stats.given_back += n
+                        log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+                finally:
+                    if self._aside is not None:
+                        self._aside.close()
+
+    def _settle(self, done: list[Job]) -> None:
+        """The finished jobs' outcomes: the successes' acks kept for the next claim. If sending
+        them fails on anything but the server (a fault of ours), they are sent again at once
+        without the handlers' values (a result is all of theirs the outcomes carry), and the fault
+        is raised after: the batch is settled whatever ends the worker."""
+        try:
+            self.acks = self.outcomes.send(self.work, done, self.batch.token, carry=True)
+        except errors.DatabaseError:
+            raise  # the server is away: the worker's outage path (the reaper takes the rest back)
+        except Exception as e:
+            log.error("could not send the outcomes of finished jobs: sent again without their results "
+                      "queue=%s n=%d error=%s: %s", self.queue, len(done), type(e).__name__, e)
+            for job in done:
+                job._result = None
+            self.outcomes.send(self.work, done, self.batch.token)
+            raise
 
     def _hand_out(self, jobs: list[Job]) -> None:
         """What each job carries into the handler: its payload decoded, its lease extension, and

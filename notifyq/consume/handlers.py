@@ -72,13 +72,23 @@ class PythonHandler(Handler):
         if returned is None:
             return
         by_id = {job.id: job for job in jobs}
-        unknown = [] if isinstance(returned, dict) else [type(returned).__name__]
-        for key, value in returned.items() if isinstance(returned, dict) else ():
-            job = by_id.get(key.id if isinstance(key, Job) else key)
-            if job is None or (isinstance(key, Job) and key is not job):
-                unknown.append(repr(key)[:40])
-            else:
-                job._result = value
+        try:
+            unknown = [] if isinstance(returned, dict) else [type(returned).__name__]
+            for key, value in returned.items() if isinstance(returned, dict) else ():
+                job = by_id.get(key.id if isinstance(key, Job) else key)
+                if job is None or (isinstance(key, Job) and key is not job):
+                    unknown.append(_shown(key))
+                else:
+                    job._result = value
+        except HANDLER_FAILURES as e:
+            # The value's own code raised (a dict subclass whose items() does): no result of the
+            # batch is kept, its jobs are done all the same; neither they nor the worker fail.
+            for job in jobs:
+                job._result = None
+            log.warning("a per-batch handler's return value could not be read: no result kept, the jobs "
+                        "are done all the same jobs=%s error=%s", ",".join(str(j.id) for j in jobs[:20]),
+                        _shown(e, 200))
+            return
         if unknown and not self._warned:
             self._warned = True
             log.warning("a per-batch handler's return value: only a dict {job or job.id: result} "
@@ -126,6 +136,15 @@ class PythonHandler(Handler):
 
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A handler's value (or exception) for a log line, cut at `limit`: its own repr() may raise."""
+    try:
+        text = describe(value) if isinstance(value, BaseException) else repr(value)
+    except HANDLER_FAILURES:
+        text = f"<{type(value).__name__}>"
+    return text[:limit]
 
 
 _thread = threading.local()  # .runner: the thread's asyncio.Runner, made by its first coroutine

@@ -62,6 +62,9 @@ SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registrati
 # After an outage our reaper passes wait this long with our heartbeat landing before they judge
 # anyone by silence: as long as a free lock must go with a silent heartbeat on Galera.
 SILENCE_TRUST_S = liveness.GALERA_LOCK_GRACE_S
+# How often a process asks whether jobs are claimed by an owner with no registration (a consumer
+# gone without settling them): a scan of the claimed range, so not in every reap check.
+ORPHAN_CHECK_S = 10.0
 
 
 class WatchSeat:
@@ -136,6 +139,7 @@ class Presence:
         self.unchecked_shard: str | None = None
         self._next_touch = 0.0
         self._next_reap = 0.0
+        self._next_orphan_check = 0.0
         self._reap_mutex = threading.Lock()
         self._closed = threading.Event()
         self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
@@ -346,12 +350,12 @@ class Presence:
         if check:
             if self.home.seat(holder, 0):
                 try:
-                    needed = self._reap_needed(self.session)
+                    needed = self._reap_needed(self.session) or self.orphans_found(self.session)
                     self._check()
                 finally:
                     self.home.leave(holder)
             else:
-                needed = self._reap_needed(session)
+                needed = self._reap_needed(session) or self.orphans_found(session)
             if not needed:
                 return 0
         result = self.reap_pass()
@@ -370,6 +374,15 @@ class Presence:
         """Whether our reaper passes may take others' silence for death: not until our own
         heartbeat, if we beat one, has landed steadily for SILENCE_TRUST_S (reaper.reap)."""
         return self.heartbeat is None or self.heartbeat.steady_s() >= SILENCE_TRUST_S
+
+    def orphans_found(self, session: Session) -> bool:
+        """Every ORPHAN_CHECK_S per process, in lock mode off Galera (as reaper.reap judges
+        them; else False at once): whether any job is claimed by an owner with no registration."""
+        now = time.monotonic()
+        if not self.use_locks or session.galera or now < self._next_orphan_check:
+            return False
+        self._next_orphan_check = now + ORPHAN_CHECK_S
+        return liveness.orphans_exist(session)
 
     @staticmethod
     def _reap_needed(session: Session) -> bool:
@@ -410,8 +423,9 @@ class Presence:
             self.heartbeat.stop()  # first: a beat after the row is gone would only log
             self.heartbeat = None
         try:
-            if self.consumer_id:
-                liveness.unregister_consumer(self.session, self.consumer_id)
+            if self.consumer_id and not liveness.unregister_unclaiming(self.session, self.consumer_id):
+                log.warning("exiting while holding claimed jobs: the registration stays, and the next "
+                            "reaper pass takes them back consumer=%s", self.consumer_id)
         except Exception as e:  # the reaper cleans up whatever we could not
             log.warning("could not unregister consumer=%s error=%s", self.consumer_id, e)
         for seat in self.watch_seats.values():

@@ -98,6 +98,8 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
                 continue
             n = liveness.reclaim_owner(session, consumer_id, queues, restart_grace_s=restart_grace_s)
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
+        if use_locks and not session.galera and session.server_up_s() >= restart_grace_s:
+            _reap_orphans(session, database, own_id, result)
         result.expired = liveness.reclaim_expired(session)
         if result.expired:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
@@ -105,6 +107,25 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
         if use_locks:
             advisory.release_lock(session, name)
     return result
+
+
+def _reap_orphans(session: Session, database: str, own_id: str, result: ReapResult) -> None:
+    """Claims whose owner has no registration and whose lock is free: a consumer that left
+    holding them ("Nothing stays claimed by a consumer that is gone"), not only when their lease
+    runs out. Judged by the lock only on its own server, so never on a Galera node (a lock on
+    another node reads free here: those come back by their lease), nor within a restart grace
+    (every lock is free then while live consumers take theirs back)."""
+    for owner in liveness.orphan_owners(session):
+        if owner == own_id:
+            continue
+        lock_name = locks.consumer_lock(database, owner)
+        try:
+            n = liveness.reclaim_orphan(session, owner, lock_name)
+        finally:
+            advisory.release_lock(session, lock_name)
+        if n is not None:
+            result.reclaimed += n
+            log.warning("jobs claimed by a consumer that is gone returned consumer=%s jobs=%d", owner, n)
 
 
 def _count(result: ReapResult, consumer_id: str, queues: list[str], n: int | None, why: str) -> None:

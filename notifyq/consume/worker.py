@@ -148,6 +148,14 @@ class Worker:
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
 
+    def _idle_turn(self) -> None:
+        """Each turn of an idle wait: the watch statement tells of dead peers and expired
+        leases, not of claims whose owner has no registration; those are asked on the idle
+        work session now and then (Presence.orphans_found)."""
+        self._turned()
+        if self.presence.orphans_found(self.work):
+            self._maybe_reap(check=False)
+
     # -------------------------------------------------------- idle
 
     def _idle(self) -> bool:
@@ -157,7 +165,7 @@ class Worker:
         the others wait here for the seat, turning their loop every idle_wait_s."""
         if not self.watch_seat.seat(self, self.config.wakeup.idle_wait_s):
             return False
-        self.waiter.on_turn, self.waiter.on_reap = self._turned, self._reap_soon
+        self.waiter.on_turn, self.waiter.on_reap = self._idle_turn, self._reap_soon
         try:
             # The home session (our first queue's watcher) holds the liveness lock: if it
             # reconnected, the lock is taken back or renewed here, before we wait or claim.

@@ -108,9 +108,14 @@ def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:
                 what="touch consumer")
 
 
-def unregister_consumer(session: Session, consumer_id: str) -> None:
-    session.run(lambda cur: cur.execute(Q["unregister_consumer"], {"id": consumer_id}),
-                what="unregister consumer")
+def unregister_unclaiming(session: Session, consumer_id: str) -> bool:
+    """A consumer's row gone at its exit, unless it still holds claims (then False): the reaper
+    takes them back once its lock is free (queries.sql, unregister_unclaiming)."""
+    def body(cur) -> bool:
+        cur.execute(Q["unregister_unclaiming"], {"id": consumer_id})
+        return cur.rowcount > 0 or not _row_exists(cur, consumer_id)
+
+    return session.run(body, what="unregister consumer")
 
 
 def heartbeat(session: Session, consumer_id: str, wakeup: str) -> bool:
@@ -222,6 +227,44 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
         return n
 
     return session.run(body, what="reclaim dead consumer")
+
+
+def orphans_exist(session: Session) -> bool:
+    return bool(queries.one_value(session, "orphans_exist", {}, "orphan check"))
+
+
+def orphan_owners(session: Session) -> list[str]:
+    """Owners of claimed jobs that have no registration (queries.sql, orphan_owners)."""
+    def body(cur) -> list[str]:
+        cur.execute(Q["orphan_owners"])
+        return [owner for (owner,) in cur.fetchall()]
+
+    return session.run(body, what="find orphan claims")
+
+
+def reclaim_orphan(session: Session, owner: str, lock_name: str) -> int | None:
+    """Return the claimed jobs of an owner with no registration whose liveness lock is free:
+    it left (or was judged dead) and nobody holds its id. The verdict in the transaction, as in
+    reclaim_owner: GET_LOCK(lock, 0) must succeed (held until after the COMMIT; the caller
+    releases it), so a consumer that is taking that id back right now (its lock first, then its
+    row: Presence._register) either holds the lock, and keeps its claims, or cannot take it
+    until they are back. Its row must still be missing. None: not an orphan after all.
+    Only for owners in lock mode's sense: a polling consumer holds no lock, and an alive one
+    has a row (one whose row a reaper took has been judged dead already)."""
+    def body(cur) -> int | None:
+        cur.execute(Q["get_lock"], {"name": lock_name, "wait_s": 0})
+        if cur.fetchone()[0] != 1:
+            return None
+        if _row_exists(cur, owner):
+            return None
+        cur.execute(Q["orphan_claims"], {"owner": owner})
+        rows = cur.fetchall()
+        n = take_back(cur, [(job_id, token) for job_id, token, _ in rows], "its consumer is gone")
+        for queue in sorted({queue for _, _, queue in rows}):
+            bump_signal(cur, queue, max(n, 1))
+        return n
+
+    return session.run(body, what="reclaim orphan claims")
 
 
 def reclaim_expired(session: Session) -> int:

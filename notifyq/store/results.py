@@ -15,6 +15,10 @@ from notifyq.store.sql import QUERIES as Q
 log = logging.getLogger("notifyq.consumer")
 
 RESULT_MAX_BYTES = 65536  # a handler's return value kept (JSON, UTF-8); a larger one is not kept
+# What encoding a handler's value may raise: anything its own code raises (a __iter__, items()
+# or __float__ of its own), RecursionError, and the exits a handler's own code may call, which on
+# a worker thread could only end the thread (as handlers.HANDLER_FAILURES).
+UNENCODABLE = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -> None:
@@ -42,8 +46,12 @@ def result_text(value: Any, job_id: int, max_packet: int = 0) -> str | None:
 
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        log.warning("a handler's result is not JSON: not kept job=%d error=%s", job_id, e)
+    except UNENCODABLE as e:
+        # Whatever encoding the handler's value raises (not JSON, nested too deep for the
+        # encoder's recursion, a dict subclass whose items() raises): the value's fault, never
+        # the job's nor the worker's.
+        log.warning("a handler's result cannot be encoded as JSON: not kept job=%d error=%s: %s",
+                    job_id, type(e).__name__, e)
         return None
     size = len(text.encode("utf-8", "replace"))
     if size > RESULT_MAX_BYTES:

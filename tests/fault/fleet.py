@@ -44,10 +44,13 @@ class Consumer:
         return "consumer started" in self.err.read_text()
 
 
-def write_config(path: Path, lease_s: float, polling: bool) -> Path:
-    """The consumers' config: a short lease (stalls outlast it), quick reaping, default attempts."""
+def write_config(path: Path, lease_s: float, polling: bool, keep_results: bool = False) -> Path:
+    """The consumers' config: a short lease (stalls outlast it), quick reaping, default attempts;
+    keep_results: the queues keep results an hour (the effects class: its unenc jobs' results
+    cannot be encoded, and must be dropped, their jobs done once)."""
     text = (f"[defaults]\nlease_s = {lease_s}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
-            f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {lease_s * 3}\n")
+            + ("result_ttl_s = 3600\n" if keep_results else "")
+            + f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {lease_s * 3}\n")
     if polling:
         text += "[wakeup]\nuse_locks = false\npoll_max_s = 0.2\n"
     path.write_text(text)

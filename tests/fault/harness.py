@@ -171,7 +171,8 @@ class FaultRun:
         if ewe:
             self.dbs["batch"] = create_test_db(self._server_dsn())
         self.runtime_user = self.dbs["main"].dsn.user
-        self.configs = {mode: write_config(self.workdir / f"{mode}.toml", plan.lease_s, mode == "polling")
+        self.configs = {mode: write_config(self.workdir / f"{mode}.toml", plan.lease_s, mode == "polling",
+                                           keep_results="effects" in plan.classes)
                         for mode in ("locks", "polling")}
         self.roots = {d: Root(db.admin) for d, db in self.dbs.items()}
         self.monitor = ClaimMonitor(self.roots, self.fleet)

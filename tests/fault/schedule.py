@@ -35,7 +35,9 @@ Issue 26's classes. Cheap ones, on the main deployment (in the CI draw):
 Issue 29's class, cheap, on the main deployment (in the CI draw):
   effects          a share of the plain jobs (kind fx) write one row each into an effects table
                    through job.transaction(), which commits it with the job's completion; the
-                   checker wants exactly one row per acked job, none for a dead or cancelled one
+                   checker wants exactly one row per acked job, none for a dead or cancelled one;
+                   the queues keep results, and a few jobs return (or give job.transaction()) a
+                   result that cannot be encoded: dropped, the job done once, no consumer exits
 Issue "trust, round three"'s class, cheap, on the main deployment (in the CI draw):
   kill_query       every ~3 s, a 0.5 s burst of KILL QUERY (kill_query.py): at the watch lock's
                    holder (the instant wake's target, caught between a statement it sent ahead

@@ -23,6 +23,7 @@ METHODS = ("put", "put_many", "delayed", "priority", "dedup", "transactional")
 BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent job arrives
 BURST_JOBS = 400
 FX_CALLS_SHARE, FX_CALLS_S = 0.5, 0.05  # effects: of those, calls inside the block, and the stay there after
+UNENC_SHARE = 0.01  # effects: of the plain jobs, and of the fx ones, until their few are drawn
 FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
@@ -43,6 +44,13 @@ class Mix:
         # half of those call extend_lease() and the cancel checks inside their block, and stay
         # in it a while (nqfault "c"): a stream of its own again, so which jobs are fx is unchanged
         self.fx_calls_rng = random.Random(hash(rng.getstate()) ^ 291) if "effects" in classes else None
+        # a few jobs whose result cannot be encoded (nested deeper than the JSON encoder goes; the
+        # queues keep results): "unenc" ones return it, fx ones with "r" give it to
+        # job.transaction(result=...). Dropped with a warning, the job done once: it once ended
+        # the worker and stranded its batch. A stream of its own again: nothing else changes.
+        self.unenc_rng = random.Random(hash(rng.getstate()) ^ 30) if "effects" in classes else None
+        self.unenc_left = max(2, jobs // 1000) if "effects" in classes else 0
+        self.fx_result_left = max(2, jobs // 1000) if "effects" in classes else 0
 
     def payload(self) -> tuple[str, dict]:
         r = self.rng.random()
@@ -67,9 +75,16 @@ class Mix:
             return "", {"s": 0.1}
         sleep = self.rng.choice((0.0, 0.002, 0.005, 0.01))
         if self.fx_rng is not None and self.fx_rng.random() < FX_SHARE:
+            extra = {}
+            if self.fx_result_left and self.unenc_rng.random() < UNENC_SHARE:
+                self.fx_result_left -= 1
+                extra = {"r": 1}
             if self.fx_calls_rng.random() < FX_CALLS_SHARE:
-                return "fx", {"k": "fx", "s": sleep, "c": FX_CALLS_S}
-            return "fx", {"k": "fx", "s": sleep}
+                return "fx", {"k": "fx", "s": sleep, "c": FX_CALLS_S, **extra}
+            return "fx", {"k": "fx", "s": sleep, **extra}
+        if self.unenc_left and self.unenc_rng.random() < UNENC_SHARE:
+            self.unenc_left -= 1
+            return "unenc", {"k": "unenc", "s": sleep}
         return "", {"s": sleep}
 
 

@@ -31,6 +31,9 @@ Issue 29's kind:
          With "c" (half of them), what a long handler does inside its block: after the row,
          job.extend_lease(), job.cancel_requested() and notifyq.cancelled() (none may commit
          the block), then "c" seconds more inside it, a window for the faults to land in.
+         With "r" (a few), it gives job.transaction() a result that cannot be encoded.
+  unenc  (the effects class, a few) returns a result that cannot be encoded; the queues keep
+         results there: it is dropped with a warning, and the job is done once.
 `handle_async` is the same handler as a coroutine (`async def` handlers, item 2).
 """
 
@@ -102,20 +105,29 @@ def handle(job) -> None:
     else:
         time.sleep(float(payload.get("s", 0)))
     if kind == "fx":
-        _effect(job, deploy, pid, token, payload.get("c"))
+        _effect(job, deploy, pid, token, payload.get("c"), _unencodable() if payload.get("r") else None)
     failed = kind in ("fail1", "kanji") and job.attempts == 1
     os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                     f"{'fail' if failed else 'ok'}\n".encode())
     if failed:
         raise RuntimeError(KANJI_ERROR if kind == "kanji" else "planned failure of the first attempt")
+    return _unencodable() if kind == "unenc" else None
+
+
+def _unencodable() -> list:
+    """A result nested deeper than the JSON encoder's recursion goes (RecursionError)."""
+    value: list = []
+    for _ in range(100_000):
+        value = [value]
+    return value
 
 
 EFFECTS_TABLE = "nqf_effect"
 
 
-def _effect(job, deploy: str, pid: int, token: int, calls_s: float | None) -> None:
+def _effect(job, deploy: str, pid: int, token: int, calls_s: float | None, result=None) -> None:
     try:
-        with job.transaction() as cur:
+        with job.transaction(result=result) as cur:
             cur.execute(f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, pid, token) VALUES (%s, %s, %s, %s)",
                         (job.id, job.attempts, pid, token))
             if calls_s is not None:
@@ -130,8 +142,8 @@ def _effect(job, deploy: str, pid: int, token: int, calls_s: float | None) -> No
         raise
 
 
-async def handle_async(job) -> None:
-    handle(job)
+async def handle_async(job):
+    return handle(job)
 
 
 def _run_long(job, seconds: float, every_s: float) -> None:

@@ -219,3 +219,67 @@ def test_thirty_threads_waiting_for_results_share_one_session(db):
             t.join(30)
     assert most <= 1, f"{most} sessions for 30 waits"
     assert got == {i: {"n": n} for n, i in enumerate(ids)}
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class _ItemsRaise(dict):
+    def items(self):
+        raise RuntimeError("items boom")
+
+
+def test_a_result_whose_encoding_raises_anything_is_not_kept_and_its_job_is_done_once(db, charges, caplog):  # noqa: F811
+    # Given four jobs in one batch of a queue that keeps results: one returns a list nested
+    # deeper than the JSON encoder's recursion, one a dict whose items() raises, one passes the
+    # deep list to its job.transaction(), one returns a plain value
+    ids = put(db, 4)
+    runs = []
+
+    def handler(job):
+        runs.append(job.id)
+        n = job.payload["n"]
+        if n == 0:
+            return _nested(100_000)
+        if n == 1:
+            return _ItemsRaise(a=1)
+        if n == 2:
+            with job.transaction(result=_nested(100_000)) as cur:
+                cur.execute("INSERT INTO charge (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempts))
+            return None
+        return {"ok": job.id}
+
+    # When one worker runs them
+    worker = run_batch_of(db, 4, handler, keep_done=True, max_attempts=1)
+    # Then the worker ends well, each job ran once and is done, its effect stored once
+    assert worker.error is None, worker.error
+    assert sorted(runs) == ids and worker.stats.succeeded == 4 and worker.stats.failed == 0
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(i, 3) for i in ids]
+    assert charges() == [(ids[2], 1)]
+    # And only the plain value is kept; a warning names each job whose value was not
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [None, None, None, {"ok": ids[3]}]
+    said = [r.getMessage() for r in caplog.records if "cannot be encoded as JSON" in r.getMessage()]
+    assert sorted(m.split("job=")[1].split()[0] for m in said) == sorted(str(i) for i in ids[:3]), said
+    assert any("RecursionError" in m for m in said) and any("items boom" in m for m in said), said
+
+
+def test_a_per_batch_handlers_return_value_that_raises_when_read_keeps_no_result_and_fails_nothing(db, caplog):
+    # Given two jobs of a per-batch handler that returns a dict whose items() raises
+    ids = put(db, 2)
+    worker = Worker(db.config(defaults={"keep_done": True, "max_attempts": 1}), "q",
+                    handlers.PythonHandler(lambda jobs: _ItemsRaise({jobs[0].id: 1}), True),
+                    stop=threading.Event(), budget=Budget(None), batch_size=10, exit_when_empty=True)
+    # When a worker runs them
+    worker.run()
+    # Then the worker ends well, both jobs are done without a result, and the log says why
+    assert worker.error is None, worker.error
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(i, 3) for i in ids]
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [None, None]
+    said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert len(said) == 1 and f"jobs={ids[0]},{ids[1]}" in said[0] and "items boom" in said[0], said

@@ -388,6 +388,14 @@ SELECT UNIX_TIMESTAMP(NOW(6))
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
 
+-- unregister_unclaiming --
+-- A consumer's own at its exit: its row goes only if it holds no claim any more. One that does
+-- (a worker failed before it settled its batch) keeps its row: its lock, free once it exited, is
+-- its death to the next reaper pass, which takes those jobs back then, not at their lease's end.
+DELETE FROM nq_consumer
+WHERE id = %(id)s
+  AND NOT EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND owner = %(id)s)
+
 -- reap_needed --
 -- The reaper's cheap question, asked every few seconds: is anyone dead or any lease over?
 -- A consumer is judged by what it has: its liveness lock (wakeup 'locks'), or else its heartbeat
@@ -399,6 +407,21 @@ SELECT (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks' AND node IN ('', CONCAT(@@hostname, ':', @@port)), IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
+
+-- orphans_exist --
+-- reap_needed's rarer part (Presence asks it every ORPHAN_CHECK_S): is any job claimed by an
+-- owner with no registration? A scan of the claimed range (a row lookup each: the owner is on the
+-- row), stopped at the first.
+SELECT EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+               WHERE status = 2 AND NOT EXISTS (SELECT 1 FROM nq_consumer c WHERE c.id = nq_job.owner))
+
+-- orphan_owners --
+-- Owners of claimed jobs that have no registration: a consumer that left holding them, or that
+-- claimed under an id a reaper had judged dead already. Each is judged by its lock in the
+-- reclaim's own transaction (liveness.reclaim_orphan). Bounded, as expired_leases.
+SELECT DISTINCT owner FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND NOT EXISTS (SELECT 1 FROM nq_consumer c WHERE c.id = nq_job.owner)
+LIMIT 1000
 
 -- dead_consumers --
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
@@ -464,6 +487,13 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- which claim each belongs to, so that each is returned alone or shared (liveness.take_back).
 -- Through the claimed range of ix_state (consumers x batch rows); the owner is tested on the row.
 SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND owner = %(owner)s
+FOR UPDATE
+
+-- orphan_claims --
+-- claims_of_owner for an owner with no registration (liveness.reclaim_orphan), with each job's
+-- queue: no row names its queues.
+SELECT id, claim_token, queue FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND owner = %(owner)s
 FOR UPDATE
 
