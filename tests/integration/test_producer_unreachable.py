@@ -30,21 +30,26 @@ def unreachable_config(port: int, **env: str) -> config_mod.Config:
 def timed_put(producer: Producer, deadline_s: float) -> tuple[BaseException | None, float]:
     """put() on a thread: (what it raised, seconds it took). A put still retrying at deadline_s
     fails the test there rather than after the old minute."""
+    return timed_call(producer, lambda: producer.put({"n": 1}), deadline_s)
+
+
+def timed_call(producer: Producer, call, deadline_s: float) -> tuple[BaseException | None, float]:
+    """`call` on a thread: (what it raised, seconds it took), then the producer closed."""
     outcome: list[BaseException | None] = []
 
-    def put() -> None:
+    def run() -> None:
         try:
-            producer.put({"n": 1})
+            call()
             outcome.append(None)
         except BaseException as e:  # noqa: BLE001 - handed to the test
             outcome.append(e)
 
     started = time.monotonic()
-    thread = threading.Thread(target=put, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(deadline_s)
     took = time.monotonic() - started
-    assert outcome, f"put() still retrying after {deadline_s} s"
+    assert outcome, f"still retrying after {deadline_s} s"
     producer.close()
     return outcome[0], took
 
@@ -161,23 +166,9 @@ def test_a_put_whose_commit_reply_is_lost_and_whose_server_stays_away_raises_out
 def test_a_result_wait_on_an_unreachable_server_fails_as_fast_as_a_put(closed_port):
     # Given a library Producer (connect retry 1 s) whose server is not listening
     producer = Producer("q", unreachable_config(closed_port, NOTIFYQ_PRODUCER_CONNECT_RETRY_S="1"))
-    outcome: list[BaseException | None] = []
-
-    def wait() -> None:
-        try:
-            producer.result(1, wait=30)
-            outcome.append(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome.append(e)
-
     # When a result is awaited for up to 30 s
-    started = time.monotonic()
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    wait_until(lambda: outcome, timeout=20, message="result() to give up")
-    took = time.monotonic() - started
+    raised, took = timed_call(producer, lambda: producer.result(1, wait=30), 20.0)
     # Then it raises the put's error after the producer's retry, not after the sessions' minute
-    assert isinstance(outcome[0], errors.DatabaseError), outcome[0]
-    assert "retried for 1 s: producer.connect_retry_s" in str(outcome[0]), outcome[0]
+    assert isinstance(raised, errors.DatabaseError), raised
+    assert "retried for 1 s: producer.connect_retry_s" in str(raised), raised
     assert took < 10.0, took
-    producer.close()
