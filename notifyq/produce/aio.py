@@ -22,23 +22,10 @@ from notifyq.produce.producer import Producer
 
 
 class AsyncProducer:
-    """Put jobs on `queue` from coroutines (FastAPI, aiohttp, ...): `await producer.put(...)`.
+    """The asyncio producer on one server: Producer's methods, awaited, on threads of its own.
 
-        producer = notifyq.AsyncProducer("emails", notifyq.load_config())
-        job_id = await producer.put({"to": "a@example.com"})
-        await producer.close()  # at shutdown
-
-    The methods are Producer's, awaited; the database work runs on threads of the producer's
-    own, so the event loop never blocks on it. `sessions` threads (and database sessions) carry
-    the puts; one is enough for an app whose puts are a small part of its work, more raise the
-    rate of many concurrent puts (the asyncio page has the figures). With `ring=True` the first session's producer rings the
-    queue's bell (one ringer per queue and server), and the others wake the consumers with
-    `Producer.wake()` after their puts. `conn=` takes a *synchronous* DB-API connection, used
-    from the pool's thread: most async apps enqueue without it.
-
-    A put cancelled while its thread runs it still completes (a statement cannot be taken back
-    half-sent): the job may be stored although the awaiting coroutine never saw its id.
-    """
+    Users import it as `notifyq.AsyncProducer` (sharding/aio.py, which adds [shards]); its
+    docstring there is the one the API reference renders, and says what this class does."""
 
     # Each session's producer: here the one-server Producer; notifyq.AsyncProducer (the sharding
     # layer's) puts through notifyq.Producer, which with [shards] places each job on its shard.
