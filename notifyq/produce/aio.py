@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config
 from notifyq.produce.producer import Producer
 

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 
 
 class UsageError(Exception):

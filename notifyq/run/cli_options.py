@@ -10,7 +10,8 @@ import argparse
 from typing import Any
 
 from notifyq import config as config_mod
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.run import args, echo
 
 # ------------------------------------------------------------------ value checks

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifyq import shards
 from notifyq.config import Config
 from notifyq.produce import aio
+from notifyq.sharding.placement import Placement
 from notifyq.sharding.producer import Producer
 
 
@@ -37,7 +37,7 @@ class AsyncProducer(aio.AsyncProducer):
     def first_wakes_all(queue: str, config: Config) -> bool:
         """A spread queue's puts land on every shard, the first session's bells on those it put
         on: each session's put wakes its own shard's consumers (its COMMIT's instant wake)."""
-        return not shards.Placement(config).spread(queue)
+        return not Placement(config).spread(queue)
 
     def result_dsn(self, shard: str | None) -> Any:
         """The server of the shard that holds the job: the queue's, or `shard` for a spread

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from notifyq import errors, shards
+from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import service as one_server
 from notifyq.consume.service import ConsumeOptions
@@ -25,6 +25,7 @@ from notifyq.consume.summary import Summary
 from notifyq.consume.supervisor import Supervisor
 from notifyq.consume.worker import Worker
 from notifyq.figures import ServiceFigures
+from notifyq.sharding.placement import Placement
 
 log = logging.getLogger("notifyq.service")
 PROBE_GRACE_S = 3.0  # at start, how long the other shards may take once one has answered
@@ -61,7 +62,7 @@ class ShardedConsumerService(Supervisor):
         self.notifier = notifier
         self.stop = threading.Event()
         self.budget = Budget(options.max_jobs)
-        self.placement = shards.Placement(config)
+        self.placement = Placement(config)
         self.summary = Summary(config.log.summary_s)
         # Per shard, the service of the queues whose jobs live there.
         self.services: dict[str, one_server.ConsumerService] = {}
@@ -192,7 +193,7 @@ class ShardedConsumerService(Supervisor):
 
     def reload(self, new: Config) -> None:
         self.config = new
-        self.placement = shards.Placement(new)  # the same shards: queue shard = ... needs a restart
+        self.placement = Placement(new)  # the same shards: queue shard = ... needs a restart
         for shard, service in self.services.items():
             service.reload(self._shard_config(new, shard))
 

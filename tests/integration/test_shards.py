@@ -13,7 +13,8 @@ import pytest
 from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli, wait_until
 
 from notifyq import config as config_mod
-from notifyq import errors, shards
+from notifyq import errors
+from notifyq.sharding import placement
 from notifyq import tasks as notifyq_tasks
 from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions
@@ -68,7 +69,7 @@ def rows(testdb, queue: str) -> list[tuple]:
 
 def test_producer_puts_each_job_on_its_shard(sharded):
     cfg, _env, dbs = sharded
-    place = shards.Placement(cfg)
+    place = placement.Placement(cfg)
     hashed = next(q for q in (f"h{i}" for i in range(50)) if place.home(q) == "a")
     with Producer("pinned", cfg) as pinned, Producer(hashed, cfg) as by_hash, Producer("s", cfg) as spread:
         pinned.put({"n": 1})
@@ -334,7 +335,7 @@ def test_a_spread_producer_deals_around_a_shard_that_is_down_and_to_it_again_onc
             # Then all of them are on a, and the puts did not wait for b
             assert count("a") == 21 and took < 10, (count("a"), took)
             # And a job whose dedup key places it on b fails at once, saying why
-            key = next(k for k in (f"k{i}" for i in range(1000)) if shards.pick(("a", "b"), f"s\0{k}") == "b")
+            key = next(k for k in (f"k{i}" for i in range(1000)) if placement.pick(("a", "b"), f"s\0{k}") == "b")
             started = time.monotonic()
             with pytest.raises(errors.DatabaseError, match="goes to its key's shard only"):
                 p.put({"n": 99}, dedup_key=key)

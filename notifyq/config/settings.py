@@ -8,8 +8,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from notifyq import errors, values
-from notifyq.dsn import DSN
+from notifyq import errors
+from notifyq.config import values
+from notifyq.config.dsn import DSN
 
 DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
 DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start

@@ -16,9 +16,10 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from notifyq import errors, values
-from notifyq.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
-from notifyq.settings import (  # noqa: F401 (re-exported: `from notifyq.config import Config`)
+from notifyq import errors
+from notifyq.config import values
+from notifyq.config.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
+from notifyq.config.settings import (  # noqa: F401 (re-exported: `from notifyq.config import Config`)
     DAEMON_CONNECT_RETRY_S, DEFAULT_CONFIG_PATH, ONESHOT_CONNECT_RETRY_S, RANGES, Config, ConsumerConfig,
     LogConfig, ProducerConfig, QueueConfig, WakeupConfig, check_setting, instant_wake_value, validate_queue_name)
 
