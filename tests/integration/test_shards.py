@@ -136,8 +136,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     # When a slot's worker is replaced (as after a shard outage), its counts stay in the totals:
     # a counter never goes down
     on_a = service.services["a"]
-    old = on_a.running[0]
-    on_a._spawn(old.worker.queue, old.worker.handler, old.worker.name, index=0)
+    on_a.restart_worker(0)
     on_a.running[0].thread.join(30)  # nothing left to claim: it ends at once
     families = scrape(service)
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples

@@ -116,3 +116,19 @@ def test_a_command_handler_never_inherits_a_shard_password():
     assert child_env(secret) == {}
     plain = {"NOTIFYQ_SHARDS": "a=mysql://u@h1:1,h2:2/q,b=mysql://h3:5/q"}
     assert child_env(plain) == plain
+
+
+@pytest.mark.parametrize("text, names", [("", [""]), (TWO, ["a", "b"])], ids=["one server", "two shards"])
+def test_consumer_service_is_one_class_that_composes_one_server_services(tmp_path, text, names):
+    import notifyq
+    from notifyq.consume import service as one_server
+
+    # Given a config of one server, or of two shards
+    cfg = load(tmp_path, text + '[queue.s]\nspread = true\n' if text else text)
+    # When notifyq.ConsumerService is made (nothing connects before run)
+    service = notifyq.ConsumerService(cfg, notifyq.ConsumeOptions(queues=("s",), function=print))
+    # Then it is an instance of the class called, never another class in its place, and it
+    # composes one one-server service per server, named by its shard ("" alone)
+    assert type(service) is notifyq.ConsumerService
+    assert list(service.services) == names
+    assert all(type(s) is one_server.ConsumerService and s.name == n for n, s in service.services.items())
