@@ -1,5 +1,5 @@
 """What a configuration holds: the settings of queues, wake-ups, consumers, producers and logs,
-their defaults and the range of every number (config.py loads them from files, NOTIFYQ_*
+their defaults and the range of every number (loading.py loads them from files, NOTIFYQ_*
 variables and flags)."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Config:
     periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
     # [shards]: name -> DSN of each independent server. Empty: one server, `dsn`. Set: `dsn` is
-    # the first shard's (by name), for what is not a queue's (shards.py places the queues).
+    # the first shard's (by name), for what is not a queue's (sharding/placement.py places the queues).
     shards: dict[str, DSN] = field(default_factory=dict)
 
     def shard_names(self) -> tuple[str, ...]:
