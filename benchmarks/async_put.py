@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import notifyq  # noqa: E402
 from notifyq import config as config_mod  # noqa: E402
-from notifyq.dsn import DSN  # noqa: E402
+from notifyq.config.dsn import DSN  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 
 COROUTINES = 100

@@ -30,7 +30,7 @@ import MySQLdb  # noqa: E402
 
 import notifyq  # noqa: E402
 from notifyq import config as config_mod  # noqa: E402
-from notifyq.dsn import DSN  # noqa: E402
+from notifyq.config.dsn import DSN  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 
 

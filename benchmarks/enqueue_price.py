@@ -32,7 +32,7 @@ from _floor import payload  # noqa: E402
 from _seed import DDL as SEED_DDL  # noqa: E402
 from _seed import TABLE as SEED_TABLE  # noqa: E402
 
-from notifyq.dsn import DSN  # noqa: E402
+from notifyq.config.dsn import DSN  # noqa: E402
 from notifyq.store.sql import migrations, split_statements  # noqa: E402
 
 DATABASES = {"v4": "nq_price_v4", "now": "nq_price_now"}

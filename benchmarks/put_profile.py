@@ -43,7 +43,7 @@ import MySQLdb  # noqa: E402
 import _seed  # noqa: E402
 from _floor import payload  # noqa: E402
 
-from notifyq.dsn import DSN  # noqa: E402
+from notifyq.config.dsn import DSN  # noqa: E402
 
 DATABASE = "nq_put_profile"
 QUEUE = "bench"

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))  # number_rows
 
 from notifyq import config as config_mod  # noqa: E402
-from notifyq.dsn import DSN  # noqa: E402
+from notifyq.config.dsn import DSN  # noqa: E402
 from notifyq.store import schema  # noqa: E402
 from notifyq.web import server  # noqa: E402
 from number_rows import numbers  # noqa: E402

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config, load
 from notifyq.consume.tasks import Task
 from notifyq.sharding.producer import Producer

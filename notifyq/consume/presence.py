@@ -134,9 +134,10 @@ class Presence:
         # taken back while the lock was free, even when the old id came back with it.
         self.epoch = 0
         self._lock_seen_at = -math.inf  # monotonic: a work session last saw the home session hold the lock
-        # Set by the service for a shard its start-up probe could not reach: the schema there is
-        # checked at the first registration, before any claim (schema.require_current).
-        self.unchecked_shard: str | None = None
+        # Set by the service when its start-up probe could not reach the server: the schema there
+        # is checked at the first registration, before any claim (schema.require_current), and a
+        # mismatch is told as "{unchecked}: ...", the name the service's composer gives the server.
+        self.unchecked: str | None = None
         self._next_touch = 0.0
         self._next_reap = 0.0
         self._next_orphan_check = 0.0
@@ -240,12 +241,12 @@ class Presence:
 
     def _register(self, old_id: str | None = None) -> None:
         """Liveness lock first, then the row: a row is never visible without its lock held."""
-        if self.unchecked_shard is not None:
+        if self.unchecked is not None:
             try:
                 schema.require_current(self.session)
             except (errors.SchemaError, errors.UnsupportedServer) as e:
-                raise type(e)(f"shard {self.unchecked_shard}: {e}") from None
-            self.unchecked_shard = None
+                raise type(e)(f"{self.unchecked}: {e}") from None
+            self.unchecked = None
         if old_id and advisory.get_lock(self.session, self._lock_name(old_id), 0) == 1:
             self.consumer_id = old_id
         else:

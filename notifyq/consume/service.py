@@ -2,8 +2,9 @@
 
 The service owns the process's presence on its database (presence.py: one watcher session per
 queue, the first of which holds the liveness lock of the process's one registration); each
-worker adds its own work session. With [shards] (notifyq/sharding/service.py) one such service
-runs per shard, their supervision shared by one loop (Supervisor.run).
+worker adds its own work session. It knows one server: notifyq.ConsumerService
+(notifyq/sharding/service.py) composes one or several of these under one supervision loop,
+through the public methods below (start_workers, probe, lost, restart_worker, is_down, ...).
 
 The main thread never touches jobs. It starts the workers, pings the systemd watchdog only
 while every worker's loop is turning (or its handler is inside its lease), reports STATUS=,
@@ -36,9 +37,6 @@ from notifyq.store import schema
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.service")
-RESPAWN_S = 5.0  # a shard's failed worker (its server gone past the connect retry) starts again after this
-
-
 
 @dataclasses.dataclass(frozen=True)
 class ConsumeOptions:
@@ -94,11 +92,11 @@ class Running:
 class ConsumerService(Supervisor):
     """The consumer of one server: its presence there, its workers, its periodic scheduler.
 
-    stop and budget: shared with the other shards' services when sharding composes several
-    (then `shard` names this one, for its figures and its lines); alone, its own."""
+    stop and budget: shared with other services when a composer runs several (sharding);
+    alone, its own. name: what its figures and lines call its server ("" alone)."""
 
     def __init__(self, config: Config, options: ConsumeOptions, notifier=None, *,
-                 stop: threading.Event | None = None, budget: Budget | None = None, shard: str = ""):
+                 stop: threading.Event | None = None, budget: Budget | None = None, name: str = ""):
         if not options.queues:
             raise errors.ConfigError("no queue: pass -q QUEUE (or --profile NAME)")
         for q in options.queues:
@@ -109,7 +107,7 @@ class ConsumerService(Supervisor):
         self.config = config
         self.options = options
         self.notifier = notifier
-        self.shard = shard
+        self.name = name
         self.stop = stop if stop is not None else threading.Event()
         self.budget = budget if budget is not None else Budget(options.max_jobs)
         self.running: list[Running] = []  # one per worker slot; a restarted worker takes its slot
@@ -117,7 +115,6 @@ class ConsumerService(Supervisor):
         self.presence = Presence(config, list(options.queues), self.stop)
         self.scheduler: periodic.Scheduler | None = None  # cron ticks and retention
         self.summary = Summary(config.log.summary_s)  # the periodic INFO line
-        self._respawn_at: dict[int, float] = {}  # index of a failed worker -> when to restart it
         self.down_at_start = False  # the start-up probe could not reach the server
         self.stall_watch = StallWatch(config.dsn)  # no stall silent, no reply waited for that is not coming
 
@@ -192,13 +189,13 @@ class ConsumerService(Supervisor):
             session.close()
         return True
 
-    def start_workers(self, first: int = 1, checked: bool = True) -> int:
+    def start_workers(self, first: int = 1, unchecked: str | None = None) -> int:
         """The scheduler and the workers (named w{first}, ...); returns the next worker number.
-        checked=False: the start-up probe could not reach the server; its schema is checked at
-        the first registration there, before any claim."""
-        if not checked:
+        unchecked: the start-up probe could not reach the server; its schema is checked at the
+        first registration there, before any claim, and a mismatch is told as "{unchecked}: ..."."""
+        if unchecked is not None:
             self.down_at_start = True
-            self.presence.unchecked_shard = self.shard or "the database"
+            self.presence.unchecked = unchecked
         self.scheduler = periodic.Scheduler(self.config, tuple(self.options.queues))  # checks the entries
         n = first
         for queue in self.options.queues:
@@ -226,7 +223,7 @@ class ConsumerService(Supervisor):
         return any(w.error for w in self.workers)
 
     def finished(self) -> bool:
-        return all(not r.thread.is_alive() for r in self.running) and not self._respawn_at
+        return all(not r.thread.is_alive() for r in self.running)
 
     def turn(self) -> None:
         if self.scheduler is not None:
@@ -248,7 +245,7 @@ class ConsumerService(Supervisor):
     def sessions(self) -> list[tuple[str, Session]]:
         """The sessions the workers wait on (their work sessions, the watcher sessions), named;
         and a handler's own connection while job.complete_in() runs its statements there."""
-        where = f"{self.shard}/" if self.shard else ""
+        where = f"{self.name}/" if self.name else ""
         named = [(where + s.name, s) for s in (*(r.worker.work for r in self.running),
                                                *(seat.session for seat in self.presence.watch_seats.values()))]
         for r in self.running:
@@ -262,22 +259,14 @@ class ConsumerService(Supervisor):
         """The worker ended because its server is gone (past the connect retry)."""
         return not r.thread.is_alive() and isinstance(r.worker.error, errors.DatabaseError)
 
-    def respawn_lost_workers(self) -> None:
-        """For sharding: a worker whose server is gone is started again after RESPAWN_S while
-        the other shards' go on. (Alone, such an error ends the process, and systemd restarts
-        it.) The new worker shares the Presence as the old one did: a Presence outlives its
-        sessions' reconnects by design (every seat is left in a `finally`), and the first claim
-        after the outage takes the old liveness lock back or re-registers (presence.py)."""
-        now = time.monotonic()
-        for i, r in enumerate(self.running):
-            if not self.lost(r):
-                continue
-            due = self._respawn_at.setdefault(i, now + RESPAWN_S)
-            if now >= due:
-                del self._respawn_at[i]
-                log.warning("shard down, restarting its worker shard=%s queue=%s worker=%s",
-                            self.shard, r.worker.queue, r.worker.name)
-                self._spawn(r.worker.queue, r.worker.handler, r.worker.name, index=i)
+    def restart_worker(self, index: int) -> None:
+        """A new worker in slot `index`, on its queue, with its handler and name; the old one's
+        counts stay in the totals (every_stats). It shares the Presence as the old one did: a
+        Presence outlives its sessions' reconnects by design (every seat is left in a
+        `finally`), and the first claim after an outage takes the old liveness lock back or
+        re-registers (presence.py)."""
+        old = self.running[index].worker
+        self._spawn(old.queue, old.handler, old.name, index=index)
 
     @staticmethod
     def reconnecting(worker: Worker) -> bool:
@@ -286,8 +275,7 @@ class ConsumerService(Supervisor):
         return not (worker.work.connected and worker.presence.session.connected)
 
     def is_down(self) -> bool:
-        """Every worker reconnecting or waiting to restart: the server is gone (for sharding's
-        shards_down)."""
+        """Every worker reconnecting or ended by an error: the server is gone."""
         down = True
         for r in self.running:
             worker, thread = r.worker, r.thread
@@ -300,8 +288,9 @@ class ConsumerService(Supervisor):
 
     def healthy(self, outage_is_healthy: bool = False) -> bool:
         """Every worker alive and its loop turning (a running handler counts: it has a lease).
-        outage_is_healthy (sharding): a worker whose server is gone (reconnecting, or waiting to
-        restart) counts as healthy: one shard down must not make the watchdog kill the process."""
+        outage_is_healthy: a worker whose server is gone (reconnecting, or ended by it) counts as
+        healthy, for a composer that restarts such workers (one server down of several must not
+        make the watchdog kill the process)."""
         limit = self.loop_limit_s()
         now = time.monotonic()
         for r in self.running:
@@ -319,13 +308,13 @@ class ConsumerService(Supervisor):
 
     def figures(self) -> ServiceFigures:
         """This service's figures now, for the metrics endpoint (read from its thread)."""
-        workers = [WorkerFigures(queue=r.worker.queue, shard=self.shard, running=running,
+        workers = [WorkerFigures(queue=r.worker.queue, shard=self.name, running=running,
                                  counters={name: getattr(r.worker.stats, name) for name in COUNTER_NAMES},
                                  handler_seconds=r.worker.stats.handler_seconds.copy(),
                                  batch_sizes=r.worker.stats.batch_sizes.copy(),
                                  use_locks=r.worker.use_locks, busy=r.worker.in_handler_since is not None)
                    for group, running in ((self.running, True), (self.retired, False)) for r in list(group)]
-        watchers = [WatcherFigures(queue, self.shard, dict(w.waiter.wakeups), w.waiter.watching)
+        watchers = [WatcherFigures(queue, self.name, dict(w.waiter.wakeups), w.waiter.watching)
                     for queue, w in self.presence.watch_seats.items()]
         periodic_figures = {q: {k: int(v) for k, v in f.items()}
                             for q, f in (self.scheduler.figures() if self.scheduler else {}).items()}
@@ -335,7 +324,7 @@ class ConsumerService(Supervisor):
             queues=tuple(dict.fromkeys(self.options.queues)),
             healthy=bool(self.running) and self.healthy(), workers=workers, watchers=watchers,
             periodic=periodic_figures, reclaimed=sum(s.reclaimed for s in self.every_stats()),
-            conflicts=conflicts, shards_of={q: (self.shard,) for q in self.options.queues})
+            conflicts=conflicts, shards_of={q: (self.name,) for q in self.options.queues})
 
     def reload(self, new: Config) -> None:
         self.config = new
@@ -354,7 +343,7 @@ class ConsumerService(Supervisor):
     # -------------------------------------------------------- shutdown
     # The drain order: stop claiming -> interrupt idle waits -> let running handlers finish
     # within the grace period -> give back what never started, fail (charged, retried by
-    # policy) what still runs -> exit. Sharding runs each step on every shard in turn.
+    # policy) what still runs -> exit. A composer runs each step on every service in turn.
 
     def shutdown(self) -> None:
         grace = self.config.consumer.shutdown_grace_s

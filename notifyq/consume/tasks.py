@@ -20,7 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import validate_queue_name
 from notifyq.consume import handlers
 from notifyq.jobs import Job

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config
 from notifyq.produce.producer import Producer
 
@@ -73,19 +74,20 @@ class AsyncProducer:
         return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
                                max_attempts=max_attempts, conn=conn)
 
-    async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
-        """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors).
+    async def result(self, job_id: int, *, wait: float = 0.0) -> Any:
+        """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors)."""
+        return await self.result_from(self._producers[0].result_dsn(), job_id, wait=wait)
 
-        The wait is the event loop's: the looks at the job are the
+    async def result_from(self, dsn: Any, job_id: int, *, wait: float = 0.0) -> Any:
+        """result(), read on the server at `dsn` (a composer's result() names the server holding
+        the job through this). The wait is the event loop's: the looks at the job are the
         producer's poller's, on its own thread and session, shared by every wait of this
         producer on that server, and the coroutine awaits what it finds,
-        so a long wait holds no thread and a cancelled one stops at once. `shard`: with
-        [shards], the shard a spread queue's job is on (job ids are per shard)."""
+        so a long wait holds no thread and a cancelled one stops at once."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
         if self._closed:
             raise errors.InputError("AsyncProducer is closed")
-        dsn = self.result_dsn(shard)
         poller = next((p for p in self._pollers if p.dsn == dsn), None)  # a DSN is not hashable
         if poller is None:
             poller = results.Poller(dsn, self._producers[0].retry)
@@ -121,12 +123,6 @@ class AsyncProducer:
             return results.outcome_of(state["outcome"])
         finally:
             poller.remove(looking)
-
-    def result_dsn(self, shard: str | None) -> Any:
-        """Where a job's result is read: the one server (no shard= here)."""
-        if shard is not None:
-            raise errors.InputError(f"shard={values.shown(shard)}: no [shards] configured")
-        return self._producers[0].result_dsn()
 
     async def close(self) -> None:
         """Close every session, after the puts under way (at the app's shutdown)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 
 
 def dbapi(conn: Any) -> Any:

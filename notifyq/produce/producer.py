@@ -15,7 +15,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns

@@ -1,5 +1,5 @@
 """argparse, as notifyq's commands use it (cli.py, cli_jobs.py): an error is one line and exit
-2 (cli.main prints it), a flag's value is checked by notifyq.values, and a value may start with
+2 (cli.main prints it), a flag's value is checked by notifyq.config.values, and a value may start with
 a dash.
 """
 
@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 
 
 class UsageError(Exception):
@@ -30,7 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def checked(name: str, fn: Callable[[str, Any], Any]) -> Callable[[str], Any]:
-    """An argparse type from a notifyq.values check of the flag `name`."""
+    """An argparse type from a notifyq.config.values check of the flag `name`."""
     def convert(text: str) -> Any:
         try:
             return fn(name, text)

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from notifyq import config as config_mod
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.run import args, cli_jobs, cli_options, echo
 
 log = logging.getLogger("notifyq.cli")

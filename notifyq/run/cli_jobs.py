@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.jobs import Status
 from notifyq.run import args, echo
 

@@ -10,11 +10,12 @@ import argparse
 from typing import Any
 
 from notifyq import config as config_mod
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.run import args, echo
 
 # ------------------------------------------------------------------ value checks
-# Flags go through the same checks as the config (notifyq.values): a bad value is a usage
+# Flags go through the same checks as the config (notifyq.config.values): a bad value is a usage
 # error (exit 2) in one line, named by its flag (argparse puts "argument --flag: " before it).
 
 def seconds(name: str, text: str) -> float:

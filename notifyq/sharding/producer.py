@@ -17,9 +17,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from notifyq import errors, shards, values
-from notifyq.config import DSN, Config, validate_queue_name
+from notifyq import errors
+from notifyq.config import DSN, Config, validate_queue_name, values
 from notifyq.produce import producer as one_server
+from notifyq.sharding.placement import Placement, RoundRobin
 from notifyq.store import schema
 from notifyq.store.db import Session, oneshot_session
 
@@ -79,9 +80,9 @@ class ShardedProducer:
         self.queue = validate_queue_name(queue)
         self.config = config
         self._retry_s = None if retry_s is None else values.seconds("retry_s", retry_s, positive=False)
-        self.placement = shards.Placement(config)
+        self.placement = Placement(config)
         self._home = self.placement.home(queue)
-        self._turn = shards.RoundRobin(self.placement.names) if self.placement.spread(queue) else None
+        self._turn = RoundRobin(self.placement.names) if self.placement.spread(queue) else None
         self._ring = ring
         self._producers: dict[str, one_server.Producer] = {}  # shard -> its producer, made on first use
         self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
@@ -263,7 +264,7 @@ def require_schema(config: Config, queue: str, *, oneshot: bool) -> None:
     such a shard is tried briefly and passed over with a warning, while one shard at least
     answers. `oneshot`: for a command that puts its arguments and exits."""
     retry_s = config.connect_retry(oneshot=oneshot)
-    placement = shards.Placement(config)
+    placement = Placement(config)
     spread = placement.spread(queue)
     if spread:
         retry_s = min(retry_s, SHARD_RETRY_S)

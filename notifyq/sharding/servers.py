@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from notifyq import errors, shards, values
-from notifyq.config import DSN, Config
+from notifyq import errors
+from notifyq.config import DSN, Config, values
 from notifyq.ops import admin, status
+from notifyq.sharding.placement import Placement
 from notifyq.store import schema
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, describe
@@ -87,7 +88,7 @@ class Servers:
 
     def shards_of(self, queue: str) -> tuple[str, ...]:
         """The servers that may hold jobs of `queue` (all of them for a spread queue)."""
-        return shards.Placement(self.config).shards_of(queue)
+        return Placement(self.config).shards_of(queue)
 
     def pick(self, shard: str | None) -> list[str] | None:
         """The servers `--shard NAME` names: that one, or every one (None)."""

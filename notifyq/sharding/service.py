@@ -1,11 +1,13 @@
-"""notifyq.ConsumerService, and the consumer of a deployment with [shards]: one one-server
-ConsumerService per shard (notifyq/consume/service.py), each with the queues that live there,
-sharing the process's stop, its --max-jobs budget and one supervision loop.
+"""notifyq.ConsumerService: one-server ConsumerServices (notifyq/consume/service.py) under one
+supervision loop. Without [shards], one, for the config's server, run as it runs alone; with
+[shards], one per shard, each with the queues that live there, sharing the process's stop, its
+--max-jobs budget and the loop.
 
 What sharding adds to the one-server services: they start together (a shard down at start is
 passed over and its workers retry, unless every shard is down), a worker whose shard is gone is
 restarted after a pause instead of ending the process, one shard down keeps the watchdog fed,
-and the status line names the shards that are down.
+and the status line names the shards that are down. It composes them through their public
+methods; they know nothing of shards.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import threading
 import time
 
-from notifyq import errors, shards
+from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import service as one_server
 from notifyq.consume.service import ConsumeOptions
@@ -25,12 +27,14 @@ from notifyq.consume.summary import Summary
 from notifyq.consume.supervisor import Supervisor
 from notifyq.consume.worker import Worker
 from notifyq.figures import ServiceFigures
+from notifyq.sharding.placement import Placement
 
 log = logging.getLogger("notifyq.service")
 PROBE_GRACE_S = 3.0  # at start, how long the other shards may take once one has answered
+RESPAWN_S = 5.0  # a shard's failed worker (its server gone past the connect retry) starts again after this
 
 
-class ConsumerService(one_server.ConsumerService):
+class ConsumerService(Supervisor):
     """Run the jobs of `options.queues` in this process: what `notifyq consume` runs.
 
         service = notifyq.ConsumerService(config, notifyq.ConsumeOptions(queues=("emails",), function=send))
@@ -44,13 +48,6 @@ class ConsumerService(one_server.ConsumerService):
     queues on every shard that holds them.
     """
 
-    def __new__(cls, config: Config, options: ConsumeOptions, notifier=None):
-        if isinstance(config, Config) and config.shards:
-            return ShardedConsumerService(config, options, notifier)
-        return super().__new__(cls)
-
-
-class ShardedConsumerService(Supervisor):
     def __init__(self, config: Config, options: ConsumeOptions, notifier=None):
         if not options.queues:
             raise errors.ConfigError("no queue: pass -q QUEUE (or --profile NAME)")
@@ -61,8 +58,9 @@ class ShardedConsumerService(Supervisor):
         self.notifier = notifier
         self.stop = threading.Event()
         self.budget = Budget(options.max_jobs)
-        self.placement = shards.Placement(config)
+        self.placement = Placement(config)
         self.summary = Summary(config.log.summary_s)
+        self.sharded = bool(config.shards)  # else one service, for the one server: "" below
         # Per shard, the service of the queues whose jobs live there.
         self.services: dict[str, one_server.ConsumerService] = {}
         for shard in config.shard_names():
@@ -70,11 +68,15 @@ class ShardedConsumerService(Supervisor):
             if mine:
                 self.services[shard] = one_server.ConsumerService(
                     self._shard_config(config, shard), dataclasses.replace(options, queues=mine),
-                    stop=self.stop, budget=self.budget, shard=shard)
+                    stop=self.stop, budget=self.budget, name=shard)
+        # (shard, slot) of a worker its server's outage ended -> when to start it again
+        self._respawn_at: dict[tuple[str, int], float] = {}
 
     def _shard_config(self, config: Config, shard: str) -> Config:
         """What a shard's service runs with: its dsn, and only the periodic entries of the queues
         whose home it is (a spread queue's ticks are enqueued once, on its home)."""
+        if not self.sharded:
+            return config
         homed = {q: e for q, e in config.periodic.items() if self.placement.home(q) == shard}
         return dataclasses.replace(config.on_shard(shard), periodic=homed)
 
@@ -96,14 +98,21 @@ class ShardedConsumerService(Supervisor):
             return  # stopped before any shard answered: nothing started, a clean exit
         n = 1
         for shard, service in self.services.items():
-            n = service.start_workers(first=n, checked=shard in up)
-        where = ",".join(f"{s}={self.config.shards[s].masked()}" for s in self.config.shard_names())
-        log.info("consumer started pid=%d queues=%s workers=%d shards=%s", os.getpid(),
+            n = service.start_workers(first=n, unchecked=None if shard in up else f"shard {shard}")
+        if self.sharded:
+            where = "shards=" + ",".join(f"{s}={self.config.shards[s].masked()}" for s in self.config.shard_names())
+        else:
+            where = f"database={self.config.dsn.masked()}"
+        log.info("consumer started pid=%d queues=%s workers=%d %s", os.getpid(),
                  ",".join(self.options.queues), n - 1, where)
 
     def _probe(self, stop_requested: threading.Event | None) -> list[str] | None:
         """Every shard's schema checked at once; the shards that answer, or None when stopped.
-        A shard down at start is logged and its workers retry; all of them down is an error."""
+        A shard down at start is logged and its workers retry; all of them down is an error.
+        One server: its probe's answer, on this thread, as a service alone starts."""
+        if not self.sharded:
+            (only, service), = self.services.items()
+            return [only] if service.probe(stop_requested) else None
         outcome: dict[str, BaseException | None] = {}
 
         def probe(shard: str) -> None:
@@ -142,32 +151,54 @@ class ShardedConsumerService(Supervisor):
 
     # -------------------------------------------------------- supervision
 
+    @property
+    def restarting(self) -> bool:
+        """Whether a worker its shard's outage ended is started again (else the error ends the
+        process, as it does on one server, where systemd restarts it)."""
+        return self.sharded and not self.options.exit_when_empty
+
     def failed(self) -> bool:
         """A worker's error ends the process, except its shard's server gone (restarted here)."""
-        if self.options.exit_when_empty:
+        if not self.restarting:
             return any(w.error for w in self.workers)
         return any(w.error is not None and not isinstance(w.error, errors.DatabaseError) for w in self.workers)
 
     def finished(self) -> bool:
-        restarting = not self.options.exit_when_empty
-        return all(not r.thread.is_alive() and not (restarting and service.lost(r))
-                   for service in self.services.values() for r in service.running) and \
-            not any(service._respawn_at for service in self.services.values())
+        return all(not r.thread.is_alive() and not (self.restarting and service.lost(r))
+                   for service in self.services.values() for r in service.running) and not self._respawn_at
 
     def turn(self) -> None:
         for shard, service in self.services.items():
-            if not self.options.exit_when_empty:
-                service.respawn_lost_workers()
+            if self.restarting:
+                self._restart_lost_workers(shard, service)
             try:  # one shard's server gone must not stop the others' ticks, nor the process
                 service.turn()
             except errors.DatabaseError as e:
+                if not self.sharded:
+                    raise
                 log.warning("periodic: shard unreachable shard=%s error=%s", shard, e)
 
+    def _restart_lost_workers(self, shard: str, service: one_server.ConsumerService) -> None:
+        """A worker whose shard's server is gone is started again after RESPAWN_S, while the
+        other shards' go on."""
+        now = time.monotonic()
+        for i, r in enumerate(service.running):
+            if not service.lost(r):
+                continue
+            due = self._respawn_at.setdefault((shard, i), now + RESPAWN_S)
+            if now >= due:
+                del self._respawn_at[(shard, i)]
+                log.warning("shard down, restarting its worker shard=%s queue=%s worker=%s",
+                            shard, r.worker.queue, r.worker.name)
+                service.restart_worker(i)
+
     def healthy(self) -> bool:
-        return all(service.healthy(outage_is_healthy=True) for service in self.services.values())
+        return all(service.healthy(outage_is_healthy=self.sharded) for service in self.services.values())
 
     def shards_down(self) -> list[str]:
         """Shards whose workers are all reconnecting or waiting to restart."""
+        if not self.sharded:
+            return []
         return sorted(shard for shard, service in self.services.items() if service.is_down())
 
     def status_line(self) -> str:
@@ -192,7 +223,7 @@ class ShardedConsumerService(Supervisor):
 
     def reload(self, new: Config) -> None:
         self.config = new
-        self.placement = shards.Placement(new)  # the same shards: queue shard = ... needs a restart
+        self.placement = Placement(new)  # the same shards: queue shard = ... needs a restart
         for shard, service in self.services.items():
             service.reload(self._shard_config(new, shard))
 

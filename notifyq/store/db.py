@@ -140,6 +140,12 @@ class Session:
         return self._conn is not None
 
     @property
+    def current_conn(self) -> MySQLdb.connections.Connection | None:
+        """The connection as it is, None between connections: never connects nor reads a reply
+        sent ahead (the Pipeline reads that reply on it)."""
+        return self._conn
+
+    @property
     def conn(self) -> MySQLdb.connections.Connection:
         if self._conn is None:
             self.connect()
@@ -393,8 +399,8 @@ class Session:
             raise
 
     def rollback_after(self, exc: BaseException) -> None:
-        """A transaction run outside Session.run (store/completion.py) failed: roll it back, or
-        drop the connection if it is gone or out of step."""
+        """A transaction run outside Session.run (store/completion.py), or a reply sent ahead
+        (the Pipeline's), failed: roll back, or drop the connection if it is gone or out of step."""
         self._after_error(exc)
 
     def _after_error(self, exc: BaseException) -> None:

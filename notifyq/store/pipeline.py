@@ -14,14 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import MySQLdb
 
 from notifyq.store.driver import QUERY_INTERRUPTED, describe, error_code, is_connection_lost
-
-if TYPE_CHECKING:
-    from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.db")
 
@@ -75,10 +72,36 @@ class Attempt:
     result: Any = None  # what the body returns after commit_then_read's COMMIT
 
 
+class Carrier(Protocol):
+    """The session a pipeline sends on (store/db.py's Session), as the pipeline sees it: the seam
+    runs one way, the session owns its pipeline and this module never imports the session's."""
+
+    autocommit: bool
+    galera: bool  # a COMMIT goes alone there (Pipeline.commit_rides_along)
+    name: str
+    max_allowed_packet: int  # the server's limit on one query (Pipeline.sized)
+    attempt: Attempt  # the Session.run body running now
+    waiting: Waiting | None  # set while a reply sent ahead is read: the stall watch sees the read
+
+    @property
+    def conn(self) -> Any:
+        """The connection, connected, with any reply sent ahead read first."""
+
+    @property
+    def current_conn(self) -> Any:
+        """The connection as it is, None between connections: never connects nor reads a reply."""
+
+    def rollback_after(self, exc: BaseException) -> None:
+        """Roll back after a failure, or drop the connection if it is gone or out of step."""
+
+    def discard(self) -> None:
+        """Close the connection: the next statement reconnects."""
+
+
 class Pipeline:
     """A session's statements sent ahead of their replies (one per session, Session.pipeline)."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Carrier):
         self._session = session
         self.pending: Pending | None = None  # a statement whose reply is still on the wire
         self.failed_commits = 0  # COMMITs sent ahead (send_commit) that failed or were lost
@@ -109,7 +132,7 @@ class Pipeline:
         try:
             conn.send_query(query.encode(conn.encoding))
         except MySQLdb.Error as e:
-            self._session._after_error(e)
+            self._session.rollback_after(e)
             return
         self.pending = Pending("send later", commit=False, fallback=fallback_query)
 
@@ -173,7 +196,7 @@ class Pipeline:
         pending, self.pending = self.pending, None
         if pending is None:
             return
-        conn = self._session._conn
+        conn = self._session.current_conn
         outer, self._session.waiting = self._session.waiting, Waiting(time.monotonic(), 0.0, pending.what)
         try:
             if pending.replied:
@@ -188,7 +211,7 @@ class Pipeline:
         except MySQLdb.Error as e:
             self.fail_pending(e, pending)
             if pending.commit:
-                self._session._after_error(e)  # lost: discard; else ROLLBACK, so the rows unlock now
+                self._session.rollback_after(e)  # lost: discard; else ROLLBACK, so the rows unlock now
             elif not self._run_fallback(e, pending):
                 self._session.discard()
         finally:
@@ -204,7 +227,7 @@ class Pipeline:
                   self._session.name, describe(exc))
         for _ in range(FALLBACK_TRIES):
             try:
-                cur = self._session._conn.cursor()
+                cur = self._session.current_conn.cursor()
                 try:
                     cur.execute(pending.fallback)
                 finally:

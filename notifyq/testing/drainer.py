@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume import handlers, reporting
 from notifyq.consume import tasks as consume_tasks

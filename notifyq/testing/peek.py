@@ -12,7 +12,8 @@ import datetime as dt
 import json
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume.tasks import Task
 from notifyq.jobs import STATUS_NAMES, Status

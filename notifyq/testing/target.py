@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 from notifyq.config import Config, load
 from notifyq.store.db import Session
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, notifyq_cmd, run_cli, wait_until
-from notifyq.dsn import DSN
+from notifyq.config.dsn import DSN
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.store import advisory, liveness, locks

@@ -13,7 +13,8 @@ import pytest
 from conftest import create_test_db, drop_test_db, ensure_runtime_user, run_cli, wait_until
 
 from notifyq import config as config_mod
-from notifyq import errors, shards
+from notifyq import errors
+from notifyq.sharding import placement
 from notifyq import tasks as notifyq_tasks
 from notifyq.config import DSN
 from notifyq.consume.service import ConsumeOptions
@@ -68,7 +69,7 @@ def rows(testdb, queue: str) -> list[tuple]:
 
 def test_producer_puts_each_job_on_its_shard(sharded):
     cfg, _env, dbs = sharded
-    place = shards.Placement(cfg)
+    place = placement.Placement(cfg)
     hashed = next(q for q in (f"h{i}" for i in range(50)) if place.home(q) == "a")
     with Producer("pinned", cfg) as pinned, Producer(hashed, cfg) as by_hash, Producer("s", cfg) as spread:
         pinned.put({"n": 1})
@@ -135,8 +136,7 @@ def test_consumer_drains_a_spread_queue_from_both_shards_exactly_once(sharded):
     # When a slot's worker is replaced (as after a shard outage), its counts stay in the totals:
     # a counter never goes down
     on_a = service.services["a"]
-    old = on_a.running[0]
-    on_a._spawn(old.worker.queue, old.worker.handler, old.worker.name, index=0)
+    on_a.restart_worker(0)
     on_a.running[0].thread.join(30)  # nothing left to claim: it ends at once
     families = scrape(service)
     after = {s.labels["shard"]: s.value for s in families["notifyq_jobs_succeeded"].samples
@@ -334,7 +334,7 @@ def test_a_spread_producer_deals_around_a_shard_that_is_down_and_to_it_again_onc
             # Then all of them are on a, and the puts did not wait for b
             assert count("a") == 21 and took < 10, (count("a"), took)
             # And a job whose dedup key places it on b fails at once, saying why
-            key = next(k for k in (f"k{i}" for i in range(1000)) if shards.pick(("a", "b"), f"s\0{k}") == "b")
+            key = next(k for k in (f"k{i}" for i in range(1000)) if placement.pick(("a", "b"), f"s\0{k}") == "b")
             started = time.monotonic()
             with pytest.raises(errors.DatabaseError, match="goes to its key's shard only"):
                 p.put({"n": 99}, dedup_key=key)

@@ -59,14 +59,16 @@ def test_the_check_sees_them_once_metrics_and_cron_are_used():
 
 def test_the_lazy_public_names_resolve_to_the_real_objects():
     from notifyq.consume import service
-    from notifyq.sharding import service as sharded_service
+    from notifyq.consume.supervisor import Supervisor
     from notifyq.produce import producer as one_server
     from notifyq.sharding import producer
+    from notifyq.sharding import service as sharded_service
 
     # notifyq.Producer is sharding's: on one server an instance is the one-server Producer's
     assert notifyq.Producer is producer.Producer and issubclass(notifyq.Producer, one_server.Producer)
+    # notifyq.ConsumerService is sharding's composition of one-server services (one without [shards])
     assert notifyq.ConsumerService is sharded_service.ConsumerService
-    assert issubclass(notifyq.ConsumerService, service.ConsumerService)
+    assert issubclass(notifyq.ConsumerService, Supervisor)
     assert notifyq.ConsumeOptions is service.ConsumeOptions
     assert set(notifyq.__all__) <= set(dir(notifyq))
     namespace: dict = {}

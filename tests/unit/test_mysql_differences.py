@@ -54,7 +54,7 @@ def test_a_kill_query_in_get_lock_is_an_interruption_on_mysql_too_not_an_error_t
 
 
 def test_a_dsn_can_name_the_servers_public_key_for_caching_sha2_password_without_tls(tmp_path):
-    from notifyq.dsn import DSN
+    from notifyq.config.dsn import DSN
 
     key = tmp_path / "server-public.pem"
     key.write_text("-----BEGIN PUBLIC KEY-----\n")
@@ -69,7 +69,7 @@ def test_a_server_public_key_that_cannot_be_read_is_one_clear_error(tmp_path):
     import pytest
 
     from notifyq import errors
-    from notifyq.dsn import DSN
+    from notifyq.config.dsn import DSN
 
     with pytest.raises(errors.ConfigError, match="server_public_key file"):
         DSN.parse(f"mysql://app@db.example/jobs?server_public_key={tmp_path / 'missing.pem'}").check_files()

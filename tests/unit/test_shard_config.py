@@ -4,7 +4,8 @@ import collections
 
 import pytest
 
-from notifyq import config, errors, shards
+from notifyq import config, errors
+from notifyq.sharding import placement
 
 TWO = '[shards]\na = "mysql://u:Pa55w0rd@h1:3307/q"\nb = "mysql://u@h2:3308/q"\n'
 
@@ -73,7 +74,7 @@ def test_placement_map_else_hash_independent_of_listing_order(tmp_path):
     cfg = load(tmp_path, TWO + '[shards.c]\ndsn = "mysql://u@h3/q"\n[queue.pinned]\nshard = "c"\n')
     reordered = load(tmp_path, '[shards]\nc = "mysql://u@h3/q"\nb = "mysql://u@h2:3308/q"\n'
                                'a = "mysql://u:Pa55w0rd@h1:3307/q"\n[queue.pinned]\nshard = "c"\n')
-    place, place2 = shards.Placement(cfg), shards.Placement(reordered)
+    place, place2 = placement.Placement(cfg), placement.Placement(reordered)
     assert place.home("pinned") == "c" and place.shards_of("pinned") == ("c",)
     names = [f"queue{i}" for i in range(300)]
     homes = {q: place.home(q) for q in names}
@@ -83,8 +84,8 @@ def test_placement_map_else_hash_independent_of_listing_order(tmp_path):
 
 
 def test_adding_a_shard_moves_only_queues_to_the_new_shard(tmp_path):
-    before = shards.Placement(load(tmp_path, TWO))
-    after = shards.Placement(load(tmp_path, TWO + 'c = "mysql://u@h3/q"\n'))
+    before = placement.Placement(load(tmp_path, TWO))
+    after = placement.Placement(load(tmp_path, TWO + 'c = "mysql://u@h3/q"\n'))
     names = [f"queue{i}" for i in range(600)]
     moved = [q for q in names if before.home(q) != after.home(q)]
     assert all(after.home(q) == "c" for q in moved)
@@ -93,18 +94,18 @@ def test_adding_a_shard_moves_only_queues_to_the_new_shard(tmp_path):
 
 def test_spread_round_robin_per_producer_and_dedup_key_by_hash(tmp_path):
     cfg = load(tmp_path, TWO + '[queue.s]\nspread = true\n')
-    place = shards.Placement(cfg)
+    place = placement.Placement(cfg)
     assert place.spread("s") and place.shards_of("s") == ("a", "b") and not place.spread("other")
-    turn = shards.RoundRobin(place.names, start=1)
+    turn = placement.RoundRobin(place.names, start=1)
     assert turn.take(3) + turn.take(2) == ["b", "a", "b", "a", "b"]
     keys = {k: place.for_key("s", k) for k in (f"k{i}" for i in range(100))}
-    assert keys == {k: shards.Placement(cfg).for_key("s", k) for k in keys}  # stable
+    assert keys == {k: placement.Placement(cfg).for_key("s", k) for k in keys}  # stable
     assert set(keys.values()) == {"a", "b"}
     assert place.for_key("other", "k1") == place.home("other")  # a queue on one shard keeps it
 
 
 def test_one_server_has_one_unnamed_shard(tmp_path):
-    place = shards.Placement(load(tmp_path))
+    place = placement.Placement(load(tmp_path))
     assert place.names == ("",) and place.home("x") == "" and place.shards_of("x") == ("",)
 
 
@@ -115,3 +116,19 @@ def test_a_command_handler_never_inherits_a_shard_password():
     assert child_env(secret) == {}
     plain = {"NOTIFYQ_SHARDS": "a=mysql://u@h1:1,h2:2/q,b=mysql://h3:5/q"}
     assert child_env(plain) == plain
+
+
+@pytest.mark.parametrize("text, names", [("", [""]), (TWO, ["a", "b"])], ids=["one server", "two shards"])
+def test_consumer_service_is_one_class_that_composes_one_server_services(tmp_path, text, names):
+    import notifyq
+    from notifyq.consume import service as one_server
+
+    # Given a config of one server, or of two shards
+    cfg = load(tmp_path, text + '[queue.s]\nspread = true\n' if text else text)
+    # When notifyq.ConsumerService is made (nothing connects before run)
+    service = notifyq.ConsumerService(cfg, notifyq.ConsumeOptions(queues=("s",), function=print))
+    # Then it is an instance of the class called, never another class in its place, and it
+    # composes one one-server service per server, named by its shard ("" alone)
+    assert type(service) is notifyq.ConsumerService
+    assert list(service.services) == names
+    assert all(type(s) is one_server.ConsumerService and s.name == n for n, s in service.services.items())

@@ -245,7 +245,7 @@ def test_payloads_that_are_not_json_raise_input_error(tmp_path, payload):
 
 
 def test_values_number_is_the_one_finite_and_range_check():
-    from notifyq import values
+    from notifyq.config import values
 
     assert values.number("n", 3, lo=1, hi=5, integer=True) == 3
     for bad in (True, None, "3", float("nan"), float("inf"), 0, 6):

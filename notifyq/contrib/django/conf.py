@@ -22,8 +22,9 @@ from django.conf import settings
 from django.db import connections
 
 from notifyq import config as config_mod
-from notifyq import errors, values
-from notifyq.dsn import DSN, TLS_KEYS, tls_options
+from notifyq import errors
+from notifyq.config import values
+from notifyq.config.dsn import DSN, TLS_KEYS, tls_options
 
 KNOWN = ("DATABASE", "QUEUES", "CONFIG")
 _THE_DATABASES = ("NOTIFYQ_DSN", "NOTIFYQ_SHARDS", "NOTIFYQ_PASSWORD", "NOTIFYQ_PASSWORD_FILE")

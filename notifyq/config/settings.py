@@ -1,5 +1,5 @@
 """What a configuration holds: the settings of queues, wake-ups, consumers, producers and logs,
-their defaults and the range of every number (config.py loads them from files, NOTIFYQ_*
+their defaults and the range of every number (loading.py loads them from files, NOTIFYQ_*
 variables and flags)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from notifyq import errors, values
-from notifyq.dsn import DSN
+from notifyq import errors
+from notifyq.config import values
+from notifyq.config.dsn import DSN
 
 DEFAULT_CONFIG_PATH = "/etc/notifyq/notifyq.toml"
 DAEMON_CONNECT_RETRY_S = 30.0  # a service outlives a database restart at its start
@@ -135,7 +136,7 @@ class Config:
     periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
     # [shards]: name -> DSN of each independent server. Empty: one server, `dsn`. Set: `dsn` is
-    # the first shard's (by name), for what is not a queue's (shards.py places the queues).
+    # the first shard's (by name), for what is not a queue's (sharding/placement.py places the queues).
     shards: dict[str, DSN] = field(default_factory=dict)
 
     def shard_names(self) -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 Files: `$NOTIFYQ_CONFIG` (default /etc/notifyq/notifyq.toml) and then every `conf.d/*.toml`
 beside it, in name order. Unknown keys are errors, not warnings: a typo in a retry setting
 should stop a deploy, not silently run with the default. What a configuration holds is
-settings.py's (its names are importable from here too, as every part does).
+settings.py's (its names, as this module's, are importable from notifyq.config).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from notifyq import errors, values
-from notifyq.dsn import DEFAULT_DATABASE, DEFAULT_DSN, DSN, TLS_KEYS, tls_options  # noqa: F401 (re-exported)
-from notifyq.settings import (  # noqa: F401 (re-exported: `from notifyq.config import Config`)
-    DAEMON_CONNECT_RETRY_S, DEFAULT_CONFIG_PATH, ONESHOT_CONNECT_RETRY_S, RANGES, Config, ConsumerConfig,
-    LogConfig, ProducerConfig, QueueConfig, WakeupConfig, check_setting, instant_wake_value, validate_queue_name)
+from notifyq import errors
+from notifyq.config import values
+from notifyq.config.dsn import DEFAULT_DSN, DSN, TLS_KEYS, tls_options
+from notifyq.config.settings import (DEFAULT_CONFIG_PATH, RANGES, Config, ConsumerConfig, LogConfig, ProducerConfig,
+                                     QueueConfig, WakeupConfig, check_setting, instant_wake_value, validate_queue_name)
 
 
 class _Origins(dict):

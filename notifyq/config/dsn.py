@@ -16,7 +16,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from notifyq import errors, values
+from notifyq import errors
+from notifyq.config import values
 
 # A DSN without a database name (mysql://root@127.0.0.1/) means this one: documented in the
 # README and shown by `notifyq config` and `notifyq init`.
