@@ -366,10 +366,20 @@ class Presence:
         """One reaper pass by this process: never judging its own consumer, and, on a server
         that has just restarted, judging nobody it has not heard from since until every live
         consumer has had the time to take its lock back: two keeper pings (a keeper pings at
-        session_idle_s / 4, and the first may meet the server still starting), or three beats."""
+        session_idle_s / 4, and the first may meet the server still starting), or three beats.
+        None when another pass is running; an empty result when this one failed."""
         restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, liveness.GALERA_LOCK_GRACE_S)
-        return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
-                                own_id=self.consumer_id, restart_grace_s=restart_grace_s)
+        try:
+            return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
+                                    own_id=self.consumer_id, restart_grace_s=restart_grace_s)
+        except errors.DatabaseError as e:  # unreachable, or lost past its retries
+            # A pass is housekeeping on a session of its own, whose short retry budget a stop
+            # of this process (SIGSTOP, a VM pause) or an outage can use up: its failure is not
+            # the worker's, whose own session retries on its own budget. The next pass is due
+            # in reap_interval_s; until then nothing came back.
+            log.warning("reaper pass failed, the next one is due in %gs error=%s",
+                        self.config.consumer.reap_interval_s, e)
+            return reaper.ReapResult()
 
     def may_judge_by_silence(self) -> bool:
         """Whether our reaper passes may take others' silence for death: not until our own
