@@ -28,6 +28,29 @@ def noop(job) -> None:
     _ids.append(job.id)
 
 
+def noop_batch(jobs) -> None:
+    """Drain with --per-batch: the whole claim in one call."""
+    for job in jobs:
+        noop(job)
+
+
+async def noop_async(job) -> None:
+    """Drain with a coroutine handler (--concurrency)."""
+    noop(job)
+
+
+def returns(job) -> dict:
+    """Drain with kept results: a small JSON result per job."""
+    noop(job)
+    return {"ok": job.id}
+
+
+def in_transaction(job) -> None:
+    """Drain with job.transaction(): an empty block, so what is timed is the block's completion."""
+    with job.transaction():
+        noop(job)
+
+
 def stamp(job) -> None:
     """End-to-end: the handler-start time of every job, matched later to its commit time."""
     _stamps.append(time.time())

@@ -351,11 +351,19 @@ class Bench:
 
     # ---------------------------------------------------------- drain
 
+    def waiting_ids(self, table: str) -> set[int]:
+        """The jobs a drain must run: those ready when it starts."""
+        return {r[0] for r in self.sql(f"SELECT id FROM {table} WHERE queue = %s AND status = 0", (QUEUE,))}
+
+    def unfinished(self, table: str, ids: list[int]) -> int:
+        """How many of these jobs, all run, the drain left unfinished: still in the table."""
+        return self.scalar(f"SELECT COUNT(*) FROM {table} WHERE id IN (%s)" % ",".join(map(str, ids)))
+
     def drain_once(self, side: str, n: int, k: int, extra: tuple[str, ...] = ("--exit-when-empty",),
                    verify_all: bool = True) -> dict:
         """K consumer processes drain the queue; every job must have run exactly once."""
         table = _seed.TABLE if side == "seed" else "nq_job"
-        before = {r[0] for r in self.sql(f"SELECT id FROM {table} WHERE queue = %s AND status = 0", (QUEUE,))}
+        before = self.waiting_ids(table)
         out = self.outdir()
         stmts0 = self.statements()
         srv0 = proc_cpu_s(self.server_pid)
@@ -379,10 +387,9 @@ class Bench:
         stray = set(counts) - before
         if dupes or stray:
             raise RuntimeError(f"{side} drain: {dupes} jobs ran twice, {len(stray)} unknown ids")
-        left = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE id IN (%s)" % ",".join(map(str, counts)))\
-            if counts else 0
+        left = self.unfinished(table, list(counts)) if counts else 0
         if left:
-            raise RuntimeError(f"{side} drain: {left} jobs ran but are still in the table")
+            raise RuntimeError(f"{side} drain: {left} jobs ran but are not finished in the table")
         if verify_all and set(counts) != before:
             raise RuntimeError(f"{side} drain: {len(before - set(counts))} jobs never ran")
         if not verify_all and ran != n:
@@ -539,6 +546,29 @@ class Bench:
 CASES = ("enqueue", "drain", "start", "pickup", "sessions", "e2e", "backlog", "idle", "wakeup")
 
 
+@contextlib.contextmanager
+def bench_server(dsn: str | None, keep: bool, prefix: str):
+    """A temp dir and the server to measure on: a private LocalServer in that dir, or the one
+    --dsn names. Yields (temp dir, URL, the server's pid or None, where it is, for the report);
+    afterwards the private server is stopped and the dir removed (kept with --keep)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    server = None
+    try:
+        if dsn:
+            yield workdir, dsn, None, f"given --dsn {DSN.parse(dsn).masked()}"
+        else:
+            server = LocalServer(workdir / "server", redo_log_mb=BENCH_REDO_LOG_MB)
+            server.start()
+            yield workdir, server.dsn, server._proc.pid, f"private LocalServer in {workdir / 'server'}"
+    finally:
+        if server is not None:
+            server.cleanup()
+        if keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def callgrind_instructions(argv: list[str], env: dict, cwd: Path) -> int:
     """Instructions a process executes from start to exit (valgrind's callgrind, all threads)."""
     done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
@@ -568,16 +598,8 @@ def main(argv: list[str]) -> int:
     size = dict(SIZES["quick" if args.quick else "full"])
     if args.rounds:
         size.update(reps=args.rounds, start_reps=max(args.rounds, size["start_reps"]))
-    workdir = Path(tempfile.mkdtemp(prefix="nqbench-"))
-    server = None
     started = time.monotonic()
-    try:
-        if args.dsn:
-            url, server_pid, where = args.dsn, None, f"given --dsn {DSN.parse(args.dsn).masked()}"
-        else:
-            server = LocalServer(workdir / "server", redo_log_mb=BENCH_REDO_LOG_MB)
-            server.start()
-            url, server_pid, where = server.dsn, server._proc.pid, f"private LocalServer in {workdir / 'server'}"
+    with bench_server(args.dsn, args.keep, "nqbench-") as (workdir, url, server_pid, where):
         bench = Bench(url, args.database, size, workdir, server_pid)
         bench.create()
         bench.compile()
@@ -629,13 +651,6 @@ def main(argv: list[str]) -> int:
             Path(args.json_path).write_text(json.dumps(res, indent=2, default=str))
         bench.drop()
         return 0
-    finally:
-        if server is not None:
-            server.cleanup()
-        if args.keep:
-            print(f"kept {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ code: it exits where the handler returned or raised (_exit_child).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import logging
@@ -122,10 +121,11 @@ class PythonHandler(Handler):
         value. In a child the function forked, this never returns."""
         pid = os.getpid()
         try:
-            with self.around() if self.around is not None else contextlib.nullcontext():
-                result = (func or self.func)(arg)
-                if inspect.isawaitable(result):
-                    result = _await(result)
+            if self.around is None:  # the common case: no context to enter per job
+                result = _awaited((func or self.func)(arg))
+            else:
+                with self.around():
+                    result = _awaited((func or self.func)(arg))
         except BaseException as e:
             if os.getpid() != pid:
                 _exit_child(e)
@@ -136,6 +136,12 @@ class PythonHandler(Handler):
 
 
 HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def _awaited(result: Any) -> Any:
+    """A call's return value, awaited when it is awaitable. None first: most handlers return
+    nothing, and isawaitable's type tests would run per job."""
+    return _await(result) if result is not None and inspect.isawaitable(result) else result
 
 
 def _shown(value: Any, limit: int = 40) -> str:
