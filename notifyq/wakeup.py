@@ -20,7 +20,8 @@ single job wakes exactly one.
 From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
 RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
 itself), then the claim's three round trips (count + candidates, the locking read, the mark
-with the watched count, its COMMIT riding along unwaited).
+with the watched count, its COMMIT riding along unwaited). An instant wake's KILL ends the
+watch statement with an error instead of the grant: the watcher claims at once.
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
@@ -203,9 +204,14 @@ class Waiter:
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
-            if state.interrupted:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
-                wait_on = None  # the statement ended early: it did not say which bell is held
-                continue
+            if state.interrupted:  # KILL QUERY interrupted the wait: a wake-up or a stop
+                if self.stop.is_set():
+                    return None
+                # A producer's instant wake, sent after its COMMIT: claim now. The claim reads
+                # the count itself in its first round trip, so reading it here first would only
+                # add a round trip to the pick-up. (A KILL aimed elsewhere costs an empty claim.)
+                self.wakeups["signal"] += 1
+                return True
             waited_on, wait_on = wait_on, state.held
             if state.reap:
                 self.on_reap()
