@@ -19,9 +19,9 @@ single job wakes exactly one.
 
 From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
 RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
-itself), then the claim's three round trips (count + candidates, the locking read, the mark
-with the watched count, its COMMIT riding along unwaited). An instant wake's KILL ends the
-watch statement with an error instead of the grant: the watcher claims at once.
+itself), then the claim's two round trips (count + candidates, the locking read) and its last
+query unwaited (the mark, the watched count, the COMMIT), and the handler starts. An instant
+wake's KILL ends the watch statement with an error instead of the grant: the watcher claims at once.
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
@@ -160,15 +160,16 @@ class Waiter:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
 
-    def release_watch(self, wait: bool = True) -> None:
+    def release_watch(self, wait: bool = True, claimed: int | None = None) -> None:
         """Hand the watch on. wait=False sends the release without waiting for its reply: the
-        next idle consumer is granted the watch while we already run our batch."""
+        next idle consumer is granted the watch while we already run our batch (`claimed`: a
+        job of the claim just made, advisory.hand_watch_on)."""
         if self.watching:
             self.watching = False
             if wait:
                 advisory.release_lock(self.session, self.locks.watch)
             else:
-                advisory.hand_watch_on(self.session, self.locks.watch, self.queue)
+                advisory.hand_watch_on(self.session, self.locks.watch, self.queue, claimed)
 
     # -------------------------------------------------------- waiting for work
 

@@ -1,19 +1,22 @@
 """The statements between a wake-up and the handler's start: an interrupted wait goes to its
-claim without reading the count again."""
+claim without reading the count again, and a watcher's claim hands the watch on only once its
+COMMIT is done, without waiting for that COMMIT itself."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 
-from conftest import wait_until
+import pytest
+from conftest import admin_connect, wait_until
 
 from notifyq.produce.producer import Producer
-from notifyq.store import bells
+from notifyq.store import bells, queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waiter
 
+OWNER = "a" * 32
 HOLD_S = 20
 
 
@@ -61,4 +64,45 @@ def test_an_instant_wake_sends_the_watcher_to_its_claim_without_another_watch_st
     finally:
         waiter.stop.set()
         thread.join(HOLD_S)
+        session.close()
+
+
+@pytest.fixture
+def backup_stage(db):
+    if "mariadb" not in db.query("SELECT VERSION()")[0][0].lower():
+        pytest.skip("needs MariaDB's BACKUP STAGE to hold a COMMIT back")
+
+
+def test_a_watchers_claim_hands_the_watch_on_once_its_commit_is_done(db, backup_stage):
+    # Given one ready job, the watcher, and a server that holds every COMMIT back
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}])
+    waiter, session = _watcher(cfg)
+    work = Session(cfg.dsn, name="work")
+    blocker = admin_connect(db.admin)
+    try:
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When the watcher claims the job (it returns with its COMMIT in flight) and hands on
+        claim = queries.claim(work, "q", OWNER, 10, 60, as_watcher=True)
+        assert [j.id for j in claim.jobs] == [job_id] and claim.drained
+        assert claim.commit is not None and not claim.commit.settled
+        waiter.release_watch(wait=False, claimed=job_id)
+        # Then the watch lock stays held while the COMMIT waits: the next watcher would read
+        # a watched count without this job, and wake for work already taken
+        wait_until(lambda: _in_statement(db, session.connection_id, "RELEASE_LOCK"), HOLD_S,
+                   message="the hand-on waiting")
+        assert db.query("SELECT IS_USED_LOCK(%s)", (waiter.locks.watch,)) == [(session.connection_id,)]
+        # And once the COMMIT is done the lock is free and the count recorded as watched
+        blocker.cursor().execute("BACKUP STAGE END")
+        wait_until(lambda: db.query("SELECT IS_USED_LOCK(%s)", (waiter.locks.watch,)) == [(None,)], HOLD_S,
+                   message="the watch lock handed on")
+        work.pipeline.read_reply()
+        assert claim.commit.settled and not claim.commit.failed
+        assert db.query("SELECT q.watched_seq = (SELECT SUM(seq) FROM nq_signal s WHERE s.queue = 'q') "
+                        "FROM nq_queue q WHERE q.queue = 'q'") == [(1,)]
+    finally:
+        blocker.close()
+        work.close()
         session.close()
