@@ -194,6 +194,7 @@ class Waiter:
         # The bell to wait on: the one the previous statement saw held at its end. A new turn
         # does not know it yet, so its first statement only reads (bells.watch).
         wait_on: int | None = None
+        paused = False  # what this turn's last statement read (an interrupted one reads nothing)
         while not self.stop.is_set():
             self.on_turn()
             wait = self._bounded(min(backoff, self.cfg.poll_max_s))
@@ -208,11 +209,18 @@ class Waiter:
             if state.interrupted:  # KILL QUERY interrupted the wait: a wake-up or a stop
                 if self.stop.is_set():
                     return None
-                # A producer's instant wake, sent after its COMMIT: claim now. The claim reads
-                # the count itself in its first round trip, so reading it here first would only
-                # add a round trip to the pick-up. (A KILL aimed elsewhere costs an empty claim.)
-                self.wakeups["signal"] += 1
-                return True
+                if not paused:
+                    # A producer's instant wake, sent after its COMMIT: claim now. The claim
+                    # reads the count itself in its first round trip, so reading it here first
+                    # would only add a round trip to the pick-up. (A KILL aimed elsewhere costs
+                    # an empty claim.)
+                    self.wakeups["signal"] += 1
+                    return True
+                # Paused when last read: a put's KILL still arrives, and a claim would only find
+                # the pause again. Read again instead (the resume shows there).
+                wait_on = None  # the statement ended early: it did not say which bell is held
+                continue
+            paused = state.paused
             waited_on, wait_on = wait_on, state.held
             if state.reap:
                 self.on_reap()

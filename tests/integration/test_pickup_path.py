@@ -38,6 +38,7 @@ def test_an_instant_wake_sends_the_watcher_to_its_claim_without_another_watch_st
     # Given the watcher asleep in one long SLEEP (no ringer holds a bell), counting its statements
     cfg = db.config()
     waiter, session = _watcher(cfg)
+    session.run(lambda cur: queries.ensure_queue(cur, "q"), what="t")  # (else the first read makes it)
     waiter.cfg = dataclasses.replace(cfg.wakeup, poll_initial_s=20.0, poll_max_s=20.0)
     started: list[int] = []
     watch = bells.watch
