@@ -38,31 +38,35 @@ def mark(kind: str, at: float | None = None) -> None:
     send(f"{kind} {os.getpid()} {time.monotonic() if at is None else at:.9f}")
 
 
+def _wrap(owner, name: str, before: str | None = None, after: str | None = None) -> None:
+    """Mark `before` as owner.name is called and `after` as it returns; nothing where an older
+    checkout (benchmarks/pickup.py --code) has no such function."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    def marked(*a, **kw):
+        if before:
+            mark(before)
+        result = original(*a, **kw)
+        if after:
+            mark(after)
+        return result
+
+    setattr(owner, name, marked)
+
+
 def install_producer() -> None:
     from notifyq.produce import lines
     from notifyq.store import bells
-    from notifyq.store.pipeline import Pipeline
 
-    commit_then_read = Pipeline.commit_then_read
-
-    def marked_commit(self, *a, **kw):
-        result = commit_then_read(self, *a, **kw)
-        mark("commit")
-        return result
-
-    Pipeline.commit_then_read = marked_commit
-    ring, interrupt = bells.ring, bells.interrupt
-
-    def marked_ring(*a, **kw):
-        result = ring(*a, **kw)
-        mark("wake")
-        return result
-
-    def marked_interrupt(*a, **kw):
-        mark("wake")
-        return interrupt(*a, **kw)
-
-    bells.ring, bells.interrupt = marked_ring, marked_interrupt
+    try:
+        from notifyq.store.pipeline import Pipeline
+    except ImportError:  # older checkouts: the Session's own
+        from notifyq.store.db import Session as Pipeline
+    _wrap(Pipeline, "commit_then_read", after="commit")
+    _wrap(bells, "ring", after="wake")  # sent, its reply not waited for
+    _wrap(bells, "interrupt", before="wake")  # the KILL QUERY goes out
     read = lines.LineSource._read
 
     def marked_read(self, timeout):
