@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -58,3 +59,16 @@ def wait_idle(pids: list[int], window_s: float = 0.5, busy_s: float = 0.02, time
             return
         before = after
     raise RuntimeError(f"processes {pids} still busy after {timeout_s:.0f} s")
+
+
+def stop_all(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+    """Signal every child still running, then wait for each (killed past timeout_s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -19,8 +19,9 @@ single job wakes exactly one.
 
 From a ring to the handler: the producer's ring statement (GET_LOCK of its other bell, then
 RELEASE_LOCK of the held one, sent without waiting for its reply), the grant ending the watch statement (which releases the bell
-itself), then the claim's three round trips (count + candidates, the locking read, the mark
-with the watched count, its COMMIT riding along unwaited).
+itself), then the claim's two round trips (count + candidates, the locking read) and its last
+query unwaited (the mark, the watched count, the COMMIT), and the handler starts. An instant
+wake's KILL ends the watch statement with an error instead of the grant: the watcher claims at once.
 
 Wake-ups only make pick-up fast; correctness never depends on them. Every wait is bounded,
 and after every wait either the count is read again or a claim looks at the jobs table.
@@ -159,15 +160,16 @@ class Waiter:
             return False
         return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
 
-    def release_watch(self, wait: bool = True) -> None:
+    def release_watch(self, wait: bool = True, claimed: int | None = None) -> None:
         """Hand the watch on. wait=False sends the release without waiting for its reply: the
-        next idle consumer is granted the watch while we already run our batch."""
+        next idle consumer is granted the watch while we already run our batch (`claimed`: a
+        job of the claim just made, advisory.hand_watch_on)."""
         if self.watching:
             self.watching = False
             if wait:
                 advisory.release_lock(self.session, self.locks.watch)
             else:
-                advisory.hand_watch_on(self.session, self.locks.watch, self.queue)
+                advisory.hand_watch_on(self.session, self.locks.watch, self.queue, claimed)
 
     # -------------------------------------------------------- waiting for work
 
@@ -192,6 +194,7 @@ class Waiter:
         # The bell to wait on: the one the previous statement saw held at its end. A new turn
         # does not know it yet, so its first statement only reads (bells.watch).
         wait_on: int | None = None
+        paused = False  # what this turn's last statement read (an interrupted one reads nothing)
         while not self.stop.is_set():
             self.on_turn()
             wait = self._bounded(min(backoff, self.cfg.poll_max_s))
@@ -203,9 +206,21 @@ class Waiter:
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None
-            if state.interrupted:  # KILL QUERY interrupted the SLEEP: a wake-up or a stop
+            if state.interrupted:  # KILL QUERY interrupted the wait: a wake-up or a stop
+                if self.stop.is_set():
+                    return None
+                if not paused:
+                    # A producer's instant wake, sent after its COMMIT: claim now. The claim
+                    # reads the count itself in its first round trip, so reading it here first
+                    # would only add a round trip to the pick-up. (A KILL aimed elsewhere costs
+                    # an empty claim.)
+                    self.wakeups["signal"] += 1
+                    return True
+                # Paused when last read: a put's KILL still arrives, and a claim would only find
+                # the pause again. Read again instead (the resume shows there).
                 wait_on = None  # the statement ended early: it did not say which bell is held
                 continue
+            paused = state.paused
             waited_on, wait_on = wait_on, state.held
             if state.reap:
                 self.on_reap()

@@ -210,15 +210,15 @@ class Worker:
 
     # -------------------------------------------------------- claim, run, ack
 
-    def _hand_watch_on(self, drained: bool) -> None:
+    def _hand_watch_on(self, claim: queries.Claim) -> None:
         """Before running the batch: the watch lock goes to the next idle consumer (of any
         process), and the seat to the next idle worker of ours, which queues for it."""
-        self.waiter.release_watch(wait=False)
+        self.waiter.release_watch(wait=False, claimed=claim.jobs[0].id if claim.jobs else None)
         self.watch_seat.leave(self)
 
-    def _hand_poll_on(self, drained: bool) -> None:
+    def _hand_poll_on(self, claim: queries.Claim) -> None:
         """Polling: the next idle worker of ours polls; if work is left, it claims at once."""
-        if not drained:
+        if not claim.drained:
             self.waiter.work_left()
         self.watch_seat.leave(self)
 
@@ -250,7 +250,7 @@ class Worker:
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
-            before_run(claim.drained)
+            before_run(claim)
         if claim.jobs:
             self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
                             owner=owner, epoch=epoch), qc, handler)

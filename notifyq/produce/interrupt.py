@@ -1,5 +1,5 @@
 """A producer that does not hold the queue's bell wakes the idle consumer by interrupting its wait
-(`wakeup.instant_wake`): KILL QUERY of the watcher's statement, which then reads the count again.
+(`wakeup.instant_wake`): KILL QUERY of the watcher's statement, which then goes to claim at once.
 
 Only one producer per queue and server holds the bell (wakeup.py): in a web app of 8 worker
 processes, 7 producers would otherwise leave their jobs to the watcher's backoff poll (up to

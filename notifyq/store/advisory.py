@@ -46,11 +46,16 @@ def release_lock(session: Session, name: str) -> int | None:
     return one_value(session, "release_lock", {"name": name}, "release_lock")
 
 
-def hand_watch_on(session: Session, name: str, queue: str) -> None:
+def hand_watch_on(session: Session, name: str, queue: str, claimed: int | None = None) -> None:
     """Release the watch lock once the claim's COMMIT is done, without waiting for either
-    (Pipeline.send_later; the statement says how). If its share lock fails, the lock is released
+    (Pipeline.send_later; the statement says how). `claimed`: a job the claim took, whose row
+    lock its COMMIT frees (hand_watch_on_claimed). If its share lock fails, the lock is released
     anyway: the session may hold the process's liveness lock, which a reconnect would free."""
-    session.pipeline.send_later(Q["hand_watch_on"], {"name": name, "queue": queue}, fallback=Q["release_lock"])
+    if claimed is None:
+        sql, params = Q["hand_watch_on"], {"name": name, "queue": queue}
+    else:
+        sql, params = Q["hand_watch_on_claimed"], {"name": name, "job": claimed}
+    session.pipeline.send_later(sql, params, fallback=Q["release_lock"])
 
 
 def lock_holder(session: Session, name: str) -> int | None:

@@ -119,8 +119,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     round trip, as a statement of its own just before them (READ COMMITTED: a fresh snapshot
     per statement, so every job that count includes is visible to the candidate read), and if
     the claim drains the queue it records that count as watched, in the claim's own COMMIT,
-    and waits for that statement's reply (a third round trip): the next watcher then does not
-    wake for work already taken.
+    not waited for either when it took jobs: the watch's hand-on waits for that COMMIT on the
+    server (advisory.hand_watch_on, on a job of the claim), so the next watcher does not wake
+    for work already taken. An empty watcher's claim waits for it (the hand-on then waits on
+    the queue's row).
     acks: the last batch's successes, acked first in that same final query, whose statements'
     replies are then waited for (unlike the mark, the ack's DELETE can wait for a lock or lose a
     deadlock: that fails the claim before its jobs start, and the claim is run again). Only the
@@ -175,14 +177,18 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             # Last before COMMIT, in the same query: the queue row's lock is held only for the
             # commit itself, never across a pause of this process between two round trips.
             last.append((Q["mark_watched"], {"queue": queue, "seq": seen_seq}))
-        # The rows are locked: the jobs may start while the mark and the COMMIT run. A watcher's
-        # mark_watched is waited for, so that the queue row's lock is ours when claim() returns:
-        # hand_watch_on's share lock then waits for our COMMIT, and the next watcher reads the
-        # count we saw instead of waking for work just taken.
-        # Acks are waited for too: their DELETE may wait for a row lock or lose a deadlock, and
+        # The rows are locked: the jobs may start while the mark and the COMMIT run; so may a
+        # watcher's, while its mark_watched runs: the hand-on's share lock on one of the locked
+        # rows waits for our COMMIT (advisory.hand_watch_on), and the next watcher reads the
+        # count we saw instead of waking for work just taken. Waiting here for mark_watched's
+        # reply was a round trip more on every pick-up from idle. Whoever else locks the queue
+        # row (a hand-on, a pause, the last watcher's claim until its COMMIT) holds it briefly
+        # and waits for no job row: that can delay our COMMIT, not deadlock it. An empty
+        # watcher's claim waits (its hand-on locks the queue row, which must be ours by then).
+        # Acks are waited for: their DELETE may wait for a row lock or lose a deadlock, and
         # that must fail the claim here, before its jobs start (the body is then run again),
         # not after, when it would take the claim with it and let its jobs run twice.
-        wait = watched or not locked or acks is not None
+        wait = not locked or acks is not None
         commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait) if last else None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,

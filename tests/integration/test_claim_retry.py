@@ -66,12 +66,13 @@ def _wait_gone(db, connection_id: int) -> None:
 @pytest.mark.parametrize("when", ["BEFORE", "AFTER"])
 def test_a_claim_retried_after_a_read_timeout_leaves_no_undelivered_rows_under_its_token(db, when):
     # Given 3 ready jobs, and a server that stalls the first watcher claim's record of the
-    # watched count (the statement that rides with its locking read) past the read timeout
+    # watched count past the read timeout, in a claim whose last statements are waited for:
+    # one carrying acks (here of a batch none of whose rows is left)
     ids, session, first_connection = _stalled_claimer(db, "nq_queue", when, "NEW.watched_seq <> OLD.watched_seq")
     try:
         # When a consumer claims: its first attempt times out, it reconnects and claims again
         started = time.monotonic()
-        claim = queries.claim(session, "q", OWNER, 3, 60, as_watcher=True)
+        claim = queries.claim(session, "q", OWNER, 3, 60, as_watcher=True, acks=queries.Acks([0], 1, False))
         assert session.connection_id != first_connection, "the claim was retried on a new connection"
         # Then once the first attempt's server thread is gone, whatever it did is settled ...
         _wait_gone(db, first_connection)
@@ -112,5 +113,20 @@ def test_a_claim_whose_mark_stalls_delivers_at_once_and_its_acks_land_once_the_m
         rows = db.query("SELECT id, status FROM nq_job WHERE id IN %s", (ids,))
         assert not [r for r in rows if r[1] != 0], rows
         assert sorted(r[0] for r in rows) in ([], ids), rows
+    finally:
+        session.close()
+
+
+def test_a_watchers_claim_whose_watched_count_stalls_delivers_at_once(db):
+    # Given 3 ready jobs, and a server that stalls a watcher claim's record of the watched count
+    # (sent with its mark and COMMIT, not waited for) past the session's read timeout
+    ids, session, first_connection = _stalled_claimer(db, "nq_queue", "BEFORE", "NEW.watched_seq <> OLD.watched_seq")
+    try:
+        # When the watcher claims them
+        claim = queries.claim(session, "q", OWNER, 3, 60, as_watcher=True)
+        # Then the jobs come back at once, on the first attempt: their rows are locked, and the
+        # record runs meanwhile (the watch's hand-on waits for its COMMIT on the server)
+        assert sorted(job.id for job in claim.jobs) == ids and claim.drained
+        assert session.connection_id == first_connection, "no read timeout, no retry"
     finally:
         session.close()

@@ -636,6 +636,14 @@ SELECT RELEASE_LOCK(%(name)s)
 -- waiting, and the next watcher may wake once for work the claim took (one needless claim).
 SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE), RELEASE_LOCK(%(name)s)
 
+-- hand_watch_on_claimed --
+-- hand_watch_on after a claim that took jobs, whose last statements and COMMIT it sent without
+-- waiting (queries.claim): the share lock is on one of its jobs, which the claim's locking read
+-- holds already, so the release waits, on the server, for that COMMIT and the watched count it
+-- records, whichever arrives first; a claim that failed frees the row unmarked, and the next
+-- watcher then wakes for its jobs. As hand_watch_on otherwise (one statement; its fallback).
+SELECT (SELECT COUNT(*) FROM nq_job WHERE id = %(job)s LOCK IN SHARE MODE), RELEASE_LOCK(%(name)s)
+
 -- lock_holder --
 SELECT IS_USED_LOCK(%(name)s)
 
