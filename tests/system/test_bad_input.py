@@ -534,3 +534,15 @@ def test_a_missing_grant_stops_the_consumer_with_exit_3_naming_it_and_gives_its_
     assert "Traceback" not in result.stderr and "holding claimed jobs" not in result.stderr
     # And its jobs are given back, ready (uncharged), not left claimed
     assert db.query("SELECT status, claim_token, attempts FROM nq_job") == [(0, None, 0), (0, None, 0)]
+
+
+def test_a_one_shot_command_refused_for_want_of_a_grant_says_so_in_one_line_with_exit_3(db):
+    # Given a runtime user that may not read nq_attempt, and a job
+    for host in ("%", "localhost"):
+        db.query(f"REVOKE SELECT ON `{db.admin.database}`.`nq_attempt` FROM %s@%s", (db.dsn.user, host))
+    job_id = run_cli(db.env, "produce", "-q", "g", "{}").stdout.split()[-1]
+    # When `jobs show` reads the job's attempts
+    result = run_cli(db.env, "jobs", "show", job_id)
+    # Then it is one line naming the refused grant, exit 3
+    line = assert_one_line_error(result, errors.EXIT_CONFIG, mentions="a grant is missing")
+    assert "SELECT command denied" in line and "nq_attempt" in line
