@@ -47,6 +47,14 @@ class TransientDBError(DatabaseError):
     """A retryable database failure that outlived the retry policy."""
 
 
+class GrantMissing(DatabaseError):
+    """The server refused a statement for want of a privilege (a table the database user has no
+    grant on, as after an upgrade that added one). Not retried, as waiting grants nothing: the
+    exit code is the configuration's, and `notifyq init --print-grants USER` says what to grant."""
+
+    exit_code = EXIT_CONFIG
+
+
 class SchemaError(NotifyqError):
     """The database has no notifyq schema, or one older or newer than this notifyq's: run
     `notifyq init`, or upgrade notifyq on this host."""

@@ -97,8 +97,8 @@ class Job:
     def cancel_requested(self, max_age_s: float = 1.0) -> bool:
         """Long-running handlers: has `notifyq jobs cancel` asked this job to stop?
 
-        Cooperative: the handler decides where it is safe to stop, then returns (the job is
-        acked as done) or calls `job.fail("cancelled", retry=False)` (it ends cancelled). Also true
+        Cooperative: the handler decides where it is safe to stop, then returns or calls
+        `job.fail("cancelled", retry=False)`: once this said yes, the job ends cancelled. Also true
         once the claim is no longer this worker's (lease expired, job taken back). Cheap to
         call in a loop: the database is asked at most once per `max_age_s`, and never again
         after it said yes. Inside job.transaction() it reads in the block's transaction and
@@ -154,8 +154,8 @@ class Job:
 def cancelled(jobs: list[Job]) -> list[Job]:
     """Per-batch handlers: which of these jobs has `notifyq jobs cancel` asked to stop (or are
     no longer this worker's)? One statement for the whole batch; a job once seen cancelled stays
-    so. Stop them where it is safe and `job.fail("cancelled", retry=False)` each: they end
-    cancelled (a job of them acked as done ends done)."""
+    so. Stop them where it is safe and return (or `job.fail("cancelled", retry=False)` each):
+    the jobs this returned end cancelled, the others as the handler says."""
     asking = [j for j in jobs if not j._cancel_seen and j._completion is not None]
     if asking:
         found = asking[0]._completion.cancelled([j.id for j in asking])

@@ -242,7 +242,9 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
                  "defaults", "queue", "tls", "shards"}
     unknown = sorted(set(raw) - top_known)
     if unknown:
-        raise errors.ConfigError(f"unknown config key(s) {', '.join(map(str, unknown))}")
+        # Each named with where it was set: the keys may come from different files or variables
+        named = (f"{k if str(k).isprintable() else values.shown(k)}{origins.at(str(k))}" for k in unknown)
+        raise errors.ConfigError(f"unknown config key(s) {', '.join(named)}")
     for key in ("dsn", "password_file"):
         if key in raw and not isinstance(raw[key], str):
             raise errors.ConfigError(f"{key}: expected a string{origins.at(key)}")

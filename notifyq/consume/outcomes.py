@@ -27,6 +27,7 @@ log = logging.getLogger("notifyq.consumer")
 SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
+CANCEL_SEEN = "cancelled: the handler saw the cancel and returned"
 
 
 class Outcomes:
@@ -46,6 +47,9 @@ class Outcomes:
                           self.queue, job.id, job.attempts)
         if any(j._completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
+        for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
+            if job.error is None and job._snooze_s is None and job._cancel_seen:
+                job.fail(CANCEL_SEEN, retry=False)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
         self.record_failures(session, token, failures)
         snoozed = [j for j in jobs if j.error is None and j._snooze_s is not None]

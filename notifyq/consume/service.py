@@ -256,8 +256,11 @@ class ConsumerService(Supervisor):
         return named
 
     def lost(self, r: Running) -> bool:
-        """The worker ended because its server is gone (past the connect retry)."""
-        return not r.thread.is_alive() and isinstance(r.worker.error, errors.DatabaseError)
+        """The worker ended because its server is gone (past the connect retry); not for a
+        missing grant, which a restart would not fix."""
+        error = r.worker.error
+        return (not r.thread.is_alive() and isinstance(error, errors.DatabaseError)
+                and not isinstance(error, errors.GrantMissing))
 
     def restart_worker(self, index: int) -> None:
         """A new worker in slot `index`, on its queue, with its handler and name; the old one's

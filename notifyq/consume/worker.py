@@ -12,6 +12,7 @@ can never touch a job someone else now holds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -125,6 +126,11 @@ class Worker:
         finally:
             # After a failure of ours, what ran is acked if the server answers. Not after the
             # server's: that would only wait out another connect retry; those jobs run again.
+            # (After a missing grant, a claim refused with acks on it left them here: given back.)
+            if isinstance(self.error, errors.GrantMissing) and self._acks is not None:
+                acks, self._acks = self._acks, None
+                with contextlib.suppress(errors.NotifyqError):
+                    self._land(acks, None)
             if not isinstance(self.error, errors.DatabaseError):
                 try:
                     self._flush_acks()
@@ -285,14 +291,31 @@ class Worker:
         if self._acks_sent is not None:
             acks, commit = self._acks_sent
             self._acks_sent = None
-            self.outcomes.landed(self.work, acks, commit)
+            self._land(acks, commit)
 
     def _flush_acks(self) -> None:
         """Before anything but a claim: the acks that waited for one go out on their own."""
         self._acks_landed()
         if self._acks is not None:
             acks, self._acks = self._acks, None
-            self.outcomes.landed(self.work, acks, None)
+            self._land(acks, None)
+
+    def _land(self, acks: queries.Acks, commit: Pending | None) -> None:
+        """The server refused the ack for want of a grant: the jobs ran, but nothing of their end
+        can be stored. They are given back (ready, uncharged) rather than left claimed until a
+        reaper pass, and run again once the grant is there; the worker ends (exit 3)."""
+        try:
+            self.outcomes.landed(self.work, acks, commit)
+        except errors.GrantMissing:
+            try:
+                n = queries.give_back(self.work, self.queue, acks.ids, acks.token)
+                self.stats.given_back += n
+                log.warning("gave back finished jobs whose ack the server refused: they run again once the "
+                            "grant is applied queue=%s n=%d", self.queue, n)
+            except errors.NotifyqError as e:
+                log.warning("could not give back finished jobs whose ack the server refused: the reaper takes "
+                            "them back queue=%s n=%d error=%s", self.queue, len(acks.ids), e)
+            raise
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""

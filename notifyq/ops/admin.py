@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 from typing import Any
 
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config import validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
-from notifyq.store import admin_queries, queries
+from notifyq.store import admin_queries, advisory, bells, queries
 from notifyq.store.db import Session
+from notifyq.store.driver import DriverError
+from notifyq.store.locks import QueueLocks
+
+log = logging.getLogger("notifyq.admin")
 
 STATUS_BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
 CHUNK = 1000  # rows per transaction in bulk actions
@@ -150,7 +155,30 @@ def _fate(last: dict[str, Any]) -> str:
 def set_paused(session: Session, queue: str, paused: bool) -> bool:
     """Pause or resume `queue` on this server; True when the queue did not exist before (it is
     created in that state: a typo would otherwise pause nothing, in silence)."""
-    return queries.set_paused(session, validate_queue_name(queue), paused)
+    created = queries.set_paused(session, validate_queue_name(queue), paused)
+    if not paused:
+        wake_watcher(session, queue)
+    return created
+
+
+def wake_watcher(session: Session, queue: str) -> None:
+    """Interrupt the idle consumer's wait on `queue` (KILL QUERY of its watch statement, as a
+    producer's instant wake does: produce/interrupt.py), so that it reads the signal count again
+    now and starts a resumed queue's jobs at once, not at its next poll. Best effort, and silent:
+    nobody watching, a proxy between us (its ids are not the server's: no KILL then), another
+    database user's consumers (the server refuses) or any error leave it to the poll."""
+    watch = QueueLocks(session.dsn.database, queue).watch
+
+    def body(cur) -> None:
+        holder, me = advisory.lock_holder_and_me(cur, watch)
+        if holder is not None and me == session.connection_id:
+            bells.interrupt(cur, holder)
+
+    try:
+        session.run(body, what="wake the watcher")
+    except (errors.NotifyqError, DriverError) as e:
+        log.debug("resume: could not wake the watcher, the consumers' poll finds the jobs queue=%s error=%s",
+                  queue, e)
 
 
 def retry(session: Session, job_id: int) -> str:

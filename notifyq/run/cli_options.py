@@ -76,7 +76,7 @@ Exit codes:
   1  internal error (a bug)    7  server unsupported
   2  usage (bad or missing     8  handler cannot be loaded
      flag or argument)         9  an enqueue's outcome is unknown
-  3  configuration            10  another instance holds the pidfile
+  3  configuration, grants    10  another instance holds the pidfile
   4  bad input (data)        130  killed by a second signal
   5  database unreachable
 """

@@ -18,8 +18,8 @@ import MySQLdb
 
 from notifyq import errors
 from notifyq.config import DSN
-from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, RSA_KEY_NEEDED, UNKNOWN_DATABASE,
-                                  Conflicts, describe, error_code, is_connection_lost, is_transient,
+from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, PRIVILEGE_DENIED, RSA_KEY_NEEDED,
+                                  UNKNOWN_DATABASE, Conflicts, describe, error_code, is_connection_lost, is_transient,
                                   retry_policy)
 from notifyq.store.pipeline import Attempt, Pipeline, Waiting
 from notifyq.store.sql import QUERIES
@@ -345,6 +345,9 @@ class Session:
         except MySQLdb.Error as e:
             if is_transient(e):
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
+            if error_code(e) in PRIVILEGE_DENIED:
+                raise errors.GrantMissing(f"{what}: a grant is missing ({describe(e)}): as an admin, apply "
+                                          f"what `notifyq init --print-grants USER` prints") from e
             raise
 
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,

@@ -32,6 +32,10 @@ RERUN_CODES = frozenset({1205, 1213, 1020, 3058, 1317})
 # (a membership change, a node resuming after a pause) refuses the COMMIT; nothing was stored.
 RECONNECT_CODES = frozenset({2002, 2003, 2006, 2013, 2055, 1927, 4031, 1290, 1792, 1053, 1047, 1040, 1180})
 ACCESS_DENIED = frozenset({1044, 1045, 1698})
+# A statement refused for want of a privilege: on a table or column (1142, 1143), a database
+# (1044), a routine (1370), or a global one such as SUPER (1227). Not retried (errors.GrantMissing).
+# (A refused login, 1045, is the connect's: errors.DatabaseError, exit 5.)
+PRIVILEGE_DENIED = frozenset({1044, 1142, 1143, 1227, 1370})
 UNKNOWN_DATABASE = 1049
 RSA_KEY_NEEDED = 2061  # caching_sha2_password without TLS and without the server's public key
 DEADLOCK = 1213  # on Galera also a certification conflict: another node wrote the same rows

@@ -54,7 +54,8 @@ class Failure:
 class Drained:
     """What a drain did, as the consumer counts it. Counts are attempts: a job failed twice, then
     done, counts in `failed` twice and in `done` once. A job whose cancel was requested while it
-    ran and that stopped counts in `cancelled` only (its Failure's outcome: "cancelled")."""
+    ran and that stopped counts in `cancelled` only: failed, its Failure's outcome is "cancelled";
+    returned after its handler saw the cancel, it is no failure."""
 
     done: int = 0
     failed: int = 0

@@ -21,7 +21,7 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.ops import admin
 from notifyq.sharding.servers import Servers
-from notifyq.store import admin_queries, queries
+from notifyq.store import admin_queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
 
@@ -288,7 +288,7 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
         if queue is None:
             raise errors.InputError(f"{verb}: which queue?")
         validate_queue_name(queue)
-        _answers, down = reader.each(lambda session: queries.set_paused(session, queue, verb == "pause"),
+        _answers, down = reader.each(lambda session: admin.set_paused(session, queue, verb == "pause"),
                                      reader.shards_of(queue))
         if down:
             raise errors.DatabaseError("not every shard of the queue answered: " + "; ".join(

@@ -418,3 +418,43 @@ def test_drain_counts_a_job_cancelled_while_it_ran_as_cancelled_and_gives_a_batc
     finally:
         session.close()
         producer.close()
+
+
+def test_a_job_whose_handler_saw_its_cancel_and_returned_ends_cancelled_sync_async_and_per_batch(db):
+    """Issue #16: a handler that sees job.cancel_requested() (or notifyq.cancelled()) and returns
+    stopped as asked: its job ends cancelled, counted in `cancelled` only, never done. Before,
+    each ended done (Drained(done=1, cancelled=0)). A job that never saw its cancel stays done."""
+    import asyncio
+
+    from notifyq.ops import admin
+    from notifyq.store.db import Session
+
+    session = Session(db.dsn, name="canceller")
+
+    def sync_handler(job):
+        assert admin.cancel(session, job.id, by="the test") and job.cancel_requested()
+
+    async def async_handler(job):
+        await asyncio.sleep(0)
+        assert admin.cancel(session, job.id, by="the test") and job.cancel_requested()
+
+    def batch_handler(jobs):
+        assert admin.cancel(session, jobs[0].id, by="the test")
+        assert notifyq.cancelled(jobs) == [jobs[0]]  # jobs[1] was not cancelled: it is done
+
+    config = db.config(queue={"batched": {"per_batch": True, "keep_done": True},
+                              "one": {"keep_done": True}, "aone": {"keep_done": True}})
+    try:
+        for queue, handler, payloads in (("one", sync_handler, [1]), ("aone", async_handler, [1]),
+                                         ("batched", batch_handler, [1, 2])):
+            with notifyq.Producer(queue, config) as producer:
+                ids = producer.put_many(payloads)
+            # When drained (raise_on_failure left True: a cancel is no failure)
+            result = testing.drain(config, queue, handler, batch_size=2)
+            # Then the cancelled job counts as cancelled only, and its row says cancelled
+            assert (result.cancelled, result.done, result.failed, result.dead) == (1, len(ids) - 1, 0, 0), queue
+            assert result.failures == [] and _status(db, ids[0]) == 5, queue
+            assert db.scalar("SELECT cancelled_at IS NOT NULL FROM nq_job WHERE id = %s", (ids[0],)) == 1
+            assert [_status(db, i) for i in ids[1:]] == [3] * (len(ids) - 1), queue
+    finally:
+        session.close()

@@ -257,6 +257,28 @@ def test_a_reloads_retry_backoff_applies_to_the_next_failure(db):
     assert runs[:2] == [job, job]
 
 
+def test_resume_wakes_an_idle_consumer_at_once_not_at_its_next_poll(db):
+    """Issue #22: `notifyq resume` only bumped the signal count, which the watcher reads at its
+    next poll (up to poll_max_s later); now it also interrupts the watcher's wait, as a put does."""
+    # Given a consumer whose every wait is 10 s long, and a job put on its paused queue
+    cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    rec = Recorder()
+    session = Session(cfg.dsn, name="test-admin")
+    try:
+        with running(cfg, "resumable", rec), Producer("resumable", cfg) as producer:
+            admin.set_paused(session, "resumable", True)
+            producer.put({"n": 1})
+            assert stays(lambda: not rec.ids(), 0.5)  # paused: the watcher is back in its wait
+            # When the queue is resumed
+            resumed_at = time.monotonic()
+            admin.set_paused(session, "resumable", False)
+            # Then the job starts at once, not when the 10 s wait ends
+            wait_until(lambda: rec.ids(), 15, message="the job ran")
+            assert rec.seen[0][2] - resumed_at < 2.0
+    finally:
+        session.close()
+
+
 # ------------------------------------------------------------------ 6. cooperative cancel
 
 def test_cancel_of_a_running_job_is_seen_by_its_handler_within_about_a_second(db):

@@ -514,3 +514,35 @@ def test_the_runtime_user_the_tests_run_as_has_only_dml_on_the_notifyq_tables(db
     assert "ALTER" not in text and "SUPER" not in text and "CONNECTION ADMIN" not in text
     assert f"ON `{db.admin.database}`.`nq_job`" in text
     assert f"ON `{db.admin.database}`.*" not in text
+
+
+def test_a_missing_grant_stops_the_consumer_with_exit_3_naming_it_and_gives_its_jobs_back(db, tmp_path):
+    """Issue #31: before, the refused ack ended the worker as a bug (`worker failed … (1142, …)`,
+    `exiting while holding claimed jobs`, exit 1) and left its jobs claimed until a reaper pass."""
+    # Given a runtime user without INSERT on nq_attempt (as after an upgrade that added the table)
+    for host in ("%", "localhost"):
+        db.query(f"REVOKE INSERT ON `{db.admin.database}`.`nq_attempt` FROM %s@%s", (db.dsn.user, host))
+    assert run_cli(db.env, "produce", "-q", "g", "{}", "{}").returncode == 0
+    # When a consumer runs the queue's jobs
+    result = run_cli({**db.env, "NQ_TEST_OUT": str(tmp_path)}, "consume", "-q", "g",
+                     "--handler", "nqhandlers:record")
+    # Then it exits 3 (configuration), with one error line naming the refused grant and the fix
+    assert result.returncode == errors.EXIT_CONFIG, result.stderr
+    refused = [ln for ln in result.stderr.splitlines() if "a grant is missing" in ln]
+    assert refused and "INSERT command denied" in refused[0] and "nq_attempt" in refused[0], result.stderr
+    assert "notifyq init --print-grants USER" in refused[0]
+    assert "Traceback" not in result.stderr and "holding claimed jobs" not in result.stderr
+    # And its jobs are given back, ready (uncharged), not left claimed
+    assert db.query("SELECT status, claim_token, attempts FROM nq_job") == [(0, None, 0), (0, None, 0)]
+
+
+def test_a_one_shot_command_refused_for_want_of_a_grant_says_so_in_one_line_with_exit_3(db):
+    # Given a runtime user that may not read nq_attempt, and a job
+    for host in ("%", "localhost"):
+        db.query(f"REVOKE SELECT ON `{db.admin.database}`.`nq_attempt` FROM %s@%s", (db.dsn.user, host))
+    job_id = run_cli(db.env, "produce", "-q", "g", "{}").stdout.split()[-1]
+    # When `jobs show` reads the job's attempts
+    result = run_cli(db.env, "jobs", "show", job_id)
+    # Then it is one line naming the refused grant, exit 3
+    line = assert_one_line_error(result, errors.EXIT_CONFIG, mentions="a grant is missing")
+    assert "SELECT command denied" in line and "nq_attempt" in line

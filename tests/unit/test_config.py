@@ -75,6 +75,19 @@ def test_precedence_defaults_file_confd_env_flags(tmp_path):
     assert cfg.log.level == "debug"  # flags beat everything
 
 
+def test_an_unknown_top_level_key_is_named_with_the_file_or_conf_d_file_it_was_set_in(tmp_path):
+    """Issue #25: the error named the key but not where it was set (a section's key did)."""
+    with pytest.raises(errors.ConfigError) as e:
+        load(tmp_path, "[defaultz]\nx = 1\n")
+    assert str(e.value) == f"unknown config key(s) defaultz (in {tmp_path / 'notifyq.toml'})"
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "20-typo.toml").write_text("bogus_top = 1\n")
+    with pytest.raises(errors.ConfigError) as e:
+        load(tmp_path, "", overrides={"queues": {}})
+    assert str(e.value) == (f"unknown config key(s) bogus_top (in {tmp_path / 'conf.d' / '20-typo.toml'}), "
+                            "queues (in the command line)")
+
+
 def test_queue_sections_inherit_defaults(tmp_path):
     cfg = load(tmp_path, '[defaults]\nmax_attempts = 7\n[queue.emails]\nbatch_size = 5\nhandler = "m:f"\n')
     assert cfg.queue("emails").batch_size == 5 and cfg.queue("emails").max_attempts == 7
