@@ -23,12 +23,12 @@ from typing import Any, Protocol
 
 from notifyq import errors
 from notifyq.config import QueueConfig
+from notifyq.consume import timeout
 from notifyq.consume.acking import PendingAcks
 from notifyq.consume.effects import Completion
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
-from notifyq.consume import timeout
 from notifyq.consume.timeout import HandlerCaller, Stray
 from notifyq.jobs import Job, run_of
 from notifyq.store import queries

@@ -105,6 +105,7 @@ class Outcomes:
         self.count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
 
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
+        """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT)."""
         self.stats.succeeded += acked
         # The ack's row count says how many, not which: all of them, or some among them
         self._count_lost(acks.ids, len(acks.ids) - acked)
