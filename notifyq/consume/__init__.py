@@ -1,5 +1,5 @@
 """Consuming: the worker's claim -> run -> ack loop (worker.py, batch.py; what becomes of each job,
-outcomes.py; its handler's timeout, timeout.py; job.transaction(), effects.py), the process that
+outcomes.py; the successes that ride the next claim, acking.py; its handler's timeout, timeout.py; job.transaction(), effects.py), the process that
 supervises workers (service.py, its main loop supervisor.py; stall.py, summary.py, stats.py),
 its presence on the database (presence.py, heartbeat.py), dead-peer recovery (reaper.py), jobs
 of mixed duration (lineup.py), handlers (the Handler protocol, handler.py; Python callables,

@@ -10,7 +10,7 @@ it starts the next job; the answer says which jobs are still its own, and a job 
 is never started. The service reads `running` and `waiting()` from its own thread at shutdown.
 
 `Batch` is the claim's state (pure); `BatchRun` runs it on the worker's work session, from the
-claim to the acks it hands back to its worker (which sends them with its next claim).
+claim to the acks it leaves with its worker's pending acks (acking.py: they ride the next claim).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from notifyq import errors
 from notifyq.config import QueueConfig
+from notifyq.consume import timeout
+from notifyq.consume.acking import PendingAcks
 from notifyq.consume.effects import Completion
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
 from notifyq.consume.timeout import HandlerCaller, Stray
-from notifyq.jobs import Job
-from notifyq.store import completion as completion_store
+from notifyq.jobs import Job, run_of
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -141,12 +141,12 @@ class Batch:
         self.running = jobs
         now = time.monotonic()
         for job in jobs:
-            job._started = now
+            run_of(job).start(now)
 
     def finish(self) -> None:
         now = time.monotonic()
         for job in self.running:
-            job._ended = now
+            run_of(job).finish(now)
         self.done += self.running
         self.running = []
 
@@ -156,29 +156,42 @@ class Batch:
         return done
 
 
-class BatchRun:
-    """One batch's run on the worker's work session. The worker hands it the claim, and gets
-    back `acks` (the successes, for its next claim's COMMIT); a new work session, when a
-    handler's call timed out and kept the old one, is made by `new_session`, which the worker
-    gives it and which installs it as the worker's own at once. Its handler, lease and
-    timeout_s are the claim's: a reload applies them from the next batch (and a command that
-    runs across a reload is the one killed at shutdown); the outcomes' retry backoff follows a
-    reload at once (Worker.reload). The service may `abandon` it from its own thread."""
+class Crew(Protocol):
+    """What a batch's run uses of the worker that claimed it (consume/worker.py)."""
 
-    def __init__(self, batch: Batch, *, work: Session, new_session: Callable[[], Session], queue: str,
-                 qc: QueueConfig, stats: Stats, outcomes: Outcomes, handler: Any, caller: HandlerCaller,
-                 presence: Presence, holder: object, stop: threading.Event):
+    queue: str
+    stats: Stats
+    outcomes: Outcomes
+    acks: PendingAcks  # where the run's successes wait for the next claim
+    caller: HandlerCaller
+    presence: Presence  # the worker is who asks it (its seats know their holders)
+    stop: threading.Event
+    work: Session
+
+    def replace_work_session(self) -> Session:
+        """A new work session, the worker's from now on: a timed-out call keeps the old one."""
+
+
+class BatchRun:
+    """One batch's run on its worker's work session. Its successes go to the worker's pending
+    acks (for its next claim's COMMIT); its handler, lease and timeout_s are the claim's (`qc`,
+    `handler`): a reload applies them from the next batch (and a command that runs across a
+    reload is the one killed at shutdown); the outcomes' retry backoff follows a reload at once
+    (Worker.reload). The service may `abandon` it from its own thread."""
+
+    def __init__(self, batch: Batch, worker: Crew, qc: QueueConfig, handler: Any):
         self.batch = batch
-        self.work = work
-        self._new_session = new_session
-        self.queue, self.qc, self.stats, self.outcomes = queue, qc, stats, outcomes
-        self.handler, self.caller = handler, caller  # the handler when the claim was made
-        self.presence = presence
-        self.holder = holder  # who asks the presence (its seats know their holders)
-        self.stop = stop
-        self.acks: queries.Acks | None = None  # the successes, once the run ended
+        self.worker = worker
+        self.queue, self.qc, self.stats, self.outcomes = worker.queue, qc, worker.stats, worker.outcomes
+        self.handler, self.caller = handler, worker.caller  # the handler when the claim was made
+        self.presence, self.stop = worker.presence, worker.stop
         self.completion: Completion | None = None  # what the jobs still to start complete through
         self._aside: Session | None = None  # extensions asked for inside a job.transaction() block
+
+    @property
+    def work(self) -> Session:
+        """The worker's work session (a new one after a call timed out)."""
+        return self.worker.work
 
     def run(self) -> None:
         batch = self.batch
@@ -235,14 +248,14 @@ class BatchRun:
         without the handlers' values (a result is all of theirs the outcomes carry), and the fault
         is raised after: the batch is settled whatever ends the worker."""
         try:
-            self.acks = self.outcomes.send(self.work, done, self.batch.token, carry=True)
+            self.worker.acks.keep(self.outcomes.send(self.work, done, self.batch.token, carry=True))
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path (the reaper takes the rest back)
         except Exception as e:
             log.error("could not send the outcomes of finished jobs: sent again without their results "
                       "queue=%s n=%d error=%s: %s", self.queue, len(done), type(e).__name__, e)
             for job in done:
-                job._result = None
+                run_of(job).drop_result()
             self.outcomes.send(self.work, done, self.batch.token)
             raise
 
@@ -262,8 +275,7 @@ class BatchRun:
                 job.payload = json.loads(job.payload)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
-            job._extend = extend
-            job._completion = completion
+            run_of(job).hand(extend, completion)
 
     def _completion(self) -> Completion:
         return Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results, self.batch.owner)
@@ -317,7 +329,7 @@ class BatchRun:
         extension says which jobs are left."""
         if not self.presence.known_alive(now):
             try:
-                self.presence.confirm_alive(self.holder, self.work)
+                self.presence.confirm_alive(self.worker, self.work)
             except errors.NotifyqError as e:  # cannot tell: start nothing more of this batch
                 log.warning("could not confirm the claim is still ours: the rest of the batch is "
                             "given back queue=%s error=%s", self.queue, e)
@@ -334,9 +346,9 @@ class BatchRun:
         """The queue's claim sizer learns the batch's time per job: from its first start to its
         last end, over the jobs that ran (a group of coroutines counts as its jobs). Once per
         batch, from the times each job's attempt record keeps: nothing is added per job."""
-        ran = [j for j in self.batch.jobs if j._ended is not None]
+        ran = [r for r in map(run_of, self.batch.jobs) if r.ended is not None]
         if ran:
-            span = max(j._ended for j in ran) - min(j._started for j in ran)
+            span = max(r.ended for r in ran) - min(r.started for r in ran)
             self.presence.claim_sizers[self.queue].observe(span, len(ran))
 
     def _call(self, jobs: list[Job]) -> None:
@@ -352,51 +364,20 @@ class BatchRun:
         batch = self.batch
         with batch.handler_lock:
             batch.revoked.add(stray.ident)
-        stale = {id(job._completion): job._completion for job in stray.jobs if job._completion is not None}
+        stale = {id(c): c for c in (run_of(job).completion for job in stray.jobs) if c is not None}
         for completion in stale.values():
             completion.revoked = True
-        old, self.work = self.work, self._new_session()
-        self._end_connection(old.connection_id)
-        self._end_callers({job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
+        old = self.work
+        self.worker.replace_work_session()
+        timeout.end_connection(self.work, self.queue, old.connection_id)
+        timeout.end_callers(self.work, self.queue, batch.token,
+                            {job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
         stray.abandon(old.close)
         fresh = self.completion = self._completion()
         for job in batch.jobs[batch.started:]:
-            job._completion = fresh
+            run_of(job).complete_through(fresh)
         log.warning("handler timed out: its job fails, its thread is left running queue=%s jobs=%s "
                     "timeout_s=%g", self.queue, ",".join(str(j.id) for j in stray.jobs[:20]), stray.timeout_s)
-
-    def _end_connection(self, conn_id: int | None) -> None:
-        """A timed-out call's connection ended, and waited for, from the new work session."""
-        if conn_id is None:
-            return
-        try:
-            ended = self.work.run(lambda cur: queries.end_connection(cur, conn_id),
-                                  what="end a timed-out handler's connection")
-        except errors.NotifyqError as e:
-            ended, reason = False, str(e)
-        else:
-            reason = "it outlived its KILL"
-        if not ended:
-            log.warning("a timed-out handler's connection could not be ended: a transaction it has open "
-                        "keeps its locks until it ends queue=%s conn=%d reason=%s", self.queue, conn_id, reason)
-
-    def _end_callers(self, conns: dict[int, int]) -> None:
-        """The connections a timed-out call completed jobs on with complete_in (job id -> server
-        id), whose completion has not landed: their transaction still holds the job's row (the
-        job's failure and its next run would wait on it). One whose completion landed is left
-        alone: it is idle, and may be back in its framework's pool."""
-        if not conns:
-            return
-        try:
-            landed = self.work.run(lambda cur: completion_store.landed(cur, sorted(conns), self.batch.token),
-                                   what="check a timed-out handler's completions")
-        except errors.NotifyqError as e:
-            log.warning("a timed-out handler's completions could not be checked: its connections are left "
-                        "open queue=%s error=%s", self.queue, e)
-            return
-        for job_id, conn_id in sorted(conns.items()):
-            if job_id not in landed:
-                self._end_connection(conn_id)
 
     def _extension_session(self) -> Session:
         """The work session, unless a job.transaction() block is open on it (a handler's

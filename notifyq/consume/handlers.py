@@ -24,7 +24,7 @@ from typing import Any, ContextManager, NoReturn
 
 from notifyq import errors
 from notifyq.consume.handler import Handler
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -55,13 +55,13 @@ class PythonHandler(Handler):
             if job.error is not None:
                 continue
             try:
-                job._result = self._call(job)  # kept with the completion if the queue keeps results
+                # kept with the completion if the queue keeps results
+                run_of(job).keep_result(self._call(job))
             except errors.Snooze as e:
                 job.snooze(e.seconds)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's
-                job.fail(describe(e), retry=retried(e))
-                job.detail = traceback.format_exc()  # for the log line only: last_error stays short
-                job.exception = e
+                # The traceback for the log line only: last_error stays short
+                run_of(job).fail(describe(e), retried(e), traceback.format_exc(), e)
 
     def _give_results(self, returned: Any, jobs: list[Job]) -> None:
         """A per-batch handler's results: a dict keyed by job (the Job, or its id) gives each
@@ -78,12 +78,12 @@ class PythonHandler(Handler):
                 if job is None or (isinstance(key, Job) and key is not job):
                     unknown.append(_shown(key))
                 else:
-                    job._result = value
+                    run_of(job).keep_result(value)
         except HANDLER_FAILURES as e:
             # The value's own code raised (a dict subclass whose items() does): no result of the
             # batch is kept, its jobs are done all the same; neither they nor the worker fail.
             for job in jobs:
-                job._result = None
+                run_of(job).drop_result()
             log.warning("a per-batch handler's return value could not be read: no result kept, the jobs "
                         "are done all the same jobs=%s error=%s", ",".join(str(j.id) for j in jobs[:20]),
                         _shown(e, 200))
@@ -108,11 +108,9 @@ class PythonHandler(Handler):
                 result = self.func(job)
                 if inspect.isawaitable(result):
                     result = await result
-                job._result = result
+                run_of(job).keep_result(result)
             except HANDLER_FAILURES as e:
-                job.fail(describe(e), retry=retried(e))
-                job.detail = "".join(traceback.format_exception(e))
-                job.exception = e
+                run_of(job).fail(describe(e), retried(e), "".join(traceback.format_exception(e)), e)
 
         await asyncio.gather(*(one(job) for job in jobs))
 
@@ -226,9 +224,7 @@ def _run_batch(call: Callable[[], Any], jobs: list[Job]) -> Any:
         detail = traceback.format_exc()
         for job in jobs:
             if job.error is None:
-                job.fail(describe(e))
-                job.detail = detail
-                job.exception = e
+                run_of(job).fail(describe(e), True, detail, e)
         return None
 
 

@@ -15,12 +15,12 @@ from notifyq import errors, logs
 from notifyq.config import QueueConfig
 from notifyq.consume import retry
 from notifyq.consume.stats import Stats
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
+from notifyq.jobs.run import COMMITTED, PENDING
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.completion import Completion
 from notifyq.store.db import Session
-from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -37,42 +37,43 @@ class Outcomes:
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
         """Retry or bury the failures, and ack the successes in one statement; or, with carry,
-        send no ack: return the successes' Acks for the next claim's COMMIT (queries.claim),
-        whose outcome the caller passes to `landed`."""
+        send no ack: return the successes' Acks for the next claim's COMMIT (consume/acking.py)."""
         if not jobs:
             return None
         if log.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        if any(j._completed is not None for j in jobs):
+        if any(run_of(j).completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
         for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
-            if job.error is None and job._snooze_s is None and job._cancel_seen:
-                job.fail(CANCEL_SEEN, retry=False)
+            run = run_of(job)
+            if job.error is None and run.snooze_s is None and run.cancel_seen:
+                run.fail(CANCEL_SEEN, retry=False)
         failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
         self.record_failures(session, token, failures)
-        snoozed = [j for j in jobs if j.error is None and j._snooze_s is not None]
+        runs = [(j, run_of(j)) for j in jobs if j.error is None]
+        snoozed = [(j, r) for j, r in runs if r.snooze_s is not None]
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
-                queries.Failure(j.id, j._snooze_s, "cancelled while snoozing", j.attempts, None, j._started,
-                                j._ended, snooze=True) for j in snoozed])
+                queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
+                                r.ended, snooze=True) for j, r in snoozed])
             self.stats.snoozed += len(owned) - len(owned.cancelled)
-            for job in snoozed:
+            for job, _ in snoozed:
                 if job.id in owned.cancelled:
                     self._count_cancelled(job, "cancelled while snoozing")
-            self._count_lost([j.id for j in snoozed if j.id not in owned])
-        ok = [j for j in jobs if j.error is None and j._snooze_s is None]
+            self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
+        ok = [(j, r) for j, r in runs if r.snooze_s is None]
         if not ok:
             return None
         max_packet = session.max_allowed_packet
-        results = [kept.result_text(j._result, j.id, max_packet) for j in ok] if self.qc.keeps_results else None
-        acks = queries.Acks([j.id for j in ok], token, self.qc.keep_done,
-                            [j._started if j._started is not None else 0.0 for j in ok],
-                            [j._ended if j._ended is not None else 0.0 for j in ok], results)
+        results = [kept.result_text(r.result, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
+        acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
+                            [r.started if r.started is not None else 0.0 for _, r in ok],
+                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results)
         if carry:
             return acks
-        self.landed(session, acks, None)
+        self.ack(session, acks)
         return None
 
     def _completed(self, session: Session, jobs: list[Job], token: int) -> list[Job]:
@@ -80,13 +81,14 @@ class Outcomes:
         counted lost. One completed on a caller's connection (complete_in) is done if that
         transaction committed (asked once for the batch); if not, nothing of it is stored and
         the job fails. Returns the jobs whose outcome is still to be sent."""
-        pending = [j for j in jobs if j._completed == "pending"]
+        pending = [j for j in jobs if run_of(j).completed == PENDING]
         landed = Completion(session, token, self.qc.keep_done).completions_landed(pending) if pending else set()
         rest, results = [], []
         for job in jobs:
-            if job._completed == "committed" or (job._completed == "pending" and job.id in landed):
+            run = run_of(job)
+            if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
                 self.stats.succeeded += 1
-                text = (kept.result_text(job._result, job.id, session.max_allowed_packet)
+                text = (kept.result_text(run.result, job.id, session.max_allowed_packet)
                         if self.qc.keeps_results else None)
                 if text is not None:
                     results.append((job.id, text))
@@ -94,10 +96,8 @@ class Outcomes:
                     log.warning("the handler failed after its job's completion committed: the job is done "
                                 "queue=%s job=%d error=%s", self.queue, job.id, job.error[:200])
                 continue
-            if job._completed == "pending":
-                job._completed = None
-                if job.error is None:
-                    job.fail("job.complete_in(): the transaction that completes the job did not commit")
+            if run.completed == PENDING:
+                run.completion_missed()
             rest.append(job)
         try:  # the value returned after the completion committed: written right after it
             kept.keep_results(session, token, results)
@@ -105,17 +105,12 @@ class Outcomes:
             log.warning("could not keep results of completed jobs queue=%s n=%d error=%s", self.queue, len(results), e)
         return rest
 
-    def landed(self, session: Session, acks: queries.Acks, commit: Pending | None) -> None:
-        """The claim that carried `acks` sent its COMMIT: count them once it is read, or ack them
-        on their own if it failed, or if no claim carried them (commit None)."""
-        if commit is not None:
-            session.pipeline.read_reply()  # read now if still on the wire (else it was, by a later statement)
-        if commit is None or commit.failed or not commit.rowcounts:
-            self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
-        else:
-            self._count_acked(acks, commit.rowcounts[queries.Acks.COUNTED])
+    def ack(self, session: Session, acks: queries.Acks) -> None:
+        """Ack the successes `acks` on their own, now."""
+        self.count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
 
-    def _count_acked(self, acks: queries.Acks, acked: int) -> None:
+    def count_acked(self, acks: queries.Acks, acked: int) -> None:
+        """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT)."""
         self.stats.succeeded += acked
         # The ack's row count says how many, not which: all of them, or some among them
         self._count_lost(acks.ids, len(acks.ids) - acked)
@@ -202,7 +197,8 @@ class Outcomes:
 
 
 def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:
-    return queries.Failure(job.id, delay, error, job.attempts, job.detail, job._started, job._ended)
+    run = run_of(job)
+    return queries.Failure(job.id, delay, error, job.attempts, job.detail, run.started, run.ended)
 
 
 def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:

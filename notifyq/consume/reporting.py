@@ -11,7 +11,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.consume.handler import Handler
 from notifyq.consume.handlers import describe
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -48,9 +48,7 @@ class Reporting(Handler):
     def report(self, failed: list[Job]) -> None:
         """Hand each failed job to the hook, once."""
         with self._lock:
-            new = [job for job in failed if not job._reported]
-            for job in new:
-                job._reported = True
+            new = [job for job in failed if run_of(job).report_once()]
         for job in new:
             self._report(job)
 

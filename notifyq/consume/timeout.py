@@ -5,21 +5,29 @@ Threads cannot be killed. A handler past its timeout is left running on its help
 job fails ("timeout", retried by the queue's policy) and the worker moves on with a new helper
 thread and a new work session: the old session is the stray call's alone (its extensions are
 refused, its job.transaction() is fenced out by the failure, which clears the claim), and it is
-closed when the call returns. A handler that must be stopped for good belongs in a process:
+closed when the call returns. Its connection is ended at once on the server, as are those it
+completed jobs on with complete_in whose completion did not land (end_connection, end_callers):
+their locks go, and the job's next run never waits on them. A handler that must be stopped for good belongs in a process:
 `--command`, whose timeout kills its process group.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 
+from notifyq import errors
 from notifyq.consume import handlers
 from notifyq.consume.handler import Handler
 from notifyq.consume.stats import Stats
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
+from notifyq.store import completion, queries
+from notifyq.store.db import Session
+
+log = logging.getLogger("notifyq.consumer")
 
 
 def limit_for(handler: Handler, jobs: list[Job], queue_timeout_s: float) -> float:
@@ -33,10 +41,45 @@ def fail_timed_out(handler: Handler, jobs: list[Job], timeout_s: float) -> None:
     """The handler's call on `jobs` ran past timeout_s: what it had not decided fails with
     "timeout", and an on_failure hook (reporting.Reporting) hears of it now, not when the
     stray call returns, if it ever does."""
-    failed = [job for job in jobs if job.error is None and job._completed is None]
+    failed = [job for job in jobs if job.error is None and run_of(job).completed is None]
     for job in failed:
         job.fail(f"timeout: the handler ran longer than timeout_s ({timeout_s:g} s); its thread was left running")
     handler.report(failed)
+
+
+def end_connection(session: Session, queue_name: str, conn_id: int | None) -> None:
+    """A timed-out call's connection ended, and waited for, from the new work session."""
+    if conn_id is None:
+        return
+    try:
+        ended = session.run(lambda cur: queries.end_connection(cur, conn_id),
+                            what="end a timed-out handler's connection")
+    except errors.NotifyqError as e:
+        ended, reason = False, str(e)
+    else:
+        reason = "it outlived its KILL"
+    if not ended:
+        log.warning("a timed-out handler's connection could not be ended: a transaction it has open "
+                    "keeps its locks until it ends queue=%s conn=%d reason=%s", queue_name, conn_id, reason)
+
+
+def end_callers(session: Session, queue_name: str, token: int, conns: dict[int, int]) -> None:
+    """The connections a timed-out call completed jobs on with complete_in (job id -> server
+    id), whose completion has not landed: their transaction still holds the job's row (the
+    job's failure and its next run would wait on it). One whose completion landed is left
+    alone: it is idle, and may be back in its framework's pool."""
+    if not conns:
+        return
+    try:
+        landed = session.run(lambda cur: completion.landed(cur, sorted(conns), token),
+                             what="check a timed-out handler's completions")
+    except errors.NotifyqError as e:
+        log.warning("a timed-out handler's completions could not be checked: its connections are left "
+                    "open queue=%s error=%s", queue_name, e)
+        return
+    for job_id, conn_id in sorted(conns.items()):
+        if job_id not in landed:
+            end_connection(session, queue_name, conn_id)
 
 
 class HandlerCaller:

@@ -1,5 +1,6 @@
 """Worker: one queue's idle -> claim -> run loop, on its own work session. It waits for work,
-claims a batch, and hands it to its run (batch.py), whose successes it acks with its next claim.
+claims a batch, and hands it to its run (batch.py), whose successes it acks with its next claim
+(acking.py).
 
 The work session runs claims and acks (short READ COMMITTED transactions). Everything else a
 worker needs from the database is its process's, shared by all its workers (presence.py): the
@@ -20,16 +21,15 @@ import time
 from notifyq import errors
 from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
+from notifyq.consume.acking import PendingAcks
 from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
-from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
-from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -63,13 +63,9 @@ class Worker:
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
-        # The last batch's successes ride in the next claim's COMMIT (queries.Acks): one fsync'd
-        # COMMIT per busy batch instead of two. Acks waiting for that claim, then the claim's
-        # COMMIT they went out with, until it is read (Outcomes.landed). A worker that does
-        # anything but claim next (idles, stops, runs a reaper pass, registers again) acks them
-        # on their own first (_flush_acks).
-        self._acks: queries.Acks | None = None
-        self._acks_sent: tuple[queries.Acks, Pending | None] | None = None
+        # The last batch's successes, which ride the next claim unless the worker does
+        # anything else first (then they are flushed: acked on their own)
+        self.acks = PendingAcks(self.outcomes)
 
     @property
     def waiter(self):
@@ -100,7 +96,7 @@ class Worker:
                     # Before the claim: a consumer that just started (a cron run, a restart)
                     # first takes back what dead peers hold, then claims in order among it.
                     if self.presence.reap_due():
-                        self._flush_acks()  # a pass can take long: what ran is acked before it
+                        self.acks.flush(self.work)  # a pass can take long: what ran is acked before it
                     self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
@@ -110,9 +106,9 @@ class Worker:
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     busy = self.exit_when_empty or (got > 0 and not drained)
                 else:
-                    self._flush_acks()  # an idle worker's jobs are acked before it waits
+                    self.acks.flush(self.work)  # an idle worker's jobs are acked before it waits
                     busy = self._idle()
-            self._flush_acks()
+            self.acks.flush(self.work)
         except errors.TransientDBError as e:
             if not self.stop.is_set():
                 self.error = e
@@ -127,13 +123,12 @@ class Worker:
             # After a failure of ours, what ran is acked if the server answers. Not after the
             # server's: that would only wait out another connect retry; those jobs run again.
             # (After a missing grant, a claim refused with acks on it left them here: given back.)
-            if isinstance(self.error, errors.GrantMissing) and self._acks is not None:
-                acks, self._acks = self._acks, None
+            if isinstance(self.error, errors.GrantMissing):
                 with contextlib.suppress(errors.NotifyqError):
-                    self._land(acks, None)
+                    self.acks.flush(self.work)
             if not isinstance(self.error, errors.DatabaseError):
                 try:
-                    self._flush_acks()
+                    self.acks.flush(self.work)
                 except Exception as e:
                     log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
                                 self.queue, e)
@@ -237,22 +232,12 @@ class Worker:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
         self._work_generation = self.work.generation
-        if self._acks is not None and (reconnected or not self.presence.registration_current()):
-            self._flush_acks()  # registering again may wait for the home seat: what ran is acked first
+        if self.acks.waiting and (reconnected or not self.presence.registration_current()):
+            self.acks.flush(self.work)  # registering again may wait for the home seat: what ran is acked first
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        self._acks_landed()
-        acks, self._acks = self._acks, None
-        try:
-            claim = queries.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, acks)
-        except BaseException:
-            self._acks = acks  # not sent, or sent and rolled back: acked on their own at the end
-            raise
-        if acks is not None:
-            self._acks_sent = (acks, claim.commit)
-            if not claim.jobs:
-                self._acks_landed()  # nothing runs next on this session to read the COMMIT
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
@@ -268,54 +253,21 @@ class Worker:
         try:
             run.run()
         finally:
-            self._acks = run.acks  # (none were waiting: the claim carried them)
             self.current_run = None
             batch.settled.set()
 
     def make_run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> BatchRun:
         """The batch's run with the settings and handler the claim was made with."""
-        return BatchRun(batch, work=self.work, new_session=self._replace_work_session, queue=self.queue,
-                        qc=qc, stats=self.stats, outcomes=self.outcomes, handler=handler,
-                        caller=self.caller, presence=self.presence, holder=self, stop=self.stop)
+        return BatchRun(batch, self, qc, handler)
 
     def _new_work_session(self) -> Session:
         return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
 
-    def _replace_work_session(self) -> Session:
-        """A handler's call timed out holding the work session: the worker's is a new one now."""
+    def replace_work_session(self) -> Session:
+        """A handler's call timed out holding the work session (its batch's run asks): the
+        worker's is a new one from now on."""
         self.work = self._new_work_session()
         return self.work
-
-    def _acks_landed(self) -> None:
-        """Count the acks the last claim carried, or ack them again if its COMMIT failed."""
-        if self._acks_sent is not None:
-            acks, commit = self._acks_sent
-            self._acks_sent = None
-            self._land(acks, commit)
-
-    def _flush_acks(self) -> None:
-        """Before anything but a claim: the acks that waited for one go out on their own."""
-        self._acks_landed()
-        if self._acks is not None:
-            acks, self._acks = self._acks, None
-            self._land(acks, None)
-
-    def _land(self, acks: queries.Acks, commit: Pending | None) -> None:
-        """The server refused the ack for want of a grant: the jobs ran, but nothing of their end
-        can be stored. They are given back (ready, uncharged) rather than left claimed until a
-        reaper pass, and run again once the grant is there; the worker ends (exit 3)."""
-        try:
-            self.outcomes.landed(self.work, acks, commit)
-        except errors.GrantMissing:
-            try:
-                n = queries.give_back(self.work, self.queue, acks.ids, acks.token)
-                self.stats.given_back += n
-                log.warning("gave back finished jobs whose ack the server refused: they run again once the "
-                            "grant is applied queue=%s n=%d", self.queue, n)
-            except errors.NotifyqError as e:
-                log.warning("could not give back finished jobs whose ack the server refused: the reaper takes "
-                            "them back queue=%s n=%d error=%s", self.queue, len(acks.ids), e)
-            raise
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while this worker's handler still ran (service thread)."""

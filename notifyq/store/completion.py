@@ -40,7 +40,7 @@ from typing import Any
 import MySQLdb
 
 from notifyq import errors
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session
@@ -179,7 +179,7 @@ class Completion:
                 raise errors.TransientDBError(
                     f"job {job.id}: the COMMIT of its transaction failed ({describe(lost)}) and did not "
                     "land: nothing was stored, the job runs again") from None
-        job._completed = "committed"
+        run_of(job).committed()
 
     def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, lost: BaseException) -> bool:
         """Did the transaction whose COMMIT lost its reply commit? Asked on a new connection, once
@@ -252,7 +252,7 @@ class Completion:
                                    "the caller's transaction must roll back")
         if conn_id is not None:
             self.caller_conns[job.id] = conn_id
-        job._completed = "pending"
+        run_of(job).completed_pending()
 
     def cancel_requested(self, job_id: int) -> bool:
         """Job.cancel_requested(): asked only when a handler asks (a statement on the work
@@ -311,7 +311,8 @@ NO_SUCH_SAVEPOINT = 1305  # block_still_open: the block's transaction ended insi
 
 
 def completion_params(job: Job, token: int, owner: str | None, result: str | None) -> dict[str, Any]:
-    started = job._started if job._started is not None else time.monotonic()
+    started = run_of(job).started
+    started = started if started is not None else time.monotonic()
     return {"id": job.id, "token": token, "attempt": job.attempts, "queue": job.queue, "owner": owner,
             "host": queries.HOST, "started_age_us": queries.microseconds(time.monotonic() - started),
             "result": result}
@@ -335,7 +336,7 @@ def landed(cur, ids: list[int], token: int) -> set[int]:
 
 
 def _not_completed(job: Job) -> None:
-    if job._completed is not None:
+    if run_of(job).completed is not None:
         raise RuntimeError(f"job {job.id} is completed already")
 
 

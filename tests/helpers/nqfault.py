@@ -11,8 +11,8 @@ that missing end is how the checker knows the run was cut short.
 
 Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, so the
 harness's fault times and these lines compare directly. <token> is the claim token, read
-from the job's lease-extension closure (the handler API does not expose it; 0 if that
-ever changes). Payload: {"k": kind, "s": seconds}; kind "poison" kills the process with
+from the job's run state (notifyq.jobs.run_of: the claim's Completion carries it; the handler
+API does not expose it). Payload: {"k": kind, "s": seconds}; kind "poison" kills the process with
 os._exit before the job can end, "fail1" fails the first attempt (a normal retry).
 
 Kinds of the issue-26 classes (tests/fault/schedule.py):
@@ -43,6 +43,8 @@ import signal
 import sys
 import time
 
+from notifyq.jobs import run_of
+
 _EPOCH = dt.datetime(1970, 1, 1)
 _fd_by_pid = {}
 
@@ -57,18 +59,10 @@ def _fd() -> int:
 
 
 def _token(job) -> int:
-    """The claim token, from the closure of the job's lease extension: a `token` cell, or the
-    worker's `batch` (consume/batch.py) that carries it. 0 if neither is there."""
-    extend = getattr(job, "_extend", None)
-    code = getattr(extend, "__code__", None)
-    if code is None or not extend.__closure__:
-        return 0
-    cells = dict(zip(code.co_freevars, extend.__closure__))
-    if "token" in cells:
-        return int(cells["token"].cell_contents)
-    if "batch" in cells:
-        return int(getattr(cells["batch"].cell_contents, "token", 0))
-    return 0
+    """The claim token: the job's Completion (its run state's, notifyq.jobs.run_of) carries it.
+    The checker's past-lease excuses need it: every job a worker hands its handler has one, and
+    a job without it raises here rather than write 0 (those excuses then fail silently)."""
+    return int(run_of(job).completion.token)
 
 
 def _run_at_us(job) -> int:

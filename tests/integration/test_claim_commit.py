@@ -127,14 +127,14 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When it claims and its first job starts
         got, _ = worker._claim_and_run()
-        worker._flush_acks()  # as run() does before anything but its next claim
+        worker.acks.flush(worker.work)  # as run() does before anything but its next claim
         # Then the batch stops after that job: the claim is lost, the job's ack fenced out
         assert got == 3 and runs == [(ids[0], 1)]
         assert worker.work.pipeline.failed_commits == 1 and worker.stats.lost_acks == 1
         assert worker.stats.succeeded == 0
         # And its next claim takes all three (the lost claim's attempt was never counted)
         got, _ = worker._claim_and_run()
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
         assert worker.stats.succeeded == 3
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
@@ -172,14 +172,14 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When it claims and runs the batch
         got, _ = worker._claim_and_run()
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         # Then only the first job ran under the lost claim: the second waited for the COMMIT's
         # reply, read its failure, and started nothing more
         assert got == 3 and runs == [(ids[0], 1)]
         assert worker.work.pipeline.failed_commits == 1
         # And the next claim runs all three
         got, _ = worker._claim_and_run()
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:
@@ -244,7 +244,7 @@ def test_a_busy_worker_acks_each_batch_in_the_next_claims_commit_one_commit_per_
             # Then each batch's acks wait for the next claim: its jobs are still claimed
             assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s AND status = 2",
                             (tuple(runs[-2:]),)) == [(2,)]
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         # Then every job ran once and is gone, acked in the next claim's COMMIT: one COMMIT per
         # claim (the last one, which found nothing, carried the last batch's acks)
         assert sorted(runs) == ids and batches == 5
@@ -279,7 +279,7 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
         # When the next claim, carrying the first batch's acks, loses its COMMIT
         assert worker._claim_and_run()[0] == 2
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         assert worker.work.pipeline.failed_commits == 1
         # Then the first batch's acks went out again on their own and hold
         assert worker.stats.succeeded == 2 and worker.stats.lost_acks == 1
@@ -287,7 +287,7 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
         # And the queue drains with the first batch never run again
         while worker._claim_and_run()[0]:
             pass
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         assert sorted(job_id for job_id, _ in runs if job_id in first) == sorted(first)
         assert sorted(job_id for job_id, _ in runs) == sorted(ids + [runs[2][0]])
         assert worker.stats.succeeded == 4
@@ -325,7 +325,7 @@ def test_carried_acks_that_lose_a_deadlock_fail_the_claim_before_its_jobs_start_
         # When the next claim carries the first batch's acks and its DELETE loses the deadlock
         while worker._claim_and_run()[0]:
             pass
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         # Then that claim failed before any of its jobs started, and ran again: every job ran
         # once, on its first attempt, and nothing was lost or fenced
         assert sorted(runs) == [(job_id, 1) for job_id in ids]

@@ -307,7 +307,7 @@ def test_a_reload_racing_a_claim_leaves_its_batch_the_lease_the_claim_took(db, m
     import threading
 
     from notifyq.consume import handlers
-    from notifyq.consume import worker as worker_module
+    from notifyq.consume import acking as acking_module
     from notifyq.consume.stats import Budget
     from notifyq.consume.worker import Worker
 
@@ -324,7 +324,7 @@ def test_a_reload_racing_a_claim_leaves_its_batch_the_lease_the_claim_took(db, m
         worker.reload(db.config(defaults={"lease_s": 3}))
         return claim
 
-    monkeypatch.setattr(worker_module.queries, "claim", claim_then_reload)
+    monkeypatch.setattr(acking_module.queries, "claim", claim_then_reload)
     try:
         with Producer("q", cfg) as p:
             p.put({"n": 1})
@@ -334,7 +334,7 @@ def test_a_reload_racing_a_claim_leaves_its_batch_the_lease_the_claim_took(db, m
         # Then its batch tracks the lease the claim took, not the reloaded one
         assert got == 1 and seen == [300]
     finally:
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         worker.work.close()
         worker.presence.close()
 

@@ -172,7 +172,7 @@ def test_a_peer_that_finds_jobs_the_watcher_never_handed_on_says_so_and_claims_t
             assert busy is True
             assert any("not handed them on" in r.getMessage() for r in caplog.records)
         worker._claim_and_run()
-        worker._flush_acks()
+        worker.acks.flush(worker.work)
         assert runs == [job_id]
     finally:
         stuck.close()

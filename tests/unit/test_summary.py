@@ -52,15 +52,15 @@ def test_a_batch_failure_logs_one_line_per_job_and_its_traceback_once(caplog):
     import datetime as dt
 
     from notifyq.consume.outcomes import _log_failure
-    from notifyq.jobs import Job
+    from notifyq.jobs import Job, run_of
 
     caplog.set_level(logging.INFO, logger="notifyq.consumer")
     now = dt.datetime.now(dt.timezone.utc)
     jobs = [Job(id=i, queue="b", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
             for i in (7, 8)]
     for job in jobs:
-        job.fail("RuntimeError: batch broke")
-        job.detail = "Traceback (most recent call last):\n  ...\nRuntimeError: batch broke\n"
+        run_of(job).fail("RuntimeError: batch broke",
+                         detail="Traceback (most recent call last):\n  ...\nRuntimeError: batch broke\n")
     logged: dict[str, int] = {}
     _log_failure(jobs[0], 2.0, jobs[0].error, logged)
     _log_failure(jobs[1], None, jobs[1].error, logged)

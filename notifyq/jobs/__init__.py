@@ -1,12 +1,16 @@
-"""Job: what a handler receives, and how it reports a per-job outcome in batch mode."""
+"""Job: what a handler receives, and how it reports a per-job outcome in batch mode.
+
+What the worker keeps of the attempt (its outcome, timings, result, completion) is the job's
+Run (jobs/run.py), which only its own module writes; the Job's methods go through it."""
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from notifyq.jobs.run import Run
 
 
 class Status(enum.IntEnum):
@@ -50,34 +54,34 @@ class Job:
     run_at: dt.datetime
     created_at: dt.datetime
     dedup_key: str | None = None
-    # Set by a batch handler that wants to fail this one job; None means success.
-    error: str | None = field(default=None, repr=False)
-    retry: bool = field(default=True, repr=False)
-    # For the failure's log line only (never stored): the traceback of a handler that raised.
-    detail: str | None = field(default=None, repr=False)
-    # What the handler raised, for the on_failure hook only (never stored).
-    exception: BaseException | None = field(default=None, repr=False)
-    _extend: Any = field(default=None, repr=False)
-    _cancel_check: Any = field(default=None, repr=False)  # set by the worker: () -> bool
-    _cancel_seen: bool = field(default=False, repr=False)
-    _cancel_checked_at: float = field(default=float("-inf"), repr=False)
-    # Set by the worker: the job's completion in the handler's own transaction (consume/effects.py)
-    _completion: Any = field(default=None, repr=False)
-    # None; "committed" (job.transaction() committed its completion); "pending" (complete_in:
-    # the caller commits, the worker finds out whether it did)
-    _completed: str | None = field(default=None, repr=False)
-    _snooze_s: float | None = field(default=None, repr=False)  # job.snooze(): back after this long
-    _result: Any = field(default=None, repr=False)  # the handler's return value (per-job handlers)
-    _started: float | None = field(default=None, repr=False)  # monotonic, for the attempt's record
-    _ended: float | None = field(default=None, repr=False)
-    _reported: bool = field(default=False, repr=False)  # handed to on_failure already
+    # The attempt's state in the worker's hands (jobs/run.py): none of the handler's business
+    _run_state: Run = field(default_factory=Run, init=False, repr=False)
+
+    @property
+    def error(self) -> str | None:
+        """Why this attempt failed (job.fail(), or what the handler raised); None so far."""
+        return self._run_state.error
+
+    @property
+    def retry(self) -> bool:
+        """Whether a failed attempt is retried (False: `fail(..., retry=False)`)."""
+        return self._run_state.retry
+
+    @property
+    def detail(self) -> str | None:
+        """The traceback of a handler that raised, for the failure's log line only (never stored)."""
+        return self._run_state.detail
+
+    @property
+    def exception(self) -> BaseException | None:
+        """What the handler raised, for the on_failure hook only (never stored)."""
+        return self._run_state.exception
 
     def fail(self, error: str, *, retry: bool = True) -> None:
         """Mark this job failed, then return from the handler: it is retried with backoff, or
         with `retry=False` dead at once (an error no retry will fix). A batch handler fails its
         jobs one by one this way; the jobs it does not fail succeed."""
-        self.error = str(error) or "failed"
-        self.retry = retry
+        self._run_state.fail(error, retry)
 
     def snooze(self, seconds: float) -> None:
         """Put this job back to run again in `seconds`, without spending an attempt (the handler
@@ -86,13 +90,12 @@ class Job:
         seconds = float(seconds)
         if not seconds >= 0:
             raise ValueError(f"snooze: seconds must be >= 0, got {seconds!r}")
-        self._snooze_s = seconds
+        self._run_state.snooze(seconds)
 
     def extend_lease(self) -> None:
         """Long-running handlers: push the claim's lease out again so no reaper takes the job.
         Inside job.transaction() too: the extension commits apart, never the block."""
-        if self._extend is not None:
-            self._extend()
+        self._run_state.extend_lease()
 
     def cancel_requested(self, max_age_s: float = 1.0) -> bool:
         """Long-running handlers: has `notifyq jobs cancel` asked this job to stop?
@@ -104,16 +107,7 @@ class Job:
         after it said yes. Inside job.transaction() it reads in the block's transaction and
         commits nothing of it.
         """
-        check = self._cancel_check
-        if check is None and self._completion is not None:
-            check = lambda: self._completion.cancel_requested(self.id)  # noqa: E731
-        if self._cancel_seen or check is None:
-            return self._cancel_seen
-        now = time.monotonic()
-        if now - self._cancel_checked_at >= max_age_s:
-            self._cancel_checked_at = now
-            self._cancel_seen = bool(check())
-        return self._cancel_seen
+        return self._run_state.cancel_requested(self.id, max_age_s)
 
     def transaction(self, result: Any = None):
         """A transaction on notifyq's database that also completes this job.
@@ -130,9 +124,10 @@ class Job:
         START TRANSACTION, SET autocommit = 1, LOCK TABLES, DDL): the block then raises
         `notifyq.errors.TransactionEnded` and the job fails without a retry.
         """
-        if self._completion is None:
+        completion = self._run_state.completion
+        if completion is None:
             raise RuntimeError("job.transaction() needs a job a notifyq worker claimed")
-        return self._completion.transaction(self, result)
+        return completion.transaction(self, result)
 
     def complete_in(self, conn, result: Any = None) -> None:
         """Complete this job inside the caller's own transaction on `conn` (a MySQLdb
@@ -142,13 +137,19 @@ class Job:
         was taken back. A connection in autocommit mode with no transaction open is refused
         (`InputError`). Commit before the handler returns: the worker then finds out whether
         the completion landed; if not, the job fails and is retried."""
-        if self._completion is None:
+        completion = self._run_state.completion
+        if completion is None:
             raise RuntimeError("job.complete_in() needs a job a notifyq worker claimed")
-        self._completion.complete_in(self, conn, result)
+        completion.complete_in(self, conn, result)
 
     @property
     def last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
+
+
+def run_of(job: Job) -> Run:
+    """The worker's side of a job: its attempt's state (jobs/run.py)."""
+    return job._run_state
 
 
 def cancelled(jobs: list[Job]) -> list[Job]:
@@ -156,9 +157,9 @@ def cancelled(jobs: list[Job]) -> list[Job]:
     no longer this worker's)? One statement for the whole batch; a job once seen cancelled stays
     so. Stop them where it is safe and return (or `job.fail("cancelled", retry=False)` each):
     the jobs this returned end cancelled, the others as the handler says."""
-    asking = [j for j in jobs if not j._cancel_seen and j._completion is not None]
+    asking = [j for j in jobs if not j._run_state.cancel_seen and j._run_state.completion is not None]
     if asking:
-        found = asking[0]._completion.cancelled([j.id for j in asking])
+        found = asking[0]._run_state.completion.cancelled([j.id for j in asking])
         for job in asking:
-            job._cancel_seen = job.id in found
-    return [j for j in jobs if j._cancel_seen]
+            job._run_state.cancel_answered(job.id in found)
+    return [j for j in jobs if j._run_state.cancel_seen]

@@ -1,0 +1,99 @@
+"""PendingAcks: a worker's finished successes between their batch's end and the ack that lands
+them, and how it lands.
+
+A busy worker's successes ride its next claim: queries.claim sends them first in the claim's
+final query, so one fsync'd COMMIT settles the last batch and takes the next (queries.Acks).
+That COMMIT is left on the wire while the new batch starts; it is read (and the acks counted)
+before the next claim, or acked again on their own if it failed. A worker that does anything
+but claim next (it idles, stops, runs a reaper pass, registers again) flushes them: they go
+out on their own first. Acks that were not sent, or were sent in a claim that raised (so
+rolled back), wait for the next claim or flush.
+
+The worker calls claim() and flush(); its batch's run hands over what it finished with keep().
+Counting is the Outcomes' (acked, or lost: fenced out by the claim token). An ack the server
+refuses for want of a grant gives its jobs back (ready, uncharged) rather than leaving them
+claimed until a reaper pass: they run again once the grant is there, and the worker ends
+(GrantMissing: exit 3).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from notifyq import errors
+from notifyq.consume.outcomes import Outcomes
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.pipeline import Pending
+
+log = logging.getLogger("notifyq.consumer")
+
+
+class PendingAcks:
+    def __init__(self, outcomes: Outcomes):
+        self.outcomes = outcomes
+        self._waiting: queries.Acks | None = None  # for the next claim to carry
+        # Carried by the last claim, whose COMMIT may still be on the wire (None: unread)
+        self._riding: tuple[queries.Acks, Pending | None] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Successes wait for the next claim (or a flush)."""
+        return self._waiting is not None
+
+    def keep(self, acks: queries.Acks | None) -> None:
+        """A batch's successes (None: none), for the next claim to carry. The claim that took
+        the batch carried the acks that waited before it, so none wait now."""
+        self._waiting = acks
+
+    def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
+              as_watcher: bool = False) -> queries.Claim:
+        """queries.claim, carrying the successes that wait; the last claim's acks are counted
+        first (or acked again: its COMMIT failed)."""
+        self._land_riding(session)
+        acks, self._waiting = self._waiting, None
+        try:
+            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks)
+        except BaseException:
+            self._waiting = acks  # not sent, or sent and rolled back: they wait still
+            raise
+        if acks is not None:
+            self._riding = (acks, claim.commit)
+            if not claim.jobs:
+                self._land_riding(session)  # nothing runs next on this session to read the COMMIT
+        return claim
+
+    def flush(self, session: Session) -> None:
+        """Before anything but a claim: what waits for one is acked on its own, now."""
+        self._land_riding(session)
+        if self._waiting is not None:
+            acks, self._waiting = self._waiting, None
+            self._ack(session, acks)
+
+    def _land_riding(self, session: Session) -> None:
+        """The acks the last claim carried: counted once its COMMIT is read, or acked on their
+        own if it failed (or came back with no counts)."""
+        if self._riding is None:
+            return
+        (acks, commit), self._riding = self._riding, None
+        if commit is not None:
+            session.pipeline.read_reply()  # read now if still on the wire (else a later statement did)
+        if commit is None or commit.failed or not commit.rowcounts:
+            self._ack(session, acks)
+        else:
+            self.outcomes.count_acked(acks, commit.rowcounts[queries.Acks.COUNTED])
+
+    def _ack(self, session: Session, acks: queries.Acks) -> None:
+        try:
+            self.outcomes.ack(session, acks)
+        except errors.GrantMissing:
+            queue, stats = self.outcomes.queue, self.outcomes.stats
+            try:
+                n = queries.give_back(session, queue, acks.ids, acks.token)
+                stats.given_back += n
+                log.warning("gave back finished jobs whose ack the server refused: they run again once the "
+                            "grant is applied queue=%s n=%d", queue, n)
+            except errors.NotifyqError as e:
+                log.warning("could not give back finished jobs whose ack the server refused: the reaper takes "
+                            "them back queue=%s n=%d error=%s", queue, len(acks.ids), e)
+            raise
