@@ -109,7 +109,7 @@ class Outcomes:
         if commit is None or commit.failed or not commit.rowcounts:
             self._count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
         else:
-            self._count_acked(acks, commit.rowcounts[queries.Acks.COUNTED])
+            self._count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
 
     def _count_acked(self, acks: queries.Acks, acked: int) -> None:
         self.stats.succeeded += acked
