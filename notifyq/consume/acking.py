@@ -81,7 +81,7 @@ class PendingAcks:
         if commit is None or commit.failed or not commit.rowcounts:
             self._ack(session, acks)
         else:
-            self.outcomes.count_acked(acks, commit.rowcounts[queries.Acks.COUNTED])
+            self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
 
     def _ack(self, session: Session, acks: queries.Acks) -> None:
         try:

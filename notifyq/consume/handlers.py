@@ -3,8 +3,9 @@
 Per job, a handler gets one Job (a command gets the payload JSON on stdin). Per batch, it
 gets the list (a command gets JSON lines) and may fail jobs one by one with `job.fail()`;
 jobs it does not fail succeeded. Raising (or a non-zero exit) fails every job not yet decided;
-so does SystemExit or KeyboardInterrupt: in a worker thread they could never stop the process,
-only end the thread and strand its claimed jobs. A coroutine handler (`async def`, or any handler
+so does any BaseException (SystemExit, KeyboardInterrupt, asyncio.CancelledError, GeneratorExit,
+one of the handler's own): in a worker thread it could never stop the process, only end the
+thread and strand its claimed jobs. A coroutine handler (`async def`, or any handler
 that returns an awaitable) is run to completion on its worker thread's event loop: its job's
 outcome is the coroutine's. A process the handler forked never comes back into the consumer's
 code: it exits where the handler returned or raised (_exit_child).
@@ -133,7 +134,10 @@ class PythonHandler(Handler):
         return result
 
 
-HANDLER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+# Everything a handler can raise: a BaseException that is no Exception (asyncio.CancelledError
+# out of a task cancelled in the handler's own asyncio.run(), GeneratorExit, a class of its own)
+# ended the worker thread, and once every worker had, the consumer exited 0 by itself.
+HANDLER_FAILURES = (BaseException,)
 
 
 def _awaited(result: Any) -> Any:

@@ -209,7 +209,8 @@ class ConsumerService(Supervisor):
         worker = Worker(self.config, queue, handler, stop=self.stop, budget=self.budget,
                         batch_size=self.options.batch_size, exit_when_empty=self.options.exit_when_empty,
                         name=name, presence=self.presence)
-        running = Running(worker, threading.Thread(target=worker.run, name=f"notifyq-{name}", daemon=True))
+        running = Running(worker, threading.Thread(target=_run_worker, args=(worker,), name=f"notifyq-{name}",
+                                                   daemon=True))
         if index is None:
             self.running.append(running)
         else:  # a failed worker replaced in its place
@@ -408,3 +409,16 @@ class ConsumerService(Supervisor):
             log.warning("could not settle the running batches error=%s", e)
         finally:
             session.close()
+
+
+def _run_worker(worker: Worker) -> None:
+    """A worker's thread. Whatever ends it by raising is the worker's error: its thread gone, the
+    consumer stops and exits non-zero (1, internal error), never 0 as if it had finished its work
+    (under systemd, Restart=on-failure then starts it again)."""
+    try:
+        worker.run()
+    except BaseException as e:
+        if worker.error is None:
+            worker.error = e
+        log.critical("worker thread ended on an error queue=%s worker=%s error=%s: %s", worker.queue,
+                     worker.name, type(e).__name__, e, exc_info=True)

@@ -115,7 +115,7 @@ class Worker:
                 log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e)
             else:  # asked to stop while the server was unreachable: the retry ended at once
                 log.info("worker stopped while retrying queue=%s worker=%s error=%s", self.queue, self.name, e)
-        except Exception as e:
+        except BaseException as e:  # (not only Exception: whatever ends the loop is the worker's failure)
             self.error = e
             log.error("worker failed queue=%s worker=%s error=%s", self.queue, self.name, e,
                       exc_info=not isinstance(e, errors.NotifyqError))

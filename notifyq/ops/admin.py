@@ -93,10 +93,7 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     if row is None:
         raise errors.InputError(gone(session, job_id))
     job = _record(_GET_FIELDS, row)
-    try:
-        job["payload"] = json.loads(job["payload"])
-    except ValueError:
-        pass  # shown as stored; the consumer will bury it as invalid JSON
+    job["payload"] = _decoded(job["payload"])  # (invalid JSON: the consumer will bury it)
     if history:
         job["history"] = attempts(session, job_id)
     return job
@@ -107,12 +104,23 @@ def attempts(session: Session, job_id: int) -> list[dict[str, Any]]:
     for row in admin_queries.job_attempts(session, job_id):
         record = {name: _iso(value) for name, value in zip(_ATTEMPT_FIELDS, row)}
         if record["result"] is not None:
-            try:
-                record["result"] = json.loads(record["result"])
-            except ValueError:
-                pass
+            record["result"] = _decoded(record["result"])
         out.append(record)
     return out
+
+
+def _decoded(text: str) -> Any:
+    """Stored JSON decoded; text that is not strictly JSON (invalid, or NaN and Infinity, which a
+    result kept before they were refused may hold) as stored: a string, which `--json` prints as
+    valid JSON."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError:
+        return text
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def show_job(session: Session, job_id: int) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from notifyq import errors
 from notifyq.jobs import Job, run_of
 from notifyq.store import queries
 from notifyq.store import results as kept
-from notifyq.store.db import Session
+from notifyq.store.db import Session, shut_down, socket_of
 from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
 from notifyq.store.pipeline import Waiting
 from notifyq.store.sql import QUERIES as Q
@@ -59,10 +59,13 @@ class CallerCall:
         self.waiting: Waiting | None = None
         self.connection_id: int | None = None
         self.node = ""  # its server's identity is not known: the look's server is taken for it
+        self.socket: tuple[int, int] | None = None  # its socket (db.socket_of), while it is watched
 
     def cut_socket(self) -> bool:
-        """The caller's connection is the caller's: the watch ends it on the server only."""
-        return False
+        """The reply is not coming: the caller's connection is ended on this side too (the server's
+        close never reaches a client behind a black-holed path), so complete_in raises at once
+        instead of waiting out the driver's read timeout (none, by default: for good)."""
+        return shut_down(self.socket)
 
 
 class Completion:
@@ -106,7 +109,18 @@ class Completion:
         self._open, self._block = True, conn
         lost: BaseException | None = None
         try:
-            cur.execute(Q["block_savepoint"])
+            # Watched as every statement of notifyq's on the block's connection (consume/stall.py):
+            # a reply lost on its way would hold the worker for its read timeout, unsaid
+            session.waiting = Waiting(time.monotonic(), 0.0, "open a job's transaction")
+            try:
+                cur.execute(Q["block_savepoint"])
+            except MySQLdb.Error as e:
+                if not is_connection_lost(e):
+                    raise
+                session.discard()
+                raise errors.TransientDBError(f"job {job.id}: connection lost as its transaction opened "
+                                              f"({describe(e)}): nothing was stored, the job runs again") from e
+            session.waiting = None
             yield cur
             # Past timeout_s the block's connection is ended (consume/batch.py): nothing to commit
             _not_revoked(self, job)
@@ -167,6 +181,10 @@ class Completion:
         except BaseException as e:
             session.waiting = None
             session.rollback_after(e)
+            if self.revoked and isinstance(e, MySQLdb.Error):
+                # Past timeout_s its connection was ended: whichever statement found that out (the
+                # handler's own too), the block raises what the docs say, not the driver's 2013
+                raise _revoked(job) from e
             raise
         finally:
             session.waiting = None
@@ -230,7 +248,7 @@ class Completion:
             thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
             conn_id = int(thread_id()) if callable(thread_id) else None
             if conn_id is not None:  # (watched only on a connection the server can be asked about)
-                self.caller.connection_id = conn_id
+                self.caller.connection_id, self.caller.socket = conn_id, socket_of(conn)
                 self.caller.waiting = Waiting(time.monotonic(), 0.0, "complete a job on the caller's connection")
             if inserts.outside_transaction(conn, cur):
                 raise errors.InputError(
@@ -241,9 +259,13 @@ class Completion:
         except errors.NotifyqError:
             raise
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
+            if conn_id is not None and is_connection_lost(e):  # (the stall watch ends one whose reply is lost)
+                raise errors.TransientDBError(
+                    f"job {job.id}: the caller's connection was lost during its completion ({describe(e)}): "
+                    "its transaction is gone and nothing of it is stored; the job runs again") from e
             raise inserts.caller_error(e) from e
         finally:
-            self.caller.waiting = None
+            self.caller.waiting, self.caller.socket = None, None
             _close(cur)
         if not ok:
             if rollback:
@@ -287,9 +309,11 @@ class Completion:
         if not self._open:
             return self.session.run(body, what="cancel check")
         cur = self._block.cursor()
+        self.session.waiting = Waiting(time.monotonic(), 0.0, "cancel check in a job's transaction")
         try:
             return body(cur)
         finally:
+            self.session.waiting = None
             _close(cur)
 
     def completions_landed(self, jobs: list[Job]) -> set[int]:
@@ -331,8 +355,7 @@ def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: s
 
 
 def landed(cur, ids: list[int], token: int) -> set[int]:
-    cur.execute(Q["completions_landed"], {"ids": Ids(ids), "token": token})
-    return {int(r[0]) for r in cur.fetchall()}
+    return queries.completions_landed(cur, ids, token)
 
 
 def _not_completed(job: Job) -> None:
@@ -342,8 +365,12 @@ def _not_completed(job: Job) -> None:
 
 def _not_revoked(completion: Completion, job: Job) -> None:
     if completion.revoked:
-        raise errors.ClaimLost(f"job {job.id}: its handler ran past timeout_s and the job failed; "
-                               "this late call is refused and nothing of it is stored")
+        raise _revoked(job)
+
+
+def _revoked(job: Job) -> errors.ClaimLost:
+    return errors.ClaimLost(f"job {job.id}: its handler ran past timeout_s and the job failed; "
+                            "this late call is refused and nothing of it is stored")
 
 
 def _close(cur) -> None:

@@ -270,8 +270,7 @@ class Session:
                                            f"{wsrep.get('wsrep_local_state_comment')}, component "
                                            f"{wsrep.get('wsrep_cluster_status')})")
         self.connection_id = conn.thread_id()
-        fd = conn.fileno()
-        self._socket = (fd, os.fstat(fd).st_ino)
+        self._socket = socket_of(conn)
         return conn
 
     def discard(self) -> None:
@@ -291,33 +290,8 @@ class Session:
         watch): a read blocked on it returns at once, as a lost connection (2013), and the session
         reconnects at its next call. A KILL CONNECTION alone ends the server's side, whose close
         never reaches a client behind a black-holed network path: its read waited out its read
-        timeout. Done on a duplicate of the descriptor, and only if it is still this connection's
-        socket (the connection may be closed meanwhile and its number reused). False: nothing cut."""
-        mine = self._socket
-        if mine is None:
-            return False
-        number, inode = mine
-        try:
-            fd = os.dup(number)
-        except OSError:  # closed meanwhile
-            return False
-        try:
-            if os.fstat(fd).st_ino != inode:
-                return False  # the number is another file's now
-            import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
-
-            sock = socket.socket(fileno=fd)
-            fd = -1  # the socket object owns the duplicate now
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            finally:
-                sock.close()  # the duplicate only: the connection's own descriptor stays open
-            return True
-        except OSError:  # not connected any more
-            return False
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        timeout. False: nothing cut (see shut_down)."""
+        return shut_down(self._socket)
 
     def close(self) -> None:
         if self.pipeline.pending is not None and self._conn is not None:
@@ -414,6 +388,55 @@ class Session:
             self._conn.rollback()
         except Exception:  # out of sync or gone: closing the connection rolls back too
             self.discard()
+
+
+def socket_of(conn: Any) -> tuple[int, int] | None:
+    """A DB-API connection's socket as (descriptor, inode), for shut_down from another thread
+    (the driver refuses fileno() while a read is under way, and a descriptor's number is reused
+    once closed; an inode names one socket): MySQLdb's, PyMySQL's; None for another driver's."""
+    try:
+        fileno = getattr(conn, "fileno", None)
+        if callable(fileno):
+            fd = int(fileno())
+        else:
+            sock = getattr(conn, "_sock", None)  # PyMySQL
+            if sock is None:
+                return None
+            fd = sock.fileno()
+        return fd, os.fstat(fd).st_ino
+    except (OSError, ValueError, TypeError, MySQLdb.Error):
+        return None
+
+
+def shut_down(mine: tuple[int, int] | None) -> bool:
+    """Shut a connection's socket (socket_of) down on the client's side, from another thread: a
+    read blocked on it returns at once, as a lost connection. Done on a duplicate of the
+    descriptor, and only if it is still that socket (the connection may be closed meanwhile and
+    its number reused). False: nothing cut."""
+    if mine is None:
+        return False
+    number, inode = mine
+    try:
+        fd = os.dup(number)
+    except OSError:  # closed meanwhile
+        return False
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return False  # the number is another file's now
+        import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+
+        sock = socket.socket(fileno=fd)
+        fd = -1  # the socket object owns the duplicate now
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()  # the duplicate only: the connection's own descriptor stays open
+        return True
+    except OSError:  # not connected any more
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) -> bool:

@@ -280,7 +280,25 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     def body(cur) -> int:  # with its COMMIT in one round trip: fenced by token, so idempotent
         return session.pipeline.commit_with(cur, acks.statements())[Acks.COUNTED]
 
-    return session.run(body, what="ack")
+    return acked_in_all(session, acks, session.run(body, what="ack"))
+
+
+def acked_in_all(session: Session, acks: Acks, acked: int) -> int:
+    """How many of `acks` this claim acked, given that its last ack (alone, or in a claim's
+    COMMIT) counted `acked`. Fewer than all: fenced out, or acked already by a try whose reply
+    was lost (retried on a new connection, it found the rows gone; its outcome was landed, not
+    lost). Each ack writes its jobs' records under the claim's token in its own transaction:
+    those records count what this claim acked, over every try (one read, only then)."""
+    if acked >= len(acks.ids):
+        return acked
+    return len(session.run(lambda cur: completions_landed(cur, acks.ids, acks.token), what="check acks"))
+
+
+def completions_landed(cur, ids: list[int], token: int) -> set[int]:
+    """Of `ids`, the jobs this claim's ack or completion (job.transaction(), complete_in)
+    committed: their 'done' record under its token."""
+    cur.execute(Q["completions_landed"], {"ids": Ids(ids), "token": token})
+    return {int(r[0]) for r in cur.fetchall()}
 
 
 @dataclass

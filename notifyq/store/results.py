@@ -16,9 +16,10 @@ log = logging.getLogger("notifyq.consumer")
 
 RESULT_MAX_BYTES = 65536  # a handler's return value kept (JSON, UTF-8); a larger one is not kept
 # What encoding a handler's value may raise: anything its own code raises (a __iter__, items()
-# or __float__ of its own), RecursionError, and the exits a handler's own code may call, which on
-# a worker thread could only end the thread (as handlers.HANDLER_FAILURES).
-UNENCODABLE = (Exception, SystemExit, KeyboardInterrupt)
+# or __float__ of its own), RecursionError, ValueError (NaN, Infinity), UnicodeEncodeError (a lone
+# surrogate), and any BaseException its own code may raise, which on a worker thread could only
+# end the thread (as handlers.HANDLER_FAILURES).
+UNENCODABLE = (BaseException,)
 
 
 def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -> None:
@@ -45,7 +46,11 @@ def result_text(value: Any, job_id: int, max_packet: int = 0) -> str | None:
     import json  # here: only a queue that keeps results pays for it
 
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        # Strictly JSON: NaN and Infinity are no JSON (kept, they made JSON_VALID 0 and `jobs show
+        # --json` print what no parser reads), nor is a lone surrogate UTF-8 (the server kept it
+        # altered, as "?")
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        size = len(text.encode("utf-8"))
     except UNENCODABLE as e:
         # Whatever encoding the handler's value raises (not JSON, nested too deep for the
         # encoder's recursion, a dict subclass whose items() raises): the value's fault, never
@@ -53,7 +58,6 @@ def result_text(value: Any, job_id: int, max_packet: int = 0) -> str | None:
         log.warning("a handler's result cannot be encoded as JSON: not kept job=%d error=%s: %s",
                     job_id, type(e).__name__, e)
         return None
-    size = len(text.encode("utf-8", "replace"))
     if size > RESULT_MAX_BYTES:
         log.warning("a handler's result is over %d bytes: not kept job=%d", RESULT_MAX_BYTES, job_id)
         return None

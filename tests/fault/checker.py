@@ -166,7 +166,7 @@ def check_innocent_dead(h: History, faults: Faults) -> list[Violation]:
     last run was hit by a fault on its own process, or by the server, during or after it (the
     earlier charges are the attempt rule's to judge), may end dead with "consumer died" or
     "lease expired"."""
-    poison = {e.key for e in h.enqueues if e.kind == "poison"}
+    poison = {e.key for e in h.enqueues if e.kind in ("poison", "unwind")}
     slow = {e.key for e in h.enqueues if e.kind == "slow"}
     cancelled = {f.job for f in h.faults if f.kind == "cancel" and f.detail == "requested"}
     runs = h.runs_by_job()
@@ -732,6 +732,7 @@ def check(h: History) -> Report:
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
     violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
+    violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
     violations += check_progress(_only(h, STALL_DEPLOY))
     duplicates: collections.Counter = collections.Counter()
     for p in parts:

@@ -619,14 +619,16 @@ class FaultRun:
             for job, status, attempts, last_error, owner in root.query(
                     "SELECT id, status, attempts, last_error, owner FROM nq_job"):
                 rows.append(FinalRow(deploy, int(job), int(status), int(attempts), last_error, owner))
-        effects = {}
+        effects, invalid_results = {}, []
         if "effects" in self.plan.classes:
             effects = {("main", int(job)): int(n) for job, n in self.roots["main"].query(
                 f"SELECT job_id, COUNT(*) FROM {EFFECTS_TABLE} GROUP BY job_id")}
+            invalid_results = [("main", int(job)) for (job,) in self.roots["main"].query(
+                "SELECT job_id FROM nq_attempt WHERE result IS NOT NULL AND NOT JSON_VALID(result)")]
         faults = self.faults + poison_exits(runs, poison)
         (self.logs / "faults.txt").write_text("".join(f"{f}\n" for f in sorted(faults, key=lambda f: f.start)))
         return History(runs, enqueues, faults + self._takebacks(), rows, self.plan.lease_s,
-                       effects=effects,
+                       effects=effects, invalid_results=invalid_results,
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},

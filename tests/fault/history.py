@@ -58,7 +58,7 @@ class Run:
 class Enqueue:
     deploy: str
     job: int
-    kind: str  # "" (plain), poison, fail1, slow
+    kind: str  # "" (plain), poison, unwind, fail1, slow
     method: str  # put, put_many, delayed, priority, dedup, transactional
     priority: int
     delay_s: float
@@ -128,6 +128,9 @@ class History:
     lease_by_deploy: dict[str, float] = dataclasses.field(default_factory=dict)  # else lease_s
     # issue 29: effect rows per job (the `effects` handler mode writes one through job.transaction())
     effects: dict[JobKey, int] = dataclasses.field(default_factory=dict)
+    # kept results that are not valid JSON (JSON_VALID 0), by job: the effects class's unenc jobs
+    # return NaN and lone surrogates, which must be dropped, never kept as invalid JSON
+    invalid_results: list[JobKey] = dataclasses.field(default_factory=list)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

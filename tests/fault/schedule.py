@@ -10,7 +10,8 @@ Fault classes, each switched on or off by name:
   kill_connection  KILL CONNECTION of a random session of the runtime user (consumers', producer's)
   server_restart   clean restart of the server (SIGTERM, start)
   server_crash     SIGKILL of the server, start (InnoDB recovery)
-  poison           a few jobs whose handler os._exit()s: only they may end dead
+  poison           a few jobs whose handler os._exit()s, or (every other one) raises a BaseException
+                   of its own on every attempt: only they may end dead
   slow             a few jobs whose handler outlasts the lease
   polling          half the consumer slots run with wakeup.use_locks = false, slots are
                    restarted gracefully now and then (consumers join a busy queue), and a

@@ -62,6 +62,18 @@ def test_an_innocent_job_dead_is_caught_and_a_poison_one_is_not():
     assert checker.check(h).violations[0].job == ("main", 2)
 
 
+def test_an_unwind_job_dead_of_its_base_exception_is_no_innocent_death():
+    rows = [FinalRow("main", 1, 4, 1, "Unwound: a handler's own BaseException", None)]
+    h = history([run(1, 1, 10, 1.0, 1.1, outcome="fail")], [enq(1, kind="unwind")], rows=rows)
+    assert checker.check(h).ok
+
+
+def test_a_kept_result_that_is_not_valid_json_is_caught():
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1)])
+    h.invalid_results = [("main", 1)]
+    assert rules(h) == {"invalid_result": 1}
+
+
 def test_a_job_run_twice_by_healthy_consumers_is_caught():
     h = history([run(1, 1, 10, 1.0, 1.1), run(1, 2, 11, 2.0, 2.1)], [enq(1)])
     assert rules(h) == {"run_twice": 1}

@@ -56,6 +56,8 @@ class Mix:
         r = self.rng.random()
         if self.poison_left and r < 0.002:
             self.poison_left -= 1
+            if self.poison_left % 2:  # every other one raises a BaseException instead of exiting
+                return "unwind", {"k": "unwind"}
             return "poison", {"k": "poison"}
         if self.slow_left and r < 0.005:
             self.slow_left -= 1

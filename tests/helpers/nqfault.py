@@ -13,7 +13,9 @@ Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, s
 harness's fault times and these lines compare directly. <token> is the claim token, read
 from the job's run state (notifyq.jobs.run_of: the claim's Completion carries it; the handler
 API does not expose it). Payload: {"k": kind, "s": seconds}; kind "poison" kills the process with
-os._exit before the job can end, "fail1" fails the first attempt (a normal retry).
+os._exit before the job can end, "unwind" (poison too) raises a BaseException that is no
+Exception on every attempt (its job ends dead; it once ended its worker's thread, and the
+consumer exited 0 by itself), "fail1" fails the first attempt (a normal retry).
 
 Kinds of the issue-26 classes (tests/fault/schedule.py):
   long   runs "s" seconds and calls job.extend_lease() every "x" seconds: a handler that keeps its
@@ -32,8 +34,9 @@ Issue 29's kind:
          job.extend_lease(), job.cancel_requested() and notifyq.cancelled() (none may commit
          the block), then "c" seconds more inside it, a window for the faults to land in.
          With "r" (a few), it gives job.transaction() a result that cannot be encoded.
-  unenc  (the effects class, a few) returns a result that cannot be encoded; the queues keep
-         results there: it is dropped with a warning, and the job is done once.
+  unenc  (the effects class, a few) returns a result that cannot be encoded (nested too deep,
+         NaN, a lone surrogate: by job id); the queues keep results there: it is dropped with a
+         warning, and the job is done once (NaN was once kept as invalid JSON).
 `handle_async` is the same handler as a coroutine (`async def` handlers, item 2).
 """
 
@@ -92,6 +95,9 @@ def handle(job) -> None:
     kind = payload.get("k", "")
     if kind == "poison":
         os._exit(70)  # a crash the job itself causes (segfault, OOM kill): no cleanup, no ack
+    if kind == "unwind":
+        os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} fail\n".encode())
+        raise Unwound("a handler's own BaseException")
     if kind == "long":
         _run_long(job, float(payload.get("s", 0)), float(payload.get("x", 1.0)))
     elif kind == "fork":
@@ -99,17 +105,26 @@ def handle(job) -> None:
     else:
         time.sleep(float(payload.get("s", 0)))
     if kind == "fx":
-        _effect(job, deploy, pid, token, payload.get("c"), _unencodable() if payload.get("r") else None)
+        _effect(job, deploy, pid, token, payload.get("c"), _unencodable(job.id) if payload.get("r") else None)
     failed = kind in ("fail1", "kanji") and job.attempts == 1
     os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                     f"{'fail' if failed else 'ok'}\n".encode())
     if failed:
         raise RuntimeError(KANJI_ERROR if kind == "kanji" else "planned failure of the first attempt")
-    return _unencodable() if kind == "unenc" else None
+    return _unencodable(job.id) if kind == "unenc" else None
 
 
-def _unencodable() -> list:
-    """A result nested deeper than the JSON encoder's recursion goes (RecursionError)."""
+class Unwound(BaseException):
+    """A handler's own BaseException subclass (no Exception)."""
+
+
+def _unencodable(job_id: int):
+    """A result that is no JSON, by job id: nested deeper than the JSON encoder's recursion goes
+    (RecursionError), NaN (no JSON number), or a lone surrogate (no UTF-8)."""
+    if job_id % 3 == 1:
+        return {"x": float("nan")}
+    if job_id % 3 == 2:
+        return "\ud800abc"
     value: list = []
     for _ in range(100_000):
         value = [value]

@@ -3,11 +3,20 @@
 Each handler start and end is one line "job_id attempt pid start|end" appended to
 $NQ_TEST_OUT/<pid>.log (O_APPEND writes of one short line never interleave). A job whose
 payload has "poison": true kills its process with os._exit, as a segfault or an OOM kill would;
-"exit": N raises SystemExit(N) from the handler; "sleep" overrides $NQ_TEST_SLEEP.
+"exit": N raises SystemExit(N) from the handler; "raise": NAME raises the BaseException of
+BASE_EXCEPTIONS (no Exception), from a coroutine when "async" is true; "sleep" overrides $NQ_TEST_SLEEP.
 """
 
+import asyncio
 import os
 import time
+
+
+class Unwound(BaseException):
+    """A handler's own BaseException subclass (no Exception)."""
+
+
+BASE_EXCEPTIONS = {"cancelled": asyncio.CancelledError, "generator_exit": GeneratorExit, "unwound": Unwound}
 
 _files = {}
 
@@ -31,8 +40,17 @@ def run(job):
         os._exit(70)
     if "exit" in job.payload:
         raise SystemExit(job.payload["exit"])
+    if "raise" in job.payload:
+        raised = BASE_EXCEPTIONS[job.payload["raise"]]("from the handler")
+        if job.payload.get("async"):
+            return _raise(raised)  # a coroutine: the worker runs it on its loop
+        raise raised
     time.sleep(_sleep_s(job))
     _record(job, "end")
+
+
+async def _raise(e):
+    raise e
 
 
 def run_batch(jobs):

@@ -350,7 +350,9 @@ def test_a_python_handler_past_its_timeout_fails_its_job_and_the_worker_moves_on
         with job.transaction() as cur:
             charge(job, cur)
 
-    cfg = db.config(defaults={"timeout_s": 0.3, "retry_base_s": 0.01, "retry_max_s": 0.01})
+    # (the retry 1 s later: this worker's next claim, made at once, finds nothing due and it exits;
+    # at 10 ms that claim raced the retry and at times ran it here)
+    cfg = db.config(defaults={"timeout_s": 0.3, "retry_base_s": 1.0, "retry_max_s": 1.0})
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
     # When the worker runs them

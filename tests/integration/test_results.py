@@ -283,3 +283,37 @@ def test_a_per_batch_handlers_return_value_that_raises_when_read_keeps_no_result
         assert [p.result(i) for i in ids] == [None, None]
     said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(said) == 1 and f"jobs={ids[0]},{ids[1]}" in said[0] and "items boom" in said[0], said
+
+
+def _strict_json(text: str):
+    """What any JSON parser reads (jq, JSON_VALID): no NaN, no Infinity."""
+    import json
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_result_that_is_not_strictly_json_is_not_kept_and_jobs_show_prints_valid_json(db, caplog):
+    """Regression: NaN and Infinity were kept as `NaN` (JSON_VALID 0, and `jobs show --json`
+    printed what no JSON parser reads), and a lone surrogate was kept altered, as "?abc"; no
+    warning either way."""
+    # Given four jobs of a queue that keeps results: three return what is not JSON (NaN,
+    # Infinity, a lone surrogate), one a plain value
+    ids = put(db, 4)
+    values = [{"x": float("nan")}, [float("inf")], "\ud800abc", {"ok": True}]
+    drain(db, lambda job: values[job.payload["n"]], keep_done=True)
+    # Then only the plain value is kept, a warning names each of the others' jobs
+    with Producer("q", db.config()) as p:
+        assert [p.result(i) for i in ids] == [None, None, None, {"ok": True}]
+    assert db.scalar("SELECT COUNT(*) FROM nq_attempt WHERE result IS NOT NULL AND NOT JSON_VALID(result)") == 0
+    said = [r.getMessage() for r in caplog.records if "cannot be encoded as JSON" in r.getMessage()]
+    assert sorted(m.split("job=")[1].split()[0] for m in said) == sorted(str(i) for i in ids[:3]), said
+    # And `jobs show --json` of each prints valid JSON, also of a result kept before NaN was
+    # refused (shown as the text stored)
+    db.query("UPDATE nq_attempt SET result = '{\"x\":NaN}' WHERE job_id = %s", (ids[3],))
+    for job_id in ids:
+        shown = run_cli(db.env, "jobs", "show", str(job_id), "--json")
+        assert shown.returncode == 0, shown.stderr
+        _strict_json(shown.stdout)

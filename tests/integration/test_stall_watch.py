@@ -236,7 +236,8 @@ class BlackHole:
     """A TCP relay to the test server whose path can go black without closing anything, as a dead
     network path does: after freeze(), the server's replies on every connection open then are
     dropped (read, never passed on: the server has sent them and lists the session idle); while
-    `unreachable` is set, new connections are accepted but never reach the server (no handshake)."""
+    `unreachable` is set, new connections are accepted but never reach the server (no handshake).
+    freeze_on(data): the first connection that sends `data` next is frozen as it does (once)."""
 
     def __init__(self, host: str, port: int):
         self.target = (host, port)
@@ -247,7 +248,12 @@ class BlackHole:
         self._open: set[int] = set()  # connections (by number) passing replies on
         self._frozen: set[int] = set()  # connections whose replies are dropped
         self._sockets: list[socket.socket] = []
+        self._trigger: bytes | None = None
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze_on(self, data: bytes) -> None:
+        with self._lock:
+            self._trigger = data
 
     def freeze(self) -> None:
         with self._lock:
@@ -284,12 +290,16 @@ class BlackHole:
             with self._lock:
                 self._sockets.append(server)
                 self._open.add(number)
-            threading.Thread(target=self._pass, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pass, args=(client, server, None, number), daemon=True).start()
             threading.Thread(target=self._pass, args=(server, client, number), daemon=True).start()
 
-    def _pass(self, src: socket.socket, dst: socket.socket, number: int | None) -> None:
+    def _pass(self, src: socket.socket, dst: socket.socket, number: int | None, sent_on: int | None = None) -> None:
         try:
             while data := src.recv(65536):
+                with self._lock:
+                    if sent_on is not None and self._trigger is not None and self._trigger in data:
+                        self._trigger = None
+                        self._frozen.add(sent_on)
                 if number is None or number not in self._frozen:
                     dst.sendall(data)
         except OSError:
@@ -383,6 +393,38 @@ def test_a_call_behind_a_black_hole_to_a_server_that_cannot_be_reached_returns_w
         session.discard()
         relay.close()
 
+
+def _service_with_worker(cfg, handler, exit_when_empty: bool = False) -> tuple[ConsumerService, Worker, threading.Thread]:
+    """A consumer service (its stall watch, its sessions) with one worker of `handler`, not started."""
+    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
+                    exit_when_empty=exit_when_empty, presence=service.presence)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    service.running.append(Running(worker, thread))
+    return service, worker, thread
+
+
+
+def _ended_then_run_again(db, caplog, service: ConsumerService, thread: threading.Thread, job_id: int,
+                          raised: list[str], what: str) -> None:
+    """Start the worker, its block's call (`what`) waiting for a reply that is not coming; the
+    stall watch must end its connection within seconds, and the job's next run complete it."""
+    watch, started = service.stall_watch, time.monotonic()
+    with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+        thread.start()
+        # When the stall watch checks the service's sessions
+        wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.ended)[1], 20,
+                   message="the stall watch ended the block's connection")
+        # Then it said the reply is not coming and ended the connection, long before the read
+        # timeout; the block raised, nothing was stored, and the job's next run completes it
+        wait_until(lambda: raised == ["TransientDBError", "completed"], 20, message="the job's two runs")
+        assert time.monotonic() - started < 20
+        assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
+                   and what in r.getMessage() for r in caplog.records)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)) == 0, 10,
+                   message="the job done")
+
+
 def _complete_in_a_block(job, locked: threading.Event, entered: threading.Event) -> None:
     with job.transaction() as cur:
         cur.execute("DO 1")
@@ -422,11 +464,7 @@ def test_a_job_completion_waiting_on_a_lock_is_said_like_an_ack(db, caplog, how,
         complete(job, locked, entered)
         done.append(job.id)
 
-    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
-    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
-                    exit_when_empty=True, presence=service.presence)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    service.running.append(Running(worker, thread))
+    service, worker, thread = _service_with_worker(cfg, handler, exit_when_empty=True)
     watch = service.stall_watch
     holder = admin_connect(db.admin, db.admin.database)
     try:
@@ -483,31 +521,143 @@ def test_a_job_transaction_completion_whose_reply_is_not_coming_is_said_and_its_
             raise
         raised.append("completed")
 
-    service = ConsumerService(cfg, ConsumeOptions(queues=("q",), function=lambda job: None, workers=1))
-    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=service.stop, budget=Budget(None),
-                    presence=service.presence)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    service.running.append(Running(worker, thread))
-    watch = service.stall_watch
-    started = time.monotonic()
+    service, worker, thread = _service_with_worker(cfg, handler)
     try:
-        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
-            thread.start()
-            # When the stall watch checks the service's sessions
-            wait_until(lambda: (watch.check(service.sessions(), STALL_S), watch.ended)[1], 10,
-                       message="the stall watch ended the completion's connection")
-            # Then it said the reply is not coming and ended the connection, long before the read
-            # timeout; the completion did not land, and the job's next run completes it
-            wait_until(lambda: raised == ["TransientDBError", "completed"], 20, message="the job's two runs")
-            assert time.monotonic() - started < 20
-            assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
-                       and "complete a job in its transaction" in r.getMessage() for r in caplog.records)
-            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)) == 0, 10,
-                       message="the job done")
+        _ended_then_run_again(db, caplog, service, thread, job_id, raised, "complete a job in its transaction")
     finally:
         worker.stop.set()
         if thread.is_alive() and worker.work.connection_id:  # (on the code before: the read waits on)
             db.query(f"KILL CONNECTION {int(worker.work.connection_id)}")
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
+
+
+def test_a_complete_in_whose_reply_is_not_coming_is_ended_on_the_callers_side_too(db, caplog):
+    """Regression: behind a path gone black, the watch said the completion complete_in wrote on
+    the handler's connection and KILLed it on the server, but the server's close never reached
+    the caller: the call never returned (the driver has no read timeout), its worker wedged."""
+    # Given a worker whose handler completes its job on a connection of its own through a relay
+    # whose path goes black once the handler holds it
+    cfg = db.config(defaults={"max_attempts": 1})
+    admin = cfg.dsn
+    relay = BlackHole(admin.host, admin.port)
+    through = _through(db, relay).dsn
+    with Producer("q", cfg) as p:
+        p.put({"n": 1})
+    entered, go, raised = threading.Event(), threading.Event(), []
+
+    def handler(job):
+        conn = MySQLdb.connect(**through.connect_args())
+        try:
+            entered.set()
+            assert go.wait(10)
+            try:
+                job.complete_in(conn)
+            except Exception as e:
+                raised.append(e)
+                raise
+            conn.commit()
+        finally:
+            conn.close()
+
+    service, worker, thread = _service_with_worker(cfg, handler, exit_when_empty=True)
+    watch = service.stall_watch
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            thread.start()
+            assert entered.wait(10), "the handler did not start"
+            relay.freeze()
+            started = time.monotonic()
+            go.set()
+            # When the stall watch checks the service's sessions
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), raised)[1], 20,
+                       message="complete_in raised")
+            # Then it ended the caller's connection on this side too: complete_in raised within
+            # seconds, as a lost connection (nothing of the caller's transaction is stored)
+            assert time.monotonic() - started < 15
+            assert isinstance(raised[0], errors.TransientDBError), raised
+            assert watch.ended == 1
+            assert any(r.levelno == logging.WARNING and "not coming" in r.getMessage()
+                       and "complete a job on the caller's connection" in r.getMessage() for r in caplog.records)
+            # And the worker goes on: the job failed (its only attempt), nothing is left claimed
+            thread.join(15)
+            assert not thread.is_alive() and worker.error is None
+            watch.check(service.sessions(), STALL_S)
+            assert any("no longer stalled" in r.getMessage() for r in caplog.records)
+        assert db.query("SELECT status, owner FROM nq_job") == [(4, None)]
+    finally:
+        go.set()
+        relay.close()
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
+
+
+def test_the_savepoint_a_job_transaction_opens_with_is_watched(db, caplog):
+    """Regression: the reply to the SAVEPOINT a job.transaction() block opens with, lost behind a
+    path gone black, was waited for unsaid until the read timeout (60 s): only the block's
+    completion and COMMIT were watched."""
+    # Given a consumer whose work session goes through a relay that loses every reply on the
+    # connection once it sends the block's SAVEPOINT (once)
+    admin = db.config().dsn
+    relay = BlackHole(admin.host, admin.port)
+    cfg = _through(db, relay, defaults={"retry_base_s": 0.01, "retry_max_s": 0.01})
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    raised: list[str] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                cur.execute("DO 1")
+        except Exception as e:
+            raised.append(type(e).__name__)
+            raise
+        raised.append("completed")
+
+    service, worker, thread = _service_with_worker(cfg, handler)
+    relay.freeze_on(b"SAVEPOINT nq_block")
+    try:
+        _ended_then_run_again(db, caplog, service, thread, job_id, raised, "open a job's transaction")
+    finally:
+        worker.stop.set()
+        relay.close()
+        thread.join(15)
+        worker.work.close()
+        service.presence.close()
+
+
+def test_an_ack_whose_reply_is_lost_and_that_landed_is_counted_done_not_lost(db, caplog):
+    """Regression: an ack whose reply was lost (its connection ended by the watch) was retried on
+    a new connection and found the rows gone, because its first try had landed: the consumer
+    logged `acks lost: jobs were reclaimed from us` and counted lost_acks=1, done=0, for a job
+    this very claim had acked (one attempt record, done)."""
+    # Given a consumer whose work session goes through a relay that loses the reply to its
+    # first ack (the statements of an ack begin with the jobs' 'done' records)
+    admin = db.config().dsn
+    relay = BlackHole(admin.host, admin.port)
+    cfg = _through(db, relay)
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    service, worker, thread = _service_with_worker(cfg, lambda job: None)
+    watch = service.stall_watch
+    relay.freeze_on(b"'done', owner")
+    try:
+        with caplog.at_level(logging.INFO, logger="notifyq.consumer"):
+            thread.start()
+            # When the worker acks the job (idle after it), and the stall watch ends the ack's
+            # connection, its reply not coming
+            wait_until(lambda: (watch.check(service.sessions(), STALL_S), worker.stats.succeeded
+                                + worker.stats.lost_acks)[1], 20, message="the ack counted")
+            # Then the job is counted done, not lost: its ack landed on the try whose reply was lost
+            assert watch.ended == 1
+            assert (worker.stats.succeeded, worker.stats.lost_acks) == (1, 0)
+            assert not [r for r in caplog.records if "acks lost" in r.getMessage()]
+        assert db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s", (job_id,)) == [(1, "done")]
+    finally:
+        service.stop.set()
+        relay.close()
         thread.join(15)
         worker.work.close()
         service.presence.close()

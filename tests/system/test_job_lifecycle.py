@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from conftest import notifyq_cmd, run_cli, wait_until
 from notifyq import errors
 
@@ -205,13 +206,22 @@ def test_sigterm_mid_batch_reports_how_many_jobs_it_gave_back(db, tmp_path):
     assert summary(tmp_path)["given_back"] == 7
 
 
-def test_a_handler_calling_sys_exit_fails_its_job_and_the_consumer_goes_on(db, tmp_path):
-    # Given a running consumer and a job, allowed one attempt, whose handler calls sys.exit(3)
+@pytest.mark.parametrize("payload, error", [
+    ({"exit": 3}, "SystemExit: 3"),
+    # Regression: a BaseException that is neither (asyncio.CancelledError, GeneratorExit, a class
+    # of the handler's own) ended the worker thread; with two workers the other died on the retry,
+    # and the consumer then exited by itself with status 0, which Restart=on-failure never restarts
+    ({"raise": "cancelled"}, "CancelledError: from the handler"),
+    ({"raise": "unwound", "async": True}, "Unwound: from the handler"),
+])
+def test_a_handler_calling_sys_exit_fails_its_job_and_the_consumer_goes_on(db, tmp_path, payload, error):
+    # Given a running consumer of two workers and a job, allowed one attempt, whose handler calls
+    # sys.exit(3) (or raises another BaseException)
     env = setup(db, tmp_path)
-    proc = consume(env, tmp_path)
+    proc = consume(env, tmp_path, "--workers", "2")
     try:
         registered(db, 1)
-        [exiting] = produce(db, [{"exit": 3}], "--max-attempts", "1")
+        [exiting] = produce(db, [payload], "--max-attempts", "1")
 
         # When it has run, and another job comes after it
         wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (exiting,)) == 4, 30,
@@ -228,7 +238,7 @@ def test_a_handler_calling_sys_exit_fails_its_job_and_the_consumer_goes_on(db, t
     # going, nothing is left claimed, and the exit code and the summary tell the truth
     assert alive
     assert db.query("SELECT status, owner, last_error FROM nq_job WHERE id = %s", (exiting,)) == [
-        (4, None, "SystemExit: 3")]
+        (4, None, error)]
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2") == 0
     assert code == errors.EXIT_OK
     counts = summary(tmp_path)

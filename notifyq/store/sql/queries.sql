@@ -302,8 +302,9 @@ VALUES (%(id)s, %(token)s, %(attempt)s, %(queue)s, 'done', %(owner)s, %(host)s,
 SET SESSION wsrep_sync_wait = %(level)s
 
 -- completions_landed --
--- Which of these jobs a completion of this claim committed: after a COMMIT whose reply was
--- lost, and after a handler that completed its job on its own connection (job.complete_in).
+-- Which of these jobs a completion or an ack of this claim committed: after a COMMIT whose
+-- reply was lost, after a handler that completed its job on its own connection (job.complete_in),
+-- and after an ack that came up short (a try before it may have landed, its reply lost).
 SELECT job_id FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
 
 -- retry_later --
