@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import threading
@@ -379,10 +380,9 @@ class Producer:
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
-        return self._waker.commit_and_wake(
-            session, lambda cur: inserts.put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows,
-                                                  max_packet=session.max_allowed_packet),
-            what=self._what, committed=inserts.jobs_stored)
+        put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
+                                max_packet=session.max_allowed_packet)
+        return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
