@@ -26,8 +26,6 @@ from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waker
 
-log = logging.getLogger("notifyq.producer")
-
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
