@@ -48,6 +48,7 @@ from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
 
 log = logging.getLogger("notifyq.producer")
+ring_log = logging.getLogger("notifyq.wakeup")  # the bell's lines, under the name they have always had
 
 T = TypeVar("T")
 
@@ -124,7 +125,7 @@ class Bell:
             try:
                 self.session.conn
             except (DriverError, errors.NotifyqError) as e:
-                log.debug("the last ring failed, becoming ringer again error=%s", e)
+                ring_log.debug("the last ring failed, becoming ringer again error=%s", e)
                 self._forget()
             if self.held is not None and self.session.generation == self._generation:
                 return True
@@ -138,7 +139,7 @@ class Bell:
                 self._retry_ringer_at = time.monotonic() + RINGER_RETRY_S
                 if not self._told_not_ringer:  # once: why this producer's jobs start later
                     self._told_not_ringer = True
-                    log.info("another producer rings this queue's bell (one per queue and server): "
+                    ring_log.info("another producer rings this queue's bell (one per queue and server): "
                              "this one wakes the consumers by interrupting their wait (wakeup.instant_wake), "
                              "else their poll finds its jobs, within wakeup.poll_max_s queue=%s", self.queue)
                 return False
@@ -216,7 +217,7 @@ class Bell:
             bells.ring(self.session, self.locks, self.held)
         except (DriverError, errors.NotifyqError) as e:
             # The jobs are committed. Become ringer again at the next put.
-            log.debug("ring failed error=%s", e)
+            ring_log.debug("ring failed error=%s", e)
             self._forget()
             return False
         if self.session.generation != self._generation:
