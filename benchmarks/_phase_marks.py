@@ -8,7 +8,7 @@ package changes for the benchmark:
   producer side (install_producer)
     commit    a put's COMMIT came back (Pipeline.commit_then_read: the put's COMMIT with its look)
     wake      the wake-up was sent: the bell's ring (bells.ring) or the instant wake's KILL QUERY
-              (bells.interrupt, stamped as it goes out)
+              (advisory.kill_query; bells.interrupt in older checkouts; stamped as it goes out)
     read      `notifyq produce` read bytes of its input (LineSource._read)
   consumer side (install_consumer, and the handler `announce`)
     the watch statements' returns since the worker's last claim, the claim's start and end, and
@@ -58,7 +58,7 @@ def _wrap(owner, name: str, before: str | None = None, after: str | None = None)
 
 def install_producer() -> None:
     from notifyq.produce import lines
-    from notifyq.store import bells
+    from notifyq.store import advisory, bells
 
     try:
         from notifyq.store.pipeline import Pipeline
@@ -66,7 +66,8 @@ def install_producer() -> None:
         from notifyq.store.db import Session as Pipeline
     _wrap(Pipeline, "commit_then_read", after="commit")
     _wrap(bells, "ring", after="wake")  # sent, its reply not waited for
-    _wrap(bells, "interrupt", before="wake")  # the KILL QUERY goes out
+    _wrap(advisory, "kill_query", before="wake")  # the KILL QUERY goes out
+    _wrap(bells, "interrupt", before="wake")  # the same in older checkouts
     read = lines.LineSource._read
 
     def marked_read(self, timeout):

@@ -51,12 +51,12 @@ def child(jobs: int, max_gap_s: float, seed: int) -> int:
         producer.put({"warm": seed})  # connections; the first producer to put arms the bell
         print("ready", flush=True)
         sys.stdin.readline()
-        rings_before = producer._bell.rings if producer._bell is not None else 0
+        rings_before = producer._waker.bell.rings if producer._waker.bell is not None else 0
         for _ in range(jobs):
             time.sleep(rng.uniform(0, max_gap_s))
             job_id = producer.put({})
             print(f"{job_id} {time.monotonic():.9f}", flush=True)
-        bell = producer._bell
+        bell = producer._waker.bell
         print(f"rings {(bell.rings if bell is not None else 0) - rings_before}", flush=True)
     return 0
 

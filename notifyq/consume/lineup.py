@@ -39,7 +39,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume.handler import Handler
 from notifyq.jobs import Job
-from notifyq.produce.interrupt import Interrupter
+from notifyq.wakeup.waker import InstantWake
 from notifyq.store import advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
@@ -114,7 +114,7 @@ class LineupWatch:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._session: Session | None = None
-        self._wakers: dict[str, Interrupter] = {}
+        self._wakers: dict[str, InstantWake] = {}
 
     def watch(self, batch: WatchedBatch, queue: str, target_s: float) -> None:
         """A per-job batch starts: due batch_target_s after its claim."""
@@ -247,5 +247,5 @@ class LineupWatch:
             return  # the watchers poll: their next look at the count finds them
         waker = self._wakers.get(queue)
         if waker is None:
-            waker = self._wakers[queue] = Interrupter(queue, self._locks(queue), insist=wakeup.instant_wake is True)
+            waker = self._wakers[queue] = InstantWake(queue, self._locks(queue), insist=wakeup.instant_wake is True)
         waker.wake(self._session)

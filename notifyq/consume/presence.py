@@ -8,7 +8,7 @@ batch_target_s after their claim.
 
 A watcher session is lent to one idle worker of its queue at a time (`WatchSeat.seat`): that
 worker queues for the queue's watch lock (across processes), watches the bell, claims as
-the watcher and hands the watch lock on (wakeup.py). The process's other idle workers of that
+the watcher and hands the watch lock on (notifyq/wakeup). The process's other idle workers of that
 queue wait on a Condition for the seat, not in GET_LOCK, and cost the server nothing.
 
 The first queue's watcher session (`home`) also holds the process's one liveness lock, for its
@@ -419,7 +419,7 @@ class Presence:
             conn_id = seat.session.connection_id
             if conn_id and seat.session.connected:  # (a shard that is down: nothing waits there)
                 try:
-                    advisory.kill_query(killer, conn_id)
+                    advisory.kill_query(killer.conn.cursor(), conn_id)
                 except Exception as e:  # best effort: the wait ends by its own timeout anyway
                     log.debug("could not interrupt watcher=%s error=%s", seat.session.name, e)
 

@@ -171,7 +171,7 @@ def set_paused(session: Session, queue: str, paused: bool) -> bool:
 
 def wake_watcher(session: Session, queue: str) -> None:
     """Interrupt the idle consumer's wait on `queue` (KILL QUERY of its watch statement, as a
-    producer's instant wake does: produce/interrupt.py), so that it reads the signal count again
+    producer's instant wake does: wakeup/waker.py), so that it reads the signal count again
     now and starts a resumed queue's jobs at once, not at its next poll. Best effort, and silent:
     nobody watching, a proxy between us (its ids are not the server's: no KILL then), another
     database user's consumers (the server refuses) or any error leave it to the poll."""
@@ -180,7 +180,7 @@ def wake_watcher(session: Session, queue: str) -> None:
     def body(cur) -> None:
         holder, me = advisory.lock_holder_and_me(cur, watch)
         if holder is not None and me == session.connection_id:
-            bells.interrupt(cur, holder)
+            advisory.kill_query(cur, holder)
 
     try:
         session.run(body, what="wake the watcher")

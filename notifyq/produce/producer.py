@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import threading
@@ -20,14 +21,11 @@ from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.jobs import Status
 from notifyq.produce import conns
-from notifyq.produce.interrupt import Interrupter
 from notifyq.store import inserts, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
-from notifyq.wakeup import Bell
-
-log = logging.getLogger("notifyq.producer")
+from notifyq.wakeup import Waker
 
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -70,7 +68,8 @@ class Producer:
     queue and server holds the bells: the first to put; another takes over within RINGER_RETRY_S
     of it closing. The others, like one-shot producers (which leave it off), rely on the
     watcher's backoff poll of the signal row, unless they interrupt the watcher's wait
-    (`wakeup.instant_wake`, by default where the server lets them: interrupt.py).
+    (`wakeup.instant_wake`, by default where the server lets them). Which way wakes is the
+    producer's Waker's to choose (notifyq/wakeup/waker.py).
 
     Safe to share between threads (a web worker's threads may share one): put(), put_many()
     and close() take turns on the producer's own sessions and bell, one call at a time. A put that returns has stored its job; one that raises
@@ -97,17 +96,14 @@ class Producer:
         self._max_payload_bytes = config.producer.max_payload_bytes
         self._what = f"enqueue {self.queue}"  # Session.run's name for a put's transaction
         self.locks = QueueLocks(config.dsn.database, queue)
-        self._ring = ring
         if retry_s is not None:
             retry_s = values.seconds("retry_s", retry_s, positive=False)
         self._retry = session_retry(config, retry_s)
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
-        self._lock_session: Session | None = None  # the bell's, and wake()'s instant wake
-        self._bell: Bell | None = None
-        # Without the bell: the instant wake (interrupt.py), kept for the producer's life, since
-        # what it learnt (another database user, a proxy) outlives a reconnect.
-        self._interrupter: Interrupter | None = None
+        # Wakes an idle consumer after each COMMIT (the ring, or the instant wake), on a session
+        # of its own for the bell and wake(); it is called under self._mutex.
+        self._waker = Waker(self.queue, self.locks, config, ring=ring, retry=self._retry)
         self._queue_known = False
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # One thread at a time on the producer's own sessions and bell: a MySQLdb connection
@@ -222,21 +218,20 @@ class Producer:
         """Close the producer's database sessions, after any put under way; a later put opens
         new ones. `with Producer(...) as producer:` closes it at the end of the block."""
         with self._mutex:
-            if self._bell is not None:
-                self._bell.stop_ringing()
+            self._waker.close()
             self._end(Session.close)
 
     def drop(self) -> None:
         """Close the connections without a word to the server (it is gone): its locks, the
         bell's among them, die with them."""
         with self._mutex:
+            self._waker.drop()
             self._end(Session.discard)
 
     def _end(self, how: Callable[[Session], None]) -> None:
-        for session in (self._session, self._lock_session):
-            if session is not None:
-                how(session)
-        self._session = self._lock_session = self._bell = None
+        if self._session is not None:
+            how(self._session)
+        self._session = None
         self._queue_known = False
 
     def wake(self, instant: bool | None = None) -> None:
@@ -245,19 +240,10 @@ class Producer:
         `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
 
         Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
-        idle consumer's wait instead (interrupt.py), unless `instant` is False (None: as
+        idle consumer's wait instead (the instant wake), unless `instant` is False (None: as
         `wakeup.instant_wake` says). Best effort: it never raises."""
-        try:
-            with self._mutex:
-                bell, interrupter = self._wakers(instant)
-                if bell is not None and bell.ring_if_watched():
-                    return
-                if interrupter is None and bell is not None:
-                    interrupter = self._waker(instant)  # the bell was lost with a consumer watching
-                if interrupter is not None and interrupter.look_due():
-                    interrupter.wake(self._locks_session())
-        except (errors.NotifyqError, DriverError) as e:
-            log.debug("wake failed, the consumers' poll finds the jobs queue=%s error=%s", self.queue, e)
+        with self._mutex:
+            self._waker.wake(instant)
 
     @contextlib.contextmanager
     def transaction(self, conn: Any) -> Iterator[CallerTransaction]:
@@ -386,41 +372,16 @@ class Producer:
             raise mine from None
 
     def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
-        """On the producer's own session, under self._mutex."""
+        """On the producer's own session, under self._mutex: the put's transaction, then its
+        waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
         session = self._work_session()
-        bell, interrupter = self._wakers(None)
-        # The bell that looks after this COMMIT: none inside the quiet window of a look that saw
-        # nobody watching, where the put commits as a plain one does. Without the bell, the
-        # instant wake looks (and KILLs the watcher's wait) the same way.
-        looking = bell if bell is not None and bell.look_due() else None
-        waking = interrupter if interrupter is not None and interrupter.look_due() else None
-        seen: list[tuple | None] = [None]
-        looked = [False]
-
-        def with_bell(cur) -> list[int]:
-            looked[0] = False
-            ids = inserts.put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows,
-                                   max_packet=session.max_allowed_packet)
-            if looking is not None:  # the COMMIT carries the look: is anyone watching?
-                seen[0] = looking.commit_and_look(session, cur, ids)
-            elif waking is not None:
-                looked[0] = waking.commit_look_and_kill(session, cur, ids)
-            return ids
-
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
-        # The same for the COMMIT a ringing producer sends inside the body, with the ring's look
-        # (commit_and_look is handed the ids the body returns). A ring lost with it costs the
-        # consumers at most their backoff poll: `seen` stays None and after_commit rings anyway.
-        result = session.run(with_bell, what=self._what, idempotent=False, committed=inserts.jobs_stored)
-        if looking is not None:
-            if not looking.after_commit(seen[0]) and (instead := self._waker(None)) is not None:
-                instead.wake(session)  # the bell was lost with a consumer watching
-        elif waking is not None and not looked[0]:  # the look was lost with the COMMIT's reply
-            waking.wake(session)
-        return result
+        put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
+                                max_packet=session.max_allowed_packet)
+        return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""
@@ -443,37 +404,3 @@ class Producer:
             self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
             self._queue_known = True
         return self._session
-
-    def _locks_session(self) -> Session:
-        if self._lock_session is None:
-            self._lock_session = Session(self.config.dsn, autocommit=True, name="producer-locks", **self._retry)
-        return self._lock_session
-
-    def _waker(self, instant: bool | None) -> Interrupter | None:
-        """The instant wake, unless `instant` (None: `wakeup.instant_wake`) is False, locks are off,
-        or it stopped for good (another database user with "auto", a proxy)."""
-        mode = self.config.wakeup.instant_wake
-        if (mode if instant is None else instant) is False or not self.config.wakeup.use_locks:
-            return None
-        if self._interrupter is None:
-            self._interrupter = Interrupter(self.queue, self.locks, insist=mode is True)
-        return self._interrupter if self._interrupter.off is None else None
-
-    def _wakers(self, instant: bool | None) -> tuple[Bell | None, Interrupter | None]:
-        """Who wakes an idle consumer after the next COMMIT: the bell, once a watcher can be
-        waiting on it; else the instant wake. A new ringer's first put is the instant wake's
-        too: the watcher sleeps while no ringer holds a bell and waits on ours only from its
-        next read on, so a ring would reach nobody."""
-        bell = self._armed_bell()
-        if bell is not None and bell.announced:
-            return bell, None
-        if bell is not None:
-            bell.announced = True  # from the next put on (the KILL makes the watcher read now)
-        return None, self._waker(instant)
-
-    def _armed_bell(self) -> Bell | None:
-        if not self._ring or not self.config.wakeup.use_locks:
-            return None
-        if self._bell is None:
-            self._bell = Bell(self._locks_session(), self.queue, self.locks)
-        return self._bell if self._bell.become_ringer() else None

@@ -63,26 +63,22 @@ def lock_holder(session: Session, name: str) -> int | None:
     return one_value(session, "lock_holder", {"name": name}, "lock_holder")
 
 
-def lock_holder_and_me(cur, name: str) -> tuple[int | None, int]:
-    """(the connection id holding `name` or None, this session's id as the server knows it)."""
-    cur.execute(Q["lock_holder_and_me"], {"name": name})
-    holder, me = cur.fetchone()
-    return holder, int(me)
+KILL_DENIED = 1095  # ER_KILL_DENIED_ERROR: "You are not owner of thread", another user's session
+NO_SUCH_THREAD = 1094
 
 
-def kill_query(session: Session, conn_id: int) -> bool:
-    """Interrupt another session's statement (our own user's only, unless CONNECTION ADMIN)."""
-    return kill_query_on(session.conn.cursor(), conn_id)
-
-
-def kill_query_on(cur, conn_id: int) -> bool:
+def kill_query(cur, conn_id: int) -> str:
+    """KILL QUERY another session's statement: "sent", "gone" (it ended meanwhile) or "refused"
+    (a session of another database user, and we lack CONNECTION ADMIN)."""
     try:
         cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
-        return True
     except MySQLdb.Error as e:
-        if error_code(e) in (1094, 1095):  # no such thread / not ours: nothing to wake
-            return False
+        if error_code(e) == KILL_DENIED:
+            return "refused"
+        if error_code(e) == NO_SUCH_THREAD:
+            return "gone"
         raise
+    return "sent"
 
 
 def session_state(session: Session, conn_id: int) -> tuple[str, bool, int] | None:
@@ -103,7 +99,7 @@ def kill_connection(session: Session, conn_id: int) -> bool:
             cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
             return True
         except MySQLdb.Error as e:
-            if error_code(e) in (1094, 1095):  # no such thread / not ours
+            if error_code(e) in (NO_SUCH_THREAD, KILL_DENIED):
                 return False
             raise
 

@@ -1,10 +1,11 @@
 """The wake-up's statements: the watcher's wait, the polling read, a ringing producer's look and
-ring, and a producer's interrupt of the watcher's wait (instant_wake).
+ring, and the look of a producer that interrupts the watcher's wait (instant_wake; the KILL
+itself is advisory.kill_query).
 
 A ringing producer holds one of its queue's two bells. After each COMMIT it looks (in the
 COMMIT's own round trip) whether a consumer watches the queue; only then it rings: it takes the
 other bell and releases the one it held, in one statement. The watcher waits on the bell it saw
-held at the end of its previous statement (wakeup.py says why that loses no ring).
+held at the end of its previous statement (notifyq/wakeup says why that loses no ring).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
     return session.run(body, what="watch", wait_s=math.ceil(max(0.0, wait_s)))  # (MySQL rounds up)
 
 
-def look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
+def ring_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
     """The read a ringing producer's COMMIT carries (Pipeline.commit_then_read): it returns the
     connection ids holding the watch lock, bell 0 and bell 1 (None: free)."""
     return Q["ring_look"], {"watch": locks.watch, "bell0": locks.bells[0], "bell1": locks.bells[1]}
@@ -90,26 +91,8 @@ def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, 
     return session.run(body, what="poll signal")
 
 
-def interrupt_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
-    """The read an interrupting producer's COMMIT carries (Pipeline.commit_then_read): the
-    connection id holding the watch lock (None: nobody watches) and this session's own id as
-    the server knows it (a proxy's handshake gives another)."""
+def instant_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
+    """The read an instant wake's COMMIT carries (Pipeline.commit_then_read): the connection id
+    holding the watch lock (None: nobody watches) and this session's own id as the server knows
+    it (a proxy's handshake gives another). The KILL it may lead to: advisory.kill_query."""
     return Q["lock_holder_and_me"], {"name": locks.watch}
-
-
-KILL_DENIED = 1095  # ER_KILL_DENIED_ERROR: "You are not owner of thread", another user's session
-NO_SUCH_THREAD = 1094
-
-
-def interrupt(cur, conn_id: int) -> str:
-    """KILL QUERY the watcher's statement: "sent", "gone" (it ended meanwhile) or "refused" (a
-    session of another database user, and we lack CONNECTION ADMIN)."""
-    try:
-        cur.execute(Q["kill_query"], {"conn_id": int(conn_id)})
-    except MySQLdb.Error as e:
-        if error_code(e) == KILL_DENIED:
-            return "refused"
-        if error_code(e) == NO_SUCH_THREAD:
-            return "gone"
-        raise
-    return "sent"

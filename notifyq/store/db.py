@@ -85,7 +85,7 @@ class Session:
         # acks and give-backs must be.
         self.stop = stop
         self.autocommit = autocommit
-        # Waits inside statements (GET_LOCK, the watch's SLEEP) are bounded by this (wakeup.py).
+        # Waits inside statements (GET_LOCK, the watch's SLEEP) are bounded by this (wakeup/waiter.py).
         self.read_timeout_s = (min(read_timeout_s, FAILOVER_READ_TIMEOUT_S) if len(dsn.servers) > 1
                                else read_timeout_s)
         # The server ends the session after this long without a statement (wait_timeout), and

@@ -1,6 +1,6 @@
 """The kill_query fault: a burst of KILL QUERY at the main deployment's consumer sessions.
 
-What a producer's instant wake sends (produce/interrupt.py), and a DBA's KILL QUERY, at random
+What a producer's instant wake sends (notifyq/wakeup/waker.py, InstantWake), and a DBA's KILL QUERY, at random
 moments: for BURST_S, as fast as one connection can, every other KILL goes to the session holding
 the queue's watch lock (the instant wake's target, caught as it hands the watch on: between a
 statement sent ahead and its reply) and the others to a random session of a random live consumer

@@ -147,10 +147,10 @@ def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
         for dedup_key in (None, f"key-{commit_first}"):
             with Producer("rq", cfg, ring=True) as producer:
                 producer.put({"warm-up": True})  # connects and arms the bell
-                assert producer._bell is not None and producer._bell.held is not None
+                assert producer._waker.bell is not None and producer._waker.bell.held is not None
                 producer._session.run(lambda cur: cur.execute("DELETE FROM nq_job"), what="t")
                 # the warm-up's look saw nobody watching: the next put looks once its quiet window is over
-                wait_until(producer._bell.look_due, 5, message="a put that looks again")
+                wait_until(producer._waker.bell.look.due, 5, message="a put that looks again")
                 calls = _lose_the_ringing_commit(producer, commit_first)
                 # When the put's COMMIT loses its connection
                 with Lines() as log:

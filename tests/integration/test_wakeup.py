@@ -246,7 +246,7 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
             # stalls: what tells a lost ring is the watcher's wake-up by timeout, below)
             latencies.append(put_and_time(producer, recorder, 4 * MARGIN_S))
         # Then no ring was lost: a lost one would cost up to the 5 s sleep, ended by its timeout
-        assert producer._bell is not None and producer._bell.held is not None, "never rang"
+        assert producer._waker.bell is not None and producer._waker.bell.held is not None, "never rang"
         assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
     latencies.sort()
     print(f"\nbell pick-up over 500 rounds: p50={latencies[250] * 1e3:.2f}ms "
@@ -284,7 +284,7 @@ def test_a_ringer_whose_bell_was_lost_before_its_put_still_wakes_the_watcher_at_
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
         # When the producer's lock session dies unnoticed (the bell freed: the watcher takes it,
         # finds nothing new and sleeps) and the producer then puts a job
-        db.query(f"KILL CONNECTION {int(producer._lock_session.connection_id)}")
+        db.query(f"KILL CONNECTION {int(producer._waker.session.connection_id)}")
         wait_until(lambda: not watcher_waits_on_the_bell(db), 10, message="the watcher asleep, no bell held")
         latency = put_and_time(producer, recorder, 5.0 + MARGIN_S)
     # Then the job starts at once (the put's look saw the bell lost and a consumer watching: it
@@ -301,19 +301,19 @@ def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_i
     try:
         with Producer(Q, cfg, ring=True) as producer:
             producer.put({"warm-up": True})  # connects and arms
-            assert producer._bell is not None and producer._bell.held is not None
+            assert producer._waker.bell is not None and producer._waker.bell.held is not None
             # When it puts 50 jobs with nobody watching
-            bell = producer._bell
-            before, looks_before, t0 = questions.read(), bell.looks, time.monotonic()
+            bell = producer._waker.bell
+            before, looks_before, t0 = questions.read(), bell.look.taken, time.monotonic()
             for i in range(50):
                 producer.put({"n": i})
             elapsed = time.monotonic() - t0
             spent = questions.read() - before - 1
-            looks = bell.looks - looks_before
+            looks = bell.look.taken - looks_before
             # Then it never rang, it looked at most once per quiet window (a look that saw nobody
             # watching holds for QUIET_LOOK_S), and each put cost what a plain one does
             # (INSERT, signal bump, COMMIT) plus the looks that rode with COMMITs
-            assert producer._bell.rings == 0
+            assert producer._waker.bell.rings == 0
             assert looks <= 1 + elapsed / QUIET_LOOK_S, f"{looks} looks in {elapsed * 1e3:.1f} ms"
             assert spent <= 50 * 3 + looks, f"{spent / 50:.2f} statements per put"
             # When consumers start (their watcher, without a bell, would sleep 5 s between
@@ -326,7 +326,7 @@ def test_a_ringing_producer_rings_only_while_a_consumer_watches_and_then_wakes_i
                 for _ in range(20):
                     assert put_and_time(producer, recorder, MARGIN_S) < MARGIN_S
                     wait_settled(db, 2)
-                assert producer._bell.rings >= 20
+                assert producer._waker.bell.rings >= 20
                 assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
     finally:
         questions.close()
@@ -337,13 +337,13 @@ def test_one_producer_per_queue_rings_and_another_ringing_producer_says_once_tha
     cfg = db.config()
     with Producer(Q, cfg, ring=True) as first, Producer(Q, cfg, ring=True) as second:
         first.put({"n": 0})
-        assert first._bell is not None and first._bell.held is not None
+        assert first._waker.bell is not None and first._waker.bell.held is not None
         # When a second ringing producer puts on the same queue, again and again
         with caplog.at_level("INFO", logger="notifyq.wakeup"):
             for i in range(3):
                 second.put({"n": i})
         # Then it holds no bell (one per queue and server) and says so once, with what to expect
-        assert second._bell is not None and second._bell.held is None
+        assert second._waker.bell is not None and second._waker.bell.held is None
         told = [r.getMessage() for r in caplog.records if "another producer rings" in r.getMessage()]
         assert len(told) == 1 and "wakeup.poll_max_s" in told[0] and "instant_wake" in told[0]
 
@@ -355,12 +355,12 @@ def test_a_watcher_that_starts_inside_a_ringers_quiet_window_finds_the_job_by_th
     recorder = Recorder()
     with Producer(Q, cfg, ring=True) as producer:
         producer.put({"warm-up": True})  # arms
-        bell = producer._bell
+        bell = producer._waker.bell
         assert bell is not None and bell.held is not None
-        bell.quiet_s = 60.0
-        wait_until(bell.look_due, 1, message="the warm-up's own quiet window over")
+        bell.look.quiet_s = 60.0
+        wait_until(bell.look.due, 1, message="the warm-up's own quiet window over")
         producer.put({"look": True})  # it looks, sees nobody, and goes quiet for 60 s
-        looks = bell.looks
+        looks = bell.look.taken
         # When a consumer starts watching inside the window, and a job is put there
         with Fleet(cfg, 1, recorder):
             wait_until(lambda: recorder.count() == 2, 10, message="the first two jobs run")
@@ -368,13 +368,13 @@ def test_a_watcher_that_starts_inside_a_ringers_quiet_window_finds_the_job_by_th
             took = put_and_time(producer, recorder, 0.2 + MARGIN_S)
             # Then that put did not look (nor ring), and the watcher found the job by its own
             # read of the count within its backoff (capped at poll_max_s 0.2 s here)
-            assert bell.looks == looks and bell.rings == 0
+            assert bell.look.taken == looks and bell.rings == 0
             assert took < 0.2 + MARGIN_S
             # And once the window is over, the next put looks and rings the watcher again
-            bell._quiet_until = 0.0  # what quiet_s later would do
+            bell.look.quiet_until = 0.0  # what quiet_s later would do
             wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher on the bell")
             put_and_time(producer, recorder, MARGIN_S)
-            assert bell.looks == looks + 1 and bell.rings == 1
+            assert bell.look.taken == looks + 1 and bell.rings == 1
 
 
 def test_a_bell_left_free_by_a_half_armed_ringer_costs_one_claim_per_consumer_not_a_spin(db):
@@ -657,14 +657,14 @@ def test_a_ringing_producer_whose_lock_session_is_killed_still_delivers_and_ring
         put_and_time(producer, recorder, 2.0 + MARGIN_S)
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
         # When root kills the producer's lock session (the one holding the ringer and the bell)
-        db.query(f"KILL CONNECTION {int(producer._lock_session.connection_id)}")
+        db.query(f"KILL CONNECTION {int(producer._waker.session.connection_id)}")
         # Then its next puts are still delivered (found by the watcher's poll) ...
         for _ in range(2):
             put_and_time(producer, recorder, 2.0 + MARGIN_S)
         # ... and once re-armed on a new connection it rings again: pick-up well under the 2 s poll
         wait_settled(db, 2)
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell again")
-        assert producer._lock_session.generation > 1
+        assert producer._waker.session.generation > 1
         assert put_and_time(producer, recorder, 2.0 + MARGIN_S) < 0.5
 
 

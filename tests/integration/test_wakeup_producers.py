@@ -1,6 +1,6 @@
 """Several long-lived producers on one queue (a web app's worker processes): only one holds the
 queue's bell, and by default the others interrupt the watcher's wait (wakeup.instant_wake =
-"auto", notifyq/produce/interrupt.py) where the server lets them: same database user, no proxy."""
+"auto", notifyq/wakeup/waker.py, InstantWake) where the server lets them: same database user, no proxy."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_second_ringing_producers_jobs_start_far_before_the_poll_with_the_defa
     with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg, ring=True) as first, \
             Producer(Q, cfg, ring=True) as second:
         first.put({"warm-up": True})  # arms: it holds the bell from now on
-        assert first._bell is not None and first._bell.held is not None
+        assert first._waker.bell is not None and first._waker.bell.held is not None
         wait_settled(db, 2)
         # When the second puts jobs at random moments of the watcher's wait
         latencies = []
@@ -65,8 +65,8 @@ def test_a_second_ringing_producers_jobs_start_far_before_the_poll_with_the_defa
         # Then each starts far sooner than the poll would find it: the second producer interrupted
         # the watcher's wait, and no watcher ran out its wait to find a job
         assert max(latencies) < LONG_POLL_S / 5, latencies
-        assert second._bell is not None and second._bell.held is None  # one bell per queue and server
-        assert second._interrupter is not None and second._interrupter.kills >= 1
+        assert second._waker.bell is not None and second._waker.bell.held is None  # one bell per queue and server
+        assert second._waker.instant is not None and second._waker.instant.kills >= 1
         assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
 
 
@@ -85,16 +85,16 @@ def test_a_producer_of_another_database_user_stops_interrupting_after_the_first_
             if ring:
                 bell_holder.put({"arms": True})  # the bell is taken: `p` is a second ringing producer
                 # (a new ringer's first put wakes by the instant wake too: refused, and said, once)
-                assert bell_holder._interrupter is not None and bell_holder._interrupter.off == "refused"
+                assert bell_holder._waker.instant is not None and bell_holder._waker.instant.off == "refused"
                 caplog.clear()
             # When it puts, again and again
             with caplog.at_level("WARNING", logger="notifyq.producer"):
                 for i in range(4):
                     p.put({"n": i})
             # Then its first put was refused, it tried no more, and it said once what to set
-            interrupter = p._interrupter
+            interrupter = p._waker.instant
             assert interrupter is not None and interrupter.refusals == 1 and interrupter.off == "refused"
-            assert interrupter.looks == 1  # later puts commit as plain ones: no look, no KILL
+            assert interrupter.look.taken == 1  # later puts commit as plain ones: no look, no KILL
             told = [r.getMessage() for r in caplog.records if "instant_wake is off" in r.getMessage()]
             assert len(told) == 1, told
             assert "database user" in told[0] and "wakeup.instant_wake" in told[0]
@@ -116,7 +116,7 @@ def test_instant_wake_true_keeps_trying_after_a_refusal_and_says_so_once(db, oth
             for i in range(3):
                 p.put({"n": i})
             # Then it tried each time, as true always meant, and said once that it was refused
-            assert p._interrupter.refusals == 3 and p._interrupter.off is None
+            assert p._waker.instant.refusals == 3 and p._waker.instant.off is None
             told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
             assert len(told) == 1 and "keeps trying" in told[0]
     finally:
@@ -136,7 +136,7 @@ def test_instant_wake_false_never_interrupts(db):
             p.put({"n": 1})
             # Then it sends no KILL and opens no second connection
             assert _com_kill(p._session) == 0
-            assert p._interrupter is None and p._lock_session is None
+            assert p._waker.instant is None and p._waker.session is None
     finally:
         watcher.close()
 
@@ -149,9 +149,9 @@ def test_with_nobody_watching_a_put_sends_no_kill_and_opens_no_second_connection
         for i in range(3):
             p.put({"n": i})
         # Then its COMMITs looked (in their own round trips) and saw nobody: no KILL, one session
-        assert p._interrupter is not None and p._interrupter.looks >= 1 and p._interrupter.kills == 0
+        assert p._waker.instant is not None and p._waker.instant.look.taken >= 1 and p._waker.instant.kills == 0
         assert _com_kill(p._session) == 0
-        assert p._lock_session is None
+        assert p._waker.session is None
 
 
 def test_the_producer_that_holds_the_bell_rings_it_once_its_first_put_woke_the_watcher(db):
@@ -163,8 +163,8 @@ def test_the_producer_that_holds_the_bell_rings_it_once_its_first_put_woke_the_w
     with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as p:
         wait_settled(db, 2)
         p.put({"warm-up": True})
-        assert p._bell is not None and p._bell.held is not None
-        looks, kills = p._interrupter.looks, _com_kill(p._session)
+        assert p._waker.bell is not None and p._waker.bell.held is not None
+        looks, kills = p._waker.instant.look.taken, _com_kill(p._session)
         assert looks == 1 and kills <= 1
         wait_settled(db, 2)
         # When it puts
@@ -172,9 +172,9 @@ def test_the_producer_that_holds_the_bell_rings_it_once_its_first_put_woke_the_w
             assert put_and_time(p, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
             wait_settled(db, 2)
         # Then it rang, and looked for a watcher to KILL nor sent a KILL no more
-        assert p._bell.rings >= 4
-        assert p._interrupter.looks == looks
-        assert _com_kill(p._session) == kills and _com_kill(p._lock_session) == 0
+        assert p._waker.bell.rings >= 4
+        assert p._waker.instant.look.taken == looks
+        assert _com_kill(p._session) == kills and _com_kill(p._waker.session) == 0
 
 
 def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
@@ -183,8 +183,8 @@ def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
     recorder = Recorder()
     with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as first, Producer(Q, cfg) as second:
         first.put({"warm-up": True})
-        bell = first._bell
-        generation = first._lock_session.generation
+        bell = first._waker.bell
+        generation = first._waker.session.generation
         wait_settled(db, 2)
         # When the second interrupts the watcher's wait, put after put, and then the first puts
         for _ in range(10):
@@ -195,6 +195,6 @@ def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
             assert put_and_time(first, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
             wait_settled(db, 2)
         # Then the first still holds the bell on its first connection, and rang each time
-        assert first._lock_session.generation == generation and bell.held is not None
+        assert first._waker.session.generation == generation and bell.held is not None
         assert bell.rings == rings + 3
-        assert second._interrupter.kills >= 5
+        assert second._waker.instant.kills >= 5

@@ -1,0 +1,218 @@
+"""The consumer's side of the wake-up: a Waiter, on a consumer process's watcher session for one
+queue, waits for work as the watcher (in GET_LOCK on the bell a ringer holds, else in SLEEP with
+backoff), or polls the signal row where there are no advisory locks. The protocol: the package
+docstring (notifyq/wakeup/__init__.py)."""
+
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from notifyq.config import WakeupConfig
+from notifyq.store import advisory, bells
+from notifyq.store.db import Session
+from notifyq.store.locks import QueueLocks
+
+SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
+READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's read timeout
+
+
+class Waiter:
+    """A consumer process's side of the wake-up protocol for one queue, on its watcher session
+    (used by one idle worker at a time: on_turn and on_reap are that worker's)."""
+
+    def __init__(self, session: Session, queue: str, locks: QueueLocks, cfg: WakeupConfig,
+                 stop: threading.Event, on_turn: Callable[[], None], on_reap: Callable[[], None]):
+        self.session = session
+        self.queue = queue
+        self.locks = locks
+        self.cfg = cfg
+        self.stop = stop
+        self.on_turn = on_turn  # called once per loop turn: liveness for the systemd watchdog
+        self.on_reap = on_reap  # the watch statement saw a dead peer or an expired lease
+        self.watching = False
+        self.watch_timed_out = False  # the last acquire_watch ended by its timeout
+        # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
+        self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
+        self._last_grant: tuple[int, int] | None = None  # (bell value, count) of the last grant
+        self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
+        self._last_total = -1  # polling fallback only
+        self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
+
+    def _bounded(self, wait_s: float) -> float:
+        """A wait inside a statement must end before the client stops reading its reply. The
+        watcher session's read timeout is fixed when it connects, from the config of that time;
+        a SIGHUP may raise idle_wait_s or poll_max_s past it, and a wait that outlasts it ends
+        in a lost connection (and liveness lock), reconnected and waited again: a loop."""
+        timeout = self.session.read_timeout_s
+        return min(wait_s, max(timeout - READ_MARGIN_S, timeout / 2))
+
+    # -------------------------------------------------------- the watch lock
+
+    def acquire_watch(self) -> bool:
+        """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
+        generation = self.session.generation
+        got = advisory.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
+        self.watch_timed_out = False
+        if self.session.generation != generation:
+            # Reconnected while queued: our liveness lock may have gone with the old connection,
+            # so we must not claim yet. Give the turn back; the worker re-registers and queues again.
+            if got == 1:
+                advisory.release_lock(self.session, self.locks.watch)
+            self.watching = False
+            return False
+        self.watching = got == 1
+        self.watch_timed_out = got == 0
+        return self.watching
+
+    def watcher_overdue(self) -> bool:
+        """After a watch-lock timeout: is there work the watcher has not dispatched?
+
+        A healthy watcher hands work on within milliseconds. A watcher whose host vanished
+        without closing its connection (power loss, partition) keeps the watch lock until the
+        server's TCP keepalive gives up, hours later; queued consumers must not sleep that long.
+        One cheap read per idle_wait_s: if work is pending, the caller claims it itself. The
+        same read asks whether a peer died: the watcher, which runs the reaper for an idle
+        fleet, may be the one that is gone.
+        """
+        state = bells.watch(self.session, self.queue, self.locks, None, 0, use_bell=False)
+        if state.reap:
+            self.on_reap()
+        if state.paused or state.interrupted:
+            return False
+        return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
+
+    def release_watch(self, wait: bool = True, claimed: int | None = None) -> None:
+        """Hand the watch on. wait=False sends the release without waiting for its reply: the
+        next idle consumer is granted the watch while we already run our batch (`claimed`: a
+        job of the claim just made, advisory.hand_watch_on)."""
+        if self.watching:
+            self.watching = False
+            if wait:
+                advisory.release_lock(self.session, self.locks.watch)
+            else:
+                advisory.hand_watch_on(self.session, self.locks.watch, self.queue, claimed)
+
+    # -------------------------------------------------------- waiting for work
+
+    def wait_for_work(self, safety_s: float = SAFETY_S) -> bool | None:
+        """As the watcher: return True once there may be something to claim.
+
+        That is: the enqueue count moved past the watched count, a scheduled job fell due, or
+        a producer rang the bell. A bell grant returns at once, without reading the count
+        again: the claim reads it itself in its first round trip (queries.claim, as_watcher),
+        so a ring costs one statement here between the producer's release and the claim.
+
+        Returns None when stopping, or when the watcher session reconnected (the caller must
+        re-register first). The watch statement also reports the time until the earliest
+        scheduled job, which bounds the next wait. After `safety_s` of silence it returns
+        anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
+        nobody foresaw.
+        """
+        generation = self.session.generation
+        start = time.monotonic()
+        backoff = self.cfg.poll_initial_s
+        due_at: float | None = None
+        # The bell to wait on: the one the previous statement saw held at its end. A new turn
+        # does not know it yet, so its first statement only reads (bells.watch).
+        wait_on: int | None = None
+        paused = False  # what this turn's last statement read (an interrupted one reads nothing)
+        while not self.stop.is_set():
+            self.on_turn()
+            wait = self._bounded(min(backoff, self.cfg.poll_max_s))
+            if due_at is not None:
+                wait = max(0.0, min(wait, due_at - time.monotonic()))
+            sent = time.monotonic()  # due_in_s is measured before the statement's wait
+            state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
+                                use_bell=not self._suspect_bell)
+            if self.session.generation != generation:
+                self.watching = False  # the watch lock died with the old connection
+                return None
+            if state.interrupted:  # KILL QUERY interrupted the wait: a wake-up or a stop
+                if self.stop.is_set():
+                    return None
+                if not paused:
+                    # A producer's instant wake, sent after its COMMIT: claim now. The claim
+                    # reads the count itself in its first round trip, so reading it here first
+                    # would only add a round trip to the pick-up. (A KILL aimed elsewhere costs
+                    # an empty claim.)
+                    self.wakeups["signal"] += 1
+                    return True
+                # Paused when last read: a put's KILL still arrives, and a claim would only find
+                # the pause again. Read again instead (the resume shows there).
+                wait_on = None  # the statement ended early: it did not say which bell is held
+                continue
+            paused = state.paused
+            waited_on, wait_on = wait_on, state.held
+            if state.reap:
+                self.on_reap()
+            if self._last_grant is not None and state.total != self._last_grant[1]:
+                self._suspect_bell = False  # the count moved: rings are real again
+            if not state.paused:
+                if state.total > state.watched:
+                    self.wakeups["signal"] += 1
+                    return True
+                if state.due_in_s is not None and state.due_in_s <= 0:
+                    self.wakeups["due"] += 1
+                    return True
+            # A paused queue ignores due jobs: waking for them would only find the pause again.
+            due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
+            if state.waited == 1:
+                # Every ring flips the bell and comes with a new count. A grant on the same
+                # bell value with the same count as the last grant (in this turn or an earlier
+                # one) had no ring behind it: the bells are in a state no ringer leaves them in
+                # for long (see the module docstring). Sleep the next waits instead of spinning
+                # on a free bell, until the count moves.
+                grant = (waited_on, state.total)
+                if grant == self._last_grant:
+                    self._suspect_bell = True
+                    continue
+                self._last_grant = grant
+                if state.paused:
+                    continue
+                self.wakeups["bell"] += 1
+                return True
+            if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
+                continue
+            backoff *= 2
+            if time.monotonic() - start >= safety_s:
+                self.wakeups["timeout"] += 1
+                return True
+        return None
+
+    def work_left(self) -> None:
+        """Polling: the last claim left work behind; the next poll claims at once."""
+        self._last_total = -1
+
+    def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
+        """Fallback without advisory locks: each idle consumer polls the signal row itself.
+
+        The backoff survives between idle spells and restarts only when the count moves, so
+        an idle consumer settles at one cheap read per poll_max_s.
+        """
+        start = time.monotonic()
+        while not self.stop.is_set():
+            self.on_turn()
+            total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
+            if reap:
+                self.on_reap()
+            if not paused:
+                if total != self._last_total:
+                    self._last_total = total
+                    self._poll_backoff = self.cfg.poll_initial_s
+                    self.wakeups["signal"] += 1
+                    return True
+                if due_in_s is not None and due_in_s <= 0:
+                    self.wakeups["due"] += 1
+                    return True
+            if time.monotonic() - start >= safety_s:
+                self.wakeups["timeout"] += 1
+                return True
+            wait = min(self._poll_backoff, self.cfg.poll_max_s)
+            if not paused and due_in_s is not None:
+                wait = min(wait, due_in_s)
+            self.stop.wait(wait)
+            self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
+        return False
