@@ -10,6 +10,7 @@ the transaction that inserts or retries the job: the key's row lock is held unti
 from __future__ import annotations
 
 from notifyq.store.db import Session
+from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
 SWEEP_CHUNK = 1000
@@ -27,6 +28,8 @@ def holder(cur, queue: str, key: str) -> int | None:
 def take(cur, queue: str, key: str, job_id: int) -> None:
     """The key is job_id's now; under holder()'s lock, in the same transaction."""
     cur.execute(Q["dedup_take"], {"queue": queue, "dedup_key": key, "id": job_id})
+    if cur.rowcount != 1:  # a KILL QUERY's OK reply to the UPDATE it cut short: the key stays free
+        raise cut_short(f"dedup key of job {job_id} not taken")
 
 
 def sweep(session: Session, queue: str, after: str = "", chunk: int = SWEEP_CHUNK) -> tuple[int, str]:

@@ -165,6 +165,18 @@ def test_a_put_whose_insert_stored_no_row_does_not_return_an_id(db, monkeypatch)
     assert db.query("SELECT id FROM nq_job") == [(job_id,)]
 
 
+def test_a_unique_put_whose_key_take_changed_no_row_does_not_leave_the_key_free(db, monkeypatch):
+    # Given a producer
+    with Producer("q", db.config()) as producer:
+        # When a unique put's taking of its key is answered OK with no row changed
+        cut = CutShort(monkeypatch, r"UPDATE nq_dedup SET job_id = \d+ WHERE queue = .*? AND dedup_key = '[^']*'")
+        first = producer.put({"n": 1}, dedup_key="k")
+        # Then the put ran again: the key is the job's, and the next put with it gets that job
+        second = producer.put({"n": 2}, dedup_key="k")
+    assert cut.done and second == first
+    assert db.query("SELECT id FROM nq_job") == [(first,)]
+
+
 def test_complete_in_whose_record_stored_no_row_does_not_complete(db, work, monkeypatch):
     # Given a claimed job, completed on the caller's connection in its transaction
     [job_id] = put(db)
