@@ -416,6 +416,10 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         cur.execute(Q["give_back"], {"ids": Ids(ids), "token": token,
                                      "cancelled": "cancelled before it started"})
         n = cur.rowcount  # read before the bump: its own row count would replace this one
+        # Fewer than asked is a claim taken back, unless some are still ours: a KILL QUERY's OK
+        # reply to the UPDATE it cut short (they would wait for their lease, ready jobs unclaimed)
+        if n < len(ids) and still_claimed(cur, ids, token):
+            raise cut_short(f"give back {len(ids)} jobs: {n} returned")
         if n:
             bump_signal(cur, queue, n)
         return n

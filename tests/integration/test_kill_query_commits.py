@@ -139,6 +139,18 @@ def test_a_failed_job_whose_retry_changed_no_row_does_not_commit_its_record_alon
     assert db.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job_id,)) == [("failed",)]
 
 
+def test_a_give_back_that_changed_no_row_runs_again(db, work, monkeypatch):
+    # Given a claim of three that never started (a shutdown)
+    ids = put(db, 3)
+    claim = _claim_all(work)
+    # When its give-back is answered OK with no row changed
+    cut = CutShort(monkeypatch, r"WHERE id IN \([^)]*\) AND claim_token = \d+ AND status = 2$")
+    n = queries.give_back(work, "q", ids, claim.token)
+    # Then it ran again: the three are ready now, not left claimed until their lease ends
+    assert cut.done and n == 3
+    assert db.query("SELECT status, claim_token FROM nq_job ORDER BY id") == [(0, None)] * 3
+
+
 def test_a_take_back_whose_return_changed_no_row_does_not_commit_its_records_alone(db, work, monkeypatch):
     # Given a claim of three whose lease ran out
     ids = put(db, 3)
