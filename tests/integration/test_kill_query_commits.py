@@ -207,3 +207,19 @@ def test_complete_in_whose_record_stored_no_row_does_not_complete(db, work, monk
         assert db.query("SELECT status, claim_token FROM nq_job WHERE id = %s", (job_id,)) == [(2, TOKEN)]
     finally:
         conn.close()
+
+
+def test_an_operators_retry_of_the_dead_job_that_took_its_key_last_keeps_the_key(db, work):
+    """Its key take changes no row (the key names the job already): that is no cut-short UPDATE."""
+    from notifyq.store import admin_queries
+
+    # Given a dead job that took its key last
+    with Producer("q", db.config()) as producer:
+        job_id = producer.put({"n": 1}, dedup_key="k")
+    db.query("UPDATE nq_job SET status = 4 WHERE id = %s", (job_id,))
+    # When an operator retries it
+    n = admin_queries.retry_jobs(work, [(job_id, "q")])
+    # Then it is ready again, holding its key: a put with that key gets it
+    assert n == 1
+    with Producer("q", db.config()) as producer:
+        assert producer.put({"n": 2}, dedup_key="k") == job_id

@@ -92,6 +92,11 @@ LOCK IN SHARE MODE
 -- Under dedup_lock: the key is this job's now.
 UPDATE nq_dedup SET job_id = %(id)s WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
 
+-- dedup_key_job --
+-- After a dedup_take that changed no row: the job the key's row names (an operator's retry of
+-- the job that took the key last changes nothing; a KILL QUERY's cut-short UPDATE neither).
+SELECT job_id FROM nq_dedup WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+
 -- dedup_free_keys --
 -- Retention's sweep, a plain read: the next keys of a queue, in key order after `after`, whose
 -- job is no longer pending. Their rows would otherwise stay forever (a key never used again).
