@@ -151,6 +151,21 @@ def test_a_give_back_that_changed_no_row_runs_again(db, work, monkeypatch):
     assert db.query("SELECT status, claim_token FROM nq_job ORDER BY id") == [(0, None)] * 3
 
 
+def test_results_kept_after_a_blocks_completion_whose_update_changed_no_row_are_written_again(db, work, monkeypatch):
+    from notifyq.store import results
+
+    # Given two jobs whose completion committed (their records written, with no result yet)
+    ids = put(db, 2)
+    claim = _claim_all(work, n=2)
+    queries.ack(work, ids, claim.token, False)
+    # When their results are kept, one UPDATE answered OK with no row changed
+    cut = CutShort(monkeypatch, r"UPDATE nq_attempt SET result = '[^']*' WHERE job_id = \d+ AND claim_token = \d+")
+    results.keep_results(work, claim.token, [(ids[0], '"a"'), (ids[1], '"b"')])
+    # Then the writes ran again: both results are kept
+    assert cut.done
+    assert db.query("SELECT job_id, result FROM nq_attempt ORDER BY job_id") == [(ids[0], '"a"'), (ids[1], '"b"')]
+
+
 def test_a_take_back_whose_return_changed_no_row_does_not_commit_its_records_alone(db, work, monkeypatch):
     # Given a claim of three whose lease ran out
     ids = put(db, 3)

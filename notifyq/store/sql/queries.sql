@@ -235,6 +235,13 @@ FOR UPDATE
 -- attempt_acked wrote in the same query (no row when that one was fenced out).
 UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token = %(token)s
 
+-- results_missing --
+-- After result writes that changed fewer rows than asked (results.keep_results): which of these
+-- records of the claim hold no result (a KILL QUERY's cut-short UPDATE; a rerun after a lost
+-- COMMIT writes the same values again and changes nothing).
+SELECT job_id FROM nq_attempt FORCE INDEX (PRIMARY)
+WHERE job_id IN %(ids)s AND claim_token = %(token)s AND result IS NULL
+
 -- attempt_failed --
 -- A failed attempt's record, sent with its retry_later or bury in one round trip
 -- (queries.reschedule_or_bury), under the same fence. dead: the caller buries it; a job cancelled while it ran ends
