@@ -44,7 +44,7 @@ from notifyq.jobs import Job, run_of
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.db import Session, shut_down, socket_of
-from notifyq.store.driver import Ids, describe, error_code, is_connection_lost
+from notifyq.store.driver import Ids, cut_short, describe, error_code, is_connection_lost
 from notifyq.store.pipeline import Waiting
 from notifyq.store.sql import QUERIES as Q
 
@@ -351,6 +351,8 @@ def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: s
     if cur.rowcount != 1:
         return False
     cur.execute(Q["complete_record"], params)
+    if cur.rowcount != 1:  # a KILL QUERY's OK reply to a statement it cut short
+        raise cut_short(f"job {job.id}: its completion's record was not written")
     return True
 
 

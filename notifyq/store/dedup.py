@@ -10,6 +10,7 @@ the transaction that inserts or retries the job: the key's row lock is held unti
 from __future__ import annotations
 
 from notifyq.store.db import Session
+from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
 SWEEP_CHUNK = 1000
@@ -26,7 +27,16 @@ def holder(cur, queue: str, key: str) -> int | None:
 
 def take(cur, queue: str, key: str, job_id: int) -> None:
     """The key is job_id's now; under holder()'s lock, in the same transaction."""
-    cur.execute(Q["dedup_take"], {"queue": queue, "dedup_key": key, "id": job_id})
+    params = {"queue": queue, "dedup_key": key}
+    cur.execute(Q["dedup_take"], {**params, "id": job_id})
+    if cur.rowcount == 1:
+        return
+    # No row changed: the key was this job's already (an operator's retry of it), or a KILL
+    # QUERY answered the UPDATE it cut short with OK, which would leave the key free
+    cur.execute(Q["dedup_key_job"], params)
+    row = cur.fetchone()
+    if row is None or int(row[0]) != job_id:
+        raise cut_short(f"dedup key of job {job_id} not taken")
 
 
 def sweep(session: Session, queue: str, after: str = "", chunk: int = SWEEP_CHUNK) -> tuple[int, str]:

@@ -58,6 +58,13 @@ def connect(**connect_args: Any) -> MySQLdb.connections.Connection:
     return MySQLdb.connect(**connect_args)
 
 
+def cut_short(what: str) -> MySQLdb.OperationalError:
+    """The error for a statement whose reply says it did less than it must have (a KILL QUERY
+    can end a statement with an OK reply and no row changed, or a subquery read as NULL): its
+    transaction is rolled back and run again, as after a KILL QUERY's own 1317."""
+    return MySQLdb.OperationalError(QUERY_INTERRUPTED, f"cut short without an error: {what}")
+
+
 def error_code(exc: BaseException) -> int | None:
     if isinstance(exc, MySQLdb.Error) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]

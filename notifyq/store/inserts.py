@@ -17,7 +17,7 @@ from MySQLdb.constants import CLIENT
 
 from notifyq import errors
 from notifyq.store import dedup
-from notifyq.store.driver import RECONNECT_CODES, describe, error_code
+from notifyq.store.driver import RECONNECT_CODES, cut_short, describe, error_code
 from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
@@ -132,6 +132,8 @@ def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bo
     if signal is not None and combine:
         statements.append(_rendered_bump(db, *signal))
     cur.execute(b";\n".join(statements))
+    if cur.rowcount != n:  # a KILL QUERY's OK reply to an INSERT it cut short
+        raise cut_short(f"insert of {n} jobs: {cur.rowcount} stored")
     if returning:
         ids = [row[0] for row in cur.fetchall()]
     else:
@@ -146,6 +148,8 @@ def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bo
     if signal is not None:
         if combine:
             cur.nextset()  # the bump's result; raises the bump's error if it failed
+            if cur.rowcount < 1:  # cut short: the jobs would commit with no wake-up for them
+                raise cut_short("the signal bump of an insert")
         else:  # a caller's connection opened with multi_statements=False
             bump_signal(cur, *signal)
     return ids
@@ -184,8 +188,10 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
     if size > max_packet - PACKET_MARGIN_BYTES:
         raise _too_big(0, 1, size, max_packet)
     db.query(statement)  # raises the INSERT's error; the server then runs no bump
-    job_id = db.insert_id()
+    job_id, stored = db.insert_id(), db.affected_rows()
     db.next_result()  # the bump's reply; raises the bump's error if it failed
+    if stored != 1 or db.affected_rows() < 1:  # a KILL QUERY's OK reply to a statement it cut short
+        raise cut_short(f"insert of a job: {stored} stored, bump {db.affected_rows()}")
     return job_id
 
 

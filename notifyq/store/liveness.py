@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.driver import Ids
+from notifyq.store.driver import Ids, cut_short
 from notifyq.store.queries import bump_signal, microseconds
 from notifyq.store.sql import QUERIES as Q
 
@@ -185,6 +185,10 @@ def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
             cur.execute(Q["attempt_taken_back"], {"ids": Ids(ids), "why": why if name == "return_alone"
                                                   else f"{why}; taken back with its claim, not charged"})
             cur.execute(Q[name], {"ids": Ids(ids), **reasons})
+            if cur.rowcount != len(ids):
+                # Locked by the caller, claimed: each one changes. Fewer is a KILL QUERY's OK
+                # reply to a statement it cut short: its records must not commit without it.
+                raise cut_short(f"take back {len(ids)} jobs: {cur.rowcount} returned")
             n += cur.rowcount
     return n
 

@@ -1,8 +1,8 @@
 """What a session sends ahead of its replies, and the COMMITs that share a round trip.
 
 A claim's COMMIT goes out with its last statements and its jobs start before the reply comes
-back (send_commit); a watcher's hand-on goes out without waiting (send_later); an ack's
-statements and COMMIT go as one query (commit_with); a ringing producer's COMMIT carries the
+back (send_commit); a watcher's hand-on goes out without waiting (send_later); a due job's
+promotion and its COMMIT go as one query (commit_with); a ringing producer's COMMIT carries the
 bell's look (commit_then_read). The reply still on the wire is read before the session's next
 statement (Session.conn), or by read_reply(); what it said lands in its Pending. Statements
 that together exceed the server's max_allowed_packet (an ack's kept results) go as several
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import MySQLdb
 
-from notifyq.store.driver import QUERY_INTERRUPTED, describe, error_code, is_connection_lost
+from notifyq.store.driver import QUERY_INTERRUPTED, cut_short, describe, error_code, is_connection_lost
 
 log = logging.getLogger("notifyq.db")
 
@@ -34,14 +35,18 @@ class Pending:
     The reply is read before the session's next statement, or by Pipeline.read_reply(). `failed`
     is known once `settled`: for a COMMIT it means the transaction is not ours to count on,
     whether the server refused it or the connection was lost before the reply (then its outcome
-    is unknown, and whatever it would have made ours must be treated as possibly someone else's)."""
+    is unknown, and whatever it would have made ours must be treated as possibly someone else's).
+    It is failed too when its statements' row counts fail its `check`: the COMMIT went with
+    statements a KILL QUERY cut short (an OK reply, fewer rows changed than meant)."""
 
-    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts")
+    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts", "check")
 
-    def __init__(self, what: str, commit: bool, fallback: str | None = None):
+    def __init__(self, what: str, commit: bool, fallback: str | None = None,
+                 check: Callable[[list[int]], bool] | None = None):
         self.what = what
         self.commit = commit
         self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
+        self.check = check  # send_commit: whether the statements' row counts say each did its part
         self.replied = 0  # replies of the query read already (send_commit, wait_replies)
         self.rowcounts: list[int] = []  # each statement's affected rows, as its reply is read
         self.settled = False
@@ -145,7 +150,9 @@ class Pipeline:
         return not self._session.galera
 
     def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str,
-                    wait_replies: bool = False) -> Pending:
+                    wait_replies: bool = False, *, verified: int = 0,
+                    verify: Callable[[Any, list[int]], None] | None = None,
+                    check: Callable[[list[int]], bool] | None = None) -> Pending:
         """A transaction's last statements and its COMMIT as one multi-statement query, sent and
         not waited for: every reply is read before this session's next statement, or by read_reply().
         wait_replies: the statements' replies are read here (their errors are the body's, and
@@ -162,14 +169,30 @@ class Pipeline:
         logged. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
         statements' replies are read here first. Closes `cur`: the COMMIT is the transaction's
         last word. Only in an idempotent Session.run body.
+
+        A KILL QUERY can end a statement with an OK reply and fewer rows changed than meant, so
+        no statement in the COMMIT's own query may be one that must never commit half done.
+        verified, verify: the first `verified` statements go first, waited for, and
+        verify(cur, their row counts) raises (driver.cut_short: the body runs again) unless each
+        did its part; only then do the rest and the COMMIT go (a round trip more). check(row
+        counts): read once every reply is, for what may commit half done but must then not be
+        counted on (the claim's mark): False fails the Pending as a failed COMMIT would.
         """
         if not self._session.attempt.idempotent or self._session.autocommit or not statements:
             raise AssertionError("send_commit is for idempotent transactions with statements")
+        pending = Pending(what, commit=True, check=check)
+        if verified:
+            assert verify is not None
+            counts = self.run_all(cur, statements[:verified])
+            verify(cur, counts)
+            pending.rowcounts.extend(counts)
+            statements = statements[verified:]
+            if not statements:
+                return self._commit_alone(cur, pending)
         *ahead, (query, count) = self.sized(cur, statements)
         ran = self._run_ahead(cur, ahead)  # only when the statements exceed one packet
         cur.close()  # now: closing it later would read the connection while the reply is due
         conn = self._session.conn
-        pending = Pending(what, commit=True)
         pending.rowcounts.extend(ran)  # before the last query's: one per statement, in order
         conn.send_query(query.encode(conn.encoding))
         self.pending = pending
@@ -188,6 +211,20 @@ class Pipeline:
             pending.replied = count if self.commit_rides_along else 0
         self._session.attempt.committed = True
         return pending
+
+    def _commit_alone(self, cur, pending: Pending) -> Pending:
+        """send_commit's COMMIT when no statement is left to ride along with it."""
+        cur.close()
+        conn = self._session.conn
+        conn.send_query(b"COMMIT")
+        self.pending = pending
+        self._session.attempt.committed = True
+        return pending
+
+    def run_all(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
+        """Statements of a transaction, no COMMIT, in as few queries as fit the server's
+        max_allowed_packet, each waited for: each statement's row count."""
+        return self._run_ahead(cur, self.sized(cur, statements, commit=False))
 
     def read_reply(self) -> None:
         """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
@@ -208,6 +245,8 @@ class Pipeline:
             while conn.next_result() == 0:  # the rest of a multi-statement query
                 pending.rowcounts.append(conn.affected_rows())
                 conn.discard_result()
+            if pending.check is not None and not pending.check(pending.rowcounts):
+                self.fail_pending(cut_short(f"{pending.what}, replies {pending.rowcounts}"), pending)
         except MySQLdb.Error as e:
             self.fail_pending(e, pending)
             if pending.commit:
@@ -273,7 +312,7 @@ class Pipeline:
         self._session.attempt.committed = True
         return rowcounts[:len(statements)]
 
-    def sized(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, int]]:
+    def sized(self, cur, statements: list[tuple[str, dict[str, Any]]], commit: bool = True) -> list[tuple[str, int]]:
         """The statements bound, and the COMMIT where it rides along, as multi-statement queries
         (query, statements in it) that each fit the server's max_allowed_packet: one, unless
         they are bigger together (a batch's kept results: 300 of 60 KB made an ack of 18 MB,
@@ -281,8 +320,8 @@ class Pipeline:
         the first statements go in as many queries as they need, in order, and the last query
         holds at least the last statement and the COMMIT. A statement too big even alone gets
         a query of its own, for the server to refuse (a result too big is not kept, before:
-        store/results.py)."""
-        commit = ["COMMIT"] if self.commit_rides_along else []
+        store/results.py). commit=False: without the COMMIT (run_all)."""
+        commit = ["COMMIT"] if commit and self.commit_rides_along else []
         bound = [cur.mogrify(sql, params) for sql, params in statements]
         query = ";\n".join(bound + commit)
         budget = self._session.max_allowed_packet - PACKET_MARGIN_BYTES

@@ -21,7 +21,7 @@ import MySQLdb
 
 from notifyq.jobs import Job
 from notifyq.store.db import Session
-from notifyq.store.driver import Ids, IntList, error_code
+from notifyq.store.driver import Ids, IntList, cut_short, error_code
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -103,6 +103,25 @@ class Acks:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
         return out
 
+    def verify(self, cur, counts: list[int]) -> None:
+        """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'
+        order) say each did its part. A KILL QUERY can end one with an OK reply and no row
+        changed: attempt records committed without the ack (the job stays claimed and runs
+        again, its attempt recorded done), or an ack without its records. The two are under one
+        fence, so they count the same rows; fewer than asked is a claim taken back only if none
+        of the rest is still ours (both cut short count the same too)."""
+        recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
+        if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
+            raise cut_short(f"ack, replies {counts}")
+        if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
+            raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
+
+
+def still_claimed(cur, ids: list[int], token: int) -> list[int]:
+    """Which of these jobs the claim still holds (in the caller's transaction)."""
+    cur.execute(Q["claims_owned"], {"ids": Ids(ids), "token": token})
+    return [r[0] for r in cur.fetchall()]
+
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
           as_watcher: bool = False, acks: Acks | None = None) -> Claim:
@@ -123,11 +142,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     server (advisory.hand_watch_on, on a job of the claim), so the next watcher does not wake
     for work already taken. An empty watcher's claim waits for it (the hand-on then waits on
     the queue's row).
-    acks: the last batch's successes, acked first in that same final query, whose statements'
-    replies are then waited for (unlike the mark, the ack's DELETE can wait for a lock or lose a
-    deadlock: that fails the claim before its jobs start, and the claim is run again). Only the
-    COMMIT is left on the wire; if it fails, Claim.commit says so and the caller acks them again
-    (ack()). Its first row count is theirs.
+    acks: the last batch's successes, acked first, with the mark, in a query whose replies are
+    waited for and checked (Acks.verify) before the COMMIT goes (unlike the mark, the ack's
+    DELETE can wait for a lock or lose a deadlock, and a KILL QUERY can answer it OK with no
+    row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
+    wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
+    row counts are theirs.
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -169,9 +189,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
         last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
+        verified = len(last)
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
+        mark_at, marked = len(last) - 1, len(locked)
         watched = drained and seen_seq is not None
         if watched:
             # Last before COMMIT, in the same query: the queue row's lock is held only for the
@@ -189,7 +211,27 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # that must fail the claim here, before its jobs start (the body is then run again),
         # not after, when it would take the claim with it and let its jobs run twice.
         wait = not locked or acks is not None
-        commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait) if last else None
+        # A KILL QUERY can end a statement with an OK reply and no row changed. The acks are
+        # verified before the COMMIT goes (Acks.verify; a round trip more, for busy claims only),
+        # with the mark, since both are known then; a claim without acks sends its COMMIT with
+        # the mark, and a mark that changed fewer rows than it locked fails the claim (its
+        # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
+        if acks is not None:
+            verified += bool(locked)
+
+            def verify(cur, counts: list[int]) -> None:
+                acks.verify(cur, counts[:-1] if locked else counts)
+                if locked and counts[-1] != marked:
+                    raise cut_short(f"claim {queue}: marked {counts[-1]} of {marked}")
+
+            commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
+                                                  verified=verified, verify=verify)
+        elif last:
+            commit = session.pipeline.send_commit(
+                cur, last, what=f"claim {queue}", wait_replies=wait,
+                check=(lambda counts: counts[mark_at] == marked) if locked else None)
+        else:
+            commit = None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
                 max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
@@ -277,8 +319,10 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     if not acks.ids:
         return 0
 
-    def body(cur) -> int:  # with its COMMIT in one round trip: fenced by token, so idempotent
-        return session.pipeline.commit_with(cur, acks.statements())[Acks.COUNTED]
+    def body(cur) -> int:  # fenced by token, so idempotent; verified before its COMMIT (Acks.verify)
+        counts = session.pipeline.run_all(cur, acks.statements())
+        acks.verify(cur, counts)
+        return counts[Acks.COUNTED]
 
     return acked_in_all(session, acks, session.run(body, what="ack"))
 
@@ -356,12 +400,18 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
             statements = [record, outcome, (Q["attempts_prune"], {"id": f.id, "kept": ATTEMPTS_KEPT})]
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
+            recorded = cur.rowcount
             cur.nextset()
             n = cur.rowcount  # the outcome's
             cur.nextset()
             ended = cur.fetchone()  # ended_cancelled's
             while cur.nextset():
                 pass
+            # Record and outcome are under one fence: a KILL QUERY that ended one of them with an
+            # OK reply and no row changed must not commit the other alone (nor leave the job
+            # claimed, counted lost, when it ended both)
+            if recorded != n or (n == 0 and still_claimed(cur, [f.id], token)):
+                raise cut_short(f"fail job {f.id}, replies {recorded}, {n}")
             if f.delay_s is not None:
                 retried += n
             if n:
@@ -390,6 +440,10 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         cur.execute(Q["give_back"], {"ids": Ids(ids), "token": token,
                                      "cancelled": "cancelled before it started"})
         n = cur.rowcount  # read before the bump: its own row count would replace this one
+        # Fewer than asked is a claim taken back, unless some are still ours: a KILL QUERY's OK
+        # reply to the UPDATE it cut short (they would wait for their lease, ready jobs unclaimed)
+        if n < len(ids) and still_claimed(cur, ids, token):
+            raise cut_short(f"give back {len(ids)} jobs: {n} returned")
         if n:
             bump_signal(cur, queue, n)
         return n

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from notifyq.store.db import Session
+from notifyq.store.driver import Ids, cut_short
 from notifyq.store.pipeline import PACKET_MARGIN_BYTES
 from notifyq.store.queries import error_text
 from notifyq.store.sql import QUERIES as Q
@@ -29,8 +30,12 @@ def keep_results(session: Session, token: int, results: list[tuple[int, str]]) -
         return
 
     def body(cur) -> None:
-        session.pipeline.commit_with(cur, [(Q["attempt_result"], {"id": job_id, "token": token, "result": text})
-                                           for job_id, text in results])
+        counts = session.pipeline.run_all(cur, [(Q["attempt_result"], {"id": job_id, "token": token, "result": text})
+                                                for job_id, text in results])
+        if any(n != 1 for n in counts):  # each record exists (its completion committed)
+            cur.execute(Q["results_missing"], {"ids": Ids([job_id for job_id, _ in results]), "token": token})
+            if cur.fetchall():  # a KILL QUERY's OK reply to an UPDATE it cut short
+                raise cut_short(f"results of {len(results)} jobs: replies {counts}")
 
     session.run(body, what="keep results")
 

@@ -92,6 +92,11 @@ LOCK IN SHARE MODE
 -- Under dedup_lock: the key is this job's now.
 UPDATE nq_dedup SET job_id = %(id)s WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
 
+-- dedup_key_job --
+-- After a dedup_take that changed no row: the job the key's row names (an operator's retry of
+-- the job that took the key last changes nothing; a KILL QUERY's cut-short UPDATE neither).
+SELECT job_id FROM nq_dedup WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+
 -- dedup_free_keys --
 -- Retention's sweep, a plain read: the next keys of a queue, in key order after `after`, whose
 -- job is no longer pending. Their rows would otherwise stay forever (a key never used again).
@@ -229,6 +234,13 @@ FOR UPDATE
 -- A handler's return value, kept when the queue keeps results: on the attempt record that
 -- attempt_acked wrote in the same query (no row when that one was fenced out).
 UPDATE nq_attempt SET result = %(result)s WHERE job_id = %(id)s AND claim_token = %(token)s
+
+-- results_missing --
+-- After result writes that changed fewer rows than asked (results.keep_results): which of these
+-- records of the claim hold no result (a KILL QUERY's cut-short UPDATE; a rerun after a lost
+-- COMMIT writes the same values again and changes nothing).
+SELECT job_id FROM nq_attempt FORCE INDEX (PRIMARY)
+WHERE job_id IN %(ids)s AND claim_token = %(token)s AND result IS NULL
 
 -- attempt_failed --
 -- A failed attempt's record, sent with its retry_later or bury in one round trip
