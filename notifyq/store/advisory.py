@@ -63,6 +63,14 @@ def lock_holder(session: Session, name: str) -> int | None:
     return one_value(session, "lock_holder", {"name": name}, "lock_holder")
 
 
+def lock_holder_and_me(cur, name: str) -> tuple[int | None, int]:
+    """(the connection id holding `name` or None, this session's id as the server knows it: a
+    proxy's handshake gives another, and then its ids are not the server's to KILL)."""
+    cur.execute(Q["lock_holder_and_me"], {"name": name})
+    holder, me = cur.fetchone()
+    return holder, int(me)
+
+
 KILL_DENIED = 1095  # ER_KILL_DENIED_ERROR: "You are not owner of thread", another user's session
 NO_SUCH_THREAD = 1094
 
