@@ -25,7 +25,7 @@ BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "ext
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_taken_back", "jobs_cancel_check",
          "job_record_gone", "jobs_status")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
-ATTEMPTS_BY_ID = ("completions_landed", "attempts_purge")
+ATTEMPTS_BY_ID = ("completions_landed", "results_missing", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
 GOOD_ACCESS = ("range", "const", "eq_ref")
 
@@ -100,7 +100,7 @@ def test_every_by_id_statement_is_pinned_above():
     by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
     assert by_id == set(BY_ID) | set(ATTEMPTS_BY_ID)
     # (a single-table DELETE takes no index hint: attempts_purge's plan test is its pin)
-    assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in (*BY_ID, "completions_landed"))
+    assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in (*BY_ID, "completions_landed", "results_missing"))
 
 
 @pytest.mark.parametrize("name", ["claims_expired", "claims_of_owner"])
