@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifyq import errors
-from notifyq.config import Config, values
+from notifyq.config import Config
 from notifyq.produce import aio
 from notifyq.sharding.placement import Placement
 from notifyq.sharding.producer import Producer
@@ -48,10 +47,6 @@ class AsyncProducer(aio.AsyncProducer):
         producer on that server, and the coroutine awaits what it finds,
         so a long wait holds no thread and a cancelled one stops at once. `shard`: with
         [shards], the shard a spread queue's job is on (job ids are per shard)."""
-        if not self.config.shards:
-            if shard is not None:
-                raise errors.InputError(f"shard={values.shown(shard)}: no [shards] configured")
-            return await super().result(job_id, wait=wait)
-        # The shard's server: the queue's, or `shard` for a spread queue's job
-        # (ShardedProducer.result_dsn: no lock taken on the event loop).
+        # The shard's server: the queue's, or `shard` for a spread queue's job (Producer.result_dsn:
+        # no lock taken on the event loop).
         return await self.result_from(self._producers[0].result_dsn(shard), job_id, wait=wait)
