@@ -214,6 +214,13 @@ class Producer:
         with self._mutex:
             self._waker.wake(instant)
 
+    def leave_wake_to(self, other: Any) -> None:
+        """Leave the wake-up after this producer's puts to `other`, a producer of the same queue
+        on the same server, whose wake() then runs after each of them (AsyncProducer's sessions
+        but the first: one ringer for them all). The Waker does it (Waker.leave_to)."""
+        with self._mutex:
+            self._waker.leave_to(other.wake)
+
     @contextlib.contextmanager
     def transaction(self, conn: Any) -> Iterator[CallerTransaction]:
         """The caller's own transaction on `conn`, with the jobs put in it, and the consumers woken

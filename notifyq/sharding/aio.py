@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifyq.config import Config
 from notifyq.produce import aio
-from notifyq.sharding.placement import Placement
 from notifyq.sharding.producer import Producer
 
 
@@ -32,12 +30,6 @@ class AsyncProducer(aio.AsyncProducer):
     id. With `[shards]`, each session's producer places jobs as `notifyq.Producer` does.
     """
     producer_class = Producer
-
-    @staticmethod
-    def first_wakes_all(queue: str, config: Config) -> bool:
-        """A spread queue's puts land on every shard, the first session's bells on those it put
-        on: each session's put wakes its own shard's consumers (its COMMIT's instant wake)."""
-        return not Placement(config).spread(queue)
 
     async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors).

@@ -232,6 +232,13 @@ class Producer:
         if self._pinned is not None:
             self._pinned.wake(instant)
 
+    def leave_wake_to(self, other: "Producer") -> None:
+        """The one-server Producer.leave_wake_to, for a queue on one server (`other` is its
+        producer too). Not for a spread queue: its puts land on every shard, and `other`'s bells
+        only on those it put on, so each producer wakes the consumers of its own puts."""
+        if self._pinned is not None:
+            self._pinned.leave_wake_to(other)
+
     def transaction(self, conn: Any) -> contextlib.AbstractContextManager[one_server.CallerTransaction]:
         """The caller's own transaction on `conn` (a MySQLdb connection, a SQLAlchemy Session or
         Connection), with the jobs put in it: committed when the block ends, rolled back if it
