@@ -8,7 +8,6 @@ mysqlclient rather than an async driver: docs/asyncio.md (measured by benchmarks
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import functools
 import threading
@@ -32,25 +31,15 @@ class AsyncProducer:
     # layer's) puts through notifyq.Producer, which with [shards] places each job on its shard.
     producer_class: type = Producer
 
-    @staticmethod
-    def first_wakes_all(queue: str, config: Config) -> bool:
-        """Whether the first session's producer can wake the consumers of every put (they are
-        all on its server)."""
-        return True
-
     def __init__(self, queue: str, config: Config, *, ring: bool = True, sessions: int = 1):
         self.queue = queue
         self.config = config
         self.sessions = values.number("sessions", sessions, lo=1, hi=64, integer=True)
-        # Checked now (queue name, config): a bad argument fails here, not in a thread later.
-        # With the ring, the first wakes the consumers after the others' puts (its bell, else an
-        # interrupt of the watcher's wait): the others do not interrupt it themselves as well.
-        # Unless their puts may land where the first has no bell (first_wakes_all).
-        self._first_wakes = ring and isinstance(config, Config) and self.first_wakes_all(queue, config)
-        others = (dataclasses.replace(config, wakeup=dataclasses.replace(config.wakeup, instant_wake=False))
-                  if self._first_wakes else config)
-        self._producers = [self.producer_class(queue, config if i == 0 else others, ring=ring and i == 0)
-                           for i in range(self.sessions)]
+        # Made now (queue name, config checked): a bad argument fails here, not in a thread later.
+        self._producers = [self.producer_class(queue, config, ring=ring and i == 0) for i in range(self.sessions)]
+        if ring:  # the first rings the queue's bell, and wakes the consumers after the others' puts
+            for producer in self._producers[1:]:
+                producer.leave_wake_to(self._producers[0])
         self._free = list(self._producers)  # producers no thread is using
         self._free_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -152,10 +141,7 @@ class AsyncProducer:
         with self._free_lock:
             producer = self._free.pop()
         try:
-            result = getattr(producer, method)(*args, **kwargs)
+            return getattr(producer, method)(*args, **kwargs)
         finally:
             with self._free_lock:
                 self._free.append(producer)
-        if self._first_wakes and kwargs.get("conn") is None and producer is not self._producers[0]:
-            self._producers[0].wake()  # only the first rings its own puts (one ringer per queue)
-        return result

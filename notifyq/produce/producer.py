@@ -1,7 +1,7 @@
 """Producer: put jobs on one queue of one server, alone or inside the caller's own transaction.
 
-With [shards] a queue lives on several servers: notifyq.Producer is then sharding's
-ShardedProducer (notifyq/sharding/producer.py), which deals the jobs over one of these per shard.
+notifyq.Producer (notifyq/sharding/producer.py) composes these: one for a queue on one server,
+one per shard for a queue spread over [shards].
 """
 
 from __future__ import annotations
@@ -117,27 +117,8 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
-        """Put one job on the queue and return its id.
-
-        Args:
-            payload: anything `json.dumps` takes; the handler gets it back as `job.payload`.
-            priority: higher runs first (-32768 to 32767); equal priorities run oldest first.
-            delay: seconds before the job may run.
-            run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
-            max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
-            dedup_key: while a job holding this key on this queue is pending (ready, scheduled
-                or claimed), this put stores nothing and returns that job's id.
-            conn: your own connection (MySQLdb, a SQLAlchemy Session or Connection, Django's
-                `connection`) to the same database: the job is part of your transaction, stored
-                when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
-                use `transaction()`, so that an idle consumer starts it at once.
-
-        Raises:
-            notifyq.errors.InputError: a bad argument, or a payload that is not JSON or too big;
-                nothing was written.
-            notifyq.errors.DatabaseError: the server stayed unreachable for `retry_s`.
-            notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
-        """
+        """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
+        raises."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None and conn is None):
             # The usual call: the defaults' row, on the producer's own session (what _row and
@@ -181,20 +162,8 @@ class Producer:
         return self._write(rows, None)
 
     def result(self, job_id: int, *, wait: float = 0.0) -> Any:
-        """The return value of job `job_id`'s handler, once the job is done.
-
-        Results are kept only on a queue with `result_ttl_s` > 0 (see "Results" in the
-        exactly-once page); the value is what the handler returned, through JSON.
-
-        Args:
-            job_id: an id a put returned.
-            wait: seconds to wait for the job to finish (0: look once).
-
-        Raises:
-            notifyq.errors.ResultPending: not done yet when the wait ended.
-            notifyq.errors.JobFailed: the job ended dead; `str()` is its last error.
-            notifyq.errors.InputError: cancelled, purged, or never existed.
-        """
+        """The return value of job `job_id`'s handler, once the job is done: notifyq.Producer.result
+        says how, and what it raises."""
         from notifyq.produce import results  # here: a producer that never asks need not load it
 
         # Every wait of this producer shares one session (its puts go on meanwhile on theirs):
@@ -213,6 +182,11 @@ class Producer:
     def result_dsn(self) -> DSN:
         """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""
         return self.config.dsn
+
+    def reload(self, config: Config) -> None:
+        """Take the settings a put reads (producer.chunk_size, the queue's max_attempts) from
+        `config`, whose server is this producer's (`notifyq produce`'s reload)."""
+        self.config, self.queue_config = config, config.queue(self.queue)
 
     def close(self) -> None:
         """Close the producer's database sessions, after any put under way; a later put opens
@@ -235,28 +209,22 @@ class Producer:
         self._queue_known = False
 
     def wake(self, instant: bool | None = None) -> None:
-        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
-        call it after your COMMIT, or the consumers find them at their next poll (up to
-        `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
-
-        Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
-        idle consumer's wait instead (the instant wake), unless `instant` is False (None: as
-        `wakeup.instant_wake` says). Best effort: it never raises."""
+        """Wake an idle consumer of the queue now, for jobs put on the caller's connection
+        (notifyq.Producer.wake). Best effort: it never raises."""
         with self._mutex:
             self._waker.wake(instant)
 
+    def leave_wake_to(self, other: Any) -> None:
+        """Leave the wake-up after this producer's puts to `other`, a producer of the same queue
+        on the same server, whose wake() then runs after each of them (AsyncProducer's sessions
+        but the first: one ringer for them all). The Waker does it (Waker.leave_to)."""
+        with self._mutex:
+            self._waker.leave_to(other.wake)
+
     @contextlib.contextmanager
     def transaction(self, conn: Any) -> Iterator[CallerTransaction]:
-        """The caller's own transaction on `conn` (a MySQLdb connection, a SQLAlchemy Session or
-        Connection), with the jobs put in it: committed when the block ends, rolled back if it
-        raises, and the queue's idle consumers woken once it committed (wake(): by the bell of a
-        `ring=True` producer, else by interrupting the watcher's wait, as `wakeup.instant_wake`
-        allows), so that they start the jobs at once rather than at their next poll. (Django: enqueue_on_commit.)
-
-            with producer.transaction(conn) as tx:
-                conn.cursor().execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order,))
-                tx.put({"order": order})
-        """
+        """The caller's own transaction on `conn`, with the jobs put in it, and the consumers woken
+        once it committed (notifyq.Producer.transaction)."""
         tx = CallerTransaction(self, conn)
         try:
             yield tx

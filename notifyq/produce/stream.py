@@ -14,7 +14,7 @@ from notifyq.produce.lines import ReadError
 
 
 class LineProducer(Protocol):
-    """What the stream needs of a producer (Producer, or sharding's ShardedProducer)."""
+    """What the stream needs of a producer (notifyq.Producer, or the one-server Producer)."""
 
     config: Any
 

@@ -185,7 +185,7 @@ class _Stream:
             new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
             logs.set_level(new.log.level)
             # Read per batch and per row: the next batch uses them (stream._batches).
-            self.producer.config, self.producer.queue_config = new, new.queue(self.producer.queue)
+            self.producer.reload(new)
             log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
                      ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
                      new.log.level)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifyq import errors
-from notifyq.config import Config, values
 from notifyq.produce import aio
-from notifyq.sharding.placement import Placement
 from notifyq.sharding.producer import Producer
 
 
@@ -34,12 +31,6 @@ class AsyncProducer(aio.AsyncProducer):
     """
     producer_class = Producer
 
-    @staticmethod
-    def first_wakes_all(queue: str, config: Config) -> bool:
-        """A spread queue's puts land on every shard, the first session's bells on those it put
-        on: each session's put wakes its own shard's consumers (its COMMIT's instant wake)."""
-        return not Placement(config).spread(queue)
-
     async def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors).
 
@@ -48,10 +39,6 @@ class AsyncProducer(aio.AsyncProducer):
         producer on that server, and the coroutine awaits what it finds,
         so a long wait holds no thread and a cancelled one stops at once. `shard`: with
         [shards], the shard a spread queue's job is on (job ids are per shard)."""
-        if not self.config.shards:
-            if shard is not None:
-                raise errors.InputError(f"shard={values.shown(shard)}: no [shards] configured")
-            return await super().result(job_id, wait=wait)
-        # The shard's server: the queue's, or `shard` for a spread queue's job
-        # (ShardedProducer.result_dsn: no lock taken on the event loop).
+        # The shard's server: the queue's, or `shard` for a spread queue's job (Producer.result_dsn:
+        # no lock taken on the event loop).
         return await self.result_from(self._producers[0].result_dsn(shard), job_id, wait=wait)

@@ -1,5 +1,6 @@
-"""notifyq.Producer, and the producer of a deployment with [shards]: one-server producers
-(notifyq/produce/producer.py), one per shard, and the placement of each job among them.
+"""notifyq.Producer: one-server producers (notifyq/produce/producer.py) composed. Without
+[shards], or for a queue pinned to one shard, it hands every call to that server's producer;
+for a queue spread over [shards], it places each job among the shards' producers.
 
 A queue that is not spread lives on one shard: its jobs go to that shard's producer. A spread
 queue's jobs with a dedup key go to the shard their key hashes to (uniqueness holds per key);
@@ -34,7 +35,7 @@ SHARD_RETRY_S = 1.0
 SHARD_RECHECK_S = 10.0
 
 
-class Producer(one_server.Producer):
+class Producer:
     """Put jobs on the queue `queue`: `notifyq.Producer(queue, config)`.
 
         config = notifyq.load_config()
@@ -62,19 +63,12 @@ class Producer(one_server.Producer):
     same methods.
     """
 
-    def __new__(cls, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
-        if isinstance(config, Config) and config.shards:
-            return ShardedProducer(queue, config, ring=ring, retry_s=retry_s)
-        return super().__new__(cls)
-
-
-class ShardedProducer:
-    """A queue's producer over [shards]. Safe to share between threads, as Producer is: calls
-    take turns on what it keeps (its shards' producers, which shards are down, the turn)."""
+    # What it composes: the one-server producer of a queue that lives on one server (the only
+    # one, or its shard), made here and kept; a spread queue's, one per shard, made on first use
+    # and dropped while their shard is down. Calls take turns on the latter (self._mutex); the
+    # one-server producer is itself safe to share between threads.
 
     def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
-        """retry_s: as Producer's, for a queue pinned to one shard; a spread queue's share tries
-        a shard at most SHARD_RETRY_S before it goes to the next."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         self.queue = validate_queue_name(queue)
@@ -84,22 +78,46 @@ class ShardedProducer:
         self._home = self.placement.home(queue)
         self._turn = RoundRobin(self.placement.names) if self.placement.spread(queue) else None
         self._ring = ring
-        self._producers: dict[str, one_server.Producer] = {}  # shard -> its producer, made on first use
-        self._down: dict[str, float] = {}  # spread queue: shard -> when to try it again (monotonic)
+        # A pinned queue's one producer, or None for a spread queue (self._producers).
+        self._pinned = None if self._turn is not None else self._new_producer(self._home)
+        self._producers: dict[str, one_server.Producer] = {}  # spread: shard -> its producer
+        self._down: dict[str, float] = {}  # spread: shard -> when to try it again (monotonic)
         self._mutex = threading.Lock()
 
-    # -------------------------------------------------------- the API (Producer's)
+    # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+        """Put one job on the queue and return its id.
+
+        Args:
+            payload: anything `json.dumps` takes; the handler gets it back as `job.payload`.
+            priority: higher runs first (-32768 to 32767); equal priorities run oldest first.
+            delay: seconds before the job may run.
+            run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
+            max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
+            dedup_key: while a job holding this key on this queue is pending (ready, scheduled
+                or claimed), this put stores nothing and returns that job's id.
+            conn: your own connection (MySQLdb, a SQLAlchemy Session or Connection, Django's
+                `connection`) to the same database: the job is part of your transaction, stored
+                when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
+                use `transaction()`, so that an idle consumer starts it at once.
+
+        Raises:
+            notifyq.errors.InputError: a bad argument, or a payload that is not JSON or too big;
+                nothing was written.
+            notifyq.errors.DatabaseError: the server stayed unreachable for `retry_s`.
+            notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
+        """
+        if self._pinned is not None:
+            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at,
+                                    max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
-        if dedup_key is not None or self._turn is None:
-            shard = self._home if dedup_key is None else self.placement.for_key(self.queue, dedup_key)
+        if dedup_key is not None:
+            shard = self.placement.for_key(self.queue, dedup_key)
             try:
                 return self._on(shard).put(payload, dedup_key=dedup_key, conn=conn, **options)
             except errors.DatabaseError as e:
-                if self._turn is None:
-                    raise
                 raise type(e)(f"{e} (shard {shard}: a job with a dedup key goes to its key's shard only)") from None
         self._refuse_caller(conn)
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
@@ -107,39 +125,59 @@ class ShardedProducer:
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
                  conn: Any = None) -> list[int]:
-        """On a spread queue the jobs are dealt round-robin over the shards, each shard's share
-        one transaction there; the ids come back in the order of `payloads`."""
+        """Put many jobs in one transaction (all or none) and return their ids, in the order of
+        `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
+        INSERTs of up to `producer.chunk_size` rows, each within the server's
+        `max_allowed_packet`. On a queue spread over shards the jobs are dealt round-robin over
+        the shards, each shard's share one transaction there."""
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
-        if self._turn is None:
-            return self._on(self._home).put_many(payloads, conn=conn, **options)
+        if self._pinned is not None:
+            return self._pinned.put_many(payloads, conn=conn, **options)
         self._refuse_caller(conn)
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
 
     def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
-        """As Producer.line_row, sized against the home shard (the shards of one deployment share
-        their settings), or for a spread queue, the first shard that answers."""
-        names = [self._home] + ([n for n in self.placement.names if n != self._home] if self._turn else [])
+        """A job of `notifyq produce`'s stream, as the one-server Producer.line_row: sized against
+        the queue's server, or for a spread queue, the first shard that answers (the shards of
+        one deployment share their settings)."""
+        if self._pinned is not None:
+            return self._pinned.line_row(payload, priority, delay, run_at)
+        names = [self._home] + [n for n in self.placement.names if n != self._home]
         for name in names:
             if self._is_down(name) and name != names[-1]:
                 continue
             try:
                 return self._on(name).line_row(payload, priority, delay, run_at)
             except errors.DatabaseError as e:
-                if self._turn is None or name == names[-1]:
+                if name == names[-1]:
                     raise
                 self._shard_down(name, e)
         raise AssertionError("unreachable")
 
     def put_rows(self, rows: list[tuple]) -> list[int]:
-        if self._turn is None:
-            return self._on(self._home).put_rows(rows)
+        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards)."""
+        if self._pinned is not None:
+            return self._pinned.put_rows(rows)
         with self._mutex:
             return self._deal(rows)
 
     def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
-        """Producer.result on the queue's shard (ids are per shard: a spread queue's job names its
-        shard)."""
+        """The return value of job `job_id`'s handler, once the job is done.
+
+        Results are kept only on a queue with `result_ttl_s` > 0 (see "Results" in the
+        exactly-once page); the value is what the handler returned, through JSON.
+
+        Args:
+            job_id: an id a put returned.
+            wait: seconds to wait for the job to finish (0: look once).
+            shard: with [shards], the shard a spread queue's job is on (job ids are per shard).
+
+        Raises:
+            notifyq.errors.ResultPending: not done yet when the wait ended.
+            notifyq.errors.JobFailed: the job ended dead; `str()` is its last error.
+            notifyq.errors.InputError: cancelled, purged, or never existed.
+        """
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
 
     @property
@@ -148,35 +186,76 @@ class ShardedProducer:
         return one_server.session_retry(self.config, self._retry_s)
 
     def result_dsn(self, shard: str | None = None) -> DSN:
-        """Producer.result_dsn: the server of the shard that holds the job (from the config,
+        """Where result() reads: the server of the shard that holds the job (from the config,
         without the producer's lock: AsyncProducer asks on the event loop)."""
-        return self.config.shards[self._result_shard(shard)]
+        return self.config.on_shard(self._result_shard(shard)).dsn
 
     def _result_shard(self, shard: str | None) -> str:
+        if not self.config.shards:
+            if shard is not None:
+                raise errors.InputError(f"shard={values.shown(shard)}: no [shards] configured")
+            return self._home
         if shard is None and self._turn is not None:
             raise errors.InputError(f"queue {self.queue} is spread over shards: give shard= (ids are per shard)")
         if shard is not None and shard not in self.config.shards:
             raise errors.InputError(f"shard={values.shown(shard)}: [shards] names {', '.join(sorted(self.config.shards))}")
         return shard or self._home
 
+    def reload(self, config: Config) -> None:
+        """Take the settings a put reads from `config`, whose servers are this producer's
+        (`notifyq produce`'s reload): here, and in each shard's producer."""
+        self.config = config
+        with self._mutex:
+            producers = dict(self._producers)
+        if self._pinned is not None:
+            producers[self._home] = self._pinned
+        for shard, producer in producers.items():
+            producer.reload(config.on_shard(shard))
+
     def close(self) -> None:
+        """Close the producer's database sessions, after any put under way; a later put opens
+        new ones. `with notifyq.Producer(...) as producer:` closes it at the end of the block."""
         with self._mutex:
             producers, self._producers = list(self._producers.values()), {}
-        for producer in producers:
+        for producer in producers + ([self._pinned] if self._pinned is not None else []):
             producer.close()
 
-    def wake(self) -> None:
-        """Producer.wake, on the shard of a queue that is not spread (a spread queue takes no
-        conn= puts)."""
-        if self._turn is None:
-            self._on(self._home).wake()
+    def wake(self, instant: bool | None = None) -> None:
+        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
+        call it after your COMMIT, or the consumers find them at their next poll (up to
+        `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
+
+        Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
+        idle consumer's wait instead (the instant wake), unless `instant` is False (None: as
+        `wakeup.instant_wake` says). Best effort: it never raises. (A queue spread over shards
+        takes no `conn=` puts: nothing to wake.)"""
+        if self._pinned is not None:
+            self._pinned.wake(instant)
+
+    def leave_wake_to(self, other: "Producer") -> None:
+        """The one-server Producer.leave_wake_to, for a queue on one server (`other` is its
+        producer too). Not for a spread queue: its puts land on every shard, and `other`'s bells
+        only on those it put on, so each producer wakes the consumers of its own puts."""
+        if self._pinned is not None:
+            self._pinned.leave_wake_to(other)
 
     def transaction(self, conn: Any) -> contextlib.AbstractContextManager[one_server.CallerTransaction]:
-        """Producer.transaction, on the shard of a queue that is not spread."""
-        self._refuse_caller(conn if self._turn is not None else None)
-        return self._on(self._home).transaction(conn)
+        """The caller's own transaction on `conn` (a MySQLdb connection, a SQLAlchemy Session or
+        Connection), with the jobs put in it: committed when the block ends, rolled back if it
+        raises, and the queue's idle consumers woken once it committed (wake()), so that they
+        start the jobs at once rather than at their next poll. (Django: enqueue_on_commit.)
 
-    def __enter__(self) -> "ShardedProducer":
+            with producer.transaction(conn) as tx:
+                conn.cursor().execute("UPDATE orders SET state = 'paid' WHERE id = %s", (order,))
+                tx.put({"order": order})
+        """
+        producer = self._pinned
+        if producer is None:
+            self._refuse_caller(conn)
+            producer = self._on(self._home)
+        return producer.transaction(conn)
+
+    def __enter__(self) -> "Producer":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -190,17 +269,21 @@ class ShardedProducer:
                                     "is on one server (put it without conn, or pin the queue to a shard)")
 
     def _on(self, shard: str) -> one_server.Producer:
+        if self._pinned is not None and shard == self._home:
+            return self._pinned
         with self._mutex:
             return self._producer(shard)
 
     def _producer(self, shard: str) -> one_server.Producer:
         if shard not in self._producers:
-            retry_s = self._retry_s
-            if self._turn is not None:
-                retry_s = min(SHARD_RETRY_S, self.config.producer.connect_retry_s if retry_s is None else retry_s)
-            self._producers[shard] = one_server.Producer(self.queue, self.config.on_shard(shard),
-                                                         ring=self._ring, retry_s=retry_s)
+            self._producers[shard] = self._new_producer(shard)
         return self._producers[shard]
+
+    def _new_producer(self, shard: str) -> one_server.Producer:
+        retry_s = self._retry_s
+        if self._turn is not None:
+            retry_s = min(SHARD_RETRY_S, self.config.producer.connect_retry_s if retry_s is None else retry_s)
+        return one_server.Producer(self.queue, self.config.on_shard(shard), ring=self._ring, retry_s=retry_s)
 
     def _deal(self, rows: list[tuple]) -> list[int]:
         """A spread queue's rows in turn over the shards that are up, under self._mutex. A
@@ -260,7 +343,7 @@ class ShardedProducer:
 
 def require_schema(config: Config, queue: str, *, oneshot: bool) -> None:
     """Before producing: the schema of every shard that takes `queue`'s jobs (one server: the
-    one). A spread queue's producer deals around a shard that is down (ShardedProducer), so here
+    one). A spread queue's producer deals around a shard that is down (Producer._deal), so here
     such a shard is tried briefly and passed over with a warning, while one shard at least
     answers. `oneshot`: for a command that puts its arguments and exits."""
     retry_s = config.connect_retry(oneshot=oneshot)

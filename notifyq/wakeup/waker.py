@@ -1,7 +1,7 @@
 """The producer's side of the wake-up: one Waker per producer, which wakes an idle consumer of
 its queue after each COMMIT that put jobs, by whichever way this producer may.
 
-The ways, and who chooses: only the Waker (`_way`).
+The ways, and who chooses: only the Waker (`_way`), or the Waker it was left to (`leave_to`).
   - The ring (Bell): a `ring=True` producer that became its queue's ringer on this server,
     once a watcher can be waiting on its bell (Bell.announce).
   - The instant wake (InstantWake): KILL QUERY of the watcher's wait, for every other producer,
@@ -344,13 +344,28 @@ class Waker:
         # Kept for the producer's life, since what it learnt (another database user, a proxy)
         # outlives a reconnect.
         self.instant: InstantWake | None = None
+        # Another producer's wake(), when that one wakes for this one's puts (leave_to).
+        self.left_to: Callable[[], None] | None = None
+
+    def leave_to(self, wake: Callable[[], None]) -> None:
+        """Leave the wake-up after this producer's COMMITs to `wake` (another producer's wake():
+        AsyncProducer's first session's, which rings the queue's bell): this Waker then takes no
+        look and no instant wake of its own, so the consumers are not woken twice per put.
+        `wake` takes that producer's own lock, so it is safe to call from any thread, and only
+        the wake-up waits for it, never this producer's COMMIT."""
+        self.left_to = wake
 
     def commit_and_wake(self, work: Session, put: Callable[[Any], T], *, what: str,
                         committed: Callable[[Any, T], bool]) -> T:
         """Run `put(cursor)` as one transaction on `work` (Session.run, not idempotent: after a
         COMMIT whose reply was lost, `committed` says whether it landed), and wake an idle
         consumer for what it committed. The COMMIT carries the chosen way's look in its round
-        trip; if that look is lost (with the COMMIT's reply, or after it), the way wakes anyway."""
+        trip; if that look is lost (with the COMMIT's reply, or after it), the way wakes anyway.
+        Left to another producer (leave_to): a plain COMMIT, then that producer's wake()."""
+        if self.left_to is not None:
+            result = work.run(put, what=what, idempotent=False, committed=committed)
+            self.left_to()
+            return result
         way = self._way(None)
         if way is not None and not way.look.due():
             way = None  # the quiet window of a look that saw nobody: a plain COMMIT (Session.run's)
@@ -376,7 +391,11 @@ class Waker:
     def wake(self, instant: bool | None = None) -> None:
         """After a COMMIT this did not carry (the caller's own): look whether a consumer watches,
         on the Waker's session, and wake it. `instant`: whether the instant wake may be used
-        (None: as `wakeup.instant_wake` says). Best effort: it never raises."""
+        (None: as `wakeup.instant_wake` says; left to another producer: its wake() decides).
+        Best effort: it never raises."""
+        if self.left_to is not None:
+            self.left_to()
+            return
         try:
             way = self._way(instant)
             if isinstance(way, Bell):

@@ -198,3 +198,37 @@ def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
         assert first._waker.session.generation == generation and bell.held is not None
         assert bell.rings == rings + 3
         assert second._waker.instant.kills >= 5
+
+
+def test_an_asyncio_producers_other_sessions_leave_the_wake_up_to_the_first(db):
+    import asyncio
+
+    from notifyq.produce.aio import AsyncProducer
+
+    # Given idle consumers that poll only every 5 s, and an asyncio producer of two sessions
+    # with the ring (the default), whose puts one at a time go through the second session
+    cfg = db.config(wakeup={"poll_initial_s": LONG_POLL_S, "poll_max_s": LONG_POLL_S})
+    recorder = Recorder()
+
+    async def main() -> list[float]:
+        async with AsyncProducer(Q, cfg, sessions=2) as producer:
+            first, second = producer._producers
+            latencies = []
+            for n in range(4):  # When it puts jobs one at a time
+                put_at = time.monotonic()
+                job_id = await producer.put({"n": n})
+                started = await asyncio.to_thread(recorder.wait_for, job_id, LONG_POLL_S + MARGIN_S)
+                latencies.append(started - put_at)
+                await asyncio.to_thread(wait_settled, db, 2)
+            # Then the second session put them, woke nobody itself (no bell, no look, no KILL:
+            # its Waker left the wake-up to the first's), and the first rang for them
+            assert second._session is not None and first._session is None
+            assert second._waker.bell is None and second._waker.instant is None
+            assert first._waker.bell is not None and first._waker.bell.rings >= 2
+            return latencies
+
+    with Fleet(cfg, 2, recorder):
+        wait_settled(db, 2)
+        latencies = asyncio.run(main())
+    # and each job started far sooner than the poll would have found it
+    assert max(latencies) < LONG_POLL_S / 5, latencies

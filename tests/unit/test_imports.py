@@ -64,8 +64,10 @@ def test_the_lazy_public_names_resolve_to_the_real_objects():
     from notifyq.sharding import producer
     from notifyq.sharding import service as sharded_service
 
-    # notifyq.Producer is sharding's: on one server an instance is the one-server Producer's
-    assert notifyq.Producer is producer.Producer and issubclass(notifyq.Producer, one_server.Producer)
+    # notifyq.Producer is sharding's composition of one-server producers (one without [shards]),
+    # as ConsumerService is: no __new__ handing back another class
+    assert notifyq.Producer is producer.Producer and not issubclass(notifyq.Producer, one_server.Producer)
+    assert "__new__" not in vars(notifyq.Producer)
     # notifyq.ConsumerService is sharding's composition of one-server services (one without [shards])
     assert notifyq.ConsumerService is sharded_service.ConsumerService
     assert issubclass(notifyq.ConsumerService, Supervisor)

@@ -132,3 +132,27 @@ def test_consumer_service_is_one_class_that_composes_one_server_services(tmp_pat
     assert type(service) is notifyq.ConsumerService
     assert list(service.services) == names
     assert all(type(s) is one_server.ConsumerService and s.name == n for n, s in service.services.items())
+
+
+@pytest.mark.parametrize("text, queue, pinned", [("", "s", ""), (TWO, "p", "b"), (TWO, "s", None)],
+                         ids=["one server", "a pinned queue", "a spread queue"])
+def test_producer_is_one_class_that_composes_one_server_producers(tmp_path, text, queue, pinned):
+    import notifyq
+    from notifyq.produce import producer as one_server
+
+    # Given a config of one server, or of two shards with a queue pinned to b and one spread
+    cfg = load(tmp_path, text + '[queue.s]\nspread = true\n[queue.p]\nshard = "b"\n' if text else text)
+    # When notifyq.Producer is made (nothing connects before the first put)
+    producer = notifyq.Producer(queue, cfg)
+    # Then it is an instance of the class called, never another class in its place; a queue on
+    # one server has that server's one-server producer, a spread queue makes its shards' on use
+    assert type(producer) is notifyq.Producer and isinstance(producer, notifyq.Producer)
+    if pinned is None:
+        assert producer._pinned is None and producer.wake() is None  # nothing to wake: no conn= puts
+        with pytest.raises(errors.InputError, match="give shard="):
+            producer.result_dsn()
+        assert producer.result_dsn("b") == cfg.shards["b"]
+    else:
+        assert type(producer._pinned) is one_server.Producer
+        assert producer._pinned.config.dsn == producer.result_dsn() == (cfg.shards[pinned] if pinned else cfg.dsn)
+    producer.close()
