@@ -71,14 +71,18 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
                  "busy_restart": "server_busy", "busy_crash": "server_busy"}
 # What a fault may excuse (duplicate_cause), by kind; "any" when not listed:
 # peer      a second run on another process than the one hit, or on the hit process itself once a
-#           peer's reaper took its claim back (a `taken_back` record): a peer may take back what a
-#           process held while its session was gone (presence.py's trust rules), and the jobs are
-#           then anyone's to claim; but a process never takes its own claims back (issue 26 item 3,
-#           checked directly: the self_reap rule);
+#           peer's reaper took back the claim it ran under (a `taken_back` record after that claim
+#           began; its liveness session was the one killed, and the claim predates the process's
+#           re-registration): a peer may take back what a process held while its session was gone
+#           (presence.py's trust rules), and the jobs are then anyone's to claim; but a process
+#           never takes its own claims back (issue 26 item 3, checked directly: the self_reap rule);
 # finished  only the second run of a job whose run had ended before the fault (its ack may have
 #           been in flight); one whose handler ran through it was a live consumer's (item 5);
 # never     a reload changes settings, it takes nothing back (item 6).
 EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never"}
+# Records that are not faults: a reaper's take-back, a process's re-registration (evidence for
+# the "peer" excuse), and the operator's cancel (the after_cancel rule's)
+EVIDENCE = ("cancel", "taken_back", "re_registered")
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 LOG_SLACK_S = 0.002  # a log line's wall-clock millisecond against CLOCK_MONOTONIC
 DEAD = 4
@@ -235,12 +239,23 @@ class Faults:
         self.by_pid: dict[int, list[Fault]] = collections.defaultdict(list)
         self.server: list[Fault] = []
         faults = list(faults)
-        # pid -> when a peer's reaper took its claims back (evidence of a fault, not one itself)
+        # (pid, claim token) -> the claim's first start: it was claimed (and could be taken back)
+        # from then on, whichever of its jobs started later
+        self.claimed_at: dict[tuple[int, int], float] = {}
+        for r in runs:
+            if r.token:
+                ident = (r.pid, r.token)
+                self.claimed_at[ident] = min(self.claimed_at.get(ident, r.start), r.start)
+        # pid -> when a peer's reaper took its claims back, and when it re-registered (its
+        # liveness session reconnected): evidence of a fault, not one itself
         self.taken_by_peer: dict[int, list[float]] = collections.defaultdict(list)
+        self.registered: dict[int, list[float]] = collections.defaultdict(list)
         for f in faults:
             if f.kind == "taken_back" and f.pid is not None and f.detail != str(f.pid):
                 self.taken_by_peer[f.pid].append(f.start)
-        self.all = sorted((f for f in faults if f.kind not in ("cancel", "taken_back")), key=lambda f: f.start)
+            elif f.kind == "re_registered" and f.pid is not None:
+                self.registered[f.pid].append(f.start)
+        self.all = sorted((f for f in faults if f.kind not in EVIDENCE), key=lambda f: f.start)
         for f in self.all:
             if f.kind in SERVER_CAUSES:
                 self.server.append(f)
@@ -262,13 +277,25 @@ class Faults:
         return None
 
     def _peer_took_back(self, f: Fault, earlier: Run | None, later: Run | None) -> bool:
-        """A "peer" fault's own process ran the job again after a peer's reaper took its claim
-        back: after the fault, after the first run started (a take-back before it is no take-back
-        of that run's claim; a start under a claim already taken back is the stale_start rule's),
-        before the second. The reapers' log lines have milliseconds: LOG_SLACK_S either side."""
-        if EXCUSE.get(f.kind) != "peer" or earlier is None or later is None or later.pid != f.pid:
+        """The hit process ran the job again after a peer's reaper took back the claim it had
+        run it under. Only a KILL of its liveness session frees its lock (a peer then judges it
+        dead, as documented), and only its claims from before it re-registered (its liveness
+        session reconnected) were made under that free lock: those are the ones excused.
+        Until it notices the KILL it cannot know (its session answered moments ago), so it
+        starts the rest of such a claim's jobs even after the take-back; their acks are fenced
+        out, and the jobs, back together and uncharged, are anyone's to claim (itself too, at
+        the same attempt). So the take-back must come after the fault and after the earlier
+        run's claim began (its first start), not after the run's own start; before the second
+        run. A take-back before the claim began is no take-back of it. The log lines have
+        milliseconds: LOG_SLACK_S either side."""
+        if EXCUSE.get(f.kind) != "peer" or not f.detail.startswith("liveness") or earlier is None \
+                or later is None or earlier.pid != f.pid or later.pid != f.pid:
             return False
-        lo, hi = max(f.start, earlier.start) - LOG_SLACK_S, later.start + LOG_SLACK_S
+        claimed = self.claimed_at.get((earlier.pid, earlier.token), earlier.start)
+        back = next((t for t in sorted(self.registered.get(f.pid, ())) if t >= f.start), float("inf"))
+        if claimed > back + LOG_SLACK_S:
+            return False  # claimed under its new registration, which the fault did not free
+        lo, hi = max(f.start, claimed) - LOG_SLACK_S, later.start + LOG_SLACK_S
         return any(lo <= t <= hi for t in self.taken_by_peer.get(f.pid, ()))
 
     def any_between(self, lo: float, hi: float) -> bool:

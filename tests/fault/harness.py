@@ -233,16 +233,21 @@ class FaultRun:
         out = []
         for consumer in self.fleet.started:
             for ts, cid in line.findall(consumer.err.read_text()):
-                wall = dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
                 pid = next((p for (_, c), p in self.monitor.pid_of.items() if c == cid), None)
-                out.append((wall + to_monotonic, consumer.pid, cid, pid))
+                out.append((_epoch(ts) + to_monotonic, consumer.pid, cid, pid))
         return out
 
     def _takebacks(self) -> list[Fault]:
         """The reapers' take-backs, for the checker: a peer's excuses a process's own second run
-        after a fault of its session (EXCUSE "peer"); a process's own is the self_reap rule."""
-        return [Fault("taken_back", at, at, pid, detail=str(reaper)) for at, reaper, _, pid in self._reaps()
-                if pid is not None]
+        after a fault of its session (EXCUSE "peer"); a process's own is the self_reap rule. With
+        them, when each process re-registered after its liveness session reconnected: its claims
+        from then on were made under a lock the fault did not free."""
+        line = re.compile(r"ts=(\S+) .*liveness session reconnected: liveness lock")
+        to_monotonic = time.monotonic() - time.time()
+        registered = [Fault("re_registered", _epoch(ts) + to_monotonic, _epoch(ts) + to_monotonic, consumer.pid)
+                      for consumer in self.fleet.started for ts in line.findall(consumer.err.read_text())]
+        return registered + [Fault("taken_back", at, at, pid, detail=str(reaper))
+                             for at, reaper, _, pid in self._reaps() if pid is not None]
 
     def _false_reclaims(self) -> list[str]:
         """Live consumers a reaper judged dead: a consumer that logged it was judged stale, or a
@@ -633,6 +638,11 @@ class FaultRun:
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},
                        lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S})
+
+
+def _epoch(ts: str) -> float:
+    """A log line's `ts=` (UTC, milliseconds) in epoch seconds."""
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _starts_in(log: Path) -> int:

@@ -95,7 +95,8 @@ class Fault:
     kind: str  # sigkill, stall, kill_connection, server_restart, server_crash, poison_exit, cancel,
     #            kill_session, busy_restart, busy_crash, sighup, grace_expiry (checker.EXCUSE);
     #            taken_back: not a fault but its evidence, a reaper's log line "consumer died, jobs
-    #            returned" (pid: the process it named, detail: the reaper's pid)
+    #            returned" (pid: the process it named, detail: the reaper's pid); re_registered:
+    #            evidence too, a process's "liveness session reconnected" line (pid: that process)
     start: float  # monotonic
     end: float  # == start for instantaneous faults; SIGCONT time for a stall, back-up for a server
     pid: int | None = None  # the process hit; None: every process (the server)

@@ -321,6 +321,33 @@ def test_kill_session_a_process_that_reruns_its_own_jobs_after_losing_its_livene
     assert report.by_rule() == {"run_twice": 1, "self_reap": 1}, report.violations
 
 
+def test_kill_session_a_take_back_midway_through_a_claim_excuses_the_hit_process_rerunning_its_later_jobs():
+    # Seed 11: pid 10's liveness session is KILLed at 2.0; unaware (its session answered moments
+    # ago), it claims jobs 1 and 2 (claim 7) and starts job 1 at 2.1. A peer, pid 11, finds the
+    # lock free and takes the claim back whole at 2.25, before job 2 starts at 2.3 under it.
+    # The acks are fenced out and pid 10 claims job 2 again (claim 8), at the same attempt: the
+    # take-back undid the first. It came after the claim began, not after job 2's own start.
+    kill = Fault("kill_session", 2.0, 2.0, 10, detail="liveness of a live consumer, connection 180")
+    by_peer = Fault("taken_back", 2.25, 2.25, 10, detail="11")
+    runs = [run(1, 1, 10, 2.1, 2.2, token=7), run(2, 1, 10, 2.3, 2.4, token=7), run(2, 1, 10, 2.5, 2.6, token=8)]
+    report = checker.check(history(runs, [enq(1), enq(2)], faults=[kill, by_peer]))
+    assert report.ok, report.violations
+    assert report.duplicates == {"kill_session": 1}
+    # Not once it re-registered (its liveness session reconnected at 2.6): a claim from then on
+    # (claim 9, job 3 at 2.7) was made under a lock the KILL did not free, and a take-back of
+    # pid 10 after it excuses no rerun of its job
+    registered = Fault("re_registered", 2.6, 2.6, 10)
+    again = Fault("taken_back", 2.8, 2.8, 10, detail="11")
+    later = runs + [run(3, 1, 10, 2.7, 2.75, token=9), run(3, 1, 10, 2.9, 3.0, token=10)]
+    report = checker.check(history(later, [enq(1), enq(2), enq(3)], faults=[kill, by_peer, registered, again]))
+    assert report.by_rule() == {"run_twice": 1, "attempts": 1}, report.violations
+    assert {v.job for v in report.violations} == {("main", 3)}
+    # Nor a KILL of its work session: that frees no liveness lock, so no peer judged it by it
+    work = Fault("kill_session", 2.0, 2.0, 10, detail="work of a live consumer, connection 181")
+    report = checker.check(history(runs, [enq(1), enq(2)], faults=[work, by_peer]))
+    assert report.by_rule() == {"run_twice": 1, "attempts": 1}, report.violations
+
+
 def test_stall_idle_a_start_under_a_claim_taken_back_during_a_stall_is_caught():
     # Item 4: pid 10 claimed jobs 1-3 (claim 7), started job 1 at 1.0 and was stopped 1.5-10.5;
     # pid 11 took the claim back and ran jobs 2 and 3 at 6.0; pid 10, resumed, started them too
