@@ -372,6 +372,8 @@ class Presence:
         try:
             return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
                                     own_id=self.consumer_id, restart_grace_s=restart_grace_s)
+        except errors.GrantMissing:
+            raise  # not housekeeping's to skip: the worker ends with exit 3, as for any refused grant
         except errors.DatabaseError as e:  # unreachable, or lost past its retries
             # A pass is housekeeping on a session of its own, whose short retry budget a stop
             # of this process (SIGSTOP, a VM pause) or an outage can use up: its failure is not

@@ -17,7 +17,7 @@ from notifyq import errors
 from notifyq.config import values
 from notifyq.config import validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
-from notifyq.store import admin_queries, advisory, bells, queries
+from notifyq.store import admin_queries, advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
