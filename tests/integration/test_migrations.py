@@ -122,9 +122,23 @@ def test_init_upgrades_a_version_5_database_to_attempt_records_and_the_jobs_run_
     with Producer("q", db.config()) as p:
         job_id = p.put({"n": 1})
     # When `notifyq init` runs, twice (an interrupted init runs again)
-    assert schema.init(db.admin) == (5, 6)
+    assert schema.init(db.admin) == (5, schema.code_version())
     _apply(db, [6])
-    assert schema.init(db.admin) == (6, 6)
+    assert schema.init(db.admin) == (schema.code_version(), schema.code_version())
     # Then nq_attempt exists, and the job is still there to run
     assert "outcome" in _columns(db, "nq_attempt")
     assert db.query("SELECT id, status FROM nq_job") == [(job_id, 0)]
+
+
+def test_init_upgrades_a_version_6_database_to_job_keys_and_runs_again(db):
+    # Given a version-6 database (no job keys) with a ready job
+    db.query("ALTER TABLE nq_job DROP COLUMN job_key")
+    db.query("UPDATE nq_meta SET value = '6' WHERE name = 'schema_version'")
+    with Producer("q", db.config()) as p:
+        job_id = p.put({"n": 1})
+    # When `notifyq init` runs, and migration 7 runs once more (an interrupted init runs again)
+    assert schema.init(db.admin) == (6, schema.code_version())
+    _apply(db, [7])
+    # Then the column is there once, and the job is still there to run
+    assert "job_key" in _columns(db, "nq_job")
+    assert db.query("SELECT id, status, job_key FROM nq_job") == [(job_id, 0, None)]
