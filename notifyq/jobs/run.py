@@ -25,7 +25,7 @@ PENDING = "pending"  # job.complete_in(conn): the caller commits; the worker fin
 
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
-                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at")
+                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace")
 
     def __init__(self) -> None:
         self._error: str | None = None  # None: a success (so far)
@@ -42,6 +42,7 @@ class Run:
         self._completion: Any = None  # the worker's: the claim's Completion (consume/effects.py)
         self._cancel_seen = False
         self._cancel_checked_at = float("-inf")
+        self._trace: dict[str, str] | None = None  # the enqueue's trace context (jobs/envelope.py)
 
     # -------------------------------------------------------- read (never written but below)
 
@@ -56,6 +57,7 @@ class Run:
     completed = property(attrgetter("_completed"))
     completion = property(attrgetter("_completion"))
     cancel_seen = property(attrgetter("_cancel_seen"))
+    trace = property(attrgetter("_trace"))
 
     # -------------------------------------------------------- the worker's handles
 
@@ -63,6 +65,10 @@ class Run:
         """What the worker gives the attempt before its handler runs: the lease extension and
         the claim's Completion."""
         self._extend, self._completion = extend, completion
+
+    def carried(self, trace: dict[str, str] | None) -> None:
+        """The trace context the job was put with (its stored envelope), for the run's span."""
+        self._trace = trace
 
     def complete_through(self, completion: Any) -> None:
         """A new Completion (the old session went with a timed-out call)."""
