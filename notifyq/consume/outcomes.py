@@ -204,7 +204,14 @@ def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:
 def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
     """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
     time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
-    that raised fails all its jobs with the same one)."""
+    that raised fails all its jobs with the same one).
+
+    For the app's own logging: the record carries what the handler raised as its exc_info (an
+    error reporter's logging integration, Sentry's, and JSON formatters see an exception, not a
+    string), with the job's fields as attributes of the record (record.queue, record.job,
+    record.attempt, record.next, record.error, and record.task for a task's job). The message
+    itself (logs.Line) leaves the traceback to exc_info then, so that a plain formatter prints
+    it once."""
     fields: dict[str, object] = {"queue": job.queue, "job": job.id,
                                  "attempt": f"{job.attempts}/{job.max_attempts}"}
     if delay is None:
@@ -213,13 +220,24 @@ def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, in
         at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
         fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     fields["error"] = error[:2000]
+    exc_info = None
     if job.detail:
         if job.detail in logged:
             fields["traceback"] = f"as for job {logged[job.detail]}"
         else:
             logged[job.detail] = job.id
             fields["traceback"] = job.detail.rstrip("\n")
+            exc = job.exception
+            if exc is not None:
+                exc_info = (type(exc), exc, exc.__traceback__)
+    shown = fields if exc_info is None else {k: v for k, v in fields.items() if k != "traceback"}
+    task = job.payload.get("task") if isinstance(job.payload, dict) else None
+    # (an app's handlers have no logs.Redactor: the attributes are redacted here, as Line is)
+    extra = {**logs.kv(**fields), **{k: logs.redact(v) if isinstance(v, str) else v
+                                     for k, v in fields.items() if k != "traceback"}}
+    if isinstance(task, str):
+        extra["task"] = task
     if delay is None:
-        log.error(logs.Line("job dead", fields), extra=logs.kv(**fields))
+        log.error(logs.Line("job dead", shown), extra=extra, exc_info=exc_info)
     else:
-        log.warning(logs.Line("job failed, retrying", fields), extra=logs.kv(**fields))
+        log.warning(logs.Line("job failed, retrying", shown), extra=extra, exc_info=exc_info)
