@@ -44,6 +44,11 @@ class Outcomes:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
+        by_task = self.stats.by_task
+        for job in jobs:  # each job's run time, by task
+            run = run_of(job)
+            if run.started is not None and run.ended is not None:
+                by_task.of(run.task).job_seconds.observe(run.ended - run.started)
         if any(run_of(j).completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
         for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
@@ -70,7 +75,8 @@ class Outcomes:
         results = [kept.result_text(r.result, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [r.started if r.started is not None else 0.0 for _, r in ok],
-                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results)
+                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
+                            [r.task for _, r in ok])
         if carry:
             return acks
         self.ack(session, acks)
@@ -88,6 +94,7 @@ class Outcomes:
             run = run_of(job)
             if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
                 self.stats.succeeded += 1
+                self.stats.by_task.of(run.task).counters["succeeded"] += 1
                 text = (kept.result_text(run.result, job.id, session.max_allowed_packet)
                         if self.qc.keeps_results else None)
                 if text is not None:
@@ -112,6 +119,10 @@ class Outcomes:
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
         """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT)."""
         self.stats.succeeded += acked
+        if acks.tasks and acked == len(acks.ids):  # which of them is known only when all landed:
+            by_task = self.stats.by_task  # the rest count under no task (the endpoint's remainder)
+            for task in acks.tasks:
+                by_task.of(task).counters["succeeded"] += 1
         # The ack's row count says how many, not which: all of them, or some among them
         self._count_lost(acks.ids, len(acks.ids) - acked)
 
@@ -131,6 +142,7 @@ class Outcomes:
         """Its cancel was requested while it ran (`notifyq jobs cancel`): what the operator asked
         for, so neither a failure nor dead, and said at INFO."""
         self.stats.cancelled += 1
+        self.stats.by_task.of(run_of(job).task).counters["cancelled"] += 1
         log.info("job cancelled queue=%s job=%d attempt=%d/%d error=%s", job.queue, job.id, job.attempts,
                  job.max_attempts, error[:200])
 
@@ -158,10 +170,14 @@ class Outcomes:
                 self._count_cancelled(job, error)
                 continue
             self.stats.failed += 1
+            counters = self.stats.by_task.of(run_of(job).task).counters
+            counters["failed"] += 1
             if delay is None:
                 self.stats.dead += 1
+                counters["dead"] += 1
             else:
                 self.stats.retried += 1
+                counters["retried"] += 1
             _log_failure(job, delay, error, logged)
         left = {j.id for j in unrecorded}
         self._count_lost([j.id for j, _, _ in decided if j.id not in owned and j.id not in left])

@@ -25,6 +25,9 @@ class Traced(Handler):
     def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
         return self.inner.timeout_for(jobs, queue_timeout_s)
 
+    def task_name(self, job: Job) -> str:
+        return self.inner.task_name(job)
+
     def report(self, failed: list[Job]) -> None:
         self.inner.report(failed)
 
