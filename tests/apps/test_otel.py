@@ -184,6 +184,10 @@ def test_a_traced_payload_that_looks_like_an_envelope_comes_back_whole(db, spans
     finally:
         session.close()
     assert shown["payload"] == tricky and shown["trace"]["traceparent"].startswith("00-")
+    listed = run_cli(db.env, "jobs", "show", str(job_id))
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split(None, 1)[1] for line in listed.stdout.splitlines() if line.startswith("trace ")] == [
+        json.dumps(shown["trace"])]
     assert testing.jobs(config, "otw")[0].payload == tricky
     seen = []
     testing.drain(config, "otw", lambda job: seen.append(job.payload))
