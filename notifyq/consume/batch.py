@@ -15,7 +15,6 @@ claim to the acks it leaves with its worker's pending acks (acking.py: they ride
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
@@ -206,7 +205,6 @@ class BatchRun:
         try:
             if self.handler.per_batch:
                 batch.start(jobs)
-                self._count_waits(jobs)
                 self._call([j for j in jobs if j.error is None])
                 batch.finish()
             else:
@@ -322,20 +320,10 @@ class BatchRun:
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
             group = batch.start_next(size if batch.started else 1)
-            self._count_waits(group)
             ready = [j for j in group if j.error is None]
             if ready:
                 self._call(ready)
             batch.finish()
-
-    def _count_waits(self, started: list[Job]) -> None:
-        """Each job's wait in the queue, from its due time (its enqueue's, or its delay's, or
-        its retry's: run_at, the server's clock in UTC) to its start (this host's clock; a
-        skew between the two that makes it negative counts as 0)."""
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        by_task = self.stats.by_task
-        for job in started:
-            by_task.of(run_of(job).task).queue_wait.observe(max(0.0, (now - job.run_at).total_seconds()))
 
     def _still_ours(self, now: float) -> bool:
         """Before a job starts: is the claim still this process's? From what the presence knows

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
@@ -44,11 +45,7 @@ class Outcomes:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        by_task = self.stats.by_task
-        for job in jobs:  # each job's run time, by task
-            run = run_of(job)
-            if run.started is not None and run.ended is not None:
-                by_task.of(run.task).job_seconds.observe(run.ended - run.started)
+        self._observe(jobs)
         if any(run_of(j).completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
         for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
@@ -81,6 +78,21 @@ class Outcomes:
             return acks
         self.ack(session, acks)
         return None
+
+    def _observe(self, jobs: list[Job]) -> None:
+        """Each finished job's run time and its wait in the queue, by task. The wait runs from
+        its due time (run_at: its enqueue's, its delay's or its retry's, on the server's clock,
+        UTC) to its start (this host's clock: one reading of it per call, the start's monotonic
+        time taken from it; a skew between the clocks that makes it negative counts as 0)."""
+        by_task = self.stats.by_task
+        now_utc, now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), time.monotonic()
+        for job in jobs:
+            run = run_of(job)
+            started, ended = run.started, run.ended
+            if started is not None and ended is not None:
+                figures = by_task.of(run.task)
+                figures.job_seconds.observe(ended - started)
+                figures.queue_wait.observe(max(0.0, (now_utc - job.run_at).total_seconds() - (now - started)))
 
     def _completed(self, session: Session, jobs: list[Job], token: int) -> list[Job]:
         """Jobs the handler completed in its own transaction are done: never acked again, never
