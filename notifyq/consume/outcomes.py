@@ -259,11 +259,11 @@ def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, in
             if exc is not None:
                 exc_info = (type(exc), exc, exc.__traceback__)
     shown = fields if exc_info is None else {k: v for k, v in fields.items() if k != "traceback"}
-    task = job.payload.get("task") if isinstance(job.payload, dict) else None
+    task = run_of(job).task  # as its handler names it: "" for a plain handler's job
     # (an app's handlers have no logs.Redactor: the attributes are redacted here, as Line is)
     extra = {**logs.kv(**fields), **{k: logs.redact(v) if isinstance(v, str) else v
                                      for k, v in fields.items() if k != "traceback"}}
-    if isinstance(task, str):
+    if task:
         extra["task"] = task
     if delay is None:
         log.error(logs.Line("job dead", shown), extra=extra, exc_info=exc_info)

@@ -95,8 +95,8 @@ class OtelTracer:
             job = jobs[0]
             attributes["messaging.message.id"] = str(job.id)
             attributes["notifyq.job.attempt"] = job.attempts
-            task = job.payload.get("task") if isinstance(job.payload, dict) else None
-            if isinstance(task, str):
+            task = run_of(job).task  # as the consumer's handler names it ("" for a plain handler's job)
+            if task:
                 attributes["notifyq.task"] = task
             sent = _sent_context(job)
             if sent is not None:

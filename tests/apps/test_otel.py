@@ -232,3 +232,16 @@ def test_put_and_drain_load_nothing_of_opentelemetry_unless_instrumented(db):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_tasks_run_span_names_its_task(db, spans):
+    registry = notifyq.TaskRegistry(db.config())
+    ran = []
+    ping = registry.task(lambda n: ran.append(n), queue="ott", name="ping")
+    try:
+        ping.enqueue(1)
+        testing.drain(db.config(), "ott", registry)
+    finally:
+        registry.close()
+    (run,) = _named(spans, "process ott")
+    assert ran == [1] and run.attributes["notifyq.task"] == "ping"
