@@ -131,7 +131,7 @@ class ServiceCollector:
             family.add_metric(_keyed(key, NO_TASK), total - sum(per_task.values()))
             for task, n in sorted(per_task.items()):
                 family.add_metric(_keyed(key, task), n)
-        return family
+        return _no_empty_task(family)
 
     @staticmethod
     def _task_histograms(groups) -> Iterator[Any]:
@@ -151,7 +151,7 @@ class ServiceCollector:
                         totals.setdefault(task, make()).add(getattr(figures, attr))
                 for task, total in sorted(totals.items()):
                     family.add_metric(_keyed(key, task), total.buckets(), sum_value=total.sum)
-            yield family
+            yield _no_empty_task(family)
 
     def _histograms(self, groups) -> Iterator[Any]:
         """Per queue; with [shards] per queue and shard, as the job counters."""
@@ -269,6 +269,15 @@ def _with_task(labels: list[str]) -> list[str]:
 
 def _keyed(key: tuple[str, ...], task: str) -> list[str]:
     return [key[0], task, *key[1:]]
+
+
+def _no_empty_task(family: Any) -> Any:
+    """The family's samples of no task without the label (what Prometheus makes of an empty one
+    anyway): a queue of plain handlers is exposed exactly as before tasks had a label."""
+    family.samples = [s if s.labels.get("task") != NO_TASK
+                      else s._replace(labels={k: v for k, v in s.labels.items() if k != "task"})
+                      for s in family.samples]
+    return family
 
 
 def _by_server(labels: list[str], groups: dict[tuple[str, ...], Any]) -> tuple[list[str], dict[tuple[str, ...], Any]]:

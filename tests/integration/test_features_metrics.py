@@ -28,12 +28,10 @@ def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
-    """Every sample by name and labels; a label with an empty value left out, as Prometheus
-    leaves it out (the per-task families' empty task: the queue's own series)."""
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v != "")))] = s.value
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
 
 
