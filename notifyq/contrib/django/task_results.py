@@ -33,6 +33,7 @@ def task_result(task: Any, job_id: int, row: dict[str, Any], records: list[dict[
     """The TaskResult of job `job_id` for `task` (already set to the job's queue and priority),
     from its row (job_get's columns by name) and its attempt records (oldest first)."""
     status = STATUSES[Status(row["status"])]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     ran = [r for r in records if r["outcome"] in RAN and r["started_at"] is not None]
     worker_ids = [r["consumer"] or "" for r in ran]
     starts = [r["started_at"] for r in ran]
@@ -42,7 +43,7 @@ def task_result(task: Any, job_id: int, row: dict[str, Any], records: list[dict[
     result = TaskResult(
         task=task, id=str(job_id), status=status, enqueued_at=utc(row["created_at"]),
         started_at=utc(starts[0]) if starts else None,
-        finished_at=utc(row["finished_at"]) if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None,
+        finished_at=utc(row["finished_at"]) if finished else None,
         last_attempted_at=utc(starts[-1]) if starts else None,
         args=args, kwargs=kwargs, backend=backend,
         errors=[task_error(r["error"], r["traceback"]) for r in records if r["outcome"] in FAILED_RUNS],
