@@ -475,13 +475,14 @@ def _prepare(conn: MySQLdb.connections.Connection,
              idle_timeout_s: int | None) -> tuple[str, int, str, dict, dict]:
     """A new connection's settings, and what it says of its server: (version, max_allowed_packet,
     identity, wsrep and uptime status, the variables that say whether it may be the writer)."""
+    asks_writer = server_role.has_writer_variables(conn.get_server_info())
     cur = conn.cursor()
     # One round trip: the session's settings, then the server, its identity and its wsrep
     # state (empty values on a server without Galera; MySQL has the status names too, or
-    # none: both read as not Galera), and the variables that say whether it may be the writer
-    # (none on MariaDB: server_role.py). READ COMMITTED: every statement sees fresh commits (a
-    # long RR snapshot would hide new jobs) and locking reads take no gap locks that block
-    # producers. No statement time limit a DBA may have set server-wide (MariaDB's
+    # none: both read as not Galera), and on MySQL the variables that say whether it may be
+    # the writer (server_role.py; MariaDB has none, known from the handshake: nothing is
+    # sent). READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide
+    # new jobs) and locking reads take no gap locks that block producers. No statement time limit a DBA may have set server-wide (MariaDB's
     # max_statement_time, MySQL's max_execution_time, each in a comment only its server runs):
     # it would kill a watcher's long GET_LOCK with an error nothing expects.
     settings, params = ("time_zone = '+00:00', innodb_lock_wait_timeout = 10"
@@ -490,15 +491,17 @@ def _prepare(conn: MySQLdb.connections.Connection,
         settings, params = f"{settings}, wait_timeout = %s", (int(idle_timeout_s),)
     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
                 f"SET SESSION {settings}; "
-                f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}; "
-                + QUERIES["writer_variables"], params or None)
+                f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}"
+                + ("; " + QUERIES["writer_variables"] if asks_writer else ""), params or None)
     cur.nextset()  # past the two SETs' results, each an error if the statement failed
     cur.nextset()
     version, max_packet, node = cur.fetchone()
     cur.nextset()
     wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
-    cur.nextset()
-    variables = {str(name).lower(): str(value) for name, value in cur.fetchall()}
+    variables: dict[str, str] = {}
+    if asks_writer:
+        cur.nextset()
+        variables = {str(name).lower(): str(value) for name, value in cur.fetchall()}
     cur.close()
     return version, max_packet, node, wsrep, variables
 

@@ -55,3 +55,12 @@ def test_only_a_member_of_a_group_is_asked_its_role():
     # the one round trip more is paid only on a server that has a group name
     assert [server_role.in_group(v) for v in (MARIADB, MYSQL_PLAIN, GR_PLUGIN_NOT_CONFIGURED, GR_SINGLE_PRIMARY)] \
         == [False, False, False, True]
+
+
+@pytest.mark.parametrize(("server_info", "asked"), [
+    ("10.11.6-MariaDB-0+deb12u1", False), ("11.4.2-MariaDB-log", False),
+    ("8.0.36", True), ("8.4.0-commercial", True), ("8.0.35-27 Percona Server (GPL)", True),
+])
+def test_only_a_mysql_is_asked_the_variables(server_info, asked):
+    # from the handshake's version: MariaDB pays nothing for the check
+    assert server_role.has_writer_variables(server_info) is asked

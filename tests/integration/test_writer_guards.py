@@ -1,14 +1,16 @@
 """The writer guards (store/server_role.py) on the real server: MariaDB, which has no Group
-Replication and none of the variables, is accepted at connect and reconnect; and a server whose
-answer says it is no writer is refused at connect and at every reconnect, with one line. For
-the refusals the server's real answer is replaced by a recorded one (no MySQL here): the
-statement the connection sends is swapped for one that gives that answer."""
+Replication and none of the variables, is asked nothing more and is accepted at connect and
+reconnect. Asked as MySQL is (this MariaDB answers the SHOW too, with nothing), a server whose
+answer says it is no writer is refused at connect and at every reconnect, with one line: for
+those the server's real answer is replaced by a recorded one (no MySQL here), by swapping the
+statement the connection sends for one that gives that answer."""
 
 import pytest
 from conftest import admin_connect
 
 from notifyq import errors
 from notifyq.store import db as store_db
+from notifyq.store import server_role
 from notifyq.store.db import Session
 from notifyq.store.sql import QUERIES
 
@@ -20,13 +22,20 @@ def one(cur):
     return cur.fetchone()
 
 
-def test_mariadb_answers_none_of_the_variables_and_is_accepted(db):
+def show_variables_sent(conn) -> int:
+    cur = conn.cursor()
+    cur.execute("SHOW SESSION STATUS LIKE 'Com_show_variables'")
+    return int(cur.fetchone()[1])
+
+
+def test_mariadb_is_asked_nothing_more_and_is_accepted_at_connect_and_reconnect(db):
+    # MariaDB has none of the variables, which its handshake says: no SHOW is sent
     conn = admin_connect(db.admin)
     try:
         *_, variables = store_db._prepare(conn, None)
+        assert variables == {} and show_variables_sent(conn) == 0
     finally:
         conn.close()
-    assert variables == {}
     session = Session(db.admin)
     try:
         assert session.run(one, what="test") == (1,)
@@ -37,7 +46,27 @@ def test_mariadb_answers_none_of_the_variables_and_is_accepted(db):
         session.close()
 
 
-def test_a_server_that_is_no_writer_is_refused_at_connect(db, monkeypatch):
+@pytest.fixture
+def as_mysql(monkeypatch):
+    """The session asks the server as it asks MySQL (this MariaDB answers the SHOW too: nothing)."""
+    monkeypatch.setattr(server_role, "has_writer_variables", lambda server_info: True)
+
+
+def test_asked_as_mysql_is_asked_within_the_same_round_trip_and_accepted(db, as_mysql):
+    conn = admin_connect(db.admin)
+    try:
+        *_, variables = store_db._prepare(conn, None)
+        assert variables == {} and show_variables_sent(conn) == 1
+    finally:
+        conn.close()
+    session = Session(db.admin)
+    try:
+        assert session.run(one, what="test") == (1,)
+    finally:
+        session.close()
+
+
+def test_a_server_that_is_no_writer_is_refused_at_connect(db, monkeypatch, as_mysql):
     monkeypatch.setitem(QUERIES, "writer_variables", SUPER_READ_ONLY)
     session = Session(db.admin, retry_s=0)
     with pytest.raises(errors.WriterRefused) as refused:
@@ -48,7 +77,7 @@ def test_a_server_that_is_no_writer_is_refused_at_connect(db, monkeypatch):
     assert session.current_conn is None  # nothing left open
 
 
-def test_a_server_that_became_no_writer_is_refused_when_the_session_reconnects(db, monkeypatch):
+def test_a_server_that_became_no_writer_is_refused_when_the_session_reconnects(db, monkeypatch, as_mysql):
     session = Session(db.admin, retry_s=10)  # retries the lost connection: the reconnect is refused
     try:
         session.run(one, what="test")
@@ -66,7 +95,7 @@ def test_a_server_that_became_no_writer_is_refused_when_the_session_reconnects(d
         session.close()
 
 
-def test_the_refusal_is_the_commands_exit_code_7(db, monkeypatch):
+def test_the_refusal_is_the_commands_exit_code_7(db, monkeypatch, as_mysql):
     # the CLI maps it as any notifyq error: one line, exit 7 (docs: exit codes)
     from notifyq.run import cli
 
