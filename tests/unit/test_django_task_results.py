@@ -83,3 +83,8 @@ def test_a_dead_job_lists_every_failed_run_and_has_no_return_value():
 ])
 def test_the_exception_class_comes_from_the_tracebacks_last_line(traceback, error, path):
     assert task_results.exception_class_path(traceback, error) == path
+
+
+def test_a_run_taken_back_or_snoozed_counts_as_a_run_and_is_no_error():
+    got = result_of(row(0), [record(1, "taken back", "its consumer died"), record(2, "snoozed")])
+    assert got.worker_ids == ["c1", "c2"] and got.errors == [] and got.status == TaskResultStatus.READY

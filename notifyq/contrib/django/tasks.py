@@ -75,7 +75,10 @@ class NotifyqBackend(BaseTaskBackend):
         payload = {PAYLOAD_KEY: task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
         alias = self.database or database_alias()
         producer = get_producer(task.queue_name, alias)
-        options = {"priority": task.priority, "run_at": task.run_after}
+        run_at = task.run_after
+        if run_at is not None and timezone.is_naive(run_at):  # USE_TZ = False: the project's local time
+            run_at = timezone.make_aware(run_at)
+        options = {"priority": int(task.priority), "run_at": run_at}  # Django allows 5.0
         if self.enqueue_on_commit:
             job_id = producer.put(payload, conn=connections[alias], **options)
             transaction.on_commit(producer.wake, using=alias)

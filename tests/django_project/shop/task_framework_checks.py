@@ -76,6 +76,8 @@ class WhatLandsOnTheJob(TransactionTestCase):
         self.assertEqual((back.status, back.task.queue_name, back.task.priority), (TaskResultStatus.READY, "mail", 100))
         low = note.using(priority=-100).enqueue("y")
         self.assertEqual(job_row(low.id)[2], -100)
+        whole = note.using(priority=5.0).enqueue("z")  # a whole number, as Django allows it
+        self.assertEqual(job_row(whole.id)[2], 5)
 
     def test_a_task_the_backend_cannot_take_is_refused_when_declared(self):
         with self.assertRaises(InvalidTask):
