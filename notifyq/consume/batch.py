@@ -15,7 +15,6 @@ claim to the acks it leaves with its worker's pending acks (acking.py: they ride
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -30,7 +29,8 @@ from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
 from notifyq.consume.timeout import HandlerCaller, Stray
-from notifyq.jobs import Job, run_of
+from notifyq.consume.traced import Traced
+from notifyq.jobs import Job, envelope, run_of, tracing
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -271,11 +271,16 @@ class BatchRun:
 
         completion = self.completion = self._completion()
         for job in jobs:
-            try:
-                job.payload = json.loads(job.payload)
+            run = run_of(job)
+            try:  # the payload as put, and the trace context stored with it (jobs/envelope.py)
+                job.payload, trace = envelope.opened(job.payload)
+                if trace is not None:
+                    run.carried(trace)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
-            run_of(job).hand(extend, completion)
+            else:
+                run.named(self.handler.task_name(job))
+            run.hand(extend, completion)
 
     def _completion(self) -> Completion:
         return Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results, self.batch.owner)
@@ -352,7 +357,10 @@ class BatchRun:
             self.presence.claim_sizers[self.queue].observe(span, len(ran))
 
     def _call(self, jobs: list[Job]) -> None:
-        self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
+        handler = self.handler
+        if tracing.HOOK is not None:  # read per call: an app may instrument after the consumer started
+            handler = Traced(handler, tracing.HOOK, self.queue)
+        self.caller.call(handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under

@@ -98,6 +98,10 @@ class TaskHandler(handlers.PythonHandler):
             limits.append(queue_timeout_s if task is None or task.timeout_s is None else task.timeout_s)
         return 0.0 if not limits or 0 in limits else max(limits)
 
+    def task_name(self, job: Job) -> str:
+        task = self._task_of(job)
+        return task.name if task is not None else ""
+
     def _task_of(self, job: Job) -> Task | None:
         name = job.payload.get("task") if isinstance(job.payload, dict) else None
         return self.tasks.get(name) if isinstance(name, str) else None

@@ -16,7 +16,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config import validate_queue_name
-from notifyq.jobs import STATUS_NAMES, Status
+from notifyq.jobs import STATUS_NAMES, Status, envelope
 from notifyq.store import admin_queries, advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
@@ -93,7 +93,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     if row is None:
         raise errors.InputError(gone(session, job_id))
     job = _record(_GET_FIELDS, row)
-    job["payload"] = _decoded(job["payload"])  # (invalid JSON: the consumer will bury it)
+    job["payload"], trace = _opened(job["payload"])  # (invalid JSON: the consumer will bury it)
+    if trace is not None:  # put by a traced enqueue (notifyq.contrib.otel): its trace context
+        job["trace"] = trace
     if history:
         job["history"] = attempts(session, job_id)
     return job
@@ -107,6 +109,15 @@ def attempts(session: Session, job_id: int) -> list[dict[str, Any]]:
             record["result"] = _decoded(record["result"])
         out.append(record)
     return out
+
+
+def _opened(text: str) -> tuple[Any, dict[str, str] | None]:
+    """A job's stored payload: the payload as put (decoded as _decoded does) and the trace
+    context stored with it (jobs/envelope.py), if any."""
+    try:
+        return envelope.opened(text)
+    except ValueError:
+        return text, None
 
 
 def _decoded(text: str) -> Any:

@@ -8,6 +8,7 @@ mysqlclient rather than an async driver: docs/asyncio.md (measured by benchmarks
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import functools
 import threading
@@ -134,7 +135,10 @@ class AsyncProducer:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.sessions, thread_name_prefix=f"notifyq-put-{self.queue}")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(self._call, method, args, kwargs))
+        # In the caller's context, as asyncio.to_thread does: the put's span (notifyq.contrib.otel)
+        # is then a child of the request's, and any context variable the app set is seen there.
+        ctx = contextvars.copy_context()
+        return await loop.run_in_executor(self._pool, ctx.run, functools.partial(self._call, method, args, kwargs))
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """On a pool thread: a free producer (there are as many as threads) does the put."""

@@ -19,7 +19,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
-from notifyq.jobs import Status
+from notifyq.jobs import Status, envelope, tracing
 from notifyq.produce import conns
 from notifyq.store import inserts, queries
 from notifyq.store.db import Session
@@ -124,6 +124,8 @@ class Producer:
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
             row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None)
+            if tracing.HOOK is not None:
+                return self._write_traced([row], None, False)[0]
             with self._mutex:
                 return self._write_own([row], False)[0]
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
@@ -262,7 +264,7 @@ class Producer:
         limit = self._max_payload_bytes
         if size > limit:
             raise errors.InputError(f"payload is {size} bytes, over the {limit}-byte limit")
-        return text
+        return envelope.escaped(text)
 
     def _options(self, priority: int, delay: float, run_at: dt.datetime | None, max_attempts: int | None,
                  dedup_key: str | None) -> tuple[Any, int, Any, int]:
@@ -304,6 +306,28 @@ class Producer:
         return int(status), priority, int(delay * 1e6), attempts
 
     def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+        if tracing.HOOK is not None:
+            return self._write_traced(rows, conn, unique)
+        return self._write_untraced(rows, conn, unique)
+
+    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+        """_write inside the installed tracer's "send" span (jobs/tracing.py), each job stored
+        with the span's context in its payload's envelope (jobs/envelope.py)."""
+        tracer = tracing.HOOK
+        if tracer is None:  # uninstrumented meanwhile
+            return self._write_untraced(rows, conn, unique)
+
+        def write(context: str | None) -> list[int]:
+            if context is not None:
+                rows_ = [(*r[:5], envelope.stamped(r[5], context), *r[6:]) for r in rows]
+            else:
+                rows_ = rows
+            return self._write_untraced(rows_, conn, unique)
+
+        dsn = self.config.dsn
+        return tracer.send(self.queue, len(rows), (dsn.host, dsn.port if not dsn.unix_socket else None), write)
+
+    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
         if conn is not None:
             return self._write_caller(rows, conn, unique)
         with self._mutex:

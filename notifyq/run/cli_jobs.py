@@ -76,6 +76,8 @@ def show(obj: Any, a: argparse.Namespace) -> None:
     width = max(len(k) for k in job)
     for key, value in job.items():
         if key not in ("payload", "history"):
+            if isinstance(value, dict):  # a traced job's context (trace): as JSON, not a repr
+                value = json.dumps(value, ensure_ascii=False)
             text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
             echo(f"{key.ljust(width)}  {text}")
     if "payload" in job:  # gone with its row: the records keep no payload

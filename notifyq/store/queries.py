@@ -85,6 +85,7 @@ class Acks:
     started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
     ended: list[float] | None = None
     results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
+    tasks: list[str] | None = None  # each job's task, for the consumer's per-task figures (never sent)
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 

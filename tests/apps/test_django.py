@@ -239,3 +239,43 @@ def test_complete_in_commits_an_orm_write_with_the_completion_and_a_stale_claim_
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {"job": job, "attempt": 1, "raised": "ClaimLost"} for job in (second, third, fourth)]
     assert "done=4 failed=0 dead=0 given_back=0 lost_acks=3" in run.stderr  # the stale runs' outcomes fenced out
+
+
+_TRACED_REQUEST = """
+import json
+from django.db import transaction
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from notifyq.contrib import otel
+from notifyq.contrib.django import enqueue_on_commit
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+otel.instrument(provider)
+with provider.get_tracer("app").start_as_current_span("request") as request:
+    with transaction.atomic():
+        job_id = enqueue_on_commit("traced", {"n": 1})
+(send,) = [s for s in exporter.get_finished_spans() if s.name == "send traced"]
+print(json.dumps({"job": job_id, "trace": f"{request.get_span_context().trace_id:032x}",
+                  "request": f"{request.get_span_context().span_id:016x}",
+                  "send": f"{send.context.span_id:016x}", "send_parent": f"{send.parent.span_id:016x}"}))
+"""
+
+
+def test_a_job_enqueued_on_commit_in_a_traced_request_keeps_the_requests_trace(project):
+    pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need opentelemetry-sdk (the test extra)")
+    from notifyq.jobs import envelope
+
+    # Given a migrated project, When a traced request enqueues on commit
+    _migrated(project)
+    done = project.manage("shell", "-c", _TRACED_REQUEST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # Then the enqueue is a send span of the request, and the job keeps its context
+    assert seen["send_parent"] == seen["request"]
+    text = project.query("SELECT payload FROM nq_job WHERE id = %s", (seen["job"],))[0][0]
+    payload, context = envelope.opened(text.decode() if isinstance(text, bytes) else text)
+    assert payload == {"n": 1}
+    assert context["traceparent"].startswith(f"00-{seen['trace']}-{seen['send']}-")

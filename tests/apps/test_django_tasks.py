@@ -115,3 +115,33 @@ def test_a_higher_django_priority_runs_first(server_dsn, python):
         assert [r[0] for r in project.query("SELECT name FROM shop_order ORDER BY id")] == ["p100", "p5", "p0", "p-100"]
     finally:
         project.close()
+
+
+def test_a_task_enqueued_in_a_traced_request_keeps_its_trace_and_get_result_reads_it(server_dsn, python):
+    # (a traced job's payload is stored in an envelope: get_result read it as "not a Django task's")
+    probe = subprocess.run([python, "-c", "import opentelemetry.sdk"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("this interpreter has no opentelemetry-sdk (the test extra)")
+    project = _project(server_dsn, python)
+    try:
+        got = _shell(project, """
+import json
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from notifyq.contrib import otel
+from shop.dtasks import greet
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+otel.instrument(provider)
+with provider.get_tracer("app").start_as_current_span("request") as request:
+    result = greet.enqueue("ada")
+(send,) = [s for s in exporter.get_finished_spans() if s.name == "send default"]
+again = greet.get_result(result.id)
+print(json.dumps([send.context.trace_id == request.get_span_context().trace_id, str(again.status), again.args]))
+""")
+        assert got == [True, "READY", ["ada"]]
+    finally:
+        project.close()

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.apps import apps
@@ -30,6 +29,7 @@ from django.utils.module_loading import import_string
 
 from notifyq import errors
 from notifyq.config import validate_queue_name
+from notifyq.jobs import envelope
 from notifyq.contrib.django import task_results
 from notifyq.contrib.django.conf import database_alias
 from notifyq.contrib.django.enqueue import get_producer
@@ -133,8 +133,8 @@ def is_task_payload(payload: Any) -> bool:
 
 
 def _payload(text: str | bytes) -> dict[str, Any] | None:
-    try:
-        payload = json.loads(text)
+    try:  # the payload as put: a traced enqueue's envelope opened (notifyq/jobs/envelope.py)
+        payload = envelope.opened(text.decode() if isinstance(text, bytes) else text)[0]
     except ValueError:
         return None
     return payload if is_task_payload(payload) else None
