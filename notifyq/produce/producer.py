@@ -174,6 +174,19 @@ class Producer:
             poller = self._results
         return results.wait_for(poller, job_id, wait)
 
+    def consume_rate(self, n: int = 1, *, key: str | None = None, wait: float | None = 30.0) -> bool:
+        """Spend n starts of the queue's rates from outside a job: notifyq.Producer.consume_rate
+        says how."""
+        from notifyq.store import rates  # here: a producer that never asks need not load it
+
+        n, key, wait = rates.consume_args(n, key, wait)
+        # A session of its own per call: a wait for the refill must not hold up this producer's puts
+        session = Session(self.config.dsn, name="rates", **self._retry)
+        try:
+            return rates.consume(session, self.queue, rates.Rates.of(self.queue_config), key, n, wait)
+        finally:
+            session.close()
+
     @property
     def retry(self) -> dict[str, Any]:
         """How this producer's sessions retry an unreachable server (Session's arguments)."""

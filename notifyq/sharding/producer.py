@@ -180,6 +180,32 @@ class Producer:
         """
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
 
+    def consume_rate(self, n: int = 1, *, key: str | None = None, wait: float | None = 30.0) -> bool:
+        """Spend n starts of the queue's `rate` (and the key's `rate_per_key`) for work done
+        outside a job, from the budget its jobs' starts spend: True once spent; False if the
+        rates did not allow it within `wait` seconds (then nothing is spent).
+
+        Blocks until the budget has room, at most `wait` (None: as long as it takes; 0: look
+        once and do not wait). Waits are timed to the refill the budget's log says, not polled.
+        A queue without rates always allows it.
+
+            if producer.consume_rate(key="customer-42", wait=5):
+                call_the_api()
+
+        Args:
+            n: starts to spend at once (1 to the rate's N: more could never be granted).
+            key: the key whose `rate_per_key` budget to spend too (None: only the queue's `rate`).
+            wait: seconds to wait for room, at most.
+
+        Raises:
+            notifyq.errors.InputError: a bad n, key or wait, or a queue spread over [shards]
+                (each shard keeps its own budgets).
+        """
+        if self._turn is not None:
+            raise errors.InputError(f"queue {self.queue} is spread over shards: each shard has its own rate budgets, "
+                                    f"so consume_rate needs a queue on one shard")
+        return self._on(self._home).consume_rate(n, key=key, wait=wait)
+
     @property
     def retry(self) -> dict[str, Any]:
         """How a pinned queue's sessions retry an unreachable server (result() waits too)."""

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
@@ -196,6 +196,52 @@ UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
     lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
 WHERE id IN %(ids)s
+
+-- rate_now --
+-- Rates (store/rates.py): the server's time, which every start in a rate's log is written in
+-- and measured against (one clock for every consumer process and host).
+SELECT NOW(6)
+
+-- rate_keys --
+-- The keys of the jobs a claim locked (rate_per_key): what budgets they spend.
+SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
+-- rate_hold --
+-- When the queue's held jobs are to be woken (NULL, or no row: nothing held).
+SELECT wake_at FROM nq_rate_hold WHERE queue = %(queue)s
+
+-- rate_slots_lock --
+-- The budgets' logs, locked until the claim's (or consume_rate's) COMMIT: a claimer of the same
+-- budget waits here for that COMMIT, then sees what it spent. One statement in primary-key order
+-- (the queue's own budget '' first, then the keys sorted), so every claimer locks in one order.
+-- Slots past a budget's N (its rate lowered since) are not part of it.
+SELECT rate_key, slot, started_at, claim_token FROM nq_rate
+WHERE queue = %(queue)s AND rate_key IN %(keys)s
+  AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
+ORDER BY rate_key, slot
+FOR UPDATE
+
+-- rate_slot_add --
+-- A budget's slots, made on its first use (or when its N grows) as never spent. Repeated per
+-- row by executemany (one multi-row INSERT); IGNORE: a peer making the same slot wins, and
+-- rate_slots_lock then waits for its COMMIT.
+INSERT IGNORE INTO nq_rate (queue, rate_key, slot, started_at) VALUES (%(queue)s, %(key)s, %(slot)s, '1970-01-01')
+
+-- rate_spend --
+-- Starts taken from a budget: its oldest slots (each a whole period old) become `now`.
+UPDATE nq_rate SET started_at = %(now)s, claim_token = %(token)s
+WHERE queue = %(queue)s AND rate_key = %(key)s AND slot IN %(slots)s
+
+-- rate_hold_set --
+-- A claim held jobs back for want of a start: the watcher's wait ends when the first budget
+-- frees one (`wake_at`), or earlier if a hold that is still ahead says so.
+INSERT INTO nq_rate_hold (queue, wake_at) VALUES (%(queue)s, %(wake_at)s)
+ON DUPLICATE KEY UPDATE wake_at = IF(wake_at > NOW(6), LEAST(wake_at, VALUES(wake_at)), VALUES(wake_at))
+
+-- rate_hold_clear --
+-- A claim that held nothing back ends a hold whose time has come (else the watcher would wake
+-- for it again and again); one still ahead is some other budget's, and stays.
+UPDATE nq_rate_hold SET wake_at = NULL WHERE queue = %(queue)s AND wake_at <= NOW(6)
 
 -- unclaim_token --
 -- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken.
@@ -581,7 +627,9 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
--- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (advisory.lock_wait_s).
+-- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
+-- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
+-- GET_LOCK keeps it (advisory.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
@@ -589,8 +637,10 @@ SELECT s.total, q.watched_seq, q.paused,
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
@@ -687,11 +737,14 @@ SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due, and,
 -- as the watch statement tells a watcher, whether a reaper pass is needed: by heartbeat and
 -- lease only (this server may refuse the lock functions). Without it a queue served only by
--- idle polling consumers left a hung handler's expired lease claimed for good.
+-- idle polling consumers left a hung handler's expired lease claimed for good. The earliest
+-- due job's time is also a rate's refill for held jobs, if that comes first (as in watch_bell).
 SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)),
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s)),
        (SELECT COUNT(*) FROM nq_consumer
         WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
