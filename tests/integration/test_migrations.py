@@ -10,7 +10,8 @@ from notifyq.produce.producer import Producer
 from notifyq.store import schema
 from notifyq.store.sql import migrations, split_statements
 
-TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta")
+TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta",
+          "nq_rate", "nq_rate_hold")
 
 
 def _apply(db, versions) -> None:
