@@ -198,3 +198,46 @@ def test_a_worker_under_a_rate_wakes_at_each_refill_and_never_starts_more_than_n
     starts.sort()
     assert all(starts[i + 4] - starts[i] >= 1.0 - 0.05 for i in range(len(starts) - 4)), starts
     assert worker.waiter.wakeups["due"] >= 1
+
+
+def test_a_rated_claim_starts_nothing_until_its_commit_lands_and_a_lost_commit_spends_nothing(db):
+    # Given one ready job on a rated queue, and a server that holds every COMMIT back (MariaDB's
+    # BACKUP STAGE; MySQL has none)
+    if "mariadb" not in db.query("SELECT VERSION()")[0][0].lower():
+        pytest.skip("needs MariaDB's BACKUP STAGE to hold a COMMIT back")
+    from conftest import admin_connect, wait_until
+
+    cfg = _config(db, rate="1/1h")
+    [job_id] = _put(cfg, 1)
+    blocker = admin_connect(db.admin)
+    blocker.cursor().execute("BACKUP STAGE START")
+    blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+    work, peer = Session(cfg.dsn, name="work"), Session(cfg.dsn, name="peer")
+    try:
+        # When a consumer claims: claim() does not return while its COMMIT waits (an unrated
+        # claim returns its jobs at once, test_claim_commit.py), so no job of it can start
+        got: list = []
+        claimer = threading.Thread(target=lambda: got.append(_claim(work, cfg)), daemon=True)
+        claimer.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                                     "WHERE ID = %s AND STATE LIKE '%%backup lock%%'", (work.connection_id,)) == 1,
+                   10, message="the claim's COMMIT held back")
+        claimer.join(1.0)  # an unrated claim would be back by now (its COMMIT's reply is not waited for)
+        assert claimer.is_alive() and got == []
+        # ... and the COMMIT is lost: the session dies with it
+        killer = admin_connect(db.admin)
+        try:
+            killer.cursor().execute(f"KILL CONNECTION {int(work.connection_id)}")
+        finally:
+            killer.close()
+        claimer.join(10)
+        blocker.cursor().execute("BACKUP STAGE END")
+        # Then the claim comes back with no job to start
+        assert got and got[0].jobs == [] and got[0].commit.failed
+        # And the budget was not spent: a peer claims the job and its start
+        assert [j.id for j in _claim(peer, cfg).jobs] == [job_id]
+        assert db.scalar("SELECT COUNT(*) FROM nq_rate WHERE started_at > '1970-01-01'") == 1
+    finally:
+        blocker.close()
+        work.close()
+        peer.close()
