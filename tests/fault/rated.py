@@ -4,9 +4,6 @@ KILLs of sessions. A producer puts keyed jobs (and a few without a key) a little
 the rate allows, so a backlog builds and both rates hold jobs back all along; the checker's
 `rate` rule then wants no window of one period with more than N starts of the queue, or of one
 key (History.rates, History.job_keys).
-
-Until put(key=) exists, a job's key is written by SQL in the put's own transaction (put_many
-with conn=, then an UPDATE, then the COMMIT): no consumer ever sees the job without its key.
 """
 
 from __future__ import annotations
@@ -62,32 +59,14 @@ class RatedProducer(threading.Thread):
     def run(self) -> None:
         per_put = max(1, round(RATE[0] / RATE[1] * OVERFILL * EVERY_S))
         started = time.monotonic()
-        conn = None
         with Producer(QUEUE, self.config) as producer:
             while time.monotonic() - started < self.duration_s and not self.stop.wait(EVERY_S):
-                keys = [self.rng.choice(KEYS) for _ in range(per_put)]
-                try:
-                    if conn is None:
-                        conn = MySQLdb.connect(**self.config.dsn.connect_args(), connect_timeout=5)
-                    ids = producer.put_many([{"s": 0.002}] * per_put, conn=conn)
-                    cur = conn.cursor()
-                    cur.executemany("UPDATE nq_job SET job_key = %s WHERE id = %s", list(zip(keys, ids)))
-                    conn.commit()
-                except (errors.NotifyqError, MySQLdb.Error):
-                    conn = _dropped(conn)  # not acknowledged: nothing is owed
-                    continue
-                acked = time.monotonic()
-                for job_id, key in zip(ids, keys):
-                    self.enqueues.append(Enqueue(DEPLOY, job_id, "", "put_many", 0, 0.0, acked))
+                for _ in range(per_put):
+                    key = self.rng.choice(KEYS)
+                    try:
+                        job_id = producer.put({"s": 0.002}, key=key)
+                    except (errors.NotifyqError, MySQLdb.Error):
+                        continue  # not acknowledged: nothing is owed
+                    self.enqueues.append(Enqueue(DEPLOY, job_id, "", "put", 0, 0.0, time.monotonic()))
                     if key is not None:
                         self.keys[(DEPLOY, job_id)] = key
-        _dropped(conn)
-
-
-def _dropped(conn) -> None:
-    if conn is not None:
-        try:
-            conn.close()
-        except MySQLdb.Error:
-            pass
-    return None

@@ -36,13 +36,11 @@ def _age_log(db, seconds: float) -> None:
     db.query("UPDATE nq_rate SET started_at = started_at - INTERVAL %s MICROSECOND", (int(seconds * 1e6),))
 
 
-def _put(cfg: Config, n: int, keys: list[str | None] | None = None, db=None) -> list[int]:
+def _put(cfg: Config, n: int, keys: list[str | None] | None = None) -> list[int]:
     with Producer("q", cfg) as p:
-        ids = p.put_many([{"i": i} for i in range(n)])
-    if keys is not None:  # the key by SQL until put(key=) lands
-        for job_id, key in zip(ids, keys):
-            db.query("UPDATE nq_job SET job_key = %s WHERE id = %s", (key, job_id))
-    return ids
+        if keys is None:
+            return p.put_many([{"i": i} for i in range(n)])
+        return [p.put({"i": i}, key=key) for i, key in enumerate(keys)]
 
 
 def test_a_queue_rate_starts_n_per_period_across_sessions_and_the_next_when_the_oldest_ages_out(db):
@@ -76,7 +74,7 @@ def test_a_key_rate_holds_each_key_apart_and_jobs_without_a_key_are_not_held_by_
     # Given rate_per_key 2 per hour and jobs of keys A and B and without a key
     cfg = _config(db, rate_per_key="2/1h")
     keys = ["A", "A", "A", "B", None, "B", "B", None]
-    ids = _put(cfg, len(keys), keys, db)
+    ids = _put(cfg, len(keys), keys)
     s = Session(cfg.dsn)
     try:
         # When a claim asks for all of them
@@ -92,7 +90,7 @@ def test_a_key_rate_holds_each_key_apart_and_jobs_without_a_key_are_not_held_by_
 
 def test_queue_and_key_rates_together_a_start_needs_both(db):
     cfg = _config(db, rate="3/1h", rate_per_key="1/1h")
-    ids = _put(cfg, 5, ["A", "A", "B", "C", "D"], db)
+    ids = _put(cfg, 5, ["A", "A", "B", "C", "D"])
     s = Session(cfg.dsn)
     try:
         # A's second job waits for A's budget, D for the queue's
