@@ -146,7 +146,7 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
     elif hold is not None and hold[0] is not None and hold[0] <= now:
         statements.append((Q["rate_hold_clear"], {"queue": queue}))
     _write(cur, statements, sum(bool(b.spent) for b in budgets.values()))
-    return Admitted(taken, drained or wake_at is not None, bool(taken))
+    return Admitted(taken, drained or wake_at is not None, any(b.spent for b in budgets.values()))
 
 
 def after_commit(session: Session, commit: Any, jobs: list) -> list:
