@@ -170,9 +170,11 @@ def test_consume_rate_on_a_queue_without_rates_always_allows(db):
         assert p.consume_rate(5, key="k", wait=0) is True
 
 
-def test_a_worker_under_a_rate_wakes_at_each_refill_and_never_starts_more_than_n_in_a_period(db):
-    # Given 12 jobs on a queue limited to 4 starts per second (one worker, its watcher on locks)
-    cfg = _config(db, rate="4/1s")
+@pytest.mark.parametrize("use_locks", [True, False], ids=["watcher", "polling"])
+def test_a_worker_under_a_rate_wakes_at_each_refill_and_never_starts_more_than_n_in_a_period(db, use_locks):
+    # Given 12 jobs on a queue limited to 4 starts per second (one worker: the watcher, or a
+    # poller without advisory locks; poll_max_s 5 s, so only the refill's wake keeps the pace)
+    cfg = db.config(queue={"q": {"rate": "4/1s"}}, wakeup={"use_locks": use_locks, "poll_max_s": 5.0})
     _put(cfg, 12)
     starts: list[float] = []
 
