@@ -29,8 +29,8 @@ from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
 from notifyq.store.db import Session
-from notifyq.store.rates import Rates
 from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.rates import Rates
 
 log = logging.getLogger("notifyq.consumer")
 

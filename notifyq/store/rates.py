@@ -115,10 +115,8 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
         cur.execute(Q["rate_hold_clear"], {"queue": queue})
         return Admitted(locked, drained, False)
     ids = [r[0] for r in locked]
-    names = ("rate_now", "rate_hold") + ("rate_keys",) * (rates.per_key is not None)
+    names = ("rate_hold",) + ("rate_keys",) * (rates.per_key is not None)
     cur.execute(";\n".join(cur.mogrify(Q[n], {"queue": queue, "ids": Ids(ids)}) for n in names))  # one round trip
-    now = cur.fetchone()[0]
-    cur.nextset()
     hold = cur.fetchone()
     keys: dict[int, str | None] = {}
     if rates.per_key is not None:
@@ -127,7 +125,9 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
     while cur.nextset():
         pass
     wanted = {b for job_id in ids for b in rates.budgets(keys.get(job_id))}
-    budgets = _lock(cur, queue, token, rates, wanted, now)
+    budgets, now = _lock(cur, queue, token, rates, wanted)
+    if now is None:  # no budget to spend from (only jobs without a key, under rate_per_key)
+        return Admitted(locked, drained, False)
     taken: list[tuple] = []
     wake_at: dt.datetime | None = None
     for row in locked:  # claim order: a held job never lets a later one of its budget go first
@@ -190,9 +190,7 @@ def consume(session: Session, queue: str, rates: Rates | None, key: str | None, 
     deadline = None if wait_s is None else time.monotonic() + wait_s
 
     def body(cur) -> float | None:
-        cur.execute(Q["rate_now"])
-        now = cur.fetchone()[0]
-        budgets = _lock(cur, queue, token, rates, set(rates.budgets(key)), now)
+        budgets, now = _lock(cur, queue, token, rates, set(rates.budgets(key)))
         if all(len(b.free) >= n for b in budgets.values()):
             for b in budgets.values():
                 for _ in range(n):
@@ -216,31 +214,37 @@ def consume(session: Session, queue: str, rates: Rates | None, key: str | None, 
             time.sleep(pause)  # the refill's time, read from the log: a timed wait, not a poll
 
 
-def _lock(cur, queue: str, token: int, rates: Rates, wanted: set[str], now: dt.datetime) -> dict[str, _Budget]:
-    """The wanted budgets' logs, locked until COMMIT (in one order for every claimer); a budget's
-    missing slots (first use, or N raised) made first."""
+def _lock(cur, queue: str, token: int, rates: Rates,
+          wanted: set[str]) -> tuple[dict[str, _Budget], dt.datetime | None]:
+    """The wanted budgets' logs, locked until COMMIT (in one order for every claimer), a budget's
+    missing slots (first use, or N raised) made first; and the server's time once they are
+    locked (None: nothing wanted)."""
     if not wanted:
-        return {}
+        return {}, None
     params = {"queue": queue, "keys": tuple(sorted(wanted)),
               "queue_count": rates.queue.count if rates.queue is not None else 0,
               "key_count": rates.per_key.count if rates.per_key is not None else 0}
     for made in (False, True):
         cur.execute(Q["rate_slots_lock"], params)
+        rows = cur.fetchall()
         budgets = {b: _Budget(rates.rate(b)) for b in wanted}
-        cutoffs = {b: now - dt.timedelta(seconds=rates.rate(b).period_s) for b in wanted}
-        for budget, slot, started_at, spent_by in cur.fetchall():
-            budgets[budget].times[int(slot)] = started_at
-            if started_at <= cutoffs[budget] or spent_by == token:
-                budgets[budget].free.append(int(slot))
-        missing = [{"queue": queue, "key": b, "slot": s} for b, budget in budgets.items()
-                   for s in range(budget.rate.count) if s not in budget.times]
-        if not missing:
-            break
-        assert not made, "rate slots made and not found"
-        cur.executemany(Q["rate_slot_add"], missing)
-    for budget in budgets.values():
-        budget.free.sort(key=lambda s: (budget.times[s], s))
-    return budgets
+        missing = len(rows) < sum(budget.rate.count for budget in budgets.values())
+        if missing:
+            assert not made, "rate slots made and not found"
+            have = {(b, int(s)) for b, s, *_ in rows}
+            cur.executemany(Q["rate_slot_add"], [{"queue": queue, "key": b, "slot": s} for b, budget in budgets.items()
+                                                 for s in range(budget.rate.count) if (b, s) not in have])
+            continue
+        now = max(row[4] for row in rows)  # SYSDATE per row: the last is the latest
+        for budget, slot, started_at, spent_by, _ in rows:
+            b = budgets[budget]
+            b.times[int(slot)] = started_at
+            if started_at <= now - dt.timedelta(seconds=b.rate.period_s) or spent_by == token:
+                b.free.append(int(slot))
+        for b in budgets.values():
+            b.free.sort(key=lambda s, b=b: (b.times[s], s))
+        return budgets, now
+    raise AssertionError("unreachable")
 
 
 def _spends(queue: str, token: int, now: dt.datetime, budgets: dict[str, _Budget]) -> list[tuple[str, dict[str, Any]]]:

@@ -197,13 +197,8 @@ SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
     lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
 WHERE id IN %(ids)s
 
--- rate_now --
--- Rates (store/rates.py): the server's time, which every start in a rate's log is written in
--- and measured against (one clock for every consumer process and host).
-SELECT NOW(6)
-
 -- rate_keys --
--- The keys of the jobs a claim locked (rate_per_key): what budgets they spend.
+-- Rates: the keys of the jobs a claim locked (rate_per_key): what budgets they spend.
 SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- rate_hold --
@@ -211,11 +206,14 @@ SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 SELECT wake_at FROM nq_rate_hold WHERE queue = %(queue)s
 
 -- rate_slots_lock --
--- The budgets' logs, locked until the claim's (or consume_rate's) COMMIT: a claimer of the same
--- budget waits here for that COMMIT, then sees what it spent. One statement in primary-key order
--- (the queue's own budget '' first, then the keys sorted), so every claimer locks in one order.
--- Slots past a budget's N (its rate lowered since) are not part of it.
-SELECT rate_key, slot, started_at, claim_token FROM nq_rate
+-- Rates (store/rates.py): the budgets' logs, locked until the claim's (or consume_rate's) COMMIT:
+-- a claimer of the same budget waits here for that COMMIT, then sees what it spent. One
+-- statement in primary-key order (the queue's own budget '' first, then the keys sorted), so
+-- every claimer locks in one order. Slots past a budget's N (its rate lowered since) are not
+-- part of it. `now`: the server's time once the rows are locked (SYSDATE, not NOW, which is the
+-- statement's start, before any wait for a peer's COMMIT): what the starts are written as and
+-- measured against, one clock for every consumer process and host.
+SELECT rate_key, slot, started_at, claim_token, SYSDATE(6) AS now FROM nq_rate
 WHERE queue = %(queue)s AND rate_key IN %(keys)s
   AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
 ORDER BY rate_key, slot
