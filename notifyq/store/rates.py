@@ -20,9 +20,14 @@ longer (its jobs come back when their lease ends). A claim run again after an ea
 committed (queries.claim's rerun, which hands that try's jobs back unstarted) counts the slots
 it spent under its token as free.
 
-Every time is the server's (NOW(6) in the claim's transaction), one clock for every host. A
-start's time is its claim's: a batch's later jobs begin when the jobs before them are done, so a
-rate that must hold for handler starts (an API called as each job begins) wants a small batch.
+Every time is the server's, read once the budgets' rows are locked (SYSDATE(6) in the locking
+read: NOW(6) would be the statement's start, before any wait for a peer's COMMIT), one clock for
+every host. A start's time is its claim's: a batch's later jobs begin when the jobs before them
+are done, so a rate that must hold for handler starts (an API called as each job begins) wants a
+small batch, or consume_rate where the call is made. The log is exact for the times it holds,
+so a claim that comes late to a refill (the watcher's wake, the claim's round trips: a few ms,
+more on a loaded machine) loses that much of the period's room: the chain of starts from a slot
+drifts by it, never ahead.
 
 Held jobs are woken at the refill, without polling the jobs table: a claim that held any back
 writes when the first of its budgets frees a start (nq_rate_hold), and the watcher's wait
