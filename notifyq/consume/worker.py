@@ -30,6 +30,7 @@ from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.rates import Rates
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -237,7 +238,7 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, Rates.of(qc))
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:

@@ -20,6 +20,7 @@ from typing import Any
 import MySQLdb
 
 from notifyq.jobs import Job
+from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
 from notifyq.store.pipeline import Pending
@@ -125,7 +126,7 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-          as_watcher: bool = False, acks: Acks | None = None) -> Claim:
+          as_watcher: bool = False, acks: Acks | None = None, rates: rating.Rates | None = None) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -149,6 +150,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
     row counts are theirs.
+    rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
+    free for are marked, their starts written in this transaction; its jobs then start only
+    once its COMMIT is read.
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -189,6 +193,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
+        admitted = rating.admit(cur, queue, token, rates, locked, drained)
+        locked, drained = admitted.rows, admitted.drained
         last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
         verified = len(last)
         if locked:
@@ -235,9 +241,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             commit = None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
-                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
+                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7], key=r[8])
             for r in locked
         ]
+        if admitted.spent:
+            jobs = rating.after_commit(session, commit, jobs)
         return Claim(jobs, token, drained, False, commit)
 
     runs = 0
@@ -290,7 +298,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
 
-SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
 
 
 def claim_rank(row: tuple) -> tuple:

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
@@ -33,17 +33,17 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 -- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk. Times are
 -- UTC_TIMESTAMP(6), never NOW(6) or a column default: a transactional enqueue runs on the
 -- caller's connection, whose session time_zone may be anything (notifyq's own sessions use UTC).
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
-VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- insert_job_at --
 -- insert_job for a put at a given time (put(run_at=...), `produce --at`): the time is bound
 -- twice, and the server's clock decides whether it has come (ready) or not (scheduled), as it
 -- does for a delay: a producer's clock never matters. A time past is now. Only the VALUES row
 -- is used, after insert_job's head.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
-        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
+        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
@@ -193,7 +193,7 @@ WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
 -- `suspect` comes last: a suspect job is claimed alone (queries.claim).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
@@ -209,6 +209,50 @@ UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
     lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
 WHERE id IN %(ids)s
+
+-- rate_keys --
+-- Rates: the keys of the jobs a claim locked (rate_per_key): what budgets they spend.
+SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
+-- rate_hold --
+-- When the queue's held jobs are to be woken (NULL, or no row: nothing held).
+SELECT wake_at FROM nq_rate_hold WHERE queue = %(queue)s
+
+-- rate_slots_lock --
+-- Rates (store/rates.py): the budgets' logs, locked until the claim's (or consume_rate's) COMMIT:
+-- a claimer of the same budget waits here for that COMMIT, then sees what it spent. One
+-- statement in primary-key order (the queue's own budget '' first, then the keys sorted), so
+-- every claimer locks in one order. Slots past a budget's N (its rate lowered since) are not
+-- part of it. `now`: the server's time once the rows are locked (SYSDATE, not NOW, which is the
+-- statement's start, before any wait for a peer's COMMIT): what the starts are written as and
+-- measured against, one clock for every consumer process and host.
+SELECT rate_key, slot, started_at, claim_token, SYSDATE(6) AS now FROM nq_rate
+WHERE queue = %(queue)s AND rate_key IN %(keys)s
+  AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
+ORDER BY rate_key, slot
+FOR UPDATE
+
+-- rate_slot_add --
+-- A budget's slots, made on its first use (or when its N grows) as never spent. Repeated per
+-- row by executemany (one multi-row INSERT); IGNORE: a peer making the same slot wins, and
+-- rate_slots_lock then waits for its COMMIT.
+INSERT IGNORE INTO nq_rate (queue, rate_key, slot, started_at) VALUES (%(queue)s, %(key)s, %(slot)s, '1970-01-01')
+
+-- rate_spend --
+-- Starts taken from a budget: its oldest slots (each a whole period old) become `now`.
+UPDATE nq_rate SET started_at = %(now)s, claim_token = %(token)s
+WHERE queue = %(queue)s AND rate_key = %(key)s AND slot IN %(slots)s
+
+-- rate_hold_set --
+-- A claim held jobs back for want of a start: the watcher's wait ends when the first budget
+-- frees one (`wake_at`), or earlier if a hold that is still ahead says so.
+INSERT INTO nq_rate_hold (queue, wake_at) VALUES (%(queue)s, %(wake_at)s)
+ON DUPLICATE KEY UPDATE wake_at = IF(wake_at > NOW(6), LEAST(wake_at, VALUES(wake_at)), VALUES(wake_at))
+
+-- rate_hold_clear --
+-- A claim that held nothing back ends a hold whose time has come (else the watcher would wake
+-- for it again and again); one still ahead is some other budget's, and stays.
+UPDATE nq_rate_hold SET wake_at = NULL WHERE queue = %(queue)s AND wake_at <= NOW(6)
 
 -- unclaim_token --
 -- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken.
@@ -594,7 +638,9 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
--- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (advisory.lock_wait_s).
+-- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
+-- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
+-- GET_LOCK keeps it (advisory.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
@@ -602,8 +648,10 @@ SELECT s.total, q.watched_seq, q.paused,
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
@@ -700,11 +748,14 @@ SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due, and,
 -- as the watch statement tells a watcher, whether a reaper pass is needed: by heartbeat and
 -- lease only (this server may refuse the lock functions). Without it a queue served only by
--- idle polling consumers left a hung handler's expired lease claimed for good.
+-- idle polling consumers left a hung handler's expired lease claimed for good. The earliest
+-- due job's time is also a rate's refill for held jobs, if that comes first (as in watch_bell).
 SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)),
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s)),
        (SELECT COUNT(*) FROM nq_consumer
         WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
