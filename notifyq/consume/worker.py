@@ -228,7 +228,9 @@ class Worker:
         # The settings the claim is made with, read once: a reload (the service's thread) may
         # replace them while the claim is on the wire, and the batch must track the lease it holds.
         qc, handler = self.qc, self.handler
-        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(handler, self.batch_size, qc.batch_target_s))
+        rates = Rates.of(qc)
+        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(
+            handler, self.batch_size, qc.batch_target_s, rated=rates is not None))
         if want <= 0:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
@@ -238,7 +240,7 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, Rates.of(qc))
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
