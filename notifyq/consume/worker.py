@@ -238,13 +238,14 @@ class Worker:
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
+        claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
             before_run(claim)
         if claim.jobs:
             self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
-                            owner=owner, epoch=epoch), qc, handler)
+                            owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
         return len(claim.jobs), claim.drained
 
     def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:
