@@ -269,6 +269,48 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     return session.run(once, what=f"claim {queue}")
 
 
+def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
+           connection: int | None, sent_at: float) -> list[int] | None:
+    """A claim whose COMMIT failed, or lost its reply, after its first job started (claim()
+    does not wait for it): which of its `jobs` it holds now, committed. Those its COMMIT did
+    mark are its own; those it did not and that nobody took meanwhile (still claimable, their
+    attempts unchanged) are marked again under its token: the job already running is then ours,
+    and its ack holds, instead of a rerun. The rest are someone else's. Asked once the claim's
+    transaction can no longer commit: its connection (`connection`, the claim sent at
+    `sent_at`) ended and waited for, unless the server restarted since (recovery settled it).
+    None: that connection outlived its KILL, so no read tells yet."""
+    ids = [j.id for j in jobs]
+    earlier = connection  # a connection whose transaction may still commit what we look at
+
+    def body(cur) -> list[int] | None:
+        nonlocal earlier
+        if (earlier is not None and earlier != session.connection_id
+                and session.server_up_s() > time.monotonic() - sent_at):
+            if not end_connection(cur, earlier):
+                return None
+        earlier = session.connection_id  # a rerun on a new connection ends this one first
+        if session.galera:  # this node first applies every write set the cluster committed
+            cur.execute(Q["wsrep_sync_wait"], {"level": 1})
+        try:
+            held = set(still_claimed(cur, ids, token))
+            free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
+            if free:
+                cur.execute(Q["claim_lock"], {"ids": Ids(list(free))})
+                mine = [r[0] for r in cur.fetchall() if r[3] == free[r[0]]]
+                if mine:
+                    cur.execute(Q["claim_mark"], {"ids": Ids(mine), "owner": owner, "token": token,
+                                                  "lease_us": microseconds(lease_s)})
+                    if cur.rowcount != len(mine):  # a KILL QUERY's OK reply: run it again
+                        raise cut_short(f"retake a claim: marked {cur.rowcount} of {len(mine)}")
+                    held.update(mine)
+        finally:
+            if session.galera:
+                cur.execute(Q["wsrep_sync_wait"], {"level": 0})
+        return [job_id for job_id in ids if job_id in held]
+
+    return session.run(body, what="retake a claim")
+
+
 def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list[int] | None:
     """The candidates of a claim that found due jobs: promoted to ready first, then read with the
     ready ones (and any due ones still left) and merged in claim order; None if the queue was

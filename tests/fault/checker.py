@@ -477,8 +477,8 @@ def check_stranded(h: History) -> list[Violation]:
         if seconds is not None:
             bound += _outage_overlap(h, consumer, seconds)
         if seconds is None or seconds > bound:
-            shown = "never (until the drain)" if seconds is None else f"after {seconds:.1f}s"
-            out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} came back {shown}, "
+            shown = "came back never (until the drain)" if seconds is None else f"were still claimed {seconds:.1f}s after it"
+            out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} {shown}, "
                                                    f"bound {bound:g}s"))
     return out
 

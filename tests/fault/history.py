@@ -121,7 +121,8 @@ class History:
     faults: list[Fault]
     final_rows: list[FinalRow]
     lease_s: float  # the consumers' lease
-    recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)  # per killed consumer id
+    # per killed consumer id: seconds after its death its jobs were last seen claimed (monitor.py)
+    recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)
     recovery_bound_s: float = 10.0
     exits: list[Exit] = dataclasses.field(default_factory=list)
     refused: list[Refused] = dataclasses.field(default_factory=list)

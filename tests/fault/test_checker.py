@@ -292,6 +292,51 @@ def test_a_gone_consumers_recovery_bound_stretches_by_the_outages_it_overlaps():
     assert rules(history([], [], faults=[kill, short], recovery=recovery)) == {"stranded": 1}
 
 
+class _Sampled:
+    """A root whose samples answer from `held` (owner -> claimed jobs), or fail while `down`."""
+
+    def __init__(self):
+        self.held: dict[str, int] = {"c1": 3}
+        self.down = False
+
+    def query(self, sql, params=None, retry_s=0.0):
+        if self.down:
+            import MySQLdb
+            raise MySQLdb.OperationalError(2013, "lost")
+        return [("c1", 10)] if "nq_consumer" in sql else list(self.held.items())
+
+
+class _Gone:
+    def __init__(self, killed_at):
+        self.killed_at = killed_at
+
+    def alive(self):
+        return False
+
+
+def test_a_gone_consumers_recovery_is_judged_by_when_its_jobs_were_last_seen_claimed():
+    """Regression (issue 35, seed 23): no sample answered for seconds while the jobs of a killed
+    consumer came back (a peer ran them again 6.9 s after the death), and the first sample that
+    did, 12.8 s after it, was taken for their return: stranded, bound 10.8 s."""
+    import time
+
+    from .monitor import ClaimMonitor
+
+    root, gone = _Sampled(), _Gone(time.monotonic() - 2.0)
+    monitor = ClaimMonitor({"main": root}, type("Fleet", (), {"by_pid": lambda self, pid: gone})())
+    monitor.tick()  # 2 s after the death: still claimed
+    root.down = True
+    monitor.tick()  # no answer
+    root.down, root.held = False, {}
+    gone.killed_at -= 12.0  # the next sample that answers comes 12 s later: nothing claimed
+    monitor.tick()
+    [seconds] = monitor.recovery().values()
+    assert 2.0 <= seconds < 3.0
+    assert checker.check(history([], [], recovery=monitor.recovery())).ok
+    # Seen claimed past the bound is stranded, as ever
+    assert rules(history([], [], recovery={"main/c1 pid 10": 11.0})) == {"stranded": 1}
+
+
 # ------------------------------------------------------------------ issue 26's fault classes
 
 

@@ -493,6 +493,18 @@ SELECT DISTINCT owner FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND NOT EXISTS (SELECT 1 FROM nq_consumer c WHERE c.id = nq_job.owner)
 LIMIT 1000
 
+-- gone_claims_due --
+-- Before an --exit-when-empty worker exits (liveness.gone_claims_due_s): microseconds until the
+-- earliest lease of the queue's jobs claimed by an owner that is gone (no registration, or a
+-- lock-mode consumer of this node whose lock is free) runs out; NULL if there is none. A reaper
+-- pass may not judge such an owner yet (a server that restarted within the grace, reaper.reap):
+-- its lease still brings the jobs back.
+SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), MIN(j.lease_until))
+FROM nq_job j FORCE INDEX (ix_state) LEFT JOIN nq_consumer c ON c.id = j.owner
+WHERE j.status = 2 AND j.queue = %(queue)s
+  AND (c.id IS NULL OR (c.wakeup = 'locks' AND c.node IN ('', CONCAT(@@hostname, ':', @@port))
+                        AND IS_FREE_LOCK(c.lock_name) = 1))
+
 -- dead_consumers --
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
 -- lost its session. Polling consumers hold no lock: stale_consumers judges them. Nor does one
