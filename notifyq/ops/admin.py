@@ -30,9 +30,9 @@ CHUNK = 1000  # rows per transaction in bulk actions
 
 _GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
                "claimed_at", "lease_until", "dedup_key", "cancel_requested", "suspect", "payload",
-               "last_error", "created_at", "finished_at", "cancelled_by", "cancelled_at")
+               "last_error", "created_at", "finished_at", "cancelled_by", "cancelled_at", "key")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts",
-                "created_at", "finished_at", "cancel_requested", "last_error")
+                "created_at", "finished_at", "cancel_requested", "last_error", "key")
 
 
 def parse_age(text: str) -> float:

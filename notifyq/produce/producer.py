@@ -31,6 +31,8 @@ from notifyq.wakeup import Waker
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
 _READY = int(Status.READY)
+# A job's row (rows(), line_row(); inserts.insert_jobs says what each value is): its job_key's place
+KEY_COLUMN = 7
 
 
 class CallerTransaction:
@@ -49,24 +51,6 @@ class CallerTransaction:
         self.puts += len(ids)
         return ids
 
-
-
-# nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
-KEY_MAX_CHARS = 191
-
-
-def checked_key(name: str, key: Any) -> str:
-    """A job's key (`key=`, flow control's) or dedup key, as the columns take it: a str of 1 to
-    KEY_MAX_CHARS characters that encodes as UTF-8 (a lone surrogate does not); else InputError."""
-    if not isinstance(key, str):
-        raise errors.InputError(f"{name}: expected a string, got {values.shown(key)}")
-    if not 0 < len(key) <= KEY_MAX_CHARS:
-        raise errors.InputError(f"{name} must be 1 to {KEY_MAX_CHARS} characters, got {len(key)}")
-    try:
-        key.encode()
-    except UnicodeEncodeError:
-        raise errors.InputError(f"{name} is not valid UTF-8") from None
-    return key
 
 
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
@@ -169,7 +153,7 @@ class Producer:
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         options = self._options(priority, delay, run_at, max_attempts, None)
         if key is not None:
-            key = checked_key("key", key)
+            key = values.job_key("key", key)
         return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
 
     def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
@@ -274,7 +258,7 @@ class Producer:
         text = self._payload_text(payload)
         options = self._options(priority, delay, run_at, max_attempts, dedup_key)
         if key is not None:
-            key = checked_key("key", key)
+            key = values.job_key("key", key)
         return (self.queue, *options, text, dedup_key, key)
 
     def _payload_text(self, payload: Any) -> str:
@@ -317,7 +301,7 @@ class Producer:
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
         if dedup_key is not None:
-            checked_key("dedup_key", dedup_key)
+            values.job_key("dedup_key", dedup_key)
         if run_at is not None:
             at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return at, priority, at, attempts

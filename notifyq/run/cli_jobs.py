@@ -185,15 +185,18 @@ COMMANDS: dict[str, tuple[Callable[[Any, argparse.Namespace], None], str, Callab
 
 
 def _table(rows: list[dict[str, Any]], column: str | None = None) -> str:
-    """`column`: one more after the id (with [shards], the shard), each row's value under that key."""
-    head = ("id", *((column,) if column else ()), "queue", "status", "prio", "attempts", "run_at",
-            "created_at", "last_error")
+    """`column`: one more after the id (with [shards], the shard), each row's value under that key.
+    A `key` column (the jobs' flow-control keys, cut at 40) only when one of them has a key."""
+    keys = any(r.get("key") is not None for r in rows)
+    head = ("id", *((column,) if column else ()), "queue", *(("key",) if keys else ()), "status", "prio",
+            "attempts", "run_at", "created_at", "last_error")
     lines = [head]
     for r in rows:
         status = r["status"] + (" (cancel)" if r["cancel_requested"] else "")
         error = (r["last_error"] or "").replace("\n", " ")
-        lines.append((str(r["id"]), *((r[column],) if column else ()), r["queue"], status, str(r["priority"]),
-                      f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
+        key = (("-" if r["key"] is None else r["key"].replace("\n", " ")[:40]),) if keys else ()
+        lines.append((str(r["id"]), *((r[column],) if column else ()), r["queue"], *key, status,
+                      str(r["priority"]), f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
                       _short(r["created_at"]), error[:60]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)

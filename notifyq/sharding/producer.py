@@ -150,12 +150,15 @@ class Producer:
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, as the one-server Producer.line_row: sized against
-        the queue's server, or for a spread queue, the first shard that answers (the shards of
-        one deployment share their settings)."""
+        the queue's server, or for a spread queue, its key's shard, or without a key the first
+        shard that answers (the shards of one deployment share their settings)."""
         if self._pinned is not None:
-            return self._pinned.line_row(payload, priority, delay, run_at)
+            return self._pinned.line_row(payload, priority, delay, run_at, key)
+        if key is not None:
+            return self._on(self._keyed_shard(key, None)[0]).line_row(payload, priority, delay, run_at, key)
         names = [self._home] + [n for n in self.placement.names if n != self._home]
         for name in names:
             if self._is_down(name) and name != names[-1]:
@@ -169,11 +172,29 @@ class Producer:
         raise AssertionError("unreachable")
 
     def put_rows(self, rows: list[tuple]) -> list[int]:
-        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards)."""
+        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards, but
+        a row with a key goes to its key's shard, one transaction per shard)."""
         if self._pinned is not None:
             return self._pinned.put_rows(rows)
+        keyed: dict[str, list[int]] = {}  # shard -> the indexes of its keyed rows
+        for i, row in enumerate(rows):
+            if row[one_server.KEY_COLUMN] is not None:
+                keyed.setdefault(self._keyed_shard(row[one_server.KEY_COLUMN], None)[0], []).append(i)
         with self._mutex:
-            return self._deal(rows)
+            if not keyed:
+                return self._deal(rows)
+            ids = [0] * len(rows)
+            for shard, mine in keyed.items():
+                try:
+                    got = self._producer(shard).put_rows([rows[i] for i in mine])
+                except errors.DatabaseError as e:
+                    raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
+                for i, job_id in zip(mine, got):
+                    ids[i] = job_id
+            rest = [i for i, row in enumerate(rows) if row[one_server.KEY_COLUMN] is None]
+            for i, job_id in zip(rest, self._deal([rows[i] for i in rest]) if rest else []):
+                ids[i] = job_id
+            return ids
 
     def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """The return value of job `job_id`'s handler, once the job is done.
@@ -280,8 +301,8 @@ class Producer:
         """A spread queue's shard for a job with a key (its key decides: a key's limits are
         counted on one server), else with a dedup key; and which of the two decided."""
         if key is not None:
-            return self.placement.for_key(self.queue, one_server.checked_key("key", key)), "key"
-        return self.placement.for_key(self.queue, one_server.checked_key("dedup_key", dedup_key)), "dedup key"
+            return self.placement.for_key(self.queue, values.job_key("key", key)), "key"
+        return self.placement.for_key(self.queue, values.job_key("dedup_key", dedup_key)), "dedup key"
 
     def _refuse_caller(self, conn: Any) -> None:
         if conn is not None:

@@ -742,7 +742,7 @@ SELECT NOW(6)
 -- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
        lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at,
-       cancelled_by, cancelled_at
+       cancelled_by, cancelled_at, job_key
 FROM nq_job WHERE id = %(id)s
 
 -- job_attempts --
@@ -768,7 +768,7 @@ SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200)
+       cancel_requested, LEFT(last_error, 200), job_key
 FROM nq_job
 WHERE (%(queue)s IS NULL OR queue = %(queue)s)
   AND (%(status)s IS NULL OR status = %(status)s)
