@@ -25,6 +25,7 @@ from notifyq.config import values
 from notifyq.config import validate_queue_name
 from notifyq.consume import handlers
 from notifyq.jobs import Job
+from notifyq.produce.producer import replaces
 
 
 class Task:
@@ -32,7 +33,7 @@ class Task:
 
     def __init__(self, fn: Callable[..., Any], registry: Any, *, queue: str, name: str,
                  max_attempts: int | None, priority: int, timeout_s: float | None = None,
-                 key: str | Callable[..., str | None] | None = None):
+                 key: str | Callable[..., str | None] | None = None, dedup: str = "keep"):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.registry = registry
@@ -47,6 +48,9 @@ class Task:
         if key is not None and not callable(key):
             key = values.job_key(f"task {name}: key", key)
         self.key = key
+        self.dedup = dedup  # what its enqueue(dedup_key=...) does to a pending job of the key
+        if dedup != "keep":
+            replaces(dedup, "")  # "replace", or InputError
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -60,6 +64,7 @@ class Task:
         return self.registry.producer(self.queue).put(payload, priority=self.priority, delay=delay,
                                                       max_attempts=self.max_attempts,
                                                       dedup_key=dedup_key, key=self.key_of(args, kwargs),
+                                                      dedup=self.dedup if dedup_key is not None else "keep",
                                                       conn=conn)
 
     def key_of(self, args: tuple, kwargs: dict[str, Any]) -> str | None:

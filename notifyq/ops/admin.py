@@ -135,7 +135,7 @@ def show_job(session: Session, job_id: int) -> dict[str, Any]:
         if not history:
             raise
     outcome = history[-1]["outcome"]
-    return {"id": job_id, "status": outcome if outcome in ("done", "cancelled", "purged") else "gone",
+    return {"id": job_id, "status": outcome if outcome in ("done", "cancelled", "purged", "replaced") else "gone",
             "note": f"no row (its records remain): {_fate(history[-1])}", "history": history}
 
 
@@ -155,6 +155,8 @@ def _fate(last: dict[str, Any]) -> str:
         return f"it was done at {when} (attempt {last['attempt']}), and not kept{kept}"
     if last["outcome"] in ("cancelled", "purged"):
         return f"it was {last['outcome']} at {when}"
+    if last["outcome"] == "replaced":  # put(dedup="replace"): the error names the job in its place
+        return f"it was {last['error'] or 'replaced'} at {when}"
     return f"it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"
 
 

@@ -48,10 +48,10 @@ class AsyncProducer:
 
     async def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
                   max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-                  conn: Any = None) -> int:
+                  dedup: str = "keep", conn: Any = None) -> int:
         """Put one job and return its id: `Producer.put`, awaited."""
         return await self._run("put", payload, priority=priority, delay=delay, run_at=run_at,
-                               max_attempts=max_attempts, dedup_key=dedup_key, key=key, conn=conn)
+                               max_attempts=max_attempts, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
 
     async def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                        run_at: dt.datetime | None = None, max_attempts: int | None = None,

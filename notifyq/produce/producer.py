@@ -33,6 +33,11 @@ _encode = _JSON.encode
 _READY = int(Status.READY)
 # A job's row (rows(), line_row(); inserts.insert_jobs says what each value is): its job_key's place
 KEY_COLUMN = 7
+# put(dedup=): what a put whose dedup key a pending job holds does. keep: nothing (that job
+# stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
+# (debounce); a claimed one runs as it is, the new one pending beside it.
+KEEP, REPLACE = "keep", "replace"
+DEDUP_MODES = (KEEP, REPLACE)
 
 
 class CallerTransaction:
@@ -51,6 +56,15 @@ class CallerTransaction:
         self.puts += len(ids)
         return ids
 
+
+
+def replaces(dedup: Any, dedup_key: Any) -> bool:
+    """put(dedup=) checked: True for "replace", False for "keep"; else InputError."""
+    if dedup not in DEDUP_MODES or not isinstance(dedup, str):
+        raise errors.InputError(f"dedup: expected \"keep\" or \"replace\", got {values.shown(dedup)}")
+    if dedup == REPLACE and dedup_key is None:
+        raise errors.InputError("dedup=\"replace\" replaces the pending job of a dedup key: give dedup_key too")
+    return dedup == REPLACE
 
 
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
@@ -119,19 +133,20 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            conn: Any = None) -> int:
+            dedup: str = KEEP, conn: Any = None) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None and key is None
-                and conn is None):
+                and conn is None and dedup is KEEP):
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
             row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None, None)
             with self._mutex:
                 return self._write_own([row], False)[0]
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
-        return self._write([row], conn, unique=dedup_key is not None)[0]
+        return self._write([row], conn, unique=dedup_key is not None,
+                           replace=dedup is not KEEP and replaces(dedup, dedup_key))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
@@ -308,19 +323,19 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False) -> list[int]:
         if conn is not None:
-            return self._write_caller(rows, conn, unique)
+            return self._write_caller(rows, conn, unique, replace)
         with self._mutex:
-            return self._write_own(rows, unique)
+            return self._write_own(rows, unique, replace)
 
-    def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
+    def _body(self, rows: list[tuple], unique: bool, replace: bool) -> Callable[[Any, int], list[int]]:
         """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
         max_rows = self.config.producer.chunk_size
         return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
-                                                        max_packet=max_packet)
+                                                        max_packet=max_packet, replace=replace)
 
-    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
@@ -328,7 +343,7 @@ class Producer:
         conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
-        body = self._body(rows, unique)
+        body = self._body(rows, unique, replace)
         try:
             cur = conn.cursor()
             try:
@@ -344,7 +359,7 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
+    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False) -> list[int]:
         """On the producer's own session, under self._mutex: the put's transaction, then its
         waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
@@ -353,7 +368,7 @@ class Producer:
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
-                                max_packet=session.max_allowed_packet)
+                                max_packet=session.max_allowed_packet, replace=replace)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:

@@ -38,7 +38,7 @@ log = logging.getLogger("notifyq.runner")
 
 def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority: int, delay: float,
                  run_at: dt.datetime | None, max_attempts: int | None, dedup_key: str | None,
-                 print_ids: bool, key: str | None = None) -> None:
+                 print_ids: bool, key: str | None = None, dedup: str = "keep") -> None:
     """All arguments are checked before anything is written: one bad one, nothing enqueued."""
     decoded = []
     for i, text in enumerate(payloads, 1):
@@ -58,7 +58,7 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
     with Producer(queue, cfg, retry_s=cfg.connect_retry(oneshot=True)) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
-                                max_attempts=max_attempts, dedup_key=dedup_key, key=key)]
+                                max_attempts=max_attempts, dedup_key=dedup_key, key=key, dedup=dedup)]
         else:
             ids = producer.put_many(decoded, priority=priority, delay=delay, run_at=run_at,
                                     max_attempts=max_attempts, key=key)

@@ -89,7 +89,7 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            conn: Any = None) -> int:
+            dedup: str = "keep", conn: Any = None) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -99,7 +99,13 @@ class Producer:
             run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
             max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
             dedup_key: while a job holding this key on this queue is pending (ready, scheduled
-                or claimed), this put stores nothing and returns that job's id.
+                or claimed), this put stores nothing and returns that job's id (`dedup`
+                says otherwise).
+            dedup: what a put does when a pending job holds its `dedup_key`: `"keep"` (the
+                default: that job stays, the oldest wins) or `"replace"` (debounce: the newest
+                wins; a ready or scheduled job holding the key is deleted and this one put in
+                its place, with its own payload, run_at and priority, and a new id; a job
+                already claimed runs as it is, and this one waits as a new pending job).
             key: the key the queue's flow limits count the job under (`limit_per_key`,
                 `rate_per_key`, `fair`): a customer, a tenant, an API account; 1 to 191
                 characters. The handler reads it as `job.key`. On a queue spread over shards
@@ -116,16 +122,17 @@ class Producer:
             notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
         """
         if self._pinned is not None:
-            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at,
-                                    max_attempts=max_attempts, dedup_key=dedup_key, key=key, conn=conn)
+            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                                    dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if key is not None or dedup_key is not None:
             shard, which = self._keyed_shard(key, dedup_key)
             try:
-                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, conn=conn, **options)
+                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, **options)
             except errors.DatabaseError as e:
                 raise type(e)(f"{e} (shard {shard}: a job with a {which} goes to its key's shard only)") from None
         self._refuse_caller(conn)
+        one_server.replaces(dedup, dedup_key)  # no dedup key: "replace" is refused, "keep" is no-op
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
