@@ -70,14 +70,16 @@ def _record(fields: tuple[str, ...], row: tuple) -> dict[str, Any]:
 # ------------------------------------------------------------------ reading
 
 def list_jobs(session: Session, *, queue: str | None = None, status: int | None = None,
-              older_than_s: float = 0.0, limit: int = 100) -> list[dict[str, Any]]:
-    """Oldest first. `older_than_s` compares with created_at."""
+              older_than_s: float = 0.0, limit: int = 100, key: str | None = None) -> list[dict[str, Any]]:
+    """Oldest first. `older_than_s` compares with created_at; `key`: only jobs of that key."""
     if queue is not None:
         validate_queue_name(queue)
+    if key is not None:
+        values.job_key("--key", key)
     if limit < 1:
         raise errors.InputError("--limit must be at least 1")
     rows = admin_queries.list_jobs(session, queue=queue, status=status, age_s=older_than_s, after=0,
-                                 limit=limit)
+                                 limit=limit, key=key)
     return [_record(_LIST_FIELDS, r) for r in rows]
 
 

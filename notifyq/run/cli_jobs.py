@@ -58,8 +58,9 @@ def list_(obj: Any, a: argparse.Namespace) -> None:
     queue, limit = a.queue, a.limit
     status = admin.parse_status(a.status_name) if a.status_name else None
     age = _age(a.older_than)
+    key = None if a.key is None else values.job_key("--key", a.key)  # before any server is asked
     answers, down = _on_every(obj, lambda session: admin.list_jobs(
-        session, queue=queue, status=status, older_than_s=age, limit=limit))
+        session, queue=queue, status=status, older_than_s=age, limit=limit, key=key))
     rows, column = servers.jobs_in_one(obj.oneshot_config(), answers, limit)
     echo(json.dumps(rows, indent=2) if a.as_json else _table(rows, column))
     servers.fail_if_down(down)
@@ -145,6 +146,7 @@ def _list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done, dead or cancelled.")
     p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
+    p.add_argument("--key", metavar="KEY", help="Only jobs of this flow-control key (put(..., key=)).")
     p.add_argument("--limit", metavar="N", type=args.int_range(1, 1_000_000), default=100,
                    help="At most this many jobs, oldest first (default 100).")
     p.add_argument("--json", dest="as_json", action="store_true", help="A JSON array instead of a table.")

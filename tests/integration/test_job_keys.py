@@ -208,6 +208,8 @@ def test_cli_produce_key_for_arguments_and_streams_and_jobs_list_and_show_it(db)
     assert [line.split()[2] for line in lines] == ["cli-1", "cli-1", "cli-2", "cli-2", "-"]
     listed = run_cli(db.env, "jobs", "list", "-q", "q", "--json")
     assert [r["key"] for r in json.loads(listed.stdout)] == ["cli-1", "cli-1", "cli-2", "cli-2", None]
+    only = run_cli(db.env, "jobs", "list", "-q", "q", "--key", "cli-2", "--json")
+    assert [r["id"] for r in json.loads(only.stdout)] == ids[2:4]
     shown = run_cli(db.env, "jobs", "show", str(ids[2]), "--json")
     assert json.loads(shown.stdout)["key"] == "cli-2"
     text = run_cli(db.env, "jobs", "show", str(ids[2]))

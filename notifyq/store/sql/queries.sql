@@ -788,6 +788,7 @@ SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, 
 FROM nq_job
 WHERE (%(queue)s IS NULL OR queue = %(queue)s)
   AND (%(status)s IS NULL OR status = %(status)s)
+  AND (%(job_key)s IS NULL OR job_key = %(job_key)s)
   AND created_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
   AND id > %(after)s
 ORDER BY id LIMIT %(limit)s
