@@ -267,15 +267,16 @@ def _render(db, rows: list[tuple]) -> list[bytes]:
     width, n = len(rows[0]), len(rows)
     out: list[bytes] = [b""] * (width * n)
     for i, first in enumerate(rows[0]):
-        kind = first.__class__  # the class too: 1 and True are equal
-        if all(row[i].__class__ is kind and row[i] == first for row in rows):
+        column = [row[i] for row in rows]
+        # One value throughout, told by the list's own loops (count, map), not a Python test per
+        # row: the class too, as 1 and True are equal
+        if column.count(first) == n and len(set(map(type, column))) == 1:
             out[i::width] = [literal(first)] * n
-        elif kind is str:  # the payloads: a str is bound as literal() binds it, without its type tests
+        elif first.__class__ is str:  # the payloads: a str is bound as literal() binds it, without its type tests
             escape, encoding = db.string_literal, db.encoding
-            out[i::width] = [escape(row[i].encode(encoding)) if row[i].__class__ is str else literal(row[i])
-                             for row in rows]
+            out[i::width] = [escape(v.encode(encoding)) if v.__class__ is str else literal(v) for v in column]
         else:
-            out[i::width] = [literal(row[i]) for row in rows]
+            out[i::width] = [literal(v) for v in column]
     return out
 
 
