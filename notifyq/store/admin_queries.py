@@ -165,6 +165,20 @@ def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | No
     return session.run(body, what="cancel job")
 
 
+# ---------------------------------------------------------------- a job on the caller's cursor
+
+def job_with_attempts(cur, job_id: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The job's row (job_get's columns by name; None when it is gone) and its attempt records
+    (job_attempts', oldest first), read on the caller's cursor: contrib.django's TaskResult,
+    which sees a job put in the caller's own transaction before it commits."""
+    cur.execute(Q["job_get"], {"id": job_id})
+    row = cur.fetchone()
+    job = None if row is None else dict(zip([d[0] for d in cur.description], row))
+    cur.execute(Q["job_attempts"], {"id": job_id})
+    names = [d[0] for d in cur.description]
+    return job, [dict(zip(names, r)) for r in cur.fetchall()]
+
+
 # ---------------------------------------------------------------- periodic (scheduler's cursor)
 
 def periodic_last_tick(cur, queue: str, name: str) -> dt.datetime | None:

@@ -29,26 +29,27 @@ PROJECT = REPO / "tests" / "django_project"
 class Project:
     """The test project on one database of `root`'s server."""
 
-    def __init__(self, root: DSN, notifyq_config: dict | None = None):
+    def __init__(self, root: DSN, notifyq_config: dict | None = None, python: str = sys.executable):
         self.root = root
+        self.python = python  # another interpreter (another Django) runs notifyq from this checkout
         self.name = f"nq_dj_{uuid.uuid4().hex[:10]}"
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")},
                     "NQ_DJANGO_HOST": root.host, "NQ_DJANGO_PORT": str(root.port), "NQ_DJANGO_USER": root.user,
                     "NQ_DJANGO_PASSWORD": root.password or "", "NQ_DJANGO_NAME": self.name,
                     "NQ_DJANGO_TEST_NAME": f"test_{self.name}",
                     "NQ_DJANGO_NOTIFYQ_CONFIG": json.dumps(notifyq_config or {}),
-                    "PYTHONPATH": str(PROJECT)}
+                    "PYTHONPATH": os.pathsep.join([str(PROJECT), str(REPO)])}
         conn = admin_connect(root)
         conn.cursor().execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
         conn.close()
         self.procs: list[subprocess.Popen] = []
 
     def manage(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+        return subprocess.run([self.python, "manage.py", *args], cwd=PROJECT, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
     def start(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+        proc = subprocess.Popen([self.python, "manage.py", *args], cwd=PROJECT, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc

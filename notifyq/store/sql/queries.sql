@@ -13,6 +13,19 @@ ON DUPLICATE KEY UPDATE value = %(version)s
 -- After connecting with TLS options (store.db): an empty cipher means the session is plaintext.
 SHOW SESSION STATUS LIKE 'Ssl_cipher';
 
+-- writer_variables --
+-- Part of a new connection's one round trip (store.db._prepare): what says whether the server
+-- may be notifyq's writer (store/server_role.py). A SHOW with a WHERE lists only the variables
+-- the server has: MariaDB has none of these (an empty answer), MySQL has the first two, and the
+-- group_replication_* ones where the Group Replication plugin is loaded.
+SHOW GLOBAL VARIABLES WHERE Variable_name IN ('super_read_only', 'offline_mode', 'group_replication_group_name',
+                                             'group_replication_single_primary_mode')
+
+-- group_member --
+-- On a server of a replication group only (its group_replication_group_name is set): this
+-- server's role (PRIMARY, SECONDARY) and state (ONLINE, RECOVERING, OFFLINE, ERROR ...) in it.
+SELECT MEMBER_ROLE, MEMBER_STATE FROM performance_schema.replication_group_members WHERE MEMBER_ID = @@server_uuid
+
 -- ensure_queue --
 INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 
