@@ -219,3 +219,14 @@ def test_a_task_with_dedup_replace_and_the_cli_debounce(db):
     assert {i: j[2] for i, j in _jobs(db).items()} == {int(out.stdout): {"v": "cli"}}
     refused = run_cli(db.env, "produce", "-q", "q", "--dedup", "replace", '{"v": 1}')
     assert refused.returncode == 2 and "--dedup replace needs --dedup-key" in refused.stderr
+
+
+def test_the_asyncio_producer_debounces(db):
+    import asyncio
+
+    async def main() -> list[int]:
+        async with notifyq.AsyncProducer("q", db.config()) as p:
+            return [await p.put({"v": v}, dedup_key="k", dedup="replace", delay=60) for v in range(3)]
+
+    ids = asyncio.run(main())
+    assert {i: j[2] for i, j in _jobs(db).items()} == {ids[-1]: {"v": 2}} and _replaced(db) == set(ids[:-1])

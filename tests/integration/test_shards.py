@@ -501,3 +501,12 @@ def test_a_spread_queues_keyed_jobs_all_live_on_their_keys_shard_on_every_path(s
         assert {k for (k,) in found} == {k for k in keys if place.for_key("s", k) == shard}
     counts = collections.Counter(k for s in "ab" for (k,) in dbs[s].query("SELECT job_key FROM nq_job WHERE queue = 's'"))
     assert (counts["customer-1"], counts["customer-2"], counts["customer-0"], counts[None]) == (6, 4, 2, 4)
+
+
+def test_a_spread_queues_debounce_replaces_on_its_keys_shard(sharded):
+    cfg, _env, dbs = sharded
+    with Producer("s", cfg) as p:
+        ids = [p.put({"v": v}, dedup_key="sync-7", dedup="replace", delay=60) for v in range(3)]
+    shard = placement.Placement(cfg).for_key("s", "sync-7")
+    assert dbs[shard].query("SELECT id, payload FROM nq_job WHERE queue = 's'") == ((ids[-1], '{"v":2}'),)
+    assert not rows(dbs["b" if shard == "a" else "a"], "s")
