@@ -508,5 +508,5 @@ def test_a_spread_queues_debounce_replaces_on_its_keys_shard(sharded):
     with Producer("s", cfg) as p:
         ids = [p.put({"v": v}, dedup_key="sync-7", dedup="replace", delay=60) for v in range(3)]
     shard = placement.Placement(cfg).for_key("s", "sync-7")
-    assert dbs[shard].query("SELECT id, payload FROM nq_job WHERE queue = 's'") == ((ids[-1], '{"v":2}'),)
+    assert dbs[shard].query("SELECT id, payload FROM nq_job WHERE queue = 's'") == [(ids[-1], '{"v":2}')]
     assert not rows(dbs["b" if shard == "a" else "a"], "s")
