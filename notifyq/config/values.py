@@ -35,6 +35,24 @@ def queue_name(name: Any, error: type[errors.NotifyqError] = errors.InputError) 
     return name
 
 
+# nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
+KEY_MAX_CHARS = 191
+
+
+def job_key(name: str, key: Any, error: type[errors.NotifyqError] = errors.InputError) -> str:
+    """A job's key (`key=`, flow control's) or dedup key, as the columns take it: a str of 1 to
+    KEY_MAX_CHARS characters that encodes as UTF-8 (a lone surrogate does not)."""
+    if not isinstance(key, str):
+        raise error(f"{name}: expected a string, got {shown(key)}")
+    if not 0 < len(key) <= KEY_MAX_CHARS:
+        raise error(f"{name} must be 1 to {KEY_MAX_CHARS} characters, got {len(key)}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise error(f"{name} is not valid UTF-8") from None
+    return key
+
+
 def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, integer: bool = False,
            error: type[errors.NotifyqError] = errors.InputError) -> Any:

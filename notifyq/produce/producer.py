@@ -31,6 +31,13 @@ from notifyq.wakeup import Waker
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
 _READY = int(Status.READY)
+# A job's row (rows(), line_row(); inserts.insert_jobs says what each value is): its job_key's place
+KEY_COLUMN = 7
+# put(dedup=): what a put whose dedup key a pending job holds does. keep: nothing (that job
+# stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
+# (debounce); a claimed one runs as it is, the new one pending beside it.
+KEEP, REPLACE = "keep", "replace"
+DEDUP_MODES = (KEEP, REPLACE)
 
 
 class CallerTransaction:
@@ -51,22 +58,13 @@ class CallerTransaction:
 
 
 
-# nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
-KEY_MAX_CHARS = 191
-
-
-def checked_key(name: str, key: Any) -> str:
-    """A job's key (`key=`, flow control's) or dedup key, as the columns take it: a str of 1 to
-    KEY_MAX_CHARS characters that encodes as UTF-8 (a lone surrogate does not); else InputError."""
-    if not isinstance(key, str):
-        raise errors.InputError(f"{name}: expected a string, got {values.shown(key)}")
-    if not 0 < len(key) <= KEY_MAX_CHARS:
-        raise errors.InputError(f"{name} must be 1 to {KEY_MAX_CHARS} characters, got {len(key)}")
-    try:
-        key.encode()
-    except UnicodeEncodeError:
-        raise errors.InputError(f"{name} is not valid UTF-8") from None
-    return key
+def replaces(dedup: Any, dedup_key: Any) -> bool:
+    """put(dedup=) checked: True for "replace", False for "keep"; else InputError."""
+    if dedup not in DEDUP_MODES or not isinstance(dedup, str):
+        raise errors.InputError(f"dedup: expected \"keep\" or \"replace\", got {values.shown(dedup)}")
+    if dedup == REPLACE and dedup_key is None:
+        raise errors.InputError("dedup=\"replace\" replaces the pending job of a dedup key: give dedup_key too")
+    return dedup == REPLACE
 
 
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
@@ -135,12 +133,12 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            conn: Any = None) -> int:
+            dedup: str = KEEP, conn: Any = None) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None and key is None
-                and conn is None):
+                and conn is None and dedup is KEEP):
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
             row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None, None)
@@ -149,7 +147,8 @@ class Producer:
             with self._mutex:
                 return self._write_own([row], False)[0]
         row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
-        return self._write([row], conn, unique=dedup_key is not None)[0]
+        return self._write([row], conn, unique=dedup_key is not None,
+                           replace=dedup is not KEEP and replaces(dedup, dedup_key))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
@@ -171,7 +170,7 @@ class Producer:
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         options = self._options(priority, delay, run_at, max_attempts, None)
         if key is not None:
-            key = checked_key("key", key)
+            key = values.job_key("key", key)
         return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
 
     def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
@@ -289,7 +288,7 @@ class Producer:
         text = self._payload_text(payload)
         options = self._options(priority, delay, run_at, max_attempts, dedup_key)
         if key is not None:
-            key = checked_key("key", key)
+            key = values.job_key("key", key)
         return (self.queue, *options, text, dedup_key, key)
 
     def _payload_text(self, payload: Any) -> str:
@@ -332,48 +331,48 @@ class Producer:
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
         if dedup_key is not None:
-            checked_key("dedup_key", dedup_key)
+            values.job_key("dedup_key", dedup_key)
         if run_at is not None:
             at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return at, priority, at, attempts
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False) -> list[int]:
         if tracing.HOOK is not None:
-            return self._write_traced(rows, conn, unique)
-        return self._write_untraced(rows, conn, unique)
+            return self._write_traced(rows, conn, unique, replace)
+        return self._write_untraced(rows, conn, unique, replace)
 
-    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
         """_write inside the installed tracer's "send" span (jobs/tracing.py), each job stored
         with the span's context in its payload's envelope (jobs/envelope.py)."""
         tracer = tracing.HOOK
         if tracer is None:  # uninstrumented meanwhile
-            return self._write_untraced(rows, conn, unique)
+            return self._write_untraced(rows, conn, unique, replace)
 
         def write(context: str | None) -> list[int]:
             if context is not None:
                 rows_ = [(*r[:5], envelope.stamped(r[5], context), *r[6:]) for r in rows]
             else:
                 rows_ = rows
-            return self._write_untraced(rows_, conn, unique)
+            return self._write_untraced(rows_, conn, unique, replace)
 
         dsn = self.config.dsn
         return tracer.send(self.queue, len(rows), (dsn.host, dsn.port if not dsn.unix_socket else None), write)
 
-    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
         if conn is not None:
-            return self._write_caller(rows, conn, unique)
+            return self._write_caller(rows, conn, unique, replace)
         with self._mutex:
-            return self._write_own(rows, unique)
+            return self._write_own(rows, unique, replace)
 
-    def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
+    def _body(self, rows: list[tuple], unique: bool, replace: bool) -> Callable[[Any, int], list[int]]:
         """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
         max_rows = self.config.producer.chunk_size
         return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
-                                                        max_packet=max_packet)
+                                                        max_packet=max_packet, replace=replace)
 
-    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
@@ -381,7 +380,7 @@ class Producer:
         conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
-        body = self._body(rows, unique)
+        body = self._body(rows, unique, replace)
         try:
             cur = conn.cursor()
             try:
@@ -397,7 +396,7 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
+    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False) -> list[int]:
         """On the producer's own session, under self._mutex: the put's transaction, then its
         waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
@@ -406,7 +405,7 @@ class Producer:
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
-                                max_packet=session.max_allowed_packet)
+                                max_packet=session.max_allowed_packet, replace=replace)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:

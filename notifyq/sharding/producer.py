@@ -89,7 +89,7 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            conn: Any = None) -> int:
+            dedup: str = "keep", conn: Any = None) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -99,7 +99,13 @@ class Producer:
             run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
             max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
             dedup_key: while a job holding this key on this queue is pending (ready, scheduled
-                or claimed), this put stores nothing and returns that job's id.
+                or claimed), this put stores nothing and returns that job's id (`dedup`
+                says otherwise).
+            dedup: what a put does when a pending job holds its `dedup_key`: `"keep"` (the
+                default: that job stays, the oldest wins) or `"replace"` (debounce: the newest
+                wins; a ready or scheduled job holding the key is deleted and this one put in
+                its place, with its own payload, run_at and priority, and a new id; a job
+                already claimed runs as it is, and this one waits as a new pending job).
             key: the key the queue's flow limits count the job under (`limit_per_key`,
                 `rate_per_key`, `fair`): a customer, a tenant, an API account; 1 to 191
                 characters. The handler reads it as `job.key`. On a queue spread over shards
@@ -116,16 +122,17 @@ class Producer:
             notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
         """
         if self._pinned is not None:
-            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at,
-                                    max_attempts=max_attempts, dedup_key=dedup_key, key=key, conn=conn)
+            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                                    dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if key is not None or dedup_key is not None:
             shard, which = self._keyed_shard(key, dedup_key)
             try:
-                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, conn=conn, **options)
+                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, **options)
             except errors.DatabaseError as e:
                 raise type(e)(f"{e} (shard {shard}: a job with a {which} goes to its key's shard only)") from None
         self._refuse_caller(conn)
+        one_server.replaces(dedup, dedup_key)  # no dedup key: "replace" is refused, "keep" is no-op
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
@@ -150,12 +157,15 @@ class Producer:
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, as the one-server Producer.line_row: sized against
-        the queue's server, or for a spread queue, the first shard that answers (the shards of
-        one deployment share their settings)."""
+        the queue's server, or for a spread queue, its key's shard, or without a key the first
+        shard that answers (the shards of one deployment share their settings)."""
         if self._pinned is not None:
-            return self._pinned.line_row(payload, priority, delay, run_at)
+            return self._pinned.line_row(payload, priority, delay, run_at, key)
+        if key is not None:
+            return self._on(self._keyed_shard(key, None)[0]).line_row(payload, priority, delay, run_at, key)
         names = [self._home] + [n for n in self.placement.names if n != self._home]
         for name in names:
             if self._is_down(name) and name != names[-1]:
@@ -169,11 +179,29 @@ class Producer:
         raise AssertionError("unreachable")
 
     def put_rows(self, rows: list[tuple]) -> list[int]:
-        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards)."""
+        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards, but
+        a row with a key goes to its key's shard, one transaction per shard)."""
         if self._pinned is not None:
             return self._pinned.put_rows(rows)
+        keyed: dict[str, list[int]] = {}  # shard -> the indexes of its keyed rows
+        for i, row in enumerate(rows):
+            if row[one_server.KEY_COLUMN] is not None:
+                keyed.setdefault(self._keyed_shard(row[one_server.KEY_COLUMN], None)[0], []).append(i)
         with self._mutex:
-            return self._deal(rows)
+            if not keyed:
+                return self._deal(rows)
+            ids = [0] * len(rows)
+            for shard, mine in keyed.items():
+                try:
+                    got = self._producer(shard).put_rows([rows[i] for i in mine])
+                except errors.DatabaseError as e:
+                    raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
+                for i, job_id in zip(mine, got):
+                    ids[i] = job_id
+            rest = [i for i, row in enumerate(rows) if row[one_server.KEY_COLUMN] is None]
+            for i, job_id in zip(rest, self._deal([rows[i] for i in rest]) if rest else []):
+                ids[i] = job_id
+            return ids
 
     def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """The return value of job `job_id`'s handler, once the job is done.
@@ -306,8 +334,8 @@ class Producer:
         """A spread queue's shard for a job with a key (its key decides: a key's limits are
         counted on one server), else with a dedup key; and which of the two decided."""
         if key is not None:
-            return self.placement.for_key(self.queue, one_server.checked_key("key", key)), "key"
-        return self.placement.for_key(self.queue, one_server.checked_key("dedup_key", dedup_key)), "dedup key"
+            return self.placement.for_key(self.queue, values.job_key("key", key)), "key"
+        return self.placement.for_key(self.queue, values.job_key("dedup_key", dedup_key)), "dedup key"
 
     def _refuse_caller(self, conn: Any) -> None:
         if conn is not None:

@@ -76,9 +76,9 @@ def job_attempts(session: Session, job_id: int) -> list[tuple]:
 
 
 def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
-              after: int, limit: int) -> list[tuple]:
+              after: int, limit: int, key: str | None = None) -> list[tuple]:
     return _rows(session, "job_list", {"queue": queue, "status": status, "after": after, "limit": limit,
-                                       "age_us": queries.microseconds(age_s)}, "list jobs")
+                                       "age_us": queries.microseconds(age_s), "job_key": key}, "list jobs")
 
 
 def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,

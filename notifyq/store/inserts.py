@@ -18,7 +18,7 @@ from MySQLdb.constants import CLIENT
 from notifyq import errors
 from notifyq.store import dedup
 from notifyq.store.driver import RECONNECT_CODES, cut_short, describe, error_code
-from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
+from notifyq.store.queries import HOST, SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
 # What a statement holds besides its rows (the INSERT's head, RETURNING or the increment read, the
@@ -52,21 +52,40 @@ def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
             raise _too_big(i, len(rows), size, max_packet)
 
 
-def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int) -> list[int]:
+def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int,
+             replace: bool = False) -> list[int]:
     """The statements of a put: the rows, and the queue's signal bumped by as many. unique: one
     row whose dedup key a pending job may hold already; that job wins (its id is returned, and
-    nothing is written but the key's lock). Rows too big for the server's max_allowed_packet
-    raise InputError before any INSERT is sent (insert_jobs plans every chunk first)."""
+    nothing is written but the key's lock), or with `replace` the new one does (_replace).
+    Rows too big for the server's max_allowed_packet raise InputError before any INSERT is
+    sent (insert_jobs plans every chunk first)."""
     if not unique:
         return insert_jobs(cur, rows, max_rows=max_rows, max_packet=max_packet, signal=(queue, len(rows)))
     check_fits(rows, max_packet, getattr(cur, "connection", None))
     row = rows[0]
+    if replace:
+        return [_replace(cur, queue, row, max_packet)]
     held = dedup.holder(cur, queue, row[6])
     if held is not None:
         return [held]
     job_id = insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(queue, 1))[0]
     dedup.take(cur, queue, row[6], job_id)
     return [job_id]
+
+
+def _replace(cur, queue: str, row: tuple, max_packet: int) -> int:
+    """A put that replaces (debounce): the new job is inserted and takes the key, and the ready
+    or scheduled job that held it is deleted, all under the key's lock; a claimed one is left
+    to run, the new job pending beside it. A new job and id rather than the old row updated in
+    place: whether a put whose COMMIT lost its reply landed is then whether its id exists
+    (jobs_stored), and the old job's attempts stay its own."""
+    old_id = dedup.replaceable(cur, queue, row[6])
+    job_id = insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(queue, 1))[0]
+    if old_id is None:
+        dedup.take(cur, queue, row[6], job_id)
+    else:
+        dedup.drop_replaced(cur, queue, row[6], old_id, job_id, HOST)
+    return job_id
 
 
 def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
@@ -248,15 +267,16 @@ def _render(db, rows: list[tuple]) -> list[bytes]:
     width, n = len(rows[0]), len(rows)
     out: list[bytes] = [b""] * (width * n)
     for i, first in enumerate(rows[0]):
-        kind = first.__class__  # the class too: 1 and True are equal
-        if all(row[i].__class__ is kind and row[i] == first for row in rows):
+        column = [row[i] for row in rows]
+        # One value throughout, told by the list's own loops (count, map), not a Python test per
+        # row: the class too, as 1 and True are equal
+        if column.count(first) == n and len(set(map(type, column))) == 1:
             out[i::width] = [literal(first)] * n
-        elif kind is str:  # the payloads: a str is bound as literal() binds it, without its type tests
+        elif first.__class__ is str:  # the payloads: a str is bound as literal() binds it, without its type tests
             escape, encoding = db.string_literal, db.encoding
-            out[i::width] = [escape(row[i].encode(encoding)) if row[i].__class__ is str else literal(row[i])
-                             for row in rows]
+            out[i::width] = [escape(v.encode(encoding)) if v.__class__ is str else literal(v) for v in column]
         else:
-            out[i::width] = [literal(row[i]) for row in rows]
+            out[i::width] = [literal(v) for v in column]
     return out
 
 

@@ -5,6 +5,7 @@ it to the handler as `job.key`."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import MySQLdb
 import pytest
@@ -125,3 +126,102 @@ def test_keys_on_the_callers_connection_and_in_its_transaction(db):
     keys = _keys(db)
     assert keys[one] == "c-1" and [keys[i] for i in two] == ["c-2", "c-2"]
     assert keys[three] == "c-3" and [keys[i] for i in four] == ["c-4"]
+
+
+# ------------------------------------------------------------------ the other enqueue paths
+
+
+def test_the_asyncio_producer_puts_keys(db):
+    import asyncio
+
+    async def main() -> tuple[int, list[int]]:
+        async with notifyq.AsyncProducer("q", db.config(), sessions=2) as p:
+            return await p.put({"n": 1}, key="a-1"), await p.put_many([{"n": 2}, {"n": 3}], key="a-2")
+
+    one, many = asyncio.run(main())
+    keys = _keys(db)
+    assert keys[one] == "a-1" and [keys[i] for i in many] == ["a-2", "a-2"]
+
+
+def test_a_tasks_key_is_fixed_or_a_function_of_its_arguments(db):
+    registry = notifyq.TaskRegistry(db.config())
+
+    @registry.task(queue="q", key=lambda customer, **_: f"customer-{customer}")
+    def sync(customer, full=False):
+        return customer
+
+    @registry.task(queue="q", key="reports")
+    def report(day):
+        return day
+
+    @registry.task(queue="q", key=lambda *args, **kwargs: None)
+    def unkeyed():
+        return None
+
+    @registry.task(queue="q", key=lambda customer: customer)
+    def bad_key(customer):
+        return customer
+
+    try:
+        by_arg, by_kwarg = sync.enqueue(42), sync.enqueue(customer=7, full=True)
+        fixed, none = report.enqueue("2026-11-29"), unkeyed.enqueue()
+        # A key function that returns what is no key: one InputError naming the task, nothing put
+        with pytest.raises(errors.InputError, match=r"task .*bad_key: its key function's result: expected a string"):
+            bad_key.enqueue(5)
+    finally:
+        registry.close()
+    keys = _keys(db)
+    assert (keys[by_arg], keys[by_kwarg], keys[fixed], keys[none]) == ("customer-42", "customer-7", "reports", None)
+    assert len(keys) == 4
+    # A fixed key is checked when the task is made
+    with pytest.raises(errors.InputError, match="key must be 1 to 191 characters"):
+        registry.task(queue="q", key="")(lambda: None)
+
+
+def test_notifyq_testing_shows_a_queued_jobs_key(db):
+    from notifyq import testing
+
+    with Producer("q", db.config()) as p:
+        p.put({"n": 1}, key="t-1")
+        p.put({"n": 2})
+    assert [job.key for job in testing.jobs(db.config(), "q")] == ["t-1", None]
+
+
+def test_cli_produce_key_for_arguments_and_streams_and_jobs_list_and_show_it(db):
+    from conftest import run_cli
+
+    args = run_cli(db.env, "produce", "-q", "q", "--key", "cli-1", '{"n": 1}', '{"n": 2}')
+    assert args.returncode == 0, args.stderr
+    stream = run_cli(db.env, "produce", "-q", "q", "--key", "cli-2", "--print-ids",
+                     input='{"n": 3}\n{"n": 4}\n')
+    assert stream.returncode == 0, stream.stderr
+    plain = run_cli(db.env, "produce", "-q", "q", '{"n": 5}')
+    assert plain.returncode == 0, plain.stderr
+    ids = [int(i) for i in args.stdout.split() + stream.stdout.split() + plain.stdout.split()]
+    keys = _keys(db)
+    assert [keys[i] for i in ids] == ["cli-1", "cli-1", "cli-2", "cli-2", None]
+    # `jobs list` shows a key column once a job has a key, and its JSON a "key" field
+    table = run_cli(db.env, "jobs", "list", "-q", "q")
+    assert table.returncode == 0, table.stderr
+    head, *lines = table.stdout.splitlines()
+    assert head.split()[:4] == ["id", "queue", "key", "status"]
+    assert [line.split()[2] for line in lines] == ["cli-1", "cli-1", "cli-2", "cli-2", "-"]
+    listed = run_cli(db.env, "jobs", "list", "-q", "q", "--json")
+    assert [r["key"] for r in json.loads(listed.stdout)] == ["cli-1", "cli-1", "cli-2", "cli-2", None]
+    only = run_cli(db.env, "jobs", "list", "-q", "q", "--key", "cli-2", "--json")
+    assert [r["id"] for r in json.loads(only.stdout)] == ids[2:4]
+    shown = run_cli(db.env, "jobs", "show", str(ids[2]), "--json")
+    assert json.loads(shown.stdout)["key"] == "cli-2"
+    text = run_cli(db.env, "jobs", "show", str(ids[2]))
+    assert any(line.split() == ["key", "cli-2"] for line in text.stdout.splitlines())
+
+
+def test_cli_produce_refuses_a_bad_key_in_one_line_before_reading_a_line(db):
+    from conftest import run_cli
+
+    for argv, stdin in ((["k" * 192, '{"n": 1}'], None), (["k" * 192], '{"n": 1}\n')):
+        out = run_cli(db.env, "produce", "-q", "q", "--key", *argv, input=stdin)
+        assert out.returncode == 4, (out.returncode, out.stderr)
+        assert out.stderr.strip().endswith("--key must be 1 to 191 characters, got 192")
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0

@@ -101,6 +101,22 @@ SELECT j.id FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
 WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
 LOCK IN SHARE MODE
 
+-- dedup_replaceable --
+-- A put that replaces (dedup="replace"), under dedup_lock: the pending job holding the key and
+-- its status, locked for update. A ready or scheduled one is replaced (dedup_replaced); a
+-- claimed one is left to run. The lock comes before any claim's: a claim skips the row (SKIP
+-- LOCKED) until the put commits, and a claim that locked it first makes this read wait, then
+-- see it claimed. A locking read, as dedup_holder, so that a caller's REPEATABLE READ
+-- transaction reads the rows as they are now.
+SELECT j.id, j.status FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
+WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
+FOR UPDATE
+
+-- dedup_replaced --
+-- The replaced job goes (its record first: job_record_gone, outcome 'replaced'), under
+-- dedup_replaceable's lock: still ready or scheduled.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
+
 -- dedup_take --
 -- Under dedup_lock: the key is this job's now.
 UPDATE nq_dedup SET job_id = %(id)s WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
@@ -818,7 +834,7 @@ SELECT NOW(6)
 -- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
        lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at,
-       cancelled_by, cancelled_at
+       cancelled_by, cancelled_at, job_key
 FROM nq_job WHERE id = %(id)s
 
 -- job_attempts --
@@ -844,10 +860,11 @@ SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200)
+       cancel_requested, LEFT(last_error, 200), job_key
 FROM nq_job
 WHERE (%(queue)s IS NULL OR queue = %(queue)s)
   AND (%(status)s IS NULL OR status = %(status)s)
+  AND (%(job_key)s IS NULL OR job_key = %(job_key)s)
   AND created_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
   AND id > %(after)s
 ORDER BY id LIMIT %(limit)s
