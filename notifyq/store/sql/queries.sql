@@ -1058,13 +1058,14 @@ SELECT IS_USED_LOCK(%(lock)s) AS holder,
 -- that is not JSON has none (JSON_VALID first: MySQL raises on JSON_EXTRACT of other text).
 
 -- web_running --
--- What runs now: the claimed range of ix_state (consumers x batch size rows, by lease end),
--- each job's owner, claim time, lease and task. The LIMIT bounds the page however many run.
+-- What runs now: the claimed range of ix_state (consumers x batch size rows), by queue then
+-- lease end (the index's own order: no sort), each job's owner, claim time, lease and task.
+-- The LIMIT bounds the read however many run.
 SELECT id, queue, owner, claimed_at, lease_until, attempts, max_attempts, cancel_requested,
        IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, '$.task')), NULL) AS task
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2
-ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+ORDER BY queue, prio_key, sort_at, id LIMIT %(limit)s
 
 -- web_history --
 -- One queue's ended attempts in the last %(minutes)s minutes, newest first: a range of
