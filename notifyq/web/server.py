@@ -12,7 +12,7 @@
                        enable / disable
     GET  /login        sign in with the actions token (only when actions are enabled)
     POST /login /logout /act     forms; /act: retry, cancel, purge, pause, resume, retry-dead,
-                       bulk-retry / bulk-cancel / bulk-purge (ids=, at most data.MAX_BULK),
+                       bulk-retry / bulk-cancel / bulk-purge (ids=, at most console.MAX_BULK),
                        periodic-run / periodic-enable / periodic-disable (queue=, name=)
 
 Every page is whole without JavaScript; static/live.js refreshes the parts marked data-live
@@ -39,7 +39,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.store.driver import DriverError, describe
-from notifyq.web import auth, bounds, data, views
+from notifyq.web import auth, bounds, console, data, views
 
 log = logging.getLogger("notifyq.web")
 
@@ -59,7 +59,7 @@ _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 VERBS = ("retry", "cancel", "purge", "pause", "resume", "retry-dead")
 BULK_VERBS = ("bulk-retry", "bulk-cancel", "bulk-purge")
 PERIODIC_VERBS = ("periodic-run", "periodic-enable", "periodic-disable")
-MAX_FORM_FIELDS = 1000  # more is refused whole; a bulk action's own bound (data.MAX_BULK) is checked after
+MAX_FORM_FIELDS = 1000  # more is refused whole; a bulk action's own bound (console.MAX_BULK) is checked after
 
 
 class Site:
@@ -247,10 +247,10 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/consumers":
                 self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
             elif path == "/running":
-                self._page(200, "running.html", sid, new, title="running now", **data.running(reader))
+                self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
             elif path == "/history":
                 self._page(200, "history.html", sid, new, title="history",
-                           **data.history(reader, data.parse_history(query)))
+                           **console.history(reader, console.parse_history(query)))
             elif path == "/jobs" and query.get("id"):
                 job_id = _job_id(query["id"].strip())
                 self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(query['shard'])}"
@@ -259,12 +259,12 @@ class Handler(BaseHTTPRequestHandler):
                 if path == "/dead":
                     query["state"] = "dead"
                 filters = data.parse_filters(query, reader.names)
-                search = data.parse_search(query)
-                found = (data.search(reader, filters, search) if search["text"] or search["task"]
+                search = console.parse_search(query)
+                found = (console.search(reader, filters, search) if search["text"] or search["task"]
                          else {**data.jobs(reader, filters), "search": search})
                 self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
                            queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
-                           max_bulk=data.MAX_BULK, **found)
+                           max_bulk=console.MAX_BULK, **found)
             elif _JOB_PATH.match(path):
                 self._job_page(int(path[6:]), query, sid, new)
             elif path == "/periodic":
@@ -364,11 +364,11 @@ class Handler(BaseHTTPRequestHandler):
         what = f"job={form.get('job') or '-'}"
         try:
             if verb in BULK_VERBS:
-                what = f"ids={','.join(ids[:data.MAX_BULK])}" + ("…" if len(ids) > data.MAX_BULK else "")
-                outcome = data.act_bulk(self.web.reader, verb[5:], shard=shard, ids=data.parse_ids(ids), by=who)
+                what = f"ids={','.join(ids[:console.MAX_BULK])}" + ("…" if len(ids) > console.MAX_BULK else "")
+                outcome = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=console.parse_ids(ids), by=who)
             elif verb in PERIODIC_VERBS:
                 what = f"name={form.get('name', '')!r}"
-                outcome = data.periodic_act(self.web.reader, verb, queue=queue or "", name=form.get("name", ""))
+                outcome = console.periodic_act(self.web.reader, verb, queue=queue or "", name=form.get("name", ""))
             elif verb in VERBS:
                 job_id = _job_id(form.get("job"))
                 outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue, by=who)

@@ -4,36 +4,36 @@ the history chart (no database)."""
 import pytest
 
 from notifyq import errors
-from notifyq.web import data, views
+from notifyq.web import console, views
 
 
 def test_percentiles_are_nearest_rank():
-    assert data.percentiles([]) == {"p50": None, "p90": None, "p99": None, "max": None}
-    assert data.percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0, "max": 3.0}
+    assert console.percentiles([]) == {"p50": None, "p90": None, "p99": None, "max": None}
+    assert console.percentiles([3.0]) == {"p50": 3.0, "p90": 3.0, "p99": 3.0, "max": 3.0}
     values = [float(v) for v in range(1, 101)]  # 1..100, shuffled order does not matter
-    assert data.percentiles(list(reversed(values))) == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
+    assert console.percentiles(list(reversed(values))) == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
 
 
 def test_bulk_ids_are_bounded_checked_and_deduplicated():
-    assert data.parse_ids(["3", "1", "3"]) == [1, 3]
-    assert data.parse_ids([str(i) for i in range(1, data.MAX_BULK + 1)])[-1] == data.MAX_BULK
-    with pytest.raises(errors.InputError, match=f"{data.MAX_BULK + 1} jobs selected: a bulk action takes at most"):
-        data.parse_ids(["1"] * (data.MAX_BULK + 1))
+    assert console.parse_ids(["3", "1", "3"]) == [1, 3]
+    assert console.parse_ids([str(i) for i in range(1, console.MAX_BULK + 1)])[-1] == console.MAX_BULK
+    with pytest.raises(errors.InputError, match=f"{console.MAX_BULK + 1} jobs selected: a bulk action takes at most"):
+        console.parse_ids(["1"] * (console.MAX_BULK + 1))
     for bad in ([], ["x"], ["0"], ["-1"], [str(2**63)]):
         with pytest.raises(errors.InputError):
-            data.parse_ids(bad)
+            console.parse_ids(bad)
 
 
 def test_history_and_search_filters_refuse_what_is_out_of_bounds():
-    assert data.parse_history({}) == {"queue": None, "hours": 1, "task": None}
-    assert data.parse_history({"queue": "mail", "hours": "6", "task": "a.b"})["hours"] == 6
+    assert console.parse_history({}) == {"queue": None, "hours": 1, "task": None}
+    assert console.parse_history({"queue": "mail", "hours": "6", "task": "a.b"})["hours"] == 6
     for bad in ({"hours": "0"}, {"hours": "7"}, {"hours": "x"}, {"queue": "bad name!"}, {"task": "t" * 192}):
         with pytest.raises(errors.InputError):
-            data.parse_history(bad)
-    assert data.parse_search({})["since_hours"] == data.SEARCH_SINCE_HOURS
+            console.parse_history(bad)
+    assert console.parse_search({})["since_hours"] == console.SEARCH_SINCE_HOURS
     for bad in ({"q": "x" * 201}, {"since_hours": "0"}, {"since_hours": "99999"}):
         with pytest.raises(errors.InputError):
-            data.parse_search(bad)
+            console.parse_search(bad)
 
 
 def test_the_history_chart_stacks_each_minutes_outcomes_within_its_height():

@@ -17,7 +17,7 @@ from web.conftest import TOKEN, Client, dead_job, produce
 from notifyq.consume.periodic import Scheduler
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
-from notifyq.web import data
+from notifyq.web import console
 
 
 def _status(db, job_id: int) -> int | None:
@@ -120,12 +120,12 @@ def test_a_bulk_action_beyond_its_bound_is_one_clear_error_and_does_nothing(db, 
     c = Client(web(token=TOKEN).url)
     assert c.sign_in() == 303
     # When 101 ids are sent (the job's among them)
-    ids = [str(job)] + [str(10_000_000 + i) for i in range(data.MAX_BULK)]
+    ids = [str(job)] + [str(10_000_000 + i) for i in range(console.MAX_BULK)]
     code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", i) for i in ids]],
                            {"Authorization": f"Bearer {TOKEN}"})
     # Then it is refused in one line, and the job is still dead
-    assert code == 400 and body.strip() == (f"bulk-retry refused: {data.MAX_BULK + 1} jobs selected: a bulk "
-                                            f"action takes at most {data.MAX_BULK}; nothing was done")
+    assert code == 400 and body.strip() == (f"bulk-retry refused: {console.MAX_BULK + 1} jobs selected: a bulk "
+                                            f"action takes at most {console.MAX_BULK}; nothing was done")
     assert _status(db, job) == 4
     # And a form of more fields than any page sends is refused whole
     code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", "1")] * 1001],
