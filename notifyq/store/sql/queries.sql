@@ -1095,7 +1095,7 @@ FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, create
       WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
       ORDER BY prio_key, sort_at, id LIMIT %(scan)s) s
 WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
-  AND (%(task)s = '' OR (JSON_VALID(payload) AND JSON_UNQUOTE(JSON_EXTRACT(payload, '$.task')) = %(task)s))
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, '$.task')), NULL) = %(task)s)
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
 -- web_search_newest --
@@ -1108,7 +1108,7 @@ FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, create
       WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
       ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(scan)s) s
 WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
-  AND (%(task)s = '' OR (JSON_VALID(payload) AND JSON_UNQUOTE(JSON_EXTRACT(payload, '$.task')) = %(task)s))
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, '$.task')), NULL) = %(task)s)
 ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
 
 -- web_periodic_disable --
