@@ -70,18 +70,19 @@ def test_a_running_job_is_shown_with_its_task_and_cancelled_from_the_page(db, we
 
 
 def test_history_shows_a_queues_outcomes_per_minute_and_per_task(db, web, page):
-    # Given a queue's attempt records over the last hour: three tasks, every outcome, with jobs
+    # Given a queue's attempt records over the last hour (ended 1 to 52 minutes ago: inside the
+    # window however slowly the page comes): three tasks, every outcome, with jobs
     # still stored for the ones that failed (seeded: a consumer would take the hour to make them)
     db.query("INSERT INTO nq_queue (queue) VALUES ('mail')")
     db.query("INSERT INTO nq_job (id, queue, status, run_at, attempts, max_attempts, payload, finished_at) "
-             "SELECT seq + 1, 'mail', IF(seq % 10 = 0, 4, 3), NOW(6) - INTERVAL (seq * 3 % 3600) SECOND, 1, 1, "
+             "SELECT seq + 1, 'mail', IF(seq % 10 = 0, 4, 3), NOW(6) - INTERVAL (120 + seq * 5 % 3000) SECOND, 1, 1, "
              "JSON_OBJECT('task', ELT(1 + seq % 3, 'mail.send', 'mail.digest', 'mail.bounce')), NOW(6) "
              f"FROM {numbers(1200)}")
     db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, started_at, ended_at) "
              "SELECT seq + 1, seq + 1, 1, 'mail', IF(seq % 10 = 0, 'dead', IF(seq % 7 = 0, 'failed', "
              "IF(seq % 31 = 0, 'cancelled', 'done'))), "
-             "NOW(6) - INTERVAL (seq * 3 % 3600) SECOND + INTERVAL (seq % 5) SECOND, "
-             "NOW(6) - INTERVAL (seq * 3 % 3600) SECOND + INTERVAL (5 + seq % 40) SECOND "
+             "NOW(6) - INTERVAL (120 + seq * 5 % 3000) SECOND + INTERVAL (seq % 5) SECOND, "
+             "NOW(6) - INTERVAL (120 + seq * 5 % 3000) SECOND + INTERVAL (5 + seq % 40) SECOND "
              f"FROM {numbers(1200)}")
     dead, failed = db.query("SELECT SUM(outcome = 'dead'), SUM(outcome = 'failed') FROM nq_attempt")[0]
     base = web().url
