@@ -1132,3 +1132,78 @@ SELECT owner, COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 GROUP
 -- (a user sees its own sessions in the process list without the PROCESS privilege).
 SELECT IS_USED_LOCK(%(lock)s) AS holder,
        (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s))
+
+-- ---------------------------------------------------------------- the operations console (notifyq web)
+-- A job's task is the "task" of its payload (@notifyq.task puts {"task": NAME, ...}), inside the
+-- envelope of a job stored with a trace context (jobs/envelope.py: its text begins with MARKER,
+-- 17 characters); a payload that is not JSON has none (JSON_VALID first: MySQL raises on
+-- JSON_EXTRACT of other text).
+
+-- web_running --
+-- What runs now: the claimed range of ix_state (consumers x batch size rows), by queue then
+-- lease end (the index's own order: no sort), each job's owner, claim time, lease and task.
+-- The LIMIT bounds the read however many run.
+SELECT id, queue, owner, claimed_at, lease_until, attempts, max_attempts, cancel_requested,
+       IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2
+ORDER BY queue, prio_key, sort_at, id LIMIT %(limit)s
+
+-- web_history --
+-- One queue's ended attempts in the last %(minutes)s minutes, newest first: a range of
+-- nq_attempt's ix_ended (queue, ended_at), at most %(cap)s rows, each joined to its job by
+-- primary key for its task and its due time (run_at). The queue wait is known for a job's
+-- latest attempt while the job is stored (its run_at is then that attempt's due time); done
+-- jobs that were deleted at their ack (keep_done off) have no task and no wait here.
+SELECT a.outcome, a.ended_at, TIMESTAMPDIFF(MICROSECOND, a.started_at, a.ended_at) AS run_us,
+       IF(j.attempts = a.attempt, TIMESTAMPDIFF(MICROSECOND, j.run_at, a.started_at), NULL) AS wait_us,
+       IF(JSON_VALID(j.payload), JSON_UNQUOTE(JSON_EXTRACT(j.payload, IF(LEFT(j.payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+FROM nq_attempt a FORCE INDEX (ix_ended)
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
+WHERE a.queue = %(queue)s AND a.ended_at > NOW(6) - INTERVAL %(minutes)s MINUTE
+ORDER BY a.ended_at DESC LIMIT %(cap)s
+
+-- web_search --
+-- A payload search, bounded: the first %(scan)s entries of one queue's range of ix_state in
+-- one state (in the jobs page's order; for finished jobs only those finished after %(since)s,
+-- a time range of the same index), of which the jobs whose payload holds %(text)s (bytes,
+-- case-sensitive) or whose task is %(task)s. At most %(scan)s rows are read, however big the
+-- table: never a scan of the table.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
+FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+             cancel_requested, last_error, dedup_key, prio_key, sort_at, payload
+      FROM nq_job FORCE INDEX (ix_state)
+      WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
+      ORDER BY prio_key, sort_at, id LIMIT %(scan)s) s
+WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
+-- web_search_newest --
+-- web_search for done, dead and cancelled jobs: the most recently finished first.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
+FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+             cancel_requested, last_error, dedup_key, prio_key, sort_at, payload
+      FROM nq_job FORCE INDEX (ix_state)
+      WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
+      ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(scan)s) s
+WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
+
+-- web_periodic_disable --
+-- A periodic entry switched off: its last tick is set past any tick a cron can reach
+-- (PERIODIC_OFF), so the scheduler's exactly-once guard (periodic_advance: last_tick < T)
+-- refuses every tick, on every consumer of any version, with no column of its own. An entry
+-- that never ticked gets its row now.
+INSERT INTO nq_periodic (queue, name, last_tick) VALUES (%(queue)s, %(name)s, %(off)s)
+ON DUPLICATE KEY UPDATE last_tick = %(off)s
+
+-- web_periodic_enable --
+-- Switched on again: the last tick becomes now, so the next tick of its cron is enqueued and
+-- the ticks missed while it was off are not (as after downtime: catch-up enqueues only the
+-- latest missed one, and there is none before now).
+UPDATE nq_periodic SET last_tick = NOW(6)
+WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s
