@@ -1135,8 +1135,8 @@ SELECT IS_USED_LOCK(%(lock)s) AS holder,
 
 -- ---------------------------------------------------------------- the operations console (notifyq web)
 -- A job's task is the "task" of its payload (@notifyq.task puts {"task": NAME, ...}), inside the
--- envelope of a job stored with a trace context (jobs/envelope.py: its text begins with MARKER,
--- 17 characters); a payload that is not JSON has none (JSON_VALID first: MySQL raises on
+-- envelope of a job stored with a trace context (jobs/envelope.py: its text begins with MARKER;
+-- valid JSON with that after its first character is such an envelope); a payload that is not JSON has none (JSON_VALID first: MySQL raises on
 -- JSON_EXTRACT of other text).
 
 -- web_running --
@@ -1144,7 +1144,7 @@ SELECT IS_USED_LOCK(%(lock)s) AS holder,
 -- lease end (the index's own order: no sort), each job's owner, claim time, lease and task.
 -- The LIMIT bounds the read however many run.
 SELECT id, queue, owner, claimed_at, lease_until, attempts, max_attempts, cancel_requested,
-       IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+       IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2
 ORDER BY queue, prio_key, sort_at, id LIMIT %(limit)s
@@ -1157,7 +1157,7 @@ ORDER BY queue, prio_key, sort_at, id LIMIT %(limit)s
 -- jobs that were deleted at their ack (keep_done off) have no task and no wait here.
 SELECT a.outcome, a.ended_at, TIMESTAMPDIFF(MICROSECOND, a.started_at, a.ended_at) AS run_us,
        IF(j.attempts = a.attempt, TIMESTAMPDIFF(MICROSECOND, j.run_at, a.started_at), NULL) AS wait_us,
-       IF(JSON_VALID(j.payload), JSON_UNQUOTE(JSON_EXTRACT(j.payload, IF(LEFT(j.payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+       IF(JSON_VALID(j.payload), JSON_UNQUOTE(JSON_EXTRACT(j.payload, IF(SUBSTRING(j.payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
 FROM nq_attempt a FORCE INDEX (ix_ended)
 LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
 WHERE a.queue = %(queue)s AND a.ended_at > NOW(6) - INTERVAL %(minutes)s MINUTE
@@ -1177,7 +1177,7 @@ FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, create
       WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
       ORDER BY prio_key, sort_at, id LIMIT %(scan)s) s
 WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
-  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
 -- web_search_newest --
@@ -1190,7 +1190,7 @@ FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, create
       WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
       ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(scan)s) s
 WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
-  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(LEFT(payload, 17) = '{"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
 ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
 
 -- web_periodic_disable --
