@@ -16,7 +16,7 @@ from notifyq.config import QueueConfig
 from notifyq.consume import retry
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job, run_of
-from notifyq.jobs.run import COMMITTED, PENDING
+from notifyq.jobs.run import COMMITTED, PENDING, Run
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.completion import Completion
@@ -46,14 +46,23 @@ class Outcomes:
                           self.queue, job.id, job.attempts)
         if any(run_of(j).completed is not None for j in jobs):
             jobs = self._completed(session, jobs, token)
-        for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
+        # Each job's outcome sorted out in one pass (a batch is up to its claim's size)
+        failures: list[tuple[Job, str, bool]] = []
+        snoozed: list[tuple[Job, Run]] = []
+        ok: list[tuple[Job, Run]] = []
+        for job in jobs:
             run = run_of(job)
-            if job.error is None and run.snooze_s is None and run.cancel_seen:
+            if run.error is None and run.snooze_s is None and run.cancel_seen:
+                # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
                 run.fail(CANCEL_SEEN, retry=False)
-        failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
-        self.record_failures(session, token, failures)
-        runs = [(j, run_of(j)) for j in jobs if j.error is None]
-        snoozed = [(j, r) for j, r in runs if r.snooze_s is not None]
+            if run.error is not None:
+                failures.append((job, run.error, run.retry))
+            elif run.snooze_s is not None:
+                snoozed.append((job, run))
+            else:
+                ok.append((job, run))
+        if failures:
+            self.record_failures(session, token, failures)
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
@@ -63,7 +72,6 @@ class Outcomes:
                 if job.id in owned.cancelled:
                     self._count_cancelled(job, "cancelled while snoozing")
             self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
-        ok = [(j, r) for j, r in runs if r.snooze_s is None]
         if not ok:
             return None
         max_packet = session.max_allowed_packet
