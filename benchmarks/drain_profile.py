@@ -8,7 +8,9 @@ reversed every other round: `notifyq consume --exit-when-empty` (one worker), th
 (_seed.py drain: its own table and claim), and the fewest statements on notifyq's own table
 (_floor.py drain, the two-step claim notifyq uses). Reported per job: the process's CPU (µs,
 median over the rounds, from the first handled job to the last: start-up left out), its voluntary context
-switches (a reply waited for), and the server's statements (Questions). Then one more notifyq run under cProfile (the worker's thread, where
+switches (a reply waited for), and the server's statements (Questions; the whole server's: on a shared server, others' too). With
+--callgrind N, each side's instructions per job (drains of N jobs and of none under valgrind):
+they do not move with the machine's load. Then one more notifyq run under cProfile (the worker's thread, where
 the per-job work is): function calls per job, which do not depend on the machine's load, and
 with --top the heaviest entries. One process alone, so claims never contend: what differs
 from bench.py's drain of four is only the contention, and the per-job costs are the same.
@@ -80,6 +82,28 @@ def argv_of(side: str, url: str, profile_out: str | None = None) -> list[str]:
     return [sys.executable, "-m", "notifyq", *consume]
 
 
+def callgrind_per_job(side: str, url: str, admin, n: int) -> float:
+    """Instructions the side's process executes per job (valgrind's callgrind, every thread): a
+    drain of n jobs less a drain of none, so start-up and exit cancel. A count does not drift
+    with the machine's load as CPU time does."""
+    counts = []
+    for jobs in (n, 0):
+        fill(admin, side, jobs)
+        env = {**os.environ, "NOTIFYQ_DSN": url, "NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_LOG_LEVEL": "warning",
+               "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), str(REPO / "tests")])}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                               *argv_of(side, url)], env=env, cwd=str(HERE), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"{side} under callgrind exited {done.returncode}: {done.stderr[-2000:]}")
+        found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+        if not found:
+            raise RuntimeError(f"callgrind printed no count: {done.stderr[-2000:]}")
+        counts.append(int(found[-1].rsplit(":", 1)[1]))
+    return (counts[0] - counts[1]) / n
+
+
 def run_side(side: str, url: str, admin, n: int, profile_out: str | None = None) -> dict:
     fill(admin, side, n)
     env = {**os.environ, "NOTIFYQ_DSN": url, "NOTIFYQ_CONFIG": "/dev/null", "NOTIFYQ_LOG_LEVEL": "warning",
@@ -138,6 +162,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--n", type=int, default=20000, help="jobs per drain")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--top", type=int, default=0, help="print cProfile's N heaviest entries")
+    ap.add_argument("--callgrind", type=int, default=0, metavar="N",
+                    help="instructions per job too, of drains of N jobs under valgrind (slow: 2000 takes a minute)")
     ap.add_argument("--json", dest="json_path", help="write the results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     if "--child" in argv:  # the profiled consumer: what follows "--" is its command line
@@ -180,15 +206,21 @@ def main(argv: list[str]) -> int:
         for side in SIDES:
             results[side]["cpu_us_all"] = [round(r["cpu_us"], 1) for r in runs[side]]
         results["notifyq"]["calls_per_job"] = calls
+        if a.callgrind:
+            for side in SIDES:
+                results[side]["k_instructions_per_job"] = callgrind_per_job(side, url, admin, a.callgrind) / 1000
         print(f"{'side':<9} {'CPU us/job':>11} {'all rounds':>22} {'waits/job':>10} {'stmts/job':>10} "
-              f"{'calls/job':>10} {'jobs/s':>8}")
+              f"{'calls/job':>10} {'k instr/job':>12} {'jobs/s':>8}")
         for side in SIDES:
             r = results[side]
             shown_calls = f"{r['calls_per_job']:.1f}" if "calls_per_job" in r else "-"
+            instr = f"{r['k_instructions_per_job']:.1f}" if "k_instructions_per_job" in r else "-"
             print(f"{side:<9} {r['cpu_us']:>11.1f} {str(r['cpu_us_all']):>22} {r['waits']:>10.3f} "
-                  f"{r['statements']:>10.3f} {shown_calls:>10} {r['jobs_s']:>8.0f}")
-        print(f"notifyq / seed CPU: {results['notifyq']['cpu_us'] / results['seed']['cpu_us']:.2f}; "
-              f"notifyq / floor: {results['notifyq']['cpu_us'] / results['floor']['cpu_us']:.2f}")
+                  f"{r['statements']:>10.3f} {shown_calls:>10} {instr:>12} {r['jobs_s']:>8.0f}")
+        for metric, key in (("CPU", "cpu_us"), ("instructions", "k_instructions_per_job")):
+            if key in results["seed"]:
+                print(f"notifyq / seed {metric}: {results['notifyq'][key] / results['seed'][key]:.2f}; "
+                      f"notifyq / floor: {results['notifyq'][key] / results['floor'][key]:.2f}")
         if top:
             print(f"\n--- notifyq worker thread: cProfile, heaviest by own time ---\n{top}")
         if a.json_path:

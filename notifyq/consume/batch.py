@@ -246,8 +246,9 @@ class BatchRun:
             try:
                 self._settle(batch.take_done())
             finally:
-                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                if log.isEnabledFor(logging.DEBUG):  # (its count is a pass over the batch)
+                    log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                              sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 try:
                     rest = batch.waiting()
                     if rest:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from operator import attrgetter
 
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
@@ -24,6 +25,7 @@ from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.consumer")
 
+_COMPLETED = attrgetter("completed")  # a Run's: how the handler completed its job, if it did
 SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
@@ -44,7 +46,7 @@ class Outcomes:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        if any(run_of(j).completed is not None for j in jobs):
+        if any(map(_COMPLETED, map(run_of, jobs))):  # (COMMITTED or PENDING: a non-empty text)
             jobs = self._completed(session, jobs, token)
         # Each job's outcome sorted out in one pass (a batch is up to its claim's size)
         failures: list[tuple[Job, str, bool]] = []
