@@ -56,6 +56,11 @@ class Batch:
         self.claimed_at = claimed_at  # monotonic, taken before the claim was sent
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
+        # The span of what ran, for the claim sizer's pace (BatchRun._observe_pace): the first
+        # start and the last end, and how many jobs ran between, kept as they start and finish
+        self.first_start: float | None = None
+        self.last_end = 0.0
+        self.ran = 0
         self.running: list[Job] = []  # in the handler right now
         # Finished, outcome not yet sent (acks go out about once a second): still claimed, so
         # still covered by every extension. A long job's extend_lease() once pushed out its own
@@ -122,6 +127,9 @@ class Batch:
     def next_group(self, size: int) -> list[Job]:
         """The next jobs to start together: up to `size`, in claim order, ending before a job
         that is no longer ours (start() counts from `started`)."""
+        if size == 1:  # a plain handler's every job: no slice, no loop
+            job = self.jobs[self.started] if self.started < len(self.jobs) else None
+            return [] if job is None or job.id in self.lost else [job]
         group: list[Job] = []
         for job in self.jobs[self.started:self.started + size]:
             if job.id in self.lost:
@@ -151,16 +159,24 @@ class Batch:
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
         self.running = jobs
+        if not jobs:
+            return
         now = time.monotonic()
         for job in jobs:
             run_of(job).start(now)
+        if self.first_start is None:
+            self.first_start = now
 
     def finish(self) -> None:
         now = time.monotonic()
-        for job in self.running:
+        running = self.running
+        for job in running:
             run_of(job).finish(now)
-        self.done += self.running
-        self.running = []
+        if running:
+            self.done += running
+            self.ran += len(running)
+            self.last_end = now
+            self.running = []
 
     def take_done(self) -> list[Job]:
         """The finished jobs, for their outcomes to be sent: no longer the batch's to extend."""
@@ -243,8 +259,9 @@ class BatchRun:
                 self._confirm_claim()  # before the outcomes: acks land only under a claim that holds
                 self._settle(batch.take_done())
             finally:
-                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                if log.isEnabledFor(logging.DEBUG):  # (its count is a pass over the batch)
+                    log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                              sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 try:
                     rest = batch.waiting()
                     if rest:
@@ -336,7 +353,10 @@ class BatchRun:
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
             group = batch.start_next(size if batch.started else 1)
-            ready = [j for j in group if j.error is None]
+            if len(group) == 1:  # (a plain handler's every job: no list made per job)
+                ready = group if group[0].error is None else []
+            else:
+                ready = [j for j in group if j.error is None]
             if ready:
                 self._call(ready)
             batch.finish()
@@ -404,11 +424,10 @@ class BatchRun:
     def _observe_pace(self) -> None:
         """The queue's claim sizer learns the batch's time per job: from its first start to its
         last end, over the jobs that ran (a group of coroutines counts as its jobs). Once per
-        batch, from the times each job's attempt record keeps: nothing is added per job."""
-        ran = [r for r in map(run_of, self.batch.jobs) if r.ended is not None]
-        if ran:
-            span = max(r.ended for r in ran) - min(r.started for r in ran)
-            self.presence.claim_sizers[self.queue].observe(span, len(ran))
+        batch, from the span the batch kept as its jobs started and finished."""
+        batch = self.batch
+        if batch.ran and batch.first_start is not None:
+            self.presence.claim_sizers[self.queue].observe(batch.last_end - batch.first_start, batch.ran)
 
     def _call(self, jobs: list[Job]) -> None:
         handler = self.handler

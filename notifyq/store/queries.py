@@ -39,6 +39,9 @@ ERROR_MAX_BYTES = 65535
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
+# A batch's attempt records take their times by the ids' offsets (attempt_acked_dense) while its
+# ids span at most this many times its size: the lists then stay within that many entries.
+DENSE_SPAN = 3
 HOST = os.uname().nodename[:255]  # where an attempt ran, in its record (gethostname without socket)
 
 
@@ -79,7 +82,8 @@ class Acks:
     """A finished batch's successes, acked in the next claim's COMMIT (claim(acks=...)): a
     busy consumer then spends one fsync'd COMMIT per batch instead of two. The ack is the
     last batch's, fenced by its token, so it is as idempotent as ack() is. Each job's attempt
-    record (attempt_acked) goes first in the same query, under the same fence."""
+    record (attempt_acked, or attempt_acked_dense) goes first in the same query, under the
+    same fence."""
     ids: list[int]
     token: int
     keep: bool  # keep done jobs (ack_keep) instead of deleting them
@@ -95,15 +99,31 @@ class Acks:
         now = time.monotonic()
         started = self.started or [now] * len(self.ids)
         ended = self.ended or [now] * len(self.ids)
-        record = {"ids": ids, "token": self.token, "host": HOST, "id_list": IntList(self.ids),
-                  "started_ages": IntList(microseconds(now - t) for t in started),
-                  "ended_ages": IntList(microseconds(now - t) for t in ended)}
-        out = [(Q["attempt_acked"], record),
+        # microseconds(now - t), inline: two calls per job were most of this method's time
+        started_ages = [max(0, int((now - t) * 1_000_000)) for t in started]
+        ended_ages = [max(0, int((now - t) * 1_000_000)) for t in ended]
+        out = [self._record(ids, started_ages, ended_ages),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
         return out
+
+    def _record(self, ids: Ids, started_ages: list[int], ended_ages: list[int]) -> tuple[str, dict[str, Any]]:
+        """The attempt records' statement: by the ids' offsets when they lie close together
+        (attempt_acked_dense), else by their places in the id list (attempt_acked)."""
+        record = {"ids": ids, "token": self.token, "host": HOST}
+        base = min(self.ids, default=0) - 1
+        span = max(self.ids, default=0) - base
+        if not self.ids or span > DENSE_SPAN * len(self.ids):
+            return Q["attempt_acked"], {**record, "id_list": IntList(self.ids),
+                                        "started_ages": IntList(started_ages), "ended_ages": IntList(ended_ages)}
+        by_started, by_ended = [0] * span, [0] * span
+        for job_id, s, e in zip(self.ids, started_ages, ended_ages):
+            by_started[job_id - base - 1] = s
+            by_ended[job_id - base - 1] = e
+        return Q["attempt_acked_dense"], {**record, "base": base, "started_ages": IntList(by_started),
+                                          "ended_ages": IntList(by_ended)}
 
     def verify(self, cur, counts: list[int]) -> None:
         """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'

@@ -303,6 +303,19 @@ FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
+-- attempt_acked_dense --
+-- attempt_acked for a batch whose ids lie close together (a backlog drains in id order): the
+-- ages are laid out by the id's offset from `base` (0 where no job of the batch has that id),
+-- so ELT picks a row's age at once. FIELD scans id_list for every row, twice: with 100 jobs a
+-- quarter of the record's server time. CAST: the offset of an unsigned id is never an error.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at)
+SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
+       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(started_ages)s) MICROSECOND,
+       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(ended_ages)s) MICROSECOND
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
+
 -- attempt_result --
 -- A handler's return value, kept when the queue keeps results: on the attempt record that
 -- attempt_acked wrote in the same query (no row when that one was fenced out).
