@@ -39,3 +39,21 @@ CREATE TABLE IF NOT EXISTS nq_rate_hold (
     wake_at      DATETIME(6)     NULL,
     PRIMARY KEY (queue)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- ---------------------------------------------------------------- durable steps
+--
+-- nq_step: a job's finished steps (job.step(name), store/steps.py), one row per step that
+-- committed: its result (JSON), and the claim and attempt that stored it. A later run of the job
+-- (a retry, a run after a take-back) reads them and skips those steps. Written fenced by the
+-- claim (the job still claimed by that token, its row locked in share mode until the step
+-- commits), in the step's own transaction or in the job.transaction() block it was taken in.
+-- Deleted with the job's attempt records (retention: admin_queries.purge_attempt_records).
+CREATE TABLE IF NOT EXISTS nq_step (
+    job_id       BIGINT UNSIGNED   NOT NULL,
+    name         VARCHAR(191)      NOT NULL,
+    result       MEDIUMTEXT        NOT NULL,
+    claim_token  BIGINT UNSIGNED   NOT NULL,
+    attempt      SMALLINT UNSIGNED NOT NULL,
+    done_at      DATETIME(6)       NOT NULL,
+    PRIMARY KEY (job_id, name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
