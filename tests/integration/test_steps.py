@@ -239,3 +239,25 @@ def test_a_jobs_steps_go_with_its_attempt_records(db):
     # Then their steps went too; the job still there (waiting for its retry) keeps its step
     assert db.scalar("SELECT COUNT(*) FROM nq_step WHERE job_id IN %s", (tuple(done),)) == 0
     assert stored_steps(db, waiting) == {"s": str(waiting)}
+
+
+def test_an_async_handler_takes_steps_as_a_plain_one_does(db):
+    # Given an async handler (docs/asyncio.md: the same Job) whose second step fails once
+    [job_id] = put(db)
+    ran: list[tuple[str, int]] = []
+
+    async def handler(job):
+        for name in ("a", "b"):
+            with job.step(name) as step:
+                if not step.done:
+                    ran.append((name, job.attempts))
+                    if name == "b" and job.attempts == 1:
+                        raise RuntimeError("b fails once")
+                    step.result = name
+
+    # When workers run it until it is done
+    drain(db, handler)
+
+    # Then the retry skipped the step that had finished
+    assert ran == [("a", 1), ("b", 1), ("b", 2)]
+    assert stored_steps(db, job_id) == {"a": '"a"', "b": '"b"'}
