@@ -1,6 +1,7 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py and admin_queries.py (the schema-version ones from
--- schema.py, tls_cipher from db.py). Values are always bound parameters.
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py, steps.py and
+-- admin_queries.py (the schema-version ones from schema.py, tls_cipher from db.py). Values are
+-- always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
