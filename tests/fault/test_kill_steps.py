@@ -11,7 +11,7 @@ from conftest import admin_connect, wait_until
 from .conftest import consumer_id_of, produce, recorder_env
 
 STEPS = ("reserve", "charge", "ship", "notify")  # tests/helpers/nqsteps.py
-JOBS = 40
+JOBS = 150  # enough that the survivors have not drained the queue before the sixth kill, on a loaded machine
 KILLS = 6
 
 
