@@ -91,6 +91,7 @@ class Completion:
         # completion fenced out) while it may hold the job.
         self.settle_claim: Callable[[], None] | None = None
         self._steps: dict[int, Any] = {}  # job id -> its Steps (store/steps.py), once it took one
+        self.block_serial = 0  # counts the blocks opened: a step written in one is pending until it commits
 
     @property
     def in_block(self) -> bool:
@@ -106,6 +107,8 @@ class Completion:
         """A step's own transaction (store/steps.py) opens on the work session (conn), or ends (None):
         while it is open, it is the block cancel checks and steps write in."""
         self._open, self._block = conn is not None, conn
+        if conn is not None:
+            self.block_serial += 1
 
     def step(self, job: Job, name: Any, transaction: bool = False) -> Any:
         """job.step(name): a Step of this job (store/steps.py)."""
@@ -146,7 +149,7 @@ class Completion:
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
-        self._open, self._block = True, conn
+        self.open_block(conn)
         lost: BaseException | None = None
         try:
             # Watched as every statement of notifyq's on the block's connection (consume/stall.py):

@@ -27,7 +27,7 @@ from typing import Any
 import MySQLdb
 
 from notifyq import errors
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 from notifyq.store.driver import describe, error_code, is_connection_lost
 from notifyq.store.pipeline import Waiting
 from notifyq.store.results import RESULT_MAX_BYTES
@@ -116,8 +116,8 @@ class Steps:
 
     def __init__(self, completion: Any, job: Job):
         self.completion, self.job = completion, job
-        # name -> (result, the job.transaction() block's connection it is pending in, or None)
-        self._known: dict[str, tuple[Any, Any]] | None = None
+        # name -> (result, the serial of the block it is pending in, or None: committed)
+        self._known: dict[str, tuple[Any, int | None]] | None = None
 
     def step(self, name: Any, transaction: bool = False) -> Step:
         return Step(self, check_name(name), transaction)
@@ -134,17 +134,19 @@ class Steps:
             return False, None
         return True, entry[0]
 
-    def _valid(self, block: Any) -> bool:
-        # A step written in a job.transaction() block is done only once that block committed (the
-        # job is then completed), or while it is still open: a block that rolled back took it along.
-        from notifyq.jobs import run_of
-        return block is None or block is self.completion.block or run_of(self.job).completed is not None
+    def _valid(self, block: int | None) -> bool:
+        # A step written in a block is done once that block committed (a step transaction's: its
+        # entries are settled then; job.transaction()'s: the job is completed), or while it is
+        # still open: a block that rolled back took it along.
+        completion = self.completion
+        return (block is None or (completion.in_block and block == completion.block_serial)
+                or run_of(self.job).completed is not None)
 
     def _load(self) -> None:
         if self._known is not None:
             return
 
-        def body(cur) -> dict[str, tuple[Any, Any]]:
+        def body(cur) -> dict[str, tuple[Any, int | None]]:
             cur.execute(Q["steps_of_job"], {"id": self.job.id})
             return {name: (json.loads(text), None) for name, text in cur.fetchall()}
 
@@ -164,7 +166,7 @@ class Steps:
                 cur.execute(Q["step_insert"], params)
             finally:
                 cur.close()
-            self._known[name] = (json.loads(text), completion.block)
+            self._known[name] = (json.loads(text), completion.block_serial)
             return
 
         def body(cur) -> bool:
@@ -197,6 +199,7 @@ class Steps:
         conn = session.conn
         cur = conn.cursor()
         completion.open_block(conn)  # cancel checks read in it; no other block opens meanwhile
+        serial = completion.block_serial
         text = ""
         try:
             session.waiting = Waiting(time.monotonic(), 0.0, "open a step's transaction")
@@ -245,6 +248,10 @@ class Steps:
             except Exception:  # noqa: BLE001 - a lost connection's cursor
                 pass
             completion.open_block(None)
+        # Committed: this step, and the steps taken inside it with it
+        for other, (result, block) in list(self._known.items()):
+            if block == serial:
+                self._known[other] = (result, None)
         self._known[name] = (json.loads(text), None)
         step.done = True
 

@@ -261,3 +261,59 @@ def test_an_async_handler_takes_steps_as_a_plain_one_does(db):
     # Then the retry skipped the step that had finished
     assert ran == [("a", 1), ("b", 1), ("b", 2)]
     assert stored_steps(db, job_id) == {"a": '"a"', "b": '"b"'}
+
+
+def test_a_step_of_a_block_that_rolled_back_is_not_done_in_the_next_block_of_the_same_run(db, charges):
+    # Given a handler whose first block takes a step and then fails, caught, and a second block
+    # in the same run (on the same connection) that takes the same step
+    [job_id] = put(db)
+    done_in_second: list[bool] = []
+
+    def handler(job):
+        try:
+            with job.transaction() as cur:
+                with job.step("pay") as step:
+                    cur.execute("INSERT INTO charge (job_id, step, attempt) VALUES (%s, 'pay', 1)", (job.id,))
+                    step.result = 1
+                raise RuntimeError("the first block fails after its step")
+        except RuntimeError:
+            pass
+        with job.transaction() as cur:
+            with job.step("pay") as step:
+                done_in_second.append(step.done)
+                if not step.done:
+                    cur.execute("INSERT INTO charge (job_id, step, attempt) VALUES (%s, 'pay', 2)", (job.id,))
+                    step.result = 2
+
+    # When a worker runs it
+    drain(db, handler)
+
+    # Then the second block ran the step again (the first one's went with its rollback), once
+    assert done_in_second == [False]
+    assert charges() == [(job_id, "pay", 2)]
+    assert stored_steps(db, job_id) == {"pay": "2"}
+
+
+def test_steps_taken_inside_a_step_transaction_are_done_once_it_committed(db, charges):
+    # Given a step transaction holding a plain step, then a failure that retries the job
+    [job_id] = put(db)
+    ran: list[tuple[str, int]] = []
+
+    def handler(job):
+        with job.step("outer", transaction=True) as outer:
+            if not outer.done:
+                with job.step("inner") as inner:
+                    ran.append(("inner", job.attempts))
+                    inner.result = "in"
+                outer.result = "out"
+        with job.step("inner") as inner:  # done: it committed with its step transaction
+            if not inner.done:
+                ran.append(("inner again", job.attempts))
+                inner.result = "again"
+        if job.attempts == 1:
+            raise RuntimeError("retry")
+
+    drain(db, handler)
+
+    assert ran == [("inner", 1)]
+    assert stored_steps(db, job_id) == {"outer": '"out"', "inner": '"in"'}
