@@ -104,16 +104,20 @@ def render(data: dict[str, Any]) -> list[str]:
 
 
 def _entry(e: dict[str, Any]) -> list[str]:
-    holder = _party(e["holder"]) if e["holder"] else "free"
+    holder = _party(e["holder"], e["held"]) if e["holder"] else "free"
     lines = [f"    {e['held']}: {holder}"]
     if e["waiting"]:
-        lines.append(f"      waiting ({e['waited']}): " + ", ".join(_party(p) for p in e["waiting"]))
+        lines.append(f"      waiting ({e['waited']}): "
+                     + ", ".join(_party(p, e["held"]) + (f", waited {p['for_s']}s" if p["for_s"] is not None else "")
+                                 for p in e["waiting"]))
     return lines
 
 
-def _party(p: dict[str, Any]) -> str:
+def _party(p: dict[str, Any], held: str) -> str:
+    """A connection, and the consumer it is unless the lock's meaning names it already."""
     where = f"conn {p['connection']}" + (f" {p['user']}@{p['host']}" if p["user"] else "")
-    return where + (f" = {p['who']}" if p["who"] else "") + (f", {p['for_s']}s" if p["for_s"] is not None else "")
+    named = p["who"] and p["who"].removeprefix("consumer ") not in held
+    return where + (f" = {p['who']}" if named else "")
 
 
 def _consumer(c: dict[str, Any]) -> str:

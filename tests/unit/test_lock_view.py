@@ -33,8 +33,9 @@ def test_a_queues_watch_lock_names_its_holder_by_the_liveness_lock_on_the_same_c
     [alive] = data["database"]
     assert alive["lock"] == "liveness" and alive["held"] == "liveness of consumer aaaaaaaaaaaa (web1:101)"
     text = "\n".join(lock_view.render(data))
+    assert "liveness of consumer aaaaaaaaaaaa (web1:101): conn 11 nq@10.0.0.1\n" in text + "\n"
     assert "queue mail:" in text and "watcher: the idle consumer that claims next: conn 11 nq@10.0.0.1 = consumer" in text
-    assert "waiting (idle consumers in line to watch): conn 22 nq@10.0.0.2, 4s" in text
+    assert "waiting (idle consumers in line to watch): conn 22 nq@10.0.0.2, waited 4s" in text
 
 
 def test_bells_ringer_leader_reaper_and_hashed_names_map_to_their_meaning():
