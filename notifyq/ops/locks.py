@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from notifyq.store import locks as names_of
-from notifyq.store.metadata_locks import LockRow, Reading
+from notifyq.store import metadata_locks
+from notifyq.store.db import Session
+from notifyq.store.metadata_locks import Reading
 
 # A queue's locks: (kind, what the holder is, what a waiter is).
 QUEUE_LOCKS = (
@@ -35,6 +37,13 @@ class Lock:
     held: str
     waited: str
     consumer: str | None = None  # a liveness lock's consumer id
+
+
+def read(session: Session, queues: list[str], consumers: list[dict[str, Any]]) -> dict[str, Any]:
+    """describe() of these queues' and consumers' locks as the server shows them now (one read of
+    performance_schema; never on the hot path: `status --locks`, the consumers page on request)."""
+    known = known_locks(session.dsn.database, queues, consumers)
+    return describe(known, metadata_locks.read(session, list(known)), consumers)
 
 
 def known_locks(database: str, queues: list[str], consumers: list[dict[str, Any]]) -> dict[str, Lock]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from notifyq.jobs import Status
 from notifyq.ops import locks as lock_view
-from notifyq.store import admin_queries, metadata_locks
+from notifyq.store import admin_queries
 from notifyq.store.db import Session
 
 COLUMNS = ("ready", "delayed", "claimed", "dead", "done", "cancelled")
@@ -89,8 +89,7 @@ def collect(session: Session, queue: str | None = None, locks: bool = False) -> 
     data = {"server_time": _iso(now), "queues": queues, "consumers": consumers,
             "wakeup_degraded": degraded, "periodic": periodic}
     if locks:
-        known = lock_view.known_locks(session.dsn.database, sorted(queues), consumers)
-        data["locks"] = lock_view.describe(known, metadata_locks.read(session, list(known)), consumers)
+        data["locks"] = lock_view.read(session, sorted(queues), consumers)
     return data
 
 

@@ -6,12 +6,14 @@ holds its liveness lock. A user without SELECT on performance_schema gets the on
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 from conftest import create_test_db, ensure_runtime_user, run_cli, wait_until
 
 from notifyq.config import DSN
 from notifyq.store.locks import QueueLocks
+from notifyq.web import server
 from .conftest import _started_server, recorder_env
 
 SHOWS_LOCKS = ("--performance-schema=ON", "--performance-schema-instrument=wait/lock/metadata/sql/mdl=ON")
@@ -88,3 +90,13 @@ def test_status_locks_shows_the_watcher_the_one_in_line_and_each_consumers_liven
     assert text.returncode == 0, text.stderr
     assert "locks (performance_schema.metadata_locks):" in text.stdout
     assert "watcher: the idle consumer that claims next: conn " in text.stdout
+    # And the status pages' consumers page shows them when asked (?locks=1)
+    page = server.serve(db.config(), 0, "127.0.0.1", None)
+    try:
+        with urllib.request.urlopen(f"{page.url}/consumers?locks=1", timeout=30) as answer:
+            body = answer.read().decode()
+    finally:
+        page.close()
+    assert "<h2>Locks</h2>" in body and "Not shown" not in body
+    assert "watcher: the idle consumer that claims next</td><td>conn " in body
+    assert sum(f"= consumer {c['id'][:12]}" in body for c in data["consumers"]) == 2
