@@ -68,3 +68,20 @@ def test_a_server_that_cannot_show_locks_gives_one_line():
     data = lock_view.describe(known, Reading([], "performance_schema is OFF on this server"), [])
     assert data["unavailable"] == "performance_schema is OFF on this server"
     assert lock_view.render(data) == ["locks: not shown: performance_schema is OFF on this server"]
+
+
+def test_over_shards_each_shards_locks_are_its_own_in_json_and_in_the_table():
+    from notifyq.ops import status
+    from notifyq.sharding import status as sharded
+
+    watch = locks.QueueLocks(DB, "mail").watch
+    held = _describe([LockRow(watch, True, 11, "nq", "h", 1)])
+    off = lock_view.describe({}, Reading([], "performance_schema is OFF on this server"), [])
+    one = {"server_time": None, "queues": {"mail": status.blank()}, "consumers": [], "wakeup_degraded": [],
+           "periodic": []}
+    data = sharded.merge({"a": {**one, "locks": held}, "b": {**one, "locks": off}}, {})
+    assert data["locks"] == {"by_shard": {"a": held, "b": off}}
+    text = sharded.render(data)
+    assert "shard a locks (performance_schema.metadata_locks):" in text
+    assert "shard b locks: not shown: performance_schema is OFF on this server" in text
+    assert text.count("not shown") == 1  # the one-server rendering does not print them again
