@@ -96,6 +96,9 @@ def config_options(p: argparse.ArgumentParser) -> None:
 def status_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--json", dest="as_json", action="store_true", help="Machine-readable output.")
+    p.add_argument("--locks", action="store_true",
+                   help="Also who holds and who waits on each queue's advisory locks, where the server's "
+                        "performance_schema.metadata_locks shows them (else one line says why).")
 
 
 def queue_option(p: argparse.ArgumentParser) -> None:

@@ -1146,6 +1146,29 @@ SELECT owner, COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 GROUP
 SELECT IS_USED_LOCK(%(lock)s) AS holder,
        (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s))
 
+-- mdl_schema_on --
+-- `notifyq status --locks` (store/metadata_locks.py), read on demand only: whether the server runs
+-- performance_schema at all (a server built without it has no such variable: error 1193).
+SELECT @@performance_schema
+
+-- mdl_instrument --
+-- Whether the metadata-lock instrument is on: MySQL 8.0 enables it by default, MariaDB does not
+-- (performance_schema_instrument='wait/lock/metadata/sql/mdl=ON'); without it metadata_locks is
+-- empty. Reading it needs SELECT on performance_schema.* (error 1142 otherwise).
+SELECT ENABLED FROM performance_schema.setup_instruments WHERE NAME = 'wait/lock/metadata/sql/mdl'
+
+-- mdl_locks --
+-- Who holds (GRANTED) and who waits (PENDING) on the named advisory locks: a GET_LOCK is a
+-- 'USER LEVEL LOCK' whose OBJECT_NAME is the lock's name, on both servers. The owner's thread
+-- gives its connection id, user, client host (no port) and seconds in its current state.
+SELECT m.OBJECT_NAME, m.LOCK_STATUS, t.PROCESSLIST_ID, t.PROCESSLIST_USER, t.PROCESSLIST_HOST,
+       t.PROCESSLIST_TIME
+FROM performance_schema.metadata_locks m
+LEFT JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
+WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.OBJECT_NAME IN %(names)s
+  AND m.LOCK_STATUS IN ('GRANTED', 'PENDING')
+ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, t.PROCESSLIST_TIME DESC, t.PROCESSLIST_ID
+
 -- ---------------------------------------------------------------- the operations console (notifyq web)
 -- A job's task is the "task" of its payload (@notifyq.task puts {"task": NAME, ...}), inside the
 -- envelope of a job stored with a trace context (jobs/envelope.py: its text begins with MARKER;
