@@ -276,7 +276,7 @@ class Worker:
             return
         # A command runs in a process group of its own: it would outlive us and run on while
         # a peer ran its jobs again. Killed, it hands its worker back the batch, which settles
-        # it (failed: the grace expired) and counts it before our summary.
+        # it (interrupted, not charged: the grace expired) and counts it before our summary.
         if run.handler.stop_running() and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
             return
         run.abandon(session)

@@ -357,6 +357,7 @@ class Failure:
     started: float | None = None  # monotonic
     ended: float | None = None
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
+    interrupted: bool = False  # not a failure: its consumer's shutdown stopped it (ready now, uncharged)
 
 
 class Owned(list):
@@ -383,7 +384,9 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         now = time.monotonic()
         for f in items:
             fenced = {"id": f.id, "token": token}
-            if f.snooze:
+            if f.interrupted:
+                outcome = (Q["interrupt"], {**fenced, "error": error_text(f.error)})
+            elif f.snooze:
                 outcome = (Q["snooze"], {**fenced, "error": error_text(f.error),
                                          "delay_us": microseconds(f.delay_s or 0.0)})
             elif f.delay_s is None:
@@ -394,7 +397,8 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
             outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
             record = (Q["attempt_failed"], {
-                **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
+                **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze),
+                "interrupted": int(f.interrupted), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
                 "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),

@@ -181,7 +181,7 @@ def test_a_second_sigterm_exits_130_at_once_and_the_reaper_returns_what_it_held(
     assert dict(finished)[running] == 1
 
 
-def test_a_handler_outliving_the_grace_period_fails_its_job_charged_and_the_rest_is_given_back(db, tmp_path):
+def test_a_handler_outliving_the_grace_period_is_interrupted_uncharged_and_the_rest_is_given_back(db, tmp_path):
     # Given a 1 s grace period and a consumer inside a 30-second job, 4 more claimed behind it
     env = _setup(db, tmp_path, sleep_s=30.0, grace_s=1.0)
     proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "5")
@@ -196,14 +196,16 @@ def test_a_handler_outliving_the_grace_period_fails_its_job_charged_and_the_rest
     # Then it exits 0 once the grace period is over, not when the job would end
     assert code == errors.EXIT_OK
     assert 1.0 <= took < 5.0
-    # And the 4 unstarted jobs are ready again with their attempt undone; the running one had
-    # started: it is failed with the reason, its attempt counted, and retried later by policy
+    # And the 4 unstarted jobs are ready again with their attempt undone; the running one was
+    # interrupted, not failed: ready again, no attempt charged, no error of its own, and its
+    # attempt on record as 'interrupted' with the reason
     rows = {r[0]: r[1:] for r in db.query("SELECT id, status, attempts, owner, last_error FROM nq_job")}
     assert sorted(rows) == sorted(ids)
-    status, attempts, owner, error = rows.pop(running)
-    assert (status, attempts, owner) == (1, 1, None)
-    assert "shutdown grace expired" in error
+    assert rows.pop(running) == (0, 0, None, None)
     assert {r[:3] for r in rows.values()} == {(0, 0, None)}
+    [(outcome, attempt, error)] = db.query(
+        "SELECT outcome, attempt, error FROM nq_attempt WHERE job_id = %s", (running,))
+    assert (outcome, attempt) == ("interrupted", 1) and "shutdown grace expired" in error
 
 
 def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_acked(db, tmp_path):
@@ -223,6 +225,6 @@ def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_
         code, _ = _sigterm(proc)
     finally:
         _stop(proc)
-    # Then the quick job is acked (gone), and only the stuck one is failed for a retry
+    # Then the quick job is acked (gone), and only the stuck one is back, interrupted (ready)
     assert code == errors.EXIT_OK
-    assert db.query("SELECT id, status FROM nq_job") == [(slow, 1)]
+    assert db.query("SELECT id, status FROM nq_job") == [(slow, 0)]

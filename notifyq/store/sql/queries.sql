@@ -258,11 +258,13 @@ WHERE job_id IN %(ids)s AND claim_token = %(token)s AND result IS NULL
 -- attempt_failed --
 -- A failed attempt's record, sent with its retry_later or bury in one round trip
 -- (queries.reschedule_or_bury), under the same fence. dead: the caller buries it; a job cancelled while it ran ends
--- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
+-- dead too (retry_later). interrupted: its consumer's shutdown grace ran out while it ran (interrupt), not a
+-- failure of its code. The error and the traceback are cut by bytes (queries.error_text).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
 SELECT id, claim_token, attempts, queue,
-       IF(cancel_requested, 'cancelled', IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed'))), owner, %(host)s,
+       IF(cancel_requested, 'cancelled', IF(%(interrupted)s, 'interrupted',
+          IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed')))), owner, %(host)s,
        NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
        %(error)s, %(traceback)s
 FROM nq_job FORCE INDEX (PRIMARY)
@@ -349,6 +351,20 @@ SET status = IF(cancel_requested, 5, 1),
     run_at = IF(cancel_requested, run_at, NOW(6) + INTERVAL %(delay_us)s MICROSECOND),
     finished_at = IF(cancel_requested, NOW(6), NULL),
     last_error = IF(cancel_requested, %(error)s, last_error),
+    attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- interrupt --
+-- Its consumer's shutdown grace ran out while the job ran (a soft stop: a deploy), by that live
+-- process: back to ready at once, the attempt counted at claim undone, last_error kept (its
+-- attempt record, 'interrupted', says why). Not a suspect: a crash is no interruption, and a
+-- consumer's crash goes through the reaper, which charges a job alone in its hands. A job
+-- cancelled meanwhile ends cancelled instead, as in give_back.
+UPDATE nq_job
+SET status = IF(cancel_requested, 5, 0),
+    last_error = IF(cancel_requested, %(error)s, last_error),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
     attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
