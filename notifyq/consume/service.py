@@ -395,6 +395,11 @@ class ConsumerService(Supervisor):
             return
         session = Session(self.config.dsn, autocommit=True, retry_s=2, name="stopper")
         try:
+            # What it holds is interrupted from now on, should it die before settling it
+            self.presence.mark_stopping(session)
+        except errors.NotifyqError as e:
+            log.warning("could not mark the consumer stopping error=%s", e)
+        try:
             self.presence.interrupt_waits(session)
         except errors.NotifyqError as e:
             log.debug("could not interrupt idle waits error=%s", e)

@@ -228,3 +228,59 @@ def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_
     # Then the quick job is acked (gone), and only the stuck one is back, interrupted (ready)
     assert code == errors.EXIT_OK
     assert db.query("SELECT id, status FROM nq_job") == [(slow, 0)]
+
+
+def test_a_consumer_killed_while_it_stops_has_its_running_job_interrupted_not_charged(db, tmp_path):
+    """Issue 40 item 10: systemd's SIGKILL after TimeoutStopSec (or a second SIGTERM) ends a
+    consumer asked to stop while a job runs. The reaper used to charge that job, alone of its
+    claim, as if it had crashed its consumer; a deploy is no crash. (Fails before the fix: the
+    job ran again as attempt 2, its record 'taken back'.)"""
+    # Given a consumer draining after SIGTERM inside a 30-second job, alone of its claim
+    env = _setup(db, tmp_path, sleep_s=30.0, grace_s=60.0)
+    proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "1")
+    try:
+        _, running = _busy(db, tmp_path, 1)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: db.scalar("SELECT stopping FROM nq_consumer") == 1, 10, message="marked stopping")
+        # When it is killed before the grace ends
+        proc.kill()
+        proc.wait(10)
+    finally:
+        _stop(proc)
+    # Then a new consumer's reaper returns the job uncharged, its attempt recorded interrupted,
+    # and it runs again as attempt 1
+    env["NQ_TEST_SLEEP"] = "0"
+    fresh = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow")
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
+    finally:
+        fresh.send_signal(signal.SIGTERM)
+        assert fresh.wait(30) == errors.EXIT_OK
+    finished = [(job, attempt) for job, attempt, pid, done in _runs(tmp_path / "runs") if done and pid == fresh.pid]
+    assert finished == [(running, 1)]
+    records = db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (running,))
+    assert records == [(1, "interrupted"), (1, "done")]
+
+
+def test_a_consumer_killed_without_a_stop_still_has_its_running_job_charged(db, tmp_path):
+    """The other side of the rule: a crash is not an interruption. A job alone in the hands of a
+    consumer that dies unasked is charged, so one that kills its consumer every time ends dead."""
+    env = _setup(db, tmp_path, sleep_s=30.0, grace_s=60.0)
+    proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "1")
+    try:
+        _, running = _busy(db, tmp_path, 1)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        _stop(proc)
+    env["NQ_TEST_SLEEP"] = "0"
+    fresh = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow")
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
+    finally:
+        fresh.send_signal(signal.SIGTERM)
+        assert fresh.wait(30) == errors.EXIT_OK
+    finished = [(job, attempt) for job, attempt, pid, done in _runs(tmp_path / "runs") if done and pid == fresh.pid]
+    assert finished == [(running, 2)]
+    records = db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (running,))
+    assert records == [(1, "taken back"), (2, "done")]

@@ -427,6 +427,16 @@ SELECT UNIX_TIMESTAMP()
 -- server_clock_us --
 SELECT UNIX_TIMESTAMP(NOW(6))
 
+-- mark_stopping --
+-- A consumer asked to stop (its shutdown's first step): what it still holds, should it die before
+-- it settles them (a second SIGTERM, systemd's SIGKILL after TimeoutStopSec), the reaper gives
+-- back as interrupted, not charged (liveness.take_back). The row goes at its clean exit anyway.
+UPDATE nq_consumer SET stopping = 1 WHERE id = %(id)s
+
+-- consumer_stopping --
+-- Inside a reclaim, after the verdict: whether the dead consumer had been asked to stop.
+SELECT stopping FROM nq_consumer WHERE id = %(id)s
+
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
 
@@ -559,12 +569,13 @@ FOR UPDATE
 -- attempt_taken_back --
 -- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
 -- out), written before the job is returned (return_alone, return_shared), in the same
--- transaction: the rows are locked by the caller. Its start is the claim's; its host the one its
+-- transaction: the rows are locked by the caller. outcome: 'taken back', or 'interrupted' when the
+-- consumer had been asked to stop (mark_stopping). Its start is the claim's; its host the one its
 -- consumer registered, while it is registered (a live one whose lease ran out, a dead one whose
 -- registration goes after this; a stale polling consumer's went first: NULL).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error)
-SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner,
+SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', %(outcome)s), owner,
        c.host, claimed_at, NOW(6), %(why)s
 FROM nq_job FORCE INDEX (PRIMARY)
 LEFT JOIN nq_consumer c ON c.id = nq_job.owner
