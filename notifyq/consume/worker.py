@@ -45,6 +45,9 @@ class Worker:
         self.qc = config.queue(queue)
         self.handler = declared(handler)
         self.stop = stop
+        # The code version it claims for (consumer.version, --version): fixed for the process's
+        # life, as its code is; jobs put with a higher min_version are not its to claim.
+        self.version = config.consumer.version
         self.budget = budget
         self.batch_size = batch_size or self.qc.batch_size
         self.exit_when_empty = exit_when_empty
@@ -237,7 +240,7 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, self.version)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:

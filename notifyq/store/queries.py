@@ -125,7 +125,7 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-          as_watcher: bool = False, acks: Acks | None = None) -> Claim:
+          as_watcher: bool = False, acks: Acks | None = None, version: int = 0) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -149,6 +149,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
     row counts are theirs.
+    version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -172,16 +173,19 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
         locked: list[tuple] = []
-        tried = 0
+        tried = too_new = 0
         # Lock windows in priority order, each exactly as large as what is still missing: no
         # LIMIT on the locking read, so InnoDB's primary-key order can never pick a low-priority
         # job over a higher one. Under contention the next window takes over skipped rows.
         while len(locked) < batch_size and tried < len(ordered):
             window = ordered[tried: tried + batch_size - len(locked)]
             tried += len(window)
-            cur.execute(Q["claim_lock"], {"ids": Ids(window)})
-            locked.extend(cur.fetchall())
-        drained = len(ordered) < limit and tried == len(ordered)
+            rows, skipped = lock_window(cur, window, version)
+            locked.extend(rows)
+            too_new += skipped
+        # Nothing taken, and only because the jobs need newer code: as good as drained for this
+        # consumer (it waits for the next wake-up instead of claiming again at once)
+        drained = (len(ordered) < limit and tried == len(ordered)) or (not locked and too_new > 0)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -291,6 +295,19 @@ def _promote_due(session: Session, cur, queue: str) -> None:
 
 
 SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+MIN_VERSION = 9  # claim_lock's column: the lowest consumer code version the job may run on
+
+
+def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
+    """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
+    consumer of code `version` may run, and how many it may not (their min_version is above
+    it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
+    COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
+    without a minimum costs nothing more."""
+    cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
+    rows = cur.fetchall()
+    kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
+    return kept, len(rows) - len(kept)
 
 
 def claim_rank(row: tuple) -> tuple:

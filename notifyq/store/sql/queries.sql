@@ -45,6 +45,11 @@ INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedu
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
         GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- require_version --
+-- put(..., min_version=): the jobs just inserted, in the put's own transaction (before its
+-- COMMIT, so no consumer ever sees them without their minimum). A put without one never sends it.
+UPDATE nq_job FORCE INDEX (PRIMARY) SET min_version = %(version)s WHERE id IN %(ids)s
+
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
 -- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
@@ -192,8 +197,10 @@ WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
--- `suspect` comes last: a suspect job is claimed alone (queries.claim).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect
+-- `suspect` comes next to last: a suspect job is claimed alone (queries.claim). `min_version`
+-- last: a job whose minimum is above the consumer's code version is left alone (queries.lock_window;
+-- read off the row already fetched, so a job without a minimum costs nothing more).
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
