@@ -31,7 +31,8 @@ class Task:
     """A function that can also be enqueued: calling it runs it here, `.enqueue()` puts a job."""
 
     def __init__(self, fn: Callable[..., Any], registry: Any, *, queue: str, name: str,
-                 max_attempts: int | None, priority: int, timeout_s: float | None = None):
+                 max_attempts: int | None, priority: int, timeout_s: float | None = None,
+                 min_version: int | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.registry = registry
@@ -41,6 +42,9 @@ class Task:
         self.priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         # None: the queue's timeout_s; 0: none for this task, whatever the queue's
         self.timeout_s = None if timeout_s is None else values.seconds("timeout_s", timeout_s, positive=False)
+        # None: any consumer runs its jobs; else only one of at least this code version
+        self.min_version = None if min_version is None else int(
+            values.number("min_version", min_version, lo=0, hi=values.MAX_VERSION, integer=True))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -53,7 +57,8 @@ class Task:
         payload = {"task": self.name, "args": list(args), "kwargs": kwargs}
         return self.registry.producer(self.queue).put(payload, priority=self.priority, delay=delay,
                                                       max_attempts=self.max_attempts,
-                                                      dedup_key=dedup_key, conn=conn)
+                                                      dedup_key=dedup_key, conn=conn,
+                                                      min_version=self.min_version)
 
     def __repr__(self) -> str:
         return f"<notifyq task {self.name} queue={self.queue}>"

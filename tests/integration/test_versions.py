@@ -9,6 +9,7 @@ from conftest import admin_connect
 import notifyq
 from notifyq import errors
 from notifyq.config import load
+from notifyq.tasks import TaskRegistry
 from notifyq.store import queries
 from notifyq.store.db import Session
 
@@ -99,3 +100,23 @@ def test_the_consumers_version_comes_from_its_config_or_the_environment(tmp_path
     cfg.write_text("[consumer]\nversion = -1\n")
     with pytest.raises(errors.ConfigError, match="consumer.version"):
         load({"NOTIFYQ_CONFIG": str(cfg)})
+
+
+def test_a_tasks_min_version_rides_every_enqueue(db):
+    registry = TaskRegistry()
+    registry.configure(db.config())
+    try:
+        @registry.task(queue="q", min_version=4)
+        def needs_new(n: int) -> int:
+            return n
+
+        @registry.task(queue="q")
+        def any_code(n: int) -> int:
+            return n
+
+        new_id, any_id = needs_new.enqueue(1), any_code.enqueue(2)
+    finally:
+        registry.close()
+    assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [(new_id, 4), (any_id, None)]
+    with pytest.raises(errors.InputError, match="min_version"):
+        registry.task(queue="q", min_version=-1)(lambda: None)
