@@ -34,6 +34,7 @@ class TaskRegistry:
 
     def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
              max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None,
+             key: str | Callable[..., str | None] | None = None, dedup: str = "keep",
              min_version: int | None = None) -> Any:
         """Make a function a task: callable as before, and `.enqueue(*args, **kwargs)` puts a job
         that runs it in a consumer (`notifyq consume -q QUEUE --tasks MODULE`).
@@ -52,6 +53,13 @@ class TaskRegistry:
             priority: its jobs' priority.
             timeout_s: bounds a run of the task in a consumer, in place of the queue's
                 `timeout_s` (0: no bound; None: the queue's).
+            key: its jobs' flow-control key (`Producer.put`'s `key`), which the queue's
+                `limit_per_key`, `rate_per_key` and `fair` count them under: a string for all of
+                them, or a function that takes the task's arguments and returns a job's key
+                (or None: no key), e.g. `key=lambda customer_id, **_: f"customer-{customer_id}"`.
+            dedup: what `.enqueue(..., dedup_key=K)` does while a job of K is pending: `"keep"`
+                (that job stays) or `"replace"` (debounce: the new job takes its place unless
+                it is already running; `Producer.put`'s `dedup`).
             min_version: its jobs run only on consumers of at least this code version
                 (`consumer.version`; rolling deploys: a task new in a release, or one whose
                 arguments changed). None: any consumer.
@@ -61,7 +69,7 @@ class TaskRegistry:
                 raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority,
-                     timeout_s=timeout_s, min_version=min_version)
+                     timeout_s=timeout_s, key=key, dedup=dedup, min_version=min_version)
             self.tasks[task_name] = t
             return t
         return wrap(fn) if fn is not None else wrap

@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from operator import attrgetter
 
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
 from notifyq.consume import retry
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job, run_of
-from notifyq.jobs.run import COMMITTED, PENDING
+from notifyq.jobs.run import COMMITTED, PENDING, Run
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.completion import Completion
@@ -25,6 +26,7 @@ from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.consumer")
 
+_COMPLETED = attrgetter("completed")  # a Run's: how the handler completed its job, if it did
 SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
@@ -46,19 +48,30 @@ class Outcomes:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
         self._observe(jobs)
-        if any(run_of(j).completed is not None for j in jobs):
+        if any(map(_COMPLETED, map(run_of, jobs))):  # (COMMITTED or PENDING: a non-empty text)
             jobs = self._completed(session, jobs, token)
-        for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
+        # Each job's outcome sorted out in one pass (a batch is up to its claim's size)
+        failures: list[tuple[Job, str, bool]] = []
+        snoozed: list[tuple[Job, Run]] = []
+        ok: list[tuple[Job, Run]] = []
+        interrupted: list[Job] = []
+        for job in jobs:
             run = run_of(job)
-            if job.error is None and run.snooze_s is None and run.cancel_seen:
+            if run.error is None and run.snooze_s is None and run.cancel_seen:
+                # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
                 run.fail(CANCEL_SEEN, retry=False)
-        interrupted = [j for j in jobs if j.error is not None and run_of(j).interrupted]
+            if run.interrupted:  # its consumer's shutdown stopped it: not a failure (Run.interrupt)
+                interrupted.append(job)
+            elif run.error is not None:
+                failures.append((job, run.error, run.retry))
+            elif run.snooze_s is not None:
+                snoozed.append((job, run))
+            else:
+                ok.append((job, run))
         if interrupted:
             self.record_interrupted(session, token, interrupted)
-        failures = [(j, j.error, j.retry) for j in jobs if j.error is not None and not run_of(j).interrupted]
-        self.record_failures(session, token, failures)
-        runs = [(j, run_of(j)) for j in jobs if j.error is None]
-        snoozed = [(j, r) for j, r in runs if r.snooze_s is not None]
+        if failures:
+            self.record_failures(session, token, failures)
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
@@ -68,7 +81,6 @@ class Outcomes:
                 if job.id in owned.cancelled:
                     self._count_cancelled(job, "cancelled while snoozing")
             self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
-        ok = [(j, r) for j, r in runs if r.snooze_s is None]
         if not ok:
             return None
         max_packet = session.max_allowed_packet

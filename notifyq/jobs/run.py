@@ -21,6 +21,7 @@ from typing import Any
 # How a job was completed in the handler's own transaction (Run.completed)
 COMMITTED = "committed"  # job.transaction(): its completion committed
 PENDING = "pending"  # job.complete_in(conn): the caller commits; the worker finds out whether it did
+_NEVER = float("-inf")  # a cancel check's time before the first (made once, not per job)
 
 
 class Run:
@@ -42,7 +43,7 @@ class Run:
         self._extend: Any = None  # the worker's: () -> None, push the claim's lease out
         self._completion: Any = None  # the worker's: the claim's Completion (consume/effects.py)
         self._cancel_seen = False
-        self._cancel_checked_at = float("-inf")
+        self._cancel_checked_at = _NEVER
         self._trace: dict[str, str] | None = None  # the enqueue's trace context (jobs/envelope.py)
         self._task = ""  # the task it runs, for the per-task figures ("": a plain handler's job)
         self._interrupted = False  # stopped by its own consumer's shutdown, not by its code

@@ -31,6 +31,13 @@ from notifyq.wakeup import Waker
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
 _READY = int(Status.READY)
+# A job's row (rows(), line_row(); inserts.insert_jobs says what each value is): its job_key's place
+KEY_COLUMN = 7
+# put(dedup=): what a put whose dedup key a pending job holds does. keep: nothing (that job
+# stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
+# (debounce); a claimed one runs as it is, the new one pending beside it.
+KEEP, REPLACE = "keep", "replace"
+DEDUP_MODES = (KEEP, REPLACE)
 
 
 class CallerTransaction:
@@ -49,6 +56,15 @@ class CallerTransaction:
         self.puts += len(ids)
         return ids
 
+
+
+def replaces(dedup: Any, dedup_key: Any) -> bool:
+    """put(dedup=) checked: True for "replace", False for "keep"; else InputError."""
+    if dedup not in DEDUP_MODES or not isinstance(dedup, str):
+        raise errors.InputError(f"dedup: expected \"keep\" or \"replace\", got {values.shown(dedup)}")
+    if dedup == REPLACE and dedup_key is None:
+        raise errors.InputError("dedup=\"replace\" replaces the pending job of a dedup key: give dedup_key too")
+    return dedup == REPLACE
 
 
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
@@ -116,50 +132,57 @@ class Producer:
     # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None,
-            min_version: int | None = None) -> int:
+            max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+            dedup: str = KEEP, conn: Any = None, min_version: int | None = None) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
-        if min_version is not None:
-            row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-            return self._write([row], conn, unique=dedup_key is not None,
-                               min_version=_min_version(min_version, dedup_key))[0]
+        if min_version is not None:  # (the usual call's path below never tests for it)
+            version = _min_version(min_version, dedup_key)
+            row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
+            return self._write([row], conn, unique=False, min_version=version)[0]
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
-                and run_at is None and max_attempts is None and dedup_key is None and conn is None):
+                and run_at is None and max_attempts is None and dedup_key is None and key is None
+                and conn is None and dedup is KEEP):
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
-            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None)
+            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None, None)
             if tracing.HOOK is not None:
                 return self._write_traced([row], None, False)[0]
             with self._mutex:
                 return self._write_own([row], False)[0]
-        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        return self._write([row], conn, unique=dedup_key is not None)[0]
+        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
+        return self._write([row], conn, unique=dedup_key is not None,
+                           replace=dedup is not KEEP and replaces(dedup, dedup_key))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 conn: Any = None, min_version: int | None = None) -> list[int]:
+                 key: str | None = None, conn: Any = None, min_version: int | None = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
         INSERTs of up to `producer.chunk_size` rows, each within the server's
         `max_allowed_packet`."""
         version = _min_version(min_version, None) if min_version is not None else None
-        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                         key=key)
         return self._write(rows, conn, min_version=version) if rows else []
 
     def rows(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
-             run_at: dt.datetime | None = None, max_attempts: int | None = None) -> list[tuple]:
+             run_at: dt.datetime | None = None, max_attempts: int | None = None,
+             key: str | None = None) -> list[tuple]:
         """The jobs' rows, every argument checked (InputError) before anything is written: for
         put_many, and for sharding's dealer, which puts them on several servers (put_rows)."""
         if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         options = self._options(priority, delay, run_at, max_attempts, None)
-        return [(self.queue, *options, self._payload_text(p), None) for p in payloads]
+        if key is not None:
+            key = values.job_key("key", key)
+        return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, checked (InputError: that line is rejected) and
         its row sized against the server: a line too big for the server goes alone."""
-        row = self._row(payload, priority, delay, run_at, None, None)
+        row = self._row(payload, priority, delay, run_at, None, None, key)
         with self._mutex:
             session = self._work_session()
             inserts.check_fits([row], session.max_allowed_packet, session.conn)
@@ -181,6 +204,19 @@ class Producer:
                 self._results = results.Poller(self.result_dsn(), self._retry)
             poller = self._results
         return results.wait_for(poller, job_id, wait)
+
+    def consume_rate(self, n: int = 1, *, key: str | None = None, wait: float | None = 30.0) -> bool:
+        """Spend n starts of the queue's rates from outside a job: notifyq.Producer.consume_rate
+        says how."""
+        from notifyq.store import rates  # here: a producer that never asks need not load it
+
+        n, key, wait = rates.consume_args(n, key, wait)
+        # A session of its own per call: a wait for the refill must not hold up this producer's puts
+        session = Session(self.config.dsn, name="rates", **self._retry)
+        try:
+            return rates.consume(session, self.queue, rates.Rates.of(self.queue_config), key, n, wait)
+        finally:
+            session.close()
 
     @property
     def retry(self) -> dict[str, Any]:
@@ -252,10 +288,13 @@ class Producer:
     # -------------------------------------------------------- internals
 
     def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
-             max_attempts: int | None, dedup_key: str | None) -> tuple:
+             max_attempts: int | None, dedup_key: str | None, key: str | None) -> tuple:
         """Every argument checked before anything is written: one InputError line each."""
         text = self._payload_text(payload)
-        return (self.queue, *self._options(priority, delay, run_at, max_attempts, dedup_key), text, dedup_key)
+        options = self._options(priority, delay, run_at, max_attempts, dedup_key)
+        if key is not None:
+            key = values.job_key("key", key)
+        return (self.queue, *options, text, dedup_key, key)
 
     def _payload_text(self, payload: Any) -> str:
         try:
@@ -297,55 +336,54 @@ class Producer:
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
         if dedup_key is not None:
-            if not isinstance(dedup_key, str):
-                raise errors.InputError(f"dedup_key: expected a string, got {values.shown(dedup_key)}")
-            if not 0 < len(dedup_key) <= 191:
-                raise errors.InputError("dedup_key must be 1 to 191 characters")
-            try:
-                dedup_key.encode()
-            except UnicodeEncodeError:
-                raise errors.InputError("dedup_key is not valid UTF-8") from None
+            values.job_key("dedup_key", dedup_key)
         if run_at is not None:
             at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return at, priority, at, attempts
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, min_version: int | None = None) -> list[int]:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False,
+               min_version: int | None = None) -> list[int]:
         if tracing.HOOK is not None:
-            return self._write_traced(rows, conn, unique, min_version)
-        return self._write_untraced(rows, conn, unique, min_version)
+            return self._write_traced(rows, conn, unique, replace, min_version)
+        return self._write_untraced(rows, conn, unique, replace, min_version)
 
-    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, min_version: int | None = None) -> list[int]:
+    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                      min_version: int | None = None) -> list[int]:
         """_write inside the installed tracer's "send" span (jobs/tracing.py), each job stored
         with the span's context in its payload's envelope (jobs/envelope.py)."""
         tracer = tracing.HOOK
         if tracer is None:  # uninstrumented meanwhile
-            return self._write_untraced(rows, conn, unique, min_version)
+            return self._write_untraced(rows, conn, unique, replace, min_version)
 
         def write(context: str | None) -> list[int]:
             if context is not None:
                 rows_ = [(*r[:5], envelope.stamped(r[5], context), *r[6:]) for r in rows]
             else:
                 rows_ = rows
-            return self._write_untraced(rows_, conn, unique, min_version)
+            return self._write_untraced(rows_, conn, unique, replace, min_version)
 
         dsn = self.config.dsn
         return tracer.send(self.queue, len(rows), (dsn.host, dsn.port if not dsn.unix_socket else None), write)
 
-    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, min_version: int | None = None) -> list[int]:
+    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                        min_version: int | None = None) -> list[int]:
         if conn is not None:
-            return self._write_caller(rows, conn, unique, min_version)
+            return self._write_caller(rows, conn, unique, replace, min_version)
         with self._mutex:
-            return self._write_own(rows, unique, min_version)
+            return self._write_own(rows, unique, replace, min_version)
 
-    def _body(self, rows: list[tuple], unique: bool, min_version: int | None) -> Callable[[Any, int], list[int]]:
+    def _body(self, rows: list[tuple], unique: bool, replace: bool,
+              min_version: int | None = None) -> Callable[[Any, int], list[int]]:
         """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
         max_rows = self.config.producer.chunk_size
         return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
-                                                        max_packet=max_packet, min_version=min_version)
+                                                        max_packet=max_packet, replace=replace,
+                                                        min_version=min_version)
 
-    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, min_version: int | None = None) -> list[int]:
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                      min_version: int | None = None) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
@@ -353,7 +391,7 @@ class Producer:
         conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
-        body = self._body(rows, unique, min_version)
+        body = self._body(rows, unique, replace, min_version)
         try:
             cur = conn.cursor()
             try:
@@ -369,7 +407,8 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_own(self, rows: list[tuple], unique: bool, min_version: int | None = None) -> list[int]:
+    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False,
+                   min_version: int | None = None) -> list[int]:
         """On the producer's own session, under self._mutex: the put's transaction, then its
         waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
@@ -378,7 +417,7 @@ class Producer:
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
-                                max_packet=session.max_allowed_packet, min_version=min_version)
+                                max_packet=session.max_allowed_packet, replace=replace, min_version=min_version)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:

@@ -42,6 +42,7 @@ class QueuedJob:
     payload: Any
     last_error: str | None
     created_at: dt.datetime
+    key: str | None = None  # its flow-control key (put(..., key=), a task's key)
 
     @property
     def task(self) -> str | None:

@@ -116,10 +116,10 @@ def test_the_django_migrations_reach_the_schema_version_of_this_notifyq():
 
 def test_manage_py_test_runs_with_notifyqs_tables_in_the_test_database(project):
     # shop/tests.py: the test database's schema, enqueue_on_commit under commit, rollback and
-    # savepoint, the on_commit ring registered only for a commit, a task on Django's connection
+    # savepoint, the on_commit ring registered only for a commit, a task on Django's connection, a key
     done = project.manage("test", "shop", "--noinput", "-v", "2")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Ran 6 tests" in done.stderr and "OK" in done.stderr
+    assert "Ran 7 tests" in done.stderr and "OK" in done.stderr
 
 
 def test_manage_py_notifyq_refuses_a_dsn_in_one_line(project):
