@@ -47,17 +47,18 @@ def test_old_and_new_consumers_on_one_queue_lose_nothing_double_nothing_and_keep
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 30, message="old registered")
         with notifyq.Producer(QUEUE, db.config()) as p:
             plain = p.put_many([{"n": i} for i in range(150)])
-            # When the new code ships: its producers put jobs only it can run, a new consumer
-            # starts, and the old ones are stopped one at a time while both kinds keep coming
-            needs_new = p.put_many([{"n": i, "v": 2} for i in range(50)], min_version=2)
+            # When the new code ships: its producers put jobs only it can run (ahead of the plain
+            # ones: the old consumers' claims meet them first), a new consumer starts, and the
+            # old ones are stopped one at a time while both kinds keep coming
+            needs_new = p.put_many([{"n": i, "v": 2} for i in range(50)], min_version=2, priority=5)
             new.append(_consume(env, tmp_path, 2))
             for consumer in old:
                 plain += p.put_many([{"n": i} for i in range(50)])
-                needs_new += p.put_many([{"n": i, "v": 2} for i in range(25)], min_version=2)
+                needs_new += p.put_many([{"n": i, "v": 2} for i in range(25)], min_version=2, priority=5)
                 consumer.send_signal(signal.SIGTERM)
                 assert consumer.wait(60) == errors.EXIT_OK
                 new.append(_consume(env, tmp_path, 2))
-            needs_new += p.put_many([{"n": i, "v": 2} for i in range(25)], min_version=2)
+            needs_new += p.put_many([{"n": i, "v": 2} for i in range(25)], min_version=2, priority=5)
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 120, message="every job done")
     finally:
         for proc in old + new:
