@@ -259,7 +259,9 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
     from notifyq.consume.service import ConsumeOptions
     from notifyq.run import runner
 
-    cfg = obj.config()
+    if a.code_version is not None:  # a flag, so a reload keeps it (it wins over the files)
+        obj.flags["consumer"] = {**obj.flags.get("consumer", {}), "version": a.code_version}
+    cfg = obj.reload() if a.code_version is not None else obj.config()
     queues = tuple(a.queues)
     if a.profile:
         _check_profile(cfg, a.profile)
