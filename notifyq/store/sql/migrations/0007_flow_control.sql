@@ -40,6 +40,28 @@ CREATE TABLE IF NOT EXISTS nq_rate_hold (
     PRIMARY KEY (queue)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
+-- ---------------------------------------------------------------- versions
+-- Rolling deploys (docs/deploys.md). min_version: the lowest consumer code version that may run
+-- the job (put(..., min_version=), a task's min_version), NULL for a job any consumer runs; a
+-- claim never takes one its consumer's `version` is below (queries.lock_window). stopping: the
+-- consumer was asked to stop (SIGTERM): should it die before it settles what it holds, the
+-- reaper gives those jobs back as interrupted, uncharged (liveness.take_back). Instant ALTERs,
+-- each only when not there yet, so an interrupted `init` can simply run again.
+SET @nq_ddl = IF((SELECT COUNT(*) FROM information_schema.COLUMNS
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'nq_job' AND COLUMN_NAME = 'min_version') = 0,
+                 'ALTER TABLE nq_job ADD COLUMN min_version INT UNSIGNED NULL',
+                 'DO 0');
+PREPARE nq_stmt FROM @nq_ddl;
+EXECUTE nq_stmt;
+DEALLOCATE PREPARE nq_stmt;
+SET @nq_ddl = IF((SELECT COUNT(*) FROM information_schema.COLUMNS
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'nq_consumer' AND COLUMN_NAME = 'stopping') = 0,
+                 'ALTER TABLE nq_consumer ADD COLUMN stopping TINYINT NOT NULL DEFAULT 0',
+                 'DO 0');
+PREPARE nq_stmt FROM @nq_ddl;
+EXECUTE nq_stmt;
+DEALLOCATE PREPARE nq_stmt;
+
 -- ---------------------------------------------------------------- durable steps
 --
 -- nq_step: a job's finished steps (job.step(name), store/steps.py), one row per step that
@@ -47,7 +69,8 @@ CREATE TABLE IF NOT EXISTS nq_rate_hold (
 -- (a retry, a run after a take-back) reads them and skips those steps. Written fenced by the
 -- claim (the job still claimed by that token, its row locked in share mode until the step
 -- commits), in the step's own transaction or in the job.transaction() block it was taken in.
--- Deleted with the job's attempt records (retention: admin_queries.purge_attempt_records).
+-- Deleted with the job's last attempt record (retention: admin_queries.purge_old_attempts and
+-- purge_gone_attempts).
 CREATE TABLE IF NOT EXISTS nq_step (
     job_id       BIGINT UNSIGNED   NOT NULL,
     name         VARCHAR(191)      NOT NULL,
