@@ -250,7 +250,8 @@ class BatchRun:
                     if rest:
                         n = queries.give_back(self.work, self.queue, rest, token)
                         self.stats.given_back += n
-                        log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+                        log.info("gave back unstarted jobs queue=%s n=%d token=%d ids=%s", self.queue, n, token,
+                                 ",".join(map(str, rest)))
                 finally:
                     if self._aside is not None:
                         self._aside.close()

@@ -239,8 +239,10 @@ class LineupWatch:
                         "lease runs out queue=%s n=%d error=%s", queue, len(ids), e)
             return
         self.handed_back += n
-        log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f",
-                 queue, n, time.monotonic() - batch.claimed_at)
+        # Which jobs and whose claim: a job handed back was claimed, and unclaimable, until now
+        # (the fault checker reads this line to tell that from a job left waiting)
+        log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f token=%d ids=%s",
+                 queue, n, time.monotonic() - batch.claimed_at, batch.token, ",".join(map(str, ids)))
         if n:
             self._wake(queue)
 
