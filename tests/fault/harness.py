@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -203,6 +204,8 @@ class FaultRun:
         codes = self.fleet.stop_all(plan.lease_s * 3 + 15 if not self.long_slots else ep.LONG_LEASE_S + 15)
         self._note_exits()
         history = self._history(workload)
+        # For a post-mortem: the checker runs again on it offline (pickle.load, checker.check)
+        (self.logs / "history.pickle").write_bytes(pickle.dumps(history))
         report = checker.check(history)
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
