@@ -64,6 +64,8 @@ class WatchedBatch(Protocol):
 
     def hand_back(self) -> list[int] | None: ...
 
+    given_back: threading.Event  # cleared by hand_back() when it took jobs; set once they are back
+
 
 class ClaimSizer:
     """One queue's time per job in this process, and the claim size it asks for."""
@@ -112,6 +114,7 @@ class LineupWatch:
         self.config = config  # the presence's (a reload replaces it)
         self.stop = stop
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
+        self.in_flight = 0  # give-backs under way (tests read it; the watch's thread alone writes it)
         self._due: dict[WatchedBatch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
         self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
@@ -207,7 +210,12 @@ class LineupWatch:
             return
         self.done(batch)  # once: its worker's next claim is sized by then
         if ids:
-            self._give_back(batch, queue, ids)
+            self.in_flight += 1
+            try:
+                self._give_back(batch, queue, ids)
+            finally:
+                self.in_flight -= 1
+                batch.given_back.set()  # its worker may claim again: they are ready (or stay with their lease)
 
     def _someone_idles(self, queue: str) -> bool:
         """A consumer of the queue, in this process or another, waits for work: the queue's watch
