@@ -21,7 +21,9 @@ Two rules keep that from happening, both set by the queue's batch_target_s (0: o
     them, in this process or another.
     The batch first marks them as no longer its own to start (Batch.hand_back, under the lock
     its worker starts jobs under), so each is either started by its old worker or given back,
-    never both. A batch hands back once: what its worker claims next is sized by then.
+    never both. A batch hands back once: what its worker claims next is sized by then, and
+    claimed once the give-back ended (Batch.given_back), or it would pass over the jobs still
+    claimed by its own batch for lower-priority ones.
 
 The average sees a batch only once its run ends: a slow job's first run is found by the watch,
 the claims after it are sized by it.
