@@ -24,6 +24,7 @@ from notifyq import errors
 from notifyq.consume.outcomes import Outcomes
 from notifyq.store import queries
 from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims
 from notifyq.store.pipeline import Pending
 
 log = logging.getLogger("notifyq.consumer")
@@ -47,13 +48,13 @@ class PendingAcks:
         self._waiting = acks
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-              as_watcher: bool = False) -> queries.Claim:
+              as_watcher: bool = False, flow: FlowClaims | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
         first (or acked again: its COMMIT failed)."""
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:
-            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks)
+            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, flow)
         except BaseException:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise

@@ -57,7 +57,7 @@ class Outcomes:
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
-                                r.ended, snooze=True) for j, r in snoozed])
+                                r.ended, snooze=True) for j, r in snoozed], wake=self.qc.limited)
             self.stats.snoozed += len(owned) - len(owned.cancelled)
             for job, _ in snoozed:
                 if job.id in owned.cancelled:
@@ -70,7 +70,8 @@ class Outcomes:
         results = [kept.result_text(r.result, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [r.started if r.started is not None else 0.0 for _, r in ok],
-                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results)
+                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
+                            wake=self.queue if self.qc.limited else None)
         if carry:
             return acks
         self.ack(session, acks)
@@ -144,7 +145,7 @@ class Outcomes:
                    for job, error, may_retry in failures]
         try:
             owned = queries.reschedule_or_bury(session, self.queue, token,
-                                               [_failure(j, d, e) for j, d, e in decided])
+                                               [_failure(j, d, e) for j, d, e in decided], wake=self.qc.limited)
             unrecorded: list[Job] = []
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path, as for any statement
@@ -181,7 +182,8 @@ class Outcomes:
             texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
             for text in texts:
                 try:
-                    alone = queries.reschedule_or_bury(session, self.queue, token, [_failure(job, delay, text)])
+                    alone = queries.reschedule_or_bury(session, self.queue, token, [_failure(job, delay, text)],
+                                                       wake=self.qc.limited)
                     owned += alone
                     owned.cancelled |= alone.cancelled
                     break

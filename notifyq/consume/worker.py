@@ -30,6 +30,7 @@ from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.flow import FlowClaims
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -66,6 +67,7 @@ class Worker:
         # The last batch's successes, which ride the next claim unless the worker does
         # anything else first (then they are flushed: acked on their own)
         self.acks = PendingAcks(self.outcomes)
+        self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
 
     @property
     def waiter(self):
@@ -145,6 +147,7 @@ class Worker:
         self.config = config
         self.qc = self.outcomes.qc = config.queue(self.queue)
         self.batch_size = batch_size or self.qc.batch_size
+        self.flow = FlowClaims.for_queue(self.qc)
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
@@ -237,7 +240,7 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, self.flow)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:

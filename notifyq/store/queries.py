@@ -22,6 +22,7 @@ import MySQLdb
 from notifyq.jobs import Job
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
+from notifyq.store.flow import FlowClaims
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -54,7 +55,11 @@ def ensure_queue(cur, queue: str) -> bool:
 
 
 def bump_signal(cur, queue: str, n: int) -> None:
-    cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
+    cur.execute(*signal_bump(queue, n))
+
+
+def signal_bump(queue: str, n: int) -> tuple[str, dict[str, Any]]:
+    return Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n}
 
 
 # ---------------------------------------------------------------- claim
@@ -85,6 +90,9 @@ class Acks:
     started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
     ended: list[float] | None = None
     results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
+    # A limited queue's name: the ack frees slots, so it bumps the queue's signal in its own
+    # transaction (last), and the watcher wakes for the jobs a limit held back (store/flow.py)
+    wake: str | None = None
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -101,6 +109,8 @@ class Acks:
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
+        if self.wake is not None:
+            out.append(signal_bump(self.wake, len(self.ids)))
         return out
 
     def verify(self, cur, counts: list[int]) -> None:
@@ -110,6 +120,8 @@ class Acks:
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
+        if self.wake is not None:
+            counts = counts[:-1]  # the signal's bump, last
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
@@ -124,7 +136,7 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-          as_watcher: bool = False, acks: Acks | None = None) -> Claim:
+          as_watcher: bool = False, acks: Acks | None = None, flow: FlowClaims | None = None) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -148,6 +160,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
     row counts are theirs.
+    flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
+    and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -155,18 +169,25 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     def body(cur) -> Claim:
         params = {"queue": queue, "limit": limit}
         seen_seq = None
-        names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
+        names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
         cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
         if as_watcher:
             seen_seq = int(cur.fetchone()[0])
             cur.nextset()
-        ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
-        cur.nextset()
+        if flow is None:
+            ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+            cur.nextset()
         due = cur.fetchone() is not None
         cur.nextset()
         if cur.fetchone() is not None:  # paused
             return Claim([], token, True, True)
-        if due:
+        complete = True
+        if flow is not None:
+            if due:
+                _promote_due(session, cur, queue)
+            grant = flow.candidates(cur, queue, batch_size)
+            ordered, complete = grant.ids, grant.complete  # it says what it left behind
+        elif due:
             ordered = _with_due(session, cur, queue, params)
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
@@ -180,7 +201,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             tried += len(window)
             cur.execute(Q["claim_lock"], {"ids": Ids(window)})
             locked.extend(cur.fetchall())
-        drained = len(ordered) < limit and tried == len(ordered)
+        drained = complete and (flow is not None or len(ordered) < limit) and tried == len(ordered)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -368,10 +389,11 @@ class Owned(list):
 
 
 def reschedule_or_bury(session: Session, queue: str, token: int,
-                       failures: list[tuple[int, float | None, str] | Failure]) -> Owned:
+                       failures: list[tuple[int, float | None, str] | Failure], wake: bool = False) -> Owned:
     """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
     still owned (Owned: with those that ended cancelled). Each job's attempt record goes with
-    its outcome, in one round trip."""
+    its outcome, in one round trip. wake: a limited queue's, whose every outcome frees a slot
+    (a burial and a cancel too, not only a retry): the signal moves for each."""
     if not failures:
         return Owned()
     items = [f if isinstance(f, Failure) else Failure(*f) for f in failures]
@@ -418,8 +440,10 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 owned.append(f.id)
                 if ended is not None and ended[0]:
                     owned.cancelled.add(f.id)
-        if retried:
-            bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
+        if retried or (wake and owned):
+            # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
+            # of the slot it frees
+            bump_signal(cur, queue, max(retried, len(owned)))
         return owned
 
     return session.run(body, what="fail")

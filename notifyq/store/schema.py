@@ -199,7 +199,8 @@ def grants(database: str, user: str) -> list[str]:
         raise errors.InputError(f"invalid user {user!r}: expected 'name'@'host' or name")
     if "@" not in user:
         user = f"'{user}'@'%'"
-    tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt")
+    tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt",
+              "nq_flow_key")
     out = [f"GRANT SELECT ON `{database}`.`nq_meta` TO {user};"]
     out += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{t}` TO {user};" for t in tables]
     return out
