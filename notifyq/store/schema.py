@@ -20,7 +20,7 @@ log = logging.getLogger("notifyq.schema")
 
 
 # Tables a migration adds that the runtime user writes: an upgrade says so (per-table grants)
-NEW_TABLES = {6: "nq_attempt"}
+NEW_TABLES = {6: "nq_attempt", 7: "nq_flow_key"}
 
 
 def code_version() -> int:

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, flow.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
