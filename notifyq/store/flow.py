@@ -190,8 +190,8 @@ class FlowClaims:
                 continue
             lim = limits.limit_for(key)
             free = lim - running.get(key, 0) if lim else len(rows)
-            if len(rows) >= caps[key] and free > caps[key]:
-                complete = False  # more of this key may run: the next claim takes them
+            if len(rows) >= caps[key] and (not lim or free > caps[key]):
+                complete = False  # the read stopped at its cap, and more may run: claim again
             if len(rows) > free:
                 held.append(key)
             by_key[key] = rows[:max(0, free)]

@@ -174,3 +174,16 @@ def test_concurrent_claimers_never_exceed_a_key_limit(db):
     assert not errors
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
     assert peak and max(peak.values()) <= 3
+
+
+def test_a_claim_that_read_a_key_only_up_to_its_share_does_not_say_drained(db):
+    # Regression: a fair claim read 10 of key a's 200 jobs (its share) and called the queue
+    # drained, so the worker went idle with jobs ready and nothing to wake it.
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 200 + ["b"] * 2 + ["c"] * 2)
+    session = Session(cfg.dsn)
+    try:
+        claim = _claim(session, FlowClaims(FlowLimits(fair=True)), batch=30)
+    finally:
+        session.close()
+    assert len(claim.jobs) == 10 + 2 + 2 and not claim.drained
