@@ -62,6 +62,10 @@ class PendingAcks:
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
+            if self.outcomes.freed is not None:
+                # Its COMMIT may still be on the wire: a watcher woken before it lands finds the
+                # signal moved past what its claim saw, and claims again.
+                self.outcomes.freed()
         return claim
 
     def flush(self, session: Session) -> None:
@@ -70,6 +74,8 @@ class PendingAcks:
         if self._waiting is not None:
             acks, self._waiting = self._waiting, None
             self._ack(session, acks)
+            if self.outcomes.freed is not None:
+                self.outcomes.freed()
 
     def _land_riding(self, session: Session) -> None:
         """The acks the last claim carried: counted once its COMMIT is read, or acked on their

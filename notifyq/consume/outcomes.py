@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
@@ -33,6 +34,8 @@ CANCEL_SEEN = "cancelled: the handler saw the cancel and returned"
 class Outcomes:
     def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
         self.queue, self.qc, self.stats = queue, qc, stats
+        # A limited queue's: called after each COMMIT that freed slots (consume/slots.py)
+        self.freed: Callable[[], None] | None = None
 
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
@@ -75,6 +78,8 @@ class Outcomes:
         if carry:
             return acks
         self.ack(session, acks)
+        if self.freed is not None:
+            self.freed()
         return None
 
     def _completed(self, session: Session, jobs: list[Job], token: int) -> list[Job]:
@@ -151,6 +156,8 @@ class Outcomes:
             raise  # the server is away: the worker's outage path, as for any statement
         except Exception as e:  # the server refused the statement: it must not end the worker
             owned, unrecorded = self._fail_one_by_one(session, token, decided, e)
+        if owned and self.freed is not None:
+            self.freed()
         logged: dict[str, int] = {}  # traceback -> the job whose line showed it
         for job, delay, error in decided:
             if job.id not in owned:

@@ -26,6 +26,7 @@ from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
+from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
 from notifyq.store.db import Session
@@ -68,6 +69,8 @@ class Worker:
         # anything else first (then they are flushed: acked on their own)
         self.acks = PendingAcks(self.outcomes)
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
+        self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
+        self._arm_slot_wake()
 
     @property
     def waiter(self):
@@ -138,6 +141,8 @@ class Worker:
             self.caller.close()
             handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
+            if self.slot_wake is not None:
+                self.slot_wake.close()
             if self._owns_presence:
                 self.presence.close()
 
@@ -148,6 +153,13 @@ class Worker:
         self.qc = self.outcomes.qc = config.queue(self.queue)
         self.batch_size = batch_size or self.qc.batch_size
         self.flow = FlowClaims.for_queue(self.qc)
+        self._arm_slot_wake()
+
+    def _arm_slot_wake(self) -> None:
+        """A limited queue's outcomes wake the watcher for the jobs a limit held back."""
+        if self.qc.limited and self.slot_wake is None:
+            self.slot_wake = SlotWake(self.config, self.queue, self.waiter.locks)
+        self.outcomes.freed = self.slot_wake.freed if self.qc.limited and self.slot_wake else None
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
