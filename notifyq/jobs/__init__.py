@@ -42,7 +42,9 @@ class Job:
         max_attempts: the run after which a failure makes the job dead.
         run_at: when the job became due (UTC).
         created_at: when it was put (UTC).
-        dedup_key: the key it was put with, if any.
+        dedup_key: the dedup key it was put with, if any.
+        key: the flow-control key it was put with (`put(..., key=)`), if any: the key its queue's
+            limits count it under.
     """
 
     id: int
@@ -54,6 +56,7 @@ class Job:
     run_at: dt.datetime
     created_at: dt.datetime
     dedup_key: str | None = None
+    key: str | None = None
     # The attempt's state in the worker's hands (jobs/run.py): none of the handler's business
     _run_state: Run = field(default_factory=Run, init=False, repr=False)
 

@@ -51,6 +51,24 @@ class CallerTransaction:
 
 
 
+# nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
+KEY_MAX_CHARS = 191
+
+
+def checked_key(name: str, key: Any) -> str:
+    """A job's key (`key=`, flow control's) or dedup key, as the columns take it: a str of 1 to
+    KEY_MAX_CHARS characters that encodes as UTF-8 (a lone surrogate does not); else InputError."""
+    if not isinstance(key, str):
+        raise errors.InputError(f"{name}: expected a string, got {values.shown(key)}")
+    if not 0 < len(key) <= KEY_MAX_CHARS:
+        raise errors.InputError(f"{name} must be 1 to {KEY_MAX_CHARS} characters, got {len(key)}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise errors.InputError(f"{name} is not valid UTF-8") from None
+    return key
+
+
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
     """How a producer's sessions retry an unreachable server (Session's arguments): retry_s, or
     the config's producer.connect_retry_s; the retries at DEBUG, the caller gets the one error."""
@@ -116,42 +134,49 @@ class Producer:
     # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+            max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+            conn: Any = None) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
-                and run_at is None and max_attempts is None and dedup_key is None and conn is None):
+                and run_at is None and max_attempts is None and dedup_key is None and key is None
+                and conn is None):
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
-            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None)
+            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None, None)
             with self._mutex:
                 return self._write_own([row], False)[0]
-        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
+        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
         return self._write([row], conn, unique=dedup_key is not None)[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 conn: Any = None) -> list[int]:
+                 key: str | None = None, conn: Any = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
         INSERTs of up to `producer.chunk_size` rows, each within the server's
         `max_allowed_packet`."""
-        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                         key=key)
         return self._write(rows, conn) if rows else []
 
     def rows(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
-             run_at: dt.datetime | None = None, max_attempts: int | None = None) -> list[tuple]:
+             run_at: dt.datetime | None = None, max_attempts: int | None = None,
+             key: str | None = None) -> list[tuple]:
         """The jobs' rows, every argument checked (InputError) before anything is written: for
         put_many, and for sharding's dealer, which puts them on several servers (put_rows)."""
         if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
             raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
         options = self._options(priority, delay, run_at, max_attempts, None)
-        return [(self.queue, *options, self._payload_text(p), None) for p in payloads]
+        if key is not None:
+            key = checked_key("key", key)
+        return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, checked (InputError: that line is rejected) and
         its row sized against the server: a line too big for the server goes alone."""
-        row = self._row(payload, priority, delay, run_at, None, None)
+        row = self._row(payload, priority, delay, run_at, None, None, key)
         with self._mutex:
             session = self._work_session()
             inserts.check_fits([row], session.max_allowed_packet, session.conn)
@@ -244,10 +269,13 @@ class Producer:
     # -------------------------------------------------------- internals
 
     def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
-             max_attempts: int | None, dedup_key: str | None) -> tuple:
+             max_attempts: int | None, dedup_key: str | None, key: str | None) -> tuple:
         """Every argument checked before anything is written: one InputError line each."""
         text = self._payload_text(payload)
-        return (self.queue, *self._options(priority, delay, run_at, max_attempts, dedup_key), text, dedup_key)
+        options = self._options(priority, delay, run_at, max_attempts, dedup_key)
+        if key is not None:
+            key = checked_key("key", key)
+        return (self.queue, *options, text, dedup_key, key)
 
     def _payload_text(self, payload: Any) -> str:
         try:
@@ -289,14 +317,7 @@ class Producer:
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
         if dedup_key is not None:
-            if not isinstance(dedup_key, str):
-                raise errors.InputError(f"dedup_key: expected a string, got {values.shown(dedup_key)}")
-            if not 0 < len(dedup_key) <= 191:
-                raise errors.InputError("dedup_key must be 1 to 191 characters")
-            try:
-                dedup_key.encode()
-            except UnicodeEncodeError:
-                raise errors.InputError("dedup_key is not valid UTF-8") from None
+            checked_key("dedup_key", dedup_key)
         if run_at is not None:
             at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return at, priority, at, attempts

@@ -3,9 +3,10 @@
 for a queue spread over [shards], it places each job among the shards' producers.
 
 A queue that is not spread lives on one shard: its jobs go to that shard's producer. A spread
-queue's jobs with a dedup key go to the shard their key hashes to (uniqueness holds per key);
-the others are dealt round-robin over the shards that are up, each shard's share one
-transaction there (atomic per shard, not across shards).
+queue's jobs with a key (`key=`) go to the shard their key hashes to, so that a key's limits
+are counted on one server; those with a dedup key and no key, to the shard their dedup key
+hashes to (uniqueness holds per key); the others are dealt round-robin over the shards that are
+up, each shard's share one transaction there (atomic per shard, not across shards).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class Producer:
     # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+            max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+            conn: Any = None) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -98,6 +100,10 @@ class Producer:
             max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
             dedup_key: while a job holding this key on this queue is pending (ready, scheduled
                 or claimed), this put stores nothing and returns that job's id.
+            key: the key the queue's flow limits count the job under (`limit_per_key`,
+                `rate_per_key`, `fair`): a customer, a tenant, an API account; 1 to 191
+                characters. The handler reads it as `job.key`. On a queue spread over shards
+                the job goes to its key's shard: a key's jobs all live on one.
             conn: your own connection (MySQLdb, a SQLAlchemy Session or Connection, Django's
                 `connection`) to the same database: the job is part of your transaction, stored
                 when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
@@ -111,28 +117,35 @@ class Producer:
         """
         if self._pinned is not None:
             return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at,
-                                    max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
+                                    max_attempts=max_attempts, dedup_key=dedup_key, key=key, conn=conn)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
-        if dedup_key is not None:
-            shard = self.placement.for_key(self.queue, dedup_key)
+        if key is not None or dedup_key is not None:
+            shard, which = self._keyed_shard(key, dedup_key)
             try:
-                return self._on(shard).put(payload, dedup_key=dedup_key, conn=conn, **options)
+                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, conn=conn, **options)
             except errors.DatabaseError as e:
-                raise type(e)(f"{e} (shard {shard}: a job with a dedup key goes to its key's shard only)") from None
+                raise type(e)(f"{e} (shard {shard}: a job with a {which} goes to its key's shard only)") from None
         self._refuse_caller(conn)
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 conn: Any = None) -> list[int]:
+                 key: str | None = None, conn: Any = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
-        `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
-        INSERTs of up to `producer.chunk_size` rows, each within the server's
-        `max_allowed_packet`. On a queue spread over shards the jobs are dealt round-robin over
-        the shards, each shard's share one transaction there."""
+        `payloads`. The arguments are put()'s, the same for every job (one `key` for them all);
+        the rows go as multi-row INSERTs of up to `producer.chunk_size` rows, each within the
+        server's `max_allowed_packet`. On a queue spread over shards the jobs are dealt
+        round-robin over the shards, each shard's share one transaction there; jobs with a
+        `key` all go to the key's shard, in one transaction."""
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if self._pinned is not None:
-            return self._pinned.put_many(payloads, conn=conn, **options)
+            return self._pinned.put_many(payloads, conn=conn, key=key, **options)
+        if key is not None:
+            shard, _which = self._keyed_shard(key, None)
+            try:
+                return self._on(shard).put_many(payloads, key=key, conn=conn, **options)
+            except errors.DatabaseError as e:
+                raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
         self._refuse_caller(conn)
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
@@ -262,6 +275,13 @@ class Producer:
         self.close()
 
     # -------------------------------------------------------- placing
+
+    def _keyed_shard(self, key: Any, dedup_key: Any) -> tuple[str, str]:
+        """A spread queue's shard for a job with a key (its key decides: a key's limits are
+        counted on one server), else with a dedup key; and which of the two decided."""
+        if key is not None:
+            return self.placement.for_key(self.queue, one_server.checked_key("key", key)), "key"
+        return self.placement.for_key(self.queue, one_server.checked_key("dedup_key", dedup_key)), "dedup key"
 
     def _refuse_caller(self, conn: Any) -> None:
         if conn is not None:

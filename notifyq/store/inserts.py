@@ -71,10 +71,10 @@ def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int,
 
 def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
                 signal: tuple[str, int] | None = None) -> list[int]:
-    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key), or for
-    a put at a given time (queue, at, priority, at, max_attempts, payload_json, dedup_key) with
-    `at` a naive UTC datetime in both places: the server decides the status (insert_job_at).
-    Every row of one call is of one kind.
+    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key, job_key),
+    or for a put at a given time (queue, at, priority, at, max_attempts, payload_json, dedup_key,
+    job_key) with `at` a naive UTC datetime in both places: the server decides the status
+    (insert_job_at). Every row of one call is of one kind.
 
     Multi-row INSERTs of at most max_rows rows, each statement within the server's
     max_allowed_packet (a bigger one fails as a lost connection, 2006, and was retried for a
@@ -164,11 +164,12 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
 
     Every value but the payload is usually the same from one put to the next (the queue, the
     defaults of the options), so the text around the payload is rendered once for them
-    (_one_statement); a job with a dedup key or a run_at is rendered whole, as insert_jobs does."""
+    (_one_statement); a job with a dedup key, a key or a run_at is rendered whole, as
+    insert_jobs does."""
     text = row[5]
     queue, n = signal
     slot = int(_random() * SIGNAL_SLOTS)
-    if row[6] is None and row[3].__class__ is int:
+    if row[6] is None and row[7] is None and row[3].__class__ is int:
         payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
         key = (db.encoding, row[:5], queue, n)
         made = _ONE_STATEMENTS.get(key)
@@ -203,13 +204,13 @@ ONE_STATEMENTS_KEPT = 256
 
 def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
     """_insert_one's query around the payload for a job's other values (queue, status, priority,
-    delay_us, max_attempts; no dedup key, no run_at): (the INSERT up to its payload; the rest of
-    it and the bump, for each signal slot; the bytes of the other values as bound)."""
-    rendered = _render(db, [(*row[:5], None, None)])
+    delay_us, max_attempts; no dedup key, no key, no run_at): (the INSERT up to its payload; the
+    rest of it and the bump, for each signal slot; the bytes of the other values as bound)."""
+    rendered = _render(db, [(*row[:5], None, None, None)])
     del rendered[5]  # the payload's place
-    parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 7 values' places
+    parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 8 values' places
     head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
-    tail = parts[6] + rendered[5] + parts[7] + b";\n"
+    tail = parts[6] + b"".join(value + part for value, part in zip(rendered[5:], parts[7:])) + b";\n"
     queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
     bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))

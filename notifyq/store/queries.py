@@ -255,7 +255,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             commit = None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
-                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
+                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7], key=r[8])
             for r in locked
         ]
         return Claim(jobs, token, drained, False, commit)
@@ -310,7 +310,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
 
-SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
 
 
 def claim_rank(row: tuple) -> tuple:

@@ -20,17 +20,17 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 -- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk. Times are
 -- UTC_TIMESTAMP(6), never NOW(6) or a column default: a transactional enqueue runs on the
 -- caller's connection, whose session time_zone may be anything (notifyq's own sessions use UTC).
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
-VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- insert_job_at --
 -- insert_job for a put at a given time (put(run_at=...), `produce --at`): the time is bound
 -- twice, and the server's clock decides whether it has come (ready) or not (scheduled), as it
 -- does for a delay: a producer's clock never matters. A time past is now. Only the VALUES row
 -- is used, after insert_job's head.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
-        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
+        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
@@ -246,7 +246,7 @@ WHERE j.job_key IS NULL
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
 -- `suspect` comes last: a suspect job is claimed alone (queries.claim).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
