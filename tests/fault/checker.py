@@ -16,7 +16,8 @@ The contract (issue 13, "The contract to hold"), one rule per function below:
 - stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
   recovery bound while the schedule runs);
 - priority: among jobs that were claimable at the same time, a claim never takes a lower
-  priority one while a higher priority one waits. Asserted only where the history proves both
+  priority one while a higher priority one waits (a keyed job under a limit excepted: its key's
+  limit may hold it back). Asserted only where the history proves both
   were claimable and untouched by any fault; ties (run_at, id) are asserted only within a batch.
 
 Issue 26 ("a live consumer keeps what it holds", "a worker never starts a job it no longer
@@ -35,6 +36,13 @@ job.transaction(), which commits it with the job's completion:
 - missing_effect: a job acked (gone from the table, not by a cancel; or kept done) has its row;
 - effect_of_dead / effect_of_cancelled: a job that ended dead, or was cancelled before it
   completed, has none.
+Issue 38 ("flow control"):
+- key_limit: at no instant more than N runs of a key (the deployment's limit_per_key) hold
+  their claims. A run holds its claim from its start until it ends, or until something could
+  have taken the claim from it: a fault on its process (its kill, stall, a KILL of one of its
+  sessions, a peer's take-back) or on the server, or its lease running out (a handler that
+  kept its lease excepted). Such a run may go on after its slot went to another job of the
+  key (its ack is fenced out): the documented semantics, not a violation.
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
@@ -543,6 +551,8 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
                 since = runs[i - 1].end
             else:
                 continue
+            if r.flow_key and h.key_limits.get(r.deploy):
+                continue  # its key's limit may hold it back: a lower job of another key may go first
             claim_lo = lower.get(batch_of.get(id(r)))
             if claim_lo is not None:
                 waiting[(r.deploy, r.priority)].append((max(since, r.run_at_mono), claim_lo, r))
@@ -580,6 +590,44 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
 
 
 # ------------------------------------------------------------------ issue 26
+
+
+def check_key_limit(h: History, faults: Faults) -> list[Violation]:
+    """key_limit: never more runs of one key at once than its deployment's limit_per_key."""
+    by_key: dict[tuple[str, str], list[Run]] = collections.defaultdict(list)
+    for r in h.runs:
+        if r.flow_key and h.key_limits.get(r.deploy):
+            by_key[(r.deploy, r.flow_key)].append(r)
+    out: list[Violation] = []
+    for (deploy, key), runs in by_key.items():
+        limit = h.key_limits[deploy]
+        events = []
+        for r in runs:
+            events += [(r.start, 1, r), (claim_held_until(r, faults), -1, r)]
+        events.sort(key=lambda e: (e[0], e[1]))  # a run that ends at an instant frees it for one that starts
+        running = 0
+        for at, step, r in events:
+            running += step
+            if step == 1 and running > limit:
+                out.append(Violation("key_limit", r.key, f"{running} runs of key {key!r} at once "
+                                     f"(limit_per_key {limit}) at t={at:.3f}"))
+    return out
+
+
+def claim_held_until(r: Run, faults: Faults) -> float:
+    """Until when a run surely held its claim: its end, or sooner the first fault that could
+    have cost it the claim (on its process or the server, or a peer's take-back of its
+    process's claims), or the end of its lease unless it kept it."""
+    until = r.end if r.end is not None else float("inf")
+    if not r.keeps_lease:
+        until = min(until, faults.lease_out.get(run_id(r), until))
+    for f in [*faults.by_pid.get(r.pid, ()), *(faults.by_pid.get(r.proc, ()) if r.proc else ()), *faults.server]:
+        if f.kind != "sighup" and (r.start <= f.start < until or f.start <= r.start <= f.end):
+            until = min(until, max(f.start, r.start))
+    for t in faults.taken_by_peer.get(r.pid, ()):
+        if r.start - LOG_SLACK_S <= t < until:
+            until = max(r.start, t - LOG_SLACK_S)
+    return until
 
 
 def check_stale_starts(h: History) -> list[Violation]:
@@ -792,6 +840,7 @@ def _check_deploy(h: History) -> Report:
     violations += check_after_cancel(h)
     violations += check_stranded(h)
     violations += check_batch_order(h)
+    violations += check_key_limit(h, faults)
     prio_violations, judged = check_claim_priority(h, faults)
     violations += prio_violations
     lost = sum(1 for v in violations if v.rule == "lost")

@@ -38,7 +38,7 @@ from notifyq.store.db import Session
 from . import checker
 from . import episodes as ep
 from . import kill_query
-from .fleet import Consumer, Fleet, write_config
+from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
@@ -637,7 +637,7 @@ class FaultRun:
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},
-                       lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S})
+                       lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S}, key_limits={"main": KEY_LIMIT})
 
 
 def _epoch(ts: str) -> float:

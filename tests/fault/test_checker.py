@@ -514,3 +514,36 @@ def test_no_stall_while_a_handler_runs_for_a_short_gap_or_for_a_delayed_job():
     # A job put with a delay is not ready before it is due
     delayed = dataclasses.replace(enq(2, at=1.0), method="delayed", delay_s=8.0)
     assert checker.check(history(runs, [enq(1), delayed])).ok
+
+
+# ------------------------------------------------------------------ issue 38: key_limit
+
+
+def keyed(r: Run, key: str) -> Run:
+    r.flow_key = key
+    return r
+
+
+def test_three_runs_of_a_key_at_once_under_a_limit_of_two_is_caught():
+    # Planted: three overlapping runs of key k on three processes, limit_per_key 2
+    runs = [keyed(run(1, 1, 10, 1.0, 1.5), "k"), keyed(run(2, 1, 11, 1.1, 1.6), "k"),
+            keyed(run(3, 1, 12, 1.2, 1.7), "k"), keyed(run(4, 1, 13, 1.2, 1.7), "other")]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3), enq(4)]), key_limits={"main": 2})
+    assert rules(h) == {"key_limit": 1}
+    # and without a limit for the deployment, or with a run that ended first, nothing
+    assert checker.check(dataclasses.replace(h, key_limits={})).ok
+    runs[0].end = 1.2  # ends as the third starts: the slot passes on
+    assert checker.check(h).ok
+
+
+def test_a_run_whose_process_was_killed_frees_its_slot_at_the_kill():
+    # The first run's process is SIGKILLed at 1.3 (no end recorded); a peer's run of the key starts
+    # after the kill, one of another job before: two at once at most
+    runs = [keyed(run(1, 1, 10, 1.0), "k"), keyed(run(2, 1, 11, 1.1, 2.0), "k"),
+            keyed(run(1, 2, 12, 1.4, 1.5), "k"), keyed(run(3, 1, 12, 1.6, 1.7), "k")]
+    faults = [Fault("sigkill", 1.3, 1.3, pid=10)]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)], faults=faults), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
+    # without the kill, the first run still holds its claim and three run at once
+    h = dataclasses.replace(h, faults=[])
+    assert rules(h).get("key_limit", 0) >= 1
