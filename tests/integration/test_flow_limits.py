@@ -187,3 +187,26 @@ def test_a_claim_that_read_a_key_only_up_to_its_share_does_not_say_drained(db):
     finally:
         session.close()
     assert len(claim.jobs) == 10 + 2 + 2 and not claim.drained
+
+
+def test_status_shows_limits_running_and_held_counts_per_key_and_why(db):
+    from notifyq.ops import status
+
+    cfg = db.config(queue={"q": {"limit_per_key": 2, "key_limits": {"big": 3}}})
+    _put_keyed(db, cfg, ["a"] * 5 + ["big"] * 5 + ["c"])
+    session = Session(cfg.dsn)
+    try:
+        _claim(session, FlowClaims(FlowLimits.of(cfg.queue("q"))))
+        data = status.collect(session, None, cfg.queues)
+    finally:
+        session.close()
+    flow = data["queues"]["q"]["flow"]
+    keys = {k["key"]: k for k in flow["keys"]}
+    assert flow["limit_per_key"] == 2 and flow["running"] == 2 + 3 + 1
+    assert keys["a"] == {"key": "a", "running": 2, "ready": 3, "limit": 2, "held": 3,
+                         "why": "key at its limit (2 of 2 running)"}
+    assert keys["big"]["limit"] == 3 and keys["big"]["held"] == 2
+    assert "c" not in keys or keys["c"]["held"] == 0
+    assert flow["held_in_top_keys"] == 5
+    text = status.render(data)
+    assert "flow control" in text and "held: key at its limit (2 of 2 running)" in text

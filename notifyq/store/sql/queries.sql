@@ -783,6 +783,14 @@ SELECT queue, status, sort_at > NOW(6) AS future, COUNT(*), MIN(sort_at)
 FROM nq_job FORCE INDEX (ix_state)
 GROUP BY queue, status, future
 
+-- flow_key_counts --
+-- `notifyq status` of a limited or fair queue: the keys with the most ready jobs, each with its
+-- claimed (running) and ready counts, and the queue's running jobs without a key. Reads the
+-- queue's ready and claimed rows (ix_state ranges): an operator's command, not the hot path.
+SELECT job_key, SUM(status = 2), SUM(status = 0) FROM nq_job FORCE INDEX (ix_state)
+WHERE status IN (0, 2) AND queue = %(queue)s
+GROUP BY job_key ORDER BY SUM(status = 0) DESC, job_key LIMIT %(limit)s
+
 -- queue_rows --
 SELECT queue, paused, watched_seq,
        (SELECT COALESCE(SUM(seq), 0) FROM nq_signal s WHERE s.queue = q.queue)
