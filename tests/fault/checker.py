@@ -601,11 +601,12 @@ def check_key_limit(h: History, faults: Faults) -> list[Violation]:
         if r.flow_key and h.key_limits.get(r.deploy):
             by_key[(r.deploy, r.flow_key)].append(r)
     out: list[Violation] = []
+    settled = settled_by(h.runs)
     for (deploy, key), runs in by_key.items():
         limit = h.key_limits[deploy]
         events = []
         for r in runs:
-            events += [(r.start, 1, r), (claim_held_until(r, faults), -1, r)]
+            events += [(r.start, 1, r), (min(claim_held_until(r, faults), settled[id(r)]), -1, r)]
         events.sort(key=lambda e: (e[0], e[1]))  # a run that ends at an instant frees it for one that starts
         holding: dict[int, Run] = {}
         for at, step, r in events:
@@ -617,6 +618,36 @@ def check_key_limit(h: History, faults: Faults) -> list[Violation]:
                 who = ", ".join(f"job {o.job} pid {o.pid} from {o.start:.3f}" for o in holding.values())
                 out.append(Violation("key_limit", r.key, f"{len(holding)} runs of key {key!r} at once "
                                      f"(limit_per_key {limit}) at t={at:.3f}: {who}"))
+    return out
+
+
+def settled_by(runs: list[Run]) -> dict[int, float]:
+    """For each run (by id()), a moment by which its claim was surely settled, whether or not
+    its handler had returned: the next start of the same job (anywhere: it was retried, given
+    back or taken back), or the first start of a later claim in its process (the fleet runs one
+    worker per process, which claims again only once its batch is settled: acked, failed (a
+    handler past its timeout_s fails and runs on in its thread), given back)."""
+    out: dict[int, float] = {}
+    by_job: dict[JobKey, list[Run]] = collections.defaultdict(list)
+    by_pid: dict[int, list[Run]] = collections.defaultdict(list)
+    for r in runs:
+        by_job[r.key].append(r)
+        by_pid[r.pid].append(r)
+    for group in (*by_job.values(), *by_pid.values()):
+        group.sort(key=lambda r: r.start)
+    for r in runs:
+        until = float("inf")
+        same_job = by_job[r.key]
+        later = [o.start for o in same_job if o.start > r.start]
+        if later:
+            until = later[0]
+        mine = by_pid[r.pid]
+        i = bisect.bisect_right([o.start for o in mine], r.start)
+        for o in mine[i:]:
+            if o.token != r.token:
+                until = min(until, o.start)
+                break
+        out[id(r)] = until
     return out
 
 

@@ -537,13 +537,23 @@ def test_three_runs_of_a_key_at_once_under_a_limit_of_two_is_caught():
 
 
 def test_a_run_whose_process_was_killed_frees_its_slot_at_the_kill():
-    # The first run's process is SIGKILLed at 1.3 (no end recorded); a peer's run of the key starts
-    # after the kill, one of another job before: two at once at most
+    # The first run's process is SIGKILLed at 1.3 (no end recorded); a peer's runs of the key start
+    # after the kill, another one before: two at once at most
     runs = [keyed(run(1, 1, 10, 1.0), "k"), keyed(run(2, 1, 11, 1.1, 2.0), "k"),
-            keyed(run(1, 2, 12, 1.4, 1.5), "k"), keyed(run(3, 1, 12, 1.6, 1.7), "k")]
+            keyed(run(4, 1, 12, 1.4, 1.5), "k"), keyed(run(3, 1, 12, 1.6, 1.7), "k")]
     faults = [Fault("sigkill", 1.3, 1.3, pid=10)]
-    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)], faults=faults), key_limits={"main": 2})
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3), enq(4)], faults=faults), key_limits={"main": 2})
     assert "key_limit" not in rules(h)
     # without the kill, the first run still holds its claim and three run at once
     h = dataclasses.replace(h, faults=[])
     assert rules(h).get("key_limit", 0) >= 1
+
+
+def test_a_run_whose_process_moved_on_to_another_claim_no_longer_holds_its_slot():
+    # A handler past its timeout runs on in its thread (no end line) while its process claims
+    # again: its job was failed, its slot freed; two more runs of the key are within the limit
+    runs = [keyed(run(1, 1, 10, 1.0, token=5), "k"), keyed(run(2, 1, 10, 1.5, 1.6, token=6), "k"),
+            keyed(run(3, 1, 11, 1.55, 1.7), "k")]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)],
+                                    rows=[FinalRow("main", 1, 4, 5, "timeout", None)]), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
