@@ -606,7 +606,9 @@ def check_key_limit(h: History, faults: Faults) -> list[Violation]:
         limit = h.key_limits[deploy]
         events = []
         for r in runs:
-            events += [(r.start, 1, r), (min(claim_held_until(r, faults), settled[id(r)]), -1, r)]
+            until = min(claim_held_until(r, faults), settled[id(r)])
+            if until > r.start:  # a job started after its claim was gone holds no slot
+                events += [(r.start, 1, r), (until, -1, r)]
         events.sort(key=lambda e: (e[0], e[1]))  # a run that ends at an instant frees it for one that starts
         holding: dict[int, Run] = {}
         for at, step, r in events:
@@ -654,17 +656,19 @@ def settled_by(runs: list[Run]) -> dict[int, float]:
 def claim_held_until(r: Run, faults: Faults) -> float:
     """Until when a run surely held its claim: its end, or sooner the first fault that could
     have cost it the claim (on its process or the server, or a peer's take-back of its
-    process's claims), or the end of its lease unless it kept it."""
+    process's claims) since the claim began (its batch's first start: a job started after its
+    claim was taken back holds nothing), or the end of its lease unless it kept it."""
     until = r.end if r.end is not None else float("inf")
     if not r.keeps_lease:
         until = min(until, faults.lease_out.get(run_id(r), until))
+    claimed = faults.claimed_at.get((r.pid, r.token), r.start) if r.token else r.start
     for f in [*faults.by_pid.get(r.pid, ()), *(faults.by_pid.get(r.proc, ()) if r.proc else ()), *faults.server]:
-        if f.kind != "sighup" and (r.start <= f.start < until or f.start <= r.start <= f.end):
+        if f.kind != "sighup" and (claimed <= f.start < until or f.start <= claimed <= f.end):
             until = min(until, max(f.start, r.start))
     for t in faults.taken_by_peer.get(r.pid, ()):
         # The reaper logs its take-back after its COMMIT, when a peer may have claimed and started
         # the freed slot's next job already: the line can come late on a loaded machine.
-        if r.start - TAKEBACK_LOG_SLACK_S <= t < until + TAKEBACK_LOG_SLACK_S:
+        if claimed - TAKEBACK_LOG_SLACK_S <= t < until + TAKEBACK_LOG_SLACK_S:
             until = min(until, max(r.start, t - TAKEBACK_LOG_SLACK_S))
     return until
 

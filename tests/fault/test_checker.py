@@ -557,3 +557,17 @@ def test_a_run_whose_process_moved_on_to_another_claim_no_longer_holds_its_slot(
     h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)],
                                     rows=[FinalRow("main", 1, 4, 5, "timeout", None)]), key_limits={"main": 2})
     assert "key_limit" not in rules(h)
+
+
+def test_a_job_started_after_its_claim_was_taken_back_holds_no_slot():
+    # pid 10 claims jobs 1 and 2 (one claim), its liveness session is killed at 1.2 and a peer
+    # takes the claim back at 1.3; pid 10 still starts job 2 at 5.0 (a long job, keeping its
+    # lease) while two peers run the key: within the limit
+    runs = [keyed(run(1, 1, 10, 1.0, 1.1, token=7), "k"), keyed(run(2, 1, 10, 5.0, 9.0, token=7), "k"),
+            keyed(run(3, 1, 11, 5.1, 6.0), "k"), keyed(run(4, 1, 12, 5.2, 6.0), "k")]
+    runs[1].flags = "L"
+    faults = [Fault("kill_session", 1.2, 1.2, 10, detail="liveness"), Fault("taken_back", 1.3, 1.3, 10, detail="11")]
+    h = dataclasses.replace(history(runs, [enq(i) for i in (1, 2, 3, 4)], faults=faults), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
+    # and without the fault, three hold at once
+    assert rules(dataclasses.replace(h, faults=[])).get("key_limit", 0) >= 1
