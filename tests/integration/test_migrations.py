@@ -135,8 +135,9 @@ def test_init_upgrades_a_version_6_database_to_job_keys_and_runs_again(db):
     db.query("ALTER TABLE nq_job DROP INDEX ix_key, DROP COLUMN ready_key, DROP COLUMN key_prio, DROP COLUMN job_key")
     db.query("DROP TABLE nq_flow_key")
     db.query("UPDATE nq_meta SET value = '6' WHERE name = 'schema_version'")
-    with Producer("q", db.config()) as p:
-        job_id = p.put({"n": 1})
+    # (put as a version-6 producer did: this version's producers write job_key)
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) VALUES ('q', 0, NOW(6), 5, '{}')")
+    job_id = db.scalar("SELECT MAX(id) FROM nq_job")
     # When `notifyq init` runs, and migration 7 runs once more (an interrupted init runs again)
     assert schema.init(db.admin) == (6, schema.code_version())
     _apply(db, [7])
