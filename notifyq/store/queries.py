@@ -231,7 +231,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # Acks are waited for: their DELETE may wait for a row lock or lose a deadlock, and
         # that must fail the claim here, before its jobs start (the body is then run again),
         # not after, when it would take the claim with it and let its jobs run twice.
-        wait = not locked or acks is not None
+        # A flow claim's mark is waited for too: its transaction also holds key rows
+        # (nq_flow_key) that other claims wait on, and a deadlock that ended its mark after its
+        # jobs started would be a lost claim (they would run twice); waited for, it reruns the
+        # claim before any starts. A round trip more, for limited and fair queues only.
+        wait = not locked or acks is not None or flow is not None
         # A KILL QUERY can end a statement with an OK reply and no row changed. The acks are
         # verified before the COMMIT goes (Acks.verify; a round trip more, for busy claims only),
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
