@@ -150,7 +150,9 @@ class FlowClaims:
         for key in keys:
             lim = limits.limit_for(key)
             caps[key] = min(share, lim - running.get(key, 0)) if lim else share
-        locking = keys + [QUEUE_ROW] * bool(limits.limit)
+        # Only a key with a limit is locked (counted): a fair queue's other keys are read and
+        # taken without, so that its claimers never wait on, nor skip, each other's keys.
+        locking = [k for k in keys if limits.limit_for(k)] + [QUEUE_ROW] * bool(limits.limit)
         steps = []
         if new:
             steps.append((_add_keys(len(new)), {"queue": queue, **{f"key{i}": k for i, k in enumerate(new)}}))
@@ -172,8 +174,8 @@ class FlowClaims:
 
         if limits.limit:
             if QUEUE_ROW not in locked:
-                # Another consumer is claiming this queue right now: its claim sees these jobs.
-                return Grant([], complete, held)
+                # Another consumer is claiming this queue right now: claim again once it is in.
+                return Grant([], not (ready or unkeyed), held)
             room = limits.limit - sum(running.values())
             if room <= 0:
                 return Grant([], complete, held, queue_full=True)
@@ -185,10 +187,13 @@ class FlowClaims:
             by_key.setdefault(key, []).append((prio, run_at, job_id))
         for key in keys:
             rows = by_key.get(key, [])
-            if key not in locked:
-                by_key.pop(key, None)  # another consumer is claiming this key right now
-                continue
             lim = limits.limit_for(key)
+            if lim and key not in locked:
+                # Another consumer is claiming this key right now: its jobs are not ours to count
+                # this time, but may be left for us once that claim is in (claim again).
+                by_key.pop(key, None)
+                complete = complete and not rows
+                continue
             free = lim - running.get(key, 0) if lim else len(rows)
             if len(rows) >= caps[key] and (not lim or free > caps[key]):
                 complete = False  # the read stopped at its cap, and more may run: claim again
