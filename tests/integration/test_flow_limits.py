@@ -210,3 +210,26 @@ def test_status_shows_limits_running_and_held_counts_per_key_and_why(db):
     assert flow["held_in_top_keys"] == 5
     text = status.render(data)
     assert "flow control" in text and "held: key at its limit (2 of 2 running)" in text
+
+
+def test_a_fair_claim_takes_jobs_while_another_claim_holds_the_key_rows(db):
+    # Regression: every fair claim locked every key's row, so two claimers skipped each
+    # other's keys and the one that lost took nothing, said drained, and went idle (a fair
+    # drain ran at a few dozen jobs a second). A key without a limit is not locked now.
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5 + ["b"] * 5)
+    session = Session(cfg.dsn)
+    try:
+        _claim(session, FlowClaims(FlowLimits(fair=True)), batch=2)  # names the keys
+        import MySQLdb
+
+        other = MySQLdb.connect(**cfg.dsn.connect_args())
+        try:
+            other.cursor().execute("SELECT job_key FROM nq_flow_key FOR UPDATE")  # a claim in flight
+            claim = _claim(session, FlowClaims(FlowLimits(fair=True)), batch=4)
+        finally:
+            other.rollback()
+            other.close()
+    finally:
+        session.close()
+    assert len(claim.jobs) == 4
