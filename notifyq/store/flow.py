@@ -93,6 +93,7 @@ class FlowClaims:
         self.limits = limits
         self.after = ""  # the last key of the last claim's truncated key read
         self.discover_after = ""  # where the next discovery dives start
+        self.active_keys: int | None = None  # keys the last claim found ready jobs of
         self.last: Grant | None = None
 
     @classmethod
@@ -146,7 +147,10 @@ class FlowClaims:
         # Round trip 2: name the new keys, lock the keys (and the queue's row), count again
         # under the locks, and read each key's first ready jobs.
         caps = {}
-        share = max(1, math.ceil(batch_size / max(1, len(keys)))) if limits.fair else batch_size
+        # A fair claim reads each key's share of the batch: shared among the keys the last claim
+        # found jobs of (all of them the first time), so that one key left alone gets the batch
+        active = self.active_keys if self.active_keys is not None else len(keys)
+        share = max(1, math.ceil(batch_size / max(1, min(active, len(keys))))) if limits.fair else batch_size
         for key in keys:
             lim = limits.limit_for(key)
             caps[key] = min(share, lim - running.get(key, 0)) if lim else share
@@ -202,6 +206,7 @@ class FlowClaims:
             by_key[key] = rows[:max(0, free)]
         if unkeyed:
             by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed]
+        self.active_keys = sum(1 for rows in by_key.values() if rows)
 
         if limits.fair:
             # Round-robin: every key's first job, then every key's second, ... (claim order
