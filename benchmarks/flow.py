@@ -185,6 +185,7 @@ def case_fairness(this: Side, size: dict) -> dict:
 
 SIZES = {
     "full": {"drain_n": 20_000, "rounds": 3, "consumers": 2, "freed_n": 300, "fair_a": 50_000},
+    "medium": {"drain_n": 10_000, "rounds": 3, "consumers": 2, "freed_n": 200, "fair_a": 50_000},
     "quick": {"drain_n": 4_000, "rounds": 1, "consumers": 2, "freed_n": 100, "fair_a": 5_000},
 }
 
@@ -195,8 +196,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--baseline", help="a checkout of main to compare the unkeyed drain with")
     ap.add_argument("--only", action="append", choices=("unkeyed", "keyed", "freed", "fairness"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--medium", action="store_true", help="fewer jobs per drain, the full fairness case")
     args = ap.parse_args(argv)
-    size = SIZES["quick" if args.quick else "full"]
+    size = SIZES["quick" if args.quick else "medium" if args.medium else "full"]
     hostport = args.dsn.split("@", 1)[1].split("/", 1)[0]
     user = args.dsn.split("://", 1)[1].split("@", 1)[0]
     host, _, port = hostport.partition(":")
@@ -221,10 +223,12 @@ def main(argv: list[str]) -> int:
     print(f"{'case':<10} {'measure':<24} value")
     for case, r in res["cases"].items():
         for k, v in r.items():
-            if k != "runs" and not isinstance(v, dict):
-                print(f"{case:<10} {k:<24} {v:.3f}" if isinstance(v, float) else f"{case:<10} {k:<24} {v}")
-            elif isinstance(v, dict):
+            if k == "runs":
+                continue
+            if isinstance(v, dict):
                 print(f"{case:<10} {k + ' median jobs/s':<24} {v['median_jobs_s']:.0f}")
+            else:
+                print(f"{case:<10} {k:<24} {v:.3f}" if isinstance(v, float) else f"{case:<10} {k:<24} {v}")
     print(json.dumps(res))
     return 0
 
