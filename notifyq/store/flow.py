@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notifyq.config import QueueConfig
+from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
 QUEUE_ROW = ""  # nq_flow_key's row for the queue's `limit` (a job's key is 1-191 characters)
@@ -107,6 +108,20 @@ class FlowClaims:
         grant = self._candidates(cur, queue, batch_size)
         self.last = grant
         return grant
+
+    def verify_marked(self, cur, queue: str, keys: list[str | None]) -> None:
+        """In the claim's transaction, its mark's reply read and its COMMIT not yet sent: raise
+        cut_short (the claim runs again) if a key it took, or the queue, now runs more than its
+        limit: the decisive count was cut short (a KILL QUERY can end a read with an OK reply and
+        rows missing). A plain read of the claimed rows: these keys' rows are still ours."""
+        cur.execute(Q["flow_running"], {"queue": queue})
+        running = {r[0]: int(r[1]) for r in cur.fetchall()}
+        for key in set(keys):
+            lim = self.limits.limit_for(key)
+            if lim and running.get(key, 0) > lim:
+                raise cut_short(f"claim {queue}: key {key!r} would run {running[key]} of {lim}")
+        if self.limits.limit and sum(running.values()) > self.limits.limit:
+            raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
 
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits

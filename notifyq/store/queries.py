@@ -241,13 +241,19 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
-        if acks is not None:
+        if acks is not None or (flow is not None and locked):
             verified += bool(locked)
 
             def verify(cur, counts: list[int]) -> None:
-                acks.verify(cur, counts[:-1] if locked else counts)
+                if acks is not None:
+                    acks.verify(cur, counts[:-1] if locked else counts)
                 if locked and counts[-1] != marked:
                     raise cut_short(f"claim {queue}: marked {counts[-1]} of {marked}")
+                if flow is not None and locked:
+                    # The limits once more, on the rows as marked, before the COMMIT: a count
+                    # that a KILL QUERY cut short (an OK reply, rows missing) must not let a
+                    # key run more than its limit.
+                    flow.verify_marked(cur, queue, [r[KEY] for r in locked])
 
             commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
                                                   verified=verified, verify=verify)
@@ -314,6 +320,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
 
+KEY = 8  # claim_lock's column: the job's flow key
 SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
 
 

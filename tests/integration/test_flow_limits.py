@@ -233,3 +233,22 @@ def test_a_fair_claim_takes_jobs_while_another_claim_holds_the_key_rows(db):
     finally:
         session.close()
     assert len(claim.jobs) == 4
+
+
+def test_a_claim_over_a_limit_once_marked_is_refused_before_its_commit(db):
+    # The check a flow claim runs after its mark, before its COMMIT: a count cut short (a KILL
+    # QUERY's OK reply with rows missing) must not let a key run past its limit
+    import MySQLdb
+    import pytest
+
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 3 + ["b"])
+    db.query("UPDATE nq_job SET status = 2, claim_token = 1 WHERE id IN %s", (tuple(ids),))
+    conn = MySQLdb.connect(**cfg.dsn.connect_args())
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        with pytest.raises(MySQLdb.OperationalError, match="key .a. would run 3 of 2"):  # cut_short: rerun
+            flow.verify_marked(conn.cursor(), "q", ["a"])
+        flow.verify_marked(conn.cursor(), "q", ["b"])  # b is within its limit
+    finally:
+        conn.close()
