@@ -21,7 +21,7 @@ from notifyq.config import values
 from notifyq.config.dsn import DEFAULT_DSN, DSN, TLS_KEYS, tls_options
 from notifyq.config.settings import (DEFAULT_CONFIG_PATH, RANGES, RATE_KEYS, Config, ConsumerConfig, LogConfig,
                                      ProducerConfig, QueueConfig, WakeupConfig, check_setting, instant_wake_value,
-                                     rate_value, validate_queue_name)
+                                     key_limits_value, rate_value, validate_queue_name)
 
 
 class _Origins(dict):
@@ -61,6 +61,9 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
             continue
         if key in RATE_KEYS:
             out[key] = rate_value(value, dotted, suffix=origins.at(dotted))
+            continue
+        if key == "key_limits":
+            out[key] = key_limits_value(value, dotted, suffix=origins.at(dotted))
             continue
         expected = type(getattr(base, key))
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):

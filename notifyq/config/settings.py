@@ -57,6 +57,14 @@ class QueueConfig:
     # each key's (store/rates.py); "": none
     rate: str = ""
     rate_per_key: str = ""
+    # Flow control (docs/flow-control.md): at most this many running jobs per key (0: no limit),
+    # and in the whole queue; a claim takes keys round-robin with fair.
+    limit_per_key: int = 0
+    limit: int = 0
+    fair: bool = False
+    # [queue.NAME.key_limits]: per-key overrides of limit_per_key, `"key" = n` or `"pattern*" = n`
+    # (an exact key first, then the first pattern that matches, in the order given)
+    key_limits: tuple[tuple[str, int], ...] = ()
 
     @property
     def keeps_results(self) -> bool:
@@ -66,6 +74,16 @@ class QueueConfig:
     def rates(self) -> tuple[values.Rate | None, values.Rate | None]:
         """(rate, rate_per_key) parsed: checked when the config was loaded."""
         return values.rate("rate", self.rate), values.rate("rate_per_key", self.rate_per_key)
+
+    @property
+    def limited(self) -> bool:
+        """Some running job counts against a limit: what frees a slot must wake the watcher."""
+        return bool(self.limit_per_key or self.limit or self.key_limits)
+
+    @property
+    def flow_controlled(self) -> bool:
+        """The claim goes through store/flow.py (limits or fairness)."""
+        return self.limited or self.fair
 
 
 @dataclass(frozen=True)
@@ -202,6 +220,7 @@ RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "batch_size": (True, 1, False, 10000), "batch_target_s": (False, 0, False, values.MAX_SECONDS),  # 0: off
     "workers": (True, 1, False, 256),
     "concurrency": (True, 1, False, 10000),
+    "limit_per_key": (True, 0, False, 1_000_000), "limit": (True, 0, False, 1_000_000),  # 0: none
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
@@ -237,6 +256,27 @@ def rate_value(value: Any, where: str, suffix: str = "") -> str:
     except errors.ConfigError as e:
         raise errors.ConfigError(f"{e}{suffix}") from None
     return value.strip()
+
+
+KEY_LIMIT_RANGE = (True, 1, False, 1_000_000)
+
+
+def key_limits_value(value: Any, where: str, suffix: str = "") -> tuple[tuple[str, int], ...]:
+    """[queue.NAME.key_limits]: a table of key or pattern -> limit (a positive whole number)."""
+    if not isinstance(value, dict):
+        raise errors.ConfigError(f"{where}: expected a table of \"key\" = limit, got {values.shown(value)}{suffix}")
+    out = []
+    for key, n in value.items():
+        if not isinstance(key, str) or not 0 < len(key) <= 191:
+            raise errors.ConfigError(f"{where}: a key or pattern is 1-191 characters, got {values.shown(key)}{suffix}")
+        integer, lo, lo_open, hi = KEY_LIMIT_RANGE
+        try:
+            n = values.number(f"{where}.{key}", n, lo=lo, lo_open=lo_open, hi=hi, integer=integer,
+                              error=errors.ConfigError)
+        except errors.ConfigError as e:
+            raise errors.ConfigError(f"{e}{suffix}") from None
+        out.append((key, int(n)))
+    return tuple(out)
 
 
 def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqError] = errors.ConfigError,

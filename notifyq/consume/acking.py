@@ -24,6 +24,7 @@ from notifyq import errors
 from notifyq.consume.outcomes import Outcomes
 from notifyq.store import queries
 from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims
 from notifyq.store.pipeline import Pending
 from notifyq.store.rates import Rates
 
@@ -48,14 +49,15 @@ class PendingAcks:
         self._waiting = acks
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-              as_watcher: bool = False, rates: Rates | None = None, version: int = 0) -> queries.Claim:
+              as_watcher: bool = False, rates: Rates | None = None, version: int = 0,
+              flow: FlowClaims | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
         first (or acked again: its COMMIT failed). version: the consumer's code version."""
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:
             claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates,
-                                  version=version)
+                                  version=version, flow=flow)
         except BaseException:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise
@@ -63,6 +65,10 @@ class PendingAcks:
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
+            if self.outcomes.freed is not None:
+                # Its COMMIT may still be on the wire: a watcher woken before it lands finds the
+                # signal moved past what its claim saw, and claims again.
+                self.outcomes.freed()
         return claim
 
     def flush(self, session: Session) -> None:
@@ -71,6 +77,8 @@ class PendingAcks:
         if self._waiting is not None:
             acks, self._waiting = self._waiting, None
             self._ack(session, acks)
+            if self.outcomes.freed is not None:
+                self.outcomes.freed()
 
     def _land_riding(self, session: Session) -> None:
         """The acks the last claim carried: counted once its COMMIT is read, or acked on their

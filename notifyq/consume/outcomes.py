@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from operator import attrgetter
 
 from notifyq import errors, logs
@@ -36,6 +37,8 @@ CANCEL_SEEN = "cancelled: the handler saw the cancel and returned"
 class Outcomes:
     def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
         self.queue, self.qc, self.stats = queue, qc, stats
+        # A limited queue's: called after each COMMIT that freed slots (consume/slots.py)
+        self.freed: Callable[[], None] | None = None
 
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
@@ -75,7 +78,7 @@ class Outcomes:
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
-                                r.ended, snooze=True) for j, r in snoozed])
+                                r.ended, snooze=True) for j, r in snoozed], wake=self.qc.limited)
             self.stats.snoozed += len(owned) - len(owned.cancelled)
             for job, _ in snoozed:
                 if job.id in owned.cancelled:
@@ -88,10 +91,12 @@ class Outcomes:
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [r.started if r.started is not None else 0.0 for _, r in ok],
                             [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
-                            [r.task for _, r in ok])
+                            [r.task for _, r in ok], wake=self.queue if self.qc.limited else None)
         if carry:
             return acks
         self.ack(session, acks)
+        if self.freed is not None:
+            self.freed()
         return None
 
     def _observe(self, jobs: list[Job]) -> None:
@@ -200,12 +205,14 @@ class Outcomes:
                    for job, error, may_retry in failures]
         try:
             owned = queries.reschedule_or_bury(session, self.queue, token,
-                                               [_failure(j, d, e) for j, d, e in decided])
+                                               [_failure(j, d, e) for j, d, e in decided], wake=self.qc.limited)
             unrecorded: list[Job] = []
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path, as for any statement
         except Exception as e:  # the server refused the statement: it must not end the worker
             owned, unrecorded = self._fail_one_by_one(session, token, decided, e)
+        if owned and self.freed is not None:
+            self.freed()
         logged: dict[str, int] = {}  # traceback -> the job whose line showed it
         for job, delay, error in decided:
             if job.id not in owned:
@@ -241,7 +248,8 @@ class Outcomes:
             texts.append(queries.error_text(error, SHORT_ERROR_BYTES - len(CUT_NOTE)) + CUT_NOTE)
             for text in texts:
                 try:
-                    alone = queries.reschedule_or_bury(session, self.queue, token, [_failure(job, delay, text)])
+                    alone = queries.reschedule_or_bury(session, self.queue, token, [_failure(job, delay, text)],
+                                                       wake=self.qc.limited)
                     owned += alone
                     owned.cancelled |= alone.cancelled
                     break

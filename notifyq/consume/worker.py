@@ -26,12 +26,14 @@ from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
+from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
 from notifyq.store import liveness
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.rates import Rates
+from notifyq.store.flow import FlowClaims
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -73,6 +75,9 @@ class Worker:
         # The last batch's successes, which ride the next claim unless the worker does
         # anything else first (then they are flushed: acked on their own)
         self.acks = PendingAcks(self.outcomes)
+        self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
+        self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
+        self._arm_slot_wake()
 
     @property
     def waiter(self):
@@ -148,6 +153,8 @@ class Worker:
             self.caller.close()
             handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
             self.work.close()
+            if self.slot_wake is not None:
+                self.slot_wake.close()
             if self._owns_presence:
                 self.presence.close()
 
@@ -157,6 +164,14 @@ class Worker:
         self.config = config
         self.qc = self.outcomes.qc = config.queue(self.queue)
         self.batch_size = batch_size or self.qc.batch_size
+        self.flow = FlowClaims.for_queue(self.qc)
+        self._arm_slot_wake()
+
+    def _arm_slot_wake(self) -> None:
+        """A limited queue's outcomes wake the watcher for the jobs a limit held back."""
+        if self.qc.limited and self.slot_wake is None:
+            self.slot_wake = SlotWake(self.config, self.queue, self.waiter.locks)
+        self.outcomes.freed = self.slot_wake.freed if self.qc.limited and self.slot_wake else None
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
@@ -253,7 +268,7 @@ class Worker:
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
-                                version=self.version)
+                                version=self.version, flow=self.flow)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use

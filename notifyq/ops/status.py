@@ -6,10 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from notifyq.config import QueueConfig
 from notifyq.jobs import Status
 from notifyq.ops import locks as lock_view
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
+from notifyq.store.flow import FlowLimits
 
 COLUMNS = ("ready", "delayed", "claimed", "dead", "done", "cancelled")
 
@@ -54,9 +56,43 @@ def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def collect(session: Session, queue: str | None = None, locks: bool = False) -> dict[str, Any]:
+TOP_KEYS = 10  # keys shown per limited queue, by ready jobs
+
+
+def flow(session: Session, queue: str, qc: QueueConfig) -> dict[str, Any]:
+    """A limited or fair queue's limits, its running jobs, the jobs its limits hold back, and its
+    top keys by ready jobs, each with why its jobs wait (docs/flow-control.md)."""
+    counts = admin_queries.flow_key_counts(session, queue, TOP_KEYS + 1)
+    running = sum(int(r[1]) for r in counts)
+    queue_full = bool(qc.limit) and running >= qc.limit
+    keys, held = [], 0
+    for key, n_running, n_ready in counts:
+        if key is None:
+            continue
+        n_running, n_ready = int(n_running), int(n_ready)
+        lim = _key_limit(qc, key)
+        why = ""
+        if n_ready and lim and n_running >= lim:
+            why = f"key at its limit ({n_running} of {lim} running)"
+        elif n_ready and queue_full:
+            why = f"queue at its limit ({running} of {qc.limit} running)"
+        held += n_ready if why else 0
+        keys.append({"key": key, "running": n_running, "ready": n_ready, "limit": lim or None,
+                     "held": n_ready if why else 0, "why": why or None})
+    return {"limit_per_key": qc.limit_per_key or None, "limit": qc.limit or None, "fair": qc.fair,
+            "key_limits": dict(qc.key_limits), "running": running, "held_in_top_keys": held,
+            "keys": keys[:TOP_KEYS]}
+
+
+def _key_limit(qc: QueueConfig, key: str) -> int:
+    return FlowLimits.of(qc).limit_for(key)  # the one place the override rules live
+
+
+def collect(session: Session, queue: str | None = None, locks: bool = False,
+            configs: dict[str, QueueConfig] | None = None) -> dict[str, Any]:
     """locks: also who holds and waits on each queue's advisory locks (ops/locks.py), read from
-    performance_schema on demand only."""
+    performance_schema on demand only. configs: the queues' settings; a limited or fair queue's
+    entry gets its `flow` figures."""
     now = admin_queries.server_now(session)
     queues: dict[str, dict[str, Any]] = {}
 
@@ -85,12 +121,34 @@ def collect(session: Session, queue: str | None = None, locks: bool = False) -> 
     if queue is not None:
         queues = {queue: queues.get(queue) or entry(queue)}
         consumers = [c for c in consumers if queue in c["queues"]]
+    for name, qc in (configs or {}).items():
+        if name in queues and qc.flow_controlled:
+            queues[name]["flow"] = flow(session, name, qc)
     degraded = sorted({q for c in consumers if c["wakeup"] != "locks" for q in c["queues"]})
     data = {"server_time": _iso(now), "queues": queues, "consumers": consumers,
             "wakeup_degraded": degraded, "periodic": periodic}
     if locks:
         data["locks"] = lock_view.read(session, sorted(queues), consumers)
     return data
+
+
+def flow_lines(queues: dict[str, dict[str, Any]]) -> list[str]:
+    """The flow-control section: each limited or fair queue's limits and its top keys."""
+    out: list[str] = []
+    for name, q in sorted(queues.items()):
+        f = q.get("flow")
+        if not f:
+            continue
+        if not out:
+            out += ["", "flow control (top keys by ready jobs):"]
+        limits = "  ".join(f"{k}={f[k]}" for k in ("limit_per_key", "limit") if f[k]) or "no limit"
+        out.append(f"  {name}  {limits}{'  fair' if f['fair'] else ''}  running={f['running']}  "
+                   f"held={f['held_in_top_keys']}")
+        for k in f["keys"]:
+            lim = f"/{k['limit']}" if k["limit"] else ""
+            why = f"  held: {k['why']}" if k["why"] else ""
+            out.append(f"    {k['key']}  running={k['running']}{lim}  ready={k['ready']}{why}")
+    return out
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -139,6 +197,7 @@ def render(data: dict[str, Any], column: str | None = None, rows: list[tuple[str
         lines += ["", "periodic (last tick, UTC):"]
         lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" + (f"  {column}={p[column]}" if column else "")
                   for p in data["periodic"]]
+    lines += flow_lines(data["queues"])
     if "locks" in data and "by_shard" not in data["locks"]:  # (over [shards]: in `more`)
         lines += lock_view.render(data["locks"])
     lines += more or []

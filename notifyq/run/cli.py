@@ -159,7 +159,7 @@ def status(obj: Context, a: argparse.Namespace) -> None:
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
     with servers.Servers.oneshot(cfg, "status") as every:
-        data, down = status_mod.collect(every, queue, a.locks)
+        data, down = status_mod.collect(every, queue, a.locks, cfg.queues)
     echo(json.dumps(data, indent=2) if a.as_json else status_mod.render(data))
     servers.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
 

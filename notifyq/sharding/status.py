@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from notifyq.ops import locks as lock_view
+from notifyq.config import QueueConfig
 from notifyq.ops import status
 from notifyq.sharding.servers import Servers
 
 
 def collect(servers: Servers, queue: str | None = None,
-            locks: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+            locks: bool = False, configs: dict[str, QueueConfig] | None = None
+            ) -> tuple[dict[str, Any], dict[str, str]]:
     """The status of every server, and the shards that are down (one server: its errors raised);
-    locks: each server's advisory locks too (ops/locks.py)."""
-    answers, down = servers.each(lambda session: status.collect(session, queue, locks))
+    locks: each server's advisory locks too (ops/locks.py); configs: the queues' settings (their
+    flow limits)."""
+    answers, down = servers.each(lambda session: status.collect(session, queue, locks, configs))
     return (merge(answers, down) if servers.sharded else answers[""]), down
 
 
@@ -34,6 +37,12 @@ def merge(per_shard: dict[str, dict[str, Any]], down: dict[str, str]) -> dict[st
             for key in (*status.COLUMNS, "cancel_requested", "consumers"):
                 total[key] += figures[key]
             total["paused"] = total["paused"] or figures["paused"]
+            if "flow" in figures:  # a key lives on one shard: its keys are that shard's
+                total.setdefault("flow", {**figures["flow"], "keys": [], "running": 0, "held_in_top_keys": 0})
+                for k in ("running", "held_in_top_keys"):
+                    total["flow"][k] += figures["flow"][k]
+                total["flow"]["keys"] = sorted(total["flow"]["keys"] + figures["flow"]["keys"],
+                                               key=lambda k: -k["ready"])[:status.TOP_KEYS]
             for key, pick in (("oldest_ready_age_s", max), ("next_due_in_s", min), ("oldest_claim_age_s", max)):
                 both = [v for v in (total[key], figures[key]) if v is not None]
                 total[key] = pick(both) if both else None

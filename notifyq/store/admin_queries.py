@@ -46,6 +46,11 @@ def consumers(session: Session) -> list[tuple]:
                  "status")
 
 
+def flow_key_counts(session: Session, queue: str, limit: int) -> list[tuple]:
+    """(key or None, running, ready) of the queue's keys with the most ready jobs."""
+    return _rows(session, "flow_key_counts", {"queue": queue, "limit": limit}, "flow key counts")
+
+
 def server_now(session: Session) -> dt.datetime:
     return queries.one_value(session, "server_now", {}, "server time")
 

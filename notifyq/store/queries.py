@@ -24,6 +24,7 @@ from notifyq.jobs import Job
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
+from notifyq.store.flow import FlowClaims
 from notifyq.store.pipeline import Pending
 from notifyq.store.sql import QUERIES as Q
 
@@ -59,7 +60,11 @@ def ensure_queue(cur, queue: str) -> bool:
 
 
 def bump_signal(cur, queue: str, n: int) -> None:
-    cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
+    cur.execute(*signal_bump(queue, n))
+
+
+def signal_bump(queue: str, n: int) -> tuple[str, dict[str, Any]]:
+    return Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n}
 
 
 # ---------------------------------------------------------------- claim
@@ -93,6 +98,9 @@ class Acks:
     ended: list[float] | None = None
     results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
     tasks: list[str] | None = None  # each job's task, for the consumer's per-task figures (never sent)
+    # A limited queue's name: the ack frees slots, so it bumps the queue's signal in its own
+    # transaction (last), and the watcher wakes for the jobs a limit held back (store/flow.py)
+    wake: str | None = None
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -109,6 +117,8 @@ class Acks:
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
+        if self.wake is not None:
+            out.append(signal_bump(self.wake, len(self.ids)))
         return out
 
     def _record(self, ids: Ids, started_ages: list[int], ended_ages: list[int]) -> tuple[str, dict[str, Any]]:
@@ -134,6 +144,8 @@ class Acks:
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
+        if self.wake is not None:
+            counts = counts[:-1]  # the signal's bump, last
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
@@ -149,7 +161,7 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
           as_watcher: bool = False, acks: Acks | None = None, rates: rating.Rates | None = None,
-          version: int = 0) -> Claim:
+          version: int = 0, flow: FlowClaims | None = None) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -177,6 +189,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     free for are marked, their starts written in this transaction; its jobs then start only
     once its COMMIT is read.
     version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
+    flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
+    and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -184,18 +198,25 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     def body(cur) -> Claim:
         params = {"queue": queue, "limit": limit}
         seen_seq = None
-        names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
+        names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
         cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
         if as_watcher:
             seen_seq = int(cur.fetchone()[0])
             cur.nextset()
-        ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
-        cur.nextset()
+        if flow is None:
+            ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+            cur.nextset()
         due = cur.fetchone() is not None
         cur.nextset()
         if cur.fetchone() is not None:  # paused
             return Claim([], token, True, True)
-        if due:
+        complete = True
+        if flow is not None:
+            if due:
+                _promote_due(session, cur, queue)
+            grant = flow.candidates(cur, queue, batch_size)
+            ordered, complete = grant.ids, grant.complete  # it says what it left behind
+        elif due:
             ordered = _with_due(session, cur, queue, params)
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
@@ -212,7 +233,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             too_new += skipped
         # Nothing taken, and only because the jobs need newer code: as good as drained for this
         # consumer (it waits for the next wake-up instead of claiming again at once)
-        drained = (len(ordered) < limit and tried == len(ordered)) or (not locked and too_new > 0)
+        drained = ((complete and (flow is not None or len(ordered) < limit) and tried == len(ordered))
+                   or (not locked and too_new > 0))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -244,19 +266,29 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # Acks are waited for: their DELETE may wait for a row lock or lose a deadlock, and
         # that must fail the claim here, before its jobs start (the body is then run again),
         # not after, when it would take the claim with it and let its jobs run twice.
-        wait = not locked or acks is not None
+        # A flow claim's mark is waited for too: its transaction also holds key rows
+        # (nq_flow_key) that other claims wait on, and a deadlock that ended its mark after its
+        # jobs started would be a lost claim (they would run twice); waited for, it reruns the
+        # claim before any starts. A round trip more, for limited and fair queues only.
+        wait = not locked or acks is not None or flow is not None
         # A KILL QUERY can end a statement with an OK reply and no row changed. The acks are
         # verified before the COMMIT goes (Acks.verify; a round trip more, for busy claims only),
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
-        if acks is not None:
+        if acks is not None or (flow is not None and locked):
             verified += bool(locked)
 
             def verify(cur, counts: list[int]) -> None:
-                acks.verify(cur, counts[:-1] if locked else counts)
+                if acks is not None:
+                    acks.verify(cur, counts[:-1] if locked else counts)
                 if locked and counts[-1] != marked:
                     raise cut_short(f"claim {queue}: marked {counts[-1]} of {marked}")
+                if flow is not None and locked:
+                    # The limits once more, on the rows as marked, before the COMMIT: a count
+                    # that a KILL QUERY cut short (an OK reply, rows missing) must not let a
+                    # key run more than its limit.
+                    flow.verify_marked(cur, queue, [r[KEY] for r in locked])
 
             commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
                                                   verified=verified, verify=verify)
@@ -370,6 +402,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
 
+KEY = 8  # claim_lock's column: the job's flow key
 SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
 MIN_VERSION = 10  # claim_lock's column: the lowest consumer code version the job may run on
 
@@ -463,10 +496,11 @@ class Owned(list):
 
 
 def reschedule_or_bury(session: Session, queue: str, token: int,
-                       failures: list[tuple[int, float | None, str] | Failure]) -> Owned:
+                       failures: list[tuple[int, float | None, str] | Failure], wake: bool = False) -> Owned:
     """failures: Failure, or (id, delay_s or None for dead, error). Returns the ids the claim
     still owned (Owned: with those that ended cancelled). Each job's attempt record goes with
-    its outcome, in one round trip."""
+    its outcome, in one round trip. wake: a limited queue's, whose every outcome frees a slot
+    (a burial and a cancel too, not only a retry): the signal moves for each."""
     if not failures:
         return Owned()
     items = [f if isinstance(f, Failure) else Failure(*f) for f in failures]
@@ -516,8 +550,10 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 owned.append(f.id)
                 if ended is not None and ended[0]:
                     owned.cancelled.add(f.id)
-        if retried:
-            bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
+        if retried or (wake and owned):
+            # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
+            # of the slot it frees
+            bump_signal(cur, queue, max(retried, len(owned)))
         return owned
 
     return session.run(body, what="fail")

@@ -19,7 +19,8 @@ The contract (issue 13, "The contract to hold"), one rule per function below:
 - stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
   recovery bound while the schedule runs);
 - priority: among jobs that were claimable at the same time, a claim never takes a lower
-  priority one while a higher priority one waits. Asserted only where the history proves both
+  priority one while a higher priority one waits (a keyed job under a limit excepted: its key's
+  limit may hold it back). Asserted only where the history proves both
   were claimable and untouched by any fault; ties (run_at, id) are asserted only within a batch.
 
 Issue 26 ("a live consumer keeps what it holds", "a worker never starts a job it no longer
@@ -45,6 +46,15 @@ Issue 38 (rate limits):
   run counts at its claim's first start. RATE_SLACK_S covers the COMMIT-to-first-line delay; a
   fault on either process (or the server) in the window excuses it (a stalled process's start
   line comes late; a killed one's claim may have committed unread).
+
+Issue 38 ("flow control"):
+- key_limit: at no instant more than N runs of a key (the deployment's limit_per_key) hold
+  their claims. A run holds its claim from its start until it ends, or until something could
+  have taken the claim from it: a fault on its process (its kill, stall, a KILL of one of its
+  sessions, a peer's take-back, whose log line may come up to 0.5 s after it) or on the
+  server, or its lease running out (a handler that
+  kept its lease excepted). Such a run may go on after its slot went to another job of the
+  key (its ack is fenced out): the documented semantics, not a violation.
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
@@ -95,6 +105,7 @@ EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "fin
 EVIDENCE = ("cancel", "taken_back", "re_registered")
 CLOCK_SLACK_S = 0.25  # run_at (server clock) against CLOCK_MONOTONIC, and scheduling jitter
 LOG_SLACK_S = 0.002  # a log line's wall-clock millisecond against CLOCK_MONOTONIC
+TAKEBACK_LOG_SLACK_S = 0.5  # key_limit: how late a reaper's "jobs returned" line may follow its COMMIT
 DEAD = 4
 DONE = 3
 CANCELLED = 5  # issue 29: a job cancelled while it ran ends in a state of its own
@@ -620,6 +631,8 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
                 since = prev[2]  # failed, or handed back unstarted: claimable again from then
             else:
                 continue
+            if r.flow_key and h.key_limits.get(r.deploy):
+                continue  # its key's limit may hold it back: a lower job of another key may go first
             claim_lo = lower.get(bkey)
             if claim_lo is not None:
                 waiting[(r.deploy, r.priority)].append((max(since, r.run_at_mono), claim_lo, r))
@@ -657,6 +670,85 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
 
 
 # ------------------------------------------------------------------ issue 26
+
+
+def check_key_limit(h: History, faults: Faults) -> list[Violation]:
+    """key_limit: never more runs of one key at once than its deployment's limit_per_key."""
+    by_key: dict[tuple[str, str], list[Run]] = collections.defaultdict(list)
+    for r in h.runs:
+        if r.flow_key and h.key_limits.get(r.deploy):
+            by_key[(r.deploy, r.flow_key)].append(r)
+    out: list[Violation] = []
+    settled = settled_by(h.runs)
+    for (deploy, key), runs in by_key.items():
+        limit = h.key_limits[deploy]
+        events = []
+        for r in runs:
+            until = min(claim_held_until(r, faults), settled[id(r)])
+            if until > r.start:  # a job started after its claim was gone holds no slot
+                events += [(r.start, 1, r), (until, -1, r)]
+        events.sort(key=lambda e: (e[0], e[1]))  # a run that ends at an instant frees it for one that starts
+        holding: dict[int, Run] = {}
+        for at, step, r in events:
+            if step == -1:
+                holding.pop(id(r), None)
+                continue
+            holding[id(r)] = r
+            if len(holding) > limit:
+                who = ", ".join(f"job {o.job} pid {o.pid} from {o.start:.3f}" for o in holding.values())
+                out.append(Violation("key_limit", r.key, f"{len(holding)} runs of key {key!r} at once "
+                                     f"(limit_per_key {limit}) at t={at:.3f}: {who}"))
+    return out
+
+
+def settled_by(runs: list[Run]) -> dict[int, float]:
+    """For each run (by id()), a moment by which its claim was surely settled, whether or not
+    its handler had returned: the next start of the same job (anywhere: it was retried, given
+    back or taken back), or the first start of a later claim in its process (the fleet runs one
+    worker per process, which claims again only once its batch is settled: acked, failed (a
+    handler past its timeout_s fails and runs on in its thread), given back)."""
+    out: dict[int, float] = {}
+    by_job: dict[JobKey, list[Run]] = collections.defaultdict(list)
+    by_pid: dict[int, list[Run]] = collections.defaultdict(list)
+    for r in runs:
+        by_job[r.key].append(r)
+        by_pid[r.pid].append(r)
+    for group in (*by_job.values(), *by_pid.values()):
+        group.sort(key=lambda r: r.start)
+    for r in runs:
+        until = float("inf")
+        same_job = by_job[r.key]
+        later = [o.start for o in same_job if o.start > r.start]
+        if later:
+            until = later[0]
+        mine = by_pid[r.pid]
+        i = bisect.bisect_right([o.start for o in mine], r.start)
+        for o in mine[i:]:
+            if o.token != r.token:
+                until = min(until, o.start)
+                break
+        out[id(r)] = until
+    return out
+
+
+def claim_held_until(r: Run, faults: Faults) -> float:
+    """Until when a run surely held its claim: its end, or sooner the first fault that could
+    have cost it the claim (on its process or the server, or a peer's take-back of its
+    process's claims) since the claim began (its batch's first start: a job started after its
+    claim was taken back holds nothing), or the end of its lease unless it kept it."""
+    until = r.end if r.end is not None else float("inf")
+    if not r.keeps_lease:
+        until = min(until, faults.lease_out.get(run_id(r), until))
+    claimed = faults.claimed_at.get((r.pid, r.token), r.start) if r.token else r.start
+    for f in [*faults.by_pid.get(r.pid, ()), *(faults.by_pid.get(r.proc, ()) if r.proc else ()), *faults.server]:
+        if f.kind != "sighup" and (claimed <= f.start < until or f.start <= claimed <= f.end):
+            until = min(until, max(f.start, r.start))
+    for t in faults.taken_by_peer.get(r.pid, ()):
+        # The reaper logs its take-back after its COMMIT, when a peer may have claimed and started
+        # the freed slot's next job already: the line can come late on a loaded machine.
+        if claimed - TAKEBACK_LOG_SLACK_S <= t < until + TAKEBACK_LOG_SLACK_S:
+            until = min(until, max(r.start, t - TAKEBACK_LOG_SLACK_S))
+    return until
 
 
 def check_stale_starts(h: History) -> list[Violation]:
@@ -895,6 +987,7 @@ def _check_deploy(h: History) -> Report:
     violations += check_stranded(h)
     violations += check_batch_order(h)
     violations += check_rates(h, faults)
+    violations += check_key_limit(h, faults)
     prio_violations, judged = check_claim_priority(h, faults)
     violations += prio_violations
     lost = sum(1 for v in violations if v.rule == "lost")

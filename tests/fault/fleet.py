@@ -44,12 +44,20 @@ class Consumer:
         return "consumer started" in self.err.read_text()
 
 
+# issue 38: the main queue's keyed jobs (workload.KEYS) run at most this many at once per key,
+# under every fault class (the checker's key_limit)
+KEY_LIMIT = 2
+
+
 def write_config(path: Path, lease_s: float, polling: bool, keep_results: bool = False) -> Path:
     """The consumers' config: a short lease (stalls outlast it), quick reaping, default attempts;
     keep_results: the queues keep results an hour (the effects class: its unenc jobs' results
-    cannot be encoded, and must be dropped, their jobs done once)."""
-    text = (f"[defaults]\nlease_s = {lease_s}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
-            + ("result_ttl_s = 3600\n" if keep_results else "")
+    cannot be encoded, and must be dropped, their jobs done once). The main queue (fq) limits
+    its keys to KEY_LIMIT running jobs each."""
+    defaults = (f"lease_s = {lease_s}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
+                + ("result_ttl_s = 3600\n" if keep_results else ""))
+    text = (f"[defaults]\n{defaults}"
+            + f"[queue.fq]\n{defaults}limit_per_key = {KEY_LIMIT}\n"
             + f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {lease_s * 3}\n")
     if polling:
         text += "[wakeup]\nuse_locks = false\npoll_max_s = 0.2\n"

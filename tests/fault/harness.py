@@ -40,7 +40,7 @@ from . import checker
 from . import episodes as ep
 from . import kill_query
 from . import rated
-from .fleet import Consumer, Fleet, write_config
+from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
@@ -672,7 +672,8 @@ class FaultRun:
                        consumer_pids={c.pid for c in self.fleet.started},
                        lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S},
                        rates={rated.DEPLOY: rated.limits()} if self.rated else {},
-                       job_keys=self.rated.keys if self.rated else {}, hand_backs=self._hand_backs())
+                       job_keys=self.rated.keys if self.rated else {}, hand_backs=self._hand_backs(),
+                       key_limits={"main": KEY_LIMIT})
 
 
 def _epoch(ts: str) -> float:

@@ -38,6 +38,7 @@ class Run:
     flags: str = ""  # L: kept its lease (extended it), C: a --command run, F: forked a child
     tag: str = ""  # the put() that stored the job (payload "u"), when the workload tagged it
     proc: int = 0  # the process the handler ran in when not `pid` (a --command's own pid)
+    flow_key: str = ""  # the job's flow-control key (Job.key), "" without one
 
     @property
     def keeps_lease(self) -> bool:
@@ -153,6 +154,8 @@ class History:
     rates: dict[str, list[tuple[int, float, bool]]] = dataclasses.field(default_factory=dict)
     job_keys: dict[JobKey, str] = dataclasses.field(default_factory=dict)
     hand_backs: list[HandBack] = dataclasses.field(default_factory=list)
+    # issue 38: each deployment's limit_per_key (none: its runs are not judged by key_limit)
+    key_limits: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)
@@ -180,7 +183,7 @@ def read_runs(out: Path) -> list[Run]:
                 extra = dict(p.split("=", 1) for p in parts[10:] if "=" in p)
                 run = Run(deploy, job, attempt, pid, token, int(parts[6]) / NS, int(parts[7]) / NS,
                           int(parts[8]), int(parts[9]) / 1e6, flags=extra.get("f", ""), tag=extra.get("u", ""),
-                          proc=int(extra.get("c", 0)))
+                          proc=int(extra.get("c", 0)), flow_key=extra.get("k", ""))
                 runs.append(run)
                 open_runs[(deploy, job, attempt, pid, token)] = run
             elif parts[0] == "E" and len(parts) == 8:

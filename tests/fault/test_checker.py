@@ -646,3 +646,60 @@ def test_a_key_rate_counts_each_key_apart_and_jobs_without_a_key_not_at_all():
     # When key a starts again within its period
     keys[("main", 3)] = "a"
     assert rules(rated(runs, [(1, 1.0, True)], keys)) == {"rate": 1}
+
+
+# ------------------------------------------------------------------ issue 38: key_limit
+
+
+def keyed(r: Run, key: str) -> Run:
+    r.flow_key = key
+    return r
+
+
+def test_three_runs_of_a_key_at_once_under_a_limit_of_two_is_caught():
+    # Planted: three overlapping runs of key k on three processes, limit_per_key 2
+    runs = [keyed(run(1, 1, 10, 1.0, 1.5), "k"), keyed(run(2, 1, 11, 1.1, 1.6), "k"),
+            keyed(run(3, 1, 12, 1.2, 1.7), "k"), keyed(run(4, 1, 13, 1.2, 1.7), "other")]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3), enq(4)]), key_limits={"main": 2})
+    assert rules(h) == {"key_limit": 1}
+    # and without a limit for the deployment, or with a run that ended first, nothing
+    assert checker.check(dataclasses.replace(h, key_limits={})).ok
+    runs[0].end = 1.2  # ends as the third starts: the slot passes on
+    assert checker.check(h).ok
+
+
+def test_a_run_whose_process_was_killed_frees_its_slot_at_the_kill():
+    # The first run's process is SIGKILLed at 1.3 (no end recorded); a peer's runs of the key start
+    # after the kill, another one before: two at once at most
+    runs = [keyed(run(1, 1, 10, 1.0), "k"), keyed(run(2, 1, 11, 1.1, 2.0), "k"),
+            keyed(run(4, 1, 12, 1.4, 1.5), "k"), keyed(run(3, 1, 12, 1.6, 1.7), "k")]
+    faults = [Fault("sigkill", 1.3, 1.3, pid=10)]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3), enq(4)], faults=faults), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
+    # without the kill, the first run still holds its claim and three run at once
+    h = dataclasses.replace(h, faults=[])
+    assert rules(h).get("key_limit", 0) >= 1
+
+
+def test_a_run_whose_process_moved_on_to_another_claim_no_longer_holds_its_slot():
+    # A handler past its timeout runs on in its thread (no end line) while its process claims
+    # again: its job was failed, its slot freed; two more runs of the key are within the limit
+    runs = [keyed(run(1, 1, 10, 1.0, token=5), "k"), keyed(run(2, 1, 10, 1.5, 1.6, token=6), "k"),
+            keyed(run(3, 1, 11, 1.55, 1.7), "k")]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)],
+                                    rows=[FinalRow("main", 1, 4, 5, "timeout", None)]), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
+
+
+def test_a_job_started_after_its_claim_was_taken_back_holds_no_slot():
+    # pid 10 claims jobs 1 and 2 (one claim), its liveness session is killed at 1.2 and a peer
+    # takes the claim back at 1.3; pid 10 still starts job 2 at 5.0 (a long job, keeping its
+    # lease) while two peers run the key: within the limit
+    runs = [keyed(run(1, 1, 10, 1.0, 1.1, token=7), "k"), keyed(run(2, 1, 10, 5.0, 9.0, token=7), "k"),
+            keyed(run(3, 1, 11, 5.1, 6.0), "k"), keyed(run(4, 1, 12, 5.2, 6.0), "k")]
+    runs[1].flags = "L"
+    faults = [Fault("kill_session", 1.2, 1.2, 10, detail="liveness"), Fault("taken_back", 1.3, 1.3, 10, detail="11")]
+    h = dataclasses.replace(history(runs, [enq(i) for i in (1, 2, 3, 4)], faults=faults), key_limits={"main": 2})
+    assert "key_limit" not in rules(h)
+    # and without the fault, three hold at once
+    assert rules(dataclasses.replace(h, faults=[])).get("key_limit", 0) >= 1

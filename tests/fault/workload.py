@@ -24,6 +24,7 @@ BURST_EVERY_S = 10.0  # due_priority: how often a due backlog with one urgent jo
 BURST_JOBS = 400
 FX_CALLS_SHARE, FX_CALLS_S = 0.5, 0.05  # effects: of those, calls inside the block, and the stay there after
 UNENC_SHARE = 0.01  # effects: of the plain jobs, and of the fx ones, until their few are drawn
+KEYS, KEYED_SHARE = 4, 0.3  # issue 38: this share of put/put_many calls carry one of KEYS keys (fleet.KEY_LIMIT)
 FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
@@ -102,6 +103,7 @@ class Workload(threading.Thread):
         self.deploy, self.config, self.queue = deploy, config, queue
         self.rng = random.Random(seed)
         self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs)
+        self.key_rng = random.Random(seed + 38)  # a stream of its own: the other draws are unchanged
         self.jobs, self.duration_s = jobs, duration_s
         self.methods, self.ring = methods, ring
         self.enqueues: list[Enqueue] = []
@@ -141,8 +143,9 @@ class Workload(threading.Thread):
         kinds_payloads = [self.mix.payload() for _ in range(n)]
         priority = self.rng.choice((1, 5, 9)) if method == "priority" else 0
         delay = round(self.rng.uniform(0.2, 3.0), 3) if method == "delayed" else 0.0
+        key = f"fk{self.key_rng.randrange(KEYS)}" if self.key_rng.random() < KEYED_SHARE else None
         if method == "put_many":
-            ids = producer.put_many([p for _, p in kinds_payloads])
+            ids = producer.put_many([p for _, p in kinds_payloads], key=key)
         elif method == "dedup":
             key = f"d{self.rng.randrange(30)}"
             ids = [producer.put(kinds_payloads[0][1], dedup_key=key)]
@@ -151,7 +154,7 @@ class Workload(threading.Thread):
             ids = [producer.put(kinds_payloads[0][1], conn=conn)]
             conn.commit()
         else:
-            ids = [producer.put(kinds_payloads[0][1], priority=priority, delay=delay)]
+            ids = [producer.put(kinds_payloads[0][1], priority=priority, delay=delay, key=key)]
         acked = time.monotonic()
         for job_id, (kind, _) in zip(ids, kinds_payloads):
             self.enqueues.append(Enqueue(self.deploy, job_id, kind, method, priority, delay, acked))

@@ -91,7 +91,8 @@ def handle(job) -> None:
     token = _token(job)
     payload = job.payload if isinstance(job.payload, dict) else {}
     os.write(_fd(), (f"S {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
-                     f"{time.time_ns()} {job.priority} {_run_at_us(job)}{_extras(payload)}\n").encode())
+                     f"{time.time_ns()} {job.priority} {_run_at_us(job)}{_extras(payload)}"
+                     f"{f' k={job.key}' if getattr(job, 'key', None) else ''}\n").encode())
     kind = payload.get("k", "")
     if kind == "poison":
         os._exit(70)  # a crash the job itself causes (segfault, OOM kill): no cleanup, no ack

@@ -64,7 +64,7 @@ def test_init_upgrades_a_version_4_database_with_jobs_and_keys_in_place(db):
 
     # Then nq_job has the three indexes of version 5, the jobs are as they were, the pending
     # jobs' keys moved to nq_dedup, and nq_queue.bell is gone
-    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state", "ix_key"}  # ix_key: version 7
     assert "dedup_active" not in _columns(db, "nq_job") and "bell" not in _columns(db, "nq_queue")
     assert db.query("SELECT id, queue, status, run_at, payload, dedup_key, owner FROM nq_job ORDER BY id") == before
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup ORDER BY job_id") == [
@@ -87,7 +87,7 @@ def test_migration_5_runs_again_after_an_interrupted_init(db):
     # When `notifyq init` runs migration 5 again
     assert schema.init(db.admin) == (4, schema.code_version())
     # Then it is a no-op: the same indexes, the key still held by its job
-    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state", "ix_key"}  # ix_key: version 7
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
     with Producer("q", db.config()) as p:
         assert p.put({}, dedup_key="k") == 1
@@ -112,7 +112,7 @@ def test_migration_5_runs_again_after_it_stopped_between_its_steps(db):
     # When `notifyq init` runs
     assert schema.init(db.admin) == (4, schema.code_version())
     # Then the upgrade is complete and the key copied once
-    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state"}
+    assert _indexes(db, "nq_job") == {"PRIMARY", "ix_state", "ix_key"}  # ix_key: version 7
     assert db.query("SELECT queue, dedup_key, job_id FROM nq_dedup") == [("q", "k", 1)]
 
 
@@ -132,14 +132,18 @@ def test_init_upgrades_a_version_5_database_to_attempt_records_and_the_jobs_run_
 
 
 def test_init_upgrades_a_version_6_database_to_job_keys_and_runs_again(db):
-    # Given a version-6 database (no job keys) with a ready job
-    with Producer("q", db.config()) as p:
-        job_id = p.put({"n": 1})
-    db.query("ALTER TABLE nq_job DROP COLUMN job_key")
+    # Given a version-6 database (no job keys, nor version 7's flow table and index) with a ready job
+    db.query("ALTER TABLE nq_job DROP INDEX ix_key, DROP COLUMN ready_key, DROP COLUMN key_prio, DROP COLUMN job_key")
+    db.query("DROP TABLE nq_flow_key")
     db.query("UPDATE nq_meta SET value = '6' WHERE name = 'schema_version'")
+    # (put as a version-6 producer did: this version's producers write job_key)
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload) VALUES ('q', 0, NOW(6), 5, '{}')")
+    job_id = db.scalar("SELECT MAX(id) FROM nq_job")
     # When `notifyq init` runs, and migration 7 runs once more (an interrupted init runs again)
     assert schema.init(db.admin) == (6, schema.code_version())
     _apply(db, [7])
     # Then the column is there once, and the job is still there to run
     assert "job_key" in _columns(db, "nq_job")
     assert db.query("SELECT id, status, job_key FROM nq_job") == [(job_id, 0, None)]
+    # and the flow table and ix_key are there once
+    assert "ix_key" in _indexes(db, "nq_job") and db.query("SELECT COUNT(*) FROM nq_flow_key") == [(0,)]

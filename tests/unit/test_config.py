@@ -176,3 +176,30 @@ def test_rates_are_parsed_with_their_units_and_default_to_none(tmp_path):
     assert cfg.queue("api").rates == ((100, 60.0), (10, 1.0))
     assert cfg.queue("fast").rates[0] == (5, 0.25) and cfg.queue("slow").rates[0] == (2, 3600.0)
     assert cfg.queue("other").rates == (None, (10, 1.0)) and config.QueueConfig().rates == (None, None)
+
+
+def test_flow_limits_load_with_overrides_in_order(tmp_path):
+    cfg = load(tmp_path, '[queue.r]\nlimit_per_key = 2\nlimit = 50\nfair = true\n'
+                         '[queue.r.key_limits]\n"premium-*" = 5\n"customer-42" = 10\n')
+    qc = cfg.queue("r")
+    assert (qc.limit_per_key, qc.limit, qc.fair) == (2, 50, True)
+    assert qc.key_limits == (("premium-*", 5), ("customer-42", 10))
+    assert qc.limited and qc.flow_controlled and not cfg.queue("other").flow_controlled
+
+
+@pytest.mark.parametrize("text, where", [
+    ("limit_per_key = -1", "queue.r.limit_per_key"),
+    ("limit_per_key = 2.5", "queue.r.limit_per_key"),
+    ("limit = \"50\"", "queue.r.limit"),
+    ("limit = 10000000", "queue.r.limit"),
+    ("fair = 1", "queue.r.fair"),
+    ("key_limits = 3", "queue.r.key_limits"),
+    ("[queue.r.key_limits]\n\"a\" = 0", "queue.r.key_limits.a"),
+    ("[queue.r.key_limits]\n\"a\" = \"ten\"", "queue.r.key_limits.a"),
+    ("[queue.r.key_limits]\n\"\" = 3", "queue.r.key_limits"),
+])
+def test_a_bad_flow_limit_is_one_error_naming_the_file_and_key(tmp_path, text, where):
+    with pytest.raises(errors.ConfigError) as e:
+        load(tmp_path, f"[queue.r]\n{text}\n")
+    message = str(e.value)
+    assert where in message and str(tmp_path / "notifyq.toml") in message and "\n" not in message

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py, steps.py and
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py, steps.py, flow.py and
 -- admin_queries.py (the schema-version ones from schema.py, tls_cipher from db.py). Values are
 -- always bound parameters.
 
@@ -209,6 +209,72 @@ ORDER BY sort_at LIMIT %(limit)s
 -- or an operator rescheduled, is left as it is.
 UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0
 WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
+
+-- flow_keys --
+-- A limited or fair queue's claim (store/flow.py), step 1, sent with flow_running as one query:
+-- the keys its claims have met (nq_flow_key), round-robin: up to `limit` after the last key
+-- the previous claim read, then from the start (with the empty key: the queue's own row, for
+-- its `limit`).
+(SELECT job_key FROM nq_flow_key WHERE queue = %(queue)s AND job_key > %(after)s
+  ORDER BY job_key LIMIT %(limit)s)
+UNION ALL
+(SELECT job_key FROM nq_flow_key WHERE queue = %(queue)s AND job_key <= %(after)s
+  ORDER BY job_key LIMIT %(limit)s)
+
+-- flow_discover_from --
+-- Where a claim's key discovery starts: in the column's collation, or the dives below compare
+-- in the connection's and scan instead.
+SET @nq_k0 = CONVERT(%(after)s USING utf8mb4) COLLATE utf8mb4_bin
+
+-- flow_next_key --
+-- Key discovery, a few steps per claim: the next key after the last step's (@nq_kPREV; the
+-- first step's is bound by the claim) that has ready jobs, into @nq_kSTEP (store/flow.py numbers them),
+-- one dive into ix_key each (a statement of its own per step: a user variable assigned in the
+-- same statement is no constant, and the dive became a scan of the queue's ready jobs). A
+-- GROUP BY over ix_key read every ready job of a key with 50,000 (16 ms).
+SET @nq_kSTEP = (SELECT ready_key FROM nq_job FORCE INDEX (ix_key)
+                 WHERE queue = %(queue)s AND ready_key > @nq_kPREV ORDER BY ready_key LIMIT 1)
+
+-- flow_discovered --
+-- The keys discovery found (NULL past the last one), in step order.
+SELECT @nq_k1, @nq_k2, @nq_k3, @nq_k4
+
+-- flow_running --
+-- Running jobs per key of a queue, from its claimed rows (status 2): bounded by what the
+-- consumers hold, and no counter to drift. A dead consumer's rows count until a reaper takes
+-- them back. Read again under the keys' locks (flow_lock), where it decides.
+SELECT job_key, COUNT(*) FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2 AND queue = %(queue)s GROUP BY job_key
+
+-- flow_add_keys --
+-- Keys discovery found that no row names yet; the claim's own transaction, so the new rows are
+-- locked by it as flow_lock would lock them. The VALUES rows are repeated by store/flow.py.
+INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES (%(queue)s, %(key)s)
+
+-- flow_lock --
+-- The keys a claim takes jobs of, locked for its transaction; a key another consumer is
+-- claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
+-- no other claim can start a job of the key, so flow_running read after it is exact.
+SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
+WHERE queue = %(queue)s AND job_key IN %(keys)s
+FOR UPDATE SKIP LOCKED
+
+-- flow_key_ready --
+-- One key's first ready jobs in claim order (priority, run_at, id) through ix_key: a key with
+-- 50,000 ready jobs costs this read `limit` rows, not the others their turn. store/flow.py
+-- joins one per key with UNION ALL into one statement.
+(SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
+  WHERE queue = %(queue)s AND ready_key = %(key)s ORDER BY key_prio, run_at, id LIMIT %(limit)s)
+
+-- flow_unkeyed_ready --
+-- The jobs without a key among the first `limit` ready ones in claim order (a limited queue's
+-- unkeyed jobs count under its `limit` only). They are found only at the head of the queue:
+-- give every job of a fair queue a key.
+SELECT j.id, j.key_prio, j.run_at FROM
+  (SELECT id FROM nq_job FORCE INDEX (ix_state)
+   WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
+  JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
+WHERE j.job_key IS NULL
 
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
@@ -856,6 +922,14 @@ UPDATE nq_queue SET paused = %(paused)s WHERE queue = %(queue)s
 SELECT queue, status, sort_at > NOW(6) AS future, COUNT(*), MIN(sort_at)
 FROM nq_job FORCE INDEX (ix_state)
 GROUP BY queue, status, future
+
+-- flow_key_counts --
+-- `notifyq status` of a limited or fair queue: the keys with the most ready jobs, each with its
+-- claimed (running) and ready counts, and the queue's running jobs without a key. Reads the
+-- queue's ready and claimed rows (ix_state ranges): an operator's command, not the hot path.
+SELECT job_key, SUM(status = 2), SUM(status = 0) FROM nq_job FORCE INDEX (ix_state)
+WHERE status IN (0, 2) AND queue = %(queue)s
+GROUP BY job_key ORDER BY SUM(status = 0) DESC, job_key LIMIT %(limit)s
 
 -- queue_rows --
 SELECT queue, paused, watched_seq,

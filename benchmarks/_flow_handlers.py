@@ -1,0 +1,27 @@
+"""The flow benchmark's handler (benchmarks/flow.py): each job's id and its start and end on
+CLOCK_MONOTONIC (one clock for every process of the machine), kept in memory and written once
+at exit to $NQB_OUT/<pid>.json."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+
+_rows: list[tuple[int, float, float]] = []
+
+
+def record(job) -> None:
+    start = time.monotonic()
+    _rows.append((job.id, start, time.monotonic()))
+
+
+def _dump() -> None:
+    out = os.environ.get("NQB_OUT")
+    if out and _rows:
+        with open(os.path.join(out, f"{os.getpid()}.json"), "w") as f:
+            json.dump(_rows, f)
+
+
+atexit.register(_dump)

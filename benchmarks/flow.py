@@ -1,0 +1,237 @@
+"""Flow control's benchmarks (docs/flow-control.md): what limits and fairness cost, and what they
+buy. Each case fills a queue server-side, starts consumer processes (`notifyq consume`, one
+worker each, a handler that records each job's start and end), and waits until every job is
+gone; rates are jobs over the span from the first start to the last end.
+
+  unkeyed   jobs without a key, this tree against --baseline's (a checkout of main) in one
+            sitting, rounds alternating; each tree on a database its own `init` made (main's
+            has no ix_key): what an unkeyed job pays for flow control. Target >= 0.97x.
+  keyed     100 keys x N/100 jobs, limit_per_key = 2, against the same jobs without a limit.
+            Target >= 0.8x.
+  freed     one key, limit_per_key = 1, two consumer processes: from a job's end to the start
+            of the next (the slot its ack freed, the hand-off's wake, the claim). Target p50
+            <= 10 ms.
+  fairness  50,000 jobs of key A enqueued before 10 of key B, fair = true: where B's last job
+            starts in the drain's order. Target: within the first 5 %.
+
+    .venv/bin/python benchmarks/flow.py --baseline ../main            # every case
+    .venv/bin/python benchmarks/flow.py --only fairness --quick
+
+Prints a table and, last, one JSON line. Needs a MariaDB with the sequence engine (seq_1_to_N)
+at --dsn's server (root: it creates and drops its databases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import MySQLdb
+
+HERE = Path(__file__).resolve().parent
+TREE = HERE.parent
+QUEUE = "q"
+FILL_CHUNK = 10_000
+
+
+class Side:
+    """One source tree on one database of its own."""
+
+    def __init__(self, name: str, tree: Path, server: dict, database: str):
+        self.name, self.tree, self.server, self.database = name, tree, server, database
+        self.url = (f"mysql://{server['user']}@{server['host']}:{server['port']}/{database}")
+
+    def sql(self, statement: str, params=None) -> list[tuple]:
+        conn = MySQLdb.connect(**self.server, database=self.database, autocommit=True)
+        try:
+            cur = conn.cursor()
+            cur.execute(statement, params)
+            return list(cur.fetchall()) if cur.description else []
+        finally:
+            conn.close()
+
+    def env(self, out: str, config: str) -> dict:
+        return {**os.environ, "PYTHONPATH": f"{self.tree}{os.pathsep}{HERE}", "NOTIFYQ_DSN": self.url,
+                "NOTIFYQ_CONFIG": config, "NQB_OUT": out}
+
+    def init(self) -> None:
+        conn = MySQLdb.connect(**self.server, autocommit=True)
+        try:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+            conn.cursor().execute(f"CREATE DATABASE `{self.database}`")
+        finally:
+            conn.close()
+        subprocess.run([sys.executable, "-m", "notifyq", "init"], env=self.env("", os.devnull), check=True,
+                       cwd=self.tree, stdout=subprocess.DEVNULL)
+
+    def drop(self) -> None:
+        conn = MySQLdb.connect(**self.server, autocommit=True)
+        try:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+        finally:
+            conn.close()
+
+    def fill(self, groups: list[tuple[str | None, int]]) -> None:
+        """Ready jobs, in this order: (key or None, how many) each; the key set where the
+        schema has the column."""
+        keyed = any(k is not None for k, _ in groups)
+        for key, n in groups:
+            for start in range(0, n, FILL_CHUNK):
+                hi = min(n, start + FILL_CHUNK)
+                cols = "queue, status, priority, run_at, max_attempts, payload" + (", job_key" if keyed else "")
+                vals = "%s, 0, 0, NOW(6), 5, CONCAT('{\"n\":', seq, '}')" + (", %s" if keyed else "")
+                self.sql(f"INSERT INTO nq_job ({cols}) SELECT {vals} FROM seq_{start + 1}_to_{hi}",
+                         (QUEUE, key) if keyed else (QUEUE,))
+        total = sum(n for _, n in groups)
+        self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "
+                 "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, total))
+
+    def drain(self, consumers: int, queue_conf: dict, batch: int, timeout_s: float = 600) -> list[tuple]:
+        """Consumer processes until the queue is empty; each job's (id, start, end)."""
+        with tempfile.TemporaryDirectory(prefix="nqflow-") as out:
+            config = Path(out) / "notifyq.toml"
+            lines = [f"[queue.{QUEUE}]", f"handler = \"_flow_handlers:record\"", f"batch_size = {batch}"]
+            lines += [f"{k} = {json.dumps(v)}" for k, v in queue_conf.items()]
+            lines += ["[wakeup]", "poll_max_s = 1.0"]
+            config.write_text("\n".join(lines) + "\n")
+            procs = [subprocess.Popen([sys.executable, "-m", "notifyq", "consume", "-q", QUEUE],
+                                      env=self.env(out, str(config)), cwd=self.tree,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                     for _ in range(consumers)]
+            deadline = time.monotonic() + timeout_s
+            try:
+                while self.sql("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (QUEUE,))[0][0]:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                        raise RuntimeError(f"{self.name}: drain did not finish: "
+                                           + b"".join(p.stderr.read() for p in procs if p.poll() is not None)
+                                           .decode()[-2000:])
+                    time.sleep(0.05)  # the benchmark's own poll of its result, not a test's sync
+            finally:
+                for p in procs:
+                    p.send_signal(signal.SIGTERM)
+                for p in procs:
+                    p.wait(60)
+            rows = []
+            for f in Path(out).glob("*.json"):
+                rows += [tuple(r) for r in json.loads(f.read_text())]
+        return sorted(rows, key=lambda r: r[1])
+
+
+def rate(rows: list[tuple]) -> float:
+    return len(rows) / max(1e-9, max(r[2] for r in rows) - min(r[1] for r in rows))
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def case_unkeyed(this: Side, base: Side | None, size: dict) -> dict:
+    n, rounds = size["drain_n"], size["rounds"]
+    sides = [s for s in (base, this) if s is not None]
+    rates: dict[str, list[float]] = {s.name: [] for s in sides}
+    for _ in range(rounds):
+        for side in sides:
+            side.fill([(None, n)])
+            rates[side.name].append(rate(side.drain(size["consumers"], {}, 100)))
+    out = {name: {"median_jobs_s": statistics.median(r), "runs": r} for name, r in rates.items()}
+    if base is not None:
+        out["ratio"] = out[this.name]["median_jobs_s"] / out[base.name]["median_jobs_s"]
+    return out
+
+
+def case_keyed(this: Side, size: dict) -> dict:
+    n, rounds = size["drain_n"], size["rounds"]
+    groups = [(f"k{i:03d}", n // 100) for i in range(100)]
+    rates: dict[str, list[float]] = {"unlimited": [], "limit_per_key_2": []}
+    for _ in range(rounds):
+        for name, conf in (("unlimited", {}), ("limit_per_key_2", {"limit_per_key": 2})):
+            # Keys interleaved as producers would put them: one job of each key in turn
+            for key, count in groups:
+                this.fill([(key, count)])
+            this.sql("UPDATE nq_job SET run_at = NOW(6) - INTERVAL (id MOD %s) SECOND", (n // 100,))
+            rows = this.drain(size["consumers"], conf, 100)
+            rates[name].append(rate(rows))
+    un, lim = statistics.median(rates["unlimited"]), statistics.median(rates["limit_per_key_2"])
+    return {"unlimited_jobs_s": un, "limited_jobs_s": lim, "ratio": lim / un, "runs": rates}
+
+
+def case_freed(this: Side, size: dict) -> dict:
+    this.fill([("only", size["freed_n"])])
+    rows = this.drain(2, {"limit_per_key": 1}, 10)
+    gaps = [(b[1] - a[2]) * 1000 for a, b in zip(rows, rows[1:])]
+    overlap = sum(1 for a, b in zip(rows, rows[1:]) if b[1] < a[2])
+    return {"jobs": len(rows), "p50_ms": pct(gaps, 0.5), "p90_ms": pct(gaps, 0.9), "p99_ms": pct(gaps, 0.99),
+            "max_ms": max(gaps), "overlaps": overlap}
+
+
+def case_fairness(this: Side, size: dict) -> dict:
+    a_n = size["fair_a"]
+    this.fill([("A", a_n), ("B", 10)])
+    b_ids = {r[0] for r in this.sql("SELECT id FROM nq_job WHERE job_key = 'B'")}
+    rows = this.drain(size["consumers"], {"fair": True}, 100)
+    positions = [i for i, r in enumerate(rows) if r[0] in b_ids]
+    return {"jobs": len(rows), "b_last_position": positions[-1] + 1 if positions else None,
+            "b_last_fraction": (positions[-1] + 1) / len(rows) if positions else None}
+
+
+SIZES = {
+    "full": {"drain_n": 20_000, "rounds": 3, "consumers": 2, "freed_n": 300, "fair_a": 50_000},
+    "medium": {"drain_n": 10_000, "rounds": 3, "consumers": 2, "freed_n": 200, "fair_a": 50_000},
+    "quick": {"drain_n": 4_000, "rounds": 1, "consumers": 2, "freed_n": 100, "fair_a": 5_000},
+}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default="mysql://root@127.0.0.1:3306", help="the server (root, no password)")
+    ap.add_argument("--baseline", help="a checkout of main to compare the unkeyed drain with")
+    ap.add_argument("--only", action="append", choices=("unkeyed", "keyed", "freed", "fairness"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--medium", action="store_true", help="fewer jobs per drain, the full fairness case")
+    args = ap.parse_args(argv)
+    size = SIZES["quick" if args.quick else "medium" if args.medium else "full"]
+    hostport = args.dsn.split("@", 1)[1].split("/", 1)[0]
+    user = args.dsn.split("://", 1)[1].split("@", 1)[0]
+    host, _, port = hostport.partition(":")
+    server = {"host": host, "port": int(port or 3306), "user": user}
+    this = Side("this", TREE, server, "nq_bench_flow")
+    base = Side("main", Path(args.baseline).resolve(), server, "nq_bench_flow_main") if args.baseline else None
+    cases = args.only or ["unkeyed", "keyed", "freed", "fairness"]
+    res: dict = {"size": size, "cases": {}}
+    try:
+        for side in (this, base):
+            if side is not None:
+                side.init()
+        for case in cases:
+            if case == "unkeyed":
+                res["cases"][case] = case_unkeyed(this, base if args.baseline else None, size)
+            else:
+                res["cases"][case] = {"keyed": case_keyed, "freed": case_freed, "fairness": case_fairness}[case](this, size)
+    finally:
+        for side in (this, base):
+            if side is not None:
+                side.drop()
+    print(f"{'case':<10} {'measure':<24} value")
+    for case, r in res["cases"].items():
+        for k, v in r.items():
+            if k == "runs":
+                continue
+            if isinstance(v, dict):
+                print(f"{case:<10} {k + ' median jobs/s':<24} {v['median_jobs_s']:.0f}")
+            else:
+                print(f"{case:<10} {k:<24} {v:.3f}" if isinstance(v, float) else f"{case:<10} {k:<24} {v}")
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

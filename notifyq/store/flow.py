@@ -1,0 +1,269 @@
+"""Concurrency limits and fairness inside the claim: which keys have free slots, and how many of
+their ready jobs a claim may take (queries.claim calls FlowClaims.candidates at one place).
+
+The limits (the queue's `limit_per_key`, its per-key overrides, its `limit`) are never counted
+in a counter: a claim locks the rows of the keys it takes (nq_flow_key, FOR UPDATE SKIP LOCKED:
+a key another consumer is claiming right now is skipped, not waited on) and, under those locks,
+counts each key's running jobs from the queue's claimed rows (status 2). Only a claim starts a
+job, and every claim of a key holds that key's row until its COMMIT, so the count it reads is
+exact and what it adds is bounded by the free slots. A finished, failed, given back or taken
+back job leaves status 2 in its own transaction, which frees its slot at once; a dead
+consumer's rows stay claimed until a reaper takes them back, so its slots come back then,
+never earlier. The queue's `limit` is the same with the queue's own row (the empty key: no
+job's key is empty).
+
+The candidates come through ix_key, one read per key (flow_key_ready), so a key with 50,000
+ready jobs costs a claim the few rows it may take, not the other keys their turn. The keys are
+the ones nq_flow_key names, read round-robin; keys not named yet are found by a few dives into
+ix_key per claim (discovery) and named in the claim's own transaction. With `fair`, a claim
+takes its keys round-robin: each key's first job, then each key's second, and so on (priority
+and age order inside each round); without, in claim order (priority, run_at, id).
+
+A job held back by a limit stays ready: it is not claimed, not charged an attempt, and counts
+as taken for the watcher (a claim that only held jobs back drained the queue): the transaction
+that frees its slot bumps the queue's signal (queries.Acks.wake and the outcomes'), which wakes
+the watcher through the hand-off.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from notifyq.config import QueueConfig
+from notifyq.store.driver import cut_short
+from notifyq.store.sql import QUERIES as Q
+
+QUEUE_ROW = ""  # nq_flow_key's row for the queue's `limit` (a job's key is 1-191 characters)
+DISCOVERY_STEPS = 4  # flow_next_key dives per claim (flow_discovered reads four)
+KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the batch size
+
+
+@dataclass(frozen=True)
+class FlowLimits:
+    """A queue's flow settings as a claim applies them (config: limit_per_key, limit, fair,
+    key_limits)."""
+
+    limit_per_key: int = 0  # 0: no per-key limit
+    limit: int = 0  # 0: no limit on the queue's running jobs
+    fair: bool = False
+    # Per-key overrides in the order given: an exact key, or a pattern with * ? [...]
+    # (fnmatch, case-sensitive); an exact key wins over patterns, the first pattern that
+    # matches over later ones.
+    key_limits: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, qc: QueueConfig) -> FlowLimits:
+        return cls(qc.limit_per_key, qc.limit, qc.fair, qc.key_limits)
+
+    def limit_for(self, key: str | None) -> int:
+        """The most running jobs of `key` (0: no limit); a job without a key has none."""
+        if key is None:
+            return 0
+        for pattern, n in self.key_limits:
+            if pattern == key:
+                return n
+        for pattern, n in self.key_limits:
+            if is_pattern(pattern) and fnmatch.fnmatchcase(key, pattern):
+                return n
+        return self.limit_per_key
+
+
+def is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+@dataclass
+class Grant:
+    """What one claim's flow read allows: the candidate ids in the order to lock them, whether
+    every key with free slots was seen whole (`complete`: nothing grantable left behind), and
+    what was held back (for `notifyq status`' why)."""
+
+    ids: list[int]
+    complete: bool
+    held_keys: list[str] = field(default_factory=list)  # keys whose ready jobs a limit holds
+    queue_full: bool = False  # the queue's `limit` held every job back
+
+
+class FlowClaims:
+    """One worker's flow state for its queue: the limits and the claims' round-robin cursors."""
+
+    def __init__(self, limits: FlowLimits):
+        self.limits = limits
+        self.after = ""  # the last key of the last claim's truncated key read
+        self.discover_after = ""  # where the next discovery dives start
+        self.active_keys: int | None = None  # keys the last claim found ready jobs of
+        self.last: Grant | None = None
+
+    @classmethod
+    def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
+        """A worker's flow state, or None for a queue without limits or fairness: its claim is
+        the plain one, and pays nothing."""
+        return cls(FlowLimits.of(qc)) if qc.flow_controlled else None
+
+    def candidates(self, cur, queue: str, batch_size: int) -> Grant:
+        """In the claim's transaction, before its locking read: the ids it may lock."""
+        grant = self._candidates(cur, queue, batch_size)
+        self.last = grant
+        return grant
+
+    def verify_marked(self, cur, queue: str, keys: list[str | None]) -> None:
+        """In the claim's transaction, its mark's reply read and its COMMIT not yet sent: raise
+        cut_short (the claim runs again) if a key it took, or the queue, now runs more than its
+        limit: the decisive count was cut short (a KILL QUERY can end a read with an OK reply and
+        rows missing). A plain read of the claimed rows: these keys' rows are still ours."""
+        cur.execute(Q["flow_running"], {"queue": queue})
+        running = {r[0]: int(r[1]) for r in cur.fetchall()}
+        for key in set(keys):
+            lim = self.limits.limit_for(key)
+            if lim and running.get(key, 0) > lim:
+                raise cut_short(f"claim {queue}: key {key!r} would run {running[key]} of {lim}")
+        if self.limits.limit and sum(running.values()) > self.limits.limit:
+            raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
+
+    def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
+        limits = self.limits
+        want_keys = batch_size * KEYS_PER_CLAIM
+        # Round trip 1 (plain reads): discovery, the named keys, and the running counts.
+        steps = [(Q["flow_discover_from"], {"after": self.discover_after})]
+        steps += [(_step(n), {"queue": queue}) for n in range(1, DISCOVERY_STEPS + 1)]
+        steps += [(Q["flow_discovered"], {}),
+                  (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": want_keys}),
+                  (Q["flow_running"], {"queue": queue})]
+        discovered_row, named_rows, running_rows = _results(cur, steps)
+        discovered = [k for k in discovered_row[0] if k is not None]
+        self.discover_after = discovered[-1] if len(discovered) == DISCOVERY_STEPS else ""
+        named = [r[0] for r in named_rows]
+        has_queue_row = QUEUE_ROW in named
+        named = [k for k in named if k != QUEUE_ROW][:want_keys]
+        complete = len(discovered) < DISCOVERY_STEPS
+        if len(named) >= want_keys:
+            self.after, complete = named[-1], False
+        else:
+            self.after = ""
+        known = set(named)
+        new = [k for k in discovered if k not in known]
+        if limits.limit and not has_queue_row:
+            new.append(QUEUE_ROW)
+        running = {r[0]: int(r[1]) for r in running_rows}
+
+        keys, held = [], []
+        for key in named + [k for k in new if k != QUEUE_ROW]:
+            lim = limits.limit_for(key)
+            if lim and running.get(key, 0) >= lim:
+                held.append(key)
+            else:
+                keys.append(key)
+        if limits.limit and sum(running.values()) >= limits.limit:
+            return Grant([], complete, held, queue_full=True)
+
+        # Round trip 2: name the new keys, lock the keys (and the queue's row), count again
+        # under the locks, and read each key's first ready jobs.
+        caps = {}
+        # A fair claim reads each key's share of the batch: shared among the keys the last claim
+        # found jobs of (all of them the first time), so that one key left alone gets the batch
+        active = self.active_keys if self.active_keys is not None else len(keys)
+        share = max(1, math.ceil(batch_size / max(1, min(active, len(keys))))) if limits.fair else batch_size
+        for key in keys:
+            lim = limits.limit_for(key)
+            caps[key] = min(share, lim - running.get(key, 0)) if lim else share
+        # Only a key with a limit is locked (counted): a fair queue's other keys are read and
+        # taken without, so that its claimers never wait on, nor skip, each other's keys.
+        locking = [k for k in keys if limits.limit_for(k)] + [QUEUE_ROW] * bool(limits.limit)
+        steps = []
+        if new:
+            steps.append((_add_keys(len(new)), {"queue": queue, **{f"key{i}": k for i, k in enumerate(new)}}))
+        if locking:
+            steps.append((Q["flow_lock"], {"queue": queue, "keys": tuple(locking)}))
+        steps.append((Q["flow_running"], {"queue": queue}))
+        if keys:
+            steps.append((" UNION ALL ".join([Q["flow_key_ready"]] * len(keys)), None))
+        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": batch_size * KEYS_PER_CLAIM}))
+        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
+        results = _results(cur, steps, per_key)
+        if locking:
+            locked = {r[0] for r in results.pop(0)}
+        else:
+            locked = set()
+        running = {r[0]: int(r[1]) for r in results.pop(0)}
+        ready = results.pop(0) if keys else []
+        unkeyed = results.pop(0)
+
+        if limits.limit:
+            if QUEUE_ROW not in locked:
+                # Another consumer is claiming this queue right now: claim again once it is in.
+                return Grant([], not (ready or unkeyed), held)
+            room = limits.limit - sum(running.values())
+            if room <= 0:
+                return Grant([], complete, held, queue_full=True)
+        else:
+            room = None
+
+        by_key: dict[str | None, list[tuple]] = {}
+        for job_id, key, prio, run_at in ready:
+            by_key.setdefault(key, []).append((prio, run_at, job_id))
+        for key in keys:
+            rows = by_key.get(key, [])
+            lim = limits.limit_for(key)
+            if lim and key not in locked:
+                # Another consumer is claiming this key right now: its jobs are not ours to count
+                # this time, but may be left for us once that claim is in (claim again).
+                by_key.pop(key, None)
+                complete = complete and not rows
+                continue
+            free = lim - running.get(key, 0) if lim else len(rows)
+            if len(rows) >= caps[key] and (not lim or free > caps[key]):
+                complete = False  # the read stopped at its cap, and more may run: claim again
+            if len(rows) > free:
+                held.append(key)
+            by_key[key] = rows[:max(0, free)]
+        if unkeyed:
+            by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed]
+        self.active_keys = sum(1 for rows in by_key.values() if rows)
+
+        if limits.fair:
+            # Round-robin: every key's first job, then every key's second, ... (claim order
+            # inside each round).
+            ordered = sorted((rank, *row) for rows in by_key.values() for rank, row in enumerate(rows))
+            ids = [r[3] for r in ordered]
+        else:
+            ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
+        queue_full = room is not None and len(ids) > room
+        if queue_full:
+            ids = ids[:room]  # the rest is held back by the queue's limit
+        if len(ids) > batch_size:
+            complete = False
+        return Grant(ids, complete, held, queue_full)
+
+
+def _step(n: int) -> str:
+    return Q["flow_next_key"].replace("@nq_kSTEP", f"@nq_k{n}").replace("@nq_kPREV", f"@nq_k{n - 1}")
+
+
+def _add_keys(n: int) -> str:
+    head, _, row = Q["flow_add_keys"].partition("VALUES ")
+    return head + "VALUES " + ", ".join(row.replace("%(key)s", f"%(key{i})s") for i in range(n))
+
+
+def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
+             union_params: list[dict[str, Any]] | None = None) -> list[list[tuple]]:
+    """Run `steps` as one multi-statement query (one round trip) and return the rows of each
+    statement that returns rows, in order. A step whose params are None is a UNION ALL of
+    flow_key_ready, bound part by part with union_params."""
+    texts = []
+    for sql, params in steps:
+        if params is None:
+            part = Q["flow_key_ready"]
+            texts.append(" UNION ALL ".join(cur.mogrify(part, p) for p in union_params or []))
+        else:
+            texts.append(cur.mogrify(sql, params) if params else sql)
+    cur.execute(";\n".join(texts))
+    out = []
+    while True:
+        if cur.description is not None:
+            out.append(list(cur.fetchall()))
+        if not cur.nextset():
+            break
+    return out

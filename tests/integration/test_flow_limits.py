@@ -1,0 +1,254 @@
+"""Concurrency limits and fairness inside the claim (store/flow.py) against a real server: a
+key never runs more than its limit, whatever claims run at once; the queue's limit; overrides;
+a key's sequence; fairness; and a held job stays ready, uncharged."""
+
+from __future__ import annotations
+
+import threading
+
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
+
+OWNER = "o" * 32
+
+
+def _put_keyed(db, cfg, keys: list[str | None], priority: int = 0) -> list[int]:
+    """Jobs with these keys, in this order (the key set by SQL: put(key=) is another change's)."""
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(len(keys))], priority=priority)
+    for job_id, key in zip(ids, keys):
+        db.query("UPDATE nq_job SET job_key = %s WHERE id = %s", (key, job_id))
+    return ids
+
+
+def _claim(session, flow, batch=100):
+    return queries.claim(session, "q", OWNER, batch, 60, flow=flow)
+
+
+def _running(db) -> dict:
+    return dict(db.query("SELECT job_key, COUNT(*) FROM nq_job WHERE status = 2 GROUP BY job_key"))
+
+
+def test_a_key_runs_at_most_its_limit_and_a_held_job_stays_ready_uncharged(db):
+    # Given 5 jobs of key a and 3 of b, with limit_per_key = 2
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5 + ["b"] * 3)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When claims are made twice over
+        first = _claim(session, flow)
+        second = _claim(session, flow)
+    finally:
+        session.close()
+    # Then 2 of each key run, the second claim takes nothing and says the queue is drained
+    # (the rest is held back, not left behind), and the held jobs stay ready with no attempt
+    assert len(first.jobs) == 4 and _running(db) == {"a": 2, "b": 2}
+    assert first.drained
+    assert second.jobs == [] and second.drained
+    assert db.query("SELECT status, attempts, COUNT(*) FROM nq_job WHERE status = 0 GROUP BY status, attempts") \
+        == [(0, 0, 4)]
+    assert sorted(flow.last.held_keys) == ["a", "b"]
+
+
+def test_an_ack_frees_the_slot_and_bumps_the_signal(db):
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 3)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=1))
+    try:
+        first = _claim(session, flow)
+        assert [j.id for j in first.jobs] and len(first.jobs) == 1
+        before = db.scalar("SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = 'q'")
+        queries.ack(session, [], 0, False, queries.Acks([first.jobs[0].id], first.token, False, wake="q"))
+        after = db.scalar("SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = 'q'")
+        second = _claim(session, flow)
+    finally:
+        session.close()
+    assert after > before
+    assert len(second.jobs) == 1 and second.jobs[0].id != first.jobs[0].id
+
+
+def test_limit_per_key_one_runs_a_key_in_enqueue_order(db):
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a", "b", "a", "a", "b"])
+    hi = _put_keyed(db, cfg, ["a"], priority=5)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=1))
+    order = []
+    try:
+        while True:
+            claim = _claim(session, flow)
+            if not claim.jobs:
+                break
+            for job in claim.jobs:
+                order.append(job.id)
+                queries.ack(session, [job.id], claim.token, False)
+    finally:
+        session.close()
+    a_order = [i for i in order if i in (ids[0], ids[2], ids[3], hi[0])]
+    assert a_order == [hi[0], ids[0], ids[2], ids[3]]  # priority first, then enqueue order
+    assert [i for i in order if i in (ids[1], ids[4])] == [ids[1], ids[4]]
+
+
+def test_overrides_exact_key_then_first_matching_pattern(db):
+    limits = FlowLimits(limit_per_key=2, key_limits=(("premium-*", 5), ("premium-42", 9), ("p?", 1)))
+    assert limits.limit_for("premium-42") == 9
+    assert limits.limit_for("premium-7") == 5
+    assert limits.limit_for("px") == 1
+    assert limits.limit_for("other") == 2
+    assert limits.limit_for(None) == 0
+    cfg = db.config()
+    _put_keyed(db, cfg, ["premium-7"] * 8 + ["basic"] * 8)
+    session = Session(cfg.dsn)
+    try:
+        _claim(session, FlowClaims(limits))
+    finally:
+        session.close()
+    assert _running(db) == {"premium-7": 5, "basic": 2}
+
+
+def test_the_queue_limit_counts_keyed_and_unkeyed_jobs(db):
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 4 + [None] * 4)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit=3))
+    try:
+        first = _claim(session, flow)
+        second = _claim(session, flow)
+    finally:
+        session.close()
+    assert len(first.jobs) == 3 and second.jobs == [] and second.drained
+    assert flow.last.queue_full
+
+
+def test_fair_takes_keys_round_robin_so_a_big_key_does_not_hide_a_small_one(db):
+    # Given 2,000 ready jobs of key a enqueued before 10 of key b
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 2000)
+    b = _put_keyed(db, cfg, ["b"] * 10)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(fair=True))
+    try:
+        claim = _claim(session, flow, batch=20)
+    finally:
+        session.close()
+    # Then the first claim of 20 takes all 10 of b, alternating with a
+    got = [j.id for j in claim.jobs]
+    assert set(b) <= set(got)
+
+
+def test_concurrent_claimers_never_exceed_a_key_limit(db):
+    # Given 40 jobs over 4 keys with limit_per_key = 3, and 6 claimers at once
+    cfg = db.config()
+    _put_keyed(db, cfg, [f"k{i % 4}" for i in range(40)])
+    peak: dict = {}
+    errors: list = []
+    stop = threading.Event()
+
+    def claimer(n: int) -> None:
+        session = Session(cfg.dsn)
+        flow = FlowClaims(FlowLimits(limit_per_key=3))
+        try:
+            while not stop.is_set():
+                claim = queries.claim(session, "q", f"{n:032d}", 5, 60, flow=flow)
+                for key, count in _running(db).items():
+                    peak[key] = max(peak.get(key, 0), count)
+                if claim.jobs:
+                    queries.ack(session, [j.id for j in claim.jobs], claim.token, False)
+                elif db.scalar("SELECT COUNT(*) FROM nq_job") == 0:
+                    return
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    assert not errors
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    assert peak and max(peak.values()) <= 3
+
+
+def test_a_claim_that_read_a_key_only_up_to_its_share_does_not_say_drained(db):
+    # Regression: a fair claim read 10 of key a's 200 jobs (its share) and called the queue
+    # drained, so the worker went idle with jobs ready and nothing to wake it.
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 200 + ["b"] * 2 + ["c"] * 2)
+    session = Session(cfg.dsn)
+    try:
+        claim = _claim(session, FlowClaims(FlowLimits(fair=True)), batch=30)
+    finally:
+        session.close()
+    assert len(claim.jobs) == 10 + 2 + 2 and not claim.drained
+
+
+def test_status_shows_limits_running_and_held_counts_per_key_and_why(db):
+    from notifyq.ops import status
+
+    cfg = db.config(queue={"q": {"limit_per_key": 2, "key_limits": {"big": 3}}})
+    _put_keyed(db, cfg, ["a"] * 5 + ["big"] * 5 + ["c"])
+    session = Session(cfg.dsn)
+    try:
+        _claim(session, FlowClaims(FlowLimits.of(cfg.queue("q"))))
+        data = status.collect(session, None, cfg.queues)
+    finally:
+        session.close()
+    flow = data["queues"]["q"]["flow"]
+    keys = {k["key"]: k for k in flow["keys"]}
+    assert flow["limit_per_key"] == 2 and flow["running"] == 2 + 3 + 1
+    assert keys["a"] == {"key": "a", "running": 2, "ready": 3, "limit": 2, "held": 3,
+                         "why": "key at its limit (2 of 2 running)"}
+    assert keys["big"]["limit"] == 3 and keys["big"]["held"] == 2
+    assert "c" not in keys or keys["c"]["held"] == 0
+    assert flow["held_in_top_keys"] == 5
+    text = status.render(data)
+    assert "flow control" in text and "held: key at its limit (2 of 2 running)" in text
+
+
+def test_a_fair_claim_takes_jobs_while_another_claim_holds_the_key_rows(db):
+    # Regression: every fair claim locked every key's row, so two claimers skipped each
+    # other's keys and the one that lost took nothing, said drained, and went idle (a fair
+    # drain ran at a few dozen jobs a second). A key without a limit is not locked now.
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5 + ["b"] * 5)
+    session = Session(cfg.dsn)
+    try:
+        _claim(session, FlowClaims(FlowLimits(fair=True)), batch=2)  # names the keys
+        import MySQLdb
+
+        other = MySQLdb.connect(**cfg.dsn.connect_args())
+        try:
+            other.cursor().execute("SELECT job_key FROM nq_flow_key FOR UPDATE")  # a claim in flight
+            claim = _claim(session, FlowClaims(FlowLimits(fair=True)), batch=4)
+        finally:
+            other.rollback()
+            other.close()
+    finally:
+        session.close()
+    assert len(claim.jobs) == 4
+
+
+def test_a_claim_over_a_limit_once_marked_is_refused_before_its_commit(db):
+    # The check a flow claim runs after its mark, before its COMMIT: a count cut short (a KILL
+    # QUERY's OK reply with rows missing) must not let a key run past its limit
+    import MySQLdb
+    import pytest
+
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 3 + ["b"])
+    db.query("UPDATE nq_job SET status = 2, claim_token = 1 WHERE id IN %s", (tuple(ids),))
+    conn = MySQLdb.connect(**cfg.dsn.connect_args())
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        with pytest.raises(MySQLdb.OperationalError, match="key .a. would run 3 of 2"):  # cut_short: rerun
+            flow.verify_marked(conn.cursor(), "q", ["a"])
+        flow.verify_marked(conn.cursor(), "q", ["b"])  # b is within its limit
+    finally:
+        conn.close()
