@@ -104,7 +104,7 @@ def migrate(cur, database: str, upto: int | None = None) -> tuple[int | None, in
                 cur.execute(statement)
             cur.execute(Q["set_schema_version"], {"version": str(version)})
             if version in NEW_TABLES and before is not None:
-                log.warning("schema %d adds table %s: a runtime user granted table by table needs DML on "
+                log.warning("schema %d adds tables %s: a runtime user granted table by table needs DML on "
                             "it before consumers of this version start (`notifyq init --print-grants USER` "
                             "prints the lines)", version, NEW_TABLES[version])
         return before, max(before or 0, upto)

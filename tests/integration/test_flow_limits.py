@@ -197,7 +197,7 @@ def test_status_shows_limits_running_and_held_counts_per_key_and_why(db):
     session = Session(cfg.dsn)
     try:
         _claim(session, FlowClaims(FlowLimits.of(cfg.queue("q"))))
-        data = status.collect(session, None, cfg.queues)
+        data = status.collect(session, None, configs=cfg.queues)
     finally:
         session.close()
     flow = data["queues"]["q"]["flow"]
