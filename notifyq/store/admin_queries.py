@@ -12,7 +12,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from notifyq.store import dedup, liveness, queries
+from notifyq.store import dedup, liveness, queries, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES as Q
@@ -116,6 +116,7 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         if n:
             for queue in {j[1] for j in jobs}:
                 queries.bump_signal(cur, queue, n)
+            workflows.revive(cur, ids)  # what a workflow cancelled for them waits again
         return n
 
     return session.run(body, what="retry jobs")
@@ -155,9 +156,10 @@ def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | No
     by = by or who()
 
     def body(cur) -> str | None:
-        _record_gone(cur, [job_id], (0, 1), "cancelled", f"cancelled before it ran by {by}")
+        _record_gone(cur, [job_id], (0, 1, 6), "cancelled", f"cancelled before it ran by {by}")
         cur.execute(Q["job_cancel_pending"], {"id": job_id})
         if cur.rowcount:
+            workflows.settle_failed(cur, [job_id], "cancelled")  # what waits for it, in turn
             return "deleted"
         cur.execute(Q["job_cancel_running"], {"id": job_id, "by": by[:255]})
         return "requested" if cur.rowcount else None

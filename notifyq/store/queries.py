@@ -23,11 +23,12 @@ from notifyq.jobs import Job
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
 from notifyq.store.pipeline import Pending
+from notifyq.store import workflows
+from notifyq.store.signal import SIGNAL_SLOTS, bump_signal  # noqa: F401 - re-exported: inserts, admin
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
 
-SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
@@ -51,10 +52,6 @@ def ensure_queue(cur, queue: str) -> bool:
     """True when the queue's row is new: nothing had used this name before."""
     cur.execute(Q["ensure_queue"], {"queue": queue})
     return cur.rowcount == 1
-
-
-def bump_signal(cur, queue: str, n: int) -> None:
-    cur.execute(Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n})
 
 
 # ---------------------------------------------------------------- claim
@@ -101,7 +98,13 @@ class Acks:
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
-        return out
+        # Last, in the same transaction: the children these jobs release (workflows), fenced by
+        # the records above. Not counted by verify: how many rows they change is the workflow's.
+        return out + workflows.release_statements(self.ids, self.token)
+
+    def verified(self) -> int:
+        """How many of statements()' first statements verify() checks (the release's are not)."""
+        return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
 
     def verify(self, cur, counts: list[int]) -> None:
         """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'
@@ -110,6 +113,7 @@ class Acks:
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
+        counts = counts[:self.verified()]
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
@@ -418,6 +422,12 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 owned.append(f.id)
                 if ended is not None and ended[0]:
                     owned.cancelled.add(f.id)
+                # A job that ended here (dead, or cancelled) settles its workflow's children
+                # in the same transaction: cancelled, or counted where they run anyway
+                if f.id in owned.cancelled:
+                    workflows.settle_failed(cur, [f.id], "cancelled")
+                elif f.delay_s is None and not f.snooze:
+                    workflows.settle_failed(cur, [f.id], "dead")
         if retried:
             bump_signal(cur, queue, retried)  # the watcher's next-due deadline must learn of it
         return owned

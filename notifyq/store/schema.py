@@ -20,7 +20,7 @@ log = logging.getLogger("notifyq.schema")
 
 
 # Tables a migration adds that the runtime user writes: an upgrade says so (per-table grants)
-NEW_TABLES = {6: "nq_attempt"}
+NEW_TABLES = {6: "nq_attempt", 8: "nq_edge"}
 
 
 def code_version() -> int:
@@ -199,7 +199,8 @@ def grants(database: str, user: str) -> list[str]:
         raise errors.InputError(f"invalid user {user!r}: expected 'name'@'host' or name")
     if "@" not in user:
         user = f"'{user}'@'%'"
-    tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt")
+    tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt",
+              "nq_edge")
     out = [f"GRANT SELECT ON `{database}`.`nq_meta` TO {user};"]
     out += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{t}` TO {user};" for t in tables]
     return out
