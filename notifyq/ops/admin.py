@@ -94,6 +94,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
         raise errors.InputError(gone(session, job_id))
     job = _record(_GET_FIELDS, row)
     job["payload"] = _decoded(job["payload"])  # (invalid JSON: the consumer will bury it)
+    parents = admin_queries.job_progress(session, job_id)
+    if any(parents.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
+        job["parents"] = parents
     if history:
         job["history"] = attempts(session, job_id)
     return job

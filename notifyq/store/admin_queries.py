@@ -150,6 +150,11 @@ def _record_gone(cur, ids: list[int], statuses: tuple[int, ...], outcome: str, w
                                        "host": queries.HOST, "why": why})
 
 
+def job_progress(session: Session, job_id: int) -> dict[str, int]:
+    """A workflow job's parents counted by where they are (workflows.progress)."""
+    return session.run(lambda cur: workflows.progress(cur, job_id), what="job progress")
+
+
 def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | None:
     """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone).
     by: who asks (kept with the cancel; default: this process's user@host)."""

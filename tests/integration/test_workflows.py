@@ -8,7 +8,7 @@ import threading
 
 import MySQLdb
 import pytest
-from conftest import wait_until
+from conftest import run_cli, wait_until
 from test_effects import drain
 
 import notifyq
@@ -64,6 +64,10 @@ def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db
     with Producer("q", db.config()) as p:
         p.put_workflow(wf)
         assert p.progress(batch.on_success.id) == {"done": 0, "failed": 0, "pending": 10}
+        # And `notifyq jobs show` of the callback says where its batch is
+        shown = run_cli(db.env, "jobs", "show", str(batch.on_success.id))
+        assert shown.returncode == 0, shown.stderr
+        assert "waiting" in shown.stdout and "'pending': 10" in shown.stdout
         seen = []
 
         def handler(job):
