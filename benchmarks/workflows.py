@@ -10,6 +10,8 @@ every job of the layer before: 100 jobs, 900 edges). Each is put in one transact
 as many jobs with no edges (put_many) and drains them the same way. Reported per case: put s,
 drain s (the put's return to the last job done), jobs/s over both, the ratio to the twin, and for
 the chain the hand-off (a parent's handler returned to its child's handler started: p50, p99).
+The price of the release for queues without workflows: a third side drains the twin's jobs with
+the ack's release statements left out (store.workflows.release_statements patched to none).
 A private MariaDB/MySQL server (LocalServer in a temp dir); the sides alternate within a round.
 """
 
@@ -36,7 +38,7 @@ from notifyq.consume.stats import Budget  # noqa: E402
 from notifyq.consume.worker import Worker  # noqa: E402
 from notifyq.produce.producer import Producer  # noqa: E402
 from notifyq.run.localserver import LocalServer  # noqa: E402
-from notifyq.store import schema  # noqa: E402
+from notifyq.store import schema, workflows  # noqa: E402
 
 
 def fan_out(n: int = 10_000) -> notifyq.Workflow:
@@ -107,7 +109,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args(argv)
-    results: dict[str, dict[str, list[dict]]] = {c: {"workflow": [], "independent": []} for c in CASES}
+    results: dict[str, dict[str, list[dict]]] = {c: {"workflow": [], "independent": [], "no release": []}
+                                                 for c in CASES}
     with tempfile.TemporaryDirectory(prefix="nq-workflows-bench-") as tmp:
         server = LocalServer(Path(tmp) / "server", redo_log_mb=96)
         server.start()
@@ -120,11 +123,18 @@ def main(argv: list[str]) -> int:
                 for rnd in range(a.rounds):
                     for case, make in CASES.items():
                         n = len(make())
-                        sides = {"workflow": lambda: producer.put_workflow(make()),
-                                 "independent": lambda: producer.put_many([{"i": i} for i in range(n)])}
-                        order = ["workflow", "independent"] if rnd % 2 == 0 else ["independent", "workflow"]
-                        for side in order:
-                            results[case][side].append(drain(cfg, admin, sides[side], a.workers, a.batch))
+                        plain = lambda: producer.put_many([{"i": i} for i in range(n)])  # noqa: E731
+                        sides = {"workflow": lambda: producer.put_workflow(make()), "independent": plain,
+                                 "no release": plain}
+                        order = ["workflow", "independent", "no release"]
+                        for side in order if rnd % 2 == 0 else order[::-1]:
+                            release = workflows.release_statements
+                            if side == "no release":  # the acks as before workflows
+                                workflows.release_statements = lambda ids, token: []
+                            try:
+                                results[case][side].append(drain(cfg, admin, sides[side], a.workers, a.batch))
+                            finally:
+                                workflows.release_statements = release
             admin.close()
         finally:
             server.cleanup()
@@ -139,18 +149,21 @@ def med(rows: list[dict], key: str) -> str:
 
 def report(results: dict, a) -> None:
     print(f"{a.workers} workers, batch {a.batch}, {a.rounds} rounds (sides alternating); median [min-max]")
-    print("| case | side | jobs | put s | drain s | jobs/s | workflow/independent jobs/s |")
+    print("| case | side | jobs | put s | drain s | jobs/s | jobs/s ratio (workflow/independent; independent/no release) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     out = {}
     for case, sides in results.items():
         ratios = [w["jobs_s"] / i["jobs_s"] for w, i in zip(sides["workflow"], sides["independent"])]
+        price = [i["jobs_s"] / b["jobs_s"] for i, b in zip(sides["independent"], sides["no release"])]
         for side, rows in sides.items():
-            ratio = f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if side == "workflow" else ""
+            ratio = {"workflow": ratios, "independent": price}.get(side)
+            ratio = f"{statistics.median(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]" if ratio else ""
             print(f"| {case} | {side} | {rows[0]['jobs']:,} | {med(rows, 'put_s')} | {med(rows, 'drain_s')} | "
                   f"{med(rows, 'jobs_s')} | {ratio} |")
         out[case] = {side: [{k: v for k, v in r.items() if k != "handoffs"} for r in rows]
                      for side, rows in sides.items()}
         out[case]["ratio_jobs_s"] = ratios
+        out[case]["ratio_release_price"] = price
     handoffs = sorted(h * 1000 for r in results["chain of 1,000"]["workflow"] for h in r["handoffs"])
     p50, p99 = handoffs[len(handoffs) // 2], handoffs[int(len(handoffs) * 0.99)]
     print(f"\nchain hand-off (a parent's handler returned -> its child's started): p50 {p50:.2f} ms, "

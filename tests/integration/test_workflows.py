@@ -4,6 +4,7 @@ exactly once, in the transaction that ends its parent (docs/workflows.md)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 import MySQLdb
@@ -47,6 +48,10 @@ def test_a_chain_runs_in_order_and_its_jobs_wait_until_then(db):
     # Then the first is ready and the others wait (not claimable, not counted as ready)
     assert [r.id for r in refs] == ids
     assert [status(db, i) for i in ids] == [0, WAITING, WAITING]
+    shown = run_cli(db.env, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    figures = json.loads(shown.stdout)["queues"]["q"]
+    assert (figures["ready"], figures["waiting"]) == (1, 2)
     # When a consumer drains the queue
     ran = []
     drain(db, lambda job: ran.append(job.payload["n"]))
