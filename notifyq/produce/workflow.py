@@ -107,6 +107,10 @@ class Workflow:
         refs = [m for m in members if isinstance(m, Ref)]
         return Batch(refs, made["on_success"], made["on_complete"], made["on_dead"])
 
+    def queues(self) -> set[str]:
+        """The queues its jobs are put on."""
+        return {n.queue for n in self._nodes}
+
     def __len__(self) -> int:
         return len(self._nodes)
 

@@ -159,7 +159,12 @@ class Producer:
             notifyq.errors.InputError: a cycle, a parent id that names no job, too many edges,
                 a bad argument of a job; nothing was written.
         """
-        return self._workflow_producer().put_workflow(workflow, conn=conn)
+        producer = self._workflow_producer()
+        for queue in workflow.queues():
+            if self.config.shards and (self.placement.spread(queue) or self.placement.home(queue) != self._home):
+                raise errors.InputError(f"queue {queue} is not on shard {self._home}, this producer's: a workflow "
+                                        "lives on one shard")
+        return producer.put_workflow(workflow, conn=conn)
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents counted (a batch callback's: the batch's), by where they are:

@@ -131,8 +131,8 @@ class Completion:
             # One mogrify for the three (each param rendered once); the COMMIT goes alone, once
             # their replies said each did its part (COMPLETION_COUNTS)
             query = cur.mogrify(";\n".join(statements), params)
-            # The children it releases (workflows), last, in the same transaction: fenced by its
-            # record, not counted in COMPLETION_COUNTS (how many rows they change is the workflow's)
+            # The first step of the release of its children (workflows), last, in the same
+            # transaction: fenced by its record; the rest runs below when it marked any edge
             query += "".join(";\n" + cur.mogrify(sql, p)
                              for sql, p in workflows.release_statements([job.id], self.token))
             counts: list[int] = []
@@ -170,6 +170,8 @@ class Completion:
                         f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
                         "nothing was stored, the job runs again") from None
                 raise  # (a KILL QUERY's 1317 among them: rolled back below)
+            if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and counts[len(COMPLETION_COUNTS):] != [0]:
+                workflows.release_rest(cur, [job.id])  # before the COMMIT, in the block's transaction
             if counts[:len(COMPLETION_COUNTS)] != COMPLETION_COUNTS:
                 # The completion changed no row: the claim was taken back, or a KILL QUERY cut
                 # the statement short (the server then replies OK, 0 rows, and no error).

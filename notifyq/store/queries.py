@@ -98,8 +98,8 @@ class Acks:
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
-        # Last, in the same transaction: the children these jobs release (workflows), fenced by
-        # the records above. Not counted by verify: how many rows they change is the workflow's.
+        # Last, in the same transaction: the first step of the release of these jobs' children
+        # (workflows), fenced by the records above; verify() runs the rest when it marked any.
         return out + workflows.release_statements(self.ids, self.token)
 
     def verified(self) -> int:
@@ -113,12 +113,15 @@ class Acks:
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
+        marked = counts[self.verified()]  # the release's first step (workflows)
         counts = counts[:self.verified()]
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
         if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
             raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
+        if marked:  # children of these jobs: the rest of their release, before the COMMIT
+            workflows.release_rest(cur, self.ids)
 
 
 def still_claimed(cur, ids: list[int], token: int) -> list[int]:

@@ -20,15 +20,15 @@ from notifyq.consume.worker import Worker
 from notifyq.ops import admin
 from notifyq.produce import workflow as workflow_mod
 from notifyq.produce.producer import Producer
-from notifyq.store import queries
+from notifyq.store import queries, workflows
 from notifyq.store.db import Session
 
 WAITING, CANCELLED = 6, 5
 
 
 @contextlib.contextmanager
-def opened(db):
-    session = Session(db.config().dsn, name="test")
+def opened(db, retry_s: float = 30.0):
+    session = Session(db.config().dsn, name="test", retry_s=retry_s)
     try:
         yield session
     finally:
@@ -59,6 +59,9 @@ def test_a_chain_runs_in_order_and_its_jobs_wait_until_then(db):
     assert ran == [0, 1, 2]
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
     assert db.scalar("SELECT COUNT(*) FROM nq_edge WHERE state <> 2") == 0
+    # And a reaper pass's sweep drops the edges of children that are gone
+    reaper.reap_once(db.config().dsn)
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
 
 
 def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db):
@@ -77,17 +80,17 @@ def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db
 
         def handler(job):
             if job.payload.get("callback"):
-                seen.append(job.id)
+                seen.append((job.id, p.progress(job.id), p.parent_results(job.id)))
                 return None
             return job.payload["n"] * 10
 
         # When the members are run (the callback among them, once released)
         drain(db, handler, result_ttl_s=3600)
-        # Then the callback ran once, after them all, and reads every member's result
-        assert seen == [batch.on_success.id]
-        assert p.progress(batch.on_success.id) == {"done": 10, "failed": 0, "pending": 0}
-        results = p.parent_results(batch.on_success.id)
-        assert sorted(results.values()) == [n * 10 for n in range(10)]
+    # Then the callback ran once, after them all, and read every member's result
+    [(job_id, progress, results)] = seen
+    assert job_id == batch.on_success.id
+    assert progress == {"done": 10, "failed": 0, "pending": 0}
+    assert sorted(results.values()) == [n * 10 for n in range(10)]
 
 
 def test_a_dead_parent_cancels_its_waiting_children_and_a_retry_lets_them_go_on(db):
@@ -266,3 +269,21 @@ def test_a_released_child_wakes_an_idle_consumer(db):
         finally:
             stop.set()
             t.join(30)
+
+
+def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monkeypatch):
+    # Given a child of a claimed parent, and a count-down that changes nothing (as a KILL QUERY
+    # that cut it short replies: OK, no row)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+    with opened(db, retry_s=0.5) as session:
+        claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+        session.conn
+        monkeypatch.setitem(workflows.Q, "children_count_down", "DO 0")
+        # When the parent is acked, Then the ack fails before its COMMIT (each try, until it gives up)
+        with pytest.raises(errors.TransientDBError, match="a count did not land"):
+            queries.ack(session, [parent], claim.token, keep=False)
+    # And nothing of it landed: the parent is still claimed, the child waits for it, its edge too
+    assert status(db, parent) == 2 and status(db, child) == WAITING
+    assert db.scalar("SELECT state FROM nq_edge WHERE parent_id = %s", (parent,)) == 0

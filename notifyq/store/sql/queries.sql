@@ -1121,6 +1121,14 @@ ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)
 -- Last: the marked edges are counted (2 done, 3 failed); a retried ack finds none to count again.
 UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = IF(state = 1, 2, 3) WHERE parent_id IN %(ids)s AND state IN (1, 4)
 
+-- children_miscounted --
+-- After a release: waiting children of these parents whose count is not their waiting edges'
+-- (a statement of the release cut short). Read before the COMMIT; 0 when all landed.
+SELECT COUNT(*) FROM nq_job c
+JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY) WHERE parent_id IN %(ids)s) d ON d.child_id = c.id
+WHERE c.status = 6
+  AND c.waits_on <> (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 0)
+
 -- edges_mark_failed --
 -- A parent that ended dead or cancelled: its waiting edges marked failed (4), counted below.
 UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 4 WHERE parent_id IN %(ids)s AND state = 0
@@ -1163,9 +1171,18 @@ WHERE c.id IN %(ids)s AND c.status = 5
 -- else it was cancelled before it ran (deleted) or purged.
 SELECT DISTINCT e.parent_id, p.status,
        EXISTS (SELECT 1 FROM nq_attempt a WHERE a.job_id = e.parent_id AND a.outcome = 'done')
-FROM nq_edge e LEFT JOIN nq_job p ON p.id = e.parent_id
+FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job p ON p.id = e.parent_id
 WHERE e.state = 0 AND (p.id IS NULL OR p.status IN (3, 4, 5))
 LIMIT %(limit)s
+
+-- edges_of_gone --
+-- The sweep: settled edges whose child is gone (done and deleted, purged): nothing reads them.
+SELECT DISTINCT e.child_id FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job c ON c.id = e.child_id
+WHERE e.state IN (2, 3) AND c.id IS NULL
+LIMIT %(limit)s
+
+-- edges_drop --
+DELETE FROM nq_edge WHERE child_id IN %(ids)s
 
 -- job_progress --
 -- A waiting job's parents by where they are: a batch's progress is its callback's.

@@ -6,7 +6,8 @@
 -- 1 and 4 live only inside the transaction that ends the parent (marked, not yet counted on the
 -- child), so a retried ack never counts an edge twice. The child's queue is kept on the edge:
 -- the ack that releases children bumps their queues' signals without reading the children.
--- The edges outlive their jobs until retention drops the child (a child's progress reads them).
+-- The edges outlive their parents (a child's progress reads them); the sweep drops a child's once
+-- the child is gone.
 CREATE TABLE IF NOT EXISTS nq_edge (
     parent_id    BIGINT UNSIGNED   NOT NULL,
     child_id     BIGINT UNSIGNED   NOT NULL,
@@ -14,7 +15,9 @@ CREATE TABLE IF NOT EXISTS nq_edge (
     state        TINYINT UNSIGNED  NOT NULL DEFAULT 0,
     PRIMARY KEY (parent_id, child_id),
     -- A child's parents: its progress, its parents' results, retention
-    KEY ix_child (child_id)
+    KEY ix_child (child_id),
+    -- The sweep's scans: waiting edges (state 0), settled ones of children gone (2, 3)
+    KEY ix_state (state, parent_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 -- A waiting job (status 6): waits_on counts the parents not yet ended; after_mode says when it
