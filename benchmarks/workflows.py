@@ -90,6 +90,9 @@ def drain(cfg, admin, put, workers: int, batch: int) -> dict:
             cur.execute("SELECT COUNT(*) FROM nq_job")
             if cur.fetchone()[0] == 0:
                 break
+            failed = [w.error for w in pool if w.error is not None]
+            if failed:
+                raise RuntimeError(f"a worker failed: {failed[0]}")
             time.sleep(0.01)  # a benchmark's poll of its own progress, not a test's synchronisation
         t2 = time.perf_counter()
     finally:

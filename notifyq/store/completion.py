@@ -170,8 +170,9 @@ class Completion:
                         f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
                         "nothing was stored, the job runs again") from None
                 raise  # (a KILL QUERY's 1317 among them: rolled back below)
-            if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and counts[len(COMPLETION_COUNTS):] != [0]:
-                workflows.release_rest(cur, [job.id])  # before the COMMIT, in the block's transaction
+            marked = counts[len(COMPLETION_COUNTS)] if len(counts) > len(COMPLETION_COUNTS) else 0
+            if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and marked:
+                workflows.release_rest(cur, [job.id], marked)  # before the COMMIT, in the block's transaction
             if counts[:len(COMPLETION_COUNTS)] != COMPLETION_COUNTS:
                 # The completion changed no row: the claim was taken back, or a KILL QUERY cut
                 # the statement short (the server then replies OK, 0 rows, and no error).

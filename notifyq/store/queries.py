@@ -113,7 +113,8 @@ class Acks:
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
-        marked = counts[self.verified()]  # the release's first step (workflows)
+        # The release's first step (workflows), when statements() sent it
+        marked = counts[self.verified()] if len(counts) > self.verified() else 0
         counts = counts[:self.verified()]
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
@@ -121,7 +122,7 @@ class Acks:
         if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
             raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
         if marked:  # children of these jobs: the rest of their release, before the COMMIT
-            workflows.release_rest(cur, self.ids)
+            workflows.release_rest(cur, self.ids, marked)
 
 
 def still_claimed(cur, ids: list[int], token: int) -> list[int]:

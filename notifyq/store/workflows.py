@@ -47,18 +47,28 @@ def release_statements(ids: list[int], token: int) -> list[tuple[str, dict[str, 
     return [(Q["edges_mark_done"], {"ids": _ids(ids), "token": token})]
 
 
-def release_rest(cur, ids: list[int]) -> None:
-    """The rest of the release, once release_statements marked edges of `ids` (same transaction):
-    the children counted down, those with no parent left released, their queues woken, the
-    marks counted. Then a check that each waiting child's count is its waiting edges': a
+def release_rest(cur, ids: list[int], marked: int) -> None:
+    """The rest of the release, once release_statements marked `marked` edges of `ids` (same
+    transaction): the children counted down, those with no parent left released, their queues
+    woken, the marks counted. Each step's row count is checked against what it must change (by
+    the parents' edges only: a fan-in callback's own 10,000 edges are never read), so a
     statement a KILL QUERY cut short with an OK reply fails the transaction (cut_short: it is
     run again) rather than leave a child counting a parent that ended."""
     edges = {"ids": _ids(ids)}
-    for sql, params in _count_and_release(edges):
-        cur.execute(sql, params)
-    cur.execute(Q["children_miscounted"], edges)
+    count_down, release, wake, counted = _count_and_release(edges)
+    cur.execute(Q["children_to_count"], edges)
+    waiting = int(cur.fetchone()[0])
+    cur.execute(*count_down)
+    if cur.rowcount != waiting:
+        raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {waiting} counted down")
+    cur.execute(*release)
+    cur.execute(Q["children_left_waiting"], edges)
     if cur.fetchone()[0]:
-        raise cut_short(f"release of the children of {len(ids)} jobs: a count did not land")
+        raise cut_short(f"release of the children of {len(ids)} jobs: a child with no parent left still waits")
+    cur.execute(*wake)
+    cur.execute(*counted)
+    if cur.rowcount != marked:
+        raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {marked} edges counted")
 
 
 def _count_and_release(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -74,7 +84,7 @@ def release_after_completion(cur, job_id: int, token: int) -> None:
     [(sql, params)] = release_statements([job_id], token)
     cur.execute(sql, params)
     if cur.rowcount:
-        release_rest(cur, [job_id])
+        release_rest(cur, [job_id], cur.rowcount)
 
 
 def settle_done(cur, ids: list[int]) -> None:

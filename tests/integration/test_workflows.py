@@ -282,7 +282,7 @@ def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monke
         session.conn
         monkeypatch.setitem(workflows.Q, "children_count_down", "DO 0")
         # When the parent is acked, Then the ack fails before its COMMIT (each try, until it gives up)
-        with pytest.raises(errors.TransientDBError, match="a count did not land"):
+        with pytest.raises(errors.TransientDBError, match="0 of 1 counted down"):
             queries.ack(session, [parent], claim.token, keep=False)
     # And nothing of it landed: the parent is still claimed, the child waits for it, its edge too
     assert status(db, parent) == 2 and status(db, child) == WAITING

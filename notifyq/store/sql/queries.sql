@@ -1121,13 +1121,20 @@ ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)
 -- Last: the marked edges are counted (2 done, 3 failed); a retried ack finds none to count again.
 UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = IF(state = 1, 2, 3) WHERE parent_id IN %(ids)s AND state IN (1, 4)
 
--- children_miscounted --
--- After a release: waiting children of these parents whose count is not their waiting edges'
--- (a statement of the release cut short). Read before the COMMIT; 0 when all landed.
+-- children_to_count --
+-- A release's check, before its count-down: the waiting children of the marked edges, each of
+-- which the count-down must change (by these parents' edges only).
 SELECT COUNT(*) FROM nq_job c
-JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY) WHERE parent_id IN %(ids)s) d ON d.child_id = c.id
+JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state IN (1, 4)) d ON d.child_id = c.id
 WHERE c.status = 6
-  AND c.waits_on <> (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 0)
+
+-- children_left_waiting --
+-- A release's check, after it: no child of the marked edges waits with no parent left.
+SELECT COUNT(*) FROM nq_job c
+JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state IN (1, 4)) d ON d.child_id = c.id
+WHERE c.status = 6 AND c.waits_on = 0
 
 -- edges_mark_failed --
 -- A parent that ended dead or cancelled: its waiting edges marked failed (4), counted below.
