@@ -82,6 +82,7 @@ class Acks:
     started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
     ended: list[float] | None = None
     results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
+    released: int = 0  # workflow children this ack released (a hint: its COMMIT may still fail)
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -122,7 +123,7 @@ class Acks:
         if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
             raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
         if marked:  # children of these jobs: the rest of their release, before the COMMIT
-            workflows.release_rest(cur, self.ids, marked)
+            self.released = workflows.release_rest(cur, self.ids, marked)
 
 
 def still_claimed(cur, ids: list[int], token: int) -> list[int]:

@@ -47,13 +47,14 @@ def release_statements(ids: list[int], token: int) -> list[tuple[str, dict[str, 
     return [(Q["edges_mark_done"], {"ids": _ids(ids), "token": token})]
 
 
-def release_rest(cur, ids: list[int], marked: int) -> None:
+def release_rest(cur, ids: list[int], marked: int) -> int:
     """The rest of the release, once release_statements marked `marked` edges of `ids` (same
     transaction): the children counted down, those with no parent left released, their queues
     woken, the marks counted. Each step's row count is checked against what it must change (by
     the parents' edges only: a fan-in callback's own 10,000 edges are never read), so a
     statement a KILL QUERY cut short with an OK reply fails the transaction (cut_short: it is
-    run again) rather than leave a child counting a parent that ended."""
+    run again) rather than leave a child counting a parent that ended. Returns how many children
+    it released (ready or scheduled now)."""
     edges = {"ids": _ids(ids)}
     count_down, release, wake, counted = _count_and_release(edges)
     cur.execute(Q["children_to_count"], edges)
@@ -62,6 +63,7 @@ def release_rest(cur, ids: list[int], marked: int) -> None:
     if cur.rowcount != waiting:
         raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {waiting} counted down")
     cur.execute(*release)
+    released = cur.rowcount
     cur.execute(Q["children_left_waiting"], edges)
     if cur.fetchone()[0]:
         raise cut_short(f"release of the children of {len(ids)} jobs: a child with no parent left still waits")
@@ -69,6 +71,7 @@ def release_rest(cur, ids: list[int], marked: int) -> None:
     cur.execute(*counted)
     if cur.rowcount != marked:
         raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {marked} edges counted")
+    return released
 
 
 def _count_and_release(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
