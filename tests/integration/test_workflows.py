@@ -287,3 +287,21 @@ def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monke
     # And nothing of it landed: the parent is still claimed, the child waits for it, its edge too
     assert status(db, parent) == 2 and status(db, child) == WAITING
     assert db.scalar("SELECT state FROM nq_edge WHERE parent_id = %s", (parent,)) == 0
+
+
+def test_the_test_drainer_runs_a_workflow_to_its_end(db):
+    # Given a chain of three and a batch callback (an app's test, with notifyq.testing.drain)
+    from notifyq import testing
+
+    wf = notifyq.Workflow()
+    steps = wf.chain("q", [{"n": 0}, {"n": 1}, {"n": 2}])
+    wf.batch(steps, on_success=("q", {"n": 3}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    assert len(testing.jobs(db.config(), "q")) == 4  # waiting jobs are pending
+    ran = []
+    # When the test drains the queue
+    testing.drain(db.config(), "q", lambda job: ran.append(job.payload["n"]))
+    # Then every job ran once, in order, none left waiting
+    assert ran == [0, 1, 2, 3]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
