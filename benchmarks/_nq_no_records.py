@@ -9,7 +9,7 @@ _statements = queries.Acks.statements
 
 
 def _without_record(self):
-    return [s for s in _statements(self) if s[0] != queries.Q["attempt_acked"]]
+    return [s for s in _statements(self) if s[0] not in (queries.Q["attempt_acked"], queries.Q["attempt_acked_dense"])]
 
 
 queries.Acks.statements = _without_record

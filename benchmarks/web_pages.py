@@ -10,6 +10,10 @@ done on `thumbs`, finished over the last hour. Prints a table (ms: median, p95, 
 same as one JSON line. It creates and drops a database of its own (nq_web_bench; --keep keeps it,
 and a kept one of the same size is reused).
 
+--attempts N adds N attempt records on `thumbs` (ended over the last 6 hours, each of a job of
+the backlog, a third of them with a task in its payload) for the history page; the console's
+pages (running, history, the payload search) are timed beside the others.
+
 --queues N adds N small queues (`many00001`...: one ready job each) for the overview's cost in
 queues (its bytes are reported too). --crowd times /consumers while 20 overview requests are in
 flight, and counts the server's threads and a page's time while 300 sockets sit idle on it.
@@ -73,6 +77,30 @@ def fill(root: DSN, jobs: int) -> None:
     conn.close()
 
 
+def add_attempts(root: DSN, attempts: int) -> None:
+    """`attempts` records on queue thumbs over the last 6 hours, each of a stored job (its id),
+    their outcomes mixed; a third of those jobs get a task in their payload."""
+    conn = MySQLdb.connect(**dataclasses.replace(root, database=DATABASE).connect_args(), autocommit=True)
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM nq_attempt WHERE queue = 'thumbs'")
+    if cur.fetchone()[0] == attempts:
+        return
+    cur.execute("DELETE FROM nq_attempt WHERE queue = 'thumbs'")
+    cur.execute("SELECT MIN(id), MAX(id) FROM nq_job WHERE queue = 'thumbs'")
+    low, high = cur.fetchone()
+    for first in range(1, attempts + 1, CHUNK):
+        cur.execute("INSERT IGNORE INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, started_at, ended_at) "
+                    "SELECT %s + seq %% (%s - %s + 1), seq, 1, 'thumbs', ELT(1 + seq %% 4, 'done', 'failed', 'dead', 'done'), "
+                    "UTC_TIMESTAMP(6) - INTERVAL (seq %% 21600) SECOND - INTERVAL (seq %% 900 * 1000) MICROSECOND, "
+                    "UTC_TIMESTAMP(6) - INTERVAL (seq %% 21600) SECOND "
+                    f"FROM {numbers(min(attempts, first + CHUNK - 1), first)}", (low, high, low))
+    cur.execute("UPDATE nq_job SET payload = JSON_OBJECT('task', ELT(1 + id % 3, 'thumbs.make', 'thumbs.crop', 'thumbs.zip')) "
+                "WHERE queue = 'thumbs' AND id % 3 = 0")
+    cur.execute("ANALYZE TABLE nq_attempt")
+    cur.fetchall()
+    conn.close()
+
+
 def add_queues(root: DSN, queues: int) -> None:
     """`queues` more queues, one ready job each (kept with --keep, like the backlog)."""
     conn = MySQLdb.connect(**dataclasses.replace(root, database=DATABASE).connect_args(), autocommit=True)
@@ -129,6 +157,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--keep", action="store_true", help="Keep the database (and reuse it next time).")
     p.add_argument("--queues", type=int, default=0, help="Add this many small queues (one job each).")
+    p.add_argument("--attempts", type=int, default=0, help="Add this many attempt records on thumbs (6 hours).")
     p.add_argument("--crowd", action="store_true", help="Also time a page among 20 overviews and 300 idle sockets.")
     a = p.parse_args()
     root = DSN.parse(a.dsn)
@@ -136,6 +165,7 @@ def main() -> None:
     schema.init(dsn)
     fill(root, a.jobs)
     add_queues(root, a.queues)
+    add_attempts(root, a.attempts)
     cfg = config_mod.load(env={"NOTIFYQ_CONFIG": "/dev/null"}, overrides={"dsn": a.dsn.rstrip("/") + "/" + DATABASE})
     web = server.serve(cfg, 0, "127.0.0.1", None)
     conn = MySQLdb.connect(**dsn.connect_args())
@@ -145,7 +175,11 @@ def main() -> None:
     conn.close()
     pages = {"overview": "", "consumers": "consumers", "jobs: bulk ready": "jobs?queue=bulk&state=ready",
              "jobs: mail scheduled": "jobs?queue=mail&state=scheduled", "dead: every queue": "dead",
-             "dead: thumbs": "dead?queue=thumbs", "a dead job": f"jobs/{dead_id}", "periodic": "periodic"}
+             "dead: thumbs": "dead?queue=thumbs", "a dead job": f"jobs/{dead_id}", "periodic": "periodic",
+             "running now": "running", "history: thumbs, 1 h": "history?queue=thumbs&hours=1",
+             "history: thumbs, 6 h": "history?queue=thumbs&hours=6",
+             "search: bulk ready, text": "jobs?queue=bulk&state=ready&q=needle",
+             "search: thumbs dead, task": "jobs?queue=thumbs&state=dead&task=thumbs.zip"}
     results, sizes, extra = {}, {}, {}
     try:
         for name, path in pages.items():

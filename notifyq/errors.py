@@ -68,6 +68,16 @@ class UnsupportedServer(NotifyqError):
     exit_code = EXIT_SERVER
 
 
+class WriterRefused(NotifyqError):
+    """A server notifyq must not write through, refused at every connect: a MySQL Group
+    Replication (InnoDB Cluster) group in multi-primary mode or a member that is not its
+    primary (named locks are not certified across members), or super_read_only or
+    offline_mode on. Not retried: point the DSN at the group's primary (MySQL Router's
+    read-write port) (docs/high-availability.md#mysql-group-replication-innodb-cluster)."""
+
+    exit_code = EXIT_SERVER
+
+
 class HandlerError(NotifyqError):
     """A handler could not be loaded at all (not: a handler that raised)."""
 

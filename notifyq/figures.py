@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 HANDLER_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000)
+# From a job's due time (its enqueue's, its delay's or its retry's) to its start.
+QUEUE_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400)
 # A worker's counters (Stats fields), in the order the endpoint lists them.
 COUNTER_NAMES = ("claimed", "succeeded", "failed", "retried", "dead", "given_back", "lost_acks", "snoozed",
                  "cancelled", "batches")
@@ -57,6 +59,55 @@ class Histogram:
         return out
 
 
+# The counters also kept per task: the outcomes a job's own run decides.
+TASK_COUNTERS = ("succeeded", "failed", "retried", "dead", "cancelled")
+# Per worker, at most this many tasks get figures of their own: the jobs of any further task
+# count under OTHER_TASK, so that a stream of task names (a payload's "task" key in a queue of
+# plain handlers cannot make one: only the tasks a consumer runs are named) never grows a
+# scrape without bound.
+TASKS_KEPT = 100
+OTHER_TASK = "(other)"
+NO_TASK = ""  # jobs of plain handlers: no task label in the exposition, as before
+
+
+class TaskFigures:
+    """One task's share of a worker's figures (the worker's thread writes it)."""
+
+    __slots__ = ("counters", "job_seconds", "queue_wait")
+
+    def __init__(self) -> None:
+        self.counters = dict.fromkeys(TASK_COUNTERS, 0)
+        self.job_seconds = handler_seconds_histogram()
+        self.queue_wait = queue_wait_histogram()
+
+    def copy(self) -> "TaskFigures":
+        out = TaskFigures()
+        out.counters = dict(self.counters)
+        out.job_seconds, out.queue_wait = self.job_seconds.copy(), self.queue_wait.copy()
+        return out
+
+
+class ByTask(dict):
+    """A worker's TaskFigures by task name, bounded (TASKS_KEPT)."""
+
+    def of(self, task: str) -> TaskFigures:
+        figures = self.get(task)
+        if figures is None:
+            if len(self) >= TASKS_KEPT:
+                task = OTHER_TASK
+                figures = self.get(task)
+            if figures is None:
+                figures = self[task] = TaskFigures()
+        return figures
+
+    def snapshot(self) -> dict[str, TaskFigures]:
+        return {task: figures.copy() for task, figures in list(self.items())}
+
+
+def queue_wait_histogram() -> Histogram:
+    return Histogram(QUEUE_WAIT_BUCKETS)
+
+
 def handler_seconds_histogram() -> Histogram:
     return Histogram(HANDLER_SECONDS_BUCKETS)
 
@@ -78,6 +129,7 @@ class WorkerFigures:
     batch_sizes: Histogram
     use_locks: bool = True
     busy: bool = False  # inside a handler now
+    by_task: dict[str, TaskFigures] = field(default_factory=dict)  # NO_TASK for plain handlers' jobs
 
 
 @dataclass(frozen=True)

@@ -123,8 +123,10 @@ class Redactor(logging.Filter):
         if isinstance(fields, dict):
             record.kv = {k: "***" if _SECRET_FIELD.search(str(k))
                          else redact(v) if isinstance(v, str) else v for k, v in fields.items()}
-        if isinstance(record.msg, Line):  # the bare message; its fields are record.kv
-            record.msg = Line(redact(record.msg.msg), record.kv if isinstance(fields, dict) else record.msg.fields)
+        if isinstance(record.msg, Line):  # the bare message; its fields are record.kv's, redacted
+            own = record.msg.fields  # (a failed job's Line leaves its traceback to exc_info)
+            record.msg = Line(redact(record.msg.msg), {k: record.kv.get(k, v) for k, v in own.items()}
+                              if isinstance(fields, dict) else own)
         else:
             try:
                 record.msg, record.args = redact(record.getMessage()), None
@@ -144,10 +146,11 @@ def _core(record: logging.LogRecord, formatter: logging.Formatter, ts: bool) -> 
     fields = getattr(record, "kv", None)
     for key, value in (fields.items() if isinstance(fields, dict) else ()):
         doc["_" + key if key in doc else key] = value  # never overwrite the core keys
-    if record.exc_info and not record.exc_text:
-        record.exc_text = formatter.formatException(record.exc_info)
-    if record.exc_text:
-        doc["exc"] = record.exc_text
+    if "traceback" not in doc:  # a failed job's record carries its traceback as a field and exc_info both
+        if record.exc_info and not record.exc_text:
+            record.exc_text = formatter.formatException(record.exc_info)
+        if record.exc_text:
+            doc["exc"] = record.exc_text
     if record.stack_info:
         doc["stack"] = record.stack_info
     return doc

@@ -33,7 +33,8 @@ class TaskRegistry:
         self._pid = os.getpid()
 
     def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
-             max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None) -> Any:
+             max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None,
+             key: str | Callable[..., str | None] | None = None, dedup: str = "keep") -> Any:
         """Make a function a task: callable as before, and `.enqueue(*args, **kwargs)` puts a job
         that runs it in a consumer (`notifyq consume -q QUEUE --tasks MODULE`).
 
@@ -51,13 +52,20 @@ class TaskRegistry:
             priority: its jobs' priority.
             timeout_s: bounds a run of the task in a consumer, in place of the queue's
                 `timeout_s` (0: no bound; None: the queue's).
+            key: its jobs' flow-control key (`Producer.put`'s `key`), which the queue's
+                `limit_per_key`, `rate_per_key` and `fair` count them under: a string for all of
+                them, or a function that takes the task's arguments and returns a job's key
+                (or None: no key), e.g. `key=lambda customer_id, **_: f"customer-{customer_id}"`.
+            dedup: what `.enqueue(..., dedup_key=K)` does while a job of K is pending: `"keep"`
+                (that job stays) or `"replace"` (debounce: the new job takes its place unless
+                it is already running; `Producer.put`'s `dedup`).
         """
         def wrap(f: Callable[..., Any]) -> Task:
             if not callable(f):
                 raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority,
-                     timeout_s=timeout_s)
+                     timeout_s=timeout_s, key=key, dedup=dedup)
             self.tasks[task_name] = t
             return t
         return wrap(fn) if fn is not None else wrap

@@ -106,6 +106,34 @@ _notifyq_bootstrap() {
     else
         say ".venv is up to date"
     fi
+
+    # --- Django 6 beside it ---------------------------------------------------
+    # tests/apps/test_django_tasks.py runs the Django project on Django 6's own task framework
+    # too, which needs Python 3.12+: a second venv, .venv-django6, where such a Python is found
+    # (on PATH, or among pyenv's versions). Optional: without one those tests skip.
+    local py6="" pyroot
+    pyroot="$(pyenv root 2>/dev/null || true)"
+    for cand in python3.13 python3.12 ${pyroot:+"$pyroot"/versions/3.1[23]*/bin/python3}; do
+        if command -v "$cand" >/dev/null 2>&1 &&
+            "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+            py6="$(command -v "$cand")"
+            break
+        fi
+    done
+    if [ -z "$py6" ]; then
+        say "no Python 3.12+: the Django 6 tests will skip"
+    else
+        want="$want-django6"
+        have=""
+        [ -f .venv-django6/.notifyq-installed ] && have="$(cat .venv-django6/.notifyq-installed)"
+        if [ "$want" != "$have" ]; then
+            say "installing notifyq with Django 6 into .venv-django6 ($py6)"
+            { [ -x .venv-django6/bin/python ] || "$py6" -m venv .venv-django6; } &&
+                .venv-django6/bin/python -m pip install -q --disable-pip-version-check -e '.[django]' 'django>=6.0' &&
+                echo "$want" >.venv-django6/.notifyq-installed ||
+                say "could not make .venv-django6: the Django 6 tests will skip"
+        fi
+    fi
 }
 
 if [ "${BASH_SOURCE[0]}" != "$0" ]; then

@@ -19,8 +19,9 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config.dsn import DEFAULT_DSN, DSN, TLS_KEYS, tls_options
-from notifyq.config.settings import (DEFAULT_CONFIG_PATH, RANGES, Config, ConsumerConfig, LogConfig, ProducerConfig,
-                                     QueueConfig, WakeupConfig, check_setting, instant_wake_value, validate_queue_name)
+from notifyq.config.settings import (DEFAULT_CONFIG_PATH, RANGES, RATE_KEYS, Config, ConsumerConfig, LogConfig,
+                                     ProducerConfig, QueueConfig, WakeupConfig, check_setting, instant_wake_value,
+                                     rate_value, validate_queue_name)
 
 
 class _Origins(dict):
@@ -57,6 +58,9 @@ def _coerce(cls: type, data: Any, where: str, origins: _Origins, base: Any = Non
             continue
         if key == "instant_wake":
             out[key] = instant_wake_value(value, dotted, suffix=origins.at(dotted))
+            continue
+        if key in RATE_KEYS:
+            out[key] = rate_value(value, dotted, suffix=origins.at(dotted))
             continue
         expected = type(getattr(base, key))
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):

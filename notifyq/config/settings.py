@@ -53,10 +53,19 @@ class QueueConfig:
     timeout_s: float = 0.0
     shard: str = ""  # with [shards]: the shard that holds this queue ("": by hash of its name)
     spread: bool = False  # with [shards]: jobs go to every shard (round-robin, or by dedup key)
+    # "N/PERIOD" ("100/60s"): at most N job starts in any window of PERIOD, the queue's and
+    # each key's (store/rates.py); "": none
+    rate: str = ""
+    rate_per_key: str = ""
 
     @property
     def keeps_results(self) -> bool:
         return self.keep_done or self.result_ttl_s > 0
+
+    @property
+    def rates(self) -> tuple[values.Rate | None, values.Rate | None]:
+        """(rate, rate_per_key) parsed: checked when the config was loaded."""
+        return values.rate("rate", self.rate), values.rate("rate_per_key", self.rate_per_key)
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,18 @@ def instant_wake_value(value: Any, where: str, suffix: str = "") -> bool | str:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     raise errors.ConfigError(f"{where}: expected {INSTANT_WAKE_FORMS}, got {values.shown(value)}{suffix}")
+
+
+RATE_KEYS = ("rate", "rate_per_key")
+
+
+def rate_value(value: Any, where: str, suffix: str = "") -> str:
+    """A rate limit's text as the config keeps it (stripped), once values.rate accepts it."""
+    try:
+        values.rate(where, value, error=errors.ConfigError)
+    except errors.ConfigError as e:
+        raise errors.ConfigError(f"{e}{suffix}") from None
+    return value.strip()
 
 
 def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqError] = errors.ConfigError,

@@ -35,6 +35,24 @@ def queue_name(name: Any, error: type[errors.NotifyqError] = errors.InputError) 
     return name
 
 
+# nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
+KEY_MAX_CHARS = 191
+
+
+def job_key(name: str, key: Any, error: type[errors.NotifyqError] = errors.InputError) -> str:
+    """A job's key (`key=`, flow control's) or dedup key, as the columns take it: a str of 1 to
+    KEY_MAX_CHARS characters that encodes as UTF-8 (a lone surrogate does not)."""
+    if not isinstance(key, str):
+        raise error(f"{name}: expected a string, got {shown(key)}")
+    if not 0 < len(key) <= KEY_MAX_CHARS:
+        raise error(f"{name} must be 1 to {KEY_MAX_CHARS} characters, got {len(key)}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise error(f"{name} is not valid UTF-8") from None
+    return key
+
+
 def number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, integer: bool = False,
            error: type[errors.NotifyqError] = errors.InputError) -> Any:
@@ -75,6 +93,44 @@ def duration_text(text: str) -> float | None:
     """'90s', '30m', '12h', '7d', '2w' or plain seconds -> seconds; None if it is none of them."""
     m = _DURATION.match(str(text).strip().lower())
     return float(m.group(1)) * _UNIT_S[m.group(2)] if m else None
+
+
+# A rate limit, "N/PERIOD": at most N starts in any window of PERIOD (config `rate`,
+# `rate_per_key`; store/rates.py keeps the last N start times of each budget, one row each, so N
+# is bounded). PERIOD is a number with a unit (ms, s, m, h, d), the number 1 if left out ("10/s").
+_RATE = re.compile(r"^(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)$")
+_RATE_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+RATE_MAX_COUNT = 10000
+RATE_PERIOD_S = (0.001, 86400.0)
+RATE_FORMS = '"N/PERIOD" with N 1-10000 and PERIOD 1ms-1d (units ms, s, m, h, d), e.g. "100/60s"'
+
+
+class Rate(tuple):
+    """A parsed rate limit: (count, period_s)."""
+
+    @property
+    def count(self) -> int:
+        return self[0]
+
+    @property
+    def period_s(self) -> float:
+        return self[1]
+
+
+def rate(name: str, value: Any, error: type[errors.NotifyqError] = errors.InputError) -> Rate | None:
+    """A rate limit's text -> Rate; "" -> None (no limit). One line naming `name` otherwise."""
+    if value == "":
+        return None
+    m = _RATE.match(value.strip().lower()) if isinstance(value, str) else None
+    if m is None:
+        raise error(f"{name}: expected {RATE_FORMS}, got {shown(value)}")
+    count = int(m.group(1))
+    period_s = float(m.group(2) or 1) * _RATE_UNIT_S[m.group(3)]
+    if not 1 <= count <= RATE_MAX_COUNT:
+        raise error(f"{name}: N must be 1-{RATE_MAX_COUNT} (starts per period), got {shown(value)}")
+    if not RATE_PERIOD_S[0] <= period_s <= RATE_PERIOD_S[1]:
+        raise error(f"{name}: the period must be 1ms-1d, got {shown(value)}")
+    return Rate((count, period_s))
 
 
 def writable_file(name: str, path: str, error: type[errors.NotifyqError] = errors.ConfigError) -> str:

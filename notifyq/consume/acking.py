@@ -25,6 +25,7 @@ from notifyq.consume.outcomes import Outcomes
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
+from notifyq.store.rates import Rates
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -48,13 +49,13 @@ class PendingAcks:
         self._waiting = acks
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-              as_watcher: bool = False) -> queries.Claim:
+              as_watcher: bool = False, rates: Rates | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
         first (or acked again: its COMMIT failed)."""
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:
-            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks)
+            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates)
         except BaseException:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise

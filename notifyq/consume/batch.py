@@ -15,7 +15,6 @@ claim to the acks it leaves with its worker's pending acks (acking.py: they ride
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -30,7 +29,8 @@ from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
 from notifyq.consume.timeout import HandlerCaller, Stray
-from notifyq.jobs import Job, run_of
+from notifyq.consume.traced import Traced
+from notifyq.jobs import Job, envelope, run_of, tracing
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
@@ -43,16 +43,24 @@ ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 
 class Batch:
     def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float,
-                 commit: Pending | None = None, owner: str = "", epoch: int = 0):
+                 commit: Pending | None = None, owner: str = "", epoch: int = 0,
+                 connection: int | None = None):
         self.token = token
         self.owner = owner  # the consumer id claimed under
         self.epoch = epoch  # the Presence's registration it was made (or last confirmed) in
         self.commit = commit  # the claim's COMMIT, sent ahead: read at the session's next statement
+        self.connection = connection  # the server's id of the connection it was sent on
+        self.retake_tried = False  # the claim was taken again after its COMMIT failed (or tried to be)
         self.jobs = jobs
         self.lease_s = lease_s  # the claim's own: a reload changes the next claims' lease, not this one
         self.claimed_at = claimed_at  # monotonic, taken before the claim was sent
         self.extended_at = claimed_at  # monotonic, taken before the statement was sent
         self.started = 0  # jobs[:started] have been handed to the handler
+        # The span of what ran, for the claim sizer's pace (BatchRun._observe_pace): the first
+        # start and the last end, and how many jobs ran between, kept as they start and finish
+        self.first_start: float | None = None
+        self.last_end = 0.0
+        self.ran = 0
         self.running: list[Job] = []  # in the handler right now
         # Finished, outcome not yet sent (acks go out about once a second): still claimed, so
         # still covered by every extension. A long job's extend_lease() once pushed out its own
@@ -72,9 +80,18 @@ class Batch:
         self.handler_lock = threading.Lock()
 
     def claim_lost(self) -> bool:
-        """The claim's COMMIT failed (or its connection was lost) after its jobs began to run:
-        none of them is ours to start any more (the rest are given back, fenced by token)."""
+        """The claim's COMMIT failed (or its connection was lost) after its jobs began to run,
+        and the claim was not taken again (retaken): none of them is ours to start any more
+        (the rest are given back, fenced by token)."""
         return self.commit is not None and self.commit.failed
+
+    def retaken(self, held: list[int]) -> list[int]:
+        """After a failed COMMIT, the claim holds `held` now, committed (queries.retake): it is
+        settled, and what waits outside it is not ours to start. Returns the waiting ids lost."""
+        self.commit = None
+        gone = [job_id for job_id in self.waiting() if job_id not in set(held)]
+        self.lost.update(gone)
+        return gone
 
     def waiting(self) -> list[int]:
         """Ids of the jobs not started yet that are still ours."""
@@ -110,6 +127,9 @@ class Batch:
     def next_group(self, size: int) -> list[Job]:
         """The next jobs to start together: up to `size`, in claim order, ending before a job
         that is no longer ours (start() counts from `started`)."""
+        if size == 1:  # a plain handler's every job: no slice, no loop
+            job = self.jobs[self.started] if self.started < len(self.jobs) else None
+            return [] if job is None or job.id in self.lost else [job]
         group: list[Job] = []
         for job in self.jobs[self.started:self.started + size]:
             if job.id in self.lost:
@@ -139,16 +159,24 @@ class Batch:
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
         self.running = jobs
+        if not jobs:
+            return
         now = time.monotonic()
         for job in jobs:
             run_of(job).start(now)
+        if self.first_start is None:
+            self.first_start = now
 
     def finish(self) -> None:
         now = time.monotonic()
-        for job in self.running:
+        running = self.running
+        for job in running:
             run_of(job).finish(now)
-        self.done += self.running
-        self.running = []
+        if running:
+            self.done += running
+            self.ran += len(running)
+            self.last_end = now
+            self.running = []
 
     def take_done(self) -> list[Job]:
         """The finished jobs, for their outcomes to be sent: no longer the batch's to extend."""
@@ -228,10 +256,12 @@ class BatchRun:
             # Each step even if one before it raised: a worker that fails leaves nothing of its
             # batch claimed that it could have settled (its process then exits, deregistered).
             try:
+                self._confirm_claim()  # before the outcomes: acks land only under a claim that holds
                 self._settle(batch.take_done())
             finally:
-                log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
-                          sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
+                if log.isEnabledFor(logging.DEBUG):  # (its count is a pass over the batch)
+                    log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
+                              sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
                 try:
                     rest = batch.waiting()
                     if rest:
@@ -271,14 +301,22 @@ class BatchRun:
 
         completion = self.completion = self._completion()
         for job in jobs:
-            try:
-                job.payload = json.loads(job.payload)
+            run = run_of(job)
+            try:  # the payload as put, and the trace context stored with it (jobs/envelope.py)
+                job.payload, trace = envelope.opened(job.payload)
+                if trace is not None:
+                    run.carried(trace)
             except ValueError as e:
                 job.fail(f"payload is not valid JSON: {e}", retry=False)
-            run_of(job).hand(extend, completion)
+            else:
+                run.named(self.handler.task_name(job))
+            run.hand(extend, completion)
 
     def _completion(self) -> Completion:
-        return Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results, self.batch.owner)
+        completion = Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results,
+                                self.batch.owner)
+        completion.settle_claim = self._confirm_claim
+        return completion
 
     def _run_in_order(self) -> None:
         """Per-job handlers: one job at a time in claim order; a coroutine handler with
@@ -293,7 +331,7 @@ class BatchRun:
                 # starts only once it landed. A failed COMMIT unlocked the rows (on Galera,
                 # another node's claim won certification): a peer may hold them already.
                 self.work.pipeline.read_reply()
-            if self.stop.is_set() or batch.claim_lost():
+            if self.stop.is_set() or (batch.claim_lost() and not self._retake()):
                 break
             now = time.monotonic()
             extend_due = batch.extend_due(now)
@@ -315,10 +353,51 @@ class BatchRun:
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
             group = batch.start_next(size if batch.started else 1)
-            ready = [j for j in group if j.error is None]
+            if len(group) == 1:  # (a plain handler's every job: no list made per job)
+                ready = group if group[0].error is None else []
+            else:
+                ready = [j for j in group if j.error is None]
             if ready:
                 self._call(ready)
             batch.finish()
+
+    def _confirm_claim(self) -> None:
+        """The claim's COMMIT read, and the claim taken again if it failed (_retake): so that what
+        ran is acked under a claim that holds it. Once no job of the batch runs any more (a batch
+        of one job, or a per-batch handler's, ends before any other statement read it), and
+        before a handler's first statement through its completion (a cancel check, a
+        job.transaction(), complete_in)."""
+        batch = self.batch
+        if batch.commit is not None and not batch.commit.settled:
+            self.work.pipeline.read_reply()
+        if batch.claim_lost():
+            self._retake()
+
+    def _retake(self) -> bool:
+        """The claim's COMMIT failed, or lost its reply, after its first jobs started: whether it
+        landed is learnt, and what it did not mark is taken again if nobody took it meanwhile
+        (queries.retake). A job that ran then runs only once, and the batch goes on with what
+        the claim holds. False: the claim is lost (as a crash loses it; its acks are fenced)."""
+        batch = self.batch
+        if batch.retake_tried:  # once: a claim given up stays given up
+            return False
+        batch.retake_tried = True
+        jobs = batch.jobs[:batch.started] + [j for j in batch.jobs[batch.started:] if j.id not in batch.lost]
+        try:
+            held = queries.retake(self.work, jobs, batch.token, batch.owner, batch.lease_s,
+                                  batch.connection, batch.claimed_at)
+        except errors.NotifyqError as e:
+            log.warning("could not learn whether a claim whose COMMIT failed is ours: it is given up "
+                        "queue=%s error=%s", self.queue, e)
+            return False
+        if held is None:
+            log.warning("a claim whose COMMIT failed was sent on a connection that outlived its KILL: "
+                        "it is given up queue=%s", self.queue)
+            return False
+        gone = batch.retaken(held)
+        log.warning("a claim whose COMMIT failed holds %d of its %d jobs now, committed: the batch goes on "
+                    "queue=%s lost=%s", len(held), len(jobs), self.queue, ",".join(map(str, gone[:20])) or "-")
+        return True
 
     def _still_ours(self, now: float) -> bool:
         """Before a job starts: is the claim still this process's? From what the presence knows
@@ -345,14 +424,16 @@ class BatchRun:
     def _observe_pace(self) -> None:
         """The queue's claim sizer learns the batch's time per job: from its first start to its
         last end, over the jobs that ran (a group of coroutines counts as its jobs). Once per
-        batch, from the times each job's attempt record keeps: nothing is added per job."""
-        ran = [r for r in map(run_of, self.batch.jobs) if r.ended is not None]
-        if ran:
-            span = max(r.ended for r in ran) - min(r.started for r in ran)
-            self.presence.claim_sizers[self.queue].observe(span, len(ran))
+        batch, from the span the batch kept as its jobs started and finished."""
+        batch = self.batch
+        if batch.ran and batch.first_start is not None:
+            self.presence.claim_sizers[self.queue].observe(batch.last_end - batch.first_start, batch.ran)
 
     def _call(self, jobs: list[Job]) -> None:
-        self.caller.call(self.handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
+        handler = self.handler
+        if tracing.HOOK is not None:  # read per call: an app may instrument after the consumer started
+            handler = Traced(handler, tracing.HOOK, self.queue)
+        self.caller.call(handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under

@@ -29,6 +29,11 @@ class Handler(Protocol):
         bounded by its own command_timeout_s)."""
         return 0.0
 
+    def task_name(self, job: Job) -> str:
+        """The task a job runs, for the per-task figures: "" when the handler runs no tasks
+        (a TaskHandler names the job's, among its own only: the label's values are bounded)."""
+        return ""
+
     def report(self, failed: list[Job]) -> None:
         """Jobs failed outside the call (it ran past its timeout): an on_failure hook hears of
         them (reporting.Reporting); nothing else does."""

@@ -118,10 +118,12 @@ class PythonHandler(Handler):
     def _call(self, arg: Job | list[Job], func: Callable[[Any], Any] | None = None) -> Any:
         """The function (or `func`) on `arg`, awaited when it returns an awaitable: its return
         value. In a child the function forked, this never returns."""
-        pid = os.getpid()
+        pid = _pid  # this process's (one getpid per job, after the call, finds a child)
         try:
             if self.around is None:  # the common case: no context to enter per job
-                result = _awaited((func or self.func)(arg))
+                result = (func or self.func)(arg)
+                if result is not None and inspect.isawaitable(result):  # (_awaited, inline)
+                    result = _await(result)
             else:
                 with self.around():
                     result = _awaited((func or self.func)(arg))
@@ -133,6 +135,16 @@ class PythonHandler(Handler):
             _exit_child(None)
         return result
 
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+# The consumer's own pid, read before each call without a system call (the check after the
+# call asks the system: a handler's child forked from C, past register_at_fork, is found too).
+_pid = os.getpid()
+os.register_at_fork(after_in_child=_forked)
 
 # Everything a handler can raise: a BaseException that is no Exception (asyncio.CancelledError
 # out of a task cancelled in the handler's own asyncio.run(), GeneratorExit, a class of its own)

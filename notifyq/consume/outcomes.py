@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
+from operator import attrgetter
 
 from notifyq import errors, logs
 from notifyq.config import QueueConfig
 from notifyq.consume import retry
 from notifyq.consume.stats import Stats
 from notifyq.jobs import Job, run_of
-from notifyq.jobs.run import COMMITTED, PENDING
+from notifyq.jobs.run import COMMITTED, PENDING, Run
 from notifyq.store import queries
 from notifyq.store import results as kept
 from notifyq.store.completion import Completion
@@ -24,6 +26,7 @@ from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.consumer")
 
+_COMPLETED = attrgetter("completed")  # a Run's: how the handler completed its job, if it did
 SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
@@ -44,16 +47,26 @@ class Outcomes:
             for job in jobs:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
-        if any(run_of(j).completed is not None for j in jobs):
+        self._observe(jobs)
+        if any(map(_COMPLETED, map(run_of, jobs))):  # (COMMITTED or PENDING: a non-empty text)
             jobs = self._completed(session, jobs, token)
-        for job in jobs:  # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
+        # Each job's outcome sorted out in one pass (a batch is up to its claim's size)
+        failures: list[tuple[Job, str, bool]] = []
+        snoozed: list[tuple[Job, Run]] = []
+        ok: list[tuple[Job, Run]] = []
+        for job in jobs:
             run = run_of(job)
-            if job.error is None and run.snooze_s is None and run.cancel_seen:
+            if run.error is None and run.snooze_s is None and run.cancel_seen:
+                # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
                 run.fail(CANCEL_SEEN, retry=False)
-        failures = [(j, j.error, j.retry) for j in jobs if j.error is not None]
-        self.record_failures(session, token, failures)
-        runs = [(j, run_of(j)) for j in jobs if j.error is None]
-        snoozed = [(j, r) for j, r in runs if r.snooze_s is not None]
+            if run.error is not None:
+                failures.append((job, run.error, run.retry))
+            elif run.snooze_s is not None:
+                snoozed.append((job, run))
+            else:
+                ok.append((job, run))
+        if failures:
+            self.record_failures(session, token, failures)
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
@@ -63,18 +76,33 @@ class Outcomes:
                 if job.id in owned.cancelled:
                     self._count_cancelled(job, "cancelled while snoozing")
             self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
-        ok = [(j, r) for j, r in runs if r.snooze_s is None]
         if not ok:
             return None
         max_packet = session.max_allowed_packet
         results = [kept.result_text(r.result, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [r.started if r.started is not None else 0.0 for _, r in ok],
-                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results)
+                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
+                            [r.task for _, r in ok])
         if carry:
             return acks
         self.ack(session, acks)
         return None
+
+    def _observe(self, jobs: list[Job]) -> None:
+        """Each finished job's run time and its wait in the queue, by task. The wait runs from
+        its due time (run_at: its enqueue's, its delay's or its retry's, on the server's clock,
+        UTC) to its start (this host's clock: one reading of it per call, the start's monotonic
+        time taken from it; a skew between the clocks that makes it negative counts as 0)."""
+        by_task = self.stats.by_task
+        now_utc, now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None), time.monotonic()
+        for job in jobs:
+            run = run_of(job)
+            started, ended = run.started, run.ended
+            if started is not None and ended is not None:
+                figures = by_task.of(run.task)
+                figures.job_seconds.observe(ended - started)
+                figures.queue_wait.observe(max(0.0, (now_utc - job.run_at).total_seconds() - (now - started)))
 
     def _completed(self, session: Session, jobs: list[Job], token: int) -> list[Job]:
         """Jobs the handler completed in its own transaction are done: never acked again, never
@@ -88,6 +116,7 @@ class Outcomes:
             run = run_of(job)
             if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
                 self.stats.succeeded += 1
+                self.stats.by_task.of(run.task).counters["succeeded"] += 1
                 text = (kept.result_text(run.result, job.id, session.max_allowed_packet)
                         if self.qc.keeps_results else None)
                 if text is not None:
@@ -112,6 +141,10 @@ class Outcomes:
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
         """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT)."""
         self.stats.succeeded += acked
+        if acks.tasks and acked == len(acks.ids):  # which of them is known only when all landed:
+            by_task = self.stats.by_task  # the rest count under no task (the endpoint's remainder)
+            for task in acks.tasks:
+                by_task.of(task).counters["succeeded"] += 1
         # The ack's row count says how many, not which: all of them, or some among them
         self._count_lost(acks.ids, len(acks.ids) - acked)
 
@@ -131,6 +164,7 @@ class Outcomes:
         """Its cancel was requested while it ran (`notifyq jobs cancel`): what the operator asked
         for, so neither a failure nor dead, and said at INFO."""
         self.stats.cancelled += 1
+        self.stats.by_task.of(run_of(job).task).counters["cancelled"] += 1
         log.info("job cancelled queue=%s job=%d attempt=%d/%d error=%s", job.queue, job.id, job.attempts,
                  job.max_attempts, error[:200])
 
@@ -158,10 +192,14 @@ class Outcomes:
                 self._count_cancelled(job, error)
                 continue
             self.stats.failed += 1
+            counters = self.stats.by_task.of(run_of(job).task).counters
+            counters["failed"] += 1
             if delay is None:
                 self.stats.dead += 1
+                counters["dead"] += 1
             else:
                 self.stats.retried += 1
+                counters["retried"] += 1
             _log_failure(job, delay, error, logged)
         left = {j.id for j in unrecorded}
         self._count_lost([j.id for j, _, _ in decided if j.id not in owned and j.id not in left])
@@ -204,7 +242,14 @@ def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:
 def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:
     """One line per failed attempt: which job, which attempt, what happens next (retry at a UTC
     time, or dead) and why, with the handler's traceback (shown once per batch: a batch handler
-    that raised fails all its jobs with the same one)."""
+    that raised fails all its jobs with the same one).
+
+    For the app's own logging: the record carries what the handler raised as its exc_info (an
+    error reporter's logging integration, Sentry's, and JSON formatters see an exception, not a
+    string), with the job's fields as attributes of the record (record.queue, record.job,
+    record.attempt, record.next, record.error, and record.task for a task's job). The message
+    itself (logs.Line) leaves the traceback to exc_info then, so that a plain formatter prints
+    it once."""
     fields: dict[str, object] = {"queue": job.queue, "job": job.id,
                                  "attempt": f"{job.attempts}/{job.max_attempts}"}
     if delay is None:
@@ -213,13 +258,24 @@ def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, in
         at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay)
         fields["next"] = "retry at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     fields["error"] = error[:2000]
+    exc_info = None
     if job.detail:
         if job.detail in logged:
             fields["traceback"] = f"as for job {logged[job.detail]}"
         else:
             logged[job.detail] = job.id
             fields["traceback"] = job.detail.rstrip("\n")
+            exc = job.exception
+            if exc is not None:
+                exc_info = (type(exc), exc, exc.__traceback__)
+    shown = fields if exc_info is None else {k: v for k, v in fields.items() if k != "traceback"}
+    task = run_of(job).task  # as its handler names it: "" for a plain handler's job
+    # (an app's handlers have no logs.Redactor: the attributes are redacted here, as Line is)
+    extra = {**logs.kv(**fields), **{k: logs.redact(v) if isinstance(v, str) else v
+                                     for k, v in fields.items() if k != "traceback"}}
+    if task:
+        extra["task"] = task
     if delay is None:
-        log.error(logs.Line("job dead", fields), extra=logs.kv(**fields))
+        log.error(logs.Line("job dead", shown), extra=extra, exc_info=exc_info)
     else:
-        log.warning(logs.Line("job failed, retrying", fields), extra=logs.kv(**fields))
+        log.warning(logs.Line("job failed, retrying", shown), extra=extra, exc_info=exc_info)

@@ -35,6 +35,9 @@ class Reporting(Handler):
     def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
         return self.inner.timeout_for(jobs, queue_timeout_s)
 
+    def task_name(self, job: Job) -> str:
+        return self.inner.task_name(job)
+
     def stop_running(self) -> bool:
         return self.inner.stop_running()
 

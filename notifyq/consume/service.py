@@ -316,6 +316,7 @@ class ConsumerService(Supervisor):
                                  counters={name: getattr(r.worker.stats, name) for name in COUNTER_NAMES},
                                  handler_seconds=r.worker.stats.handler_seconds.copy(),
                                  batch_sizes=r.worker.stats.batch_sizes.copy(),
+                                 by_task=r.worker.stats.by_task.snapshot(),
                                  use_locks=r.worker.use_locks, busy=r.worker.in_handler_since is not None)
                    for group, running in ((self.running, True), (self.retired, False)) for r in list(group)]
         watchers = [WatcherFigures(queue, self.name, dict(w.waiter.wakeups), w.waiter.watching)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from notifyq.figures import Histogram, batch_size_histogram, handler_seconds_histogram
+from notifyq.figures import ByTask, Histogram, batch_size_histogram, handler_seconds_histogram
 
 
 @dataclass
@@ -26,6 +26,8 @@ class Stats:
     # Bounded: bucket counts, not every observation (a long-lived worker's lists never stopped growing).
     batch_sizes: Histogram = field(default_factory=batch_size_histogram)
     handler_seconds: Histogram = field(default_factory=handler_seconds_histogram)
+    # Per task (figures.TaskFigures): the outcomes, each job's run time and its wait in the queue
+    by_task: ByTask = field(default_factory=ByTask)
 
 
 class Budget:

@@ -25,13 +25,15 @@ from notifyq.config import values
 from notifyq.config import validate_queue_name
 from notifyq.consume import handlers
 from notifyq.jobs import Job
+from notifyq.produce.producer import replaces
 
 
 class Task:
     """A function that can also be enqueued: calling it runs it here, `.enqueue()` puts a job."""
 
     def __init__(self, fn: Callable[..., Any], registry: Any, *, queue: str, name: str,
-                 max_attempts: int | None, priority: int, timeout_s: float | None = None):
+                 max_attempts: int | None, priority: int, timeout_s: float | None = None,
+                 key: str | Callable[..., str | None] | None = None, dedup: str = "keep"):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.registry = registry
@@ -41,6 +43,14 @@ class Task:
         self.priority = values.number("priority", priority, lo=-32768, hi=32767, integer=True)
         # None: the queue's timeout_s; 0: none for this task, whatever the queue's
         self.timeout_s = None if timeout_s is None else values.seconds("timeout_s", timeout_s, positive=False)
+        # Its jobs' flow-control key: one for them all (a str), or a function of each call's
+        # arguments (the task's own), for a key per customer or tenant
+        if key is not None and not callable(key):
+            key = values.job_key(f"task {name}: key", key)
+        self.key = key
+        self.dedup = dedup  # what its enqueue(dedup_key=...) does to a pending job of the key
+        if dedup != "keep":
+            replaces(dedup, "")  # "replace", or InputError
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -53,7 +63,17 @@ class Task:
         payload = {"task": self.name, "args": list(args), "kwargs": kwargs}
         return self.registry.producer(self.queue).put(payload, priority=self.priority, delay=delay,
                                                       max_attempts=self.max_attempts,
-                                                      dedup_key=dedup_key, conn=conn)
+                                                      dedup_key=dedup_key, key=self.key_of(args, kwargs),
+                                                      dedup=self.dedup if dedup_key is not None else "keep",
+                                                      conn=conn)
+
+    def key_of(self, args: tuple, kwargs: dict[str, Any]) -> str | None:
+        """The flow-control key of a job of these arguments: the task's key, or what its key
+        function returns for them (None: no key), checked as put(key=) checks a key."""
+        if not callable(self.key):
+            return self.key
+        key = self.key(*args, **kwargs)
+        return None if key is None else values.job_key(f"task {self.name}: its key function's result", key)
 
     def __repr__(self) -> str:
         return f"<notifyq task {self.name} queue={self.queue}>"
@@ -97,6 +117,10 @@ class TaskHandler(handlers.PythonHandler):
             task = self._task_of(job)
             limits.append(queue_timeout_s if task is None or task.timeout_s is None else task.timeout_s)
         return 0.0 if not limits or 0 in limits else max(limits)
+
+    def task_name(self, job: Job) -> str:
+        task = self._task_of(job)
+        return task.name if task is not None else ""
 
     def _task_of(self, job: Job) -> Task | None:
         name = job.payload.get("task") if isinstance(job.payload, dict) else None

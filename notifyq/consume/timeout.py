@@ -100,7 +100,7 @@ class HandlerCaller:
         fail; all of that still counts as the handler's time (the worker is not stalled)."""
         self.in_handler_since = t0 = time.monotonic()
         try:
-            limit = limit_for(handler, jobs, queue_timeout_s)
+            limit = handler.timeout_for(jobs, queue_timeout_s)  # limit_for's answer, asked direct
             if limit <= 0:  # (a command is bounded by its own command_timeout_s)
                 handler(jobs, extend)
                 return

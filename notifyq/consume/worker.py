@@ -28,12 +28,15 @@ from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
+from notifyq.store import liveness
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.rates import Rates
 
 log = logging.getLogger("notifyq.consumer")
 
 SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was killed settle its batch
+GONE_LEASE_MARGIN_S = 0.05  # past a gone owner's lease end (the server's clock), so the next pass finds it expired
 
 
 class Worker:
@@ -228,7 +231,9 @@ class Worker:
         # The settings the claim is made with, read once: a reload (the service's thread) may
         # replace them while the claim is on the wire, and the batch must track the lease it holds.
         qc, handler = self.qc, self.handler
-        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(handler, self.batch_size, qc.batch_target_s))
+        rates = Rates.of(qc)
+        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(
+            handler, self.batch_size, qc.batch_target_s, rated=rates is not None))
         if want <= 0:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
@@ -238,14 +243,15 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher)
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates)
+        claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
             before_run(claim)
         if claim.jobs:
             self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
-                            owner=owner, epoch=epoch), qc, handler)
+                            owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
         return len(claim.jobs), claim.drained
 
     def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:
@@ -305,5 +311,20 @@ class Worker:
         self.stats.reclaimed += n
         if n:
             log.info("took back jobs of dead consumers before exiting queue=%s n=%d", self.queue, n)
-        return n > 0
+            return True
+        return self._wait_for_gone_claims()
+
+    def _wait_for_gone_claims(self) -> bool:
+        """The pass took nothing back, yet jobs of the queue may still be held by a consumer that
+        is gone and that no pass can judge yet (the server restarted within the grace: it may be
+        alive, about to take its lock back): their lease brings them back. If it runs out before
+        the exit deadline, wait for it and claim again (True) rather than leave them to the next
+        run, which may be a cron period away."""
+        due_s = liveness.gone_claims_due_s(self.work, self.queue)
+        assert self._exit_deadline is not None
+        if due_s is None or time.monotonic() + due_s > self._exit_deadline:
+            return False
+        log.info("jobs of a consumer that is gone wait for their lease before exiting queue=%s seconds=%.1f",
+                 self.queue, due_s)
+        return not self.stop.wait(due_s + GONE_LEASE_MARGIN_S)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from notifyq.jobs.run import Run
@@ -43,7 +45,9 @@ class Job:
         max_attempts: the run after which a failure makes the job dead.
         run_at: when the job became due (UTC).
         created_at: when it was put (UTC).
-        dedup_key: the key it was put with, if any.
+        dedup_key: the dedup key it was put with, if any.
+        key: the flow-control key it was put with (`put(..., key=)`), if any: the key its queue's
+            limits count it under.
     """
 
     id: int
@@ -55,6 +59,7 @@ class Job:
     run_at: dt.datetime
     created_at: dt.datetime
     dedup_key: str | None = None
+    key: str | None = None
     # The attempt's state in the worker's hands (jobs/run.py): none of the handler's business
     _run_state: Run = field(default_factory=Run, init=False, repr=False)
 
@@ -148,9 +153,9 @@ class Job:
         return self.attempts >= self.max_attempts
 
 
-def run_of(job: Job) -> Run:
-    """The worker's side of a job: its attempt's state (jobs/run.py)."""
-    return job._run_state
+# run_of(job): the worker's side of a job, its attempt's state (jobs/run.py). An attrgetter, not
+# a function: the worker asks it several times per job, and a Python call costs more than the read.
+run_of: Callable[[Job], Run] = attrgetter("_run_state")
 
 
 def cancelled(jobs: list[Job]) -> list[Job]:

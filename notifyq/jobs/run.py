@@ -21,11 +21,12 @@ from typing import Any
 # How a job was completed in the handler's own transaction (Run.completed)
 COMMITTED = "committed"  # job.transaction(): its completion committed
 PENDING = "pending"  # job.complete_in(conn): the caller commits; the worker finds out whether it did
+_NEVER = float("-inf")  # a cancel check's time before the first (made once, not per job)
 
 
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
-                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at")
+                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task")
 
     def __init__(self) -> None:
         self._error: str | None = None  # None: a success (so far)
@@ -41,7 +42,9 @@ class Run:
         self._extend: Any = None  # the worker's: () -> None, push the claim's lease out
         self._completion: Any = None  # the worker's: the claim's Completion (consume/effects.py)
         self._cancel_seen = False
-        self._cancel_checked_at = float("-inf")
+        self._cancel_checked_at = _NEVER
+        self._trace: dict[str, str] | None = None  # the enqueue's trace context (jobs/envelope.py)
+        self._task = ""  # the task it runs, for the per-task figures ("": a plain handler's job)
 
     # -------------------------------------------------------- read (never written but below)
 
@@ -56,6 +59,8 @@ class Run:
     completed = property(attrgetter("_completed"))
     completion = property(attrgetter("_completion"))
     cancel_seen = property(attrgetter("_cancel_seen"))
+    trace = property(attrgetter("_trace"))
+    task = property(attrgetter("_task"))
 
     # -------------------------------------------------------- the worker's handles
 
@@ -63,6 +68,14 @@ class Run:
         """What the worker gives the attempt before its handler runs: the lease extension and
         the claim's Completion."""
         self._extend, self._completion = extend, completion
+
+    def carried(self, trace: dict[str, str] | None) -> None:
+        """The trace context the job was put with (its stored envelope), for the run's span."""
+        self._trace = trace
+
+    def named(self, task: str) -> None:
+        """The task the job runs, as its handler names it (Handler.task_name)."""
+        self._task = task
 
     def complete_through(self, completion: Any) -> None:
         """A new Completion (the old session went with a timed-out call)."""

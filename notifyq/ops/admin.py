@@ -16,7 +16,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config import validate_queue_name
-from notifyq.jobs import STATUS_NAMES, Status
+from notifyq.jobs import STATUS_NAMES, Status, envelope
 from notifyq.store import admin_queries, advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
@@ -30,9 +30,9 @@ CHUNK = 1000  # rows per transaction in bulk actions
 
 _GET_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "owner",
                "claimed_at", "lease_until", "dedup_key", "cancel_requested", "suspect", "payload",
-               "last_error", "created_at", "finished_at", "cancelled_by", "cancelled_at")
+               "last_error", "created_at", "finished_at", "cancelled_by", "cancelled_at", "key")
 _LIST_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts",
-                "created_at", "finished_at", "cancel_requested", "last_error")
+                "created_at", "finished_at", "cancel_requested", "last_error", "key")
 
 
 def parse_age(text: str) -> float:
@@ -70,14 +70,16 @@ def _record(fields: tuple[str, ...], row: tuple) -> dict[str, Any]:
 # ------------------------------------------------------------------ reading
 
 def list_jobs(session: Session, *, queue: str | None = None, status: int | None = None,
-              older_than_s: float = 0.0, limit: int = 100) -> list[dict[str, Any]]:
-    """Oldest first. `older_than_s` compares with created_at."""
+              older_than_s: float = 0.0, limit: int = 100, key: str | None = None) -> list[dict[str, Any]]:
+    """Oldest first. `older_than_s` compares with created_at; `key`: only jobs of that key."""
     if queue is not None:
         validate_queue_name(queue)
+    if key is not None:
+        values.job_key("--key", key)
     if limit < 1:
         raise errors.InputError("--limit must be at least 1")
     rows = admin_queries.list_jobs(session, queue=queue, status=status, age_s=older_than_s, after=0,
-                                 limit=limit)
+                                 limit=limit, key=key)
     return [_record(_LIST_FIELDS, r) for r in rows]
 
 
@@ -93,7 +95,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     if row is None:
         raise errors.InputError(gone(session, job_id))
     job = _record(_GET_FIELDS, row)
-    job["payload"] = _decoded(job["payload"])  # (invalid JSON: the consumer will bury it)
+    job["payload"], trace = _opened(job["payload"])  # (invalid JSON: the consumer will bury it)
+    if trace is not None:  # put by a traced enqueue (notifyq.contrib.otel): its trace context
+        job["trace"] = trace
     parents = admin_queries.job_progress(session, job_id)
     if any(parents.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
         job["parents"] = parents
@@ -110,6 +114,15 @@ def attempts(session: Session, job_id: int) -> list[dict[str, Any]]:
             record["result"] = _decoded(record["result"])
         out.append(record)
     return out
+
+
+def _opened(text: str) -> tuple[Any, dict[str, str] | None]:
+    """A job's stored payload: the payload as put (decoded as _decoded does) and the trace
+    context stored with it (jobs/envelope.py), if any."""
+    try:
+        return envelope.opened(text)
+    except ValueError:
+        return text, None
 
 
 def _decoded(text: str) -> Any:
@@ -138,7 +151,7 @@ def show_job(session: Session, job_id: int) -> dict[str, Any]:
         if not history:
             raise
     outcome = history[-1]["outcome"]
-    return {"id": job_id, "status": outcome if outcome in ("done", "cancelled", "purged") else "gone",
+    return {"id": job_id, "status": outcome if outcome in ("done", "cancelled", "purged", "replaced") else "gone",
             "note": f"no row (its records remain): {_fate(history[-1])}", "history": history}
 
 
@@ -158,6 +171,8 @@ def _fate(last: dict[str, Any]) -> str:
         return f"it was done at {when} (attempt {last['attempt']}), and not kept{kept}"
     if last["outcome"] in ("cancelled", "purged"):
         return f"it was {last['outcome']} at {when}"
+    if last["outcome"] == "replaced":  # put(dedup="replace"): the error names the job in its place
+        return f"it was {last['error'] or 'replaced'} at {when}"
     return f"it is gone (its last attempt ended {last['outcome']} at {when}; purged since)"
 
 

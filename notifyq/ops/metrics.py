@@ -26,7 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from notifyq import errors
-from notifyq.figures import ServiceFigures, WorkerFigures, batch_size_histogram, handler_seconds_histogram
+from notifyq.figures import (NO_TASK, TASK_COUNTERS, ServiceFigures, WorkerFigures, batch_size_histogram,
+                             handler_seconds_histogram, queue_wait_histogram)
 from notifyq.store.admin_queries import DEPTH_HISTORY_CAP
 
 # prometheus_client and http.server weigh more than the rest of a consumer's imports: a
@@ -75,6 +76,7 @@ class ServiceCollector:
         # shard outage too (a counter never goes down); the gauges, the workers running now.
         yield from self._job_counters(self._groups(now, now.workers))
         yield from self._histograms(self._groups(now, now.workers))
+        yield from self._task_histograms(self._groups(now, now.workers))
         yield from self._wakeups(now, self._groups(now, running))
         yield from self._depth_gauges(now)
         yield from self._periodic(now)
@@ -99,6 +101,9 @@ class ServiceCollector:
 
         labels, by_label = groups
         for name, doc in COUNTERS:
+            if name in TASK_COUNTERS:
+                yield self._by_task(name, doc, labels, by_label)
+                continue
             family = CounterMetricFamily(f"notifyq_jobs_{name}", doc, labels=labels)
             for key, mine in by_label.items():
                 family.add_metric(list(key), sum(w.counters[name] for w in mine))
@@ -107,6 +112,46 @@ class ServiceCollector:
         for key, mine in by_label.items():
             batches.add_metric(list(key), sum(w.counters["batches"] for w in mine))
         yield batches
+
+    @staticmethod
+    def _by_task(name: str, doc: str, labels: list[str], by_label) -> CounterMetricFamily:
+        """A job counter per queue and task (a `task` label: the tasks the consumer runs, at most
+        figures.TASKS_KEPT per worker, then "(other)"). Jobs of plain handlers, and any the
+        worker could not tell apart (an ack of several jobs of which some were lost), count
+        under the empty task, which Prometheus shows as no label: the queue's own series, as
+        before tasks had one, and `sum by (queue)` is the queue's total whatever the split."""
+        family = CounterMetricFamily(f"notifyq_jobs_{name}", doc + " By task (`task`).", labels=_with_task(labels))
+        for key, mine in by_label.items():
+            total = sum(w.counters[name] for w in mine)
+            per_task: dict[str, int] = {}
+            for w in mine:
+                for task, figures in w.by_task.items():
+                    if task != NO_TASK:
+                        per_task[task] = per_task.get(task, 0) + figures.counters[name]
+            family.add_metric(_keyed(key, NO_TASK), total - sum(per_task.values()))
+            for task, n in sorted(per_task.items()):
+                family.add_metric(_keyed(key, task), n)
+        return _no_empty_task(family)
+
+    @staticmethod
+    def _task_histograms(groups) -> Iterator[Any]:
+        """Per job, per queue and task: its run time, and its wait in the queue (from its due
+        time, the enqueue's, its delay's or its retry's, to its start)."""
+        labels, by_label = groups
+        for attr, metric, doc, make in (
+                ("job_seconds", "notifyq_job_seconds", "Run time per job, by task (a per-batch "
+                 "handler's jobs each count its whole call).", handler_seconds_histogram),
+                ("queue_wait", "notifyq_queue_wait_seconds", "Time from a job's due time (its "
+                 "enqueue, delay or retry backoff) to its start, by task.", queue_wait_histogram)):
+            family = HistogramMetricFamily(metric, doc, labels=_with_task(labels))
+            for key, mine in by_label.items():
+                totals: dict[str, Any] = {NO_TASK: make()}
+                for w in mine:
+                    for task, figures in w.by_task.items():
+                        totals.setdefault(task, make()).add(getattr(figures, attr))
+                for task, total in sorted(totals.items()):
+                    family.add_metric(_keyed(key, task), total.buckets(), sum_value=total.sum)
+            yield _no_empty_task(family)
 
     def _histograms(self, groups) -> Iterator[Any]:
         """Per queue; with [shards] per queue and shard, as the job counters."""
@@ -215,6 +260,24 @@ class ServiceCollector:
         if close is not None:
             with self._lock:
                 close()
+
+
+def _with_task(labels: list[str]) -> list[str]:
+    """A per-worker family's labels with `task` after the queue's."""
+    return [labels[0], "task", *labels[1:]]
+
+
+def _keyed(key: tuple[str, ...], task: str) -> list[str]:
+    return [key[0], task, *key[1:]]
+
+
+def _no_empty_task(family: Any) -> Any:
+    """The family's samples of no task without the label (what Prometheus makes of an empty one
+    anyway): a queue of plain handlers is exposed exactly as before tasks had a label."""
+    family.samples = [s if s.labels.get("task") != NO_TASK
+                      else s._replace(labels={k: v for k, v in s.labels.items() if k != "task"})
+                      for s in family.samples]
+    return family
 
 
 def _by_server(labels: list[str], groups: dict[tuple[str, ...], Any]) -> tuple[list[str], dict[tuple[str, ...], Any]]:

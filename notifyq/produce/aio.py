@@ -8,6 +8,7 @@ mysqlclient rather than an async driver: docs/asyncio.md (measured by benchmarks
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import functools
 import threading
@@ -47,21 +48,22 @@ class AsyncProducer:
         self._closed = False
 
     async def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-                  max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None) -> int:
+                  max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+                  dedup: str = "keep", conn: Any = None) -> int:
         """Put one job and return its id: `Producer.put`, awaited."""
         return await self._run("put", payload, priority=priority, delay=delay, run_at=run_at,
-                               max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
+                               max_attempts=max_attempts, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
 
     async def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                        run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                       conn: Any = None) -> list[int]:
+                       key: str | None = None, conn: Any = None) -> list[int]:
         """Put many jobs in one transaction and return their ids: `Producer.put_many`, awaited."""
         if not isinstance(payloads, (list, tuple)):  # a generator must not be read on another thread
             if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
                 raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
             payloads = list(payloads)
         return await self._run("put_many", payloads, priority=priority, delay=delay, run_at=run_at,
-                               max_attempts=max_attempts, conn=conn)
+                               max_attempts=max_attempts, key=key, conn=conn)
 
     async def result(self, job_id: int, *, wait: float = 0.0) -> Any:
         """The return value of job `job_id`'s handler: `Producer.result`, awaited (same errors)."""
@@ -134,7 +136,10 @@ class AsyncProducer:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.sessions, thread_name_prefix=f"notifyq-put-{self.queue}")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(self._call, method, args, kwargs))
+        # In the caller's context, as asyncio.to_thread does: the put's span (notifyq.contrib.otel)
+        # is then a child of the request's, and any context variable the app set is seen there.
+        ctx = contextvars.copy_context()
+        return await loop.run_in_executor(self._pool, ctx.run, functools.partial(self._call, method, args, kwargs))
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         """On a pool thread: a free producer (there are as many as threads) does the put."""

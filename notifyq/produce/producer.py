@@ -19,7 +19,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
-from notifyq.jobs import Status
+from notifyq.jobs import Status, envelope, tracing
 from notifyq.produce import conns, workflow
 from notifyq.store import inserts, queries, workflows
 from notifyq.store.db import Session
@@ -31,6 +31,13 @@ from notifyq.wakeup import Waker
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
 _READY = int(Status.READY)
+# A job's row (rows(), line_row(); inserts.insert_jobs says what each value is): its job_key's place
+KEY_COLUMN = 7
+# put(dedup=): what a put whose dedup key a pending job holds does. keep: nothing (that job
+# stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
+# (debounce); a claimed one runs as it is, the new one pending beside it.
+KEEP, REPLACE = "keep", "replace"
+DEDUP_MODES = (KEEP, REPLACE)
 
 
 class CallerTransaction:
@@ -49,6 +56,15 @@ class CallerTransaction:
         self.puts += len(ids)
         return ids
 
+
+
+def replaces(dedup: Any, dedup_key: Any) -> bool:
+    """put(dedup=) checked: True for "replace", False for "keep"; else InputError."""
+    if dedup not in DEDUP_MODES or not isinstance(dedup, str):
+        raise errors.InputError(f"dedup: expected \"keep\" or \"replace\", got {values.shown(dedup)}")
+    if dedup == REPLACE and dedup_key is None:
+        raise errors.InputError("dedup=\"replace\" replaces the pending job of a dedup key: give dedup_key too")
+    return dedup == REPLACE
 
 
 def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
@@ -116,26 +132,32 @@ class Producer:
     # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None,
-            after: Any = None, run_anyway: bool = False) -> int:
+            max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+            dedup: str = KEEP, conn: Any = None, after: Any = None, run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
         if after is not None:
+            if dedup is not KEEP:
+                replaces(dedup, dedup_key)  # checked; a dedup key is refused with after= below
             return self.put_many([payload], priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
-                                 conn=conn, after=after, run_anyway=run_anyway, dedup_key=dedup_key)[0]
+                                 key=key, conn=conn, after=after, run_anyway=run_anyway, dedup_key=dedup_key)[0]
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
-                and run_at is None and max_attempts is None and dedup_key is None and conn is None):
+                and run_at is None and max_attempts is None and dedup_key is None and key is None
+                and conn is None and dedup is KEEP):
             # The usual call: the defaults' row, on the producer's own session (what _row and
             # _write do, without their checks of what the defaults make true).
-            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None)
+            row = (self.queue, _READY, 0, 0, self._max_attempts, self._payload_text(payload), None, None)
+            if tracing.HOOK is not None:
+                return self._write_traced([row], None, False)[0]
             with self._mutex:
                 return self._write_own([row], False)[0]
-        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key)
-        return self._write([row], conn, unique=dedup_key is not None)[0]
+        row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
+        return self._write([row], conn, unique=dedup_key is not None,
+                           replace=dedup is not KEEP and replaces(dedup, dedup_key))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 conn: Any = None, after: Any = None, run_anyway: bool = False,
+                 key: str | None = None, conn: Any = None, after: Any = None, run_anyway: bool = False,
                  dedup_key: str | None = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
@@ -148,17 +170,22 @@ class Producer:
             options = workflow.options_of(priority, delay, run_at, max_attempts)
             wf = workflow.Workflow()
             for payload in self._payload_list(payloads):
-                wf.add(self.queue, payload, after=parents, run_anyway=run_anyway, **options)
+                wf.add(self.queue, payload, after=parents, run_anyway=run_anyway, key=key, **options)
             return self.put_workflow(wf, conn=conn) if len(wf) else []
-        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts)
+        rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                         key=key)
         return self._write(rows, conn) if rows else []
 
     def rows(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
-             run_at: dt.datetime | None = None, max_attempts: int | None = None) -> list[tuple]:
+             run_at: dt.datetime | None = None, max_attempts: int | None = None,
+             key: str | None = None) -> list[tuple]:
         """The jobs' rows, every argument checked (InputError) before anything is written: for
         put_many, and for sharding's dealer, which puts them on several servers (put_rows)."""
+        payloads = self._payload_list(payloads)
         options = self._options(priority, delay, run_at, max_attempts, None)
-        return [(self.queue, *options, self._payload_text(p), None) for p in self._payload_list(payloads)]
+        if key is not None:
+            key = values.job_key("key", key)
+        return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
 
     @staticmethod
     def _payload_list(payloads: Any) -> Iterable[Any]:
@@ -172,22 +199,38 @@ class Producer:
         notifyq.Producer.put_workflow says how, and what it raises."""
         if not isinstance(wf, workflow.Workflow):
             raise errors.InputError(f"expected a notifyq.Workflow, got {values.shown(wf)}")
+        tracer = tracing.HOOK
+        if tracer is None:
+            ids = self._put_workflow(wf, conn, None)
+        else:
+            # Inside the tracer's "send" span as any put is, each job stored with its context
+            dsn = self.config.dsn
+            ids = tracer.send(self.queue, len(wf), (dsn.host, dsn.port if not dsn.unix_socket else None),
+                              lambda context: self._put_workflow(wf, conn, context))
+        workflow.placed(wf, ids)
+        return ids
+
+    def _put_workflow(self, wf: "workflow.Workflow", conn: Any, context: str | None) -> list[int]:
+        """put_workflow's transaction; context: the trace context each job's envelope carries."""
         chunk = self.config.producer.chunk_size
 
         def row(queue: str, payload: Any, options: dict[str, Any], status: Any) -> tuple:
             attempts = options.get("max_attempts") or self.config.queue(queue).max_attempts
             how = self._options(options.get("priority", 0), options.get("delay", 0), None, attempts, None)
-            return (queue, int(status) if status is not None else how[0], *how[1:], self._payload_text(payload), None)
+            text = self._payload_text(payload)
+            if context is not None:
+                text = envelope.stamped(text, context)
+            key = options.get("key")
+            if key is not None:
+                key = values.job_key("key", key)
+            return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
 
         if conn is not None:
-            ids = self._run_caller(lambda cur, packet: workflow.put_body(wf, row, chunk, packet)(cur), conn, True)
-        else:
-            with self._mutex:
-                session = self._work_session()
-                body = workflow.put_body(wf, row, chunk, session.max_allowed_packet)
-                ids = self._waker.commit_and_wake(session, body, what=self._what, committed=inserts.jobs_stored)
-        workflow.placed(wf, ids)
-        return ids
+            return self._run_caller(lambda cur, packet: workflow.put_body(wf, row, chunk, packet)(cur), conn, True)
+        with self._mutex:
+            session = self._work_session()
+            body = workflow.put_body(wf, row, chunk, session.max_allowed_packet)
+            return self._waker.commit_and_wake(session, body, what=self._what, committed=inserts.jobs_stored)
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents (a batch callback's: the batch's members), counted: done,
@@ -201,10 +244,11 @@ class Producer:
             found = self._work_session().run(lambda cur: workflows.parent_results(cur, job_id), what="results")
         return {parent: None if text is None else json.loads(text) for parent, text in found.items()}
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, checked (InputError: that line is rejected) and
         its row sized against the server: a line too big for the server goes alone."""
-        row = self._row(payload, priority, delay, run_at, None, None)
+        row = self._row(payload, priority, delay, run_at, None, None, key)
         with self._mutex:
             session = self._work_session()
             inserts.check_fits([row], session.max_allowed_packet, session.conn)
@@ -226,6 +270,19 @@ class Producer:
                 self._results = results.Poller(self.result_dsn(), self._retry)
             poller = self._results
         return results.wait_for(poller, job_id, wait)
+
+    def consume_rate(self, n: int = 1, *, key: str | None = None, wait: float | None = 30.0) -> bool:
+        """Spend n starts of the queue's rates from outside a job: notifyq.Producer.consume_rate
+        says how."""
+        from notifyq.store import rates  # here: a producer that never asks need not load it
+
+        n, key, wait = rates.consume_args(n, key, wait)
+        # A session of its own per call: a wait for the refill must not hold up this producer's puts
+        session = Session(self.config.dsn, name="rates", **self._retry)
+        try:
+            return rates.consume(session, self.queue, rates.Rates.of(self.queue_config), key, n, wait)
+        finally:
+            session.close()
 
     @property
     def retry(self) -> dict[str, Any]:
@@ -297,10 +354,13 @@ class Producer:
     # -------------------------------------------------------- internals
 
     def _row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
-             max_attempts: int | None, dedup_key: str | None) -> tuple:
+             max_attempts: int | None, dedup_key: str | None, key: str | None) -> tuple:
         """Every argument checked before anything is written: one InputError line each."""
         text = self._payload_text(payload)
-        return (self.queue, *self._options(priority, delay, run_at, max_attempts, dedup_key), text, dedup_key)
+        options = self._options(priority, delay, run_at, max_attempts, dedup_key)
+        if key is not None:
+            key = values.job_key("key", key)
+        return (self.queue, *options, text, dedup_key, key)
 
     def _payload_text(self, payload: Any) -> str:
         try:
@@ -315,7 +375,7 @@ class Producer:
         limit = self._max_payload_bytes
         if size > limit:
             raise errors.InputError(f"payload is {size} bytes, over the {limit}-byte limit")
-        return text
+        return envelope.escaped(text)
 
     def _options(self, priority: int, delay: float, run_at: dt.datetime | None, max_attempts: int | None,
                  dedup_key: str | None) -> tuple[Any, int, Any, int]:
@@ -342,38 +402,53 @@ class Producer:
         attempts = max_attempts if max_attempts is not None else self.queue_config.max_attempts
         attempts = values.number("max_attempts", attempts, lo=1, hi=65535, integer=True)
         if dedup_key is not None:
-            if not isinstance(dedup_key, str):
-                raise errors.InputError(f"dedup_key: expected a string, got {values.shown(dedup_key)}")
-            if not 0 < len(dedup_key) <= 191:
-                raise errors.InputError("dedup_key must be 1 to 191 characters")
-            try:
-                dedup_key.encode()
-            except UnicodeEncodeError:
-                raise errors.InputError("dedup_key is not valid UTF-8") from None
+            values.job_key("dedup_key", dedup_key)
         if run_at is not None:
             at = run_at.astimezone(dt.timezone.utc).replace(tzinfo=None)
             return at, priority, at, attempts
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False) -> list[int]:
-        if conn is not None:
-            return self._write_caller(rows, conn, unique)
-        with self._mutex:
-            return self._write_own(rows, unique)
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False) -> list[int]:
+        if tracing.HOOK is not None:
+            return self._write_traced(rows, conn, unique, replace)
+        return self._write_untraced(rows, conn, unique, replace)
 
-    def _body(self, rows: list[tuple], unique: bool) -> Callable[[Any, int], list[int]]:
+    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
+        """_write inside the installed tracer's "send" span (jobs/tracing.py), each job stored
+        with the span's context in its payload's envelope (jobs/envelope.py)."""
+        tracer = tracing.HOOK
+        if tracer is None:  # uninstrumented meanwhile
+            return self._write_untraced(rows, conn, unique, replace)
+
+        def write(context: str | None) -> list[int]:
+            if context is not None:
+                rows_ = [(*r[:5], envelope.stamped(r[5], context), *r[6:]) for r in rows]
+            else:
+                rows_ = rows
+            return self._write_untraced(rows_, conn, unique, replace)
+
+        dsn = self.config.dsn
+        return tracer.send(self.queue, len(rows), (dsn.host, dsn.port if not dsn.unix_socket else None), write)
+
+    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
+        if conn is not None:
+            return self._write_caller(rows, conn, unique, replace)
+        with self._mutex:
+            return self._write_own(rows, unique, replace)
+
+    def _body(self, rows: list[tuple], unique: bool, replace: bool) -> Callable[[Any, int], list[int]]:
         """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
         max_rows = self.config.producer.chunk_size
         return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
-                                                        max_packet=max_packet)
+                                                        max_packet=max_packet, replace=replace)
 
-    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool) -> list[int]:
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
         runs as a transaction of its own: its key lock must last until its job is in."""
-        return self._run_caller(self._body(rows, unique), conn, unique or len(rows) > 1)
+        return self._run_caller(self._body(rows, unique, replace), conn, unique or len(rows) > 1)
 
     def _run_caller(self, body: Callable[[Any, int], Any], conn: Any, several: bool) -> Any:
         """body(cursor, max_packet) on the caller's connection (_write_caller). several: more than
@@ -396,7 +471,7 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_own(self, rows: list[tuple], unique: bool) -> list[int]:
+    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False) -> list[int]:
         """On the producer's own session, under self._mutex: the put's transaction, then its
         waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
@@ -405,7 +480,7 @@ class Producer:
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
-                                max_packet=session.max_allowed_packet)
+                                max_packet=session.max_allowed_packet, replace=replace)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:

@@ -18,7 +18,8 @@ class LineProducer(Protocol):
 
     config: Any
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple: ...
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple: ...
 
     def put_rows(self, rows: list[tuple]) -> list[int]: ...
 
@@ -56,7 +57,8 @@ def _batches(lines: Iterable[str], limits: Callable[[], tuple[int, float]],
 
 def produce_lines(producer: LineProducer, lines: Iterable[str], *, on_ids: Callable[[list[int]], None],
                   on_reject: Callable[[int, str, str], None], more: Callable[[float], bool],
-                  priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None) -> ProduceStats:
+                  priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
+                  key: str | None = None) -> ProduceStats:
     """Enqueue JSON lines until `lines` ends; bad lines are reported and skipped, good ones never lost.
 
     Every line `lines` yields is enqueued or rejected, also after a stop request: ending the
@@ -70,7 +72,7 @@ def produce_lines(producer: LineProducer, lines: Iterable[str], *, on_ids: Calla
 
     try:
         for batch in _batches(lines, limits, more):
-            _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at)
+            _produce_batch(producer, batch, stats, on_ids, on_reject, priority, delay, run_at, key)
     except ReadError as e:  # the lines before it are enqueued: say how far it got
         if not stats.lines:
             raise
@@ -80,7 +82,7 @@ def produce_lines(producer: LineProducer, lines: Iterable[str], *, on_ids: Calla
 
 def _produce_batch(producer: LineProducer, batch: list[tuple[int, str]], stats: ProduceStats,
                    on_ids: Callable[[list[int]], None], on_reject: Callable[[int, str, str], None],
-                   priority: int, delay: float, run_at: dt.datetime | None) -> None:
+                   priority: int, delay: float, run_at: dt.datetime | None, key: str | None) -> None:
     rows = []
     for number, line in batch:
         stats.lines += 1
@@ -88,7 +90,7 @@ def _produce_batch(producer: LineProducer, batch: list[tuple[int, str]], stats: 
         if not text:
             continue
         try:
-            row = producer.line_row(json.loads(text), priority, delay, run_at)
+            row = producer.line_row(json.loads(text), priority, delay, run_at, key)
         except (ValueError, RecursionError, errors.InputError) as e:  # RecursionError: [[[[...
             stats.rejected += 1
             on_reject(number, text, str(e) if isinstance(e, errors.InputError) else f"invalid JSON: {e}")

@@ -65,11 +65,14 @@ class Workflow:
         self._edges = 0
 
     def add(self, queue: str, payload: Any, *, after: Iterable[Ref | int] = (), run_anyway: bool = False,
-            priority: int = 0, delay: float = 0, max_attempts: int | None = None) -> Ref:
+            priority: int = 0, delay: float = 0, max_attempts: int | None = None, key: str | None = None) -> Ref:
         """A job on `queue` that runs once every job of `after` (refs of this workflow, or ids
-        of jobs put before) is done. run_anyway: once every one has ended, done or not."""
+        of jobs put before) is done. run_anyway: once every one has ended, done or not. key: the
+        job's key (put(key=)), which it holds from the put on, waiting or not."""
+        if key is not None:
+            key = values.job_key("key", key)
         return self._add(queue, payload, after, workflows.ALL_ENDED if run_anyway else workflows.ALL_DONE,
-                         {"priority": priority, "delay": delay, "max_attempts": max_attempts})
+                         {"priority": priority, "delay": delay, "max_attempts": max_attempts, "key": key})
 
     def after(self, child: Ref, parents: Iterable[Ref | int]) -> None:
         """More parents for a job of this workflow (a cycle is refused when it is put)."""

@@ -199,15 +199,19 @@ def produce(obj: Context, a: argparse.Namespace) -> None:
     when = _parse_at(a.run_at)
     if a.dedup_key and len(a.payloads) != 1:
         raise args.UsageError("--dedup-key needs exactly one JSON argument", "notifyq produce")
+    if a.dedup == "replace" and not a.dedup_key:
+        raise args.UsageError("--dedup replace needs --dedup-key", "notifyq produce")
+    # Checked once here: in a stream, a bad key would otherwise reject every line
+    key = None if a.key is None else values.job_key("--key", a.key)
     if a.payloads:
         cfg = obj.oneshot_config()
         runner.produce_args(cfg, queue, tuple(a.payloads), priority=a.priority, delay=a.delay, run_at=when,
-                            max_attempts=a.max_attempts, dedup_key=a.dedup_key,
+                            max_attempts=a.max_attempts, dedup_key=a.dedup_key, key=key, dedup=a.dedup,
                             print_ids=a.print_ids is not False)
         return
     if _interactive_stream(a.daemon or a.follow or bool(a.log_file)):
         cfg = obj.oneshot_config()
-    runner.produce_stream(cfg, queue, priority=a.priority, delay=a.delay, run_at=when,
+    runner.produce_stream(cfg, queue, priority=a.priority, delay=a.delay, run_at=when, key=key,
                           input_path=a.input_path, follow=a.follow, reject_file=a.reject_file,
                           print_ids=bool(a.print_ids), daemon=a.daemon, pidfile=a.pidfile,
                           log_file=a.log_file, reload=obj.reload)

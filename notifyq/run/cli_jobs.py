@@ -58,8 +58,9 @@ def list_(obj: Any, a: argparse.Namespace) -> None:
     queue, limit = a.queue, a.limit
     status = admin.parse_status(a.status_name) if a.status_name else None
     age = _age(a.older_than)
+    key = None if a.key is None else values.job_key("--key", a.key)  # before any server is asked
     answers, down = _on_every(obj, lambda session: admin.list_jobs(
-        session, queue=queue, status=status, older_than_s=age, limit=limit))
+        session, queue=queue, status=status, older_than_s=age, limit=limit, key=key))
     rows, column = servers.jobs_in_one(obj.oneshot_config(), answers, limit)
     echo(json.dumps(rows, indent=2) if a.as_json else _table(rows, column))
     servers.fail_if_down(down)
@@ -76,6 +77,8 @@ def show(obj: Any, a: argparse.Namespace) -> None:
     width = max(len(k) for k in job)
     for key, value in job.items():
         if key not in ("payload", "history"):
+            if isinstance(value, dict):  # a traced job's context (trace): as JSON, not a repr
+                value = json.dumps(value, ensure_ascii=False)
             text = "-" if value is None else str(value).replace("\n", "\n" + " " * (width + 2))
             echo(f"{key.ljust(width)}  {text}")
     if "payload" in job:  # gone with its row: the records keep no payload
@@ -145,6 +148,7 @@ def _list_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--status", dest="status_name", metavar="STATUS", help="ready, scheduled, claimed, done, dead or cancelled.")
     p.add_argument("--older-than", metavar="AGE", help="Created more than AGE ago: 90s, 30m, 12h, 7d, 2w.")
+    p.add_argument("--key", metavar="KEY", help="Only jobs of this flow-control key (put(..., key=)).")
     p.add_argument("--limit", metavar="N", type=args.int_range(1, 1_000_000), default=100,
                    help="At most this many jobs, oldest first (default 100).")
     p.add_argument("--json", dest="as_json", action="store_true", help="A JSON array instead of a table.")
@@ -185,15 +189,18 @@ COMMANDS: dict[str, tuple[Callable[[Any, argparse.Namespace], None], str, Callab
 
 
 def _table(rows: list[dict[str, Any]], column: str | None = None) -> str:
-    """`column`: one more after the id (with [shards], the shard), each row's value under that key."""
-    head = ("id", *((column,) if column else ()), "queue", "status", "prio", "attempts", "run_at",
-            "created_at", "last_error")
+    """`column`: one more after the id (with [shards], the shard), each row's value under that key.
+    A `key` column (the jobs' flow-control keys, cut at 40) only when one of them has a key."""
+    keys = any(r.get("key") is not None for r in rows)
+    head = ("id", *((column,) if column else ()), "queue", *(("key",) if keys else ()), "status", "prio",
+            "attempts", "run_at", "created_at", "last_error")
     lines = [head]
     for r in rows:
         status = r["status"] + (" (cancel)" if r["cancel_requested"] else "")
         error = (r["last_error"] or "").replace("\n", " ")
-        lines.append((str(r["id"]), *((r[column],) if column else ()), r["queue"], status, str(r["priority"]),
-                      f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
+        key = (("-" if r["key"] is None else r["key"].replace("\n", " ")[:40]),) if keys else ()
+        lines.append((str(r["id"]), *((r[column],) if column else ()), r["queue"], *key, status,
+                      str(r["priority"]), f"{r['attempts']}/{r['max_attempts']}", _short(r["run_at"]),
                       _short(r["created_at"]), error[:60]))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)

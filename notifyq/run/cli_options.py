@@ -121,6 +121,11 @@ def produce_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", metavar="N", type=args.int_range(1, 65535), help="Runs before the job is dead.")
     p.add_argument("--dedup-key", metavar="KEY", type=args.checked("--dedup-key", not_empty),
                    help="Skip if a pending job on the queue has this key (one JSON only).")
+    p.add_argument("--dedup", choices=("keep", "replace"), default="keep",
+                   help="With --dedup-key, while a job of the key is pending: keep it (default), or replace it "
+                        "unless it is running (debounce).")
+    p.add_argument("--key", metavar="KEY", type=args.checked("--key", not_empty),
+                   help="The jobs' flow-control key (limit_per_key, rate_per_key, fair count them under it).")
     p.add_argument("--input", dest="input_path", metavar="FILE", type=args.checked("--input", values.readable_file),
                    help="Read JSON lines from this file or FIFO instead of stdin.")
     p.add_argument("--follow", action="store_true",

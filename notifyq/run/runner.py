@@ -38,7 +38,7 @@ log = logging.getLogger("notifyq.runner")
 
 def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority: int, delay: float,
                  run_at: dt.datetime | None, max_attempts: int | None, dedup_key: str | None,
-                 print_ids: bool) -> None:
+                 print_ids: bool, key: str | None = None, dedup: str = "keep") -> None:
     """All arguments are checked before anything is written: one bad one, nothing enqueued."""
     decoded = []
     for i, text in enumerate(payloads, 1):
@@ -58,10 +58,10 @@ def produce_args(cfg: Config, queue: str, payloads: tuple[str, ...], *, priority
     with Producer(queue, cfg, retry_s=cfg.connect_retry(oneshot=True)) as producer:
         if dedup_key:
             ids = [producer.put(decoded[0], priority=priority, delay=delay, run_at=run_at,
-                                max_attempts=max_attempts, dedup_key=dedup_key)]
+                                max_attempts=max_attempts, dedup_key=dedup_key, key=key, dedup=dedup)]
         else:
             ids = producer.put_many(decoded, priority=priority, delay=delay, run_at=run_at,
-                                    max_attempts=max_attempts)
+                                    max_attempts=max_attempts, key=key)
     if print_ids:
         echo("\n".join(map(str, ids)))
     else:
@@ -193,6 +193,7 @@ class _Stream:
 
 
 def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_at: dt.datetime | None,
+                   key: str | None = None,
                    input_path: str | None, follow: bool, reject_file: str | None, print_ids: bool,
                    daemon: bool, pidfile: str | None, log_file: str | None,
                    reload: Callable[[], Config] | None = None) -> None:
@@ -230,8 +231,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
         stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
                               on_ids=stream.on_ids, on_reject=stream.on_reject, more=source.ready,
-                              priority=priority,
-                              delay=delay, run_at=run_at)
+                              priority=priority, delay=delay, run_at=run_at, key=key)
         stopped = signals.stop_requested.is_set()
         notifier.stopping(stream.status())
         log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",

@@ -49,9 +49,10 @@ class Placement:
         """Every shard that may hold jobs of `queue`: where its consumers claim."""
         return self.names if self.spread(queue) else (self.home(queue),)
 
-    def for_key(self, queue: str, dedup_key: str) -> str:
-        """The shard of a job with this dedup key: the same key always goes to the same shard."""
-        return pick(self.names, f"{queue}\0{dedup_key}") if self.spread(queue) else self.home(queue)
+    def for_key(self, queue: str, key: str) -> str:
+        """The shard of a job with this key (or dedup key): the same key always goes to the same
+        shard."""
+        return pick(self.names, f"{queue}\0{key}") if self.spread(queue) else self.home(queue)
 
 
 class RoundRobin:

@@ -3,9 +3,10 @@
 for a queue spread over [shards], it places each job among the shards' producers.
 
 A queue that is not spread lives on one shard: its jobs go to that shard's producer. A spread
-queue's jobs with a dedup key go to the shard their key hashes to (uniqueness holds per key);
-the others are dealt round-robin over the shards that are up, each shard's share one
-transaction there (atomic per shard, not across shards).
+queue's jobs with a key (`key=`) go to the shard their key hashes to, so that a key's limits
+are counted on one server; those with a dedup key and no key, to the shard their dedup key
+hashes to (uniqueness holds per key); the others are dealt round-robin over the shards that are
+up, each shard's share one transaction there (atomic per shard, not across shards).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class Producer:
     # -------------------------------------------------------- the API
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
-            max_attempts: int | None = None, dedup_key: str | None = None, conn: Any = None,
-            after: Iterable[int] | None = None, run_anyway: bool = False) -> int:
+            max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
+            dedup: str = "keep", conn: Any = None, after: Iterable[int] | None = None,
+            run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -98,7 +100,17 @@ class Producer:
             run_at: when the job may run (an aware datetime; a naive one is UTC), instead of `delay`.
             max_attempts: runs before the job is dead (None: the queue's `max_attempts`, 5).
             dedup_key: while a job holding this key on this queue is pending (ready, scheduled
-                or claimed), this put stores nothing and returns that job's id.
+                or claimed), this put stores nothing and returns that job's id (`dedup`
+                says otherwise).
+            dedup: what a put does when a pending job holds its `dedup_key`: `"keep"` (the
+                default: that job stays, the oldest wins) or `"replace"` (debounce: the newest
+                wins; a ready or scheduled job holding the key is deleted and this one put in
+                its place, with its own payload, run_at and priority, and a new id; a job
+                already claimed runs as it is, and this one waits as a new pending job).
+            key: the key the queue's flow limits count the job under (`limit_per_key`,
+                `rate_per_key`, `fair`): a customer, a tenant, an API account; 1 to 191
+                characters. The handler reads it as `job.key`. On a queue spread over shards
+                the job goes to its key's shard: a key's jobs all live on one.
             conn: your own connection (MySQLdb, a SQLAlchemy Session or Connection, Django's
                 `connection`) to the same database: the job is part of your transaction, stored
                 when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
@@ -116,35 +128,44 @@ class Producer:
         """
         if after is not None:
             return self._workflow_producer().put(payload, priority=priority, delay=delay, run_at=run_at,
-                                                 max_attempts=max_attempts, dedup_key=dedup_key, conn=conn,
-                                                 after=after, run_anyway=run_anyway)
+                                                 max_attempts=max_attempts, dedup_key=dedup_key, key=key,
+                                                 dedup=dedup, conn=conn, after=after, run_anyway=run_anyway)
         if self._pinned is not None:
-            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at,
-                                    max_attempts=max_attempts, dedup_key=dedup_key, conn=conn)
+            return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                                    dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
-        if dedup_key is not None:
-            shard = self.placement.for_key(self.queue, dedup_key)
+        if key is not None or dedup_key is not None:
+            shard, which = self._keyed_shard(key, dedup_key)
             try:
-                return self._on(shard).put(payload, dedup_key=dedup_key, conn=conn, **options)
+                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, **options)
             except errors.DatabaseError as e:
-                raise type(e)(f"{e} (shard {shard}: a job with a dedup key goes to its key's shard only)") from None
+                raise type(e)(f"{e} (shard {shard}: a job with a {which} goes to its key's shard only)") from None
         self._refuse_caller(conn)
+        one_server.replaces(dedup, dedup_key)  # no dedup key: "replace" is refused, "keep" is no-op
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 conn: Any = None, after: Iterable[int] | None = None, run_anyway: bool = False) -> list[int]:
+                 key: str | None = None, conn: Any = None, after: Iterable[int] | None = None,
+                 run_anyway: bool = False) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
-        `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
-        INSERTs of up to `producer.chunk_size` rows, each within the server's
-        `max_allowed_packet`. On a queue spread over shards the jobs are dealt round-robin over
-        the shards, each shard's share one transaction there."""
+        `payloads`. The arguments are put()'s, the same for every job (one `key` for them all);
+        the rows go as multi-row INSERTs of up to `producer.chunk_size` rows, each within the
+        server's `max_allowed_packet`. On a queue spread over shards the jobs are dealt
+        round-robin over the shards, each shard's share one transaction there; jobs with a
+        `key` all go to the key's shard, in one transaction."""
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if after is not None:
-            return self._workflow_producer().put_many(payloads, conn=conn, after=after, run_anyway=run_anyway,
-                                                      **options)
+            return self._workflow_producer().put_many(payloads, key=key, conn=conn, after=after,
+                                                      run_anyway=run_anyway, **options)
         if self._pinned is not None:
-            return self._pinned.put_many(payloads, conn=conn, **options)
+            return self._pinned.put_many(payloads, conn=conn, key=key, **options)
+        if key is not None:
+            shard, _which = self._keyed_shard(key, None)
+            try:
+                return self._on(shard).put_many(payloads, key=key, conn=conn, **options)
+            except errors.DatabaseError as e:
+                raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
         self._refuse_caller(conn)
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
@@ -182,12 +203,15 @@ class Producer:
                                     "server (pin its queues to a shard)")
         return self._pinned
 
-    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None) -> tuple:
+    def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
+                 key: str | None = None) -> tuple:
         """A job of `notifyq produce`'s stream, as the one-server Producer.line_row: sized against
-        the queue's server, or for a spread queue, the first shard that answers (the shards of
-        one deployment share their settings)."""
+        the queue's server, or for a spread queue, its key's shard, or without a key the first
+        shard that answers (the shards of one deployment share their settings)."""
         if self._pinned is not None:
-            return self._pinned.line_row(payload, priority, delay, run_at)
+            return self._pinned.line_row(payload, priority, delay, run_at, key)
+        if key is not None:
+            return self._on(self._keyed_shard(key, None)[0]).line_row(payload, priority, delay, run_at, key)
         names = [self._home] + [n for n in self.placement.names if n != self._home]
         for name in names:
             if self._is_down(name) and name != names[-1]:
@@ -201,11 +225,29 @@ class Producer:
         raise AssertionError("unreachable")
 
     def put_rows(self, rows: list[tuple]) -> list[int]:
-        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards)."""
+        """line_row()'s rows, in one transaction (a spread queue's: dealt over its shards, but
+        a row with a key goes to its key's shard, one transaction per shard)."""
         if self._pinned is not None:
             return self._pinned.put_rows(rows)
+        keyed: dict[str, list[int]] = {}  # shard -> the indexes of its keyed rows
+        for i, row in enumerate(rows):
+            if row[one_server.KEY_COLUMN] is not None:
+                keyed.setdefault(self._keyed_shard(row[one_server.KEY_COLUMN], None)[0], []).append(i)
         with self._mutex:
-            return self._deal(rows)
+            if not keyed:
+                return self._deal(rows)
+            ids = [0] * len(rows)
+            for shard, mine in keyed.items():
+                try:
+                    got = self._producer(shard).put_rows([rows[i] for i in mine])
+                except errors.DatabaseError as e:
+                    raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
+                for i, job_id in zip(mine, got):
+                    ids[i] = job_id
+            rest = [i for i, row in enumerate(rows) if row[one_server.KEY_COLUMN] is None]
+            for i, job_id in zip(rest, self._deal([rows[i] for i in rest]) if rest else []):
+                ids[i] = job_id
+            return ids
 
     def result(self, job_id: int, *, wait: float = 0.0, shard: str | None = None) -> Any:
         """The return value of job `job_id`'s handler, once the job is done.
@@ -224,6 +266,32 @@ class Producer:
             notifyq.errors.InputError: cancelled, purged, or never existed.
         """
         return self._on(self._result_shard(shard)).result(job_id, wait=wait)
+
+    def consume_rate(self, n: int = 1, *, key: str | None = None, wait: float | None = 30.0) -> bool:
+        """Spend n starts of the queue's `rate` (and the key's `rate_per_key`) for work done
+        outside a job, from the budget its jobs' starts spend: True once spent; False if the
+        rates did not allow it within `wait` seconds (then nothing is spent).
+
+        Blocks until the budget has room, at most `wait` (None: as long as it takes; 0: look
+        once and do not wait). Waits are timed to the refill the budget's log says, not polled.
+        A queue without rates always allows it.
+
+            if producer.consume_rate(key="customer-42", wait=5):
+                call_the_api()
+
+        Args:
+            n: starts to spend at once (1 to the rate's N: more could never be granted).
+            key: the key whose `rate_per_key` budget to spend too (None: only the queue's `rate`).
+            wait: seconds to wait for room, at most.
+
+        Raises:
+            notifyq.errors.InputError: a bad n, key or wait, or a queue spread over [shards]
+                (each shard keeps its own budgets).
+        """
+        if self._turn is not None:
+            raise errors.InputError(f"queue {self.queue} is spread over shards: each shard has its own rate budgets, "
+                                    f"so consume_rate needs a queue on one shard")
+        return self._on(self._home).consume_rate(n, key=key, wait=wait)
 
     @property
     def retry(self) -> dict[str, Any]:
@@ -307,6 +375,13 @@ class Producer:
         self.close()
 
     # -------------------------------------------------------- placing
+
+    def _keyed_shard(self, key: Any, dedup_key: Any) -> tuple[str, str]:
+        """A spread queue's shard for a job with a key (its key decides: a key's limits are
+        counted on one server), else with a dedup key; and which of the two decided."""
+        if key is not None:
+            return self.placement.for_key(self.queue, values.job_key("key", key)), "key"
+        return self.placement.for_key(self.queue, values.job_key("dedup_key", dedup_key)), "dedup key"
 
     def _refuse_caller(self, conn: Any) -> None:
         if conn is not None:

@@ -76,9 +76,9 @@ def job_attempts(session: Session, job_id: int) -> list[tuple]:
 
 
 def list_jobs(session: Session, *, queue: str | None, status: int | None, age_s: float,
-              after: int, limit: int) -> list[tuple]:
+              after: int, limit: int, key: str | None = None) -> list[tuple]:
     return _rows(session, "job_list", {"queue": queue, "status": status, "after": after, "limit": limit,
-                                       "age_us": queries.microseconds(age_s)}, "list jobs")
+                                       "age_us": queries.microseconds(age_s), "job_key": key}, "list jobs")
 
 
 def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, after: int,
@@ -170,6 +170,20 @@ def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | No
         return "requested" if cur.rowcount else None
 
     return session.run(body, what="cancel job")
+
+
+# ---------------------------------------------------------------- a job on the caller's cursor
+
+def job_with_attempts(cur, job_id: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The job's row (job_get's columns by name; None when it is gone) and its attempt records
+    (job_attempts', oldest first), read on the caller's cursor: contrib.django's TaskResult,
+    which sees a job put in the caller's own transaction before it commits."""
+    cur.execute(Q["job_get"], {"id": job_id})
+    row = cur.fetchone()
+    job = None if row is None else dict(zip([d[0] for d in cur.description], row))
+    cur.execute(Q["job_attempts"], {"id": job_id})
+    names = [d[0] for d in cur.description]
+    return job, [dict(zip(names, r)) for r in cur.fetchall()]
 
 
 # ---------------------------------------------------------------- periodic (scheduler's cursor)
@@ -341,3 +355,44 @@ def web_lock_holder(session: Session, lock: str) -> tuple[int | None, str | None
     """(connection id, client host) of the session holding `lock`, or (None, None)."""
     rows = _rows(session, "web_lock_holder", {"lock": lock}, "lock holder")
     return (rows[0][0], rows[0][1]) if rows else (None, None)
+
+
+# ---------------------------------------------------------------- the operations console (notifyq web)
+
+WEB_RUNNING_MAX = 500  # claimed jobs the "running now" page shows at most
+WEB_HISTORY_CAP = 20_000  # attempt records a history page reads at most (the newest of its window)
+WEB_SEARCH_SCAN = 10_000  # index entries and rows a payload search reads at most
+# A periodic entry switched off: a last tick no cron reaches, so the scheduler's guard
+# (periodic_advance: last_tick < T) refuses every tick (web_periodic_disable).
+PERIODIC_OFF = dt.datetime(9999, 12, 31)
+
+
+def web_running(session: Session, limit: int = WEB_RUNNING_MAX) -> list[tuple]:
+    """(id, queue, owner, claimed_at, lease_until, attempts, max_attempts, cancel_requested,
+    task) of the claimed jobs, by lease end, at most `limit`."""
+    return _rows(session, "web_running", {"limit": limit}, "running jobs")
+
+
+def web_history(session: Session, queue: str, minutes: int, cap: int = WEB_HISTORY_CAP) -> list[tuple]:
+    """(outcome, ended_at, run_us, wait_us, task) of `queue`'s attempts that ended in the last
+    `minutes`, newest first, at most `cap`."""
+    return _rows(session, "web_history", {"queue": queue, "minutes": minutes, "cap": cap}, "history")
+
+
+def web_search(session: Session, *, queue: str, status: int, newest: bool, text: str, task: str,
+               since: dt.datetime, limit: int, scan: int = WEB_SEARCH_SCAN) -> list[tuple]:
+    """The jobs page's rows among the first `scan` of one queue's state (finished after `since`)
+    whose payload holds `text` and whose task is `task` ('' for either: any)."""
+    name = "web_search_newest" if newest else "web_search"
+    return _rows(session, name, {"queue": queue, "status": status, "text": text, "task": task,
+                                 "since": since, "limit": limit, "scan": scan}, "search jobs")
+
+
+def web_periodic_switch(session: Session, queue: str, name: str, on: bool) -> bool:
+    """Switch a periodic entry off (its ticks are refused) or on again; whether a row changed."""
+    def body(cur) -> bool:
+        cur.execute(Q["web_periodic_enable" if on else "web_periodic_disable"],
+                    {"queue": queue, "name": name, "off": PERIODIC_OFF})
+        return cur.rowcount > 0
+
+    return session.run(body, what="periodic switch")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import MySQLdb
@@ -86,6 +86,11 @@ class Completion:
         # the call timed out and the completion did not land).
         self.caller_conns: dict[int, int] = {}
         self.caller = CallerCall()  # complete_in's statements, while they wait for the server
+        # The worker's, run before the handler's first statement through this completion: the
+        # claim's COMMIT is read, and the claim taken again if it failed (consume/batch.py), so a
+        # claim whose COMMIT is in doubt is not taken for lost (a cancel check saying so, a
+        # completion fenced out) while it may hold the job.
+        self.settle_claim: Callable[[], None] | None = None
 
     @property
     def in_block(self) -> bool:
@@ -104,6 +109,7 @@ class Completion:
         if self._open:  # coroutines of one worker (concurrency > 1) share its session
             raise RuntimeError("one job.transaction() at a time per worker: another job's is open "
                                "(with concurrency > 1, do not await inside the block)")
+        self._settle_claim()
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
@@ -251,6 +257,7 @@ class Completion:
             if rollback:
                 conn.rollback()
             _not_revoked(self, job)
+        self._settle_claim()
         cur, conn_id = conn.cursor(), None
         try:
             thread_id = getattr(conn, "thread_id", None)  # MySQLdb's and PyMySQL's
@@ -315,6 +322,7 @@ class Completion:
         plain read under READ COMMITTED: it sees the latest commits, takes no lock and commits
         nothing); else a transaction of its own on the work session."""
         if not self._open:
+            self._settle_claim()
             return self.session.run(body, what="cancel check")
         cur = self._block.cursor()
         self.session.waiting = Waiting(time.monotonic(), 0.0, "cancel check in a job's transaction")
@@ -323,6 +331,10 @@ class Completion:
         finally:
             self.session.waiting = None
             _close(cur)
+
+    def _settle_claim(self) -> None:
+        if self.settle_claim is not None:
+            self.settle_claim()
 
     def completions_landed(self, jobs: list[Job]) -> set[int]:
         """Of the jobs completed on a caller's connection (complete_in), those whose completion

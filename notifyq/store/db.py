@@ -21,6 +21,7 @@ from notifyq.config import DSN
 from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, PRIVILEGE_DENIED, RSA_KEY_NEEDED,
                                   UNKNOWN_DATABASE, Conflicts, describe, error_code, is_connection_lost, is_transient,
                                   retry_policy)
+from notifyq.store import server_role
 from notifyq.store.pipeline import Attempt, Pipeline, Waiting
 from notifyq.store.sql import QUERIES
 from notifyq.store.writer import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, WriterChoice, ready_for_writes
@@ -260,12 +261,15 @@ class Session:
             raise
         if self.dsn.tls_mode:
             _require_tls(conn, self.dsn)
-        self.server_version, self.max_allowed_packet, self.node, wsrep = _prepare(conn, self.idle_timeout_s)
+        self.server_version, self.max_allowed_packet, self.node, wsrep, variables = _prepare(conn,
+                                                                                            self.idle_timeout_s)
+        host, port = self.dsn.servers[index]
+        # At every connect, so also after a failover moved the DSN's address to another server
+        _refuse_unless_writer(conn, variables, f"{host}:{port}" if len(self.dsn.servers) > 1 else address(self.dsn))
         self._server_started_at = time.monotonic() - max(0.0, float(wsrep.get("uptime", "inf")) - 1)
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not ready_for_writes(wsrep):
             conn.close()
-            host, port = self.dsn.servers[index]
             raise MySQLdb.OperationalError(NOT_READY, f"node {host}:{port} is not ready (state "
                                            f"{wsrep.get('wsrep_local_state_comment')}, component "
                                            f"{wsrep.get('wsrep_cluster_status')})")
@@ -467,15 +471,18 @@ def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) ->
     return landed
 
 
-def _prepare(conn: MySQLdb.connections.Connection, idle_timeout_s: int | None) -> tuple[str, int, str, dict]:
+def _prepare(conn: MySQLdb.connections.Connection,
+             idle_timeout_s: int | None) -> tuple[str, int, str, dict, dict]:
     """A new connection's settings, and what it says of its server: (version, max_allowed_packet,
-    identity, wsrep and uptime status)."""
+    identity, wsrep and uptime status, the variables that say whether it may be the writer)."""
+    asks_writer = server_role.has_writer_variables(conn.get_server_info())
     cur = conn.cursor()
     # One round trip: the session's settings, then the server, its identity and its wsrep
     # state (empty values on a server without Galera; MySQL has the status names too, or
-    # none: both read as not Galera). READ COMMITTED: every statement sees fresh commits (a
-    # long RR snapshot would hide new jobs) and locking reads take no gap locks that block
-    # producers. No statement time limit a DBA may have set server-wide (MariaDB's
+    # none: both read as not Galera), and on MySQL the variables that say whether it may be
+    # the writer (server_role.py; MariaDB has none, known from the handshake: nothing is
+    # sent). READ COMMITTED: every statement sees fresh commits (a long RR snapshot would hide
+    # new jobs) and locking reads take no gap locks that block producers. No statement time limit a DBA may have set server-wide (MariaDB's
     # max_statement_time, MySQL's max_execution_time, each in a comment only its server runs):
     # it would kill a watcher's long GET_LOCK with an error nothing expects.
     settings, params = ("time_zone = '+00:00', innodb_lock_wait_timeout = 10"
@@ -484,11 +491,34 @@ def _prepare(conn: MySQLdb.connections.Connection, idle_timeout_s: int | None) -
         settings, params = f"{settings}, wait_timeout = %s", (int(idle_timeout_s),)
     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
                 f"SET SESSION {settings}; "
-                f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}", params or None)
+                f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}"
+                + ("; " + QUERIES["writer_variables"] if asks_writer else ""), params or None)
     cur.nextset()  # past the two SETs' results, each an error if the statement failed
     cur.nextset()
     version, max_packet, node = cur.fetchone()
     cur.nextset()
     wsrep = {str(name).lower(): str(value) for name, value in cur.fetchall()}
+    variables: dict[str, str] = {}
+    if asks_writer:
+        cur.nextset()
+        variables = {str(name).lower(): str(value) for name, value in cur.fetchall()}
     cur.close()
-    return version, max_packet, node, wsrep
+    return version, max_packet, node, wsrep, variables
+
+
+def _refuse_unless_writer(conn: MySQLdb.connections.Connection, variables: dict[str, str], where: str) -> None:
+    """Close `conn` and raise WriterRefused if its server may not be notifyq's writer
+    (store/server_role.py); a member of a replication group is asked its role first, the one
+    round trip more that only such a server costs."""
+    member = None
+    if server_role.in_group(variables):
+        cur = conn.cursor()
+        try:
+            cur.execute(QUERIES["group_member"])
+            member = cur.fetchone()
+        finally:
+            cur.close()
+    why = server_role.refusal(variables, member)
+    if why is not None:
+        conn.close()
+        raise errors.WriterRefused(f"notifyq refuses the server at {where}: {why}")

@@ -9,11 +9,13 @@ the transaction that inserts or retries the job: the key's row lock is held unti
 
 from __future__ import annotations
 
+from notifyq.jobs import Status
 from notifyq.store.db import Session
 from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
 SWEEP_CHUNK = 1000
+_UNCLAIMED = (int(Status.READY), int(Status.SCHEDULED))
 
 
 def holder(cur, queue: str, key: str) -> int | None:
@@ -23,6 +25,29 @@ def holder(cur, queue: str, key: str) -> int | None:
     cur.execute(Q["dedup_holder"], params)
     row = cur.fetchone()
     return None if row is None else int(row[0])
+
+
+def replaceable(cur, queue: str, key: str) -> int | None:
+    """For a put that replaces: lock the key (as holder() does), then the pending job holding
+    it; that job's id if it is ready or scheduled (the put replaces it), else None (the key is
+    free, or its job is claimed: it runs as it is, and the new job is put beside it)."""
+    params = {"queue": queue, "dedup_key": key}
+    cur.execute(Q["dedup_lock"], params)
+    cur.execute(Q["dedup_replaceable"], params)
+    row = cur.fetchone()
+    return int(row[0]) if row is not None and int(row[1]) in _UNCLAIMED else None
+
+
+def drop_replaced(cur, queue: str, key: str, old_id: int, new_id: int, host: str) -> None:
+    """Under replaceable()'s locks: the job it found is gone, its record saying by which job
+    (`jobs show` and result() tell a caller holding its id), and the key is new_id's."""
+    # Plain tuples: on a caller's connection (conn=) there is no Ids converter
+    cur.execute(Q["job_record_gone"], {"ids": (old_id,), "statuses": _UNCLAIMED, "outcome": "replaced",
+                                       "host": host, "why": f"replaced by job {new_id}, a newer put of dedup key {key!r}"})
+    cur.execute(Q["dedup_replaced"], {"id": old_id})
+    if cur.rowcount != 1:  # the row is locked and was unclaimed: only a KILL QUERY's OK leaves it
+        raise cut_short(f"replaced job {old_id} not deleted")
+    take(cur, queue, key, new_id)
 
 
 def take(cur, queue: str, key: str, job_id: int) -> None:

@@ -145,13 +145,16 @@ class Conflicts:
                         CONFLICT_WARN_COUNT, CONFLICT_WINDOW_S, what, session_name)
 
 
+_fromisoformat = dt.datetime.fromisoformat  # (bound once: two per claimed job)
+
+
 def _datetime(text):
     """DATETIME/TIMESTAMP decoder: the C `fromisoformat` instead of mysqlclient's pure-Python
     parser, which a consumer ran three times per claimed job. Anything
     it does not take (zero dates, odd precision) goes to the original, so results are equal."""
     if 19 <= len(text) <= 26:  # 'YYYY-MM-DD hh:mm:ss[.ffffff]'
         try:
-            return dt.datetime.fromisoformat(text.decode() if isinstance(text, bytes) else text)
+            return _fromisoformat(text if text.__class__ is str else text.decode())
         except ValueError:
             pass
     return MySQLdb.converters.DateTime_or_None(text)

@@ -18,7 +18,7 @@ from MySQLdb.constants import CLIENT
 from notifyq import errors
 from notifyq.store import dedup
 from notifyq.store.driver import RECONNECT_CODES, cut_short, describe, error_code
-from notifyq.store.queries import SIGNAL_SLOTS, bump_signal
+from notifyq.store.queries import HOST, SIGNAL_SLOTS, bump_signal
 from notifyq.store.sql import QUERIES as Q
 
 # What a statement holds besides its rows (the INSERT's head, RETURNING or the increment read, the
@@ -52,15 +52,19 @@ def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
             raise _too_big(i, len(rows), size, max_packet)
 
 
-def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int) -> list[int]:
+def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int,
+             replace: bool = False) -> list[int]:
     """The statements of a put: the rows, and the queue's signal bumped by as many. unique: one
     row whose dedup key a pending job may hold already; that job wins (its id is returned, and
-    nothing is written but the key's lock). Rows too big for the server's max_allowed_packet
-    raise InputError before any INSERT is sent (insert_jobs plans every chunk first)."""
+    nothing is written but the key's lock), or with `replace` the new one does (_replace).
+    Rows too big for the server's max_allowed_packet raise InputError before any INSERT is
+    sent (insert_jobs plans every chunk first)."""
     if not unique:
         return insert_jobs(cur, rows, max_rows=max_rows, max_packet=max_packet, signal=(queue, len(rows)))
     check_fits(rows, max_packet, getattr(cur, "connection", None))
     row = rows[0]
+    if replace:
+        return [_replace(cur, queue, row, max_packet)]
     held = dedup.holder(cur, queue, row[6])
     if held is not None:
         return [held]
@@ -69,12 +73,27 @@ def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int,
     return [job_id]
 
 
+def _replace(cur, queue: str, row: tuple, max_packet: int) -> int:
+    """A put that replaces (debounce): the new job is inserted and takes the key, and the ready
+    or scheduled job that held it is deleted, all under the key's lock; a claimed one is left
+    to run, the new job pending beside it. A new job and id rather than the old row updated in
+    place: whether a put whose COMMIT lost its reply landed is then whether its id exists
+    (jobs_stored), and the old job's attempts stay its own."""
+    old_id = dedup.replaceable(cur, queue, row[6])
+    job_id = insert_jobs(cur, [row], max_rows=1, max_packet=max_packet, signal=(queue, 1))[0]
+    if old_id is None:
+        dedup.take(cur, queue, row[6], job_id)
+    else:
+        dedup.drop_replaced(cur, queue, row[6], old_id, job_id, HOST)
+    return job_id
+
+
 def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
                 signal: tuple[str, int] | None = None) -> list[int]:
-    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key), or for
-    a put at a given time (queue, at, priority, at, max_attempts, payload_json, dedup_key) with
-    `at` a naive UTC datetime in both places: the server decides the status (insert_job_at).
-    Every row of one call is of one kind.
+    """rows: (queue, status, priority, delay_us, max_attempts, payload_json, dedup_key, job_key),
+    or for a put at a given time (queue, at, priority, at, max_attempts, payload_json, dedup_key,
+    job_key) with `at` a naive UTC datetime in both places: the server decides the status
+    (insert_job_at). Every row of one call is of one kind.
 
     Multi-row INSERTs of at most max_rows rows, each statement within the server's
     max_allowed_packet (a bigger one fails as a lost connection, 2006, and was retried for a
@@ -164,11 +183,12 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
 
     Every value but the payload is usually the same from one put to the next (the queue, the
     defaults of the options), so the text around the payload is rendered once for them
-    (_one_statement); a job with a dedup key or a run_at is rendered whole, as insert_jobs does."""
+    (_one_statement); a job with a dedup key, a key or a run_at is rendered whole, as
+    insert_jobs does."""
     text = row[5]
     queue, n = signal
     slot = int(_random() * SIGNAL_SLOTS)
-    if row[6] is None and row[3].__class__ is int:
+    if row[6] is None and row[7] is None and row[3].__class__ is int:
         payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
         key = (db.encoding, row[:5], queue, n)
         made = _ONE_STATEMENTS.get(key)
@@ -203,13 +223,13 @@ ONE_STATEMENTS_KEPT = 256
 
 def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
     """_insert_one's query around the payload for a job's other values (queue, status, priority,
-    delay_us, max_attempts; no dedup key, no run_at): (the INSERT up to its payload; the rest of
-    it and the bump, for each signal slot; the bytes of the other values as bound)."""
-    rendered = _render(db, [(*row[:5], None, None)])
+    delay_us, max_attempts; no dedup key, no key, no run_at): (the INSERT up to its payload; the
+    rest of it and the bump, for each signal slot; the bytes of the other values as bound)."""
+    rendered = _render(db, [(*row[:5], None, None, None)])
     del rendered[5]  # the payload's place
-    parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 7 values' places
+    parts = _encoded(_insert_sql(1, False), db.encoding).split(b"%s")  # the 8 values' places
     head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
-    tail = parts[6] + rendered[5] + parts[7] + b";\n"
+    tail = parts[6] + b"".join(value + part for value, part in zip(rendered[5:], parts[7:])) + b";\n"
     queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
     bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
@@ -247,15 +267,16 @@ def _render(db, rows: list[tuple]) -> list[bytes]:
     width, n = len(rows[0]), len(rows)
     out: list[bytes] = [b""] * (width * n)
     for i, first in enumerate(rows[0]):
-        kind = first.__class__  # the class too: 1 and True are equal
-        if all(row[i].__class__ is kind and row[i] == first for row in rows):
+        column = [row[i] for row in rows]
+        # One value throughout, told by the list's own loops (count, map), not a Python test per
+        # row: the class too, as 1 and True are equal
+        if column.count(first) == n and len(set(map(type, column))) == 1:
             out[i::width] = [literal(first)] * n
-        elif kind is str:  # the payloads: a str is bound as literal() binds it, without its type tests
+        elif first.__class__ is str:  # the payloads: a str is bound as literal() binds it, without its type tests
             escape, encoding = db.string_literal, db.encoding
-            out[i::width] = [escape(row[i].encode(encoding)) if row[i].__class__ is str else literal(row[i])
-                             for row in rows]
+            out[i::width] = [escape(v.encode(encoding)) if v.__class__ is str else literal(v) for v in column]
         else:
-            out[i::width] = [literal(row[i]) for row in rows]
+            out[i::width] = [literal(v) for v in column]
     return out
 
 

@@ -161,6 +161,17 @@ def stale_consumers(session: Session, restart_grace_s: float = 0.0) -> list[tupl
     return session.run(body, what="find stale consumers")
 
 
+def gone_claims_due_s(session: Session, queue: str) -> float | None:
+    """Seconds until the earliest lease of `queue`'s jobs held by an owner that is gone runs out
+    (0 if one has already); None when no gone owner holds any (queries.sql, gone_claims_due)."""
+    def body(cur) -> float | None:
+        cur.execute(Q["gone_claims_due"], {"queue": queue})
+        row = cur.fetchone()
+        return None if row is None or row[0] is None else max(0.0, int(row[0]) / 1_000_000)
+
+    return session.run(body, what="find claims of gone consumers")
+
+
 def _queues(text: str) -> list[str]:
     return [q for q in text.split(",") if q]
 

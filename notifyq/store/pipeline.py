@@ -162,11 +162,11 @@ class Pipeline:
         For the claim: its rows are locked by the time this is called, so its jobs may start at
         once, while the server writes the mark and the COMMIT's fsync runs (about 3 ms on a plain
         disk). If a statement or the COMMIT then fails, or the connection is lost, the rows unlock
-        and may be claimed again elsewhere: a duplicate run of the kind a crash allows under
-        at-least-once, and the claim token fences this claim's acks (a mark that never landed
-        leaves rows no ack of ours matches). So the failure is not retried (nothing would run the
-        work again here): it is recorded in the returned Pending, counted (failed_commits) and
-        logged. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
+        and may be claimed again elsewhere, and the claim token fences this claim's acks (a mark
+        that never landed leaves rows no ack of ours matches). The failure is not retried here: it
+        is recorded in the returned Pending, counted (failed_commits) and logged; the batch then
+        learns what the claim holds and takes again what nobody took (queries.retake), so only
+        a peer's claim in between makes a duplicate run, of the kind a crash allows. On a Galera node the COMMIT goes alone (commit_rides_along), so there the
         statements' replies are read here first. Closes `cur`: the COMMIT is the transaction's
         last word. Only in an idempotent Session.run body.
 
@@ -288,8 +288,8 @@ class Pipeline:
         if pending.commit:
             self.failed_commits += 1
             log.warning("a COMMIT sent ahead failed what=%s session=%s error=%r: the transaction is "
-                        "not ours to count on (the claim's jobs may run again elsewhere; its acks "
-                        "are fenced)", pending.what, self._session.name, describe(exc))
+                        "not ours to count on (a claim is checked, and taken again where nobody "
+                        "took its jobs)", pending.what, self._session.name, describe(exc))
 
     def commit_with(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
         """A transaction's last statements and its COMMIT, sent as one multi-statement query.

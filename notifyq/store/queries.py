@@ -20,6 +20,7 @@ from typing import Any
 import MySQLdb
 
 from notifyq.jobs import Job
+from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
 from notifyq.store.pipeline import Pending
@@ -39,6 +40,9 @@ ERROR_MAX_BYTES = 65535
 ATTEMPT_ERROR_BYTES = 4000
 ATTEMPT_TRACEBACK_BYTES = 16000
 ATTEMPTS_KEPT = 10
+# A batch's attempt records take their times by the ids' offsets (attempt_acked_dense) while its
+# ids span at most this many times its size: the lists then stay within that many entries.
+DENSE_SPAN = 3
 HOST = os.uname().nodename[:255]  # where an attempt ran, in its record (gethostname without socket)
 
 
@@ -75,13 +79,15 @@ class Acks:
     """A finished batch's successes, acked in the next claim's COMMIT (claim(acks=...)): a
     busy consumer then spends one fsync'd COMMIT per batch instead of two. The ack is the
     last batch's, fenced by its token, so it is as idempotent as ack() is. Each job's attempt
-    record (attempt_acked) goes first in the same query, under the same fence."""
+    record (attempt_acked, or attempt_acked_dense) goes first in the same query, under the
+    same fence."""
     ids: list[int]
     token: int
     keep: bool  # keep done jobs (ack_keep) instead of deleting them
     started: list[float] | None = None  # each job's start and end, monotonic (its attempt record)
     ended: list[float] | None = None
     results: list[str | None] | None = None  # each job's result (JSON text) when the queue keeps them
+    tasks: list[str] | None = None  # each job's task, for the consumer's per-task figures (never sent)
     released: int = 0  # workflow children this ack released (a hint: its COMMIT may still fail)
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
@@ -91,10 +97,10 @@ class Acks:
         now = time.monotonic()
         started = self.started or [now] * len(self.ids)
         ended = self.ended or [now] * len(self.ids)
-        record = {"ids": ids, "token": self.token, "host": HOST, "id_list": IntList(self.ids),
-                  "started_ages": IntList(microseconds(now - t) for t in started),
-                  "ended_ages": IntList(microseconds(now - t) for t in ended)}
-        out = [(Q["attempt_acked"], record),
+        # microseconds(now - t), inline: two calls per job were most of this method's time
+        started_ages = [max(0, int((now - t) * 1_000_000)) for t in started]
+        ended_ages = [max(0, int((now - t) * 1_000_000)) for t in ended]
+        out = [self._record(ids, started_ages, ended_ages),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
@@ -106,6 +112,22 @@ class Acks:
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""
         return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
+
+    def _record(self, ids: Ids, started_ages: list[int], ended_ages: list[int]) -> tuple[str, dict[str, Any]]:
+        """The attempt records' statement: by the ids' offsets when they lie close together
+        (attempt_acked_dense), else by their places in the id list (attempt_acked)."""
+        record = {"ids": ids, "token": self.token, "host": HOST}
+        base = min(self.ids, default=0) - 1
+        span = max(self.ids, default=0) - base
+        if not self.ids or span > DENSE_SPAN * len(self.ids):
+            return Q["attempt_acked"], {**record, "id_list": IntList(self.ids),
+                                        "started_ages": IntList(started_ages), "ended_ages": IntList(ended_ages)}
+        by_started, by_ended = [0] * span, [0] * span
+        for job_id, s, e in zip(self.ids, started_ages, ended_ages):
+            by_started[job_id - base - 1] = s
+            by_ended[job_id - base - 1] = e
+        return Q["attempt_acked_dense"], {**record, "base": base, "started_ages": IntList(by_started),
+                                          "ended_ages": IntList(by_ended)}
 
     def verify(self, cur, counts: list[int]) -> None:
         """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'
@@ -133,7 +155,7 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-          as_watcher: bool = False, acks: Acks | None = None) -> Claim:
+          as_watcher: bool = False, acks: Acks | None = None, rates: rating.Rates | None = None) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -157,6 +179,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
     row counts are theirs.
+    rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
+    free for are marked, their starts written in this transaction; its jobs then start only
+    once its COMMIT is read.
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -197,6 +222,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
+        admitted = rating.admit(cur, queue, token, rates, locked, drained)
+        locked, drained = admitted.rows, admitted.drained
         last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
         verified = len(last)
         if locked:
@@ -243,9 +270,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             commit = None
         jobs = [
             Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
-                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7])
+                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7], key=r[8])
             for r in locked
         ]
+        if admitted.spent:
+            jobs = rating.after_commit(session, commit, jobs)
         return Claim(jobs, token, drained, False, commit)
 
     runs = 0
@@ -267,6 +296,48 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
+
+
+def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
+           connection: int | None, sent_at: float) -> list[int] | None:
+    """A claim whose COMMIT failed, or lost its reply, after its first job started (claim()
+    does not wait for it): which of its `jobs` it holds now, committed. Those its COMMIT did
+    mark are its own; those it did not and that nobody took meanwhile (still claimable, their
+    attempts unchanged) are marked again under its token: the job already running is then ours,
+    and its ack holds, instead of a rerun. The rest are someone else's. Asked once the claim's
+    transaction can no longer commit: its connection (`connection`, the claim sent at
+    `sent_at`) ended and waited for, unless the server restarted since (recovery settled it).
+    None: that connection outlived its KILL, so no read tells yet."""
+    ids = [j.id for j in jobs]
+    earlier = connection  # a connection whose transaction may still commit what we look at
+
+    def body(cur) -> list[int] | None:
+        nonlocal earlier
+        if (earlier is not None and earlier != session.connection_id
+                and session.server_up_s() > time.monotonic() - sent_at):
+            if not end_connection(cur, earlier):
+                return None
+        earlier = session.connection_id  # a rerun on a new connection ends this one first
+        if session.galera:  # this node first applies every write set the cluster committed
+            cur.execute(Q["wsrep_sync_wait"], {"level": 1})
+        try:
+            held = set(still_claimed(cur, ids, token))
+            free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
+            if free:
+                cur.execute(Q["claim_lock"], {"ids": Ids(list(free))})
+                mine = [r[0] for r in cur.fetchall() if r[3] == free[r[0]]]
+                if mine:
+                    cur.execute(Q["claim_mark"], {"ids": Ids(mine), "owner": owner, "token": token,
+                                                  "lease_us": microseconds(lease_s)})
+                    if cur.rowcount != len(mine):  # a KILL QUERY's OK reply: run it again
+                        raise cut_short(f"retake a claim: marked {cur.rowcount} of {len(mine)}")
+                    held.update(mine)
+        finally:
+            if session.galera:
+                cur.execute(Q["wsrep_sync_wait"], {"level": 0})
+        return [job_id for job_id in ids if job_id in held]
+
+    return session.run(body, what="retake a claim")
 
 
 def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list[int] | None:
@@ -298,7 +369,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
 
 
-SUSPECT = 8  # claim_lock's column: the job was held by a consumer that died or stalled
+SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
 
 
 def claim_rank(row: tuple) -> tuple:

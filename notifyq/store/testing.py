@@ -19,7 +19,7 @@ with open(os.path.join(os.path.dirname(sql.__file__), "testing.sql"), encoding="
     STATEMENTS = sql.parse(_f.read())
 
 JOB_FIELDS = ("id", "queue", "status", "priority", "run_at", "attempts", "max_attempts", "dedup_key",
-              "payload", "last_error", "created_at")
+              "payload", "last_error", "created_at", "key")
 _CLEARS = ("testing_clear_jobs", "testing_clear_attempts", "testing_clear_dedup", "testing_clear_periodic",
            "testing_resume")
 

@@ -16,7 +16,7 @@ from notifyq import errors
 from notifyq.config import values
 from notifyq.config import Config, validate_queue_name
 from notifyq.consume.tasks import Task
-from notifyq.jobs import STATUS_NAMES, Status
+from notifyq.jobs import STATUS_NAMES, Status, envelope
 from notifyq.produce.conns import dbapi
 from notifyq.store import schema
 from notifyq.store import testing as store
@@ -42,6 +42,7 @@ class QueuedJob:
     payload: Any
     last_error: str | None
     created_at: dt.datetime
+    key: str | None = None  # its flow-control key (put(..., key=), a task's key)
 
     @property
     def task(self) -> str | None:
@@ -162,7 +163,7 @@ def _job(row: tuple) -> QueuedJob:
     if isinstance(text, bytes):
         text = text.decode("utf-8")
     try:
-        record["payload"] = json.loads(text)
+        record["payload"] = envelope.opened(text)[0]  # as put: a traced job's envelope opened
     except ValueError:
         record["payload"] = text  # as stored; a consumer buries it as invalid JSON
     record["status"] = STATUS_NAMES.get(record["status"], str(record["status"]))

@@ -1,4 +1,5 @@
-"""What the pages show, read from every server through the store's admin reads.
+"""What the status pages show, read from every server through the store's admin reads (the
+console's own pages and bulk and periodic actions: console.py).
 
 One Reader per server process: a few sessions per server (SESSIONS, in place of the one of
 sharding/servers.py), each used by one request at a time, so a slow page holds one of them and
@@ -106,7 +107,7 @@ class Reader(Servers):
                     break
 
 
-def _age_s(now: dt.datetime, then: dt.datetime | None) -> float | None:
+def age_s(now: dt.datetime, then: dt.datetime | None) -> float | None:
     return None if then is None else max(0.0, (now - then).total_seconds())
 
 
@@ -145,7 +146,7 @@ def _queue_figures(session: Session, after: str) -> dict[str, Any]:
                 rate["done" if status == Status.DONE else "dead"][ago] += n
         out[name] = {"paused": bool(paused), "depth": depth, "capped": capped, "approx": approx,
                      "consumers": alive.get(name, 0),
-                     "oldest_ready_age_s": _age_s(now, min(firsts)) if firsts else None, "rate": rate}
+                     "oldest_ready_age_s": age_s(now, min(firsts)) if firsts else None, "rate": rate}
     return {"now": now, "queues": out, "more": [name for name, _paused in rows[PAGE_QUEUES:]]}
 
 
@@ -164,17 +165,17 @@ def overview(reader: Reader, after: str = "") -> dict[str, Any]:
             "sample": admin_queries.WEB_RETRY_SAMPLE, "minutes": admin_queries.WEB_RATE_MINUTES}
 
 
-def _consumers(session: Session) -> list[dict[str, Any]]:
+def consumer_rows(session: Session) -> list[dict[str, Any]]:
     now = admin_queries.server_now(session)
     held = admin_queries.web_claims_by_owner(session)
     return [{"id": cid, "host": host, "pid": pid, "queues": qs.split(","), "started_at": started,
-             "last_seen": seen, "last_seen_age_s": _age_s(now, seen), "wakeup": wakeup, "alive": bool(alive),
+             "last_seen": seen, "last_seen_age_s": age_s(now, seen), "wakeup": wakeup, "alive": bool(alive),
              "in_hand": held.get(cid, 0)}
             for cid, host, pid, qs, started, seen, wakeup, alive in admin_queries.consumers(session)]
 
 
 def consumers(reader: Reader) -> dict[str, Any]:
-    answers, down = reader.each(_consumers)
+    answers, down = reader.each(consumer_rows)
     rows = [{**c, "shard": shard} for shard, found in sorted(answers.items()) for c in found]
     return {"consumers": rows, "down": down}
 
@@ -210,7 +211,7 @@ def parse_filters(query: dict[str, str], shards: tuple[str, ...]) -> dict[str, A
     return {"queue": queue, "state": state, "dedup": dedup, "limit": limit, "shard": shard}
 
 
-def _listed(row: tuple) -> dict[str, Any]:
+def listed(row: tuple) -> dict[str, Any]:
     job = dict(zip(_LIST_FIELDS, row))
     job["status"] = STATUS_NAMES.get(job["status"], str(job["status"]))
     return job
@@ -227,7 +228,7 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
             row = None if job_id is None else admin_queries.get_job(session, job_id)
             return [] if row is None else [admin.get_job(session, job_id)]
         names = [f["queue"]] if f["queue"] else [r[0] for r in admin_queries.queue_rows(session)]
-        return [_listed(r) for r in admin_queries.web_jobs(session, status=status, queues=names,
+        return [listed(r) for r in admin_queries.web_jobs(session, status=status, queues=names,
                                                            limit=f["limit"], newest=newest)]
 
     answers, down = reader.each(work, None if f["shard"] is None else [f["shard"]])
@@ -268,8 +269,10 @@ def _periodic(session: Session, config: Config) -> list[dict[str, Any]]:
             leaders[queue] = admin_queries.web_lock_holder(session, lock)
         cron = entries.get((queue, name))
         holder, host = leaders[queue]
-        out.append({"queue": queue, "name": name, "cron": cron, "last_tick": last.get((queue, name)),
-                    "next_run": croniter(cron, now).get_next(dt.datetime) if cron else None,
+        tick = last.get((queue, name))
+        off = tick == admin_queries.PERIODIC_OFF
+        out.append({"queue": queue, "name": name, "cron": cron, "last_tick": None if off else tick, "disabled": off,
+                    "next_run": croniter(cron, now).get_next(dt.datetime) if cron and not off else None,
                     "leader": None if holder is None else f"session {holder}" + (f" from {host}" if host else "")})
     return out
 
@@ -282,7 +285,8 @@ def periodic(reader: Reader) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ actions
 
-def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str | None) -> str:
+def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str | None,
+        by: str | None = None) -> str:
     """One operator action; returns what happened in a few words (InputError: why not)."""
     if verb in ("pause", "resume"):
         if queue is None:
@@ -305,7 +309,7 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
     if verb == "retry":
         return f"job {job_id}: " + reader.one(shard, lambda session: admin.retry(session, job_id))
     if verb == "cancel":
-        outcome = reader.one(shard, lambda session: admin.cancel(session, job_id))
+        outcome = reader.one(shard, lambda session: admin.cancel(session, job_id, by=by))
         return f"job {job_id}: " + ("deleted" if outcome == "deleted" else "cancel requested")
     if verb == "purge":
         return reader.one(shard, lambda session: _purge_one(session, job_id))

@@ -2,12 +2,18 @@
 
     GET  /             every queue: depth by state, done/dead per minute, oldest ready, paused
     GET  /consumers    each consumer process: host, pid, queues, jobs in hand, last beat
-    GET  /jobs         one state's jobs (?queue= &state= &dedup= &limit= &shard=)
+    GET  /running      what runs now, per consumer: job, task, since when, lease; cancel
+    GET  /history      a queue's attempts per minute and percentiles, per task (?queue= &hours= &task=)
+    GET  /jobs         one state's jobs (?queue= &state= &dedup= &limit= &shard=), a bounded
+                       payload search (&q= &task= &since_hours=), bulk retry / cancel / purge
     GET  /jobs/ID      one job (?shard= with [shards]): payload, last error, times, attempts
     GET  /dead         the dead jobs, with retry / purge
-    GET  /periodic     periodic entries: last and next tick, the leader's session
+    GET  /periodic     periodic entries: last and next tick, the leader's session; run now,
+                       enable / disable
     GET  /login        sign in with the actions token (only when actions are enabled)
-    POST /login /logout /act     forms; /act: retry, cancel, purge, pause, resume, retry-dead
+    POST /login /logout /act     forms; /act: retry, cancel, purge, pause, resume, retry-dead,
+                       bulk-retry / bulk-cancel / bulk-purge (ids=, at most console.MAX_BULK),
+                       periodic-run / periodic-enable / periodic-disable (queue=, name=)
 
 Every page is whole without JavaScript; static/live.js refreshes the parts marked data-live
 in place. Responses forbid inline scripts (Content-Security-Policy) as a second line behind
@@ -33,7 +39,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.store.driver import DriverError, describe
-from notifyq.web import auth, bounds, data, views
+from notifyq.web import auth, bounds, console, data, views
 
 log = logging.getLogger("notifyq.web")
 
@@ -51,6 +57,9 @@ SECURITY_HEADERS = {
 STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 VERBS = ("retry", "cancel", "purge", "pause", "resume", "retry-dead")
+BULK_VERBS = ("bulk-retry", "bulk-cancel", "bulk-purge")
+PERIODIC_VERBS = ("periodic-run", "periodic-enable", "periodic-disable")
+MAX_FORM_FIELDS = 1000  # more is refused whole; a bulk action's own bound (console.MAX_BULK) is checked after
 
 
 class Site:
@@ -237,6 +246,11 @@ class Handler(BaseHTTPRequestHandler):
                            **data.overview(reader, data.parse_after(query)))
             elif path == "/consumers":
                 self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
+            elif path == "/running":
+                self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
+            elif path == "/history":
+                self._page(200, "history.html", sid, new, title="history",
+                           **console.history(reader, console.parse_history(query)))
             elif path == "/jobs" and query.get("id"):
                 job_id = _job_id(query["id"].strip())
                 self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(query['shard'])}"
@@ -245,9 +259,12 @@ class Handler(BaseHTTPRequestHandler):
                 if path == "/dead":
                     query["state"] = "dead"
                 filters = data.parse_filters(query, reader.names)
+                search = console.parse_search(query)
+                found = (console.search(reader, filters, search) if search["text"] or search["task"]
+                         else {**data.jobs(reader, filters), "search": search})
                 self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
                            queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
-                           **data.jobs(reader, filters))
+                           max_bulk=console.MAX_BULK, **found)
             elif _JOB_PATH.match(path):
                 self._job_page(int(path[6:]), query, sid, new)
             elif path == "/periodic":
@@ -296,8 +313,14 @@ class Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_FORM_BYTES:
             self._message(413, "form too large", sid, new)
             return
-        form = {k: v[-1] for k, v in urllib.parse.parse_qs(
-            self.rfile.read(length).decode("utf-8", "replace"), max_num_fields=20).items()}
+        try:
+            fields = urllib.parse.parse_qs(self.rfile.read(length).decode("utf-8", "replace"),
+                                           max_num_fields=MAX_FORM_FIELDS)
+        except ValueError:
+            self._request_read()
+            self._message(413, f"form refused: more than {MAX_FORM_FIELDS} fields", sid, new)
+            return
+        form = {k: v[-1] for k, v in fields.items()}
         self._request_read()
         path = urllib.parse.urlsplit(self.path).path
         guard = self.web.guard
@@ -322,7 +345,7 @@ class Handler(BaseHTTPRequestHandler):
             if who is None:
                 self._message(403, "refused: sign in with the actions token first", sid, new)
                 return
-            self._act(form, sid, f"{who}@{self.client_address[0]}", by_token)
+            self._act(form, fields.get("ids", []), sid, f"{who}@{self.client_address[0]}", by_token)
         else:
             self._message(404, f"no form {path}", sid, new)
 
@@ -336,20 +359,28 @@ class Handler(BaseHTTPRequestHandler):
         log.warning("web: signed in who=%s addr=%s", form.get("who", "").strip(), self.client_address[0])
         self._redirect(back, self._cookie(new_sid))
 
-    def _act(self, form: dict[str, str], sid: str, who: str, by_token: bool) -> None:
+    def _act(self, form: dict[str, str], ids: list[str], sid: str, who: str, by_token: bool) -> None:
         verb, queue, shard = form.get("verb", ""), form.get("queue") or None, form.get("shard", "")
+        what = f"job={form.get('job') or '-'}"
         try:
-            if verb not in VERBS:
+            if verb in BULK_VERBS:
+                what = f"ids={','.join(ids[:console.MAX_BULK])}" + ("…" if len(ids) > console.MAX_BULK else "")
+                outcome = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=console.parse_ids(ids), by=who)
+            elif verb in PERIODIC_VERBS:
+                what = f"name={form.get('name', '')!r}"
+                outcome = console.periodic_act(self.web.reader, verb, queue=queue or "", name=form.get("name", ""))
+            elif verb in VERBS:
+                job_id = _job_id(form.get("job"))
+                outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue, by=who)
+            else:
                 raise errors.InputError(f"no action {verb!r}")
-            job_id = _job_id(form.get("job"))
-            outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue)
         except (errors.NotifyqError, DriverError) as e:
             outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
             code = 400 if isinstance(e, errors.InputError) else 503
         else:
             code = 200
-        log.warning("web action who=%s action=%s job=%s queue=%s shard=%s outcome=%s", who, verb,
-                    form.get("job") or "-", queue or "-", shard or "-", outcome)
+        log.warning("web action who=%s action=%s %s queue=%s shard=%s outcome=%s", who, verb,
+                    what, queue or "-", shard or "-", outcome)
         if by_token:
             self._send(code, (outcome + "\n").encode(), "text/plain; charset=utf-8")
             return

@@ -24,7 +24,7 @@ def environment() -> Any:
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(age=human_duration, when=when, count=count)
-    env.globals.update(chart=chart)
+    env.globals.update(chart=chart, history_chart=history_chart)
     return env
 
 
@@ -62,3 +62,28 @@ def chart(rate: dict[str, list[int]]) -> dict[str, Any]:
                      "dead_y": mid, "dead_h": down, "ago": ago, "done": done[ago], "dead": dead[ago]})
     return {"w": CHART_W, "h": CHART_H, "mid": mid, "bars": bars, "done": sum(done), "dead": sum(dead),
             "minutes": minutes}
+
+
+HISTORY_W, HISTORY_H = 720, 90  # the history chart: stacked bars per minute, newest on the right
+
+
+def history_chart(per_minute: dict[str, list[int]]) -> dict[str, Any]:
+    """Stacked bars (done, failed, dead, cancelled from the bottom), one per minute (index 0 is
+    this minute, drawn rightmost), scaled to the busiest minute."""
+    outcomes = list(per_minute)
+    minutes = len(per_minute[outcomes[0]])
+    top = max([1, *(sum(per_minute[o][m] for o in outcomes) for m in range(minutes))])
+    step = HISTORY_W / minutes
+    bars = []
+    for ago in range(minutes):
+        y = float(HISTORY_H)
+        for o in outcomes:
+            n = per_minute[o][ago]
+            if not n:
+                continue
+            h = n / top * (HISTORY_H - 2)
+            y -= h
+            bars.append({"x": round(HISTORY_W - (ago + 1) * step, 1), "w": round(max(step - 0.5, 0.5), 1),
+                         "y": round(y, 1), "h": round(h, 1), "outcome": o, "n": n, "ago": ago})
+    totals = ", ".join(f"{sum(per_minute[o])} {o}" for o in outcomes)
+    return {"w": HISTORY_W, "h": HISTORY_H, "bars": bars, "label": f"last {minutes} minutes: {totals}"}

@@ -29,26 +29,27 @@ PROJECT = REPO / "tests" / "django_project"
 class Project:
     """The test project on one database of `root`'s server."""
 
-    def __init__(self, root: DSN, notifyq_config: dict | None = None):
+    def __init__(self, root: DSN, notifyq_config: dict | None = None, python: str = sys.executable):
         self.root = root
+        self.python = python  # another interpreter (another Django) runs notifyq from this checkout
         self.name = f"nq_dj_{uuid.uuid4().hex[:10]}"
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("NOTIFYQ_")},
                     "NQ_DJANGO_HOST": root.host, "NQ_DJANGO_PORT": str(root.port), "NQ_DJANGO_USER": root.user,
                     "NQ_DJANGO_PASSWORD": root.password or "", "NQ_DJANGO_NAME": self.name,
                     "NQ_DJANGO_TEST_NAME": f"test_{self.name}",
                     "NQ_DJANGO_NOTIFYQ_CONFIG": json.dumps(notifyq_config or {}),
-                    "PYTHONPATH": str(PROJECT)}
+                    "PYTHONPATH": os.pathsep.join([str(PROJECT), str(REPO)])}
         conn = admin_connect(root)
         conn.cursor().execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
         conn.close()
         self.procs: list[subprocess.Popen] = []
 
     def manage(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+        return subprocess.run([self.python, "manage.py", *args], cwd=PROJECT, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
     def start(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+        proc = subprocess.Popen([self.python, "manage.py", *args], cwd=PROJECT, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc
@@ -115,10 +116,10 @@ def test_the_django_migrations_reach_the_schema_version_of_this_notifyq():
 
 def test_manage_py_test_runs_with_notifyqs_tables_in_the_test_database(project):
     # shop/tests.py: the test database's schema, enqueue_on_commit under commit, rollback and
-    # savepoint, the on_commit ring registered only for a commit, a task on Django's connection
+    # savepoint, the on_commit ring registered only for a commit, a task on Django's connection, a key
     done = project.manage("test", "shop", "--noinput", "-v", "2")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Ran 6 tests" in done.stderr and "OK" in done.stderr
+    assert "Ran 7 tests" in done.stderr and "OK" in done.stderr
 
 
 def test_manage_py_notifyq_refuses_a_dsn_in_one_line(project):
@@ -238,3 +239,43 @@ def test_complete_in_commits_an_orm_write_with_the_completion_and_a_stale_claim_
     assert [json.loads(line) for line in out.read_text().splitlines()] == [
         {"job": job, "attempt": 1, "raised": "ClaimLost"} for job in (second, third, fourth)]
     assert "done=4 failed=0 dead=0 given_back=0 lost_acks=3" in run.stderr  # the stale runs' outcomes fenced out
+
+
+_TRACED_REQUEST = """
+import json
+from django.db import transaction
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from notifyq.contrib import otel
+from notifyq.contrib.django import enqueue_on_commit
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+otel.instrument(provider)
+with provider.get_tracer("app").start_as_current_span("request") as request:
+    with transaction.atomic():
+        job_id = enqueue_on_commit("traced", {"n": 1})
+(send,) = [s for s in exporter.get_finished_spans() if s.name == "send traced"]
+print(json.dumps({"job": job_id, "trace": f"{request.get_span_context().trace_id:032x}",
+                  "request": f"{request.get_span_context().span_id:016x}",
+                  "send": f"{send.context.span_id:016x}", "send_parent": f"{send.parent.span_id:016x}"}))
+"""
+
+
+def test_a_job_enqueued_on_commit_in_a_traced_request_keeps_the_requests_trace(project):
+    pytest.importorskip("opentelemetry.sdk", reason="the tracing tests need opentelemetry-sdk (the test extra)")
+    from notifyq.jobs import envelope
+
+    # Given a migrated project, When a traced request enqueues on commit
+    _migrated(project)
+    done = project.manage("shell", "-c", _TRACED_REQUEST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # Then the enqueue is a send span of the request, and the job keeps its context
+    assert seen["send_parent"] == seen["request"]
+    text = project.query("SELECT payload FROM nq_job WHERE id = %s", (seen["job"],))[0][0]
+    payload, context = envelope.opened(text.decode() if isinstance(text, bytes) else text)
+    assert payload == {"n": 1}
+    assert context["traceparent"].startswith(f"00-{seen['trace']}-{seen['send']}-")

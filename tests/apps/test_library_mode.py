@@ -12,7 +12,7 @@ from conftest import run_cli
 
 import notifyq
 from notifyq import config as config_mod
-from notifyq import errors
+from notifyq import errors, testing
 
 
 def _consume_once(db, queue, function, **options):
@@ -46,6 +46,38 @@ def test_a_failure_record_reads_fully_under_a_plain_stdlib_formatter(db, caplog)
     kv = logs.KVFormatter(timestamps=False).format(record)
     assert kv.startswith('level=warning logger=notifyq.consumer msg="job failed, retrying" queue=lg ')
     assert "traceback=\"Traceback (most recent call last):\\n" in kv
+
+
+def test_a_failure_record_carries_the_exception_and_the_jobs_fields_for_the_apps_handlers(db, caplog):
+    # Given an app whose logging hands records to an error reporter (Sentry's logging integration
+    # reads exc_info) or a JSON formatter (it reads the record's attributes); caplog stands for it
+    registry = notifyq.TaskRegistry(db.config())
+
+    @registry.task(queue="lgx", name="charge")
+    def charge(order):
+        raise ValueError(f"card declined for {order}")
+
+    try:
+        job_id = charge.enqueue(7)
+        # When the job fails
+        with caplog.at_level(logging.WARNING, logger="notifyq"):
+            testing.drain(db.config(), "lgx", registry, raise_on_failure=False)
+    finally:
+        registry.close()
+    record = next(r for r in caplog.records if "job failed" in r.getMessage())
+    # Then the record carries what the handler raised, with its traceback
+    assert record.exc_info is not None and isinstance(record.exc_info[1], ValueError)
+    assert str(record.exc_info[1]) == "card declined for 7" and record.exc_info[2] is not None
+    # And the job's fields are attributes of the record
+    assert (record.queue, record.job, record.attempt, record.task) == ("lgx", job_id, "1/5", "charge")
+    assert record.error == "ValueError: card declined for 7" and record.next.startswith("retry at ")
+    # And a plain formatter prints the traceback once
+    text = logging.Formatter("%(message)s").format(record)
+    assert text.count("Traceback (most recent call last)") == 1 and text.endswith("ValueError: card declined for 7")
+    # And notifyq's own formats are as before: the traceback a field of its own, no second copy
+    from notifyq import logs
+    doc = json.loads(logs.JSONFormatter().format(record))
+    assert doc["traceback"].startswith("Traceback (most recent call last)") and "exc" not in doc
 
 
 def test_on_failure_gets_the_job_and_what_the_handler_raised(db):

@@ -35,6 +35,13 @@ job.transaction(), which commits it with the job's completion:
 - missing_effect: a job acked (gone from the table, not by a cancel; or kept done) has its row;
 - effect_of_dead / effect_of_cancelled: a job that ended dead, or was cancelled before it
   completed, has none.
+Issue 38 (rate limits):
+- rate: never more than N starts of a rated queue (`rate`), or of one key (`rate_per_key`), in
+  any window of the period. A start is counted at its claim's COMMIT, which the claim's first
+  start line follows at once; a batch's later jobs begin as the ones before them end, so each
+  run counts at its claim's first start. RATE_SLACK_S covers the COMMIT-to-first-line delay; a
+  fault on either process (or the server) in the window excuses it (a stalled process's start
+  line comes late; a killed one's claim may have committed unread).
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
@@ -91,6 +98,10 @@ CANCELLED = 5  # issue 29: a job cancelled while it ran ends in a state of its o
 CLAIMED = 2
 STALL_BOUND_S = 5.0  # no_progress: a fleet with ready jobs starts one within this (poll_max_s is 1 s)
 STALL_DEPLOY = "main"  # the other deployments idle between cron runs or episodes by design
+# rate: a claim's COMMIT to its first start line, on a healthy but loaded process (a fresh
+# consumer's first claim, the full schedule on 2 cores: up to 0.12 s seen); a shared budget's
+# lost lock lets starts through a whole period early, far past it
+RATE_SLACK_S = CLOCK_SLACK_S
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -466,8 +477,8 @@ def check_stranded(h: History) -> list[Violation]:
         if seconds is not None:
             bound += _outage_overlap(h, consumer, seconds)
         if seconds is None or seconds > bound:
-            shown = "never (until the drain)" if seconds is None else f"after {seconds:.1f}s"
-            out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} came back {shown}, "
+            shown = "came back never (until the drain)" if seconds is None else f"were still claimed {seconds:.1f}s after it"
+            out.append(Violation("stranded", None, f"jobs of gone consumer {consumer} {shown}, "
                                                    f"bound {bound:g}s"))
     return out
 
@@ -717,6 +728,30 @@ def check_self_reaps(h: History) -> list[Violation]:
             for f in h.faults if f.kind == "taken_back" and f.detail == str(f.pid)]
 
 
+def check_rates(h: History, faults: Faults) -> list[Violation]:
+    """rate: at most N starts (each at its claim's first start) in any window of the period."""
+    out: list[Violation] = []
+    for deploy, limits in h.rates.items():
+        runs = [r for r in h.runs if r.deploy == deploy]
+        for count, period_s, per_key in limits:
+            budgets: dict[str, list[tuple[float, Run]]] = collections.defaultdict(list)
+            for r in runs:
+                budget = h.job_keys.get(r.key) if per_key else ""
+                if budget is not None:  # a job without a key spends no key's budget
+                    budgets[budget].append((faults.claimed_at.get((r.pid, r.token), r.start), r))
+            for budget, starts in sorted(budgets.items()):
+                starts.sort(key=lambda s: s[0])
+                for (t0, first), (t1, last) in zip(starts, starts[count:]):
+                    if t1 - t0 >= period_s - RATE_SLACK_S:
+                        continue
+                    if faults.cause({first.pid, last.pid}, t0 - period_s, t1) is not None:
+                        continue
+                    whose = f"of key {budget!r}" if per_key else "of the queue"
+                    out.append(Violation("rate", last.key, f"{count + 1} starts {whose} within {t1 - t0:.3f} s, "
+                                                           f"above {count} per {period_s:g} s"))
+    return out
+
+
 def check_progress(h: History) -> list[Violation]:
     """no_progress: a sweep over the ready jobs' spans (put() returned to first start) and the
     runs' (start to end; a run without an end counts only its start: its process died or stopped,
@@ -792,6 +827,7 @@ def _check_deploy(h: History) -> Report:
     violations += check_after_cancel(h)
     violations += check_stranded(h)
     violations += check_batch_order(h)
+    violations += check_rates(h, faults)
     prio_violations, judged = check_claim_priority(h, faults)
     violations += prio_violations
     lost = sum(1 for v in violations if v.rule == "lost")

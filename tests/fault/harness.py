@@ -38,6 +38,7 @@ from notifyq.store.db import Session
 from . import checker
 from . import episodes as ep
 from . import kill_query
+from . import rated
 from .fleet import Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
@@ -124,6 +125,7 @@ class FaultRun:
         self.shared: SharedProducer | None = None
         self.dedup: DedupCaller | None = None
         self.long_config_path: Path | None = None
+        self.rated: rated.RatedProducer | None = None  # the rate class's producer
 
     # ------------------------------------------------------------ the run
 
@@ -170,6 +172,8 @@ class FaultRun:
         ewe = "exit_when_empty" in plan.classes
         if ewe:
             self.dbs["batch"] = create_test_db(self._server_dsn())
+        if "rate" in plan.classes:
+            self.dbs[rated.DEPLOY] = create_test_db(self._server_dsn())
         self.runtime_user = self.dbs["main"].dsn.user
         self.configs = {mode: write_config(self.workdir / f"{mode}.toml", plan.lease_s, mode == "polling",
                                            keep_results="effects" in plan.classes)
@@ -184,11 +188,14 @@ class FaultRun:
                                                    10, handler=("--handler", "nqfault:handle_async"))
         self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots + self.long_slots), 60,
                                     "the consumers started")
+        self._start_rated()
         workload = self._workload(self._config("main"))
         batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
         self._play(workload, batch_producer)
         workload.join(30)
         self._join_issue26_threads()
+        if self.rated is not None:
+            self.rated.join(30)
         if batch_producer is not None:
             batch_producer.close()
         drained = self._drain()
@@ -513,6 +520,18 @@ class FaultRun:
     def _episodes_running(self) -> bool:
         return self.episodes is not None and self.episodes.is_alive()
 
+    def _start_rated(self) -> None:
+        """The rate class: its consumers, and its producer, which runs as long as the schedule."""
+        if rated.DEPLOY not in self.dbs:
+            return
+        path = rated.write_rated_config(self.workdir / "rated.toml", self.plan.lease_s)
+        for _ in range(rated.CONSUMERS):
+            self.fleet.spawn(self.dbs[rated.DEPLOY].env, rated.DEPLOY, rated.QUEUE, "locks", path, 10)
+        env = {k: v for k, v in self.dbs[rated.DEPLOY].env.items() if k.startswith("NOTIFYQ_")}
+        self.rated = rated.RatedProducer(config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(path)}),
+                                         self.plan.seed, self.plan.duration_s)
+        self.rated.start()
+
     def _join_issue26_threads(self) -> None:
         if self.shared is not None:
             self.shared.join(30)
@@ -618,6 +637,7 @@ class FaultRun:
         runs = read_runs(self.out)
         enqueues = workload.enqueues + self.batch_enqueues + self.long_enqueues
         enqueues += (self.shared.enqueues if self.shared else []) + (self.dedup.enqueues if self.dedup else [])
+        enqueues += self.rated.enqueues if self.rated else []
         poison = {e.key for e in enqueues if e.kind == "poison"}
         rows = []
         for deploy, root in self.roots.items():
@@ -637,7 +657,9 @@ class FaultRun:
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},
-                       lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S})
+                       lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S},
+                       rates={rated.DEPLOY: rated.limits()} if self.rated else {},
+                       job_keys=self.rated.keys if self.rated else {})
 
 
 def _epoch(ts: str) -> float:

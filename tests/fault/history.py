@@ -121,7 +121,8 @@ class History:
     faults: list[Fault]
     final_rows: list[FinalRow]
     lease_s: float  # the consumers' lease
-    recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)  # per killed consumer id
+    # per killed consumer id: seconds after its death its jobs were last seen claimed (monitor.py)
+    recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)
     recovery_bound_s: float = 10.0
     exits: list[Exit] = dataclasses.field(default_factory=list)
     refused: list[Refused] = dataclasses.field(default_factory=list)
@@ -132,6 +133,11 @@ class History:
     # kept results that are not valid JSON (JSON_VALID 0), by job: the effects class's unenc jobs
     # return NaN and lone surrogates, which must be dropped, never kept as invalid JSON
     invalid_results: list[JobKey] = dataclasses.field(default_factory=list)
+    # issue 38, rate limits: deploy -> its queue's rates, each (N, period_s, per_key): at most N
+    # starts in any window of period_s, of the queue as a whole (per_key False) or of each job
+    # key apart; and the key each keyed job was put with
+    rates: dict[str, list[tuple[int, float, bool]]] = dataclasses.field(default_factory=dict)
+    job_keys: dict[JobKey, str] = dataclasses.field(default_factory=dict)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

@@ -4,6 +4,13 @@ how long the jobs of each consumer that is gone stay claimed under its id.
 A consumer's registration (id -> pid) is remembered from every sample, because the reaper
 deletes the row of a dead consumer; the recovery time runs from the death of its process until
 no job is claimed under that id any more (claimed again by someone else, or done).
+
+What is judged is what a sample saw: the last time jobs were seen still claimed under that id.
+The first sample that finds none may come long after they came back: the harness's loop, which
+takes the samples, also injects the faults (a KILL QUERY burst, a server restart) and may go
+without a sample for seconds on a loaded machine, and a sample's connect may fail. Seed 23 once
+measured a consumer's jobs back after 12.8 s (bound 10.8 s) when a peer had claimed them again
+6.9 s after the death; no sample between the two had answered.
 """
 
 from __future__ import annotations
@@ -77,6 +84,8 @@ class ClaimMonitor:
         self.pid_of: dict[tuple[str, str], int] = {}  # (deploy, consumer id) -> pid
         self.recovered: dict[tuple[str, str], float] = {}
         self.pending: set[tuple[str, str]] = set()
+        # seconds after its death that a gone consumer's jobs were last seen claimed
+        self.last_held: dict[tuple[str, str], float] = {}
 
     def tick(self) -> None:
         for deploy, root in self.roots.items():
@@ -96,13 +105,15 @@ class ClaimMonitor:
                 if consumer is None or consumer.alive() or consumer.killed_at is None:
                     continue
                 if held.get(key[1], 0) == 0:
-                    self.recovered[key] = now - consumer.killed_at
+                    self.recovered[key] = self.last_held.get(key, 0.0)
                     self.pending.discard(key)
                 else:
+                    self.last_held[key] = max(0.0, now - consumer.killed_at)
                     self.pending.add(key)
 
     def recovery(self) -> dict[str, float | None]:
-        """Per gone consumer: seconds until its claims were gone; None if they never went."""
+        """Per gone consumer: seconds after its death that its claims were last seen held (0.0:
+        gone by the first sample after it); None if they never went."""
         out: dict[str, float | None] = {}
         for key, seconds in self.recovered.items():
             out[f"{key[0]}/{key[1][:8]} pid {self.pid_of[key]}"] = round(seconds, 2)

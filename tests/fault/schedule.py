@@ -44,6 +44,10 @@ Issue "trust, round three"'s class, cheap, on the main deployment (in the CI dra
                    holder (the instant wake's target, caught between a statement it sent ahead
                    and its reply) and at random sessions of random consumers; the checker's
                    no_progress rule wants no span with jobs ready and nothing started
+Issue 38's class, cheap, on a deployment of its own (in the CI draw):
+  rate             a queue with `rate` and `rate_per_key` ("rated": its own database, two
+                   consumers), fed keyed jobs a little faster than the rate allows (rated.py); the
+                   checker's `rate` rule wants no window of one period with more than N starts
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -67,11 +71,12 @@ BEFORE_26 = ("sigkill", "stall", "kill_connection", "server_restart", "server_cr
 CHEAP_26 = ("kill_session", "huge_error", "fork", "shared_producer", "rr_dedup", "async_handler")
 EFFECTS_29 = ("effects",)
 STALL_15 = ("kill_query",)
+FLOW_38 = ("rate",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + EPISODES
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38  # the long episodes run in benchmarks/fault_schedule.py
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the

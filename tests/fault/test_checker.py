@@ -292,6 +292,51 @@ def test_a_gone_consumers_recovery_bound_stretches_by_the_outages_it_overlaps():
     assert rules(history([], [], faults=[kill, short], recovery=recovery)) == {"stranded": 1}
 
 
+class _Sampled:
+    """A root whose samples answer from `held` (owner -> claimed jobs), or fail while `down`."""
+
+    def __init__(self):
+        self.held: dict[str, int] = {"c1": 3}
+        self.down = False
+
+    def query(self, sql, params=None, retry_s=0.0):
+        if self.down:
+            import MySQLdb
+            raise MySQLdb.OperationalError(2013, "lost")
+        return [("c1", 10)] if "nq_consumer" in sql else list(self.held.items())
+
+
+class _Gone:
+    def __init__(self, killed_at):
+        self.killed_at = killed_at
+
+    def alive(self):
+        return False
+
+
+def test_a_gone_consumers_recovery_is_judged_by_when_its_jobs_were_last_seen_claimed():
+    """Regression (issue 35, seed 23): no sample answered for seconds while the jobs of a killed
+    consumer came back (a peer ran them again 6.9 s after the death), and the first sample that
+    did, 12.8 s after it, was taken for their return: stranded, bound 10.8 s."""
+    import time
+
+    from .monitor import ClaimMonitor
+
+    root, gone = _Sampled(), _Gone(time.monotonic() - 2.0)
+    monitor = ClaimMonitor({"main": root}, type("Fleet", (), {"by_pid": lambda self, pid: gone})())
+    monitor.tick()  # 2 s after the death: still claimed
+    root.down = True
+    monitor.tick()  # no answer
+    root.down, root.held = False, {}
+    gone.killed_at -= 12.0  # the next sample that answers comes 12 s later: nothing claimed
+    monitor.tick()
+    [seconds] = monitor.recovery().values()
+    assert 2.0 <= seconds < 3.0
+    assert checker.check(history([], [], recovery=monitor.recovery())).ok
+    # Seen claimed past the bound is stranded, as ever
+    assert rules(history([], [], recovery={"main/c1 pid 10": 11.0})) == {"stranded": 1}
+
+
 # ------------------------------------------------------------------ issue 26's fault classes
 
 
@@ -514,6 +559,52 @@ def test_no_stall_while_a_handler_runs_for_a_short_gap_or_for_a_delayed_job():
     # A job put with a delay is not ready before it is due
     delayed = dataclasses.replace(enq(2, at=1.0), method="delayed", delay_s=8.0)
     assert checker.check(history(runs, [enq(1), delayed])).ok
+
+
+# ------------------------------------------------------------------ rate limits (issue 38)
+
+
+def rated(runs, rates, keys=None):
+    h = history(runs, [enq(r.job) for r in runs])
+    return dataclasses.replace(h, rates={"main": rates}, job_keys=keys or {})
+
+
+def test_n_starts_per_period_pass_and_one_more_inside_a_period_is_a_rate_violation():
+    # Given a rate of 3 per second and starts 0.4 s apart: 3 in any second, never 4
+    ok = [run(i, 1, 10 + i % 2, 1.0 + 0.4 * i, 1.01 + 0.4 * i) for i in range(1, 10)]
+    assert checker.check(rated(ok, [(3, 1.0, False)])).ok
+    # When two more starts are planted among them (4 and 5 in windows of 0.7 and 0.4 s)
+    planted = ok + [run(50, 1, 12, 2.0, 2.01), run(51, 1, 13, 2.1, 2.11)]
+    # Then each is a violation of the rate, named once per window it overfills
+    assert rules(rated(planted, [(3, 1.0, False)])) == {"rate": 3}
+    # And one start more within a period's RATE_SLACK_S of the last is not one (a COMMIT's
+    # start line comes that late on a loaded machine)
+    late = ok + [run(52, 1, 14, 2.25, 2.26)]
+    assert checker.check(rated([r for r in late if r.job != 4], [(3, 1.0, False)])).ok
+
+
+def test_a_batchs_later_starts_count_at_its_claim_and_a_fault_on_the_process_excuses_a_late_line():
+    # Given claims of 3 jobs a period apart whose jobs start one after the other: the third of
+    # one claim starts 0.9 s after its claim, close to the next claim's first job
+    batches = [run(10 * c + j, 1, 10, c * 1.0 + 0.45 * j, c * 1.0 + 0.45 * j + 0.4, token=c)
+               for c in range(1, 4) for j in range(3)]
+    assert checker.check(rated(batches, [(3, 1.0, False)])).ok
+    # And four single-job claims within 0.5 s, one of them on a process that was stalled then
+    late = [run(i, 1, 20 + i, 1.0 + 0.1 * i, 1.6, token=i) for i in range(4)]
+    stalled = [Fault("stall", 0.5, 1.3, pid=23)]
+    assert rules(rated(late, [(3, 1.0, False)])) == {"rate": 1}
+    h = dataclasses.replace(rated(late, [(3, 1.0, False)]), faults=stalled)
+    assert checker.check(h).ok
+
+
+def test_a_key_rate_counts_each_key_apart_and_jobs_without_a_key_not_at_all():
+    # Given rate_per_key 1 per second: keys a and b start together, unkeyed jobs in between
+    runs = [run(1, 1, 10, 1.0, 1.1), run(2, 1, 11, 1.0, 1.1), run(3, 1, 12, 1.2, 1.3), run(4, 1, 13, 1.2, 1.3)]
+    keys = {("main", 1): "a", ("main", 2): "b"}
+    assert checker.check(rated(runs, [(1, 1.0, True)], keys)).ok
+    # When key a starts again within its period
+    keys[("main", 3)] = "a"
+    assert rules(rated(runs, [(1, 1.0, True)], keys)) == {"rate": 1}
 
 
 # ------------------------------------------------------------------ workflows (issue 39)

@@ -15,7 +15,6 @@ from notifyq.store import locks
 
 from .conftest import (
     consumer_id_of,
-    consumer_sessions,
     finished_counts,
     freeze_mid_batch,
     produce,
@@ -77,7 +76,11 @@ def _kill_idle(fdb, procs, tmp_path, kill_the_watcher: bool) -> None:
     watch = locks.QueueLocks(fdb.admin.database, "idle").watch
     watcher_conn = wait_until(lambda: fdb.scalar("SELECT IS_USED_LOCK(%s)", (watch,)), 30,
                               message="a watcher")
-    lock_conn = {p.pid: consumer_sessions(fdb, p.pid)[1] for p in (first, second)}
+    # (Each one's liveness lock, read alone: an idle consumer may not have opened its work session
+    # yet, which consumer_sessions expects; under load it once had not.)
+    lock_conn = {p.pid: wait_until(lambda p=p: fdb.scalar("SELECT IS_USED_LOCK(lock_name) FROM nq_consumer "
+                                                          "WHERE pid = %s", (p.pid,)), 30, message="its lock")
+                 for p in (first, second)}
     victim = next(p for p in (first, second) if (lock_conn[p.pid] == watcher_conn) == kill_the_watcher)
     survivor = second if victim is first else first
 

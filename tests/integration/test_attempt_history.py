@@ -207,3 +207,30 @@ def test_an_attempt_taken_back_by_a_reaper_is_on_record(db, session):
     [h] = admin.attempts(session, job_id)
     assert (h["attempt"], h["outcome"], h["consumer"]) == (1, "taken back", "d" * 32)
     assert "lease expired" in h["error"]
+
+
+@pytest.mark.parametrize("spread", [1, 10], ids=["ids-close-together", "ids-far-apart"])
+def test_an_acks_records_carry_each_jobs_own_times_whether_its_ids_lie_close_or_far_apart(db, session, spread):
+    # Given 30 claimed jobs, and an ack of 3 of them whose ids lie next to each other or 10 apart
+    # (attempt_acked_dense lays the times out by id, attempt_acked finds them by the id's place)
+    put(db, 30)
+    claim = queries.claim(session, "q", "c" * 32, 30, 60)
+    session.pipeline.read_reply()
+    ids = [job.id for job in claim.jobs][::spread][:3]
+    # each started and ended at its own time: the second job ran 2 ms, the others 1 and 3 ms
+    started, ended = [100.0, 100.010, 100.020], [100.001, 100.012, 100.023]
+    acks = queries.Acks(ids, claim.token, keep=False, started=started, ended=ended)
+    assert (acks.statements()[0][0] == queries.Q["attempt_acked_dense"]) == (spread == 1)
+
+    # When they are acked
+    assert queries.ack(session, ids, claim.token, keep=False, acks=acks) == 3
+
+    # Then each record holds its own job's run: its length and its start after the first's
+    records = {r[0]: (r[1], r[2]) for r in db.query(
+        "SELECT job_id, started_at, ended_at FROM nq_attempt WHERE claim_token = %s", (claim.token,))}
+    first_start = records[ids[0]][0]
+    lengths = [(records[i][1] - records[i][0]).total_seconds() for i in ids]
+    starts = [(records[i][0] - first_start).total_seconds() for i in ids]
+    # (to the microsecond: each age is the client's float difference, cut to whole microseconds)
+    assert all(abs(got - want) <= 2e-6 for got, want in zip(lengths, [0.001, 0.002, 0.003])), lengths
+    assert all(abs(got - want) <= 2e-6 for got, want in zip(starts, [0.0, 0.010, 0.020])), starts

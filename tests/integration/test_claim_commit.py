@@ -1,6 +1,8 @@
 """A claim's COMMIT is sent ahead (Pipeline.send_commit): its jobs start while the COMMIT is on the
-wire. When that COMMIT fails after all, the claim is lost like a crash loses it: the job ran, its
-ack is fenced, it runs again elsewhere, and nothing is lost."""
+wire. When that COMMIT fails after all, the worker learns whether it landed and takes again what it
+did not mark and nobody took meanwhile (queries.retake): the job that ran is then acked once. What
+a peer took first is lost like a crash loses it: the job ran, its ack is fenced, it runs again
+elsewhere, and nothing is lost."""
 
 from __future__ import annotations
 
@@ -93,31 +95,33 @@ def test_a_claim_returns_its_jobs_before_its_commit_and_settles_it_at_the_next_s
         work.close()
 
 
-def _lose_the_claims_commit(db, blocker, worker: Worker, job, read_back: bool = True) -> None:
+def _lose_the_claims_commit(db, blocker, worker: Worker, job, read_back: bool = True) -> bool | None:
     """Inside a handler, while `blocker`'s BACKUP STAGE holds the claim's COMMIT back: the work
     session dies, the stage ends, and (read_back) a statement on the work session reads the
-    COMMIT's failure; without it the handler never touches that session."""
+    COMMIT's failure (a cancel check, whose answer it returns); without it the handler never
+    touches that session."""
     conn_id = worker.work.connection_id
     blocker.cursor().execute(f"KILL CONNECTION {int(conn_id)}")
     wait_until(lambda: not db.query("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %s",
                                     (conn_id,)), HOLD_S, message="the killed session gone")
     blocker.cursor().execute("BACKUP STAGE END")
-    if read_back:
-        assert not job.cancel_requested()
+    return job.cancel_requested() if read_back else None
 
 
-def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_loses_nothing(db, backup_stage):
+def test_a_worker_whose_claim_commit_fails_under_its_first_job_takes_the_claim_again_and_loses_nothing(
+        db, backup_stage):
     # Given three ready jobs and a registered worker, whose next claim's COMMIT the server holds back
     cfg = db.config()
     with Producer("q", cfg) as p:
         ids = p.put_many([{"n": i} for i in range(3)])
     blocker = admin_connect(db.admin)
     runs: list[tuple[int, int]] = []
+    cancel_seen: list[bool | None] = []
 
     def handler(job) -> None:
         runs.append((job.id, job.attempts))
         if len(runs) == 1:  # the batch's first start, its claim's COMMIT still on the wire: the session dies
-            _lose_the_claims_commit(db, blocker, worker, job)
+            cancel_seen.append(_lose_the_claims_commit(db, blocker, worker, job))
 
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
@@ -125,18 +129,17 @@ def test_a_worker_whose_claim_commit_fails_starts_no_more_of_that_batch_and_lose
         worker.presence.ensure_registered(worker)  # registered, as run() does first
         blocker.cursor().execute("BACKUP STAGE START")
         blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
-        # When it claims and its first job starts
+        # When it claims and its first job starts, whose cancel check reads the COMMIT's failure
         got, _ = worker._claim_and_run()
         worker.acks.flush(worker.work)  # as run() does before anything but its next claim
-        # Then the batch stops after that job: the claim is lost, the job's ack fenced out
-        assert got == 3 and runs == [(ids[0], 1)]
-        assert worker.work.pipeline.failed_commits == 1 and worker.stats.lost_acks == 1
-        assert worker.stats.succeeded == 0
-        # And its next claim takes all three (the lost claim's attempt was never counted)
-        got, _ = worker._claim_and_run()
-        worker.acks.flush(worker.work)
-        assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
-        assert worker.stats.succeeded == 3
+        # Then the check first took the claim again (its rows were free), so it said no cancel
+        # (not "no longer ours": the job would have ended as if cancelled); the batch ran on:
+        # each job once, nothing fenced
+        assert got == 3 and cancel_seen == [False]
+        assert worker.work.pipeline.failed_commits == 1
+        assert runs == [(job_id, 1) for job_id in ids]
+        assert worker.stats.succeeded == 3 and worker.stats.lost_acks == 0
+        assert worker._claim_and_run()[0] == 0
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:
         blocker.close()
@@ -159,10 +162,14 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
     blocker = admin_connect(db.admin)
     runs: list[tuple[int, int]] = []
 
+    peer = Session(cfg.dsn, name="peer")
+    taken: list = []
+
     def handler(job) -> None:
         runs.append((job.id, job.attempts))
-        if len(runs) == 1:  # the first start: the claim's session dies with its COMMIT unread
+        if len(runs) == 1:  # the first start: the claim's session dies with its COMMIT unread,
             _lose_the_claims_commit(db, blocker, worker, job, read_back=False)
+            taken.append(queries.claim(peer, "q", PEER, 10, 60))  # and a peer claims all three
 
     worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
                     budget=Budget(None), batch_size=10, exit_when_empty=True)
@@ -174,16 +181,17 @@ def test_a_worker_reads_its_claims_commit_before_the_second_job_starts_even_with
         got, _ = worker._claim_and_run()
         worker.acks.flush(worker.work)
         # Then only the first job ran under the lost claim: the second waited for the COMMIT's
-        # reply, read its failure, and started nothing more
+        # reply, read its failure, found the peer holding the claim's rows, and started nothing
+        # more; the first job's ack was fenced out
         assert got == 3 and runs == [(ids[0], 1)]
-        assert worker.work.pipeline.failed_commits == 1
-        # And the next claim runs all three
-        got, _ = worker._claim_and_run()
-        worker.acks.flush(worker.work)
-        assert got == 3 and runs[1:] == [(job_id, 1) for job_id in ids]
+        assert worker.work.pipeline.failed_commits == 1 and worker.stats.lost_acks == 1
+        # And the peer's claim holds all three
+        assert sorted(j.id for j in taken[0].jobs) == ids
+        assert queries.ack(peer, ids, taken[0].token, keep=False) == 3
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:
         blocker.close()
+        peer.close()
         worker.work.close()
         worker.presence.close()
 
@@ -281,16 +289,14 @@ def test_acks_that_rode_in_a_claim_whose_commit_failed_are_sent_again_and_their_
         assert worker._claim_and_run()[0] == 2
         worker.acks.flush(worker.work)
         assert worker.work.pipeline.failed_commits == 1
-        # Then the first batch's acks went out again on their own and hold
-        assert worker.stats.succeeded == 2 and worker.stats.lost_acks == 1
+        # Then the first batch's acks went out again on their own and hold, and the second
+        # batch, its claim taken again, ran on and was acked
+        assert worker.stats.succeeded == 4 and worker.stats.lost_acks == 0
         assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(first),)) == [(0,)]
-        # And the queue drains with the first batch never run again
-        while worker._claim_and_run()[0]:
-            pass
+        # And the queue is drained with no job run twice
+        assert worker._claim_and_run()[0] == 0
         worker.acks.flush(worker.work)
-        assert sorted(job_id for job_id, _ in runs if job_id in first) == sorted(first)
-        assert sorted(job_id for job_id, _ in runs) == sorted(ids + [runs[2][0]])
-        assert worker.stats.succeeded == 4
+        assert sorted(job_id for job_id, _ in runs) == sorted(ids)
         assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
     finally:
         blocker.close()
@@ -362,3 +368,80 @@ def test_a_worker_that_goes_idle_acks_its_last_batch_before_it_waits(db):
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_a_worker_whose_claim_commit_is_lost_with_its_session_takes_the_claim_again_and_runs_each_job_once(
+        db, backup_stage):
+    """Regression (issue 35, test_kill_connection: job 103 of 200 ran twice): a KILL of the work
+    session cut the claim's COMMIT before it landed, while the batch's first job ran; the rows
+    unlocked, the job's ack was fenced out, and the worker's next claim ran it again."""
+    # Given three ready jobs and a registered worker whose claim's COMMIT the server holds back
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(3)])
+    blocker = admin_connect(db.admin)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job) -> None:
+        runs.append((job.id, job.attempts))
+        if len(runs) == 1:  # the first start: the session dies, the COMMIT never lands
+            _lose_the_claims_commit(db, blocker, worker, job, read_back=False)
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    try:
+        worker.presence.ensure_registered(worker)
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When it claims, its first job runs, and the claim's COMMIT is lost with its session
+        got, _ = worker._claim_and_run()
+        worker.acks.flush(worker.work)
+        # Then the worker found the claim had not landed, took its rows again under its token
+        # (nobody held them), and ran the batch on: each job once, on its first attempt
+        assert got == 3 and worker.work.pipeline.failed_commits == 1
+        assert runs == [(job_id, 1) for job_id in ids]
+        assert worker.stats.succeeded == 3 and worker.stats.lost_acks == 0
+        assert worker._claim_and_run()[0] == 0
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()
+        worker.work.close()
+        worker.presence.close()
+
+
+def test_a_claim_whose_commit_landed_but_whose_reply_was_lost_stays_the_workers_and_its_batch_runs_on(
+        db, backup_stage):
+    # Given three ready jobs and a registered worker whose claim's COMMIT the server holds back
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(3)])
+    blocker = admin_connect(db.admin)
+    runs: list[tuple[int, int]] = []
+
+    def handler(job) -> None:
+        runs.append((job.id, job.attempts))
+        if len(runs) == 1:  # the first start: the client's socket is cut, then the COMMIT lands
+            assert worker.work.cut_socket()
+            blocker.cursor().execute("BACKUP STAGE END")
+            wait_until(lambda: db.query("SELECT COUNT(*) FROM nq_job WHERE status = 2") == [(3,)], HOLD_S,
+                       message="the claim's COMMIT landed")
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handler, False), stop=threading.Event(),
+                    budget=Budget(None), batch_size=10, exit_when_empty=True)
+    try:
+        worker.presence.ensure_registered(worker)
+        blocker.cursor().execute("BACKUP STAGE START")
+        blocker.cursor().execute("BACKUP STAGE BLOCK_COMMIT")
+        # When it claims and runs the batch
+        got, _ = worker._claim_and_run()
+        worker.acks.flush(worker.work)
+        # Then the lost reply failed the COMMIT as the worker saw it, but the claim was found
+        # its own: nothing was given back, and each job ran once in this batch
+        assert got == 3 and worker.work.pipeline.failed_commits == 1
+        assert runs == [(job_id, 1) for job_id in ids]
+        assert worker.stats.given_back == 0 and worker.stats.succeeded == 3 and worker.stats.lost_acks == 0
+        assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]
+    finally:
+        blocker.close()
+        worker.work.close()
+        worker.presence.close()

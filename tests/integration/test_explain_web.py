@@ -84,3 +84,53 @@ def test_a_page_of_queues_read_in_one_statement_keeps_each_queues_plan(many_jobs
     assert "filesort" not in json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower(), plan
     for r in reads:
         assert r["key"] == "ix_state" and r["type"] in ("range", "ref"), (name, r)
+
+
+# ---------------------------------------------------------------- the operations console
+
+@pytest.fixture
+def many_attempts(many_jobs):
+    """100k attempt records over two queues, ended over the last 10 hours."""
+    many_jobs.query(
+        "INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, started_at, ended_at) "
+        "SELECT seq + 1, seq + 1, 1, IF(seq % 3 = 0, 'other', 'q'), ELT(1 + seq % 4, 'done', 'failed', 'dead', 'cancelled'), "
+        "NOW(6) - INTERVAL (seq % 36000) SECOND - INTERVAL 1 SECOND, NOW(6) - INTERVAL (seq % 36000) SECOND "
+        f"FROM {numbers(100000)}")
+    many_jobs.query("ANALYZE TABLE nq_attempt")
+    return many_jobs
+
+
+@pytest.mark.parametrize("name", ("web_running", "web_search", "web_search_newest"))
+def test_the_consoles_job_reads_ride_a_bounded_range_of_ix_state(many_jobs, name):
+    # Given 100k jobs of every status on two queues
+    params = {**PARAMS, "status": 0 if name == "web_search" else 4, "text": "x", "task": "", "scan": 10_000,
+              "since": "2000-01-01"}
+    # When the running page's read and the payload search are explained
+    plan = _plan(many_jobs, name, params)
+    # Then nq_job is read through ix_state by range or ref in the index's order (the search's
+    # inner read, which its scan LIMIT stops), never as a whole table; only the search's matches
+    # (at most its scan bound, in a derived table) are put in order again
+    reads = [r for r in plan if r["table"] == "nq_job"]
+    assert reads, (name, plan)
+    for r in reads:
+        assert r["key"] == "ix_state" and r["type"] in ("range", "ref"), (name, r)
+        assert "filesort" not in str(r["extra"]).lower(), (name, r)
+    assert all(r["table"].startswith("<derived") for r in plan if "filesort" in str(r["extra"]).lower()), plan
+    if name != "web_running":
+        assert "LIMIT %(scan)s) s" in QUERIES[name]
+
+
+def test_the_history_reads_a_time_range_of_ix_ended_and_its_jobs_by_primary_key(many_attempts):
+    # Given 100k attempt records over 10 hours and 100k jobs
+    # When a queue's last hour is explained
+    plan = _plan(many_attempts, "web_history", {"queue": "q", "minutes": 60, "cap": 20_000})
+    # Then the records are a range of ix_ended (queue, ended_at), read in its order (no sort),
+    # and each one's job is one primary-key lookup
+    text = json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower()
+    assert "filesort" not in text and "join buffer" not in text, plan
+    (records,) = [r for r in plan if r["table"] == "a"]
+    assert records["key"] == "ix_ended" and records["type"] == "range", records
+    (job,) = [r for r in plan if r["table"] == "j"]
+    assert job["key"] == "PRIMARY" and job["type"] == "eq_ref", job
+    # And the range holds the window's rows, not the table's: about a tenth of the queue's
+    assert int(records["rows"]) < 20_000, records

@@ -11,6 +11,7 @@ from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from test_features import running
 
+import notifyq
 from notifyq.jobs import Job
 from notifyq.ops import metrics, status
 from notifyq.produce.producer import Producer
@@ -32,6 +33,57 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+# Tasks of this module's own for the per-task figures (a consumer finds them by module name)
+_tasks = notifyq.TaskRegistry()
+
+
+@_tasks.task(queue="mt", name="ok")
+def _ok():
+    return None
+
+
+@_tasks.task(queue="mt", name="bad", max_attempts=1)
+def _bad():
+    raise RuntimeError("no")
+
+
+def test_the_job_counters_and_run_times_are_per_task_and_the_queue_wait_per_queue_and_task(db):
+    # Given jobs of two tasks, two of them due a minute ago, and a job that names no task
+    # the consumer runs
+    cfg = db.config()
+    with Producer("mt", cfg) as p:
+        p.put_many([{"task": "ok", "args": [], "kwargs": {}}] * 3)
+        waited = [p.put({"task": "ok", "args": [], "kwargs": {}}),
+                  p.put({"task": "bad", "args": [], "kwargs": {}}, max_attempts=1)]
+        p.put({"task": "nobody's", "args": []}, max_attempts=1)
+    # (as if they had waited a minute: a put's time past is the server's now)
+    db.query("UPDATE nq_job SET run_at = run_at - INTERVAL 60 SECOND WHERE id IN (%s, %s)", waited)
+    # When a consumer of the module's tasks runs them
+    with running(cfg, "mt", None, tasks=(__name__,)) as service:
+        server = metrics.serve(service, QueueDepths(cfg), 0, "127.0.0.1")
+        try:
+            wait_until(lambda: service.totals().succeeded == 4 and service.totals().dead == 2, 20,
+                       message="the jobs counted")
+            code, text = scrape(server.server_port)
+        finally:
+            server.close()
+    assert code == 200
+    s = samples(text)
+    ok, bad, none = (("queue", "mt"), ("task", "ok")), (("queue", "mt"), ("task", "bad")), (("queue", "mt"),)
+    # Then each outcome is counted under its task; a job of no known task, under none
+    assert s[("notifyq_jobs_succeeded_total", ok)] == 4 and s[("notifyq_jobs_dead_total", bad)] == 1
+    assert s[("notifyq_jobs_dead_total", none)] == 1 and s[("notifyq_jobs_dead_total", ok)] == 0
+    assert sum(v for (name, _), v in s.items() if name == "notifyq_jobs_failed_total") == 2  # the queue's total
+    assert ("notifyq_jobs_succeeded_total", (("queue", "mt"), ("task", "nobody's"))) not in s  # bounded
+    # And each job's run time is under its task
+    assert s[("notifyq_job_seconds_count", ok)] == 4 and s[("notifyq_job_seconds_count", bad)] == 1
+    # And the wait from the due time to the start: the two jobs due a minute ago waited that long
+    assert s[("notifyq_queue_wait_seconds_count", ok)] == 4 and s[("notifyq_queue_wait_seconds_count", bad)] == 1
+    assert s[("notifyq_queue_wait_seconds_bucket", (("le", "30.0"), *ok))] == 3
+    assert s[("notifyq_queue_wait_seconds_bucket", (("le", "30.0"), *bad))] == 0
+    assert s[("notifyq_queue_wait_seconds_sum", bad)] >= 59
 
 
 def test_the_endpoint_reports_job_outcomes_histograms_depth_and_wakeups_per_queue(db):

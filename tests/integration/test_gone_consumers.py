@@ -144,3 +144,31 @@ def test_an_idle_consumer_takes_back_and_runs_orphan_claims_long_before_their_le
         t.join(30)
     assert not t.is_alive() and worker.error is None, worker.error
     assert sorted(ran) == ids
+
+
+def test_an_exit_when_empty_worker_waits_for_a_gone_consumers_lease_it_cannot_judge_yet_and_runs_its_jobs(db):
+    """Regression (issue 35, seed 23): a cron run (--exit-when-empty) started right after a
+    server restart, found nothing claimable, and its reaper pass could judge neither the consumer
+    killed before the restart (within the restart grace) nor its claim (its lease ran out 0.5 s
+    later): it exited, and the dead consumer's job waited 8 s for the next run (stranded)."""
+    # Given a job claimed by an owner that is gone (no registration, its lock free) with a short
+    # lease, and consumers that take the server for one that restarted within the grace (a
+    # session_idle_s this long makes the grace longer than the server has been up)
+    [job_id] = put(db, 1)
+    gone = Session(db.config().dsn, name="gone")
+    try:
+        assert [j.id for j in queries.claim(gone, "q", GONE, 1, 3.0).jobs] == [job_id]
+    finally:
+        gone.close()
+    cfg = db.config(consumer={"session_idle_s": 86400})
+    runs: list[int] = []
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: runs.append(job.id), False),
+                    stop=threading.Event(), budget=Budget(None), batch_size=10, exit_when_empty=True)
+    # When an --exit-when-empty worker runs and finds nothing claimable
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    thread.join(30)
+    # Then it did not exit before the gone owner's lease ran out: it took the job back and ran it
+    assert not thread.is_alive() and worker.error is None
+    assert runs == [job_id]
+    assert db.query("SELECT COUNT(*) FROM nq_job") == [(0,)]

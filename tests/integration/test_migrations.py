@@ -10,7 +10,8 @@ from notifyq.produce.producer import Producer
 from notifyq.store import schema
 from notifyq.store.sql import migrations, split_statements
 
-TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta")
+TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta",
+          "nq_rate", "nq_rate_hold")
 
 
 def _apply(db, versions) -> None:
@@ -132,10 +133,10 @@ def test_init_upgrades_a_version_5_database_to_attempt_records_and_the_jobs_run_
 
 def test_init_upgrades_a_version_6_database_to_job_keys_and_runs_again(db):
     # Given a version-6 database (no job keys) with a ready job
-    db.query("ALTER TABLE nq_job DROP COLUMN job_key")
-    db.query("UPDATE nq_meta SET value = '6' WHERE name = 'schema_version'")
     with Producer("q", db.config()) as p:
         job_id = p.put({"n": 1})
+    db.query("ALTER TABLE nq_job DROP COLUMN job_key")
+    db.query("UPDATE nq_meta SET value = '6' WHERE name = 'schema_version'")
     # When `notifyq init` runs, and migration 7 runs once more (an interrupted init runs again)
     assert schema.init(db.admin) == (6, schema.code_version())
     _apply(db, [7])

@@ -477,3 +477,36 @@ def test_a_tasks_enqueue_puts_its_job_on_its_queues_shard(sharded):
     finally:
         registry.close()
     assert dbs["b"].query("SELECT payload FROM nq_job WHERE id = %s", (job_id,)) and not rows(dbs["a"], "pinned")
+
+
+def test_a_spread_queues_keyed_jobs_all_live_on_their_keys_shard_on_every_path(sharded):
+    # Given keys that hash to each shard, and a key with a dedup key that hashes elsewhere
+    cfg, env, dbs = sharded
+    place = placement.Placement(cfg)
+    keys = [f"customer-{i}" for i in range(12)]
+    assert {place.for_key("s", k) for k in keys} == {"a", "b"}
+    dedup = next(d for d in (f"d{i}" for i in range(50)) if place.for_key("s", d) != place.for_key("s", "customer-0"))
+    # When they are put one by one, many at once, with a dedup key too, and from a stream
+    with Producer("s", cfg) as p:
+        for k in keys:
+            p.put({"k": k}, key=k)
+        p.put_many([{"k": "customer-1"}] * 5, key="customer-1")
+        p.put({"k": "customer-0"}, key="customer-0", dedup_key=dedup)
+        p.put_many([{"n": i} for i in range(4)])  # no key: dealt over both
+    stream = run_cli(env, "produce", "-q", "s", "--key", "customer-2", input='{"k": "customer-2"}\n' * 3)
+    assert stream.returncode == 0, stream.stderr
+    # Then every job of a key is on its key's shard (the key decides over the dedup key)
+    for shard in "ab":
+        found = dbs[shard].query("SELECT job_key FROM nq_job WHERE queue = 's' AND job_key IS NOT NULL")
+        assert {k for (k,) in found} == {k for k in keys if place.for_key("s", k) == shard}
+    counts = collections.Counter(k for s in "ab" for (k,) in dbs[s].query("SELECT job_key FROM nq_job WHERE queue = 's'"))
+    assert (counts["customer-1"], counts["customer-2"], counts["customer-0"], counts[None]) == (6, 4, 2, 4)
+
+
+def test_a_spread_queues_debounce_replaces_on_its_keys_shard(sharded):
+    cfg, _env, dbs = sharded
+    with Producer("s", cfg) as p:
+        ids = [p.put({"v": v}, dedup_key="sync-7", dedup="replace", delay=60) for v in range(3)]
+    shard = placement.Placement(cfg).for_key("s", "sync-7")
+    assert dbs[shard].query("SELECT id, payload FROM nq_job WHERE queue = 's'") == [(ids[-1], '{"v":2}')]
+    assert not rows(dbs["b" if shard == "a" else "a"], "s")

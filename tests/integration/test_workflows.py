@@ -75,7 +75,7 @@ def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db
         # And `notifyq jobs show` of the callback says where its batch is
         shown = run_cli(db.env, "jobs", "show", str(batch.on_success.id))
         assert shown.returncode == 0, shown.stderr
-        assert "waiting" in shown.stdout and "'pending': 10" in shown.stdout
+        assert "waiting" in shown.stdout and '"pending": 10' in shown.stdout
         seen = []
 
         def handler(job):

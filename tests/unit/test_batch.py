@@ -39,3 +39,20 @@ def test_an_extension_covers_the_running_job_and_the_waiting_ones_and_names_the_
     assert batch.waiting() == [4]
     batch.start(batch.jobs[3:])
     assert batch.waiting() == [] and batch.held() == [2, 4]  # 2 finished, its ack not yet sent
+
+
+class _FailedCommit:
+    settled = failed = True
+
+
+def test_a_claim_taken_again_after_its_commit_failed_is_settled_and_what_it_lost_is_not_started():
+    batch = Batch(token=7, jobs=jobs(4), lease_s=30.0, claimed_at=0.0, commit=_FailedCommit())
+    batch.start(batch.jobs[:1])
+    batch.finish()
+    assert batch.claim_lost()
+    # Retaken: jobs 1 (it ran) and 3 are held again; a peer took 2 and 4 meanwhile
+    assert batch.retaken([1, 3]) == [2, 4]
+    assert not batch.claim_lost()
+    assert batch.waiting() == [3] and batch.next_group(3) == []  # job 2 comes first: skipped
+    batch.skip()
+    assert [j.id for j in batch.next_group(3)] == [3]

@@ -5,7 +5,7 @@ import datetime as dt
 
 from notifyq.consume.batch import Batch
 from notifyq.consume.lineup import ClaimSizer
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 
 
 def jobs(n: int) -> list[Job]:
@@ -70,3 +70,24 @@ def test_a_per_batch_handler_claims_whole_batches_and_a_coroutine_handler_at_lea
     assert sizer.size_for(Handler(per_batch=True), 100, 0.1) == 100  # one call runs the batch
     assert sizer.size_for(Handler(concurrency=50), 100, 0.1) == 50  # one group runs at once
     assert sizer.size_for(Handler(concurrency=500), 100, 0.1) == 100
+
+
+def test_a_batchs_pace_spans_its_first_start_to_its_last_end_over_the_jobs_that_ran():
+    # Given a batch of 4 whose third job was taken back before it started
+    batch = Batch(token=7, jobs=jobs(4), lease_s=30.0, claimed_at=0.0)
+    batch.lost.add(3)
+    # When its jobs run in claim order, the lost one passed over, the last two as one group
+    spans = []
+    for size in (1, 1):
+        [job] = batch.start_next(size)
+        batch.finish()
+        spans.append(job)
+    assert batch.start_next(1) == []  # the next is not ours: it is skipped, never started
+    batch.skip()
+    [last] = batch.start_next(2)
+    batch.finish()
+    # Then the pace counts the 3 jobs that ran, from the first one's start to the last one's end
+    runs = [run_of(j) for j in (*spans, last)]
+    assert batch.ran == 3
+    assert (batch.first_start, batch.last_end) == (runs[0].started, runs[-1].ended)
+    assert all(r.started <= r.ended for r in runs)

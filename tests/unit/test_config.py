@@ -153,3 +153,26 @@ def test_a_password_on_the_command_line_draws_a_warning_and_is_never_printed(tmp
     assert out.returncode == 0
     assert "process list" in out.stderr
     assert "hunter2" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("value,needle", [
+    ('"0/1s"', "N must be 1-10000"), ('"-1/1s"', "expected \"N/PERIOD\""), ('"10001/1s"', "N must be 1-10000"),
+    ('"99999999999999999999/1s"', "N must be"), ('"ten/1s"', "expected"), ('"10/1y"', "expected"),
+    ('"10/0s"', "period must be 1ms-1d"), ('"10/2d"', "period must be"), ("10", "expected"), ('"10"', "expected"),
+    ('"10/1.5.2s"', "expected"),
+])
+@pytest.mark.parametrize("key", ["rate", "rate_per_key"])
+def test_a_bad_rate_is_one_line_naming_the_key_and_the_file(tmp_path, key, value, needle):
+    with pytest.raises(errors.ConfigError) as e:
+        load(tmp_path, f"[queue.api]\n{key} = {value}\n")
+    text = str(e.value)
+    assert f"queue.api.{key}:" in text and needle in text and str(tmp_path / "notifyq.toml") in text
+    assert "\n" not in text
+
+
+def test_rates_are_parsed_with_their_units_and_default_to_none(tmp_path):
+    cfg = load(tmp_path, '[defaults]\nrate_per_key = "10/s"\n[queue.api]\nrate = " 100 / 60s "\n'
+                         '[queue.fast]\nrate = "5/250ms"\n[queue.slow]\nrate = "2/1h"\n')
+    assert cfg.queue("api").rates == ((100, 60.0), (10, 1.0))
+    assert cfg.queue("fast").rates[0] == (5, 0.25) and cfg.queue("slow").rates[0] == (2, 3600.0)
+    assert cfg.queue("other").rates == (None, (10, 1.0)) and config.QueueConfig().rates == (None, None)

@@ -12,7 +12,8 @@ from conftest import RUNTIME_PASSWORD, notifyq_cmd, run_cli, wait_until
 from number_rows import numbers
 from web.conftest import TOKEN, Client, dead_job, produce
 
-PAGES = ("/", "/consumers", "/jobs", "/dead", "/periodic")
+PAGES = ("/", "/consumers", "/running", "/history", "/history?queue=mail", "/jobs", "/jobs?queue=mail&q=x",
+         "/dead", "/periodic")
 
 
 def _status(db, job_id: int) -> int:

@@ -7,7 +7,9 @@
 - `enqueue_on_commit(queue, payload, ...)` puts a job in the current transaction of Django's
   connection, and wakes the consumers when that transaction commits;
 - `manage.py notifyq consume ...` (and every other notifyq command) runs with the database of
-  settings.NOTIFYQ["DATABASE"], handlers inside Django's connection hygiene.
+  settings.NOTIFYQ["DATABASE"], handlers inside Django's connection hygiene;
+- `notifyq.contrib.django.tasks.NotifyqBackend` is a backend of Django's task framework
+  (settings.TASKS; tasks.py, task_runner.py, task_results.py).
 """
 
 from __future__ import annotations

@@ -68,6 +68,28 @@ def dsn_of(alias: str) -> DSN:
                unix_socket=socket, tls=tls)
 
 
+TASK_BACKEND = "notifyq.contrib.django.tasks.NotifyqBackend"
+TASK_RUNNER = "notifyq.contrib.django.task_runner:run"
+
+
+def task_queue_defaults(alias: str) -> dict[str, dict[str, Any]]:
+    """The queues of settings.TASKS's notifyq backends on database `alias`, and what they need
+    unless NOTIFYQ["QUEUES"] says otherwise: the runner of Django's tasks as their handler, and
+    their finished jobs kept (a TaskResult is read from its job's row, until retention_s)."""
+    backends = getattr(settings, "TASKS", None)
+    found: dict[str, dict[str, Any]] = {}
+    if not isinstance(backends, dict):
+        return found
+    for params in backends.values():
+        if not isinstance(params, dict) or params.get("BACKEND") != TASK_BACKEND:
+            continue
+        if ((params.get("OPTIONS") or {}).get("DATABASE") or database_alias()) != alias:
+            continue
+        for queue in params.get("QUEUES", ["default"]):
+            found[queue] = {"handler": TASK_RUNNER, "keep_done": True}
+    return found
+
+
 def get_config(alias: str | None = None, overrides: dict[str, Any] | None = None, warn=None,
                config_path: str | None = None) -> config_mod.Config:
     """notifyq's Config for Django's database `alias` (default: NOTIFYQ["DATABASE"])."""
@@ -83,6 +105,11 @@ def get_config(alias: str | None = None, overrides: dict[str, Any] | None = None
         raise errors.ConfigError(f"settings.NOTIFYQ['QUEUES']: expected a dict, got {values.shown(queues)}")
     if queues:
         tables["queue"] = {**(tables.get("queue") or {}), **queues}
+    for queue, defaults in task_queue_defaults(alias).items():
+        given = (tables.get("queue") or {}).get(queue) or {}
+        if given.keys() & {"handler", "command", "tasks"}:
+            defaults = {k: v for k, v in defaults.items() if k != "handler"}
+        tables["queue"] = {**(tables.get("queue") or {}), queue: {**defaults, **given}}
     for key, value in (overrides or {}).items():
         tables[key] = {**tables.get(key, {}), **value} if isinstance(value, dict) else value
     env = {k: v for k, v in os.environ.items() if k not in _THE_DATABASES}

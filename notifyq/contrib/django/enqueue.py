@@ -34,7 +34,7 @@ def enqueue_on_commit(queue: str, payload: Any, *, using: str | None = None, **o
     """Put a job on Django's connection `using`, in its current transaction (atomic(), a
     savepoint, or autocommit: then at once), and wake the consumers when that transaction
     commits. The job is gone if the transaction rolls back. Returns its id; `options` are
-    Producer.put's (priority, delay, run_at, max_attempts, dedup_key)."""
+    Producer.put's (priority, delay, run_at, max_attempts, dedup_key, key)."""
     alias = using or database_alias()
     producer = get_producer(queue, alias)
     job_id = producer.put(payload, conn=connections[alias], **options)
@@ -44,7 +44,8 @@ def enqueue_on_commit(queue: str, payload: Any, *, using: str | None = None, **o
 
 def enqueue_many_on_commit(queue: str, payloads: Iterable[Any], *, using: str | None = None,
                            **options: Any) -> list[int]:
-    """enqueue_on_commit for many jobs: Producer.put_many in the current transaction."""
+    """enqueue_on_commit for many jobs: Producer.put_many in the current transaction (its
+    options: priority, delay, run_at, max_attempts, key)."""
     alias = using or database_alias()
     producer = get_producer(queue, alias)
     ids = producer.put_many(payloads, conn=connections[alias], **options)

@@ -1,5 +1,5 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py and admin_queries.py (the schema-version ones from
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py and admin_queries.py (the schema-version ones from
 -- schema.py, tls_cipher from db.py). Values are always bound parameters.
 
 -- schema_version --
@@ -13,6 +13,19 @@ ON DUPLICATE KEY UPDATE value = %(version)s
 -- After connecting with TLS options (store.db): an empty cipher means the session is plaintext.
 SHOW SESSION STATUS LIKE 'Ssl_cipher';
 
+-- writer_variables --
+-- Part of a new connection's one round trip (store.db._prepare): what says whether the server
+-- may be notifyq's writer (store/server_role.py). A SHOW with a WHERE lists only the variables
+-- the server has: MariaDB has none of these (an empty answer), MySQL has the first two, and the
+-- group_replication_* ones where the Group Replication plugin is loaded.
+SHOW GLOBAL VARIABLES WHERE Variable_name IN ('super_read_only', 'offline_mode', 'group_replication_group_name',
+                                             'group_replication_single_primary_mode')
+
+-- group_member --
+-- On a server of a replication group only (its group_replication_group_name is set): this
+-- server's role (PRIMARY, SECONDARY) and state (ONLINE, RECOVERING, OFFLINE, ERROR ...) in it.
+SELECT MEMBER_ROLE, MEMBER_STATE FROM performance_schema.replication_group_members WHERE MEMBER_ID = @@server_uuid
+
 -- ensure_queue --
 INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 
@@ -20,17 +33,17 @@ INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 -- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk. Times are
 -- UTC_TIMESTAMP(6), never NOW(6) or a column default: a transactional enqueue runs on the
 -- caller's connection, whose session time_zone may be anything (notifyq's own sessions use UTC).
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
-VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, UTC_TIMESTAMP(6))
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND, %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- insert_job_at --
 -- insert_job for a put at a given time (put(run_at=...), `produce --at`): the time is bound
 -- twice, and the server's clock decides whether it has come (ready) or not (scheduled), as it
 -- does for a delay: a producer's clock never matters. A time past is now. Only the VALUES row
 -- is used, after insert_job's head.
-INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, created_at)
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedup_key, job_key, created_at)
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
-        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, UTC_TIMESTAMP(6))
+        GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
@@ -87,6 +100,22 @@ ON DUPLICATE KEY UPDATE job_id = job_id
 SELECT j.id FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
 WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
 LOCK IN SHARE MODE
+
+-- dedup_replaceable --
+-- A put that replaces (dedup="replace"), under dedup_lock: the pending job holding the key and
+-- its status, locked for update. A ready or scheduled one is replaced (dedup_replaced); a
+-- claimed one is left to run. The lock comes before any claim's: a claim skips the row (SKIP
+-- LOCKED) until the put commits, and a claim that locked it first makes this read wait, then
+-- see it claimed. A locking read, as dedup_holder, so that a caller's REPEATABLE READ
+-- transaction reads the rows as they are now.
+SELECT j.id, j.status FROM nq_dedup d JOIN nq_job j ON j.id = d.job_id
+WHERE d.queue = %(queue)s AND d.dedup_key = %(dedup_key)s AND j.status < 3
+FOR UPDATE
+
+-- dedup_replaced --
+-- The replaced job goes (its record first: job_record_gone, outcome 'replaced'), under
+-- dedup_replaceable's lock: still ready or scheduled.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
 
 -- dedup_take --
 -- Under dedup_lock: the key is this job's now.
@@ -180,7 +209,7 @@ WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
 -- `suspect` comes last: a suspect job is claimed alone (queries.claim).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, suspect
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
@@ -196,6 +225,50 @@ UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
     lease_until = NOW(6) + INTERVAL %(lease_us)s MICROSECOND, attempts = attempts + 1
 WHERE id IN %(ids)s
+
+-- rate_keys --
+-- Rates: the keys of the jobs a claim locked (rate_per_key): what budgets they spend.
+SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
+-- rate_hold --
+-- When the queue's held jobs are to be woken (NULL, or no row: nothing held).
+SELECT wake_at FROM nq_rate_hold WHERE queue = %(queue)s
+
+-- rate_slots_lock --
+-- Rates (store/rates.py): the budgets' logs, locked until the claim's (or consume_rate's) COMMIT:
+-- a claimer of the same budget waits here for that COMMIT, then sees what it spent. One
+-- statement in primary-key order (the queue's own budget '' first, then the keys sorted), so
+-- every claimer locks in one order. Slots past a budget's N (its rate lowered since) are not
+-- part of it. `now`: the server's time once the rows are locked (SYSDATE, not NOW, which is the
+-- statement's start, before any wait for a peer's COMMIT): what the starts are written as and
+-- measured against, one clock for every consumer process and host.
+SELECT rate_key, slot, started_at, claim_token, SYSDATE(6) AS now FROM nq_rate
+WHERE queue = %(queue)s AND rate_key IN %(keys)s
+  AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
+ORDER BY rate_key, slot
+FOR UPDATE
+
+-- rate_slot_add --
+-- A budget's slots, made on its first use (or when its N grows) as never spent. Repeated per
+-- row by executemany (one multi-row INSERT); IGNORE: a peer making the same slot wins, and
+-- rate_slots_lock then waits for its COMMIT.
+INSERT IGNORE INTO nq_rate (queue, rate_key, slot, started_at) VALUES (%(queue)s, %(key)s, %(slot)s, '1970-01-01')
+
+-- rate_spend --
+-- Starts taken from a budget: its oldest slots (each a whole period old) become `now`.
+UPDATE nq_rate SET started_at = %(now)s, claim_token = %(token)s
+WHERE queue = %(queue)s AND rate_key = %(key)s AND slot IN %(slots)s
+
+-- rate_hold_set --
+-- A claim held jobs back for want of a start: the watcher's wait ends when the first budget
+-- frees one (`wake_at`), or earlier if a hold that is still ahead says so.
+INSERT INTO nq_rate_hold (queue, wake_at) VALUES (%(queue)s, %(wake_at)s)
+ON DUPLICATE KEY UPDATE wake_at = IF(wake_at > NOW(6), LEAST(wake_at, VALUES(wake_at)), VALUES(wake_at))
+
+-- rate_hold_clear --
+-- A claim that held nothing back ends a hold whose time has come (else the watcher would wake
+-- for it again and again); one still ahead is some other budget's, and stays.
+UPDATE nq_rate_hold SET wake_at = NULL WHERE queue = %(queue)s AND wake_at <= NOW(6)
 
 -- unclaim_token --
 -- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken.
@@ -226,6 +299,19 @@ INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, 
 SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
        NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(started_ages)s) MICROSECOND,
        NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(ended_ages)s) MICROSECOND
+FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
+
+-- attempt_acked_dense --
+-- attempt_acked for a batch whose ids lie close together (a backlog drains in id order): the
+-- ages are laid out by the id's offset from `base` (0 where no job of the batch has that id),
+-- so ELT picks a row's age at once. FIELD scans id_list for every row, twice: with 100 jobs a
+-- quarter of the record's server time. CAST: the offset of an unsigned id is never an error.
+INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at)
+SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
+       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(started_ages)s) MICROSECOND,
+       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(ended_ages)s) MICROSECOND
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
@@ -436,6 +522,18 @@ SELECT DISTINCT owner FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND NOT EXISTS (SELECT 1 FROM nq_consumer c WHERE c.id = nq_job.owner)
 LIMIT 1000
 
+-- gone_claims_due --
+-- Before an --exit-when-empty worker exits (liveness.gone_claims_due_s): microseconds until the
+-- earliest lease of the queue's jobs claimed by an owner that is gone (no registration, or a
+-- lock-mode consumer of this node whose lock is free) runs out; NULL if there is none. A reaper
+-- pass may not judge such an owner yet (a server that restarted within the grace, reaper.reap):
+-- its lease still brings the jobs back.
+SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), MIN(j.lease_until))
+FROM nq_job j FORCE INDEX (ix_state) LEFT JOIN nq_consumer c ON c.id = j.owner
+WHERE j.status = 2 AND j.queue = %(queue)s
+  AND (c.id IS NULL OR (c.wakeup = 'locks' AND c.node IN ('', CONCAT(@@hostname, ':', @@port))
+                        AND IS_FREE_LOCK(c.lock_name) = 1))
+
 -- dead_consumers --
 -- The liveness test of lock-mode consumers: a registered consumer whose lock nobody holds has
 -- lost its session. Polling consumers hold no lock: stale_consumers judges them. Nor does one
@@ -581,7 +679,9 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
--- reap and due_in_us: as in `watch`. lock_wait_s is wait_s as GET_LOCK keeps it (advisory.lock_wait_s).
+-- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
+-- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
+-- GET_LOCK keeps it (advisory.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
@@ -589,8 +689,10 @@ SELECT s.total, q.watched_seq, q.paused,
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
        AS reap,
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0))
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
@@ -687,11 +789,14 @@ SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 -- watcher to track scheduled jobs, each poller also learns when the earliest one is due, and,
 -- as the watch statement tells a watcher, whether a reaper pass is needed: by heartbeat and
 -- lease only (this server may refuse the lock functions). Without it a queue served only by
--- idle polling consumers left a hung handler's expired lease claimed for good.
+-- idle polling consumers left a hung handler's expired lease claimed for good. The earliest
+-- due job's time is also a rate's refill for held jobs, if that comes first (as in watch_bell).
 SELECT COALESCE(SUM(seq), 0), (SELECT paused FROM nq_queue WHERE queue = %(queue)s),
        TIMESTAMPDIFF(MICROSECOND, NOW(6),
-         (SELECT MIN(sort_at) FROM nq_job FORCE INDEX (ix_state)
-          WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)),
+         (SELECT LEAST(COALESCE(d.due, h.wake_at), COALESCE(h.wake_at, d.due))
+          FROM (SELECT MIN(sort_at) AS due FROM nq_job FORCE INDEX (ix_state)
+                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
+          LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s)),
        (SELECT COUNT(*) FROM nq_consumer
         WHERE wakeup <> 'locks' AND last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
      + (SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND sort_at < NOW(6))
@@ -742,7 +847,7 @@ SELECT NOW(6)
 -- suspect: the job was held by a consumer that died or stalled; it is claimed alone from now on.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, owner, claimed_at,
        lease_until, dedup_key, cancel_requested, suspect, payload, last_error, created_at, finished_at,
-       cancelled_by, cancelled_at
+       cancelled_by, cancelled_at, job_key
 FROM nq_job WHERE id = %(id)s
 
 -- job_attempts --
@@ -768,10 +873,11 @@ SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 -- job_list --
 -- `jobs list`: oldest first, keyset-paged by id; the error is cut short for the table.
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
-       cancel_requested, LEFT(last_error, 200)
+       cancel_requested, LEFT(last_error, 200), job_key
 FROM nq_job
 WHERE (%(queue)s IS NULL OR queue = %(queue)s)
   AND (%(status)s IS NULL OR status = %(status)s)
+  AND (%(job_key)s IS NULL OR job_key = %(job_key)s)
   AND created_at <= NOW(6) - INTERVAL %(age_us)s MICROSECOND
   AND id > %(after)s
 ORDER BY id LIMIT %(limit)s
@@ -1201,3 +1307,78 @@ SELECT e.parent_id, a.result FROM nq_edge e FORCE INDEX (ix_child)
 LEFT JOIN nq_attempt a ON a.job_id = e.parent_id AND a.outcome = 'done'
 WHERE e.child_id = %(id)s
 ORDER BY e.parent_id, a.ended_at
+
+-- ---------------------------------------------------------------- the operations console (notifyq web)
+-- A job's task is the "task" of its payload (@notifyq.task puts {"task": NAME, ...}), inside the
+-- envelope of a job stored with a trace context (jobs/envelope.py: its text begins with MARKER;
+-- valid JSON with that after its first character is such an envelope); a payload that is not JSON has none (JSON_VALID first: MySQL raises on
+-- JSON_EXTRACT of other text).
+
+-- web_running --
+-- What runs now: the claimed range of ix_state (consumers x batch size rows), by queue then
+-- lease end (the index's own order: no sort), each job's owner, claim time, lease and task.
+-- The LIMIT bounds the read however many run.
+SELECT id, queue, owner, claimed_at, lease_until, attempts, max_attempts, cancel_requested,
+       IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 2
+ORDER BY queue, prio_key, sort_at, id LIMIT %(limit)s
+
+-- web_history --
+-- One queue's ended attempts in the last %(minutes)s minutes, newest first: a range of
+-- nq_attempt's ix_ended (queue, ended_at), at most %(cap)s rows, each joined to its job by
+-- primary key for its task and its due time (run_at). The queue wait is known for a job's
+-- latest attempt while the job is stored (its run_at is then that attempt's due time); done
+-- jobs that were deleted at their ack (keep_done off) have no task and no wait here.
+SELECT a.outcome, a.ended_at, TIMESTAMPDIFF(MICROSECOND, a.started_at, a.ended_at) AS run_us,
+       IF(j.attempts = a.attempt, TIMESTAMPDIFF(MICROSECOND, j.run_at, a.started_at), NULL) AS wait_us,
+       IF(JSON_VALID(j.payload), JSON_UNQUOTE(JSON_EXTRACT(j.payload, IF(SUBSTRING(j.payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) AS task
+FROM nq_attempt a FORCE INDEX (ix_ended)
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = a.job_id
+WHERE a.queue = %(queue)s AND a.ended_at > NOW(6) - INTERVAL %(minutes)s MINUTE
+ORDER BY a.ended_at DESC LIMIT %(cap)s
+
+-- web_search --
+-- A payload search, bounded: the first %(scan)s entries of one queue's range of ix_state in
+-- one state (in the jobs page's order; for finished jobs only those finished after %(since)s,
+-- a time range of the same index), of which the jobs whose payload holds %(text)s (bytes,
+-- case-sensitive) or whose task is %(task)s. At most %(scan)s rows are read, however big the
+-- table: never a scan of the table.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
+FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+             cancel_requested, last_error, dedup_key, prio_key, sort_at, payload
+      FROM nq_job FORCE INDEX (ix_state)
+      WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
+      ORDER BY prio_key, sort_at, id LIMIT %(scan)s) s
+WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
+-- web_search_newest --
+-- web_search for done, dead and cancelled jobs: the most recently finished first.
+SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+       cancel_requested, LEFT(last_error, 200), dedup_key, prio_key, sort_at
+FROM (SELECT id, queue, status, priority, run_at, attempts, max_attempts, created_at, finished_at,
+             cancel_requested, last_error, dedup_key, prio_key, sort_at, payload
+      FROM nq_job FORCE INDEX (ix_state)
+      WHERE status = %(status)s AND queue = %(queue)s AND sort_at >= %(since)s
+      ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(scan)s) s
+WHERE (%(text)s = '' OR LOCATE(%(text)s, payload) > 0)
+  AND (%(task)s = '' OR IF(JSON_VALID(payload), JSON_UNQUOTE(JSON_EXTRACT(payload, IF(SUBSTRING(payload, 2, 16) = '"notifyq:trace":', '$.payload.task', '$.task'))), NULL) = %(task)s)
+ORDER BY prio_key DESC, sort_at DESC, id DESC LIMIT %(limit)s
+
+-- web_periodic_disable --
+-- A periodic entry switched off: its last tick is set past any tick a cron can reach
+-- (PERIODIC_OFF), so the scheduler's exactly-once guard (periodic_advance: last_tick < T)
+-- refuses every tick, on every consumer of any version, with no column of its own. An entry
+-- that never ticked gets its row now.
+INSERT INTO nq_periodic (queue, name, last_tick) VALUES (%(queue)s, %(name)s, %(off)s)
+ON DUPLICATE KEY UPDATE last_tick = %(off)s
+
+-- web_periodic_enable --
+-- Switched on again: the last tick becomes now, so the next tick of its cron is enqueued and
+-- the ticks missed while it was off are not (as after downtime: catch-up enqueues only the
+-- latest missed one, and there is none before now).
+UPDATE nq_periodic SET last_tick = NOW(6)
+WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s

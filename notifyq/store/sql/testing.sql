@@ -6,7 +6,7 @@
 -- A queue's jobs in the given states, oldest first: what a test asserts was enqueued. A plain
 -- read: on the caller's connection it sees the caller's own uncommitted puts (a Django TestCase).
 SELECT id, queue, status, priority, run_at, attempts, max_attempts, dedup_key, payload, last_error,
-       created_at
+       created_at, job_key
 FROM nq_job
 WHERE queue = %(queue)s AND status IN %(statuses)s
 ORDER BY id

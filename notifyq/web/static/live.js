@@ -24,6 +24,7 @@
         var fresh = new DOMParser().parseFromString(html, "text/html");
         document.querySelectorAll("[data-live]").forEach(function (el) {
           if (el.id === "refreshed") return;
+          if (el.querySelector("input[type=checkbox]:checked")) return; // a selection is being made
           var next = fresh.getElementById(el.id);
           if (!next) return;
           // What the reader opened (a traceback) stays open across the swap.

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 
@@ -26,3 +27,16 @@ NOTIFYQ = {
     "CONFIG": json.loads(os.environ.get("NQ_DJANGO_NOTIFYQ_CONFIG", "{}")),
 }
 LOGGING_CONFIG = None
+
+# Django's task framework, where the project has it (Django 6, or Django 5 with the django-tasks
+# backport, an app of its own): notifyq is its backend (shop/dtasks.py, tests/apps/test_django_tasks.py).
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    if not importlib.util.find_spec("django.tasks"):
+        INSTALLED_APPS.append("django_tasks")
+    TASKS = {
+        "default": {
+            "BACKEND": "notifyq.contrib.django.tasks.NotifyqBackend",
+            "QUEUES": ["default", "mail"],
+            "OPTIONS": json.loads(os.environ.get("NQ_DJANGO_TASKS_OPTIONS", "{}")),
+        },
+    }

@@ -34,6 +34,16 @@ class EnqueueTests(TransactionTestCase):
             self.assertEqual(wake.call_count, 1)
         self.assertEqual(stored("t_commit"), [job_id])
 
+    def test_a_key_goes_with_the_job_into_the_transaction(self):
+        from notifyq.contrib.django import enqueue_many_on_commit
+
+        with transaction.atomic():
+            one = enqueue_on_commit("t_key", {"n": 1}, key="customer-42")
+            many = enqueue_many_on_commit("t_key", [{"n": 2}, {"n": 3}], key="customer-7")
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, job_key FROM nq_job WHERE queue = 't_key' ORDER BY id")
+            self.assertEqual(cur.fetchall(), ((one, "customer-42"), (many[0], "customer-7"), (many[1], "customer-7")))
+
     def test_a_rolled_back_transaction_leaves_no_job_and_no_ring(self):
         with mock.patch.object(Producer, "wake", autospec=True) as wake:
             try:

@@ -14,3 +14,28 @@ DEALLOCATE PREPARE nq_stmt;
 -- ---------------------------------------------------------------- concurrency and fairness
 
 -- ---------------------------------------------------------------- rates
+--
+-- nq_rate: each rate budget's log of its last N starts (a sliding log, store/rates.py), one row
+-- per slot 0..N-1 of a budget: the queue's own (`rate`, rate_key '': a job key is never empty)
+-- or one key's (`rate_per_key`). A start takes the slot with the oldest time, and only once that
+-- time is a whole period old: so no window of one period ever holds more than N starts. Written
+-- in the claim's own transaction (a start counts only if its claim commits), under the lock of
+-- the budget's rows. claim_token: the claim that spent the slot (0: notifyq.consume_rate), so a
+-- claim that runs again gives back what its earlier, committed try spent.
+CREATE TABLE IF NOT EXISTS nq_rate (
+    queue        VARCHAR(64)     NOT NULL,
+    rate_key     VARCHAR(191)    NOT NULL,
+    slot         INT UNSIGNED    NOT NULL,
+    started_at   DATETIME(6)     NOT NULL,
+    claim_token  BIGINT UNSIGNED NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, rate_key, slot)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- nq_rate_hold: when a rate next frees a start for jobs a claim held back, per queue: the idle
+-- watcher's wait ends then (watch_bell and poll_signal read it as they read the next due job),
+-- so a held job waits for its refill, not for a poll of the jobs table.
+CREATE TABLE IF NOT EXISTS nq_rate_hold (
+    queue        VARCHAR(64)     NOT NULL,
+    wake_at      DATETIME(6)     NULL,
+    PRIMARY KEY (queue)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -1,0 +1,225 @@
+"""The operations console over plain HTTP (no browser): what runs now, history per queue and
+task, the bounded payload search, bulk actions and their bound, periodic run-now and
+enable/disable; every action behind the token and the CSRF check, and logged with its ids."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import logging
+import re
+import subprocess
+
+from conftest import notifyq_cmd, run_cli, wait_until
+from web.conftest import TOKEN, Client, dead_job, produce
+
+from notifyq.consume.periodic import Scheduler
+from notifyq.store import admin_queries
+from notifyq.store.db import Session
+from notifyq.web import console
+
+
+def _status(db, job_id: int) -> int | None:
+    return db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,))
+
+
+def _ids(body: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr data-job="(\d+)">', body)]
+
+
+def _task(name: str, **more) -> str:
+    return json.dumps({"task": name, "args": [], "kwargs": {}, **more})
+
+
+def test_history_counts_a_queues_attempts_per_outcome_and_per_task(db, web):
+    # Given 3 jobs of task mail.send that a real consumer ran (done), and one of mail.bounce
+    # that failed once and was buried
+    produce(db, "mail", _task("mail.send"), _task("mail.send"), _task("mail.send"))
+    (dead,) = produce(db, "mail", _task("mail.bounce", fail=True), flags=("--max-attempts", "1"))
+    r = run_cli(db.env, "consume", "-q", "mail", "--handler", "nqweb:succeed_or_fail", "--exit-when-empty")
+    assert r.returncode == 0, r.stderr
+    assert _status(db, dead) == 4
+    c = Client(web().url)
+    # When the queue's history is read
+    code, body = c.get("/history?queue=mail&hours=1")
+    assert code == 200, body
+    # Then the totals count each outcome, and the run time has percentiles
+    totals = dict(re.findall(r'data-outcome="(\w+)" rowspan="2">(\d+)<', body))
+    assert totals == {"done": "3", "failed": "0", "dead": "1", "cancelled": "0"}, totals
+    run_row = body.split('data-figure="run"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r"\d+ ms|\d\.\d\d s", run_row), run_row
+    # And the buried job's task has a row of its own (its job is stored), with its dead count
+    row = body.split('<tr data-task="mail.bounce">', 1)[1].split("</tr>", 1)[0]
+    assert re.findall(r'<td class="num">(\d+)</td>', row)[:4] == ["0", "0", "1", "0"], row
+    # And one task's view counts that task only
+    code, body = c.get("/history?queue=mail&hours=1&task=mail.bounce")
+    assert dict(re.findall(r'data-outcome="(\w+)" rowspan="2">(\d+)<', body))["dead"] == "1"
+    assert dict(re.findall(r'data-outcome="(\w+)" rowspan="2">(\d+)<', body))["done"] == "0"
+    # And a window out of bounds is one clear error
+    code, body = c.get("/history?queue=mail&hours=7")
+    assert code == 400 and "hours 7: expected 1 to 6" in body
+
+
+def test_the_payload_search_finds_by_text_and_task_and_reads_a_bounded_range(db, web):
+    # Given 5 ready jobs, two of which mention a needle, one of them task report.build
+    produce(db, "mail", '{"to": "a"}', '{"to": "needle-1"}', '{"to": "b"}')
+    (second,) = produce(db, "mail", _task("report.build", to="needle-2"))
+    produce(db, "mail", _task("report.build", to="c"))
+    first = second - 2
+    c = Client(web().url)
+    # When the jobs page searches the payloads of queue mail
+    # Then it lists the jobs whose payload holds the text, and those whose task is named
+    assert _ids(c.get("/jobs?queue=mail&state=ready&q=needle")[1]) == [first, second]
+    assert _ids(c.get("/jobs?queue=mail&state=ready&task=report.build")[1]) == [second, second + 1]
+    assert _ids(c.get("/jobs?queue=mail&state=ready&q=needle&task=report.build")[1]) == [second]
+    # And markup in a search is shown as text
+    body = c.get("/jobs?queue=mail&state=ready&q=%3Cscript%3Ex")[1]
+    assert "<script>x" not in body and "&lt;script&gt;x" in body
+    # And a search needs a queue (one index range): one clear error without it
+    code, body = c.get("/jobs?state=ready&q=needle")
+    assert code == 400 and "a search reads one queue" in body
+    # And the read stops after its scan bound: of the first 3 jobs only, one holds the needle
+    session = Session(db.dsn, name="test")
+    try:
+        rows = admin_queries.web_search(session, queue="mail", status=0, newest=False, text="needle", task="",
+                                        since=dt.datetime(1000, 1, 1), limit=50, scan=3)
+    finally:
+        session.close()
+    assert [r[0] for r in rows] == [first]
+
+
+def test_bulk_actions_act_on_the_selected_jobs_and_are_logged_with_their_ids(db, web, caplog):
+    # Given three dead jobs and a signed-in browser
+    jobs = [dead_job(db) for _ in range(3)]
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in(who="alice") == 303
+    # When two are retried in one bulk action
+    form = [("csrf", c.csrf("/dead")), ("verb", "bulk-retry"), ("back", "/dead"), ("shard", ""),
+            ("ids", str(jobs[0])), ("ids", str(jobs[1]))]
+    with caplog.at_level(logging.INFO, logger="notifyq.web"):
+        code, _, headers = c.post("/act", form)
+    # Then those two are ready, the third still dead, and the page says so once
+    assert code == 303 and headers["Location"] == "/dead"
+    assert [_status(db, j) for j in jobs] == [0, 0, 4]
+    assert "retried 2 of 2 jobs" in c.get("/dead")[1]
+    # And the log names who, the action and the ids
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web action")]
+    assert f"who=alice@127.0.0.1 action=bulk-retry ids={jobs[0]},{jobs[1]}" in line
+    # And purge takes the one dead job and says why not for the ready ones
+    code, _, _ = c.post("/act", [("csrf", c.csrf()), ("verb", "bulk-purge"), ("back", "/dead"),
+                                 *[("ids", str(j)) for j in jobs]])
+    flash = c.get("/dead")[1]
+    assert "purged 1 of 3 jobs; not:" in flash and "only dead, done and cancelled jobs are purged" in flash
+    assert _status(db, jobs[2]) is None and _status(db, jobs[0]) == 0
+
+
+def test_a_bulk_action_beyond_its_bound_is_one_clear_error_and_does_nothing(db, web):
+    # Given a dead job and a signed-in browser
+    job = dead_job(db)
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in() == 303
+    # When 101 ids are sent (the job's among them)
+    ids = [str(job)] + [str(10_000_000 + i) for i in range(console.MAX_BULK)]
+    code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", i) for i in ids]],
+                           {"Authorization": f"Bearer {TOKEN}"})
+    # Then it is refused in one line, and the job is still dead
+    assert code == 400 and body.strip() == (f"bulk-retry refused: {console.MAX_BULK + 1} jobs selected: a bulk "
+                                            f"action takes at most {console.MAX_BULK}; nothing was done")
+    assert _status(db, job) == 4
+    # And a form of more fields than any page sends is refused whole
+    code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", "1")] * 1001],
+                           {"Authorization": f"Bearer {TOKEN}"})
+    assert code == 413
+    # And without this browser's CSRF token, or without signing in, nothing is done either
+    other = Client(c.base)
+    for client, form in ((c, [("verb", "bulk-retry"), ("ids", str(job))]),
+                         (other, [("csrf", other.csrf()), ("verb", "bulk-retry"), ("ids", str(job))])):
+        assert client.post("/act", form)[0] == 403
+    assert _status(db, job) == 4
+
+
+def test_periodic_entries_run_now_and_are_disabled_for_every_scheduler(db, web, caplog):
+    # Given a periodic entry due every minute, and a signed-in browser
+    config = {"queue": {"reports": {"periodic": [{"cron": "* * * * *", "name": "digest",
+                                                  "payload": {"kind": "digest"}}]}}}
+    c = Client(web(token=TOKEN, **config).url)
+    assert c.sign_in() == 303
+    act = lambda verb: c.post("/act", {"csrf": c.csrf("/periodic"), "verb": verb, "queue": "reports",  # noqa: E731
+                                       "name": "digest", "back": "/periodic"})
+    # When Run now is posted
+    with caplog.at_level(logging.INFO, logger="notifyq.web"):
+        assert act("periodic-run")[0] == 303
+    # Then the entry's job is on its queue at once, its payload as a tick's
+    (payload,) = [json.loads(p) for (p,) in db.query("SELECT payload FROM nq_job WHERE queue = 'reports'")]
+    assert payload["kind"] == "digest" and payload["periodic"] == "digest" and payload["tick"]
+    assert any("action=periodic-run name='digest' queue=reports" in r.getMessage() for r in caplog.records)
+    # When it is disabled
+    assert act("periodic-disable")[0] == 303
+    row = c.get("/periodic")[1].split('data-entry="reports/digest"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="disabled">disabled</span>' in row and 'data-action="periodic-enable"' in row
+    # Then a consumer's scheduler, leading the queue, enqueues no tick
+    scheduler = Scheduler(db.config(**config), ("reports",), leader_retry_s=0.1)
+    try:
+        scheduler.tick()
+        assert scheduler.state["reports"].leader
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'reports'") == 1
+        # And enabled again, it resumes from now: no tick missed meanwhile is enqueued at once
+        assert act("periodic-enable")[0] == 303
+        last = db.scalar("SELECT last_tick FROM nq_periodic WHERE queue = 'reports' AND name = 'digest'")
+        now = db.scalar("SELECT NOW(6)")
+        assert abs((now - last).total_seconds()) < 60
+        for entry in scheduler.entries:
+            entry.next_due = None
+        scheduler.tick()
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'reports'") == 1
+    finally:
+        scheduler.close()
+    assert "enabled" in c.get("/periodic")[1].split('data-entry="reports/digest"', 1)[1].split("</tr>", 1)[0]
+    # And an entry that is not in the config is one clear error
+    code, _, _ = c.post("/act", {"csrf": c.csrf(), "verb": "periodic-run", "queue": "reports", "name": "nope"})
+    assert "no periodic entry 'nope' on queue 'reports' in this config" in html.unescape(c.get("/")[1])
+
+
+def test_the_running_page_shows_each_consumers_jobs_with_task_since_and_lease(db, web):
+    # Given a consumer process running a job of task mail.send until it is cancelled
+    (job,) = produce(db, "mail", _task("mail.send"))
+    proc = subprocess.Popen(notifyq_cmd("consume", "-q", "mail", "--handler", "nqweb:until_cancelled"),
+                            env=db.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        c = Client(web(token=TOKEN).url)
+        assert c.sign_in() == 303
+        # When the running page is read
+        wait_until(lambda: f'<tr data-job="{job}">' in c.get("/running")[1], timeout=30, message="the running job")
+        body = c.get("/running")[1]
+        # Then the job's row names its task, its queue, its claim time and a lease in the future
+        row = body.split(f'<tr data-job="{job}">', 1)[1].split("</tr>", 1)[0]
+        assert "mail.send" in row and "<td>mail</td>" in row
+        assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</td>", row) and "over" not in row
+        # And it is under its consumer's host and pid
+        heading = body.split(f'<tr data-job="{job}">', 1)[0].rsplit("<h2", 1)[1]
+        assert f"pid {proc.pid}" in heading
+        # When it is cancelled from the page
+        assert c.post("/act", {"csrf": c.csrf("/running"), "verb": "cancel", "job": str(job), "back": "/running"})[0] == 303
+        # Then the handler is asked to stop, and the job ends cancelled, by the signed-in name
+        wait_until(lambda: _status(db, job) in (5, None), timeout=30, message="the job cancelled")
+        assert db.scalar("SELECT cancelled_by FROM nq_job WHERE id = %s", (job,)) in ("alice@127.0.0.1", None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_traced_jobs_task_is_read_inside_its_envelope(db, web):
+    # Given a task's job stored with a trace context (its payload in the tracing envelope), and
+    # a job whose own payload holds a "payload" with a task in it (not an envelope)
+    from notifyq.jobs import envelope
+
+    context = envelope.context_text({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    (plain,) = produce(db, "mail", json.dumps({"payload": {"task": "report.build"}}))
+    traced = plain + 1
+    db.query("INSERT INTO nq_job (id, queue, status, run_at, max_attempts, payload, created_at) "
+             "VALUES (%s, 'mail', 0, NOW(6), 5, %s, NOW(6))",
+             (traced, envelope.stamped(_task("report.build"), context)))
+    # When the jobs page searches for the task
+    # Then the traced job is found by its task, and the plain one is not
+    assert _ids(Client(web().url).get("/jobs?queue=mail&state=ready&task=report.build")[1]) == [traced]
