@@ -34,7 +34,8 @@ class TaskRegistry:
 
     def task(self, fn: Callable[..., Any] | None = None, *, queue: str = "default", name: str | None = None,
              max_attempts: int | None = None, priority: int = 0, timeout_s: float | None = None,
-             key: str | Callable[..., str | None] | None = None, dedup: str = "keep") -> Any:
+             key: str | Callable[..., str | None] | None = None, dedup: str = "keep",
+             min_version: int | None = None) -> Any:
         """Make a function a task: callable as before, and `.enqueue(*args, **kwargs)` puts a job
         that runs it in a consumer (`notifyq consume -q QUEUE --tasks MODULE`).
 
@@ -59,13 +60,16 @@ class TaskRegistry:
             dedup: what `.enqueue(..., dedup_key=K)` does while a job of K is pending: `"keep"`
                 (that job stays) or `"replace"` (debounce: the new job takes its place unless
                 it is already running; `Producer.put`'s `dedup`).
+            min_version: its jobs run only on consumers of at least this code version
+                (`consumer.version`; rolling deploys: a task new in a release, or one whose
+                arguments changed). None: any consumer.
         """
         def wrap(f: Callable[..., Any]) -> Task:
             if not callable(f):
                 raise errors.InputError(f"task: expected a function, got {values.shown(f)}")
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             t = Task(f, self, queue=queue, name=task_name, max_attempts=max_attempts, priority=priority,
-                     timeout_s=timeout_s, key=key, dedup=dedup)
+                     timeout_s=timeout_s, key=key, dedup=dedup, min_version=min_version)
             self.tasks[task_name] = t
             return t
         return wrap(fn) if fn is not None else wrap

@@ -147,6 +147,7 @@ ENV_KEYS = {
     "NOTIFYQ_POLL_MAX_S": ("wakeup", "poll_max_s"),
     "NOTIFYQ_INSTANT_WAKE": ("wakeup", "instant_wake"),
     "NOTIFYQ_METRICS_PORT": ("consumer", "metrics_port"),
+    "NOTIFYQ_VERSION": ("consumer", "version"),
     "NOTIFYQ_METRICS_ADDR": ("consumer", "metrics_addr"),
     "NOTIFYQ_METRICS_PAGES": ("consumer", "metrics_pages"),
 }

@@ -99,6 +99,9 @@ class ConsumerConfig:
     # default: they show payloads and errors, which a port opened for scraping may not be for.
     metrics_pages: bool = False
     on_failure: str = ""  # "pkg.module:function" called with (job, exception) for every failed job
+    # The code version this consumer runs (an integer the app bumps with a release): it never
+    # claims a job put with a higher min_version. 0: claims only jobs without a minimum.
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ RANGES: dict[str, tuple[bool, float, bool, float]] = {
     "max_attempts": (True, 1, False, 65535),
     "poll_initial_s": _POSITIVE_S, "poll_max_s": _POSITIVE_S, "idle_wait_s": _POSITIVE_S,
     "reap_interval_s": _POSITIVE_S, "shutdown_grace_s": _POSITIVE_S,
+    "version": (True, 0, False, values.MAX_VERSION),
     "session_idle_s": (False, 2, False, 86400),  # whole seconds on the server, pinged at 1/4
     "metrics_port": (True, 0, False, 65535),  # 0: no endpoint
     "max_payload_bytes": (True, 1, False, 1 << 30), "batch_lines": (True, 1, False, 1_000_000),

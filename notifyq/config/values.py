@@ -18,6 +18,7 @@ from notifyq import errors
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DATABASE_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 MAX_SECONDS = 10 * 365 * 86400.0  # any duration: beyond this the database's datetimes overflow
+MAX_VERSION = 4294967295  # a code version (consumer.version, put(min_version=)): nq_job.min_version is INT UNSIGNED
 _SHOWN = 80  # a value echoed in an error is cut here: a 10,000-character name is no message
 
 

@@ -49,13 +49,14 @@ class PendingAcks:
         self._waiting = acks
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-              as_watcher: bool = False, rates: Rates | None = None) -> queries.Claim:
+              as_watcher: bool = False, rates: Rates | None = None, version: int = 0) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
-        first (or acked again: its COMMIT failed)."""
+        first (or acked again: its COMMIT failed). version: the consumer's code version."""
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:
-            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates)
+            claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates,
+                                  version=version)
         except BaseException:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise

@@ -39,6 +39,7 @@ log = logging.getLogger("notifyq.consumer")
 
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
+GRACE_EXPIRED = "interrupted: the shutdown grace expired while the handler ran"
 
 
 class Batch:
@@ -491,14 +492,20 @@ class BatchRun:
         own session: the work session is the stuck handler's).
 
         What finished before it gets its outcome (its ack was still pending). What waits is given
-        back uncharged. What runs has started: it is failed with the reason, charged, and retried
-        by the queue's policy (dead when out of attempts): never returned as if it had not run,
-        nor left claimed by a process that is about to exit.
+        back uncharged. What runs was interrupted, not failed: a deploy is not the job's fault,
+        and charging it pushed long jobs toward dead, one deploy at a time. It goes back to ready
+        uncharged, its attempt recorded 'interrupted' (its handler thread runs on until the
+        process exits; a job.transaction() it has open dies with the process's connections).
+        Only this live process's own give-back is an interruption: a consumer that crashes
+        while a job runs has the job charged by the reaper, so a job that kills its consumer
+        every time still ends dead. Nothing is left claimed by a process that is about to exit.
         """
         batch = self.batch
         self.outcomes.send(session, batch.take_done(), batch.token)
         waiting, running = batch.waiting(), list(batch.running)
         if waiting:
             self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
-        self.outcomes.record_failures(session, batch.token, [
-            (job, "shutdown grace expired while the handler ran", True) for job in running])
+        for job in running:
+            if job.error is None:
+                run_of(job).interrupt(GRACE_EXPIRED)
+        self.outcomes.send(session, running, batch.token)

@@ -19,13 +19,13 @@ from collections.abc import Callable
 
 from notifyq import config, errors
 from notifyq.consume.handler import Handler
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 from notifyq.jobs import cancelled as cancelled_jobs
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error and its log line
 EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
 TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
-GRACE_EXPIRED = "shutdown grace expired while the command ran: its process group was killed"
+GRACE_EXPIRED = "interrupted: the shutdown grace expired while the command ran: its process group was killed"
 CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
@@ -64,7 +64,9 @@ class CommandHandler(Handler):
         for job in jobs:
             env = {"NOTIFYQ_JOB_ID": str(job.id), "NOTIFYQ_ATTEMPT": str(job.attempts)}
             error = self._run(json.dumps(job.payload), env, job.queue, extend, job.cancel_requested)
-            if error:
+            if error == GRACE_EXPIRED:  # the shutdown's doing, not the job's: not charged
+                run_of(job).interrupt(error)
+            elif error:
                 job.fail(error, retry=error != CANCELLED)
 
     def _run_batch(self, jobs: list[Job], extend: Callable[[], None]) -> None:
@@ -88,8 +90,10 @@ class CommandHandler(Handler):
         finally:
             os.close(fd)
             os.unlink(path)
-        if error:
-            for job in jobs:
+        for job in jobs if error else ():
+            if error == GRACE_EXPIRED:  # the shutdown's doing, not the jobs': not charged
+                run_of(job).interrupt(error)
+            else:
                 job.fail(error, retry=error != CANCELLED)
 
     def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None],

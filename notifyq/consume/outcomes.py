@@ -54,17 +54,22 @@ class Outcomes:
         failures: list[tuple[Job, str, bool]] = []
         snoozed: list[tuple[Job, Run]] = []
         ok: list[tuple[Job, Run]] = []
+        interrupted: list[Job] = []
         for job in jobs:
             run = run_of(job)
             if run.error is None and run.snooze_s is None and run.cancel_seen:
                 # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
                 run.fail(CANCEL_SEEN, retry=False)
-            if run.error is not None:
+            if run.interrupted:  # its consumer's shutdown stopped it: not a failure (Run.interrupt)
+                interrupted.append(job)
+            elif run.error is not None:
                 failures.append((job, run.error, run.retry))
             elif run.snooze_s is not None:
                 snoozed.append((job, run))
             else:
                 ok.append((job, run))
+        if interrupted:
+            self.record_interrupted(session, token, interrupted)
         if failures:
             self.record_failures(session, token, failures)
         if snoozed:
@@ -167,6 +172,23 @@ class Outcomes:
         self.stats.by_task.of(run_of(job).task).counters["cancelled"] += 1
         log.info("job cancelled queue=%s job=%d attempt=%d/%d error=%s", job.queue, job.id, job.attempts,
                  job.max_attempts, error[:200])
+
+    def record_interrupted(self, session: Session, token: int, jobs: list[Job]) -> None:
+        """Jobs the shutdown grace ran out on (Run.interrupt): back to ready, uncharged, each
+        attempt recorded 'interrupted'. Counted as given back; a job cancelled meanwhile as a
+        cancel, one taken from us as lost."""
+        owned = queries.reschedule_or_bury(session, self.queue, token, [
+            queries.Failure(j.id, 0.0, j.error or "interrupted", j.attempts, None, run_of(j).started,
+                            run_of(j).ended, interrupted=True) for j in jobs])
+        back = [j for j in jobs if j.id in owned and j.id not in owned.cancelled]
+        self.stats.given_back += len(back)
+        for job in jobs:
+            if job.id in owned.cancelled:
+                self._count_cancelled(job, job.error or "interrupted")
+        if back:
+            log.warning("interrupted by the shutdown: given back, no attempt charged queue=%s n=%d jobs=%s",
+                        self.queue, len(back), ",".join(str(j.id) for j in back[:LOST_IDS_SHOWN]))
+        self._count_lost([j.id for j in jobs if j.id not in owned])
 
     def record_failures(self, session: Session, token: int, failures: list[tuple[Job, str, bool]]) -> None:
         """Retry later (by the queue's policy) or bury each (job, error, may retry); counts and

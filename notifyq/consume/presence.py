@@ -413,6 +413,12 @@ class Presence:
         for seat in self.watch_seats.values():
             seat.waiter.cfg = config.wakeup
 
+    def mark_stopping(self, session: Session) -> None:
+        """At stop, first: the registration says so, and should this process die before it
+        settles its claims, a reaper gives them back interrupted, not charged."""
+        if self.consumer_id:
+            liveness.mark_stopping(session, self.consumer_id)
+
     def interrupt_waits(self, killer: Session) -> None:
         """At stop: wake the workers waiting for a seat, and KILL QUERY the watchers' waits
         (in GET_LOCK or SLEEP, they would notice the stop only at their timeout)."""

@@ -46,7 +46,8 @@ class Reporting(Handler):
         try:
             self.inner(jobs, extend)
         finally:
-            self.report([job for job in fresh if job.error is not None])
+            # an interrupted job (the shutdown's doing, Run.interrupt) did not fail
+            self.report([job for job in fresh if job.error is not None and not run_of(job).interrupted])
 
     def report(self, failed: list[Job]) -> None:
         """Hand each failed job to the hook, once."""

@@ -9,8 +9,8 @@ through the public methods below (start_workers, probe, lost, restart_worker, is
 The main thread never touches jobs. It starts the workers, pings the systemd watchdog only
 while every worker's loop is turning (or its handler is inside its lease), reports STATUS=,
 and on stop runs the drain order: stop claiming -> interrupt idle waits -> let running
-handlers finish within the grace period -> give back what never started, fail (charged,
-retried by policy) what still runs -> exit.
+handlers finish within the grace period -> give back what never started, and what still
+runs as interrupted (no attempt charged: a deploy is not the job's failure) -> exit.
 """
 
 from __future__ import annotations
@@ -347,8 +347,8 @@ class ConsumerService(Supervisor):
 
     # -------------------------------------------------------- shutdown
     # The drain order: stop claiming -> interrupt idle waits -> let running handlers finish
-    # within the grace period -> give back what never started, fail (charged, retried by
-    # policy) what still runs -> exit. A composer runs each step on every service in turn.
+    # within the grace period -> give back what never started, and what still runs as
+    # interrupted (uncharged, its attempt recorded 'interrupted') -> exit. A composer runs each step on every service in turn.
 
     def shutdown(self) -> None:
         grace = self.config.consumer.shutdown_grace_s
@@ -382,7 +382,8 @@ class ConsumerService(Supervisor):
         stuck = [r.worker for r in self.running if r.thread.is_alive()]
         if stuck:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
-                        "are failed (retried by policy), the unstarted ones given back", len(stuck))
+                        "are given back interrupted (no attempt charged), the unstarted ones given back",
+                        len(stuck))
             self._abandon(stuck)
         self.presence.close()  # after the workers
 
@@ -393,6 +394,11 @@ class ConsumerService(Supervisor):
         if not any(r.thread.is_alive() for r in self.running):
             return
         session = Session(self.config.dsn, autocommit=True, retry_s=2, name="stopper")
+        try:
+            # What it holds is interrupted from now on, should it die before settling it
+            self.presence.mark_stopping(session)
+        except errors.NotifyqError as e:
+            log.warning("could not mark the consumer stopping error=%s", e)
         try:
             self.presence.interrupt_waits(session)
         except errors.NotifyqError as e:

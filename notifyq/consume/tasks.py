@@ -33,7 +33,8 @@ class Task:
 
     def __init__(self, fn: Callable[..., Any], registry: Any, *, queue: str, name: str,
                  max_attempts: int | None, priority: int, timeout_s: float | None = None,
-                 key: str | Callable[..., str | None] | None = None, dedup: str = "keep"):
+                 key: str | Callable[..., str | None] | None = None, dedup: str = "keep",
+                 min_version: int | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.registry = registry
@@ -51,6 +52,9 @@ class Task:
         self.dedup = dedup  # what its enqueue(dedup_key=...) does to a pending job of the key
         if dedup != "keep":
             replaces(dedup, "")  # "replace", or InputError
+        # None: any consumer runs its jobs; else only one of at least this code version
+        self.min_version = None if min_version is None else int(
+            values.number("min_version", min_version, lo=0, hi=values.MAX_VERSION, integer=True))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -65,7 +69,7 @@ class Task:
                                                       max_attempts=self.max_attempts,
                                                       dedup_key=dedup_key, key=self.key_of(args, kwargs),
                                                       dedup=self.dedup if dedup_key is not None else "keep",
-                                                      conn=conn)
+                                                      conn=conn, min_version=self.min_version)
 
     def key_of(self, args: tuple, kwargs: dict[str, Any]) -> str | None:
         """The flow-control key of a job of these arguments: the task's key, or what its key

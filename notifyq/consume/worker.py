@@ -48,6 +48,9 @@ class Worker:
         self.qc = config.queue(queue)
         self.handler = declared(handler)
         self.stop = stop
+        # The code version it claims for (consumer.version, --version): fixed for the process's
+        # life, as its code is; jobs put with a higher min_version are not its to claim.
+        self.version = config.consumer.version
         self.budget = budget
         self.batch_size = batch_size or self.qc.batch_size
         self.exit_when_empty = exit_when_empty
@@ -243,7 +246,8 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates)
+        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
+                                version=self.version)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
@@ -283,7 +287,7 @@ class Worker:
             return
         # A command runs in a process group of its own: it would outlive us and run on while
         # a peer ran its jobs again. Killed, it hands its worker back the batch, which settles
-        # it (failed: the grace expired) and counts it before our summary.
+        # it (interrupted, not charged: the grace expired) and counts it before our summary.
         if run.handler.stop_running() and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
             return
         run.abandon(session)

@@ -26,7 +26,8 @@ _NEVER = float("-inf")  # a cancel check's time before the first (made once, not
 
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
-                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task")
+                 "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task",
+                 "_interrupted")
 
     def __init__(self) -> None:
         self._error: str | None = None  # None: a success (so far)
@@ -45,6 +46,7 @@ class Run:
         self._cancel_checked_at = _NEVER
         self._trace: dict[str, str] | None = None  # the enqueue's trace context (jobs/envelope.py)
         self._task = ""  # the task it runs, for the per-task figures ("": a plain handler's job)
+        self._interrupted = False  # stopped by its own consumer's shutdown, not by its code
 
     # -------------------------------------------------------- read (never written but below)
 
@@ -61,6 +63,7 @@ class Run:
     cancel_seen = property(attrgetter("_cancel_seen"))
     trace = property(attrgetter("_trace"))
     task = property(attrgetter("_task"))
+    interrupted = property(attrgetter("_interrupted"))
 
     # -------------------------------------------------------- the worker's handles
 
@@ -104,6 +107,14 @@ class Run:
             self._detail = detail
         if exception is not None:
             self._exception = exception
+
+    def interrupt(self, reason: str) -> None:
+        """The consumer's shutdown grace ran out while the attempt ran (its command killed, or
+        its handler left running as the process exits): not the job's failure. It goes back
+        uncharged, its attempt recorded 'interrupted' (queries.reschedule_or_bury)."""
+        self._error = str(reason) or "interrupted"
+        self._retry = True
+        self._interrupted = True
 
     def snooze(self, seconds: float) -> None:
         self._snooze_s = seconds

@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 from notifyq.jobs import Status
+from notifyq.ops import locks as lock_view
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 
@@ -55,7 +56,9 @@ def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
+def collect(session: Session, queue: str | None = None, locks: bool = False) -> dict[str, Any]:
+    """locks: also who holds and waits on each queue's advisory locks (ops/locks.py), read from
+    performance_schema on demand only."""
     now = admin_queries.server_now(session)
     queues: dict[str, dict[str, Any]] = {}
 
@@ -85,8 +88,11 @@ def collect(session: Session, queue: str | None = None) -> dict[str, Any]:
         queues = {queue: queues.get(queue) or entry(queue)}
         consumers = [c for c in consumers if queue in c["queues"]]
     degraded = sorted({q for c in consumers if c["wakeup"] != "locks" for q in c["queues"]})
-    return {"server_time": _iso(now), "queues": queues, "consumers": consumers,
+    data = {"server_time": _iso(now), "queues": queues, "consumers": consumers,
             "wakeup_degraded": degraded, "periodic": periodic}
+    if locks:
+        data["locks"] = lock_view.read(session, sorted(queues), consumers)
+    return data
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -135,6 +141,8 @@ def render(data: dict[str, Any], column: str | None = None, rows: list[tuple[str
         lines += ["", "periodic (last tick, UTC):"]
         lines += [f"  {p['queue']}/{p['name']}  {p['last_tick']}" + (f"  {column}={p[column]}" if column else "")
                   for p in data["periodic"]]
+    if "locks" in data and "by_shard" not in data["locks"]:  # (over [shards]: in `more`)
+        lines += lock_view.render(data["locks"])
     lines += more or []
     cancels = {n: q["cancel_requested"] for n, q in data["queues"].items() if q["cancel_requested"]}
     if cancels:

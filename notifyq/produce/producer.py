@@ -133,14 +133,20 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            dedup: str = KEEP, conn: Any = None, after: Any = None, run_anyway: bool = False) -> int:
+            dedup: str = KEEP, conn: Any = None, min_version: int | None = None, after: Any = None,
+            run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
         if after is not None:
             if dedup is not KEEP:
                 replaces(dedup, dedup_key)  # checked; a dedup key is refused with after= below
             return self.put_many([payload], priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
-                                 key=key, conn=conn, after=after, run_anyway=run_anyway, dedup_key=dedup_key)[0]
+                                 key=key, conn=conn, min_version=min_version, after=after, run_anyway=run_anyway,
+                                 dedup_key=dedup_key)[0]
+        if min_version is not None:  # (the usual call's path below never tests for it)
+            version = _min_version(min_version, dedup_key)
+            row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
+            return self._write([row], conn, unique=False, min_version=version)[0]
         if (priority.__class__ is int and priority == 0 and delay.__class__ is int and delay == 0
                 and run_at is None and max_attempts is None and dedup_key is None and key is None
                 and conn is None and dedup is KEEP):
@@ -157,12 +163,13 @@ class Producer:
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 key: str | None = None, conn: Any = None, after: Any = None, run_anyway: bool = False,
-                 dedup_key: str | None = None) -> list[int]:
+                 key: str | None = None, conn: Any = None, min_version: int | None = None, after: Any = None,
+                 run_anyway: bool = False, dedup_key: str | None = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
         INSERTs of up to `producer.chunk_size` rows, each within the server's
         `max_allowed_packet`."""
+        version = _min_version(min_version, dedup_key) if min_version is not None else None
         if after is not None:
             if dedup_key is not None:
                 raise errors.InputError("dedup_key cannot be used with after= (a waiting job holds no key)")
@@ -171,10 +178,10 @@ class Producer:
             wf = workflow.Workflow()
             for payload in self._payload_list(payloads):
                 wf.add(self.queue, payload, after=parents, run_anyway=run_anyway, key=key, **options)
-            return self.put_workflow(wf, conn=conn) if len(wf) else []
+            return self._put_workflow_traced(wf, conn, version) if len(wf) else []
         rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
                          key=key)
-        return self._write(rows, conn) if rows else []
+        return self._write(rows, conn, min_version=version) if rows else []
 
     def rows(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
              run_at: dt.datetime | None = None, max_attempts: int | None = None,
@@ -199,20 +206,31 @@ class Producer:
         notifyq.Producer.put_workflow says how, and what it raises."""
         if not isinstance(wf, workflow.Workflow):
             raise errors.InputError(f"expected a notifyq.Workflow, got {values.shown(wf)}")
+        return self._put_workflow_traced(wf, conn, None)
+
+    def _put_workflow_traced(self, wf: "workflow.Workflow", conn: Any, min_version: int | None) -> list[int]:
+        """put_workflow (and put(after=)): inside the installed tracer's "send" span as any put
+        is, each job stored with the span's context; min_version: every job's, checked."""
         tracer = tracing.HOOK
         if tracer is None:
-            ids = self._put_workflow(wf, conn, None)
+            ids = self._put_workflow(wf, conn, None, min_version)
         else:
-            # Inside the tracer's "send" span as any put is, each job stored with its context
             dsn = self.config.dsn
             ids = tracer.send(self.queue, len(wf), (dsn.host, dsn.port if not dsn.unix_socket else None),
-                              lambda context: self._put_workflow(wf, conn, context))
+                              lambda context: self._put_workflow(wf, conn, context, min_version))
         workflow.placed(wf, ids)
         return ids
 
-    def _put_workflow(self, wf: "workflow.Workflow", conn: Any, context: str | None) -> list[int]:
+    def _put_workflow(self, wf: "workflow.Workflow", conn: Any, context: str | None,
+                      min_version: int | None) -> list[int]:
         """put_workflow's transaction; context: the trace context each job's envelope carries."""
         chunk = self.config.producer.chunk_size
+
+        def body(cur: Any, packet: int) -> list[int]:
+            ids = workflow.put_body(wf, row, chunk, packet)(cur)
+            if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
+                inserts.require_version(cur, ids, min_version)
+            return ids
 
         def row(queue: str, payload: Any, options: dict[str, Any], status: Any) -> tuple:
             attempts = options.get("max_attempts") or self.config.queue(queue).max_attempts
@@ -226,11 +244,12 @@ class Producer:
             return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
 
         if conn is not None:
-            return self._run_caller(lambda cur, packet: workflow.put_body(wf, row, chunk, packet)(cur), conn, True)
+            return self._run_caller(body, conn, True)
         with self._mutex:
             session = self._work_session()
-            body = workflow.put_body(wf, row, chunk, session.max_allowed_packet)
-            return self._waker.commit_and_wake(session, body, what=self._what, committed=inserts.jobs_stored)
+            packet = session.max_allowed_packet
+            return self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
+                                               committed=inserts.jobs_stored)
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents (a batch callback's: the batch's members), counted: done,
@@ -409,46 +428,54 @@ class Producer:
         status = Status.SCHEDULED if delay > 0 else Status.READY
         return int(status), priority, int(delay * 1e6), attempts
 
-    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False) -> list[int]:
+    def _write(self, rows: list[tuple], conn: Any, unique: bool = False, replace: bool = False,
+               min_version: int | None = None) -> list[int]:
         if tracing.HOOK is not None:
-            return self._write_traced(rows, conn, unique, replace)
-        return self._write_untraced(rows, conn, unique, replace)
+            return self._write_traced(rows, conn, unique, replace, min_version)
+        return self._write_untraced(rows, conn, unique, replace, min_version)
 
-    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
+    def _write_traced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                      min_version: int | None = None) -> list[int]:
         """_write inside the installed tracer's "send" span (jobs/tracing.py), each job stored
         with the span's context in its payload's envelope (jobs/envelope.py)."""
         tracer = tracing.HOOK
         if tracer is None:  # uninstrumented meanwhile
-            return self._write_untraced(rows, conn, unique, replace)
+            return self._write_untraced(rows, conn, unique, replace, min_version)
 
         def write(context: str | None) -> list[int]:
             if context is not None:
                 rows_ = [(*r[:5], envelope.stamped(r[5], context), *r[6:]) for r in rows]
             else:
                 rows_ = rows
-            return self._write_untraced(rows_, conn, unique, replace)
+            return self._write_untraced(rows_, conn, unique, replace, min_version)
 
         dsn = self.config.dsn
         return tracer.send(self.queue, len(rows), (dsn.host, dsn.port if not dsn.unix_socket else None), write)
 
-    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
+    def _write_untraced(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                        min_version: int | None = None) -> list[int]:
         if conn is not None:
-            return self._write_caller(rows, conn, unique, replace)
+            return self._write_caller(rows, conn, unique, replace, min_version)
         with self._mutex:
-            return self._write_own(rows, unique, replace)
+            return self._write_own(rows, unique, replace, min_version)
 
-    def _body(self, rows: list[tuple], unique: bool, replace: bool) -> Callable[[Any, int], list[int]]:
+    def _body(self, rows: list[tuple], unique: bool, replace: bool,
+              min_version: int | None = None) -> Callable[[Any, int], list[int]]:
         """The statements of a put (inserts.put_jobs), given a cursor and the server's packet limit."""
         max_rows = self.config.producer.chunk_size
         return lambda cur, max_packet: inserts.put_jobs(cur, self.queue, rows, unique=unique, max_rows=max_rows,
-                                                        max_packet=max_packet, replace=replace)
+                                                        max_packet=max_packet, replace=replace,
+                                                        min_version=min_version)
 
-    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False) -> list[int]:
+    def _write_caller(self, rows: list[tuple], conn: Any, unique: bool, replace: bool = False,
+                      min_version: int | None = None) -> list[int]:
         """The caller's transaction: no commit, no bell, no retry here, and none of the
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
         runs as a transaction of its own: its key lock must last until its job is in."""
-        return self._run_caller(self._body(rows, unique, replace), conn, unique or len(rows) > 1)
+        # min_version: the UPDATE after the INSERT, which must commit with it
+        return self._run_caller(self._body(rows, unique, replace, min_version), conn,
+                                unique or len(rows) > 1 or min_version is not None)
 
     def _run_caller(self, body: Callable[[Any, int], Any], conn: Any, several: bool) -> Any:
         """body(cursor, max_packet) on the caller's connection (_write_caller). several: more than
@@ -471,7 +498,8 @@ class Producer:
                 raise  # the caller's to handle (a deadlock: rerun its transaction)
             raise mine from None
 
-    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False) -> list[int]:
+    def _write_own(self, rows: list[tuple], unique: bool, replace: bool = False,
+                   min_version: int | None = None) -> list[int]:
         """On the producer's own session, under self._mutex: the put's transaction, then its
         waker's wake-up (whose look rides the COMMIT)."""
         queue, max_rows = self.queue, self.config.producer.chunk_size
@@ -480,7 +508,7 @@ class Producer:
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
-                                max_packet=session.max_allowed_packet, replace=replace)
+                                max_packet=session.max_allowed_packet, replace=replace, min_version=min_version)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
@@ -504,3 +532,11 @@ class Producer:
             self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
             self._queue_known = True
         return self._session
+
+
+def _min_version(min_version: Any, dedup_key: str | None) -> int:
+    """put(min_version=): a whole number from 0 to values.MAX_VERSION, and never with a dedup key
+    (the id a unique put returns may be another put's job, whose minimum is not this put's)."""
+    if dedup_key is not None:
+        raise errors.InputError("min_version and dedup_key cannot be given together")
+    return int(values.number("min_version", min_version, lo=0, hi=values.MAX_VERSION, integer=True))

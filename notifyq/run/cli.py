@@ -159,7 +159,7 @@ def status(obj: Context, a: argparse.Namespace) -> None:
     if queue is not None:  # `-q ''` is a bad name, not "all queues"
         config_mod.validate_queue_name(queue)
     with servers.Servers.oneshot(cfg, "status") as every:
-        data, down = status_mod.collect(every, queue)
+        data, down = status_mod.collect(every, queue, a.locks)
     echo(json.dumps(data, indent=2) if a.as_json else status_mod.render(data))
     servers.fail_if_down(down)  # the shards that answered are shown; the exit code says not all did
 
@@ -259,7 +259,9 @@ def consume(obj: Context, a: argparse.Namespace) -> None:
     from notifyq.consume.service import ConsumeOptions
     from notifyq.run import runner
 
-    cfg = obj.config()
+    if a.code_version is not None:  # a flag, so a reload keeps it (it wins over the files)
+        obj.flags["consumer"] = {**obj.flags.get("consumer", {}), "version": a.code_version}
+    cfg = obj.reload() if a.code_version is not None else obj.config()
     queues = tuple(a.queues)
     if a.profile:
         _check_profile(cfg, a.profile)

@@ -96,6 +96,9 @@ def config_options(p: argparse.ArgumentParser) -> None:
 def status_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--queue", help="Only this queue.")
     p.add_argument("--json", dest="as_json", action="store_true", help="Machine-readable output.")
+    p.add_argument("--locks", action="store_true",
+                   help="Also who holds and who waits on each queue's advisory locks, where the server's "
+                        "performance_schema.metadata_locks shows them (else one line says why).")
 
 
 def queue_option(p: argparse.ArgumentParser) -> None:
@@ -157,6 +160,9 @@ def consume_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", metavar="N", type=args.int_range(1, 10000), help="Jobs per claim.")
     p.add_argument("--exit-when-empty", action="store_true", help="Exit once a claim finds no ready job.")
     p.add_argument("--max-jobs", metavar="N", type=args.int_range(1), help="Exit after this many jobs.")
+    p.add_argument("--version", dest="code_version", metavar="N", type=args.int_range(0, values.MAX_VERSION),
+                   help="The code version this consumer runs (consumer.version): it never claims a job "
+                        "put with a higher min_version (default 0).")
     process_options(p, "Detach (classic daemon mode; not under systemd).")
 
 

@@ -274,7 +274,8 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
             old, new = service.config, ctx.reload()
             fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port),
                      ("consumer.metrics_addr", lambda c: c.consumer.metrics_addr),
-                     ("consumer.metrics_pages", lambda c: c.consumer.metrics_pages)]
+                     ("consumer.metrics_pages", lambda c: c.consumer.metrics_pages),
+                     ("consumer.version", lambda c: c.consumer.version)]  # the code's: a restart runs new code
             if not options.workers:
                 fixed += [(f"queue.{q}.workers", lambda c, q=q: c.queue(q).workers) for q in options.queues]
             _warn_fixed(old, new, fixed)

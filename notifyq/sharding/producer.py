@@ -89,8 +89,8 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            dedup: str = "keep", conn: Any = None, after: Iterable[int] | None = None,
-            run_anyway: bool = False) -> int:
+            dedup: str = "keep", conn: Any = None, min_version: int | None = None,
+            after: Iterable[int] | None = None, run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -115,6 +115,10 @@ class Producer:
                 `connection`) to the same database: the job is part of your transaction, stored
                 when you commit and gone if you roll back. Call `wake()` after your COMMIT, or
                 use `transaction()`, so that an idle consumer starts it at once.
+            min_version: the lowest consumer code version (`consumer.version`, `consume
+                --version`) that may run the job, a whole number (rolling deploys: a job that
+                needs new code is never claimed by an old consumer). None: any consumer. Not
+                with `dedup_key`. On a spread queue the job goes to the home shard.
             after: ids of jobs (on any queue of this server) the job waits for: it runs once
                 every one is done (docs: workflows.md), and ends cancelled if one ends dead or
                 cancelled, unless `run_anyway`, when it runs once every one has ended.
@@ -129,25 +133,29 @@ class Producer:
         if after is not None:
             return self._workflow_producer().put(payload, priority=priority, delay=delay, run_at=run_at,
                                                  max_attempts=max_attempts, dedup_key=dedup_key, key=key,
-                                                 dedup=dedup, conn=conn, after=after, run_anyway=run_anyway)
+                                                 dedup=dedup, conn=conn, min_version=min_version, after=after,
+                                                 run_anyway=run_anyway)
         if self._pinned is not None:
             return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
-                                    dedup_key=dedup_key, key=key, dedup=dedup, conn=conn)
+                                    dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, min_version=min_version)
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if key is not None or dedup_key is not None:
             shard, which = self._keyed_shard(key, dedup_key)
             try:
-                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, **options)
+                return self._on(shard).put(payload, dedup_key=dedup_key, key=key, dedup=dedup, conn=conn,
+                                           min_version=min_version, **options)
             except errors.DatabaseError as e:
                 raise type(e)(f"{e} (shard {shard}: a job with a {which} goes to its key's shard only)") from None
         self._refuse_caller(conn)
         one_server.replaces(dedup, dedup_key)  # no dedup key: "replace" is refused, "keep" is no-op
+        if min_version is not None:  # not dealt: on the home shard
+            return self._on(self._home).put(payload, min_version=min_version, **options)
         return self.put_rows(self._on(self._home).rows([payload], **options))[0]
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 key: str | None = None, conn: Any = None, after: Iterable[int] | None = None,
-                 run_anyway: bool = False) -> list[int]:
+                 key: str | None = None, conn: Any = None, min_version: int | None = None,
+                 after: Iterable[int] | None = None, run_anyway: bool = False) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job (one `key` for them all);
         the rows go as multi-row INSERTs of up to `producer.chunk_size` rows, each within the
@@ -156,17 +164,19 @@ class Producer:
         `key` all go to the key's shard, in one transaction."""
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
         if after is not None:
-            return self._workflow_producer().put_many(payloads, key=key, conn=conn, after=after,
-                                                      run_anyway=run_anyway, **options)
+            return self._workflow_producer().put_many(payloads, key=key, conn=conn, min_version=min_version,
+                                                      after=after, run_anyway=run_anyway, **options)
         if self._pinned is not None:
-            return self._pinned.put_many(payloads, conn=conn, key=key, **options)
+            return self._pinned.put_many(payloads, conn=conn, key=key, min_version=min_version, **options)
         if key is not None:
             shard, _which = self._keyed_shard(key, None)
             try:
-                return self._on(shard).put_many(payloads, key=key, conn=conn, **options)
+                return self._on(shard).put_many(payloads, key=key, conn=conn, min_version=min_version, **options)
             except errors.DatabaseError as e:
                 raise type(e)(f"{e} (shard {shard}: jobs with a key go to its shard only)") from None
         self._refuse_caller(conn)
+        if min_version is not None:  # not dealt: one transaction on the home shard
+            return self._on(self._home).put_many(payloads, min_version=min_version, **options)
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
 

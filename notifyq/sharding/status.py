@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from notifyq.ops import locks as lock_view
 from notifyq.ops import status
 from notifyq.sharding.servers import Servers
 
 
-def collect(servers: Servers, queue: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-    """The status of every server, and the shards that are down (one server: its errors raised)."""
-    answers, down = servers.each(lambda session: status.collect(session, queue))
+def collect(servers: Servers, queue: str | None = None,
+            locks: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """The status of every server, and the shards that are down (one server: its errors raised);
+    locks: each server's advisory locks too (ops/locks.py)."""
+    answers, down = servers.each(lambda session: status.collect(session, queue, locks))
     return (merge(answers, down) if servers.sharded else answers[""]), down
 
 
@@ -37,6 +40,8 @@ def merge(per_shard: dict[str, dict[str, Any]], down: dict[str, str]) -> dict[st
         out["consumers"] += [{**c, "shard": shard} for c in data["consumers"]]
         out["periodic"] += [{**p, "shard": shard} for p in data["periodic"]]
         out["wakeup_degraded"] = sorted({*out["wakeup_degraded"], *data["wakeup_degraded"]})
+        if "locks" in data:  # a lock lives on one server: each shard's own
+            out.setdefault("locks", {"by_shard": {}})["by_shard"][shard] = data["locks"]
     return out
 
 
@@ -52,4 +57,7 @@ def render(data: dict[str, Any]) -> str:
         if len(q["by_shard"]) > 1:
             rows.append(status.row(name, q, data["wakeup_degraded"], "all"))
     shards = [f"  {name}  " + ("up" if s["up"] else f"DOWN: {s['error']}") for name, s in data["shards"].items()]
-    return status.render(data, column="shard", rows=rows, more=["", "shards:", *shards])
+    more = ["", "shards:", *shards]
+    for shard, locks in sorted(data.get("locks", {}).get("by_shard", {}).items()):
+        more += [line.replace("locks", f"shard {shard} locks", 1) for line in lock_view.render(locks)]
+    return status.render(data, column="shard", rows=rows, more=more)

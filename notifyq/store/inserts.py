@@ -52,8 +52,27 @@ def check_fits(rows: list[tuple], max_packet: int, conn: Any = None) -> None:
             raise _too_big(i, len(rows), size, max_packet)
 
 
+def require_version(cur, ids: list[int], version: int) -> None:
+    """The jobs just inserted (in the caller's transaction) need consumers of at least this
+    code version (queries.sql, require_version)."""
+    # A plain tuple: on a caller's connection (put(conn=)) only the driver's own conversions apply
+    cur.execute(Q["require_version"], {"ids": tuple(int(i) for i in ids), "version": int(version)})
+
+
 def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int,
-             replace: bool = False) -> list[int]:
+             replace: bool = False, min_version: int | None = None) -> list[int]:
+    """The statements of a put (_put_jobs), and with min_version the jobs' minimum consumer code
+    version, before the COMMIT (the producer refuses it with a dedup key: the id returned may be
+    another put's job)."""
+    if min_version is None:
+        return _put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows, max_packet=max_packet, replace=replace)
+    ids = _put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows, max_packet=max_packet, replace=replace)
+    require_version(cur, ids, min_version)
+    return ids
+
+
+def _put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int,
+              replace: bool = False) -> list[int]:
     """The statements of a put: the rows, and the queue's signal bumped by as many. unique: one
     row whose dedup key a pending job may hold already; that job wins (its id is returned, and
     nothing is written but the key's lock), or with `replace` the new one does (_replace).

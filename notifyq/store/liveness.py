@@ -118,6 +118,11 @@ def unregister_unclaiming(session: Session, consumer_id: str) -> bool:
     return session.run(body, what="unregister consumer")
 
 
+def mark_stopping(session: Session, consumer_id: str) -> None:
+    """The consumer was asked to stop (queries.sql, mark_stopping)."""
+    session.run(lambda cur: cur.execute(Q["mark_stopping"], {"id": consumer_id}), what="mark stopping")
+
+
 def heartbeat(session: Session, consumer_id: str, wakeup: str) -> bool:
     """A polling consumer's beat: its row's last_seen (no lease: heartbeat.py says why). False
     when the row is gone (a reaper judged it dead): the worker must re-register."""
@@ -178,23 +183,32 @@ def _queues(text: str) -> list[str]:
 
 # ---------------------------------------------------------------- taking back what the dead held
 
-def take_back(cur, held: list[tuple[int, int]], why: str) -> int:
+def take_back(cur, held: list[tuple[int, int]], why: str, stopping: bool = False) -> int:
     """Return claimed jobs, locked by the caller: held is (id, claim token) rows.
 
     A job alone of its claim keeps its attempt (out of attempts: dead); jobs of one claim taken
-    back together are not charged. Every one becomes a suspect, claimed alone from then on."""
+    back together are not charged. Every one becomes a suspect, claimed alone from then on.
+    stopping: their consumer had been asked to stop (a deploy) when it died: none is charged,
+    each attempt recorded 'interrupted' (a crash with no stop asked is charged as above, so a
+    job that kills its consumer every time still ends dead)."""
     per_claim: dict[int, list[int]] = {}
     for job_id, token in held:
         per_claim.setdefault(token, []).append(job_id)
-    alone = [ids[0] for ids in per_claim.values() if len(ids) == 1]
-    shared = [job_id for ids in per_claim.values() if len(ids) > 1 for job_id in ids]
+    alone = [] if stopping else [ids[0] for ids in per_claim.values() if len(ids) == 1]
+    shared = [job_id for ids in per_claim.values() if len(ids) > 1 or stopping for job_id in ids]
     reasons = {"error": f"{why}; out of attempts", "cancelled": f"cancelled; {why} while it ran"}
     n = 0
     for name, ids in (("return_alone", alone), ("return_shared", shared)):
         if ids:
             # the attempt's record first (issue 29): alone it is charged, together it is not
-            cur.execute(Q["attempt_taken_back"], {"ids": Ids(ids), "why": why if name == "return_alone"
-                                                  else f"{why}; taken back with its claim, not charged"})
+            if stopping:
+                record = {"why": f"interrupted: {why} after it was asked to stop, not charged",
+                          "outcome": "interrupted"}
+            elif name == "return_alone":
+                record = {"why": why, "outcome": "taken back"}
+            else:
+                record = {"why": f"{why}; taken back with its claim, not charged", "outcome": "taken back"}
+            cur.execute(Q["attempt_taken_back"], {"ids": Ids(ids), **record})
             cur.execute(Q[name], {"ids": Ids(ids), **reasons})
             if cur.rowcount != len(ids):
                 # Locked by the caller, claimed: each one changes. Fewer is a KILL QUERY's OK
@@ -234,8 +248,11 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                                                    "since_s": restarted_since_s(session, cur, restart_grace_s)})
             if cur.rowcount == 0:
                 return None
+        cur.execute(Q["consumer_stopping"], {"id": consumer_id})
+        row = cur.fetchone()
+        stopping = bool(row and row[0])  # asked to stop first: its jobs were interrupted, not crashed on
         cur.execute(Q["claims_of_owner"], {"owner": consumer_id})
-        n = take_back(cur, list(cur.fetchall()), "consumer died")
+        n = take_back(cur, list(cur.fetchall()), "consumer died", stopping)
         for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
             bump_signal(cur, queue, max(n, 1))
         cur.execute(Q["unregister_consumer"], {"id": consumer_id})

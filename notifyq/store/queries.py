@@ -155,7 +155,8 @@ def still_claimed(cur, ids: list[int], token: int) -> list[int]:
 
 
 def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
-          as_watcher: bool = False, acks: Acks | None = None, rates: rating.Rates | None = None) -> Claim:
+          as_watcher: bool = False, acks: Acks | None = None, rates: rating.Rates | None = None,
+          version: int = 0) -> Claim:
     """Claim up to batch_size jobs: candidates -> lock by PK with SKIP LOCKED -> mark -> commit.
 
     Two round trips and a send: the candidate read (claim_ready, with due_any and queue_paused
@@ -182,6 +183,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
     free for are marked, their starts written in this transaction; its jobs then start only
     once its COMMIT is read.
+    version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
@@ -205,16 +207,19 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
         locked: list[tuple] = []
-        tried = 0
+        tried = too_new = 0
         # Lock windows in priority order, each exactly as large as what is still missing: no
         # LIMIT on the locking read, so InnoDB's primary-key order can never pick a low-priority
         # job over a higher one. Under contention the next window takes over skipped rows.
         while len(locked) < batch_size and tried < len(ordered):
             window = ordered[tried: tried + batch_size - len(locked)]
             tried += len(window)
-            cur.execute(Q["claim_lock"], {"ids": Ids(window)})
-            locked.extend(cur.fetchall())
-        drained = len(ordered) < limit and tried == len(ordered)
+            rows, skipped = lock_window(cur, window, version)
+            locked.extend(rows)
+            too_new += skipped
+        # Nothing taken, and only because the jobs need newer code: as good as drained for this
+        # consumer (it waits for the next wake-up instead of claiming again at once)
+        drained = (len(ordered) < limit and tried == len(ordered)) or (not locked and too_new > 0)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -370,6 +375,19 @@ def _promote_due(session: Session, cur, queue: str) -> None:
 
 
 SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or stalled
+MIN_VERSION = 10  # claim_lock's column: the lowest consumer code version the job may run on
+
+
+def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
+    """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
+    consumer of code `version` may run, and how many it may not (their min_version is above
+    it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
+    COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
+    without a minimum costs nothing more."""
+    cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
+    rows = cur.fetchall()
+    kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
+    return kept, len(rows) - len(kept)
 
 
 def claim_rank(row: tuple) -> tuple:
@@ -436,6 +454,7 @@ class Failure:
     started: float | None = None  # monotonic
     ended: float | None = None
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
+    interrupted: bool = False  # not a failure: its consumer's shutdown stopped it (ready now, uncharged)
 
 
 class Owned(list):
@@ -462,7 +481,9 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         now = time.monotonic()
         for f in items:
             fenced = {"id": f.id, "token": token}
-            if f.snooze:
+            if f.interrupted:
+                outcome = (Q["interrupt"], {**fenced, "error": error_text(f.error)})
+            elif f.snooze:
                 outcome = (Q["snooze"], {**fenced, "error": error_text(f.error),
                                          "delay_us": microseconds(f.delay_s or 0.0)})
             elif f.delay_s is None:
@@ -473,7 +494,8 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
             outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
             record = (Q["attempt_failed"], {
-                **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze), "host": HOST,
+                **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze),
+                "interrupted": int(f.interrupted), "host": HOST,
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
                 "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),

@@ -21,6 +21,7 @@ from notifyq import errors
 from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.ops import admin
+from notifyq.ops import locks as lock_view
 from notifyq.sharding.servers import Servers
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
@@ -174,10 +175,20 @@ def consumer_rows(session: Session) -> list[dict[str, Any]]:
             for cid, host, pid, qs, started, seen, wakeup, alive in admin_queries.consumers(session)]
 
 
-def consumers(reader: Reader) -> dict[str, Any]:
-    answers, down = reader.each(consumer_rows)
-    rows = [{**c, "shard": shard} for shard, found in sorted(answers.items()) for c in found]
-    return {"consumers": rows, "down": down}
+def consumers(reader: Reader, locks: bool = False) -> dict[str, Any]:
+    """locks: also each server's advisory locks, who holds and who waits (ops/locks.py): asked
+    for on the page (?locks=1), read from performance_schema only then."""
+    def read(session: Session) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        rows = consumer_rows(session)
+        if not locks:
+            return rows, None
+        queues = sorted({name for name, _paused, _watched, _total in admin_queries.queue_rows(session)})
+        return rows, lock_view.read(session, queues, rows)
+
+    answers, down = reader.each(read)
+    rows = [{**c, "shard": shard} for shard, (found, _) in sorted(answers.items()) for c in found]
+    held = {shard: shown for shard, (_, shown) in sorted(answers.items()) if shown is not None}
+    return {"consumers": rows, "down": down, "locks": held if locks else None}
 
 
 def parse_after(query: dict[str, str]) -> str:

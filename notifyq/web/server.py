@@ -1,7 +1,8 @@
 """`notifyq web`: the status pages over HTTP, on the standard library's threading server.
 
     GET  /             every queue: depth by state, done/dead per minute, oldest ready, paused
-    GET  /consumers    each consumer process: host, pid, queues, jobs in hand, last beat
+    GET  /consumers    each consumer process: host, pid, queues, jobs in hand, last beat; with
+                       ?locks=1 who holds and who waits on the advisory locks (performance_schema)
     GET  /running      what runs now, per consumer: job, task, since when, lease; cancel
     GET  /history      a queue's attempts per minute and percentiles, per task (?queue= &hours= &task=)
     GET  /jobs         one state's jobs (?queue= &state= &dedup= &limit= &shard=), a bounded
@@ -245,7 +246,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._page(200, "overview.html", sid, new, title="queues",
                            **data.overview(reader, data.parse_after(query)))
             elif path == "/consumers":
-                self._page(200, "consumers.html", sid, new, title="consumers", **data.consumers(reader))
+                self._page(200, "consumers.html", sid, new, title="consumers",
+                           **data.consumers(reader, locks=query.get("locks") == "1"))
             elif path == "/running":
                 self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
             elif path == "/history":

@@ -13,6 +13,9 @@ The contract (issue 13, "The contract to hold"), one rule per function below:
 - attempts: `attempts_ok`, the README's rule exactly: the k-th start is attempt k, with its two
   documented exceptions, each allowed only where a fault (or a run past its lease) explains it;
 - after_cancel: a job the operator cancelled never starts again;
+- charged_interrupt (issue 40, item 10): a job its consumer's shutdown grace interrupted (a
+  grace_expiry) is given back uncharged: its next start repeats the attempt number. A crash
+  still charges (innocent_dead, attempts): a job that kills its consumer every time ends dead;
 - stranded: nothing stays claimed by a consumer that is gone (after the drain, and within the
   recovery bound while the schedule runs);
 - priority: among jobs that were claimable at the same time, a claim never takes a lower
@@ -402,7 +405,8 @@ def attempts_ok(runs: list[Run], faults: Faults, lease_s: float, enqueued_at: fl
       attempt stands although its handler did not start, and the number skips. Allowed when
       any fault happened since the previous start (or the enqueue): which claim died, and on
       which process, leaves no trace in the history.
-    A number never goes down. A job that ended dead shows the attempt of its last start, one
+    The interruption of a job by its consumer's shutdown (grace_expiry) repeats the number too:
+    the fault excuses it here, and check_interrupted requires it. A number never goes down. A job that ended dead shows the attempt of its last start, one
     fewer (its last claim taken back together before it was given back cancelled), or more (a
     claim taken back alone after it).
     """
@@ -435,6 +439,32 @@ def check_attempts(h: History, faults: Faults) -> list[Violation]:
         why = attempts_ok(runs, faults, h.lease_s, enqueued.get(key), dead.get(key))
         if why:
             out.append(Violation("attempts", key, f"{why}; attempts at each start: {[r.attempt for r in runs]}"))
+    return out
+
+
+def check_interrupted(h: History, faults: Faults) -> list[Violation]:
+    """Interrupted is not failed (issue 39 item 7, issue 40 item 10): a job still running when
+    its consumer's shutdown grace expired (a grace_expiry fault on its process, its run with no
+    end: its command was killed) is given back by that live process uncharged, so its next start
+    repeats the attempt number. A higher one charged the deploy to the job. Not judged when
+    another fault came between the stop and the next start (a settle that failed leaves the job
+    to the reaper, which charges a job taken back alone: a crash is no interruption)."""
+    stops = [f for f in faults.all if f.kind == "grace_expiry" and f.pid is not None]
+    out = []
+    for key, runs in h.runs_by_job().items():
+        for earlier, later in zip(runs, runs[1:]):
+            stop = next((f for f in stops if f.pid == earlier.pid and earlier.end is None
+                         and earlier.start <= f.start <= later.start), None)
+            if stop is None or later.attempt == earlier.attempt:
+                continue
+            others = [f for f in faults.all if f is not stop and f.start <= later.start
+                      and f.end >= earlier.start - h.lease_s]
+            if others:
+                continue
+            out.append(Violation("charged_interrupt", key,
+                                 f"attempt {earlier.attempt} on pid {earlier.pid} at {earlier.start:.3f} was "
+                                 f"interrupted by its shutdown at {stop.start:.3f}, but the next start at "
+                                 f"{later.start:.3f} is attempt {later.attempt}: the interruption was charged"))
     return out
 
 
@@ -824,6 +854,7 @@ def _check_deploy(h: History) -> Report:
     dup_violations, causes, concurrent = check_duplicates(h, faults)
     violations += dup_violations
     violations += check_attempts(h, faults)
+    violations += check_interrupted(h, faults)
     violations += check_after_cancel(h)
     violations += check_stranded(h)
     violations += check_batch_order(h)

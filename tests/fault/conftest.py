@@ -34,8 +34,9 @@ def server_template(tmp_path_factory) -> Path:
     return srv.datadir
 
 
-def _started_server(basedir: Path, template: Path) -> LocalServer:
-    srv = LocalServer(basedir)
+def _started_server(basedir: Path, template: Path, extra_args: tuple[str, ...] = ()) -> LocalServer:
+    """extra_args: server options (LocalServer's), for a test that needs a setting of its own."""
+    srv = LocalServer(basedir, extra_args=extra_args)
     shutil.copytree(template, srv.datadir)
     srv.start()
     # Its Uptime counts whole seconds: a consumer that registers in the server's first second

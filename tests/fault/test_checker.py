@@ -440,14 +440,33 @@ def test_grace_expiry_a_command_that_outlives_its_consumer_is_caught():
     first = run(1, 1, 10, 1.0, 15.0, token=0)
     first.flags, first.proc = "C", 50
     faults = [Fault("grace_expiry", 2.0, 4.0, 10)]
-    h = history([first, run(1, 2, 11, 5.0, 6.0, token=0)], [enq(1)], faults=faults)
+    h = history([first, run(1, 1, 11, 5.0, 6.0, token=0)], [enq(1)], faults=faults)
     h.exits = [Exit(10, 4.0, 0, True, "SIGTERM, shutdown grace 2 s")]
     report = checker.check(h)
     assert report.by_rule() == {"orphaned_run": 1}, report.violations
     assert "overlapping pid 11" in report.violations[0].detail
-    # Its command killed with it (no end line): the grace expiry explains the second run
+    # Its command killed with it (no end line): the grace expiry explains the second run, which
+    # repeats the attempt (interrupted, not charged)
     first.end = first.outcome = None
     assert checker.check(h).ok
+
+
+def test_charged_interrupt_a_job_charged_for_its_consumers_shutdown_is_caught():
+    # Issue 40 item 10: pid 10 was stopped (grace expired at 4.0) while job 1 ran; the next start
+    # is attempt 2: the deploy was charged to the job
+    faults = [Fault("grace_expiry", 2.0, 4.0, 10)]
+    h = history([run(1, 1, 10, 1.0), run(1, 2, 11, 5.0, 6.0)], [enq(1)], faults=faults)
+    h.exits = [Exit(10, 4.0, 0, True, "SIGTERM, shutdown grace 2 s")]
+    report = checker.check(h)
+    assert report.by_rule() == {"charged_interrupt": 1}, report.violations
+    # Given back uncharged, it repeats attempt 1: fine
+    h.runs[1] = run(1, 1, 11, 5.0, 6.0)
+    assert checker.check(h).ok
+    # A crash is no interruption: a SIGKILLed consumer's job taken back alone is charged
+    crash = history([run(1, 1, 10, 1.0), run(1, 2, 11, 5.0, 6.0)], [enq(1)],
+                    faults=[Fault("sigkill", 2.0, 2.0, 10)])
+    crash.exits = [Exit(10, 2.0, -9, True, "SIGKILL")]
+    assert checker.check(crash).ok
 
 
 def test_fork_a_job_started_by_a_forked_child_is_caught():

@@ -23,7 +23,7 @@ OWNER = "e" * 32
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_acked_dense", "attempt_taken_back",
-         "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys")
+         "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
 ATTEMPTS_BY_ID = ("completions_landed", "results_missing", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
@@ -61,7 +61,7 @@ def bound(name: str, claim: queries.Claim, ready_ids: list[int]) -> dict:
               "cancelled": "cancelled", "host": "h", "id_list": IntList(claimed),
               "started_ages": IntList(1000 for _ in claimed), "ended_ages": IntList(0 for _ in claimed),
               "why": "consumer died", "statuses": Ids([3, 4]), "outcome": "purged", "age_us": 0,
-              "base": min(claimed) - 1}
+              "base": min(claimed) - 1, "version": 1}
     return {param: values[param] for param in re.findall(r"%\((\w+)\)s", QUERIES[name])}
 
 

@@ -206,16 +206,17 @@ def test_a_command_running_when_the_grace_expires_is_killed_with_its_children_be
         wait_until(lambda: not alive(shell) and not alive(child), 1, message="the command's processes gone")
 
     # And the consumer exited 0 after the grace and a bounded wait for the TERM, the job is
-    # failed with the reason and charged (retried by policy), and the command never finished
+    # back, interrupted: ready, no attempt charged, its attempt recorded with the reason; and
+    # the command never finished
     assert code == errors.EXIT_OK
     assert took < 8
     assert command_pids(tmp_path, "end") == []
-    status, attempts, owner, error = db.query(
-        "SELECT status, attempts, owner, last_error FROM nq_job WHERE id = %s", (job,))[0]
-    assert (status, attempts, owner) == (1, 1, None)
-    assert "shutdown grace expired" in error
-    # And the summary counts it (its worker settled it once the command was killed)
-    assert "consumer stopped claimed=1 done=0 failed=1 dead=0" in stderr_of(tmp_path)
+    status, attempts, owner = db.query("SELECT status, attempts, owner FROM nq_job WHERE id = %s", (job,))[0]
+    assert (status, attempts, owner) == (0, 0, None)
+    [(outcome, error)] = db.query("SELECT outcome, error FROM nq_attempt WHERE job_id = %s", (job,))
+    assert outcome == "interrupted" and "shutdown grace expired" in error
+    # And the summary counts it as given back (its worker settled it once the command was killed)
+    assert "consumer stopped claimed=1 done=0 failed=0 dead=0 given_back=1" in stderr_of(tmp_path)
 
 
 def test_a_command_that_runs_across_a_reload_is_still_killed_when_the_grace_expires(db, tmp_path):
@@ -233,10 +234,11 @@ def test_a_command_that_runs_across_a_reload_is_still_killed_when_the_grace_expi
         code = stop(proc)
         # Then the command and its child are gone once the consumer has exited
         wait_until(lambda: not alive(shell) and not alive(child), 1, message="the command's processes gone")
-    # And the job is failed with the reason, charged, and retried by policy
+    # And the job is back, interrupted: ready, no attempt charged
     assert code == errors.EXIT_OK
-    status, attempts, error = db.query("SELECT status, attempts, last_error FROM nq_job WHERE id = %s", (job,))[0]
-    assert (status, attempts) == (1, 1) and "shutdown grace expired" in error
+    status, attempts = db.query("SELECT status, attempts FROM nq_job WHERE id = %s", (job,))[0]
+    assert (status, attempts) == (0, 0)
+    assert db.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,)) == [("interrupted",)]
 
 
 # ------------------------------------------------------------------ errors the server refuses

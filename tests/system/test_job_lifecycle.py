@@ -162,7 +162,7 @@ def test_a_live_consumer_keeps_the_leases_of_its_waiting_jobs_nothing_runs_twice
 # ------------------------------------------------------------------ stopping
 
 
-def test_a_batch_running_when_the_shutdown_grace_expires_is_failed_charged_not_given_back(db, tmp_path):
+def test_a_batch_running_when_the_shutdown_grace_expires_is_interrupted_uncharged(db, tmp_path):
     # Given a per-batch handler inside a 30 s batch of 4 jobs, and a 1 s shutdown grace
     env = setup(db, tmp_path, sleep_s=30, grace_s=1)
     proc = consume(env, tmp_path, "--per-batch", "--batch-size", "4", handler="nqlifecycle:run_batch")
@@ -177,14 +177,16 @@ def test_a_batch_running_when_the_shutdown_grace_expires_is_failed_charged_not_g
         if proc.poll() is None:
             proc.kill()
 
-    # Then it exits 0, and the batch is on record as started: failed with the reason, its
-    # attempt counted, retried later by policy; nothing is left claimed
+    # Then it exits 0, and the batch is on record as interrupted: ready again, no attempt
+    # charged, each attempt recorded 'interrupted' with the reason; nothing is left claimed
     assert code == errors.EXIT_OK
     rows = db.query("SELECT id, status, attempts, owner, last_error FROM nq_job ORDER BY id")
     assert [r[0] for r in rows] == ids
-    assert {r[1:4] for r in rows} == {(1, 1, None)}
-    assert all("shutdown grace expired" in r[4] for r in rows)
-    assert summary(tmp_path)["failed"] == 4 and summary(tmp_path)["given_back"] == 0
+    assert {r[1:5] for r in rows} == {(0, 0, None, None)}
+    records = db.query("SELECT outcome, error FROM nq_attempt ORDER BY job_id")
+    assert [r[0] for r in records] == ["interrupted"] * 4
+    assert all("shutdown grace expired" in r[1] for r in records)
+    assert summary(tmp_path)["failed"] == 0 and summary(tmp_path)["given_back"] == 4
 
 
 def test_sigterm_mid_batch_reports_how_many_jobs_it_gave_back(db, tmp_path):

@@ -181,7 +181,7 @@ def test_a_second_sigterm_exits_130_at_once_and_the_reaper_returns_what_it_held(
     assert dict(finished)[running] == 1
 
 
-def test_a_handler_outliving_the_grace_period_fails_its_job_charged_and_the_rest_is_given_back(db, tmp_path):
+def test_a_handler_outliving_the_grace_period_is_interrupted_uncharged_and_the_rest_is_given_back(db, tmp_path):
     # Given a 1 s grace period and a consumer inside a 30-second job, 4 more claimed behind it
     env = _setup(db, tmp_path, sleep_s=30.0, grace_s=1.0)
     proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "5")
@@ -196,14 +196,16 @@ def test_a_handler_outliving_the_grace_period_fails_its_job_charged_and_the_rest
     # Then it exits 0 once the grace period is over, not when the job would end
     assert code == errors.EXIT_OK
     assert 1.0 <= took < 5.0
-    # And the 4 unstarted jobs are ready again with their attempt undone; the running one had
-    # started: it is failed with the reason, its attempt counted, and retried later by policy
+    # And the 4 unstarted jobs are ready again with their attempt undone; the running one was
+    # interrupted, not failed: ready again, no attempt charged, no error of its own, and its
+    # attempt on record as 'interrupted' with the reason
     rows = {r[0]: r[1:] for r in db.query("SELECT id, status, attempts, owner, last_error FROM nq_job")}
     assert sorted(rows) == sorted(ids)
-    status, attempts, owner, error = rows.pop(running)
-    assert (status, attempts, owner) == (1, 1, None)
-    assert "shutdown grace expired" in error
+    assert rows.pop(running) == (0, 0, None, None)
     assert {r[:3] for r in rows.values()} == {(0, 0, None)}
+    [(outcome, attempt, error)] = db.query(
+        "SELECT outcome, attempt, error FROM nq_attempt WHERE job_id = %s", (running,))
+    assert (outcome, attempt) == ("interrupted", 1) and "shutdown grace expired" in error
 
 
 def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_acked(db, tmp_path):
@@ -223,6 +225,62 @@ def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_
         code, _ = _sigterm(proc)
     finally:
         _stop(proc)
-    # Then the quick job is acked (gone), and only the stuck one is failed for a retry
+    # Then the quick job is acked (gone), and only the stuck one is back, interrupted (ready)
     assert code == errors.EXIT_OK
-    assert db.query("SELECT id, status FROM nq_job") == [(slow, 1)]
+    assert db.query("SELECT id, status FROM nq_job") == [(slow, 0)]
+
+
+def test_a_consumer_killed_while_it_stops_has_its_running_job_interrupted_not_charged(db, tmp_path):
+    """Issue 40 item 10: systemd's SIGKILL after TimeoutStopSec (or a second SIGTERM) ends a
+    consumer asked to stop while a job runs. The reaper used to charge that job, alone of its
+    claim, as if it had crashed its consumer; a deploy is no crash. (Fails before the fix: the
+    job ran again as attempt 2, its record 'taken back'.)"""
+    # Given a consumer draining after SIGTERM inside a 30-second job, alone of its claim
+    env = _setup(db, tmp_path, sleep_s=30.0, grace_s=60.0)
+    proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "1")
+    try:
+        _, running = _busy(db, tmp_path, 1)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: db.scalar("SELECT stopping FROM nq_consumer") == 1, 10, message="marked stopping")
+        # When it is killed before the grace ends
+        proc.kill()
+        proc.wait(10)
+    finally:
+        _stop(proc)
+    # Then a new consumer's reaper returns the job uncharged, its attempt recorded interrupted,
+    # and it runs again as attempt 1
+    env["NQ_TEST_SLEEP"] = "0"
+    fresh = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow")
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
+    finally:
+        fresh.send_signal(signal.SIGTERM)
+        assert fresh.wait(30) == errors.EXIT_OK
+    finished = [(job, attempt) for job, attempt, pid, done in _runs(tmp_path / "runs") if done and pid == fresh.pid]
+    assert finished == [(running, 1)]
+    records = db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (running,))
+    assert records == [(1, "interrupted"), (1, "done")]
+
+
+def test_a_consumer_killed_without_a_stop_still_has_its_running_job_charged(db, tmp_path):
+    """The other side of the rule: a crash is not an interruption. A job alone in the hands of a
+    consumer that dies unasked is charged, so one that kills its consumer every time ends dead."""
+    env = _setup(db, tmp_path, sleep_s=30.0, grace_s=60.0)
+    proc = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow", "--batch-size", "1")
+    try:
+        _, running = _busy(db, tmp_path, 1)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        _stop(proc)
+    env["NQ_TEST_SLEEP"] = "0"
+    fresh = _consume(env, tmp_path, "--handler", "nqhandlers:record_slow")
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="the job done")
+    finally:
+        fresh.send_signal(signal.SIGTERM)
+        assert fresh.wait(30) == errors.EXIT_OK
+    finished = [(job, attempt) for job, attempt, pid, done in _runs(tmp_path / "runs") if done and pid == fresh.pid]
+    assert finished == [(running, 2)]
+    records = db.query("SELECT attempt, outcome FROM nq_attempt WHERE job_id = %s ORDER BY ended_at", (running,))
+    assert records == [(1, "taken back"), (2, "done")]

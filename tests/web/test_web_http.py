@@ -194,6 +194,16 @@ def test_the_consumers_page_shows_a_live_consumer_and_the_jobs_in_its_hands(db, 
         proc.wait(timeout=30)
 
 
+def test_the_consumers_page_reads_the_locks_only_when_asked_and_says_why_it_cannot(db, web):
+    # (the shared server runs without performance_schema; a server that shows the locks:
+    # tests/fault/test_status_locks.py)
+    c = Client(web().url)
+    code, body = c.get("/consumers")
+    assert code == 200 and 'href="/consumers?locks=1"' in body and "<h2>Locks</h2>" not in body
+    code, body = c.get("/consumers?locks=1")
+    assert code == 200 and "<h2>Locks</h2>" in body and "Not shown: " in body
+
+
 def _consumer_row(c: Client, pid: int) -> str | None:
     body = c.get("/consumers")[1]
     for row in body.split("<tr>")[1:]:

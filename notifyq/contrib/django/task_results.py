@@ -21,9 +21,10 @@ STATUSES = {Status.READY: TaskResultStatus.READY, Status.SCHEDULED: TaskResultSt
             Status.CLAIMED: TaskResultStatus.RUNNING, Status.DONE: TaskResultStatus.SUCCESSFUL,
             Status.DEAD: TaskResultStatus.FAILED, Status.CANCELLED: TaskResultStatus.FAILED}
 FAILED_RUNS = ("failed", "dead")  # records of a run that raised (or timed out, or was failed)
-# records of a run a worker made: also one snoozed (job.snooze) or taken back (its consumer died
-# or its lease ran out), which raised nothing: among the runs, not the errors
-RAN = ("done", "failed", "dead", "cancelled", "snoozed", "taken back")
+# records of a run a worker made: also one snoozed (job.snooze), taken back (its consumer died
+# or its lease ran out) or interrupted (its consumer's shutdown), which raised nothing: among the
+# runs, not the errors
+RAN = ("done", "failed", "dead", "cancelled", "snoozed", "taken back", "interrupted")
 
 # The last line of a traceback, as traceback.format_exception_only writes it: the exception's
 # class (module-qualified unless builtin), then ": message" if it has one.

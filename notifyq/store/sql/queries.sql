@@ -45,6 +45,11 @@ INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedu
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
         GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- require_version --
+-- put(..., min_version=): the jobs just inserted, in the put's own transaction (before its
+-- COMMIT, so no consumer ever sees them without their minimum). A put without one never sends it.
+UPDATE nq_job FORCE INDEX (PRIMARY) SET min_version = %(version)s WHERE id IN %(ids)s
+
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
 -- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
@@ -208,8 +213,10 @@ WHERE id IN %(ids)s AND status = 1 AND run_at <= NOW(6)
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
--- `suspect` comes last: a suspect job is claimed alone (queries.claim).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect
+-- `suspect` comes next to last: a suspect job is claimed alone (queries.claim). `min_version`
+-- last: a job whose minimum is above the consumer's code version is left alone (queries.lock_window;
+-- read off the row already fetched, so a job without a minimum costs nothing more).
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
@@ -331,11 +338,13 @@ WHERE job_id IN %(ids)s AND claim_token = %(token)s AND result IS NULL
 -- attempt_failed --
 -- A failed attempt's record, sent with its retry_later or bury in one round trip
 -- (queries.reschedule_or_bury), under the same fence. dead: the caller buries it; a job cancelled while it ran ends
--- dead too (retry_later). The error and the traceback are cut by bytes (queries.error_text).
+-- dead too (retry_later). interrupted: its consumer's shutdown grace ran out while it ran (interrupt), not a
+-- failure of its code. The error and the traceback are cut by bytes (queries.error_text).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
 SELECT id, claim_token, attempts, queue,
-       IF(cancel_requested, 'cancelled', IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed'))), owner, %(host)s,
+       IF(cancel_requested, 'cancelled', IF(%(interrupted)s, 'interrupted',
+          IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed')))), owner, %(host)s,
        NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
        %(error)s, %(traceback)s
 FROM nq_job FORCE INDEX (PRIMARY)
@@ -426,6 +435,20 @@ SET status = IF(cancel_requested, 5, 1),
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 
+-- interrupt --
+-- Its consumer's shutdown grace ran out while the job ran (a soft stop: a deploy), by that live
+-- process: back to ready at once, the attempt counted at claim undone, last_error kept (its
+-- attempt record, 'interrupted', says why). Not a suspect: a crash is no interruption, and a
+-- consumer's crash goes through the reaper, which charges a job alone in its hands. A job
+-- cancelled meanwhile ends cancelled instead, as in give_back.
+UPDATE nq_job
+SET status = IF(cancel_requested, 5, 0),
+    last_error = IF(cancel_requested, %(error)s, last_error),
+    finished_at = IF(cancel_requested, NOW(6), NULL),
+    attempts = IF(cancel_requested, attempts, GREATEST(attempts, 1) - 1),
+    owner = NULL, claim_token = NULL, lease_until = NULL
+WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
 -- ended_cancelled --
 -- After a failure's retry_later, bury or snooze, in the same round trip: whether the job ended
 -- cancelled (its cancel was requested while it ran), which the worker counts and logs as a cancel,
@@ -483,6 +506,16 @@ SELECT UNIX_TIMESTAMP()
 
 -- server_clock_us --
 SELECT UNIX_TIMESTAMP(NOW(6))
+
+-- mark_stopping --
+-- A consumer asked to stop (its shutdown's first step): what it still holds, should it die before
+-- it settles them (a second SIGTERM, systemd's SIGKILL after TimeoutStopSec), the reaper gives
+-- back as interrupted, not charged (liveness.take_back). The row goes at its clean exit anyway.
+UPDATE nq_consumer SET stopping = 1 WHERE id = %(id)s
+
+-- consumer_stopping --
+-- Inside a reclaim, after the verdict: whether the dead consumer had been asked to stop.
+SELECT stopping FROM nq_consumer WHERE id = %(id)s
 
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
@@ -628,12 +661,13 @@ FOR UPDATE
 -- attempt_taken_back --
 -- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
 -- out), written before the job is returned (return_alone, return_shared), in the same
--- transaction: the rows are locked by the caller. Its start is the claim's; its host the one its
+-- transaction: the rows are locked by the caller. outcome: 'taken back', or 'interrupted' when the
+-- consumer had been asked to stop (mark_stopping). Its start is the claim's; its host the one its
 -- consumer registered, while it is registered (a live one whose lease ran out, a dead one whose
 -- registration goes after this; a stale polling consumer's went first: NULL).
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error)
-SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', 'taken back'), owner,
+SELECT nq_job.id, claim_token, attempts, queue, IF(cancel_requested, 'cancelled', %(outcome)s), owner,
        c.host, claimed_at, NOW(6), %(why)s
 FROM nq_job FORCE INDEX (PRIMARY)
 LEFT JOIN nq_consumer c ON c.id = nq_job.owner
@@ -1145,6 +1179,29 @@ SELECT owner, COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 GROUP
 -- (a user sees its own sessions in the process list without the PROCESS privilege).
 SELECT IS_USED_LOCK(%(lock)s) AS holder,
        (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(%(lock)s))
+
+-- mdl_schema_on --
+-- `notifyq status --locks` (store/metadata_locks.py), read on demand only: whether the server runs
+-- performance_schema at all (a server built without it has no such variable: error 1193).
+SELECT @@performance_schema
+
+-- mdl_instrument --
+-- Whether the metadata-lock instrument is on: MySQL 8.0 enables it by default, MariaDB does not
+-- (performance_schema_instrument='wait/lock/metadata/sql/mdl=ON'); without it metadata_locks is
+-- empty. Reading it needs SELECT on performance_schema.* (error 1142 otherwise).
+SELECT ENABLED FROM performance_schema.setup_instruments WHERE NAME = 'wait/lock/metadata/sql/mdl'
+
+-- mdl_locks --
+-- Who holds (GRANTED) and who waits (PENDING) on the named advisory locks: a GET_LOCK is a
+-- 'USER LEVEL LOCK' whose OBJECT_NAME is the lock's name, on both servers. The owner's thread
+-- gives its connection id, user, client host (no port) and seconds in its current state.
+SELECT m.OBJECT_NAME, m.LOCK_STATUS, t.PROCESSLIST_ID, t.PROCESSLIST_USER, t.PROCESSLIST_HOST,
+       t.PROCESSLIST_TIME
+FROM performance_schema.metadata_locks m
+LEFT JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
+WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.OBJECT_NAME IN %(names)s
+  AND m.LOCK_STATUS IN ('GRANTED', 'PENDING')
+ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, t.PROCESSLIST_TIME DESC, t.PROCESSLIST_ID
 
 -- ---------------------------------------------------------------- workflows (store/workflows.py)
 

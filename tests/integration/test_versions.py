@@ -1,0 +1,143 @@
+"""Version-aware claims (issue 40 item 11): a job put with min_version is never claimed by a
+consumer of a lower code version; jobs without one are claimed by every consumer."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import admin_connect
+
+import notifyq
+from notifyq import errors
+from notifyq.config import load
+from notifyq.tasks import TaskRegistry
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+OWNER = "o" * 32
+
+
+def _claim_all(session: Session, version: int, batch_size: int = 10) -> list[int]:
+    claim = queries.claim(session, "q", OWNER, batch_size, 60, version=version)
+    return [job.id for job in claim.jobs]
+
+
+def test_an_old_consumer_never_claims_a_job_that_needs_newer_code(db):
+    # Given a plain job, one that needs version 3 and one that needs version 5
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        plain = p.put({"n": 0})
+        v3 = p.put({"n": 3}, min_version=3)
+        v5, v5b = p.put_many([{"n": 5}, {"n": 6}], min_version=5)
+    session = Session(cfg.dsn)
+    try:
+        # When consumers of versions 0, 2, 4 and 5 claim in turn
+        # Then each takes only what its code may run, and what it leaves stays ready
+        assert _claim_all(session, 0) == [plain]
+        assert _claim_all(session, 2) == []
+        assert _claim_all(session, 4) == [v3]
+        assert _claim_all(session, 5) == [v5, v5b]
+    finally:
+        session.close()
+    assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [
+        (plain, None), (v3, 3), (v5, 5), (v5b, 5)]
+
+
+def test_a_claim_that_finds_only_newer_jobs_counts_as_drained_and_takes_the_older_behind_them(db):
+    # Given more jobs that need version 2 than one claim reads, ahead of (higher priority than)
+    # a plain job
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(3 * 2 + 1)], min_version=2, priority=5)
+        plain = p.put({"n": "plain"})
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer claims batches of 2 (it reads 6 candidates)
+        claim = queries.claim(session, "q", OWNER, 2, 60, version=1)
+        # Then it takes nothing and says drained (it waits for a wake-up, not a busy loop)
+        assert claim.jobs == [] and claim.drained
+        # And a version-2 consumer takes them in priority order, the plain one last
+        taken = [j.id for j in queries.claim(session, "q", OWNER, 10, 60, version=2).jobs]
+        assert len(taken) == 8 and taken[-1] == plain
+    finally:
+        session.close()
+
+
+def test_a_put_with_min_version_rides_the_callers_transaction(db):
+    cfg = db.config()
+    conn = admin_connect(db.admin, db.admin.database)
+    conn.autocommit(False)
+    try:
+        with notifyq.Producer("q", cfg) as p:
+            job = p.put({"n": 1}, min_version=7, conn=conn)
+            conn.rollback()
+            assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+            job = p.put({"n": 1}, min_version=7, conn=conn)
+            conn.commit()
+    finally:
+        conn.close()
+    assert db.query("SELECT id, min_version FROM nq_job") == [(job, 7)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"min_version": -1}, "min_version"),
+    ({"min_version": 2 ** 32}, "min_version"),
+    ({"min_version": "3"}, "min_version"),
+    ({"min_version": 1, "dedup_key": "k"}, "min_version and dedup_key"),
+])
+def test_a_bad_min_version_is_one_clear_error_and_nothing_is_written(db, kwargs, message):
+    with notifyq.Producer("q", db.config()) as p:
+        with pytest.raises(errors.InputError, match=message):
+            p.put({"n": 1}, **kwargs)
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_the_consumers_version_comes_from_its_config_or_the_environment(tmp_path):
+    cfg = tmp_path / "nq.toml"
+    cfg.write_text("[consumer]\nversion = 12\n")
+    assert load({"NOTIFYQ_CONFIG": str(cfg)}).consumer.version == 12
+    assert load({"NOTIFYQ_CONFIG": str(cfg), "NOTIFYQ_VERSION": "13"}).consumer.version == 13
+    assert load({"NOTIFYQ_CONFIG": str(cfg)}, overrides={"consumer": {"version": 14}}).consumer.version == 14
+    cfg.write_text("[consumer]\nversion = -1\n")
+    with pytest.raises(errors.ConfigError, match="consumer.version"):
+        load({"NOTIFYQ_CONFIG": str(cfg)})
+
+
+def test_a_tasks_min_version_rides_every_enqueue(db):
+    registry = TaskRegistry()
+    registry.configure(db.config())
+    try:
+        @registry.task(queue="q", min_version=4)
+        def needs_new(n: int) -> int:
+            return n
+
+        @registry.task(queue="q")
+        def any_code(n: int) -> int:
+            return n
+
+        new_id, any_id = needs_new.enqueue(1), any_code.enqueue(2)
+    finally:
+        registry.close()
+    assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [(new_id, 4), (any_id, None)]
+    with pytest.raises(errors.InputError, match="min_version"):
+        registry.task(queue="q", min_version=-1)(lambda: None)
+
+
+def test_a_waiting_workflow_job_keeps_its_min_version_once_released(db):
+    # Given a parent and a child put after it that needs version 3
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        parent = p.put({"n": 0})
+        child = p.put({"n": 1}, after=[parent], min_version=3)
+    assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [(parent, None), (child, 3)]
+    session = Session(cfg.dsn)
+    try:
+        # When the parent is done (claimed and acked), which releases the child
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=0)
+        assert [j.id for j in claim.jobs] == [parent]
+        queries.claim(session, "q", OWNER, 10, 60, version=0,
+                      acks=queries.Acks([parent], claim.token, keep=False))
+        # Then an old consumer leaves the released child alone and a version-3 one takes it
+        assert _claim_all(session, 2) == []
+        assert _claim_all(session, 3) == [child]
+    finally:
+        session.close()
