@@ -40,6 +40,7 @@ log = logging.getLogger("notifyq.consumer")
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 GRACE_EXPIRED = "interrupted: the shutdown grace expired while the handler ran"
+GIVE_BACK_WAIT_S = 5.0  # the longest a worker waits, before its next claim, for jobs its batch is handing back
 
 
 class Batch:
@@ -75,6 +76,11 @@ class Batch:
         # (another thread) picks what to hand back: a job is started or handed back, never both.
         self.start_lock = threading.Lock()
         self.handed_back = 0  # jobs the lineup watch took to hand back (counted once the run ended)
+        # Clear while the lineup watch gives jobs of this batch back (set once their give-back
+        # ended): the worker's next claim waits for it, or it would find them still claimed, by
+        # this batch, and take lower-priority jobs over them
+        self.given_back = threading.Event()
+        self.given_back.set()
         # timeout_s: helper threads whose call timed out (their extensions are refused: the work
         # session is not theirs any more), under handler_lock with every handler's extension
         self.revoked: set[int] = set()
@@ -155,6 +161,8 @@ class Batch:
             ids = self.waiting()
             self.lost.update(ids)
             self.handed_back += len(ids)
+            if ids:
+                self.given_back.clear()  # the watch sets it once their give-back ended
             return ids
 
     def start(self, jobs: list[Job]) -> None:
@@ -251,6 +259,11 @@ class BatchRun:
             raise
         finally:
             self.presence.lineup.done(batch)
+            # Jobs the watch is giving back are still claimed by this batch until its COMMIT: a
+            # claim now would pass over them for lower-priority ones (bounded: a give-back stuck
+            # on the server must not stop the worker; they then return as before)
+            if not batch.given_back.wait(GIVE_BACK_WAIT_S):
+                log.debug("claiming while jobs handed back are not back yet queue=%s", self.queue)
             # Counted here, on the worker's thread, as its own give-backs are: no job runs any
             # more, so the watch cannot take more of this batch.
             self.stats.given_back += batch.handed_back
@@ -268,7 +281,8 @@ class BatchRun:
                     if rest:
                         n = queries.give_back(self.work, self.queue, rest, token)
                         self.stats.given_back += n
-                        log.info("gave back unstarted jobs queue=%s n=%d", self.queue, n)
+                        log.info("gave back unstarted jobs queue=%s n=%d token=%d ids=%s", self.queue, n, token,
+                                 ",".join(map(str, rest)))
                 finally:
                     if self._aside is not None:
                         self._aside.close()

@@ -21,7 +21,9 @@ Two rules keep that from happening, both set by the queue's batch_target_s (0: o
     them, in this process or another.
     The batch first marks them as no longer its own to start (Batch.hand_back, under the lock
     its worker starts jobs under), so each is either started by its old worker or given back,
-    never both. A batch hands back once: what its worker claims next is sized by then.
+    never both. A batch hands back once: what its worker claims next is sized by then, and
+    claimed once the give-back ended (Batch.given_back), or it would pass over the jobs still
+    claimed by its own batch for lower-priority ones.
 
 The average sees a batch only once its run ends: a slow job's first run is found by the watch,
 the claims after it are sized by it.
@@ -63,6 +65,8 @@ class WatchedBatch(Protocol):
     def waiting(self) -> list[int]: ...
 
     def hand_back(self) -> list[int] | None: ...
+
+    given_back: threading.Event  # cleared by hand_back() when it took jobs; set once they are back
 
 
 class ClaimSizer:
@@ -112,6 +116,7 @@ class LineupWatch:
         self.config = config  # the presence's (a reload replaces it)
         self.stop = stop
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
+        self.in_flight = 0  # give-backs under way (tests read it; the watch's thread alone writes it)
         self._due: dict[WatchedBatch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
         self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
@@ -207,7 +212,12 @@ class LineupWatch:
             return
         self.done(batch)  # once: its worker's next claim is sized by then
         if ids:
-            self._give_back(batch, queue, ids)
+            self.in_flight += 1
+            try:
+                self._give_back(batch, queue, ids)
+            finally:
+                self.in_flight -= 1
+                batch.given_back.set()  # its worker may claim again: they are ready (or stay with their lease)
 
     def _someone_idles(self, queue: str) -> bool:
         """A consumer of the queue, in this process or another, waits for work: the queue's watch
@@ -239,8 +249,10 @@ class LineupWatch:
                         "lease runs out queue=%s n=%d error=%s", queue, len(ids), e)
             return
         self.handed_back += n
-        log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f",
-                 queue, n, time.monotonic() - batch.claimed_at)
+        # Which jobs and whose claim: a job handed back was claimed, and unclaimable, until now
+        # (the fault checker reads this line to tell that from a job left waiting)
+        log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f token=%d ids=%s",
+                 queue, n, time.monotonic() - batch.claimed_at, batch.token, ",".join(map(str, ids)))
         if n:
             self._wake(queue)
 

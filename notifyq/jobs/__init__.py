@@ -148,6 +148,41 @@ class Job:
             raise RuntimeError("job.complete_in() needs a job a notifyq worker claimed")
         completion.complete_in(self, conn, result)
 
+    def step(self, name: str, *, transaction: bool = False):
+        """A durable step of this job: its result is kept once it has committed, and a later run
+        of the job (a retry, a run after its claim was taken back) skips it.
+
+            with job.step("fetch") as step:
+                if not step.done:                 # True: finished in an earlier run
+                    step.result = fetch(url)      # JSON; stored as the block ends
+            page = step.result
+
+            @job.step("fetch")                    # or as a decorator: the function returns the
+            def page():                           # stored result, or runs and stores its own
+                return fetch(url)
+
+        Outside job.transaction() the record commits in a transaction of its own, after the body:
+        a crash in between runs the body again (at least once). Inside job.transaction() it commits
+        with the block's writes and the job's completion. With `transaction=True`, `step.cursor`
+        (the decorated function's first argument) writes in the step's own transaction, which
+        commits with its record and does not complete the job: exactly once per step. Each is
+        fenced by the claim: `notifyq.ClaimLost` if it was taken back (nothing stored). A name is a
+        string of 1 to 191 characters; a result that is not strict JSON (or over 64 KiB) is refused
+        (`InputError`) and nothing of the step is stored.
+        """
+        completion = self._run_state.completion
+        if completion is None:
+            raise RuntimeError("job.step() needs a job a notifyq worker claimed")
+        return completion.step(self, name, transaction)
+
+    @property
+    def steps(self) -> dict[str, Any]:
+        """{name: result} of this job's finished steps: earlier runs' and this one's."""
+        completion = self._run_state.completion
+        if completion is None:
+            raise RuntimeError("job.steps needs a job a notifyq worker claimed")
+        return completion.steps_of(self).finished()
+
     @property
     def last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts

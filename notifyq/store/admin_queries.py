@@ -231,7 +231,9 @@ def purge_old_attempts(session: Session, queue: str, age_s: float, limit: int) -
         if not ids:
             return 0
         cur.execute(Q["attempts_purge"], {"ids": Ids(ids), "age_us": age_us})
-        return cur.rowcount
+        purged = cur.rowcount
+        cur.execute(Q["steps_purge"], {"ids": Ids(ids)})  # a job's steps go with its last record
+        return purged
 
     return session.run(body, what="attempt retention")
 
@@ -257,6 +259,7 @@ def purge_gone_attempts(session: Session, queue: str, age_s: float, after: tuple
         if gone:
             cur.execute(Q["attempts_purge"], {"ids": Ids(gone), "age_us": age_us})
             deleted = cur.rowcount
+            cur.execute(Q["steps_purge"], {"ids": Ids(gone)})  # a job's steps go with its last record
         return (rows[-1][1], int(rows[-1][0])), deleted, len(rows) < limit
 
     return session.run(body, what="attempt retention")

@@ -91,11 +91,48 @@ class Completion:
         # claim whose COMMIT is in doubt is not taken for lost (a cancel check saying so, a
         # completion fenced out) while it may hold the job.
         self.settle_claim: Callable[[], None] | None = None
+        self._steps: dict[int, Any] = {}  # job id -> its Steps (store/steps.py), once it took one
+        self.block_serial = 0  # counts the blocks opened: a step written in one is pending until it commits
 
     @property
     def in_block(self) -> bool:
         """A job.transaction() block is open on the work session: nothing may commit on it."""
         return self._open
+
+    @property
+    def block(self) -> Any:
+        """The open block's connection (None: no block open)."""
+        return self._block
+
+    def open_block(self, conn: Any) -> None:
+        """A step's own transaction (store/steps.py) opens on the work session (conn), or ends (None):
+        while it is open, it is the block cancel checks and steps write in."""
+        self._open, self._block = conn is not None, conn
+        if conn is not None:
+            self.block_serial += 1
+
+    def step(self, job: Job, name: Any, transaction: bool = False) -> Any:
+        """job.step(name): a Step of this job (store/steps.py)."""
+        return self.steps_of(job).step(name, transaction)
+
+    def steps_of(self, job: Job) -> Any:
+        from notifyq.store import steps  # here: a handler without steps never loads it
+
+        found = self._steps.get(job.id)
+        if found is None:
+            found = self._steps[job.id] = steps.Steps(self, job)
+        return found
+
+    def refuse_revoked(self, job: Job) -> None:
+        """Past timeout_s the job failed already: what its handler asks from now on is refused."""
+        _not_revoked(self, job)
+
+    def read(self, body: Any) -> Any:
+        return self._read(body)
+
+    def settle(self) -> None:
+        """Before the handler's first statement through this claim: its COMMIT read (settle_claim)."""
+        self._settle_claim()
 
     def _result(self, job: Job, value: Any) -> str | None:
         return kept.result_text(value, job.id, self.session.max_allowed_packet) if self.keep_results else None
@@ -113,7 +150,7 @@ class Completion:
         session = self.session
         conn = session.conn  # reads a reply still on the wire (the claim's COMMIT) first
         cur = conn.cursor()
-        self._open, self._block = True, conn
+        self.open_block(conn)
         lost: BaseException | None = None
         try:
             # Watched as every statement of notifyq's on the block's connection (consume/stall.py):

@@ -550,14 +550,50 @@ def check_batch_order(h: History) -> list[Violation]:
     return out
 
 
+def _claims_by_job(h: History, batches: dict[tuple, list[Run]]) -> dict[JobKey, list[tuple]]:
+    """Each job's claims in time order, as (its run, or a stand-in for a claim it never started
+    under; the claim's batch key; when the job was claimable again after it, or None).
+
+    A job handed back unstarted (HandBack) was claimed by a batch that started other jobs: it
+    was held from before that batch's first start until the hand-back, a claim no start line
+    shows. The stand-in carries the job's priority and run_at from any run of it, and the
+    hand-back's time as its start (the latest its hold can have ended). A run without a batch
+    (no token) has None for it: it is never judged, but what comes after it is."""
+    batch_of = {id(r): bkey for bkey, runs in batches.items() for r in runs}
+    by_job = h.runs_by_job()
+    claims: dict[JobKey, list[tuple]] = collections.defaultdict(list)
+    for key, runs in by_job.items():
+        for r in runs:
+            released = r.end if r.outcome == "fail" else None
+            claims[key].append((r.start, r, batch_of.get(id(r)), released))
+    by_token = {(bkey[0], bkey[2]): bkey for bkey in batches}
+    for hb in h.hand_backs:
+        bkey = by_token.get((hb.deploy, hb.token))
+        # Ordered by its batch's first start: its claim came before it, and a run after the
+        # hand-back starts after it (the hand-back's logged time may come a little late). A batch
+        # that started nothing: by the hand-back, and never judged (its claim time is unknown).
+        order = batches[bkey][0].start if bkey is not None else hb.at
+        for job in hb.jobs:
+            seen = by_job.get((hb.deploy, job))
+            if not seen:
+                continue  # never ran: never judged, nor anything after it
+            like = seen[0]
+            stand_in = dataclasses.replace(like, attempt=0, pid=bkey[1] if bkey else hb.pid, token=hb.token,
+                                           start=hb.at, wall_start=hb.at + (like.wall_start - like.start),
+                                           end=None, outcome=None)
+            claims[(hb.deploy, job)].append((order, stand_in, bkey, hb.at))
+    return {key: [c[1:] for c in sorted(items, key=lambda c: c[0])] for key, items in claims.items()}
+
+
 def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], int]:
     """No claim takes a lower-priority job while a higher one is claimable and left waiting.
 
     Claim times are not recorded, so they are bounded: a worker (one per process) claims its
     next batch after the previous batch's last handler returned and before its first handler
     starts. A batch k is an inversion when a job H of higher priority than k's lowest was
-    claimable (acknowledged and due, or failed and due again) before k's claim could start, and
-    H's own claim cannot have started before k's first handler. Any fault between the two
+    claimable (acknowledged and due, failed and due again, or handed back unstarted) before k's
+    claim could start, and H's own claim (one that handed it back too) cannot have started
+    before k's first handler. Any fault between the two
     claims excuses it (H may have been locked by a claim that then died)."""
     enq_at: dict[JobKey, float] = {}
     for e in h.enqueues:
@@ -573,18 +609,18 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
             ends = [r.end for r in batches[prev]]
             if all(e is not None for e in ends):
                 lower[cur] = max(ends)
-    batch_of = {id(r): bkey for bkey, runs in batches.items() for r in runs}
     # Claimable jobs H: (deploy, priority) -> sorted [(claimable_since, lower bound of H's claim, H)]
     waiting: dict[tuple, list[tuple]] = collections.defaultdict(list)
-    for key, runs in h.runs_by_job().items():
-        for i, r in enumerate(runs):
-            if i == 0 and key in enq_at:
+    for key, claims in _claims_by_job(h, batches).items():
+        for i, (r, bkey, released) in enumerate(claims):
+            prev = claims[i - 1] if i else None
+            if prev is None and key in enq_at:
                 since = enq_at[key]
-            elif i > 0 and runs[i - 1].outcome == "fail" and runs[i - 1].end is not None:
-                since = runs[i - 1].end
+            elif prev is not None and prev[2] is not None:
+                since = prev[2]  # failed, or handed back unstarted: claimable again from then
             else:
                 continue
-            claim_lo = lower.get(batch_of.get(id(r)))
+            claim_lo = lower.get(bkey)
             if claim_lo is not None:
                 waiting[(r.deploy, r.priority)].append((max(since, r.run_at_mono), claim_lo, r))
     index = {}

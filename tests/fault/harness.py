@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -40,7 +41,7 @@ from . import episodes as ep
 from . import kill_query
 from . import rated
 from .fleet import Consumer, Fleet, write_config
-from .history import Enqueue, Exit, Fault, FinalRow, History, poison_exits, read_runs
+from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
 from .schedule import EPISODES, Plan, Step
@@ -203,6 +204,8 @@ class FaultRun:
         codes = self.fleet.stop_all(plan.lease_s * 3 + 15 if not self.long_slots else ep.LONG_LEASE_S + 15)
         self._note_exits()
         history = self._history(workload)
+        # For a post-mortem: the checker runs again on it offline (pickle.load, checker.check)
+        (self.logs / "history.pickle").write_bytes(pickle.dumps(history))
         report = checker.check(history)
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
@@ -243,6 +246,16 @@ class FaultRun:
                 pid = next((p for (_, c), p in self.monitor.pid_of.items() if c == cid), None)
                 out.append((_epoch(ts) + to_monotonic, consumer.pid, cid, pid))
         return out
+
+    def _hand_backs(self) -> list[HandBack]:
+        """Every give-back of unstarted claimed jobs a consumer logged (the lineup watch's, a
+        worker's at its batch's end): claims that no start line shows."""
+        line = re.compile(r"ts=(\S+) .*(?:handed back jobs waiting behind a long one|gave back unstarted jobs) "
+                          r".*token=(\d+) ids=([\d,]+)")
+        to_monotonic = time.monotonic() - time.time()
+        return [HandBack(consumer.deploy, consumer.pid, int(token), tuple(int(i) for i in ids.split(",")),
+                         _epoch(ts) + to_monotonic)
+                for consumer in self.fleet.started for ts, token, ids in line.findall(consumer.err.read_text())]
 
     def _takebacks(self) -> list[Fault]:
         """The reapers' take-backs, for the checker: a peer's excuses a process's own second run
@@ -659,7 +672,7 @@ class FaultRun:
                        consumer_pids={c.pid for c in self.fleet.started},
                        lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S},
                        rates={rated.DEPLOY: rated.limits()} if self.rated else {},
-                       job_keys=self.rated.keys if self.rated else {})
+                       job_keys=self.rated.keys if self.rated else {}, hand_backs=self._hand_backs())
 
 
 def _epoch(ts: str) -> float:

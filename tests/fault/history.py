@@ -1,9 +1,10 @@
 """What a fault-schedule run leaves behind, as plain data the checker reads.
 
-Four sources, all timed on CLOCK_MONOTONIC (shared by every process of the machine):
+Five sources, all timed on CLOCK_MONOTONIC (shared by every process of the machine):
 - runs: the handler's start/end lines (tests/helpers/nqfault.py), one Run per start;
 - enqueues: every enqueue the producer saw acknowledged (the call returned, the commit landed);
 - faults: what the schedule did, to which process, when;
+- hand-backs: claimed jobs given back unstarted, from the consumers' log lines;
 - the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw;
 - the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29).
 
@@ -105,6 +106,19 @@ class Fault:
 
 
 @dataclasses.dataclass(frozen=True)
+class HandBack:
+    """Jobs a claim gave back unstarted (a consumer's log line: the lineup watch's hand-back, or
+    a worker's give-back of what it did not start): each was claimed, by (pid, token), from
+    before that claim's first start until `at`, and is claimable again from then. No start line
+    shows such a claim, so without this the checker would take the job for claimable all along."""
+    deploy: str
+    pid: int
+    token: int
+    jobs: tuple[int, ...]
+    at: float  # monotonic, when the line was written (after the give-back's COMMIT)
+
+
+@dataclasses.dataclass(frozen=True)
 class FinalRow:
     deploy: str
     job: int
@@ -138,6 +152,7 @@ class History:
     # key apart; and the key each keyed job was put with
     rates: dict[str, list[tuple[int, float, bool]]] = dataclasses.field(default_factory=dict)
     job_keys: dict[JobKey, str] = dataclasses.field(default_factory=dict)
+    hand_backs: list[HandBack] = dataclasses.field(default_factory=list)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import Enqueue, Exit, Fault, FinalRow, History, Refused, Run
+from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, Run
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -180,6 +180,28 @@ def test_a_claim_that_takes_a_low_priority_job_while_a_high_one_waits_is_caught(
     assert rules(history(runs, enqueues)) == {"priority": 1}
     # Any fault between the two claims excuses it: job 4 may have been held by a claim that died.
     assert checker.check(history(runs, enqueues, faults=[Fault("kill_connection", 2.5, 2.5, 77)])).ok
+
+
+def test_a_job_held_by_a_claim_that_handed_it_back_unstarted_was_not_waiting():
+    # pid 10 claims job 3 (priority 0) after 2.0; job 4 (priority 9, acknowledged at 0.5) was
+    # claimed by pid 12's batch (its first start, job 5's, at 1.2) and handed back unstarted at
+    # 2.9, then run by pid 11: held when pid 10 claimed, not waiting.
+    runs = [run(1, 1, 10, 1.0, 2.0, token=1), run(3, 1, 10, 2.1, 2.2, token=2),
+            run(2, 1, 11, 1.0, 3.0, token=5), run(4, 1, 11, 3.1, 3.2, token=6, priority=9),
+            run(6, 1, 12, 0.6, 1.1, token=8), run(5, 1, 12, 1.2, 4.0, token=7)]
+    enqueues = [enq(1), enq(2), enq(3), enq(4, at=0.5, priority=9), enq(5), enq(6)]
+    handed = HandBack("main", 12, 7, (4,), 2.9)
+    # Without the hand-back's line the checker saw job 4 waiting (behind pid 10's and 12's claims)
+    assert rules(history(runs, enqueues)) == {"priority": 2}
+    assert checker.check(dataclasses.replace(history(runs, enqueues), hand_backs=[handed])).ok
+    # Handed back before pid 10's claim could start (at 1.4): claimable then, and left waiting
+    early = dataclasses.replace(handed, at=1.4)
+    assert rules(dataclasses.replace(history(runs, enqueues), hand_backs=[early])) == {"priority": 1}
+    # The claim that handed it back is judged too: pid 12's batch was claimed after 2.5 (its
+    # last batch's end), later than pid 10's first start, while job 4 waited from 0.5
+    late = [r for r in runs if r.pid != 12] + [run(6, 1, 12, 1.0, 2.5, token=8),
+                                                run(5, 1, 12, 2.6, 4.0, token=7)]
+    assert rules(dataclasses.replace(history(late, enqueues), hand_backs=[handed])) == {"priority": 1}
 
 
 def test_fault_classes_parse_and_a_seed_replays_the_same_schedule():

@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 
-from conftest import wait_until
+from conftest import admin_connect, wait_until
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
@@ -43,6 +43,7 @@ class HeldAndQuick:
     def __init__(self):
         self.release = threading.Event()
         self.starts: list[tuple[int, int, str, float]] = []
+        self.released: list[int] = []  # held jobs whose handler returned
         self.lock = threading.Lock()
 
     def __call__(self, job: Job) -> None:
@@ -50,6 +51,8 @@ class HeldAndQuick:
             self.starts.append((job.id, job.attempts, threading.current_thread().name, time.monotonic()))
         if job.payload.get("hold"):
             assert self.release.wait(60), "never released"
+            with self.lock:
+                self.released.append(job.id)
 
     def started(self, ids) -> list[tuple[int, int, str, float]]:
         with self.lock:
@@ -88,6 +91,46 @@ def test_quick_jobs_claimed_behind_a_long_one_run_on_idle_workers_while_it_runs(
         # and the long job's worker counts them given back (the summary's given_back=, the metrics)
         wait_until(lambda: service.totals().given_back == 8, 15, message="the hand-back counted")
     assert len(handler.starts) == 9  # none ran twice
+
+
+def test_a_worker_claims_again_only_once_what_its_batch_handed_back_is_back(db):
+    # Given a long job and a high-priority job claimed behind it (claims of 2), a low-priority
+    # job left ready, and one polling worker (a polling consumer counts as idle: the watch hands
+    # the high one back while the long one runs)
+    cfg = db.config(wakeup={"use_locks": False}, queue={"order": {"batch_target_s": 0.05}})
+    handler = HeldAndQuick()
+    with Producer("order", cfg) as producer:
+        held = producer.put({"hold": True}, priority=9)
+        high = producer.put({"n": 1}, priority=9)
+        low = producer.put({"n": 2}, priority=1)
+    # ... and a give-back that cannot commit yet: the queue's signal rows, which it bumps after
+    # returning the job, are locked (its job row then stays locked, and claimed, until we let go)
+    blocker = admin_connect(db.admin, db.admin.database)
+    try:
+        cur = blocker.cursor()
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # next-key locks: no slot inserted either
+        cur.execute("BEGIN")
+        cur.execute("SELECT slot FROM nq_signal WHERE queue = 'order' FOR UPDATE")
+        with running(cfg, "order", handler, watching=False, workers=1, batch_size=2) as service:
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.innodb_trx "
+                                         "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE 'INSERT INTO nq_signal%'"),
+                       # innodb_trx is a cache refreshed only when not read for 0.1 s: read slower
+                       15, interval=0.25, message="the give-back under way")
+            assert handler.started([high, low]) == []
+            # When the long job ends while the high one is still on its way back
+            handler.release.set()
+            wait_until(lambda: handler.started([low]) or (
+                held in handler.released and getattr(service.presence.lineup, "in_flight", 0)),
+                15, message="the low job claimed, or the worker waiting for what its batch gives back")
+            blocker.rollback()
+            wait_until(lambda: len(handler.started([high, low])) == 2, 15, message="both ran")
+            # Then the worker's next claim takes the high one first (code before: the low one,
+            # claimed while the high one was still claimed by its own last batch)
+            order = [job_id for job_id, *_ in handler.started([high, low])]
+            assert order == [high, low]
+            assert service.presence.lineup.handed_back == 1
+    finally:
+        blocker.close()
 
 
 def test_with_batch_target_s_0_a_batch_runs_in_order_and_nothing_is_handed_back(db):

@@ -11,7 +11,7 @@ from notifyq.store import schema
 from notifyq.store.sql import migrations, split_statements
 
 TABLES = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt", "nq_meta",
-          "nq_rate", "nq_rate_hold")
+          "nq_rate", "nq_rate_hold", "nq_step")
 
 
 def _apply(db, versions) -> None:

@@ -50,8 +50,10 @@ def test_a_batch_of_n_jobs_moves_the_average_as_n_jobs_one_by_one_would():
 def test_a_hand_back_takes_the_waiting_jobs_only_while_a_job_runs_and_they_never_start():
     batch = Batch(token=7, jobs=jobs(4), lease_s=30.0, claimed_at=0.0)
     assert batch.hand_back() is None  # nothing runs yet: its worker is about to start the first
+    assert batch.given_back.is_set()  # nothing on its way back: the worker's next claim need not wait
     assert [j.id for j in batch.start_next(1)] == [1]
     assert batch.hand_back() == [2, 3, 4]
+    assert not batch.given_back.is_set()  # until the watch says their give-back ended
     assert batch.waiting() == [] and batch.held() == [1]  # no extension covers them any more
     batch.finish()
     assert batch.start_next(1) == []  # the next group ends before a job that is not ours

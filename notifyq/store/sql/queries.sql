@@ -1,6 +1,7 @@
 -- Every statement notifyq runs, except DDL (migrations/). Run only from the store: queries.py,
--- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py and admin_queries.py (the schema-version ones from
--- schema.py, tls_cipher from db.py). Values are always bound parameters.
+-- completion.py, inserts.py, dedup.py, bells.py, liveness.py, rates.py, steps.py and
+-- admin_queries.py (the schema-version ones from schema.py, tls_cipher from db.py). Values are
+-- always bound parameters.
 
 -- schema_version --
 SELECT value FROM nq_meta WHERE name = 'schema_version'
@@ -976,6 +977,36 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- A handler's cooperative check; no row means the claim is no longer ours: stop as well.
 SELECT cancel_requested FROM nq_job
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+
+-- steps_of_job --
+-- Durable steps (store/steps.py): the finished steps of a job, read once per run as its first
+-- step starts. Inside a job.transaction() block, a plain read in the block's transaction.
+SELECT name, result FROM nq_step WHERE job_id = %(id)s
+
+-- step_claim_held --
+-- A step's fence, in the transaction that stores it: the job still claimed by this run's claim.
+-- A locking read (LOCK IN SHARE MODE: MariaDB has no FOR SHARE) so that a take-back of the claim
+-- (an UPDATE of the row) waits until the step has committed or rolled back: a run that takes
+-- the job over then reads the step as it is, never one that commits after it looked.
+SELECT id FROM nq_job WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
+LOCK IN SHARE MODE
+
+-- step_insert --
+-- In the step's own transaction after step_claim_held, or in the job.transaction() block the
+-- step was taken in (whose completion is fenced by the claim).
+INSERT INTO nq_step (job_id, name, result, claim_token, attempt, done_at)
+VALUES (%(id)s, %(name)s, %(result)s, %(token)s, %(attempt)s, UTC_TIMESTAMP(6))
+
+-- step_stored --
+-- After a COMMIT whose reply was lost (Session.run's committed check): did it store the step?
+SELECT 1 FROM nq_step WHERE job_id = %(id)s AND name = %(name)s AND claim_token = %(token)s
+
+-- steps_purge --
+-- Retention: the steps of these jobs go once their job and all its attempt records are gone.
+DELETE s FROM nq_step s
+WHERE s.job_id IN %(ids)s
+  AND NOT EXISTS (SELECT 1 FROM nq_attempt a WHERE a.job_id = s.job_id)
+  AND NOT EXISTS (SELECT 1 FROM nq_job j WHERE j.id = s.job_id)
 
 -- periodic_last_tick --
 SELECT last_tick FROM nq_periodic WHERE queue = %(queue)s AND name = %(name)s

@@ -61,3 +61,22 @@ SET @nq_ddl = IF((SELECT COUNT(*) FROM information_schema.COLUMNS
 PREPARE nq_stmt FROM @nq_ddl;
 EXECUTE nq_stmt;
 DEALLOCATE PREPARE nq_stmt;
+
+-- ---------------------------------------------------------------- durable steps
+--
+-- nq_step: a job's finished steps (job.step(name), store/steps.py), one row per step that
+-- committed: its result (JSON), and the claim and attempt that stored it. A later run of the job
+-- (a retry, a run after a take-back) reads them and skips those steps. Written fenced by the
+-- claim (the job still claimed by that token, its row locked in share mode until the step
+-- commits), in the step's own transaction or in the job.transaction() block it was taken in.
+-- Deleted with the job's last attempt record (retention: admin_queries.purge_old_attempts and
+-- purge_gone_attempts).
+CREATE TABLE IF NOT EXISTS nq_step (
+    job_id       BIGINT UNSIGNED   NOT NULL,
+    name         VARCHAR(191)      NOT NULL,
+    result       MEDIUMTEXT        NOT NULL,
+    claim_token  BIGINT UNSIGNED   NOT NULL,
+    attempt      SMALLINT UNSIGNED NOT NULL,
+    done_at      DATETIME(6)       NOT NULL,
+    PRIMARY KEY (job_id, name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
