@@ -16,6 +16,7 @@ claim to the acks it leaves with its worker's pending acks (acking.py: they ride
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Protocol
@@ -465,7 +466,8 @@ class BatchRun:
             completion.revoked = True
         old = self.work
         self.worker.replace_work_session()
-        timeout.end_connection(self.work, self.queue, old.connection_id)
+        timeout.end_connection(self.work, self.queue, old.connection_id,
+                               old.answered_at if old.answered_at > -math.inf else None)
         timeout.end_callers(self.work, self.queue, batch.token,
                             {job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
         stray.abandon(old.close)

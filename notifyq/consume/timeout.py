@@ -47,12 +47,13 @@ def fail_timed_out(handler: Handler, jobs: list[Job], timeout_s: float) -> None:
     handler.report(failed)
 
 
-def end_connection(session: Session, queue_name: str, conn_id: int | None) -> None:
-    """A timed-out call's connection ended, and waited for, from the new work session."""
+def end_connection(session: Session, queue_name: str, conn_id: int | None, alive_at: float | None = None) -> None:
+    """A timed-out call's connection ended, and waited for, from the new work session (not
+    killed if the server restarted since alive_at, when it was last known open)."""
     if conn_id is None:
         return
     try:
-        ended = session.run(lambda cur: queries.end_connection(cur, conn_id),
+        ended = session.run(lambda cur: queries.end_connection(cur, conn_id, session, alive_at),
                             what="end a timed-out handler's connection")
     except errors.NotifyqError as e:
         ended, reason = False, str(e)

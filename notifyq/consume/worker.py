@@ -54,6 +54,7 @@ class Worker:
         self.budget = budget
         self.batch_size = batch_size or self.qc.batch_size
         self.exit_when_empty = exit_when_empty
+        self._held_s: float | None = None  # the last claim's: a rate held jobs back this long
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -106,6 +107,11 @@ class Worker:
                     self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
+                        if self._held_s is not None:
+                            # A rate held ready jobs back: they are not gone, they wait for its
+                            # refill; a cron run waits for it too, instead of leaving them.
+                            self.stop.wait(self._held_s)
+                            continue
                         if self._reap_before_exit():
                             continue  # a dead peer's jobs came back: they are ours to run
                         break
@@ -234,6 +240,7 @@ class Worker:
         # The settings the claim is made with, read once: a reload (the service's thread) may
         # replace them while the claim is on the wire, and the batch must track the lease it holds.
         qc, handler = self.qc, self.handler
+        self._held_s = None
         rates = Rates.of(qc)
         want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(
             handler, self.batch_size, qc.batch_target_s, rated=rates is not None))
@@ -256,6 +263,7 @@ class Worker:
         if claim.jobs:
             self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
                             owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
+        self._held_s = claim.held_s
         return len(claim.jobs), claim.drained
 
     def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:

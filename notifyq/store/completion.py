@@ -257,8 +257,8 @@ class Completion:
         session = self.session
 
         def ask(cur) -> bool | None:
-            if conn_id is not None and session.server_up_s() > time.monotonic() - sent_at:
-                if not queries.end_connection(cur, conn_id):
+            if conn_id is not None:
+                if not queries.end_connection(cur, conn_id, session, sent_at):
                     return None  # it outlived its KILL: it may commit yet, so no read tells
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})

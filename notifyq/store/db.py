@@ -124,6 +124,7 @@ class Session:
         self.node = ""  # the server's identity (NODE_IDENTITY_SQL) since the last connect
         self.galera = False  # the server is a Galera node (wsrep provider loaded)
         self._server_started_at = -math.inf  # monotonic, from the server's Uptime at connect
+        self._server_started_no_earlier = -math.inf  # monotonic: the same reading's other bound
         # Monotonic time at which the last transaction that succeeded was sent: the connection (of
         # this generation, if it did not reconnect since) was open then, and with it its locks.
         self.answered_at = -math.inf
@@ -134,6 +135,13 @@ class Session:
         connect, is a difference of whole-second clock readings, up to a second over (a server
         0.3 s old said 1), so a second less than it."""
         return time.monotonic() - self._server_started_at
+
+    def restarted_after(self, t: float) -> bool:
+        """Whether the server started, for sure, after monotonic time `t` (a restart since then):
+        a connection of ours alive at `t` is gone, and its id may name another client's session
+        now. Uptime is never less than the truth, so the server started no earlier than the
+        connect's time less Uptime."""
+        return self._server_started_no_earlier > t
 
     @property
     def connected(self) -> bool:
@@ -266,7 +274,9 @@ class Session:
         host, port = self.dsn.servers[index]
         # At every connect, so also after a failover moved the DSN's address to another server
         _refuse_unless_writer(conn, variables, f"{host}:{port}" if len(self.dsn.servers) > 1 else address(self.dsn))
-        self._server_started_at = time.monotonic() - max(0.0, float(wsrep.get("uptime", "inf")) - 1)
+        now, uptime = time.monotonic(), float(wsrep.get("uptime", "inf"))
+        self._server_started_at = now - max(0.0, uptime - 1)
+        self._server_started_no_earlier = now - uptime
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not ready_for_writes(wsrep):
             conn.close()

@@ -11,6 +11,7 @@ Session own their transaction and retry it whole.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -72,6 +73,7 @@ class Claim:
     # jobs may start at once. It is read before the work session's next statement; if it
     # failed, the claim is lost: start no more of its jobs (their acks would be fenced anyway).
     commit: Pending | None = None
+    held_s: float | None = None  # a rate held jobs back: seconds until it frees a start
 
 
 @dataclass
@@ -280,24 +282,26 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         ]
         if admitted.spent:
             jobs = rating.after_commit(session, commit, jobs)
-        return Claim(jobs, token, drained, False, commit)
+        return Claim(jobs, token, drained, False, commit, admitted.held_s)
 
     runs = 0
     connection: int | None = None
+    sent_at = -math.inf  # when the earlier attempt began on `connection`: it was open then
 
     def once(cur) -> Claim:
-        nonlocal runs, connection
+        nonlocal runs, connection, sent_at
         runs += 1
         if runs > 1:
             if session.connection_id != connection and connection is not None:
                 # A rerun on a new connection (a read timeout, a lost connection): the earlier
                 # attempt may still be running on the server, and commit after we looked.
-                # End it and wait until it is gone, so its outcome is settled ...
-                end_connection(cur, connection)
+                # End it and wait until it is gone, so its outcome is settled (unless the
+                # server restarted since: then it is gone, and its id may be another's) ...
+                end_connection(cur, connection, session, sent_at)
             # ... then, if it did commit, its rows carry this token: hand them back first, or
             # they would sit claimed under a token nobody runs until their lease ends.
             cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
-        connection = session.connection_id
+        connection, sent_at = session.connection_id, time.monotonic()
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
@@ -315,14 +319,15 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
     None: that connection outlived its KILL, so no read tells yet."""
     ids = [j.id for j in jobs]
     earlier = connection  # a connection whose transaction may still commit what we look at
+    alive_at = sent_at  # when `earlier` was last known open
 
     def body(cur) -> list[int] | None:
-        nonlocal earlier
-        if (earlier is not None and earlier != session.connection_id
-                and session.server_up_s() > time.monotonic() - sent_at):
-            if not end_connection(cur, earlier):
+        nonlocal earlier, alive_at
+        if earlier is not None and earlier != session.connection_id:
+            if not end_connection(cur, earlier, session, alive_at):
                 return None
-        earlier = session.connection_id  # a rerun on a new connection ends this one first
+        # a rerun on a new connection ends this one first
+        earlier, alive_at = session.connection_id, time.monotonic()
         if session.galera:  # this node first applies every write set the cluster committed
             cur.execute(Q["wsrep_sync_wait"], {"level": 1})
         try:
@@ -592,9 +597,15 @@ def one_value(session: Session, name: str, params: dict[str, Any], what: str) ->
 END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
 
 
-def end_connection(cur, conn_id: int) -> bool:
+def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: float | None = None) -> bool:
     """KILL one of our own earlier connections and wait until the server has ended it (its
-    transaction then committed or rolled back, for good). False if it outlived the wait."""
+    transaction then committed or rolled back, for good). False if it outlived the wait.
+    session, alive_at: the session `cur` is of, and the monotonic time the connection was last
+    known to be open. If the server restarted since, the connection ended with it, and its id
+    may name another client's session now: nothing is killed (a KILL of it killed an
+    application's session after a server restart)."""
+    if session is not None and alive_at is not None and session.restarted_after(alive_at):
+        return True
     try:
         cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
     except MySQLdb.OperationalError as e:

@@ -107,6 +107,7 @@ class Admitted:
     rows: list[tuple]
     drained: bool
     spent: bool  # the claim spends from a budget: its jobs start only once its COMMIT is read
+    held_s: float | None = None  # jobs were held back: seconds until the first budget frees a start
 
 
 def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple], drained: bool) -> Admitted:
@@ -151,7 +152,8 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
     elif hold is not None and hold[0] is not None and hold[0] <= now:
         statements.append((Q["rate_hold_clear"], {"queue": queue}))
     _write(cur, statements, sum(bool(b.spent) for b in budgets.values()))
-    return Admitted(taken, drained or wake_at is not None, any(b.spent for b in budgets.values()))
+    return Admitted(taken, drained or wake_at is not None, any(b.spent for b in budgets.values()),
+                    None if wake_at is None else max(0.0, (wake_at - now).total_seconds()))
 
 
 def after_commit(session: Session, commit: Any, jobs: list) -> list:

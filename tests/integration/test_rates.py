@@ -241,3 +241,27 @@ def test_a_rated_claim_starts_nothing_until_its_commit_lands_and_a_lost_commit_s
         blocker.close()
         work.close()
         peer.close()
+
+
+def test_an_exit_when_empty_run_on_a_rated_queue_waits_for_each_refill_and_runs_every_job(db):
+    # Given 9 jobs on a queue limited to 4 starts per second
+    cfg = db.config(queue={"q": {"rate": "4/1s"}})
+    _put(cfg, 9)
+    starts: list[float] = []
+    stop = threading.Event()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: starts.append(time.monotonic()), False),
+                    stop=stop, budget=Budget(None), exit_when_empty=True)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    # When a cron-style run (--exit-when-empty) drains it
+    thread.start()
+    try:
+        thread.join(30)
+    finally:
+        stop.set()
+        thread.join(10)
+    # Then it ran all 9 before it exited (the rate held jobs back: they were not gone), never
+    # more than 4 in a second, and nothing is left
+    assert len(starts) == 9, worker.error
+    starts.sort()
+    assert all(starts[i + 4] - starts[i] >= 1.0 - 0.05 for i in range(len(starts) - 4)), starts
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0

@@ -1,0 +1,40 @@
+"""Ending an earlier connection of ours (a claim's rerun, a lost COMMIT's check, a timed-out
+handler's session): killed and waited for, unless the server restarted since it was last known
+open. After a restart its id names nothing of ours: the server counts ids from 1 again, and a
+KILL of it killed an application's session."""
+
+from __future__ import annotations
+
+import time
+
+from notifyq.store import queries
+from notifyq.store.db import Session
+
+
+def _alive(db, conn_id: int) -> bool:
+    return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (conn_id,)) == 1
+
+
+def test_a_connection_last_seen_before_the_servers_start_is_not_killed_and_one_seen_since_is(db):
+    # Given another client's live session (of the same user: a KILL may end it), and a
+    # session of ours on the same server
+    other = Session(db.dsn, name="app")
+    session = Session(db.dsn, name="test")
+    try:
+        other.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        session.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        other_id = other.connection_id
+        started = session._server_started_no_earlier
+        # When we end "our earlier connection" of that id, last known open before this server
+        # started (a restart since: the id is another's now)
+        assert session.run(lambda cur: queries.end_connection(cur, other_id, session, started - 10), what="t")
+        # Then nothing is killed
+        assert _alive(db, other_id)
+        assert other.run(lambda cur: (cur.execute("SELECT 1"), cur.fetchone())[1], what="t") == (1,)
+        other_id = other.connection_id  # (the same session, unless it had to reconnect)
+        # But one last known open since the server started is killed and waited for
+        assert session.run(lambda cur: queries.end_connection(cur, other_id, session, time.monotonic()), what="t")
+        assert not _alive(db, other_id)
+    finally:
+        session.close()
+        other.close()
