@@ -16,17 +16,18 @@ if TYPE_CHECKING:
     from notifyq.sharding.aio import AsyncProducer
     from notifyq.sharding.service import ConsumerService
     from notifyq.sharding.producer import Producer
+    from notifyq.produce.workflow import Workflow
 
 __all__ = ["AsyncProducer", "ClaimLost", "Config", "ConsumeOptions", "ConsumerService", "Job", "NotifyqError",
-           "Producer", "Snooze", "Status", "Task", "TaskRegistry", "cancelled", "load_config", "setup_logging",
-           "task"]
+           "Producer", "Snooze", "Status", "Task", "TaskRegistry", "Workflow", "cancelled", "load_config",
+           "setup_logging", "task"]
 
 # Imported on first use (PEP 562): they pull in the driver, the store and the consumer, which
 # `notifyq --help`, `notifyq config` or a plain `import notifyq.config` never need.
 _LAZY = {"Producer": "notifyq.sharding.producer", "AsyncProducer": "notifyq.sharding.aio",
          "task": "notifyq.tasks", "Task": "notifyq.tasks", "TaskRegistry": "notifyq.tasks",
          "setup_logging": "notifyq.logs", "ConsumeOptions": "notifyq.consume.service",
-         "ConsumerService": "notifyq.sharding.service"}
+         "ConsumerService": "notifyq.sharding.service", "Workflow": "notifyq.produce.workflow"}
 
 
 def __getattr__(name: str) -> Any:

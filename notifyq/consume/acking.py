@@ -37,6 +37,7 @@ class PendingAcks:
         self._waiting: queries.Acks | None = None  # for the next claim to carry
         # Carried by the last claim, whose COMMIT may still be on the wire (None: unread)
         self._riding: tuple[queries.Acks, Pending | None] | None = None
+        self._released = False  # an ack since the last released_children() released workflow children
 
     @property
     def waiting(self) -> bool:
@@ -62,6 +63,7 @@ class PendingAcks:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise
         if acks is not None:
+            self._released |= acks.released > 0
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
@@ -70,6 +72,12 @@ class PendingAcks:
                 # signal moved past what its claim saw, and claims again.
                 self.outcomes.freed()
         return claim
+
+    def released_children(self) -> bool:
+        """Whether an ack since the last call released workflow children: a worker then claims
+        again at once rather than wait for the wake-up (the chain's hand-off). Resets."""
+        released, self._released = self._released, False
+        return released
 
     def flush(self, session: Session) -> None:
         """Before anything but a claim: what waits for one is acked on its own, now."""
@@ -96,6 +104,7 @@ class PendingAcks:
     def _ack(self, session: Session, acks: queries.Acks) -> None:
         try:
             self.outcomes.ack(session, acks)
+            self._released |= acks.released > 0
         except errors.GrantMissing:
             queue, stats = self.outcomes.queue, self.outcomes.stats
             try:

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from notifyq.config import DSN
-from notifyq.store import advisory, liveness, locks
+from notifyq.store import advisory, liveness, locks, workflows
 from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.reaper")
@@ -37,6 +37,7 @@ class ReapResult:
     dead_consumers: int = 0
     reclaimed: int = 0
     expired: int = 0
+    settled: int = 0  # workflow parents whose ends the sweep settled
 
 
 def open_session(dsn: DSN) -> Session:
@@ -103,6 +104,11 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
         result.expired = liveness.reclaim_expired(session)
         if result.expired:
             log.warning("leases expired, jobs returned jobs=%d", result.expired)
+        # Workflow children whose parents ended with no transaction settling them (a burial
+        # here, a cancel before a start, a release a KILL QUERY cut short): settled now
+        result.settled = workflows.settle(session)
+        if result.settled:
+            log.info("workflow parents settled by the sweep parents=%d", result.settled)
     finally:
         if use_locks:
             advisory.release_lock(session, name)

@@ -121,10 +121,11 @@ class Worker:
                             continue  # a dead peer's jobs came back: they are ours to run
                         break
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
-                    busy = self.exit_when_empty or (got > 0 and not drained)
+                    # Children its acks released (workflows) are claimed at once, not at the wake-up
+                    busy = self.exit_when_empty or (got > 0 and not drained) or self.acks.released_children()
                 else:
                     self.acks.flush(self.work)  # an idle worker's jobs are acked before it waits
-                    busy = self._idle()
+                    busy = self.acks.released_children() or self._idle()
             self.acks.flush(self.work)
         except errors.TransientDBError as e:
             if not self.stop.is_set():

@@ -22,6 +22,7 @@ class Status(enum.IntEnum):
     DONE = 3  # only kept when the queue has keep_done = true
     DEAD = 4  # out of attempts; last_error says why
     CANCELLED = 5  # its cancel was requested while it ran (`notifyq jobs cancel`): who and when on the row
+    WAITING = 6  # put with after=: waits for its parents (nq_edge); never claimed until released
 
 
 STATUS_NAMES = {s.value: s.name.lower() for s in Status}

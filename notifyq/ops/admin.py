@@ -98,6 +98,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     job["payload"], trace = _opened(job["payload"])  # (invalid JSON: the consumer will bury it)
     if trace is not None:  # put by a traced enqueue (notifyq.contrib.otel): its trace context
         job["trace"] = trace
+    parents = admin_queries.job_progress(session, job_id)
+    if any(parents.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
+        job["parents"] = parents
     if history:
         job["history"] = attempts(session, job_id)
     return job

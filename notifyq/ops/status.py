@@ -13,7 +13,7 @@ from notifyq.store import admin_queries
 from notifyq.store.db import Session
 from notifyq.store.flow import FlowLimits
 
-COLUMNS = ("ready", "delayed", "claimed", "dead", "done", "cancelled")
+COLUMNS = ("ready", "delayed", "waiting", "claimed", "dead", "done", "cancelled")
 
 
 def blank() -> dict[str, Any]:
@@ -41,6 +41,8 @@ def _fold(e: dict[str, Any], now: dt.datetime, status: int, future: int, count: 
         e["done"] += count
     elif status == Status.CANCELLED:
         e["cancelled"] += count
+    elif status == Status.WAITING:  # a workflow's job, waiting for its parents: not ready
+        e["waiting"] += count
 
 
 def depths(session: Session, queues: list[str]) -> dict[str, dict[str, Any]]:

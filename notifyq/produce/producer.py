@@ -20,8 +20,8 @@ from notifyq import errors
 from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.jobs import Status, envelope, tracing
-from notifyq.produce import conns
-from notifyq.store import inserts, queries
+from notifyq.produce import conns, workflow
+from notifyq.store import inserts, queries, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -133,9 +133,16 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            dedup: str = KEEP, conn: Any = None, min_version: int | None = None) -> int:
+            dedup: str = KEEP, conn: Any = None, min_version: int | None = None, after: Any = None,
+            run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id: notifyq.Producer.put says how, and what it
         raises."""
+        if after is not None:
+            if dedup is not KEEP:
+                replaces(dedup, dedup_key)  # checked; a dedup key is refused with after= below
+            return self.put_many([payload], priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
+                                 key=key, conn=conn, min_version=min_version, after=after, run_anyway=run_anyway,
+                                 dedup_key=dedup_key)[0]
         if min_version is not None:  # (the usual call's path below never tests for it)
             version = _min_version(min_version, dedup_key)
             row = self._row(payload, priority, delay, run_at, max_attempts, dedup_key, key)
@@ -156,12 +163,22 @@ class Producer:
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 key: str | None = None, conn: Any = None, min_version: int | None = None) -> list[int]:
+                 key: str | None = None, conn: Any = None, min_version: int | None = None, after: Any = None,
+                 run_anyway: bool = False, dedup_key: str | None = None) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job; the rows go as multi-row
         INSERTs of up to `producer.chunk_size` rows, each within the server's
         `max_allowed_packet`."""
-        version = _min_version(min_version, None) if min_version is not None else None
+        version = _min_version(min_version, dedup_key) if min_version is not None else None
+        if after is not None:
+            if dedup_key is not None:
+                raise errors.InputError("dedup_key cannot be used with after= (a waiting job holds no key)")
+            parents = workflow.check_after(after)
+            options = workflow.options_of(priority, delay, run_at, max_attempts)
+            wf = workflow.Workflow()
+            for payload in self._payload_list(payloads):
+                wf.add(self.queue, payload, after=parents, run_anyway=run_anyway, key=key, **options)
+            return self._put_workflow_traced(wf, conn, version) if len(wf) else []
         rows = self.rows(payloads, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
                          key=key)
         return self._write(rows, conn, min_version=version) if rows else []
@@ -171,12 +188,80 @@ class Producer:
              key: str | None = None) -> list[tuple]:
         """The jobs' rows, every argument checked (InputError) before anything is written: for
         put_many, and for sharding's dealer, which puts them on several servers (put_rows)."""
-        if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
-            raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
+        payloads = self._payload_list(payloads)
         options = self._options(priority, delay, run_at, max_attempts, None)
         if key is not None:
             key = values.job_key("key", key)
         return [(self.queue, *options, self._payload_text(p), None, key) for p in payloads]
+
+    @staticmethod
+    def _payload_list(payloads: Any) -> Iterable[Any]:
+        if isinstance(payloads, (str, bytes, dict)) or not hasattr(payloads, "__iter__"):
+            raise errors.InputError(f"payloads: expected a list of payloads, got {values.shown(payloads)}")
+        return payloads
+
+    def put_workflow(self, wf: "workflow.Workflow", *, conn: Any = None) -> list[int]:
+        """Put a workflow's jobs and edges in one transaction (all or none), on this producer's
+        server, and return their ids in the order they were added (each Ref's id is set too):
+        notifyq.Producer.put_workflow says how, and what it raises."""
+        if not isinstance(wf, workflow.Workflow):
+            raise errors.InputError(f"expected a notifyq.Workflow, got {values.shown(wf)}")
+        return self._put_workflow_traced(wf, conn, None)
+
+    def _put_workflow_traced(self, wf: "workflow.Workflow", conn: Any, min_version: int | None) -> list[int]:
+        """put_workflow (and put(after=)): inside the installed tracer's "send" span as any put
+        is, each job stored with the span's context; min_version: every job's, checked."""
+        tracer = tracing.HOOK
+        if tracer is None:
+            ids = self._put_workflow(wf, conn, None, min_version)
+        else:
+            dsn = self.config.dsn
+            ids = tracer.send(self.queue, len(wf), (dsn.host, dsn.port if not dsn.unix_socket else None),
+                              lambda context: self._put_workflow(wf, conn, context, min_version))
+        workflow.placed(wf, ids)
+        return ids
+
+    def _put_workflow(self, wf: "workflow.Workflow", conn: Any, context: str | None,
+                      min_version: int | None) -> list[int]:
+        """put_workflow's transaction; context: the trace context each job's envelope carries."""
+        chunk = self.config.producer.chunk_size
+
+        def body(cur: Any, packet: int) -> list[int]:
+            ids = workflow.put_body(wf, row, chunk, packet)(cur)
+            if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
+                inserts.require_version(cur, ids, min_version)
+            return ids
+
+        def row(queue: str, payload: Any, options: dict[str, Any], status: Any) -> tuple:
+            attempts = options.get("max_attempts") or self.config.queue(queue).max_attempts
+            how = self._options(options.get("priority", 0), options.get("delay", 0), None, attempts, None)
+            text = self._payload_text(payload)
+            if context is not None:
+                text = envelope.stamped(text, context)
+            key = options.get("key")
+            if key is not None:
+                key = values.job_key("key", key)
+            return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
+
+        if conn is not None:
+            return self._run_caller(body, conn, True)
+        with self._mutex:
+            session = self._work_session()
+            packet = session.max_allowed_packet
+            return self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
+                                               committed=inserts.jobs_stored)
+
+    def progress(self, job_id: int) -> dict[str, int]:
+        """A waiting job's parents (a batch callback's: the batch's members), counted: done,
+        failed (dead or cancelled), pending."""
+        with self._mutex:
+            return self._work_session().run(lambda cur: workflows.progress(cur, job_id), what="progress")
+
+    def parent_results(self, job_id: int) -> dict[int, Any]:
+        """Job `job_id`'s parents' results (decoded JSON; None where none was kept), by parent id."""
+        with self._mutex:
+            found = self._work_session().run(lambda cur: workflows.parent_results(cur, job_id), what="results")
+        return {parent: None if text is None else json.loads(text) for parent, text in found.items()}
 
     def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
                  key: str | None = None) -> tuple:
@@ -388,15 +473,21 @@ class Producer:
         producer's own state (no wait for its other calls). On a connection in autocommit mode
         with no transaction open, a put of several statements (a dedup key, several INSERTs)
         runs as a transaction of its own: its key lock must last until its job is in."""
+        # min_version: the UPDATE after the INSERT, which must commit with it
+        return self._run_caller(self._body(rows, unique, replace, min_version), conn,
+                                unique or len(rows) > 1 or min_version is not None)
+
+    def _run_caller(self, body: Callable[[Any, int], Any], conn: Any, several: bool) -> Any:
+        """body(cursor, max_packet) on the caller's connection (_write_caller). several: more than
+        one statement, which must commit together."""
         conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
-        body = self._body(rows, unique, replace, min_version)
         try:
             cur = conn.cursor()
             try:
                 max_packet = self._caller_max_packet(conn, cur)
-                if (unique or len(rows) > 1) and inserts.outside_transaction(conn, cur):
+                if several and inserts.outside_transaction(conn, cur):
                     return inserts.in_own_transaction(conn, cur, lambda c: body(c, max_packet))
                 return body(cur, max_packet)
             finally:

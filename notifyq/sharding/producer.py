@@ -89,7 +89,8 @@ class Producer:
 
     def put(self, payload: Any, *, priority: int = 0, delay: float = 0, run_at: dt.datetime | None = None,
             max_attempts: int | None = None, dedup_key: str | None = None, key: str | None = None,
-            dedup: str = "keep", conn: Any = None, min_version: int | None = None) -> int:
+            dedup: str = "keep", conn: Any = None, min_version: int | None = None,
+            after: Iterable[int] | None = None, run_anyway: bool = False) -> int:
         """Put one job on the queue and return its id.
 
         Args:
@@ -118,6 +119,10 @@ class Producer:
                 --version`) that may run the job, a whole number (rolling deploys: a job that
                 needs new code is never claimed by an old consumer). None: any consumer. Not
                 with `dedup_key`. On a spread queue the job goes to the home shard.
+            after: ids of jobs (on any queue of this server) the job waits for: it runs once
+                every one is done (docs: workflows.md), and ends cancelled if one ends dead or
+                cancelled, unless `run_anyway`, when it runs once every one has ended.
+            run_anyway: with `after`: run once the parents ended, whatever their outcome.
 
         Raises:
             notifyq.errors.InputError: a bad argument, or a payload that is not JSON or too big;
@@ -125,6 +130,11 @@ class Producer:
             notifyq.errors.DatabaseError: the server stayed unreachable for `retry_s`.
             notifyq.errors.OutcomeUnknown: the connection died during the COMMIT.
         """
+        if after is not None:
+            return self._workflow_producer().put(payload, priority=priority, delay=delay, run_at=run_at,
+                                                 max_attempts=max_attempts, dedup_key=dedup_key, key=key,
+                                                 dedup=dedup, conn=conn, min_version=min_version, after=after,
+                                                 run_anyway=run_anyway)
         if self._pinned is not None:
             return self._pinned.put(payload, priority=priority, delay=delay, run_at=run_at, max_attempts=max_attempts,
                                     dedup_key=dedup_key, key=key, dedup=dedup, conn=conn, min_version=min_version)
@@ -144,7 +154,8 @@ class Producer:
 
     def put_many(self, payloads: Iterable[Any], *, priority: int = 0, delay: float = 0,
                  run_at: dt.datetime | None = None, max_attempts: int | None = None,
-                 key: str | None = None, conn: Any = None, min_version: int | None = None) -> list[int]:
+                 key: str | None = None, conn: Any = None, min_version: int | None = None,
+                 after: Iterable[int] | None = None, run_anyway: bool = False) -> list[int]:
         """Put many jobs in one transaction (all or none) and return their ids, in the order of
         `payloads`. The arguments are put()'s, the same for every job (one `key` for them all);
         the rows go as multi-row INSERTs of up to `producer.chunk_size` rows, each within the
@@ -152,6 +163,9 @@ class Producer:
         round-robin over the shards, each shard's share one transaction there; jobs with a
         `key` all go to the key's shard, in one transaction."""
         options = {"priority": priority, "delay": delay, "run_at": run_at, "max_attempts": max_attempts}
+        if after is not None:
+            return self._workflow_producer().put_many(payloads, key=key, conn=conn, min_version=min_version,
+                                                      after=after, run_anyway=run_anyway, **options)
         if self._pinned is not None:
             return self._pinned.put_many(payloads, conn=conn, key=key, min_version=min_version, **options)
         if key is not None:
@@ -165,6 +179,39 @@ class Producer:
             return self._on(self._home).put_many(payloads, min_version=min_version, **options)
         rows = self._on(self._home).rows(payloads, **options)  # every payload checked before any is put
         return self.put_rows(rows) if rows else []
+
+    def put_workflow(self, workflow: Any, *, conn: Any = None) -> list[int]:
+        """Put a `notifyq.Workflow`'s jobs and the edges between them in one transaction (all or
+        none) and return their ids, in the order the jobs were added (each of its refs gets its
+        `id` too). Every queue of a workflow lives on this producer's server: a workflow lives on
+        one shard, and a queue spread over shards takes none.
+
+        Raises:
+            notifyq.errors.InputError: a cycle, a parent id that names no job, too many edges,
+                a bad argument of a job; nothing was written.
+        """
+        producer = self._workflow_producer()
+        for queue in workflow.queues():
+            if self.config.shards and (self.placement.spread(queue) or self.placement.home(queue) != self._home):
+                raise errors.InputError(f"queue {queue} is not on shard {self._home}, this producer's: a workflow "
+                                        "lives on one shard")
+        return producer.put_workflow(workflow, conn=conn)
+
+    def progress(self, job_id: int) -> dict[str, int]:
+        """A waiting job's parents counted (a batch callback's: the batch's), by where they are:
+        `{"done": n, "failed": n, "pending": n}`."""
+        return self._workflow_producer().progress(job_id)
+
+    def parent_results(self, job_id: int) -> dict[int, Any]:
+        """The results of job `job_id`'s parents, by parent id (None: not done, or the parent's
+        queue keeps no results): what a child or a batch callback reads."""
+        return self._workflow_producer().parent_results(job_id)
+
+    def _workflow_producer(self) -> one_server.Producer:
+        if self._pinned is None:
+            raise errors.InputError(f"queue {self.queue} is spread over shards: a workflow lives on one "
+                                    "server (pin its queues to a shard)")
+        return self._pinned
 
     def line_row(self, payload: Any, priority: int, delay: float, run_at: dt.datetime | None,
                  key: str | None = None) -> tuple:

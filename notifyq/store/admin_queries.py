@@ -12,7 +12,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from notifyq.store import dedup, liveness, queries
+from notifyq.store import dedup, liveness, queries, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES as Q
@@ -121,6 +121,7 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         if n:
             for queue in {j[1] for j in jobs}:
                 queries.bump_signal(cur, queue, n)
+            workflows.revive(cur, ids)  # what a workflow cancelled for them waits again
         return n
 
     return session.run(body, what="retry jobs")
@@ -154,15 +155,21 @@ def _record_gone(cur, ids: list[int], statuses: tuple[int, ...], outcome: str, w
                                        "host": queries.HOST, "why": why})
 
 
+def job_progress(session: Session, job_id: int) -> dict[str, int]:
+    """A workflow job's parents counted by where they are (workflows.progress)."""
+    return session.run(lambda cur: workflows.progress(cur, job_id), what="job progress")
+
+
 def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | None:
     """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone).
     by: who asks (kept with the cancel; default: this process's user@host)."""
     by = by or who()
 
     def body(cur) -> str | None:
-        _record_gone(cur, [job_id], (0, 1), "cancelled", f"cancelled before it ran by {by}")
+        _record_gone(cur, [job_id], (0, 1, 6), "cancelled", f"cancelled before it ran by {by}")
         cur.execute(Q["job_cancel_pending"], {"id": job_id})
         if cur.rowcount:
+            workflows.settle_failed(cur, [job_id], "cancelled")  # what waits for it, in turn
             return "deleted"
         cur.execute(Q["job_cancel_running"], {"id": job_id, "by": by[:255]})
         return "requested" if cur.rowcount else None

@@ -43,6 +43,7 @@ from notifyq import errors
 from notifyq.jobs import Job, run_of
 from notifyq.store import queries
 from notifyq.store import results as kept
+from notifyq.store import workflows
 from notifyq.store.db import Session, shut_down, socket_of
 from notifyq.store.driver import Ids, cut_short, describe, error_code, is_connection_lost
 from notifyq.store.pipeline import Waiting
@@ -173,6 +174,10 @@ class Completion:
             # One mogrify for the three (each param rendered once); the COMMIT goes alone, once
             # their replies said each did its part (COMPLETION_COUNTS)
             query = cur.mogrify(";\n".join(statements), params)
+            # The first step of the release of its children (workflows), last, in the same
+            # transaction: fenced by its record; the rest runs below when it marked any edge
+            query += "".join(";\n" + cur.mogrify(sql, p)
+                             for sql, p in workflows.release_statements([job.id], self.token))
             counts: list[int] = []
             # Watched as any call of the session (consume/stall.py): a KILL QUERY landing between
             # two of the query's statements makes the server drop the rest unanswered, and the
@@ -208,7 +213,10 @@ class Completion:
                         f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
                         "nothing was stored, the job runs again") from None
                 raise  # (a KILL QUERY's 1317 among them: rolled back below)
-            if counts != COMPLETION_COUNTS:
+            marked = counts[len(COMPLETION_COUNTS)] if len(counts) > len(COMPLETION_COUNTS) else 0
+            if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and marked:
+                workflows.release_rest(cur, [job.id], marked)  # before the COMMIT, in the block's transaction
+            if counts[:len(COMPLETION_COUNTS)] != COMPLETION_COUNTS:
                 # The completion changed no row: the claim was taken back, or a KILL QUERY cut
                 # the statement short (the server then replies OK, 0 rows, and no error).
                 raise errors.ClaimLost(f"job {job.id}: its completion did not land (the claim was taken back, "
@@ -402,6 +410,7 @@ def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: s
     cur.execute(Q["complete_record"], params)
     if cur.rowcount != 1:  # a KILL QUERY's OK reply to a statement it cut short
         raise cut_short(f"job {job.id}: its completion's record was not written")
+    workflows.release_after_completion(cur, job.id, token)  # its children, in the same transaction
     return True
 
 

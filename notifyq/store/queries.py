@@ -26,11 +26,13 @@ from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
 from notifyq.store.flow import FlowClaims
 from notifyq.store.pipeline import Pending
+from notifyq.store import workflows
+from notifyq.store import signal
+from notifyq.store.signal import SIGNAL_SLOTS, bump_signal  # noqa: F401 - re-exported: inserts, admin
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
 
-SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
@@ -57,14 +59,6 @@ def ensure_queue(cur, queue: str) -> bool:
     """True when the queue's row is new: nothing had used this name before."""
     cur.execute(Q["ensure_queue"], {"queue": queue})
     return cur.rowcount == 1
-
-
-def bump_signal(cur, queue: str, n: int) -> None:
-    cur.execute(*signal_bump(queue, n))
-
-
-def signal_bump(queue: str, n: int) -> tuple[str, dict[str, Any]]:
-    return Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": n}
 
 
 # ---------------------------------------------------------------- claim
@@ -101,6 +95,7 @@ class Acks:
     # A limited queue's name: the ack frees slots, so it bumps the queue's signal in its own
     # transaction (last), and the watcher wakes for the jobs a limit held back (store/flow.py)
     wake: str | None = None
+    released: int = 0  # workflow children this ack released (a hint: its COMMIT may still fail)
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -117,9 +112,16 @@ class Acks:
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
-        if self.wake is not None:
-            out.append(signal_bump(self.wake, len(self.ids)))
+        # Then, in the same transaction: the first step of the release of these jobs' children
+        # (workflows), fenced by the records above; verify() runs the rest when it marked any.
+        out += workflows.release_statements(self.ids, self.token)
+        if self.wake is not None:  # last: a limited queue's freed slots wake its watcher
+            out.append(signal.bump(self.wake, len(self.ids)))
         return out
+
+    def verified(self) -> int:
+        """How many of statements()' first statements verify() checks (the release's are not)."""
+        return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
 
     def _record(self, ids: Ids, started_ages: list[int], ended_ages: list[int]) -> tuple[str, dict[str, Any]]:
         """The attempt records' statement: by the ids' offsets when they lie close together
@@ -146,11 +148,16 @@ class Acks:
         of the rest is still ours (both cut short count the same too)."""
         if self.wake is not None:
             counts = counts[:-1]  # the signal's bump, last
+        # The release's first step (workflows), when statements() sent it
+        marked = counts[self.verified()] if len(counts) > self.verified() else 0
+        counts = counts[:self.verified()]
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
         if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
             raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
+        if marked:  # children of these jobs: the rest of their release, before the COMMIT
+            self.released = workflows.release_rest(cur, self.ids, marked)
 
 
 def still_claimed(cur, ids: list[int], token: int) -> list[int]:
@@ -550,6 +557,12 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 owned.append(f.id)
                 if ended is not None and ended[0]:
                     owned.cancelled.add(f.id)
+                # A job that ended here (dead, or cancelled) settles its workflow's children
+                # in the same transaction: cancelled, or counted where they run anyway
+                if f.id in owned.cancelled:
+                    workflows.settle_failed(cur, [f.id], "cancelled")
+                elif f.delay_s is None and not f.snooze:
+                    workflows.settle_failed(cur, [f.id], "dead")
         if retried or (wake and owned):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
             # of the slot it frees

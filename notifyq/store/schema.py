@@ -20,7 +20,7 @@ log = logging.getLogger("notifyq.schema")
 
 
 # Tables a migration adds that the runtime user writes: an upgrade says so (per-table grants)
-NEW_TABLES = {6: "nq_attempt", 7: "nq_flow_key, nq_rate, nq_rate_hold and nq_step"}
+NEW_TABLES = {6: "nq_attempt", 7: "nq_flow_key, nq_rate, nq_rate_hold and nq_step", 8: "nq_edge"}
 
 
 def code_version() -> int:
@@ -200,7 +200,7 @@ def grants(database: str, user: str) -> list[str]:
     if "@" not in user:
         user = f"'{user}'@'%'"
     tables = ("nq_job", "nq_dedup", "nq_queue", "nq_signal", "nq_consumer", "nq_periodic", "nq_attempt",
-              "nq_rate", "nq_rate_hold", "nq_step", "nq_flow_key")
+              "nq_rate", "nq_rate_hold", "nq_step", "nq_flow_key", "nq_edge")
     out = [f"GRANT SELECT ON `{database}`.`nq_meta` TO {user};"]
     out += [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.`{t}` TO {user};" for t in tables]
     return out

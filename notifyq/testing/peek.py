@@ -22,7 +22,7 @@ from notifyq.store import schema
 from notifyq.store import testing as store
 from notifyq.testing.target import config_of, session_for
 
-PENDING = (Status.READY, Status.SCHEDULED, Status.CLAIMED)
+PENDING = (Status.READY, Status.SCHEDULED, Status.CLAIMED, Status.WAITING)  # waiting: a workflow job
 _BY_NAME = {name: value for value, name in STATUS_NAMES.items()}
 _ANY = object()  # assert_enqueued: this part of the job is not compared
 
@@ -61,7 +61,7 @@ class QueuedJob:
 
 def jobs(config: Config | str | None, queue: str, *, status: str | tuple[str, ...] = "pending",
          task: Task | str | None = None, conn: Any = None, limit: int = 1000) -> list[QueuedJob]:
-    """The queue's jobs, oldest first: pending ones (ready, scheduled or claimed) unless `status`
+    """The queue's jobs, oldest first: pending ones (ready, scheduled, claimed or waiting) unless `status`
     names others ("done" needs the queue's keep_done). `task`: only that task's jobs (a task or
     its name). `conn`: read on this connection (MySQLdb, Django's, SQLAlchemy's), in its current
     transaction; else on a session of notifyq's own, which sees committed jobs only."""

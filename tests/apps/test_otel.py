@@ -245,3 +245,35 @@ def test_a_tasks_run_span_names_its_task(db, spans):
         registry.close()
     (run,) = _named(spans, "process ott")
     assert ran == [1] and run.attributes["notifyq.task"] == "ping"
+
+
+def test_a_workflow_put_is_a_send_span_and_its_waiting_jobs_carry_its_context_to_their_runs(db, spans):
+    # Given a parent, then a child put with after= and a chain put as a workflow on the caller's
+    # connection, each in a traced request
+    config = db.config()
+    tracer = spans.provider.get_tracer("app")
+    conn = MySQLdb.connect(**db.dsn.connect_args())
+    try:
+        with notifyq.Producer("otw", config) as producer, tracer.start_as_current_span("request"):
+            parent = producer.put({"n": 1})
+            child = producer.put({"n": 2}, after=[parent], key="tenant-a")
+            wf = notifyq.Workflow()
+            wf.chain("otw", [{"n": 3}, {"n": 4}], after=[child])
+            chain = producer.put_workflow(wf, conn=conn)
+            conn.commit()
+    finally:
+        conn.close()
+    # Then each put is one send span, and each job stores its own put's span context
+    sends = _named(spans, "send otw")
+    assert len(sends) == 3
+    for send, job_ids in zip(sends, ([parent], [child], chain)):
+        for job_id in job_ids:
+            assert _trace_of(db, job_id)["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
+    # And once released, the waiting jobs run with their payloads as put, each run a child of its put's span
+    seen = []
+    testing.drain(config, "otw", lambda job: seen.append((job.payload["n"], job.key)))
+    assert seen == [(1, None), (2, "tenant-a"), (3, None), (4, None)]
+    runs = {s.attributes["messaging.message.id"]: s for s in _named(spans, "process otw")}
+    for send, job_ids in zip(sends, ([parent], [child], chain)):
+        for job_id in job_ids:
+            assert runs[str(job_id)].parent.span_id == send.context.span_id

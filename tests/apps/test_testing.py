@@ -240,8 +240,8 @@ def test_assert_enqueued_matches_a_tasks_arguments_and_says_what_the_queue_holds
         with pytest.raises(AssertionError, match=r"0 matched") as raised:
             testing.assert_enqueued(db.config(), "mail", task="no.such.task")
         assert f"#{first} ready" in str(raised.value)
-        with pytest.raises(errors.InputError, match="invalid status 'waiting'"):
-            testing.jobs(db.config(), "mail", status="waiting")
+        with pytest.raises(errors.InputError, match="invalid status 'sleeping'"):
+            testing.jobs(db.config(), "mail", status="sleeping")
     finally:
         registry.close()
 

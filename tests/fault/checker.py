@@ -1004,3 +1004,59 @@ def _check_deploy(h: History) -> Report:
         priority_checked=judged,
         max_recovery_s=max(recoveries, default=None),
     )
+
+
+# ------------------------------------------------------------------ workflows (issue 39)
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowRun:
+    """One run of a workflow's job, from the handler's lines: start, and its end if it wrote one
+    (ok: the handler returned; its completion may still have been lost to a fault)."""
+    job: int
+    pid: int
+    start: float
+    end: float | None = None
+    ok: bool = False
+
+
+def check_workflow(runs: Iterable[WorkflowRun], edges: Iterable[tuple[int, int]], final: dict[int, int | None],
+                   callbacks: dict[int, int], effects: dict[int, int]) -> list[Violation]:
+    """The workflow rules:
+    - early_start: a child starts only after every parent is done: an ok end of each parent
+      came before the child's first start (a release that counted a parent twice, or one not
+      done, starts it early);
+    - waits_forever: once the run has drained, no child waits (status 6) whose parents all ended;
+    - released_twice: a child is released once, and completes once: the effect its handler
+      commits with its completion (job.transaction()) lands once;
+    - callback_twice: a batch's callback commits its effect once (the effect rows of its job);
+    - callback_missing: a batch whose members all ended done has its on_success effect.
+    final: job -> its status at the end (None: gone, acked). callbacks: batch callback job ->
+    its member count. effects: job -> effect rows its handler committed."""
+    by_job: dict[int, list[WorkflowRun]] = collections.defaultdict(list)
+    for r in runs:
+        by_job[r.job].append(r)
+    parents: dict[int, list[int]] = collections.defaultdict(list)
+    for parent, child in edges:
+        parents[child].append(parent)
+    out: list[Violation] = []
+    for child, ps in parents.items():
+        starts = sorted(r.start for r in by_job.get(child, ()))
+        if starts:
+            for p in ps:
+                done_at = [r.end for r in by_job.get(p, ()) if r.ok and r.end is not None]
+                if not done_at or min(done_at) > starts[0]:
+                    out.append(Violation("early_start", None, f"job {child} started at {starts[0]:.3f} before "
+                                                               f"parent {p} was done"))
+        ended = all(final.get(p) in (None, DONE, DEAD, CANCELLED) for p in ps)
+        if final.get(child) == 6 and ended:
+            out.append(Violation("waits_forever", None, f"job {child} still waits; its parents {ps} all ended"))
+        if effects.get(child, 0) > 1:
+            out.append(Violation("released_twice", None, f"job {child} committed its effect "
+                                                         f"{effects[child]} times"))
+    for job, members in callbacks.items():
+        n = effects.get(job, 0)
+        if n > 1:
+            out.append(Violation("callback_twice", None, f"callback {job} of {members} members committed {n} times"))
+        if n == 0 and final.get(job) in (None, DONE):
+            out.append(Violation("callback_missing", None, f"callback {job} is done with no effect"))
+    return out

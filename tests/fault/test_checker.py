@@ -703,3 +703,38 @@ def test_a_job_started_after_its_claim_was_taken_back_holds_no_slot():
     assert "key_limit" not in rules(h)
     # and without the fault, three hold at once
     assert rules(dataclasses.replace(h, faults=[])).get("key_limit", 0) >= 1
+
+
+# ------------------------------------------------------------------ workflows (issue 39)
+
+def _wf(job, start, end=None, ok=True, pid=10):
+    return checker.WorkflowRun(job, pid, start, end, ok and end is not None)
+
+
+def test_a_clean_workflow_history_passes():
+    runs = [_wf(1, 1.0, 1.1), _wf(2, 1.0, 1.2), _wf(3, 1.3, 1.4)]
+    assert checker.check_workflow(runs, [(1, 3), (2, 3)], {1: None, 2: None, 3: None}, {3: 2},
+                                  {1: 1, 2: 1, 3: 1}) == []
+
+
+def test_a_child_started_before_a_parent_was_done_is_caught():
+    # the parent's first run was cut short (no ok end), the child started before its second run ended
+    runs = [_wf(1, 1.0, None), _wf(3, 1.5, 1.6), _wf(1, 2.0, 2.1)]
+    found = checker.check_workflow(runs, [(1, 3)], {1: None, 3: None}, {}, {1: 1, 3: 1})
+    assert [v.rule for v in found] == ["early_start"]
+
+
+def test_a_child_left_waiting_after_its_parents_ended_is_caught():
+    runs = [_wf(1, 1.0, 1.1)]
+    found = checker.check_workflow(runs, [(1, 3)], {1: None, 3: 6}, {}, {1: 1})
+    assert [v.rule for v in found] == ["waits_forever"]
+    # while a parent still runs, waiting is right
+    assert checker.check_workflow(runs, [(1, 3)], {1: checker.CLAIMED, 3: 6}, {}, {1: 1}) == []
+
+
+def test_a_child_released_twice_or_a_callback_run_twice_or_never_is_caught():
+    runs = [_wf(1, 1.0, 1.1), _wf(3, 1.2, 1.3), _wf(3, 1.4, 1.5, pid=11)]
+    found = checker.check_workflow(runs, [(1, 3)], {1: None, 3: None}, {3: 1}, {1: 1, 3: 2})
+    assert sorted(v.rule for v in found) == ["callback_twice", "released_twice"]
+    found = checker.check_workflow(runs[:1], [(1, 3)], {1: None, 3: None}, {3: 1}, {1: 1})
+    assert [v.rule for v in found] == ["callback_missing"]

@@ -38,3 +38,21 @@ def record_batch(jobs):
             job.fail("asked to fail", retry=False)
         else:
             _record(job)
+
+
+def workflow_step(job):
+    """The workflow fault test's handler (tests/fault/test_workflow_faults.py): a start line,
+    then one row in wf_effect committed with the job's completion (job.transaction()), then an
+    end line carrying the last moment before that COMMIT (a child its completion releases starts
+    after it). Lines: "S job pid t_mono_ns" and "E job pid t_mono_ns", one os.write each."""
+    fd = os.open(os.path.join(os.environ["NQ_TEST_OUT"], f"{os.getpid()}.wf"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"S {job.id} {os.getpid()} {time.monotonic_ns()}\n".encode())
+        time.sleep(float(os.environ.get("NQ_TEST_SLEEP", "0.02")))
+        with job.transaction() as cur:
+            cur.execute("INSERT INTO wf_effect (job_id, pid) VALUES (%s, %s)", (job.id, os.getpid()))
+            before_commit = time.monotonic_ns()
+        os.write(fd, f"E {job.id} {os.getpid()} {before_commit}\n".encode())
+    finally:
+        os.close(fd)

@@ -120,3 +120,24 @@ def test_a_tasks_min_version_rides_every_enqueue(db):
     assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [(new_id, 4), (any_id, None)]
     with pytest.raises(errors.InputError, match="min_version"):
         registry.task(queue="q", min_version=-1)(lambda: None)
+
+
+def test_a_waiting_workflow_job_keeps_its_min_version_once_released(db):
+    # Given a parent and a child put after it that needs version 3
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        parent = p.put({"n": 0})
+        child = p.put({"n": 1}, after=[parent], min_version=3)
+    assert db.query("SELECT id, min_version FROM nq_job ORDER BY id") == [(parent, None), (child, 3)]
+    session = Session(cfg.dsn)
+    try:
+        # When the parent is done (claimed and acked), which releases the child
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=0)
+        assert [j.id for j in claim.jobs] == [parent]
+        queries.claim(session, "q", OWNER, 10, 60, version=0,
+                      acks=queries.Acks([parent], claim.token, keep=False))
+        # Then an old consumer leaves the released child alone and a version-3 one takes it
+        assert _claim_all(session, 2) == []
+        assert _claim_all(session, 3) == [child]
+    finally:
+        session.close()

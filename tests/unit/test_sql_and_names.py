@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "notifyq"
 SQL_RUNNERS = {"store/queries.py", "store/completion.py", "store/inserts.py", "store/dedup.py", "store/bells.py",
                "store/liveness.py", "store/admin_queries.py", "store/advisory.py", "store/results.py", "store/rates.py",
                "store/steps.py", "store/schema.py", "store/db.py",  # db: tls_cipher
+               "store/workflows.py", "store/signal.py",
                "store/metadata_locks.py", "store/flow.py"}  # status --locks
 
 

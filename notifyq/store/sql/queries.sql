@@ -1032,8 +1032,8 @@ ON DUPLICATE KEY UPDATE outcome = %(outcome)s, ended_at = NOW(6), error = %(why)
 DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status = %(status)s
 
 -- job_cancel_pending --
--- Not yet claimed (ready or scheduled): gone, and its dedup key with it.
-DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
+-- Not yet claimed (ready, scheduled or waiting for its parents): gone, and its dedup key with it.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1, 6)
 
 -- job_cancel_running --
 -- Claimed: the handler sees it through Job.cancel_requested() and stops when it can (a command
@@ -1307,6 +1307,168 @@ LEFT JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
 WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.OBJECT_NAME IN %(names)s
   AND m.LOCK_STATUS IN ('GRANTED', 'PENDING')
 ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, t.PROCESSLIST_TIME DESC, t.PROCESSLIST_ID
+
+-- ---------------------------------------------------------------- workflows (store/workflows.py)
+
+-- insert_edges --
+-- Only the VALUES row is used, after the head: one row per (parent, child).
+INSERT INTO nq_edge (parent_id, child_id, child_queue) VALUES (%s, %s, %s)
+
+-- parents_lock --
+-- The parents named by a put with after=, locked in share mode until the put commits: an ack
+-- or a burial of one of them waits for the put, so it finds the new edges (never a child added
+-- after its parent's end was settled, left waiting).
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s LOCK IN SHARE MODE
+
+-- parents_gone --
+-- Parents with no row, by their records: done (their ack's; the row went with the ack), or
+-- cancelled before they ran (the cancel's record). No record: unknown.
+SELECT job_id, MAX(outcome = 'done') FROM nq_attempt FORCE INDEX (PRIMARY)
+WHERE job_id IN %(ids)s AND outcome IN ('done', 'cancelled', 'purged')
+GROUP BY job_id
+
+-- children_waiting --
+-- A workflow's children, right after their INSERT (status 6): their parents' count and mode.
+UPDATE nq_job FORCE INDEX (PRIMARY) SET waits_on = %(n)s, after_mode = %(mode)s WHERE id IN %(ids)s AND status = 6
+
+-- edges_mark_done --
+-- The ack's release, first step, in the ack's own transaction (queries.Acks) after the ack and its
+-- records: the edges of the parents this claim acked (their 'done' record under its token, written
+-- in this transaction: the fence) go from waiting to marked. An edge is marked once, ever.
+UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 1
+WHERE parent_id IN %(ids)s AND state = 0
+  AND parent_id IN (SELECT job_id FROM nq_attempt WHERE job_id IN %(ids)s AND claim_token = %(token)s
+                    AND outcome = 'done')
+
+-- edges_mark_done_any --
+-- edges_mark_done for parents known to have ended done (a put after them, the sweep): no fence.
+UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 1 WHERE parent_id IN %(ids)s AND state = 0
+
+-- children_count_down --
+-- Each child of the marked edges counts its parents down by how many of its edges were marked
+-- (the row lock on the child orders two parents' acks: the second reads the first's count).
+UPDATE nq_job c
+JOIN (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state IN (1, 4) GROUP BY child_id) d ON d.child_id = c.id
+SET c.waits_on = c.waits_on - LEAST(c.waits_on, d.n)
+WHERE c.status = 6
+
+-- children_failed_count --
+-- A failed parent's children that run anyway (after_mode 1, 2) count the failure.
+UPDATE nq_job c
+JOIN (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state = 4 GROUP BY child_id) d ON d.child_id = c.id
+SET c.parents_failed = c.parents_failed + d.n
+WHERE c.status = 6 AND c.after_mode > 0
+
+-- children_release --
+-- Children of the marked edges with no parent left: ready (or scheduled, when put with a delay
+-- still ahead), exactly once (status 6 is left only here and by a cancel). An on_dead callback
+-- (after_mode 2) whose parents all ended done is not needed: it ends cancelled, with the reason.
+-- (Every assignment reads only columns it does not set.)
+UPDATE nq_job c JOIN nq_edge e FORCE INDEX (PRIMARY) ON e.child_id = c.id
+SET c.status = IF(c.after_mode = 2 AND c.parents_failed = 0, 5, IF(c.run_at > UTC_TIMESTAMP(6), 1, 0)),
+    c.finished_at = IF(c.after_mode = 2 AND c.parents_failed = 0, UTC_TIMESTAMP(6), NULL),
+    c.last_error = IF(c.after_mode = 2 AND c.parents_failed = 0, 'not run: no parent ended dead or cancelled',
+                      c.last_error),
+    c.cancelled_by = IF(c.after_mode = 2 AND c.parents_failed = 0, 'workflow', c.cancelled_by)
+WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status = 6 AND c.waits_on = 0
+
+-- children_wake --
+-- The released children's queues, each bumped by how many it got, as a put bumps them: idle
+-- consumers wake for the children. A child released here is ready now with a marked edge of
+-- these parents (a marked edge lives only inside this transaction).
+INSERT INTO nq_signal (queue, slot, seq)
+SELECT e.child_queue, %(slot)s, COUNT(*) FROM nq_edge e FORCE INDEX (PRIMARY)
+JOIN nq_job c ON c.id = e.child_id
+WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status IN (0, 1) AND c.waits_on = 0
+GROUP BY e.child_queue
+ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)
+
+-- edges_counted --
+-- Last: the marked edges are counted (2 done, 3 failed); a retried ack finds none to count again.
+UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = IF(state = 1, 2, 3) WHERE parent_id IN %(ids)s AND state IN (1, 4)
+
+-- children_to_count --
+-- A release's check, before its count-down: the waiting children of the marked edges, each of
+-- which the count-down must change (by these parents' edges only).
+SELECT COUNT(*) FROM nq_job c
+JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state IN (1, 4)) d ON d.child_id = c.id
+WHERE c.status = 6
+
+-- children_left_waiting --
+-- A release's check, after it: no child of the marked edges waits with no parent left.
+SELECT COUNT(*) FROM nq_job c
+JOIN (SELECT DISTINCT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+      WHERE parent_id IN %(ids)s AND state IN (1, 4)) d ON d.child_id = c.id
+WHERE c.status = 6 AND c.waits_on = 0
+
+-- edges_mark_failed --
+-- A parent that ended dead or cancelled: its waiting edges marked failed (4), counted below.
+UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 4 WHERE parent_id IN %(ids)s AND state = 0
+
+-- children_cancel --
+-- Children of a failed parent that need every parent done (after_mode 0): cancelled, with the
+-- reason; their own children are settled in turn (workflows.settle_failed).
+UPDATE nq_job c JOIN nq_edge e FORCE INDEX (PRIMARY) ON e.child_id = c.id
+SET c.status = 5, c.finished_at = UTC_TIMESTAMP(6), c.cancelled_by = 'workflow', c.cancelled_at = UTC_TIMESTAMP(6),
+    c.last_error = CONCAT('not run: parent ', e.parent_id, ' ended ', %(why)s)
+WHERE e.parent_id IN %(ids)s AND e.state = 4 AND c.status = 6 AND c.after_mode = 0
+
+-- children_cancelled_ids --
+-- The children children_cancel just cancelled (their edge from these parents is still marked).
+SELECT DISTINCT e.child_id FROM nq_edge e FORCE INDEX (PRIMARY) JOIN nq_job c ON c.id = e.child_id
+WHERE e.parent_id IN %(ids)s AND e.state = 4 AND c.status = 5 AND c.cancelled_by = 'workflow'
+
+-- parents_revive --
+-- A dead or cancelled parent retried (`notifyq jobs retry`): its failed edges wait again.
+UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 0 WHERE parent_id IN %(ids)s AND state = 3
+
+-- children_revivable --
+-- The children a workflow cancelled because of these parents, that no other parent failed:
+-- they wait again (each counts its waiting parents afresh), and so do their own children.
+SELECT DISTINCT c.id FROM nq_edge e FORCE INDEX (PRIMARY) JOIN nq_job c ON c.id = e.child_id
+WHERE e.parent_id IN %(ids)s AND c.status = 5 AND c.cancelled_by = 'workflow'
+  AND NOT EXISTS (SELECT 1 FROM nq_edge f WHERE f.child_id = c.id AND f.state = 3)
+FOR UPDATE
+
+-- children_wait_again --
+UPDATE nq_job c
+SET c.status = 6, c.finished_at = NULL, c.cancelled_by = NULL, c.cancelled_at = NULL, c.last_error = NULL,
+    c.waits_on = (SELECT COUNT(*) FROM nq_edge f WHERE f.child_id = c.id AND f.state = 0)
+WHERE c.id IN %(ids)s AND c.status = 5
+
+-- edges_ended --
+-- The sweep (workflows.settle): waiting edges whose parent has ended (done, dead or cancelled,
+-- its row there or gone) though no transaction settled it: a KILL QUERY that cut a release
+-- short, a burial by the reaper. A parent with no row ended done when its ack's record says so,
+-- else it was cancelled before it ran (deleted) or purged.
+SELECT DISTINCT e.parent_id, p.status,
+       EXISTS (SELECT 1 FROM nq_attempt a WHERE a.job_id = e.parent_id AND a.outcome = 'done')
+FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job p ON p.id = e.parent_id
+WHERE e.state = 0 AND (p.id IS NULL OR p.status IN (3, 4, 5))
+LIMIT %(limit)s
+
+-- edges_of_gone --
+-- The sweep: settled edges whose child is gone (done and deleted, purged): nothing reads them.
+SELECT DISTINCT e.child_id FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job c ON c.id = e.child_id
+WHERE e.state IN (2, 3) AND c.id IS NULL
+LIMIT %(limit)s
+
+-- edges_drop --
+DELETE FROM nq_edge WHERE child_id IN %(ids)s
+
+-- job_progress --
+-- A waiting job's parents by where they are: a batch's progress is its callback's.
+SELECT state, COUNT(*) FROM nq_edge FORCE INDEX (ix_child) WHERE child_id = %(id)s GROUP BY state
+
+-- parent_results --
+-- A child's parents' results: each parent's latest 'done' record (results kept per queue).
+SELECT e.parent_id, a.result FROM nq_edge e FORCE INDEX (ix_child)
+LEFT JOIN nq_attempt a ON a.job_id = e.parent_id AND a.outcome = 'done'
+WHERE e.child_id = %(id)s
+ORDER BY e.parent_id, a.ended_at
 
 -- ---------------------------------------------------------------- the operations console (notifyq web)
 -- A job's task is the "task" of its payload (@notifyq.task puts {"task": NAME, ...}), inside the

@@ -1,0 +1,307 @@
+"""Workflows against the real server: a child waits until its parents are done, and is released
+exactly once, in the transaction that ends its parent (docs/workflows.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+
+import MySQLdb
+import pytest
+from conftest import run_cli, wait_until
+from test_effects import drain
+
+import notifyq
+from notifyq import errors
+from notifyq.consume import handlers, reaper
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
+from notifyq.ops import admin
+from notifyq.produce import workflow as workflow_mod
+from notifyq.produce.producer import Producer
+from notifyq.store import queries, workflows
+from notifyq.store.db import Session
+
+WAITING, CANCELLED = 6, 5
+
+
+@contextlib.contextmanager
+def opened(db, retry_s: float = 30.0):
+    session = Session(db.config().dsn, name="test", retry_s=retry_s)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def status(db, job_id):
+    return db.scalar("SELECT status FROM nq_job WHERE id = %s", (job_id,))
+
+
+def test_a_chain_runs_in_order_and_its_jobs_wait_until_then(db):
+    # Given a chain of three jobs
+    wf = notifyq.Workflow()
+    refs = wf.chain("q", [{"n": 0}, {"n": 1}, {"n": 2}])
+    with Producer("q", db.config()) as p:
+        ids = p.put_workflow(wf)
+    # Then the first is ready and the others wait (not claimable, not counted as ready)
+    assert [r.id for r in refs] == ids
+    assert [status(db, i) for i in ids] == [0, WAITING, WAITING]
+    shown = run_cli(db.env, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    figures = json.loads(shown.stdout)["queues"]["q"]
+    assert (figures["ready"], figures["waiting"]) == (1, 2)
+    # When a consumer drains the queue
+    ran = []
+    drain(db, lambda job: ran.append(job.payload["n"]))
+    # Then each ran once, in order, and none is left
+    assert ran == [0, 1, 2]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge WHERE state <> 2") == 0
+    # And a reaper pass's sweep drops the edges of children that are gone
+    reaper.reap_once(db.config().dsn)
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
+
+
+def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db):
+    # Given ten members and an on_success callback, and a queue that keeps results
+    wf = notifyq.Workflow()
+    members = [wf.add("q", {"n": i}) for i in range(10)]
+    batch = wf.batch(members, on_success=("q", {"callback": True}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+        assert p.progress(batch.on_success.id) == {"done": 0, "failed": 0, "pending": 10}
+        # And `notifyq jobs show` of the callback says where its batch is
+        shown = run_cli(db.env, "jobs", "show", str(batch.on_success.id))
+        assert shown.returncode == 0, shown.stderr
+        assert "waiting" in shown.stdout and '"pending": 10' in shown.stdout
+        seen = []
+
+        def handler(job):
+            if job.payload.get("callback"):
+                seen.append((job.id, p.progress(job.id), p.parent_results(job.id)))
+                return None
+            return job.payload["n"] * 10
+
+        # When the members are run (the callback among them, once released)
+        drain(db, handler, result_ttl_s=3600)
+    # Then the callback ran once, after them all, and read every member's result
+    [(job_id, progress, results)] = seen
+    assert job_id == batch.on_success.id
+    assert progress == {"done": 10, "failed": 0, "pending": 0}
+    assert sorted(results.values()) == [n * 10 for n in range(10)]
+
+
+def test_a_dead_parent_cancels_its_waiting_children_and_a_retry_lets_them_go_on(db):
+    # Given a parent with a child, a grandchild, a child that runs anyway, and callbacks
+    wf = notifyq.Workflow()
+    parent = wf.add("q", {"fail": True}, max_attempts=1)
+    child = wf.add("q", {"n": 1}, after=[parent])
+    grandchild = wf.add("q", {"n": 2}, after=[child])
+    anyway = wf.add("q", {"n": 3}, after=[parent], run_anyway=True)
+    batch = wf.batch([parent], on_success=("q", {"n": 4}), on_complete=("q", {"n": 5}), on_dead=("q", {"n": 6}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    ran = []
+    fail = [True]
+
+    def handler(job):
+        if job.payload.get("fail") and fail[0]:
+            raise RuntimeError("boom")
+        ran.append(job.payload.get("n", 0))
+
+    # When the parent ends dead
+    drain(db, handler, keep_done=True)
+    # Then the children that need it done end cancelled with the reason, down the line
+    assert status(db, parent.id) == 4
+    for ref in (child, grandchild, batch.on_success):
+        assert status(db, ref.id) == CANCELLED
+    reason = db.scalar("SELECT last_error FROM nq_job WHERE id = %s", (child.id,))
+    assert reason == f"not run: parent {parent.id} ended dead"
+    # And those that run anyway, or on a death, ran once
+    assert sorted(ran) == [3, 5, 6]
+    # When the dead parent is retried and now succeeds
+    fail[0] = False
+    with opened(db) as session:
+        assert admin.retry(session, parent.id) == "retried"
+    drain(db, handler, keep_done=True)
+    # Then the cancelled children waited again and ran, once each; the others did not run again
+    assert sorted(ran) == [0, 1, 2, 3, 4, 5, 6]
+    assert all(status(db, r.id) == 3 for r in (child, grandchild, batch.on_success))
+
+
+def test_an_ack_run_again_releases_nothing_twice(db):
+    # Given a child of two parents, both claimed
+    with Producer("q", db.config()) as p:
+        a, b = p.put_many([{"n": 0}, {"n": 1}])
+        child = p.put({"n": 2}, after=[a, b])
+    with opened(db) as session:
+        claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+        session.conn  # the claim's COMMIT read
+        assert sorted(j.id for j in claim.jobs) == [a, b]
+        # When parent a's ack runs twice (a retry after a reply lost)
+        assert queries.ack(session, [a], claim.token, keep=False) == 1
+        queries.ack(session, [a], claim.token, keep=False)
+        # Then the child still waits for b: counted down once, not twice
+        assert (status(db, child), db.scalar("SELECT waits_on FROM nq_job WHERE id = %s", (child,))) == (WAITING, 1)
+        # And b's ack releases it, once
+        queries.ack(session, [b], claim.token, keep=False)
+    assert status(db, child) == 0
+
+
+def test_the_completion_in_the_handlers_transaction_releases_its_children(db):
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+
+    def handler(job):
+        if job.id == parent:
+            with job.transaction() as cur:
+                # Then inside the parent's transaction the child still waits
+                cur.execute("SELECT status FROM nq_job WHERE id = %s", (child,))
+                assert cur.fetchone()[0] == WAITING
+
+    ran = drain(db, handler)
+    assert ran.succeeded == 2
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_a_put_after_parents_that_ended_settles_at_once(db):
+    with Producer("q", db.config()) as p:
+        done, dead = p.put_many([{"n": 0}]), p.put_many([{"n": 1}], max_attempts=1)
+        drain(db, lambda job: 1 / job.payload["n"] - 1 / 0 if job.payload["n"] else None)
+        # When children are put after a parent done (its row deleted) and one dead
+        released = p.put({"n": 2}, after=done)
+        cancelled = p.put({"n": 3}, after=dead)
+        anyway = p.put({"n": 4}, after=dead, run_anyway=True)
+    # Then the first is ready at once, the second cancelled, the third ready
+    assert [status(db, i) for i in (released, cancelled, anyway)] == [0, CANCELLED, 0]
+
+
+@pytest.mark.parametrize("case", ["cycle", "unknown parent", "too many edges", "bad queue"])
+def test_bad_input_is_one_clear_error_and_nothing_is_written(db, case, monkeypatch):
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": 0})
+    b = wf.add("q", {"n": 1}, after=[a])
+    if case == "cycle":
+        wf.after(a, [b])
+        match = "cycle: jobs 1, 2"
+    elif case == "unknown parent":
+        wf.add("q", {"n": 2}, after=[999_999])
+        match = "no job 999999"
+    elif case == "too many edges":
+        monkeypatch.setattr(workflow_mod, "MAX_EDGES", 2)
+        with pytest.raises(errors.InputError, match="too many edges"):
+            wf.add("q", {}, after=[a, b])
+        return
+    else:
+        with pytest.raises(errors.InputError, match="queue"):
+            wf.add("no such queue!", {})
+        return
+    with Producer("q", db.config()) as p:
+        with pytest.raises(errors.InputError, match=match):
+            p.put_workflow(wf)
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
+
+
+def test_a_workflow_on_the_callers_connection_is_part_of_its_transaction(db):
+    conn = MySQLdb.connect(**db.config().dsn.connect_args())
+    wf = notifyq.Workflow()
+    wf.chain("q", [{"n": 0}, {"n": 1}])
+    try:
+        with Producer("q", db.config()) as p:
+            # When a workflow is put in the caller's transaction, rolled back
+            p.put_workflow(wf, conn=conn)
+            conn.rollback()
+            # Then nothing of it is stored; and put again and committed, it is
+            assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
+            ids = p.put_workflow(wf, conn=conn)
+            conn.commit()
+    finally:
+        conn.close()  # else the test database's DROP waits for its locks
+    assert [status(db, i) for i in ids] == [0, WAITING]
+
+
+def test_cancelling_a_parent_cancels_what_waits_for_it(db):
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+    with opened(db) as session:
+        assert admin.cancel(session, parent) == "deleted"
+    assert status(db, child) == CANCELLED
+
+
+def test_the_sweep_settles_a_parent_whose_release_never_ran(db):
+    # Given a child whose parent ended done, its release cut short (the edge still waiting)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+    db.query("UPDATE nq_job SET status = 3 WHERE id = %s", (parent,))
+    assert status(db, child) == WAITING
+    # When a reaper pass runs
+    result = reaper.reap_once(db.config().dsn)
+    # Then the sweep released the child
+    assert result.settled == 1 and status(db, child) == 0
+
+
+def test_a_released_child_wakes_an_idle_consumer(db):
+    # Given an idle worker waiting on the queue, and a child waiting for a parent claimed elsewhere
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+    with opened(db) as session:
+        claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+        session.conn
+        ran = []
+        stop = threading.Event()
+        cfg = db.config(wakeup={"poll_max_s": 30.0})
+        worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: ran.append(job.id), False), stop=stop,
+                        budget=Budget(None), batch_size=10)
+        t = threading.Thread(target=worker.run)
+        t.start()
+        try:
+            # When the parent is acked
+            queries.ack(session, [parent], claim.token, keep=False)
+            # Then the idle worker runs the child well before its 30 s poll
+            wait_until(lambda: ran == [child], 10, message="the child run")
+        finally:
+            stop.set()
+            t.join(30)
+
+
+def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monkeypatch):
+    # Given a child of a claimed parent, and a count-down that changes nothing (as a KILL QUERY
+    # that cut it short replies: OK, no row)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        child = p.put({"n": 1}, after=[parent])
+    with opened(db, retry_s=0.5) as session:
+        claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+        session.conn
+        monkeypatch.setitem(workflows.Q, "children_count_down", "DO 0")
+        # When the parent is acked, Then the ack fails before its COMMIT (each try, until it gives up)
+        with pytest.raises(errors.TransientDBError, match="0 of 1 counted down"):
+            queries.ack(session, [parent], claim.token, keep=False)
+    # And nothing of it landed: the parent is still claimed, the child waits for it, its edge too
+    assert status(db, parent) == 2 and status(db, child) == WAITING
+    assert db.scalar("SELECT state FROM nq_edge WHERE parent_id = %s", (parent,)) == 0
+
+
+def test_the_test_drainer_runs_a_workflow_to_its_end(db):
+    # Given a chain of three and a batch callback (an app's test, with notifyq.testing.drain)
+    from notifyq import testing
+
+    wf = notifyq.Workflow()
+    steps = wf.chain("q", [{"n": 0}, {"n": 1}, {"n": 2}])
+    wf.batch(steps, on_success=("q", {"n": 3}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    assert len(testing.jobs(db.config(), "q")) == 4  # waiting jobs are pending
+    ran = []
+    # When the test drains the queue
+    testing.drain(db.config(), "q", lambda job: ran.append(job.payload["n"]))
+    # Then every job ran once, in order, none left waiting
+    assert ran == [0, 1, 2, 3]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
