@@ -99,7 +99,7 @@ def test_by_id_statement_on_attempt_records_reads_their_primary_key_range(db, sm
 def test_every_by_id_statement_is_pinned_above():
     # A new `IN %(ids)s` statement gets a plan test here
     by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
-    assert by_id == set(BY_ID) | set(ATTEMPTS_BY_ID)
+    assert by_id == set(BY_ID) | set(ATTEMPTS_BY_ID) | set(GRAPH_BY_ID)  # (GRAPH_BY_ID: below)
     # (a single-table DELETE takes no index hint: attempts_purge's plan test is its pin)
     assert all("FORCE INDEX (PRIMARY)" in QUERIES[name] for name in (*BY_ID, "completions_landed", "results_missing"))
 
@@ -148,3 +148,43 @@ def test_retention_of_the_records_of_jobs_gone_reads_a_range_of_ix_ended_in_its_
     assert by_table["a"]["key"] == "ix_ended" and by_table["a"]["type"] == "range", plan
     assert "filesort" not in (by_table["a"]["Extra"] or ""), plan
     assert by_table["j"]["key"] == "PRIMARY" and by_table["j"]["type"] in GOOD_ACCESS, plan
+
+
+# Workflows' and steps' statements on a batch's ids: their edges (nq_edge) and steps (nq_step)
+# by primary key or the child index, and the jobs they name by primary key.
+GRAPH_BY_ID = ("children_cancel", "children_cancelled_ids", "children_count_down", "children_failed_count",
+               "children_left_waiting", "children_release", "children_revivable", "children_to_count",
+               "children_wait_again", "children_waiting", "children_wake", "edges_counted", "edges_drop",
+               "edges_mark_done", "edges_mark_done_any", "edges_mark_failed", "parents_gone", "parents_lock",
+               "parents_revive", "steps_purge")
+
+
+def test_every_graph_statement_on_ids_is_pinned():
+    by_id = {name for name, sql in QUERIES.items() if "IN %(ids)s" in sql}
+    assert by_id == set(BY_ID) | set(ATTEMPTS_BY_ID) | set(GRAPH_BY_ID)
+
+
+@pytest.mark.parametrize("name", GRAPH_BY_ID)
+def test_a_graph_statement_on_ids_never_scans_a_table(db, small_queue, name):
+    # Given 300 jobs, each the parent of two others (the claimed ones of two ready ones), edges of
+    # other parents, attempt records and steps
+    session, claim = small_queue
+    db.query("INSERT INTO nq_edge (parent_id, child_id, child_queue, state) "
+             "SELECT p.id, c.id, 'q', 0 FROM nq_job p JOIN nq_job c ON c.id IN (p.id + 100, p.id + 200)")
+    db.query("INSERT INTO nq_edge (parent_id, child_id, child_queue, state) "  # and other parents' edges
+             "SELECT p.id + 1000000, c.id, 'q', 0 FROM nq_job p JOIN nq_job c ON c.id IN (p.id + 1, p.id + 2)")
+    db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+             "SELECT id, 1, 1, queue, 'done', NOW(6) FROM nq_job")
+    db.query("INSERT INTO nq_step (job_id, name, result, claim_token, attempt, done_at) "
+             "SELECT id, 's', '1', 1, 1, NOW(6) FROM nq_job")
+    db.query("ANALYZE TABLE nq_edge, nq_attempt, nq_step")
+    claimed = [job.id for job in claim.jobs]
+    values = {"ids": Ids(claimed), "token": claim.token, "why": "dead", "n": 1, "mode": 0, "slot": 0}
+    params = {p: values[p] for p in re.findall(r"%\((\w+)\)s", QUERIES[name])}
+    # When the statement is explained with 100 ids
+    plan = explain(session, QUERIES[name], params)
+    # Then no table is scanned whole: each is read by a key (a range, or one row per join)
+    for row in plan:
+        if str(row["table"]).startswith("<"):  # a derived table: built from keyed reads
+            continue
+        assert row["type"] in (*GOOD_ACCESS, "ref", "unique_subquery") and row["key"], (name, plan)

@@ -1077,10 +1077,12 @@ SELECT 1 FROM nq_step WHERE job_id = %(id)s AND name = %(name)s AND claim_token 
 
 -- steps_purge --
 -- Retention: the steps of these jobs go once their job and all its attempt records are gone.
-DELETE s FROM nq_step s
-WHERE s.job_id IN %(ids)s
-  AND NOT EXISTS (SELECT 1 FROM nq_attempt a WHERE a.job_id = s.job_id)
-  AND NOT EXISTS (SELECT 1 FROM nq_job j WHERE j.id = s.job_id)
+-- Anti-joins by primary key: NOT EXISTS subqueries were materialised by a scan of every job's
+-- and every record's index.
+DELETE s FROM nq_step s FORCE INDEX (PRIMARY)
+LEFT JOIN nq_attempt a FORCE INDEX (PRIMARY) ON a.job_id = s.job_id
+LEFT JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = s.job_id
+WHERE s.job_id IN %(ids)s AND a.job_id IS NULL AND j.id IS NULL
 
 -- periodic_last_tick --
 SELECT last_tick FROM nq_periodic WHERE queue = %(queue)s AND name = %(name)s
@@ -1428,7 +1430,9 @@ UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 0 WHERE parent_id IN %(ids)s AN
 -- children_revivable --
 -- The children a workflow cancelled because of these parents, that no other parent failed:
 -- they wait again (each counts its waiting parents afresh), and so do their own children.
-SELECT DISTINCT c.id FROM nq_edge e FORCE INDEX (PRIMARY) JOIN nq_job c ON c.id = e.child_id
+-- STRAIGHT_JOIN: the edges of these parents first, then each child by primary key (the
+-- optimizer otherwise read the cancelled jobs first and scanned the edges' index for each).
+SELECT DISTINCT c.id FROM nq_edge e FORCE INDEX (PRIMARY) STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = e.child_id
 WHERE e.parent_id IN %(ids)s AND c.status = 5 AND c.cancelled_by = 'workflow'
   AND NOT EXISTS (SELECT 1 FROM nq_edge f WHERE f.child_id = c.id AND f.state = 3)
 FOR UPDATE
@@ -1457,7 +1461,9 @@ WHERE e.state IN (2, 3) AND c.id IS NULL
 LIMIT %(limit)s
 
 -- edges_drop --
-DELETE FROM nq_edge WHERE child_id IN %(ids)s
+-- By the child index (multi-table form: a single-table DELETE takes no hint; on a small table it
+-- scanned, and locked, every edge).
+DELETE nq_edge FROM nq_edge FORCE INDEX (ix_child) WHERE child_id IN %(ids)s
 
 -- job_progress --
 -- A waiting job's parents by where they are: a batch's progress is its callback's.
