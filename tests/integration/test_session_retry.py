@@ -88,7 +88,7 @@ def _enqueue_once_then_lose_the_connection(session, calls: list, commit_first: b
     (stored, the reply lost): what a client sees when its writer node dies around the COMMIT."""
     def body(cur):
         calls.append(1)
-        ids = inserts.insert_jobs(cur, [("q", 0, 0, 0, 3, '{"n": 1}', None)], max_rows=10,
+        ids = inserts.insert_jobs(cur, [("q", 0, 0, 0, 3, '{"n": 1}', None, None)], max_rows=10,
                                   max_packet=session.max_allowed_packet)
         if len(calls) == 1:
             _lose_the_connection(session, cur, commit_first)

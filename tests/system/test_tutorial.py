@@ -64,6 +64,6 @@ def test_the_tutorial_runs_as_printed_one_job_done_one_retried_one_dead(db, tmp_
     # And the commands of step 5 show it
     status = run_cli(env, "status")
     assert status.returncode == 0
-    assert re.search(r"^welcome\s+0\s+0\s+0\s+1\s+2\s+0\s", status.stdout, flags=re.MULTILINE), status.stdout
+    assert re.search(r"^welcome\s+0\s+0\s+0\s+0\s+1\s+2\s+0\s", status.stdout, flags=re.MULTILINE), status.stdout
     show = run_cli(env, "jobs", "show", str(flaky))
     assert show.returncode == 0 and re.search(r"attempt 1\s+failed", show.stdout) and re.search(r"attempt 2\s+done", show.stdout)
