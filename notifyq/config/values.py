@@ -51,6 +51,15 @@ def job_key(name: str, key: Any, error: type[errors.NotifyqError] = errors.Input
         key.encode()
     except UnicodeEncodeError:
         raise error(f"{name} is not valid UTF-8") from None
+    if name != "dedup_key":
+        # The server compares keys with trailing spaces ignored ("x" and "x " are one key to
+        # it, and " " is the queue's own empty key), and a control character never names a
+        # tenant: refused, where a key that the limits and rates count under was silently
+        # another's (a limited key that never ran, a rated consumer that failed).
+        if key.endswith(" ") or key.isspace():
+            raise error(f"{name} must not end with a space, got {shown(key)}")
+        if any(ch < " " or ch == "\x7f" for ch in key):
+            raise error(f"{name} must not contain control characters, got {shown(key)}")
     return key
 
 

@@ -54,6 +54,12 @@ class PendingAcks:
               flow: FlowClaims | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
         first (or acked again: its COMMIT failed). version: the consumer's code version."""
+        if flow is not None and flow.limits.limited:
+            # A limited queue's claim counts its keys' running jobs from the claimed rows: the
+            # successes that wait would count as running still (the claim's COMMIT acks them
+            # after its count), and hold back their keys' next jobs, a cron run's included (it
+            # exited with them held). Acked first, on their own.
+            self.flush(session)
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:

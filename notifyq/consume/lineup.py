@@ -85,18 +85,16 @@ class ClaimSizer:
         with self._lock:
             self.job_s = per_job if self.job_s is None else self.job_s + weight * (per_job - self.job_s)
 
-    def size_for(self, handler: Handler, batch_size: int, target_s: float, rated: bool = False) -> int:
+    def size_for(self, handler: Handler, batch_size: int, target_s: float) -> int:
         """The next claim's size for `handler`. A per-batch handler's claims stay whole: one call
         runs them all, and smaller batches would only add calls (and a call's fixed cost, spread
         over fewer jobs, would shrink them further). A coroutine handler's take at least one
-        group (`concurrency`), or its jobs would not run at once. A rated queue's claims take
-        what starts at once (one group): a rate counts a job's start at its claim, and jobs
-        claimed to wait behind others would start later than counted, up to a period late."""
+        group (`concurrency`), or its jobs would not run at once. (A rated queue's claims are
+        sized the same: claiming only what starts at once made a refill start one job where the
+        budget had room for more, a third of the rate with four workers.)"""
         if handler.per_batch:
             return batch_size
         group = min(batch_size, max(1, handler.concurrency))
-        if rated:
-            return group
         return max(group, self.size(batch_size, target_s))
 
     def size(self, batch_size: int, target_s: float) -> int:

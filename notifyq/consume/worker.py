@@ -257,8 +257,7 @@ class Worker:
         qc, handler = self.qc, self.handler
         self._held_s = None
         rates = Rates.of(qc)
-        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(
-            handler, self.batch_size, qc.batch_target_s, rated=rates is not None))
+        want = self.budget.take(self.presence.claim_sizers[self.queue].size_for(handler, self.batch_size, qc.batch_target_s))
         if want <= 0:
             return 0, True
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation

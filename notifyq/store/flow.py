@@ -58,6 +58,11 @@ class FlowLimits:
     def of(cls, qc: QueueConfig) -> FlowLimits:
         return cls(qc.limit_per_key, qc.limit, qc.fair, qc.key_limits)
 
+    @property
+    def limited(self) -> bool:
+        """Some running job counts against a limit (fairness alone counts none)."""
+        return bool(self.limit_per_key or self.limit or self.key_limits)
+
     def limit_for(self, key: str | None) -> int:
         """The most running jobs of `key` (0: no limit); a job without a key has none."""
         if key is None:

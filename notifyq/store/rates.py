@@ -166,15 +166,11 @@ def after_commit(session: Session, commit: Any, jobs: list) -> list:
     return [] if commit.failed else jobs
 
 
-KEY_MAX_CHARS = 191  # nq_job.job_key
-
-
 def consume_args(n: Any, key: Any, wait: Any) -> tuple[int, str | None, float | None]:
     """consume_rate's arguments checked: one line naming the bad one."""
     n = values.number("consume_rate: n", n, lo=1, hi=values.RATE_MAX_COUNT, integer=True)
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= KEY_MAX_CHARS):
-        raise errors.InputError(f"consume_rate: key must be a str of 1-{KEY_MAX_CHARS} characters or None, "
-                                f"got {values.shown(key)}")
+    if key is not None:
+        key = values.job_key("consume_rate: key", key)
     if wait is not None:
         wait = values.seconds("consume_rate: wait", wait, positive=False)
     return n, key, wait

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from notifyq import config, errors
-from notifyq.config import DSN
+from notifyq.config import DSN, values
 from notifyq.produce.producer import Producer
 
 
@@ -316,3 +316,16 @@ def test_the_config_load_and_the_periodic_scheduler_accept_and_refuse_the_same_e
     with pytest.raises(errors.ConfigError) as raised:
         periodic.Scheduler(built, ("q",))
     assert refused in message and str(raised.value) == message
+
+
+@pytest.mark.parametrize("key, needle", [("x ", "must not end with a space"), (" ", "must not end with a space"),
+                                         ("\x00", "control characters"), ("a\tb", "control characters"),
+                                         ("a\x7fb", "control characters")])
+def test_a_job_key_the_server_would_confuse_with_another_is_one_clear_error(key, needle):
+    # "x" and "x " are one key to the server (trailing spaces ignored); " " is the queue's own
+    with pytest.raises(errors.InputError) as e:
+        values.job_key("key", key)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    # while a dedup key keeps what it accepted before, and a leading space is a key of its own
+    assert values.job_key("dedup_key", key) == key
+    assert values.job_key("key", "  x") == "  x"
