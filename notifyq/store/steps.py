@@ -41,6 +41,10 @@ def check_name(name: Any) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= NAME_MAX_CHARS:
         raise errors.InputError(f"job.step(name): a name is a string of 1 to {NAME_MAX_CHARS} characters, "
                                 f"got {name!r:.80}")
+    if name.endswith(" "):
+        # The server compares names with trailing spaces ignored: "x" and "x " would be one row
+        # of nq_step (a duplicate key on every run of a job that used both)
+        raise errors.InputError(f"job.step(name): a name must not end with a space, got {name!r:.80}")
     return name
 
 

@@ -305,3 +305,25 @@ def test_the_test_drainer_runs_a_workflow_to_its_end(db):
     # Then every job ran once, in order, none left waiting
     assert ran == [0, 1, 2, 3]
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_a_put_after_a_parent_done_since_the_callers_snapshot_began_counts_it_done(db):
+    # Given an application connection in REPEATABLE READ whose transaction read the jobs table
+    # (its snapshot begins), and a parent that is done and gone after that (its record stays)
+    app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    try:
+        cur = app.cursor()
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT COUNT(*) FROM nq_job")
+        cur.fetchall()
+        parent = 10_000_000
+        db.query("INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, ended_at) "
+                 "VALUES (%s, 1, 1, 'q', 'done', NOW(6))", (parent,))
+        # When a child is put after it on that connection
+        with Producer("q", db.config()) as p:
+            child = p.put({"c": 1}, after=[parent], conn=app)
+        app.commit()
+    finally:
+        app.close()
+    # Then the parent counts as done (it is not "unknown"), and the child is ready to run
+    assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (child,)) == 0

@@ -1324,10 +1324,12 @@ SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s LOCK IN 
 
 -- parents_gone --
 -- Parents with no row, by their records: done (their ack's; the row went with the ack), or
--- cancelled before they ran (the cancel's record). No record: unknown.
+-- cancelled before they ran (the cancel's record). No record: unknown. A locking read: on a
+-- caller's connection in REPEATABLE READ a plain read sees the snapshot of its first read, from
+-- before a parent's ack, and called a parent done since then unknown.
 SELECT job_id, MAX(outcome = 'done') FROM nq_attempt FORCE INDEX (PRIMARY)
 WHERE job_id IN %(ids)s AND outcome IN ('done', 'cancelled', 'purged')
-GROUP BY job_id
+GROUP BY job_id LOCK IN SHARE MODE
 
 -- children_waiting --
 -- A workflow's children, right after their INSERT (status 6): their parents' count and mode.
