@@ -16,7 +16,6 @@ claim to the acks it leaves with its worker's pending acks (acking.py: they ride
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Any, Protocol
@@ -466,10 +465,9 @@ class BatchRun:
             completion.revoked = True
         old = self.work
         self.worker.replace_work_session()
-        timeout.end_connection(self.work, self.queue, old.connection_id,
-                               old.answered_at if old.answered_at > -math.inf else None)
+        timeout.end_connection(self.work, self.queue, old.connection_id, old.open_at, old.server_run)
         timeout.end_callers(self.work, self.queue, batch.token,
-                            {job_id: conn_id for c in stale.values() for job_id, conn_id in c.caller_conns.items()})
+                            {job_id: conn for c in stale.values() for job_id, conn in c.caller_conns.items()})
         stray.abandon(old.close)
         fresh = self.completion = self._completion()
         for job in batch.jobs[batch.started:]:

@@ -47,13 +47,15 @@ def fail_timed_out(handler: Handler, jobs: list[Job], timeout_s: float) -> None:
     handler.report(failed)
 
 
-def end_connection(session: Session, queue_name: str, conn_id: int | None, alive_at: float | None = None) -> None:
+def end_connection(session: Session, queue_name: str, conn_id: int | None, alive_at: float | None = None,
+                   run: float | None = None) -> None:
     """A timed-out call's connection ended, and waited for, from the new work session (not
-    killed if the server restarted since alive_at, when it was last known open)."""
+    killed if the server restarted since alive_at, when it was last known open, or is another
+    run than `run`, the one it was connected to: queries.end_connection)."""
     if conn_id is None:
         return
     try:
-        ended = session.run(lambda cur: queries.end_connection(cur, conn_id, session, alive_at),
+        ended = session.run(lambda cur: queries.end_connection(cur, conn_id, session, alive_at, run),
                             what="end a timed-out handler's connection")
     except errors.NotifyqError as e:
         ended, reason = False, str(e)
@@ -64,11 +66,12 @@ def end_connection(session: Session, queue_name: str, conn_id: int | None, alive
                     "keeps its locks until it ends queue=%s conn=%d reason=%s", queue_name, conn_id, reason)
 
 
-def end_callers(session: Session, queue_name: str, token: int, conns: dict[int, int]) -> None:
-    """The connections a timed-out call completed jobs on with complete_in (job id -> server
-    id), whose completion has not landed: their transaction still holds the job's row (the
-    job's failure and its next run would wait on it). One whose completion landed is left
-    alone: it is idle, and may be back in its framework's pool."""
+def end_callers(session: Session, queue_name: str, token: int, conns: dict[int, tuple[int, float]]) -> None:
+    """The connections a timed-out call completed jobs on with complete_in (job id -> (server
+    id, when it last answered)), whose completion has not landed: their transaction still
+    holds the job's row (the job's failure and its next run would wait on it). One whose
+    completion landed is left alone: it is idle, and may be back in its framework's pool. Nor
+    is one the server lost in a restart since it answered: its id may be another's now."""
     if not conns:
         return
     try:
@@ -78,9 +81,9 @@ def end_callers(session: Session, queue_name: str, token: int, conns: dict[int, 
         log.warning("a timed-out handler's completions could not be checked: its connections are left "
                     "open queue=%s error=%s", queue_name, e)
         return
-    for job_id, conn_id in sorted(conns.items()):
+    for job_id, (conn_id, alive_at) in sorted(conns.items()):
         if job_id not in landed:
-            end_connection(session, queue_name, conn_id)
+            end_connection(session, queue_name, conn_id, alive_at)
 
 
 class HandlerCaller:

@@ -81,10 +81,11 @@ class Completion:
         # The handler's call ran past timeout_s (consume/batch.py): its job failed, its
         # connection was ended, and what it asks of its completion from now on is refused.
         self.revoked = False
-        # job id -> the server id of the connection complete_in wrote its completion on: the
-        # caller's transaction holds the job's row until it ends (consume/batch.py ends it when
-        # the call timed out and the completion did not land).
-        self.caller_conns: dict[int, int] = {}
+        # job id -> the server id of the connection complete_in wrote its completion on, and
+        # when it answered (monotonic): the caller's transaction holds the job's row until it
+        # ends (consume/batch.py ends it when the call timed out and the completion did not
+        # land, unless the server restarted since it answered: its id may be another's then).
+        self.caller_conns: dict[int, tuple[int, float]] = {}
         self.caller = CallerCall()  # complete_in's statements, while they wait for the server
         # The worker's, run before the handler's first statement through this completion: the
         # claim's COMMIT is read, and the claim taken again if it failed (consume/batch.py), so a
@@ -222,7 +223,8 @@ class Completion:
                 raise errors.ClaimLost(f"job {job.id}: its completion did not land (the claim was taken back, "
                                        f"or the statement was interrupted; replies {counts}); "
                                        "the transaction was rolled back") from None
-            conn_id, sent_at = session.connection_id, time.monotonic()
+            # (it answered just now: open then, on the server run it was connected to)
+            conn_id, sent_at, run = session.connection_id, time.monotonic(), session.server_run
             try:
                 cur.execute(Q["block_commit"])
             except MySQLdb.Error as e:
@@ -243,14 +245,15 @@ class Completion:
             self._open, self._block = False, None
         if lost is not None:
             session.discard()
-            if not self._landed_after_loss(job, conn_id, sent_at, lost):
+            if not self._landed_after_loss(job, conn_id, sent_at, run, lost):
                 _not_revoked(self, job)  # the timeout ended its connection: no server fault
                 raise errors.TransientDBError(
                     f"job {job.id}: the COMMIT of its transaction failed ({describe(lost)}) and did not "
                     "land: nothing was stored, the job runs again") from None
         run_of(job).committed()
 
-    def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, lost: BaseException) -> bool:
+    def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, run: float,
+                           lost: BaseException) -> bool:
         """Did the transaction whose COMMIT lost its reply commit? Asked on a new connection, once
         the old one can no longer commit: ended and waited for, unless the server restarted
         since the COMMIT was sent (then recovery has settled it)."""
@@ -258,7 +261,7 @@ class Completion:
 
         def ask(cur) -> bool | None:
             if conn_id is not None:
-                if not queries.end_connection(cur, conn_id, session, sent_at):
+                if not queries.end_connection(cur, conn_id, session, sent_at, run):
                     return None  # it outlived its KILL: it may commit yet, so no read tells
             if session.galera:  # this node first applies every write set the cluster committed
                 cur.execute(Q["wsrep_sync_wait"], {"level": 1})
@@ -324,8 +327,8 @@ class Completion:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
-        if conn_id is not None:
-            self.caller_conns[job.id] = conn_id
+        if conn_id is not None:  # with when it was last known open: it answered just now
+            self.caller_conns[job.id] = (conn_id, time.monotonic())
         run_of(job).completed_pending()
 
     def cancel_requested(self, job_id: int) -> bool:

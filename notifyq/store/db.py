@@ -66,6 +66,9 @@ def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
                                    "options ask for (remove them only if plaintext is acceptable)")
 
 
+SERVER_RUN_SLACK_S = 0.2  # a connect's Uptime reading against the monotonic time taken after it
+
+
 class Session:
     """One MySQLdb connection that knows how to rebuild itself.
 
@@ -128,6 +131,10 @@ class Session:
         # Monotonic time at which the last transaction that succeeded was sent: the connection (of
         # this generation, if it did not reconnect since) was open then, and with it its locks.
         self.answered_at = -math.inf
+        # Monotonic time the current connection was last known open (it answered then): what a
+        # later KILL of its id is weighed against (restarted_after). Not answered_at: a
+        # connection from before a restart may be sent a statement after it, and fail.
+        self.open_at = -math.inf
         self.conflicts = Conflicts()  # transactions rerun after 1213: deadlocks, certification conflicts
 
     def server_up_s(self) -> float:
@@ -136,11 +143,23 @@ class Session:
         0.3 s old said 1), so a second less than it."""
         return time.monotonic() - self._server_started_at
 
-    def restarted_after(self, t: float) -> bool:
-        """Whether the server started, for sure, after monotonic time `t` (a restart since then):
-        a connection of ours alive at `t` is gone, and its id may name another client's session
-        now. Uptime is never less than the truth, so the server started no earlier than the
-        connect's time less Uptime."""
+    @property
+    def server_run(self) -> float:
+        """Which run of the server the current connection is of: the lower bound of its start
+        (monotonic) read at connect. Uptime is up to a second over, never under, so the
+        readings of one run lie within a second of each other (SERVER_RUN_SLACK_S more for the
+        reading's own round trip)."""
+        return self._server_started_no_earlier
+
+    def restarted_after(self, t: float, run: float | None = None) -> bool:
+        """Whether the server started, for sure, after monotonic time `t` (a restart since then),
+        or (`run`: the server_run of the connection alive at `t`) is another run than the one
+        connected now: a connection of ours alive at `t` is gone, and its id may name another
+        client's session now. The server started no earlier than the connect's time less
+        Uptime; that bound alone cannot tell a restart within a second of `t` (a crash, the
+        server back 0.3 s later), which the two runs' readings, seconds apart, can."""
+        if run is not None and self._server_started_no_earlier - run > 1.0 + SERVER_RUN_SLACK_S:
+            return True
         return self._server_started_no_earlier > t
 
     @property
@@ -277,6 +296,7 @@ class Session:
         now, uptime = time.monotonic(), float(wsrep.get("uptime", "inf"))
         self._server_started_at = now - max(0.0, uptime - 1)
         self._server_started_no_earlier = now - uptime
+        self.open_at = now
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not ready_for_writes(wsrep):
             conn.close()
@@ -367,7 +387,7 @@ class Session:
                 committing = True
                 self.conn.commit()
             self.waiting = None
-            self.answered_at = sent_at
+            self.answered_at, self.open_at = sent_at, time.monotonic()
             return result
         except BaseException as e:
             self.waiting = None

@@ -316,10 +316,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 
     runs = 0
     connection: int | None = None
-    sent_at = -math.inf  # when the earlier attempt began on `connection`: it was open then
+    alive_at = -math.inf  # when `connection` was last known open, before the earlier attempt
+    run: float | None = None  # and the server run it was of (Session.server_run)
 
     def once(cur) -> Claim:
-        nonlocal runs, connection, sent_at
+        nonlocal runs, connection, alive_at, run
         runs += 1
         if runs > 1:
             if session.connection_id != connection and connection is not None:
@@ -327,11 +328,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 # attempt may still be running on the server, and commit after we looked.
                 # End it and wait until it is gone, so its outcome is settled (unless the
                 # server restarted since: then it is gone, and its id may be another's) ...
-                end_connection(cur, connection, session, sent_at)
+                end_connection(cur, connection, session, alive_at, run)
             # ... then, if it did commit, its rows carry this token: hand them back first, or
             # they would sit claimed under a token nobody runs until their lease ends.
             cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
-        connection, sent_at = session.connection_id, time.monotonic()
+        # Not the attempt's start: the attempt may be the first statement sent on a connection
+        # the server lost in a restart since it last answered (an id another client has now)
+        connection, alive_at, run = session.connection_id, session.open_at, session.server_run
         return body(cur)
 
     return session.run(once, what=f"claim {queue}")
@@ -350,14 +353,15 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
     ids = [j.id for j in jobs]
     earlier = connection  # a connection whose transaction may still commit what we look at
     alive_at = sent_at  # when `earlier` was last known open
+    run: float | None = None  # the server run `earlier` was of, once known
 
     def body(cur) -> list[int] | None:
-        nonlocal earlier, alive_at
+        nonlocal earlier, alive_at, run
         if earlier is not None and earlier != session.connection_id:
-            if not end_connection(cur, earlier, session, alive_at):
+            if not end_connection(cur, earlier, session, alive_at, run):
                 return None
-        # a rerun on a new connection ends this one first
-        earlier, alive_at = session.connection_id, time.monotonic()
+        # a rerun on a new connection ends this one first (as in claim: open when it last answered)
+        earlier, alive_at, run = session.connection_id, session.open_at, session.server_run
         if session.galera:  # this node first applies every write set the cluster committed
             cur.execute(Q["wsrep_sync_wait"], {"level": 1})
         try:
@@ -631,14 +635,15 @@ def one_value(session: Session, name: str, params: dict[str, Any], what: str) ->
 END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
 
 
-def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: float | None = None) -> bool:
+def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: float | None = None,
+                   run: float | None = None) -> bool:
     """KILL one of our own earlier connections and wait until the server has ended it (its
     transaction then committed or rolled back, for good). False if it outlived the wait.
     session, alive_at: the session `cur` is of, and the monotonic time the connection was last
     known to be open. If the server restarted since, the connection ended with it, and its id
     may name another client's session now: nothing is killed (a KILL of it killed an
     application's session after a server restart)."""
-    if session is not None and alive_at is not None and session.restarted_after(alive_at):
+    if session is not None and alive_at is not None and session.restarted_after(alive_at, run):
         return True
     try:
         cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})

@@ -55,6 +55,12 @@ Issue 38 ("flow control"):
   server, or its lease running out (a handler that
   kept its lease excepted). Such a run may go on after its slot went to another job of the
   key (its ack is fenced out): the documented semantics, not a violation.
+
+Outside attack 35 (a KILL of a connection id from before a server restart):
+- bystander_killed: a session of the bystander application (same database user, opened right
+  after each restart on the ids the consumers had before it) dies only with the server: a
+  server fault between its last answer and its failure. No other fault excuses it (the
+  schedule's own KILLs leave its sessions alone).
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
@@ -910,6 +916,16 @@ def check_rates(h: History, faults: Faults) -> list[Violation]:
     return out
 
 
+def check_bystander(h: History) -> list[Violation]:
+    """bystander_killed: a bystander session that died while the server stayed up."""
+    server = [f for f in h.faults if f.kind in SERVER_CAUSES]
+    return [Violation("bystander_killed", None,
+                      f"the bystander's session {loss.conn_id} (opened t={loss.opened_at:.3f}) died between "
+                      f"t={loss.last_ok:.3f} and t={loss.seen_at:.3f} with the server up: {loss.error}")
+            for loss in h.bystander_losses
+            if not any(f.start <= loss.seen_at and f.end >= loss.last_ok for f in server)]
+
+
 def check_progress(h: History) -> list[Violation]:
     """no_progress: a sweep over the ready jobs' spans (put() returned to first start) and the
     runs' (start to end; a run without an end counts only its start: its process died or stopped,
@@ -953,7 +969,7 @@ def check(h: History) -> Report:
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
     violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
-    violations += check_progress(_only(h, STALL_DEPLOY))
+    violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h)
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)

@@ -40,6 +40,7 @@ from . import checker
 from . import episodes as ep
 from . import kill_query
 from . import rated
+from .bystander import Bystander
 from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
@@ -127,6 +128,7 @@ class FaultRun:
         self.dedup: DedupCaller | None = None
         self.long_config_path: Path | None = None
         self.rated: rated.RatedProducer | None = None  # the rate class's producer
+        self.bystander: Bystander | None = None  # the bystander class's application
 
     # ------------------------------------------------------------ the run
 
@@ -190,6 +192,9 @@ class FaultRun:
         self.roots["main"].wait_for(lambda r: all(c.ready() for c in self.fleet.slots + self.long_slots), 60,
                                     "the consumers started")
         self._start_rated()
+        if "bystander" in plan.classes:
+            self.bystander = Bystander(self.dbs["main"].dsn)
+            self.bystander.start()
         workload = self._workload(self._config("main"))
         batch_producer = Producer(BATCH_QUEUE, self._config("batch")) if ewe else None
         self._play(workload, batch_producer)
@@ -200,6 +205,9 @@ class FaultRun:
         if batch_producer is not None:
             batch_producer.close()
         drained = self._drain()
+        if self.bystander is not None:  # through the drain: a consumer's rerun may come late
+            self.bystander.stop.set()
+            self.bystander.join(30)
         running_at_end = sum(c.alive() for c in self.fleet.slots)
         codes = self.fleet.stop_all(plan.lease_s * 3 + 15 if not self.long_slots else ep.LONG_LEASE_S + 15)
         self._note_exits()
@@ -212,13 +220,17 @@ class FaultRun:
         if self.rolling_restarts:
             kinds["rolling_restart"] = self.rolling_restarts
         note = ""
+        if self.bystander is not None:
+            on_targets = [k for _, k in self.bystander.fills[1:]]
+            note = (f"bystander: {len(self.bystander.fills)} fills, after each restart "
+                    f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
         if self.episodes is not None:
-            note = f"episodes played: {' '.join(self.episodes.played) or 'none'}"
+            note += f"episodes played: {' '.join(self.episodes.played) or 'none'}"
             note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""
             note += f"; missed: {'; '.join(self.episodes.missed)}" if self.episodes.missed else ""
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
-                         running_at_end, self._false_reclaims(), note)
+                         running_at_end, self._false_reclaims(), note.strip())
 
     def _create_effects_table(self, db: TestDB) -> None:
         """The application's table the `fx` jobs write to (tests/helpers/nqfault.py): no unique
@@ -370,13 +382,26 @@ class FaultRun:
     def restart_server(self, crash: bool) -> tuple[float, float]:
         """A clean restart (SIGTERM) or a crash (SIGKILL) and a start; (when, back up)."""
         with self.server_lock:
+            before = self._runtime_ids() if self.bystander is not None else set()
             at = time.monotonic()
             if crash:
                 self.server.kill()
             else:
                 self.server.stop()
             self.server.start()
+            if self.bystander is not None:  # at once: before the consumers reconnect
+                self.bystander.server_back(before)
             return at, time.monotonic()
+
+    def _runtime_ids(self) -> set[int]:
+        """The server ids of the runtime user's sessions but the bystander's: the ids a consumer
+        may remember across a restart."""
+        try:
+            rows = self.roots["main"].query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s",
+                                            (self.runtime_user,), retry_s=2)
+        except MySQLdb.Error:
+            return set()
+        return {int(cid) for (cid,) in rows} - self.bystander.ids()
 
     def _inject_server_fault(self, step: Step) -> None:
         raise ValueError(f"no such fault here: {step.kind}")
@@ -400,8 +425,9 @@ class FaultRun:
         rows = self.roots["main"].query(
             "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE USER = %s ORDER BY ID",
             (self.runtime_user,))
+        innocent = self.bystander.ids() if self.bystander is not None else set()
         sessions = [(int(cid), owners[int(host.rsplit(":", 1)[1])]) for cid, host in rows
-                    if ":" in host and int(host.rsplit(":", 1)[1]) in owners]
+                    if ":" in host and int(host.rsplit(":", 1)[1]) in owners and int(cid) not in innocent]
         if not sessions:
             return
         conn_id, pid = sessions[int(pick * len(sessions))]
@@ -673,7 +699,8 @@ class FaultRun:
                        lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S},
                        rates={rated.DEPLOY: rated.limits()} if self.rated else {},
                        job_keys=self.rated.keys if self.rated else {}, hand_backs=self._hand_backs(),
-                       key_limits={"main": KEY_LIMIT})
+                       key_limits={"main": KEY_LIMIT},
+                       bystander_losses=self.bystander.losses if self.bystander else [])
 
 
 def _epoch(ts: str) -> float:

@@ -1,12 +1,13 @@
 """What a fault-schedule run leaves behind, as plain data the checker reads.
 
-Five sources, all timed on CLOCK_MONOTONIC (shared by every process of the machine):
+Its sources, all timed on CLOCK_MONOTONIC (shared by every process of the machine):
 - runs: the handler's start/end lines (tests/helpers/nqfault.py), one Run per start;
 - enqueues: every enqueue the producer saw acknowledged (the call returned, the commit landed);
 - faults: what the schedule did, to which process, when;
 - hand-backs: claimed jobs given back unstarted, from the consumers' log lines;
 - the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw;
-- the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29).
+- the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29);
+- the bystander application's sessions that died (outside attack 35).
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
 """
@@ -120,6 +121,17 @@ class HandBack:
 
 
 @dataclasses.dataclass(frozen=True)
+class BystanderLoss:
+    """A session of the bystander application (bystander.py) that stopped answering: it was
+    open and answered at `last_ok`, and failed at `seen_at` (monotonic)."""
+    conn_id: int  # its server id
+    opened_at: float
+    last_ok: float
+    seen_at: float
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
 class FinalRow:
     deploy: str
     job: int
@@ -156,6 +168,8 @@ class History:
     hand_backs: list[HandBack] = dataclasses.field(default_factory=list)
     # issue 38: each deployment's limit_per_key (none: its runs are not judged by key_limit)
     key_limits: dict[str, int] = dataclasses.field(default_factory=dict)
+    # outside attack 35: sessions of the bystander application that died (bystander.py)
+    bystander_losses: list[BystanderLoss] = dataclasses.field(default_factory=list)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

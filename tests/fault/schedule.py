@@ -48,6 +48,11 @@ Issue 38's class, cheap, on a deployment of its own (in the CI draw):
   rate             a queue with `rate` and `rate_per_key` ("rated": its own database, two
                    consumers), fed keyed jobs a little faster than the rate allows (rated.py); the
                    checker's `rate` rule wants no window of one period with more than N starts
+Outside attack 35's class, cheap, on the main deployment (in the CI draw):
+  bystander        an innocent application (bystander.py): ~40 idle sessions of the consumers'
+                   database user, opened at the start and right after each server restart on the
+                   ids the consumers had before it; the checker's `bystander_killed` rule wants
+                   none of them to die but with the server (a KILL of an id from before a restart)
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -72,11 +77,12 @@ CHEAP_26 = ("kill_session", "huge_error", "fork", "shared_producer", "rr_dedup",
 EFFECTS_29 = ("effects",)
 STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
+ATTACK_35 = ("bystander",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + EPISODES
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35  # the long episodes run in benchmarks/fault_schedule.py
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the

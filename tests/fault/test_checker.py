@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, Run
+from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, Run
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -738,3 +738,26 @@ def test_a_child_released_twice_or_a_callback_run_twice_or_never_is_caught():
     assert sorted(v.rule for v in found) == ["callback_twice", "released_twice"]
     found = checker.check_workflow(runs[:1], [(1, 3)], {1: None, 3: None}, {3: 1}, {1: 1})
     assert [v.rule for v in found] == ["callback_missing"]
+
+
+def test_a_bystander_session_that_dies_with_the_server_up_is_a_violation_and_one_a_restart_ended_is_not():
+    # A session opened after the restart, killed a moment later with the server up (a consumer's
+    # KILL of an id it had before the restart); one that died with the server; one that a
+    # crash ended between its last answer and the failed poll
+    faults = [Fault("server_restart", 10.0, 10.4), Fault("server_crash", 30.0, 30.2)]
+    losses = [BystanderLoss(57, 10.45, 10.45, 10.9, "(2013, 'Lost connection to server during query')"),
+              BystanderLoss(12, 2.0, 9.8, 10.3, "(2006, 'Server has gone away')"),
+              BystanderLoss(13, 10.45, 29.9, 30.4, "(2013, 'Lost connection to server during query')")]
+    h = dataclasses.replace(history([run(1, 1, 10, 1.0, 1.1)], [enq(1)], faults=faults), bystander_losses=losses)
+    found = checker.check(h).violations
+    assert [v.rule for v in found] == ["bystander_killed"]
+    assert "session 57" in found[0].detail
+    # No other fault excuses it: a KILL of a consumer's session is not a KILL of the bystander's
+    h.faults.append(Fault("kill_connection", 10.6, 10.6, 10, detail="57"))
+    assert rules(h) == {"bystander_killed": 1}
+    # And without losses the run passes
+    assert checker.check(dataclasses.replace(h, bystander_losses=[])).ok
+
+
+def test_the_ci_schedule_runs_the_bystander_class():
+    assert "bystander" in CI_CLASSES and "bystander" in parse_classes("ci")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from notifyq.consume import timeout
 from notifyq.store import queries
 from notifyq.store.db import Session
 
@@ -34,6 +35,27 @@ def test_a_connection_last_seen_before_the_servers_start_is_not_killed_and_one_s
         other_id = other.connection_id  # (the same session, unless it had to reconnect)
         # But one last known open since the server started is killed and waited for
         assert session.run(lambda cur: queries.end_connection(cur, other_id, session, time.monotonic()), what="t")
+        assert not _alive(db, other_id)
+    finally:
+        session.close()
+        other.close()
+
+
+def test_a_timed_out_calls_caller_connection_last_answered_before_the_servers_start_is_not_killed(db):
+    # Given an application's connection a timed-out call completed a job on with complete_in,
+    # whose completion did not land (no such job: nothing landed under the token)
+    other = Session(db.dsn, name="app")
+    session = Session(db.dsn, name="test")
+    try:
+        other.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        other_id = other.connection_id
+        # When the consumer ends the call's caller connections, the connection having last
+        # answered before this server started (a restart since: the id is another's now)
+        timeout.end_callers(session, "q", 1, {987654321: (other_id, session.server_run - 10)})
+        # Then nothing is killed
+        assert _alive(db, other_id)
+        # But one that answered since the server started is ended
+        timeout.end_callers(session, "q", 1, {987654321: (other_id, time.monotonic())})
         assert not _alive(db, other_id)
     finally:
         session.close()
