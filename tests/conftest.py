@@ -25,6 +25,28 @@ RUNTIME_USER = "nq_runtime"
 RUNTIME_PASSWORD = "runtime-secret-pw"
 
 
+def cron_run(cfg: config_mod.Config, queue: str, handler: Callable[[Any], Any], timeout: float = 30.0):
+    """One worker run with --exit-when-empty (a cron run), in a thread bounded by `timeout`;
+    the worker, for its error and stats."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    stop = threading.Event()
+    worker = Worker(cfg, queue, handlers.PythonHandler(handler, False), stop=stop, budget=Budget(None),
+                    exit_when_empty=True)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        thread.join(timeout)
+    finally:
+        stop.set()
+        thread.join(10)
+    return worker
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02,
                message: str = "condition") -> Any:
     """Poll a condition until it holds; fail the test with `message` at the deadline."""

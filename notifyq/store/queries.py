@@ -639,8 +639,9 @@ def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: 
                    run: float | None = None) -> bool:
     """KILL one of our own earlier connections and wait until the server has ended it (its
     transaction then committed or rolled back, for good). False if it outlived the wait.
-    session, alive_at: the session `cur` is of, and the monotonic time the connection was last
-    known to be open. If the server restarted since, the connection ended with it, and its id
+    session, alive_at, run: the session `cur` is of, the monotonic time the connection was last
+    known to be open, and the server run it was of (Session.server_run). If the server
+    restarted since, the connection ended with it, and its id
     may name another client's session now: nothing is killed (a KILL of it killed an
     application's session after a server restart)."""
     if session is not None and alive_at is not None and session.restarted_after(alive_at, run):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+from conftest import cron_run
+
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
@@ -256,27 +258,14 @@ def test_a_claim_over_a_limit_once_marked_is_refused_before_its_commit(db):
 
 def test_an_exit_when_empty_run_on_a_limited_queue_runs_every_job_and_keeps_the_limit(db):
     # Given 10 jobs on a queue limited to 2 running at once, and 6 of one key limited to 1
-    from notifyq.consume import handlers
-    from notifyq.consume.stats import Budget
-    from notifyq.consume.worker import Worker
-
     for queue, limits, keys in (("q", {"limit": 2}, [None] * 10), ("k", {"limit_per_key": 1}, ["a"] * 6)):
         cfg = db.config(queue={queue: limits})
         with Producer(queue, cfg) as p:
             for key in keys:
                 p.put({}, key=key)
         ran: list[int] = []
-        stop = threading.Event()
-        worker = Worker(cfg, queue, handlers.PythonHandler(lambda job: ran.append(job.id), False),
-                        stop=stop, budget=Budget(None), exit_when_empty=True)
-        thread = threading.Thread(target=worker.run, daemon=True)
         # When a cron-style run (--exit-when-empty) drains it
-        thread.start()
-        try:
-            thread.join(30)
-        finally:
-            stop.set()
-            thread.join(10)
+        worker = cron_run(cfg, queue, lambda job: ran.append(job.id))
         # Then it ran every job before it exited (the batch it ran last held no slot any more)
         assert len(ran) == len(keys), (queue, ran, worker.error)
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (queue,)) == 0

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from conftest import cron_run
 
 from notifyq import errors
 from notifyq.config import Config
@@ -248,17 +249,8 @@ def test_an_exit_when_empty_run_on_a_rated_queue_waits_for_each_refill_and_runs_
     cfg = db.config(queue={"q": {"rate": "4/1s"}})
     _put(cfg, 9)
     starts: list[float] = []
-    stop = threading.Event()
-    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: starts.append(time.monotonic()), False),
-                    stop=stop, budget=Budget(None), exit_when_empty=True)
-    thread = threading.Thread(target=worker.run, daemon=True)
     # When a cron-style run (--exit-when-empty) drains it
-    thread.start()
-    try:
-        thread.join(30)
-    finally:
-        stop.set()
-        thread.join(10)
+    worker = cron_run(cfg, "q", lambda job: starts.append(time.monotonic()))
     # Then it ran all 9 before it exited (the rate held jobs back: they were not gone), never
     # more than 4 in a second, and nothing is left
     assert len(starts) == 9, worker.error
