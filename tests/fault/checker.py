@@ -41,11 +41,12 @@ job.transaction(), which commits it with the job's completion:
   completed, has none.
 Issue 38 (rate limits):
 - rate: never more than N starts of a rated queue (`rate`), or of one key (`rate_per_key`), in
-  any window of the period. A start is counted at its claim's COMMIT, which the claim's first
-  start line follows at once; a batch's later jobs begin as the ones before them end, so each
-  run counts at its claim's first start. RATE_SLACK_S covers the COMMIT-to-first-line delay; a
-  fault on either process (or the server) in the window excuses it (a stalled process's start
-  line comes late; a killed one's claim may have committed unread).
+  any window of the period. A start is counted at its claim's time, as the rate log wrote it
+  (each run of the claim: a batch's later jobs begin as the ones before them end); the handler
+  reads it from the log (Run.spent_at). Where it could not, the claim's first start line stands
+  in, later than the spend by up to RATE_SLACK_S; a fault on either process (or the server) in
+  the window excuses it (a stalled process's start line comes late; a killed one's claim may
+  have committed unread).
 
 Issue 38 ("flow control"):
 - key_limit: at no instant more than N runs of a key (the deployment's limit_per_key) hold
@@ -122,6 +123,7 @@ STALL_DEPLOY = "main"  # the other deployments idle between cron runs or episode
 # consumer's first claim, the full schedule on 2 cores: up to 0.12 s seen); a shared budget's
 # lost lock lets starts through a whole period early, far past it
 RATE_SLACK_S = CLOCK_SLACK_S
+RATE_EXACT_SLACK_S = 0.001  # the rate log's own times: DATETIME(6), one server clock
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -893,25 +895,45 @@ def check_self_reaps(h: History) -> list[Violation]:
 
 
 def check_rates(h: History, faults: Faults) -> list[Violation]:
-    """rate: at most N starts (each at its claim's first start) in any window of the period."""
+    """rate: at most N starts in any window of the period, each start at its claim's time.
+
+    That time is the rate log's own for the claim (Run.spent_at: the server's clock, read by
+    the handler from nq_rate under the claim's token), exact; where the handler could not read
+    it (its connection was killed, or the slots were spent again a period later), the claim's
+    first start line, which comes after the spend (its mark, COMMIT and the worker's hand-off:
+    up to RATE_SLACK_S on a loaded machine). Both are epoch seconds on the machine's one clock
+    (the wall clock, not the monotonic: the spends are compared with each other, and a handler
+    preempted between its two clock reads would skew a conversion)."""
     out: list[Violation] = []
+    first_wall: dict[tuple[int, int], float] = {}
+    for r in h.runs:
+        ident = (r.pid, r.token)
+        first_wall[ident] = min(first_wall.get(ident, r.wall_start), r.wall_start)
     for deploy, limits in h.rates.items():
         runs = [r for r in h.runs if r.deploy == deploy]
         for count, period_s, per_key in limits:
-            budgets: dict[str, list[tuple[float, Run]]] = collections.defaultdict(list)
+            budgets: dict[str, list[tuple[float, float, Run]]] = collections.defaultdict(list)
             for r in runs:
                 budget = h.job_keys.get(r.key) if per_key else ""
-                if budget is not None:  # a job without a key spends no key's budget
-                    budgets[budget].append((faults.claimed_at.get((r.pid, r.token), r.start), r))
+                if budget is None:  # a job without a key spends no key's budget
+                    continue
+                if r.spent_at:
+                    budgets[budget].append((r.spent_at, RATE_EXACT_SLACK_S, r))
+                else:
+                    budgets[budget].append((first_wall.get((r.pid, r.token), r.wall_start), RATE_SLACK_S, r))
             for budget, starts in sorted(budgets.items()):
                 starts.sort(key=lambda s: s[0])
-                for (t0, first), (t1, last) in zip(starts, starts[count:]):
-                    if t1 - t0 >= period_s - RATE_SLACK_S:
+                for (t0, late0, first), (t1, _, last) in zip(starts, starts[count:]):
+                    # only the first's time can make the window look shorter than it was: it
+                    # is the spend's, or later by at most its slack
+                    if t1 - t0 >= period_s - late0:
                         continue
-                    if faults.cause({first.pid, last.pid}, t0 - period_s, t1) is not None:
+                    lo, hi = t0 - (first.wall_start - first.start), t1 - (last.wall_start - last.start)
+                    if faults.cause({first.pid, last.pid}, lo - period_s, hi) is not None:
                         continue
                     whose = f"of key {budget!r}" if per_key else "of the queue"
-                    out.append(Violation("rate", last.key, f"{count + 1} starts {whose} within {t1 - t0:.3f} s, "
+                    exact = "spent" if first.spent_at and last.spent_at else "claimed (first start line)"
+                    out.append(Violation("rate", last.key, f"{count + 1} starts {whose} {exact} within {t1 - t0:.3f} s, "
                                                            f"above {count} per {period_s:g} s"))
     return out
 

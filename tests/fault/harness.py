@@ -59,6 +59,15 @@ EWE_BURST = 30
 EFFECTS_TABLE = "nqf_effect"  # tests/helpers/nqfault.py writes it (the consumers' import path)
 
 
+def _tail(path: Path, lines: int = 3, chars: int = 600) -> str:
+    """The last lines of a log, short enough for a violation's detail."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(unreadable: {e})"
+    return " | ".join(text.strip().splitlines()[-lines:])[-chars:]
+
+
 @dataclasses.dataclass
 class RunResult:
     plan: Plan
@@ -564,8 +573,11 @@ class FaultRun:
         if rated.DEPLOY not in self.dbs:
             return
         path = rated.write_rated_config(self.workdir / "rated.toml", self.plan.lease_s)
+        # the handler reads each claim's spend from the rate log, as the server's admin (nqfault)
+        env = {**self.dbs[rated.DEPLOY].env, "NQF_RATE_DSN": self._server_dsn(),
+               "NQF_RATE_DB": self.dbs[rated.DEPLOY].admin.database}
         for _ in range(rated.CONSUMERS):
-            self.fleet.spawn(self.dbs[rated.DEPLOY].env, rated.DEPLOY, rated.QUEUE, "locks", path, 10)
+            self.fleet.spawn(env, rated.DEPLOY, rated.QUEUE, "locks", path, 10)
         env = {k: v for k, v in self.dbs[rated.DEPLOY].env.items() if k.startswith("NOTIFYQ_")}
         self.rated = rated.RatedProducer(config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(path)}),
                                          self.plan.seed, self.plan.duration_s)
@@ -609,7 +621,9 @@ class FaultRun:
             return True, "SIGTERM before it started"
         if code == 3 and c is self.async_consumer:
             return True, "refused an async handler at start"
-        return False, f"not the schedule's doing (signalled: {c.expect or 'no'}; log {c.err.name})"
+        # The log's last lines say why (a CI run's logs are gone once its machine is)
+        return False, (f"not the schedule's doing (signalled: {c.expect or 'no'}; log {c.err.name}, "
+                       f"ending: {_tail(c.err)!r})")
 
     def _kill_session(self, pick: float) -> None:
         """KILL CONNECTION of one session of a main-deployment consumer, of the kind the pick draws:

@@ -40,6 +40,9 @@ class Run:
     tag: str = ""  # the put() that stored the job (payload "u"), when the workload tagged it
     proc: int = 0  # the process the handler ran in when not `pid` (a --command's own pid)
     flow_key: str = ""  # the job's flow-control key (Job.key), "" without one
+    # A rated queue's job: when its claim spent its starts (epoch seconds, the server's clock:
+    # the rate log's own time for the claim's token, read by the handler); 0.0: not read
+    spent_at: float = 0.0
 
     @property
     def keeps_lease(self) -> bool:
@@ -50,6 +53,11 @@ class Run:
     @property
     def key(self) -> JobKey:
         return (self.deploy, self.job)
+
+    @property
+    def spent_at_mono(self) -> float | None:
+        """When its claim spent its rate starts, on the monotonic clock (None: not recorded)."""
+        return self.spent_at - (self.wall_start - self.start) if self.spent_at else None
 
     @property
     def run_at_mono(self) -> float:
@@ -197,7 +205,8 @@ def read_runs(out: Path) -> list[Run]:
                 extra = dict(p.split("=", 1) for p in parts[10:] if "=" in p)
                 run = Run(deploy, job, attempt, pid, token, int(parts[6]) / NS, int(parts[7]) / NS,
                           int(parts[8]), int(parts[9]) / 1e6, flags=extra.get("f", ""), tag=extra.get("u", ""),
-                          proc=int(extra.get("c", 0)), flow_key=extra.get("k", ""))
+                          proc=int(extra.get("c", 0)), flow_key=extra.get("k", ""),
+                          spent_at=int(extra.get("m", 0)) / 1e6)
                 runs.append(run)
                 open_runs[(deploy, job, attempt, pid, token)] = run
             elif parts[0] == "E" and len(parts) == 8:

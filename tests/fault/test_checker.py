@@ -638,6 +638,26 @@ def test_a_batchs_later_starts_count_at_its_claim_and_a_fault_on_the_process_exc
     assert checker.check(h).ok
 
 
+def spent(r: Run, at: float) -> Run:
+    r.spent_at = at
+    return r
+
+
+def test_a_claims_spend_read_from_the_rate_log_is_measured_exactly_not_its_late_start_line():
+    # Given 3 per second, and single-job claims whose spends the log holds exactly a period
+    # apart (1.0, 1.4, 1.8, then 2.0 ...), while the first one's start line came 0.35 s late (a
+    # loaded machine: later than RATE_SLACK_S; by the lines, 4 starts within 0.65 s)
+    at = [1.0, 1.4, 1.8, 2.0, 2.4, 2.8, 3.0]
+    ok = [spent(run(i, 1, 10, t, t + 0.01, token=i), t) for i, t in enumerate(at)]
+    ok[0].start = ok[0].wall_start = 1.35
+    assert checker.check(rated(ok, [(3, 1.0, False)])).ok
+    # When the log says a fourth claim spent inside a period, its line late enough to hide it
+    planted = ok + [spent(run(50, 1, 12, 3.3, 3.31, token=50), 2.5)]
+    # Then it is a violation, named by its spend, once per window it overfills
+    assert rules(rated(planted, [(3, 1.0, False)])) == {"rate": 3}
+    assert "spent within" in checker.check(rated(planted, [(3, 1.0, False)])).violations[0].detail
+
+
 def test_a_key_rate_counts_each_key_apart_and_jobs_without_a_key_not_at_all():
     # Given rate_per_key 1 per second: keys a and b start together, unkeyed jobs in between
     runs = [run(1, 1, 10, 1.0, 1.1), run(2, 1, 11, 1.0, 1.1), run(3, 1, 12, 1.2, 1.3), run(4, 1, 13, 1.2, 1.3)]

@@ -6,7 +6,7 @@ is complete in the file and none is half-written (an O_APPEND write of a short l
 local file lands whole). A process killed mid-handler leaves its start line and no end line:
 that missing end is how the checker knows the run was cut short.
 
-    S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us> [f=<flags>] [u=<tag>]
+    S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us> [f=<flags>] [u=<tag>] [k=<key>] [m=<spent_us>]
     E <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <ok|fail>
 
 Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, so the
@@ -24,6 +24,12 @@ Kinds of the issue-26 classes (tests/fault/schedule.py):
          that runs consumer code instead starts jobs under its own pid: the checker sees it
   kanji  the first attempt fails with a 90 KB non-ASCII error (30,000 x U+6F22)
 Payload "u" is echoed as u=<tag> on the start line: which put() stored this job.
+
+The rate class (tests/fault/rated.py): with NQF_RATE_DSN and NQF_RATE_DB set (the server's
+admin DSN, a user whose sessions the schedule's KILLs do not pick, and the deployment's database), the start line carries m=<epoch us>:
+when the job's claim spent its starts, as the rate log (nq_rate) holds it under the claim's
+token. The checker's rate rule then measures the claims' own times, not start lines that a
+loaded machine may delay by a few hundred ms after the spend.
 
 Issue 29's kind:
   fx     sleeps "s", then writes one row (job, attempt, pid, token) into the effects table
@@ -44,6 +50,7 @@ import datetime as dt
 import os
 import signal
 import sys
+import threading
 import time
 
 from notifyq.jobs import run_of
@@ -68,6 +75,35 @@ def _token(job) -> int:
     return int(run_of(job).completion.token)
 
 
+_rate_conn: list = []  # the process's connection for _spent_us (none yet: [])
+_rate_lock = threading.Lock()  # a consumer's workers share it
+
+
+def _spent_us(token: int) -> int | None:
+    """When the claim `token` spent its rate starts (epoch microseconds, the server's clock), or
+    None: no NQF_RATE_DSN, the read failed (its connection killed: the next call opens another),
+    or the slots were spent again since (a period later: the start line stands in)."""
+    url = os.environ.get("NQF_RATE_DSN")
+    if not url:
+        return None
+    import MySQLdb
+
+    from notifyq.config.dsn import DSN
+
+    with _rate_lock:
+        try:
+            if not _rate_conn:
+                args = {**DSN.parse(url).connect_args(), "database": os.environ["NQF_RATE_DB"]}
+                _rate_conn.append(MySQLdb.connect(**args, autocommit=True))
+            cur = _rate_conn[0].cursor()
+            cur.execute("SELECT UNIX_TIMESTAMP(MAX(started_at)) FROM nq_rate WHERE claim_token = %s", (token,))
+            row = cur.fetchone()
+        except MySQLdb.Error:
+            _rate_conn.clear()
+            return None
+    return None if row is None or row[0] is None else round(row[0] * 1_000_000)
+
+
 def _run_at_us(job) -> int:
     run_at = job.run_at
     if run_at.tzinfo is not None:  # the server's session time zone is UTC in the harness
@@ -77,6 +113,11 @@ def _run_at_us(job) -> int:
 
 FORK_WAIT_S = 3.0  # a child that has not exited by then runs on as a stray: it is killed
 KANJI_ERROR = "\u6f22" * 30000
+
+
+def _spent(token: int) -> str:
+    spent = _spent_us(token)
+    return "" if spent is None else f" m={spent}"
 
 
 def _extras(payload: dict) -> str:
@@ -92,7 +133,7 @@ def handle(job) -> None:
     payload = job.payload if isinstance(job.payload, dict) else {}
     os.write(_fd(), (f"S {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} "
                      f"{time.time_ns()} {job.priority} {_run_at_us(job)}{_extras(payload)}"
-                     f"{f' k={job.key}' if getattr(job, 'key', None) else ''}\n").encode())
+                     f"{f' k={job.key}' if getattr(job, 'key', None) else ''}{_spent(token)}\n").encode())
     kind = payload.get("k", "")
     if kind == "poison":
         os._exit(70)  # a crash the job itself causes (segfault, OOM kill): no cleanup, no ack
