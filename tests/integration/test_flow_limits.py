@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from conftest import cron_run
+from conftest import admin_connect, cron_run
 
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
@@ -269,3 +269,32 @@ def test_an_exit_when_empty_run_on_a_limited_queue_runs_every_job_and_keeps_the_
         # Then it ran every job before it exited (the batch it ran last held no slot any more)
         assert len(ran) == len(keys), (queue, ran, worker.error)
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (queue,)) == 0
+
+
+def test_key_discovery_reads_without_locks_so_a_claim_never_waits_on_a_peers_locked_jobs(db):
+    # Given ready jobs of keys a and b, and a peer transaction holding b's ready jobs locked
+    # through ix_key (as a peer's claim holds the rows it marks until its COMMIT)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a", "b", "b"])
+    peer = admin_connect(db.admin, db.admin.database)
+    peer.autocommit(False)
+    cur = peer.cursor()
+    cur.execute("SELECT id FROM nq_job FORCE INDEX (ix_key) WHERE queue = 'q' AND ready_key = 'b' FOR UPDATE")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=1))
+    done = threading.Event()
+    claimed = []
+    worker = threading.Thread(target=lambda: (claimed.append(_claim(session, flow)), done.set()), daemon=True)
+    try:
+        # When a claim discovers the keys (its dives pass b's entries) meanwhile
+        worker.start()
+        # Then it does not wait for the peer: a dive that took shared locks (SET @v = (SELECT ...))
+        # waited here until the peer ended, and deadlocked with peers' marks
+        finished = done.wait(10)
+    finally:
+        peer.rollback()
+        peer.close()
+        worker.join(60)
+        session.close()
+    assert finished, "the claim waited on the peer's locked rows"
+    assert [j.key for j in claimed[0].jobs] == ["a"]

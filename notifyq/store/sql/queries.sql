@@ -232,8 +232,14 @@ SET @nq_k0 = CONVERT(%(after)s USING utf8mb4) COLLATE utf8mb4_bin
 -- one dive into ix_key each (a statement of its own per step: a user variable assigned in the
 -- same statement is no constant, and the dive became a scan of the queue's ready jobs). A
 -- GROUP BY over ix_key read every ready job of a key with 50,000 (16 ms).
-SET @nq_kSTEP = (SELECT ready_key FROM nq_job FORCE INDEX (ix_key)
-                 WHERE queue = %(queue)s AND ready_key > @nq_kPREV ORDER BY ready_key LIMIT 1)
+-- A SELECT ... INTO, not SET @v = (SELECT ...): InnoDB reads a SET's subquery with shared row
+-- locks (it is no SELECT statement), so the dives locked ix_key entries that peers' claims
+-- mark, and deadlocked with them (about one claim in 400 with four consumers on a limited
+-- queue, each a rerun; a dive also waited behind a claim held across a round trip). The
+-- scalar subquery yields NULL past the last key, where SELECT col INTO would keep the last
+-- claim's value.
+SELECT (SELECT ready_key FROM nq_job FORCE INDEX (ix_key)
+        WHERE queue = %(queue)s AND ready_key > @nq_kPREV ORDER BY ready_key LIMIT 1) INTO @nq_kSTEP
 
 -- flow_discovered --
 -- The keys discovery found (NULL past the last one), in step order.
