@@ -55,7 +55,9 @@ Issue 38 ("flow control"):
   sessions, a peer's take-back, whose log line may come up to 0.5 s after it) or on the
   server, or its lease running out (a handler that
   kept its lease excepted). Such a run may go on after its slot went to another job of the
-  key (its ack is fenced out): the documented semantics, not a violation.
+  key (its ack is fenced out): the documented semantics, not a violation. A job completed by
+  its own job.transaction() block (fx) frees its slot with that COMMIT, before its end line:
+  its run ends at the block's last line (Run.commit_at).
 
 Outside attack 35 (a KILL of a connection id from before a server restart):
 - bystander_killed: a session of the bystander application (same database user, opened right
@@ -693,6 +695,10 @@ def check_key_limit(h: History, faults: Faults) -> list[Violation]:
         events = []
         for r in runs:
             until = min(claim_held_until(r, faults), settled[id(r)])
+            if r.commit_at is not None and r.outcome == "ok":
+                # Completed by its own job.transaction() block: the slot went with that
+                # COMMIT, before the end line (a peer's claim may start the next job between)
+                until = min(until, r.commit_at)
             if until > r.start:  # a job started after its claim was gone holds no slot
                 events += [(r.start, 1, r), (until, -1, r)]
         events.sort(key=lambda e: (e[0], e[1]))  # a run that ends at an instant frees it for one that starts

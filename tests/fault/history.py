@@ -43,6 +43,9 @@ class Run:
     # A rated queue's job: when its claim spent its starts (epoch seconds, the server's clock:
     # the rate log's own time for the claim's token, read by the handler); 0.0: not read
     spent_at: float = 0.0
+    # An fx job: when its job.transaction() block was about to COMMIT (monotonic), which
+    # completes the job before its end line; None: not such a run
+    commit_at: float | None = None
 
     @property
     def keeps_lease(self) -> bool:
@@ -209,6 +212,11 @@ def read_runs(out: Path) -> list[Run]:
                           spent_at=int(extra.get("m", 0)) / 1e6)
                 runs.append(run)
                 open_runs[(deploy, job, attempt, pid, token)] = run
+            elif parts[0] == "C" and len(parts) == 7:
+                deploy, job, attempt, pid, token = parts[1], *map(int, parts[2:6])
+                run = open_runs.get((deploy, job, attempt, pid, token))
+                if run is not None:
+                    run.commit_at = int(parts[6]) / NS
             elif parts[0] == "E" and len(parts) == 8:
                 deploy, job, attempt, pid, token = parts[1], *map(int, parts[2:6])
                 run = open_runs.pop((deploy, job, attempt, pid, token), None)

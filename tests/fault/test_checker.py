@@ -688,6 +688,20 @@ def test_three_runs_of_a_key_at_once_under_a_limit_of_two_is_caught():
     assert checker.check(h).ok
 
 
+def test_a_job_completed_by_its_own_block_frees_its_slot_at_the_commit_not_its_end_line():
+    # Given limit 2 and two runs of key k, the first an fx job whose block committed (the
+    # completion) at 1.3, its end line at 1.45; a third run of k starts at 1.4 between them
+    first = keyed(run(1, 1, 10, 1.0, 1.45), "k")
+    first.commit_at = 1.3
+    runs = [first, keyed(run(2, 1, 11, 1.1, 2.0), "k"), keyed(run(3, 1, 12, 1.4, 1.5), "k")]
+    h = dataclasses.replace(history(runs, [enq(1), enq(2), enq(3)]), key_limits={"main": 2})
+    # Then that is no violation: the slot went with the COMMIT
+    assert "key_limit" not in rules(h)
+    # but a block that failed (its COMMIT did not complete the job) held its slot to the end
+    first.outcome = "fail"
+    assert rules(h)["key_limit"] == 1
+
+
 def test_a_run_whose_process_was_killed_frees_its_slot_at_the_kill():
     # The first run's process is SIGKILLed at 1.3 (no end recorded); a peer's runs of the key start
     # after the kill, another one before: two at once at most

@@ -8,6 +8,7 @@ that missing end is how the checker knows the run was cut short.
 
     S <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <t_wall_ns> <priority> <run_at_us> [f=<flags>] [u=<tag>] [k=<key>] [m=<spent_us>]
     E <deploy> <job> <attempt> <pid> <token> <t_mono_ns> <ok|fail>
+    C <deploy> <job> <attempt> <pid> <token> <t_mono_ns>   (fx: its block's COMMIT is next)
 
 Monotonic time is CLOCK_MONOTONIC, one clock for every process of the machine, so the
 harness's fault times and these lines compare directly. <token> is the claim token, read
@@ -188,6 +189,10 @@ def _effect(job, deploy: str, pid: int, token: int, calls_s: float | None, resul
                 job.cancel_requested(max_age_s=0)
                 notifyq.cancelled([job])
                 time.sleep(calls_s)
+            # The block's COMMIT, which completes the job (and frees its key's slot), comes
+            # next: before the end line, which the checker's key_limit would otherwise take for
+            # the slot's end
+            os.write(_fd(), f"C {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()}\n".encode())
     except BaseException:
         os.write(_fd(), f"E {deploy} {job.id} {job.attempts} {pid} {token} {time.monotonic_ns()} fail\n".encode())
         raise
