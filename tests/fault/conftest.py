@@ -242,7 +242,9 @@ def consumer_id_of(testdb: TestDB, pid: int) -> str:
 def freeze_mid_batch(testdb: TestDB, proc: Proc, consumer_id: str) -> set[int]:
     """SIGSTOP the consumer at a moment it holds claimed jobs; returns their ids.
 
-    Frozen, its sessions (and liveness lock) stay open, so what it holds cannot change."""
+    Frozen, its sessions (and liveness lock) stay open, so what it holds cannot change, but for
+    a claim's COMMIT already on the wire (a claim does not wait for it: Pipeline.send_commit),
+    which may land after the read: the set may miss that claim's jobs."""
     def frozen_holding_jobs():
         proc.signal(signal.SIGSTOP)
         held = {r[0] for r in testdb.query(

@@ -2,7 +2,9 @@
 
 A killed work session costs a reconnect and nothing else. A killed lock session frees the
 consumer's liveness lock: the reaper may take its claimed jobs back (those alone may run twice)
-and the consumer must notice, re-register under a new id and carry on.
+and the consumer must notice, take its lock back or re-register under a new id, and carry on.
+Until it notices (its next statement on that session) it claims and starts jobs as before
+(docs/delivery-contract.md): its claims of that time are "its claimed jobs" too.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registe
     held = freeze_mid_batch(fdb, victim, old_id)
     lock_conn = fdb.scalar("SELECT IS_USED_LOCK(lock_name) FROM nq_consumer WHERE id = %s", (old_id,))
     assert lock_conn in connections_of(fdb, victim.pid)
+    killed_at = fdb.scalar("SELECT UTC_TIMESTAMP(6)")  # the server's clock, as the records below
     _kill(fdb, lock_conn)
     victim.signal(signal.SIGCONT)
 
@@ -95,16 +98,36 @@ def test_killing_a_busy_consumers_lock_session_loses_no_job_and_it_stays_registe
     if new_id != old_id:
         wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (old_id,)) == 0,
                    10, message="the old registration reaped")
-    # And every job is handled; only jobs the victim held when its lock died may have run twice
+    # And every job is handled; only jobs a reaper took back from the victim's old registration
+    # may have run twice, and only from claims it made before it registered again. Not only the
+    # jobs it held when its lock died (`held`): it goes on claiming and starting jobs under its
+    # free lock until it notices the KILL at its next statement on the lock session (a reap
+    # check, every reap_interval_s), and a peer's reaper may take such a claim back while it
+    # runs; the victim's ack is then fenced out and the peer runs the job again, as the delivery
+    # contract allows. The take-backs are the attempt records the reaper writes with them.
     wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job") == 0, 60, 0.05, "all 150 acked")
     counts = finished_counts(read_runs(out))
     duplicates = {job for job, n in counts.items() if n > 1}
     assert len(counts) == 150
-    assert duplicates <= held
+    registered_at = fdb.scalar("SELECT started_at FROM nq_consumer WHERE pid = %s", (victim.pid,))
+    taken_back = _taken_back_from(fdb, old_id)
+    assert all(killed_at <= taken_at and claimed_at < registered_at
+               for claimed_at, taken_at in taken_back.values()), (killed_at, registered_at, taken_back)
+    assert duplicates <= set(taken_back), (duplicates, held, taken_back)
     assert fdb.scalar("SELECT COUNT(*) FROM nq_consumer WHERE pid = %s", (victim.pid,)) == 1
     assert victim.alive() and (peer is None or peer.alive())
-    print(f"\nlock session of {workers} worker(s) killed: {len(held)} jobs held, {len(duplicates)} ran "
-          f"twice, {'kept its id' if new_id == old_id else 're-registered'}")
+    print(f"\nlock session of {workers} worker(s) killed: {len(held)} jobs held, {len(taken_back)} taken "
+          f"back, {len(duplicates)} ran twice, {'kept its id' if new_id == old_id else 're-registered'}")
+
+
+def _taken_back_from(testdb, consumer_id: str) -> dict[int, tuple]:
+    """{job id: (its claim's time, the take-back's time)} of the claims a reaper took back from
+    `consumer_id` as dead (its lock free), from the attempt records the take-back wrote: not a
+    lease that ran out, which a live consumer's claims must never reach."""
+    rows = testdb.query(
+        "SELECT job_id, started_at, ended_at FROM nq_attempt WHERE consumer = %s AND outcome = 'taken back'"
+        " AND (error LIKE %s OR error LIKE %s)", (consumer_id, "consumer died%", "its consumer is gone%"))
+    return {int(job_id): (claimed_at, taken_at) for job_id, claimed_at, taken_at in rows}
 
 
 def test_killing_a_streaming_producers_sessions_between_batches_loses_no_line(fdb, procs, tmp_path):
