@@ -194,7 +194,7 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
             raise errors.InputError(f"after: no job {unknown[0]} (unknown id, or a job gone with no record "
                                     "of how it ended)" + (f", and {len(unknown) - 1} more" if len(unknown) > 1 else ""))
         for queue in sorted({n.queue for n in nodes}):
-            queries.ensure_queue(cur, queue)
+            queries.ensure_queue_unlocked(cur, queue)
         ids = inserts.insert_jobs(cur, rows, max_rows=chunk_size, max_packet=max_packet)
         edges, counts = [], {}
         for i, node in enumerate(nodes):

@@ -61,6 +61,19 @@ def ensure_queue(cur, queue: str) -> bool:
     return cur.rowcount == 1
 
 
+def ensure_queue_unlocked(cur, queue: str) -> None:
+    """ensure_queue for a transaction that goes on to wait for job rows (a workflow's put: its
+    release of parents that ended already): the INSERT IGNORE only when the row is missing (its
+    first use), since on a row that is there it takes a share lock until the COMMIT. A watcher's
+    claim sends its queue row's update (mark_watched) without waiting for it, after its jobs may
+    have started: a lock on that row held by a transaction that waits for a job row closes a
+    cycle that deadlock detection may break by rolling the claim back, and its jobs then ran
+    twice. Whoever else locks the queue row holds it briefly and waits for no job row."""
+    cur.execute(Q["queue_known"], {"queue": queue})
+    if cur.fetchone() is None:
+        ensure_queue(cur, queue)
+
+
 # ---------------------------------------------------------------- claim
 
 @dataclass

@@ -56,3 +56,10 @@ def workflow_step(job):
         os.write(fd, f"E {job.id} {os.getpid()} {before_commit}\n".encode())
     finally:
         os.close(fd)
+
+
+def record_then_sleep(job):
+    """One line per start ("job_id attempt pid"), then the run's length the payload asks for
+    (`ms`, none by default): parents that stay running while children are put after them."""
+    _record(job)
+    time.sleep(job.payload.get("ms", 0) / 1000)

@@ -327,3 +327,80 @@ def test_a_put_after_a_parent_done_since_the_callers_snapshot_began_counts_it_do
         app.close()
     # Then the parent counts as done (it is not "unknown"), and the child is ready to run
     assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (child,)) == 0
+
+
+@contextlib.contextmanager
+def claim_in_flight(db, job_id):
+    """A claim between its locking read and its COMMIT (queries.claim sends its mark and COMMIT
+    without waiting, its jobs started): the job's row locked as claim_lock locks it."""
+    conn = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT id FROM nq_job FORCE INDEX (PRIMARY) WHERE id = %s AND status = 0 FOR UPDATE",
+                    (job_id,))
+        assert cur.fetchone() is not None
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def finishes_alone(fn, timeout: float = 5.0) -> bool:
+    """Whether fn() returns within `timeout` seconds (run in a thread: one that waits on a lock
+    ends once the lock is let go, after the caller's answer)."""
+    thread = threading.Thread(target=fn)
+    thread.start()
+    try:
+        wait_until(lambda: not thread.is_alive(), timeout, message="done")
+        return True
+    except AssertionError:
+        return False
+
+
+def test_a_release_waits_for_no_row_a_claim_in_flight_holds(db):
+    # Given children put after a running parent, a parent done (gone), and ready jobs of
+    # another queue (a small table: the optimizer would rather read it whole than by key)
+    with Producer("p", db.config()) as p:
+        running, done = p.put_many([{"n": 0}, {"n": 1}])
+    with Producer("q", db.config()) as q:
+        ready = q.put_many([{"r": i} for i in range(5)])
+        with opened(db) as session:
+            claim = queries.claim(session, "p", "owner-1", 10, 30.0)
+            session.conn  # the claim's COMMIT read
+            assert queries.ack(session, [done], claim.token, keep=False) == 1
+            children = q.put_many([{"c": i} for i in range(8)], after=[running])
+            # When a claim of another consumer holds a ready job's row (its jobs may start
+            # before its mark and COMMIT land: a deadlock that took it then ran them twice)
+            with claim_in_flight(db, ready[2]):
+                # Then the parent's ack releases its child without waiting for that row
+                assert finishes_alone(lambda: queries.ack(session, [running], claim.token, keep=False)), \
+                    "the ack's release waited for a row a claim holds"
+                # And so does a put after a parent that is done already (its release is the put's)
+                put = []
+                assert finishes_alone(lambda: put.extend(q.put_many([{"c": i} for i in range(8)], after=[done]))), \
+                    "the put's release waited for a row a claim holds"
+    assert [status(db, i) for i in children + put] == [0] * 16
+
+
+def test_a_workflow_put_holds_no_lock_on_its_queue_row(db):
+    # Given a parent, and a workflow put after it in a caller's transaction, not committed
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+        try:
+            p.put({"c": 0}, after=[parent], conn=app)
+            # When a watcher's claim marks the queue watched (mark_watched: it is not waited
+            # for, and its jobs may have started; a lock wait there that became a deadlock
+            # rolled the claim back), with a short lock wait
+            other = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+            try:
+                cur = other.cursor()
+                cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+                # Then the queue row is not the put's: the update does not wait
+                cur.execute("UPDATE nq_queue SET watched_seq = GREATEST(watched_seq, 0) WHERE queue = 'q'")
+                other.commit()
+            finally:
+                other.close()
+            app.commit()
+        finally:
+            app.close()

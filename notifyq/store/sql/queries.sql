@@ -30,6 +30,10 @@ SELECT MEMBER_ROLE, MEMBER_STATE FROM performance_schema.replication_group_membe
 -- ensure_queue --
 INSERT IGNORE INTO nq_queue (queue) VALUES (%(queue)s)
 
+-- queue_known --
+-- Whether a queue's row is there, a plain read (queries.ensure_queue_unlocked).
+SELECT 1 FROM nq_queue WHERE queue = %(queue)s
+
 -- insert_job --
 -- store.insert_jobs repeats the VALUES row: one multi-row INSERT per chunk. Times are
 -- UTC_TIMESTAMP(6), never NOW(6) or a column default: a transactional enqueue runs on the
@@ -1357,17 +1361,24 @@ UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 1 WHERE parent_id IN %(ids)s AN
 -- children_count_down --
 -- Each child of the marked edges counts its parents down by how many of its edges were marked
 -- (the row lock on the child orders two parents' acks: the second reads the first's count).
-UPDATE nq_job c
-JOIN (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
-      WHERE parent_id IN %(ids)s AND state IN (1, 4) GROUP BY child_id) d ON d.child_id = c.id
+-- The children by primary key, after the edges (STRAIGHT_JOIN, FORCE INDEX): every statement
+-- of a release locks its waiting children and nothing else. On a small table the optimizer read
+-- nq_job whole and the derived table by c.id, and that UPDATE locked (and waited on) every row
+-- it passed: a claim's locked rows too, while that claim's unwaited mark waited for a lock the
+-- release held (a workflow put's queue row), so the deadlock took the claim after its job
+-- started, and the job ran twice. A waiting child is no claim's (status 6 is never claimed).
+UPDATE (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
+        WHERE parent_id IN %(ids)s AND state IN (1, 4) GROUP BY child_id) d
+STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = d.child_id
 SET c.waits_on = c.waits_on - LEAST(c.waits_on, d.n)
 WHERE c.status = 6
 
 -- children_failed_count --
--- A failed parent's children that run anyway (after_mode 1, 2) count the failure.
-UPDATE nq_job c
-JOIN (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
-      WHERE parent_id IN %(ids)s AND state = 4 GROUP BY child_id) d ON d.child_id = c.id
+-- A failed parent's children that run anyway (after_mode 1, 2) count the failure. By primary
+-- key after the edges, as children_count_down (which says why).
+UPDATE (SELECT child_id, COUNT(*) AS n FROM nq_edge FORCE INDEX (PRIMARY)
+        WHERE parent_id IN %(ids)s AND state = 4 GROUP BY child_id) d
+STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = d.child_id
 SET c.parents_failed = c.parents_failed + d.n
 WHERE c.status = 6 AND c.after_mode > 0
 
@@ -1375,8 +1386,9 @@ WHERE c.status = 6 AND c.after_mode > 0
 -- Children of the marked edges with no parent left: ready (or scheduled, when put with a delay
 -- still ahead), exactly once (status 6 is left only here and by a cancel). An on_dead callback
 -- (after_mode 2) whose parents all ended done is not needed: it ends cancelled, with the reason.
--- (Every assignment reads only columns it does not set.)
-UPDATE nq_job c JOIN nq_edge e FORCE INDEX (PRIMARY) ON e.child_id = c.id
+-- (Every assignment reads only columns it does not set.) The children by primary key after the
+-- edges, as in children_count_down (which says why).
+UPDATE nq_edge e FORCE INDEX (PRIMARY) STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = e.child_id
 SET c.status = IF(c.after_mode = 2 AND c.parents_failed = 0, 5, IF(c.run_at > UTC_TIMESTAMP(6), 1, 0)),
     c.finished_at = IF(c.after_mode = 2 AND c.parents_failed = 0, UTC_TIMESTAMP(6), NULL),
     c.last_error = IF(c.after_mode = 2 AND c.parents_failed = 0, 'not run: no parent ended dead or cancelled',
@@ -1420,8 +1432,9 @@ UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 4 WHERE parent_id IN %(ids)s AN
 
 -- children_cancel --
 -- Children of a failed parent that need every parent done (after_mode 0): cancelled, with the
--- reason; their own children are settled in turn (workflows.settle_failed).
-UPDATE nq_job c JOIN nq_edge e FORCE INDEX (PRIMARY) ON e.child_id = c.id
+-- reason; their own children are settled in turn (workflows.settle_failed). By primary key
+-- after the edges, as children_count_down (which says why).
+UPDATE nq_edge e FORCE INDEX (PRIMARY) STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = e.child_id
 SET c.status = 5, c.finished_at = UTC_TIMESTAMP(6), c.cancelled_by = 'workflow', c.cancelled_at = UTC_TIMESTAMP(6),
     c.last_error = CONCAT('not run: parent ', e.parent_id, ' ended ', %(why)s)
 WHERE e.parent_id IN %(ids)s AND e.state = 4 AND c.status = 6 AND c.after_mode = 0
@@ -1446,7 +1459,8 @@ WHERE e.parent_id IN %(ids)s AND c.status = 5 AND c.cancelled_by = 'workflow'
 FOR UPDATE
 
 -- children_wait_again --
-UPDATE nq_job c
+-- By primary key (see claim_mark): the optimizer read ix_state's cancelled range instead.
+UPDATE nq_job c FORCE INDEX (PRIMARY)
 SET c.status = 6, c.finished_at = NULL, c.cancelled_by = NULL, c.cancelled_at = NULL, c.last_error = NULL,
     c.waits_on = (SELECT COUNT(*) FROM nq_edge f WHERE f.child_id = c.id AND f.state = 0)
 WHERE c.id IN %(ids)s AND c.status = 5
