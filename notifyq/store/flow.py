@@ -17,7 +17,10 @@ ready jobs costs a claim the few rows it may take, not the other keys their turn
 the ones nq_flow_key names, read round-robin; keys not named yet are found by a few dives into
 ix_key per claim (discovery) and named in the claim's own transaction. With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
-and age order inside each round); without, in claim order (priority, run_at, id).
+and age order inside each round); without, in claim order (priority, run_at, id). A queue with
+a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim
+starts at most N of a key): a key's backlog then never fills the claim's read, and the rates
+(store/rates.py) pick among the keys with room.
 
 A job held back by a limit stays ready: it is not claimed, not charged an attempt, and counts
 as taken for the watcher (a claim that only held jobs back drained the queue): the transaction
@@ -53,10 +56,14 @@ class FlowLimits:
     # (fnmatch, case-sensitive); an exact key wins over patterns, the first pattern that
     # matches over later ones.
     key_limits: tuple[tuple[str, int], ...] = ()
+    # rate_per_key's N (0: none): a key starts at most N jobs per claim, so a claim reads at most
+    # N + 1 of its jobs (the one more tells it that the rest waits for the key's refill)
+    rate_cap: int = 0
 
     @classmethod
     def of(cls, qc: QueueConfig) -> FlowLimits:
-        return cls(qc.limit_per_key, qc.limit, qc.fair, qc.key_limits)
+        per_key = qc.rates[1]
+        return cls(qc.limit_per_key, qc.limit, qc.fair, qc.key_limits, per_key.count if per_key else 0)
 
     @property
     def limited(self) -> bool:
@@ -90,6 +97,7 @@ class Grant:
     complete: bool
     held_keys: list[str] = field(default_factory=list)  # keys whose ready jobs a limit holds
     queue_full: bool = False  # the queue's `limit` held every job back
+    keys: dict[int, str | None] = field(default_factory=dict)  # each id's key (the rates' budgets)
 
 
 class FlowClaims:
@@ -104,9 +112,11 @@ class FlowClaims:
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
-        """A worker's flow state, or None for a queue without limits or fairness: its claim is
-        the plain one, and pays nothing."""
-        return cls(FlowLimits.of(qc)) if qc.flow_controlled else None
+        """A worker's flow state, or None for a queue without limits, fairness or per-key rate:
+        its claim is the plain one, and pays nothing. A per-key rate reads its candidates here,
+        each key's apart (flow_key_ready): the plain read's first jobs in claim order may all be
+        one key's, whose spent budget then held every other key back until its refill."""
+        return cls(FlowLimits.of(qc)) if qc.flow_controlled or qc.rates[1] is not None else None
 
     def candidates(self, cur, queue: str, batch_size: int) -> Grant:
         """In the claim's transaction, before its locking read: the ids it may lock."""
@@ -119,6 +129,8 @@ class FlowClaims:
         cut_short (the claim runs again) if a key it took, or the queue, now runs more than its
         limit: the decisive count was cut short (a KILL QUERY can end a read with an OK reply and
         rows missing). A plain read of the claimed rows: these keys' rows are still ours."""
+        if not self.limits.limited:
+            return  # nothing counted (fairness, a per-key rate): nothing to verify
         cur.execute(Q["flow_running"], {"queue": queue})
         running = {r[0]: int(r[1]) for r in cur.fetchall()}
         for key in set(keys):
@@ -174,6 +186,8 @@ class FlowClaims:
         for key in keys:
             lim = limits.limit_for(key)
             caps[key] = min(share, lim - running.get(key, 0)) if lim else share
+            if limits.rate_cap:
+                caps[key] = min(caps[key], limits.rate_cap + 1)
         # Only a key with a limit is locked (counted): a fair queue's other keys are read and
         # taken without, so that its claimers never wait on, nor skip, each other's keys.
         locking = [k for k in keys if limits.limit_for(k)] + [QUEUE_ROW] * bool(limits.limit)
@@ -219,7 +233,10 @@ class FlowClaims:
                 complete = complete and not rows
                 continue
             free = lim - running.get(key, 0) if lim else len(rows)
-            if len(rows) >= caps[key] and (not lim or free > caps[key]):
+            # A read stopped by the rate's N + 1: its last job is one the key's rate holds
+            # (rates.hint), and so is every later one until the key's refill
+            rate_bound = bool(limits.rate_cap) and caps[key] == limits.rate_cap + 1
+            if len(rows) >= caps[key] and (not lim or free > caps[key]) and not rate_bound:
                 complete = False  # the read stopped at its cap, and more may run: claim again
             if len(rows) > free:
                 held.append(key)
@@ -238,9 +255,10 @@ class FlowClaims:
         queue_full = room is not None and len(ids) > room
         if queue_full:
             ids = ids[:room]  # the rest is held back by the queue's limit
-        if len(ids) > batch_size:
-            complete = False
-        return Grant(ids, complete, held, queue_full)
+        # More ids than the batch takes leave some behind: queries.claim says so (of a rated queue's,
+        # only those its rates let through count)
+        keys = {row[-1]: key for key, rows in by_key.items() for row in rows}
+        return Grant(ids, complete, held, queue_full, keys)
 
 
 def _step(n: int) -> str:

@@ -205,11 +205,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
     row counts are theirs.
-    rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
-    free for are marked, their starts written in this transaction; its jobs then start only
-    once its COMMIT is read.
+    rates: the queue's rate limits (store/rates.py): only candidates the log (as committed) has a
+    start for are locked (rates.hint), and of the locked rows only those a start is free for
+    under the budgets' locks are marked, their starts written in this transaction; its jobs
+    then start only once its COMMIT is read.
     version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
-    flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
+    flow: the queue's limits, fairness and per-key rate (store/flow.py): its candidates replace the ready read,
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
@@ -231,15 +232,22 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if cur.fetchone() is not None:  # paused
             return Claim([], token, True, True)
         complete = True
+        keys = None
         if flow is not None:
             if due:
                 _promote_due(session, cur, queue)
             grant = flow.candidates(cur, queue, batch_size)
-            ordered, complete = grant.ids, grant.complete  # it says what it left behind
+            ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
         elif due:
             ordered = _with_due(session, cur, queue, params)
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
+        read = len(ordered)
+        # A rated queue locks only candidates its budgets have a start for (the log as committed):
+        # the windows below are then filled by keys with room, not by a spent key's backlog
+        hinted = rating.hint(cur, queue, token, rates, ordered, keys)
+        if hinted is not None:
+            ordered = hinted.ids
         locked: list[tuple] = []
         tried = too_new = 0
         # Lock windows in priority order, each exactly as large as what is still missing: no
@@ -251,10 +259,17 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             rows, skipped = lock_window(cur, window, version)
             locked.extend(rows)
             too_new += skipped
+        # What the rates held back waits for their refill (admit's hold), as if taken; a flow read
+        # says itself whether it left any job behind, except those of more ids than a claim takes.
         # Nothing taken, and only because the jobs need newer code: as good as drained for this
         # consumer (it waits for the next wake-up instead of claiming again at once)
-        drained = ((complete and (flow is not None or len(ordered) < limit) and tried == len(ordered))
-                   or (not locked and too_new > 0))
+        drained = ((complete and tried == len(ordered)
+                    and (len(ordered) <= batch_size if flow is not None
+                         else read < limit or (hinted is not None and hinted.held)))
+                   or (not locked and too_new > 0)
+                   # Nothing to take but what the rates hold: wait for the refill, not claim again at
+                   # once (a flow read that left keys unread reads them next time, from its cursor)
+                   or (not locked and hinted is not None and hinted.held))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -262,7 +277,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
-        admitted = rating.admit(cur, queue, token, rates, locked, drained)
+        admitted = rating.admit(cur, queue, token, rates, locked, drained, hinted)
         locked, drained = admitted.rows, admitted.drained
         last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
         verified = len(last)

@@ -32,6 +32,13 @@ drifts by it, never ahead.
 Held jobs are woken at the refill, without polling the jobs table: a claim that held any back
 writes when the first of its budgets frees a start (nq_rate_hold), and the watcher's wait
 (watch_bell, poll_signal) ends then, as it ends for a scheduled job that falls due.
+
+Before it locks any job, a claim reads the log as committed (hint, no lock) and leaves out the
+candidates whose budgets have no start free: its locking windows are filled by keys with room,
+so a key whose budget is spent never holds another back (its backlog, first in claim order,
+filled every window, and every other key waited for its refill). A per-key rate's candidates
+are read key by key (store/flow.py, at most N + 1 of a key), so one key's backlog never fills
+the read either. The hint decides nothing: admit does, under the budgets' locks.
 """
 
 from __future__ import annotations
@@ -101,6 +108,81 @@ class _Budget:
 
 
 @dataclass
+class Hint:
+    """A claim's candidates as the committed rate log lets them through (hint), before it locks any
+    job: the ids it may lock, in claim order, and what the log held back."""
+
+    ids: list[int]
+    keys: dict[int, str | None]  # every candidate's key (what rate_keys would read)
+    hold: tuple | None  # the queue's nq_rate_hold row (rate_hold), if read
+    wake_at: dt.datetime | None = None  # the first start free for a candidate held back
+    held: bool = False
+    now: dt.datetime | None = None  # the server's time of the read
+
+
+def hint(cur, queue: str, token: int, rates: Rates | None, ordered: list[int],
+         keys: dict[int, str | None] | None = None) -> Hint | None:
+    """Of a claim's candidates (claim order), those the budgets have a start for, by a plain read
+    of the log (rate_slots_peek), before the claim locks any job. The locking read then takes
+    its windows among these only: a key whose budget is spent costs no place in them, and the
+    candidates of keys with room fill the batch (a backlog of one spent key held every other
+    key back until its refill). Only a hint: admit decides, on the budgets it locks after the
+    rows (a peer may spend what the hint saw free; then admit holds the row). The held
+    candidates' refill is admit's hold (wake_at). keys: the candidates' keys when the read that
+    found them returned them (store/flow.py); else read here with the hold, one round trip more."""
+    if rates is None or not ordered:
+        return None
+    params = {"queue": queue, "ids": Ids(ordered)}
+    if keys is None and rates.per_key is not None:
+        cur.execute(";\n".join(cur.mogrify(Q[n], params) for n in ("rate_hold", "rate_keys")))
+        hold = cur.fetchone()
+        cur.nextset()
+        keys = {int(i): k for i, k in cur.fetchall()}
+        while cur.nextset():
+            pass
+        peek: list[str] = []
+    else:
+        peek = [cur.mogrify(Q["rate_hold"], params)]
+        hold = None
+    keys = keys or {}
+    wanted = {b for job_id in ordered for b in rates.budgets(keys.get(job_id))}
+    if not wanted:  # only jobs without a key, under rate_per_key alone: nothing to hold
+        if peek:
+            cur.execute(peek[0])
+            hold = cur.fetchone()
+            while cur.nextset():
+                pass
+        return Hint(list(ordered), keys, hold)
+    peek += [cur.mogrify(Q["rate_slots_peek"], _slot_params(queue, rates, wanted)), Q["rate_now"]]
+    cur.execute(";\n".join(peek))  # one round trip: the hold (unless read with the keys) and the log
+    if len(peek) == 3:
+        hold = cur.fetchone()
+        cur.nextset()
+    rows = cur.fetchall()
+    cur.nextset()
+    clock = cur.fetchone()
+    while cur.nextset():
+        pass
+    if clock is None:  # a KILL QUERY's OK reply without the row: read it all again
+        raise cut_short("rate hint, no server time")
+    budgets = _budgets(rates, wanted, token, rows, clock[0])
+    now = clock[0]
+    out = Hint([], keys, hold, now=now)
+    for job_id in ordered:  # claim order, as admit takes them
+        names_of = rates.budgets(keys.get(job_id))
+        empty = [budgets[b] for b in names_of if not budgets[b].free]
+        if empty:
+            row_wake = max(b.frees_at(now) for b in empty)
+            out.wake_at = row_wake if out.wake_at is None else min(out.wake_at, row_wake)
+            out.held = True
+            continue
+        for b in names_of:
+            budgets[b].take()
+        out.ids.append(job_id)
+    return out
+
+
+@dataclass
 class Admitted:
     """What a claim may start of the rows it locked (admit)."""
 
@@ -110,38 +192,51 @@ class Admitted:
     held_s: float | None = None  # jobs were held back: seconds until the first budget frees a start
 
 
-def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple], drained: bool) -> Admitted:
+def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple], drained: bool,
+          hinted: Hint | None = None) -> Admitted:
     """Of the rows a claim locked (claim order), those the rates let start now, their starts
     written in the claim's transaction. A row held back stays ready, not charged; the claim then
     counts as drained (what is left waits for a refill, not for the next claim) and writes when
-    the queue's watcher is to wake for it (nq_rate_hold)."""
+    the queue's watcher is to wake for it (nq_rate_hold). hinted: what hint() read before the
+    rows were locked (their keys, the hold, and when the candidates it held back get a start)."""
     if rates is None:
         return Admitted(locked, drained, False)
-    if not locked:  # a hold whose time came is over: the watcher must not wake for it again
+    early = hinted.wake_at if hinted is not None else None
+    if not locked:
+        if early is not None:  # held by the hint alone: the watcher wakes at their refill
+            cur.execute(Q["rate_hold_set"], {"queue": queue, "wake_at": early})
+            return Admitted(locked, drained, False, max(0.0, (early - hinted.now).total_seconds()))
+        # a hold whose time came is over: the watcher must not wake for it again
         cur.execute(Q["rate_hold_clear"], {"queue": queue})
         return Admitted(locked, drained, False)
     ids = [r[0] for r in locked]
-    names = ("rate_hold",) + ("rate_keys",) * (rates.per_key is not None)
-    cur.execute(";\n".join(cur.mogrify(Q[n], {"queue": queue, "ids": Ids(ids)}) for n in names))  # one round trip
-    hold = cur.fetchone()
-    keys: dict[int, str | None] = {}
-    if rates.per_key is not None:
-        cur.nextset()
-        keys = {int(i): k for i, k in cur.fetchall()}
-    while cur.nextset():
-        pass
+    if hinted is not None and all(i in hinted.keys or rates.per_key is None for i in ids):
+        hold, keys = hinted.hold, hinted.keys
+    else:
+        names = ("rate_hold",) + ("rate_keys",) * (rates.per_key is not None)
+        cur.execute(";\n".join(cur.mogrify(Q[n], {"queue": queue, "ids": Ids(ids)}) for n in names))  # one round trip
+        hold = cur.fetchone()
+        keys = {}
+        if rates.per_key is not None:
+            cur.nextset()
+            keys = {int(i): k for i, k in cur.fetchall()}
+        while cur.nextset():
+            pass
     wanted = {b for job_id in ids for b in rates.budgets(keys.get(job_id))}
     budgets, now = _lock(cur, queue, token, rates, wanted)
     if now is None:  # no budget to spend from (only jobs without a key, under rate_per_key)
+        if early is not None:
+            cur.execute(Q["rate_hold_set"], {"queue": queue, "wake_at": early})
         return Admitted(locked, drained, False)
     taken: list[tuple] = []
-    wake_at: dt.datetime | None = None
+    wake_at: dt.datetime | None = early
     for row in locked:  # claim order: a held job never lets a later one of its budget go first
         names_of = rates.budgets(keys.get(row[0]))
         empty = [budgets[b] for b in names_of if not budgets[b].free]
         if empty:
             row_wake = max(b.frees_at(now) for b in empty)
             wake_at = row_wake if wake_at is None else min(wake_at, row_wake)
+            drained = True  # a peer spent what the hint saw free: the rest waits for the refill
             continue
         for b in names_of:
             budgets[b].take()
@@ -152,7 +247,7 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
     elif hold is not None and hold[0] is not None and hold[0] <= now:
         statements.append((Q["rate_hold_clear"], {"queue": queue}))
     _write(cur, statements, sum(bool(b.spent) for b in budgets.values()))
-    return Admitted(taken, drained or wake_at is not None, any(b.spent for b in budgets.values()),
+    return Admitted(taken, drained, any(b.spent for b in budgets.values()),
                     None if wake_at is None else max(0.0, (wake_at - now).total_seconds()))
 
 
@@ -217,6 +312,31 @@ def consume(session: Session, queue: str, rates: Rates | None, key: str | None, 
             time.sleep(pause)  # the refill's time, read from the log: a timed wait, not a poll
 
 
+def _slot_params(queue: str, rates: Rates, wanted: set[str]) -> dict[str, Any]:
+    return {"queue": queue, "keys": tuple(sorted(wanted)),
+            "queue_count": rates.queue.count if rates.queue is not None else 0,
+            "key_count": rates.per_key.count if rates.per_key is not None else 0}
+
+
+def _budgets(rates: Rates, wanted: set[str], token: int, rows: list[tuple], now: dt.datetime) -> dict[str, _Budget]:
+    """The wanted budgets as the log's rows (rate_slots_lock's columns) say at `now`: a slot is
+    free when its last start lies a whole period back, or this claim's own earlier try spent it;
+    a slot without a row (a budget's first use, or N raised) was never spent."""
+    budgets = {b: _Budget(rates.rate(b)) for b in wanted}
+    for budget, slot, started_at, spent_by, _ in rows:
+        b = budgets[budget]
+        b.times[int(slot)] = started_at
+        if started_at <= now - dt.timedelta(seconds=b.rate.period_s) or spent_by == token:
+            b.free.append(int(slot))
+    for b in budgets.values():
+        for slot in range(b.rate.count):
+            if slot not in b.times:
+                b.times[slot] = NEVER
+                b.free.append(slot)
+        b.free.sort(key=lambda s, b=b: (b.times[s], s))
+    return budgets
+
+
 def _lock(cur, queue: str, token: int, rates: Rates,
           wanted: set[str]) -> tuple[dict[str, _Budget], dt.datetime | None]:
     """The wanted budgets' logs, locked until COMMIT (in one order for every claimer), a budget's
@@ -224,29 +344,19 @@ def _lock(cur, queue: str, token: int, rates: Rates,
     locked (None: nothing wanted)."""
     if not wanted:
         return {}, None
-    params = {"queue": queue, "keys": tuple(sorted(wanted)),
-              "queue_count": rates.queue.count if rates.queue is not None else 0,
-              "key_count": rates.per_key.count if rates.per_key is not None else 0}
+    params = _slot_params(queue, rates, wanted)
     for made in (False, True):
         cur.execute(Q["rate_slots_lock"], params)
         rows = cur.fetchall()
-        budgets = {b: _Budget(rates.rate(b)) for b in wanted}
-        missing = len(rows) < sum(budget.rate.count for budget in budgets.values())
+        missing = len(rows) < sum(rates.rate(b).count for b in wanted)
         if missing:
             assert not made, "rate slots made and not found"
             have = {(b, int(s)) for b, s, *_ in rows}
-            cur.executemany(Q["rate_slot_add"], [{"queue": queue, "key": b, "slot": s} for b, budget in budgets.items()
-                                                 for s in range(budget.rate.count) if (b, s) not in have])
+            cur.executemany(Q["rate_slot_add"], [{"queue": queue, "key": b, "slot": s} for b in sorted(wanted)
+                                                 for s in range(rates.rate(b).count) if (b, s) not in have])
             continue
         now = max(row[4] for row in rows)  # SYSDATE per row: the last is the latest
-        for budget, slot, started_at, spent_by, _ in rows:
-            b = budgets[budget]
-            b.times[int(slot)] = started_at
-            if started_at <= now - dt.timedelta(seconds=b.rate.period_s) or spent_by == token:
-                b.free.append(int(slot))
-        for b in budgets.values():
-            b.free.sort(key=lambda s, b=b: (b.times[s], s))
-        return budgets, now
+        return _budgets(rates, wanted, token, rows, now), now
     raise AssertionError("unreachable")
 
 

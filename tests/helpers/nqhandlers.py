@@ -21,6 +21,15 @@ def record(job):
     _record(job)
 
 
+def record_start(job):
+    """A "job_id key time" line as the job starts (wall clock: lines of several processes compare)."""
+    out = os.environ["NQ_TEST_OUT"]
+    f = _files.get(os.getpid())
+    if f is None:
+        f = _files[os.getpid()] = open(os.path.join(out, f"{os.getpid()}.log"), "a", buffering=1)
+    f.write(f"{job.id} {job.key} {time.time():.6f}\n")
+
+
 def record_slow(job):
     """Start, linger, finish: leaves jobs in flight for kill tests."""
     _record(job, " start")

@@ -5,11 +5,13 @@ the log's times back (no sleeps), except where the worker's own wake at the refi
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
 
 import pytest
-from conftest import cron_run
+from conftest import cron_run, notifyq_cmd, wait_until
 
 from notifyq import errors
 from notifyq.config import Config
@@ -19,6 +21,7 @@ from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
 from notifyq.store import bells, queries, rates
 from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims
 from notifyq.store.locks import QueueLocks
 
 OWNER = "o" * 32
@@ -206,7 +209,7 @@ def test_a_rated_claim_starts_nothing_until_its_commit_lands_and_a_lost_commit_s
     # BACKUP STAGE; MySQL has none)
     if "mariadb" not in db.query("SELECT VERSION()")[0][0].lower():
         pytest.skip("needs MariaDB's BACKUP STAGE to hold a COMMIT back")
-    from conftest import admin_connect, wait_until
+    from conftest import admin_connect
 
     cfg = _config(db, rate="1/1h")
     [job_id] = _put(cfg, 1)
@@ -257,3 +260,97 @@ def test_an_exit_when_empty_run_on_a_rated_queue_waits_for_each_refill_and_runs_
     starts.sort()
     assert all(starts[i + 4] - starts[i] >= 1.0 - 0.05 for i in range(len(starts) - 4)), starts
     assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def _flow_claims(session: Session, cfg: Config, batch: int, n: int) -> list[queries.Claim]:
+    """Claims as a consumer's worker makes them, one after the other: with the queue's flow state
+    (a per-key rate reads its candidates key by key, store/flow.py), until one says the queue is
+    drained, or n of them."""
+    flow = FlowClaims.for_queue(cfg.queue("q"))
+    got = []
+    while len(got) < n and not (got and got[-1].drained):
+        got.append(queries.claim(session, "q", OWNER, batch, 60, rates=rates.Rates.of(cfg.queue("q")), flow=flow))
+    return got
+
+
+def test_a_key_whose_rate_is_spent_does_not_hold_back_the_keys_with_room(db):
+    # Given rate_per_key 2 an hour, and a backlog of key A put first (30 jobs), then 3 of B and 3 of C
+    cfg = _config(db, rate_per_key="2/1h")
+    keys = ["A"] * 30 + ["B"] * 3 + ["C"] * 3
+    ids = _put(cfg, len(keys), keys)
+    s = Session(cfg.dsn)
+    try:
+        # When claims of 2 follow each other within the hour
+        got = _flow_claims(s, cfg, 2, 6)
+        # Then A's budget spent, the next claims take B's two, then C's two: every key with room
+        # gets its starts, not only once A's refill came (A's backlog filled every claim's locking
+        # read, its jobs held back, and B and C waited for the hour)
+        taken = [[keys[ids.index(j.id)] for j in c.jobs] for c in got]
+        assert taken == [["A", "A"], ["B", "B"], ["C", "C"], []], taken
+        assert [c.drained for c in got] == [False, False, False, True]
+        # ... the last claim found only held jobs: the watcher is told to wake at the refill
+        assert got[3].held_s is not None and 3500 < got[3].held_s <= 3600
+        assert db.scalar("SELECT wake_at IS NOT NULL FROM nq_rate_hold WHERE queue = 'q'") == 1
+        # ... and no held job was charged an attempt
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND attempts = 0") == 30
+    finally:
+        s.close()
+
+
+def test_a_fair_queue_with_a_key_rate_gives_every_key_with_room_its_turn_in_one_period(db):
+    # Given a fair queue with rate_per_key 2 an hour, 10 jobs each of A, B and C, and claims of 2
+    # (fewer than the keys)
+    cfg = _config(db, rate_per_key="2/1h", fair=True)
+    keys = ["A"] * 10 + ["B"] * 10 + ["C"] * 10
+    ids = _put(cfg, len(keys), keys)
+    s = Session(cfg.dsn)
+    try:
+        # When claims of 2 follow each other within the hour, until one says the queue is drained
+        got = _flow_claims(s, cfg, 2, 8)
+        taken = [[keys[ids.index(j.id)] for j in c.jobs] for c in got]
+        # Then every key starts its 2 before the refill (the keys read first, A and B, held their
+        # spent jobs in every claim's locking read, and C waited for the hour), round-robin: a
+        # claim takes one job of a key (its share of a batch of 2 among 3 keys)
+        assert sorted(k for c in taken for k in c) == ["A", "A", "B", "B", "C", "C"], taken
+        assert all(len(set(c)) == len(c) for c in taken), taken
+        assert taken[-1] == [] and got[-1].drained and got[-1].held_s is not None, taken
+    finally:
+        s.close()
+
+
+def test_consumer_processes_start_the_other_keys_while_a_hot_keys_backlog_waits_for_its_rate(db, tmp_path):
+    # Given rate_per_key 2 a second, a backlog of 60 jobs of key A put first, then 6 each of B and
+    # C (behind more of A than a claim of 10 reads), and two `notifyq consume` processes
+    (tmp_path / "notifyq.toml").write_text('[queue.q]\nrate_per_key = "2/1s"\nbatch_size = 10\n')
+    env = {**db.env, "NOTIFYQ_CONFIG": str(tmp_path / "notifyq.toml"), "NQ_TEST_OUT": str(tmp_path)}
+    cfg = _config(db, rate_per_key="2/1s")
+    with Producer("q", cfg) as p:
+        for key, n in (("A", 60), ("B", 6), ("C", 6)):
+            p.put_many([{"i": i} for i in range(n)], key=key)
+    procs = [subprocess.Popen(notifyq_cmd("consume", "-q", "q", "--handler", "nqhandlers:record_start"),
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+
+    def starts() -> list[tuple[float, str]]:
+        lines = [line.split() for f in tmp_path.glob("*.log") for line in f.read_text().splitlines()]
+        return sorted((float(t), key) for _, key, t in lines)
+
+    try:
+        first = wait_until(starts, 60, 0.05, "the first start")[0][0]
+        # When B and C have each started their 6 (three periods of 2: about 2 s)
+        wait_until(lambda: sum(k != "A" for _, k in starts()) == 12, 20, 0.05, "B's and C's jobs all started")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(30) for p in procs]
+    assert codes == [0, 0], [p.stderr.read() for p in procs]
+    # Then they started beside A's backlog, within its first periods (before the fix they waited
+    # for A's 60 jobs: 30 s)
+    done = starts()
+    last_other = max(t for t, k in done if k != "A")
+    assert last_other - first < 6.0, [(round(t - first, 2), k) for t, k in done]
+    # ... and no key started more than 2 in any second (a start's line comes up to a few hundred
+    # ms after its claim on a loaded machine: docs/flow-control.md, "Checked under faults")
+    for key in "ABC":
+        times = [t for t, k in done if k == key]
+        assert all(times[i + 2] - times[i] >= 1.0 - 0.25 for i in range(len(times) - 2)), (key, times)

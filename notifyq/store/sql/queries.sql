@@ -311,7 +311,8 @@ SET status = 2, owner = %(owner)s, claim_token = %(token)s, claimed_at = NOW(6),
 WHERE id IN %(ids)s
 
 -- rate_keys --
--- Rates: the keys of the jobs a claim locked (rate_per_key): what budgets they spend.
+-- Rates: the keys of a claim's candidates (rate_per_key) when its read did not return them:
+-- what budgets they spend.
 SELECT id, job_key FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- rate_hold --
@@ -331,6 +332,19 @@ WHERE queue = %(queue)s AND rate_key IN %(keys)s
   AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
 ORDER BY rate_key, slot
 FOR UPDATE
+
+-- rate_slots_peek --
+-- Rates (store/rates.py, hint): the budgets' logs as committed, a plain read before the claim
+-- locks any job: which keys have no start free now, so that their jobs are not locked at all
+-- and the candidates of keys with room fill the batch. Only a hint: what a claim spends is
+-- decided by rate_slots_lock, after its rows are locked.
+SELECT rate_key, slot, started_at, claim_token, SYSDATE(6) AS now FROM nq_rate
+WHERE queue = %(queue)s AND rate_key IN %(keys)s
+  AND slot < IF(rate_key = '', %(queue_count)s, %(key_count)s)
+
+-- rate_now --
+-- The server's time, with rate_slots_peek: a budget not used yet has no row to carry it.
+SELECT SYSDATE(6)
 
 -- rate_slot_add --
 -- A budget's slots, made on its first use (or when its N grows) as never spent. Repeated per
