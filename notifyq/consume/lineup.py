@@ -231,7 +231,14 @@ class LineupWatch:
 
     def _lineup_session(self) -> Session:
         if self._session is None:
-            self._session = Session(self.config.dsn, name="lineup", stop=self.stop)
+            # A give-back runs while the process's workers are busy, the moment its process may
+            # be frozen (SIGSTOP, a paused VM) or its host vanish: its transaction would keep
+            # the jobs' rows and a signal slot locked until the server's wait_timeout (8 h), and
+            # every reaper pass waiting on them (liveness.reclaim_expired locks what it scans),
+            # so not even its running job came back. Ended by the server after session_idle_s,
+            # as a frozen consumer's liveness lock is: then they come back by their leases.
+            self._session = Session(self.config.dsn, name="lineup", stop=self.stop,
+                                    idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s))
         return self._session
 
     def _locks(self, queue: str) -> QueueLocks:

@@ -80,6 +80,7 @@ class Session:
     def __init__(self, dsn: DSN, *, autocommit: bool = False, read_timeout_s: int = 60,
                  retry_s: float = 60.0, name: str = "work", retry_log_level: int = logging.WARNING,
                  use_database: bool = True, idle_timeout_s: int | None = None,
+                 idle_in_transaction_s: int | None = None,
                  stop: threading.Event | None = None, follows_writer: bool = True,
                  retry_setting: str | None = "connect_retry_s"):
         self.dsn = dsn
@@ -96,6 +97,13 @@ class Session:
         # frees its advisory locks: for short-lived sessions that hold a lock others need, so a
         # client host that vanished without closing its connection blocks them only this long.
         self.idle_timeout_s = idle_timeout_s
+        # The server ends the session after this long without a statement inside a transaction
+        # (MariaDB's idle_transaction_timeout; MySQL has none): for sessions whose transactions
+        # are notifyq's own, statements that follow each other at once. A process frozen
+        # (SIGSTOP, a paused VM) or a host vanished between two of them would otherwise keep the
+        # rows it changed locked until wait_timeout (8 h by default), and every reaper pass
+        # waiting on them. Never for a session a handler's transaction runs on (the work session).
+        self.idle_in_transaction_s = idle_in_transaction_s
         self.retry_s = retry_s
         self.retry_setting = retry_setting  # what sets retry_s, named when the connect gives up
         self.name = name
@@ -288,8 +296,8 @@ class Session:
             raise
         if self.dsn.tls_mode:
             _require_tls(conn, self.dsn)
-        self.server_version, self.max_allowed_packet, self.node, wsrep, variables = _prepare(conn,
-                                                                                            self.idle_timeout_s)
+        self.server_version, self.max_allowed_packet, self.node, wsrep, variables = _prepare(
+            conn, self.idle_timeout_s, self.idle_in_transaction_s)
         host, port = self.dsn.servers[index]
         # At every connect, so also after a failover moved the DSN's address to another server
         _refuse_unless_writer(conn, variables, f"{host}:{port}" if len(self.dsn.servers) > 1 else address(self.dsn))
@@ -501,8 +509,8 @@ def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) ->
     return landed
 
 
-def _prepare(conn: MySQLdb.connections.Connection,
-             idle_timeout_s: int | None) -> tuple[str, int, str, dict, dict]:
+def _prepare(conn: MySQLdb.connections.Connection, idle_timeout_s: int | None,
+             idle_in_transaction_s: int | None = None) -> tuple[str, int, str, dict, dict]:
     """A new connection's settings, and what it says of its server: (version, max_allowed_packet,
     identity, wsrep and uptime status, the variables that say whether it may be the writer)."""
     asks_writer = server_role.has_writer_variables(conn.get_server_info())
@@ -515,10 +523,14 @@ def _prepare(conn: MySQLdb.connections.Connection,
     # new jobs) and locking reads take no gap locks that block producers. No statement time limit a DBA may have set server-wide (MariaDB's
     # max_statement_time, MySQL's max_execution_time, each in a comment only its server runs):
     # it would kill a watcher's long GET_LOCK with an error nothing expects.
-    settings, params = ("time_zone = '+00:00', innodb_lock_wait_timeout = 10"
-                        " /*M!100108 , max_statement_time = 0 */ /*!50708 , max_execution_time = 0 */"), ()
+    settings = ("time_zone = '+00:00', innodb_lock_wait_timeout = 10"
+                " /*M!100108 , max_statement_time = 0 */ /*!50708 , max_execution_time = 0 */")
+    params: tuple = ()
     if idle_timeout_s is not None:
-        settings, params = f"{settings}, wait_timeout = %s", (int(idle_timeout_s),)
+        settings, params = f"{settings}, wait_timeout = %s", (*params, int(idle_timeout_s))
+    if idle_in_transaction_s is not None:  # MariaDB 10.3+ only: in a comment only it runs
+        settings, params = (f"{settings} /*M!100300 , idle_transaction_timeout = %s */",
+                            (*params, int(idle_in_transaction_s)))
     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; "
                 f"SET SESSION {settings}; "
                 f"SELECT VERSION(), @@max_allowed_packet, {NODE_IDENTITY_SQL}; {_SERVER_STATUS}"

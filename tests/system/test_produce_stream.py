@@ -55,6 +55,15 @@ def payloads(db) -> list:
     return [json.loads(p) for (p,) in db.query("SELECT payload FROM nq_job ORDER BY id")]
 
 
+def wait_with_log(predicate, timeout: float, message: str, err: Path) -> None:
+    """wait_until, and on its timeout the producer's log in the failure: its retries (a lock
+    wait, a lost connection) and, at debug, its batches say where the lines stopped."""
+    try:
+        wait_until(predicate, timeout, message=message)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- producer log ---\n{err.read_text()[-6000:]}") from None
+
+
 def test_a_followed_fifo_survives_writers_coming_and_going_and_commits_a_slow_line_in_time(db, tmp_path, notify, procs):
     # Given a producer following a FIFO, committing every 100 lines or 0.2 s
     env = setup_env(db, tmp_path, "[producer]\nbatch_lines = 100\nbatch_wait_s = 0.2\n", notify)
@@ -126,8 +135,8 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
         notify.wait_for("READY=1", reloading + 1)
         # Then three lines written at once are one batch, logged per job at debug
         os.write(systemd_end, b'{"n": 2}\n{"n": 3}\n{"n": 4}\n')
-        wait_until(lambda: len(payloads(db)) == 4, 10, message="three more jobs")
-        wait_until(lambda: "batch enqueued queue=s n=3 " in err.read_text(), 10, message="one batch of 3")
+        wait_with_log(lambda: len(payloads(db)) == 4, 10, "three more jobs", err)
+        wait_with_log(lambda: "batch enqueued queue=s n=3 " in err.read_text(), 10, "one batch of 3", err)
         text = err.read_text()
         assert text.count("job enqueued queue=s") == 3
         assert "reloaded config" in text and "batch_lines=3" in text

@@ -11,17 +11,24 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import notifyq_cmd, run_cli, wait_until
+from conftest import admin_connect, notifyq_cmd, run_cli, wait_until
+from notifyq.store.signal import SIGNAL_SLOTS
 
 QUEUE = "t"
 
 
-def _config(tmp_path: Path, name: str, use_locks: bool = True, lease_s: float | None = None) -> Path:
+def _config(tmp_path: Path, name: str, use_locks: bool = True, lease_s: float | None = None,
+            hand_back: bool = True, session_idle_s: int | None = None) -> Path:
+    """hand_back=False: batch_target_s = 0, a batch's jobs stay with their claim (consume/lineup.py)."""
     path = tmp_path / f"{name}.toml"
-    text = (f"[consumer]\nreap_interval_s = 0.5\n[wakeup]\npoll_max_s = 0.2\n"
-            f"use_locks = {'true' if use_locks else 'false'}\n")
+    text = "[consumer]\nreap_interval_s = 0.5\n"
+    if session_idle_s is not None:
+        text += f"session_idle_s = {session_idle_s}\n"
+    text += f"[wakeup]\npoll_max_s = 0.2\nuse_locks = {'true' if use_locks else 'false'}\n[defaults]\n"
     if lease_s is not None:
-        text += f"[defaults]\nlease_s = {lease_s}\n"
+        text += f"lease_s = {lease_s}\n"
+    if not hand_back:
+        text += "batch_target_s = 0\n"
     path.write_text(text)
     path.chmod(0o600)
     return path
@@ -166,7 +173,12 @@ def test_a_polling_and_a_lock_mode_consumer_on_one_queue_never_run_a_job_twice(d
 def _polling_victim(db, tmp_path, consumers: Consumers, stop_signal: int) -> float:
     """A polling consumer holding 4 slow jobs gets `stop_signal`; a lock-mode consumer is there.
     Returns how long the jobs took to come back to the survivor."""
-    victim = consumers.start(_env(db, tmp_path, _config(tmp_path, "polling", False, 3), 60), "--batch-size", "4")
+    # Hand-back off: with it, the victim gives the 3 jobs waiting behind its running one back
+    # batch_target_s (50 ms) after its claim (a polling consumer cannot see whether anyone
+    # idles), so "holds all 4" lasted a few ms, missed by the wait below under load, and a stop
+    # signal could land inside that give-back's transaction (test_a_consumer_frozen_inside_a_give_back_...)
+    victim = consumers.start(_env(db, tmp_path, _config(tmp_path, "polling", False, 3, hand_back=False), 60),
+                             "--batch-size", "4")
     wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE pid = %s", (victim.pid,)), 30,
                message="the polling consumer registered")
     ids = _produce(db, 4)
@@ -194,4 +206,49 @@ def test_a_stalled_polling_consumers_jobs_come_back_within_its_lease(db, tmp_pat
         took = _polling_victim(db, tmp_path, consumers, signal.SIGSTOP)
         assert took < 3 + 5, f"came back after {took:.1f}s"
     finally:
+        consumers.close()
+
+
+def _bumping(db) -> list[tuple[int, str, str | None]]:
+    """(id, COMMAND, INFO) of the sessions of this test's database running a signal bump, read
+    live from the processlist (information_schema.innodb_trx is a copy refreshed at most every
+    0.1 s: it showed a lock wait over, or a rolled-back lock still held)."""
+    return db.query("SELECT ID, COMMAND, INFO FROM information_schema.processlist "
+                    "WHERE DB = %s AND INFO LIKE %s", (db.admin.database, "INSERT INTO nq_signal%"))
+
+
+def test_a_consumer_frozen_inside_a_give_back_holds_its_jobs_no_longer_than_session_idle_s(db, tmp_path):
+    consumers = Consumers(tmp_path)
+    blocker = admin_connect(db.admin, db.admin.database)
+    try:
+        # Given 4 slow jobs, and every signal slot of their queue locked by the test, so that
+        # a give-back (its UPDATE of the jobs, then the bump of a slot) waits in its transaction
+        ids = _produce(db, 4)
+        cur = blocker.cursor()
+        cur.executemany("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, %s, 0) "
+                        "ON DUPLICATE KEY UPDATE seq = seq", [(QUEUE, slot) for slot in range(SIGNAL_SLOTS)])
+        cur.execute("BEGIN")
+        cur.execute("SELECT slot FROM nq_signal WHERE queue = %s FOR UPDATE", (QUEUE,))
+        # When a polling consumer claims them, hands the 3 behind its running one back (its
+        # batch_target_s), is frozen (SIGSTOP) while that give-back waits, and the lock goes:
+        # its give-back's statements are done, its COMMIT never comes
+        env = _env(db, tmp_path, _config(tmp_path, "polling", False, 3, session_idle_s=2), 60)
+        victim = consumers.start(env, "--batch-size", "4")
+        (giver, _, _), = wait_until(lambda: _bumping(db), 30, message="the victim's give-back waiting for a slot")
+        victim.send_signal(signal.SIGSTOP)
+        blocker.rollback()
+        # (its connection gone is as good: the server ended it after session_idle_s already)
+        wait_until(lambda: db.scalar("SELECT COMMAND FROM information_schema.processlist WHERE ID = %s",
+                                     (giver,)) in ("Sleep", None), 30, message="the give-back's bump done")
+        stopped_at = time.monotonic()
+        consumers.start(_env(db, tmp_path, _config(tmp_path, "locks", True, 3), 0), "--batch-size", "4",
+                        handler="nqhandlers:record")
+        # Then the server ends the frozen transaction after session_idle_s, and the jobs come
+        # back to the survivor by their leases (3 s, run out by then), not after the server's
+        # wait_timeout (8 h), for which its row locks kept every reaper pass waiting
+        wait_until(lambda: sorted(_finished(tmp_path)) == ids, 30, 0.05, "the survivor ran the 4 jobs")
+        took = time.monotonic() - stopped_at
+        assert took < 2 + 5, f"came back after {took:.1f}s"
+    finally:
+        blocker.close()
         consumers.close()
