@@ -195,7 +195,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
     free for are marked, their starts written in this transaction; its jobs then start only
     once its COMMIT is read.
-    version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
+    version: the consumer's code version: jobs that need a newer one are not read as candidates
+    (claim_ready, claim_candidates: a run of them at the head of the queue hides nothing behind
+    it), nor taken should one be locked (lock_window).
     flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
@@ -203,7 +205,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     limit = batch_size * OVERFETCH
 
     def body(cur) -> Claim:
-        params = {"queue": queue, "limit": limit}
+        params = {"queue": queue, "limit": limit, "version": version}
         seen_seq = None
         names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
         cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
@@ -238,8 +240,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             rows, skipped = lock_window(cur, window, version)
             locked.extend(rows)
             too_new += skipped
-        # Nothing taken, and only because the jobs need newer code: as good as drained for this
-        # consumer (it waits for the next wake-up instead of claiming again at once)
+        # Drained when the read found fewer candidates than it asked for, all tried: the
+        # candidates leave out the jobs too new for this consumer, so a queue of only those is
+        # drained for it (it waits for the next wake-up, never claims again at once). Nothing
+        # taken only because the locked rows need newer code (lock_window's fence; the
+        # candidates left them out) counts as drained too, for the same reason.
         drained = ((complete and (flow is not None or len(ordered) < limit) and tried == len(ordered))
                    or (not locked and too_new > 0))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
@@ -422,8 +427,9 @@ def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
     """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
     consumer of code `version` may run, and how many it may not (their min_version is above
     it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
-    COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
-    without a minimum costs nothing more."""
+    COMMIT releases them for a newer consumer. The candidate reads (claim_ready,
+    claim_candidates) leave such jobs out already; this is the fence on the rows as locked, so
+    that whatever the candidates were, old code never takes a job too new for it."""
     cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
     rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]

@@ -82,9 +82,9 @@ def _explain(session: Session, name: str, params: dict) -> list[dict]:
 
 CHECKS = {
     # label: (statement, params, the index every nq_job access must use)
-    "claim_ready": ("claim_ready", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
+    "claim_ready": ("claim_ready", {"queue": "q", "limit": LIMIT, "version": 0}, {"ix_state"}),
     "due_any": ("due_any", {"queue": "q"}, {"ix_state"}),
-    "claim_candidates": ("claim_candidates", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
+    "claim_candidates": ("claim_candidates", {"queue": "q", "limit": LIMIT, "version": 0}, {"ix_state"}),
     "due_ids": ("due_ids", {"queue": "q", "limit": queries.PROMOTE_MAX}, {"ix_state"}),
     "queue_depth": ("queue_depth", {"queue": "q", "cap": admin_queries.DEPTH_HISTORY_CAP}, {"ix_state"}),
     "retention_ids": ("retention_ids", {"queue": "q", "status": 3, "age_us": 0, "limit": 1000}, {"ix_state"}),

@@ -42,22 +42,78 @@ def test_an_old_consumer_never_claims_a_job_that_needs_newer_code(db):
         (plain, None), (v3, 3), (v5, 5), (v5b, 5)]
 
 
-def test_a_claim_that_finds_only_newer_jobs_counts_as_drained_and_takes_the_older_behind_them(db):
+def test_a_claim_that_finds_only_newer_jobs_takes_nothing_and_counts_as_drained(db):
+    # Given only jobs that need version 2, more than one claim reads
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(3 * 2 + 1)], min_version=2)
+        signal_total = db.scalar("SELECT SUM(seq) FROM nq_signal WHERE queue = 'q'")
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer's watcher claims a batch of 2
+        claim = queries.claim(session, "q", OWNER, 2, 60, version=1, as_watcher=True)
+        # Then it takes nothing and says drained, and records every enqueue as watched: it
+        # waits for the next wake-up (a new put) instead of claiming again in a loop
+        assert claim.jobs == [] and claim.drained
+        assert db.scalar("SELECT watched_seq FROM nq_queue WHERE queue = 'q'") == signal_total
+        # And the jobs stay ready for a version-2 consumer
+        assert len(_claim_all(session, 2)) == 7
+    finally:
+        session.close()
+
+
+def test_an_old_consumer_takes_the_older_jobs_behind_a_long_run_of_newer_ones(db):
     # Given more jobs that need version 2 than one claim reads, ahead of (higher priority than)
     # a plain job
     cfg = db.config()
     with notifyq.Producer("q", cfg) as p:
-        p.put_many([{"n": i} for i in range(3 * 2 + 1)], min_version=2, priority=5)
+        needs_new = p.put_many([{"n": i} for i in range(3 * 2 + 1)], min_version=2, priority=5)
         plain = p.put({"n": "plain"})
     session = Session(cfg.dsn)
     try:
-        # When a version-1 consumer claims batches of 2 (it reads 6 candidates)
+        # When a version-1 consumer claims a batch of 2 (it reads 6 candidates)
         claim = queries.claim(session, "q", OWNER, 2, 60, version=1)
-        # Then it takes nothing and says drained (it waits for a wake-up, not a busy loop)
-        assert claim.jobs == [] and claim.drained
-        # And a version-2 consumer takes them in priority order, the plain one last
-        taken = [j.id for j in queries.claim(session, "q", OWNER, 10, 60, version=2).jobs]
-        assert len(taken) == 8 and taken[-1] == plain
+        # Then it takes the plain job, and the queue is drained for it
+        assert [j.id for j in claim.jobs] == [plain] and claim.drained
+        # And a version-2 consumer takes the rest in priority order
+        assert _claim_all(session, 2) == needs_new
+    finally:
+        session.close()
+
+
+def test_an_old_consumer_is_not_stalled_by_hundreds_of_newer_jobs_at_the_head_of_the_queue(db):
+    # Given 400 jobs that need version 2 put first, then 5 that version 1 runs (3 without a
+    # minimum, 2 that need version 1): claim order puts them last (same priority, put later)
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(400)], min_version=2)
+        old = p.put_many([{"n": i} for i in range(3)])
+        old += p.put_many([{"n": i} for i in range(3, 5)], min_version=1)
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer claims a batch of 10 (it reads 30 candidates)
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=1)
+        # Then it takes the jobs it may run at once, and has drained the queue for its code
+        assert [j.id for j in claim.jobs] == old and claim.drained
+    finally:
+        session.close()
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND min_version = 2") == 400
+
+
+def test_an_old_consumer_takes_jobs_fallen_due_behind_hundreds_of_newer_ones(db):
+    # Given 400 ready jobs that need version 2, then 5 scheduled jobs any consumer runs, due now
+    # (after the 400 in claim order): the claim promotes them and reads claim_candidates
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(400)], min_version=2)
+        old = p.put_many([{"n": i} for i in range(5)], delay=3600)
+    db.query("UPDATE nq_job SET run_at = NOW(6) WHERE id IN %s", (old,))
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer claims a batch of 10
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=1)
+        # Then it takes the 5 at once
+        assert [j.id for j in claim.jobs] == old and claim.drained
     finally:
         session.close()
 
