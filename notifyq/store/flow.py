@@ -108,9 +108,11 @@ class FlowClaims:
         the plain one, and pays nothing."""
         return cls(FlowLimits.of(qc)) if qc.flow_controlled else None
 
-    def candidates(self, cur, queue: str, batch_size: int) -> Grant:
-        """In the claim's transaction, before its locking read: the ids it may lock."""
-        grant = self._candidates(cur, queue, batch_size)
+    def candidates(self, cur, queue: str, batch_size: int, version: int = 0) -> Grant:
+        """In the claim's transaction, before its locking read: the ids it may lock. version: the
+        consumer's code version: a job too new for it is not read (a key's first jobs, too new,
+        would hide the ones behind them that it may run)."""
+        grant = self._candidates(cur, queue, batch_size, version)
         self.last = grant
         return grant
 
@@ -128,7 +130,7 @@ class FlowClaims:
         if self.limits.limit and sum(running.values()) > self.limits.limit:
             raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
 
-    def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
+    def _candidates(self, cur, queue: str, batch_size: int, version: int) -> Grant:
         limits = self.limits
         want_keys = batch_size * KEYS_PER_CLAIM
         # Round trip 1 (plain reads): discovery, the named keys, and the running counts.
@@ -185,8 +187,9 @@ class FlowClaims:
         steps.append((Q["flow_running"], {"queue": queue}))
         if keys:
             steps.append((" UNION ALL ".join([Q["flow_key_ready"]] * len(keys)), None))
-        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": batch_size * KEYS_PER_CLAIM}))
-        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
+        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": batch_size * KEYS_PER_CLAIM,
+                                                "version": version}))
+        per_key = [{"queue": queue, "key": k, "limit": caps[k], "version": version} for k in keys]
         results = _results(cur, steps, per_key)
         if locking:
             locked = {r[0] for r in results.pop(0)}

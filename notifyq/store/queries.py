@@ -223,7 +223,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if flow is not None:
             if due:
                 _promote_due(session, cur, queue)
-            grant = flow.candidates(cur, queue, batch_size)
+            grant = flow.candidates(cur, queue, batch_size, version)
             ordered, complete = grant.ids, grant.complete  # it says what it left behind
         elif due:
             ordered = _with_due(session, cur, queue, params)

@@ -12,6 +12,7 @@ from notifyq.config import load
 from notifyq.tasks import TaskRegistry
 from notifyq.store import queries
 from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
 
 OWNER = "o" * 32
 
@@ -114,6 +115,31 @@ def test_an_old_consumer_takes_jobs_fallen_due_behind_hundreds_of_newer_ones(db)
         claim = queries.claim(session, "q", OWNER, 10, 60, version=1)
         # Then it takes the 5 at once
         assert [j.id for j in claim.jobs] == old and claim.drained
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("limits, key", [
+    (FlowLimits(limit_per_key=100), "a"),  # a key's first jobs (flow_key_ready)
+    (FlowLimits(fair=True), "a"),
+    (FlowLimits(limit=1000), None),  # a limited queue's unkeyed jobs (flow_unkeyed_ready)
+], ids=["limit_per_key", "fair", "limit_unkeyed"])
+def test_an_old_consumer_of_a_flow_controlled_queue_takes_the_jobs_behind_newer_ones(db, limits, key):
+    # Given, on a queue with limits or fairness, 400 jobs that need version 2, then 5 that
+    # version 1 runs, all of one key (or none)
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(400)], min_version=2, key=key)
+        old = p.put_many([{"n": i} for i in range(5)], key=key)
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer claims a batch of 10
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=1, flow=FlowClaims(limits))
+        # Then it takes the 5 at once, and has drained the queue for its code
+        assert [j.id for j in claim.jobs] == old and claim.drained
+        # And a claim with only newer jobs left takes nothing and counts as drained (no busy loop)
+        again = queries.claim(session, "q", OWNER, 10, 60, version=1, flow=FlowClaims(limits))
+        assert again.jobs == [] and again.drained
     finally:
         session.close()
 

@@ -277,17 +277,22 @@ FOR UPDATE SKIP LOCKED
 -- flow_key_ready --
 -- One key's first ready jobs in claim order (priority, run_at, id) through ix_key: a key with
 -- 50,000 ready jobs costs this read `limit` rows, not the others their turn. store/flow.py
--- joins one per key with UNION ALL into one statement.
+-- joins one per key with UNION ALL into one statement. Jobs too new for the consumer's code
+-- `version` are left out, as in claim_ready (their run at the head of a key hid the key's other
+-- jobs from old consumers); min_version is not in ix_key, so each entry read costs its row.
 (SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
-  WHERE queue = %(queue)s AND ready_key = %(key)s ORDER BY key_prio, run_at, id LIMIT %(limit)s)
+  WHERE queue = %(queue)s AND ready_key = %(key)s AND (min_version IS NULL OR min_version <= %(version)s)
+  ORDER BY key_prio, run_at, id LIMIT %(limit)s)
 
 -- flow_unkeyed_ready --
 -- The jobs without a key among the first `limit` ready ones in claim order (a limited queue's
 -- unkeyed jobs count under its `limit` only). They are found only at the head of the queue:
--- give every job of a fair queue a key.
+-- give every job of a fair queue a key. Jobs too new for the consumer's code `version` are
+-- not part of that head (as in claim_ready).
 SELECT j.id, j.key_prio, j.run_at FROM
   (SELECT id FROM nq_job FORCE INDEX (ix_state)
-   WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
+   WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+   ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
 WHERE j.job_key IS NULL
 
