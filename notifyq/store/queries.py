@@ -196,8 +196,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     free for are marked, their starts written in this transaction; its jobs then start only
     once its COMMIT is read.
     version: the consumer's code version: jobs that need a newer one are not read as candidates
-    (claim_ready, claim_candidates: a run of them at the head of the queue hides nothing behind
-    it), nor taken should one be locked (lock_window).
+    (claim_ready, claim_candidates, flow's reads: a run of them at the head of the queue, or of a
+    key, hides nothing behind it), nor taken should one be locked (lock_window).
     flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
@@ -428,8 +428,9 @@ def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
     consumer of code `version` may run, and how many it may not (their min_version is above
     it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
     COMMIT releases them for a newer consumer. The candidate reads (claim_ready,
-    claim_candidates) leave such jobs out already; this is the fence on the rows as locked, so
-    that whatever the candidates were, old code never takes a job too new for it."""
+    claim_candidates, flow_key_ready, flow_unkeyed_ready) leave such jobs out already; this is
+    the fence on the rows as locked, so that whatever the candidates were, old code never takes
+    a job too new for it."""
     cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
     rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
