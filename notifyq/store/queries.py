@@ -195,9 +195,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     rates: the queue's rate limits (store/rates.py): of the locked rows, only those a start is
     free for are marked, their starts written in this transaction; its jobs then start only
     once its COMMIT is read.
-    version: the consumer's code version: jobs that need a newer one are not read as candidates
-    (claim_ready, claim_candidates, flow's reads: a run of them at the head of the queue, or of a
-    key, hides nothing behind it), nor taken should one be locked (lock_window).
+    version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
+    A claim whose locking read met such jobs and that still has room reads its candidates again
+    past them (claim_ready_for_version, claim_candidates_for_version, FlowClaims.for_version) and
+    locks those too, in the same transaction: a run of them at the head of the queue, or of a
+    key, hides nothing behind it. A round trip more for an old consumer in a rolling deploy;
+    a claim that meets none pays nothing.
     flow: the queue's limits and fairness (store/flow.py): its candidates replace the ready read,
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
@@ -205,7 +208,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     limit = batch_size * OVERFETCH
 
     def body(cur) -> Claim:
-        params = {"queue": queue, "limit": limit, "version": version}
+        params = {"queue": queue, "limit": limit}
         seen_seq = None
         names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
         cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
@@ -223,30 +226,36 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if flow is not None:
             if due:
                 _promote_due(session, cur, queue)
-            grant = flow.candidates(cur, queue, batch_size, version)
+            grant = flow.candidates(cur, queue, batch_size)
             ordered, complete = grant.ids, grant.complete  # it says what it left behind
         elif due:
             ordered = _with_due(session, cur, queue, params)
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
         locked: list[tuple] = []
-        tried = too_new = 0
-        # Lock windows in priority order, each exactly as large as what is still missing: no
-        # LIMIT on the locking read, so InnoDB's primary-key order can never pick a low-priority
-        # job over a higher one. Under contention the next window takes over skipped rows.
-        while len(locked) < batch_size and tried < len(ordered):
-            window = ordered[tried: tried + batch_size - len(locked)]
-            tried += len(window)
-            rows, skipped = lock_window(cur, window, version)
-            locked.extend(rows)
-            too_new += skipped
-        # Drained when the read found fewer candidates than it asked for, all tried: the
-        # candidates leave out the jobs too new for this consumer, so a queue of only those is
-        # drained for it (it waits for the next wake-up, never claims again at once). Nothing
-        # taken only because the locked rows need newer code (lock_window's fence; the
-        # candidates left them out) counts as drained too, for the same reason.
-        drained = ((complete and (flow is not None or len(ordered) < limit) and tried == len(ordered))
-                   or (not locked and too_new > 0))
+        tried, too_new = lock_windows(cur, ordered, batch_size, version, locked)
+        # Drained when the read found fewer candidates than it asked for, all tried
+        drained = complete and (flow is not None or len(ordered) < limit) and tried == len(ordered)
+        if too_new and len(locked) < batch_size:
+            # The candidates held jobs too new for this consumer (a rolling deploy), and it has
+            # room: read again past them, and lock those too. Without this, a run of them longer
+            # than the read at the head of the queue (or of a key) hid every job behind it that
+            # this consumer can run. Its drained then says whether jobs it can run are left: a
+            # queue of only too-new jobs is drained for it (it waits for the next wake-up, never
+            # claims again at once). The filter costs each candidate's row, so it is not in the
+            # first read, which every claim makes.
+            seen = set(ordered)
+            if flow is not None:
+                grant = flow.for_version(cur, version, seen, [r[KEY] for r in locked])
+                again, complete = grant.ids, grant.complete
+            elif due:
+                again = _merged(cur, Q["claim_candidates_for_version"], {**params, "version": version}) or []
+            else:
+                cur.execute(Q["claim_ready_for_version"], {**params, "version": version})
+                again = [row[0] for row in cur.fetchall()]
+            fresh = [job_id for job_id in again if job_id not in seen]  # tried already, or ours
+            tried, _ = lock_windows(cur, fresh, batch_size, version, locked)
+            drained = complete and (flow is not None or len(again) < limit) and tried == len(fresh)
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -394,7 +403,13 @@ def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list
     ready ones (and any due ones still left) and merged in claim order; None if the queue was
     paused meanwhile."""
     _promote_due(session, cur, queue)
-    cur.execute(Q["claim_candidates"], params)
+    return _merged(cur, Q["claim_candidates"], params)
+
+
+def _merged(cur, sql: str, params: dict[str, Any]) -> list[int] | None:
+    """claim_candidates' (or claim_candidates_for_version's) two parts merged in claim order;
+    None at its pause marker."""
+    cur.execute(sql, params)
     candidates = []
     for job_id, prio_key, run_at, _due in cur.fetchall():
         if job_id == 0:
@@ -423,14 +438,30 @@ SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or 
 MIN_VERSION = 10  # claim_lock's column: the lowest consumer code version the job may run on
 
 
+def lock_windows(cur, ordered: list[int], batch_size: int, version: int, locked: list[tuple]) -> tuple[int, int]:
+    """Lock windows of `ordered` (candidates in claim order) until `locked` holds batch_size
+    rows or every candidate was tried: how many were tried, and how many of the locked rows were
+    too new for `version` (lock_window). Each window is exactly as large as what is still
+    missing: no LIMIT on the locking read, so InnoDB's primary-key order can never pick a
+    low-priority job over a higher one. Under contention the next window takes over skipped
+    rows."""
+    tried = too_new = 0
+    while len(locked) < batch_size and tried < len(ordered):
+        window = ordered[tried: tried + batch_size - len(locked)]
+        tried += len(window)
+        rows, skipped = lock_window(cur, window, version)
+        locked.extend(rows)
+        too_new += skipped
+    return tried, too_new
+
+
 def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
     """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
     consumer of code `version` may run, and how many it may not (their min_version is above
     it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
-    COMMIT releases them for a newer consumer. The candidate reads (claim_ready,
-    claim_candidates, flow_key_ready, flow_unkeyed_ready) leave such jobs out already; this is
-    the fence on the rows as locked, so that whatever the candidates were, old code never takes
-    a job too new for it."""
+    COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
+    without a minimum costs nothing more; only a claim that met such jobs reads its candidates
+    again past them (claim())."""
     cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
     rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]

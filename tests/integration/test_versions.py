@@ -144,6 +144,72 @@ def test_an_old_consumer_of_a_flow_controlled_queue_takes_the_jobs_behind_newer_
         session.close()
 
 
+def _selects(session: Session) -> int:
+    """The SELECT statements the session's connection has run (its claim's COMMIT read first)."""
+    session.pipeline.read_reply()
+    cur = session.conn.cursor()
+    cur.execute("SHOW SESSION STATUS LIKE 'Com_select'")
+    return int(cur.fetchone()[1])
+
+
+def _claim_selects(db, jobs: list[tuple[int | None, int]]) -> int:
+    """SELECT statements of one claim (batch 5, consumer version 1, which takes 5 jobs) of a
+    fresh queue of `jobs` put in order, each (min_version, how many)."""
+    db.query("DELETE FROM nq_job")
+    with notifyq.Producer("q", db.config()) as p:
+        for min_version, n in jobs:
+            p.put_many([{"n": i} for i in range(n)], min_version=min_version)
+    session = Session(db.config().dsn)
+    try:
+        before = _selects(session)
+        claim = queries.claim(session, "q", OWNER, 5, 60, version=1)
+        assert len(claim.jobs) == 5
+        return _selects(session) - before
+    finally:
+        session.close()
+
+
+def test_a_claim_reads_its_candidates_again_only_when_it_met_jobs_too_new_for_it(db):
+    # Given queues a version-1 consumer claims a batch of 5 from (it reads 15 candidates):
+    # plain jobs; 5 jobs that need version 1, then jobs too new for it; 20 jobs too new for it,
+    # then 5 plain ones
+    plain = _claim_selects(db, [(None, 20)])
+    versioned = _claim_selects(db, [(1, 5), (2, 15)])
+    behind_newer = _claim_selects(db, [(2, 20), (None, 5)])
+    # Then a claim that locked no job too new for it reads as a plain one does (the version
+    # filter is not on its candidate read, which every claim makes); one that did lock only
+    # such jobs (three windows of 5) reads once more: the candidates past them, and the one
+    # locking read of the 5 it takes
+    assert versioned == plain
+    assert behind_newer == plain + 2 + 2
+
+
+def test_an_old_consumer_of_a_limited_key_takes_no_more_than_its_limit_over_both_reads(db):
+    # Given a key limited to 3 running jobs, whose ready jobs alternate: one version 1 runs, one
+    # that needs version 2, ... then more that version 1 runs
+    cfg = db.config()
+    with notifyq.Producer("q", cfg) as p:
+        first = []
+        for i in range(3):
+            first.append(p.put({"n": i}, key="a"))
+            p.put({"n": i}, key="a", min_version=2)
+        later = p.put_many([{"n": i} for i in range(5)], key="a")
+    session = Session(cfg.dsn)
+    try:
+        # When a version-1 consumer claims a batch of 10 (its first read stops at the key's 3
+        # free slots: 2 jobs it runs and 1 too new)
+        flow = FlowClaims(FlowLimits(limit_per_key=3))
+        claim = queries.claim(session, "q", OWNER, 10, 60, version=1, flow=flow)
+        # Then its read past the too-new jobs fills the key's last slot, in claim order, and no
+        # more (the jobs the limit holds back count as taken: drained, as for any limited key)
+        assert [j.id for j in claim.jobs] == first and claim.drained
+        assert queries.claim(session, "q", OWNER, 10, 60, version=1, flow=flow).jobs == []
+    finally:
+        session.close()
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2") == 3
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND min_version IS NULL") == len(later)
+
+
 def test_a_put_with_min_version_rides_the_callers_transaction(db):
     cfg = db.config()
     conn = admin_connect(db.admin, db.admin.database)

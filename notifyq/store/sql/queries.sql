@@ -152,18 +152,23 @@ INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
 -- claim_ready --
--- Step 1 of a claim, a plain read: up to `limit` ready ids that the consumer's code `version`
--- may run, in claim order (ix_state's own order: priority, run_at, id: a ref on the index,
--- no sort). Sent with due_any and queue_paused as one multi-statement query, one round trip.
--- claim_candidates, the union of the three that every claim read before, also sent each
--- candidate's sort key as text for the client to merge and sort: with 300 candidates it took
--- 0.73-0.87 ms to these three's 0.30-0.40 ms.
--- The version test is here, on the candidates, not only on the locked rows (lock_window): a
--- run of jobs too new for this consumer at the head of the queue, longer than the read, hid
--- every job behind it that it could run (it took nothing, counted the queue as drained, and
--- left them to the new consumers). min_version is not in ix_state, so each entry read costs
--- its row (0.20 -> 0.44 ms for 300 candidates, index-only before); an index with it would
--- need a migration.
+-- Step 1 of a claim, a plain read: up to `limit` ready ids, in claim order (ix_state's own
+-- order: priority, run_at, id), index-only. Sent with due_any and queue_paused as one
+-- multi-statement query, one round trip. claim_candidates, the union of the three that every
+-- claim read before, also sent each candidate's sort key as text for the client to merge and
+-- sort: with 300 candidates it took 0.73-0.87 ms to these three's 0.30-0.40 ms.
+SELECT id FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
+-- claim_ready_for_version --
+-- claim_ready again, past the jobs too new for the consumer's code `version` (min_version
+-- above it): read only when the claim's locking read met such jobs (lock_window counted them)
+-- and it still has room, in the same transaction. A run of them at the head of the queue,
+-- longer than claim_ready's window, hid every job behind it that an old consumer could run (it
+-- took nothing and counted the queue as drained). min_version is not in ix_state, so this read
+-- checks each entry's row (0.44 ms for 300 candidates to claim_ready's index-only 0.20 ms):
+-- kept out of claim_ready, so that a claim that meets no such job pays nothing for them.
 SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
@@ -182,7 +187,7 @@ SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1
 -- Step 1 of a claim that found due jobs (due_any) and promoted them (promote_due), a plain
 -- read: up to `limit` ready ids in priority/age order (index order of ix_state, no filesort),
 -- the due scheduled ids still left (more than PROMOTE_MAX, or fallen due since), and a
--- marker row (id 0) when the queue is paused. One round trip, on ix_state: a ready or scheduled
+-- marker row (id 0) when the queue is paused. One round trip, index-only: a ready or scheduled
 -- job's sort_at is its run_at, and a ready job's prio_key its negated priority. run_at comes
 -- back as text ('YYYY-MM-DD hh:mm:ss.ffffff', fixed width, so it sorts like the time): the
 -- client only merges the two parts by it, and decoding 3 x batch datetimes per claim was a
@@ -190,8 +195,21 @@ SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1
 -- (a plain 0 turned every id into a DECIMAL). The due part is read by run_at (its index order:
 -- a scheduled job's prio_key is 0), not by priority; its priority comes from the row. The
 -- client merges both parts, so that every claimable job is taken in (priority, run_at, id)
--- order. The last column tells the parts apart. Both parts leave out the jobs too new for the
--- consumer's code `version`, as claim_ready does.
+-- order. The last column tells the parts apart.
+(SELECT id, prio_key, CAST(sort_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s
+  ORDER BY prio_key, sort_at, id LIMIT %(limit)s)
+UNION ALL
+(SELECT id, -priority, CAST(sort_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
+  ORDER BY sort_at LIMIT %(limit)s)
+UNION ALL
+(SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
+-- claim_candidates_for_version --
+-- claim_candidates again, past the jobs too new for the consumer's code `version`, as
+-- claim_ready_for_version is claim_ready's (read only when the locking read met such jobs).
+-- No pause marker: the claim already read the queue as not paused.
 (SELECT id, prio_key, CAST(sort_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_state)
   WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
   ORDER BY prio_key, sort_at, id LIMIT %(limit)s)
@@ -200,8 +218,6 @@ UNION ALL
   WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
     AND (min_version IS NULL OR min_version <= %(version)s)
   ORDER BY sort_at LIMIT %(limit)s)
-UNION ALL
-(SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
 
 -- due_ids --
 -- The due jobs a claim promotes: oldest first, a bounded number, in ix_state's own order (a plain
@@ -277,9 +293,15 @@ FOR UPDATE SKIP LOCKED
 -- flow_key_ready --
 -- One key's first ready jobs in claim order (priority, run_at, id) through ix_key: a key with
 -- 50,000 ready jobs costs this read `limit` rows, not the others their turn. store/flow.py
--- joins one per key with UNION ALL into one statement. Jobs too new for the consumer's code
--- `version` are left out, as in claim_ready (their run at the head of a key hid the key's other
--- jobs from old consumers); min_version is not in ix_key, so each entry read costs its row.
+-- joins one per key with UNION ALL into one statement.
+(SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
+  WHERE queue = %(queue)s AND ready_key = %(key)s ORDER BY key_prio, run_at, id LIMIT %(limit)s)
+
+-- flow_key_ready_for_version --
+-- flow_key_ready past the jobs too new for the consumer's code `version`: read (FlowClaims.
+-- for_version) only when the claim's locking read met such jobs and it still has room. A key's
+-- first jobs, too new, hid the key's other jobs from an old consumer. min_version is not in
+-- ix_key, so each entry read costs its row: kept out of flow_key_ready.
 (SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
   WHERE queue = %(queue)s AND ready_key = %(key)s AND (min_version IS NULL OR min_version <= %(version)s)
   ORDER BY key_prio, run_at, id LIMIT %(limit)s)
@@ -287,8 +309,16 @@ FOR UPDATE SKIP LOCKED
 -- flow_unkeyed_ready --
 -- The jobs without a key among the first `limit` ready ones in claim order (a limited queue's
 -- unkeyed jobs count under its `limit` only). They are found only at the head of the queue:
--- give every job of a fair queue a key. Jobs too new for the consumer's code `version` are
--- not part of that head (as in claim_ready).
+-- give every job of a fair queue a key.
+SELECT j.id, j.key_prio, j.run_at FROM
+  (SELECT id FROM nq_job FORCE INDEX (ix_state)
+   WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
+  JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
+WHERE j.job_key IS NULL
+
+-- flow_unkeyed_ready_for_version --
+-- flow_unkeyed_ready among the first `limit` ready jobs the consumer's code `version` may run
+-- (as flow_key_ready_for_version, read only when the locking read met jobs too new for it).
 SELECT j.id, j.key_prio, j.run_at FROM
   (SELECT id FROM nq_job FORCE INDEX (ix_state)
    WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
@@ -302,7 +332,8 @@ WHERE j.job_key IS NULL
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
 -- `suspect` comes next to last: a suspect job is claimed alone (queries.claim). `min_version`
 -- last: a job whose minimum is above the consumer's code version is left alone (queries.lock_window;
--- the candidate reads leave such jobs out already: this is the fence on the row as locked).
+-- read off the row already fetched, so a job without a minimum costs nothing more). Only when
+-- it met such jobs does the claim read its candidates again past them (*_for_version).
 SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
