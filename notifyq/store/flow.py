@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,7 @@ class Grant:
     held_keys: list[str] = field(default_factory=list)  # keys whose ready jobs a limit holds
     queue_full: bool = False  # the queue's `limit` held every job back
     keys: dict[int, str | None] = field(default_factory=dict)  # each id's key (the rates' budgets)
+    active_keys: int = 0  # keys it found ready jobs of
 
 
 class FlowClaims:
@@ -109,6 +111,7 @@ class FlowClaims:
         self.discover_after = ""  # where the next discovery dives start
         self.active_keys: int | None = None  # keys the last claim found ready jobs of
         self.last: Grant | None = None
+        self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -143,6 +146,7 @@ class FlowClaims:
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits
         want_keys = batch_size * KEYS_PER_CLAIM
+        self.read = None  # until this claim's keys are settled
         # Round trip 1 (plain reads): discovery, the named keys, and the running counts.
         steps = [(Q["flow_discover_from"], {"after": self.discover_after})]
         steps += [(_step(n), {"queue": queue}) for n in range(1, DISCOVERY_STEPS + 1)]
@@ -198,7 +202,7 @@ class FlowClaims:
             steps.append((Q["flow_lock"], {"queue": queue, "keys": tuple(locking)}))
         steps.append((Q["flow_running"], {"queue": queue}))
         if keys:
-            steps.append((" UNION ALL ".join([Q["flow_key_ready"]] * len(keys)), None))
+            steps.append((Q["flow_key_ready"], None))
         steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": batch_size * KEYS_PER_CLAIM}))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
         results = _results(cur, steps, per_key)
@@ -220,30 +224,71 @@ class FlowClaims:
         else:
             room = None
 
+        self.read = _Read(queue, batch_size, keys, caps, locked, running, room, list(held), complete)
+        grant = self._grant(self.read, ready, unkeyed)
+        self.active_keys = grant.active_keys
+        return grant
+
+    def for_version(self, cur, version: int, seen: set[int], taken: list[str | None]) -> Grant:
+        """In the claim's transaction, after its locking read met jobs too new for its consumer's
+        code `version` (a rolling deploy) and left it room: the candidates read again past those
+        jobs (flow_key_ready_for_version, flow_unkeyed_ready_for_version: one round trip), for
+        the same keys, under the same key locks and counts as the last candidates(). `seen`:
+        the ids that claim tried already; `taken`: the keys of the rows it locked (each uses a
+        slot of its key and of the queue's limit). A key's first jobs, too new, hid the ones
+        behind them from an old consumer; the version filter costs each entry's row, so only a
+        claim that met such jobs reads it."""
+        plan = self.read
+        assert plan is not None, "for_version follows candidates() in the same claim"
+        steps: list[tuple[str, dict[str, Any] | None]] = []
+        if plan.keys:
+            steps.append((Q["flow_key_ready_for_version"], None))
+        steps.append((Q["flow_unkeyed_ready_for_version"],
+                      {"queue": plan.queue, "limit": plan.batch_size * KEYS_PER_CLAIM, "version": version}))
+        per_key = [{"queue": plan.queue, "key": k, "limit": plan.caps[k], "version": version} for k in plan.keys]
+        results = _results(cur, steps, per_key)
+        ready = results.pop(0) if plan.keys else []
+        unkeyed = results.pop(0)
+        grant = self._grant(plan, ready, unkeyed, seen, taken)
+        self.last = grant
+        return grant
+
+    def _grant(self, plan: _Read, ready: list[tuple], unkeyed: list[tuple], seen: Collection[int] = (),
+               taken: Collection[str | None] = ()) -> Grant:
+        """The grant of a candidate read: the ids in the order to lock them, within each key's
+        free slots and the queue's room, less the `taken` rows' (locked by this claim already);
+        `seen` ids (tried already) are left out."""
+        limits = self.limits
+        complete, held = plan.complete, list(plan.held)
         by_key: dict[str | None, list[tuple]] = {}
+        read: dict[str | None, int] = {}  # rows read per key, the ones left out included
         for job_id, key, prio, run_at in ready:
-            by_key.setdefault(key, []).append((prio, run_at, job_id))
-        for key in keys:
+            read[key] = read.get(key, 0) + 1
+            if job_id not in seen:
+                by_key.setdefault(key, []).append((prio, run_at, job_id))
+        for key in plan.keys:
             rows = by_key.get(key, [])
             lim = limits.limit_for(key)
-            if lim and key not in locked:
+            if lim and key not in plan.locked:
                 # Another consumer is claiming this key right now: its jobs are not ours to count
                 # this time, but may be left for us once that claim is in (claim again).
                 by_key.pop(key, None)
                 complete = complete and not rows
                 continue
-            free = lim - running.get(key, 0) if lim else len(rows)
+            free = lim - plan.running.get(key, 0) if lim else len(rows)
             # A read stopped by the rate's N + 1: its last job is one the key's rate holds
             # (rates.hint), and so is every later one until the key's refill
-            rate_bound = bool(limits.rate_cap) and caps[key] == limits.rate_cap + 1
-            if len(rows) >= caps[key] and (not lim or free > caps[key]) and not rate_bound:
+            rate_bound = bool(limits.rate_cap) and plan.caps[key] == limits.rate_cap + 1
+            if read.get(key, 0) >= plan.caps[key] and (not lim or free > plan.caps[key]) and not rate_bound:
                 complete = False  # the read stopped at its cap, and more may run: claim again
+            if lim:
+                free -= sum(1 for k in taken if k == key)  # slots the claim's locked rows use
             if len(rows) > free:
                 held.append(key)
             by_key[key] = rows[:max(0, free)]
         if unkeyed:
-            by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed]
-        self.active_keys = sum(1 for rows in by_key.values() if rows)
+            by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed if job_id not in seen]
+        active_keys = sum(1 for rows in by_key.values() if rows)
 
         if limits.fair:
             # Round-robin: every key's first job, then every key's second, ... (claim order
@@ -252,13 +297,30 @@ class FlowClaims:
             ids = [r[3] for r in ordered]
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
+        room = None if plan.room is None else plan.room - len(taken)
         queue_full = room is not None and len(ids) > room
         if queue_full:
-            ids = ids[:room]  # the rest is held back by the queue's limit
+            ids = ids[:max(0, room)]  # the rest is held back by the queue's limit
         # More ids than the batch takes leave some behind: queries.claim says so (of a rated queue's,
         # only those its rates let through count)
         keys = {row[-1]: key for key, rows in by_key.items() for row in rows}
-        return Grant(ids, complete, held, queue_full, keys)
+        return Grant(ids, complete, held, queue_full, keys, active_keys)
+
+
+@dataclass
+class _Read:
+    """What a claim's candidates() settled before reading the keys' jobs: the read again past
+    jobs too new for its consumer (for_version) keeps it."""
+
+    queue: str
+    batch_size: int
+    keys: list[str]
+    caps: dict[str, int]  # each key's read limit
+    locked: set[str]  # the key rows (and the queue's) this claim holds
+    running: dict[str | None, int]
+    room: int | None  # the queue's free slots under its `limit`
+    held: list[str]  # keys a limit held back before the read
+    complete: bool  # every key with free slots seen
 
 
 def _step(n: int) -> str:
@@ -273,13 +335,13 @@ def _add_keys(n: int) -> str:
 def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
              union_params: list[dict[str, Any]] | None = None) -> list[list[tuple]]:
     """Run `steps` as one multi-statement query (one round trip) and return the rows of each
-    statement that returns rows, in order. A step whose params are None is a UNION ALL of
-    flow_key_ready, bound part by part with union_params."""
+    statement that returns rows, in order. A step whose params are None is a UNION ALL of its
+    statement (flow_key_ready or flow_key_ready_for_version), bound part by part with
+    union_params."""
     texts = []
     for sql, params in steps:
         if params is None:
-            part = Q["flow_key_ready"]
-            texts.append(" UNION ALL ".join(cur.mogrify(part, p) for p in union_params or []))
+            texts.append(" UNION ALL ".join(cur.mogrify(sql, p) for p in union_params or []))
         else:
             texts.append(cur.mogrify(sql, params) if params else sql)
     cur.execute(";\n".join(texts))

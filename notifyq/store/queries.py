@@ -210,6 +210,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     under the budgets' locks are marked, their starts written in this transaction; its jobs
     then start only once its COMMIT is read.
     version: the consumer's code version: jobs that need a newer one are not taken (lock_window).
+    A claim whose locking read met such jobs and that still has room reads its candidates again
+    past them (claim_ready_for_version, claim_candidates_for_version, FlowClaims.for_version) and
+    locks those too, in the same transaction: a run of them at the head of the queue, or of a
+    key, hides nothing behind it. A round trip more for an old consumer in a rolling deploy;
+    a claim that meets none pays nothing.
     flow: the queue's limits, fairness and per-key rate (store/flow.py): its candidates replace the ready read,
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
@@ -243,33 +248,43 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if ordered is None:  # paused meanwhile
                 return Claim([], token, True, True)
         read = len(ordered)
+        candidates = ordered  # every id read, before the rates' hint leaves some out
         # A rated queue locks only candidates its budgets have a start for (the log as committed):
         # the windows below are then filled by keys with room, not by a spent key's backlog
         hinted = rating.hint(cur, queue, token, rates, ordered, keys)
         if hinted is not None:
             ordered = hinted.ids
         locked: list[tuple] = []
-        tried = too_new = 0
-        # Lock windows in priority order, each exactly as large as what is still missing: no
-        # LIMIT on the locking read, so InnoDB's primary-key order can never pick a low-priority
-        # job over a higher one. Under contention the next window takes over skipped rows.
-        while len(locked) < batch_size and tried < len(ordered):
-            window = ordered[tried: tried + batch_size - len(locked)]
-            tried += len(window)
-            rows, skipped = lock_window(cur, window, version)
-            locked.extend(rows)
-            too_new += skipped
+        tried, too_new = lock_windows(cur, ordered, batch_size, version, locked)
         # What the rates held back waits for their refill (admit's hold), as if taken; a flow read
         # says itself whether it left any job behind, except those of more ids than a claim takes.
-        # Nothing taken, and only because the jobs need newer code: as good as drained for this
-        # consumer (it waits for the next wake-up instead of claiming again at once)
         drained = ((complete and tried == len(ordered)
                     and (len(ordered) <= batch_size if flow is not None
                          else read < limit or (hinted is not None and hinted.held)))
-                   or (not locked and too_new > 0)
                    # Nothing to take but what the rates hold: wait for the refill, not claim again at
                    # once (a flow read that left keys unread reads them next time, from its cursor)
                    or (not locked and hinted is not None and hinted.held))
+        if too_new and len(locked) < batch_size:
+            # The candidates held jobs too new for this consumer (a rolling deploy), and it has
+            # room: read again past them, and lock those too. Without this, a run of them longer
+            # than the read at the head of the queue (or of a key) hid every job behind it that
+            # this consumer can run. Its drained then says whether jobs it can run are left: a
+            # queue of only too-new jobs is drained for it (it waits for the next wake-up, never
+            # claims again at once). The filter costs each candidate's row, so it is not in the
+            # first read, which every claim makes. (The rates still decide in admit below.)
+            seen = set(candidates)
+            if flow is not None:
+                grant = flow.for_version(cur, version, seen, [r[KEY] for r in locked])
+                again, complete = grant.ids, grant.complete
+            elif due:
+                again = _merged(cur, Q["claim_candidates_for_version"], {**params, "version": version}) or []
+            else:
+                cur.execute(Q["claim_ready_for_version"], {**params, "version": version})
+                again = [row[0] for row in cur.fetchall()]
+            fresh = [job_id for job_id in again if job_id not in seen]  # tried already, or ours
+            tried, _ = lock_windows(cur, fresh, batch_size, version, locked)
+            drained = (complete and tried == len(fresh)
+                       and (len(fresh) <= batch_size if flow is not None else len(again) < limit))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
         locked.sort(key=claim_rank)
@@ -417,7 +432,13 @@ def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list
     ready ones (and any due ones still left) and merged in claim order; None if the queue was
     paused meanwhile."""
     _promote_due(session, cur, queue)
-    cur.execute(Q["claim_candidates"], params)
+    return _merged(cur, Q["claim_candidates"], params)
+
+
+def _merged(cur, sql: str, params: dict[str, Any]) -> list[int] | None:
+    """claim_candidates' (or claim_candidates_for_version's) two parts merged in claim order;
+    None at its pause marker."""
+    cur.execute(sql, params)
     candidates = []
     for job_id, prio_key, run_at, _due in cur.fetchall():
         if job_id == 0:
@@ -446,12 +467,30 @@ SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or 
 MIN_VERSION = 10  # claim_lock's column: the lowest consumer code version the job may run on
 
 
+def lock_windows(cur, ordered: list[int], batch_size: int, version: int, locked: list[tuple]) -> tuple[int, int]:
+    """Lock windows of `ordered` (candidates in claim order) until `locked` holds batch_size
+    rows or every candidate was tried: how many were tried, and how many of the locked rows were
+    too new for `version` (lock_window). Each window is exactly as large as what is still
+    missing: no LIMIT on the locking read, so InnoDB's primary-key order can never pick a
+    low-priority job over a higher one. Under contention the next window takes over skipped
+    rows."""
+    tried = too_new = 0
+    while len(locked) < batch_size and tried < len(ordered):
+        window = ordered[tried: tried + batch_size - len(locked)]
+        tried += len(window)
+        rows, skipped = lock_window(cur, window, version)
+        locked.extend(rows)
+        too_new += skipped
+    return tried, too_new
+
+
 def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
     """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
     consumer of code `version` may run, and how many it may not (their min_version is above
     it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
     COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
-    without a minimum costs nothing more."""
+    without a minimum costs nothing more; only a claim that met such jobs reads its candidates
+    again past them (claim())."""
     cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
     rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]

@@ -85,6 +85,14 @@ CHECKS = {
     "claim_ready": ("claim_ready", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
     "due_any": ("due_any", {"queue": "q"}, {"ix_state"}),
     "claim_candidates": ("claim_candidates", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
+    # Read again past the jobs too new for an old consumer, only by a claim that met such jobs
+    "claim_ready_for_version": ("claim_ready_for_version", {"queue": "q", "limit": LIMIT, "version": 1},
+                                {"ix_state"}),
+    "claim_candidates_for_version": ("claim_candidates_for_version", {"queue": "q", "limit": LIMIT, "version": 1},
+                                     {"ix_state"}),
+    "flow_key_ready": ("flow_key_ready", {"queue": "q", "key": "k", "limit": LIMIT}, {"ix_key"}),
+    "flow_key_ready_for_version": ("flow_key_ready_for_version",
+                                   {"queue": "q", "key": "k", "limit": LIMIT, "version": 1}, {"ix_key"}),
     "due_ids": ("due_ids", {"queue": "q", "limit": queries.PROMOTE_MAX}, {"ix_state"}),
     "queue_depth": ("queue_depth", {"queue": "q", "cap": admin_queries.DEPTH_HISTORY_CAP}, {"ix_state"}),
     "retention_ids": ("retention_ids", {"queue": "q", "status": 3, "age_us": 0, "limit": 1000}, {"ix_state"}),
@@ -158,8 +166,28 @@ def test_rows_read_stay_flat_from_a_small_table_to_a_large_one(tables, label):
     # the index, then the derived table).
     claimed = tables[LARGE].scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2")
     bound = {"claim_ready": LIMIT + 10, "due_any": 10, "claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
+             "claim_ready_for_version": LIMIT + 10, "claim_candidates_for_version": 2 * LIMIT + 10,
+             "flow_key_ready": LIMIT + 10, "flow_key_ready_for_version": LIMIT + 10,
              "retention_ids": 1000 + 10, "retention_ids_none": 10,
              "queue_depth": _work_rows(tables[LARGE]) + 4 * admin_queries.DEPTH_HISTORY_CAP + 10,
              "reap_needed": claimed + 10, "expired_leases": claimed + 10, "claims_of_owner": 2 * claimed + 10,
              "claims_expired": claimed + 10, "claim_ages": 2 * claimed + 10}[label]
     assert read[LARGE] <= bound, (read, bound)
+
+
+@pytest.mark.parametrize("name", ["claim_ready", "claim_candidates", "flow_key_ready"])
+def test_every_claims_candidate_read_of_ready_jobs_is_index_only(tables, name):
+    # Given the large table
+    params = {"queue": "q", "key": "k", "limit": LIMIT}
+    session = Session(tables[LARGE].dsn)
+    try:
+        # When a candidate read that every claim makes (of a plain, due or limited queue) is explained
+        plan = _explain(session, name, {p: v for p, v in params.items() if f"%({p})s" in QUERIES[name]})
+    finally:
+        session.close()
+    # Then its read of the ready jobs (the first; claim_candidates' due part reads the few due
+    # rows for their priority) is the index alone, no row ("Using index" itself, not "Using
+    # index condition"): the version filter, which needs each candidate's row, is in the
+    # *_for_version reads that only a claim that met jobs too new for its consumer makes
+    ready = [row for row in plan if row["table"] == "nq_job"][0]
+    assert "using index" in [e.strip() for e in str(ready["Extra"]).lower().split(";")], plan

@@ -165,6 +165,18 @@ SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
+-- claim_ready_for_version --
+-- claim_ready again, past the jobs too new for the consumer's code `version` (min_version
+-- above it): read only when the claim's locking read met such jobs (lock_window counted them)
+-- and it still has room, in the same transaction. A run of them at the head of the queue,
+-- longer than claim_ready's window, hid every job behind it that an old consumer could run (it
+-- took nothing and counted the queue as drained). min_version is not in ix_state, so this read
+-- checks each entry's row (0.44 ms for 300 candidates to claim_ready's index-only 0.20 ms):
+-- kept out of claim_ready, so that a claim that meets no such job pays nothing for them.
+SELECT id FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
 -- due_any --
 -- Whether a scheduled job (or a retry) has fallen due: then the claim promotes the due jobs and
 -- reads claim_candidates, which orders them with the ready ones.
@@ -197,6 +209,19 @@ UNION ALL
   ORDER BY sort_at LIMIT %(limit)s)
 UNION ALL
 (SELECT CAST(0 AS UNSIGNED), NULL, NULL, 0 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
+-- claim_candidates_for_version --
+-- claim_candidates again, past the jobs too new for the consumer's code `version`, as
+-- claim_ready_for_version is claim_ready's (read only when the locking read met such jobs).
+-- No pause marker: the claim already read the queue as not paused.
+(SELECT id, prio_key, CAST(sort_at AS CHAR), 0 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+  ORDER BY prio_key, sort_at, id LIMIT %(limit)s)
+UNION ALL
+(SELECT id, -priority, CAST(sort_at AS CHAR), 1 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
+    AND (min_version IS NULL OR min_version <= %(version)s)
+  ORDER BY sort_at LIMIT %(limit)s)
 
 -- due_ids --
 -- The due jobs a claim promotes: oldest first, a bounded number, in ix_state's own order (a plain
@@ -276,6 +301,15 @@ FOR UPDATE SKIP LOCKED
 (SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
   WHERE queue = %(queue)s AND ready_key = %(key)s ORDER BY key_prio, run_at, id LIMIT %(limit)s)
 
+-- flow_key_ready_for_version --
+-- flow_key_ready past the jobs too new for the consumer's code `version`: read (FlowClaims.
+-- for_version) only when the claim's locking read met such jobs and it still has room. A key's
+-- first jobs, too new, hid the key's other jobs from an old consumer. min_version is not in
+-- ix_key, so each entry read costs its row: kept out of flow_key_ready.
+(SELECT id, ready_key, key_prio, run_at FROM nq_job FORCE INDEX (ix_key)
+  WHERE queue = %(queue)s AND ready_key = %(key)s AND (min_version IS NULL OR min_version <= %(version)s)
+  ORDER BY key_prio, run_at, id LIMIT %(limit)s)
+
 -- flow_unkeyed_ready --
 -- The jobs without a key among the first `limit` ready ones in claim order (a limited queue's
 -- unkeyed jobs count under its `limit` only). They are found only at the head of the queue:
@@ -286,13 +320,24 @@ SELECT j.id, j.key_prio, j.run_at FROM
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
 WHERE j.job_key IS NULL
 
+-- flow_unkeyed_ready_for_version --
+-- flow_unkeyed_ready among the first `limit` ready jobs the consumer's code `version` may run
+-- (as flow_key_ready_for_version, read only when the locking read met jobs too new for it).
+SELECT j.id, j.key_prio, j.run_at FROM
+  (SELECT id FROM nq_job FORCE INDEX (ix_state)
+   WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+   ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
+  JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
+WHERE j.job_key IS NULL
+
 -- claim_lock --
 -- Step 2: lock by primary key only. FORCE INDEX (PRIMARY) matters: on a small table the
 -- optimizer may scan a covering secondary index and lock every row it passes. Rows another
 -- consumer holds are skipped; rows it already claimed fail the status test (a current read).
 -- `suspect` comes next to last: a suspect job is claimed alone (queries.claim). `min_version`
 -- last: a job whose minimum is above the consumer's code version is left alone (queries.lock_window;
--- read off the row already fetched, so a job without a minimum costs nothing more).
+-- read off the row already fetched, so a job without a minimum costs nothing more). Only when
+-- it met such jobs does the claim read its candidates again past them (*_for_version).
 SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
