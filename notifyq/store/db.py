@@ -67,6 +67,7 @@ def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
 
 
 SERVER_RUN_SLACK_S = 0.2  # a connect's Uptime reading against the monotonic time taken after it
+SAME_RUN_S = 2.0  # how far apart two Uptime readings of one server run may place its start
 
 
 class Session:
@@ -147,26 +148,29 @@ class Session:
 
     def server_up_s(self) -> float:
         """How long the server has been up, never more than the truth: its Uptime, read at
-        connect, is a difference of whole-second clock readings, up to a second over (a server
-        0.3 s old said 1), so a second less than it."""
+        connect, is a difference of two whole-second clock readings (the statement's and the
+        server's start, each rounded down), up to a second over or under (a server 0.3 s old
+        said 1; one 1.9 s old, 1), so a second less than it."""
         return time.monotonic() - self._server_started_at
 
     @property
     def server_run(self) -> float:
         """Which run of the server the current connection is of: the lower bound of its start
-        (monotonic) read at connect. Uptime is up to a second over, never under, so the
-        readings of one run lie within a second of each other (SERVER_RUN_SLACK_S more for the
-        reading's own round trip)."""
+        (monotonic) read at connect, a second before what Uptime says (it may be a second
+        under). Two readings of one run lie within two seconds of each other
+        (SERVER_RUN_SLACK_S more for the readings' own round trips)."""
         return self._server_started_no_earlier
 
     def restarted_after(self, t: float, run: float | None = None) -> bool:
         """Whether the server started, for sure, after monotonic time `t` (a restart since then),
         or (`run`: the server_run of the connection alive at `t`) is another run than the one
         connected now: a connection of ours alive at `t` is gone, and its id may name another
-        client's session now. The server started no earlier than the connect's time less
-        Uptime; that bound alone cannot tell a restart within a second of `t` (a crash, the
-        server back 0.3 s later), which the two runs' readings, seconds apart, can."""
-        if run is not None and self._server_started_no_earlier - run > 1.0 + SERVER_RUN_SLACK_S:
+        client's session now. The server started no earlier than server_run; that bound alone
+        cannot tell a restart within two seconds of `t` (a crash, the server back 0.3 s later),
+        which the two runs' readings can: they are as far apart as the old run was long.
+        Two readings of one run up to two seconds apart are one run: taken for two (a second
+        was once the bound), a timed-out handler's connection was left open, its locks held."""
+        if run is not None and self._server_started_no_earlier - run > SAME_RUN_S + SERVER_RUN_SLACK_S:
             return True
         return self._server_started_no_earlier > t
 
@@ -303,7 +307,7 @@ class Session:
         _refuse_unless_writer(conn, variables, f"{host}:{port}" if len(self.dsn.servers) > 1 else address(self.dsn))
         now, uptime = time.monotonic(), float(wsrep.get("uptime", "inf"))
         self._server_started_at = now - max(0.0, uptime - 1)
-        self._server_started_no_earlier = now - uptime
+        self._server_started_no_earlier = now - uptime - 1  # Uptime may be a second under, too
         self.open_at = now
         self.galera = bool(wsrep.get("wsrep_provider_name"))
         if check_ready and self.galera and not ready_for_writes(wsrep):

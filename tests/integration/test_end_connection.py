@@ -60,3 +60,25 @@ def test_a_timed_out_calls_caller_connection_last_answered_before_the_servers_st
     finally:
         session.close()
         other.close()
+
+
+def test_two_readings_of_one_server_run_up_to_two_seconds_apart_are_one_run(db):
+    # Given a session connected to the server: Uptime is a difference of two whole-second clock
+    # readings, so two connects of one run may place its start up to two seconds apart (a second
+    # over one way, a second under the other)
+    session = Session(db.dsn, name="test")
+    try:
+        session.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        alive_at = time.monotonic()
+        # When an earlier connection of ours read the same run 1.9 s earlier or later
+        for apart in (-1.9, 1.9):
+            # Then it is of this run: not "restarted", so a timed-out call's connection is ended
+            # (taken for another run, it was left open with its locks)
+            assert not session.restarted_after(alive_at, session.server_run + apart), apart
+        # But a reading further apart than two seconds is another run
+        assert session.restarted_after(alive_at, session.server_run - 2.5)
+        # And a connection that answered a second after the start Uptime says is not from before it
+        uptime_start = session.server_run + 1  # what Uptime alone said, the truth a second either way
+        assert not session.restarted_after(uptime_start + 0.5)
+    finally:
+        session.close()
