@@ -30,6 +30,21 @@ _SERVER_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/mysql/bin")
 _LIVE: set["GaleraNode"] = set()
 
 
+def _users_of(path: Path) -> list[str]:
+    """The processes with a file open under `path` (pid and command line), from /proc."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(str(os.readlink(fd)).startswith(str(path)) for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                out.append(f"{proc.name} {command[:120]}")
+        except OSError:
+            continue
+    return out
+
+
 def _which(name: str) -> str | None:
     path = os.pathsep.join(os.environ.get("PATH", "").split(os.pathsep) + list(_SERVER_DIRS))
     return shutil.which(name, path=path)
@@ -240,7 +255,7 @@ class GaleraNode:
         if rc != 0:
             raise RuntimeError(f"mariadb-install-db failed for node {self.index} (rc={rc}):\n{self.log_tail()}")
 
-    def recover_position(self, timeout: float = 60) -> str | None:
+    def recover_position(self, timeout: float = 150) -> str | None:
         """The last committed cluster position (uuid:seqno) InnoDB holds, or None for a datadir
         that has none yet. After a crash grastate.dat says seqno -1, and without this position
         the node would ask for a full SST; with it, the donor sends only what it missed (IST).
@@ -252,8 +267,16 @@ class GaleraNode:
         args = [a for a in self._server_args() if not a.startswith("--log-error=")]
         cmd = [_which("mariadbd"), "--no-defaults", *args, f"--log-error={recover_log}", "--wsrep-recover"]
         hand_over(self.basedir)
-        rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, timeout=timeout).returncode
+        # Usually a second or two; InnoDB waits up to 100 s for a datadir lock another process
+        # still holds (it retries each second), and twice in CI the 60 s this once allowed ran out
+        # with no log to say why: the log and the datadir's other users go in the error now.
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            text = recover_log.read_text(errors="replace") if recover_log.exists() else "(no log)"
+            raise RuntimeError(f"--wsrep-recover of node {self.index} ran past {timeout:.0f} s; processes "
+                               f"using its datadir: {_users_of(self.datadir)}; its log ends:\n{text[-3000:]}") from None
         text = recover_log.read_text(errors="replace") if recover_log.exists() else ""
         with open(self.log_path, "a") as log:  # keep the whole story in one log
             log.write(text)
