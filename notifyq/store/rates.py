@@ -116,8 +116,12 @@ class Hint:
     keys: dict[int, str | None]  # every candidate's key (what rate_keys would read)
     hold: tuple | None  # the queue's nq_rate_hold row (rate_hold), if read
     wake_at: dt.datetime | None = None  # the first start free for a candidate held back
-    held: bool = False
     now: dt.datetime | None = None  # the server's time of the read
+
+    @property
+    def held(self) -> bool:
+        """The log held a candidate back."""
+        return self.wake_at is not None
 
 
 def hint(cur, queue: str, token: int, rates: Rates | None, ordered: list[int],
@@ -165,21 +169,9 @@ def hint(cur, queue: str, token: int, rates: Rates | None, ordered: list[int],
         pass
     if clock is None:  # a KILL QUERY's OK reply without the row: read it all again
         raise cut_short("rate hint, no server time")
-    budgets = _budgets(rates, wanted, token, rows, clock[0])
     now = clock[0]
-    out = Hint([], keys, hold, now=now)
-    for job_id in ordered:  # claim order, as admit takes them
-        names_of = rates.budgets(keys.get(job_id))
-        empty = [budgets[b] for b in names_of if not budgets[b].free]
-        if empty:
-            row_wake = max(b.frees_at(now) for b in empty)
-            out.wake_at = row_wake if out.wake_at is None else min(out.wake_at, row_wake)
-            out.held = True
-            continue
-        for b in names_of:
-            budgets[b].take()
-        out.ids.append(job_id)
-    return out
+    ids, wake_at = _take(rates, _budgets(rates, wanted, token, rows, now), now, ordered, keys)
+    return Hint(ids, keys, hold, wake_at, now)
 
 
 @dataclass
@@ -228,19 +220,13 @@ def admit(cur, queue: str, token: int, rates: Rates | None, locked: list[tuple],
         if early is not None:
             cur.execute(Q["rate_hold_set"], {"queue": queue, "wake_at": early})
         return Admitted(locked, drained, False)
-    taken: list[tuple] = []
-    wake_at: dt.datetime | None = early
-    for row in locked:  # claim order: a held job never lets a later one of its budget go first
-        names_of = rates.budgets(keys.get(row[0]))
-        empty = [budgets[b] for b in names_of if not budgets[b].free]
-        if empty:
-            row_wake = max(b.frees_at(now) for b in empty)
-            wake_at = row_wake if wake_at is None else min(wake_at, row_wake)
-            drained = True  # a peer spent what the hint saw free: the rest waits for the refill
-            continue
-        for b in names_of:
-            budgets[b].take()
-        taken.append(row)
+    ids_taken, row_wake = _take(rates, budgets, now, ids, keys)
+    starting = set(ids_taken)
+    taken = [row for row in locked if row[0] in starting]
+    wake_at = early
+    if row_wake is not None:
+        wake_at = row_wake if early is None else min(early, row_wake)
+        drained = True  # a peer spent what the hint saw free: the rest waits for the refill
     statements = _spends(queue, token, now, budgets)
     if wake_at is not None:
         statements.append((Q["rate_hold_set"], {"queue": queue, "wake_at": wake_at}))
@@ -310,6 +296,26 @@ def consume(session: Session, queue: str, rates: Rates | None, key: str | None, 
                 return False
         else:
             time.sleep(pause)  # the refill's time, read from the log: a timed wait, not a poll
+
+
+def _take(rates: Rates, budgets: dict[str, _Budget], now: dt.datetime, ids: list[int],
+          keys: dict[int, str | None]) -> tuple[list[int], dt.datetime | None]:
+    """Of `ids` (claim order), those whose budgets all have a start free, each taking its
+    starts (a held job never lets a later one of its budget go first: claim order), and the
+    earliest time a held one's budgets free a start (None: none was held)."""
+    taken: list[int] = []
+    wake_at: dt.datetime | None = None
+    for job_id in ids:
+        names_of = rates.budgets(keys.get(job_id))
+        empty = [budgets[b] for b in names_of if not budgets[b].free]
+        if empty:
+            row_wake = max(b.frees_at(now) for b in empty)
+            wake_at = row_wake if wake_at is None else min(wake_at, row_wake)
+            continue
+        for b in names_of:
+            budgets[b].take()
+        taken.append(job_id)
+    return taken, wake_at
 
 
 def _slot_params(queue: str, rates: Rates, wanted: set[str]) -> dict[str, Any]:
