@@ -97,7 +97,8 @@ def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, a
 
 
 def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
-    """jobs: (id, queue). Back to ready, attempts reset; wakes each queue's watcher."""
+    """jobs: (id, queue). Back to ready, attempts reset (a workflow's job: waiting again for
+    its parents still pending, job_retry); wakes each queue's watcher."""
     if not jobs:
         return 0
 
@@ -107,6 +108,7 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         keyed = cur.fetchall()
         alone = {job_id for job_id, _, _ in keyed}
         plain = [job_id for job_id in ids if job_id not in alone]
+        retried = list(plain)  # those that were not retriable have no failed edges to revive
         n = 0
         if plain:
             cur.execute(Q["job_retry"], {"ids": plain})
@@ -117,11 +119,14 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
             cur.execute(Q["job_retry"], {"ids": [job_id]})
             if cur.rowcount:
                 dedup.take(cur, queue, key, job_id)
+                retried.append(job_id)
                 n += 1
         if n:
             for queue in {j[1] for j in jobs}:
                 queries.bump_signal(cur, queue, n)
-            workflows.revive(cur, ids)  # what a workflow cancelled for them waits again
+            # What a workflow cancelled for them waits again; not for a job whose key is taken
+            # (it stays dead, and so does what it cancelled)
+            workflows.revive(cur, retried)
         return n
 
     return session.run(body, what="retry jobs")
@@ -161,15 +166,20 @@ def job_progress(session: Session, job_id: int) -> dict[str, int]:
 
 
 def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | None:
-    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone).
+    """'cancelled' (a pending job of a workflow: kept, a retry brings it back), 'deleted' (any
+    other pending job), 'requested' (it is running), None (neither: finished or gone).
     by: who asks (kept with the cancel; default: this process's user@host)."""
     by = by or who()
 
     def body(cur) -> str | None:
-        _record_gone(cur, [job_id], (0, 1, 6), "cancelled", f"cancelled before it ran by {by}")
-        cur.execute(Q["job_cancel_pending"], {"id": job_id})
+        cur.execute(Q["job_cancel_kept"], {"id": job_id, "by": by[:255]})
         if cur.rowcount:
             workflows.settle_failed(cur, [job_id], "cancelled")  # what waits for it, in turn
+            return "cancelled"
+        _record_gone(cur, [job_id], (0, 1), "cancelled", f"cancelled before it ran by {by}")
+        cur.execute(Q["job_cancel_pending"], {"id": job_id})
+        if cur.rowcount:
+            workflows.settle_failed(cur, [job_id], "cancelled")  # what put after it since, in turn
             return "deleted"
         cur.execute(Q["job_cancel_running"], {"id": job_id, "by": by[:255]})
         return "requested" if cur.rowcount else None

@@ -321,7 +321,8 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
         return f"job {job_id}: " + reader.one(shard, lambda session: admin.retry(session, job_id))
     if verb == "cancel":
         outcome = reader.one(shard, lambda session: admin.cancel(session, job_id, by=by))
-        return f"job {job_id}: " + ("deleted" if outcome == "deleted" else "cancel requested")
+        return f"job {job_id}: " + {"deleted": "deleted", "cancelled": "cancelled (kept: a retry brings it back)"}.get(
+            outcome, "cancel requested")
     if verb == "purge":
         return reader.one(shard, lambda session: _purge_one(session, job_id))
     raise errors.InputError(f"no action {verb!r}")

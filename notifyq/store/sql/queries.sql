@@ -1074,8 +1074,17 @@ ORDER BY id LIMIT %(limit)s
 -- Back to ready now with the attempts reset; the last error stays for the record. Never a
 -- claimed job (it is running). A job that carries a dedup key is retried alone, under its
 -- key's lock and only if no other pending job holds the key (admin_queries.retry_jobs).
+-- A workflow's job (its edges from its parents, read by the child index: nothing for any other
+-- job) waits again (status 6) for its parents still pending, each of its parents counted
+-- afresh as the workflow counts them (waits_on: pending, parents_failed: dead or cancelled);
+-- with none pending it is ready at once. A parent that ended dead or cancelled is not waited
+-- for: the operator's retry runs the job without it (docs/workflows.md).
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
+SET status = IF(EXISTS (SELECT 1 FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 0),
+                6, 0),
+    waits_on = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 0),
+    parents_failed = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 3),
+    run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status IN (1, 3, 4, 5)
 
@@ -1100,9 +1109,21 @@ ON DUPLICATE KEY UPDATE outcome = %(outcome)s, ended_at = NOW(6), error = %(why)
 -- By primary key only, as the acks (the optimizer read a status index and locked more).
 DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status = %(status)s
 
+-- job_cancel_kept --
+-- A pending job of a workflow (waiting for its parents, or with children waiting for it): it
+-- ends cancelled with its row kept, who asked and when, so that `jobs retry` can bring it back
+-- and, with it, what its cancel cancelled down the line (workflows.revive). Its dedup key is
+-- free (a key is held by pending jobs only). Any other pending job is deleted (job_cancel_pending).
+UPDATE nq_job FORCE INDEX (PRIMARY)
+SET status = 5, finished_at = NOW(6), cancelled_by = %(by)s, cancelled_at = NOW(6),
+    last_error = CONCAT('not run: cancelled by ', %(by)s)
+WHERE id = %(id)s AND status IN (0, 1, 6)
+  AND (status = 6 OR EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (PRIMARY) WHERE e.parent_id = %(id)s AND e.state = 0))
+
 -- job_cancel_pending --
--- Not yet claimed (ready, scheduled or waiting for its parents): gone, and its dedup key with it.
-DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1, 6)
+-- Not yet claimed (ready or scheduled), and no workflow's (job_cancel_kept): gone, and its
+-- dedup key with it.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
 
 -- job_cancel_running --
 -- Claimed: the handler sees it through Job.cancel_requested() and stops when it can (a command
@@ -1506,6 +1527,20 @@ WHERE e.parent_id IN %(ids)s AND e.state = 4 AND c.status = 5 AND c.cancelled_by
 -- parents_revive --
 -- A dead or cancelled parent retried (`notifyq jobs retry`): its failed edges wait again.
 UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 0 WHERE parent_id IN %(ids)s AND state = 3
+
+-- children_recount --
+-- After parents_revive: the children of these parents that still wait (they run anyway and
+-- counted the failure, or a retry let them wait without the failed parent) wait for the
+-- retried parent again: each counts its pending and failed parents afresh, from its edges (a
+-- retried parent's edges were all settled: those waiting now are the revived ones). Else its
+-- count, one short, released it before its other parents ended. By primary key after the
+-- edges, as children_count_down (which says why).
+UPDATE (SELECT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+        WHERE parent_id IN %(ids)s AND state = 0 GROUP BY child_id) d
+STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = d.child_id
+SET c.waits_on = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 0),
+    c.parents_failed = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 3)
+WHERE c.status = 6
 
 -- children_revivable --
 -- The children a workflow cancelled because of these parents, that no other parent failed:
