@@ -87,10 +87,11 @@ _ATTEMPT_FIELDS = ("attempt", "outcome", "consumer", "host", "started_at", "ende
                    "result")
 
 
-def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, Any]:
-    """The job's row; with history, its attempt records too ("history", oldest first). A job
-    that is gone raises InputError saying what its records know: done, cancelled or purged
-    (while retention keeps them), or never existed."""
+def get_job(session: Session, job_id: int, history: bool = False, parents: bool = True) -> dict[str, Any]:
+    """The job's row; with history, its attempt records too ("history", oldest first); with
+    parents, a workflow's job's parents counted ("parents": every edge read; the console
+    counts a bounded number its own way). A job that is gone raises InputError saying what its
+    records know: done, cancelled or purged (while retention keeps them), or never existed."""
     row = admin_queries.get_job(session, job_id)
     if row is None:
         raise errors.InputError(gone(session, job_id))
@@ -98,9 +99,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     job["payload"], trace = _opened(job["payload"])  # (invalid JSON: the consumer will bury it)
     if trace is not None:  # put by a traced enqueue (notifyq.contrib.otel): its trace context
         job["trace"] = trace
-    parents = admin_queries.job_progress(session, job_id)
-    if any(parents.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
-        job["parents"] = parents
+    counted = admin_queries.job_progress(session, job_id) if parents else {}
+    if any(counted.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
+        job["parents"] = counted
     if history:
         job["history"] = attempts(session, job_id)
     return job

@@ -12,7 +12,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from notifyq.store import dedup, liveness, queries, workflows
+from notifyq.store import dedup, flow, liveness, queries, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES as Q
@@ -414,3 +414,77 @@ def web_periodic_switch(session: Session, queue: str, name: str, on: bool) -> bo
         return cur.rowcount > 0
 
     return session.run(body, what="periodic switch")
+
+
+# ---------------------------------------------------------------- the console: flow control, workflows
+
+WEB_FLOW_RUNNING_CAP = 5_000  # claimed jobs of a queue read for its running counts
+WEB_FLOW_READY_CAP = 20_000  # a queue's ready jobs counted at most (as the overview counts them)
+WEB_FLOW_KEYS = 20  # keys with ready jobs a page shows (key order; ?after=KEY: the next)
+WEB_FLOW_KEY_CAP = 1_000  # a key's ready jobs counted at most
+WEB_GRAPH_LIST = 50  # a job's parents and children its page lists at most
+WEB_PROGRESS_CAP = 10_000  # a job's edges its progress counts at most
+WEB_WORKFLOW_JOBS = 500  # jobs the workflow page walks to at most
+WEB_WORKFLOW_EDGES = 5_000  # edges the workflow page's walk reads at most
+
+
+def web_flow_counts(session: Session, queue: str) -> tuple[dict[str | None, int], int]:
+    """({key or None: running jobs} among the queue's first WEB_FLOW_RUNNING_CAP claimed jobs,
+    its ready jobs counted up to WEB_FLOW_READY_CAP), in one transaction."""
+    def body(cur) -> tuple[dict[str | None, int], int]:
+        cur.execute(Q["web_flow_running"], {"queue": queue, "cap": WEB_FLOW_RUNNING_CAP})
+        running = {key: int(n) for key, n in cur.fetchall()}
+        cur.execute(Q["web_flow_ready"], {"queue": queue, "cap": WEB_FLOW_READY_CAP})
+        return running, int(cur.fetchone()[0])
+
+    return session.run(body, what="flow page")
+
+
+def web_flow_keys(session: Session, queue: str, after: str, limit: int) -> list[str]:
+    """The queue's first `limit` keys with ready jobs after `after`, in key order: one index
+    dive each (flow.ready_keys, the claim's own discovery)."""
+    return session.run(lambda cur: flow.ready_keys(cur, queue, after, limit), what="flow keys")
+
+
+def web_flow_key_ready(session: Session, queue: str, keys: list[str]) -> dict[str, int]:
+    """{key: its ready jobs, counted up to WEB_FLOW_KEY_CAP} of `keys` (at most 100), in one
+    statement."""
+    if not keys:
+        return {}
+    if len(keys) > WEB_QUEUES_PER_STATEMENT:
+        raise ValueError(f"{len(keys)} keys: a page reads at most {WEB_QUEUES_PER_STATEMENT}")
+    parts, params = [], {"queue": queue, "cap": WEB_FLOW_KEY_CAP}
+    for i, key in enumerate(keys):
+        parts.append(Q["web_flow_key_ready"].replace("%(key)s", f"%(key_{i})s"))
+        params[f"key_{i}"] = key
+    return {key: int(n) for key, n in _rows_of(session, "\nUNION ALL\n".join(parts), params, "flow keys")}
+
+
+def web_job_graph(session: Session, job_id: int) -> dict[str, list[tuple]]:
+    """A job's place in its workflow, in one transaction: "parents" and "children" (id, edge
+    state, queue, status: None when its row is gone), at most WEB_GRAPH_LIST each, and
+    "progress": (edge state, parent status, count) of its first WEB_PROGRESS_CAP parents."""
+    limit, cap = WEB_GRAPH_LIST, WEB_PROGRESS_CAP
+
+    def body(cur) -> dict[str, list[tuple]]:
+        out = {}
+        for name, sql, params in (("parents", "web_job_parents", {"id": job_id, "limit": limit}),
+                                  ("children", "web_job_children", {"id": job_id, "limit": limit}),
+                                  ("progress", "web_job_progress", {"id": job_id, "cap": cap})):
+            cur.execute(Q[sql], params)
+            out[name] = list(cur.fetchall())
+        return out
+
+    return session.run(body, what="job graph")
+
+
+def web_workflow_edges(session: Session, ids: list[int], limit: int) -> list[tuple[int, int, int]]:
+    """(parent, child, state) of the edges from and to `ids`, at most `limit` each way."""
+    return [(int(p), int(c), int(s)) for p, c, s in _rows(session, "web_workflow_edges",
+                                                           {"ids": Ids(ids), "limit": limit}, "workflow")]
+
+
+def web_workflow_jobs(session: Session, ids: list[int]) -> list[tuple]:
+    """(id, queue, status, attempts, max_attempts, last error, waits_on, after_mode,
+    cancelled_by) of the jobs of `ids` still there."""
+    return _rows(session, "web_workflow_jobs", {"ids": Ids(ids)}, "workflow") if ids else []

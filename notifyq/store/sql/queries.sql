@@ -1666,3 +1666,61 @@ ON DUPLICATE KEY UPDATE last_tick = %(off)s
 -- latest missed one, and there is none before now).
 UPDATE nq_periodic SET last_tick = NOW(6)
 WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s
+
+-- ---------------------------------------------------------------- the console's flow control and workflows
+-- Each read is bounded by a LIMIT on an index range whatever the queue's backlog
+-- (tests/integration/test_explain_web.py pins the plans; admin_queries names the bounds).
+
+-- web_flow_running --
+-- A queue's running jobs by key: the first %(cap)s entries of its claimed range of ix_state
+-- (what the consumers hold: batch size x consumers), each one's key from its row.
+SELECT job_key, COUNT(*) FROM
+  (SELECT job_key FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s LIMIT %(cap)s) r
+GROUP BY job_key ORDER BY NULL
+
+-- web_flow_ready --
+-- A queue's ready jobs, counted up to %(cap)s entries of its ready range of ix_state (index-only).
+SELECT COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %(queue)s LIMIT %(cap)s) r
+
+-- web_flow_key_ready --
+-- One key's ready jobs, counted up to %(cap)s entries of ix_key (a ref, index-only); repeated
+-- per key in one statement (admin_queries.web_flow_key_ready), each copy with its key bound.
+(SELECT %(key)s, COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_key) WHERE queue = %(queue)s AND ready_key = %(key)s LIMIT %(cap)s) r)
+
+-- web_job_parents --
+-- A job's parents, at most %(limit)s (the child index, in parent order), each with its queue
+-- and status by primary key (none: its row is gone).
+SELECT e.parent_id, e.state, p.queue, p.status FROM nq_edge e FORCE INDEX (ix_child)
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id
+WHERE e.child_id = %(id)s ORDER BY e.parent_id LIMIT %(limit)s
+
+-- web_job_children --
+-- A job's children, at most %(limit)s (the edges' primary key, in child order), each with its
+-- queue and status.
+SELECT e.child_id, e.state, c.queue, c.status FROM nq_edge e FORCE INDEX (PRIMARY)
+LEFT JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = e.child_id
+WHERE e.parent_id = %(id)s ORDER BY e.child_id LIMIT %(limit)s
+
+-- web_job_progress --
+-- A job's parents counted by edge state and parent status (a batch's progress is its
+-- callback's): the first %(cap)s of its edges, each parent by primary key.
+SELECT e.state, p.status, COUNT(*) FROM
+  (SELECT parent_id, state FROM nq_edge FORCE INDEX (ix_child) WHERE child_id = %(id)s LIMIT %(cap)s) e
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id
+GROUP BY e.state, p.status ORDER BY NULL
+
+-- web_workflow_edges --
+-- The workflow page's walk, one step: the edges from and to the jobs of %(ids)s (the edges'
+-- primary key, the child index), at most %(limit)s each way.
+(SELECT parent_id, child_id, state FROM nq_edge FORCE INDEX (PRIMARY) WHERE parent_id IN %(ids)s
+  LIMIT %(limit)s)
+UNION ALL
+(SELECT parent_id, child_id, state FROM nq_edge FORCE INDEX (ix_child) WHERE child_id IN %(ids)s
+  LIMIT %(limit)s)
+
+-- web_workflow_jobs --
+-- The workflow page's members by primary key: state, attempts, what they wait for.
+SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode, cancelled_by
+FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
