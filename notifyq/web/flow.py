@@ -32,14 +32,17 @@ def controlled(qc: QueueConfig) -> bool:
     return qc.flow_controlled or bool(qc.rate or qc.rate_per_key)
 
 
+PAGE_QUEUES = 100  # queues the page lists (by name), as the overview's page
+
+
 def queues(reader: Any) -> dict[str, Any]:
-    """Every flow-controlled queue of this config, on each server it lives on: its settings,
-    its running jobs (counted up to the cap) and its ready ones."""
+    """The first PAGE_QUEUES flow-controlled queues of this config, on each server they live on:
+    settings, running jobs (counted up to the cap) and ready ones."""
     config = reader.config
     rows, down = [], {}
-    for name, qc in sorted(config.queues.items()):
-        if not controlled(qc):
-            continue
+    names = [name for name, qc in sorted(config.queues.items()) if controlled(qc)]
+    for name in names[:PAGE_QUEUES]:
+        qc = config.queues[name]
         answers, missed = reader.each(lambda session, q=name: admin_queries.web_flow_counts(session, q),
                                       reader.shards_of(name))
         down.update(missed)
@@ -48,7 +51,7 @@ def queues(reader: Any) -> dict[str, Any]:
             rows.append({"name": name, "shard": shard, **_settings(qc), "running": total,
                          "running_capped": total >= admin_queries.WEB_FLOW_RUNNING_CAP, "ready": ready,
                          "ready_capped": ready >= admin_queries.WEB_FLOW_READY_CAP})
-    return {"queues": rows, "down": down}
+    return {"queues": rows, "down": down, "more": len(names) > PAGE_QUEUES}
 
 
 def parse(query: dict[str, str]) -> tuple[str | None, str]:
