@@ -79,9 +79,11 @@ def walk(session: Session, job_id: int) -> dict[str, Any]:
     edges: dict[tuple[int, int], int] = {}
     budget, truncated = max_edges, False
     while frontier and budget > 0:
-        found = admin_queries.web_workflow_edges(session, frontier, budget)
+        # A step reads no more edges each way than twice the jobs the page may show: a batch
+        # of 100,000 members fills the page from its first 1,000 edges
+        found = admin_queries.web_workflow_edges(session, frontier, min(budget, 2 * max_jobs))
         budget -= len(found)
-        truncated |= budget <= 0
+        truncated |= budget <= 0 or len(found) >= 2 * max_jobs
         after = []
         for parent, child, state in found:
             for end in (parent, child):
