@@ -545,3 +545,26 @@ def test_a_dead_parent_whose_dedup_key_is_taken_stays_dead_and_so_do_the_jobs_it
         db.query("UPDATE nq_job SET status = 2 WHERE id = %s", (holder,))
         with pytest.raises(errors.InputError, match=f"job {holder} is running"):
             admin.retry(session, holder)
+
+
+def test_a_job_cancelled_by_an_operator_stays_cancelled_when_its_parent_is_retried(db):
+    # Given p waiting for a; an operator cancels p, then a dies
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    p = wf.add("q", {"n": "p"}, after=[a])
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    with opened(db) as session:
+        assert admin.cancel(session, p.id, by="ann@ops") == "cancelled"
+        ran = []
+        run(db, "q", ran)
+        assert [status(db, a.id), status(db, p.id)] == [4, CANCELLED]
+        # When a is retried
+        db.query("UPDATE nq_job SET payload = %s WHERE id = %s", (json.dumps({"n": "a"}), a.id))
+        assert admin.retry(session, a.id) == "retried"
+        # Then p stays cancelled: the operator's cancel stands
+        assert status(db, p.id) == CANCELLED
+        # And once p itself is retried, it waits for a, and runs after it
+        assert admin.retry(session, p.id) == "retried (it waits for 1 parent still pending)"
+    run(db, "q", ran)
+    assert ran == ["a", "p"]
