@@ -485,6 +485,6 @@ def web_workflow_edges(session: Session, ids: list[int], limit: int) -> list[tup
 
 
 def web_workflow_jobs(session: Session, ids: list[int]) -> list[tuple]:
-    """(id, queue, status, attempts, max_attempts, last error, waits_on, after_mode,
-    cancelled_by) of the jobs of `ids` still there."""
+    """(id, queue, status, attempts, max_attempts, last error, waits_on, after_mode) of the jobs
+    of `ids` still there."""
     return _rows(session, "web_workflow_jobs", {"ids": Ids(ids)}, "workflow") if ids else []

@@ -112,7 +112,8 @@ def _rate_held(key: str, ready: int, spent: dict[str, rates.Usage]) -> str | Non
     for budget, what in ((key, "key's rate"), (rates.QUEUE_BUDGET, "queue's rate")):
         u = spent.get(budget)
         if u is not None and u.frees_at is not None:
-            return f"{what} spent ({u.used} of {u.count} starts in {_period(u.period_s)}; next start {_time(u.frees_at)})"
+            return (f"{what} spent ({u.used} of {u.count} starts in {_period(u.period_s)}; "
+                    f"next start {_time(u.frees_at)})")
     return None
 
 

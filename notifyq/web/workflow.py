@@ -105,13 +105,14 @@ def walk(session: Session, job_id: int) -> dict[str, Any]:
     level = _levels(parents)
     members, totals = [], {}
     for j in sorted(seen, key=lambda j: (level[j], j)):
-        row = rows.get(j)
-        state = _state(row[2] if row else None, settled.get(j, 0), j in settled)
+        row = rows.get(j) or (None,) * 8  # its row gone: what its edges say
+        _id, queue, status, attempts, max_attempts, error, waits_on, mode = row
+        state = _state(status, settled.get(j, 0), j in settled)
         totals[state] = totals.get(state, 0) + 1
-        members.append({"id": j, "level": level[j], "state": state, "queue": row[1] if row else None,
-                        "attempts": row[3] if row else None, "max_attempts": row[4] if row else None,
-                        "error": row[5] if row else None, "waits_on": row[6] if row and row[2] == Status.WAITING else None,
-                        "mode": AFTER_MODES.get(row[7]) if row and parents[j] else None,
+        members.append({"id": j, "level": level[j], "state": state, "queue": queue, "attempts": attempts,
+                        "max_attempts": max_attempts, "error": error,
+                        "waits_on": waits_on if status == Status.WAITING else None,
+                        "mode": AFTER_MODES.get(mode) if status is not None and parents[j] else None,
                         "parents": parents[j][:SHOWN_PARENTS], "more_parents": max(0, len(parents[j]) - SHOWN_PARENTS),
                         "here": j == job_id})
     return {"job": job_id, "members": members, "totals": dict(sorted(totals.items())), "truncated": truncated,

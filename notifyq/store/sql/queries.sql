@@ -1723,5 +1723,5 @@ UNION ALL
 
 -- web_workflow_jobs --
 -- The workflow page's members by primary key: state, attempts, what they wait for.
-SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode, cancelled_by
+SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode
 FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
