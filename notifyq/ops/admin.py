@@ -87,10 +87,11 @@ _ATTEMPT_FIELDS = ("attempt", "outcome", "consumer", "host", "started_at", "ende
                    "result")
 
 
-def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, Any]:
-    """The job's row; with history, its attempt records too ("history", oldest first). A job
-    that is gone raises InputError saying what its records know: done, cancelled or purged
-    (while retention keeps them), or never existed."""
+def get_job(session: Session, job_id: int, history: bool = False, parents: bool = True) -> dict[str, Any]:
+    """The job's row; with history, its attempt records too ("history", oldest first); with
+    parents, a workflow's job's parents counted ("parents": every edge read; the console
+    counts a bounded number its own way). A job that is gone raises InputError saying what its
+    records know: done, cancelled or purged (while retention keeps them), or never existed."""
     row = admin_queries.get_job(session, job_id)
     if row is None:
         raise errors.InputError(gone(session, job_id))
@@ -98,9 +99,9 @@ def get_job(session: Session, job_id: int, history: bool = False) -> dict[str, A
     job["payload"], trace = _opened(job["payload"])  # (invalid JSON: the consumer will bury it)
     if trace is not None:  # put by a traced enqueue (notifyq.contrib.otel): its trace context
         job["trace"] = trace
-    parents = admin_queries.job_progress(session, job_id)
-    if any(parents.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
-        job["parents"] = parents
+    counted = admin_queries.job_progress(session, job_id) if parents else {}
+    if any(counted.values()):  # a workflow's job: where its parents are (a callback's: its batch's)
+        job["parents"] = counted
     if history:
         job["history"] = attempts(session, job_id)
     return job
@@ -208,18 +209,36 @@ def wake_watcher(session: Session, queue: str) -> None:
 
 
 def retry(session: Session, job_id: int) -> str:
-    """Dead, done or scheduled -> ready now, attempts reset. Returns what happened."""
+    """Dead, done, cancelled or scheduled -> ready now, attempts reset; a workflow's job waits
+    again for its parents still pending (docs/workflows.md). Returns what happened."""
     job = get_job(session, job_id)
     if job["status"] == "ready":
         return "already ready"
+    if job["status"] == "waiting":
+        return f"already waiting for {_parents(job.get('parents', {}).get('pending', 0))} still pending"
     if job["status"] == "claimed":
         raise errors.InputError(f"job {job_id} is running (claimed): cancel it or let it finish first")
     if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
-        return "retried"
+        return _retried(session, job_id)
     now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
     if now["status"] in ("dead", "done", "cancelled", "scheduled") and now["dedup_key"] is not None:
         raise errors.InputError(f"job {job_id}: another pending job holds dedup key {now['dedup_key']!r}")
     raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
+
+
+def _retried(session: Session, job_id: int) -> str:
+    """What a retry did: a workflow's job says what it waits for, and which parents it runs without."""
+    parents = admin_queries.job_progress(session, job_id)
+    notes = []
+    if parents["pending"]:
+        notes.append(f"it waits for {_parents(parents['pending'])} still pending")
+    if parents["failed"]:
+        notes.append(f"it runs without {_parents(parents['failed'])} that ended dead or cancelled")
+    return "retried" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _parents(n: int) -> str:
+    return f"{n} parent" + ("" if n == 1 else "s")
 
 
 def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -> tuple[int, int]:
@@ -243,8 +262,11 @@ def retry_dead(session: Session, queue: str | None = None, chunk: int = CHUNK) -
 # ------------------------------------------------------------------ cancel
 
 def cancel(session: Session, job_id: int, by: str | None = None) -> str:
-    """A pending job is deleted; a running one is asked to stop (Job.cancel_requested(); a
-    command is stopped) and ends cancelled. `by`: who asks (default: this user@host)."""
+    """A pending job is deleted ('deleted'), a pending job of a workflow (waiting for its
+    parents, or waited for) ends cancelled with its row kept ('cancelled': `retry` brings it
+    back, and what it cancelled); a running one is asked to stop ('requested':
+    Job.cancel_requested(); a command is stopped) and ends cancelled. `by`: who asks (default:
+    this user@host)."""
     outcome = admin_queries.cancel_job(session, job_id, by)
     if outcome is not None:
         return outcome

@@ -66,27 +66,33 @@ def flow(session: Session, queue: str, qc: QueueConfig) -> dict[str, Any]:
     top keys by ready jobs, each with why its jobs wait (docs/flow-control.md)."""
     counts = admin_queries.flow_key_counts(session, queue, TOP_KEYS + 1)
     running = sum(int(r[1]) for r in counts)
-    queue_full = bool(qc.limit) and running >= qc.limit
     keys, held = [], 0
     for key, n_running, n_ready in counts:
         if key is None:
             continue
         n_running, n_ready = int(n_running), int(n_ready)
-        lim = _key_limit(qc, key)
-        why = ""
-        if n_ready and lim and n_running >= lim:
-            why = f"key at its limit ({n_running} of {lim} running)"
-        elif n_ready and queue_full:
-            why = f"queue at its limit ({running} of {qc.limit} running)"
+        lim = key_limit(qc, key)
+        why = why_held(qc, key, n_running, n_ready, running)
         held += n_ready if why else 0
         keys.append({"key": key, "running": n_running, "ready": n_ready, "limit": lim or None,
-                     "held": n_ready if why else 0, "why": why or None})
+                     "held": n_ready if why else 0, "why": why})
     return {"limit_per_key": qc.limit_per_key or None, "limit": qc.limit or None, "fair": qc.fair,
             "key_limits": dict(qc.key_limits), "running": running, "held_in_top_keys": held,
             "keys": keys[:TOP_KEYS]}
 
 
-def _key_limit(qc: QueueConfig, key: str) -> int:
+def why_held(qc: QueueConfig, key: str | None, running: int, ready: int, queue_running: int) -> str | None:
+    """Why a key's ready jobs wait, by the queue's limits (None: they do not): the key's
+    running jobs at its limit, or the queue's at its own (`notifyq status`, the console)."""
+    lim = key_limit(qc, key) if key is not None else 0
+    if ready and lim and running >= lim:
+        return f"key at its limit ({running} of {lim} running)"
+    if ready and qc.limit and queue_running >= qc.limit:
+        return f"queue at its limit ({queue_running} of {qc.limit} running)"
+    return None
+
+
+def key_limit(qc: QueueConfig, key: str) -> int:
     return FlowLimits.of(qc).limit_for(key)  # the one place the override rules live
 
 

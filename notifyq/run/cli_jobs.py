@@ -120,14 +120,19 @@ def retry(obj: Any, a: argparse.Namespace) -> None:
     servers.fail_if_down(down)
 
 
+CANCEL_OUTCOMES = {
+    "deleted": "deleted",
+    "cancelled": "cancelled (a workflow's job: kept, with what it cancelled; `jobs retry` brings them back)",
+    "requested": "cancel requested (a command is stopped at once, a Python handler when it checks; "
+                 "the job ends cancelled)"}
+
+
 def cancel(obj: Any, a: argparse.Namespace) -> None:
     from notifyq.ops import admin
 
     job_id = a.job_id
     outcome = _one_job(obj, job_id, a.shard, lambda session: admin.cancel(session, job_id))
-    echo(f"job {job_id}: " + ("deleted" if outcome == "deleted" else
-                              "cancel requested (a command is stopped at once, a Python handler when it "
-                              "checks; the job ends cancelled)"))
+    echo(f"job {job_id}: " + CANCEL_OUTCOMES.get(outcome, outcome))
 
 
 def purge(obj: Any, a: argparse.Namespace) -> None:
@@ -182,8 +187,10 @@ def _purge_options(p: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[Callable[[Any, argparse.Namespace], None], str, Callable[[argparse.ArgumentParser], None]]] = {
     "list": (list_, "List jobs, oldest first.", _list_options),
     "show": (show, "Every field of one job, the payload pretty-printed.", _show_options),
-    "retry": (retry, "Put a dead, done or scheduled job back to ready now, attempts reset.", _retry_options),
-    "cancel": (cancel, "Delete a pending job, or ask a running one to stop (Job.cancel_requested()).", _job_id),
+    "retry": (retry, "Put a dead, done, cancelled or scheduled job back to ready now, attempts reset "
+                     "(a workflow's job waits for its parents still pending).", _retry_options),
+    "cancel": (cancel, "Delete a pending job (a workflow's ends cancelled, kept for a retry), or ask a "
+                       "running one to stop (Job.cancel_requested()).", _job_id),
     "purge": (purge, "Delete finished jobs, 1000 rows per transaction.", _purge_options),
 }
 

@@ -12,7 +12,7 @@ import datetime as dt
 import os
 from typing import Any
 
-from notifyq.store import dedup, liveness, queries, workflows
+from notifyq.store import dedup, flow, liveness, queries, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids
 from notifyq.store.sql import QUERIES as Q
@@ -97,7 +97,8 @@ def job_ids(session: Session, *, status: int, queue: str | None, age_s: float, a
 
 
 def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
-    """jobs: (id, queue). Back to ready, attempts reset; wakes each queue's watcher."""
+    """jobs: (id, queue). Back to ready, attempts reset (a workflow's job: waiting again for
+    its parents still pending, job_retry); wakes each queue's watcher."""
     if not jobs:
         return 0
 
@@ -107,6 +108,7 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
         keyed = cur.fetchall()
         alone = {job_id for job_id, _, _ in keyed}
         plain = [job_id for job_id in ids if job_id not in alone]
+        retried = list(plain)  # those that were not retriable have no failed edges to revive
         n = 0
         if plain:
             cur.execute(Q["job_retry"], {"ids": plain})
@@ -117,11 +119,14 @@ def retry_jobs(session: Session, jobs: list[tuple[int, str]]) -> int:
             cur.execute(Q["job_retry"], {"ids": [job_id]})
             if cur.rowcount:
                 dedup.take(cur, queue, key, job_id)
+                retried.append(job_id)
                 n += 1
         if n:
             for queue in {j[1] for j in jobs}:
                 queries.bump_signal(cur, queue, n)
-            workflows.revive(cur, ids)  # what a workflow cancelled for them waits again
+            # What a workflow cancelled for them waits again; not for a job whose key is taken
+            # (it stays dead, and so does what it cancelled)
+            workflows.revive(cur, retried)
         return n
 
     return session.run(body, what="retry jobs")
@@ -161,15 +166,20 @@ def job_progress(session: Session, job_id: int) -> dict[str, int]:
 
 
 def cancel_job(session: Session, job_id: int, by: str | None = None) -> str | None:
-    """'deleted' (it was pending), 'requested' (it is running), None (neither: finished or gone).
+    """'cancelled' (a pending job of a workflow: kept, a retry brings it back), 'deleted' (any
+    other pending job), 'requested' (it is running), None (neither: finished or gone).
     by: who asks (kept with the cancel; default: this process's user@host)."""
     by = by or who()
 
     def body(cur) -> str | None:
-        _record_gone(cur, [job_id], (0, 1, 6), "cancelled", f"cancelled before it ran by {by}")
-        cur.execute(Q["job_cancel_pending"], {"id": job_id})
+        cur.execute(Q["job_cancel_kept"], {"id": job_id, "by": by[:255]})
         if cur.rowcount:
             workflows.settle_failed(cur, [job_id], "cancelled")  # what waits for it, in turn
+            return "cancelled"
+        _record_gone(cur, [job_id], (0, 1), "cancelled", f"cancelled before it ran by {by}")
+        cur.execute(Q["job_cancel_pending"], {"id": job_id})
+        if cur.rowcount:
+            workflows.settle_failed(cur, [job_id], "cancelled")  # what put after it since, in turn
             return "deleted"
         cur.execute(Q["job_cancel_running"], {"id": job_id, "by": by[:255]})
         return "requested" if cur.rowcount else None
@@ -404,3 +414,77 @@ def web_periodic_switch(session: Session, queue: str, name: str, on: bool) -> bo
         return cur.rowcount > 0
 
     return session.run(body, what="periodic switch")
+
+
+# ---------------------------------------------------------------- the console: flow control, workflows
+
+WEB_FLOW_RUNNING_CAP = 5_000  # claimed jobs of a queue read for its running counts
+WEB_FLOW_READY_CAP = 20_000  # a queue's ready jobs counted at most (as the overview counts them)
+WEB_FLOW_KEYS = 20  # keys with ready jobs a page shows (key order; ?after=KEY: the next)
+WEB_FLOW_KEY_CAP = 1_000  # a key's ready jobs counted at most
+WEB_GRAPH_LIST = 50  # a job's parents and children its page lists at most
+WEB_PROGRESS_CAP = 10_000  # a job's edges its progress counts at most
+WEB_WORKFLOW_JOBS = 500  # jobs the workflow page walks to at most
+WEB_WORKFLOW_EDGES = 5_000  # edges the workflow page's walk reads at most
+
+
+def web_flow_counts(session: Session, queue: str) -> tuple[dict[str | None, int], int]:
+    """({key or None: running jobs} among the queue's first WEB_FLOW_RUNNING_CAP claimed jobs,
+    its ready jobs counted up to WEB_FLOW_READY_CAP), in one transaction."""
+    def body(cur) -> tuple[dict[str | None, int], int]:
+        cur.execute(Q["web_flow_running"], {"queue": queue, "cap": WEB_FLOW_RUNNING_CAP})
+        running = {key: int(n) for key, n in cur.fetchall()}
+        cur.execute(Q["web_flow_ready"], {"queue": queue, "cap": WEB_FLOW_READY_CAP})
+        return running, int(cur.fetchone()[0])
+
+    return session.run(body, what="flow page")
+
+
+def web_flow_keys(session: Session, queue: str, after: str, limit: int) -> list[str]:
+    """The queue's first `limit` keys with ready jobs after `after`, in key order: one index
+    dive each (flow.ready_keys, the claim's own discovery)."""
+    return session.run(lambda cur: flow.ready_keys(cur, queue, after, limit), what="flow keys")
+
+
+def web_flow_key_ready(session: Session, queue: str, keys: list[str]) -> dict[str, int]:
+    """{key: its ready jobs, counted up to WEB_FLOW_KEY_CAP} of `keys` (at most 100), in one
+    statement."""
+    if not keys:
+        return {}
+    if len(keys) > WEB_QUEUES_PER_STATEMENT:
+        raise ValueError(f"{len(keys)} keys: a page reads at most {WEB_QUEUES_PER_STATEMENT}")
+    parts, params = [], {"queue": queue, "cap": WEB_FLOW_KEY_CAP}
+    for i, key in enumerate(keys):
+        parts.append(Q["web_flow_key_ready"].replace("%(key)s", f"%(key_{i})s"))
+        params[f"key_{i}"] = key
+    return {key: int(n) for key, n in _rows_of(session, "\nUNION ALL\n".join(parts), params, "flow keys")}
+
+
+def web_job_graph(session: Session, job_id: int) -> dict[str, list[tuple]]:
+    """A job's place in its workflow, in one transaction: "parents" and "children" (id, edge
+    state, queue, status: None when its row is gone), at most WEB_GRAPH_LIST each, and
+    "progress": (edge state, parent status, count) of its first WEB_PROGRESS_CAP parents."""
+    limit, cap = WEB_GRAPH_LIST, WEB_PROGRESS_CAP
+
+    def body(cur) -> dict[str, list[tuple]]:
+        out = {}
+        for name, sql, params in (("parents", "web_job_parents", {"id": job_id, "limit": limit}),
+                                  ("children", "web_job_children", {"id": job_id, "limit": limit}),
+                                  ("progress", "web_job_progress", {"id": job_id, "cap": cap})):
+            cur.execute(Q[sql], params)
+            out[name] = list(cur.fetchall())
+        return out
+
+    return session.run(body, what="job graph")
+
+
+def web_workflow_edges(session: Session, ids: list[int], limit: int) -> list[tuple[int, int, int]]:
+    """(parent, child, state) of the edges from and to `ids`, at most `limit` each way."""
+    return [(int(p), int(c), int(s)) for p, c, s in _rows(session, "web_workflow_edges",
+                                                           {"ids": Ids(ids), "limit": limit}, "workflow")]
+
+
+def web_workflow_jobs(session: Session, ids: list[int]) -> list[tuple]:
+    """(id, queue, status, attempts, max_attempts, last error, waits_on, after_mode) of the jobs
+    of `ids` still there."""
+    return _rows(session, "web_workflow_jobs", {"ids": Ids(ids)}, "workflow") if ids else []

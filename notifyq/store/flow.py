@@ -323,6 +323,18 @@ class _Read:
     complete: bool  # every key with free slots seen
 
 
+def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:
+    """The queue's first `n` keys with ready jobs after `after`, in key order, by the claim's
+    discovery (flow_next_key: one dive into ix_key a key, whatever its backlog), in one round
+    trip: the console's flow page (notifyq web)."""
+    steps: list[tuple[str, dict[str, Any] | None]] = [(Q["flow_discover_from"], {"after": after})]
+    steps += [(_step(i), {"queue": queue}) for i in range(1, n + 1)]
+    steps.append((Q["flow_discovered"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4",
+                                               ", ".join(f"@nq_k{i}" for i in range(1, n + 1))), {}))
+    [found] = _results(cur, steps)
+    return [k for k in found[0] if k is not None]
+
+
 def _step(n: int) -> str:
     return Q["flow_next_key"].replace("@nq_kSTEP", f"@nq_k{n}").replace("@nq_kPREV", f"@nq_k{n - 1}")
 

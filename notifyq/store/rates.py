@@ -298,6 +298,41 @@ def consume(session: Session, queue: str, rates: Rates | None, key: str | None, 
             time.sleep(pause)  # the refill's time, read from the log: a timed wait, not a poll
 
 
+@dataclass(frozen=True)
+class Usage:
+    """One budget as its log stands (usage): starts in the last period, of how many, and when
+    the next start is free (None: one is free now)."""
+
+    used: int
+    count: int
+    period_s: float
+    frees_at: dt.datetime | None
+
+
+NO_CLAIM = -1  # no claim's token: usage counts every spend in the log (consume_rate's 0 too)
+
+
+def usage(session: Session, queue: str, rates: Rates, keys: list[str]) -> dict[str, Usage]:
+    """The queue's own budget and those of `keys` (rate_per_key) as committed, by the plain read
+    a claim's hint makes (rate_slots_peek): N rows a budget at most. Budget '' is the queue's."""
+    wanted = set(rates.budgets(None)) | (set(keys) if rates.per_key is not None else set())
+    if not wanted:
+        return {}
+
+    def body(cur) -> tuple[list[tuple], dt.datetime]:
+        cur.execute(Q["rate_slots_peek"], _slot_params(queue, rates, wanted))
+        rows = list(cur.fetchall())
+        cur.execute(Q["rate_now"])
+        return rows, cur.fetchone()[0]
+
+    rows, now = session.run(body, what="rate usage")
+    out = {}
+    for name, b in _budgets(rates, wanted, NO_CLAIM, rows, now).items():
+        out[name] = Usage(b.rate.count - len(b.free), b.rate.count, b.rate.period_s,
+                          None if b.free else b.frees_at(now))
+    return out
+
+
 def _take(rates: Rates, budgets: dict[str, _Budget], now: dt.datetime, ids: list[int],
           keys: dict[int, str | None]) -> tuple[list[int], dt.datetime | None]:
     """Of `ids` (claim order), those whose budgets all have a start free, each taking its

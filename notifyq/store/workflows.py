@@ -127,7 +127,8 @@ def settle_failed(cur, ids: list[int], why: str) -> int:
 
 def revive(cur, ids: list[int]) -> int:
     """Dead or cancelled parents retried: the children a workflow cancelled because of them (and
-    of no other parent) wait again, and their own children in turn. Returns how many."""
+    of no other parent) wait again, and their own children in turn; the children still waiting
+    (run anyway) wait for them again. Returns how many waited again."""
     revived = 0
     level = list(ids)
     for _ in range(CASCADE_MAX):
@@ -136,6 +137,7 @@ def revive(cur, ids: list[int]) -> int:
         cur.execute(Q["parents_revive"], {"ids": _ids(level)})
         if not cur.rowcount:
             break
+        cur.execute(Q["children_recount"], {"ids": _ids(level)})
         cur.execute(Q["children_revivable"], {"ids": _ids(level)})
         below = [int(r[0]) for r in cur.fetchall()]
         if below:

@@ -26,6 +26,7 @@ from notifyq.sharding.servers import Servers
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
+from notifyq.web import workflow
 
 log = logging.getLogger("notifyq.web")
 T = TypeVar("T")
@@ -254,9 +255,14 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
 
 def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
     """Every field of one job, and its attempts' records (newest first: start, end, consumer,
-    host, outcome, error, traceback, result); the payload pretty-printed and cut at
-    PAYLOAD_SHOWN_BYTES."""
-    found = reader.one(shard, lambda session: admin.get_job(session, job_id, history=True))
+    host, outcome, error, traceback, result), its place in a workflow (workflow.job_graph); the
+    payload pretty-printed and cut at PAYLOAD_SHOWN_BYTES."""
+    def read(session: Session) -> dict[str, Any]:
+        found = admin.get_job(session, job_id, history=True, parents=False)
+        found["graph"] = workflow.job_graph(session, job_id)  # None: no workflow's
+        return found
+
+    found = reader.one(shard, read)
     payload = found.pop("payload")
     text = payload if isinstance(payload, str) else json.dumps(payload, indent=2, ensure_ascii=False)
     raw = text.encode()
@@ -321,7 +327,8 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
         return f"job {job_id}: " + reader.one(shard, lambda session: admin.retry(session, job_id))
     if verb == "cancel":
         outcome = reader.one(shard, lambda session: admin.cancel(session, job_id, by=by))
-        return f"job {job_id}: " + ("deleted" if outcome == "deleted" else "cancel requested")
+        return f"job {job_id}: " + {"deleted": "deleted", "cancelled": "cancelled (kept: a retry brings it back)"}.get(
+            outcome, "cancel requested")
     if verb == "purge":
         return reader.one(shard, lambda session: _purge_one(session, job_id))
     raise errors.InputError(f"no action {verb!r}")

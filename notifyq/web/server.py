@@ -11,6 +11,9 @@
     GET  /dead         the dead jobs, with retry / purge
     GET  /periodic     periodic entries: last and next tick, the leader's session; run now,
                        enable / disable
+    GET  /flow         flow-controlled queues: limits, rates, fairness, running and ready jobs;
+                       ?queue=NAME its keys: running, ready, held and why (&after=KEY: next keys)
+    GET  /workflow     ?job=ID (&shard=): the workflow around a job, its members by level
     GET  /login        sign in with the actions token (only when actions are enabled)
     POST /login /logout /act     forms; /act: retry, cancel, purge, pause, resume, retry-dead,
                        bulk-retry / bulk-cancel / bulk-purge (ids=, at most console.MAX_BULK),
@@ -40,7 +43,7 @@ from typing import Any
 from notifyq import errors
 from notifyq.config import Config
 from notifyq.store.driver import DriverError, describe
-from notifyq.web import auth, bounds, console, data, views
+from notifyq.web import auth, bounds, console, data, flow, views, workflow
 
 log = logging.getLogger("notifyq.web")
 
@@ -269,6 +272,15 @@ class Handler(BaseHTTPRequestHandler):
                            max_bulk=console.MAX_BULK, **found)
             elif _JOB_PATH.match(path):
                 self._job_page(int(path[6:]), query, sid, new)
+            elif path == "/flow":
+                name, after = flow.parse(query)
+                if name is None:
+                    self._page(200, "flow.html", sid, new, title="flow control", **flow.queues(reader))
+                else:
+                    self._page(200, "flow_queue.html", sid, new, title=f"flow control: {name}",
+                               **flow.queue(reader, name, after))
+            elif path == "/workflow":
+                self._workflow_page(query, sid, new)
             elif path == "/periodic":
                 self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
             elif path == "/login" and self.web.guard.actions:
@@ -301,6 +313,17 @@ class Handler(BaseHTTPRequestHandler):
             self._message(404, str(e), sid, new)
             return
         self._page(200, "job.html", sid, new, title=f"job {job_id}", job=job)
+
+    def _workflow_page(self, query: dict[str, str], sid: str, new: bool) -> None:
+        shards = self.web.reader.names
+        shard = query.get("shard", shards[0])
+        if shard not in shards:
+            raise errors.InputError(f"no shard {shard!r}")
+        job_id = _job_id(query.get("job", "").strip())
+        if job_id is None:
+            raise errors.InputError("which job? (/workflow?job=ID)")
+        found = self.web.reader.one(shard, lambda session: workflow.walk(session, job_id))
+        self._page(200, "workflow.html", sid, new, title=f"workflow of job {job_id}", shard=shard, **found)
 
     # ------------------------------------------------------------ POST
 

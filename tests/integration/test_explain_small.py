@@ -23,7 +23,8 @@ OWNER = "e" * 32
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_acked_dense", "attempt_taken_back",
-         "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version")
+         "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version",
+         "web_workflow_jobs")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
 ATTEMPTS_BY_ID = ("completions_landed", "results_missing", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
@@ -153,10 +154,10 @@ def test_retention_of_the_records_of_jobs_gone_reads_a_range_of_ix_ended_in_its_
 # Workflows' and steps' statements on a batch's ids: their edges (nq_edge) and steps (nq_step)
 # by primary key or the child index, and the jobs they name by primary key.
 GRAPH_BY_ID = ("children_cancel", "children_cancelled_ids", "children_count_down", "children_failed_count",
-               "children_left_waiting", "children_release", "children_revivable", "children_to_count",
+               "children_left_waiting", "children_recount", "children_release", "children_revivable", "children_to_count",
                "children_wait_again", "children_waiting", "children_wake", "edges_counted", "edges_drop",
                "edges_mark_done", "edges_mark_done_any", "edges_mark_failed", "parents_gone", "parents_lock",
-               "parents_revive", "steps_purge")
+               "parents_revive", "steps_purge", "web_workflow_edges")
 
 
 def test_every_graph_statement_on_ids_is_pinned():
@@ -179,7 +180,7 @@ def test_a_graph_statement_on_ids_never_scans_a_table(db, small_queue, name):
              "SELECT id, 's', '1', 1, 1, NOW(6) FROM nq_job")
     db.query("ANALYZE TABLE nq_edge, nq_attempt, nq_step")
     claimed = [job.id for job in claim.jobs]
-    values = {"ids": Ids(claimed), "token": claim.token, "why": "dead", "n": 1, "mode": 0, "slot": 0}
+    values = {"ids": Ids(claimed), "token": claim.token, "why": "dead", "n": 1, "mode": 0, "slot": 0, "limit": 5000}
     params = {p: values[p] for p in re.findall(r"%\((\w+)\)s", QUERIES[name])}
     # When the statement is explained with 100 ids
     plan = explain(session, QUERIES[name], params)

@@ -134,3 +134,51 @@ def test_the_history_reads_a_time_range_of_ix_ended_and_its_jobs_by_primary_key(
     assert job["key"] == "PRIMARY" and job["type"] == "eq_ref", job
     # And the range holds the window's rows, not the table's: about a tenth of the queue's
     assert int(records["rows"]) < 20_000, records
+
+
+# ---------------------------------------------------------------- the console's flow and workflow reads
+
+@pytest.fixture
+def held_jobs(db):
+    """100k ready jobs of one queue: 50k of one key, the rest over 500 keys; 100 claimed."""
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload, job_key, owner) "
+             "SELECT 'q', IF(seq <= 100, 2, 0), NOW(6), 5, '{}', "
+             "IF(seq <= 50000, 'hot', CONCAT('k', LPAD(seq % 500, 3, '0'))), IF(seq <= 100, REPEAT('o', 32), NULL) "
+             f"FROM {numbers(100000)}")
+    db.query("INSERT INTO nq_edge (parent_id, child_id, child_queue, state) "
+             f"SELECT seq, 100001, 'q', seq % 4 FROM {numbers(20000)}")
+    db.query("ANALYZE TABLE nq_job, nq_edge")
+    return db
+
+
+@pytest.mark.parametrize("name", ("web_flow_running", "web_flow_ready", "web_flow_key_ready"))
+def test_the_flow_pages_reads_are_a_bounded_index_range(held_jobs, name):
+    # Given 100k held jobs of one queue
+    # When the flow page's read is explained
+    plan = _plan(held_jobs, name, {"queue": "q", "key": "hot", "cap": 1000})
+    # Then nq_job is a range or ref of ix_state (running, ready) or ix_key (a key's ready jobs,
+    # index-only), stopped by the read's LIMIT, and nothing is sorted
+    text = json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower()
+    assert "filesort" not in text, (name, plan)
+    (read,) = [r for r in plan if r["table"] == "nq_job"]
+    assert read["key"] == ("ix_key" if name == "web_flow_key_ready" else "ix_state"), (name, read)
+    assert read["type"] in ("range", "ref"), (name, read)
+    if name != "web_flow_running":  # (the running read takes each claimed job's key from its row)
+        assert "using index" in str(read["extra"]).lower(), (name, read)
+    assert "LIMIT %(cap)s) r" in QUERIES[name]
+
+
+@pytest.mark.parametrize("name", ("web_job_parents", "web_job_children", "web_job_progress"))
+def test_a_jobs_workflow_reads_are_a_bounded_range_of_its_edges(held_jobs, name):
+    # Given a job with 20,000 parents
+    # When the job page's workflow reads are explained
+    plan = _plan(held_jobs, name, {"id": 100001, "limit": 50, "cap": 10000})
+    # Then the edges are a ref of the child index or the primary key, in its order, and each
+    # edge's job is one primary-key lookup
+    text = json.dumps([{k: str(v) for k, v in r.items()} for r in plan]).lower()
+    assert "filesort" not in text, (name, plan)
+    (edges,) = [r for r in plan if r["table"] == "e" or r["table"] == "nq_edge"]
+    assert edges["key"] == ("PRIMARY" if name == "web_job_children" else "ix_child"), (name, edges)
+    assert edges["type"] in ("ref", "range"), (name, edges)
+    jobs = [r for r in plan if r["table"] in ("p", "c")]
+    assert jobs and all(r["key"] == "PRIMARY" and r["type"] == "eq_ref" for r in jobs), (name, plan)

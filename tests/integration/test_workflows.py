@@ -229,8 +229,8 @@ def test_cancelling_a_parent_cancels_what_waits_for_it(db):
         [parent] = p.put_many([{"n": 0}])
         child = p.put({"n": 1}, after=[parent])
     with opened(db) as session:
-        assert admin.cancel(session, parent) == "deleted"
-    assert status(db, child) == CANCELLED
+        assert admin.cancel(session, parent) == "cancelled"
+    assert [status(db, parent), status(db, child)] == [CANCELLED, CANCELLED]
 
 
 def test_the_sweep_settles_a_parent_whose_release_never_ran(db):
@@ -404,3 +404,167 @@ def test_a_workflow_put_holds_no_lock_on_its_queue_row(db):
             app.commit()
         finally:
             app.close()
+
+
+# ---------------------------------------------------------------- retry and cancel of a workflow's jobs
+
+def run(db, queue, ran):
+    """Every due job of `queue` run here (notifyq.testing.drain), its payload's "n" noted in
+    `ran`; a job whose payload says "fail" fails (max_attempts=1: it dies)."""
+    from notifyq import testing
+
+    def handler(job):
+        if job.payload.get("fail"):
+            raise RuntimeError("boom")
+        ran.append(job.payload["n"])
+
+    testing.drain(db.config(), queue, handler, raise_on_failure=False)
+
+
+def test_cancelling_a_waiting_job_keeps_it_and_its_retry_lets_it_and_its_children_go_on(db):
+    # Given a chain a -> p -> c, nothing run yet
+    wf = notifyq.Workflow()
+    a, p, c = wf.chain("q", [{"n": "a"}, {"n": "p"}, {"n": "c"}])
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    with opened(db) as session:
+        # When the waiting p is cancelled
+        assert admin.cancel(session, p.id, by="ann@ops") == "cancelled"
+        # Then it ends cancelled with its row kept, and so does what waits for it, with the reason
+        assert db.query("SELECT status, cancelled_by, last_error FROM nq_job WHERE id = %s", (p.id,)) == [
+            (CANCELLED, "ann@ops", "not run: cancelled by ann@ops")]
+        assert db.query("SELECT status, last_error FROM nq_job WHERE id = %s", (c.id,)) == [
+            (CANCELLED, f"not run: parent {p.id} ended cancelled")]
+        # When the operator changes their mind and retries p
+        assert admin.retry(session, p.id) == "retried (it waits for 1 parent still pending)"
+        # Then p waits for a again, and c for p; a retry of a waiting job changes nothing
+        assert [status(db, r.id) for r in (a, p, c)] == [0, WAITING, WAITING]
+        assert admin.retry(session, c.id) == "already waiting for 1 parent still pending"
+    # And the chain runs to its end, in order, each job once
+    ran = []
+    run(db, "q", ran)
+    assert ran == ["a", "p", "c"]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
+
+
+def test_a_cancelled_workflow_comes_back_whole_with_a_retry_of_its_root(db):
+    # Given a workflow whose root is ready: a chain, and a batch of the chain's end with callbacks
+    wf = notifyq.Workflow()
+    root = wf.add("q", {"n": "root"})
+    chain = wf.chain("q", [{"n": "c1"}, {"n": "c2"}], after=[root])
+    batch = wf.batch([chain[-1]], on_success=("q", {"n": "ok"}), on_dead=("q", {"n": "dead"}))
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    with opened(db) as session:
+        # When the workflow is cancelled (its root: what has not run is cancelled with it)
+        assert admin.cancel(session, root.id) == "cancelled"
+        assert [status(db, r.id) for r in (root, *chain, batch.on_success)] == [CANCELLED] * 4
+        # (its on_dead callback is the one that runs: a member ended cancelled)
+        assert status(db, batch.on_dead.id) == 0
+        ran = []
+        run(db, "q", ran)
+        assert ran == ["dead"]
+        # When the root is retried
+        assert admin.retry(session, root.id) == "retried"
+    # Then what the cancel cancelled runs, in order; the on_dead callback ran once only
+    run(db, "q", ran)
+    assert ran == ["dead", "root", "c1", "c2", "ok"]
+
+
+def test_a_retry_of_a_job_a_dead_parent_cancelled_runs_it_without_that_parent_but_after_the_others(db):
+    # Given p after a (it dies) and b (on a queue not run yet), and c after p
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    b = wf.add("later", {"n": "b"})
+    p = wf.add("q", {"n": "p"}, after=[a, b])
+    c = wf.add("q", {"n": "c"}, after=[p])
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    ran = []
+    run(db, "q", ran)
+    assert [status(db, r.id) for r in (a, p, c)] == [4, CANCELLED, CANCELLED]
+    # When p is retried
+    with opened(db) as session:
+        assert admin.retry(session, p.id) == ("retried (it waits for 1 parent still pending; "
+                                               "it runs without 1 parent that ended dead or cancelled)")
+    # Then p waits for b, still pending (it does not run before it), and c waits for p
+    assert [status(db, r.id) for r in (p, c)] == [WAITING, WAITING]
+    run(db, "q", ran)
+    assert ran == [] and status(db, p.id) == WAITING
+    # And once b is done, p runs, then c
+    run(db, "later", ran)
+    run(db, "q", ran)
+    assert ran == ["b", "p", "c"]
+
+
+def test_a_retried_dead_parent_is_waited_for_again_by_the_children_that_run_anyway(db):
+    # Given x (runs anyway) and an on_dead callback after a (it dies) and b (not run yet)
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    b = wf.add("later", {"n": "b"})
+    x = wf.add("q", {"n": "x"}, after=[a, b], run_anyway=True)
+    batch = wf.batch([a, b], on_dead=("q", {"n": "dead"}))
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    ran = []
+    run(db, "q", ran)
+    assert status(db, a.id) == 4
+    # When a is retried and now succeeds
+    db.query("UPDATE nq_job SET payload = %s WHERE id = %s", (json.dumps({"n": "a"}), a.id))
+    with opened(db) as session:
+        assert admin.retry(session, a.id) == "retried"
+    run(db, "q", ran)
+    # Then x and the callback still wait for b: a's retry took its failure back
+    assert ran == ["a"]
+    assert [status(db, r.id) for r in (x, batch.on_dead)] == [WAITING, WAITING]
+    # And once b is done, x runs; the on_dead callback is not needed (no member failed in the end)
+    run(db, "later", ran)
+    run(db, "q", ran)
+    assert ran == ["a", "b", "x"]
+    assert db.query("SELECT status, last_error FROM nq_job WHERE id = %s", (batch.on_dead.id,)) == [
+        (CANCELLED, "not run: no parent ended dead or cancelled")]
+
+
+def test_a_dead_parent_whose_dedup_key_is_taken_stays_dead_and_so_do_the_jobs_it_cancelled(db):
+    # Given a dead parent with a dedup key and a child it cancelled, a new job holding the key,
+    # and another dead job
+    with Producer("q", db.config()) as producer:
+        parent = producer.put({"n": "a", "fail": True}, dedup_key="k", max_attempts=1)
+        child = producer.put({"n": "c"}, after=[parent])
+        other = producer.put({"n": "o", "fail": True}, max_attempts=1)
+        ran = []
+        run(db, "q", ran)
+        holder = producer.put({"n": "h"}, dedup_key="k")
+    assert [status(db, i) for i in (parent, child, other, holder)] == [4, CANCELLED, 4, 0]
+    # When every dead job is retried
+    with opened(db) as session:
+        assert admin.retry_dead(session, "q") == (1, 1)
+        # Then the parent stays dead, and the child it cancelled stays cancelled
+        assert [status(db, i) for i in (parent, child, other)] == [4, CANCELLED, 0]
+        # And retrying a running job is one clear error
+        db.query("UPDATE nq_job SET status = 2 WHERE id = %s", (holder,))
+        with pytest.raises(errors.InputError, match=f"job {holder} is running"):
+            admin.retry(session, holder)
+
+
+def test_a_job_cancelled_by_an_operator_stays_cancelled_when_its_parent_is_retried(db):
+    # Given p waiting for a; an operator cancels p, then a dies
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    p = wf.add("q", {"n": "p"}, after=[a])
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    with opened(db) as session:
+        assert admin.cancel(session, p.id, by="ann@ops") == "cancelled"
+        ran = []
+        run(db, "q", ran)
+        assert [status(db, a.id), status(db, p.id)] == [4, CANCELLED]
+        # When a is retried
+        db.query("UPDATE nq_job SET payload = %s WHERE id = %s", (json.dumps({"n": "a"}), a.id))
+        assert admin.retry(session, a.id) == "retried"
+        # Then p stays cancelled: the operator's cancel stands
+        assert status(db, p.id) == CANCELLED
+        # And once p itself is retried, it waits for a, and runs after it
+        assert admin.retry(session, p.id) == "retried (it waits for 1 parent still pending)"
+    run(db, "q", ran)
+    assert ran == ["a", "p"]

@@ -99,6 +99,35 @@ def test_jobs_cancel_deletes_pending_and_flags_running(db):
     assert db.query("SELECT id, cancel_requested FROM nq_job") == [(running, 1)]
 
 
+def test_jobs_cancel_keeps_a_workflows_waiting_job_and_retry_brings_it_back_with_its_children(db):
+    import notifyq
+    from notifyq import testing
+
+    # Given a chain a -> b -> c, nothing run yet
+    wf = notifyq.Workflow()
+    wf.chain("w", [{"n": 0}, {"n": 1}, {"n": 2}])
+    with notifyq.Producer("w", db.config()) as producer:
+        a, b, c = producer.put_workflow(wf)
+    # When the waiting b is cancelled, then retried
+    cancelled = run_cli(db.env, "jobs", "cancel", str(b))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() == (f"job {b}: cancelled (a workflow's job: kept, with what it cancelled; "
+                                        "`jobs retry` brings them back)")
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(a, 0), (b, 5), (c, 5)]
+    retried = run_cli(db.env, "jobs", "retry", str(b))
+    # Then b waits for a again, c for b; a retry of a waiting job says so and changes nothing
+    assert retried.stdout.strip() == f"job {b}: retried (it waits for 1 parent still pending)"
+    assert db.query("SELECT id, status FROM nq_job ORDER BY id") == [(a, 0), (b, 6), (c, 6)]
+    again = run_cli(db.env, "jobs", "retry", str(c))
+    assert again.returncode == 0 and again.stdout.strip() == f"job {c}: already waiting for 1 parent still pending"
+    # And the chain runs in order
+    ran = []
+    testing.drain(db.config(), "w", lambda job: ran.append(job.payload["n"]))
+    assert ran == [0, 1, 2]
+    # And a retry of a done job (its row gone with its ack) is one clear error
+    one_line_error(run_cli(db.env, "jobs", "retry", str(a)), 4, f"no job {a}: it was done at")
+
+
 def test_jobs_purge_deletes_only_old_finished_jobs_of_the_given_kinds(db):
     ids = produce(db, "-q", "p", *[json.dumps({"n": i}) for i in range(6)])
     db.query("UPDATE nq_job SET status = %s, finished_at = NOW(6) - INTERVAL 8 DAY WHERE id IN %s",

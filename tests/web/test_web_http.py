@@ -245,6 +245,25 @@ def test_jobs_are_found_by_state_queue_and_dedup_key_and_cancelled(db, web):
     assert f"job {keyed}: deleted" in c.get("/jobs")[1]
 
 
+def test_a_workflows_waiting_job_cancelled_from_the_console_is_kept_and_its_retry_waits_again(db, web):
+    import notifyq
+
+    # Given a child waiting for its parent
+    with notifyq.Producer("mail", db.config()) as p:
+        [parent] = p.put_many([{}])
+        child = p.put({}, after=[parent])
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in() == 303
+    # When the console cancels it: it ends cancelled, its row kept
+    assert c.post("/act", {"verb": "cancel", "job": str(child), "csrf": c.csrf()})[0] == 303
+    assert _status(db, child) == 5
+    assert f"job {child}: cancelled (kept: a retry brings it back)" in c.get("/jobs")[1]
+    # And its retry (the action `jobs retry` runs) lets it wait for its parent again
+    assert c.post("/act", {"verb": "retry", "job": str(child), "csrf": c.csrf()})[0] == 303
+    assert _status(db, child) == 6
+    assert f"job {child}: retried (it waits for 1 parent still pending)" in c.get("/jobs")[1]
+
+
 def test_cancelled_jobs_have_a_column_on_the_overview_and_a_list_of_their_own(db, web):
     # Given a job that ended cancelled (its cancel was requested while it ran) and a ready one
     (ready,) = produce(db, "mail", "{}")

@@ -1074,8 +1074,17 @@ ORDER BY id LIMIT %(limit)s
 -- Back to ready now with the attempts reset; the last error stays for the record. Never a
 -- claimed job (it is running). A job that carries a dedup key is retried alone, under its
 -- key's lock and only if no other pending job holds the key (admin_queries.retry_jobs).
+-- A workflow's job (its edges from its parents, read by the child index: nothing for any other
+-- job) waits again (status 6) for its parents still pending, each of its parents counted
+-- afresh as the workflow counts them (waits_on: pending, parents_failed: dead or cancelled);
+-- with none pending it is ready at once. A parent that ended dead or cancelled is not waited
+-- for: the operator's retry runs the job without it (docs/workflows.md).
 UPDATE nq_job FORCE INDEX (PRIMARY)
-SET status = 0, run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
+SET status = IF(EXISTS (SELECT 1 FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 0),
+                6, 0),
+    waits_on = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 0),
+    parents_failed = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 3),
+    run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
     owner = NULL, claim_token = NULL, lease_until = NULL
 WHERE id IN %(ids)s AND status IN (1, 3, 4, 5)
 
@@ -1100,9 +1109,21 @@ ON DUPLICATE KEY UPDATE outcome = %(outcome)s, ended_at = NOW(6), error = %(why)
 -- By primary key only, as the acks (the optimizer read a status index and locked more).
 DELETE nq_job FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s AND status = %(status)s
 
+-- job_cancel_kept --
+-- A pending job of a workflow (waiting for its parents, or with children waiting for it): it
+-- ends cancelled with its row kept, who asked and when, so that `jobs retry` can bring it back
+-- and, with it, what its cancel cancelled down the line (workflows.revive). Its dedup key is
+-- free (a key is held by pending jobs only). Any other pending job is deleted (job_cancel_pending).
+UPDATE nq_job FORCE INDEX (PRIMARY)
+SET status = 5, finished_at = NOW(6), cancelled_by = %(by)s, cancelled_at = NOW(6),
+    last_error = CONCAT('not run: cancelled by ', %(by)s)
+WHERE id = %(id)s AND status IN (0, 1, 6)
+  AND (status = 6 OR EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (PRIMARY) WHERE e.parent_id = %(id)s AND e.state = 0))
+
 -- job_cancel_pending --
--- Not yet claimed (ready, scheduled or waiting for its parents): gone, and its dedup key with it.
-DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1, 6)
+-- Not yet claimed (ready or scheduled), and no workflow's (job_cancel_kept): gone, and its
+-- dedup key with it.
+DELETE FROM nq_job WHERE id = %(id)s AND status IN (0, 1)
 
 -- job_cancel_running --
 -- Claimed: the handler sees it through Job.cancel_requested() and stops when it can (a command
@@ -1507,6 +1528,20 @@ WHERE e.parent_id IN %(ids)s AND e.state = 4 AND c.status = 5 AND c.cancelled_by
 -- A dead or cancelled parent retried (`notifyq jobs retry`): its failed edges wait again.
 UPDATE nq_edge FORCE INDEX (PRIMARY) SET state = 0 WHERE parent_id IN %(ids)s AND state = 3
 
+-- children_recount --
+-- After parents_revive: the children of these parents that still wait (they run anyway and
+-- counted the failure, or a retry let them wait without the failed parent) wait for the
+-- retried parent again: each counts its pending and failed parents afresh, from its edges (a
+-- retried parent's edges were all settled: those waiting now are the revived ones). Else its
+-- count, one short, released it before its other parents ended. By primary key after the
+-- edges, as children_count_down (which says why).
+UPDATE (SELECT child_id FROM nq_edge FORCE INDEX (PRIMARY)
+        WHERE parent_id IN %(ids)s AND state = 0 GROUP BY child_id) d
+STRAIGHT_JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = d.child_id
+SET c.waits_on = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 0),
+    c.parents_failed = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = c.id AND f.state = 3)
+WHERE c.status = 6
+
 -- children_revivable --
 -- The children a workflow cancelled because of these parents, that no other parent failed:
 -- they wait again (each counts its waiting parents afresh), and so do their own children.
@@ -1631,3 +1666,62 @@ ON DUPLICATE KEY UPDATE last_tick = %(off)s
 -- latest missed one, and there is none before now).
 UPDATE nq_periodic SET last_tick = NOW(6)
 WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s
+
+-- ---------------------------------------------------------------- the console's flow control and workflows
+-- Each read is bounded by a LIMIT on an index range whatever the queue's backlog
+-- (tests/integration/test_explain_web.py pins the plans; admin_queries names the bounds).
+
+-- web_flow_running --
+-- A queue's running jobs by key: the first %(cap)s entries of its claimed range of ix_state
+-- (what the consumers hold: batch size x consumers), each one's key from its row.
+SELECT job_key, COUNT(*) FROM
+  (SELECT job_key FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s LIMIT %(cap)s) r
+GROUP BY job_key ORDER BY NULL
+
+-- web_flow_ready --
+-- A queue's ready jobs, counted up to %(cap)s entries of its ready range of ix_state (index-only).
+SELECT COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %(queue)s LIMIT %(cap)s) r
+
+-- web_flow_key_ready --
+-- One key's ready jobs, counted up to %(cap)s entries of ix_key (a ref, index-only); repeated
+-- per key in one statement (admin_queries.web_flow_key_ready), each copy with its key bound.
+(SELECT %(key)s, COUNT(*) FROM
+  (SELECT 1 FROM nq_job FORCE INDEX (ix_key) WHERE queue = %(queue)s AND ready_key = %(key)s LIMIT %(cap)s) r)
+
+-- web_job_parents --
+-- A job's parents, at most %(limit)s (the child index, in parent order), each with its queue
+-- and status by primary key (none: its row is gone).
+SELECT e.parent_id, e.state, p.queue, p.status FROM nq_edge e FORCE INDEX (ix_child)
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id
+WHERE e.child_id = %(id)s ORDER BY e.parent_id LIMIT %(limit)s
+
+-- web_job_children --
+-- A job's children, at most %(limit)s (the edges' primary key, in child order), each with its
+-- queue and status.
+SELECT e.child_id, e.state, c.queue, c.status FROM nq_edge e FORCE INDEX (PRIMARY)
+LEFT JOIN nq_job c FORCE INDEX (PRIMARY) ON c.id = e.child_id
+WHERE e.parent_id = %(id)s ORDER BY e.child_id LIMIT %(limit)s
+
+-- web_job_progress --
+-- A job's parents counted by edge state and parent status (a batch's progress is its
+-- callback's): the first %(cap)s of its edges, each parent not done by primary key (dead or
+-- cancelled; running, ready or waiting); a done one's edge says all (its row is mostly gone).
+SELECT e.state, p.status, COUNT(*) FROM
+  (SELECT parent_id, state FROM nq_edge FORCE INDEX (ix_child) WHERE child_id = %(id)s LIMIT %(cap)s) e
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id AND e.state <> 2
+GROUP BY e.state, p.status ORDER BY NULL
+
+-- web_workflow_edges --
+-- The workflow page's walk, one step: the edges from and to the jobs of %(ids)s (the edges'
+-- primary key, the child index), at most %(limit)s each way.
+(SELECT parent_id, child_id, state FROM nq_edge FORCE INDEX (PRIMARY) WHERE parent_id IN %(ids)s
+  LIMIT %(limit)s)
+UNION ALL
+(SELECT parent_id, child_id, state FROM nq_edge FORCE INDEX (ix_child) WHERE child_id IN %(ids)s
+  LIMIT %(limit)s)
+
+-- web_workflow_jobs --
+-- The workflow page's members by primary key: state, attempts, what they wait for.
+SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode
+FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s

@@ -1,0 +1,82 @@
+"""Flow control and workflows in the console, in a real headless Chromium (Playwright driving
+Debian's chromium): a limited queue's held keys as an operator sees them move, a workflow's
+members from a job's page, and a cancelled workflow brought back with a retry from the page.
+Waits are Playwright's own (a condition with a deadline)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')",
+                allow_module_level=True)
+if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+    pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
+                "scripts/bootstrap.sh installs it as root)", allow_module_level=True)
+
+from web.conftest import TOKEN, screenshot
+from web.test_web_console_browser import DEADLINE_MS, _sign_in, _status
+from web.test_web_flow_http import FLOW, _jobs
+
+import notifyq
+
+
+def test_a_limited_queues_held_keys_are_shown_and_follow_the_running_jobs(db, web, page):
+    # Given a queue whose key a runs at its limit of 2 with 5 ready jobs, and key b with 3 ready
+    _jobs(db, "api", "a", 2, 2)
+    _jobs(db, "api", "a", 0, 5)
+    _jobs(db, "api", "b", 0, 3)
+    base = web(queue=FLOW).url
+    # When the flow page is opened, and the queue clicked
+    page.goto(base + "flow")
+    expect(page.locator('tr[data-queue="api"] [data-figure="running"]')).to_have_text("2")
+    page.click('tr[data-queue="api"] a')
+    # Then key a's ready jobs are held, with why; key b's are not
+    a = page.locator('#ready-keys tr[data-key="a"]')
+    expect(a.locator('[data-figure="held"]')).to_have_text("5")
+    expect(a.locator(".why")).to_have_text("key at its limit (2 of 2 running)")
+    expect(page.locator('#ready-keys tr[data-key="b"] [data-figure="held"]')).to_have_text("0")
+    expect(page.locator('#busiest tr[data-key="a"] [data-figure="running"]')).to_have_text("2 of 2")
+    screenshot(page, "flow.png")
+    # When one of a's running jobs ends, the live refresh shows its jobs no longer held
+    db.query("DELETE FROM nq_job WHERE queue = 'api' AND status = 2 LIMIT 1")
+    expect(a.locator('[data-figure="held"]')).to_have_text("0", timeout=DEADLINE_MS)
+    expect(a.locator(".why")).to_have_text("")
+
+
+def test_a_cancelled_workflow_is_followed_from_a_job_and_brought_back_by_a_retry(db, web, page):
+    # Given a chain of three whose first job was cancelled (the workflow: what had not run)
+    wf = notifyq.Workflow()
+    first, second, third = wf.chain("q", [{"n": 0}, {"n": 1}, {"n": 2}])
+    batch = wf.batch([third], on_success=("q", {"ok": 1}))
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    base = web(token=TOKEN).url
+    _sign_in(page, base)
+    page.goto(base + f"jobs/{first.id}")
+    page.click('button[data-action="cancel"]')
+    expect(page.locator(".flash")).to_have_text(f"job {first.id}: cancelled (kept: a retry brings it back)")
+    # When the third job's page is opened
+    page.goto(base + f"jobs/{third.id}")
+    # Then it shows its parent cancelled, what waits for it, and leads to the whole workflow
+    expect(page.locator('#parents tr[data-job="%d"]' % second.id)).to_contain_text("cancelled")
+    expect(page.locator('#children tr[data-job="%d"]' % batch.on_success.id)).to_contain_text("cancelled")
+    page.click("#whole-workflow")
+    members = page.locator("#members tr[data-job]")
+    expect(members).to_have_count(4)
+    expect(page.locator('[data-total="cancelled"]')).to_have_text("4 cancelled")
+    expect(page.locator(f'#members tr[data-job="{third.id}"] td').first).to_have_text("2")
+    # When the first job is retried from its page (its link in the workflow)
+    page.click(f'#members tr[data-job="{first.id}"] a')
+    page.click('button[data-action="retry"]')
+    # Then it is ready, and the rest of the workflow waits again, level by level
+    expect(page.locator(".flash")).to_have_text(f"job {first.id}: retried")
+    assert [_status(db, r.id) for r in (first, second, third, batch.on_success)] == [0, 6, 6, 6]
+    page.goto(base + f"workflow?job={first.id}")
+    expect(page.locator('[data-total="waiting"]')).to_have_text("3 waiting")
+    expect(page.locator(f'#members tr[data-job="{second.id}"]')).to_contain_text("waiting (1 pending)")
+    screenshot(page, "workflow.png")

@@ -1,0 +1,195 @@
+"""The console's flow-control and workflow pages over plain HTTP (no browser): a queue's limits,
+its keys' running, ready and held jobs with why, a job's place in its workflow and the
+workflow around it; escaped, bounded (a queue of 100,000 held jobs, a batch of 600), and bad
+input one clear error."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from number_rows import numbers
+from web.conftest import Client
+
+import notifyq
+from notifyq.store import admin_queries
+
+FLOW = {"api": {"limit": 10, "limit_per_key": 2, "key_limits": {"vip": 5}, "rate_per_key": "3/1h", "fair": True}}
+
+
+def _jobs(db, queue: str, key: str | None, status: int, n: int) -> None:
+    """n jobs of `key` in `status` (2: claimed by a consumer that holds them a minute more)."""
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload, job_key, owner, lease_until, "
+             "claimed_at) SELECT %s, %s, UTC_TIMESTAMP(6), 5, '{}', %s, IF(%s = 2, REPEAT('o', 32), NULL), "
+             f"IF(%s = 2, UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, NULL), NULL FROM {numbers(n)}",
+             (queue, status, key, status, status))
+
+
+def _row(body: str, table: str, key: str) -> str:
+    section = re.search(rf'<table class="figures" id="{table}">(.*?)</table>', body, re.S).group(1)
+    return re.search(rf'<tr data-key="{re.escape(key)}">(.*?)</tr>', section, re.S).group(1)
+
+
+def _cells(row: str) -> list[str]:
+    return [html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+
+
+def test_a_queues_limits_and_its_keys_running_ready_and_held_jobs_with_why(db, web):
+    # Given a limited, fair, rated queue: key a at its limit, b with its rate spent, c free,
+    # vip under its own limit, a job without a key running, and a key that holds markup
+    for key, claimed, ready in (("a", 2, 30), ("b", 1, 4), ("c", 0, 2), ("vip", 3, 1), (None, 1, 0),
+                                ("<i>k</i>", 0, 1)):
+        if claimed:
+            _jobs(db, "api", key, 2, claimed)
+        if ready:
+            _jobs(db, "api", key, 0, ready)
+    db.query("INSERT INTO nq_rate (queue, rate_key, slot, started_at) "
+             "VALUES ('api', 'b', 0, UTC_TIMESTAMP(6)), ('api', 'b', 1, UTC_TIMESTAMP(6)), ('api', 'b', 2, UTC_TIMESTAMP(6))")
+    c = Client(web(queue=FLOW).url)
+    # When the flow page is read
+    code, body = c.get("/flow")
+    # Then the queue is listed with its settings, its running and ready jobs
+    assert code == 200, body
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', body, re.S).group(1)
+    assert _cells(row) == ["api", "10", "2 (1 override)", "-", "3/1h", "yes", "7", "38"]
+    # When the queue's page is read
+    code, body = c.get("/flow?queue=api")
+    assert code == 200, body
+    # Then its keys running most come first, each with its limit
+    busiest = re.search(r'<table class="figures" id="busiest">(.*?)</table>', body, re.S).group(1)
+    assert re.findall(r'<tr data-key="([^"]+)">', busiest) == ["vip", "a", "b"]
+    assert _cells(_row(body, "busiest", "vip")) == ["vip", "3 of 5", "1", "0", "0 of 3", ""]
+    # And each key with ready jobs, in key order, with the jobs its limit or its rate holds, and why
+    listed = re.search(r'<table class="figures" id="ready-keys">(.*?)</table>', body, re.S).group(1)
+    assert re.findall(r'<tr data-key="([^"]+)">', listed) == ["&lt;i&gt;k&lt;/i&gt;", "a", "b", "c", "vip"]
+    a = _cells(_row(body, "ready-keys", "a"))
+    assert a == ["a", "2 of 2", "30", "30", "0 of 3", "key at its limit (2 of 2 running)"]
+    b = _cells(_row(body, "ready-keys", "b"))
+    assert b[:5] == ["b", "1 of 2", "4", "4", "3 of 3"] and b[5].startswith("key's rate spent (3 of 3 starts in 1h00m")
+    assert _cells(_row(body, "ready-keys", "c")) == ["c", "0 of 2", "2", "0", "0 of 3", ""]
+    # And the key's markup is text
+    assert "<i>k</i>" not in body and "&lt;i&gt;k&lt;/i&gt;" in body
+    assert re.search(r"running <strong[^>]*>7</strong> of 10\s*\(1 without a key\)", body), body
+
+
+def test_the_keys_are_paged_in_key_order(db, web, monkeypatch):
+    # Given five keys with ready jobs, and pages of two keys
+    for key in "edcba":
+        _jobs(db, "api", key, 0, 1)
+    monkeypatch.setattr(admin_queries, "WEB_FLOW_KEYS", 2)
+    c = Client(web(queue=FLOW).url)
+    # When the pages are followed
+    seen, path = [], "/flow?queue=api"
+    while path:
+        body = c.get(path)[1]
+        section = re.search(r'id="ready-keys">(.*?)</table>', body, re.S).group(1)
+        seen.append(re.findall(r'<tr data-key="([^"]+)">', section))
+        after = re.search(r'href="(/flow\?queue=api&amp;after=[^"]+)" rel="next"', body)
+        path = after.group(1).replace("&amp;", "&") if after else None
+    # Then every key is shown once, two a page
+    assert seen == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_bad_flow_input_is_one_clear_error(db, web):
+    c = Client(web(queue=FLOW).url)
+    code, body = c.get("/flow?queue=plain")
+    assert code == 400 and "queue &#39;plain&#39;: no limit, fairness or rate in this config" in body
+    assert c.get("/flow?queue=no%20such%20name")[0] == 400
+    assert c.get("/workflow")[0] == 400
+    assert c.get("/workflow?job=x")[0] == 400
+    code, body = c.get("/flow")
+    assert code == 200 and 'data-queue="api"' in body
+
+
+def _index_reads(db) -> int:
+    """Index entries the server has read (dives and steps along a range), on MariaDB and MySQL."""
+    rows = db.query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Handler_read_key', 'Handler_read_next', "
+                    "'Handler_read_prev', 'Handler_read_first', 'Handler_read_last')")
+    return sum(int(v) for _, v in rows)
+
+
+def test_a_queue_of_100000_held_jobs_costs_its_page_a_bounded_read(db, web):
+    # Given 100,000 ready jobs held back: 50,000 of a key at its limit, 500 keys of 100 each,
+    # and a queue at its limit
+    db.query("INSERT INTO nq_job (queue, status, run_at, max_attempts, payload, job_key) "
+             "SELECT 'api', 0, UTC_TIMESTAMP(6), 5, '{}', "
+             f"IF(seq <= 50000, 'hot', CONCAT('k', LPAD(seq % 500, 3, '0'))) FROM {numbers(100_000)}")
+    _jobs(db, "api", "hot", 2, 2)
+    _jobs(db, "api", None, 2, 8)
+    db.query("ANALYZE TABLE nq_job")
+    c = Client(web(queue=FLOW).url)
+    c.get("/flow?queue=api")  # the session connects
+    # When the queue's page and the flow page are read
+    before = _index_reads(db)
+    code, body = c.get("/flow?queue=api")
+    cost = _index_reads(db) - before
+    # Then the page reads a bounded number of rows: the ready ones counted up to 20,000, each
+    # key's up to 1,000, one dive per key of the page (a count of every held job reads 100,000)
+    assert code == 200, body
+    assert cost < 30_000, cost
+    assert _cells(_row(body, "ready-keys", "hot"))[:4] == ["hot", "2 of 2", "1,000+", "1,000+"]
+    assert _cells(_row(body, "ready-keys", "k000"))[2] == "100"
+    assert "queue at its limit (10 of 10 running)" in body
+    assert re.search(r'ready <strong data-figure="ready">20,000\+</strong>', body), body
+    before = _index_reads(db)
+    assert c.get("/flow")[0] == 200
+    assert _index_reads(db) - before < 25_000
+
+
+def test_a_jobs_page_shows_its_place_in_its_workflow_and_the_workflow_page_its_members(db, web):
+    # Given a chain a -> b, a batch of b and three more members with callbacks; one member dead
+    wf = notifyq.Workflow()
+    a, b = wf.chain("q", [{"n": 0}, {"n": 1}])
+    members = [b, *(wf.add("q", {"m": i}) for i in range(3))]
+    batch = wf.batch(members, on_success=("q", {"ok": 1}), on_dead=("q", {"dead": 1}))
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    db.query("UPDATE nq_job SET status = 4, finished_at = NOW(6), last_error = '<b>boom</b>' WHERE id = %s",
+             (members[1].id,))
+    db.query("UPDATE nq_edge SET state = 3 WHERE parent_id = %s", (members[1].id,))
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32) WHERE id = %s", (members[2].id,))
+    c = Client(web().url)
+    # When the callback's page is read
+    code, body = c.get(f"/jobs/{batch.on_success.id}")
+    assert code == 200, body
+    # Then it shows its batch's progress and its members with their states
+    progress = " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
+    assert "0 done · 1 dead · 0 cancelled · 3 pending (1 running, 1 ready, 1 waiting)" in progress, progress
+    parents = re.search(r'<table class="figures" id="parents">(.*?)</table>', body, re.S).group(1)
+    states = dict(re.findall(r'<tr data-job="(\d+)">.*?<td>[^<]*</td><td>(\w+)</td></tr>', parents, re.S))
+    assert states == {str(b.id): "waiting", str(members[1].id): "dead", str(members[2].id): "claimed",
+                      str(members[3].id): "ready"}
+    assert f'href="/workflow?job={batch.on_success.id}"' in body
+    # When the workflow page is read from one of its jobs
+    code, body = c.get(f"/workflow?job={a.id}")
+    assert code == 200, body
+    # Then every job of it is listed, by level, with its state; totals by state; the error as text
+    rows = re.findall(r'<tr data-job="(\d+)" data-state="(\w+)"[^>]*>\s*<td class="num">(\d+)</td>', body)
+    got = {int(j): (s, int(level)) for j, s, level in rows}
+    assert got == {a.id: ("ready", 0), b.id: ("waiting", 1), members[1].id: ("dead", 0),
+                   members[2].id: ("claimed", 0), members[3].id: ("ready", 0),
+                   batch.on_success.id: ("waiting", 2), batch.on_dead.id: ("waiting", 2)}
+    assert '<span data-total="waiting">3 waiting</span>' in body and '<span data-total="dead">1 dead</span>' in body
+    assert "&lt;b&gt;boom&lt;/b&gt;" in body and "<b>boom" not in body
+    assert 'id="truncated"' not in body
+
+
+def test_a_batch_of_600_is_walked_to_a_bound_and_its_progress_counted_to_a_cap(db, web, monkeypatch):
+    # Given a batch of 600 members with a callback
+    wf = notifyq.Workflow()
+    batch = wf.batch([wf.add("q", {"m": i}) for i in range(600)], on_complete=("q", {"cb": 1}))
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    monkeypatch.setattr(admin_queries, "WEB_PROGRESS_CAP", 100)
+    c = Client(web().url)
+    # When its callback's page and the workflow page are read
+    code, body = c.get(f"/jobs/{batch.on_complete.id}")
+    # Then the progress counts the first 100 parents and says so; 50 members are listed
+    assert code == 200, body
+    assert "100 pending" in body and "(of its first 100 parents)" in body
+    assert len(re.findall(r"<tr data-job=", re.search(r'id="parents">(.*?)</table>', body, re.S).group(1))) == 50
+    code, body = c.get(f"/workflow?job={batch.on_complete.id}")
+    # And the walk stops at 500 jobs, and says so
+    assert code == 200, body
+    assert len(re.findall(r'<tr data-job="\d+"', body)) == admin_queries.WEB_WORKFLOW_JOBS
+    assert 'id="truncated"' in body
