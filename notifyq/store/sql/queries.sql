@@ -165,6 +165,24 @@ SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
+-- claim_take --
+-- A watcher's claim (woken from idle, on a queue without flow limits or rates): steps 1 and 2 in
+-- one locking read, one round trip fewer on every pick-up from idle. The first `limit` ready
+-- jobs in claim order, walked in ix_state's own order (no filesort: a sorted locking read
+-- locks every row it sorts), each locked as it is read; a row another claim holds is skipped,
+-- not waited for. In READ COMMITTED a locking read keeps no gap locks and lets go of the rows
+-- it reads and does not return (delete-marked entries), so it holds exactly the rows it
+-- returns: the claim asks for one more than its batch, to know whether it left any behind, and
+-- that one goes back unmarked at its COMMIT. Only the watcher: busy claimers running this at
+-- once walk each other's locked and delete-marked entries at the head of the index (the drain
+-- fell to 0.40 of the seed with it in every claim); they read candidates, then lock by id.
+-- Columns as claim_lock's.
+SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
+FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s
+ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
 -- claim_ready_for_version --
 -- claim_ready again, past the jobs too new for the consumer's code `version` (min_version
 -- above it): read only when the claim's locking read met such jobs (lock_window counted them)
