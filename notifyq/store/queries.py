@@ -223,7 +223,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
     # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
     one_step = as_watcher and flow is None and rates is None
-    take = {"queue": queue, "limit": batch_size + 1}  # one more: did it leave any behind?
+
+    def first_query(cur) -> str:
+        """A watcher's one round trip: watcher_looks, then claim_take of one more job than its
+        batch (did it leave any behind?)."""
+        take = {"queue": queue, "limit": batch_size + 1}
+        return cur.mogrify(Q["watcher_looks"], take) + ";\n" + cur.mogrify(Q["claim_take"], take)
 
     def two_steps(cur, ordered: list[int], due: bool):
         """The candidates (`ordered`, read; or the flow's, read here), then locked by id:
@@ -258,21 +263,27 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         params = {"queue": queue, "limit": limit}
         seen_seq = None
         ordered: list = []  # (a flow claim's candidates are read in two_steps)
-        first = ("claim_take",) if one_step else ("claim_ready",) * (flow is None)
-        names = ("signal_total",) * as_watcher + first + ("due_any", "queue_paused")
-        cur.execute(";\n".join([cur.mogrify(Q[name], take if name == "claim_take" else params)
-                                 for name in names]))  # one round trip
-        if as_watcher:
-            seen_seq = int(cur.fetchone()[0])
+        if one_step:
+            cur.execute(first_query(cur))  # one round trip: the looks, then the locking read
+            seen, due, paused = cur.fetchone()
+            seen_seq, due = int(seen), bool(due)
             cur.nextset()
-        if flow is None:
-            rows = cur.fetchall()  # already in claim order: ix_state's (claim_take's rows are locked)
-            ordered = rows if one_step else [row[0] for row in rows]
+            rows = cur.fetchall()  # locked, in claim order (ix_state's)
+            if paused:  # (the COMMIT lets go of what claim_take locked)
+                return Claim([], token, True, True)
+        else:
+            names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
+            cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
+            if as_watcher:
+                seen_seq = int(cur.fetchone()[0])
+                cur.nextset()
+            if flow is None:
+                ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+                cur.nextset()
+            due = cur.fetchone() is not None
             cur.nextset()
-        due = cur.fetchone() is not None
-        cur.nextset()
-        if cur.fetchone() is not None:  # paused (the COMMIT lets go of what claim_take locked)
-            return Claim([], token, True, True)
+            if cur.fetchone() is not None:  # paused
+                return Claim([], token, True, True)
         if one_step and not due:
             candidates = [row[0] for row in rows]
             locked, too_new, drained = taken(rows, batch_size, version)

@@ -165,6 +165,17 @@ SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
+-- watcher_looks --
+-- A watcher's claim_take goes after this, in its round trip: the queue's enqueue count
+-- (signal_total: a statement before the locking read, so every job it counts is visible to
+-- that read), whether a scheduled job has fallen due (due_any) and whether the queue is paused
+-- (queue_paused), in one statement: each statement of its own cost the server 0.08-0.18 ms
+-- here (the three 0.52 ms with claim_take, this one 0.39 ms).
+SELECT (SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s),
+       EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+               WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)),
+       EXISTS (SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+
 -- claim_take --
 -- A watcher's claim (woken from idle, on a queue without flow limits or rates): steps 1 and 2 in
 -- one locking read, one round trip fewer on every pick-up from idle. The first `limit` ready
