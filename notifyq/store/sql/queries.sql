@@ -917,6 +917,22 @@ SELECT IS_USED_LOCK(%(watch)s), IS_USED_LOCK(%(bell0)s), IS_USED_LOCK(%(bell1)s)
 -- waiting for the reply (DO); the next ring_look says whether it rang (which bell is ours).
 DO IF(GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
 
+-- ring_if_watched --
+-- A ringer's wake() after the caller's own COMMIT (`put(conn=)`, transaction(), Django's on-commit):
+-- the look and the ring in one statement, sent without waiting for its reply (their two round
+-- trips were 0.3-0.5 ms between that COMMIT and the ring). It rings from whichever bell this
+-- session holds, so it needs no client state the last such statement may have changed: nobody
+-- watching, 10 + the bell held (no ring); rang, 20 + the bell held now; -1 when this session
+-- holds neither bell or could not take the other (the Bell lets go of everything and arms again).
+SELECT CASE CONNECTION_ID()
+  WHEN IS_USED_LOCK(%(bell0)s) THEN
+    IF(IS_USED_LOCK(%(watch)s) IS NULL, 10,
+       IF(GET_LOCK(%(bell1)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell0)s) = 1, 21, -1))
+  WHEN IS_USED_LOCK(%(bell1)s) THEN
+    IF(IS_USED_LOCK(%(watch)s) IS NULL, 11,
+       IF(GET_LOCK(%(bell0)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell1)s) = 1, 20, -1))
+  ELSE -1 END
+
 -- signal_total --
 -- The queue's enqueue count: what a watcher's claim records as watched when it drains the queue.
 SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s
