@@ -202,7 +202,10 @@ class Bell:
             return True
         self.look.taken += 1
         bells.ring_if_watched(self.session, self.locks, self._reply)
-        return self.session.generation == self._generation
+        if self.session.pipeline.pending is None or self.session.generation != self._generation:
+            self._forget()  # not sent (the connection failed and was dropped, the bell with it)
+            return False
+        return True
 
     def _reply(self, code: int) -> None:
         """ring_if_watched's reply, read inside the session's read of it: kept for _settle,
