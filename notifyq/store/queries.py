@@ -191,7 +191,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     (Pipeline.send_commit): the rows are locked, so the jobs may start while the server writes
     the mark and the COMMIT's fsync runs. If either fails after all, the claim is lost as a
     crash loses it: the rows unlock, and the claim token fences this claim's acks.
-    as_watcher: the watcher's claim. It reads the queue's enqueue count in the candidates'
+    as_watcher: the watcher's claim. Where no flow limits or rates choose its candidates, it
+    is one round trip and a send: its looks in one statement (watcher_looks), then one locking
+    read of the first ready jobs (claim_take, `taken`); a due job sends it to the two steps
+    after the promotion. It reads the queue's enqueue count in the candidates'
     round trip, as a statement of its own just before them (READ COMMITTED: a fresh snapshot
     per statement, so every job that count includes is visible to the candidate read), and if
     the claim drains the queue it records that count as watched, in the claim's own COMMIT,
