@@ -66,6 +66,7 @@ def install_producer() -> None:
         from notifyq.store.db import Session as Pipeline
     _wrap(Pipeline, "commit_then_read", after="commit")
     _wrap(bells, "ring", after="wake")  # sent, its reply not waited for
+    _wrap(bells, "ring_if_watched", after="wake")  # wake()'s look and ring in one, not waited for
     _wrap(advisory, "kill_query", before="wake")  # the KILL QUERY goes out
     _wrap(bells, "interrupt", before="wake")  # the same in older checkouts
     read = lines.LineSource._read

@@ -11,6 +11,7 @@ held at the end of its previous statement (notifyq/wakeup says why that loses no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,15 @@ def ring(session: Session, locks: QueueLocks, held: int) -> None:
     the reply is read before the session's next statement). The next look says whether it rang."""
     session.pipeline.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
                                             "wait_s": RING_WAIT_S})
+
+
+def ring_if_watched(session: Session, locks: QueueLocks, on_reply: Callable[[int], None]) -> None:
+    """Ring if a consumer watches, the look and the ring in one statement, without waiting for
+    the reply (Pipeline.send_later): `on_reply` gets its code (ring_if_watched's) when the reply
+    is read, before the session's next statement."""
+    session.pipeline.send_later(Q["ring_if_watched"], {"watch": locks.watch, "bell0": locks.bells[0],
+                                                       "bell1": locks.bells[1], "wait_s": RING_WAIT_S},
+                                on_row=lambda row: on_reply(-1 if row is None or row[0] is None else int(row[0])))
 
 
 def poll_signal(session: Session, queue: str) -> tuple[int, bool, float | None, bool]:

@@ -39,13 +39,15 @@ class Pending:
     It is failed too when its statements' row counts fail its `check`: the COMMIT went with
     statements a KILL QUERY cut short (an OK reply, fewer rows changed than meant)."""
 
-    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts", "check")
+    __slots__ = ("what", "commit", "replied", "settled", "error", "fallback", "rowcounts", "check", "on_row")
 
     def __init__(self, what: str, commit: bool, fallback: str | None = None,
-                 check: Callable[[list[int]], bool] | None = None):
+                 check: Callable[[list[int]], bool] | None = None,
+                 on_row: Callable[[tuple | None], None] | None = None):
         self.what = what
         self.commit = commit
         self.fallback = fallback  # send_later: a statement, bound already, to run if it failed
+        self.on_row = on_row  # send_later: gets the first row of its (one) statement's reply
         self.check = check  # send_commit: whether the statements' row counts say each did its part
         self.replied = 0  # replies of the query read already (send_commit, wait_replies)
         self.rowcounts: list[int] = []  # each statement's affected rows, as its reply is read
@@ -111,7 +113,8 @@ class Pipeline:
         self.pending: Pending | None = None  # a statement whose reply is still on the wire
         self.failed_commits = 0  # COMMITs sent ahead (send_commit) that failed or were lost
 
-    def send_later(self, sql: str, params: dict[str, Any], fallback: str | None = None) -> None:
+    def send_later(self, sql: str, params: dict[str, Any], fallback: str | None = None,
+                   on_row: Callable[[tuple | None], None] | None = None) -> None:
         """Send statements and return without waiting for their reply.
 
         The server acts on them as soon as they arrive; the reply is read (and any rows
@@ -119,7 +122,8 @@ class Pipeline:
         consumer is granted the watch lock while this one already runs its batch, a round trip
         sooner. Only on autocommit sessions. If they fail (the server stops a multi-statement
         query at its first error), `fallback`, bound with the same params, runs in their place
-        when the reply is read: it must do what matters of theirs (release a lock). Without
+        when the reply is read: it must do what matters of theirs (release a lock). `on_row`
+        gets the first row of the reply (None: no row) when it is read, before the rest. Without
         one, or if it fails too, the connection ends, which frees every advisory lock it held:
         never for a session holding a lock it must keep (a consumer's liveness lock).
         On a session another may KILL QUERY (the watcher's: the instant wake), send one statement:
@@ -139,7 +143,7 @@ class Pipeline:
         except MySQLdb.Error as e:
             self._session.rollback_after(e)
             return
-        self.pending = Pending("send later", commit=False, fallback=fallback_query)
+        self.pending = Pending("send later", commit=False, fallback=fallback_query, on_row=on_row)
 
     @property
     def commit_rides_along(self) -> bool:
@@ -241,7 +245,12 @@ class Pipeline:
             else:
                 conn.read_query_result()
                 pending.rowcounts.append(conn.affected_rows())
-                conn.discard_result()
+                if pending.on_row is not None:
+                    result = conn.store_result()
+                    rows = result.fetch_row() if result is not None else ()
+                    pending.on_row(rows[0] if rows else None)
+                else:
+                    conn.discard_result()
             while conn.next_result() == 0:  # the rest of a multi-statement query
                 pending.rowcounts.append(conn.affected_rows())
                 conn.discard_result()

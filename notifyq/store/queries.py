@@ -191,7 +191,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     (Pipeline.send_commit): the rows are locked, so the jobs may start while the server writes
     the mark and the COMMIT's fsync runs. If either fails after all, the claim is lost as a
     crash loses it: the rows unlock, and the claim token fences this claim's acks.
-    as_watcher: the watcher's claim. It reads the queue's enqueue count in the candidates'
+    as_watcher: the watcher's claim. Where no flow limits or rates choose its candidates, it
+    is one round trip and a send: its looks in one statement (watcher_looks), then one locking
+    read of the first ready jobs (claim_take, `taken`); a due job sends it to the two steps
+    after the promotion. It reads the queue's enqueue count in the candidates'
     round trip, as a statement of its own just before them (READ COMMITTED: a fresh snapshot
     per statement, so every job that count includes is visible to the candidate read), and if
     the claim drains the queue it records that count as watched, in the claim's own COMMIT,
@@ -220,22 +223,19 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
     limit = batch_size * OVERFETCH
+    # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
+    # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
+    one_step = as_watcher and flow is None and rates is None
 
-    def body(cur) -> Claim:
-        params = {"queue": queue, "limit": limit}
-        seen_seq = None
-        names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
-        cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
-        if as_watcher:
-            seen_seq = int(cur.fetchone()[0])
-            cur.nextset()
-        if flow is None:
-            ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
-            cur.nextset()
-        due = cur.fetchone() is not None
-        cur.nextset()
-        if cur.fetchone() is not None:  # paused
-            return Claim([], token, True, True)
+    def first_query(cur) -> str:
+        """A watcher's one round trip: watcher_looks, then claim_take of one more job than its
+        batch (did it leave any behind?)."""
+        take = {"queue": queue, "limit": batch_size + 1}
+        return cur.mogrify(Q["watcher_looks"], take) + ";\n" + cur.mogrify(Q["claim_take"], take)
+
+    def two_steps(cur, ordered: list[int], due: bool):
+        """The candidates (`ordered`, read; or the flow's, read here), then locked by id:
+        (candidates, the rates' hint, the rows locked, how many too new, drained)."""
         complete = True
         keys = None
         if flow is not None:
@@ -243,10 +243,6 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 _promote_due(session, cur, queue)
             grant = flow.candidates(cur, queue, batch_size)
             ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
-        elif due:
-            ordered = _with_due(session, cur, queue, params)
-            if ordered is None:  # paused meanwhile
-                return Claim([], token, True, True)
         read = len(ordered)
         candidates = ordered  # every id read, before the rates' hint leaves some out
         # A rated queue locks only candidates its budgets have a start for (the log as committed):
@@ -264,6 +260,45 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                    # Nothing to take but what the rates hold: wait for the refill, not claim again at
                    # once (a flow read that left keys unread reads them next time, from its cursor)
                    or (not locked and hinted is not None and hinted.held))
+        return candidates, hinted, locked, too_new, drained
+
+    def body(cur) -> Claim:
+        params = {"queue": queue, "limit": limit}
+        seen_seq = None
+        ordered: list = []  # (a flow claim's candidates are read in two_steps)
+        if one_step:
+            cur.execute(first_query(cur))  # one round trip: the looks, then the locking read
+            seen, due, paused = cur.fetchone()
+            seen_seq, due = int(seen), bool(due)
+            cur.nextset()
+            rows = cur.fetchall()  # locked, in claim order (ix_state's)
+            if paused:  # (the COMMIT lets go of what claim_take locked)
+                return Claim([], token, True, True)
+        else:
+            names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
+            cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
+            if as_watcher:
+                seen_seq = int(cur.fetchone()[0])
+                cur.nextset()
+            if flow is None:
+                ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+                cur.nextset()
+            due = cur.fetchone() is not None
+            cur.nextset()
+            if cur.fetchone() is not None:  # paused
+                return Claim([], token, True, True)
+        if one_step and not due:
+            candidates = [row[0] for row in rows]
+            locked, too_new, drained = taken(rows, batch_size, version)
+            hinted = None
+        else:
+            if due and flow is None:
+                # Due jobs: promoted, then read with the ready ones (after a claim_take, its rows
+                # are let go by the promotion's COMMIT: this read finds them again)
+                ordered = _with_due(session, cur, queue, params)
+                if ordered is None:  # paused meanwhile
+                    return Claim([], token, True, True)
+            candidates, hinted, locked, too_new, drained = two_steps(cur, ordered, due)
         if too_new and len(locked) < batch_size:
             # The candidates held jobs too new for this consumer (a rolling deploy), and it has
             # room: read again past them, and lock those too. Without this, a run of them longer
@@ -273,6 +308,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             # claims again at once). The filter costs each candidate's row, so it is not in the
             # first read, which every claim makes. (The rates still decide in admit below.)
             seen = set(candidates)
+            complete = True  # a plain read's: it says what it left behind by its length
             if flow is not None:
                 grant = flow.for_version(cur, version, seen, [r[KEY] for r in locked])
                 again, complete = grant.ids, grant.complete
@@ -495,6 +531,16 @@ def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
     rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
     return kept, len(rows) - len(kept)
+
+
+def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple], int, bool]:
+    """A watcher's one-step claim (claim_take): of the rows it locked, in claim order, up to
+    batch_size that a consumer of code `version` may run; how many it may not (as lock_window);
+    and whether it drained the queue. It read one row more than its batch: it drained the queue
+    when fewer came back, the rest (rows a peer holds, skipped) taken by others, as the two
+    steps count them. The rows it locked and does not take are let go, unmarked, at its COMMIT."""
+    kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
+    return kept[:batch_size], len(rows) - len(kept), len(rows) <= batch_size
 
 
 def claim_rank(row: tuple) -> tuple:

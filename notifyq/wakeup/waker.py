@@ -113,6 +113,7 @@ class Bell:
         self._retry_ringer_at = 0.0
         self._told_not_ringer = False
         self._announced = False  # see announce()
+        self._replied: int | None = None  # the last ring_if_watched's reply, once read (_settle)
 
     def become_ringer(self) -> bool:
         """Become this queue's ringer if none is."""
@@ -127,6 +128,7 @@ class Bell:
             except (DriverError, errors.NotifyqError) as e:
                 ring_log.debug("the last ring failed, becoming ringer again error=%s", e)
                 self._forget()
+            self._settle()
             if self.held is not None and self.session.generation == self._generation:
                 return True
             self.held = None
@@ -183,12 +185,48 @@ class Bell:
         return self.look.with_commit(work, cur, result)
 
     def ring_if_watched(self) -> bool:
-        """After a COMMIT this bell did not look after (the caller's own, `put(conn=...)`): look
-        on the bell's session whether a consumer watches, and ring if so. Nothing inside the
-        quiet window of a look that saw nobody watching. False as after_commit()."""
+        """After a COMMIT this bell did not look after (the caller's own, `put(conn=...)`): ring
+        if a consumer watches, the look and the ring in one statement on the bell's session, not
+        waited for (bells.ring_if_watched): the look's round trip before the ring was most of
+        the time from the caller's COMMIT to the watcher's wake-up. Its reply, read before the
+        session's next statement (_settle), says which bell is ours and opens the quiet window
+        if nobody watched. Nothing inside that window. False when the statement could not be
+        sent (the connection is gone, and the bell with it): the caller wakes another way.
+        A reply that says the bell was lost comes too late for this wake-up: the watcher's
+        poll finds the jobs (it sleeps while no ringer holds a bell), and the next put arms again."""
+        self.session.pipeline.read_reply()  # the last one's, if still on the wire (it came long ago, as a rule)
+        self._settle()
+        if self.held is None or self.session.generation != self._generation:
+            return False
         if not self.look.due():
             return True
-        return self.after_commit(self.session.run(self.look.read, what="look for a watcher"))
+        self.look.taken += 1
+        bells.ring_if_watched(self.session, self.locks, self._reply)
+        if self.session.pipeline.pending is None or self.session.generation != self._generation:
+            self._forget()  # not sent (the connection failed and was dropped, the bell with it)
+            return False
+        return True
+
+    def _reply(self, code: int) -> None:
+        """ring_if_watched's reply, read inside the session's read of it: kept for _settle,
+        which may end the connection (not to be done in the middle of reading from it)."""
+        self._replied = code
+
+    def _settle(self) -> None:
+        """Follow the last ring_if_watched's reply, once read: which bell is ours, whether it
+        rang, whether nobody watched (the quiet window); -1: let go of everything."""
+        code, self._replied = self._replied, None
+        if code is None or self.held is None:
+            return
+        if code < 0:
+            ring_log.debug("the bell was lost or its ring failed, becoming ringer again")
+            self._forget()
+            return
+        self.held = code % 10
+        if code >= 20:
+            self.rings += 1
+        else:
+            self.look.saw_nobody()
 
     def after_commit(self, seen: tuple | None) -> bool:
         """Ring if a consumer watches the queue. `seen` is the look's row (watch holder, bell 0
@@ -239,6 +277,8 @@ class Bell:
         """At close: give up the ringer lock and the bell, waking the watcher to its polling."""
         # The bell first: releasing it wakes the watcher, which then finds no bell held (no
         # ringer) and sleeps with backoff.
+        self.session.pipeline.read_reply()  # a ring_if_watched's, if on the wire: which bell is ours
+        self._settle()
         names = ([self.locks.bells[self.held]] if self.held is not None else list(self.locks.bells))
         for name in (*names, self.locks.ringer):
             try:

@@ -17,7 +17,7 @@ import pytest
 from conftest import create_test_db, drop_test_db
 from number_rows import numbers
 
-from notifyq.store import admin_queries, queries
+from notifyq.store import admin_queries, queries, signal
 from notifyq.store.db import Session
 from notifyq.store.sql import QUERIES
 
@@ -84,6 +84,11 @@ CHECKS = {
     # label: (statement, params, the index every nq_job access must use)
     "claim_ready": ("claim_ready", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
     "due_any": ("due_any", {"queue": "q"}, {"ix_state"}),
+    # A watcher's claim, read and locked in one: it locks what it reads, so in the index's order
+    # (a sort would lock every ready row first) and only its window
+    "claim_take": ("claim_take", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
+    # Its looks before it (the count, a due job, the pause): the due part as due_any's
+    "watcher_looks": ("watcher_looks", {"queue": "q"}, {"ix_state"}),
     "claim_candidates": ("claim_candidates", {"queue": "q", "limit": LIMIT}, {"ix_state"}),
     # Read again past the jobs too new for an old consumer, only by a claim that met such jobs
     "claim_ready_for_version": ("claim_ready_for_version", {"queue": "q", "limit": LIMIT, "version": 1},
@@ -165,7 +170,7 @@ def test_rows_read_stay_flat_from_a_small_table_to_a_large_one(tables, label):
     # dead: 90% of the jobs here) only up to the cap (each capped count reads its rows twice:
     # the index, then the derived table).
     claimed = tables[LARGE].scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2")
-    bound = {"claim_ready": LIMIT + 10, "due_any": 10, "claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
+    bound = {"claim_ready": LIMIT + 10, "claim_take": LIMIT + 10, "watcher_looks": 10 + signal.SIGNAL_SLOTS, "due_any": 10, "claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
              "claim_ready_for_version": LIMIT + 10, "claim_candidates_for_version": 2 * LIMIT + 10,
              "flow_key_ready": LIMIT + 10, "flow_key_ready_for_version": LIMIT + 10,
              "retention_ids": 1000 + 10, "retention_ids_none": 10,

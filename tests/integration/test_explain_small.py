@@ -117,6 +117,18 @@ def test_claims_are_taken_back_through_the_claimed_range_of_ix_state_on_300_rows
     assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan
 
 
+def test_a_watchers_one_step_claim_reads_the_ready_range_of_ix_state_in_order_on_300_rows(db, small_queue):
+    # Given 300 jobs of one queue, 100 of them claimed
+    session, claim = small_queue
+    # When the watcher's locking read of the first ready jobs is explained
+    plan = explain(session, QUERIES["claim_take"], {"queue": "q", "limit": 101})
+    # Then nq_job is read through the ready range of ix_state in its order: a scan, or a sort,
+    # would lock every row it passes (the claimed ones, and all 200 ready ones)
+    rows = [r for r in plan if r["table"] == "nq_job"]
+    assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan
+    assert "filesort" not in str(plan).lower(), plan
+
+
 def test_the_trim_of_a_jobs_attempt_records_reads_only_that_jobs_records(db, small_queue):
     # Given 300 jobs with 12 attempt records each
     session, claim = small_queue

@@ -690,3 +690,94 @@ def test_a_watcher_that_never_hands_on_is_overtaken_after_idle_wait(db):
         stop.set()
         thread.join(30)
         ghost.close()
+
+
+def _put_on_conn_and_wake(producer: Producer, conn, recorder: Recorder, timeout: float) -> float:
+    """put(conn=) on the caller's connection, its COMMIT, then wake(): from the COMMIT to the start."""
+    job_id = producer.put({"t": time.monotonic()}, conn=conn)
+    conn.commit()
+    committed = time.monotonic()
+    producer.wake()
+    return recorder.wait_for(job_id, timeout) - committed
+
+
+def test_a_ringers_wake_after_the_callers_commit_rings_in_one_statement_it_does_not_wait_for(db, monkeypatch):
+    # Given idle consumers whose watcher waits on an armed ringer's bell (without it the
+    # watcher would sleep 5 s between reads), and the caller's own connection
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)  # the application's own
+    try:
+        with Fleet(cfg, 2, recorder) as fleet, Producer(Q, cfg, ring=True) as producer:
+            wait_settled(db, 2)
+            for _ in range(2):  # the first put takes the bell, the second rings it
+                put_and_time(producer, recorder, 5.0 + MARGIN_S)
+            bell = producer._waker.bell
+            session = producer._waker.session
+            waited: list[str] = []
+            run = session.run
+            monkeypatch.setattr(session, "run", lambda body, *, what, **kw: waited.append(what) or run(body, what=what, **kw))
+            for i in range(5):
+                wait_settled(db, 2)
+                wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+                rings = bell.rings
+                # When a job is put on the caller's connection, committed, and wake() is called
+                latency = _put_on_conn_and_wake(producer, conn, recorder, 5.0 + MARGIN_S)
+                # Then the watcher is rung at once, by a statement whose reply wake() did not
+                # wait for (no look of its own first: a round trip between COMMIT and ring)
+                assert latency < MARGIN_S, latency
+                assert waited == [], waited
+                # And its reply, read before the session's next statement, counts the ring
+                session.pipeline.read_reply()
+                bell._settle()
+                assert bell.rings == rings + 1 and bell.held is not None
+            assert sum(w.waiter.wakeups["timeout"] for w in fleet.workers) == 0
+        # And with nobody watching, a wake() rings nothing and its reply opens the quiet window
+        with Producer(Q, cfg, ring=True) as producer:
+            producer.put({"warm-up": True})
+            producer.put({"announced": True})
+            bell = producer._waker.bell
+            held, rings = bell.held, bell.rings
+            bell.look.quiet_until = 0.0
+            producer.put({"n": 1}, conn=conn)
+            conn.commit()
+            producer.wake()
+            producer._waker.session.pipeline.read_reply()
+            bell._settle()
+            assert bell.rings == rings and bell.held == held and not bell.look.due()
+    finally:
+        conn.close()
+
+
+def test_a_ringers_wake_that_finds_its_bell_gone_lets_go_and_the_next_wake_still_wakes_the_watcher(db):
+    # Given idle consumers watching the bell of an armed ringer (without it the watcher would
+    # sleep 5 s between reads), whose session then loses its bell behind its back
+    cfg = db.config(wakeup={"poll_initial_s": 5.0, "poll_max_s": 5.0, "idle_wait_s": 5.0})
+    recorder = Recorder()
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    try:
+        with Fleet(cfg, 2, recorder), Producer(Q, cfg, ring=True) as producer:
+            wait_settled(db, 2)
+            for _ in range(2):  # the first put takes the bell, the second rings it
+                put_and_time(producer, recorder, 5.0 + MARGIN_S)
+            bell = producer._waker.bell
+            wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+            cur = producer._waker.session.conn.cursor()
+            cur.execute("DO RELEASE_LOCK(%s)", (bell.locks.bells[bell.held],))
+            cur.close()
+            wait_until(lambda: not watcher_waits_on_the_bell(db), 10, message="the watcher asleep, no bell held")
+            wait_settled(db, 2)
+            # When a wake() after the caller's COMMIT rings from a bell it no longer holds
+            job_id = producer.put({"n": 1}, conn=conn)
+            conn.commit()
+            producer.wake()
+            # Then its reply says so and the bell lets go of everything (its session ends) ...
+            producer._waker.session.pipeline.read_reply()
+            bell._settle()
+            assert bell.held is None
+            recorder.wait_for(job_id, 5.0 + MARGIN_S)  # (the watcher's poll found that one)
+            wait_settled(db, 2)
+            # ... and the next wake() wakes the watcher at once, not at its next read 5 s later
+            assert _put_on_conn_and_wake(producer, conn, recorder, 5.0 + MARGIN_S) < MARGIN_S
+    finally:
+        conn.close()
