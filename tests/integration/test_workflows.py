@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 
 import MySQLdb
 import pytest
@@ -271,6 +272,35 @@ def test_a_released_child_wakes_an_idle_consumer(db):
             t.join(30)
 
 
+def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db):
+    # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
+    # of a parent on queue "q"
+    cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}], delay=1.5)  # runs once both workers idle
+        child = Producer("other", db.config())
+        with child:
+            [child_id] = child.put_many([{"n": 1}], after=[parent])
+    ran: dict[int, float] = {}
+    stop = threading.Event()
+    workers = [Worker(cfg, queue, handlers.PythonHandler(lambda job: ran.setdefault(job.id, time.monotonic()), False),
+                      stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        # When the parent runs and is acked
+        wait_until(lambda: parent in ran, 60, message="the parent run")
+        # Then the other queue's idle worker runs the child well before its 10 s poll
+        wait_until(lambda: child_id in ran, 30, message="the child run")
+        assert ran[child_id] - ran[parent] < 4.0, "the child waited for its consumer's poll"
+        assert workers[0].release_wake.wakes >= 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+
 def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monkeypatch):
     # Given a child of a claimed parent, and a count-down that changes nothing (as a KILL QUERY
     # that cut it short replies: OK, no row)
@@ -404,6 +434,32 @@ def test_a_workflow_put_holds_no_lock_on_its_queue_row(db):
             app.commit()
         finally:
             app.close()
+
+
+def test_a_parents_ack_never_waits_for_a_put_after_it_still_open(db):
+    # Given a claimed parent, and an application transaction that put a child after it and
+    # stays open (put(after=, conn=): it could stay open longer than innodb_lock_wait_timeout)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        with opened(db, retry_s=1.0) as session:
+            claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+            session.conn
+            app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+            try:
+                child = p.put({"c": 0}, after=[parent], conn=app)
+                # When the parent's consumer acks it
+                # Then the ack commits without waiting for the application's transaction
+                acked = []
+                assert finishes_alone(lambda: acked.append(
+                    queries.ack(session, [parent], claim.token, keep=False))), "the ack waited for the put"
+                assert acked == [1]
+                app.commit()
+            finally:
+                app.close()
+    # And the child, whose edge the ack could not see, is released by the next reaper pass's sweep
+    assert status(db, child) == WAITING
+    reaper.reap_once(db.config().dsn)
+    assert status(db, child) == 0
 
 
 # ---------------------------------------------------------------- retry and cancel of a workflow's jobs

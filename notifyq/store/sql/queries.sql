@@ -1406,11 +1406,15 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, t.PROCESSLIST_TIME DESC,
 -- Only the VALUES row is used, after the head: one row per (parent, child).
 INSERT INTO nq_edge (parent_id, child_id, child_queue) VALUES (%s, %s, %s)
 
--- parents_lock --
--- The parents named by a put with after=, locked in share mode until the put commits: an ack
--- or a burial of one of them waits for the put, so it finds the new edges (never a child added
--- after its parent's end was settled, left waiting).
-SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s LOCK IN SHARE MODE
+-- parents_read --
+-- The parents named by a put with after=: a plain read, no lock. A share lock held until the
+-- put commits made a parent's ack wait for the put's transaction, however long the caller
+-- kept it open (an application's own, put(conn=)), and fail after innodb_lock_wait_timeout,
+-- taking its consumer down. A parent that ends between this read and the put's COMMIT (or
+-- after the caller's snapshot began) is counted pending: its end's release does not see the
+-- new edge, which stays waiting with its parent ended, and the sweep (edges_ended) settles it.
+-- Never early: a child is counted down only by the edges an end marks.
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- parents_gone --
 -- Parents with no row, by their records: done (their ack's; the row went with the ack), or
@@ -1475,6 +1479,14 @@ SET c.status = IF(c.after_mode = 2 AND c.parents_failed = 0, 5, IF(c.run_at > UT
                       c.last_error),
     c.cancelled_by = IF(c.after_mode = 2 AND c.parents_failed = 0, 'workflow', c.cancelled_by)
 WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status = 6 AND c.waits_on = 0
+
+-- children_released_queues --
+-- The queues of the children this release made ready or scheduled (marked edges live only
+-- inside this transaction): the consumer that commits it wakes their idle consumers after its
+-- COMMIT, as a put's producer does (consume/release_wake.py).
+SELECT DISTINCT e.child_queue FROM nq_edge e FORCE INDEX (PRIMARY)
+JOIN nq_job c ON c.id = e.child_id
+WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status IN (0, 1) AND c.waits_on = 0
 
 -- children_wake --
 -- The released children's queues, each bumped by how many it got, as a put bumps them: idle
