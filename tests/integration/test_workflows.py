@@ -462,6 +462,23 @@ def test_a_parents_ack_never_waits_for_a_put_after_it_still_open(db):
     assert status(db, child) == 0
 
 
+def test_waiting_for_the_result_of_a_cancelled_callback_answers_at_once(db):
+    # Given a batch whose member died, so that its on_success callback ended cancelled
+    wf = notifyq.Workflow()
+    member = wf.add("q", {"n": 0, "fail": True}, max_attempts=1)
+    batch = wf.batch([member], on_success=("q", {"n": 1}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+        run(db, "q", [])
+        assert status(db, batch.on_success.id) == CANCELLED
+        # When a caller waits for its result (as long as a batch may take)
+        started = time.monotonic()
+        # Then it is told at once that it was cancelled, and why (not "has not finished")
+        with pytest.raises(errors.InputError, match=f"job {batch.on_success.id} was cancelled: not run: parent"):
+            p.result(batch.on_success.id, wait=20)
+        assert time.monotonic() - started < 10
+
+
 # ---------------------------------------------------------------- retry and cancel of a workflow's jobs
 
 def run(db, queue, ran):
