@@ -63,6 +63,15 @@ class Workflow:
         self._nodes: list[_Node] = []
         self._refs: list[Ref] = []
         self._edges = 0
+        self.put_as: list[int] | None = None  # its jobs' ids once put: a workflow is put once
+
+    def _not_put(self) -> None:
+        """A workflow is put once: a second put would store every job again under new ids and
+        overwrite each Ref's id (what a caller holds would name the copy)."""
+        if self.put_as is not None:
+            raise errors.InputError(f"this workflow was put already (its {len(self.put_as)} jobs have ids "
+                                    f"{self.put_as[0]}..{self.put_as[-1]}): build a new Workflow to put "
+                                    "its jobs again")
 
     def add(self, queue: str, payload: Any, *, after: Iterable[Ref | int] = (), run_anyway: bool = False,
             priority: int = 0, delay: float = 0, max_attempts: int | None = None, key: str | None = None) -> Ref:
@@ -76,6 +85,7 @@ class Workflow:
 
     def after(self, child: Ref, parents: Iterable[Ref | int]) -> None:
         """More parents for a job of this workflow (a cycle is refused when it is put)."""
+        self._not_put()
         self._link(self._own(child, "child"), parents)
 
     def chain(self, queue: str, payloads: Sequence[Any], *, after: Iterable[Ref | int] = (),
@@ -120,6 +130,7 @@ class Workflow:
     # -------------------------------------------------------- internals
 
     def _add(self, queue: str, payload: Any, after: Iterable[Ref | int], mode: int, options: dict[str, Any]) -> Ref:
+        self._not_put()
         if len(self._nodes) >= MAX_JOBS:
             raise errors.InputError(f"a workflow holds at most {MAX_JOBS} jobs")
         validate_queue_name(queue)
@@ -179,6 +190,7 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
     every argument). Every argument is checked before it returns: nothing is written on bad input."""
     from notifyq.store import inserts  # the producer's module loads it already
 
+    wf._not_put()
     if not wf._nodes:
         raise errors.InputError("the workflow has no jobs")
     wf.order()  # a cycle is refused before anything is written
@@ -221,7 +233,9 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
 
 
 def placed(wf: Workflow, ids: list[int]) -> None:
-    """After the put committed: each Ref knows its job's id."""
+    """After the put committed (or ran in the caller's transaction): each Ref knows its job's
+    id, and the workflow is not put again."""
+    wf.put_as = list(ids)
     for i, job_id in enumerate(ids):
         wf._refs[i].id = job_id
 

@@ -207,6 +207,23 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(db, case, monkeypat
     assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
 
 
+def test_a_workflow_put_twice_is_refused_and_nothing_more_is_written(db):
+    # Given a workflow that was put
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": 0})
+    wf.add("q", {"n": 1}, after=[a])
+    with Producer("q", db.config()) as p:
+        ids = p.put_workflow(wf)
+        # When it is put again, or grown
+        with pytest.raises(errors.InputError, match="this workflow was put already"):
+            p.put_workflow(wf)
+        with pytest.raises(errors.InputError, match="this workflow was put already"):
+            wf.add("q", {"n": 2}, after=[a])
+    # Then nothing more was written, and its refs still name the jobs of the first put
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 2
+    assert a.id == ids[0]
+
+
 def test_a_workflow_on_the_callers_connection_is_part_of_its_transaction(db):
     conn = MySQLdb.connect(**db.config().dsn.connect_args())
     wf = notifyq.Workflow()
