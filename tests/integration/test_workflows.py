@@ -615,6 +615,33 @@ def test_a_retried_dead_parent_is_waited_for_again_by_the_children_that_run_anyw
         (CANCELLED, "not run: no parent ended dead or cancelled")]
 
 
+def test_a_member_retried_after_its_batch_ended_reopens_the_batch_and_each_callback_runs_once(db):
+    # Given a batch of a (it dies) and b, with its three callbacks, run to its end: on_dead and
+    # on_complete ran, on_success was cancelled
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    b = wf.add("q", {"n": "b"})
+    batch = wf.batch([a, b], on_success=("q", {"n": "success"}), on_complete=("q", {"n": "complete"}),
+                     on_dead=("q", {"n": "dead"}))
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    ran = []
+    run(db, "q", ran)
+    assert sorted(ran) == ["b", "complete", "dead"]
+    assert status(db, batch.on_success.id) == CANCELLED
+    # When a is retried and now succeeds
+    db.query("UPDATE nq_job SET payload = %s WHERE id = %s", (json.dumps({"n": "a"}), a.id))
+    with opened(db) as session:
+        assert admin.retry(session, a.id) == "retried"
+    assert status(db, batch.on_success.id) == WAITING  # the batch is open again
+    run(db, "q", ran)
+    # Then on_success runs too (every member is done now), and the callbacks that ran already
+    # (on_dead, on_complete) do not run again: each callback ran at most once
+    assert sorted(ran) == ["a", "b", "complete", "dead", "success"]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 6") == 0
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge WHERE state NOT IN (2, 3)") == 0
+
+
 def test_a_dead_parent_whose_dedup_key_is_taken_stays_dead_and_so_do_the_jobs_it_cancelled(db):
     # Given a dead parent with a dedup key and a child it cancelled, a new job holding the key,
     # and another dead job
