@@ -45,7 +45,7 @@ from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.consume.lineup import ClaimSizer, LineupWatch
-from notifyq.store import advisory, liveness, locks, schema
+from notifyq.store import advisory, liveness, locks, schema, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.wakeup import Waiter
@@ -141,6 +141,7 @@ class Presence:
         self._next_touch = 0.0
         self._next_reap = 0.0
         self._next_orphan_check = 0.0
+        self._next_sweep = 0.0
         self._reap_mutex = threading.Lock()
         self._closed = threading.Event()
         self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
@@ -358,6 +359,7 @@ class Presence:
             else:
                 needed = self._reap_needed(session) or self.orphans_found(session)
             if not needed:
+                self.sweep_if_due(session)
                 return 0
         result = self.reap_pass()
         return 0 if result is None else result.reclaimed + result.expired
@@ -382,6 +384,26 @@ class Presence:
             log.warning("reaper pass failed, the next one is due in %gs error=%s",
                         self.config.consumer.reap_interval_s, e)
             return reaper.ReapResult()
+
+    def sweep_if_due(self, session: Session) -> None:
+        """The workflow sweep (store/workflows.settle) at most every reap_interval_s per process,
+        on `session`, whether or not a reaper pass is needed (a pass runs it too). Edges only it
+        settles come with no death to set off a pass: a put after a parent whose transaction was
+        still open when the parent ended (the parent's release could not see the new edge, and
+        never waits for it). Housekeeping: its failure is logged, the next one is due soon."""
+        with self._reap_mutex:
+            now = time.monotonic()
+            if now < self._next_sweep:
+                return
+            self._next_sweep = now + self.config.consumer.reap_interval_s
+        try:
+            settled = workflows.settle(session)
+        except errors.DatabaseError as e:
+            log.warning("workflow sweep failed, the next one is due in %gs error=%s",
+                        self.config.consumer.reap_interval_s, e)
+            return
+        if settled:
+            log.info("workflow parents settled by the sweep parents=%d", settled)
 
     def may_judge_by_silence(self) -> bool:
         """Whether our reaper passes may take others' silence for death: not until our own

@@ -189,6 +189,8 @@ class Worker:
         self._turned()
         if self.presence.orphans_found(self.work):
             self._maybe_reap(check=False)
+        else:  # an idle process settles what only the sweep can (Presence.sweep_if_due)
+            self.presence.sweep_if_due(self.work)
 
     # -------------------------------------------------------- idle
 
