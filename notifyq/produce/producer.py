@@ -27,6 +27,8 @@ from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waker
 
+log = logging.getLogger("notifyq.producer")
+
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
@@ -225,9 +227,10 @@ class Producer:
                       min_version: int | None) -> list[int]:
         """put_workflow's transaction; context: the trace context each job's envelope carries."""
         chunk = self.config.producer.chunk_size
+        pending: list[int] = []  # parents put before, pending when the put read them
 
         def body(cur: Any, packet: int) -> list[int]:
-            ids = workflow.put_body(wf, row, chunk, packet)(cur)
+            ids = workflow.put_body(wf, row, chunk, packet, pending)(cur)
             if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
                 inserts.require_version(cur, ids, min_version)
             return ids
@@ -248,8 +251,16 @@ class Producer:
         with self._mutex:
             session = self._work_session()
             packet = session.max_allowed_packet
-            return self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
-                                               committed=inserts.jobs_stored)
+            ids = self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
+                                              committed=inserts.jobs_stored)
+            if pending:
+                # A parent that ended between the put's read and its COMMIT did not see the new
+                # edges (the put takes no lock on it): settled now, not at the consumers' sweep
+                try:
+                    session.run(lambda cur: workflows.settle_ended(cur, pending), what="settle ended parents")
+                except (errors.NotifyqError, DriverError) as e:  # the jobs are stored: the sweep settles them
+                    log.debug("could not settle parents that ended during the put, the sweep will error=%s", e)
+            return ids
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents (a batch callback's: the batch's members), counted: done,

@@ -184,10 +184,12 @@ class Workflow:
         return out
 
 
-def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
+def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pending: list[int] | None = None):
     """The statements of a workflow's put, as a body for a transaction (cursor -> ids). rows_of:
     (queue, payload, options, status) -> the row inserts.insert_jobs takes (the producer checks
-    every argument). Every argument is checked before it returns: nothing is written on bad input."""
+    every argument). Every argument is checked before it returns: nothing is written on bad input.
+    pending: filled with the parents put before that were pending when the body read them (for
+    workflows.settle_ended after the COMMIT)."""
     from notifyq.store import inserts  # the producer's module loads it already
 
     wf._not_put()
@@ -201,6 +203,8 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
 
     def body(cur) -> list[int]:
         ended = workflows.parents_state(cur, external)
+        if pending is not None:
+            pending[:] = [p for p in external if ended.get(p) == "pending"]
         unknown = [p for p in external if p not in ended]
         if unknown:
             raise errors.InputError(f"after: no job {unknown[0]} (unknown id, or a job gone with no record "

@@ -171,6 +171,16 @@ def parents_state(cur, ids: list[int]) -> dict[int, str]:
     return out
 
 
+def settle_ended(cur, ids: list[int]) -> None:
+    """After a put committed: its parents that were pending when it read them and have ended
+    since, settled now (their end's release could not see the put's edges), as the sweep would
+    settle them later. Edges are marked once: a release that did see them changes nothing here."""
+    ended = parents_state(cur, ids)
+    settle_done(cur, [p for p in ids if ended.get(p) == "done"])
+    for why in ("dead", "cancelled"):
+        settle_failed(cur, [p for p in ids if ended.get(p) == why], why)
+
+
 def set_waiting(cur, ids: list[int], parents: int, mode: int) -> None:
     """Children just inserted (status waiting): how many parents they wait for, and when they run."""
     for start in range(0, len(ids), 10_000):

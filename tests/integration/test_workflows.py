@@ -496,6 +496,26 @@ def test_waiting_for_the_result_of_a_cancelled_callback_answers_at_once(db):
         assert time.monotonic() - started < 10
 
 
+def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put(db, monkeypatch):
+    # Given a parent that is done, and a put after it that read it while it still ran (it ended
+    # between the put's read and its COMMIT: its ack could not see the new edge)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        drain(db, lambda job: None)
+        real = workflows.parents_state
+        reads = []
+
+        def read_before_its_end(cur, ids):
+            reads.append(ids)
+            return {i: "pending" for i in ids} if len(reads) == 1 else real(cur, ids)
+
+        monkeypatch.setattr(workflows, "parents_state", read_before_its_end)
+        # When the put commits
+        child = p.put({"c": 0}, after=[parent])
+    # Then the producer settles that parent itself: the child is ready, no sweep needed
+    assert status(db, child) == 0
+
+
 # ---------------------------------------------------------------- retry and cancel of a workflow's jobs
 
 def run(db, queue, ran):
