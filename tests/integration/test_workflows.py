@@ -289,9 +289,10 @@ def test_a_released_child_wakes_an_idle_consumer(db):
             t.join(30)
 
 
-def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db):
+@pytest.mark.parametrize("ends", ["acked", "completed in its transaction"])
+def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, ends):
     # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
-    # of a parent on queue "q"
+    # of a parent on queue "q" (whose handler ends it by its ack, or in job.transaction())
     cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
     with Producer("q", db.config()) as p:
         [parent] = p.put_many([{"n": 0}], delay=1.5)  # runs once both workers idle
@@ -300,7 +301,14 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db):
             [child_id] = child.put_many([{"n": 1}], after=[parent])
     ran: dict[int, float] = {}
     stop = threading.Event()
-    workers = [Worker(cfg, queue, handlers.PythonHandler(lambda job: ran.setdefault(job.id, time.monotonic()), False),
+
+    def handler(job):
+        ran.setdefault(job.id, time.monotonic())
+        if ends != "acked":
+            with job.transaction():
+                pass
+
+    workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
                       stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
     threads = [threading.Thread(target=w.run) for w in workers]
     for t in threads:
