@@ -67,11 +67,14 @@ class Workflow:
 
     def _not_put(self) -> None:
         """A workflow is put once: a second put would store every job again under new ids and
-        overwrite each Ref's id (what a caller holds would name the copy)."""
+        overwrite each Ref's id (what a caller holds would name the copy). Its jobs, added to
+        after the put, would be put by nobody."""
         if self.put_as is not None:
-            raise errors.InputError(f"this workflow was put already (its {len(self.put_as)} jobs have ids "
-                                    f"{self.put_as[0]}..{self.put_as[-1]}): build a new Workflow to put "
-                                    "its jobs again")
+            raise errors.InputError(self._put_already())
+
+    def _put_already(self) -> str:
+        return (f"this workflow was put already (its {len(self.put_as)} jobs have ids "
+                f"{self.put_as[0]}..{self.put_as[-1]}): build a new Workflow to put its jobs again")
 
     def add(self, queue: str, payload: Any, *, after: Iterable[Ref | int] = (), run_anyway: bool = False,
             priority: int = 0, delay: float = 0, max_attempts: int | None = None, key: str | None = None) -> Ref:
@@ -192,7 +195,6 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pendi
     workflows.settle_ended after the COMMIT)."""
     from notifyq.store import inserts  # the producer's module loads it already
 
-    wf._not_put()
     if not wf._nodes:
         raise errors.InputError("the workflow has no jobs")
     wf.order()  # a cycle is refused before anything is written
@@ -202,6 +204,10 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pendi
     external = sorted({p for n in nodes for p in n.external})
 
     def body(cur) -> list[int]:
+        if wf.put_as is not None and workflows.parents_state(cur, wf.put_as):
+            # Put before, and that put committed (its jobs are there, or their records). One
+            # that rolled back (on the caller's connection, conn=) left nothing: put it again.
+            raise errors.InputError(wf._put_already())
         ended = workflows.parents_state(cur, external)
         if pending is not None:
             pending[:] = [p for p in external if ended.get(p) == "pending"]
