@@ -65,6 +65,8 @@ SILENCE_TRUST_S = liveness.GALERA_LOCK_GRACE_S
 # How often a process asks whether jobs are claimed by an owner with no registration (a consumer
 # gone without settling them): a scan of the claimed range, so not in every reap check.
 ORPHAN_CHECK_S = 10.0
+# How often an idle process runs the workflow sweep's question (a busy one: every reap_interval_s)
+SWEEP_IDLE_S = 10.0
 
 
 class WatchSeat:
@@ -385,19 +387,21 @@ class Presence:
                         self.config.consumer.reap_interval_s, e)
             return reaper.ReapResult()
 
-    def sweep_if_due(self, session: Session) -> None:
-        """The workflow sweep (store/workflows.settle) at most every reap_interval_s per process,
-        on `session`, whether or not a reaper pass is needed (a pass runs it too). Edges only it
-        settles come with no death to set off a pass: a put after a parent whose transaction was
-        still open when the parent ended (the parent's release could not see the new edge, and
-        never waits for it). Housekeeping: its failure is logged, the next one is due soon."""
+    def sweep_if_due(self, session: Session, idle: bool = False) -> None:
+        """The workflow sweep (store/workflows.settle) at most every reap_interval_s per process
+        (idle: every SWEEP_IDLE_S, an idle fleet's cost is a statement a second), on `session`,
+        whether or not a reaper pass is needed (a pass runs it too): one read, and the sweep
+        only when it finds work. Edges only it settles come with no death to set off a pass: a
+        put on a caller's connection whose transaction was still open when its parent ended
+        (the parent's release could not see the new edge, and never waits for it).
+        Housekeeping: its failure is logged, the next one is due soon."""
         with self._reap_mutex:
             now = time.monotonic()
             if now < self._next_sweep:
                 return
-            self._next_sweep = now + self.config.consumer.reap_interval_s
+            self._next_sweep = now + max(self.config.consumer.reap_interval_s, SWEEP_IDLE_S if idle else 0.0)
         try:
-            settled = workflows.settle(session)
+            settled = workflows.settle(session) if workflows.sweep_needed(session) else 0
         except errors.DatabaseError as e:
             log.warning("workflow sweep failed, the next one is due in %gs error=%s",
                         self.config.consumer.reap_interval_s, e)

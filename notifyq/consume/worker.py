@@ -190,7 +190,7 @@ class Worker:
         if self.presence.orphans_found(self.work):
             self._maybe_reap(check=False)
         else:  # an idle process settles what only the sweep can (Presence.sweep_if_due)
-            self.presence.sweep_if_due(self.work)
+            self.presence.sweep_if_due(self.work, idle=True)
 
     # -------------------------------------------------------- idle
 

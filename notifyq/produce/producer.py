@@ -39,6 +39,9 @@ KEY_COLUMN = 7
 # stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
 # (debounce); a claimed one runs as it is, the new one pending beside it.
 KEEP, REPLACE = "keep", "replace"
+# Parents a producer keeps for wake() to settle (puts after running parents on a caller's
+# connection); more wait for the consumers' sweep
+SETTLE_ON_WAKE_MAX = 10_000
 DEDUP_MODES = (KEEP, REPLACE)
 
 
@@ -130,6 +133,9 @@ class Producer:
         self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
         self._results: Any = None  # result()'s Poller, made at the first wait
         self._results_mutex = threading.Lock()  # _results only, never held over a statement
+        # Parents that were pending when a put on a caller's connection read them: wake(), which
+        # the caller runs after its COMMIT, settles those that ended meanwhile (under _mutex)
+        self._settle_on_wake: set[int] = set()
 
     # -------------------------------------------------------- the API
 
@@ -247,7 +253,12 @@ class Producer:
             return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
 
         if conn is not None:
-            return self._run_caller(body, conn, True)
+            ids = self._run_caller(body, conn, True)
+            if pending:
+                with self._mutex:
+                    if len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
+                        self._settle_on_wake.update(pending)
+            return ids
         with self._mutex:
             session = self._work_session()
             packet = session.max_allowed_packet
@@ -256,11 +267,18 @@ class Producer:
             if pending:
                 # A parent that ended between the put's read and its COMMIT did not see the new
                 # edges (the put takes no lock on it): settled now, not at the consumers' sweep
-                try:
-                    session.run(lambda cur: workflows.settle_ended(cur, pending), what="settle ended parents")
-                except (errors.NotifyqError, DriverError) as e:  # the jobs are stored: the sweep settles them
-                    log.debug("could not settle parents that ended during the put, the sweep will error=%s", e)
+                self._settle_ended(session, pending)
             return ids
+
+    def _settle_ended(self, session: Session | None, parents: Iterable[int]) -> None:
+        """workflows.settle_ended, best effort (under _mutex), on `session` (None: the work
+        session): the jobs are stored already, and what this misses the consumers' sweep settles."""
+        parents = sorted(parents)
+        try:
+            session = session or self._work_session()
+            session.run(lambda cur: workflows.settle_ended(cur, parents), what="settle ended parents")
+        except (errors.NotifyqError, DriverError) as e:
+            log.debug("could not settle parents that ended during a put, the sweep will error=%s", e)
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents (a batch callback's: the batch's members), counted: done,
@@ -352,6 +370,9 @@ class Producer:
         """Wake an idle consumer of the queue now, for jobs put on the caller's connection
         (notifyq.Producer.wake). Best effort: it never raises."""
         with self._mutex:
+            if self._settle_on_wake:
+                parents, self._settle_on_wake = self._settle_on_wake, set()
+                self._settle_ended(None, parents)
             self._waker.wake(instant)
 
     def leave_wake_to(self, other: Any) -> None:

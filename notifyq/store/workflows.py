@@ -216,6 +216,15 @@ def parent_results(cur, job_id: int) -> dict[int, str | None]:
 
 # ---------------------------------------------------------------- the sweep
 
+def sweep_needed(session) -> bool:
+    """Whether settle() has anything to do (one read)."""
+    def ask(cur) -> bool:
+        cur.execute(Q["sweep_needed"])
+        return bool(cur.fetchone()[0])
+
+    return session.run(ask, what="workflow sweep")
+
+
 def settle(session) -> int:
     """The reaper's sweep: parents that ended with waiting edges (what no transaction settled)
     settled now, each parent in a transaction of its own. Returns how many parents."""

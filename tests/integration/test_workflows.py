@@ -504,7 +504,7 @@ def test_waiting_for_the_result_of_a_cancelled_callback_answers_at_once(db):
         assert time.monotonic() - started < 10
 
 
-def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put(db, monkeypatch):
+def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put_or_wake(db, monkeypatch):
     # Given a parent that is done, and a put after it that read it while it still ran (it ended
     # between the put's read and its COMMIT: its ack could not see the new edge)
     with Producer("q", db.config()) as p:
@@ -518,10 +518,20 @@ def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put(
             return {i: "pending" for i in ids} if len(reads) == 1 else real(cur, ids)
 
         monkeypatch.setattr(workflows, "parents_state", read_before_its_end)
-        # When the put commits
+        # When the put commits (on the producer's connection; on the caller's, then wake())
         child = p.put({"c": 0}, after=[parent])
-    # Then the producer settles that parent itself: the child is ready, no sweep needed
+        app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+        try:
+            reads.clear()
+            in_app = p.put({"c": 1}, after=[parent], conn=app)
+            app.commit()
+            assert status(db, in_app) == WAITING
+            p.wake()
+        finally:
+            app.close()
+    # Then the producer settles that parent itself: the children are ready, no sweep needed
     assert status(db, child) == 0
+    assert status(db, in_app) == 0
 
 
 # ---------------------------------------------------------------- retry and cancel of a workflow's jobs

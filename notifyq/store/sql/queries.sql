@@ -1571,6 +1571,16 @@ SET c.status = 6, c.finished_at = NULL, c.cancelled_by = NULL, c.cancelled_at = 
     c.waits_on = (SELECT COUNT(*) FROM nq_edge f WHERE f.child_id = c.id AND f.state = 0)
 WHERE c.id IN %(ids)s AND c.status = 5
 
+-- sweep_needed --
+-- Whether the sweep (workflows.settle) has anything to do: a waiting edge whose parent ended
+-- (edges_ended's), or a settled edge whose child is gone (edges_of_gone's). One statement, so a
+-- consumer process can ask it on every sweep turn for the price of one read; each EXISTS stops
+-- at its first row.
+SELECT EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job p ON p.id = e.parent_id
+               WHERE e.state = 0 AND (p.id IS NULL OR p.status IN (3, 4, 5)))
+    OR EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job c ON c.id = e.child_id
+               WHERE e.state IN (2, 3) AND c.id IS NULL)
+
 -- edges_ended --
 -- The sweep (workflows.settle): waiting edges whose parent has ended (done, dead or cancelled,
 -- its row there or gone) though no transaction settled it: a KILL QUERY that cut a release
