@@ -235,8 +235,14 @@ class Producer:
         chunk = self.config.producer.chunk_size
         pending: list[int] = []  # parents put before, pending when the put read them
 
+        def fresh(ids: list[int]) -> dict[int, str]:
+            # On the producer's own session (its own short transaction): never under _mutex here
+            with self._mutex:
+                return self._work_session().run(lambda cur: workflows.parents_state(cur, ids),
+                                                what="read parents")
+
         def body(cur: Any, packet: int) -> list[int]:
-            ids = workflow.put_body(wf, row, chunk, packet, pending)(cur)
+            ids = workflow.put_body(wf, row, chunk, packet, pending, fresh if conn is not None else None)(cur)
             if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
                 inserts.require_version(cur, ids, min_version)
             return ids

@@ -187,12 +187,14 @@ class Workflow:
         return out
 
 
-def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pending: list[int] | None = None):
+def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pending: list[int] | None = None,
+             missing: Any = None):
     """The statements of a workflow's put, as a body for a transaction (cursor -> ids). rows_of:
     (queue, payload, options, status) -> the row inserts.insert_jobs takes (the producer checks
     every argument). Every argument is checked before it returns: nothing is written on bad input.
     pending: filled with the parents put before that were pending when the body read them (for
-    workflows.settle_ended after the COMMIT)."""
+    workflows.settle_ended after the COMMIT). missing: workflows.parents_state's (on a caller's
+    connection: the parents its transaction does not see, read on the producer's session)."""
     from notifyq.store import inserts  # the producer's module loads it already
 
     if not wf._nodes:
@@ -204,11 +206,11 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pendi
     external = sorted({p for n in nodes for p in n.external})
 
     def body(cur) -> list[int]:
-        if wf.put_as is not None and workflows.parents_state(cur, wf.put_as):
+        if wf.put_as is not None and workflows.parents_state(cur, wf.put_as, missing):
             # Put before, and that put committed (its jobs are there, or their records). One
             # that rolled back (on the caller's connection, conn=) left nothing: put it again.
             raise errors.InputError(wf._put_already())
-        ended = workflows.parents_state(cur, external)
+        ended = workflows.parents_state(cur, external, missing)
         if pending is not None:
             pending[:] = [p for p in external if ended.get(p) == "pending"]
         unknown = [p for p in external if p not in ended]

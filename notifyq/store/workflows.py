@@ -152,12 +152,16 @@ def revive(cur, ids: list[int]) -> int:
 
 # ---------------------------------------------------------------- the put's side
 
-def parents_state(cur, ids: list[int]) -> dict[int, str]:
+def parents_state(cur, ids: list[int], missing: Any = None) -> dict[int, str]:
     """Each parent's state for a put after it: 'pending', 'done', 'dead' or 'cancelled'. Not
     locked: a parent's end never waits for a put's transaction (a caller's may stay open long);
     a parent that ends before the put commits leaves the new edge waiting, for the sweep to
     settle (parents_read says why). A parent with no row ended as its records say (done, or
-    cancelled before it ran); with none it is unknown: missing from the answer."""
+    cancelled before it ran); with none it is unknown: missing from the answer. missing: how
+    to read the parents `cur` did not see, on another session (ids -> this answer for them):
+    a caller's transaction in REPEATABLE READ sees a snapshot, which misses a parent put since
+    it began, and a locking read of the records there would lock their gaps against other
+    jobs' acks for as long as the caller's transaction lasts."""
     if not ids:
         return {}
     cur.execute(Q["parents_read"], {"ids": _ids(ids)})
@@ -165,7 +169,9 @@ def parents_state(cur, ids: list[int]) -> dict[int, str]:
     for job_id, status in cur.fetchall():
         out[int(job_id)] = {3: "done", 4: "dead", 5: "cancelled"}.get(status, "pending")
     gone = [i for i in ids if i not in out]
-    if gone:
+    if gone and missing is not None:
+        out.update(missing(gone))
+    elif gone:
         cur.execute(Q["parents_gone"], {"ids": _ids(gone)})
         out.update((int(job_id), "done" if done else "cancelled") for job_id, done in cur.fetchall())
     return out

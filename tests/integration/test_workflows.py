@@ -384,6 +384,37 @@ def test_a_put_after_a_parent_done_since_the_callers_snapshot_began_counts_it_do
     assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (child,)) == 0
 
 
+def test_a_put_in_an_older_snapshot_after_a_parent_put_since_takes_it_and_locks_nothing(db):
+    # Given an application connection in REPEATABLE READ whose snapshot began before a parent
+    # was put, and another job done since (its record newer than the snapshot too)
+    app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    try:
+        cur = app.cursor()
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT COUNT(*) FROM nq_job")
+        cur.fetchall()
+        with Producer("q", db.config()) as p:
+            [done] = p.put_many([{"n": 0}])
+            drain(db, lambda job: None)
+            [parent] = p.put_many([{"n": 1}])
+            # When children are put after them on that connection, left uncommitted
+            child = p.put({"c": 0}, after=[parent], conn=app)
+            after_done = p.put({"c": 1}, after=[done], conn=app)
+            # Then both parents are known (not "no job N"), and nothing of the put holds up a
+            # claim and the ack of the parent, nor the ack of another job
+            with opened(db, retry_s=1.0) as session:
+                claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+                session.conn
+                assert parent in [j.id for j in claim.jobs]
+                assert finishes_alone(lambda: queries.ack(session, [j.id for j in claim.jobs], claim.token,
+                                                          keep=False)), "an ack waited for the put"
+            app.commit()
+            p.wake()
+    finally:
+        app.close()
+    assert [status(db, i) for i in (child, after_done)] == [0, 0]
+
+
 @contextlib.contextmanager
 def claim_in_flight(db, job_id):
     """A claim between its locking read and its COMMIT (queries.claim sends its mark and COMMIT

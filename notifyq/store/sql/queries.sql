@@ -1418,9 +1418,11 @@ SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- parents_gone --
 -- Parents with no row, by their records: done (their ack's; the row went with the ack), or
--- cancelled before they ran (the cancel's record). No record: unknown. A locking read: on a
--- caller's connection in REPEATABLE READ a plain read sees the snapshot of its first read, from
--- before a parent's ack, and called a parent done since then unknown.
+-- cancelled before they ran (the cancel's record). No record: unknown. A locking read (a
+-- current one, not a snapshot's), in a short transaction of the producer's own session: for a
+-- put on a caller's connection, parents_state reads here, on that session, the parents the
+-- caller's transaction does not see (a REPEATABLE READ snapshot older than them, or than their
+-- ack), so that nothing is locked for as long as the caller's transaction lasts.
 SELECT job_id, MAX(outcome = 'done') FROM nq_attempt FORCE INDEX (PRIMARY)
 WHERE job_id IN %(ids)s AND outcome IN ('done', 'cancelled', 'purged')
 GROUP BY job_id LOCK IN SHARE MODE
