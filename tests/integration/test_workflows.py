@@ -544,9 +544,9 @@ def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put_
         real = workflows.parents_state
         reads = []
 
-        def read_before_its_end(cur, ids):
+        def read_before_its_end(cur, ids, missing=None):
             reads.append(ids)
-            return {i: "pending" for i in ids} if len(reads) == 1 else real(cur, ids)
+            return {i: "pending" for i in ids} if len(reads) == 1 else real(cur, ids, missing)
 
         monkeypatch.setattr(workflows, "parents_state", read_before_its_end)
         # When the put commits (on the producer's connection; on the caller's, then wake())
