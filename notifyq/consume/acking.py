@@ -19,6 +19,7 @@ claimed until a reaper pass: they run again once the grant is there, and the wor
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from notifyq import errors
 from notifyq.consume.outcomes import Outcomes
@@ -38,6 +39,8 @@ class PendingAcks:
         # Carried by the last claim, whose COMMIT may still be on the wire (None: unread)
         self._riding: tuple[queries.Acks, Pending | None] | None = None
         self._released = False  # an ack since the last released_children() released workflow children
+        # Called with the queues of the children an ack released, once it is sent (release_wake.py)
+        self.on_release: Callable[[tuple[str, ...]], None] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -69,7 +72,7 @@ class PendingAcks:
             self._waiting = acks  # not sent, or sent and rolled back: they wait still
             raise
         if acks is not None:
-            self._released |= acks.released > 0
+            self._note_release(acks)
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
@@ -84,6 +87,12 @@ class PendingAcks:
         again at once rather than wait for the wake-up (the chain's hand-off). Resets."""
         released, self._released = self._released, False
         return released
+
+    def _note_release(self, acks: queries.Acks) -> None:
+        if acks.released:
+            self._released = True
+            if self.on_release is not None:
+                self.on_release(acks.released)
 
     def flush(self, session: Session) -> None:
         """Before anything but a claim: what waits for one is acked on its own, now."""
@@ -110,7 +119,7 @@ class PendingAcks:
     def _ack(self, session: Session, acks: queries.Acks) -> None:
         try:
             self.outcomes.ack(session, acks)
-            self._released |= acks.released > 0
+            self._note_release(acks)
         except errors.GrantMissing:
             queue, stats = self.outcomes.queue, self.outcomes.stats
             try:

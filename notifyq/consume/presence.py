@@ -45,7 +45,7 @@ from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.consume.lineup import ClaimSizer, LineupWatch
-from notifyq.store import advisory, liveness, locks, schema
+from notifyq.store import advisory, liveness, locks, schema, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.wakeup import Waiter
@@ -65,6 +65,8 @@ SILENCE_TRUST_S = liveness.GALERA_LOCK_GRACE_S
 # How often a process asks whether jobs are claimed by an owner with no registration (a consumer
 # gone without settling them): a scan of the claimed range, so not in every reap check.
 ORPHAN_CHECK_S = 10.0
+# How often an idle process runs the workflow sweep's question (a busy one: every reap_interval_s)
+SWEEP_IDLE_S = 10.0
 
 
 class WatchSeat:
@@ -141,6 +143,7 @@ class Presence:
         self._next_touch = 0.0
         self._next_reap = 0.0
         self._next_orphan_check = 0.0
+        self._next_sweep = 0.0
         self._reap_mutex = threading.Lock()
         self._closed = threading.Event()
         self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
@@ -358,6 +361,7 @@ class Presence:
             else:
                 needed = self._reap_needed(session) or self.orphans_found(session)
             if not needed:
+                self.sweep_if_due(session)
                 return 0
         result = self.reap_pass()
         return 0 if result is None else result.reclaimed + result.expired
@@ -382,6 +386,28 @@ class Presence:
             log.warning("reaper pass failed, the next one is due in %gs error=%s",
                         self.config.consumer.reap_interval_s, e)
             return reaper.ReapResult()
+
+    def sweep_if_due(self, session: Session, idle: bool = False) -> None:
+        """The workflow sweep (store/workflows.settle) at most every reap_interval_s per process
+        (idle: every SWEEP_IDLE_S, an idle fleet's cost is a statement a second), on `session`,
+        whether or not a reaper pass is needed (a pass runs it too): one read, and the sweep
+        only when it finds work. Edges only it settles come with no death to set off a pass: a
+        put on a caller's connection whose transaction was still open when its parent ended
+        (the parent's release could not see the new edge, and never waits for it).
+        Housekeeping: its failure is logged, the next one is due soon."""
+        with self._reap_mutex:
+            now = time.monotonic()
+            if now < self._next_sweep:
+                return
+            self._next_sweep = now + max(self.config.consumer.reap_interval_s, SWEEP_IDLE_S if idle else 0.0)
+        try:
+            settled = workflows.settle(session) if workflows.sweep_needed(session) else 0
+        except errors.DatabaseError as e:
+            log.warning("workflow sweep failed, the next one is due in %gs error=%s",
+                        self.config.consumer.reap_interval_s, e)
+            return
+        if settled:
+            log.info("workflow parents settled by the sweep parents=%d", settled)
 
     def may_judge_by_silence(self) -> bool:
         """Whether our reaper passes may take others' silence for death: not until our own

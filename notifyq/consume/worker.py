@@ -26,6 +26,7 @@ from notifyq.consume.batch import Batch, BatchRun
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
+from notifyq.consume.release_wake import ReleaseWake
 from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
@@ -75,6 +76,9 @@ class Worker:
         # The last batch's successes, which ride the next claim unless the worker does
         # anything else first (then they are flushed: acked on their own)
         self.acks = PendingAcks(self.outcomes)
+        # Workflow children its acks release on other queues: their idle consumers woken
+        self.release_wake = ReleaseWake(config, queue)
+        self.acks.on_release = self.release_wake.released
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
         self._arm_slot_wake()
@@ -156,6 +160,7 @@ class Worker:
             self.work.close()
             if self.slot_wake is not None:
                 self.slot_wake.close()
+            self.release_wake.close()
             if self._owns_presence:
                 self.presence.close()
 
@@ -184,6 +189,8 @@ class Worker:
         self._turned()
         if self.presence.orphans_found(self.work):
             self._maybe_reap(check=False)
+        else:  # an idle process settles what only the sweep can (Presence.sweep_if_due)
+            self.presence.sweep_if_due(self.work, idle=True)
 
     # -------------------------------------------------------- idle
 

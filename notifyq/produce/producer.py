@@ -27,6 +27,8 @@ from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waker
 
+log = logging.getLogger("notifyq.producer")
+
 # One encoder for every payload: json.dumps with options builds a new one per call.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode = _JSON.encode
@@ -37,6 +39,9 @@ KEY_COLUMN = 7
 # stays, its id is returned); replace: the new job takes the place of a ready or scheduled one
 # (debounce); a claimed one runs as it is, the new one pending beside it.
 KEEP, REPLACE = "keep", "replace"
+# Parents a producer keeps for wake() to settle (puts after running parents on a caller's
+# connection); more wait for the consumers' sweep
+SETTLE_ON_WAKE_MAX = 10_000
 DEDUP_MODES = (KEEP, REPLACE)
 
 
@@ -128,6 +133,9 @@ class Producer:
         self._packets_mutex = threading.Lock()  # _caller_packets only, never held over a statement
         self._results: Any = None  # result()'s Poller, made at the first wait
         self._results_mutex = threading.Lock()  # _results only, never held over a statement
+        # Parents that were pending when a put on a caller's connection read them: wake(), which
+        # the caller runs after its COMMIT, settles those that ended meanwhile (under _mutex)
+        self._settle_on_wake: set[int] = set()
 
     # -------------------------------------------------------- the API
 
@@ -225,9 +233,16 @@ class Producer:
                       min_version: int | None) -> list[int]:
         """put_workflow's transaction; context: the trace context each job's envelope carries."""
         chunk = self.config.producer.chunk_size
+        pending: list[int] = []  # parents put before, pending when the put read them
+
+        def fresh(ids: list[int]) -> dict[int, str]:
+            # On the producer's own session (its own short transaction): never under _mutex here
+            with self._mutex:
+                return self._work_session().run(lambda cur: workflows.parents_state(cur, ids),
+                                                what="read parents")
 
         def body(cur: Any, packet: int) -> list[int]:
-            ids = workflow.put_body(wf, row, chunk, packet)(cur)
+            ids = workflow.put_body(wf, row, chunk, packet, pending, fresh if conn is not None else None)(cur)
             if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
                 inserts.require_version(cur, ids, min_version)
             return ids
@@ -244,12 +259,32 @@ class Producer:
             return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
 
         if conn is not None:
-            return self._run_caller(body, conn, True)
+            ids = self._run_caller(body, conn, True)
+            if pending:
+                with self._mutex:
+                    if len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
+                        self._settle_on_wake.update(pending)
+            return ids
         with self._mutex:
             session = self._work_session()
             packet = session.max_allowed_packet
-            return self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
-                                               committed=inserts.jobs_stored)
+            ids = self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
+                                              committed=inserts.jobs_stored)
+            if pending:
+                # A parent that ended between the put's read and its COMMIT did not see the new
+                # edges (the put takes no lock on it): settled now, not at the consumers' sweep
+                self._settle_ended(session, pending)
+            return ids
+
+    def _settle_ended(self, session: Session | None, parents: Iterable[int]) -> None:
+        """workflows.settle_ended, best effort (under _mutex), on `session` (None: the work
+        session): the jobs are stored already, and what this misses the consumers' sweep settles."""
+        parents = sorted(parents)
+        try:
+            session = session or self._work_session()
+            session.run(lambda cur: workflows.settle_ended(cur, parents), what="settle ended parents")
+        except (errors.NotifyqError, DriverError) as e:
+            log.debug("could not settle parents that ended during a put, the sweep will error=%s", e)
 
     def progress(self, job_id: int) -> dict[str, int]:
         """A waiting job's parents (a batch callback's: the batch's members), counted: done,
@@ -341,6 +376,9 @@ class Producer:
         """Wake an idle consumer of the queue now, for jobs put on the caller's connection
         (notifyq.Producer.wake). Best effort: it never raises."""
         with self._mutex:
+            if self._settle_on_wake:
+                parents, self._settle_on_wake = self._settle_on_wake, set()
+                self._settle_ended(None, parents)
             self._waker.wake(instant)
 
     def leave_wake_to(self, other: Any) -> None:

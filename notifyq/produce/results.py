@@ -36,12 +36,17 @@ class Pending(errors.ResultPending):
 def read(session: Session, job_id: int) -> Any:
     """One look at job `job_id`: its result once done (None when it returned None or the queue
     keeps none). Raises Pending while it is not finished, JobFailed if it ended dead,
-    InputError if it is gone otherwise (cancelled, purged, never existed)."""
+    InputError if it was cancelled (its row kept or not) or is gone otherwise (purged, never
+    existed)."""
     status, last_error, outcome, result = admin_queries.job_result(session, int(job_id))
     if status == Status.DONE or (status is None and outcome == "done"):
         return None if result is None else json.loads(result)
     if status == Status.DEAD:
         raise errors.JobFailed(f"job {job_id} ended dead: {last_error}")
+    if status == Status.CANCELLED:
+        # Ended, and it never will run (a workflow's job kept cancelled, or a cancel asked while
+        # it ran): as a cancelled job that is gone, answered now, not at the end of the wait
+        raise errors.InputError(f"job {job_id} was cancelled: {last_error or 'cancelled'}")
     if status is None:
         from notifyq.ops import admin  # the wording of `no job N`, in one place
 

@@ -63,6 +63,18 @@ class Workflow:
         self._nodes: list[_Node] = []
         self._refs: list[Ref] = []
         self._edges = 0
+        self.put_as: list[int] | None = None  # its jobs' ids once put: a workflow is put once
+
+    def _not_put(self) -> None:
+        """A workflow is put once: a second put would store every job again under new ids and
+        overwrite each Ref's id (what a caller holds would name the copy). Its jobs, added to
+        after the put, would be put by nobody."""
+        if self.put_as is not None:
+            raise errors.InputError(self._put_already())
+
+    def _put_already(self) -> str:
+        return (f"this workflow was put already (its {len(self.put_as)} jobs have ids "
+                f"{self.put_as[0]}..{self.put_as[-1]}): build a new Workflow to put its jobs again")
 
     def add(self, queue: str, payload: Any, *, after: Iterable[Ref | int] = (), run_anyway: bool = False,
             priority: int = 0, delay: float = 0, max_attempts: int | None = None, key: str | None = None) -> Ref:
@@ -76,6 +88,7 @@ class Workflow:
 
     def after(self, child: Ref, parents: Iterable[Ref | int]) -> None:
         """More parents for a job of this workflow (a cycle is refused when it is put)."""
+        self._not_put()
         self._link(self._own(child, "child"), parents)
 
     def chain(self, queue: str, payloads: Sequence[Any], *, after: Iterable[Ref | int] = (),
@@ -120,6 +133,7 @@ class Workflow:
     # -------------------------------------------------------- internals
 
     def _add(self, queue: str, payload: Any, after: Iterable[Ref | int], mode: int, options: dict[str, Any]) -> Ref:
+        self._not_put()
         if len(self._nodes) >= MAX_JOBS:
             raise errors.InputError(f"a workflow holds at most {MAX_JOBS} jobs")
         validate_queue_name(queue)
@@ -173,10 +187,14 @@ class Workflow:
         return out
 
 
-def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
+def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pending: list[int] | None = None,
+             missing: Any = None):
     """The statements of a workflow's put, as a body for a transaction (cursor -> ids). rows_of:
     (queue, payload, options, status) -> the row inserts.insert_jobs takes (the producer checks
-    every argument). Every argument is checked before it returns: nothing is written on bad input."""
+    every argument). Every argument is checked before it returns: nothing is written on bad input.
+    pending: filled with the parents put before that were pending when the body read them (for
+    workflows.settle_ended after the COMMIT). missing: workflows.parents_state's (on a caller's
+    connection: the parents its transaction does not see, read on the producer's session)."""
     from notifyq.store import inserts  # the producer's module loads it already
 
     if not wf._nodes:
@@ -188,7 +206,13 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
     external = sorted({p for n in nodes for p in n.external})
 
     def body(cur) -> list[int]:
-        ended = workflows.parents_state(cur, external)
+        if wf.put_as is not None and workflows.parents_state(cur, wf.put_as, missing):
+            # Put before, and that put committed (its jobs are there, or their records). One
+            # that rolled back (on the caller's connection, conn=) left nothing: put it again.
+            raise errors.InputError(wf._put_already())
+        ended = workflows.parents_state(cur, external, missing)
+        if pending is not None:
+            pending[:] = [p for p in external if ended.get(p) == "pending"]
         unknown = [p for p in external if p not in ended]
         if unknown:
             raise errors.InputError(f"after: no job {unknown[0]} (unknown id, or a job gone with no record "
@@ -221,7 +245,9 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int):
 
 
 def placed(wf: Workflow, ids: list[int]) -> None:
-    """After the put committed: each Ref knows its job's id."""
+    """After the put committed (or ran in the caller's transaction): each Ref knows its job's
+    id, and the workflow is not put again."""
+    wf.put_as = list(ids)
     for i, job_id in enumerate(ids):
         wf._refs[i].id = job_id
 

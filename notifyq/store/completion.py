@@ -93,6 +93,9 @@ class Completion:
         # completion fenced out) while it may hold the job.
         self.settle_claim: Callable[[], None] | None = None
         self._steps: dict[int, Any] = {}  # job id -> its Steps (store/steps.py), once it took one
+        # The worker's: called with the queues of the workflow children a committed block
+        # released (consume/release_wake.py wakes their idle consumers)
+        self.released: Callable[[list[str]], None] | None = None
         self.block_serial = 0  # counts the blocks opened: a step written in one is pending until it commits
 
     @property
@@ -153,6 +156,7 @@ class Completion:
         cur = conn.cursor()
         self.open_block(conn)
         lost: BaseException | None = None
+        released_to: list[str] = []  # the queues of the children the block released
         try:
             # Watched as every statement of notifyq's on the block's connection (consume/stall.py):
             # a reply lost on its way would hold the worker for its read timeout, unsaid
@@ -216,7 +220,8 @@ class Completion:
                 raise  # (a KILL QUERY's 1317 among them: rolled back below)
             marked = counts[len(COMPLETION_COUNTS)] if len(counts) > len(COMPLETION_COUNTS) else 0
             if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and marked:
-                workflows.release_rest(cur, [job.id], marked)  # before the COMMIT, in the block's transaction
+                # before the COMMIT, in the block's transaction
+                released_to = workflows.release_rest(cur, [job.id], marked)
             if counts[:len(COMPLETION_COUNTS)] != COMPLETION_COUNTS:
                 # The completion changed no row: the claim was taken back, or a KILL QUERY cut
                 # the statement short (the server then replies OK, 0 rows, and no error).
@@ -251,6 +256,8 @@ class Completion:
                     f"job {job.id}: the COMMIT of its transaction failed ({describe(lost)}) and did not "
                     "land: nothing was stored, the job runs again") from None
         run_of(job).committed()
+        if released_to and self.released is not None:
+            self.released(released_to)
 
     def _landed_after_loss(self, job: Job, conn_id: int | None, sent_at: float, run: float,
                            lost: BaseException) -> bool:

@@ -108,7 +108,8 @@ class Acks:
     # A limited queue's name: the ack frees slots, so it bumps the queue's signal in its own
     # transaction (last), and the watcher wakes for the jobs a limit held back (store/flow.py)
     wake: str | None = None
-    released: int = 0  # workflow children this ack released (a hint: its COMMIT may still fail)
+    # The queues of the workflow children this ack released (a hint: its COMMIT may still fail)
+    released: tuple[str, ...] = ()
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -170,7 +171,7 @@ class Acks:
         if acked < len(self.ids) and still_claimed(cur, self.ids, self.token):
             raise cut_short(f"ack, replies {counts}, and some of its jobs still claimed")
         if marked:  # children of these jobs: the rest of their release, before the COMMIT
-            self.released = workflows.release_rest(cur, self.ids, marked)
+            self.released = tuple(workflows.release_rest(cur, self.ids, marked))
 
 
 def still_claimed(cur, ids: list[int], token: int) -> list[int]:

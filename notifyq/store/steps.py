@@ -41,6 +41,14 @@ def check_name(name: Any) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= NAME_MAX_CHARS:
         raise errors.InputError(f"job.step(name): a name is a string of 1 to {NAME_MAX_CHARS} characters, "
                                 f"got {name!r:.80}")
+    if "\x00" in name:
+        # NUL cuts a name short in C strings (a log line, a client) though the server keeps it
+        raise errors.InputError(f"job.step(name): a name must not contain NUL, got {name!r:.80}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 for the server to store
+        raise errors.InputError(f"job.step(name): a name must be valid Unicode (no lone surrogate), "
+                                f"got {name!r:.80}") from None
     if name.endswith(" "):
         # The server compares names with trailing spaces ignored: "x" and "x " would be one row
         # of nq_step (a duplicate key on every run of a job that used both)

@@ -47,14 +47,15 @@ def release_statements(ids: list[int], token: int) -> list[tuple[str, dict[str, 
     return [(Q["edges_mark_done"], {"ids": _ids(ids), "token": token})]
 
 
-def release_rest(cur, ids: list[int], marked: int) -> int:
+def release_rest(cur, ids: list[int], marked: int) -> list[str]:
     """The rest of the release, once release_statements marked `marked` edges of `ids` (same
-    transaction): the children counted down, those with no parent left released, their queues
-    woken, the marks counted. Each step's row count is checked against what it must change (by
+    transaction): the children counted down, those with no parent left released, their queues'
+    signals bumped, the marks counted. Each step's row count is checked against what it must change (by
     the parents' edges only: a fan-in callback's own 10,000 edges are never read), so a
     statement a KILL QUERY cut short with an OK reply fails the transaction (cut_short: it is
-    run again) rather than leave a child counting a parent that ended. Returns how many children
-    it released (ready or scheduled now)."""
+    run again) rather than leave a child counting a parent that ended. Returns the queues of the
+    children it released (ready or scheduled now), for the caller to wake their idle consumers
+    after its COMMIT (the signal's bump alone is read at a watcher's next poll)."""
     edges = {"ids": _ids(ids)}
     count_down, release, wake, counted = _count_and_release(edges)
     cur.execute(Q["children_to_count"], edges)
@@ -63,7 +64,10 @@ def release_rest(cur, ids: list[int], marked: int) -> int:
     if cur.rowcount != waiting:
         raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {waiting} counted down")
     cur.execute(*release)
-    released = cur.rowcount
+    queues: list[str] = []
+    if cur.rowcount:
+        cur.execute(Q["children_released_queues"], edges)
+        queues = [str(r[0]) for r in cur.fetchall()]
     cur.execute(Q["children_left_waiting"], edges)
     if cur.fetchone()[0]:
         raise cut_short(f"release of the children of {len(ids)} jobs: a child with no parent left still waits")
@@ -71,7 +75,7 @@ def release_rest(cur, ids: list[int], marked: int) -> int:
     cur.execute(*counted)
     if cur.rowcount != marked:
         raise cut_short(f"release of the children of {len(ids)} jobs: {cur.rowcount} of {marked} edges counted")
-    return released
+    return queues
 
 
 def _count_and_release(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -81,13 +85,12 @@ def _count_and_release(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]
             (Q["edges_counted"], edges)]
 
 
-def release_after_completion(cur, job_id: int, token: int) -> None:
+def release_after_completion(cur, job_id: int, token: int) -> list[str]:
     """The release on a cursor in the completion's transaction (job.complete_in on a caller's
-    connection: one statement at a time)."""
+    connection: one statement at a time). Returns the released children's queues."""
     [(sql, params)] = release_statements([job_id], token)
     cur.execute(sql, params)
-    if cur.rowcount:
-        release_rest(cur, [job_id], cur.rowcount)
+    return release_rest(cur, [job_id], cur.rowcount) if cur.rowcount else []
 
 
 def settle_done(cur, ids: list[int]) -> None:
@@ -149,21 +152,39 @@ def revive(cur, ids: list[int]) -> int:
 
 # ---------------------------------------------------------------- the put's side
 
-def parents_state(cur, ids: list[int]) -> dict[int, str]:
-    """Each parent's state for a put after it: 'pending', 'done', 'dead' or 'cancelled'; locked
-    in share mode until the put commits. A parent with no row ended as its records say (done,
-    or cancelled before it ran); with none it is unknown: missing from the answer."""
+def parents_state(cur, ids: list[int], missing: Any = None) -> dict[int, str]:
+    """Each parent's state for a put after it: 'pending', 'done', 'dead' or 'cancelled'. Not
+    locked: a parent's end never waits for a put's transaction (a caller's may stay open long);
+    a parent that ends before the put commits leaves the new edge waiting, for the sweep to
+    settle (parents_read says why). A parent with no row ended as its records say (done, or
+    cancelled before it ran); with none it is unknown: missing from the answer. missing: how
+    to read the parents `cur` did not see, on another session (ids -> this answer for them):
+    a caller's transaction in REPEATABLE READ sees a snapshot, which misses a parent put since
+    it began, and a locking read of the records there would lock their gaps against other
+    jobs' acks for as long as the caller's transaction lasts."""
     if not ids:
         return {}
-    cur.execute(Q["parents_lock"], {"ids": _ids(ids)})
+    cur.execute(Q["parents_read"], {"ids": _ids(ids)})
     out: dict[int, str] = {}
     for job_id, status in cur.fetchall():
         out[int(job_id)] = {3: "done", 4: "dead", 5: "cancelled"}.get(status, "pending")
     gone = [i for i in ids if i not in out]
-    if gone:
+    if gone and missing is not None:
+        out.update(missing(gone))
+    elif gone:
         cur.execute(Q["parents_gone"], {"ids": _ids(gone)})
         out.update((int(job_id), "done" if done else "cancelled") for job_id, done in cur.fetchall())
     return out
+
+
+def settle_ended(cur, ids: list[int]) -> None:
+    """After a put committed: its parents that were pending when it read them and have ended
+    since, settled now (their end's release could not see the put's edges), as the sweep would
+    settle them later. Edges are marked once: a release that did see them changes nothing here."""
+    ended = parents_state(cur, ids)
+    settle_done(cur, [p for p in ids if ended.get(p) == "done"])
+    for why in ("dead", "cancelled"):
+        settle_failed(cur, [p for p in ids if ended.get(p) == why], why)
 
 
 def set_waiting(cur, ids: list[int], parents: int, mode: int) -> None:
@@ -200,6 +221,15 @@ def parent_results(cur, job_id: int) -> dict[int, str | None]:
 
 
 # ---------------------------------------------------------------- the sweep
+
+def sweep_needed(session) -> bool:
+    """Whether settle() has anything to do (one read)."""
+    def ask(cur) -> bool:
+        cur.execute(Q["sweep_needed"])
+        return bool(cur.fetchone()[0])
+
+    return session.run(ask, what="workflow sweep")
+
 
 def settle(session) -> int:
     """The reaper's sweep: parents that ended with waiting edges (what no transaction settled)

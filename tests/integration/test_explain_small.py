@@ -166,9 +166,10 @@ def test_retention_of_the_records_of_jobs_gone_reads_a_range_of_ix_ended_in_its_
 # Workflows' and steps' statements on a batch's ids: their edges (nq_edge) and steps (nq_step)
 # by primary key or the child index, and the jobs they name by primary key.
 GRAPH_BY_ID = ("children_cancel", "children_cancelled_ids", "children_count_down", "children_failed_count",
-               "children_left_waiting", "children_recount", "children_release", "children_revivable", "children_to_count",
+               "children_left_waiting", "children_recount", "children_release", "children_released_queues",
+               "children_revivable", "children_to_count",
                "children_wait_again", "children_waiting", "children_wake", "edges_counted", "edges_drop",
-               "edges_mark_done", "edges_mark_done_any", "edges_mark_failed", "parents_gone", "parents_lock",
+               "edges_mark_done", "edges_mark_done_any", "edges_mark_failed", "parents_gone", "parents_read",
                "parents_revive", "steps_purge", "web_workflow_edges")
 
 

@@ -184,6 +184,8 @@ def test_a_stale_run_whose_claim_was_taken_back_stores_no_step_and_learns_it(db,
     ("x" * 192, 1, "a name is a string of 1 to 191 characters"),
     (7, 1, "a name is a string of 1 to 191 characters"),
     ("x ", 1, "must not end with a space"),  # one row with "x" to the server
+    ("s\ud800", 1, "no lone surrogate"),  # no UTF-8 for it: a UnicodeEncodeError before
+    ("a\x00b", 1, "must not contain NUL"),  # stored before
     ("nan", math.nan, "its result is not JSON"),
     ("object", object(), "its result is not JSON"),
     ("surrogate", "\ud800", "its result is not JSON"),

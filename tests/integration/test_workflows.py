@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 
 import MySQLdb
 import pytest
@@ -206,6 +207,23 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(db, case, monkeypat
     assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
 
 
+def test_a_workflow_put_twice_is_refused_and_nothing_more_is_written(db):
+    # Given a workflow that was put
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": 0})
+    wf.add("q", {"n": 1}, after=[a])
+    with Producer("q", db.config()) as p:
+        ids = p.put_workflow(wf)
+        # When it is put again, or grown
+        with pytest.raises(errors.InputError, match="this workflow was put already"):
+            p.put_workflow(wf)
+        with pytest.raises(errors.InputError, match="this workflow was put already"):
+            wf.add("q", {"n": 2}, after=[a])
+    # Then nothing more was written, and its refs still name the jobs of the first put
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 2
+    assert a.id == ids[0]
+
+
 def test_a_workflow_on_the_callers_connection_is_part_of_its_transaction(db):
     conn = MySQLdb.connect(**db.config().dsn.connect_args())
     wf = notifyq.Workflow()
@@ -271,6 +289,43 @@ def test_a_released_child_wakes_an_idle_consumer(db):
             t.join(30)
 
 
+@pytest.mark.parametrize("ends", ["acked", "completed in its transaction"])
+def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, ends):
+    # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
+    # of a parent on queue "q" (whose handler ends it by its ack, or in job.transaction())
+    cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}], delay=1.5)  # runs once both workers idle
+        child = Producer("other", db.config())
+        with child:
+            [child_id] = child.put_many([{"n": 1}], after=[parent])
+    ran: dict[int, float] = {}
+    stop = threading.Event()
+
+    def handler(job):
+        ran.setdefault(job.id, time.monotonic())
+        if ends != "acked":
+            with job.transaction():
+                pass
+
+    workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
+                      stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        # When the parent runs and is acked
+        wait_until(lambda: parent in ran, 60, message="the parent run")
+        # Then the other queue's idle worker runs the child well before its 10 s poll
+        wait_until(lambda: child_id in ran, 30, message="the child run")
+        assert ran[child_id] - ran[parent] < 4.0, "the child waited for its consumer's poll"
+        assert workers[0].release_wake.wakes >= 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+
 def test_a_release_whose_count_down_changed_nothing_rolls_the_ack_back(db, monkeypatch):
     # Given a child of a claimed parent, and a count-down that changes nothing (as a KILL QUERY
     # that cut it short replies: OK, no row)
@@ -327,6 +382,37 @@ def test_a_put_after_a_parent_done_since_the_callers_snapshot_began_counts_it_do
         app.close()
     # Then the parent counts as done (it is not "unknown"), and the child is ready to run
     assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (child,)) == 0
+
+
+def test_a_put_in_an_older_snapshot_after_a_parent_put_since_takes_it_and_locks_nothing(db):
+    # Given an application connection in REPEATABLE READ whose snapshot began before a parent
+    # was put, and another job done since (its record newer than the snapshot too)
+    app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    try:
+        cur = app.cursor()
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT COUNT(*) FROM nq_job")
+        cur.fetchall()
+        with Producer("q", db.config()) as p:
+            [done] = p.put_many([{"n": 0}])
+            drain(db, lambda job: None)
+            [parent] = p.put_many([{"n": 1}])
+            # When children are put after them on that connection, left uncommitted
+            child = p.put({"c": 0}, after=[parent], conn=app)
+            after_done = p.put({"c": 1}, after=[done], conn=app)
+            # Then both parents are known (not "no job N"), and nothing of the put holds up a
+            # claim and the ack of the parent, nor the ack of another job
+            with opened(db, retry_s=1.0) as session:
+                claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+                session.conn
+                assert parent in [j.id for j in claim.jobs]
+                assert finishes_alone(lambda: queries.ack(session, [j.id for j in claim.jobs], claim.token,
+                                                          keep=False)), "an ack waited for the put"
+            app.commit()
+            p.wake()
+    finally:
+        app.close()
+    assert [status(db, i) for i in (child, after_done)] == [0, 0]
 
 
 @contextlib.contextmanager
@@ -404,6 +490,79 @@ def test_a_workflow_put_holds_no_lock_on_its_queue_row(db):
             app.commit()
         finally:
             app.close()
+
+
+def test_a_parents_ack_never_waits_for_a_put_after_it_still_open(db):
+    # Given a claimed parent, and an application transaction that put a child after it and
+    # stays open (put(after=, conn=): it could stay open longer than innodb_lock_wait_timeout)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        with opened(db, retry_s=1.0) as session:
+            claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+            session.conn
+            app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+            try:
+                child = p.put({"c": 0}, after=[parent], conn=app)
+                # When the parent's consumer acks it
+                # Then the ack commits without waiting for the application's transaction
+                acked = []
+                assert finishes_alone(lambda: acked.append(
+                    queries.ack(session, [parent], claim.token, keep=False))), "the ack waited for the put"
+                assert acked == [1]
+                app.commit()
+            finally:
+                app.close()
+    # And the child, whose edge the ack could not see, is released by the next reaper pass's sweep
+    assert status(db, child) == WAITING
+    reaper.reap_once(db.config().dsn)
+    assert status(db, child) == 0
+
+
+def test_waiting_for_the_result_of_a_cancelled_callback_answers_at_once(db):
+    # Given a batch whose member died, so that its on_success callback ended cancelled
+    wf = notifyq.Workflow()
+    member = wf.add("q", {"n": 0, "fail": True}, max_attempts=1)
+    batch = wf.batch([member], on_success=("q", {"n": 1}))
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+        run(db, "q", [])
+        assert status(db, batch.on_success.id) == CANCELLED
+        # When a caller waits for its result (as long as a batch may take)
+        started = time.monotonic()
+        # Then it is told at once that it was cancelled, and why (not "has not finished")
+        with pytest.raises(errors.InputError, match=f"job {batch.on_success.id} was cancelled: not run: parent"):
+            p.result(batch.on_success.id, wait=20)
+        assert time.monotonic() - started < 10
+
+
+def test_a_parent_that_ends_while_a_put_after_it_commits_is_settled_by_that_put_or_wake(db, monkeypatch):
+    # Given a parent that is done, and a put after it that read it while it still ran (it ended
+    # between the put's read and its COMMIT: its ack could not see the new edge)
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}])
+        drain(db, lambda job: None)
+        real = workflows.parents_state
+        reads = []
+
+        def read_before_its_end(cur, ids, missing=None):
+            reads.append(ids)
+            return {i: "pending" for i in ids} if len(reads) == 1 else real(cur, ids, missing)
+
+        monkeypatch.setattr(workflows, "parents_state", read_before_its_end)
+        # When the put commits (on the producer's connection; on the caller's, then wake())
+        child = p.put({"c": 0}, after=[parent])
+        app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+        try:
+            reads.clear()
+            in_app = p.put({"c": 1}, after=[parent], conn=app)
+            app.commit()
+            assert status(db, in_app) == WAITING
+            p.wake()
+        finally:
+            app.close()
+    # Then the producer settles that parent itself: the children are ready, no sweep needed
+    assert status(db, child) == 0
+    assert status(db, in_app) == 0
 
 
 # ---------------------------------------------------------------- retry and cancel of a workflow's jobs
@@ -523,6 +682,33 @@ def test_a_retried_dead_parent_is_waited_for_again_by_the_children_that_run_anyw
     assert ran == ["a", "b", "x"]
     assert db.query("SELECT status, last_error FROM nq_job WHERE id = %s", (batch.on_dead.id,)) == [
         (CANCELLED, "not run: no parent ended dead or cancelled")]
+
+
+def test_a_member_retried_after_its_batch_ended_reopens_the_batch_and_each_callback_runs_once(db):
+    # Given a batch of a (it dies) and b, with its three callbacks, run to its end: on_dead and
+    # on_complete ran, on_success was cancelled
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a", "fail": True}, max_attempts=1)
+    b = wf.add("q", {"n": "b"})
+    batch = wf.batch([a, b], on_success=("q", {"n": "success"}), on_complete=("q", {"n": "complete"}),
+                     on_dead=("q", {"n": "dead"}))
+    with Producer("q", db.config()) as producer:
+        producer.put_workflow(wf)
+    ran = []
+    run(db, "q", ran)
+    assert sorted(ran) == ["b", "complete", "dead"]
+    assert status(db, batch.on_success.id) == CANCELLED
+    # When a is retried and now succeeds
+    db.query("UPDATE nq_job SET payload = %s WHERE id = %s", (json.dumps({"n": "a"}), a.id))
+    with opened(db) as session:
+        assert admin.retry(session, a.id) == "retried"
+    assert status(db, batch.on_success.id) == WAITING  # the batch is open again
+    run(db, "q", ran)
+    # Then on_success runs too (every member is done now), and the callbacks that ran already
+    # (on_dead, on_complete) do not run again: each callback ran at most once
+    assert sorted(ran) == ["a", "b", "complete", "dead", "success"]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 6") == 0
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge WHERE state NOT IN (2, 3)") == 0
 
 
 def test_a_dead_parent_whose_dedup_key_is_taken_stays_dead_and_so_do_the_jobs_it_cancelled(db):

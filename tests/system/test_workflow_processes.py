@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import MySQLdb
 from conftest import notifyq_cmd, wait_until
 
 from notifyq.produce.producer import Producer
@@ -67,3 +68,41 @@ def test_children_put_after_running_parents_each_start_once(db, tmp_path):
     twice = {job_id: n for job_id, n in counts.items() if n > 1}
     assert not twice, f"{len(twice)} of {len(put)} jobs started more than once: {sorted(twice.items())[:10]}"
     assert codes == [0] * 3
+
+
+def test_an_application_transaction_left_open_over_a_put_after_a_running_parent_stalls_nothing(db, tmp_path):
+    # Given a consumer process of two queues, and a parent running on one of them
+    env = {**db.env, "NQ_TEST_OUT": str(tmp_path)}
+    log = open(tmp_path / "consumer.err", "w")
+    consumer = subprocess.Popen(notifyq_cmd("consume", "-q", "wf", "-q", "wfother", "--workers", "2",
+                                            "--handler", "nqhandlers:record_then_sleep"),
+                                env=env, stdout=subprocess.DEVNULL, stderr=log)
+    app = MySQLdb.connect(**db.dsn.connect_args(), autocommit=False)
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 60, message="the consumer")
+        with Producer("wf", db.config()) as producer:
+            [parent] = producer.put_many([{"ms": 300}])
+            wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (parent,)) == 2, 30, 0.005,
+                       "the parent running")
+            # When an application's transaction puts a child after it and stays open (longer
+            # than any lock wait: a session's innodb_lock_wait_timeout is 10 s)
+            child = producer.put({"ms": 0}, after=[parent], conn=app)
+            # Then the parent's ack lands while that transaction is open: it waits for nothing
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (parent,)) == 0, 8, 0.05,
+                       "the parent acked while the application's transaction is open")
+            # And the other queue's jobs run meanwhile
+            [other] = Producer("wfother", db.config()).put_many([{"ms": 0}])
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (other,)) == 0, 30, 0.05,
+                       "a job of the other queue run")
+            app.commit()
+        # And once the application commits, the child runs (the sweep releases it), once
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (child,)) == 0, 30, 0.05,
+                   "the child run")
+        assert consumer.poll() is None, "the consumer exited"
+    finally:
+        app.close()
+        consumer.send_signal(signal.SIGTERM)
+        code = consumer.wait(60)
+        log.close()
+    assert code == 0
+    assert starts(tmp_path)[child] == 1

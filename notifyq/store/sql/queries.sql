@@ -1451,17 +1451,23 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, t.PROCESSLIST_TIME DESC,
 -- Only the VALUES row is used, after the head: one row per (parent, child).
 INSERT INTO nq_edge (parent_id, child_id, child_queue) VALUES (%s, %s, %s)
 
--- parents_lock --
--- The parents named by a put with after=, locked in share mode until the put commits: an ack
--- or a burial of one of them waits for the put, so it finds the new edges (never a child added
--- after its parent's end was settled, left waiting).
-SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s LOCK IN SHARE MODE
+-- parents_read --
+-- The parents named by a put with after=: a plain read, no lock. A share lock held until the
+-- put commits made a parent's ack wait for the put's transaction, however long the caller
+-- kept it open (an application's own, put(conn=)), and fail after innodb_lock_wait_timeout,
+-- taking its consumer down. A parent that ends between this read and the put's COMMIT (or
+-- after the caller's snapshot began) is counted pending: its end's release does not see the
+-- new edge, which stays waiting with its parent ended, and the sweep (edges_ended) settles it.
+-- Never early: a child is counted down only by the edges an end marks.
+SELECT id, status FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 
 -- parents_gone --
 -- Parents with no row, by their records: done (their ack's; the row went with the ack), or
--- cancelled before they ran (the cancel's record). No record: unknown. A locking read: on a
--- caller's connection in REPEATABLE READ a plain read sees the snapshot of its first read, from
--- before a parent's ack, and called a parent done since then unknown.
+-- cancelled before they ran (the cancel's record). No record: unknown. A locking read (a
+-- current one, not a snapshot's), in a short transaction of the producer's own session: for a
+-- put on a caller's connection, parents_state reads here, on that session, the parents the
+-- caller's transaction does not see (a REPEATABLE READ snapshot older than them, or than their
+-- ack), so that nothing is locked for as long as the caller's transaction lasts.
 SELECT job_id, MAX(outcome = 'done') FROM nq_attempt FORCE INDEX (PRIMARY)
 WHERE job_id IN %(ids)s AND outcome IN ('done', 'cancelled', 'purged')
 GROUP BY job_id LOCK IN SHARE MODE
@@ -1520,6 +1526,14 @@ SET c.status = IF(c.after_mode = 2 AND c.parents_failed = 0, 5, IF(c.run_at > UT
                       c.last_error),
     c.cancelled_by = IF(c.after_mode = 2 AND c.parents_failed = 0, 'workflow', c.cancelled_by)
 WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status = 6 AND c.waits_on = 0
+
+-- children_released_queues --
+-- The queues of the children this release made ready or scheduled (marked edges live only
+-- inside this transaction): the consumer that commits it wakes their idle consumers after its
+-- COMMIT, as a put's producer does (consume/release_wake.py).
+SELECT DISTINCT e.child_queue FROM nq_edge e FORCE INDEX (PRIMARY)
+JOIN nq_job c ON c.id = e.child_id
+WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status IN (0, 1) AND c.waits_on = 0
 
 -- children_wake --
 -- The released children's queues, each bumped by how many it got, as a put bumps them: idle
@@ -1603,6 +1617,16 @@ UPDATE nq_job c FORCE INDEX (PRIMARY)
 SET c.status = 6, c.finished_at = NULL, c.cancelled_by = NULL, c.cancelled_at = NULL, c.last_error = NULL,
     c.waits_on = (SELECT COUNT(*) FROM nq_edge f WHERE f.child_id = c.id AND f.state = 0)
 WHERE c.id IN %(ids)s AND c.status = 5
+
+-- sweep_needed --
+-- Whether the sweep (workflows.settle) has anything to do: a waiting edge whose parent ended
+-- (edges_ended's), or a settled edge whose child is gone (edges_of_gone's). One statement, so a
+-- consumer process can ask it on every sweep turn for the price of one read; each EXISTS stops
+-- at its first row.
+SELECT EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job p ON p.id = e.parent_id
+               WHERE e.state = 0 AND (p.id IS NULL OR p.status IN (3, 4, 5)))
+    OR EXISTS (SELECT 1 FROM nq_edge e FORCE INDEX (ix_state) LEFT JOIN nq_job c ON c.id = e.child_id
+               WHERE e.state IN (2, 3) AND c.id IS NULL)
 
 -- edges_ended --
 -- The sweep (workflows.settle): waiting edges whose parent has ended (done, dead or cancelled,
