@@ -116,6 +116,10 @@ class Worker:
                     self._maybe_reap()
                     got, drained = self._claim_and_run()
                     if not got and self.exit_when_empty:
+                        if self.acks.released_children():
+                            # The acks riding this claim released workflow children after its
+                            # read: they are ready now, and this run's to take (the chain's next job)
+                            continue
                         if self._held_s is not None:
                             # A rate held ready jobs back: they are not gone, they wait for its
                             # refill; a cron run waits for it too, instead of leaving them.

@@ -10,7 +10,7 @@ import time
 
 import MySQLdb
 import pytest
-from conftest import run_cli, wait_until
+from conftest import cron_run, run_cli, wait_until
 from test_effects import drain
 
 import notifyq
@@ -63,6 +63,21 @@ def test_a_chain_runs_in_order_and_its_jobs_wait_until_then(db):
     # And a reaper pass's sweep drops the edges of children that are gone
     reaper.reap_once(db.config().dsn)
     assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
+
+
+def test_one_cron_run_runs_a_chain_to_its_end(db):
+    # Given a chain of three jobs on one queue
+    wf = notifyq.Workflow()
+    wf.chain("q", [{"n": 0}, {"n": 1}, {"n": 2}])
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    # When ONE consumer run with --exit-when-empty drains the queue
+    ran = []
+    worker = cron_run(db.config(), "q", lambda job: ran.append(job.payload["n"]))
+    # Then it did not stop while its own ack had released the next job: all three ran, in order
+    assert worker.error is None, worker.error
+    assert ran == [0, 1, 2]
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 0
 
 
 def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db):
