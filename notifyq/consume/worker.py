@@ -23,6 +23,7 @@ from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
 from notifyq.consume.acking import PendingAcks
 from notifyq.consume.batch import Batch, BatchRun
+from notifyq.consume.fair_order import round_robin_by_key
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
@@ -286,7 +287,9 @@ class Worker:
         if before_run is not None:
             before_run(claim)
         if claim.jobs:
-            self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
+            # A fair queue's batch starts its keys in turn (fair_order.py), not in claim order
+            jobs = round_robin_by_key(claim.jobs) if qc.fair else claim.jobs
+            self._run(Batch(claim.token, jobs, qc.lease_s, claimed_at, claim.commit,
                             owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained

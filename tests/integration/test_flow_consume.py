@@ -1,0 +1,63 @@
+"""Flow control as consumers run it (in-process ConsumerService, plain Python handlers): a fair
+queue's batch starts its keys in turn and gives a key put after its claim a turn; a limited
+key's batch does not keep its slots from idle workers; a cron run (--exit-when-empty) waits
+for what a limit holds instead of exiting beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from conftest import wait_until
+from test_lineup import running
+
+from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.jobs import Job
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
+
+
+class Starts:
+    """Notes each job's key as it starts, and how many jobs run at once (the most seen).
+    `together`: a job waits (at most `patience` s) until that many run at once, so that jobs a
+    batch runs one after another show as never more than one running."""
+
+    def __init__(self, together: int = 1, patience: float = 0.0, seconds: float = 0.0):
+        self.together, self.patience, self.seconds = together, patience, seconds
+        self.keys: list[str | None] = []
+        self.now = self.most = 0
+        self.cond = threading.Condition()
+
+    def __call__(self, job: Job) -> None:
+        with self.cond:
+            self.keys.append(job.key)
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.now >= self.together, self.patience)
+        try:
+            if self.seconds:
+                time.sleep(self.seconds)  # the job's own work (its length is what the test is about)
+        finally:
+            with self.cond:
+                self.now -= 1
+
+
+def test_a_fair_batch_starts_its_keys_in_turn_not_in_claim_order(db):
+    # Given a fair queue with 50 jobs of key a put before 3 of key b, and a claim of 100 (one
+    # claim takes all 53: each key's share is 50); no hand-back (batch_target_s = 0)
+    cfg = db.config(queue={"fq": {"fair": True, "batch_target_s": 0}})
+    with Producer("fq", cfg) as producer:
+        producer.put_many([{}] * 50, key="a")
+        producer.put_many([{}] * 3, key="b")
+    starts = Starts()
+    # When one worker runs it
+    service = ConsumerService(cfg, ConsumeOptions(queues=("fq",), function=starts, workers=1,
+                                                  batch_size=100, exit_when_empty=True))
+    assert service.run(threading.Event()) == 0
+    # Then b's jobs start among the first, a and b in turn (code before: claim order, b's
+    # first job 51st)
+    assert len(starts.keys) == 53
+    assert starts.keys[:6] == ["a", "b", "a", "b", "a", "b"], starts.keys[:10]
