@@ -61,3 +61,20 @@ def test_a_fair_batch_starts_its_keys_in_turn_not_in_claim_order(db):
     # first job 51st)
     assert len(starts.keys) == 53
     assert starts.keys[:6] == ["a", "b", "a", "b", "a", "b"], starts.keys[:10]
+
+def test_fair_claims_smaller_than_their_keys_take_the_keys_in_turn(db):
+    # Given a fair queue with 20 jobs of key a put before 2 of key b
+    cfg = db.config()
+    with Producer("q", cfg) as producer:
+        producer.put_many([{}] * 20, key="a")
+        producer.put_many([{}] * 2, key="b")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(fair=True))
+    try:
+        # When one worker claims one job at a time (a claim sized down to slow jobs)
+        keys = [queries.claim(session, "q", "o" * 32, 1, 60, flow=flow).jobs[0].key for _ in range(4)]
+    finally:
+        session.close()
+    # Then its claims alternate between the keys (code before: a every time, the key with the
+    # oldest job, and b only once a's 20 had started)
+    assert keys == ["a", "b", "a", "b"]
