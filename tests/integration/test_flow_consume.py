@@ -78,3 +78,32 @@ def test_fair_claims_smaller_than_their_keys_take_the_keys_in_turn(db):
     # Then its claims alternate between the keys (code before: a every time, the key with the
     # oldest job, and b only once a's 20 had started)
     assert keys == ["a", "b", "a", "b"]
+
+def test_a_fair_key_put_after_busy_workers_claimed_another_keys_backlog_starts_soon(db):
+    # Given a fair queue, two busy workers, each with a claim of 10 jobs of key a (0.2 s each)
+    cfg = db.config(queue={"fq": {"fair": True}})
+    starts = Starts(seconds=0.2)
+    with running(cfg, "fq", starts, workers=2, batch_size=10):
+        with Producer("fq", cfg) as producer:
+            producer.put_many([{}] * 10, key="a")
+            producer.put_many([{}] * 10, key="a")
+            wait_until(lambda: len(starts.keys) >= 2, 15, message="both workers run a job of a")
+            # When a job of key b is put
+            producer.put({}, key="b")
+        wait_until(lambda: "b" in starts.keys, 30, message="b started")
+    # Then it starts within the next few starts, not after the workers' batches of a (code
+    # before: 21st, after all 20 of a)
+    assert starts.keys.index("b") < 6, starts.keys
+
+def test_a_limited_keys_batch_hands_its_unstarted_jobs_to_idle_workers(db):
+    # Given a key limited to 3 running, 3 long jobs of it put at once, and 3 idle workers (the
+    # watcher's claim takes all three: a batch of 3)
+    cfg = db.config(queue={"lq": {"limit_per_key": 3}})
+    starts = Starts(together=3, patience=10)
+    with running(cfg, "lq", starts, workers=3):
+        with Producer("lq", cfg) as producer:
+            producer.put_many([{}] * 3, key="big")
+        wait_until(lambda: len(starts.keys) == 3 and starts.now == 0, 60, message="the three jobs ran")
+    # Then they ran at once, on three workers (code before: one after another in the claim's
+    # batch, each waiting out its patience alone, while two workers idled)
+    assert starts.most == 3
