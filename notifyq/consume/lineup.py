@@ -31,10 +31,12 @@ the claims after it are sized by it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,6 +143,7 @@ class LineupWatch:
         self.in_flight = 0  # give-backs under way (tests read it; the watch's thread alone writes it)
         self._due: dict[WatchedBatch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
         self._rules: dict[WatchedBatch, HandBackRule] = {}
+        self._idle_here: dict[str, int] = {}  # queue -> its workers of this process that idle without watching
         self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
         self._closed = False
@@ -163,6 +166,19 @@ class LineupWatch:
                 self._thread.start()
             elif due < self._sleeps_until:
                 self._cond.notify()  # (a batch of a queue whose batch_target_s is shorter, or nothing was due)
+
+    @contextlib.contextmanager
+    def idling(self, queue: str) -> Iterator[None]:
+        """A worker of `queue` idles without holding its watch lock (a cron run waiting for a
+        limit's slot): a consumer the watch cannot see in the lock, but one that takes what is
+        handed back."""
+        with self._cond:
+            self._idle_here[queue] = self._idle_here.get(queue, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._idle_here[queue] -= 1
 
     def done(self, batch: WatchedBatch) -> None:
         """The batch's run ended (its worker gives back what it did not start), or it handed back."""
@@ -254,6 +270,9 @@ class LineupWatch:
         """A consumer of the queue, in this process or another, waits for work: the queue's watch
         lock is held (by the watcher, idle or claiming). Polling consumers cannot be seen: then
         yes, as when the look fails."""
+        with self._cond:
+            if self._idle_here.get(queue, 0) > 0:
+                return True
         if not self.config.wakeup.use_locks:
             return True
         try:

@@ -62,6 +62,7 @@ def test_a_fair_batch_starts_its_keys_in_turn_not_in_claim_order(db):
     assert len(starts.keys) == 53
     assert starts.keys[:6] == ["a", "b", "a", "b", "a", "b"], starts.keys[:10]
 
+
 def test_fair_claims_smaller_than_their_keys_take_the_keys_in_turn(db):
     # Given a fair queue with 20 jobs of key a put before 2 of key b
     cfg = db.config()
@@ -79,6 +80,7 @@ def test_fair_claims_smaller_than_their_keys_take_the_keys_in_turn(db):
     # oldest job, and b only once a's 20 had started)
     assert keys == ["a", "b", "a", "b"]
 
+
 def test_a_fair_key_put_after_busy_workers_claimed_another_keys_backlog_starts_soon(db):
     # Given a fair queue, two busy workers, each with a claim of 10 jobs of key a (0.2 s each)
     cfg = db.config(queue={"fq": {"fair": True}})
@@ -95,6 +97,7 @@ def test_a_fair_key_put_after_busy_workers_claimed_another_keys_backlog_starts_s
     # before: 21st, after all 20 of a)
     assert starts.keys.index("b") < 6, starts.keys
 
+
 def test_a_limited_keys_batch_hands_its_unstarted_jobs_to_idle_workers(db):
     # Given a key limited to 3 running, 3 long jobs of it put at once, and 3 idle workers (the
     # watcher's claim takes all three: a batch of 3)
@@ -107,3 +110,21 @@ def test_a_limited_keys_batch_hands_its_unstarted_jobs_to_idle_workers(db):
     # Then they ran at once, on three workers (code before: one after another in the claim's
     # batch, each waiting out its patience alone, while two workers idled)
     assert starts.most == 3
+
+
+def test_a_cron_run_of_several_workers_waits_for_what_a_limit_holds_and_runs_it_at_once(db):
+    # Given 3 keys limited to 1 running each, 3 jobs of each
+    cfg = db.config(queue={"lq": {"limit_per_key": 1}})
+    with Producer("lq", cfg) as producer:
+        for key in "abc":
+            producer.put_many([{}] * 3, key=key)
+    starts = Starts(together=3, patience=1)
+    # When a cron run with 3 workers drains it
+    service = ConsumerService(cfg, ConsumeOptions(queues=("lq",), function=starts, workers=3,
+                                                  exit_when_empty=True))
+    assert service.run(threading.Event()) == 0
+    # Then it ran every job, and three at once (code before: the workers whose first claim the
+    # limits left empty exited, and the last one ran the keys one job at a time)
+    assert len(starts.keys) == 9
+    assert starts.most == 3
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'lq'") == 0

@@ -1794,3 +1794,10 @@ UNION ALL
 -- The workflow page's members by primary key: state, attempts, what they wait for.
 SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode
 FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
+-- ready_left --
+-- Whether the queue has a ready job a consumer of code `version` may run: a cron run's worker
+-- (--exit-when-empty) whose claim a limit left empty asks it before it exits (queries.ready_left).
+SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+LIMIT 1
