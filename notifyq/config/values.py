@@ -38,6 +38,7 @@ def queue_name(name: Any, error: type[errors.NotifyqError] = errors.InputError) 
 
 # nq_job.job_key and nq_dedup.dedup_key are VARCHAR(191): utf8mb4's longest indexable prefix
 KEY_MAX_CHARS = 191
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (U+0085, a line break to some readers)
 
 
 def job_key(name: str, key: Any, error: type[errors.NotifyqError] = errors.InputError) -> str:
@@ -58,7 +59,7 @@ def job_key(name: str, key: Any, error: type[errors.NotifyqError] = errors.Input
         # another's (a limited key that never ran, a rated consumer that failed).
         if key.endswith(" ") or key.isspace():
             raise error(f"{name} must not end with a space, got {shown(key)}")
-        if any(ch < " " or ch == "\x7f" for ch in key):
+        if _CONTROL.search(key):
             raise error(f"{name} must not contain control characters, got {shown(key)}")
     return key
 
@@ -108,7 +109,9 @@ def duration_text(text: str) -> float | None:
 # A rate limit, "N/PERIOD": at most N starts in any window of PERIOD (config `rate`,
 # `rate_per_key`; store/rates.py keeps the last N start times of each budget, one row each, so N
 # is bounded). PERIOD is a number with a unit (ms, s, m, h, d), the number 1 if left out ("10/s").
-_RATE = re.compile(r"^(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)$")
+# ASCII digits and spaces only, the unit in lower case: "\d" took Arabic and fullwidth digits,
+# "\s" any Unicode space, and the load lower-cased "10/1S"; only what the docs name loads.
+_RATE = re.compile(r" *([0-9]+) */ *([0-9]+(?:\.[0-9]+)?)? *(ms|s|m|h|d) *")
 _RATE_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 RATE_MAX_COUNT = 10000
 RATE_PERIOD_S = (0.001, 86400.0)
@@ -131,7 +134,7 @@ def rate(name: str, value: Any, error: type[errors.NotifyqError] = errors.InputE
     """A rate limit's text -> Rate; "" -> None (no limit). One line naming `name` otherwise."""
     if value == "":
         return None
-    m = _RATE.match(value.strip().lower()) if isinstance(value, str) else None
+    m = _RATE.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise error(f"{name}: expected {RATE_FORMS}, got {shown(value)}")
     count = int(m.group(1))

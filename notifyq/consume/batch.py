@@ -25,6 +25,7 @@ from notifyq.config import QueueConfig
 from notifyq.consume import timeout
 from notifyq.consume.acking import PendingAcks
 from notifyq.consume.effects import Completion
+from notifyq.consume.lineup import HandBackRule
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Stats
@@ -64,6 +65,7 @@ class Batch:
         self.last_end = 0.0
         self.ran = 0
         self.running: list[Job] = []  # in the handler right now
+        self.running_since = claimed_at  # monotonic: when `running` started
         # Finished, outcome not yet sent (acks go out about once a second): still claimed, so
         # still covered by every extension. A long job's extend_lease() once pushed out its own
         # lease alone, and the finished jobs before it expired and ran again elsewhere.
@@ -170,7 +172,7 @@ class Batch:
         self.running = jobs
         if not jobs:
             return
-        now = time.monotonic()
+        now = self.running_since = time.monotonic()
         for job in jobs:
             run_of(job).start(now)
         if self.first_start is None:
@@ -245,13 +247,10 @@ class BatchRun:
                 self._call([j for j in jobs if j.error is None])
                 batch.finish()
             else:
-                # What waits behind a long job goes back to the queue (lineup.py), except on a
-                # limited queue: its consumers idle whenever a limit holds jobs back, so every
-                # batch's waiting jobs went back 50 ms after their claim, a churn of claims and
-                # give-backs on the keys' rows that stalled the queue for 25 s in the fault
-                # schedule. (Its claims are sized by the free slots instead.)
-                if not self.qc.limited:
-                    self.presence.lineup.watch(batch, self.queue, self.qc.batch_target_s)
+                # What waits behind a long job goes back to the queue (lineup.py); a limited
+                # or fair queue's by rules of its own (HandBackRule)
+                self.presence.lineup.watch(batch, self.queue, self.qc.batch_target_s,
+                                           HandBackRule.of(self.qc.limited, self.qc.fair))
                 self._run_in_order()
             self._observe_pace()
         except BaseException as e:

@@ -31,10 +31,13 @@ the claims after it are sized by it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from notifyq import errors
@@ -61,12 +64,35 @@ class WatchedBatch(Protocol):
     jobs: list[Job]
     claimed_at: float  # monotonic
     running: list[Job]  # in the handler right now
+    running_since: float  # monotonic: when what runs now started
 
     def waiting(self) -> list[int]: ...
 
     def hand_back(self) -> list[int] | None: ...
 
     given_back: threading.Event  # cleared by hand_back() when it took jobs; set once they are back
+
+
+@dataclass(frozen=True)
+class HandBackRule:
+    """When a queue's batch hands back what waits behind its running job (LineupWatch).
+
+    long_only (a limited queue): only behind a job that has run batch_target_s itself. Its
+    consumers idle whenever a limit holds jobs back, so a batch of quick jobs, adding up to
+    batch_target_s, went back 50 ms after its claim every time: a churn of claims and
+    give-backs on the keys' rows that stalled the queue for 25 s in the fault schedule. But the
+    unstarted jobs of a limited key's batch hold its slots: 3 jobs of 3 s of a key limited to 3
+    ran one after another on one worker while seven idled. Behind a long job they go back.
+    even_if_none_idle (a fair queue): behind a long job, whether or not a consumer idles: the
+    next claims, by whichever worker, take the keys in turn, where the batch would have run
+    one key's backlog before a key put after its claim."""
+
+    long_only: bool = False
+    even_if_none_idle: bool = False
+
+    @classmethod
+    def of(cls, limited: bool, fair: bool) -> HandBackRule:
+        return cls(long_only=limited, even_if_none_idle=fair)
 
 
 class ClaimSizer:
@@ -116,6 +142,8 @@ class LineupWatch:
         self.handed_back = 0  # jobs given back by this watch (tests and benchmarks read it)
         self.in_flight = 0  # give-backs under way (tests read it; the watch's thread alone writes it)
         self._due: dict[WatchedBatch, tuple[float, str, float]] = {}  # batch -> (monotonic due time, queue, target)
+        self._rules: dict[WatchedBatch, HandBackRule] = {}
+        self._idle_here: dict[str, int] = {}  # queue -> its workers of this process that idle without watching
         self._sleeps_until = 0.0  # monotonic: the thread's wait ends then (inf: until notified)
         self._cond = threading.Condition()
         self._closed = False
@@ -123,7 +151,7 @@ class LineupWatch:
         self._session: Session | None = None
         self._wakers: dict[str, InstantWake] = {}
 
-    def watch(self, batch: WatchedBatch, queue: str, target_s: float) -> None:
+    def watch(self, batch: WatchedBatch, queue: str, target_s: float, rule: HandBackRule = HandBackRule()) -> None:
         """A per-job batch starts: due batch_target_s after its claim."""
         if target_s <= 0 or len(batch.jobs) < 2:
             return
@@ -132,16 +160,31 @@ class LineupWatch:
                 return
             due = batch.claimed_at + target_s
             self._due[batch] = (due, queue, target_s)
+            self._rules[batch] = rule
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="notifyq-lineup", daemon=True)
                 self._thread.start()
             elif due < self._sleeps_until:
                 self._cond.notify()  # (a batch of a queue whose batch_target_s is shorter, or nothing was due)
 
+    @contextlib.contextmanager
+    def idling(self, queue: str) -> Iterator[None]:
+        """A worker of `queue` idles without holding its watch lock (a cron run waiting for a
+        limit's slot): a consumer the watch cannot see in the lock, but one that takes what is
+        handed back."""
+        with self._cond:
+            self._idle_here[queue] = self._idle_here.get(queue, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._idle_here[queue] -= 1
+
     def done(self, batch: WatchedBatch) -> None:
         """The batch's run ended (its worker gives back what it did not start), or it handed back."""
         with self._cond:
             self._due.pop(batch, None)
+            self._rules.pop(batch, None)
 
     def close(self) -> None:
         with self._cond:
@@ -160,23 +203,23 @@ class LineupWatch:
                 due = self._next_due()
             if due is None:
                 return
-            for batch, queue in due:
+            for batch, queue, target_s, rule in due:
                 try:
-                    self._relieve(batch, queue)
+                    self._relieve(batch, queue, target_s, rule)
                 except Exception as e:  # never let the thread die: the batches still run, in order
                     log.warning("could not hand back waiting jobs queue=%s error=%s", queue, e,
                                 exc_info=not isinstance(e, errors.NotifyqError))
 
-    def _next_due(self) -> list[tuple[WatchedBatch, str]] | None:
+    def _next_due(self) -> list[tuple[WatchedBatch, str, float, HandBackRule]] | None:
         """(Under the condition) the batches due now, waiting until there are some; None: closed.
         Each is due again batch_target_s later: while no consumer idles, it is looked at that often."""
         while not self._closed:
             now = time.monotonic()
-            due: list[tuple[WatchedBatch, str]] = []
+            due: list[tuple[WatchedBatch, str, float, HandBackRule]] = []
             for batch, (at, queue, target_s) in list(self._due.items()):
                 if at <= now:
                     self._due[batch] = (now + target_s, queue, target_s)
-                    due.append((batch, queue))
+                    due.append((batch, queue, target_s, self._rules.get(batch, HandBackRule())))
             if due:
                 return due
             self._sleeps_until = min((at for at, _, _ in self._due.values()), default=math.inf)
@@ -190,9 +233,10 @@ class LineupWatch:
                 _, queue, target_s = self._due[batch]
                 self._due[batch] = (time.monotonic() + seconds, queue, target_s)
 
-    def _relieve(self, batch: WatchedBatch, queue: str) -> None:
+    def _relieve(self, batch: WatchedBatch, queue: str, target_s: float, rule: HandBackRule) -> None:
         """A due batch: what waits behind its running job goes back to the queue, if a consumer
-        idles to take it. (Read without the batch's lock first: hand_back decides.)"""
+        idles to take it (or as `rule` says). (Read without the batch's lock first: hand_back
+        decides.)"""
         if self.stop.is_set():  # shutting down: the worker gives back what it does not start
             self.done(batch)
             return
@@ -202,7 +246,12 @@ class LineupWatch:
         if not batch.waiting():
             self.done(batch)
             return
-        if not self._someone_idles(queue):
+        ran_s = time.monotonic() - batch.running_since
+        long_job = ran_s >= target_s
+        if rule.long_only and not long_job:
+            self._due_in(batch, target_s - ran_s)  # quick jobs in a row: looked at again if this one runs long
+            return
+        if not (rule.even_if_none_idle and long_job) and not self._someone_idles(queue):
             return  # every consumer is busy: the batch's own worker is as good as any (due again later)
         ids = batch.hand_back()
         if ids is None:
@@ -221,6 +270,9 @@ class LineupWatch:
         """A consumer of the queue, in this process or another, waits for work: the queue's watch
         lock is held (by the watcher, idle or claiming). Polling consumers cannot be seen: then
         yes, as when the look fails."""
+        with self._cond:
+            if self._idle_here.get(queue, 0) > 0:
+                return True
         if not self.config.wakeup.use_locks:
             return True
         try:

@@ -40,10 +40,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from notifyq import errors
-from notifyq.config import Config, periodic_entries
+from notifyq.config import Config, QueueConfig, periodic_entries
 from notifyq.jobs import Status
 from notifyq.ops import admin
-from notifyq.store import admin_queries, advisory, dedup
+from notifyq.store import admin_queries, advisory, dedup, key_sweep
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.locks import QueueLocks
@@ -87,6 +87,8 @@ class QueueState:
     skipped: int = 0
     purged: int = 0
     dedup_after: str = ""  # where the next sweep of ended jobs' dedup keys starts
+    flow_keys_after: str = ""  # where the next sweep of unused flow keys starts (store/key_sweep.py)
+    rate_keys_after: str = ""  # and of idle keys' rate logs
     # With retention_s <= 0: the last attempt record retention passed (purge_gone_attempts)
     records_after: tuple[dt.datetime, int] = admin_queries.GONE_ATTEMPTS_START
 
@@ -339,6 +341,7 @@ class Scheduler:
         _, state.dedup_after = dedup.sweep(self._work_session(), queue, state.dedup_after)
         keep_s = self.config.queue(queue).retention_s
         qc = self.config.queue(queue)
+        self._sweep_keys(queue, qc, state)
         if keep_s <= 0:  # finished jobs kept for ever, and their records; not those of jobs gone
             n, complete, state.records_after = purge_gone_attempts(
                 self._work_session(), queue, max(GONE_RECORDS_KEEP_S, qc.result_ttl_s), state.records_after)
@@ -353,6 +356,19 @@ class Scheduler:
         if n:
             log.info("retention purged jobs queue=%s n=%d older_than_s=%g%s", queue, n, keep_s,
                      "" if complete else " (more next turn)")
+
+    def _sweep_keys(self, queue: str, qc: QueueConfig, state: QueueState) -> None:
+        """The per-key rows of keys no longer in use (store/key_sweep.py), whatever retention_s
+        says: they are bookkeeping, not history."""
+        if qc.flow_controlled or qc.rates[1] is not None:
+            n, state.flow_keys_after = key_sweep.sweep_flow_keys(self._work_session(), queue, state.flow_keys_after)
+            if n:
+                log.info("retention swept unused flow keys queue=%s n=%d", queue, n)
+        if qc.rates[1] is not None:
+            n, state.rate_keys_after = key_sweep.sweep_rate_keys(
+                self._work_session(), queue, qc.rates[1].period_s, state.rate_keys_after)
+            if n:
+                log.info("retention swept idle keys' rate slots queue=%s n=%d", queue, n)
 
     # -------------------------------------------------------- sessions
 

@@ -23,6 +23,7 @@ from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
 from notifyq.consume.acking import PendingAcks
 from notifyq.consume.batch import Batch, BatchRun
+from notifyq.consume.fair_order import round_robin_by_key
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
@@ -30,7 +31,7 @@ from notifyq.consume.release_wake import ReleaseWake
 from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
-from notifyq.store import liveness
+from notifyq.store import liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.rates import Rates
@@ -40,6 +41,10 @@ log = logging.getLogger("notifyq.consumer")
 
 SETTLE_AFTER_STOP_S = 2.0  # how long abandon lets a worker whose command was killed settle its batch
 GONE_LEASE_MARGIN_S = 0.05  # past a gone owner's lease end (the server's clock), so the next pass finds it expired
+# --exit-when-empty, a claim that a limit left empty: claim again after this, doubling up to the
+# most (a slot freed by another process has no wake a cron run's worker waits on)
+LIMIT_HELD_FIRST_S = 0.01
+LIMIT_HELD_MAX_S = 0.25
 
 
 class Worker:
@@ -58,6 +63,7 @@ class Worker:
         self.batch_size = batch_size or self.qc.batch_size
         self.exit_when_empty = exit_when_empty
         self._held_s: float | None = None  # the last claim's: a rate held jobs back this long
+        self._limit_wait_s = LIMIT_HELD_FIRST_S  # --exit-when-empty: the next wait after a limit held jobs
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -125,9 +131,20 @@ class Worker:
                             # refill; a cron run waits for it too, instead of leaving them.
                             self.stop.wait(self._held_s)
                             continue
+                        if self._held_by_limits():
+                            # A limit held ready jobs back: the running jobs that hold their
+                            # slots (another worker's, another process's) free them as they end;
+                            # a cron run waits for that and claims again, as it waits for a
+                            # rate's refill, instead of leaving them (its other workers exited
+                            # at their first empty claim, and one worker ran the queue alone)
+                            with self.presence.lineup.idling(self.queue):  # it takes what a batch hands back
+                                self.stop.wait(self._limit_wait_s)
+                            self._limit_wait_s = min(2 * self._limit_wait_s, LIMIT_HELD_MAX_S)
+                            continue
                         if self._reap_before_exit():
                             continue  # a dead peer's jobs came back: they are ours to run
                         break
+                    self._limit_wait_s = LIMIT_HELD_FIRST_S
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     # Children its acks released (workflows) are claimed at once, not at the wake-up
                     busy = self.exit_when_empty or (got > 0 and not drained) or self.acks.released_children()
@@ -182,6 +199,15 @@ class Worker:
         if self.qc.limited and self.slot_wake is None:
             self.slot_wake = SlotWake(self.config, self.queue, self.waiter.locks)
         self.outcomes.freed = self.slot_wake.freed if self.qc.limited and self.slot_wake else None
+
+    def _held_by_limits(self) -> bool:
+        """After an empty claim of a limited queue: ready jobs are left that a limit held back
+        (running jobs hold their slots) or a peer's claim was taking (its keys' rows locked).
+        Asked of the queue, not of the claim's read: that read is a page of the keys, and it
+        may not have seen the key a limit holds."""
+        if self.flow is None or not self.flow.limits.limited or self.flow.last is None:
+            return False  # (no flow read: a paused queue's claim makes none)
+        return queries.ready_left(self.work, self.queue, self.version)
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()
@@ -278,6 +304,8 @@ class Worker:
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
+        if self.flow is not None:
+            self.flow.last = None  # this claim's read, once it made one (_held_by_limits)
         claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
                                 version=self.version, flow=self.flow)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
@@ -286,7 +314,9 @@ class Worker:
         if before_run is not None:
             before_run(claim)
         if claim.jobs:
-            self._run(Batch(claim.token, claim.jobs, qc.lease_s, claimed_at, claim.commit,
+            # A fair queue's batch starts its keys in turn (fair_order.py), not in claim order
+            jobs = round_robin_by_key(claim.jobs) if qc.fair else claim.jobs
+            self._run(Batch(claim.token, jobs, qc.lease_s, claimed_at, claim.commit,
                             owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained

@@ -66,11 +66,16 @@ def flow(session: Session, queue: str, qc: QueueConfig) -> dict[str, Any]:
     top keys by ready jobs, each with why its jobs wait (docs/flow-control.md)."""
     counts = admin_queries.flow_key_counts(session, queue, TOP_KEYS + 1)
     running = sum(int(r[1]) for r in counts)
+    queue_held = why_held(qc, None, 0, 1, running)  # the queue at its `limit`, or None
     keys, held = [], 0
+    unkeyed = {"running": 0, "ready": 0, "held": 0}
     for key, n_running, n_ready in counts:
-        if key is None:
-            continue
         n_running, n_ready = int(n_running), int(n_ready)
+        if key is None:
+            # Jobs without a key count under the queue's `limit` only: held when it is reached
+            unkeyed = {"running": n_running, "ready": n_ready, "held": n_ready if queue_held else 0}
+            held += unkeyed["held"]
+            continue
         lim = key_limit(qc, key)
         why = why_held(qc, key, n_running, n_ready, running)
         held += n_ready if why else 0
@@ -78,7 +83,7 @@ def flow(session: Session, queue: str, qc: QueueConfig) -> dict[str, Any]:
                      "held": n_ready if why else 0, "why": why})
     return {"limit_per_key": qc.limit_per_key or None, "limit": qc.limit or None, "fair": qc.fair,
             "key_limits": dict(qc.key_limits), "running": running, "held_in_top_keys": held,
-            "keys": keys[:TOP_KEYS]}
+            "queue_held": queue_held, "unkeyed": unkeyed, "keys": keys[:TOP_KEYS]}
 
 
 def why_held(qc: QueueConfig, key: str | None, running: int, ready: int, queue_running: int) -> str | None:
@@ -150,8 +155,13 @@ def flow_lines(queues: dict[str, dict[str, Any]]) -> list[str]:
         if not out:
             out += ["", "flow control (top keys by ready jobs):"]
         limits = "  ".join(f"{k}={f[k]}" for k in ("limit_per_key", "limit") if f[k]) or "no limit"
+        queue_why = f"  held: {f['queue_held']}" if f.get("queue_held") else ""
         out.append(f"  {name}  {limits}{'  fair' if f['fair'] else ''}  running={f['running']}  "
-                   f"held={f['held_in_top_keys']}")
+                   f"held={f['held_in_top_keys']}{queue_why}")
+        unkeyed = f.get("unkeyed") or {}
+        if unkeyed.get("running") or unkeyed.get("ready"):
+            why = f"  held: {f['queue_held']}" if unkeyed["held"] else ""
+            out.append(f"    (no key)  running={unkeyed['running']}  ready={unkeyed['ready']}{why}")
         for k in f["keys"]:
             lim = f"/{k['limit']}" if k["limit"] else ""
             why = f"  held: {k['why']}" if k["why"] else ""

@@ -38,9 +38,14 @@ def merge(per_shard: dict[str, dict[str, Any]], down: dict[str, str]) -> dict[st
                 total[key] += figures[key]
             total["paused"] = total["paused"] or figures["paused"]
             if "flow" in figures:  # a key lives on one shard: its keys are that shard's
-                total.setdefault("flow", {**figures["flow"], "keys": [], "running": 0, "held_in_top_keys": 0})
+                total.setdefault("flow", {**figures["flow"], "keys": [], "running": 0, "held_in_top_keys": 0,
+                                          "queue_held": None, "unkeyed": {"running": 0, "ready": 0, "held": 0}})
                 for k in ("running", "held_in_top_keys"):
                     total["flow"][k] += figures["flow"][k]
+                for k in ("running", "ready", "held"):
+                    total["flow"]["unkeyed"][k] += figures["flow"]["unkeyed"][k]
+                # A queue's `limit` holds per shard: the first shard at its limit is named
+                total["flow"]["queue_held"] = total["flow"]["queue_held"] or figures["flow"]["queue_held"]
                 total["flow"]["keys"] = sorted(total["flow"]["keys"] + figures["flow"]["keys"],
                                                key=lambda k: -k["ready"])[:status.TOP_KEYS]
             for key, pick in (("oldest_ready_age_s", max), ("next_due_in_s", min), ("oldest_claim_age_s", max)):

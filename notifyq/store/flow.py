@@ -112,6 +112,7 @@ class FlowClaims:
         self.active_keys: int | None = None  # keys the last claim found ready jobs of
         self.last: Grant | None = None
         self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
+        self.turn: str | None = None  # a fair claim's last key of its first round (None: none yet)
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -253,6 +254,10 @@ class FlowClaims:
         self.last = grant
         return grant
 
+    def _wrapped(self, key: str | None) -> int:
+        """A fair claim's turn: 0 for a key after the last claim's turn, 1 for one that had it."""
+        return 0 if self.turn is None or (key or "") > self.turn else 1
+
     def _grant(self, plan: _Read, ready: list[tuple], unkeyed: list[tuple], seen: Collection[int] = (),
                taken: Collection[str | None] = ()) -> Grant:
         """The grant of a candidate read: the ids in the order to lock them, within each key's
@@ -292,9 +297,16 @@ class FlowClaims:
 
         if limits.fair:
             # Round-robin: every key's first job, then every key's second, ... (claim order
-            # inside each round).
-            ordered = sorted((rank, *row) for rows in by_key.values() for rank, row in enumerate(rows))
-            ids = [r[3] for r in ordered]
+            # inside each round, except that among jobs of one priority the keys after the last
+            # claim's turn go first: by age alone, a claim smaller than its keys, one job say,
+            # took the key with the oldest job every time, and a big key's backlog held every
+            # other key back as a plain queue's would).
+            ordered = sorted((rank, row[0], self._wrapped(key), *row[1:], key)
+                             for key, rows in by_key.items() for rank, row in enumerate(rows))
+            ids = [r[4] for r in ordered]
+            first_round = [r[-1] for r in ordered[:plan.batch_size] if r[0] == 0]
+            if first_round:
+                self.turn = first_round[-1] or ""
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
         room = None if plan.room is None else plan.room - len(taken)

@@ -789,3 +789,13 @@ def set_paused(session: Session, queue: str, paused: bool) -> bool:
         return created
 
     return session.run(body, what="pause" if paused else "resume")
+
+
+def ready_left(session: Session, queue: str, version: int) -> bool:
+    """Whether `queue` has a ready job a consumer of code `version` may run (a limit or a peer's
+    claim may hold it: a cron run waits for those, not for jobs too new for it)."""
+    def body(cur) -> bool:
+        cur.execute(Q["ready_left"], {"queue": queue, "version": version})
+        return cur.fetchone() is not None
+
+    return session.run(body, what="ready left")

@@ -19,8 +19,14 @@ from notifyq.store.sql import migrations, split_statements
 log = logging.getLogger("notifyq.schema")
 
 
-# Tables a migration adds that the runtime user writes: an upgrade says so (per-table grants)
-NEW_TABLES = {6: "nq_attempt", 7: "nq_flow_key, nq_rate, nq_rate_hold and nq_step", 8: "nq_edge"}
+# The tables a migration creates, read from its text: an upgrade names them (per-table grants).
+# A hand-kept list forgot version 5's nq_dedup.
+_CREATES = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)", re.IGNORECASE)
+
+
+def new_tables(text: str) -> list[str]:
+    """The tables a migration's text creates, in order."""
+    return _CREATES.findall(text)
 
 
 def code_version() -> int:
@@ -103,10 +109,11 @@ def migrate(cur, database: str, upto: int | None = None) -> tuple[int | None, in
             for statement in split_statements(text):
                 cur.execute(statement)
             cur.execute(Q["set_schema_version"], {"version": str(version)})
-            if version in NEW_TABLES and before is not None:
+            tables = new_tables(text)
+            if tables and before is not None:
                 log.warning("schema %d adds tables %s: a runtime user granted table by table needs DML on "
                             "it before consumers of this version start (`notifyq init --print-grants USER` "
-                            "prints the lines)", version, NEW_TABLES[version])
+                            "prints the lines)", version, ", ".join(tables))
         return before, max(before or 0, upto)
     finally:
         cur.execute(Q["release_lock"], {"name": name})

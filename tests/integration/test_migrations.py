@@ -147,3 +147,15 @@ def test_init_upgrades_a_version_6_database_to_job_keys_and_runs_again(db):
     assert db.query("SELECT id, status, job_key FROM nq_job") == [(job_id, 0, None)]
     # and the flow table and ix_key are there once
     assert "ix_key" in _indexes(db, "nq_job") and db.query("SELECT COUNT(*) FROM nq_flow_key") == [(0,)]
+
+
+def test_an_upgrade_names_every_table_each_version_adds_for_the_runtime_users_grants(db, caplog):
+    # Given a version-4 database
+    _version_4(db)
+    # When `notifyq init` upgrades it
+    with caplog.at_level("WARNING", logger="notifyq.schema"):
+        assert schema.init(db.admin) == (4, schema.code_version())
+    # Then each version that adds tables says which (code before: 6, 7 and 8, not 5's nq_dedup)
+    said = {r.args[0]: r.args[1] for r in caplog.records if "adds tables" in r.msg}
+    assert said == {5: "nq_dedup", 6: "nq_attempt", 7: "nq_flow_key, nq_rate, nq_rate_hold, nq_step",
+                    8: "nq_edge"}

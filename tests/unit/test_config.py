@@ -159,7 +159,8 @@ def test_a_password_on_the_command_line_draws_a_warning_and_is_never_printed(tmp
     ('"0/1s"', "N must be 1-10000"), ('"-1/1s"', "expected \"N/PERIOD\""), ('"10001/1s"', "N must be 1-10000"),
     ('"99999999999999999999/1s"', "N must be"), ('"ten/1s"', "expected"), ('"10/1y"', "expected"),
     ('"10/0s"', "period must be 1ms-1d"), ('"10/2d"', "period must be"), ("10", "expected"), ('"10"', "expected"),
-    ('"10/1.5.2s"', "expected"),
+    ('"10/1.5.2s"', "expected"), ('"10/1S"', "expected"), ('"\u0661\u0660/1s"', "expected"),
+    ('"10/\uff11s"', "expected"), ('"10/1\u00a0s"', "expected"), ('"10/1s\\n"', "expected"),
 ])
 @pytest.mark.parametrize("key", ["rate", "rate_per_key"])
 def test_a_bad_rate_is_one_line_naming_the_key_and_the_file(tmp_path, key, value, needle):

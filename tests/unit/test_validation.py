@@ -320,7 +320,8 @@ def test_the_config_load_and_the_periodic_scheduler_accept_and_refuse_the_same_e
 
 @pytest.mark.parametrize("key, needle", [("x ", "must not end with a space"), (" ", "must not end with a space"),
                                          ("\x00", "control characters"), ("a\tb", "control characters"),
-                                         ("a\x7fb", "control characters")])
+                                         ("a\x7fb", "control characters"),
+                                         ("a\x85b", "control characters")])
 def test_a_job_key_the_server_would_confuse_with_another_is_one_clear_error(key, needle):
     # "x" and "x " are one key to the server (trailing spaces ignored); " " is the queue's own
     with pytest.raises(errors.InputError) as e:

@@ -1794,3 +1794,48 @@ UNION ALL
 -- The workflow page's members by primary key: state, attempts, what they wait for.
 SELECT id, queue, status, attempts, max_attempts, LEFT(last_error, 200), waits_on, after_mode
 FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
+
+-- ready_left --
+-- Whether the queue has a ready job a consumer of code `version` may run: a cron run's worker
+-- (--exit-when-empty) whose claim a limit left empty asks it before it exits (queries.ready_left).
+SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+LIMIT 1
+
+-- flow_keys_unused --
+-- Retention's sweep of a limited or fair queue's key rows (store/key_sweep.py), a plain read:
+-- the next keys after `after`, in key order, with no ready job (ix_key) and none claimed. A
+-- key used once (an order id) would otherwise keep its row for ever; a key that comes back is
+-- found again by a claim's discovery and named anew.
+SELECT k.job_key FROM nq_flow_key k
+WHERE k.queue = %(queue)s AND k.job_key > %(after)s
+  AND NOT EXISTS (SELECT 1 FROM nq_job j FORCE INDEX (ix_key) WHERE j.queue = k.queue AND j.ready_key = k.job_key)
+  AND NOT EXISTS (SELECT 1 FROM nq_job c FORCE INDEX (ix_state)
+                  WHERE c.status = 2 AND c.queue = k.queue AND c.job_key = k.job_key)
+ORDER BY k.job_key LIMIT %(limit)s
+
+-- flow_keys_drop --
+-- The sweep's delete tests again, under the rows' locks (a claim holding a key's row is waited
+-- for): a key that got a ready or claimed job meanwhile stays.
+DELETE FROM nq_flow_key
+WHERE queue = %(queue)s AND job_key IN %(keys)s
+  AND NOT EXISTS (SELECT 1 FROM nq_job j FORCE INDEX (ix_key)
+                  WHERE j.queue = nq_flow_key.queue AND j.ready_key = nq_flow_key.job_key)
+  AND NOT EXISTS (SELECT 1 FROM nq_job c FORCE INDEX (ix_state)
+                  WHERE c.status = 2 AND c.queue = nq_flow_key.queue AND c.job_key = nq_flow_key.job_key)
+
+-- rate_keys_idle --
+-- Retention's sweep of a queue's per-key rate logs (nq_rate), a plain read: the next keys after
+-- `after` whose every slot is more than a period old, so hold no start any more. The queue's
+-- own budget ('') stays.
+SELECT rate_key FROM nq_rate
+WHERE queue = %(queue)s AND rate_key > %(after)s
+GROUP BY rate_key HAVING MAX(started_at) < NOW(6) - INTERVAL %(period_us)s MICROSECOND
+ORDER BY rate_key LIMIT %(limit)s
+
+-- rate_keys_drop --
+-- Their slots, tested again row by row: a slot a claim spent meanwhile stays (with the slots
+-- gone beside it, which the next claim of the key makes again as never spent).
+DELETE FROM nq_rate
+WHERE queue = %(queue)s AND rate_key IN %(keys)s
+  AND started_at < NOW(6) - INTERVAL %(period_us)s MICROSECOND

@@ -1,0 +1,130 @@
+"""Flow control as consumers run it (in-process ConsumerService, plain Python handlers): a fair
+queue's batch starts its keys in turn and gives a key put after its claim a turn; a limited
+key's batch does not keep its slots from idle workers; a cron run (--exit-when-empty) waits
+for what a limit holds instead of exiting beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from conftest import wait_until
+from test_lineup import running
+
+from notifyq.consume.service import ConsumeOptions, ConsumerService
+from notifyq.jobs import Job
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
+
+
+class Starts:
+    """Notes each job's key as it starts, and how many jobs run at once (the most seen).
+    `together`: a job waits (at most `patience` s) until that many run at once, so that jobs a
+    batch runs one after another show as never more than one running."""
+
+    def __init__(self, together: int = 1, patience: float = 0.0, seconds: float = 0.0):
+        self.together, self.patience, self.seconds = together, patience, seconds
+        self.keys: list[str | None] = []
+        self.now = self.most = 0
+        self.cond = threading.Condition()
+
+    def __call__(self, job: Job) -> None:
+        with self.cond:
+            self.keys.append(job.key)
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.now >= self.together, self.patience)
+        try:
+            if self.seconds:
+                time.sleep(self.seconds)  # the job's own work (its length is what the test is about)
+        finally:
+            with self.cond:
+                self.now -= 1
+
+
+def test_a_fair_batch_starts_its_keys_in_turn_not_in_claim_order(db):
+    # Given a fair queue with 50 jobs of key a put before 3 of key b, and a claim of 100 (one
+    # claim takes all 53: each key's share is 50); no hand-back (batch_target_s = 0)
+    cfg = db.config(queue={"fq": {"fair": True, "batch_target_s": 0}})
+    with Producer("fq", cfg) as producer:
+        producer.put_many([{}] * 50, key="a")
+        producer.put_many([{}] * 3, key="b")
+    starts = Starts()
+    # When one worker runs it
+    service = ConsumerService(cfg, ConsumeOptions(queues=("fq",), function=starts, workers=1,
+                                                  batch_size=100, exit_when_empty=True))
+    assert service.run(threading.Event()) == 0
+    # Then b's jobs start among the first, a and b in turn (code before: claim order, b's
+    # first job 51st)
+    assert len(starts.keys) == 53
+    assert starts.keys[:6] == ["a", "b", "a", "b", "a", "b"], starts.keys[:10]
+
+
+def test_fair_claims_smaller_than_their_keys_take_the_keys_in_turn(db):
+    # Given a fair queue with 20 jobs of key a put before 2 of key b
+    cfg = db.config()
+    with Producer("q", cfg) as producer:
+        producer.put_many([{}] * 20, key="a")
+        producer.put_many([{}] * 2, key="b")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(fair=True))
+    try:
+        # When one worker claims one job at a time (a claim sized down to slow jobs)
+        keys = [queries.claim(session, "q", "o" * 32, 1, 60, flow=flow).jobs[0].key for _ in range(4)]
+    finally:
+        session.close()
+    # Then its claims alternate between the keys (code before: a every time, the key with the
+    # oldest job, and b only once a's 20 had started)
+    assert keys == ["a", "b", "a", "b"]
+
+
+def test_a_fair_key_put_after_busy_workers_claimed_another_keys_backlog_starts_soon(db):
+    # Given a fair queue, two busy workers, each with a claim of 10 jobs of key a (0.2 s each)
+    cfg = db.config(queue={"fq": {"fair": True}})
+    starts = Starts(seconds=0.2)
+    with running(cfg, "fq", starts, workers=2, batch_size=10):
+        with Producer("fq", cfg) as producer:
+            producer.put_many([{}] * 10, key="a")
+            producer.put_many([{}] * 10, key="a")
+            wait_until(lambda: len(starts.keys) >= 2, 15, message="both workers run a job of a")
+            # When a job of key b is put
+            producer.put({}, key="b")
+        wait_until(lambda: "b" in starts.keys, 30, message="b started")
+    # Then it starts within the next few starts, not after the workers' batches of a (code
+    # before: 21st, after all 20 of a)
+    assert starts.keys.index("b") < 6, starts.keys
+
+
+def test_a_limited_keys_batch_hands_its_unstarted_jobs_to_idle_workers(db):
+    # Given a key limited to 3 running, 3 long jobs of it put at once, and 3 idle workers (the
+    # watcher's claim takes all three: a batch of 3)
+    cfg = db.config(queue={"lq": {"limit_per_key": 3}})
+    starts = Starts(together=3, patience=10)
+    with running(cfg, "lq", starts, workers=3):
+        with Producer("lq", cfg) as producer:
+            producer.put_many([{}] * 3, key="big")
+        wait_until(lambda: len(starts.keys) == 3 and starts.now == 0, 60, message="the three jobs ran")
+    # Then they ran at once, on three workers (code before: one after another in the claim's
+    # batch, each waiting out its patience alone, while two workers idled)
+    assert starts.most == 3
+
+
+def test_a_cron_run_of_several_workers_waits_for_what_a_limit_holds_and_runs_it_at_once(db):
+    # Given 3 keys limited to 1 running each, 3 jobs of each
+    cfg = db.config(queue={"lq": {"limit_per_key": 1}})
+    with Producer("lq", cfg) as producer:
+        for key in "abc":
+            producer.put_many([{}] * 3, key=key)
+    starts = Starts(together=3, patience=1)
+    # When a cron run with 3 workers drains it
+    service = ConsumerService(cfg, ConsumeOptions(queues=("lq",), function=starts, workers=3,
+                                                  exit_when_empty=True))
+    assert service.run(threading.Event()) == 0
+    # Then it ran every job, and three at once (code before: the workers whose first claim the
+    # limits left empty exited, and the last one ran the keys one job at a time)
+    assert len(starts.keys) == 9
+    assert starts.most == 3
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'lq'") == 0
