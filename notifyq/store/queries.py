@@ -24,7 +24,7 @@ from notifyq.jobs import Job
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
-from notifyq.store.flow import FlowClaims
+from notifyq.store.flow import MIN_CANDIDATES, FlowClaims
 from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
 from notifyq.store import signal
@@ -33,7 +33,7 @@ from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
 
-OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size (at least MIN_CANDIDATES)
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
@@ -219,7 +219,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
-    limit = batch_size * OVERFETCH
+    limit = max(batch_size * OVERFETCH, MIN_CANDIDATES)
 
     def body(cur) -> Claim:
         params = {"queue": queue, "limit": limit}
