@@ -50,6 +50,9 @@ KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the 
 # thousands of jobs ready, and an empty claim sends its worker to queue for the watch lock, where
 # the idle ones pass one claim at a time. 32 ids of an index-only read cost no more to read.
 MIN_CANDIDATES = 32
+# How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
+# fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
+UNKEYED_DEPTH = 1000
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,14 @@ class FlowClaims:
             locked = set()
         running = {r[0]: int(r[1]) for r in results.pop(0)}
         ready = results.pop(0) if keys else []
-        unkeyed = results.pop(0)
+        head = results.pop(0)
+        unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
+        if len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size:
+            # The head is keyed jobs (of keys that may well be at their limit): the unkeyed
+            # ones behind them are ready too
+            cur.execute(Q["flow_unkeyed_deep"], {"queue": queue, "depth": UNKEYED_DEPTH, "limit": batch_size})
+            seen = {row[0] for row in unkeyed}
+            unkeyed += [row for row in cur.fetchall() if row[0] not in seen]
 
         if limits.limit:
             if QUEUE_ROW not in locked:

@@ -76,6 +76,28 @@ def test_a_limited_queues_claim_of_one_job_takes_an_unkeyed_one_past_a_few_that_
         peer.close(), mine.close()
 
 
+def test_unkeyed_jobs_behind_a_run_of_one_held_keys_jobs_are_claimed_not_left_ready(db):
+    # Given a queue with limit_per_key = 2: a put_many of 40 jobs of one key (they sit in a row
+    # at the head of the queue), then 10 jobs without a key
+    cfg = db.config()
+    keyed = _put_keyed(db, cfg, ["a"] * 40)
+    unkeyed = _put_keyed(db, cfg, [None] * 10)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When two claims of 5 jobs are made
+        first = _claim(session, flow, batch=5)
+        second = _claim(session, flow, batch=5)
+    finally:
+        session.close()
+    # Then the first takes the key's 2 and the first 3 unkeyed jobs, in claim order, and the
+    # second the next 5 unkeyed: not nothing, saying the queue was drained, while the key's
+    # limit held its head (the fleet then idled with the unkeyed jobs ready)
+    assert [j.id for j in first.jobs] == keyed[:2] + unkeyed[:3]
+    assert [j.id for j in second.jobs] == unkeyed[3:8]
+    assert _running(db) == {"a": 2, None: 8}
+
+
 def test_an_ack_frees_the_slot_and_bumps_the_signal(db):
     cfg = db.config()
     _put_keyed(db, cfg, ["a"] * 3)
