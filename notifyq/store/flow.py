@@ -232,7 +232,8 @@ class FlowClaims:
         if len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size:
             # The head is keyed jobs (of keys that may well be at their limit): the unkeyed
             # ones behind them are ready too
-            cur.execute(Q["flow_unkeyed_deep"], {"queue": queue, "depth": UNKEYED_DEPTH, "limit": batch_size})
+            cur.execute(Q["flow_unkeyed_deep"],
+                        {"queue": queue, "depth": UNKEYED_DEPTH, "limit": unkeyed_limit(batch_size)})
             seen = {row[0] for row in unkeyed}
             unkeyed += [row for row in cur.fetchall() if row[0] not in seen]
 
