@@ -384,19 +384,22 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 
 
 def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
-           connection: int | None, sent_at: float) -> list[int] | None:
+           connection: int | None, sent_at: float, run: float | None = None) -> list[int] | None:
     """A claim whose COMMIT failed, or lost its reply, after its first job started (claim()
     does not wait for it): which of its `jobs` it holds now, committed. Those its COMMIT did
     mark are its own; those it did not and that nobody took meanwhile (still claimable, their
     attempts unchanged) are marked again under its token: the job already running is then ours,
     and its ack holds, instead of a rerun. The rest are someone else's. Asked once the claim's
     transaction can no longer commit: its connection (`connection`, the claim sent at
-    `sent_at`) ended and waited for, unless the server restarted since (recovery settled it).
-    None: that connection outlived its KILL, so no read tells yet."""
+    `sent_at`, of the server's run `run`: Session.server_run when it was sent) ended and waited
+    for, unless the server restarted since (recovery settled it). None: that connection outlived
+    its KILL, so no read tells yet. Without `run`, a restart within a second or two of `sent_at`
+    (a crash, the server back at once; or a claim first sent after it on a connection from before
+    it) passed for none, and the KILL of the claim's connection id took an application's session
+    that had the id on the new server."""
     ids = [j.id for j in jobs]
     earlier = connection  # a connection whose transaction may still commit what we look at
     alive_at = sent_at  # when `earlier` was last known open
-    run: float | None = None  # the server run `earlier` was of, once known
 
     def body(cur) -> list[int] | None:
         nonlocal earlier, alive_at, run
