@@ -47,12 +47,13 @@ GIVE_BACK_WAIT_S = 5.0  # the longest a worker waits, before its next claim, for
 class Batch:
     def __init__(self, token: int, jobs: list[Job], lease_s: float, claimed_at: float,
                  commit: Pending | None = None, owner: str = "", epoch: int = 0,
-                 connection: int | None = None):
+                 connection: int | None = None, server_run: float | None = None):
         self.token = token
         self.owner = owner  # the consumer id claimed under
         self.epoch = epoch  # the Presence's registration it was made (or last confirmed) in
         self.commit = commit  # the claim's COMMIT, sent ahead: read at the session's next statement
         self.connection = connection  # the server's id of the connection it was sent on
+        self.server_run = server_run  # and the server's run that connection was of (Session.server_run)
         self.retake_tried = False  # the claim was taken again after its COMMIT failed (or tried to be)
         self.jobs = jobs
         self.lease_s = lease_s  # the claim's own: a reload changes the next claims' lease, not this one
@@ -405,7 +406,7 @@ class BatchRun:
         jobs = batch.jobs[:batch.started] + [j for j in batch.jobs[batch.started:] if j.id not in batch.lost]
         try:
             held = queries.retake(self.work, jobs, batch.token, batch.owner, batch.lease_s,
-                                  batch.connection, batch.claimed_at)
+                                  batch.connection, batch.claimed_at, batch.server_run)
         except errors.NotifyqError as e:
             log.warning("could not learn whether a claim whose COMMIT failed is ours: it is given up "
                         "queue=%s error=%s", self.queue, e)

@@ -309,6 +309,7 @@ class Worker:
         claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
                                 version=self.version, flow=self.flow)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
+        claim_run = self.work.server_run  # that connection's server run: a KILL of its id after a restart is none of ours
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
@@ -317,7 +318,8 @@ class Worker:
             # A fair queue's batch starts its keys in turn (fair_order.py), not in claim order
             jobs = round_robin_by_key(claim.jobs) if qc.fair else claim.jobs
             self._run(Batch(claim.token, jobs, qc.lease_s, claimed_at, claim.commit,
-                            owner=owner, epoch=epoch, connection=claim_connection), qc, handler)
+                            owner=owner, epoch=epoch, connection=claim_connection, server_run=claim_run),
+                      qc, handler)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained
 

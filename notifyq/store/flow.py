@@ -43,6 +43,16 @@ from notifyq.store.sql import QUERIES as Q
 QUEUE_ROW = ""  # nq_flow_key's row for the queue's `limit` (a job's key is 1-191 characters)
 DISCOVERY_STEPS = 4  # flow_next_key dives per claim (flow_discovered reads four)
 KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the batch size
+# The fewest ready jobs a claim reads as candidates (this read of unkeyed ones, and queries.claim's
+# plain one, which read 3 x the batch size). A claim sized down to a job or two (lineup.ClaimSizer,
+# for slower jobs) read 3 to 6, and as many peers claiming at once had often locked them all
+# (SKIP LOCKED): under a fault-schedule run of 16 consumers half the claims came back empty with
+# thousands of jobs ready, and an empty claim sends its worker to queue for the watch lock, where
+# the idle ones pass one claim at a time. 32 ids of an index-only read cost no more to read.
+MIN_CANDIDATES = 32
+# How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
+# fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
+UNKEYED_DEPTH = 1000
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,11 @@ class FlowLimits:
             if is_pattern(pattern) and fnmatch.fnmatchcase(key, pattern):
                 return n
         return self.limit_per_key
+
+
+def unkeyed_limit(batch_size: int) -> int:
+    """How many ready jobs a flow claim reads for its unkeyed candidates."""
+    return max(batch_size * KEYS_PER_CLAIM, MIN_CANDIDATES)
 
 
 def is_pattern(text: str) -> bool:
@@ -204,7 +219,7 @@ class FlowClaims:
         steps.append((Q["flow_running"], {"queue": queue}))
         if keys:
             steps.append((Q["flow_key_ready"], None))
-        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": batch_size * KEYS_PER_CLAIM}))
+        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
         results = _results(cur, steps, per_key)
         if locking:
@@ -213,7 +228,15 @@ class FlowClaims:
             locked = set()
         running = {r[0]: int(r[1]) for r in results.pop(0)}
         ready = results.pop(0) if keys else []
-        unkeyed = results.pop(0)
+        head = results.pop(0)
+        unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
+        if len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size:
+            # The head is keyed jobs (of keys that may well be at their limit): the unkeyed
+            # ones behind them are ready too
+            cur.execute(Q["flow_unkeyed_deep"],
+                        {"queue": queue, "depth": UNKEYED_DEPTH, "limit": unkeyed_limit(batch_size)})
+            seen = {row[0] for row in unkeyed}
+            unkeyed += [row for row in cur.fetchall() if row[0] not in seen]
 
         if limits.limit:
             if QUEUE_ROW not in locked:
@@ -245,7 +268,7 @@ class FlowClaims:
         if plan.keys:
             steps.append((Q["flow_key_ready_for_version"], None))
         steps.append((Q["flow_unkeyed_ready_for_version"],
-                      {"queue": plan.queue, "limit": plan.batch_size * KEYS_PER_CLAIM, "version": version}))
+                      {"queue": plan.queue, "limit": unkeyed_limit(plan.batch_size), "version": version}))
         per_key = [{"queue": plan.queue, "key": k, "limit": plan.caps[k], "version": version} for k in plan.keys]
         results = _results(cur, steps, per_key)
         ready = results.pop(0) if plan.keys else []

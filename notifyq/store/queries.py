@@ -24,7 +24,7 @@ from notifyq.jobs import Job
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
-from notifyq.store.flow import FlowClaims
+from notifyq.store.flow import MIN_CANDIDATES, FlowClaims
 from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
 from notifyq.store import signal
@@ -33,7 +33,7 @@ from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
 
-OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size
+OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size (at least MIN_CANDIDATES)
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
 # error (1406, or 1366 where the cut splits a character) under strict sql_mode.
@@ -223,9 +223,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
-    limit = batch_size * OVERFETCH
+    limit = max(batch_size * OVERFETCH, MIN_CANDIDATES)
     # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
     # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
+    # (It locks only what it takes, skipping peers' rows: the candidates' minimum is not its.)
     one_step = as_watcher and flow is None and rates is None
 
     def first_query(cur) -> str:
@@ -421,19 +422,22 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 
 
 def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
-           connection: int | None, sent_at: float) -> list[int] | None:
+           connection: int | None, sent_at: float, run: float | None = None) -> list[int] | None:
     """A claim whose COMMIT failed, or lost its reply, after its first job started (claim()
     does not wait for it): which of its `jobs` it holds now, committed. Those its COMMIT did
     mark are its own; those it did not and that nobody took meanwhile (still claimable, their
     attempts unchanged) are marked again under its token: the job already running is then ours,
     and its ack holds, instead of a rerun. The rest are someone else's. Asked once the claim's
     transaction can no longer commit: its connection (`connection`, the claim sent at
-    `sent_at`) ended and waited for, unless the server restarted since (recovery settled it).
-    None: that connection outlived its KILL, so no read tells yet."""
+    `sent_at`, of the server's run `run`: Session.server_run when it was sent) ended and waited
+    for, unless the server restarted since (recovery settled it). None: that connection outlived
+    its KILL, so no read tells yet. Without `run`, a restart within a second or two of `sent_at`
+    (a crash, the server back at once; or a claim first sent after it on a connection from before
+    it) passed for none, and the KILL of the claim's connection id took an application's session
+    that had the id on the new server."""
     ids = [j.id for j in jobs]
     earlier = connection  # a connection whose transaction may still commit what we look at
     alive_at = sent_at  # when `earlier` was last known open
-    run: float | None = None  # the server run `earlier` was of, once known
 
     def body(cur) -> list[int] | None:
         nonlocal earlier, alive_at, run

@@ -78,7 +78,8 @@ class Episodes(threading.Thread):
         wanted = set(jobs)
         while time.monotonic() < deadline and not self.stop.is_set():
             first: dict[int, int] = {}
-            for r in sorted(read_runs(self.run_.out), key=lambda r: r.start):
+            mine = [c.pid for c in self.run_.fleet.started if c.deploy == DEPLOY]
+            for r in sorted(read_runs(self.run_.out, mine), key=lambda r: r.start):
                 if r.deploy == DEPLOY and r.job in wanted:
                     first.setdefault(r.job, r.pid)
             if len(set(first.values())) >= pids:

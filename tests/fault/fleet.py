@@ -31,6 +31,7 @@ class Consumer:
     expect: str = ""  # why its exit is the schedule's doing (SIGKILL, SIGTERM ...); "": a death
     exit_noted: bool = False  # its Exit is in the history
     args: tuple[str, ...] = ()  # its queue, handler and extra arguments
+    started_consuming: bool = False  # its log said "consumer started" (ready())
 
     @property
     def pid(self) -> int:
@@ -40,8 +41,11 @@ class Consumer:
         return self.popen.poll() is None
 
     def ready(self) -> bool:
-        """It says it started consuming (its registration row may already be reaped: polling mode)."""
-        return "consumer started" in self.err.read_text()
+        """It says it started consuming (its registration row may already be reaped: polling mode).
+        Read until it does, then remembered: a long run's logs grow, and the schedule asks often."""
+        if not self.started_consuming:
+            self.started_consuming = "consumer started" in self.err.read_text()
+        return self.started_consuming
 
 
 # issue 38: the main queue's keyed jobs (workload.KEYS) run at most this many at once per key,

@@ -653,7 +653,7 @@ class FaultRun:
     def _busy_consumer(self, pick: float) -> tuple[Consumer | None, bool]:
         """A lock-mode main consumer in a long job if there is one (by the pick), else any."""
         live = [c for c in self.fleet.slots if c.alive() and not c.stopped and c.mode == "locks" and c.ready()]
-        open_long = {r.pid for r in read_runs(self.out) if r.end is None and "L" in r.flags}
+        open_long = {r.pid for r in read_runs(self.out, [c.pid for c in live]) if r.end is None and "L" in r.flags}
         busy = [c for c in live if c.pid in open_long]
         pool = busy or live
         return (pool[int(pick * len(pool))], bool(busy)) if pool else (None, False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 
 NS = 1_000_000_000
@@ -194,11 +195,16 @@ class History:
         return by_job
 
 
-def read_runs(out: Path) -> list[Run]:
-    """Every start, joined with its end (same deploy, job, attempt, pid and token)."""
+def read_runs(out: Path, pids: Collection[int] | None = None) -> list[Run]:
+    """Every start, joined with its end (same deploy, job, attempt, pid and token); pids: only
+    these consumers' records and the --command runs' (cmd*.log). The schedule's look-ups during
+    a run pass them: all records of a long run are hundreds of thousands of lines, and parsing them
+    several times a second held the harness's other threads back (its cron runs came late)."""
     runs: list[Run] = []
     open_runs: dict[tuple, Run] = {}
-    for path in sorted(out.glob("*.log")):
+    paths = out.glob("*.log") if pids is None else [
+        *(out / f"{pid}.log" for pid in pids if (out / f"{pid}.log").exists()), *out.glob("cmd*.log")]
+    for path in sorted(paths):
         for line in path.read_text().splitlines():
             parts = line.split()
             if not parts:

@@ -4,9 +4,12 @@ reach it (outside attack 35: a claim's rerun killed an application's session so)
 
 from __future__ import annotations
 
+import time
+
 import MySQLdb
 from conftest import wait_until
 
+from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
 
@@ -62,6 +65,40 @@ def test_a_claim_first_sent_after_a_restart_on_a_connection_from_before_it_kills
         queries.claim(session, "q", "owner-1", 1, 60)
         assert session.connection_id != old_id
         # Then the application's session lives on: our id from before the restart was not ours to KILL
+        app.query("SELECT 1")
+        app.store_result()
+        app.close()
+    finally:
+        session.close()
+
+
+def test_a_claim_retaken_after_a_restart_kills_no_application_session_on_its_connections_old_id(server, fdb):
+    # Given a claim of ours, committed, made on a connection the server gave an id past its
+    # first ones, of a server up a few seconds (its run tells apart from the next one's)
+    for _ in range(30):
+        _connect(fdb.dsn).close()
+    wait_until(lambda: _uptime_s(fdb.dsn) >= 3, 30, message="the server up 3 s")
+    cfg = fdb.config()
+    with Producer("q", cfg) as p:
+        p.put({"n": 1})
+    session = Session(fdb.dsn, name="work", retry_s=30)
+    try:
+        claim = queries.claim(session, "q", "owner-1", 1, 60)
+        session.run(lambda cur: cur.execute("SELECT 1"), what="t")  # its COMMIT read: it is ours
+        old_id, old_run = session.connection_id, session.server_run
+        # When the server crashes and is back at once, right after the claim was sent (its
+        # COMMIT's reply lost: the worker's retake follows), an application's session gets the
+        # claim connection's id, and the session has reconnected to the new server
+        sent_at = time.monotonic()
+        server.kill()
+        server.start()
+        app = _take_id(fdb.dsn, old_id)
+        session.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        assert session.connection_id != old_id
+        held = queries.retake(session, claim.jobs, claim.token, "owner-1", 60, old_id, sent_at, old_run)
+        # Then the claim holds its job, and the application's session lives on: the server's
+        # run the claim's connection was of tells the restart, and its id was not ours to KILL
+        assert held == [claim.jobs[0].id]
         app.query("SELECT 1")
         app.store_result()
         app.close()

@@ -25,20 +25,35 @@ BURST_JOBS = 400
 FX_CALLS_SHARE, FX_CALLS_S = 0.5, 0.05  # effects: of those, calls inside the block, and the stay there after
 UNENC_SHARE = 0.01  # effects: of the plain jobs, and of the fx ones, until their few are drawn
 KEYS, KEYED_SHARE = 4, 0.3  # issue 38: this share of put/put_many calls carry one of KEYS keys (fleet.KEY_LIMIT)
+# The rare kinds' most jobs a minute of the run: the short CI schedule's own counts (3,000 jobs in
+# 60 s). Scaled by the job count alone, a 10-minute run of 100,000 jobs had 200 slow jobs (each up
+# to five 5.5 s runs past its lease), 200 long ones (12 s) and 100 poison ones (a consumer restart
+# per attempt): 9,000 consumer-seconds, more than its eight consumers had in the run.
+RARE_PER_MINUTE = {"poison": 3, "slow": 6, "long": 6, "kanji": 3, "fork": 3}
+# Where each rare kind's draws fall in Mix.payload's [0, 1) (a kind used up passes its draws on
+# to the next band); the common kinds start at RARE_END
+RARE_BANDS = {"poison": (0.0, 0.002), "slow": (0.002, 0.005), "long": (0.005, 0.008), "kanji": (0.008, 0.01),
+              "fork": (0.01, 0.012)}
+RARE_END = 0.012
 FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
 class Mix:
     """What the next job is: kind, sleep and priority, from the workload's own seeded stream."""
 
-    def __init__(self, rng: random.Random, classes: tuple[str, ...], lease_s: float, jobs: int):
+    def __init__(self, rng: random.Random, classes: tuple[str, ...], lease_s: float, jobs: int,
+                 duration_s: float | None = None):
+        """duration_s: caps the rare kinds at RARE_PER_MINUTE of the run (None: no cap)."""
         self.rng, self.classes, self.lease_s = rng, classes, lease_s
-        self.poison_left = max(2, jobs // 1000) if "poison" in classes else 0
-        self.slow_left = max(2, jobs // 500) if "slow" in classes else 0
+        # A stream of its own, read only for a capped kind's draws: uncapped runs draw as before
+        self.thin: dict[str, float] = {}
+        self.thin_rng = random.Random(hash(rng.getstate()) ^ 35)
+        self.poison_left = self._rare("poison", max(2, jobs // 1000), jobs, duration_s) if "poison" in classes else 0
+        self.slow_left = self._rare("slow", max(2, jobs // 500), jobs, duration_s) if "slow" in classes else 0
         # issue 26: long jobs (busy consumers for kill_session), huge errors, forking handlers
-        self.long_left = max(4, jobs // 500) if "kill_session" in classes else 0
-        self.kanji_left = max(2, jobs // 1000) if "huge_error" in classes else 0
-        self.fork_left = max(2, jobs // 1000) if "fork" in classes else 0
+        self.long_left = self._rare("long", max(4, jobs // 500), jobs, duration_s) if "kill_session" in classes else 0
+        self.kanji_left = self._rare("kanji", max(2, jobs // 1000), jobs, duration_s) if "huge_error" in classes else 0
+        self.fork_left = self._rare("fork", max(2, jobs // 1000), jobs, duration_s) if "fork" in classes else 0
         # issue 29: a share of the plain jobs write their effect through job.transaction(); drawn
         # from a stream of its own, so the other kinds are drawn as without the class
         self.fx_rng = random.Random(hash(rng.getstate()) ^ 29) if "effects" in classes else None
@@ -53,23 +68,49 @@ class Mix:
         self.unenc_left = max(2, jobs // 1000) if "effects" in classes else 0
         self.fx_result_left = max(2, jobs // 1000) if "effects" in classes else 0
 
+    def _rare(self, kind: str, by_jobs: int, jobs: int, duration_s: float | None) -> int:
+        """How many jobs of a rare kind: by the job count, at most RARE_PER_MINUTE[kind] a minute
+        of the run. A capped kind keeps only a share of its draws (_thinned), so that its jobs
+        come through the run as an uncapped kind's do (its draws expect about 1.5 times its
+        count: the last ones near two thirds of the run), not all in its first minutes."""
+        if duration_s is None:
+            return by_jobs
+        left = min(by_jobs, max(RARE_PER_MINUTE[kind], round(RARE_PER_MINUTE[kind] * duration_s / 60)))
+        if left < by_jobs:
+            low, high = RARE_BANDS[kind]
+            self.thin[kind] = min(1.0, 1.5 * left / ((high - low) * jobs))
+        return left
+
+    def _thinned(self, r: float) -> float:
+        """The draw `r`, or, when it falls in a capped rare kind's band and is not kept, a new draw
+        among the common kinds (on the thinning's own stream)."""
+        for kind, (low, high) in RARE_BANDS.items():
+            if low <= r < high:
+                share = self.thin.get(kind)
+                if share is None or self.thin_rng.random() < share:
+                    return r
+                return RARE_END + self.thin_rng.random() * (1.0 - RARE_END)
+        return r
+
     def payload(self) -> tuple[str, dict]:
         r = self.rng.random()
-        if self.poison_left and r < 0.002:
+        if self.thin and r < RARE_END:
+            r = self._thinned(r)
+        if self.poison_left and r < RARE_BANDS["poison"][1]:
             self.poison_left -= 1
             if self.poison_left % 2:  # every other one raises a BaseException instead of exiting
                 return "unwind", {"k": "unwind"}
             return "poison", {"k": "poison"}
-        if self.slow_left and r < 0.005:
+        if self.slow_left and r < RARE_BANDS["slow"][1]:
             self.slow_left -= 1
             return "slow", {"k": "slow", "s": round(self.lease_s + 1.5, 3)}
-        if self.long_left and r < 0.008:
+        if self.long_left and r < RARE_BANDS["long"][1]:
             self.long_left -= 1  # 3 leases long, extending every quarter lease
             return "long", {"k": "long", "s": round(self.lease_s * 3, 3), "x": round(self.lease_s / 4, 3)}
-        if self.kanji_left and r < 0.01:
+        if self.kanji_left and r < RARE_BANDS["kanji"][1]:
             self.kanji_left -= 1
             return "kanji", {"k": "kanji"}
-        if self.fork_left and r < 0.012:
+        if self.fork_left and r < RARE_BANDS["fork"][1]:
             self.fork_left -= 1
             return "fork", {"k": "fork"}
         if "retry" in self.classes and r < 0.04:
@@ -102,7 +143,7 @@ class Workload(threading.Thread):
         super().__init__(name=f"workload-{deploy}", daemon=True)
         self.deploy, self.config, self.queue = deploy, config, queue
         self.rng = random.Random(seed)
-        self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs)
+        self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs, duration_s)
         self.key_rng = random.Random(seed + 38)  # a stream of its own: the other draws are unchanged
         self.jobs, self.duration_s = jobs, duration_s
         self.methods, self.ring = methods, ring

@@ -175,6 +175,28 @@ def test_two_claimers_never_share_a_job_and_skip_each_others_locks(db):
     a.close(), b.close()
 
 
+def test_a_claim_of_one_job_takes_the_next_ready_one_past_a_few_that_peers_are_claiming(db):
+    # Given 50 ready jobs, and peers whose claims hold the first 6 locked (rows locked, not yet
+    # committed): as many consumers claiming at once do
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(50)])
+    peer, mine = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        cur = peer.conn.cursor()
+        cur.execute(QUERIES["claim_lock"], {"ids": ids[:6]})
+        assert len(cur.fetchall()) == 6
+        # When a consumer claims one job (a claim sized down for slower jobs)
+        claim = queries.claim(mine, "q", "b" * 32, 1, 60)
+        # Then it takes the next ready job: it read past the few its peers hold (it read 3
+        # candidates, came back empty with 44 jobs ready, and its worker went idle)
+        assert [j.id for j in claim.jobs] == [ids[6]]
+        assert not claim.drained
+        peer.conn.rollback()
+    finally:
+        peer.close(), mine.close()
+
+
 def test_put_many_returns_the_stored_ids_and_payloads(db):
     cfg = db.config()
     with Producer("q", cfg) as p:

@@ -12,6 +12,7 @@ from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.sql import QUERIES
 
 OWNER = "o" * 32
 
@@ -53,6 +54,48 @@ def test_a_key_runs_at_most_its_limit_and_a_held_job_stays_ready_uncharged(db):
     assert db.query("SELECT status, attempts, COUNT(*) FROM nq_job WHERE status = 0 GROUP BY status, attempts") \
         == [(0, 0, 4)]
     assert sorted(flow.last.held_keys) == ["a", "b"]
+
+
+def test_a_limited_queues_claim_of_one_job_takes_an_unkeyed_one_past_a_few_that_peers_are_claiming(db):
+    # Given a queue with limit_per_key whose 50 ready jobs have no key, and peers whose claims
+    # hold the first 6 locked (rows locked, not yet committed): as many consumers claiming at once do
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, [None] * 50)
+    peer, mine = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        cur = peer.conn.cursor()
+        cur.execute(QUERIES["claim_lock"], {"ids": ids[:6]})
+        assert len(cur.fetchall()) == 6
+        # When a consumer claims one job (a claim sized down for slower jobs)
+        claim = _claim(mine, FlowClaims(FlowLimits(limit_per_key=2)), batch=1)
+        # Then it takes the next ready job, past the few its peers hold, and says work is left
+        assert [j.id for j in claim.jobs] == [ids[6]]
+        assert not claim.drained
+        peer.conn.rollback()
+    finally:
+        peer.close(), mine.close()
+
+
+def test_unkeyed_jobs_behind_a_run_of_one_held_keys_jobs_are_claimed_not_left_ready(db):
+    # Given a queue with limit_per_key = 2: a put_many of 40 jobs of one key (they sit in a row
+    # at the head of the queue), then 10 jobs without a key
+    cfg = db.config()
+    keyed = _put_keyed(db, cfg, ["a"] * 40)
+    unkeyed = _put_keyed(db, cfg, [None] * 10)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When two claims of 5 jobs are made
+        first = _claim(session, flow, batch=5)
+        second = _claim(session, flow, batch=5)
+    finally:
+        session.close()
+    # Then the first takes the key's 2 and the first 3 unkeyed jobs, in claim order, and the
+    # second the next 5 unkeyed: not nothing, saying the queue was drained, while the key's
+    # limit held its head (the fleet then idled with the unkeyed jobs ready)
+    assert [j.id for j in first.jobs] == keyed[:2] + unkeyed[:3]
+    assert [j.id for j in second.jobs] == unkeyed[3:8]
+    assert _running(db) == {"a": 2, None: 8}
 
 
 def test_an_ack_frees_the_slot_and_bumps_the_signal(db):

@@ -340,14 +340,27 @@ FOR UPDATE SKIP LOCKED
   ORDER BY key_prio, run_at, id LIMIT %(limit)s)
 
 -- flow_unkeyed_ready --
--- The jobs without a key among the first `limit` ready ones in claim order (a limited queue's
--- unkeyed jobs count under its `limit` only). They are found only at the head of the queue:
--- give every job of a fair queue a key.
-SELECT j.id, j.key_prio, j.run_at FROM
+-- The first `limit` ready jobs in claim order, each with its key (NULL: none): the claim takes
+-- the unkeyed ones (a limited queue's unkeyed jobs count under its `limit` only), and a head
+-- full of keyed ones tells it to look deeper (flow_unkeyed_deep). Unkeyed jobs are found only
+-- near the head of the queue: give every job of a fair queue a key.
+SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
   (SELECT id FROM nq_job FORCE INDEX (ix_state)
    WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
+
+-- flow_unkeyed_deep --
+-- The first `limit` jobs without a key among the first `depth` ready ones, in claim order (for
+-- a ready job key_prio, run_at is its prio_key, sort_at): read only when flow_unkeyed_ready's
+-- head was all (or nearly all) keyed jobs. A put_many of one key puts its jobs in a row, and a
+-- key at its limit held them at the head: the unkeyed jobs behind them were never read, the
+-- claim came back empty and drained, and the fleet idled with thousands of them ready.
+SELECT j.id, j.key_prio, j.run_at FROM
+  (SELECT id FROM nq_job FORCE INDEX (ix_state)
+   WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(depth)s) h
+  JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
 WHERE j.job_key IS NULL
+ORDER BY j.key_prio, j.run_at, j.id LIMIT %(limit)s
 
 -- flow_unkeyed_ready_for_version --
 -- flow_unkeyed_ready among the first `limit` ready jobs the consumer's code `version` may run
