@@ -65,7 +65,8 @@ def flow(session: Session, queue: str, qc: QueueConfig) -> dict[str, Any]:
     """A limited or fair queue's limits, its running jobs, the jobs its limits hold back, and its
     top keys by ready jobs, each with why its jobs wait (docs/flow-control.md)."""
     counts = admin_queries.flow_key_counts(session, queue, TOP_KEYS + 1)
-    running = sum(int(r[1]) for r in counts)
+    # Every running job of the queue, not the top keys' only (the queue's `limit` counts them all)
+    running = admin_queries.flow_running_total(session, queue)
     queue_held = why_held(qc, None, 0, 1, running)  # the queue at its `limit`, or None
     keys, held = [], 0
     unkeyed = {"running": 0, "ready": 0, "held": 0}

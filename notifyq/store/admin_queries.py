@@ -51,6 +51,11 @@ def flow_key_counts(session: Session, queue: str, limit: int) -> list[tuple]:
     return _rows(session, "flow_key_counts", {"queue": queue, "limit": limit}, "flow key counts")
 
 
+def flow_running_total(session: Session, queue: str) -> int:
+    """The queue's running (claimed) jobs, every key's and those without one."""
+    return int(queries.one_value(session, "flow_running_total", {"queue": queue}, "flow running total"))
+
+
 def server_now(session: Session) -> dt.datetime:
     return queries.one_value(session, "server_now", {}, "server time")
 

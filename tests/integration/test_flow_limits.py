@@ -341,3 +341,27 @@ def test_key_discovery_reads_without_locks_so_a_claim_never_waits_on_a_peers_loc
         session.close()
     assert finished, "the claim waited on the peer's locked rows"
     assert [j.key for j in claimed[0].jobs] == ["a"]
+
+
+def test_status_counts_every_running_job_of_the_queue_not_only_the_top_keys(db):
+    # Regression: the running total (and the queue limit's "why") summed the top keys' rows
+    # only: 13 keys running one job each showed 11 running
+    from notifyq.ops import status
+
+    cfg = db.config(queue={"q": {"limit_per_key": 1, "limit": 13}})
+    _put_keyed(db, cfg, [f"k{i:02d}" for i in range(13)] * 2)
+    session = Session(cfg.dsn)
+    flow_claims = FlowClaims(FlowLimits.of(cfg.queue("q")))
+    try:
+        for _ in range(10):  # a few claims: the first ones discover the keys a few at a time
+            if sum(_running(db).values()) == 13:
+                break
+            _claim(session, flow_claims)
+        data = status.collect(session, None, configs=cfg.queues)
+    finally:
+        session.close()
+    flow = data["queues"]["q"]["flow"]
+    assert _running(db) == {f"k{i:02d}": 1 for i in range(13)}
+    assert flow["running"] == 13
+    assert len(flow["keys"]) == 10
+    assert all(k["why"] == "key at its limit (1 of 1 running)" for k in flow["keys"])

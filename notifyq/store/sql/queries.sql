@@ -1058,6 +1058,11 @@ SELECT job_key, SUM(status = 2), SUM(status = 0) FROM nq_job FORCE INDEX (ix_sta
 WHERE status IN (0, 2) AND queue = %(queue)s
 GROUP BY job_key ORDER BY SUM(status = 0) DESC, job_key LIMIT %(limit)s
 
+-- flow_running_total --
+-- `notifyq status` of a limited or fair queue: all its running (claimed) jobs, keyed or not
+-- (flow_key_counts reads only the top keys).
+SELECT COUNT(*) FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND queue = %(queue)s
+
 -- queue_rows --
 SELECT queue, paused, watched_seq,
        (SELECT COALESCE(SUM(seq), 0) FROM nq_signal s WHERE s.queue = q.queue)
