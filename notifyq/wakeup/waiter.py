@@ -115,7 +115,8 @@ class Waiter:
         start = time.monotonic()
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
-        # The bell to wait on: the one the previous statement saw held at its end. A new turn
+        # The bell to wait on: the one the previous statement saw held at its end (and took the
+        # gate of, so that no ring takes it back before we wait: sql watch_bell). A new turn
         # does not know it yet, so its first statement only reads (bells.watch).
         wait_on: int | None = None
         paused = False  # what this turn's last statement read (an interrupted one reads nothing)
