@@ -28,6 +28,7 @@ from notifyq.store.sql import QUERIES as Q
 
 RING_WAIT_S = 5  # the other bell (or its gate) is busy only for a moment of a watcher's statement
 GATE_WAIT_S = 1.0  # a bell's gate is busy only while a ring passes through it
+RINGER_WAIT_S = 0.005  # a ringer seen without a bell is mid-ring or arming: read again this soon
 
 
 @dataclass
@@ -55,7 +56,8 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
             cur.execute(Q["watch_bell"], {
                 "queue": queue, "bell0": locks.bells[0], "bell1": locks.bells[1], "wait_on": wait_on,
                 "gate0": locks.gates[0], "gate1": locks.gates[1], "gate": int(gate),
-                "gate_wait_s": lock_wait_s(session, GATE_WAIT_S),
+                "gate_wait_s": lock_wait_s(session, GATE_WAIT_S), "ringer": locks.ringer,
+                "ringer_wait_s": RINGER_WAIT_S,
                 "wait_s": max(0.0, wait_s),
                 "lock_wait_s": lock_wait_s(session, wait_s), "use_bell": int(use_bell),
                 "stale_us": microseconds(POLLING_STALE_S)})

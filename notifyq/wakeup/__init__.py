@@ -50,6 +50,11 @@ statement's read of the count, so:
     gate. Without the gate, two rings between the read and the GET_LOCK (the first one late,
     for a job already claimed through the count) released the bell and took it back, and the
     watcher slept through both until its wait timed out.
+The statement waits on that bell without first asking whether a ringer holds one: its looks at
+the two bells are two moments, and a ring from bell 1 to bell 0 between them showed neither
+held (the watcher then slept its whole step, deaf to the rings). A new turn's read, which has no
+bell to wait on yet, sleeps only when it sees no bell held, and only briefly (bells.RINGER_WAIT_S)
+while a producer holds the ringer lock.
 A ring waits on a gate only while the watcher is between those two points, and never while
 holding the bell that gate guards (it takes the bell it does not hold), so they never wait on
 each other. A gate goes with the watch (hand-on, release): a wait the instant wake interrupted

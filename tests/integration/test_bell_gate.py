@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import wait_until
 
 from notifyq.store import advisory, bells, queries
@@ -55,6 +57,33 @@ def test_a_watcher_that_saw_a_bell_held_is_granted_it_after_two_rings_before_its
         producer.pipeline.read_reply()
         assert db.scalar("SELECT IS_USED_LOCK(%s)", (locks.bells[0],)) == producer.connection_id
         assert db.scalar("SELECT IS_USED_LOCK(%s)", (locks.bells[1],)) is None
+    finally:
+        watcher.close()
+        producer.close()
+
+
+@pytest.mark.parametrize("wait_on", [None, 0], ids=["new turn", "bell gated"])
+def test_a_watcher_that_sees_neither_bell_held_while_a_ringer_is_there_does_not_sleep_through_its_rings(db, wait_on):
+    # Given a ringer that holds the ringer lock but, at the moment the watch statement looks,
+    # neither bell: what the statement's two looks at the two bells saw when a ring from bell 1
+    # to bell 0 fell between them (bell 0 looked at before the ring took it, bell 1 after the
+    # ring let it go)
+    cfg = db.config()
+    locks = QueueLocks(cfg.dsn.database, "q")
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    producer = Session(cfg.dsn, autocommit=True, name="ringer")
+    try:
+        watcher.run(lambda cur: queries.ensure_queue(cur, "q"), what="t")
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
+        assert advisory.get_lock(producer, locks.ringer, 0) == 1
+        # When the watcher's statement, with nothing new, would wait WAIT_S
+        started = time.monotonic()
+        seen = bells.watch(watcher, "q", locks, wait_on, WAIT_S)
+        took = time.monotonic() - started
+        # Then it does not sleep out its wait, deaf to the rings that follow: it reads again
+        # at once (a new turn) or takes the free bell it waits on (granted: it goes to claim)
+        assert took < WAIT_S / 2, f"slept {took:.2f}s: waited={seen.waited}"
+        assert seen.waited == (1 if wait_on is not None else -1)
     finally:
         watcher.close()
         producer.close()

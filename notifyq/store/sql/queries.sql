@@ -870,11 +870,17 @@ WHERE id IN %(ids)s AND status = 2
 -- The watcher's idle cycle in one statement, as `watch` but choosing its bell by the locks held,
 -- not by a row: a ringing producer holds one bell and rings only when a consumer watches
 -- (store/bells.py, wakeup.py). Read the queue's enqueue count and, only if nothing new arrived
--- (or the queue is paused), wait: in GET_LOCK on bell `wait_on` when a ringer holds a bell, else
--- in SLEEP. `wait_on` is what the previous statement saw held at its end, before this
+-- (or the queue is paused), wait: in GET_LOCK on bell `wait_on`, else in SLEEP. `wait_on` is
+-- what the previous statement saw held at its end (and took the gate of, below), before this
 -- statement's read of the count, so any ring after that read releases the bell waited on (or
--- released it already: granted at once). NULL (a new turn): no bell wait this time, only the
--- read. A granted bell is released in the same statement, at once: its producer needs it for
+-- released it already: granted at once); it is waited on without asking whether a ringer still
+-- holds a bell: two looks at the two bells are two moments, and a ring from bell 1 to bell 0
+-- between them (bell 0 looked at before the ring took it, bell 1 after it was let go) showed
+-- neither held, and the watcher slept through the rings of its whole SLEEP. (A bell freed by a
+-- ringer that stopped is granted at once: one claim, then the next turn sleeps.) NULL (a new
+-- turn, or no gate taken): no bell wait this time, only the read; it sleeps only when no bell
+-- is held, and then only briefly (ringer_wait_s) while a producer holds the ringer lock (it is
+-- mid-ring, or arming). A granted bell is released in the same statement, at once: its producer needs it for
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one; plus 2
@@ -905,11 +911,13 @@ SELECT s.total, q.watched_seq, q.paused,
           LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
-          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
-             IF(%(wait_on)s IS NULL, NULL,
+          IF(NOT %(use_bell)s, SLEEP(%(wait_s)s) - 1,
+             IF(%(wait_on)s IS NOT NULL,
                 IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
-                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
-             SLEEP(%(wait_s)s) - 1)) AS waited,
+                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0),
+                IF(IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL, NULL,
+                   SLEEP(IF(IS_USED_LOCK(%(ringer)s) IS NULL, %(wait_s)s,
+                            LEAST(%(wait_s)s, %(ringer_wait_s)s))) - 1)))) AS waited,
        IF(COALESCE(RELEASE_LOCK(%(gate0)s), 0) + COALESCE(RELEASE_LOCK(%(gate1)s), 0) < 0, NULL,
           CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL
                  THEN 2 * IF(%(gate)s AND (s.total <= q.watched_seq OR q.paused <> 0),
