@@ -237,6 +237,12 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
         put_and_time(producer, recorder, 5.0 + MARGIN_S)
         wait_settled(db, 3)
         wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
+        # Every put looks (no quiet window): a put inside the 5 ms after a look that saw nobody
+        # watching neither looks nor rings, by design, and the watcher that started meanwhile
+        # finds its job by its first reads of the count, poll_initial_s doubling: a few ms with
+        # the default 5 ms, but up to 5 s here, where no ring was lost (a put 4 ms after such
+        # a look, the watcher's first wait on the bell 5 s: job 266 of a failing run)
+        producer._waker.bell.look.quiet_s = 0
         # When a bell-holding producer puts 500 single jobs after random gaps of 0-50 ms (half
         # of them 0-5 ms), so that commits, bell swaps, the watcher's reads and the watch
         # hand-offs interleave
