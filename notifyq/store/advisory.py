@@ -46,26 +46,16 @@ def release_lock(session: Session, name: str) -> int | None:
     return one_value(session, "release_lock", {"name": name}, "release_lock")
 
 
-def release_watch(session: Session, name: str, gates: tuple[str, str] | tuple[None, None] = (None, None)) -> int | None:
-    """Release the watch lock `name` and the bell `gates` (QueueLocks.gates) this session may
-    hold (sql `watch_bell`): the watch given up without a claim."""
-    return one_value(session, "release_watch", {"name": name, "gate0": gates[0], "gate1": gates[1]},
-                     "release_watch")
-
-
-def hand_watch_on(session: Session, name: str, queue: str, claimed: int | None = None,
-                  gates: tuple[str, str] | tuple[None, None] = (None, None)) -> None:
+def hand_watch_on(session: Session, name: str, queue: str, claimed: int | None = None) -> None:
     """Release the watch lock once the claim's COMMIT is done, without waiting for either
-    (Pipeline.send_later; the statement says how), and with it the bell `gates` this session
-    may hold. `claimed`: a job the claim took, whose row lock its COMMIT frees
-    (hand_watch_on_claimed). If its share lock fails, the locks are released anyway: the session
-    may hold the process's liveness lock, which a reconnect would free."""
-    params = {"name": name, "gate0": gates[0], "gate1": gates[1]}
+    (Pipeline.send_later; the statement says how). `claimed`: a job the claim took, whose row
+    lock its COMMIT frees (hand_watch_on_claimed). If its share lock fails, the lock is released
+    anyway: the session may hold the process's liveness lock, which a reconnect would free."""
     if claimed is None:
-        sql, params = Q["hand_watch_on"], {**params, "queue": queue}
+        sql, params = Q["hand_watch_on"], {"name": name, "queue": queue}
     else:
-        sql, params = Q["hand_watch_on_claimed"], {**params, "job": claimed}
-    session.pipeline.send_later(sql, params, fallback=Q["release_watch"])
+        sql, params = Q["hand_watch_on_claimed"], {"name": name, "job": claimed}
+    session.pipeline.send_later(sql, params, fallback=Q["release_lock"])
 
 
 def lock_holder(session: Session, name: str) -> int | None:

@@ -5,8 +5,7 @@ itself is advisory.kill_query).
 A ringing producer holds one of its queue's two bells. After each COMMIT it looks (in the
 COMMIT's own round trip) whether a consumer watches the queue; only then it rings: it takes the
 other bell and releases the one it held, in one statement. The watcher waits on the bell it saw
-held at the end of its previous statement, whose gate it took there (notifyq/wakeup and sql
-`watch_bell` say why that loses no ring).
+held at the end of its previous statement (notifyq/wakeup says why that loses no ring).
 """
 
 from __future__ import annotations
@@ -26,9 +25,7 @@ from notifyq.store.advisory import lock_wait_s
 from notifyq.store.queries import ensure_queue, microseconds
 from notifyq.store.sql import QUERIES as Q
 
-RING_WAIT_S = 5  # the other bell (or its gate) is busy only for a moment of a watcher's statement
-GATE_WAIT_S = 1.0  # a bell's gate is busy only while a ring passes through it
-RINGER_WAIT_S = 0.005  # a ringer seen without a bell is mid-ring or arming: read again this soon
+RING_WAIT_S = 5  # the other bell is busy only while a watcher's statement releases its grant
 
 
 @dataclass
@@ -43,21 +40,14 @@ class WatchState:
     waited: int | None
     held: int | None  # the bell a ringer holds once the statement is done, None without a ringer
     interrupted: bool = False  # a KILL QUERY ended the wait (a wake-up, or a stop): nothing was read
-    gated: bool = False  # the statement took bell `held`'s gate: the next may wait on that bell
 
 
 def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, wait_s: float,
-          use_bell: bool = True, gate: bool = True) -> WatchState:
-    """One watch statement. `wait_on`: a bell whose gate the last statement took (WatchState.gated).
-    `gate`: take the gate of the bell held at its end, if there is no work (the watcher's wait;
-    not a look by a consumer queued for the watch)."""
+          use_bell: bool = True) -> WatchState:
     def body(cur) -> WatchState:
         try:
             cur.execute(Q["watch_bell"], {
                 "queue": queue, "bell0": locks.bells[0], "bell1": locks.bells[1], "wait_on": wait_on,
-                "gate0": locks.gates[0], "gate1": locks.gates[1], "gate": int(gate),
-                "gate_wait_s": lock_wait_s(session, GATE_WAIT_S), "ringer": locks.ringer,
-                "ringer_wait_s": RINGER_WAIT_S,
                 "wait_s": max(0.0, wait_s),
                 "lock_wait_s": lock_wait_s(session, wait_s), "use_bell": int(use_bell),
                 "stale_us": microseconds(POLLING_STALE_S)})
@@ -73,8 +63,7 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
         total, watched, paused, reap, due_in_us, waited, held = row
         return WatchState(int(total), int(watched), bool(paused), int(reap or 0),
                           None if due_in_us is None else due_in_us / 1e6,
-                          None if waited is None else int(waited), None if held is None else int(held) % 2,
-                          gated=held is not None and int(held) >= 2)
+                          None if waited is None else int(waited), None if held is None else int(held))
 
     return session.run(body, what="watch", wait_s=math.ceil(max(0.0, wait_s)))  # (MySQL rounds up)
 
@@ -88,8 +77,8 @@ def ring_look(locks: QueueLocks) -> tuple[str, dict[str, Any]]:
 def ring(session: Session, locks: QueueLocks, held: int) -> None:
     """Take the other bell, release bell `held`, without waiting for the reply (Pipeline.send_later:
     the reply is read before the session's next statement). The next look says whether it rang."""
-    session.pipeline.send_later(Q["ring"], {"gate": locks.gates[1 - held], "next": locks.bells[1 - held],
-                                            "held": locks.bells[held], "wait_s": RING_WAIT_S})
+    session.pipeline.send_later(Q["ring"], {"next": locks.bells[1 - held], "held": locks.bells[held],
+                                            "wait_s": RING_WAIT_S})
 
 
 def ring_if_watched(session: Session, locks: QueueLocks, on_reply: Callable[[int], None]) -> None:
@@ -97,8 +86,7 @@ def ring_if_watched(session: Session, locks: QueueLocks, on_reply: Callable[[int
     the reply (Pipeline.send_later): `on_reply` gets its code (ring_if_watched's) when the reply
     is read, before the session's next statement."""
     session.pipeline.send_later(Q["ring_if_watched"], {"watch": locks.watch, "bell0": locks.bells[0],
-                                                       "bell1": locks.bells[1], "gate0": locks.gates[0],
-                                                       "gate1": locks.gates[1], "wait_s": RING_WAIT_S},
+                                                       "bell1": locks.bells[1], "wait_s": RING_WAIT_S},
                                 on_row=lambda row: on_reply(-1 if row is None or row[0] is None else int(row[0])))
 
 

@@ -33,10 +33,6 @@ class QueueLocks:
     def __init__(self, database: str, queue: str):
         self.watch = lock_name(database, "watch", queue)  # held by the one idle consumer watching
         self.bells = (lock_name(database, "bell0", queue), lock_name(database, "bell1", queue))
-        # gates[i]: held by the watcher from the end of a watch statement that saw bell i held
-        # until its next one is granted bell i (or did not wait on it); a ring that takes bell i
-        # passes through it first (sql `watch_bell` says why)
-        self.gates = (lock_name(database, "gate0", queue), lock_name(database, "gate1", queue))
         self.ringer = lock_name(database, "ringer", queue)  # the one producer that rings the bells
         self.periodic = lock_name(database, "cron", queue)  # the one consumer enqueuing cron ticks
 

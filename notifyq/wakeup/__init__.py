@@ -39,31 +39,17 @@ whoever becomes the watcher later reads the count after the COMMIT. A look that 
 holds for QUIET_LOOK_S (waker.py's Look): the puts in that window skip it (under load, where nobody idles, that
 is nearly every put). A watcher that began inside the window reads the count again within its
 first backoff steps, and the first put after the window looks and rings it. The watcher waits on the
-bell its previous statement saw held at that statement's end, and that statement also took the
-bell's gate (QueueLocks.gates), held until the waiting statement's GET_LOCK has returned; a new
-turn's first statement only reads (and takes the gate). That choice is made before the
-statement's read of the count, so:
+bell its previous statement saw held at that statement's end; a new turn's first statement
+only reads. That choice is made before the statement's read of the count, so:
   - a commit after the read is followed by a ring that releases the bell held at the choice
     (or, if a ring came between the choice and the read, the count already shows its jobs);
-  - the released bell is granted at once if the release came before the GET_LOCK: no later ring
-    can take it back before then, since a ring takes its next bell only through that bell's
-    gate. Without the gate, two rings between the read and the GET_LOCK (the first one late,
-    for a job already claimed through the count) released the bell and took it back, and the
-    watcher slept through both until its wait timed out.
-The statement waits on that bell without first asking whether a ringer holds one: its looks at
-the two bells are two moments, and a ring from bell 1 to bell 0 between them showed neither
-held (the watcher then slept its whole step, deaf to the rings). A new turn's read, which has no
-bell to wait on yet, sleeps only when it sees no bell held, and only briefly (bells.RINGER_WAIT_S)
-while a producer holds the ringer lock.
-A ring waits on a gate only while the watcher is between those two points, and never while
-holding the bell that gate guards (it takes the bell it does not hold), so they never wait on
-each other. A gate goes with the watch (hand-on, release): a wait the instant wake interrupted
-keeps it until then.
+  - the released bell is granted at once if the release came before the GET_LOCK.
 The watch statement releases a granted bell at once (the producer needs it for its next ring),
 and the watcher goes to claim. Two grants on the same bell with the same count mean a bell held
 by something that is no ringer (a producer arming, dying, or of an older version): that
 watcher's next waits sleep instead until the count moves, so a free bell can never become a
-spin (at most one needless claim per consumer).
+spin (at most one needless claim per consumer). Two rings between one statement's choice and
+its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
 While no ringer holds a bell the watcher sleeps, so a ring reaches it only once it has read the
 locks again: a new ringer's first put, and a put whose look finds the bell lost while a consumer
 watches, wake it with the instant wake instead, where the producer may (Waker._way).

@@ -77,7 +77,7 @@ class Waiter:
         same read asks whether a peer died: the watcher, which runs the reaper for an idle
         fleet, may be the one that is gone.
         """
-        state = bells.watch(self.session, self.queue, self.locks, None, 0, use_bell=False, gate=False)
+        state = bells.watch(self.session, self.queue, self.locks, None, 0, use_bell=False)
         if state.reap:
             self.on_reap()
         if state.paused or state.interrupted:
@@ -91,9 +91,9 @@ class Waiter:
         if self.watching:
             self.watching = False
             if wait:
-                advisory.release_watch(self.session, self.locks.watch, self.locks.gates)
+                advisory.release_lock(self.session, self.locks.watch)
             else:
-                advisory.hand_watch_on(self.session, self.locks.watch, self.queue, claimed, self.locks.gates)
+                advisory.hand_watch_on(self.session, self.locks.watch, self.queue, claimed)
 
     # -------------------------------------------------------- waiting for work
 
@@ -115,8 +115,7 @@ class Waiter:
         start = time.monotonic()
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
-        # The bell to wait on: the one the previous statement saw held at its end (and took the
-        # gate of, so that no ring takes it back before we wait: sql watch_bell). A new turn
+        # The bell to wait on: the one the previous statement saw held at its end. A new turn
         # does not know it yet, so its first statement only reads (bells.watch).
         wait_on: int | None = None
         paused = False  # what this turn's last statement read (an interrupted one reads nothing)
@@ -146,10 +145,7 @@ class Waiter:
                 wait_on = None  # the statement ended early: it did not say which bell is held
                 continue
             paused = state.paused
-            # Only a bell whose gate this statement took: no ring can take it back between the
-            # next statement's read of the count and its wait (sql watch_bell). Without the gate
-            # (there was work, or it stayed busy), the next statement only reads, and takes it.
-            waited_on, wait_on = wait_on, state.held if state.gated else None
+            waited_on, wait_on = wait_on, state.held
             if state.reap:
                 self.on_reap()
             if self._last_grant is not None and state.total != self._last_grant[1]:

@@ -883,31 +883,14 @@ WHERE id IN %(ids)s AND status = 2
 -- The watcher's idle cycle in one statement, as `watch` but choosing its bell by the locks held,
 -- not by a row: a ringing producer holds one bell and rings only when a consumer watches
 -- (store/bells.py, wakeup.py). Read the queue's enqueue count and, only if nothing new arrived
--- (or the queue is paused), wait: in GET_LOCK on bell `wait_on`, else in SLEEP. `wait_on` is
--- what the previous statement saw held at its end (and took the gate of, below), before this
+-- (or the queue is paused), wait: in GET_LOCK on bell `wait_on` when a ringer holds a bell, else
+-- in SLEEP. `wait_on` is what the previous statement saw held at its end, before this
 -- statement's read of the count, so any ring after that read releases the bell waited on (or
--- released it already: granted at once); it is waited on without asking whether a ringer still
--- holds a bell: two looks at the two bells are two moments, and a ring from bell 1 to bell 0
--- between them (bell 0 looked at before the ring took it, bell 1 after it was let go) showed
--- neither held, and the watcher slept through the rings of its whole SLEEP. (A bell freed by a
--- ringer that stopped is granted at once: one claim, then the next turn sleeps.) NULL (a new
--- turn, or no gate taken): no bell wait this time, only the read; it sleeps only when no bell
--- is held, and then only briefly (ringer_wait_s) while a producer holds the ringer lock (it is
--- mid-ring, or arming). A granted bell is released in the same statement, at once: its producer needs it for
+-- released it already: granted at once). NULL (a new turn): no bell wait this time, only the
+-- read. A granted bell is released in the same statement, at once: its producer needs it for
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
--- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one; plus 2
--- when this statement took that bell's gate, which it then holds until its next statement has
--- waited on the bell (or did not wait), and releases there.
--- Why the gate: two rings between this statement's read of the count and its GET_LOCK would
--- release bell `wait_on` and take it back (ABA), and the watcher would sleep through both
--- until its wait timed out: the first ring's job taken by another consumer (a job is visible
--- to others the moment it commits, before its producer's COMMIT returns and looks), the second
--- one's unheard. A ring takes its next bell only once it got through that bell's gate (ring,
--- ring_if_watched), so it cannot take back bell `wait_on` before the watcher has been granted
--- it. The producer never waits on a gate while holding the bell that gate guards (it takes the
--- bell it does not hold), so the two never wait on each other. gate: 0 for a statement that is
--- not the watcher's wait (no gate taken); none is taken when the count says there is work.
+-- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
 -- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
 -- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
 -- GET_LOCK keeps it (advisory.lock_wait_s).
@@ -924,20 +907,13 @@ SELECT s.total, q.watched_seq, q.paused,
           LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
-          IF(NOT %(use_bell)s, SLEEP(%(wait_s)s) - 1,
-             IF(%(wait_on)s IS NOT NULL,
+          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
+             IF(%(wait_on)s IS NULL, NULL,
                 IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
-                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0),
-                IF(IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL, NULL,
-                   SLEEP(IF(IS_USED_LOCK(%(ringer)s) IS NULL, %(wait_s)s,
-                            LEAST(%(wait_s)s, %(ringer_wait_s)s))) - 1)))) AS waited,
-       IF(COALESCE(RELEASE_LOCK(%(gate0)s), 0) + COALESCE(RELEASE_LOCK(%(gate1)s), 0) < 0, NULL,
-          CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL
-                 THEN 2 * IF(%(gate)s AND (s.total <= q.watched_seq OR q.paused <> 0),
-                             COALESCE(GET_LOCK(%(gate0)s, %(gate_wait_s)s), 0), 0)
-               WHEN IS_USED_LOCK(%(bell1)s) IS NOT NULL
-                 THEN 1 + 2 * IF(%(gate)s AND (s.total <= q.watched_seq OR q.paused <> 0),
-                                 COALESCE(GET_LOCK(%(gate1)s, %(gate_wait_s)s), 0), 0) END) AS held
+                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
+             SLEEP(%(wait_s)s) - 1)) AS waited,
+       CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL THEN 0
+            WHEN IS_USED_LOCK(%(bell1)s) IS NOT NULL THEN 1 END AS held
 FROM nq_queue q,
      (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
 WHERE q.queue = %(queue)s
@@ -950,12 +926,9 @@ SELECT IS_USED_LOCK(%(watch)s), IS_USED_LOCK(%(bell0)s), IS_USED_LOCK(%(bell1)s)
 
 -- ring --
 -- Take the other bell, then release the held one: the watcher waiting on it is granted it. A
--- ringer never holds neither, so a watcher always has a held bell to wait on. The other bell
--- only through its gate: a watcher that has read the count and is about to wait on that bell
--- (released by the ring before) holds it for that moment (watch_bell). Sent without waiting
--- for the reply (DO); the next ring_look says whether it rang (which bell is ours).
-DO IF(GET_LOCK(%(gate)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(gate)s) = 1
-      AND GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
+-- ringer never holds neither, so a watcher always has a held bell to wait on. Sent without
+-- waiting for the reply (DO); the next ring_look says whether it rang (which bell is ours).
+DO IF(GET_LOCK(%(next)s, %(wait_s)s) = 1, RELEASE_LOCK(%(held)s), 0)
 
 -- ring_if_watched --
 -- A ringer's wake() after the caller's own COMMIT (`put(conn=)`, transaction(), Django's on-commit):
@@ -964,16 +937,13 @@ DO IF(GET_LOCK(%(gate)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(gate)s) = 1
 -- session holds, so it needs no client state the last such statement may have changed: nobody
 -- watching, 10 + the bell held (no ring); rang, 20 + the bell held now; -1 when this session
 -- holds neither bell or could not take the other (the Bell lets go of everything and arms again).
--- The other bell through its gate, as `ring` takes it.
 SELECT CASE CONNECTION_ID()
   WHEN IS_USED_LOCK(%(bell0)s) THEN
     IF(IS_USED_LOCK(%(watch)s) IS NULL, 10,
-       IF(GET_LOCK(%(gate1)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(gate1)s) = 1
-          AND GET_LOCK(%(bell1)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell0)s) = 1, 21, -1))
+       IF(GET_LOCK(%(bell1)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell0)s) = 1, 21, -1))
   WHEN IS_USED_LOCK(%(bell1)s) THEN
     IF(IS_USED_LOCK(%(watch)s) IS NULL, 11,
-       IF(GET_LOCK(%(gate0)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(gate0)s) = 1
-          AND GET_LOCK(%(bell0)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell1)s) = 1, 20, -1))
+       IF(GET_LOCK(%(bell0)s, %(wait_s)s) = 1 AND RELEASE_LOCK(%(bell1)s) = 1, 20, -1))
   ELSE -1 END
 
 -- signal_total --
@@ -1007,10 +977,7 @@ SELECT RELEASE_LOCK(%(name)s)
 -- follow), so the client waited for a reply until its read timeout, and the watch lock stayed held.
 -- A KILL that ends the share lock's wait makes its subquery NULL: the lock is released without
 -- waiting, and the next watcher may wake once for work the claim took (one needless claim).
--- A bell gate this session holds (watch_bell: a wait the KILL interrupted keeps it) is released
--- with the watch, first: the next watcher takes its own.
-SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE),
-       RELEASE_LOCK(%(gate0)s), RELEASE_LOCK(%(gate1)s), RELEASE_LOCK(%(name)s)
+SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE), RELEASE_LOCK(%(name)s)
 
 -- hand_watch_on_claimed --
 -- hand_watch_on after a claim that took jobs, whose last statements and COMMIT it sent without
@@ -1018,13 +985,7 @@ SELECT (SELECT COUNT(*) FROM nq_queue WHERE queue = %(queue)s LOCK IN SHARE MODE
 -- holds already, so the release waits, on the server, for that COMMIT and the watched count it
 -- records, whichever arrives first; a claim that failed frees the row unmarked, and the next
 -- watcher then wakes for its jobs. As hand_watch_on otherwise (one statement; its fallback).
-SELECT (SELECT COUNT(*) FROM nq_job WHERE id = %(job)s LOCK IN SHARE MODE),
-       RELEASE_LOCK(%(gate0)s), RELEASE_LOCK(%(gate1)s), RELEASE_LOCK(%(name)s)
-
--- release_watch --
--- Give the watch up (and a bell gate this session may hold, as hand_watch_on does): the fallback of
--- hand_watch_on, and a watcher's release without a claim.
-SELECT RELEASE_LOCK(%(gate0)s), RELEASE_LOCK(%(gate1)s), RELEASE_LOCK(%(name)s)
+SELECT (SELECT COUNT(*) FROM nq_job WHERE id = %(job)s LOCK IN SHARE MODE), RELEASE_LOCK(%(name)s)
 
 -- lock_holder --
 SELECT IS_USED_LOCK(%(name)s)
