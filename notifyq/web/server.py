@@ -390,7 +390,11 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if verb in BULK_VERBS:
                 what = f"ids={','.join(ids[:console.MAX_BULK])}" + ("…" if len(ids) > console.MAX_BULK else "")
-                outcome = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=console.parse_ids(ids), by=who)
+                unique = console.parse_ids(ids)
+                outcome, complete = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=unique, by=who,
+                                                     duplicates=len(ids) - len(unique))
+                if not complete:  # stopped midway by the database: what was done stays done, and is said
+                    raise _Partial(outcome)
             elif verb in PERIODIC_VERBS:
                 what = f"name={form.get('name', '')!r}"
                 outcome = console.periodic_act(self.web.reader, verb, queue=queue or "", name=form.get("name", ""))
@@ -399,6 +403,8 @@ class Handler(BaseHTTPRequestHandler):
                 outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue, by=who)
             else:
                 raise errors.InputError(f"no action {verb!r}")
+        except _Partial as e:
+            outcome, code = str(e), 503
         except (errors.NotifyqError, DriverError) as e:
             outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
             code = 400 if isinstance(e, errors.InputError) else 503
@@ -411,6 +417,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.web.flash(sid, outcome)
         self._redirect(auth.safe_back(form.get("back")))
+
+
+class _Partial(Exception):
+    """A bulk action stopped midway by a database failure: its outcome (some were done)."""
 
 
 def _job_id(text: str | None) -> int | None:
