@@ -14,7 +14,7 @@ from notifyq.ops import admin
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, describe
-from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed
+from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed, parse_job_id
 
 HISTORY_HOURS_MAX = 6  # a history page's window: 1 to this many hours
 OUTCOMES = ("done", "failed", "dead", "cancelled")  # counted per minute; other records are not attempts
@@ -156,19 +156,17 @@ def search(reader: Reader, f: dict[str, Any], s: dict[str, Any]) -> dict[str, An
 
 
 def parse_ids(values: list[str]) -> list[int]:
-    """A bulk action's job ids: 1 to MAX_BULK whole numbers, else one InputError; sorted, each
-    once (the caller counts the duplicates collapsed)."""
+    """A bulk action's job ids: 1 to MAX_BULK job ids (ASCII digits), else one InputError;
+    sorted, each once (the caller counts the duplicates collapsed)."""
     if not values:
         raise errors.InputError("select at least one job")
     if len(values) > MAX_BULK:
         raise errors.InputError(f"{len(values)} jobs selected: a bulk action takes at most {MAX_BULK}; "
                                 "nothing was done")
-    ids = []
-    for v in values:
-        if not v.isdigit() or not 0 < int(v) < 2**63:
-            raise errors.InputError(f"job {v!r}: expected a job id; nothing was done")
-        ids.append(int(v))
-    return sorted(set(ids))
+    try:
+        return sorted({parse_job_id(v) for v in values})
+    except errors.InputError as e:
+        raise errors.InputError(f"{e}; nothing was done") from None
 
 
 class BulkOutcome(NamedTuple):

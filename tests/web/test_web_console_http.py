@@ -266,3 +266,22 @@ def test_a_bulk_retry_counts_retried_already_pending_refused_and_duplicates_apar
     code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", str(again))] * 100],
                            {"Authorization": f"Bearer {TOKEN}"})
     assert (code, body.strip()) == (200, "retried 1 of 1 jobs; 99 duplicate ids collapsed")
+
+
+def test_job_ids_are_ascii_digits_only(db, web):
+    # Given a dead job, and its id written in Arabic-Indic digits (Python's int() reads them)
+    job = dead_job(db)
+    arabic = "".join(chr(0x660 + int(d)) for d in str(job))
+    c = Client(web(token=TOKEN).url)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    # When it is retried, bulk-retried, its workflow and its page asked for by that id
+    retry = c.post("/act", {"verb": "retry", "job": arabic}, bearer)
+    bulk = c.post("/act", {"verb": "bulk-retry", "ids": arabic}, bearer)
+    flow = c.get("/workflow?job=" + urllib.parse.quote(arabic))
+    page = c.get("/jobs/" + urllib.parse.quote(arabic))
+    # Then each is refused as not a job id, and the job is still dead
+    assert retry[0] == 400 and "expected a job id" in retry[1], retry[:2]
+    assert bulk[0] == 400 and "expected a job id" in bulk[1], bulk[:2]
+    assert flow[0] == 400 and "expected a job id" in html.unescape(flow[1]), flow[0]
+    assert page[0] == 404, page[0]
+    assert _status(db, job) == 4
