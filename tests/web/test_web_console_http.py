@@ -285,3 +285,21 @@ def test_job_ids_are_ascii_digits_only(db, web):
     assert flow[0] == 400 and "expected a job id" in html.unescape(flow[1]), flow[0]
     assert page[0] == 404, page[0]
     assert _status(db, job) == 4
+
+
+def test_a_retried_job_no_longer_carries_who_cancelled_it(db, web):
+    # Given a job cancelled by alice while it ran (asked from the console, then ended cancelled
+    # by its consumer)
+    (job,) = produce(db, "mail", '{"n": 1}')
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32), claimed_at = UTC_TIMESTAMP(6), "
+             "lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE id = %s", (job,))
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in(who="alice") == 303
+    assert c.post("/act", [("csrf", c.csrf()), ("verb", "cancel"), ("job", str(job)), ("back", "/")])[0] == 303
+    assert db.scalar("SELECT cancelled_by FROM nq_job WHERE id = %s", (job,)) == "alice@127.0.0.1"
+    db.query("UPDATE nq_job SET status = 5, finished_at = UTC_TIMESTAMP(6), owner = NULL WHERE id = %s", (job,))
+    # When it is retried
+    assert c.post("/act", [("csrf", c.csrf()), ("verb", "retry"), ("job", str(job)), ("back", "/")])[0] == 303
+    # Then it is ready with no cancel on its row, and its page names no canceller
+    assert db.query("SELECT status, cancelled_by, cancelled_at FROM nq_job WHERE id = %s", (job,)) == [(0, None, None)]
+    assert "alice@127.0.0.1" not in c.get(f"/jobs/{job}")[1]
