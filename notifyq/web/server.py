@@ -199,6 +199,11 @@ class Handler(BaseHTTPRequestHandler):
         return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
 
     def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
+        """A page; one that a server did not answer for (context's down) is a 503, its body the
+        page with what the others answered and the error: monitoring sees the outage, as it
+        does on the pages that read one server (a job, a workflow)."""
+        if code == 200 and context.get("down"):
+            code = 503
         guard = self.web.guard
         body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
                             csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
