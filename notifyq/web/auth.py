@@ -43,9 +43,10 @@ def load_token(path: str | None, env: dict[str, str] | None = None) -> str | Non
         except (OSError, UnicodeDecodeError) as e:
             raise errors.ConfigError(f"{where}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
     else:
-        token = env.get("NOTIFYQ_WEB_TOKEN", "").strip()
-        if not token:
+        raw = env.get("NOTIFYQ_WEB_TOKEN", "")
+        if raw == "":  # unset or empty: read-only; blanks only are a token set wrong, refused below
             return None
+        token = raw.strip()
     if len(token) < TOKEN_MIN_CHARS or any(c.isspace() for c in token):
         raise errors.ConfigError(f"{where}: the token must be at least {TOKEN_MIN_CHARS} characters "
                                  "without spaces (for example: openssl rand -hex 24)")

@@ -6,14 +6,15 @@ bounded range of an index (docs/web.md says which, and its bound)."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from notifyq import errors
 from notifyq.config import Config, periodic_entries, validate_queue_name
 from notifyq.ops import admin
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
-from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed
+from notifyq.store.driver import DriverError, describe
+from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed, parse_job_id
 
 HISTORY_HOURS_MAX = 6  # a history page's window: 1 to this many hours
 OUTCOMES = ("done", "failed", "dead", "cancelled")  # counted per minute; other records are not attempts
@@ -155,33 +156,60 @@ def search(reader: Reader, f: dict[str, Any], s: dict[str, Any]) -> dict[str, An
 
 
 def parse_ids(values: list[str]) -> list[int]:
-    """A bulk action's job ids: 1 to MAX_BULK whole numbers, else one InputError."""
+    """A bulk action's job ids: 1 to MAX_BULK job ids (ASCII digits), else one InputError;
+    sorted, each once (the caller counts the duplicates collapsed)."""
     if not values:
         raise errors.InputError("select at least one job")
     if len(values) > MAX_BULK:
         raise errors.InputError(f"{len(values)} jobs selected: a bulk action takes at most {MAX_BULK}; "
                                 "nothing was done")
-    ids = []
-    for v in values:
-        if not v.isdigit() or not 0 < int(v) < 2**63:
-            raise errors.InputError(f"job {v!r}: expected a job id; nothing was done")
-        ids.append(int(v))
-    return sorted(set(ids))
+    try:
+        return sorted({parse_job_id(v) for v in values})
+    except errors.InputError as e:
+        raise errors.InputError(f"{e}; nothing was done") from None
 
 
-def act_bulk(reader: Reader, verb: str, *, shard: str, ids: list[int], by: str) -> str:
+class BulkOutcome(NamedTuple):
+    """What a bulk action did (text), and whether it stopped on a database failure midway
+    (complete False: the text says how many were done before it)."""
+    text: str
+    complete: bool
+
+
+def act_bulk(reader: Reader, verb: str, *, shard: str, ids: list[int], by: str, duplicates: int = 0) -> BulkOutcome:
     """retry / cancel / purge each job of `ids` (checked by parse_ids) on one server, each in
-    its own transaction: what was done, and why not for the others."""
-    done, refused = [], []
+    its own transaction: how many were done, already so (a retry of a job still waiting or
+    ready), refused and why, duplicates collapsed. A database failure stops it there: the
+    outcome says how many were done before (they stay done) and what failed."""
+    done, already, refused = 0, 0, []
+    failed = None
     for job_id in ids:
         try:
-            act(reader, verb, shard=shard, job_id=job_id, queue=None, by=by)
-            done.append(job_id)
+            if verb == "retry":  # admin.retry's own words tell a retry from a job already pending
+                said = reader.one(shard, lambda session, j=job_id: admin.retry(session, j))
+                if said.startswith("already"):
+                    already += 1
+                    continue
+            else:
+                act(reader, verb, shard=shard, job_id=job_id, queue=None, by=by)
+            done += 1
         except errors.InputError as e:
             refused.append(f"{job_id} ({e})")
+        except (errors.NotifyqError, DriverError) as e:
+            failed = describe(e) if isinstance(e, DriverError) else str(e)
+            break
     past = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}[verb]
-    text = f"{past} {len(done)} of {len(ids)} jobs"
-    return text + (f"; not: {', '.join(refused[:10])}" + (" …" if len(refused) > 10 else "") if refused else "")
+    parts = [f"{past} {done} of {len(ids)} jobs"]
+    if already:
+        parts.append(f"{already} already waiting or ready")
+    if refused:
+        parts.append(f"{len(refused)} refused: " + ", ".join(refused[:10]) + (" …" if len(refused) > 10 else ""))
+    if duplicates:
+        parts.append(f"{duplicates} duplicate id{'' if duplicates == 1 else 's'} collapsed")
+    if failed is not None:
+        untried = len(ids) - done - already - len(refused)
+        parts.append(f"then failed: {failed}; {untried} not tried")
+    return BulkOutcome("; ".join(parts), failed is None)
 
 
 def _entry(config: Config, queue: str, name: str) -> dict[str, Any]:

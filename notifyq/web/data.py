@@ -302,6 +302,14 @@ def periodic(reader: Reader) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ actions
 
+def parse_job_id(text: str) -> int:
+    """A job id from a request (form, query string, path): ASCII digits only (int() would take
+    any script's digits, '٣' as 3), 1 to 2**63 - 1; else InputError."""
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
+        raise errors.InputError(f"job {text!r}: expected a job id")
+    return int(text)
+
+
 def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str | None,
         by: str | None = None) -> str:
     """One operator action; returns what happened in a few words (InputError: why not)."""

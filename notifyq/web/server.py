@@ -59,7 +59,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 STATIC = {"live.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
-_JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
+_JOB_PATH = re.compile(r"^/jobs/([0-9]{1,19})$")  # ASCII digits: \d takes any script's
 VERBS = ("retry", "cancel", "purge", "pause", "resume", "retry-dead")
 BULK_VERBS = ("bulk-retry", "bulk-cancel", "bulk-purge")
 PERIODIC_VERBS = ("periodic-run", "periodic-enable", "periodic-disable")
@@ -199,6 +199,11 @@ class Handler(BaseHTTPRequestHandler):
         return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
 
     def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
+        """A page; one that a server did not answer for (context's down) is a 503, its body the
+        page with what the others answered and the error: monitoring sees the outage, as it
+        does on the pages that read one server (a job, a workflow)."""
+        if code == 200 and context.get("down"):
+            code = 503
         guard = self.web.guard
         body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
                             csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
@@ -271,7 +276,7 @@ class Handler(BaseHTTPRequestHandler):
                            queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
                            max_bulk=console.MAX_BULK, **found)
             elif _JOB_PATH.match(path):
-                self._job_page(int(path[6:]), query, sid, new)
+                self._job_page(data.parse_job_id(path[6:]), query, sid, new)
             elif path == "/flow":
                 name, after = flow.parse(query)
                 if name is None:
@@ -390,7 +395,11 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if verb in BULK_VERBS:
                 what = f"ids={','.join(ids[:console.MAX_BULK])}" + ("…" if len(ids) > console.MAX_BULK else "")
-                outcome = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=console.parse_ids(ids), by=who)
+                unique = console.parse_ids(ids)
+                outcome, complete = console.act_bulk(self.web.reader, verb[5:], shard=shard, ids=unique, by=who,
+                                                     duplicates=len(ids) - len(unique))
+                if not complete:  # stopped midway by the database: what was done stays done, and is said
+                    raise _Partial(outcome)
             elif verb in PERIODIC_VERBS:
                 what = f"name={form.get('name', '')!r}"
                 outcome = console.periodic_act(self.web.reader, verb, queue=queue or "", name=form.get("name", ""))
@@ -399,6 +408,8 @@ class Handler(BaseHTTPRequestHandler):
                 outcome = data.act(self.web.reader, verb, shard=shard, job_id=job_id, queue=queue, by=who)
             else:
                 raise errors.InputError(f"no action {verb!r}")
+        except _Partial as e:
+            outcome, code = str(e), 503
         except (errors.NotifyqError, DriverError) as e:
             outcome = f"{verb} refused: {describe(e) if isinstance(e, DriverError) else e}"
             code = 400 if isinstance(e, errors.InputError) else 503
@@ -413,12 +424,13 @@ class Handler(BaseHTTPRequestHandler):
         self._redirect(auth.safe_back(form.get("back")))
 
 
+class _Partial(Exception):
+    """A bulk action stopped midway by a database failure: its outcome (some were done)."""
+
+
 def _job_id(text: str | None) -> int | None:
-    if not text:
-        return None
-    if not text.isdigit() or not 0 < int(text) < 2**63:
-        raise errors.InputError(f"job {text!r}: expected a job id")
-    return int(text)
+    """A job id from a request (data.parse_job_id), None when none was given."""
+    return data.parse_job_id(text) if text else None
 
 
 def run(config: Config, port: int, bind: str, token: str | None) -> int:

@@ -19,7 +19,7 @@ def test_bulk_ids_are_bounded_checked_and_deduplicated():
     assert console.parse_ids([str(i) for i in range(1, console.MAX_BULK + 1)])[-1] == console.MAX_BULK
     with pytest.raises(errors.InputError, match=f"{console.MAX_BULK + 1} jobs selected: a bulk action takes at most"):
         console.parse_ids(["1"] * (console.MAX_BULK + 1))
-    for bad in ([], ["x"], ["0"], ["-1"], [str(2**63)]):
+    for bad in ([], ["x"], ["0"], ["-1"], [str(2**63)], ["\u0663"], ["1\u0663"]):  # Arabic-Indic 3: not ASCII
         with pytest.raises(errors.InputError):
             console.parse_ids(bad)
 

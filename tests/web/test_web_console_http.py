@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import subprocess
+import urllib.parse
 
 from conftest import notifyq_cmd, run_cli, wait_until
 from web.conftest import TOKEN, Client, dead_job, produce
@@ -110,7 +111,7 @@ def test_bulk_actions_act_on_the_selected_jobs_and_are_logged_with_their_ids(db,
     code, _, _ = c.post("/act", [("csrf", c.csrf()), ("verb", "bulk-purge"), ("back", "/dead"),
                                  *[("ids", str(j)) for j in jobs]])
     flash = c.get("/dead")[1]
-    assert "purged 1 of 3 jobs; not:" in flash and "only dead, done and cancelled jobs are purged" in flash
+    assert "purged 1 of 3 jobs; 2 refused:" in flash and "only dead, done and cancelled jobs are purged" in flash
     assert _status(db, jobs[2]) is None and _status(db, jobs[0]) == 0
 
 
@@ -223,3 +224,82 @@ def test_a_traced_jobs_task_is_read_inside_its_envelope(db, web):
     # When the jobs page searches for the task
     # Then the traced job is found by its task, and the plain one is not
     assert _ids(Client(web().url).get("/jobs?queue=mail&state=ready&task=report.build")[1]) == [traced]
+
+
+def test_a_bulk_action_stopped_midway_by_the_database_says_how_many_were_done(db, web, caplog):
+    # Given five ready jobs, and the database failing the cancel of the third (a trigger refuses
+    # its delete: an error that no retry cures, as a server gone for good mid-action)
+    jobs = produce(db, "mail", *['{"n": %d}' % i for i in range(5)])
+    db.query("CREATE TRIGGER fail_one BEFORE DELETE ON nq_job FOR EACH ROW "
+             "IF OLD.id = %d THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected failure'; END IF" % jobs[2])
+    c = Client(web(token=TOKEN).url)
+    # When the five are cancelled in one bulk action
+    with caplog.at_level(logging.INFO, logger="notifyq.web"):
+        code, body, _ = c.post("/act", [("verb", "bulk-cancel"), *[("ids", str(j)) for j in jobs]],
+                               {"Authorization": f"Bearer {TOKEN}"})
+    # Then the two done before the failure are gone, the rest untouched
+    assert [_status(db, j) for j in jobs] == [None, None, 0, 0, 0]
+    # And the answer (503: the action did not finish) and the log say so, not "refused"
+    assert code == 503, (code, body)
+    assert body.startswith("cancelled 2 of 5 jobs; then failed: ") and "injected failure" in body, body
+    assert body.strip().endswith("3 not tried"), body
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web action")]
+    assert "outcome=cancelled 2 of 5 jobs; then failed:" in line and "refused" not in line, line
+
+
+def test_a_bulk_retry_counts_retried_already_pending_refused_and_duplicates_apart(db, web):
+    # Given two dead jobs and two ready ones
+    dead = [dead_job(db) for _ in range(2)]
+    ready = produce(db, "mail", '{"n": 1}', '{"n": 2}')
+    c = Client(web(token=TOKEN).url)
+    # When a bulk retry names them all, one dead job four times, and a job that does not exist
+    ids = [*dead, *ready, dead[0], dead[0], dead[0], 99_999_999]
+    code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", str(j)) for j in ids]],
+                           {"Authorization": f"Bearer {TOKEN}"})
+    # Then each kind is counted apart: only the dead ones were retried
+    assert code == 200, body
+    assert body.startswith("retried 2 of 5 jobs; 2 already waiting or ready; 1 refused: 99999999 (no job 99999999"), body
+    assert body.strip().endswith("; 3 duplicate ids collapsed"), body
+    assert [_status(db, j) for j in [*dead, *ready]] == [0, 0, 0, 0]
+    # And 100 copies of one id retry it once, and say the 99 others were the same
+    again = dead_job(db)
+    code, body, _ = c.post("/act", [("verb", "bulk-retry"), *[("ids", str(again))] * 100],
+                           {"Authorization": f"Bearer {TOKEN}"})
+    assert (code, body.strip()) == (200, "retried 1 of 1 jobs; 99 duplicate ids collapsed")
+
+
+def test_job_ids_are_ascii_digits_only(db, web):
+    # Given a dead job, and its id written in Arabic-Indic digits (Python's int() reads them)
+    job = dead_job(db)
+    arabic = "".join(chr(0x660 + int(d)) for d in str(job))
+    c = Client(web(token=TOKEN).url)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    # When it is retried, bulk-retried, its workflow and its page asked for by that id
+    retry = c.post("/act", {"verb": "retry", "job": arabic}, bearer)
+    bulk = c.post("/act", {"verb": "bulk-retry", "ids": arabic}, bearer)
+    flow = c.get("/workflow?job=" + urllib.parse.quote(arabic))
+    page = c.get("/jobs/" + urllib.parse.quote(arabic))
+    # Then each is refused as not a job id, and the job is still dead
+    assert retry[0] == 400 and "expected a job id" in retry[1], retry[:2]
+    assert bulk[0] == 400 and "expected a job id" in bulk[1], bulk[:2]
+    assert flow[0] == 400 and "expected a job id" in html.unescape(flow[1]), flow[0]
+    assert page[0] == 404, page[0]
+    assert _status(db, job) == 4
+
+
+def test_a_retried_job_no_longer_carries_who_cancelled_it(db, web):
+    # Given a job cancelled by alice while it ran (asked from the console, then ended cancelled
+    # by its consumer)
+    (job,) = produce(db, "mail", '{"n": 1}')
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32), claimed_at = UTC_TIMESTAMP(6), "
+             "lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE id = %s", (job,))
+    c = Client(web(token=TOKEN).url)
+    assert c.sign_in(who="alice") == 303
+    assert c.post("/act", [("csrf", c.csrf()), ("verb", "cancel"), ("job", str(job)), ("back", "/")])[0] == 303
+    assert db.scalar("SELECT cancelled_by FROM nq_job WHERE id = %s", (job,)) == "alice@127.0.0.1"
+    db.query("UPDATE nq_job SET status = 5, finished_at = UTC_TIMESTAMP(6), owner = NULL WHERE id = %s", (job,))
+    # When it is retried
+    assert c.post("/act", [("csrf", c.csrf()), ("verb", "retry"), ("job", str(job)), ("back", "/")])[0] == 303
+    # Then it is ready with no cancel on its row, and its page names no canceller
+    assert db.query("SELECT status, cancelled_by, cancelled_at FROM nq_job WHERE id = %s", (job,)) == [(0, None, None)]
+    assert "alice@127.0.0.1" not in c.get(f"/jobs/{job}")[1]

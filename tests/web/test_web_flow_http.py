@@ -13,6 +13,7 @@ from web.conftest import Client
 
 import notifyq
 from notifyq.store import admin_queries
+from notifyq.web import server
 
 FLOW = {"api": {"limit": 10, "limit_per_key": 2, "key_limits": {"vip": 5}, "rate_per_key": "3/1h", "fair": True}}
 
@@ -193,3 +194,20 @@ def test_a_batch_of_600_is_walked_to_a_bound_and_its_progress_counted_to_a_cap(d
     assert code == 200, body
     assert len(re.findall(r'<tr data-job="\d+"', body)) == admin_queries.WEB_WORKFLOW_JOBS
     assert 'id="truncated"' in body
+
+
+def test_with_the_database_down_every_page_is_a_503(db):
+    # Given the pages of a config whose server does not answer (nothing listens on port 1;
+    # the sessions connect when first used, as after an outage that began once serving)
+    config = db.config(queue=FLOW, dsn="mysql://nq@127.0.0.1:1/nq", connect_retry_s=0.2)
+    pages = server.WebServer(config, ("127.0.0.1", 0), None).start()
+    try:
+        c = Client(pages.url)
+        # When the overview, the flow pages, a workflow and a job are asked for
+        answers = {path: c.get(path) for path in ("/", "/flow", "/flow?queue=api", "/workflow?job=1", "/jobs/1")}
+    finally:
+        pages.close()
+    # Then each is a 503 (monitoring sees the outage), and the page says what failed
+    assert {path: code for path, (code, _) in answers.items()} == dict.fromkeys(answers, 503)
+    for path, (_, body) in answers.items():
+        assert "127.0.0.1:1" in html.unescape(body) or "reach" in body, (path, body[-2000:])

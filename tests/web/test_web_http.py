@@ -145,6 +145,7 @@ def test_the_command_refuses_bad_input_in_one_line(db, tmp_path):
             (("--actions-token-file", str(tmp_path / "missing")), {}, 2, "--actions-token-file"),
             (("--actions-token-file", str(short)), {}, 3, "at least 16 characters"),
             ((), {"NOTIFYQ_WEB_TOKEN": "short"}, 3, "NOTIFYQ_WEB_TOKEN"),
+            ((), {"NOTIFYQ_WEB_TOKEN": " " * 20}, 3, "NOTIFYQ_WEB_TOKEN"),  # blanks: set wrong, not unset
             (("--bind", "203.0.113.1"), {}, 3, "cannot listen"),
             (("--dsn", "mysql://root@127.0.0.1:1/nq"), {"NOTIFYQ_CONNECT_RETRY_S": "0.5"}, 5, "cannot reach")):
         r = run_cli({**db.env, **env}, "web", "--port", "0", *args, timeout=30)

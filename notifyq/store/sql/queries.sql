@@ -1134,7 +1134,8 @@ WHERE status = %(status)s
 ORDER BY id LIMIT %(limit)s
 
 -- job_retry --
--- Back to ready now with the attempts reset; the last error stays for the record. Never a
+-- Back to ready now with the attempts reset; the last error stays for the record, the
+-- cancel's who and when do not (the job runs again: the attempt records keep the cancel). Never a
 -- claimed job (it is running). A job that carries a dedup key is retried alone, under its
 -- key's lock and only if no other pending job holds the key (admin_queries.retry_jobs).
 -- A workflow's job (its edges from its parents, read by the child index: nothing for any other
@@ -1148,7 +1149,7 @@ SET status = IF(EXISTS (SELECT 1 FROM nq_edge f FORCE INDEX (ix_child) WHERE f.c
     waits_on = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 0),
     parents_failed = (SELECT COUNT(*) FROM nq_edge f FORCE INDEX (ix_child) WHERE f.child_id = nq_job.id AND f.state = 3),
     run_at = NOW(6), attempts = 0, finished_at = NULL, cancel_requested = 0,
-    owner = NULL, claim_token = NULL, lease_until = NULL
+    owner = NULL, claim_token = NULL, lease_until = NULL, cancelled_by = NULL, cancelled_at = NULL
 WHERE id IN %(ids)s AND status IN (1, 3, 4, 5)
 
 -- keyed_jobs --
