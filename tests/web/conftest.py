@@ -93,16 +93,26 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-@pytest.fixture(scope="module")  # not the session: Playwright's event loop runs in this thread
-def browser():  # until it stops, and a later module's asyncio.run() would refuse to start
+def chromium_or_skip(module_level: bool = False) -> str:
+    """Debian's chromium for Playwright to drive, or skip: the test, or the whole module (one line
+    for it, called at its top, before it imports Playwright) when `module_level`."""
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
-        pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')")
+        pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')",
+                    allow_module_level=module_level)
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
-                    "scripts/bootstrap.sh installs it as root)")
+                    "scripts/bootstrap.sh installs it as root)", allow_module_level=module_level)
+    return exe
+
+
+@pytest.fixture(scope="module")  # not the session: Playwright's event loop runs in this thread
+def browser():  # until it stops, and a later module's asyncio.run() would refuse to start
+    exe = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
         yield b

@@ -4,19 +4,11 @@ operator sees and clicks. Waits are Playwright's own (a condition with a deadlin
 from __future__ import annotations
 
 import re
-import shutil
 
-import pytest
+from web.conftest import chromium_or_skip
 
-# One line for the whole module when the browser cannot run (the fixture says the same per test)
-try:
-    from playwright.sync_api import expect
-except ImportError:
-    pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')",
-                allow_module_level=True)
-if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-    pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
-                "scripts/bootstrap.sh installs it as root)", allow_module_level=True)
+chromium_or_skip(module_level=True)  # one line for the whole module when the browser cannot run
+from playwright.sync_api import expect  # noqa: E402  (only once the browser can run)
 
 from conftest import run_cli
 from number_rows import numbers

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
-import pytest
+from web.conftest import chromium_or_skip
 
-try:
-    from playwright.sync_api import expect
-except ImportError:
-    pytest.skip("browser tests skipped: Playwright is not installed (pip install -e '.[test]')",
-                allow_module_level=True)
-if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-    pytest.skip("browser tests skipped: no chromium on PATH (Debian: apt-get install chromium; "
-                "scripts/bootstrap.sh installs it as root)", allow_module_level=True)
+chromium_or_skip(module_level=True)  # one line for the whole module when the browser cannot run
+from playwright.sync_api import expect  # noqa: E402  (only once the browser can run)
 
 from conftest import notifyq_cmd, wait_until
 from number_rows import numbers
