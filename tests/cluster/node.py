@@ -90,6 +90,10 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+class RecoverFailed(RuntimeError):
+    """mariadbd --wsrep-recover exited with an error or named no position."""
+
+
 @dataclass(frozen=True)
 class NodePorts:
     client: int  # the MySQL protocol port clients use
@@ -282,7 +286,8 @@ class GaleraNode:
             log.write(text)
         found = re.findall(r"WSREP: Recovered position: (\S+)", text)
         if rc != 0 or not found:
-            raise RuntimeError(f"--wsrep-recover failed for node {self.index} (rc={rc}):\n{text[-2000:]}")
+            raise RecoverFailed(f"--wsrep-recover failed for node {self.index} (rc={rc}):\n{text[-2000:]}\n"
+                               f"(--wsrep-recover of node {self.index}: rc={rc}, position found: {bool(found)})")
         return found[-1]
 
     def launch(self, bootstrap: bool = False) -> None:
