@@ -71,18 +71,24 @@ def end_callers(session: Session, queue_name: str, token: int, conns: dict[int, 
     id, when it last answered)), whose completion has not landed: their transaction still
     holds the job's row (the job's failure and its next run would wait on it). One whose
     completion landed is left alone: it is idle, and may be back in its framework's pool. Nor
-    is one the server lost in a restart since it answered: its id may be another's now."""
+    is one whose job's row nobody holds: its transaction ended (a server restart since it
+    answered ends it too, and then its id may be another client's; the time it answered
+    cannot always tell a restart a second later), so there is nothing to end."""
     if not conns:
         return
+
+    def holding(cur) -> set[int]:
+        left = sorted(set(conns) - completion.landed(cur, sorted(conns), token))
+        return queries.rows_locked(cur, left) if left else set()
+
     try:
-        landed = session.run(lambda cur: completion.landed(cur, sorted(conns), token),
-                             what="check a timed-out handler's completions")
+        held = session.run(holding, what="check a timed-out handler's completions")
     except errors.NotifyqError as e:
         log.warning("a timed-out handler's completions could not be checked: its connections are left "
                     "open queue=%s error=%s", queue_name, e)
         return
     for job_id, (conn_id, alive_at) in sorted(conns.items()):
-        if job_id not in landed:
+        if job_id in held:
             end_connection(session, queue_name, conn_id, alive_at)
 
 

@@ -601,6 +601,27 @@ def completions_landed(cur, ids: list[int], token: int) -> set[int]:
     return {int(r[0]) for r in cur.fetchall()}
 
 
+LOCK_NOWAIT = frozenset({1205, 3572})  # a NOWAIT read of a locked row: MariaDB's lock wait error, MySQL's
+
+
+def rows_locked(cur, ids: list[int]) -> set[int]:
+    """Of `ids`, the jobs whose row a transaction holds now (job_row_locked, one probe each: a
+    rare path, after a handler's timeout). Rolls back: the probes' own locks go at once."""
+    locked = set()
+    try:
+        for job_id in ids:
+            try:
+                cur.execute(Q["job_row_locked"], {"id": job_id})
+                cur.fetchall()
+            except MySQLdb.OperationalError as e:
+                if error_code(e) not in LOCK_NOWAIT:
+                    raise
+                locked.add(job_id)
+    finally:
+        cur.connection.rollback()
+    return locked
+
+
 @dataclass
 class Failure:
     """One failed attempt: what queries.reschedule_or_bury records (the job's row, and its attempt's)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from notifyq.consume import timeout
+from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
 
@@ -41,22 +42,58 @@ def test_a_connection_last_seen_before_the_servers_start_is_not_killed_and_one_s
         other.close()
 
 
+def _locking(session: Session, job_id: int) -> None:
+    """An application's transaction left open holding the job's row (as a complete_in whose
+    COMMIT never came holds it)."""
+    def body(cur):
+        cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+        cur.fetchall()
+    session.conn.autocommit(False)
+    cur = session.conn.cursor()
+    body(cur)
+
+
 def test_a_timed_out_calls_caller_connection_last_answered_before_the_servers_start_is_not_killed(db):
     # Given an application's connection a timed-out call completed a job on with complete_in,
-    # whose completion did not land (no such job: nothing landed under the token)
+    # whose completion did not land: its transaction is open and holds the job's row
+    with Producer("q", db.config()) as producer:
+        job_id = producer.put({"n": 1})
+    other = Session(db.dsn, name="app")
+    session = Session(db.dsn, name="test")
+    try:
+        _locking(other, job_id)
+        other_id = other.connection_id
+        # When the consumer ends the call's caller connections, the connection having last
+        # answered before this server started (a restart since: the id is another's now)
+        timeout.end_callers(session, "q", 1, {job_id: (other_id, session.server_run - 10)})
+        # Then nothing is killed
+        assert _alive(db, other_id)
+        # But one that answered since the server started is ended
+        timeout.end_callers(session, "q", 1, {job_id: (other_id, time.monotonic())})
+        assert not _alive(db, other_id)
+    finally:
+        session.close()
+        other.close()
+
+
+def test_a_timed_out_calls_caller_connection_id_is_not_killed_when_nothing_holds_its_jobs_row(db):
+    # Given a timed-out call's completion on a caller's connection that did not land, and a
+    # live session of another client under that connection's id, as after a server restart a
+    # second after the call's last answer (the times cannot tell that restart; nothing holds
+    # the job's row: the caller's transaction ended with the old server)
+    with Producer("q", db.config()) as producer:
+        job_id = producer.put({"n": 1})
     other = Session(db.dsn, name="app")
     session = Session(db.dsn, name="test")
     try:
         other.run(lambda cur: cur.execute("SELECT 1"), what="t")
         other_id = other.connection_id
-        # When the consumer ends the call's caller connections, the connection having last
-        # answered before this server started (a restart since: the id is another's now)
-        timeout.end_callers(session, "q", 1, {987654321: (other_id, session.server_run - 10)})
-        # Then nothing is killed
+        # When the consumer ends the call's caller connections
+        timeout.end_callers(session, "q", 1, {job_id: (other_id, time.monotonic())})
+        # Then the other client's session lives on
         assert _alive(db, other_id)
-        # But one that answered since the server started is ended
-        timeout.end_callers(session, "q", 1, {987654321: (other_id, time.monotonic())})
-        assert not _alive(db, other_id)
+        assert other.run(lambda cur: (cur.execute("SELECT 1"), cur.fetchone())[1], what="t") == (1,)
+        assert other.connection_id == other_id
     finally:
         session.close()
         other.close()

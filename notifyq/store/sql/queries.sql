@@ -592,6 +592,13 @@ SET SESSION wsrep_sync_wait = %(level)s
 -- and after an ack that came up short (a try before it may have landed, its reply lost).
 SELECT job_id FROM nq_attempt FORCE INDEX (PRIMARY) WHERE job_id IN %(ids)s AND claim_token = %(token)s AND outcome = 'done'
 
+-- job_row_locked --
+-- Whether a transaction holds this job's row now (a NOWAIT probe: the lock wait error says it
+-- does, a row read says nobody does; the caller rolls back at once). A caller's connection whose
+-- completion (complete_in) did not land holds its job's row while its transaction is open; a
+-- server restart since ended that transaction, and the connection's id may be another's now.
+SELECT id FROM nq_job WHERE id = %(id)s FOR UPDATE NOWAIT
+
 -- retry_later --
 -- A job cancelled while it ran is not retried: it ends cancelled (5), its error kept.
 UPDATE nq_job
