@@ -40,7 +40,9 @@ def test_the_fault_schedule_on_a_cluster_keeps_the_delivery_contract_across_fail
     failovers = run.failovers(result.history)
 
     # Then the checker finds nothing lost, no innocent job dead, every second run explained by a
-    # fault (duplicates only from batches in flight at a failover), attempts within the rule
+    # fault (duplicates only from batches in flight at a failover), attempts within the rule, and
+    # no key of the limited queue past its limit_per_key across the failovers (key_limit: the
+    # new writer counts the claimed rows the cluster committed)
     print("\n" + result.summary())
     print(f"failovers: {failovers}\n{failover_summary(failovers)}")
     print(f"duplicates by cause: {result.report.duplicates}")
