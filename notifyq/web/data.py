@@ -211,16 +211,25 @@ def parse_filters(query: dict[str, str], shards: tuple[str, ...]) -> dict[str, A
         raise errors.InputError("a dedup key is looked up within a queue: choose the queue too")
     if dedup is not None and len(dedup) > 191:
         raise errors.InputError("a dedup key has at most 191 characters")
-    try:
-        limit = int(query.get("limit", "") or LIST_LIMIT)
-    except ValueError:
-        raise errors.InputError(f"limit {query.get('limit')!r}: expected a whole number") from None
-    if not 1 <= limit <= LIST_LIMIT_MAX:
-        raise errors.InputError(f"limit {limit}: expected 1 to {LIST_LIMIT_MAX}")
+    limit = parse_whole(query, "limit", LIST_LIMIT, 1, LIST_LIMIT_MAX)
     shard = query.get("shard", "") or None
     if shard is not None and shard not in shards:
         raise errors.InputError(f"no shard {shard!r}")
     return {"queue": queue, "state": state, "dedup": dedup, "limit": limit, "shard": shard}
+
+
+def parse_whole(query: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    """A whole number of a query string, `default` when absent or empty: ASCII digits only
+    (int() would take any script's digits, '٣' as 3, and '1_0', '-5' or 5,000 digits), from
+    `low` to `high`; else one InputError naming it."""
+    text = query.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()):
+        raise errors.InputError(f"{name} {text[:40]!r}: expected a whole number from {low} to {high}")
+    if len(text) > len(str(high)) or not low <= int(text) <= high:
+        raise errors.InputError(f"{name} {text[:20]}{'…' if len(text) > 20 else ''}: expected {low} to {high}")
+    return int(text)
 
 
 def listed(row: tuple) -> dict[str, Any]:
@@ -305,8 +314,9 @@ def periodic(reader: Reader) -> dict[str, Any]:
 def parse_job_id(text: str) -> int:
     """A job id from a request (form, query string, path): ASCII digits only (int() would take
     any script's digits, '٣' as 3), 1 to 2**63 - 1; else InputError."""
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
-        raise errors.InputError(f"job {text!r}: expected a job id")
+    # At most 19 digits before int(): 5,000 digits would be a ValueError (a 500), not this one line
+    if not (text.isascii() and text.isdigit() and len(text) <= 19) or not 0 < int(text) < 2**63:
+        raise errors.InputError(f"job {text[:40]!r}{'…' if len(text) > 40 else ''}: expected a job id")
     return int(text)
 
 
