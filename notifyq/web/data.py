@@ -268,7 +268,7 @@ def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
     payload pretty-printed and cut at PAYLOAD_SHOWN_BYTES."""
     def read(session: Session) -> dict[str, Any]:
         found = admin.get_job(session, job_id, history=True, parents=False)
-        found["graph"] = workflow.job_graph(session, job_id)  # None: no workflow's
+        found["graph"] = workflow.job_graph(session, job_id, found["status"] == "waiting")  # None: no workflow's
         return found
 
     found = reader.one(shard, read)
