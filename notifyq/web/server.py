@@ -258,52 +258,8 @@ class Handler(BaseHTTPRequestHandler):
         sid, new = self._session()
         reader = self.web.reader
         try:
-            query = _query(parts.query)
-            if path == "/":
-                self._page(200, "overview.html", sid, new, title="queues",
-                           **data.overview(reader, data.parse_after(query)))
-            elif path == "/consumers":
-                self._page(200, "consumers.html", sid, new, title="consumers",
-                           **data.consumers(reader, locks=query.get("locks") == "1"))
-            elif path == "/running":
-                self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
-            elif path == "/history":
-                self._page(200, "history.html", sid, new, title="history",
-                           **console.history(reader, console.parse_history(query)))
-            elif path == "/jobs" and "id" in query:  # the page's "job id" box: to that job's page
-                job_id = data.parse_job_id(query["id"].strip() or query["id"])  # blanks: refused as given
-                shard = query.get("shard")
-                if shard and shard not in reader.names:
-                    raise errors.InputError(f"no shard {shard!r}")
-                self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(shard)}" if shard else ""))
-            elif path in ("/jobs", "/dead"):
-                if path == "/dead":
-                    query["state"] = "dead"
-                filters = data.parse_filters(query, reader.names)
-                search = console.parse_search(query)
-                found = (console.search(reader, filters, search) if search["text"] or search["task"]
-                         else {**data.jobs(reader, filters), "search": search})
-                self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
-                           queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
-                           max_bulk=console.MAX_BULK, **found)
-            elif _JOB_PATH.match(path):
-                self._job_page(data.parse_job_id(path[6:]), query, sid, new)
-            elif path == "/flow":
-                name, after = flow.parse(query)
-                if name is None:
-                    self._page(200, "flow.html", sid, new, title="flow control", **flow.queues(reader))
-                else:
-                    self._page(200, "flow_queue.html", sid, new, title=f"flow control: {name}",
-                               **flow.queue(reader, name, after))
-            elif path == "/workflow":
-                self._workflow_page(query, sid, new)
-            elif path == "/periodic":
-                self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
-            elif path == "/login" and self.web.guard.actions:
-                self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
-                           failed=False)
-            else:
-                self._message(404, f"no page {path}", sid, new)
+            with reader.page():
+                self._get_page(path, parts.query, sid, new)
         except errors.InputError as e:
             self._message(400, str(e), sid, new)
         except errors.NotifyqError as e:
@@ -313,6 +269,56 @@ class Handler(BaseHTTPRequestHandler):
         except Exception:  # a bug: logged with its traceback, the browser gets a page
             log.exception("web: page %s failed", path)
             self._send(500, b"internal error: see the notifyq web log\n", "text/plain; charset=utf-8")
+
+    def _get_page(self, path: str, query_string: str, sid: str, new: bool) -> None:
+        """The page at `path`, in the time of one page (data.Reader.page); errors are do_GET's."""
+        reader = self.web.reader
+        query = _query(query_string)
+        if path == "/":
+            self._page(200, "overview.html", sid, new, title="queues",
+                       **data.overview(reader, data.parse_after(query)))
+        elif path == "/consumers":
+            self._page(200, "consumers.html", sid, new, title="consumers",
+                       **data.consumers(reader, locks=query.get("locks") == "1"))
+        elif path == "/running":
+            self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
+        elif path == "/history":
+            self._page(200, "history.html", sid, new, title="history",
+                       **console.history(reader, console.parse_history(query)))
+        elif path == "/jobs" and "id" in query:  # the page's "job id" box: to that job's page
+            job_id = data.parse_job_id(query["id"].strip() or query["id"])  # blanks: refused as given
+            shard = query.get("shard")
+            if shard and shard not in reader.names:
+                raise errors.InputError(f"no shard {shard!r}")
+            self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(shard)}" if shard else ""))
+        elif path in ("/jobs", "/dead"):
+            if path == "/dead":
+                query["state"] = "dead"
+            filters = data.parse_filters(query, reader.names)
+            search = console.parse_search(query)
+            found = (console.search(reader, filters, search) if search["text"] or search["task"]
+                     else {**data.jobs(reader, filters), "search": search})
+            self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
+                       queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
+                       max_bulk=console.MAX_BULK, **found)
+        elif _JOB_PATH.match(path):
+            self._job_page(data.parse_job_id(path[6:]), query, sid, new)
+        elif path == "/flow":
+            name, after = flow.parse(query)
+            if name is None:
+                self._page(200, "flow.html", sid, new, title="flow control", **flow.queues(reader))
+            else:
+                self._page(200, "flow_queue.html", sid, new, title=f"flow control: {name}",
+                           **flow.queue(reader, name, after))
+        elif path == "/workflow":
+            self._workflow_page(query, sid, new)
+        elif path == "/periodic":
+            self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
+        elif path == "/login" and self.web.guard.actions:
+            self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
+                       failed=False)
+        else:
+            self._message(404, f"no page {path}", sid, new)
 
     def _queue_names(self) -> list[str]:
         answers, _down = self.web.reader.each(lambda session: [r[0] for r in data.admin_queries.queue_rows(session)])
