@@ -212,18 +212,32 @@ def retry(session: Session, job_id: int) -> str:
     """Dead, done, cancelled or scheduled -> ready now, attempts reset; a workflow's job waits
     again for its parents still pending (docs/workflows.md). Returns what happened."""
     job = get_job(session, job_id)
+    pending = _already(job)
+    if pending is not None:
+        return pending
+    if job["status"] == "claimed":
+        raise errors.InputError(f"job {job_id} is running (claimed): cancel it or let it finish first")
+    # The statement's own count says whether this retry did it: of two retries racing (the
+    # console's and the CLI's, two bulk actions), the row's lock lets one change it, and the
+    # other changes nothing and finds the job pending again, retried by the first.
+    if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
+        return _retried(session, job_id)
+    now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
+    pending = _already(now)
+    if pending is not None:
+        return pending
+    if now["status"] in ("dead", "done", "cancelled", "scheduled") and now["dedup_key"] is not None:
+        raise errors.InputError(f"job {job_id}: another pending job holds dedup key {now['dedup_key']!r}")
+    raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
+
+
+def _already(job: dict[str, Any]) -> str | None:
+    """What a retry says of a job already ready or waiting (nothing to do), else None."""
     if job["status"] == "ready":
         return "already ready"
     if job["status"] == "waiting":
         return f"already waiting for {_parents(job.get('parents', {}).get('pending', 0))} still pending"
-    if job["status"] == "claimed":
-        raise errors.InputError(f"job {job_id} is running (claimed): cancel it or let it finish first")
-    if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
-        return _retried(session, job_id)
-    now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
-    if now["status"] in ("dead", "done", "cancelled", "scheduled") and now["dedup_key"] is not None:
-        raise errors.InputError(f"job {job_id}: another pending job holds dedup key {now['dedup_key']!r}")
-    raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
+    return None
 
 
 def _retried(session: Session, job_id: int) -> str:

@@ -116,6 +116,7 @@ class Guard:
 
 # A Host header: a name or an IPv4 literal, or an IPv6 literal in brackets; then a port or not.
 _HOST = re.compile(r"(?:\[([0-9a-f:.]+)\]|([a-z0-9.-]+))(?::\d{1,5})?")
+_ANY_HOST = re.compile(r"(?:\[[0-9a-f:.]+\]|[a-z0-9._-]+)(?::\d{1,5})?")  # any address's, proxies' names too
 # Where a form may send the browser back to: a path of this site in printable ASCII. No
 # whitespace or control character: CR/LF would end the Location header and start another (a
 # Set-Cookie), and browsers drop tabs and newlines from a URL, so "/\t/evil.example/" is
@@ -128,6 +129,13 @@ def loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_named(host: str) -> bool:
+    """A Host header that names a host: a name (letters, digits, dots, hyphens, underscores), an
+    IPv4 literal or a bracketed IPv6 one, then a port or not. Never empty: a blank Host names no
+    site, and a page answered to it is answered to whatever the client meant."""
+    return _ANY_HOST.fullmatch(host.strip().lower()) is not None
 
 
 def host_ok(on_loopback: bool, host: str | None) -> bool:

@@ -14,7 +14,7 @@ from notifyq.ops import admin
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, describe
-from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed, parse_job_id
+from notifyq.web.data import FINISHED, Reader, act, age_s, consumer_rows, listed, parse_job_id, parse_whole
 
 HISTORY_HOURS_MAX = 6  # a history page's window: 1 to this many hours
 OUTCOMES = ("done", "failed", "dead", "cancelled")  # counted per minute; other records are not attempts
@@ -52,12 +52,7 @@ def parse_history(query: dict[str, str]) -> dict[str, Any]:
     queue = query.get("queue", "").strip() or None
     if queue is not None:
         validate_queue_name(queue)
-    try:
-        hours = int(query.get("hours", "") or 1)
-    except ValueError:
-        raise errors.InputError(f"hours {query.get('hours')!r}: expected a whole number") from None
-    if not 1 <= hours <= HISTORY_HOURS_MAX:
-        raise errors.InputError(f"hours {hours}: expected 1 to {HISTORY_HOURS_MAX}")
+    hours = parse_whole(query, "hours", 1, 1, HISTORY_HOURS_MAX)
     task = query.get("task", "")
     if len(task) > 191:
         raise errors.InputError("a task name has at most 191 characters")
@@ -124,12 +119,7 @@ def parse_search(query: dict[str, str]) -> dict[str, Any]:
     text, task = query.get("q", ""), query.get("task", "")
     if len(text) > 200 or len(task) > 191:
         raise errors.InputError("a search holds at most 200 characters, a task name 191")
-    try:
-        hours = int(query.get("since_hours", "") or SEARCH_SINCE_HOURS)
-    except ValueError:
-        raise errors.InputError(f"since_hours {query.get('since_hours')!r}: expected a whole number") from None
-    if not 1 <= hours <= 24 * 90:
-        raise errors.InputError(f"since_hours {hours}: expected 1 to {24 * 90}")
+    hours = parse_whole(query, "since_hours", SEARCH_SINCE_HOURS, 1, 24 * 90)
     return {"text": text, "task": task, "since_hours": hours}
 
 

@@ -5,16 +5,19 @@ One Reader per server process: a few sessions per server (SESSIONS, in place of 
 sharding/servers.py), each used by one request at a time, so a slow page holds one of them and
 the others still answer; a request that finds none free within SESSION_WAIT_S is told the
 pages are busy (503) rather than waiting behind the others. A server that cannot be reached
-is reported on the page, never raised: the others still answer.
+is reported on the page, never raised: the others still answer. The reads of one page share
+its deadline (Reader.page, deadline.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import queue
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from notifyq import errors
@@ -22,11 +25,12 @@ from notifyq.config import Config, validate_queue_name
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.ops import admin
 from notifyq.ops import locks as lock_view
-from notifyq.sharding.servers import Servers
+from notifyq.sharding.servers import DOWN, Servers
 from notifyq.store import admin_queries
-from notifyq.store.db import Session
+from notifyq.store.db import Session, address
+from notifyq.store.driver import DriverError, describe
 from notifyq.store.locks import QueueLocks
-from notifyq.web import workflow
+from notifyq.web import deadline, workflow
 
 log = logging.getLogger("notifyq.web")
 T = TypeVar("T")
@@ -56,8 +60,9 @@ class Reader(Servers):
     sharding/servers.py; a server that does not answer is logged."""
 
     def __init__(self, config: Config, sessions: int = SESSIONS):
-        # As a one-shot command: a server that is down costs a page connect_retry_s (5 s), and
-        # the retries are logged at DEBUG only (the page, or the start's one line, says it).
+        # As a one-shot command: a server that is down costs a page connect_retry_s (5 s) at
+        # most, once (Reader.page), and the retries are logged at DEBUG only (the page, or the
+        # start's one line, says it).
         super().__init__(config, "web", config.connect_retry(oneshot=True))
         self._pools: dict[str, queue.LifoQueue[Session]] = {}
         self._made: dict[str, list[Session]] = {}
@@ -70,21 +75,74 @@ class Reader(Servers):
             for session in reversed(made):
                 pool.put(session)
             self._made[shard] = made
+        self._page = threading.local()  # .time: the PageTime of the GET this thread answers, if any
+        self._cutter = deadline.Cutter()
+
+    @contextlib.contextmanager
+    def page(self, budget_s: float = deadline.PAGE_S) -> Iterator[None]:
+        """The reads of this thread's page share one deadline (deadline.py): the page answers
+        within it whatever the servers do."""
+        self._page.time = deadline.PageTime(budget_s)
+        try:
+            yield
+        finally:
+            self._page.time = None
 
     def one(self, name: str, work: Callable[[Session], T]) -> T:
-        """`work(session)` on a free session of one server; its errors are the caller's."""
+        """`work(session)` on a free session of one server; its errors are the caller's. Inside
+        page(): within the page's time, and a server that failed this page fails it again at once."""
         pool = self._pools.get(name)
         if pool is None:
             raise errors.InputError(f"no shard {name!r}")
+        page: deadline.PageTime | None = getattr(self._page, "time", None)
+        if page is None:
+            return self._on_session(name, pool, work, SESSION_WAIT_S, None)
+        if name in page.down:
+            raise errors.DatabaseError(page.down[name])
         try:
-            session = pool.get(timeout=SESSION_WAIT_S)
+            return self._on_session(name, pool, work, min(SESSION_WAIT_S, page.left()), page)
+        except DOWN as e:
+            page.down[name] = describe(e) if isinstance(e, DriverError) else str(e)
+            raise
+
+    def _on_session(self, name: str, pool: queue.LifoQueue[Session], work: Callable[[Session], T],
+                    wait_s: float, page: deadline.PageTime | None) -> T:
+        try:
+            session = pool.get(timeout=max(0.0, wait_s))
         except queue.Empty:
             raise Busy(f"busy: the {len(self._made[name])} sessions of {('shard ' + name) if name else 'the server'} "
-                       f"stayed in use for {SESSION_WAIT_S:g} s; try again") from None
+                       f"stayed in use for {wait_s:.3g} s; try again") from None
+        if page is None:
+            try:
+                return work(session)
+            finally:
+                pool.put(session)
+        retry_s = session.retry_s
         try:
-            return work(session)
+            left = page.left()
+            if left <= 0 or (not session.connected and left < deadline.CONNECT_FLOOR_S):
+                raise errors.DatabaseError(self._late(session, page))
+            # Its connect retries end in time for their last attempt's own timeout to end within
+            # the page's time (deadline.py)
+            session.retry_s = max(0.0, min(retry_s, left - deadline.CONNECT_FLOOR_S))
+            self._cutter.arm(session, page.deadline)
+            try:
+                return work(session)
+            except (errors.DatabaseError, DriverError) as e:
+                if page.left() <= 0:  # cut at the deadline, or its retries ran out with it
+                    raise errors.DatabaseError(self._late(session, page)) from e
+                raise
+            finally:
+                if self._cutter.disarm(session):
+                    session.discard()  # its socket was cut: the next read reconnects
         finally:
+            session.retry_s = retry_s
             pool.put(session)
+
+    @staticmethod
+    def _late(session: Session, page: deadline.PageTime) -> str:
+        return (f"the database server at {address(session.dsn)} did not answer within the page's "
+                f"{page.budget_s:g} s")
 
     def check(self) -> dict[str, str]:
         down = super().check()
@@ -101,6 +159,7 @@ class Reader(Servers):
     def close(self) -> None:
         """Close each session as it comes back (one still in use after SESSION_WAIT_S is left
         to its request, whose thread ends with the process)."""
+        self._cutter.close()
         for name, pool in self._pools.items():
             for _ in self._made[name]:
                 try:
@@ -211,16 +270,25 @@ def parse_filters(query: dict[str, str], shards: tuple[str, ...]) -> dict[str, A
         raise errors.InputError("a dedup key is looked up within a queue: choose the queue too")
     if dedup is not None and len(dedup) > 191:
         raise errors.InputError("a dedup key has at most 191 characters")
-    try:
-        limit = int(query.get("limit", "") or LIST_LIMIT)
-    except ValueError:
-        raise errors.InputError(f"limit {query.get('limit')!r}: expected a whole number") from None
-    if not 1 <= limit <= LIST_LIMIT_MAX:
-        raise errors.InputError(f"limit {limit}: expected 1 to {LIST_LIMIT_MAX}")
+    limit = parse_whole(query, "limit", LIST_LIMIT, 1, LIST_LIMIT_MAX)
     shard = query.get("shard", "") or None
     if shard is not None and shard not in shards:
         raise errors.InputError(f"no shard {shard!r}")
     return {"queue": queue, "state": state, "dedup": dedup, "limit": limit, "shard": shard}
+
+
+def parse_whole(query: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    """A whole number of a query string, `default` when absent or empty: ASCII digits only
+    (int() would take any script's digits, '٣' as 3, and '1_0', '-5' or 5,000 digits), from
+    `low` to `high`; else one InputError naming it."""
+    text = query.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()):
+        raise errors.InputError(f"{name} {text[:40]!r}: expected a whole number from {low} to {high}")
+    if len(text) > len(str(high)) or not low <= int(text) <= high:
+        raise errors.InputError(f"{name} {text[:20]}{'…' if len(text) > 20 else ''}: expected {low} to {high}")
+    return int(text)
 
 
 def listed(row: tuple) -> dict[str, Any]:
@@ -259,7 +327,7 @@ def job(reader: Reader, shard: str, job_id: int) -> dict[str, Any]:
     payload pretty-printed and cut at PAYLOAD_SHOWN_BYTES."""
     def read(session: Session) -> dict[str, Any]:
         found = admin.get_job(session, job_id, history=True, parents=False)
-        found["graph"] = workflow.job_graph(session, job_id)  # None: no workflow's
+        found["graph"] = workflow.job_graph(session, job_id, found["status"] == "waiting")  # None: no workflow's
         return found
 
     found = reader.one(shard, read)
@@ -305,8 +373,9 @@ def periodic(reader: Reader) -> dict[str, Any]:
 def parse_job_id(text: str) -> int:
     """A job id from a request (form, query string, path): ASCII digits only (int() would take
     any script's digits, '٣' as 3), 1 to 2**63 - 1; else InputError."""
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
-        raise errors.InputError(f"job {text!r}: expected a job id")
+    # At most 19 digits before int(): 5,000 digits would be a ValueError (a 500), not this one line
+    if not (text.isascii() and text.isdigit() and len(text) <= 19) or not 0 < int(text) < 2**63:
+        raise errors.InputError(f"job {text[:40]!r}{'…' if len(text) > 40 else ''}: expected a job id")
     return int(text)
 
 

@@ -63,6 +63,7 @@ _JOB_PATH = re.compile(r"^/jobs/([0-9]{1,19})$")  # ASCII digits: \d takes any s
 VERBS = ("retry", "cancel", "purge", "pause", "resume", "retry-dead")
 BULK_VERBS = ("bulk-retry", "bulk-cancel", "bulk-purge")
 PERIODIC_VERBS = ("periodic-run", "periodic-enable", "periodic-disable")
+MAX_QUERY_FIELDS = 20  # a page takes a handful
 MAX_FORM_FIELDS = 1000  # more is refused whole; a bulk action's own bound (console.MAX_BULK) is checked after
 
 
@@ -231,7 +232,15 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def _misdirected(self) -> bool:
-        if auth.host_ok(self.web.loopback, self.headers.get("Host")):
+        """Refused, on any address: no Host header, an empty one, two, or one that names no host
+        (400: what a proxy or a server in front would refuse too); on loopback, a Host that is
+        not a loopback name (421)."""
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1 or not auth.host_named(hosts[0]):
+            self._send(400, b"bad request: one Host header naming this server is required\n",
+                       "text/plain; charset=utf-8")
+            return True
+        if auth.host_ok(self.web.loopback, hosts[0]):
             return False
         self._send(421, b"misdirected: this server answers to its loopback address only\n",
                    "text/plain; charset=utf-8")
@@ -243,56 +252,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         parts = urllib.parse.urlsplit(self.path)
         path = parts.path
-        query = {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query, max_num_fields=20).items()}
         if path.startswith("/static/") and path[8:] in STATIC:
             self._send(200, _static(path[8:]), STATIC[path[8:]], {"Cache-Control": "max-age=300"})
             return
         sid, new = self._session()
         reader = self.web.reader
         try:
-            if path == "/":
-                self._page(200, "overview.html", sid, new, title="queues",
-                           **data.overview(reader, data.parse_after(query)))
-            elif path == "/consumers":
-                self._page(200, "consumers.html", sid, new, title="consumers",
-                           **data.consumers(reader, locks=query.get("locks") == "1"))
-            elif path == "/running":
-                self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
-            elif path == "/history":
-                self._page(200, "history.html", sid, new, title="history",
-                           **console.history(reader, console.parse_history(query)))
-            elif path == "/jobs" and query.get("id"):
-                job_id = _job_id(query["id"].strip())
-                self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(query['shard'])}"
-                                                     if query.get("shard") else ""))
-            elif path in ("/jobs", "/dead"):
-                if path == "/dead":
-                    query["state"] = "dead"
-                filters = data.parse_filters(query, reader.names)
-                search = console.parse_search(query)
-                found = (console.search(reader, filters, search) if search["text"] or search["task"]
-                         else {**data.jobs(reader, filters), "search": search})
-                self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
-                           queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
-                           max_bulk=console.MAX_BULK, **found)
-            elif _JOB_PATH.match(path):
-                self._job_page(data.parse_job_id(path[6:]), query, sid, new)
-            elif path == "/flow":
-                name, after = flow.parse(query)
-                if name is None:
-                    self._page(200, "flow.html", sid, new, title="flow control", **flow.queues(reader))
-                else:
-                    self._page(200, "flow_queue.html", sid, new, title=f"flow control: {name}",
-                               **flow.queue(reader, name, after))
-            elif path == "/workflow":
-                self._workflow_page(query, sid, new)
-            elif path == "/periodic":
-                self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
-            elif path == "/login" and self.web.guard.actions:
-                self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
-                           failed=False)
-            else:
-                self._message(404, f"no page {path}", sid, new)
+            with reader.page():
+                self._get_page(path, parts.query, sid, new)
         except errors.InputError as e:
             self._message(400, str(e), sid, new)
         except errors.NotifyqError as e:
@@ -302,6 +269,56 @@ class Handler(BaseHTTPRequestHandler):
         except Exception:  # a bug: logged with its traceback, the browser gets a page
             log.exception("web: page %s failed", path)
             self._send(500, b"internal error: see the notifyq web log\n", "text/plain; charset=utf-8")
+
+    def _get_page(self, path: str, query_string: str, sid: str, new: bool) -> None:
+        """The page at `path`, in the time of one page (data.Reader.page); errors are do_GET's."""
+        reader = self.web.reader
+        query = _query(query_string)
+        if path == "/":
+            self._page(200, "overview.html", sid, new, title="queues",
+                       **data.overview(reader, data.parse_after(query)))
+        elif path == "/consumers":
+            self._page(200, "consumers.html", sid, new, title="consumers",
+                       **data.consumers(reader, locks=query.get("locks") == "1"))
+        elif path == "/running":
+            self._page(200, "running.html", sid, new, title="running now", **console.running(reader))
+        elif path == "/history":
+            self._page(200, "history.html", sid, new, title="history",
+                       **console.history(reader, console.parse_history(query)))
+        elif path == "/jobs" and "id" in query:  # the page's "job id" box: to that job's page
+            job_id = data.parse_job_id(query["id"].strip() or query["id"])  # blanks: refused as given
+            shard = query.get("shard")
+            if shard and shard not in reader.names:
+                raise errors.InputError(f"no shard {shard!r}")
+            self._redirect(f"/jobs/{job_id}" + (f"?shard={urllib.parse.quote(shard)}" if shard else ""))
+        elif path in ("/jobs", "/dead"):
+            if path == "/dead":
+                query["state"] = "dead"
+            filters = data.parse_filters(query, reader.names)
+            search = console.parse_search(query)
+            found = (console.search(reader, filters, search) if search["text"] or search["task"]
+                     else {**data.jobs(reader, filters), "search": search})
+            self._page(200, "jobs.html", sid, new, title="dead jobs" if path == "/dead" else "jobs",
+                       queues=self._queue_names(), states=data.STATES, dead_page=path == "/dead",
+                       max_bulk=console.MAX_BULK, **found)
+        elif _JOB_PATH.match(path):
+            self._job_page(data.parse_job_id(path[6:]), query, sid, new)
+        elif path == "/flow":
+            name, after = flow.parse(query)
+            if name is None:
+                self._page(200, "flow.html", sid, new, title="flow control", **flow.queues(reader))
+            else:
+                self._page(200, "flow_queue.html", sid, new, title=f"flow control: {name}",
+                           **flow.queue(reader, name, after))
+        elif path == "/workflow":
+            self._workflow_page(query, sid, new)
+        elif path == "/periodic":
+            self._page(200, "periodic.html", sid, new, title="periodic", **data.periodic(reader))
+        elif path == "/login" and self.web.guard.actions:
+            self._page(200, "login.html", sid, new, title="sign in", back=auth.safe_back(query.get("back")),
+                       failed=False)
+        else:
+            self._message(404, f"no page {path}", sid, new)
 
     def _queue_names(self) -> list[str]:
         answers, _down = self.web.reader.each(lambda session: [r[0] for r in data.admin_queries.queue_rows(session)])
@@ -426,6 +443,16 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Partial(Exception):
     """A bulk action stopped midway by a database failure: its outcome (some were done)."""
+
+
+def _query(text: str) -> dict[str, str]:
+    """A GET's query string, each field's last value (an empty one is absent); more than
+    MAX_QUERY_FIELDS fields is one InputError (parse_qs's own ValueError dropped the connection)."""
+    try:
+        fields = urllib.parse.parse_qs(text, max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        raise errors.InputError(f"more than {MAX_QUERY_FIELDS} query fields") from None
+    return {k: v[-1] for k, v in fields.items()}
 
 
 def _job_id(text: str | None) -> int | None:

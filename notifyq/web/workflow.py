@@ -16,7 +16,7 @@ from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
 
-EDGE_DONE, EDGE_FAILED = 2, 3  # nq_edge.state once its parent's end is settled (0: waiting)
+EDGE_WAITING, EDGE_DONE, EDGE_FAILED = 0, 2, 3  # nq_edge.state: waiting, and once its parent's end is settled
 AFTER_MODES = {0: "every parent done", 1: "every parent ended (run anyway)",
                2: "every parent ended, one failed (on_dead)"}
 PENDING = ("ready", "scheduled", "claimed", "waiting")
@@ -54,18 +54,26 @@ def progress(rows: list[tuple]) -> dict[str, Any]:
     return out
 
 
-def job_graph(session: Session, job_id: int) -> dict[str, Any] | None:
+def job_graph(session: Session, job_id: int, waiting: bool) -> dict[str, Any] | None:
     """A job's parents' progress, its parents and children (50 each) with their states; None for
-    a job outside any workflow."""
+    a job outside any workflow. `waiting`: the job waits for its parents now (status waiting).
+
+    Who waits for whom is read from both ends as they are now, never from the edge alone: an
+    edge that waits again (its parent retried after a cancel) does not make a child that was
+    retried to run without that parent wait for it; it runs, or ran, without it."""
     g = admin_queries.web_job_graph(session, job_id)
     if not (g["parents"] or g["children"]):
         return None
     listed = admin_queries.WEB_GRAPH_LIST
 
     def members(rows: list[tuple], as_parent: bool) -> list[dict[str, Any]]:
-        return [{"id": int(i), "queue": q, "state": _state(s, e, as_parent)} for i, e, q, s in rows]
+        return [{"id": int(i), "queue": q, "state": _state(s, e, as_parent),
+                 # a parent awaited by this job; a child that awaits this job
+                 "awaits": e == EDGE_WAITING and (waiting if as_parent else s == Status.WAITING)}
+                for i, e, q, s in rows]
 
     return {"parents": members(g["parents"], True), "children": members(g["children"], False),
+            "waiting": waiting,
             "more_parents": len(g["parents"]) >= listed, "more_children": len(g["children"]) >= listed,
             "progress": progress(g["progress"]) if g["parents"] else None, "cap": admin_queries.WEB_PROGRESS_CAP}
 

@@ -27,11 +27,11 @@ IMG = Path(os.environ["NOTIFYQ_SCREENSHOTS_DIR"]) if os.environ.get("NOTIFYQ_SCR
 
 @pytest.fixture
 def web(db):
-    """start(token=None) -> a started WebServer; every one is closed at the end of the test."""
+    """start(token=None, bind="127.0.0.1") -> a started WebServer; every one is closed at the end of the test."""
     started = []
 
-    def start(token: str | None = None, **config):
-        started.append(server.serve(db.config(**config), 0, "127.0.0.1", token))
+    def start(token: str | None = None, bind: str = "127.0.0.1", **config):
+        started.append(server.serve(db.config(**config), 0, bind, token))
         return started[-1]
 
     yield start

@@ -10,9 +10,10 @@ import json
 import logging
 import re
 import subprocess
+import threading
 import urllib.parse
 
-from conftest import notifyq_cmd, run_cli, wait_until
+from conftest import admin_connect, notifyq_cmd, run_cli, wait_until
 from web.conftest import TOKEN, Client, dead_job, produce
 
 from notifyq.consume.periodic import Scheduler
@@ -303,3 +304,80 @@ def test_a_retried_job_no_longer_carries_who_cancelled_it(db, web):
     # Then it is ready with no cancel on its row, and its page names no canceller
     assert db.query("SELECT status, cancelled_by, cancelled_at FROM nq_job WHERE id = %s", (job,)) == [(0, None, None)]
     assert "alice@127.0.0.1" not in c.get(f"/jobs/{job}")[1]
+
+
+def test_the_jobs_pages_query_fields_are_one_clear_error_never_a_redirect_or_a_crash(db, web):
+    # Given the pages, and a ready job
+    (job,) = produce(db, "mail", "{}")
+    c = Client(web().url)
+    # When the job id box holds blanks, a NUL, a negative, non-ASCII digits or 5,000 digits
+    for value in ("%20", "%09%20", "%00", "-1", "%D9%A3", "9" * 5000, "1_0"):
+        code, body, headers = c.request(f"/jobs?id={value}")
+        # Then it is the page with one error (the blanks were sent to /jobs/None before, 5,000
+        # digits were a 500), never a redirect
+        assert code == 400 and "expected a job id" in body, (value[:20], code, headers.get("Location"))
+        assert "Location" not in headers, value[:20]
+    # And a valid id still goes to its page, its shard checked first
+    assert c.request(f"/jobs?id=%20{job}%20")[2]["Location"] == f"/jobs/{job}"
+    code, body = c.get(f"/jobs?id={job}&shard=%00")
+    assert code == 400 and "no shard" in body, code
+    # And the numbers of the list, the search and the history take ASCII digits only, in range
+    # (int() read '٣' as 3, '1_0' as 10, and 5,000 digits as a 500)
+    for path, words in (("/jobs?limit=%D9%A3", "limit '٣': expected a whole number from 1 to 500"),
+                        ("/jobs?limit=1_0", "limit '1_0'"), ("/jobs?limit=-5", "limit '-5'"),
+                        ("/jobs?limit=%00", "limit '\\x00'"), ("/jobs?limit=" + "9" * 5000, "expected 1 to 500"),
+                        ("/jobs?queue=mail&q=x&since_hours=%D9%A3", "since_hours '٣'"),
+                        ("/jobs?queue=mail&q=x&since_hours=0", "since_hours 0: expected 1 to 2160"),
+                        ("/history?queue=mail&hours=%D9%A3", "hours '٣'"),
+                        ("/history?queue=mail&hours=" + "9" * 5000, "expected 1 to 6")):
+        code, body = c.get(path)
+        assert code == 400 and words in html.unescape(body), (path[:50], code, html.unescape(body)[-600:])
+    # And a query of more fields than a page takes is one error (the connection was dropped)
+    code, body = c.get("/jobs?" + "&".join(f"f{i}=1" for i in range(30)))
+    assert code == 400 and "more than 20 query fields" in body, code
+
+
+def _retries_in_flight(db) -> int:
+    """The sessions of this test's database inside a retry's UPDATE of nq_job (blocked on a row lock)."""
+    return int(db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = %s AND INFO LIKE %s",
+                         (db.admin.database, "UPDATE nq_job FORCE INDEX (PRIMARY)%SET status = IF(EXISTS%")))
+
+
+def _dead(db, ids: list[int]) -> None:
+    db.query("UPDATE nq_job SET status = 4, finished_at = UTC_TIMESTAMP(6), attempts = 1 WHERE id IN %s", (ids,))
+
+
+def test_two_identical_bulk_retries_at_once_retry_each_job_once_and_say_so(db, web):
+    # Given 20 dead jobs, and a session of the test's holding their rows locked, so that both
+    # bulk retries below read the first job dead and then wait on its lock
+    jobs = produce(db, "mail", *['{"n": %d}' % i for i in range(20)])
+    _dead(db, jobs)
+    base = web(token=TOKEN).url
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    form = [("verb", "bulk-retry"), *[("ids", str(j)) for j in jobs]]
+    holder = admin_connect(db.admin, db.admin.database)
+    holder.autocommit(False)
+    holder.cursor().execute("SELECT id FROM nq_job WHERE id IN %s FOR UPDATE", (jobs,))
+    answers: list[tuple[int, str]] = []
+    racers = [threading.Thread(target=lambda: answers.append(Client(base).post("/act", form, bearer)[:2]))
+              for _ in range(2)]
+    try:
+        for t in racers:
+            t.start()
+        wait_until(lambda: _retries_in_flight(db) == 2, timeout=30,
+                   message="both bulk retries waiting on the first job's row lock")
+    finally:
+        holder.rollback()
+        holder.close()
+    for t in racers:
+        t.join(timeout=60)
+    # Then every job is ready, and the two answers together retried each job exactly once: the
+    # other found it already ready (it said "refused: ... is ready now" before)
+    assert [_status(db, j) for j in jobs] == [0] * 20
+    assert len(answers) == 2 and all(code == 200 for code, _ in answers), answers
+    counts = []
+    for _code, body in answers:
+        m = re.fullmatch(r"retried (\d+) of 20 jobs(?:; (\d+) already waiting or ready)?", body.strip())
+        assert m, answers
+        counts.append((int(m.group(1)), int(m.group(2) or 0)))
+    assert sum(r for r, _ in counts) == 20 and all(r + a == 20 for r, a in counts), answers

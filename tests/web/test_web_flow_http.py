@@ -157,7 +157,7 @@ def test_a_jobs_page_shows_its_place_in_its_workflow_and_the_workflow_page_its_m
     progress = " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
     assert "0 done · 1 dead · 0 cancelled · 3 pending (1 running, 1 ready, 1 waiting)" in progress, progress
     parents = re.search(r'<table class="figures" id="parents">(.*?)</table>', body, re.S).group(1)
-    states = dict(re.findall(r'<tr data-job="(\d+)">.*?<td>[^<]*</td><td>(\w+)</td></tr>', parents, re.S))
+    states = dict(re.findall(r'<tr data-job="(\d+)">.*?<td>[^<]*</td><td>(\w+)</td><td data-awaits', parents, re.S))
     assert states == {str(b.id): "waiting", str(members[1].id): "dead", str(members[2].id): "claimed",
                       str(members[3].id): "ready"}
     assert f'href="/workflow?job={batch.on_success.id}"' in body
@@ -211,3 +211,63 @@ def test_with_the_database_down_every_page_is_a_503(db):
     assert {path: code for path, (code, _) in answers.items()} == dict.fromkeys(answers, 503)
     for path, (_, body) in answers.items():
         assert "127.0.0.1:1" in html.unescape(body) or "reach" in body, (path, body[-2000:])
+
+
+def _parent_rows(body: str) -> dict[int, list[str]]:
+    """The job page's parents: id -> its cells (job, queue, state, awaited)."""
+    table = re.search(r'<table class="figures" id="parents">(.*?)</table>', body, re.S).group(1)
+    return {int(i): _cells(row) for i, row in re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', table, re.S)}
+
+
+def test_a_parent_cancelled_then_retried_is_shown_as_it_is_now_on_its_childs_page(db, web):
+    # Given b -> c put as a workflow; b cancelled (c with it), then c retried: it runs without b
+    from conftest import run_cli
+
+    with notifyq.Producer("wf", db.config()) as p:
+        wf = notifyq.Workflow()
+        b = wf.add("wf", {"step": "b"})
+        c = wf.add("later", {"step": "c"}, after=[b])  # another queue: c is not run below
+        p.put_workflow(wf)
+    b, c = b.id, c.id
+    for args in (("cancel", str(b)), ("retry", str(c))):
+        r = run_cli(db.env, "jobs", *args)
+        assert r.returncode == 0, r.stderr
+    client = Client(web().url)
+    # When b is retried too (its edge to c waits again), and then runs and finishes
+    r = run_cli(db.env, "jobs", "retry", str(b))
+    assert r.returncode == 0, r.stderr
+    retried = client.get(f"/jobs/{c}")[1]
+    of_b = client.get(f"/jobs/{b}")[1]
+    r = run_cli(db.env, "consume", "-q", "wf", "--handler", "nqweb:succeed_or_fail", "--exit-when-empty")
+    assert r.returncode == 0, r.stderr
+    finished = client.get(f"/jobs/{c}")[1]
+    # Then c's page lists b in its state of now, and not as awaited: c is ready and waits for
+    # nothing (the page said "parents: it waits for these" of b, ready, then done)
+    assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (c,)) == 0
+    for body, state in ((retried, "ready"), (finished, "done")):
+        assert _parent_rows(body)[b][2:] == [state, "no"], _parent_rows(body)
+        assert "it waits for these" not in body
+        assert "it waits for none of them: it is ready" in html.unescape(body)
+    # And b's own page does not say that c waits for it
+    assert re.search(rf'<tr data-job="{c}">.*?data-awaits="no"', of_b, re.S), of_b
+
+
+def test_a_waiting_childs_page_marks_the_parents_it_waits_for(db, web):
+    # Given a child waiting for two parents, one of them done
+    with notifyq.Producer("wf", db.config()) as p:
+        wf = notifyq.Workflow()
+        first, second = wf.add("wf", {"n": 1}), wf.add("other", {"n": 2})
+        child = wf.add("later", {}, after=[first, second])
+        p.put_workflow(wf)
+    from conftest import run_cli
+
+    r = run_cli(db.env, "consume", "-q", "wf", "--handler", "nqweb:succeed_or_fail", "--exit-when-empty")
+    assert r.returncode == 0, r.stderr
+    client = Client(web().url)
+    # When its page is read
+    body = client.get(f"/jobs/{child.id}")[1]
+    # Then it waits for the pending parent, not the done one, and the parent's page says so too
+    assert "it waits for those marked" in body
+    rows = _parent_rows(body)
+    assert rows[first.id][2:] == ["done", "no"] and rows[second.id][2:] == ["ready", "yes"], rows
+    assert re.search(rf'<tr data-job="{child.id}">.*?data-awaits="yes"', client.get(f"/jobs/{second.id}")[1], re.S)

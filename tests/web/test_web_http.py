@@ -412,3 +412,37 @@ def _answered(c: Client, path: str, text: str):
     except OSError:
         return None
     return (code, body) if text in body else None
+
+
+def _raw_hosts(url: str, hosts: list[str]) -> int:
+    """The status of a GET / sent with exactly these Host headers (none, one, or several)."""
+    import http.client
+    import urllib.parse
+
+    where = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        conn.putrequest("GET", "/", skip_host=True)
+        for host in hosts:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_a_request_without_one_host_header_naming_a_host_is_refused_on_any_address(db, web):
+    # Given the pages on loopback, and on every interface (where any Host is answered: a proxy's name)
+    for w in (web(), web(bind="0.0.0.0")):
+        url = f"http://127.0.0.1:{w.httpd.server_address[1]}/"
+        # When a request has an empty Host, a blank one, none, or two
+        for hosts in ([""], ["   "], [], ["127.0.0.1", "evil.example"], ["127.0.0.1", ""]):
+            # Then it is refused (400) and no page is sent (the empty one was answered 200 on
+            # every interface, and the second of two was never looked at)
+            assert _raw_hosts(url, hosts) == 400, (w.url, hosts)
+        # And one Host naming this server is answered
+        assert _raw_hosts(url, ["127.0.0.1"]) == 200, w.url
+    # And on every interface a proxy's name is answered, as documented
+    assert _raw_hosts(url, ["notifyq.internal_example.com:443"]) == 200
