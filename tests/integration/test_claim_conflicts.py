@@ -1,0 +1,94 @@
+"""Claims under lock conflicts, against a real server: a claim's rerun waits on no peer's claimed
+jobs (unclaim_token: by primary key, the jobs its earlier attempts marked). Once, a rerun read every claimed job of the table, waited on every ack
+under way and deadlocked with them, lost on every retry, and its consumer exited 5."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from conftest import admin_connect, wait_until
+
+from notifyq.produce.producer import Producer
+from notifyq.store import queries
+from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.sql import QUERIES
+
+GIVE_UP_S = 1.0  # the claims' retry policy gives up after this (the work session's retry_s)
+
+
+def _due_job(db, cfg, key: str) -> int:
+    """One job of `key` put scheduled, waited for until it is due (a claim promotes it)."""
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}], key=key, delay=0.05)
+    wait_until(lambda: db.scalar("SELECT run_at <= NOW(6) FROM nq_job WHERE id = %s", (job_id,)), 10,
+               message="the job due")
+    return job_id
+
+
+def _row_locked(db, job_id: int):
+    """Another transaction holding the job's row (a peer stopped in the middle of its statement)."""
+    conn = admin_connect(db.admin, db.admin.database)
+    conn.autocommit(False)
+    cur = conn.cursor()
+    cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+    assert cur.fetchall()
+    return conn
+
+
+def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
+    # Given a limited queue with 2,000 scheduled jobs (a table big enough for its indexes), a
+    # peer's claimed jobs one of which its ack is deleting right now (not committed yet), and a
+    # due job whose row another transaction holds: a claim's first attempt loses its lock wait
+    cfg = db.config(queue={"q": {"limit_per_key": 2}})
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(2000)], delay=3600)
+        p.put_many([{"n": i} for i in range(5)], key="p")
+    peer = Session(cfg.dsn)
+    peer_claim = queries.claim(peer, "q", "p" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+    peer.pipeline.read_reply()
+    assert len(peer_claim.jobs) == 5
+    ack = peer.conn.cursor()
+    ack.execute(QUERIES["ack_delete"], {"ids": queries.Ids([peer_claim.jobs[0].id]), "token": peer_claim.token})
+    assert ack.rowcount == 1
+    job_id = _due_job(db, cfg, "a")
+    holder = _row_locked(db, job_id)
+    claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
+    claimer.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
+    retries: list[str] = []
+
+    class Retries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retries.append(record.getMessage())
+
+    handler = Retries(logging.WARNING)
+    logging.getLogger("notifyq.db").addHandler(handler)
+    outcome: list = []
+
+    def claim() -> None:
+        try:
+            outcome.append(queries.claim(claimer, "q", "c" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=2))))
+        except Exception as e:  # the test's verdict below
+            outcome.append(e)
+
+    thread = threading.Thread(target=claim, daemon=True)
+    try:
+        thread.start()
+        # When that attempt lost (the retry policy says so) and the holder let go
+        wait_until(lambda: retries or outcome, 30, message="the claim's first attempt lost")
+        holder.rollback()
+        thread.join(30)
+    finally:
+        logging.getLogger("notifyq.db").removeHandler(handler)
+        holder.close()
+        peer.conn.rollback()
+        peer.close()
+        claimer.close()
+    # Then its rerun claimed the due job at once: it handed back nothing of the peer's (its
+    # earlier attempt marked nothing), and never waited on the peer's ack of its own job
+    assert not thread.is_alive()
+    [claim] = outcome
+    assert not isinstance(claim, Exception), claim
+    assert job_id in [j.id for j in claim.jobs]
+    assert len(retries) == 1, retries
