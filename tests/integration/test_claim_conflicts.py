@@ -1,5 +1,7 @@
-"""Claims under lock conflicts, against a real server: a claim's rerun waits on no peer's claimed
-jobs (unclaim_token: by primary key, the jobs its earlier attempts marked). Once, a rerun read every claimed job of the table, waited on every ack
+"""Claims under lock conflicts, against a real server: a worker whose claims lose lock waits for
+longer than the retry policy gives them keeps running and claims again (consume/claim_backoff.py),
+and a claim's rerun waits on no peer's claimed jobs (unclaim_token: by primary key, the jobs its
+earlier attempts marked). Once, a rerun read every claimed job of the table, waited on every ack
 under way and deadlocked with them, lost on every retry, and its consumer exited 5."""
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ import threading
 
 from conftest import admin_connect, wait_until
 
+from notifyq.consume import handlers
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
@@ -35,6 +40,63 @@ def _row_locked(db, job_id: int):
     cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
     assert cur.fetchall()
     return conn
+
+
+def _promotions_waiting(db) -> set[int]:
+    """The consumers' statements promoting due jobs now (each a query of its own, by its id):
+    with the job's row held, each waits for it until it gives up."""
+    return {r[0] for r in db.query("SELECT query_id FROM information_schema.PROCESSLIST WHERE user = %s "
+                                   "AND info LIKE 'UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0%%'",
+                                   (db.dsn.user,))}
+
+
+class _QuickGiveUpWorker(Worker):
+    """A worker whose claims give up after GIVE_UP_S (the default retry budget is a minute)."""
+
+    def _new_work_session(self) -> Session:
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop, retry_s=GIVE_UP_S)
+
+
+def test_a_worker_whose_claims_lose_lock_waits_past_the_retry_policy_keeps_claiming_and_runs_the_job(db, caplog):
+    # Given a limited queue's due job whose row another transaction holds (every claim's
+    # promotion waits for it, and gives up after the session's lock wait, 1 s), and a worker
+    # whose claims' retry policy gives up after 1 s
+    cfg = db.config(queue={"q": {"limit_per_key": 2}})
+    job_id = _due_job(db, cfg, "a")
+    holder = _row_locked(db, job_id)
+    ran = []
+    stop = threading.Event()
+    worker = _QuickGiveUpWorker(cfg, "q", handlers.PythonHandler(ran.append, False), stop=stop,
+                                budget=Budget(None))
+    worker.work.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
+    thread = threading.Thread(target=worker.run, daemon=True)
+    caplog.set_level(logging.INFO, logger="notifyq.consumer")
+    try:
+        thread.start()
+        # When the claims lose for several times the retry policy's give-up time (each claim's
+        # promotion waits 1 s: four of them outlast three give-ups)
+        waits: set[int] = set()
+
+        def storm_outlived() -> bool:
+            waits.update(_promotions_waiting(db))
+            return not thread.is_alive() or len(waits) >= 4
+
+        wait_until(storm_outlived, 60, message="four promotions of the worker's claims waiting")
+        # Then the worker is still running, its loop turning
+        assert thread.is_alive() and worker.error is None, worker.error
+        # And once the lock holder is gone, its next claim takes the job and runs it
+        holder.rollback()
+        wait_until(lambda: ran and not db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)), 30,
+                   message="the job run and acked")
+    finally:
+        holder.close()
+        stop.set()
+        thread.join(30)
+    assert worker.error is None
+    # And the storm was said once, and its end once, not once per claim
+    said = [r.getMessage() for r in caplog.records if r.name == "notifyq.consumer"]
+    assert sum("claims keep losing lock conflicts" in m for m in said) == 1, said
+    assert sum("claims go through again" in m for m in said) == 1, said
 
 
 def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
