@@ -1,4 +1,5 @@
-"""ClaimBackoff: a worker's claims that outlived the retry policy on lock conflicts.
+"""ClaimBackoff: a worker's claims (and the acks it sends before them) that outlived the retry
+policy on lock conflicts.
 
 A claim is safe to run again (its rerun hands back what an earlier try may have marked, and
 its COMMIT is fenced by its token), and a storm of deadlocks or lock wait timeouts (1213,
@@ -6,9 +7,11 @@ its COMMIT is fenced by its token), and a storm of deadlocks or lock wait timeou
 RERUN_CODES, driver.py: a snapshot conflict, an interrupted statement) is no outage: a
 consumer that ended on one (exit 5) left its queue to its peers, and a fleet whose every
 worker met the same lock holder all ended. So a claim whose retries all lost such a conflict
-ends no worker: it waits a while (bounded, growing), turning its loop, and claims again. Said
-once when the storm starts and once when a claim goes through again, not per claim. A lost
-connection that outlives the retry policy still ends the worker (the server is gone: exit 5).
+ends no worker: it waits a while (bounded, growing), turning its loop, and claims again; so
+does an ack of what ran (fenced by its claim's token: as safe to run again), whose jobs wait
+for the next try (acking.py) instead of their lease's end. Said once when the storm starts and
+once when a claim goes through again, not per claim. A lost connection that outlives the retry
+policy still ends the worker (the server is gone: exit 5).
 """
 
 from __future__ import annotations

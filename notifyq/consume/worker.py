@@ -117,12 +117,13 @@ class Worker:
             while not self.stop.is_set() and not self.budget.exhausted:
                 self._turned()
                 if busy:
+                    self.claim_backoff.wait(self.stop)  # (a claim or ack that lost conflicts: its turn)
                     # Before the claim: a consumer that just started (a cron run, a restart)
                     # first takes back what dead peers hold, then claims in order among it.
-                    if self.presence.reap_due():
-                        self.acks.flush(self.work)  # a pass can take long: what ran is acked before it
+                    # A pass can take long: what ran is acked before it.
+                    if self.presence.reap_due() and not self._flush_acks():
+                        continue
                     self._maybe_reap()
-                    self.claim_backoff.wait(self.stop)  # (a claim that lost conflicts: its turn)
                     got, drained = self._claim_and_run()
                     if self.claim_backoff.failing:
                         continue  # claim again: the jobs are there, a lock holder kept them
@@ -154,7 +155,9 @@ class Worker:
                     # Children its acks released (workflows) are claimed at once, not at the wake-up
                     busy = self.exit_when_empty or (got > 0 and not drained) or self.acks.released_children()
                 else:
-                    self.acks.flush(self.work)  # an idle worker's jobs are acked before it waits
+                    if not self._flush_acks():  # an idle worker's jobs are acked before it waits
+                        busy = True
+                        continue
                     busy = self.acks.released_children() or self._idle() or self.claim_backoff.failing
             self.acks.flush(self.work)
         except errors.TransientDBError as e:
@@ -305,7 +308,9 @@ class Worker:
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
         self._work_generation = self.work.generation
         if self.acks.waiting and (reconnected or not self.presence.registration_current()):
-            self.acks.flush(self.work)  # registering again may wait for the home seat: what ran is acked first
+            if not self._flush_acks():  # registering again may wait for the home seat: what ran is acked first
+                self.budget.take(-want)
+                return 0, False
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
@@ -336,6 +341,18 @@ class Worker:
                       qc, handler)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained
+
+    def _flush_acks(self) -> bool:
+        """Ack what ran (acks.flush); False when the ack lost lock conflicts on every retry: its
+        jobs wait for the next try, after the backoff (an ack is fenced by its claim's token,
+        safe to run again), and the worker goes on. Anything else ends the worker, as before."""
+        try:
+            self.acks.flush(self.work)
+        except errors.TransientDBError as e:
+            if self.stop.is_set() or not self.claim_backoff.absorbed(e):
+                raise
+            return False
+        return True
 
     def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:
         """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""

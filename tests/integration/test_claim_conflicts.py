@@ -154,3 +154,54 @@ def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
     assert not isinstance(claim, Exception), claim
     assert job_id in [j.id for j in claim.jobs]
     assert len(retries) == 1, retries
+
+
+def test_a_limited_queues_claim_whose_ack_loses_lock_waits_past_the_retry_policy_acks_its_jobs_later(db):
+    # Given a limited queue of 3 jobs (3 keys), a worker that claims one at a time with a retry
+    # policy that gives up after 1 s, and, once its first job ran, another transaction holding
+    # that job's row: the ack the next claim sends first (a limited queue's) waits for it
+    cfg = db.config(queue={"q": {"limit_per_key": 2, "batch_size": 1}})
+    with Producer("q", cfg) as p:
+        ids = [p.put_many([{"n": i}], key=f"k{i}")[0] for i in range(3)]
+    ran: list[int] = []
+    first_running, first_may_end = threading.Event(), threading.Event()
+
+    def handler(job) -> None:
+        ran.append(job.payload["n"])
+        if len(ran) == 1:
+            first_running.set()
+            first_may_end.wait(30)
+
+    stop = threading.Event()
+    worker = _QuickGiveUpWorker(cfg, "q", handlers.PythonHandler(handler, False), stop=stop, budget=Budget(None))
+    worker.work.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
+    thread = threading.Thread(target=worker.run, daemon=True)
+    holder = None
+    try:
+        thread.start()
+        wait_until(first_running.is_set, 30, message="the first job running")
+        holder = _row_locked(db, ids[ran[0]])
+        first_may_end.set()
+        # When the acks lose their lock waits for several times the retry policy's give-up time
+        waits: set[int] = set()
+
+        def storm_outlived() -> bool:
+            waits.update(r[0] for r in db.query(  # (the ack's attempt records wait first)
+                "SELECT query_id FROM information_schema.PROCESSLIST WHERE user = %s AND "
+                "(info LIKE 'INSERT INTO nq_attempt%%' OR info LIKE 'DELETE nq_job FROM nq_job%%')",
+                (db.dsn.user,)))
+            return not thread.is_alive() or len(waits) >= 3
+
+        wait_until(storm_outlived, 60, message="three acks of the worker waiting")
+        assert thread.is_alive() and worker.error is None, worker.error
+        holder.rollback()
+        # Then the first job's ack lands once the holder is gone, and the other jobs run: each once
+        wait_until(lambda: not db.scalar("SELECT COUNT(*) FROM nq_job"), 30, message="every job acked")
+    finally:
+        if holder is not None:
+            holder.close()
+        first_may_end.set()
+        stop.set()
+        thread.join(30)
+    assert worker.error is None
+    assert sorted(ran) == [0, 1, 2]
