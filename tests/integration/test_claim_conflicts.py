@@ -205,3 +205,61 @@ def test_a_limited_queues_claim_whose_ack_loses_lock_waits_past_the_retry_policy
         thread.join(30)
     assert worker.error is None
     assert sorted(ran) == [0, 1, 2]
+
+
+def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
+    # Given a limited queue with 2,000 scheduled jobs, a peer's claimed jobs one of whose rows its
+    # ack holds (the ack's DELETE locks the row first, then the row's ix_state entry), and a
+    # claim whose first attempt a KILL QUERY ends (the fault schedule's kill_query class): it
+    # runs again on the same session
+    cfg = db.config(queue={"q": {"limit_per_key": 2}})
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(2000)], delay=3600)
+        p.put_many([{"n": i} for i in range(5)], key="p")
+    peer = Session(cfg.dsn)
+    peer_claim = queries.claim(peer, "q", "p" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+    peer.pipeline.read_reply()
+    acked = peer_claim.jobs[0].id
+    ack = peer.conn.cursor()
+    ack.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (acked,))
+    job_id = _due_job(db, cfg, "a")
+    holder = _row_locked(db, job_id)
+    claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
+    connection = claimer.conn.thread_id()
+    outcome: list = []
+
+    def claim() -> None:
+        try:
+            outcome.append(queries.claim(claimer, "q", "c" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=2))))
+        except Exception as e:  # the test's verdict below
+            outcome.append(e)
+
+    def running(prefix: str) -> bool:
+        return bool(db.query("SELECT 1 FROM information_schema.PROCESSLIST WHERE id = %s AND info LIKE %s",
+                             (connection, prefix + "%")))
+
+    thread = threading.Thread(target=claim, daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: running("UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0"), 30,
+                   message="the claim's promotion waiting")
+        db.query(f"KILL QUERY {int(connection)}")
+        holder.rollback()
+        # When the claim's rerun is under way (done, or waiting in its hand-back) and the peer's
+        # ack deletes its row
+        wait_until(lambda: outcome or running("UPDATE nq_job%SET status = 0, owner = NULL"), 30,
+                   message="the claim's rerun")
+        ack.execute(QUERIES["ack_delete"], {"ids": queries.Ids([acked]), "token": peer_claim.token})
+        assert ack.rowcount == 1
+        peer.conn.commit()
+        thread.join(30)
+    finally:
+        holder.close()
+        peer.close()
+        claimer.close()
+    # Then neither lost a deadlock: the rerun read none of the peer's rows, and claimed the job
+    assert not thread.is_alive()
+    [claim] = outcome
+    assert not isinstance(claim, Exception), claim
+    assert job_id in [j.id for j in claim.jobs]
+    assert claimer.conflicts.count == 0 and peer.conflicts.count == 0
