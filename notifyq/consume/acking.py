@@ -7,7 +7,8 @@ That COMMIT is left on the wire while the new batch starts; it is read (and the 
 before the next claim, or acked again on their own if it failed. A worker that does anything
 but claim next (it idles, stops, runs a reaper pass, registers again) flushes them: they go
 out on their own first. Acks that were not sent, or were sent in a claim that raised (so
-rolled back), wait for the next claim or flush.
+rolled back), or acked on their own by an ack that gave up on a transient error, wait for the
+next claim or flush.
 
 The worker calls claim() and flush(); its batch's run hands over what it finished with keep().
 Counting is the Outcomes' (acked, or lost: fenced out by the claim token). An ack the server
@@ -99,7 +100,11 @@ class PendingAcks:
         self._land_riding(session)
         if self._waiting is not None:
             acks, self._waiting = self._waiting, None
-            self._ack(session, acks)
+            try:
+                self._ack(session, acks)
+            except errors.TransientDBError:
+                self._waiting = acks  # not landed: they wait still (a worker may claim again)
+                raise
             if self.outcomes.freed is not None:
                 self.outcomes.freed()
 
@@ -112,7 +117,11 @@ class PendingAcks:
         if commit is not None:
             session.pipeline.read_reply()  # read now if still on the wire (else a later statement did)
         if commit is None or commit.failed or not commit.rowcounts:
-            self._ack(session, acks)
+            try:
+                self._ack(session, acks)
+            except errors.TransientDBError:
+                self._riding = (acks, None)  # not landed: acked on their own next time
+                raise
         else:
             self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
 

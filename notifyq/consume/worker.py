@@ -23,6 +23,7 @@ from notifyq.config import Config, QueueConfig
 from notifyq.consume import handlers, reaper
 from notifyq.consume.acking import PendingAcks
 from notifyq.consume.batch import Batch, BatchRun
+from notifyq.consume.claim_backoff import ClaimBackoff
 from notifyq.consume.fair_order import round_robin_by_key
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
@@ -86,6 +87,7 @@ class Worker:
         self.release_wake = ReleaseWake(config, queue)
         self.acks.on_release = self.release_wake.released
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
+        self.claim_backoff = ClaimBackoff(queue, name)  # claims that gave up on lock conflicts
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
         self._arm_slot_wake()
 
@@ -115,12 +117,16 @@ class Worker:
             while not self.stop.is_set() and not self.budget.exhausted:
                 self._turned()
                 if busy:
+                    self.claim_backoff.wait(self.stop)  # (a claim or ack that lost conflicts: its turn)
                     # Before the claim: a consumer that just started (a cron run, a restart)
                     # first takes back what dead peers hold, then claims in order among it.
-                    if self.presence.reap_due():
-                        self.acks.flush(self.work)  # a pass can take long: what ran is acked before it
+                    # A pass can take long: what ran is acked before it.
+                    if self.presence.reap_due() and not self._flush_acks():
+                        continue
                     self._maybe_reap()
                     got, drained = self._claim_and_run()
+                    if self.claim_backoff.failing:
+                        continue  # claim again: the jobs are there, a lock holder kept them
                     if not got and self.exit_when_empty:
                         if self.acks.released_children():
                             # The acks riding this claim released workflow children after its
@@ -149,8 +155,10 @@ class Worker:
                     # Children its acks released (workflows) are claimed at once, not at the wake-up
                     busy = self.exit_when_empty or (got > 0 and not drained) or self.acks.released_children()
                 else:
-                    self.acks.flush(self.work)  # an idle worker's jobs are acked before it waits
-                    busy = self.acks.released_children() or self._idle()
+                    if not self._flush_acks():  # an idle worker's jobs are acked before it waits
+                        busy = True
+                        continue
+                    busy = self.acks.released_children() or self._idle() or self.claim_backoff.failing
             self.acks.flush(self.work)
         except errors.TransientDBError as e:
             if not self.stop.is_set():
@@ -300,14 +308,25 @@ class Worker:
         reconnected = self.work.generation > 1 and self.work.generation != self._work_generation
         self._work_generation = self.work.generation
         if self.acks.waiting and (reconnected or not self.presence.registration_current()):
-            self.acks.flush(self.work)  # registering again may wait for the home seat: what ran is acked first
+            if not self._flush_acks():  # registering again may wait for the home seat: what ran is acked first
+                self.budget.take(-want)
+                return 0, False
         owner = self.presence.ensure_registered(self, self.work if reconnected else None)
         epoch = self.presence.epoch  # the registration the claim is made in
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         if self.flow is not None:
             self.flow.last = None  # this claim's read, once it made one (_held_by_limits)
-        claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
-                                version=self.version, flow=self.flow)
+        try:
+            claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
+                                    version=self.version, flow=self.flow)
+        except errors.TransientDBError as e:
+            # A claim is safe to run again: one that lost lock conflicts on every retry ends no
+            # worker, it claims again after a while (claim_backoff.py); a lost server still does.
+            if self.stop.is_set() or not self.claim_backoff.absorbed(e):
+                raise
+            self.budget.take(-want)  # nothing taken
+            return 0, False
+        self.claim_backoff.claimed()
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         claim_run = self.work.server_run  # that connection's server run: a KILL of its id after a restart is none of ours
         if self.budget.left is not None and want > len(claim.jobs):
@@ -322,6 +341,18 @@ class Worker:
                       qc, handler)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained
+
+    def _flush_acks(self) -> bool:
+        """Ack what ran (acks.flush); False when the ack lost lock conflicts on every retry: its
+        jobs wait for the next try, after the backoff (an ack is fenced by its claim's token,
+        safe to run again), and the worker goes on. Anything else ends the worker, as before."""
+        try:
+            self.acks.flush(self.work)
+        except errors.TransientDBError as e:
+            if self.stop.is_set() or not self.claim_backoff.absorbed(e):
+                raise
+            return False
+        return True
 
     def _run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> None:
         """Run the claim (consume/batch.py); its successes wait for the next claim's COMMIT."""

@@ -75,6 +75,13 @@ def is_transient(exc: BaseException) -> bool:
     return error_code(exc) in RERUN_CODES | RECONNECT_CODES
 
 
+def is_lost_rerun(exc: BaseException) -> bool:
+    """The server answered, and the transaction lost to another (a deadlock or certification
+    conflict, a lock wait timeout) or was interrupted (RERUN_CODES): nothing to reconnect, and
+    a transaction that is safe to run again (a claim) may simply be run again later."""
+    return error_code(exc) in RERUN_CODES
+
+
 def locks_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, MySQLdb.NotSupportedError) or error_code(exc) in LOCKS_UNAVAILABLE
 

@@ -337,6 +337,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
+            sent_marks.update(r[0] for r in locked)  # (before it is sent: it may land unseen)
         mark_at, marked = len(last) - 1, len(locked)
         watched = drained and seen_seq is not None
         if watched:
@@ -396,6 +397,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         return Claim(jobs, token, drained, False, commit, admitted.held_s)
 
     runs = 0
+    # Every job an attempt's mark named: an attempt whose COMMIT may have landed unseen marked
+    # only these, so a rerun hands back only these (unclaim_token, by primary key).
+    sent_marks: set[int] = set()
     connection: int | None = None
     alive_at = -math.inf  # when `connection` was last known open, before the earlier attempt
     run: float | None = None  # and the server run it was of (Session.server_run)
@@ -411,8 +415,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 # server restarted since: then it is gone, and its id may be another's) ...
                 end_connection(cur, connection, session, alive_at, run)
             # ... then, if it did commit, its rows carry this token: hand them back first, or
-            # they would sit claimed under a token nobody runs until their lease ends.
-            cur.execute(Q["unclaim_token"], {"owner": owner, "token": token})
+            # they would sit claimed under a token nobody runs until their lease ends. Only the
+            # rows an attempt marked: by owner and token alone the statement read every claimed
+            # job of the table, and waited on (or deadlocked with) every ack under way.
+            if sent_marks:
+                cur.execute(Q["unclaim_token"], {"ids": Ids(sorted(sent_marks)), "owner": owner, "token": token})
         # Not the attempt's start: the attempt may be the first statement sent on a connection
         # the server lost in a restart since it last answered (an id another client has now)
         connection, alive_at, run = session.connection_id, session.open_at, session.server_run

@@ -456,11 +456,16 @@ ON DUPLICATE KEY UPDATE wake_at = IF(wake_at > NOW(6), LEAST(wake_at, VALUES(wak
 UPDATE nq_rate_hold SET wake_at = NULL WHERE queue = %(queue)s AND wake_at <= NOW(6)
 
 -- unclaim_token --
--- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken.
-UPDATE nq_job
+-- A claim rerun after its COMMIT's outcome was lost returns what the first run may have taken:
+-- the jobs its earlier attempts' marks named (`ids`), by primary key. Without the ids (no index
+-- leads with owner or claim_token) the update went through ix_state's claimed range, every
+-- claimed job of every queue, locking each entry and then its row: it waited on every peer's
+-- ack and outcome under way, and deadlocked with them (an ack holds its row and then deletes
+-- the entry this held), so under load each rerun lost again until the retry gave up.
+UPDATE nq_job FORCE INDEX (PRIMARY)
 SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL,
     attempts = GREATEST(attempts, 1) - 1
-WHERE owner = %(owner)s AND claim_token = %(token)s AND status = 2
+WHERE id IN %(ids)s AND owner = %(owner)s AND claim_token = %(token)s AND status = 2
 
 -- ack_delete --
 -- Fencing: only rows still held by this claim; a reclaimed job is someone else's now.
