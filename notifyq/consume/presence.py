@@ -197,14 +197,18 @@ class Presence:
         dead: its heartbeat, if it beats one, landed less than half the shortest silence a
         reaper takes for death ago; else its liveness lock was seen held, on the connection it
         was registered on, less than half a session_idle_s ago (the server ends that connection
-        only after a whole one of silence; a stall of the process, SIGSTOP, is such silence)."""
+        only after a whole one of silence; a stall of the process, SIGSTOP, is such silence),
+        and the server has not closed that connection since (a KILL of it)."""
         if self.heartbeat is not None:
             return not self.heartbeat.lost.is_set() and self.heartbeat.landed_within(
                 liveness.GALERA_LOCK_GRACE_S / 2, now)
         if not self.use_locks or not self.registration_current():
             return False
         seen = max(self.session.answered_at, self._lock_seen_at)
-        return now - seen < self.session_idle_s / 2
+        # And its connection was not ended since (a KILL of the liveness session frees the lock
+        # at once, and a peer's reaper took the jobs back within its reap interval, while this
+        # process, its session idle, had not heard yet): the server's close is on the socket.
+        return now - seen < self.session_idle_s / 2 and not self.session.closed_by_server()
 
     def confirm_alive(self, holder, work: Session) -> None:
         """When known_alive is not: one check (a beat, or the lock's holder asked on `work`),

@@ -331,6 +331,16 @@ class Session:
             self._conn = None
             self.connection_id = None
 
+    def closed_by_server(self) -> bool:
+        """Whether the server has ended this session's connection while it sat idle (a KILL of
+        it, the server's shutdown): no call of ours waits for a reply and none was sent ahead,
+        yet the socket has something to read (the server's close). One poll of the socket, no
+        statement. False when it cannot tell: a call under way makes the socket readable too."""
+        mine = self._socket
+        if mine is None or self.waiting is not None or self.pipeline.pending is not None:
+            return False
+        return readable(mine)
+
     def cut_socket(self) -> bool:
         """Shut this session's socket down on the client's side, from another thread (the stall
         watch): a read blocked on it returns at once, as a lost connection (2013), and the session
@@ -452,6 +462,28 @@ def socket_of(conn: Any) -> tuple[int, int] | None:
         return fd, os.fstat(fd).st_ino
     except (OSError, ValueError, TypeError, MySQLdb.Error):
         return None
+
+
+def readable(mine: tuple[int, int]) -> bool:
+    """Whether a connection's socket (socket_of) has something to read now, without reading it;
+    False if it is not that socket any more (closed, its number reused)."""
+    import select  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+
+    number, inode = mine
+    try:
+        fd = os.dup(number)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def shut_down(mine: tuple[int, int] | None) -> bool:

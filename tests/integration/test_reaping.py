@@ -10,6 +10,7 @@ import MySQLdb.cursors
 from conftest import wait_until
 
 from notifyq.consume import reaper
+from notifyq.jobs import run_of
 from notifyq.produce.producer import Producer
 from notifyq.store import advisory, liveness, locks, queries
 from notifyq.store.db import Session
@@ -411,3 +412,53 @@ def test_a_touch_on_a_session_that_does_not_hold_the_consumers_lock_leaves_its_l
     finally:
         reconnected.close()
         home.close()
+
+
+def test_a_worker_whose_liveness_session_was_killed_starts_no_job_a_reaper_took_back_meanwhile(db):
+    """Regression (the fault schedule's long run, stale_start): a consumer's idle liveness
+    session was KILLed while its one worker ran the first job of a batch; a peer's reaper took
+    the batch back within its reap interval and another consumer ran the second job; the worker
+    then started that job too: it judged itself alive from the lock seen held a moment before."""
+    import threading
+
+    from notifyq.consume import handlers
+    from notifyq.consume.stats import Budget
+    from notifyq.consume.worker import Worker
+
+    # Given a lock-mode consumer with a claim of two jobs, running the first
+    cfg = db.config(consumer={"reap_interval_s": 3600})
+    started, release, stop = [], threading.Event(), threading.Event()
+    first_running = threading.Event()
+
+    def handle(job):
+        started.append((job.id, run_of(job)._completion.token))  # (the claim it runs under)
+        first_running.set()
+        release.wait(60)
+
+    worker = Worker(cfg, "q", handlers.PythonHandler(handle, False), stop=stop, budget=Budget(None), batch_size=2)
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": 1}, {"n": 2}])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(first_running.is_set, 20, message="the first job running")
+        owner = worker.presence.consumer_id
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s AND status = 2", (owner,)) == 2
+        # When its idle liveness session is KILLed, and a peer's reaper takes its claims back
+        db.query(f"KILL CONNECTION {int(worker.presence.session.conn.thread_id())}")
+        wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(lock_name) FROM nq_consumer WHERE id = %s",
+                                     (owner,)) == 1, 20, message="the liveness lock free")
+        result = reaper.reap_once(cfg.dsn)
+        assert result is not None and db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s", (owner,)) == 0
+        # And the first job's handler returns
+        release.set()
+        # Then the worker starts neither job again under the claim taken back: both run again
+        # under a new claim (its own next one), once each
+        wait_until(lambda: len(started) >= 3, 20, message="both jobs run again")
+        first_token = started[0][1]
+        assert started[0][0] == ids[0] and sorted(j for j, _ in started[1:]) == sorted(ids), started
+        assert all(token != first_token for _, token in started[1:]), started
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
