@@ -169,7 +169,7 @@ class StallWatch:
         open_at = getattr(session, "open_at", None)  # (not known of a complete_in caller's connection)
         gone = open_at is not None and looker.restarted_after(open_at, session.server_run)
         try:
-            killed = bool(conn_id) and not gone and advisory.kill_connection(looker, conn_id)
+            killed = bool(conn_id) and not gone and advisory.kill_connection(looker, conn_id, owner=session)
         except (DriverError, errors.NotifyqError) as e:
             log.warning("could not end the stalled connection on the server: ending it on this side "
                         "session=%s error=%s", label, e)

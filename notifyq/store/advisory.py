@@ -10,7 +10,7 @@ import MySQLdb
 
 from notifyq.store.db import Session
 from notifyq.store.driver import QUERY_INTERRUPTED, DriverError, error_code
-from notifyq.store.queries import one_value
+from notifyq.store.queries import connection_is_ours, one_value
 from notifyq.store.sql import QUERIES as Q
 
 def lock_wait_s(session: Session, wait_s: float) -> float:
@@ -100,9 +100,13 @@ def session_state(session: Session, conn_id: int) -> tuple[str, bool, int] | Non
     return session.run(body, what="session state")
 
 
-def kill_connection(session: Session, conn_id: int) -> bool:
-    """End one of our own sessions (its client's read returns at once); False if it is gone."""
+def kill_connection(session: Session, conn_id: int, owner: Session | None = None) -> bool:
+    """End one of our own sessions (its client's read returns at once); False if it is gone.
+    owner: the session that had the connection, whose client port it must still show (the id
+    may be another client's after a server restart: queries.connection_is_ours)."""
     def body(cur) -> bool:
+        if owner is not None and not connection_is_ours(cur, owner, conn_id):
+            return False
         try:
             cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})
             return True

@@ -128,6 +128,10 @@ class Session:
         # from another thread (the driver refuses fileno() while a read is under way, and a
         # descriptor's number is reused once closed; an inode names one socket).
         self._socket: tuple[int, int] | None = None
+        # The client port of each connection id this session has had (the last few; None: a unix
+        # socket): the server lists it in the session's host, and ids start again from 1 after a
+        # server restart, so an id alone may name another client's session by then (port_of).
+        self._ports: dict[int, int | None] = {}
         self.pipeline = Pipeline(self)
         self.attempt = Attempt()  # the transaction being run (Session.run)
         # The call waiting for the server's reply now, None between calls: read by the consumer's
@@ -317,6 +321,9 @@ class Session:
                                            f"{wsrep.get('wsrep_cluster_status')})")
         self.connection_id = conn.thread_id()
         self._socket = socket_of(conn)
+        self._ports[self.connection_id] = client_port(self._socket)
+        while len(self._ports) > PORTS_KEPT:
+            del self._ports[next(iter(self._ports))]
         return conn
 
     def discard(self) -> None:
@@ -330,6 +337,11 @@ class Session:
                 pass
             self._conn = None
             self.connection_id = None
+
+    def port_of(self, conn_id: int) -> int | None:
+        """The client port this session's connection `conn_id` had, if it had that id lately
+        and spoke TCP; None otherwise."""
+        return self._ports.get(conn_id)
 
     def closed_by_server(self) -> bool:
         """Whether the server has ended this session's connection while it sat idle (a KILL of
@@ -462,6 +474,34 @@ def socket_of(conn: Any) -> tuple[int, int] | None:
         return fd, os.fstat(fd).st_ino
     except (OSError, ValueError, TypeError, MySQLdb.Error):
         return None
+
+
+PORTS_KEPT = 32  # connection ids a session remembers the client port of
+
+
+def client_port(mine: tuple[int, int] | None) -> int | None:
+    """The local port of a connection's socket (socket_of); None for a unix socket or if unknown."""
+    if mine is None:
+        return None
+    import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+
+    try:
+        fd = os.dup(mine[0])
+    except OSError:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return int(sock.getsockname()[1])
+    except OSError:
+        return None
+    finally:
+        sock.close()  # the duplicate only
 
 
 def readable(mine: tuple[int, int]) -> bool:

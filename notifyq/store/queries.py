@@ -781,6 +781,19 @@ def one_value(session: Session, name: str, params: dict[str, Any], what: str) ->
 END_CONNECTION_WAIT_S = 30.0  # a server thread KILL cannot stop within this is stuck in I/O
 
 
+def connection_is_ours(cur, session: Session | Any, conn_id: int) -> bool:
+    """Whether the server's session `conn_id` may still be the connection `session` had under
+    that id: the same client port in its host (a restart within a second or two cannot be told
+    from the times, Session.restarted_after, and gave the id to another client's session).
+    True when the port is not known (a unix socket, an id not of this session): the times judge."""
+    port_of = getattr(session, "port_of", None)  # (a complete_in caller's connection: not known)
+    port = port_of(int(conn_id)) if port_of is not None else None
+    if port is None:
+        return True
+    cur.execute(Q["connection_from_port"], {"conn_id": int(conn_id), "host_like": f"%:{port}"})
+    return bool(cur.fetchone()[0])
+
+
 def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: float | None = None,
                    run: float | None = None) -> bool:
     """KILL one of our own earlier connections and wait until the server has ended it (its
@@ -791,6 +804,8 @@ def end_connection(cur, conn_id: int, session: Session | None = None, alive_at: 
     may name another client's session now: nothing is killed (a KILL of it killed an
     application's session after a server restart)."""
     if session is not None and alive_at is not None and session.restarted_after(alive_at, run):
+        return True
+    if session is not None and not connection_is_ours(cur, session, conn_id):
         return True
     try:
         cur.execute(Q["kill_connection"], {"conn_id": int(conn_id)})

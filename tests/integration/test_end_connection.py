@@ -119,3 +119,33 @@ def test_two_readings_of_one_server_run_up_to_two_seconds_apart_are_one_run(db):
         assert not session.restarted_after(uptime_start + 0.5)
     finally:
         session.close()
+
+
+def test_an_id_of_ours_that_another_clients_session_has_now_is_not_killed_whatever_the_times_say(db):
+    # Given a session of ours that had connection id N from one client port, and another
+    # client's session that has id N now from another port (a server restart too soon after our
+    # connection's last answer for the times to tell: the ids started again from 1)
+    other = Session(db.dsn, name="app")
+    session = Session(db.dsn, name="test")
+    try:
+        other.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        session.run(lambda cur: cur.execute("SELECT 1"), what="t")
+        other_id = other.connection_id
+        theirs = other.port_of(other_id)
+        assert theirs is not None  # (TCP: the test server listens on 127.0.0.1)
+        session._ports[other_id] = theirs + 1 if theirs < 65535 else theirs - 1
+        # When we end "our earlier connection" of that id, last known open just now, on this run
+        assert session.run(lambda cur: queries.end_connection(cur, other_id, session, time.monotonic(),
+                                                              session.server_run), what="t")
+        # Then nothing is killed: the session of that id is not from our connection's port
+        assert _alive(db, other_id)
+        assert other.run(lambda cur: (cur.execute("SELECT 1"), cur.fetchone())[1], what="t") == (1,)
+        assert other.connection_id == other_id
+        # But when the port is the one our connection had, it is ours: ended and waited for
+        session._ports[other_id] = theirs
+        assert session.run(lambda cur: queries.end_connection(cur, other_id, session, time.monotonic(),
+                                                              session.server_run), what="t")
+        assert not _alive(db, other_id)
+    finally:
+        session.close()
+        other.close()

@@ -1020,6 +1020,13 @@ KILL CONNECTION %(conn_id)s
 -- second waits for nothing. No row: the server has no such session.
 SELECT COMMAND, INFO IS NOT NULL, TIME FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
 
+-- connection_from_port --
+-- Whether the session of this id is still the one we opened from this client port: the server
+-- lists a TCP session's host as host:port, and after a restart it gives ids from 1 again, so an
+-- id alone may name another client's session. Our own user's sessions are visible without the
+-- PROCESS privilege.
+SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s AND HOST LIKE %(host_like)s
+
 -- connection_alive --
 -- Our own user's sessions are visible without the PROCESS privilege.
 SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %(conn_id)s
