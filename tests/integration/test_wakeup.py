@@ -255,12 +255,17 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
 
 def test_a_ring_there_and_back_while_the_watch_statement_reads_is_not_slept_through(db):
     # Given a watcher whose last statement saw bell 0 held, a ringer holding it (the test's own
-    # session, so that its rings come exactly when the test says), and 200,000 live consumers,
-    # whose liveness locks the watch statement tests one by one (some 100 ms)
+    # session, so that its rings come exactly when the test says), and 200,000 consumers' rows,
+    # whose liveness locks the watch statement tests one by one (some 100 ms; their locks are
+    # free, as dead consumers' are: one session holding that many takes minutes to take them)
     cfg = db.config(wakeup={"instant_wake": False})
     locks = QueueLocks(db.dsn.database, Q)
-    ballast = Ballast(db, 200_000)
     admin = admin_connect(db.admin, db.admin.database)
+    for start in range(0, 200_000, 5_000):  # (one multi-row INSERT per 5,000: executemany sends a row each)
+        admin.cursor().execute(
+            "INSERT INTO nq_consumer (id, lock_name, host, pid, queues) VALUES "
+            + ",".join(["(%s, %s, 'ballast', 0, %s)"] * 5_000),
+            [v for i in range(start, start + 5_000) for v in (f"{i:032d}", f"nq:{db.admin.database}:ballast:{i}", Q)])
     watcher = Session(cfg.dsn, autocommit=True, name="watcher")
     ringer = Session(cfg.dsn, autocommit=True, name="ringer")
     seen: list = []
@@ -295,10 +300,10 @@ def test_a_ring_there_and_back_while_the_watch_statement_reads_is_not_slept_thro
         assert seen and (seen[0].waited == 1 or seen[0].total > seen[0].watched), seen
         assert took < MARGIN_S, took
     finally:
+        admin.cursor().execute("DELETE FROM nq_consumer WHERE host = 'ballast'")
         admin.close()
         watcher.close()
         ringer.close()
-        ballast.close()
 
 
 def test_a_new_ringers_first_put_wakes_a_watcher_asleep_without_a_bell_at_once(db):
