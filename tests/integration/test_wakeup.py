@@ -256,8 +256,8 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
 def test_a_ring_there_and_back_while_the_watch_statement_reads_is_not_slept_through(db):
     # Given a watcher whose last statement saw bell 0 held, a ringer holding it (the test's own
     # session, so that its rings come exactly when the test says), and 200,000 consumers' rows,
-    # whose liveness locks the watch statement tests one by one (some 100 ms; their locks are
-    # free, as dead consumers' are: one session holding that many takes minutes to take them)
+    # whose liveness locks the watch statement tests one by one (some 100 ms: their number is
+    # what counts here, so their locks are free, as dead consumers' are)
     cfg = db.config(wakeup={"instant_wake": False})
     locks = QueueLocks(db.dsn.database, Q)
     admin = admin_connect(db.admin, db.admin.database)
@@ -295,10 +295,10 @@ def test_a_ring_there_and_back_while_the_watch_statement_reads_is_not_slept_thro
                 ringer.pipeline.read_reply()
             watching.join(10)
         # Then the statement does not wait out its 5 s on the bell taken back: the first ring
-        # granted its wait, or its read already showed the job
+        # granted its wait, or its read already showed the job (the reap still runs after it)
         took = time.monotonic() - started
         assert seen and (seen[0].waited == 1 or seen[0].total > seen[0].watched), seen
-        assert took < MARGIN_S, took
+        assert took < 5.0 / 2, took
     finally:
         admin.cursor().execute("DELETE FROM nq_consumer WHERE host = 'ballast'")
         admin.close()
