@@ -60,7 +60,7 @@ def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, 
         if row is None:  # queue row missing (a fresh database): make it and report nothing new
             ensure_queue(cur, queue)
             return WatchState(0, 0, False, 0, None, None, None)
-        total, watched, paused, reap, due_in_us, waited, held = row
+        total, watched, paused, waited, reap, due_in_us, held = row
         return WatchState(int(total), int(watched), bool(paused), int(reap or 0),
                           None if due_in_us is None else due_in_us / 1e6,
                           None if waited is None else int(waited), None if held is None else int(held))

@@ -37,8 +37,9 @@ the watch lock does it ring: in one statement it takes the other bell and releas
 so it always holds at least one. Nobody watching after the COMMIT means nobody needs a ring:
 whoever becomes the watcher later reads the count after the COMMIT. A look that saw nobody
 holds for QUIET_LOOK_S (waker.py's Look): the puts in that window skip it (under load, where nobody idles, that
-is nearly every put). A watcher that began inside the window reads the count again within its
-first backoff steps, and the first put after the window looks and rings it. The watcher waits on the
+is nearly every put). A watcher that began inside the window reads the count again after its
+first wait, which FIRST_WAIT_S (waiter.py) bounds whatever poll_initial_s says (a look sees
+nobody in a hand-off's gap too), and the first put after the window looks and rings it. The watcher waits on the
 bell its previous statement saw held at that statement's end; a new turn's first statement
 only reads. That choice is made before the statement's read of the count, so:
   - a commit after the read is followed by a ring that releases the bell held at the choice
@@ -49,7 +50,14 @@ and the watcher goes to claim. Two grants on the same bell with the same count m
 by something that is no ringer (a producer arming, dying, or of an older version): that
 watcher's next waits sleep instead until the count moves, so a free bell can never become a
 spin (at most one needless claim per consumer). Two rings between one statement's choice and
-its GET_LOCK would leave it waiting on a bell held again; its bounded wait covers that.
+its GET_LOCK would leave it waiting on a bell held again: a ring that released it (one for jobs
+the count already showed, or already claimed: a COMMIT is seen before its committer's look
+runs), then a ring for a job committed after the read, which takes it back. So the statement
+waits right after its read (the reap, which tests every consumer's lock, and the due time come
+after the wait): the second ring's COMMIT, look and ring would have to fall between the read and
+the GET_LOCK of one statement; its bounded wait covers that. A ringer holds a bell at every
+instant, but a ring from bell 1 to bell 0 between the statement's tests of bell 0 and bell 1
+makes both look free (it would sleep through the ring): bell 0 is tested again after bell 1.
 While no ringer holds a bell the watcher sleeps, so a ring reaches it only once it has read the
 locks again: a new ringer's first put, and a put whose look finds the bell lost while a consumer
 watches, wake it with the instant wake instead, where the producer may (Waker._way).
@@ -70,7 +78,7 @@ but the cost grows with the number of consumers, and `notifyq status` says so.
 """
 
 from notifyq.wakeup.waker import QUIET_LOOK_S
-from notifyq.wakeup.waiter import READ_MARGIN_S, SAFETY_S, Waiter
+from notifyq.wakeup.waiter import FIRST_WAIT_S, READ_MARGIN_S, SAFETY_S, Waiter
 from notifyq.wakeup.waker import Waker
 
-__all__ = ["QUIET_LOOK_S", "READ_MARGIN_S", "SAFETY_S", "Waiter", "Waker"]
+__all__ = ["FIRST_WAIT_S", "QUIET_LOOK_S", "READ_MARGIN_S", "SAFETY_S", "Waiter", "Waker"]

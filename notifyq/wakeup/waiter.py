@@ -14,9 +14,16 @@ from notifyq.config import WakeupConfig
 from notifyq.store import advisory, bells
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
+from notifyq.wakeup.waker import QUIET_LOOK_S
 
 SAFETY_S = 60.0  # the longest a watcher goes without one claim, whatever it was told
 READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's read timeout
+# A turn's first wait ends this soon, whatever poll_initial_s says, and the count is read again:
+# the turn may have begun inside a producer's quiet window (waker.py's Look: its look saw nobody
+# watching, as in the gap of a hand-off), whose puts neither ring nor interrupt. The window
+# closes QUIET_LOOK_S after the look's reply, which came before this turn began; the rest is
+# room for that reply's way back to a loaded producer.
+FIRST_WAIT_S = 10 * QUIET_LOOK_S
 
 
 class Waiter:
@@ -119,9 +126,13 @@ class Waiter:
         # does not know it yet, so its first statement only reads (bells.watch).
         wait_on: int | None = None
         paused = False  # what this turn's last statement read (an interrupted one reads nothing)
+        first_wait = True  # no wait yet this turn: FIRST_WAIT_S bounds the first
         while not self.stop.is_set():
             self.on_turn()
             wait = self._bounded(min(backoff, self.cfg.poll_max_s))
+            cut = first_wait and wait > FIRST_WAIT_S  # (the backoff then starts after it)
+            if cut:
+                wait = FIRST_WAIT_S
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
@@ -146,6 +157,8 @@ class Waiter:
                 continue
             paused = state.paused
             waited_on, wait_on = wait_on, state.held
+            if state.waited is not None:
+                first_wait = False
             if state.reap:
                 self.on_reap()
             if self._last_grant is not None and state.total != self._last_grant[1]:
@@ -176,7 +189,8 @@ class Waiter:
                 return True
             if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
                 continue
-            backoff *= 2
+            if not cut:
+                backoff *= 2
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
                 return True

@@ -24,7 +24,7 @@ from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
-from notifyq.store import advisory, queries
+from notifyq.store import advisory, bells, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import locks_unavailable
 from notifyq.store.locks import QueueLocks, lock_name
@@ -251,6 +251,59 @@ def test_500_bell_rings_across_the_two_bells_are_never_slept_through(db):
     latencies.sort()
     print(f"\nbell pick-up over 500 rounds: p50={latencies[250] * 1e3:.2f}ms "
           f"p99={latencies[495] * 1e3:.2f}ms max={latencies[-1] * 1e3:.1f}ms")
+
+
+def test_a_ring_there_and_back_while_the_watch_statement_reads_is_not_slept_through(db):
+    # Given a watcher whose last statement saw bell 0 held, a ringer holding it (the test's own
+    # session, so that its rings come exactly when the test says), and 200,000 consumers' rows,
+    # whose liveness locks the watch statement tests one by one (some 100 ms: their number is
+    # what counts here, so their locks are free, as dead consumers' are)
+    cfg = db.config(wakeup={"instant_wake": False})
+    locks = QueueLocks(db.dsn.database, Q)
+    admin = admin_connect(db.admin, db.admin.database)
+    for start in range(0, 200_000, 5_000):  # (one multi-row INSERT per 5,000: executemany sends a row each)
+        admin.cursor().execute(
+            "INSERT INTO nq_consumer (id, lock_name, host, pid, queues) VALUES "
+            + ",".join(["(%s, %s, 'ballast', 0, %s)"] * 5_000),
+            [v for i in range(start, start + 5_000) for v in (f"{i:032d}", f"nq:{db.admin.database}:ballast:{i}", Q)])
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    ringer = Session(cfg.dsn, autocommit=True, name="ringer")
+    seen: list = []
+    try:
+        bells.watch(watcher, Q, locks, None, 0)  # (makes the queue's row)
+        assert advisory.get_lock(ringer, locks.bells[0], 0) == 1
+        with Producer(Q, cfg) as producer:  # (no bell, no instant wake: the test rings)
+            producer.put({"warm-up": True})  # (connects)
+            admin.cursor().execute("UPDATE nq_queue SET watched_seq = (SELECT SUM(seq) FROM nq_signal"
+                                   " WHERE queue = %s) WHERE queue = %s", (Q, Q))  # as its claim would
+            before = bells.watch(watcher, Q, locks, None, 0)
+            assert before.total == before.watched and before.held == 0, before
+            watching = threading.Thread(target=lambda: seen.append(bells.watch(watcher, Q, locks, 0, 5.0)))
+            started = time.monotonic()
+            watching.start()
+            # When, once the next watch statement has read the count (it has run for 20 ms, or
+            # it waits on the bell already), a job is put and the ringer rings for it twice: to
+            # bell 1 (the ring for jobs already counted, or already claimed) and back to bell 0
+            cur = admin.cursor()
+            wait_until(lambda: cur.execute(
+                "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s AND INFO LIKE %s"
+                " AND (TIME_MS >= 20 OR STATE = 'User lock')",
+                (watcher.connection_id, "%nq_signal%")) == 1, 10, message="the watch statement past its read")
+            producer.put({"n": 1})
+            for held in (0, 1):
+                bells.ring(ringer, locks, held)
+                ringer.pipeline.read_reply()
+            watching.join(10)
+        # Then the statement does not wait out its 5 s on the bell taken back: the first ring
+        # granted its wait, or its read already showed the job (the reap still runs after it)
+        took = time.monotonic() - started
+        assert seen and (seen[0].waited == 1 or seen[0].total > seen[0].watched), seen
+        assert took < 5.0 / 2, took
+    finally:
+        admin.cursor().execute("DELETE FROM nq_consumer WHERE host = 'ballast'")
+        admin.close()
+        watcher.close()
+        ringer.close()
 
 
 def test_a_new_ringers_first_put_wakes_a_watcher_asleep_without_a_bell_at_once(db):

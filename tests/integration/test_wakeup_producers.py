@@ -10,8 +10,9 @@ import time
 import uuid
 
 import pytest
-from conftest import RUNTIME_PASSWORD, admin_connect
-from test_wakeup import MARGIN_S, Q, Fleet, Recorder, _com_kill, put_and_time, wait_settled
+from conftest import RUNTIME_PASSWORD, admin_connect, wait_until
+from test_wakeup import (MARGIN_S, Q, Fleet, Recorder, _com_kill, put_and_time, wait_settled,
+                         watcher_waits_on_the_bell)
 
 from notifyq.produce.producer import Producer
 from notifyq.store import advisory, schema
@@ -192,6 +193,10 @@ def test_a_second_producers_interrupts_leave_the_ringers_bell_with_it(db):
             wait_settled(db, 2)
         rings = bell.rings
         for _ in range(3):
+            # (settled is not enough: the last watcher's hand-off, sent without waiting, may not
+            # have let the watch lock go yet; a look in that gap sees nobody watching, and rings
+            # nobody. The watcher in its wait on the bell is the state each put starts from.)
+            wait_until(lambda: watcher_waits_on_the_bell(db), 10, message="the watcher waiting on the bell")
             assert put_and_time(first, recorder, LONG_POLL_S + MARGIN_S) < LONG_POLL_S / 5
             wait_settled(db, 2)
         # Then the first still holds the bell on its first connection, and rang each time

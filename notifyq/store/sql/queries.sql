@@ -903,10 +903,26 @@ WHERE id IN %(ids)s AND status = 2
 -- the next ring. waited: 1 bell granted (and released), 0 bell wait timed out or was killed,
 -- -1 slept, NULL did not wait. held: the bell held once this statement is done (after any
 -- wait: the select list is evaluated in order), 0 or 1, NULL when no ringer holds one.
+-- The wait comes right after the read (the count is read when the statement starts: its
+-- snapshot), and reap and due_in_us after it: a ring there and back (a ring that released
+-- `wait_on`, then one for a job committed after the read that took it again) has to fall in
+-- that gap to leave the wait on a bell held again, and the reap tests every consumer's lock
+-- (milliseconds with thousands of them). Their values do not depend on it: the same snapshot,
+-- and NOW(6) is the statement's start. A ring moves the bell by taking the other one first, so
+-- a ringer holds one at every instant; but a ring from bell 1 to bell 0 between a test of bell 0
+-- and one of bell 1 makes both look free. Bell 0 is tested again after bell 1: one ring cannot
+-- hide both (two rings during the tests are a count moved twice, which the bounded wait covers).
 -- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
 -- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
 -- GET_LOCK keeps it (advisory.lock_wait_s).
 SELECT s.total, q.watched_seq, q.paused,
+       IF(s.total > q.watched_seq AND q.paused = 0, NULL,
+          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL
+                               OR IS_USED_LOCK(%(bell0)s) IS NOT NULL),
+             IF(%(wait_on)s IS NULL, NULL,
+                IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
+                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
+             SLEEP(%(wait_s)s) - 1)) AS waited,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
@@ -918,14 +934,9 @@ SELECT s.total, q.watched_seq, q.paused,
                 WHERE status = 1 AND queue = %(queue)s AND prio_key = 0) d
           LEFT JOIN nq_rate_hold h ON h.queue = %(queue)s))
        AS due_in_us,
-       IF(s.total > q.watched_seq AND q.paused = 0, NULL,
-          IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL),
-             IF(%(wait_on)s IS NULL, NULL,
-                IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
-                   RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
-             SLEEP(%(wait_s)s) - 1)) AS waited,
        CASE WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL THEN 0
-            WHEN IS_USED_LOCK(%(bell1)s) IS NOT NULL THEN 1 END AS held
+            WHEN IS_USED_LOCK(%(bell1)s) IS NOT NULL THEN 1
+            WHEN IS_USED_LOCK(%(bell0)s) IS NOT NULL THEN 0 END AS held
 FROM nq_queue q,
      (SELECT COALESCE(SUM(seq), 0) AS total FROM nq_signal WHERE queue = %(queue)s) s
 WHERE q.queue = %(queue)s
