@@ -99,10 +99,9 @@ def test_a_worker_whose_claims_lose_lock_waits_past_the_retry_policy_keeps_claim
     assert sum("claims go through again" in m for m in said) == 1, said
 
 
-def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
-    # Given a limited queue with 2,000 scheduled jobs (a table big enough for its indexes), a
-    # peer's claimed jobs one of which its ack is deleting right now (not committed yet), and a
-    # due job whose row another transaction holds: a claim's first attempt loses its lock wait
+def _limited_queue_and_a_peers_claim(db):
+    """A limited queue with 2,000 scheduled jobs (a table big enough for its indexes) and a
+    peer's committed claim of 5 keyed jobs: (config, the peer's session, its claim)."""
     cfg = db.config(queue={"q": {"limit_per_key": 2}})
     with Producer("q", cfg) as p:
         p.put_many([{"n": i} for i in range(2000)], delay=3600)
@@ -110,6 +109,14 @@ def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
     peer = Session(cfg.dsn)
     peer_claim = queries.claim(peer, "q", "p" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
     peer.pipeline.read_reply()
+    return cfg, peer, peer_claim
+
+
+def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
+    # Given a limited queue with 2,000 scheduled jobs (a table big enough for its indexes), a
+    # peer's claimed jobs one of which its ack is deleting right now (not committed yet), and a
+    # due job whose row another transaction holds: a claim's first attempt loses its lock wait
+    cfg, peer, peer_claim = _limited_queue_and_a_peers_claim(db)
     assert len(peer_claim.jobs) == 5
     ack = peer.conn.cursor()
     ack.execute(QUERIES["ack_delete"], {"ids": queries.Ids([peer_claim.jobs[0].id]), "token": peer_claim.token})
@@ -212,13 +219,7 @@ def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
     # ack holds (the ack's DELETE locks the row first, then the row's ix_state entry), and a
     # claim whose first attempt a KILL QUERY ends (the fault schedule's kill_query class): it
     # runs again on the same session
-    cfg = db.config(queue={"q": {"limit_per_key": 2}})
-    with Producer("q", cfg) as p:
-        p.put_many([{"n": i} for i in range(2000)], delay=3600)
-        p.put_many([{"n": i} for i in range(5)], key="p")
-    peer = Session(cfg.dsn)
-    peer_claim = queries.claim(peer, "q", "p" * 32, 5, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
-    peer.pipeline.read_reply()
+    cfg, peer, peer_claim = _limited_queue_and_a_peers_claim(db)
     acked = peer_claim.jobs[0].id
     ack = peer.conn.cursor()
     ack.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (acked,))

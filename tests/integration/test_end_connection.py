@@ -42,6 +42,13 @@ def test_a_connection_last_seen_before_the_servers_start_is_not_killed_and_one_s
         other.close()
 
 
+def _a_job_and_two_sessions(db) -> tuple[int, Session, Session]:
+    """A job's id, an application's session and one of ours."""
+    with Producer("q", db.config()) as producer:
+        job_id = producer.put({"n": 1})
+    return job_id, Session(db.dsn, name="app"), Session(db.dsn, name="test")
+
+
 def _locking(session: Session, job_id: int) -> None:
     """An application's transaction left open holding the job's row (as a complete_in whose
     COMMIT never came holds it)."""
@@ -56,10 +63,7 @@ def _locking(session: Session, job_id: int) -> None:
 def test_a_timed_out_calls_caller_connection_last_answered_before_the_servers_start_is_not_killed(db):
     # Given an application's connection a timed-out call completed a job on with complete_in,
     # whose completion did not land: its transaction is open and holds the job's row
-    with Producer("q", db.config()) as producer:
-        job_id = producer.put({"n": 1})
-    other = Session(db.dsn, name="app")
-    session = Session(db.dsn, name="test")
+    job_id, other, session = _a_job_and_two_sessions(db)
     try:
         _locking(other, job_id)
         other_id = other.connection_id
@@ -81,10 +85,7 @@ def test_a_timed_out_calls_caller_connection_id_is_not_killed_when_nothing_holds
     # live session of another client under that connection's id, as after a server restart a
     # second after the call's last answer (the times cannot tell that restart; nothing holds
     # the job's row: the caller's transaction ended with the old server)
-    with Producer("q", db.config()) as producer:
-        job_id = producer.put({"n": 1})
-    other = Session(db.dsn, name="app")
-    session = Session(db.dsn, name="test")
+    job_id, other, session = _a_job_and_two_sessions(db)
     try:
         other.run(lambda cur: cur.execute("SELECT 1"), what="t")
         other_id = other.connection_id
