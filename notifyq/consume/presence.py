@@ -145,6 +145,7 @@ class Presence:
         self._next_orphan_check = 0.0
         self._next_sweep = 0.0
         self._reap_mutex = threading.Lock()
+        self.reaper_lock_seen = reaper.HeldLock()  # a stalled process's pass does not stop ours
         self._closed = threading.Event()
         self._wake_keeper = threading.Event()  # a touch came due sooner than the keeper's next turn
         self._keeper = threading.Thread(target=self._keep, name="notifyq-liveness", daemon=True)
@@ -379,7 +380,8 @@ class Presence:
         restart_grace_s = max(self.session_idle_s / PINGS_PER_IDLE * 2, liveness.GALERA_LOCK_GRACE_S)
         try:
             return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
-                                    own_id=self.consumer_id, restart_grace_s=restart_grace_s)
+                                    own_id=self.consumer_id, restart_grace_s=restart_grace_s,
+                                    held=self.reaper_lock_seen)
         except errors.GrantMissing:
             raise  # not housekeeping's to skip: the worker ends with exit 3, as for any refused grant
         except errors.DatabaseError as e:  # unreachable, or lost past its retries

@@ -17,6 +17,7 @@ pass whose session reconnected, cannot take back the jobs of a consumer that is 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from notifyq.config import DSN
@@ -28,6 +29,29 @@ log = logging.getLogger("notifyq.reaper")
 # A pass's statements follow each other at once; a pass session idle this long belongs to a
 # host that stalled or vanished. Too short costs nothing but a repeated pass.
 REAPER_IDLE_TIMEOUT_S = 10
+# A pass runs for milliseconds: a reaper lock one session has held this long is a stalled
+# process's (SIGSTOP, a host frozen mid-pass), whose session the server ends only after
+# REAPER_IDLE_TIMEOUT_S of silence. Passes then go on without the lock (it only keeps them from
+# repeating each other's work): in the fault schedule's long run, stalled processes that held it
+# one after another kept a dead consumer's jobs claimed for 22 s.
+PASS_STUCK_S = 2.0
+
+
+class HeldLock:
+    """A process's view of the reaper lock when its passes found it taken: which session held it,
+    since when (monotonic)."""
+
+    def __init__(self) -> None:
+        self.holder: int | None = None
+        self.since = 0.0
+
+    def stuck(self, holder: int | None, now: float) -> bool:
+        """Whether `holder`, holding the lock now, has held it for PASS_STUCK_S as far as this
+        process has seen (a new holder starts the count)."""
+        if holder is None or holder != self.holder:
+            self.holder, self.since = holder, now
+            return False
+        return now - self.since >= PASS_STUCK_S
 
 
 @dataclass
@@ -45,18 +69,18 @@ def open_session(dsn: DSN) -> Session:
 
 
 def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True, *,
-              own_id: str = "", restart_grace_s: float = 0.0) -> ReapResult | None:
+              own_id: str = "", restart_grace_s: float = 0.0, held: HeldLock | None = None) -> ReapResult | None:
     """One pass on a fresh session; None when another consumer is running one right now."""
     session = open_session(dsn)
     try:
         return reap(session, dsn.database, use_locks, judge_silence,
-                    own_id=own_id, restart_grace_s=restart_grace_s)
+                    own_id=own_id, restart_grace_s=restart_grace_s, held=held)
     finally:
         session.close()
 
 
 def reap(session: Session, database: str, use_locks: bool = True, judge_silence: bool = True, *,
-         own_id: str = "", restart_grace_s: float = 0.0) -> ReapResult | None:
+         own_id: str = "", restart_grace_s: float = 0.0, held: HeldLock | None = None) -> ReapResult | None:
     """One pass on `session`. use_locks=False (no advisory locks on this server, or not wanted):
     stale polling consumers and expired leases only; dead lock-mode consumers then come back
     through their leases.
@@ -78,10 +102,18 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
     at once, and a busy consumer takes its own back only when its liveness session next talks
     (a keeper ping, every session_idle_s / 4): a reaper that came back first took two live
     consumers' running jobs back. One that died since the start, or before it but has not come
-    back within the grace, is judged as ever; expired leases need no liveness session."""
+    back within the grace, is judged as ever; expired leases need no liveness session.
+
+    held: what this process saw of the reaper lock before; with it, a lock one session has held
+    for PASS_STUCK_S (a stalled process's) does not stop the pass."""
     name = locks.reaper_lock(database)
-    if use_locks and advisory.get_lock(session, name, 0) != 1:
-        return None
+    locked = use_locks and advisory.get_lock(session, name, 0) == 1
+    if use_locks and not locked:
+        holder = advisory.lock_holder(session, name)
+        if held is None or not held.stuck(holder, time.monotonic()):
+            return None
+        log.info("the reaper lock is held by a pass that has not ended for %g s or more (its process "
+                 "stalled): this pass goes on without it holder=%s", PASS_STUCK_S, holder)
     result = ReapResult()
     try:
         if use_locks and (judge_silence or not session.galera):
@@ -110,7 +142,7 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
         if result.settled:
             log.info("workflow parents settled by the sweep parents=%d", result.settled)
     finally:
-        if use_locks:
+        if locked:
             advisory.release_lock(session, name)
     return result
 

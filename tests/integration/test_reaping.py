@@ -462,3 +462,32 @@ def test_a_worker_whose_liveness_session_was_killed_starts_no_job_a_reaper_took_
         release.set()
         stop.set()
         thread.join(30)
+
+
+def test_a_reaper_lock_held_by_a_stalled_pass_stops_the_other_passes_only_for_a_while(db):
+    """Regression (the fault schedule's long run, stranded): processes SIGSTOPped in the middle of
+    a pass held the reaper lock one after another (each for less than the pass session's idle
+    timeout), and a dead consumer's jobs stayed claimed for 22 s: every other pass found the
+    lock taken and did nothing."""
+    # Given a dead consumer's claimed jobs, and the reaper lock held by a session that answers
+    # nothing more (a stalled process's pass)
+    cfg = db.config()
+    _, ids = _dead_consumer_holding(db, 3)
+    stalled = Session(cfg.dsn, autocommit=True)
+    assert advisory.get_lock(stalled, locks.reaper_lock(cfg.dsn.database), 0) == 1
+    try:
+        # When another process runs its passes, one after another
+        seen = reaper.HeldLock()
+        first = reaper.reap_once(cfg.dsn, held=seen)
+        # Then the first finds the lock taken and does nothing (a pass may be under way), but
+        # once the same session has held it for a while, a pass goes on without it
+        assert first is None
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s", (DEAD,)) == 3
+        results = []
+        wait_until(lambda: results.append(reaper.reap_once(cfg.dsn, held=seen)) or results[-1] is not None,
+                   10, message="a pass despite the stalled holder")
+        assert results[-1].reclaimed == 3
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s", (DEAD,)) == 0
+        assert db.scalar("SELECT IS_USED_LOCK(%s)", (locks.reaper_lock(cfg.dsn.database),)) == stalled.connection_id
+    finally:
+        stalled.close()
