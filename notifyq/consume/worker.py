@@ -336,9 +336,20 @@ class Worker:
         if claim.jobs:
             # A fair queue's batch starts its keys in turn (fair_order.py), not in claim order
             jobs = round_robin_by_key(claim.jobs) if qc.fair else claim.jobs
-            self._run(Batch(claim.token, jobs, qc.lease_s, claimed_at, claim.commit,
-                            owner=owner, epoch=epoch, connection=claim_connection, server_run=claim_run),
-                      qc, handler)
+            try:
+                self._run(Batch(claim.token, jobs, qc.lease_s, claimed_at, claim.commit,
+                                owner=owner, epoch=epoch, connection=claim_connection, server_run=claim_run),
+                          qc, handler)
+            except errors.TransientDBError as e:
+                # The batch's outcomes (an ack, a retry, the give-back of what never started)
+                # lost lock conflicts on every retry: what they left claimed comes back when its
+                # lease ends (the batch no longer extends it), and runs again; the worker goes on,
+                # as after a claim that lost them. A lost server still ends it.
+                if self.stop.is_set() or not self.claim_backoff.absorbed(e):
+                    raise
+                log.warning("the outcomes of a batch lost lock conflicts after retrying: its jobs not "
+                            "recorded come back when their lease ends, and run again queue=%s worker=%s "
+                            "n=%d error=%s", self.queue, self.name, len(jobs), e)
         self._held_s = claim.held_s
         return len(claim.jobs), claim.drained
 

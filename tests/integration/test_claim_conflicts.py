@@ -264,3 +264,46 @@ def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
     assert not isinstance(claim, Exception), claim
     assert job_id in [j.id for j in claim.jobs]
     assert claimer.conflicts.count == 0 and peer.conflicts.count == 0
+
+
+def test_a_worker_whose_batch_outcomes_lose_lock_waits_past_the_retry_policy_keeps_running(db, caplog):
+    """Regression (an attack from the docs): a consumer whose batch's outcome (an ack, a retry)
+    lost lock waits on every retry exited 5, though a claim's or a flushed ack's did not."""
+    # Given a worker whose retry policy gives up after 1 s, with lock waits of 1 s, and a job
+    # whose handler fails it the first time while another transaction holds its row (so the
+    # retry's statement waits for it until it gives up)
+    cfg = db.config(queue={"q": {"lease_s": 2}}, consumer={"reap_interval_s": 0.5})
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}])
+    holder: list = []
+    ran = []
+
+    def handle(job):
+        ran.append(job.id)
+        if len(ran) == 1:
+            holder.append(_row_locked(db, job.id))
+            raise RuntimeError("fails while its row is held")
+
+    stop = threading.Event()
+    worker = _QuickGiveUpWorker(cfg, "q", handlers.PythonHandler(handle, False), stop=stop, budget=Budget(None))
+    worker.work.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
+    thread = threading.Thread(target=worker.run, daemon=True)
+    caplog.set_level(logging.WARNING, logger="notifyq.consumer")
+    try:
+        thread.start()
+        # When its outcome loses the lock wait on every retry
+        wait_until(lambda: not thread.is_alive() or any(
+            "the outcomes of a batch lost lock conflicts" in r.getMessage() for r in caplog.records), 30,
+            message="the batch's outcome given up")
+        # Then the worker is still running
+        assert thread.is_alive() and worker.error is None, worker.error
+        # And once the holder is gone, the job comes back when its lease ends and runs again
+        holder[0].rollback()
+        wait_until(lambda: len(ran) >= 2 and not db.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s", (job_id,)),
+                   30, message="the job run again and acked")
+    finally:
+        for conn in holder:
+            conn.close()
+        stop.set()
+        thread.join(30)
+    assert worker.error is None
