@@ -90,6 +90,9 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+EXIT_AFTER_POSITION_S = 5.0  # a --wsrep-recover run that logged its position exits within this, or is killed
+
+
 class RecoverFailed(RuntimeError):
     """mariadbd --wsrep-recover exited with an error or named no position."""
 
@@ -274,13 +277,34 @@ class GaleraNode:
         # Usually a second or two; InnoDB waits up to 100 s for a datadir lock another process
         # still holds (it retries each second), and twice in CI the 60 s this once allowed ran out
         # with no log to say why: the log and the datadir's other users go in the error now.
+        # Twice in CI the process logged the position at once and then never exited (150 s):
+        # once the position is logged it has done its work, and is given EXIT_AFTER_POSITION_S
+        # to exit before it is killed (a kill there is a crash the start recovers from).
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        positioned_at = None
         try:
-            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            text = recover_log.read_text(errors="replace") if recover_log.exists() else "(no log)"
-            raise RuntimeError(f"--wsrep-recover of node {self.index} ran past {timeout:.0f} s; processes "
-                               f"using its datadir: {_users_of(self.datadir)}; its log ends:\n{text[-3000:]}") from None
+            while proc.poll() is None:
+                now = time.monotonic()
+                if positioned_at is None and recover_log.exists() and \
+                        "WSREP: Recovered position:" in recover_log.read_text(errors="replace"):
+                    positioned_at = now
+                if positioned_at is not None and now - positioned_at >= EXIT_AFTER_POSITION_S:
+                    proc.kill()
+                    proc.wait(30)
+                    break
+                if now >= deadline:
+                    text = recover_log.read_text(errors="replace") if recover_log.exists() else "(no log)"
+                    raise RuntimeError(f"--wsrep-recover of node {self.index} ran past {timeout:.0f} s; processes "
+                                       f"using its datadir: {_users_of(self.datadir)}; its log ends:\n{text[-3000:]}\n"
+                                       f"(--wsrep-recover of node {self.index} ran past {timeout:.0f} s)")
+                time.sleep(0.1)  # poll interval inside a deadline loop
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        rc = 0 if positioned_at is not None else proc.returncode
         text = recover_log.read_text(errors="replace") if recover_log.exists() else ""
         with open(self.log_path, "a") as log:  # keep the whole story in one log
             log.write(text)
