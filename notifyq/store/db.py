@@ -6,12 +6,13 @@ WriterChoice's (store/writer.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import MySQLdb
@@ -479,29 +480,46 @@ def socket_of(conn: Any) -> tuple[int, int] | None:
 PORTS_KEPT = 32  # connection ids a session remembers the client port of
 
 
-def client_port(mine: tuple[int, int] | None) -> int | None:
-    """The local port of a connection's socket (socket_of); None for a unix socket or if unknown."""
-    if mine is None:
-        return None
+@contextlib.contextmanager
+def _duplicate(mine: tuple[int, int] | None) -> Iterator[Any]:
+    """A socket object on a duplicate of a connection's descriptor (socket_of), or None if it
+    is not that socket any more (closed meanwhile, its number reused: an inode names one socket).
+    Closing it closes the duplicate only: the connection's own descriptor stays open."""
     import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
 
+    sock = None
+    if mine is not None:
+        number, inode = mine
+        try:
+            fd = os.dup(number)
+        except OSError:  # closed meanwhile
+            fd = -1
+        if fd >= 0:
+            try:
+                if os.fstat(fd).st_ino == inode:
+                    sock = socket.socket(fileno=fd)
+            except OSError:
+                pass
+            if sock is None:
+                os.close(fd)
     try:
-        fd = os.dup(mine[0])
-    except OSError:
-        return None
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return None
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        return int(sock.getsockname()[1])
-    except OSError:
-        return None
+        yield sock
     finally:
-        sock.close()  # the duplicate only
+        if sock is not None:
+            sock.close()
+
+
+def client_port(mine: tuple[int, int] | None) -> int | None:
+    """The local port of a connection's socket (socket_of); None for a unix socket or if unknown."""
+    import socket
+
+    with _duplicate(mine) as sock:
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        try:
+            return int(sock.getsockname()[1])
+        except OSError:
+            return None
 
 
 def readable(mine: tuple[int, int]) -> bool:
@@ -509,21 +527,12 @@ def readable(mine: tuple[int, int]) -> bool:
     False if it is not that socket any more (closed, its number reused)."""
     import select  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
 
-    number, inode = mine
-    try:
-        fd = os.dup(number)
-    except OSError:
-        return False
-    try:
-        if os.fstat(fd).st_ino != inode:
+    with _duplicate(mine) as sock:
+        if sock is None:
             return False
         poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
+        poller.register(sock, select.POLLIN | select.POLLPRI)
         return bool(poller.poll(0))
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def shut_down(mine: tuple[int, int] | None) -> bool:
@@ -531,30 +540,16 @@ def shut_down(mine: tuple[int, int] | None) -> bool:
     read blocked on it returns at once, as a lost connection. Done on a duplicate of the
     descriptor, and only if it is still that socket (the connection may be closed meanwhile and
     its number reused). False: nothing cut."""
-    if mine is None:
-        return False
-    number, inode = mine
-    try:
-        fd = os.dup(number)
-    except OSError:  # closed meanwhile
-        return False
-    try:
-        if os.fstat(fd).st_ino != inode:
-            return False  # the number is another file's now
-        import socket  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+    import socket
 
-        sock = socket.socket(fileno=fd)
-        fd = -1  # the socket object owns the duplicate now
+    with _duplicate(mine) as sock:
+        if sock is None:
+            return False
         try:
             sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()  # the duplicate only: the connection's own descriptor stays open
+        except OSError:  # not connected any more
+            return False
         return True
-    except OSError:  # not connected any more
-        return False
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) -> bool:
