@@ -41,6 +41,7 @@ log = logging.getLogger("notifyq.consumer")
 EXTEND_EVERY = 1 / 3  # of the lease: two more chances to extend before it would run out
 ACK_FLUSH_S = 1.0  # a long per-job batch acks what is done at least this often
 GRACE_EXPIRED = "interrupted: the shutdown grace expired while the handler ran"
+STOPPED_WHILE_RETRYING = "interrupted: the consumer stopped while its server was unreachable"
 GIVE_BACK_WAIT_S = 5.0  # the longest a worker waits, before its next claim, for jobs its batch is handing back
 
 
@@ -257,8 +258,13 @@ class BatchRun:
         except BaseException as e:
             # Only the worker's own failures get here (handlers.py turns every exception a handler
             # raises into its job's failure): fail what was running rather than leave it claimed.
+            # Unless the consumer's stop ended a retry (a lease extension under a command that met
+            # a server restart; the command was ended first): the shutdown's doing, not the job's.
+            stopped = self.stop.is_set() and isinstance(e, errors.TransientDBError)
             for job in batch.running:
-                if job.error is None:
+                if job.error is None and stopped:
+                    run_of(job).interrupt(STOPPED_WHILE_RETRYING)
+                elif job.error is None:
                     job.fail(f"the consumer failed while the job ran: {type(e).__name__}: {e}")
             batch.finish()
             raise

@@ -6,6 +6,7 @@ cancel (SIGTERM, then SIGKILL) and the shutdown grace. Loaded only for a queue w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -113,6 +114,16 @@ class CommandHandler(Handler):
                 _kill_group(proc)
                 return GRACE_EXPIRED
             return self._wait(proc, stdin, extend, cancel)
+        except BaseException:
+            # The call ends early (a lease extension met a lost server, or the consumer's stop
+            # ended its retry; an error of ours): the worker, then its process, may exit next.
+            # The command's group is ours to end first, as at the end of the grace: it would
+            # run on, a peer running its job again meanwhile.
+            _end_groups([proc], TERM_WAIT_S)
+            for pipe in (proc.stdin, proc.stderr):  # (nobody reads them any more)
+                with contextlib.suppress(OSError):
+                    pipe.close()
+            raise
         finally:
             with self._lock:
                 self._running.pop(threading.get_ident(), None)
@@ -148,28 +159,14 @@ class CommandHandler(Handler):
         return None
 
     def stop_running(self, wait_s: float = TERM_WAIT_S) -> bool:
-        """The shutdown grace expired: SIGTERM every running command's process group, SIGKILL
-        what is left of the groups after wait_s, and return once the commands are reaped, so
-        the caller fails their jobs only when nothing of them runs any more. Commands started
-        from now on are killed at once."""
+        """The shutdown grace expired, or the consumer exits (ConsumerService.end_handlers): end
+        every running command's process group (_end_groups), and return once the commands are
+        reaped, so the caller fails their jobs only when nothing of them runs any more.
+        Commands started from now on are killed at once."""
         with self._lock:
             self._stopping = True
             procs = list(self._running.values())
-        for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in procs:  # also what a leader that obeyed SIGTERM left behind in its group
-            _signal_group(proc, signal.SIGKILL)
-        for proc in procs:
-            try:
-                proc.wait(1.0)
-            except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
-                pass
+        _end_groups(procs, wait_s)
         return True
 
 
@@ -187,6 +184,26 @@ def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     if any(":" in part.partition("@")[0] for part in shards.split("//")[1:] if "@" in part):
         del out["NOTIFYQ_SHARDS"]
     return out
+
+
+def _end_groups(procs: list[subprocess.Popen], wait_s: float) -> None:
+    """SIGTERM each command's process group, SIGKILL what is left of the groups after wait_s;
+    returns once the commands are reaped (or a second later, one in uninterruptible sleep)."""
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:  # also what a leader that obeyed SIGTERM left behind in its group
+        _signal_group(proc, signal.SIGKILL)
+    for proc in procs:
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:  # in uninterruptible sleep: nothing more to do
+            pass
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:

@@ -117,8 +117,16 @@ class ConsumerService(Supervisor):
         self.summary = Summary(config.log.summary_s)  # the periodic INFO line
         self.down_at_start = False  # the start-up probe could not reach the server
         self.stall_watch = StallWatch(config.dsn)  # no stall silent, no reply waited for that is not coming
+        # Every handler made for the workers, a reload's too (a batch keeps the one it was
+        # claimed with): what end_handlers stops as the process exits
+        self.made_handlers: list[Handler] = []
 
     def _handler_for(self, queue: str) -> Handler:
+        handler = self._made_for(queue)
+        self.made_handlers.append(handler)
+        return handler
+
+    def _made_for(self, queue: str) -> Handler:
         handler = self._plain_handler_for(queue)
         if isinstance(handler, handlers.PythonHandler):
             handler.concurrency = self.options.concurrency or self.config.queue(queue).concurrency
@@ -386,6 +394,14 @@ class ConsumerService(Supervisor):
                         len(stuck))
             self._abandon(stuck)
         self.presence.close()  # after the workers
+
+    def end_handlers(self) -> None:
+        """The process exits, however it does (Supervisor.run): what a handler of ours still runs
+        outside the process is ended first (a command's process group: SIGTERM, then SIGKILL,
+        CommandHandler.stop_running). After a drain nothing is left; after an error of the
+        loop, or a drain that could not settle a stuck batch, a command would outlive us."""
+        for handler in self.made_handlers:
+            handler.stop_running()
 
     def _interrupt_idle_waits(self) -> None:
         """Idle workers wait for the watcher seat, or in GET_LOCK/SLEEP on the watcher session:

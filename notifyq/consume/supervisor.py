@@ -85,9 +85,22 @@ class Supervisor:
     def shutdown(self) -> None:
         raise NotImplementedError
 
+    def end_handlers(self) -> None:
+        """As the process exits: nothing a handler started outside it (a command) runs on."""
+        raise NotImplementedError
+
     def run(self, stop_requested: threading.Event, reload_requested: threading.Event | None = None,
             on_reload: Callable[[], Config] | None = None) -> int:
-        """Supervise until asked to stop, or every worker finished (--exit-when-empty, --max-jobs)."""
+        """Supervise until asked to stop, or every worker finished (--exit-when-empty, --max-jobs).
+        However it ends (a drain, an error here or in the shutdown), the handlers' commands end
+        before it returns: a command never outlives its consumer."""
+        try:
+            return self._supervise(stop_requested, reload_requested, on_reload)
+        finally:
+            self.end_handlers()
+
+    def _supervise(self, stop_requested: threading.Event, reload_requested: threading.Event | None,
+                   on_reload: Callable[[], Config] | None) -> int:
         self.start(stop_requested)
         if self.notifier:
             self.notifier.ready(self.status_line())

@@ -229,6 +229,10 @@ class ConsumerService(Supervisor):
 
     # -------------------------------------------------------- shutdown
 
+    def end_handlers(self) -> None:
+        for service in self.services.values():
+            service.end_handlers()
+
     def shutdown(self) -> None:
         grace = self.config.consumer.shutdown_grace_s
         if self.notifier:
