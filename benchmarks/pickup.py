@@ -18,15 +18,20 @@ for, at random gaps (--gap-ms), so every job is picked up from idle. The paths:
   producers8    8 processes, each a Producer(ring=True), putting at random gaps at the same time
   produce       a long-running `notifyq produce` fed one JSON line at a time on its stdin
 
-The latency is taken from the enqueue's return: put()'s (ring, defaults, async, producers8),
-the caller's COMMIT's (conn_wake, transaction, django: the job exists from then on), the
-line's write (produce: the enqueue's INSERT and COMMIT are inside it). Phases, from marks the
-processes send (benchmarks/_phase_marks.py wraps notifyq's functions; nothing in the package
-changes for it), medians:
+The latency (p50, p99, max) is taken from the enqueue's return: put()'s (ring, defaults,
+async, producers8), the caller's COMMIT's (conn_wake, transaction, django: the job exists from
+then on), the line's write (produce: the enqueue's INSERT and COMMIT are inside it). "from
+put()" is taken from put()'s return on every path but produce: on conn_wake, transaction and
+django it holds the caller's own COMMIT (its fsync), which the other paths' put() runs inside;
+the target column judges it. Phases, from marks the processes send (benchmarks/_phase_marks.py
+wraps notifyq's functions; nothing in the package changes for it), medians:
 
   read          produce only: the line written -> `notifyq produce` read it
-  commit        the COMMIT came back (produce: from the read)
-  commit->wake  the COMMIT's reply -> the ring or KILL QUERY sent ("-" when none was sent)
+  commit        the COMMIT came back: from put()'s call (ring, defaults, async, producers8; produce:
+                from the read), or the caller's COMMIT alone (conn_wake, transaction, django)
+  commit->wake  the COMMIT's reply -> the ring or KILL QUERY sent ("-" when none was sent); on
+                django it holds Django's own `SET autocommit=1` round trip, after which atomic()
+                runs its on-commit hooks (enqueue_on_commit's wake() is one)
   wake->awake   -> the consumer's watch statement returned (its wait ended)
   awake->claim  -> its claim began (any watch statement between: an interrupted wait reads again)
   claim         the claim's round trips (queries.claim)
@@ -133,13 +138,15 @@ def phases(marks: Marks, sample: dict) -> dict:
     _, handler, claim_start, claim_end, watches = marks.jobs[sample["job"]]
     pid, call = sample["pid"], sample["call"]
     out = {"total": handler - sample["ref"]}
+    if not sample.get("produce"):
+        out["from_put"] = handler - sample.get("put_ret", sample["ref"])
     read = marks.first("read", pid, call, handler) if sample.get("produce") else None
     commit = sample.get("commit") or marks.first("commit", pid, read or call, handler)
     if read is not None:
         out["read"] = read - call
     if commit is None:
         return {k: v * 1e3 for k, v in out.items()}
-    out["commit"] = commit - (read or call)
+    out["commit"] = commit - sample.get("commit_start", read or call)
     out["from_commit"] = handler - commit
     wake = marks.first("wake", pid, commit - 0.0005, handler)  # a KILL's mark may precede the COMMIT's by µs
     woken_from = wake if wake is not None else commit
@@ -163,6 +170,9 @@ def summary(path: str, timelines: list[dict]) -> dict:
            "p99_ms": total[min(len(total) - 1, int(len(total) * 0.99))], "max_ms": total[-1]}
     from_commit = [t["from_commit"] for t in timelines if "from_commit" in t]
     row["from_commit_p50_ms"] = statistics.median(from_commit) if from_commit else None
+    from_put = sorted(t["from_put"] for t in timelines if "from_put" in t)
+    row["from_put_p50_ms"] = statistics.median(from_put) if from_put else None
+    row["from_put_p99_ms"] = from_put[min(len(from_put) - 1, int(len(from_put) * 0.99))] if from_put else None
     for name in PHASES:
         values = [t[name] for t in timelines if name in t]
         row[f"{name}_p50_ms"] = statistics.median(values) if values else None
@@ -234,10 +244,12 @@ class Bench:
                 def send() -> dict:
                     call = time.monotonic()
                     job = producer.put({}, conn=conn)
+                    put_ret = time.monotonic()
                     conn.commit()
                     committed = time.monotonic()
                     producer.wake()
-                    return {"job": job, "pid": os.getpid(), "call": call, "ref": committed, "commit": committed}
+                    return {"job": job, "pid": os.getpid(), "call": call, "ref": committed, "commit": committed,
+                            "put_ret": put_ret, "commit_start": put_ret}
 
                 return self.one_at_a_time(send, jobs)
         finally:
@@ -248,11 +260,12 @@ class Bench:
 
         conn = self.caller_conn()
         commit = conn.commit
-        committed = [0.0]
+        committed = [0.0, 0.0]  # the COMMIT's call and return
 
         def stamped_commit() -> None:
-            commit()
             committed[0] = time.monotonic()
+            commit()
+            committed[1] = time.monotonic()
 
         conn.commit = stamped_commit  # what transaction() calls at the block's end
         try:
@@ -261,8 +274,9 @@ class Bench:
                     call = time.monotonic()
                     with producer.transaction(conn) as tx:
                         job = tx.put({})
-                    return {"job": job, "pid": os.getpid(), "call": call, "ref": committed[0],
-                            "commit": committed[0]}
+                        put_ret = time.monotonic()
+                    return {"job": job, "pid": os.getpid(), "call": call, "ref": committed[1],
+                            "commit": committed[1], "put_ret": put_ret, "commit_start": committed[0]}
 
                 return self.one_at_a_time(send, jobs)
         finally:
@@ -287,17 +301,23 @@ class Bench:
 
         from notifyq.contrib.django.enqueue import enqueue_on_commit, get_producer
 
-        committed = [0.0]
+        commit = connection.commit
+        committed = [0.0, 0.0]  # the COMMIT's call and return
 
-        def stamp() -> None:  # the first on-commit callback: the COMMIT just came back
-            committed[0] = time.monotonic()
+        def stamped_commit() -> None:  # what atomic()'s exit calls; its on-commit hooks run later,
+            committed[0] = time.monotonic()  # after Django's `SET autocommit=1` round trip
+            commit()
+            committed[1] = time.monotonic()
+
+        connection.commit = stamped_commit
 
         def send() -> dict:
             call = time.monotonic()
             with transaction.atomic():
-                transaction.on_commit(stamp)
                 job = enqueue_on_commit(QUEUE, {})
-            return {"job": job, "pid": os.getpid(), "call": call, "ref": committed[0], "commit": committed[0]}
+                put_ret = time.monotonic()
+            return {"job": job, "pid": os.getpid(), "call": call, "ref": committed[1], "commit": committed[1],
+                    "put_ret": put_ret, "commit_start": committed[0]}
 
         try:
             return self.one_at_a_time(send, jobs)
@@ -459,13 +479,17 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-HEADER = ("| path | jobs | p50 | p99 | max | from COMMIT p50 | read | COMMIT | COMMIT→wake | wake→awake "
-          "| awake→claim | claim | claim→handler | target |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+HEADER = ("| path | jobs | p50 | p99 | max | from put() p50 | from put() p99 | from COMMIT p50 | read | COMMIT "
+          "| COMMIT→wake | wake→awake | awake→claim | claim | claim→handler | target |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def print_row(r: dict, flush: bool = False) -> None:
-    ok = r["p50_ms"] <= TARGET_P50_MS and r["p99_ms"] <= TARGET_P99_MS
+    # The target is from put()'s return: on the caller-COMMIT paths that holds the caller's COMMIT
+    judged = "from_put_" if r["from_put_p50_ms"] is not None else ""
+    ok = r[f"{judged}p50_ms"] <= TARGET_P50_MS and r[f"{judged}p99_ms"] <= TARGET_P99_MS
     print(f"| {r['path']} | {r['jobs']} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(r['max_ms'])} | "
+          f"{_ms(r['from_put_p50_ms'])} | {_ms(r['from_put_p99_ms'])} | "
           f"{_ms(r['from_commit_p50_ms'])} | " + " | ".join(_ms(r[f'{p}_p50_ms']) for p in PHASES)
           + f" | {'yes' if ok else 'no'} |", flush=flush)
 

@@ -124,6 +124,40 @@ def test_instant_wake_true_keeps_trying_after_a_refusal_and_says_so_once(db, oth
         watcher.close()
 
 
+@pytest.mark.parametrize("why", ["proxy", "refused"])
+def test_a_wake_after_the_callers_commit_sends_no_kill_through_a_proxy_and_stops_after_a_refusal(db, other_user, why):
+    # Given a watcher (the consumers' user) holding the queue's watch lock, and a producer with
+    # the default settings whose wake() after the caller's COMMIT is its instant wake: behind a
+    # proxy (the server knows its session by another id than the handshake gave), or logged in
+    # as another database user, which may not KILL the watcher's statements
+    cfg = db.config()
+    locks = QueueLocks(db.dsn.database, Q)
+    watcher = Session(cfg.dsn, autocommit=True, name="watcher")
+    conn = admin_connect(db.admin, db.admin.database)  # the application's own
+    try:
+        assert advisory.get_lock(watcher, locks.watch, 0) == 1
+        with Producer(Q, cfg if why == "proxy" else as_user(cfg, other_user)) as p:
+            p.put({"n": 0}, conn=conn)
+            conn.commit()
+            session = p._waker._session()
+            if why == "proxy":
+                session.conn  # connected: the handshake's id is known
+                session.connection_id += 1_000_000  # the id a proxy's handshake would give
+            # When it wakes after the caller's COMMIT, twice
+            for i in range(2):
+                p.wake()
+            # Then it sent no KILL behind the proxy, the other user's was refused once, and both
+            # stopped trying for the producer's life
+            instant = p._waker.instant
+            assert instant.off == why and instant.kills == 0 and instant.look.taken == 1
+            assert instant.refusals == (why == "refused")
+            if why == "proxy":
+                assert _com_kill(session) == 0
+    finally:
+        conn.close()
+        watcher.close()
+
+
 def test_instant_wake_false_never_interrupts(db):
     # Given a watcher, and a producer with wakeup.instant_wake = false
     cfg = db.config(wakeup={"instant_wake": False})
