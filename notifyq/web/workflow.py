@@ -36,17 +36,19 @@ def _state(status: int | None, edge_state: int, as_parent: bool) -> str:
 
 def progress(rows: list[tuple]) -> dict[str, Any]:
     """(edge state, parent status, n) rows -> done, dead, cancelled and pending counts (pending:
-    by the parent's state), the total and whether the read reached its cap."""
+    by the parent's state), the total and whether the read reached its cap.
+
+    A parent is counted as it is now: by its row while it has one (a done parent, kept and then
+    retried, is ready or running again, though its edge still says done), by its edge once its
+    row is gone."""
     out: dict[str, Any] = {"done": 0, "dead": 0, "cancelled": 0, "pending": 0, **{p: 0 for p in PENDING}}
     for edge_state, status, n in rows:
         n = int(n)
-        if edge_state == EDGE_DONE:
-            out["done"] += n
-        elif edge_state == EDGE_FAILED:
-            out["dead" if status == Status.DEAD else "cancelled"] += n
+        name = _state(status, edge_state, True)
+        if name in ("done", "dead", "cancelled"):
+            out[name] += n
         else:
             out["pending"] += n
-            name = _state(status, edge_state, True)
             if name in PENDING:
                 out[name] += n
     out["total"] = sum(out[k] for k in ("done", "dead", "cancelled", "pending"))

@@ -271,3 +271,36 @@ def test_a_waiting_childs_page_marks_the_parents_it_waits_for(db, web):
     rows = _parent_rows(body)
     assert rows[first.id][2:] == ["done", "no"] and rows[second.id][2:] == ["ready", "yes"], rows
     assert re.search(rf'<tr data-job="{child.id}">.*?data-awaits="yes"', client.get(f"/jobs/{second.id}")[1], re.S)
+
+
+def test_a_done_parent_retried_is_counted_as_it_is_now_in_its_childs_progress(db, web):
+    # Given a -> c put as a workflow; a done and kept (as its ack with keep_done leaves it: its
+    # row done, its edge counted done), so c is ready
+    from conftest import run_cli
+
+    with notifyq.Producer("wf", db.config()) as p:
+        wf = notifyq.Workflow()
+        a = wf.add("wf", {"step": "a"})
+        c = wf.add("later", {"step": "c"}, after=[a])
+        p.put_workflow(wf)
+    a, c = a.id, c.id
+    db.query("UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (a,))
+    db.query("UPDATE nq_edge SET state = 2 WHERE parent_id = %s", (a,))
+    db.query("UPDATE nq_job SET status = 0, waits_on = 0 WHERE id = %s", (c,))
+    client = Client(web().url)
+    assert "1 done · 0 dead · 0 cancelled · 0 pending" in _progress(client.get(f"/jobs/{c}")[1])
+    # When a is retried (ready again; c, not waiting, keeps its edge counted done)
+    r = run_cli(db.env, "jobs", "retry", str(a))
+    assert r.returncode == 0, r.stderr
+    assert db.scalar("SELECT state FROM nq_edge WHERE parent_id = %s", (a,)) == 2
+    # Then c's progress counts a as it is now: ready, pending, not done
+    progress = _progress(client.get(f"/jobs/{c}")[1])
+    assert "0 done · 0 dead · 0 cancelled · 1 pending (1 ready)" in progress, progress
+    # And once it runs, as claimed (running)
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32) WHERE id = %s", (a,))
+    progress = _progress(client.get(f"/jobs/{c}")[1])
+    assert "0 done · 0 dead · 0 cancelled · 1 pending (1 running)" in progress, progress
+
+
+def _progress(body: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
