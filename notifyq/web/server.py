@@ -173,6 +173,12 @@ class Handler(BaseHTTPRequestHandler):
         if request_read is not None:
             request_read(self.request)
 
+    def _accepted_at(self) -> float | None:
+        """When this connection was accepted (monotonic): a page's time counts from there, the
+        time it waited for a handler (at most bounds.QUEUE_S) included (deadline.py)."""
+        accepted_at = getattr(self.server, "accepted_at", None)  # not on a consumer's metrics port
+        return accepted_at(self.request) if accepted_at is not None else None
+
     def _session(self) -> tuple[str, bool]:
         """This browser's session id, and whether it is new (a cookie to set)."""
         cookie = http.cookies.SimpleCookie()
@@ -258,7 +264,7 @@ class Handler(BaseHTTPRequestHandler):
         sid, new = self._session()
         reader = self.web.reader
         try:
-            with reader.page():
+            with reader.page(started=self._accepted_at()):
                 self._get_page(path, parts.query, sid, new)
         except errors.InputError as e:
             self._message(400, str(e), sid, new)
