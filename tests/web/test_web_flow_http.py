@@ -5,6 +5,7 @@ input one clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 
@@ -12,6 +13,7 @@ from number_rows import numbers
 from web.conftest import Client
 
 import notifyq
+from notifyq.config import load
 from notifyq.store import admin_queries
 from notifyq.web import server
 
@@ -304,3 +306,37 @@ def test_a_done_parent_retried_is_counted_as_it_is_now_in_its_childs_progress(db
 
 def _progress(body: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
+
+
+def test_the_flow_pages_say_whose_limits_they_show_and_mark_running_jobs_over_them(db, web, tmp_path):
+    # Given `notifyq web` whose own config file limits queue api to 2 running jobs and a key to 1,
+    # while the consumers (whose config the database does not record) run 3 of the queue's jobs,
+    # 2 of them of key a
+    conf = tmp_path / "web.toml"
+    conf.write_text('[queue.api]\nlimit = 2\nlimit_per_key = 1\n')
+    from_file = load(env={"NOTIFYQ_CONFIG": str(conf)})  # its queues and sources; the test's server
+    assert from_file.sources == (str(conf),)
+    config = dataclasses.replace(db.config(), queues=from_file.queues, sources=from_file.sources)
+    _jobs(db, "api", "a", 2, 2)
+    _jobs(db, "api", "b", 2, 1)
+    _jobs(db, "api", "a", 0, 1)
+    pages = server.WebServer(config, ("127.0.0.1", 0), None).start()
+    try:
+        c = Client(pages.url)
+        # When the flow pages are read
+        code, overview = c.get("/flow")
+        code_q, queue = c.get("/flow?queue=api")
+    finally:
+        pages.close()
+    assert code == code_q == 200, (overview, queue)
+    # Then each names where its limits come from: this process's config file, not the consumers'
+    for body in (overview, queue):
+        source = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.search(
+            r'<p id="limits-source"[^>]*>(.*?)</p>', body, re.S).group(1))).split())
+        assert f"this notifyq web process's config sets them (read from {conf}" in source, source
+        assert "each consumer applies its own config's" in source, source
+    # And the running counts over those limits are marked: the consumers apply others
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', overview, re.S).group(1)
+    assert "data-over" in row and "over this config's limit" in row
+    assert "data-over" in _row(queue, "busiest", "a") and "data-over" not in _row(queue, "busiest", "b")
+    assert re.search(r'running <strong data-figure="running">3</strong> of 2 <span class="over" data-over', queue)
