@@ -1,7 +1,8 @@
 """The console's workflow views (docs/workflows.md): a job's place in its workflow, on its page
 (its parents' progress: done, dead, cancelled, pending; its parents and children with their
 states), and the workflow around a job (/workflow?job=ID): the jobs its edges reach, both ways,
-level by level from its first jobs, each with its state, and the totals by state.
+level by level from its first jobs, each with its state, and the totals by state, and its
+graph (graph.py).
 
 Bounded whatever the workflow's size (admin_queries.WEB_*): a job's page lists 50 parents and
 50 children and counts the first 10,000 of its parents (a batch of 100,000 members: its
@@ -15,6 +16,7 @@ from typing import Any
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
+from notifyq.web import graph
 
 EDGE_WAITING, EDGE_DONE, EDGE_FAILED = 0, 2, 3  # nq_edge.state: waiting, and once its parent's end is settled
 AFTER_MODES = {0: "every parent done", 1: "every parent ended (run anyway)",
@@ -125,8 +127,9 @@ def walk(session: Session, job_id: int) -> dict[str, Any]:
                         "mode": AFTER_MODES.get(mode) if status is not None and parents[j] else None,
                         "parents": parents[j][:SHOWN_PARENTS], "more_parents": max(0, len(parents[j]) - SHOWN_PARENTS),
                         "here": j == job_id})
+    drawn = graph.layout(members, [(p, c, s) for (p, c), s in sorted(edges.items())])
     return {"job": job_id, "members": members, "totals": dict(sorted(totals.items())), "truncated": truncated,
-            "edges": len(edges), "max_jobs": max_jobs, "max_edges": max_edges}
+            "edges": len(edges), "max_jobs": max_jobs, "max_edges": max_edges, "graph": drawn}
 
 
 def _levels(parents: dict[int, list[int]]) -> dict[int, int]:
