@@ -205,7 +205,8 @@ class Handler(BaseHTTPRequestHandler):
     def _cookie(self, sid: str) -> dict[str, str]:
         return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
 
-    def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
+    def _page(self, code: int, template: str, sid: str, new: bool, headers: dict[str, str] | None = None,
+              **context: Any) -> None:
         """A page; one that a server did not answer for (context's down) is a 503, its body the
         page with what the others answered and the error: monitoring sees the outage, as it
         does on the pages that read one server (a job, a workflow)."""
@@ -215,10 +216,10 @@ class Handler(BaseHTTPRequestHandler):
         body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
                             csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
                             sharded=self.web.reader.sharded, **context)
-        self._send(code, body, headers=self._cookie(sid) if new else None)
+        self._send(code, body, headers={**(self._cookie(sid) if new else {}), **(headers or {})})
 
-    def _message(self, code: int, text: str, sid: str, new: bool) -> None:
-        self._page(code, "message.html", sid, new, title="refused" if code == 403 else "error",
+    def _message(self, code: int, text: str, sid: str, new: bool, headers: dict[str, str] | None = None) -> None:
+        self._page(code, "message.html", sid, new, headers, title="refused" if code == 403 else "error",
                    message=text, status=code)
 
     def _redirect(self, to: str, headers: dict[str, str] | None = None) -> None:
@@ -268,6 +269,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._get_page(path, parts.query, sid, new)
         except errors.InputError as e:
             self._message(400, str(e), sid, new)
+        except data.Busy as e:  # every session in use: as a request no handler took (bounds.py)
+            self._message(503, f"database: {e}", sid, new, {"Retry-After": str(bounds.RETRY_AFTER_S)})
         except errors.NotifyqError as e:
             self._message(503, f"database: {e}", sid, new)
         except DriverError as e:

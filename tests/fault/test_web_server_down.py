@@ -122,7 +122,9 @@ def test_with_the_server_frozen_24_requests_at_once_are_each_answered_within_15_
     summary = sorted((str(code)[:60], round(took, 1)) for code, took, _ in answers)
     for code, took, _headers in answers:
         assert code == 503 and took < BOUND_S, summary
+    # And those told the pages are busy (no handler, or no database session free) are told
+    # when to come back: all but the few whose reads held the sessions until their deadline
     busy = [h for code, _took, h in answers if "Retry-After" in h]
-    assert busy and all(h["Retry-After"] == "5" for h in busy), summary
+    assert len(busy) >= CROWD // 2 and all(h["Retry-After"] == "5" for h in busy), summary
     # And once the server runs again, the pages answer
     wait_until(lambda: _crowd(url, 1)[0][0] == 200, timeout=30, message="the pages answered again")
