@@ -79,10 +79,11 @@ class Reader(Servers):
         self._cutter = deadline.Cutter()
 
     @contextlib.contextmanager
-    def page(self, budget_s: float = deadline.PAGE_S) -> Iterator[None]:
-        """The reads of this thread's page share one deadline (deadline.py): the page answers
-        within it whatever the servers do."""
-        self._page.time = deadline.PageTime(budget_s)
+    def page(self, budget_s: float = deadline.PAGE_S, started: float | None = None) -> Iterator[None]:
+        """The reads of this thread's page share one deadline, `budget_s` from `started` (its
+        connection's accept; None: now) (deadline.py): the page answers within it whatever the
+        servers do."""
+        self._page.time = deadline.PageTime(budget_s, started)
         try:
             yield
         finally:

@@ -3,7 +3,8 @@
 A page may make several reads, each of which could wait for a free session (data.SESSION_WAIT_S),
 retry its connect (connect_retry_s) and wait for a statement's answer (data.READ_TIMEOUT_S): with
 the server stopped or frozen, two reads of one page took 20 s, past the 15 s the docs promise.
-Here one GET gets one deadline (PAGE_S) that every read of it shares:
+Here one GET gets one deadline (PAGE_S from its connection's accept, so that the time it waited
+for a handler counts: bounds.QUEUE_S) that every read of it shares:
 
 - a server that failed a read of this page is not asked again by it (the page says it is down);
 - a read waits for a session only for what is left of the page's time, and retries a connect
@@ -27,9 +28,10 @@ CONNECT_FLOOR_S = 3.0  # Session._open_server's least connect timeout
 class PageTime:
     """One GET's deadline (monotonic) and the servers that failed it, by name, with their error."""
 
-    def __init__(self, budget_s: float = PAGE_S):
+    def __init__(self, budget_s: float = PAGE_S, started: float | None = None):
+        """`started`: when the page's time began (monotonic), its connection's accept; now if None."""
         self.budget_s = budget_s
-        self.deadline = time.monotonic() + budget_s
+        self.deadline = (time.monotonic() if started is None else started) + budget_s
         self.down: dict[str, str] = {}
 
     def left(self) -> float:

@@ -1,11 +1,17 @@
 """The console's flow-control page (/flow): each limited, fair or rated queue's limits as this
-config sets them, its running and ready jobs, and for one queue (?queue=NAME) its keys: the
+process's config sets them, its running and ready jobs, and for one queue (?queue=NAME) its keys: the
 keys running most, and the keys with ready jobs a page at a time (?after=KEY), each with its
 running jobs, its ready ones and how many of those its limits or rates hold back, and why.
 
 Every read is bounded whatever the backlog (admin_queries.WEB_FLOW_*): a queue's claimed jobs
 up to 5,000, its ready ones counted up to 20,000, its keys found by one index dive each (20 a
 page), each key's ready jobs counted up to 1,000; rates read the budgets' logs as a claim does.
+
+Where the limits shown come from: notifyq keeps no queue's limits, fairness or rates in the
+database (nq_consumer records a consumer's queues, not its settings; nq_flow_key and nq_rate
+hold keys and starts): each consumer applies its own config's. So the page shows this
+process's config, names the files it was read from, and marks what contradicts it: more jobs
+running than its limit says (a queue's, or a key's) means the consumers apply another.
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ TOP_RUNNING = 20  # keys shown by running jobs, the most first
 def _settings(qc: QueueConfig) -> dict[str, Any]:
     return {"limit": qc.limit or None, "limit_per_key": qc.limit_per_key or None, "key_limits": dict(qc.key_limits),
             "rate": qc.rate or None, "rate_per_key": qc.rate_per_key or None, "fair": qc.fair}
+
+
+def source(config: Any) -> dict[str, Any]:
+    """Where the limits shown were read from: this process's config files (none: its defaults
+    and NOTIFYQ_* variables alone)."""
+    return {"files": list(config.sources)}
 
 
 def controlled(qc: QueueConfig) -> bool:
@@ -49,9 +61,10 @@ def queues(reader: Any) -> dict[str, Any]:
         for shard, (running, ready) in sorted(answers.items()):
             total = sum(running.values())
             rows.append({"name": name, "shard": shard, **_settings(qc), "running": total,
+                         "over_limit": bool(qc.limit) and total > qc.limit,
                          "running_capped": total >= admin_queries.WEB_FLOW_RUNNING_CAP, "ready": ready,
                          "ready_capped": ready >= admin_queries.WEB_FLOW_READY_CAP})
-    return {"queues": rows, "down": down, "more": len(names) > PAGE_QUEUES}
+    return {"queues": rows, "down": down, "more": len(names) > PAGE_QUEUES, "source": source(config)}
 
 
 def parse(query: dict[str, str]) -> tuple[str | None, str]:
@@ -71,7 +84,7 @@ def queue(reader: Any, name: str, after: str = "") -> dict[str, Any]:
     if not controlled(qc):
         raise errors.InputError(f"queue {name!r}: no limit, fairness or rate in this config (docs/flow-control.md)")
     answers, down = reader.each(lambda session: _keys(session, name, qc, after), reader.shards_of(name))
-    return {"queue": name, "settings": _settings(qc), "after": after, "down": down,
+    return {"queue": name, "settings": _settings(qc), "after": after, "down": down, "source": source(reader.config),
             "shards": [{"shard": shard, **found} for shard, found in sorted(answers.items())],
             "caps": {"running": admin_queries.WEB_FLOW_RUNNING_CAP, "ready": admin_queries.WEB_FLOW_READY_CAP,
                      "key": admin_queries.WEB_FLOW_KEY_CAP, "keys": admin_queries.WEB_FLOW_KEYS}}
@@ -92,12 +105,15 @@ def _keys(session: Session, name: str, qc: QueueConfig, after: str) -> dict[str,
     def row(key: str) -> dict[str, Any]:
         n_running, n_ready = running.get(key, 0), ready_of.get(key, 0)
         why = status.why_held(qc, key, n_running, n_ready, queue_running) or _rate_held(key, n_ready, spent)
-        return {"key": key, "running": n_running, "limit": status.key_limit(qc, key) or None, "ready": n_ready,
+        limit = status.key_limit(qc, key) or None
+        return {"key": key, "running": n_running, "limit": limit, "over_limit": bool(limit) and n_running > limit,
+                "ready": n_ready,
                 "ready_capped": n_ready >= admin_queries.WEB_FLOW_KEY_CAP, "held": n_ready if why else 0,
                 "why": why, "rate": spent.get(key)}
 
     unkeyed_why = status.why_held(qc, None, 0, 1, queue_running) or _rate_held(rates.QUEUE_BUDGET, 1, spent)
     return {"running": queue_running, "running_capped": queue_running >= admin_queries.WEB_FLOW_RUNNING_CAP,
+            "over_limit": bool(qc.limit) and queue_running > qc.limit,
             "unkeyed_running": running.get(None, 0), "ready": ready,
             "ready_capped": ready >= admin_queries.WEB_FLOW_READY_CAP, "queue_rate": queue_rate,
             "queue_held": unkeyed_why if ready else None,

@@ -173,6 +173,12 @@ class Handler(BaseHTTPRequestHandler):
         if request_read is not None:
             request_read(self.request)
 
+    def _accepted_at(self) -> float | None:
+        """When this connection was accepted (monotonic): a page's time counts from there, the
+        time it waited for a handler (at most bounds.QUEUE_S) included (deadline.py)."""
+        accepted_at = getattr(self.server, "accepted_at", None)  # not on a consumer's metrics port
+        return accepted_at(self.request) if accepted_at is not None else None
+
     def _session(self) -> tuple[str, bool]:
         """This browser's session id, and whether it is new (a cookie to set)."""
         cookie = http.cookies.SimpleCookie()
@@ -199,7 +205,8 @@ class Handler(BaseHTTPRequestHandler):
     def _cookie(self, sid: str) -> dict[str, str]:
         return {"Set-Cookie": f"{auth.COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
 
-    def _page(self, code: int, template: str, sid: str, new: bool, **context: Any) -> None:
+    def _page(self, code: int, template: str, sid: str, new: bool, headers: dict[str, str] | None = None,
+              **context: Any) -> None:
         """A page; one that a server did not answer for (context's down) is a 503, its body the
         page with what the others answered and the error: monitoring sees the outage, as it
         does on the pages that read one server (a job, a workflow)."""
@@ -209,10 +216,10 @@ class Handler(BaseHTTPRequestHandler):
         body = views.render(template, path=self.path, actions=guard.actions, who=guard.who(sid),
                             csrf=guard.csrf(sid), flash=self.web.flash(sid), refresh_s=REFRESH_S,
                             sharded=self.web.reader.sharded, **context)
-        self._send(code, body, headers=self._cookie(sid) if new else None)
+        self._send(code, body, headers={**(self._cookie(sid) if new else {}), **(headers or {})})
 
-    def _message(self, code: int, text: str, sid: str, new: bool) -> None:
-        self._page(code, "message.html", sid, new, title="refused" if code == 403 else "error",
+    def _message(self, code: int, text: str, sid: str, new: bool, headers: dict[str, str] | None = None) -> None:
+        self._page(code, "message.html", sid, new, headers, title="refused" if code == 403 else "error",
                    message=text, status=code)
 
     def _redirect(self, to: str, headers: dict[str, str] | None = None) -> None:
@@ -258,10 +265,12 @@ class Handler(BaseHTTPRequestHandler):
         sid, new = self._session()
         reader = self.web.reader
         try:
-            with reader.page():
+            with reader.page(started=self._accepted_at()):
                 self._get_page(path, parts.query, sid, new)
         except errors.InputError as e:
             self._message(400, str(e), sid, new)
+        except data.Busy as e:  # every session in use: as a request no handler took (bounds.py)
+            self._message(503, f"database: {e}", sid, new, {"Retry-After": str(bounds.RETRY_AFTER_S)})
         except errors.NotifyqError as e:
             self._message(503, f"database: {e}", sid, new)
         except DriverError as e:

@@ -1,7 +1,8 @@
 """The console's workflow views (docs/workflows.md): a job's place in its workflow, on its page
 (its parents' progress: done, dead, cancelled, pending; its parents and children with their
 states), and the workflow around a job (/workflow?job=ID): the jobs its edges reach, both ways,
-level by level from its first jobs, each with its state, and the totals by state.
+level by level from its first jobs, each with its state, and the totals by state, and its
+graph (graph.py).
 
 Bounded whatever the workflow's size (admin_queries.WEB_*): a job's page lists 50 parents and
 50 children and counts the first 10,000 of its parents (a batch of 100,000 members: its
@@ -15,6 +16,7 @@ from typing import Any
 from notifyq.jobs import STATUS_NAMES, Status
 from notifyq.store import admin_queries
 from notifyq.store.db import Session
+from notifyq.web import graph
 
 EDGE_WAITING, EDGE_DONE, EDGE_FAILED = 0, 2, 3  # nq_edge.state: waiting, and once its parent's end is settled
 AFTER_MODES = {0: "every parent done", 1: "every parent ended (run anyway)",
@@ -36,17 +38,19 @@ def _state(status: int | None, edge_state: int, as_parent: bool) -> str:
 
 def progress(rows: list[tuple]) -> dict[str, Any]:
     """(edge state, parent status, n) rows -> done, dead, cancelled and pending counts (pending:
-    by the parent's state), the total and whether the read reached its cap."""
+    by the parent's state), the total and whether the read reached its cap.
+
+    A parent is counted as it is now: by its row while it has one (a done parent, kept and then
+    retried, is ready or running again, though its edge still says done), by its edge once its
+    row is gone."""
     out: dict[str, Any] = {"done": 0, "dead": 0, "cancelled": 0, "pending": 0, **{p: 0 for p in PENDING}}
     for edge_state, status, n in rows:
         n = int(n)
-        if edge_state == EDGE_DONE:
-            out["done"] += n
-        elif edge_state == EDGE_FAILED:
-            out["dead" if status == Status.DEAD else "cancelled"] += n
+        name = _state(status, edge_state, True)
+        if name in ("done", "dead", "cancelled"):
+            out[name] += n
         else:
             out["pending"] += n
-            name = _state(status, edge_state, True)
             if name in PENDING:
                 out[name] += n
     out["total"] = sum(out[k] for k in ("done", "dead", "cancelled", "pending"))
@@ -123,8 +127,9 @@ def walk(session: Session, job_id: int) -> dict[str, Any]:
                         "mode": AFTER_MODES.get(mode) if status is not None and parents[j] else None,
                         "parents": parents[j][:SHOWN_PARENTS], "more_parents": max(0, len(parents[j]) - SHOWN_PARENTS),
                         "here": j == job_id})
+    drawn = graph.layout(members, [(p, c, s) for (p, c), s in sorted(edges.items())])
     return {"job": job_id, "members": members, "totals": dict(sorted(totals.items())), "truncated": truncated,
-            "edges": len(edges), "max_jobs": max_jobs, "max_edges": max_edges}
+            "edges": len(edges), "max_jobs": max_jobs, "max_edges": max_edges, "graph": drawn}
 
 
 def _levels(parents: dict[int, list[int]]) -> dict[int, int]:

@@ -4,6 +4,7 @@ Chromium driven by Playwright (Debian's package; the browser tests skip with one
 
 from __future__ import annotations
 
+import dataclasses
 import http.cookiejar
 import os
 import re
@@ -27,11 +28,16 @@ IMG = Path(os.environ["NOTIFYQ_SCREENSHOTS_DIR"]) if os.environ.get("NOTIFYQ_SCR
 
 @pytest.fixture
 def web(db):
-    """start(token=None, bind="127.0.0.1") -> a started WebServer; every one is closed at the end of the test."""
+    """start(token=None, bind="127.0.0.1", sources=None) -> a started WebServer; every one is
+    closed at the end of the test. sources: the config files its config names as read (the
+    test's config reads none)."""
     started = []
 
-    def start(token: str | None = None, bind: str = "127.0.0.1", **config):
-        started.append(server.serve(db.config(**config), 0, bind, token))
+    def start(token: str | None = None, bind: str = "127.0.0.1", sources: tuple[str, ...] | None = None, **config):
+        made = db.config(**config)
+        if sources is not None:
+            made = dataclasses.replace(made, sources=sources)
+        started.append(server.serve(made, 0, bind, token))
         return started[-1]
 
     yield start

@@ -22,7 +22,7 @@ def test_a_limited_queues_held_keys_are_shown_and_follow_the_running_jobs(db, we
     _jobs(db, "api", "a", 2, 2)
     _jobs(db, "api", "a", 0, 5)
     _jobs(db, "api", "b", 0, 3)
-    base = web(queue=FLOW).url
+    base = web(queue=FLOW, sources=("/etc/notifyq/notifyq.toml",)).url  # the default file, as in production
     # When the flow page is opened, and the queue clicked
     page.goto(base + "flow")
     expect(page.locator('tr[data-queue="api"] [data-figure="running"]')).to_have_text("2")
@@ -33,6 +33,7 @@ def test_a_limited_queues_held_keys_are_shown_and_follow_the_running_jobs(db, we
     expect(a.locator(".why")).to_have_text("key at its limit (2 of 2 running)")
     expect(page.locator('#ready-keys tr[data-key="b"] [data-figure="held"]')).to_have_text("0")
     expect(page.locator('#busiest tr[data-key="a"] [data-figure="running"]')).to_have_text("2 of 2")
+    expect(page.locator("#limits-source")).to_contain_text("read from /etc/notifyq/notifyq.toml")
     screenshot(page, "flow.png")
     # When one of a's running jobs ends, the live refresh shows its jobs no longer held
     db.query("DELETE FROM nq_job WHERE queue = 'api' AND status = 2 LIMIT 1")
@@ -72,3 +73,39 @@ def test_a_cancelled_workflow_is_followed_from_a_job_and_brought_back_by_a_retry
     expect(page.locator('[data-total="waiting"]')).to_have_text("3 waiting")
     expect(page.locator(f'#members tr[data-job="{second.id}"]')).to_contain_text("waiting (1 pending)")
     screenshot(page, "workflow.png")
+
+
+def test_a_workflows_graph_is_drawn_on_its_page_and_each_job_leads_to_its_own(db, web, page):
+    # Given a workflow: a fetch, two transforms after it, a batch of three loads after those
+    # with callbacks on success and on a death; the fetch done, one transform running, one ready
+    wf = notifyq.Workflow()
+    fetch = wf.add("etl", {"step": "fetch"})
+    transforms = [wf.add("etl", {"step": f"transform-{i}"}, after=[fetch]) for i in range(2)]
+    loads = [wf.add("etl", {"step": f"load-{i}"}, after=transforms) for i in range(3)]
+    batch = wf.batch(loads, on_success=("etl", {"step": "report"}), on_dead=("etl", {"step": "alert"}))
+    with notifyq.Producer("etl", db.config()) as p:
+        p.put_workflow(wf)
+    db.query("UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (fetch.id,))
+    db.query("UPDATE nq_edge SET state = 2 WHERE parent_id = %s", (fetch.id,))
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32) WHERE id = %s", (transforms[0].id,))
+    db.query("UPDATE nq_job SET status = 0 WHERE id = %s", (transforms[1].id,))
+    refused: list[str] = []  # what the page's CSP blocked, if anything
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    # When the workflow page is opened from a transform
+    base = web().url
+    page.goto(base + f"workflow?job={transforms[0].id}")
+    # Then the graph shows every job with its state, parents above children, nothing refused
+    nodes = page.locator("svg#graph a.node")
+    expect(nodes).to_have_count(8)
+    expect(page.locator(f'svg#graph a.node[data-job="{fetch.id}"]')).to_have_attribute("data-state", "done")
+    expect(page.locator(f'svg#graph a.node[data-job="{transforms[0].id}"]')).to_have_class("node claimed here")
+    top = page.locator(f'svg#graph a.node[data-job="{fetch.id}"] rect').bounding_box()["y"]
+    low = page.locator(f'svg#graph a.node[data-job="{batch.on_success.id}"] rect').bounding_box()["y"]
+    assert top < low
+    expect(page.locator("svg#graph path.edge")).to_have_count(2 + 6 + 6)
+    assert refused == []
+    screenshot(page, "workflow-graph.png")
+    # When a job's box is clicked, its page opens
+    page.click(f'svg#graph a.node[data-job="{loads[1].id}"]')
+    expect(page).to_have_url(base + f"jobs/{loads[1].id}")
+    expect(page.locator("h1")).to_contain_text(str(loads[1].id))

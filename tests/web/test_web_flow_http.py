@@ -5,6 +5,7 @@ input one clear error."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 
@@ -12,8 +13,9 @@ from number_rows import numbers
 from web.conftest import Client
 
 import notifyq
+from notifyq.config import load
 from notifyq.store import admin_queries
-from notifyq.web import server
+from notifyq.web import graph, server
 
 FLOW = {"api": {"limit": 10, "limit_per_key": 2, "key_limits": {"vip": 5}, "rate_per_key": "3/1h", "fair": True}}
 
@@ -271,3 +273,134 @@ def test_a_waiting_childs_page_marks_the_parents_it_waits_for(db, web):
     rows = _parent_rows(body)
     assert rows[first.id][2:] == ["done", "no"] and rows[second.id][2:] == ["ready", "yes"], rows
     assert re.search(rf'<tr data-job="{child.id}">.*?data-awaits="yes"', client.get(f"/jobs/{second.id}")[1], re.S)
+
+
+def test_a_done_parent_retried_is_counted_as_it_is_now_in_its_childs_progress(db, web):
+    # Given a -> c put as a workflow; a done and kept (as its ack with keep_done leaves it: its
+    # row done, its edge counted done), so c is ready
+    from conftest import run_cli
+
+    with notifyq.Producer("wf", db.config()) as p:
+        wf = notifyq.Workflow()
+        a = wf.add("wf", {"step": "a"})
+        c = wf.add("later", {"step": "c"}, after=[a])
+        p.put_workflow(wf)
+    a, c = a.id, c.id
+    db.query("UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (a,))
+    db.query("UPDATE nq_edge SET state = 2 WHERE parent_id = %s", (a,))
+    db.query("UPDATE nq_job SET status = 0, waits_on = 0 WHERE id = %s", (c,))
+    client = Client(web().url)
+    assert "1 done · 0 dead · 0 cancelled · 0 pending" in _progress(client.get(f"/jobs/{c}")[1])
+    # When a is retried (ready again; c, not waiting, keeps its edge counted done)
+    r = run_cli(db.env, "jobs", "retry", str(a))
+    assert r.returncode == 0, r.stderr
+    assert db.scalar("SELECT state FROM nq_edge WHERE parent_id = %s", (a,)) == 2
+    # Then c's progress counts a as it is now: ready, pending, not done
+    progress = _progress(client.get(f"/jobs/{c}")[1])
+    assert "0 done · 0 dead · 0 cancelled · 1 pending (1 ready)" in progress, progress
+    # And once it runs, as claimed (running)
+    db.query("UPDATE nq_job SET status = 2, owner = REPEAT('o', 32) WHERE id = %s", (a,))
+    progress = _progress(client.get(f"/jobs/{c}")[1])
+    assert "0 done · 0 dead · 0 cancelled · 1 pending (1 running)" in progress, progress
+
+
+def _progress(body: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
+
+
+def test_the_flow_pages_say_whose_limits_they_show_and_mark_running_jobs_over_them(db, web, tmp_path):
+    # Given `notifyq web` whose own config file limits queue api to 2 running jobs and a key to 1,
+    # while the consumers (whose config the database does not record) run 3 of the queue's jobs,
+    # 2 of them of key a
+    conf = tmp_path / "web.toml"
+    conf.write_text('[queue.api]\nlimit = 2\nlimit_per_key = 1\n')
+    from_file = load(env={"NOTIFYQ_CONFIG": str(conf)})  # its queues and sources; the test's server
+    assert from_file.sources == (str(conf),)
+    config = dataclasses.replace(db.config(), queues=from_file.queues, sources=from_file.sources)
+    _jobs(db, "api", "a", 2, 2)
+    _jobs(db, "api", "b", 2, 1)
+    _jobs(db, "api", "a", 0, 1)
+    pages = server.WebServer(config, ("127.0.0.1", 0), None).start()
+    try:
+        c = Client(pages.url)
+        # When the flow pages are read
+        code, overview = c.get("/flow")
+        code_q, queue = c.get("/flow?queue=api")
+    finally:
+        pages.close()
+    assert code == code_q == 200, (overview, queue)
+    # Then each names where its limits come from: this process's config file, not the consumers'
+    for body in (overview, queue):
+        source = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.search(
+            r'<p id="limits-source"[^>]*>(.*?)</p>', body, re.S).group(1))).split())
+        assert f"this notifyq web process's config sets them (read from {conf}" in source, source
+        assert "each consumer applies its own config's" in source, source
+    # And the running counts over those limits are marked: the consumers apply others
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', overview, re.S).group(1)
+    assert "data-over" in row and "over this config's limit" in row
+    assert "data-over" in _row(queue, "busiest", "a") and "data-over" not in _row(queue, "busiest", "b")
+    assert re.search(r'running <strong data-figure="running">3</strong> of 2 <span class="over" data-over', queue)
+
+
+def _graph(body: str) -> tuple[dict[int, str], set[tuple[int, int, str]], str]:
+    """The workflow page's graph: {job: state} of the boxes drawn (each a link to its job),
+    {(parent, child, edge state)} of the lines, and the sentence under it."""
+    svg = re.search(r'<svg id="graph"[^>]*>(.*?)</svg>', body, re.S).group(1)
+    nodes = {int(j): s for j, s in re.findall(r'<a href="/jobs/\d+" class="node [^"]*" data-job="(\d+)" '
+                                              r'data-state="(\w+)">', svg)}
+    for href, j in re.findall(r'<a href="/jobs/(\d+)"[^>]*data-job="(\d+)"', svg):
+        assert href == j
+    edges = {(int(p), int(c), s) for s, p, c in re.findall(r'<path class="edge (\w+)" d="[^"]+" '
+                                                            r'marker-end="url\(#arrow\)" data-edge="(\d+)-(\d+)"', svg)}
+    bounds = " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p class="muted" id="graph-bounds">(.*?)</p>', body,
+                                                        re.S).group(1)).split())
+    return nodes, edges, bounds
+
+
+def test_the_workflow_page_draws_its_graph_parents_above_children_each_job_linked_with_its_state(db, web):
+    # Given a diamond a -> (b, c) -> d; a done and kept, b dead
+    wf = notifyq.Workflow()
+    a = wf.add("q", {"n": "a"})
+    b, c = wf.add("q", {"n": "b"}, after=[a]), wf.add("q", {"n": "c"}, after=[a])
+    d = wf.add("q", {"n": "d"}, after=[b, c])
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    db.query("UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (a.id,))
+    db.query("UPDATE nq_edge SET state = 2 WHERE parent_id = %s", (a.id,))
+    db.query("UPDATE nq_job SET status = 0 WHERE id IN (%s, %s)", (b.id, c.id))
+    db.query("UPDATE nq_job SET status = 4, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (b.id,))
+    db.query("UPDATE nq_edge SET state = 3 WHERE parent_id = %s", (b.id,))
+    # When its workflow page is read
+    code, body = Client(web().url).get(f"/workflow?job={c.id}")
+    assert code == 200, body
+    # Then the graph draws each job, as a link to its page, with its state; and each edge, as its child counts it
+    nodes, edges, bounds = _graph(body)
+    assert nodes == {a.id: "done", b.id: "dead", c.id: "ready", d.id: "waiting"}
+    assert edges == {(a.id, b.id, "done"), (a.id, c.id, "done"), (b.id, d.id, "failed"), (c.id, d.id, "waiting")}
+    assert bounds.startswith("Drawn: 4 of 4 jobs.")
+    # And parents are drawn above their children (a row per level), the job the page is about marked
+    boxes = r'data-job="(\d+)"[^>]*>\s*<title>[^<]*</title>\s*<rect x="\d+" y="(\d+)"'
+    y = {int(j): int(v) for j, v in re.findall(boxes, body)}
+    assert y[a.id] < y[b.id] == y[c.id] < y[d.id], y
+    assert re.search(rf'class="node ready here" data-job="{c.id}"', body)
+
+
+def test_a_big_workflows_graph_is_drawn_to_a_bound_and_says_what_it_left_out(db, web):
+    # Given a batch of 300 members with a callback
+    wf = notifyq.Workflow()
+    batch = wf.batch([wf.add("q", {"m": i}) for i in range(300)], on_complete=("q", {"cb": 1}))
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    # When the workflow page is read from the callback
+    code, body = Client(web().url).get(f"/workflow?job={batch.on_complete.id}")
+    assert code == 200, body
+    # Then the graph draws at most a level's bound of members and the callback, with the edges
+    # between them, and says how many jobs and edges it left out; the table lists all 301
+    nodes, edges, bounds = _graph(body)
+    per_level = graph.PER_LEVEL
+    assert len(nodes) == per_level + 1 and batch.on_complete.id in nodes
+    assert len(edges) == per_level and all(c == batch.on_complete.id for _p, c, _s in edges)
+    assert f"Drawn: {per_level + 1} of 301 jobs ({300 - per_level} omitted" in bounds, bounds
+    assert f"{300 - per_level} edges to jobs not drawn" in bounds, bounds
+    assert re.search(rf'<g class="more" data-level="0">.*?\+{300 - per_level} more</text>', body, re.S)
+    assert len(re.findall(r'<tr data-job="\d+"', body)) == 301

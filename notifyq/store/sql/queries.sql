@@ -1823,11 +1823,12 @@ WHERE e.parent_id = %(id)s ORDER BY e.child_id LIMIT %(limit)s
 
 -- web_job_progress --
 -- A job's parents counted by edge state and parent status (a batch's progress is its
--- callback's): the first %(cap)s of its edges, each parent not done by primary key (dead or
--- cancelled; running, ready or waiting); a done one's edge says all (its row is mostly gone).
+-- callback's): the first %(cap)s of its edges, each parent by primary key, done ones too: an
+-- edge counted done stays so when its parent, kept, is retried (it runs again), so the page
+-- counts a parent by its row while there is one, by its edge once the row is gone.
 SELECT e.state, p.status, COUNT(*) FROM
   (SELECT parent_id, state FROM nq_edge FORCE INDEX (ix_child) WHERE child_id = %(id)s LIMIT %(cap)s) e
-LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id AND e.state <> 2
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id
 GROUP BY e.state, p.status ORDER BY NULL
 
 -- web_workflow_edges --
