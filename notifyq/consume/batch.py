@@ -494,7 +494,8 @@ class BatchRun:
         if self.completion is None or not self.completion.in_block:
             return self.work
         if self._aside is None:
-            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop)
+            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop,
+                                  retry_s=self.work.retry_s, retry_setting=self.work.retry_setting)
         return self._aside
 
     def _keep_lease(self) -> None:

@@ -290,7 +290,8 @@ class LineupWatch:
             # so not even its running job came back. Ended by the server after session_idle_s,
             # as a frozen consumer's liveness lock is: then they come back by their leases.
             self._session = Session(self.config.dsn, name="lineup", stop=self.stop,
-                                    idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s))
+                                    idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s),
+                                    retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s")
         return self._session
 
     def _locks(self, queue: str) -> QueueLocks:

@@ -81,7 +81,8 @@ class WatchSeat:
         # and a reaper on the old node would take a live consumer's jobs back.
         self.session = Session(config.dsn, autocommit=True, read_timeout_s=wait_s,
                                idle_timeout_s=idle_timeout_s, name=f"watch-{queue}", stop=stop,
-                               follows_writer=not home)
+                               follows_writer=not home, retry_s=config.connect_retry(oneshot=False),
+                               retry_setting="connect_retry_s")
         self.waiter = Waiter(self.session, queue, locks.QueueLocks(config.dsn.database, queue),
                              config.wakeup, stop, on_turn=lambda: None, on_reap=lambda: None)
         self.stop = stop
@@ -381,7 +382,7 @@ class Presence:
         try:
             return reaper.reap_once(self.config.dsn, self.use_locks, self.may_judge_by_silence(),
                                     own_id=self.consumer_id, restart_grace_s=restart_grace_s,
-                                    held=self.reaper_lock_seen)
+                                    held=self.reaper_lock_seen, retry_s=self.config.connect_retry(oneshot=False))
         except errors.GrantMissing:
             raise  # not housekeeping's to skip: the worker ends with exit 3, as for any refused grant
         except errors.DatabaseError as e:  # unreachable, or lost past its retries

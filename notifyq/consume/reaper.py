@@ -64,14 +64,21 @@ class ReapResult:
     settled: int = 0  # workflow parents whose ends the sweep settled
 
 
+REAPER_RETRY_S = 10.0  # a pass's connect retry, at most: the next pass is due soon anyway
+
+
 def open_session(dsn: DSN) -> Session:
-    return Session(dsn, name="reaper", retry_s=10, idle_timeout_s=REAPER_IDLE_TIMEOUT_S)
+    return Session(dsn, name="reaper", retry_s=REAPER_RETRY_S, idle_timeout_s=REAPER_IDLE_TIMEOUT_S)
 
 
 def reap_once(dsn: DSN, use_locks: bool = True, judge_silence: bool = True, *,
-              own_id: str = "", restart_grace_s: float = 0.0, held: HeldLock | None = None) -> ReapResult | None:
-    """One pass on a fresh session; None when another consumer is running one right now."""
+              own_id: str = "", restart_grace_s: float = 0.0, held: HeldLock | None = None,
+              retry_s: float = REAPER_RETRY_S) -> ReapResult | None:
+    """One pass on a fresh session; None when another consumer is running one right now.
+    retry_s: its connect retry at most (a consumer's connect_retry_s, when shorter: a pass on
+    a worker's thread must not keep it past the process's own give-up)."""
     session = open_session(dsn)
+    session.retry_s = min(session.retry_s, retry_s)
     try:
         return reap(session, dsn.database, use_locks, judge_silence,
                     own_id=own_id, restart_grace_s=restart_grace_s, held=held)

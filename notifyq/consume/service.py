@@ -185,7 +185,8 @@ class ConsumerService(Supervisor):
     def probe(self, stop_requested: threading.Event | None) -> bool:
         """The server's schema checked; False when stopped before the server answered."""
         session = Session(self.config.dsn, name="startup",
-                          retry_s=self.config.connect_retry(oneshot=False), stop=stop_requested)
+                          retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
+                          stop=stop_requested)
         try:
             session.conn
             schema.require_current(session)

@@ -379,7 +379,8 @@ class Worker:
         return BatchRun(batch, self, qc, handler)
 
     def _new_work_session(self) -> Session:
-        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop)
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop,
+                       retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s")
 
     def replace_work_session(self) -> Session:
         """A handler's call timed out holding the work session (its batch's run asks): the

@@ -477,15 +477,16 @@ def require_schema(config: Config, queue: str, *, oneshot: bool) -> None:
     such a shard is tried briefly and passed over with a warning, while one shard at least
     answers. `oneshot`: for a command that puts its arguments and exits."""
     retry_s = config.connect_retry(oneshot=oneshot)
+    setting: str | None = "connect_retry_s"
     placement = Placement(config)
     spread = placement.spread(queue)
-    if spread:
-        retry_s = min(retry_s, SHARD_RETRY_S)
+    if spread and retry_s > SHARD_RETRY_S:
+        retry_s, setting = SHARD_RETRY_S, None
     down: list[errors.DatabaseError] = []
     for shard in placement.shards_of(queue):
         dsn = config.on_shard(shard).dsn
-        session = (oneshot_session(dsn, retry_s, "startup") if oneshot or spread
-                   else Session(dsn, retry_s=retry_s, name="startup"))
+        session = (oneshot_session(dsn, retry_s, "startup", setting) if oneshot or spread
+                   else Session(dsn, retry_s=retry_s, name="startup", retry_setting=setting))
         try:
             schema.require_current(session)
         except errors.DatabaseError as e:

@@ -31,13 +31,15 @@ class Servers:
     `command`: a one-shot command's (Servers.oneshot)."""
 
     def __init__(self, config: Config, name: str, retry_s: float, retry_log_level: int = logging.DEBUG,
-                 command: bool = False):
+                 command: bool = False, retry_setting: str | None = None):
+        """retry_setting: the setting retry_s comes from, named when a connect gives up."""
         self.config = config
         self.names = config.shard_names()
         self.sharded = bool(config.shards)
         self.command = command
         self._sessions = {shard: (Session(config.on_shard(shard).dsn, retry_s=retry_s, name=name,
-                                          retry_log_level=retry_log_level), threading.Lock())
+                                          retry_log_level=retry_log_level, retry_setting=retry_setting),
+                                  threading.Lock())
                           for shard in self.names}
 
     @classmethod
@@ -45,7 +47,7 @@ class Servers:
         """For a command that answers and exits: retries as long as connect_retry says, logged
         at DEBUG only (an unreachable server costs one error line); each server's schema checked
         before it answers; with one server, its error is the command's."""
-        return cls(config, name, config.connect_retry(oneshot=True), command=True)
+        return cls(config, name, config.connect_retry(oneshot=True), command=True, retry_setting="connect_retry_s")
 
     def each(self, work: Callable[[Session], T],
              names: Iterable[str] | None = None) -> tuple[dict[str, T], dict[str, str]]:

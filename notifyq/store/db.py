@@ -24,6 +24,7 @@ from notifyq.store.driver import (ACCESS_DENIED, CONVERSIONS, NOT_READY, PRIVILE
                                   retry_policy)
 from notifyq.store import server_role
 from notifyq.store.pipeline import Attempt, Pipeline, Waiting
+from notifyq.store.reach import Reach
 from notifyq.store.sql import QUERIES
 from notifyq.store.writer import FAILOVER_CONNECT_TIMEOUT_S, FAILOVER_READ_TIMEOUT_S, WriterChoice, ready_for_writes
 
@@ -45,10 +46,11 @@ def address(dsn: DSN) -> str:
     return ",".join(f"{h}:{p}" for h, p in dsn.servers)
 
 
-def oneshot_session(dsn: DSN, retry_s: float, name: str) -> Session:
+def oneshot_session(dsn: DSN, retry_s: float, name: str, retry_setting: str | None = "connect_retry_s") -> Session:
     """A session for a command that answers and exits (status, pause, jobs ...): its retries
-    are logged at DEBUG only, so an unreachable server costs one error line, not one a step."""
-    return Session(dsn, retry_s=retry_s, name=name, retry_log_level=logging.DEBUG)
+    are logged at DEBUG only, so an unreachable server costs one error line, not one a step.
+    retry_setting: the setting retry_s comes from (None: a budget of the code's own)."""
+    return Session(dsn, retry_s=retry_s, name=name, retry_log_level=logging.DEBUG, retry_setting=retry_setting)
 
 
 def _require_tls(conn: MySQLdb.connections.Connection, dsn: DSN) -> None:
@@ -84,7 +86,7 @@ class Session:
                  use_database: bool = True, idle_timeout_s: int | None = None,
                  idle_in_transaction_s: int | None = None,
                  stop: threading.Event | None = None, follows_writer: bool = True,
-                 retry_setting: str | None = "connect_retry_s"):
+                 retry_setting: str | None = None):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
         # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
@@ -106,8 +108,13 @@ class Session:
         # rows it changed locked until wait_timeout (8 h by default), and every reaper pass
         # waiting on them. Never for a session a handler's transaction runs on (the work session).
         self.idle_in_transaction_s = idle_in_transaction_s
+        # How long a connect retries an unreachable server, counted from the process's first
+        # failure to reach it (Reach): a call after another call's retry gave up retries no more.
         self.retry_s = retry_s
-        self.retry_setting = retry_setting  # what sets retry_s, named when the connect gives up
+        # The setting retry_s comes from, named when the connect gives up (None: a budget of
+        # the code's own, a housekeeping session's)
+        self.retry_setting = retry_setting
+        self.reach = Reach.of(dsn)
         self.name = name
         self.retry_log_level = retry_log_level
         self.use_database = use_database  # False: `init`, before CREATE DATABASE
@@ -206,7 +213,9 @@ class Session:
         started = time.monotonic()
         what = f"connect {self.name}"
         try:
-            _, attempts, _ = self._retrying(self._open_into, what, started, self.stop)
+            # The budget counts from the outage's start: another session of this process may
+            # have retried it already (Reach)
+            _, attempts, _ = self._retrying(self._open_into, what, self.reach.since(started), self.stop)
         except MySQLdb.Error as e:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
@@ -220,7 +229,14 @@ class Session:
         self.generation += 1
 
     def _open_into(self) -> None:
-        self._conn = self._open()
+        attempted_at = time.monotonic()
+        try:
+            self._conn = self._open()
+        except MySQLdb.Error as e:
+            if is_connection_lost(e):
+                self.reach.failed(attempted_at)
+            raise
+        self.reach.answered()
 
     def _retrying(self, step: Callable[[], T], what: str, started: float,
                   stop: threading.Event | None = None) -> tuple[T, int, bool]:

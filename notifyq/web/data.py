@@ -63,12 +63,13 @@ class Reader(Servers):
         # As a one-shot command: a server that is down costs a page connect_retry_s (5 s) at
         # most, once (Reader.page), and the retries are logged at DEBUG only (the page, or the
         # start's one line, says it).
-        super().__init__(config, "web", config.connect_retry(oneshot=True))
+        super().__init__(config, "web", config.connect_retry(oneshot=True), retry_setting="connect_retry_s")
         self._pools: dict[str, queue.LifoQueue[Session]] = {}
         self._made: dict[str, list[Session]] = {}
         for shard, (first, lock) in self._sessions.items():
             made = [Session(first.dsn, retry_s=first.retry_s, name="web", retry_log_level=logging.DEBUG,
-                            read_timeout_s=READ_TIMEOUT_S) for _ in range(sessions)]
+                            read_timeout_s=READ_TIMEOUT_S, retry_setting=first.retry_setting)
+                    for _ in range(sessions)]
             self._sessions[shard] = (made[0], lock)  # where() names the first one's node
             # Last in, first out: the sessions in use stay few and warm when requests come one at a time.
             self._pools[shard] = pool = queue.LifoQueue()

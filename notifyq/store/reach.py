@@ -1,0 +1,48 @@
+"""Reach: since when this process has not reached a server, shared by all its sessions there.
+
+A session's connect retry counts from the moment the process first failed to reach the server,
+not from its own first failure: after one call gave up (a claim's, a lease extension's), the
+next one (the give-back of the batch, a re-registration, a reaper pass) makes one attempt
+instead of retrying as long again, so a daemon whose server stays away exits within its
+connect_retry_s of the server's going, whatever path it was on. Any connect that succeeds
+ends the outage. One per server list, for the process's life, as the writer choice is
+(store/writer.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+from notifyq.config import DSN
+
+
+class Reach:
+    _guard: ClassVar[threading.Lock] = threading.Lock()
+    _of: ClassVar[dict[tuple, "Reach"]] = {}
+
+    def __init__(self) -> None:
+        self._down_since: float | None = None  # monotonic: the first failed connect of the outage
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, dsn: DSN) -> "Reach":
+        with cls._guard:
+            return cls._of.setdefault((tuple(dsn.servers), dsn.unix_socket), cls())
+
+    def failed(self, attempted_at: float) -> None:
+        """A connect begun at `attempted_at` (monotonic) found the server unreachable."""
+        with self._lock:
+            if self._down_since is None or attempted_at < self._down_since:
+                self._down_since = attempted_at
+
+    def answered(self) -> None:
+        """A connect succeeded: the outage, if any, is over."""
+        with self._lock:
+            self._down_since = None
+
+    def since(self, now: float) -> float:
+        """Where a connect retry starting `now` counts its budget from: the outage's start, if
+        the process is in one, else now."""
+        with self._lock:
+            return now if self._down_since is None else min(now, self._down_since)

@@ -1,0 +1,109 @@
+"""A server that goes away for good ends a daemon with exit 5 within connect_retry_s of its going,
+plus a small bound (docs/configuration.md), whatever the daemon was doing then: an idle consumer
+waiting in GET_LOCK, a busy one claiming and acking, one extending the lease of a long job, a
+`notifyq produce` stream. The retries of its calls share one deadline, counted from the first
+failure: one call's retry that gives up is not followed by another call's (a give-back, a
+re-registration) with a budget of its own, and every session goes by connect_retry_s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import run_cli, wait_until
+
+from .conftest import recorder_env, write_config
+
+RETRY_S = 4.0
+# The documented bound past connect_retry_s: the last connect attempt (a refused connect fails at
+# once) and the shutdown (its sessions give up at once too), 0.5 to 1.5 s here; the rest is room
+# for a noisy machine. The code before took 60 s at least in a consumer (its work session's own
+# minute, then another for the call after it), and 3 x connect_retry_s in a produce stream (one
+# budget per session and call).
+EXIT_BOUND_S = 6.0
+
+
+def _in_get_lock(fdb) -> bool:
+    rows = fdb.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s "
+                     "AND INFO LIKE %s", (fdb.dsn.user, "%GET_LOCK%"))
+    return rows[0][0] > 0
+
+
+def _exit_after_stop(server, proc) -> tuple[int, float]:
+    """Stop the server for good; (the exit code, seconds from the stop's start to the exit)."""
+    stopped_at = time.monotonic()
+    server.stop()
+    code = proc.wait(RETRY_S + 180)  # the old code's worst case, with room: a failure, not a hang
+    return code, time.monotonic() - stopped_at
+
+
+def _assert_prompt_exit_5(code: int, took_s: float, proc, setting: str = ": connect_retry_s") -> None:
+    log = proc.stderr_text()
+    print(f"exit {code} after {took_s:.1f} s")  # the measurement (pytest -rA shows it)
+    assert code == 5, log[-3000:]
+    assert took_s < RETRY_S + EXIT_BOUND_S, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
+    # The line names the budget that was applied (the code before named a minute of connect_retry_s)
+    assert f"retried for {RETRY_S:g} s{setting})" in log, log[-3000:]
+
+
+def test_an_idle_consumer_waiting_in_get_lock_exits_5_within_connect_retry_s(server, fdb, procs, tmp_path):
+    # Given an idle consumer with connect_retry_s = 4, waiting for work in GET_LOCK
+    env = recorder_env(fdb, tmp_path / "out", NOTIFYQ_CONNECT_RETRY_S=str(RETRY_S))
+    consumer = procs.consumer(env, "q", handler="nqhandlers:record")
+    wait_until(lambda: _in_get_lock(fdb), 60, 0.05, "the consumer waiting in GET_LOCK")
+    # When the server stops and stays down
+    code, took_s = _exit_after_stop(server, consumer)
+    # Then the consumer exits 5 within connect_retry_s and the bound
+    _assert_prompt_exit_5(code, took_s, consumer)
+
+
+def test_a_busy_consumer_claiming_and_acking_exits_5_within_connect_retry_s(server, fdb, procs, tmp_path):
+    # Given a consumer with connect_retry_s = 4 busy with short jobs (claims and acks all the time)
+    env = recorder_env(fdb, tmp_path / "out", sleep_s=0.01, NOTIFYQ_CONNECT_RETRY_S=str(RETRY_S))
+    put = run_cli(env, "produce", "-q", "q", input="{}\n" * 20000)
+    assert put.returncode == 0, put.stderr
+    consumer = procs.consumer(env, "q", "--batch-size", "5")
+    wait_until(lambda: int(fdb.scalar("SELECT COUNT(*) FROM nq_job")) < 19900, 60, 0.05, "jobs done")
+    # When the server stops and stays down
+    code, took_s = _exit_after_stop(server, consumer)
+    # Then the consumer exits 5 within connect_retry_s and the bound
+    _assert_prompt_exit_5(code, took_s, consumer)
+
+
+def test_a_consumer_extending_a_long_commands_lease_exits_5_within_connect_retry_s(server, fdb, procs, tmp_path):
+    # Given a consumer with connect_retry_s = 4 running a long command on a 3 s lease (extended
+    # each second while it runs)
+    config = write_config(tmp_path / "nq.toml", "[defaults]\nlease_s = 3.0\n")
+    env = recorder_env(fdb, tmp_path / "out", NOTIFYQ_CONNECT_RETRY_S=str(RETRY_S), NOTIFYQ_CONFIG=str(config))
+    started = tmp_path / "started"
+    assert run_cli(env, "produce", "-q", "q", "{}").returncode == 0
+    consumer = procs.start(env, "consume", "-q", "q", "--command", f"sh -c 'touch {started}; exec sleep 120'")
+    wait_until(started.exists, 60, 0.05, "the command started")
+    # When the server stops and stays down
+    code, took_s = _exit_after_stop(server, consumer)
+    # Then the consumer exits 5 within connect_retry_s and the bound, its command still running
+    _assert_prompt_exit_5(code, took_s, consumer)
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "busy"])
+def test_a_produce_stream_exits_5_within_connect_retry_s(server, fdb, procs, tmp_path, idle):
+    # Given `notifyq produce` reading a stream, with connect_retry_s = 4, that has put a line
+    env = {**fdb.env, "NOTIFYQ_CONNECT_RETRY_S": str(RETRY_S)}
+    producer = procs.start(env, "produce", "-q", "q", "--print-ids", stdin=True)
+    producer.stdin.write("{}\n")
+    producer.stdin.flush()
+    wait_until(lambda: producer.stdout_text().strip(), 60, 0.05, "the first id")
+    # When the server stops and stays down, and (busy) lines keep coming
+    stopped_at = time.monotonic()
+    server.stop()
+    if not idle:
+        for _ in range(5):
+            producer.stdin.write("{}\n")
+            producer.stdin.flush()
+    # Then the stream exits 5 within connect_retry_s and the bound (idle: at its next line)
+    if idle:
+        producer.stdin.write("{}\n")
+        producer.stdin.flush()
+    code = producer.wait(RETRY_S + 180)
+    took_s = time.monotonic() - stopped_at
+    _assert_prompt_exit_5(code, took_s, producer, setting="")

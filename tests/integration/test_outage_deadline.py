@@ -1,0 +1,63 @@
+"""The sessions of one process share one connect deadline per server (store/reach.py): counted
+from the first failure to reach it, so a call after another call's retry gave up makes one
+attempt instead of retrying as long again, and a connect that succeeds ends the outage."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from notifyq import errors
+from notifyq.config import DSN
+from notifyq.store.db import Session
+from notifyq.store.reach import Reach
+
+
+@pytest.fixture
+def gone_dsn():
+    """A DSN on a port bound but not listening: connections are refused, deterministically."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield DSN.parse(f"mysql://u@127.0.0.1:{s.getsockname()[1]}/db")
+
+
+def timed_connect(session: Session) -> tuple[str, float]:
+    started = time.monotonic()
+    with pytest.raises(errors.DatabaseError) as raised:
+        session.connect()
+    return str(raised.value), time.monotonic() - started
+
+
+def test_a_second_session_after_the_first_gave_up_makes_one_attempt(gone_dsn):
+    # Given a session of this process that retried an unreachable server for its 1 s and gave up
+    first, took_s = timed_connect(Session(gone_dsn, retry_s=1.0, retry_setting="connect_retry_s"))
+    assert took_s >= 0.9 and "retried for 1 s: connect_retry_s" in first, first
+    # When another session of the process connects to the same server
+    second, took_s = timed_connect(Session(gone_dsn, retry_s=1.0, retry_setting="connect_retry_s"))
+    # Then it gives up at once: the outage is already older than its budget
+    assert took_s < 0.5, took_s
+    assert "retried for 1 s: connect_retry_s" in second, second
+
+
+def test_a_budget_of_the_codes_own_does_not_name_connect_retry_s(gone_dsn):
+    # Given a housekeeping session with a budget of its own (a reaper pass's, the stopper's)
+    message, _ = timed_connect(Session(gone_dsn, retry_s=0.2))
+    # Then its error names that budget, and no setting it does not come from
+    assert "retried for 0.2 s)" in message and "connect_retry_s" not in message, message
+
+
+def test_a_connect_that_succeeds_ends_the_outage(db):
+    # Given an outage of this process's server recorded long ago
+    reach = Reach.of(db.dsn)
+    reach.failed(time.monotonic() - 100)
+    # When a session connects (its one attempt is made whatever the budget left)
+    session = Session(db.dsn, retry_s=1.0)
+    try:
+        session.conn
+    finally:
+        session.close()
+    # Then the outage is over: the next retry counts from its own start
+    now = time.monotonic()
+    assert reach.since(now) == now
