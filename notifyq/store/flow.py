@@ -53,6 +53,9 @@ KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the 
 # thousands of jobs ready, and an empty claim sends its worker to queue for the watch lock, where
 # the idle ones pass one claim at a time. 32 ids of an index-only read cost no more to read.
 MIN_CANDIDATES = 32
+# The most jobs of a key a claim reads by flow_key_firsts' dives (a dive per job); a key it may
+# take more of is read by flow_key_ready, a statement part of its own
+FIRSTS_MAX = 4
 # How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
 # fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
 UNKEYED_DEPTH = 1000
@@ -142,15 +145,19 @@ class FlowClaims:
         one key's, whose spent budget then held every other key back until its refill."""
         return cls(FlowLimits.of(qc)) if qc.flow_controlled or qc.rates[1] is not None else None
 
-    def looks(self, cur, queue: str, batch_size: int, lead: list[tuple[str, dict[str, Any]]]) -> list[list[tuple]]:
-        """The claim's first round trip: its own looks (`lead`: the due job, the pause, a
-        watcher's count; statements that return rows) and, after them, this claim's key reads.
-        The looks' rows, in order; candidates() then goes on from the key reads (a claim that
-        promotes due jobs after its looks drops them, and candidates() reads the keys again)."""
+    def looks(self, cur, queue: str, batch_size: int, lead: list[tuple[str, dict[str, Any]]],
+              writes: list[tuple[str, dict[str, Any]]] = ()) -> tuple[list[int], list[list[tuple]]]:
+        """The claim's first round trip: its `writes` (a limited claim's acks: statements that
+        return no rows), its own looks (`lead`: the due job, the pause, a watcher's count;
+        statements that return rows) and, after them, this claim's key reads. The writes' row
+        counts and the looks' rows, in order; candidates() then goes on from the key reads (a
+        claim that promotes due jobs after its looks drops them, and candidates() reads the
+        keys again)."""
         first = self._first_steps(queue, batch_size)
-        results = _results(cur, list(lead) + first)
+        counts: list[int] = []
+        results = _results(cur, list(writes) + list(lead) + first, counts=counts)
         self._first = ((queue, batch_size), results[len(lead):])
-        return results[:len(lead)]
+        return counts[:len(writes)], results[:len(lead)]
 
     def drop_looks(self) -> None:
         self._first = None
@@ -244,17 +251,23 @@ class FlowClaims:
         if locking:
             steps.append((Q["flow_lock"], {"queue": queue, "keys": tuple(locking)}))
         steps.append((Q["flow_running"], {"queue": queue}))
-        if keys:
+        # Each key's first jobs: a few of each in one statement of dives, more by flow_key_ready
+        few = [k for k in keys if caps[k] <= FIRSTS_MAX]
+        many = [k for k in keys if caps[k] > FIRSTS_MAX]
+        if few:
+            steps.append(_firsts(queue, few, max(caps[k] for k in few)))
+        if many:
             steps.append((Q["flow_key_ready"], None))
         steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}))
-        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
+        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
         results = _results(cur, steps, per_key)
         if locking:
             locked = {r[0] for r in results.pop(0)}
         else:
             locked = set()
         running = {r[0]: int(r[1]) for r in results.pop(0)}
-        ready = results.pop(0) if keys else []
+        ready = _capped(results.pop(0), caps) if few else []
+        ready += results.pop(0) if many else []
         head = results.pop(0)
         unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
         # The head is keyed jobs (of keys that may well be at their limit): the unkeyed ones
@@ -431,17 +444,40 @@ def _step(n: int) -> str:
     return Q["flow_next_key"].replace("@nq_kSTEP", f"@nq_k{n}").replace("@nq_kPREV", f"@nq_k{n - 1}")
 
 
+def _firsts(queue: str, keys: list[str], n: int) -> tuple[str, dict[str, Any]]:
+    """flow_key_firsts for `keys`, their first `n` ready jobs each (its derived part once per
+    offset 0 .. n-1)."""
+    sql = Q["flow_key_firsts"]
+    head, _, rest = sql.partition("FROM (")
+    part, _, tail = rest.rpartition(") f JOIN")
+    parts = " UNION ALL ".join(part.replace("%(offset)s", f"%(offset{i})s") for i in range(n))
+    params: dict[str, Any] = {"queue": queue, "keys": tuple(keys), **{f"offset{i}": i for i in range(n)}}
+    return f"{head}FROM ({parts}) f JOIN{tail}", params
+
+
+def _capped(rows: list[tuple], caps: dict[str, int]) -> list[tuple]:
+    """flow_key_firsts' rows (id, key, key_prio, run_at), each key's first caps[key] in claim
+    order (its read took as many of each key as the key with the largest cap)."""
+    out: list[tuple] = []
+    taken: dict[str, int] = {}
+    for row in sorted(rows, key=lambda r: (r[2], r[3], r[0])):
+        if taken.get(row[1], 0) < caps[row[1]]:
+            taken[row[1]] = taken.get(row[1], 0) + 1
+            out.append(row)
+    return out
+
+
 def _add_keys(n: int) -> str:
     head, _, row = Q["flow_add_keys"].partition("VALUES ")
     return head + "VALUES " + ", ".join(row.replace("%(key)s", f"%(key{i})s") for i in range(n))
 
 
 def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
-             union_params: list[dict[str, Any]] | None = None) -> list[list[tuple]]:
+             union_params: list[dict[str, Any]] | None = None, counts: list[int] | None = None) -> list[list[tuple]]:
     """Run `steps` as one multi-statement query (one round trip) and return the rows of each
-    statement that returns rows, in order. A step whose params are None is a UNION ALL of its
-    statement (flow_key_ready or flow_key_ready_for_version), bound part by part with
-    union_params."""
+    statement that returns rows, in order (and every statement's row count into `counts`). A
+    step whose params are None is a UNION ALL of its statement (flow_key_ready or
+    flow_key_ready_for_version), bound part by part with union_params."""
     texts = []
     for sql, params in steps:
         if params is None:
@@ -451,6 +487,8 @@ def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
     cur.execute(";\n".join(texts))
     out = []
     while True:
+        if counts is not None:
+            counts.append(cur.rowcount)
         if cur.description is not None:
             out.append(list(cur.fetchall()))
         if not cur.nextset():

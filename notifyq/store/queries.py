@@ -287,17 +287,27 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if paused:  # (the COMMIT lets go of what claim_take locked)
                 return Claim([], token, True, True)
         elif flow is not None:
+            writes: list[tuple[str, dict[str, Any]]] = []
             if front:
                 # A limited claim's acks go first, in its transaction: its counts of running
                 # jobs then leave their jobs out (its own DELETE is visible to it), and their
                 # slots are taken again by this claim, under its keys' locks, or freed by its
-                # COMMIT. Checked at once, as send_commit checks a plain claim's.
-                front_counts[:] = session.pipeline.run_all(cur, acks.statements(bump=False))
-                acks.verify(cur, front_counts, bumped=False)
+                # COMMIT. In its first round trip, checked once it is read, as send_commit
+                # checks a plain claim's; kept results (maybe large: send_commit's sizing)
+                # go in a round trip of their own.
+                if any(r is not None for r in acks.results or ()):
+                    front_counts[:] = session.pipeline.run_all(cur, acks.statements(bump=False))
+                    acks.verify(cur, front_counts, bumped=False)
+                else:
+                    writes = acks.statements(bump=False)
             # The looks ride the flow read's first round trip (its keys and their counts), after
             # them: a watcher's count is read before any candidate, as below
             names = ("signal_total",) * as_watcher + ("due_any", "queue_paused")
-            *count, due_rows, paused_rows = flow.looks(cur, queue, batch_size, [(Q[name], params) for name in names])
+            counts, (*count, due_rows, paused_rows) = flow.looks(cur, queue, batch_size,
+                                                                [(Q[name], params) for name in names], writes)
+            if writes:
+                front_counts[:] = counts
+                acks.verify(cur, front_counts, bumped=False)
             if as_watcher:
                 seen_seq = int(count[0][0][0])
             due = bool(due_rows)
