@@ -12,10 +12,12 @@ consumer's rows stay claimed until a reaper takes them back, so its slots come b
 never earlier. The queue's `limit` is the same with the queue's own row (the empty key: no
 job's key is empty).
 
-The candidates come through ix_key, one read per key (flow_key_ready), so a key with 50,000
-ready jobs costs a claim the few rows it may take, not the other keys their turn. The keys are
-the ones nq_flow_key names, read round-robin; keys not named yet are found by a few dives into
-ix_key per claim (discovery) and named in the claim's own transaction. With `fair`, a claim
+The candidates come through ix_key, one read per key (flow_key_firsts' dives, or
+flow_key_ready for a key it may take more than a few of), so a key with 50,000 ready jobs costs
+a claim the few rows it may take, not the other keys their turn. The keys are the ones
+nq_flow_key names, read round-robin; keys not named yet are found by a few dives into ix_key
+per claim (discovery: more while each dive finds a new key) and named in the claim's own
+transaction. With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
 and age order inside each round); without, in claim order (priority, run_at, id). A queue with
 a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim

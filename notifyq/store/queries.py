@@ -214,7 +214,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     DELETE can wait for a lock or lose a deadlock, and a KILL QUERY can answer it OK with no
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
-    row counts are theirs.
+    row counts are theirs. A limited queue's claim sends them (but the signal's bump) first, in
+    its first round trip, so that its counts of running jobs leave them out (`front`).
     rates: the queue's rate limits (store/rates.py): only candidates the log (as committed) has a
     start for are locked (rates.hint), and of the locked rows only those a start is free for
     under the budgets' locks are marked, their starts written in this transaction; its jobs
