@@ -30,6 +30,11 @@ GRACE_EXPIRED = "interrupted: the shutdown grace expired while the command ran: 
 CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
+# The process groups of every command of this process that may still run (added at the start,
+# removed once the command is reaped), whatever handler started it: a consumer that exits at
+# once (a second stop signal) kills them all first (kill_all_groups), from a signal handler.
+_live_groups: set[int] = set()
+
 
 class CommandHandler(Handler):
     """Runs `command` (split like a shell would, but without a shell) with a timeout.
@@ -106,6 +111,7 @@ class CommandHandler(Handler):
                                     stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
         except OSError as e:
             return f"cannot run {self.argv[0]}: {e.strerror}"
+        _live_groups.add(proc.pid)  # start_new_session: the group's id is the command's pid
         with self._lock:
             self._running[threading.get_ident()] = proc
             stopping = self._stopping
@@ -127,6 +133,8 @@ class CommandHandler(Handler):
         finally:
             with self._lock:
                 self._running.pop(threading.get_ident(), None)
+            if proc.returncode is not None:  # reaped: its pid, so its group's id, may be reused
+                _live_groups.discard(proc.pid)
 
     def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None],
               cancel: Callable[[], bool] | None = None) -> str | None:
@@ -186,6 +194,17 @@ def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     return out
 
 
+def kill_all_groups() -> None:
+    """SIGKILL the process group of every command of this process that may still run: called
+    right before the process exits without a drain (a second stop signal, daemon.StopSignals),
+    from the signal handler: no lock, one system call per group, over a copy of the set."""
+    for pgid in tuple(_live_groups):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:  # gone already (or no longer ours to signal)
+            pass
+
+
 def _end_groups(procs: list[subprocess.Popen], wait_s: float) -> None:
     """SIGTERM each command's process group, SIGKILL what is left of the groups after wait_s;
     returns once the commands are reaped (or a second later, one in uninterruptible sleep)."""
@@ -224,6 +243,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    if proc.returncode is not None:  # reaped: its group's id may be another's by now
+        return
     try:
         os.killpg(proc.pid, sig)  # start_new_session: the group's id is the command's pid
     except ProcessLookupError:

@@ -38,6 +38,10 @@ from notifyq.store.db import Session
 
 log = logging.getLogger("notifyq.service")
 
+# After the grace, settling what still ran and unregistering get this long at most: a server that
+# does not answer must not hold a stop past systemd's TimeoutStopSec (docs/deploys.md).
+SETTLE_AT_EXIT_S = 12.0
+
 @dataclasses.dataclass(frozen=True)
 class ConsumeOptions:
     """How a ConsumerService runs its queues: what `notifyq consume`'s flags say. A field left
@@ -120,6 +124,10 @@ class ConsumerService(Supervisor):
         # Every handler made for the workers, a reload's too (a batch keeps the one it was
         # claimed with): what end_handlers stops as the process exits
         self.made_handlers: list[Handler] = []
+        # Armed by begin_shutdown: at the grace's end it ends the handlers' commands (_stopped:
+        # which workers' handlers stopped what they ran).
+        self._grace_end: threading.Timer | None = None
+        self._stopped: dict[int, bool] = {}
 
     def _handler_for(self, queue: str) -> Handler:
         handler = self._made_for(queue)
@@ -361,10 +369,11 @@ class ConsumerService(Supervisor):
 
     def shutdown(self) -> None:
         grace = self.config.consumer.shutdown_grace_s
+        deadline = time.monotonic() + grace  # from the stop: begin_shutdown may wait for the server
         if self.notifier:
             self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")
-        self.begin_shutdown()
-        self.finish_shutdown(time.monotonic() + grace)
+        self.begin_shutdown(deadline)
+        self.finish_shutdown(deadline)
         self.log_stopped()
 
     def log_stopped(self) -> None:
@@ -372,9 +381,19 @@ class ConsumerService(Supervisor):
         log.info("consumer stopped claimed=%d done=%d failed=%d dead=%d given_back=%d lost_acks=%d cancelled=%d",
                  t.claimed, t.succeeded, t.failed, t.dead, t.given_back, t.lost_acks, t.cancelled)
 
-    def begin_shutdown(self) -> None:
-        """Stop claiming, wake the idle waits, hand the periodic ticks to a peer."""
+    def begin_shutdown(self, deadline: float | None = None) -> None:
+        """Stop claiming, wake the idle waits, hand the periodic ticks to a peer. At `deadline`
+        (the grace's end), what the handlers still run outside the process (commands) is ended."""
         self.stop.set()
+        # On a thread of its own, armed first: waking the idle waits, and the grace's loop
+        # (finish_shutdown), may wait a few seconds each for a server that does not answer (a
+        # connect, a stall look), and ending a command needs no server (only recording its
+        # jobs' outcome does).
+        if deadline is not None:
+            self._grace_end = threading.Timer(max(0.0, deadline - time.monotonic()),
+                                              lambda: self._stopped.update(self._stop_handlers()))
+            self._grace_end.daemon = True
+            self._grace_end.start()
         self._interrupt_idle_waits()
         if self.scheduler is not None:
             self.scheduler.close()  # frees the leader locks: a peer takes over the ticks
@@ -393,7 +412,28 @@ class ConsumerService(Supervisor):
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
                         "are given back interrupted (no attempt charged), the unstarted ones given back",
                         len(stuck))
-            self._abandon(stuck)
+        if self._grace_end is not None:  # not needed (every worker ended in time), or it ran or runs now
+            self._grace_end.cancel()
+            self._grace_end.join()
+        stopped = self._stopped
+        if stuck and not stopped:  # (no timer armed, or the loop saw the deadline before it fired)
+            stopped = self._stop_handlers()
+        # Settling and unregistering need the server: bounded, so a server that does not answer
+        # (frozen, a black-holed path) holds the exit SETTLE_AT_EXIT_S at most, not each read's
+        # and connect's timeouts in turn (over a minute). Left unfinished, the daemon thread dies
+        # with the process, whose connections close: the reaper takes back what it held.
+        settling = threading.Thread(target=self._settle, args=(stuck, stopped), name="notifyq-settle",
+                                    daemon=True)
+        settling.start()
+        settling.join(SETTLE_AT_EXIT_S)
+        if settling.is_alive():
+            log.warning("the server did not answer within %g s: exiting without settling the running "
+                        "batches or unregistering; the reaper takes back what this consumer held",
+                        SETTLE_AT_EXIT_S)
+
+    def _settle(self, stuck: list[Worker], stopped: dict[int, bool]) -> None:
+        if stuck:
+            self._abandon(stuck, stopped)
         self.presence.close()  # after the workers
 
     def end_handlers(self) -> None:
@@ -423,12 +463,17 @@ class ConsumerService(Supervisor):
         finally:
             session.close()
 
-    def _abandon(self, stuck: list[Worker]) -> None:
+    def _stop_handlers(self) -> dict[int, bool]:
+        """The grace's end: what the still-running handlers run outside the process (commands)
+        is ended (Worker.stop_handler). {id(worker): whether its handler stopped what it ran}."""
+        return {id(r.worker): r.worker.stop_handler() for r in self.running if r.thread.is_alive()}
+
+    def _abandon(self, stuck: list[Worker], stopped: dict[int, bool]) -> None:
         """Nothing stays claimed by a process that exits: see Worker.abandon."""
         session = Session(self.config.dsn, retry_s=5, name="shutdown")
         try:
             for worker in stuck:
-                worker.abandon(session)
+                worker.abandon(session, stopped.get(id(worker), False))
         except Exception as e:  # what we could not settle, the reaper returns
             log.warning("could not settle the running batches error=%s", e)
         finally:

@@ -388,15 +388,22 @@ class Worker:
         self.work = self._new_work_session()
         return self.work
 
-    def abandon(self, session: Session) -> None:
-        """The shutdown grace expired while this worker's handler still ran (service thread)."""
+    def stop_handler(self) -> bool:
+        """The shutdown grace expired while this worker's handler still ran (service thread): a
+        command runs in a process group of its own, which would outlive us and run on while a
+        peer ran its jobs again. It is ended now, whatever the server does (stop_running needs
+        none). True when the handler stopped what it ran (a command's handler)."""
+        run = self.current_run
+        return run is not None and run.handler.stop_running()
+
+    def abandon(self, session: Session, stopped: bool) -> None:
+        """After stop_handler (service thread). A command killed hands its worker back the batch,
+        which settles it (interrupted, not charged: the grace expired) and counts it before our
+        summary; else the batch is settled here, on `session`."""
         run = self.current_run
         if run is None:
             return
-        # A command runs in a process group of its own: it would outlive us and run on while
-        # a peer ran its jobs again. Killed, it hands its worker back the batch, which settles
-        # it (interrupted, not charged: the grace expired) and counts it before our summary.
-        if run.handler.stop_running() and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
+        if stopped and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
             return
         run.abandon(session)
 

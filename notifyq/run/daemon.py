@@ -107,7 +107,10 @@ class StopSignals:
     (wait(), clear()). So handlers only count and put() on a SimpleQueue, which is
     documented reentrant, and a thread sets the Events. Enter from the main thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, before_exit_now: Callable[[], None] | None = None) -> None:
+        # Run in the signal handler right before os._exit on a second stop: what must not
+        # outlive the process (a consumer's commands, commands.kill_all_groups).
+        self.before_exit_now = before_exit_now
         self.stop_requested = threading.Event()
         self.reload_requested = threading.Event()
         self._wake = threading.Event()  # set along with either, so wait() watches both
@@ -137,7 +140,11 @@ class StopSignals:
             self._stops += 1
             if self._stops > 1:
                 os.write(2, b"notifyq: second stop signal, exiting now without draining\n")
-                os._exit(EXIT_KILLED)
+                try:
+                    if self.before_exit_now is not None:
+                        self.before_exit_now()
+                finally:
+                    os._exit(EXIT_KILLED)
         self._queue.put(signum)
 
     def _dispatch(self) -> None:

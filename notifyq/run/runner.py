@@ -250,13 +250,16 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
 
 def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | None,
             log_file: str | None) -> int:
+    from notifyq.consume import commands
     from notifyq.run import daemon as daemon_mod
 
     cfg = ctx.config()
     service = ConsumerService(cfg, options)  # validates queue names before any fork
     with ExitStack() as stack:
         _setup_process(stack, cfg, daemon=daemon, pidfile=pidfile, log_file=log_file)
-        signals = stack.enter_context(daemon_mod.StopSignals())
+        # A second stop exits at once: the commands' process groups are killed first, or they
+        # would run on while the reaper gives their jobs to another consumer.
+        signals = stack.enter_context(daemon_mod.StopSignals(before_exit_now=commands.kill_all_groups))
         service.notifier = daemon_mod.SystemdNotifier()
         if cfg.consumer.metrics_port:
             from notifyq.ops import metrics

@@ -235,11 +235,11 @@ class ConsumerService(Supervisor):
 
     def shutdown(self) -> None:
         grace = self.config.consumer.shutdown_grace_s
+        deadline = time.monotonic() + grace  # from the stop: begin_shutdown may wait for a server
         if self.notifier:
             self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")
         for service in self.services.values():
-            service.begin_shutdown()
-        deadline = time.monotonic() + grace
+            service.begin_shutdown(deadline)
         for service in self.services.values():
             service.finish_shutdown(deadline)
         t = self.totals()
