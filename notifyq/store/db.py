@@ -136,6 +136,9 @@ class Session:
         # from another thread (the driver refuses fileno() while a read is under way, and a
         # descriptor's number is reused once closed; an inode names one socket).
         self._socket: tuple[int, int] | None = None
+        # A duplicate of that socket's descriptor, kept while the connection is, which
+        # closed_by_server polls (made at its first call: only a consumer's liveness session asks)
+        self._watch: SocketWatch | None = None
         # The client port of each connection id this session has had (the last few; None: a unix
         # socket): the server lists it in the session's host, and ids start again from 1 after a
         # server restart, so an id alone may name another client's session by then (port_of).
@@ -348,6 +351,9 @@ class Session:
             self.pipeline.fail_pending(MySQLdb.OperationalError(2013, "connection discarded before the reply"))
         if self._conn is not None:
             self._socket = None
+            watch, self._watch = self._watch, None
+            if watch is not None:  # first: the connection's socket closes with its own descriptor
+                watch.close()
             try:
                 self._conn.close()
             except Exception:  # already broken: nothing to clean up
@@ -368,7 +374,15 @@ class Session:
         mine = self._socket
         if mine is None or self.waiting is not None or self.pipeline.pending is not None:
             return False
-        return readable(mine)
+        watch = self._watch
+        if watch is None or watch.mine is not mine:
+            # Asked before every job a consumer starts: one duplicate per connection, polled,
+            # where a duplicate made, checked and closed per call cost 3-8 µs a job
+            watch = self._watch = SocketWatch(mine)
+            if self._socket is not mine:  # discarded meanwhile: hold nothing of the old socket
+                watch.close()
+                return False
+        return watch.readable()
 
     def cut_socket(self) -> bool:
         """Shut this session's socket down on the client's side, from another thread (the stall
@@ -538,17 +552,52 @@ def client_port(mine: tuple[int, int] | None) -> int | None:
             return None
 
 
-def readable(mine: tuple[int, int]) -> bool:
-    """Whether a connection's socket (socket_of) has something to read now, without reading it;
-    False if it is not that socket any more (closed, its number reused)."""
-    import select  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+class SocketWatch:
+    """A duplicate of a connection's descriptor (socket_of), held until close(), and a poll of
+    it: whether the socket has something to read, at one system call. While the duplicate is
+    open its number names this socket and no other, so the poll never asks about a file that
+    took a closed descriptor's number; close() and the poll take turns (another thread may
+    close it). If the descriptor is not that socket any more when it is made, it polls nothing
+    (False)."""
 
-    with _duplicate(mine) as sock:
-        if sock is None:
-            return False
-        poller = select.poll()
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(0))
+    __slots__ = ("mine", "_fd", "_poller", "_lock")
+
+    def __init__(self, mine: tuple[int, int]):
+        import select  # here: the consumer's start path does not load it (tests/unit/test_imports.py)
+
+        self.mine = mine
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._poller = select.poll()
+        number, inode = mine
+        try:
+            fd = os.dup(number)
+        except OSError:  # closed meanwhile
+            return
+        try:
+            if os.fstat(fd).st_ino == inode:
+                self._poller.register(fd, select.POLLIN | select.POLLPRI)
+                self._fd, fd = fd, -1
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def readable(self) -> bool:
+        with self._lock:
+            return self._fd >= 0 and bool(self._poller.poll(0))
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)  # the duplicate only: the connection's own descriptor is the driver's
+
+    def __del__(self) -> None:  # a session dropped without close(): its socket must not live on here
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def shut_down(mine: tuple[int, int] | None) -> bool:

@@ -169,20 +169,31 @@ def _datetime(text):
 
 class Ids(tuple):
     """Job ids for `IN %(ids)s`, rendered `(1,2,3)` in one step. A plain list goes through
-    literal() once per element, three times per claimed batch. int() on
-    every element keeps it a bound value: anything but an integer raises."""
+    literal() once per element, three times per claimed batch. Every element written as an
+    integer keeps it a bound value: anything else raises. An ack's ids are rendered for four
+    statements: the text is kept on the tuple (immutable)."""
 
 
 def _ids_literal(ids: Ids, _conversions) -> str:
-    return "(" + ",".join(map(str, map(int, ids))) + ")"
+    try:
+        return ids.__dict__["sql"]
+    except KeyError:
+        sql = ids.__dict__["sql"] = "(" + _int_list_literal(ids, _conversions) + ")"
+        return sql
 
 
 class IntList(tuple):
     """Integers for a list inside a call, `FIELD(id, %(ids)s)`: rendered `1,2,3`, no parentheses."""
 
 
-def _int_list_literal(values: IntList, _conversions) -> str:
-    return ",".join(map(str, map(int, values)))
+def _int_list_literal(values: tuple, _conversions) -> str:
+    # One format for the whole list: a third of the time of ",".join(map(str, map(int, ...))),
+    # which ran for every list of every claim and ack (a batch's ids, the attempts' ages).
+    # What `%d` refuses (a number as text) goes through int() as before: taken, or refused.
+    try:
+        return ("%d," * len(values))[:-1] % values
+    except TypeError:
+        return ",".join(map(str, map(int, values)))
 
 
 CONVERSIONS = {**MySQLdb.converters.conversions, FIELD_TYPE.DATETIME: _datetime,

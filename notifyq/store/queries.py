@@ -130,7 +130,7 @@ class Acks:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
         # Then, in the same transaction: the first step of the release of these jobs' children
         # (workflows), fenced by the records above; verify() runs the rest when it marked any.
-        out += workflows.release_statements(self.ids, self.token)
+        out += workflows.release_statements(ids, self.token)
         if self.wake is not None and bump:  # last: a limited queue's freed slots wake its watcher
             out += self.bump()
         return out

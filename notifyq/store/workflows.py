@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from notifyq.store import signal
-from notifyq.store.driver import cut_short
+from notifyq.store.driver import Ids, cut_short
 from notifyq.store.sql import QUERIES as Q
 
 # after_mode: when a waiting job runs
@@ -30,8 +30,10 @@ WAITING, DONE, FAILED = 0, 2, 3
 
 def _ids(ids: Any) -> tuple[int, ...]:
     """Ids for `IN %(ids)s` as every driver renders them (a caller's connection too: a workflow
-    put or a completion on it), not driver.Ids, which only notifyq's sessions know."""
-    return tuple(int(i) for i in ids)
+    put or a completion on it), not driver.Ids, which only notifyq's sessions know; an ack's
+    own (queries.Acks, a notifyq session) are driver.Ids already, rendered in one step where a
+    tuple is escaped id by id (a batch's every ack)."""
+    return ids if isinstance(ids, Ids) else tuple(int(i) for i in ids)
 
 
 SWEEP_LIMIT = 1000  # parents settled per sweep pass (a backlog takes a few passes)

@@ -135,3 +135,32 @@ def test_send_commit_leaves_every_reply_to_the_next_statement(db, two_rows):
         assert db.query("SELECT id, v FROM t ORDER BY id") == [(1, 7), (2, 8)]
     finally:
         session.close()
+
+
+def test_closed_by_server_sees_a_kill_and_its_socket_watch_holds_no_socket_after_the_discard(db):
+    # closed_by_server polls one duplicate of the connection's descriptor, kept while the
+    # connection is (made per call, it cost a consumer 3-8 µs per job): it must still see the
+    # server's close, and must not keep the socket open once the session lets the connection go
+    import os
+
+    from conftest import wait_until
+
+    session = Session(db.admin)
+    killer = admin_connect(db.admin)
+    try:
+        session.run(lambda cur: cur.execute("DO 1"), what="test")
+        assert not session.closed_by_server()
+        watch = session._watch
+        assert watch is not None and session.closed_by_server() is False and session._watch is watch
+        killer.cursor().execute(f"KILL CONNECTION {int(session.connection_id)}")
+        wait_until(session.closed_by_server, timeout=10, message="the server's close seen on the socket")
+        fd = watch._fd
+        session.discard()
+        assert watch._fd == -1 and session._watch is None
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the duplicate is closed (nothing opened since took its number here)
+        session.run(lambda cur: cur.execute("DO 1"), what="test")  # a new connection, a new watch
+        assert not session.closed_by_server() and session._watch is not watch
+    finally:
+        killer.close()
+        session.close()
