@@ -244,8 +244,8 @@ def _retried(session: Session, job_id: int) -> str:
     """What a retry did: a workflow's job says what it waits for, and which parents it runs without."""
     parents = admin_queries.job_progress(session, job_id)
     notes = []
-    if parents["pending"]:
-        notes.append(f"it waits for {_parents(parents['pending'])} still pending")
+    if parents["awaited"]:
+        notes.append(f"it waits for {_parents(parents['awaited'])} still pending")
     if parents["failed"]:
         notes.append(f"it runs without {_parents(parents['failed'])} that ended dead or cancelled")
     return "retried" + (f" ({'; '.join(notes)})" if notes else "")

@@ -287,8 +287,8 @@ class Producer:
             log.debug("could not settle parents that ended during a put, the sweep will error=%s", e)
 
     def progress(self, job_id: int) -> dict[str, int]:
-        """A waiting job's parents (a batch callback's: the batch's members), counted: done,
-        failed (dead or cancelled), pending."""
+        """A job's parents (a batch callback's: the batch's members), counted as they are now:
+        done, failed (dead or cancelled), pending, and awaited: the pending it still waits for."""
         with self._mutex:
             return self._work_session().run(lambda cur: workflows.progress(cur, job_id), what="progress")
 

@@ -198,8 +198,9 @@ class Producer:
         return producer.put_workflow(workflow, conn=conn)
 
     def progress(self, job_id: int) -> dict[str, int]:
-        """A waiting job's parents counted (a batch callback's: the batch's), by where they are:
-        `{"done": n, "failed": n, "pending": n}`."""
+        """A job's parents counted (a batch callback's: the batch's) as they are now:
+        `{"done": n, "failed": n, "pending": n, "awaited": n}` (awaited: the pending it still
+        waits for; workflows.progress)."""
         return self._workflow_producer().progress(job_id)
 
     def parent_results(self, job_id: int) -> dict[int, Any]:

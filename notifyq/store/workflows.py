@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from notifyq.jobs import STATUS_NAMES
 from notifyq.store import signal
 from notifyq.store.driver import Ids, cut_short
 from notifyq.store.sql import QUERIES as Q
@@ -205,11 +206,47 @@ def insert_edges(cur, edges: list[tuple[int, int, str]]) -> None:
 # ---------------------------------------------------------------- reading
 
 def progress(cur, job_id: int) -> dict[str, int]:
-    """A waiting job's parents, counted: done, failed (dead or cancelled), pending."""
+    """A job's parents (a batch callback's: the batch's members), counted as they are now
+    (parents_now): done, failed (dead or cancelled), pending, and awaited: the pending ones the
+    job still waits for (its edge from them not settled yet)."""
     cur.execute(Q["job_progress"], {"id": int(job_id)})
-    out = {"done": 0, "failed": 0, "pending": 0}
-    for state, n in cur.fetchall():
-        out["done" if state == DONE else "failed" if state == FAILED else "pending"] += int(n)
+    now = parents_now(cur.fetchall())
+    return {"done": now["done"], "failed": now["dead"] + now["cancelled"], "pending": now["pending"],
+            "awaited": now["awaited"]}
+
+
+PENDING = ("ready", "scheduled", "claimed", "waiting")  # a parent's states that count it pending
+
+
+def parent_state(status: int | None, edge_state: int) -> str:
+    """A parent's state now: by its row while it has one (a done parent, kept and then retried,
+    is ready or running again, though its edge still says done), by its edge once its row is
+    gone (counted done: it ended done, its row went with its ack; counted failed: cancelled
+    before it ran, or purged)."""
+    if status is not None:
+        return STATUS_NAMES.get(int(status), str(status))
+    return {DONE: "done", FAILED: "cancelled"}.get(edge_state, "gone")
+
+
+def parents_now(rows: Any) -> dict[str, int]:
+    """(edge state, parent status, n) rows -> the parents counted as they are now: done, dead,
+    cancelled, pending (and pending by state), the total, and awaited: those whose edge still
+    waits, which the child waits for (a parent retried after its done was counted is pending,
+    but not awaited: the child counted it done and runs without waiting for it again). The one
+    count of a job's progress: the API's (progress), `notifyq jobs show`'s and the console's."""
+    out = {"done": 0, "dead": 0, "cancelled": 0, "pending": 0, "awaited": 0, **{p: 0 for p in PENDING}}
+    for edge_state, status, n in rows:
+        n = int(n)
+        name = parent_state(status, int(edge_state))
+        if name in ("done", "dead", "cancelled"):
+            out[name] += n
+        else:
+            out["pending"] += n
+            if name in PENDING:
+                out[name] += n
+            if int(edge_state) not in (DONE, FAILED):
+                out["awaited"] += n
+    out["total"] = out["done"] + out["dead"] + out["cancelled"] + out["pending"]
     return out
 
 

@@ -5,9 +5,10 @@ nor other sites, and SVG's presentation attributes and the stylesheet's classes 
 Layered: a job's row is its level (workflow.walk: one more than its deepest parent's), and
 within a row the jobs are ordered by where their parents were drawn (the mean of their
 columns: fewer crossings than id order, in one pass down). Bounded whatever the workflow's
-size: at most PER_LEVEL jobs a row (the job the page is about always among them) and NODES in
-all, and the edges between the jobs drawn only, at most EDGES; what is left out is counted on
-a row's "+N more" box and in the page's sentence under the graph.
+size: at most PER_LEVEL jobs a row and NODES in all, from the levels around the job the page
+is about (window: it is always drawn, with its neighbours), and the edges between the jobs
+drawn only, at most EDGES; what is left out is counted on a row's "+N more" box and in the
+page's sentence under the graph.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ def layout(members: list[dict[str, Any]], edges: list[tuple[int, int, int]]) -> 
         parents_of.setdefault(child, []).append(parent)
     column: dict[int, float] = {}  # a drawn job's column, for its children's order
     nodes, more, drawn = [], [], 0
-    for level in sorted(by_level):
-        if drawn >= NODES:
-            break
+    levels = window(by_level)
+    for level in levels:
         row = by_level[level]
         room = min(PER_LEVEL, NODES - drawn)
         # The job the page is about first, then those with parents drawn (by their mean
@@ -74,7 +74,35 @@ def layout(members: list[dict[str, Any]], edges: list[tuple[int, int, int]]) -> 
             "height": PAD + len(more) * (NODE_H + GAP_Y) - GAP_Y + PAD,
             "node_w": NODE_W, "node_h": NODE_H, "shown": len(nodes), "of": len(members),
             "omitted": len(members) - len(nodes), "levels_omitted": len(by_level) - len(more),
+            "levels_above": sum(1 for level in by_level if levels and level < levels[0]),
+            "levels_below": sum(1 for level in by_level if levels and level > levels[-1]),
             "edges_omitted": edges_left, "caps": {"nodes": NODES, "per_level": PER_LEVEL, "edges": EDGES}}
+
+
+def window(by_level: dict[int, list[dict[str, Any]]]) -> list[int]:
+    """The levels drawn: consecutive ones around the level of the job the page is about (from
+    the first level when it is not among them), as many as NODES allows at PER_LEVEL a row,
+    one more above, then one more below, in turn: a job deep in a long chain is drawn with its
+    parents and children, not left out past the first NODES levels."""
+    order = sorted(by_level)
+    if not order:
+        return []
+    here = next((i for i, level in enumerate(order) if any(m["here"] for m in by_level[level])), 0)
+    lo, hi = here, here
+    cost = min(PER_LEVEL, len(by_level[order[here]]))
+    while True:
+        grew = False
+        for step in (-1, 1):
+            i = lo - 1 if step < 0 else hi + 1
+            if 0 <= i < len(order):
+                row = min(PER_LEVEL, len(by_level[order[i]]))
+                if cost + row <= NODES:
+                    cost += row
+                    lo, hi = min(lo, i), max(hi, i)
+                    grew = True
+        if not grew:
+            break
+    return order[lo:hi + 1]
 
 
 def _mean(column: dict[int, float], parents: list[int]) -> float:

@@ -167,11 +167,13 @@ class Handler(BaseHTTPRequestHandler):
     def web(self) -> Site:
         return self.server.web  # type: ignore[attr-defined]
 
-    def _request_read(self) -> None:
-        """The whole request is in: its deadline to send it is lifted (bounds.py)."""
-        request_read = getattr(self.server, "request_read", None)  # not on a consumer's metrics port
-        if request_read is not None:
-            request_read(self.request)
+    def setup(self) -> None:
+        """The request is read from what the dispatcher received (bounds.py): a handler never
+        waits for a client to send."""
+        super().setup()
+        received = getattr(self.server, "received", None)  # not on a consumer's metrics port
+        if received is not None:
+            self.rfile = bounds.reader(received(self.request), self.rfile)
 
     def _accepted_at(self) -> float | None:
         """When this connection was accepted (monotonic): a page's time counts from there, the
@@ -254,7 +256,6 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._request_read()
         if self._misdirected():
             return
         parts = urllib.parse.urlsplit(self.path)
@@ -373,11 +374,9 @@ class Handler(BaseHTTPRequestHandler):
             fields = urllib.parse.parse_qs(self.rfile.read(length).decode("utf-8", "replace"),
                                            max_num_fields=MAX_FORM_FIELDS)
         except ValueError:
-            self._request_read()
             self._message(413, f"form refused: more than {MAX_FORM_FIELDS} fields", sid, new)
             return
         form = {k: v[-1] for k, v in fields.items()}
-        self._request_read()
         path = urllib.parse.urlsplit(self.path).path
         guard = self.web.guard
         if not guard.actions:

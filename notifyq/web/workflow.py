@@ -14,46 +14,28 @@ from __future__ import annotations
 from typing import Any
 
 from notifyq.jobs import STATUS_NAMES, Status
-from notifyq.store import admin_queries
+from notifyq.store import admin_queries, workflows
 from notifyq.store.db import Session
 from notifyq.web import graph
 
 EDGE_WAITING, EDGE_DONE, EDGE_FAILED = 0, 2, 3  # nq_edge.state: waiting, and once its parent's end is settled
 AFTER_MODES = {0: "every parent done", 1: "every parent ended (run anyway)",
                2: "every parent ended, one failed (on_dead)"}
-PENDING = ("ready", "scheduled", "claimed", "waiting")
 SHOWN_PARENTS = 5  # parent ids a member's row of the walk names
 
 
 def _state(status: int | None, edge_state: int, as_parent: bool) -> str:
-    """A member's state by its row, or, its row gone, by what its edge says: a parent whose edge
-    counted done ended done (its row went with its ack); one counted failed was cancelled before
-    it ran or purged; a child whose row is gone was done (and not kept), or purged."""
-    if status is not None:
-        return STATUS_NAMES.get(int(status), str(status))
-    if as_parent:
-        return {EDGE_DONE: "done", EDGE_FAILED: "cancelled"}.get(edge_state, "gone")
+    """A member's state by its row, or, its row gone, by what its edge says (as a parent:
+    workflows.parent_state); a child whose row is gone was done (and not kept), or purged."""
+    if as_parent or status is not None:
+        return workflows.parent_state(status, edge_state)
     return "gone"
 
 
 def progress(rows: list[tuple]) -> dict[str, Any]:
-    """(edge state, parent status, n) rows -> done, dead, cancelled and pending counts (pending:
-    by the parent's state), the total and whether the read reached its cap.
-
-    A parent is counted as it is now: by its row while it has one (a done parent, kept and then
-    retried, is ready or running again, though its edge still says done), by its edge once its
-    row is gone."""
-    out: dict[str, Any] = {"done": 0, "dead": 0, "cancelled": 0, "pending": 0, **{p: 0 for p in PENDING}}
-    for edge_state, status, n in rows:
-        n = int(n)
-        name = _state(status, edge_state, True)
-        if name in ("done", "dead", "cancelled"):
-            out[name] += n
-        else:
-            out["pending"] += n
-            if name in PENDING:
-                out[name] += n
-    out["total"] = sum(out[k] for k in ("done", "dead", "cancelled", "pending"))
+    """(edge state, parent status, n) rows -> the parents counted as they are now, as the API's
+    Producer.progress counts them (workflows.parents_now), and whether the read reached its cap."""
+    out: dict[str, Any] = workflows.parents_now(rows)
     out["capped"] = out["total"] >= admin_queries.WEB_PROGRESS_CAP
     return out
 

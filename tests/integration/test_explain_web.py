@@ -168,10 +168,10 @@ def test_the_flow_pages_reads_are_a_bounded_index_range(held_jobs, name):
     assert "LIMIT %(cap)s) r" in QUERIES[name]
 
 
-@pytest.mark.parametrize("name", ("web_job_parents", "web_job_children", "web_job_progress"))
+@pytest.mark.parametrize("name", ("web_job_parents", "web_job_children", "web_job_progress", "job_progress"))
 def test_a_jobs_workflow_reads_are_a_bounded_range_of_its_edges(held_jobs, name):
     # Given a job with 20,000 parents
-    # When the job page's workflow reads are explained
+    # When the job page's workflow reads are explained (and the API's progress: its edges all, counted alike)
     plan = _plan(held_jobs, name, {"id": 100001, "limit": 50, "cap": 10000})
     # Then the edges are a ref of the child index or the primary key, in its order, and each
     # edge's job is one primary-key lookup

@@ -87,7 +87,7 @@ def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db
     batch = wf.batch(members, on_success=("q", {"callback": True}))
     with Producer("q", db.config()) as p:
         p.put_workflow(wf)
-        assert p.progress(batch.on_success.id) == {"done": 0, "failed": 0, "pending": 10}
+        assert p.progress(batch.on_success.id) == {"done": 0, "failed": 0, "pending": 10, "awaited": 10}
         # And `notifyq jobs show` of the callback says where its batch is
         shown = run_cli(db.env, "jobs", "show", str(batch.on_success.id))
         assert shown.returncode == 0, shown.stderr
@@ -105,7 +105,7 @@ def test_a_batch_callback_runs_once_after_its_members_and_reads_their_results(db
     # Then the callback ran once, after them all, and read every member's result
     [(job_id, progress, results)] = seen
     assert job_id == batch.on_success.id
-    assert progress == {"done": 10, "failed": 0, "pending": 0}
+    assert progress == {"done": 10, "failed": 0, "pending": 0, "awaited": 0}
     assert sorted(results.values()) == [n * 10 for n in range(10)]
 
 

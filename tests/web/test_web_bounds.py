@@ -88,6 +88,96 @@ def test_silent_connections_hold_no_thread_and_are_closed_at_their_deadline(db, 
         trickle.close()
 
 
+def test_connections_trickling_their_headers_hold_no_handler(db, web):
+    # Given the pages, whose connections may take 60 s to send their request here
+    w = web()
+    w.httpd.request_s = 60.0
+    host, port = w.httpd.server_address[:2]
+    stop = threading.Event()
+    slow = [socket.create_connection((host, port), timeout=30) for _ in range(bounds.HANDLERS)]
+
+    def trickle(s: socket.socket) -> None:
+        try:
+            s.sendall(b"GET / HTTP/1.0\r\n")
+            while not stop.wait(0.3):  # the client's pace, not a wait on the server
+                s.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=trickle, args=(s,), daemon=True) for s in slow]
+    for t in threads:
+        t.start()
+    try:
+        # When as many connections as handlers trickle a header line at a time, past the time a
+        # request may wait for a handler
+        started = time.monotonic()
+        answers = []
+        while time.monotonic() - started < bounds.QUEUE_S + 1:
+            answers.append(Client(w.url).get("/consumers")[0])
+        # Then every page asked meanwhile is answered (each was 503: the trickling held the handlers)
+        assert answers and set(answers) == {200}, answers
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        for s in slow:
+            s.close()
+
+
+def test_past_the_connections_sending_a_request_the_oldest_is_answered_503_not_the_new_one(db, web):
+    # Given the pages, with as many idle connections open as may be sending a request
+    w = web()
+    w.httpd.request_s = 120.0
+    host, port = w.httpd.server_address[:2]
+    idle = [socket.create_connection((host, port), timeout=30) for _ in range(bounds.WAITING_MAX)]
+    try:
+        # When 24 clients ask for a page, one after another, then 8 at once (accepted after the
+        # idle ones: the server accepts in order)
+        answers = [Client(w.url).get("/consumers")[0] for _ in range(24)]
+        together: list[int] = []
+        clients = [threading.Thread(target=lambda: together.append(Client(w.url).get("/consumers")[0]))
+                   for _ in range(8)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(timeout=60)
+        answers += together
+        # Then each is answered (each was closed with no answer), and the oldest idle connection
+        # (the first client took its place; each next one, its predecessor's) is answered 503,
+        # saying why, and closed; the others are left to their deadline
+        assert answers == [200] * 32, answers
+        got = _all_of(idle[0])
+        assert got.startswith(b"HTTP/1.0 503 ") and b"Retry-After: " in got, got
+        assert f"more than {bounds.WAITING_MAX} connections".encode() in got, got
+        assert not any(_closed_by_server(s) for s in idle[9:])  # 8 at once: 8 more out at most
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_request_head_past_its_bound_is_answered_431_without_a_handler(db, web):
+    # Given the pages
+    w = web()
+    host, port = w.httpd.server_address[:2]
+    # When a request's headers run past 64 KiB without their end
+    s = socket.create_connection((host, port), timeout=30)
+    try:
+        s.sendall(b"GET / HTTP/1.0\r\nX-Long: " + b"a" * (bounds.HEAD_MAX + 1024))
+        # Then it is answered 431 and closed
+        got = _all_of(s)
+        assert got.startswith(b"HTTP/1.0 431 "), got[:200]
+    finally:
+        s.close()
+
+
+def _all_of(s: socket.socket) -> bytes:
+    s.settimeout(30)
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    return got
+
+
 def _trickled_until_closed(s: socket.socket) -> bool:
     """One more header line; True once the server has closed the connection."""
     try:

@@ -71,7 +71,7 @@ def test_a_cancelled_workflow_is_followed_from_a_job_and_brought_back_by_a_retry
     assert [_status(db, r.id) for r in (first, second, third, batch.on_success)] == [0, 6, 6, 6]
     page.goto(base + f"workflow?job={first.id}")
     expect(page.locator('[data-total="waiting"]')).to_have_text("3 waiting")
-    expect(page.locator(f'#members tr[data-job="{second.id}"]')).to_contain_text("waiting (1 pending)")
+    expect(page.locator(f'#members tr[data-job="{second.id}"]')).to_contain_text("waiting for 1 parent")
     screenshot(page, "workflow.png")
 
 

@@ -304,6 +304,37 @@ def test_a_done_parent_retried_is_counted_as_it_is_now_in_its_childs_progress(db
     assert "0 done · 0 dead · 0 cancelled · 1 pending (1 running)" in progress, progress
 
 
+def test_a_done_parent_retried_is_counted_alike_by_the_api_and_every_page(db, web):
+    # Given a, b -> c; a done and kept (its edge counted done), b still ready: c waits for b
+    from conftest import run_cli
+
+    with notifyq.Producer("wf", db.config()) as p:
+        wf = notifyq.Workflow()
+        a = wf.add("wf", {"step": "a"})
+        b = wf.add("wf", {"step": "b"})
+        c = wf.add("later", {"step": "c"}, after=[a, b])
+        p.put_workflow(wf)
+    a, b, c = a.id, b.id, c.id
+    db.query("UPDATE nq_job SET status = 3, finished_at = UTC_TIMESTAMP(6) WHERE id = %s", (a,))
+    db.query("UPDATE nq_edge SET state = 2 WHERE parent_id = %s", (a,))
+    db.query("UPDATE nq_job SET waits_on = 1 WHERE id = %s", (c,))
+    # When a is retried (ready again; its edge to c stays counted done)
+    r = run_cli(db.env, "jobs", "retry", str(a))
+    assert r.returncode == 0, r.stderr
+    # Then the API counts a as it is now, pending, and says c waits for one of the two
+    with notifyq.Producer("wf", db.config()) as p:
+        assert p.progress(c) == {"done": 0, "failed": 0, "pending": 2, "awaited": 1}
+    client = Client(web().url)
+    body = client.get(f"/jobs/{c}")[1]
+    progress = _progress(body)
+    assert "0 done · 0 dead · 0 cancelled · 2 pending (2 ready); it waits for 1 of them" in progress, progress
+    rows = _parent_rows(body)
+    assert rows[a][2:] == ["ready", "no"] and rows[b][2:] == ["ready", "yes"], rows
+    # And the workflow page says c waits for one parent, as its counter does
+    wbody = client.get(f"/workflow?job={c}")[1]
+    assert re.search(rf'<tr data-job="{c}"[^>]*>.*?<td>waiting for 1 parent</td>', wbody, re.S), wbody
+
+
 def _progress(body: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", re.search(r'<p id="progress">(.*?)</p>', body, re.S).group(1)).split())
 
@@ -404,3 +435,25 @@ def test_a_big_workflows_graph_is_drawn_to_a_bound_and_says_what_it_left_out(db,
     assert f"{300 - per_level} edges to jobs not drawn" in bounds, bounds
     assert re.search(rf'<g class="more" data-level="0">.*?\+{300 - per_level} more</text>', body, re.S)
     assert len(re.findall(r'<tr data-job="\d+"', body)) == 301
+
+
+def test_a_job_deep_in_a_long_chain_is_drawn_with_its_neighbours(db, web):
+    # Given a chain of 700 jobs: more levels than the graph draws, more jobs than the walk reads
+    wf = notifyq.Workflow()
+    chain = wf.chain("q", [{"k": i} for i in range(700)])
+    with notifyq.Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    ids = [j.id for j in chain]
+    client = Client(web().url)
+    for at in (600, 155, 699, 0):
+        # When the workflow page of a member is read
+        code, body = client.get(f"/workflow?job={ids[at]}")
+        assert code == 200, body
+        # Then the graph draws that job, marked, with its parent and its child
+        nodes, edges, bounds = _graph(body)
+        assert re.search(rf'class="node [a-z]+ here" data-job="{ids[at]}"', body), (at, bounds)
+        near = [ids[i] for i in (at - 1, at, at + 1) if 0 <= i < 700]
+        assert all(j in nodes for j in near), (at, bounds)
+        assert len(nodes) == graph.NODES, (at, bounds)
+        # And the sentence under it says how many levels it left out above and below
+        assert re.search(r"levels? not drawn \(\d+ above, \d+ below the levels around this job\)", bounds), bounds

@@ -1715,8 +1715,14 @@ LIMIT %(limit)s
 DELETE nq_edge FROM nq_edge FORCE INDEX (ix_child) WHERE child_id IN %(ids)s
 
 -- job_progress --
--- A waiting job's parents by where they are: a batch's progress is its callback's.
-SELECT state, COUNT(*) FROM nq_edge FORCE INDEX (ix_child) WHERE child_id = %(id)s GROUP BY state
+-- A job's parents counted by edge state and parent status (a batch's progress is its
+-- callback's), each parent by primary key: an edge counted done stays so when its parent, kept,
+-- is retried (it runs again), so a parent is counted by its row while there is one, by its edge
+-- once the row is gone (workflows.parents_now). web_job_progress is this, capped.
+SELECT e.state, p.status, COUNT(*) FROM nq_edge e FORCE INDEX (ix_child)
+LEFT JOIN nq_job p FORCE INDEX (PRIMARY) ON p.id = e.parent_id
+WHERE e.child_id = %(id)s
+GROUP BY e.state, p.status ORDER BY NULL
 
 -- parent_results --
 -- A child's parents' results: each parent's latest 'done' record (results kept per queue).
