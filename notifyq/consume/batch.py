@@ -33,6 +33,7 @@ from notifyq.consume.timeout import HandlerCaller, Stray
 from notifyq.consume.traced import Traced
 from notifyq.jobs import Job, envelope, run_of, tracing
 from notifyq.store import queries
+from notifyq.store import results as kept
 from notifyq.store.db import Session
 from notifyq.store.pipeline import Pending
 
@@ -246,7 +247,9 @@ class BatchRun:
         try:
             if self.handler.per_batch:
                 batch.start(jobs)
-                self._call([j for j in jobs if j.error is None])
+                ready = [j for j in jobs if j.error is None]
+                self._call(ready)
+                self._encode_results(ready)
                 batch.finish()
             else:
                 # What waits behind a long job goes back to the queue (lineup.py); a limited
@@ -270,11 +273,6 @@ class BatchRun:
             raise
         finally:
             self.presence.lineup.done(batch)
-            # Jobs the watch is giving back are still claimed by this batch until its COMMIT: a
-            # claim now would pass over them for lower-priority ones (bounded: a give-back stuck
-            # on the server must not stop the worker; they then return as before)
-            if not batch.given_back.wait(GIVE_BACK_WAIT_S):
-                log.debug("claiming while jobs handed back are not back yet queue=%s", self.queue)
             # Counted here, on the worker's thread, as its own give-backs are: no job runs any
             # more, so the watch cannot take more of this batch.
             self.stats.given_back += batch.handed_back
@@ -282,6 +280,7 @@ class BatchRun:
             # batch claimed that it could have settled (its process then exits, deregistered).
             try:
                 self._confirm_claim()  # before the outcomes: acks land only under a claim that holds
+                self._wait_for_give_back()
                 self._settle(batch.take_done())
             finally:
                 if log.isEnabledFor(logging.DEBUG):  # (its count is a pass over the batch)
@@ -298,13 +297,37 @@ class BatchRun:
                     if self._aside is not None:
                         self._aside.close()
 
+    def _wait_for_give_back(self) -> None:
+        """Jobs the watch is giving back are still claimed by this batch until its COMMIT: a
+        claim now would pass over them for lower-priority ones, so the worker waits for it
+        (bounded: a give-back stuck on the server must not stop the worker; they then return as
+        before). The finished jobs' acks wait too: their lease is pushed out while it does (the
+        wait is longer than a short lease)."""
+        batch = self.batch
+        deadline = time.monotonic() + GIVE_BACK_WAIT_S
+        while True:
+            now = time.monotonic()
+            wait_s = deadline - now
+            if batch.done:  # (nothing finished: no lease of ours to keep)
+                wait_s = min(wait_s, batch.extended_at + batch.lease_s * EXTEND_EVERY - now)
+            if batch.given_back.wait(max(0.0, wait_s)):
+                return
+            if time.monotonic() >= deadline:
+                log.debug("claiming while jobs handed back are not back yet queue=%s", self.queue)
+                return
+            if batch.extend_due():
+                self.extend()
+
     def _settle(self, done: list[Job]) -> None:
-        """The finished jobs' outcomes: the successes' acks kept for the next claim. If sending
+        """The finished jobs' outcomes: the successes' acks kept for the next claim, unless
+        their lease is due an extension (the last job or the give-back took a third of it):
+        then acked now, on their own, rather than left to a claim that may come late. If sending
         them fails on anything but the server (a fault of ours), they are sent again at once
         without the handlers' values (a result is all of theirs the outcomes carry), and the fault
         is raised after: the batch is settled whatever ends the worker."""
         try:
-            self.worker.acks.keep(self.outcomes.send(self.work, done, self.batch.token, carry=True))
+            carry = not self.batch.extend_due()
+            self.worker.acks.keep(self.outcomes.send(self.work, done, self.batch.token, carry=carry))
         except errors.DatabaseError:
             raise  # the server is away: the worker's outage path (the reaper takes the rest back)
         except Exception as e:
@@ -386,6 +409,7 @@ class BatchRun:
                 ready = [j for j in group if j.error is None]
             if ready:
                 self._call(ready)
+                self._encode_results(ready)
             batch.finish()
 
     def _confirm_claim(self) -> None:
@@ -461,6 +485,17 @@ class BatchRun:
         if tracing.HOOK is not None:  # read per call: an app may instrument after the consumer started
             handler = Traced(handler, tracing.HOOK, self.queue)
         self.caller.call(handler, jobs, self._keep_lease, self.qc.timeout_s, self._take_over)
+
+    def _encode_results(self, jobs: list[Job]) -> None:
+        """What the handler returned for `jobs`, rendered as kept (or let go: a queue that keeps
+        no results) now, on the worker's thread, before the next job starts (Run.encode_result)."""
+        if self.qc.keeps_results:
+            max_packet = self.work.max_allowed_packet
+            for job in jobs:
+                run_of(job).encode_result(lambda value, job_id=job.id: kept.result_text(value, job_id, max_packet))
+        else:
+            for job in jobs:
+                run_of(job).drop_result()
 
     def _take_over(self, stray: Stray) -> None:
         """A call ran past its timeout_s: its thread extends nothing any more (an extension under

@@ -87,7 +87,7 @@ class Outcomes:
         if not ok:
             return None
         max_packet = session.max_allowed_packet
-        results = [kept.result_text(r.result, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
+        results = [kept_text(r, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [r.started if r.started is not None else 0.0 for _, r in ok],
                             [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
@@ -127,8 +127,7 @@ class Outcomes:
             if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
                 self.stats.succeeded += 1
                 self.stats.by_task.of(run.task).counters["succeeded"] += 1
-                text = (kept.result_text(run.result, job.id, session.max_allowed_packet)
-                        if self.qc.keeps_results else None)
+                text = kept_text(run, job.id, session.max_allowed_packet) if self.qc.keeps_results else None
                 if text is not None:
                     results.append((job.id, text))
                 if job.error is not None:
@@ -262,6 +261,12 @@ class Outcomes:
                 log.error("could not record a job's failure: left to its lease queue=%s job=%d error=%s",
                           self.queue, job.id, refused)
         return owned, unrecorded
+
+
+def kept_text(run: Run, job_id: int, max_packet: int) -> str | None:
+    """A success's result as kept: rendered when its handler returned (Run.encode_result), or
+    now if it was not (a path that hands outcomes over without the batch's run)."""
+    return run.text if run.encoded else kept.result_text(run.result, job_id, max_packet)
 
 
 def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:

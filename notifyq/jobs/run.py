@@ -27,7 +27,7 @@ _NEVER = float("-inf")  # a cancel check's time before the first (made once, not
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
                  "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task",
-                 "_interrupted")
+                 "_interrupted", "_text", "_encoded")
 
     def __init__(self) -> None:
         self._error: str | None = None  # None: a success (so far)
@@ -36,6 +36,10 @@ class Run:
         self._exception: BaseException | None = None  # what the handler raised, for on_failure only
         self._snooze_s: float | None = None  # job.snooze(): back after this long
         self._result: Any = None  # the handler's return value, kept when the queue keeps results
+        # That value as kept (JSON, or None: not kept), rendered once the handler returned
+        # (encode_result): from then on the value itself is let go
+        self._text: str | None = None
+        self._encoded = False
         self._started: float | None = None  # monotonic, for the attempt's record
         self._ended: float | None = None
         self._completed: str | None = None  # COMMITTED, PENDING or None
@@ -56,6 +60,8 @@ class Run:
     exception = property(attrgetter("_exception"))
     snooze_s = property(attrgetter("_snooze_s"))
     result = property(attrgetter("_result"))
+    text = property(attrgetter("_text"))
+    encoded = property(attrgetter("_encoded"))
     started = property(attrgetter("_started"))
     ended = property(attrgetter("_ended"))
     completed = property(attrgetter("_completed"))
@@ -124,7 +130,20 @@ class Run:
 
     def drop_result(self) -> None:
         """A result that cannot be stored (its outcomes are sent again without it)."""
-        self._result = None
+        self._result = self._text = None
+
+    def encode_result(self, encode: Any) -> None:
+        """The value as kept, rendered by `encode` (value -> JSON text or None) on the worker's
+        thread as soon as the handler returned, and the value let go. Its cost (a value nested
+        100,000 deep: its encoding, the collector's passes over it, its freeing) is the handler's
+        then, before the next job starts and the lease is looked at; held to its ack, each such
+        value made every collection of the batch slower, under a lease that nothing extended
+        (a starved host took seconds, and the job ran twice)."""
+        if self._encoded:
+            return
+        value, self._result = self._result, None
+        self._text = None if value is None else encode(value)
+        self._encoded = True
 
     def committed(self) -> None:
         """job.transaction() committed the job's completion: done, never acked again."""
