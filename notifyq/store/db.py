@@ -241,7 +241,7 @@ class Session:
             raise
         self.reach.answered()
 
-    def _retrying(self, step: Callable[[], T], what: str, started: float,
+    def _retrying(self, step: Callable[[], T], what: str, started: float | None,
                   stop: threading.Event | None = None) -> tuple[T, int, bool]:
         """Run `step` under the retry policy: (its result, attempts taken, whether the first
         failure was a lost connection).
@@ -249,8 +249,8 @@ class Session:
         The first attempt runs bare: building and iterating a tenacity.Retrying costs ~85 us,
         as much as a round trip, on every claim, ack and put, and importing tenacity a few ms
         of every process's start. Only a transient failure enters the policy, which is handed
-        that failure as its attempt 1, so the backoff, the log lines and the give-up deadline
-        (counted from `started`) are what they were."""
+        that failure as its attempt 1, so the backoff and the log lines are what they were.
+        The give-up deadline counts from `started`, or (None) from the first failure."""
         try:
             return step(), 1, False
         except MySQLdb.Error as e:
@@ -258,7 +258,7 @@ class Session:
                 raise
             first: MySQLdb.Error | None = e
             lost = is_connection_lost(e)
-        remaining_s = max(0.0, self.retry_s - (time.monotonic() - started))
+        remaining_s = self.retry_s if started is None else max(0.0, self.retry_s - (time.monotonic() - started))
         for attempt in retry_policy(remaining_s, what, self.retry_log_level, stop):
             with attempt:
                 if first is not None:
@@ -426,8 +426,12 @@ class Session:
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
              committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
+        # The budget counts from the first failure, not from here: an attempt may take long
+        # before it fails (a lock wait, a wait_s, a process frozen mid-call while the server
+        # restarted) and is no outage until then. A server that stays away is bounded by the
+        # reconnect's own budget, counted from the outage's start (connect, Reach).
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
-                                                what, started)
+                                                what, None)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result
@@ -453,6 +457,7 @@ class Session:
                 self.conn.commit()
             self.waiting = None
             self.answered_at, self.open_at = sent_at, time.monotonic()
+            self.reach.answered()  # the server answers: an outage another session found is over
             return result
         except BaseException as e:
             self.waiting = None

@@ -5,7 +5,10 @@ not from its own first failure: after one call gave up (a claim's, a lease exten
 next one (the give-back of the batch, a re-registration, a reaper pass) makes one attempt
 instead of retrying as long again, so a daemon whose server stays away exits within its
 connect_retry_s of the server's going, whatever path it was on. Any connect that succeeds
-ends the outage. One per server list, for the process's life, as the writer choice is
+ends the outage, and so does any transaction answered on a connection a session kept: a
+connect that failed and gave up (the wake's 1 s budget, a stop) while the other sessions
+worked on would otherwise leave the outage open, and a connect long after give up at its
+first failure. One per server list, for the process's life, as the writer choice is
 (store/writer.py).
 """
 
@@ -37,7 +40,9 @@ class Reach:
                 self._down_since = attempted_at
 
     def answered(self) -> None:
-        """A connect succeeded: the outage, if any, is over."""
+        """A connect succeeded, or a transaction was answered: the outage, if any, is over."""
+        if self._down_since is None:  # the common case, read without the lock: every transaction asks
+            return
         with self._lock:
             self._down_since = None
 

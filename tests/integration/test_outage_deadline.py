@@ -61,3 +61,21 @@ def test_a_connect_that_succeeds_ends_the_outage(db):
     # Then the outage is over: the next retry counts from its own start
     now = time.monotonic()
     assert reach.since(now) == now
+
+
+def test_a_transaction_answered_on_a_kept_connection_ends_the_outage(db):
+    # Given a session connected, then a connect of another session of the process that failed
+    # and gave up (the wake's 1 s budget, a stop), its outage never ended by a connect since
+    session = Session(db.dsn, retry_s=1.0)
+    try:
+        session.run(lambda cur: cur.execute("SELECT 1"), what="test")
+        reach = Reach.of(db.dsn)
+        reach.failed(time.monotonic() - 100)
+        # When a transaction is answered on the connection the session kept
+        session.run(lambda cur: cur.execute("SELECT 1"), what="test")
+        # Then the outage is over: a later connect (a killed connection's) retries its whole
+        # budget, instead of giving up at its first failure
+        now = time.monotonic()
+        assert reach.since(now) == now
+    finally:
+        session.close()
