@@ -52,7 +52,10 @@ def test_an_instant_wake_sends_the_watcher_to_its_claim_without_another_watch_st
     thread = threading.Thread(target=lambda: woke.append(waiter.wait_for_work()), daemon=True)
     try:
         thread.start()
-        wait_until(lambda: _in_statement(db, session.connection_id, "SLEEP"), HOLD_S, message="the watcher asleep")
+        # in its turn's second watch statement: the first waits at most FIRST_WAIT_S (50 ms), and a
+        # look that saw that one counted the long one's start as "another watch statement"
+        wait_until(lambda: len(started) >= 2 and _in_statement(db, session.connection_id, "SLEEP"), HOLD_S,
+                   message="the watcher asleep in its long wait")
         before = len(started)
         # When a producer without the bell puts a job (its instant wake KILLs the SLEEP)
         with Producer("q", cfg) as p:
