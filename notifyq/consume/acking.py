@@ -2,7 +2,8 @@
 them, and how it lands.
 
 A busy worker's successes ride its next claim: queries.claim sends them first in the claim's
-final query, so one fsync'd COMMIT settles the last batch and takes the next (queries.Acks).
+final query (a limited queue's claim: in its first statements), so one fsync'd COMMIT settles
+the last batch and takes the next (queries.Acks).
 That COMMIT is left on the wire while the new batch starts; it is read (and the acks counted)
 before the next claim, or acked again on their own if it failed. A worker that does anything
 but claim next (it idles, stops, runs a reaper pass, registers again) flushes them: they go
@@ -58,12 +59,9 @@ class PendingAcks:
               flow: FlowClaims | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
         first (or acked again: its COMMIT failed). version: the consumer's code version."""
-        if flow is not None and flow.limits.limited:
-            # A limited queue's claim counts its keys' running jobs from the claimed rows: the
-            # successes that wait would count as running still (the claim's COMMIT acks them
-            # after its count), and hold back their keys' next jobs, a cron run's included (it
-            # exited with them held). Acked first, on their own.
-            self.flush(session)
+        # (A limited queue's claim counts its keys' running jobs from the claimed rows: it sends
+        # the successes that wait first, in its own transaction, so that they count as running
+        # no longer, queries.claim. Acked on their own before it, they cost a COMMIT more.)
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
         try:

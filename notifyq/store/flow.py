@@ -12,10 +12,12 @@ consumer's rows stay claimed until a reaper takes them back, so its slots come b
 never earlier. The queue's `limit` is the same with the queue's own row (the empty key: no
 job's key is empty).
 
-The candidates come through ix_key, one read per key (flow_key_ready), so a key with 50,000
-ready jobs costs a claim the few rows it may take, not the other keys their turn. The keys are
-the ones nq_flow_key names, read round-robin; keys not named yet are found by a few dives into
-ix_key per claim (discovery) and named in the claim's own transaction. With `fair`, a claim
+The candidates come through ix_key, one read per key (flow_key_firsts' dives, or
+flow_key_ready for a key it may take more than a few of), so a key with 50,000 ready jobs costs
+a claim the few rows it may take, not the other keys their turn. The keys are the ones
+nq_flow_key names, read round-robin; keys not named yet are found by a few dives into ix_key
+per claim (discovery: more while each dive finds a new key) and named in the claim's own
+transaction. With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
 and age order inside each round); without, in claim order (priority, run_at, id). A queue with
 a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim
@@ -41,7 +43,10 @@ from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
 QUEUE_ROW = ""  # nq_flow_key's row for the queue's `limit` (a job's key is 1-191 characters)
-DISCOVERY_STEPS = 4  # flow_next_key dives per claim (flow_discovered reads four)
+DISCOVERY_STEPS = 4  # flow_next_key dives per claim, while they find keys already named
+# ... doubled after a claim whose dives all found new keys, up to this many: a queue of 100 keys
+# was found four keys a claim, and its first 25 claims took a few jobs each
+DISCOVERY_MAX_STEPS = 64
 KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the batch size
 # The fewest ready jobs a claim reads as candidates (this read of unkeyed ones, and queries.claim's
 # plain one, which read 3 x the batch size). A claim sized down to a job or two (lineup.ClaimSizer,
@@ -50,6 +55,9 @@ KEYS_PER_CLAIM = 3  # keys a claim reads from nq_flow_key, as a multiple of the 
 # thousands of jobs ready, and an empty claim sends its worker to queue for the watch lock, where
 # the idle ones pass one claim at a time. 32 ids of an index-only read cost no more to read.
 MIN_CANDIDATES = 32
+# The most jobs of a key a claim reads by flow_key_firsts' dives (a dive per job); a key it may
+# take more of is read by flow_key_ready, a statement part of its own
+FIRSTS_MAX = 4
 # How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
 # fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
 UNKEYED_DEPTH = 1000
@@ -124,10 +132,12 @@ class FlowClaims:
         self.limits = limits
         self.after = ""  # the last key of the last claim's truncated key read
         self.discover_after = ""  # where the next discovery dives start
+        self.discovery_steps = DISCOVERY_STEPS  # how many dives the next claim makes
         self.active_keys: int | None = None  # keys the last claim found ready jobs of
         self.last: Grant | None = None
         self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
         self.turn: str | None = None  # a fair claim's last key of its first round (None: none yet)
+        self._first: tuple[tuple[str, int], list[list[tuple]]] | None = None  # looks()' key reads
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -137,21 +147,38 @@ class FlowClaims:
         one key's, whose spent budget then held every other key back until its refill."""
         return cls(FlowLimits.of(qc)) if qc.flow_controlled or qc.rates[1] is not None else None
 
+    def looks(self, cur, queue: str, batch_size: int, lead: list[tuple[str, dict[str, Any]]],
+              writes: list[tuple[str, dict[str, Any]]] = ()) -> tuple[list[int], list[list[tuple]]]:
+        """The claim's first round trip: its `writes` (a limited claim's acks: statements that
+        return no rows), its own looks (`lead`: the due job, the pause, a watcher's count;
+        statements that return rows) and, after them, this claim's key reads. The writes' row
+        counts and the looks' rows, in order; candidates() then goes on from the key reads (a
+        claim that promotes due jobs after its looks drops them, and candidates() reads the
+        keys again)."""
+        first = self._first_steps(queue, batch_size)
+        counts: list[int] = []
+        results = _results(cur, list(writes) + list(lead) + first, counts=counts)
+        self._first = ((queue, batch_size), results[len(lead):])
+        return counts[:len(writes)], results[:len(lead)]
+
+    def drop_looks(self) -> None:
+        self._first = None
+
     def candidates(self, cur, queue: str, batch_size: int) -> Grant:
         """In the claim's transaction, before its locking read: the ids it may lock."""
         grant = self._candidates(cur, queue, batch_size)
         self.last = grant
         return grant
 
-    def verify_marked(self, cur, queue: str, keys: list[str | None]) -> None:
+    def verify_marked(self, running_rows: list[tuple], queue: str, keys: list[str | None]) -> None:
         """In the claim's transaction, its mark's reply read and its COMMIT not yet sent: raise
         cut_short (the claim runs again) if a key it took, or the queue, now runs more than its
         limit: the decisive count was cut short (a KILL QUERY can end a read with an OK reply and
-        rows missing). A plain read of the claimed rows: these keys' rows are still ours."""
+        rows missing). `running_rows`: flow_running's, read in the mark's query right after it
+        (a plain read of the claimed rows: these keys' rows are still ours)."""
         if not self.limits.limited:
             return  # nothing counted (fairness, a per-key rate): nothing to verify
-        cur.execute(Q["flow_running"], {"queue": queue})
-        running = {r[0]: int(r[1]) for r in cur.fetchall()}
+        running = {r[0]: int(r[1]) for r in running_rows}
         for key in set(keys):
             lim = self.limits.limit_for(key)
             if lim and running.get(key, 0) > lim:
@@ -159,29 +186,38 @@ class FlowClaims:
         if self.limits.limit and sum(running.values()) > self.limits.limit:
             raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
 
+    def _first_steps(self, queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
+        """Round trip 1 (plain reads): discovery, the named keys, and the running counts."""
+        return _discovery(queue, self.discover_after, self.discovery_steps) + [
+            (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
+            (Q["flow_running"], {"queue": queue})]
+
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits
         want_keys = batch_size * KEYS_PER_CLAIM
         self.read = None  # until this claim's keys are settled
-        # Round trip 1 (plain reads): discovery, the named keys, and the running counts.
-        steps = [(Q["flow_discover_from"], {"after": self.discover_after})]
-        steps += [(_step(n), {"queue": queue}) for n in range(1, DISCOVERY_STEPS + 1)]
-        steps += [(Q["flow_discovered"], {}),
-                  (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": want_keys}),
-                  (Q["flow_running"], {"queue": queue})]
-        discovered_row, named_rows, running_rows = _results(cur, steps)
+        first, self._first = self._first, None
+        if first is not None and first[0] == (queue, batch_size):
+            discovered_row, named_rows, running_rows = first[1]  # read with the claim's looks
+        else:
+            discovered_row, named_rows, running_rows = _results(cur, self._first_steps(queue, batch_size))
+        dives = len(discovered_row[0])
         discovered = [k for k in discovered_row[0] if k is not None]
-        self.discover_after = discovered[-1] if len(discovered) == DISCOVERY_STEPS else ""
+        self.discover_after = discovered[-1] if len(discovered) == dives else ""
         named = [r[0] for r in named_rows]
         has_queue_row = QUEUE_ROW in named
         named = [k for k in named if k != QUEUE_ROW][:want_keys]
-        complete = len(discovered) < DISCOVERY_STEPS
+        complete = len(discovered) < dives
         if len(named) >= want_keys:
             self.after, complete = named[-1], False
         else:
             self.after = ""
         known = set(named)
         new = [k for k in discovered if k not in known]
+        if len(new) == dives:
+            self.discovery_steps = min(2 * dives, DISCOVERY_MAX_STEPS)  # more keys than named: faster
+        elif not new:
+            self.discovery_steps = DISCOVERY_STEPS  # every key it met is named: a few dives suffice
         if limits.limit and not has_queue_row:
             new.append(QUEUE_ROW)
         running = {r[0]: int(r[1]) for r in running_rows}
@@ -217,30 +253,34 @@ class FlowClaims:
         if locking:
             steps.append((Q["flow_lock"], {"queue": queue, "keys": tuple(locking)}))
         steps.append((Q["flow_running"], {"queue": queue}))
-        if keys:
+        # Each key's first jobs: a few of each in one statement of dives, more by flow_key_ready
+        few = [k for k in keys if caps[k] <= FIRSTS_MAX]
+        many = [k for k in keys if caps[k] > FIRSTS_MAX]
+        if few:
+            steps.append(_firsts(queue, few, max(caps[k] for k in few)))
+        if many:
             steps.append((Q["flow_key_ready"], None))
         steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}))
-        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in keys]
+        per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
         results = _results(cur, steps, per_key)
         if locking:
             locked = {r[0] for r in results.pop(0)}
         else:
             locked = set()
         running = {r[0]: int(r[1]) for r in results.pop(0)}
-        ready = results.pop(0) if keys else []
+        ready = _capped(results.pop(0), caps) if few else []
+        ready += results.pop(0) if many else []
         head = results.pop(0)
         unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
-        if len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size:
-            # The head is keyed jobs (of keys that may well be at their limit): the unkeyed
-            # ones behind them are ready too
-            cur.execute(Q["flow_unkeyed_deep"],
-                        {"queue": queue, "depth": UNKEYED_DEPTH, "limit": unkeyed_limit(batch_size)})
-            seen = {row[0] for row in unkeyed}
-            unkeyed += [row for row in cur.fetchall() if row[0] not in seen]
+        # The head is keyed jobs (of keys that may well be at their limit): the unkeyed ones
+        # behind them are ready too (read below, where they may change what this claim takes)
+        deep = len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size
 
         if limits.limit:
             if QUEUE_ROW not in locked:
                 # Another consumer is claiming this queue right now: claim again once it is in.
+                if deep:
+                    unkeyed = self._deeper(cur, queue, batch_size, unkeyed)
                 return Grant([], not (ready or unkeyed), held)
             room = limits.limit - sum(running.values())
             if room <= 0:
@@ -250,8 +290,35 @@ class FlowClaims:
 
         self.read = _Read(queue, batch_size, keys, caps, locked, running, room, list(held), complete)
         grant = self._grant(self.read, ready, unkeyed)
+        if deep and self._head_decides(grant, batch_size, ready, unkeyed, head[-1]):
+            # The batch's last job comes before the head's last in claim order, so no unkeyed
+            # job behind the head could be in it: not read (a round trip, UNKEYED_DEPTH entries
+            # and their rows), but left behind (this claim did not drain the queue)
+            grant.complete = False
+        elif deep:
+            grant = self._grant(self.read, ready, self._deeper(cur, queue, batch_size, unkeyed))
         self.active_keys = grant.active_keys
         return grant
+
+    def _deeper(self, cur, queue: str, batch_size: int, unkeyed: list[tuple]) -> list[tuple]:
+        """`unkeyed` and the unkeyed jobs behind a head of keyed ones (flow_unkeyed_deep)."""
+        cur.execute(Q["flow_unkeyed_deep"],
+                    {"queue": queue, "depth": UNKEYED_DEPTH, "limit": unkeyed_limit(batch_size)})
+        seen = {row[0] for row in unkeyed}
+        return unkeyed + [row for row in cur.fetchall() if row[0] not in seen]
+
+    def _head_decides(self, grant: Grant, batch_size: int, ready: list[tuple], unkeyed: list[tuple],
+                      head_last: tuple) -> bool:
+        """Whether the jobs a grant's batch takes all come before `head_last` (the last of the
+        head: flow_unkeyed_ready's row) in claim order: then the jobs behind the head change
+        nothing. Only for a claim in claim order (not fair, no per-key rate: the rates may
+        leave granted jobs out, and the unkeyed ones behind would fill their places)."""
+        if self.limits.fair or self.limits.rate_cap or len(grant.ids) < batch_size:
+            return False
+        rank = {job_id: (prio, run_at, job_id) for job_id, _, prio, run_at in ready}
+        rank.update((job_id, (prio, run_at, job_id)) for job_id, prio, run_at in unkeyed)
+        last_id, last_prio, last_run_at, _ = head_last
+        return rank[grant.ids[batch_size - 1]] < (last_prio, last_run_at, last_id)
 
     def for_version(self, cur, version: int, seen: set[int], taken: list[str | None]) -> Grant:
         """In the claim's transaction, after its locking read met jobs too new for its consumer's
@@ -362,16 +429,44 @@ def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:
     """The queue's first `n` keys with ready jobs after `after`, in key order, by the claim's
     discovery (flow_next_key: one dive into ix_key a key, whatever its backlog), in one round
     trip: the console's flow page (notifyq web)."""
+    [found] = _results(cur, _discovery(queue, after, n))
+    return [k for k in found[0] if k is not None]
+
+
+def _discovery(queue: str, after: str, n: int) -> list[tuple[str, dict[str, Any] | None]]:
+    """`n` discovery dives after `after`, and the read of what they found (one row of n)."""
     steps: list[tuple[str, dict[str, Any] | None]] = [(Q["flow_discover_from"], {"after": after})]
     steps += [(_step(i), {"queue": queue}) for i in range(1, n + 1)]
     steps.append((Q["flow_discovered"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4",
                                                ", ".join(f"@nq_k{i}" for i in range(1, n + 1))), {}))
-    [found] = _results(cur, steps)
-    return [k for k in found[0] if k is not None]
+    return steps
 
 
 def _step(n: int) -> str:
     return Q["flow_next_key"].replace("@nq_kSTEP", f"@nq_k{n}").replace("@nq_kPREV", f"@nq_k{n - 1}")
+
+
+def _firsts(queue: str, keys: list[str], n: int) -> tuple[str, dict[str, Any]]:
+    """flow_key_firsts for `keys`, their first `n` ready jobs each (its derived part once per
+    offset 0 .. n-1)."""
+    sql = Q["flow_key_firsts"]
+    head, _, rest = sql.partition("FROM (")
+    part, _, tail = rest.rpartition(") f JOIN")
+    parts = " UNION ALL ".join(part.replace("%(offset)s", f"%(offset{i})s") for i in range(n))
+    params: dict[str, Any] = {"queue": queue, "keys": tuple(keys), **{f"offset{i}": i for i in range(n)}}
+    return f"{head}FROM ({parts}) f JOIN{tail}", params
+
+
+def _capped(rows: list[tuple], caps: dict[str, int]) -> list[tuple]:
+    """flow_key_firsts' rows (id, key, key_prio, run_at), each key's first caps[key] in claim
+    order (its read took as many of each key as the key with the largest cap)."""
+    out: list[tuple] = []
+    taken: dict[str, int] = {}
+    for row in sorted(rows, key=lambda r: (r[2], r[3], r[0])):
+        if taken.get(row[1], 0) < caps[row[1]]:
+            taken[row[1]] = taken.get(row[1], 0) + 1
+            out.append(row)
+    return out
 
 
 def _add_keys(n: int) -> str:
@@ -380,11 +475,11 @@ def _add_keys(n: int) -> str:
 
 
 def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
-             union_params: list[dict[str, Any]] | None = None) -> list[list[tuple]]:
+             union_params: list[dict[str, Any]] | None = None, counts: list[int] | None = None) -> list[list[tuple]]:
     """Run `steps` as one multi-statement query (one round trip) and return the rows of each
-    statement that returns rows, in order. A step whose params are None is a UNION ALL of its
-    statement (flow_key_ready or flow_key_ready_for_version), bound part by part with
-    union_params."""
+    statement that returns rows, in order (and every statement's row count into `counts`). A
+    step whose params are None is a UNION ALL of its statement (flow_key_ready or
+    flow_key_ready_for_version), bound part by part with union_params."""
     texts = []
     for sql, params in steps:
         if params is None:
@@ -394,6 +489,8 @@ def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
     cur.execute(";\n".join(texts))
     out = []
     while True:
+        if counts is not None:
+            counts.append(cur.rowcount)
         if cur.description is not None:
             out.append(list(cur.fetchall()))
         if not cur.nextset():

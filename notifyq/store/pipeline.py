@@ -156,7 +156,8 @@ class Pipeline:
     def send_commit(self, cur, statements: list[tuple[str, dict[str, Any]]], what: str,
                     wait_replies: bool = False, *, verified: int = 0,
                     verify: Callable[[Any, list[int]], None] | None = None,
-                    check: Callable[[list[int]], bool] | None = None) -> Pending:
+                    check: Callable[[list[int]], bool] | None = None,
+                    rows: list[list[tuple] | None] | None = None) -> Pending:
         """A transaction's last statements and its COMMIT as one multi-statement query, sent and
         not waited for: every reply is read before this session's next statement, or by read_reply().
         wait_replies: the statements' replies are read here (their errors are the body's, and
@@ -181,13 +182,15 @@ class Pipeline:
         did its part; only then do the rest and the COMMIT go (a round trip more). check(row
         counts): read once every reply is, for what may commit half done but must then not be
         counted on (the claim's mark): False fails the Pending as a failed COMMIT would.
+        rows: a list that receives each verified statement's rows (None: it returned none)
+        before verify() runs, for a check that reads (the claim's running counts, after its mark).
         """
         if not self._session.attempt.idempotent or self._session.autocommit or not statements:
             raise AssertionError("send_commit is for idempotent transactions with statements")
         pending = Pending(what, commit=True, check=check)
         if verified:
             assert verify is not None
-            counts = self.run_all(cur, statements[:verified])
+            counts = self.run_all(cur, statements[:verified], rows)
             verify(cur, counts)
             pending.rowcounts.extend(counts)
             statements = statements[verified:]
@@ -225,10 +228,12 @@ class Pipeline:
         self._session.attempt.committed = True
         return pending
 
-    def run_all(self, cur, statements: list[tuple[str, dict[str, Any]]]) -> list[int]:
+    def run_all(self, cur, statements: list[tuple[str, dict[str, Any]]],
+                rows: list[list[tuple] | None] | None = None) -> list[int]:
         """Statements of a transaction, no COMMIT, in as few queries as fit the server's
-        max_allowed_packet, each waited for: each statement's row count."""
-        return self._run_ahead(cur, self.sized(cur, statements, commit=False))
+        max_allowed_packet, each waited for: each statement's row count (and, into `rows`,
+        each one's rows: None for a statement that returns none)."""
+        return self._run_ahead(cur, self.sized(cur, statements, commit=False), rows)
 
     def read_reply(self) -> None:
         """Read the reply of a statement sent ahead, if one is on the wire. Never raises: a
@@ -352,15 +357,19 @@ class Pipeline:
         return queries
 
     @staticmethod
-    def _run_ahead(cur, queries: list[tuple[str, int]]) -> list[int]:
-        """The queries before a transaction's last (sized), each waited for: their rowcounts.
-        An error is the body's, as any statement's: the transaction is rolled back and rerun."""
+    def _run_ahead(cur, queries: list[tuple[str, int]], rows: list[list[tuple] | None] | None = None) -> list[int]:
+        """The queries before a transaction's last (sized), each waited for: their rowcounts
+        (and their rows into `rows`, if given). An error is the body's, as any statement's:
+        the transaction is rolled back and rerun."""
         rowcounts: list[int] = []
         for query, _ in queries:
             cur.execute(query)
-            rowcounts.append(cur.rowcount)
-            while cur.nextset():
+            while True:
                 rowcounts.append(cur.rowcount)
+                if rows is not None:
+                    rows.append(list(cur.fetchall()) if cur.description is not None else None)
+                if not cur.nextset():
+                    break
         return rowcounts
 
     def commit_then_read(self, cur, read: str, *, result: Any = None) -> tuple | None:

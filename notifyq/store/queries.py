@@ -113,7 +113,9 @@ class Acks:
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
-    def statements(self) -> list[tuple[str, dict[str, Any]]]:
+    def statements(self, bump: bool = True) -> list[tuple[str, dict[str, Any]]]:
+        """The ack's statements; bump=False: without the signal's bump (a limited claim sends
+        the rest first and the bump with its mark: bump())."""
         ids = Ids(self.ids)
         now = time.monotonic()
         started = self.started or [now] * len(self.ids)
@@ -129,9 +131,13 @@ class Acks:
         # Then, in the same transaction: the first step of the release of these jobs' children
         # (workflows), fenced by the records above; verify() runs the rest when it marked any.
         out += workflows.release_statements(ids, self.token)
-        if self.wake is not None:  # last: a limited queue's freed slots wake its watcher
-            out.append(signal.bump(self.wake, len(self.ids)))
+        if self.wake is not None and bump:  # last: a limited queue's freed slots wake its watcher
+            out += self.bump()
         return out
+
+    def bump(self) -> list[tuple[str, dict[str, Any]]]:
+        """A limited queue's signal bump for the slots these acks free (none for another queue)."""
+        return [signal.bump(self.wake, len(self.ids))] if self.wake is not None else []
 
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""
@@ -153,14 +159,14 @@ class Acks:
         return Q["attempt_acked_dense"], {**record, "base": base, "started_ages": IntList(by_started),
                                           "ended_ages": IntList(by_ended)}
 
-    def verify(self, cur, counts: list[int]) -> None:
+    def verify(self, cur, counts: list[int], bumped: bool = True) -> None:
         """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'
         order) say each did its part. A KILL QUERY can end one with an OK reply and no row
         changed: attempt records committed without the ack (the job stays claimed and runs
         again, its attempt recorded done), or an ack without its records. The two are under one
         fence, so they count the same rows; fewer than asked is a claim taken back only if none
         of the rest is still ours (both cut short count the same too)."""
-        if self.wake is not None:
+        if self.wake is not None and bumped:
             counts = counts[:-1]  # the signal's bump, last
         # The release's first step (workflows), when statements() sent it
         marked = counts[self.verified()] if len(counts) > self.verified() else 0
@@ -208,7 +214,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     DELETE can wait for a lock or lose a deadlock, and a KILL QUERY can answer it OK with no
     row deleted: either reruns the claim before its jobs start). Only the COMMIT is left on the
     wire; if it fails, Claim.commit says so and the caller acks them again (ack()). Its first
-    row counts are theirs.
+    row counts are theirs. A limited queue's claim sends them (but the signal's bump) first, in
+    its first round trip, so that its counts of running jobs leave them out (`front`).
     rates: the queue's rate limits (store/rates.py): only candidates the log (as committed) has a
     start for are locked (rates.hint), and of the locked rows only those a start is free for
     under the budgets' locks are marked, their starts written in this transaction; its jobs
@@ -223,6 +230,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
+    # A limited queue's acks go first in its claim (see body), not with its mark
+    front = acks is not None and acks.wake is not None and flow is not None and flow.limits.limited
+    front_counts: list[int] = []
     limit = max(batch_size * OVERFETCH, MIN_CANDIDATES)
     # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
     # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
@@ -242,6 +252,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         keys = None
         if flow is not None:
             if due:
+                flow.drop_looks()  # its key reads were before the promotion: read again
                 _promote_due(session, cur, queue)
             grant = flow.candidates(cur, queue, batch_size)
             ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
@@ -276,15 +287,42 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             rows = cur.fetchall()  # locked, in claim order (ix_state's)
             if paused:  # (the COMMIT lets go of what claim_take locked)
                 return Claim([], token, True, True)
+        elif flow is not None:
+            writes: list[tuple[str, dict[str, Any]]] = []
+            if front:
+                # A limited claim's acks go first, in its transaction: its counts of running
+                # jobs then leave their jobs out (its own DELETE is visible to it), and their
+                # slots are taken again by this claim, under its keys' locks, or freed by its
+                # COMMIT. In its first round trip, checked once it is read, as send_commit
+                # checks a plain claim's; kept results (maybe large: send_commit's sizing)
+                # go in a round trip of their own.
+                if any(r is not None for r in acks.results or ()):
+                    front_counts[:] = session.pipeline.run_all(cur, acks.statements(bump=False))
+                    acks.verify(cur, front_counts, bumped=False)
+                else:
+                    writes = acks.statements(bump=False)
+            # The looks ride the flow read's first round trip (its keys and their counts), after
+            # them: a watcher's count is read before any candidate, as below
+            names = ("signal_total",) * as_watcher + ("due_any", "queue_paused")
+            counts, (*count, due_rows, paused_rows) = flow.looks(cur, queue, batch_size,
+                                                                [(Q[name], params) for name in names], writes)
+            if writes:
+                front_counts[:] = counts
+                acks.verify(cur, front_counts, bumped=False)
+            if as_watcher:
+                seen_seq = int(count[0][0][0])
+            due = bool(due_rows)
+            if paused_rows:
+                flow.drop_looks()
+                return Claim([], token, True, True)
         else:
-            names = ("signal_total",) * as_watcher + ("claim_ready",) * (flow is None) + ("due_any", "queue_paused")
+            names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
             cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
             if as_watcher:
                 seen_seq = int(cur.fetchone()[0])
                 cur.nextset()
-            if flow is None:
-                ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
-                cur.nextset()
+            ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
+            cur.nextset()
             due = cur.fetchone() is not None
             cur.nextset()
             if cur.fetchone() is not None:  # paused
@@ -332,13 +370,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             locked = kept
         admitted = rating.admit(cur, queue, token, rates, locked, drained, hinted)
         locked, drained = admitted.rows, admitted.drained
-        last: list[tuple[str, dict[str, Any]]] = acks.statements() if acks is not None else []
+        if front:
+            last = acks.bump()  # sent first: their bump, last before the COMMIT as a plain claim's
+        else:
+            last = acks.statements() if acks is not None else []
         verified = len(last)
         if locked:
             last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
             sent_marks.update(r[0] for r in locked)  # (before it is sent: it may land unseen)
         mark_at, marked = len(last) - 1, len(locked)
+        # A limited claim reads its keys' running jobs again right after its mark, in the mark's
+        # own query (FlowClaims.verify_marked reads the rows)
+        recount = flow is not None and flow.limits.limited and bool(locked)
+        if recount:
+            last.append((Q["flow_running"], {"queue": queue}))
         watched = drained and seen_seq is not None
         if watched:
             # Last before COMMIT, in the same query: the queue row's lock is held only for the
@@ -366,21 +412,24 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
         if acks is not None or (flow is not None and locked):
-            verified += bool(locked)
+            verified += bool(locked) + recount
+            replies: list[list[tuple] | None] = []  # the verified statements' rows
 
             def verify(cur, counts: list[int]) -> None:
-                if acks is not None:
-                    acks.verify(cur, counts[:-1] if locked else counts)
-                if locked and counts[-1] != marked:
-                    raise cut_short(f"claim {queue}: marked {counts[-1]} of {marked}")
-                if flow is not None and locked:
+                if acks is not None and not front:
+                    acks.verify(cur, counts[:mark_at] if locked else counts)
+                if locked and counts[mark_at] != marked:
+                    raise cut_short(f"claim {queue}: marked {counts[mark_at]} of {marked}")
+                if recount:
                     # The limits once more, on the rows as marked, before the COMMIT: a count
                     # that a KILL QUERY cut short (an OK reply, rows missing) must not let a
                     # key run more than its limit.
-                    flow.verify_marked(cur, queue, [r[KEY] for r in locked])
+                    flow.verify_marked(replies[mark_at + 1], queue, [r[KEY] for r in locked])
 
             commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
-                                                  verified=verified, verify=verify)
+                                                  verified=verified, verify=verify, rows=replies)
+            if front:
+                commit.rowcounts[0:0] = front_counts  # the acks' counts first, as a plain claim's
         elif last:
             commit = session.pipeline.send_commit(
                 cur, last, what=f"claim {queue}", wait_replies=wait,

@@ -292,9 +292,12 @@ def test_a_claim_over_a_limit_once_marked_is_refused_before_its_commit(db):
     conn = MySQLdb.connect(**cfg.dsn.connect_args())
     flow = FlowClaims(FlowLimits(limit_per_key=2))
     try:
+        cur = conn.cursor()
+        cur.execute(QUERIES["flow_running"], {"queue": "q"})  # as the claim reads it, in its mark's query
+        running = list(cur.fetchall())
         with pytest.raises(MySQLdb.OperationalError, match="key .a. would run 3 of 2"):  # cut_short: rerun
-            flow.verify_marked(conn.cursor(), "q", ["a"])
-        flow.verify_marked(conn.cursor(), "q", ["b"])  # b is within its limit
+            flow.verify_marked(running, "q", ["a"])
+        flow.verify_marked(running, "q", ["b"])  # b is within its limit
     finally:
         conn.close()
 
@@ -365,3 +368,45 @@ def test_status_counts_every_running_job_of_the_queue_not_only_the_top_keys(db):
     assert flow["running"] == 13
     assert len(flow["keys"]) == 10
     assert all(k["why"] == "key at its limit (1 of 1 running)" for k in flow["keys"])
+
+
+def test_a_limited_claim_carrying_acks_takes_the_slots_they_free_in_its_own_transaction(db):
+    # Given 4 jobs of key a, limited to 2, and a claim that took 2 of them
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 4)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow)
+        assert sorted(j.id for j in first.jobs) == ids[:2]
+        # When the next claim carries their acks (a limited queue's: they wake its watcher)
+        acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q")
+        second = queries.claim(session, "q", OWNER, 100, 60, acks=acks, flow=flow)
+        session.pipeline.read_reply()
+    finally:
+        session.close()
+    # Then the slots they freed are its own: it takes the other 2, and its COMMIT landed the
+    # acks (their row count where a plain claim's is); a then runs 2, never more
+    assert sorted(j.id for j in second.jobs) == ids[2:]
+    assert not second.commit.failed and second.commit.rowcounts[queries.Acks.COUNTED] == 2
+    assert _running(db) == {"a": 2}
+    assert db.query("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(ids[:2]),)) == [(0,)]
+
+
+def test_a_limited_claim_finds_a_hundred_new_keys_within_five_claims(db):
+    # Given 100 keys no claim has named yet, 2 jobs each, limited to 1 per key
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(200)])
+    db.query("UPDATE nq_job SET job_key = CONCAT('k', LPAD(id MOD 100, 3, '0')) WHERE queue = 'q'")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=1))
+    try:
+        # When five claims of 100 are made (none acked)
+        taken = [len(_claim(session, flow).jobs) for _ in range(5)]
+    finally:
+        session.close()
+    # Then every key runs one job: discovery doubled its dives while each found a new key (four
+    # a claim found 20 keys in five claims)
+    assert sum(taken) == 100, taken
+    assert _running(db) == {f"k{i:03d}": 1 for i in range(100)}
