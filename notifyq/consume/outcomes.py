@@ -51,8 +51,11 @@ class Outcomes:
                 log.debug("job %s queue=%s job=%d attempt=%d", "ok" if job.error is None else "failed",
                           self.queue, job.id, job.attempts)
         self._observe(jobs)
+        freed = 0  # a limited queue's slots freed by jobs completed in their own transactions
         if any(map(_COMPLETED, map(run_of, jobs))):  # (COMMITTED or PENDING: a non-empty text)
-            jobs = self._completed(session, jobs, token)
+            rest = self._completed(session, jobs, token)
+            freed = len(jobs) - len(rest) if self.qc.limited else 0
+            jobs = rest
         # Each job's outcome sorted out in one pass (a batch is up to its claim's size)
         failures: list[tuple[Job, str, bool]] = []
         snoozed: list[tuple[Job, Run]] = []
@@ -85,6 +88,13 @@ class Outcomes:
                     self._count_cancelled(job, "cancelled while snoozing")
             self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
         if not ok:
+            if freed:
+                # Their COMMITs freed slots and bumped no signal (an ack's bump would have: it
+                # moves the signal whatever its count): the watcher, whose last claim saw the
+                # limit hold their keys' next jobs, would wait out its safety timeout (60 s)
+                queries.slots_freed(session, self.queue, freed)
+                if self.freed is not None:
+                    self.freed()
             return None
         max_packet = session.max_allowed_packet
         results = [kept_text(r, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None

@@ -2,8 +2,9 @@
 
 A job held back by a limit (store/flow.py) stays ready and counts as taken for the watcher, which
 then waits for the queue's signal to move. Every outcome that frees a slot (an ack, a retry, a
-burial, a cancel, a give-back, a take-back) bumps that signal in its own transaction; this wakes
-the watcher at once, as a producer wakes it after a put: the instant wake's KILL QUERY of the
+burial, a cancel, a give-back, a take-back) bumps that signal in its own transaction (a job
+completed in its own, job.transaction(): Outcomes.send bumps it with the batch's outcomes);
+this wakes the watcher at once, as a producer wakes it after a put: the instant wake's KILL QUERY of the
 watcher's wait (wakeup/waker.py), on a session of its own, after the COMMIT. Best effort: a
 watcher that misses it reads the moved signal at its next turn (wakeup.poll_max_s at worst).
 Queues without a limit never create one: their outcomes wake nobody, as before.

@@ -639,6 +639,13 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     return acked_in_all(session, acks, session.run(body, what="ack"))
 
 
+def slots_freed(session: Session, queue: str, n: int) -> None:
+    """A limited queue's signal bumped by `n`, in a transaction of its own: `n` slots freed by
+    jobs completed in their own transactions (their COMMITs bump nothing), with no ack to carry
+    the bump. Run again after a lost COMMIT, it bumps twice: a spurious wake-up at worst."""
+    session.run(lambda cur: bump_signal(cur, queue, n), what="wake for freed slots")
+
+
 def acked_in_all(session: Session, acks: Acks, acked: int) -> int:
     """How many of `acks` this claim acked, given that its last ack (alone, or in a claim's
     COMMIT) counted `acked`. Fewer than all: fenced out, or acked already by a try whose reply

@@ -1,7 +1,8 @@
 """Flow control as consumers run it (in-process ConsumerService, plain Python handlers): a fair
 queue's batch starts its keys in turn and gives a key put after its claim a turn; a limited
 key's batch does not keep its slots from idle workers; a cron run (--exit-when-empty) waits
-for what a limit holds instead of exiting beside it."""
+for what a limit holds instead of exiting beside it; a job completed in its own transaction
+wakes the idle watcher for the job its key's limit held back."""
 
 from __future__ import annotations
 
@@ -128,3 +129,25 @@ def test_a_cron_run_of_several_workers_waits_for_what_a_limit_holds_and_runs_it_
     assert len(starts.keys) == 9
     assert starts.most == 3
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'lq'") == 0
+
+
+def test_a_job_completed_in_its_own_transaction_frees_its_keys_slot_for_the_idle_watcher(db):
+    # Given a key limited to 1 running, and one idle worker watching the queue
+    cfg = db.config(queue={"lq": {"limit_per_key": 1}})
+    done: list[int] = []
+
+    def complete_in_transaction(job: Job) -> None:
+        with job.transaction():
+            pass
+        done.append(job.id)
+
+    with running(cfg, "lq", complete_in_transaction, workers=1):
+        # When two jobs of the key are put: the watcher's claim takes the first and holds the
+        # second back (its claim drains the queue: it records the signal as watched), and the
+        # first completes in its own transaction (no ack: its COMMIT frees the slot)
+        with Producer("lq", cfg) as producer:
+            ids = producer.put_many([{}] * 2, key="k")
+        # Then the second runs soon (code before: the freed slot moved no signal, and the
+        # worker waited out the watcher's 60 s safety timeout before claiming it)
+        wait_until(lambda: len(done) == 2, 15, message="both jobs of the key ran")
+    assert sorted(done) == sorted(ids)
