@@ -72,11 +72,12 @@ def replaces(dedup: Any, dedup_key: Any) -> bool:
     return dedup == REPLACE
 
 
-def session_retry(config: Config, retry_s: float | None) -> dict[str, Any]:
-    """How a producer's sessions retry an unreachable server (Session's arguments): retry_s, or
-    the config's producer.connect_retry_s; the retries at DEBUG, the caller gets the one error."""
+def session_retry(config: Config, retry_s: float | None, retry_setting: str | None = None) -> dict[str, Any]:
+    """How a producer's sessions retry an unreachable server (Session's arguments): retry_s (from
+    the setting retry_setting, which the error names), or the config's producer.connect_retry_s;
+    the retries at DEBUG, the caller gets the one error."""
     return {"retry_s": config.producer.connect_retry_s if retry_s is None else retry_s,
-            "retry_setting": "producer.connect_retry_s" if retry_s is None else None,
+            "retry_setting": "producer.connect_retry_s" if retry_s is None else retry_setting,
             "retry_log_level": logging.DEBUG}
 
 class Producer:
@@ -98,12 +99,14 @@ class Producer:
     and never wait for the producer's other calls.
     """
 
-    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
+    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None,
+                 retry_setting: str | None = None):
         """retry_s: how long a put retries an unreachable server before it raises DatabaseError
         (None: the config's producer.connect_retry_s, 5 s by default: a put inside a web request
         fails within the request, not after the worker's timeout; 0: one attempt). The retries
         are logged at DEBUG: the caller gets the one error. Sharding's dealer passes a short one:
-        it says once itself that a shard is down, and puts the jobs on another."""
+        it says once itself that a shard is down, and puts the jobs on another. retry_setting:
+        the setting retry_s comes from, which that error names."""
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         if config.shards:
@@ -119,7 +122,7 @@ class Producer:
         self.locks = QueueLocks(config.dsn.database, queue)
         if retry_s is not None:
             retry_s = values.seconds("retry_s", retry_s, positive=False)
-        self._retry = session_retry(config, retry_s)
+        self._retry = session_retry(config, retry_s, retry_setting)
         # Opened on first use. One session, not a pool: docs, "Threads".
         self._session: Session | None = None
         # Wakes an idle consumer after each COMMIT (the ring, or the instant wake), on a session
@@ -342,6 +345,13 @@ class Producer:
     def retry(self) -> dict[str, Any]:
         """How this producer's sessions retry an unreachable server (Session's arguments)."""
         return dict(self._retry)
+
+    def sessions(self) -> list[tuple[str, Session]]:
+        """The sessions a put waits on, open now ((label, session)): for a stall watch (a
+        `notifyq produce` stream's, notifyq/run/stream_watch.py), from another thread."""
+        return [(label, session) for label, session in (("producer", self._session),
+                                                         ("producer-locks", self._waker.session))
+                if session is not None]
 
     def result_dsn(self) -> DSN:
         """Where result() reads (AsyncProducer.result looks there too, at its own pace)."""

@@ -203,6 +203,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
     exits 0 (a service's stop is no failure; each reject was reported when it happened)."""
     from notifyq.produce.lines import LineSource
     from notifyq.produce.stream import produce_lines
+    from notifyq.run.stream_watch import StreamStallWatch
     from notifyq.sharding.producer import Producer, require_schema
     from notifyq.run import daemon as daemon_mod
 
@@ -224,14 +225,23 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         if reject_file:
             rejects = stack.enter_context(open(reject_file, "a", encoding="utf-8", errors="surrogateescape"))
         # A daemon: a put retries for connect_retry_s (a daemon's), not the library's
-        producer = stack.enter_context(Producer(queue, cfg, ring=True, retry_s=cfg.connect_retry(oneshot=False)))
+        producer = stack.enter_context(Producer(queue, cfg, ring=True, retry_s=cfg.connect_retry(oneshot=False),
+                                                retry_setting="connect_retry_s"))
+        # A put whose reply is not coming (a frozen server) is ended, not waited for a minute
+        stack.enter_context(StreamStallWatch(producer.sessions))
         quiet = daemon or logs.under_journald(sys.stderr)  # reports go through the log then
         stream = _Stream(producer, source, notifier, signals, reload, rejects, print_ids, quiet)
         notifier.ready(stream.status())
         log.info("producer started queue=%s input=%s follow=%s", queue, input_path or "stdin", follow)
-        stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
-                              on_ids=stream.on_ids, on_reject=stream.on_reject, more=source.ready,
-                              priority=priority, delay=delay, run_at=run_at, key=key)
+        try:
+            stats = produce_lines(producer, source.lines(signals.stop_requested, stream.between_reads),
+                                  on_ids=stream.on_ids, on_reject=stream.on_reject, more=source.ready,
+                                  priority=priority, delay=delay, run_at=run_at, key=key)
+        except errors.DatabaseError:
+            # The server is gone, or does not answer: the way out says nothing to it (releasing
+            # the bell's lock would wait out a read timeout, a minute, on a frozen server)
+            producer.drop()
+            raise
         stopped = signals.stop_requested.is_set()
         notifier.stopping(stream.status())
         log.info("producer finished queue=%s lines=%d enqueued=%d rejected=%d batches=%d reason=%s",

@@ -59,6 +59,8 @@ class Producer:
         retry_s: how long a put retries an unreachable server before it raises
             `notifyq.errors.DatabaseError` (None: the config's `producer.connect_retry_s`, 5 s;
             0: a single attempt).
+        retry_setting: the setting `retry_s` comes from, which that error names (`notifyq
+            produce` passes `connect_retry_s`); None: none is named for a `retry_s` given.
 
     With `[shards]` in the config, the producer places each job on its queue's shard, with the
     same methods.
@@ -69,12 +71,14 @@ class Producer:
     # and dropped while their shard is down. Calls take turns on the latter (self._mutex); the
     # one-server producer is itself safe to share between threads.
 
-    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None):
+    def __init__(self, queue: str, config: Config, *, ring: bool = False, retry_s: float | None = None,
+                 retry_setting: str | None = None):
         if not isinstance(config, Config):
             raise errors.InputError(f"config: expected notifyq.config.load()'s Config, got {values.shown(config)}")
         self.queue = validate_queue_name(queue)
         self.config = config
         self._retry_s = None if retry_s is None else values.seconds("retry_s", retry_s, positive=False)
+        self._retry_setting = retry_setting
         self.placement = Placement(config)
         self._home = self.placement.home(queue)
         self._turn = RoundRobin(self.placement.names) if self.placement.spread(queue) else None
@@ -307,7 +311,13 @@ class Producer:
     @property
     def retry(self) -> dict[str, Any]:
         """How a pinned queue's sessions retry an unreachable server (result() waits too)."""
-        return one_server.session_retry(self.config, self._retry_s)
+        return one_server.session_retry(self.config, self._retry_s, self._retry_setting)
+
+    def sessions(self) -> list[tuple[str, Any]]:
+        """The sessions its puts wait on, open now (one_server.Producer.sessions), each shard's."""
+        with self._mutex:
+            spread = list(self._producers.values())
+        return [s for p in ([self._pinned] if self._pinned is not None else []) + spread for s in p.sessions()]
 
     def result_dsn(self, shard: str | None = None) -> DSN:
         """Where result() reads: the server of the shard that holds the job (from the config,
@@ -343,6 +353,14 @@ class Producer:
             producers, self._producers = list(self._producers.values()), {}
         for producer in producers + ([self._pinned] if self._pinned is not None else []):
             producer.close()
+
+    def drop(self) -> None:
+        """Close the connections without a word to the server (one_server.Producer.drop): after
+        a put found it gone, a close would wait for replies that are not coming."""
+        with self._mutex:
+            producers, self._producers = list(self._producers.values()), {}
+        for producer in producers + ([self._pinned] if self._pinned is not None else []):
+            producer.drop()
 
     def wake(self, instant: bool | None = None) -> None:
         """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
@@ -411,10 +429,12 @@ class Producer:
         return self._producers[shard]
 
     def _new_producer(self, shard: str) -> one_server.Producer:
-        retry_s = self._retry_s
+        retry_s, setting = self._retry_s, self._retry_setting
         if self._turn is not None:
             retry_s = min(SHARD_RETRY_S, self.config.producer.connect_retry_s if retry_s is None else retry_s)
-        return one_server.Producer(self.queue, self.config.on_shard(shard), ring=self._ring, retry_s=retry_s)
+            setting = None  # the dealer's own budget
+        return one_server.Producer(self.queue, self.config.on_shard(shard), ring=self._ring, retry_s=retry_s,
+                                   retry_setting=setting)
 
     def _deal(self, rows: list[tuple]) -> list[int]:
         """A spread queue's rows in turn over the shards that are up, under self._mutex. A

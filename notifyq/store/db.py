@@ -223,13 +223,16 @@ class Session:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
                                               f"{describe(e)}") from None
-            setting = f": {self.retry_setting}" if self.retry_setting else ""
-            waited = f" (retried for {self.retry_s:g} s{setting})" if self.retry_s else ""
             raise errors.DatabaseError(
-                f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{waited}"
+                f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{self._retried()}"
             ) from None
         self._log_reachable_again(attempts, started, what)
         self.generation += 1
+
+    def _retried(self) -> str:
+        """How long a lost server was retried, and the setting that says so, for the error."""
+        setting = f": {self.retry_setting}" if self.retry_setting else ""
+        return f" (retried for {self.retry_s:g} s{setting})" if self.retry_s else ""
 
     def _open_into(self) -> None:
         attempted_at = time.monotonic()
@@ -417,7 +420,9 @@ class Session:
             return self._run(body, what=what, idempotent=idempotent, committed=committed, wait_s=wait_s)
         except MySQLdb.Error as e:
             if is_transient(e):
-                raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}") from e
+                # A lost connection was retried for the session's retry_s: named, as a connect's is
+                waited = self._retried() if is_connection_lost(e) else ""
+                raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}{waited}") from e
             if error_code(e) in PRIVILEGE_DENIED:
                 raise errors.GrantMissing(f"{what}: a grant is missing ({describe(e)}): as an admin, apply "
                                           f"what `notifyq init --print-grants USER` prints") from e

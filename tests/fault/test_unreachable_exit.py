@@ -7,6 +7,10 @@ re-registration) with a budget of its own, and every session goes by connect_ret
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -106,4 +110,43 @@ def test_a_produce_stream_exits_5_within_connect_retry_s(server, fdb, procs, tmp
         producer.stdin.flush()
     code = producer.wait(RETRY_S + 180)
     took_s = time.monotonic() - stopped_at
-    _assert_prompt_exit_5(code, took_s, producer, setting="")
+    _assert_prompt_exit_5(code, took_s, producer)
+
+
+# A frozen server (SIGSTOP) accepts connections and answers nothing: the bound past
+# connect_retry_s is then the stall watch's (a put overdue STALL_S, its look's connect) and the
+# last connect attempt's timeout (max(3, connect_retry_s) s here), besides the room above. The
+# code before waited for each read's timeout, a minute at least.
+FROZEN_EXIT_BOUND_S = EXIT_BOUND_S + 12
+
+
+def test_a_produce_stream_exits_5_within_connect_retry_s_when_the_server_freezes(server, fdb, procs, tmp_path):
+    # Given `notifyq produce` reading a stream (a line every 0.2 s), with connect_retry_s = 4
+    env = {**fdb.env, "NOTIFYQ_CONNECT_RETRY_S": str(RETRY_S)}
+    producer = procs.start(env, "produce", "-q", "q", "--print-ids", stdin=True)
+    producer.stdin.write("{}\n")
+    producer.stdin.flush()
+    wait_until(lambda: producer.stdout_text().strip(), 60, 0.05, "the first id")
+    server_pid = server._proc.pid
+    # When the server freezes (SIGSTOP: connections hang, nothing is refused), lines still coming
+    frozen_at = time.monotonic()
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        code = None
+        while code is None and time.monotonic() - frozen_at < RETRY_S + 180:
+            try:
+                producer.stdin.write("{}\n")
+                producer.stdin.flush()
+            except (BrokenPipeError, ValueError):  # it exited
+                pass
+            with contextlib.suppress(subprocess.TimeoutExpired):  # (a line each 0.2 s meanwhile)
+                code = producer.wait(0.2)
+        took_s = time.monotonic() - frozen_at
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+    # Then the stream exits 5 within connect_retry_s and the bound, naming the setting
+    log = producer.stderr_text()
+    print(f"exit {code} after {took_s:.1f} s")
+    assert code == 5, log[-3000:]
+    assert took_s < RETRY_S + FROZEN_EXIT_BOUND_S, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
+    assert f"retried for {RETRY_S:g} s: connect_retry_s)" in log, log[-3000:]
