@@ -60,6 +60,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
         time.sleep(interval)
 
 
+def alive(pid: int) -> bool:
+    """A process still running: not gone, not a zombie waiting to be reaped (by init, once its
+    parent is gone, which may reap late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 # ------------------------------------------------------------------ which connection is whose
 
 

@@ -15,12 +15,11 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import wait_until
+from conftest import alive, wait_until
 
 from notifyq.consume import commands
 
 from .conftest import produce, write_config
-from .test_command_outlives_stop import alive
 
 QUEUE = "cq"
 

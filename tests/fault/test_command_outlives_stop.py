@@ -13,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-from conftest import wait_until
+from conftest import alive, wait_until
 
 from .conftest import produce, write_config
 
@@ -29,15 +29,6 @@ echo "$NOTIFYQ_JOB_ID $! child" >> "$NQ_TEST_OUT/command.log"
 wait
 echo "$NOTIFYQ_JOB_ID $$ end" >> "$NQ_TEST_OUT/command.log"
 """
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped (by init, once its parent is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def command_log(out: Path) -> list[tuple[int, int, str]]:

@@ -16,20 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, wait_until
+from conftest import alive, run_cli, wait_until
 from notifyq import errors
 
 KV_LINE = re.compile(r'^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(debug|info|warning|error) '
                      r'logger=notifyq[\w.]* msg=("[^"\\]*(\\.[^"\\]*)*"|\S+)( |$)')
-
-
-def alive(pid: int) -> bool:
-    """Not gone and not a zombie (a detached daemon's parent is init, which may reap late)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def pid_in(path: Path) -> int | None:

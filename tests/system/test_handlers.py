@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import notifyq_cmd, run_cli, wait_until
+from conftest import alive, notifyq_cmd, run_cli, wait_until
 from test_job_lifecycle import registered, stderr_of, unsettled
 from notifyq import errors
 
@@ -62,15 +62,6 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> int:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 # ------------------------------------------------------------------ async def handlers

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import alive, wait_until
 
 from notifyq import errors
 from notifyq.consume import commands
@@ -27,15 +27,6 @@ sleep 60 &
 echo $! >> "$1"
 wait
 """
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def test_a_command_whose_lease_extension_raises_is_ended_with_its_group_before_the_call_raises(tmp_path):
