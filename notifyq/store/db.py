@@ -431,12 +431,10 @@ class Session:
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
              committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
-        # The budget counts from the first failure, not from here: an attempt may take long
-        # before it fails (a lock wait, a wait_s, a process frozen mid-call while the server
-        # restarted) and is no outage until then. A server that stays away is bounded by the
-        # reconnect's own budget, counted from the outage's start (connect, Reach).
+        # The budget counts from the call's start: a caller's own deadline (a page's 14 s) holds.
+        # (A process frozen mid-call past the budget then gets no retry: open, see CHANGELOG.)
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
-                                                what, None)
+                                                what, started)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result

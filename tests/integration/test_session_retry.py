@@ -162,34 +162,3 @@ def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
                 assert len(calls) == (1 if commit_first else 2)
                 said = "was stored, not run again" if commit_first else "was not stored: running it again"
                 assert any(said in line for line in log.lines), log.lines
-
-
-def test_a_transaction_that_outlasted_the_retry_budget_before_losing_its_connection_is_rerun(db):
-    """The budget counts from the first failure, not from the call's start: a consumer frozen
-    (SIGSTOP, a paused VM) in the middle of a claim longer than connect_retry_s, meanwhile
-    the server restarted, found its connection lost on resuming, and gave up at once with
-    the server up (no retry, the worker ended, the consumer exited 5)."""
-    session = Session(db.admin, retry_s=1)
-    calls = []
-
-    def body(cur):
-        calls.append(1)
-        if len(calls) == 1:
-            # Given an attempt that took longer than the whole retry budget ...
-            cur.execute("SELECT SLEEP(1.5)")
-            cur.fetchall()
-            # ... and then lost its connection
-            killer = admin_connect(db.admin)
-            killer.cursor().execute("KILL %s", (session.connection_id,))
-            killer.close()
-        cur.execute("SELECT 4")
-        return cur.fetchone()[0]
-
-    try:
-        # When it runs, then it is run again on a new connection and returns its result
-        with Lines() as log:
-            assert session.run(body, what="test") == 4
-        assert len(calls) == 2
-        assert any("retrying what=test attempt=1" in line for line in log.lines), log.lines
-    finally:
-        session.close()
