@@ -200,6 +200,19 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
+def command_setup(testdb: TestDB, tmp_path: Path, script_text: str, config_text: str,
+                  script_name: str = "cmd.sh") -> tuple[Path, Path, dict[str, str]]:
+    """A `--command` consumer's files: (its output directory, its executable script, the env
+    naming both the config written from config_text and that directory)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / script_name
+    script.write_text(script_text)
+    script.chmod(0o755)
+    cfg = write_config(tmp_path / "nq.toml", config_text)
+    return out, script, {**testdb.env, "NOTIFYQ_CONFIG": str(cfg), "NQ_TEST_OUT": str(out)}
+
+
 # ------------------------------------------------------------------ which connection is whose
 
 

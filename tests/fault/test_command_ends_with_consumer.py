@@ -19,7 +19,7 @@ from conftest import alive, wait_until
 
 from notifyq.consume import commands
 
-from .conftest import produce, write_config
+from .conftest import command_setup, produce
 
 QUEUE = "cq"
 
@@ -37,14 +37,8 @@ while :; do sleep 1; done
 
 
 def _start(tmp_path: Path, fdb, procs, grace_s: float):
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "cmd.sh"
-    script.write_text(COMMAND)
-    script.chmod(0o755)
-    cfg = write_config(tmp_path / "nq.toml", f"[consumer]\nshutdown_grace_s = {grace_s}\n"
-                                             "[defaults]\ncommand_timeout_s = 600\n")
-    env = {**fdb.env, "NOTIFYQ_CONFIG": str(cfg), "NQ_TEST_OUT": str(out)}
+    out, script, env = command_setup(fdb, tmp_path, COMMAND, f"[consumer]\nshutdown_grace_s = {grace_s}\n"
+                                                             "[defaults]\ncommand_timeout_s = 600\n")
     consumer = procs.start(env, "consume", "-q", QUEUE, "--batch-size", "1", "--command", str(script))
     produce(fdb, QUEUE, 1)
     pids_file = out / "pids"

@@ -18,7 +18,7 @@ from conftest import alive, wait_until
 
 from notifyq.consume import commands
 
-from .conftest import produce, write_config
+from .conftest import command_setup, produce
 
 QUEUE = "cq"
 GRACE_S = 3
@@ -34,14 +34,8 @@ while :; do sleep 0.5; done
 def test_a_command_that_traps_sigterm_is_killed_term_wait_s_after_it_with_the_server_frozen(
         server, fdb, procs, tmp_path):
     # Given a consumer (default batch size) running a command that traps SIGTERM, with a 3 s grace
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "cmd.sh"
-    script.write_text(COMMAND)
-    script.chmod(0o755)
-    cfg = write_config(tmp_path / "nq.toml", f"[consumer]\nshutdown_grace_s = {GRACE_S}\n"
-                                             "[defaults]\ncommand_timeout_s = 600\n")
-    env = {**fdb.env, "NOTIFYQ_CONFIG": str(cfg), "NQ_TEST_OUT": str(out)}
+    out, script, env = command_setup(fdb, tmp_path, COMMAND, f"[consumer]\nshutdown_grace_s = {GRACE_S}\n"
+                                                             "[defaults]\ncommand_timeout_s = 600\n")
     consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
     produce(fdb, QUEUE, 1)
     pid_file = out / "pid"

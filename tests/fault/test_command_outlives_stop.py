@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import alive, wait_until
 
-from .conftest import produce, write_config
+from .conftest import command_setup, produce
 
 QUEUE = "q"
 
@@ -43,15 +43,9 @@ def test_a_command_running_when_its_consumer_stops_with_the_server_gone_ends_bef
     # Given a consumer whose 3 s lease is extended every second under a 60 s command (that
     # ignores SIGTERM, its child too), with a grace (30 s) and connect retries (60 s) that do not
     # end before the test does
-    out = tmp_path / "out"
-    out.mkdir()
-    script = tmp_path / "job.sh"
-    script.write_text(COMMAND)
-    script.chmod(0o755)
-    cfg = write_config(tmp_path / "nq.toml", "[consumer]\nshutdown_grace_s = 30\n"
-                                             "[defaults]\nlease_s = 3\ncommand_timeout_s = 120\n")
-    env = {**fdb.env, "NOTIFYQ_CONFIG": str(cfg), "NOTIFYQ_CONNECT_RETRY_S": "60",
-           "NQ_TEST_OUT": str(out), "NQ_TEST_SLEEP": "60"}
+    out, script, env = command_setup(fdb, tmp_path, COMMAND, "[consumer]\nshutdown_grace_s = 30\n"
+                                     "[defaults]\nlease_s = 3\ncommand_timeout_s = 120\n", script_name="job.sh")
+    env.update(NOTIFYQ_CONNECT_RETRY_S="60", NQ_TEST_SLEEP="60")
     consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
     produce(fdb, QUEUE, 1)
     wait_until(lambda: any(tag == "child" for _, _, tag in command_log(out)), 30, message="the command started")
