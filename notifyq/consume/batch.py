@@ -530,7 +530,8 @@ class BatchRun:
             return self.work
         if self._aside is None:
             self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop,
-                                  retry_s=self.work.retry_s, retry_setting=self.work.retry_setting)
+                                  retry_s=self.work.retry_s, retry_setting=self.work.retry_setting,
+                                  budget_from_first_failure=True)
         return self._aside
 
     def _keep_lease(self) -> None:

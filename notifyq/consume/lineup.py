@@ -291,7 +291,8 @@ class LineupWatch:
             # as a frozen consumer's liveness lock is: then they come back by their leases.
             self._session = Session(self.config.dsn, name="lineup", stop=self.stop,
                                     idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s),
-                                    retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s")
+                                    retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
+                                    budget_from_first_failure=True)
         return self._session
 
     def _locks(self, queue: str) -> QueueLocks:

@@ -86,7 +86,7 @@ class Session:
                  use_database: bool = True, idle_timeout_s: int | None = None,
                  idle_in_transaction_s: int | None = None,
                  stop: threading.Event | None = None, follows_writer: bool = True,
-                 retry_setting: str | None = None):
+                 retry_setting: str | None = None, budget_from_first_failure: bool = False):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
         # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
@@ -114,6 +114,14 @@ class Session:
         # The setting retry_s comes from, named when the connect gives up (None: a budget of
         # the code's own, a housekeeping session's)
         self.retry_setting = retry_setting
+        # Where a transaction's retry budget counts from. The call's start (False) keeps a
+        # caller's own deadline (a console page's 14 s). The first failure (True) is for callers
+        # with no deadline of their own, a consumer's claims and acks: an attempt may take long
+        # before it fails (a lock wait, a process frozen mid-call while the server restarted)
+        # and is no outage until then; without it a consumer frozen past the budget came back
+        # to a lost connection and gave up at once with the server up. A server that stays away
+        # is still bounded: by the reconnect's budget, counted from the outage's start (Reach).
+        self.budget_from_first_failure = budget_from_first_failure
         self.reach = Reach.of(dsn)
         self.name = name
         self.retry_log_level = retry_log_level
@@ -431,10 +439,8 @@ class Session:
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
              committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
-        # The budget counts from the call's start: a caller's own deadline (a page's 14 s) holds.
-        # (A process frozen mid-call past the budget then gets no retry: open, see CHANGELOG.)
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
-                                                what, started)
+                                                what, None if self.budget_from_first_failure else started)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result

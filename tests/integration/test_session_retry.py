@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import logging
+import threading
 
+import pytest
 from conftest import admin_connect, wait_until
 
+from notifyq import errors
+from notifyq.consume import handlers
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
 from notifyq.store import inserts
 from notifyq.store.db import Session
 
@@ -162,3 +168,66 @@ def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
                 assert len(calls) == (1 if commit_first else 2)
                 said = "was stored, not run again" if commit_first else "was not stored: running it again"
                 assert any(said in line for line in log.lines), log.lines
+
+
+def _frozen_past_the_budget_then_lost(session: Session, db):
+    """A body whose first attempt takes longer than the session's whole retry budget, then loses
+    its connection: a consumer frozen (SIGSTOP, a paused VM) in the middle of a claim while the
+    server restarted, resuming to a lost connection with the server up."""
+    calls = []
+
+    def body(cur):
+        calls.append(1)
+        if len(calls) == 1:
+            cur.execute("SELECT SLEEP(1.5)")
+            cur.fetchall()
+            killer = admin_connect(db.admin)
+            killer.cursor().execute("KILL %s", (session.connection_id,))
+            killer.close()
+        cur.execute("SELECT 4")
+        return cur.fetchone()[0]
+
+    return body, calls
+
+
+def test_a_call_frozen_past_its_budget_is_rerun_where_the_budget_counts_from_the_first_failure(db):
+    # Given a session whose budget counts from a call's first failure (a consumer's claims and
+    # acks: no deadline of their own), and a call that outlasted the budget before it failed
+    session = Session(db.admin, retry_s=1, budget_from_first_failure=True)
+    body, calls = _frozen_past_the_budget_then_lost(session, db)
+    try:
+        # When it runs, then it is run again on a new connection and returns its result
+        with Lines() as log:
+            assert session.run(body, what="test") == 4
+        assert len(calls) == 2
+        assert any("retrying what=test attempt=1" in line for line in log.lines), log.lines
+    finally:
+        session.close()
+
+
+def test_a_call_past_its_budget_gives_up_where_the_budget_counts_from_the_calls_start(db):
+    # Given a session whose budget counts from the call's start (a console page: its own 14 s
+    # deadline must hold), and a call that outlasted the budget before it failed
+    session = Session(db.admin, retry_s=1)
+    body, calls = _frozen_past_the_budget_then_lost(session, db)
+    try:
+        # When it runs, then it is not retried: the failure is the caller's at once
+        with pytest.raises(errors.TransientDBError):
+            session.run(body, what="test")
+        assert len(calls) == 1
+    finally:
+        session.close()
+
+
+def test_a_workers_claim_and_ack_sessions_count_their_budget_from_the_first_failure(db):
+    # Given a consumer's worker
+    cfg = db.config()
+    worker = Worker(cfg, "q", handlers.PythonHandler(lambda job: None, False), stop=threading.Event(),
+                    budget=Budget(None))
+    try:
+        # Then its work session, and the one replacing it after a timed-out handler, retry a
+        # claim frozen past the budget
+        assert worker.work.budget_from_first_failure
+        assert worker.replace_work_session().budget_from_first_failure
+    finally:
+        worker.work.close()
