@@ -41,6 +41,9 @@ log = logging.getLogger("notifyq.service")
 # After the grace, settling what still ran and unregistering get this long at most: a server that
 # does not answer must not hold a stop past systemd's TimeoutStopSec (docs/deploys.md).
 SETTLE_AT_EXIT_S = 12.0
+# The same when no worker holds a batch (only the unregistering is left) and the server is known
+# unreachable: a frozen one holds its connect 10 s for a row the reaper removes anyway.
+UNREGISTER_UNREACHABLE_S = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class ConsumeOptions:
@@ -425,11 +428,18 @@ class ConsumerService(Supervisor):
         settling = threading.Thread(target=self._settle, args=(stuck, stopped), name="notifyq-settle",
                                     daemon=True)
         settling.start()
-        settling.join(SETTLE_AT_EXIT_S)
-        if settling.is_alive():
+        # Nothing to give back (idle workers, reconnecting or in a wait the stall watch ends) and
+        # the server known unreachable: only the unregistering is left, which the reaper does too.
+        holding = any(w.current_run is not None for w in stuck)
+        bound_s = (UNREGISTER_UNREACHABLE_S if not holding and self.presence.session.reach.down()
+                   else SETTLE_AT_EXIT_S)
+        settling.join(bound_s)
+        if settling.is_alive() and holding:
             log.warning("the server did not answer within %g s: exiting without settling the running "
-                        "batches or unregistering; the reaper takes back what this consumer held",
-                        SETTLE_AT_EXIT_S)
+                        "batches or unregistering; the reaper takes back what this consumer held", bound_s)
+        elif settling.is_alive():
+            log.warning("the server did not answer within %g s: exiting without unregistering; this "
+                        "consumer held no job, and the reaper removes its registration", bound_s)
 
     def _settle(self, stuck: list[Worker], stopped: dict[int, bool]) -> None:
         if stuck:
@@ -456,6 +466,11 @@ class ConsumerService(Supervisor):
             self.presence.mark_stopping(session)
         except errors.NotifyqError as e:
             log.warning("could not mark the consumer stopping error=%s", e)
+            if not session.connected and session.reach.down():
+                # Its connect found no server: another would wait as long again (a frozen server's
+                # 3 s) for waits that end anyway (their timeouts, the stall watch)
+                session.close()
+                return
         try:
             self.presence.interrupt_waits(session)
         except errors.NotifyqError as e:

@@ -211,8 +211,8 @@ def wake_watcher(session: Session, queue: str) -> None:
 def retry(session: Session, job_id: int) -> str:
     """Dead, done, cancelled or scheduled -> ready now, attempts reset; a workflow's job waits
     again for its parents still pending (docs/workflows.md). Returns what happened."""
-    job = get_job(session, job_id)
-    pending = _already(job)
+    job = get_job(session, job_id, parents=False)  # (a waiting job's parents: counted by _already)
+    pending = _already(session, job)
     if pending is not None:
         return pending
     if job["status"] == "claimed":
@@ -222,8 +222,8 @@ def retry(session: Session, job_id: int) -> str:
     # other changes nothing and finds the job pending again, retried by the first.
     if admin_queries.retry_jobs(session, [(job_id, job["queue"])]):
         return _retried(session, job_id)
-    now = get_job(session, job_id)  # it changed under us, or its dedup key is taken
-    pending = _already(now)
+    now = get_job(session, job_id, parents=False)  # it changed under us, or its dedup key is taken
+    pending = _already(session, now)
     if pending is not None:
         return pending
     if now["status"] in ("dead", "done", "cancelled", "scheduled") and now["dedup_key"] is not None:
@@ -231,12 +231,15 @@ def retry(session: Session, job_id: int) -> str:
     raise errors.InputError(f"job {job_id} is {now['status']} now: not retried")
 
 
-def _already(job: dict[str, Any]) -> str | None:
-    """What a retry says of a job already ready or waiting (nothing to do), else None."""
+def _already(session: Session, job: dict[str, Any]) -> str | None:
+    """What a retry says of a job already ready or waiting (nothing to do), else None. Its
+    parents are counted only for a waiting job (every edge read: a batch's callback has up to
+    100,000): a retry of any other job reads them once, after it (_retried)."""
     if job["status"] == "ready":
         return "already ready"
     if job["status"] == "waiting":
-        return f"already waiting for {_parents(job.get('parents', {}).get('pending', 0))} still pending"
+        pending = admin_queries.job_progress(session, job["id"])["pending"]
+        return f"already waiting for {_parents(pending)} still pending"
     return None
 
 

@@ -89,9 +89,9 @@ class Session:
                  retry_setting: str | None = None, budget_from_first_failure: bool = False):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
-        # server that is gone. Only connects: a transaction whose server answers (a deadlock, a
-        # lock wait, one lost connection that reconnects at once) is still retried, as the drain's
-        # acks and give-backs must be.
+        # server that is gone. Only connects, and waits on purpose (GET_LOCK, the watch's SLEEP:
+        # _run): a transaction whose server answers (a deadlock, a lock wait, one lost connection
+        # that reconnects at once) is still retried, as the drain's acks and give-backs must be.
         self.stop = stop
         self.autocommit = autocommit
         # Waits inside statements (GET_LOCK, the watch's SLEEP) are bounded by this (wakeup/waiter.py).
@@ -428,6 +428,8 @@ class Session:
             return self._run(body, what=what, idempotent=idempotent, committed=committed, wait_s=wait_s)
         except MySQLdb.Error as e:
             if is_transient(e):
+                if wait_s > 0 and self.stop is not None and self.stop.is_set():
+                    raise errors.TransientDBError(f"{what} ended by the stop, not retried: {describe(e)}") from e
                 # A lost connection was retried for the session's retry_s: named, as a connect's is
                 waited = self._retried() if is_connection_lost(e) else ""
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}{waited}") from e
@@ -439,8 +441,13 @@ class Session:
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
              committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
+        # A wait on purpose (an idle wait for work, a lock wait) is not run again once the daemon
+        # stops: the stop interrupts such waits, and on a server that does not answer the stall
+        # watch cuts them; a retry would only connect (up to 10 s on a frozen server) to wait
+        # for nothing. Other calls (the drain's acks and give-backs) are retried as ever.
+        stop = self.stop if wait_s > 0 else None
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
-                                                what, None if self.budget_from_first_failure else started)
+                                                what, None if self.budget_from_first_failure else started, stop)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result

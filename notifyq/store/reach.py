@@ -46,6 +46,10 @@ class Reach:
         with self._lock:
             self._down_since = None
 
+    def down(self) -> bool:
+        """A connect found the server unreachable and nothing has answered since."""
+        return self._down_since is not None
+
     def since(self, now: float) -> float:
         """Where a connect retry starting `now` counts its budget from: the outage's start, if
         the process is in one, else now."""

@@ -97,6 +97,8 @@ class Waiter:
         job of the claim just made, advisory.hand_watch_on)."""
         if self.watching:
             self.watching = False
+            if self.session.current_conn is None:
+                return  # the lock died with its connection: no connect to release it (a frozen server's 10 s)
             if wait:
                 advisory.release_lock(self.session, self.locks.watch)
             else:

@@ -308,7 +308,7 @@ def jobs(reader: Reader, f: dict[str, Any]) -> dict[str, Any]:
         if f["dedup"] is not None:
             job_id = admin_queries.web_dedup_job(session, f["queue"], f["dedup"])
             row = None if job_id is None else admin_queries.get_job(session, job_id)
-            return [] if row is None else [admin.get_job(session, job_id)]
+            return [] if row is None else [admin.get_job(session, job_id, parents=False)]  # (not listed)
         names = [f["queue"]] if f["queue"] else [r[0] for r in admin_queries.queue_rows(session)]
         return [listed(r) for r in admin_queries.web_jobs(session, status=status, queues=names,
                                                            limit=f["limit"], newest=newest)]
@@ -414,7 +414,7 @@ def act(reader: Reader, verb: str, *, shard: str, job_id: int | None, queue: str
 
 
 def _purge_one(session: Session, job_id: int) -> str:
-    status = admin.get_job(session, job_id)["status"]
+    status = admin.get_job(session, job_id, parents=False)["status"]  # (its parents: not needed, up to 100,000)
     if status not in FINISHED:
         raise errors.InputError(f"job {job_id} is {status}: only dead, done and cancelled jobs are purged")
     deleted = admin_queries.purge_jobs(session, [job_id], admin.parse_status(status))

@@ -5,6 +5,7 @@ attempt instead of retrying as long again, and a connect that succeeds ends the 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -77,5 +78,61 @@ def test_a_transaction_answered_on_a_kept_connection_ends_the_outage(db):
         # budget, instead of giving up at its first failure
         now = time.monotonic()
         assert reach.since(now) == now
+    finally:
+        session.close()
+
+
+def _killed_mid_wait(db, session: Session, wait_s: int) -> tuple[BaseException | None, int]:
+    """A call on `session` that waits `wait_s` s in SLEEP (0: a plain read), its connection
+    KILLed from another session meanwhile: (what the call raised, the session's generation)."""
+    session.conn  # connected: its id is known
+    conn_id = session.connection_id
+    raised: list[BaseException] = []
+
+    def call():
+        try:
+            session.run(lambda cur: cur.execute("SELECT SLEEP(5)"), what="wait", wait_s=wait_s)
+        except BaseException as e:
+            raised.append(e)
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not db.scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s AND INFO LIKE 'SELECT SLEEP%%'",
+            (conn_id,)):
+        time.sleep(0.01)  # (a poll for a condition, with a deadline)
+    db.query(f"KILL CONNECTION {int(conn_id)}")
+    t.join(30)
+    return (raised[0] if raised else None), session.generation
+
+
+def test_a_wait_on_purpose_is_not_retried_once_the_daemon_stops(db):
+    # Given a stopping daemon's session waiting on purpose (an idle wait, a lock wait)
+    stop = threading.Event()
+    stop.set()
+    session = Session(db.dsn, autocommit=True, stop=stop, retry_s=5)
+    try:
+        # When its connection is lost mid-wait (the stall watch cut it: a frozen server)
+        raised, generation = _killed_mid_wait(db, session, wait_s=5)
+        # Then the wait ends with no new connection (one would wait 10 s on a frozen server)
+        assert isinstance(raised, errors.TransientDBError), raised
+        assert "ended by the stop, not retried" in str(raised)
+        assert generation == 1 and session.current_conn is None
+    finally:
+        session.close()
+
+
+def test_a_plain_call_is_still_retried_once_the_daemon_stops(db):
+    # Given a stopping daemon's session making a call that is not a wait (an ack, a give-back)
+    stop = threading.Event()
+    stop.set()
+    session = Session(db.dsn, autocommit=True, stop=stop, retry_s=5)
+    try:
+        # When its connection is lost mid-call
+        raised, generation = _killed_mid_wait(db, session, wait_s=0)
+        # Then it is run again on a new connection, as the drain's calls must be
+        assert raised is None, raised
+        assert generation == 2
     finally:
         session.close()

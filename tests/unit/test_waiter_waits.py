@@ -66,3 +66,21 @@ def test_a_short_backoff_is_left_as_it_is(monkeypatch):
     sent = _waits(monkeypatch, cfg, answers)
     # Then it doubles from poll_initial_s as before
     assert sent == [cfg.poll_initial_s, 2 * cfg.poll_initial_s, 4 * cfg.poll_initial_s]
+
+
+def test_a_watch_lock_whose_connection_is_gone_is_not_released_over_a_new_one(monkeypatch):
+    # Given a watcher holding the watch lock whose session lost its connection (the stall watch
+    # cut it: a frozen server), where a release would connect first (10 s on a frozen server)
+    from notifyq.store import advisory
+
+    released: list[str] = []
+    monkeypatch.setattr(advisory, "release_lock", lambda session, name: released.append(name))
+    session = _Session()
+    session.current_conn = None
+    waiter = Waiter(session, "q", QueueLocks("db", "q"), WakeupConfig(), threading.Event(),
+                    on_turn=lambda: None, on_reap=lambda: None)
+    waiter.watching = True
+    # When it hands the watch back
+    waiter.release_watch()
+    # Then nothing is sent: the lock died with its connection
+    assert released == [] and not waiter.watching
