@@ -85,6 +85,25 @@ class QueueConfig:
         """The claim goes through store/flow.py (limits or fairness)."""
         return self.limited or self.fair
 
+    @property
+    def flow_settings(self) -> dict[str, Any]:
+        """The flow control this queue's claims apply, as a consumer records it (JSON-ready;
+        key_limits as [key or pattern, limit] pairs: their order matters). flow_settings_value
+        reads it back."""
+        return {"limit": self.limit, "limit_per_key": self.limit_per_key,
+                "key_limits": [[k, n] for k, n in self.key_limits], "rate": self.rate,
+                "rate_per_key": self.rate_per_key, "fair": self.fair}
+
+    def with_flow(self, flow: dict[str, Any]) -> QueueConfig:
+        """This config with another's flow settings (flow_settings_value's)."""
+        return replace(self, limit=flow["limit"], limit_per_key=flow["limit_per_key"],
+                       key_limits=tuple((k, n) for k, n in flow["key_limits"]), rate=flow["rate"],
+                       rate_per_key=flow["rate_per_key"], fair=flow["fair"])
+
+    def flow_compared(self) -> tuple:
+        """What two configs' flow control is equal by: the rates as parsed ("60/1m" is "60/60s")."""
+        return (self.limit, self.limit_per_key, self.key_limits, self.rates, self.fair)
+
 
 @dataclass(frozen=True)
 class WakeupConfig:
@@ -288,3 +307,25 @@ def check_setting(key: str, value: Any, where: str, error: type[errors.NotifyqEr
     except errors.NotifyqError as e:
         raise type(e)(f"{e}{suffix}") from None
     return value if integer else float(value)
+
+
+def flow_settings_value(value: Any) -> dict[str, Any] | None:
+    """A recorded QueueConfig.flow_settings read back, each value checked as the config checks
+    it; None when it is not one (written by another version, or damaged)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        limits = {key: check_setting(key, value.get(key, 0), key) for key in ("limit", "limit_per_key")}
+        pairs = value.get("key_limits", [])
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            return None
+        key_limits = key_limits_value(dict(pairs), "key_limits") if all(isinstance(p[0], str) for p in pairs) else None
+        rates = {key: value.get(key, "") for key in ("rate", "rate_per_key")}
+        for key, text in rates.items():
+            values.rate(key, text, error=errors.ConfigError)
+        fair = value.get("fair", False)
+    except (errors.ConfigError, TypeError):
+        return None
+    if key_limits is None or len(key_limits) != len(pairs) or not isinstance(fair, bool):
+        return None
+    return {**limits, "key_limits": [list(p) for p in key_limits], **rates, "fair": fair}

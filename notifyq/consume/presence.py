@@ -34,6 +34,7 @@ home session, so nobody claims under an id a reaper already treats as dead.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -142,6 +143,8 @@ class Presence:
         # mismatch is told as "{unchecked}: ...", the name the service's composer gives the server.
         self.unchecked: str | None = None
         self._next_touch = 0.0
+        self.flow_applied = self.flow_record()  # what the workers' claims apply (a reload changes it)
+        self._flow_recorded: str | None = None  # what our row says we apply
         self._next_reap = 0.0
         self._next_orphan_check = 0.0
         self._next_sweep = 0.0
@@ -247,6 +250,16 @@ class Presence:
         if now >= self._next_touch:
             self._next_touch = now + TOUCH_S
             liveness.touch_consumer(self.session, self.consumer_id, self.wakeup_mode)
+        flow = self.flow_applied
+        if flow != self._flow_recorded:  # a reload changed them: recorded at the next check
+            liveness.record_consumer_flow(self.session, self.consumer_id, flow)
+            self._flow_recorded = flow
+
+    def flow_record(self) -> str:
+        """The flow settings this process applies, per queue it consumes (QueueConfig.flow_settings),
+        as its row records them: JSON, for the console's flow pages."""
+        return json.dumps({q: self.config.queue(q).flow_settings for q in self.queues},
+                          sort_keys=True, separators=(",", ":"))
 
     def _register(self, old_id: str | None = None) -> None:
         """Liveness lock first, then the row: a row is never visible without its lock held."""
@@ -270,8 +283,10 @@ class Presence:
                     raise
                 self._polling(e)
         locked_on = self.session.generation
+        flow = self.flow_applied
         liveness.register_consumer(self.session, self.consumer_id, self._lock_name(), os.uname().nodename,
-                                   os.getpid(), self.queues, self.wakeup_mode, node=self.session.node)
+                                   os.getpid(), self.queues, self.wakeup_mode, node=self.session.node, flow=flow)
+        self._flow_recorded = flow
         if self.use_locks and self.session.generation != locked_on:
             # The session reconnected between the lock and the row (a server restart, a KILL), and
             # the row was written again without the lock: it would read as ours on the new server,
@@ -443,6 +458,7 @@ class Presence:
 
     def reload(self, config: Config) -> None:
         self.config = self.lineup.config = config
+        self.flow_applied = self.flow_record()
         for seat in self.watch_seats.values():
             seat.waiter.cfg = config.wakeup
 

@@ -445,6 +445,12 @@ def web_flow_counts(session: Session, queue: str) -> tuple[dict[str | None, int]
     return session.run(body, what="flow page")
 
 
+def web_consumer_flows(session: Session) -> list[tuple]:
+    """(id, host, pid, queues, flow JSON or None) of each live consumer, in one statement."""
+    return _rows(session, "web_consumer_flows", {"stale_us": queries.microseconds(liveness.POLLING_STALE_S)},
+                 "consumers' flow settings")
+
+
 def web_flow_keys(session: Session, queue: str, after: str, limit: int) -> list[str]:
     """The queue's first `limit` keys with ready jobs after `after`, in key order: one index
     dive each (flow.ready_keys, the claim's own discovery)."""

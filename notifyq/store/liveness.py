@@ -90,17 +90,24 @@ def first_second_left_s(session: Session) -> float | None:
 
 
 def register_consumer(session: Session, consumer_id: str, lock_name: str, host: str, pid: int,
-                      queues: list[str], wakeup: str, node: str = "") -> None:
-    """node: the server the liveness lock lives on (the lock session's Session.node)."""
+                      queues: list[str], wakeup: str, node: str = "", flow: str | None = None) -> None:
+    """node: the server the liveness lock lives on (the lock session's Session.node); flow: the
+    flow settings it applies per queue, JSON (None: not recorded, shown as unknown)."""
     def body(cur):
         for queue in queues:
             queries.ensure_queue(cur, queue)
         cur.execute(Q["register_consumer"], {
             "id": consumer_id, "lock_name": lock_name, "host": host[:255], "pid": pid,
             "queues": ",".join(queues)[:1024], "wakeup": wakeup,
-            "node": node[:320]})
+            "node": node[:320], "flow": flow})
 
     session.run(body, what="register consumer")
+
+
+def record_consumer_flow(session: Session, consumer_id: str, flow: str) -> None:
+    """The flow settings a registered consumer applies from now on (after a reload changed them)."""
+    session.run(lambda cur: cur.execute(Q["record_consumer_flow"], {"id": consumer_id, "flow": flow}),
+                what="record consumer flow settings")
 
 
 def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:

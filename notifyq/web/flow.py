@@ -7,11 +7,12 @@ Every read is bounded whatever the backlog (admin_queries.WEB_FLOW_*): a queue's
 up to 5,000, its ready ones counted up to 20,000, its keys found by one index dive each (20 a
 page), each key's ready jobs counted up to 1,000; rates read the budgets' logs as a claim does.
 
-Where the limits shown come from: notifyq keeps no queue's limits, fairness or rates in the
-database (nq_consumer records a consumer's queues, not its settings; nq_flow_key and nq_rate
-hold keys and starts): each consumer applies its own config's. So the page shows this
-process's config, names the files it was read from, and marks what contradicts it: more jobs
-running than its limit says (a queue's, or a key's) means the consumers apply another.
+Where the limits shown come from: each consumer applies its own config's, and records them
+with its registration (nq_consumer.flow). So the page shows this process's config, names the
+files it was read from, and next to it what the live consumers record (applied.py): which
+apply which settings, which record none (unknown), and marks where they disagree with each
+other or with this config. Held jobs, and running counts over a limit, are judged by this
+config's limits, as a consumer with the same config would judge them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ from notifyq.config import QueueConfig, validate_queue_name, values
 from notifyq.ops import status
 from notifyq.store import admin_queries, rates
 from notifyq.store.db import Session
+from notifyq.web import applied
 
 TOP_RUNNING = 20  # keys shown by running jobs, the most first
-
-
-def _settings(qc: QueueConfig) -> dict[str, Any]:
-    return {"limit": qc.limit or None, "limit_per_key": qc.limit_per_key or None, "key_limits": dict(qc.key_limits),
-            "rate": qc.rate or None, "rate_per_key": qc.rate_per_key or None, "fair": qc.fair}
 
 
 def source(config: Any) -> dict[str, Any]:
@@ -48,19 +45,23 @@ PAGE_QUEUES = 100  # queues the page lists (by name), as the overview's page
 
 
 def queues(reader: Any) -> dict[str, Any]:
-    """The first PAGE_QUEUES flow-controlled queues of this config, on each server they live on:
-    settings, running jobs (counted up to the cap) and ready ones."""
+    """The first PAGE_QUEUES flow-controlled queues of this config or of the live consumers, on
+    each server they live on: settings, what the live consumers apply, running jobs (counted up
+    to the cap) and ready ones."""
     config = reader.config
-    rows, down = [], {}
-    names = [name for name, qc in sorted(config.queues.items()) if controlled(qc)]
+    consumers, down = applied.read(reader)  # once per server, for every queue of the page
+    recorded = set().union(*(applied.controlled(found) for found in consumers.values()))
+    names = sorted({name for name, qc in config.queues.items() if controlled(qc)} | recorded)
+    rows = []
     for name in names[:PAGE_QUEUES]:
-        qc = config.queues[name]
+        qc = config.queue(name)
         answers, missed = reader.each(lambda session, q=name: admin_queries.web_flow_counts(session, q),
                                       reader.shards_of(name))
         down.update(missed)
         for shard, (running, ready) in sorted(answers.items()):
             total = sum(running.values())
-            rows.append({"name": name, "shard": shard, **_settings(qc), "running": total,
+            rows.append({"name": name, "shard": shard, **applied.shown(qc),
+                         "applied": applied.of_queue(consumers.get(shard, []), name, qc), "running": total,
                          "over_limit": bool(qc.limit) and total > qc.limit,
                          "running_capped": total >= admin_queries.WEB_FLOW_RUNNING_CAP, "ready": ready,
                          "ready_capped": ready >= admin_queries.WEB_FLOW_READY_CAP})
@@ -79,12 +80,18 @@ def parse(query: dict[str, str]) -> tuple[str | None, str]:
 
 
 def queue(reader: Any, name: str, after: str = "") -> dict[str, Any]:
-    """One queue's limits and keys, per server it lives on."""
+    """One queue's limits, what its live consumers apply (on every server it lives on) and its
+    keys, per server."""
     qc = reader.config.queue(name)
-    if not controlled(qc):
-        raise errors.InputError(f"queue {name!r}: no limit, fairness or rate in this config (docs/flow-control.md)")
-    answers, down = reader.each(lambda session: _keys(session, name, qc, after), reader.shards_of(name))
-    return {"queue": name, "settings": _settings(qc), "after": after, "down": down, "source": source(reader.config),
+    consumers, down = applied.read(reader, reader.shards_of(name))
+    live = [c for found in consumers.values() for c in found]
+    if not controlled(qc) and name not in applied.controlled(live):
+        raise errors.InputError(f"queue {name!r}: no limit, fairness or rate in this config, nor in a live "
+                                "consumer's (docs/flow-control.md)")
+    answers, missed = reader.each(lambda session: _keys(session, name, qc, after), reader.shards_of(name))
+    down.update(missed)
+    return {"queue": name, "settings": applied.shown(qc), "applied": applied.of_queue(live, name, qc),
+            "after": after, "down": down, "source": source(reader.config),
             "shards": [{"shard": shard, **found} for shard, found in sorted(answers.items())],
             "caps": {"running": admin_queries.WEB_FLOW_RUNNING_CAP, "ready": admin_queries.WEB_FLOW_READY_CAP,
                      "key": admin_queries.WEB_FLOW_KEY_CAP, "keys": admin_queries.WEB_FLOW_KEYS}}

@@ -11,7 +11,8 @@
     GET  /dead         the dead jobs, with retry / purge
     GET  /periodic     periodic entries: last and next tick, the leader's session; run now,
                        enable / disable
-    GET  /flow         flow-controlled queues: limits, rates, fairness, running and ready jobs;
+    GET  /flow         flow-controlled queues: limits, rates, fairness (this config's and what the
+                       live consumers apply), running and ready jobs;
                        ?queue=NAME its keys: running, ready, held and why (&after=KEY: next keys)
     GET  /workflow     ?job=ID (&shard=): the workflow around a job, its members by level
     GET  /login        sign in with the actions token (only when actions are enabled)

@@ -159,3 +159,16 @@ def test_an_upgrade_names_every_table_each_version_adds_for_the_runtime_users_gr
     said = {r.args[0]: r.args[1] for r in caplog.records if "adds tables" in r.msg}
     assert said == {5: "nq_dedup", 6: "nq_attempt", 7: "nq_flow_key, nq_rate, nq_rate_hold, nq_step",
                     8: "nq_edge"}
+
+
+def test_init_upgrades_a_version_8_database_to_recorded_flow_settings_and_runs_again(db):
+    # Given a version-8 database (consumers record no flow settings) with a consumer's row in it
+    db.query("ALTER TABLE nq_consumer DROP COLUMN flow")
+    db.query("UPDATE nq_meta SET value = '8' WHERE name = 'schema_version'")
+    db.query("INSERT INTO nq_consumer (id, lock_name, host, pid, queues) VALUES ('c8', 'l', 'h', 1, 'api')")
+    # When `notifyq init` runs, and migration 9 runs once more (an interrupted init runs again)
+    assert schema.init(db.admin) == (8, schema.code_version())
+    _apply(db, [9])
+    # Then the column is there once, and the old row records nothing (unknown), its other columns kept
+    assert "flow" in _columns(db, "nq_consumer")
+    assert db.query("SELECT id, host, pid, queues, flow FROM nq_consumer") == [("c8", "h", 1, "api", None)]

@@ -35,3 +35,40 @@ def test_a_registration_whose_session_reconnects_between_the_lock_and_the_row_ta
     finally:
         stop.set()
         presence.close()
+
+
+def test_a_consumers_row_records_the_flow_settings_it_applies_per_queue_and_after_a_reload(db):
+    # Given a consumer of a limited, fair, rated queue (a pattern override first, order kept)
+    # and of a plain one
+    import json
+
+    config = db.config(queue={"api": {"limit": 10, "limit_per_key": 2, "key_limits": {"vip*": 5, "vip-1": 1},
+                                      "rate_per_key": "3/1h", "fair": True}})
+    stop = threading.Event()
+    presence = Presence(config, ["api", "plain"], stop)
+    try:
+        # When it registers
+        consumer_id = presence.ensure_registered(holder=object())
+
+        # Then its row records, per queue, the settings its claims apply
+        recorded = json.loads(db.scalar("SELECT flow FROM nq_consumer WHERE id = %s", (consumer_id,)))
+        assert recorded == {
+            "api": {"limit": 10, "limit_per_key": 2, "key_limits": [["vip*", 5], ["vip-1", 1]], "rate": "",
+                    "rate_per_key": "3/1h", "fair": True},
+            "plain": {"limit": 0, "limit_per_key": 0, "key_limits": [], "rate": "", "rate_per_key": "",
+                      "fair": False}}
+        # When a reload lowers the queue's limit, and the consumer's next liveness check runs
+        presence.reload(db.config(queue={"api": {"limit": 4}}))
+        seat = object()
+        assert presence.home.seat(seat, 5)
+        try:
+            presence.ensure_registered(seat)
+        finally:
+            presence.home.leave(seat)
+        # Then its row records the settings it applies from now on, under the same id
+        recorded = json.loads(db.scalar("SELECT flow FROM nq_consumer WHERE id = %s", (consumer_id,)))
+        assert recorded["api"] == {"limit": 4, "limit_per_key": 0, "key_limits": [], "rate": "",
+                                   "rate_per_key": "", "fair": False}
+    finally:
+        stop.set()
+        presence.close()

@@ -1,6 +1,7 @@
 """Flow control and workflows in the console, in a real headless Chromium (Playwright driving
-Debian's chromium): a limited queue's held keys as an operator sees them move, a workflow's
-members from a job's page, and a cancelled workflow brought back with a retry from the page.
+Debian's chromium): a limited queue's held keys as an operator sees them move, and what its live
+consumers apply; a workflow's members from a job's page, and a cancelled workflow brought back
+with a retry from the page.
 Waits are Playwright's own (a condition with a deadline)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from playwright.sync_api import expect  # noqa: E402  (only once the browser can
 
 from web.conftest import TOKEN, screenshot
 from web.test_web_console_browser import DEADLINE_MS, _sign_in, _status
-from web.test_web_flow_http import FLOW, _jobs
+from web.test_web_flow_http import FLOW, _consumer, _jobs
 
 import notifyq
 
@@ -22,11 +23,20 @@ def test_a_limited_queues_held_keys_are_shown_and_follow_the_running_jobs(db, we
     _jobs(db, "api", "a", 2, 2)
     _jobs(db, "api", "a", 0, 5)
     _jobs(db, "api", "b", 0, 3)
+    # and two live consumers of it: one applies this page's config, the other 3 per key
+    ours = db.config(queue=FLOW).queue("api").flow_settings
+    _consumer(db, "web-1", {"api": ours})
+    _consumer(db, "web-2", {"api": {**ours, "limit_per_key": 3}})
     base = web(queue=FLOW, sources=("/etc/notifyq/notifyq.toml",)).url  # the default file, as in production
     # When the flow page is opened, and the queue clicked
     page.goto(base + "flow")
     expect(page.locator('tr[data-queue="api"] [data-figure="running"]')).to_have_text("2")
+    expect(page.locator('tr[data-queue="api"] [data-figure="consumers"]')).to_have_text("2 live: consumers disagree")
     page.click('tr[data-queue="api"] a')
+    # Then the consumers' settings are shown, the one that is not this config's marked
+    expect(page.locator('#applied tr[data-as-config="no"]')).to_contain_text("web-2:7 (not this config's)")
+    expect(page.locator('#applied tr[data-as-config="no"] td').nth(2)).to_have_text("3; vip = 5")
+    expect(page.locator('#applied tr[data-as-config="yes"]')).to_contain_text("web-1:7 (as this config)")
     # Then key a's ready jobs are held, with why; key b's are not
     a = page.locator('#ready-keys tr[data-key="a"]')
     expect(a.locator('[data-figure="held"]')).to_have_text("5")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import re
 
 from number_rows import numbers
@@ -54,7 +55,7 @@ def test_a_queues_limits_and_its_keys_running_ready_and_held_jobs_with_why(db, w
     # Then the queue is listed with its settings, its running and ready jobs
     assert code == 200, body
     row = re.search(r'<tr data-queue="api">(.*?)</tr>', body, re.S).group(1)
-    assert _cells(row) == ["api", "10", "2 (1 override)", "-", "3/1h", "yes", "7", "38"]
+    assert _cells(row) == ["api", "10", "2 (1 override)", "-", "3/1h", "yes", "none live", "7", "38"]
     # When the queue's page is read
     code, body = c.get("/flow?queue=api")
     assert code == 200, body
@@ -365,7 +366,7 @@ def test_the_flow_pages_say_whose_limits_they_show_and_mark_running_jobs_over_th
         source = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", re.search(
             r'<p id="limits-source"[^>]*>(.*?)</p>', body, re.S).group(1))).split())
         assert f"this notifyq web process's config sets them (read from {conf}" in source, source
-        assert "each consumer applies its own config's" in source, source
+        assert "Each consumer applies its own config's, and records them when it registers" in source, source
     # And the running counts over those limits are marked: the consumers apply others
     row = re.search(r'<tr data-queue="api">(.*?)</tr>', overview, re.S).group(1)
     assert "data-over" in row and "over this config's limit" in row
@@ -457,3 +458,67 @@ def test_a_job_deep_in_a_long_chain_is_drawn_with_its_neighbours(db, web):
         assert len(nodes) == graph.NODES, (at, bounds)
         # And the sentence under it says how many levels it left out above and below
         assert re.search(r"levels? not drawn \(\d+ above, \d+ below the levels around this job\)", bounds), bounds
+
+
+def _consumer(db, host: str, flow: dict | None, queues: str = "api", alive: bool = True) -> None:
+    """A consumer's row as it registers (judged by its heartbeat: polling), recording `flow`
+    per queue (None: an older consumer, which records nothing)."""
+    db.query("INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, last_seen, flow) "
+             "VALUES (%s, 'l', %s, 7, %s, 'polling', UTC_TIMESTAMP(6) - INTERVAL %s SECOND, %s)",
+             (host.ljust(32, "0"), host, queues, 0 if alive else 3600, None if flow is None else json.dumps(flow)))
+
+
+def test_the_flow_pages_show_what_each_live_consumer_applies_and_flag_where_they_disagree(db, web, monkeypatch):
+    # Given this page's config limiting api (FLOW), and the live consumers of api: one applying the
+    # same, one a limit of 20 (and its markup-holding host), one of an older notifyq that records
+    # nothing; one dead consumer with yet other settings; and a consumer that alone limits `batch`
+    ours = db.config(queue=FLOW).queue("api").flow_settings
+    _consumer(db, "same", {"api": ours})
+    _consumer(db, "<b>other</b>", {"api": {**ours, "limit": 20}})
+    _consumer(db, "old", None)
+    _consumer(db, "dead", {"api": {**ours, "limit": 1}}, alive=False)
+    _consumer(db, "batcher", {"batch": {**ours, "limit": 3, "key_limits": [], "rate_per_key": "", "fair": False}},
+              queues="batch")
+    reads = []
+    read = admin_queries.web_consumer_flows
+    monkeypatch.setattr(admin_queries, "web_consumer_flows", lambda session: reads.append(1) or read(session))
+    c = Client(web(queue=FLOW).url)
+    # When the flow page is read
+    code, body = c.get("/flow")
+    assert code == 200, body
+    # Then api's row counts its live consumers, the unknown one, and flags their disagreement
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', body, re.S).group(1)
+    assert _cells(row)[6] == "3 live, 1 unknown: consumers disagree"
+    assert "data-disagree" in row
+    # And the queue only a consumer limits is listed, its settings not this config's
+    row = re.search(r'<tr data-queue="batch">(.*?)</tr>', body, re.S).group(1)
+    assert _cells(row)[:7] == ["batch", "-", "-", "-", "-", "no", "1 live: not this config's"]
+    assert "data-differs" in row
+    # And the consumers' rows were read once for the page
+    assert len(reads) == 1
+    # When api's page is read
+    code, body = c.get("/flow?queue=api")
+    assert code == 200, body
+    # Then it shows this config's settings, each group of consumers with the settings they apply
+    # (whether they are this config's), and the consumer that records none as unknown
+    table = re.search(r'<table class="figures" id="applied">(.*?)</table>', body, re.S).group(1)
+    rows = [(kind, _cells(cells))
+            for kind, cells in re.findall(r'<tr data-applied="(\w+)"[^>]*>(.*?)</tr>', table, re.S)]
+    assert rows == [
+        ("config", ["this config", "10", "2; vip = 5", "none", "3/1h", "yes"]),
+        ("consumers", ["1 consumer: same:7 (as this config)", "10", "2; vip = 5", "none", "3/1h", "yes"]),
+        ("consumers", ["1 consumer: <b>other</b>:7 (not this config's)", "20", "2; vip = 5", "none", "3/1h", "yes"]),
+        ("unknown", ["1 consumer: old:7", "unknown: it records no settings (an older notifyq)"])]
+    assert "<b>other" not in body
+    assert 'data-as-config="no"' in table and "data-disagree" in body
+    # (the setting that is not this config's marked, and only it)
+    assert table.count(' over"') == 1 and '<td class="num over">20</td>' in table
+    # And the page of the queue only a consumer limits shows it, not a 400
+    code, body = c.get("/flow?queue=batch")
+    assert code == 200 and "1 live" in body and "data-differs" in body, body
+    # When the consumer of another limit is gone, the rest agree with this config: nothing is flagged
+    db.query("DELETE FROM nq_consumer WHERE host IN ('<b>other</b>', 'batcher')")
+    body = c.get("/flow")[1]
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', body, re.S).group(1)
+    assert _cells(row)[6] == "2 live, as this config, 1 unknown"
+    assert "data-disagree" not in row and "data-differs" not in row and 'data-queue="batch"' not in body

@@ -689,10 +689,17 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- register_consumer --
 -- An upsert: a consumer that took its own lock back after a reconnect re-registers its id, with
 -- the server it now holds the lock on (node: the lock session's CONCAT(@@hostname, ':', @@port);
--- on a Galera cluster after a failover, another node than before).
-INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, node)
-VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s, %(node)s)
-ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s, node = %(node)s
+-- on a Galera cluster after a failover, another node than before). flow: the flow settings it
+-- applies per queue (JSON, presence.flow_record), for the console's flow pages only.
+INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, node, flow)
+VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s, %(node)s, %(flow)s)
+ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s, node = %(node)s, flow = %(flow)s
+
+-- record_consumer_flow --
+-- After a reload changed them: the flow settings the consumer applies from its next claims.
+-- Information only, like the row's other columns but last_seen: no lock test (a row a reaper
+-- deleted stays deleted).
+UPDATE nq_consumer SET flow = %(flow)s WHERE id = %(id)s
 
 -- touch_consumer --
 -- Information only, but for a lock-mode consumer written only by the session holding its lock:
@@ -1809,6 +1816,15 @@ WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s
 -- ---------------------------------------------------------------- the console's flow control and workflows
 -- Each read is bounded by a LIMIT on an index range whatever the queue's backlog
 -- (tests/integration/test_explain_web.py pins the plans; admin_queries names the bounds).
+
+-- web_consumer_flows --
+-- The live consumers (alive as `consumers` judges them), each with the queues it consumes and
+-- the flow settings it records (NULL: it does not record them). nq_consumer is small: read
+-- whole, once per flow page and server.
+SELECT id, host, pid, queues, flow FROM nq_consumer
+WHERE IF(wakeup = 'locks', IS_USED_LOCK(lock_name) IS NOT NULL,
+         last_seen >= NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
+ORDER BY started_at, id
 
 -- web_flow_running --
 -- A queue's running jobs by key: the first %(cap)s entries of its claimed range of ix_state
