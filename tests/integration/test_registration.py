@@ -4,9 +4,13 @@ liveness lock held on the connection that wrote it."""
 from __future__ import annotations
 
 import threading
+import time
+
+from conftest import wait_until
 
 from notifyq.consume.presence import Presence
-from notifyq.store import liveness
+from notifyq.store import advisory, liveness
+from notifyq.store.db import Session
 
 
 def test_a_registration_whose_session_reconnects_between_the_lock_and_the_row_takes_its_lock_again(
@@ -33,5 +37,55 @@ def test_a_registration_whose_session_reconnects_between_the_lock_and_the_row_ta
         assert db.scalar("SELECT IS_USED_LOCK(%s)", (lock_name,)) == presence.session.connection_id
         assert presence.registration_current()
     finally:
+        stop.set()
+        presence.close()
+
+
+def test_a_worker_queued_for_the_watch_lock_when_the_liveness_session_reconnects_waits_no_more(db):
+    # Given a registered consumer whose idle worker waits, on the liveness session, for the
+    # queue's watch lock, which a peer's watcher holds (idle_wait_s 20: how long it would wait)
+    config = db.config(wakeup={"idle_wait_s": 20.0})
+    stop = threading.Event()
+    presence = Presence(config, ["q"], stop)
+    worker = object()
+    peer = Session(config.dsn, autocommit=True, name="peer-watcher")
+    waited: list[tuple[bool, float]] = []
+    queued = None
+    try:
+        presence.ensure_registered(worker)
+        assert advisory.get_lock(peer, presence.home.waiter.locks.watch, 0) == 1
+        assert presence.home.seat(worker, 5)
+        home_id = presence.session.connection_id
+
+        def queue_for_the_watch() -> None:
+            got = presence.home.waiter.acquire_watch()
+            waited.append((got, time.monotonic()))
+
+        queued = threading.Thread(target=queue_for_the_watch, daemon=True)
+        queued.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s "
+                                     "AND INFO LIKE %s", (home_id, "%GET_LOCK%")), 10,
+                   message="the worker queued in GET_LOCK on the liveness session")
+
+        # When the liveness session's connection ends (as every one does in a server restart)
+        db.query(f"KILL CONNECTION {int(home_id)}")
+        ended_at = time.monotonic()
+
+        # Then the wait is not begun again on the new connection: the worker is back at once,
+        # without the watch, and re-registers (taking its lock back) before it queues again. It
+        # waited out idle_wait_s there, its liveness lock free all along: after a restart, past a
+        # reaper's grace, and a peer took its process's running jobs back as a dead consumer's.
+        queued.join(5)
+        assert waited, "the worker still waits for the watch lock on the new connection"
+        got, back_at = waited[0]
+        assert got is False and back_at - ended_at < 5
+        presence.ensure_registered(worker)
+        lock_name = db.scalar("SELECT lock_name FROM nq_consumer WHERE id = %s", (presence.consumer_id,))
+        assert db.scalar("SELECT IS_USED_LOCK(%s)", (lock_name,)) == presence.session.connection_id
+    finally:
+        peer.close()  # (the watch lock goes with it: a worker still queued gets it and returns)
+        if queued is not None:
+            queued.join(30)
+        presence.home.leave(worker)
         stop.set()
         presence.close()
