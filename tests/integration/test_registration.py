@@ -89,3 +89,37 @@ def test_a_worker_queued_for_the_watch_lock_when_the_liveness_session_reconnects
         presence.home.leave(worker)
         stop.set()
         presence.close()
+
+
+def test_a_reconnected_liveness_session_waits_for_a_reaper_judging_its_lock_and_keeps_its_id(db):
+    # Given a registered consumer whose liveness session's connection ends (as in a restart),
+    # while a reaper holds its lock to judge it (and will find it alive after all: within a
+    # restart's grace, a consumer not back yet is not judged)
+    stop = threading.Event()
+    presence = Presence(db.config(), ["q"], stop)
+    worker = object()
+    reaper = Session(db.config().dsn, autocommit=True, name="reaper")
+    try:
+        consumer_id = presence.ensure_registered(worker)
+        lock_name = db.scalar("SELECT lock_name FROM nq_consumer WHERE id = %s", (consumer_id,))
+        db.query(f"KILL CONNECTION {int(presence.session.connection_id)}")
+        wait_until(lambda: advisory.get_lock(reaper, lock_name, 0) == 1, 10, message="the reaper holds the lock")
+        # (the verdict's transaction lets go a moment later: its length, not a wait for anything)
+        let_go = threading.Timer(0.3, lambda: advisory.release_lock(reaper, lock_name))
+        let_go.start()
+
+        # When the consumer re-registers (its next claim's check)
+        advisory.lock_holder(presence.session, lock_name)  # (its dead connection found, reconnected)
+        again = presence.ensure_registered(worker)
+        let_go.join()
+
+        # Then it took its own lock back and kept its id: a new one left its old row, with the
+        # claims its handlers still ran, to read as dead once the grace ended, and they were
+        # taken back while they ran
+        assert again == consumer_id
+        assert db.scalar("SELECT IS_USED_LOCK(%s)", (lock_name,)) == presence.session.connection_id
+        assert db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1
+    finally:
+        reaper.close()
+        stop.set()
+        presence.close()
