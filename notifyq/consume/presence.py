@@ -24,10 +24,11 @@ sessions to a new Galera writer (Session.follows_writer), nor after a failed wat
 (advisory.hand_watch_on): a reaper on its node would read the freed lock as a death.
 
 Trust rules: the lock is taken before the row is written. When the home session reconnected
-(a server restart, a KILL), the process first tries to take its old lock back without waiting:
-that succeeds only if no reaper holds it, and a reaper reclaims only while holding it, so either
-its claims are untouched, or they were taken back and its acks are fenced by claim token;
-otherwise it re-registers under a new id. A worker asks `ensure_registered` before every
+(a server restart, a KILL), the process first tries to take its old lock back, waiting a moment
+(OLD_LOCK_WAIT_S) for a reaper that holds it while it judges it: that succeeds only once no
+reaper holds it, and a reaper reclaims only while holding it, so either its claims are
+untouched, or they were taken back and its acks are fenced by claim token; otherwise it
+re-registers under a new id. A worker asks `ensure_registered` before every
 claim: after its work session reconnected it first makes sure the lock is still held by the
 home session, so nobody claims under an id a reaper already treats as dead.
 """
@@ -59,6 +60,14 @@ TOUCH_S = 60.0  # how often nq_consumer.last_seen is refreshed (information only
 # touched again this long after that second ends, and from then on our death reads from our lock.
 RETOUCH_AFTER_S = 0.05
 PINGS_PER_IDLE = 4  # a ping or two may be slow or lost before the server's timeout is near
+# How long a reconnected liveness session waits for its old lock. A reaper holds a consumer's lock
+# while it judges it (liveness.reclaim_owner), for one transaction: it may find it alive after all
+# (not back yet after a restart, within the grace) and let go. Taken at once for a death, that
+# hold moved the process to a new id, and its old row, which still held the claims its handlers
+# ran, read as dead once the grace ended: they were taken back. A reaper that did take them back
+# lets go at its COMMIT, and our acks of them are fenced by claim token, as ever. Nobody else
+# waits for a liveness lock, and the liveness session holds no row lock: no deadlock hides here.
+OLD_LOCK_WAIT_S = 2.0
 SEAT_POLL_S = 0.5  # a worker waiting for the home seat re-checks its registration this often
 # After an outage our reaper passes wait this long with our heartbeat landing before they judge
 # anyone by silence: as long as a free lock must go with a silent heartbeat on Galera.
@@ -269,7 +278,7 @@ class Presence:
             except (errors.SchemaError, errors.UnsupportedServer) as e:
                 raise type(e)(f"{self.unchecked}: {e}") from None
             self.unchecked = None
-        if old_id and advisory.get_lock(self.session, self._lock_name(old_id), 0) == 1:
+        if old_id and advisory.get_lock(self.session, self._lock_name(old_id), OLD_LOCK_WAIT_S) == 1:
             self.consumer_id = old_id
         else:
             self.consumer_id = os.urandom(16).hex()  # as random as uuid4, without its import

@@ -34,7 +34,8 @@ from notifyq.consume.supervisor import Supervisor
 from notifyq.consume.worker import Worker
 from notifyq.figures import COUNTER_NAMES, ServiceFigures, WatcherFigures, WorkerFigures
 from notifyq.store import schema
-from notifyq.store.db import Session
+from notifyq.store.db import Session, address
+from notifyq.store.reach import Reach
 
 log = logging.getLogger("notifyq.service")
 
@@ -241,7 +242,20 @@ class ConsumerService(Supervisor):
     # -------------------------------------------------------- supervision
 
     def failed(self) -> bool:
-        return any(w.error for w in self.workers)
+        return any(w.error for w in self.workers) or self.gone() is not None
+
+    def gone(self) -> errors.DatabaseError | None:
+        """The server given up on: a session of this process retried it for connect_retry_s and
+        gave up (not a shorter budget's give-up: a periodic put's, a stall look's), and nothing
+        answered since (Reach.given_up). A worker gives up by itself only
+        on a call of its own: one in a Python handler that says nothing to the server finds out
+        when the handler returns, however long after (it cannot be interrupted). The process
+        exits 5 then all the same, and the handler's thread ends with it."""
+        retry_s = self.config.connect_retry(oneshot=False)
+        if not Reach.of(self.config.dsn).given_up(retry_s):
+            return None
+        return errors.DatabaseError(f"cannot reach the database server at {address(self.config.dsn)} "
+                                    f"(retried for {retry_s:g} s: connect_retry_s)")
 
     def finished(self) -> bool:
         return all(not r.thread.is_alive() for r in self.running)
@@ -370,8 +384,8 @@ class ConsumerService(Supervisor):
     # within the grace period -> give back what never started, and what still runs as
     # interrupted (uncharged, its attempt recorded 'interrupted') -> exit. A composer runs each step on every service in turn.
 
-    def shutdown(self) -> None:
-        grace = self.config.consumer.shutdown_grace_s
+    def shutdown(self, grace_s: float | None = None) -> None:
+        grace = self.config.consumer.shutdown_grace_s if grace_s is None else grace_s
         deadline = time.monotonic() + grace  # from the stop: begin_shutdown may wait for the server
         if self.notifier:
             self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")

@@ -82,7 +82,12 @@ class Supervisor:
     def reload(self, new: Config) -> None:
         raise NotImplementedError
 
-    def shutdown(self) -> None:
+    def gone(self) -> errors.DatabaseError | None:
+        """The server given up on while no worker failed (a Python handler runs on, silent)."""
+        return None
+
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """grace_s: the running handlers' (None: consumer.shutdown_grace_s)."""
         raise NotImplementedError
 
     def end_handlers(self) -> None:
@@ -109,8 +114,10 @@ class Supervisor:
             tick = FINITE_TICK_S  # a run that ends by itself exits when its workers do
         if self.notifier and self.notifier.watchdog_interval_s:
             tick = min(tick, self.notifier.watchdog_interval_s / 2)
+        gone = None
         while not self._wait_one_tick(stop_requested, tick):
             if self.failed() or self.finished():
+                gone = self.gone()
                 break
             if reload_requested is not None and reload_requested.is_set():
                 reload_requested.clear()
@@ -123,8 +130,13 @@ class Supervisor:
                 if self.healthy():
                     self.notifier.watchdog()
                 self.notifier.status(self.status_line())
-        self.shutdown()
-        failures = [w.error for w in self.workers if w.error is not None]
+        # The server given up on: its handlers get no grace (no ack of theirs could land), and a
+        # Python handler still running is left to end with the process (it cannot be stopped)
+        if gone is not None and not any(w.error for w in self.workers):
+            log.error("the database server is gone, exiting; a handler still running ends with the "
+                      "process, and the reaper takes back what it held error=%s", gone)
+        self.shutdown(grace_s=0.0 if gone is not None else None)
+        failures = [w.error for w in self.workers if w.error is not None] or ([gone] if gone else [])
         if failures:
             first = failures[0]
             return first.exit_code if isinstance(first, errors.NotifyqError) else errors.EXIT_INTERNAL

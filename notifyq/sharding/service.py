@@ -160,8 +160,15 @@ class ConsumerService(Supervisor):
     def failed(self) -> bool:
         """A worker's error ends the process, except its shard's server gone (restarted here)."""
         if not self.restarting:
-            return any(w.error for w in self.workers)
+            return any(w.error for w in self.workers) or self.gone() is not None
         return any(w.error is not None and not isinstance(w.error, errors.DatabaseError) for w in self.workers)
+
+    def gone(self) -> errors.DatabaseError | None:
+        """A server given up on (one_server.ConsumerService.gone); not one shard's of several,
+        whose workers are restarted as the shard comes back."""
+        if self.restarting:
+            return None
+        return next((e for e in (s.gone() for s in self.services.values()) if e is not None), None)
 
     def finished(self) -> bool:
         return all(not r.thread.is_alive() and not (self.restarting and service.lost(r))
@@ -233,8 +240,8 @@ class ConsumerService(Supervisor):
         for service in self.services.values():
             service.end_handlers()
 
-    def shutdown(self) -> None:
-        grace = self.config.consumer.shutdown_grace_s
+    def shutdown(self, grace_s: float | None = None) -> None:
+        grace = self.config.consumer.shutdown_grace_s if grace_s is None else grace_s
         deadline = time.monotonic() + grace  # from the stop: begin_shutdown may wait for a server
         if self.notifier:
             self.notifier.stopping(f"stopping: waiting up to {grace:g}s for running handlers")

@@ -25,11 +25,14 @@ def lock_wait_s(session: Session, wait_s: float) -> float:
     return wait_s
 
 
-def get_lock(session: Session, name: str, wait_s: float) -> int | None:
-    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error."""
+def get_lock(session: Session, name: str, wait_s: float, *, on_generation: int | None = None) -> int | None:
+    """1 got it, 0 timed out, None interrupted (KILL QUERY) or error.
+    on_generation: the session's connection the wait is meant for (Session.generation): rerun
+    on a newer one (the session reconnected midway), the statement does not wait (a wait of 0)."""
     def body(cur) -> int | None:
         try:
-            cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(session, wait_s)})
+            cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(
+                session, wait_s if on_generation in (None, session.generation) else 0.0)})
         except DriverError as e:
             if error_code(e) != QUERY_INTERRUPTED:
                 raise

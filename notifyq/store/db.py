@@ -231,11 +231,18 @@ class Session:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
                                               f"{describe(e)}") from None
+            if is_connection_lost(e):
+                self._gave_up()
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{self._retried()}"
             ) from None
         self._log_reachable_again(attempts, started, what)
         self.generation += 1
+
+    def _gave_up(self) -> None:
+        """Retrying an unreachable server ended, with this session's budget (Reach.gave_up: a
+        consumer whose own budget is used up exits, whatever its workers are doing)."""
+        self.reach.gave_up(self.retry_s, time.monotonic())
 
     def _retried(self) -> str:
         """How long a lost server was retried, and the setting that says so, for the error."""
@@ -432,6 +439,8 @@ class Session:
                     raise errors.TransientDBError(f"{what} ended by the stop, not retried: {describe(e)}") from e
                 # A lost connection was retried for the session's retry_s: named, as a connect's is
                 waited = self._retried() if is_connection_lost(e) else ""
+                if is_connection_lost(e):
+                    self._gave_up()
                 raise errors.TransientDBError(f"{what} failed after retrying: {describe(e)}{waited}") from e
             if error_code(e) in PRIVILEGE_DENIED:
                 raise errors.GrantMissing(f"{what}: a grant is missing ({describe(e)}): as an admin, apply "

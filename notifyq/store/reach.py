@@ -9,7 +9,9 @@ ends the outage, and so does any transaction answered on a connection a session 
 connect that failed and gave up (the wake's 1 s budget, a stop) while the other sessions
 worked on would otherwise leave the outage open, and a connect long after give up at its
 first failure. One per server list, for the process's life, as the writer choice is
-(store/writer.py).
+(store/writer.py). It also keeps whether a session gave up on the outage, and with what budget:
+a consumer whose own budget was used up exits even while its workers are in handlers that say
+nothing to the server (consume/service.py, ConsumerService.gone).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class Reach:
 
     def __init__(self) -> None:
         self._down_since: float | None = None  # monotonic: the first failed connect of the outage
+        # The longest retry budget a session gave up with in this outage (None: none gave up): a
+        # consumer's own (connect_retry_s) is what ends it, even while a Python handler runs on
+        self._given_up_s: float | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -45,6 +50,22 @@ class Reach:
             return
         with self._lock:
             self._down_since = None
+            self._given_up_s = None
+
+    def gave_up(self, retry_s: float, now: float) -> None:
+        """A session whose budget is retry_s gave up at `now` (monotonic): on this outage only
+        once it has lasted that long (a call's budget counts from the call's start, which may
+        come before the outage's first failure), and not if the server answered meanwhile."""
+        with self._lock:
+            if self._down_since is not None and now - self._down_since >= retry_s:
+                self._given_up_s = max(retry_s, self._given_up_s or 0.0)
+
+    def given_up(self, retry_s: float) -> bool:
+        """Whether a session gave up on this outage with a budget of retry_s or more (a housekeeping
+        session's shorter one, a library producer's 5 s, says nothing of a daemon's 30 s), and
+        nothing answered since."""
+        given_up_s = self._given_up_s
+        return given_up_s is not None and given_up_s >= retry_s
 
     def down(self) -> bool:
         """A connect found the server unreachable and nothing has answered since."""

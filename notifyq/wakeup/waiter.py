@@ -61,7 +61,13 @@ class Waiter:
     def acquire_watch(self) -> bool:
         """Block (bounded) until we are the watcher; False on timeout, interruption or reconnect."""
         generation = self.session.generation
-        got = advisory.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s))
+        # Not waited again on a new connection: the wait would keep the worker here, holding the
+        # seat of a session that may hold the process's liveness lock, before it re-registers.
+        # After a server restart it waited out idle_wait_s (behind a peer's watcher) with the
+        # lock free, past a reaper's restart grace, and its process's running jobs were taken
+        # back as a dead consumer's.
+        got = advisory.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s),
+                                on_generation=generation)
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock may have gone with the old connection,
@@ -139,7 +145,7 @@ class Waiter:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
-                                use_bell=not self._suspect_bell)
+                                use_bell=not self._suspect_bell, on_generation=generation)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None

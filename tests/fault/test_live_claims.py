@@ -7,12 +7,21 @@ reaped either, and in polling mode a hung handler loses its job at its lease's e
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 from conftest import wait_until
+
+from notifyq.consume import reaper
+from notifyq.store import advisory
+from notifyq.store.db import Session
+from notifyq.store.locks import QueueLocks
 
 from .conftest import finished_counts, read_runs, recorder_env, started_by, write_config
 
 QUEUE = "r"
+# A consumer's restart grace with session_idle_s = 8: max(two keeper pings, 15 s) (Presence.reap_pass)
+RESTART_GRACE_S = 15.0
 
 
 def _config(tmp_path, name: str, consumer: str = "") -> str:
@@ -25,11 +34,11 @@ def _claimed_by(fdb, pid: int) -> int:
                       "WHERE c.pid = %s AND j.status = 2", (pid,))
 
 
-def _put(fdb, n: int) -> list[int]:
+def _put(fdb, n: int, **payload) -> list[int]:
     from notifyq.produce.producer import Producer
 
     with Producer(QUEUE, fdb.config()) as producer:
-        return producer.put_many([{"n": i} for i in range(n)])
+        return producer.put_many([{"n": i, **payload} for i in range(n)])
 
 
 def test_a_stalled_consumer_starts_none_of_the_jobs_a_peer_took_back(server, fdb, procs, tmp_path):
@@ -84,6 +93,55 @@ def test_a_server_restart_gets_no_busy_consumer_reaped(server, fdb, procs, tmp_p
     runs = read_runs(out)
     assert sorted(r.job for r in runs if not r.finished) == sorted(ids), runs
     assert "consumer died" not in idle.stderr_text() + "".join(p.stderr_text() for p in busy)
+
+
+def test_a_restart_gets_no_consumer_reaped_whose_idle_worker_was_queued_for_the_watch(server, fdb, procs, tmp_path):
+    """Two workers: one runs a long job, the other, idle, waits on the liveness session for the
+    watch lock a peer's watcher holds. The restart ended that wait, and the session's retry began
+    it again on the new connection: idle_wait_s (25 s) with the process's liveness lock not taken
+    back, past the restart grace (15 s here), and a peer's pass took the running job back."""
+    out = tmp_path / "runs"
+    cfg = write_config(tmp_path / "nq.toml", "[consumer]\nreap_interval_s = 0.5\nsession_idle_s = 8\n"
+                       "[wakeup]\npoll_max_s = 0.2\nidle_wait_s = 25.0\n")
+    env = {**recorder_env(fdb, out), "NOTIFYQ_CONFIG": str(cfg)}
+    dsn = fdb.config().dsn
+    watch = QueueLocks(dsn.database, QUEUE).watch
+    peer = Session(dsn, autocommit=True, name="peer-watcher")  # the test stands in for a peer's watcher
+    try:
+        # Given a consumer whose first worker runs a long job, and whose second one, idle after a
+        # short job, waits on the liveness session for the watch lock, held by a peer's watcher
+        busy = procs.consumer(env, QUEUE, "--workers", "2", "--batch-size", "1",
+                              handler="nqhandlers:record_then_sleep")
+        wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
+        [long_job] = _put(fdb, 1, ms=120_000)
+        wait_until(lambda: any(r.job == long_job for r in read_runs(out)), 30, message="the long job runs")
+        queued = threading.Thread(target=lambda: advisory.get_lock(peer, watch, 60), daemon=True)
+        queued.start()  # behind the consumer's watcher, which hands the watch on with its next claim
+        _put(fdb, 1)
+        queued.join(60)
+        home = fdb.scalar("SELECT IS_USED_LOCK(lock_name) FROM nq_consumer WHERE pid = %s", (busy.pid,))
+        wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s "
+                                      "AND INFO LIKE %s", (home, "%GET_LOCK%")), 30,
+                   message="the idle worker queued for the watch lock on the liveness session")
+        # When the server restarts after 8 s down (the consumer's reconnects are seconds apart by
+        # then), and the peer's watcher, back first, holds the watch lock again
+        server.stop()
+        time.sleep(8)  # (the outage's length, not a wait for anything)
+        server.start()
+        # (should the consumer's reconnect come first, its worker is the watcher and nothing is
+        # queued: the test then shows less, and still holds)
+        advisory.get_lock(peer, watch, 0)
+        # Then no reaper pass takes the running job back, within the restart grace or after it
+        reclaimed = 0
+        while int(fdb.query("SHOW GLOBAL STATUS LIKE 'Uptime'")[0][1]) < RESTART_GRACE_S + 3:
+            result = reaper.reap_once(dsn, restart_grace_s=RESTART_GRACE_S)
+            reclaimed += result.reclaimed if result is not None else 0
+            time.sleep(0.2)  # (pacing: a pass as often as a busy fleet runs them)
+        assert reclaimed == 0, busy.stderr_text()[-3000:]
+        assert fdb.scalar("SELECT COUNT(*) FROM nq_job j JOIN nq_consumer c ON c.id = j.owner "
+                          "WHERE j.id = %s AND j.status = 2 AND c.pid = %s", (long_job, busy.pid)) == 1
+    finally:
+        peer.close()
 
 
 def test_a_reload_that_raises_session_idle_s_gets_no_busy_consumer_reaped(server, fdb, procs, tmp_path):

@@ -1,7 +1,8 @@
 """A server that goes away for good ends a daemon with exit 5 within connect_retry_s of its going,
 plus a small bound (docs/configuration.md), whatever the daemon was doing then: an idle consumer
-waiting in GET_LOCK, a busy one claiming and acking, one extending the lease of a long job, a
-`notifyq produce` stream. The retries of its calls share one deadline, counted from the first
+waiting in GET_LOCK, a busy one claiming and acking, one extending the lease of a long job, one
+whose worker runs a long Python handler that says nothing to the server, a `notifyq produce`
+stream. The retries of its calls share one deadline, counted from the first
 failure: one call's retry that gives up is not followed by another call's (a give-back, a
 re-registration) with a budget of its own, and every session goes by connect_retry_s."""
 
@@ -16,7 +17,7 @@ import time
 import pytest
 from conftest import run_cli, wait_until
 
-from .conftest import recorder_env, write_config
+from .conftest import read_runs, recorder_env, write_config
 
 RETRY_S = 4.0
 # The documented bound past connect_retry_s: the last connect attempt (a refused connect fails at
@@ -118,6 +119,13 @@ def test_a_produce_stream_exits_5_within_connect_retry_s(server, fdb, procs, tmp
 # last connect attempt's timeout (max(3, connect_retry_s) s here), besides the room above. The
 # code before waited for each read's timeout, a minute at least.
 FROZEN_EXIT_BOUND_S = EXIT_BOUND_S + 12
+# A consumer whose worker runs a silent handler learns of the freeze from its liveness session's
+# keeper: its next ping (session_idle_s / 4, 2 s here) is overdue after the stall watch's 2 s (and
+# a main-loop turn), whose look at it fails after its connect's 3 s. Its first failure, from which
+# connect_retry_s counts, comes up to that much after the freeze; the ping's own give-up comes
+# sooner than connect_retry_s after it, and the next ping's (2 s on) is the one that ends the
+# process. 3 s more of room: the shutdown's connect attempts take up to 15 s (measured 12 s).
+KEEPER_FINDS_FREEZE_S = 2.0 + 2.5 + 3.0 + 2.0 + 3.0
 
 
 def test_a_produce_stream_exits_5_within_connect_retry_s_when_the_server_freezes(server, fdb, procs, tmp_path):
@@ -150,3 +158,34 @@ def test_a_produce_stream_exits_5_within_connect_retry_s_when_the_server_freezes
     assert code == 5, log[-3000:]
     assert took_s < RETRY_S + FROZEN_EXIT_BOUND_S, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
     assert f"retried for {RETRY_S:g} s: connect_retry_s)" in log, log[-3000:]
+
+
+def test_a_consumer_in_a_long_python_handler_exits_5_within_connect_retry_s_when_the_server_freezes(
+        server, fdb, procs, tmp_path):
+    # Given a consumer with connect_retry_s = 4 whose one worker runs a Python handler of 120 s,
+    # which says nothing to the server (its liveness session's keeper pings every 2 s)
+    config = write_config(tmp_path / "nq.toml", "[consumer]\nsession_idle_s = 8\n")
+    out = tmp_path / "out"
+    env = recorder_env(fdb, out, sleep_s=120.0, NOTIFYQ_CONNECT_RETRY_S=str(RETRY_S), NOTIFYQ_CONFIG=str(config))
+    assert run_cli(env, "produce", "-q", "q", "{}").returncode == 0
+    consumer = procs.consumer(env, "q")
+    wait_until(lambda: read_runs(out), 60, 0.05, "the handler started")
+    server_pid = server._proc.pid
+    # When the server freezes (SIGSTOP: connections hang, nothing is refused)
+    frozen_at = time.monotonic()
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        code = consumer.wait(RETRY_S + 180)  # the code before: when the handler returned, and more
+        took_s = time.monotonic() - frozen_at
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+    # Then it exits 5 within connect_retry_s and the bound (its keeper's ping finds the server
+    # gone), its handler still running: a Python handler cannot be interrupted, and its thread
+    # ends with the process. The code before exited only once the handler had returned.
+    log = consumer.stderr_text()
+    print(f"exit {code} after {took_s:.1f} s")
+    assert code == 5, log[-3000:]
+    bound_s = RETRY_S + FROZEN_EXIT_BOUND_S + KEEPER_FINDS_FREEZE_S
+    assert took_s < bound_s, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
+    assert f"retried for {RETRY_S:g} s: connect_retry_s)" in log, log[-3000:]
+    assert [r.finished for r in read_runs(out)] == [False]  # started, never finished
