@@ -529,7 +529,7 @@ class BatchRun:
         if self.completion is None or not self.completion.in_block:
             return self.work
         if self._aside is None:
-            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.stop,
+            self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.work.stop,
                                   retry_s=self.work.retry_s, retry_setting=self.work.retry_setting,
                                   budget_from_first_failure=True)
         return self._aside

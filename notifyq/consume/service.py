@@ -132,6 +132,9 @@ class ConsumerService(Supervisor):
         # which workers' handlers stopped what they ran).
         self._grace_end: threading.Timer | None = None
         self._stopped: dict[int, bool] = {}
+        # Set at the grace's end: the workers' connect retries end then, not at the stop (a
+        # server restarting during the grace is waited for, as running handlers are)
+        self.grace_over = threading.Event()
 
     def _handler_for(self, queue: str) -> Handler:
         handler = self._made_for(queue)
@@ -227,8 +230,8 @@ class ConsumerService(Supervisor):
         return n
 
     def _spawn(self, queue: str, handler: Handler, name: str, index: int | None = None) -> None:
-        worker = Worker(self.config, queue, handler, stop=self.stop, budget=self.budget,
-                        batch_size=self.options.batch_size, exit_when_empty=self.options.exit_when_empty,
+        worker = Worker(self.config, queue, handler, stop=self.stop, grace_over=self.grace_over,
+                        budget=self.budget, batch_size=self.options.batch_size, exit_when_empty=self.options.exit_when_empty,
                         name=name, presence=self.presence)
         running = Running(worker, threading.Thread(target=_run_worker, args=(worker,), name=f"notifyq-{name}",
                                                    daemon=True))
@@ -407,8 +410,7 @@ class ConsumerService(Supervisor):
         # connect, a stall look), and ending a command needs no server (only recording its
         # jobs' outcome does).
         if deadline is not None:
-            self._grace_end = threading.Timer(max(0.0, deadline - time.monotonic()),
-                                              lambda: self._stopped.update(self._stop_handlers()))
+            self._grace_end = threading.Timer(max(0.0, deadline - time.monotonic()), self._end_grace)
             self._grace_end.daemon = True
             self._grace_end.start()
         self._interrupt_idle_waits()
@@ -424,6 +426,7 @@ class ConsumerService(Supervisor):
             while r.thread.is_alive() and time.monotonic() < deadline:
                 r.thread.join(min(STOPPING_STALL_S / 2, max(0.0, deadline - time.monotonic())))
                 self.stall_watch.check(self.sessions(), STOPPING_STALL_S)
+        self.grace_over.set()
         stuck = [r.worker for r in self.running if r.thread.is_alive()]
         if stuck:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
@@ -491,6 +494,11 @@ class ConsumerService(Supervisor):
             log.debug("could not interrupt idle waits error=%s", e)
         finally:
             session.close()
+
+    def _end_grace(self) -> None:
+        """The grace's timer: the workers' retries end, and their commands (_stop_handlers)."""
+        self.grace_over.set()
+        self._stopped.update(self._stop_handlers())
 
     def _stop_handlers(self) -> dict[int, bool]:
         """The grace's end: what the still-running handlers run outside the process (commands)

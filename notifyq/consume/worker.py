@@ -51,12 +51,18 @@ LIMIT_HELD_MAX_S = 0.25
 class Worker:
     def __init__(self, config: Config, queue: str, handler: Handler, *, stop: threading.Event,
                  budget: Budget, batch_size: int | None = None, exit_when_empty: bool = False,
-                 name: str = "worker", presence: Presence | None = None):
+                 name: str = "worker", presence: Presence | None = None,
+                 grace_over: threading.Event | None = None):
         self.config = config
         self.queue = queue
         self.qc = config.queue(queue)
         self.handler = declared(handler)
         self.stop = stop
+        # Set at the shutdown grace's end (the service's; without one, the stop itself): it ends
+        # the work sessions' connect retries. Not the stop: a server that restarts during the
+        # grace would end a running command's lease extension at once, and with it the job,
+        # which needed only the grace to finish and be acked.
+        self.grace_over = grace_over if grace_over is not None else stop
         # The code version it claims for (consumer.version, --version): fixed for the process's
         # life, as its code is; jobs put with a higher min_version are not its to claim.
         self.version = config.consumer.version
@@ -379,7 +385,7 @@ class Worker:
         return BatchRun(batch, self, qc, handler)
 
     def _new_work_session(self) -> Session:
-        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.stop,
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.grace_over,
                        retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
                        budget_from_first_failure=True)
 

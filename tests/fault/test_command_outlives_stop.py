@@ -1,16 +1,20 @@
 """A `--command` never outlives its consumer, whichever way the consumer's worker ends: here the
 worker ends through "worker stopped while retrying" (the consumer was stopped while a lease
-extension under the command was retrying a server that is gone), not through the grace expiry
-that kills the command's process group (tests/system/test_handlers.py covers that one).
+extension under the command was retrying a server that is gone, and the grace ended that retry).
+And a server that comes back within the grace is waited for: the command runs to its end and
+its job is acked, as the grace promises.
 
-Regression: that path left the command's process group running after the consumer had exited
-(the fault schedule's orphaned_run), while the reaper gave its job to another consumer.
+Regressions: that path left the command's process group running after the consumer had exited
+(the fault schedule's orphaned_run), while the reaper gave its job to another consumer; and the
+stop ended the retry at once, so a server restarting for 2-4 s during the grace killed a command
+that needed only the grace to finish (its job left claimed until a reaper took it back).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from conftest import alive, wait_until
@@ -41,9 +45,9 @@ def command_log(out: Path) -> list[tuple[int, int, str]]:
 def test_a_command_running_when_its_consumer_stops_with_the_server_gone_ends_before_the_consumer_exits(
         server, fdb, procs, tmp_path):
     # Given a consumer whose 3 s lease is extended every second under a 60 s command (that
-    # ignores SIGTERM, its child too), with a grace (30 s) and connect retries (60 s) that do not
+    # ignores SIGTERM, its child too), with a 5 s grace and connect retries (60 s) that do not
     # end before the test does
-    out, script, env = command_setup(fdb, tmp_path, COMMAND, "[consumer]\nshutdown_grace_s = 30\n"
+    out, script, env = command_setup(fdb, tmp_path, COMMAND, "[consumer]\nshutdown_grace_s = 5\n"
                                      "[defaults]\nlease_s = 3\ncommand_timeout_s = 120\n", script_name="job.sh")
     env.update(NOTIFYQ_CONNECT_RETRY_S="60", NQ_TEST_SLEEP="60")
     consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
@@ -59,11 +63,13 @@ def test_a_command_running_when_its_consumer_stops_with_the_server_gone_ends_bef
         wait_until(lambda: "database error, retrying" in consumer.stderr_text(), 30,
                    message="the consumer retrying the server")
         consumer.signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
         consumer.wait(60)
-        # Then its worker ended on the stop of that retry, not at the grace's end
+        # Then its worker's retry ran on for the grace (the server might have come back), and
+        # ended with it
         log = consumer.stderr_text()
         assert "worker stopped while retrying" in log, log[-3000:]
-        assert "grace period over" not in log
+        assert time.monotonic() - stopped_at >= 5 - 0.5, log[-3000:]
         # And the command and its child are gone once the consumer has exited (a second for
         # their SIGKILL to land, and for init to reap them, should they have been left to it)
         wait_until(lambda: not alive(shell) and not alive(child), 1,
@@ -79,5 +85,36 @@ def test_a_command_running_when_its_consumer_stops_with_the_server_gone_ends_bef
         assert again.wait(30) == 0, again.stderr_text()[-3000:]
     finally:
         for pid in pids:
+            if alive(pid):  # (left running: the test failed)
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_restarting_during_the_grace_is_waited_for_and_the_running_command_ends_acked(
+        server, fdb, procs, tmp_path):
+    # Given a consumer whose 3 s lease is extended every second under a 6 s command, with a
+    # 30 s grace
+    out, script, env = command_setup(fdb, tmp_path, COMMAND, "[consumer]\nshutdown_grace_s = 30\n"
+                                     "[defaults]\nlease_s = 3\ncommand_timeout_s = 120\n", script_name="job.sh")
+    env.update(NOTIFYQ_CONNECT_RETRY_S="30", NQ_TEST_SLEEP="6")
+    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
+    produce(fdb, QUEUE, 1)
+    wait_until(lambda: any(tag == "child" for _, _, tag in command_log(out)), 30, message="the command started")
+    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    [child] = [pid for _, pid, tag in command_log(out) if tag == "child"]
+    try:
+        # When the consumer is stopped, and its server restarts during the grace (its lease
+        # extensions meet the restart)
+        consumer.signal(signal.SIGTERM)
+        wait_until(lambda: fdb.scalar("SELECT stopping FROM nq_consumer WHERE pid = %s", (consumer.pid,)),
+                   30, message="the consumer draining (its registration says so)")
+        server.restart()
+
+        # Then the command runs to its end, its job is acked, and the consumer exits 0
+        assert consumer.wait(60) == 0, consumer.stderr_text()[-3000:]
+        assert (job, shell, "end") in command_log(out), consumer.stderr_text()[-3000:]
+        assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (QUEUE,)) == 0, \
+            consumer.stderr_text()[-3000:]
+    finally:
+        for pid in (shell, child):
             if alive(pid):  # (left running: the test failed)
                 os.kill(pid, signal.SIGKILL)

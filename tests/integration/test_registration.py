@@ -74,6 +74,10 @@ def test_a_consumers_row_records_the_flow_settings_it_applies_per_queue_and_afte
         assert recorded["api"] == {"limit": 4, "limit_per_key": 0, "key_limits": [], "rate": "",
                                    "rate_per_key": "", "fair": False}
     finally:
+        stop.set()
+        presence.close()
+
+
 def test_a_worker_queued_for_the_watch_lock_when_the_liveness_session_reconnects_waits_no_more(db):
     # Given a registered consumer whose idle worker waits, on the liveness session, for the
     # queue's watch lock, which a peer's watcher holds (idle_wait_s 20: how long it would wait)
