@@ -46,6 +46,9 @@ class Supervisor:
     options: RunOptions
     notifier: Any
     summary: Summary
+    # What ended the run with a non-zero exit (the first worker's error, or the server given up
+    # on), for the command line's one `notifyq: error:` line; None after a clean stop.
+    failure: BaseException | None = None
 
     def start(self, stop_requested: threading.Event | None = None) -> None:
         raise NotImplementedError
@@ -138,7 +141,7 @@ class Supervisor:
         self.shutdown(grace_s=0.0 if gone is not None else None)
         failures = [w.error for w in self.workers if w.error is not None] or ([gone] if gone else [])
         if failures:
-            first = failures[0]
+            first = self.failure = failures[0]
             return first.exit_code if isinstance(first, errors.NotifyqError) else errors.EXIT_INTERNAL
         return errors.EXIT_OK
 

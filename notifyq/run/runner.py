@@ -295,4 +295,9 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
             logs.set_level(new.log.level)
             return new
 
-        return service.run(signals.stop_requested, signals.reload_requested, reload)
+        code = service.run(signals.stop_requested, signals.reload_requested, reload)
+        if code and service.failure is not None:
+            # The last line on stderr, as every command's error is (the log said it on its own
+            # terms already): what a script or an operator reading `systemctl status` looks for
+            echo(f"notifyq: error: {service.failure}", err=True)
+        return code

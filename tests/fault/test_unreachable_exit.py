@@ -49,6 +49,9 @@ def _assert_prompt_exit_5(code: int, took_s: float, proc, setting: str = ": conn
     assert took_s < RETRY_S + EXIT_BOUND_S, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
     # The line names the budget that was applied (the code before named a minute of connect_retry_s)
     assert f"retried for {RETRY_S:g} s{setting})" in log, log[-3000:]
+    # And the last line says why, as every command's error does (a daemon that was running when
+    # the server went away ended with log lines only)
+    assert log.rstrip().splitlines()[-1].startswith("notifyq: error: "), log[-3000:]
 
 
 def test_an_idle_consumer_waiting_in_get_lock_exits_5_within_connect_retry_s(server, fdb, procs, tmp_path):
