@@ -531,7 +531,7 @@ class BatchRun:
         if self._aside is None:
             self._aside = Session(self.work.dsn, name=f"{self.work.name}-aside", stop=self.work.stop,
                                   retry_s=self.work.retry_s, retry_setting=self.work.retry_setting,
-                                  budget_from_first_failure=True)
+                                  no_caller_deadline=True)
         return self._aside
 
     def _keep_lease(self) -> None:

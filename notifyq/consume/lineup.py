@@ -292,7 +292,7 @@ class LineupWatch:
             self._session = Session(self.config.dsn, name="lineup", stop=self.stop,
                                     idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s),
                                     retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
-                                    budget_from_first_failure=True)
+                                    no_caller_deadline=True)
         return self._session
 
     def _locks(self, queue: str) -> QueueLocks:

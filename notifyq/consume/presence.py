@@ -92,7 +92,7 @@ class WatchSeat:
         self.session = Session(config.dsn, autocommit=True, read_timeout_s=wait_s,
                                idle_timeout_s=idle_timeout_s, name=f"watch-{queue}", stop=stop,
                                follows_writer=not home, retry_s=config.connect_retry(oneshot=False),
-                               retry_setting="connect_retry_s")
+                               retry_setting="connect_retry_s", no_caller_deadline=True)
         self.waiter = Waiter(self.session, queue, locks.QueueLocks(config.dsn.database, queue),
                              config.wakeup, stop, on_turn=lambda: None, on_reap=lambda: None)
         self.stop = stop

@@ -387,7 +387,7 @@ class Worker:
     def _new_work_session(self) -> Session:
         return Session(self.config.dsn, name=f"{self.name}-work", stop=self.grace_over,
                        retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
-                       budget_from_first_failure=True)
+                       no_caller_deadline=True)
 
     def replace_work_session(self) -> Session:
         """A handler's call timed out holding the work session (its batch's run asks): the

@@ -86,7 +86,7 @@ class Session:
                  use_database: bool = True, idle_timeout_s: int | None = None,
                  idle_in_transaction_s: int | None = None,
                  stop: threading.Event | None = None, follows_writer: bool = True,
-                 retry_setting: str | None = None, budget_from_first_failure: bool = False):
+                 retry_setting: str | None = None, no_caller_deadline: bool = False):
         self.dsn = dsn
         # Set (the daemon stops): a connect retry ends at once, so SIGTERM does not wait for a
         # server that is gone. Only connects, and waits on purpose (GET_LOCK, the watch's SLEEP:
@@ -114,14 +114,15 @@ class Session:
         # The setting retry_s comes from, named when the connect gives up (None: a budget of
         # the code's own, a housekeeping session's)
         self.retry_setting = retry_setting
-        # Where a transaction's retry budget counts from. The call's start (False) keeps a
-        # caller's own deadline (a console page's 14 s). The first failure (True) is for callers
-        # with no deadline of their own, a consumer's claims and acks: an attempt may take long
-        # before it fails (a lock wait, a process frozen mid-call while the server restarted)
-        # and is no outage until then; without it a consumer frozen past the budget came back
-        # to a lost connection and gave up at once with the server up. A server that stays away
-        # is still bounded: by the reconnect's budget, counted from the outage's start (Reach).
-        self.budget_from_first_failure = budget_from_first_failure
+        # Whose deadline a transaction's retries keep. A caller's own (False: a console page's
+        # 14 s): the budget counts from the call's start. None (True: a consumer's claims, acks
+        # and waits): it counts from the call's first failure, and a lost connection found past
+        # it is tried again on a new connection (LOST_PAST_BUDGET times), whose connect gives up
+        # by the outage's own budget (Reach). A process paused (SIGSTOP, a frozen VM) longer
+        # than the budget, in the middle of a call or of its retries, while the server
+        # restarted, comes back to a lost connection with the server up: it gave up at once
+        # and its worker ended (exit 5). A server that stays away still ends it in time.
+        self.no_caller_deadline = no_caller_deadline
         self.reach = Reach.of(dsn)
         self.name = name
         self.retry_log_level = retry_log_level
@@ -260,7 +261,7 @@ class Session:
         self.reach.answered()
 
     def _retrying(self, step: Callable[[], T], what: str, started: float | None,
-                  stop: threading.Event | None = None) -> tuple[T, int, bool]:
+                  stop: threading.Event | None = None, lost_past_budget: int = 0) -> tuple[T, int, bool]:
         """Run `step` under the retry policy: (its result, attempts taken, whether the first
         failure was a lost connection).
 
@@ -277,7 +278,7 @@ class Session:
             first: MySQLdb.Error | None = e
             lost = is_connection_lost(e)
         remaining_s = self.retry_s if started is None else max(0.0, self.retry_s - (time.monotonic() - started))
-        for attempt in retry_policy(remaining_s, what, self.retry_log_level, stop):
+        for attempt in retry_policy(remaining_s, what, self.retry_log_level, stop, lost_past_budget):
             with attempt:
                 if first is not None:
                     failed, first = first, None
@@ -456,7 +457,8 @@ class Session:
         # for nothing. Other calls (the drain's acks and give-backs) are retried as ever.
         stop = self.stop if wait_s > 0 else None
         result, attempts, lost = self._retrying(lambda: self._attempt(body, idempotent, committed, what, wait_s),
-                                                what, None if self.budget_from_first_failure else started, stop)
+                                                what, None if self.no_caller_deadline else started, stop,
+                                                LOST_PAST_BUDGET if self.no_caller_deadline else 0)
         if lost:  # a deadlock retried is no outage: nothing to announce
             self._log_reachable_again(attempts, started, what)
         return result
@@ -538,6 +540,10 @@ def socket_of(conn: Any) -> tuple[int, int] | None:
 
 
 PORTS_KEPT = 32  # connection ids a session remembers the client port of
+# Lost connections past the retry budget that a session with no caller deadline tries again on a
+# new connection: a few, so that a server that takes every connection's statement down (a crash
+# on it, a KILL each time) still ends the retries.
+LOST_PAST_BUDGET = 3
 
 
 @contextlib.contextmanager

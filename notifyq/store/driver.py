@@ -99,13 +99,16 @@ def describe(exc: BaseException) -> str:
 
 
 def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WARNING,
-                 stop: threading.Event | None = None) -> tenacity.Retrying:
+                 stop: threading.Event | None = None, lost_past_deadline: int = 0) -> tenacity.Retrying:
     """The infrastructure policy: full-jitter exponential backoff on transient errors only.
 
     One log line per backoff step; one-shot commands pass DEBUG, so that an unreachable server
     costs them one error line, not one line per attempt. `stop` (a daemon's stop request) ends
     the retrying at once, in the middle of a backoff sleep: SIGTERM is not made to wait for a
-    server that is gone (the last error is raised, as at the deadline)."""
+    server that is gone (the last error is raised, as at the deadline). `lost_past_deadline`:
+    how many lost connections found past the deadline are tried again (on a new connection,
+    whose connect has a budget of its own) rather than raised: a process paused longer than
+    the deadline comes back to one with the server up."""
     import tenacity  # here: most processes never retry, and it costs a few ms of start-up
 
     backoff = tenacity.wait_random_exponential(multiplier=0.05, max=5.0)
@@ -114,7 +117,17 @@ def retry_policy(give_up_after_s: float, what: str, log_level: int = logging.WAR
         # Never sleep past the deadline: the last attempt comes at it, not up to 5 s after.
         return min(backoff(rs), max(0.0, give_up_after_s - rs.seconds_since_start))
 
-    give_up = tenacity.stop_after_delay(give_up_after_s)
+    past_deadline = 0
+
+    def give_up(rs: tenacity.RetryCallState) -> bool:
+        nonlocal past_deadline
+        if rs.seconds_since_start is None or rs.seconds_since_start < give_up_after_s:
+            return False
+        if past_deadline < lost_past_deadline and is_connection_lost(rs.outcome.exception()):
+            past_deadline += 1
+            return False
+        return True
+
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         wait=wait,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import MySQLdb
 import pytest
 from conftest import admin_connect, wait_until
 
@@ -193,7 +194,7 @@ def _frozen_past_the_budget_then_lost(session: Session, db):
 def test_a_call_frozen_past_its_budget_is_rerun_where_the_budget_counts_from_the_first_failure(db):
     # Given a session whose budget counts from a call's first failure (a consumer's claims and
     # acks: no deadline of their own), and a call that outlasted the budget before it failed
-    session = Session(db.admin, retry_s=1, budget_from_first_failure=True)
+    session = Session(db.admin, retry_s=1, no_caller_deadline=True)
     body, calls = _frozen_past_the_budget_then_lost(session, db)
     try:
         # When it runs, then it is run again on a new connection and returns its result
@@ -219,6 +220,59 @@ def test_a_call_past_its_budget_gives_up_where_the_budget_counts_from_the_calls_
         session.close()
 
 
+def test_a_call_paused_past_its_budget_in_the_middle_of_its_retries_is_tried_on_a_new_connection(db):
+    """A consumer frozen (SIGSTOP) for longer than the budget while it was retrying a claim (a
+    KILL QUERY's 1317 first), meanwhile the server restarted: it resumed to a lost connection
+    past a budget counted from that first failure, and gave up with the server up (a long fault
+    run: three consumers exited 5 so)."""
+    # Given a session with no caller deadline, and a call that fails once (a deadlock), then
+    # takes longer than the whole budget before it loses its connection
+    session = Session(db.admin, retry_s=1, no_caller_deadline=True)
+    calls = []
+
+    def body(cur):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MySQLdb.OperationalError(1213, "Deadlock found when trying to get lock")
+        if len(calls) == 2:
+            cur.execute("SELECT SLEEP(1.5)")
+            cur.fetchall()
+            killer = admin_connect(db.admin)
+            killer.cursor().execute("KILL %s", (session.connection_id,))
+            killer.close()
+        cur.execute("SELECT 4")
+        return cur.fetchone()[0]
+
+    try:
+        # When it runs, then the lost connection past the budget is tried again on a new one
+        assert session.run(body, what="test") == 4
+        assert len(calls) == 3
+    finally:
+        session.close()
+
+
+def test_a_lost_connection_every_time_past_the_budget_still_ends_the_retries(db):
+    # Given a session with no caller deadline whose every attempt loses its connection
+    session = Session(db.admin, retry_s=0.5, no_caller_deadline=True)
+    calls = []
+
+    def body(cur):
+        calls.append(1)
+        killer = admin_connect(db.admin)
+        killer.cursor().execute("KILL %s", (session.connection_id,))
+        killer.close()
+        cur.execute("SELECT 4")
+        return cur.fetchone()[0]
+
+    try:
+        # When it runs, then it gives up after a few tries past the budget, not never
+        with pytest.raises(errors.TransientDBError):
+            session.run(body, what="test")
+        assert len(calls) < 60
+    finally:
+        session.close()
+
+
 def test_a_workers_claim_and_ack_sessions_count_their_budget_from_the_first_failure(db):
     # Given a consumer's worker
     cfg = db.config()
@@ -227,7 +281,7 @@ def test_a_workers_claim_and_ack_sessions_count_their_budget_from_the_first_fail
     try:
         # Then its work session, and the one replacing it after a timed-out handler, retry a
         # claim frozen past the budget
-        assert worker.work.budget_from_first_failure
-        assert worker.replace_work_session().budget_from_first_failure
+        assert worker.work.no_caller_deadline
+        assert worker.replace_work_session().no_caller_deadline
     finally:
         worker.work.close()
