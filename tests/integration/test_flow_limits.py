@@ -410,3 +410,82 @@ def test_a_limited_claim_finds_a_hundred_new_keys_within_five_claims(db):
     # a claim found 20 keys in five claims)
     assert sum(taken) == 100, taken
     assert _running(db) == {f"k{i:03d}": 1 for i in range(100)}
+
+
+def test_two_limited_claims_at_once_both_take_a_batch_when_there_are_keys_enough(db, monkeypatch):
+    # Given 20 keys of 2 ready jobs each, limit_per_key = 2, every key named already, and a
+    # claim of 10 jobs paused right after its locking read (its transaction open: whatever key
+    # rows it locked, it holds)
+    cfg = db.config()
+    keys = [f"k{i:02d}" for i in range(20)]
+    _put_keyed(db, cfg, [k for k in keys for _ in range(2)])
+    for key in keys:
+        db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    locked_in, may_go_on = threading.Event(), threading.Event()
+    real_lock_windows = queries.lock_windows
+
+    def pausing_lock_windows(*args, **kwargs):
+        out = real_lock_windows(*args, **kwargs)
+        if threading.current_thread().name == "first":
+            locked_in.set()
+            may_go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(queries, "lock_windows", pausing_lock_windows)
+    first_session, second_session = Session(cfg.dsn), Session(cfg.dsn)
+    outcome: list = []
+
+    def first_claim() -> None:
+        try:
+            outcome.append(queries.claim(first_session, "q", "f" * 32, 10, 60,
+                                         flow=FlowClaims(FlowLimits(limit_per_key=2))))
+        except Exception as e:  # the test's verdict below
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_claim, name="first", daemon=True)
+    try:
+        thread.start()
+        assert locked_in.wait(30), "the first claim's locking read"
+        # When a second consumer claims 10 jobs while the first claim is under way
+        second = queries.claim(second_session, "q", "s" * 32, 10, 60, flow=FlowClaims(FlowLimits(limit_per_key=2)))
+        second_session.pipeline.read_reply()  # its COMMIT
+        may_go_on.set()
+        thread.join(30)
+    finally:
+        may_go_on.set()
+        first_session.close()
+        second_session.close()
+    # Then each takes a whole batch, of keys the other did not lock (the first locked only the
+    # keys of the jobs it took), and no key runs more than its limit
+    [first] = outcome
+    assert not isinstance(first, Exception), first
+    assert len(first.jobs) == 10 and len(second.jobs) == 10
+    assert not {j.key for j in first.jobs} & {j.key for j in second.jobs}
+    assert max(_running(db).values()) == 2 and sum(_running(db).values()) == 20
+
+
+def test_a_claim_keeps_only_the_slots_the_count_under_its_key_lock_leaves(db, monkeypatch):
+    # Given key a with 4 ready jobs, limit_per_key = 2, and a claim whose candidate read (plain,
+    # no key locked yet) saw a's 2 slots free, after which 2 other jobs of a started and committed
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 4)
+    db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', 'a')")
+    real_candidates = FlowClaims.candidates
+
+    def candidates_then_a_peer_starts_two(self, cur, queue, batch_size):
+        grant = real_candidates(self, cur, queue, batch_size)
+        assert sorted(grant.ids) == ids[:2]
+        db.query("UPDATE nq_job SET status = 2 WHERE id IN %s", (tuple(ids[2:]),))
+        return grant
+
+    monkeypatch.setattr(FlowClaims, "candidates", candidates_then_a_peer_starts_two)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When the claim locks its jobs (and their key)
+        claim = _claim(session, flow, batch=10)
+    finally:
+        session.close()
+    # Then it keeps none of them: the count under a's lock leaves no slot, and a is held
+    assert claim.jobs == [] and _running(db) == {"a": 2}
+    assert flow.last.held_keys == ["a"]
