@@ -11,7 +11,7 @@ from conftest import admin_connect, cron_run
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.flow import DEEP_SKIPS, FlowClaims, FlowLimits
 from notifyq.store.sql import QUERIES
 
 OWNER = "o" * 32
@@ -489,3 +489,35 @@ def test_a_claim_keeps_only_the_slots_the_count_under_its_key_lock_leaves(db, mo
     # Then it keeps none of them: the count under a's lock leaves no slot, and a is held
     assert claim.jobs == [] and _running(db) == {"a": 2}
     assert flow.last.held_keys == ["a"]
+
+
+def test_unkeyed_jobs_put_behind_a_keyed_head_are_claimed_within_the_deep_skips(db):
+    # Given limit_per_key = 2, 40 jobs of key a at the head of the queue (held at its limit after
+    # the first claim), then 30 jobs of key c, whose 2 slots each claim takes again (the last
+    # claim's acked), and a consumer whose first claim of 5 read deep for unkeyed jobs behind
+    # the head and found none
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 40 + ["c"] * 30)
+    for key in ("a", "c"):
+        db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=5)
+        assert len(first.jobs) == 4 and not flow.deep_found
+        # When 3 jobs without a key are put, behind the head, and the consumer claims on (each
+        # claim short of its batch: c's 2 slots)
+        unkeyed = _put_keyed(db, cfg, [None] * 3)
+        claims = [first]
+        while len(claims) <= DEEP_SKIPS + 1 and not set(unkeyed) & {j.id for j in claims[-1].jobs}:
+            done = [j.id for j in claims[-1].jobs if j.key == "c"]
+            queries.ack(session, done, claims[-1].token, False)
+            claims.append(_claim(session, flow, batch=5))
+    finally:
+        session.close()
+    # Then a claim within DEEP_SKIPS + 1 takes them (the claims before it, which did not read
+    # deep, said they left jobs behind), and no key ran more than its limit
+    assert set(unkeyed) <= {j.id for j in claims[-1].jobs}
+    assert 1 < len(claims) <= DEEP_SKIPS + 2
+    assert all(not c.drained for c in claims[1:-1])
+    assert _running(db) == {"a": 2, "c": 2, None: 3}
