@@ -63,12 +63,13 @@ FIRSTS_MAX = 4
 # How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
 # fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
 UNKEYED_DEPTH = 1000
-# A claim whose grant has jobs, and whose consumer's last deep read found no unkeyed job, skips
-# the deep read this many claims in a row at most (saying it left jobs behind). On 100 keys of
-# limit 2, one consumer of two held 48 keys' slots, its grant was 96 jobs, and every claim read
-# 1,000 entries and their rows for unkeyed jobs the queue never had (3 ms of the server's
-# time, and a round trip). Unkeyed jobs behind a head of keyed ones wait at most this many
-# claims of each consumer; a claim that would take nothing always reads deep.
+# A claim whose grant has jobs, and whose consumer's last read of unkeyed jobs found none,
+# skips the deep read (and, on a limited queue, the head's: flow_unkeyed_ready) this many
+# claims in a row at most, saying it left jobs behind. On 100 keys of limit 2 with no unkeyed
+# job, every claim read the head's 300 rows, and the consumer holding 48 keys' slots (a grant
+# of 96 jobs, short of its batch) 1,000 entries and their rows more (a round trip, 3 ms of the
+# server's time): half the rows a limited claim read. Unkeyed jobs wait at most this many
+# claims of each consumer; a claim that would take nothing always reads them.
 DEEP_SKIPS = 8
 
 
@@ -148,8 +149,8 @@ class FlowClaims:
         self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
         self.turn: str | None = None  # a fair claim's last key of its first round (None: none yet)
         self._first: tuple[tuple[str, int], list[list[tuple]]] | None = None  # looks()' key reads
-        self.deep_skips = 0  # deep reads skipped since the last one (DEEP_SKIPS)
-        self.deep_found = True  # whether the last deep read found unkeyed jobs behind the head
+        self.deep_skips = 0  # reads of unkeyed jobs skipped since the last one (DEEP_SKIPS)
+        self.deep_found = True  # whether the last read of unkeyed jobs found any
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -267,36 +268,59 @@ class FlowClaims:
             steps.append(_firsts(queue, few, max(caps[k] for k in few)))
         if many:
             steps.append((Q["flow_key_ready"], None))
-        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}))
+        # A limited queue's claim reads no unkeyed jobs while its last reads found none (DEEP_SKIPS)
+        head_read = not limits.limited or self.deep_found or self.deep_skips >= DEEP_SKIPS
+        if head_read:
+            steps.append(self._head_step(queue, batch_size))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
-        results = run_steps(cur, steps, per_key)
+        results = run_steps(cur, steps, per_key) if steps else []
         ready = _capped(results.pop(0), caps) if few else []
         ready += results.pop(0) if many else []
-        head = results.pop(0)
-        unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
-        # The head is keyed jobs (of keys that may well be at their limit): the unkeyed ones
-        # behind them are ready too (read below, where they may change what this claim takes)
-        deep = len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size
 
         # The queue's room as last committed (its `limit`): KeyGate counts it again under the
         # queue row's lock
         room = limits.limit - sum(running.values()) if limits.limit else None
         self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete)
+        if not head_read:
+            grant = self._grant(self.read, ready, [])
+            if grant.ids:
+                self.deep_skips += 1  # (DEEP_SKIPS) not read, so left behind: not drained
+                grant.complete = False
+                self.active_keys = grant.active_keys
+                return grant
+            [head] = run_steps(cur, [self._head_step(queue, batch_size)])  # nothing else to take
+        else:
+            head = results.pop(0)
+        unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
+        # The head is keyed jobs (of keys that may well be at their limit): the unkeyed ones
+        # behind them are ready too (read below, where they may change what this claim takes)
+        deep = len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size
         grant = self._grant(self.read, ready, unkeyed)
+        found = bool(unkeyed)
+        # (a limited queue's claim that read the head reads deep too: its skips were the head's)
+        skip_deep = (not limits.limited and bool(grant.ids) and not self.deep_found
+                     and self.deep_skips < DEEP_SKIPS)
         if deep and self._head_decides(grant, batch_size, ready, unkeyed, head[-1]):
             # The batch's last job comes before the head's last in claim order, so no unkeyed
             # job behind the head could be in it: not read (a round trip, UNKEYED_DEPTH entries
             # and their rows), but left behind (this claim did not drain the queue)
             grant.complete = False
-        elif deep and grant.ids and not self.deep_found and self.deep_skips < DEEP_SKIPS:
+        elif deep and skip_deep:
             self.deep_skips += 1  # (DEEP_SKIPS) not read, so left behind: not drained
             grant.complete = False
         elif deep:
             deeper = self._deeper(cur, queue, batch_size, unkeyed)
+            found = bool(deeper)
             self.deep_found, self.deep_skips = len(deeper) > len(unkeyed), 0
             grant = self._grant(self.read, ready, deeper)
+        if limits.limited:
+            self.deep_found, self.deep_skips = found, 0
         self.active_keys = grant.active_keys
         return grant
+
+    @staticmethod
+    def _head_step(queue: str, batch_size: int) -> tuple[str, dict[str, Any]]:
+        return Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}
 
     def _deeper(self, cur, queue: str, batch_size: int, unkeyed: list[tuple]) -> list[tuple]:
         """`unkeyed` and the unkeyed jobs behind a head of keyed ones (flow_unkeyed_deep)."""

@@ -44,6 +44,16 @@ class KeyGate:
         self.held: list[str] = []  # keys whose locked jobs the count under the lock held back
         self.contended = False  # locked jobs left for another claim that holds their key's row
 
+    @property
+    def closed(self) -> bool:
+        """Nothing more can be kept: another claim holds the queue's row, or its `limit` is
+        reached (the locking read's further windows would only lock jobs to let them go)."""
+        if not self.limits.limit or QUEUE_ROW not in self.asked:
+            return False
+        if QUEUE_ROW not in self.locked:
+            return True
+        return sum(self.plan.running.values()) + sum(self.kept.values()) >= self.limits.limit
+
     def learn(self, key_of: dict[int, str | None]) -> None:
         """More candidates' keys (a claim that read again past jobs too new for it)."""
         self.key_of.update(key_of)

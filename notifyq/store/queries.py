@@ -588,7 +588,7 @@ def lock_windows(cur, ordered: list[int], batch_size: int, version: int, locked:
     low-priority job over a higher one. Under contention the next window takes over skipped
     rows (and rows a limited claim's `gate` did not keep)."""
     tried = too_new = 0
-    while len(locked) < batch_size and tried < len(ordered):
+    while len(locked) < batch_size and tried < len(ordered) and not (gate is not None and gate.closed):
         window = ordered[tried: tried + batch_size - len(locked)]
         tried += len(window)
         rows, skipped = lock_window(cur, window, version, gate)
