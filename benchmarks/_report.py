@@ -102,6 +102,8 @@ def _enqueue(t: Table, res: dict) -> None:
             goal = (">=", 0.8) if bulk else (">=", 0.9) if side == "notifyq_ring" else (None, None)
             t.compared(case, e, side, "jobs_s", f"jobs/s ({seed_what})", *goal)
             t.compared(case, e, side, "cpu_us_per_job", "producer CPU us/job")
+            if e["sides"][side].get("server_cpu_us_per_job", {}).get("median") is not None:
+                t.compared(case, e, side, "server_cpu_us_per_job", "server CPU us/job (its whole run)")
             t.compared(case, e, side, "statements_per_job", "statements/job (Questions)", digits=2)
             t.note(case, f"notifyq {mix(e['raw'][side])}; seed {mix(e['raw']['seed'])}")
         f = e["ratios"].get("notifyq/floor_signal", {}).get("jobs_s")

@@ -22,10 +22,11 @@ are the real `python -m notifyq consume` command.
 
 Cases:
   enqueue   put() per job (without the ring, and with it: the README's long-lived producer)
-            and put_many() of 100, one producer process; statements per job are the server's
-            Questions delta around the timed loop. "floor+signal" adds the nq_signal bump. For
-            put() also the ring and the seed each with one idle consumer attached (the
-            wake-ups happen; the consumer's statements count too).
+            and put_many() of 100, one producer process (each alone: --only enqueue_single,
+            enqueue_bulk); statements per job are the server's Questions delta around the timed
+            loop. "floor+signal" adds the nq_signal bump. For put() also the ring and the seed
+            each with one idle consumer attached (the wake-ups happen; the consumer's
+            statements count too).
   drain     N jobs inserted server-side, K consumer processes with a no-op handler, until empty;
             every job must run exactly once. Rate from the first to the last handled job and
             including start-up; consumer CPU per job from the processes' rusage; statements per
@@ -302,22 +303,28 @@ class Bench:
                 args = {"n": n, "chunk": self.size["chunk"], **extra}
                 if side.endswith("_attached"):
                     with self.attached_consumer(script, n + 1):
+                        srv0 = proc_cpu_s(self.server_pid)  # the attached consumer's work too
                         r = self.child(script, name, args)
+                        srv1 = proc_cpu_s(self.server_pid)
                 else:
+                    srv0 = proc_cpu_s(self.server_pid)  # the child's start-up and warm-up too: a few ms
                     r = self.child(script, name, args)
+                    srv1 = proc_cpu_s(self.server_pid)
                     table = _seed.TABLE if script == "seed" else "nq_job"
                     got = self.scalar(f"SELECT COUNT(*) FROM {table} WHERE queue = %s", (QUEUE,))
                     if got != n + 1:  # + the warm-up job
                         raise RuntimeError(f"{side} {role}: {got} rows, expected {n + 1}")
                 counts = r.get("statements")
                 rows[side].append({"jobs_s": n / r["wall_s"], "cpu_us_per_job": r["cpu_s"] / n * 1e6,
+                                   "server_cpu_us_per_job": (srv1 - srv0) / n * 1e6 if srv0 is not None else None,
                                    "statements_per_job": counts["Questions"] / n if counts else None,
                                    "statements": _statements.per_job(counts, n) if counts else None})
         pairs = [("notifyq", "seed"), ("notifyq_ring", "seed"), ("notifyq", "floor"), ("notifyq_ring", "floor"),
                  ("notifyq", "floor_signal"), ("floor", "seed")]
         if role == "put":
             pairs.append(("notifyq_ring_attached", "seed_attached"))
-        return compare(rows, orders, ("jobs_s", "cpu_us_per_job", "statements_per_job"), pairs)
+        return compare(rows, orders, ("jobs_s", "cpu_us_per_job", "server_cpu_us_per_job", "statements_per_job"),
+                       pairs)
 
     @contextlib.contextmanager
     def attached_consumer(self, side: str, expect: int, timeout_s: float = 120):
@@ -591,7 +598,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", dest="json_path", help="write all results (raw repetitions too) here")
     ap.add_argument("--dsn", help="use this server (root-like user) instead of a private LocalServer")
     ap.add_argument("--database", default="nq_bench", help="database to (re)create and drop")
-    ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--only", default=",".join(CASES),
+                    help=f"comma-separated subset of {','.join(CASES)} (enqueue_single, enqueue_bulk: "
+                         "put() or put_many() alone)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (children.log, raw records)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -616,8 +625,9 @@ def main(argv: list[str]) -> int:
             res[name] = fn()
             print(f"{time.monotonic() - t:.0f}s", flush=True)
 
-        if "enqueue" in only:
+        if only & {"enqueue", "enqueue_single"}:
             step("enqueue_single", lambda: bench.enqueue("put", size["put_n"]))
+        if only & {"enqueue", "enqueue_bulk"}:
             step("enqueue_bulk", lambda: bench.enqueue("put_many", size["bulk_n"]))
         if "drain" in only or "e2e" in only:
             step("drain", bench.drain)

@@ -16,17 +16,27 @@ text that begins with MARKER is an envelope.
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any
 
 MARKER = '{"notifyq:trace":'
 _EMPTY = MARKER + '{},"payload":'  # a user payload that looks like an envelope, wrapped
 _EMPTY_LEN = len(_EMPTY)
+_BEGINS_AS_ENVELOPE = operator.methodcaller("startswith", MARKER)
 
 
 def escaped(text: str) -> str:
     """A payload's JSON as stored when no trace context goes with it (Producer._payload_text):
     itself, unless it begins as an envelope does."""
     return _EMPTY + text + "}" if text.startswith(MARKER) else text
+
+
+def escaped_all(texts: list[str]) -> list[str]:
+    """escaped() of every text: the list itself when none begins as an envelope does (a bulk
+    put's usual case, told by one pass of startswith in C)."""
+    if any(map(_BEGINS_AS_ENVELOPE, texts)):
+        return list(map(escaped, texts))
+    return texts
 
 
 def stamped(text: str, context: str) -> str:

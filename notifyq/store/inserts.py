@@ -5,7 +5,9 @@ transaction on a notifyq session, or the caller's own connection (transactional 
 
 from __future__ import annotations
 
+import codecs
 import functools
+import operator
 import random
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -131,12 +133,19 @@ def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
     of one multi-statement query (mysqlclient enables them by default; every value in both is
     bound, as always): for put() per job that is 2 round trips with the COMMIT instead of 3,
     the same as a bare INSERT + COMMIT. If the INSERT fails the server never runs the bump.
+
+    Rows that differ only in their payloads (a put_many's) take _insert_uniform's way there:
+    the same statements, with the text around each payload bound once per call, and jobs
+    ready now with no key in insert_job_ready's shorter row.
     """
     if not isinstance(cur, MySQLdb.cursors.BaseCursor):  # another driver's cursor: its own binding
         return _insert_with_driver(cur, rows, max_rows, max_packet, signal)
     db = cur.connection
-    if len(rows) == 1 and signal is not None and db.client_flag & CLIENT.MULTI_STATEMENTS:
+    combine = bool(db.client_flag & CLIENT.MULTI_STATEMENTS)
+    if len(rows) == 1 and signal is not None and combine:
         return [_insert_one(db, rows[0], signal, max_packet)]
+    if combine and (texts := _uniform_payloads(rows)) is not None:
+        return _insert_uniform(db, rows[0], texts, max_rows, max_packet, signal)
     values = _render(db, rows)
     width = len(rows[0])
     if sum(map(len, values)) + len(rows) * _ROW_BYTES <= max_packet - PACKET_MARGIN_BYTES:
@@ -144,7 +153,7 @@ def insert_jobs(cur, rows: list[tuple], *, max_rows: int, max_packet: int,
     else:  # not all in one statement's bytes: size every row
         sizes = [_ROW_BYTES + sum(map(len, values[i:i + width])) for i in range(0, len(values), width)]
         chunks = _chunks(sizes, max_rows, max_packet)
-    returning, combine = returns_ids(db), bool(db.client_flag & CLIENT.MULTI_STATEMENTS)
+    returning = returns_ids(db)
     at = _at(rows)
     ids: list[int] = []
     for start, end in chunks:
@@ -254,6 +263,122 @@ def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[byt
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
 
 
+# A row's values but its payload, and its payload (insert_jobs' row layout).
+_OTHERS = operator.itemgetter(0, 1, 2, 3, 4, 6, 7)
+_PAYLOAD = operator.itemgetter(5)
+_STR_ONLY = {str}
+
+
+def _uniform_payloads(rows: list[tuple]) -> list[str] | None:
+    """The payload texts of rows whose other values are the same in every row, as a put_many's
+    are (its options hold for every job), or None. Told by the values' equality: values that
+    are equal and of two types (1 and True) are bound as the same value in SQL all the same."""
+    try:
+        if len(set(map(_OTHERS, rows))) != 1:
+            return None
+    except TypeError:  # an unhashable value: not a row the producer makes
+        return None
+    texts = list(map(_PAYLOAD, rows))
+    return texts if set(map(type, texts)) == _STR_ONLY else None
+
+
+def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet: int,
+                    signal: tuple[str, int] | None) -> list[int]:
+    """insert_jobs for rows that differ only in their payloads (_uniform_payloads), on a
+    mysqlclient connection that takes multi-statement queries. The text of a row around its
+    payload is bound once (_uniform_row, as cursor.execute binds each value), every payload is
+    escaped by the driver (string_literal, what literal() does for a str) and the rows joined
+    in one call; the statements are sent and read with the connection's own calls, as put()'s
+    are (_insert_one). Jobs ready now with no key go in insert_job_ready's shorter row."""
+    encoding = db.encoding
+    escape = db.string_literal
+    if _is_utf8(encoding):
+        payloads = list(map(escape, map(str.encode, texts)))
+    else:
+        payloads = [escape(text.encode(encoding)) for text in texts]
+    head, pre, post = _uniform_row(db, row)
+    fixed = len(pre) + len(post) + 1  # the row's text around its payload, and its comma
+    n_all = len(payloads)
+    if sum(map(len, payloads)) + n_all * fixed <= max_packet - PACKET_MARGIN_BYTES:
+        chunks = [(i, min(i + max_rows, n_all)) for i in range(0, n_all, max_rows)]
+    else:  # not all in one statement's bytes: size every row (a row too big raises here, before any INSERT)
+        chunks = _chunks([fixed + len(p) for p in payloads], max_rows, max_packet)
+    returning = returns_ids(db)
+    between = post + b"," + pre
+    ids: list[int] = []
+    for start, end in chunks:
+        n = end - start
+        statements = [head + pre + between.join(payloads[start:end]) + post]
+        if n > 1:
+            if returning:
+                statements[0] += _RETURNING_BYTES
+            else:
+                statements.append(_encoded(Q["auto_increment_increment"], encoding))
+        bump = signal is not None and end == n_all
+        if bump:
+            statements.append(_rendered_bump(db, *signal))
+        db.query(b";\n".join(statements))  # raises the INSERT's error; the server then runs nothing after it
+        if n > 1 and returning:
+            got = [r[0] for r in db.store_result().fetch_row(0)]
+            stored = len(got)
+        else:
+            got, stored = [db.insert_id()], db.affected_rows()  # the INSERT's (its first row's)
+        if stored != n:  # a KILL QUERY's OK reply to an INSERT it cut short
+            raise cut_short(f"insert of {n} jobs: {stored} stored")
+        if n > 1 and not returning:
+            db.next_result()
+            increment = int(db.store_result().fetch_row()[0][0])
+            got = [got[0] + i * increment for i in range(n)]
+        if bump:
+            db.next_result()  # the bump's reply; raises the bump's error if it failed
+            if db.affected_rows() < 1:  # cut short: the jobs would commit with no wake-up for them
+                raise cut_short("the signal bump of an insert")
+        ids += got
+    return ids
+
+
+@functools.lru_cache(maxsize=16)
+def _is_utf8(encoding: str) -> bool:
+    """Whether str.encode()'s default (UTF-8) is the connection's encoding: then it is called bare."""
+    return codecs.lookup(encoding).name == "utf-8"
+
+
+def _uniform_row(db, row: tuple) -> tuple[bytes, bytes, bytes]:
+    """(the INSERT's head up to its first row; a row's text before its payload; after it), bound,
+    for rows whose values but the payload are row's: made once for each such set of values.
+    Not kept for a row with a dedup key or a job key: a string's escaping depends on the
+    connection's sql_mode (NO_BACKSLASH_ESCAPES on a caller's), an int's or a queue name's not."""
+    if row[6] is not None or row[7] is not None:
+        return _make_uniform_row(db, row)
+    key = (db.encoding, _OTHERS(row))
+    made = _UNIFORM_ROWS.get(key)
+    if made is None:
+        made = _make_uniform_row(db, row)
+        if len(_UNIFORM_ROWS) >= ONE_STATEMENTS_KEPT:  # options that vary call by call (a delay)
+            _UNIFORM_ROWS.clear()
+        _UNIFORM_ROWS[key] = made
+    return made
+
+
+_UNIFORM_ROWS: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+
+
+def _make_uniform_row(db, row: tuple) -> tuple[bytes, bytes, bytes]:
+    at = _at([row])
+    if not at and row[3] == 0 and row[6] is None and row[7] is None:  # ready now, no keys
+        head, sql = _HEAD_READY, _ROW_READY
+        values, payload_at = [row[0], row[1], row[2], row[4], None], 4
+    else:
+        head, sql = _HEAD, _ROW_AT if at else _ROW
+        values, payload_at = [*row[:5], None, row[6], row[7]], 5
+    rendered = _render(db, [tuple(values)])
+    parts = _encoded(sql, db.encoding).split(b"%s")  # the values' places
+    pre = b"".join(part + value for part, value in zip(parts[:payload_at], rendered[:payload_at])) + parts[payload_at]
+    post = parts[payload_at + 1] + b"".join(
+        value + part for value, part in zip(rendered[payload_at + 1:], parts[payload_at + 2:]))
+    return _encoded(f"{head} VALUES ", db.encoding), pre, post
+
+
 def _insert_with_driver(cur, rows: list[tuple], max_rows: int, max_packet: int,
                         signal: tuple[str, int] | None) -> list[int]:
     """Another driver's cursor binds its own values: chunks are sized by the upper bound."""
@@ -349,6 +474,8 @@ def _encoded(sql: str, encoding: str) -> bytes:
 _HEAD, _ROW = (part.strip() for part in Q["insert_job"].split("VALUES", 1))
 _ROW_AT = Q["insert_job_at"].split("VALUES", 1)[1].strip()
 _RETURNING = Q["insert_job_returning"]
+_RETURNING_BYTES = f" {_RETURNING}".encode()
+_HEAD_READY, _ROW_READY = (part.strip() for part in Q["insert_job_ready"].split("VALUES", 1))
 # A row's text around its values, and its comma (the longer of the two kinds).
 _ROW_BYTES = max(len(row.replace("%s", "")) for row in (_ROW, _ROW_AT)) + 1
 

@@ -50,6 +50,15 @@ INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, dedu
 VALUES (%s, IF(CAST(%s AS DATETIME(6)) > UTC_TIMESTAMP(6), 1, 0), %s,
         GREATEST(CAST(%s AS DATETIME(6)), UTC_TIMESTAMP(6)), %s, %s, %s, %s, UTC_TIMESTAMP(6))
 
+-- insert_job_ready --
+-- insert_job for jobs ready now with no dedup key and no job key (a put_many's usual rows): the
+-- key columns are left to their NULL default and run_at is the server's time without the
+-- interval arithmetic. The server's work per row is most of a bulk enqueue's time: the fewer
+-- values and expressions a row holds, the less of it. Only the VALUES row is used, after its
+-- own head (the column list differs from insert_job's).
+INSERT INTO nq_job (queue, status, priority, run_at, max_attempts, payload, created_at)
+VALUES (%s, %s, %s, UTC_TIMESTAMP(6), %s, %s, UTC_TIMESTAMP(6))
+
 -- require_version --
 -- put(..., min_version=): the jobs just inserted, in the put's own transaction (before its
 -- COMMIT, so no consumer ever sees them without their minimum). A put without one never sends it.
