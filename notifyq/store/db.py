@@ -137,6 +137,8 @@ class Session:
         # death. It moves only when its own connection fails.
         self.follows_writer = follows_writer
         self._server_index = -1
+        # While connect() retries: when the outage's budget ends (bounds each attempt's timeout)
+        self._connect_deadline = math.inf
         self.generation = 0  # bumped on every new connection: advisory locks died with the old one
         self.server_version = ""
         self.max_allowed_packet = 0  # the server's limit on one statement, read at every connect
@@ -227,7 +229,9 @@ class Session:
         try:
             # The budget counts from the outage's start: another session of this process may
             # have retried it already (Reach)
-            _, attempts, _ = self._retrying(self._open_into, what, self.reach.since(started), self.stop)
+            since = self.reach.since(started)
+            self._connect_deadline = since + self.retry_s
+            _, attempts, _ = self._retrying(self._open_into, what, since, self.stop)
         except MySQLdb.Error as e:
             if self.stop is not None and self.stop.is_set():
                 raise errors.TransientDBError(f"stopped while connecting to {address(self.dsn)}: "
@@ -237,6 +241,8 @@ class Session:
             raise errors.DatabaseError(
                 f"cannot reach the database server at {address(self.dsn)}: {describe(e)}{self._retried()}"
             ) from None
+        finally:
+            self._connect_deadline = math.inf
         self._log_reachable_again(attempts, started, what)
         self.generation += 1
 
@@ -305,6 +311,17 @@ class Session:
             self.dsn.servers, lambda index: self._open_server(index, check_ready=True), self.name)
         return conn
 
+    def _connect_timeout_s(self) -> int:
+        """One attempt never outlasts the retry budget by much (a one-shot command's few
+        seconds), nor 10 s (a host that drops packets), nor, with several nodes to choose from,
+        FAILOVER_CONNECT_TIMEOUT_S (a paused node); nor the outage's budget by more than
+        CONNECT_PAST_BUDGET_S: against a server that accepts and never answers (frozen) the last
+        attempt overran it by up to 10 s, and a daemon's exit 5 came that much later."""
+        timeout = min(10 if len(self.dsn.servers) == 1 else FAILOVER_CONNECT_TIMEOUT_S,
+                      max(3, math.ceil(self.retry_s)))
+        left_s = self._connect_deadline - time.monotonic()
+        return timeout if left_s >= timeout else max(CONNECT_PAST_BUDGET_S, math.ceil(left_s))
+
     def _open_server(self, index: int, check_ready: bool) -> MySQLdb.connections.Connection:
         """One connection to servers[index]; check_ready: refuse a Galera node that is not a
         Synced member of the primary component (as a 1047, which the retry policy retries)."""
@@ -315,11 +332,7 @@ class Session:
             conn = MySQLdb.connect(
                 **args,
                 autocommit=self.autocommit,
-                # One attempt never outlasts the retry budget by much (a one-shot command's
-                # few seconds), nor 10 s (a host that drops packets), nor, with several nodes
-                # to choose from, FAILOVER_CONNECT_TIMEOUT_S (a paused node).
-                connect_timeout=min(10 if len(self.dsn.servers) == 1 else FAILOVER_CONNECT_TIMEOUT_S,
-                                    max(3, math.ceil(self.retry_s))),
+                connect_timeout=self._connect_timeout_s(),
                 read_timeout=self.read_timeout_s,
                 write_timeout=30,
                 conv=CONVERSIONS,
@@ -544,6 +557,9 @@ PORTS_KEPT = 32  # connection ids a session remembers the client port of
 # new connection: a few, so that a server that takes every connection's statement down (a crash
 # on it, a KILL each time) still ends the retries.
 LOST_PAST_BUDGET = 3
+# The shortest connect attempt at the end of an outage's budget (a connect's timeout is whole
+# seconds; a loaded server may take one to accept)
+CONNECT_PAST_BUDGET_S = 2
 
 
 @contextlib.contextmanager

@@ -192,3 +192,38 @@ def test_a_consumer_in_a_long_python_handler_exits_5_within_connect_retry_s_when
     assert took_s < bound_s, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
     assert f"retried for {RETRY_S:g} s: connect_retry_s)" in log, log[-3000:]
     assert [r.finished for r in read_runs(out)] == [False]  # started, never finished
+
+
+# With connect_retry_s = 10 a connect's timeout is 10 s: the last attempt against a frozen server
+# overran the outage's budget by up to that much, and an exit the documented bound
+# (connect_retry_s + 25 s) allows came 36-40 s after the freeze (an outside attack).
+FROZEN_RETRY_S = 10.0
+FROZEN_DOCUMENTED_BOUND_S = 25.0
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_a_consumer_exits_5_within_the_documented_bound_when_the_server_freezes(server, fdb, procs, tmp_path, busy):
+    # Given a consumer with connect_retry_s = 10, idle in GET_LOCK or busy claiming and acking
+    out = tmp_path / "out"
+    env = recorder_env(fdb, out, sleep_s=0.01, NOTIFYQ_CONNECT_RETRY_S=str(FROZEN_RETRY_S))
+    if busy:
+        assert run_cli(env, "produce", "-q", "q", "--count", *["{}"] * 3000).returncode == 0
+    consumer = procs.consumer(env, "q", handler="nqhandlers:record_slow")
+    if busy:
+        wait_until(lambda: len(read_runs(out)) > 20, 60, 0.05, "the consumer at work")
+    else:
+        wait_until(lambda: _in_get_lock(fdb), 60, 0.05, "the consumer waiting in GET_LOCK")
+    server_pid = server._proc.pid
+    # When the server freezes (SIGSTOP: connections hang, nothing is refused)
+    frozen_at = time.monotonic()
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        code = consumer.wait(FROZEN_RETRY_S + 180)
+        took_s = time.monotonic() - frozen_at
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+    # Then it exits 5 within connect_retry_s + 25 s
+    log = consumer.stderr_text()
+    print(f"exit {code} after {took_s:.1f} s")
+    assert code == 5, log[-3000:]
+    assert took_s < FROZEN_RETRY_S + FROZEN_DOCUMENTED_BOUND_S, f"exit 5 after {took_s:.1f} s\n{log[-3000:]}"
