@@ -98,3 +98,29 @@ def test_the_grace_expiring_with_the_server_frozen_kills_the_command_at_once_and
     finally:
         os.kill(server_pid, signal.SIGCONT)
         _kill_left(pids)
+
+
+def test_a_second_stop_signal_exits_at_once_with_the_server_frozen(server, fdb, procs, tmp_path):
+    # Given a consumer running a command (whose processes all ignore SIGTERM), with a long grace
+    consumer, pids = _start(tmp_path, fdb, procs, grace_s=30)
+    server_pid = server._proc.pid
+    try:
+        # When the server freezes, the consumer is stopped, and stopped again 0.5 s later (its
+        # stop's first connect to the frozen server under way)
+        os.kill(server_pid, signal.SIGSTOP)
+        consumer.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 0.5
+        wait_until(lambda: time.monotonic() >= deadline, 2, 0.05, "half a second")
+        consumer.signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        # Then it exits 130 at once (the code before: when that connect gave up, 2.5-2.9 s on),
+        # the command's process group gone with it
+        assert consumer.wait(30) == 130, consumer.stderr_text()[-3000:]
+        exit_s = time.monotonic() - t0
+        print(f"exit 130 {exit_s:.2f} s after the second SIGTERM")
+        assert exit_s < 1.5, consumer.stderr_text()[-3000:]
+        wait_until(lambda: not any(alive(p) for p in pids), 1,
+                   message="the command's process group gone when its consumer had exited")
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+        _kill_left(pids)
