@@ -42,6 +42,19 @@ def _exit_after_stop(server, proc) -> tuple[int, float]:
     return code, time.monotonic() - stopped_at
 
 
+def _exit_after_freeze(server, proc) -> tuple[int, float]:
+    """Freeze the server (SIGSTOP) until the process exits; (its exit code, seconds from the
+    freeze to the exit)."""
+    server_pid = server._proc.pid
+    frozen_at = time.monotonic()
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        code = proc.wait(RETRY_S + 180)  # the old code's worst case, with room: a failure, not a hang
+        return code, time.monotonic() - frozen_at
+    finally:
+        os.kill(server_pid, signal.SIGCONT)
+
+
 def _assert_prompt_exit_5(code: int, took_s: float, proc, setting: str = ": connect_retry_s") -> None:
     log = proc.stderr_text()
     print(f"exit {code} after {took_s:.1f} s")  # the measurement (pytest -rA shows it)
@@ -173,15 +186,8 @@ def test_a_consumer_in_a_long_python_handler_exits_5_within_connect_retry_s_when
     assert run_cli(env, "produce", "-q", "q", "{}").returncode == 0
     consumer = procs.consumer(env, "q")
     wait_until(lambda: read_runs(out), 60, 0.05, "the handler started")
-    server_pid = server._proc.pid
     # When the server freezes (SIGSTOP: connections hang, nothing is refused)
-    frozen_at = time.monotonic()
-    os.kill(server_pid, signal.SIGSTOP)
-    try:
-        code = consumer.wait(RETRY_S + 180)  # the code before: when the handler returned, and more
-        took_s = time.monotonic() - frozen_at
-    finally:
-        os.kill(server_pid, signal.SIGCONT)
+    code, took_s = _exit_after_freeze(server, consumer)  # the code before: when the handler returned
     # Then it exits 5 within connect_retry_s and the bound (its keeper's ping finds the server
     # gone), its handler still running: a Python handler cannot be interrupted, and its thread
     # ends with the process. The code before exited only once the handler had returned.
@@ -213,15 +219,8 @@ def test_a_consumer_exits_5_within_the_documented_bound_when_the_server_freezes(
         wait_until(lambda: len(read_runs(out)) > 20, 60, 0.05, "the consumer at work")
     else:
         wait_until(lambda: _in_get_lock(fdb), 60, 0.05, "the consumer waiting in GET_LOCK")
-    server_pid = server._proc.pid
     # When the server freezes (SIGSTOP: connections hang, nothing is refused)
-    frozen_at = time.monotonic()
-    os.kill(server_pid, signal.SIGSTOP)
-    try:
-        code = consumer.wait(FROZEN_RETRY_S + 180)
-        took_s = time.monotonic() - frozen_at
-    finally:
-        os.kill(server_pid, signal.SIGCONT)
+    code, took_s = _exit_after_freeze(server, consumer)
     # Then it exits 5 within connect_retry_s + 25 s
     log = consumer.stderr_text()
     print(f"exit {code} after {took_s:.1f} s")

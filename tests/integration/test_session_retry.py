@@ -171,6 +171,12 @@ def test_a_ringing_producer_whose_commit_reply_was_lost_enqueues_once(db):
                 assert any(said in line for line in log.lines), log.lines
 
 
+def _kill_connection(db, session: Session) -> None:
+    killer = admin_connect(db.admin)
+    killer.cursor().execute("KILL %s", (session.connection_id,))
+    killer.close()
+
+
 def _frozen_past_the_budget_then_lost(session: Session, db):
     """A body whose first attempt takes longer than the session's whole retry budget, then loses
     its connection: a consumer frozen (SIGSTOP, a paused VM) in the middle of a claim while the
@@ -182,9 +188,7 @@ def _frozen_past_the_budget_then_lost(session: Session, db):
         if len(calls) == 1:
             cur.execute("SELECT SLEEP(1.5)")
             cur.fetchall()
-            killer = admin_connect(db.admin)
-            killer.cursor().execute("KILL %s", (session.connection_id,))
-            killer.close()
+            _kill_connection(db, session)
         cur.execute("SELECT 4")
         return cur.fetchone()[0]
 
@@ -237,9 +241,7 @@ def test_a_call_paused_past_its_budget_in_the_middle_of_its_retries_is_tried_on_
         if len(calls) == 2:
             cur.execute("SELECT SLEEP(1.5)")
             cur.fetchall()
-            killer = admin_connect(db.admin)
-            killer.cursor().execute("KILL %s", (session.connection_id,))
-            killer.close()
+            _kill_connection(db, session)
         cur.execute("SELECT 4")
         return cur.fetchone()[0]
 
@@ -258,9 +260,7 @@ def test_a_lost_connection_every_time_past_the_budget_still_ends_the_retries(db)
 
     def body(cur):
         calls.append(1)
-        killer = admin_connect(db.admin)
-        killer.cursor().execute("KILL %s", (session.connection_id,))
-        killer.close()
+        _kill_connection(db, session)
         cur.execute("SELECT 4")
         return cur.fetchone()[0]
 
