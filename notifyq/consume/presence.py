@@ -154,6 +154,7 @@ class Presence:
         self._next_touch = 0.0
         self.flow_applied = self.flow_record()  # what the workers' claims apply (a reload changes it)
         self._flow_recorded: str | None = None  # what our row says we apply
+        self._flow_writer = threading.Lock()  # one reload's prompt record at a time (reload)
         self._next_reap = 0.0
         self._next_orphan_check = 0.0
         self._next_sweep = 0.0
@@ -260,7 +261,7 @@ class Presence:
             self._next_touch = now + TOUCH_S
             liveness.touch_consumer(self.session, self.consumer_id, self.wakeup_mode)
         flow = self.flow_applied
-        if flow != self._flow_recorded:  # a reload changed them: recorded at the next check
+        if flow != self._flow_recorded:  # a reload changed them: recorded at the next check too
             liveness.record_consumer_flow(self.session, self.consumer_id, flow)
             self._flow_recorded = flow
 
@@ -470,6 +471,26 @@ class Presence:
         self.flow_applied = self.flow_record()
         for seat in self.watch_seats.values():
             seat.waiter.cfg = config.wakeup
+        if self.consumer_id and self.flow_applied != self._flow_recorded:
+            # The liveness check runs when a worker next takes the home seat: an idle process's
+            # may be a minute away. The console promises the row within seconds, so recorded now,
+            # on a session of its own; the check records them again (and on its own should this fail).
+            threading.Thread(target=self._record_flow_now, name="notifyq-flow-record", daemon=True).start()
+
+    def _record_flow_now(self) -> None:
+        """The flow settings applied now, on the row of our id now: the latest reload's, whichever
+        thread writes last (the writer lock)."""
+        with self._flow_writer:
+            if self._closed.is_set() or not self.consumer_id:
+                return
+            session = Session(self.config.dsn, autocommit=True, retry_s=2, name="flow-record")
+            try:
+                liveness.record_consumer_flow(session, self.consumer_id, self.flow_applied)
+            except Exception as e:  # best effort: the next liveness check records them
+                log.warning("could not record the reloaded flow settings, the next liveness check does "
+                            "consumer=%s error=%s", self.consumer_id, e)
+            finally:
+                session.close()
 
     def mark_stopping(self, session: Session) -> None:
         """At stop, first: the registration says so, and should this process die before it

@@ -445,10 +445,14 @@ def web_flow_counts(session: Session, queue: str) -> tuple[dict[str | None, int]
     return session.run(body, what="flow page")
 
 
-def web_consumer_flows(session: Session) -> list[tuple]:
-    """(id, host, pid, queues, flow JSON or None) of each live consumer, in one statement."""
-    return _rows(session, "web_consumer_flows", {"stale_us": queries.microseconds(liveness.POLLING_STALE_S)},
-                 "consumers' flow settings")
+WEB_CONSUMERS_CAP = 1_000  # live consumers' rows the flow pages read per server at most
+
+
+def web_consumer_flows(session: Session, limit: int) -> list[tuple]:
+    """(id, host, pid, queues, flow JSON or None) of the first `limit` live consumers (the
+    oldest first), in one statement."""
+    return _rows(session, "web_consumer_flows", {"stale_us": queries.microseconds(liveness.POLLING_STALE_S),
+                                                 "limit": limit}, "consumers' flow settings")
 
 
 def web_flow_keys(session: Session, queue: str, after: str, limit: int) -> list[str]:

@@ -3,8 +3,12 @@
 process's config, for the flow pages (flow.py).
 
 The rows are read once per page and server (admin_queries.web_consumer_flows: nq_consumer is
-small, a row per live process). A consumer that records nothing (a row of an older version, or
-settings this version cannot read) is unknown: the page counts it and never guesses.
+small, a row per live process), at most WEB_CONSUMERS_CAP of them (the page says when it reached
+it). A consumer that records nothing (a row of an older version, or settings this version cannot
+read) is unknown: the page counts it and never guesses. A recorded queue name that is not a
+valid one is not read: one damaged row never fails a page. Grouped in one pass (by the settings
+compared), and at most GROUPS_SHOWN groups shown, the others counted: bounded whatever the
+number of consumers or of their distinct settings.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import dataclasses
 import json
 from typing import Any
 
-from notifyq.config import QueueConfig
+from notifyq import errors
+from notifyq.config import QueueConfig, validate_queue_name
 from notifyq.config.settings import flow_settings_value
 from notifyq.store import admin_queries
 
 NAMES_SHOWN = 10  # consumers named per group of settings (the others counted)
+GROUPS_SHOWN = 10  # groups of settings shown per queue (the others counted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,10 +33,13 @@ class Consumer:
     flow: dict[str, dict[str, Any]] | None  # queue -> its settings as recorded; None: not recorded
 
 
-def read(reader: Any, shards: Any = None) -> tuple[dict[str, list[Consumer]], dict[str, str]]:
-    """The live consumers of each server (every one: None), and the servers that did not answer."""
-    answers, down = reader.each(admin_queries.web_consumer_flows, shards)
-    return {shard: [_consumer(row) for row in rows] for shard, rows in answers.items()}, down
+def read(reader: Any, shards: Any = None) -> tuple[dict[str, list[Consumer]], dict[str, str], list[str]]:
+    """The live consumers of each server (every one: None), up to WEB_CONSUMERS_CAP each, the
+    servers that did not answer, and those whose live consumers were more than the cap."""
+    cap = admin_queries.WEB_CONSUMERS_CAP
+    answers, down = reader.each(lambda session: admin_queries.web_consumer_flows(session, cap + 1), shards)
+    capped = sorted(shard for shard, rows in answers.items() if len(rows) > cap)
+    return {shard: [_consumer(row) for row in rows[:cap]] for shard, rows in answers.items()}, down, capped
 
 
 def _consumer(row: tuple) -> Consumer:
@@ -47,7 +56,16 @@ def _decode(text: str | None) -> dict[str, dict[str, Any]] | None:
         return None
     if not isinstance(raw, dict):
         return None
-    return {queue: settings for queue, value in raw.items() if (settings := flow_settings_value(value)) is not None}
+    return {queue: settings for queue, value in raw.items()
+            if _valid_name(queue) and (settings := flow_settings_value(value)) is not None}
+
+
+def _valid_name(queue: str) -> bool:
+    try:
+        validate_queue_name(queue)
+    except errors.NotifyqError:
+        return False
+    return True
 
 
 def controlled(consumers: list[Consumer]) -> set[str]:
@@ -77,7 +95,7 @@ def of_queue(consumers: list[Consumer], queue: str, qc: QueueConfig) -> dict[str
     consumers that apply the same settings (each with its settings, its consumers, whether they
     are this config's, "as_config", and the columns where not, "differs_in"), the "unknown"
     ones, "disagree" (two groups or more) and "differs" (a group's are not this config's)."""
-    groups: list[dict[str, Any]] = []
+    groups: dict[tuple, dict[str, Any]] = {}  # by the settings compared: one pass
     unknown: list[str] = []
     live = 0
     for c in consumers:
@@ -89,16 +107,17 @@ def of_queue(consumers: list[Consumer], queue: str, qc: QueueConfig) -> dict[str
             unknown.append(c.name)
             continue
         theirs = qc.with_flow(settings)
-        group = next((g for g in groups if g["compared"] == theirs.flow_compared()), None)
+        group = groups.get(compared := theirs.flow_compared())
         if group is None:
             differs_in = [column for column, of in _COMPARED.items() if of(theirs) != of(qc)]
-            group = {"compared": theirs.flow_compared(), "settings": shown(theirs), "names": [],
-                     "as_config": not differs_in, "differs_in": differs_in}
-            groups.append(group)
+            group = groups[compared] = {"settings": shown(theirs), "names": [], "as_config": not differs_in,
+                                        "differs_in": differs_in}
         group["names"].append(c.name)
-    groups.sort(key=lambda g: (not g["as_config"], -len(g["names"])))  # this config's first, then the most
-    for g in groups:
-        g.pop("compared")
+    ordered = sorted(groups.values(), key=lambda g: (not g["as_config"], -len(g["names"])))  # ours, the most
+    shown_groups, rest = ordered[:GROUPS_SHOWN], ordered[GROUPS_SHOWN:]
+    for g in shown_groups:
         g["count"], g["names"] = len(g["names"]), g["names"][:NAMES_SHOWN]
-    return {"live": live, "groups": groups, "unknown": len(unknown), "unknown_names": unknown[:NAMES_SHOWN],
-            "disagree": len(groups) > 1, "differs": any(not g["as_config"] for g in groups)}
+    return {"live": live, "groups": shown_groups, "more_groups": len(rest),
+            "more_consumers": sum(len(g["names"]) for g in rest),
+            "unknown": len(unknown), "unknown_names": unknown[:NAMES_SHOWN],
+            "disagree": len(groups) > 1, "differs": any(not g["as_config"] for g in ordered)}

@@ -49,7 +49,7 @@ def queues(reader: Any) -> dict[str, Any]:
     each server they live on: settings, what the live consumers apply, running jobs (counted up
     to the cap) and ready ones."""
     config = reader.config
-    consumers, down = applied.read(reader)  # once per server, for every queue of the page
+    consumers, down, capped = applied.read(reader)  # once per server, for every queue of the page
     recorded = set().union(*(applied.controlled(found) for found in consumers.values()))
     names = sorted({name for name, qc in config.queues.items() if controlled(qc)} | recorded)
     rows = []
@@ -65,7 +65,8 @@ def queues(reader: Any) -> dict[str, Any]:
                          "over_limit": bool(qc.limit) and total > qc.limit,
                          "running_capped": total >= admin_queries.WEB_FLOW_RUNNING_CAP, "ready": ready,
                          "ready_capped": ready >= admin_queries.WEB_FLOW_READY_CAP})
-    return {"queues": rows, "down": down, "more": len(names) > PAGE_QUEUES, "source": source(config)}
+    return {"queues": rows, "down": down, "more": len(names) > PAGE_QUEUES, "source": source(config),
+            "consumers_capped": capped, "consumers_cap": admin_queries.WEB_CONSUMERS_CAP}
 
 
 def parse(query: dict[str, str]) -> tuple[str | None, str]:
@@ -83,7 +84,7 @@ def queue(reader: Any, name: str, after: str = "") -> dict[str, Any]:
     """One queue's limits, what its live consumers apply (on every server it lives on) and its
     keys, per server."""
     qc = reader.config.queue(name)
-    consumers, down = applied.read(reader, reader.shards_of(name))
+    consumers, down, capped = applied.read(reader, reader.shards_of(name))
     live = [c for found in consumers.values() for c in found]
     if not controlled(qc) and name not in applied.controlled(live):
         raise errors.InputError(f"queue {name!r}: no limit, fairness or rate in this config, nor in a live "
@@ -92,6 +93,7 @@ def queue(reader: Any, name: str, after: str = "") -> dict[str, Any]:
     down.update(missed)
     return {"queue": name, "settings": applied.shown(qc), "applied": applied.of_queue(live, name, qc),
             "after": after, "down": down, "source": source(reader.config),
+            "consumers_capped": capped, "consumers_cap": admin_queries.WEB_CONSUMERS_CAP,
             "shards": [{"shard": shard, **found} for shard, found in sorted(answers.items())],
             "caps": {"running": admin_queries.WEB_FLOW_RUNNING_CAP, "ready": admin_queries.WEB_FLOW_READY_CAP,
                      "key": admin_queries.WEB_FLOW_KEY_CAP, "keys": admin_queries.WEB_FLOW_KEYS}}

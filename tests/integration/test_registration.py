@@ -78,6 +78,33 @@ def test_a_consumers_row_records_the_flow_settings_it_applies_per_queue_and_afte
         presence.close()
 
 
+def test_a_reload_that_changes_the_flow_settings_is_recorded_within_seconds_while_an_idle_worker_waits(db):
+    # Given a registered consumer of a limited queue, idle: its worker waits for work on the home
+    # session, holding its seat (the liveness check, which records them too, runs only when the
+    # seat is next taken: up to an idle wait, or a keeper's ping interval, away)
+    import json
+
+    stop = threading.Event()
+    presence = Presence(db.config(queue={"api": {"limit": 10}}), ["api"], stop)
+    idle_worker = object()
+    try:
+        consumer_id = presence.ensure_registered(holder=object())
+
+        def recorded_limit() -> int:
+            return json.loads(db.scalar("SELECT flow FROM nq_consumer WHERE id = %s", (consumer_id,)))["api"]["limit"]
+
+        assert recorded_limit() == 10
+        assert presence.home.seat(idle_worker, 5)
+        # When a reload lowers the limit
+        presence.reload(db.config(queue={"api": {"limit": 4}}))
+        # Then its row records the new limit within seconds, under the same id
+        wait_until(lambda: recorded_limit() == 4, timeout=5, message="the reloaded limit recorded")
+    finally:
+        presence.home.leave(idle_worker)
+        stop.set()
+        presence.close()
+
+
 def test_a_worker_queued_for_the_watch_lock_when_the_liveness_session_reconnects_waits_no_more(db):
     # Given a registered consumer whose idle worker waits, on the liveness session, for the
     # queue's watch lock, which a peer's watcher holds (idle_wait_s 20: how long it would wait)

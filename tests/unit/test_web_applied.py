@@ -47,3 +47,23 @@ def test_consumers_are_grouped_by_what_they_apply_rates_compared_as_parsed():
     # And with only the consumer of the other limit, they agree with each other, not with this config
     alone = applied.of_queue(consumers[2:3], "api", OURS)
     assert not alone["disagree"] and alone["differs"]
+
+
+def test_a_recorded_queue_name_that_is_not_a_valid_one_is_not_read():
+    consumer = applied._consumer(_row("a", {"<script>x</script>": OURS.flow_settings, "api": OURS.flow_settings},
+                                      queues="api,<script>x</script>"))
+    assert set(consumer.flow) == {"api"}
+    assert applied.controlled([consumer]) == {"api"}
+
+
+def test_many_groups_of_settings_are_grouped_in_one_pass_and_shown_to_a_bound():
+    # Given 5,000 consumers of api with 2,500 distinct limits (two each), and one as this config
+    consumers = [applied._consumer(_row(f"c{i}", {"api": {**OURS.flow_settings, "limit": 11 + i // 2}}))
+                 for i in range(5_000)] + [applied._consumer(_row("ours", {"api": OURS.flow_settings}))]
+    # When they are set against this config
+    found = applied.of_queue(consumers, "api", OURS)
+    # Then GROUPS_SHOWN groups are shown, this config's first, and the rest counted
+    assert len(found["groups"]) == applied.GROUPS_SHOWN and found["groups"][0]["as_config"]
+    assert found["more_groups"] == 2_501 - applied.GROUPS_SHOWN
+    assert found["more_consumers"] == 5_001 - sum(g["count"] for g in found["groups"])
+    assert found["live"] == 5_001 and found["disagree"] and found["differs"]

@@ -16,7 +16,7 @@ from web.conftest import Client
 import notifyq
 from notifyq.config import load
 from notifyq.store import admin_queries
-from notifyq.web import graph, server
+from notifyq.web import applied, graph, server
 
 FLOW = {"api": {"limit": 10, "limit_per_key": 2, "key_limits": {"vip": 5}, "rate_per_key": "3/1h", "fair": True}}
 
@@ -481,7 +481,7 @@ def test_the_flow_pages_show_what_each_live_consumer_applies_and_flag_where_they
               queues="batch")
     reads = []
     read = admin_queries.web_consumer_flows
-    monkeypatch.setattr(admin_queries, "web_consumer_flows", lambda session: reads.append(1) or read(session))
+    monkeypatch.setattr(admin_queries, "web_consumer_flows", lambda session, limit: reads.append(1) or read(session, limit))
     c = Client(web(queue=FLOW).url)
     # When the flow page is read
     code, body = c.get("/flow")
@@ -522,3 +522,50 @@ def test_the_flow_pages_show_what_each_live_consumer_applies_and_flag_where_they
     row = re.search(r'<tr data-queue="api">(.*?)</tr>', body, re.S).group(1)
     assert _cells(row)[6] == "2 live, as this config, 1 unknown"
     assert "data-disagree" not in row and "data-differs" not in row and 'data-queue="batch"' not in body
+
+
+def test_a_consumer_row_that_records_an_invalid_queue_name_is_skipped_not_an_error_of_the_pages(db, web):
+    # Given a live consumer of api as this config, and one whose row records a queue name that is
+    # not a valid one (markup), next to api
+    ours = db.config(queue=FLOW).queue("api").flow_settings
+    _consumer(db, "same", {"api": ours})
+    _consumer(db, "damaged", {"<script>x</script>": {**ours, "limit": 3}, "api": {**ours, "limit": 20}},
+              queues="api,<script>x</script>")
+    c = Client(web(queue=FLOW).url)
+    # When the overview and api's page are read
+    for path in ("/flow", "/flow?queue=api"):
+        code, body = c.get(path)
+        # Then each is a page, the invalid name left out, the damaged row's valid queue read
+        assert code == 200, (path, body)
+        assert "<script>x" not in body and "&lt;script&gt;x" not in body, path
+        assert "damaged:7" in body or path == "/flow", path
+    row = re.search(r'<tr data-queue="api">(.*?)</tr>', c.get("/flow")[1], re.S).group(1)
+    assert _cells(row)[6] == "2 live: consumers disagree"
+
+
+def test_many_consumers_of_distinct_settings_are_read_to_a_cap_and_shown_in_a_bounded_number_of_groups(
+        db, web, monkeypatch):
+    # Given 300 live consumers of api, each applying a limit of its own, and a page that reads
+    # 200 consumers at most
+    monkeypatch.setattr(admin_queries, "WEB_CONSUMERS_CAP", 200)
+    db.query("INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, last_seen, flow) "
+             "SELECT LPAD(seq, 32, '0'), 'l', CONCAT('h', seq), 7, 'api', 'polling', UTC_TIMESTAMP(6), "
+             "CONCAT('{\"api\":{\"limit\":', seq, ',\"limit_per_key\":2,\"key_limits\":[[\"vip\",5]],"
+             "\"rate\":\"\",\"rate_per_key\":\"3/1h\",\"fair\":true}}') "
+             f"FROM {numbers(300)}")
+    c = Client(web(queue=FLOW).url)
+    # When api's page is read
+    code, body = c.get("/flow?queue=api")
+    assert code == 200, body
+    # Then it shows 10 groups of settings (this config's first: limit 10), and counts the rest
+    table = re.search(r'<table class="figures" id="applied">(.*?)</table>', body, re.S).group(1)
+    assert len(re.findall(r'<tr data-applied="consumers"', table)) == applied.GROUPS_SHOWN
+    assert re.search(r'<tr data-applied="consumers" data-as-config="yes"', table)
+    more = _cells(re.search(r'<tr data-applied="more">(.*?)</tr>', table, re.S).group(1))
+    assert more == ["and 190 more groups of settings, of 190 consumers"]
+    # And it says it read the first 200 consumers only
+    assert "data-consumers-capped" in body and "The first 200 live consumers read" in body
+    assert "200 live" in body
+    # And the overview says so too
+    code, body = c.get("/flow")
+    assert code == 200 and "The first 200 live consumers read" in body, body

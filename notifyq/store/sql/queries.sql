@@ -1830,12 +1830,13 @@ WHERE queue = %(queue)s AND name = %(name)s AND last_tick = %(off)s
 
 -- web_consumer_flows --
 -- The live consumers (alive as `consumers` judges them), each with the queues it consumes and
--- the flow settings it records (NULL: it does not record them). nq_consumer is small: read
--- whole, once per flow page and server.
+-- the flow settings it records (NULL: it does not record them). nq_consumer is small (a row
+-- per live process): read once per flow page and server, up to a LIMIT all the same.
 SELECT id, host, pid, queues, flow FROM nq_consumer
 WHERE IF(wakeup = 'locks', IS_USED_LOCK(lock_name) IS NOT NULL,
          last_seen >= NOW(6) - INTERVAL %(stale_us)s MICROSECOND)
 ORDER BY started_at, id
+LIMIT %(limit)s
 
 -- web_flow_running --
 -- A queue's running jobs by key: the first %(cap)s entries of its claimed range of ix_state
