@@ -401,6 +401,11 @@ class BatchRun:
             if job.id in batch.lost:
                 batch.skip()
                 continue
+            if not extend_due and batch.extend_due():
+                # The process stalled since `now` (SIGSTOP, a paused VM) long enough for the
+                # lease to want an extension: the checks above are stale, make them again. (A
+                # stall after this line, before the handler's first, cannot be seen from here.)
+                continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
             group = batch.start_next(size if batch.started else 1)
             if len(group) == 1:  # (a plain handler's every job: no list made per job)

@@ -765,15 +765,35 @@ def claim_held_until(r: Run, faults: Faults) -> float:
     return until
 
 
+# A stall that lands between a worker's last check before a start and the handler's first line
+# (the loop's few Python statements after the previous job ended) cannot be seen by the worker:
+# on SIGCONT it starts the job it had checked. Such a start comes at the stall's end, from a stall
+# that began just after the same claim's previous job ended (docs/delivery-contract.md).
+MID_START_STALL_S = 0.25
+
+
+def _stalled_between_check_and_start(h: History, r, ends: dict[tuple, list[float]]) -> bool:
+    for f in h.faults:
+        if f.kind != "stall" or f.pid != r.pid or not (f.end - MID_START_STALL_S <= r.start <= f.end + MID_START_STALL_S):
+            continue
+        if any(0.0 <= f.start - e <= MID_START_STALL_S for e in ends.get((r.deploy, r.pid, r.token), ())):
+            return True
+    return False
+
+
 def check_stale_starts(h: History) -> list[Violation]:
     """A worker never starts a job it no longer owns (item 4): a start under claim (pid, token)
     after another claim had started the same job since this claim's first start. That other
-    claim came while this one was live, so this one had been taken back before the start."""
+    claim came while this one was live, so this one had been taken back before the start.
+    Except a start the worker had checked before a stall froze it (MID_START_STALL_S)."""
     first: dict[tuple, float] = {}
+    ends: dict[tuple, list[float]] = {}
     for r in h.runs:
         if r.token:
             ident = (r.deploy, r.pid, r.token)
             first[ident] = min(first.get(ident, r.start), r.start)
+            if r.end is not None:
+                ends.setdefault(ident, []).append(r.end)
     out = []
     for key, runs in h.runs_by_job().items():
         for i, r in enumerate(runs):
@@ -782,7 +802,7 @@ def check_stale_starts(h: History) -> list[Violation]:
             mine = first[(r.deploy, r.pid, r.token)]
             other = next((o for o in runs[:i] if o.token and (o.pid, o.token) != (r.pid, r.token)
                           and o.start > mine), None)
-            if other is not None:
+            if other is not None and not _stalled_between_check_and_start(h, r, ends):
                 out.append(Violation("stale_start", key, f"pid {r.pid} started it at {r.start:.3f} under claim "
                                                          f"{r.token} (its first start {mine:.3f}), after pid "
                                                          f"{other.pid} had started it at {other.start:.3f} "
