@@ -315,8 +315,7 @@ SELECT @nq_k1, @nq_k2, @nq_k3, @nq_k4
 -- flow_running --
 -- Running jobs per key of a queue, from its claimed rows (status 2): bounded by what the
 -- consumers hold, and no counter to drift. A dead consumer's rows count until a reaper takes
--- them back. Read first as committed (which keys have free slots), then again right after the
--- keys' locks (flow_lock, store/key_gate.py), where it decides, and once more after the mark.
+-- them back. Read again under the keys' locks (flow_lock), where it decides.
 SELECT job_key, COUNT(*) FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND queue = %(queue)s GROUP BY job_key
 
@@ -326,9 +325,8 @@ WHERE status = 2 AND queue = %(queue)s GROUP BY job_key
 INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES (%(queue)s, %(key)s)
 
 -- flow_lock --
--- The keys of the jobs a claim is about to take (store/key_gate.py: sent with flow_running and
--- claim_lock, one window of jobs at a time), locked for its transaction; a key another consumer
--- is claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
+-- The keys a claim takes jobs of, locked for its transaction; a key another consumer is
+-- claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
 -- no other claim can start a job of the key, so flow_running read after it is exact.
 SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
 WHERE queue = %(queue)s AND job_key IN %(keys)s
