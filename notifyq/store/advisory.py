@@ -32,7 +32,7 @@ def get_lock(session: Session, name: str, wait_s: float, *, on_generation: int |
     def body(cur) -> int | None:
         try:
             cur.execute(Q["get_lock"], {"name": name, "wait_s": lock_wait_s(
-                session, wait_s if on_generation in (None, session.generation) else 0.0)})
+                session, wait_s if on_generation is None or on_generation == session.generation else 0.0)})
         except DriverError as e:
             if error_code(e) != QUERY_INTERRUPTED:
                 raise
