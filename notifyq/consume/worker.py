@@ -58,10 +58,10 @@ class Worker:
         self.qc = config.queue(queue)
         self.handler = declared(handler)
         self.stop = stop
-        # Set at the shutdown grace's end (the service's; without one, the stop itself): it ends
-        # the work sessions' connect retries. Not the stop: a server that restarts during the
-        # grace would end a running command's lease extension at once, and with it the job,
-        # which needed only the grace to finish and be acked.
+        # Set at the shutdown grace's end (the service's; without one, the stop itself). The
+        # work sessions' connect retries end then while a batch runs (RetryStop), not at the
+        # stop: a server that restarts during the grace would end a running command's lease
+        # extension at once, and with it the job, which needed only the grace to finish.
         self.grace_over = grace_over if grace_over is not None else stop
         # The code version it claims for (consumer.version, --version): fixed for the process's
         # life, as its code is; jobs put with a higher min_version are not its to claim.
@@ -385,7 +385,7 @@ class Worker:
         return BatchRun(batch, self, qc, handler)
 
     def _new_work_session(self) -> Session:
-        return Session(self.config.dsn, name=f"{self.name}-work", stop=self.grace_over,
+        return Session(self.config.dsn, name=f"{self.name}-work", stop=RetryStop(self),
                        retry_s=self.config.connect_retry(oneshot=False), retry_setting="connect_retry_s",
                        no_caller_deadline=True)
 
@@ -453,4 +453,31 @@ class Worker:
         log.info("jobs of a consumer that is gone wait for their lease before exiting queue=%s seconds=%.1f",
                  self.queue, due_s)
         return not self.stop.wait(due_s + GONE_LEASE_MARGIN_S)
+
+
+class RetryStop:
+    """When a worker's work sessions stop retrying an unreachable server (Session.stop): at the
+    consumer's stop while the worker holds no batch (nothing of ours waits for the server: a
+    SIGTERM is not made to wait for it), at the grace's end while one runs (its jobs may still
+    finish and be acked if the server comes back within the grace)."""
+
+    def __init__(self, worker: "Worker"):
+        self.worker = worker
+
+    def is_set(self) -> bool:
+        worker = self.worker
+        return worker.grace_over.is_set() or (worker.stop.is_set() and getattr(worker, "current_run", None) is None)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """A retry's backoff sleep: it ends as soon as is_set() does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.worker.stop.wait(RETRY_STOP_POLL_S if left is None else min(RETRY_STOP_POLL_S, left))
+        return True
+
+
+RETRY_STOP_POLL_S = 0.1  # how often a backoff sleep looks whether its worker's retries should end
 
