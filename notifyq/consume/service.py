@@ -132,8 +132,9 @@ class ConsumerService(Supervisor):
         # which workers' handlers stopped what they ran).
         self._grace_end: threading.Timer | None = None
         self._stopped: dict[int, bool] = {}
-        # Set at the grace's end: the workers' connect retries end then, not at the stop (a
-        # server restarting during the grace is waited for, as running handlers are)
+        # Set at the grace's end: a worker with a batch running stops retrying a gone server
+        # then, not at the stop (worker.RetryStop: a server restarting during the grace is
+        # waited for, as running handlers are)
         self.grace_over = threading.Event()
 
     def _handler_for(self, queue: str) -> Handler:
@@ -231,8 +232,8 @@ class ConsumerService(Supervisor):
 
     def _spawn(self, queue: str, handler: Handler, name: str, index: int | None = None) -> None:
         worker = Worker(self.config, queue, handler, stop=self.stop, grace_over=self.grace_over,
-                        budget=self.budget, batch_size=self.options.batch_size, exit_when_empty=self.options.exit_when_empty,
-                        name=name, presence=self.presence)
+                        budget=self.budget, batch_size=self.options.batch_size,
+                        exit_when_empty=self.options.exit_when_empty, name=name, presence=self.presence)
         running = Running(worker, threading.Thread(target=_run_worker, args=(worker,), name=f"notifyq-{name}",
                                                    daemon=True))
         if index is None:
