@@ -225,6 +225,26 @@ def take_back(cur, held: list[tuple[int, int]], why: str, stopping: bool = False
     return n
 
 
+def lock_whole_claims(cur, seen: list[tuple[int, int]], statement: str, params: dict) -> tuple[list[tuple[int, int]], bool]:
+    """Lock the claimed rows a plain read found (`seen`: (id, claim token)) by primary key with
+    `statement`, skipping any that another transaction holds: a peer's ack or extension under
+    way, another reaper's pass, a process stopped with its transaction open (never waited for:
+    a wait here held up every other claim a pass takes back, for the lock wait timeout). Of each
+    claim, all its rows seen or none (take_back charges a job alone of its claim): a claim with
+    a row skipped, gone or claimed anew is left to a later pass, its other rows unlocked at the
+    COMMIT. Returns (the rows locked, of whole claims; whether a claim was left)."""
+    if not seen:
+        return [], False
+    cur.execute(Q[statement], {**params, "ids": Ids(sorted(job_id for job_id, _ in seen))})
+    locked = dict(cur.fetchall())
+    per_claim: dict[int, list[int]] = {}
+    for job_id, token in seen:
+        per_claim.setdefault(token, []).append(job_id)
+    whole = [(job_id, token) for token, ids in per_claim.items()
+             if all(locked.get(job_id) == token for job_id in ids) for job_id in ids]
+    return whole, len(whole) < len(seen)
+
+
 def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
                   lock_name: str | None = None, restart_grace_s: float = 0.0) -> int | None:
     """Return a dead consumer's claimed jobs and drop its registration, in one transaction.
@@ -259,10 +279,13 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
         row = cur.fetchone()
         stopping = bool(row and row[0])  # asked to stop first: its jobs were interrupted, not crashed on
         cur.execute(Q["claims_of_owner"], {"owner": consumer_id})
-        n = take_back(cur, list(cur.fetchall()), "consumer died", stopping)
+        held, left = lock_whole_claims(cur, list(cur.fetchall()), "claims_lock", {"owner": consumer_id})
+        n = take_back(cur, held, "consumer died", stopping)
         for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
             bump_signal(cur, queue, max(n, 1))
-        cur.execute(Q["unregister_consumer"], {"id": consumer_id})
+        if not left:  # else its registration stays: the next pass judges it again, for the rest
+            # (a polling consumer's went with its verdict: the rest come back as orphans or by lease)
+            cur.execute(Q["unregister_consumer"], {"id": consumer_id})
         return n
 
     return session.run(body, what="reclaim dead consumer")
@@ -298,7 +321,9 @@ def reclaim_orphan(session: Session, owner: str, lock_name: str) -> int | None:
             return None
         cur.execute(Q["orphan_claims"], {"owner": owner})
         rows = cur.fetchall()
-        n = take_back(cur, [(job_id, token) for job_id, token, _ in rows], "its consumer is gone")
+        held, _ = lock_whole_claims(cur, [(job_id, token) for job_id, token, _ in rows], "claims_lock",
+                                    {"owner": owner})  # a claim left stays an orphan: a later pass
+        n = take_back(cur, held, "its consumer is gone")
         for queue in sorted({queue for _, _, queue in rows}):
             bump_signal(cur, queue, max(n, 1))
         return n
@@ -313,7 +338,8 @@ def reclaim_expired(session: Session) -> int:
         if not rows:
             return 0
         cur.execute(Q["claims_expired"], {"owners": tuple({r[0] for r in rows})})
-        n = take_back(cur, list(cur.fetchall()), "lease expired")
+        held, _ = lock_whole_claims(cur, list(cur.fetchall()), "claims_expired_lock", {})
+        n = take_back(cur, held, "lease expired")
         for queue in {r[1] for r in rows}:
             bump_signal(cur, queue, max(n, 1))
         return n

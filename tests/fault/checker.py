@@ -524,7 +524,9 @@ def check_stranded(h: History) -> list[Violation]:
     out = [Violation("left_claimed", (r.deploy, r.job), f"claimed by {r.owner} after the drain")
            for r in h.final_rows if r.status == CLAIMED]
     for consumer, seconds in sorted(h.recovery_s.items()):
-        bound = h.recovery_bound_s
+        # No reaper runs where no consumer does: a deployment's seconds without one (between two
+        # cron-like runs) stretch the bound, as an outage's do
+        bound = h.recovery_bound_s + h.recovery_unattended_s.get(consumer, 0.0)
         if seconds is not None:
             bound += _outage_overlap(h, consumer, seconds)
         if seconds is None or seconds > bound:

@@ -708,6 +708,7 @@ class FaultRun:
         return History(runs, enqueues, faults + self._takebacks(), rows, self.plan.lease_s,
                        effects=effects, invalid_results=invalid_results,
                        recovery_s=self.monitor.recovery(), recovery_bound_s=self.plan.lease_s + 6.0,
+                       recovery_unattended_s=self.monitor.unattended_s(),
                        exits=self.exits, refused=self.shared.refused if self.shared else [],
                        consumer_pids={c.pid for c in self.fleet.started},
                        lease_by_deploy={ep.DEPLOY: ep.LONG_LEASE_S},

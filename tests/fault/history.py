@@ -163,6 +163,8 @@ class History:
     # per killed consumer id: seconds after its death its jobs were last seen claimed (monitor.py)
     recovery_s: dict[str, float | None] = dataclasses.field(default_factory=dict)
     recovery_bound_s: float = 10.0
+    # per gone consumer (recovery_s's names): seconds in which no consumer of its deployment ran
+    recovery_unattended_s: dict[str, float] = dataclasses.field(default_factory=dict)
     exits: list[Exit] = dataclasses.field(default_factory=list)
     refused: list[Refused] = dataclasses.field(default_factory=list)
     consumer_pids: set[int] = dataclasses.field(default_factory=set)  # empty: not known, not judged

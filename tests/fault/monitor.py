@@ -11,6 +11,11 @@ takes the samples, also injects the faults (a KILL QUERY burst, a server restart
 without a sample for seconds on a loaded machine, and a sample's connect may fail. Seed 23 once
 measured a consumer's jobs back after 12.8 s (bound 10.8 s) when a peer had claimed them again
 6.9 s after the death; no sample between the two had answered.
+
+Only a live consumer of the same deployment can take them back (its reaper pass runs in a
+consumer process): the seconds in which none ran there (a cron-like `--exit-when-empty`
+deployment between two runs, or every consumer of it stopped) are counted for each gone
+consumer (unattended), and the checker stretches its bound by them as by an outage.
 """
 
 from __future__ import annotations
@@ -86,8 +91,25 @@ class ClaimMonitor:
         self.pending: set[tuple[str, str]] = set()
         # seconds after its death that a gone consumer's jobs were last seen claimed
         self.last_held: dict[tuple[str, str], float] = {}
+        # seconds after its death in which no consumer of its deployment ran (none could reap)
+        self.unattended: dict[tuple[str, str], float] = {}
+        self._last_tick: float | None = None
+
+    def _attended(self, deploy: str) -> bool:
+        """Whether a consumer of `deploy` runs now (started consuming, not stopped): a reaper could."""
+        return any(c.deploy == deploy and c.alive() and not c.stopped and c.ready()
+                   for c in getattr(self.fleet, "started", ()))
+
+    def _count_unattended(self, now: float) -> None:
+        since, self._last_tick = self._last_tick, now
+        if since is None:
+            return
+        for key in self.pending - self.recovered.keys():
+            if not self._attended(key[0]):
+                self.unattended[key] = self.unattended.get(key, 0.0) + (now - since)
 
     def tick(self) -> None:
+        self._count_unattended(time.monotonic())
         for deploy, root in self.roots.items():
             try:
                 registered = root.query("SELECT id, pid FROM nq_consumer", retry_s=0)
@@ -109,6 +131,8 @@ class ClaimMonitor:
                     self.pending.discard(key)
                 else:
                     self.last_held[key] = max(0.0, now - consumer.killed_at)
+                    if key not in self.pending and not self._attended(deploy):
+                        self.unattended[key] = self.last_held[key]  # none ran since its death, as far as seen
                     self.pending.add(key)
 
     def recovery(self) -> dict[str, float | None]:
@@ -120,3 +144,9 @@ class ClaimMonitor:
         for key in self.pending - self.recovered.keys():
             out[f"{key[0]}/{key[1][:8]} pid {self.pid_of[key]}"] = None
         return out
+
+    def unattended_s(self) -> dict[str, float]:
+        """Per gone consumer (recovery's names): the seconds after its death in which no consumer
+        of its deployment ran, up to the last sample that saw its jobs claimed."""
+        return {f"{key[0]}/{key[1][:8]} pid {self.pid_of[key]}": round(min(s, self.last_held.get(key, s)), 2)
+                for key, s in self.unattended.items() if s > 0}

@@ -359,6 +359,56 @@ def test_a_gone_consumers_recovery_is_judged_by_when_its_jobs_were_last_seen_cla
     assert rules(history([], [], recovery={"main/c1 pid 10": 11.0})) == {"stranded": 1}
 
 
+class _Run:
+    """A consumer of the fleet as the monitor sees it: of a deployment, running or not."""
+
+    def __init__(self, deploy: str, running: bool):
+        self.deploy, self.running, self.stopped = deploy, running, False
+
+    def alive(self):
+        return self.running
+
+    def ready(self):
+        return True
+
+
+def test_a_gone_consumers_bound_stretches_by_the_time_no_consumer_of_its_deployment_ran():
+    """Regression (seed 6): a cron-like deployment's run was SIGKILLed and the next run started
+    14 s later; only a running consumer can reap, so its jobs came back at that run's first pass.
+    The seconds with no consumer of the deployment running stretch the bound; while one runs,
+    the bound is as ever."""
+    import time
+
+    from .monitor import ClaimMonitor
+
+    root, gone = _Sampled(), _Gone(time.monotonic() - 1.0)
+    other = _Run("main", False)
+    fleet = type("Fleet", (), {"by_pid": lambda self, pid: gone, "started": [gone, other]})()
+    gone.deploy, gone.stopped, gone.ready = "main", False, lambda: False
+    monitor = ClaimMonitor({"main": root}, fleet)
+    monitor.tick()  # 1 s after the death, nobody runs: those seconds count
+    monitor._last_tick -= 11.0  # 11 s later, still nobody runs
+    gone.killed_at -= 11.0
+    monitor.tick()
+    unattended = monitor.unattended_s()
+    assert 11.5 <= next(iter(unattended.values())) <= 12.5
+    other.running = True  # a run starts: from now on the bound holds as ever
+    monitor._last_tick -= 1.0
+    gone.killed_at -= 1.0
+    monitor.tick()
+    root.held = {}
+    monitor.tick()
+    recovery = monitor.recovery()
+    assert 13.0 <= next(iter(recovery.values())) < 14.0
+    h = history([], [], recovery=recovery)
+    assert rules(h) == {"stranded": 1}  # bound 10 s alone
+    h.recovery_unattended_s = monitor.unattended_s()
+    assert checker.check(h).ok
+    # with a consumer running all along, the same recovery is stranded
+    h.recovery_unattended_s = {}
+    assert rules(h) == {"stranded": 1}
+
+
 # ------------------------------------------------------------------ issue 26's fault classes
 
 

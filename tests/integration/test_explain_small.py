@@ -24,7 +24,7 @@ BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "ext
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_acked_dense", "attempt_taken_back",
          "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version",
-         "web_workflow_jobs", "unclaim_token")
+         "web_workflow_jobs", "unclaim_token", "claims_lock", "claims_expired_lock")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
 ATTEMPTS_BY_ID = ("completions_landed", "results_missing", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}
@@ -109,10 +109,10 @@ def test_every_by_id_statement_is_pinned_above():
 def test_claims_are_taken_back_through_the_claimed_range_of_ix_state_on_300_rows(db, small_queue, name):
     # Given 300 jobs of one queue, 100 of them claimed by one consumer
     session, claim = small_queue
-    # When the reaper's locking read of a consumer's claims is explained for that owner
+    # When the reaper's read of a consumer's claims is explained for that owner
     plan = explain(session, QUERIES[name], {"owners": (OWNER, "f" * 32), "owner": OWNER})
-    # Then nq_job is read through the claimed range of ix_state only (it locks what it reads):
-    # the 200 ready jobs are never passed
+    # Then nq_job is read through the claimed range of ix_state only (then locked by id:
+    # claims_lock, claims_expired_lock): the 200 ready jobs are never passed
     rows = [r for r in plan if r["table"] == "nq_job"]
     assert rows and all(r["key"] == "ix_state" and r["type"] in ("range", "ref") for r in rows), plan
 

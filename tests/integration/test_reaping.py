@@ -491,3 +491,117 @@ def test_a_reaper_lock_held_by_a_stalled_pass_stops_the_other_passes_only_for_a_
         assert db.scalar("SELECT IS_USED_LOCK(%s)", (locks.reaper_lock(cfg.dsn.database),)) == stalled.connection_id
     finally:
         stalled.close()
+
+
+def _claimed_rows_held_open(db, owner: str, n: int, lease_s: float) -> tuple[list[int], MySQLdb.Connection]:
+    """n jobs claimed by `owner`, their rows locked by a transaction left open: a consumer
+    stopped (SIGSTOP, a paused VM) in the middle of its ack. (connection, job ids)"""
+    cfg = db.config()
+    with Producer("other", cfg) as p:
+        p.put_many([{"n": i} for i in range(n)])
+    work = Session(cfg.dsn)
+    claim = queries.claim(work, "other", owner, n, lease_s)
+    work.close()
+    ids = [j.id for j in claim.jobs]
+    conn = MySQLdb.connect(**cfg.dsn.connect_args())
+    cur = conn.cursor()
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    cur.execute("BEGIN")
+    cur.execute("SELECT id FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN (%s) FOR UPDATE" % ",".join(map(str, ids)))
+    return ids, conn
+
+
+def _pass_within(cfg, seconds: float) -> reaper.ReapResult:
+    """One reaper pass, which must end well inside innodb_lock_wait_timeout (10 s)."""
+    start = time.monotonic()
+    result = reaper.reap_once(cfg.dsn)
+    assert time.monotonic() - start < seconds, "the pass waited on a row another transaction holds"
+    return result
+
+
+def test_a_dead_consumers_jobs_come_back_while_a_peer_is_stopped_in_the_middle_of_an_ack(db):
+    """Regression (issue 35, seed 8, stranded): a reaper's read of a dead consumer's claims walked
+    the whole claimed range with FOR UPDATE, and waited (up to the lock wait timeout, again on
+    every retry) on the rows of a live consumer stopped with its ack's transaction open."""
+    # Given a dead consumer's 3 claimed jobs, and a live one's 2, their rows held by its open ack
+    cfg = db.config()
+    _, ids = _dead_consumer_holding(db, 3)
+    held, stalled = _claimed_rows_held_open(db, "e" * 32, 2, 300)
+    try:
+        # When a reaper pass runs
+        result = _pass_within(cfg, 5.0)
+        # Then the dead consumer's jobs are back at once, the stalled one's left to their lease
+        assert result.reclaimed == 3
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s", (DEAD,)) == 0
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", ("e" * 32,)) == 2
+    finally:
+        stalled.close()
+
+
+def _live_consumer(db, consumer_id: str, queue: str) -> Session:
+    """A registered lock-mode consumer whose liveness lock is held (by the returned session)."""
+    cfg = db.config()
+    lock_name = locks.consumer_lock(cfg.dsn.database, consumer_id)
+    lock = Session(cfg.dsn, autocommit=True)
+    assert advisory.get_lock(lock, lock_name, 0) == 1
+    liveness.register_consumer(lock, consumer_id, lock_name, "host", 1, [queue], "locks")
+    return lock
+
+
+def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open_transaction(db):
+    """Regression (issue 35, seed 8, stranded): the expired-lease read locked every expired row
+    of the owners it found, and waited on one a stopped consumer's open transaction held: every
+    other expired claim stayed claimed until that transaction ended. Its rows are skipped now,
+    and the whole of their claim with them (a claim's rows come back together)."""
+    # Given two live consumers' claims whose leases have run out, one held by an open transaction
+    cfg = db.config()
+    alive = [_live_consumer(db, "e" * 32, "other"), _live_consumer(db, "f" * 32, "q")]
+    held, stalled = _claimed_rows_held_open(db, "e" * 32, 2, 0.2)
+    with Producer("q", cfg) as p:
+        p.put_many([{"n": i} for i in range(3)])
+    work = Session(cfg.dsn)
+    mine = [j.id for j in queries.claim(work, "q", "f" * 32, 3, 0.2).jobs]
+    work.close()
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND sort_at < NOW(6)") == 5,
+                   10, message="the leases ran out")
+        # When a reaper pass runs
+        result = _pass_within(cfg, 5.0)
+        # Then the free claim is back whole, the held one left for a later pass
+        assert (result.reclaimed, result.expired) == (0, 3)
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND id IN (%s)"
+                         % ",".join(map(str, mine))) == 3
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", ("e" * 32,)) == 2
+    finally:
+        stalled.close()
+    # And once its transaction ends, the next pass takes it back too
+    assert reaper.reap_once(cfg.dsn).expired == 2
+    for session in alive:
+        session.close()
+
+
+def test_a_dead_consumers_claim_with_a_row_held_elsewhere_comes_back_whole_at_a_later_pass(db):
+    """A row of a dead consumer's claim that another transaction holds is skipped, never waited
+    for; the rest of that claim stays with it (taken back alone, a job would be charged), and so
+    does the consumer's registration: the next pass judges it again and takes the claim back whole."""
+    # Given a dead consumer's claim of 3 jobs, one of its rows held by an open transaction
+    cfg = db.config()
+    _, ids = _dead_consumer_holding(db, 3)
+    conn = MySQLdb.connect(**cfg.dsn.connect_args())
+    cur = conn.cursor()
+    cur.execute("BEGIN")
+    cur.execute("SELECT id FROM nq_job FORCE INDEX (PRIMARY) WHERE id = %s FOR UPDATE", (ids[0],))
+    try:
+        # When a reaper pass runs
+        result = _pass_within(cfg, 5.0)
+        # Then nothing of that claim comes back yet, and the consumer stays registered
+        assert result.reclaimed == 0
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", (DEAD,)) == 3
+        assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (DEAD,)) == 1
+    finally:
+        conn.close()
+    # And the pass after the transaction ended takes the claim back whole, uncharged
+    assert reaper.reap_once(cfg.dsn).reclaimed == 3
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND attempts = 0 AND id IN (%s)"
+                     % ",".join(map(str, ids))) == 3
+    assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (DEAD,)) == 0

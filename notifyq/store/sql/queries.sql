@@ -848,19 +848,29 @@ SELECT id FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
 -- claims_of_owner --
--- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: lock them and learn
--- which claim each belongs to, so that each is returned alone or shared (liveness.take_back).
--- Through the claimed range of ix_state (consumers x batch rows); the owner is tested on the row.
+-- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: which are claimed under
+-- its id, and by which claim, so that each is returned alone or shared (liveness.take_back). A
+-- plain read: through the claimed range of ix_state (consumers x batch rows), the owner tested on
+-- the row, so a locking read here locked, and waited on, every claimed row of every consumer
+-- (a live one's ack under way; one stopped with its ack's transaction open, for the lock wait
+-- timeout, on every retry). claims_lock then locks these by primary key.
 SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND owner = %(owner)s
-FOR UPDATE
 
 -- orphan_claims --
 -- claims_of_owner for an owner with no registration (liveness.reclaim_orphan), with each job's
 -- queue: no row names its queues.
 SELECT id, claim_token, queue FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND owner = %(owner)s
-FOR UPDATE
+
+-- claims_lock --
+-- Step 2: the rows claims_of_owner read, locked by primary key if still claimed by the owner.
+-- A row another transaction holds is skipped, never waited for (another reaper's pass, a
+-- stopped process's open transaction): liveness.lock_whole_claims leaves its claim to a later
+-- pass.
+SELECT id, claim_token FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND status = 2 AND owner = %(owner)s
+FOR UPDATE SKIP LOCKED
 
 -- expired_leases --
 -- Whose leases ran out: a bounded read, so it names owners, not every job (a claim's rows can
@@ -869,15 +879,21 @@ SELECT DISTINCT owner, queue FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND sort_at < NOW(6) LIMIT 1000
 
 -- claims_expired --
--- Taking back jobs whose lease ran out, step 1: lock the ones still expired (a consumer may have
--- extended or acked some since expired_leases read them) and learn their claims. By owner, so
--- every expired row of a claim is read in this
--- pass: one job of a claim taken back apart from the rest would count as alone and be charged.
--- Through the claimed range of ix_state, the lease tested in the index (a claimed job's sort_at
--- is its lease_until), the owner on the row.
+-- Taking back jobs whose lease ran out, step 1: the owners' expired rows and their claims. By
+-- owner, so every expired row of a claim is read in this pass: one job of a claim taken back
+-- apart from the rest would count as alone and be charged. Through the claimed range of
+-- ix_state, the lease tested in the index (a claimed job's sort_at is its lease_until), the owner
+-- on the row. A plain read, as claims_of_owner (why there); claims_expired_lock locks them.
 SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND sort_at < NOW(6) AND owner IN %(owners)s
-FOR UPDATE
+
+-- claims_expired_lock --
+-- Step 2: the rows claims_expired read, locked by primary key if still claimed and still expired
+-- (their consumer may have extended or acked some since). Skipped if another transaction holds
+-- them, as claims_lock.
+SELECT id, claim_token FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND status = 2 AND sort_at < NOW(6)
+FOR UPDATE SKIP LOCKED
 
 -- attempt_taken_back --
 -- The record of an attempt whose claim a reaper takes back (its consumer died, or its lease ran
