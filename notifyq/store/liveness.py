@@ -337,9 +337,17 @@ def reclaim_expired(session: Session) -> int:
         rows = cur.fetchall()
         if not rows:
             return 0
-        cur.execute(Q["claims_expired"], {"owners": tuple({r[0] for r in rows})})
-        held, _ = lock_whole_claims(cur, list(cur.fetchall()), "claims_expired_lock", {})
-        n = take_back(cur, held, "lease expired")
+        owners = tuple({r[0] for r in rows})
+        cur.execute(Q["claims_expired"], {"owners": owners})
+        seen = cur.fetchall()
+        held, _ = lock_whole_claims(cur, [(job_id, token) for job_id, token, _ in seen], "claims_expired_lock", {})
+        cur.execute(Q["owners_stopping"], {"owners": owners})
+        stopping = {owner for (owner,) in cur.fetchall()}
+        # A consumer asked to stop whose jobs were left claimed (it exited unsettled, the server
+        # away at its grace's end): interrupted by a deploy, not charged, as at its death
+        interrupted = {job_id for job_id, _, owner in seen if owner in stopping}
+        n = take_back(cur, [r for r in held if r[0] not in interrupted], "lease expired")
+        n += take_back(cur, [r for r in held if r[0] in interrupted], "lease expired", stopping=True)
         for queue in {r[1] for r in rows}:
             bump_signal(cur, queue, max(n, 1))
         return n

@@ -605,3 +605,32 @@ def test_a_dead_consumers_claim_with_a_row_held_elsewhere_comes_back_whole_at_a_
     assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND attempts = 0 AND id IN (%s)"
                      % ",".join(map(str, ids))) == 3
     assert db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", (DEAD,)) == 0
+
+
+def test_the_expired_leases_of_a_consumer_asked_to_stop_come_back_uncharged(db):
+    """Regression (the fault schedule's grace_restart episode): a consumer in its shutdown grace
+    whose give-back met the server restarting exited with a job still claimed (its registration
+    left, saying it was stopping); a reaper in the restart's grace did not judge it, its lease ran
+    out, and the lease's path charged the job. docs/deploys.md promises it back uncharged."""
+    # Given a registered consumer asked to stop, whose claim of one job (alone: a crash's is
+    # charged) has run out its lease
+    cfg = db.config()
+    alive = _live_consumer(db, "f" * 32, "q")
+    liveness.mark_stopping(alive, "f" * 32)
+    with Producer("q", cfg) as p:
+        p.put({"n": 1})
+    work = Session(cfg.dsn)
+    mine = [j.id for j in queries.claim(work, "q", "f" * 32, 1, 0.2).jobs]
+    work.close()
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND sort_at < NOW(6)") == 1,
+                   10, message="the lease ran out")
+        # When a reaper pass takes them back by their lease
+        assert reaper.reap_once(cfg.dsn).expired == 1
+        # Then it is ready again with its attempt undone, recorded as interrupted
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND attempts = 0 AND id IN (%s)"
+                         % ",".join(map(str, mine))) == 1
+        assert db.scalar("SELECT COUNT(*) FROM nq_attempt WHERE outcome = 'interrupted' AND job_id IN (%s)"
+                         % ",".join(map(str, mine))) == 1
+    finally:
+        alive.close()

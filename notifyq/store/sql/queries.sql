@@ -884,8 +884,14 @@ WHERE status = 2 AND sort_at < NOW(6) LIMIT 1000
 -- apart from the rest would count as alone and be charged. Through the claimed range of
 -- ix_state, the lease tested in the index (a claimed job's sort_at is its lease_until), the owner
 -- on the row. A plain read, as claims_of_owner (why there); claims_expired_lock locks them.
-SELECT id, claim_token FROM nq_job FORCE INDEX (ix_state)
+SELECT id, claim_token, owner FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND sort_at < NOW(6) AND owner IN %(owners)s
+
+-- owners_stopping --
+-- Of the owners whose leases ran out, those registered as asked to stop (mark_stopping): a
+-- consumer that exited in a deploy without settling (the server was away at the grace's end)
+-- keeps its registration; its jobs come back uncharged, by its lease as by its death.
+SELECT id FROM nq_consumer WHERE id IN %(owners)s AND stopping = 1
 
 -- claims_expired_lock --
 -- Step 2: the rows claims_expired read, locked by primary key if still claimed and still expired
