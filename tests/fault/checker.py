@@ -33,6 +33,11 @@ owns", "an id that put() returned is always stored"):
 - stored_after_raise / wrong_id: a put() that raised stored nothing, and the id a put()
   returned is the job it stored (tagged puts);
 - dedup_twice: never two pending jobs with one dedup key;
+- grace_restart: a consumer stopped while its jobs ran, the server restarting in its grace (the
+  grace_restart episode), acks each job that ended within the grace (it never runs again, and is
+  not left in the table), gives back each that still ran at the grace's end (it runs again on
+  another process, repeating the attempt: uncharged), and exits 0 within the grace and
+  GRACE_EXIT_BOUND_S;
 Issue 29 ("exactly-once effects"): a job of the `effects` mode (kind fx) writes one row through
 job.transaction(), which commits it with the job's completion:
 - double_effect: never two effect rows for one job, whatever the faults;
@@ -107,8 +112,12 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
 #           never takes its own claims back (issue 26 item 3, checked directly: the self_reap rule);
 # finished  only the second run of a job whose run had ended before the fault (its ack may have
 #           been in flight); one whose handler ran through it was a live consumer's (item 5);
-# never     a reload changes settings, it takes nothing back (item 6).
-EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never"}
+# never     a reload changes settings, it takes nothing back (item 6);
+# interrupted  only the second run of a job whose run the fault cut short (no end line): a stop
+#           whose grace the server restarted in gives back what still ran at the grace's end, and
+#           acks what ended before it.
+EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never",
+          "grace_restart": "interrupted"}
 # Records that are not faults: a reaper's take-back, a process's re-registration (evidence for
 # the "peer" excuse), and the operator's cancel (the after_cancel rule's)
 EVIDENCE = ("cancel", "taken_back", "re_registered")
@@ -126,6 +135,13 @@ STALL_DEPLOY = "main"  # the other deployments idle between cron runs or episode
 # lost lock lets starts through a whole period early, far past it
 RATE_SLACK_S = CLOCK_SLACK_S
 RATE_EXACT_SLACK_S = 0.001  # the rate log's own times: DATETIME(6), one server clock
+# grace_restart: after its grace, a consumer whose server answers gives back and unregisters in
+# a moment (docs/deploys.md); this bounds that moment, and the harness's look at its exit
+GRACE_EXIT_BOUND_S = 5.0
+# grace_restart: a run that ended this close to the grace's end may have missed its ack (the
+# stop's settle raced it): given back and run again is then as right as acked
+GRACE_ACK_SLACK_S = 1.0
+STOP_MARK_S = 2.0  # grace_restart: a stop's mark lands within this (a connect, one UPDATE)
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -347,6 +363,8 @@ def excuses(f: Fault, earlier: Run | None, later: Run | None) -> bool:
         return True
     if policy == "peer":
         return later.pid != f.pid
+    if policy == "interrupted":
+        return earlier.end is None
     return earlier.end is not None and earlier.end <= f.start  # finished
 
 
@@ -846,6 +864,67 @@ def check_strays(h: History) -> list[Violation]:
             for r in h.runs if r.pid not in h.consumer_pids]
 
 
+def check_grace_restarts(h: History) -> list[Violation]:
+    """grace_restart: what a consumer ran when it was stopped, the server restarting during its
+    grace (a grace_restart record: pid, from the SIGTERM to its exit as the harness saw it,
+    detail "shutdown_grace_s=N"). Each run of that process under way at the SIGTERM either ended
+    within the grace, and was acked (no later run of its job, nothing of it left in the table),
+    or still ran at the grace's end, and was given back: run again to its end by another process,
+    after the grace, at the same attempt (unless a server fault as the stop came may have lost
+    the stop's mark). The process exits 0 within the grace and GRACE_EXIT_BOUND_S."""
+    exits = {e.pid: e for e in h.exits}
+    left = {(f.deploy, f.job): f for f in h.final_rows if f.status != DONE}
+    runs_of = h.runs_by_job()
+    out: list[Violation] = []
+    for stop in (f for f in h.faults if f.kind == "grace_restart" and f.pid is not None):
+        grace_s = float(stop.detail.split("shutdown_grace_s=", 1)[1].split()[0])
+        grace_end = stop.start + grace_s
+        gone = exits.get(stop.pid)
+        exited_at = min(stop.end, gone.at) if gone is not None else None
+        if gone is None or exited_at > grace_end + GRACE_EXIT_BOUND_S:
+            when = "never" if gone is None else f"{exited_at - stop.start:.1f} s after it"
+            out.append(Violation("grace_restart", None, f"pid {stop.pid}, stopped at {stop.start:.3f} with a "
+                                                        f"{grace_s:g} s grace, exited {when}"))
+        elif gone.code != 0:
+            out.append(Violation("grace_restart", None, f"pid {stop.pid}, stopped at {stop.start:.3f}, exited "
+                                                        f"{gone.code}, not 0 (a stop exits 0: docs/deploys.md)"))
+        # A server fault as the stop came may have lost its mark (the registration's "stopping",
+        # which a reaper's take-back needs to leave the job uncharged): a charge is then the
+        # reaper's usual rule, no violation
+        unmarked = any(f.kind in SERVER_CAUSES and f.detail != f"in the grace of pid {stop.pid}"
+                       and stop.start - STOP_MARK_S <= f.start <= stop.start + STOP_MARK_S for f in h.faults)
+        for r in (r for r in h.runs if r.pid == stop.pid and r.start <= stop.start
+                  and (r.end is None or r.end > stop.start)):
+            if r.outcome == "fail":
+                continue  # a failure is retried: the retry rules judge it
+            later = [o for o in runs_of[r.key] if o.start > r.start]
+            row = left.get(r.key)
+            acked = r.outcome == "ok" and not later and row is None
+            if r.end is not None and r.end <= grace_end - GRACE_ACK_SLACK_S:
+                if not acked:
+                    again = (f"ran again on pid {later[0].pid} at {later[0].start:.3f}" if later
+                             else f"was left in the table with status {row.status}")
+                    out.append(Violation("grace_restart", r.key, f"ended at {r.end:.3f} on pid {r.pid}, within its "
+                                                                 f"grace (to {grace_end:.3f}), but {again}: not acked"))
+                continue
+            if acked:
+                continue  # it ended at the grace's very end, and its ack made it
+            done = [o for o in later if o.pid != r.pid and o.end is not None and o.outcome == "ok"]
+            if not done:
+                out.append(Violation("grace_restart", r.key, f"still ran on pid {r.pid} at the end of its grace "
+                                                             f"({grace_end:.3f}), and no other process ran it to "
+                                                             "its end after"))
+            elif later[0].start < grace_end - CLOCK_SLACK_S:
+                out.append(Violation("grace_restart", r.key, f"ran again on pid {later[0].pid} at "
+                                                             f"{later[0].start:.3f}, while pid {r.pid} ran it in its "
+                                                             f"grace (to {grace_end:.3f})"))
+            elif later[0].attempt != r.attempt and not unmarked:
+                out.append(Violation("grace_restart", r.key, f"given back at the end of pid {r.pid}'s grace, but "
+                                                             f"its next start at {later[0].start:.3f} is attempt "
+                                                             f"{later[0].attempt}, not {r.attempt}: charged"))
+    return out
+
+
 def check_tagged_puts(h: History) -> list[Violation]:
     """A put() that returned stored its job, one that raised stored nothing (item 1): the tag of
     every put (payload "u") is on the start line of the job it stored."""
@@ -1018,6 +1097,7 @@ def check(h: History) -> Report:
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
     violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
+    violations += check_grace_restarts(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
     violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h)
     duplicates: collections.Counter = collections.Counter()

@@ -23,8 +23,12 @@ from .history import Fault, read_runs
 
 DEPLOY = "long"
 PY_QUEUE, CMD_QUEUE, GRACE_QUEUE = "fl", "fc", "fg"
+RESTART_QUEUE = "fr"  # grace_restart's: only its grace consumer and that one's peer serve it
 LONG_LEASE_S, CMD_LEASE_S, SESSION_IDLE_S = 30.0, 6.0, 4
 PY_CONSUMERS, CMD_CONSUMERS = 3, 2
+# grace_restart: the grace consumer's shutdown_grace_s, its short command (it ends after the
+# server is back, within the grace: acked) and its long one (it outlasts the grace: given back)
+RESTART_GRACE_S, RESTART_SHORT_S, RESTART_LONG_S = 7.0, 5.0, 11.0
 COMMAND = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'helpers' / 'nqfault_cmd.py'}"
 
 
@@ -36,7 +40,8 @@ def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: fl
     text = (f"[defaults]\nlease_s = {LONG_LEASE_S}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
             f"command_timeout_s = 60\n"
             f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
-            f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
+            f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{RESTART_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
+            f"[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
             f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
     path.write_text(text)
     path.chmod(0o600)
@@ -72,8 +77,9 @@ class Episodes(threading.Thread):
     def _put(self, queue: str, payloads: list[dict]) -> list[int]:
         return self.run_.long_put(queue, payloads)
 
-    def _wait_started(self, jobs: list[int], timeout_s: float, pids: int = 1) -> dict[int, int]:
-        """Wait until `pids` distinct processes started some of `jobs`; job -> pid of its first start."""
+    def _wait_started(self, jobs: list[int], timeout_s: float, pids: int = 1, every: bool = False) -> dict[int, int]:
+        """Wait until `pids` distinct processes started some of `jobs` (every: and each of them
+        started); job -> pid of its first start."""
         deadline = time.monotonic() + timeout_s
         wanted = set(jobs)
         while time.monotonic() < deadline and not self.stop.is_set():
@@ -82,10 +88,21 @@ class Episodes(threading.Thread):
             for r in sorted(read_runs(self.run_.out, mine), key=lambda r: r.start):
                 if r.deploy == DEPLOY and r.job in wanted:
                     first.setdefault(r.job, r.pid)
-            if len(set(first.values())) >= pids:
+            if len(set(first.values())) >= pids and (not every or len(first) == len(wanted)):
                 return first
             time.sleep(0.1)  # poll interval inside a deadline
         return {}
+
+    def _until(self, predicate, timeout_s: float) -> bool:
+        """Whether `predicate()` came true within the deadline (False too once the run stops)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stop.is_set():
+            if predicate():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)  # poll interval inside a deadline
+        return False
 
     def _consumer(self, pid: int) -> Consumer | None:
         return self.run_.fleet.by_pid(pid)
@@ -187,14 +204,59 @@ class Episodes(threading.Thread):
         run.long_slots.append(run.spawn_long(GRACE_QUEUE, command=True))  # the peer, to the next play
         self.stop.wait(15.0)
 
-    def _retire_grace_peer(self) -> None:
-        """The last grace_expiry play's peer leaves (SIGTERM, idle: it exits at once) before
+    def _retire_grace_peer(self, queue: str = GRACE_QUEUE) -> None:
+        """The last play's peer on `queue` leaves (SIGTERM, idle: it exits at once) before
         the next play's grace consumer starts."""
         run = self.run_
-        for peer in [c for c in run.long_slots if c.args and c.args[0] == GRACE_QUEUE]:
+        for peer in [c for c in run.long_slots if c.args and c.args[0] == queue]:
             run.long_slots.remove(peer)  # not respawned
             run.fleet.signal(peer, signal.SIGTERM)
             try:
                 peer.popen.wait(15)
             except Exception:  # noqa: BLE001 - still running: the exit rule and the drain will say
                 pass
+
+    def _grace_restart(self) -> None:
+        """The server restarts during a consumer's shutdown grace: SIGTERM a command consumer
+        (two workers, shutdown_grace_s 7) while its two commands run, a 5 s and an 11 s one, and
+        restart the server (clean) once its registration says it is stopping. The short command
+        ends after the server is back, within the grace: it must be acked. The long one outlasts
+        the grace: killed and given back uncharged, it must run again on the peer (started idle
+        before the stop, so its reaper runs through the restart). The consumer must exit 0
+        within the grace and a few seconds (checker.check_grace_restarts)."""
+        run = self.run_
+        play = f"grace_restart #{self.played.count('grace_restart') + 1}"
+        self._retire_grace_peer(RESTART_QUEUE)
+        config = long_config(run.workdir / "grace_restart.toml", grace_s=RESTART_GRACE_S)
+        grace = run.spawn_long(RESTART_QUEUE, command=True, config=config, batch_size=1, extra=("--workers", "2"))
+        deadline = time.monotonic() + 30
+        while not grace.ready() and time.monotonic() < deadline:
+            time.sleep(0.1)  # poll interval inside a deadline
+        jobs = self._put(RESTART_QUEUE, [{"s": RESTART_SHORT_S}, {"s": RESTART_LONG_S}])
+        started = self._wait_started(jobs, 20, every=True)
+        if set(started.values()) != {grace.pid}:
+            self.missed.append(f"{play}: its jobs did not both start on the grace consumer ({started or 'not at all'})")
+        if not started:
+            return
+        run.long_slots.append(run.spawn_long(RESTART_QUEUE, command=True))  # the peer, idle until the give-back
+        at = time.monotonic()
+        run.fleet.signal(grace, signal.SIGTERM)
+        root = run.roots[DEPLOY]
+        if self._until(lambda: root.scalar("SELECT stopping FROM nq_consumer WHERE pid = %s", (grace.pid,)), 5):
+            down, back = run.restart_server(crash=False)
+            self._fault("busy_restart", down, back, detail=f"in the grace of pid {grace.pid}")
+            if back > at + RESTART_GRACE_S:
+                self.missed.append(f"{play}: the server came back {back - at:.1f} s after the stop, "
+                                   f"past the {RESTART_GRACE_S:g} s grace")
+        elif not self.stop.is_set():
+            self.missed.append(f"{play}: the grace consumer's registration did not say stopping within 5 s")
+        try:
+            grace.popen.wait(RESTART_GRACE_S + 20)
+        except Exception:  # noqa: BLE001 - still running: the grace_restart rule says so
+            pass
+        self._fault("grace_restart", at, time.monotonic(), grace.pid, detail=f"shutdown_grace_s={RESTART_GRACE_S:g}")
+        # Until the peer has run the long command again (its jobs gone from the table)
+        if not self._until(lambda: not root.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s",
+                                                   (RESTART_QUEUE,)), RESTART_LONG_S + 10) \
+                and not self.stop.is_set():
+            self.missed.append(f"{play}: its jobs were not done {RESTART_LONG_S + 10:g} s after the exit")

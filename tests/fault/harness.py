@@ -531,13 +531,13 @@ class FaultRun:
         self.long_slots += [self.spawn_long(ep.CMD_QUEUE, command=True) for _ in range(ep.CMD_CONSUMERS)]
 
     def spawn_long(self, queue: str, command: bool = False, config: Path | None = None,
-                   handler_from_config: bool = False) -> Consumer:
+                   handler_from_config: bool = False, batch_size: int = 10, extra: tuple[str, ...] = ()) -> Consumer:
         """A consumer of the long deployment: a command or a Python handler, given by its flag,
-        or (handler_from_config) by the queue's entry in its config."""
+        or (handler_from_config) by the queue's entry in its config; extra: more flags."""
         handler = ("--command", ep.COMMAND) if command else ("--handler", "nqfault:handle")
         handler = () if handler_from_config else handler
         return self.fleet.spawn(self.dbs[ep.DEPLOY].env, ep.DEPLOY, queue, "locks", config or self.long_config_path,
-                                10, handler=handler)
+                                batch_size, -1, *extra, handler=handler)
 
     def long_put(self, queue: str, payloads: list[dict]) -> list[int]:
         """Enqueue an episode's jobs; each acknowledged one is owed (the lost rule)."""

@@ -108,7 +108,8 @@ class Exit:
 @dataclasses.dataclass(frozen=True)
 class Fault:
     kind: str  # sigkill, stall, kill_connection, server_restart, server_crash, poison_exit, cancel,
-    #            kill_session, busy_restart, busy_crash, sighup, grace_expiry (checker.EXCUSE);
+    #            kill_session, busy_restart, busy_crash, sighup, grace_expiry, grace_restart (its
+    #            detail "shutdown_grace_s=N"; checker.EXCUSE);
     #            taken_back: not a fault but its evidence, a reaper's log line "consumer died, jobs
     #            returned" (pid: the process it named, detail: the reaper's pid); re_registered:
     #            evidence too, a process's "liveness session reconnected" line (pid: that process)

@@ -64,6 +64,11 @@ Python handlers, fc and fg for --command), one at a time in a seeded order:
   grace_expiry     SIGTERM a command consumer with shutdown_grace_s 2 while a 10 s command
                    runs; a peer then serves its queue. Every other time (first on odd seeds) the
                    command is the config's, and the consumer is SIGHUPed while it runs
+  grace_restart    SIGTERM a command consumer (two workers, shutdown_grace_s 7) while a 5 s and
+                   an 11 s command run, and restart the server (clean) during its grace; an idle
+                   peer serves the queue. The short command must be acked, the long one given
+                   back uncharged and run again by the peer, the consumer exit 0 within the grace
+                   and a few seconds (the checker's grace_restart rule)
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ EFFECTS_29 = ("effects",)
 STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
-EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry")
+EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart")
 FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
@@ -215,7 +220,7 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
 
 # About how long each episode takes (episodes.py), to fit them in the run's duration
 EPISODE_S = {"stall_idle": 20.0, "busy_restart": 30.0, "sighup_reload": 50.0, "long_command": 25.0,
-             "grace_expiry": 25.0}
+             "grace_expiry": 25.0, "grace_restart": 28.0}
 
 
 def episode_order(seed: int, classes: tuple[str, ...], duration_s: float) -> tuple[str, ...]:

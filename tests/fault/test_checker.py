@@ -558,6 +558,72 @@ def test_charged_interrupt_a_job_charged_for_its_consumers_shutdown_is_caught():
     assert checker.check(crash).ok
 
 
+def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_at=9.6, code=0, rows=()):
+    """pid 10 (two workers, shutdown_grace_s 7) stopped at 2.0 while it ran job 1 (a 5 s command)
+    and job 2 (an 11 s one); the server restarted at 2.5-4.5, in its grace. Job 1 ended at 6.0,
+    within it; job 2 was killed at its end (9.0) and given back. short_again / long_again: a
+    later run of job 1 / job 2 (attempt, pid, start, end)."""
+    runs = [run(1, 1, 10, 1.0, 6.0, token=0), run(2, 1, 10, 1.0, token=0)]
+    for job, again in ((1, short_again), (2, long_again)):
+        if again is not None:
+            attempt, pid, start, end = again
+            runs.append(run(job, attempt, pid, start, end, token=0))
+    for r in runs:
+        r.flags = "C"
+    faults = [Fault("grace_restart", 2.0, exit_at, 10, detail="shutdown_grace_s=7"),
+              Fault("busy_restart", 2.5, 4.5, detail="in the grace of pid 10")]
+    h = history(runs, [enq(1), enq(2)], faults=faults, rows=rows)
+    h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
+    return h
+
+
+def test_grace_restart_a_stop_whose_server_restarted_acks_what_ended_and_gives_back_what_ran_on():
+    # The short job acked, the long one given back uncharged and run to its end by pid 11 after
+    # the grace, the consumer gone 0.6 s after its grace: the contract
+    assert checker.check(grace_restart_history()).ok
+
+
+def test_grace_restart_a_job_that_ended_in_the_grace_but_was_not_acked_is_caught():
+    # Job 1 ended at 6.0, the server back since 4.5, yet pid 11 ran it again
+    report = checker.check(grace_restart_history(short_again=(2, 11, 10.0, 15.0)))
+    assert report.by_rule() == {"grace_restart": 1, "run_twice": 1}, report.violations
+    [caught] = [v for v in report.violations if v.rule == "grace_restart"]
+    assert "not acked" in caught.detail
+    # Or it stayed in the table (ready again after the drain)
+    report = checker.check(grace_restart_history(rows=[FinalRow("main", 1, 0, 1, None, None)]))
+    assert report.by_rule() == {"grace_restart": 1}, report.violations
+
+
+def test_grace_restart_a_job_given_back_at_the_graces_end_and_never_run_again_is_caught():
+    report = checker.check(grace_restart_history(long_again=None))
+    assert report.by_rule() == {"grace_restart": 1, "lost": 1}, report.violations
+
+
+def test_grace_restart_a_given_back_job_charged_or_run_again_during_the_grace_is_caught():
+    # Its next start is attempt 2: the stop was charged to it
+    report = checker.check(grace_restart_history(long_again=(2, 11, 9.6, 20.6)))
+    assert report.by_rule() == {"grace_restart": 1}, report.violations
+    assert "charged" in report.violations[0].detail
+    # Unless a server crash as the stop came may have lost the registration's "stopping" mark:
+    # a reaper's take-back then charges the job, as the contract says
+    unmarked = grace_restart_history(long_again=(2, 11, 9.6, 20.6))
+    unmarked.faults.append(Fault("server_crash", 2.3, 2.4))
+    assert checker.check(unmarked).ok, checker.check(unmarked).violations
+    # A peer ran it at 5.0, while pid 10 still ran it in its grace (a reaper took it back from
+    # a live consumer): the interruption excuses a rerun after the grace, not during it
+    report = checker.check(grace_restart_history(long_again=(1, 11, 5.0, 16.0)))
+    assert report.by_rule() == {"grace_restart": 1}, report.violations
+    assert "while pid 10 ran it" in report.violations[0].detail
+
+
+def test_grace_restart_a_consumer_that_exits_late_or_nonzero_is_caught():
+    late = checker.check(grace_restart_history(exit_at=9.0 + checker.GRACE_EXIT_BOUND_S + 1))
+    assert late.by_rule() == {"grace_restart": 1}, late.violations
+    failed = checker.check(grace_restart_history(code=5))
+    assert failed.by_rule() == {"grace_restart": 1}, failed.violations
+    assert "exited 5" in failed.violations[0].detail
+
+
 def test_fork_a_job_started_by_a_forked_child_is_caught():
     # Item 11: pid 10's handler forked pid 77, whose sys.exit returned into the worker loop
     h = history([run(1, 1, 10, 1.0, 1.5), run(2, 1, 77, 1.1, 1.2)], [enq(1), enq(2)])
