@@ -492,6 +492,8 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
     it) passed for none, and the KILL of the claim's connection id took an application's session
     that had the id on the new server."""
     ids = [j.id for j in jobs]
+    if not ids:  # every job of the claim was taken back meanwhile: nothing is left to learn
+        return []
     earlier = connection  # a connection whose transaction may still commit what we look at
     alive_at = sent_at  # when `earlier` was last known open
 

@@ -445,3 +445,14 @@ def test_a_claim_whose_commit_landed_but_whose_reply_was_lost_stays_the_workers_
         blocker.close()
         worker.work.close()
         worker.presence.close()
+
+
+def test_a_failed_claim_whose_jobs_were_all_taken_back_has_nothing_to_retake(db):
+    """Regression (a 4-minute fault run, consumer_exit): a batch whose only job was taken back
+    while its process was stopped, and whose claim's COMMIT then failed, asked which of no jobs
+    it held: `id IN ()`, error 1064, and the worker exited."""
+    session = Session(db.config().dsn)
+    try:
+        assert queries.retake(session, [], 1, "o" * 32, 30.0, None, 0.0) == []
+    finally:
+        session.close()
