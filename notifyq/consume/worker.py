@@ -46,6 +46,12 @@ GONE_LEASE_MARGIN_S = 0.05  # past a gone owner's lease end (the server's clock)
 # most (a slot freed by another process has no wake a cron run's worker waits on)
 LIMIT_HELD_FIRST_S = 0.01
 LIMIT_HELD_MAX_S = 0.25
+# A limited claim that came back empty because peers' claims held the rows of its jobs' keys
+# claims again at once, this many times in a row at most, before it waits for a wake: those
+# claims hold the rows only until their COMMIT, a few milliseconds (store/key_gate.py), and
+# the slots their jobs leave are this claim's to take; idle, it waited for the next wake (one
+# of two consumers idle for a batch's run, a claim in three under load)
+CONTENDED_AGAIN = 2
 
 
 class Worker:
@@ -71,6 +77,7 @@ class Worker:
         self.exit_when_empty = exit_when_empty
         self._held_s: float | None = None  # the last claim's: a rate held jobs back this long
         self._limit_wait_s = LIMIT_HELD_FIRST_S  # --exit-when-empty: the next wait after a limit held jobs
+        self._contended = 0  # empty claims in a row that peers' key locks left empty (CONTENDED_AGAIN)
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -159,7 +166,11 @@ class Worker:
                     self._limit_wait_s = LIMIT_HELD_FIRST_S
                     # --exit-when-empty never idles: it claims until a claim comes back empty.
                     # Children its acks released (workflows) are claimed at once, not at the wake-up
-                    busy = self.exit_when_empty or (got > 0 and not drained) or self.acks.released_children()
+                    contended = not got and not drained and self._contended_claim()
+                    if got:
+                        self._contended = 0
+                    busy = (self.exit_when_empty or (got > 0 and not drained) or contended
+                            or self.acks.released_children())
                 else:
                     if not self._flush_acks():  # an idle worker's jobs are acked before it waits
                         busy = True
@@ -222,6 +233,18 @@ class Worker:
         if self.flow is None or not self.flow.limits.limited or self.flow.last is None:
             return False  # (no flow read: a paused queue's claim makes none)
         return queries.ready_left(self.work, self.queue, self.version)
+
+    def _contended_claim(self) -> bool:
+        """After an empty claim that did not drain the queue: whether to claim again at once,
+        since only peers' claims under way held its keys' rows (CONTENDED_AGAIN)."""
+        if self.flow is None or self.flow.last is None or not self.flow.last.contended:
+            self._contended = 0
+            return False
+        self._contended += 1
+        if self._contended > CONTENDED_AGAIN:
+            self._contended = 0
+            return False
+        return True
 
     def _turned(self) -> None:
         self.last_turn = time.monotonic()

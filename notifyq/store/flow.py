@@ -2,11 +2,13 @@
 their ready jobs a claim may take (queries.claim calls FlowClaims.candidates at one place).
 
 The limits (the queue's `limit_per_key`, its per-key overrides, its `limit`) are never counted
-in a counter: a claim locks the rows of the keys it takes (nq_flow_key, FOR UPDATE SKIP LOCKED:
-a key another consumer is claiming right now is skipped, not waited on) and, under those locks,
-counts each key's running jobs from the queue's claimed rows (status 2). Only a claim starts a
-job, and every claim of a key holds that key's row until its COMMIT, so the count it reads is
-exact and what it adds is bounded by the free slots. A finished, failed, given back or taken
+in a counter: a claim reads its candidates within the free slots the committed running jobs
+leave, then locks the rows of the keys of the jobs it takes (nq_flow_key, FOR UPDATE SKIP
+LOCKED: a key another consumer is claiming right now is skipped, not waited on) and, under
+those locks, counts each key's running jobs from the queue's claimed rows (status 2) again,
+with the locking read of those jobs (store/key_gate.py). Only a claim starts a job, and every
+claim of a key holds that key's row until its COMMIT, so the count it reads there is exact and
+what it keeps is bounded by the free slots. A finished, failed, given back or taken
 back job leaves status 2 in its own transaction, which frees its slot at once; a dead
 consumer's rows stay claimed until a reaper takes them back, so its slots come back then,
 never earlier. The queue's `limit` is the same with the queue's own row (the empty key: no
@@ -16,8 +18,9 @@ The candidates come through ix_key, one read per key (flow_key_firsts' dives, or
 flow_key_ready for a key it may take more than a few of), so a key with 50,000 ready jobs costs
 a claim the few rows it may take, not the other keys their turn. The keys are the ones
 nq_flow_key names, read round-robin; keys not named yet are found by a few dives into ix_key
-per claim (discovery: more while each dive finds a new key) and named in the claim's own
-transaction. With `fair`, a claim
+per claim (discovery: more while each dive finds a new key) and named in a transaction of
+their own, before the claim takes their jobs (UnnamedKeys, name_keys: naming a key can wait on a
+peer's lock of its row, and nothing a claim carries may wait with it). With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
 and age order inside each round); without, in claim order (priority, run_at, id). A queue with
 a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim
@@ -61,6 +64,14 @@ FIRSTS_MAX = 4
 # How deep a flow claim reads for unkeyed jobs (flow_unkeyed_deep) when the head it read had
 # fewer than it wants: ids of an index-only read and their rows' keys, about a millisecond.
 UNKEYED_DEPTH = 1000
+# A claim whose grant has jobs, and whose consumer's last read of unkeyed jobs found none,
+# skips the deep read (and, on a limited queue, the head's: flow_unkeyed_ready) this many
+# claims in a row at most, saying it left jobs behind. On 100 keys of limit 2 with no unkeyed
+# job, every claim read the head's 300 rows, and the consumer holding 48 keys' slots (a grant
+# of 96 jobs, short of its batch) 1,000 entries and their rows more (a round trip, 3 ms of the
+# server's time): half the rows a limited claim read. Unkeyed jobs wait at most this many
+# claims of each consumer; a claim that would take nothing always reads them.
+DEEP_SKIPS = 8
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,18 @@ class Grant:
     queue_full: bool = False  # the queue's `limit` held every job back
     keys: dict[int, str | None] = field(default_factory=dict)  # each id's key (the rates' budgets)
     active_keys: int = 0  # keys it found ready jobs of
+    contended: bool = False  # jobs left for peers' claims that held their keys' rows (KeyGate)
+
+
+class UnnamedKeys(Exception):
+    """Raised in a claim's transaction by candidates(): discovery found keys no row names yet
+    (`keys`). queries.claim rolls the claim back, names them in a transaction of their own
+    (FlowClaims.name_keys) and runs the claim again: naming a key can wait on a lock, and a
+    limited claim carries the last batch's acks, which must never wait with it."""
+
+    def __init__(self, keys: list[str]):
+        super().__init__(f"keys to name first: {len(keys)}")
+        self.keys = keys
 
 
 class FlowClaims:
@@ -138,6 +161,12 @@ class FlowClaims:
         self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
         self.turn: str | None = None  # a fair claim's last key of its first round (None: none yet)
         self._first: tuple[tuple[str, int], list[list[tuple]]] | None = None  # looks()' key reads
+        self.deep_skips = 0  # reads of unkeyed jobs skipped since the last one (DEEP_SKIPS)
+        self.deep_found = True  # whether the last read of unkeyed jobs found any
+        # Keys the last claim found unnamed after it had named some already (name_keys): the
+        # next claim names them before its own transaction
+        self.unnamed: list[str] = []
+        self.named_now = False  # this claim named keys already (queries.claim sets it)
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -157,7 +186,7 @@ class FlowClaims:
         keys again)."""
         first = self._first_steps(queue, batch_size)
         counts: list[int] = []
-        results = _results(cur, list(writes) + list(lead) + first, counts=counts)
+        results = run_steps(cur, list(writes) + list(lead) + first, counts=counts)
         self._first = ((queue, batch_size), results[len(lead):])
         return counts[:len(writes)], results[:len(lead)]
 
@@ -167,6 +196,8 @@ class FlowClaims:
     def candidates(self, cur, queue: str, batch_size: int) -> Grant:
         """In the claim's transaction, before its locking read: the ids it may lock."""
         grant = self._candidates(cur, queue, batch_size)
+        if self.unnamed:
+            grant.contended = True  # their jobs left: the next claim, at once, names them first
         self.last = grant
         return grant
 
@@ -186,9 +217,29 @@ class FlowClaims:
         if self.limits.limit and sum(running.values()) > self.limits.limit:
             raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
 
+    def name_keys(self, session, queue: str, keys: list[str]) -> None:
+        """Name `keys` (flow_add_keys) in a transaction of their own, committed in the statement's
+        round trip: outside any claim, so that the acks a claim carries never wait on a key row's
+        lock (an INSERT IGNORE of a row a peer's claim holds waits for that claim's COMMIT)."""
+        sql = _add_keys(len(keys))
+        params = {"queue": queue, **{f"key{i}": k for i, k in enumerate(keys)}}
+
+        def body(cur) -> None:
+            cur.execute(cur.mogrify(sql, params) + ";\nCOMMIT")
+            while cur.nextset():
+                pass
+
+        session.run(body, what=f"name keys {queue}")
+        self.unnamed = [k for k in self.unnamed if k not in set(keys)]
+
     def _first_steps(self, queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
-        """Round trip 1 (plain reads): discovery, the named keys, and the running counts."""
-        return _discovery(queue, self.discover_after, self.discovery_steps) + [
+        """Round trip 1 (plain reads): discovery and which of its keys are named, the named keys,
+        and the running counts."""
+        n = self.discovery_steps
+        named = Q["flow_discovered_named"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4",
+                                                   ", ".join(f"@nq_k{i}" for i in range(1, n + 1)))
+        return _discovery(queue, self.discover_after, n) + [
+            (named, {"queue": queue}),
             (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
             (Q["flow_running"], {"queue": queue})]
 
@@ -198,9 +249,9 @@ class FlowClaims:
         self.read = None  # until this claim's keys are settled
         first, self._first = self._first, None
         if first is not None and first[0] == (queue, batch_size):
-            discovered_row, named_rows, running_rows = first[1]  # read with the claim's looks
+            discovered_row, existing_rows, named_rows, running_rows = first[1]  # read with the claim's looks
         else:
-            discovered_row, named_rows, running_rows = _results(cur, self._first_steps(queue, batch_size))
+            discovered_row, existing_rows, named_rows, running_rows = run_steps(cur, self._first_steps(queue, batch_size))
         dives = len(discovered_row[0])
         discovered = [k for k in discovered_row[0] if k is not None]
         self.discover_after = discovered[-1] if len(discovered) == dives else ""
@@ -213,17 +264,25 @@ class FlowClaims:
         else:
             self.after = ""
         known = set(named)
-        new = [k for k in discovered if k not in known]
-        if len(new) == dives:
+        unread = [k for k in discovered if k not in known]  # found by discovery, not by the named read
+        if len(unread) == dives:
             self.discovery_steps = min(2 * dives, DISCOVERY_MAX_STEPS)  # more keys than named: faster
-        elif not new:
+        elif not unread:
             self.discovery_steps = DISCOVERY_STEPS  # every key it met is named: a few dives suffice
-        if limits.limit and not has_queue_row:
-            new.append(QUEUE_ROW)
+        # Keys without a row are named outside the claim (name_keys) before it takes their jobs:
+        # once in a claim (UnnamedKeys: it runs again), later ones by the next claim
+        existing = {r[0] for r in existing_rows}
+        new = [k for k in unread if k not in existing] + [QUEUE_ROW] * bool(limits.limit and not has_queue_row)
+        if new and not self.named_now:
+            raise UnnamedKeys(new)
+        self.unnamed = new
+        if QUEUE_ROW in new:
+            return Grant([], False, [], contended=True)  # (the queue's row to lock first)
+        complete = complete and not new
         running = {r[0]: int(r[1]) for r in running_rows}
 
         keys, held = [], []
-        for key in named + [k for k in new if k != QUEUE_ROW]:
+        for key in named + [k for k in unread if k in existing]:
             lim = limits.limit_for(key)
             if lim and running.get(key, 0) >= lim:
                 held.append(key)
@@ -232,8 +291,9 @@ class FlowClaims:
         if limits.limit and sum(running.values()) >= limits.limit:
             return Grant([], complete, held, queue_full=True)
 
-        # Round trip 2: name the new keys, lock the keys (and the queue's row), count again
-        # under the locks, and read each key's first ready jobs.
+        # Round trip 2: each key's first ready jobs (plain reads).
+        # The keys are locked later, only those of the jobs the claim takes (KeyGate), with
+        # the locking read of those jobs.
         caps = {}
         # A fair claim reads each key's share of the batch: shared among the keys the last claim
         # found jobs of (all of them the first time), so that one key left alone gets the batch
@@ -244,15 +304,7 @@ class FlowClaims:
             caps[key] = min(share, lim - running.get(key, 0)) if lim else share
             if limits.rate_cap:
                 caps[key] = min(caps[key], limits.rate_cap + 1)
-        # Only a key with a limit is locked (counted): a fair queue's other keys are read and
-        # taken without, so that its claimers never wait on, nor skip, each other's keys.
-        locking = [k for k in keys if limits.limit_for(k)] + [QUEUE_ROW] * bool(limits.limit)
         steps = []
-        if new:
-            steps.append((_add_keys(len(new)), {"queue": queue, **{f"key{i}": k for i, k in enumerate(new)}}))
-        if locking:
-            steps.append((Q["flow_lock"], {"queue": queue, "keys": tuple(locking)}))
-        steps.append((Q["flow_running"], {"queue": queue}))
         # Each key's first jobs: a few of each in one statement of dives, more by flow_key_ready
         few = [k for k in keys if caps[k] <= FIRSTS_MAX]
         many = [k for k in keys if caps[k] > FIRSTS_MAX]
@@ -260,45 +312,59 @@ class FlowClaims:
             steps.append(_firsts(queue, few, max(caps[k] for k in few)))
         if many:
             steps.append((Q["flow_key_ready"], None))
-        steps.append((Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}))
+        # A limited queue's claim reads no unkeyed jobs while its last reads found none (DEEP_SKIPS)
+        head_read = not limits.limited or self.deep_found or self.deep_skips >= DEEP_SKIPS
+        if head_read:
+            steps.append(self._head_step(queue, batch_size))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
-        results = _results(cur, steps, per_key)
-        if locking:
-            locked = {r[0] for r in results.pop(0)}
-        else:
-            locked = set()
-        running = {r[0]: int(r[1]) for r in results.pop(0)}
+        results = run_steps(cur, steps, per_key) if steps else []
         ready = _capped(results.pop(0), caps) if few else []
         ready += results.pop(0) if many else []
-        head = results.pop(0)
+
+        # The queue's room as last committed (its `limit`): KeyGate counts it again under the
+        # queue row's lock
+        room = limits.limit - sum(running.values()) if limits.limit else None
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete)
+        if not head_read:
+            grant = self._grant(self.read, ready, [])
+            if grant.ids:
+                self.deep_skips += 1  # (DEEP_SKIPS) not read, so left behind: not drained
+                grant.complete = False
+                self.active_keys = grant.active_keys
+                return grant
+            [head] = run_steps(cur, [self._head_step(queue, batch_size)])  # nothing else to take
+        else:
+            head = results.pop(0)
         unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
         # The head is keyed jobs (of keys that may well be at their limit): the unkeyed ones
         # behind them are ready too (read below, where they may change what this claim takes)
         deep = len(head) == unkeyed_limit(batch_size) and len(unkeyed) < batch_size
-
-        if limits.limit:
-            if QUEUE_ROW not in locked:
-                # Another consumer is claiming this queue right now: claim again once it is in.
-                if deep:
-                    unkeyed = self._deeper(cur, queue, batch_size, unkeyed)
-                return Grant([], not (ready or unkeyed), held)
-            room = limits.limit - sum(running.values())
-            if room <= 0:
-                return Grant([], complete, held, queue_full=True)
-        else:
-            room = None
-
-        self.read = _Read(queue, batch_size, keys, caps, locked, running, room, list(held), complete)
         grant = self._grant(self.read, ready, unkeyed)
+        found = bool(unkeyed)
+        # (a limited queue's claim that read the head reads deep too: its skips were the head's)
+        skip_deep = (not limits.limited and bool(grant.ids) and not self.deep_found
+                     and self.deep_skips < DEEP_SKIPS)
         if deep and self._head_decides(grant, batch_size, ready, unkeyed, head[-1]):
             # The batch's last job comes before the head's last in claim order, so no unkeyed
             # job behind the head could be in it: not read (a round trip, UNKEYED_DEPTH entries
             # and their rows), but left behind (this claim did not drain the queue)
             grant.complete = False
+        elif deep and skip_deep:
+            self.deep_skips += 1  # (DEEP_SKIPS) not read, so left behind: not drained
+            grant.complete = False
         elif deep:
-            grant = self._grant(self.read, ready, self._deeper(cur, queue, batch_size, unkeyed))
+            deeper = self._deeper(cur, queue, batch_size, unkeyed)
+            found = bool(deeper)
+            self.deep_found, self.deep_skips = len(deeper) > len(unkeyed), 0
+            grant = self._grant(self.read, ready, deeper)
+        if limits.limited:
+            self.deep_found, self.deep_skips = found, 0
         self.active_keys = grant.active_keys
         return grant
+
+    @staticmethod
+    def _head_step(queue: str, batch_size: int) -> tuple[str, dict[str, Any]]:
+        return Q["flow_unkeyed_ready"], {"queue": queue, "limit": unkeyed_limit(batch_size)}
 
     def _deeper(self, cur, queue: str, batch_size: int, unkeyed: list[tuple]) -> list[tuple]:
         """`unkeyed` and the unkeyed jobs behind a head of keyed ones (flow_unkeyed_deep)."""
@@ -324,7 +390,8 @@ class FlowClaims:
         """In the claim's transaction, after its locking read met jobs too new for its consumer's
         code `version` (a rolling deploy) and left it room: the candidates read again past those
         jobs (flow_key_ready_for_version, flow_unkeyed_ready_for_version: one round trip), for
-        the same keys, under the same key locks and counts as the last candidates(). `seen`:
+        the same keys, with the counts the claim's key locks read (KeyGate, which locks the keys
+        of these too before any is kept), less the keys a peer held. `seen`:
         the ids that claim tried already; `taken`: the keys of the rows it locked (each uses a
         slot of its key and of the queue's limit). A key's first jobs, too new, hid the ones
         behind them from an old consumer; the version filter costs each entry's row, so only a
@@ -337,7 +404,7 @@ class FlowClaims:
         steps.append((Q["flow_unkeyed_ready_for_version"],
                       {"queue": plan.queue, "limit": unkeyed_limit(plan.batch_size), "version": version}))
         per_key = [{"queue": plan.queue, "key": k, "limit": plan.caps[k], "version": version} for k in plan.keys]
-        results = _results(cur, steps, per_key)
+        results = run_steps(cur, steps, per_key)
         ready = results.pop(0) if plan.keys else []
         unkeyed = results.pop(0)
         grant = self._grant(plan, ready, unkeyed, seen, taken)
@@ -364,9 +431,10 @@ class FlowClaims:
         for key in plan.keys:
             rows = by_key.get(key, [])
             lim = limits.limit_for(key)
-            if lim and key not in plan.locked:
-                # Another consumer is claiming this key right now: its jobs are not ours to count
-                # this time, but may be left for us once that claim is in (claim again).
+            if lim and key in plan.skipped:
+                # Another consumer is claiming this key right now (KeyGate found its row locked):
+                # its jobs are not ours to count this time, but may be left for us once that
+                # claim is in (claim again).
                 by_key.pop(key, None)
                 complete = complete and not rows
                 continue
@@ -399,6 +467,8 @@ class FlowClaims:
                 self.turn = first_round[-1] or ""
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
+        if QUEUE_ROW in plan.skipped:
+            return Grant([], False, held)  # another consumer is claiming this queue right now
         room = None if plan.room is None else plan.room - len(taken)
         queue_full = room is not None and len(ids) > room
         if queue_full:
@@ -418,9 +488,9 @@ class _Read:
     batch_size: int
     keys: list[str]
     caps: dict[str, int]  # each key's read limit
-    locked: set[str]  # the key rows (and the queue's) this claim holds
-    running: dict[str | None, int]
-    room: int | None  # the queue's free slots under its `limit`
+    skipped: set[str]  # key rows (and the queue's) another claim held when KeyGate asked for them
+    running: dict[str | None, int]  # as last counted: committed, or under the keys' locks (KeyGate)
+    room: int | None  # the queue's free slots under its `limit` (as `running` counts them)
     held: list[str]  # keys a limit held back before the read
     complete: bool  # every key with free slots seen
 
@@ -429,7 +499,7 @@ def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:
     """The queue's first `n` keys with ready jobs after `after`, in key order, by the claim's
     discovery (flow_next_key: one dive into ix_key a key, whatever its backlog), in one round
     trip: the console's flow page (notifyq web)."""
-    [found] = _results(cur, _discovery(queue, after, n))
+    [found] = run_steps(cur, _discovery(queue, after, n))
     return [k for k in found[0] if k is not None]
 
 
@@ -474,7 +544,7 @@ def _add_keys(n: int) -> str:
     return head + "VALUES " + ", ".join(row.replace("%(key)s", f"%(key{i})s") for i in range(n))
 
 
-def _results(cur, steps: list[tuple[str, dict[str, Any] | None]],
+def run_steps(cur, steps: list[tuple[str, dict[str, Any] | None]],
              union_params: list[dict[str, Any]] | None = None, counts: list[int] | None = None) -> list[list[tuple]]:
     """Run `steps` as one multi-statement query (one round trip) and return the rows of each
     statement that returns rows, in order (and every statement's row count into `counts`). A

@@ -24,7 +24,8 @@ from notifyq.jobs import Job
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
-from notifyq.store.flow import MIN_CANDIDATES, FlowClaims
+from notifyq.store.flow import MIN_CANDIDATES, FlowClaims, UnnamedKeys
+from notifyq.store.key_gate import KeyGate
 from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
 from notifyq.store import signal
@@ -247,15 +248,19 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 
     def two_steps(cur, ordered: list[int], due: bool):
         """The candidates (`ordered`, read; or the flow's, read here), then locked by id:
-        (candidates, the rates' hint, the rows locked, how many too new, drained)."""
+        (candidates, the rates' hint, the rows locked, how many too new, drained, the key gate)."""
         complete = True
         keys = None
+        gate = None
         if flow is not None:
             if due:
                 flow.drop_looks()  # its key reads were before the promotion: read again
                 _promote_due(session, cur, queue)
             grant = flow.candidates(cur, queue, batch_size)
             ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
+            if flow.limits.limited and flow.read is not None:
+                # Its keys' rows are locked with the jobs it takes, and counted under those locks
+                gate = KeyGate(queue, flow.limits, flow.read, grant.keys)
         read = len(ordered)
         candidates = ordered  # every id read, before the rates' hint leaves some out
         # A rated queue locks only candidates its budgets have a start for (the log as committed):
@@ -264,7 +269,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if hinted is not None:
             ordered = hinted.ids
         locked: list[tuple] = []
-        tried, too_new = lock_windows(cur, ordered, batch_size, version, locked)
+        tried, too_new = lock_windows(cur, ordered, batch_size, version, locked, gate)
+        if gate is not None:
+            grant.held_keys += [k for k in gate.held if k not in grant.held_keys]
+            complete = complete and not gate.contended  # jobs left for the claim that holds their keys
+            grant.contended = grant.contended or gate.contended
         # What the rates held back waits for their refill (admit's hold), as if taken; a flow read
         # says itself whether it left any job behind, except those of more ids than a claim takes.
         drained = ((complete and tried == len(ordered)
@@ -273,7 +282,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                    # Nothing to take but what the rates hold: wait for the refill, not claim again at
                    # once (a flow read that left keys unread reads them next time, from its cursor)
                    or (not locked and hinted is not None and hinted.held))
-        return candidates, hinted, locked, too_new, drained
+        return candidates, hinted, locked, too_new, drained, gate
 
     def body(cur) -> Claim:
         params = {"queue": queue, "limit": limit}
@@ -327,6 +336,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.nextset()
             if cur.fetchone() is not None:  # paused
                 return Claim([], token, True, True)
+        gate = None
         if one_step and not due:
             candidates = [row[0] for row in rows]
             locked, too_new, drained = taken(rows, batch_size, version)
@@ -338,7 +348,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 ordered = _with_due(session, cur, queue, params)
                 if ordered is None:  # paused meanwhile
                     return Claim([], token, True, True)
-            candidates, hinted, locked, too_new, drained = two_steps(cur, ordered, due)
+            candidates, hinted, locked, too_new, drained, gate = two_steps(cur, ordered, due)
         if too_new and len(locked) < batch_size:
             # The candidates held jobs too new for this consumer (a rolling deploy), and it has
             # room: read again past them, and lock those too. Without this, a run of them longer
@@ -352,13 +362,18 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if flow is not None:
                 grant = flow.for_version(cur, version, seen, [r[KEY] for r in locked])
                 again, complete = grant.ids, grant.complete
+                if gate is not None:
+                    gate.learn(grant.keys)
             elif due:
                 again = _merged(cur, Q["claim_candidates_for_version"], {**params, "version": version}) or []
             else:
                 cur.execute(Q["claim_ready_for_version"], {**params, "version": version})
                 again = [row[0] for row in cur.fetchall()]
             fresh = [job_id for job_id in again if job_id not in seen]  # tried already, or ours
-            tried, _ = lock_windows(cur, fresh, batch_size, version, locked)
+            tried, _ = lock_windows(cur, fresh, batch_size, version, locked, gate)
+            if gate is not None:
+                complete = complete and not gate.contended
+                flow.last.contended = gate.contended
             drained = (complete and tried == len(fresh)
                        and (len(fresh) <= batch_size if flow is not None else len(again) < limit))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
@@ -474,7 +489,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         connection, alive_at, run = session.connection_id, session.open_at, session.server_run
         return body(cur)
 
-    return session.run(once, what=f"claim {queue}")
+    if flow is not None:
+        # Keys the last claim found unnamed, named before this claim's transaction begins (and
+        # before the acks it carries run): naming can wait on a peer's key row lock
+        flow.named_now = bool(flow.unnamed)
+        if flow.unnamed:
+            flow.name_keys(session, queue, flow.unnamed)
+    try:
+        return session.run(once, what=f"claim {queue}")
+    except UnnamedKeys as e:
+        assert flow is not None  # (only a flow read raises it)
+        # Its candidate read found keys no row names: rolled back (its acks with it), the keys
+        # named on their own, then the claim again, which takes their jobs too
+        flow.name_keys(session, queue, e.keys)
+        flow.named_now = True
+        return session.run(once, what=f"claim {queue}")
 
 
 def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
@@ -566,34 +595,43 @@ SUSPECT = 9  # claim_lock's column: the job was held by a consumer that died or 
 MIN_VERSION = 10  # claim_lock's column: the lowest consumer code version the job may run on
 
 
-def lock_windows(cur, ordered: list[int], batch_size: int, version: int, locked: list[tuple]) -> tuple[int, int]:
+def lock_windows(cur, ordered: list[int], batch_size: int, version: int, locked: list[tuple],
+                 gate: KeyGate | None = None) -> tuple[int, int]:
     """Lock windows of `ordered` (candidates in claim order) until `locked` holds batch_size
     rows or every candidate was tried: how many were tried, and how many of the locked rows were
     too new for `version` (lock_window). Each window is exactly as large as what is still
     missing: no LIMIT on the locking read, so InnoDB's primary-key order can never pick a
     low-priority job over a higher one. Under contention the next window takes over skipped
-    rows."""
+    rows (and rows a limited claim's `gate` did not keep)."""
     tried = too_new = 0
-    while len(locked) < batch_size and tried < len(ordered):
+    while len(locked) < batch_size and tried < len(ordered) and not (gate is not None and gate.closed):
         window = ordered[tried: tried + batch_size - len(locked)]
         tried += len(window)
-        rows, skipped = lock_window(cur, window, version)
+        rows, skipped = lock_window(cur, window, version, gate)
         locked.extend(rows)
         too_new += skipped
     return tried, too_new
 
 
-def lock_window(cur, ids: list[int], version: int) -> tuple[list[tuple], int]:
+def lock_window(cur, ids: list[int], version: int, gate: KeyGate | None = None) -> tuple[list[tuple], int]:
     """Step 2 of a claim, for one window of candidates: the rows locked (claim_lock) that a
     consumer of code `version` may run, and how many it may not (their min_version is above
     it: old code never claims a job that needs newer code). Those stay unmarked: the claim's
     COMMIT releases them for a newer consumer. The test is on the rows already read, so a job
     without a minimum costs nothing more; only a claim that met such jobs reads its candidates
-    again past them (claim())."""
-    cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
-    rows = cur.fetchall()
+    again past them (claim()). A limited claim's `gate` locks the window's keys in the same
+    round trip and keeps only the rows its limits let through (KeyGate); the others stay
+    unmarked too."""
+    if gate is not None:
+        rows = gate.lock(cur, ids, (Q["claim_lock"], {"ids": Ids(ids)}))
+    else:
+        cur.execute(Q["claim_lock"], {"ids": Ids(ids)})
+        rows = cur.fetchall()
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
-    return kept, len(rows) - len(kept)
+    too_new = len(rows) - len(kept)
+    if gate is not None:
+        kept = gate.admit(sorted(kept, key=claim_rank), key=lambda r: r[KEY])
+    return kept, too_new
 
 
 def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple], int, bool]:

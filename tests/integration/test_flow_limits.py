@@ -11,7 +11,7 @@ from conftest import admin_connect, cron_run
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.flow import DEEP_SKIPS, FlowClaims, FlowLimits
 from notifyq.store.sql import QUERIES
 
 OWNER = "o" * 32
@@ -410,3 +410,156 @@ def test_a_limited_claim_finds_a_hundred_new_keys_within_five_claims(db):
     # a claim found 20 keys in five claims)
     assert sum(taken) == 100, taken
     assert _running(db) == {f"k{i:03d}": 1 for i in range(100)}
+
+
+def test_two_limited_claims_at_once_both_take_a_batch_when_there_are_keys_enough(db, monkeypatch):
+    # Given 20 keys of 2 ready jobs each, limit_per_key = 2, every key named already, and a
+    # claim of 10 jobs paused right after its locking read (its transaction open: whatever key
+    # rows it locked, it holds)
+    cfg = db.config()
+    keys = [f"k{i:02d}" for i in range(20)]
+    _put_keyed(db, cfg, [k for k in keys for _ in range(2)])
+    for key in keys:
+        db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    locked_in, may_go_on = threading.Event(), threading.Event()
+    real_lock_windows = queries.lock_windows
+
+    def pausing_lock_windows(*args, **kwargs):
+        out = real_lock_windows(*args, **kwargs)
+        if threading.current_thread().name == "first":
+            locked_in.set()
+            may_go_on.wait(30)
+        return out
+
+    monkeypatch.setattr(queries, "lock_windows", pausing_lock_windows)
+    first_session, second_session = Session(cfg.dsn), Session(cfg.dsn)
+    outcome: list = []
+
+    def first_claim() -> None:
+        try:
+            outcome.append(queries.claim(first_session, "q", "f" * 32, 10, 60,
+                                         flow=FlowClaims(FlowLimits(limit_per_key=2))))
+        except Exception as e:  # the test's verdict below
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_claim, name="first", daemon=True)
+    try:
+        thread.start()
+        assert locked_in.wait(30), "the first claim's locking read"
+        # When a second consumer claims 10 jobs while the first claim is under way
+        second = queries.claim(second_session, "q", "s" * 32, 10, 60, flow=FlowClaims(FlowLimits(limit_per_key=2)))
+        second_session.pipeline.read_reply()  # its COMMIT
+        may_go_on.set()
+        thread.join(30)
+    finally:
+        may_go_on.set()
+        first_session.close()
+        second_session.close()
+    # Then each takes a whole batch, of keys the other did not lock (the first locked only the
+    # keys of the jobs it took), and no key runs more than its limit
+    [first] = outcome
+    assert not isinstance(first, Exception), first
+    assert len(first.jobs) == 10 and len(second.jobs) == 10
+    assert not {j.key for j in first.jobs} & {j.key for j in second.jobs}
+    assert max(_running(db).values()) == 2 and sum(_running(db).values()) == 20
+
+
+def test_a_claim_keeps_only_the_slots_the_count_under_its_key_lock_leaves(db, monkeypatch):
+    # Given key a with 4 ready jobs, limit_per_key = 2, and a claim whose candidate read (plain,
+    # no key locked yet) saw a's 2 slots free, after which 2 other jobs of a started and committed
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 4)
+    db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', 'a')")
+    real_candidates = FlowClaims.candidates
+
+    def candidates_then_a_peer_starts_two(self, cur, queue, batch_size):
+        grant = real_candidates(self, cur, queue, batch_size)
+        assert sorted(grant.ids) == ids[:2]
+        db.query("UPDATE nq_job SET status = 2 WHERE id IN %s", (tuple(ids[2:]),))
+        return grant
+
+    monkeypatch.setattr(FlowClaims, "candidates", candidates_then_a_peer_starts_two)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When the claim locks its jobs (and their key)
+        claim = _claim(session, flow, batch=10)
+    finally:
+        session.close()
+    # Then it keeps none of them: the count under a's lock leaves no slot, and a is held
+    assert claim.jobs == [] and _running(db) == {"a": 2}
+    assert flow.last.held_keys == ["a"]
+
+
+def test_unkeyed_jobs_put_behind_a_keyed_head_are_claimed_within_the_deep_skips(db):
+    # Given limit_per_key = 2, 40 jobs of key a at the head of the queue (held at its limit after
+    # the first claim), then 30 jobs of key c, whose 2 slots each claim takes again (the last
+    # claim's acked), and a consumer whose first claim of 5 read deep for unkeyed jobs behind
+    # the head and found none
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 40 + ["c"] * 30)
+    for key in ("a", "c"):
+        db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=5)
+        assert len(first.jobs) == 4 and not flow.deep_found
+        # When 3 jobs without a key are put, behind the head, and the consumer claims on (each
+        # claim short of its batch: c's 2 slots)
+        unkeyed = _put_keyed(db, cfg, [None] * 3)
+        claims = [first]
+        while len(claims) <= DEEP_SKIPS + 1 and not set(unkeyed) & {j.id for j in claims[-1].jobs}:
+            done = [j.id for j in claims[-1].jobs if j.key == "c"]
+            queries.ack(session, done, claims[-1].token, False)
+            claims.append(_claim(session, flow, batch=5))
+    finally:
+        session.close()
+    # Then a claim within DEEP_SKIPS + 1 takes them (the claims before it, which did not read
+    # deep, said they left jobs behind), and no key ran more than its limit
+    assert set(unkeyed) <= {j.id for j in claims[-1].jobs}
+    assert 1 < len(claims) <= DEEP_SKIPS + 2
+    assert all(not c.drained for c in claims[1:-1])
+    assert _running(db) == {"a": 2, "c": 2, None: 3}
+
+
+def test_a_claim_never_names_again_a_key_whose_row_a_peers_claim_holds(db):
+    # Given 4 named keys with a ready job each, limit_per_key = 2, and a peer's claim under way
+    # holding k3's row (flow_lock); a claim of one job reads 3 named keys (3 x its batch), and
+    # its discovery dives meet k3 beyond them
+    cfg = db.config()
+    keys = ["k0", "k1", "k2", "k3"]
+    _put_keyed(db, cfg, keys)
+    for key in keys:
+        db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    peer = admin_connect(db.admin, db.admin.database)
+    peer.autocommit(False)
+    peer.cursor().execute("SELECT job_key FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k3' FOR UPDATE")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    done = threading.Event()
+    claimed: list = []
+
+    def claim_one() -> None:
+        try:
+            claimed.append(_claim(session, flow, batch=1))
+        except Exception as e:  # the test's verdict below
+            claimed.append(e)
+        done.set()
+
+    worker = threading.Thread(target=claim_one, daemon=True)
+    try:
+        # When it claims meanwhile
+        worker.start()
+        # Then it does not wait for the peer: an INSERT IGNORE of k3 (to name it) waited for the
+        # peer's COMMIT, with the acks the claim carried (in a fault run, 10 s and a 1205)
+        finished = done.wait(5)
+    finally:
+        peer.rollback()
+        peer.close()
+        worker.join(60)
+        session.close()
+    assert finished, "the claim waited on the peer's key row"
+    [claim] = claimed
+    assert not isinstance(claim, Exception), claim
+    assert [j.key for j in claim.jobs] == ["k0"]

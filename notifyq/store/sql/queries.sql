@@ -312,21 +312,35 @@ SELECT (SELECT ready_key FROM nq_job FORCE INDEX (ix_key)
 -- The keys discovery found (NULL past the last one), in step order.
 SELECT @nq_k1, @nq_k2, @nq_k3, @nq_k4
 
+-- flow_discovered_named --
+-- Which of the keys discovery found have a row already (a plain read, with flow_discovered): only
+-- a key without one is named (flow_add_keys). An INSERT IGNORE of a key whose row exists waits
+-- for the row's lock (its duplicate check takes a shared lock), and a peer's claim holds that
+-- lock until its COMMIT: a claim of one or two jobs reads fewer named keys than a queue of a
+-- few keys has (3 x its batch), and it named again, waiting, the keys its dives found beyond them.
+SELECT job_key FROM nq_flow_key WHERE queue = %(queue)s AND job_key IN (@nq_k1, @nq_k2, @nq_k3, @nq_k4)
+
 -- flow_running --
 -- Running jobs per key of a queue, from its claimed rows (status 2): bounded by what the
 -- consumers hold, and no counter to drift. A dead consumer's rows count until a reaper takes
--- them back. Read again under the keys' locks (flow_lock), where it decides.
+-- them back. Read first as committed (which keys have free slots), then again right after the
+-- keys' locks (flow_lock, store/key_gate.py), where it decides, and once more after the mark.
 SELECT job_key, COUNT(*) FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 2 AND queue = %(queue)s GROUP BY job_key
 
 -- flow_add_keys --
--- Keys discovery found that no row names yet; the claim's own transaction, so the new rows are
--- locked by it as flow_lock would lock them. The VALUES rows are repeated by store/flow.py.
+-- Keys discovery found that no row names yet (flow_discovered_named), in a transaction of their
+-- own before the claim's (store/flow.py, FlowClaims.name_keys) and committed in the same round
+-- trip, so that its rows are locked for no longer than the statement: a peer naming the same key
+-- meanwhile waits for that, not for a claim (or a paused process). It waits for a claim only
+-- when a peer named the key and its claim locked it between the read and this statement, and
+-- it carries no acks. The VALUES rows are repeated by store/flow.py.
 INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES (%(queue)s, %(key)s)
 
 -- flow_lock --
--- The keys a claim takes jobs of, locked for its transaction; a key another consumer is
--- claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
+-- The keys of the jobs a claim is about to take (store/key_gate.py: sent with flow_running and
+-- claim_lock, one window of jobs at a time), locked for its transaction; a key another consumer
+-- is claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
 -- no other claim can start a job of the key, so flow_running read after it is exact.
 SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
 WHERE queue = %(queue)s AND job_key IN %(keys)s

@@ -1,0 +1,107 @@
+"""KeyGate: a limited claim's locks on the rows of the keys it takes (nq_flow_key) and of its
+queue (the empty key, for the queue's `limit`), and the running counts read under them, which
+decide how many of each key's locked jobs the claim keeps.
+
+A claim's candidates are read plain (store/flow.py), within the free slots that the committed
+running jobs leave. Only then are keys locked: with each window of the locking read
+(queries.lock_window), in the same round trip, the rows of the keys of that window's jobs
+(flow_lock, FOR UPDATE SKIP LOCKED), then the running jobs counted again (flow_running), then
+the jobs locked (claim_lock). A claim used to lock every key with a free slot before reading
+its candidates: two consumers claiming at once then wanted the same rows, and the second found
+every key locked and came back empty (about a third of the claims of two consumers on 100 keys
+of limit 2). Now each locks only the keys of the jobs it is about to take, for the rest of its
+transaction only.
+
+The guarantee is the one the earlier order gave: a job of a limited key is kept (marked) only
+if this claim holds its key's row, and only as far as the count read under that lock (every
+claim of the key commits before it lets go of that row, and a READ COMMITTED statement sees
+what committed before it) plus what this claim kept already leaves a free slot; a job of a
+queue with a `limit` only under the queue row's lock, the same way. A job whose key row another
+claim holds is left for that claim (`contended`: the claim did not drain the queue); a job
+over its key's count is held back by the limit, as the candidate read would have held it.
+queries.claim counts once more after its mark (FlowClaims.verify_marked): a count cut short by
+a KILL QUERY must not let a key run more than its limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from notifyq.store.flow import QUEUE_ROW, FlowLimits, _Read, run_steps
+from notifyq.store.sql import QUERIES as Q
+
+
+class KeyGate:
+    """One claim's key locks and counts (see the module's docstring)."""
+
+    def __init__(self, queue: str, limits: FlowLimits, plan: _Read, key_of: dict[int, str | None]):
+        self.queue, self.limits, self.plan = queue, limits, plan
+        self.key_of = dict(key_of)  # each candidate id's key, from the candidate read
+        self.asked: set[str] = set()  # rows asked for: locked, or held by another claim
+        self.locked: set[str] = set()
+        self.kept: dict[str | None, int] = {}  # rows kept per key, over every window
+        self.held: list[str] = []  # keys whose locked jobs the count under the lock held back
+        self.contended = False  # locked jobs left for another claim that holds their key's row
+
+    @property
+    def closed(self) -> bool:
+        """Nothing more can be kept: another claim holds the queue's row, or its `limit` is
+        reached (the locking read's further windows would only lock jobs to let them go)."""
+        if not self.limits.limit or QUEUE_ROW not in self.asked:
+            return False
+        if QUEUE_ROW not in self.locked:
+            return True
+        return sum(self.plan.running.values()) + sum(self.kept.values()) >= self.limits.limit
+
+    def learn(self, key_of: dict[int, str | None]) -> None:
+        """More candidates' keys (a claim that read again past jobs too new for it)."""
+        self.key_of.update(key_of)
+
+    def lock(self, cur, ids: list[int], claim_lock: tuple[str, dict[str, Any]]) -> list[tuple]:
+        """One window's locking read (`claim_lock`, for `ids`), after the locks of the keys of
+        those ids that no earlier window asked for and the count under them, in one round trip:
+        claim_lock's rows."""
+        want = sorted({self.key_of.get(i) for i in ids} - {None} - self.asked, key=str)
+        want = [k for k in want if self.limits.limit_for(k)]
+        if self.limits.limit and QUEUE_ROW not in self.asked:
+            want.insert(0, QUEUE_ROW)
+        if not want:
+            [rows] = run_steps(cur, [claim_lock])
+            return rows
+        self.asked.update(want)
+        got, running, rows = run_steps(cur, [(Q["flow_lock"], {"queue": self.queue, "keys": tuple(want)}),
+                                             (Q["flow_running"], {"queue": self.queue}), claim_lock])
+        self.locked.update(r[0] for r in got)
+        self.plan.skipped.update(set(want) - self.locked)
+        self.plan.running.clear()
+        self.plan.running.update((r[0], int(r[1])) for r in running)
+        if self.limits.limit:
+            self.plan.room = self.limits.limit - sum(self.plan.running.values())
+        return rows
+
+    def admit(self, rows: Iterable[tuple], key: Callable[[tuple], str | None]) -> list[tuple]:
+        """Of a window's locked rows, in claim order, the ones this claim may keep: their key's
+        row (and the queue's) held, and a slot free under the count read with the lock."""
+        kept: list[tuple] = []
+        running, limits = self.plan.running, self.limits
+        for row in rows:
+            k = key(row)
+            if limits.limit:
+                if QUEUE_ROW not in self.locked:
+                    self.contended = True
+                    continue
+                if sum(running.values()) + sum(self.kept.values()) >= limits.limit:
+                    continue  # held back by the queue's limit
+            lim = limits.limit_for(k)
+            if lim:
+                if k not in self.locked:
+                    self.contended = True
+                    continue
+                if running.get(k, 0) + self.kept.get(k, 0) >= lim:
+                    if k not in self.held:
+                        self.held.append(k)
+                    continue
+            self.kept[k] = self.kept.get(k, 0) + 1
+            kept.append(row)
+        return kept
