@@ -634,3 +634,35 @@ def test_the_expired_leases_of_a_consumer_asked_to_stop_come_back_uncharged(db):
                          % ",".join(map(str, mine))) == 1
     finally:
         alive.close()
+
+
+def test_a_dead_consumers_jobs_come_back_while_producers_are_stopped_inside_their_transactions(db, monkeypatch):
+    """Regression (an outside attack on "a pass never waits on a row lock"): producers stopped
+    inside `producer.transaction()` after a put hold the counter slots their puts bumped, and a
+    reaper's take-back bumped a random slot: on a held one it waited the lock wait timeout, on
+    every retry, with the dead consumer's jobs. It bumps a slot nobody holds now."""
+    from notifyq.store import signal
+
+    # Given a dead consumer's jobs, and every slot of the queue's counter but one held by open
+    # transactions (stopped producers'); the random slot a bump would take is a held one
+    cfg = db.config()
+    _, ids = _dead_consumer_holding(db, 3)
+    for slot in range(signal.SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (slot,))
+    conn = MySQLdb.connect(**cfg.dsn.connect_args())
+    cur = conn.cursor()
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")  # as a producer's session
+    cur.execute("BEGIN")
+    for slot in range(signal.SIGNAL_SLOTS):
+        if slot != 7:  # the bump each stopped producer's put made
+            cur.execute("INSERT INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 1) "
+                        "ON DUPLICATE KEY UPDATE seq = seq + 1", (slot,))
+    monkeypatch.setattr(signal, "slot", lambda: 3)
+    try:
+        # When a reaper pass runs
+        result = _pass_within(cfg, 5.0)
+        # Then the jobs are back at once, and the free slot counted them
+        assert result.reclaimed == 3
+        assert db.scalar("SELECT seq FROM nq_signal WHERE queue = 'q' AND slot = 7") >= 3
+    finally:
+        conn.close()

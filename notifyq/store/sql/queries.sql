@@ -164,6 +164,13 @@ WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
+-- signal_free_slot --
+-- A reaper's bump (signal.bump_free_slot): a slot of the queue's counter that no transaction
+-- holds. A producer stopped (SIGSTOP, a paused VM) inside its transaction holds the slot its put
+-- bumped; a reaper's random slot waited on it for the lock wait timeout, on every retry, with the
+-- dead consumer's jobs held in its own transaction.
+SELECT slot FROM nq_signal WHERE queue = %(queue)s ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED
+
 -- claim_ready --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids, in claim order (ix_state's own
 -- order: priority, run_at, id), index-only. Sent with due_any and queue_paused as one
