@@ -493,16 +493,23 @@ def test_a_reaper_lock_held_by_a_stalled_pass_stops_the_other_passes_only_for_a_
         stalled.close()
 
 
+def _claimed(db, queue: str, owner: str, n: int, lease_s: float) -> list[int]:
+    """n jobs put on `queue` and claimed by `owner` with a lease of lease_s: their ids."""
+    cfg = db.config()
+    with Producer(queue, cfg) as p:
+        p.put_many([{"n": i} for i in range(n)])
+    work = Session(cfg.dsn)
+    try:
+        return [j.id for j in queries.claim(work, queue, owner, n, lease_s).jobs]
+    finally:
+        work.close()
+
+
 def _claimed_rows_held_open(db, owner: str, n: int, lease_s: float) -> tuple[list[int], MySQLdb.Connection]:
     """n jobs claimed by `owner`, their rows locked by a transaction left open: a consumer
     stopped (SIGSTOP, a paused VM) in the middle of its ack. (connection, job ids)"""
     cfg = db.config()
-    with Producer("other", cfg) as p:
-        p.put_many([{"n": i} for i in range(n)])
-    work = Session(cfg.dsn)
-    claim = queries.claim(work, "other", owner, n, lease_s)
-    work.close()
-    ids = [j.id for j in claim.jobs]
+    ids = _claimed(db, "other", owner, n, lease_s)
     conn = MySQLdb.connect(**cfg.dsn.connect_args())
     cur = conn.cursor()
     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -557,11 +564,7 @@ def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open
     cfg = db.config()
     alive = [_live_consumer(db, "e" * 32, "other"), _live_consumer(db, "f" * 32, "q")]
     held, stalled = _claimed_rows_held_open(db, "e" * 32, 2, 0.2)
-    with Producer("q", cfg) as p:
-        p.put_many([{"n": i} for i in range(3)])
-    work = Session(cfg.dsn)
-    mine = [j.id for j in queries.claim(work, "q", "f" * 32, 3, 0.2).jobs]
-    work.close()
+    mine = _claimed(db, "q", "f" * 32, 3, 0.2)
     try:
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND sort_at < NOW(6)") == 5,
                    10, message="the leases ran out")
@@ -617,11 +620,7 @@ def test_the_expired_leases_of_a_consumer_asked_to_stop_come_back_uncharged(db):
     cfg = db.config()
     alive = _live_consumer(db, "f" * 32, "q")
     liveness.mark_stopping(alive, "f" * 32)
-    with Producer("q", cfg) as p:
-        p.put({"n": 1})
-    work = Session(cfg.dsn)
-    mine = [j.id for j in queries.claim(work, "q", "f" * 32, 1, 0.2).jobs]
-    work.close()
+    mine = _claimed(db, "q", "f" * 32, 1, 0.2)
     try:
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND sort_at < NOW(6)") == 1,
                    10, message="the lease ran out")
