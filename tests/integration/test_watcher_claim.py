@@ -36,9 +36,9 @@ def lock_steps(monkeypatch):
     calls: list[list[int]] = []
     lock_window = queries.lock_window
 
-    def counted(cur, ids, version):
+    def counted(cur, ids, version, gate=None):
         calls.append(list(ids))
-        return lock_window(cur, ids, version)
+        return lock_window(cur, ids, version, gate)
 
     monkeypatch.setattr(queries, "lock_window", counted)
     return calls
