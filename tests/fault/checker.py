@@ -355,8 +355,16 @@ class Faults:
         return any(f.end >= lo for f in self.all[:i])
 
 
+# The episodes' restarts (busy_restart, busy_crash: also the grace_restart episode's) restart the
+# one server every deployment shares: their narrow policy is for the episodes' own deployment
+# (episodes.DEPLOY), whose jobs they aim at; to any other they are a server restart like any.
+EPISODE_DEPLOY = "long"
+
+
 def excuses(f: Fault, earlier: Run | None, later: Run | None) -> bool:
     policy = EXCUSE.get(f.kind, "any")
+    if f.kind in SERVER_CAUSES and earlier is not None and earlier.deploy != EPISODE_DEPLOY:
+        policy = "any"
     if policy == "never":
         return False
     if earlier is None or later is None or policy == "any":

@@ -500,10 +500,13 @@ def test_busy_restart_a_job_run_again_while_its_handler_ran_through_a_server_res
         restart = Fault(kind, 5.0, 5.2)
         runs = [run(1, 1, 10, 1.0, 20.0), run(1, 1, 11, 6.0, 6.5), run(2, 1, 10, 4.0, 4.9), run(2, 2, 11, 6.0, 6.1)]
         runs[0].flags = "L"
-        report = checker.check(history(runs, [enq(1), enq(2)], faults=[restart]))
+        long = checker.EPISODE_DEPLOY  # the episodes' deployment, whose jobs the restart aims at
+        runs = [dataclasses.replace(r, deploy=long) for r in runs]
+        enqueues = [dataclasses.replace(enq(job), deploy=long) for job in (1, 2)]
+        report = checker.check(history(runs, enqueues, faults=[restart]))
         # Job 2 had finished before it (its ack may have been lost): excused; job 1 is not
         assert report.by_rule() == {"concurrent_run": 1, "attempts": 1}, report.violations
-        assert {v.job for v in report.violations} == {("main", 1)}
+        assert {v.job for v in report.violations} == {(long, 1)}
 
 
 def test_sighup_a_job_run_again_after_a_reload_is_caught_and_a_kept_lease_is_no_excuse():
@@ -572,7 +575,9 @@ def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_
         r.flags = "C"
     faults = [Fault("grace_restart", 2.0, exit_at, 10, detail="shutdown_grace_s=7"),
               Fault("busy_restart", 2.5, 4.5, detail="in the grace of pid 10")]
-    h = history(runs, [enq(1), enq(2)], faults=faults, rows=rows)
+    runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]  # the episodes' own
+    enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
+    h = history(runs, enqueues, faults=faults, rows=rows)
     h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
     return h
 
@@ -590,7 +595,7 @@ def test_grace_restart_a_job_that_ended_in_the_grace_but_was_not_acked_is_caught
     [caught] = [v for v in report.violations if v.rule == "grace_restart"]
     assert "not acked" in caught.detail
     # Or it stayed in the table (ready again after the drain)
-    report = checker.check(grace_restart_history(rows=[FinalRow("main", 1, 0, 1, None, None)]))
+    report = checker.check(grace_restart_history(rows=[FinalRow(checker.EPISODE_DEPLOY, 1, 0, 1, None, None)]))
     assert report.by_rule() == {"grace_restart": 1}, report.violations
 
 
@@ -928,3 +933,16 @@ def test_a_bystander_session_that_dies_with_the_server_up_is_a_violation_and_one
 
 def test_the_ci_schedule_runs_the_bystander_class():
     assert "bystander" in CI_CLASSES and "bystander" in parse_classes("ci")
+
+
+def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():
+    """Regression (the long run --seed 19): the grace_restart episode's server restart, recorded
+    as busy_restart, excused only jobs that had finished before it, on every deployment; a main
+    job whose claim's COMMIT the restart lost ran again on a peer: run_twice. The episode's own
+    deployment keeps the narrow rule."""
+    restart = Fault("busy_restart", 10.0, 10.4)
+    main_runs = [run(1, 1, 10, 10.01), run(1, 1, 11, 10.6, 10.7)]  # cut short, run again at attempt 1
+    assert checker.check(history(main_runs, [enq(1)], faults=[restart])).ok
+    long_runs = [dataclasses.replace(r, deploy="long") for r in main_runs]
+    assert not checker.check(history(long_runs, [dataclasses.replace(enq(1), deploy="long")],
+                                     faults=[restart])).ok
