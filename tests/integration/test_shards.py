@@ -292,7 +292,11 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
         wait_until(lambda: on_b_service.retired and any(w not in first for w in service.workers),
                    timeout=150, message="a worker of b ended past the connect retry and was restarted")
         assert all(r.worker.presence is presence_b for r in on_b_service.running)
-        assert service.healthy() and runner.is_alive()
+        # Healthy through the outage (the watchdog's question), but for the instant between a
+        # worker's end and its restart (a sample of that instant holds back one ping; the loop's
+        # next turn sends it): once failed in CI, asked at that instant
+        wait_until(service.healthy, timeout=5, message="the service healthy through b's outage")
+        assert runner.is_alive()
         servers["b"].start()
         with Producer("s", cfg.on_shard("b")) as on_b:
             on_b.put_many([{"n": i} for i in range(20)])
@@ -306,6 +310,8 @@ def test_a_shards_workers_restarted_after_a_long_outage_share_its_one_presence(s
     finally:
         stop.set()
         runner.join(60)
+        if not servers["b"].is_running():
+            servers["b"].start()  # the module's next tests use it
     assert not runner.is_alive()
 
 
