@@ -342,8 +342,10 @@ def reclaim_expired(session: Session) -> int:
         cur.execute(Q["claims_expired"], {"owners": owners})
         seen = cur.fetchall()
         held, _ = lock_whole_claims(cur, [(job_id, token) for job_id, token, _ in seen], "claims_expired_lock", {})
-        cur.execute(Q["owners_stopping"], {"owners": owners})
-        stopping = {owner for (owner,) in cur.fetchall()}
+        stopping: set[str] = set()
+        if held:  # (nothing to take back: no owner to ask about)
+            cur.execute(Q["owners_stopping"], {"owners": owners})
+            stopping = {owner for (owner,) in cur.fetchall()}
         # A consumer asked to stop whose jobs were left claimed (it exited unsettled, the server
         # away at its grace's end): interrupted by a deploy, not charged, as at its death
         interrupted = {job_id for job_id, _, owner in seen if owner in stopping}
