@@ -73,7 +73,11 @@ class Batch:
         # still covered by every extension. A long job's extend_lease() once pushed out its own
         # lease alone, and the finished jobs before it expired and ran again elsewhere.
         self.done: list[Job] = []
-        self.settled = threading.Event()  # its worker is done with it (the service waits at shutdown)
+        # Settled: every outcome sent and what never started given back, by its run or, at
+        # shutdown, by abandon. Ended: its run is over, settled or not (a settle that met the
+        # server away leaves the rest to the shutdown: Worker.abandon)
+        self.settled = threading.Event()
+        self.ended = threading.Event()
         # Not ours to start: taken back from us (their lease ran out), or handed back to the
         # queue while a long job ran ahead of them (lineup.py)
         self.lost: set[int] = set()
@@ -276,26 +280,41 @@ class BatchRun:
             # Counted here, on the worker's thread, as its own give-backs are: no job runs any
             # more, so the watch cannot take more of this batch.
             self.stats.given_back += batch.handed_back
-            # Each step even if one before it raised: a worker that fails leaves nothing of its
-            # batch claimed that it could have settled (its process then exits, deregistered).
             try:
-                self._confirm_claim()  # before the outcomes: acks land only under a claim that holds
-                self._wait_for_give_back()
-                self._settle(batch.take_done())
+                self._settle_batch()
             finally:
                 if log.isEnabledFor(logging.DEBUG):  # (its count is a pass over the batch)
                     log.debug("batch done queue=%s n=%d failed=%d seconds=%.3f", self.queue, len(jobs),
                               sum(1 for j in jobs if j.error is not None), time.monotonic() - t0)
-                try:
-                    rest = batch.waiting()
-                    if rest:
-                        n = queries.give_back(self.work, self.queue, rest, token)
-                        self.stats.given_back += n
-                        log.info("gave back unstarted jobs queue=%s n=%d token=%d ids=%s", self.queue, n, token,
-                                 ",".join(map(str, rest)))
-                finally:
-                    if self._aside is not None:
-                        self._aside.close()
+                if self._aside is not None:
+                    self._aside.close()
+
+    def _settle_batch(self) -> None:
+        """The outcomes of what ran, and what never started given back. Each step even if one
+        before it raised: a worker that fails leaves nothing of its batch claimed that it could
+        have settled (its process then exits, deregistered). The batch is settled once nothing
+        of it is left: what a failed step left (outcomes not sent, jobs not given back) is still
+        the batch's, which the shutdown settles (Worker.abandon)."""
+        batch = self.batch
+        try:
+            self._confirm_claim()  # before the outcomes: acks land only under a claim that holds
+            self._wait_for_give_back()
+            self._settle(batch.take_done())
+        finally:
+            self._give_back_rest()
+            if not batch.held():
+                batch.settled.set()
+
+    def _give_back_rest(self) -> None:
+        """What never started goes back to the queue."""
+        batch = self.batch
+        rest = batch.waiting()
+        if rest:
+            n = queries.give_back(self.work, self.queue, rest, batch.token)
+            batch.lost.update(rest)  # back in the queue: not the batch's to give back again
+            self.stats.given_back += n
+            log.info("gave back unstarted jobs queue=%s n=%d token=%d ids=%s", self.queue, n, batch.token,
+                     ",".join(map(str, rest)))
 
     def _wait_for_give_back(self) -> None:
         """Jobs the watch is giving back are still claimed by this batch until its COMMIT: a
@@ -324,12 +343,21 @@ class BatchRun:
         then acked now, on their own, rather than left to a claim that may come late. If sending
         them fails on anything but the server (a fault of ours), they are sent again at once
         without the handlers' values (a result is all of theirs the outcomes carry), and the fault
-        is raised after: the batch is settled whatever ends the worker."""
+        is raised after: the batch is settled whatever ends the worker. A stopping worker claims
+        no more: its acks go now, with the batch. Not sent for want of the server, they are the
+        batch's again (its `done`), for the shutdown to send (Worker.abandon)."""
         try:
-            carry = not self.batch.extend_due()
+            self._send_done(done)
+        except errors.DatabaseError:
+            self.batch.done[:0] = done
+            raise  # the server is away: the worker's outage path (the reaper takes the rest back)
+
+    def _send_done(self, done: list[Job]) -> None:
+        try:
+            carry = not (self.stop.is_set() or self.batch.extend_due())
             self.worker.acks.keep(self.outcomes.send(self.work, done, self.batch.token, carry=carry))
         except errors.DatabaseError:
-            raise  # the server is away: the worker's outage path (the reaper takes the rest back)
+            raise  # (the server's: not sent again here)
         except Exception as e:
             log.error("could not send the outcomes of finished jobs: sent again without their results "
                       "queue=%s n=%d error=%s: %s", self.queue, len(done), type(e).__name__, e)
@@ -556,8 +584,9 @@ class BatchRun:
                         ",".join(map(str, gone[:20])))
 
     def abandon(self, session: Session) -> None:
-        """The shutdown grace expired while the handler still ran (the service's thread, on its
-        own session: the work session is the stuck handler's).
+        """The shutdown grace expired while the handler still ran, or the run ended without
+        settling the batch (its server away as it ended): the service's thread, on its own
+        session (the work session is the stuck handler's, or closed).
 
         What finished before it gets its outcome (its ack was still pending). What waits is given
         back uncharged. What runs was interrupted, not failed: a deploy is not the job's fault,
@@ -577,3 +606,4 @@ class BatchRun:
             if job.error is None:
                 run_of(job).interrupt(GRACE_EXPIRED)
         self.outcomes.send(session, running, batch.token)
+        batch.settled.set()

@@ -45,6 +45,10 @@ SETTLE_AT_EXIT_S = 12.0
 # The same when no worker holds a batch (only the unregistering is left) and the server is known
 # unreachable: a frozen one holds its connect 10 s for a row the reaper removes anyway.
 UNREGISTER_UNREACHABLE_S = 2.0
+# The shutdown session's retry budget, from the outage's start, once the process has given up on
+# its server (ConsumerService.gone): it exits 5 within connect_retry_s, and the reaper takes back
+# what it held (else the session waits for the server until SETTLE_AT_EXIT_S has passed).
+SETTLE_RETRY_GONE_S = 5.0
 
 @dataclasses.dataclass(frozen=True)
 class ConsumeOptions:
@@ -442,16 +446,21 @@ class ConsumerService(Supervisor):
         stopped = self._stopped
         if stuck and not stopped:  # (no timer armed, or the loop saw the deadline before it fired)
             stopped = self._stop_handlers()
+        # And the workers whose run ended without settling its batch: their ack or give-back met
+        # the server away (as the grace ended, which ended their retries). Not once the process
+        # has given up on its server: it exits 5 within connect_retry_s (the reaper's to take back).
+        left = [] if self.gone() is not None else [
+            r.worker for r in self.running if r.worker not in stuck and r.worker.holds_unsettled()]
         # Settling and unregistering need the server: bounded, so a server that does not answer
         # (frozen, a black-holed path) holds the exit SETTLE_AT_EXIT_S at most, not each read's
         # and connect's timeouts in turn (over a minute). Left unfinished, the daemon thread dies
         # with the process, whose connections close: the reaper takes back what it held.
-        settling = threading.Thread(target=self._settle, args=(stuck, stopped), name="notifyq-settle",
+        settling = threading.Thread(target=self._settle, args=(stuck + left, stopped), name="notifyq-settle",
                                     daemon=True)
         settling.start()
         # Nothing to give back (idle workers, reconnecting or in a wait the stall watch ends) and
         # the server known unreachable: only the unregistering is left, which the reaper does too.
-        holding = any(w.current_run is not None for w in stuck)
+        holding = any(w.holds_unsettled() for w in stuck + left)
         bound_s = (UNREGISTER_UNREACHABLE_S if not holding and self.presence.session.reach.down()
                    else SETTLE_AT_EXIT_S)
         settling.join(bound_s)
@@ -462,9 +471,9 @@ class ConsumerService(Supervisor):
             log.warning("the server did not answer within %g s: exiting without unregistering; this "
                         "consumer held no job, and the reaper removes its registration", bound_s)
 
-    def _settle(self, stuck: list[Worker], stopped: dict[int, bool]) -> None:
-        if stuck:
-            self._abandon(stuck, stopped)
+    def _settle(self, holders: list[Worker], stopped: dict[int, bool]) -> None:
+        if holders:
+            self._abandon(holders, stopped)
         self.presence.close()  # after the workers
 
     def end_handlers(self) -> None:
@@ -509,16 +518,25 @@ class ConsumerService(Supervisor):
         is ended (Worker.stop_handler). {id(worker): whether its handler stopped what it ran}."""
         return {id(r.worker): r.worker.stop_handler() for r in self.running if r.thread.is_alive()}
 
-    def _abandon(self, stuck: list[Worker], stopped: dict[int, bool]) -> None:
+    def _abandon(self, holders: list[Worker], stopped: dict[int, bool]) -> None:
         """Nothing stays claimed by a process that exits: see Worker.abandon."""
-        session = Session(self.config.dsn, retry_s=5, name="shutdown")
+        session = Session(self.config.dsn, retry_s=self._settle_retry_s(), name="shutdown")
         try:
-            for worker in stuck:
+            for worker in holders:
                 worker.abandon(session, stopped.get(id(worker), False))
         except Exception as e:  # what we could not settle, the reaper returns
             log.warning("could not settle the running batches error=%s", e)
         finally:
             session.close()
+
+    def _settle_retry_s(self) -> float:
+        """The shutdown session's retry budget, which its connects count from the outage's start
+        (Reach): a server that went away during the grace (one restarting as it ended) is waited
+        for until SETTLE_AT_EXIT_S from now, the exit's bound (its join keeps it)."""
+        if self.gone() is not None:
+            return SETTLE_RETRY_GONE_S
+        now = time.monotonic()
+        return SETTLE_AT_EXIT_S + (now - Reach.of(self.config.dsn).since(now))
 
 
 def _run_worker(worker: Worker) -> None:

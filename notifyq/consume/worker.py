@@ -90,6 +90,9 @@ class Worker:
         self.last_turn = time.monotonic()
         self.caller = HandlerCaller(name, self.stats, self._turned)
         self.current_run: BatchRun | None = None  # the claim being run; the service may abandon it at shutdown
+        # The last run that ended without settling its batch (its ack or give-back met the server
+        # away, as at the shutdown grace's end): the shutdown settles it (abandon)
+        self.unsettled: BatchRun | None = None
         self.finished = False
         self.error: BaseException | None = None  # why run() ended early, if it did
         self._exit_deadline: float | None = None  # --exit-when-empty: waiting for a reaper pass
@@ -400,8 +403,10 @@ class Worker:
         try:
             run.run()
         finally:
+            if not batch.settled.is_set():
+                self.unsettled = run  # (before current_run goes: the service sees one or the other)
             self.current_run = None
-            batch.settled.set()
+            batch.ended.set()
 
     def make_run(self, batch: Batch, qc: QueueConfig, handler: Handler) -> BatchRun:
         """The batch's run with the settings and handler the claim was made with."""
@@ -426,16 +431,24 @@ class Worker:
         run = self.current_run
         return run is not None and run.handler.stop_running()
 
+    def holds_unsettled(self) -> bool:
+        """A batch of this worker's is not settled: the one it runs, or one its run left."""
+        return any(run is not None and not run.batch.settled.is_set() for run in (self.current_run, self.unsettled))
+
     def abandon(self, session: Session, stopped: bool) -> None:
-        """After stop_handler (service thread). A command killed hands its worker back the batch,
+        """At shutdown, after stop_handler (service thread): what of this worker's batches is not
+        settled is settled here, on `session` (BatchRun.abandon). A worker settling its batch
+        itself gets SETTLE_AFTER_STOP_S first: a command killed hands its worker back the batch,
         which settles it (interrupted, not charged: the grace expired) and counts it before our
-        summary; else the batch is settled here, on `session`."""
+        summary; a handler that returned left its worker retrying an ack or give-back, which
+        ended with the grace. A Python handler still running is not waited for (it cannot be
+        stopped). A batch whose run ended unsettled (unsettled) is settled here too."""
         run = self.current_run
-        if run is None:
-            return
-        if stopped and run.batch.settled.wait(SETTLE_AFTER_STOP_S):
-            return
-        run.abandon(session)
+        if run is not None and (stopped or self.in_handler_since is None):
+            run.batch.ended.wait(SETTLE_AFTER_STOP_S)
+        for run in dict.fromkeys((self.current_run, self.unsettled)):
+            if run is not None and not run.batch.settled.is_set():
+                run.abandon(session)
 
     # -------------------------------------------------------- the reaper, run by consumers
 

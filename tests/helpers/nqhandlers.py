@@ -72,3 +72,15 @@ def record_then_sleep(job):
     (`ms`, none by default): parents that stay running while children are put after them."""
     _record(job)
     time.sleep(job.payload.get("ms", 0) / 1000)
+
+
+def hold_until_released(job):
+    """A start line, then (payload `hold`) run until $NQ_TEST_OUT/release exists (120 s at
+    most), then the end line: a job the test lets finish when it chooses."""
+    _record(job, " start")
+    if job.payload.get("hold"):
+        release = os.path.join(os.environ["NQ_TEST_OUT"], "release")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler's own poll for the file, not a test's synchronisation
+    _record(job)
