@@ -43,7 +43,6 @@ KEEP, REPLACE = "keep", "replace"
 # connection); more wait for the consumers' sweep
 SETTLE_ON_WAKE_MAX = 10_000
 DEDUP_MODES = (KEEP, REPLACE)
-ONE_TRIP = True  # PROTOTYPE toggle
 
 
 class CallerTransaction:
@@ -578,11 +577,7 @@ class Producer:
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
                                 max_packet=session.max_allowed_packet, replace=replace, min_version=min_version)
-        one_trip = (functools.partial(put, commit=session)
-                    if ONE_TRIP and session.pipeline.commit_rides_along and not unique and min_version is None and len(rows) == 1
-                    else None)
-        return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored,
-                                           one_trip=one_trip)
+        return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
 
     def _caller_max_packet(self, conn: Any, cur: Any) -> int:
         """The caller's server limit, asked once per connection (it is fixed for a session)."""

@@ -62,14 +62,10 @@ def require_version(cur, ids: list[int], version: int) -> None:
 
 
 def put_jobs(cur, queue: str, rows: list[tuple], *, unique: bool, max_rows: int, max_packet: int,
-             replace: bool = False, min_version: int | None = None, commit: Any = None) -> list[int]:
+             replace: bool = False, min_version: int | None = None) -> list[int]:
     """The statements of a put (_put_jobs), and with min_version the jobs' minimum consumer code
     version, before the COMMIT (the producer refuses it with a dedup key: the id returned may be
     another put's job)."""
-    if commit is not None and not unique and min_version is None and len(rows) == 1:
-        db = cur.connection
-        if db.client_flag & CLIENT.MULTI_STATEMENTS:
-            return [_insert_one(db, rows[0], (queue, 1), max_packet, commit)]
     if min_version is None:
         return _put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows, max_packet=max_packet, replace=replace)
     ids = _put_jobs(cur, queue, rows, unique=unique, max_rows=max_rows, max_packet=max_packet, replace=replace)
@@ -206,7 +202,7 @@ def _insert_chunk(cur, n: int, values: list[bytes], returning: bool, combine: bo
     return ids
 
 
-def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int, commit: Any = None) -> int:
+def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int:
     """put()'s statements for one job on a mysqlclient connection that takes multi-statement
     queries: its INSERT and the signal bump as one query, sent and read with the connection's
     own calls. Through the cursor (execute, then nextset for the bump's reply) the driver's
@@ -239,18 +235,6 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int, commit
                      + _bump_text(db.encoding, db.literal(queue), slot, n))
     if size > max_packet - PACKET_MARGIN_BYTES:
         raise _too_big(0, 1, size, max_packet)
-    if commit is not None:  # PROTOTYPE: the COMMIT in the same query
-        attempt = commit.attempt
-        attempt.committing = True
-        db.query(statement + b";\nCOMMIT")
-        job_id, stored = db.insert_id(), db.affected_rows()
-        db.next_result()
-        bumped = db.affected_rows()
-        db.next_result()  # the COMMIT's
-        attempt.committing, attempt.committed, attempt.result = False, True, [job_id]
-        if stored != 1 or bumped < 1:
-            raise cut_short(f"insert of a job: {stored} stored, bump {bumped}")
-        return job_id
     db.query(statement)  # raises the INSERT's error; the server then runs no bump
     job_id, stored = db.insert_id(), db.affected_rows()
     db.next_result()  # the bump's reply; raises the bump's error if it failed

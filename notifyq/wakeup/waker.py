@@ -396,7 +396,7 @@ class Waker:
         self.left_to = wake
 
     def commit_and_wake(self, work: Session, put: Callable[[Any], T], *, what: str,
-                        committed: Callable[[Any, T], bool], one_trip: Callable[[Any], T] | None = None) -> T:
+                        committed: Callable[[Any, T], bool]) -> T:
         """Run `put(cursor)` as one transaction on `work` (Session.run, not idempotent: after a
         COMMIT whose reply was lost, `committed` says whether it landed), and wake an idle
         consumer for what it committed. The COMMIT carries the chosen way's look in its round
@@ -409,8 +409,6 @@ class Waker:
         way = self._way(None)
         if way is not None and not way.look.due():
             way = None  # the quiet window of a look that saw nobody: a plain COMMIT (Session.run's)
-        if way is None and one_trip is not None:  # PROTOTYPE: INSERT, bump and COMMIT in one query
-            return work.run(one_trip, what=what, idempotent=False, committed=committed)
         seen: list[Any] = [None]
 
         def body(cur) -> T:
