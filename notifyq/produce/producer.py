@@ -575,6 +575,9 @@ class Producer:
         # Not idempotent: a blind retry after an unknown COMMIT could enqueue twice, so after
         # one Session.run asks whether the jobs are stored (a writer node that died after
         # committing) and runs it again only if not; failures before COMMIT are retried whole.
+        # That question needs the jobs' ids, so the COMMIT goes only once the INSERT's reply
+        # named them: sent in the INSERT's own query (one round trip, not two), a lost reply
+        # took the ids with it and the put ran twice (benchmarks/HISTORY.md, 2026-11-30).
         put = functools.partial(inserts.put_jobs, queue=queue, rows=rows, unique=unique, max_rows=max_rows,
                                 max_packet=session.max_allowed_packet, replace=replace, min_version=min_version)
         return self._waker.commit_and_wake(session, put, what=self._what, committed=inserts.jobs_stored)
