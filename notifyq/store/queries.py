@@ -20,7 +20,7 @@ from typing import Any
 
 import MySQLdb
 
-from notifyq.jobs import Job
+from notifyq.jobs import Job, claimed
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
@@ -451,11 +451,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 check=(lambda counts: counts[mark_at] == marked) if locked else None)
         else:
             commit = None
-        jobs = [
-            Job(id=r[0], queue=queue, payload=r[1], priority=r[2], attempts=r[3] + 1,
-                max_attempts=r[4], run_at=r[5], created_at=r[6], dedup_key=r[7], key=r[8])
-            for r in locked
-        ]
+        jobs = [claimed(r[0], queue, r[1], r[2], r[3] + 1, r[4], r[5], r[6], r[7], r[8]) for r in locked]
         if admitted.spent:
             jobs = rating.after_commit(session, commit, jobs)
         return Claim(jobs, token, drained, False, commit, admitted.held_s)
@@ -645,7 +641,8 @@ def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple]
 
 
 def claim_rank(row: tuple) -> tuple:
-    """Claim order of a claim_lock row: priority (highest first), then run_at, then id."""
+    """Claim order of a claim_lock row: priority (highest first), then run_at (its text: one width,
+    so it sorts as the times do), then id."""
     return (-row[2], row[5], row[0])
 
 
