@@ -217,12 +217,12 @@ _UNREAD = object()
 _fromisoformat = dt.datetime.fromisoformat
 
 
-def _decoded(text: str) -> dt.datetime | None:
-    """A DATETIME(6)'s text ('YYYY-MM-DD hh:mm:ss.ffffff') as the database driver decodes the
+def _decoded(text: bytes) -> dt.datetime | None:
+    """A DATETIME(6)'s text (b'YYYY-MM-DD hh:mm:ss.ffffff') as the database driver decodes the
     column (store/driver.py): a naive datetime (UTC), or None for a text that is no date (a
     zero date, which a lax sql_mode lets a hand-written row hold)."""
     try:
-        return _fromisoformat(text)
+        return _fromisoformat(text.decode())
     except ValueError:
         return None
 
@@ -233,9 +233,9 @@ _new = object.__new__
 
 
 def claimed(id: int, queue: str, payload: Any, priority: int, attempts: int, max_attempts: int,
-            run_at_text: str, created_at_text: str, dedup_key: str | None, key: str | None) -> Job:
+            run_at_text: bytes, created_at_text: bytes, dedup_key: str | None, key: str | None) -> Job:
     """A Job as a claim builds it, one per row it took: run_at and created_at as the server's
-    text (CAST ... AS CHAR), decoded when first read; and without Job()'s keyword call and its
+    text (CAST ... AS BINARY), decoded when first read; and without Job()'s keyword call and its
     stores through __set__ (the claim builds one per job)."""
     job = _new(Job)
     job.id = id

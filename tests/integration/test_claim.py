@@ -215,7 +215,7 @@ def test_in_list_parameter_renders_as_a_parenthesised_list(db):
 
 
 def test_a_claimed_jobs_times_are_its_rows(db):
-    """run_at and created_at come as text from the claim (decoded when read): the same
+    """run_at and created_at come as text (bytes) from the claim, decoded when read: the same
     datetimes the driver reads from the row, naive (UTC), to the microsecond; by both claims
     (a watcher's one-step claim_take and the two steps)."""
     cfg = db.config()

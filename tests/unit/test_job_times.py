@@ -1,4 +1,4 @@
-"""A claimed Job's run_at and created_at: the server's text, decoded when first read, and then
+"""A claimed Job's run_at and created_at: the server's text (bytes), decoded when first read, and then
 the same datetimes, repr and fields a Job built with datetimes has (jobs.claimed)."""
 
 import dataclasses
@@ -18,7 +18,7 @@ def made() -> Job:
 
 
 def taken() -> Job:
-    return claimed(7, "q", {"a": 1}, 2, 1, 5, "2026-11-30 04:52:47.123456", "2026-11-30 04:52:46.000001",
+    return claimed(7, "q", {"a": 1}, 2, 1, 5, b"2026-11-30 04:52:47.123456", b"2026-11-30 04:52:46.000001",
                    "d", "k")
 
 
@@ -56,5 +56,5 @@ def test_jobs_signature_and_stored_values_stay():
 
 
 def test_a_zero_date_reads_as_none_as_the_driver_reads_it():
-    job = claimed(1, "q", {}, 0, 1, 5, "0000-00-00 00:00:00.000000", "2026-01-01 00:00:00.000000", None, None)
+    job = claimed(1, "q", {}, 0, 1, 5, b"0000-00-00 00:00:00.000000", b"2026-01-01 00:00:00.000000", None, None)
     assert job.run_at is None and job.created_at == dt.datetime(2026, 1, 1)
