@@ -16,6 +16,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import MySQLdb
@@ -379,8 +380,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                        and (len(fresh) <= batch_size if flow is not None else len(again) < limit))
         # Claim order by what the locked rows say now, not by the candidate read: a job a peer
         # retried (or an operator re-prioritised) since then has a new run_at or priority.
-        locked.sort(key=claim_rank)
-        if len(locked) > 1 and any(r[SUSPECT] for r in locked):
+        in_claim_order(locked)
+        if len(locked) > 1 and any(map(_suspect, locked)):
             kept = suspects_alone(locked)
             drained = drained and len(kept) == len(locked)  # the rest waits for the next claim
             locked = kept
@@ -392,9 +393,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             last = acks.statements() if acks is not None else []
         verified = len(last)
         if locked:
-            last.append((Q["claim_mark"], {"ids": Ids([r[0] for r in locked]), "owner": owner,
+            marking = [r[0] for r in locked]
+            last.append((Q["claim_mark"], {"ids": Ids(marking), "owner": owner,
                                            "token": token, "lease_us": microseconds(lease_s)}))
-            sent_marks.update(r[0] for r in locked)  # (before it is sent: it may land unseen)
+            sent_marks.update(marking)  # (before it is sent: it may land unseen)
         mark_at, marked = len(last) - 1, len(locked)
         # A limited claim reads its keys' running jobs again right after its mark, in the mark's
         # own query (FlowClaims.verify_marked reads the rows)
@@ -627,7 +629,7 @@ def lock_window(cur, ids: list[int], version: int, gate: KeyGate | None = None) 
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
     too_new = len(rows) - len(kept)
     if gate is not None:
-        kept = gate.admit(sorted(kept, key=claim_rank), key=lambda r: r[KEY])
+        kept = gate.admit(in_claim_order(list(kept)), key=lambda r: r[KEY])
     return kept, too_new
 
 
@@ -641,10 +643,18 @@ def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple]
     return kept[:batch_size], len(rows) - len(kept), len(rows) <= batch_size
 
 
-def claim_rank(row: tuple) -> tuple:
-    """Claim order of a claim_lock row: priority (highest first), then run_at (its text: one width,
-    so it sorts as the times do), then id."""
-    return (-row[2], row[5], row[0])
+_by_time_then_id = itemgetter(5, 0)  # a claim_lock row's run_at (its text: one width, so it
+_by_priority = itemgetter(2)  # sorts as the times do) and id; its priority
+_suspect = itemgetter(SUSPECT)
+
+
+def in_claim_order(rows: list[tuple]) -> list[tuple]:
+    """claim_lock rows sorted in place into claim order: priority (highest first), then run_at,
+    then id. Two sorts by C-level keys, the second stable (reverse keeps ties in order), not one
+    by a Python key function called per row; rows in order already cost a pass each."""
+    rows.sort(key=_by_time_then_id)
+    rows.sort(key=_by_priority, reverse=True)
+    return rows
 
 
 def suspects_alone(locked: list[tuple]) -> list[tuple]:
