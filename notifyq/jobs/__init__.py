@@ -190,30 +190,31 @@ class Job:
 
 class _ServerTime:
     """Job.run_at and Job.created_at: a datetime, as given to Job(), or as the server wrote it
-    for a job a claim took (claimed()), decoded when first read (then kept). A consumer's
-    handlers seldom read them, and decoding both on every claimed row cost more than any other
-    column. Set after the dataclass is made, so that Job()'s signature (both required) stays
-    as it is; Job() stores its arguments through __set__."""
+    for a job a claim took (claimed(): its text, as bytes), decoded when first read, then kept.
+    A consumer's handlers seldom read them, and decoding both on every claimed row cost more
+    than any other column. Kept in a private attribute (`_run_at`), read and written by name:
+    the instance's __dict__, asked for, would be made per job, and cost more than the decode.
+    Set on Job after the dataclass is made, so that Job()'s signature (both required) stays as
+    it is; Job() stores its arguments through __set__."""
 
-    __slots__ = ("name", "text")
+    __slots__ = ("slot",)
 
     def __init__(self, name: str) -> None:
-        self.name, self.text = name, "_" + name + "_text"
+        self.slot = "_" + name
 
     def __get__(self, job: Job | None, owner: type | None = None) -> Any:
         if job is None:
             return self
-        values = job.__dict__
-        value = values.get(self.name, _UNREAD)
-        if value is _UNREAD:
-            value = values[self.name] = _decoded(values[self.text])
+        value = getattr(job, self.slot)
+        if value.__class__ is bytes:  # the claim's text: decoded once
+            value = _decoded(value)
+            setattr(job, self.slot, value)
         return value
 
     def __set__(self, job: Job, value: Any) -> None:
-        job.__dict__[self.name] = value
+        setattr(job, self.slot, value)
 
 
-_UNREAD = object()
 _fromisoformat = dt.datetime.fromisoformat
 
 
@@ -244,8 +245,8 @@ def claimed(id: int, queue: str, payload: Any, priority: int, attempts: int, max
     job.priority = priority
     job.attempts = attempts
     job.max_attempts = max_attempts
-    job._run_at_text = run_at_text  # (_ServerTime.text)
-    job._created_at_text = created_at_text
+    job._run_at = run_at_text  # (_ServerTime's slots)
+    job._created_at = created_at_text
     job.dedup_key = dedup_key
     job.key = key
     job._run_state = Run()
