@@ -428,9 +428,9 @@ WHERE j.job_key IS NULL
 -- it met such jobs does the claim read its candidates again past them (*_for_version).
 -- run_at and created_at as their text's bytes: the Job decodes them only if they are read
 -- (jobs.claimed); decoded as DATETIMEs they cost the consumer more than any other column, on
--- every row. BINARY, not CHAR: the server sends the same text at no cost (a CAST AS CHAR cost
--- it 0.45 µs a row, this nothing measurable). A DATETIME(6)'s text has one width, so claim
--- order (queries.claim_rank) sorts it as the times.
+-- every row. BINARY, not CHAR: the server sends the same text for 0 to 0.1 µs a row more (a
+-- CAST AS CHAR cost it 0.3-0.45 µs a row: benchmarks/claim_columns.py). A DATETIME(6)'s text
+-- has one width, so claim order (queries.in_claim_order) sorts it as the times.
 SELECT id, payload, priority, attempts, max_attempts, CAST(run_at AS BINARY), CAST(created_at AS BINARY), dedup_key, job_key,
        suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
