@@ -436,8 +436,8 @@ class BatchRun:
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
             group = batch.start_next(size if batch.started else 1)
-            if len(group) == 1:  # (a plain handler's every job: no list made per job)
-                ready = group if group[0].error is None else []
+            if len(group) == 1:  # (a plain handler's every job: no list made, Job.error's call skipped)
+                ready = group if run_of(group[0]).error is None else []
             else:
                 ready = [j for j in group if j.error is None]
             if ready:

@@ -53,11 +53,12 @@ class PythonHandler(Handler):
             self._call([j for j in jobs if j.error is None], self._together)
             return
         for job in jobs:
-            if job.error is not None:
+            run = run_of(job)
+            if run.error is not None:
                 continue
             try:
                 # kept with the completion if the queue keeps results
-                run_of(job).keep_result(self._call(job))
+                run.keep_result(self._call(job))
             except errors.Snooze as e:
                 job.snooze(e.seconds)
             except HANDLER_FAILURES as e:  # the handler's failure is the job's, never the consumer's

@@ -63,14 +63,16 @@ class Outcomes:
         interrupted: list[Job] = []
         for job in jobs:
             run = run_of(job)
-            if run.error is None and run.snooze_s is None and run.cancel_seen:
+            error, snooze_s = run.error, run.snooze_s  # (each read once: a property's call)
+            if error is None and snooze_s is None and run.cancel_seen:
                 # it saw its cancel, then returned: it stopped as asked, so it ends cancelled
                 run.fail(CANCEL_SEEN, retry=False)
+                error = run.error
             if run.interrupted:  # its consumer's shutdown stopped it: not a failure (Run.interrupt)
                 interrupted.append(job)
-            elif run.error is not None:
-                failures.append((job, run.error, run.retry))
-            elif run.snooze_s is not None:
+            elif error is not None:
+                failures.append((job, error, run.retry))
+            elif snooze_s is not None:
                 snoozed.append((job, run))
             else:
                 ok.append((job, run))
@@ -99,8 +101,8 @@ class Outcomes:
         max_packet = session.max_allowed_packet
         results = [kept_text(r, j.id, max_packet) for j, r in ok] if self.qc.keeps_results else None
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
-                            [r.started if r.started is not None else 0.0 for _, r in ok],
-                            [r.ended if r.ended is not None else 0.0 for _, r in ok], results,
+                            [t if (t := r.started) is not None else 0.0 for _, r in ok],
+                            [t if (t := r.ended) is not None else 0.0 for _, r in ok], results,
                             [r.task for _, r in ok], wake=self.queue if self.qc.limited else None)
         if carry:
             return acks

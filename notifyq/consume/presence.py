@@ -219,7 +219,8 @@ class Presence:
                 liveness.GALERA_LOCK_GRACE_S / 2, now)
         if not self.use_locks or not self.registration_current():
             return False
-        seen = max(self.session.answered_at, self._lock_seen_at)
+        answered, locked = self.session.answered_at, self._lock_seen_at
+        seen = answered if answered > locked else locked  # (max() is a call, before every job)
         # And its connection was not ended since (a KILL of the liveness session frees the lock
         # at once, and a peer's reaper took the jobs back within its reap interval, while this
         # process, its session idle, had not heard yet): the server's close is on the socket.

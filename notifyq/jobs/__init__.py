@@ -188,6 +188,71 @@ class Job:
         return self.attempts >= self.max_attempts
 
 
+class _ServerTime:
+    """Job.run_at and Job.created_at: a datetime, as given to Job(), or as the server wrote it
+    for a job a claim took (claimed(): its text, as bytes), decoded when first read, then kept.
+    A consumer's handlers seldom read them, and decoding both on every claimed row cost more
+    than any other column. Kept in a private attribute (`_run_at`), read and written by name:
+    the instance's __dict__, asked for, would be made per job, and cost more than the decode.
+    Set on Job after the dataclass is made, so that Job()'s signature (both required) stays as
+    it is; Job() stores its arguments through __set__."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, job: Job | None, owner: type | None = None) -> Any:
+        if job is None:
+            return self
+        value = getattr(job, self.slot)
+        if value.__class__ is bytes:  # the claim's text: decoded once
+            value = _decoded(value)
+            setattr(job, self.slot, value)
+        return value
+
+    def __set__(self, job: Job, value: Any) -> None:
+        setattr(job, self.slot, value)
+
+
+_fromisoformat = dt.datetime.fromisoformat
+
+
+def _decoded(text: bytes) -> dt.datetime | None:
+    """A DATETIME(6)'s text (b'YYYY-MM-DD hh:mm:ss.ffffff') as the database driver decodes the
+    column (store/driver.py): a naive datetime (UTC), or None for a text that is no date (a
+    zero date, which a lax sql_mode lets a hand-written row hold)."""
+    try:
+        return _fromisoformat(text.decode())
+    except ValueError:
+        return None
+
+
+Job.run_at = _ServerTime("run_at")  # type: ignore[assignment]
+Job.created_at = _ServerTime("created_at")  # type: ignore[assignment]
+_new = object.__new__
+
+
+def claimed(id: int, queue: str, payload: Any, priority: int, attempts: int, max_attempts: int,
+            run_at_text: bytes, created_at_text: bytes, dedup_key: str | None, key: str | None) -> Job:
+    """A Job as a claim builds it, one per row it took: run_at and created_at as the server's
+    text (CAST ... AS BINARY), decoded when first read; and without Job()'s keyword call and its
+    stores through __set__ (the claim builds one per job)."""
+    job = _new(Job)
+    job.id = id
+    job.queue = queue
+    job.payload = payload
+    job.priority = priority
+    job.attempts = attempts
+    job.max_attempts = max_attempts
+    job._run_at = run_at_text  # (_ServerTime's slots)
+    job._created_at = created_at_text
+    job.dedup_key = dedup_key
+    job.key = key
+    job._run_state = Run()
+    return job
+
+
 # run_of(job): the worker's side of a job, its attempt's state (jobs/run.py). An attrgetter, not
 # a function: the worker asks it several times per job, and a Python call costs more than the read.
 run_of: Callable[[Job], Run] = attrgetter("_run_state")

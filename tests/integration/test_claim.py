@@ -212,3 +212,25 @@ def test_in_list_parameter_renders_as_a_parenthesised_list(db):
     session = Session(db.config().dsn)
     assert session.conn.literal([1, 2, 3]) == b"(1,2,3)"
     session.close()
+
+
+def test_a_claimed_jobs_times_are_its_rows(db):
+    """run_at and created_at come as text (bytes) from the claim, decoded when read: the same
+    datetimes the driver reads from the row, naive (UTC), to the microsecond; by both claims
+    (a watcher's one-step claim_take and the two steps)."""
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        ids = [p.put({"n": n}) for n in range(3)]
+    _make_due(db, ids[:1], seconds_ago=12.345678)
+    rows = {r[0]: (r[1], r[2]) for r in db.query("SELECT id, run_at, created_at FROM nq_job WHERE id IN %s",
+                                                 (tuple(ids),))}
+    session = Session(cfg.dsn)
+    try:
+        jobs = queries.claim(session, "q", OWNER, 1, 60, as_watcher=True).jobs
+        jobs += queries.claim(session, "q", OWNER, 2, 60).jobs
+    finally:
+        session.close()
+    assert sorted(j.id for j in jobs) == ids
+    for job in jobs:
+        assert (job.run_at, job.created_at) == rows[job.id]
+        assert job.run_at.tzinfo is None and job.run_at.microsecond == rows[job.id][0].microsecond

@@ -204,7 +204,8 @@ SELECT (SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s),
 -- once walk each other's locked and delete-marked entries at the head of the index (the drain
 -- fell to 0.40 of the seed with it in every claim); they read candidates, then lock by id.
 -- Columns as claim_lock's.
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
+SELECT id, payload, priority, attempts, max_attempts, CAST(run_at AS BINARY), CAST(created_at AS BINARY), dedup_key, job_key,
+       suspect, min_version
 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s
 ORDER BY prio_key, sort_at, id LIMIT %(limit)s
@@ -425,7 +426,13 @@ WHERE j.job_key IS NULL
 -- last: a job whose minimum is above the consumer's code version is left alone (queries.lock_window;
 -- read off the row already fetched, so a job without a minimum costs nothing more). Only when
 -- it met such jobs does the claim read its candidates again past them (*_for_version).
-SELECT id, payload, priority, attempts, max_attempts, run_at, created_at, dedup_key, job_key, suspect, min_version
+-- run_at and created_at as their text's bytes: the Job decodes them only if they are read
+-- (jobs.claimed); decoded as DATETIMEs they cost the consumer more than any other column, on
+-- every row. BINARY, not CHAR: the server sends the same text for 0 to 0.1 µs a row more (a
+-- CAST AS CHAR cost it 0.3-0.45 µs a row: benchmarks/claim_columns.py). A DATETIME(6)'s text
+-- has one width, so claim order (queries.in_claim_order) sorts it as the times.
+SELECT id, payload, priority, attempts, max_attempts, CAST(run_at AS BINARY), CAST(created_at AS BINARY), dedup_key, job_key,
+       suspect, min_version
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND (status = 0 OR (status = 1 AND run_at <= NOW(6)))
 FOR UPDATE SKIP LOCKED
