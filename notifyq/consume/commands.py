@@ -120,7 +120,13 @@ class CommandHandler(Handler):
                 _kill_group(proc)
                 return GRACE_EXPIRED
             return self._wait(proc, stdin, extend, cancel)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, Exception) and proc.poll() is not None:
+                # The command ended by itself while the call waited on the server (an extension
+                # or a cancel check retrying it, which the stop or a gone server then ended): its
+                # exit is the job's outcome. Given back as interrupted, a command that had run
+                # to its end ran again.
+                return self._ended(proc)
             # The call ends early (a lease extension met a lost server, or the consumer's stop
             # ended its retry; an error of ours): the worker, then its process, may exit next.
             # The command's group is ours to end first, as at the end of the grace: it would
@@ -157,6 +163,18 @@ class CommandHandler(Handler):
                 if cancel is not None and cancel():  # `jobs cancel` (asked at most once a second)
                     _stop_group(proc, CANCEL_GRACE_S)
                     return CANCELLED
+        return self._outcome(proc, stderr)
+
+    def _ended(self, proc: subprocess.Popen) -> str | None:
+        """The outcome of a command that has exited, its stderr's rest read (a call cut short
+        left communicate() part way: it picks up where it stopped)."""
+        try:
+            _, stderr = proc.communicate(timeout=1)
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            stderr = ""  # (a grandchild holding the pipe open: the exit status is enough)
+        return self._outcome(proc, stderr or "")
+
+    def _outcome(self, proc: subprocess.Popen, stderr: str) -> str | None:
         if self._stopping and proc.returncode != 0:
             return GRACE_EXPIRED
         if proc.returncode != 0:

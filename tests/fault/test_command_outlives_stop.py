@@ -118,3 +118,50 @@ def test_a_server_restarting_during_the_grace_is_waited_for_and_the_running_comm
         for pid in (shell, child):
             if alive(pid):  # (left running: the test failed)
                 os.kill(pid, signal.SIGKILL)
+
+
+# Runs until the test releases it, then exits 0 (the job done).
+RELEASED_COMMAND = """#!/bin/sh
+echo "$NOTIFYQ_JOB_ID $$ start" >> "$NQ_TEST_OUT/command.log"
+while [ ! -e "$NQ_TEST_OUT/release" ]; do sleep 0.05; done
+echo "$NOTIFYQ_JOB_ID $$ end" >> "$NQ_TEST_OUT/command.log"
+"""
+
+
+def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_given_back(
+        server, fdb, procs, tmp_path):
+    """Regression: a command that exited 0 while its handler's call was retrying the server (a
+    lease extension or a cancel check under it) had its exit ignored when the stop ended that
+    retry: its job was given back as interrupted and ran again (an outside attack on the
+    deploys page)."""
+    # Given a consumer running a command under a long lease (none ends within the test), a 4 s
+    # grace and connect retries that outlast the test
+    out, script, env = command_setup(fdb, tmp_path, RELEASED_COMMAND, "[consumer]\nshutdown_grace_s = 4\n"
+                                     "[defaults]\nlease_s = 120\ncommand_timeout_s = 120\n", script_name="job.sh")
+    env.update(NOTIFYQ_CONNECT_RETRY_S="60")
+    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
+    produce(fdb, QUEUE, 1)
+    wait_until(lambda: any(tag == "start" for _, _, tag in command_log(out)), 30, message="the command started")
+    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    try:
+        # When the server goes away under the command (its call retries it), the command then
+        # ends, exit 0, and the consumer is stopped: the grace ends with the server still away
+        server.stop()
+        wait_until(lambda: "database error, retrying" in consumer.stderr_text(), 30,
+                   message="the command's call retrying the server")
+        (out / "release").touch()
+        wait_until(lambda: (job, shell, "end") in command_log(out), 10, message="the command ended")
+        consumer.signal(signal.SIGTERM)
+        wait_until(lambda: "worker stopped while retrying" in consumer.stderr_text(), 30,
+                   message="the grace's end ending the retry")
+        server.start()
+
+        # Then the job is acked before the consumer exits: done (gone), not ready to run again
+        assert consumer.wait(60) == 0, consumer.stderr_text()[-3000:]
+        log = consumer.stderr_text()
+        assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s AND status <> 3", (job,)) == 0, log[-3000:]
+        assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,))] == ["done"], \
+            log[-3000:]
+    finally:
+        if alive(shell):  # (left running: the test failed)
+            os.kill(shell, signal.SIGKILL)
