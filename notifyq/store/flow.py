@@ -113,6 +113,21 @@ class FlowLimits:
         return self.limit_per_key
 
 
+def spare_cap(lim: int, free: int) -> int:
+    """How many of a limited key's first ready jobs a claim reads when `free` of its `lim` slots
+    are free as last committed: twice that, within the limit (and within flow_key_firsts' dives
+    where the free ones are). Consumers that claim at once read the same committed counts and
+    the same first jobs: the first claim in took them, and the next one, its window locking
+    none of them (they are claimed), came back empty (of 10,000 jobs on 100 keys of limit 2,
+    two consumers ran by turns, half the claims empty, each waiting for the other's wake). The
+    jobs past the free ones go last in the grant (Grant.spares), locked only once the free
+    ones are gone; the count under the key's lock (KeyGate) still decides what is kept."""
+    if free <= 0:
+        return 0
+    cap = min(lim, 2 * free)
+    return max(free, min(cap, FIRSTS_MAX)) if free <= FIRSTS_MAX else free
+
+
 def unkeyed_limit(batch_size: int) -> int:
     """How many ready jobs a flow claim reads for its unkeyed candidates."""
     return max(batch_size * KEYS_PER_CLAIM, MIN_CANDIDATES)
@@ -135,6 +150,9 @@ class Grant:
     keys: dict[int, str | None] = field(default_factory=dict)  # each id's key (the rates' budgets)
     active_keys: int = 0  # keys it found ready jobs of
     contended: bool = False  # jobs left for peers' claims that held their keys' rows (KeyGate)
+    # The last `spares` ids: jobs of keys past their free slots as last committed (spare_cap),
+    # kept only where a peer's claim took the jobs before them: none of them is left behind
+    spares: int = 0
 
 
 class UnnamedKeys(Exception):
@@ -299,9 +317,13 @@ class FlowClaims:
         # found jobs of (all of them the first time), so that one key left alone gets the batch
         active = self.active_keys if self.active_keys is not None else len(keys)
         share = max(1, math.ceil(batch_size / max(1, min(active, len(keys))))) if limits.fair else batch_size
+        spares = not limits.fair and not limits.rate_cap
         for key in keys:
             lim = limits.limit_for(key)
-            caps[key] = min(share, lim - running.get(key, 0)) if lim else share
+            free = lim - running.get(key, 0)
+            caps[key] = min(share, free) if lim else share
+            if lim and spares:
+                caps[key] = spare_cap(lim, min(share, free))
             if limits.rate_cap:
                 caps[key] = min(caps[key], limits.rate_cap + 1)
         steps = []
@@ -423,6 +445,7 @@ class FlowClaims:
         limits = self.limits
         complete, held = plan.complete, list(plan.held)
         by_key: dict[str | None, list[tuple]] = {}
+        spare: dict[str | None, list[tuple]] = {}  # each key's jobs read past its free slots (spare_cap)
         read: dict[str | None, int] = {}  # rows read per key, the ones left out included
         for job_id, key, prio, run_at in ready:
             read[key] = read.get(key, 0) + 1
@@ -448,7 +471,14 @@ class FlowClaims:
                 free -= sum(1 for k in taken if k == key)  # slots the claim's locked rows use
             if len(rows) > free:
                 held.append(key)
-            by_key[key] = rows[:max(0, free)]
+            if lim and not limits.fair and not limits.rate_cap:
+                # (spare_cap: the jobs past the ones it would take, locked only where those are gone)
+                first = max(0, min(free, plan.batch_size))
+                by_key[key], spare[key] = rows[:first], rows[first:]
+                if len(rows) > first < free:
+                    complete = False  # more jobs and more free slots than its batch takes
+            else:
+                by_key[key] = rows[:max(0, free)]
         if unkeyed:
             by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed if job_id not in seen]
         active_keys = sum(1 for rows in by_key.values() if rows)
@@ -467,16 +497,19 @@ class FlowClaims:
                 self.turn = first_round[-1] or ""
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
+        # The spares after every key's first jobs: a window locks them only once those are gone
+        spares = [r[2] for r in sorted(row for rows in spare.values() for row in rows)]
         if QUEUE_ROW in plan.skipped:
             return Grant([], False, held)  # another consumer is claiming this queue right now
         room = None if plan.room is None else plan.room - len(taken)
         queue_full = room is not None and len(ids) > room
         if queue_full:
             ids = ids[:max(0, room)]  # the rest is held back by the queue's limit
+            spares = []
         # More ids than the batch takes leave some behind: queries.claim says so (of a rated queue's,
         # only those its rates let through count)
-        keys = {row[-1]: key for key, rows in by_key.items() for row in rows}
-        return Grant(ids, complete, held, queue_full, keys, active_keys)
+        keys = {row[-1]: key for key, rows in (*by_key.items(), *spare.items()) for row in rows}
+        return Grant(ids + spares, complete, held, queue_full, keys, active_keys, spares=len(spares))
 
 
 @dataclass
