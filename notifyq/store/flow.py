@@ -22,7 +22,11 @@ per claim (discovery: more while each dive finds a new key) and named in a trans
 their own, before the claim takes their jobs (UnnamedKeys, name_keys: naming a key can wait on a
 peer's lock of its row, and nothing a claim carries may wait with it). With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
-and age order inside each round); without, in claim order (priority, run_at, id). A queue with
+and age order inside each round); without, in claim order (priority, run_at, id), except that
+a limited claim takes a key's free slots together (the keys in the order of their first jobs,
+within a priority), so that consumers claiming at once take different keys; and it reads a few
+of a key's jobs past its free slots, spares it locks only where a peer's claim took the first
+ones meanwhile (spare_cap). A queue with
 a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim
 starts at most N of a key): a key's backlog then never fills the claim's read, and the rates
 (store/rates.py) pick among the keys with room.
@@ -495,6 +499,16 @@ class FlowClaims:
             first_round = [r[-1] for r in ordered[:plan.batch_size] if r[0] == 0]
             if first_round:
                 self.turn = first_round[-1] or ""
+        elif limits.limited and not limits.rate_cap:
+            # A key's jobs together (within a priority), the keys by their first job's claim
+            # order: a batch then takes whole keys' free slots, and consumers split the keys. In
+            # plain claim order (jobs of 100 keys put in turn), a batch of 100 took one job of
+            # every key: each claim locked all 100 keys' rows, two consumers' claims skipped each
+            # other's (SKIP LOCKED) and came back empty, a third of them, and each consumer held
+            # one slot of every key, so the next claims met again.
+            ordered = sorted((row[0], min(rows) if key is not None else row, row[1], row[2])
+                             for key, rows in by_key.items() for row in rows)
+            ids = [r[3] for r in ordered]
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
         # The spares after every key's first jobs: a window locks them only once those are gone

@@ -606,3 +606,22 @@ def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones
     assert [j.id for j in peers[1].jobs] == ids[2:3]
     assert [j.id for j in claim.jobs] == ids[3:4]
     assert _running(db) == {"a": 2}
+
+
+def test_a_limited_claim_takes_whole_keys_slots_so_two_consumers_split_the_keys(db):
+    # Given 4 keys of 4 jobs each, put in turn (a, b, c, d, a, b, ...), limit_per_key = 2
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a", "b", "c", "d"] * 4)
+    first_session, second_session = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        # When two consumers claim 4 jobs each
+        first = _claim(first_session, FlowClaims(FlowLimits(limit_per_key=2)), batch=4)
+        second = _claim(second_session, FlowClaims(FlowLimits(limit_per_key=2)), batch=4)
+    finally:
+        first_session.close(), second_session.close()
+    # Then the first takes both slots of the keys of the oldest jobs, a and b, their first two
+    # jobs each (not one job of every key: its claim then locked every key's row, and a peer's
+    # claim at that moment skipped them all), and the second takes c's and d's
+    assert [j.id for j in first.jobs] == [ids[0], ids[1], ids[4], ids[5]]
+    assert [j.id for j in second.jobs] == [ids[2], ids[3], ids[6], ids[7]]
+    assert _running(db) == {"a": 2, "b": 2, "c": 2, "d": 2}
