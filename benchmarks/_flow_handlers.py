@@ -1,6 +1,6 @@
 """The flow benchmark's handler (benchmarks/flow.py): each job's id and its start and end on
 CLOCK_MONOTONIC (one clock for every process of the machine), kept in memory and written once
-at exit to $NQB_OUT/<pid>.json."""
+at exit to $NQB_OUT/<pid>.json. With NQB_PROBE set, it installs the probe (_flow_probe.py) first."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import atexit
 import json
 import os
 import time
+
+import _flow_probe  # noqa: F401  (installs itself only when NQB_PROBE is set)
 
 _rows: list[tuple[int, float, float]] = []
 

@@ -16,6 +16,13 @@ gone; rates are jobs over the span from the first start to the last end.
 
     .venv/bin/python benchmarks/flow.py --baseline ../main            # every case
     .venv/bin/python benchmarks/flow.py --only fairness --quick
+    .venv/bin/python benchmarks/flow.py --only keyed --medium --code ../main --account
+
+--code runs the keyed, freed and fairness cases on another checkout's code (this benchmark's
+harness and handler, that tree's notifyq): old and new by turns with one script. --account adds,
+for each drain, where its time went: the server's status counters per job, and a probe in each
+consumer (_flow_probe.py) per claim: round trips, statements, jobs taken, claims that peers' key
+locks left short, and each worker's time in claims, batch runs and idle waits.
 
 Prints a table and, last, one JSON line. Needs a MariaDB with the sequence engine (seq_1_to_N)
 at --dsn's server (root: it creates and drops its databases).
@@ -45,8 +52,10 @@ FILL_CHUNK = 10_000
 class Side:
     """One source tree on one database of its own."""
 
-    def __init__(self, name: str, tree: Path, server: dict, database: str):
+    def __init__(self, name: str, tree: Path, server: dict, database: str, account: bool = False):
         self.name, self.tree, self.server, self.database = name, tree, server, database
+        self.account = account
+        self.accounts: list[dict] = []  # --account: each drain's (account())
         self.url = (f"mysql://{server['user']}@{server['host']}:{server['port']}/{database}")
 
     def sql(self, statement: str, params=None) -> list[tuple]:
@@ -60,7 +69,20 @@ class Side:
 
     def env(self, out: str, config: str) -> dict:
         return {**os.environ, "PYTHONPATH": f"{self.tree}{os.pathsep}{HERE}", "NOTIFYQ_DSN": self.url,
-                "NOTIFYQ_CONFIG": config, "NQB_OUT": out}
+                "NOTIFYQ_CONFIG": config, "NQB_OUT": out, **({"NQB_PROBE": "1"} if self.account else {})}
+
+    def status(self) -> dict[str, int]:
+        """The server's global status counters (--account: a drain's are the difference), and its
+        process's CPU seconds (server_cpu_s) when it runs on this machine."""
+        out = {name: int(value) for name, value in self.sql("SHOW GLOBAL STATUS")
+               if str(value).lstrip("-").isdigit()}
+        try:
+            pid = Path(self.sql("SELECT @@pid_file")[0][0]).read_text().strip()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out["server_cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+        return out
 
     def init(self) -> None:
         conn = MySQLdb.connect(**self.server, autocommit=True)
@@ -94,8 +116,10 @@ class Side:
         self.sql("INSERT INTO nq_signal (queue, slot, seq) VALUES (%s, 0, %s) "
                  "ON DUPLICATE KEY UPDATE seq = seq + VALUES(seq)", (QUEUE, total))
 
-    def drain(self, consumers: int, queue_conf: dict, batch: int, timeout_s: float = 600) -> list[tuple]:
+    def drain(self, consumers: int, queue_conf: dict, batch: int, timeout_s: float = 600,
+              label: str = "") -> list[tuple]:
         """Consumer processes until the queue is empty; each job's (id, start, end)."""
+        before = self.status() if self.account else None
         with tempfile.TemporaryDirectory(prefix="nqflow-") as out:
             config = Path(out) / "notifyq.toml"
             lines = [f"[queue.{QUEUE}]", f"handler = \"_flow_handlers:record\"", f"batch_size = {batch}"]
@@ -108,7 +132,8 @@ class Side:
                      for _ in range(consumers)]
             deadline = time.monotonic() + timeout_s
             try:
-                while self.sql("SELECT COUNT(*) FROM nq_job WHERE queue = %s", (QUEUE,))[0][0]:
+                # (one row's read, not a count: --account's server counters are the drain's)
+                while self.sql("SELECT EXISTS (SELECT 1 FROM nq_job WHERE queue = %s)", (QUEUE,))[0][0]:
                     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                         raise RuntimeError(f"{self.name}: drain did not finish: "
                                            + b"".join(p.stderr.read() for p in procs if p.poll() is not None)
@@ -119,10 +144,89 @@ class Side:
                     p.send_signal(signal.SIGTERM)
                 for p in procs:
                     p.wait(60)
+            after = self.status() if self.account else None
             rows = []
-            for f in Path(out).glob("*.json"):
+            for f in Path(out).glob("[0-9]*.json"):
                 rows += [tuple(r) for r in json.loads(f.read_text())]
+            if self.account:
+                probes = [json.loads(f.read_text()) for f in Path(out).glob("probe-*.json")]
+                self.accounts.append({"label": label, **account(rows, probes, before, after)})
         return sorted(rows, key=lambda r: r[1])
+
+
+STATUS = ("Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_commit", "Com_rollback",
+          "Com_set_option", "Handler_read_key", "Handler_read_next", "Handler_read_rnd_next", "Handler_write",
+          "Handler_update", "Handler_delete", "Innodb_row_lock_waits", "Innodb_deadlocks")
+
+
+def account(rows: list[tuple], probes: list[dict], before: dict, after: dict) -> dict:
+    """Where one drain's time went (--account): the server's counters per job, and the probe's
+    claims (round trips, statements, sizes, short ones) and each worker's time."""
+    jobs = len(rows)
+    first, last = min(r[1] for r in rows), max(r[2] for r in rows)
+    server = {k: (after.get(k, 0) - before.get(k, 0)) / jobs for k in STATUS}
+    # CPU per job: the server's over the whole drain (consumers' start and stop included), the
+    # consumers' from their first claim in the drain's span to their last
+    cpu_us = {"server": 1e6 * (after.get("server_cpu_s", 0) - before.get("server_cpu_s", 0)) / jobs}
+    consumer_cpu = 0.0
+    for p in probes:
+        inside = [c for c in p["claims"] if c["end"] >= first and c["start"] <= last]
+        if inside:
+            consumer_cpu += max(c["cpu_end"] for c in inside) - min(c["cpu_start"] for c in inside)
+    cpu_us["consumers"] = 1e6 * consumer_cpu / jobs
+    claims = [c for p in probes for c in p["claims"] if c["end"] >= first and c["start"] <= last]
+    taken = [c for c in claims if c["jobs"]]
+    sizes = [c["jobs"] or 0 for c in claims]
+    hist = {"0": 0, "1-24": 0, "25-49": 0, "50-74": 0, "75-99": 0, "100+": 0}
+    for n in sizes:
+        hist["0" if n == 0 else "1-24" if n < 25 else "25-49" if n < 50 else "50-74" if n < 75
+             else "75-99" if n < 100 else "100+"] += 1
+    med = statistics.median
+    # Each worker thread's time within the drain's span: in claims, batch runs, idle waits
+    threads: dict[tuple[int, str], dict[str, float]] = {}
+    for i, p in enumerate(probes):
+        for c in p["claims"]:
+            t = threads.setdefault((i, c["thread"]), {"claim": 0.0, "run": 0.0, "idle": 0.0})
+            t["claim"] += max(0.0, min(c["end"], last) - max(c["start"], first))
+        for name, what, start, end in p["spans"]:
+            t = threads.setdefault((i, name), {"claim": 0.0, "run": 0.0, "idle": 0.0})
+            t[what] += max(0.0, min(end, last) - max(start, first))
+    span = last - first
+    workers = [t for t in threads.values() if t["claim"] or t["run"]]
+    # (a watcher's claim runs inside its idle wait: its time counted once, as the claim's)
+    per_worker = {k: sum(t[k] for t in workers) / max(1, len(workers)) / span for k in ("claim", "run", "idle")}
+    watcher_claim = sum(max(0.0, min(c["end"], last) - max(c["start"], first)) for c in claims if c["watcher"])
+    per_worker["idle"] -= watcher_claim / max(1, len(workers)) / span
+    return {
+        "jobs": jobs, "span_s": span, "jobs_s": jobs / span, "claims": len(claims),
+        "empty": sum(1 for c in claims if not c["jobs"]),
+        "empty_contended": sum(1 for c in claims if not c["jobs"] and c["contended"]),
+        "short_contended": sum(1 for c in claims if c["jobs"] and c["contended"]),
+        "watcher_claims": sum(1 for c in claims if c["watcher"]),
+        "jobs_per_claim": jobs / max(1, len(taken)), "sizes": hist,
+        "sends_per_claim": med([c["sends"] for c in claims]) if claims else 0,
+        "statements_per_claim": med([c["statements"] for c in claims]) if claims else 0,
+        "claim_ms": med([1000 * (c["end"] - c["start"]) for c in claims]) if claims else 0,
+        "claim_wait_ms": med([1000 * c["wait_s"] for c in claims]) if claims else 0,
+        "skipped_keys": sum(c["skipped_keys"] or 0 for c in claims),
+        "worker_share": per_worker, "server_per_job": server, "cpu_us_per_job": cpu_us,
+    }
+
+
+def print_accounts(accounts: list[dict]) -> None:
+    for a in accounts:
+        w, s = a["worker_share"], a["server_per_job"]
+        print(f"  {a['label']:<16} {a['jobs']} jobs in {a['span_s']:.3f} s ({a['jobs_s']:.0f}/s): "
+              f"{a['claims']} claims ({a['empty']} empty, {a['empty_contended']} of them and "
+              f"{a['short_contended']} others left jobs to peers' key locks, {a['watcher_claims']} a watcher's), "
+              f"{a['jobs_per_claim']:.1f} jobs a claim that took any, sizes {a['sizes']}")
+        print(f"  {'':<16} a claim: {a['sends_per_claim']:.0f} sends, {a['statements_per_claim']:.0f} statements, "
+              f"{a['claim_ms']:.2f} ms ({a['claim_wait_ms']:.2f} ms waiting for replies); keys skipped "
+              f"{a['skipped_keys']}; a worker's time: claims {w['claim']:.0%}, runs {w['run']:.0%}, "
+              f"idle {w['idle']:.0%}, else {1 - w['claim'] - w['run'] - w['idle']:.0%}")
+        print(f"  {'':<16} CPU per job: server {a['cpu_us_per_job']['server']:.0f} us, consumers "
+              f"{a['cpu_us_per_job']['consumers']:.0f} us; server per job: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in s.items() if v))
 
 
 def rate(rows: list[tuple]) -> float:
@@ -158,7 +262,7 @@ def case_keyed(this: Side, size: dict) -> dict:
             for key, count in groups:
                 this.fill([(key, count)])
             this.sql("UPDATE nq_job SET run_at = NOW(6) - INTERVAL (id MOD %s) SECOND", (n // 100,))
-            rows = this.drain(size["consumers"], conf, 100)
+            rows = this.drain(size["consumers"], conf, 100, label=name)
             rates[name].append(rate(rows))
     un, lim = statistics.median(rates["unlimited"]), statistics.median(rates["limit_per_key_2"])
     return {"unlimited_jobs_s": un, "limited_jobs_s": lim, "ratio": lim / un, "runs": rates}
@@ -194,6 +298,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", default="mysql://root@127.0.0.1:3306", help="the server (root, no password)")
     ap.add_argument("--baseline", help="a checkout of main to compare the unkeyed drain with")
+    ap.add_argument("--code", help="a checkout whose code the keyed, freed and fairness cases run (default: this one)")
+    ap.add_argument("--account", action="store_true", help="where each drain's time went (a probe in each consumer)")
     ap.add_argument("--only", action="append", choices=("unkeyed", "keyed", "freed", "fairness"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--medium", action="store_true", help="fewer jobs per drain, the full fairness case")
@@ -203,7 +309,7 @@ def main(argv: list[str]) -> int:
     user = args.dsn.split("://", 1)[1].split("@", 1)[0]
     host, _, port = hostport.partition(":")
     server = {"host": host, "port": int(port or 3306), "user": user}
-    this = Side("this", TREE, server, "nq_bench_flow")
+    this = Side("this", Path(args.code).resolve() if args.code else TREE, server, "nq_bench_flow", args.account)
     base = Side("main", Path(args.baseline).resolve(), server, "nq_bench_flow_main") if args.baseline else None
     cases = args.only or ["unkeyed", "keyed", "freed", "fairness"]
     res: dict = {"size": size, "cases": {}}
@@ -229,6 +335,10 @@ def main(argv: list[str]) -> int:
                 print(f"{case:<10} {k + ' median jobs/s':<24} {v['median_jobs_s']:.0f}")
             else:
                 print(f"{case:<10} {k:<24} {v:.3f}" if isinstance(v, float) else f"{case:<10} {k:<24} {v}")
+    if this.accounts:
+        print("where the drains' time went (--account):")
+        print_accounts(this.accounts)
+        res["accounts"] = this.accounts
     print(json.dumps(res))
     return 0
 

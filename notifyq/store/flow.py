@@ -22,7 +22,11 @@ per claim (discovery: more while each dive finds a new key) and named in a trans
 their own, before the claim takes their jobs (UnnamedKeys, name_keys: naming a key can wait on a
 peer's lock of its row, and nothing a claim carries may wait with it). With `fair`, a claim
 takes its keys round-robin: each key's first job, then each key's second, and so on (priority
-and age order inside each round); without, in claim order (priority, run_at, id). A queue with
+and age order inside each round); without, in claim order (priority, run_at, id), except that
+a limited claim takes a key's free slots together (the keys in the order of their first jobs,
+within a priority), so that consumers claiming at once take different keys; and it reads a few
+of a key's jobs past its free slots, spares it locks only where a peer's claim took the first
+ones meanwhile (spare_cap). A queue with
 a per-key rate (rate_per_key) reads its candidates here too, each key's capped at N + 1 (a claim
 starts at most N of a key): a key's backlog then never fills the claim's read, and the rates
 (store/rates.py) pick among the keys with room.
@@ -113,6 +117,21 @@ class FlowLimits:
         return self.limit_per_key
 
 
+def spare_cap(lim: int, free: int) -> int:
+    """How many of a limited key's first ready jobs a claim reads when `free` of its `lim` slots
+    are free as last committed: twice that, within the limit (and within flow_key_firsts' dives
+    where the free ones are). Consumers that claim at once read the same committed counts and
+    the same first jobs: the first claim in took them, and the next one, its window locking
+    none of them (they are claimed), came back empty (of 10,000 jobs on 100 keys of limit 2,
+    two consumers ran by turns, half the claims empty, each waiting for the other's wake). The
+    jobs past the free ones go last in the grant (Grant.spares), locked only once the free
+    ones are gone; the count under the key's lock (KeyGate) still decides what is kept."""
+    if free <= 0:
+        return 0
+    cap = min(lim, 2 * free)
+    return max(free, min(cap, FIRSTS_MAX)) if free <= FIRSTS_MAX else free
+
+
 def unkeyed_limit(batch_size: int) -> int:
     """How many ready jobs a flow claim reads for its unkeyed candidates."""
     return max(batch_size * KEYS_PER_CLAIM, MIN_CANDIDATES)
@@ -135,6 +154,9 @@ class Grant:
     keys: dict[int, str | None] = field(default_factory=dict)  # each id's key (the rates' budgets)
     active_keys: int = 0  # keys it found ready jobs of
     contended: bool = False  # jobs left for peers' claims that held their keys' rows (KeyGate)
+    # The last `spares` ids: jobs of keys past their free slots as last committed (spare_cap),
+    # kept only where a peer's claim took the jobs before them: none of them is left behind
+    spares: int = 0
 
 
 class UnnamedKeys(Exception):
@@ -299,9 +321,13 @@ class FlowClaims:
         # found jobs of (all of them the first time), so that one key left alone gets the batch
         active = self.active_keys if self.active_keys is not None else len(keys)
         share = max(1, math.ceil(batch_size / max(1, min(active, len(keys))))) if limits.fair else batch_size
+        spares = not limits.fair and not limits.rate_cap
         for key in keys:
             lim = limits.limit_for(key)
-            caps[key] = min(share, lim - running.get(key, 0)) if lim else share
+            free = lim - running.get(key, 0)
+            caps[key] = min(share, free) if lim else share
+            if lim and spares:
+                caps[key] = spare_cap(lim, min(share, free))
             if limits.rate_cap:
                 caps[key] = min(caps[key], limits.rate_cap + 1)
         steps = []
@@ -423,6 +449,7 @@ class FlowClaims:
         limits = self.limits
         complete, held = plan.complete, list(plan.held)
         by_key: dict[str | None, list[tuple]] = {}
+        spare: dict[str | None, list[tuple]] = {}  # each key's jobs read past its free slots (spare_cap)
         read: dict[str | None, int] = {}  # rows read per key, the ones left out included
         for job_id, key, prio, run_at in ready:
             read[key] = read.get(key, 0) + 1
@@ -448,7 +475,14 @@ class FlowClaims:
                 free -= sum(1 for k in taken if k == key)  # slots the claim's locked rows use
             if len(rows) > free:
                 held.append(key)
-            by_key[key] = rows[:max(0, free)]
+            if lim and not limits.fair and not limits.rate_cap:
+                # (spare_cap: the jobs past the ones it would take, locked only where those are gone)
+                first = max(0, min(free, plan.batch_size))
+                by_key[key], spare[key] = rows[:first], rows[first:]
+                if len(rows) > first < free:
+                    complete = False  # more jobs and more free slots than its batch takes
+            else:
+                by_key[key] = rows[:max(0, free)]
         if unkeyed:
             by_key[None] = [(prio, run_at, job_id) for job_id, prio, run_at in unkeyed if job_id not in seen]
         active_keys = sum(1 for rows in by_key.values() if rows)
@@ -465,18 +499,31 @@ class FlowClaims:
             first_round = [r[-1] for r in ordered[:plan.batch_size] if r[0] == 0]
             if first_round:
                 self.turn = first_round[-1] or ""
+        elif limits.limited and not limits.rate_cap:
+            # A key's jobs together (within a priority), the keys by their first job's claim
+            # order: a batch then takes whole keys' free slots, and consumers split the keys. In
+            # plain claim order (jobs of 100 keys put in turn), a batch of 100 took one job of
+            # every key: each claim locked all 100 keys' rows, two consumers' claims skipped each
+            # other's (SKIP LOCKED) and came back empty, a third of them, and each consumer held
+            # one slot of every key, so the next claims met again.
+            ordered = sorted((row[0], min(rows) if key is not None else row, row[1], row[2])
+                             for key, rows in by_key.items() for row in rows)
+            ids = [r[3] for r in ordered]
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
+        # The spares after every key's first jobs: a window locks them only once those are gone
+        spares = [r[2] for r in sorted(row for rows in spare.values() for row in rows)]
         if QUEUE_ROW in plan.skipped:
             return Grant([], False, held)  # another consumer is claiming this queue right now
         room = None if plan.room is None else plan.room - len(taken)
         queue_full = room is not None and len(ids) > room
         if queue_full:
             ids = ids[:max(0, room)]  # the rest is held back by the queue's limit
+            spares = []
         # More ids than the batch takes leave some behind: queries.claim says so (of a rated queue's,
         # only those its rates let through count)
-        keys = {row[-1]: key for key, rows in by_key.items() for row in rows}
-        return Grant(ids, complete, held, queue_full, keys, active_keys)
+        keys = {row[-1]: key for key, rows in (*by_key.items(), *spare.items()) for row in rows}
+        return Grant(ids + spares, complete, held, queue_full, keys, active_keys, spares=len(spares))
 
 
 @dataclass

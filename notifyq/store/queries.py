@@ -271,7 +271,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if hinted is not None:
             ordered = hinted.ids
         locked: list[tuple] = []
-        tried, too_new = lock_windows(cur, ordered, batch_size, version, locked, gate)
+        spares = grant.spares if flow is not None and hinted is None else 0
+        firsts = ordered[:len(ordered) - spares]
+        tried, too_new = lock_windows(cur, firsts, batch_size, version, locked, gate)
+        if spares:
+            # A key's jobs past its free slots (flow.spare_cap), only for keys whose first jobs a
+            # peer's claim took meanwhile (their rows no longer ready, or locked)
+            got = {r[0] for r in locked}
+            missed = {keys.get(i) for i in firsts[:tried] if i not in got}
+            extra = [i for i in ordered[len(firsts):] if keys.get(i) in missed]
+            more, more_new = lock_windows(cur, extra, batch_size, version, locked, gate)
+            too_new += more_new
+            # (spares not tried: the batch is full; the rest are of keys whose first jobs it
+            # had, no more than their free slots as committed: not left behind)
+            complete = complete and more == len(extra)
+            ordered = firsts
         if gate is not None:
             grant.held_keys += [k for k in gate.held if k not in grant.held_keys]
             complete = complete and not gate.contended  # jobs left for the claim that holds their keys

@@ -563,3 +563,65 @@ def test_a_claim_never_names_again_a_key_whose_row_a_peers_claim_holds(db):
     [claim] = claimed
     assert not isinstance(claim, Exception), claim
     assert [j.key for j in claim.jobs] == ["k0"]
+
+
+def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones(db, monkeypatch):
+    # Given key a with 6 ready jobs, limit_per_key = 2, two consumers running one job each (the
+    # first and second), each about to claim again carrying its ack: consumers that claim at
+    # once read the same committed counts and the same first jobs
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 6)
+    db.query("INSERT INTO nq_flow_key (queue, job_key) VALUES ('q', 'a')")
+    peer, mine = Session(cfg.dsn), Session(cfg.dsn)
+    peer_flow, my_flow = FlowClaims(FlowLimits(limit_per_key=2)), FlowClaims(FlowLimits(limit_per_key=2))
+    real_candidates = FlowClaims.candidates
+    peers: list = []
+    try:
+        peers.append(queries.claim(peer, "q", "p" * 32, 1, 60, flow=peer_flow))
+        peer.pipeline.read_reply()
+        mine_first = queries.claim(mine, "q", "m" * 32, 1, 60, flow=my_flow)
+        mine.pipeline.read_reply()
+        assert [j.id for j in peers[0].jobs] == ids[:1] and [j.id for j in mine_first.jobs] == ids[1:2]
+
+        def candidates_then_the_peer_claims(self, cur, queue, batch_size):
+            grant = real_candidates(self, cur, queue, batch_size)
+            if self is my_flow and len(peers) == 1:
+                # ... and my claim read its candidates (my ack freed a slot: the key's next
+                # ready job), then the peer's claim, its ack freeing a slot too, took that job
+                # and committed, before my claim locked anything
+                acks = queries.Acks([j.id for j in peers[0].jobs], peers[0].token, False, wake="q")
+                peers.append(queries.claim(peer, "q", "p" * 32, 1, 60, acks=acks, flow=peer_flow))
+                peer.pipeline.read_reply()
+            return grant
+
+        monkeypatch.setattr(FlowClaims, "candidates", candidates_then_the_peer_claims)
+        # When my claim, carrying my ack, goes on
+        acks = queries.Acks([j.id for j in mine_first.jobs], mine_first.token, False, wake="q")
+        claim = queries.claim(mine, "q", "m" * 32, 1, 60, acks=acks, flow=my_flow)
+        mine.pipeline.read_reply()
+    finally:
+        peer.close(), mine.close()
+    # Then the peer took the key's next job, and my claim the one after it (not nothing, its
+    # worker then idling until the peer's wake): the key runs 2, never more
+    assert [j.id for j in peers[1].jobs] == ids[2:3]
+    assert [j.id for j in claim.jobs] == ids[3:4]
+    assert _running(db) == {"a": 2}
+
+
+def test_a_limited_claim_takes_whole_keys_slots_so_two_consumers_split_the_keys(db):
+    # Given 4 keys of 4 jobs each, put in turn (a, b, c, d, a, b, ...), limit_per_key = 2
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a", "b", "c", "d"] * 4)
+    first_session, second_session = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        # When two consumers claim 4 jobs each
+        first = _claim(first_session, FlowClaims(FlowLimits(limit_per_key=2)), batch=4)
+        second = _claim(second_session, FlowClaims(FlowLimits(limit_per_key=2)), batch=4)
+    finally:
+        first_session.close(), second_session.close()
+    # Then the first takes both slots of the keys of the oldest jobs, a and b, their first two
+    # jobs each (not one job of every key: its claim then locked every key's row, and a peer's
+    # claim at that moment skipped them all), and the second takes c's and d's
+    assert [j.id for j in first.jobs] == [ids[0], ids[1], ids[4], ids[5]]
+    assert [j.id for j in second.jobs] == [ids[2], ids[3], ids[6], ids[7]]
+    assert _running(db) == {"a": 2, "b": 2, "c": 2, "d": 2}
