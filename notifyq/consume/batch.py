@@ -7,7 +7,8 @@ long-running one would see it run out while their consumer is alive and well, an
 would hand them to another consumer: the batch would run them twice. So the run pushes the
 lease of the jobs it still holds out again, in one statement, at most every lease/3, before
 it starts the next job; the answer says which jobs are still its own, and a job that is not
-is never started. The service reads `running` and `waiting()` from its own thread at shutdown.
+is never started. The service reads `running` and `waiting()` from its own thread at shutdown,
+and at the stop gives back at once what waits behind a running job (BatchRun.give_back_waiting).
 
 `Batch` is the claim's state (pure); `BatchRun` runs it on the worker's work session, from the
 claim to the acks it leaves with its worker's pending acks (acking.py: they ride the next claim).
@@ -84,9 +85,12 @@ class Batch:
         # Held while the worker picks and starts the next jobs, and while the lineup watch
         # (another thread) picks what to hand back: a job is started or handed back, never both.
         self.start_lock = threading.Lock()
+        # Set at the consumer's stop (stop_starting): no job of it starts from then on, whatever
+        # its worker was doing when the stop came (it may have looked at the stop just before)
+        self.stopping = False
         self.handed_back = 0  # jobs the lineup watch took to hand back (counted once the run ended)
-        # Clear while the lineup watch gives jobs of this batch back (set once their give-back
-        # ended): the worker's next claim waits for it, or it would find them still claimed, by
+        # Clear while the lineup watch, or the stop (BatchRun.give_back_waiting), gives jobs of
+        # this batch back (set once their give-back ended): the worker's next claim waits for it, or it would find them still claimed, by
         # this batch, and take lower-priority jobs over them
         self.given_back = threading.Event()
         self.given_back.set()
@@ -156,7 +160,7 @@ class Batch:
     def start_next(self, size: int) -> list[Job]:
         """The next group (next_group), started."""
         with self.start_lock:
-            group = self.next_group(size)
+            group = [] if self.stopping else self.next_group(size)
             self.start(group)
             return group
 
@@ -165,14 +169,38 @@ class Batch:
         become not ours to start, and are returned, for the queue; None: no job runs right
         now (its worker is between two jobs, and about to start the next)."""
         with self.start_lock:
-            if not self.running:
-                return None
-            ids = self.waiting()
-            self.lost.update(ids)
-            self.handed_back += len(ids)
-            if ids:
-                self.given_back.clear()  # the watch sets it once their give-back ended
+            ids = self._take_waiting()
+            if ids is not None:
+                self.handed_back += len(ids)
             return ids
+
+    def stop_starting(self) -> list[int] | None:
+        """The consumer stops (the service's thread): the batch starts no job from now on, and
+        what waits behind a running job is returned, as hand_back does, to be given back now
+        rather than when that job ends. None: no job runs (its worker, between two jobs or
+        before the first, gives back what waits itself as it stops; a per-batch handler's
+        jobs all start together, and none waits once they run)."""
+        with self.start_lock:
+            self.stopping = True
+            return self._take_waiting()
+
+    def not_given_back(self, ids: list[int]) -> None:
+        """Jobs stop_starting took whose give-back failed (the server away at the stop): the
+        batch's again, for its settle or the shutdown's abandon to give back with the rest.
+        Never started: the batch is stopping."""
+        with self.start_lock:
+            self.lost.difference_update(ids)
+
+    def _take_waiting(self) -> list[int] | None:
+        """(Under start_lock) what waits behind the running job, no longer ours to start; None:
+        no job runs."""
+        if not self.running:
+            return None
+        ids = self.waiting()
+        self.lost.update(ids)
+        if ids:
+            self.given_back.clear()  # set once their give-back ended
+        return ids
 
     def start(self, jobs: list[Job]) -> None:
         self.started += len(jobs)
@@ -582,6 +610,34 @@ class BatchRun:
             log.warning("leases ran out before the jobs started: skipped, they are someone "
                         "else's now queue=%s n=%d jobs=%s", self.queue, len(gone),
                         ",".join(map(str, gone[:20])))
+
+    def give_back_waiting(self, session: Session) -> None:
+        """The consumer stops (the service's thread, on its own session, once, soon after the
+        stop): what waits behind the running job goes back to the queue now, uncharged and
+        fenced by the claim's token, for another consumer to run during the grace, rather than
+        when the job ends or the grace does. The batch starts nothing more (Batch.stop_starting),
+        and its run's settle waits for this give-back (given_back) as for the lineup watch's.
+        Best effort: a give-back that fails leaves them to the batch's settle, or to abandon."""
+        batch = self.batch
+        ids = batch.stop_starting()
+        if not ids:
+            return
+        try:
+            n = queries.give_back(session, self.queue, ids, batch.token)
+        except Exception as e:  # (whatever it was: the jobs must not stay out of the batch's hands)
+            batch.not_given_back(ids)
+            log.warning("could not give back the unstarted jobs at the stop: the batch gives them back as "
+                        "it ends queue=%s n=%d error=%s", self.queue, len(ids), e,
+                        exc_info=not isinstance(e, errors.NotifyqError))
+            return
+        finally:
+            batch.given_back.set()  # (after not_given_back: its settle then finds them waiting)
+        self.stats.given_back += n
+        # Which jobs and whose claim, as the batch's own give-back says it (the fault checker reads it)
+        log.info("gave back unstarted jobs at the stop queue=%s n=%d token=%d ids=%s", self.queue, n,
+                 batch.token, ",".join(map(str, ids)))
+        if n:
+            self.presence.lineup.wake(self.queue, session)
 
     def abandon(self, session: Session) -> None:
         """The shutdown grace expired while the handler still ran, or the run ended without

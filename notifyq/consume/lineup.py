@@ -313,14 +313,15 @@ class LineupWatch:
         log.info("handed back jobs waiting behind a long one queue=%s n=%d since_claim_s=%.3f token=%d ids=%s",
                  queue, n, time.monotonic() - batch.claimed_at, batch.token, ",".join(map(str, ids)))
         if n:
-            self._wake(queue)
+            self.wake(queue, self._lineup_session())
 
-    def _wake(self, queue: str) -> None:
-        """The queue's idle watcher, in any process, claims them now, not at its next poll."""
+    def wake(self, queue: str, session: Session) -> None:
+        """The queue's idle watcher, in any process, claims what was given back now, not at its
+        next poll (on `session`: the watch's, or the stop's give-back's)."""
         wakeup = self.config.wakeup
         if not wakeup.use_locks or wakeup.instant_wake is False:
             return  # the watchers poll: their next look at the count finds them
         waker = self._wakers.get(queue)
         if waker is None:
             waker = self._wakers[queue] = InstantWake(queue, self._locks(queue), insist=wakeup.instant_wake is True)
-        waker.wake(self._session)
+        waker.wake(session)

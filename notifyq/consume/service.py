@@ -8,15 +8,17 @@ through the public methods below (start_workers, probe, lost, restart_worker, is
 
 The main thread never touches jobs. It starts the workers, pings the systemd watchdog only
 while every worker's loop is turning (or its handler is inside its lease), reports STATUS=,
-and on stop runs the drain order: stop claiming -> interrupt idle waits -> let running
-handlers finish within the grace period -> give back what never started, and what still
-runs as interrupted (no attempt charged: a deploy is not the job's failure) -> exit.
+and on stop runs the drain order: stop claiming -> interrupt idle waits, and give back what
+waits behind a running job -> let running handlers finish within the grace period -> give back
+what never started, and what still runs as interrupted (no attempt charged: a deploy is not
+the job's failure) -> exit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -388,9 +390,10 @@ class ConsumerService(Supervisor):
             self.scheduler.reload(new)
 
     # -------------------------------------------------------- shutdown
-    # The drain order: stop claiming -> interrupt idle waits -> let running handlers finish
-    # within the grace period -> give back what never started, and what still runs as
-    # interrupted (uncharged, its attempt recorded 'interrupted') -> exit. A composer runs each step on every service in turn.
+    # The drain order: stop claiming -> interrupt idle waits, and give back at once what waits
+    # behind a running job -> let running handlers finish within the grace period -> give back
+    # what never started, and what still runs as interrupted (uncharged, its attempt recorded
+    # 'interrupted') -> exit. A composer runs each step on every service in turn.
 
     def shutdown(self, grace_s: float | None = None) -> None:
         grace = self.config.consumer.shutdown_grace_s if grace_s is None else grace_s
@@ -487,7 +490,9 @@ class ConsumerService(Supervisor):
     def _interrupt_idle_waits(self) -> None:
         """Idle workers wait for the watcher seat, or in GET_LOCK/SLEEP on the watcher session:
         they would notice the stop only at their timeout. Once every worker has ended (a run
-        that ended by itself), nothing waits: no session is opened to interrupt it."""
+        that ended by itself), nothing waits: no session is opened to interrupt it. Then what
+        waits behind running jobs is given back (_give_back_waiting), unless the server was
+        found unreachable: the batches give it back as they end, or the exit does."""
         if not any(r.thread.is_alive() for r in self.running):
             return
         session = Session(self.config.dsn, autocommit=True, retry_s=2, name="stopper")
@@ -505,6 +510,20 @@ class ConsumerService(Supervisor):
             self.presence.interrupt_waits(session)
         except errors.NotifyqError as e:
             log.debug("could not interrupt idle waits error=%s", e)
+        finally:
+            session.close()
+        self._give_back_waiting()
+
+    def _give_back_waiting(self) -> None:
+        """At the stop, after the idle waits: what waits in a batch behind a running job goes
+        back to the queue now, for another consumer to run during the grace
+        (Worker.give_back_waiting). On a session of its own: a transaction, which the stopper's
+        autocommit one is not; it connects only when a batch has something to give back."""
+        session = Session(self.config.dsn, retry_s=2, name="stop-give-back",
+                          idle_in_transaction_s=math.ceil(self.config.consumer.session_idle_s))
+        try:
+            for r in self.running:
+                r.worker.give_back_waiting(session)
         finally:
             session.close()
 

@@ -431,6 +431,13 @@ class Worker:
         run = self.current_run
         return run is not None and run.handler.stop_running()
 
+    def give_back_waiting(self, session: Session) -> None:
+        """At the stop (service thread): what waits in this worker's batch behind its running job
+        goes back to the queue now (BatchRun.give_back_waiting)."""
+        run = self.current_run
+        if run is not None:
+            run.give_back_waiting(session)
+
     def holds_unsettled(self) -> bool:
         """A batch of this worker's is not settled: the one it runs, or one its run left."""
         return any(run is not None and not run.batch.settled.is_set() for run in (self.current_run, self.unsettled))

@@ -24,7 +24,9 @@ LEASE_S = 120.0  # no lease ends within the test: what comes back came back at t
 
 def test_a_batch_whose_give_back_failed_as_its_worker_stopped_is_given_back_at_the_exit(db, monkeypatch):
     # Given a consumer (one worker, batches of 2) running the first job of its batch until the
-    # test releases it, and whose first give-back fails on lock conflicts
+    # test releases it, and whose give-backs fail on lock conflicts until its exit's settle: the
+    # stop's own give-back (BatchRun.give_back_waiting) leaves the job to its worker, whose
+    # give-back fails too
     cfg = db.config(defaults={"lease_s": LEASE_S}, consumer={"shutdown_grace_s": 30.0})
     with Producer("q", cfg) as p:
         first, second = p.put_many([{"n": 1}, {"n": 2}])
@@ -35,11 +37,11 @@ def test_a_batch_whose_give_back_failed_as_its_worker_stopped_is_given_back_at_t
         assert release.wait(30)
 
     real_give_back = queries.give_back
-    give_backs: list[list[int]] = []
+    give_backs: list[tuple[str, list[int]]] = []
 
     def give_back(session, queue, ids, token):
-        give_backs.append(list(ids))
-        if len(give_backs) == 1:
+        give_backs.append((threading.current_thread().name, list(ids)))
+        if threading.current_thread().name != "notifyq-settle":
             raise errors.TransientDBError("give back failed after retrying: MySQL error 1205: Lock wait timeout")
         return real_give_back(session, queue, ids, token)
 
@@ -63,7 +65,8 @@ def test_a_batch_whose_give_back_failed_as_its_worker_stopped_is_given_back_at_t
     # Then its worker's own give-back failed, its thread ended well inside the grace ...
     assert not runner.is_alive() and outcome.get("rc") == 0, outcome
     assert time.monotonic() - stopped_at < 10
-    assert give_backs[0] == [second] and not service.workers[0].error
+    assert ("notifyq-w1", [second]) in give_backs and not service.workers[0].error
+    assert give_backs[-1] == ("notifyq-settle", [second])
     # And by the exit the shutdown gave the job back, its attempt undone; the finished one acked
     assert db.query("SELECT status, attempts, owner FROM nq_job WHERE id = %s", (second,)) == [(0, 0, None)]
     assert db.query("SELECT status FROM nq_job WHERE id = %s AND status <> 3", (first,)) == []

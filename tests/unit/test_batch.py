@@ -56,3 +56,26 @@ def test_a_claim_taken_again_after_its_commit_failed_is_settled_and_what_it_lost
     assert batch.waiting() == [3] and batch.next_group(3) == []  # job 2 comes first: skipped
     batch.skip()
     assert [j.id for j in batch.next_group(3)] == [3]
+
+
+def test_at_the_stop_a_batch_starts_nothing_more_and_what_waits_behind_a_running_job_is_taken():
+    # Between two jobs (its worker may have looked at the stop just before it came): nothing is
+    # taken, the worker gives back what waits itself, and starts nothing more
+    between = Batch(token=7, jobs=jobs(3), lease_s=30.0, claimed_at=0.0)
+    assert between.stop_starting() is None
+    assert between.start_next(1) == [] and between.waiting() == [1, 2, 3]
+    # Behind a running job: the waiting jobs are taken (not ours to start), until their give-back ended
+    batch = Batch(token=7, jobs=jobs(3), lease_s=30.0, claimed_at=0.0)
+    assert [j.id for j in batch.start_next(1)] == [1]
+    assert batch.stop_starting() == [2, 3]
+    assert batch.waiting() == [] and batch.held() == [1] and not batch.given_back.is_set()
+    assert batch.handed_back == 0  # counted by the stop's give-back, not the lineup watch's
+    # A give-back that failed: the batch's again, to give back as it ends, and never started
+    batch.not_given_back([2, 3])
+    batch.finish()
+    assert batch.waiting() == [2, 3] and batch.held() == [1, 2, 3]
+    assert batch.start_next(1) == []
+    # A per-batch handler's batch: everything runs, nothing waits
+    whole = Batch(token=7, jobs=jobs(3), lease_s=30.0, claimed_at=0.0)
+    whole.start(whole.jobs)
+    assert whole.stop_starting() == [] and whole.given_back.is_set()
