@@ -140,7 +140,9 @@ class Acks:
 
     def bump(self) -> list[tuple[str, dict[str, Any]]]:
         """A limited queue's signal bump for the slots these acks free (none for another queue)."""
-        return [signal.bump(self.wake, len(self.ids))] if self.wake is not None else []
+        # On a slot nobody holds: a peer's claim stopped inside its transaction holds the slot
+        # its own acks bumped, and this claim waited on it for the lock wait timeout
+        return [signal.bump_unheld(self.wake, len(self.ids))] if self.wake is not None else []
 
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""

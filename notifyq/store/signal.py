@@ -23,13 +23,13 @@ def bump_signal(cur, queue: str, n: int) -> None:
     cur.execute(*bump(queue, n))
 
 
+def bump_unheld(queue: str, n: int) -> tuple[str, dict]:
+    """bump() on a slot no other transaction holds (bump_signal_unheld), to send with others: for
+    a transaction that must not wait behind one stopped inside its own (a limited claim, a
+    reaper's take-back)."""
+    return Q["bump_signal_unheld"], {"queue": queue, "slot": slot(), "n": n}
+
+
 def bump_free_slot(cur, queue: str, n: int) -> None:
-    """bump_signal on a slot that no other transaction holds (signal_free_slot), for a reaper's
-    take-back, which must not wait behind a producer stopped inside its transaction; a random one
-    (which may wait) only when every slot row there is is held, or none exists yet."""
-    cur.execute(Q["signal_free_slot"], {"queue": queue})
-    row = cur.fetchone()
-    if row is None:
-        bump_signal(cur, queue, n)
-    else:
-        cur.execute(Q["bump_signal"], {"queue": queue, "slot": row[0], "n": n})
+    """bump_unheld, run now (a reaper's take-back)."""
+    cur.execute(*bump_unheld(queue, n))

@@ -625,3 +625,53 @@ def test_a_limited_claim_takes_whole_keys_slots_so_two_consumers_split_the_keys(
     assert [j.id for j in first.jobs] == [ids[0], ids[1], ids[4], ids[5]]
     assert [j.id for j in second.jobs] == [ids[2], ids[3], ids[6], ids[7]]
     assert _running(db) == {"a": 2, "b": 2, "c": 2, "d": 2}
+
+
+def test_a_limited_claim_carrying_acks_never_waits_on_a_counter_slot_a_stopped_peer_holds(db, monkeypatch):
+    """Regression (a long fault run: a limited claim waited 10 s, the lock wait timeout, behind a
+    peer SIGSTOPped inside its claim): a limited queue's acks bump the queue's counter in the
+    claim's transaction, and a peer's transaction holds the slot its own bump took. The bump took
+    a random slot; it takes one nobody holds now."""
+    from notifyq.store import signal
+
+    # Given 4 jobs of key a, limited to 2, a claim that took 2 of them, and every slot of the
+    # queue's counter but one held by a peer's open transaction; the random slot is a held one
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 4)
+    for slot in range(signal.SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (slot,))
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    first = _claim(session, flow)
+    session.pipeline.read_reply()
+    peer = admin_connect(db.admin, db.admin.database)
+    cur = peer.cursor()
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    cur.execute("BEGIN")
+    for slot in range(signal.SIGNAL_SLOTS):
+        if slot != 7:
+            cur.execute("UPDATE nq_signal SET seq = seq + 1 WHERE queue = 'q' AND slot = %s", (slot,))
+    monkeypatch.setattr(signal, "slot", lambda: 3)
+    done: list = []
+
+    def second_claim() -> None:
+        acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q")
+        claim = queries.claim(session, "q", OWNER, 100, 60, acks=acks, flow=flow)
+        session.pipeline.read_reply()
+        done.append(claim)
+
+    try:
+        # When the next claim carries their acks
+        thread = threading.Thread(target=second_claim, daemon=True)
+        thread.start()
+        thread.join(5.0)
+        waited = thread.is_alive()
+    finally:
+        peer.close()  # (lets a waiting claim go: the test failed)
+    thread.join(30)
+    session.close()
+    # Then it did not wait: it took the slots they freed, and the free slot counted them
+    assert not waited, "the claim waited on a counter slot the peer held"
+    assert sorted(j.id for j in done[0].jobs) == ids[2:]
+    assert not done[0].commit.failed
+    assert db.scalar("SELECT seq FROM nq_signal WHERE queue = 'q' AND slot = 7") == 2

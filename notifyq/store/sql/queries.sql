@@ -164,12 +164,18 @@ WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
--- signal_free_slot --
--- A reaper's bump (signal.bump_free_slot): a slot of the queue's counter that no transaction
--- holds. A producer stopped (SIGSTOP, a paused VM) inside its transaction holds the slot its put
--- bumped; a reaper's random slot waited on it for the lock wait timeout, on every retry, with the
--- dead consumer's jobs held in its own transaction.
-SELECT slot FROM nq_signal WHERE queue = %(queue)s ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED
+-- bump_signal_unheld --
+-- bump_signal on a slot of the queue's counter that no other transaction holds, in one
+-- statement (signal.bump_unheld): for bumps inside transactions that must never wait, a limited
+-- claim's (its acks free slots) and a reaper's take-back. A producer or a claim stopped (SIGSTOP,
+-- a paused VM) inside its transaction holds the slot it bumped: a random slot waited on it for
+-- the lock wait timeout, on every retry (a limited claim 10 s in a long fault run, a reaper's
+-- take-back with a dead consumer's jobs). The first slot row nobody holds, else (every row
+-- held, or none yet) the random `slot`, which may wait.
+INSERT INTO nq_signal (queue, slot, seq)
+SELECT %(queue)s, COALESCE((SELECT slot FROM nq_signal WHERE queue = %(queue)s
+                            ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED), %(slot)s), %(n)s
+ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
 -- claim_ready --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids, in claim order (ix_state's own
