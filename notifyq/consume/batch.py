@@ -74,6 +74,9 @@ class Batch:
         # still covered by every extension. A long job's extend_lease() once pushed out its own
         # lease alone, and the finished jobs before it expired and ran again elsewhere.
         self.done: list[Job] = []
+        # Finished jobs whose outcomes the worker is sending (a frozen server can hold that send
+        # past the grace: the shutdown then sends them too, fenced by the token)
+        self.sending: list[Job] = []
         # Settled: every outcome sent and what never started given back, by its run or, at
         # shutdown, by abandon. Ended: its run is over, settled or not (a settle that met the
         # server away leaves the rest to the shutdown: Worker.abandon)
@@ -259,6 +262,7 @@ class BatchRun:
         self.queue, self.qc, self.stats, self.outcomes = worker.queue, qc, worker.stats, worker.outcomes
         self.handler, self.caller = handler, worker.caller  # the handler when the claim was made
         self.presence, self.stop = worker.presence, worker.stop
+        self.thread_id: int | None = None  # the worker's thread, once run() runs: whose call a handler knows
         self.completion: Completion | None = None  # what the jobs still to start complete through
         self._aside: Session | None = None  # extensions asked for inside a job.transaction() block
 
@@ -272,6 +276,7 @@ class BatchRun:
         jobs, token = batch.jobs, batch.token
         self.stats.claimed += len(jobs)
         self.stats.batches += 1
+        self.thread_id = threading.get_ident()
         self.stats.batch_sizes.observe(len(jobs))
         self._hand_out(jobs)
         log.debug("claimed batch queue=%s n=%d token=%d", self.queue, len(jobs), token)
@@ -374,11 +379,14 @@ class BatchRun:
         is raised after: the batch is settled whatever ends the worker. A stopping worker claims
         no more: its acks go now, with the batch. Not sent for want of the server, they are the
         batch's again (its `done`), for the shutdown to send (Worker.abandon)."""
+        self.batch.sending = done  # on the wire: the shutdown sends them too if this hangs (abandon)
         try:
             self._send_done(done)
         except errors.DatabaseError:
             self.batch.done[:0] = done
             raise  # the server is away: the worker's outage path (the reaper takes the rest back)
+        finally:
+            self.batch.sending = []
 
     def _send_done(self, done: list[Job]) -> None:
         try:
@@ -654,8 +662,16 @@ class BatchRun:
         every time still ends dead. Nothing is left claimed by a process that is about to exit.
         """
         batch = self.batch
-        self.outcomes.send(session, batch.take_done(), batch.token)
-        waiting, running = batch.waiting(), list(batch.running)
+        running = list(batch.running)
+        if running and self.handler.ran_to_end(self.thread_id):
+            # A command that exited 0 while its call still waited on the server (frozen, or
+            # retried until the grace's end): done, not interrupted
+            batch.finish()
+            running = []
+        finished = batch.take_done()
+        finished += [j for j in batch.sending if j not in finished]
+        self.outcomes.send(session, finished, batch.token)
+        waiting = batch.waiting()
         if waiting:
             self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
         for job in running:

@@ -27,6 +27,7 @@ STDERR_TAIL = 2000  # characters of a failed command's stderr kept in its error 
 EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the worker paces the statements)
 TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
 GRACE_EXPIRED = "interrupted: the shutdown grace expired while the command ran: its process group was killed"
+EXITED_LOOK_S = 0.2  # a call cut short: how long it waits to learn whether its command had exited
 CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
@@ -61,6 +62,7 @@ class CommandHandler(Handler):
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
+        self._ended_before_stop: dict[int, int] = {}  # worker thread id -> its exit status, ended before the stop
         self._stopping = False
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
@@ -121,7 +123,7 @@ class CommandHandler(Handler):
                 return GRACE_EXPIRED
             return self._wait(proc, stdin, extend, cancel)
         except BaseException as e:
-            if isinstance(e, Exception) and proc.poll() is not None:
+            if isinstance(e, Exception) and _exited(proc):
                 # The command ended by itself while the call waited on the server (an extension
                 # or a cancel check retrying it, which the stop or a gone server then ended): its
                 # exit is the job's outcome. Given back as interrupted, a command that had run
@@ -192,8 +194,15 @@ class CommandHandler(Handler):
         with self._lock:
             self._stopping = True
             procs = list(self._running.values())
+            # Those that had ended by themselves, their calls still waiting on the server (a
+            # lease extension or a cancel check retrying it, or a frozen server's read)
+            self._ended_before_stop = {tid: proc.returncode for tid, proc in self._running.items()
+                                       if proc.poll() is not None}
         _end_groups(procs, wait_s)
         return True
+
+    def ran_to_end(self, thread_id: int) -> bool:
+        return self._ended_before_stop.get(thread_id) == 0
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
@@ -221,6 +230,17 @@ def kill_all_groups() -> None:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:  # gone already (or no longer ours to signal)
             pass
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the command has exited (reaped now if so). Waited for a moment rather than
+    polled: the stop's thread may be reaping the commands at this instant (_end_groups), and
+    Popen.poll() then says nothing of one that has exited."""
+    try:
+        proc.wait(EXITED_LOOK_S)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _end_groups(procs: list[subprocess.Popen], wait_s: float) -> None:

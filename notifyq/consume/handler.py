@@ -43,6 +43,12 @@ class Handler(Protocol):
         (a command's process group), and their batches settle by themselves."""
         return False
 
+    def ran_to_end(self, thread_id: int) -> bool:
+        """After stop_running: whether the call of that worker thread had run what it runs to a
+        successful end by itself before the stop (a command that exited 0 while its call still
+        waited on the server). Its job is then done, not interrupted."""
+        return False
+
 
 class _Bare(Handler):
     """An object of `per_batch` and the call only, with the defaults for the rest."""

@@ -41,6 +41,9 @@ class Reporting(Handler):
     def stop_running(self) -> bool:
         return self.inner.stop_running()
 
+    def ran_to_end(self, thread_id: int) -> bool:
+        return self.inner.ran_to_end(thread_id)
+
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         fresh = [job for job in jobs if job.error is None]
         try:

@@ -34,5 +34,8 @@ class Traced(Handler):
     def stop_running(self) -> bool:
         return self.inner.stop_running()
 
+    def ran_to_end(self, thread_id: int) -> bool:
+        return self.inner.ran_to_end(thread_id)
+
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         self.tracer.process(self.queue, jobs, lambda: self.inner(jobs, extend))

@@ -165,3 +165,45 @@ def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_giv
     finally:
         if alive(shell):  # (left running: the test failed)
             os.kill(shell, signal.SIGKILL)
+
+
+def test_a_command_that_ended_in_the_grace_with_the_server_frozen_past_it_is_acked_not_given_back(
+        server, fdb, procs, tmp_path):
+    """Regression (an outside attack on the deploys page): the server frozen (SIGSTOP) during the
+    grace and answering again after it: a command that had exited 0 within the grace, its call
+    still waiting on the frozen server, was given back as interrupted at the grace's end and ran
+    again. The stop now reads the command's exit: done."""
+    out, script, env = command_setup(fdb, tmp_path, RELEASED_COMMAND, "[consumer]\nshutdown_grace_s = 8\n"
+                                     "[defaults]\nlease_s = 120\ncommand_timeout_s = 120\n", script_name="job.sh")
+    env.update(NOTIFYQ_CONNECT_RETRY_S="60")
+    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
+    produce(fdb, QUEUE, 1)
+    wait_until(lambda: any(tag == "start" for _, _, tag in command_log(out)), 30, message="the command started")
+    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    server_pid = server._proc.pid
+    try:
+        # When the consumer is stopped, the server freezes, and the command then ends (exit 0)
+        # within the grace, whose end passes with the server still frozen
+        consumer.signal(signal.SIGTERM)
+        wait_until(lambda: fdb.scalar("SELECT stopping FROM nq_consumer WHERE pid = %s", (consumer.pid,)),
+                   10, message="the consumer draining (its registration says so)")
+        os.kill(server_pid, signal.SIGSTOP)
+        # (once the command's call waits on the frozen server: a lease extension's or a cancel
+        # check's read under it)
+        wait_until(lambda: "stalled: a call has waited" in consumer.stderr_text(), 10,
+                   message="the command's call waiting on the frozen server")
+        (out / "release").touch()
+        wait_until(lambda: (job, shell, "end") in command_log(out), 10, message="the command ended")
+        wait_until(lambda: "grace period over" in consumer.stderr_text(), 20, message="the grace's end")
+    finally:
+        os.kill(server_pid, signal.SIGCONT)  # answering again within the stop's 12 s
+    try:
+        # Then the job is acked before the consumer exits: done, not ready to run again
+        consumer.wait(60)
+        log = consumer.stderr_text()
+        assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s AND status <> 3", (job,)) == 0, log[-3000:]
+        assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,))] == ["done"], \
+            log[-3000:]
+    finally:
+        if alive(shell):  # (left running: the test failed)
+            os.kill(shell, signal.SIGKILL)
