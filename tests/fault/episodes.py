@@ -26,6 +26,10 @@ from .history import Fault, read_runs
 DEPLOY = "long"
 PY_QUEUE, CMD_QUEUE, GRACE_QUEUE = "fl", "fc", "fg"
 RESTART_QUEUE = "fr"  # grace_restart's: only its grace consumer and that one's peer serve it
+# grace_outage's, the same; its lease (the defaults', 30 s) outlasts the outage: a lease that
+# runs out comes back whoever holds it, and with fr's 6 s the peer's reaper, not the stop, would
+# decide what becomes of a job that ended in the outage, its ack pending
+OUTAGE_QUEUE = "fo"
 LONG_LEASE_S, CMD_LEASE_S, SESSION_IDLE_S = 30.0, 6.0, 4
 PY_CONSUMERS, CMD_CONSUMERS = 3, 2
 # grace_restart: the grace consumer's shutdown_grace_s, its short command (it ends after the
@@ -48,6 +52,7 @@ def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: fl
             f"command_timeout_s = 60\n"
             f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
             f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{RESTART_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
+            f"[queue.{OUTAGE_QUEUE}]\nlease_s = {LONG_LEASE_S}\n"
             f"[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
             f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
     path.write_text(text)
@@ -236,10 +241,11 @@ class Episodes(threading.Thread):
     def _grace_outage(self) -> None:
         """grace_restart's stop, the server away across its grace's end: stopped (clean, or a
         crash every other play: the first on an odd seed) once the registration says stopping,
-        held down while the short command ends (its handler's lease extension or cancel check
+        held down while the short command ends (its handler's cancel check, once a second,
         retrying the server then) and while the grace ends (the long command killed, the short
         one's ack and the long one's give-back meeting no server), started again
-        OUTAGE_PAST_GRACE_S after the grace's end. The short command must be acked (its exit is
+        OUTAGE_PAST_GRACE_S after the grace's end. On a queue of its own (OUTAGE_QUEUE), whose
+        lease outlasts the outage. The short command must be acked (its exit is
         its outcome, the stop settles it once the server answers), the long one given back
         uncharged and run again by the peer, the consumer exit 0 once it settled, within the
         grace and service.SETTLE_AT_EXIT_S (checker.check_grace_restarts)."""
@@ -251,19 +257,20 @@ class Episodes(threading.Thread):
         play = f"{name} #{self.played.count(name) + 1}"
         outage = name == "grace_outage"
         crash = outage and (self.played.count(name) + run.plan.seed) % 2 == 1
-        self._retire_grace_peer(RESTART_QUEUE)
+        queue = OUTAGE_QUEUE if outage else RESTART_QUEUE
+        self._retire_grace_peer(queue)
         config = long_config(run.workdir / f"{name}.toml", grace_s=RESTART_GRACE_S)
-        grace = run.spawn_long(RESTART_QUEUE, command=True, config=config, batch_size=1, extra=("--workers", "2"))
+        grace = run.spawn_long(queue, command=True, config=config, batch_size=1, extra=("--workers", "2"))
         deadline = time.monotonic() + 30
         while not grace.ready() and time.monotonic() < deadline:
             time.sleep(0.1)  # poll interval inside a deadline
-        jobs = self._put(RESTART_QUEUE, [{"s": RESTART_SHORT_S}, {"s": RESTART_LONG_S}])
+        jobs = self._put(queue, [{"s": RESTART_SHORT_S}, {"s": RESTART_LONG_S}])
         started = self._wait_started(jobs, 20, every=True)
         if set(started.values()) != {grace.pid}:
             self.missed.append(f"{play}: its jobs did not both start on the grace consumer ({started or 'not at all'})")
         if not started:
             return
-        run.long_slots.append(run.spawn_long(RESTART_QUEUE, command=True))  # the peer, idle until the give-back
+        run.long_slots.append(run.spawn_long(queue, command=True))  # the peer, idle until the give-back
         at = time.monotonic()
         run.fleet.signal(grace, signal.SIGTERM)
         root = run.roots[DEPLOY]
@@ -292,7 +299,7 @@ class Episodes(threading.Thread):
             self._missed_outage(play, grace.pid, jobs[0], at, *outage_s)
         # Until the peer has run the long command again (its jobs gone from the table)
         if not self._until(lambda: not root.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s",
-                                                   (RESTART_QUEUE,)), RESTART_LONG_S + 10) \
+                                                   (queue,)), RESTART_LONG_S + 10) \
                 and not self.stop.is_set():
             self.missed.append(f"{play}: its jobs were not done {RESTART_LONG_S + 10:g} s after the exit")
 
