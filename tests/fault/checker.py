@@ -38,6 +38,11 @@ owns", "an id that put() returned is always stored"):
   not left in the table), gives back each that still ran at the grace's end (it runs again on
   another process, repeating the attempt: uncharged), and exits 0 within the grace and
   GRACE_EXIT_BOUND_S;
+- grace_outage: the same of a stop whose server was away across its grace's end (the
+  grace_outage episode: down while the short command ended and while the grace ended, back
+  within SETTLE_AT_EXIT_S of its end): the short job acked, the long one given back uncharged,
+  the exit 0 within the grace, SETTLE_AT_EXIT_S (the stop waits that long for its server to
+  settle what it held) and GRACE_EXIT_BOUND_S;
 Issue 29 ("exactly-once effects"): a job of the `effects` mode (kind fx) writes one row through
 job.transaction(), which commits it with the job's completion:
 - double_effect: never two effect rows for one job, whatever the faults;
@@ -90,6 +95,7 @@ from collections.abc import Iterable
 # The worker's rule: a lease push just before a start, once this share of the lease has passed
 # since the claim or the last push
 from notifyq.consume.batch import EXTEND_EVERY
+from notifyq.consume.service import SETTLE_AT_EXIT_S
 
 from .history import Fault, History, JobKey, Run
 
@@ -114,10 +120,10 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
 #           been in flight); one whose handler ran through it was a live consumer's (item 5);
 # never     a reload changes settings, it takes nothing back (item 6);
 # interrupted  only the second run of a job whose run the fault cut short (no end line): a stop
-#           whose grace the server restarted in gives back what still ran at the grace's end, and
-#           acks what ended before it.
+#           whose grace the server restarted in (or was away across the end of) gives back what
+#           still ran at the grace's end, and acks what ended before it.
 EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never",
-          "grace_restart": "interrupted"}
+          "grace_restart": "interrupted", "grace_outage": "interrupted"}
 # Records that are not faults: a reaper's take-back, a process's re-registration (evidence for
 # the "peer" excuse), and the operator's cancel (the after_cancel rule's)
 EVIDENCE = ("cancel", "taken_back", "re_registered")
@@ -142,6 +148,10 @@ GRACE_EXIT_BOUND_S = 5.0
 # stop's settle raced it): given back and run again is then as right as acked
 GRACE_ACK_SLACK_S = 1.0
 STOP_MARK_S = 2.0  # grace_restart: a stop's mark lands within this (a connect, one UPDATE)
+# The stops the grace rule judges (their records' kind, which is the rule's name) -> how long
+# after the grace's end the consumer may exit: grace_restart's server is back within the grace;
+# grace_outage's is away at its end, and the stop waits for it SETTLE_AT_EXIT_S at most
+GRACE_STOPS = {"grace_restart": GRACE_EXIT_BOUND_S, "grace_outage": SETTLE_AT_EXIT_S + GRACE_EXIT_BOUND_S}
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -875,27 +885,29 @@ def check_strays(h: History) -> list[Violation]:
 def check_grace_restarts(h: History) -> list[Violation]:
     """grace_restart: what a consumer ran when it was stopped, the server restarting during its
     grace (a grace_restart record: pid, from the SIGTERM to its exit as the harness saw it,
-    detail "shutdown_grace_s=N"). Each run of that process under way at the SIGTERM either ended
-    within the grace, and was acked (no later run of its job, nothing of it left in the table),
-    or still ran at the grace's end, and was given back: run again to its end by another process,
-    after the grace, at the same attempt (unless a server fault as the stop came may have lost
-    the stop's mark). The process exits 0 within the grace and GRACE_EXIT_BOUND_S."""
+    detail "shutdown_grace_s=N"); grace_outage the same, the server away across the grace's end
+    (a grace_outage record; the rule of that name). Each run of that process under way at the
+    SIGTERM either ended within the grace, and was acked (no later run of its job, nothing of it
+    left in the table), or still ran at the grace's end, and was given back: run again to its
+    end by another process, after the grace, at the same attempt (unless a server fault as the
+    stop came may have lost the stop's mark). The process exits 0 within the grace and its GRACE_STOPS bound."""
     exits = {e.pid: e for e in h.exits}
     left = {(f.deploy, f.job): f for f in h.final_rows if f.status != DONE}
     runs_of = h.runs_by_job()
     out: list[Violation] = []
-    for stop in (f for f in h.faults if f.kind == "grace_restart" and f.pid is not None):
+    for stop in (f for f in h.faults if f.kind in GRACE_STOPS and f.pid is not None):
+        rule = stop.kind
         grace_s = float(stop.detail.split("shutdown_grace_s=", 1)[1].split()[0])
         grace_end = stop.start + grace_s
         gone = exits.get(stop.pid)
         exited_at = min(stop.end, gone.at) if gone is not None else None
-        if gone is None or exited_at > grace_end + GRACE_EXIT_BOUND_S:
+        if gone is None or exited_at > grace_end + GRACE_STOPS[rule]:
             when = "never" if gone is None else f"{exited_at - stop.start:.1f} s after it"
-            out.append(Violation("grace_restart", None, f"pid {stop.pid}, stopped at {stop.start:.3f} with a "
-                                                        f"{grace_s:g} s grace, exited {when}"))
+            out.append(Violation(rule, None, f"pid {stop.pid}, stopped at {stop.start:.3f} with a {grace_s:g} s "
+                                             f"grace, exited {when} (bound: {GRACE_STOPS[rule]:g} s past the grace)"))
         elif gone.code != 0:
-            out.append(Violation("grace_restart", None, f"pid {stop.pid}, stopped at {stop.start:.3f}, exited "
-                                                        f"{gone.code}, not 0 (a stop exits 0: docs/deploys.md)"))
+            out.append(Violation(rule, None, f"pid {stop.pid}, stopped at {stop.start:.3f}, exited "
+                                             f"{gone.code}, not 0 (a stop exits 0: docs/deploys.md)"))
         # A server fault as the stop came may have lost its mark (the registration's "stopping",
         # which a reaper's take-back needs to leave the job uncharged): a charge is then the
         # reaper's usual rule, no violation
@@ -912,24 +924,24 @@ def check_grace_restarts(h: History) -> list[Violation]:
                 if not acked:
                     again = (f"ran again on pid {later[0].pid} at {later[0].start:.3f}" if later
                              else f"was left in the table with status {row.status}")
-                    out.append(Violation("grace_restart", r.key, f"ended at {r.end:.3f} on pid {r.pid}, within its "
-                                                                 f"grace (to {grace_end:.3f}), but {again}: not acked"))
+                    out.append(Violation(rule, r.key, f"ended at {r.end:.3f} on pid {r.pid}, within its "
+                                                      f"grace (to {grace_end:.3f}), but {again}: not acked"))
                 continue
             if acked:
                 continue  # it ended at the grace's very end, and its ack made it
             done = [o for o in later if o.pid != r.pid and o.end is not None and o.outcome == "ok"]
             if not done:
-                out.append(Violation("grace_restart", r.key, f"still ran on pid {r.pid} at the end of its grace "
-                                                             f"({grace_end:.3f}), and no other process ran it to "
-                                                             "its end after"))
+                out.append(Violation(rule, r.key, f"still ran on pid {r.pid} at the end of its grace "
+                                              f"({grace_end:.3f}), and no other process ran it to "
+                                              "its end after"))
             elif later[0].start < grace_end - CLOCK_SLACK_S:
-                out.append(Violation("grace_restart", r.key, f"ran again on pid {later[0].pid} at "
-                                                             f"{later[0].start:.3f}, while pid {r.pid} ran it in its "
-                                                             f"grace (to {grace_end:.3f})"))
+                out.append(Violation(rule, r.key, f"ran again on pid {later[0].pid} at "
+                                              f"{later[0].start:.3f}, while pid {r.pid} ran it in its "
+                                              f"grace (to {grace_end:.3f})"))
             elif later[0].attempt != r.attempt and not unmarked:
-                out.append(Violation("grace_restart", r.key, f"given back at the end of pid {r.pid}'s grace, but "
-                                                             f"its next start at {later[0].start:.3f} is attempt "
-                                                             f"{later[0].attempt}, not {r.attempt}: charged"))
+                out.append(Violation(rule, r.key, f"given back at the end of pid {r.pid}'s grace, but "
+                                              f"its next start at {later[0].start:.3f} is attempt "
+                                              f"{later[0].attempt}, not {r.attempt}: charged"))
     return out
 
 

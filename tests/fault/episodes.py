@@ -18,17 +18,28 @@ import time
 import traceback
 from pathlib import Path
 
+from notifyq.consume.service import SETTLE_AT_EXIT_S
+
 from .fleet import Consumer
 from .history import Fault, read_runs
 
 DEPLOY = "long"
 PY_QUEUE, CMD_QUEUE, GRACE_QUEUE = "fl", "fc", "fg"
 RESTART_QUEUE = "fr"  # grace_restart's: only its grace consumer and that one's peer serve it
+# grace_outage's, the same; its lease (the defaults', 30 s) outlasts the outage: a lease that
+# runs out comes back whoever holds it, and with fr's 6 s the peer's reaper, not the stop, would
+# decide what becomes of a job that ended in the outage, its ack pending
+OUTAGE_QUEUE = "fo"
 LONG_LEASE_S, CMD_LEASE_S, SESSION_IDLE_S = 30.0, 6.0, 4
 PY_CONSUMERS, CMD_CONSUMERS = 3, 2
 # grace_restart: the grace consumer's shutdown_grace_s, its short command (it ends after the
 # server is back, within the grace: acked) and its long one (it outlasts the grace: given back)
 RESTART_GRACE_S, RESTART_SHORT_S, RESTART_LONG_S = 7.0, 5.0, 11.0
+# grace_outage: the same stop, the server stopped once the registration says stopping and held
+# down across the short command's end and the grace's end; started again this long after the
+# grace's end (back a second or two later: well within the SETTLE_AT_EXIT_S, 12 s, for which
+# the stop waits for its server to settle what it held)
+OUTAGE_PAST_GRACE_S = 2.0
 COMMAND = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'helpers' / 'nqfault_cmd.py'}"
 
 
@@ -41,6 +52,7 @@ def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: fl
             f"command_timeout_s = 60\n"
             f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
             f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{RESTART_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
+            f"[queue.{OUTAGE_QUEUE}]\nlease_s = {LONG_LEASE_S}\n"
             f"[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
             f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
     path.write_text(text)
@@ -224,39 +236,85 @@ class Episodes(threading.Thread):
         the grace: killed and given back uncharged, it must run again on the peer (started idle
         before the stop, so its reaper runs through the restart). The consumer must exit 0
         within the grace and a few seconds (checker.check_grace_restarts)."""
+        self._grace_stop("grace_restart")
+
+    def _grace_outage(self) -> None:
+        """grace_restart's stop, the server away across its grace's end: stopped (clean, or a
+        crash every other play: the first on an odd seed) once the registration says stopping,
+        held down while the short command ends (its handler's cancel check, once a second,
+        retrying the server then) and while the grace ends (the long command killed, the short
+        one's ack and the long one's give-back meeting no server), started again
+        OUTAGE_PAST_GRACE_S after the grace's end. On a queue of its own (OUTAGE_QUEUE), whose
+        lease outlasts the outage. The short command must be acked (its exit is
+        its outcome, the stop settles it once the server answers), the long one given back
+        uncharged and run again by the peer, the consumer exit 0 once it settled, within the
+        grace and service.SETTLE_AT_EXIT_S (checker.check_grace_restarts)."""
+        self._grace_stop("grace_outage")
+
+    def _grace_stop(self, name: str) -> None:
+        """grace_restart and grace_outage: `name` is the episode, and the record of the stop."""
         run = self.run_
-        play = f"grace_restart #{self.played.count('grace_restart') + 1}"
-        self._retire_grace_peer(RESTART_QUEUE)
-        config = long_config(run.workdir / "grace_restart.toml", grace_s=RESTART_GRACE_S)
-        grace = run.spawn_long(RESTART_QUEUE, command=True, config=config, batch_size=1, extra=("--workers", "2"))
+        play = f"{name} #{self.played.count(name) + 1}"
+        outage = name == "grace_outage"
+        crash = outage and (self.played.count(name) + run.plan.seed) % 2 == 1
+        queue = OUTAGE_QUEUE if outage else RESTART_QUEUE
+        self._retire_grace_peer(queue)
+        config = long_config(run.workdir / f"{name}.toml", grace_s=RESTART_GRACE_S)
+        grace = run.spawn_long(queue, command=True, config=config, batch_size=1, extra=("--workers", "2"))
         deadline = time.monotonic() + 30
         while not grace.ready() and time.monotonic() < deadline:
             time.sleep(0.1)  # poll interval inside a deadline
-        jobs = self._put(RESTART_QUEUE, [{"s": RESTART_SHORT_S}, {"s": RESTART_LONG_S}])
+        jobs = self._put(queue, [{"s": RESTART_SHORT_S}, {"s": RESTART_LONG_S}])
         started = self._wait_started(jobs, 20, every=True)
         if set(started.values()) != {grace.pid}:
             self.missed.append(f"{play}: its jobs did not both start on the grace consumer ({started or 'not at all'})")
         if not started:
             return
-        run.long_slots.append(run.spawn_long(RESTART_QUEUE, command=True))  # the peer, idle until the give-back
+        run.long_slots.append(run.spawn_long(queue, command=True))  # the peer, idle until the give-back
         at = time.monotonic()
         run.fleet.signal(grace, signal.SIGTERM)
         root = run.roots[DEPLOY]
+        grace_end = at + RESTART_GRACE_S
+        outage_s: tuple[float, float] | None = None  # (down, back) of grace_outage's server
         if self._until(lambda: root.scalar("SELECT stopping FROM nq_consumer WHERE pid = %s", (grace.pid,)), 5):
-            down, back = run.restart_server(crash=False)
-            self._fault("busy_restart", down, back, detail=f"in the grace of pid {grace.pid}")
-            if back > at + RESTART_GRACE_S:
-                self.missed.append(f"{play}: the server came back {back - at:.1f} s after the stop, "
-                                   f"past the {RESTART_GRACE_S:g} s grace")
+            if outage:
+                down_at, down, back = run.server_outage(crash, start_at=grace_end + OUTAGE_PAST_GRACE_S)
+                self._fault("busy_crash" if crash else "busy_restart", down_at, back,
+                            detail=f"in the grace of pid {grace.pid}")
+                outage_s = (down, back)
+            else:
+                down_at, back = run.restart_server(crash=False)
+                self._fault("busy_restart", down_at, back, detail=f"in the grace of pid {grace.pid}")
+                if back > grace_end:
+                    self.missed.append(f"{play}: the server came back {back - at:.1f} s after the stop, "
+                                       f"past the {RESTART_GRACE_S:g} s grace")
         elif not self.stop.is_set():
             self.missed.append(f"{play}: the grace consumer's registration did not say stopping within 5 s")
         try:
-            grace.popen.wait(RESTART_GRACE_S + 20)
-        except Exception:  # noqa: BLE001 - still running: the grace_restart rule says so
+            grace.popen.wait(RESTART_GRACE_S + (SETTLE_AT_EXIT_S if outage else 0.0) + 20)
+        except Exception:  # noqa: BLE001 - still running: the checker's rule says so
             pass
-        self._fault("grace_restart", at, time.monotonic(), grace.pid, detail=f"shutdown_grace_s={RESTART_GRACE_S:g}")
+        self._fault(name, at, time.monotonic(), grace.pid, detail=f"shutdown_grace_s={RESTART_GRACE_S:g}")
+        if outage_s is not None:
+            self._missed_outage(play, grace.pid, jobs[0], at, *outage_s)
         # Until the peer has run the long command again (its jobs gone from the table)
         if not self._until(lambda: not root.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s",
-                                                   (RESTART_QUEUE,)), RESTART_LONG_S + 10) \
+                                                   (queue,)), RESTART_LONG_S + 10) \
                 and not self.stop.is_set():
             self.missed.append(f"{play}: its jobs were not done {RESTART_LONG_S + 10:g} s after the exit")
+
+    def _missed_outage(self, play: str, pid: int, short_job: int, stopped: float, down: float, back: float) -> None:
+        """grace_outage's point: the server was down (its stop or kill done) when the short
+        command ended and when the grace ended, and back within SETTLE_AT_EXIT_S of the grace's end."""
+        grace_end = stopped + RESTART_GRACE_S
+        if not down < grace_end < back <= grace_end + SETTLE_AT_EXIT_S:
+            self.missed.append(f"{play}: the server was down {down - stopped:.1f}-{back - stopped:.1f} s after the "
+                               f"stop, not across the grace's end ({RESTART_GRACE_S:g} s) and back within "
+                               f"{SETTLE_AT_EXIT_S:g} s of it")
+        short = [r for r in read_runs(self.run_.out, [pid])
+                 if r.deploy == DEPLOY and r.job == short_job and r.pid == pid]
+        ended = short[0].end if short else None
+        if ended is None or not down < ended < back:
+            shown = "never" if ended is None else f"{ended - stopped:.1f} s after the stop"
+            self.missed.append(f"{play}: the short command ended {shown}, not while the server was down "
+                               f"({down - stopped:.1f}-{back - stopped:.1f} s)")

@@ -390,6 +390,13 @@ class FaultRun:
 
     def restart_server(self, crash: bool) -> tuple[float, float]:
         """A clean restart (SIGTERM) or a crash (SIGKILL) and a start; (when, back up)."""
+        at, _, back = self.server_outage(crash)
+        return at, back
+
+    def server_outage(self, crash: bool, start_at: float | None = None) -> tuple[float, float, float]:
+        """restart_server, the server held down until `start_at` (time.monotonic()) before its
+        start: an outage of a length the caller chooses, not a restart's second or two. (When
+        the stop or kill began, when the server was down, when it was back up.)"""
         with self.server_lock:
             before = self._runtime_ids() if self.bystander is not None else set()
             at = time.monotonic()
@@ -397,10 +404,13 @@ class FaultRun:
                 self.server.kill()
             else:
                 self.server.stop()
+            down = time.monotonic()
+            if start_at is not None and start_at > down:
+                time.sleep(start_at - down)  # the outage's length: a fault's duration, not a wait for a state
             self.server.start()
             if self.bystander is not None:  # at once: before the consumers reconnect
                 self.bystander.server_back(before)
-            return at, time.monotonic()
+            return at, down, time.monotonic()
 
     def _runtime_ids(self) -> set[int]:
         """The server ids of the runtime user's sessions but the bystander's: the ids a consumer

@@ -69,6 +69,12 @@ Python handlers, fc and fg for --command), one at a time in a seeded order:
                    peer serves the queue. The short command must be acked, the long one given
                    back uncharged and run again by the peer, the consumer exit 0 within the grace
                    and a few seconds (the checker's grace_restart rule)
+  grace_outage     grace_restart's stop, the server away across the grace's end: stopped (clean,
+                   or a crash every other play) once the consumer's registration says stopping,
+                   held down while the short command ends and while the grace ends, started
+                   again 2 s after the grace's end. The same jobs' outcomes, the consumer's exit
+                   0 within the grace, the stop's 12 s of waiting for its server, and a few
+                   seconds (the checker's grace_outage rule)
 """
 
 from __future__ import annotations
@@ -83,7 +89,8 @@ EFFECTS_29 = ("effects",)
 STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
-EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart")
+EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
+            "grace_outage")
 FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
@@ -220,7 +227,7 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
 
 # About how long each episode takes (episodes.py), to fit them in the run's duration
 EPISODE_S = {"stall_idle": 20.0, "busy_restart": 30.0, "sighup_reload": 50.0, "long_command": 25.0,
-             "grace_expiry": 25.0, "grace_restart": 28.0}
+             "grace_expiry": 25.0, "grace_restart": 28.0, "grace_outage": 32.0}
 
 
 def episode_order(seed: int, classes: tuple[str, ...], duration_s: float) -> tuple[str, ...]:

@@ -561,11 +561,12 @@ def test_charged_interrupt_a_job_charged_for_its_consumers_shutdown_is_caught():
     assert checker.check(crash).ok
 
 
-def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_at=9.6, code=0, rows=()):
+def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_at=9.6, code=0, rows=(),
+                          stop="grace_restart"):
     """pid 10 (two workers, shutdown_grace_s 7) stopped at 2.0 while it ran job 1 (a 5 s command)
     and job 2 (an 11 s one); the server restarted at 2.5-4.5, in its grace. Job 1 ended at 6.0,
     within it; job 2 was killed at its end (9.0) and given back. short_again / long_again: a
-    later run of job 1 / job 2 (attempt, pid, start, end)."""
+    later run of job 1 / job 2 (attempt, pid, start, end); stop: the stop's record."""
     runs = [run(1, 1, 10, 1.0, 6.0, token=0), run(2, 1, 10, 1.0, token=0)]
     for job, again in ((1, short_again), (2, long_again)):
         if again is not None:
@@ -573,7 +574,7 @@ def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_
             runs.append(run(job, attempt, pid, start, end, token=0))
     for r in runs:
         r.flags = "C"
-    faults = [Fault("grace_restart", 2.0, exit_at, 10, detail="shutdown_grace_s=7"),
+    faults = [Fault(stop, 2.0, exit_at, 10, detail="shutdown_grace_s=7"),
               Fault("busy_restart", 2.5, 4.5, detail="in the grace of pid 10")]
     runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]  # the episodes' own
     enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
@@ -626,6 +627,61 @@ def test_grace_restart_a_consumer_that_exits_late_or_nonzero_is_caught():
     assert late.by_rule() == {"grace_restart": 1}, late.violations
     failed = checker.check(grace_restart_history(code=5))
     assert failed.by_rule() == {"grace_restart": 1}, failed.violations
+    assert "exited 5" in failed.violations[0].detail
+
+
+def grace_outage_history(short_again=None, long_again=(1, 11, 12.8, 23.8), exit_at=12.6, code=0, rows=(),
+                         crash=False):
+    """grace_restart_history's stop (pid 10, at 2.0, a 7 s grace: to 9.0), the server away
+    across the grace's end instead: stopped (or crashed) at 2.5, back at 12.0. Job 1 ended at
+    6.0, in the outage; job 2 was killed at 9.0, in it too. pid 10 settled both once the server
+    answered and exited at 12.6; pid 11 ran job 2 again from 12.8, at the same attempt."""
+    h = grace_restart_history(short_again, long_again, exit_at, code, rows, stop="grace_outage")
+    h.faults[1] = Fault("busy_crash" if crash else "busy_restart", 2.5, 12.0, detail="in the grace of pid 10")
+    return h
+
+
+def test_grace_outage_a_stop_whose_server_was_away_at_its_graces_end_settles_once_it_is_back():
+    # The short job acked, the long one given back uncharged and run by pid 11 once the server
+    # was back, the consumer gone 3.6 s after its grace (it waited for the server): the contract
+    assert checker.check(grace_outage_history()).ok
+    assert checker.check(grace_outage_history(crash=True)).ok
+    # The stop waits for its server SETTLE_AT_EXIT_S at most: an exit 11 s after the grace is
+    # grace_outage's to allow, not grace_restart's
+    assert checker.check(grace_outage_history(exit_at=20.0)).ok
+    assert checker.check(grace_restart_history(exit_at=20.0)).by_rule() == {"grace_restart": 1}
+
+
+def test_grace_outage_a_command_that_ended_in_the_outage_given_back_and_run_again_is_caught():
+    # Job 1's command exited 0 at 6.0 while its lease extension retried the server; its exit
+    # ignored, it was given back interrupted at the grace's end and pid 11 ran it again
+    report = checker.check(grace_outage_history(short_again=(1, 11, 12.8, 17.8)))
+    assert report.by_rule() == {"grace_outage": 1, "run_twice": 1, "attempts": 1}, report.violations
+    [caught] = [v for v in report.violations if v.rule == "grace_outage"]
+    assert caught.job == (checker.EPISODE_DEPLOY, 1) and "not acked" in caught.detail
+    # Or its ack met the server away at the grace's end and the stop did not settle it: the
+    # job is still there after the drain (its lease then ran out: a reaper's, charged)
+    report = checker.check(grace_outage_history(rows=[FinalRow(checker.EPISODE_DEPLOY, 1, 0, 2, None, None)]))
+    assert report.by_rule() == {"grace_outage": 1}, report.violations
+
+
+def test_grace_outage_a_long_job_charged_lost_or_run_again_in_the_grace_is_caught():
+    report = checker.check(grace_outage_history(long_again=(2, 11, 12.8, 23.8)))
+    assert report.by_rule() == {"grace_outage": 1}, report.violations
+    assert "charged" in report.violations[0].detail
+    report = checker.check(grace_outage_history(long_again=None))
+    assert report.by_rule() == {"grace_outage": 1, "lost": 1}, report.violations
+    report = checker.check(grace_outage_history(long_again=(1, 11, 5.0, 16.0)))
+    assert report.by_rule() == {"grace_outage": 1}, report.violations
+
+
+def test_grace_outage_a_consumer_that_exits_past_the_settles_bound_or_nonzero_is_caught():
+    late = checker.check(grace_outage_history(exit_at=9.0 + checker.GRACE_STOPS["grace_outage"] + 1,
+                                              long_again=(1, 11, 27.0, 38.0)))
+    assert late.by_rule() == {"grace_outage": 1}, late.violations
+    assert "exited 25.0 s after it (bound: 17 s past the grace)" in late.violations[0].detail
+    failed = checker.check(grace_outage_history(code=5))
+    assert failed.by_rule() == {"grace_outage": 1}, failed.violations
     assert "exited 5" in failed.violations[0].detail
 
 
