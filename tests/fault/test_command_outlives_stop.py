@@ -35,6 +35,29 @@ echo "$NOTIFYQ_JOB_ID $$ end" >> "$NQ_TEST_OUT/command.log"
 """
 
 
+def _released_command_running(fdb, procs, tmp_path, grace_s: int):
+    """A consumer running RELEASED_COMMAND's one job under a long lease (none ends within the
+    test), with `grace_s` and connect retries that outlast the test: (its output directory, the
+    consumer, the job, the command's pid)."""
+    out, script, env = command_setup(fdb, tmp_path, RELEASED_COMMAND, f"[consumer]\nshutdown_grace_s = {grace_s}\n"
+                                     "[defaults]\nlease_s = 120\ncommand_timeout_s = 120\n", script_name="job.sh")
+    env.update(NOTIFYQ_CONNECT_RETRY_S="60")
+    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
+    produce(fdb, QUEUE, 1)
+    wait_until(lambda: any(tag == "start" for _, _, tag in command_log(out)), 30, message="the command started")
+    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    return out, consumer, job, shell
+
+
+def _assert_acked_once(fdb, consumer, job: int) -> None:
+    """The consumer exits 0 with the job done: gone (or kept done), its one attempt `done`."""
+    assert consumer.wait(60) == 0, consumer.stderr_text()[-3000:]
+    log = consumer.stderr_text()
+    assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s AND status <> 3", (job,)) == 0, log[-3000:]
+    assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,))] == ["done"], \
+        log[-3000:]
+
+
 def command_log(out: Path) -> list[tuple[int, int, str]]:
     """(job, pid, tag) of each line the command wrote."""
     path = out / "command.log"
@@ -136,13 +159,7 @@ def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_giv
     deploys page)."""
     # Given a consumer running a command under a long lease (none ends within the test), a 4 s
     # grace and connect retries that outlast the test
-    out, script, env = command_setup(fdb, tmp_path, RELEASED_COMMAND, "[consumer]\nshutdown_grace_s = 4\n"
-                                     "[defaults]\nlease_s = 120\ncommand_timeout_s = 120\n", script_name="job.sh")
-    env.update(NOTIFYQ_CONNECT_RETRY_S="60")
-    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
-    produce(fdb, QUEUE, 1)
-    wait_until(lambda: any(tag == "start" for _, _, tag in command_log(out)), 30, message="the command started")
-    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    out, consumer, job, shell = _released_command_running(fdb, procs, tmp_path, grace_s=4)
     try:
         # When the server goes away under the command (its call retries it), the command then
         # ends, exit 0, and the consumer is stopped: the grace ends with the server still away
@@ -157,11 +174,7 @@ def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_giv
         server.start()
 
         # Then the job is acked before the consumer exits: done (gone), not ready to run again
-        assert consumer.wait(60) == 0, consumer.stderr_text()[-3000:]
-        log = consumer.stderr_text()
-        assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s AND status <> 3", (job,)) == 0, log[-3000:]
-        assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,))] == ["done"], \
-            log[-3000:]
+        _assert_acked_once(fdb, consumer, job)
     finally:
         if alive(shell):  # (left running: the test failed)
             os.kill(shell, signal.SIGKILL)
@@ -173,13 +186,7 @@ def test_a_command_that_ended_in_the_grace_with_the_server_frozen_past_it_is_ack
     grace and answering again after it: a command that had exited 0 within the grace, its call
     still waiting on the frozen server, was given back as interrupted at the grace's end and ran
     again. The stop now reads the command's exit: done."""
-    out, script, env = command_setup(fdb, tmp_path, RELEASED_COMMAND, "[consumer]\nshutdown_grace_s = 8\n"
-                                     "[defaults]\nlease_s = 120\ncommand_timeout_s = 120\n", script_name="job.sh")
-    env.update(NOTIFYQ_CONNECT_RETRY_S="60")
-    consumer = procs.start(env, "consume", "-q", QUEUE, "--command", str(script))
-    produce(fdb, QUEUE, 1)
-    wait_until(lambda: any(tag == "start" for _, _, tag in command_log(out)), 30, message="the command started")
-    [(job, shell, _)] = [r for r in command_log(out) if r[2] == "start"]
+    out, consumer, job, shell = _released_command_running(fdb, procs, tmp_path, grace_s=8)
     server_pid = server._proc.pid
     try:
         # When the consumer is stopped, the server freezes, and the command then ends (exit 0)
@@ -199,11 +206,7 @@ def test_a_command_that_ended_in_the_grace_with_the_server_frozen_past_it_is_ack
         os.kill(server_pid, signal.SIGCONT)  # answering again within the stop's 12 s
     try:
         # Then the job is acked before the consumer exits: done, not ready to run again
-        consumer.wait(60)
-        log = consumer.stderr_text()
-        assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id = %s AND status <> 3", (job,)) == 0, log[-3000:]
-        assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (job,))] == ["done"], \
-            log[-3000:]
+        _assert_acked_once(fdb, consumer, job)
     finally:
         if alive(shell):  # (left running: the test failed)
             os.kill(shell, signal.SIGKILL)
