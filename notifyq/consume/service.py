@@ -439,10 +439,14 @@ class ConsumerService(Supervisor):
                 self.stall_watch.check(self.sessions(), STOPPING_STALL_S)
         self.grace_over.set()
         stuck = [r.worker for r in self.running if r.thread.is_alive()]
-        if stuck:
+        in_handler = sum(w.in_handler_since is not None for w in stuck)
+        if in_handler:
             log.warning("grace period over, %d handler(s) still running: exiting; their jobs "
                         "are given back interrupted (no attempt charged), the unstarted ones given back",
-                        len(stuck))
+                        in_handler)
+        if len(stuck) > in_handler:  # (their handlers returned: an ack or a give-back waits on the server)
+            log.warning("grace period over, %d worker(s) still settling a batch with the server: what "
+                        "they could not send is sent on the stop's session", len(stuck) - in_handler)
         if self._grace_end is not None:  # not needed (every worker ended in time), or it ran or runs now
             self._grace_end.cancel()
             self._grace_end.join()
