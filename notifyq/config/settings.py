@@ -288,6 +288,10 @@ def key_limits_value(value: Any, where: str, suffix: str = "") -> tuple[tuple[st
     for key, n in value.items():
         if not isinstance(key, str) or not 0 < len(key) <= 191:
             raise errors.ConfigError(f"{where}: a key or pattern is 1-191 characters, got {values.shown(key)}{suffix}")
+        try:  # as a job's key is checked: an entry no key can match (a trailing space) is refused
+            values.job_key(f"{where}: a key or pattern", key, error=errors.ConfigError)
+        except errors.ConfigError as e:
+            raise errors.ConfigError(f"{e}{suffix}") from None
         integer, lo, lo_open, hi = KEY_LIMIT_RANGE
         try:
             n = values.number(f"{where}.{key}", n, lo=lo, lo_open=lo_open, hi=hi, integer=integer,

@@ -198,6 +198,9 @@ def test_flow_limits_load_with_overrides_in_order(tmp_path):
     ("[queue.r.key_limits]\n\"a\" = 0", "queue.r.key_limits.a"),
     ("[queue.r.key_limits]\n\"a\" = \"ten\"", "queue.r.key_limits.a"),
     ("[queue.r.key_limits]\n\"\" = 3", "queue.r.key_limits"),
+    # an entry no key can match (a key never ends with a space, nor holds a control character)
+    ("[queue.r.key_limits]\n\"x \" = 3", "queue.r.key_limits"),
+    ("[queue.r.key_limits]\n\"a\\tb\" = 3", "queue.r.key_limits"),
 ])
 def test_a_bad_flow_limit_is_one_error_naming_the_file_and_key(tmp_path, text, where):
     with pytest.raises(errors.ConfigError) as e:
