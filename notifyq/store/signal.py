@@ -30,6 +30,6 @@ def bump_unheld(queue: str, n: int) -> tuple[str, dict]:
     return Q["bump_signal_unheld"], {"queue": queue, "slot": slot(), "n": n}
 
 
-def bump_free_slot(cur, queue: str, n: int) -> None:
+def bump_signal_unheld(cur, queue: str, n: int) -> None:
     """bump_unheld, run now (a reaper's take-back)."""
     cur.execute(*bump_unheld(queue, n))
