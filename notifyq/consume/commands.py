@@ -61,7 +61,7 @@ class CommandHandler(Handler):
         self.per_batch = per_batch
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
+        self._running: dict[int, Command] = {}  # worker thread id -> its command
         self._ended_before_stop: dict[int, int] = {}  # worker thread id -> its exit status, ended before the stop
         self._stopping = False
 
@@ -115,7 +115,7 @@ class CommandHandler(Handler):
             return f"cannot run {self.argv[0]}: {e.strerror}"
         _live_groups.add(proc.pid)  # start_new_session: the group's id is the command's pid
         with self._lock:
-            self._running[threading.get_ident()] = proc
+            self._running[threading.get_ident()] = Command(proc)
             stopping = self._stopping
         try:
             if stopping:  # started as the grace expired: it must not outlive the consumer
@@ -193,16 +193,47 @@ class CommandHandler(Handler):
         Commands started from now on are killed at once."""
         with self._lock:
             self._stopping = True
-            procs = list(self._running.values())
-            # Those that had ended by themselves, their calls still waiting on the server (a
-            # lease extension or a cancel check retrying it, or a frozen server's read)
-            self._ended_before_stop = {tid: proc.returncode for tid, proc in self._running.items()
-                                       if proc.poll() is not None}
-        _end_groups(procs, wait_s)
+            running = dict(self._running)
+        # Those that had ended by themselves, their calls still waiting on the server (a lease
+        # extension or a cancel check retrying it, or a frozen server's read): asked of the
+        # kernel (Command.status), not of Popen.poll(), which says nothing while the worker's
+        # thread is inside its own waitpid
+        ended = {}
+        for tid, command in running.items():
+            status = command.status()
+            if status is not None:
+                ended[tid] = status
+        self._ended_before_stop = ended
+        _end_groups([command.proc for command in running.values()], wait_s)
         return True
 
     def ran_to_end(self, thread_id: int) -> bool:
         return self._ended_before_stop.get(thread_id) == 0
+
+
+class Command:
+    """A running command: whether it has exited, to any thread at any time (status), also
+    while another thread holds its Popen's wait lock (Popen.poll() says nothing then)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def status(self) -> int | None:
+        """Its exit status once it has exited, None while it runs. Asked of the kernel without
+        reaping it (waitid, WNOWAIT: its Popen reaps it); one reaped at this instant by another
+        thread has its returncode set by that thread, waited for a moment (_exited)."""
+        proc = self.proc
+        if proc.returncode is not None:
+            return proc.returncode
+        if not hasattr(os, "waitid"):
+            return proc.returncode if _exited(proc) else None
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped at this instant by another thread
+            return proc.returncode if _exited(proc) else None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
