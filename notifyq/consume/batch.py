@@ -216,8 +216,10 @@ class Batch:
         if self.first_start is None:
             self.first_start = now
 
-    def finish(self) -> None:
-        now = time.monotonic()
+    def finish(self, at: float | None = None) -> None:
+        """The running jobs finished: now, or `at` (monotonic), when their handler's end was
+        earlier (a command's exit, seen by the stop)."""
+        now = time.monotonic() if at is None else at
         running = self.running
         for job in running:
             run_of(job).finish(now)
@@ -665,8 +667,8 @@ class BatchRun:
         running = list(batch.running)
         if running and self.handler.ran_to_end(self.thread_id):
             # A command that exited 0 while its call still waited on the server (frozen, or
-            # retried until the grace's end): done, not interrupted
-            batch.finish()
+            # retried until the grace's end): done, not interrupted, ended when it exited
+            batch.finish(self.handler.ended_at(self.thread_id))
             running = []
         finished = batch.take_done()
         finished += [j for j in batch.sending if j not in finished]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -61,8 +62,9 @@ class CommandHandler(Handler):
         self.per_batch = per_batch
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._running: dict[int, subprocess.Popen] = {}  # worker thread id -> its command
-        self._ended_before_stop: dict[int, int] = {}  # worker thread id -> its exit status, ended before the stop
+        self._running: dict[int, Command] = {}  # worker thread id -> its command
+        # worker thread id -> (its command's exit status, when it exited), ended before the stop
+        self._ended_before_stop: dict[int, tuple[int, float]] = {}
         self._stopping = False
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
@@ -71,7 +73,9 @@ class CommandHandler(Handler):
             return
         for job in jobs:
             env = {"NOTIFYQ_JOB_ID": str(job.id), "NOTIFYQ_ATTEMPT": str(job.attempts)}
-            error = self._run(json.dumps(job.payload), env, job.queue, extend, job.cancel_requested)
+            error, exited_at = self._run(json.dumps(job.payload), env, job.queue, extend, job.cancel_requested)
+            if exited_at is not None:  # the attempt's end, however late its call returns
+                run_of(job).end_at(exited_at)
             if error == GRACE_EXPIRED:  # the shutdown's doing, not the job's: not charged
                 run_of(job).interrupt(error)
             elif error:
@@ -94,10 +98,13 @@ class CommandHandler(Handler):
 
         try:
             env = {"NOTIFYQ_JOB_IDS": " ".join(str(j.id) for j in jobs), "NOTIFYQ_CANCELLED_FILE": path}
-            error = self._run(lines, env, jobs[0].queue, extend, cancel)
+            error, exited_at = self._run(lines, env, jobs[0].queue, extend, cancel)
         finally:
             os.close(fd)
             os.unlink(path)
+        if exited_at is not None:
+            for job in jobs:
+                run_of(job).end_at(exited_at)
         for job in jobs if error else ():
             if error == GRACE_EXPIRED:  # the shutdown's doing, not the jobs': not charged
                 run_of(job).interrupt(error)
@@ -105,30 +112,34 @@ class CommandHandler(Handler):
                 job.fail(error, retry=error != CANCELLED)
 
     def _run(self, stdin: str, extra_env: dict[str, str], queue: str, extend: Callable[[], None],
-             cancel: Callable[[], bool] | None = None) -> str | None:
-        """None on success, else the job's error: the exit status and the tail of stderr."""
+             cancel: Callable[[], bool] | None = None) -> tuple[str | None, float | None]:
+        """(None on success, else the job's error: the exit status and the tail of stderr; when
+        the command exited, monotonic, None if it never ran). The exit's time is the attempt's
+        end: the call may return much later (its lease extension waiting on the server)."""
         env = {**child_env(os.environ), **extra_env, "NOTIFYQ_QUEUE": queue}
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, env=env, text=True, start_new_session=True)
         except OSError as e:
-            return f"cannot run {self.argv[0]}: {e.strerror}"
+            return f"cannot run {self.argv[0]}: {e.strerror}", None
         _live_groups.add(proc.pid)  # start_new_session: the group's id is the command's pid
+        command = Command(proc)
         with self._lock:
-            self._running[threading.get_ident()] = proc
+            self._running[threading.get_ident()] = command
             stopping = self._stopping
         try:
             if stopping:  # started as the grace expired: it must not outlive the consumer
                 _kill_group(proc)
-                return GRACE_EXPIRED
-            return self._wait(proc, stdin, extend, cancel)
+                return GRACE_EXPIRED, command.exited_at()
+            error = self._wait(proc, stdin, extend, cancel)
+            return error, command.exited_at()
         except BaseException as e:
             if isinstance(e, Exception) and _exited(proc):
                 # The command ended by itself while the call waited on the server (an extension
                 # or a cancel check retrying it, which the stop or a gone server then ended): its
                 # exit is the job's outcome. Given back as interrupted, a command that had run
                 # to its end ran again.
-                return self._ended(proc)
+                return self._ended(proc), command.exited_at()
             # The call ends early (a lease extension met a lost server, or the consumer's stop
             # ended its retry; an error of ours): the worker, then its process, may exit next.
             # The command's group is ours to end first, as at the end of the grace: it would
@@ -193,16 +204,82 @@ class CommandHandler(Handler):
         Commands started from now on are killed at once."""
         with self._lock:
             self._stopping = True
-            procs = list(self._running.values())
-            # Those that had ended by themselves, their calls still waiting on the server (a
-            # lease extension or a cancel check retrying it, or a frozen server's read)
-            self._ended_before_stop = {tid: proc.returncode for tid, proc in self._running.items()
-                                       if proc.poll() is not None}
-        _end_groups(procs, wait_s)
+            running = dict(self._running)
+        # Those that had ended by themselves, their calls still waiting on the server (a lease
+        # extension or a cancel check retrying it, or a frozen server's read): asked of the
+        # kernel (Command.status), not of Popen.poll(), which says nothing while the worker's
+        # thread is inside its own waitpid
+        ended = {}
+        for tid, command in running.items():
+            status = command.status()
+            if status is not None:
+                ended[tid] = (status, command.exited_at())
+        self._ended_before_stop = ended
+        _end_groups([command.proc for command in running.values()], wait_s)
         return True
 
     def ran_to_end(self, thread_id: int) -> bool:
-        return self._ended_before_stop.get(thread_id) == 0
+        ended = self._ended_before_stop.get(thread_id)
+        return ended is not None and ended[0] == 0
+
+    def ended_at(self, thread_id: int) -> float | None:
+        ended = self._ended_before_stop.get(thread_id)
+        return None if ended is None else ended[1]
+
+
+class Command:
+    """A running command's exit, as the kernel tells it, without reaping it (its Popen does):
+    when it exited, for its attempt's record (ended_at), however late its call returns; and
+    whether it has, to any thread at any time (status), also while another thread holds its
+    Popen's wait lock (Popen.poll() says nothing then). Where the kernel has no pidfd (Linux
+    before 5.3), the exit's time is when it was first seen."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self._exited_at: float | None = None
+        try:
+            pidfd = os.pidfd_open(proc.pid)  # (before anything reaps it: its caller's thread alone does)
+        except (AttributeError, OSError):
+            return
+        try:
+            threading.Thread(target=self._watch, args=(pidfd,), name="notifyq-command-exit", daemon=True).start()
+        except RuntimeError:  # no thread to spare: the time it is seen exited
+            os.close(pidfd)
+
+    def _watch(self, pidfd: int) -> None:
+        """(Its own thread) wait for the exit, and take its time."""
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll()  # readable once the process has exited (reaped or not)
+            if self._exited_at is None:
+                self._exited_at = time.monotonic()
+        finally:
+            os.close(pidfd)
+
+    def exited_at(self) -> float:
+        """When it exited (monotonic), asked once it has: the watch's time, or now if the
+        watch's thread has not woken since (or there is none). The first answer stays."""
+        if self._exited_at is None:
+            self._exited_at = time.monotonic()
+        return self._exited_at
+
+    def status(self) -> int | None:
+        """Its exit status once it has exited, None while it runs. Asked of the kernel without
+        reaping it (waitid, WNOWAIT: its Popen reaps it); one reaped at this instant by another
+        thread has its returncode set by that thread, waited for a moment (_exited)."""
+        proc = self.proc
+        if proc.returncode is not None:
+            return proc.returncode
+        if not hasattr(os, "waitid"):
+            return proc.returncode if _exited(proc) else None
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped at this instant by another thread
+            return proc.returncode if _exited(proc) else None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 def child_env(env: dict[str, str] | os._Environ) -> dict[str, str]:

@@ -49,6 +49,11 @@ class Handler(Protocol):
         waited on the server). Its job is then done, not interrupted."""
         return False
 
+    def ended_at(self, thread_id: int) -> float | None:
+        """After stop_running: when what the call of that worker thread ran had ended by itself
+        (monotonic; a command's exit), for its attempt's record; None: unknown, or it had not."""
+        return None
+
 
 class _Bare(Handler):
     """An object of `per_batch` and the call only, with the defaults for the rest."""

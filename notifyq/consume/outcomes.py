@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from operator import attrgetter
@@ -32,6 +33,7 @@ SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
 CANCEL_SEEN = "cancelled: the handler saw the cancel and returned"
+COUNTED_CLAIMS = 8  # the last claims whose successes counted are remembered (Outcomes.first_count)
 
 
 class Outcomes:
@@ -39,6 +41,11 @@ class Outcomes:
         self.queue, self.qc, self.stats = queue, qc, stats
         # A limited queue's: called after each COMMIT that freed slots (consume/slots.py)
         self.freed: Callable[[], None] | None = None
+        # claim token -> the ids of its successes counted, for the last COUNTED_CLAIMS claims: a
+        # job's outcome sent twice (its worker's send held by the server past the grace's end,
+        # and the stop's, of Batch.sending, on another thread) lands once, and counts once
+        self._counted: dict[int, set[int]] = {}
+        self._counted_lock = threading.Lock()
 
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
@@ -137,8 +144,9 @@ class Outcomes:
         for job in jobs:
             run = run_of(job)
             if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
-                self.stats.succeeded += 1
-                self.stats.by_task.of(run.task).counters["succeeded"] += 1
+                if self.first_count(token, [job.id]):
+                    self.stats.succeeded += 1
+                    self.stats.by_task.of(run.task).counters["succeeded"] += 1
                 text = kept_text(run, job.id, session.max_allowed_packet) if self.qc.keeps_results else None
                 if text is not None:
                     results.append((job.id, text))
@@ -160,14 +168,40 @@ class Outcomes:
         self.count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
 
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
-        """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT)."""
-        self.stats.succeeded += acked
-        if acks.tasks and acked == len(acks.ids):  # which of them is known only when all landed:
-            by_task = self.stats.by_task  # the rest count under no task (the endpoint's remainder)
-            for task in acks.tasks:
-                by_task.of(task).counters["succeeded"] += 1
-        # The ack's row count says how many, not which: all of them, or some among them
+        """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT; which
+        ones, when fewer than all: acks.landed). Each counts once: one that another send of the
+        same outcomes counted already (the stop's, or the worker's) counts no more."""
+        if acked >= len(acks.ids) or acks.landed is not None:
+            landed = acks.ids if acked >= len(acks.ids) else [i for i in acks.ids if i in acks.landed]
+            counted = self.first_count(acks.token, landed)
+            self.stats.succeeded += len(counted)
+            if acks.tasks and counted:
+                by_task = self.stats.by_task
+                if len(counted) == len(acks.ids):
+                    tasks = acks.tasks
+                else:
+                    chosen = set(counted)
+                    tasks = [task for job_id, task in zip(acks.ids, acks.tasks) if job_id in chosen]
+                for task in tasks:
+                    by_task.of(task).counters["succeeded"] += 1
+        else:  # how many, not which: counted under no task (the endpoint's remainder)
+            self.stats.succeeded += acked
         self._count_lost(acks.ids, len(acks.ids) - acked)
+
+    def first_count(self, token: int, ids: list[int]) -> list[int]:
+        """Of `ids`, successes of the claim `token` that landed, those not counted yet: counted
+        from now on. Both threads that may send a batch's outcomes (its worker's, the stop's)
+        ask, under a lock."""
+        with self._counted_lock:
+            seen = self._counted.get(token)
+            if seen is None:  # (the usual case: the claim's first count)
+                self._counted[token] = set(ids)
+                if len(self._counted) > COUNTED_CLAIMS:
+                    del self._counted[next(iter(self._counted))]  # the oldest claim's
+                return ids
+            first = [job_id for job_id in ids if job_id not in seen]
+            seen.update(first)
+            return first
 
     def _count_lost(self, ids: list[int], lost: int | None = None) -> None:
         """`lost` of the jobs `ids` (None: all of them) were fenced out of their outcome."""

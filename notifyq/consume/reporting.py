@@ -44,6 +44,9 @@ class Reporting(Handler):
     def ran_to_end(self, thread_id: int) -> bool:
         return self.inner.ran_to_end(thread_id)
 
+    def ended_at(self, thread_id: int) -> float | None:
+        return self.inner.ended_at(thread_id)
+
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         fresh = [job for job in jobs if job.error is None]
         try:

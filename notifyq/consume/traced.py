@@ -37,5 +37,8 @@ class Traced(Handler):
     def ran_to_end(self, thread_id: int) -> bool:
         return self.inner.ran_to_end(thread_id)
 
+    def ended_at(self, thread_id: int) -> float | None:
+        return self.inner.ended_at(thread_id)
+
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         self.tracer.process(self.queue, jobs, lambda: self.inner(jobs, extend))

@@ -100,7 +100,15 @@ class Run:
         self._started = now
 
     def finish(self, now: float) -> None:
-        self._ended = now
+        """Its handler's call returned: the attempt's end, unless the handler told an earlier
+        one (end_at)."""
+        if self._ended is None:
+            self._ended = now
+
+    def end_at(self, at: float) -> None:
+        """The attempt ended at `at` (monotonic), whenever its call returns: a command's exit,
+        which its call may see only once a lease extension stops waiting on the server."""
+        self._ended = at
 
     # -------------------------------------------------------- outcome
 

@@ -112,6 +112,9 @@ class Acks:
     wake: str | None = None
     # The queues of the workflow children this ack released (a hint: its COMMIT may still fail)
     released: tuple[str, ...] = ()
+    # Which of `ids` landed, when fewer than all did by this ack's own count (acked_in_all reads
+    # them); None: all of them, or not known yet
+    landed: set[int] | None = None
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -715,10 +718,14 @@ def acked_in_all(session: Session, acks: Acks, acked: int) -> int:
     COMMIT) counted `acked`. Fewer than all: fenced out, or acked already by a try whose reply
     was lost (retried on a new connection, it found the rows gone; its outcome was landed, not
     lost). Each ack writes its jobs' records under the claim's token in its own transaction:
-    those records count what this claim acked, over every try (one read, only then)."""
+    those records count what this claim acked, over every try (one read, only then), and also
+    what another send of the same outcomes acked (the stop's, of a batch its worker was still
+    sending): which ones is kept on `acks` (Acks.landed), for the consumer to count each job once."""
     if acked >= len(acks.ids):
+        acks.landed = None
         return acked
-    return len(session.run(lambda cur: completions_landed(cur, acks.ids, acks.token), what="check acks"))
+    acks.landed = session.run(lambda cur: completions_landed(cur, acks.ids, acks.token), what="check acks")
+    return len(acks.landed)
 
 
 def completions_landed(cur, ids: list[int], token: int) -> set[int]:

@@ -58,6 +58,14 @@ def _assert_acked_once(fdb, consumer, job: int) -> None:
         log[-3000:]
 
 
+def _assert_ran_as_long_as_its_command(fdb, job: int, command_s: float) -> None:
+    """Its attempt record lasts as long as its command ran (`command_s`, from its start seen to
+    its end seen), not until the outcome was sent (the server back, or the stop's settle)."""
+    [run_s] = [float(s) for (s,) in fdb.query(
+        "SELECT TIMESTAMPDIFF(MICROSECOND, started_at, ended_at) / 1e6 FROM nq_attempt WHERE job_id = %s", (job,))]
+    assert run_s < command_s + 1.0, (run_s, command_s)
+
+
 def command_log(out: Path) -> list[tuple[int, int, str]]:
     """(job, pid, tag) of each line the command wrote."""
     path = out / "command.log"
@@ -160,6 +168,7 @@ def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_giv
     # Given a consumer running a command under a long lease (none ends within the test), a 4 s
     # grace and connect retries that outlast the test
     out, consumer, job, shell = _released_command_running(fdb, procs, tmp_path, grace_s=4)
+    started = time.monotonic()
     try:
         # When the server goes away under the command (its call retries it), the command then
         # ends, exit 0, and the consumer is stopped: the grace ends with the server still away
@@ -168,13 +177,16 @@ def test_a_command_that_ended_while_its_call_retried_the_server_is_acked_not_giv
                    message="the command's call retrying the server")
         (out / "release").touch()
         wait_until(lambda: (job, shell, "end") in command_log(out), 10, message="the command ended")
+        command_s = time.monotonic() - started
         consumer.signal(signal.SIGTERM)
         wait_until(lambda: "worker stopped while retrying" in consumer.stderr_text(), 30,
                    message="the grace's end ending the retry")
         server.start()
 
-        # Then the job is acked before the consumer exits: done (gone), not ready to run again
+        # Then the job is acked before the consumer exits: done (gone), not ready to run again,
+        # its attempt ended when its command did
         _assert_acked_once(fdb, consumer, job)
+        _assert_ran_as_long_as_its_command(fdb, job, command_s)
     finally:
         if alive(shell):  # (left running: the test failed)
             os.kill(shell, signal.SIGKILL)
@@ -187,6 +199,7 @@ def test_a_command_that_ended_in_the_grace_with_the_server_frozen_past_it_is_ack
     still waiting on the frozen server, was given back as interrupted at the grace's end and ran
     again. The stop now reads the command's exit: done."""
     out, consumer, job, shell = _released_command_running(fdb, procs, tmp_path, grace_s=8)
+    started = time.monotonic()
     server_pid = server._proc.pid
     try:
         # When the consumer is stopped, the server freezes, and the command then ends (exit 0)
@@ -201,12 +214,15 @@ def test_a_command_that_ended_in_the_grace_with_the_server_frozen_past_it_is_ack
                    message="the command's call waiting on the frozen server")
         (out / "release").touch()
         wait_until(lambda: (job, shell, "end") in command_log(out), 10, message="the command ended")
+        command_s = time.monotonic() - started
         wait_until(lambda: "grace period over" in consumer.stderr_text(), 20, message="the grace's end")
     finally:
         os.kill(server_pid, signal.SIGCONT)  # answering again within the stop's 12 s
     try:
-        # Then the job is acked before the consumer exits: done, not ready to run again
+        # Then the job is acked before the consumer exits: done, not ready to run again, its
+        # attempt ended when its command did, not when the stop sent its outcome
         _assert_acked_once(fdb, consumer, job)
+        _assert_ran_as_long_as_its_command(fdb, job, command_s)
     finally:
         if alive(shell):  # (left running: the test failed)
             os.kill(shell, signal.SIGKILL)

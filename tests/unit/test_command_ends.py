@@ -9,6 +9,7 @@ import datetime
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,67 @@ def test_the_supervision_loop_ends_its_handlers_commands_however_it_ends():
     with pytest.raises(RuntimeError):
         loop.run(threading.Event())
     assert loop.ended == 1
+
+
+
+# Waits for the file named by $1, then exits 0: the job run to its end.
+RELEASED = """#!/bin/sh
+while [ ! -e "$1" ]; do sleep 0.01; done
+"""
+
+
+def _released_command_call(tmp_path, monkeypatch, release_call: threading.Event):
+    """A per-job command handler's call, on a thread of its own: its command exits 0 once the
+    call's first lease extension (after a slice of 0.05 s) released it, and that extension
+    then waits for `release_call` (a call waiting on the server while its command exits).
+    Returns (the handler, the job, the call's thread, the command's exit seen (not reaped), its
+    outcome)."""
+    monkeypatch.setattr(commands, "EXTEND_EVERY_S", 0.05)
+    script, release = tmp_path / "job.sh", tmp_path / "release"
+    script.write_text(RELEASED)
+    script.chmod(0o755)
+    handler = commands.CommandHandler(f"{script} {release}", False, 60.0)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    exited = threading.Event()
+
+    def extend() -> None:
+        if exited.is_set():
+            return
+        [proc] = [c.proc for c in handler._running.values()]
+        release.touch()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
+        exited.set()
+        assert release_call.wait(30)
+
+    outcome: dict = {}
+    call = threading.Thread(target=lambda: outcome.setdefault("error", handler([job], extend)), daemon=True)
+    call.start()
+    return handler, job, call, exited, outcome
+
+
+def test_the_stop_sees_a_command_that_exited_while_another_thread_holds_its_popen_wait_lock(tmp_path, monkeypatch):
+    """Regression: stop_running learnt which commands had ended with Popen.poll(), which says
+    nothing (None) while another thread holds the Popen's wait lock (the worker's own brief
+    waitpid at that instant): a command that had run to its end was taken for a running one,
+    and its job given back interrupted, to run again."""
+    stopped = threading.Event()
+    handler, _, call, exited, outcome = _released_command_call(tmp_path, monkeypatch, stopped)
+    try:
+        assert exited.wait(10), "the command exited while its call waits"
+        [(tid, command)] = handler._running.items()
+        proc = command.proc
+        # When the stop comes while another thread holds the command's Popen wait lock (as the
+        # worker's thread does, inside its waitpid, for an instant)
+        with proc._waitpid_lock:
+            started = time.monotonic()
+            handler.stop_running(wait_s=0.1)
+            look_s = time.monotonic() - started
+        # Then the command counts as run to its end (exit 0): its job is done, not interrupted;
+        # and the stop was not held for long
+        assert handler.ran_to_end(tid)
+        assert look_s < 1.5
+    finally:
+        stopped.set()
+        call.join(30)
+    assert not call.is_alive() and outcome == {"error": None}

@@ -68,3 +68,27 @@ def test_a_batch_failure_logs_one_line_per_job_and_its_traceback_once(caplog):
     assert (first.levelname, first.kv["job"], first.kv["attempt"]) == ("WARNING", 7, "1/3")
     assert first.kv["next"].startswith("retry at 20") and first.kv["traceback"].endswith("RuntimeError: batch broke")
     assert (second.levelname, second.kv["next"], second.kv["traceback"]) == ("ERROR", "dead", "as for job 7")
+
+
+def test_a_job_acked_by_two_sends_of_its_claim_counts_once_whichever_counts_first():
+    from notifyq.config.settings import QueueConfig
+    from notifyq.consume.outcomes import Outcomes
+    from notifyq.store import queries
+
+    for order in ("exact first", "read back first"):
+        stats = Stats()
+        outcomes = Outcomes("q", QueueConfig(), stats)
+        # Given the same three jobs of claim 7 acked twice (the worker's send and the stop's):
+        # one ack's fence counted all three; the other's found them acked already, and read
+        # back which its claim had acked (Acks.landed)
+        exact = queries.Acks([1, 2, 3], 7, False, tasks=["a", "b", "a"])
+        read_back = queries.Acks([1, 2, 3], 7, False, tasks=["a", "b", "a"])
+        read_back.landed = {1, 2, 3}
+        counts = [(exact, 3), (read_back, 3)]
+        # When both count, in either order
+        for acks, acked in counts if order == "exact first" else reversed(counts):
+            outcomes.count_acked(acks, acked)
+        # Then each job counts done once, under its task, and none as lost
+        assert stats.succeeded == 3, order
+        assert {t: stats.by_task.of(t).counters["succeeded"] for t in "ab"} == {"a": 2, "b": 1}, order
+        assert stats.lost_acks == 0, order
