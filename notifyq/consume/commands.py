@@ -29,6 +29,9 @@ EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the wo
 TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
 GRACE_EXPIRED = "interrupted: the shutdown grace expired while the command ran: its process group was killed"
 EXITED_LOOK_S = 0.2  # a call cut short: how long it waits to learn whether its command had exited
+# Once the command has exited, how long its stderr is still read: a child it left running may hold
+# the pipe open for ever; the command's exit status is its outcome, whatever that child does.
+STDERR_AFTER_EXIT_S = 0.5
 CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
@@ -170,6 +173,10 @@ class CommandHandler(Handler):
                 break
             except subprocess.TimeoutExpired:
                 pending = None
+                if command.status() is not None:
+                    # Exited, its stderr still open: a child it left running holds the pipe.
+                    # The timeout is the command's, not that child's: its exit is the outcome.
+                    return self._outcome(command, _rest_of_stderr(proc))
                 if time.monotonic() >= deadline:
                     _kill_group(proc)
                     return f"command timed out after {self.timeout_s:g}s"
@@ -182,11 +189,7 @@ class CommandHandler(Handler):
     def _ended(self, command: Command) -> str | None:
         """The outcome of a command that has exited, its stderr's rest read (a call cut short
         left communicate() part way: it picks up where it stopped)."""
-        try:
-            _, stderr = command.proc.communicate(timeout=1)
-        except (subprocess.TimeoutExpired, OSError, ValueError):
-            stderr = ""  # (a grandchild holding the pipe open: the exit status is enough)
-        return self._outcome(command, stderr or "")
+        return self._outcome(command, _rest_of_stderr(command.proc))
 
     def _outcome(self, command: Command, stderr: str) -> str | None:
         """The outcome of a command that has exited (and been reaped). One the stop signalled
@@ -336,6 +339,29 @@ def _exited(proc: subprocess.Popen) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+def _rest_of_stderr(proc: subprocess.Popen) -> str:
+    """What an exited command's stderr still has, read for STDERR_AFTER_EXIT_S at most (after
+    what communicate() read before: it picks up where it stopped); then our ends of its pipes
+    are closed and it is reaped. A child it left running may hold the pipe open: it is neither
+    waited for nor stopped (the grace's end and a timeout stop what runs in the group)."""
+    try:
+        _, stderr = proc.communicate(timeout=STDERR_AFTER_EXIT_S)
+        return stderr or ""
+    except subprocess.TimeoutExpired as e:
+        partial = e.stderr or b""
+    except (OSError, ValueError):  # (its pipes closed already)
+        partial = b""
+    for pipe in (proc.stdin, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(1.0)  # (exited: reaped at once)
+    if isinstance(partial, str):
+        return partial
+    return partial.decode(errors="replace")
 
 
 def _end_groups(procs: list[subprocess.Popen], wait_s: float) -> None:

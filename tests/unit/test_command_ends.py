@@ -247,3 +247,45 @@ def test_a_command_that_ended_by_itself_before_the_stop_keeps_its_outcome(tmp_pa
         call.join(30)
     assert outcome == {"error": None}
     assert not run_of(job).interrupted and run_of(job).error is None
+
+
+# Exits (with the status given) 0.2 s in, leaving a child in its group that holds its stderr
+# open; writes the child's pid.
+LEAVES_A_CHILD = """#!/bin/sh
+echo "before the child" >&2
+sleep 0.2
+sleep 60 &
+echo $! > "$1"
+echo "its own last words" >&2
+exit "$2"
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_command_that_exits_leaving_a_child_holding_its_stderr_ends_at_its_exit_not_its_timeout(
+        tmp_path, status):
+    """Regression (an outside attack): the call waited for the EOF of the command's stderr, which a
+    child it left running held open: a command that exited 0 a second in failed "timed out"."""
+    script, pid_file = tmp_path / "job.sh", tmp_path / "child"
+    script.write_text(LEAVES_A_CHILD)
+    script.chmod(0o755)
+    handler = commands.CommandHandler(f"{script} {pid_file} {status}", False, 4.0)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    started = time.monotonic()
+    try:
+        handler([job], lambda: None)
+        took_s = time.monotonic() - started
+        # Then its outcome is its exit status (with the stderr it wrote), well within its
+        # timeout: the child is not the command
+        assert took_s < 3.0, took_s
+        if status == 0:
+            assert run_of(job).error is None
+        else:
+            error = run_of(job).error
+            assert error.startswith("exit status 3: ") and "its own last words" in error, error
+            assert "before the child" in error
+        assert handler._running == {}
+    finally:
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
