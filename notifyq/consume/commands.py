@@ -29,6 +29,9 @@ EXTEND_EVERY_S = 1.0  # a running command's lease is extended this often (the wo
 TERM_WAIT_S = 2.0  # at shutdown, how long a command gets between SIGTERM and SIGKILL
 GRACE_EXPIRED = "interrupted: the shutdown grace expired while the command ran: its process group was killed"
 EXITED_LOOK_S = 0.2  # a call cut short: how long it waits to learn whether its command had exited
+# Once the command has exited, how long its stderr is still read: a child it left running may hold
+# the pipe open for ever; the command's exit status is its outcome, whatever that child does.
+STDERR_AFTER_EXIT_S = 0.5
 CANCEL_GRACE_S = 2.0  # a cancelled command gets SIGTERM, then SIGKILL this much later
 CANCELLED = f"cancelled: the command was stopped (SIGTERM, SIGKILL after {CANCEL_GRACE_S:g} s)"
 
@@ -131,7 +134,7 @@ class CommandHandler(Handler):
             if stopping:  # started as the grace expired: it must not outlive the consumer
                 _kill_group(proc)
                 return GRACE_EXPIRED, command.exited_at()
-            error = self._wait(proc, stdin, extend, cancel)
+            error = self._wait(command, stdin, extend, cancel)
             return error, command.exited_at()
         except BaseException as e:
             if isinstance(e, Exception) and _exited(proc):
@@ -139,7 +142,7 @@ class CommandHandler(Handler):
                 # or a cancel check retrying it, which the stop or a gone server then ended): its
                 # exit is the job's outcome. Given back as interrupted, a command that had run
                 # to its end ran again.
-                return self._ended(proc), command.exited_at()
+                return self._ended(command), command.exited_at()
             # The call ends early (a lease extension met a lost server, or the consumer's stop
             # ended its retry; an error of ours): the worker, then its process, may exit next.
             # The command's group is ours to end first, as at the end of the grace: it would
@@ -155,8 +158,9 @@ class CommandHandler(Handler):
             if proc.returncode is not None:  # reaped: its pid, so its group's id, may be reused
                 _live_groups.discard(proc.pid)
 
-    def _wait(self, proc: subprocess.Popen, stdin: str, extend: Callable[[], None],
+    def _wait(self, command: Command, stdin: str, extend: Callable[[], None],
               cancel: Callable[[], bool] | None = None) -> str | None:
+        proc = command.proc
         deadline = time.monotonic() + self.timeout_s
         stderr = ""
         pending: str | None = stdin
@@ -169,6 +173,10 @@ class CommandHandler(Handler):
                 break
             except subprocess.TimeoutExpired:
                 pending = None
+                if command.status() is not None:
+                    # Exited, its stderr still open: a child it left running holds the pipe.
+                    # The timeout is the command's, not that child's: its exit is the outcome.
+                    return self._outcome(command, _rest_of_stderr(proc))
                 if time.monotonic() >= deadline:
                     _kill_group(proc)
                     return f"command timed out after {self.timeout_s:g}s"
@@ -176,19 +184,23 @@ class CommandHandler(Handler):
                 if cancel is not None and cancel():  # `jobs cancel` (asked at most once a second)
                     _stop_group(proc, CANCEL_GRACE_S)
                     return CANCELLED
-        return self._outcome(proc, stderr)
+        return self._outcome(command, stderr)
 
-    def _ended(self, proc: subprocess.Popen) -> str | None:
+    def _ended(self, command: Command) -> str | None:
         """The outcome of a command that has exited, its stderr's rest read (a call cut short
         left communicate() part way: it picks up where it stopped)."""
-        try:
-            _, stderr = proc.communicate(timeout=1)
-        except (subprocess.TimeoutExpired, OSError, ValueError):
-            stderr = ""  # (a grandchild holding the pipe open: the exit status is enough)
-        return self._outcome(proc, stderr or "")
+        return self._outcome(command, _rest_of_stderr(command.proc))
 
-    def _outcome(self, proc: subprocess.Popen, stderr: str) -> str | None:
-        if self._stopping and proc.returncode != 0:
+    def _outcome(self, command: Command, stderr: str) -> str | None:
+        """The outcome of a command that has exited (and been reaped). One the stop signalled
+        while it ran (stop_running) was interrupted, whatever its exit status: a command that
+        obeys SIGTERM with exit 0 has not finished its job (which runs again), as the stop
+        says of it. Read under the lock the stop marks it under: the stop either saw it exited
+        (its exit is the outcome, ran_to_end agrees) or signalled it (interrupted)."""
+        proc = command.proc
+        with self._lock:
+            interrupted = command.stopped or (self._stopping and proc.returncode != 0)
+        if interrupted:
             return GRACE_EXPIRED
         if proc.returncode != 0:
             tail = (stderr or "").strip()[-STDERR_TAIL:]
@@ -205,16 +217,23 @@ class CommandHandler(Handler):
         with self._lock:
             self._stopping = True
             running = dict(self._running)
-        # Those that had ended by themselves, their calls still waiting on the server (a lease
-        # extension or a cancel check retrying it, or a frozen server's read): asked of the
-        # kernel (Command.status), not of Popen.poll(), which says nothing while the worker's
-        # thread is inside its own waitpid
-        ended = {}
-        for tid, command in running.items():
-            status = command.status()
-            if status is not None:
-                ended[tid] = (status, command.exited_at())
-        self._ended_before_stop = ended
+            # Those that had ended by themselves, their calls still waiting on the server (a
+            # lease extension or a cancel check retrying it, or a frozen server's read): asked
+            # of the kernel (Command.status), not of Popen.poll(), which says nothing while the
+            # worker's thread is inside its own waitpid. The others are signalled now: marked
+            # so (under the lock, which their outcome is read under: _outcome), they were
+            # interrupted whatever their exit, as their job is given back. One an earlier call
+            # signalled stays so (its exit on that SIGTERM is no end of its own).
+            ended = {tid: e for tid, e in self._ended_before_stop.items() if tid not in running}
+            for tid, command in running.items():
+                if command.stopped:
+                    continue
+                status = command.status()
+                if status is None:
+                    command.stopped = True
+                else:
+                    ended[tid] = (status, command.exited_at())
+            self._ended_before_stop = ended
         _end_groups([command.proc for command in running.values()], wait_s)
         return True
 
@@ -237,6 +256,8 @@ class Command:
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self._exited_at: float | None = None
+        # The stop signalled it while it ran (CommandHandler.stop_running, under its lock)
+        self.stopped = False
         try:
             pidfd = os.pidfd_open(proc.pid)  # (before anything reaps it: its caller's thread alone does)
         except (AttributeError, OSError):
@@ -318,6 +339,29 @@ def _exited(proc: subprocess.Popen) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+def _rest_of_stderr(proc: subprocess.Popen) -> str:
+    """What an exited command's stderr still has, read for STDERR_AFTER_EXIT_S at most (after
+    what communicate() read before: it picks up where it stopped); then our ends of its pipes
+    are closed and it is reaped. A child it left running may hold the pipe open: it is neither
+    waited for nor stopped (the grace's end and a timeout stop what runs in the group)."""
+    try:
+        _, stderr = proc.communicate(timeout=STDERR_AFTER_EXIT_S)
+        return stderr or ""
+    except subprocess.TimeoutExpired as e:
+        partial = e.stderr or b""
+    except (OSError, ValueError):  # (its pipes closed already)
+        partial = b""
+    for pipe in (proc.stdin, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(1.0)  # (exited: reaped at once)
+    if isinstance(partial, str):
+        return partial
+    return partial.decode(errors="replace")
 
 
 def _end_groups(procs: list[subprocess.Popen], wait_s: float) -> None:

@@ -208,6 +208,44 @@ def test_a_handler_outliving_the_grace_period_is_interrupted_uncharged_and_the_r
     assert (outcome, attempt) == ("interrupted", 1) and "shutdown grace expired" in error
 
 
+# A --command that obeys SIGTERM cleanly with exit 0, its work not done (as many applications do):
+# writes "JOB start" once running, "JOB finished" only if it ran to its end.
+TERM_EXITS_0 = """#!/bin/sh
+trap 'exit 0' TERM
+echo "$NOTIFYQ_JOB_ID start" >> "$NQ_TEST_OUT/command.log"
+sleep 30 &
+wait
+echo "$NOTIFYQ_JOB_ID finished" >> "$NQ_TEST_OUT/command.log"
+"""
+
+
+def test_a_command_that_exits_0_on_the_stops_sigterm_at_the_graces_end_is_given_back_interrupted(db, tmp_path):
+    """Regression (an outside attack on the deploys page): a command still running at the
+    grace's end that obeyed the stop's SIGTERM with exit 0, unfinished, was recorded done and
+    its job deleted, never to run again, though the consumer logged it given back interrupted."""
+    env = _setup(db, tmp_path, sleep_s=0, grace_s=1.0)
+    script = tmp_path / "job.sh"
+    script.write_text(TERM_EXITS_0)
+    script.chmod(0o755)
+    log = tmp_path / "runs" / "command.log"
+    proc = _consume(env, tmp_path, "--command", str(script))
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 30, message="registered")
+        [job] = _produce(db, 1)
+        wait_until(lambda: log.exists() and f"{job} start" in log.read_text(), 30, message="the command started")
+        # When the consumer is stopped and its 1 s grace ends with the command running
+        code, _ = _sigterm(proc)
+    finally:
+        _stop(proc)
+    # Then the command was stopped unfinished, and its job is ready again, uncharged, its
+    # attempt recorded interrupted: it runs again
+    assert code == errors.EXIT_OK
+    assert f"{job} finished" not in log.read_text()
+    assert db.query("SELECT status, attempts, owner FROM nq_job WHERE id = %s", (job,)) == [(0, 0, None)]
+    [(outcome, error)] = db.query("SELECT outcome, error FROM nq_attempt WHERE job_id = %s", (job,))
+    assert outcome == "interrupted" and "shutdown grace expired" in error
+
+
 def test_when_the_grace_expires_the_jobs_that_finished_before_the_stuck_one_are_acked(db, tmp_path):
     """Regression: the acks of a batch's finished jobs go out about once a second, before a job
     starts; when the grace expired in the job after them, the exit left them claimed, and they

@@ -18,7 +18,7 @@ from conftest import alive, wait_until
 from notifyq import errors
 from notifyq.consume import commands
 from notifyq.consume.supervisor import Supervisor
-from notifyq.jobs import Job
+from notifyq.jobs import Job, run_of
 
 # Its pid and its child's, one a line; both ignore SIGTERM: only the group's SIGKILL ends them.
 COMMAND = """#!/bin/sh
@@ -142,3 +142,150 @@ def test_the_stop_sees_a_command_that_exited_while_another_thread_holds_its_pope
         stopped.set()
         call.join(30)
     assert not call.is_alive() and outcome == {"error": None}
+
+
+# Obeys the stop's SIGTERM cleanly, exit 0, its work NOT done (as many applications do); writes its
+# pid, then its child's (which holds its stderr), one a line.
+TERM_EXITS_0 = """#!/bin/sh
+trap 'exit 0' TERM
+echo $$ >> "$1"
+sleep 60 &
+echo $! >> "$1"
+wait
+echo finished >> "$1"
+"""
+
+
+def _term_exits_0_call(tmp_path, per_batch: bool, extend=None):
+    """A call of a command handler (per job or per batch, two jobs) whose command obeys SIGTERM
+    with exit 0, on a thread of its own: (the handler, the jobs, the call's thread, its pids' file)."""
+    script, pids_file = tmp_path / "job.sh", tmp_path / "pids"
+    script.write_text(TERM_EXITS_0)
+    script.chmod(0o755)
+    handler = commands.CommandHandler(f"{script} {pids_file}", per_batch, 60.0)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    jobs = [Job(id=i, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+            for i in ((1, 2) if per_batch else (1,))]
+    call = threading.Thread(target=handler, args=(jobs, extend or (lambda: None)), daemon=True)
+    call.start()
+    wait_until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2, 10,
+               message="the command and its child started")
+    return handler, jobs, call, pids_file
+
+
+def _kill_left(pids_file: Path) -> None:
+    for pid in (int(p) for p in pids_file.read_text().split() if p.isdigit()):
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("per_batch", [False, True], ids=["per-job", "per-batch"])
+def test_a_command_that_obeys_the_stops_sigterm_with_exit_0_is_interrupted_not_done(tmp_path, per_batch):
+    """Regression (an outside attack on the deploys page): a command still running at the
+    grace's end that obeyed the stop's SIGTERM with `exit 0`, its work unfinished, was recorded
+    done and its job deleted (lost), though the stop said it was given back interrupted."""
+    handler, jobs, call, pids_file = _term_exits_0_call(tmp_path, per_batch)
+    [(tid, _)] = handler._running.items()
+    try:
+        # When the grace ends with the command running: the stop signals it, and it exits 0
+        handler.stop_running(wait_s=2.0)
+        call.join(10)
+        assert not call.is_alive()
+        # Then its jobs were interrupted (given back uncharged, to run again), as the stop's
+        # abandon says too: not run to their end
+        assert "finished" not in pids_file.read_text()
+        for job in jobs:
+            assert run_of(job).interrupted and run_of(job).error == commands.GRACE_EXPIRED
+        assert not handler.ran_to_end(tid)
+    finally:
+        _kill_left(pids_file)
+
+
+def test_a_command_the_stop_signalled_while_its_call_waits_on_the_server_stays_interrupted(tmp_path, monkeypatch):
+    """Its call waiting on the server (a lease extension) as the stop signals it, and the
+    process's exit ending the handlers again (end_handlers: a second stop_running) before that
+    call returns: its exit 0 on the first stop's SIGTERM is not an end of its own, for the
+    stop's abandon (ran_to_end) nor for the call once it returns."""
+    monkeypatch.setattr(commands, "EXTEND_EVERY_S", 0.05)
+    waiting, release = threading.Event(), threading.Event()
+
+    def extend() -> None:
+        waiting.set()
+        assert release.wait(30)
+
+    handler, [job], call, pids_file = _term_exits_0_call(tmp_path, False, extend)
+    [(tid, command)] = handler._running.items()
+    try:
+        assert waiting.wait(10), "the call waiting on the server"
+        handler.stop_running(wait_s=2.0)
+        assert command.status() == 0  # (it obeyed the SIGTERM with exit 0)
+        assert not handler.ran_to_end(tid)
+        handler.stop_running(wait_s=0.1)  # the process exits: its handlers end what they run
+        assert not handler.ran_to_end(tid)
+        release.set()
+        call.join(10)
+        assert not call.is_alive()
+        assert run_of(job).interrupted and run_of(job).error == commands.GRACE_EXPIRED
+    finally:
+        release.set()
+        _kill_left(pids_file)
+
+
+def test_a_command_that_ended_by_itself_before_the_stop_keeps_its_outcome(tmp_path, monkeypatch):
+    """The other side: one that exited 0 before the stop's look (its call still waiting on the
+    server) ran to its end: done, not interrupted, for the call and for the stop's abandon."""
+    stopped = threading.Event()
+    handler, job, call, exited, outcome = _released_command_call(tmp_path, monkeypatch, stopped)
+    try:
+        assert exited.wait(10), "the command exited while its call waits"
+        [tid] = handler._running
+        handler.stop_running(wait_s=0.1)
+        handler.stop_running(wait_s=0.1)
+        assert handler.ran_to_end(tid)
+    finally:
+        stopped.set()
+        call.join(30)
+    assert outcome == {"error": None}
+    assert not run_of(job).interrupted and run_of(job).error is None
+
+
+# Exits (with the status given) 0.2 s in, leaving a child in its group that holds its stderr
+# open; writes the child's pid.
+LEAVES_A_CHILD = """#!/bin/sh
+echo "before the child" >&2
+sleep 0.2
+sleep 60 &
+echo $! > "$1"
+echo "its own last words" >&2
+exit "$2"
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_command_that_exits_leaving_a_child_holding_its_stderr_ends_at_its_exit_not_its_timeout(
+        tmp_path, status):
+    """Regression (an outside attack): the call waited for the EOF of the command's stderr, which a
+    child it left running held open: a command that exited 0 a second in failed "timed out"."""
+    script, pid_file = tmp_path / "job.sh", tmp_path / "child"
+    script.write_text(LEAVES_A_CHILD)
+    script.chmod(0o755)
+    handler = commands.CommandHandler(f"{script} {pid_file} {status}", False, 4.0)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    started = time.monotonic()
+    try:
+        handler([job], lambda: None)
+        took_s = time.monotonic() - started
+        # Then its outcome is its exit status (with the stderr it wrote), well within its
+        # timeout: the child is not the command
+        assert took_s < 3.0, took_s
+        if status == 0:
+            assert run_of(job).error is None
+        else:
+            error = run_of(job).error
+            assert error.startswith("exit status 3: ") and "its own last words" in error, error
+            assert "before the child" in error
+        assert handler._running == {}
+    finally:
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
