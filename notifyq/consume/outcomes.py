@@ -3,7 +3,8 @@ the worker's Stats and logged, one line per failed attempt.
 
 Only outcomes the claim still owned count: an ack or a failure fenced out by the claim token
 (the job was taken back: its lease ran out, or our session died) is counted and logged as a
-lost ack, never as done.
+lost ack, never as done. An outcome sent twice (by a batch's worker and by the stop) lands once
+and counts once: the send it fenced out finds it landed (Acks.landed, Owned.earlier).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SHORT_ERROR_BYTES = 1000  # a job's error when the server refused its full text
 LOST_IDS_SHOWN = 20  # job ids named in one "acks lost" line
 CUT_NOTE = " [cut short: the server refused the full text]"
 CANCEL_SEEN = "cancelled: the handler saw the cancel and returned"
-COUNTED_CLAIMS = 8  # the last claims whose successes counted are remembered (Outcomes.first_count)
+COUNTED_CLAIMS = 8  # the last claims whose outcomes counted are remembered (Outcomes.first_count)
 
 
 class Outcomes:
@@ -41,7 +42,7 @@ class Outcomes:
         self.queue, self.qc, self.stats = queue, qc, stats
         # A limited queue's: called after each COMMIT that freed slots (consume/slots.py)
         self.freed: Callable[[], None] | None = None
-        # claim token -> the ids of its successes counted, for the last COUNTED_CLAIMS claims: a
+        # claim token -> the ids of its outcomes counted, for the last COUNTED_CLAIMS claims: a
         # job's outcome sent twice (its worker's send held by the server past the grace's end,
         # and the stop's, of Batch.sending, on another thread) lands once, and counts once
         self._counted: dict[int, set[int]] = {}
@@ -90,10 +91,11 @@ class Outcomes:
         if snoozed:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
-                                r.ended, snooze=True) for j, r in snoozed], wake=self.qc.limited)
-            self.stats.snoozed += len(owned) - len(owned.cancelled)
+                                r.ended, snooze=True, clock=r.clock) for j, r in snoozed], wake=self.qc.limited)
+            first = set(self.first_count(token, list(owned)))  # (each once, whichever send landed it)
+            self.stats.snoozed += len(first - owned.cancelled)
             for job, _ in snoozed:
-                if job.id in owned.cancelled:
+                if job.id in owned.cancelled and job.id in first:
                     self._count_cancelled(job, "cancelled while snoozing")
             self._count_lost([j.id for j, _ in snoozed if j.id not in owned])
         if not ok:
@@ -110,7 +112,8 @@ class Outcomes:
         acks = queries.Acks([j.id for j, _ in ok], token, self.qc.keep_done,
                             [t if (t := r.started) is not None else 0.0 for _, r in ok],
                             [t if (t := r.ended) is not None else 0.0 for _, r in ok], results,
-                            [r.task for _, r in ok], wake=self.queue if self.qc.limited else None)
+                            [r.task for _, r in ok], wake=self.queue if self.qc.limited else None,
+                            clock=ok[0][1].clock)  # (one claim's jobs: one clock)
         if carry:
             return acks
         self.ack(session, acks)
@@ -189,9 +192,9 @@ class Outcomes:
         self._count_lost(acks.ids, len(acks.ids) - acked)
 
     def first_count(self, token: int, ids: list[int]) -> list[int]:
-        """Of `ids`, successes of the claim `token` that landed, those not counted yet: counted
-        from now on. Both threads that may send a batch's outcomes (its worker's, the stop's)
-        ask, under a lock."""
+        """Of `ids`, outcomes of the claim `token` that landed (successes, failures, snoozes,
+        interrupts: a job has one per claim), those not counted yet: counted from now on. Both
+        threads that may send a batch's outcomes (its worker's, the stop's) ask, under a lock."""
         with self._counted_lock:
             seen = self._counted.get(token)
             if seen is None:  # (the usual case: the claim's first count)
@@ -229,11 +232,12 @@ class Outcomes:
         cancel, one taken from us as lost."""
         owned = queries.reschedule_or_bury(session, self.queue, token, [
             queries.Failure(j.id, 0.0, j.error or "interrupted", j.attempts, None, run_of(j).started,
-                            run_of(j).ended, interrupted=True) for j in jobs])
-        back = [j for j in jobs if j.id in owned and j.id not in owned.cancelled]
+                            run_of(j).ended, interrupted=True, clock=run_of(j).clock) for j in jobs])
+        first = set(self.first_count(token, list(owned)))  # (each once, whichever send landed it)
+        back = [j for j in jobs if j.id in first and j.id not in owned.cancelled]
         self.stats.given_back += len(back)
         for job in jobs:
-            if job.id in owned.cancelled:
+            if job.id in owned.cancelled and job.id in first:
                 self._count_cancelled(job, job.error or "interrupted")
         if back:
             log.warning("interrupted by the shutdown: given back, no attempt charged queue=%s n=%d jobs=%s",
@@ -259,8 +263,11 @@ class Outcomes:
         if owned and self.freed is not None:
             self.freed()
         logged: dict[str, int] = {}  # traceback -> the job whose line showed it
+        # Each counted and logged once, whichever send landed it (this one, or the other of a
+        # batch whose outcomes both its worker and the stop sent: Owned.earlier)
+        first = set(self.first_count(token, list(owned)))
         for job, delay, error in decided:
-            if job.id not in owned:
+            if job.id not in first:
                 continue
             if job.id in owned.cancelled:
                 self._count_cancelled(job, error)
@@ -297,6 +304,7 @@ class Outcomes:
                                                        wake=self.qc.limited)
                     owned += alone
                     owned.cancelled |= alone.cancelled
+                    owned.earlier |= alone.earlier
                     break
                 except errors.DatabaseError:
                     raise
@@ -317,7 +325,8 @@ def kept_text(run: Run, job_id: int, max_packet: int) -> str | None:
 
 def _failure(job: Job, delay: float | None, error: str) -> queries.Failure:
     run = run_of(job)
-    return queries.Failure(job.id, delay, error, job.attempts, job.detail, run.started, run.ended)
+    return queries.Failure(job.id, delay, error, job.attempts, job.detail, run.started, run.ended,
+                           clock=run.clock)
 
 
 def _log_failure(job: Job, delay: float | None, error: str, logged: dict[str, int]) -> None:

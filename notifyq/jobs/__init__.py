@@ -234,10 +234,11 @@ _new = object.__new__
 
 
 def claimed(id: int, queue: str, payload: Any, priority: int, attempts: int, max_attempts: int,
-            run_at_text: bytes, created_at_text: bytes, dedup_key: str | None, key: str | None) -> Job:
+            run_at_text: bytes, created_at_text: bytes, dedup_key: str | None, key: str | None,
+            clock: Any = None) -> Job:
     """A Job as a claim builds it, one per row it took: run_at and created_at as the server's
     text (CAST ... AS BINARY), decoded when first read; and without Job()'s keyword call and its
-    stores through __set__ (the claim builds one per job)."""
+    stores through __set__ (the claim builds one per job). clock: the claim's (Claim.clock)."""
     job = _new(Job)
     job.id = id
     job.queue = queue
@@ -249,7 +250,7 @@ def claimed(id: int, queue: str, payload: Any, priority: int, attempts: int, max
     job._created_at = created_at_text
     job.dedup_key = dedup_key
     job.key = key
-    job._run_state = Run()
+    job._run_state = Run(clock)
     return job
 
 

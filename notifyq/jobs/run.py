@@ -27,9 +27,9 @@ _NEVER = float("-inf")  # a cancel check's time before the first (made once, not
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
                  "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task",
-                 "_interrupted", "_text", "_encoded")
+                 "_interrupted", "_text", "_encoded", "_clock")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = None) -> None:
         self._error: str | None = None  # None: a success (so far)
         self._retry = True
         self._detail: str | None = None  # the traceback of a handler that raised, for the log line only
@@ -51,6 +51,9 @@ class Run:
         self._trace: dict[str, str] | None = None  # the enqueue's trace context (jobs/envelope.py)
         self._task = ""  # the task it runs, for the per-task figures ("": a plain handler's job)
         self._interrupted = False  # stopped by its own consumer's shutdown, not by its code
+        # Its claim's clock (queries.Claim.clock): the server's time of the claim and the monotonic
+        # time it was read at, which place started and ended on the server's clock in its record
+        self._clock = clock
 
     # -------------------------------------------------------- read (never written but below)
 
@@ -70,6 +73,7 @@ class Run:
     trace = property(attrgetter("_trace"))
     task = property(attrgetter("_task"))
     interrupted = property(attrgetter("_interrupted"))
+    clock = property(attrgetter("_clock"))
 
     # -------------------------------------------------------- the worker's handles
 

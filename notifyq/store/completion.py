@@ -402,11 +402,11 @@ NO_SUCH_SAVEPOINT = 1305  # block_still_open: the block's transaction ended insi
 
 
 def completion_params(job: Job, token: int, owner: str | None, result: str | None) -> dict[str, Any]:
-    started = run_of(job).started
-    started = started if started is not None else time.monotonic()
+    run = run_of(job)
+    started = run.started if run.started is not None else time.monotonic()
     return {"id": job.id, "token": token, "attempt": job.attempts, "queue": job.queue, "owner": owner,
-            "host": queries.HOST, "started_age_us": queries.microseconds(time.monotonic() - started),
-            "result": result}
+            "host": queries.HOST, "started_at": queries.server_time(run.clock, run.started),
+            "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
 
 
 def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: str | None = None) -> bool:

@@ -10,6 +10,7 @@ Session own their transaction and retry it whole.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import os
@@ -55,6 +56,21 @@ def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
 
+def claim_clock(server_now: dt.datetime | None) -> tuple[dt.datetime, float] | None:
+    """A claim's clock (Claim.clock): the server's time its read replied with, and the monotonic
+    time now, as its reply has just come in."""
+    return None if server_now is None else (server_now, time.monotonic())
+
+
+def server_time(clock: tuple[Any, float] | None, t: float | None) -> dt.datetime | None:
+    """The monotonic time `t` on the server's clock, by a claim's clock (Claim.clock: the
+    server's time and the monotonic time it was read at); None without either (the statement
+    then places it by its own time)."""
+    if clock is None or t is None:
+        return None
+    return clock[0] + dt.timedelta(microseconds=int((t - clock[1]) * 1_000_000))
+
+
 # ---------------------------------------------------------------- enqueue (caller's cursor)
 
 def ensure_queue(cur, queue: str) -> bool:
@@ -91,6 +107,11 @@ class Claim:
     # failed, the claim is lost: start no more of its jobs (their acks would be fenced anyway).
     commit: Pending | None = None
     held_s: float | None = None  # a rate held jobs back: seconds until it frees a start
+    # The claim's clock: the server's time (UTC) in its first read's reply, and this process's
+    # monotonic time when that reply came. Each job's Run carries it: its attempt's record places
+    # the monotonic start and end on the server's clock from it (server time = at + (t - mono)),
+    # as times that do not depend on when the record's statement runs (Acks, Failure).
+    clock: tuple[Any, float] | None = None
 
 
 @dataclass
@@ -115,6 +136,7 @@ class Acks:
     # Which of `ids` landed, when fewer than all did by this ack's own count (acked_in_all reads
     # them); None: all of them, or not known yet
     landed: set[int] | None = None
+    clock: tuple[Any, float] | None = None  # their claim's (Claim.clock): places started and ended
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -122,14 +144,15 @@ class Acks:
         """The ack's statements; bump=False: without the signal's bump (a limited claim sends
         the rest first and the bump with its mark: bump())."""
         ids = Ids(self.ids)
-        now = time.monotonic()
-        started = self.started or [now] * len(self.ids)
-        ended = self.ended or [now] * len(self.ids)
-        # microseconds(now - t), inline: two calls per job were most of this method's time (and
-        # max(0, age) a builtin's call each, twice the cost of the test)
-        started_ages = [age if (age := int((now - t) * 1_000_000)) > 0 else 0 for t in started]
-        ended_ages = [age if (age := int((now - t) * 1_000_000)) > 0 else 0 for t in ended]
-        out = [self._record(ids, started_ages, ended_ages),
+        # Each time as microseconds from the claim's clock (at, mono): absolute once placed, the
+        # same however late the statement runs, and on every send of it. Without a clock, from
+        # now, placed on the statement's own time (at None: NOW(6))
+        at, mono = self.clock if self.clock is not None else (None, time.monotonic())
+        started = self.started or [mono] * len(self.ids)
+        ended = self.ended or [mono] * len(self.ids)
+        started_offsets = [int((t - mono) * 1_000_000) for t in started]
+        ended_offsets = [int((t - mono) * 1_000_000) for t in ended]
+        out = [self._record(ids, at, started_offsets, ended_offsets),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
@@ -151,21 +174,22 @@ class Acks:
         """How many of statements()' first statements verify() checks (the release's are not)."""
         return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
 
-    def _record(self, ids: Ids, started_ages: list[int], ended_ages: list[int]) -> tuple[str, dict[str, Any]]:
-        """The attempt records' statement: by the ids' offsets when they lie close together
-        (attempt_acked_dense), else by their places in the id list (attempt_acked)."""
-        record = {"ids": ids, "token": self.token, "host": HOST}
+    def _record(self, ids: Ids, at: Any, started: list[int], ended: list[int]) -> tuple[str, dict[str, Any]]:
+        """The attempt records' statement (times: microseconds from `at`): by the ids' offsets
+        when they lie close together (attempt_acked_dense), else by their places in the id list
+        (attempt_acked)."""
+        record = {"ids": ids, "token": self.token, "host": HOST, "at": at}
         base = min(self.ids, default=0) - 1
         span = max(self.ids, default=0) - base
         if not self.ids or span > DENSE_SPAN * len(self.ids):
             return Q["attempt_acked"], {**record, "id_list": IntList(self.ids),
-                                        "started_ages": IntList(started_ages), "ended_ages": IntList(ended_ages)}
+                                        "started_offsets": IntList(started), "ended_offsets": IntList(ended)}
         by_started, by_ended = [0] * span, [0] * span
-        for job_id, s, e in zip(self.ids, started_ages, ended_ages):
+        for job_id, s, e in zip(self.ids, started, ended):
             by_started[job_id - base - 1] = s
             by_ended[job_id - base - 1] = e
-        return Q["attempt_acked_dense"], {**record, "base": base, "started_ages": IntList(by_started),
-                                          "ended_ages": IntList(by_ended)}
+        return Q["attempt_acked_dense"], {**record, "base": base, "started_offsets": IntList(by_started),
+                                          "ended_offsets": IntList(by_ended)}
 
     def verify(self, cur, counts: list[int], bumped: bool = True) -> None:
         """Before the COMMIT: raise cut_short unless the statements' row counts (statements()'
@@ -311,7 +335,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         ordered: list = []  # (a flow claim's candidates are read in two_steps)
         if one_step:
             cur.execute(first_query(cur))  # one round trip: the looks, then the locking read
-            seen, due, paused = cur.fetchone()
+            seen, due, paused, server_now = cur.fetchone()
+            clock = claim_clock(server_now)
             seen_seq, due = int(seen), bool(due)
             cur.nextset()
             rows = cur.fetchall()  # locked, in claim order (ix_state's)
@@ -342,7 +367,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if as_watcher:
                 seen_seq = int(count[0][0][0])
             due = bool(due_rows)
-            if paused_rows:
+            paused, server_now = paused_rows[0] if paused_rows else (0, None)  # (a KILL QUERY's cut)
+            clock = claim_clock(server_now)
+            if paused:
                 flow.drop_looks()
                 return Claim([], token, True, True)
         else:
@@ -355,7 +382,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.nextset()
             due = cur.fetchone() is not None
             cur.nextset()
-            if cur.fetchone() is not None:  # paused
+            paused, server_now = cur.fetchone() or (0, None)  # (a KILL QUERY's cut)
+            clock = claim_clock(server_now)
+            if paused:
                 return Claim([], token, True, True)
         gate = None
         if one_step and not due:
@@ -473,10 +502,10 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 check=(lambda counts: counts[mark_at] == marked) if locked else None)
         else:
             commit = None
-        jobs = [claimed(r[0], queue, r[1], r[2], r[3] + 1, r[4], r[5], r[6], r[7], r[8]) for r in locked]
+        jobs = [claimed(r[0], queue, r[1], r[2], r[3] + 1, r[4], r[5], r[6], r[7], r[8], clock) for r in locked]
         if admitted.spent:
             jobs = rating.after_commit(session, commit, jobs)
-        return Claim(jobs, token, drained, False, commit, admitted.held_s)
+        return Claim(jobs, token, drained, False, commit, admitted.held_s, clock)
 
     runs = 0
     # Every job an attempt's mark named: an attempt whose COMMIT may have landed unseen marked
@@ -768,15 +797,19 @@ class Failure:
     ended: float | None = None
     snooze: bool = False  # not a failure: back after delay_s, no attempt spent (Job.snooze)
     interrupted: bool = False  # not a failure: its consumer's shutdown stopped it (ready now, uncharged)
+    clock: tuple[Any, float] | None = None  # its claim's (Claim.clock): places started and ended
 
 
 class Owned(list):
     """The ids of the jobs a claim still owned (reschedule_or_bury), and among them `cancelled`:
-    those that ended cancelled instead, their cancel requested while they ran."""
+    those that ended cancelled instead, their cancel requested while they ran; and `earlier`:
+    those whose outcome another send of it landed first (attempt_landed: the stop's, the
+    worker's, or a try whose reply was lost), ours all the same, not taken from us."""
 
     def __init__(self) -> None:
         super().__init__()
         self.cancelled: set[int] = set()
+        self.earlier: set[int] = set()
 
 
 def reschedule_or_bury(session: Session, queue: str, token: int,
@@ -807,12 +840,14 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                                               "delay_us": microseconds(f.delay_s)})
             # Right after it, whether it ended cancelled instead (its cancel asked while it ran)
             outcome = (outcome[0] + ";\n" + Q["ended_cancelled"], outcome[1])
+            recorded_error = None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES)
             record = (Q["attempt_failed"], {
                 **fenced, "dead": int(f.delay_s is None), "snoozed": int(f.snooze),
                 "interrupted": int(f.interrupted), "host": HOST,
+                "started_at": server_time(f.clock, f.started), "ended_at": server_time(f.clock, f.ended),
                 "started_age_us": microseconds(now - (f.started if f.started is not None else now)),
                 "ended_age_us": microseconds(now - (f.ended if f.ended is not None else now)),
-                "error": None if f.snooze else error_text(f.error, ATTEMPT_ERROR_BYTES),
+                "error": recorded_error,
                 "traceback": error_text(f.traceback, ATTEMPT_TRACEBACK_BYTES) if f.traceback else None})
             statements = [record, outcome, (Q["attempts_prune"], {"id": f.id, "kept": ATTEMPTS_KEPT})]
             cur.execute(";\n".join(cur.mogrify(sql, params) for sql, params in statements))
@@ -828,6 +863,17 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             # claimed, counted lost, when it ended both)
             if recorded != n or (n == 0 and still_claimed(cur, [f.id], token)):
                 raise cut_short(f"fail job {f.id}, replies {recorded}, {n}")
+            if n == 0:
+                # Fenced out: taken from us, or landed by another send of this outcome (its
+                # record under our token says which). Landed: ours, and settled by that send
+                cur.execute(Q["attempt_landed"], {**fenced, "error": recorded_error})
+                landed = cur.fetchone()
+                if landed is not None:
+                    owned.append(f.id)
+                    owned.earlier.add(f.id)
+                    if landed[0] == "cancelled":
+                        owned.cancelled.add(f.id)
+                continue
             if f.delay_s is not None:
                 retried += n
             if n:
@@ -840,10 +886,11 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                     workflows.settle_failed(cur, [f.id], "cancelled")
                 elif f.delay_s is None and not f.snooze:
                     workflows.settle_failed(cur, [f.id], "dead")
-        if retried or (wake and owned):
+        freed = len(owned) - len(owned.earlier)  # (another send's freed its slots, and bumped)
+        if retried or (wake and freed):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
             # of the slot it frees
-            bump_signal(cur, queue, max(retried, len(owned)))
+            bump_signal(cur, queue, max(retried, freed))
         return owned
 
     return session.run(body, what="fail")

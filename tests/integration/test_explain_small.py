@@ -60,7 +60,8 @@ def bound(name: str, claim: queries.Claim, ready_ids: list[int]) -> dict:
     values = {"ids": Ids(ready_ids if name in CLAIM_STEPS else claimed), "owner": OWNER,
               "token": claim.token, "lease_us": 60_000_000, "error": "lease expired", "status": 3,
               "cancelled": "cancelled", "host": "h", "id_list": IntList(claimed),
-              "started_ages": IntList(1000 for _ in claimed), "ended_ages": IntList(0 for _ in claimed),
+              "started_offsets": IntList(-1000 for _ in claimed), "ended_offsets": IntList(0 for _ in claimed),
+              "at": claim.clock[0],
               "why": "consumer died", "statuses": Ids([3, 4]), "outcome": "purged", "age_us": 0,
               "base": min(claimed) - 1, "version": 1}
     return {param: values[param] for param in re.findall(r"%\((\w+)\)s", QUERIES[name])}

@@ -192,11 +192,12 @@ ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 -- (signal_total: a statement before the locking read, so every job it counts is visible to
 -- that read), whether a scheduled job has fallen due (due_any) and whether the queue is paused
 -- (queue_paused), in one statement: each statement of its own cost the server 0.08-0.18 ms
--- here (the three 0.52 ms with claim_take, this one 0.39 ms).
+-- here (the three 0.52 ms with claim_take, this one 0.39 ms). Last, the server's time, as
+-- queue_paused's: the claim's clock (queries.Claim.clock).
 SELECT (SELECT COALESCE(SUM(seq), 0) FROM nq_signal WHERE queue = %(queue)s),
        EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state)
                WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)),
-       EXISTS (SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1)
+       EXISTS (SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1), UTC_TIMESTAMP(6)
 
 -- claim_take --
 -- A watcher's claim (woken from idle, on a queue without flow limits or rates): steps 1 and 2 in
@@ -237,7 +238,9 @@ WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
 LIMIT 1
 
 -- queue_paused --
-SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1
+-- Whether the queue is paused, and the server's time: the claim's clock (queries.Claim.clock),
+-- which its jobs' attempt records place their start and end by. One row, always.
+SELECT EXISTS (SELECT 1 FROM nq_queue WHERE queue = %(queue)s AND paused = 1), UTC_TIMESTAMP(6)
 
 -- claim_candidates --
 -- Step 1 of a claim that found due jobs (due_any) and promoted them (promote_due), a plain
@@ -540,26 +543,29 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- attempt_acked --
 -- Each acked job's attempt record, in the ack's own transaction and round trip (queries.Acks),
 -- before the ack itself and under the same fence, so its row count is the ack's. Per-job
--- times come as ages in microseconds before the statement (FIELD finds the job's place in
--- id_list, ELT picks its age): the client's monotonic clock measures them, the server's clock
--- places them. The attempt's consumer is the claim's owner.
+-- times come as offsets in microseconds from `at` (FIELD finds the job's place in id_list, ELT
+-- picks its offset): `at` is the server's time of the jobs' claim (Claim.clock), the offsets
+-- the client's monotonic clock from that moment. Nothing in them depends on when the statement
+-- runs: an ack the server answers late, or sends again on a new connection, records the same
+-- times. Without `at` (no claim's clock known), offsets from the statement's time (NOW(6)).
+-- The attempt's consumer is the claim's owner.
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at)
 SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
-       NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(started_ages)s) MICROSECOND,
-       NOW(6) - INTERVAL ELT(FIELD(id, %(id_list)s), %(ended_ages)s) MICROSECOND
+       COALESCE(CAST(%(at)s AS DATETIME(6)), NOW(6)) + INTERVAL ELT(FIELD(id, %(id_list)s), %(started_offsets)s) MICROSECOND,
+       COALESCE(CAST(%(at)s AS DATETIME(6)), NOW(6)) + INTERVAL ELT(FIELD(id, %(id_list)s), %(ended_offsets)s) MICROSECOND
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
 
 -- attempt_acked_dense --
 -- attempt_acked for a batch whose ids lie close together (a backlog drains in id order): the
--- ages are laid out by the id's offset from `base` (0 where no job of the batch has that id),
--- so ELT picks a row's age at once. FIELD scans id_list for every row, twice: with 100 jobs a
--- quarter of the record's server time. CAST: the offset of an unsigned id is never an error.
+-- times' offsets are laid out by the id's offset from `base` (0 where no job of the batch has
+-- that id), so ELT picks a row's at once. FIELD scans id_list for every row, twice: with 100
+-- jobs a quarter of the record's server time. CAST: the offset of an unsigned id is never an error.
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at)
 SELECT id, claim_token, attempts, queue, 'done', owner, %(host)s,
-       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(started_ages)s) MICROSECOND,
-       NOW(6) - INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(ended_ages)s) MICROSECOND
+       COALESCE(CAST(%(at)s AS DATETIME(6)), NOW(6)) + INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(started_offsets)s) MICROSECOND,
+       COALESCE(CAST(%(at)s AS DATETIME(6)), NOW(6)) + INTERVAL ELT(CAST(id AS SIGNED) - %(base)s, %(ended_offsets)s) MICROSECOND
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
@@ -581,16 +587,31 @@ WHERE job_id IN %(ids)s AND claim_token = %(token)s AND result IS NULL
 -- (queries.reschedule_or_bury), under the same fence. dead: the caller buries it; a job cancelled while it ran ends
 -- dead too (retry_later). interrupted: its consumer's shutdown grace ran out while it ran (interrupt), not a
 -- failure of its code. The error and the traceback are cut by bytes (queries.error_text).
+-- started_at, ended_at: the attempt's times on the server's clock, placed by its claim's clock
+-- (Claim.clock: not by when this runs, which a server answering late or a send by the stop
+-- delays); NULL (no claim's clock known): ages before the statement's time.
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         error, traceback)
 SELECT id, claim_token, attempts, queue,
        IF(cancel_requested, 'cancelled', IF(%(interrupted)s, 'interrupted',
           IF(%(snoozed)s, 'snoozed', IF(%(dead)s, 'dead', 'failed')))), owner, %(host)s,
-       NOW(6) - INTERVAL %(started_age_us)s MICROSECOND, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND,
+       COALESCE(%(started_at)s, NOW(6) - INTERVAL %(started_age_us)s MICROSECOND),
+       COALESCE(%(ended_at)s, NOW(6) - INTERVAL %(ended_age_us)s MICROSECOND),
        %(error)s, %(traceback)s
 FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id = %(id)s AND claim_token = %(token)s AND status = 2
 FOR UPDATE
+
+-- attempt_landed --
+-- A failure's outcome fenced out (its job no longer claimed by this claim): whether it landed
+-- anyway, by another send of the same outcome (the stop's and the worker's, of a batch whose
+-- worker's send the server answered late; or a try of this one whose reply was lost). Its own
+-- record under the claim's token says so: the outcome sent, with the error sent (NULL for a
+-- snooze). A reaper's take-back writes its record under the claim's token too, but as 'taken
+-- back', or 'interrupted' or 'cancelled' with its own reason as the error: that is a job taken
+-- from us, not ours landed.
+SELECT outcome FROM nq_attempt FORCE INDEX (PRIMARY)
+WHERE job_id = %(id)s AND claim_token = %(token)s AND outcome <> 'taken back' AND error <=> %(error)s
 
 -- attempts_prune --
 -- A job keeps its last %(kept)s records: sent with every failure and snooze, after its record.
@@ -638,11 +659,14 @@ WHERE id = %(id)s AND claim_token = %(token)s AND attempts = %(attempt)s AND sta
 -- The completion's attempt record, after the completion in the same transaction (committed only
 -- once the claim held: the worker's check of the replies, or the caller's row count): the proof, after a COMMIT whose reply
 -- was lost, that it landed (completions_landed). Values the worker knows: no read of nq_job.
--- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything.
+-- UTC_TIMESTAMP(6): on a caller's connection the session time zone may be anything. Its start
+-- placed by its claim's clock (Claim.clock; else its age before this statement), its end this
+-- statement's time: the completion is the attempt's end.
 INSERT INTO nq_attempt (job_id, claim_token, attempt, queue, outcome, consumer, host, started_at, ended_at,
                         result)
 VALUES (%(id)s, %(token)s, %(attempt)s, %(queue)s, 'done', %(owner)s, %(host)s,
-        UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND, UTC_TIMESTAMP(6), %(result)s)
+        COALESCE(%(started_at)s, UTC_TIMESTAMP(6) - INTERVAL %(started_age_us)s MICROSECOND), UTC_TIMESTAMP(6),
+        %(result)s)
 
 -- wsrep_sync_wait --
 -- On a Galera node, before asking whether a lost COMMIT landed: 1 makes the node apply every
