@@ -675,7 +675,9 @@ class BatchRun:
         self.outcomes.send(session, finished, batch.token)
         waiting = batch.waiting()
         if waiting:
-            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
+            # (the count read after the give-back's reply: its worker may count its own meanwhile)
+            n = queries.give_back(session, self.queue, waiting, batch.token)
+            self.stats.given_back += n
         for job in running:
             if job.error is None:
                 run_of(job).interrupt(GRACE_EXPIRED)
