@@ -1,6 +1,6 @@
 """A server frozen (SIGSTOP) when the consumer is stopped, answering again within the stop's
 settle bound (service.SETTLE_AT_EXIT_S) but after the grace: what finished is acked once and
-counted once before the exit.
+counted once before the exit, and the stopping consumer starts nothing more.
 
 Regressions (an outside attack on the deploys page's grace):
 - A job that finished just as the server froze had its ack handed to its worker's pending acks
@@ -9,6 +9,10 @@ Regressions (an outside attack on the deploys page's grace):
   held no job" (or, with the server back sooner, "exiting while holding claimed jobs"), and the
   reaper took the finished job back: it ran a second time. When the worker's own send landed as
   the process exited, its summary said done=0 beside a `done` record.
+- The worker looked at the stop before a batch's next job, then sent an ack (or a lease
+  extension) that the frozen server held past the grace's end; once the server answered, it
+  started that next job, 3-6 s after the grace, which the stop then recorded interrupted and
+  another consumer ran again.
 """
 
 from __future__ import annotations
@@ -88,3 +92,31 @@ def test_a_finished_jobs_ack_that_met_the_frozen_server_is_sent_by_the_stop_once
     assert [r.job for r in read_runs(out) if not r.finished] == [first], log[-3000:]
     assert fdb.query("SELECT status, attempts, owner FROM nq_job WHERE id = %s", (second,)) == [(0, 0, None)], \
         log[-3000:]
+
+
+def test_a_stopping_worker_never_starts_the_batchs_next_job_once_the_frozen_server_answers(
+        server, fdb, procs, tmp_path):
+    # Given a consumer whose batch holds two jobs, the first running over a second (so its ack
+    # is sent before the next job starts) until the test releases it
+    consumer, (first, second), out = _consumer(fdb, procs, tmp_path, 2,
+                                               ['{"hold": true, "at_least_s": 1.2}', '{"n": 2}'])
+    assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s, %s) AND status = 2",
+                      (first, second)) == 2, "both jobs claimed by the one batch"
+
+    # When the server freezes, the first job ends (the worker looked at the stop, then sent its
+    # ack, which the frozen server holds), the consumer is stopped, and the server answers again
+    # after the grace
+    _stop_with_the_server_frozen(server, consumer, out, first)
+
+    # Then the second job never starts in the stopped consumer: given back unstarted (ready, its
+    # attempt undone), the first acked once, exit 0
+    code = consumer.wait(SETTLE_AT_EXIT_S + 10)
+    log = consumer.stderr_text()
+    assert code == 0, log[-3000:]
+    assert [r.job for r in read_runs(out) if not r.finished] == [first], log[-3000:]
+    assert fdb.query("SELECT status, attempts, owner FROM nq_job WHERE id = %s", (second,)) == [(0, 0, None)], \
+        log[-3000:]
+    assert [o for (o,) in fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (first,))] == ["done"], \
+        log[-3000:]
+    assert not fdb.query("SELECT outcome FROM nq_attempt WHERE job_id = %s", (second,)), log[-3000:]
+    assert _summary_done(log) == 1, log[-3000:]
