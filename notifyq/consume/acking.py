@@ -20,7 +20,9 @@ claimed until a reaper pass: they run again once the grant is there, and the wor
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 
 from notifyq import errors
@@ -43,6 +45,12 @@ class PendingAcks:
         self._released = False  # an ack since the last released_children() released workflow children
         # Called with the queues of the children an ack released, once it is sent (release_wake.py)
         self.on_release: Callable[[tuple[str, ...]], None] | None = None
+        # Every Acks handed over (keep) and not known landed yet: waiting, carried by a claim whose
+        # COMMIT was not read, or on the wire (a claim's or an ack's that a frozen server holds).
+        # The shutdown sends them again if its worker could not (send_at_exit); its batch was
+        # settled when it handed them over, so no batch says they are still ours to ack.
+        self._unlanded: list[queries.Acks] = []
+        self._unlanded_lock = threading.Lock()
 
     @property
     def waiting(self) -> bool:
@@ -53,6 +61,30 @@ class PendingAcks:
         """A batch's successes (None: none), for the next claim to carry. The claim that took
         the batch carried the acks that waited before it, so none wait now."""
         self._waiting = acks
+        if acks is not None:
+            with self._unlanded_lock:
+                self._unlanded.append(acks)
+
+    def unlanded(self) -> bool:
+        """Successes handed over are not known landed (nor lost): the worker still holds them."""
+        return bool(self._unlanded)
+
+    def send_at_exit(self, session: Session) -> None:
+        """The shutdown's (its own thread and session, after the grace): the successes whose ack
+        the worker could not land are acked again here, as the stop sends a batch's unsent
+        outcomes (BatchRun.abandon). Fenced by the claim's token, so an ack the worker still has
+        on the wire lands once, and counts once (Outcomes.first_count; each send counts on a
+        copy of its own: Acks.landed is a send's)."""
+        with self._unlanded_lock:
+            pending = list(self._unlanded)
+        for acks in pending:
+            self.outcomes.ack(session, dataclasses.replace(acks, landed=None))
+            self._landed(acks)
+
+    def _landed(self, acks: queries.Acks) -> None:
+        """`acks` sent and answered (landed, or fenced out and counted lost): no longer held."""
+        with self._unlanded_lock:
+            self._unlanded = [a for a in self._unlanded if a is not acks]
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
               as_watcher: bool = False, rates: Rates | None = None, version: int = 0,
@@ -122,12 +154,15 @@ class PendingAcks:
                 raise
         else:
             self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
+            self._landed(acks)
 
     def _ack(self, session: Session, acks: queries.Acks) -> None:
         try:
             self.outcomes.ack(session, acks)
+            self._landed(acks)
             self._note_release(acks)
         except errors.GrantMissing:
+            self._landed(acks)  # (given back below, or left to the reaper: not ours to ack again)
             queue, stats = self.outcomes.queue, self.outcomes.stats
             try:
                 n = queries.give_back(session, queue, acks.ids, acks.token)

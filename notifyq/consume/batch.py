@@ -160,12 +160,23 @@ class Batch:
             group.append(job)
         return group
 
-    def start_next(self, size: int) -> list[Job]:
-        """The next group (next_group), started."""
+    def start_next(self, size: int, stop: threading.Event | None = None) -> list[Job]:
+        """The next group (next_group), started; none once the consumer stops (`stop`, looked
+        at here, under the lock, as the job would start: the worker's own look came before
+        statements that a frozen server can hold past the stop, the grace's end even)."""
         with self.start_lock:
-            group = [] if self.stopping else self.next_group(size)
+            group = [] if self.stopping or (stop is not None and stop.is_set()) else self.next_group(size)
             self.start(group)
             return group
+
+    def start_all(self, stop: threading.Event | None = None) -> bool:
+        """A per-batch handler's: every job started together, unless the consumer stops (a
+        claim whose reply came after the stop); False then, and none started."""
+        with self.start_lock:
+            if self.stopping or (stop is not None and stop.is_set()):
+                return False
+            self.start(self.jobs)
+            return True
 
     def hand_back(self) -> list[int] | None:
         """The lineup watch's (another thread): while a job runs, the jobs waiting behind it
@@ -285,11 +296,11 @@ class BatchRun:
         t0 = time.monotonic()
         try:
             if self.handler.per_batch:
-                batch.start(jobs)
-                ready = [j for j in jobs if j.error is None]
-                self._call(ready)
-                self._encode_results(ready)
-                batch.finish()
+                if batch.start_all(self.stop):  # (else the settle gives them all back)
+                    ready = [j for j in jobs if j.error is None]
+                    self._call(ready)
+                    self._encode_results(ready)
+                    batch.finish()
             else:
                 # What waits behind a long job goes back to the queue (lineup.py); a limited
                 # or fair queue's by rules of its own (HandBackRule)
@@ -473,7 +484,9 @@ class BatchRun:
                 # stall after this line, before the handler's first, cannot be seen from here.)
                 continue
             # The first job alone: it may run while the claim's COMMIT is on the wire.
-            group = batch.start_next(size if batch.started else 1)
+            group = batch.start_next(size if batch.started else 1, self.stop)
+            if not group:
+                continue  # the consumer stopped since the look above: the loop's look ends it
             if len(group) == 1:  # (a plain handler's every job: no list made, Job.error's call skipped)
                 ready = group if run_of(group[0]).error is None else []
             else:
@@ -675,7 +688,9 @@ class BatchRun:
         self.outcomes.send(session, finished, batch.token)
         waiting = batch.waiting()
         if waiting:
-            self.stats.given_back += queries.give_back(session, self.queue, waiting, batch.token)
+            # (the count read after the give-back's reply: its worker may count its own meanwhile)
+            n = queries.give_back(session, self.queue, waiting, batch.token)
+            self.stats.given_back += n
         for job in running:
             if job.error is None:
                 run_of(job).interrupt(GRACE_EXPIRED)

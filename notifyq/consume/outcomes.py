@@ -46,7 +46,9 @@ class Outcomes:
         # job's outcome sent twice (its worker's send held by the server past the grace's end,
         # and the stop's, of Batch.sending, on another thread) lands once, and counts once
         self._counted: dict[int, set[int]] = {}
-        self._counted_lock = threading.Lock()
+        # (reentrant: count_acked holds it across first_count and its count, so that the stop's
+        # summary, read once the stop's send returned, has every success the worker's send took)
+        self._counted_lock = threading.RLock()
 
     def send(self, session: Session, jobs: list[Job], token: int,
              carry: bool = False) -> queries.Acks | None:
@@ -176,8 +178,9 @@ class Outcomes:
         same outcomes counted already (the stop's, or the worker's) counts no more."""
         if acked >= len(acks.ids) or acks.landed is not None:
             landed = acks.ids if acked >= len(acks.ids) else [i for i in acks.ids if i in acks.landed]
-            counted = self.first_count(acks.token, landed)
-            self.stats.succeeded += len(counted)
+            with self._counted_lock:
+                counted = self.first_count(acks.token, landed)
+                self.stats.succeeded += len(counted)
             if acks.tasks and counted:
                 by_task = self.stats.by_task
                 if len(counted) == len(acks.ids):

@@ -481,6 +481,15 @@ class ConsumerService(Supervisor):
     def _settle(self, holders: list[Worker], stopped: dict[int, bool]) -> None:
         if holders:
             self._abandon(holders, stopped)
+        # A holder still in a call to the server (not in a handler: a claim or an ack the server
+        # held past the grace) ends by itself once the server answers: a stopping worker starts
+        # nothing, and gives back what a claim sent before the stop brought it. Waited for here
+        # (within the exit's bound: finish_shutdown's join of this thread), so that nothing is
+        # claimed in our name after we unregister, and the summary counts what it gave back.
+        until = time.monotonic() + SETTLE_AT_EXIT_S
+        for r in self.running:
+            if r.worker in holders and r.thread.is_alive() and r.worker.in_handler_since is None:
+                r.thread.join(max(0.0, until - time.monotonic()))
         self.presence.close()  # after the workers
 
     def end_handlers(self) -> None:

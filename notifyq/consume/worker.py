@@ -201,8 +201,8 @@ class Worker:
                 try:
                     self.acks.flush(self.work)
                 except Exception as e:
-                    log.warning("could not ack finished jobs: they will run again queue=%s error=%s",
-                                self.queue, e)
+                    log.warning("could not ack finished jobs: a stopping consumer acks them as it exits if "
+                                "the server answers, else they run again queue=%s error=%s", self.queue, e)
             self.finished = True
             self.caller.close()
             handlers.close_loop()  # a coroutine handler's event loop lives as long as its thread
@@ -439,8 +439,11 @@ class Worker:
             run.give_back_waiting(session)
 
     def holds_unsettled(self) -> bool:
-        """A batch of this worker's is not settled: the one it runs, or one its run left."""
-        return any(run is not None and not run.batch.settled.is_set() for run in (self.current_run, self.unsettled))
+        """A batch of this worker's is not settled: the one it runs, or one its run left; or
+        successes its batches handed over are not known acked (PendingAcks.unlanded: waiting for
+        a claim, or on the wire to a server that did not answer)."""
+        return (any(run is not None and not run.batch.settled.is_set() for run in (self.current_run, self.unsettled))
+                or self.acks.unlanded())
 
     def abandon(self, session: Session, stopped: bool) -> None:
         """At shutdown, after stop_handler (service thread): what of this worker's batches is not
@@ -449,13 +452,17 @@ class Worker:
         which settles it (interrupted, not charged: the grace expired) and counts it before our
         summary; a handler that returned left its worker retrying an ack or give-back, which
         ended with the grace. A Python handler still running is not waited for (it cannot be
-        stopped). A batch whose run ended unsettled (unsettled) is settled here too."""
+        stopped). A batch whose run ended unsettled (unsettled) is settled here too, and so are
+        the successes of settled batches whose ack the worker could not land (its acks waited
+        for a claim, or were on the wire to a server that answered only after the grace):
+        PendingAcks.send_at_exit."""
         run = self.current_run
         if run is not None and (stopped or self.in_handler_since is None):
             run.batch.ended.wait(SETTLE_AFTER_STOP_S)
         for run in dict.fromkeys((self.current_run, self.unsettled)):
             if run is not None and not run.batch.settled.is_set():
                 run.abandon(session)
+        self.acks.send_at_exit(session)
 
     # -------------------------------------------------------- the reaper, run by consumers
 

@@ -76,11 +76,13 @@ def record_then_sleep(job):
 
 def hold_until_released(job):
     """A start line, then (payload `hold`) run until $NQ_TEST_OUT/release exists (120 s at
-    most), then the end line: a job the test lets finish when it chooses."""
+    most), then the end line: a job the test lets finish when it chooses. Payload `at_least_s`:
+    it runs that long at least, released or not."""
     _record(job, " start")
     if job.payload.get("hold"):
         release = os.path.join(os.environ["NQ_TEST_OUT"], "release")
-        deadline = time.monotonic() + 120
-        while not os.path.exists(release) and time.monotonic() < deadline:
+        started = time.monotonic()
+        deadline, shortest = started + 120, started + float(job.payload.get("at_least_s", 0))
+        while (not os.path.exists(release) or time.monotonic() < shortest) and time.monotonic() < deadline:
             time.sleep(0.01)  # the handler's own poll for the file, not a test's synchronisation
     _record(job)
