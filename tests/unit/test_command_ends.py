@@ -168,7 +168,8 @@ def _term_exits_0_call(tmp_path, per_batch: bool, extend=None):
             for i in ((1, 2) if per_batch else (1,))]
     call = threading.Thread(target=handler, args=(jobs, extend or (lambda: None)), daemon=True)
     call.start()
-    wait_until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2, 10,
+    # (the command may write its pids before the handler has recorded it as running)
+    wait_until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2 and handler._running, 10,
                message="the command and its child started")
     return handler, jobs, call, pids_file
 
