@@ -43,6 +43,10 @@ owns", "an id that put() returned is always stored"):
   within SETTLE_AT_EXIT_S of its end): the short job acked, the long one given back uncharged,
   the exit 0 within the grace, SETTLE_AT_EXIT_S (the stop waits that long for its server to
   settle what it held) and GRACE_EXIT_BOUND_S;
+- frozen_at_stop: the same of a stop that came with the server frozen (SIGSTOP), a job of the
+  consumer having ended just before (FROZEN_LEAD_S), the server thawed after the grace's end,
+  within SETTLE_AT_EXIT_S (the frozen_at_stop episode): that job acked (never run again, not left
+  in the table), nothing started by the process after the SIGTERM, the exit as grace_outage's;
 Issue 29 ("exactly-once effects"): a job of the `effects` mode (kind fx) writes one row through
 job.transaction(), which commits it with the job's completion:
 - double_effect: never two effect rows for one job, whatever the faults;
@@ -108,7 +112,7 @@ PROCESS_CAUSES = {"sigkill": "sigkill", "poison_exit": "poison", "stall": "stall
 # fault until the node is a Synced member again. A duplicate it explains was in flight then.
 SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
                  "writer_kill": "failover_kill", "node_pause": "failover_pause",
-                 "busy_restart": "server_busy", "busy_crash": "server_busy"}
+                 "busy_restart": "server_busy", "busy_crash": "server_busy", "server_frozen": "server_frozen"}
 # What a fault may excuse (duplicate_cause), by kind; "any" when not listed:
 # peer      a second run on another process than the one hit, or on the hit process itself once a
 #           peer's reaper took back the claim it ran under (a `taken_back` record after that claim
@@ -123,7 +127,8 @@ SERVER_CAUSES = {"server_restart": "server", "server_crash": "server",
 #           whose grace the server restarted in (or was away across the end of) gives back what
 #           still ran at the grace's end, and acks what ended before it.
 EXCUSE = {"kill_session": "peer", "busy_restart": "finished", "busy_crash": "finished", "sighup": "never",
-          "grace_restart": "interrupted", "grace_outage": "interrupted"}
+          "grace_restart": "interrupted", "grace_outage": "interrupted", "server_frozen": "interrupted",
+          "frozen_at_stop": "interrupted"}
 # Records that are not faults: a reaper's take-back, a process's re-registration (evidence for
 # the "peer" excuse), and the operator's cancel (the after_cancel rule's)
 EVIDENCE = ("cancel", "taken_back", "re_registered")
@@ -151,7 +156,11 @@ STOP_MARK_S = 2.0  # grace_restart: a stop's mark lands within this (a connect, 
 # The stops the grace rule judges (their records' kind, which is the rule's name) -> how long
 # after the grace's end the consumer may exit: grace_restart's server is back within the grace;
 # grace_outage's is away at its end, and the stop waits for it SETTLE_AT_EXIT_S at most
-GRACE_STOPS = {"grace_restart": GRACE_EXIT_BOUND_S, "grace_outage": SETTLE_AT_EXIT_S + GRACE_EXIT_BOUND_S}
+GRACE_STOPS = {"grace_restart": GRACE_EXIT_BOUND_S, "grace_outage": SETTLE_AT_EXIT_S + GRACE_EXIT_BOUND_S,
+               "frozen_at_stop": SETTLE_AT_EXIT_S + GRACE_EXIT_BOUND_S}
+# frozen_at_stop: the runs it judges include one that ended up to this long before the SIGTERM
+# (the server froze just before it ended: its ack met the frozen server)
+FROZEN_LEAD_S = 3.0
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -553,7 +562,8 @@ def check_after_cancel(h: History) -> list[Violation]:
 
 # Faults during which no reaper can take anything back (the server, or the writer node, is gone):
 # the recovery bound of a consumer killed meanwhile is extended by the time they overlap.
-OUTAGES = ("server_restart", "server_crash", "writer_kill", "node_pause", "busy_restart", "busy_crash")
+OUTAGES = ("server_restart", "server_crash", "writer_kill", "node_pause", "busy_restart", "busy_crash",
+           "server_frozen")
 
 
 def check_stranded(h: History) -> list[Violation]:
@@ -913,8 +923,13 @@ def check_grace_restarts(h: History) -> list[Violation]:
         # reaper's usual rule, no violation
         unmarked = any(f.kind in SERVER_CAUSES and f.detail != f"in the grace of pid {stop.pid}"
                        and stop.start - STOP_MARK_S <= f.start <= stop.start + STOP_MARK_S for f in h.faults)
+        lead = FROZEN_LEAD_S if rule == "frozen_at_stop" else 0.0
+        if rule == "frozen_at_stop":
+            out += [Violation(rule, r.key, f"started at {r.start:.3f} on pid {r.pid}, after its SIGTERM "
+                                           f"({stop.start:.3f}): a stopping consumer starts nothing")
+                    for r in h.runs if r.pid == stop.pid and r.start > stop.start + CLOCK_SLACK_S]
         for r in (r for r in h.runs if r.pid == stop.pid and r.start <= stop.start
-                  and (r.end is None or r.end > stop.start)):
+                  and (r.end is None or r.end > stop.start - lead)):
             if r.outcome == "fail":
                 continue  # a failure is retried: the retry rules judge it
             later = [o for o in runs_of[r.key] if o.start > r.start]

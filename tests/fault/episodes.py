@@ -11,6 +11,7 @@ its jobs to finish. What it proves is the checker's (checker.py, issue 26's rule
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -30,6 +31,9 @@ RESTART_QUEUE = "fr"  # grace_restart's: only its grace consumer and that one's 
 # runs out comes back whoever holds it, and with fr's 6 s the peer's reaper, not the stop, would
 # decide what becomes of a job that ended in the outage, its ack pending
 OUTAGE_QUEUE = "fo"
+# frozen_at_stop's: a Python handler's consumer (one worker) and, once the server answers again,
+# its peer; the defaults' 30 s lease outlasts the freeze
+FROZEN_QUEUE = "fz"
 LONG_LEASE_S, CMD_LEASE_S, SESSION_IDLE_S = 30.0, 6.0, 4
 PY_CONSUMERS, CMD_CONSUMERS = 3, 2
 # grace_restart: the grace consumer's shutdown_grace_s, its short command (it ends after the
@@ -40,6 +44,10 @@ RESTART_GRACE_S, RESTART_SHORT_S, RESTART_LONG_S = 7.0, 5.0, 11.0
 # grace's end (back a second or two later: well within the SETTLE_AT_EXIT_S, 12 s, for which
 # the stop waits for its server to settle what it held)
 OUTAGE_PAST_GRACE_S = 2.0
+# frozen_at_stop: the stopped consumer's shutdown_grace_s, its first job's length (the server
+# freezes FROZEN_LEAD_S before that job ends), and how long past the grace's end the server stays
+# frozen (past the old exit's 2 s, well within SETTLE_AT_EXIT_S)
+FROZEN_GRACE_S, FROZEN_JOB_S, FROZEN_LEAD_S, FROZEN_PAST_GRACE_S = 3.0, 2.0, 0.4, 3.0
 COMMAND = f"{sys.executable} {Path(__file__).resolve().parent.parent / 'helpers' / 'nqfault_cmd.py'}"
 
 
@@ -52,7 +60,7 @@ def long_config(path: Path, session_idle_s: int = SESSION_IDLE_S, py_lease_s: fl
             f"command_timeout_s = 60\n"
             f"[queue.{PY_QUEUE}]\nlease_s = {py_lease_s}\n"
             f"[queue.{CMD_QUEUE}]\nlease_s = {CMD_LEASE_S}\n[queue.{RESTART_QUEUE}]\nlease_s = {CMD_LEASE_S}\n"
-            f"[queue.{OUTAGE_QUEUE}]\nlease_s = {LONG_LEASE_S}\n"
+            f"[queue.{OUTAGE_QUEUE}]\nlease_s = {LONG_LEASE_S}\n[queue.{FROZEN_QUEUE}]\nlease_s = {LONG_LEASE_S}\n"
             f"[queue.{GRACE_QUEUE}]\nlease_s = {CMD_LEASE_S}\n{command}"
             f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {grace_s}\nsession_idle_s = {session_idle_s}\n")
     path.write_text(text)
@@ -250,6 +258,68 @@ class Episodes(threading.Thread):
         uncharged and run again by the peer, the consumer exit 0 once it settled, within the
         grace and service.SETTLE_AT_EXIT_S (checker.check_grace_restarts)."""
         self._grace_stop("grace_outage")
+
+    def _frozen_at_stop(self) -> None:
+        """An outside attack's stop: the server frozen (SIGSTOP) just before a Python handler's
+        job ends, the consumer (one worker, a claim of one job or of two by turns: the first on
+        an even seed) SIGTERMed once that job ended (its ack on the wire, or waiting to ride the
+        next claim), the server thawed FROZEN_PAST_GRACE_S after the grace's end, within
+        service.SETTLE_AT_EXIT_S; then a peer starts. The finished job must be acked once (never
+        run again), the other given back unstarted (run by the peer), nothing started by the
+        stopping consumer after the SIGTERM, and the exit 0 within the grace, SETTLE_AT_EXIT_S
+        and a few seconds (checker.check_grace_restarts, its frozen_at_stop rule)."""
+        run, name = self.run_, "frozen_at_stop"
+        play = f"{name} #{self.played.count(name) + 1}"
+        batch = 1 + (self.played.count(name) + run.plan.seed) % 2
+        self._retire_grace_peer(FROZEN_QUEUE)
+        config = long_config(run.workdir / f"{name}.toml", grace_s=FROZEN_GRACE_S)
+        grace = run.spawn_long(FROZEN_QUEUE, config=config, batch_size=batch, extra=("--workers", "1"))
+        deadline = time.monotonic() + 30
+        while not grace.ready() and time.monotonic() < deadline:
+            time.sleep(0.1)  # poll interval inside a deadline
+        jobs = self._put(FROZEN_QUEUE, [{"s": FROZEN_JOB_S}, {"s": 1.0}])
+        if not jobs:
+            return
+        started = self._wait_started(jobs[:1], 20)
+        if started.get(jobs[0]) != grace.pid:
+            self.missed.append(f"{play}: its first job did not start on the grace consumer ({started or 'not at all'})")
+            return
+        [first] = [r for r in read_runs(run.out, [grace.pid]) if r.deploy == DEPLOY and r.job == jobs[0]]
+        freeze_at = first.start + FROZEN_JOB_S - FROZEN_LEAD_S
+        self.stop.wait(max(0.0, freeze_at - time.monotonic()))  # the fault's moment, not a wait for a state
+        ended = lambda: [r for r in read_runs(run.out, [grace.pid])  # noqa: E731
+                         if r.deploy == DEPLOY and r.job == jobs[0] and r.end is not None]
+        with run.server_lock:
+            server_pid = run.server._proc.pid
+            os.kill(server_pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            at = None
+            try:
+                # no database in here: the server is frozen
+                if self._until(ended, 5):
+                    at = time.monotonic()
+                    run.fleet.signal(grace, signal.SIGTERM)
+                    self.stop.wait(FROZEN_GRACE_S + FROZEN_PAST_GRACE_S)  # the freeze's length past the grace
+            finally:
+                os.kill(server_pid, signal.SIGCONT)
+                thawed = time.monotonic()
+        self._fault("server_frozen", frozen, thawed, detail=f"in the grace of pid {grace.pid}")
+        if at is None:
+            self.missed.append(f"{play}: its first job did not end within 5 s of the freeze")
+            run.fleet.signal(grace, signal.SIGTERM)
+            at = time.monotonic()
+        elif ended()[0].end <= frozen:
+            self.missed.append(f"{play}: its first job ended {frozen - ended()[0].end:.2f} s before the freeze")
+        run.long_slots.append(run.spawn_long(FROZEN_QUEUE))  # the peer: what was given back is its
+        try:
+            grace.popen.wait(FROZEN_GRACE_S + SETTLE_AT_EXIT_S + 20)
+        except Exception:  # noqa: BLE001 - still running: the checker's rule says so
+            pass
+        self._fault(name, at, time.monotonic(), grace.pid, detail=f"shutdown_grace_s={FROZEN_GRACE_S:g}")
+        root = run.roots[DEPLOY]
+        if not self._until(lambda: not root.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = %s",
+                                                   (FROZEN_QUEUE,)), 20) and not self.stop.is_set():
+            self.missed.append(f"{play}: its jobs were not done 20 s after the exit")
 
     def _grace_stop(self, name: str) -> None:
         """grace_restart and grace_outage: `name` is the episode, and the record of the stop."""

@@ -75,6 +75,13 @@ Python handlers, fc and fg for --command), one at a time in a seeded order:
                    again 2 s after the grace's end. The same jobs' outcomes, the consumer's exit
                    0 within the grace, the stop's 12 s of waiting for its server, and a few
                    seconds (the checker's grace_outage rule)
+  frozen_at_stop   an outside attack's stop: the server frozen (SIGSTOP) just before a Python
+                   handler's job ends, the consumer (one worker, claims of one job or of two)
+                   SIGTERMed once it ended, the server thawed 3 s after the 3 s grace's end; then
+                   a peer starts. The finished job acked once (never run again), nothing started
+                   by the stopping consumer after the SIGTERM, the other job given back and run
+                   by the peer, the exit 0 within the grace, 12 s and a few seconds (the
+                   checker's frozen_at_stop rule)
 """
 
 from __future__ import annotations
@@ -90,7 +97,7 @@ STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
-            "grace_outage")
+            "grace_outage", "frozen_at_stop")
 FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
@@ -227,7 +234,8 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
 
 # About how long each episode takes (episodes.py), to fit them in the run's duration
 EPISODE_S = {"stall_idle": 20.0, "busy_restart": 30.0, "sighup_reload": 50.0, "long_command": 25.0,
-             "grace_expiry": 25.0, "grace_restart": 28.0, "grace_outage": 32.0}
+             "grace_expiry": 25.0, "grace_restart": 28.0, "grace_outage": 32.0,
+             "frozen_at_stop": 22.0}
 
 
 def episode_order(seed: int, classes: tuple[str, ...], duration_s: float) -> tuple[str, ...]:

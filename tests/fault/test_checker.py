@@ -685,6 +685,60 @@ def test_grace_outage_a_consumer_that_exits_past_the_settles_bound_or_nonzero_is
     assert "exited 5" in failed.violations[0].detail
 
 
+def frozen_at_stop_history(first_again=None, second=(1, 11, 9.6, 10.6), exit_at=9.5, code=0, rows=()):
+    """pid 10 (one worker, shutdown_grace_s 3) ran job 1 from 1.0 to 3.0; the server froze at
+    2.8, just before that job ended (its ack met the frozen server), pid 10 was stopped at 3.2
+    and the server thawed at 9.2, 3 s past the grace's end (6.2). pid 10 acked job 1 and gave
+    job 2 back unstarted once the server answered, and exited at 9.5; pid 11 (the peer) ran job 2
+    from 9.6. first_again: a later run of job 1, second: job 2's run (attempt, pid, start, end)."""
+    runs = [run(1, 1, 10, 1.0, 3.0, token=0)]
+    for job, again in ((1, first_again), (2, second)):
+        if again is not None:
+            attempt, pid, start, end = again
+            runs.append(run(job, attempt, pid, start, end, token=0))
+    faults = [Fault("frozen_at_stop", 3.2, exit_at, 10, detail="shutdown_grace_s=3"),
+              Fault("server_frozen", 2.8, 9.2, detail="in the grace of pid 10")]
+    runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]  # the episodes' own
+    enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
+    h = history(runs, enqueues, faults=faults, rows=rows)
+    h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
+    return h
+
+
+def test_frozen_at_stop_a_finished_job_acked_once_and_the_other_given_back_passes():
+    # Job 1 acked once the server answered, job 2 run by the peer, pid 10 gone 3.3 s after its
+    # grace (it waited for the frozen server): the contract
+    assert checker.check(frozen_at_stop_history()).ok, checker.check(frozen_at_stop_history()).violations
+    # The stop waits for its server SETTLE_AT_EXIT_S at most: an exit 11 s after the grace is
+    # within the bound
+    assert checker.check(frozen_at_stop_history(exit_at=17.0, second=(1, 11, 17.2, 18.2))).ok
+
+
+def test_frozen_at_stop_a_finished_job_run_again_or_left_is_caught():
+    # Job 1 ended at 3.0, just before the stop, its ack met the frozen server; the stop did not
+    # send it, a reaper took it back and pid 11 ran it again
+    report = checker.check(frozen_at_stop_history(first_again=(2, 11, 9.8, 11.8)))
+    assert report.by_rule() == {"frozen_at_stop": 1, "run_twice": 1}, report.violations
+    [caught] = [v for v in report.violations if v.rule == "frozen_at_stop"]
+    assert caught.job == (checker.EPISODE_DEPLOY, 1) and "not acked" in caught.detail
+    # Or it is still in the table after the drain
+    report = checker.check(frozen_at_stop_history(rows=[FinalRow(checker.EPISODE_DEPLOY, 1, 0, 2, None, None)]))
+    assert report.by_rule() == {"frozen_at_stop": 1}, report.violations
+
+
+def test_frozen_at_stop_a_job_started_by_the_stopping_consumer_or_a_late_exit_is_caught():
+    # Once the server answered, pid 10 started job 2 (the batch's next), after its SIGTERM
+    report = checker.check(frozen_at_stop_history(second=(1, 10, 9.3, 10.3), exit_at=10.4))
+    assert report.by_rule() == {"frozen_at_stop": 1}, report.violations
+    assert "after its SIGTERM" in report.violations[0].detail
+    late = checker.check(frozen_at_stop_history(exit_at=6.2 + checker.GRACE_STOPS["frozen_at_stop"] + 1,
+                                                second=(1, 11, 25.0, 26.0)))
+    assert late.by_rule() == {"frozen_at_stop": 1}, late.violations
+    failed = checker.check(frozen_at_stop_history(code=5))
+    assert failed.by_rule() == {"frozen_at_stop": 1}, failed.violations
+    assert "exited 5" in failed.violations[0].detail
+
+
 def test_fork_a_job_started_by_a_forked_child_is_caught():
     # Item 11: pid 10's handler forked pid 77, whose sys.exit returned into the worker loop
     h = history([run(1, 1, 10, 1.0, 1.5), run(2, 1, 77, 1.1, 1.2)], [enq(1), enq(2)])
