@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -259,3 +261,55 @@ def small_packet(db):
     finally:
         cur.execute("SET GLOBAL max_allowed_packet = %s", (old,))
         root.close()
+
+
+class Relay:
+    """A TCP relay to a test server, for a test to stand between a client and it: each client
+    connection gets one of its own to the server, and every chunk either way goes through
+    forward(), which passes it on by default; a subclass holds, drops or cuts there. pair():
+    state shared by a connection's two directions."""
+
+    def __init__(self, host: str, port: int):
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def pair(self) -> Any:
+        return None
+
+    def forward(self, data: bytes, dst: socket.socket, pair: Any, from_client: bool) -> bool:
+        """Pass `data` on to `dst` (or not); False: this connection ends here."""
+        dst.sendall(data)
+        return True
+
+    def close(self) -> None:
+        self._closing = True
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            pair = self.pair()
+            threading.Thread(target=self._pump, args=(client, server, pair, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, pair, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pair: Any, from_client: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if not self.forward(data, dst, pair, from_client):
+                    break
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()

@@ -876,16 +876,15 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
                 continue
             if f.delay_s is not None:
                 retried += n
-            if n:
-                owned.append(f.id)
-                if ended is not None and ended[0]:
-                    owned.cancelled.add(f.id)
-                # A job that ended here (dead, or cancelled) settles its workflow's children
-                # in the same transaction: cancelled, or counted where they run anyway
-                if f.id in owned.cancelled:
-                    workflows.settle_failed(cur, [f.id], "cancelled")
-                elif f.delay_s is None and not f.snooze:
-                    workflows.settle_failed(cur, [f.id], "dead")
+            owned.append(f.id)
+            if ended is not None and ended[0]:
+                owned.cancelled.add(f.id)
+            # A job that ended here (dead, or cancelled) settles its workflow's children in the
+            # same transaction: cancelled, or counted where they run anyway
+            if f.id in owned.cancelled:
+                workflows.settle_failed(cur, [f.id], "cancelled")
+            elif f.delay_s is None and not f.snooze:
+                workflows.settle_failed(cur, [f.id], "dead")
         freed = len(owned) - len(owned.earlier)  # (another send's freed its slots, and bumped)
         if retried or (wake and freed):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher

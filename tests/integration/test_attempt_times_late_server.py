@@ -10,11 +10,11 @@ recorded the attempt as ending (and starting) 2 s late.
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import threading
 import time
 
 import pytest
+from conftest import Relay
 
 from notifyq.consume import handlers
 from notifyq.consume.stats import Budget
@@ -25,54 +25,23 @@ HOLD_S = 2.0  # how long the record's statement is held on its way to the server
 CLOSE_S = 0.3  # how close to the handler's own times the record must be
 
 
-class HoldingRelay:
+class HoldingRelay(Relay):
     """A TCP relay to the server that, once armed, holds the first client query that writes an
     attempt record (INSERT INTO nq_attempt) for HOLD_S before passing it on: a server that
     receives, and so runs, the statement late. Everything else passes at once."""
 
     def __init__(self, host: str, port: int):
-        self.target = (host, port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
         self.held = threading.Event()
-        self._closing = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(host, port)
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._relay, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._relay, args=(server, client, False), daemon=True).start()
-
-    def _relay(self, src, dst, from_client: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if (from_client and self.armed.is_set() and not self.held.is_set()
-                        and b"INSERT INTO nq_attempt" in data):
-                    self.held.set()
-                    threading.Event().wait(HOLD_S)  # (the server's late answer: a span to measure, no hand-off)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self) -> None:
-        self._closing = True
-        self.listener.close()
+    def forward(self, data: bytes, dst, pair, from_client: bool) -> bool:
+        if (from_client and self.armed.is_set() and not self.held.is_set()
+                and b"INSERT INTO nq_attempt" in data):
+            self.held.set()
+            threading.Event().wait(HOLD_S)  # (the server's late answer: a span to measure, no hand-off)
+        dst.sendall(data)
+        return True
 
 
 def _epoch(at: dt.datetime) -> float:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 
 import MySQLdb
 import pytest
-from conftest import admin_connect, wait_until
+from conftest import Relay, admin_connect, wait_until
 
 from notifyq import errors
 from notifyq.consume import handlers
@@ -288,7 +287,7 @@ def test_a_workers_claim_and_ack_sessions_count_their_budget_from_the_first_fail
         worker.work.close()
 
 
-class ReplyLosingProxy:
+class ReplyLosingProxy(Relay):
     """A TCP relay to the server that, once armed, passes on the first client query holding a
     COMMIT and then never relays the server's reply to it: it waits until `landed()` says the
     transaction is stored, and cuts both sides. What a client sees when the network (or its
@@ -296,54 +295,26 @@ class ReplyLosingProxy:
     round trip: the test holds for any way of sending a put's statements."""
 
     def __init__(self, host: str, port: int, landed):
-        self.target, self.landed = (host, port), landed
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
+        self.landed = landed
         self.armed = threading.Event()
         self.cut = threading.Event()
-        self._closing = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(host, port)
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            mute = threading.Event()  # set: the server's replies on this pair are dropped
-            threading.Thread(target=self._relay, args=(client, server, mute, True), daemon=True).start()
-            threading.Thread(target=self._relay, args=(server, client, mute, False), daemon=True).start()
+    def pair(self) -> threading.Event:
+        return threading.Event()  # set: the server's replies on this pair are dropped
 
-    def _relay(self, src, dst, mute: threading.Event, from_client: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if not from_client:
-                    if mute.is_set():
-                        continue  # the reply that is lost
-                elif self.armed.is_set() and not self.cut.is_set() and b"COMMIT" in data:
-                    self.cut.set()
-                    mute.set()
-                    dst.sendall(data)
-                    wait_until(self.landed, 10, message="the transaction stored")
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self) -> None:
-        self._closing = True
-        self.listener.close()
+    def forward(self, data: bytes, dst, mute: threading.Event, from_client: bool) -> bool:
+        if not from_client:
+            if mute.is_set():
+                return True  # the reply that is lost
+        elif self.armed.is_set() and not self.cut.is_set() and b"COMMIT" in data:
+            self.cut.set()
+            mute.set()
+            dst.sendall(data)
+            wait_until(self.landed, 10, message="the transaction stored")
+            return False
+        dst.sendall(data)
+        return True
 
 
 def test_a_put_whose_reply_was_lost_after_its_commit_landed_is_stored_once(db):
