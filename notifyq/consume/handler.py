@@ -1,8 +1,8 @@
 """Handler: what a worker calls on the jobs it claimed, declared once.
 
 The consumer's handlers declare it (handlers.PythonHandler and tasks.TaskHandler,
-commands.CommandHandler, reporting.Reporting around any of them) and take its defaults where
-they have nothing to add. A bare object with only `per_batch` and the call (a test's
+commands.CommandHandler; reporting.Reporting and traced.Traced around any of them, through
+Wrapping) and take its defaults where they have nothing to add. A bare object with only `per_batch` and the call (a test's
 recorder) is made one by `declared`.
 """
 
@@ -53,6 +53,42 @@ class Handler(Protocol):
         """After stop_running: when what the call of that worker thread ran had ended by itself
         (monotonic; a command's exit), for its attempt's record; None: unknown, or it had not."""
         return None
+
+
+class Wrapping(Handler):
+    """A handler around another one (reporting.Reporting, traced.Traced): all but the call is
+    the inner handler's, so that a method the protocol gains reaches through every wrapper
+    (a wrapper that kept the protocol's default would hide, say, a command's exit from the
+    stop)."""
+
+    def __init__(self, inner: Handler):
+        self.inner = inner
+        self.per_batch = inner.per_batch
+
+    @property
+    def concurrency(self) -> int:
+        return self.inner.concurrency
+
+    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
+        return self.inner.timeout_for(jobs, queue_timeout_s)
+
+    def task_name(self, job: Job) -> str:
+        return self.inner.task_name(job)
+
+    def report(self, failed: list[Job]) -> None:
+        self.inner.report(failed)
+
+    def stop_running(self) -> bool:
+        return self.inner.stop_running()
+
+    def ran_to_end(self, thread_id: int) -> bool:
+        return self.inner.ran_to_end(thread_id)
+
+    def ended_at(self, thread_id: int) -> float | None:
+        return self.inner.ended_at(thread_id)
+
+    def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
+        self.inner(jobs, extend)
 
 
 class _Bare(Handler):

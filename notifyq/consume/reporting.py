@@ -9,43 +9,23 @@ from collections.abc import Callable
 from typing import Any
 
 from notifyq import errors
-from notifyq.consume.handler import Handler
+from notifyq.consume.handler import Handler, Wrapping
 from notifyq.consume.handlers import describe
 from notifyq.jobs import Job, run_of
 
 log = logging.getLogger("notifyq.consumer")
 
 
-class Reporting(Handler):
+class Reporting(Wrapping):
     """A handler whose failed jobs are also handed to `on_failure(job, exc)` (an error reporter
     such as Sentry): `exc` is what the handler raised, or errors.JobFailed for a command's
     failure or a batch job failed with job.fail(). A hook that raises is logged, never fails
     the job twice nor the consumer."""
 
     def __init__(self, inner: Handler, on_failure: Callable[[Job, BaseException], Any]):
-        self.inner = inner
+        super().__init__(inner)
         self.on_failure = on_failure
-        self.per_batch = inner.per_batch
         self._lock = threading.Lock()  # a timed-out job is reported by the worker, never again by its stray call
-
-    @property
-    def concurrency(self) -> int:
-        return self.inner.concurrency
-
-    def timeout_for(self, jobs: list[Job], queue_timeout_s: float) -> float:
-        return self.inner.timeout_for(jobs, queue_timeout_s)
-
-    def task_name(self, job: Job) -> str:
-        return self.inner.task_name(job)
-
-    def stop_running(self) -> bool:
-        return self.inner.stop_running()
-
-    def ran_to_end(self, thread_id: int) -> bool:
-        return self.inner.ran_to_end(thread_id)
-
-    def ended_at(self, thread_id: int) -> float | None:
-        return self.inner.ended_at(thread_id)
 
     def __call__(self, jobs: list[Job], extend: Callable[[], None]) -> None:
         fresh = [job for job in jobs if job.error is None]

@@ -31,3 +31,57 @@ def test_a_bare_object_of_per_batch_and_the_call_takes_the_defaults():
     assert handler.timeout_for(["j"], 3.0) == 0.0 and not handler.stop_running()
     handler.report(["j"])  # nobody to tell
     assert declared(handler) is handler
+
+
+class _Answers(Handler):
+    """A handler whose every answer is its own, not the protocol's default."""
+
+    per_batch = True
+    concurrency = 7
+
+    def __init__(self):
+        self.reported, self.calls = [], []
+
+    def __call__(self, jobs, extend):
+        self.calls.append(jobs)
+
+    def timeout_for(self, jobs, queue_timeout_s):
+        return 42.0
+
+    def task_name(self, job):
+        return "t"
+
+    def report(self, failed):
+        self.reported.extend(failed)
+
+    def stop_running(self):
+        return True
+
+    def ran_to_end(self, thread_id):
+        return thread_id == 9
+
+    def ended_at(self, thread_id):
+        return 12.5
+
+
+class _PassThrough:
+    def process(self, queue, jobs, call):
+        call()
+
+
+def test_every_wrapper_passes_each_question_to_the_handler_it_wraps():
+    from notifyq.consume.traced import Traced
+
+    for make in (lambda h: reporting.Reporting(h, lambda job, exc: None),
+                 lambda h: Traced(h, _PassThrough(), "q")):
+        inner = _Answers()
+        wrapped = make(inner)
+        assert isinstance(wrapped, Handler) and wrapped.per_batch
+        assert (wrapped.concurrency, wrapped.timeout_for([], 3.0), wrapped.task_name(None)) == (7, 42.0, "t")
+        assert wrapped.stop_running() and wrapped.ran_to_end(9) and not wrapped.ran_to_end(1)
+        assert wrapped.ended_at(9) == 12.5
+        wrapped([], lambda: None)
+        assert inner.calls == [[]]
+    traced_inner = _Answers()
+    Traced(traced_inner, _PassThrough(), "q").report(["failed"])
+    assert traced_inner.reported == ["failed"]
