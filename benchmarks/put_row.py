@@ -43,6 +43,9 @@ Sides (each its own table in one database; --sides picks some, seed always runs)
   put cols+seed ix the put's columns and the seed's index (queue, status, id)
   put cols+plain ix the put's columns and an index like ix_state's on plain columns (status,
                    queue, priority, run_at)
+  nq_job lit times nq_job, the row's times (run_at, created_at) one literal instead of the
+                   server's clock (not notifyq's: the server's clock is its rule): their price
+  put cols lit times  the put's columns, primary key only, the same literal times
   put cols+claim   the put's columns, lease_until, finished_at, prio_key, sort_at (generated)
                    and ix_state: the least row the claim's index can be kept on
 
@@ -99,6 +102,9 @@ STORED, VIRTUAL = ("prio_key", "sort_at"), ("ready_key", "key_prio")
 # run_at is UTC_TIMESTAMP(6) + INTERVAL 0 MICROSECOND, insert_job_ready's UTC_TIMESTAMP(6)).
 PLAIN_ONE = {"prio_key": "0", "sort_at": "UTC_TIMESTAMP(6) + INTERVAL 0 MICROSECOND", "ready_key": "NULL",
              "key_prio": "0"}
+# Not notifyq's (the server's clock decides a job's times, never a producer's): the row's times as
+# a literal, to price the expressions.
+LITERAL_TIME = "'2026-11-30 12:00:00.000000'"
 PLAIN_BULK = {"prio_key": "0", "sort_at": "UTC_TIMESTAMP(6)", "ready_key": "NULL", "key_prio": "0"}
 
 
@@ -160,9 +166,16 @@ class Side:
     """A table and the statements of one/call and of x100 on it."""
 
     def __init__(self, name: str, table: str, ddl: str | None, *, seed: bool = False, bump: str | None = "upsert",
-                 returning: bool = True, plain: tuple[str, ...] = ()):
+                 returning: bool = True, plain: tuple[str, ...] = (), literal_times: bool = False):
         self.name, self.table, self.ddl, self.seed, self.plain = name, table, ddl, seed, plain
-        self.bump, self.returning = bump, returning
+        self.bump, self.returning, self.literal_times = bump, returning, literal_times
+
+    def _times(self, text: str) -> str:
+        """With literal_times, the row's server-clock expressions as one literal time instead."""
+        if not self.literal_times:
+            return text
+        return text.replace("UTC_TIMESTAMP(6) + INTERVAL 0 MICROSECOND", LITERAL_TIME).replace(
+            "UTC_TIMESTAMP(6)", LITERAL_TIME)
 
     # The statements, as bytes around the payload's literal.
     def one(self) -> tuple[bytes, bytes]:
@@ -176,7 +189,7 @@ class Side:
             cols = cols.rstrip()[:-1] + ", " + ", ".join(self.plain) + ") "
             values = values[:-1] + ", " + ", ".join(PLAIN_ONE[c] for c in self.plain) + ")"
         # queue, status, priority, delay_us, max_attempts | payload | dedup_key, job_key
-        row = values % (f"'{QUEUE}'", 0, 0, 0, 5, "\0", "NULL", "NULL")
+        row = self._times(values % (f"'{QUEUE}'", 0, 0, 0, 5, "\0", "NULL", "NULL"))
         before, after = row.split("\0")
         return (cols + "VALUES " + before).encode(), after.encode()
 
@@ -192,7 +205,7 @@ class Side:
             cols = cols.rstrip()[:-1] + ", " + ", ".join(self.plain) + ") "
             values = values[:-1] + ", " + ", ".join(PLAIN_BULK[c] for c in self.plain) + ")"
         # queue, status, priority, max_attempts | payload
-        row = values % (f"'{QUEUE}'", 0, 0, 5, "\0")
+        row = self._times(values % (f"'{QUEUE}'", 0, 0, 5, "\0"))
         before, after = row.split("\0")
         return (cols + "VALUES ").encode(), before.encode(), after.encode()
 
@@ -200,7 +213,7 @@ class Side:
 SIDE_NAMES = ("seed", "seed+bump", "seed+stmts", "nq_job", "nq_job-bump", "nq_job upd-bump", "-ix_key",
               "-ix_key upd-bump", "-ix_key-vcols", "-ix_state", "-both", "-both upd-bump", "plain stored",
               "plain virtual", "plain all", "-both-gen", "put cols", "put cols-bump", "put cols+seed ix",
-              "put cols+plain ix", "put cols+claim")
+              "put cols+plain ix", "nq_job lit times", "put cols lit times", "put cols+claim")
 
 
 def sides(base: str) -> list[Side]:
@@ -235,6 +248,9 @@ def sides(base: str) -> list[Side]:
                                                           "KEY `ix_claim` (`queue`,`status`,`id`)")),
         Side("put cols+plain ix", "v_put_plain_ix", add_key(variant_ddl(base, "v_put_plain_ix", keep_cols=put_cols),
                                                             "KEY `ix_state` (`status`,`queue`,`priority`,`run_at`)")),
+        Side("nq_job lit times", "v_lit_times", variant_ddl(base, "v_lit_times"), literal_times=True),
+        Side("put cols lit times", "v_put_cols_lit", variant_ddl(base, "v_put_cols_lit", keep_cols=put_cols),
+             literal_times=True),
         Side("put cols+claim", "v_put_claim", variant_ddl(base, "v_put_claim", keep_cols=claim_cols,
                                                           drop_keys=("ix_key",))),
     ]
