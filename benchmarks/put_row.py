@@ -177,17 +177,23 @@ class Side:
         return text.replace("UTC_TIMESTAMP(6) + INTERVAL 0 MICROSECOND", LITERAL_TIME).replace(
             "UTC_TIMESTAMP(6)", LITERAL_TIME)
 
+    def _statement(self, name: str, plain_values: dict[str, str]) -> tuple[str, str]:
+        """notifyq's statement `name` on this side's table: (its head with the column list, its
+        VALUES row), the plain columns this side writes added to both."""
+        sql = Q[name].replace("INSERT INTO nq_job ", f"INSERT INTO {self.table} ")
+        cols, values = sql.split("VALUES", 1)
+        values = values.strip()
+        if self.plain:
+            cols = cols.rstrip()[:-1] + ", " + ", ".join(self.plain) + ") "
+            values = values[:-1] + ", " + ", ".join(plain_values[c] for c in self.plain) + ")"
+        return cols, values
+
     # The statements, as bytes around the payload's literal.
     def one(self) -> tuple[bytes, bytes]:
         if self.seed:
             head = f"INSERT INTO {self.table} (queue, status, payload) VALUES ('{QUEUE}', 0, "
             return head.encode(), b")"
-        sql = Q["insert_job"].replace("INSERT INTO nq_job ", f"INSERT INTO {self.table} ")
-        cols, values = sql.split("VALUES", 1)
-        values = values.strip()
-        if self.plain:
-            cols = cols.rstrip()[:-1] + ", " + ", ".join(self.plain) + ") "
-            values = values[:-1] + ", " + ", ".join(PLAIN_ONE[c] for c in self.plain) + ")"
+        cols, values = self._statement("insert_job", PLAIN_ONE)
         # queue, status, priority, delay_us, max_attempts | payload | dedup_key, job_key
         row = self._times(values % (f"'{QUEUE}'", 0, 0, 0, 5, "\0", "NULL", "NULL"))
         before, after = row.split("\0")
@@ -198,12 +204,7 @@ class Side:
         if self.seed:
             return (f"INSERT INTO {self.table} (queue, status, payload) VALUES ".encode(),
                     f"('{QUEUE}', 0, ".encode(), b")")
-        sql = Q["insert_job_ready"].replace("INSERT INTO nq_job ", f"INSERT INTO {self.table} ")
-        cols, values = sql.split("VALUES", 1)
-        values = values.strip()
-        if self.plain:
-            cols = cols.rstrip()[:-1] + ", " + ", ".join(self.plain) + ") "
-            values = values[:-1] + ", " + ", ".join(PLAIN_BULK[c] for c in self.plain) + ")"
+        cols, values = self._statement("insert_job_ready", PLAIN_BULK)
         # queue, status, priority, max_attempts | payload
         row = self._times(values % (f"'{QUEUE}'", 0, 0, 5, "\0"))
         before, after = row.split("\0")

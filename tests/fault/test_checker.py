@@ -561,6 +561,16 @@ def test_charged_interrupt_a_job_charged_for_its_consumers_shutdown_is_caught():
     assert checker.check(crash).ok
 
 
+def _stop_episode(runs, faults, rows, exit_at: float, code: int):
+    """An episode's history (its own deployment) of jobs 1 and 2, whose pid 10 was stopped
+    (SIGTERM) and exited at `exit_at` with `code`."""
+    runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]
+    enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
+    h = history(runs, enqueues, faults=faults, rows=rows)
+    h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
+    return h
+
+
 def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_at=9.6, code=0, rows=(),
                           stop="grace_restart"):
     """pid 10 (two workers, shutdown_grace_s 7) stopped at 2.0 while it ran job 1 (a 5 s command)
@@ -576,11 +586,7 @@ def grace_restart_history(short_again=None, long_again=(1, 11, 9.6, 20.6), exit_
         r.flags = "C"
     faults = [Fault(stop, 2.0, exit_at, 10, detail="shutdown_grace_s=7"),
               Fault("busy_restart", 2.5, 4.5, detail="in the grace of pid 10")]
-    runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]  # the episodes' own
-    enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
-    h = history(runs, enqueues, faults=faults, rows=rows)
-    h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
-    return h
+    return _stop_episode(runs, faults, rows, exit_at, code)
 
 
 def test_grace_restart_a_stop_whose_server_restarted_acks_what_ended_and_gives_back_what_ran_on():
@@ -698,11 +704,7 @@ def frozen_at_stop_history(first_again=None, second=(1, 11, 9.6, 10.6), exit_at=
             runs.append(run(job, attempt, pid, start, end, token=0))
     faults = [Fault("frozen_at_stop", 3.2, exit_at, 10, detail="shutdown_grace_s=3"),
               Fault("server_frozen", 2.8, 9.2, detail="in the grace of pid 10")]
-    runs = [dataclasses.replace(r, deploy=checker.EPISODE_DEPLOY) for r in runs]  # the episodes' own
-    enqueues = [dataclasses.replace(enq(job), deploy=checker.EPISODE_DEPLOY) for job in (1, 2)]
-    h = history(runs, enqueues, faults=faults, rows=rows)
-    h.exits = [Exit(10, exit_at, code, True, "SIGTERM")]
-    return h
+    return _stop_episode(runs, faults, rows, exit_at, code)
 
 
 def test_frozen_at_stop_a_finished_job_acked_once_and_the_other_given_back_passes():

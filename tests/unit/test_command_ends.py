@@ -30,15 +30,25 @@ wait
 """
 
 
+def _handler(script: Path, text: str, args: str, per_batch: bool = False, timeout_s: float = 60.0):
+    """A command handler running `text`, written to `script`, with `args`."""
+    script.write_text(text)
+    script.chmod(0o755)
+    return commands.CommandHandler(f"{script} {args}", per_batch, timeout_s)
+
+
+def _jobs(*ids: int) -> list[Job]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return [Job(id=i, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+            for i in ids]
+
+
 def test_a_command_whose_lease_extension_raises_is_ended_with_its_group_before_the_call_raises(tmp_path):
     # Given a command (and the child it started) that ignore SIGTERM, whose lease extension
     # fails as a stopping consumer's retry of a lost server does
     script, pids_file = tmp_path / "job.sh", tmp_path / "pids"
-    script.write_text(COMMAND)
-    script.chmod(0o755)
-    handler = commands.CommandHandler(f"{script} {pids_file}", False, 60.0)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    handler = _handler(script, COMMAND, str(pids_file))
+    [job] = _jobs(1)
 
     def extend() -> None:
         wait_until(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2, 10,
@@ -95,11 +105,8 @@ def _released_command_call(tmp_path, monkeypatch, release_call: threading.Event)
     outcome)."""
     monkeypatch.setattr(commands, "EXTEND_EVERY_S", 0.05)
     script, release = tmp_path / "job.sh", tmp_path / "release"
-    script.write_text(RELEASED)
-    script.chmod(0o755)
-    handler = commands.CommandHandler(f"{script} {release}", False, 60.0)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    handler = _handler(script, RELEASED, str(release))
+    [job] = _jobs(1)
     exited = threading.Event()
 
     def extend() -> None:
@@ -160,12 +167,8 @@ def _term_exits_0_call(tmp_path, per_batch: bool, extend=None):
     """A call of a command handler (per job or per batch, two jobs) whose command obeys SIGTERM
     with exit 0, on a thread of its own: (the handler, the jobs, the call's thread, its pids' file)."""
     script, pids_file = tmp_path / "job.sh", tmp_path / "pids"
-    script.write_text(TERM_EXITS_0)
-    script.chmod(0o755)
-    handler = commands.CommandHandler(f"{script} {pids_file}", per_batch, 60.0)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    jobs = [Job(id=i, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
-            for i in ((1, 2) if per_batch else (1,))]
+    handler = _handler(script, TERM_EXITS_0, str(pids_file), per_batch)
+    jobs = _jobs(1, 2) if per_batch else _jobs(1)
     call = threading.Thread(target=handler, args=(jobs, extend or (lambda: None)), daemon=True)
     call.start()
     # (the command may write its pids before the handler has recorded it as running)
@@ -268,11 +271,8 @@ def test_a_command_that_exits_leaving_a_child_holding_its_stderr_ends_at_its_exi
     """Regression (an outside attack): the call waited for the EOF of the command's stderr, which a
     child it left running held open: a command that exited 0 a second in failed "timed out"."""
     script, pid_file = tmp_path / "job.sh", tmp_path / "child"
-    script.write_text(LEAVES_A_CHILD)
-    script.chmod(0o755)
-    handler = commands.CommandHandler(f"{script} {pid_file} {status}", False, 4.0)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    job = Job(id=1, queue="q", payload={}, priority=0, attempts=1, max_attempts=3, run_at=now, created_at=now)
+    handler = _handler(script, LEAVES_A_CHILD, f"{pid_file} {status}", timeout_s=4.0)
+    [job] = _jobs(1)
     started = time.monotonic()
     try:
         handler([job], lambda: None)
