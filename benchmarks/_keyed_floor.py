@@ -86,6 +86,9 @@ COUNTERS = "SELECT job_key, running FROM nq_flow_key WHERE queue = %s"
 HEAD = ("SELECT j.id, j.job_key FROM (SELECT id FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 "
         "AND queue = %s ORDER BY prio_key, sort_at, id LIMIT %s) h JOIN nq_job j FORCE INDEX (PRIMARY) "
         "ON j.id = h.id")
+# With --wide's ix_state (status, queue, prio_key, sort_at, id, job_key): the head index-only
+HEAD_WIDE = ("SELECT id, job_key FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %s "
+             "ORDER BY prio_key, sort_at, id LIMIT %s")
 COUNTER_ADD = ("UPDATE nq_flow_key FORCE INDEX (PRIMARY) SET running = running + CASE job_key {} END "
                "WHERE queue = %s AND job_key IN ({})")
 ANY_READY = "SELECT EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 0 AND queue = %s)"
@@ -267,7 +270,8 @@ class Claimer:
         return kept
 
     def claim_L_counter(self, trigger: bool = False) -> list[tuple]:
-        parts = [(COUNTERS, (self.queue,)), (HEAD, (self.queue, 3 * self.batch))]
+        head_sql = HEAD_WIDE if self.a.get("wide") else HEAD
+        parts = [(COUNTERS, (self.queue,)), (head_sql, (self.queue, 3 * self.batch))]
         res = self.send(self.ack_part() + parts)
         if trigger:
             freed: dict = {}  # the triggers changed the counters in this transaction already

@@ -14,8 +14,10 @@ of this floor), with a `running` counter column added in this benchmark's databa
 Sides, by turns in each round (see _keyed_floor.py): U, L_count, L_counter, L_trigger on the
 keyed jobs; a limited side with `+aff` takes the keys of the jobs its claim acks first in its
 grant (then keys with every slot free, then the rest), `L_count+aff+v` adds notifyq's count
-after the mark; then U on 10,000 unkeyed jobs without and with L_trigger's triggers installed
-(Uu, Uu_trig: what the triggers cost jobs without a key). Rates are jobs over the span from the
+after the mark, and a side with `+w` runs on an ix_state with the job's key in it (after its id:
+claim order unchanged; L_counter's head read then index-only), U+w its unlimited floor; then U
+on 10,000 unkeyed jobs without and with L_trigger's triggers installed (Uu, Uu_trig: what the
+triggers cost jobs without a key), and Uu+w (what the wider index costs them). Rates are jobs over the span from the
 first claim to the COMMIT that carried the last ack; CPU per job is the server process's (from
 /proc) over the drain and the claimers' own.
 
@@ -113,6 +115,17 @@ class Bench:
             for t in TRIGGERS:
                 self.sql(t)
 
+    def state_index(self, wide: bool) -> None:
+        """`+w` sides: ix_state with the job's key after its id (a head read with the keys,
+        index-only); the others: notifyq's. Changed on the empty table, before a fill."""
+        cols = "status, queue, prio_key, sort_at" + (", id, job_key" if wide else "")
+        now = self.sql("SELECT GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX SEPARATOR ', ') FROM "
+                       "information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'nq_job' "
+                       "AND INDEX_NAME = 'ix_state'", (DB,))[0][0]
+        if now != cols:
+            self.sql("DELETE FROM nq_job")
+            self.sql(f"ALTER TABLE nq_job DROP INDEX ix_state, ADD INDEX ix_state ({cols})")
+
     def fill(self, keyed: bool) -> None:
         self.sql("DELETE FROM nq_job")
         self.sql("UPDATE nq_flow_key SET running = 0")
@@ -124,7 +137,7 @@ class Bench:
 
     def drain(self, side: str, check: bool = False) -> dict:
         args = {"conn": self.conn_args, "queue": QUEUE, "batch": BATCH, "side": side.split("+")[0],
-                "affinity": "+aff" in side, "verify": side.endswith("+v")}
+                "affinity": "+aff" in side, "verify": "+v" in side, "wide": "+w" in side}
         procs = [subprocess.Popen([sys.executable, str(HERE / "_keyed_floor.py"), json.dumps(args)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for _ in range(CLAIMERS)]
@@ -243,16 +256,19 @@ class Watch:
 
 KEYED = ("U", "L_count", "L_counter", "L_trigger")
 # +aff: the same claim, its grant taking the keys whose jobs it acks first (_keyed_floor.py)
+# +w: ix_state with the key in it (state_index), L_counter's head read index-only
 # +v: L_count with notifyq's count after the mark
 AFFINITY = ("L_count+aff", "L_counter+aff", "L_trigger+aff", "L_count+aff+v")
 UNKEYED = ("Uu", "Uu_trig")
 
 
 def run_side(bench: Bench, side: str, check: bool = False) -> dict:
-    keyed = side in KEYED + AFFINITY
-    bench.triggers(side.split("+")[0] in ("L_trigger", "Uu_trig"))
+    base = side.split("+")[0]
+    keyed = base in KEYED
+    bench.triggers(base in ("L_trigger", "Uu_trig"))
+    bench.state_index("+w" in side)
     bench.fill(keyed)
-    r = bench.drain({"Uu": "U", "Uu_trig": "U"}.get(side, side), check)
+    r = bench.drain(side.replace("Uu_trig", "U").replace("Uu", "U"), check)
     r["side"] = side
     bench.triggers(False)
     return r
@@ -376,7 +392,9 @@ def report(res: dict, sides: list[str]) -> None:
     rounds = sorted({r["round"] for r in res["runs"]})
     ratio = {}
     for s in sides:
-        base = "Uu" if s in UNKEYED else "U"
+        base = "Uu" if s.split("+")[0] in UNKEYED else "U"
+        if "+w" in s and base + "+w" in by and s != base + "+w":
+            base += "+w"
         if base in by and s != base:
             per = []
             for rnd in rounds:
