@@ -43,6 +43,9 @@ from pathlib import Path
 
 import MySQLdb
 
+from _db import server_pid, sql_once
+from _procs import proc_cpu_s
+
 HERE = Path(__file__).resolve().parent
 TREE = HERE.parent
 QUEUE = "q"
@@ -59,13 +62,7 @@ class Side:
         self.url = (f"mysql://{server['user']}@{server['host']}:{server['port']}/{database}")
 
     def sql(self, statement: str, params=None) -> list[tuple]:
-        conn = MySQLdb.connect(**self.server, database=self.database, autocommit=True)
-        try:
-            cur = conn.cursor()
-            cur.execute(statement, params)
-            return list(cur.fetchall()) if cur.description else []
-        finally:
-            conn.close()
+        return sql_once({**self.server, "database": self.database}, statement, params)
 
     def env(self, out: str, config: str) -> dict:
         return {**os.environ, "PYTHONPATH": f"{self.tree}{os.pathsep}{HERE}", "NOTIFYQ_DSN": self.url,
@@ -76,12 +73,9 @@ class Side:
         process's CPU seconds (server_cpu_s) when it runs on this machine."""
         out = {name: int(value) for name, value in self.sql("SHOW GLOBAL STATUS")
                if str(value).lstrip("-").isdigit()}
-        try:
-            pid = Path(self.sql("SELECT @@pid_file")[0][0]).read_text().strip()
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out["server_cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            pass
+        cpu = proc_cpu_s(server_pid({**self.server, "database": self.database}))
+        if cpu is not None:
+            out["server_cpu_s"] = cpu
         return out
 
     def init(self) -> None:

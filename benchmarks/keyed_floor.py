@@ -50,6 +50,9 @@ from pathlib import Path
 
 import MySQLdb
 
+from _db import server_pid, sql_once
+from _procs import proc_cpu_s
+
 HERE = Path(__file__).resolve().parent
 TREE = HERE.parent
 QUEUE = "q"
@@ -81,19 +84,12 @@ class Bench:
         self.mysqld_pid: int | None = None
 
     def sql(self, statement: str, params=None, db: bool = True) -> list[tuple]:
-        conn = MySQLdb.connect(**(self.conn_args if db else self.server), autocommit=True)
-        try:
-            cur = conn.cursor()
-            cur.execute(statement, params)
-            return list(cur.fetchall()) if cur.description else []
-        finally:
-            conn.close()
+        return sql_once(self.conn_args if db else self.server, statement, params)
 
     def server_cpu(self) -> float:
         if self.mysqld_pid is None:
-            self.mysqld_pid = int(Path(self.sql("SELECT @@pid_file")[0][0]).read_text().strip())
-        fields = Path(f"/proc/{self.mysqld_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            self.mysqld_pid = server_pid(self.server)
+        return proc_cpu_s(self.mysqld_pid) or 0.0
 
     def init(self) -> None:
         self.sql(f"DROP DATABASE IF EXISTS `{DB}`", db=False)
