@@ -147,14 +147,13 @@ class PendingAcks:
         if commit is not None:
             session.pipeline.read_reply()  # read now if still on the wire (else a later statement did)
         if commit is None or commit.failed or not commit.rowcounts:
-            acks.release = True  # PROTOTYPE: on their own, they subtract from the counters themselves
             try:
                 self._ack(session, acks)
             except errors.TransientDBError:
                 self._riding = (acks, None)  # not landed: acked on their own next time
                 raise
         else:
-            self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[acks.counted]))
+            self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
             self._landed(acks)
 
     def _ack(self, session: Session, acks: queries.Acks) -> None:

@@ -189,9 +189,6 @@ class FlowClaims:
         # next claim names them before its own transaction
         self.unnamed: list[str] = []
         self.named_now = False  # this claim named keys already (queries.claim sets it)
-        # PROTOTYPE (keycount-tried, kept by keyed-proto): the jobs per key that this claim's own acks end (its net
-        # counter update subtracts them; its counts leave them out)
-        self.own_acked: dict[str, int] = {}
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -266,43 +263,17 @@ class FlowClaims:
         return _discovery(queue, self.discover_after, n) + [
             (named, {"queue": queue}),
             (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
-            # PROTOTYPE (keycount-tried, kept by keyed-proto): a queue limited per key only reads its keys' counter rows
-            (Q["flow_running" if self.limits.limit else "flow_counts"], {"queue": queue})] + (
-            # PROTOTYPE (keyed-proto): the head (ready jobs in claim order with their keys) read
-            # with the counters: the free keys' candidates where it holds them
-            [(Q["flow_head_keys"], {"queue": queue, "limit": unkeyed_limit(batch_size)})] if self.by_head else [])
-
-    @property
-    def by_head(self) -> bool:
-        """PROTOTYPE: a queue limited per key only, in claim order: counters + head candidates."""
-        lim = self.limits
-        return lim.limited and not lim.limit and not lim.fair and not lim.rate_cap
-
-    def count_add(self, queue: str, counts: dict[str, int]) -> tuple[str, dict[str, Any]] | None:
-        """PROTOTYPE: the statement that adds `counts` (key -> the claim's net change: its marked
-        jobs less the jobs its acks ended) to the keys' counter rows (one row each, key order)."""
-        counts = {k: n for k, n in counts.items() if n}
-        if not counts:
-            return None
-        head, _, rest = Q["flow_count_add"].partition("CASE job_key ")
-        when, _, tail = rest.partition(" END")
-        order = sorted(counts)
-        sql = head + "CASE job_key " + " ".join(
-            when.replace("%(key)s", f"%(key{i})s").replace("%(n)s", f"%(n{i})s") for i in range(len(order))) + " END" + tail
-        params: dict[str, Any] = {"queue": queue, "keys": tuple(order)}
-        for i, k in enumerate(order):
-            params[f"key{i}"], params[f"n{i}"] = k, counts[k]
-        return sql, params
+            (Q["flow_running"], {"queue": queue})]
 
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits
         want_keys = batch_size * KEYS_PER_CLAIM
         self.read = None  # until this claim's keys are settled
         first, self._first = self._first, None
-        if first is None or first[0] != (queue, batch_size):
-            first = (None, run_steps(cur, self._first_steps(queue, batch_size)))
-        discovered_row, existing_rows, named_rows, running_rows = first[1][:4]  # (read with the claim's looks)
-        head0 = first[1][4] if self.by_head else None  # PROTOTYPE: (id, prio, run_at, key) in claim order
+        if first is not None and first[0] == (queue, batch_size):
+            discovered_row, existing_rows, named_rows, running_rows = first[1]  # read with the claim's looks
+        else:
+            discovered_row, existing_rows, named_rows, running_rows = run_steps(cur, self._first_steps(queue, batch_size))
         dives = len(discovered_row[0])
         discovered = [k for k in discovered_row[0] if k is not None]
         self.discover_after = discovered[-1] if len(discovered) == dives else ""
@@ -330,9 +301,7 @@ class FlowClaims:
         if QUEUE_ROW in new:
             return Grant([], False, [], contended=True)  # (the queue's row to lock first)
         complete = complete and not new
-        # PROTOTYPE: the counters less what this claim's own acks end (counted in its net update)
-        own = self.own_acked if not limits.limit else {}
-        running = {r[0]: int(r[1]) - own.get(r[0], 0) for r in running_rows}
+        running = {r[0]: int(r[1]) for r in running_rows}
 
         keys, held = [], []
         for key in named + [k for k in unread if k in existing]:
@@ -362,46 +331,26 @@ class FlowClaims:
             if limits.rate_cap:
                 caps[key] = min(caps[key], limits.rate_cap + 1)
         steps = []
-        from_head: list[tuple] = []
-        dive_keys = keys
-        if head0 is not None:
-            # PROTOTYPE: a key's first jobs from the head where it holds caps[key] of them (or the
-            # head is the whole ready queue); the other keys by their dives
-            whole = len(head0) < unkeyed_limit(batch_size)
-            in_head: dict[str, list[tuple]] = {}
-            for job_id, prio, run_at, key in head0:
-                if key is not None:
-                    in_head.setdefault(key, []).append((job_id, key, prio, run_at))
-            dive_keys = []
-            for key in keys:
-                rows = in_head.get(key, [])
-                if whole or len(rows) >= caps[key]:
-                    from_head += rows[:caps[key]]
-                else:
-                    dive_keys.append(key)
         # Each key's first jobs: a few of each in one statement of dives, more by flow_key_ready
-        few = [k for k in dive_keys if caps[k] <= FIRSTS_MAX]
-        many = [k for k in dive_keys if caps[k] > FIRSTS_MAX]
+        few = [k for k in keys if caps[k] <= FIRSTS_MAX]
+        many = [k for k in keys if caps[k] > FIRSTS_MAX]
         if few:
             steps.append(_firsts(queue, few, max(caps[k] for k in few)))
         if many:
             steps.append((Q["flow_key_ready"], None))
         # A limited queue's claim reads no unkeyed jobs while its last reads found none (DEEP_SKIPS)
         head_read = not limits.limited or self.deep_found or self.deep_skips >= DEEP_SKIPS
-        if head0 is not None:
-            head_read = True  # (read already)
-        elif head_read:
+        if head_read:
             steps.append(self._head_step(queue, batch_size))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
         results = run_steps(cur, steps, per_key) if steps else []
         ready = _capped(results.pop(0), caps) if few else []
         ready += results.pop(0) if many else []
-        ready += from_head
 
         # The queue's room as last committed (its `limit`): KeyGate counts it again under the
         # queue row's lock
         room = limits.limit - sum(running.values()) if limits.limit else None
-        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete, own)
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete)
         if not head_read:
             grant = self._grant(self.read, ready, [])
             if grant.ids:
@@ -410,8 +359,6 @@ class FlowClaims:
                 self.active_keys = grant.active_keys
                 return grant
             [head] = run_steps(cur, [self._head_step(queue, batch_size)])  # nothing else to take
-        elif head0 is not None:
-            head = head0
         else:
             head = results.pop(0)
         unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
@@ -421,7 +368,7 @@ class FlowClaims:
         grant = self._grant(self.read, ready, unkeyed)
         found = bool(unkeyed)
         # (a limited queue's claim that read the head reads deep too: its skips were the head's)
-        skip_deep = ((not limits.limited or head0 is not None) and bool(grant.ids) and not self.deep_found
+        skip_deep = (not limits.limited and bool(grant.ids) and not self.deep_found
                      and self.deep_skips < DEEP_SKIPS)
         if deep and self._head_decides(grant, batch_size, ready, unkeyed, head[-1]):
             # The batch's last job comes before the head's last in claim order, so no unkeyed
@@ -436,7 +383,7 @@ class FlowClaims:
             found = bool(deeper)
             self.deep_found, self.deep_skips = len(deeper) > len(unkeyed), 0
             grant = self._grant(self.read, ready, deeper)
-        if limits.limited and not (head0 is not None and deep and skip_deep):
+        if limits.limited:
             self.deep_found, self.deep_skips = found, 0
         self.active_keys = grant.active_keys
         return grant
@@ -559,15 +506,9 @@ class FlowClaims:
             # every key: each claim locked all 100 keys' rows, two consumers' claims skipped each
             # other's (SKIP LOCKED) and came back empty, a third of them, and each consumer held
             # one slot of every key, so the next claims met again.
-            # PROTOTYPE (keyed-proto): key affinity: within a priority, first the keys of the jobs
-            # this claim's acks end, then keys with every slot free, then the rest
-            def tier(key: str | None) -> int:
-                if key is None:
-                    return 1
-                return 0 if key in plan.own else 1 if plan.running.get(key, 0) <= 0 else 2
-            ordered = sorted((row[0], tier(key), min(rows) if key is not None else row, row[1], row[2])
+            ordered = sorted((row[0], min(rows) if key is not None else row, row[1], row[2])
                              for key, rows in by_key.items() for row in rows)
-            ids = [r[4] for r in ordered]
+            ids = [r[3] for r in ordered]
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
         # The spares after every key's first jobs: a window locks them only once those are gone
@@ -599,7 +540,6 @@ class _Read:
     room: int | None  # the queue's free slots under its `limit` (as `running` counts them)
     held: list[str]  # keys a limit held back before the read
     complete: bool  # every key with free slots seen
-    own: dict[str, int] = field(default_factory=dict)  # PROTOTYPE: the claim's own acks per key
 
 
 def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:

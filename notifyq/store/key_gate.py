@@ -70,16 +70,6 @@ class KeyGate:
             [rows] = run_steps(cur, [claim_lock])
             return rows
         self.asked.update(want)
-        if not self.limits.limit:
-            # PROTOTYPE (keycount-tried, kept by keyed-proto): the locked keys' counts from their counter rows, read by
-            # the lock itself (a locking read: the latest, and nobody else's to change until our
-            # COMMIT); the other keys' as last read
-            got, rows = run_steps(cur, [(Q["flow_lock"], {"queue": self.queue, "keys": tuple(want)}), claim_lock])
-            self.locked.update(r[0] for r in got)
-            self.plan.skipped.update(set(want) - self.locked)
-            own = self.plan.own
-            self.plan.running.update((r[0], int(r[1]) - own.get(r[0], 0)) for r in got)
-            return rows
         got, running, rows = run_steps(cur, [(Q["flow_lock"], {"queue": self.queue, "keys": tuple(want)}),
                                              (Q["flow_running"], {"queue": self.queue}), claim_lock])
         self.locked.update(r[0] for r in got)

@@ -137,10 +137,6 @@ class Acks:
     # them); None: all of them, or not known yet
     landed: set[int] | None = None
     clock: tuple[Any, float] | None = None  # their claim's (Claim.clock): places started and ended
-    # PROTOTYPE (keycount-tried, kept by keyed-proto): each id's key; release False: a limited claim that carries these
-    # acks subtracts them in its own net counter update, not by flow_count_release
-    keys: list[str | None] | None = None
-    release: bool = True
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -158,10 +154,6 @@ class Acks:
         ended_offsets = [int((t - mono) * 1_000_000) for t in ended]
         out = [self._record(ids, at, started_offsets, ended_offsets),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
-        if self.wake is not None and self.release:
-            # PROTOTYPE (keycount-tried, kept by keyed-proto): a limited queue's running counters, first (before the
-            # rows leave status 2), under the ack's fence
-            out.insert(0, (Q["flow_count_release"], {"ids": ids, "token": self.token, "queue": self.wake}))
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
@@ -178,14 +170,9 @@ class Acks:
         # its own acks bumped, and this claim waited on it for the lock wait timeout
         return [signal.bump_unheld(self.wake, len(self.ids))] if self.wake is not None else []
 
-    @property
-    def counted(self) -> int:
-        """The index of the ack's own statement (PROTOTYPE: after the counters' release)."""
-        return self.COUNTED + (self.wake is not None and self.release)
-
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""
-        return self.counted + 1 + sum(r is not None for r in self.results or ())
+        return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
 
     def _record(self, ids: Ids, at: Any, started: list[int], ended: list[int]) -> tuple[str, dict[str, Any]]:
         """The attempt records' statement (times: microseconds from `at`): by the ids' offsets
@@ -216,8 +203,6 @@ class Acks:
         # The release's first step (workflows), when statements() sent it
         marked = counts[self.verified()] if len(counts) > self.verified() else 0
         counts = counts[:self.verified()]
-        if self.wake is not None and self.release:
-            counts = counts[1:]  # (PROTOTYPE: the counters' release, not checked)
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
@@ -280,16 +265,6 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     # A limited queue's acks go first in its claim (see body), not with its mark
     front = acks is not None and acks.wake is not None and flow is not None and flow.limits.limited
     front_counts: list[int] = []
-    # PROTOTYPE (keycount-tried, kept by keyed-proto): a queue limited per key only: the carried acks' keys go into the
-    # claim's one net counter update (its counts leave them out meanwhile)
-    net = front and acks.keys is not None and not flow.limits.limit
-    if flow is not None:
-        flow.own_acked = {}
-        if net:
-            acks.release = False
-            for k in acks.keys:
-                if k is not None:
-                    flow.own_acked[k] = flow.own_acked.get(k, 0) + 1
     limit = max(batch_size * OVERFETCH, MIN_CANDIDATES)
     # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
     # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
@@ -473,20 +448,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         mark_at, marked = len(last) - 1, len(locked)
         # A limited claim reads its keys' running jobs again right after its mark, in the mark's
         # own query (FlowClaims.verify_marked reads the rows)
-        # PROTOTYPE (keycount-tried, kept by keyed-proto): instead, the grant added to its keys' counter rows (held by
-        # its KeyGate), checked by its row count; a queue with a `limit` counts again as before
-        add = None
-        if flow is not None and flow.limits.limited:
-            delta = {k: -n for k, n in flow.own_acked.items()}
-            for r in locked:
-                if r[KEY] is not None:
-                    delta[r[KEY]] = delta.get(r[KEY], 0) + 1
-            add = flow.count_add(queue, delta)
-        add_at = len(last)
-        if add is not None:
-            last.append(add)
-        add_rows = len(add[1]["keys"]) if add is not None else 0
-        recount = flow is not None and bool(flow.limits.limit) and bool(locked)
+        recount = flow is not None and flow.limits.limited and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))
         watched = drained and seen_seq is not None
@@ -515,8 +477,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
-        if acks is not None or (flow is not None and (locked or add is not None)):
-            verified += bool(locked) + (add is not None) + recount
+        if acks is not None or (flow is not None and locked):
+            verified += bool(locked) + recount
             replies: list[list[tuple] | None] = []  # the verified statements' rows
 
             def verify(cur, counts: list[int]) -> None:
@@ -524,13 +486,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                     acks.verify(cur, counts[:mark_at] if locked else counts)
                 if locked and counts[mark_at] != marked:
                     raise cut_short(f"claim {queue}: marked {counts[mark_at]} of {marked}")
-                if add is not None and counts[add_at] != add_rows:
-                    raise cut_short(f"claim {queue}: counted {counts[add_at]} of {add_rows} keys")
                 if recount:
                     # The limits once more, on the rows as marked, before the COMMIT: a count
                     # that a KILL QUERY cut short (an OK reply, rows missing) must not let a
                     # key run more than its limit.
-                    flow.verify_marked(replies[mark_at + 1 + (add is not None)], queue, [r[KEY] for r in locked])
+                    flow.verify_marked(replies[mark_at + 1], queue, [r[KEY] for r in locked])
 
             commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
                                                   verified=verified, verify=verify, rows=replies)
@@ -766,12 +726,11 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     acks = acks if acks is not None else Acks(ids, token, keep)
     if not acks.ids:
         return 0
-    acks.release = True  # PROTOTYPE: acked on their own (a claim that carried them did not commit)
 
     def body(cur) -> int:  # fenced by token, so idempotent; verified before its COMMIT (Acks.verify)
         counts = session.pipeline.run_all(cur, acks.statements())
         acks.verify(cur, counts)
-        return counts[acks.counted]
+        return counts[Acks.COUNTED]
 
     return acked_in_all(session, acks, session.run(body, what="ack"))
 
@@ -867,10 +826,6 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         owned = Owned()
         retried = 0
         now = time.monotonic()
-        if wake:
-            # PROTOTYPE (keycount-tried, kept by keyed-proto): a limited queue's running counters, before the outcomes
-            # take the rows out of status 2, under their fence
-            cur.execute(Q["flow_count_release"], {"ids": Ids([f.id for f in items]), "token": token, "queue": queue})
         for f in items:
             fenced = {"id": f.id, "token": token}
             if f.interrupted:
@@ -952,9 +907,6 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         return 0
 
     def body(cur) -> int:
-        # PROTOTYPE (keycount-tried, kept by keyed-proto): the counters of the keys these jobs held, first (a queue
-        # without counter rows, an unlimited one, matches none; a fair-only one's drift unread)
-        cur.execute(Q["flow_count_release"], {"ids": Ids(ids), "token": token, "queue": queue})
         cur.execute(Q["give_back"], {"ids": Ids(ids), "token": token,
                                      "cancelled": "cancelled before it started"})
         n = cur.rowcount  # read before the bump: its own row count would replace this one

@@ -359,31 +359,9 @@ INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES (%(queue)s, %(key)s)
 -- claim_lock, one window of jobs at a time), locked for its transaction; a key another consumer
 -- is claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
 -- no other claim can start a job of the key, so flow_running read after it is exact.
-SELECT job_key, running FROM nq_flow_key FORCE INDEX (PRIMARY)
+SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
 WHERE queue = %(queue)s AND job_key IN %(keys)s
 FOR UPDATE SKIP LOCKED
-
--- flow_counts --
--- PROTOTYPE (keycount-tried, kept by keyed-proto): the committed running counts of a queue's keys, from their counter
--- rows (nq_flow_key.running), instead of flow_running's read of every claimed row.
-SELECT job_key, running FROM nq_flow_key FORCE INDEX (PRIMARY)
-WHERE queue = %(queue)s AND running <> 0
-
--- flow_count_add --
--- PROTOTYPE: a limited claim's grant added to its keys' counters, in the claim's transaction,
--- after its mark (the rows are held by its KeyGate). store/flow.py repeats the WHEN part.
-UPDATE nq_flow_key FORCE INDEX (PRIMARY) SET running = running + CASE job_key WHEN %(key)s THEN %(n)s END
-WHERE queue = %(queue)s AND job_key IN %(keys)s
-
--- flow_count_release --
--- PROTOTYPE: the running jobs of `ids` still held by this claim (the ack's and the outcome's
--- fence) subtracted from their keys' counters, before the ack or outcome, in its transaction;
--- the keys in key order (the grouped derived table's).
-UPDATE nq_flow_key k JOIN (
-  SELECT job_key, COUNT(*) AS n FROM nq_job FORCE INDEX (PRIMARY)
-  WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2 AND job_key IS NOT NULL
-  GROUP BY job_key ORDER BY job_key) c ON k.queue = %(queue)s AND k.job_key = c.job_key
-SET k.running = k.running - c.n
 
 -- flow_key_ready --
 -- One key's first ready jobs in claim order (priority, run_at, id) through ix_key: a key with
@@ -425,12 +403,6 @@ SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
   (SELECT id FROM nq_job FORCE INDEX (ix_state)
    WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
-
--- flow_head_keys --
--- PROTOTYPE (keyed-proto): flow_unkeyed_ready from ix_state alone where it holds the job's key
--- (for a ready job prio_key, sort_at are its key_prio, run_at)
-SELECT id, prio_key, sort_at, job_key FROM nq_job FORCE INDEX (ix_state)
-WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
 -- flow_unkeyed_deep --
 -- The first `limit` jobs without a key among the first `depth` ready ones, in claim order (for
