@@ -100,8 +100,9 @@ def test_a_stopping_worker_never_starts_the_batchs_next_job_once_the_frozen_serv
     # is sent before the next job starts) until the test releases it
     consumer, (first, second), out = _consumer(fdb, procs, tmp_path, 2,
                                                ['{"hold": true, "at_least_s": 1.2}', '{"n": 2}'])
-    assert fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s, %s) AND status = 2",
-                      (first, second)) == 2, "both jobs claimed by the one batch"
+    # (waited for: a claim's first job starts while its COMMIT is still on the wire)
+    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s, %s) AND status = 2",
+                                  (first, second)) == 2, 10, message="both jobs claimed by the one batch")
 
     # When the server freezes, the first job ends (the worker looked at the stop, then sent its
     # ack, which the frozen server holds), the consumer is stopped, and the server answers again

@@ -66,8 +66,9 @@ def test_a_stopping_consumer_gives_back_its_unstarted_jobs_at_once_while_its_run
     hb.start()
     try:
         assert hb.entered.wait(30), "the held job started"
-        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND attempts = 1") == 3, \
-            "all three claimed by the one batch"
+        # (waited for: a claim's first job starts while its COMMIT is still on the wire)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND attempts = 1") == 3,
+                   10, message="all three claimed by the one batch")
 
         # When it is stopped while the held job runs
         hb.stop.set()

@@ -443,7 +443,9 @@ def test_a_worker_whose_liveness_session_was_killed_starts_no_job_a_reaper_took_
     try:
         wait_until(first_running.is_set, 20, message="the first job running")
         owner = worker.presence.consumer_id
-        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s AND status = 2", (owner,)) == 2
+        # (waited for: a claim's first job starts while its COMMIT is still on the wire)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE owner = %s AND status = 2", (owner,)) == 2,
+                   10, message="both jobs claimed")
         # When its idle liveness session is KILLed, and a peer's reaper takes its claims back
         db.query(f"KILL CONNECTION {int(worker.presence.session.conn.thread_id())}")
         wait_until(lambda: db.scalar("SELECT IS_FREE_LOCK(lock_name) FROM nq_consumer WHERE id = %s",
