@@ -7,6 +7,7 @@ An enqueue that raised is not acknowledged and owes nothing; OutcomeUnknown is c
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import time
@@ -38,6 +39,14 @@ RARE_END = 0.012
 FX_SHARE = 0.3  # effects: this share of the plain jobs  # more than any claim reads of due jobs (3 x the batch size)
 
 
+def _substream(rng: random.Random, salt: int) -> random.Random:
+    """A stream of its own, seeded from `rng`'s state without drawing from it. From a digest of
+    the state, not hash(): Python 3.11 hashes None (in the state) by its address, which changes
+    from process to process, so the same seed drew other rare jobs in each run."""
+    digest = hashlib.sha256(repr((rng.getstate(), salt)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
 class Mix:
     """What the next job is: kind, sleep and priority, from the workload's own seeded stream."""
 
@@ -47,7 +56,7 @@ class Mix:
         self.rng, self.classes, self.lease_s = rng, classes, lease_s
         # A stream of its own, read only for a capped kind's draws: uncapped runs draw as before
         self.thin: dict[str, float] = {}
-        self.thin_rng = random.Random(hash(rng.getstate()) ^ 35)
+        self.thin_rng = _substream(rng, 35)
         self.poison_left = self._rare("poison", max(2, jobs // 1000), jobs, duration_s) if "poison" in classes else 0
         self.slow_left = self._rare("slow", max(2, jobs // 500), jobs, duration_s) if "slow" in classes else 0
         # issue 26: long jobs (busy consumers for kill_session), huge errors, forking handlers
@@ -56,15 +65,15 @@ class Mix:
         self.fork_left = self._rare("fork", max(2, jobs // 1000), jobs, duration_s) if "fork" in classes else 0
         # issue 29: a share of the plain jobs write their effect through job.transaction(); drawn
         # from a stream of its own, so the other kinds are drawn as without the class
-        self.fx_rng = random.Random(hash(rng.getstate()) ^ 29) if "effects" in classes else None
+        self.fx_rng = _substream(rng, 29) if "effects" in classes else None
         # half of those call extend_lease() and the cancel checks inside their block, and stay
         # in it a while (nqfault "c"): a stream of its own again, so which jobs are fx is unchanged
-        self.fx_calls_rng = random.Random(hash(rng.getstate()) ^ 291) if "effects" in classes else None
+        self.fx_calls_rng = _substream(rng, 291) if "effects" in classes else None
         # a few jobs whose result cannot be encoded (nested deeper than the JSON encoder goes; the
         # queues keep results): "unenc" ones return it, fx ones with "r" give it to
         # job.transaction(result=...). Dropped with a warning, the job done once: it once ended
         # the worker and stranded its batch. A stream of its own again: nothing else changes.
-        self.unenc_rng = random.Random(hash(rng.getstate()) ^ 30) if "effects" in classes else None
+        self.unenc_rng = _substream(rng, 30) if "effects" in classes else None
         self.unenc_left = max(2, jobs // 1000) if "effects" in classes else 0
         self.fx_result_left = max(2, jobs // 1000) if "effects" in classes else 0
 
