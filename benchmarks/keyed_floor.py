@@ -77,10 +77,9 @@ TRIGGERS = [
 
 
 class Bench:
-    def __init__(self, server: dict, pid_file: str | None):
+    def __init__(self, server: dict):
         self.server = server
         self.conn_args = {**server, "database": DB}
-        self.pid_file = pid_file
         self.mysqld_pid: int | None = None
 
     def sql(self, statement: str, params=None, db: bool = True) -> list[tuple]:
@@ -349,7 +348,7 @@ def statements(bench: Bench, reps: int) -> dict:
 def run(args, sides: list[str], dsn: str) -> int:
     hostport = dsn.split("@", 1)[1].split("/", 1)[0]
     host, _, port = hostport.partition(":")
-    bench = Bench({"host": host, "port": int(port or 3306), "user": dsn.split("://", 1)[1].split("@", 1)[0]}, None)
+    bench = Bench({"host": host, "port": int(port or 3306), "user": dsn.split("://", 1)[1].split("@", 1)[0]})
     bench.init()
     res: dict = {"checks": [], "runs": []}
     try:

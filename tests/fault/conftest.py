@@ -171,6 +171,14 @@ class Run:
     finished: bool  # record_slow writes a " start" line first, then the plain line when done
 
 
+def wait_claimed(fdb: TestDB, ids: tuple[int, ...], timeout: float = 10) -> None:
+    """Until every job of `ids` shows claimed (status 2): a claim's first job starts while its
+    COMMIT is still on the wire, so a read as it starts can come before the rows land."""
+    marks = ", ".join(["%s"] * len(ids))
+    wait_until(lambda: fdb.scalar(f"SELECT COUNT(*) FROM nq_job WHERE id IN ({marks}) AND status = 2", ids)
+               == len(ids), timeout, message=f"jobs {list(ids)} claimed")
+
+
 def read_runs(out: Path) -> list[Run]:
     runs = []
     for path in out.glob("*.log"):

@@ -24,7 +24,7 @@ import time
 
 from conftest import run_cli, wait_until
 
-from .conftest import read_runs, recorder_env, write_config
+from .conftest import read_runs, recorder_env, wait_claimed, write_config
 
 QUEUE = "q"
 GRACE_S = 3.0
@@ -100,9 +100,7 @@ def test_a_stopping_worker_never_starts_the_batchs_next_job_once_the_frozen_serv
     # is sent before the next job starts) until the test releases it
     consumer, (first, second), out = _consumer(fdb, procs, tmp_path, 2,
                                                ['{"hold": true, "at_least_s": 1.2}', '{"n": 2}'])
-    # (waited for: a claim's first job starts while its COMMIT is still on the wire)
-    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s, %s) AND status = 2",
-                                  (first, second)) == 2, 10, message="both jobs claimed by the one batch")
+    wait_claimed(fdb, (first, second))  # both claimed by the one batch
 
     # When the server freezes, the first job ends (the worker looked at the stop, then sent its
     # ack, which the frozen server holds), the consumer is stopped, and the server answers again

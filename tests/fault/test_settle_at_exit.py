@@ -19,7 +19,7 @@ import time
 
 from conftest import run_cli, wait_until
 
-from .conftest import read_runs, recorder_env, write_config
+from .conftest import read_runs, recorder_env, wait_claimed, write_config
 
 QUEUE = "q"
 GRACE_S = 8.0  # room for the server's clean stop and the handler's release inside it
@@ -41,9 +41,7 @@ def test_a_batch_whose_settle_met_the_server_away_at_the_graces_end_is_settled_b
     consumer = procs.consumer(env, QUEUE, "--workers", "1", "--batch-size", "2",
                               handler="nqhandlers:hold_until_released")
     wait_until(lambda: [r.job for r in read_runs(out)] == [held], 30, 0.02, "the held job started")
-    # (waited for: a claim's first job starts while its COMMIT is still on the wire)
-    wait_until(lambda: fdb.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s, %s) AND status = 2",
-                                  (held, waiting)) == 2, 10, message="both jobs claimed by the one batch")
+    wait_claimed(fdb, (held, waiting))  # both claimed by the one batch
 
     # When it is stopped, the server stops, and the running job ends inside the grace: the
     # worker's ack and give-back retry the server until the grace's end, and fail
