@@ -97,6 +97,10 @@ def test_the_endpoint_reports_job_outcomes_histograms_depth_and_wakeups_per_queu
     with running(cfg, "m", handler) as service:
         server = metrics.serve(service, QueueDepths(cfg), 0, "127.0.0.1")
         try:
+            # (once the queue's watcher waits: jobs put before that are taken by the first
+            # claim, and no wake-up is counted)
+            wait_until(lambda: any(w.watching for w in service.figures().watchers), 20,
+                       message="the queue's watcher waiting")
             # When 6 jobs run, 2 of them failing, and one more waits for later
             with Producer("m", cfg) as p:
                 p.put_many([{"fail": i < 2} for i in range(6)])
