@@ -295,9 +295,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--code", help="a checkout whose code the keyed, freed and fairness cases run (default: this one)")
     ap.add_argument("--account", action="store_true", help="where each drain's time went (a probe in each consumer)")
     ap.add_argument("--only", action="append", choices=("unkeyed", "keyed", "freed", "fairness"))
+    ap.add_argument("--work-ms", type=float, default=0,
+                    help="each job's handler sleeps this long (a handler waiting on I/O; default 0: no-op)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--medium", action="store_true", help="fewer jobs per drain, the full fairness case")
     args = ap.parse_args(argv)
+    if args.work_ms:
+        os.environ["NQB_WORK_MS"] = str(args.work_ms)  # (read by _flow_handlers in each consumer)
     size = SIZES["quick" if args.quick else "medium" if args.medium else "full"]
     hostport = args.dsn.split("@", 1)[1].split("/", 1)[0]
     user = args.dsn.split("://", 1)[1].split("@", 1)[0]
@@ -306,7 +310,7 @@ def main(argv: list[str]) -> int:
     this = Side("this", Path(args.code).resolve() if args.code else TREE, server, "nq_bench_flow", args.account)
     base = Side("main", Path(args.baseline).resolve(), server, "nq_bench_flow_main") if args.baseline else None
     cases = args.only or ["unkeyed", "keyed", "freed", "fairness"]
-    res: dict = {"size": size, "cases": {}}
+    res: dict = {"size": size, "work_ms": args.work_ms, "cases": {}}
     try:
         for side in (this, base):
             if side is not None:
