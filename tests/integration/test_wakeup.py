@@ -102,7 +102,7 @@ class Fleet:
         assert not errors, errors
 
     def wakeups(self) -> int:
-        return sum(sum(w.waiter.wakeups.values()) for w in self.workers)
+        return sum(sum(kinds.values()) for kinds in self.wakeup_kinds())
 
     def wakeup_kinds(self) -> list[dict[str, int]]:
         """Each worker's wake-ups by kind (what a failed count shows)."""

@@ -44,12 +44,9 @@ def test_children_put_after_running_parents_each_start_once(db, tmp_path):
             while time.monotonic() < deadline:
                 parents = producer.put_many([{"ms": rng.randint(20, 120)} for _ in range(6)])
                 put += parents
-                wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND id IN %s",
-                                             (parents,)) > 0, 30, 0.005, "a parent running")
-                running = [r[0] for r in db.query("SELECT id FROM nq_job WHERE status = 2 AND id IN %s",
-                                                  (parents,))]
-                if not running:
-                    continue  # (all of them ended between the two reads: a 20 ms parent can)
+                # (one read: a second one could find every 20 ms parent ended already)
+                running = wait_until(lambda: [r[0] for r in db.query(
+                    "SELECT id FROM nq_job WHERE status = 2 AND id IN %s", (parents,))], 30, 0.005, "a parent running")
                 # Put after them for as long as they run, and a little beyond: a put right after
                 # its parent's end settles that parent itself (the same release as the ack's)
                 for _ in range(12):
