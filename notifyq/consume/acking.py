@@ -153,7 +153,7 @@ class PendingAcks:
                 self._riding = (acks, None)  # not landed: acked on their own next time
                 raise
         else:
-            self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[queries.Acks.COUNTED]))
+            self.outcomes.count_acked(acks, queries.acked_in_all(session, acks, commit.rowcounts[acks.counted]))
             self._landed(acks)
 
     def _ack(self, session: Session, acks: queries.Acks) -> None:

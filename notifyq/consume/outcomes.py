@@ -115,7 +115,8 @@ class Outcomes:
                             [t if (t := r.started) is not None else 0.0 for _, r in ok],
                             [t if (t := r.ended) is not None else 0.0 for _, r in ok], results,
                             [r.task for _, r in ok], wake=self.queue if self.qc.limited else None,
-                            clock=ok[0][1].clock)  # (one claim's jobs: one clock)
+                            clock=ok[0][1].clock,  # (one claim's jobs: one clock)
+                            keys=[j.key for j, _ in ok] if self.qc.limited else None)
         if carry:
             return acks
         self.ack(session, acks)

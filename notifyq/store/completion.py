@@ -174,8 +174,12 @@ class Completion:
             # Past timeout_s the block's connection is ended (consume/batch.py): nothing to commit
             _not_revoked(self, job)
             params = completion_params(job, self.token, self.owner, self._result(job, result))
-            statements = [Q["block_still_open"], Q["complete_keep" if self.keep else "complete_delete"],
-                          Q["complete_record"]]
+            # A counting claim's job: its key's counter first, under the completion's fence
+            # (flow_count_release; its row count is left out of the checks below)
+            release = queries.counted_token(self.token)
+            params["ids"] = Ids([job.id])
+            statements = [Q["block_still_open"]] + [Q["flow_count_release"]] * release + [
+                Q["complete_keep" if self.keep else "complete_delete"], Q["complete_record"]]
             # One mogrify for the three (each param rendered once); the COMMIT goes alone, once
             # their replies said each did its part (COMPLETION_COUNTS)
             query = cur.mogrify(";\n".join(statements), params)
@@ -195,6 +199,8 @@ class Completion:
                 while cur.nextset():
                     counts.append(cur.rowcount)
             except MySQLdb.Error as e:
+                if release and len(counts) > 1:
+                    del counts[1]
                 if counts == COMPLETION_COUNTS[:1] + [0]:
                     # The completion changed no row, and its record failed (a reaper that took
                     # the claim back wrote this claim's record already: 1062)
@@ -218,6 +224,8 @@ class Completion:
                         f"job {job.id}: connection lost before the COMMIT of its transaction ({describe(e)}): "
                         "nothing was stored, the job runs again") from None
                 raise  # (a KILL QUERY's 1317 among them: rolled back below)
+            if release and len(counts) > 1:
+                del counts[1]
             marked = counts[len(COMPLETION_COUNTS)] if len(counts) > len(COMPLETION_COUNTS) else 0
             if counts[:len(COMPLETION_COUNTS)] == COMPLETION_COUNTS and marked:
                 # before the COMMIT, in the block's transaction
@@ -414,8 +422,15 @@ def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: s
     a time: its connection may not take multi-statement queries); True when the claim still held
     the job (the record is written only then)."""
     params = completion_params(job, token, owner, result)
+    released = 0
+    if queries.counted_token(token):
+        # A counting claim's job: its key's counter first, under the completion's fence
+        cur.execute(Q["flow_count_release"], {"ids": Ids([job.id]), "token": token})
+        released = cur.rowcount
     cur.execute(Q["complete_keep" if keep else "complete_delete"], params)
     if cur.rowcount != 1:
+        if released:  # held under the release's lock: a KILL QUERY's OK reply to the completion
+            raise cut_short(f"job {job.id}: its completion was cut short after its key's release")
         return False
     cur.execute(Q["complete_record"], params)
     if cur.rowcount != 1:  # a KILL QUERY's OK reply to a statement it cut short

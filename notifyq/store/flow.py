@@ -1,18 +1,29 @@
 """Concurrency limits and fairness inside the claim: which keys have free slots, and how many of
 their ready jobs a claim may take (queries.claim calls FlowClaims.candidates at one place).
 
-The limits (the queue's `limit_per_key`, its per-key overrides, its `limit`) are never counted
-in a counter: a claim reads its candidates within the free slots the committed running jobs
-leave, then locks the rows of the keys of the jobs it takes (nq_flow_key, FOR UPDATE SKIP
-LOCKED: a key another consumer is claiming right now is skipped, not waited on) and, under
-those locks, counts each key's running jobs from the queue's claimed rows (status 2) again,
-with the locking read of those jobs (store/key_gate.py). Only a claim starts a job, and every
-claim of a key holds that key's row until its COMMIT, so the count it reads there is exact and
-what it keeps is bounded by the free slots. A finished, failed, given back or taken
-back job leaves status 2 in its own transaction, which frees its slot at once; a dead
-consumer's rows stay claimed until a reaper takes them back, so its slots come back then,
-never earlier. The queue's `limit` is the same with the queue's own row (the empty key: no
-job's key is empty).
+The limits (the queue's `limit_per_key`, its per-key overrides, its `limit`) are counted, not
+kept in a counter, but for the queue limited per key only (below): a claim reads its candidates
+within the free slots the committed running jobs leave, then locks the rows of the keys of the
+jobs it takes (nq_flow_key, FOR UPDATE SKIP LOCKED: a key another consumer is claiming right
+now is skipped, not waited on) and, under those locks, counts each key's running jobs from the
+queue's claimed rows (status 2) again, with the locking read of those jobs (store/key_gate.py).
+Only a claim starts a job, and every claim of a key holds that key's row until its COMMIT, so
+the count it reads there is exact and what it keeps is bounded by the free slots. A finished,
+failed, given back or taken back job leaves status 2 in its own transaction, which frees its
+slot at once; a dead consumer's rows stay claimed until a reaper takes them back, so its slots
+come back then, never earlier. The queue's `limit` is the same with the queue's own row (the
+empty key: no job's key is empty).
+
+A queue limited per key only (FlowLimits.counts) keeps each key's running jobs in a counter on
+the key's row instead (nq_flow_key.running, schema 10): counting the claimed rows in every claim
+was the larger part of its cost. Its claims add what they take under the row's lock, in their
+transaction; the ack, failure, give-back or completion of a job a counting claim took (its
+token has COUNTED_BIT, store/queries.py) takes it off, under the fence, in its transaction
+(flow_count_release). Every other path out of status 2 leaves the counter high, never low; a
+counter that is unknown (NULL) or was counted more than COUNT_TRUST_S ago is counted again from
+the claimed rows under the row's lock before a claim trusts it (KeyGate), which bounds how long
+a counter left high holds its key. The candidates come from the head of the ready jobs, read
+with the counters (flow_head_keys; ix_state holds the key), where it holds them.
 
 The candidates come through ix_key, one read per key (flow_key_firsts' dives, or
 flow_key_ready for a key it may take more than a few of), so a key with 50,000 ready jobs costs
@@ -76,6 +87,14 @@ UNKEYED_DEPTH = 1000
 # server's time): half the rows a limited claim read. Unkeyed jobs wait at most this many
 # claims of each consumer; a claim that would take nothing always reads them.
 DEEP_SKIPS = 8
+# How long a counting queue's claim trusts a key's counter after its last recount (seconds). A
+# counter is never low while every consumer of the queue counts (docs/flow-control.md), but it can
+# be high: a job taken out of status 2 by a path that does not release it (a reaper, an expired
+# lease, an operator's cancel) leaves its slot taken. Recounted once it is older than this, under
+# its row's lock, a key is held by such a slot at most this long; and a job started meanwhile by a
+# consumer that does not count (an older version through an upgrade, another config) is in its
+# key's counter within this long.
+COUNT_TRUST_S = 5
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,14 @@ class FlowLimits:
     def limited(self) -> bool:
         """Some running job counts against a limit (fairness alone counts none)."""
         return bool(self.limit_per_key or self.limit or self.key_limits)
+
+    @property
+    def counts(self) -> bool:
+        """Limited per key only (`limit_per_key`, per-key overrides; no `limit`, not `fair`, no
+        per-key rate): its claims keep each key's running jobs in the key's counter row
+        (nq_flow_key.running) and read their candidates from the head of the ready jobs. Every
+        other configuration counts the claimed rows (flow_running) as before."""
+        return bool(self.limit_per_key or self.key_limits) and not self.limit and not self.fair and not self.rate_cap
 
     def limit_for(self, key: str | None) -> int:
         """The most running jobs of `key` (0: no limit); a job without a key has none."""
@@ -189,6 +216,15 @@ class FlowClaims:
         # next claim names them before its own transaction
         self.unnamed: list[str] = []
         self.named_now = False  # this claim named keys already (queries.claim sets it)
+        # The jobs per key that this claim's own acks end (key affinity: the grant takes these
+        # keys first; the acks' release runs first in the claim, so its counts leave them out)
+        self.own_acked: dict[str, int] = {}
+        # A counting queue's counters are given up (flow_count_forget) before this worker's first
+        # claim of it: jobs it claimed before, while its config did not count, are in no counter
+        self.forget = limits.counts
+        # The claim's KeyGate recounted a key (flow_recount): its mark is followed by the
+        # queue's recount (verify_marked), as a claim of a queue that does not count is
+        self.recounted = False
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -263,17 +299,43 @@ class FlowClaims:
         return _discovery(queue, self.discover_after, n) + [
             (named, {"queue": queue}),
             (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
-            (Q["flow_running"], {"queue": queue})]
+            # a counting queue reads its keys' counter rows, the others their claimed rows
+            (Q["flow_counts"], {"queue": queue, "trust_s": COUNT_TRUST_S}) if self.by_head else
+            (Q["flow_running"], {"queue": queue})] + (
+            # and the head (ready jobs in claim order with their keys), read with the counters:
+            # the free keys' candidates where it holds them
+            [(Q["flow_head_keys"], {"queue": queue, "limit": unkeyed_limit(batch_size)})] if self.by_head else [])
+
+    @property
+    def by_head(self) -> bool:
+        """A queue that counts (FlowLimits.counts): counters + head candidates."""
+        return self.limits.counts
+
+    def count_add(self, queue: str, counts: dict[str, int]) -> tuple[str, dict[str, Any]] | None:
+        """The statement that adds `counts` (key -> the jobs the claim marked) to the keys'
+        counter rows (one row each, key order)."""
+        counts = {k: n for k, n in counts.items() if n}
+        if not counts:
+            return None
+        head, _, rest = Q["flow_count_add"].partition("CASE job_key ")
+        when, _, tail = rest.partition(" END")
+        order = sorted(counts)
+        whens = (when.replace("%(key)s", f"%(key{i})s").replace("%(n)s", f"%(n{i})s") for i in range(len(order)))
+        sql = head + "CASE job_key " + " ".join(whens) + " END" + tail
+        params: dict[str, Any] = {"queue": queue, "keys": tuple(order)}
+        for i, k in enumerate(order):
+            params[f"key{i}"], params[f"n{i}"] = k, counts[k]
+        return sql, params
 
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits
         want_keys = batch_size * KEYS_PER_CLAIM
         self.read = None  # until this claim's keys are settled
         first, self._first = self._first, None
-        if first is not None and first[0] == (queue, batch_size):
-            discovered_row, existing_rows, named_rows, running_rows = first[1]  # read with the claim's looks
-        else:
-            discovered_row, existing_rows, named_rows, running_rows = run_steps(cur, self._first_steps(queue, batch_size))
+        if first is None or first[0] != (queue, batch_size):
+            first = (None, run_steps(cur, self._first_steps(queue, batch_size)))
+        discovered_row, existing_rows, named_rows, running_rows = first[1][:4]  # (read with the claim's looks)
+        head0 = first[1][4] if self.by_head else None  # (id, prio, run_at, key) in claim order
         dives = len(discovered_row[0])
         discovered = [k for k in discovered_row[0] if k is not None]
         self.discover_after = discovered[-1] if len(discovered) == dives else ""
@@ -301,6 +363,7 @@ class FlowClaims:
         if QUEUE_ROW in new:
             return Grant([], False, [], contended=True)  # (the queue's row to lock first)
         complete = complete and not new
+        own = self.own_acked if self.by_head else {}
         running = {r[0]: int(r[1]) for r in running_rows}
 
         keys, held = [], []
@@ -331,26 +394,46 @@ class FlowClaims:
             if limits.rate_cap:
                 caps[key] = min(caps[key], limits.rate_cap + 1)
         steps = []
+        from_head: list[tuple] = []
+        dive_keys = keys
+        if head0 is not None:
+            # A key's first jobs from the head where it holds caps[key] of them (or the
+            # head is the whole ready queue); the other keys by their dives
+            whole = len(head0) < unkeyed_limit(batch_size)
+            in_head: dict[str, list[tuple]] = {}
+            for job_id, prio, run_at, key in head0:
+                if key is not None:
+                    in_head.setdefault(key, []).append((job_id, key, prio, run_at))
+            dive_keys = []
+            for key in keys:
+                rows = in_head.get(key, [])
+                if whole or len(rows) >= caps[key]:
+                    from_head += rows[:caps[key]]
+                else:
+                    dive_keys.append(key)
         # Each key's first jobs: a few of each in one statement of dives, more by flow_key_ready
-        few = [k for k in keys if caps[k] <= FIRSTS_MAX]
-        many = [k for k in keys if caps[k] > FIRSTS_MAX]
+        few = [k for k in dive_keys if caps[k] <= FIRSTS_MAX]
+        many = [k for k in dive_keys if caps[k] > FIRSTS_MAX]
         if few:
             steps.append(_firsts(queue, few, max(caps[k] for k in few)))
         if many:
             steps.append((Q["flow_key_ready"], None))
         # A limited queue's claim reads no unkeyed jobs while its last reads found none (DEEP_SKIPS)
         head_read = not limits.limited or self.deep_found or self.deep_skips >= DEEP_SKIPS
-        if head_read:
+        if head0 is not None:
+            head_read = True  # (read already)
+        elif head_read:
             steps.append(self._head_step(queue, batch_size))
         per_key = [{"queue": queue, "key": k, "limit": caps[k]} for k in many]
         results = run_steps(cur, steps, per_key) if steps else []
         ready = _capped(results.pop(0), caps) if few else []
         ready += results.pop(0) if many else []
+        ready += from_head
 
         # The queue's room as last committed (its `limit`): KeyGate counts it again under the
         # queue row's lock
         room = limits.limit - sum(running.values()) if limits.limit else None
-        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete)
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete, own)
         if not head_read:
             grant = self._grant(self.read, ready, [])
             if grant.ids:
@@ -359,6 +442,8 @@ class FlowClaims:
                 self.active_keys = grant.active_keys
                 return grant
             [head] = run_steps(cur, [self._head_step(queue, batch_size)])  # nothing else to take
+        elif head0 is not None:
+            head = head0
         else:
             head = results.pop(0)
         unkeyed = [(job_id, prio, run_at) for job_id, prio, run_at, key in head if key is None]
@@ -368,7 +453,7 @@ class FlowClaims:
         grant = self._grant(self.read, ready, unkeyed)
         found = bool(unkeyed)
         # (a limited queue's claim that read the head reads deep too: its skips were the head's)
-        skip_deep = (not limits.limited and bool(grant.ids) and not self.deep_found
+        skip_deep = ((not limits.limited or head0 is not None) and bool(grant.ids) and not self.deep_found
                      and self.deep_skips < DEEP_SKIPS)
         if deep and self._head_decides(grant, batch_size, ready, unkeyed, head[-1]):
             # The batch's last job comes before the head's last in claim order, so no unkeyed
@@ -383,7 +468,7 @@ class FlowClaims:
             found = bool(deeper)
             self.deep_found, self.deep_skips = len(deeper) > len(unkeyed), 0
             grant = self._grant(self.read, ready, deeper)
-        if limits.limited:
+        if limits.limited and not (head0 is not None and deep and skip_deep):
             self.deep_found, self.deep_skips = found, 0
         self.active_keys = grant.active_keys
         return grant
@@ -506,9 +591,17 @@ class FlowClaims:
             # every key: each claim locked all 100 keys' rows, two consumers' claims skipped each
             # other's (SKIP LOCKED) and came back empty, a third of them, and each consumer held
             # one slot of every key, so the next claims met again.
-            ordered = sorted((row[0], min(rows) if key is not None else row, row[1], row[2])
+            # Key affinity (a counting queue's): within a priority, first the keys of the jobs
+            # this claim's acks end, then keys with every slot free, then the rest
+            counting = self.limits.counts
+
+            def tier(key: str | None) -> int:
+                if key is None or not counting:
+                    return 1
+                return 0 if key in plan.own else 1 if plan.running.get(key, 0) <= 0 else 2
+            ordered = sorted((row[0], tier(key), min(rows) if key is not None else row, row[1], row[2])
                              for key, rows in by_key.items() for row in rows)
-            ids = [r[3] for r in ordered]
+            ids = [r[4] for r in ordered]
         else:
             ids = [r[2] for r in sorted(row for rows in by_key.values() for row in rows)]
         # The spares after every key's first jobs: a window locks them only once those are gone
@@ -540,6 +633,7 @@ class _Read:
     room: int | None  # the queue's free slots under its `limit` (as `running` counts them)
     held: list[str]  # keys a limit held back before the read
     complete: bool  # every key with free slots seen
+    own: dict[str, int] = field(default_factory=dict)  # the jobs per key the claim's own acks end (affinity)
 
 
 def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:

@@ -21,6 +21,11 @@ claim holds is left for that claim (`contended`: the claim did not drain the que
 over its key's count is held back by the limit, as the candidate read would have held it.
 queries.claim counts once more after its mark (FlowClaims.verify_marked): a count cut short by
 a KILL QUERY must not let a key run more than its limit.
+
+A queue limited per key only (FlowLimits.counts) reads each locked key's counter with its lock
+(flow_lock) instead of counting the claimed rows; a counter it may not trust (unknown, or
+counted more than COUNT_TRUST_S ago) is counted again under the lock first (flow_recount), and
+that claim then counts once more after its mark as the others do.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from notifyq.store.flow import QUEUE_ROW, FlowLimits, _Read, run_steps
+from notifyq.store.flow import COUNT_TRUST_S, QUEUE_ROW, FlowLimits, _Read, run_steps
 from notifyq.store.sql import QUERIES as Q
 
 
@@ -43,6 +48,7 @@ class KeyGate:
         self.kept: dict[str | None, int] = {}  # rows kept per key, over every window
         self.held: list[str] = []  # keys whose locked jobs the count under the lock held back
         self.contended = False  # locked jobs left for another claim that holds their key's row
+        self.recounted = False  # a counter recounted under its lock (flow_recount)
 
     @property
     def closed(self) -> bool:
@@ -70,7 +76,28 @@ class KeyGate:
             [rows] = run_steps(cur, [claim_lock])
             return rows
         self.asked.update(want)
-        got, running, rows = run_steps(cur, [(Q["flow_lock"], {"queue": self.queue, "keys": tuple(want)}),
+        lock = (Q["flow_lock"], {"queue": self.queue, "keys": tuple(want), "trust_s": COUNT_TRUST_S})
+        if self.limits.counts:
+            # A counting queue: the locked keys' counters, read by the lock itself (a locking
+            # read: the latest, and nobody else's to change until our COMMIT); the other keys'
+            # as last read. A counter not to be trusted (unknown, or not recounted within
+            # COUNT_TRUST_S) is recounted first, under the lock (flow_recount): a round trip more.
+            got, rows = run_steps(cur, [lock, claim_lock])
+            self.locked.update(r[0] for r in got)
+            self.plan.skipped.update(set(want) - self.locked)
+            trusted = {r[0]: int(r[1]) for r in got if r[2]}
+            untrusted = [r[0] for r in got if not r[2]]
+            if untrusted:
+                params = {"queue": self.queue, "keys": tuple(untrusted)}
+                [recounted] = run_steps(cur, [(Q["flow_recount"], params), (Q["flow_recounted"], params)])
+                trusted.update((r[0], int(r[1])) for r in recounted)
+                # A key whose count did not come back (a read cut short) keeps no job: as if
+                # another claim held its row
+                self.locked.difference_update(k for k in untrusted if k not in trusted)
+                self.recounted = True
+            self.plan.running.update(trusted)
+            return rows
+        got, running, rows = run_steps(cur, [lock,
                                              (Q["flow_running"], {"queue": self.queue}), claim_lock])
         self.locked.update(r[0] for r in got)
         self.plan.skipped.update(set(want) - self.locked)

@@ -36,6 +36,29 @@ from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
 
+# The token bit of a counting claim (FlowLimits.counts): its jobs were added to their keys'
+# counters (nq_flow_key.running), so their ack, failure or give-back takes them off again
+# (flow_count_release); a job of any other claim never is. Older versions make tokens of 63 bits.
+COUNTED_BIT = 1 << 63
+
+
+def counted_token(token: int) -> bool:
+    """Whether `token` is a counting claim's (COUNTED_BIT)."""
+    return token >= COUNTED_BIT
+
+
+def forget_counters(session: Session, queue: str) -> None:
+    """Give up a counting queue's counters (flow_count_forget): every one is recounted by the
+    next claim that locks its key. Sent once by a worker before its first claim of the queue."""
+    def body(cur) -> None:
+        cur.execute(Q["flow_count_forget_keys"], {"queue": queue})
+        keys = tuple(r[0] for r in cur.fetchall())
+        if keys:
+            cur.execute(Q["flow_count_forget_set"], {"queue": queue, "keys": keys})
+
+    session.run(body, what=f"forget counters {queue}")
+
+
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size (at least MIN_CANDIDATES)
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an
@@ -137,6 +160,8 @@ class Acks:
     # them); None: all of them, or not known yet
     landed: set[int] | None = None
     clock: tuple[Any, float] | None = None  # their claim's (Claim.clock): places started and ended
+    # each id's key (a limited queue's: the carrying claim's key affinity)
+    keys: list[str | None] | None = None
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -154,6 +179,10 @@ class Acks:
         ended_offsets = [int((t - mono) * 1_000_000) for t in ended]
         out = [self._record(ids, at, started_offsets, ended_offsets),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
+        if counted_token(self.token):
+            # A counting claim's jobs: their keys' counters, first (before the rows leave
+            # status 2), under the ack's fence, counted on the server's rows
+            out.insert(0, (Q["flow_count_release"], {"ids": ids, "token": self.token}))
         for job_id, result in zip(self.ids, self.results or ()):
             if result is not None:
                 out.append((Q["attempt_result"], {"id": job_id, "token": self.token, "result": result}))
@@ -170,9 +199,14 @@ class Acks:
         # its own acks bumped, and this claim waited on it for the lock wait timeout
         return [signal.bump_unheld(self.wake, len(self.ids))] if self.wake is not None else []
 
+    @property
+    def counted(self) -> int:
+        """The index of the ack's own statement (after the counters' release, if any)."""
+        return self.COUNTED + counted_token(self.token)
+
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""
-        return self.COUNTED + 1 + sum(r is not None for r in self.results or ())
+        return self.counted + 1 + sum(r is not None for r in self.results or ())
 
     def _record(self, ids: Ids, at: Any, started: list[int], ended: list[int]) -> tuple[str, dict[str, Any]]:
         """The attempt records' statement (times: microseconds from `at`): by the ids' offsets
@@ -203,6 +237,8 @@ class Acks:
         # The release's first step (workflows), when statements() sent it
         marked = counts[self.verified()] if len(counts) > self.verified() else 0
         counts = counts[:self.verified()]
+        if counted_token(self.token):
+            counts = counts[1:]  # (the counters' release: not checked)
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
             raise cut_short(f"ack, replies {counts}")
@@ -262,9 +298,24 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
     and a job they hold back counts as taken (the claim may still drain the queue).
     """
     token = int.from_bytes(os.urandom(8), "big") >> 1  # 63 random bits; `secrets` would load hmac and hashlib
+    counting = flow is not None and flow.limits.counts
+    if counting:
+        token |= COUNTED_BIT  # its jobs are in their keys' counters: their ends release them
     # A limited queue's acks go first in its claim (see body), not with its mark
     front = acks is not None and acks.wake is not None and flow is not None and flow.limits.limited
     front_counts: list[int] = []
+    if flow is not None:
+        flow.recounted = False
+        # Key affinity: the keys of the jobs the carried acks end (their release, server-side
+        # and first in the claim, already left them out of the counters it reads)
+        flow.own_acked = {}
+        if front and counting and acks.keys is not None:
+            for k in acks.keys:
+                if k is not None:
+                    flow.own_acked[k] = flow.own_acked.get(k, 0) + 1
+        if counting and flow.forget:
+            forget_counters(session, queue)
+            flow.forget = False
     limit = max(batch_size * OVERFETCH, MIN_CANDIDATES)
     # A watcher's claim reads and locks in one statement (claim_take), where nothing else must
     # see the candidates first: no flow limits (their keys pick them), no rates (their hint).
@@ -319,6 +370,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             grant.held_keys += [k for k in gate.held if k not in grant.held_keys]
             complete = complete and not gate.contended  # jobs left for the claim that holds their keys
             grant.contended = grant.contended or gate.contended
+            flow.recounted = flow.recounted or gate.recounted
         # What the rates held back waits for their refill (admit's hold), as if taken; a flow read
         # says itself whether it left any job behind, except those of more ids than a claim takes.
         drained = ((complete and tried == len(ordered)
@@ -447,8 +499,22 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             sent_marks.update(marking)  # (before it is sent: it may land unseen)
         mark_at, marked = len(last) - 1, len(locked)
         # A limited claim reads its keys' running jobs again right after its mark, in the mark's
-        # own query (FlowClaims.verify_marked reads the rows)
-        recount = flow is not None and flow.limits.limited and bool(locked)
+        # own query (FlowClaims.verify_marked reads the rows). A counting claim instead adds its
+        # grant to its keys' counter rows (held by its KeyGate), checked by its row count; it
+        # counts again as the others do only when it recounted a key (a recount cut short by a
+        # KILL QUERY must not let a key run more than its limit: the rollback undoes it).
+        add = None
+        if counting:
+            delta: dict[str, int] = {}
+            for r in locked:
+                if r[KEY] is not None:
+                    delta[r[KEY]] = delta.get(r[KEY], 0) + 1
+            add = flow.count_add(queue, delta)
+        add_at = len(last)
+        if add is not None:
+            last.append(add)
+        add_rows = len(add[1]["keys"]) if add is not None else 0
+        recount = flow is not None and flow.limits.limited and (not counting or flow.recounted) and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))
         watched = drained and seen_seq is not None
@@ -477,8 +543,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
-        if acks is not None or (flow is not None and locked):
-            verified += bool(locked) + recount
+        if acks is not None or (flow is not None and (locked or add is not None)):
+            verified += bool(locked) + (add is not None) + recount
             replies: list[list[tuple] | None] = []  # the verified statements' rows
 
             def verify(cur, counts: list[int]) -> None:
@@ -486,11 +552,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                     acks.verify(cur, counts[:mark_at] if locked else counts)
                 if locked and counts[mark_at] != marked:
                     raise cut_short(f"claim {queue}: marked {counts[mark_at]} of {marked}")
+                if add is not None and counts[add_at] != add_rows:
+                    raise cut_short(f"claim {queue}: counted {counts[add_at]} of {add_rows} keys")
                 if recount:
                     # The limits once more, on the rows as marked, before the COMMIT: a count
                     # that a KILL QUERY cut short (an OK reply, rows missing) must not let a
                     # key run more than its limit.
-                    flow.verify_marked(replies[mark_at + 1], queue, [r[KEY] for r in locked])
+                    flow.verify_marked(replies[mark_at + 1 + (add is not None)], queue, [r[KEY] for r in locked])
 
             commit = session.pipeline.send_commit(cur, last, what=f"claim {queue}", wait_replies=wait,
                                                   verified=verified, verify=verify, rows=replies)
@@ -730,7 +798,7 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     def body(cur) -> int:  # fenced by token, so idempotent; verified before its COMMIT (Acks.verify)
         counts = session.pipeline.run_all(cur, acks.statements())
         acks.verify(cur, counts)
-        return counts[Acks.COUNTED]
+        return counts[acks.counted]
 
     return acked_in_all(session, acks, session.run(body, what="ack"))
 
@@ -826,6 +894,10 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         owned = Owned()
         retried = 0
         now = time.monotonic()
+        if counted_token(token):
+            # A counting claim's jobs: their keys' counters, before the outcomes take the rows
+            # out of status 2, under their fence
+            cur.execute(Q["flow_count_release"], {"ids": Ids([f.id for f in items]), "token": token})
         for f in items:
             fenced = {"id": f.id, "token": token}
             if f.interrupted:
@@ -907,6 +979,9 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         return 0
 
     def body(cur) -> int:
+        if counted_token(token):
+            # A counting claim's jobs: the counters of the keys they held, first, under the fence
+            cur.execute(Q["flow_count_release"], {"ids": Ids(ids), "token": token})
         cur.execute(Q["give_back"], {"ids": Ids(ids), "token": token,
                                      "cancelled": "cancelled before it started"})
         n = cur.rowcount  # read before the bump: its own row count would replace this one

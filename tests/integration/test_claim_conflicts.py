@@ -193,9 +193,10 @@ def test_a_limited_queues_claim_whose_ack_loses_lock_waits_past_the_retry_policy
         waits: set[int] = set()
 
         def storm_outlived() -> bool:
-            waits.update(r[0] for r in db.query(  # (the ack's attempt records wait first)
+            waits.update(r[0] for r in db.query(  # (the ack's key release or attempt records wait first)
                 "SELECT query_id FROM information_schema.PROCESSLIST WHERE user = %s AND "
-                "(info LIKE 'INSERT INTO nq_attempt%%' OR info LIKE 'DELETE nq_job FROM nq_job%%')",
+                "(info LIKE 'INSERT INTO nq_attempt%%' OR info LIKE 'DELETE nq_job FROM nq_job%%'"
+                " OR info LIKE 'UPDATE nq_flow_key k JOIN%%')",
                 (db.dsn.user,)))
             return not thread.is_alive() or len(waits) >= 3
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from conftest import admin_connect, cron_run
+from conftest import admin_connect, cron_run, wait_until
 
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
@@ -565,7 +565,7 @@ def test_a_claim_never_names_again_a_key_whose_row_a_peers_claim_holds(db):
     assert [j.key for j in claim.jobs] == ["k0"]
 
 
-def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones(db, monkeypatch):
+def test_a_claim_whose_keys_first_jobs_a_peer_claims_meanwhile_keeps_the_key_within_its_limit(db, monkeypatch):
     # Given key a with 6 ready jobs, limit_per_key = 2, two consumers running one job each (the
     # first and second), each about to claim again carrying its ack: consumers that claim at
     # once read the same committed counts and the same first jobs
@@ -576,6 +576,7 @@ def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones
     peer_flow, my_flow = FlowClaims(FlowLimits(limit_per_key=2)), FlowClaims(FlowLimits(limit_per_key=2))
     real_candidates = FlowClaims.candidates
     peers: list = []
+    peer_thread: list[threading.Thread] = []
     try:
         peers.append(queries.claim(peer, "q", "p" * 32, 1, 60, flow=peer_flow))
         peer.pipeline.read_reply()
@@ -583,15 +584,21 @@ def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones
         mine.pipeline.read_reply()
         assert [j.id for j in peers[0].jobs] == ids[:1] and [j.id for j in mine_first.jobs] == ids[1:2]
 
+        def peer_claims() -> None:
+            acks = queries.Acks([j.id for j in peers[0].jobs], peers[0].token, False, wake="q")
+            peers.append(queries.claim(peer, "q", "p" * 32, 1, 60, acks=acks, flow=peer_flow))
+            peer.pipeline.read_reply()
+
         def candidates_then_the_peer_claims(self, cur, queue, batch_size):
             grant = real_candidates(self, cur, queue, batch_size)
-            if self is my_flow and len(peers) == 1:
+            if self is my_flow and not peer_thread:
                 # ... and my claim read its candidates (my ack freed a slot: the key's next
-                # ready job), then the peer's claim, its ack freeing a slot too, took that job
-                # and committed, before my claim locked anything
-                acks = queries.Acks([j.id for j in peers[0].jobs], peers[0].token, False, wake="q")
-                peers.append(queries.claim(peer, "q", "p" * 32, 1, 60, acks=acks, flow=peer_flow))
-                peer.pipeline.read_reply()
+                # ready job), then the peer's claim, its ack freeing a slot too, goes on at
+                # once: its ack's release of the key's counter waits for my claim's COMMIT (the
+                # key's row is held by my ack's release)
+                peer_thread.append(threading.Thread(target=peer_claims, daemon=True))
+                peer_thread[0].start()
+                wait_until(lambda: _lock_waits(db) > 0, message="the peer's claim waiting on the key's row")
             return grant
 
         monkeypatch.setattr(FlowClaims, "candidates", candidates_then_the_peer_claims)
@@ -599,13 +606,25 @@ def test_a_claim_whose_keys_first_jobs_a_peer_took_meanwhile_takes_the_next_ones
         acks = queries.Acks([j.id for j in mine_first.jobs], mine_first.token, False, wake="q")
         claim = queries.claim(mine, "q", "m" * 32, 1, 60, acks=acks, flow=my_flow)
         mine.pipeline.read_reply()
+        peer_thread[0].join(30)
     finally:
         peer.close(), mine.close()
-    # Then the peer took the key's next job, and my claim the one after it (not nothing, its
-    # worker then idling until the peer's wake): the key runs 2, never more
-    assert [j.id for j in peers[1].jobs] == ids[2:3]
-    assert [j.id for j in claim.jobs] == ids[3:4]
+    # Then my claim took the key's next job and the peer's the one after it: both acks freed a
+    # slot, each claim took one, and the key runs 2, never more
+    assert [j.id for j in claim.jobs] == ids[2:3]
+    assert [j.id for j in peers[1].jobs] == ids[3:4]
     assert _running(db) == {"a": 2}
+    assert _counters(db) == {"a": 2}
+
+
+def _lock_waits(db) -> int:
+    return int(db.query("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS")[0][0])
+
+
+def _counters(db) -> dict[str, int | None]:
+    """Each key's counter (nq_flow_key.running) of queue q."""
+    return {k: (None if n is None else int(n)) for k, n in db.query(
+        "SELECT job_key, running FROM nq_flow_key WHERE queue = 'q' AND job_key <> ''")}
 
 
 def test_a_limited_claim_takes_whole_keys_slots_so_two_consumers_split_the_keys(db):

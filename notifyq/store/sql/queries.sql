@@ -359,9 +359,71 @@ INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES (%(queue)s, %(key)s)
 -- claim_lock, one window of jobs at a time), locked for its transaction; a key another consumer
 -- is claiming right now is skipped, not waited on (that claim sees its jobs). Under these locks
 -- no other claim can start a job of the key, so flow_running read after it is exact.
-SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
+-- With each key's counter (nq_flow_key.running, schema 10) and whether a claim of a queue that
+-- counts may trust it (store/key_gate.py): known, and recounted within the trust bound.
+SELECT job_key, running, running IS NOT NULL AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
+FROM nq_flow_key FORCE INDEX (PRIMARY)
 WHERE queue = %(queue)s AND job_key IN %(keys)s
 FOR UPDATE SKIP LOCKED
+
+-- flow_counts --
+-- The committed running counts of a queue that counts (limited per key only: store/flow.py,
+-- FlowLimits.counts), from its keys' counter rows instead of flow_running's read of every
+-- claimed row. Only counters a claim may trust (known, recounted within the trust bound): the
+-- others read as free, so the claim reads their candidates and its KeyGate recounts them under
+-- their rows' locks (flow_recount) before it keeps any job of theirs.
+SELECT job_key, running FROM nq_flow_key FORCE INDEX (PRIMARY)
+WHERE queue = %(queue)s AND running <> 0 AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
+
+-- flow_recount --
+-- Keys whose rows this claim holds (flow_lock) and whose counters it may not trust: counted
+-- again from their status-2 rows (ix_state holds the key: an index-only read), stamped. Under the
+-- rows' locks no counting claim can start a job of these keys and no counted ack, failure or
+-- give-back of theirs is under way (each holds the row until its COMMIT), and a READ COMMITTED
+-- read sees what committed before it: the count is exact, or high by a job another path is
+-- taking back right now (never low). A subquery of a one-table UPDATE: a plain read.
+UPDATE nq_flow_key k FORCE INDEX (PRIMARY)
+SET k.running = (SELECT COUNT(*) FROM nq_job j FORCE INDEX (ix_state)
+                 WHERE j.status = 2 AND j.queue = k.queue AND j.job_key = k.job_key),
+    k.counted_at = NOW(6)
+WHERE k.queue = %(queue)s AND k.job_key IN %(keys)s
+
+-- flow_recounted --
+-- The counters flow_recount just wrote (rows this claim holds).
+SELECT job_key, running FROM nq_flow_key FORCE INDEX (PRIMARY)
+WHERE queue = %(queue)s AND job_key IN %(keys)s AND running IS NOT NULL
+
+-- flow_count_forget_keys --
+-- A queue's counters given up (unknown: each is recounted by the next claim that locks its key).
+-- A consumer sends it before its first claim of a queue that counts (a start, a reload that made
+-- it count): jobs it claimed while it did not count are in no counter.
+-- The rows a peer's claim holds are skipped (flow_count_forget_keys, then flow_count_forget_set,
+-- in one transaction): never a wait on a peer's claim; the trust bound covers those.
+SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s FOR UPDATE SKIP LOCKED
+
+-- flow_count_forget_set --
+UPDATE nq_flow_key FORCE INDEX (PRIMARY) SET running = NULL WHERE queue = %(queue)s AND job_key IN %(keys)s
+
+-- flow_count_add --
+-- A counting claim's grant added to its keys' counters, in the claim's transaction, after its
+-- mark (the rows are held by its KeyGate, recounted there when not trusted). store/flow.py
+-- repeats the WHEN part. An unknown counter stays unknown (NULL + n).
+UPDATE nq_flow_key FORCE INDEX (PRIMARY) SET running = running + CASE job_key WHEN %(key)s THEN %(n)s END
+WHERE queue = %(queue)s AND job_key IN %(keys)s
+
+-- flow_count_release --
+-- The running jobs of `ids` still held by the counting claim `token` (the fence of the ack, the
+-- outcome or the give-back that follows in the same transaction) taken off their keys'
+-- counters, before their rows leave status 2. Counted on the server's rows, not the client's
+-- list: a job taken back meanwhile (its fence failed) is not subtracted. The derived table's
+-- read is a locking one (a multi-table UPDATE), so the rows cannot change before the outcome's
+-- statement. Only a counting claim's token is released (store/queries.py, counted_token): a job
+-- that no counter added is never subtracted. Keys in key order (the grouped derived table's).
+UPDATE nq_flow_key k JOIN (
+  SELECT queue, job_key, COUNT(*) AS n FROM nq_job FORCE INDEX (PRIMARY)
+  WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2 AND job_key IS NOT NULL
+  GROUP BY queue, job_key ORDER BY queue, job_key) c ON k.queue = c.queue AND k.job_key = c.job_key
+SET k.running = k.running - c.n
 
 -- flow_key_ready --
 -- One key's first ready jobs in claim order (priority, run_at, id) through ix_key: a key with
@@ -403,6 +465,13 @@ SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
   (SELECT id FROM nq_job FORCE INDEX (ix_state)
    WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
+
+-- flow_head_keys --
+-- A counting claim's head: the first ready jobs in claim order with their keys, from ix_state
+-- alone (schema 10 holds the key; for a ready job prio_key, sort_at are its key_prio, run_at).
+-- It serves as the free keys' candidates where it holds enough of them, and as the unkeyed read.
+SELECT id, prio_key, sort_at, job_key FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s
 
 -- flow_unkeyed_deep --
 -- The first `limit` jobs without a key among the first `depth` ready ones, in claim order (for

@@ -1,0 +1,201 @@
+"""The per-key counters of a queue limited per key only (nq_flow_key.running, schema 10): exact
+after every path that ends a run and releases it (ack, ack carried by a claim, failure, retry,
+burial, give-back), never low after a path that does not (a take-back, a cancel, a purge: they
+leave it high), recounted under the key row's lock when it is unknown or older than the trust
+bound (COUNT_TRUST_S), and never trusted for jobs a claim that did not count started."""
+
+from __future__ import annotations
+
+from notifyq.produce.producer import Producer
+from notifyq.store import admin_queries, queries
+from notifyq.store.db import Session
+from notifyq.store.flow import FlowClaims, FlowLimits
+
+OWNER = "o" * 32
+
+
+def _put_keyed(db, cfg, keys: list[str]) -> list[int]:
+    with Producer("q", cfg) as p:
+        ids = p.put_many([{"n": i} for i in range(len(keys))])
+    for job_id, key in zip(ids, keys):
+        db.query("UPDATE nq_job SET job_key = %s WHERE id = %s", (key, job_id))
+    for key in sorted(set(keys)):
+        db.query("INSERT IGNORE INTO nq_flow_key (queue, job_key) VALUES ('q', %s)", (key,))
+    return ids
+
+
+def _running(db) -> dict[str, int]:
+    return {k: int(n) for k, n in db.query(
+        "SELECT job_key, COUNT(*) FROM nq_job WHERE status = 2 AND job_key IS NOT NULL GROUP BY job_key")}
+
+
+def _counters(db) -> dict[str, int | None]:
+    return {k: (None if n is None else int(n)) for k, n in db.query(
+        "SELECT job_key, running FROM nq_flow_key WHERE queue = 'q' AND job_key <> ''")}
+
+
+def _exact(db) -> None:
+    """Every known counter is its key's running jobs."""
+    running, counters = _running(db), _counters(db)
+    assert {k: n for k, n in counters.items() if n is not None} == {k: running.get(k, 0) for k in counters
+                                                                  if counters[k] is not None}, (counters, running)
+
+
+def _never_low(db) -> None:
+    running, counters = _running(db), _counters(db)
+    for key, n in running.items():
+        assert counters.get(key) is None or counters[key] >= n, (key, counters, running)
+
+
+def _claim(session, flow, batch=100, acks=None):
+    claim = queries.claim(session, "q", OWNER, batch, 60, acks=acks, flow=flow)
+    session.pipeline.read_reply()
+    return claim
+
+
+def test_a_counter_is_exact_after_each_path_that_releases_it(db):
+    # Given keys a, b, c with 6 ready jobs each and limit_per_key = 2: a claim runs 2 of each
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        claim = _claim(session, flow)
+        assert _running(db) == {"a": 2, "b": 2, "c": 2}
+        _exact(db)
+        by_key = {k: [j.id for j in claim.jobs if j.key == k] for k in "abc"}
+        # When one of a's jobs is acked on its own (queries.ack, without the queue's wake)
+        assert queries.ack(session, [by_key["a"][0]], claim.token, keep=False) == 1
+        # Then its counter is exact
+        _exact(db)
+        assert _counters(db)["a"] == 1
+        # And after a retry (b), a burial (b), a give-back (c)
+        queries.reschedule_or_bury(session, "q", claim.token, [(by_key["b"][0], 60.0, "boom")])
+        _exact(db)
+        queries.reschedule_or_bury(session, "q", claim.token, [(by_key["b"][1], None, "dead")])
+        _exact(db)
+        assert queries.give_back(session, "q", [by_key["c"][0]], claim.token) == 1
+        _exact(db)
+        assert _counters(db) == {"a": 1, "b": 0, "c": 1}
+        # And a claim that carries the acks of the rest takes the freed slots, exactly
+        acks = queries.Acks([by_key["a"][1], by_key["c"][1]], claim.token, False, wake="q",
+                            keys=["a", "c"])
+        again = _claim(session, flow, acks=acks)
+        assert len(again.jobs) == 6
+        assert _running(db) == {"a": 2, "b": 2, "c": 2}
+        _exact(db)
+        # And a failure of the same job sent twice (its outcome landed) releases it once
+        job = again.jobs[0]
+        queries.reschedule_or_bury(session, "q", again.token, [(job.id, 60.0, "boom")])
+        queries.reschedule_or_bury(session, "q", again.token, [(job.id, 60.0, "boom")])
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_job_running_before_its_queue_counted_is_counted_before_a_claim_trusts_the_counter(db):
+    # Given key a's row with a counter of 0 counted just now (from an earlier limited period),
+    # and 2 of its jobs started since by a claim that did not count (the queue unlimited)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 6)
+    db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+    session = Session(cfg.dsn)
+    try:
+        unlimited = queries.claim(session, "q", OWNER, 2, 60)
+        session.pipeline.read_reply()
+        assert len(unlimited.jobs) == 2
+        # When the queue is limited again (limit_per_key = 2) and claims
+        claim = _claim(session, FlowClaims(FlowLimits(limit_per_key=2)))
+        # Then it takes none of a's jobs: its counter was given up and recounted first
+        assert claim.jobs == []
+        assert _running(db) == {"a": 2}
+        assert _counters(db) == {"a": 2}
+        # And the uncounted jobs' acks take nothing off it (no counter added them): high, never low
+        assert queries.ack(session, [j.id for j in unlimited.jobs], unlimited.token, keep=False) == 2
+        assert _counters(db) == {"a": 2}
+        _never_low(db)
+    finally:
+        session.close()
+
+
+def test_an_unknown_counter_is_recounted_under_its_lock_before_a_claim_keeps_a_job(db):
+    # Given key a with 2 jobs running (put in status 2 by hand: no counter saw them) and its
+    # counter unknown (NULL: a row made by an older version, or given up)
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 5)
+    db.query("UPDATE nq_job SET status = 2, owner = %s, claim_token = 1, lease_until = NOW(6) + INTERVAL 1 HOUR "
+             "WHERE id IN (%s, %s)", (OWNER, ids[0], ids[1]))
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    flow.forget = False  # (the counter is unknown already)
+    try:
+        # When a claim meets it
+        claim = _claim(session, flow)
+        # Then it kept none: the recount under the key's lock found the key full
+        assert claim.jobs == []
+        assert _counters(db) == {"a": 2}
+    finally:
+        session.close()
+
+
+def test_a_counter_left_high_by_a_take_back_is_recounted_once_past_the_trust_bound(db):
+    # Given key a with 2 jobs running under a counting claim (limit_per_key = 2)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow)
+        assert len(first.jobs) == 2
+        # When a path that does not release takes one back (a reaper's, an expired lease's),
+        # and an operator cancels... here: the rows put back to ready, as a take-back does
+        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL "
+                 "WHERE id = %s", (first.jobs[0].id,))
+        # Then the counter is high (2 for 1 running), never low, and the key stays held while
+        # the counter is trusted
+        assert _running(db) == {"a": 1} and _counters(db) == {"a": 2}
+        assert _claim(session, flow).jobs == []
+        # And once its last recount is older than the trust bound, the next claim recounts it
+        # under its lock and takes the freed slot
+        db.query("UPDATE nq_flow_key SET counted_at = counted_at - INTERVAL 1 HOUR WHERE queue = 'q'")
+        again = _claim(session, flow)
+        assert len(again.jobs) == 1
+        assert _running(db) == {"a": 2}
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_purge_or_cancel_of_running_jobs_leaves_the_counter_high_never_low(db):
+    # Given key a with 2 jobs running under a counting claim
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 4)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        claim = _claim(session, flow)
+        assert len(claim.jobs) == 2
+        # When an operator cancels one (asked: it ends through its worker's outcome) and purges
+        # the other's row
+        assert admin_queries.cancel_job(session, claim.jobs[0].id) == "requested"
+        db.query("DELETE FROM nq_job WHERE id = %s", (claim.jobs[1].id,))
+        # Then the counter is high, never low; the cancelled job's outcome releases it exactly
+        _never_low(db)
+        queries.reschedule_or_bury(session, "q", claim.token, [(claim.jobs[0].id, None, "cancelled")])
+        assert _running(db) == {} and _counters(db) == {"a": 1}
+    finally:
+        session.close()
+
+
+def test_a_queue_that_does_not_count_leaves_the_counters_alone(db):
+    # Given keys with a `limit` too (not limited per key only): counted from its claimed rows
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 3 + ["b"] * 3)
+    session = Session(cfg.dsn)
+    try:
+        claim = _claim(session, FlowClaims(FlowLimits(limit_per_key=2, limit=3)))
+        assert len(claim.jobs) == 3 and not queries.counted_token(claim.token)
+        assert queries.ack(session, [j.id for j in claim.jobs], claim.token, keep=False) == 3
+        assert set(_counters(db).values()) == {None}
+    finally:
+        session.close()
