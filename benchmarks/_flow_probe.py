@@ -20,6 +20,7 @@ import time
 _claims: list[dict] = []
 _spans: list[tuple[str, str, float, float]] = []  # (thread, what, start, end)
 _local = threading.local()
+_lean: dict = {}
 
 
 def _counters() -> dict:
@@ -87,6 +88,8 @@ def _install() -> None:
             end = time.monotonic()
             last = flow.last if flow is not None else None
             read = flow.read if flow is not None else None
+            if flow is not None and getattr(flow, "lean_stats", None) is not None:
+                _lean.update(flow.lean_stats)  # (this tree's lean claims: how many decided, why not)
             _claims.append({
                 "thread": threading.current_thread().name, "start": t, "end": end,
                 "cpu_start": cpu, "cpu_end": time.process_time(),
@@ -118,7 +121,10 @@ def _dump() -> None:
     out = os.environ.get("NQB_OUT")
     if out:
         with open(os.path.join(out, f"probe-{os.getpid()}.json"), "w") as f:
-            json.dump({"claims": _claims, "spans": _spans}, f)
+            json.dump({"claims": _claims, "spans": _spans, "lean": _lean}, f)
+    if _lean and os.environ.get("NQB_LEAN_STATS"):
+        with open(os.path.join(os.environ["NQB_LEAN_STATS"], f"lean-{os.getpid()}.json"), "w") as f:
+            json.dump(_lean, f)
 
 
 if os.environ.get("NQB_PROBE"):

@@ -209,7 +209,16 @@ class FlowClaims:
         self.last: Grant | None = None
         self.read: _Read | None = None  # the last candidates()' settled keys, for for_version
         self.turn: str | None = None  # a fair claim's last key of its first round (None: none yet)
-        self._first: tuple[tuple[str, int], list[list[tuple]]] | None = None  # looks()' key reads
+        self._first: tuple[tuple[str, int, bool], list[list[tuple]]] | None = None  # looks()' key reads
+        # This claim reads the lean way (lean_steps; queries.claim sets it): a queue limited per
+        # key only, by its counters and the head alone, the full read only where those cannot
+        # decide (lean_grant)
+        self.lean_now = False
+        self.lean_stats: dict[str, int] = {}  # lean claims, and full ones by why
+        self.lean_claims = 0  # lean reads so far (the clock of lean_looked)
+        # Free keys absent from a full head that a full read looked for (it dives for them):
+        # key -> the lean read before which their absence sends no claim to the full read again
+        self.lean_looked: dict[str, int] = {}
         self.deep_skips = 0  # reads of unkeyed jobs skipped since the last one (DEEP_SKIPS)
         self.deep_found = True  # whether the last read of unkeyed jobs found any
         # Keys the last claim found unnamed after it had named some already (name_keys): the
@@ -242,10 +251,10 @@ class FlowClaims:
         counts and the looks' rows, in order; candidates() then goes on from the key reads (a
         claim that promotes due jobs after its looks drops them, and candidates() reads the
         keys again)."""
-        first = self._first_steps(queue, batch_size)
+        first = self.lean_steps(queue, batch_size) if self.lean_now else self._first_steps(queue, batch_size)
         counts: list[int] = []
         results = run_steps(cur, list(writes) + list(lead) + first, counts=counts)
-        self._first = ((queue, batch_size), results[len(lead):])
+        self._first = ((queue, batch_size, self.lean_now), results[len(lead):])
         return counts[:len(writes)], results[:len(lead)]
 
     def drop_looks(self) -> None:
@@ -307,6 +316,96 @@ class FlowClaims:
             [(Q["flow_head_keys"], {"queue": queue, "limit": unkeyed_limit(batch_size)})] if self.by_head else [])
 
     @property
+    def lean(self) -> bool:
+        """Whether this worker's next claim may read the lean way: `limit_per_key` alone (no
+        overrides, no `limit`, not fair, no per-key rate), its counters given up already, no key
+        waiting to be named. queries.claim adds: no queue rate."""
+        limits = self.limits
+        return (limits.counts and bool(limits.limit_per_key) and not limits.key_limits
+                and not self.forget and not self.unnamed and not self.named_now)
+
+    @staticmethod
+    def lean_steps(queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
+        """A lean claim's reads in its first round trip: every key's counter, and the head."""
+        return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": COUNT_TRUST_S}),
+                (Q["flow_head_keys"], {"queue": queue, "limit": unkeyed_limit(batch_size)})]
+
+    def _lean_miss(self, why: str) -> None:
+        self.lean_stats[why] = self.lean_stats.get(why, 0) + 1
+
+    def lean_grant(self, queue: str, batch_size: int, counter_rows: list[tuple], head: list[tuple]) -> Grant | None:
+        """A lean claim's grant from its counters and head alone, or None where those cannot
+        decide (the full read then runs): a key of the head without a row (to be named) or with
+        a counter it may not trust (to be recounted), or a full head whose grantable jobs do not
+        fill the batch (free keys, or unkeyed jobs, behind it). The head's jobs of each free key
+        up to its free slots, and its unkeyed ones; in claim order by groups: within a
+        priority, first the keys of the jobs this claim's acks end, then keys with every slot
+        free, then the rest (unkeyed jobs with the second), each by its first job."""
+        lim = self.limits.limit_per_key
+        counters = {r[0]: (r[1], r[2]) for r in counter_rows}
+        groups: dict[str | None, list[tuple]] = {}  # key -> its head jobs (prio, pos, id)
+        unkeyed: list[tuple] = []
+        for pos, (job_id, prio, _run_at, key) in enumerate(head):
+            if key is None:
+                unkeyed.append((prio, pos, job_id))
+            else:
+                groups.setdefault(key, []).append((prio, pos, job_id))
+        running: dict[str | None, int] = {}
+        for key in groups:
+            known = counters.get(key)
+            if known is None:
+                self._lean_miss("unnamed")
+                return None
+            if not known[1]:
+                self._lean_miss("untrusted")
+                return None
+            running[key] = int(known[0])
+        own = self.own_acked
+        ordered: list[tuple] = []
+        held: list[str] = []
+        caps: dict[str, int] = {}
+        for key, rows in groups.items():
+            free = lim - running[key]
+            if free <= 0:
+                held.append(key)
+                continue
+            caps[key] = free
+            if len(rows) > free:
+                held.append(key)
+            tier = 0 if key in own else 1 if running[key] <= 0 else 2
+            first = rows[0]
+            ordered += [(row[0], tier, first[1], row[1], row[2], key) for row in rows[:free]]
+        ordered += [(row[0], 1, row[1], row[1], row[2], None) for row in unkeyed]
+        full = len(head) >= unkeyed_limit(batch_size)
+        self.lean_claims += 1
+        if full and len(ordered) < batch_size:
+            # Grantable jobs may lie behind the head: of free keys it does not hold (their jobs
+            # later in claim order, or none: a key drained), or unkeyed ones. The full read looks
+            # for both; a free key it looked for sends no claim to it again for DEEP_SKIPS lean
+            # reads, and unkeyed jobs, while the last deep read found none, wait DEEP_SKIPS
+            # claims at most (as the full read's skips). Keys in the head with fewer jobs there
+            # than free slots take what the head holds (their next jobs come into it).
+            absent = [k for k, (n, _t) in counters.items()
+                      if k not in groups and k != QUEUE_ROW and (n is None or n < lim)
+                      and self.lean_looked.get(k, 0) <= self.lean_claims]
+            if absent or self.deep_found or self.deep_skips >= DEEP_SKIPS:
+                for k in absent:
+                    self.lean_looked[k] = self.lean_claims + DEEP_SKIPS
+                self._lean_miss("short_head_keys" if absent else "short_head_unkeyed")
+                return None
+            self.deep_skips += 1
+            self._lean_miss("lean_short")
+        ordered.sort()
+        self._lean_miss("lean")
+        keys = list(caps)
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
+        ids = [r[4] for r in ordered]
+        grant = Grant(ids, not full, held, False, {r[4]: r[5] for r in ordered},
+                      len(caps) + bool(unkeyed))
+        self.active_keys = grant.active_keys
+        return grant
+
+    @property
     def by_head(self) -> bool:
         """A queue that counts (FlowLimits.counts): counters + head candidates."""
         return self.limits.counts
@@ -332,7 +431,12 @@ class FlowClaims:
         want_keys = batch_size * KEYS_PER_CLAIM
         self.read = None  # until this claim's keys are settled
         first, self._first = self._first, None
-        if first is None or first[0] != (queue, batch_size):
+        if first is not None and first[0] == (queue, batch_size, True):
+            grant = self.lean_grant(queue, batch_size, *first[1])
+            if grant is not None:
+                return grant
+            first = None  # the lean read cannot decide: the full one, in the same transaction
+        if first is None or first[0] != (queue, batch_size, False):
             first = (None, run_steps(cur, self._first_steps(queue, batch_size)))
         discovered_row, existing_rows, named_rows, running_rows = first[1][:4]  # (read with the claim's looks)
         head0 = first[1][4] if self.by_head else None  # (id, prio, run_at, key) in claim order

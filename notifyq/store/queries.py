@@ -610,6 +610,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         flow.named_now = bool(flow.unnamed)
         if flow.unnamed:
             flow.name_keys(session, queue, flow.unnamed)
+        # A queue limited per key only reads lean (its counters and head: FlowClaims.lean_grant)
+        flow.lean_now = flow.lean and rates is None
     try:
         return session.run(once, what=f"claim {queue}")
     except UnnamedKeys as e:
@@ -618,6 +620,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # named on their own, then the claim again, which takes their jobs too
         flow.name_keys(session, queue, e.keys)
         flow.named_now = True
+        flow.lean_now = False
         return session.run(once, what=f"claim {queue}")
 
 

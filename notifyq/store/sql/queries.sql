@@ -466,6 +466,14 @@ SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
    WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
 
+-- flow_lean_counters --
+-- The lean claim's counters (store/flow.py, FlowClaims.lean): every key row of a queue limited
+-- per key only, plain, with whether a claim may trust its counter (known, recounted within the
+-- trust bound). Read with the head (flow_head_keys) in the claim's first round trip, after the
+-- carried acks' release: the claim's own acks are already off them.
+SELECT job_key, running, running IS NOT NULL AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
+FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s
+
 -- flow_head_keys --
 -- A counting claim's head: the first ready jobs in claim order with their keys, from ix_state
 -- alone (schema 10 holds the key; for a ready job prio_key, sort_at are its key_prio, run_at).
