@@ -214,6 +214,9 @@ class FlowClaims:
         # key only, by its counters and the head alone, the full read only where those cannot
         # decide (lean_grant)
         self.lean_now = False
+        # Jobs per key a netted ack of this claim ended (queries.Acks.net): still in their keys'
+        # counters until its mark's net change, so every count this claim reads is less these
+        self.freed: dict[str, int] = {}
         self.lean_stats: dict[str, int] = {}  # lean claims, and full ones by why
         self.lean_claims = 0  # lean reads so far (the clock of lean_looked)
         # Free keys absent from a full head that a full read looked for (it dives for them):
@@ -359,7 +362,7 @@ class FlowClaims:
             if not known[1]:
                 self._lean_miss("untrusted")
                 return None
-            running[key] = int(known[0])
+            running[key] = int(known[0]) - self.freed.get(key, 0)
         own = self.own_acked
         ordered: list[tuple] = []
         held: list[str] = []
@@ -468,7 +471,7 @@ class FlowClaims:
             return Grant([], False, [], contended=True)  # (the queue's row to lock first)
         complete = complete and not new
         own = self.own_acked if self.by_head else {}
-        running = {r[0]: int(r[1]) for r in running_rows}
+        running = {r[0]: int(r[1]) - self.freed.get(r[0], 0) for r in running_rows}
 
         keys, held = [], []
         for key in named + [k for k in unread if k in existing]:

@@ -40,8 +40,11 @@ from notifyq.store.sql import QUERIES as Q
 class KeyGate:
     """One claim's key locks and counts (see the module's docstring)."""
 
-    def __init__(self, queue: str, limits: FlowLimits, plan: _Read, key_of: dict[int, str | None]):
+    def __init__(self, queue: str, limits: FlowLimits, plan: _Read, key_of: dict[int, str | None],
+                 freed: dict[str, int] | None = None):
         self.queue, self.limits, self.plan = queue, limits, plan
+        # A netted ack's jobs per key (FlowClaims.freed): gone, still in the counters it reads
+        self.freed = freed if freed is not None else {}
         self.key_of = dict(key_of)  # each candidate id's key, from the candidate read
         self.asked: set[str] = set()  # rows asked for: locked, or held by another claim
         self.locked: set[str] = set()
@@ -85,12 +88,14 @@ class KeyGate:
             got, rows = run_steps(cur, [lock, claim_lock])
             self.locked.update(r[0] for r in got)
             self.plan.skipped.update(set(want) - self.locked)
-            trusted = {r[0]: int(r[1]) for r in got if r[2]}
+            trusted = {r[0]: int(r[1]) - self.freed.get(r[0], 0) for r in got if r[2]}
             untrusted = [r[0] for r in got if not r[2]]
             if untrusted:
                 params = {"queue": self.queue, "keys": tuple(untrusted)}
                 [recounted] = run_steps(cur, [(Q["flow_recount"], params), (Q["flow_recounted"], params)])
                 trusted.update((r[0], int(r[1])) for r in recounted)
+                for k in untrusted:  # recounted from the rows: the ack's deleted ones not in it
+                    self.freed.pop(k, None)
                 # A key whose count did not come back (a read cut short) keeps no job: as if
                 # another claim held its row
                 self.locked.difference_update(k for k in untrusted if k not in trusted)

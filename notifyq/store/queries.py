@@ -162,6 +162,15 @@ class Acks:
     clock: tuple[Any, float] | None = None  # their claim's (Claim.clock): places started and ended
     # each id's key (a limited queue's: the carrying claim's key affinity)
     keys: list[str | None] | None = None
+    # Netted (a lean claim's, FlowClaims.freed): its counters' release is not sent; the claim
+    # that carries it takes its jobs off their keys' counters itself, client-side by `keys`, in
+    # the one net change its mark sends, and only when its DELETE removed every job it named
+    net: bool = False
+
+    @property
+    def releases(self) -> bool:
+        """Whether statements() sends the counters' release (flow_count_release)."""
+        return counted_token(self.token) and not self.net
 
     COUNTED = 1  # the index of the ack's own statement (its row count) in statements()
 
@@ -179,7 +188,7 @@ class Acks:
         ended_offsets = [int((t - mono) * 1_000_000) for t in ended]
         out = [self._record(ids, at, started_offsets, ended_offsets),
                (Q["ack_keep" if self.keep else "ack_delete"], {"ids": ids, "token": self.token})]
-        if counted_token(self.token):
+        if self.releases:
             # A counting claim's jobs: their keys' counters, first (before the rows leave
             # status 2), under the ack's fence, counted on the server's rows
             out.insert(0, (Q["flow_count_release"], {"ids": ids, "token": self.token}))
@@ -202,7 +211,7 @@ class Acks:
     @property
     def counted(self) -> int:
         """The index of the ack's own statement (after the counters' release, if any)."""
-        return self.COUNTED + counted_token(self.token)
+        return self.COUNTED + self.releases
 
     def verified(self) -> int:
         """How many of statements()' first statements verify() checks (the release's are not)."""
@@ -237,7 +246,7 @@ class Acks:
         # The release's first step (workflows), when statements() sent it
         marked = counts[self.verified()] if len(counts) > self.verified() else 0
         counts = counts[:self.verified()]
-        if counted_token(self.token):
+        if self.releases:
             counts = counts[1:]  # (the counters' release: not checked)
         recorded, acked, stored = counts[0], counts[self.COUNTED], counts[self.COUNTED + 1:]
         if recorded != acked or any(n > 1 for n in stored) or (acked == len(self.ids) and 0 in stored):
@@ -337,12 +346,13 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         if flow is not None:
             if due:
                 flow.drop_looks()  # its key reads were before the promotion: read again
+                _apply_freed(cur, queue, flow)  # (the promotion commits the acks with it)
                 _promote_due(session, cur, queue)
             grant = flow.candidates(cur, queue, batch_size)
             ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
             if flow.limits.limited and flow.read is not None:
                 # Its keys' rows are locked with the jobs it takes, and counted under those locks
-                gate = KeyGate(queue, flow.limits, flow.read, grant.keys)
+                gate = KeyGate(queue, flow.limits, flow.read, grant.keys, flow.freed)
         read = len(ordered)
         candidates = ordered  # every id read, before the rates' hint leaves some out
         # A rated queue locks only candidates its budgets have a start for (the log as committed):
@@ -396,7 +406,11 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                 return Claim([], token, True, True)
         elif flow is not None:
             writes: list[tuple[str, dict[str, Any]]] = []
+            flow.freed = {}
             if front:
+                # A lean claim nets its acks' release into its mark's counter change (Acks.net)
+                acks.net = (flow.lean_now and counting and acks.keys is not None and not net_failed
+                            and not any(r is not None for r in acks.results or ()))
                 # A limited claim's acks go first, in its transaction: its counts of running
                 # jobs then leave their jobs out (its own DELETE is visible to it), and their
                 # slots are taken again by this claim, under its keys' locks, or freed by its
@@ -416,6 +430,17 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             if writes:
                 front_counts[:] = counts
                 acks.verify(cur, front_counts, bumped=False)
+                if acks.net:
+                    if front_counts[acks.counted] != len(acks.ids):
+                        # A job of the ack taken back meanwhile (its fence failed): the keys of
+                        # the rows it did delete are the server's to count. Again, released
+                        # server-side (flow_count_release)
+                        net_failed.append(True)
+                        raise cut_short(f"claim {queue}: netted ack deleted {front_counts[acks.counted]} "
+                                        f"of {len(acks.ids)}")
+                    for k in acks.keys:
+                        if k is not None:
+                            flow.freed[k] = flow.freed.get(k, 0) + 1
             if as_watcher:
                 seen_seq = int(count[0][0][0])
             due = bool(due_rows)
@@ -423,6 +448,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             clock = claim_clock(server_now)
             if paused:
                 flow.drop_looks()
+                _apply_freed(cur, queue, flow)
                 return Claim([], token, True, True)
         else:
             names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
@@ -509,11 +535,15 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             for r in locked:
                 if r[KEY] is not None:
                     delta[r[KEY]] = delta.get(r[KEY], 0) + 1
+            for k, n in flow.freed.items():  # a netted ack's jobs, off their keys (Acks.net)
+                delta[k] = delta.get(k, 0) - n
             add = flow.count_add(queue, delta)
         add_at = len(last)
         if add is not None:
             last.append(add)
         add_rows = len(add[1]["keys"]) if add is not None else 0
+        # (of those, the keys only a netted ack frees may be unknown, NULL, and stay so: unchanged)
+        add_least = sum(1 for k in add[1]["keys"] if k not in flow.freed or delta.get(k, 0) > 0) if add is not None else 0
         recount = flow is not None and flow.limits.limited and (not counting or flow.recounted) and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))
@@ -552,7 +582,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                     acks.verify(cur, counts[:mark_at] if locked else counts)
                 if locked and counts[mark_at] != marked:
                     raise cut_short(f"claim {queue}: marked {counts[mark_at]} of {marked}")
-                if add is not None and counts[add_at] != add_rows:
+                if add is not None and not add_least <= counts[add_at] <= add_rows:
                     raise cut_short(f"claim {queue}: counted {counts[add_at]} of {add_rows} keys")
                 if recount:
                     # The limits once more, on the rows as marked, before the COMMIT: a count
@@ -575,6 +605,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             jobs = rating.after_commit(session, commit, jobs)
         return Claim(jobs, token, drained, False, commit, admitted.held_s, clock)
 
+    net_failed: list[bool] = []  # a netted ack fell short of its jobs: this claim releases server-side
     runs = 0
     # Every job an attempt's mark named: an attempt whose COMMIT may have landed unseen marked
     # only these, so a rerun hands back only these (unclaim_token, by primary key).
@@ -671,6 +702,16 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
         return [job_id for job_id in ids if job_id in held]
 
     return session.run(body, what="retake a claim")
+
+
+def _apply_freed(cur, queue: str, flow: FlowClaims) -> None:
+    """A netted ack's jobs taken off their keys' counters now (FlowClaims.freed), for a claim
+    that commits before its mark: paused, or promoting due jobs."""
+    if flow.freed:
+        add = flow.count_add(queue, {k: -n for k, n in flow.freed.items()})
+        if add is not None:
+            cur.execute(*add)
+        flow.freed = {}
 
 
 def _with_due(session: Session, cur, queue: str, params: dict[str, Any]) -> list[int] | None:
@@ -795,6 +836,7 @@ def ack(session: Session, ids: list[int], token: int, keep: bool, acks: Acks | N
     """Success for `ids` (or `acks`); returns how many rows this claim still owned (the rest
     were lost)."""
     acks = acks if acks is not None else Acks(ids, token, keep)
+    acks.net = False  # (an ack alone releases its counters itself: a claim that netted it failed)
     if not acks.ids:
         return 0
 
