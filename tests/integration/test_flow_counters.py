@@ -199,3 +199,53 @@ def test_a_queue_that_does_not_count_leaves_the_counters_alone(db):
         assert set(_counters(db).values()) == {None}
     finally:
         session.close()
+
+
+def test_a_lean_claims_netted_ack_that_a_take_back_cut_short_is_released_from_the_servers_rows(db):
+    # Given key a with 6 ready jobs and limit_per_key = 2: my claim runs a's first two
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 6)
+    session, peer = Session(cfg.dsn), Session(cfg.dsn)
+    mine, theirs = FlowClaims(FlowLimits(limit_per_key=2)), FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, mine)
+        assert sorted(j.id for j in first.jobs) == ids[:2]
+        # When the first is taken back (its counter left high) and, its counter past the trust
+        # bound, a peer's claim recounts it and takes it
+        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL "
+                 "WHERE id = %s", (ids[0],))
+        db.query("UPDATE nq_flow_key SET counted_at = NOW(6) - INTERVAL 1 HOUR WHERE queue = 'q'")
+        other = _claim(peer, theirs, batch=1)
+        assert [j.id for j in other.jobs] == [ids[0]]
+        assert _counters(db) == {"a": 2}
+        # And my next claim carries the acks of both my jobs (its lean read nets them: Acks.net)
+        acks = queries.Acks(ids[:2], first.token, False, wake="q", keys=["a", "a"])
+        again = _claim(session, mine, acks=acks)
+        # Then only the job its ack deleted is taken off the counter: it takes one slot, not two
+        assert [j.id for j in again.jobs] == [ids[2]]
+        assert _running(db) == {"a": 2}
+        _exact(db)
+    finally:
+        session.close()
+        peer.close()
+
+
+def test_a_lean_claims_netted_ack_is_released_when_the_queue_is_paused(db):
+    # Given key a with 6 ready jobs and limit_per_key = 2: my claim runs a's first two
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 6)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow)
+        assert sorted(j.id for j in first.jobs) == ids[:2]
+        # When the queue is paused and my next claim carries both acks (netted: Acks.net)
+        db.query("UPDATE nq_queue SET paused = 1 WHERE queue = 'q'")
+        acks = queries.Acks(ids[:2], first.token, False, wake="q", keys=["a", "a"])
+        again = _claim(session, flow, acks=acks)
+        # Then it takes nothing, and its acks land with their release: the counter is exact
+        assert again.paused and again.jobs == []
+        assert _running(db) == {}
+        _exact(db)
+    finally:
+        session.close()
