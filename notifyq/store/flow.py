@@ -331,7 +331,7 @@ class FlowClaims:
     def lean_steps(queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
         """A lean claim's reads in its first round trip: every key's counter, and the head."""
         return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": COUNT_TRUST_S}),
-                (Q["flow_head_keys"], {"queue": queue, "limit": unkeyed_limit(batch_size)})]
+                (Q["flow_lean_head"], {"queue": queue, "limit": unkeyed_limit(batch_size)})]
 
     def _lean_miss(self, why: str) -> None:
         self.lean_stats[why] = self.lean_stats.get(why, 0) + 1
@@ -348,7 +348,7 @@ class FlowClaims:
         counters = {r[0]: (r[1], r[2]) for r in counter_rows}
         groups: dict[str | None, list[tuple]] = {}  # key -> its head jobs (prio, pos, id)
         unkeyed: list[tuple] = []
-        for pos, (job_id, prio, _run_at, key) in enumerate(head):
+        for pos, (job_id, prio, key) in enumerate(head):
             if key is None:
                 unkeyed.append((prio, pos, job_id))
             else:

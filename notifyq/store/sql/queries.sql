@@ -474,6 +474,13 @@ SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
 SELECT job_key, running, running IS NOT NULL AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
 FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s
 
+-- flow_lean_head --
+-- The lean claim's head (store/flow.py, FlowClaims.lean_grant): flow_head_keys without the
+-- times (claim order is the rows' order; 300 DATETIMEs decoded cost the consumer more than
+-- the rest of the read).
+SELECT id, prio_key, job_key FROM nq_job FORCE INDEX (ix_state)
+WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
 -- flow_head_keys --
 -- A counting claim's head: the first ready jobs in claim order with their keys, from ix_state
 -- alone (schema 10 holds the key; for a ready job prio_key, sort_at are its key_prio, run_at).
