@@ -21,6 +21,10 @@ _claims: list[dict] = []
 _spans: list[tuple[str, str, float, float]] = []  # (thread, what, start, end)
 _local = threading.local()
 _lean: dict = {}
+_prof = None
+if os.environ.get("NQB_PROFILE"):  # the claims' Python, profiled (cProfile) into that directory
+    import cProfile
+    _prof = cProfile.Profile()
 
 
 def _counters() -> dict:
@@ -80,11 +84,15 @@ def _install() -> None:
         before = dict(c)
         t, cpu = time.monotonic(), time.process_time()
         out = None
+        if _prof is not None:
+            _prof.enable()
         try:
             out = base_claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates,
                              version=version, flow=flow)
             return out
         finally:
+            if _prof is not None:
+                _prof.disable()
             end = time.monotonic()
             last = flow.last if flow is not None else None
             read = flow.read if flow is not None else None
@@ -122,6 +130,8 @@ def _dump() -> None:
     if out:
         with open(os.path.join(out, f"probe-{os.getpid()}.json"), "w") as f:
             json.dump({"claims": _claims, "spans": _spans, "lean": _lean}, f)
+    if _prof is not None:
+        _prof.dump_stats(os.path.join(os.environ["NQB_PROFILE"], f"claims-{os.getpid()}.prof"))
     if _lean and os.environ.get("NQB_LEAN_STATS"):
         with open(os.path.join(os.environ["NQB_LEAN_STATS"], f"lean-{os.getpid()}.json"), "w") as f:
             json.dump(_lean, f)
