@@ -309,15 +309,57 @@ WEB_RATE_MINUTES = 15
 WEB_QUEUES_PER_STATEMENT = 100
 
 
-def _per_queue(name: str, queues: list[str], params: dict[str, Any], wrap: bool = False) -> tuple[str, dict]:
+def _per_queue(name: str, queues: list[str], params: dict[str, Any], wrap: bool = False,
+               each: list[dict[str, Any]] | None = None) -> tuple[str, dict]:
     """The named read repeated for each of `queues` (UNION ALL), its %(queue)s bound per copy;
+    `each`: per queue, the values of its copy's own further parameters (bound as %(queue)s is);
     `wrap`: each copy in parentheses (a read with its own ORDER BY and LIMIT)."""
     parts, bound = [], dict(params)
     for i, queue in enumerate(queues):
-        text = Q[name].replace("%(queue)s", f"%(queue_{i})s")
+        text = Q[name]
+        for key, value in {"queue": queue, **(each[i] if each else {})}.items():
+            text = text.replace(f"%({key})s", f"%({key}_{i})s")
+            bound[f"{key}_{i}"] = value
         parts.append(f"({text})" if wrap else text)
-        bound[f"queue_{i}"] = queue
     return "\nUNION ALL\n".join(parts), bound
+
+
+# The oldest ready job's time takes a probe per priority in use, each round one statement for
+# every queue still open (web_oldest_after): a queue with one priority is done in web_oldest's
+# round trip, one with n in n. Past this many rounds the priorities left are read whole
+# (web_oldest_rest: index-only, but every ready entry of theirs).
+WEB_OLDEST_ROUNDS = 16
+
+
+def web_oldest(cur, queues: list[str], rounds: int = WEB_OLDEST_ROUNDS) -> dict[str, dict[str, Any]]:
+    """{queue: {"ready": at | None, "scheduled": at | None}}: the earliest run_at of each queue's
+    ready jobs and of its scheduled ones, on the cursor `cur` (at most
+    WEB_QUEUES_PER_STATEMENT queues)."""
+    out: dict[str, dict[str, Any]] = {q: {"ready": None, "scheduled": None} for q in queues}
+    after: dict[str, int] = {}  # a queue still open: the last priority (prio_key) read
+    last: dict[str, int] = {}
+    cur.execute(*_per_queue("web_oldest", queues, {}))
+    for state, prio_key, at, queue in cur.fetchall():
+        if state == "last":
+            last[queue] = int(prio_key)
+        else:
+            out[queue][state] = at
+            if state == "ready":
+                after[queue] = int(prio_key)
+    after = {q: p for q, p in after.items() if p < last.get(q, p)}
+    for n in range(rounds + 1):
+        if not after:
+            break
+        name = "web_oldest_after" if n < rounds else "web_oldest_rest"
+        cur.execute(*_per_queue(name, list(after), {}, each=[{"after": p} for p in after.values()]))
+        found: dict[str, int] = {}
+        for _, prio_key, at, queue in cur.fetchall():
+            if at is not None and (out[queue]["ready"] is None or at < out[queue]["ready"]):
+                out[queue]["ready"] = at
+            if prio_key is not None and int(prio_key) < last[queue]:
+                found[queue] = int(prio_key)
+        after = found
+    return out
 
 
 def web_queue_page(session: Session, after: str, limit: int) -> list[tuple]:
@@ -327,9 +369,9 @@ def web_queue_page(session: Session, after: str, limit: int) -> list[tuple]:
 
 def web_queue_figures(session: Session, queues: list[str], cap: int = WEB_COUNT_CAP,
                       sample: int = WEB_RETRY_SAMPLE, minutes: int = WEB_RATE_MINUTES) -> dict[str, dict[str, Any]]:
-    """Per queue, in one transaction of three statements (at most WEB_QUEUES_PER_STATEMENT
-    queues): {"depth": {state: n}, "oldest": {"ready"|"scheduled": at}, "rate": [(status,
-    minutes_ago, n)]}."""
+    """Per queue, in one transaction of three statements, and one more for each further
+    priority in use (web_oldest), at most WEB_QUEUES_PER_STATEMENT queues: {"depth": {state:
+    n}, "oldest": {"ready"|"scheduled": at}, "rate": [(status, minutes_ago, n)]}."""
     if len(queues) > WEB_QUEUES_PER_STATEMENT:
         raise ValueError(f"{len(queues)} queues: a page reads at most {WEB_QUEUES_PER_STATEMENT}")
     out: dict[str, dict[str, Any]] = {q: {"depth": {}, "oldest": {}, "rate": []} for q in queues}
@@ -340,9 +382,8 @@ def web_queue_figures(session: Session, queues: list[str], cap: int = WEB_COUNT_
         cur.execute(*_per_queue("web_depth", queues, {"cap": cap, "sample": sample}))
         for state, n, queue in cur.fetchall():
             out[queue]["depth"][state] = int(n)
-        cur.execute(*_per_queue("web_oldest", queues, {}))
-        for state, at, queue in cur.fetchall():
-            out[queue]["oldest"][state] = at
+        for queue, oldest in web_oldest(cur, queues).items():
+            out[queue]["oldest"] = oldest
         cur.execute(*_per_queue("web_rate", queues, {"cap": cap, "minutes": minutes, "buckets": minutes + 1}))
         for status, ago, n, queue in cur.fetchall():
             out[queue]["rate"].append((int(status), int(ago), int(n)))

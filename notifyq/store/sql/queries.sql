@@ -1602,17 +1602,37 @@ UNION ALL
   (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 5 AND queue = %(queue)s LIMIT %(cap)s) k)
 
 -- web_oldest --
--- The earliest run_at of one queue's ready jobs and of its scheduled ones: ready jobs sort by
--- priority first, so their earliest is the least of each priority's first entry (a loose index
--- scan, "Using index for group-by": one probe per priority in use, not one per job; it needs
--- the GROUP BY to name the index's leading columns, fixed as they are); a
--- scheduled job's prio_key is 0, so its earliest is the first entry of its range.
-(SELECT 'ready', MIN(m), %(queue)s FROM
-  (SELECT MIN(sort_at) AS m FROM nq_job FORCE INDEX (ix_state)
-    WHERE status = 0 AND queue = %(queue)s GROUP BY status, queue, prio_key ORDER BY NULL) p)
+-- The earliest run_at of one queue's ready jobs and of its scheduled ones, by index probes.
+-- Ready jobs sort by priority first, so their earliest is the least of each priority's first
+-- entry: this reads the first entry of the highest priority ('ready': its prio_key and time)
+-- and the lowest priority in use ('last', one entry from the end); web_oldest_after then finds
+-- the priorities between, one probe each (admin_queries.web_oldest). A GROUP BY prio_key
+-- with MIN(sort_at) lost its loose index scan on schema 10's ix_state: with the primary key's
+-- column named in the index, MariaDB checks that every column the query touches is in it,
+-- and it counts the columns prio_key and sort_at are generated from (priority, run_at,
+-- lease_until, finished_at); it read every ready entry. A scheduled job's prio_key is 0, so
+-- its earliest is the first entry of its range (MIN: one probe, "Select tables optimized away").
+(SELECT 'ready', prio_key, sort_at, %(queue)s FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at LIMIT 1)
 UNION ALL
-(SELECT 'scheduled', MIN(sort_at), %(queue)s FROM nq_job FORCE INDEX (ix_state)
+(SELECT 'last', prio_key, NULL, %(queue)s FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key DESC LIMIT 1)
+UNION ALL
+(SELECT 'scheduled', 0, MIN(sort_at), %(queue)s FROM nq_job FORCE INDEX (ix_state)
   WHERE status = 1 AND queue = %(queue)s AND prio_key = 0)
+
+-- web_oldest_after --
+-- The next priority in use after %(after)s among one queue's ready jobs, and its earliest
+-- time: the first entry of a range of ix_state, one probe. Per queue, as web_oldest.
+(SELECT 'ready', prio_key, sort_at, %(queue)s FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s AND prio_key > %(after)s ORDER BY prio_key, sort_at LIMIT 1)
+
+-- web_oldest_rest --
+-- The earliest time among one queue's ready jobs of the priorities after %(after)s, read
+-- whole: for a queue with more priorities in use than admin_queries.WEB_OLDEST_ROUNDS probes
+-- (index-only, the range's entries). Per queue, as web_oldest.
+(SELECT 'ready', NULL, MIN(sort_at), %(queue)s FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s AND prio_key > %(after)s)
 
 -- web_rate --
 -- Jobs of one queue that finished in each of the last %(minutes)s minutes, done and dead:
