@@ -47,9 +47,10 @@ from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.consume.lineup import ClaimSizer, LineupWatch
-from notifyq.store import advisory, liveness, locks, schema, workflows
+from notifyq.store import advisory, count_trust, liveness, locks, schema, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
+from notifyq.store.flow import FlowLimits
 from notifyq.wakeup import Waiter
 
 log = logging.getLogger("notifyq.consumer")
@@ -268,8 +269,11 @@ class Presence:
 
     def flow_record(self) -> str:
         """The flow settings this process applies, per queue it consumes (QueueConfig.flow_settings),
-        as its row records them: JSON, for the console's flow pages."""
-        return json.dumps({q: self.config.queue(q).flow_settings for q in self.queues},
+        as its row records them: JSON, for the console's flow pages; and whether its claims of
+        each keep the per-key counters (`counts`: store/count_trust.py)."""
+        return json.dumps({q: {**self.config.queue(q).flow_settings,
+                               **count_trust.counts_member(FlowLimits.of(self.config.queue(q)).counts)}
+                           for q in self.queues},
                           sort_keys=True, separators=(",", ":"))
 
     def _register(self, old_id: str | None = None) -> None:

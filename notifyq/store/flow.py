@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notifyq.config import QueueConfig
+from notifyq.store.count_trust import CountTrust
 from notifyq.store.driver import cut_short
 from notifyq.store.sql import QUERIES as Q
 
@@ -237,6 +238,9 @@ class FlowClaims:
         # The claim's KeyGate recounted a key (flow_recount): its mark is followed by the
         # queue's recount (verify_marked), as a claim of a queue that does not count is
         self.recounted = False
+        # Whether every consumer of the queue keeps the counters (store/count_trust.py): until
+        # this worker's read says so, and while one does not, no counter is trusted
+        self.trust = CountTrust()
 
     @classmethod
     def for_queue(cls, qc: QueueConfig) -> FlowClaims | None:
@@ -312,7 +316,7 @@ class FlowClaims:
             (named, {"queue": queue}),
             (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
             # a counting queue reads its keys' counter rows, the others their claimed rows
-            (Q["flow_counts"], {"queue": queue, "trust_s": COUNT_TRUST_S}) if self.by_head else
+            (Q["flow_counts"], {"queue": queue, "trust_s": self.trust_s}) if self.by_head else
             (Q["flow_running"], {"queue": queue})] + (
             # and the head (ready jobs in claim order with their keys), read with the counters:
             # the free keys' candidates where it holds them
@@ -322,15 +326,21 @@ class FlowClaims:
     def lean(self) -> bool:
         """Whether this worker's next claim may read the lean way: `limit_per_key` alone (no
         overrides, no `limit`, not fair, no per-key rate), its counters given up already, no key
-        waiting to be named. queries.claim adds: no queue rate."""
+        waiting to be named, every consumer of the queue keeping the counters (CountTrust).
+        queries.claim adds: no queue rate."""
         limits = self.limits
         return (limits.counts and bool(limits.limit_per_key) and not limits.key_limits
-                and not self.forget and not self.unnamed and not self.named_now)
+                and not self.forget and not self.unnamed and not self.named_now and self.trust.all_count)
 
-    @staticmethod
-    def lean_steps(queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
+    @property
+    def trust_s(self) -> float:
+        """The trust bound this claim's counter reads pass: COUNT_TRUST_S while every consumer of
+        the queue keeps the counters, else one no counter meets (store/count_trust.py)."""
+        return self.trust.bound(COUNT_TRUST_S)
+
+    def lean_steps(self, queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
         """A lean claim's reads in its first round trip: every key's counter, and the head."""
-        return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": COUNT_TRUST_S}),
+        return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": self.trust_s}),
                 (Q["flow_lean_head"], {"queue": queue, "limit": unkeyed_limit(batch_size)})]
 
     def _lean_miss(self, why: str) -> None:

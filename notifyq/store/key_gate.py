@@ -41,8 +41,11 @@ class KeyGate:
     """One claim's key locks and counts (see the module's docstring)."""
 
     def __init__(self, queue: str, limits: FlowLimits, plan: _Read, key_of: dict[int, str | None],
-                 freed: dict[str, int] | None = None):
+                 freed: dict[str, int] | None = None, trust_s: float = COUNT_TRUST_S):
         self.queue, self.limits, self.plan = queue, limits, plan
+        # The trust bound of the counters it reads (FlowClaims.trust_s: none is trusted while a
+        # consumer of the queue does not keep them, store/count_trust.py)
+        self.trust_s = trust_s
         # A netted ack's jobs per key (FlowClaims.freed): gone, still in the counters it reads
         self.freed = freed if freed is not None else {}
         self.key_of = dict(key_of)  # each candidate id's key, from the candidate read
@@ -79,7 +82,7 @@ class KeyGate:
             [rows] = run_steps(cur, [claim_lock])
             return rows
         self.asked.update(want)
-        lock = (Q["flow_lock"], {"queue": self.queue, "keys": tuple(want), "trust_s": COUNT_TRUST_S})
+        lock = (Q["flow_lock"], {"queue": self.queue, "keys": tuple(want), "trust_s": self.trust_s})
         if self.limits.counts:
             # A counting queue: the locked keys' counters, read by the lock itself (a locking
             # read: the latest, and nobody else's to change until our COMMIT); the other keys'

@@ -352,7 +352,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             ordered, complete, keys = grant.ids, grant.complete, grant.keys  # it says what it left behind
             if flow.limits.limited and flow.read is not None:
                 # Its keys' rows are locked with the jobs it takes, and counted under those locks
-                gate = KeyGate(queue, flow.limits, flow.read, grant.keys, flow.freed)
+                gate = KeyGate(queue, flow.limits, flow.read, grant.keys, flow.freed, flow.trust_s)
         read = len(ordered)
         candidates = ordered  # every id read, before the rates' hint leaves some out
         # A rated queue locks only candidates its budgets have a start for (the log as committed):
@@ -641,6 +641,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         flow.named_now = bool(flow.unnamed)
         if flow.unnamed:
             flow.name_keys(session, queue, flow.unnamed)
+        if counting:
+            # Whether every consumer of the queue keeps the counters (a read every few seconds)
+            flow.trust.refresh(session, queue)
         # A queue limited per key only reads lean (its counters and head: FlowClaims.lean_grant)
         flow.lean_now = flow.lean and rates is None
     try:

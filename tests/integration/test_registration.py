@@ -54,13 +54,14 @@ def test_a_consumers_row_records_the_flow_settings_it_applies_per_queue_and_afte
         # When it registers
         consumer_id = presence.ensure_registered(holder=object())
 
-        # Then its row records, per queue, the settings its claims apply
+        # Then its row records, per queue, the settings its claims apply (and that they do not
+        # keep the per-key counters: store/count_trust.py)
         recorded = json.loads(db.scalar("SELECT flow FROM nq_consumer WHERE id = %s", (consumer_id,)))
         assert recorded == {
             "api": {"limit": 10, "limit_per_key": 2, "key_limits": [["vip*", 5], ["vip-1", 1]], "rate": "",
-                    "rate_per_key": "3/1h", "fair": True},
+                    "rate_per_key": "3/1h", "fair": True, "counts": False},
             "plain": {"limit": 0, "limit_per_key": 0, "key_limits": [], "rate": "", "rate_per_key": "",
-                      "fair": False}}
+                      "fair": False, "counts": False}}
         # When a reload lowers the queue's limit, and the consumer's next liveness check runs
         presence.reload(db.config(queue={"api": {"limit": 4}}))
         seat = object()
@@ -72,7 +73,7 @@ def test_a_consumers_row_records_the_flow_settings_it_applies_per_queue_and_afte
         # Then its row records the settings it applies from now on, under the same id
         recorded = json.loads(db.scalar("SELECT flow FROM nq_consumer WHERE id = %s", (consumer_id,)))
         assert recorded["api"] == {"limit": 4, "limit_per_key": 0, "key_limits": [], "rate": "",
-                                   "rate_per_key": "", "fair": False}
+                                   "rate_per_key": "", "fair": False, "counts": False}
     finally:
         stop.set()
         presence.close()

@@ -14,7 +14,8 @@ SQL_RUNNERS = {"store/queries.py", "store/completion.py", "store/inserts.py", "s
                "store/liveness.py", "store/admin_queries.py", "store/advisory.py", "store/results.py", "store/rates.py",
                "store/steps.py", "store/schema.py", "store/db.py",  # db: tls_cipher
                "store/workflows.py", "store/signal.py",
-               "store/metadata_locks.py", "store/flow.py", "store/key_gate.py", "store/key_sweep.py"}  # status --locks
+               "store/metadata_locks.py", "store/flow.py", "store/key_gate.py", "store/key_sweep.py",
+               "store/count_trust.py"}  # status --locks
 
 
 def test_parser_splits_named_blocks_and_drops_comments():

@@ -841,10 +841,16 @@ WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 -- An upsert: a consumer that took its own lock back after a reconnect re-registers its id, with
 -- the server it now holds the lock on (node: the lock session's CONCAT(@@hostname, ':', @@port);
 -- on a Galera cluster after a failover, another node than before). flow: the flow settings it
--- applies per queue (JSON, presence.flow_record), for the console's flow pages only.
+-- applies per queue (JSON, presence.flow_record), for the console's flow pages, and whether its
+-- claims of each keep the per-key counters (store/count_trust.py).
 INSERT INTO nq_consumer (id, lock_name, host, pid, queues, wakeup, node, flow)
 VALUES (%(id)s, %(lock_name)s, %(host)s, %(pid)s, %(queues)s, %(wakeup)s, %(node)s, %(flow)s)
 ON DUPLICATE KEY UPDATE last_seen = NOW(6), wakeup = %(wakeup)s, node = %(node)s, flow = %(flow)s
+
+-- consumers_flow --
+-- The flow settings the registered consumers of a queue record (store/count_trust.py: whether
+-- every one keeps the per-key counters). A few rows: nq_consumer holds one per process.
+SELECT flow FROM nq_consumer WHERE FIND_IN_SET(%(queue)s, queues)
 
 -- record_consumer_flow --
 -- After a reload changed them: the flow settings the consumer applies from its next claims.
