@@ -692,12 +692,20 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
             free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
             if free:
                 cur.execute(Q["claim_lock"], {"ids": Ids(list(free))})
-                mine = [r[0] for r in cur.fetchall() if r[3] == free[r[0]]]
+                rows = [r for r in cur.fetchall() if r[3] == free[r[0]]]
+                mine = [r[0] for r in rows]
                 if mine:
                     cur.execute(Q["claim_mark"], {"ids": Ids(mine), "owner": owner, "token": token,
                                                   "lease_us": microseconds(lease_s)})
                     if cur.rowcount != len(mine):  # a KILL QUERY's OK reply: run it again
                         raise cut_short(f"retake a claim: marked {cur.rowcount} of {len(mine)}")
+                    keys = tuple(sorted({r[KEY] for r in rows if r[KEY] is not None}))
+                    if keys and counted_token(token):
+                        # A counting claim's jobs marked again: its COMMIT's counter change did
+                        # not land with them, and their ends will release them (COUNTED_BIT).
+                        # Their keys' counters are given up, recounted by the next claim of each
+                        # (never low: added here without the keys' locks, they could be)
+                        cur.execute(Q["flow_count_forget_set"], {"queue": jobs[0].queue, "keys": keys})
                     held.update(mine)
         finally:
             if session.galera:

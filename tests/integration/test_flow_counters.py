@@ -166,6 +166,33 @@ def test_a_counter_left_high_by_a_take_back_is_recounted_once_past_the_trust_bou
         session.close()
 
 
+def test_a_counting_claim_retaken_after_its_commit_failed_leaves_the_counter_unknown_never_low(db):
+    # Given a counting claim of 2 of a's jobs (limit_per_key = 2) whose COMMIT did not land: its
+    # rows ready again (attempts as before), the counter as before it (0)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        claim = _claim(session, flow)
+        assert len(claim.jobs) == 2 and queries.counted_token(claim.token)
+        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
+                 "attempts = attempts - 1 WHERE status = 2")
+        db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        # When the claim takes them back (its first job had started: queries.retake) and acks them
+        held = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0)
+        assert sorted(held) == sorted(j.id for j in claim.jobs)
+        assert queries.ack(session, held, claim.token, keep=False) == 2
+        # Then the counter is not low (its ack released jobs no counter had added): the next
+        # claim takes 2 of a's jobs, not more
+        again = _claim(session, flow)
+        assert len(again.jobs) == 2
+        assert _running(db) == {"a": 2}
+        _exact(db)
+    finally:
+        session.close()
+
+
 def test_a_purge_or_cancel_of_running_jobs_leaves_the_counter_high_never_low(db):
     # Given key a with 2 jobs running under a counting claim
     cfg = db.config()

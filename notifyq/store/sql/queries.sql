@@ -402,6 +402,8 @@ WHERE queue = %(queue)s AND job_key IN %(keys)s AND running IS NOT NULL
 SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s FOR UPDATE SKIP LOCKED
 
 -- flow_count_forget_set --
+-- Also a retake's (queries.retake): a counting claim's jobs marked again after its COMMIT failed
+-- (its counter change did not land) leave their keys' counters unknown, not low.
 UPDATE nq_flow_key FORCE INDEX (PRIMARY) SET running = NULL WHERE queue = %(queue)s AND job_key IN %(keys)s
 
 -- flow_count_add --
