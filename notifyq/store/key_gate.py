@@ -55,6 +55,9 @@ class KeyGate:
         self.held: list[str] = []  # keys whose locked jobs the count under the lock held back
         self.contended = False  # locked jobs left for another claim that holds their key's row
         self.recounted = False  # a counter recounted under its lock (flow_recount)
+        # A claim that does not count: the locked keys whose counters are known (a counting
+        # consumer's), given up with its mark (its jobs are in no counter)
+        self.known: set[str] = set()
 
     @property
     def closed(self) -> bool:
@@ -108,6 +111,7 @@ class KeyGate:
         got, running, rows = run_steps(cur, [lock,
                                              (Q["flow_running"], {"queue": self.queue}), claim_lock])
         self.locked.update(r[0] for r in got)
+        self.known.update(r[0] for r in got if r[1] is not None and r[0] != QUEUE_ROW)
         self.plan.skipped.update(set(want) - self.locked)
         self.plan.running.clear()
         self.plan.running.update((r[0], int(r[1])) for r in running)

@@ -530,6 +530,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # counts again as the others do only when it recounted a key (a recount cut short by a
         # KILL QUERY must not let a key run more than its limit: the rollback undoes it).
         add = None
+        add_least = 0
         if counting:
             delta: dict[str, int] = {}
             for r in locked:
@@ -538,12 +539,21 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             for k, n in flow.freed.items():  # a netted ack's jobs, off their keys (Acks.net)
                 delta[k] = delta.get(k, 0) - n
             add = flow.count_add(queue, delta)
+            # (of its keys, those only a netted ack frees may be unknown, NULL, and stay so: unchanged)
+            add_least = sum(1 for k in add[1]["keys"] if k not in flow.freed or delta.get(k, 0) > 0) if add else 0
+        elif gate is not None and gate.known and locked:
+            # A limited claim that does not count (a `limit` or `fair` too, or a consumer reloaded
+            # from a config that counted): its jobs are in no counter, so the known counters of
+            # their keys (a counting consumer's, read by its KeyGate's lock) are given up, under
+            # those locks: a counting claim recounts them before it trusts them again
+            forget = tuple(sorted({r[KEY] for r in locked if r[KEY] in gate.known}))
+            if forget:
+                add = (Q["flow_count_forget_set"], {"queue": queue, "keys": forget})
+                add_least = len(forget)  # each was known: each changes
         add_at = len(last)
         if add is not None:
             last.append(add)
         add_rows = len(add[1]["keys"]) if add is not None else 0
-        # (of those, the keys only a netted ack frees may be unknown, NULL, and stay so: unchanged)
-        add_least = sum(1 for k in add[1]["keys"] if k not in flow.freed or delta.get(k, 0) > 0) if add is not None else 0
         recount = flow is not None and flow.limits.limited and (not counting or flow.recounted) and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))

@@ -228,6 +228,28 @@ def test_a_queue_that_does_not_count_leaves_the_counters_alone(db):
         session.close()
 
 
+def test_a_limited_claim_that_does_not_count_gives_up_the_counters_of_the_keys_it_takes(db):
+    # Given key a (limit_per_key = 2) with 1 job running under a counting claim: its counter 1,
+    # trusted (every registration says its consumer counts: a reload not recorded yet, say)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 6)
+    session = Session(cfg.dsn)
+    counting = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        assert len(_claim(session, counting, batch=1).jobs) == 1
+        assert _counters(db) == {"a": 1}
+        # When a consumer whose config does not count (fair too: reloaded, say) takes the other slot
+        other = _claim(session, FlowClaims(FlowLimits(limit_per_key=2, fair=True)), batch=1)
+        assert len(other.jobs) == 1 and not queries.counted_token(other.token)
+        # Then the counting consumer's next claim takes none of a's jobs: the key runs 2 of 2, not
+        # 3 (the other claim gave a's counter up, its job being in no counter, and this one
+        # recounted it before it trusted it)
+        assert _claim(session, counting).jobs == []
+        assert _running(db) == {"a": 2} and _counters(db) == {"a": 2}
+    finally:
+        session.close()
+
+
 def test_a_lean_claims_netted_ack_that_a_take_back_cut_short_is_released_from_the_servers_rows(db):
     # Given key a with 6 ready jobs and limit_per_key = 2: my claim runs a's first two
     cfg = db.config()
