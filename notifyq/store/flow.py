@@ -22,7 +22,8 @@ token has COUNTED_BIT, store/queries.py) takes it off, under the fence, in its t
 (flow_count_release). Every other path out of status 2 leaves the counter high, never low; a
 counter that is unknown (NULL) or was counted more than COUNT_TRUST_S ago is counted again from
 the claimed rows under the row's lock before a claim trusts it (KeyGate), which bounds how long
-a counter left high holds its key. The candidates come from the head of the ready jobs, read
+a counter left high holds its key; and none is trusted while a consumer of the queue does not
+keep them (store/count_trust.py). The candidates come from the head of the ready jobs, read
 with the counters (flow_head_keys; ix_state holds the key), where it holds them.
 
 The candidates come through ix_key, one read per key (flow_key_firsts' dives, or
@@ -92,9 +93,10 @@ DEEP_SKIPS = 8
 # counter is never low while every consumer of the queue counts (docs/flow-control.md), but it can
 # be high: a job taken out of status 2 by a path that does not release it (a reaper, an expired
 # lease, an operator's cancel) leaves its slot taken. Recounted once it is older than this, under
-# its row's lock, a key is held by such a slot at most this long; and a job started meanwhile by a
-# consumer that does not count (an older version through an upgrade, another config) is in its
-# key's counter within this long.
+# its row's lock, a key is held by such a slot at most this long. No counter is trusted at all
+# while a registered consumer of the queue does not count (an older version through an upgrade,
+# another config: store/count_trust.py), and a limited claim that does not count gives up the
+# counters of the keys it takes.
 COUNT_TRUST_S = 5
 
 

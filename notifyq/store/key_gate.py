@@ -25,7 +25,10 @@ a KILL QUERY must not let a key run more than its limit.
 A queue limited per key only (FlowLimits.counts) reads each locked key's counter with its lock
 (flow_lock) instead of counting the claimed rows; a counter it may not trust (unknown, or
 counted more than COUNT_TRUST_S ago) is counted again under the lock first (flow_recount), and
-that claim then counts once more after its mark as the others do.
+that claim then counts once more after its mark as the others do. No counter is trusted while
+a consumer of the queue does not keep them (store/count_trust.py). A limited claim that does not
+count gives up, with its mark, the known counters of the keys it takes (`known`): its jobs are in
+no counter.
 """
 
 from __future__ import annotations
