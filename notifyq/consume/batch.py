@@ -519,8 +519,10 @@ class BatchRun:
         batch.retake_tried = True
         jobs = batch.jobs[:batch.started] + [j for j in batch.jobs[batch.started:] if j.id not in batch.lost]
         try:
+            flow = self.worker.flow  # a limited queue's jobs are taken again within its limits
             held = queries.retake(self.work, jobs, batch.token, batch.owner, batch.lease_s,
-                                  batch.connection, batch.claimed_at, batch.server_run)
+                                  batch.connection, batch.claimed_at, batch.server_run,
+                                  limits=flow.limits if flow is not None else None)
         except errors.NotifyqError as e:
             log.warning("could not learn whether a claim whose COMMIT failed is ours: it is given up "
                         "queue=%s error=%s", self.queue, e)

@@ -26,7 +26,7 @@ from notifyq.jobs import Job, claimed
 from notifyq.store import rates as rating
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, IntList, cut_short, error_code
-from notifyq.store.flow import MIN_CANDIDATES, FlowClaims, UnnamedKeys
+from notifyq.store.flow import MIN_CANDIDATES, QUEUE_ROW, FlowClaims, FlowLimits, UnnamedKeys
 from notifyq.store.key_gate import KeyGate
 from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
@@ -669,7 +669,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
 
 
 def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: float,
-           connection: int | None, sent_at: float, run: float | None = None) -> list[int] | None:
+           connection: int | None, sent_at: float, run: float | None = None,
+           limits: FlowLimits | None = None) -> list[int] | None:
     """A claim whose COMMIT failed, or lost its reply, after its first job started (claim()
     does not wait for it): which of its `jobs` it holds now, committed. Those its COMMIT did
     mark are its own; those it did not and that nobody took meanwhile (still claimable, their
@@ -681,7 +682,15 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
     its KILL, so no read tells yet. Without `run`, a restart within a second or two of `sent_at`
     (a crash, the server back at once; or a claim first sent after it on a connection from before
     it) passed for none, and the KILL of the claim's connection id took an application's session
-    that had the id on the new server."""
+    that had the id on the new server.
+
+    A limited queue's (`limits`, its claims' FlowLimits) jobs are taken again only within its
+    limits: the failed COMMIT let go of the claim's key rows, and a peer's claim may have taken
+    the free slots of their keys (or of the queue's `limit`) since, its count without ours. The
+    rows of their keys (and the queue's) are locked first, waited for (outside any claim), the
+    running jobs counted under them (flow_running), and of each key only as many jobs taken
+    again as leave it within its limit, the claim's started ones first; the rest are someone
+    else's (their current run's ack is fenced out)."""
     ids = [j.id for j in jobs]
     if not ids:  # every job of the claim was taken back meanwhile: nothing is left to learn
         return []
@@ -701,20 +710,41 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
             held = set(still_claimed(cur, ids, token))
             free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
             if free:
+                gated = limits is not None and limits.limited
+                locked_keys: set[str] = set()
+                if gated:
+                    # Key order (the queue's row, the empty key, first): as KeyGate locks them
+                    want = sorted({j.key for j in jobs if j.id in free and limits.limit_for(j.key)}, key=str)
+                    if limits.limit:
+                        want.insert(0, QUEUE_ROW)
+                    if want:
+                        cur.execute(Q["flow_lock_wait"], {"queue": jobs[0].queue, "keys": tuple(want)})
+                        locked_keys = {r[0] for r in cur.fetchall()}
                 cur.execute(Q["claim_lock"], {"ids": Ids(list(free))})
                 rows = [r for r in cur.fetchall() if r[3] == free[r[0]]]
+                if gated and rows:
+                    cur.execute(Q["flow_running"], {"queue": jobs[0].queue})
+                    running = {r[0]: int(r[1]) for r in cur.fetchall()}
+                    order = {job_id: i for i, job_id in enumerate(ids)}  # the started jobs first
+                    rows = _within_limits(sorted(rows, key=lambda r: order[r[0]]), limits, running, locked_keys)
                 mine = [r[0] for r in rows]
                 if mine:
                     cur.execute(Q["claim_mark"], {"ids": Ids(mine), "owner": owner, "token": token,
                                                   "lease_us": microseconds(lease_s)})
                     if cur.rowcount != len(mine):  # a KILL QUERY's OK reply: run it again
                         raise cut_short(f"retake a claim: marked {cur.rowcount} of {len(mine)}")
+                    if gated:
+                        # The limits once more on the rows as marked: a count that a KILL QUERY
+                        # cut short (an OK reply, rows missing) must not let a key run more
+                        # than its limit (as a claim's FlowClaims.verify_marked)
+                        cur.execute(Q["flow_running"], {"queue": jobs[0].queue})
+                        _verify_within(cur.fetchall(), limits, {r[KEY] for r in rows})
                     keys = tuple(sorted({r[KEY] for r in rows if r[KEY] is not None}))
                     if keys and counted_token(token):
                         # A counting claim's jobs marked again: its COMMIT's counter change did
                         # not land with them, and their ends will release them (COUNTED_BIT).
                         # Their keys' counters are given up, recounted by the next claim of each
-                        # (never low: added here without the keys' locks, they could be)
+                        # (not added to: a retake is rare, and a recount under the lock is exact)
                         cur.execute(Q["flow_count_forget_set"], {"queue": jobs[0].queue, "keys": keys})
                     held.update(mine)
         finally:
@@ -723,6 +753,38 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
         return [job_id for job_id in ids if job_id in held]
 
     return session.run(body, what="retake a claim")
+
+
+def _within_limits(rows: list[tuple], limits: FlowLimits, running: dict[str | None, int],
+                   locked: set[str]) -> list[tuple]:
+    """Of a retake's locked rows (claim_lock's, in the claim's order), those its limits leave
+    room for: their key's row (and the queue's, for a `limit`) locked, and a slot free under the
+    running jobs counted under those locks (`running`, per key) and the rows kept before."""
+    kept: list[tuple] = []
+    per_key: dict[str, int] = {}
+    total = sum(running.values())
+    for row in rows:
+        key = row[KEY]
+        if limits.limit and (QUEUE_ROW not in locked or total + len(kept) >= limits.limit):
+            continue
+        lim = limits.limit_for(key)
+        if lim:
+            if key not in locked or running.get(key, 0) + per_key.get(key, 0) >= lim:
+                continue
+            per_key[key] = per_key.get(key, 0) + 1
+        kept.append(row)
+    return kept
+
+
+def _verify_within(running_rows: list[tuple], limits: FlowLimits, keys: set[str | None]) -> None:
+    """A retake's marked rows within its limits, counted again after its mark (cut_short: run again)."""
+    running = {r[0]: int(r[1]) for r in running_rows}
+    for key in keys:
+        lim = limits.limit_for(key)
+        if lim and running.get(key, 0) > lim:
+            raise cut_short(f"retake a claim: key {key!r} would run {running[key]} of {lim}")
+    if limits.limit and sum(running.values()) > limits.limit:
+        raise cut_short(f"retake a claim: would run {sum(running.values())} of {limits.limit}")
 
 
 def _apply_freed(cur, queue: str, flow: FlowClaims) -> None:

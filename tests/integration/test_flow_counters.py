@@ -6,6 +6,8 @@ bound (COUNT_TRUST_S), and never trusted for jobs a claim that did not count sta
 
 from __future__ import annotations
 
+import pytest
+
 from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, queries
 from notifyq.store.db import Session
@@ -191,6 +193,69 @@ def test_a_counting_claim_retaken_after_its_commit_failed_leaves_the_counter_unk
         _exact(db)
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("limits", [FlowLimits(limit_per_key=2), FlowLimits(limit=2)],
+                         ids=["limit_per_key", "limit"])
+def test_a_claim_retaken_after_its_commit_failed_takes_no_slot_a_peer_took_meanwhile(db, limits):
+    # Given a claim of 2 of a's jobs (a limit of 2: the key's, or the queue's) whose COMMIT did
+    # not land: its rows ready again (attempts as before), a counter as before it (0)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5)
+    session, peer = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        claim = _claim(session, FlowClaims(limits))
+        mine = [j.id for j in claim.jobs]
+        assert len(mine) == 2
+        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
+                 "attempts = attempts - 1 WHERE status = 2")
+        if limits.counts:  # (a queue with a `limit` keeps no counter)
+            db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        # And a peer's claim that then takes the limit's 2 slots with 2 other jobs of a (ours
+        # out of its reach meanwhile: still locked by our transaction, say)
+        db.query("UPDATE nq_job SET status = 1, run_at = NOW(6) + INTERVAL 1 HOUR WHERE id IN %s", (mine,))
+        taken = queries.claim(peer, "q", "p" * 32, 100, 60, flow=FlowClaims(limits))
+        peer.pipeline.read_reply()
+        assert len(taken.jobs) == 2 and not set(mine) & {j.id for j in taken.jobs}
+        db.query("UPDATE nq_job SET status = 0, run_at = NOW(6) WHERE id IN %s", (mine,))
+        # When the first claim takes its jobs back (its first job had started: queries.retake)
+        held = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0, limits=limits)
+        # Then none is taken: the key still runs 2, the peer's (ours are someone else's to run)
+        assert held == []
+        assert _running(db) == {"a": 2}
+        _never_low(db)
+    finally:
+        session.close()
+        peer.close()
+
+
+def test_a_claim_retaken_after_its_commit_failed_takes_back_what_its_key_has_room_for(db):
+    # Given a counting claim of 2 of a's jobs (limit_per_key = 2) whose COMMIT did not land, and a
+    # peer's claim that then took 1 of a's other jobs
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5)
+    session, peer = Session(cfg.dsn), Session(cfg.dsn)
+    limits = FlowLimits(limit_per_key=2)
+    try:
+        claim = _claim(session, FlowClaims(limits))
+        mine = [j.id for j in claim.jobs]
+        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
+                 "attempts = attempts - 1 WHERE status = 2")
+        db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        db.query("UPDATE nq_job SET status = 1, run_at = NOW(6) + INTERVAL 1 HOUR WHERE id IN %s", (mine,))
+        taken = queries.claim(peer, "q", "p" * 32, 1, 60, flow=FlowClaims(limits))
+        peer.pipeline.read_reply()
+        assert len(taken.jobs) == 1
+        db.query("UPDATE nq_job SET status = 0, run_at = NOW(6) WHERE id IN %s", (mine,))
+        # When the first claim takes its jobs back, its started one first (claim.jobs' order)
+        held = queries.retake(session, claim.jobs[::-1], claim.token, OWNER, 60, None, 0.0, limits=limits)
+        # Then it holds the one its key has room for, and the counter is given up, never low
+        assert held == [mine[1]]
+        assert _running(db) == {"a": 2}
+        assert _counters(db) == {"a": None}
+    finally:
+        session.close()
+        peer.close()
 
 
 def test_a_purge_or_cancel_of_running_jobs_leaves_the_counter_high_never_low(db):

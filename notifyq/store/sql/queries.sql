@@ -366,6 +366,15 @@ FROM nq_flow_key FORCE INDEX (PRIMARY)
 WHERE queue = %(queue)s AND job_key IN %(keys)s
 FOR UPDATE SKIP LOCKED
 
+-- flow_lock_wait --
+-- A retake's locks (queries.retake) on the rows of the limited keys of the jobs it takes again
+-- (and the queue's, the empty key, for a `limit`): waited for, not skipped (it runs outside any
+-- claim, in a transaction of its own), so that flow_running read after it is exact.
+SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY)
+WHERE queue = %(queue)s AND job_key IN %(keys)s
+ORDER BY job_key
+FOR UPDATE
+
 -- flow_counts --
 -- The committed running counts of a queue that counts (limited per key only: store/flow.py,
 -- FlowLimits.counts), from its keys' counter rows instead of flow_running's read of every
