@@ -224,7 +224,13 @@ class FlowClaims:
         self.lean_claims = 0  # lean reads so far (the clock of lean_looked)
         # Free keys absent from a full head that a full read looked for (it dives for them):
         # key -> the lean read before which their absence sends no claim to the full read again
-        self.lean_looked: dict[str, int] = {}
+        # (None: any key, of a queue of many keys)
+        self.lean_looked: dict[str | None, int] = {}
+        # The queue has more key rows than this, as a lean read of every key's counter found: a
+        # lean claim whose head holds no more jobs looks up its head's keys' counters instead
+        # (flow_lean_head_counted, lean_steps)
+        self.lean_keys_over = 0
+        self.lean_read_many = False  # this claim's lean read looked them up (lean_steps)
         self.deep_skips = 0  # reads of unkeyed jobs skipped since the last one (DEEP_SKIPS)
         self.deep_found = True  # whether the last read of unkeyed jobs found any
         # Keys the last claim found unnamed after it had named some already (name_keys): the
@@ -312,13 +318,15 @@ class FlowClaims:
         """Round trip 1 (plain reads): discovery and which of its keys are named, the named keys,
         and the running counts."""
         n = self.discovery_steps
-        named = Q["flow_discovered_named"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4",
-                                                   ", ".join(f"@nq_k{i}" for i in range(1, n + 1)))
+        found = ", ".join(f"@nq_k{i}" for i in range(1, n + 1))
+        named = Q["flow_discovered_named"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4", found)
+        window = {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}
         return _discovery(queue, self.discover_after, n) + [
             (named, {"queue": queue}),
-            (Q["flow_keys"], {"queue": queue, "after": self.after, "limit": batch_size * KEYS_PER_CLAIM}),
-            # a counting queue reads its keys' counter rows, the others their claimed rows
-            (Q["flow_counts"], {"queue": queue, "trust_s": self.trust_s}) if self.by_head else
+            (Q["flow_keys"], window),
+            # a counting queue reads the counter rows of those keys, the others their claimed rows
+            (Q["flow_counts"].replace("@nq_k1, @nq_k2, @nq_k3, @nq_k4", found),
+             {**window, "trust_s": self.trust_s}) if self.by_head else
             (Q["flow_running"], {"queue": queue})] + (
             # and the head (ready jobs in claim order with their keys), read with the counters:
             # the free keys' candidates where it holds them
@@ -341,14 +349,23 @@ class FlowClaims:
         return self.trust.bound(COUNT_TRUST_S)
 
     def lean_steps(self, queue: str, batch_size: int) -> list[tuple[str, dict[str, Any]]]:
-        """A lean claim's reads in its first round trip: every key's counter, and the head."""
-        return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": self.trust_s}),
-                (Q["flow_lean_head"], {"queue": queue, "limit": unkeyed_limit(batch_size)})]
+        """A lean claim's reads in its first round trip, key rows bounded by its head whatever
+        the queue's number of keys: for a queue of a few keys, every key's counter (one more than
+        its head holds keys at most: a range read, cheaper than a lookup a key) and the head;
+        for one of more (lean_keys_over), the head with its keys' counters (a lookup a job) and
+        whether a key it does not hold may be free (one row at most)."""
+        limit = unkeyed_limit(batch_size)
+        self.lean_read_many = limit <= self.lean_keys_over
+        if not self.lean_read_many:
+            return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": self.trust_s, "most": limit + 1}),
+                    (Q["flow_lean_head"], {"queue": queue, "limit": limit})]
+        return [(Q["flow_lean_head_counted"], {"queue": queue, "limit": limit, "trust_s": self.trust_s}),
+                (Q["flow_lean_absent"], {"queue": queue, "limit": limit, "lim": self.limits.limit_per_key})]
 
     def _lean_miss(self, why: str) -> None:
         self.lean_stats[why] = self.lean_stats.get(why, 0) + 1
 
-    def lean_grant(self, queue: str, batch_size: int, counter_rows: list[tuple], head: list[tuple]) -> Grant | None:
+    def lean_grant(self, queue: str, batch_size: int, first: list[tuple], second: list[tuple]) -> Grant | None:
         """A lean claim's grant from its counters and head alone, or None where those cannot
         decide (the full read then runs): a key of the head without a row (to be named) or with
         a counter it may not trust (to be recounted), or a full head whose grantable jobs do not
@@ -357,9 +374,22 @@ class FlowClaims:
         priority, first the keys of the jobs this claim's acks end, then keys with every slot
         free, then the rest (unkeyed jobs with the second), each by its first job."""
         lim = self.limits.limit_per_key
-        counters = {r[0]: (r[1], r[2]) for r in counter_rows}
         groups: dict[str | None, list[tuple]] = {}  # key -> its head jobs (prio, pos, id)
         unkeyed: list[tuple] = []
+        many = self.lean_read_many
+        if many:
+            # (flow_lean_head_counted, flow_lean_absent): the head's keys' counters, and whether
+            # some key outside the head may be free
+            counters = {r[2]: (r[3], r[4]) for r in first if r[2] is not None}
+            head = [r[:3] for r in first]
+        else:
+            # (flow_lean_counters, flow_lean_head): every key's counter, if it read them all
+            if len(first) > unkeyed_limit(batch_size):
+                # more keys than its head holds jobs: looked up from now on, by heads this size
+                self.lean_keys_over = max(self.lean_keys_over, unkeyed_limit(batch_size))
+                self._lean_miss("many_keys")
+                return None
+            head, counters = second, {r[0]: (r[1], r[2]) for r in first}
         for pos, (job_id, prio, key) in enumerate(head):
             if key is None:
                 unkeyed.append((prio, pos, job_id))
@@ -367,8 +397,8 @@ class FlowClaims:
                 groups.setdefault(key, []).append((prio, pos, job_id))
         running: dict[str | None, int] = {}
         for key in groups:
-            known = counters.get(key)
-            if known is None:
+            known = counters.get(key, (None, None))
+            if known[1] is None:
                 self._lean_miss("unnamed")
                 return None
             if not known[1]:
@@ -397,12 +427,14 @@ class FlowClaims:
             # Grantable jobs may lie behind the head: of free keys it does not hold (their jobs
             # later in claim order, or none: a key drained), or unkeyed ones. The full read looks
             # for both; a free key it looked for sends no claim to it again for DEEP_SKIPS lean
-            # reads, and unkeyed jobs, while the last deep read found none, wait DEEP_SKIPS
+            # reads (of a queue of many keys, where the claim knows only that there is one, any
+            # such key), and unkeyed jobs, while the last deep read found none, wait DEEP_SKIPS
             # claims at most (as the full read's skips). Keys in the head with fewer jobs there
             # than free slots take what the head holds (their next jobs come into it).
-            absent = [k for k, (n, _t) in counters.items()
-                      if k not in groups and k != QUEUE_ROW and (n is None or n < lim)
-                      and self.lean_looked.get(k, 0) <= self.lean_claims]
+            # (None stands for any key of a queue of many keys: flow_lean_absent found one)
+            outside = ([None] if second else []) if many else [
+                k for k, (n, _t) in counters.items() if k not in groups and k != QUEUE_ROW and (n is None or n < lim)]
+            absent = [k for k in outside if self.lean_looked.get(k, 0) <= self.lean_claims]
             if absent or self.deep_found or self.deep_skips >= DEEP_SKIPS:
                 for k in absent:
                     self.lean_looked[k] = self.lean_claims + DEEP_SKIPS

@@ -363,3 +363,100 @@ def test_a_lean_claims_netted_ack_is_released_when_the_queue_is_paused(db):
         _exact(db)
     finally:
         session.close()
+
+
+def _name_idle(db, n: int) -> None:
+    """`n` named keys without jobs, their counters known (0) and fresh."""
+    rows = ", ".join(f"('q', 'idle{i:05d}', 0, NOW(6))" for i in range(n))
+    db.query(f"INSERT INTO nq_flow_key (queue, job_key, running, counted_at) VALUES {rows}")
+
+
+def _rows_read(session) -> int:
+    """The rows this session's statements read so far (its Handler_read_* counters)."""
+    cur = session.cursor()
+    cur.execute("SHOW SESSION STATUS LIKE %s", ("Handler_read%",))
+    return sum(int(n) for name, n in cur.fetchall() if name != "Handler_read_retry")
+
+
+def test_a_lean_claim_reads_the_key_rows_of_its_head_not_every_key_of_the_queue(db):
+    # Given a queue of 4,000 named keys (a key per customer), all but three without ready jobs,
+    # and keys a, b, c with 6 ready jobs each, limit_per_key = 2
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
+    _name_idle(db, 4000)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=10)  # (gives the counters up, recounts a, b, c)
+        assert len(first.jobs) == 6
+        # When a lean claim carries their acks and takes the next ones
+        acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q",
+                            keys=[j.key for j in first.jobs])
+        before = _rows_read(session)
+        again = _claim(session, flow, batch=10, acks=acks)
+        read = _rows_read(session) - before
+        # Then it read rows bounded by its head (32 jobs), not the 4,000 keys, and decided lean
+        # (the first claim's lean read found more keys than its head holds jobs: the claims of
+        # this queue look their head's keys up from then on)
+        assert read < 1000, read
+        assert flow.lean_stats.get("lean") == 1 and flow.lean_stats.get("many_keys") == 1, flow.lean_stats
+        assert sorted(j.key for j in again.jobs) == ["a", "a", "b", "b", "c", "c"]
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_claim_that_falls_back_to_the_full_read_reads_its_window_of_keys_not_every_key(db):
+    # Given a queue of 4,000 named keys, all but three without ready jobs, and keys a, b, c with
+    # 6 ready jobs each, limit_per_key = 2, after a first claim (2 jobs of each)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
+    _name_idle(db, 4000)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=10)
+        assert len(first.jobs) == 6
+        # When a's counter is past the trust bound, so that the lean read cannot decide and the
+        # claim reads fully (its first send's counts, then its KeyGate's recount of a)
+        db.query("UPDATE nq_flow_key SET counted_at = NOW(6) - INTERVAL 1 HOUR WHERE queue = 'q' AND job_key = 'a'")
+        acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q",
+                            keys=[j.key for j in first.jobs])
+        untrusted, before = flow.lean_stats.get("untrusted", 0), _rows_read(session)
+        again = _claim(session, flow, batch=10, acks=acks)
+        read = _rows_read(session) - before
+        # Then it takes the next jobs within the limits, reading rows bounded by its window of
+        # keys (3 x its batch) and its head, not the 4,000 keys
+        assert flow.lean_stats.get("untrusted") == untrusted + 1, flow.lean_stats
+        assert sorted(j.key for j in again.jobs) == ["a", "a", "b", "b", "c", "c"]
+        assert read < 1000, read
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_lean_claim_whose_full_head_is_held_finds_a_free_key_behind_it_among_many_keys(db):
+    # Given key a's 40 ready jobs, then key b's 3 (behind a head of a's jobs), among 4,000 named
+    # keys without jobs, limit_per_key = 2, after a first claim (a's first two, b's)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 40 + ["b"] * 3)
+    _name_idle(db, 4000)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=10)
+        assert sorted(j.key for j in first.jobs) == ["a", "a", "b", "b"]
+        # When a lean claim carries their acks: its head (32 jobs) is a's alone, two of them free
+        acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q",
+                            keys=[j.key for j in first.jobs])
+        short, before = flow.lean_stats.get("short_head_keys", 0), _rows_read(session)
+        again = _claim(session, flow, batch=10, acks=acks)
+        read = _rows_read(session) - before
+        # Then it reads fully for the free keys behind its head, takes b's last job with a's
+        # next two, and read rows bounded by its head and its window of keys
+        assert flow.lean_stats.get("short_head_keys") == short + 1, flow.lean_stats
+        assert sorted(j.key for j in again.jobs) == ["a", "a", "b"]
+        assert read < 1000, read
+        _exact(db)
+    finally:
+        session.close()

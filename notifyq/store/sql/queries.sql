@@ -381,8 +381,20 @@ FOR UPDATE
 -- claimed row. Only counters a claim may trust (known, recounted within the trust bound): the
 -- others read as free, so the claim reads their candidates and its KeyGate recounts them under
 -- their rows' locks (flow_recount) before it keeps any job of theirs.
-SELECT job_key, running FROM nq_flow_key FORCE INDEX (PRIMARY)
-WHERE queue = %(queue)s AND running <> 0 AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
+-- Only the keys the claim may take: flow_keys' (the same round-robin window) and the ones its
+-- discovery found (flow_discovered_named's), so it reads as many key rows as flow_keys, not
+-- every key of the queue (a queue of a key per customer has thousands).
+SELECT job_key, running FROM (
+  (SELECT job_key, running, counted_at FROM nq_flow_key FORCE INDEX (PRIMARY)
+    WHERE queue = %(queue)s AND job_key > %(after)s ORDER BY job_key LIMIT %(limit)s)
+  UNION ALL
+  (SELECT job_key, running, counted_at FROM nq_flow_key FORCE INDEX (PRIMARY)
+    WHERE queue = %(queue)s AND job_key <= %(after)s ORDER BY job_key LIMIT %(limit)s)
+  UNION ALL
+  (SELECT job_key, running, counted_at FROM nq_flow_key FORCE INDEX (PRIMARY)
+    WHERE queue = %(queue)s AND job_key IN (@nq_k1, @nq_k2, @nq_k3, @nq_k4))
+) w
+WHERE running <> 0 AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
 
 -- flow_recount --
 -- Keys whose rows this claim holds (flow_lock) and whose counters it may not trust: counted
@@ -478,12 +490,15 @@ SELECT j.id, j.key_prio, j.run_at, j.job_key FROM
   JOIN nq_job j FORCE INDEX (PRIMARY) ON j.id = h.id
 
 -- flow_lean_counters --
--- The lean claim's counters (store/flow.py, FlowClaims.lean): every key row of a queue limited
--- per key only, plain, with whether a claim may trust its counter (known, recounted within the
--- trust bound). Read with the head (flow_head_keys) in the claim's first round trip, after the
--- carried acks' release: the claim's own acks are already off them.
-SELECT job_key, running, running IS NOT NULL AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND
-FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s
+-- The lean claim's counters (store/flow.py, FlowClaims.lean_steps) for a queue of few keys:
+-- its key rows, plain, with whether a claim may trust each counter (known, recounted within the
+-- trust bound), at most `most` of them (one more than the claim's head can hold keys): a range
+-- of the primary key, cheaper than a lookup a key (flow_lean_head_counted). A queue with more
+-- rows than that (a key per customer) is read by flow_lean_head_counted from then on. Read with
+-- the head (flow_lean_head) in the claim's first round trip, after the carried acks' release:
+-- the claim's own acks are already off them.
+SELECT job_key, running, COALESCE(running IS NOT NULL AND counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND, 0)
+FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s ORDER BY job_key LIMIT %(most)s
 
 -- flow_lean_head --
 -- The lean claim's head (store/flow.py, FlowClaims.lean_grant): flow_head_keys without the
@@ -491,6 +506,37 @@ FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s
 -- the rest of the read).
 SELECT id, prio_key, job_key FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s
+
+-- flow_lean_head_counted --
+-- The lean claim's head with its keys' counters, for a queue of more keys than flow_lean_counters
+-- reads: flow_lean_head, each job joined by its key to the key's row (a primary-key lookup a
+-- job): the counter, plain, and whether a claim may trust it (known, recounted within the trust
+-- bound; NULL: no row names the key). Only the head's keys are read, so a claim costs the head's
+-- rows whatever the queue's number of keys (reading every key row cost a queue of a key per
+-- customer all of them a claim).
+SELECT h.id, h.prio_key, h.job_key, k.running,
+       IF(k.job_key IS NULL, NULL,
+          COALESCE(k.running IS NOT NULL AND k.counted_at > NOW(6) - INTERVAL %(trust_s)s SECOND, 0))
+FROM (SELECT id, prio_key, sort_at, job_key FROM nq_job FORCE INDEX (ix_state)
+      WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id LIMIT %(limit)s) h
+LEFT JOIN nq_flow_key k FORCE INDEX (PRIMARY) ON k.queue = %(queue)s AND k.job_key = h.job_key
+ORDER BY h.prio_key, h.sort_at, h.id
+
+-- flow_lean_absent --
+-- Read with flow_lean_head_counted: whether a key the lean claim's head does not hold may have a
+-- free slot (its counter below the limit, or unknown): a named key whose jobs, if it has any, lie
+-- behind a full head (FlowClaims.lean_grant then reads fully, now and then). One row at most: the key rows it
+-- passes before it are the head's keys and the keys at their limit (each holds running jobs),
+-- so it reads no more rows than the head's keys and the running jobs, whatever the queue's
+-- number of keys. The queue's own row (the empty key) is not a key.
+SELECT k.job_key FROM nq_flow_key k FORCE INDEX (PRIMARY)
+WHERE k.queue = %(queue)s AND k.job_key <> '' AND (k.running IS NULL OR k.running < %(lim)s)
+  AND k.job_key NOT IN (
+    SELECT h.job_key FROM (SELECT job_key FROM nq_job FORCE INDEX (ix_state)
+                           WHERE status = 0 AND queue = %(queue)s ORDER BY prio_key, sort_at, id
+                           LIMIT %(limit)s) h
+    WHERE h.job_key IS NOT NULL)
+LIMIT 1
 
 -- flow_head_keys --
 -- A counting claim's head: the first ready jobs in claim order with their keys, from ix_state
