@@ -143,6 +143,8 @@ def purge_jobs(session: Session, ids: list[int], status: int) -> int:
 
     def body(cur) -> int:
         _record_gone(cur, ids, (status,), "purged", f"purged by {who()}")
+        if status == 2:  # running jobs, ended without their consumer: their counters unknown
+            queries.forget_counters_of_jobs(cur, ids)
         cur.execute(Q["job_purge"], {"ids": ids, "status": status})
         return cur.rowcount
 

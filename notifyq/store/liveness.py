@@ -223,6 +223,9 @@ def take_back(cur, held: list[tuple[int, int]], why: str, stopping: bool = False
                 # reply to a statement it cut short: its records must not commit without it.
                 raise cut_short(f"take back {len(ids)} jobs: {cur.rowcount} returned")
             n += cur.rowcount
+    counted = [job_id for job_id, token in held if queries.counted_token(token)]
+    if counted:
+        queries.forget_counters_of_jobs(cur, counted)
     return n
 
 

@@ -59,6 +59,21 @@ def forget_counters(session: Session, queue: str) -> None:
     session.run(body, what=f"forget counters {queue}")
 
 
+def forget_counters_of_jobs(cur, ids: list[int]) -> None:
+    """The counters of the keys of `ids` set unknown, on the caller's cursor, for running jobs
+    ended without their consumer (a reaper's take-back, an operator's purge): the next claim of
+    each key recounts it under its lock, instead of trusting a counter that still counts them,
+    and holding the key's next job back with nothing to wake a watcher when the trust runs out
+    (flow_count_forget_taken). A key row a claim holds right now is skipped: its counter stays
+    high, trusted at most COUNT_TRUST_S more."""
+    cur.execute(Q["flow_count_forget_taken"], {"ids": Ids(sorted(ids))})
+    per_queue: dict[str, list[str]] = {}
+    for queue, key in cur.fetchall():
+        per_queue.setdefault(queue, []).append(key)
+    for queue, keys in per_queue.items():
+        cur.execute(Q["flow_count_forget_set"], {"queue": queue, "keys": tuple(keys)})
+
+
 OVERFETCH = 3  # candidates read per claim, as a multiple of the batch size (at least MIN_CANDIDATES)
 PROMOTE_MAX = 1000  # due jobs made ready per claim that finds any (a backlog takes a few claims)
 # nq_job.last_error is a TEXT in utf8mb4: 65,535 bytes, not characters. A longer value is an

@@ -1,7 +1,7 @@
 """The per-key counters of a queue limited per key only (nq_flow_key.running, schema 10): exact
 after every path that ends a run and releases it (ack, ack carried by a claim, failure, retry,
-burial, give-back), never low after a path that does not (a take-back, a cancel, a purge: they
-leave it high), recounted under the key row's lock when it is unknown or older than the trust
+burial, give-back), never low after a path that does not (a reaper's take-back and an operator's
+purge leave it unknown, a row deleted outside notifyq high), recounted under the key row's lock when it is unknown or older than the trust
 bound (COUNT_TRUST_S), and never trusted for jobs a claim that did not count started."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from notifyq.produce.producer import Producer
-from notifyq.store import admin_queries, queries
+from notifyq.store import admin_queries, liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.flow import FlowClaims, FlowLimits
 
@@ -279,6 +279,26 @@ def test_a_purge_or_cancel_of_running_jobs_leaves_the_counter_high_never_low(db)
         session.close()
 
 
+def test_an_operators_purge_of_a_running_job_leaves_the_counter_unknown_not_high(db):
+    # Given key a with 2 jobs running under a counting claim, its counter trusted
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 4)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        claim = _claim(session, flow)
+        assert len(claim.jobs) == 2 and _counters(db) == {"a": 2}
+        # When an operator purges one of them (`notifyq jobs purge`: admin_queries.purge_jobs)
+        assert admin_queries.purge_jobs(session, [claim.jobs[1].id], 2) == 1
+        # Then its key's counter is unknown, and the next claim takes the freed slot at once
+        assert _running(db) == {"a": 1} and _counters(db) == {"a": None}
+        assert len(_claim(session, flow).jobs) == 1
+        assert _running(db) == {"a": 2}
+        _exact(db)
+    finally:
+        session.close()
+
+
 def test_a_queue_that_does_not_count_leaves_the_counters_alone(db):
     # Given keys with a `limit` too (not limited per key only): counted from its claimed rows
     cfg = db.config()
@@ -313,6 +333,36 @@ def test_a_limited_claim_that_does_not_count_gives_up_the_counters_of_the_keys_i
         assert _running(db) == {"a": 2} and _counters(db) == {"a": 2}
     finally:
         session.close()
+
+
+def test_a_reapers_take_back_leaves_the_counter_unknown_and_the_next_claim_takes_the_freed_slot(db):
+    # Given key a with 2 jobs running under a counting claim (limit_per_key = 2), its counter
+    # trusted (recounted just now)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 5)
+    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow)
+        assert len(first.jobs) == 2 and _counters(db) == {"a": 2}
+
+        # When a reaper takes one of them back (its consumer died: liveness.take_back)
+        def take_back(cur) -> int:
+            cur.execute("SELECT id, claim_token FROM nq_job WHERE id = %s FOR UPDATE", (first.jobs[0].id,))
+            return liveness.take_back(cur, [(int(i), int(t)) for i, t in cur.fetchall()], "consumer died")
+
+        assert reaper.run(take_back, what="take back") == 1
+        # Then its key's counter is unknown, not left high: the next claim, within the trust
+        # bound, recounts it under its lock and takes the freed slot at once (left high, the
+        # key stayed held, and nothing woke a watcher when the trust ran out)
+        assert _running(db) == {"a": 1} and _counters(db) == {"a": None}
+        again = _claim(session, flow)
+        assert len(again.jobs) == 1
+        assert _running(db) == {"a": 2}
+        _exact(db)
+    finally:
+        session.close()
+        reaper.close()
 
 
 def test_a_lean_claims_netted_ack_that_a_take_back_cut_short_is_released_from_the_servers_rows(db):

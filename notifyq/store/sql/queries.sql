@@ -422,6 +422,18 @@ WHERE queue = %(queue)s AND job_key IN %(keys)s AND running IS NOT NULL
 -- in one transaction): never a wait on a peer's claim; the trust bound covers those.
 SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s FOR UPDATE SKIP LOCKED
 
+-- flow_count_forget_taken --
+-- The keys of jobs a reaper takes back from a counting claim (liveness.take_back; the rows are
+-- the caller's, locked), their key rows locked without a wait (SKIP LOCKED: a reaper waits on
+-- no claim, a stopped one least of all): the caller sets their counters unknown
+-- (flow_count_forget_set). Left high, a counter held the key's next job back while it was
+-- trusted, and nothing woke the watcher when that ended: the job waited for the next put or
+-- completion of the queue (an outside test saw 60 s).
+SELECT DISTINCT k.queue, k.job_key FROM nq_job j FORCE INDEX (PRIMARY)
+JOIN nq_flow_key k FORCE INDEX (PRIMARY) ON k.queue = j.queue AND k.job_key = j.job_key
+WHERE j.id IN %(ids)s AND k.running IS NOT NULL
+FOR UPDATE SKIP LOCKED
+
 -- flow_count_forget_set --
 -- Also a retake's (queries.retake): a counting claim's jobs marked again after its COMMIT failed
 -- (its counter change did not land) leave their keys' counters unknown, not low.
