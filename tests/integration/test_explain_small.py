@@ -24,7 +24,8 @@ BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "ext
          "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_acked_dense", "attempt_taken_back",
          "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version",
-         "web_workflow_jobs", "unclaim_token", "claims_lock", "claims_expired_lock", "flow_count_release")
+         "web_workflow_jobs", "unclaim_token", "claims_lock", "claims_expired_lock", "flow_count_release",
+         "flow_count_forget_taken")
 # The attempt records a batch's ids name: read by nq_attempt's primary key (job_id, claim_token).
 ATTEMPTS_BY_ID = ("completions_landed", "results_missing", "attempts_purge")
 CLAIM_STEPS = {"claim_lock", "claim_mark", "promote_due"}

@@ -429,9 +429,11 @@ SELECT job_key FROM nq_flow_key FORCE INDEX (PRIMARY) WHERE queue = %(queue)s FO
 -- (flow_count_forget_set). Left high, a counter held the key's next job back while it was
 -- trusted, and nothing woke the watcher when that ended: the job waited for the next put or
 -- completion of the queue (an outside test saw 60 s).
-SELECT DISTINCT k.queue, k.job_key FROM nq_job j FORCE INDEX (PRIMARY)
-JOIN nq_flow_key k FORCE INDEX (PRIMARY) ON k.queue = j.queue AND k.job_key = j.job_key
-WHERE j.id IN %(ids)s AND k.running IS NOT NULL
+-- The jobs first (STRAIGHT_JOIN), each key row then by its primary key.
+SELECT DISTINCT nq_flow_key.queue, nq_flow_key.job_key FROM nq_job FORCE INDEX (PRIMARY)
+STRAIGHT_JOIN nq_flow_key FORCE INDEX (PRIMARY)
+  ON nq_flow_key.queue = nq_job.queue AND nq_flow_key.job_key = nq_job.job_key
+WHERE nq_job.id IN %(ids)s AND nq_flow_key.running IS NOT NULL
 FOR UPDATE SKIP LOCKED
 
 -- flow_count_forget_set --
