@@ -845,6 +845,12 @@ def _promote_due(session: Session, cur, queue: str) -> None:
     session.pipeline.commit_with(cur, [
         (Q["promote_due"], {"ids": Ids(ids)}),
         (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
+    # Not the claim's last word: what it does next is a transaction of its own, which the
+    # Session commits if the claim sends no COMMIT (it took nothing, carried no acks). Marked
+    # committed, that transaction stayed open: a limited claim's key rows (and its queue's row)
+    # locked until the connection's next claim, which an idle consumer never sent, and every
+    # peer's claim skipped them (a key stalled for 15 minutes under an outside test)
+    session.attempt.committed = False
 
 
 KEY = 8  # claim_lock's column: the job's flow key

@@ -299,6 +299,33 @@ def test_an_operators_purge_of_a_running_job_leaves_the_counter_unknown_not_high
         session.close()
 
 
+@pytest.mark.parametrize("limits", [FlowLimits(limit_per_key=1), FlowLimits(limit_per_key=1, limit=5)],
+                         ids=["limit_per_key", "limit"])
+def test_a_limited_claim_that_promotes_due_jobs_and_takes_none_leaves_no_transaction_open(db, limits):
+    # Given key a at its limit (one job running, a peer's) and another job of a that is due
+    # (its run_at past, not promoted yet)
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a", "a"])
+    session, peer = Session(cfg.dsn), Session(cfg.dsn)
+    try:
+        db.query("UPDATE nq_job SET status = 1, run_at = NOW(6) + INTERVAL 1 HOUR WHERE id = %s", (ids[1],))
+        assert [j.id for j in _claim(peer, FlowClaims(limits)).jobs] == [ids[0]]
+        db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (ids[1],))
+        # When a claim promotes the due job (its own COMMIT, mid-claim) and the limit holds it back
+        claim = _claim(session, FlowClaims(limits))
+        assert claim.jobs == []
+        assert db.scalar("SELECT status FROM nq_job WHERE id = %s", (ids[1],)) == 0
+        # Then the claim's transaction is over: none is left open on its connection (one left
+        # open held the key rows its claim had locked, and every peer's claim skipped them: the
+        # key stalled while its consumer idled)
+        open_trx = db.scalar("SELECT COUNT(*) FROM information_schema.innodb_trx "
+                             "WHERE trx_mysql_thread_id = %s", (session.connection_id,))
+        assert open_trx == 0
+    finally:
+        session.close()
+        peer.close()
+
+
 def test_a_queue_that_does_not_count_leaves_the_counters_alone(db):
     # Given keys with a `limit` too (not limited per key only): counted from its claimed rows
     cfg = db.config()
