@@ -134,6 +134,17 @@ class FlowLimits:
         other configuration counts the claimed rows (flow_running) as before."""
         return bool(self.limit_per_key or self.key_limits) and not self.limit and not self.fair and not self.rate_cap
 
+    def verify_within(self, running_rows: list[tuple], keys: Collection[str | None], what: str) -> None:
+        """Raise cut_short unless each of `keys`, and the queue, runs within its limit by
+        `running_rows` (flow_running's, read after a mark: a claim's, a retake's)."""
+        running = {r[0]: int(r[1]) for r in running_rows}
+        for key in set(keys):
+            lim = self.limit_for(key)
+            if lim and running.get(key, 0) > lim:
+                raise cut_short(f"{what}: key {key!r} would run {running[key]} of {lim}")
+        if self.limit and sum(running.values()) > self.limit:
+            raise cut_short(f"{what}: would run {sum(running.values())} of {self.limit}")
+
     def limit_for(self, key: str | None) -> int:
         """The most running jobs of `key` (0: no limit); a job without a key has none."""
         if key is None:
@@ -291,13 +302,7 @@ class FlowClaims:
         (a plain read of the claimed rows: these keys' rows are still ours)."""
         if not self.limits.limited:
             return  # nothing counted (fairness, a per-key rate): nothing to verify
-        running = {r[0]: int(r[1]) for r in running_rows}
-        for key in set(keys):
-            lim = self.limits.limit_for(key)
-            if lim and running.get(key, 0) > lim:
-                raise cut_short(f"claim {queue}: key {key!r} would run {running[key]} of {lim}")
-        if self.limits.limit and sum(running.values()) > self.limits.limit:
-            raise cut_short(f"claim {queue}: would run {sum(running.values())} of {self.limits.limit}")
+        self.limits.verify_within(running_rows, keys, f"claim {queue}")
 
     def name_keys(self, session, queue: str, keys: list[str]) -> None:
         """Name `keys` (flow_add_keys) in a transaction of their own, committed in the statement's
@@ -362,7 +367,7 @@ class FlowClaims:
         return [(Q["flow_lean_head_counted"], {"queue": queue, "limit": limit, "trust_s": self.trust_s}),
                 (Q["flow_lean_absent"], {"queue": queue, "limit": limit, "lim": self.limits.limit_per_key})]
 
-    def _lean_miss(self, why: str) -> None:
+    def _lean_count(self, why: str) -> None:
         self.lean_stats[why] = self.lean_stats.get(why, 0) + 1
 
     def lean_grant(self, queue: str, batch_size: int, first: list[tuple], second: list[tuple]) -> Grant | None:
@@ -387,7 +392,7 @@ class FlowClaims:
             if len(first) > unkeyed_limit(batch_size):
                 # more keys than its head holds jobs: looked up from now on, by heads this size
                 self.lean_keys_over = max(self.lean_keys_over, unkeyed_limit(batch_size))
-                self._lean_miss("many_keys")
+                self._lean_count("many_keys")
                 return None
             head, counters = second, {r[0]: (r[1], r[2]) for r in first}
         for pos, (job_id, prio, key) in enumerate(head):
@@ -399,10 +404,10 @@ class FlowClaims:
         for key in groups:
             known = counters.get(key, (None, None))
             if known[1] is None:
-                self._lean_miss("unnamed")
+                self._lean_count("unnamed")
                 return None
             if not known[1]:
-                self._lean_miss("untrusted")
+                self._lean_count("untrusted")
                 return None
             running[key] = int(known[0]) - self.freed.get(key, 0)
         own = self.own_acked
@@ -438,12 +443,12 @@ class FlowClaims:
             if absent or self.deep_found or self.deep_skips >= DEEP_SKIPS:
                 for k in absent:
                     self.lean_looked[k] = self.lean_claims + DEEP_SKIPS
-                self._lean_miss("short_head_keys" if absent else "short_head_unkeyed")
+                self._lean_count("short_head_keys" if absent else "short_head_unkeyed")
                 return None
             self.deep_skips += 1
-            self._lean_miss("lean_short")
+            self._lean_count("lean_short")
         ordered.sort()
-        self._lean_miss("lean")
+        self._lean_count("lean")
         keys = list(caps)
         self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
         ids = [r[4] for r in ordered]

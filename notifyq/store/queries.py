@@ -753,7 +753,7 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
                         # cut short (an OK reply, rows missing) must not let a key run more
                         # than its limit (as a claim's FlowClaims.verify_marked)
                         cur.execute(Q["flow_running"], {"queue": jobs[0].queue})
-                        _verify_within(cur.fetchall(), limits, {r[KEY] for r in rows})
+                        limits.verify_within(cur.fetchall(), {r[KEY] for r in rows}, "retake a claim")
                     keys = tuple(sorted({r[KEY] for r in rows if r[KEY] is not None}))
                     if keys and counted_token(token):
                         # A counting claim's jobs marked again: its COMMIT's counter change did
@@ -789,17 +789,6 @@ def _within_limits(rows: list[tuple], limits: FlowLimits, running: dict[str | No
             per_key[key] = per_key.get(key, 0) + 1
         kept.append(row)
     return kept
-
-
-def _verify_within(running_rows: list[tuple], limits: FlowLimits, keys: set[str | None]) -> None:
-    """A retake's marked rows within its limits, counted again after its mark (cut_short: run again)."""
-    running = {r[0]: int(r[1]) for r in running_rows}
-    for key in keys:
-        lim = limits.limit_for(key)
-        if lim and running.get(key, 0) > lim:
-            raise cut_short(f"retake a claim: key {key!r} would run {running[key]} of {lim}")
-    if limits.limit and sum(running.values()) > limits.limit:
-        raise cut_short(f"retake a claim: would run {sum(running.values())} of {limits.limit}")
 
 
 def _apply_freed(cur, queue: str, flow: FlowClaims) -> None:
