@@ -13,13 +13,13 @@ from notifyq.config.loading import (ENV_KEYS, SECRET_ENV, SHARD_NAME_RE, config_
                                     periodic_entries, warn_if_readable)
 from notifyq.config.settings import (DAEMON_CONNECT_RETRY_S, DEFAULT_CONFIG_PATH, LIBRARY_CONNECT_RETRY_S,
                                      ONESHOT_CONNECT_RETRY_S, RANGES, Config, ConsumerConfig, LogConfig,
-                                     ProducerConfig, QueueConfig, WakeupConfig, check_setting,
+                                     ProducerConfig, QueueConfig, WakeupConfig, check_sections_kept, check_setting,
                                      instant_wake_value, validate_queue_name)
 
 __all__ = [
     "DAEMON_CONNECT_RETRY_S", "DEFAULT_CONFIG_PATH", "DEFAULT_DATABASE", "DEFAULT_DSN", "DSN", "ENV_KEYS",
     "LIBRARY_CONNECT_RETRY_S", "ONESHOT_CONNECT_RETRY_S", "RANGES", "SECRET_ENV", "SHARD_NAME_RE", "TLS_KEYS",
-    "Config", "ConsumerConfig", "LogConfig", "ProducerConfig", "QueueConfig", "WakeupConfig", "check_setting",
-    "config_files", "instant_wake_value", "load", "parse_shards_env", "periodic_entries", "tls_options",
+    "Config", "ConsumerConfig", "LogConfig", "ProducerConfig", "QueueConfig", "WakeupConfig", "check_sections_kept",
+    "check_setting", "config_files", "instant_wake_value", "load", "parse_shards_env", "periodic_entries", "tls_options",
     "validate_queue_name", "warn_if_readable",
 ]

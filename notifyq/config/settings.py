@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterable
 from typing import Any
 
 from notifyq import errors
@@ -222,6 +223,19 @@ class Config:
         if self.periodic:
             out["periodic"] = {q: list(p) for q, p in self.periodic.items()}
         return out
+
+
+def check_sections_kept(old: Config, new: Config, queues: Iterable[str]) -> None:
+    """A reload of a process serving `queues` refuses a config that drops the [queue.NAME]
+    section one of them had: the queue would go on with the defaults, its limits, rates and
+    handler gone in silence (a section deleted, or its name mistyped). A queue that had none
+    (the defaults, a handler from the command line) is not concerned, nor a section added."""
+    gone = [q for q in dict.fromkeys(queues) if q in old.queues and q not in new.queues]
+    if gone:
+        sections = ", ".join(f"[queue.{q}]" for q in gone)
+        where = ", ".join(new.sources) or "no config file (none was read)"
+        raise errors.ConfigError(f"{sections}: the section of a queue this process serves is gone from {where}; "
+                                 "restore it, or restart the service to run the queue without it")
 
 
 def _diff(qc: QueueConfig, base: QueueConfig) -> dict[str, Any]:

@@ -148,20 +148,22 @@ class ConsumerService(Supervisor):
         self.made_handlers.append(handler)
         return handler
 
-    def _made_for(self, queue: str) -> Handler:
-        handler = self._plain_handler_for(queue)
+    def _made_for(self, queue: str, config: Config | None = None) -> Handler:
+        """The handler of `queue` by `config` (the service's: None)."""
+        config = config or self.config
+        handler = self._plain_handler_for(queue, config)
         if isinstance(handler, handlers.PythonHandler):
-            handler.concurrency = self.options.concurrency or self.config.queue(queue).concurrency
+            handler.concurrency = self.options.concurrency or config.queue(queue).concurrency
         hook = self.options.on_failure
-        if hook is None and self.config.consumer.on_failure:
+        if hook is None and config.consumer.on_failure:
             try:
-                hook = handlers.load_callable(self.config.consumer.on_failure)
+                hook = handlers.load_callable(config.consumer.on_failure)
             except errors.HandlerError as e:
                 raise errors.HandlerError(f"consumer.on_failure: {e}") from None
         return reporting.Reporting(handler, hook) if hook is not None else handler
 
-    def _plain_handler_for(self, queue: str) -> Handler:
-        qc = self.config.queue(queue)
+    def _plain_handler_for(self, queue: str, config: Config) -> Handler:
+        qc = config.queue(queue)
         given = self.options.handler or self.options.command or self.options.function
         modules = self.options.tasks or (() if given else tuple(qc.tasks.replace(",", " ").split()))
         if modules:
@@ -375,19 +377,33 @@ class ConsumerService(Supervisor):
             periodic=periodic_figures, reclaimed=sum(s.reclaimed for s in self.every_stats()),
             conflicts=conflicts, shards_of={q: (self.name,) for q in self.options.queues})
 
-    def reload(self, new: Config) -> None:
+    def reload(self, new: Config, made: list[Handler | None] | None = None) -> None:
+        """Apply `new` whole. The workers' handlers are made first (`made`: made already, by
+        reload_handlers), so one that cannot be (its line removed, its module broken) raises
+        before anything changed: the reload is refused, the old handler and settings run on."""
+        made = self.reload_handlers(new) if made is None else made
         self.config = new
         self.presence.reload(new)
-        for r in self.running:
-            worker = r.worker
-            worker.reload(new, self.options.batch_size)
-            if not (self.options.handler or self.options.command or self.options.function or self.options.tasks):
-                try:
-                    worker.handler = self._handler_for(worker.queue)
-                except errors.NotifyqError as e:
-                    log.error("reload: keeping the old handler queue=%s error=%s", worker.queue, e)
+        for r, handler in zip(self.running, made):
+            r.worker.reload(new, self.options.batch_size)
+            if handler is not None:
+                self.made_handlers.append(handler)
+                r.worker.handler = handler
         if self.scheduler is not None:
             self.scheduler.reload(new)
+
+    def reload_handlers(self, new: Config) -> list[Handler | None]:
+        """Each running worker's handler by `new` (None: the one given in code or on the command
+        line stays); HandlerError naming the queue when one cannot be made."""
+        if self.options.handler or self.options.command or self.options.function or self.options.tasks:
+            return [None] * len(self.running)
+        made: list[Handler | None] = []
+        for r in self.running:
+            try:
+                made.append(self._made_for(r.worker.queue, new))
+            except errors.NotifyqError as e:
+                raise errors.HandlerError(f"queue {r.worker.queue}: {e}") from None
+        return made
 
     # -------------------------------------------------------- shutdown
     # The drain order: stop claiming -> interrupt idle waits, and give back at once what waits

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from notifyq import errors
-from notifyq.config import Config
+from notifyq.config import Config, check_sections_kept
 from notifyq.consume.stats import Stats
 from notifyq.consume.summary import Summary
 from notifyq.consume.worker import Worker
@@ -49,6 +49,11 @@ class Supervisor:
     # What ended the run with a non-zero exit (the first worker's error, or the server given up
     # on), for the command line's one `notifyq: error:` line; None after a clean stop.
     failure: BaseException | None = None
+    # The last SIGHUP's config was refused: the old one runs on, and STATUS= says so until a
+    # reload applies
+    reload_failed: bool = False
+    # Called with (old, new) once a reload applied: the command line's warnings and log level
+    on_reloaded: Callable[[Config, Config], None] | None = None
 
     def start(self, stop_requested: threading.Event | None = None) -> None:
         raise NotImplementedError
@@ -83,6 +88,7 @@ class Supervisor:
         raise NotImplementedError
 
     def reload(self, new: Config) -> None:
+        """Apply `new` whole, or raise NotifyqError before any of it applies."""
         raise NotImplementedError
 
     def gone(self) -> errors.DatabaseError | None:
@@ -168,31 +174,49 @@ class Supervisor:
         t = self.totals()
         busy = sum(1 for w in self.workers if w.in_handler_since is not None)
         return (f"queues={','.join(self.options.queues)} workers={len(self.workers)} busy={busy} "
-                f"claimed={t.claimed} done={t.succeeded} failed={t.failed} dead={t.dead}" + extra)
+                f"claimed={t.claimed} done={t.succeeded} failed={t.failed} dead={t.dead}" + extra
+                + (" reload=failed" if self.reload_failed else ""))
 
     def _reload(self, on_reload: Callable[[], Config] | None) -> None:
-        """SIGHUP: settings that can change live do; the rest say they need a restart."""
+        """SIGHUP: a new config is applied as a whole or refused as a whole (nginx's way): one
+        that fails to load, drops the section of a queue served, or cannot make a queue's
+        handler leaves the old one running, with one error line and reload=failed in STATUS=.
+        Of one that applies, what can change live does; the rest say they need a restart."""
         if on_reload is None:
             return
         if self.notifier:
             self.notifier.reloading()
+        old = self.config
         try:
             new = on_reload()
+            check_sections_kept(old, new, self.options.queues)
+            new, restart = self._kept_for_restart(new)
+            self.reload(new)  # raises before it changes anything
         except errors.NotifyqError as e:
+            self.reload_failed = True
             log.error("reload failed, keeping the old config error=%s", e)
         else:
-            if new.dsn != self.config.dsn or new.shards != self.config.shards:
-                log.warning("reload: dsn or [shards] changed; restart the service to use it")
-                new = dataclasses.replace(new, dsn=self.config.dsn, shards=self.config.shards)
-            idle_s = self.config.consumer.session_idle_s
-            if new.consumer.session_idle_s != idle_s:
-                # The liveness sessions' server idle timeout is set when they connect; a keeper
-                # pinging at a raised value's pace let the server end a busy consumer's session,
-                # and a peer took its running job back.
-                log.warning("reload: consumer.session_idle_s needs a restart; keeping %g", idle_s)
-                new = dataclasses.replace(new, consumer=dataclasses.replace(new.consumer, session_idle_s=idle_s))
+            self.reload_failed = False
+            for line in restart:
+                log.warning(line)
             self.summary.every_s = new.log.summary_s
-            self.reload(new)
+            if self.on_reloaded is not None:
+                self.on_reloaded(old, new)
             log.info("reloaded config sources=%s", ",".join(new.sources))
         if self.notifier:
             self.notifier.ready(self.status_line())
+
+    def _kept_for_restart(self, new: Config) -> tuple[Config, list[str]]:
+        """`new` with what only a restart can change kept as it runs, and the lines that say so."""
+        lines = []
+        if new.dsn != self.config.dsn or new.shards != self.config.shards:
+            lines.append("reload: dsn or [shards] changed; restart the service to use it")
+            new = dataclasses.replace(new, dsn=self.config.dsn, shards=self.config.shards)
+        idle_s = self.config.consumer.session_idle_s
+        if new.consumer.session_idle_s != idle_s:
+            # The liveness sessions' server idle timeout is set when they connect; a keeper
+            # pinging at a raised value's pace let the server end a busy consumer's session,
+            # and a peer took its running job back.
+            lines.append(f"reload: consumer.session_idle_s needs a restart; keeping {idle_s:g}")
+            new = dataclasses.replace(new, consumer=dataclasses.replace(new.consumer, session_idle_s=idle_s))
+        return new, lines

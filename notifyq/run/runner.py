@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from notifyq import errors, logs
-from notifyq.config import Config
+from notifyq.config import Config, check_sections_kept
 from notifyq.consume.service import ConsumeOptions
 from notifyq.sharding.service import ConsumerService
 from notifyq.run import echo
@@ -174,21 +174,25 @@ class _Stream:
             return
 
         self.notifier.reloading("reloading config")
+        old = self.producer.config
         try:
             new = self._reload()
+            # As a consumer's: the queue's section gone would put jobs with the defaults'
+            # max_attempts (and, sharded, place them by its name's hash), in silence
+            check_sections_kept(old, new, [self.producer.queue])
         except Exception as e:  # on the reader thread: a failed reload must not end the stream
             log.error("reload failed, keeping the old config error=%s", e,
                       exc_info=not isinstance(e, errors.NotifyqError))
-        else:
-            old = self.producer.config
-            _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
-            new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
-            logs.set_level(new.log.level)
-            # Read per batch and per row: the next batch uses them (stream._batches).
-            self.producer.reload(new)
-            log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
-                     ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
-                     new.log.level)
+            self.notifier.ready(self.status() + " reload=failed")
+            return
+        _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
+        new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
+        logs.set_level(new.log.level)
+        # Read per batch and per row: the next batch uses them (stream._batches).
+        self.producer.reload(new)
+        log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
+                 ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
+                 new.log.level)
         self.notifier.ready(self.status())
 
 
@@ -282,9 +286,9 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
                 pages = web_server.mount(cfg, cfg.consumer.metrics_addr)
             metrics.serve(service, QueueDepths(cfg), cfg.consumer.metrics_port, cfg.consumer.metrics_addr, pages)
 
-        def reload() -> Config:
-            """The service applies batch sizes, backoff, wakeup timing and handlers itself."""
-            old, new = service.config, ctx.reload()
+        def reloaded(old: Config, new: Config) -> None:
+            """Once the service applied a reload (batch sizes, backoff, wakeup timing, handlers):
+            what it cannot change says so, and the log level follows."""
             fixed = [("consumer.metrics_port", lambda c: c.consumer.metrics_port),
                      ("consumer.metrics_addr", lambda c: c.consumer.metrics_addr),
                      ("consumer.metrics_pages", lambda c: c.consumer.metrics_pages),
@@ -293,9 +297,9 @@ def consume(ctx: Any, options: ConsumeOptions, *, daemon: bool, pidfile: str | N
                 fixed += [(f"queue.{q}.workers", lambda c, q=q: c.queue(q).workers) for q in options.queues]
             _warn_fixed(old, new, fixed)
             logs.set_level(new.log.level)
-            return new
 
-        code = service.run(signals.stop_requested, signals.reload_requested, reload)
+        service.on_reloaded = reloaded
+        code = service.run(signals.stop_requested, signals.reload_requested, ctx.reload)
         if code and service.failure is not None:
             # The last line on stderr, as every command's error is (the log said it on its own
             # terms already): what a script or an operator reading `systemctl status` looks for

@@ -229,10 +229,13 @@ class ConsumerService(Supervisor):
             shards_of={q: self.placement.shards_of(q) for q in self.options.queues})
 
     def reload(self, new: Config) -> None:
-        self.config = new
-        self.placement = Placement(new)  # the same shards: queue shard = ... needs a restart
+        # Every shard's handlers made before any shard applies: one that cannot be refuses all
+        made = {shard: service.reload_handlers(self._shard_config(new, shard))
+                for shard, service in self.services.items()}
+        placement = Placement(new)  # the same shards: queue shard = ... needs a restart
+        self.config, self.placement = new, placement
         for shard, service in self.services.items():
-            service.reload(self._shard_config(new, shard))
+            service.reload(self._shard_config(new, shard), made[shard])
 
     # -------------------------------------------------------- shutdown
 

@@ -516,3 +516,27 @@ def test_a_spread_queues_debounce_replaces_on_its_keys_shard(sharded):
     shard = placement.Placement(cfg).for_key("s", "sync-7")
     assert dbs[shard].query("SELECT id, payload FROM nq_job WHERE queue = 's'") == [(ids[-1], '{"v":2}')]
     assert not rows(dbs["b" if shard == "a" else "a"], "s")
+
+
+def test_a_sharded_consumers_reload_that_drops_its_queues_section_or_handler_is_refused_on_every_shard(sharded):
+    from test_reload import LIMITED, supervised
+
+    # Given a sharded consumer of a queue whose section (given here as a flag's) sets its
+    # handler and limits
+    _cfg, env, _dbs = sharded
+    cfg = config_mod.load(env=env, overrides={"queue": {"h": LIMITED}})
+    with supervised(cfg, ConsumeOptions(queues=("h",)), ConsumerService) as (service, reload):
+        handlers = [w.handler for w in service.workers]
+        # When a reload's config has no [queue.h], then one whose [queue.h] has no handler
+        for edited in ({}, {"queue": {"h": {"limit_per_key": 3}}}):
+            status = reload(config_mod.load(env=env, overrides=edited))
+            # Then each is refused: every shard's workers run on with the old limits and handler
+            assert "reload=failed" in status and service.config is cfg
+            assert all(s.config.queue("h").limit_per_key == 2 for s in service.services.values())
+            assert [w.qc.limit_per_key for w in service.workers] == [2] * len(handlers)
+            assert [w.handler for w in service.workers] == handlers
+        # When the section is back with another limit
+        status = reload(config_mod.load(env=env, overrides={"queue": {"h": {**LIMITED, "limit_per_key": 3}}}))
+        # Then that reload applies on every shard
+        assert "reload=failed" not in status
+        assert [w.qc.limit_per_key for w in service.workers] == [3] * len(handlers)

@@ -300,6 +300,66 @@ def test_sighup_applies_batch_size_and_log_level_between_reloading_and_ready(db,
     assert "Traceback" not in err.read_text()
 
 
+LIMITED = """
+[wakeup]
+poll_max_s = 0.2
+idle_wait_s = 1.0
+[queue.{name}]
+handler = "nqhandlers:record"
+limit_per_key = {per_key}
+limit = 5
+rate = "100/1s"
+"""
+
+
+def recorded_flow(db, pid: int) -> dict:
+    import json
+
+    flow = db.scalar("SELECT flow FROM nq_consumer WHERE pid = %s", (pid,))
+    return json.loads(flow) if flow else {}
+
+
+def test_sighup_after_a_served_queues_section_is_gone_is_refused_and_the_process_runs_on(db, tmp_path, notify,
+                                                                                           procs):
+    """Regression: the reload kept the old handler and ran the queue on the defaults, its limits
+    gone in silence (a section deleted, or its name mistyped)."""
+    # Given a consumer of a queue whose section sets its handler, limits and rate
+    env = setup_env(db, tmp_path, notify, LIMITED.format(name="s", per_key=2))
+    path = Path(env["NOTIFYQ_CONFIG"])
+    proc, err = consumer(procs, env, tmp_path, "-q", "s")
+    notify.wait_for("READY=1")
+    wait_until(lambda: recorded_flow(db, proc.pid).get("s", {}).get("limit_per_key") == 2, 30,
+               message="the limits recorded")
+    # When the section's name is mistyped and SIGHUP arrives
+    path.write_text(LIMITED.format(name="S", per_key=2))
+    mark = len(notify.messages())
+    proc.send_signal(signal.SIGHUP)
+    reloading = notify.wait_for("RELOADING=1", mark)
+    ready = notify.wait_for("READY=1", reloading + 1)
+    # Then the reload is refused in one error line naming the section and the file, and the
+    # READY=1 that ends it says so in its STATUS=
+    log = err.read_text()
+    refused = [ln for ln in log.splitlines() if "reload failed" in ln]
+    assert len(refused) == 1 and "[queue.s]" in refused[0] and str(path) in refused[0], log
+    assert "reloaded config" not in log and "Traceback" not in log
+    assert any(ln.startswith("STATUS=") and "reload=failed" in ln for ln in notify.messages()[ready][1])
+    # And the process runs on with its old config: its limits, its handler
+    assert recorded_flow(db, proc.pid)["s"]["limit_per_key"] == 2
+    produce(db, "s", 2)
+    wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job") == 0, 30, message="2 jobs done")
+    # When the section is back, with another limit, and SIGHUP comes again
+    path.write_text(LIMITED.format(name="s", per_key=3))
+    mark = len(notify.messages())
+    proc.send_signal(signal.SIGHUP)
+    notify.wait_for("READY=1", notify.wait_for("RELOADING=1", mark) + 1)
+    # Then it applies
+    wait_until(lambda: recorded_flow(db, proc.pid)["s"]["limit_per_key"] == 3, 30, message="the new limit")
+    assert "reloaded config" in err.read_text()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, err.read_text()
+    assert "Traceback" not in err.read_text()
+
+
 # ------------------------------------------------------------------ the guide
 
 

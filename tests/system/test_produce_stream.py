@@ -150,6 +150,41 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
         os.close(systemd_end)
 
 
+def test_sighup_after_the_queues_section_is_gone_is_refused_and_the_stream_runs_on(db, tmp_path, notify, procs):
+    """Regression: the reload took the defaults for the queue, its jobs put with their
+    max_attempts instead of the section's, in silence (a section deleted, or its name mistyped)."""
+    # Given a producer of a queue whose section sets max_attempts, reading a FIFO as systemd passes it
+    section = "[producer]\nbatch_lines = 1\n[queue.{name}]\nmax_attempts = 2\n"
+    env = setup_env(db, tmp_path, section.format(name="s"), notify)
+    path = Path(env["NOTIFYQ_CONFIG"])
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        notify.wait_for("READY=1")
+        # When the section's name is mistyped and SIGHUP comes
+        path.write_text(section.format(name="S"))
+        mark = len(notify.messages())
+        proc.send_signal(signal.SIGHUP)
+        ready = notify.wait_for("READY=1", notify.wait_for("RELOADING=1", mark) + 1)
+        # Then the reload is refused in one error line naming the section and the file, and
+        # STATUS= says so
+        text = err.read_text()
+        refused = [ln for ln in text.splitlines() if "reload failed" in ln]
+        assert len(refused) == 1 and "[queue.s]" in refused[0] and str(path) in refused[0], text
+        assert "reloaded config" not in text and "Traceback" not in text
+        assert any(ln.startswith("STATUS=") and "reload=failed" in ln for ln in notify.messages()[ready][1])
+        # And the next job is put with the section's max_attempts still
+        os.write(systemd_end, b'{"n": 1}\n')
+        wait_with_log(lambda: payloads(db) == [{"n": 1}], 10, "the job", err)
+        assert db.scalar("SELECT max_attempts FROM nq_job") == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    finally:
+        os.close(systemd_end)
+
+
 def test_bad_lines_are_reported_counted_and_kept_while_every_good_line_is_enqueued(db, tmp_path):
     # Given a file of good lines with every kind of bad line between them
     env = setup_env(db, tmp_path, "[producer]\nmax_payload_bytes = 100\nbatch_lines = 2\n")
