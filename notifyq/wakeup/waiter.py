@@ -42,7 +42,8 @@ class Waiter:
         self.watching = False
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
-        self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
+        # "locked": the wait a claim asked for (retry_s) ran out: ready jobs it could not lock
+        self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0, "locked": 0}
         self._last_grant: tuple[int, int] | None = None  # (bell value, count) of the last grant
         self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
         self._last_total = -1  # polling fallback only
@@ -112,7 +113,7 @@ class Waiter:
 
     # -------------------------------------------------------- waiting for work
 
-    def wait_for_work(self, safety_s: float = SAFETY_S) -> bool | None:
+    def wait_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool | None:
         """As the watcher: return True once there may be something to claim.
 
         That is: the enqueue count moved past the watched count, a scheduled job fell due, or
@@ -125,9 +126,15 @@ class Waiter:
         scheduled job, which bounds the next wait. After `safety_s` of silence it returns
         anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
         nobody foresaw.
+
+        retry_s: the last claim came back empty while ready jobs were left that it could not
+        lock (another session holds their rows, consume/worker.py). That claim recorded the
+        count as watched, so the count will not say so again: return after retry_s as well, to
+        claim again. Waited inside the watch statement, so a put meanwhile still wakes at once.
         """
         generation = self.session.generation
         start = time.monotonic()
+        retry_at = None if retry_s is None else start + retry_s
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
         # The bell to wait on: the one the previous statement saw held at its end. A new turn
@@ -143,6 +150,8 @@ class Waiter:
                 wait = FIRST_WAIT_S
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
+            if retry_at is not None:
+                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell, on_generation=generation)
@@ -194,6 +203,9 @@ class Waiter:
                 if state.paused:
                     continue
                 self.wakeups["bell"] += 1
+                return True
+            if retry_at is not None and time.monotonic() >= retry_at and not state.paused:
+                self.wakeups["locked"] += 1
                 return True
             if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
                 continue
