@@ -81,6 +81,7 @@ class Worker:
         # The watcher's last claim came back empty, yet ready jobs are left that no limit or rate
         # holds: another session holds their rows (_locked_out). It keeps the watch and claims again.
         self._locked_out = False
+        self._poll_retry_s: float | None = None  # polling: the same case's wait before claiming again
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -292,8 +293,11 @@ class Worker:
             # reconnected, the lock is taken back or renewed here, before we wait or claim.
             self.presence.ensure_registered(self)
             if not self.presence.use_locks:
-                if not self.waiter.poll_for_work():
+                locked_wakes = self.waiter.wakeups["locked"]
+                if not self.waiter.poll_for_work(retry_s=self._poll_retry_s):
                     return False
+                if self.waiter.wakeups["locked"] == locked_wakes:
+                    self._poll_retry_s = None  # the count moved: the backoff starts over
                 got, drained = self._claim_and_run(before_run=self._hand_poll_on)
                 return got > 0 and not drained
             try:
@@ -359,9 +363,17 @@ class Worker:
         self.watch_seat.leave(self)
 
     def _hand_poll_on(self, claim: queries.Claim) -> None:
-        """Polling: the next idle worker of ours polls; if work is left, it claims at once."""
+        """Polling: the next idle worker of ours polls; if work is left, it claims at once. An
+        empty claim that left jobs others' locks hold: this worker polls again as the watcher
+        does (_idle_with_locks), and claims again after its wait."""
         if not claim.drained:
             self.waiter.work_left()
+        if not claim.jobs and self._held_by_other_locks(claim):
+            wakeup = self.config.wakeup
+            self._poll_retry_s = (wakeup.poll_initial_s if self._poll_retry_s is None
+                                  else min(2 * self._poll_retry_s, wakeup.poll_max_s))
+        else:
+            self._poll_retry_s = None
         self.watch_seat.leave(self)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:

@@ -220,13 +220,15 @@ class Waiter:
         """Polling: the last claim left work behind; the next poll claims at once."""
         self._last_total = -1
 
-    def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
+    def poll_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.
 
         The backoff survives between idle spells and restarts only when the count moves, so
-        an idle consumer settles at one cheap read per poll_max_s.
+        an idle consumer settles at one cheap read per poll_max_s. retry_s: as wait_for_work's
+        (the last claim left ready jobs another session holds locked).
         """
         start = time.monotonic()
+        retry_at = None if retry_s is None else start + retry_s
         while not self.stop.is_set():
             self.on_turn()
             total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
@@ -241,12 +243,17 @@ class Waiter:
                 if due_in_s is not None and due_in_s <= 0:
                     self.wakeups["due"] += 1
                     return True
+                if retry_at is not None and time.monotonic() >= retry_at:
+                    self.wakeups["locked"] += 1
+                    return True
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
                 return True
             wait = min(self._poll_backoff, self.cfg.poll_max_s)
             if not paused and due_in_s is not None:
                 wait = min(wait, due_in_s)
+            if not paused and retry_at is not None:
+                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             self.stop.wait(wait)
             self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False
