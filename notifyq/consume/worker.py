@@ -78,6 +78,10 @@ class Worker:
         self._held_s: float | None = None  # the last claim's: a rate held jobs back this long
         self._limit_wait_s = LIMIT_HELD_FIRST_S  # --exit-when-empty: the next wait after a limit held jobs
         self._contended = 0  # empty claims in a row that peers' key locks left empty (CONTENDED_AGAIN)
+        # The watcher's last claim came back empty, yet ready jobs are left that no limit or rate
+        # holds: another session holds their rows (_locked_out). It keeps the watch and claims again.
+        self._locked_out = False
+        self._poll_retry_s: float | None = None  # polling: the same case's wait before claiming again
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -237,6 +241,18 @@ class Worker:
             return False  # (no flow read: a paused queue's claim makes none)
         return queries.ready_left(self.work, self.queue, self.version)
 
+    def _held_by_other_locks(self, claim: queries.Claim) -> bool:
+        """After an empty watcher's claim: ready jobs are left that neither a pause, a rate nor
+        a limit held back, so another session holds their rows (its claim skipped them). One
+        plain read, after empty claims only. A peer's claim under way looks the same for a few
+        milliseconds: then the next claim, after the shortest wait, finds them taken."""
+        if claim.paused or claim.held_s is not None or self.stop.is_set():
+            return False  # (the watch statement wakes for a resume, and for a rate's refill)
+        last = self.flow.last if self.flow is not None else None
+        if last is not None and (last.held_keys or last.queue_full):
+            return False  # a limit holds them: their slots' ends wake the watcher (SlotWake)
+        return queries.ready_left(self.work, self.queue, self.version)
+
     def _contended_claim(self) -> bool:
         """After an empty claim that did not drain the queue: whether to claim again at once,
         since only peers' claims under way held its keys' rows (CONTENDED_AGAIN)."""
@@ -277,8 +293,11 @@ class Worker:
             # reconnected, the lock is taken back or renewed here, before we wait or claim.
             self.presence.ensure_registered(self)
             if not self.presence.use_locks:
-                if not self.waiter.poll_for_work():
+                locked_wakes = self.waiter.wakeups["locked"]
+                if not self.waiter.poll_for_work(retry_s=self._poll_retry_s):
                     return False
+                if self.waiter.wakeups["locked"] == locked_wakes:
+                    self._poll_retry_s = None  # the count moved: the backoff starts over
                 got, drained = self._claim_and_run(before_run=self._hand_poll_on)
                 return got > 0 and not drained
             try:
@@ -302,12 +321,29 @@ class Worker:
                 return True
             return False
         try:
-            if not self.waiter.wait_for_work():
-                return False
-            # The claim records the count it saw as watched if it drains the queue; then, before
-            # running the batch, the next idle consumer takes over watching.
-            got, drained = self._claim_and_run(before_run=self._hand_watch_on, as_watcher=True)
-            return got > 0 and not drained
+            retry_s = None  # the wait before claiming again jobs another session's locks held
+            while True:
+                locked_wakes = self.waiter.wakeups["locked"]
+                if not self.waiter.wait_for_work(retry_s=retry_s):
+                    return False
+                if self.waiter.wakeups["locked"] == locked_wakes:
+                    retry_s = None  # a fresh wake-up (a put, a due job): the backoff starts over
+                # The claim records the count it saw as watched if it drains the queue; then, before
+                # running the batch, the next idle consumer takes over watching.
+                self._locked_out = False
+                got, drained = self._claim_and_run(before_run=self._hand_watch_on, as_watcher=True)
+                if not self._locked_out or self.claim_backoff.failing:
+                    return got > 0 and not drained
+                # Empty, and ready jobs are left that another session holds locked (an
+                # application's SELECT ... FOR UPDATE, a stuck transaction): the claim skipped
+                # them and counted them as a peer's, so the count will not wake anyone for them.
+                # Waiting for the count left them, once the lock went, to the safety claim
+                # (SAFETY_S, a minute); claiming again at once would spin on empty claims. So
+                # the watcher keeps the watch (a put still wakes it at once) and claims again
+                # after a wait that starts at poll_initial_s and doubles up to poll_max_s: the
+                # pick-up delay a one-shot producer's job may have, here once the lock is gone.
+                wakeup = self.config.wakeup
+                retry_s = wakeup.poll_initial_s if retry_s is None else min(2 * retry_s, wakeup.poll_max_s)
         finally:
             # Not yet handed on (no jobs, or an error). Once handed on, the waiter is the next
             # seated worker's: never touched again here.
@@ -318,14 +354,26 @@ class Worker:
 
     def _hand_watch_on(self, claim: queries.Claim) -> None:
         """Before running the batch: the watch lock goes to the next idle consumer (of any
-        process), and the seat to the next idle worker of ours, which queues for it."""
+        process), and the seat to the next idle worker of ours, which queues for it. Kept after
+        an empty claim that left jobs others' locks hold (_idle_with_locks claims again)."""
+        if not claim.jobs and self._held_by_other_locks(claim):
+            self._locked_out = True
+            return
         self.waiter.release_watch(wait=False, claimed=claim.jobs[0].id if claim.jobs else None)
         self.watch_seat.leave(self)
 
     def _hand_poll_on(self, claim: queries.Claim) -> None:
-        """Polling: the next idle worker of ours polls; if work is left, it claims at once."""
+        """Polling: the next idle worker of ours polls; if work is left, it claims at once. An
+        empty claim that left jobs others' locks hold: this worker polls again as the watcher
+        does (_idle_with_locks), and claims again after its wait."""
         if not claim.drained:
             self.waiter.work_left()
+        if not claim.jobs and self._held_by_other_locks(claim):
+            wakeup = self.config.wakeup
+            self._poll_retry_s = (wakeup.poll_initial_s if self._poll_retry_s is None
+                                  else min(2 * self._poll_retry_s, wakeup.poll_max_s))
+        else:
+            self._poll_retry_s = None
         self.watch_seat.leave(self)
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:

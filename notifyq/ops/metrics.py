@@ -177,7 +177,8 @@ class ServiceCollector:
         labels, by_label = groups
         wakeups = CounterMetricFamily(
             "notifyq_wakeups", "Why an idle worker went to claim: bell (producer rang), signal "
-            "(count moved, found by polling), due (a scheduled job came due), timeout (safety poll).",
+            "(count moved, found by polling), due (a scheduled job came due), timeout (safety poll), "
+            "locked (claiming again ready jobs another session held locked).",
             labels=[*labels, "kind"])
         locks = GaugeMetricFamily("notifyq_wakeup_locks", "Workers using the advisory-lock "
                                   "wake-up channel.", labels=labels)
@@ -191,7 +192,7 @@ class ServiceCollector:
             key = list(key)
             # The queue's watcher, shared by the queue's workers on one database.
             watchers = [x for x in now.watchers if [x.queue, x.shard][:len(key)] == key]
-            for kind in ("bell", "signal", "due", "timeout"):
+            for kind in ("bell", "signal", "due", "timeout", "locked"):
                 wakeups.add_metric([*key, kind], sum(x.wakeups.get(kind, 0) for x in watchers))
             locks.add_metric(key, sum(1 for w in mine if w.use_locks))
             polling.add_metric(key, sum(1 for w in mine if not w.use_locks))

@@ -42,7 +42,8 @@ class Waiter:
         self.watching = False
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
-        self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0}
+        # "locked": the wait a claim asked for (retry_s) ran out: ready jobs it could not lock
+        self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0, "locked": 0}
         self._last_grant: tuple[int, int] | None = None  # (bell value, count) of the last grant
         self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
         self._last_total = -1  # polling fallback only
@@ -112,7 +113,7 @@ class Waiter:
 
     # -------------------------------------------------------- waiting for work
 
-    def wait_for_work(self, safety_s: float = SAFETY_S) -> bool | None:
+    def wait_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool | None:
         """As the watcher: return True once there may be something to claim.
 
         That is: the enqueue count moved past the watched count, a scheduled job fell due, or
@@ -125,9 +126,15 @@ class Waiter:
         scheduled job, which bounds the next wait. After `safety_s` of silence it returns
         anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
         nobody foresaw.
+
+        retry_s: the last claim came back empty while ready jobs were left that it could not
+        lock (another session holds their rows, consume/worker.py). That claim recorded the
+        count as watched, so the count will not say so again: return after retry_s as well, to
+        claim again. Waited inside the watch statement, so a put meanwhile still wakes at once.
         """
         generation = self.session.generation
         start = time.monotonic()
+        retry_at = None if retry_s is None else start + retry_s
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
         # The bell to wait on: the one the previous statement saw held at its end. A new turn
@@ -143,6 +150,8 @@ class Waiter:
                 wait = FIRST_WAIT_S
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
+            if retry_at is not None:
+                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell, on_generation=generation)
@@ -195,6 +204,9 @@ class Waiter:
                     continue
                 self.wakeups["bell"] += 1
                 return True
+            if retry_at is not None and time.monotonic() >= retry_at and not state.paused:
+                self.wakeups["locked"] += 1
+                return True
             if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
                 continue
             if not cut:
@@ -208,13 +220,15 @@ class Waiter:
         """Polling: the last claim left work behind; the next poll claims at once."""
         self._last_total = -1
 
-    def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
+    def poll_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.
 
         The backoff survives between idle spells and restarts only when the count moves, so
-        an idle consumer settles at one cheap read per poll_max_s.
+        an idle consumer settles at one cheap read per poll_max_s. retry_s: as wait_for_work's
+        (the last claim left ready jobs another session holds locked).
         """
         start = time.monotonic()
+        retry_at = None if retry_s is None else start + retry_s
         while not self.stop.is_set():
             self.on_turn()
             total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
@@ -229,12 +243,17 @@ class Waiter:
                 if due_in_s is not None and due_in_s <= 0:
                     self.wakeups["due"] += 1
                     return True
+                if retry_at is not None and time.monotonic() >= retry_at:
+                    self.wakeups["locked"] += 1
+                    return True
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
                 return True
             wait = min(self._poll_backoff, self.cfg.poll_max_s)
             if not paused and due_in_s is not None:
                 wait = min(wait, due_in_s)
+            if not paused and retry_at is not None:
+                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             self.stop.wait(wait)
             self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False

@@ -1,0 +1,113 @@
+"""An idle worker whose claims come back empty because another session holds the rows of the
+ready jobs (an application's SELECT ... FOR UPDATE, a stuck transaction), against a real server:
+it claims again after bounded, growing waits, neither at once (a spin of empty claims) nor only
+at the watcher's safety claim (SAFETY_S, a minute), and a put meanwhile still wakes it at once.
+Once, its empty claim recorded the count as watched (SKIP LOCKED skipped the rows, as a peer's
+claim would have taken them) and the job waited, unlocked, for the safety claim."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import admin_connect, wait_until
+
+from notifyq.consume import handlers
+from notifyq.consume.stats import Budget
+from notifyq.consume.worker import Worker
+from notifyq.produce.producer import Producer
+
+WINDOW_S = 2.0  # the window the worker's claims are counted over while the row is held
+MOST_CLAIMS = 30  # ... and their bound: waits from 5 ms doubling up to 0.2 s make about 15
+PICKUP_S = 10.0  # once the row is let go, the job runs within this (the waits' cap is 0.2 s;
+# before, it waited for the safety claim, SAFETY_S = 60 s)
+
+
+class _CountingWorker(Worker):
+    """A worker that counts its claims (each a real claim on the server)."""
+
+    claims = 0
+
+    def _claim_and_run(self, *args, **kwargs):
+        self.claims += 1
+        return super()._claim_and_run(*args, **kwargs)
+
+
+def _row_held(db, job_id: int):
+    """Another session's transaction holding the job's row, as a mysql client's
+    BEGIN; SELECT ... FOR UPDATE does: the consumers' claims skip it."""
+    conn = admin_connect(db.admin, db.admin.database)
+    conn.autocommit(False)
+    cur = conn.cursor()
+    cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+    assert cur.fetchall()
+    return conn
+
+
+def _start(cfg, ran: list) -> tuple[_CountingWorker, threading.Thread, threading.Event]:
+    stop = threading.Event()
+    worker = _CountingWorker(cfg, "q", handlers.PythonHandler(lambda job: ran.append(job.id), False),
+                             stop=stop, budget=Budget(None))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread, stop
+
+
+def _stopped(worker: Worker, thread: threading.Thread, stop: threading.Event) -> None:
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive() and worker.error is None, worker.error
+
+
+@pytest.mark.parametrize("queue, wakeup", [({}, {}), ({"limit_per_key": 2}, {}), ({}, {"use_locks": False})],
+                         ids=["plain", "limit_per_key", "polling"])
+def test_an_idle_worker_backs_off_while_another_session_holds_the_jobs_row_and_runs_it_once_let_go(db, queue,
+                                                                                                  wakeup):
+    # Given one ready job (of a key, in the limited queue) whose row another session holds
+    cfg = db.config(queue={"q": queue}, wakeup=wakeup)
+    with Producer("q", cfg) as p:
+        [job_id] = p.put_many([{"n": 1}], key="k" if queue else None)
+    holder = _row_held(db, job_id)
+    ran: list[int] = []
+    worker, thread, stop = _start(cfg, ran)
+    try:
+        # When the worker has met the held row idle (its first claim is a busy one; the count
+        # woke it for the job, as the watcher or polling) and the claims of a window are
+        # counted (the window is what is measured, not a wait for a state)
+        wait_until(lambda: worker.claims >= 2, 10, message="the worker's claim from idle")
+        before = worker.claims
+        stop.wait(WINDOW_S)
+        claims = worker.claims - before
+        # Then it claimed again now and then, not in a loop (bounded, growing waits)
+        assert claims < MOST_CLAIMS, claims
+        assert not ran and thread.is_alive()
+        # And once the row is let go, the job runs promptly, not at the safety claim a minute on
+        holder.rollback()
+        wait_until(lambda: ran == [job_id], PICKUP_S, message="the job run once its row was let go")
+        assert worker.waiter.wakeups["locked"] >= 1
+    finally:
+        holder.close()
+        _stopped(worker, thread, stop)
+
+
+def test_a_put_wakes_a_worker_at_once_while_it_waits_to_claim_a_held_job_again(db):
+    # Given a held job's worker waiting before it claims again (the first wait 3 s long here,
+    # so that the put's wake-up, not the wait's end, is what claims the new job)
+    cfg = db.config(wakeup={"poll_initial_s": 3.0, "poll_max_s": 5.0})
+    with Producer("q", cfg) as p:
+        [held] = p.put_many([{"n": 1}])
+    holder = _row_held(db, held)
+    ran: list[int] = []
+    worker, thread, stop = _start(cfg, ran)
+    try:
+        wait_until(lambda: worker.claims >= 2 and worker.waiter.watching, 10,
+                   message="the worker's empty claim as the watcher")
+        # When a job is put
+        with Producer("q", cfg) as p:
+            [fresh] = p.put_many([{"n": 2}])
+        # Then it runs at once, woken by the put, not by the end of the wait
+        wait_until(lambda: fresh in ran, 2.0, message="the fresh job run")
+        assert worker.waiter.wakeups["locked"] == 0 and held not in ran
+    finally:
+        holder.close()
+        _stopped(worker, thread, stop)
