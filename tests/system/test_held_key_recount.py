@@ -1,0 +1,72 @@
+"""A key's counter left high (nq_flow_key.running: a running job's row deleted outside notifyq)
+holds the key's next job back only until the counter's trust ends (COUNT_TRUST_S): the idle
+consumer whose claim held that job claims again then, without any other wake-up, and the claim's
+recount starts it. Real `notifyq consume` processes (store/flow.py, wakeup/waiter.py)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import notifyq_cmd, wait_until
+
+from notifyq.produce.producer import Producer
+from notifyq.store.flow import COUNT_TRUST_S
+
+Q = "hq"
+# The watcher's own wait without a wake-up (wakeup.SAFETY_S) and the queued consumers' (idle_wait_s)
+# are far longer: a start within this says the trust's end woke the claim
+WITHIN_S = COUNT_TRUST_S + 7
+
+
+def _started(out: Path) -> set[int]:
+    """The jobs whose handler started (hold_until_released's "job_id attempt pid start" lines)."""
+    found = set()
+    for path in out.glob("*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[3] == "start":
+                found.add(int(parts[0]))
+    return found
+
+
+def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(db, tmp_path):
+    # Given a queue limited to 1 running job per key, and one consumer process of two workers
+    # (wake-up settings as shipped: the watcher waits 60 s without a wake, a queued one 25 s)
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text(f"[log]\nlevel = \"warning\"\n[queue.{Q}]\nlimit_per_key = 1\n")
+    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    with open(tmp_path / "consumer.err", "w") as err:
+        proc = subprocess.Popen(notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released",
+                                            "--workers", "2"), env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 60, message="the consumer up")
+        with Producer(Q, db.config()) as producer:
+            # And key k's first job running (its handler blocks until released)
+            first = producer.put({"hold": True}, key="k")
+            wait_until(lambda: first in _started(tmp_path), 15, message="the first job running")
+            # When the second job of k is put: the idle watcher's claim holds it back (k runs 1 of 1,
+            # a counter counted when the first started, trusted for COUNT_TRUST_S)
+            second = producer.put({"hold": True}, key="k")
+        wait_until(lambda: db.scalar("SELECT running FROM nq_flow_key WHERE queue = %s AND job_key = 'k'", (Q,)) == 1,
+                   5, message="k's counter at 1")
+        # And the first job's row is deleted outside notifyq (its end releases no counter and
+        # bumps no signal: the counter stays at 1, nothing wakes the consumers)
+        db.query("DELETE FROM nq_job WHERE id = %s", (first,))
+        deleted_at = time.monotonic()
+        # Then the second job starts once the counter's trust has ended, while the first job's
+        # handler still runs: the claim held by the counter is made again then, and recounts it
+        # (before: it waited for the watcher's 60 s safety wake-up)
+        wait_until(lambda: second in _started(tmp_path), WITHIN_S, 0.05,
+                   message="the second job started after the counter's trust ended")
+        assert time.monotonic() - deleted_at < WITHIN_S
+        # And k's counter holds it alone (recounted: the deleted job is not in it)
+        assert db.scalar("SELECT running FROM nq_flow_key WHERE queue = %s AND job_key = 'k'", (Q,)) == 1
+    finally:
+        (tmp_path / "release").touch()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
