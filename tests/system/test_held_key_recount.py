@@ -1,7 +1,8 @@
-"""A key's counter left high (nq_flow_key.running: a running job's row deleted outside notifyq)
-holds the key's next job back only until the counter's trust ends (COUNT_TRUST_S): the idle
-consumer whose claim held that job claims again then, without any other wake-up, and the claim's
-recount starts it. Real `notifyq consume` processes (store/flow.py, wakeup/waiter.py)."""
+"""A key's counter left high (nq_flow_key.running: a running job's row deleted outside notifyq,
+or a dead consumer's job taken back while a claim held the key's row) holds the key's next job
+back only until the counter's trust ends (COUNT_TRUST_S): the idle consumer whose claim held that
+job claims again then, without any other wake-up, and the claim's recount starts it. Real
+`notifyq consume` processes (store/flow.py, wakeup/waiter.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import notifyq_cmd, wait_until
+from conftest import admin_connect, notifyq_cmd, wait_until
 
 from notifyq.produce.producer import Producer
 from notifyq.store.flow import COUNT_TRUST_S
@@ -70,3 +71,65 @@ def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(d
             proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def _starts_by(out: Path, job_id: int) -> list[int]:
+    """The pids that started `job_id`, one per start."""
+    found = []
+    for path in out.glob("*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[3] == "start" and int(parts[0]) == job_id:
+                found.append(int(parts[2]))
+    return found
+
+
+def test_a_job_a_reaper_took_back_while_a_claim_held_its_keys_row_starts_once_the_trust_ends(db, tmp_path):
+    # Given a queue limited to 1 running job per key, and two consumer processes: A runs key k's
+    # job (its handler blocks), B idles
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text(f"[log]\nlevel = \"warning\"\n[consumer]\nreap_interval_s = 0.5\n[queue.{Q}]\nlimit_per_key = 1\n")
+    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    args = notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released")
+    procs: list[subprocess.Popen] = []
+    holder = admin_connect(db.admin, db.admin.database)
+    try:
+        with open(tmp_path / "consumers.err", "w") as err:
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err))
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 60, message="A up")
+            with Producer(Q, db.config()) as producer:
+                job = producer.put({"hold": True}, key="k")
+            wait_until(lambda: _starts_by(tmp_path, job) == [procs[0].pid], 15, message="A running the job")
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err))
+            wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 60, message="B up")
+        # And k's row held by a claim (here: this test's transaction) that recounted it: 1 running
+        # (B's start left the queue's counters unknown: they are recounted by the next claim)
+        cur = holder.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = %s AND job_key = 'k' FOR UPDATE", (Q,))
+        cur.execute("UPDATE nq_flow_key SET running = 1, counted_at = NOW(6) WHERE queue = %s AND job_key = 'k'",
+                    (Q,))
+        # When A dies (SIGKILL), and B's reaper takes its job back: it finds k's row locked, and
+        # leaves k's counter as it is (a reaper waits on no claim)
+        procs[0].kill()
+        procs[0].wait(10)
+        wait_until(lambda: db.scalar("SELECT status FROM nq_job WHERE id = %s", (job,)) == 0, 30,
+                   message="the job taken back")
+        # And that claim commits: k's counter says 1 (high by the job taken back, never low), and
+        # is trusted for COUNT_TRUST_S from its recount
+        cur.execute("COMMIT")
+        assert db.scalar("SELECT running FROM nq_flow_key WHERE queue = %s AND job_key = 'k'", (Q,)) == 1
+        committed_at = time.monotonic()
+        # Then B starts the job once k's counter's trust has ended: B's claims meanwhile held
+        # it back by the counter, and nothing else wakes it (before: the watcher's 60 s safety)
+        wait_until(lambda: procs[1].pid in _starts_by(tmp_path, job), WITHIN_S, 0.05,
+                   message="B starting the job taken back")
+        assert time.monotonic() - committed_at < WITHIN_S
+    finally:
+        holder.close()
+        (tmp_path / "release").touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(60) for proc in procs]
+    assert codes == [-signal.SIGKILL, 0]
