@@ -269,8 +269,11 @@ class Worker:
 
         One idle worker of the queue per process holds the seat and watches (or polls);
         the others wait here for the seat, turning their loop every idle_wait_s."""
-        if not self.watch_seat.seat(self, self.config.wakeup.idle_wait_s):
-            return False
+        if not self.watch_seat.seat(self, self.waiter.until_recount(self.config.wakeup.idle_wait_s)):
+            # The seat's worker may be queued for the watch lock behind another process's
+            # watcher until idle_wait_s, its wait begun before a claim of ours held jobs back by
+            # counters whose trust has ended now (Waiter.recount_after): the claim is made here
+            return self.waiter.recount_due()
         self.waiter.on_turn, self.waiter.on_reap = self._idle_turn, self._reap_soon
         try:
             # The home session (our first queue's watcher) holds the liveness lock: if it

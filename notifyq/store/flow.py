@@ -600,7 +600,7 @@ class FlowClaims:
         # Whether ready jobs of the keys at their limit were read: the head holds one, or is full
         # (more lie behind it); without a head (a queue that does not count), as if it did
         held_ready = bool(held) and (head0 is None or len(head0) >= unkeyed_limit(batch_size)
-                                     or any(row[3] in held for row in head0))
+                                     or not set(held).isdisjoint(row[3] for row in head0))
         self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete, own,
                           held_ready)
         if not head_read:

@@ -52,6 +52,7 @@ class Waiter:
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
         # Monotonic: when the idle worker claims again for jobs a counter held back (recount_after)
         self.recount_at: float | None = None
+        self._recount_lock = threading.Lock()  # (the queue's workers: one of them takes it)
 
     def _bounded(self, wait_s: float) -> float:
         """A wait inside a statement must end before the client stops reading its reply. The
@@ -71,21 +72,23 @@ class Waiter:
         if it holds jobs again, says when next). The latest claim's word counts: a claim that
         held nothing ends it, and a later one that held jobs moves it (a claim recounts what it
         may no longer trust, so a period needs no claim but the last)."""
-        self.recount_at = None if seconds is None else time.monotonic() + seconds + RECOUNT_MARGIN_S
+        with self._recount_lock:
+            self.recount_at = None if seconds is None else time.monotonic() + seconds + RECOUNT_MARGIN_S
 
-    def _until_recount(self, wait_s: float) -> float:
+    def until_recount(self, wait_s: float) -> float:
         """`wait_s`, ended by the claim for held jobs if that comes first."""
         at = self.recount_at
         return wait_s if at is None else max(0.0, min(wait_s, at - time.monotonic()))
 
     def recount_due(self) -> bool:
         """The claim for held jobs is due (and taken: the caller claims now, once)."""
-        at = self.recount_at
-        if at is None or time.monotonic() < at:
-            return False
-        self.recount_at = None
-        self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
-        return True
+        with self._recount_lock:
+            at = self.recount_at
+            if at is None or time.monotonic() < at:
+                return False
+            self.recount_at = None
+            self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
+            return True
 
     # -------------------------------------------------------- the watch lock
 
@@ -98,7 +101,7 @@ class Waiter:
         # lock free, past a reaper's restart grace, and its process's running jobs were taken
         # back as a dead consumer's.
         # (ended by the claim for held jobs: Worker._idle_with_locks makes it if the lock is another's)
-        wait_s = self._until_recount(self._bounded(self.cfg.idle_wait_s))
+        wait_s = self.until_recount(self._bounded(self.cfg.idle_wait_s))
         got = advisory.get_lock(self.session, self.locks.watch, wait_s, on_generation=generation)
         self.watch_timed_out = False
         if self.session.generation != generation:
@@ -176,7 +179,7 @@ class Waiter:
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             if not paused:
-                wait = self._until_recount(wait)
+                wait = self.until_recount(wait)
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell, on_generation=generation)
@@ -274,7 +277,7 @@ class Waiter:
             if not paused and due_in_s is not None:
                 wait = min(wait, due_in_s)
             if not paused:
-                wait = self._until_recount(wait)
+                wait = self.until_recount(wait)
             self.stop.wait(wait)
             self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False

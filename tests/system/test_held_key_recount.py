@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import admin_connect, notifyq_cmd, wait_until
 
 from notifyq.produce.producer import Producer
@@ -33,17 +34,24 @@ def _started(out: Path) -> set[int]:
     return found
 
 
-def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(db, tmp_path):
-    # Given a queue limited to 1 running job per key, and one consumer process of two workers
-    # (wake-up settings as shipped: the watcher waits 60 s without a wake, a queued one 25 s)
+@pytest.mark.parametrize("workers", [(2,), (2, 1)], ids=["one-process", "two-processes"])
+def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(db, tmp_path, workers):
+    # Given a queue limited to 1 running job per key, and consumer processes (two workers each
+    # but the second's one: whichever claims the held job may be queued for the watch behind the
+    # other's watcher), with the wake-up settings as shipped: the watcher waits 60 s without a
+    # wake-up, a consumer queued for the watch 25 s
     conf = tmp_path / "notifyq.toml"
     conf.write_text(f"[log]\nlevel = \"warning\"\n[queue.{Q}]\nlimit_per_key = 1\n")
     env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    procs: list[subprocess.Popen] = []
     with open(tmp_path / "consumer.err", "w") as err:
-        proc = subprocess.Popen(notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released",
-                                            "--workers", "2"), env=env, stdout=subprocess.DEVNULL, stderr=err)
+        for n in workers:
+            procs.append(subprocess.Popen(notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released",
+                                                      "--workers", str(n)),
+                                          env=env, stdout=subprocess.DEVNULL, stderr=err))
     try:
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 1, 60, message="the consumer up")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == len(workers), 60,
+                   message="the consumers up")
         with Producer(Q, db.config()) as producer:
             # And key k's first job running (its handler blocks until released)
             first = producer.put({"hold": True}, key="k")
@@ -67,10 +75,11 @@ def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(d
         assert db.scalar("SELECT running FROM nq_flow_key WHERE queue = %s AND job_key = 'k'", (Q,)) == 1
     finally:
         (tmp_path / "release").touch()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-    assert code == 0
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(60) for proc in procs]
+    assert codes == [0] * len(workers)
 
 
 def _starts_by(out: Path, job_id: int) -> list[int]:
