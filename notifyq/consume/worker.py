@@ -285,8 +285,11 @@ class Worker:
 
         One idle worker of the queue per process holds the seat and watches (or polls);
         the others wait here for the seat, turning their loop every idle_wait_s."""
-        if not self.watch_seat.seat(self, self.config.wakeup.idle_wait_s):
-            return False
+        if not self.watch_seat.seat(self, self.waiter.until_recount(self.config.wakeup.idle_wait_s)):
+            # The seat's worker may be queued for the watch lock behind another process's
+            # watcher until idle_wait_s, its wait begun before a claim of ours held jobs back by
+            # counters whose trust has ended now (Waiter.recount_after): the claim is made here
+            return self.waiter.recount_due()
         self.waiter.on_turn, self.waiter.on_reap = self._idle_turn, self._reap_soon
         try:
             # The home session (our first queue's watcher) holds the liveness lock: if it
@@ -313,7 +316,11 @@ class Worker:
     def _idle_with_locks(self) -> bool:
         if not self.waiter.acquire_watch():
             # Timed out or interrupted: the loop turns, then we queue up again, unless work
-            # waits that the watcher should have handed on by now (its host may be gone).
+            # waits that the watcher should have handed on by now (its host may be gone), or
+            # a claim of ours held jobs back by counters whose trust has ended now: the watcher,
+            # another process's, knows nothing of it (Waiter.recount_after)
+            if self.waiter.watch_timed_out and self.waiter.recount_due():
+                return True
             if self.waiter.watch_timed_out and self.waiter.watcher_overdue():
                 log.warning("stalled: jobs are ready and the watcher has not handed them on for %g s "
                             "(its host may be gone, or its session stuck): claiming them here queue=%s",
@@ -407,6 +414,10 @@ class Worker:
             self.budget.take(-want)  # nothing taken
             return 0, False
         self.claim_backoff.claimed()
+        if self.flow is not None and self.flow.limits.counts and claim.drained:
+            # Before the run: while it runs, the queue's idle worker makes the claim for what the
+            # counters held back (or, if this claim held nothing, makes none)
+            self.waiter.recount_after(claim.recount_s)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         claim_run = self.work.server_run  # that connection's server run: a KILL of its id after a restart is none of ours
         if self.budget.left is not None and want > len(claim.jobs):

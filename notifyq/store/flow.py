@@ -46,7 +46,10 @@ starts at most N of a key): a key's backlog then never fills the claim's read, a
 A job held back by a limit stays ready: it is not claimed, not charged an attempt, and counts
 as taken for the watcher (a claim that only held jobs back drained the queue): the transaction
 that frees its slot bumps the queue's signal (queries.Acks.wake and the outcomes'), which wakes
-the watcher through the hand-off.
+the watcher through the hand-off. A slot a counter left high frees in no transaction: it frees
+when a claim recounts the counter, so a counting claim that drained while a counter held jobs
+back says when that counter's trust ends (queries.Claim.recount_s, Grant.held_ready), and the
+queue's idle worker claims again then (wakeup/waiter.py, Waiter.recount_after).
 """
 
 from __future__ import annotations
@@ -93,7 +96,8 @@ DEEP_SKIPS = 8
 # counter is never low while every consumer of the queue counts (docs/flow-control.md), but it can
 # be high: a job taken out of status 2 by a path that does not release it (a reaper, an expired
 # lease, an operator's cancel) leaves its slot taken. Recounted once it is older than this, under
-# its row's lock, a key is held by such a slot at most this long. No counter is trusted at all
+# its row's lock, a key is held by such a slot at most this long (the idle consumer whose claim it
+# held jobs back claims again then: queries.Claim.recount_s). No counter is trusted at all
 # while a registered consumer of the queue does not count (an older version through an upgrade,
 # another config: store/count_trust.py), and a limited claim that does not count gives up the
 # counters of the keys it takes.
@@ -198,6 +202,10 @@ class Grant:
     # The last `spares` ids: jobs of keys past their free slots as last committed (spare_cap),
     # kept only where a peer's claim took the jobs before them: none of them is left behind
     spares: int = 0
+    # Ready jobs it read were held back by a key's limit (held_keys also names keys at their
+    # limit whose ready jobs, if any, it did not read): a counting queue's claim that drained
+    # claims again once the counters' trust ends (queries.Claim.recount_s)
+    held_ready: bool = False
 
 
 class UnnamedKeys(Exception):
@@ -453,7 +461,7 @@ class FlowClaims:
         self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
         ids = [r[4] for r in ordered]
         grant = Grant(ids, not full, held, False, {r[4]: r[5] for r in ordered},
-                      len(caps) + bool(unkeyed))
+                      len(caps) + bool(unkeyed), held_ready=bool(held))  # (the head's keys: ready jobs)
         self.active_keys = grant.active_keys
         return grant
 
@@ -589,7 +597,12 @@ class FlowClaims:
         # The queue's room as last committed (its `limit`): KeyGate counts it again under the
         # queue row's lock
         room = limits.limit - sum(running.values()) if limits.limit else None
-        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete, own)
+        # Whether ready jobs of the keys at their limit were read: the head holds one, or is full
+        # (more lie behind it); without a head (a queue that does not count), as if it did
+        held_ready = bool(held) and (head0 is None or len(head0) >= unkeyed_limit(batch_size)
+                                     or not set(held).isdisjoint(row[3] for row in head0))
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, room, list(held), complete, own,
+                          held_ready)
         if not head_read:
             grant = self._grant(self.read, ready, [])
             if grant.ids:
@@ -688,7 +701,7 @@ class FlowClaims:
         free slots and the queue's room, less the `taken` rows' (locked by this claim already);
         `seen` ids (tried already) are left out."""
         limits = self.limits
-        complete, held = plan.complete, list(plan.held)
+        complete, held, held_ready = plan.complete, list(plan.held), plan.held_ready
         by_key: dict[str | None, list[tuple]] = {}
         spare: dict[str | None, list[tuple]] = {}  # each key's jobs read past its free slots (spare_cap)
         read: dict[str | None, int] = {}  # rows read per key, the ones left out included
@@ -716,6 +729,7 @@ class FlowClaims:
                 free -= sum(1 for k in taken if k == key)  # slots the claim's locked rows use
             if len(rows) > free:
                 held.append(key)
+                held_ready = True
             if lim and not limits.fair and not limits.rate_cap:
                 # (spare_cap: the jobs past the ones it would take, locked only where those are gone)
                 first = max(0, min(free, plan.batch_size))
@@ -772,7 +786,8 @@ class FlowClaims:
         # More ids than the batch takes leave some behind: queries.claim says so (of a rated queue's,
         # only those its rates let through count)
         keys = {row[-1]: key for key, rows in (*by_key.items(), *spare.items()) for row in rows}
-        return Grant(ids + spares, complete, held, queue_full, keys, active_keys, spares=len(spares))
+        return Grant(ids + spares, complete, held, queue_full, keys, active_keys, spares=len(spares),
+                     held_ready=held_ready)
 
 
 @dataclass
@@ -790,6 +805,7 @@ class _Read:
     held: list[str]  # keys a limit held back before the read
     complete: bool  # every key with free slots seen
     own: dict[str, int] = field(default_factory=dict)  # the jobs per key the claim's own acks end (affinity)
+    held_ready: bool = False  # ready jobs of the keys `held` names were read (Grant.held_ready)
 
 
 def ready_keys(cur, queue: str, after: str, n: int) -> list[str]:

@@ -24,6 +24,9 @@ READ_MARGIN_S = 5.0  # a wait in a statement ends this long before the client's 
 # closes QUIET_LOOK_S after the look's reply, which came before this turn began; the rest is
 # room for that reply's way back to a loaded producer.
 FIRST_WAIT_S = 10 * QUIET_LOOK_S
+# Past the end of a counter's trust (Waiter.recount_after), so that the claim then made finds it
+# untrusted (the server's clock and ours may run apart by that much in a trust period)
+RECOUNT_MARGIN_S = 0.1
 
 
 class Waiter:
@@ -48,6 +51,9 @@ class Waiter:
         self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
         self._last_total = -1  # polling fallback only
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
+        # Monotonic: when the idle worker claims again for jobs a counter held back (recount_after)
+        self.recount_at: float | None = None
+        self._recount_lock = threading.Lock()  # (the queue's workers: one of them takes it)
 
     def _bounded(self, wait_s: float) -> float:
         """A wait inside a statement must end before the client stops reading its reply. The
@@ -56,6 +62,34 @@ class Waiter:
         in a lost connection (and liveness lock), reconnected and waited again: a loop."""
         timeout = self.session.read_timeout_s
         return min(wait_s, max(timeout - READ_MARGIN_S, timeout / 2))
+
+    # -------------------------------------------------------- jobs a counter held back
+
+    def recount_after(self, seconds: float | None) -> None:
+        """A claim of the queue in this process drained it: `seconds` until the trust of the
+        counters that held its ready jobs back ends (queries.Claim.recount_s), None when it held
+        none. A counter left high frees its slot only when a claim recounts it, and nothing may
+        wake the watcher for that: the idle worker of the queue claims then, once (that claim,
+        if it holds jobs again, says when next). The latest claim's word counts: a claim that
+        held nothing ends it, and a later one that held jobs moves it (a claim recounts what it
+        may no longer trust, so a period needs no claim but the last)."""
+        with self._recount_lock:
+            self.recount_at = None if seconds is None else time.monotonic() + seconds + RECOUNT_MARGIN_S
+
+    def until_recount(self, wait_s: float) -> float:
+        """`wait_s`, ended by the claim for held jobs if that comes first."""
+        at = self.recount_at
+        return wait_s if at is None else max(0.0, min(wait_s, at - time.monotonic()))
+
+    def recount_due(self) -> bool:
+        """The claim for held jobs is due (and taken: the caller claims now, once)."""
+        with self._recount_lock:
+            at = self.recount_at
+            if at is None or time.monotonic() < at:
+                return False
+            self.recount_at = None
+            self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
+            return True
 
     # -------------------------------------------------------- the watch lock
 
@@ -67,8 +101,9 @@ class Waiter:
         # After a server restart it waited out idle_wait_s (behind a peer's watcher) with the
         # lock free, past a reaper's restart grace, and its process's running jobs were taken
         # back as a dead consumer's.
-        got = advisory.get_lock(self.session, self.locks.watch, self._bounded(self.cfg.idle_wait_s),
-                                on_generation=generation)
+        # (ended by the claim for held jobs: Worker._idle_with_locks makes it if the lock is another's)
+        wait_s = self.until_recount(self._bounded(self.cfg.idle_wait_s))
+        got = advisory.get_lock(self.session, self.locks.watch, wait_s, on_generation=generation)
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock may have gone with the old connection,
@@ -116,8 +151,8 @@ class Waiter:
     def wait_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool | None:
         """As the watcher: return True once there may be something to claim.
 
-        That is: the enqueue count moved past the watched count, a scheduled job fell due, or
-        a producer rang the bell. A bell grant returns at once, without reading the count
+        That is: the enqueue count moved past the watched count, a scheduled job fell due, a
+        producer rang the bell, or the claim for jobs a counter held back is due (recount_after). A bell grant returns at once, without reading the count
         again: the claim reads it itself in its first round trip (queries.claim, as_watcher),
         so a ring costs one statement here between the producer's release and the claim.
 
@@ -152,6 +187,8 @@ class Waiter:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
             if retry_at is not None:
                 wait = max(0.0, min(wait, retry_at - time.monotonic()))
+            if not paused:
+                wait = self.until_recount(wait)
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell, on_generation=generation)
@@ -186,6 +223,8 @@ class Waiter:
                     return True
                 if state.due_in_s is not None and state.due_in_s <= 0:
                     self.wakeups["due"] += 1
+                    return True
+                if self.recount_due():
                     return True
             # A paused queue ignores due jobs: waking for them would only find the pause again.
             due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
@@ -246,6 +285,8 @@ class Waiter:
                 if retry_at is not None and time.monotonic() >= retry_at:
                     self.wakeups["locked"] += 1
                     return True
+                if self.recount_due():
+                    return True
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
                 return True
@@ -254,6 +295,8 @@ class Waiter:
                 wait = min(wait, due_in_s)
             if not paused and retry_at is not None:
                 wait = max(0.0, min(wait, retry_at - time.monotonic()))
+            if not paused:
+                wait = self.until_recount(wait)
             self.stop.wait(wait)
             self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False

@@ -2,7 +2,8 @@
 queue's batch starts its keys in turn and gives a key put after its claim a turn; a limited
 key's batch does not keep its slots from idle workers; a cron run (--exit-when-empty) waits
 for what a limit holds instead of exiting beside it; a job completed in its own transaction
-wakes the idle watcher for the job its key's limit held back."""
+wakes the idle watcher for the job its key's limit held back; a job a key's counter holds back
+costs the idle consumer one claim per trust period of the counter, and none once nothing is held."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import threading
 import time
 
 from conftest import wait_until
-from test_lineup import running
+from test_lineup import HeldAndQuick, running
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 from notifyq.jobs import Job
 from notifyq.produce.producer import Producer
 from notifyq.store import queries
 from notifyq.store.db import Session
-from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.flow import COUNT_TRUST_S, FlowClaims, FlowLimits
+from notifyq.wakeup.waiter import RECOUNT_MARGIN_S
 
 
 class Starts:
@@ -151,3 +153,44 @@ def test_a_job_completed_in_its_own_transaction_frees_its_keys_slot_for_the_idle
         # worker waited out the watcher's 60 s safety timeout before claiming it)
         wait_until(lambda: len(done) == 2, 15, message="both jobs of the key ran")
     assert sorted(done) == sorted(ids)
+
+
+def test_a_job_a_counter_holds_back_costs_one_claim_per_trust_period_and_none_once_it_ran(db, monkeypatch):
+    # Given a key limited to 1 running, two idle workers of one process, and every claim counted
+    cfg = db.config(queue={"lq": {"limit_per_key": 1}})
+    claims: list[float] = []
+    claim = queries.claim
+
+    def counted(session, queue, *args, **kwargs):
+        claims.append(time.monotonic())
+        return claim(session, queue, *args, **kwargs)
+
+    monkeypatch.setattr(queries, "claim", counted)
+    handler = HeldAndQuick()
+    with running(cfg, "lq", handler, workers=2) as service:
+        waiter = service.presence.watch_seats["lq"].waiter
+        with Producer("lq", cfg) as producer:
+            # And the key's first job running (until released)
+            first = producer.put({"hold": True}, key="k")
+            wait_until(lambda: handler.started([first]), 15, message="the first job running")
+            # When its second job is put: the idle watcher's claim holds it back (k runs 1 of 1)
+            second = producer.put({}, key="k")
+        # Then that claim says when its counter's trust ends: the idle worker claims again then
+        armed = wait_until(lambda: waiter.recount_at, 15, message="a claim for the held job due")
+        assert armed - time.monotonic() <= COUNT_TRUST_S + RECOUNT_MARGIN_S
+        made = len(claims)
+        # And no claim before it: one then (its recount finds the first job still running, so it
+        # holds the second back again), which says the next trust end, a period later
+        wait_until(lambda: waiter.recount_at and waiter.recount_at > armed, COUNT_TRUST_S + 5,
+                   message="the claim at the trust's end, and the next one due")
+        rearmed, again = waiter.recount_at, claims[made:]
+        assert len(again) == 1 and again[0] >= armed, (armed, again)
+        assert rearmed - again[0] >= COUNT_TRUST_S
+        assert not handler.started([second])
+        # When the first job ends (its ack frees the slot): the second runs, and once no claim
+        # holds anything back, none is due for it (an idle queue makes no claim)
+        handler.release.set()
+        wait_until(lambda: handler.started([second]), 15, message="the second job running")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE queue = 'lq'") == 0, 15,
+                   message="both jobs done")
+        wait_until(lambda: waiter.recount_at is None, 15, message="no claim due for held jobs")

@@ -2,7 +2,8 @@
 after every path that ends a run and releases it (ack, ack carried by a claim, failure, retry,
 burial, give-back), never low after a path that does not (a reaper's take-back and an operator's
 purge leave it unknown, a row deleted outside notifyq high), recounted under the key row's lock when it is unknown or older than the trust
-bound (COUNT_TRUST_S), and never trusted for jobs a claim that did not count started."""
+bound (COUNT_TRUST_S), and never trusted for jobs a claim that did not count started. A claim
+that a counter held ready jobs back from says when that counter's trust ends (Claim.recount_s)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, liveness, queries
 from notifyq.store.db import Session
-from notifyq.store.flow import FlowClaims, FlowLimits
+from notifyq.store.flow import COUNT_TRUST_S, FlowClaims, FlowLimits
 
 OWNER = "o" * 32
 
@@ -164,6 +165,34 @@ def test_a_counter_left_high_by_a_take_back_is_recounted_once_past_the_trust_bou
         assert len(again.jobs) == 1
         assert _running(db) == {"a": 2}
         _exact(db)
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("limits", [FlowLimits(limit_per_key=1), FlowLimits(key_limits=(("*", 1),))],
+                         ids=["limit_per_key", "key_limits"])
+def test_a_claim_says_when_to_claim_again_only_when_a_counter_held_ready_jobs_back(db, limits):
+    # Given key a running 1 of 1 (a counting claim took its job: its counter is 1, just counted)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"])
+    session = Session(cfg.dsn)
+    flow = FlowClaims(limits)
+    try:
+        assert len(_claim(session, flow).jobs) == 1
+        # When a claim finds key a at its limit with no ready job of a (key b's job it takes)
+        _put_keyed(db, cfg, ["b"])
+        took = _claim(session, flow)
+        # Then it drained the queue and holds nothing back: no claim is due for a's counter
+        assert len(took.jobs) == 1 and took.drained
+        assert took.recount_s is None
+        # When a's next job is put: the claim holds it back by a's counter
+        _put_keyed(db, cfg, ["a"])
+        held = _claim(session, flow)
+        # Then it says to claim again once that counter's trust ends (a row deleted outside
+        # notifyq, or a take-back that found the key's row locked, leaves it high: only a claim
+        # recounts it, and no wake-up may come)
+        assert held.jobs == [] and held.drained
+        assert held.recount_s == COUNT_TRUST_S
     finally:
         session.close()
 
