@@ -177,8 +177,9 @@ class ServiceCollector:
         labels, by_label = groups
         wakeups = CounterMetricFamily(
             "notifyq_wakeups", "Why an idle worker went to claim: bell (producer rang), signal "
-            "(count moved, found by polling), due (a scheduled job came due, a rate refilled, or held jobs' counters are recounted), timeout (safety poll), "
-            "locked (claiming again ready jobs another session held locked).",
+            "(count moved, found by polling), due (a scheduled job came due, a rate refilled, or held "
+            "jobs' counters are recounted), timeout (safety poll), locked (claiming again ready jobs "
+            "another session held locked).",
             labels=[*labels, "kind"])
         locks = GaugeMetricFamily("notifyq_wakeup_locks", "Workers using the advisory-lock "
                                   "wake-up channel.", labels=labels)
