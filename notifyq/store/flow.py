@@ -52,6 +52,7 @@ the watcher through the hand-off.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -149,6 +150,8 @@ class FlowLimits:
         """The most running jobs of `key` (0: no limit); a job without a key has none."""
         if key is None:
             return 0
+        if not self.key_limits:
+            return self.limit_per_key  # (asked for each job a limited claim locks)
         for pattern, n in self.key_limits:
             if pattern == key:
                 return n
@@ -475,18 +478,13 @@ class FlowClaims:
     def count_add(self, queue: str, counts: dict[str, int]) -> tuple[str, dict[str, Any]] | None:
         """The statement that adds `counts` (key -> the jobs the claim marked) to the keys'
         counter rows (one row each, key order)."""
-        counts = {k: n for k, n in counts.items() if n}
-        if not counts:
+        order = sorted(k for k, n in counts.items() if n)
+        if not order:
             return None
-        head, _, rest = Q["flow_count_add"].partition("CASE job_key ")
-        when, _, tail = rest.partition(" END")
-        order = sorted(counts)
-        whens = (when.replace("%(key)s", f"%(key{i})s").replace("%(n)s", f"%(n{i})s") for i in range(len(order)))
-        sql = head + "CASE job_key " + " ".join(whens) + " END" + tail
         params: dict[str, Any] = {"queue": queue, "keys": tuple(order)}
         for i, k in enumerate(order):
             params[f"key{i}"], params[f"n{i}"] = k, counts[k]
-        return sql, params
+        return _count_add(len(order)), params
 
     def _candidates(self, cur, queue: str, batch_size: int) -> Grant:
         limits = self.limits
@@ -844,6 +842,15 @@ def _capped(rows: list[tuple], caps: dict[str, int]) -> list[tuple]:
             taken[row[1]] = taken.get(row[1], 0) + 1
             out.append(row)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _count_add(n: int) -> str:
+    """flow_count_add with its WHEN part for `n` keys (kept per n: built for every counting claim)."""
+    head, _, rest = Q["flow_count_add"].partition("CASE job_key ")
+    when, _, tail = rest.partition(" END")
+    whens = (when.replace("%(key)s", f"%(key{i})s").replace("%(n)s", f"%(n{i})s") for i in range(n))
+    return head + "CASE job_key " + " ".join(whens) + " END" + tail
 
 
 def _add_keys(n: int) -> str:

@@ -453,9 +453,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                         net_failed.append(True)
                         raise cut_short(f"claim {queue}: netted ack deleted {front_counts[acks.counted]} "
                                         f"of {len(acks.ids)}")
-                    for k in acks.keys:
-                        if k is not None:
-                            flow.freed[k] = flow.freed.get(k, 0) + 1
+                    # (the same jobs per key as its key affinity's, counted once in claim())
+                    flow.freed = dict(flow.own_acked)
             if as_watcher:
                 seen_seq = int(count[0][0][0])
             due = bool(due_rows)
@@ -882,7 +881,7 @@ def lock_window(cur, ids: list[int], version: int, gate: KeyGate | None = None) 
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
     too_new = len(rows) - len(kept)
     if gate is not None:
-        kept = gate.admit(in_claim_order(list(kept)), key=lambda r: r[KEY])
+        kept = gate.admit(in_claim_order(list(kept)), key=_key)
     return kept, too_new
 
 
@@ -899,6 +898,7 @@ def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple]
 _by_time_then_id = itemgetter(5, 0)  # a claim_lock row's run_at (its text: one width, so it
 _by_priority = itemgetter(2)  # sorts as the times do) and id; its priority
 _suspect = itemgetter(SUSPECT)
+_key = itemgetter(KEY)
 
 
 def in_claim_order(rows: list[tuple]) -> list[tuple]:
