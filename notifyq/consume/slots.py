@@ -27,6 +27,12 @@ class SlotWake:
                            retry={"retry_s": WAKE_RETRY_S, "retry_log_level": logging.DEBUG})
         self.wakes = 0  # tests and the benchmark read it
 
+    def watch_lock(self) -> str | None:
+        """The watch lock a claim that frees slots may read the holder of with its mark
+        (queries.Acks.watch): nobody holding it then, freed() after that claim would only look
+        and find nobody, a round trip on the wake's session; None: freed() decides alone."""
+        return self.waker.watch_looked_at()
+
     def freed(self) -> None:
         """After a COMMIT that freed slots: wake the watcher if one waits (never raises)."""
         self.wakes += 1

@@ -150,6 +150,10 @@ class Claim:
     # the monotonic start and end on the server's clock from it (server time = at + (t - mono)),
     # as times that do not depend on when the record's statement runs (Acks, Failure).
     clock: tuple[Any, float] | None = None
+    # A limited claim that carried acks (they free slots): whether a consumer held the queue's
+    # watch lock when its mark ran (Acks.watch: read with the mark); None: not read. False: the
+    # slot wake after it has nobody to wake, and its look is not sent (acking.PendingAcks.claim)
+    watched: bool | None = None
 
 
 @dataclass
@@ -181,6 +185,9 @@ class Acks:
     # that carries it takes its jobs off their keys' counters itself, client-side by `keys`, in
     # the one net change its mark sends, and only when its DELETE removed every job it named
     net: bool = False
+    # The queue's watch lock (a limited queue's, when its instant wake looks for a watcher): the
+    # claim that carries these acks reads its holder with its mark (Claim.watched)
+    watch: str | None = None
 
     @property
     def releases(self) -> bool:
@@ -571,6 +578,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         recount = flow is not None and flow.limits.limited and (not counting or flow.recounted) and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))
+        # The acks free slots: whether a consumer watches the queue now, read with the mark (its
+        # replies are waited for), so that the slot wake's own look (a round trip on another
+        # session after every such claim) is sent only when one does (Claim.watched)
+        look_at = len(last) if front and acks.watch is not None else None
+        if look_at is not None:
+            last.append((Q["lock_holder"], {"name": acks.watch}))
         watched = drained and seen_seq is not None
         if watched:
             # Last before COMMIT, in the same query: the queue row's lock is held only for the
@@ -597,8 +610,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
+        watched_now = None
         if acks is not None or (flow is not None and (locked or add is not None)):
-            verified += bool(locked) + (add is not None) + recount
+            verified += bool(locked) + (add is not None) + recount + (look_at is not None)
             replies: list[list[tuple] | None] = []  # the verified statements' rows
 
             def verify(cur, counts: list[int]) -> None:
@@ -618,6 +632,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                                                   verified=verified, verify=verify, rows=replies)
             if front:
                 commit.rowcounts[0:0] = front_counts  # the acks' counts first, as a plain claim's
+            if look_at is not None and replies[look_at]:
+                watched_now = replies[look_at][0][0] is not None
         elif last:
             commit = session.pipeline.send_commit(
                 cur, last, what=f"claim {queue}", wait_replies=wait,
@@ -627,7 +643,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         jobs = [claimed(r[0], queue, r[1], r[2], r[3] + 1, r[4], r[5], r[6], r[7], r[8], clock) for r in locked]
         if admitted.spent:
             jobs = rating.after_commit(session, commit, jobs)
-        return Claim(jobs, token, drained, False, commit, admitted.held_s, clock)
+        return Claim(jobs, token, drained, False, commit, admitted.held_s, clock, watched_now)
 
     net_failed: list[bool] = []  # a netted ack fell short of its jobs: this claim releases server-side
     runs = 0

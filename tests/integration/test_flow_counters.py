@@ -537,3 +537,49 @@ def test_a_lean_claim_whose_full_head_is_held_finds_a_free_key_behind_it_among_m
         _exact(db)
     finally:
         session.close()
+
+
+def test_a_limited_claim_carrying_acks_wakes_for_its_freed_slots_only_when_a_consumer_watches(db):
+    # Given key a with 6 ready jobs, limit_per_key = 2, and a worker's pending acks whose slot
+    # wake (Outcomes.freed) is counted: my claim runs a's first two
+    from notifyq.config.settings import QueueConfig
+    from notifyq.consume.acking import PendingAcks
+    from notifyq.consume.outcomes import Outcomes
+    from notifyq.consume.stats import Stats
+    from notifyq.store.locks import QueueLocks
+
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 6)
+    session, watcher = Session(cfg.dsn), Session(cfg.dsn, autocommit=True)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    outcomes = Outcomes("q", QueueConfig(limit_per_key=2), Stats())
+    wakes: list[bool] = []
+    outcomes.freed = lambda: wakes.append(True)
+    pending = PendingAcks(outcomes)
+    watch = QueueLocks(cfg.dsn.database, "q").watch
+    try:
+        first = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        assert sorted(j.id for j in first.jobs) == ids[:2]
+        # When its next claim carries their acks and no consumer watches the queue
+        pending.keep(queries.Acks(ids[:2], first.token, False, wake="q", keys=["a", "a"]))
+        second = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        # Then the claim read that with its mark, and sent no wake for the slots it freed
+        assert sorted(j.id for j in second.jobs) == ids[2:4]
+        assert second.watched is False and wakes == []
+        # And when a consumer watches (holds the queue's watch lock), the next one wakes it
+        cur = watcher.cursor()
+        cur.execute("SELECT GET_LOCK(%s, 0)", (watch,))
+        assert list(cur.fetchall()) == [(1,)]
+        pending.keep(queries.Acks(ids[2:4], second.token, False, wake="q", keys=["a", "a"]))
+        third = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        assert sorted(j.id for j in third.jobs) == ids[4:6]
+        assert third.watched is True and wakes == [True]
+        # And a claim told of no watch lock (the instant wake off) wakes as before, every time
+        pending.keep(queries.Acks(ids[4:6], third.token, False, wake="q", keys=["a", "a"]))
+        fourth = pending.claim(session, "q", OWNER, 100, 60, flow=flow)
+        assert fourth.watched is None and wakes == [True, True]
+        session.pipeline.read_reply()
+        _exact(db)
+    finally:
+        session.close()
+        watcher.close()
