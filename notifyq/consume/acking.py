@@ -111,13 +111,14 @@ class PendingAcks:
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
-            if self.outcomes.freed is not None and claim.watched is not False:
+            if self.outcomes.freed is not None:
                 # Its COMMIT may still be on the wire: a watcher woken before it lands finds the
                 # signal moved past what its claim saw, and claims again. (Nobody watched when
-                # its mark ran: nobody to wake, and a consumer that starts watching after it
-                # reads the bumped signal first, or finds it by its first polls, as one that
-                # starts inside the wake's quiet window does.)
-                self.outcomes.freed()
+                # its mark ran: the wake sends no look of its own, which would find nobody; a
+                # consumer that starts watching after that reads the bumped signal first, or
+                # finds it by its first polls, as one that starts inside the look's quiet
+                # window does.)
+                self.outcomes.freed(claim.watched)
         return claim
 
     def released_children(self) -> bool:

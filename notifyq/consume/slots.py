@@ -33,8 +33,14 @@ class SlotWake:
         and find nobody, a round trip on the wake's session; None: freed() decides alone."""
         return self.waker.watch_looked_at()
 
-    def freed(self) -> None:
-        """After a COMMIT that freed slots: wake the watcher if one waits (never raises)."""
+    def freed(self, watched: bool | None = None) -> None:
+        """After a COMMIT that freed slots: wake the watcher if one waits (never raises).
+        watched: whether a consumer held the watch lock when the claim that freed them read it
+        with its mark (queries.Claim.watched; None: not read). False: the wake's own look would
+        find nobody, so it is not sent; its quiet window starts as that look's would have."""
+        if watched is False:
+            self.waker.saw_nobody_watching()
+            return
         self.wakes += 1
         self.waker.wake()
 
