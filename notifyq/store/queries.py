@@ -16,6 +16,8 @@ import math
 import os
 import random
 import time
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -339,11 +341,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         flow.recounted = False
         # Key affinity: the keys of the jobs the carried acks end (their release, server-side
         # and first in the claim, already left them out of the counters it reads)
-        flow.own_acked = {}
-        if front and counting and acks.keys is not None:
-            for k in acks.keys:
-                if k is not None:
-                    flow.own_acked[k] = flow.own_acked.get(k, 0) + 1
+        flow.own_acked = _per_key(acks.keys) if front and counting and acks.keys is not None else {}
         if counting and flow.forget:
             forget_counters(session, queue)
             flow.forget = False
@@ -553,10 +551,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         add = None
         add_least = 0
         if counting:
-            delta: dict[str, int] = {}
-            for r in locked:
-                if r[KEY] is not None:
-                    delta[r[KEY]] = delta.get(r[KEY], 0) + 1
+            delta = _per_key(map(_key, locked))  # the jobs it marked, per key
             for k, n in flow.freed.items():  # a netted ack's jobs, off their keys (Acks.net)
                 delta[k] = delta.get(k, 0) - n
             add = flow.count_add(queue, delta)
@@ -915,6 +910,14 @@ _by_time_then_id = itemgetter(5, 0)  # a claim_lock row's run_at (its text: one 
 _by_priority = itemgetter(2)  # sorts as the times do) and id; its priority
 _suspect = itemgetter(SUSPECT)
 _key = itemgetter(KEY)
+
+
+def _per_key(keys: Iterable[str | None]) -> dict[str, int]:
+    """How many of `keys` each key is (None, a job without a key, left out): counted in C, for
+    each job a limited claim carries or marks."""
+    counts = dict(Counter(keys))
+    counts.pop(None, None)
+    return counts
 
 
 def in_claim_order(rows: list[tuple]) -> list[tuple]:
