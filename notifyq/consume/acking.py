@@ -88,14 +88,18 @@ class PendingAcks:
 
     def claim(self, session: Session, queue: str, owner: str, batch_size: int, lease_s: float,
               as_watcher: bool = False, rates: Rates | None = None, version: int = 0,
-              flow: FlowClaims | None = None) -> queries.Claim:
+              flow: FlowClaims | None = None, watch: str | None = None) -> queries.Claim:
         """queries.claim, carrying the successes that wait; the last claim's acks are counted
-        first (or acked again: its COMMIT failed). version: the consumer's code version."""
+        first (or acked again: its COMMIT failed). version: the consumer's code version. watch:
+        the queue's watch lock, whose holder a limited claim reads with its mark (Acks.watch):
+        the slot wake (outcomes.freed) after it runs only if a consumer held it then."""
         # (A limited queue's claim counts its keys' running jobs from the claimed rows: it sends
         # the successes that wait first, in its own transaction, so that they count as running
         # no longer, queries.claim. Acked on their own before it, they cost a COMMIT more.)
         self._land_riding(session)
         acks, self._waiting = self._waiting, None
+        if acks is not None:
+            acks.watch = watch
         try:
             claim = queries.claim(session, queue, owner, batch_size, lease_s, as_watcher, acks, rates,
                                   version=version, flow=flow)
@@ -109,8 +113,12 @@ class PendingAcks:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
             if self.outcomes.freed is not None:
                 # Its COMMIT may still be on the wire: a watcher woken before it lands finds the
-                # signal moved past what its claim saw, and claims again.
-                self.outcomes.freed()
+                # signal moved past what its claim saw, and claims again. (Nobody watched when
+                # its mark ran: the wake sends no look of its own, which would find nobody; a
+                # consumer that starts watching after that reads the bumped signal first, or
+                # finds it by its first polls, as one that starts inside the look's quiet
+                # window does.)
+                self.outcomes.freed(claim.watched)
         return claim
 
     def released_children(self) -> bool:

@@ -40,8 +40,9 @@ COUNTED_CLAIMS = 8  # the last claims whose outcomes counted are remembered (Out
 class Outcomes:
     def __init__(self, queue: str, qc: QueueConfig, stats: Stats):
         self.queue, self.qc, self.stats = queue, qc, stats
-        # A limited queue's: called after each COMMIT that freed slots (consume/slots.py)
-        self.freed: Callable[[], None] | None = None
+        # A limited queue's: called after each COMMIT that freed slots (consume/slots.py), with
+        # whether a consumer watched as the claim that carried them read it (None: not read)
+        self.freed: Callable[..., None] | None = None
         # claim token -> the ids of its outcomes counted, for the last COUNTED_CLAIMS claims: a
         # job's outcome sent twice (its worker's send held by the server past the grace's end,
         # and the stop's, of Batch.sending, on another thread) lands once, and counts once

@@ -27,8 +27,20 @@ class SlotWake:
                            retry={"retry_s": WAKE_RETRY_S, "retry_log_level": logging.DEBUG})
         self.wakes = 0  # tests and the benchmark read it
 
-    def freed(self) -> None:
-        """After a COMMIT that freed slots: wake the watcher if one waits (never raises)."""
+    def watch_lock(self) -> str | None:
+        """The watch lock a claim that frees slots may read the holder of with its mark
+        (queries.Acks.watch): nobody holding it then, freed() after that claim would only look
+        and find nobody, a round trip on the wake's session; None: freed() decides alone."""
+        return self.waker.watch_looked_at()
+
+    def freed(self, watched: bool | None = None) -> None:
+        """After a COMMIT that freed slots: wake the watcher if one waits (never raises).
+        watched: whether a consumer held the watch lock when the claim that freed them read it
+        with its mark (queries.Claim.watched; None: not read). False: the wake's own look would
+        find nobody, so it is not sent; its quiet window starts as that look's would have."""
+        if watched is False:
+            self.waker.saw_nobody_watching()
+            return
         self.wakes += 1
         self.waker.wake()
 

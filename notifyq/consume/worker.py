@@ -403,9 +403,13 @@ class Worker:
         claimed_at = time.monotonic()  # before the claim: the lease is never longer than we think
         if self.flow is not None:
             self.flow.last = None  # this claim's read, once it made one (_held_by_limits)
+        # The watch lock whose holder a limited claim reads with its mark, where the slot wake
+        # would look for it (a process that polls holds no lock, and may be on a server without)
+        watch = (self.slot_wake.watch_lock() if self.slot_wake is not None and self.presence.use_locks
+                 else None)
         try:
             claim = self.acks.claim(self.work, self.queue, owner, want, qc.lease_s, as_watcher, rates,
-                                    version=self.version, flow=self.flow)
+                                    version=self.version, flow=self.flow, watch=watch)
         except errors.TransientDBError as e:
             # A claim is safe to run again: one that lost lock conflicts on every retry ends no
             # worker, it claims again after a while (claim_backoff.py); a lost server still does.

@@ -80,8 +80,9 @@ class KeyGate:
         """One window's locking read (`claim_lock`, for `ids`), after the locks of the keys of
         those ids that no earlier window asked for and the count under them, in one round trip:
         claim_lock's rows."""
-        want = sorted({self.key_of.get(i) for i in ids} - {None} - self.asked, key=str)
-        want = [k for k in want if self.limits.limit_for(k)]
+        key_of, limit_for = self.key_of, self.limits.limit_for
+        want = sorted({key_of.get(i) for i in ids} - {None} - self.asked)  # (keys: text)
+        want = [k for k in want if limit_for(k)]
         if self.limits.limit and QUEUE_ROW not in self.asked:
             want.insert(0, QUEUE_ROW)
         if not want:
@@ -127,23 +128,25 @@ class KeyGate:
         row (and the queue's) held, and a slot free under the count read with the lock."""
         kept: list[tuple] = []
         running, limits = self.plan.running, self.limits
+        # (looked up once: asked for each row the claim locked)
+        queue_limit, limit_for, locked, per_key, held = limits.limit, limits.limit_for, self.locked, self.kept, self.held
         for row in rows:
             k = key(row)
-            if limits.limit:
-                if QUEUE_ROW not in self.locked:
+            if queue_limit:
+                if QUEUE_ROW not in locked:
                     self.contended = True
                     continue
-                if sum(running.values()) + sum(self.kept.values()) >= limits.limit:
+                if sum(running.values()) + sum(per_key.values()) >= queue_limit:
                     continue  # held back by the queue's limit
-            lim = limits.limit_for(k)
+            lim = limit_for(k)
             if lim:
-                if k not in self.locked:
+                if k not in locked:
                     self.contended = True
                     continue
-                if running.get(k, 0) + self.kept.get(k, 0) >= lim:
-                    if k not in self.held:
-                        self.held.append(k)
+                if running.get(k, 0) + per_key.get(k, 0) >= lim:
+                    if k not in held:
+                        held.append(k)
                     continue
-            self.kept[k] = self.kept.get(k, 0) + 1
+            per_key[k] = per_key.get(k, 0) + 1
             kept.append(row)
         return kept

@@ -16,6 +16,8 @@ import math
 import os
 import random
 import time
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -156,6 +158,10 @@ class Claim:
     # only when a claim recounts it, and no wake-up may come: the idle consumer claims again
     # then (wakeup/waiter.py, Waiter.recount_after). None: nothing held, or not counted.
     recount_s: float | None = None
+    # A limited claim that carried acks (they free slots): whether a consumer held the queue's
+    # watch lock when its mark ran (Acks.watch: read with the mark); None: not read. False: the
+    # slot wake after it has nobody to wake, and its look is not sent (acking.PendingAcks.claim)
+    watched: bool | None = None
 
 
 @dataclass
@@ -187,6 +193,9 @@ class Acks:
     # that carries it takes its jobs off their keys' counters itself, client-side by `keys`, in
     # the one net change its mark sends, and only when its DELETE removed every job it named
     net: bool = False
+    # The queue's watch lock (a limited queue's, when its instant wake looks for a watcher): the
+    # claim that carries these acks reads its holder with its mark (Claim.watched)
+    watch: str | None = None
 
     @property
     def releases(self) -> bool:
@@ -338,11 +347,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         flow.recounted = False
         # Key affinity: the keys of the jobs the carried acks end (their release, server-side
         # and first in the claim, already left them out of the counters it reads)
-        flow.own_acked = {}
-        if front and counting and acks.keys is not None:
-            for k in acks.keys:
-                if k is not None:
-                    flow.own_acked[k] = flow.own_acked.get(k, 0) + 1
+        flow.own_acked = _per_key(acks.keys) if front and counting and acks.keys is not None else {}
         if counting and flow.forget:
             forget_counters(session, queue)
             flow.forget = False
@@ -459,9 +464,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                         net_failed.append(True)
                         raise cut_short(f"claim {queue}: netted ack deleted {front_counts[acks.counted]} "
                                         f"of {len(acks.ids)}")
-                    for k in acks.keys:
-                        if k is not None:
-                            flow.freed[k] = flow.freed.get(k, 0) + 1
+                    # (the same jobs per key as its key affinity's, counted once in claim())
+                    flow.freed = dict(flow.own_acked)
             if as_watcher:
                 seen_seq = int(count[0][0][0])
             due = bool(due_rows)
@@ -553,10 +557,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         add = None
         add_least = 0
         if counting:
-            delta: dict[str, int] = {}
-            for r in locked:
-                if r[KEY] is not None:
-                    delta[r[KEY]] = delta.get(r[KEY], 0) + 1
+            delta = _per_key(map(_key, locked))  # the jobs it marked, per key
             for k, n in flow.freed.items():  # a netted ack's jobs, off their keys (Acks.net)
                 delta[k] = delta.get(k, 0) - n
             add = flow.count_add(queue, delta)
@@ -578,6 +579,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         recount = flow is not None and flow.limits.limited and (not counting or flow.recounted) and bool(locked)
         if recount:
             last.append((Q["flow_running"], {"queue": queue}))
+        # The acks free slots: whether a consumer watches the queue now, read with the mark (its
+        # replies are waited for), so that the slot wake's own look (a round trip on another
+        # session after every such claim) is sent only when one does (Claim.watched)
+        look_at = len(last) if front and acks.watch is not None else None
+        if look_at is not None:
+            last.append((Q["lock_holder"], {"name": acks.watch}))
         watched = drained and seen_seq is not None
         if watched:
             # Last before COMMIT, in the same query: the queue row's lock is held only for the
@@ -604,8 +611,9 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         # with the mark, since both are known then; a claim without acks sends its COMMIT with
         # the mark, and a mark that changed fewer rows than it locked fails the claim (its
         # Pending), as a failed COMMIT would: its jobs are given back, not run as ours.
+        watched_now = None
         if acks is not None or (flow is not None and (locked or add is not None)):
-            verified += bool(locked) + (add is not None) + recount
+            verified += bool(locked) + (add is not None) + recount + (look_at is not None)
             replies: list[list[tuple] | None] = []  # the verified statements' rows
 
             def verify(cur, counts: list[int]) -> None:
@@ -625,6 +633,8 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                                                   verified=verified, verify=verify, rows=replies)
             if front:
                 commit.rowcounts[0:0] = front_counts  # the acks' counts first, as a plain claim's
+            if look_at is not None and replies[look_at]:
+                watched_now = replies[look_at][0][0] is not None
         elif last:
             commit = session.pipeline.send_commit(
                 cur, last, what=f"claim {queue}", wait_replies=wait,
@@ -638,7 +648,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         counter_held = counting and drained and ((flow.last is not None and flow.last.held_ready)
                                                  or (gate is not None and bool(gate.held)))
         return Claim(jobs, token, drained, False, commit, admitted.held_s, clock,
-                     recount_s=COUNT_TRUST_S if counter_held else None)
+                     recount_s=COUNT_TRUST_S if counter_held else None, watched=watched_now)
 
     net_failed: list[bool] = []  # a netted ack fell short of its jobs: this claim releases server-side
     runs = 0
@@ -892,7 +902,7 @@ def lock_window(cur, ids: list[int], version: int, gate: KeyGate | None = None) 
     kept = [r for r in rows if r[MIN_VERSION] is None or r[MIN_VERSION] <= version]
     too_new = len(rows) - len(kept)
     if gate is not None:
-        kept = gate.admit(in_claim_order(list(kept)), key=lambda r: r[KEY])
+        kept = gate.admit(in_claim_order(list(kept)), key=_key)
     return kept, too_new
 
 
@@ -909,6 +919,15 @@ def taken(rows: list[tuple], batch_size: int, version: int) -> tuple[list[tuple]
 _by_time_then_id = itemgetter(5, 0)  # a claim_lock row's run_at (its text: one width, so it
 _by_priority = itemgetter(2)  # sorts as the times do) and id; its priority
 _suspect = itemgetter(SUSPECT)
+_key = itemgetter(KEY)
+
+
+def _per_key(keys: Iterable[str | None]) -> dict[str, int]:
+    """How many of `keys` each key is (None, a job without a key, left out): counted in C, for
+    each job a limited claim carries or marks."""
+    counts = dict(Counter(keys))
+    counts.pop(None, None)
+    return counts
 
 
 def in_claim_order(rows: list[tuple]) -> list[tuple]:

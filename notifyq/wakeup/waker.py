@@ -447,6 +447,22 @@ class Waker:
         except (errors.NotifyqError, DriverError) as e:
             log.debug("wake failed, the consumers' poll finds the jobs queue=%s error=%s", self.queue, e)
 
+    def watch_looked_at(self) -> str | None:
+        """The watch lock whose holder wake() would look for now (the instant wake's look, on a
+        Waker that rings no bell and leaves its wakes to nobody), or None: then wake() takes no
+        such look, and a caller that read the holder itself cannot stand in for it."""
+        if self.left_to is not None or self.ring:
+            return None
+        return self.locks.watch if self._instant(None) is not None else None
+
+    def saw_nobody_watching(self) -> None:
+        """The caller read the watch lock's holder itself (watch_looked_at) and found nobody:
+        what wake() would have made of its own look, without sending it (its quiet window
+        starts, unless one runs already: then wake() would have sent none)."""
+        instant = self._instant(None) if self.left_to is None and not self.ring else None
+        if instant is not None and instant.look.due():
+            instant.look.saw_nobody()
+
     def close(self) -> None:
         """Give up the bell (which wakes its watcher to its polling) and close the session."""
         if self.bell is not None:

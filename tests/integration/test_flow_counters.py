@@ -566,3 +566,73 @@ def test_a_lean_claim_whose_full_head_is_held_finds_a_free_key_behind_it_among_m
         _exact(db)
     finally:
         session.close()
+
+
+def test_a_limited_claim_carrying_acks_wakes_for_its_freed_slots_only_when_a_consumer_watches(db):
+    # Given key a with 6 ready jobs, limit_per_key = 2, and a worker's pending acks whose slot
+    # wake (Outcomes.freed) is counted: my claim runs a's first two
+    from notifyq.config.settings import QueueConfig
+    from notifyq.consume.acking import PendingAcks
+    from notifyq.consume.outcomes import Outcomes
+    from notifyq.consume.stats import Stats
+    from notifyq.store.locks import QueueLocks
+
+    cfg = db.config()
+    ids = _put_keyed(db, cfg, ["a"] * 6)
+    session, watcher = Session(cfg.dsn), Session(cfg.dsn, autocommit=True)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    outcomes = Outcomes("q", QueueConfig(limit_per_key=2), Stats())
+    wakes: list[bool | None] = []  # what each slot wake was told: did a consumer watch?
+    outcomes.freed = lambda watched=None: wakes.append(watched)
+    pending = PendingAcks(outcomes)
+    watch = QueueLocks(cfg.dsn.database, "q").watch
+    try:
+        first = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        assert sorted(j.id for j in first.jobs) == ids[:2]
+        # When its next claim carries their acks and no consumer watches the queue
+        pending.keep(queries.Acks(ids[:2], first.token, False, wake="q", keys=["a", "a"]))
+        second = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        # Then the claim read that with its mark, and told its slot wake nobody watched
+        assert sorted(j.id for j in second.jobs) == ids[2:4]
+        assert second.watched is False and wakes == [False]
+        # And when a consumer watches (holds the queue's watch lock), the next one wakes it
+        cur = watcher.cursor()
+        cur.execute("SELECT GET_LOCK(%s, 0)", (watch,))
+        assert list(cur.fetchall()) == [(1,)]
+        pending.keep(queries.Acks(ids[2:4], second.token, False, wake="q", keys=["a", "a"]))
+        third = pending.claim(session, "q", OWNER, 100, 60, flow=flow, watch=watch)
+        assert sorted(j.id for j in third.jobs) == ids[4:6]
+        assert third.watched is True and wakes == [False, True]
+        # And a claim told of no watch lock (the instant wake off) reads none: its wake looks itself
+        pending.keep(queries.Acks(ids[4:6], third.token, False, wake="q", keys=["a", "a"]))
+        fourth = pending.claim(session, "q", OWNER, 100, 60, flow=flow)
+        assert fourth.watched is None and wakes == [False, True, None]
+        session.pipeline.read_reply()
+        _exact(db)
+    finally:
+        session.close()
+        watcher.close()
+
+
+def test_a_slot_wake_told_nobody_watched_sends_no_look_and_keeps_its_quiet_window(db):
+    # Given a limited queue's slot wake (its instant wake looks for a watcher before a KILL)
+    from notifyq.consume.slots import SlotWake
+    from notifyq.store.locks import QueueLocks
+
+    cfg = db.config()
+    wake = SlotWake(cfg, "q", QueueLocks(cfg.dsn.database, "q"))
+    try:
+        assert wake.watch_lock() == QueueLocks(cfg.dsn.database, "q").watch
+        look = wake.waker.instant.look
+        # When a claim's mark found nobody watching
+        wake.freed(False)
+        # Then no look is sent, and its quiet window runs as after a look that saw nobody
+        assert look.taken == 0 and not look.due() and wake.wakes == 0
+        # And a wake inside that window sends none either, as before; one past it looks itself
+        wake.freed()
+        assert look.taken == 0
+        look.forget()
+        wake.freed()
+        assert look.taken == 1 and wake.wakes == 2
+    finally:
+        wake.close()
