@@ -473,14 +473,8 @@ class FlowClaims:
         self._lean_count("lean")
         keys = list(caps)
         self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
-<<<<<<< HEAD
-        ids = [r[4] for r in ordered]
-        grant = Grant(ids, not full, held, False, {r[4]: r[5] for r in ordered},
-                      len(caps) + bool(unkeyed), held_ready=bool(held))  # (the head's keys: ready jobs)
-=======
         grant = Grant([r[4] for r in ordered], not full, held, False, {r[4]: r[5] for r in ordered},
-                      len(caps) + unkeyed)
->>>>>>> perf
+                      len(caps) + unkeyed, held_ready=bool(held))  # (the head's keys: ready jobs)
         self.active_keys = grant.active_keys
         return grant
 
