@@ -180,6 +180,17 @@ class TestDB:
         rows = self.query(sql, params)
         return rows[0][0] if rows else None
 
+    def job_row_locked(self, job_id: int):
+        """Another session's open transaction holding the job's row, as a mysql client's
+        BEGIN; SELECT ... FOR UPDATE does (or a peer stopped in the middle of its statement):
+        claims skip it. The caller closes the connection to let go."""
+        conn = admin_connect(self.admin, self.admin.database)
+        conn.autocommit(False)
+        cur = conn.cursor()
+        cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
+        assert cur.fetchall()
+        return conn
+
 
 def _url(dsn: DSN) -> str:
     hosts = ",".join(f"{h}:{p}" for h, p in dsn.servers)  # every node of a multi-host DSN

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from conftest import admin_connect, wait_until
+from conftest import wait_until
 
 from notifyq.consume import handlers
 from notifyq.consume.stats import Budget
@@ -30,16 +30,6 @@ def _due_job(db, cfg, key: str) -> int:
     wait_until(lambda: db.scalar("SELECT run_at <= NOW(6) FROM nq_job WHERE id = %s", (job_id,)), 10,
                message="the job due")
     return job_id
-
-
-def _row_locked(db, job_id: int):
-    """Another transaction holding the job's row (a peer stopped in the middle of its statement)."""
-    conn = admin_connect(db.admin, db.admin.database)
-    conn.autocommit(False)
-    cur = conn.cursor()
-    cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
-    assert cur.fetchall()
-    return conn
 
 
 def _promotions_waiting(db) -> set[int]:
@@ -63,7 +53,7 @@ def test_a_worker_whose_claims_lose_lock_waits_past_the_retry_policy_keeps_claim
     # whose claims' retry policy gives up after 1 s
     cfg = db.config(queue={"q": {"limit_per_key": 2}})
     job_id = _due_job(db, cfg, "a")
-    holder = _row_locked(db, job_id)
+    holder = db.job_row_locked(job_id)
     ran = []
     stop = threading.Event()
     worker = _QuickGiveUpWorker(cfg, "q", handlers.PythonHandler(ran.append, False), stop=stop,
@@ -122,7 +112,7 @@ def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
     ack.execute(QUERIES["ack_delete"], {"ids": queries.Ids([peer_claim.jobs[0].id]), "token": peer_claim.token})
     assert ack.rowcount == 1
     job_id = _due_job(db, cfg, "a")
-    holder = _row_locked(db, job_id)
+    holder = db.job_row_locked(job_id)
     claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
     claimer.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
     retries: list[str] = []
@@ -187,7 +177,7 @@ def test_a_limited_queues_claim_whose_ack_loses_lock_waits_past_the_retry_policy
     try:
         thread.start()
         wait_until(first_running.is_set, 30, message="the first job running")
-        holder = _row_locked(db, ids[ran[0]])
+        holder = db.job_row_locked(ids[ran[0]])
         first_may_end.set()
         # When the acks lose their lock waits for several times the retry policy's give-up time
         waits: set[int] = set()
@@ -225,7 +215,7 @@ def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
     ack = peer.conn.cursor()
     ack.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (acked,))
     job_id = _due_job(db, cfg, "a")
-    holder = _row_locked(db, job_id)
+    holder = db.job_row_locked(job_id)
     claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
     connection = claimer.conn.thread_id()
     outcome: list = []
@@ -282,7 +272,7 @@ def test_a_worker_whose_batch_outcomes_lose_lock_waits_past_the_retry_policy_kee
     def handle(job):
         ran.append(job.id)
         if len(ran) == 1:
-            holder.append(_row_locked(db, job.id))
+            holder.append(db.job_row_locked(job.id))
             raise RuntimeError("fails while its row is held")
 
     stop = threading.Event()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import admin_connect, wait_until
+from conftest import wait_until
 
 from notifyq.consume import handlers
 from notifyq.consume.stats import Budget
@@ -31,17 +31,6 @@ class _CountingWorker(Worker):
     def _claim_and_run(self, *args, **kwargs):
         self.claims += 1
         return super()._claim_and_run(*args, **kwargs)
-
-
-def _row_held(db, job_id: int):
-    """Another session's transaction holding the job's row, as a mysql client's
-    BEGIN; SELECT ... FOR UPDATE does: the consumers' claims skip it."""
-    conn = admin_connect(db.admin, db.admin.database)
-    conn.autocommit(False)
-    cur = conn.cursor()
-    cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
-    assert cur.fetchall()
-    return conn
 
 
 def _start(cfg, ran: list) -> tuple[_CountingWorker, threading.Thread, threading.Event]:
@@ -67,7 +56,7 @@ def test_an_idle_worker_backs_off_while_another_session_holds_the_jobs_row_and_r
     cfg = db.config(queue={"q": queue}, wakeup=wakeup)
     with Producer("q", cfg) as p:
         [job_id] = p.put_many([{"n": 1}], key="k" if queue else None)
-    holder = _row_held(db, job_id)
+    holder = db.job_row_locked(job_id)
     ran: list[int] = []
     worker, thread, stop = _start(cfg, ran)
     try:
@@ -96,7 +85,7 @@ def test_a_put_wakes_a_worker_at_once_while_it_waits_to_claim_a_held_job_again(d
     cfg = db.config(wakeup={"poll_initial_s": 3.0, "poll_max_s": 5.0})
     with Producer("q", cfg) as p:
         [held] = p.put_many([{"n": 1}])
-    holder = _row_held(db, held)
+    holder = db.job_row_locked(held)
     ran: list[int] = []
     worker, thread, stop = _start(cfg, ran)
     try:
