@@ -132,10 +132,12 @@ class _Stream:
         self.producer, self.source, self.notifier, self.signals = producer, source, notifier, signals
         self._reload, self.rejects, self.print_ids, self.quiet = reload, rejects, print_ids, quiet
         self.enqueued = self.rejected = self.batches = 0
+        # A refused reload, said in every STATUS= until one applies (as a consumer's status_line)
+        self.reload_failed = False
 
     def status(self) -> str:
         return (f"queue={self.producer.queue} enqueued={self.enqueued} rejected={self.rejected} "
-                f"batches={self.batches}")
+                f"batches={self.batches}" + (" reload=failed" if self.reload_failed else ""))
 
     def on_ids(self, ids: list[int]) -> None:
         self.enqueued += len(ids)
@@ -183,13 +185,15 @@ class _Stream:
         except Exception as e:  # on the reader thread: a failed reload must not end the stream
             log.error("reload failed, keeping the old config error=%s", e,
                       exc_info=not isinstance(e, errors.NotifyqError))
-            self.notifier.ready(self.status() + " reload=failed")
+            self.reload_failed = True
+            self.notifier.ready(self.status())
             return
         _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
         new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
         logs.set_level(new.log.level)
         # Read per batch and per row: the next batch uses them (stream._batches).
         self.producer.reload(new)
+        self.reload_failed = False
         log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
                  ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
                  new.log.level)

@@ -218,3 +218,48 @@ def test_the_producer_unit_waits_for_ready_and_reloads_with_sighup():
     text = UNIT.read_text()
     assert "\nType=notify\n" in text and "\nNotifyAccess=main\n" in text
     assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in text
+
+
+def reload_and_wait(proc, notify, path: Path, config: str) -> list[str]:
+    """Write `config`, SIGHUP, and wait for the READY=1 that ends the reload: its message's lines."""
+    path.write_text(config)
+    mark = len(notify.messages())
+    proc.send_signal(signal.SIGHUP)
+    ready = notify.wait_for("READY=1", notify.wait_for("RELOADING=1", mark) + 1)
+    return notify.messages()[ready][1]
+
+
+def test_a_refused_reload_stays_in_status_until_a_reload_applies(db, tmp_path, notify, procs):
+    """Regression: the next batch's STATUS= dropped `reload=failed`, as if the reload had applied."""
+    # Given a producer reading a FIFO as systemd passes it, whose reload was refused (a bad value)
+    config = "[producer]\nbatch_lines = 1\n"
+    env = setup_env(db, tmp_path, config, notify)
+    path = Path(env["NOTIFYQ_CONFIG"])
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        notify.wait_for("READY=1")
+        lines = reload_and_wait(proc, notify, path, "[producer]\nbatch_lines = 0\n")
+        assert "STATUS=queue=s enqueued=0 rejected=0 batches=0 reload=failed" in lines
+        # When a line is enqueued, and another is rejected
+        mark = len(notify.messages())
+        os.write(systemd_end, b'{"n": 1}\n')
+        notify.wait_for("STATUS=queue=s enqueued=1 rejected=0 batches=1 reload=failed", mark)
+        os.write(systemd_end, b'{"n": oops}\n')
+        # Then every STATUS= since still says the reload failed
+        notify.wait_for("STATUS=queue=s enqueued=1 rejected=1 batches=1 reload=failed", mark)
+        statuses = [ln for _, msg in notify.messages()[mark:] for ln in msg if ln.startswith("STATUS=")]
+        assert statuses and all(ln.endswith(" reload=failed") for ln in statuses), statuses
+        # When a reload applies, the next STATUS= and those after it no longer say so
+        lines = reload_and_wait(proc, notify, path, config)
+        assert "STATUS=queue=s enqueued=1 rejected=1 batches=1" in lines
+        mark = len(notify.messages())
+        os.write(systemd_end, b'{"n": 2}\n')
+        notify.wait_for("STATUS=queue=s enqueued=2 rejected=1 batches=2", mark)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    finally:
+        os.close(systemd_end)
+
