@@ -115,7 +115,7 @@ class Producer:
         self.queue = validate_queue_name(queue)
         self.config = config
         self.queue_config = config.queue(queue)
-        # Read on every put: a Config is frozen, so they are read here once.
+        # Read on every put: a Config is frozen, so they are read here once (and by reload()).
         self._max_attempts = self.queue_config.max_attempts
         self._max_payload_bytes = config.producer.max_payload_bytes
         self._what = f"enqueue {self.queue}"  # Session.run's name for a put's transaction
@@ -359,9 +359,12 @@ class Producer:
         return self.config.dsn
 
     def reload(self, config: Config) -> None:
-        """Take the settings a put reads (producer.chunk_size, the queue's max_attempts) from
-        `config`, whose server is this producer's (`notifyq produce`'s reload)."""
+        """Take the settings a put reads (producer.chunk_size and max_payload_bytes, the queue's
+        max_attempts) from `config`, whose server is this producer's (`notifyq produce`'s reload)."""
         self.config, self.queue_config = config, config.queue(self.queue)
+        # __init__'s copies too: a put reads those, not the config
+        self._max_attempts = self.queue_config.max_attempts
+        self._max_payload_bytes = config.producer.max_payload_bytes
 
     def close(self) -> None:
         """Close the producer's database sessions, after any put under way; a later put opens

@@ -120,6 +120,12 @@ def _warn_fixed(old: Config, new: Config, extra: list[tuple[str, Callable[[Confi
 # ------------------------------------------------------------------ produce from a stream
 
 
+def max_line_bytes(cfg: Config) -> int:
+    """Where a stream cuts a line (then rejected): past what any payload within
+    producer.max_payload_bytes can take, as escapes and spaces widen a line."""
+    return max(65536, 8 * cfg.producer.max_payload_bytes)
+
+
 def _is_utf8(text: str) -> bool:
     return not any("\udc80" <= ch <= "\udcff" for ch in text)
 
@@ -193,10 +199,12 @@ class _Stream:
         logs.set_level(new.log.level)
         # Read per batch and per row: the next batch uses them (stream._batches).
         self.producer.reload(new)
+        # Here, on the reader thread that cuts lines: a raised payload limit lets longer lines in
+        self.source.max_line_bytes = max_line_bytes(new)
         self.reload_failed = False
-        log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g log_level=%s",
+        log.info("reloaded config sources=%s batch_lines=%d batch_wait_s=%g max_payload_bytes=%d log_level=%s",
                  ",".join(new.sources), new.producer.batch_lines, new.producer.batch_wait_s,
-                 new.log.level)
+                 new.producer.max_payload_bytes, new.log.level)
         self.notifier.ready(self.status())
 
 
@@ -226,8 +234,7 @@ def produce_stream(cfg: Config, queue: str, *, priority: int, delay: float, run_
         _setup_process(stack, cfg, daemon=daemon, pidfile=pidfile, log_file=log_file)
         signals = stack.enter_context(daemon_mod.StopSignals())
         notifier = daemon_mod.SystemdNotifier()
-        max_line = max(65536, 8 * cfg.producer.max_payload_bytes)  # escapes and spaces widen a line
-        source = stack.enter_context(LineSource(input_path, follow, max_line))
+        source = stack.enter_context(LineSource(input_path, follow, max_line_bytes(cfg)))
         require_schema(cfg, queue, oneshot=False)
         rejects = None
         if reject_file:

@@ -540,3 +540,28 @@ def test_a_sharded_consumers_reload_that_drops_its_queues_section_or_handler_is_
         # Then that reload applies on every shard
         assert "reload=failed" not in status
         assert [w.qc.limit_per_key for w in service.workers] == [3] * len(handlers)
+
+
+def test_a_sharded_producers_reload_applies_the_payload_limit_and_max_attempts_on_every_shard(sharded):
+    """Regression: Producer.reload kept the payload limit and the queue's max_attempts the
+    producer was made with (a put reads its own copies), on every shard's producer."""
+    # Given a producer of the spread queue that put on both shards
+    cfg, env, dbs = sharded
+    big = {"text": "x" * 296}  # 308 bytes
+    with Producer("s", cfg) as p:
+        p.put_many([{"n": i} for i in range(4)])
+        assert all(rows(dbs[shard], "s") for shard in "ab")
+        # When it reloads a config with a 100-byte limit and max_attempts 7 for the queue
+        p.reload(config_mod.load(env=env, overrides={"producer": {"max_payload_bytes": 100},
+                                                      "queue": {"s": {"max_attempts": 7}}}))
+        # Then a 308-byte payload is refused, and every new job has 7 attempts, on either shard
+        with pytest.raises(errors.InputError, match="over the 100-byte limit"):
+            p.put(big)
+        with pytest.raises(errors.InputError, match="over the 100-byte limit"):
+            p.put_many([big])
+        for i in range(4):
+            p.put({"after": i})
+    attempts = collections.Counter(a for s in "ab" for (a,) in dbs[s].query(
+        "SELECT max_attempts FROM nq_job WHERE queue = 's' AND payload LIKE '{\"after\"%'"))
+    assert attempts == {7: 4}
+    assert all(dbs[s].query("SELECT 1 FROM nq_job WHERE payload LIKE '{\"after\"%'") for s in "ab")

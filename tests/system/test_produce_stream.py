@@ -263,3 +263,47 @@ def test_a_refused_reload_stays_in_status_until_a_reload_applies(db, tmp_path, n
     finally:
         os.close(systemd_end)
 
+
+def write_all(fd: int, data: bytes, chunk: int = 16384) -> None:
+    """Write to a non-blocking pipe end in pieces, each once the producer read the one before."""
+    for start in range(0, len(data), chunk):
+        os.write(fd, data[start:start + chunk])
+        wait_until(lambda: unread(fd) == 0, 10, message="the producer to read a piece of the line")
+
+
+def test_a_reload_applies_the_payload_limit_and_max_attempts_to_the_next_line(db, tmp_path, notify, procs):
+    """Regression: a reload logged "reloaded config" but a put still used the payload limit and
+    the queue's max_attempts the producer started with."""
+    # Given a producer of a queue with max_attempts 2 and a 100-byte payload limit
+    config = "[producer]\nbatch_lines = 1\nmax_payload_bytes = {limit}\n[queue.s]\nmax_attempts = {attempts}\n"
+    env = setup_env(db, tmp_path, config.format(limit=100, attempts=2), notify)
+    path = Path(env["NOTIFYQ_CONFIG"])
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    big = json.dumps({"text": "x" * 296}).encode()  # 308 bytes
+    huge = json.dumps({"text": "y" * 70000}).encode()  # longer than a line may be at a 100-byte limit
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        notify.wait_for("READY=1")
+        os.write(systemd_end, big + b"\n")
+        wait_with_log(lambda: "over the 100-byte limit" in err.read_text(), 10, "the first reject", err)
+        # When the limit is raised to 100000, max_attempts to 7, and SIGHUP comes
+        reload_and_wait(proc, notify, path, config.format(limit=100000, attempts=7))
+        # Then the 308-byte line, and a 70 kB one, are enqueued with the new max_attempts
+        os.write(systemd_end, big + b"\n")
+        write_all(systemd_end, huge + b"\n")
+        wait_with_log(lambda: len(payloads(db)) == 2, 10, "both lines enqueued", err)
+        assert payloads(db) == [json.loads(big), json.loads(huge)]
+        assert db.query("SELECT max_attempts FROM nq_job") == [(7,), (7,)]
+        assert "max_payload_bytes=100000" in err.read_text()  # the reload's line says so
+        # And a lowered limit applies too: the 308-byte line is rejected again
+        reload_and_wait(proc, notify, path, config.format(limit=100, attempts=7))
+        mark = len(notify.messages())
+        os.write(systemd_end, big + b"\n")
+        notify.wait_for("STATUS=queue=s enqueued=2 rejected=2 batches=2", mark)
+        assert err.read_text().count("over the 100-byte limit") == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    finally:
+        os.close(systemd_end)
