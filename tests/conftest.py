@@ -21,6 +21,7 @@ from notifyq import config as config_mod
 from notifyq.config import DSN
 from notifyq.run.localserver import PROFILES, LocalServer
 from notifyq.store import schema
+from notifyq.store.signal import SIGNAL_SLOTS
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME_USER = "nq_runtime"
@@ -189,6 +190,22 @@ class TestDB:
         cur = conn.cursor()
         cur.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (job_id,))
         assert cur.fetchall()
+        return conn
+
+    def signal_rows_locked(self, queue: str):
+        """Another session's open transaction holding every slot row of the queue's signal
+        counter, as a producer stopped inside its put's transaction does (each made first if
+        missing, with nothing counted): a claim's promotion of due jobs, which bumps the counter,
+        waits on it (a due job's own row held is passed over: the due_ids statement). The caller
+        closes the connection to let go."""
+        conn = admin_connect(self.admin, self.admin.database)
+        conn.autocommit(True)
+        cur = conn.cursor()
+        for slot in range(SIGNAL_SLOTS):
+            cur.execute("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES (%s, %s, 0)", (queue, slot))
+        conn.autocommit(False)
+        cur.execute("SELECT slot FROM nq_signal WHERE queue = %s FOR UPDATE", (queue,))
+        assert len(cur.fetchall()) == SIGNAL_SLOTS
         return conn
 
 

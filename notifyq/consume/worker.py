@@ -79,9 +79,9 @@ class Worker:
         self._limit_wait_s = LIMIT_HELD_FIRST_S  # --exit-when-empty: the next wait after a limit held jobs
         self._contended = 0  # empty claims in a row that peers' key locks left empty (CONTENDED_AGAIN)
         # The watcher's last claim came back empty, yet ready jobs are left that no limit or rate
-        # holds: another session holds their rows (_locked_out). It keeps the watch and claims again.
+        # holds: another session holds their rows (_locked_out). It keeps the watch and claims
+        # again when the queue's Waiter says (Waiter.locked_out).
         self._locked_out = False
-        self._poll_retry_s: float | None = None  # polling: the same case's wait before claiming again
         self.name = name
         self.stats = Stats()
         self.outcomes = Outcomes(queue, self.qc, self.stats)
@@ -242,8 +242,9 @@ class Worker:
         return queries.ready_left(self.work, self.queue, self.version)
 
     def _held_by_other_locks(self, claim: queries.Claim) -> bool:
-        """After an empty watcher's claim: ready jobs are left that neither a pause, a rate nor
-        a limit held back, so another session holds their rows (its claim skipped them). One
+        """After an empty idle claim: ready jobs (or due ones) are left that neither a pause, a
+        rate nor a limit held back, so another session holds their rows (the claim skipped them,
+        or its promotion of due jobs did: the due_ids statement). One
         plain read, after empty claims only. A peer's claim under way looks the same for a few
         milliseconds: then the next claim, after the shortest wait, finds them taken."""
         if claim.paused or claim.held_s is not None or self.stop.is_set():
@@ -251,7 +252,7 @@ class Worker:
         last = self.flow.last if self.flow is not None else None
         if last is not None and (last.held_keys or last.queue_full):
             return False  # a limit holds them: their slots' ends wake the watcher (SlotWake)
-        return queries.ready_left(self.work, self.queue, self.version)
+        return queries.claimable_left(self.work, self.queue, self.version)
 
     def _contended_claim(self) -> bool:
         """After an empty claim that did not drain the queue: whether to claim again at once,
@@ -285,22 +286,20 @@ class Worker:
 
         One idle worker of the queue per process holds the seat and watches (or polls);
         the others wait here for the seat, turning their loop every idle_wait_s."""
-        if not self.watch_seat.seat(self, self.waiter.until_recount(self.config.wakeup.idle_wait_s)):
+        if not self.watch_seat.seat(self, self.waiter.until_claim_again(self.config.wakeup.idle_wait_s)):
             # The seat's worker may be queued for the watch lock behind another process's
-            # watcher until idle_wait_s, its wait begun before a claim of ours held jobs back by
-            # counters whose trust has ended now (Waiter.recount_after): the claim is made here
-            return self.waiter.recount_due()
+            # watcher until idle_wait_s, its wait begun before a claim of ours held jobs back
+            # (counters whose trust has ended now, Waiter.recount_after; others' locks,
+            # Waiter.locked_out): the claim is made here
+            return self.waiter.claim_again_due()
         self.waiter.on_turn, self.waiter.on_reap = self._idle_turn, self._reap_soon
         try:
             # The home session (our first queue's watcher) holds the liveness lock: if it
             # reconnected, the lock is taken back or renewed here, before we wait or claim.
             self.presence.ensure_registered(self)
             if not self.presence.use_locks:
-                locked_wakes = self.waiter.wakeups["locked"]
-                if not self.waiter.poll_for_work(retry_s=self._poll_retry_s):
+                if not self.waiter.poll_for_work():
                     return False
-                if self.waiter.wakeups["locked"] == locked_wakes:
-                    self._poll_retry_s = None  # the count moved: the backoff starts over
                 got, drained = self._claim_and_run(before_run=self._hand_poll_on)
                 return got > 0 and not drained
             try:
@@ -317,9 +316,9 @@ class Worker:
         if not self.waiter.acquire_watch():
             # Timed out or interrupted: the loop turns, then we queue up again, unless work
             # waits that the watcher should have handed on by now (its host may be gone), or
-            # a claim of ours held jobs back by counters whose trust has ended now: the watcher,
-            # another process's, knows nothing of it (Waiter.recount_after)
-            if self.waiter.watch_timed_out and self.waiter.recount_due():
+            # a claim of ours held jobs back (counters whose trust has ended now, others' locks):
+            # the watcher, another process's, knows nothing of it (Waiter.recount_after, locked_out)
+            if self.waiter.watch_timed_out and self.waiter.claim_again_due():
                 return True
             if self.waiter.watch_timed_out and self.waiter.watcher_overdue():
                 log.warning("stalled: jobs are ready and the watcher has not handed them on for %g s "
@@ -328,13 +327,9 @@ class Worker:
                 return True
             return False
         try:
-            retry_s = None  # the wait before claiming again jobs another session's locks held
             while True:
-                locked_wakes = self.waiter.wakeups["locked"]
-                if not self.waiter.wait_for_work(retry_s=retry_s):
+                if not self.waiter.wait_for_work():
                     return False
-                if self.waiter.wakeups["locked"] == locked_wakes:
-                    retry_s = None  # a fresh wake-up (a put, a due job): the backoff starts over
                 # The claim records the count it saw as watched if it drains the queue; then, before
                 # running the batch, the next idle consumer takes over watching.
                 self._locked_out = False
@@ -342,15 +337,9 @@ class Worker:
                 if not self._locked_out or self.claim_backoff.failing:
                     return got > 0 and not drained
                 # Empty, and ready jobs are left that another session holds locked (an
-                # application's SELECT ... FOR UPDATE, a stuck transaction): the claim skipped
-                # them and counted them as a peer's, so the count will not wake anyone for them.
-                # Waiting for the count left them, once the lock went, to the safety claim
-                # (SAFETY_S, a minute); claiming again at once would spin on empty claims. So
-                # the watcher keeps the watch (a put still wakes it at once) and claims again
-                # after a wait that starts at poll_initial_s and doubles up to poll_max_s: the
-                # pick-up delay a one-shot producer's job may have, here once the lock is gone.
-                wakeup = self.config.wakeup
-                retry_s = wakeup.poll_initial_s if retry_s is None else min(2 * retry_s, wakeup.poll_max_s)
+                # application's SELECT ... FOR UPDATE, a stuck transaction): the watcher keeps
+                # the watch (a put still wakes it at once), and its wait ends at the claim again
+                # the Waiter set (Waiter.locked_out: bounded, growing waits).
         finally:
             # Not yet handed on (no jobs, or an error). Once handed on, the waiter is the next
             # seated worker's: never touched again here.
@@ -363,7 +352,7 @@ class Worker:
         """Before running the batch: the watch lock goes to the next idle consumer (of any
         process), and the seat to the next idle worker of ours, which queues for it. Kept after
         an empty claim that left jobs others' locks hold (_idle_with_locks claims again)."""
-        if not claim.jobs and self._held_by_other_locks(claim):
+        if not claim.jobs and self._locked_left(claim):
             self._locked_out = True
             return
         self.waiter.release_watch(wait=False, claimed=claim.jobs[0].id if claim.jobs else None)
@@ -375,13 +364,16 @@ class Worker:
         does (_idle_with_locks), and claims again after its wait."""
         if not claim.drained:
             self.waiter.work_left()
-        if not claim.jobs and self._held_by_other_locks(claim):
-            wakeup = self.config.wakeup
-            self._poll_retry_s = (wakeup.poll_initial_s if self._poll_retry_s is None
-                                  else min(2 * self._poll_retry_s, wakeup.poll_max_s))
-        else:
-            self._poll_retry_s = None
+        if not claim.jobs:
+            self._locked_left(claim)
         self.watch_seat.leave(self)
+
+    def _locked_left(self, claim: queries.Claim) -> bool:
+        """After an empty idle claim: whether jobs others' locks hold are left, told to the
+        queue's Waiter, which arms (or ends) the claim again for them (Waiter.locked_out)."""
+        held = self._held_by_other_locks(claim)
+        self.waiter.locked_out(held)
+        return held
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
         # The settings the claim is made with, read once: a reload (the service's thread) may

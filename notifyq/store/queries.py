@@ -1261,3 +1261,14 @@ def ready_left(session: Session, queue: str, version: int) -> bool:
         return cur.fetchone() is not None
 
     return session.run(body, what="ready left")
+
+
+def claimable_left(session: Session, queue: str, version: int) -> bool:
+    """Whether `queue` has a ready or due job a consumer of code `version` may run: after an
+    empty claim, jobs another session holds locked (its SKIP LOCKED, and the promotion's, passed
+    them over) when nothing else held them back."""
+    def body(cur) -> bool:
+        cur.execute(Q["claimable_left"], {"queue": queue, "version": version})
+        return bool(cur.fetchall())
+
+    return session.run(body, what="claimable left")

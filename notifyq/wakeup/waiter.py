@@ -45,7 +45,7 @@ class Waiter:
         self.watching = False
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
-        # "locked": the wait a claim asked for (retry_s) ran out: ready jobs it could not lock
+        # "locked": the claim again for ready jobs another session's locks held came due (locked_out)
         self.wakeups: dict[str, int] = {"bell": 0, "signal": 0, "timeout": 0, "due": 0, "locked": 0}
         self._last_grant: tuple[int, int] | None = None  # (bell value, count) of the last grant
         self._suspect_bell = False  # a grant without a ring was seen: sleep until the count moves
@@ -53,6 +53,10 @@ class Waiter:
         self._poll_backoff = cfg.poll_initial_s  # polling fallback: kept across idle spells
         # Monotonic: when the idle worker claims again for jobs a counter held back (recount_after)
         self.recount_at: float | None = None
+        # Monotonic: when the idle worker claims again for ready jobs another session's locks held
+        # (locked_out), and the wait that set it (the backoff's last step; None: starts over)
+        self.locked_at: float | None = None
+        self._locked_wait_s: float | None = None
         self._recount_lock = threading.Lock()  # (the queue's workers: one of them takes it)
 
     def _bounded(self, wait_s: float) -> float:
@@ -76,20 +80,61 @@ class Waiter:
         with self._recount_lock:
             self.recount_at = None if seconds is None else time.monotonic() + seconds + RECOUNT_MARGIN_S
 
-    def until_recount(self, wait_s: float) -> float:
-        """`wait_s`, ended by the claim for held jobs if that comes first."""
-        at = self.recount_at
+    def locked_out(self, held: bool) -> None:
+        """A claim of the queue in this process came back empty: `held`, ready (or due) jobs are
+        left that another session holds locked (an application's BEGIN; SELECT ... FOR UPDATE, a
+        stuck transaction), which its SKIP LOCKED passed over as a peer's. It recorded the count
+        as watched, so the count will not wake anyone for them once the lock goes: the idle
+        worker of the queue claims again after a wait that starts at poll_initial_s and doubles
+        up to poll_max_s (claiming again at once would spin on empty claims; waiting for the
+        count left them to the safety claim, a minute). Kept here, not in the worker that saw
+        them: a claim that takes jobs meanwhile (a put's) hands the watch on, a reconnect ends
+        the watch, and the wait must outlive both. Only an empty claim that finds none ends it
+        (a claim that takes jobs does not know whether it left any locked)."""
+        with self._recount_lock:
+            if not held:
+                self.locked_at = self._locked_wait_s = None
+                return
+            last = self._locked_wait_s
+            wait = self.cfg.poll_initial_s if last is None else min(2 * last, self.cfg.poll_max_s)
+            self._locked_wait_s = wait
+            self.locked_at = time.monotonic() + wait
+
+    def _fresh_wake(self) -> None:
+        """The count moved (a put): the wait for locked jobs starts over at poll_initial_s after
+        the next empty claim; the claim again it set stays due (the lock may have gone)."""
+        self._locked_wait_s = None
+
+    def until_claim_again(self, wait_s: float) -> float:
+        """`wait_s`, ended by the claim for held jobs (a counter's, recount_after; another
+        session's locks, locked_out) if that comes first."""
+        at = min((t for t in (self.recount_at, self.locked_at) if t is not None), default=None)
         return wait_s if at is None else max(0.0, min(wait_s, at - time.monotonic()))
 
-    def recount_due(self) -> bool:
-        """The claim for held jobs is due (and taken: the caller claims now, once)."""
+    def claim_again_due(self) -> bool:
+        """The claim for held jobs is due (and taken: the caller claims now, once). The locked
+        jobs' deadline stays armed, moved on by the backoff, until an empty claim finds none
+        (locked_out): a claim that takes others and runs them must not end it."""
         with self._recount_lock:
-            at = self.recount_at
-            if at is None or time.monotonic() < at:
-                return False
-            self.recount_at = None
-            self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
-            return True
+            now = time.monotonic()
+            if self.recount_at is not None and now >= self.recount_at:
+                self.recount_at = None
+                self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
+                return True
+            if self.locked_at is not None and now >= self.locked_at:
+                # Moved on (as an empty claim would), so that the queue's other idle workers do
+                # not claim for it too before this claim's word lands
+                self.locked_at = now + (self._locked_wait_s or self.cfg.poll_initial_s)
+                self.wakeups["locked"] += 1
+                return True
+            return False
+
+    def _due_in(self, due_in_s: float | None) -> float | None:
+        """A watch's time until the earliest scheduled job, None for one already due while jobs
+        others' locks hold are left: it may be one of them (wait_for_work)."""
+        if due_in_s is not None and due_in_s <= 0 and self.locked_at is not None:
+            return None
+        return due_in_s
 
     # -------------------------------------------------------- the watch lock
 
@@ -102,7 +147,7 @@ class Waiter:
         # lock free, past a reaper's restart grace, and its process's running jobs were taken
         # back as a dead consumer's.
         # (ended by the claim for held jobs: Worker._idle_with_locks makes it if the lock is another's)
-        wait_s = self.until_recount(self._bounded(self.cfg.idle_wait_s))
+        wait_s = self.until_claim_again(self._bounded(self.cfg.idle_wait_s))
         got = advisory.get_lock(self.session, self.locks.watch, wait_s, on_generation=generation)
         self.watch_timed_out = False
         if self.session.generation != generation:
@@ -131,7 +176,8 @@ class Waiter:
             self.on_reap()
         if state.paused or state.interrupted:
             return False
-        return state.total > state.watched or (state.due_in_s is not None and state.due_in_s <= 0)
+        due_in_s = self._due_in(state.due_in_s)
+        return state.total > state.watched or (due_in_s is not None and due_in_s <= 0)
 
     def release_watch(self, wait: bool = True, claimed: int | None = None) -> None:
         """Hand the watch on. wait=False sends the release without waiting for its reply: the
@@ -148,13 +194,15 @@ class Waiter:
 
     # -------------------------------------------------------- waiting for work
 
-    def wait_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool | None:
+    def wait_for_work(self, safety_s: float = SAFETY_S) -> bool | None:
         """As the watcher: return True once there may be something to claim.
 
         That is: the enqueue count moved past the watched count, a scheduled job fell due, a
-        producer rang the bell, or the claim for jobs a counter held back is due (recount_after). A bell grant returns at once, without reading the count
-        again: the claim reads it itself in its first round trip (queries.claim, as_watcher),
-        so a ring costs one statement here between the producer's release and the claim.
+        producer rang the bell, or the claim for jobs a counter held back (recount_after) or
+        another session's locks held (locked_out) is due. A bell grant returns at once, without
+        reading the count again: the claim reads it itself in its first round trip
+        (queries.claim, as_watcher), so a ring costs one statement here between the producer's
+        release and the claim.
 
         Returns None when stopping, or when the watcher session reconnected (the caller must
         re-register first). The watch statement also reports the time until the earliest
@@ -162,14 +210,13 @@ class Waiter:
         anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
         nobody foresaw.
 
-        retry_s: the last claim came back empty while ready jobs were left that it could not
-        lock (another session holds their rows, consume/worker.py). That claim recorded the
-        count as watched, so the count will not say so again: return after retry_s as well, to
-        claim again. Waited inside the watch statement, so a put meanwhile still wakes at once.
+        While ready jobs another session holds locked are left (locked_out), a due scheduled
+        job is no reason to wake: it may be one of them (the claim's promotion skips a locked
+        row), and it would wake every turn. Due jobs are claimed at the claim again then, within
+        poll_max_s.
         """
         generation = self.session.generation
         start = time.monotonic()
-        retry_at = None if retry_s is None else start + retry_s
         backoff = self.cfg.poll_initial_s
         due_at: float | None = None
         # The bell to wait on: the one the previous statement saw held at its end. A new turn
@@ -185,10 +232,8 @@ class Waiter:
                 wait = FIRST_WAIT_S
             if due_at is not None:
                 wait = max(0.0, min(wait, due_at - time.monotonic()))
-            if retry_at is not None:
-                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             if not paused:
-                wait = self.until_recount(wait)
+                wait = self.until_claim_again(wait)
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
                                 use_bell=not self._suspect_bell, on_generation=generation)
@@ -204,6 +249,7 @@ class Waiter:
                     # would only add a round trip to the pick-up. (A KILL aimed elsewhere costs
                     # an empty claim.)
                     self.wakeups["signal"] += 1
+                    self._fresh_wake()
                     return True
                 # Paused when last read: a put's KILL still arrives, and a claim would only find
                 # the pause again. Read again instead (the resume shows there).
@@ -217,17 +263,19 @@ class Waiter:
                 self.on_reap()
             if self._last_grant is not None and state.total != self._last_grant[1]:
                 self._suspect_bell = False  # the count moved: rings are real again
+            due_in_s = self._due_in(state.due_in_s)
             if not state.paused:
                 if state.total > state.watched:
                     self.wakeups["signal"] += 1
+                    self._fresh_wake()
                     return True
-                if state.due_in_s is not None and state.due_in_s <= 0:
+                if due_in_s is not None and due_in_s <= 0:
                     self.wakeups["due"] += 1
                     return True
-                if self.recount_due():
+                if self.claim_again_due():
                     return True
             # A paused queue ignores due jobs: waking for them would only find the pause again.
-            due_at = None if state.paused or state.due_in_s is None else sent + state.due_in_s
+            due_at = None if state.paused or due_in_s is None else sent + due_in_s
             if state.waited == 1:
                 # Every ring flips the bell and comes with a new count. A grant on the same
                 # bell value with the same count as the last grant (in this turn or an earlier
@@ -242,9 +290,7 @@ class Waiter:
                 if state.paused:
                     continue
                 self.wakeups["bell"] += 1
-                return True
-            if retry_at is not None and time.monotonic() >= retry_at and not state.paused:
-                self.wakeups["locked"] += 1
+                self._fresh_wake()
                 return True
             if state.waited is None:  # did not wait: an instant wake interrupted the SLEEP
                 continue
@@ -259,18 +305,18 @@ class Waiter:
         """Polling: the last claim left work behind; the next poll claims at once."""
         self._last_total = -1
 
-    def poll_for_work(self, safety_s: float = SAFETY_S, retry_s: float | None = None) -> bool:
+    def poll_for_work(self, safety_s: float = SAFETY_S) -> bool:
         """Fallback without advisory locks: each idle consumer polls the signal row itself.
 
         The backoff survives between idle spells and restarts only when the count moves, so
-        an idle consumer settles at one cheap read per poll_max_s. retry_s: as wait_for_work's
-        (the last claim left ready jobs another session holds locked).
+        an idle consumer settles at one cheap read per poll_max_s. It ends at the claim for held
+        jobs, and ignores due jobs while locked ones are left, as wait_for_work does.
         """
         start = time.monotonic()
-        retry_at = None if retry_s is None else start + retry_s
         while not self.stop.is_set():
             self.on_turn()
             total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
+            due_in_s = self._due_in(due_in_s)
             if reap:
                 self.on_reap()
             if not paused:
@@ -278,14 +324,12 @@ class Waiter:
                     self._last_total = total
                     self._poll_backoff = self.cfg.poll_initial_s
                     self.wakeups["signal"] += 1
+                    self._fresh_wake()
                     return True
                 if due_in_s is not None and due_in_s <= 0:
                     self.wakeups["due"] += 1
                     return True
-                if retry_at is not None and time.monotonic() >= retry_at:
-                    self.wakeups["locked"] += 1
-                    return True
-                if self.recount_due():
+                if self.claim_again_due():
                     return True
             if time.monotonic() - start >= safety_s:
                 self.wakeups["timeout"] += 1
@@ -293,10 +337,8 @@ class Waiter:
             wait = min(self._poll_backoff, self.cfg.poll_max_s)
             if not paused and due_in_s is not None:
                 wait = min(wait, due_in_s)
-            if not paused and retry_at is not None:
-                wait = max(0.0, min(wait, retry_at - time.monotonic()))
             if not paused:
-                wait = self.until_recount(wait)
+                wait = self.until_claim_again(wait)
             self.stop.wait(wait)
             self._poll_backoff = min(self._poll_backoff * 2, self.cfg.poll_max_s)
         return False

@@ -33,11 +33,11 @@ def _due_job(db, cfg, key: str) -> int:
 
 
 def _promotions_waiting(db) -> set[int]:
-    """The consumers' statements promoting due jobs now (each a query of its own, by its id):
-    with the job's row held, each waits for it until it gives up."""
+    """The consumers' promotions of due jobs bumping the signal counter now (each a query of its
+    own, by its id): with the counter's rows held, each waits for them until it gives up."""
     return {r[0] for r in db.query("SELECT query_id FROM information_schema.PROCESSLIST WHERE user = %s "
-                                   "AND info LIKE 'UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0%%'",
-                                   (db.dsn.user,))}
+                                   "AND db = %s AND info LIKE 'INSERT INTO nq_signal%%'",
+                                   (db.dsn.user, db.dsn.database))}
 
 
 class _QuickGiveUpWorker(Worker):
@@ -48,12 +48,13 @@ class _QuickGiveUpWorker(Worker):
 
 
 def test_a_worker_whose_claims_lose_lock_waits_past_the_retry_policy_keeps_claiming_and_runs_the_job(db, caplog):
-    # Given a limited queue's due job whose row another transaction holds (every claim's
-    # promotion waits for it, and gives up after the session's lock wait, 1 s), and a worker
-    # whose claims' retry policy gives up after 1 s
+    # Given a limited queue's due job, and its signal counter's rows held by another
+    # transaction (every claim's promotion, which bumps the counter, waits for them, and gives
+    # up after the session's lock wait, 1 s), and a worker whose claims' retry policy gives up
+    # after 1 s
     cfg = db.config(queue={"q": {"limit_per_key": 2}})
     job_id = _due_job(db, cfg, "a")
-    holder = db.job_row_locked(job_id)
+    holder = db.signal_rows_locked("q")
     ran = []
     stop = threading.Event()
     worker = _QuickGiveUpWorker(cfg, "q", handlers.PythonHandler(ran.append, False), stop=stop,
@@ -105,14 +106,15 @@ def _limited_queue_and_a_peers_claim(db):
 def test_a_claims_rerun_waits_on_no_peers_ack_under_way(db):
     # Given a limited queue with 2,000 scheduled jobs (a table big enough for its indexes), a
     # peer's claimed jobs one of which its ack is deleting right now (not committed yet), and a
-    # due job whose row another transaction holds: a claim's first attempt loses its lock wait
+    # due job whose promotion waits on the signal counter's rows another transaction holds: a
+    # claim's first attempt loses its lock wait
     cfg, peer, peer_claim = _limited_queue_and_a_peers_claim(db)
     assert len(peer_claim.jobs) == 5
     ack = peer.conn.cursor()
     ack.execute(QUERIES["ack_delete"], {"ids": queries.Ids([peer_claim.jobs[0].id]), "token": peer_claim.token})
     assert ack.rowcount == 1
     job_id = _due_job(db, cfg, "a")
-    holder = db.job_row_locked(job_id)
+    holder = db.signal_rows_locked("q")
     claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
     claimer.run(lambda cur: cur.execute("SET SESSION innodb_lock_wait_timeout = 1"), what="test")
     retries: list[str] = []
@@ -215,7 +217,7 @@ def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
     ack = peer.conn.cursor()
     ack.execute("SELECT id FROM nq_job WHERE id = %s FOR UPDATE", (acked,))
     job_id = _due_job(db, cfg, "a")
-    holder = db.job_row_locked(job_id)
+    holder = db.signal_rows_locked("q")  # (the claim's promotion waits on them)
     claimer = Session(cfg.dsn, retry_s=4 * GIVE_UP_S)
     connection = claimer.conn.thread_id()
     outcome: list = []
@@ -233,8 +235,7 @@ def test_a_claims_rerun_and_a_peers_ack_never_deadlock(db):
     thread = threading.Thread(target=claim, daemon=True)
     try:
         thread.start()
-        wait_until(lambda: running("UPDATE nq_job FORCE INDEX (PRIMARY) SET status = 0"), 30,
-                   message="the claim's promotion waiting")
+        wait_until(lambda: running("INSERT INTO nq_signal"), 30, message="the claim's promotion waiting")
         db.query(f"KILL QUERY {int(connection)}")
         holder.rollback()
         # When the claim's rerun is under way (done, or waiting in its hand-back) and the peer's

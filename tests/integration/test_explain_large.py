@@ -99,6 +99,8 @@ CHECKS = {
     "flow_key_ready_for_version": ("flow_key_ready_for_version",
                                    {"queue": "q", "key": "k", "limit": LIMIT, "version": 1}, {"ix_key"}),
     "due_ids": ("due_ids", {"queue": "q", "limit": queries.PROMOTE_MAX}, {"ix_state"}),
+    # An idle claim that came back empty asks it: a few rows, never the queue's backlog
+    "claimable_left": ("claimable_left", {"queue": "q", "version": 1}, {"ix_state"}),
     "queue_depth": ("queue_depth", {"queue": "q", "cap": admin_queries.DEPTH_HISTORY_CAP}, {"ix_state"}),
     "retention_ids": ("retention_ids", {"queue": "q", "status": 3, "age_us": 0, "limit": 1000}, {"ix_state"}),
     # nothing old enough yet (a 30-day retention): the id-paged read this replaced walked the
@@ -171,6 +173,7 @@ def test_rows_read_stay_flat_from_a_small_table_to_a_large_one(tables, label):
     # the index, then the derived table).
     claimed = tables[LARGE].scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2")
     bound = {"claim_ready": LIMIT + 10, "claim_take": LIMIT + 10, "watcher_looks": 10 + signal.SIGNAL_SLOTS, "due_any": 10, "claim_candidates": 2 * LIMIT + 10, "due_ids": queries.PROMOTE_MAX + 10,
+             "claimable_left": 10,
              "claim_ready_for_version": LIMIT + 10, "claim_candidates_for_version": 2 * LIMIT + 10,
              "flow_key_ready": LIMIT + 10, "flow_key_ready_for_version": LIMIT + 10,
              "retention_ids": 1000 + 10, "retention_ids_none": 10,

@@ -100,3 +100,107 @@ def test_a_put_wakes_a_worker_at_once_while_it_waits_to_claim_a_held_job_again(d
     finally:
         holder.close()
         _stopped(worker, thread, stop)
+
+
+def _consumers_connections_killed(db) -> int:
+    """KILL CONNECTION of every session of the consumer's (the runtime user's, on this test's
+    database; the lock holder is the admin's): how many."""
+    ids = [r[0] for r in db.query("SELECT id FROM information_schema.PROCESSLIST WHERE user = %s AND db = %s",
+                                  (db.dsn.user, db.dsn.database))]
+    for conn_id in ids:
+        db.query(f"KILL CONNECTION {int(conn_id)}")
+    return len(ids)
+
+
+@pytest.mark.parametrize("wakeup", [{}, {"use_locks": False}], ids=["watcher", "polling"])
+def test_a_held_job_runs_promptly_once_let_go_though_a_put_meanwhile_was_claimed_and_ran(db, wakeup):
+    """Regression (an outside attack): the claim that took the put's job handed the watch on,
+    and with it the wait before claiming the held job again (a local of the watcher's loop):
+    the held job waited for the safety claim, 55 s after its row was let go."""
+    # Given a held job that the idle worker met (its claims come back empty)
+    cfg = db.config(wakeup=wakeup)
+    with Producer("q", cfg) as p:
+        [held] = p.put_many([{"n": 1}])
+    holder = db.job_row_locked(held)
+    ran: list[int] = []
+    worker, thread, stop = _start(cfg, ran)
+    try:
+        wait_until(lambda: worker.claims >= 2, 10, message="the worker's claim from idle")
+        # When a job is put while the row is held, and runs
+        with Producer("q", cfg) as p:
+            [fresh] = p.put_many([{"n": 2}])
+        wait_until(lambda: fresh in ran, 5.0, message="the fresh job run")
+        claims = worker.claims
+        wait_until(lambda: worker.claims > claims + 1, 10, message="the worker claiming again for the held job")
+        # And the row is let go
+        holder.rollback()
+        # Then the held job runs promptly, not at the safety claim a minute on
+        wait_until(lambda: held in ran, PICKUP_S, message="the held job run once its row was let go")
+    finally:
+        holder.close()
+        _stopped(worker, thread, stop)
+
+
+def test_a_held_job_runs_promptly_once_let_go_though_the_consumers_connections_were_killed(db):
+    """Regression (an outside attack): the watch session reconnected, the watcher's loop ended,
+    and with it the wait before claiming the held job again: the held job waited for the safety
+    claim, 52 s after its row was let go."""
+    # Given a held job that the idle watcher met
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        [held] = p.put_many([{"n": 1}])
+    holder = db.job_row_locked(held)
+    ran: list[int] = []
+    worker, thread, stop = _start(cfg, ran)
+    try:
+        wait_until(lambda: worker.claims >= 2 and worker.waiter.watching, 10,
+                   message="the worker's empty claim as the watcher")
+        # When the consumer's connections are killed, and it watches again on a new one
+        generation = worker.waiter.session.generation
+        assert _consumers_connections_killed(db) >= 2
+        wait_until(lambda: worker.waiter.session.generation > generation and worker.waiter.watching, 30,
+                   message="the watcher back on a new connection")
+        # And the row is let go
+        holder.rollback()
+        # Then the held job runs promptly, not at the safety claim a minute on
+        wait_until(lambda: held in ran, PICKUP_S, message="the held job run once its row was let go")
+        assert thread.is_alive() and worker.error is None, worker.error
+    finally:
+        holder.close()
+        _stopped(worker, thread, stop)
+
+
+@pytest.mark.parametrize("wakeup", [{}, {"use_locks": False}], ids=["watcher", "polling"])
+def test_a_scheduled_job_held_when_it_falls_due_holds_up_no_claim_and_runs_once_let_go(db, wakeup):
+    """Regression (an outside attack): a claim's promotion of due jobs waited on the held row
+    (the server's lock wait, then error 1205, again and again): a job put meanwhile started
+    15 s late."""
+    # Given a scheduled job whose row another session holds when it falls due, and a worker
+    cfg = db.config(wakeup=wakeup)
+    with Producer("q", cfg) as p:
+        [scheduled] = p.put_many([{"n": 1}], delay=1)
+    holder = db.job_row_locked(scheduled)
+    ran: list[int] = []
+    worker, thread, stop = _start(cfg, ran)
+    try:
+        wait_until(lambda: db.scalar("SELECT run_at <= NOW(6) FROM nq_job WHERE id = %s", (scheduled,)), 10,
+                   message="the scheduled job due")
+        claims = worker.claims
+        wait_until(lambda: worker.claims > claims + 1, 10, message="the worker's claims that met the held due job")
+        # When a job is put meanwhile
+        with Producer("q", cfg) as p:
+            [fresh] = p.put_many([{"n": 2}])
+        # Then it runs at once: no claim waits on the held row
+        wait_until(lambda: fresh in ran, 2.0, message="the fresh job run")
+        # And the worker claims again now and then, not in a loop (the due job wakes no one)
+        before = worker.claims
+        stop.wait(WINDOW_S)
+        assert worker.claims - before < MOST_CLAIMS, worker.claims - before
+        assert scheduled not in ran
+        # And once the row is let go, the due job is promoted and runs promptly
+        holder.rollback()
+        wait_until(lambda: scheduled in ran, PICKUP_S, message="the due job run once its row was let go")
+        assert worker.error is None, worker.error
+    finally:
+        holder.close()
+        _stopped(worker, thread, stop)

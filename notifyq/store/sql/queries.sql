@@ -279,12 +279,18 @@ UNION ALL
   ORDER BY sort_at LIMIT %(limit)s)
 
 -- due_ids --
--- The due jobs a claim promotes: oldest first, a bounded number, in ix_state's own order (a plain
--- read: an UPDATE ... ORDER BY on the index whose key it changes sorted the whole due range).
--- A scheduled job's prio_key is 0 and its sort_at its run_at.
+-- The due jobs a claim promotes: oldest first, a bounded number, in ix_state's own order (not
+-- the UPDATE's own: an UPDATE ... ORDER BY on the index whose key it changes sorted the whole
+-- due range). A scheduled job's prio_key is 0 and its sort_at its run_at. Locked here, passing
+-- over rows another session holds (an application's SELECT ... FOR UPDATE, a peer promoting
+-- them): promote_due then waits on none of them. It waited on such a row for the server's
+-- lock wait, failed with error 1205 and was retried, again and again, and every other ready
+-- job of the queue waited with it. A row passed over is left due; the consumer claims again
+-- for it (Waiter.locked_out, which claimable_left tells of).
 SELECT id FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
 ORDER BY sort_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
 
 -- promote_due --
 -- Due scheduled jobs and due retries become ready, run_at kept: in ix_state they then sort by
@@ -2159,6 +2165,20 @@ FROM nq_job FORCE INDEX (PRIMARY) WHERE id IN %(ids)s
 SELECT 1 FROM nq_job FORCE INDEX (ix_state)
 WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
 LIMIT 1
+
+-- claimable_left --
+-- Whether the queue has a ready or due job a consumer of code `version` may run: an idle
+-- consumer whose claim came back empty asks it, and claims again now and then while there is
+-- one, which another session's locks held (queries.claimable_left). A due job counts: the
+-- claim's promotion passes over a row another session holds (due_ids).
+(SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 0 AND queue = %(queue)s AND (min_version IS NULL OR min_version <= %(version)s)
+  LIMIT 1)
+UNION ALL
+(SELECT 1 FROM nq_job FORCE INDEX (ix_state)
+  WHERE status = 1 AND queue = %(queue)s AND prio_key = 0 AND sort_at <= NOW(6)
+    AND (min_version IS NULL OR min_version <= %(version)s)
+  LIMIT 1)
 
 -- flow_keys_unused --
 -- Retention's sweep of a limited or fair queue's key rows (store/key_sweep.py), a plain read:
