@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, Run
+from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, RowLock, Run
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -1045,6 +1045,85 @@ def test_a_bystander_session_that_dies_with_the_server_up_is_a_violation_and_one
 
 def test_the_ci_schedule_runs_the_bystander_class():
     assert "bystander" in CI_CLASSES and "bystander" in parse_classes("ci")
+
+
+# ------------------------------------------------------------------ a ready job's row held (row_lock)
+
+def locked(runs, enqueues, locks, faults=(), poll_max_s=1.0):
+    h = history(runs, enqueues, faults=faults)
+    return dataclasses.replace(h, row_locks=list(locks), poll_max_s={"main": poll_max_s})
+
+
+def test_a_job_claimed_long_after_the_lock_on_its_row_went_is_a_violation_and_a_prompt_one_is_not():
+    # Job 2's row held t=1-4 (an application's SELECT ... FOR UPDATE, rolled back); job 1 runs
+    # meanwhile, and job 2 starts 2 s after the lock went: within poll_max_s 1 + the slack
+    lock = RowLock("main", 2, 1.0, 4.0, 0)
+    prompt = [run(1, 1, 10, 0.1, 3.0), run(2, 1, 10, 6.0, 6.1)]
+    assert checker.check(locked(prompt, [enq(1), enq(2, at=0.5)], [lock])).ok
+    # Planted: it waited for the watcher's safety claim (a minute) instead; runs of other jobs keep
+    # the fleet busy, so only this rule sees it
+    late = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 3.5, 62.0), run(2, 1, 10, 64.0, 64.1)]
+    found = checker.check(locked(late, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock])).violations
+    assert [v.rule for v in found] == ["locked_pickup"], found
+    assert found[0].job == ("main", 2) and "60.0 s after the lock" in found[0].detail
+    # Its claim is judged by its batch's first start: behind a long job of the same claim, in time
+    batch = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 4.5, 12.0, token=9),
+             run(2, 1, 11, 12.0, 12.1, token=9, run_at=0.5)]
+    assert checker.check(locked(batch, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock])).ok
+    # The bound is the deployment's poll_max_s and the slack: poll_max_s 60 allows the late one
+    assert "locked_pickup" not in rules(locked(late, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock],
+                                               poll_max_s=60.0))
+
+
+def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that_job():
+    lock = RowLock("main", 2, 1.0, 4.0, 0)
+    late = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 3.5, 12.0), run(2, 1, 10, 14.0, 14.1)]
+    enqueues = [enq(1), enq(2, at=0.5), enq(3, at=3.4)]
+    assert rules(locked(late, enqueues, [lock])) == {"locked_pickup": 1}
+    # A server restart between the lock and the start; the starting process stopped; another one
+    # stopped as the lock went (it may hold the watch); a cancel; a lock a server fault ended
+    for fault in (Fault("server_restart", 5.0, 7.0), Fault("stall", 4.5, 11.0, 10), Fault("stall", 3.0, 9.0, 12)):
+        assert "locked_pickup" not in rules(locked(late, enqueues, [lock], faults=[fault])), fault
+    assert "locked_pickup" not in rules(locked(late, enqueues, [lock],
+                                               faults=[Fault("cancel", 5.0, 5.0, job=("main", 2))]))
+    assert "locked_pickup" not in rules(locked(late, enqueues, [dataclasses.replace(lock, status=None)]))
+    # A claim of it lost in between (its start is attempt 2: the first claim was charged)
+    lost_claim = [*late[:2], run(2, 2, 10, 14.0, 14.1)]
+    assert "locked_pickup" not in rules(locked(lost_claim, enqueues, [lock]))
+    # A KILL QUERY burst or a SIGHUP excuses nothing, nor a fault on another process later
+    for fault in (Fault("kill_query", 4.0, 4.5, 10), Fault("sighup", 4.2, 4.2, 10), Fault("sigkill", 9.0, 9.0, 11)):
+        assert rules(locked(late, enqueues, [lock], faults=[fault])).get("locked_pickup") == 1, fault
+
+
+def test_a_held_row_is_no_stall_and_no_priority_inversion_while_it_is_held():
+    # Job 2 (priority 9) is ready from t=1, its row held t=1.5-8, started at 8.5; nothing else runs
+    # from t=1 on: a span of 7 s with a job ready, but a job no claim could take
+    lock = RowLock("main", 2, 1.5, 8.0, 0)
+    runs = [run(1, 1, 10, 0.1, 0.2), run(2, 1, 10, 8.5, 8.6, priority=9)]
+    enqueues = [enq(1, at=0.0), enq(2, at=1.0, priority=9)]
+    assert checker.check(locked(runs, enqueues, [lock])).ok
+    assert rules(history(runs, enqueues)) == {"no_progress": 1}  # without the lock: a stall
+    # A lower-priority job claimed while the row was held is no inversion
+    inverted = [run(1, 1, 10, 0.1, 0.2), run(4, 1, 10, 2.0, 2.9), run(3, 1, 10, 3.0, 3.1),
+                run(2, 1, 10, 8.5, 8.6, priority=9)]
+    enqueues += [enq(3, at=2.0), enq(4, at=1.9)]
+    assert checker.check(locked(inverted, enqueues, [lock])).ok
+    assert rules(history(inverted, enqueues)).get("priority") == 1  # without the lock: one
+
+
+def test_the_ci_schedule_runs_the_row_lock_and_reload_drop_classes_with_a_quiet_last_lock():
+    assert {"row_lock", "reload_drop"} <= set(CI_CLASSES)
+    plan = make_plan(1, parse_classes("row_lock,reload_drop"), 60.0, 3000)
+    locks = [s for s in plan.steps if s.kind == "row_lock"]
+    assert len(locks) >= 8 and all(1.0 <= s.length_s <= 4.0 for s in locks)
+    # the last lock goes after the workload's last put: only the consumers' own retry claims it
+    assert locks[-1].at_s + locks[-1].length_s > 60.0
+    assert [s.kind for s in plan.steps].count("reload_drop") >= 2
+    # each class on a stream of its own: the timed faults keep their offsets
+    base = [s for s in make_plan(1, parse_classes("sigkill,stall"), 60.0, 3000).steps]
+    both = [s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,reload_drop"), 60.0, 3000).steps
+            if s.kind in ("sigkill", "stall")]
+    assert base == both
 
 
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():
