@@ -89,7 +89,9 @@ A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... 
   end, unless the server restarted between the lock and the start, the starting process was hit
   (it may have claimed the job and stopped), a claim of the job was lost or handed back
   unstarted in between, or a consumer was stopped as the lock went (the watch it may hold
-  wakes nobody). Its held span is no ready span for no_progress, and no claimable one for
+  wakes nobody); and a late claim is a violation only where the fleet sat idle longer than
+  that bound while the job waited, or a claim begun past it took a job ranked after it in claim
+  order: behind a backlog, its turn comes when the jobs ahead of it are done. Its held span is no ready span for no_progress, and no claimable one for
   priority.
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
@@ -1126,14 +1128,20 @@ def locked_pickups(h: History) -> list[tuple]:
 
 
 def check_locked_pickup(h: History) -> list[Violation]:
-    """locked_pickup: a job whose row an application held is claimed soon after the lock went."""
+    """locked_pickup: a job whose row an application held is claimed soon after the lock went,
+    unless a backlog ahead of it in claim order kept the fleet busy meanwhile (claims take the
+    queue in order: its turn comes when theirs is done). Late is a violation when the fleet sat
+    idle longer than the bound while it waited (the lost pick-up: nothing woke a consumer for
+    it), or when a claim that began past the bound took a job ranked after it (passed over)."""
     if not h.row_locks:
         return []
     faults = [f for f in h.faults if f.kind not in EVIDENCE and f.kind not in ("kill_query", "sighup")]
+    batches = _batches(h)
     out: list[Violation] = []
     for lock, first, picked, before in locked_pickups(h):
         poll_max_s = h.poll_max_s.get(lock.deploy, WakeupConfig().poll_max_s)
-        if picked - lock.end <= poll_max_s + LOCKED_PICKUP_SLACK_S:
+        bound = poll_max_s + LOCKED_PICKUP_SLACK_S
+        if picked - lock.end <= bound:
             continue
         expected_attempt = before[-1].attempt + 1 if before else 1
         excused = (
@@ -1143,12 +1151,36 @@ def check_locked_pickup(h: History) -> list[Violation]:
             or first.attempt > expected_attempt  # a claim of it charged, never started: lost to a fault
             or any(hb.deploy == lock.deploy and lock.job in hb.jobs and lock.end <= hb.at <= first.start
                    for hb in h.hand_backs))
-        if not excused:
-            out.append(Violation("locked_pickup", lock.key,
-                                 f"claimed {picked - lock.end:.1f} s after the lock on its row (held t={lock.start:.3f}"
-                                 f"-{lock.end:.3f}) went, past poll_max_s {poll_max_s:g} + {LOCKED_PICKUP_SLACK_S:g} s; "
-                                 f"first start by pid {first.pid} at t={first.start:.3f}"))
+        if excused:
+            continue
+        idle = _longest_idle(h, lock.deploy, lock.end, picked)
+        rank = _rank(first)
+        passed = next((runs for (deploy, pid, token), runs in batches.items()
+                       if deploy == lock.deploy and (pid, token) != (first.pid, first.token)
+                       and lock.end + bound < runs[0].start < picked - LOCKED_PICKUP_SLACK_S
+                       and any(_rank(r) > rank for r in runs)), None)
+        if idle <= bound and passed is None:
+            continue  # the fleet worked through jobs ahead of it in claim order
+        why = (f"the fleet idle {idle:.1f} s meanwhile" if idle > bound else
+               f"passed over by pid {passed[0].pid}'s claim started t={passed[0].start:.3f}")
+        out.append(Violation("locked_pickup", lock.key,
+                             f"claimed {picked - lock.end:.1f} s after the lock on its row (held t={lock.start:.3f}"
+                             f"-{lock.end:.3f}) went, past poll_max_s {poll_max_s:g} + {LOCKED_PICKUP_SLACK_S:g} s, "
+                             f"{why}; first start by pid {first.pid} at t={first.start:.3f}"))
     return out
+
+
+def _longest_idle(h: History, deploy: str, lo: float, hi: float) -> float:
+    """The longest span within [lo, hi] in which no handler of the deployment ran (a run without
+    an end counts its start only)."""
+    spans = sorted((r.start, r.end if r.end is not None else r.start) for r in h.runs
+                   if r.deploy == deploy and r.start <= hi and (r.end if r.end is not None else r.start) >= lo)
+    longest, free_from = 0.0, lo
+    for start, end in spans:
+        if start > free_from:
+            longest = max(longest, min(start, hi) - free_from)
+        free_from = max(free_from, end)
+    return max(longest, hi - free_from)
 
 
 def _held(h: History) -> dict[JobKey, list[tuple[float, float]]]:

@@ -1055,29 +1055,38 @@ def locked(runs, enqueues, locks, faults=(), poll_max_s=1.0):
 
 
 def test_a_job_claimed_long_after_the_lock_on_its_row_went_is_a_violation_and_a_prompt_one_is_not():
-    # Job 2's row held t=1-4 (an application's SELECT ... FOR UPDATE, rolled back); job 1 runs
-    # meanwhile, and job 2 starts 2 s after the lock went: within poll_max_s 1 + the slack
-    lock = RowLock("main", 2, 1.0, 4.0, 0)
-    prompt = [run(1, 1, 10, 0.1, 3.0), run(2, 1, 10, 6.0, 6.1)]
-    assert checker.check(locked(prompt, [enq(1), enq(2, at=0.5)], [lock])).ok
-    # Planted: it waited for the watcher's safety claim (a minute) instead; runs of other jobs keep
-    # the fleet busy, so only this rule sees it
-    late = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 3.5, 62.0), run(2, 1, 10, 64.0, 64.1)]
-    found = checker.check(locked(late, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock])).violations
-    assert [v.rule for v in found] == ["locked_pickup"], found
-    assert found[0].job == ("main", 2) and "60.0 s after the lock" in found[0].detail
+    # Job 5's row held t=1-4 (an application's SELECT ... FOR UPDATE, rolled back); job 1 runs
+    # meanwhile, and job 5 starts 2 s after the lock went: within poll_max_s 1 + the slack
+    lock = RowLock("main", 5, 1.0, 4.0, 0)
+    enqueues = [enq(1), enq(5, at=0.5)]
+    assert checker.check(locked([run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 6.0, 6.1)], enqueues, [lock])).ok
+    # Planted: it waited for the watcher's safety claim (a minute) with the fleet idle
+    idle = [run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 64.0, 64.1)]
+    found = checker.check(locked(idle, enqueues, [lock])).violations
+    assert "locked_pickup" in [v.rule for v in found], found
+    late = next(v for v in found if v.rule == "locked_pickup")
+    assert late.job == ("main", 5) and "60.0 s after the lock" in late.detail and "idle" in late.detail
+    # Planted: the fleet busy, but a claim well after the lock took job 7, behind it in claim
+    # order (a later id, the same priority and run_at), and left it waiting
+    passed = [run(1, 1, 12, 0.1, 13.5), run(7, 1, 11, 9.0, 9.1), run(5, 1, 10, 14.0, 14.1)]
+    found = checker.check(locked(passed, enqueues + [enq(7, at=8.0)], [lock])).violations
+    assert [v.rule for v in found] == ["locked_pickup"] and "passed over" in found[0].detail, found
+    # Behind a backlog of jobs ahead of it in claim order, its turn comes late: no violation
+    backlog = [run(1, 1, 10, 0.1, 3.0), *(run(j, 1, 11, 4.0 + j, 4.9 + j) for j in (2, 3, 4)),
+               run(5, 1, 10, 9.0, 9.1)]
+    assert checker.check(locked(backlog, enqueues + [enq(j, at=0.2) for j in (2, 3, 4)], [lock])).ok
     # Its claim is judged by its batch's first start: behind a long job of the same claim, in time
     batch = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 4.5, 12.0, token=9),
-             run(2, 1, 11, 12.0, 12.1, token=9, run_at=0.5)]
-    assert checker.check(locked(batch, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock])).ok
-    # The bound is the deployment's poll_max_s and the slack: poll_max_s 60 allows the late one
-    assert "locked_pickup" not in rules(locked(late, [enq(1), enq(2, at=0.5), enq(3, at=3.4)], [lock],
-                                               poll_max_s=60.0))
+             run(5, 1, 11, 12.0, 12.1, token=9, run_at=0.5)]
+    assert checker.check(locked(batch, enqueues + [enq(3, at=3.4)], [lock])).ok
+    # The bound is the deployment's poll_max_s and the slack: poll_max_s 60 allows the idle one
+    assert "locked_pickup" not in rules(locked(idle, enqueues, [lock], poll_max_s=60.0))
 
 
 def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that_job():
     lock = RowLock("main", 2, 1.0, 4.0, 0)
-    late = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 3.5, 12.0), run(2, 1, 10, 14.0, 14.1)]
+    # job 3, behind job 2 in claim order, claimed at 9 while job 1 keeps the fleet busy
+    late = [run(1, 1, 13, 0.1, 13.5), run(3, 1, 11, 9.0, 9.1), run(2, 1, 10, 14.0, 14.1)]
     enqueues = [enq(1), enq(2, at=0.5), enq(3, at=3.4)]
     assert rules(locked(late, enqueues, [lock])) == {"locked_pickup": 1}
     # A server restart between the lock and the start; the starting process stopped; another one
