@@ -81,14 +81,14 @@ Outside attack 35 (a KILL of a connection id from before a server restart):
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
-  none started, unless a fault other than a kill_query came within a lease and the bound
-  before it (a killed or stopped consumer's claims wait for a reaper or their lease).
+  none started, unless a fault other than a kill_query or a SIGHUP came within a lease and the
+  bound before it (a killed or stopped consumer's claims wait for a reaper or their lease).
 A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... FOR UPDATE):
 - locked_pickup: a job still ready when the lock went (not cancelled) is claimed (its batch's
   first start) within the deployment's wakeup.poll_max_s and LOCKED_PICKUP_SLACK_S of the lock's
   end, unless the server restarted between the lock and the start, the starting process was hit
   (it may have claimed the job and stopped), a claim of the job was lost or handed back
-  unstarted in between, or a consumer was stopped as the lock went (the watch it may hold
+  unstarted in between, a reaper took a claim back in between, or a consumer was stopped as the lock went (the watch it may hold
   wakes nobody); and a late claim is a violation only where the fleet sat idle longer than
   that bound while the job waited, or a claim begun past it took a job ranked after it in claim
   order: behind a backlog, its turn comes when the jobs ahead of it are done. Its held span is no ready span for no_progress, and no claimable one for
@@ -1149,6 +1149,9 @@ def check_locked_pickup(h: History) -> list[Violation]:
             or any(f.pid == first.pid and f.start <= first.start and f.end >= lock.end - h.lease_s for f in faults)
             or any(f.kind == "stall" and f.start <= lock.end + poll_max_s and f.end >= lock.end for f in faults)
             or first.attempt > expected_attempt  # a claim of it charged, never started: lost to a fault
+            # a reaper took a claim back meanwhile (several jobs of a claim come back uncharged:
+            # the job may have been in a gone consumer's claim)
+            or any(f.kind == "taken_back" and lock.end <= f.start <= first.start for f in h.faults)
             or any(hb.deploy == lock.deploy and lock.job in hb.jobs and lock.end <= hb.at <= first.start
                    for hb in h.hand_backs))
         if excused:
@@ -1221,7 +1224,7 @@ def check_progress(h: History) -> list[Violation]:
     for r in h.runs:
         events.append((r.start, 0, 1))
         events.append((r.end if r.end is not None else r.start, 0, -1))
-    excusing = Faults(f for f in h.faults if f.kind != "kill_query")
+    excusing = Faults(f for f in h.faults if f.kind not in ("kill_query", "sighup"))  # neither may stall a fleet
     out: list[Violation] = []
     ready = running = 0
     since: float | None = None

@@ -248,8 +248,8 @@ class FaultRun:
                      f"burst jobs {sum(len(p.enqueues) for p in self.reload_drops)}\n")
         if self.bystander is not None:
             on_targets = [k for _, k in self.bystander.fills[1:]]
-            note = (f"bystander: {len(self.bystander.fills)} fills, after each restart "
-                    f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
+            note += (f"bystander: {len(self.bystander.fills)} fills, after each restart "
+                     f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
         if self.episodes is not None:
             note += f"episodes played: {' '.join(self.episodes.played) or 'none'}"
             note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""

@@ -835,6 +835,8 @@ def test_ready_jobs_with_nothing_running_or_starting_for_longer_than_the_bound_a
     assert rules(history(*stalled)) == {"no_progress": 1}
     # A burst of KILL QUERY excuses nothing: a KILL must never leave a consumer waiting
     assert rules(history(*stalled, faults=[Fault("kill_query", 2.0, 2.5, 10)])) == {"no_progress": 1}
+    # nor a SIGHUP (reload_drop's reloads, refused or not, must never leave the fleet waiting)
+    assert rules(history(*stalled, faults=[Fault("sighup", 2.0, 2.0, 10)])) == {"no_progress": 1}
     # A killed consumer does (its claims wait for a reaper), and so does a server restart
     for fault in (Fault("sigkill", 0.5, 0.5, 10), Fault("server_restart", 3.0, 5.0)):
         assert checker.check(history(*stalled, faults=[fault])).ok, fault
@@ -1099,6 +1101,9 @@ def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that
     # A claim of it lost in between (its start is attempt 2: the first claim was charged)
     lost_claim = [*late[:2], run(2, 2, 10, 14.0, 14.1)]
     assert "locked_pickup" not in rules(locked(lost_claim, enqueues, [lock]))
+    # A reaper's take-back in between (a dead consumer's claim, uncharged, may have held it)
+    assert "locked_pickup" not in rules(locked(late, enqueues, [lock],
+                                               faults=[Fault("taken_back", 8.0, 8.0, 14, detail="11")]))
     # A KILL QUERY burst or a SIGHUP excuses nothing, nor a fault on another process later
     for fault in (Fault("kill_query", 4.0, 4.5, 10), Fault("sighup", 4.2, 4.2, 10), Fault("sigkill", 9.0, 9.0, 11)):
         assert rules(locked(late, enqueues, [lock], faults=[fault])).get("locked_pickup") == 1, fault
