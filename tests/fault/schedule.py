@@ -59,7 +59,9 @@ Cheap classes for two fixed behaviours, on the main deployment (in the CI draw):
                    then rolls back; the last one is let go after the workload's last put, on a
                    quiet queue. The checker's `locked_pickup` rule wants each such job (still ready
                    when the lock went, not cancelled) claimed within the deployment's
-                   wakeup.poll_max_s and a slack of the lock's end (its batch's first start)
+                   wakeup.poll_max_s and a slack of the lock's end (its batch's first start),
+                   or behind a backlog, with no idle span past that and no job ranked after
+                   it claimed first
   reload_drop      now and then, some main consumers (each has a config file of its own with the
                    class) are SIGHUPed with their file rewritten without [queue.fq] (mistyped
                    [queue.fqq]), and a burst of 0.25 s jobs of one key is put meanwhile; a few
