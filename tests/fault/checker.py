@@ -81,8 +81,18 @@ Outside attack 35 (a KILL of a connection id from before a server restart):
 "Trust, round three" (no silent stall):
 - no_progress: on the main deployment, never a span longer than STALL_BOUND_S in which a job
   was ready (put() had returned, no delay, not cancelled, not started yet), no handler ran and
-  none started, unless a fault other than a kill_query came within a lease and the bound
-  before it (a killed or stopped consumer's claims wait for a reaper or their lease).
+  none started, unless a fault other than a kill_query or a SIGHUP came within a lease and the
+  bound before it (a killed or stopped consumer's claims wait for a reaper or their lease).
+A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... FOR UPDATE):
+- locked_pickup: a job still ready when the lock went (not cancelled) is claimed (its batch's
+  first start) within the deployment's wakeup.poll_max_s and LOCKED_PICKUP_SLACK_S of the lock's
+  end, unless the server restarted between the lock and the start, the starting process was hit
+  (it may have claimed the job and stopped), a claim of the job was lost or handed back
+  unstarted in between, a reaper took a claim back in between, or a consumer was stopped as the lock went (the watch it may hold
+  wakes nobody); and a late claim is a violation only where the fleet sat idle longer than
+  that bound while the job waited, or a claim begun past it took a job ranked after it in claim
+  order: behind a backlog, its turn comes when the jobs ahead of it are done. Its held span is no ready span for no_progress, and no claimable one for
+  priority.
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
   finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
@@ -98,6 +108,7 @@ from collections.abc import Iterable
 
 # The worker's rule: a lease push just before a start, once this share of the lease has passed
 # since the claim or the last push
+from notifyq.config import WakeupConfig
 from notifyq.consume.batch import EXTEND_EVERY
 from notifyq.consume.service import SETTLE_AT_EXIT_S
 
@@ -161,6 +172,13 @@ GRACE_STOPS = {"grace_restart": GRACE_EXIT_BOUND_S, "grace_outage": SETTLE_AT_EX
 # frozen_at_stop: the runs it judges include one that ended up to this long before the SIGTERM
 # (the server froze just before it ended: its ack met the frozen server)
 FROZEN_LEAD_S = 3.0
+# locked_pickup: past poll_max_s (the longest wait before an idle consumer claims again), the
+# claim and its first start on a loaded 2-core box: the waiting thread's wake-up and the claim's
+# round trips compete for the CPU with a dozen consumers, the harness's producers and the server
+# itself (a start line up to a second late is seen under the full schedule), and the claim may
+# land behind a batch of 0.1 s jobs' acks; a job waiting for the safety claim (60 s) is far past it
+LOCKED_PICKUP_SLACK_S = 3.0
+READY = 0
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -680,6 +698,7 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
                 lower[cur] = max(ends)
     # Claimable jobs H: (deploy, priority) -> sorted [(claimable_since, lower bound of H's claim, H)]
     waiting: dict[tuple, list[tuple]] = collections.defaultdict(list)
+    held = _held(h)
     for key, claims in _claims_by_job(h, batches).items():
         for i, (r, bkey, released) in enumerate(claims):
             prev = claims[i - 1] if i else None
@@ -691,6 +710,9 @@ def check_claim_priority(h: History, faults: Faults) -> tuple[list[Violation], i
                 continue
             if r.flow_key and h.key_limits.get(r.deploy):
                 continue  # its key's limit may hold it back: a lower job of another key may go first
+            for lock_start, lock_end in held.get(key, ()):
+                if lock_start <= r.start and lock_end >= since:
+                    since = max(since, lock_end)  # its row was held: claimable once the lock went
             claim_lo = lower.get(bkey)
             if claim_lo is not None:
                 waiting[(r.deploy, r.priority)].append((max(since, r.run_at_mono), claim_lo, r))
@@ -1080,6 +1102,98 @@ def check_rates(h: History, faults: Faults) -> list[Violation]:
     return out
 
 
+def locked_pickups(h: History) -> list[tuple]:
+    """Each row lock judged (the job still ready when it went, not cancelled, started after it):
+    (the lock, the job's first start after it, when that start's claim began to run (its
+    batch's first start), the job's runs before the lock)."""
+    by_job = h.runs_by_job()
+    batch_first: dict[tuple, float] = {}
+    for r in h.runs:
+        if r.token:
+            ident = (r.deploy, r.pid, r.token)
+            batch_first[ident] = min(batch_first.get(ident, r.start), r.start)
+    cancelled = {f.job for f in h.faults if f.kind == "cancel"}
+    out = []
+    for lock in h.row_locks:
+        if lock.status != READY or lock.key in cancelled:
+            continue  # a server fault ended the lock at a moment not known, or the operator took the job
+        runs = by_job.get(lock.key, [])
+        after = [r for r in runs if r.start >= lock.start]
+        if not after:
+            continue  # never run again: the lost rule's
+        first = after[0]
+        picked = batch_first.get((first.deploy, first.pid, first.token), first.start) if first.token else first.start
+        out.append((lock, first, picked, [r for r in runs if r.start < lock.start]))
+    return out
+
+
+def check_locked_pickup(h: History) -> list[Violation]:
+    """locked_pickup: a job whose row an application held is claimed soon after the lock went,
+    unless a backlog ahead of it in claim order kept the fleet busy meanwhile (claims take the
+    queue in order: its turn comes when theirs is done). Late is a violation when the fleet sat
+    idle longer than the bound while it waited (the lost pick-up: nothing woke a consumer for
+    it), or when a claim that began past the bound took a job ranked after it (passed over)."""
+    if not h.row_locks:
+        return []
+    faults = [f for f in h.faults if f.kind not in EVIDENCE and f.kind not in ("kill_query", "sighup")]
+    batches = _batches(h)
+    out: list[Violation] = []
+    for lock, first, picked, before in locked_pickups(h):
+        poll_max_s = h.poll_max_s.get(lock.deploy, WakeupConfig().poll_max_s)
+        bound = poll_max_s + LOCKED_PICKUP_SLACK_S
+        if picked - lock.end <= bound:
+            continue
+        expected_attempt = before[-1].attempt + 1 if before else 1
+        excused = (
+            any(f.kind in SERVER_CAUSES and f.start <= first.start and f.end >= lock.start for f in faults)
+            or any(f.pid == first.pid and f.start <= first.start and f.end >= lock.end - h.lease_s for f in faults)
+            or any(f.kind == "stall" and f.start <= lock.end + poll_max_s and f.end >= lock.end for f in faults)
+            or first.attempt > expected_attempt  # a claim of it charged, never started: lost to a fault
+            # a reaper took a claim back meanwhile (several jobs of a claim come back uncharged:
+            # the job may have been in a gone consumer's claim)
+            or any(f.kind == "taken_back" and lock.end <= f.start <= first.start for f in h.faults)
+            or any(hb.deploy == lock.deploy and lock.job in hb.jobs and lock.end <= hb.at <= first.start
+                   for hb in h.hand_backs))
+        if excused:
+            continue
+        idle = _longest_idle(h, lock.deploy, lock.end, picked)
+        rank = _rank(first)
+        passed = next((runs for (deploy, pid, token), runs in batches.items()
+                       if deploy == lock.deploy and (pid, token) != (first.pid, first.token)
+                       and lock.end + bound < runs[0].start < picked - LOCKED_PICKUP_SLACK_S
+                       and any(_rank(r) > rank for r in runs)), None)
+        if idle <= bound and passed is None:
+            continue  # the fleet worked through jobs ahead of it in claim order
+        why = (f"the fleet idle {idle:.1f} s meanwhile" if idle > bound else
+               f"passed over by pid {passed[0].pid}'s claim started t={passed[0].start:.3f}")
+        out.append(Violation("locked_pickup", lock.key,
+                             f"claimed {picked - lock.end:.1f} s after the lock on its row (held t={lock.start:.3f}"
+                             f"-{lock.end:.3f}) went, past poll_max_s {poll_max_s:g} + {LOCKED_PICKUP_SLACK_S:g} s, "
+                             f"{why}; first start by pid {first.pid} at t={first.start:.3f}"))
+    return out
+
+
+def _longest_idle(h: History, deploy: str, lo: float, hi: float) -> float:
+    """The longest span within [lo, hi] in which no handler of the deployment ran (a run without
+    an end counts its start only)."""
+    spans = sorted((r.start, r.end if r.end is not None else r.start) for r in h.runs
+                   if r.deploy == deploy and r.start <= hi and (r.end if r.end is not None else r.start) >= lo)
+    longest, free_from = 0.0, lo
+    for start, end in spans:
+        if start > free_from:
+            longest = max(longest, min(start, hi) - free_from)
+        free_from = max(free_from, end)
+    return max(longest, hi - free_from)
+
+
+def _held(h: History) -> dict[JobKey, list[tuple[float, float]]]:
+    """Each row-locked job's held spans (start, end)."""
+    held: dict[JobKey, list[tuple[float, float]]] = collections.defaultdict(list)
+    for lock in h.row_locks:
+        held[lock.key].append((lock.start, lock.end))
+    return held
+
+
 def check_bystander(h: History) -> list[Violation]:
     """bystander_killed: a bystander session that died while the server stayed up."""
     server = [f for f in h.faults if f.kind in SERVER_CAUSES]
@@ -1099,14 +1213,18 @@ def check_progress(h: History) -> list[Violation]:
     for r in h.runs:
         first[r.key] = min(first.get(r.key, r.start), r.start)
     cancelled = {f.job for f in h.faults if f.kind == "cancel"}
+    held = _held(h)
     events: list[tuple[float, int, int]] = []  # (time, ready change, running change)
     for e in h.enqueues:
         if e.delay_s == 0 and e.key in first and e.key not in cancelled and first[e.key] > e.acked_at:
             events += [(e.acked_at, 1, 0), (first[e.key], -1, 0)]
+            for start, end in held.get(e.key, ()):
+                if e.acked_at < start and end < first[e.key]:  # its row held: no claim could take it
+                    events += [(start, -1, 0), (end, 1, 0)]
     for r in h.runs:
         events.append((r.start, 0, 1))
         events.append((r.end if r.end is not None else r.start, 0, -1))
-    excusing = Faults(f for f in h.faults if f.kind != "kill_query")
+    excusing = Faults(f for f in h.faults if f.kind not in ("kill_query", "sighup"))  # neither may stall a fleet
     out: list[Violation] = []
     ready = running = 0
     since: float | None = None
@@ -1134,7 +1252,7 @@ def check(h: History) -> Report:
     violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
     violations += check_grace_restarts(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
-    violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h)
+    violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h) + check_locked_pickup(h)
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)

@@ -32,6 +32,7 @@ class Consumer:
     exit_noted: bool = False  # its Exit is in the history
     args: tuple[str, ...] = ()  # its queue, handler and extra arguments
     started_consuming: bool = False  # its log said "consumer started" (ready())
+    config: Path | None = None  # its NOTIFYQ_CONFIG (a SIGHUP reads it again)
 
     @property
     def pid(self) -> int:
@@ -53,20 +54,24 @@ class Consumer:
 KEY_LIMIT = 2
 
 
-def write_config(path: Path, lease_s: float, polling: bool, keep_results: bool = False) -> Path:
+def write_config(path: Path, lease_s: float, polling: bool, keep_results: bool = False,
+                 main_section: str = "fq") -> Path:
     """The consumers' config: a short lease (stalls outlast it), quick reaping, default attempts;
     keep_results: the queues keep results an hour (the effects class: its unenc jobs' results
     cannot be encoded, and must be dropped, their jobs done once). The main queue (fq) limits
-    its keys to KEY_LIMIT running jobs each."""
+    its keys to KEY_LIMIT running jobs each. main_section: that queue's section name (the
+    reload_drop class mistypes it)."""
     defaults = (f"lease_s = {lease_s}\nmax_attempts = 5\nretry_base_s = 0.5\nretry_max_s = 4.0\n"
                 + ("result_ttl_s = 3600\n" if keep_results else ""))
     text = (f"[defaults]\n{defaults}"
-            + f"[queue.fq]\n{defaults}limit_per_key = {KEY_LIMIT}\n"
+            + f"[queue.{main_section}]\n{defaults}limit_per_key = {KEY_LIMIT}\n"
             + f"[consumer]\nreap_interval_s = 0.5\nshutdown_grace_s = {lease_s * 3}\n")
     if polling:
         text += "[wakeup]\nuse_locks = false\npoll_max_s = 0.2\n"
-    path.write_text(text)
-    path.chmod(0o600)
+    tmp = path.with_name(path.name + ".new")  # a reload never reads it half written
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    tmp.replace(path)
     return path
 
 
@@ -86,7 +91,8 @@ class Fleet:
                 [sys.executable, "-m", "notifyq", "consume", "-q", queue, *handler,
                  "--batch-size", str(batch_size), *extra],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path, args=(queue, *handler, *extra))
+        consumer = Consumer(popen, slot, mode, deploy, time.monotonic(), err_path, args=(queue, *handler, *extra),
+                            config=config)
         with (self.logdir / "fleet.txt").open("a") as fleet_log:  # which log is which pid, for a post-mortem
             fleet_log.write(f"consumer{n}.err pid {popen.pid} slot {slot} mode {mode} deploy {deploy} "
                             f"args {' '.join(extra) or '-'}\n")

@@ -45,6 +45,8 @@ from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
 from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
+from .reload_drop import ReloadDrop
+from .row_lock import RowLocker
 from .schedule import EPISODES, Plan, Step
 from .workload import Workload
 
@@ -138,6 +140,8 @@ class FaultRun:
         self.long_config_path: Path | None = None
         self.rated: rated.RatedProducer | None = None  # the rate class's producer
         self.bystander: Bystander | None = None  # the bystander class's application
+        self.row_lockers: list[RowLocker] = []  # the row_lock class's locks, one thread each
+        self.reload_drops: list[ReloadDrop] = []  # the reload_drop class's plays, one thread each
 
     # ------------------------------------------------------------ the run
 
@@ -209,6 +213,7 @@ class FaultRun:
         self._play(workload, batch_producer)
         workload.join(30)
         self._join_issue26_threads()
+        self._join_lock_reload()
         if self.rated is not None:
             self.rated.join(30)
         if batch_producer is not None:
@@ -225,14 +230,26 @@ class FaultRun:
         (self.logs / "history.pickle").write_bytes(pickle.dumps(history))
         report = checker.check(history)
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
+        if history.row_locks:
+            kinds["row_lock"] = len(history.row_locks)
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
         if self.rolling_restarts:
             kinds["rolling_restart"] = self.rolling_restarts
         note = ""
+        if self.row_lockers:
+            locks = [t.lock for t in self.row_lockers if t.lock is not None]
+            delays = sorted(picked - lock.end for lock, _, picked, _ in checker.locked_pickups(history))
+            note += (f"row_lock: {len(locks)} rows held of {len(self.row_lockers)} tries "
+                     f"({sum(lk.status is None for lk in locks)} ended by a server fault); claimed after the "
+                     f"lock went: {', '.join(f'{d:.2f}' for d in delays) or '-'} s\n")
+        if self.reload_drops:
+            note += (f"reload_drop: {len(self.reload_drops)} plays, reloads of the bad config refused "
+                     f"{sum(p.refused for p in self.reload_drops)}, applied {sum(p.applied for p in self.reload_drops)}, "
+                     f"burst jobs {sum(len(p.enqueues) for p in self.reload_drops)}\n")
         if self.bystander is not None:
             on_targets = [k for _, k in self.bystander.fills[1:]]
-            note = (f"bystander: {len(self.bystander.fills)} fills, after each restart "
-                    f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
+            note += (f"bystander: {len(self.bystander.fills)} fills, after each restart "
+                     f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
         if self.episodes is not None:
             note += f"episodes played: {' '.join(self.episodes.played) or 'none'}"
             note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""
@@ -349,7 +366,13 @@ class FaultRun:
 
     def _spawn_slot(self, slot: int) -> Consumer:
         mode = "polling" if "polling" in self.plan.classes and slot % 2 == 1 else "locks"
-        return self.fleet.spawn(self.dbs["main"].env, "main", QUEUE, mode, self.configs[mode],
+        config = self.configs[mode]
+        if "reload_drop" in self.plan.classes:
+            # A file of its own, fresh: the class rewrites a victim's file, and a successor
+            # started meanwhile in the slot must not start from the bad one
+            config = write_config(self.workdir / f"slot{slot}-{len(self.fleet.started)}.toml", self.plan.lease_s,
+                                  mode == "polling", keep_results="effects" in self.plan.classes)
+        return self.fleet.spawn(self.dbs["main"].env, "main", QUEUE, mode, config,
                                 SLOT_BATCH_SIZES[slot % len(SLOT_BATCH_SIZES)], slot)
 
     # ------------------------------------------------------------ faults
@@ -373,6 +396,14 @@ class FaultRun:
             self._kill_session(step.pick)
         elif step.kind == "kill_query":
             self._kill_query(step.pick)
+        elif step.kind == "row_lock":
+            locker = RowLocker(self.dbs["main"].admin, "main", QUEUE, step.pick, step.length_s)
+            self.row_lockers.append(locker)
+            locker.start()
+        elif step.kind == "reload_drop":
+            play = ReloadDrop(self, step.pick, step.length_s)
+            self.reload_drops.append(play)
+            play.start()
         elif step.kind in ("server_restart", "server_crash"):
             at, back = self.restart_server(crash=step.kind == "server_crash")
             self.faults.append(Fault(step.kind, at, back))
@@ -605,6 +636,21 @@ class FaultRun:
         for producer in self.long_producers.values():
             producer.close()
 
+    def _join_lock_reload(self) -> None:
+        """The row locks let go and the reload plays' files restored, before the drain: a held
+        row keeps its job pending, a bad file would be a respawn's config."""
+        for t in [*self.row_lockers, *self.reload_drops]:
+            t.join(30)
+        for play in self.reload_drops:
+            self.faults += play.faults
+
+    def _poll_max_s(self) -> float:
+        """The main deployment's wakeup.poll_max_s: the largest of its consumers' configs."""
+        modes = ("locks", "polling") if "polling" in self.plan.classes else ("locks",)
+        env = {k: v for k, v in self.dbs["main"].env.items() if k.startswith("NOTIFYQ_")}
+        return max(config_mod.load(env={**env, "NOTIFYQ_CONFIG": str(self.configs[m])}).wakeup.poll_max_s
+                   for m in modes)
+
     def _note_exits(self) -> None:
         """Every consumer's end, once, and whether the schedule explains it (checker: consumer_exit).
         `at` is when it was first seen gone (no earlier than the exit): a handler still running
@@ -701,6 +747,7 @@ class FaultRun:
         enqueues = workload.enqueues + self.batch_enqueues + self.long_enqueues
         enqueues += (self.shared.enqueues if self.shared else []) + (self.dedup.enqueues if self.dedup else [])
         enqueues += self.rated.enqueues if self.rated else []
+        enqueues += [e for play in self.reload_drops for e in play.enqueues]
         poison = {e.key for e in enqueues if e.kind == "poison"}
         rows = []
         for deploy, root in self.roots.items():
@@ -725,7 +772,9 @@ class FaultRun:
                        rates={rated.DEPLOY: rated.limits()} if self.rated else {},
                        job_keys=self.rated.keys if self.rated else {}, hand_backs=self._hand_backs(),
                        key_limits={"main": KEY_LIMIT},
-                       bystander_losses=self.bystander.losses if self.bystander else [])
+                       bystander_losses=self.bystander.losses if self.bystander else [],
+                       row_locks=[t.lock for t in self.row_lockers if t.lock is not None],
+                       poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {})
 
 
 def _epoch(ts: str) -> float:

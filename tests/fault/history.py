@@ -7,7 +7,8 @@ Its sources, all timed on CLOCK_MONOTONIC (shared by every process of the machin
 - hand-backs: claimed jobs given back unstarted, from the consumers' log lines;
 - the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw;
 - the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29);
-- the bystander application's sessions that died (outside attack 35).
+- the bystander application's sessions that died (outside attack 35);
+- the row_lock class's locks on ready jobs' rows (when each was taken and let go).
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
 """
@@ -145,6 +146,24 @@ class BystanderLoss:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowLock:
+    """An application's BEGIN; SELECT ... FOR UPDATE on a ready job's row (row_lock.py): held
+    from `start` (the locking read returned) until `end` (the ROLLBACK returned; monotonic).
+    status: the job's status read in that transaction just before the ROLLBACK (0: still
+    ready); None when the session was lost first (a server fault ended the lock, when is not
+    known)."""
+    deploy: str
+    job: int
+    start: float
+    end: float
+    status: int | None
+
+    @property
+    def key(self) -> JobKey:
+        return (self.deploy, self.job)
+
+
+@dataclasses.dataclass(frozen=True)
 class FinalRow:
     deploy: str
     job: int
@@ -185,6 +204,10 @@ class History:
     key_limits: dict[str, int] = dataclasses.field(default_factory=dict)
     # outside attack 35: sessions of the bystander application that died (bystander.py)
     bystander_losses: list[BystanderLoss] = dataclasses.field(default_factory=list)
+    # the row_lock class: an application's locks on ready jobs' rows, and each deployment's
+    # wakeup.poll_max_s (its consumers' largest: the longest wait before a claim is tried again)
+    row_locks: list[RowLock] = dataclasses.field(default_factory=list)
+    poll_max_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

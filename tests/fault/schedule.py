@@ -53,6 +53,21 @@ Outside attack 35's class, cheap, on the main deployment (in the CI draw):
                    database user, opened at the start and right after each server restart on the
                    ids the consumers had before it; the checker's `bystander_killed` rule wants
                    none of them to die but with the server (a KILL of an id from before a restart)
+Cheap classes for two fixed behaviours, on the main deployment (in the CI draw):
+  row_lock         about every 5 s, an application (row_lock.py, the server's admin) holds a random
+                   ready job's row (one without a key) with BEGIN; SELECT ... FOR UPDATE for 1-4 s,
+                   then rolls back; the last one is let go after the workload's last put, on a
+                   quiet queue. The checker's `locked_pickup` rule wants each such job (still ready
+                   when the lock went, not cancelled) claimed within the deployment's
+                   wakeup.poll_max_s and a slack of the lock's end (its batch's first start),
+                   or behind a backlog, with no idle span past that and no job ranked after
+                   it claimed first
+  reload_drop      now and then, some main consumers (each has a config file of its own with the
+                   class) are SIGHUPed with their file rewritten without [queue.fq] (mistyped
+                   [queue.fqq]), and a burst of 0.25 s jobs of one key is put meanwhile; a few
+                   seconds later the file is restored and they are SIGHUPed again (reload_drop.py).
+                   The reload must be refused whole: the key_limit rule catches a consumer that
+                   applied it (its limit_per_key gone, more runs of the key at once)
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -96,12 +111,13 @@ EFFECTS_29 = ("effects",)
 STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
+LOCK_RELOAD = ("row_lock", "reload_drop")
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
             "grace_outage", "frozen_at_stop")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + EPISODES
+FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + EPISODES
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD  # the long episodes run in benchmarks/fault_schedule.py
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
@@ -112,6 +128,13 @@ TIMED = {"sigkill": "sigkill", "stall": "stall", "kill_connection": "kill_connec
          "rolling_restart": "polling", "kill_session": "kill_session"}
 SERVER_GAP_S = 20.0  # at least this long between two server restarts: let the fleet settle
 KILL_QUERY_EVERY_S = 3.0  # kill_query's bursts, about this often, on a random stream of their own
+ROW_LOCK_EVERY_S = 5.0  # row_lock's locks, about this often (each 1-4 s), on a stream of their own
+ROW_LOCK_S = (1.0, 4.0)
+# The last lock is taken this long before the workload's end and held the longest: it goes
+# after the last put, when no put wakes a consumer and only the consumers' own retry claims it
+ROW_LOCK_LAST_LEAD_S = 1.0
+RELOAD_DROP_EVERY_S = 20.0  # reload_drop's plays, about this often, on a stream of their own
+RELOAD_DROP_S = 5.0  # how long the bad config stays in place
 
 
 def parse_classes(text: str) -> tuple[str, ...]:
@@ -228,8 +251,28 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
         while (t := t + kill_rng.uniform(0.5, 1.5) * KILL_QUERY_EVERY_S) < duration_s:
             steps.append(Step(round(t, 3), "kill_query", kill_rng.random()))
         steps.sort(key=lambda s: s.at_s)
+    steps += _lock_reload_steps(seed, classes, duration_s)
+    steps.sort(key=lambda s: s.at_s)
     return Plan(seed, classes, duration_s, jobs, consumers, lease_s, tuple(steps), fault_every_s,
                 episode_order(seed, classes, duration_s))
+
+
+def _lock_reload_steps(seed: int, classes: tuple[str, ...], duration_s: float) -> list[Step]:
+    """row_lock's and reload_drop's steps, each class on a stream of its own: the other faults
+    keep their offsets, and each keeps its own with or without the other."""
+    steps: list[Step] = []
+    if "row_lock" in classes:
+        rng, t = random.Random(seed * 1000 + 41), 0.0
+        last = duration_s - ROW_LOCK_LAST_LEAD_S
+        while (t := t + rng.uniform(0.5, 1.5) * ROW_LOCK_EVERY_S) < last - ROW_LOCK_S[1]:
+            steps.append(Step(round(t, 3), "row_lock", rng.random(), round(rng.uniform(*ROW_LOCK_S), 3)))
+        if last > 0:
+            steps.append(Step(round(last, 3), "row_lock", rng.random(), ROW_LOCK_S[1]))
+    if "reload_drop" in classes:
+        rng, t = random.Random(seed * 1000 + 42), 0.0
+        while (t := t + rng.uniform(0.5, 1.5) * RELOAD_DROP_EVERY_S) < duration_s - RELOAD_DROP_S:
+            steps.append(Step(round(t, 3), "reload_drop", rng.random(), RELOAD_DROP_S))
+    return steps
 
 
 # About how long each episode takes (episodes.py), to fit them in the run's duration

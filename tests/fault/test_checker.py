@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, Run
+from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, RowLock, Run
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -835,6 +835,8 @@ def test_ready_jobs_with_nothing_running_or_starting_for_longer_than_the_bound_a
     assert rules(history(*stalled)) == {"no_progress": 1}
     # A burst of KILL QUERY excuses nothing: a KILL must never leave a consumer waiting
     assert rules(history(*stalled, faults=[Fault("kill_query", 2.0, 2.5, 10)])) == {"no_progress": 1}
+    # nor a SIGHUP (reload_drop's reloads, refused or not, must never leave the fleet waiting)
+    assert rules(history(*stalled, faults=[Fault("sighup", 2.0, 2.0, 10)])) == {"no_progress": 1}
     # A killed consumer does (its claims wait for a reaper), and so does a server restart
     for fault in (Fault("sigkill", 0.5, 0.5, 10), Fault("server_restart", 3.0, 5.0)):
         assert checker.check(history(*stalled, faults=[fault])).ok, fault
@@ -1045,6 +1047,97 @@ def test_a_bystander_session_that_dies_with_the_server_up_is_a_violation_and_one
 
 def test_the_ci_schedule_runs_the_bystander_class():
     assert "bystander" in CI_CLASSES and "bystander" in parse_classes("ci")
+
+
+# ------------------------------------------------------------------ a ready job's row held (row_lock)
+
+def locked(runs, enqueues, locks, faults=(), poll_max_s=1.0):
+    h = history(runs, enqueues, faults=faults)
+    return dataclasses.replace(h, row_locks=list(locks), poll_max_s={"main": poll_max_s})
+
+
+def test_a_job_claimed_long_after_the_lock_on_its_row_went_is_a_violation_and_a_prompt_one_is_not():
+    # Job 5's row held t=1-4 (an application's SELECT ... FOR UPDATE, rolled back); job 1 runs
+    # meanwhile, and job 5 starts 2 s after the lock went: within poll_max_s 1 + the slack
+    lock = RowLock("main", 5, 1.0, 4.0, 0)
+    enqueues = [enq(1), enq(5, at=0.5)]
+    assert checker.check(locked([run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 6.0, 6.1)], enqueues, [lock])).ok
+    # Planted: it waited for the watcher's safety claim (a minute) with the fleet idle
+    idle = [run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 64.0, 64.1)]
+    found = checker.check(locked(idle, enqueues, [lock])).violations
+    assert "locked_pickup" in [v.rule for v in found], found
+    late = next(v for v in found if v.rule == "locked_pickup")
+    assert late.job == ("main", 5) and "60.0 s after the lock" in late.detail and "idle" in late.detail
+    # Planted: the fleet busy, but a claim well after the lock took job 7, behind it in claim
+    # order (a later id, the same priority and run_at), and left it waiting
+    passed = [run(1, 1, 12, 0.1, 13.5), run(7, 1, 11, 9.0, 9.1), run(5, 1, 10, 14.0, 14.1)]
+    found = checker.check(locked(passed, enqueues + [enq(7, at=8.0)], [lock])).violations
+    assert [v.rule for v in found] == ["locked_pickup"] and "passed over" in found[0].detail, found
+    # Behind a backlog of jobs ahead of it in claim order, its turn comes late: no violation
+    backlog = [run(1, 1, 10, 0.1, 3.0), *(run(j, 1, 11, 4.0 + j, 4.9 + j) for j in (2, 3, 4)),
+               run(5, 1, 10, 9.0, 9.1)]
+    assert checker.check(locked(backlog, enqueues + [enq(j, at=0.2) for j in (2, 3, 4)], [lock])).ok
+    # Its claim is judged by its batch's first start: behind a long job of the same claim, in time
+    batch = [run(1, 1, 10, 0.1, 3.0), run(3, 1, 11, 4.5, 12.0, token=9),
+             run(5, 1, 11, 12.0, 12.1, token=9, run_at=0.5)]
+    assert checker.check(locked(batch, enqueues + [enq(3, at=3.4)], [lock])).ok
+    # The bound is the deployment's poll_max_s and the slack: poll_max_s 60 allows the idle one
+    assert "locked_pickup" not in rules(locked(idle, enqueues, [lock], poll_max_s=60.0))
+
+
+def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that_job():
+    lock = RowLock("main", 2, 1.0, 4.0, 0)
+    # job 3, behind job 2 in claim order, claimed at 9 while job 1 keeps the fleet busy
+    late = [run(1, 1, 13, 0.1, 13.5), run(3, 1, 11, 9.0, 9.1), run(2, 1, 10, 14.0, 14.1)]
+    enqueues = [enq(1), enq(2, at=0.5), enq(3, at=3.4)]
+    assert rules(locked(late, enqueues, [lock])) == {"locked_pickup": 1}
+    # A server restart between the lock and the start; the starting process stopped; another one
+    # stopped as the lock went (it may hold the watch); a cancel; a lock a server fault ended
+    for fault in (Fault("server_restart", 5.0, 7.0), Fault("stall", 4.5, 11.0, 10), Fault("stall", 3.0, 9.0, 12)):
+        assert "locked_pickup" not in rules(locked(late, enqueues, [lock], faults=[fault])), fault
+    assert "locked_pickup" not in rules(locked(late, enqueues, [lock],
+                                               faults=[Fault("cancel", 5.0, 5.0, job=("main", 2))]))
+    assert "locked_pickup" not in rules(locked(late, enqueues, [dataclasses.replace(lock, status=None)]))
+    # A claim of it lost in between (its start is attempt 2: the first claim was charged)
+    lost_claim = [*late[:2], run(2, 2, 10, 14.0, 14.1)]
+    assert "locked_pickup" not in rules(locked(lost_claim, enqueues, [lock]))
+    # A reaper's take-back in between (a dead consumer's claim, uncharged, may have held it)
+    assert "locked_pickup" not in rules(locked(late, enqueues, [lock],
+                                               faults=[Fault("taken_back", 8.0, 8.0, 14, detail="11")]))
+    # A KILL QUERY burst or a SIGHUP excuses nothing, nor a fault on another process later
+    for fault in (Fault("kill_query", 4.0, 4.5, 10), Fault("sighup", 4.2, 4.2, 10), Fault("sigkill", 9.0, 9.0, 11)):
+        assert rules(locked(late, enqueues, [lock], faults=[fault])).get("locked_pickup") == 1, fault
+
+
+def test_a_held_row_is_no_stall_and_no_priority_inversion_while_it_is_held():
+    # Job 2 (priority 9) is ready from t=1, its row held t=1.5-8, started at 8.5; nothing else runs
+    # from t=1 on: a span of 7 s with a job ready, but a job no claim could take
+    lock = RowLock("main", 2, 1.5, 8.0, 0)
+    runs = [run(1, 1, 10, 0.1, 0.2), run(2, 1, 10, 8.5, 8.6, priority=9)]
+    enqueues = [enq(1, at=0.0), enq(2, at=1.0, priority=9)]
+    assert checker.check(locked(runs, enqueues, [lock])).ok
+    assert rules(history(runs, enqueues)) == {"no_progress": 1}  # without the lock: a stall
+    # A lower-priority job claimed while the row was held is no inversion
+    inverted = [run(1, 1, 10, 0.1, 0.2), run(4, 1, 10, 2.0, 2.9), run(3, 1, 10, 3.0, 3.1),
+                run(2, 1, 10, 8.5, 8.6, priority=9)]
+    enqueues += [enq(3, at=2.0), enq(4, at=1.9)]
+    assert checker.check(locked(inverted, enqueues, [lock])).ok
+    assert rules(history(inverted, enqueues)).get("priority") == 1  # without the lock: one
+
+
+def test_the_ci_schedule_runs_the_row_lock_and_reload_drop_classes_with_a_quiet_last_lock():
+    assert {"row_lock", "reload_drop"} <= set(CI_CLASSES)
+    plan = make_plan(1, parse_classes("row_lock,reload_drop"), 60.0, 3000)
+    locks = [s for s in plan.steps if s.kind == "row_lock"]
+    assert len(locks) >= 8 and all(1.0 <= s.length_s <= 4.0 for s in locks)
+    # the last lock goes after the workload's last put: only the consumers' own retry claims it
+    assert locks[-1].at_s + locks[-1].length_s > 60.0
+    assert [s.kind for s in plan.steps].count("reload_drop") >= 2
+    # each class on a stream of its own: the timed faults keep their offsets
+    base = [s for s in make_plan(1, parse_classes("sigkill,stall"), 60.0, 3000).steps]
+    both = [s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,reload_drop"), 60.0, 3000).steps
+            if s.kind in ("sigkill", "stall")]
+    assert base == both
 
 
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():

@@ -1,0 +1,96 @@
+"""The `row_lock` class: an application that holds a ready job's row for a while, as a mysql
+client's BEGIN; SELECT ... FOR UPDATE (or a report's locking read) does, then rolls back.
+
+A claim skips a row another session holds (SKIP LOCKED), as it skips a peer's claim under way.
+Once, an idle watcher's empty claim then took the queue for watched and nothing woke a
+consumer for that job again until the watcher's safety claim (a minute); now the watcher
+claims again after waits that grow up to wakeup.poll_max_s. The checker's `locked_pickup` rule
+wants each such job claimed within about that of the lock's end (History.row_locks).
+
+The application is the server's admin, not the runtime user: the schedule's KILLs of the
+runtime user's sessions (kill_connection, kill_query) never end its lock early. It locks jobs
+without a key only: a keyed job may wait after the lock for its key's limit, by design.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import MySQLdb
+
+from notifyq.config import DSN
+
+from .history import RowLock
+
+FIND_S = 2.0  # how long a lock looks for a ready job (the queue drains fast: they come and go)
+FIND_EVERY_S = 0.02
+CANDIDATES = 200
+READY = 0
+
+
+class RowLocker(threading.Thread):
+    """One lock: find a ready job of `queue` without a key, hold its row `length_s`, roll back.
+    `lock` is its record once taken (None: no ready job was found, or the server was away)."""
+
+    def __init__(self, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
+        super().__init__(name="row-lock", daemon=True)
+        self.admin, self.deploy, self.queue, self.length_s = admin, deploy, queue, length_s
+        self.rng = random.Random(pick)
+        self.lock: RowLock | None = None
+        self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
+
+    def _connect(self):
+        args = self.admin.connect_args()
+        args["database"] = self.admin.database
+        conn = MySQLdb.connect(**args, autocommit=True, connect_timeout=2, read_timeout=10)
+        conn.query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return conn
+
+    def run(self) -> None:
+        try:
+            conn = self._connect()
+        except MySQLdb.Error:
+            return  # the server restarts: no lock this time
+        try:
+            job, start = self._take(conn)
+            if job is None:
+                return
+            self.stop.wait(self.length_s)  # the lock's length: the fault's duration, not a wait for a state
+            cur = conn.cursor()
+            try:
+                cur.execute("SELECT status FROM nq_job WHERE id = %s", (job,))
+                status = int(cur.fetchone()[0])
+                conn.rollback()
+            except MySQLdb.Error:
+                status = None  # the session went (a server fault), the lock with it, when is not known
+            self.lock = RowLock(self.deploy, job, start, time.monotonic(), status)
+        finally:
+            try:
+                conn.close()
+            except MySQLdb.Error:
+                pass
+
+    def _take(self, conn) -> tuple[int | None, float]:
+        """Lock a random ready job's row (not waiting for one a claim holds); (its id, when)."""
+        deadline = time.monotonic() + FIND_S
+        cur = conn.cursor()
+        while time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                conn.autocommit(True)
+                cur.execute("SELECT id FROM nq_job WHERE queue = %s AND status = %s AND job_key IS NULL LIMIT %s",
+                            (self.queue, READY, CANDIDATES))
+                ids = [int(i) for (i,) in cur.fetchall()]
+                if ids:
+                    conn.autocommit(False)
+                    cur.execute("SELECT id FROM nq_job WHERE id = %s AND status = %s FOR UPDATE SKIP LOCKED",
+                                (self.rng.choice(ids), READY))
+                    row = cur.fetchone()
+                    if row is not None:
+                        return int(row[0]), time.monotonic()
+                    conn.rollback()
+            except MySQLdb.Error:
+                return None, 0.0
+            self.stop.wait(FIND_EVERY_S)  # the look's pace, not a synchronisation
+        return None, 0.0
