@@ -410,9 +410,11 @@ class Worker:
             self.budget.take(-want)  # nothing taken
             return 0, False
         self.claim_backoff.claimed()
-        if self.flow is not None and self.flow.limits.counts and claim.drained:
+        if self.flow is not None and self.flow.limits.counts and (claim.drained or claim.recount_s is not None):
             # Before the run: while it runs, the queue's idle worker makes the claim for what the
-            # counters held back (or, if this claim held nothing, makes none)
+            # counters held back (or, if this claim drained holding nothing, makes none). One that
+            # held jobs and did not drain says so too: empty and outside the watch (the claim made
+            # at a trust's end, whose recount held every job back), nothing claims after it
             self.waiter.recount_after(claim.recount_s)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         claim_run = self.work.server_run  # that connection's server run: a KILL of its id after a restart is none of ours

@@ -47,8 +47,8 @@ A job held back by a limit stays ready: it is not claimed, not charged an attemp
 as taken for the watcher (a claim that only held jobs back drained the queue): the transaction
 that frees its slot bumps the queue's signal (queries.Acks.wake and the outcomes'), which wakes
 the watcher through the hand-off. A slot a counter left high frees in no transaction: it frees
-when a claim recounts the counter, so a counting claim that drained while a counter held jobs
-back says when that counter's trust ends (queries.Claim.recount_s, Grant.held_ready), and the
+when a claim recounts the counter, so a counting claim whose counters held jobs back (drained
+or not) says when that counter's trust ends (queries.Claim.recount_s, Grant.held_ready), and the
 queue's idle worker claims again then (wakeup/waiter.py, Waiter.recount_after).
 """
 
@@ -206,7 +206,7 @@ class Grant:
     # kept only where a peer's claim took the jobs before them: none of them is left behind
     spares: int = 0
     # Ready jobs it read were held back by a key's limit (held_keys also names keys at their
-    # limit whose ready jobs, if any, it did not read): a counting queue's claim that drained
+    # limit whose ready jobs, if any, it did not read): a counting queue's claim that held them
     # claims again once the counters' trust ends (queries.Claim.recount_s)
     held_ready: bool = False
 

@@ -111,6 +111,14 @@ class KeyGate:
                 self.locked.difference_update(k for k in untrusted if k not in trusted)
                 self.recounted = True
             self.plan.running.update(trusted)
+            # A key whose count under its lock leaves no slot holds this window's jobs of it back,
+            # whoever holds their rows (a peer's claim that could not lock the key's row keeps
+            # none of them): held, not taken, though no row of theirs came back to admit(). The
+            # claim then says when the counter's trust ends (queries.Claim.recount_s); without
+            # this it drained holding nothing, and ended its process's claim at that end
+            for k in want:
+                if k in self.locked and k not in self.held and trusted.get(k, 0) >= limit_for(k):
+                    self.held.append(k)
             return rows
         got, running, rows = run_steps(cur, [lock,
                                              (Q["flow_running"], {"queue": self.queue}), claim_lock])

@@ -152,10 +152,10 @@ class Claim:
     # the monotonic start and end on the server's clock from it (server time = at + (t - mono)),
     # as times that do not depend on when the record's statement runs (Acks, Failure).
     clock: tuple[Any, float] | None = None
-    # A counting queue's claim that drained while its keys' counters held ready jobs back: the
-    # seconds until those counters' trust ends (COUNT_TRUST_S at most). A counter left high (a
-    # take-back that found the key's row locked, a row deleted outside notifyq) frees its slot
-    # only when a claim recounts it, and no wake-up may come: the idle consumer claims again
+    # A counting queue's claim whose keys' counters held ready jobs back (whether it drained or
+    # not): the seconds until those counters' trust ends (COUNT_TRUST_S at most). A counter left
+    # high (a take-back that found the key's row locked, a row deleted outside notifyq) frees its
+    # slot only when a claim recounts it, and no wake-up may come: the idle consumer claims again
     # then (wakeup/waiter.py, Waiter.recount_after). None: nothing held, or not counted.
     recount_s: float | None = None
     # A limited claim that carried acks (they free slots): whether a consumer held the queue's
@@ -644,9 +644,12 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
         jobs = [claimed(r[0], queue, r[1], r[2], r[3] + 1, r[4], r[5], r[6], r[7], r[8], clock) for r in locked]
         if admitted.spent:
             jobs = rating.after_commit(session, commit, jobs)
-        # (Claim.recount_s: ready jobs a counter held back, the claim drained: claim again at its trust end)
-        counter_held = counting and drained and ((flow.last is not None and flow.last.held_ready)
-                                                 or (gate is not None and bool(gate.held)))
+        # (Claim.recount_s: ready jobs a counter held back: claim again at its trust end. Drained
+        # or not: a claim that recounted an untrusted counter under its key's lock read that
+        # key's slots as free, sized its grant by them, and may call itself not drained when the
+        # recount held every job back; an empty claim outside the watch has nobody to follow it)
+        counter_held = counting and ((flow.last is not None and flow.last.held_ready)
+                                     or (gate is not None and bool(gate.held)))
         return Claim(jobs, token, drained, False, commit, admitted.held_s, clock,
                      recount_s=COUNT_TRUST_S if counter_held else None, watched=watched_now)
 

@@ -70,13 +70,14 @@ class Waiter:
     # -------------------------------------------------------- jobs a counter held back
 
     def recount_after(self, seconds: float | None) -> None:
-        """A claim of the queue in this process drained it: `seconds` until the trust of the
-        counters that held its ready jobs back ends (queries.Claim.recount_s), None when it held
-        none. A counter left high frees its slot only when a claim recounts it, and nothing may
-        wake the watcher for that: the idle worker of the queue claims then, once (that claim,
-        if it holds jobs again, says when next). The latest claim's word counts: a claim that
-        held nothing ends it, and a later one that held jobs moves it (a claim recounts what it
-        may no longer trust, so a period needs no claim but the last)."""
+        """A claim of the queue in this process held ready jobs back by counters (drained or
+        not), or drained it: `seconds` until the trust of the counters that held its ready jobs
+        back ends (queries.Claim.recount_s), None when it held none. A counter left high frees
+        its slot only when a claim recounts it, and nothing may wake the watcher for that: the
+        idle worker of the queue claims then, once (that claim, if it holds jobs again, says when
+        next). The latest claim's word counts: a claim that drained holding nothing ends it, and
+        a later one that held jobs moves it (a claim recounts what it may no longer trust, so a
+        period needs no claim but the last)."""
         with self._recount_lock:
             self.recount_at = None if seconds is None else time.monotonic() + seconds + RECOUNT_MARGIN_S
 

@@ -197,6 +197,55 @@ def test_a_claim_says_when_to_claim_again_only_when_a_counter_held_ready_jobs_ba
         session.close()
 
 
+def test_a_claim_of_one_job_whose_recount_holds_every_job_back_says_when_to_claim_again(db):
+    # Given key a with limit_per_key = 2, running 2 (a counting claim took them), 4 more ready
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a", "a"])
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        assert len(_claim(session, flow).jobs) == 2
+        _put_keyed(db, cfg, ["a"] * 4)
+        # And a's counter no longer trusted (its last recount older than the trust bound)
+        db.query("UPDATE nq_flow_key SET counted_at = counted_at - INTERVAL 1 HOUR WHERE queue = 'q'")
+        # When a claim of one job (the claim sizer's, for slow jobs) reads a's two slots as free,
+        # and its recount under a's lock finds both taken
+        held = _claim(session, flow, batch=1)
+        # Then it takes nothing, and says to claim again once the counter's trust ends, whether or
+        # not it calls the queue drained (it read more free slots than its one job: before, it
+        # said nothing, and no claim came at the trust's end)
+        assert held.jobs == []
+        assert held.recount_s == COUNT_TRUST_S
+    finally:
+        session.close()
+
+
+def test_a_claim_whose_recount_holds_a_key_whose_job_rows_another_session_holds_says_when_to_claim_again(db):
+    # Given key a with limit_per_key = 2, running 2 (a counting claim took them), 2 more ready
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a", "a"])
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    holders = []
+    try:
+        assert len(_claim(session, flow).jobs) == 2
+        ready = _put_keyed(db, cfg, ["a"] * 2)
+        # And a's counter no longer trusted, and the ready jobs' rows held by another session (a
+        # peer's claim that could not lock a's row, and keeps none of them)
+        db.query("UPDATE nq_flow_key SET counted_at = counted_at - INTERVAL 1 HOUR WHERE queue = 'q'")
+        holders = [db.job_row_locked(job_id) for job_id in ready]
+        # When a claim locks a's row and its recount finds both slots taken
+        held = _claim(session, flow)
+        # Then a's jobs are held back by the count, not taken by a peer: it says to claim again
+        # once the counter's trust ends (before: it drained holding nothing, and said nothing)
+        assert held.jobs == [] and held.drained
+        assert held.recount_s == COUNT_TRUST_S
+    finally:
+        for conn in holders:
+            conn.close()
+        session.close()
+
+
 def test_a_counting_claim_retaken_after_its_commit_failed_leaves_the_counter_unknown_never_low(db):
     # Given a counting claim of 2 of a's jobs (limit_per_key = 2) whose COMMIT did not land: its
     # rows ready again (attempts as before), the counter as before it (0)

@@ -142,3 +142,49 @@ def test_a_job_a_reaper_took_back_while_a_claim_held_its_keys_row_starts_once_th
                 proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(60) for proc in procs]
     assert codes == [-signal.SIGKILL, 0]
+
+
+def test_held_jobs_start_once_the_trust_ends_when_each_claim_takes_one_job(db, tmp_path):
+    # Given a queue limited to 2 running jobs per key whose claims take one job each (as the claim
+    # sizer sizes them for a queue of slow jobs: batch_target_s), and two consumer processes of 8
+    # workers, with the wake-up settings as shipped
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text(f"[log]\nlevel = \"warning\"\n[queue.{Q}]\nlimit_per_key = 2\nbatch_size = 1\nworkers = 8\n")
+    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    args = notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released")
+    procs: list[subprocess.Popen] = []
+    with open(tmp_path / "consumers.err", "w") as err:
+        for _ in range(2):
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err))
+    try:
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_consumer") == 2, 60, message="the consumers up")
+        with Producer(Q, db.config()) as producer:
+            # And key k's two slots taken by jobs that run (their handlers block until released)
+            running = [producer.put({"hold": True}, key="k") for _ in range(2)]
+            wait_until(lambda: set(running) <= _started(tmp_path), 15, message="k's two jobs running")
+            # And four more jobs of k in one put (one wake-up: one claim holds them back by k's
+            # counter, and arms the claim at the counter's trust's end in its process alone)
+            held = producer.put_many([{"hold": True}] * 4, key="k")
+        # And a claim at the counter's trust's end has recounted k and held them again: read as
+        # free before its lock, k's two slots were more than its claim of one job, so it did not
+        # drain the queue, and it took nothing (before: it armed no claim at the next trust's end)
+        wait_until(lambda: db.scalar(
+            "SELECT k.counted_at >= MAX(j.created_at) + INTERVAL %s SECOND FROM nq_flow_key k "
+            "JOIN nq_job j ON j.id IN %s WHERE k.queue = %s AND k.job_key = 'k' GROUP BY k.counted_at",
+            (COUNT_TRUST_S, tuple(held), Q)), 3 * WITHIN_S, 0.05, message="k recounted after its trust ended")
+        assert not set(held) & _started(tmp_path)
+        # When a running job's row is deleted outside notifyq (its counter stays at 2)
+        db.query("DELETE FROM nq_job WHERE id = %s", (running[0],))
+        deleted_at = time.monotonic()
+        # Then a held job starts once the counter's trust ends (before: at the watcher's 60 s
+        # safety wake-up, with no claim at the trust's end in either process)
+        wait_until(lambda: set(held) & _started(tmp_path), WITHIN_S, 0.05,
+                   message="a held job started after the counter's trust ended")
+        assert time.monotonic() - deleted_at < WITHIN_S
+    finally:
+        (tmp_path / "release").touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(60) for proc in procs]
+    assert codes == [0, 0]
