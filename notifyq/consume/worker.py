@@ -422,6 +422,11 @@ class Worker:
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:
             before_run(claim)
+        elif not claim.jobs and self.waiter.locked_at is not None:
+            # An empty claim outside the watch (one the claim again for locked jobs made, or a
+            # busy loop's last) tells the Waiter too, as the watcher's does: else nothing ended
+            # the claim again once the lock went, and nothing grew its wait after a put
+            self._locked_left(claim)
         if claim.jobs:
             # A fair queue's batch starts its keys in turn (fair_order.py), not in claim order
             jobs = round_robin_by_key(claim.jobs) if qc.fair else claim.jobs

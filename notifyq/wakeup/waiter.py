@@ -123,9 +123,15 @@ class Waiter:
                 self.wakeups["due"] += 1  # (as a rate's refill: jobs held back came due)
                 return True
             if self.locked_at is not None and now >= self.locked_at:
-                # Moved on (as an empty claim would), so that the queue's other idle workers do
-                # not claim for it too before this claim's word lands
-                self.locked_at = now + (self._locked_wait_s or self.cfg.poll_initial_s)
+                # Moved on by the backoff's next step (as an empty claim would), so that the
+                # queue's other idle workers do not claim for it too before this claim's word
+                # lands, and so that claims made for it back off even when their word never
+                # lands (a put's fresh wake started the backoff over: without the step, every
+                # claim again came poll_initial_s after the last, about 200 a second)
+                last = self._locked_wait_s
+                wait = self.cfg.poll_initial_s if last is None else min(2 * last, self.cfg.poll_max_s)
+                self._locked_wait_s = wait
+                self.locked_at = now + wait
                 self.wakeups["locked"] += 1
                 return True
             return False

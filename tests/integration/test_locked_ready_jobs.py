@@ -13,6 +13,7 @@ import pytest
 from conftest import wait_until
 
 from notifyq.consume import handlers
+from notifyq.consume.presence import Presence
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
 from notifyq.produce.producer import Producer
@@ -204,3 +205,52 @@ def test_a_scheduled_job_held_when_it_falls_due_holds_up_no_claim_and_runs_once_
     finally:
         holder.close()
         _stopped(worker, thread, stop)
+
+
+def test_two_workers_of_a_process_back_off_after_a_put_while_a_job_is_held_and_stop_once_it_ran(db):
+    """Regression (an outside attack): a put's wake started the backoff over, and the claims
+    made for the held job outside the watch (by the worker waiting for the watch seat) neither
+    stepped it nor told the Waiter what they found: two workers of a process claimed about 200
+    times a second while the row was held, and went on after it was let go, the queue empty."""
+    # Given a process of two workers (one Presence) that met a held job's row
+    cfg = db.config()
+    with Producer("q", cfg) as p:
+        [held] = p.put_many([{"n": 1}])
+    holder = db.job_row_locked(held)
+    ran: list[int] = []
+    stop = threading.Event()
+    presence = Presence(cfg, ["q"], stop)
+    workers = [_CountingWorker(cfg, "q", handlers.PythonHandler(lambda job: ran.append(job.id), False),
+                               stop=stop, budget=Budget(None), name=f"w{i}", presence=presence)
+               for i in range(2)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+
+    def claims() -> int:
+        return sum(w.claims for w in workers)
+
+    try:
+        wait_until(lambda: claims() >= 3, 10, message="the workers' claims from idle")
+        # When a job is put while the row is held, and runs
+        with Producer("q", cfg) as p:
+            [fresh] = p.put_many([{"n": 2}])
+        wait_until(lambda: fresh in ran, 5.0, message="the fresh job run")
+        # Then the claims of a window stay few (bounded, growing waits), not a loop
+        before = claims()
+        stop.wait(WINDOW_S)
+        assert claims() - before < MOST_CLAIMS, claims() - before
+        # And once the row is let go, the held job runs, and the claims for it stop
+        holder.rollback()
+        wait_until(lambda: held in ran, PICKUP_S, message="the held job run once its row was let go")
+        wait_until(lambda: workers[0].waiter.locked_at is None, PICKUP_S, message="the claim again ended")
+        before = claims()
+        stop.wait(WINDOW_S)
+        assert claims() - before < 5, claims() - before
+    finally:
+        holder.close()
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert all(not t.is_alive() for t in threads) and all(w.error is None for w in workers)
+        presence.close()
