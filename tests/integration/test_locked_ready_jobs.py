@@ -43,6 +43,19 @@ def _start(cfg, ran: list) -> tuple[_CountingWorker, threading.Thread, threading
     return worker, thread, stop
 
 
+def _one_held_job(db, cfg) -> tuple[int, object]:
+    """One ready job put, and another session's transaction holding its row: (id, that session)."""
+    with Producer("q", cfg) as p:
+        [held] = p.put_many([{"n": 1}])
+    return held, db.job_row_locked(held)
+
+
+def _met_as_watcher(worker: Worker) -> None:
+    """Waits until the idle worker's claim as the watcher came back empty (the held row)."""
+    wait_until(lambda: worker.claims >= 2 and worker.waiter.watching, 10,
+               message="the worker's empty claim as the watcher")
+
+
 def _stopped(worker: Worker, thread: threading.Thread, stop: threading.Event) -> None:
     stop.set()
     thread.join(30)
@@ -84,14 +97,11 @@ def test_a_put_wakes_a_worker_at_once_while_it_waits_to_claim_a_held_job_again(d
     # Given a held job's worker waiting before it claims again (the first wait 3 s long here,
     # so that the put's wake-up, not the wait's end, is what claims the new job)
     cfg = db.config(wakeup={"poll_initial_s": 3.0, "poll_max_s": 5.0})
-    with Producer("q", cfg) as p:
-        [held] = p.put_many([{"n": 1}])
-    holder = db.job_row_locked(held)
+    held, holder = _one_held_job(db, cfg)
     ran: list[int] = []
     worker, thread, stop = _start(cfg, ran)
     try:
-        wait_until(lambda: worker.claims >= 2 and worker.waiter.watching, 10,
-                   message="the worker's empty claim as the watcher")
+        _met_as_watcher(worker)
         # When a job is put
         with Producer("q", cfg) as p:
             [fresh] = p.put_many([{"n": 2}])
@@ -120,9 +130,7 @@ def test_a_held_job_runs_promptly_once_let_go_though_a_put_meanwhile_was_claimed
     the held job waited for the safety claim, 55 s after its row was let go."""
     # Given a held job that the idle worker met (its claims come back empty)
     cfg = db.config(wakeup=wakeup)
-    with Producer("q", cfg) as p:
-        [held] = p.put_many([{"n": 1}])
-    holder = db.job_row_locked(held)
+    held, holder = _one_held_job(db, cfg)
     ran: list[int] = []
     worker, thread, stop = _start(cfg, ran)
     try:
@@ -148,14 +156,11 @@ def test_a_held_job_runs_promptly_once_let_go_though_the_consumers_connections_w
     claim, 52 s after its row was let go."""
     # Given a held job that the idle watcher met
     cfg = db.config()
-    with Producer("q", cfg) as p:
-        [held] = p.put_many([{"n": 1}])
-    holder = db.job_row_locked(held)
+    held, holder = _one_held_job(db, cfg)
     ran: list[int] = []
     worker, thread, stop = _start(cfg, ran)
     try:
-        wait_until(lambda: worker.claims >= 2 and worker.waiter.watching, 10,
-                   message="the worker's empty claim as the watcher")
+        _met_as_watcher(worker)
         # When the consumer's connections are killed, and it watches again on a new one
         generation = worker.waiter.session.generation
         assert _consumers_connections_killed(db) >= 2
@@ -214,9 +219,7 @@ def test_two_workers_of_a_process_back_off_after_a_put_while_a_job_is_held_and_s
     times a second while the row was held, and went on after it was let go, the queue empty."""
     # Given a process of two workers (one Presence) that met a held job's row
     cfg = db.config()
-    with Producer("q", cfg) as p:
-        [held] = p.put_many([{"n": 1}])
-    holder = db.job_row_locked(held)
+    held, holder = _one_held_job(db, cfg)
     ran: list[int] = []
     stop = threading.Event()
     presence = Presence(cfg, ["q"], stop)
