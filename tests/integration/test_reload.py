@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 
+import pytest
 from conftest import wait_until
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
@@ -72,6 +73,21 @@ def supervised(cfg, options: ConsumeOptions, service_class=ConsumerService):
 
 
 LIMITED = {"handler": "json:dumps", "limit_per_key": 2, "limit": 5, "rate": "100/1s"}
+
+
+@pytest.fixture(autouse=True)
+def _notifyq_records_reach_caplog(caplog, monkeypatch):
+    """notifyq's records reach caplog once, whatever an earlier test of this process left of
+    notifyq's logging (its setup stops them at the notifyq logger, propagate False; a level may
+    be left raised): caplog's handler sits on that logger, which does not propagate meanwhile."""
+    logger = logging.getLogger("notifyq")
+    level = logger.level
+    monkeypatch.setattr(logger, "propagate", False)
+    logger.setLevel(logging.INFO)  # (setLevel, not the attribute: it clears the loggers' caches)
+    logger.addHandler(caplog.handler)
+    yield
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
 
 
 def refused(caplog) -> list[str]:
