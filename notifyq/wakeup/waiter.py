@@ -96,10 +96,14 @@ class Waiter:
             if not held:
                 self.locked_at = self._locked_wait_s = None
                 return
-            last = self._locked_wait_s
-            wait = self.cfg.poll_initial_s if last is None else min(2 * last, self.cfg.poll_max_s)
-            self._locked_wait_s = wait
-            self.locked_at = time.monotonic() + wait
+            self._locked_step(time.monotonic())
+
+    def _locked_step(self, now: float) -> None:
+        """The backoff's next step for locked jobs (under _recount_lock): poll_initial_s after a
+        start over, else twice the last wait, at most poll_max_s; the claim again then."""
+        last = self._locked_wait_s
+        self._locked_wait_s = self.cfg.poll_initial_s if last is None else min(2 * last, self.cfg.poll_max_s)
+        self.locked_at = now + self._locked_wait_s
 
     def _fresh_wake(self) -> None:
         """The count moved (a put): the wait for locked jobs starts over at poll_initial_s after
@@ -128,10 +132,7 @@ class Waiter:
                 # lands, and so that claims made for it back off even when their word never
                 # lands (a put's fresh wake started the backoff over: without the step, every
                 # claim again came poll_initial_s after the last, about 200 a second)
-                last = self._locked_wait_s
-                wait = self.cfg.poll_initial_s if last is None else min(2 * last, self.cfg.poll_max_s)
-                self._locked_wait_s = wait
-                self.locked_at = now + wait
+                self._locked_step(now)
                 self.wakeups["locked"] += 1
                 return True
             return False

@@ -34,15 +34,21 @@ def _started(out: Path) -> set[int]:
     return found
 
 
+def _consumers_env(db, tmp_path, settings: str) -> dict[str, str]:
+    """The consumers' environment: a config of `settings` (TOML) at warning level, and the
+    handlers' record of starts in tmp_path."""
+    conf = tmp_path / "notifyq.toml"
+    conf.write_text("[log]\nlevel = \"warning\"\n" + settings)
+    return {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+
+
 @pytest.mark.parametrize("workers", [(2,), (2, 1)], ids=["one-process", "two-processes"])
 def test_a_job_held_by_a_counter_left_high_starts_once_the_counters_trust_ends(db, tmp_path, workers):
     # Given a queue limited to 1 running job per key, and consumer processes (two workers each
     # but the second's one: whichever claims the held job may be queued for the watch behind the
     # other's watcher), with the wake-up settings as shipped: the watcher waits 60 s without a
     # wake-up, a consumer queued for the watch 25 s
-    conf = tmp_path / "notifyq.toml"
-    conf.write_text(f"[log]\nlevel = \"warning\"\n[queue.{Q}]\nlimit_per_key = 1\n")
-    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    env = _consumers_env(db, tmp_path, f"[queue.{Q}]\nlimit_per_key = 1\n")
     procs: list[subprocess.Popen] = []
     with open(tmp_path / "consumer.err", "w") as err:
         for n in workers:
@@ -96,9 +102,7 @@ def _starts_by(out: Path, job_id: int) -> list[int]:
 def test_a_job_a_reaper_took_back_while_a_claim_held_its_keys_row_starts_once_the_trust_ends(db, tmp_path):
     # Given a queue limited to 1 running job per key, and two consumer processes: A runs key k's
     # job (its handler blocks), B idles
-    conf = tmp_path / "notifyq.toml"
-    conf.write_text(f"[log]\nlevel = \"warning\"\n[consumer]\nreap_interval_s = 0.5\n[queue.{Q}]\nlimit_per_key = 1\n")
-    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    env = _consumers_env(db, tmp_path, f"[consumer]\nreap_interval_s = 0.5\n[queue.{Q}]\nlimit_per_key = 1\n")
     args = notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released")
     procs: list[subprocess.Popen] = []
     holder = admin_connect(db.admin, db.admin.database)
@@ -148,9 +152,7 @@ def test_held_jobs_start_once_the_trust_ends_when_each_claim_takes_one_job(db, t
     # Given a queue limited to 2 running jobs per key whose claims take one job each (as the claim
     # sizer sizes them for a queue of slow jobs: batch_target_s), and two consumer processes of 8
     # workers, with the wake-up settings as shipped
-    conf = tmp_path / "notifyq.toml"
-    conf.write_text(f"[log]\nlevel = \"warning\"\n[queue.{Q}]\nlimit_per_key = 2\nbatch_size = 1\nworkers = 8\n")
-    env = {**db.env, "NQ_TEST_OUT": str(tmp_path), "NOTIFYQ_CONFIG": str(conf)}
+    env = _consumers_env(db, tmp_path, f"[queue.{Q}]\nlimit_per_key = 2\nbatch_size = 1\nworkers = 8\n")
     args = notifyq_cmd("consume", "-q", Q, "--handler", "nqhandlers:hold_until_released")
     procs: list[subprocess.Popen] = []
     with open(tmp_path / "consumers.err", "w") as err:
