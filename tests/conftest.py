@@ -79,7 +79,11 @@ def alive(pid: int) -> bool:
 def _socket_inodes(pid: int) -> set[int]:
     inodes = set()
     fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir():
+    try:
+        fds = list(fd_dir.iterdir())
+    except FileNotFoundError:
+        return inodes  # the process exited meanwhile (a fault schedule's SIGKILL): no sockets
+    for fd in fds:
         try:
             target = os.readlink(fd)
         except OSError:
