@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -207,17 +208,18 @@ class GaleraCluster:
                 node.launch()
         self.wait_synced(timeout=timeout)
 
-    def destroy(self, timeout: float = 30) -> None:
-        """Stop every node cleanly (SIGTERM, SIGKILL at the deadline) and remove all their files.
+    def destroy(self, timeout: float = 60) -> None:
+        """Stop every node (SIGTERM, SIGKILL at the deadline) and remove all their files.
 
         One at a time: each leaver waits until the others acknowledge its leaving, and nodes
-        leaving together do not answer each other, which costs an eviction timeout (~5 s)."""
-        failures = []
+        leaving together do not answer each other, which costs an eviction timeout (~5 s).
+        A node that does not finish its clean shutdown in time is killed with a warning, not a
+        failure: its files go next, and how long the server takes to shut down on a loaded
+        machine is not what any test here checks (once in CI a node stalled >30 s after its
+        InnoDB threads had exited, failing a fault schedule whose history had passed)."""
         for node in reversed(self.nodes):
             try:
                 node.stop(timeout)
             except RuntimeError as e:  # it was killed: go on, every node must be gone before the rmtree
-                failures.append(e)
+                warnings.warn(str(e).splitlines()[0], stacklevel=2)
         shutil.rmtree(self.basedir, ignore_errors=True)
-        if failures:
-            raise failures[0]
