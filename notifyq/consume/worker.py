@@ -32,7 +32,7 @@ from notifyq.consume.release_wake import ReleaseWake
 from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
-from notifyq.store import liveness, queries
+from notifyq.store import advisory, liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.rates import Rates
@@ -109,6 +109,7 @@ class Worker:
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
         self.claim_backoff = ClaimBackoff(queue, name)  # claims that gave up on lock conflicts
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
+        self.watch_waits_ended = 0  # _end_watch_wait's KILLs (tests read it)
         self._arm_slot_wake()
 
     @property
@@ -373,7 +374,35 @@ class Worker:
         queue's Waiter, which arms (or ends) the claim again for them (Waiter.locked_out)."""
         held = self._held_by_other_locks(claim)
         self.waiter.locked_out(held)
+        if held:
+            self._end_watch_wait()
         return held
+
+    def _end_watch_wait(self) -> None:
+        """After this worker's claim set the claim for held jobs (Waiter.recount_after,
+        locked_out): a worker of ours queued for the watch lock behind another consumer's
+        watcher, in a GET_LOCK begun before and ending long after that claim's time, is the one to
+        make it (Waiter.watch_wait_outlasts_claim_again). Its wait is ended (KILL QUERY, on our
+        work session): it queues again, its wait now ending at the claim again. Not when it holds
+        the watch lock by now (the watcher's waits end at the claim again themselves), nor
+        through a proxy (its ids are not the server's). Best effort: the wait ends at its own
+        timeout anyway. Rare: only a claim that held jobs back, while a peer watches."""
+        if not self.waiter.watch_wait_outlasts_claim_again():
+            return
+        queued = self.waiter.session.connection_id
+
+        def end(cur) -> str:
+            holder, me = advisory.lock_holder_and_me(cur, self.waiter.locks.watch)
+            if int(me) != self.work.connection_id or not queued or holder == queued:
+                return "not sent"
+            return advisory.kill_query(cur, queued)
+
+        try:
+            outcome = self.work.run(end, what="end the wait for the watch")
+        except (errors.NotifyqError, DriverError) as e:
+            log.debug("could not end the wait for the watch queue=%s error=%s", self.queue, e)
+            return
+        self.watch_waits_ended += outcome == "sent"
 
     def _claim_and_run(self, before_run=None, as_watcher: bool = False) -> tuple[int, bool]:
         # The settings the claim is made with, read once: a reload (the service's thread) may
@@ -418,6 +447,8 @@ class Worker:
             self.waiter.recount_after(claim.recount_s)
         claim_connection = self.work.connection_id  # its COMMIT's, still on the wire (Batch.connection)
         claim_run = self.work.server_run  # that connection's server run: a KILL of its id after a restart is none of ours
+        if claim.recount_s is not None:
+            self._end_watch_wait()  # (after the claim's connection is noted: this may reconnect)
         if self.budget.left is not None and want > len(claim.jobs):
             self.budget.take(-(want - len(claim.jobs)))  # return what we did not use
         if before_run is not None:

@@ -57,6 +57,8 @@ class Waiter:
         # (locked_out), and the wait that set it (the backoff's last step; None: starts over)
         self.locked_at: float | None = None
         self._locked_wait_s: float | None = None
+        # Monotonic: when the wait for the watch lock under way (acquire_watch) ends; None: none
+        self._watch_wait_end: float | None = None
         self._recount_lock = threading.Lock()  # (the queue's workers: one of them takes it)
 
     def _bounded(self, wait_s: float) -> float:
@@ -116,6 +118,17 @@ class Waiter:
         at = min((t for t in (self.recount_at, self.locked_at) if t is not None), default=None)
         return wait_s if at is None else max(0.0, min(wait_s, at - time.monotonic()))
 
+    def watch_wait_outlasts_claim_again(self) -> bool:
+        """A worker of ours waits for the watch lock (queued behind another consumer's watcher,
+        in a GET_LOCK begun before the claim for held jobs was set) until more than poll_max_s
+        past that claim's time. The caller, whose claim just set it (recount_after, locked_out),
+        ends that wait (Worker._end_watch_wait): the queued worker is the one to make the claim
+        (the other consumer's watcher knows nothing of our held jobs, and the caller runs the
+        jobs its claim took), and would make it only at its GET_LOCK's end, up to idle_wait_s."""
+        end = self._watch_wait_end
+        at = min((t for t in (self.recount_at, self.locked_at) if t is not None), default=None)
+        return end is not None and at is not None and end - at > self.cfg.poll_max_s
+
     def claim_again_due(self) -> bool:
         """The claim for held jobs is due (and taken: the caller claims now, once). The locked
         jobs' deadline stays armed, moved on by the backoff, until an empty claim finds none
@@ -137,10 +150,14 @@ class Waiter:
                 return True
             return False
 
-    def _due_in(self, due_in_s: float | None) -> float | None:
+    def _due_in(self, due_in_s: float | None, seen_ahead: bool = False) -> float | None:
         """A watch's time until the earliest scheduled job, None for one already due while jobs
-        others' locks hold are left: it may be one of them (wait_for_work)."""
-        if due_in_s is not None and due_in_s <= 0 and self.locked_at is not None:
+        others' locks hold are left: it may be one of them (wait_for_work). Unless the last read
+        saw the earliest still ahead (`seen_ahead`): it fell due since, after the claim that
+        left the locked ones, so it is none of them, and it wakes the watcher at its run_at (the
+        claim again came up to poll_max_s later). A due job that is one of them still wakes it at
+        most once: the next turn's first read does not see it ahead."""
+        if due_in_s is not None and due_in_s <= 0 and self.locked_at is not None and not seen_ahead:
             return None
         return due_in_s
 
@@ -156,7 +173,11 @@ class Waiter:
         # back as a dead consumer's.
         # (ended by the claim for held jobs: Worker._idle_with_locks makes it if the lock is another's)
         wait_s = self.until_claim_again(self._bounded(self.cfg.idle_wait_s))
-        got = advisory.get_lock(self.session, self.locks.watch, wait_s, on_generation=generation)
+        self._watch_wait_end = time.monotonic() + wait_s  # (a claim of ours that sets the claim again ends it)
+        try:
+            got = advisory.get_lock(self.session, self.locks.watch, wait_s, on_generation=generation)
+        finally:
+            self._watch_wait_end = None
         self.watch_timed_out = False
         if self.session.generation != generation:
             # Reconnected while queued: our liveness lock may have gone with the old connection,
@@ -218,10 +239,11 @@ class Waiter:
         anyway, so one claim checks the jobs table: a belt for the braces of a lost wake-up
         nobody foresaw.
 
-        While ready jobs another session holds locked are left (locked_out), a due scheduled
-        job is no reason to wake: it may be one of them (the claim's promotion skips a locked
-        row), and it would wake every turn. Due jobs are claimed at the claim again then, within
-        poll_max_s.
+        While ready jobs another session holds locked are left (locked_out), a scheduled job
+        already due when the turn's read comes is no reason to wake: it may be one of them (the
+        claim's promotion skips a locked row), and it would wake every turn; it is claimed at the
+        claim again, within poll_max_s. One this turn's last read saw still ahead fell due since,
+        and wakes it at its run_at (_due_in).
         """
         generation = self.session.generation
         start = time.monotonic()
@@ -271,7 +293,7 @@ class Waiter:
                 self.on_reap()
             if self._last_grant is not None and state.total != self._last_grant[1]:
                 self._suspect_bell = False  # the count moved: rings are real again
-            due_in_s = self._due_in(state.due_in_s)
+            due_in_s = self._due_in(state.due_in_s, seen_ahead=due_at is not None)
             if not state.paused:
                 if state.total > state.watched:
                     self.wakeups["signal"] += 1
@@ -321,10 +343,12 @@ class Waiter:
         jobs, and ignores due jobs while locked ones are left, as wait_for_work does.
         """
         start = time.monotonic()
+        seen_ahead = False  # the last poll saw the earliest scheduled job still ahead
         while not self.stop.is_set():
             self.on_turn()
             total, paused, due_in_s, reap = bells.poll_signal(self.session, self.queue)
-            due_in_s = self._due_in(due_in_s)
+            due_in_s = self._due_in(due_in_s, seen_ahead)
+            seen_ahead = not paused and due_in_s is not None and due_in_s > 0
             if reap:
                 self.on_reap()
             if not paused:
