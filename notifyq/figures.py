@@ -154,3 +154,5 @@ class ServiceFigures:
     conflicts: int = 0  # transactions rerun after 1213
     # Where each queue's jobs are (the shards its consumers claim on; ("",) on one server).
     shards_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # SIGHUP reloads by result: "applied", "refused" (the old config running on)
+    reloads: dict[str, int] = field(default_factory=dict)

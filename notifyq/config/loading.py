@@ -308,6 +308,7 @@ def _build(raw: dict[str, Any], env: dict[str, str], sources: tuple[str, ...], w
         consumer=_coerce(ConsumerConfig, raw.get("consumer", {}), "consumer", origins),
         producer=producer,
         defaults=defaults,
+        defaults_given="defaults" in raw,
         queues=queues,
         periodic=periodic,
         sources=sources,

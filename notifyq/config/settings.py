@@ -182,6 +182,9 @@ class Config:
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     defaults: QueueConfig = field(default_factory=QueueConfig)
+    # A [defaults] section was given (a file, or overrides shaped as one): a reload that drops
+    # it is refused (check_sections_kept), as one that drops a served queue's section is
+    defaults_given: bool = False
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     periodic: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
@@ -226,16 +229,27 @@ class Config:
 
 
 def check_sections_kept(old: Config, new: Config, queues: Iterable[str]) -> None:
-    """A reload of a process serving `queues` refuses a config that drops the [queue.NAME]
-    section one of them had: the queue would go on with the defaults, its limits, rates and
-    handler gone in silence (a section deleted, or its name mistyped). A queue that had none
-    (the defaults, a handler from the command line) is not concerned, nor a section added."""
-    gone = [q for q in dict.fromkeys(queues) if q in old.queues and q not in new.queues]
-    if gone:
-        sections = ", ".join(f"[queue.{q}]" for q in gone)
-        where = ", ".join(new.sources) or "no config file (none was read)"
-        raise errors.ConfigError(f"{sections}: the section of a queue this process serves is gone from {where}; "
-                                 "restore it, or restart the service to run the queue without it")
+    """A reload of a process serving `queues` refuses a config that drops a section they run
+    with: the [queue.NAME] section one of them had, or the [defaults] section every queue's
+    settings start from. The queues would go on with the built-in defaults, their limits,
+    rates and handler gone in silence (a section deleted, or its name mistyped). A queue that
+    had no section (the defaults, a handler from the command line) is not concerned by the
+    [queue.NAME] rule, nor is a section added."""
+    queues = list(dict.fromkeys(queues))
+    gone = [f"[queue.{q}]" for q in queues if q in old.queues and q not in new.queues]
+    defaults_gone = bool(queues) and old.defaults_given and not new.defaults_given
+    if not gone and not defaults_gone:
+        return
+    where = ", ".join(new.sources) or "no config file (none was read)"
+    if not defaults_gone:
+        raise errors.ConfigError(f"{', '.join(gone)}: the section of a queue this process serves is gone from "
+                                 f"{where}; restore it, or restart the service to run the queue without it")
+    if not gone:
+        raise errors.ConfigError(f"[defaults]: the section this process's queues take their settings from is "
+                                 f"gone from {where}; restore it, or restart the service to run them on the "
+                                 "built-in defaults")
+    raise errors.ConfigError(f"{', '.join(['[defaults]', *gone])}: sections this process's queues run with are "
+                             f"gone from {where}; restore them, or restart the service to run without them")
 
 
 def _diff(qc: QueueConfig, base: QueueConfig) -> dict[str, Any]:

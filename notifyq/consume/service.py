@@ -375,7 +375,8 @@ class ConsumerService(Supervisor):
             queues=tuple(dict.fromkeys(self.options.queues)),
             healthy=bool(self.running) and self.healthy(), workers=workers, watchers=watchers,
             periodic=periodic_figures, reclaimed=sum(s.reclaimed for s in self.every_stats()),
-            conflicts=conflicts, shards_of={q: (self.name,) for q in self.options.queues})
+            conflicts=conflicts, shards_of={q: (self.name,) for q in self.options.queues},
+            reloads=self.reload_counts())
 
     def reload(self, new: Config, made: list[Handler | None] | None = None) -> None:
         """Apply `new` whole. The workers' handlers are made first (`made`: made already, by

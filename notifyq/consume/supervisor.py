@@ -52,6 +52,9 @@ class Supervisor:
     # The last SIGHUP's config was refused: the old one runs on, and STATUS= says so until a
     # reload applies
     reload_failed: bool = False
+    # SIGHUPs whose config applied, and those refused (figures(): notifyq_reloads_total)
+    reloads_applied: int = 0
+    reloads_refused: int = 0
     # Called with (old, new) once a reload applied: the command line's warnings and log level
     on_reloaded: Callable[[Config, Config], None] | None = None
 
@@ -177,6 +180,10 @@ class Supervisor:
                 f"claimed={t.claimed} done={t.succeeded} failed={t.failed} dead={t.dead}" + extra
                 + (" reload=failed" if self.reload_failed else ""))
 
+    def reload_counts(self) -> dict[str, int]:
+        """The SIGHUPs this loop took, by result (ServiceFigures.reloads)."""
+        return {"applied": self.reloads_applied, "refused": self.reloads_refused}
+
     def _reload(self, on_reload: Callable[[], Config] | None) -> None:
         """SIGHUP: a new config is applied as a whole or refused as a whole (nginx's way): one
         that fails to load, drops the section of a queue served, or cannot make a queue's
@@ -194,9 +201,11 @@ class Supervisor:
             self.reload(new)  # raises before it changes anything
         except errors.NotifyqError as e:
             self.reload_failed = True
+            self.reloads_refused += 1
             log.error("reload failed, keeping the old config error=%s", e)
         else:
             self.reload_failed = False
+            self.reloads_applied += 1
             for line in restart:
                 log.warning(line)
             self.summary.every_s = new.log.summary_s
@@ -212,6 +221,11 @@ class Supervisor:
         if new.dsn != self.config.dsn or new.shards != self.config.shards:
             lines.append("reload: dsn or [shards] changed; restart the service to use it")
             new = dataclasses.replace(new, dsn=self.config.dsn, shards=self.config.shards)
+        if new.connect_retry(oneshot=False) != self.config.connect_retry(oneshot=False):
+            # Sessions take it as they open: applied, the process's sessions would give up on an
+            # outage at different times (some opened before the reload, some after)
+            lines.append("reload: connect_retry_s changed; restart the service to apply it")
+        new = dataclasses.replace(new, connect_retry_s=self.config.connect_retry_s)
         idle_s = self.config.consumer.session_idle_s
         if new.consumer.session_idle_s != idle_s:
             # The liveness sessions' server idle timeout is set when they connect; a keeper

@@ -85,6 +85,11 @@ class ServiceCollector:
         yield CounterMetricFamily("notifyq_db_conflicts", "Transactions of this process's workers rerun "
                                   "after error 1213: deadlocks, or on Galera certification conflicts "
                                   "(a steady rate: writes through a second node).", value=now.conflicts)
+        reloads = CounterMetricFamily("notifyq_reloads", "SIGHUP reloads of the config: applied, or "
+                                      "refused (the old config runs on): alert on refused.", labels=["result"])
+        for result in ("applied", "refused"):
+            reloads.add_metric([result], now.reloads.get(result, 0))
+        yield reloads
         yield GaugeMetricFamily("notifyq_healthy", "1 while every worker loop turns (watchdog view).",
                                 value=int(now.healthy))
 

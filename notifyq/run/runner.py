@@ -120,6 +120,21 @@ def _warn_fixed(old: Config, new: Config, extra: list[tuple[str, Callable[[Confi
 # ------------------------------------------------------------------ produce from a stream
 
 
+# What a stream's producer reads once, at its start (its sessions' connect retry, the Waker's
+# choice of wake-up), besides _FIXED: a reload that changes one says it needs a restart. The
+# other [wakeup] keys are the consumers' (their polling): a producer reads none of them.
+_PRODUCER_FIXED = [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards),
+                   ("connect_retry_s", lambda c: c.connect_retry(oneshot=False)),
+                   ("wakeup.instant_wake", lambda c: c.wakeup.instant_wake)]
+
+
+def _kept_by_producer(old: Config, new: Config) -> Config:
+    """`new` with what only a restart changes in a stream's producer kept as it runs."""
+    wakeup = dataclasses.replace(new.wakeup, instant_wake=old.wakeup.instant_wake, use_locks=old.wakeup.use_locks)
+    return dataclasses.replace(new, dsn=old.dsn, shards=old.shards, connect_retry_s=old.connect_retry_s,
+                               wakeup=wakeup)
+
+
 def max_line_bytes(cfg: Config) -> int:
     """Where a stream cuts a line (then rejected): past what any payload within
     producer.max_payload_bytes can take, as escapes and spaces widen a line."""
@@ -194,8 +209,8 @@ class _Stream:
             self.reload_failed = True
             self.notifier.ready(self.status())
             return
-        _warn_fixed(old, new, [("dsn", lambda c: c.dsn), ("shards", lambda c: c.shards)])
-        new = dataclasses.replace(new, dsn=old.dsn, shards=old.shards)
+        _warn_fixed(old, new, _PRODUCER_FIXED)
+        new = _kept_by_producer(old, new)
         logs.set_level(new.log.level)
         # Read per batch and per row: the next batch uses them (stream._batches).
         self.producer.reload(new)

@@ -226,7 +226,8 @@ class ConsumerService(Supervisor):
             workers=[w for part in parts for w in part.workers],
             watchers=[w for part in parts for w in part.watchers], periodic=periodic,
             reclaimed=sum(part.reclaimed for part in parts), conflicts=sum(part.conflicts for part in parts),
-            shards_of={q: self.placement.shards_of(q) for q in self.options.queues})
+            shards_of={q: self.placement.shards_of(q) for q in self.options.queues},
+            reloads=self.reload_counts())  # this loop's: the shards' services never reload on their own
 
     def reload(self, new: Config) -> None:
         # Every shard's handlers made before any shard applies: one that cannot be refuses all

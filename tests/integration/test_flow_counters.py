@@ -685,3 +685,30 @@ def test_a_slot_wake_told_nobody_watched_sends_no_look_and_keeps_its_quiet_windo
         assert look.taken == 1 and wake.wakes == 2
     finally:
         wake.close()
+
+
+def test_a_keys_first_ready_jobs_another_session_holds_hold_up_its_later_jobs_but_no_other_key(db):
+    # Given limit_per_key = 2, key a with 4 ready jobs, key b with 2, and one job without a key
+    cfg = db.config()
+    a = _put_keyed(db, cfg, ["a"] * 4)
+    b = _put_keyed(db, cfg, ["b"] * 2)
+    with Producer("q", cfg) as p:
+        [plain] = p.put_many([{"n": 0}])
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    # And another session holding a's first ready job (an application's SELECT ... FOR UPDATE)
+    holder = db.job_row_locked(a[0])
+    try:
+        # When a claim runs
+        taken = {j.id for j in _claim(session, flow).jobs}
+        # Then it takes a's second job only (a's two free slots went to its first two jobs, one
+        # of them held): a's later jobs wait, though one of a runs; b and the unkeyed job go
+        assert taken == {a[1], *b, plain}
+        # And once the session lets go, the next claim takes a's first job, in a's order
+        holder.close()
+        holder = None
+        assert [j.id for j in _claim(session, flow).jobs] == [a[0]]
+    finally:
+        if holder is not None:
+            holder.close()
+        session.close()

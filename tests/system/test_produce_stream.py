@@ -307,3 +307,37 @@ def test_a_reload_applies_the_payload_limit_and_max_attempts_to_the_next_line(db
         assert proc.wait(30) == 0, err.read_text()
     finally:
         os.close(systemd_end)
+
+
+def test_a_reload_says_which_changed_settings_the_stream_keeps_until_a_restart(db, tmp_path, notify, procs):
+    """Regression: a reload that changed connect_retry_s or wakeup.instant_wake logged
+    "reloaded config" and nothing else, while the producer went on with the old values."""
+    # Given a producer stream started with a config file
+    config = "connect_retry_s = {retry}\n[wakeup]\ninstant_wake = {wake}\npoll_max_s = {poll}\n"
+    env = setup_env(db, tmp_path, config.format(retry=30, wake='"auto"', poll=0.5), notify)
+    path = Path(env["NOTIFYQ_CONFIG"])
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        notify.wait_for("READY=1")
+        # When the file changes connect_retry_s, wakeup.instant_wake and the consumers'
+        # poll_max_s, and SIGHUP comes
+        reload_and_wait(proc, notify, path, config.format(retry=5, wake="false", poll=2))
+        # Then the reload applies, with one warning line for each key the stream keeps until a
+        # restart, and none for the key only consumers read
+        text = err.read_text()
+        warned = [ln for ln in text.splitlines() if "restart the service" in ln]
+        assert len(warned) == 2, text
+        assert "reload: connect_retry_s changed; restart the service to apply it" in warned[0]
+        assert "reload: wakeup.instant_wake changed; restart the service to apply it" in warned[1]
+        assert "reloaded config" in text and "reload failed" not in text
+        # When a reload leaves them as they run (connect_retry_s unset is a stream's 30 s)
+        reload_and_wait(proc, notify, path, "[wakeup]\ninstant_wake = \"auto\"\n")
+        # Then it warns of nothing more
+        assert err.read_text().count("restart the service") == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    finally:
+        os.close(systemd_end)

@@ -207,3 +207,23 @@ def test_a_bad_flow_limit_is_one_error_naming_the_file_and_key(tmp_path, text, w
         load(tmp_path, f"[queue.r]\n{text}\n")
     message = str(e.value)
     assert where in message and str(tmp_path / "notifyq.toml") in message and "\n" not in message
+
+
+def test_a_reload_that_drops_the_defaults_section_is_refused_for_a_producer_too(tmp_path):
+    """The rule a producer stream's reload and a consumer's share (check_sections_kept): the
+    [defaults] section gone, deleted or in a conf.d file removed, is refused; emptied, applied."""
+    old = load(tmp_path, "[defaults]\nmax_attempts = 2\n")
+    # When the section is deleted: refused, naming it and the file
+    with pytest.raises(errors.ConfigError, match=r"^\[defaults\]: .* gone from .*notifyq\.toml; restore it"):
+        config.check_sections_kept(old, load(tmp_path, "[producer]\nbatch_lines = 3\n"), ["q"])
+    # When it is kept with no keys (the built-in defaults, on purpose), or was never there: applied
+    config.check_sections_kept(old, load(tmp_path, "[defaults]\n"), ["q"])
+    config.check_sections_kept(load(tmp_path, ""), load(tmp_path, ""), ["q"])
+    # And a conf.d file that held it, removed, is the section gone too
+    confd = tmp_path / "conf.d"
+    confd.mkdir()
+    (confd / "10-defaults.toml").write_text("[defaults]\nmax_attempts = 2\n")
+    old = load(tmp_path, "")
+    (confd / "10-defaults.toml").unlink()
+    with pytest.raises(errors.ConfigError, match=r"^\[defaults\]: "):
+        config.check_sections_kept(old, load(tmp_path, ""), ["q"])
