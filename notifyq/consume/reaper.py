@@ -65,6 +65,7 @@ class ReapResult:
 
 
 REAPER_RETRY_S = 10.0  # a pass's connect retry, at most: the next pass is due soon anyway
+EXPIRED_SHOWN = 50  # the jobs (and owners) a "leases expired" line names
 
 
 def open_session(dsn: DSN) -> Session:
@@ -140,9 +141,13 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         if use_locks and not session.galera and session.server_up_s() >= restart_grace_s:
             _reap_orphans(session, database, own_id, result)
-        result.expired = liveness.reclaim_expired(session)
+        taken: list[tuple[int, str]] = []
+        result.expired = liveness.reclaim_expired(session, taken)
         if result.expired:
-            log.warning("leases expired, jobs returned jobs=%d", result.expired)
+            # Which jobs, and whose claims: a live consumer's (its acks late) runs them twice
+            owners = sorted({owner for _, owner in taken})
+            log.warning("leases expired, jobs returned jobs=%d owners=%s ids=%s", result.expired,
+                        ",".join(owners[:EXPIRED_SHOWN]), ",".join(str(i) for i, _ in taken[:EXPIRED_SHOWN]))
         # Workflow children whose parents ended with no transaction settling them (a burial
         # here, a cancel before a start, a release a KILL QUERY cut short): settled now
         result.settled = workflows.settle(session)

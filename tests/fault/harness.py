@@ -42,7 +42,7 @@ from . import kill_query
 from . import rated
 from .bystander import Bystander
 from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
-from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
+from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, LeaseTakeBack, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
 from .reload_drop import ReloadDrop
@@ -294,6 +294,21 @@ class FaultRun:
         return [HandBack(consumer.deploy, consumer.pid, int(token), tuple(int(i) for i in ids.split(",")),
                          _epoch(ts) + to_monotonic)
                 for consumer in self.fleet.started for ts, token, ids in line.findall(consumer.err.read_text())]
+
+    def _lease_takebacks(self) -> list[LeaseTakeBack]:
+        """Every "leases expired, jobs returned" line of a reaper, with the jobs it named and the
+        pid of their owner (one owner per line in practice; the first one's pid if several)."""
+        line = re.compile(r"ts=(\S+) .*leases expired, jobs returned jobs=\d+ owners=([0-9a-f,]*) ids=([\d,]+)")
+        to_monotonic = time.monotonic() - time.time()
+        out = []
+        for consumer in self.fleet.started:
+            for ts, owners, ids in line.findall(consumer.err.read_text()):
+                first = owners.split(",")[0]
+                pid = next((p for (d, c), p in self.monitor.pid_of.items() if c == first and d == consumer.deploy),
+                           None)
+                out.append(LeaseTakeBack(consumer.deploy, consumer.pid, pid, tuple(int(i) for i in ids.split(",")),
+                                         _epoch(ts) + to_monotonic))
+        return out
 
     def _takebacks(self) -> list[Fault]:
         """The reapers' take-backs, for the checker: a peer's excuses a process's own second run
@@ -774,7 +789,8 @@ class FaultRun:
                        key_limits={"main": KEY_LIMIT},
                        bystander_losses=self.bystander.losses if self.bystander else [],
                        row_locks=[t.lock for t in self.row_lockers if t.lock is not None],
-                       poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {})
+                       poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {},
+                       lease_takebacks=self._lease_takebacks())
 
 
 def _epoch(ts: str) -> float:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, RowLock, Run
+from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, LeaseTakeBack, Refused,
+                      RowLock, Run)
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -72,6 +73,19 @@ def test_a_kept_result_that_is_not_valid_json_is_caught():
     h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1)])
     h.invalid_results = [("main", 1)]
     assert rules(h) == {"invalid_result": 1}
+
+
+def test_a_second_run_after_a_lease_take_back_names_it():
+    """A reaper's take-back of an expired lease excuses nothing (it is no fault), but the
+    violation says it: the earlier run's claim lost its lease while its consumer lived."""
+    h = history([run(1, 1, 10, 1.0, 1.1), run(1, 1, 11, 7.5, 7.6)], [enq(1)])
+    h.lease_takebacks = [LeaseTakeBack("main", 12, 10, (1, 2, 3), 5.2), LeaseTakeBack("main", 12, 10, (4,), 5.3)]
+    report = checker.check(h)
+    assert report.by_rule() == {"run_twice": 1, "attempts": 1}
+    for v in report.violations:
+        assert "taken back from pid 10's claim by pid 12's reaper at 5.200, its lease expired, 4.10s after the " \
+               "earlier run ended" in str(v), v
+        assert "5.300" not in str(v)
 
 
 def test_a_job_run_twice_by_healthy_consumers_is_caught():

@@ -7,7 +7,10 @@ that a counter held ready jobs back from says when that counter's trust ends (Cl
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from conftest import admin_connect, wait_until
 
 from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, liveness, queries
@@ -685,3 +688,65 @@ def test_a_slot_wake_told_nobody_watched_sends_no_look_and_keeps_its_quiet_windo
         assert look.taken == 1 and wake.wakes == 2
     finally:
         wake.close()
+
+
+@pytest.mark.parametrize("outcome", ["ack", "failure"])
+def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_their_lease(db, outcome):
+    """Regression (fault schedule, seed 43: three jobs ran twice, attempt 1 both times, no fault on
+    either consumer): a counting claim's outcome takes its jobs off their keys' counters first
+    (flow_count_release), and that statement locked the key's row, waiting for it while a peer's
+    claim held it (a stopped process's claim holds it for as long as it is stopped), before it
+    read the jobs' rows. Their lease ran out meanwhile, a reaper took them back (together:
+    uncharged), the outcome found them gone, and the jobs that had run ran again elsewhere. The
+    jobs' rows are locked first now: the reaper passes over them, and the outcome lands."""
+    # Given a counting claim of key k's three jobs, on a 1 s lease
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
+    peer = admin_connect(db.admin, db.admin.database)
+    sender = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.counted_token(claim.token)
+        # And a peer's claim holding k's row (as its KeyGate does until its COMMIT)
+        cur = peer.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
+        # When the jobs' outcome is sent, and waits for that row until their lease has run out
+        sent: dict[str, object] = {}
+
+        def send() -> None:
+            if outcome == "ack":
+                sent["n"] = queries.ack(session, ids, claim.token, keep=False)
+            else:
+                sent["n"] = len(queries.reschedule_or_bury(session, "q", claim.token,
+                                                           [(i, 60.0, "boom") for i in ids]))
+
+        sender = threading.Thread(target=send, name="outcome", daemon=True)
+        sender.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the outcome waits")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 3,
+                   10, message="the lease ran out")
+        # And a reaper pass runs meanwhile
+        taken = liveness.reclaim_expired(reaper)
+        # Then it takes none of them back
+        assert taken == 0
+        # And once the peer's claim ends, the outcome lands on each job, charged once
+        peer.rollback()
+        sender.join(15)
+        assert sent == {"n": 3}
+        if outcome == "ack":
+            assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(ids),)) == 0
+        else:
+            assert db.query("SELECT status, attempts, suspect FROM nq_job WHERE id IN %s",
+                            (tuple(ids),)) == [(1, 1, 0)] * 3
+        assert _counters(db) == {"k": 0}
+    finally:
+        peer.close()
+        if sender is not None:
+            sender.join(15)
+        session.close()
+        reaper.close()
