@@ -1154,6 +1154,23 @@ def test_the_ci_schedule_runs_the_row_lock_and_reload_drop_classes_with_a_quiet_
     assert base == both
 
 
+def test_the_key_lock_class_holds_keys_past_the_lease_and_excuses_no_second_run():
+    assert "key_lock" not in parse_classes("all") and "key_lock" not in CI_CLASSES  # named on its own
+    assert parse_classes("all,key_lock")[-1] == "key_lock"
+    plan = make_plan(1, parse_classes("key_lock"), 60.0, 3000)
+    locks = [s for s in plan.steps if s.kind == "key_lock"]
+    assert len(locks) >= 6 and all(LEASE < s.length_s <= 7.0 and s.at_s + s.length_s < 60.0 for s in locks)
+    # on a stream of its own: the timed faults keep their offsets
+    base = make_plan(1, parse_classes("sigkill,stall,row_lock"), 60.0, 3000).steps
+    assert base == tuple(s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,key_lock"), 60.0, 3000).steps
+                         if s.kind != "key_lock")
+    # A held key is nobody's fault: a finished job of its key run again while it was held (its
+    # ack waited for the key's row past the lease, a reaper took it back) is still caught
+    held = Fault("key_lock", 1.0, 7.0, None, detail="fk1")
+    h = history([run(1, 1, 10, 1.5, 1.6), run(1, 1, 11, 6.5, 6.6)], [enq(1)], faults=[held])
+    assert rules(h) == {"run_twice": 1, "attempts": 1}
+
+
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():
     """Regression (the long run --seed 19): the grace_restart episode's server restart, recorded
     as busy_restart, excused only jobs that had finished before it, on every deployment; a main

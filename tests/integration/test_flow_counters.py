@@ -16,6 +16,7 @@ from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.flow import COUNT_TRUST_S, FlowClaims, FlowLimits
+from notifyq.store.signal import SIGNAL_SLOTS
 
 OWNER = "o" * 32
 
@@ -750,3 +751,47 @@ def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_t
             sender.join(15)
         session.close()
         reaper.close()
+
+
+def test_a_counting_claims_failure_and_give_back_bump_a_signal_slot_no_other_transaction_holds(db):
+    """Regression (the key_lock fault class): a counting claim's failure or give-back holds its
+    keys' rows (their counters' release) and bumped a random signal slot, waiting for one that a
+    claim held (its own acks' bump) while that claim waited for one of those key rows: a
+    deadlock, whose victim, the claim, let go of the jobs its acks had held past their lease,
+    and a reaper gave them back to run again. Its bump now takes a slot nobody holds."""
+    # Given a counting claim of key k's three jobs, and a claim under way elsewhere holding
+    # every signal slot of the queue but one
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    for n in range(SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (n,))
+    session = Session(cfg.dsn)
+    holder = admin_connect(db.admin, db.admin.database)
+    sender = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.counted_token(claim.token)
+        cur = holder.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT slot FROM nq_signal WHERE queue = 'q' AND slot > 0 FOR UPDATE")
+        # When one job fails (a retry) and another is given back
+        done = threading.Event()
+
+        def outcomes() -> None:
+            queries.reschedule_or_bury(session, "q", claim.token, [(ids[0], 60.0, "boom")])
+            queries.give_back(session, "q", [ids[1]], claim.token)
+            done.set()
+
+        sender = threading.Thread(target=outcomes, name="outcomes", daemon=True)
+        sender.start()
+        # Then neither waits for the held slots
+        assert done.wait(5), "an outcome waited for a signal slot another transaction holds"
+        assert db.query("SELECT status FROM nq_job WHERE id IN %s ORDER BY id", (tuple(ids[:2]),)) == [(1,), (0,)]
+    finally:
+        holder.rollback()
+        holder.close()
+        if sender is not None:
+            sender.join(15)
+        session.close()

@@ -578,7 +578,7 @@ def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open
         assert (result.reclaimed, result.expired) == (0, 3)
         # (and its line names them and their owner: the fault checker reads it)
         assert [r.getMessage() for r in caplog.records if "leases expired" in r.getMessage()] == [
-            f"leases expired, jobs returned jobs=3 owners={'f' * 32} ids={','.join(map(str, sorted(mine)))}"]
+            f"leases expired, jobs returned jobs=3 from={'f' * 32}:{','.join(map(str, sorted(mine)))}"]
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND id IN (%s)"
                          % ",".join(map(str, mine))) == 3
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", ("e" * 32,)) == 2
