@@ -1018,6 +1018,24 @@ def check_tagged_puts(h: History) -> list[Violation]:
     return out
 
 
+DEDUP_METHODS = ("dedup", "rr_dedup")  # puts with a dedup key: they may return another put's id
+
+
+def check_shared_ids(h: History) -> list[Violation]:
+    """An id that put() returned is its own job's: two acknowledged enqueues without a dedup key
+    never got one id. One that did stored nothing of its own: its job is lost, and the lost rule
+    cannot see it (the id has its runs, the other put's). Seen after a server crash: an
+    enqueue whose COMMIT lost its reply asks whether its first id is stored
+    (inserts.jobs_stored), and crash recovery may have given that id to another put since."""
+    by_id: dict[JobKey, list] = collections.defaultdict(list)
+    for e in h.enqueues:
+        if e.method not in DEDUP_METHODS and not e.dedup:
+            by_id[e.key].append(e)
+    return [Violation("shared_id", key, "returned to " + " and to ".join(
+                f"a {e.method} acknowledged at {e.acked_at:.3f}" for e in sorted(es, key=lambda e: e.acked_at)))
+            for key, es in sorted(by_id.items()) if len(es) > 1]
+
+
 def check_dedup(h: History) -> list[Violation]:
     """Never two pending jobs with one dedup key (item 12): a keyed put called while an earlier
     job with that key was acknowledged and had not started yet returns that job's id."""
@@ -1266,7 +1284,8 @@ def check(h: History) -> Report:
     parts = [_check_deploy(_only(h, d)) for d in deploys] or [_check_deploy(h)]
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
-    violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
+    violations += check_tagged_puts(h) + check_shared_ids(h) + check_dedup(h) + check_effects(h)
+    violations += check_self_reaps(h)
     violations += check_grace_restarts(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
     violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h) + check_locked_pickup(h)

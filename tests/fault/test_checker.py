@@ -838,7 +838,7 @@ def test_an_effect_of_a_dead_or_cancelled_job_and_an_acked_job_without_one_are_c
 
 def test_a_dedup_put_that_found_a_plain_job_holding_its_key_owes_no_effect():
     # Given a plain job, then an fx put with the same key that got the plain job's id back
-    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), fx(1, at=0.5)])
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), dataclasses.replace(fx(1, at=0.5), method="dedup")])
     # Then the job acked without an effect row is no violation: it ran the plain payload
     assert checker.check(h).ok, checker.check(h).violations
 
@@ -1152,6 +1152,18 @@ def test_the_ci_schedule_runs_the_row_lock_and_reload_drop_classes_with_a_quiet_
     both = [s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,reload_drop"), 60.0, 3000).steps
             if s.kind in ("sigkill", "stall")]
     assert base == both
+
+
+def test_one_id_returned_to_two_enqueues_without_a_dedup_key_is_caught():
+    """Two acknowledged enqueues got one id (seen after a server crash: a put_many whose COMMIT
+    lost its reply took the id crash recovery had given another put for its own): one of them
+    stored nothing, and lost cannot see it. Dedup puts may share their holder's id."""
+    runs = [run(1, 1, 10, 1.0, 1.1), run(2, 1, 10, 1.2, 1.3)]
+    shared = [enq(1, at=0.5), dataclasses.replace(enq(1, at=0.6), method="put_many"), enq(2, at=0.5),
+              dataclasses.replace(enq(2, at=0.7), method="dedup")]
+    report = checker.check(history(runs, shared))
+    assert report.by_rule() == {"shared_id": 1}
+    assert "returned to a put acknowledged at 0.500 and to a put_many acknowledged at 0.600" in str(report.violations[0])
 
 
 def test_the_key_lock_class_holds_keys_past_the_lease_and_excuses_no_second_run():
