@@ -746,7 +746,9 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
         if session.galera:  # this node first applies every write set the cluster committed
             cur.execute(Q["wsrep_sync_wait"], {"level": 1})
         try:
-            held = set(still_claimed(cur, ids, token))
+            # Locked: held while this waits for its keys' rows below (a reaper passes over them)
+            cur.execute(Q["claims_owned_lock"], {"ids": Ids(ids), "token": token})
+            held = {r[0] for r in cur.fetchall()}
             free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
             if free:
                 gated = limits is not None and limits.limited

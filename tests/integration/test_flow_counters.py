@@ -795,3 +795,53 @@ def test_a_counting_claims_failure_and_give_back_bump_a_signal_slot_no_other_tra
         if sender is not None:
             sender.join(15)
         session.close()
+
+
+def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_reaper(db):
+    """A claim retaken after its COMMIT failed (queries.retake) reads what it still holds, then
+    waits for its keys' rows to take again what it does not. It read them plainly: while a
+    peer's claim held a key's row past the jobs' lease, a reaper took them back, and the retake
+    still called them its own (their next starts ran jobs that were anyone's). Locked now."""
+    # Given a counting claim of key k's three jobs on a 1 s lease, one of them given back (not
+    # held: the retake takes it again, after k's row)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
+    limits = FlowLimits(limit_per_key=5)
+    peer = admin_connect(db.admin, db.admin.database)
+    retaking = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(limits))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.give_back(session, "q", ids[:1], claim.token) == 1
+        # And a peer's claim holding k's row
+        cur = peer.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
+        # When the claim is retaken, and waits for that row until the held jobs' lease ran out
+        held: dict[str, object] = {}
+
+        def retake() -> None:
+            held["ids"] = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0, limits=limits)
+
+        retaking = threading.Thread(target=retake, name="retake", daemon=True)
+        retaking.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the retake waits")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 2,
+                   10, message="the held jobs' lease ran out")
+        # And a reaper pass runs meanwhile
+        taken = liveness.reclaim_expired(reaper)
+        # Then it takes none of them back, and the retake holds all three once the row is free
+        assert taken == 0
+        peer.rollback()
+        retaking.join(15)
+        assert sorted(held["ids"]) == ids
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND claim_token = %s", (claim.token,)) == 3
+    finally:
+        peer.close()
+        if retaking is not None:
+            retaking.join(15)
+        session.close()
+        reaper.close()

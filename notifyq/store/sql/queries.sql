@@ -1078,6 +1078,14 @@ SELECT 1 FROM nq_consumer WHERE id = %(id)s
 SELECT id FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
 
+-- claims_owned_lock --
+-- claims_owned, locked (queries.retake): what the claim holds stays its own while the retake
+-- waits for its keys' rows (flow_lock_wait), past the jobs' lease if a peer's claim holds one;
+-- a plain read let a reaper take them back meanwhile, and the retake still called them ours.
+SELECT id FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
+
 -- claims_of_owner --
 -- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: which are claimed under
 -- its id, and by which claim, so that each is returned alone or shared (liveness.take_back). A
