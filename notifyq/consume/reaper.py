@@ -65,6 +65,7 @@ class ReapResult:
 
 
 REAPER_RETRY_S = 10.0  # a pass's connect retry, at most: the next pass is due soon anyway
+EXPIRED_SHOWN = 50  # the jobs a "leases expired" line names (with their owners)
 
 
 def open_session(dsn: DSN) -> Session:
@@ -140,9 +141,16 @@ def reap(session: Session, database: str, use_locks: bool = True, judge_silence:
             _count(result, consumer_id, queues, n, "polling consumer's heartbeat stopped")
         if use_locks and not session.galera and session.server_up_s() >= restart_grace_s:
             _reap_orphans(session, database, own_id, result)
-        result.expired = liveness.reclaim_expired(session)
+        taken: list[tuple[int, str]] = []
+        result.expired = liveness.reclaim_expired(session, taken)
         if result.expired:
-            log.warning("leases expired, jobs returned jobs=%d", result.expired)
+            # Which jobs, and whose claims (a live consumer's, its outcomes late, runs them twice):
+            # from=OWNER:ID,ID;OWNER:ID
+            by_owner: dict[str, list[int]] = {}
+            for job_id, owner in taken[:EXPIRED_SHOWN]:
+                by_owner.setdefault(owner, []).append(job_id)
+            log.warning("leases expired, jobs returned jobs=%d from=%s", result.expired,
+                        ";".join(f"{owner}:{','.join(map(str, ids))}" for owner, ids in sorted(by_owner.items())))
         # Workflow children whose parents ended with no transaction settling them (a burial
         # here, a cancel before a start, a release a KILL QUERY cut short): settled now
         result.settled = workflows.settle(session)

@@ -335,8 +335,12 @@ def reclaim_orphan(session: Session, owner: str, lock_name: str) -> int | None:
     return session.run(body, what="reclaim orphan claims")
 
 
-def reclaim_expired(session: Session) -> int:
+def reclaim_expired(session: Session, taken: list[tuple[int, str]] | None = None) -> int:
+    """Take back the claims whose lease ran out; returns how many jobs. taken: a list that
+    receives each job taken back, (id, its owner), as committed (for the reaper's line)."""
     def body(cur) -> int:
+        if taken is not None:
+            del taken[:]  # (a rerun's: only the committed attempt's count)
         cur.execute(Q["expired_leases"])
         rows = cur.fetchall()
         if not rows:
@@ -354,6 +358,9 @@ def reclaim_expired(session: Session) -> int:
         interrupted = {job_id for job_id, _, owner in seen if owner in stopping}
         n = take_back(cur, [r for r in held if r[0] not in interrupted], "lease expired")
         n += take_back(cur, [r for r in held if r[0] in interrupted], "lease expired", stopping=True)
+        if taken is not None:
+            owner_of = {job_id: owner for job_id, _, owner in seen}
+            taken.extend((job_id, owner_of[job_id]) for job_id, _ in held)
         for queue in {r[1] for r in rows}:
             bump_signal_unheld(cur, queue, max(n, 1))
         return n

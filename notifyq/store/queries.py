@@ -34,6 +34,7 @@ from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
 from notifyq.store import signal
 from notifyq.store.signal import SIGNAL_SLOTS, bump_signal  # noqa: F401 - re-exported: inserts, admin
+from notifyq.store.signal import bump_signal_unheld
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
@@ -745,7 +746,9 @@ def retake(session: Session, jobs: list[Job], token: int, owner: str, lease_s: f
         if session.galera:  # this node first applies every write set the cluster committed
             cur.execute(Q["wsrep_sync_wait"], {"level": 1})
         try:
-            held = set(still_claimed(cur, ids, token))
+            # Locked: held while this waits for its keys' rows below (a reaper passes over them)
+            cur.execute(Q["claims_owned_lock"], {"ids": Ids(ids), "token": token})
+            held = {r[0] for r in cur.fetchall()}
             free = {j.id: j.attempts - 1 for j in jobs if j.id not in held}  # attempts before the claim
             if free:
                 gated = limits is not None and limits.limited
@@ -1131,7 +1134,7 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         if retried or (wake and freed):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
             # of the slot it frees
-            bump_signal(cur, queue, max(retried, freed))
+            _bump_after_release(cur, queue, max(retried, freed), token)
         return owned
 
     return session.run(body, what="fail")
@@ -1160,10 +1163,22 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         if n < len(ids) and still_claimed(cur, ids, token):
             raise cut_short(f"give back {len(ids)} jobs: {n} returned")
         if n:
-            bump_signal(cur, queue, n)
+            _bump_after_release(cur, queue, n, token)
         return n
 
     return session.run(body, what="give back")
+
+
+def _bump_after_release(cur, queue: str, n: int, token: int) -> None:
+    """An outcome's signal bump. A counting claim's outcome holds its keys' rows (their counters'
+    release, flow_count_release): its bump takes a slot no other transaction holds. On a random
+    slot it waited on a claim that held that slot (its own acks' bump) and waited for one of
+    those key rows: a deadlock, whose victim (the claim, its acks with it) let go of jobs a
+    reaper had found expired while it waited, and they ran again."""
+    if counted_token(token):
+        bump_signal_unheld(cur, queue, n)
+    else:
+        bump_signal(cur, queue, n)
 
 
 def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> list[int]:

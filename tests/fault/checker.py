@@ -472,7 +472,8 @@ def check_duplicates(h: History, faults: Faults) -> tuple[list[Violation], dict[
             first = earlier_ok[-1] if earlier_ok else runs[i - 1]
             out.append(Violation(rule, key, f"attempt {first.attempt} on pid {first.pid} at {first.start:.3f}, "
                                             f"attempt {later.attempt} on pid {later.pid} at {later.start:.3f}, "
-                                            "no fault that excuses it on either process nor the server in between"))
+                                            "no fault that excuses it on either process nor the server in between"
+                                            + lease_takeback_note(h, key, first, later)))
     return out, dict(causes), concurrent
 
 
@@ -513,6 +514,20 @@ def attempts_ok(runs: list[Run], faults: Faults, lease_s: float, enqueued_at: fl
     return None
 
 
+def lease_takeback_note(h: History, key: JobKey, earlier: Run, later: Run) -> str:
+    """What a reaper's take-back of an expired lease says of the job between two of its starts
+    (History.lease_takebacks): none is a fault, but it names what took the job from the earlier
+    run's claim (its acks came late, or its lease was not pushed out while the consumer lived)."""
+    notes = []
+    for t in getattr(h, "lease_takebacks", ()):  # (a history pickled before the field: none)
+        if t.deploy == key[0] and key[1] in t.jobs and earlier.start - LOG_SLACK_S <= t.at <= later.start + LOG_SLACK_S:
+            ended = f", {t.at - earlier.end:.2f}s after the earlier run ended" if earlier.end is not None else ""
+            owner = f"pid {t.owner}'s" if t.owner is not None else "an unknown consumer's"
+            notes.append(f"; taken back from {owner} claim by pid {t.reaper}'s reaper at {t.at:.3f}, its lease "
+                         f"expired{ended}")
+    return "".join(notes)
+
+
 def check_attempts(h: History, faults: Faults) -> list[Violation]:
     enqueued = {}
     for e in h.enqueues:
@@ -522,7 +537,9 @@ def check_attempts(h: History, faults: Faults) -> list[Violation]:
     for key, runs in h.runs_by_job().items():
         why = attempts_ok(runs, faults, h.lease_s, enqueued.get(key), dead.get(key))
         if why:
-            out.append(Violation("attempts", key, f"{why}; attempts at each start: {[r.attempt for r in runs]}"))
+            notes = "".join(lease_takeback_note(h, key, a, b) for a, b in zip(runs, runs[1:]))
+            out.append(Violation("attempts", key, f"{why}; attempts at each start: {[r.attempt for r in runs]}"
+                                                  + notes))
     return out
 
 
@@ -1001,6 +1018,24 @@ def check_tagged_puts(h: History) -> list[Violation]:
     return out
 
 
+DEDUP_METHODS = ("dedup", "rr_dedup")  # puts with a dedup key: they may return another put's id
+
+
+def check_shared_ids(h: History) -> list[Violation]:
+    """An id that put() returned is its own job's: two acknowledged enqueues without a dedup key
+    never got one id. One that did stored nothing of its own: its job is lost, and the lost rule
+    cannot see it (the id has its runs, the other put's). Seen after a server crash: an
+    enqueue whose COMMIT lost its reply asks whether its first id is stored
+    (inserts.jobs_stored), and crash recovery may have given that id to another put since."""
+    by_id: dict[JobKey, list] = collections.defaultdict(list)
+    for e in h.enqueues:
+        if e.method not in DEDUP_METHODS and not e.dedup:
+            by_id[e.key].append(e)
+    return [Violation("shared_id", key, "returned to " + " and to ".join(
+                f"a {e.method} acknowledged at {e.acked_at:.3f}" for e in sorted(es, key=lambda e: e.acked_at)))
+            for key, es in sorted(by_id.items()) if len(es) > 1]
+
+
 def check_dedup(h: History) -> list[Violation]:
     """Never two pending jobs with one dedup key (item 12): a keyed put called while an earlier
     job with that key was acknowledged and had not started yet returns that job's id."""
@@ -1249,7 +1284,8 @@ def check(h: History) -> Report:
     parts = [_check_deploy(_only(h, d)) for d in deploys] or [_check_deploy(h)]
     violations = [v for p in parts for v in p.violations]
     violations += check_stale_starts(h) + check_orphans(h) + check_exits(h) + check_strays(h)
-    violations += check_tagged_puts(h) + check_dedup(h) + check_effects(h) + check_self_reaps(h)
+    violations += check_tagged_puts(h) + check_shared_ids(h) + check_dedup(h) + check_effects(h)
+    violations += check_self_reaps(h)
     violations += check_grace_restarts(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
     violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h) + check_locked_pickup(h)

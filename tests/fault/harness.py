@@ -42,10 +42,11 @@ from . import kill_query
 from . import rated
 from .bystander import Bystander
 from .fleet import KEY_LIMIT, Consumer, Fleet, write_config
-from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, poison_exits, read_runs
+from .history import Enqueue, Exit, Fault, FinalRow, HandBack, History, LeaseTakeBack, poison_exits, read_runs
 from .monitor import ClaimMonitor, Root
 from .producers import DedupCaller, SharedProducer
 from .reload_drop import ReloadDrop
+from .key_lock import KeyLocker
 from .row_lock import RowLocker
 from .schedule import EPISODES, Plan, Step
 from .workload import Workload
@@ -141,6 +142,7 @@ class FaultRun:
         self.rated: rated.RatedProducer | None = None  # the rate class's producer
         self.bystander: Bystander | None = None  # the bystander class's application
         self.row_lockers: list[RowLocker] = []  # the row_lock class's locks, one thread each
+        self.key_lockers: list[KeyLocker] = []  # the key_lock class's locks, one thread each
         self.reload_drops: list[ReloadDrop] = []  # the reload_drop class's plays, one thread each
 
     # ------------------------------------------------------------ the run
@@ -295,6 +297,22 @@ class FaultRun:
                          _epoch(ts) + to_monotonic)
                 for consumer in self.fleet.started for ts, token, ids in line.findall(consumer.err.read_text())]
 
+    def _lease_takebacks(self) -> list[LeaseTakeBack]:
+        """Every "leases expired, jobs returned" line of a reaper: the jobs it named, by owner (that
+        consumer's pid where the monitor saw it registered), one record per owner."""
+        line = re.compile(r"ts=(\S+) .*leases expired, jobs returned jobs=\d+ from=([0-9a-f:,;]+)")
+        to_monotonic = time.monotonic() - time.time()
+        out = []
+        for consumer in self.fleet.started:
+            for ts, taken in line.findall(consumer.err.read_text()):
+                for part in taken.split(";"):
+                    owner, _, ids = part.partition(":")
+                    pid = next((p for (d, c), p in self.monitor.pid_of.items() if c == owner and d == consumer.deploy),
+                               None)
+                    out.append(LeaseTakeBack(consumer.deploy, consumer.pid, pid, tuple(int(i) for i in ids.split(",")),
+                                             _epoch(ts) + to_monotonic))
+        return out
+
     def _takebacks(self) -> list[Fault]:
         """The reapers' take-backs, for the checker: a peer's excuses a process's own second run
         after a fault of its session (EXCUSE "peer"); a process's own is the self_reap rule. With
@@ -400,6 +418,10 @@ class FaultRun:
             locker = RowLocker(self.dbs["main"].admin, "main", QUEUE, step.pick, step.length_s)
             self.row_lockers.append(locker)
             locker.start()
+        elif step.kind == "key_lock":
+            key_locker = KeyLocker(self.dbs["main"].admin, QUEUE, step.pick, step.length_s)
+            self.key_lockers.append(key_locker)
+            key_locker.start()
         elif step.kind == "reload_drop":
             play = ReloadDrop(self, step.pick, step.length_s)
             self.reload_drops.append(play)
@@ -637,12 +659,13 @@ class FaultRun:
             producer.close()
 
     def _join_lock_reload(self) -> None:
-        """The row locks let go and the reload plays' files restored, before the drain: a held
-        row keeps its job pending, a bad file would be a respawn's config."""
-        for t in [*self.row_lockers, *self.reload_drops]:
+        """The row and key locks let go and the reload plays' files restored, before the drain: a
+        held row keeps its job pending, a bad file would be a respawn's config."""
+        for t in [*self.row_lockers, *self.key_lockers, *self.reload_drops]:
             t.join(30)
         for play in self.reload_drops:
             self.faults += play.faults
+        self.faults += [t.fault for t in self.key_lockers if t.fault is not None]
 
     def _poll_max_s(self) -> float:
         """The main deployment's wakeup.poll_max_s: the largest of its consumers' configs."""
@@ -774,7 +797,8 @@ class FaultRun:
                        key_limits={"main": KEY_LIMIT},
                        bystander_losses=self.bystander.losses if self.bystander else [],
                        row_locks=[t.lock for t in self.row_lockers if t.lock is not None],
-                       poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {})
+                       poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {},
+                       lease_takebacks=self._lease_takebacks())
 
 
 def _epoch(ts: str) -> float:

@@ -8,7 +8,8 @@ Its sources, all timed on CLOCK_MONOTONIC (shared by every process of the machin
 - the final rows of the jobs table after the drain, and the claim-recovery times the monitor saw;
 - the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29);
 - the bystander application's sessions that died (outside attack 35);
-- the row_lock class's locks on ready jobs' rows (when each was taken and let go).
+- the row_lock class's locks on ready jobs' rows (when each was taken and let go);
+- the reapers' take-backs of expired leases, with the jobs each named.
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
 """
@@ -135,6 +136,20 @@ class HandBack:
 
 
 @dataclasses.dataclass(frozen=True)
+class LeaseTakeBack:
+    """A reaper's take-back of claimed jobs whose lease ran out (its "leases expired" line names
+    them): by the process `reaper`, from the consumer whose pid is `owner` (None: the monitor
+    never saw its registration), at `at` (monotonic, after the take-back's COMMIT). Evidence, not
+    a fault: a live consumer's jobs taken back so were finished and not acked (or not extended)
+    within their lease, and run again, uncharged when taken back together."""
+    deploy: str
+    reaper: int
+    owner: int | None
+    jobs: tuple[int, ...]
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class BystanderLoss:
     """A session of the bystander application (bystander.py) that stopped answering: it was
     open and answered at `last_ok`, and failed at `seen_at` (monotonic)."""
@@ -208,6 +223,8 @@ class History:
     # wakeup.poll_max_s (its consumers' largest: the longest wait before a claim is tried again)
     row_locks: list[RowLock] = dataclasses.field(default_factory=list)
     poll_max_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # reapers' take-backs of expired leases, with the jobs they named (the checker's messages)
+    lease_takebacks: list[LeaseTakeBack] = dataclasses.field(default_factory=list)
 
     def lease_of(self, deploy: str) -> float:
         return self.lease_by_deploy.get(deploy, self.lease_s)

@@ -68,6 +68,13 @@ Cheap classes for two fixed behaviours, on the main deployment (in the CI draw):
                    seconds later the file is restored and they are SIGHUPed again (reload_drop.py).
                    The reload must be refused whole: the key_limit rule catches a consumer that
                    applied it (its limit_per_key gone, more runs of the key at once)
+A cheap class for a fixed behaviour, on the main deployment, named on its own only (OPT_IN):
+  key_lock         about every 6 s, another session (key_lock.py, the server's admin) holds the
+                   nq_flow_key row of a key with running jobs for 5-7 s (longer than the lease),
+                   as a consumer stopped in the middle of a claim holds it, then rolls back: the
+                   outcomes of that key's running jobs wait for it, and must keep their jobs
+                   (a reaper may not take them back as expired meanwhile); it excuses no
+                   second run (the checker's run_twice and attempts)
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -112,9 +119,14 @@ STALL_15 = ("kill_query",)
 FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
 LOCK_RELOAD = ("row_lock", "reload_drop")
+KEY_LOCK = ("key_lock",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
             "grace_outage", "frozen_at_stop")
 FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + EPISODES
+# Classes named on their own only (not in "all" nor CI's draw): key_lock holds keys for 5-7 s,
+# and the rules that judge an idle fleet (locked_pickup) would take its waiting acks for idleness
+OPT_IN = KEY_LOCK
+KNOWN_CLASSES = FAULT_CLASSES + OPT_IN
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
 CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD  # the long episodes run in benchmarks/fault_schedule.py
@@ -135,6 +147,8 @@ ROW_LOCK_S = (1.0, 4.0)
 ROW_LOCK_LAST_LEAD_S = 1.0
 RELOAD_DROP_EVERY_S = 20.0  # reload_drop's plays, about this often, on a stream of their own
 RELOAD_DROP_S = 5.0  # how long the bad config stays in place
+KEY_LOCK_EVERY_S = 6.0  # key_lock's locks, about this often, on a stream of their own
+KEY_LOCK_S = (5.0, 7.0)  # each held this long: past the schedule's usual 4 s lease
 
 
 def parse_classes(text: str) -> tuple[str, ...]:
@@ -147,13 +161,13 @@ def parse_classes(text: str) -> tuple[str, ...]:
         names = {"all": FAULT_CLASSES, "ci": CI_CLASSES, "today": CI_CLASSES, "none": (), "before26": BEFORE_26,
                  "cheap26": CHEAP_26, "effects29": EFFECTS_29, "episodes": EPISODES}.get(name, (name,))
         for n in names:
-            if n not in FAULT_CLASSES:
-                raise ValueError(f"unknown fault class {n!r}; known: {', '.join(FAULT_CLASSES)}")
+            if n not in KNOWN_CLASSES:
+                raise ValueError(f"unknown fault class {n!r}; known: {', '.join(KNOWN_CLASSES)}")
             if remove and n in chosen:
                 chosen.remove(n)
             elif not remove and n not in chosen:
                 chosen.append(n)
-    return tuple(c for c in FAULT_CLASSES if c in chosen)
+    return tuple(c for c in KNOWN_CLASSES if c in chosen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,8 +272,8 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
 
 
 def _lock_reload_steps(seed: int, classes: tuple[str, ...], duration_s: float) -> list[Step]:
-    """row_lock's and reload_drop's steps, each class on a stream of its own: the other faults
-    keep their offsets, and each keeps its own with or without the other."""
+    """row_lock's, key_lock's and reload_drop's steps, each class on a stream of its own: the
+    other faults keep their offsets, and each keeps its own with or without the others."""
     steps: list[Step] = []
     if "row_lock" in classes:
         rng, t = random.Random(seed * 1000 + 41), 0.0
@@ -268,6 +282,10 @@ def _lock_reload_steps(seed: int, classes: tuple[str, ...], duration_s: float) -
             steps.append(Step(round(t, 3), "row_lock", rng.random(), round(rng.uniform(*ROW_LOCK_S), 3)))
         if last > 0:
             steps.append(Step(round(last, 3), "row_lock", rng.random(), ROW_LOCK_S[1]))
+    if "key_lock" in classes:
+        rng, t = random.Random(seed * 1000 + 43), 0.0
+        while (t := t + rng.uniform(0.5, 1.5) * KEY_LOCK_EVERY_S) < duration_s - KEY_LOCK_S[1]:
+            steps.append(Step(round(t, 3), "key_lock", rng.random(), round(rng.uniform(*KEY_LOCK_S), 3)))
     if "reload_drop" in classes:
         rng, t = random.Random(seed * 1000 + 42), 0.0
         while (t := t + rng.uniform(0.5, 1.5) * RELOAD_DROP_EVERY_S) < duration_s - RELOAD_DROP_S:

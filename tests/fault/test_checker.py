@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, Refused, RowLock, Run
+from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, LeaseTakeBack, Refused,
+                      RowLock, Run)
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -72,6 +73,19 @@ def test_a_kept_result_that_is_not_valid_json_is_caught():
     h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1)])
     h.invalid_results = [("main", 1)]
     assert rules(h) == {"invalid_result": 1}
+
+
+def test_a_second_run_after_a_lease_take_back_names_it():
+    """A reaper's take-back of an expired lease excuses nothing (it is no fault), but the
+    violation says it: the earlier run's claim lost its lease while its consumer lived."""
+    h = history([run(1, 1, 10, 1.0, 1.1), run(1, 1, 11, 7.5, 7.6)], [enq(1)])
+    h.lease_takebacks = [LeaseTakeBack("main", 12, 10, (1, 2, 3), 5.2), LeaseTakeBack("main", 12, 10, (4,), 5.3)]
+    report = checker.check(h)
+    assert report.by_rule() == {"run_twice": 1, "attempts": 1}
+    for v in report.violations:
+        assert "taken back from pid 10's claim by pid 12's reaper at 5.200, its lease expired, 4.10s after the " \
+               "earlier run ended" in str(v), v
+        assert "5.300" not in str(v)
 
 
 def test_a_job_run_twice_by_healthy_consumers_is_caught():
@@ -824,7 +838,7 @@ def test_an_effect_of_a_dead_or_cancelled_job_and_an_acked_job_without_one_are_c
 
 def test_a_dedup_put_that_found_a_plain_job_holding_its_key_owes_no_effect():
     # Given a plain job, then an fx put with the same key that got the plain job's id back
-    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), fx(1, at=0.5)])
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1), dataclasses.replace(fx(1, at=0.5), method="dedup")])
     # Then the job acked without an effect row is no violation: it ran the plain payload
     assert checker.check(h).ok, checker.check(h).violations
 
@@ -1138,6 +1152,35 @@ def test_the_ci_schedule_runs_the_row_lock_and_reload_drop_classes_with_a_quiet_
     both = [s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,reload_drop"), 60.0, 3000).steps
             if s.kind in ("sigkill", "stall")]
     assert base == both
+
+
+def test_one_id_returned_to_two_enqueues_without_a_dedup_key_is_caught():
+    """Two acknowledged enqueues got one id (seen after a server crash: a put_many whose COMMIT
+    lost its reply took the id crash recovery had given another put for its own): one of them
+    stored nothing, and lost cannot see it. Dedup puts may share their holder's id."""
+    runs = [run(1, 1, 10, 1.0, 1.1), run(2, 1, 10, 1.2, 1.3)]
+    shared = [enq(1, at=0.5), dataclasses.replace(enq(1, at=0.6), method="put_many"), enq(2, at=0.5),
+              dataclasses.replace(enq(2, at=0.7), method="dedup")]
+    report = checker.check(history(runs, shared))
+    assert report.by_rule() == {"shared_id": 1}
+    assert "returned to a put acknowledged at 0.500 and to a put_many acknowledged at 0.600" in str(report.violations[0])
+
+
+def test_the_key_lock_class_holds_keys_past_the_lease_and_excuses_no_second_run():
+    assert "key_lock" not in parse_classes("all") and "key_lock" not in CI_CLASSES  # named on its own
+    assert parse_classes("all,key_lock")[-1] == "key_lock"
+    plan = make_plan(1, parse_classes("key_lock"), 60.0, 3000)
+    locks = [s for s in plan.steps if s.kind == "key_lock"]
+    assert len(locks) >= 6 and all(LEASE < s.length_s <= 7.0 and s.at_s + s.length_s < 60.0 for s in locks)
+    # on a stream of its own: the timed faults keep their offsets
+    base = make_plan(1, parse_classes("sigkill,stall,row_lock"), 60.0, 3000).steps
+    assert base == tuple(s for s in make_plan(1, parse_classes("sigkill,stall,row_lock,key_lock"), 60.0, 3000).steps
+                         if s.kind != "key_lock")
+    # A held key is nobody's fault: a finished job of its key run again while it was held (its
+    # ack waited for the key's row past the lease, a reaper took it back) is still caught
+    held = Fault("key_lock", 1.0, 7.0, None, detail="fk1")
+    h = history([run(1, 1, 10, 1.5, 1.6), run(1, 1, 11, 6.5, 6.6)], [enq(1)], faults=[held])
+    assert rules(h) == {"run_twice": 1, "attempts": 1}
 
 
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():

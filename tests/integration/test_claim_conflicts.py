@@ -188,7 +188,7 @@ def test_a_limited_queues_claim_whose_ack_loses_lock_waits_past_the_retry_policy
             waits.update(r[0] for r in db.query(  # (the ack's key release or attempt records wait first)
                 "SELECT query_id FROM information_schema.PROCESSLIST WHERE user = %s AND "
                 "(info LIKE 'INSERT INTO nq_attempt%%' OR info LIKE 'DELETE nq_job FROM nq_job%%'"
-                " OR info LIKE 'UPDATE nq_flow_key k JOIN%%')",
+                " OR info LIKE 'UPDATE (%%SELECT queue, job_key%%')",
                 (db.dsn.user,)))
             return not thread.is_alive() or len(waits) >= 3
 

@@ -21,7 +21,7 @@ OWNER = "e" * 32
 # Pinned by name, not found by their hint: dropping FORCE INDEX from one of them must fail its
 # test here, not quietly take it off the list.
 BY_ID = ("claim_lock", "claim_mark", "ack_delete", "ack_keep", "give_back", "extend_lease",
-         "claims_owned", "return_alone", "return_shared", "job_retry", "job_purge",
+         "claims_owned", "claims_owned_lock", "return_alone", "return_shared", "job_retry", "job_purge",
          "promote_due", "keyed_jobs", "attempt_acked", "attempt_acked_dense", "attempt_taken_back",
          "jobs_cancel_check", "job_record_gone", "jobs_status", "rate_keys", "require_version",
          "web_workflow_jobs", "unclaim_token", "claims_lock", "claims_expired_lock", "flow_count_release",

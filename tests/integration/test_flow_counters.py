@@ -7,12 +7,16 @@ that a counter held ready jobs back from says when that counter's trust ends (Cl
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from conftest import admin_connect, wait_until
 
 from notifyq.produce.producer import Producer
 from notifyq.store import admin_queries, liveness, queries
 from notifyq.store.db import Session
 from notifyq.store.flow import COUNT_TRUST_S, FlowClaims, FlowLimits
+from notifyq.store.signal import SIGNAL_SLOTS
 
 OWNER = "o" * 32
 
@@ -712,3 +716,159 @@ def test_a_keys_first_ready_jobs_another_session_holds_hold_up_its_later_jobs_bu
         if holder is not None:
             holder.close()
         session.close()
+
+
+@pytest.mark.parametrize("outcome", ["ack", "failure"])
+def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_their_lease(db, outcome):
+    """Regression (fault schedule, seed 43: three jobs ran twice, attempt 1 both times, no fault on
+    either consumer): a counting claim's outcome takes its jobs off their keys' counters first
+    (flow_count_release), and that statement locked the key's row, waiting for it while a peer's
+    claim held it (a stopped process's claim holds it for as long as it is stopped), before it
+    read the jobs' rows. Their lease ran out meanwhile, a reaper took them back (together:
+    uncharged), the outcome found them gone, and the jobs that had run ran again elsewhere. The
+    jobs' rows are locked first now: the reaper passes over them, and the outcome lands."""
+    # Given a counting claim of key k's three jobs, on a 1 s lease
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
+    peer = admin_connect(db.admin, db.admin.database)
+    sender = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.counted_token(claim.token)
+        # And a peer's claim holding k's row (as its KeyGate does until its COMMIT)
+        cur = peer.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
+        # When the jobs' outcome is sent, and waits for that row until their lease has run out
+        sent: dict[str, object] = {}
+
+        def send() -> None:
+            if outcome == "ack":
+                sent["n"] = queries.ack(session, ids, claim.token, keep=False)
+            else:
+                sent["n"] = len(queries.reschedule_or_bury(session, "q", claim.token,
+                                                           [(i, 60.0, "boom") for i in ids]))
+
+        sender = threading.Thread(target=send, name="outcome", daemon=True)
+        sender.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the outcome waits")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 3,
+                   10, message="the lease ran out")
+        # And a reaper pass runs meanwhile
+        taken = liveness.reclaim_expired(reaper)
+        # Then it takes none of them back
+        assert taken == 0
+        # And once the peer's claim ends, the outcome lands on each job, charged once
+        peer.rollback()
+        sender.join(15)
+        assert sent == {"n": 3}
+        if outcome == "ack":
+            assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(ids),)) == 0
+        else:
+            assert db.query("SELECT status, attempts, suspect FROM nq_job WHERE id IN %s",
+                            (tuple(ids),)) == [(1, 1, 0)] * 3
+        assert _counters(db) == {"k": 0}
+    finally:
+        peer.close()
+        if sender is not None:
+            sender.join(15)
+        session.close()
+        reaper.close()
+
+
+def test_a_counting_claims_failure_and_give_back_bump_a_signal_slot_no_other_transaction_holds(db):
+    """Regression (the key_lock fault class): a counting claim's failure or give-back holds its
+    keys' rows (their counters' release) and bumped a random signal slot, waiting for one that a
+    claim held (its own acks' bump) while that claim waited for one of those key rows: a
+    deadlock, whose victim, the claim, let go of the jobs its acks had held past their lease,
+    and a reaper gave them back to run again. Its bump now takes a slot nobody holds."""
+    # Given a counting claim of key k's three jobs, and a claim under way elsewhere holding
+    # every signal slot of the queue but one
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    for n in range(SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (n,))
+    session = Session(cfg.dsn)
+    holder = admin_connect(db.admin, db.admin.database)
+    sender = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 60, flow=FlowClaims(FlowLimits(limit_per_key=5)))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.counted_token(claim.token)
+        cur = holder.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT slot FROM nq_signal WHERE queue = 'q' AND slot > 0 FOR UPDATE")
+        # When one job fails (a retry) and another is given back
+        done = threading.Event()
+
+        def outcomes() -> None:
+            queries.reschedule_or_bury(session, "q", claim.token, [(ids[0], 60.0, "boom")])
+            queries.give_back(session, "q", [ids[1]], claim.token)
+            done.set()
+
+        sender = threading.Thread(target=outcomes, name="outcomes", daemon=True)
+        sender.start()
+        # Then neither waits for the held slots
+        assert done.wait(5), "an outcome waited for a signal slot another transaction holds"
+        assert db.query("SELECT status FROM nq_job WHERE id IN %s ORDER BY id", (tuple(ids[:2]),)) == [(1,), (0,)]
+    finally:
+        holder.rollback()
+        holder.close()
+        if sender is not None:
+            sender.join(15)
+        session.close()
+
+
+def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_reaper(db):
+    """A claim retaken after its COMMIT failed (queries.retake) reads what it still holds, then
+    waits for its keys' rows to take again what it does not. It read them plainly: while a
+    peer's claim held a key's row past the jobs' lease, a reaper took them back, and the retake
+    still called them its own (their next starts ran jobs that were anyone's). Locked now."""
+    # Given a counting claim of key k's three jobs on a 1 s lease, one of them given back (not
+    # held: the retake takes it again, after k's row)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["k"] * 3)
+    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
+    limits = FlowLimits(limit_per_key=5)
+    peer = admin_connect(db.admin, db.admin.database)
+    retaking = None
+    try:
+        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(limits))
+        session.pipeline.read_reply()
+        ids = sorted(j.id for j in claim.jobs)
+        assert len(ids) == 3 and queries.give_back(session, "q", ids[:1], claim.token) == 1
+        # And a peer's claim holding k's row
+        cur = peer.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
+        # When the claim is retaken, and waits for that row until the held jobs' lease ran out
+        held: dict[str, object] = {}
+
+        def retake() -> None:
+            held["ids"] = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0, limits=limits)
+
+        retaking = threading.Thread(target=retake, name="retake", daemon=True)
+        retaking.start()
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the retake waits")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 2,
+                   10, message="the held jobs' lease ran out")
+        # And a reaper pass runs meanwhile
+        taken = liveness.reclaim_expired(reaper)
+        # Then it takes none of them back, and the retake holds all three once the row is free
+        assert taken == 0
+        peer.rollback()
+        retaking.join(15)
+        assert sorted(held["ids"]) == ids
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND claim_token = %s", (claim.token,)) == 3
+    finally:
+        peer.close()
+        if retaking is not None:
+            retaking.join(15)
+        session.close()
+        reaper.close()

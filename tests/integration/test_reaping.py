@@ -3,6 +3,7 @@ polling consumers are judged by heartbeat, never by a lock they never held."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import MySQLdb
@@ -557,7 +558,7 @@ def _live_consumer(db, consumer_id: str, queue: str) -> Session:
     return lock
 
 
-def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open_transaction(db):
+def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open_transaction(db, caplog):
     """Regression (issue 35, seed 8, stranded): the expired-lease read locked every expired row
     of the owners it found, and waited on one a stopped consumer's open transaction held: every
     other expired claim stayed claimed until that transaction ended. Its rows are skipped now,
@@ -571,9 +572,13 @@ def test_expired_leases_come_back_while_another_expired_claim_is_held_by_an_open
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND sort_at < NOW(6)") == 5,
                    10, message="the leases ran out")
         # When a reaper pass runs
-        result = _pass_within(cfg, 5.0)
+        with caplog.at_level(logging.WARNING, logger="notifyq.reaper"):
+            result = _pass_within(cfg, 5.0)
         # Then the free claim is back whole, the held one left for a later pass
         assert (result.reclaimed, result.expired) == (0, 3)
+        # (and its line names them and their owner: the fault checker reads it)
+        assert [r.getMessage() for r in caplog.records if "leases expired" in r.getMessage()] == [
+            f"leases expired, jobs returned jobs=3 from={'f' * 32}:{','.join(map(str, sorted(mine)))}"]
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 0 AND id IN (%s)"
                          % ",".join(map(str, mine))) == 3
         assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND owner = %s", ("e" * 32,)) == 2

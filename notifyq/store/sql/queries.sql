@@ -458,14 +458,20 @@ WHERE queue = %(queue)s AND job_key IN %(keys)s
 -- The running jobs of `ids` still held by the counting claim `token` (the fence of the ack, the
 -- outcome or the give-back that follows in the same transaction) taken off their keys'
 -- counters, before their rows leave status 2. Counted on the server's rows, not the client's
--- list: a job taken back meanwhile (its fence failed) is not subtracted. The derived table's
--- read is a locking one (a multi-table UPDATE), so the rows cannot change before the outcome's
--- statement. Only a counting claim's token is released (store/queries.py, counted_token): a job
--- that no counter added is never subtracted. Keys in key order (the grouped derived table's).
-UPDATE nq_flow_key k JOIN (
+-- list: a job taken back meanwhile (its fence failed) is not subtracted. Only a counting claim's
+-- token is released (store/queries.py, counted_token): a job that no counter added is never
+-- subtracted. Keys in key order (the grouped derived table's).
+-- The jobs' rows are locked first (the derived table's locking read, read first: STRAIGHT_JOIN),
+-- the key rows after: so the rows cannot change before the outcome's statement, and while this
+-- waits for a key row (a peer's claim holds it until its COMMIT: a stopped process's for as long
+-- as it is stopped) no reaper takes the jobs back. Joined the other way round, the key row was
+-- locked (and waited for) first and the jobs' rows read after it: a live consumer's finished jobs
+-- whose ack waited there past their lease went back to the queue, uncharged, and ran again.
+UPDATE (
   SELECT queue, job_key, COUNT(*) AS n FROM nq_job FORCE INDEX (PRIMARY)
   WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2 AND job_key IS NOT NULL
-  GROUP BY queue, job_key ORDER BY queue, job_key) c ON k.queue = c.queue AND k.job_key = c.job_key
+  GROUP BY queue, job_key ORDER BY queue, job_key FOR UPDATE) c
+STRAIGHT_JOIN nq_flow_key k FORCE INDEX (PRIMARY) ON k.queue = c.queue AND k.job_key = c.job_key
 SET k.running = k.running - c.n
 
 -- flow_key_ready --
@@ -1071,6 +1077,14 @@ SELECT 1 FROM nq_consumer WHERE id = %(id)s
 -- Which of these jobs the claim still holds, when extend_lease changed fewer rows than asked.
 SELECT id FROM nq_job FORCE INDEX (PRIMARY)
 WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+
+-- claims_owned_lock --
+-- claims_owned, locked (queries.retake): what the claim holds stays its own while the retake
+-- waits for its keys' rows (flow_lock_wait), past the jobs' lease if a peer's claim holds one;
+-- a plain read let a reaper take them back meanwhile, and the retake still called them ours.
+SELECT id FROM nq_job FORCE INDEX (PRIMARY)
+WHERE id IN %(ids)s AND claim_token = %(token)s AND status = 2
+FOR UPDATE
 
 -- claims_of_owner --
 -- Taking back a dead consumer's jobs (the reaper holds its lock), step 1: which are claimed under
