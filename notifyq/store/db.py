@@ -433,15 +433,19 @@ class Session:
         return self.conn.cursor()
 
     def run(self, body: Callable[[Any], T], *, what: str, idempotent: bool = True,
-            committed: Callable[[Any, T], bool] | None = None, wait_s: float = 0.0) -> T:
+            committed: Callable[[Any, T, float], bool] | None = None, wait_s: float = 0.0) -> T:
         """Run `body(cursor)` as one transaction (or one autocommit step), retrying it whole.
 
         A lost connection during COMMIT leaves the outcome unknown: idempotent bodies (every
         claim, ack and retry statement is fenced by status and claim token) just run again;
         others raise OutcomeUnknown rather than risk doing the work twice, unless they say how
-        to find out: `committed(cursor, result)` asks, on a new connection (on Galera, the next
-        node, after it applied everything the cluster committed), whether the transaction that
-        returned `result` is stored; if so its result stands, if not it is run again.
+        to find out: `committed(cursor, result, written_by)` asks, on a new connection (on
+        Galera, the next node, after it applied everything the cluster committed), whether the
+        transaction that returned `result` is stored; if so its result stands, if not it is run
+        again. Its rows, if stored, were written by `written_by` on time.monotonic()'s clock (as
+        its COMMIT went out, give or take the clocks' drift): a row of the same key written later
+        is another transaction's (crash recovery may give a lost transaction's AUTO_INCREMENT ids
+        again).
         wait_s: how long the body may wait on the server on purpose (GET_LOCK, SLEEP): its reply
         is overdue only after that (Session.waiting).
         """
@@ -462,7 +466,7 @@ class Session:
             raise
 
     def _run(self, body: Callable[[Any], T], *, what: str, idempotent: bool,
-             committed: Callable[[Any, T], bool] | None, wait_s: float = 0.0) -> T:
+             committed: Callable[[Any, T, float], bool] | None, wait_s: float = 0.0) -> T:
         started = time.monotonic()
         # A wait on purpose (an idle wait for work, a lock wait) is not run again once the daemon
         # stops: the stop interrupts such waits, and on a server that does not answer the stall
@@ -477,7 +481,7 @@ class Session:
         return result
 
     def _attempt(self, body: Callable[[Any], T], idempotent: bool,
-                 committed: Callable[[Any, T], bool] | None = None, what: str = "", wait_s: float = 0.0) -> T:
+                 committed: Callable[[Any, T, float], bool] | None = None, what: str = "", wait_s: float = 0.0) -> T:
         committing = False
         sent_at = time.monotonic()
         self.attempt = attempt = Attempt(idempotent)
@@ -494,6 +498,7 @@ class Session:
                 cur.close()
             if not self.autocommit and not attempt.committed:
                 committing = True
+                attempt.commit_sent_at = time.monotonic()
                 self.conn.commit()
             self.waiting = None
             self.answered_at, self.open_at = sent_at, time.monotonic()
@@ -510,7 +515,7 @@ class Session:
             if committing and is_connection_lost(e) and not idempotent and committed is not None:
                 if in_body:
                     result = attempt.result
-                if _landed(self, committed, result):
+                if _landed(self, committed, result, attempt.commit_sent_at):
                     return result
                 raise  # not stored: the policy runs it again
             if committing and is_connection_lost(e) and not idempotent:
@@ -669,15 +674,34 @@ def shut_down(mine: tuple[int, int] | None) -> bool:
         return True
 
 
-def _landed(session: Session, committed: Callable[[Any, T], bool], result: T) -> bool:
+# _landed's margins: how much younger than this process's clock says a stored transaction's rows
+# may look on the server's clock. One server: its clock against ours over seconds (drift is parts
+# per million; a step of the server's clock meanwhile makes a stored put look unstored, run again:
+# a duplicate, never a loss). Galera: the next node's clock against the writer's (NTP keeps them
+# within milliseconds; a failover takes the eviction timeout, seconds).
+CLOCK_MARGIN_S = 0.1
+CLUSTER_CLOCK_MARGIN_S = 1.0
+
+
+def _landed(session: Session, committed: Callable[[Any, T, float], bool], result: T,
+            commit_sent_at: float | None) -> bool:
     """After a COMMIT whose reply was lost: is its transaction stored? On a new connection,
     retried like any read; on Galera the read first waits until this node has applied every
-    write set the cluster committed (wsrep_sync_wait), so one that made it is seen."""
+    write set the cluster committed (wsrep_sync_wait), so one that made it is seen.
+
+    `committed` is told by when the transaction's rows were written, on time.monotonic()'s
+    clock: before the COMMIT went out, plus a margin for the clocks' drift (on Galera the next
+    node's clock, not the one that wrote them). A server restarted meanwhile may have given the
+    lost transaction's AUTO_INCREMENT ids to another one, whose rows are younger than that: a
+    restart and a reconnect take far longer than the margin."""
+    margin_s = CLUSTER_CLOCK_MARGIN_S if session.galera else CLOCK_MARGIN_S
+    written_by = (time.monotonic() if commit_sent_at is None else commit_sent_at) + margin_s
+
     def ask(cur) -> bool:
         if session.galera:
             cur.execute("SET SESSION wsrep_sync_wait = 1")
         try:
-            return committed(cur, result)
+            return committed(cur, result, written_by)
         finally:
             if session.galera:
                 cur.execute("SET SESSION wsrep_sync_wait = 0")

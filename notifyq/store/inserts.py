@@ -9,6 +9,7 @@ import codecs
 import functools
 import operator
 import random
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -530,15 +531,20 @@ def _code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def jobs_stored(cur, ids: list[int]) -> bool:
+def jobs_stored(cur, ids: list[int], written_by: float) -> bool:
     """Whether the jobs an enqueue transaction inserted are stored: Session.run's `committed`
-    test for an enqueue whose COMMIT lost its reply. A transaction commits whole and ids are
-    never reused, so its first job tells. One case reads as not stored although it was: a
-    consumer ran and deleted the job (ack with retention 0) between the lost reply and this
-    read; it is then enqueued again, a second run, as at-least-once delivery allows."""
+    test for an enqueue whose COMMIT lost its reply. A transaction commits whole, so its first
+    job tells, if it is that job: its row was written by `written_by` (time.monotonic(): as the
+    COMMIT went out), so it is at least as old, by the server's clock, as that is ago. A server that crashed before the transaction was
+    durable may hand its ids to another put after the restart; that put's row is younger, and
+    taking it for ours said "stored" of jobs that were lost. One case reads as not stored
+    although it was: a consumer ran and deleted the job (ack with retention 0) between the lost
+    reply and this read; it is then enqueued again, a second run, as at-least-once delivery
+    allows (as it is when the server's clock stepped back meanwhile)."""
     if not ids:
         return False
-    cur.execute(Q["job_stored"], {"id": int(ids[0])})
+    older_than_us = max(0, int((time.monotonic() - written_by) * 1e6))
+    cur.execute(Q["job_stored"], {"id": int(ids[0]), "older_than_us": older_than_us})
     return cur.fetchone() is not None
 
 

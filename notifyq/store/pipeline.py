@@ -77,6 +77,7 @@ class Attempt:
     committed: bool = False  # the body sent its own COMMIT (send_commit, commit_with, commit_then_read)
     committing: bool = False  # inside commit_then_read's COMMIT: its outcome is unknown if the connection is lost
     result: Any = None  # what the body returns after commit_then_read's COMMIT
+    commit_sent_at: float | None = None  # time.monotonic() as its COMMIT went out (Session's _landed)
 
 
 class Carrier(Protocol):
@@ -384,6 +385,7 @@ class Pipeline:
             raise AssertionError("commit_then_read is for transactions")
         attempt = self._session.attempt
         attempt.committing, attempt.result = True, result
+        attempt.commit_sent_at = time.monotonic()
         if self.commit_rides_along:
             cur.execute("COMMIT;\n" + read)  # the COMMIT's result: raises if the COMMIT failed
         else:

@@ -187,7 +187,8 @@ class Steps:
             cur.execute(Q["step_insert"], params)
             return True
 
-        def committed(cur, _held: bool) -> bool:
+        def committed(cur, _held: bool, _written_by: float) -> bool:
+            # a step's row is named by its job and name, no AUTO_INCREMENT id: its age tells nothing more
             cur.execute(Q["step_stored"], params)
             return cur.fetchone() is not None
 

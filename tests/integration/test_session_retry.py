@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import MySQLdb
 import pytest
@@ -123,6 +124,39 @@ def test_an_enqueue_whose_commit_reply_was_lost_is_run_again_only_if_it_was_not_
         finally:
             session.close()
 
+
+def test_an_enqueue_whose_lost_transactions_id_went_to_another_put_is_run_again(db):
+    """Regression (fault schedule: after a server crash, puts told "stored" whose jobs were
+    gone): crash recovery may hand the ids of a transaction that was not durable to a put after
+    the restart. The enqueue whose COMMIT lost its reply then asked whether its first id was
+    stored, found the other put's row, and returned that id: its own job was lost."""
+    session = Session(db.admin, retry_s=10)
+    calls: list = []
+    taken: list = []
+
+    def committed(cur, ids, *written_by):
+        # Given, between the lost reply and the question, the lost transaction's first id given to
+        # a put after the restart (a restart takes seconds; a quarter of one here)
+        if not taken:
+            deadline = time.monotonic() + 0.25
+            wait_until(lambda: time.monotonic() >= deadline, 1, message="the restart's time")
+            db.query("INSERT INTO nq_job (id, queue, status, run_at, max_attempts, payload, created_at) "
+                     "VALUES (%s, 'other', 0, UTC_TIMESTAMP(6), 3, '{\"other\": 1}', UTC_TIMESTAMP(6))", (ids[0],))
+            taken.extend(ids)
+        return inserts.jobs_stored(cur, ids, *written_by)
+
+    try:
+        # When an enqueue's first attempt loses its connection before its COMMIT was stored
+        with Lines() as log:
+            ids = session.run(_enqueue_once_then_lose_the_connection(session, calls, commit_first=False),
+                              what="enqueue", idempotent=False, committed=committed)
+        # Then it is run again (the row of its first id is the other put's), and its job is stored
+        assert len(calls) == 2
+        assert ids != taken
+        assert db.query("SELECT queue, payload FROM nq_job WHERE id = %s", (ids[0],)) == [("q", '{"n": 1}')]
+        assert any("was not stored: running it again" in line for line in log.lines), log.lines
+    finally:
+        session.close()
 
 def _lose_the_ringing_commit(producer, commit_first: bool) -> list:
     """The producer's first COMMIT sent with the ring's look (commit_then_read) loses its

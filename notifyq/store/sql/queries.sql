@@ -67,7 +67,11 @@ UPDATE nq_job FORCE INDEX (PRIMARY) SET min_version = %(version)s WHERE id IN %(
 -- job_stored --
 -- After a COMMIT whose reply was lost (the server or the Galera node died): is the first job the
 -- transaction's INSERT got stored? A transaction commits whole: yes, it committed; no, it did not.
-SELECT 1 FROM nq_job WHERE id = %(id)s
+-- Only a row written before the COMMIT went out is that job (created_at is the INSERT's time, by
+-- the server's clock): crash recovery may give a lost transaction's AUTO_INCREMENT ids again, to
+-- a put after the restart, whose row is younger.
+SELECT 1 FROM nq_job
+WHERE id = %(id)s AND created_at <= UTC_TIMESTAMP(6) - INTERVAL %(older_than_us)s MICROSECOND
 
 -- insert_job_returning --
 -- MariaDB: appended to a multi-row insert_job, so that the server names the ids it gave. The
