@@ -456,8 +456,8 @@ def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.Input
 def _rendered_bump(db, queue: str, n: int) -> bytes:
     """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) would
     cost every put; the bound text only depends on the queue, the slot, n and the connection's
-    charset, so it is rendered once."""
-    return _bump_text(db.encoding, db.literal(queue), random.randrange(SIGNAL_SLOTS), n)
+    charset, so it is rendered once (the slot is where bump_signal starts looking)."""
+    return _bump_text(db.encoding, db.literal(queue), int(_random() * SIGNAL_SLOTS), n)
 
 
 @functools.lru_cache(maxsize=1024)

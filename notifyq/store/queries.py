@@ -14,7 +14,6 @@ import datetime as dt
 import logging
 import math
 import os
-import random
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -236,7 +235,7 @@ class Acks:
         """A limited queue's signal bump for the slots these acks free (none for another queue)."""
         # On a slot nobody holds: a peer's claim stopped inside its transaction holds the slot
         # its own acks bumped, and this claim waited on it for the lock wait timeout
-        return [signal.bump_unheld(self.wake, len(self.ids))] if self.wake is not None else []
+        return [signal.bump(self.wake, len(self.ids))] if self.wake is not None else []
 
     @property
     def counted(self) -> int:
@@ -856,7 +855,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         return
     session.pipeline.commit_with(cur, [
         (Q["promote_due"], {"ids": Ids(ids)}),
-        (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
+        signal.bump(queue, len(ids))])
     # Not the claim's last word: what it does next is a transaction of its own, which the
     # Session commits if the claim sends no COMMIT (it took nothing, carried no acks). Marked
     # committed, that transaction stayed open: a limited claim's key rows (and its queue's row)
