@@ -212,16 +212,21 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
     Every value but the payload is usually the same from one put to the next (the queue, the
     defaults of the options), so the text around the payload is rendered once for them
     (_one_statement); a job with a dedup key, a key or a run_at is rendered whole, as
-    insert_jobs does."""
+    insert_jobs does.
+
+    The bump: on MariaDB the plain one on a random slot, refused rather than waited on if
+    another open transaction holds that row (bump_signal_nowait; then _bump_unheld, one more
+    round trip); on MySQL bump_signal, a slot nobody holds at once."""
     text = row[5]
     queue, n = signal
     slot = int(_random() * SIGNAL_SLOTS)
+    nowait = "MariaDB" in db.get_server_info()  # from the handshake (returns_ids): no round trip
     if row[6] is None and row[7] is None and row[3].__class__ is int:
         payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
-        key = (db.encoding, row[:5], queue, n)
+        key = (db.encoding, row[:5], queue, n, nowait)
         made = _ONE_STATEMENTS.get(key)
         if made is None:
-            made = _one_statement(db, row, queue, n)
+            made = _one_statement(db, row, queue, n, nowait)
             if len(_ONE_STATEMENTS) >= ONE_STATEMENTS_KEPT:  # options that vary call by call (a delay)
                 _ONE_STATEMENTS.clear()
             _ONE_STATEMENTS[key] = made
@@ -232,24 +237,39 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
         values = _render(db, [row])
         size = _ROW_BYTES + sum(map(len, values))
         statement = (_encoded(_insert_sql(1, False, _at([row])), db.encoding) % tuple(values) + b";\n"
-                     + _bump_text(db.encoding, db.literal(queue), slot, n))
+                     + _bump_text(db.encoding, db.literal(queue), slot, n, _BUMP_NOWAIT if nowait else _BUMP))
     if size > max_packet - PACKET_MARGIN_BYTES:
         raise _too_big(0, 1, size, max_packet)
     db.query(statement)  # raises the INSERT's error; the server then runs no bump
     job_id, stored = db.insert_id(), db.affected_rows()
-    db.next_result()  # the bump's reply; raises the bump's error if it failed
+    try:
+        db.next_result()  # the bump's reply; raises the bump's error if it failed
+    except MySQLdb.OperationalError as e:
+        if not nowait or e.args[0] != LOCK_WAIT_TIMEOUT or stored != 1:
+            raise
+        _bump_unheld(db, queue, slot, n, e)
     if stored != 1 or db.affected_rows() < 1:  # a KILL QUERY's OK reply to a statement it cut short
         raise cut_short(f"insert of a job: {stored} stored, bump {db.affected_rows()}")
     return job_id
 
 
+def _bump_unheld(db, queue: str, slot: int, n: int, refused: Exception) -> None:
+    """put()'s bump after bump_signal_nowait was refused (another open transaction holds its
+    random slot): bump_signal, on a slot nobody holds, one more round trip. Raises `refused` if
+    the server rolled the whole transaction back (innodb_rollback_on_timeout): the job is gone."""
+    db.query(_encoded(Q["in_transaction"], db.encoding))
+    if not int(db.store_result().fetch_row()[0][0]):
+        raise refused
+    db.query(_bump_text(db.encoding, db.literal(queue), slot, n, _BUMP))
+
+
 # _one_statement's texts, by (encoding, the row's values before its payload, the signal's queue
-# and n). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
+# and n, the bump's form). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
 _ONE_STATEMENTS: dict[tuple, tuple[bytes, tuple[bytes, ...], int]] = {}
 ONE_STATEMENTS_KEPT = 256
 
 
-def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
+def _one_statement(db, row: tuple, queue: str, n: int, nowait: bool) -> tuple[bytes, tuple[bytes, ...], int]:
     """_insert_one's query around the payload for a job's other values (queue, status, priority,
     delay_us, max_attempts; no dedup key, no key, no run_at): (the INSERT up to its payload; the
     rest of it and the bump, for each signal slot; the bytes of the other values as bound)."""
@@ -259,7 +279,8 @@ def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[byt
     head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
     tail = parts[6] + b"".join(value + part for value, part in zip(rendered[5:], parts[7:])) + b";\n"
     queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
-    bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
+    name = _BUMP_NOWAIT if nowait else _BUMP
+    bumps = (_bump_text(db.encoding, queue_literal, slot, n, name) for slot in range(SIGNAL_SLOTS))
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
 
 
@@ -461,9 +482,15 @@ def _rendered_bump(db, queue: str, n: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=1024)
-def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int) -> bytes:
+def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int, name: str = "bump_signal") -> bytes:
     params = {"queue": queue_literal, "slot": str(slot).encode(), "n": str(int(n)).encode()}
-    return Q["bump_signal"].encode(encoding) % {k.encode(): v for k, v in params.items()}
+    return Q[name].encode(encoding) % {k.encode(): v for k, v in params.items()}
+
+
+# put()'s bump on MariaDB, refused rather than waited on (then _bump_unheld); every other bump
+# takes bump_signal's slot nobody holds at once (a put_many's: one per 100 jobs).
+_BUMP, _BUMP_NOWAIT = "bump_signal", "bump_signal_nowait"
+LOCK_WAIT_TIMEOUT = 1205
 
 
 @functools.lru_cache(maxsize=64)

@@ -183,6 +183,21 @@ SELECT %(queue)s, COALESCE(
     %(slot)s), %(n)s
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
+-- bump_signal_nowait --
+-- put()'s bump on MariaDB (inserts._insert_one), in its INSERT's round trip: bump_signal's plain
+-- form, on the random slot, refused at once (1205) instead of waited on when another transaction
+-- holds that row; the put then sends bump_signal (after in_transaction: a server that rolls the
+-- whole transaction back on a lock wait timeout has dropped the job too). bump_signal's two reads
+-- cost a put per job about 60 us of server CPU (twice the plain bump's), this form nothing
+-- measurable (benchmarks/HISTORY.md). A put_many bumps once per 100 jobs: bump_signal there.
+SET STATEMENT innodb_lock_wait_timeout = 0 FOR
+INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
+ON DUPLICATE KEY UPDATE seq = seq + %(n)s
+
+-- in_transaction --
+-- Whether the session's transaction is still open: after bump_signal_nowait was refused.
+SELECT @@in_transaction
+
 -- claim_ready --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids, in claim order (ix_state's own
 -- order: priority, run_at, id), index-only. Sent with due_any and queue_paused as one
