@@ -123,3 +123,35 @@ def test_a_workflow_release_never_waits_on_a_counter_slot_another_open_transacti
     assert done[0].error is None, done[0].error
     assert ran == [1, 2]
     assert {slot for slot, seq in _counted(db).items() if seq != before.get(slot)} == {FREE}
+
+
+def test_a_put_takes_its_random_slot_when_nobody_holds_it_else_the_next_free_one(db, monkeypatch):
+    # Given a producer whose bumps' random slot is 3: a free slot is taken as drawn, so
+    # concurrent producers stay spread over the slots as a plain random bump spread them
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        p.put({"n": 1})
+        p.put_many([{"n": 2}, {"n": 3}])
+        assert _counted(db) == {3: 3}
+        # When another open transaction holds slot 3, the next free slot counts the puts (put()'s
+        # bump refused on slot 3, then bump_signal; put_many's bump_signal at once)
+        holder = admin_connect_holding(db, [3])
+        try:
+            p.put({"n": 4})
+            p.put_many([{"n": 5}, {"n": 6}])
+        finally:
+            holder.close()
+    assert _counted(db) == {3: 3, 4: 3}
+
+
+def admin_connect_holding(db, slots: list[int]):
+    """Another session's open transaction holding these slot rows of queue q's counter (every
+    slot row made first, as a queue in use soon has them)."""
+    for slot in range(signal.SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (slot,))
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    cur = conn.cursor()
+    for slot in slots:
+        cur.execute("INSERT INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0) "
+                    "ON DUPLICATE KEY UPDATE seq = seq", (slot,))
+    return conn
