@@ -216,7 +216,7 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
 
     The bump: on MariaDB the plain one on a random slot, refused rather than waited on if
     another open transaction holds that row (bump_signal_nowait; then _bump_unheld, one more
-    round trip); on MySQL bump_signal, a slot nobody holds at once."""
+    round trip); on MySQL bump_signal, a slot nobody holds at once. _insert_uniform's the same."""
     text = row[5]
     queue, n = signal
     slot = int(_random() * SIGNAL_SLOTS)
@@ -324,7 +324,7 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
         chunks = [(i, min(i + max_rows, n_all)) for i in range(0, n_all, max_rows)]
     else:  # not all in one statement's bytes: size every row (a row too big raises here, before any INSERT)
         chunks = _chunks([fixed + len(p) for p in payloads], max_rows, max_packet)
-    returning = returns_ids(db)
+    returning = returns_ids(db)  # MariaDB: also the bump that is refused rather than waited on
     between = post + b"," + pre
     ids: list[int] = []
     for start, end in chunks:
@@ -337,7 +337,7 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
                 statements.append(_encoded(Q["auto_increment_increment"], encoding))
         bump = signal is not None and end == n_all
         if bump:
-            statements.append(_rendered_bump(db, *signal))
+            statements.append(_rendered_bump(db, *signal, nowait=returning))
         db.query(b";\n".join(statements))  # raises the INSERT's error; the server then runs nothing after it
         if n > 1 and returning:
             got = [r[0] for r in db.store_result().fetch_row(0)]
@@ -351,7 +351,12 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
             increment = int(db.store_result().fetch_row()[0][0])
             got = [got[0] + i * increment for i in range(n)]
         if bump:
-            db.next_result()  # the bump's reply; raises the bump's error if it failed
+            try:
+                db.next_result()  # the bump's reply; raises the bump's error if it failed
+            except MySQLdb.OperationalError as e:
+                if not returning or e.args[0] != LOCK_WAIT_TIMEOUT:
+                    raise
+                _bump_unheld(db, signal[0], int(_random() * SIGNAL_SLOTS), signal[1], e)
             if db.affected_rows() < 1:  # cut short: the jobs would commit with no wake-up for them
                 raise cut_short("the signal bump of an insert")
         ids += got
@@ -474,11 +479,13 @@ def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.Input
         " (raise max_allowed_packet on the server, or send smaller payloads)")
 
 
-def _rendered_bump(db, queue: str, n: int) -> bytes:
+def _rendered_bump(db, queue: str, n: int, nowait: bool = False) -> bytes:
     """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) would
     cost every put; the bound text only depends on the queue, the slot, n and the connection's
-    charset, so it is rendered once (the slot is where bump_signal starts looking)."""
-    return _bump_text(db.encoding, db.literal(queue), int(_random() * SIGNAL_SLOTS), n)
+    charset, so it is rendered once (the slot is where bump_signal starts looking). nowait:
+    bump_signal_nowait, for a caller that sends _bump_unheld when it is refused."""
+    return _bump_text(db.encoding, db.literal(queue), int(_random() * SIGNAL_SLOTS), n,
+                      _BUMP_NOWAIT if nowait else _BUMP)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -487,8 +494,8 @@ def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int, name: str
     return Q[name].encode(encoding) % {k.encode(): v for k, v in params.items()}
 
 
-# put()'s bump on MariaDB, refused rather than waited on (then _bump_unheld); every other bump
-# takes bump_signal's slot nobody holds at once (a put_many's: one per 100 jobs).
+# put()'s and put_many()'s bump on MariaDB, refused rather than waited on (then _bump_unheld);
+# every other bump takes bump_signal's slot nobody holds at once.
 _BUMP, _BUMP_NOWAIT = "bump_signal", "bump_signal_nowait"
 LOCK_WAIT_TIMEOUT = 1205
 

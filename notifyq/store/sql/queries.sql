@@ -185,12 +185,12 @@ SELECT %(queue)s, COALESCE(
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
 -- bump_signal_nowait --
--- put()'s bump on MariaDB (inserts._insert_one), in its INSERT's round trip: bump_signal's plain
--- form, on the random slot, refused at once (1205) instead of waited on when another transaction
--- holds that row; the put then sends bump_signal (after in_transaction: a server that rolls the
--- whole transaction back on a lock wait timeout has dropped the job too). bump_signal's two reads
--- cost a put per job about 60 us of server CPU (twice the plain bump's), this form nothing
--- measurable (benchmarks/HISTORY.md). A put_many bumps once per 100 jobs: bump_signal there.
+-- put()'s and put_many()'s bump on MariaDB (inserts._insert_one, _insert_uniform), in the
+-- INSERT's round trip: bump_signal's plain form on the random slot, refused at once (1205)
+-- instead of waited on when another transaction holds that row; the put then sends bump_signal
+-- (after in_transaction: a server that rolls the whole transaction back on a lock wait timeout
+-- has dropped the jobs too). bump_signal's two reads cost about 60 us of server CPU (twice the
+-- plain bump's), this form nothing measurable (benchmarks/HISTORY.md).
 SET STATEMENT innodb_lock_wait_timeout = 0 FOR
 INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
