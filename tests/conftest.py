@@ -196,20 +196,27 @@ class TestDB:
         assert cur.fetchall()
         return conn
 
-    def signal_rows_locked(self, queue: str):
+    def signal_rows_locked(self, queue: str, free: int | None = None):
         """Another session's open transaction holding every slot row of the queue's signal
         counter, as a producer stopped inside its put's transaction does (each made first if
         missing, with nothing counted): a claim's promotion of due jobs, which bumps the counter,
-        waits on it (a due job's own row held is passed over: the due_ids statement). The caller
-        closes the connection to let go."""
+        waits on it (a due job's own row held is passed over: the due_ids statement). With
+        `free`, every slot row but that one (each locked by its key alone: a range read under
+        REPEATABLE READ would lock the free row too). The caller closes the connection to let go."""
         conn = admin_connect(self.admin, self.admin.database)
         conn.autocommit(True)
         cur = conn.cursor()
         for slot in range(SIGNAL_SLOTS):
             cur.execute("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES (%s, %s, 0)", (queue, slot))
         conn.autocommit(False)
-        cur.execute("SELECT slot FROM nq_signal WHERE queue = %s FOR UPDATE", (queue,))
-        assert len(cur.fetchall()) == SIGNAL_SLOTS
+        if free is None:
+            cur.execute("SELECT slot FROM nq_signal WHERE queue = %s FOR UPDATE", (queue,))
+            assert len(cur.fetchall()) == SIGNAL_SLOTS
+            return conn
+        for slot in range(SIGNAL_SLOTS):
+            if slot != free:
+                cur.execute("SELECT slot FROM nq_signal WHERE queue = %s AND slot = %s FOR UPDATE", (queue, slot))
+                assert cur.fetchall()
         return conn
 
 

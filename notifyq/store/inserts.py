@@ -213,16 +213,21 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
     Every value but the payload is usually the same from one put to the next (the queue, the
     defaults of the options), so the text around the payload is rendered once for them
     (_one_statement); a job with a dedup key, a key or a run_at is rendered whole, as
-    insert_jobs does."""
+    insert_jobs does.
+
+    The bump: on MariaDB the plain one on a random slot, refused rather than waited on if
+    another open transaction holds that row (bump_signal_nowait; then _bump_unheld, one more
+    round trip); on MySQL bump_signal, a slot nobody holds at once. _insert_uniform's the same."""
     text = row[5]
     queue, n = signal
     slot = int(_random() * SIGNAL_SLOTS)
+    nowait = "MariaDB" in db.get_server_info()  # from the handshake (returns_ids): no round trip
     if row[6] is None and row[7] is None and row[3].__class__ is int:
         payload = db.string_literal(text.encode(db.encoding)) if text.__class__ is str else db.literal(text)
-        key = (db.encoding, row[:5], queue, n)
+        key = (db.encoding, row[:5], queue, n, nowait)
         made = _ONE_STATEMENTS.get(key)
         if made is None:
-            made = _one_statement(db, row, queue, n)
+            made = _one_statement(db, row, queue, n, nowait)
             if len(_ONE_STATEMENTS) >= ONE_STATEMENTS_KEPT:  # options that vary call by call (a delay)
                 _ONE_STATEMENTS.clear()
             _ONE_STATEMENTS[key] = made
@@ -233,24 +238,39 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
         values = _render(db, [row])
         size = _ROW_BYTES + sum(map(len, values))
         statement = (_encoded(_insert_sql(1, False, _at([row])), db.encoding) % tuple(values) + b";\n"
-                     + _bump_text(db.encoding, db.literal(queue), slot, n))
+                     + _bump_text(db.encoding, db.literal(queue), slot, n, _BUMP_NOWAIT if nowait else _BUMP))
     if size > max_packet - PACKET_MARGIN_BYTES:
         raise _too_big(0, 1, size, max_packet)
     db.query(statement)  # raises the INSERT's error; the server then runs no bump
     job_id, stored = db.insert_id(), db.affected_rows()
-    db.next_result()  # the bump's reply; raises the bump's error if it failed
+    try:
+        db.next_result()  # the bump's reply; raises the bump's error if it failed
+    except MySQLdb.OperationalError as e:
+        if not nowait or e.args[0] != LOCK_WAIT_TIMEOUT or stored != 1:
+            raise
+        _bump_unheld(db, queue, slot, n, e)
     if stored != 1 or db.affected_rows() < 1:  # a KILL QUERY's OK reply to a statement it cut short
         raise cut_short(f"insert of a job: {stored} stored, bump {db.affected_rows()}")
     return job_id
 
 
+def _bump_unheld(db, queue: str, slot: int, n: int, refused: Exception) -> None:
+    """put()'s bump after bump_signal_nowait was refused (another open transaction holds its
+    random slot): bump_signal, on a slot nobody holds, one more round trip. Raises `refused` if
+    the server rolled the whole transaction back (innodb_rollback_on_timeout): the job is gone."""
+    db.query(_encoded(Q["in_transaction"], db.encoding))
+    if not int(db.store_result().fetch_row()[0][0]):
+        raise refused
+    db.query(_bump_text(db.encoding, db.literal(queue), slot, n, _BUMP))
+
+
 # _one_statement's texts, by (encoding, the row's values before its payload, the signal's queue
-# and n). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
+# and n, the bump's form). Cleared whole when full: a put's options are the producer's defaults, or a few, as a rule.
 _ONE_STATEMENTS: dict[tuple, tuple[bytes, tuple[bytes, ...], int]] = {}
 ONE_STATEMENTS_KEPT = 256
 
 
-def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[bytes, ...], int]:
+def _one_statement(db, row: tuple, queue: str, n: int, nowait: bool) -> tuple[bytes, tuple[bytes, ...], int]:
     """_insert_one's query around the payload for a job's other values (queue, status, priority,
     delay_us, max_attempts; no dedup key, no key, no run_at): (the INSERT up to its payload; the
     rest of it and the bump, for each signal slot; the bytes of the other values as bound)."""
@@ -260,7 +280,8 @@ def _one_statement(db, row: tuple, queue: str, n: int) -> tuple[bytes, tuple[byt
     head = b"".join(part + value for part, value in zip(parts[:5], rendered[:5])) + parts[5]
     tail = parts[6] + b"".join(value + part for value, part in zip(rendered[5:], parts[7:])) + b";\n"
     queue_literal = rendered[0] if row[0] == queue else db.literal(queue)
-    bumps = (_bump_text(db.encoding, queue_literal, slot, n) for slot in range(SIGNAL_SLOTS))
+    name = _BUMP_NOWAIT if nowait else _BUMP
+    bumps = (_bump_text(db.encoding, queue_literal, slot, n, name) for slot in range(SIGNAL_SLOTS))
     return head, tuple(tail + bump for bump in bumps), sum(map(len, rendered))
 
 
@@ -304,7 +325,7 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
         chunks = [(i, min(i + max_rows, n_all)) for i in range(0, n_all, max_rows)]
     else:  # not all in one statement's bytes: size every row (a row too big raises here, before any INSERT)
         chunks = _chunks([fixed + len(p) for p in payloads], max_rows, max_packet)
-    returning = returns_ids(db)
+    returning = returns_ids(db)  # MariaDB: also the bump that is refused rather than waited on
     between = post + b"," + pre
     ids: list[int] = []
     for start, end in chunks:
@@ -317,7 +338,7 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
                 statements.append(_encoded(Q["auto_increment_increment"], encoding))
         bump = signal is not None and end == n_all
         if bump:
-            statements.append(_rendered_bump(db, *signal))
+            statements.append(_rendered_bump(db, *signal, nowait=returning))
         db.query(b";\n".join(statements))  # raises the INSERT's error; the server then runs nothing after it
         if n > 1 and returning:
             got = [r[0] for r in db.store_result().fetch_row(0)]
@@ -331,7 +352,12 @@ def _insert_uniform(db, row: tuple, texts: list[str], max_rows: int, max_packet:
             increment = int(db.store_result().fetch_row()[0][0])
             got = [got[0] + i * increment for i in range(n)]
         if bump:
-            db.next_result()  # the bump's reply; raises the bump's error if it failed
+            try:
+                db.next_result()  # the bump's reply; raises the bump's error if it failed
+            except MySQLdb.OperationalError as e:
+                if not returning or e.args[0] != LOCK_WAIT_TIMEOUT:
+                    raise
+                _bump_unheld(db, signal[0], int(_random() * SIGNAL_SLOTS), signal[1], e)
             if db.affected_rows() < 1:  # cut short: the jobs would commit with no wake-up for them
                 raise cut_short("the signal bump of an insert")
         ids += got
@@ -454,17 +480,25 @@ def _too_big(index: int, count: int, size: int, max_packet: int) -> errors.Input
         " (raise max_allowed_packet on the server, or send smaller payloads)")
 
 
-def _rendered_bump(db, queue: str, n: int) -> bytes:
+def _rendered_bump(db, queue: str, n: int, nowait: bool = False) -> bytes:
     """The bump statement, bound. put() sends one per job, and binding it afresh (mogrify) would
     cost every put; the bound text only depends on the queue, the slot, n and the connection's
-    charset, so it is rendered once."""
-    return _bump_text(db.encoding, db.literal(queue), random.randrange(SIGNAL_SLOTS), n)
+    charset, so it is rendered once (the slot is where bump_signal starts looking). nowait:
+    bump_signal_nowait, for a caller that sends _bump_unheld when it is refused."""
+    return _bump_text(db.encoding, db.literal(queue), int(_random() * SIGNAL_SLOTS), n,
+                      _BUMP_NOWAIT if nowait else _BUMP)
 
 
 @functools.lru_cache(maxsize=1024)
-def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int) -> bytes:
+def _bump_text(encoding: str, queue_literal: bytes, slot: int, n: int, name: str = "bump_signal") -> bytes:
     params = {"queue": queue_literal, "slot": str(slot).encode(), "n": str(int(n)).encode()}
-    return Q["bump_signal"].encode(encoding) % {k.encode(): v for k, v in params.items()}
+    return Q[name].encode(encoding) % {k.encode(): v for k, v in params.items()}
+
+
+# put()'s and put_many()'s bump on MariaDB, refused rather than waited on (then _bump_unheld);
+# every other bump takes bump_signal's slot nobody holds at once.
+_BUMP, _BUMP_NOWAIT = "bump_signal", "bump_signal_nowait"
+LOCK_WAIT_TIMEOUT = 1205
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,7 +23,7 @@ from notifyq.store import queries
 from notifyq.store.db import Session
 from notifyq.store.driver import Ids, cut_short
 from notifyq.store.queries import microseconds
-from notifyq.store.signal import bump_signal_unheld
+from notifyq.store.signal import bump_signal
 from notifyq.store.sql import QUERIES as Q
 
 # A consumer without a liveness lock (polling) is dead once its heartbeat is this old. Its
@@ -286,7 +286,7 @@ def reclaim_owner(session: Session, consumer_id: str, queues: list[str],
         held, left = lock_whole_claims(cur, list(cur.fetchall()), "claims_lock", {"owner": consumer_id})
         n = take_back(cur, held, "consumer died", stopping)
         for queue in queues:  # wake the watchers even for n == 0: a dead claim may have hidden work
-            bump_signal_unheld(cur, queue, max(n, 1))
+            bump_signal(cur, queue, max(n, 1))
         if not left:  # else its registration stays: the next pass judges it again, for the rest
             # (a polling consumer's went with its verdict: the rest come back as orphans or by lease)
             cur.execute(Q["unregister_consumer"], {"id": consumer_id})
@@ -329,7 +329,7 @@ def reclaim_orphan(session: Session, owner: str, lock_name: str) -> int | None:
                                     {"owner": owner})  # a claim left stays an orphan: a later pass
         n = take_back(cur, held, "its consumer is gone")
         for queue in sorted({queue for _, _, queue in rows}):
-            bump_signal_unheld(cur, queue, max(n, 1))
+            bump_signal(cur, queue, max(n, 1))
         return n
 
     return session.run(body, what="reclaim orphan claims")
@@ -362,7 +362,7 @@ def reclaim_expired(session: Session, taken: list[tuple[int, str]] | None = None
             owner_of = {job_id: owner for job_id, _, owner in seen}
             taken.extend((job_id, owner_of[job_id]) for job_id, _ in held)
         for queue in {r[1] for r in rows}:
-            bump_signal_unheld(cur, queue, max(n, 1))
+            bump_signal(cur, queue, max(n, 1))
         return n
 
     return session.run(body, what="reclaim expired leases")

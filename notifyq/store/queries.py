@@ -14,7 +14,6 @@ import datetime as dt
 import logging
 import math
 import os
-import random
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -34,7 +33,6 @@ from notifyq.store.pipeline import Pending
 from notifyq.store import workflows
 from notifyq.store import signal
 from notifyq.store.signal import SIGNAL_SLOTS, bump_signal  # noqa: F401 - re-exported: inserts, admin
-from notifyq.store.signal import bump_signal_unheld
 from notifyq.store.sql import QUERIES as Q
 
 log = logging.getLogger("notifyq.store")
@@ -237,7 +235,7 @@ class Acks:
         """A limited queue's signal bump for the slots these acks free (none for another queue)."""
         # On a slot nobody holds: a peer's claim stopped inside its transaction holds the slot
         # its own acks bumped, and this claim waited on it for the lock wait timeout
-        return [signal.bump_unheld(self.wake, len(self.ids))] if self.wake is not None else []
+        return [signal.bump(self.wake, len(self.ids))] if self.wake is not None else []
 
     @property
     def counted(self) -> int:
@@ -859,7 +857,7 @@ def _promote_due(session: Session, cur, queue: str) -> None:
         return
     session.pipeline.commit_with(cur, [
         (Q["promote_due"], {"ids": Ids(ids)}),
-        (Q["bump_signal"], {"queue": queue, "slot": random.randrange(SIGNAL_SLOTS), "n": len(ids)})])
+        signal.bump(queue, len(ids))])
     # Not the claim's last word: what it does next is a transaction of its own, which the
     # Session commits if the claim sends no COMMIT (it took nothing, carried no acks). Marked
     # committed, that transaction stayed open: a limited claim's key rows (and its queue's row)
@@ -1170,15 +1168,12 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
 
 
 def _bump_after_release(cur, queue: str, n: int, token: int) -> None:
-    """An outcome's signal bump. A counting claim's outcome holds its keys' rows (their counters'
-    release, flow_count_release): its bump takes a slot no other transaction holds. On a random
-    slot it waited on a claim that held that slot (its own acks' bump) and waited for one of
-    those key rows: a deadlock, whose victim (the claim, its acks with it) let go of jobs a
+    """An outcome's signal bump, on a slot no other transaction holds (bump_signal). A counting
+    claim's outcome holds its keys' rows (their counters' release, flow_count_release): on a
+    random slot it waited on a claim that held that slot (its own acks' bump) and waited for one
+    of those key rows: a deadlock, whose victim (the claim, its acks with it) let go of jobs a
     reaper had found expired while it waited, and they ran again."""
-    if counted_token(token):
-        bump_signal_unheld(cur, queue, n)
-    else:
-        bump_signal(cur, queue, n)
+    bump_signal(cur, queue, n)
 
 
 def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> list[int]:

@@ -11,25 +11,18 @@ SIGNAL_SLOTS = 16  # enough that concurrent producers rarely share a row lock
 
 
 def slot() -> int:
+    """Where a bump starts looking for a slot no other transaction holds (bump_signal)."""
     return random.randrange(SIGNAL_SLOTS)
 
 
 def bump(queue: str, n: int) -> tuple[str, dict]:
-    """The statement that bumps a queue's counter by n, to send with others."""
+    """The statement that bumps a queue's counter by n, to send with others: on the first slot
+    from a random one on that no other transaction holds (queries.sql, bump_signal), so that it
+    never waits behind a transaction that bumped a slot and stays open (a producer stopped inside
+    its put's transaction, an application's own transaction that put a job)."""
     return Q["bump_signal"], {"queue": queue, "slot": slot(), "n": n}
 
 
 def bump_signal(cur, queue: str, n: int) -> None:
+    """bump, run now."""
     cur.execute(*bump(queue, n))
-
-
-def bump_unheld(queue: str, n: int) -> tuple[str, dict]:
-    """bump() on a slot no other transaction holds (bump_signal_unheld), to send with others: for
-    a transaction that must not wait behind one stopped inside its own (a limited claim, a
-    reaper's take-back)."""
-    return Q["bump_signal_unheld"], {"queue": queue, "slot": slot(), "n": n}
-
-
-def bump_signal_unheld(cur, queue: str, n: int) -> None:
-    """bump_unheld, run now (a reaper's take-back)."""
-    cur.execute(*bump_unheld(queue, n))

@@ -163,23 +163,45 @@ DELETE d FROM nq_dedup d LEFT JOIN nq_job j ON j.id = d.job_id AND j.status < 3
 WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 
 -- bump_signal --
--- Every change that makes work claimable bumps one random slot of its queue, inside the same
--- transaction, so the watcher can never see the count before the rows.
+-- Every change that makes work claimable bumps a slot of its queue's counter, inside the same
+-- transaction, so the watcher can never see the count before the rows: the first slot row no
+-- other transaction holds at or after the random `slot`, else before it (wrapping round), else
+-- (every row held, or none yet) `slot` itself, which may wait. A transaction that bumped a slot
+-- and stays open holds that row until it ends: a producer stopped (SIGSTOP, a paused VM) between
+-- its put and its COMMIT, an application's own transaction that put a job (put(conn=...), the
+-- Django and SQLAlchemy integrations) and goes on working, a claim stopped inside its
+-- transaction. A plain bump of a random slot waited on such a row for the lock wait timeout (1
+-- put in 16 per open transaction, a silent stall of unrelated producers; a limited claim 10 s in
+-- a long fault run; a reaper's take-back); this one passes it by. The random start keeps
+-- concurrent producers on different rows, as the plain bump did: SKIP LOCKED sees only the
+-- locks of its own server, so Galera writers on two nodes meet on a row as often as before.
+-- Each read stops at the first row it can lock (the primary key's order, LIMIT 1), and COALESCE
+-- runs the second only when the first found none: a bump locks one row. The two reads cost
+-- about 60 us of server CPU, twice the plain bump's: put() sends bump_signal_nowait first on
+-- MariaDB.
+INSERT INTO nq_signal (queue, slot, seq)
+SELECT %(queue)s, COALESCE(
+    (SELECT slot FROM nq_signal WHERE queue = %(queue)s AND slot >= %(slot)s
+     ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),
+    (SELECT slot FROM nq_signal WHERE queue = %(queue)s AND slot < %(slot)s
+     ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED),
+    %(slot)s), %(n)s
+ON DUPLICATE KEY UPDATE seq = seq + %(n)s
+
+-- bump_signal_nowait --
+-- put()'s and put_many()'s bump on MariaDB (inserts._insert_one, _insert_uniform), in the
+-- INSERT's round trip: bump_signal's plain form on the random slot, refused at once (1205)
+-- instead of waited on when another transaction holds that row; the put then sends bump_signal
+-- (after in_transaction: a server that rolls the whole transaction back on a lock wait timeout
+-- has dropped the jobs too). bump_signal's two reads cost about 60 us of server CPU (twice the
+-- plain bump's), this form nothing measurable (benchmarks/HISTORY.md).
+SET STATEMENT innodb_lock_wait_timeout = 0 FOR
 INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 
--- bump_signal_unheld --
--- bump_signal on a slot of the queue's counter that no other transaction holds, in one
--- statement (signal.bump_unheld): for bumps inside transactions that must never wait, a limited
--- claim's (its acks free slots) and a reaper's take-back. A producer or a claim stopped (SIGSTOP,
--- a paused VM) inside its transaction holds the slot it bumped: a random slot waited on it for
--- the lock wait timeout, on every retry (a limited claim 10 s in a long fault run, a reaper's
--- take-back with a dead consumer's jobs). The first slot row nobody holds, else (every row
--- held, or none yet) the random `slot`, which may wait.
-INSERT INTO nq_signal (queue, slot, seq)
-SELECT %(queue)s, COALESCE((SELECT slot FROM nq_signal WHERE queue = %(queue)s
-                            ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED), %(slot)s), %(n)s
-ON DUPLICATE KEY UPDATE seq = seq + %(n)s
+-- in_transaction --
+-- Whether the session's transaction is still open: after bump_signal_nowait was refused.
+SELECT @@in_transaction
 
 -- claim_ready --
 -- Step 1 of a claim, a plain read: up to `limit` ready ids, in claim order (ix_state's own
@@ -1903,9 +1925,15 @@ WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status IN (0, 1) AND c.
 -- children_wake --
 -- The released children's queues, each bumped by how many it got, as a put bumps them: idle
 -- consumers wake for the children. A child released here is ready now with a marked edge of
--- these parents (a marked edge lives only inside this transaction).
+-- these parents (a marked edge lives only inside this transaction). Each queue's slot is taken
+-- as bump_signal takes it: the first one no other transaction holds from the random `slot` on.
 INSERT INTO nq_signal (queue, slot, seq)
-SELECT e.child_queue, %(slot)s, COUNT(*) FROM nq_edge e FORCE INDEX (PRIMARY)
+SELECT e.child_queue, COALESCE(
+    (SELECT s.slot FROM nq_signal s WHERE s.queue = e.child_queue AND s.slot >= %(slot)s
+     ORDER BY s.slot LIMIT 1 FOR UPDATE SKIP LOCKED),
+    (SELECT s.slot FROM nq_signal s WHERE s.queue = e.child_queue AND s.slot < %(slot)s
+     ORDER BY s.slot LIMIT 1 FOR UPDATE SKIP LOCKED),
+    %(slot)s), COUNT(*) FROM nq_edge e FORCE INDEX (PRIMARY)
 JOIN nq_job c ON c.id = e.child_id
 WHERE e.parent_id IN %(ids)s AND e.state IN (1, 4) AND c.status IN (0, 1) AND c.waits_on = 0
 GROUP BY e.child_queue

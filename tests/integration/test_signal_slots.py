@@ -1,0 +1,157 @@
+"""A bump of a queue's counter never waits on a slot row another open transaction holds while a
+slot is free: a producer stopped between its put and its COMMIT, or an application's own
+transaction that put a job and goes on working, holds the slot its bump took until it ends.
+A put that drew that slot waited on it for the lock wait timeout, retried, and drew again."""
+
+from __future__ import annotations
+
+import threading
+
+import MySQLdb
+import pytest
+from conftest import cron_run
+
+import notifyq
+from notifyq.produce.producer import Producer
+from notifyq.store import inserts, signal
+
+FREE = 7  # the one slot row the other transaction leaves free
+PROMPT_S = 2.0  # a bump that waited took the producer session's lock wait timeout (10 s)
+
+
+def _caller(db, multi_statements: bool = True):
+    """The application's own connection, in the server's default isolation (REPEATABLE READ)."""
+    return MySQLdb.connect(**db.admin.connect_args(), autocommit=False, multi_statements=multi_statements)
+
+
+def _in_callers_transaction(db, p, multi_statements: bool) -> None:
+    conn = _caller(db, multi_statements)
+    try:
+        p.put({"n": 1}, conn=conn)
+        p.put_many([{"n": 2}, {"n": 3}], conn=conn)
+        conn.cursor().execute("SELECT 1")  # the application goes on working in it
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _in_transaction_block(db, p) -> None:
+    conn = _caller(db)
+    try:
+        with p.transaction(conn) as tx:
+            tx.put({"n": 1})
+            tx.put_many([{"n": 2}, {"n": 3}])
+    finally:
+        conn.close()
+
+
+def _workflow(db, p) -> None:
+    wf = notifyq.Workflow()
+    wf.chain("q", [{"n": 1}, {"n": 2}])
+    p.put_workflow(wf)
+
+
+PUTS = {
+    "put": lambda db, p: p.put({"n": 1}),
+    "put_delayed": lambda db, p: p.put({"n": 1}, delay=60),
+    "put_dedup_key": lambda db, p: p.put({"n": 1}, dedup_key="k"),
+    "put_many": lambda db, p: p.put_many([{"n": i} for i in range(3)]),
+    "put_many_keys": lambda db, p: p.put_many([{"n": i} for i in range(3)], key="a"),
+    "callers_transaction": lambda db, p: _in_callers_transaction(db, p, True),
+    "callers_transaction_one_statement_at_a_time": lambda db, p: _in_callers_transaction(db, p, False),
+    "transaction_block": _in_transaction_block,
+    "put_workflow": _workflow,
+}
+
+
+def _start_at(monkeypatch, start: int) -> None:
+    """Every bump's random slot is `start` (a held one, for the test to mean anything)."""
+    monkeypatch.setattr(inserts, "_random", lambda: (start + 0.5) / signal.SIGNAL_SLOTS)
+    monkeypatch.setattr(signal, "slot", lambda: start)
+
+
+def _prompt(db, holder, body) -> tuple[bool, list]:
+    """body() in a thread: (whether it was still running after PROMPT_S, what it returned). The
+    holder is closed either way, which lets a waiting body go on (the test failed)."""
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(body()), daemon=True)
+    try:
+        thread.start()
+        thread.join(PROMPT_S)
+        waited = thread.is_alive()
+    finally:
+        holder.close()
+    thread.join(120)
+    return waited, done
+
+
+def _counted(db) -> dict[int, int]:
+    return dict(db.query("SELECT slot, seq FROM nq_signal WHERE queue = 'q' AND seq > 0"))
+
+
+@pytest.mark.parametrize("start", [3, 12], ids=["after", "wrapping"])
+@pytest.mark.parametrize("name", list(PUTS))
+def test_a_put_never_waits_on_a_counter_slot_another_open_transaction_holds(db, monkeypatch, name, start):
+    # Given a producer, and another session's open transaction holding 15 of the queue's 16
+    # counter slots (a producer stopped inside its put's transaction, say); every bump's random
+    # slot is a held one, and the free one comes after it (or, wrapping round, before it)
+    with Producer("q", db.config()) as p:
+        holder = db.signal_rows_locked("q", free=FREE)
+        _start_at(monkeypatch, start)
+        # When it puts jobs
+        waited, done = _prompt(db, holder, lambda: PUTS[name](db, p))
+    # Then the put returned at once, and the free slot counted its jobs
+    assert not waited, f"{name} waited on a counter slot the other transaction held"
+    assert done, f"{name} raised"
+    assert set(_counted(db)) == {FREE}
+
+
+def test_a_workflow_release_never_waits_on_a_counter_slot_another_open_transaction_holds(db, monkeypatch):
+    # Given a chain of two jobs, and 15 of the queue's 16 counter slots held by another session's
+    # open transaction; every bump's random slot is a held one
+    with Producer("q", db.config()) as p:
+        _workflow(db, p)
+    before = _counted(db)
+    holder = db.signal_rows_locked("q", free=FREE)
+    _start_at(monkeypatch, 3)
+    ran: list = []
+    # When a cron run drains the queue (the first job's ack releases the second)
+    waited, done = _prompt(db, holder, lambda: cron_run(db.config(), "q", lambda job: ran.append(job.payload["n"]),
+                                                        timeout=60))
+    # Then it did not wait on a held slot: both ran, and the release's bump counted on the free slot
+    assert not waited, "the release waited on a counter slot the other transaction held"
+    assert done[0].error is None, done[0].error
+    assert ran == [1, 2]
+    assert {slot for slot, seq in _counted(db).items() if seq != before.get(slot)} == {FREE}
+
+
+def test_a_put_takes_its_random_slot_when_nobody_holds_it_else_the_next_free_one(db, monkeypatch):
+    # Given a producer whose bumps' random slot is 3: a free slot is taken as drawn, so
+    # concurrent producers stay spread over the slots as a plain random bump spread them
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        p.put({"n": 1})
+        p.put_many([{"n": 2}, {"n": 3}])
+        assert _counted(db) == {3: 3}
+        # When another open transaction holds slot 3, the next free slot counts the puts (put()'s
+        # bump refused on slot 3, then bump_signal; put_many's bump_signal at once)
+        holder = admin_connect_holding(db, [3])
+        try:
+            p.put({"n": 4})
+            p.put_many([{"n": 5}, {"n": 6}])
+        finally:
+            holder.close()
+    assert _counted(db) == {3: 3, 4: 3}
+
+
+def admin_connect_holding(db, slots: list[int]):
+    """Another session's open transaction holding these slot rows of queue q's counter (every
+    slot row made first, as a queue in use soon has them)."""
+    for slot in range(signal.SIGNAL_SLOTS):
+        db.query("INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0)", (slot,))
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    cur = conn.cursor()
+    for slot in slots:
+        cur.execute("INSERT INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0) "
+                    "ON DUPLICATE KEY UPDATE seq = seq", (slot,))
+    return conn
