@@ -754,8 +754,10 @@ def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_t
 
         sender = threading.Thread(target=send, name="outcome", daemon=True)
         sender.start()
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the outcome waits")
+        # (its own session's wait: the server's other tests, another xdist worker's, wait too)
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = "
+                                     "'LOCK WAIT' AND trx_mysql_thread_id = %s", (session.connection_id,)) == 1,
+                   10, message="the outcome waits")
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 3,
                    10, message="the lease ran out")
         # And a reaper pass runs meanwhile
@@ -854,8 +856,9 @@ def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_rea
 
         retaking = threading.Thread(target=retake, name="retake", daemon=True)
         retaking.start()
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                                     "WHERE trx_state = 'LOCK WAIT'") == 1, 10, message="the retake waits")
+        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = "
+                                     "'LOCK WAIT' AND trx_mysql_thread_id = %s", (session.connection_id,)) == 1,
+                   10, message="the retake waits")
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 2,
                    10, message="the held jobs' lease ran out")
         # And a reaper pass runs meanwhile
