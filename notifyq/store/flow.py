@@ -493,6 +493,10 @@ class FlowClaims:
             self.lean_head = head_limit * 2
         elif filled < head_limit // 2:
             self.lean_head = head_limit // 2
+        # Free keys (or keys of unknown count) the head does not hold: their jobs, if any, lie
+        # behind it. (None stands for any key of a queue of many keys: flow_lean_absent found one)
+        outside = [] if not full else ([None] if second else []) if counters is None else [
+            k for k, r in counters.items() if k not in seen and k != QUEUE_ROW and (r[1] is None or r[1] < lim)]
         if full and len(ordered) < batch_size:
             # Grantable jobs may lie behind the head: of free keys it does not hold (their jobs
             # later in claim order, or none: a key drained), or unkeyed ones. The full read looks
@@ -502,8 +506,6 @@ class FlowClaims:
             # claims at most (as the full read's skips). Keys in the head with fewer jobs there
             # than free slots take what the head holds (their next jobs come into it).
             # (None stands for any key of a queue of many keys: flow_lean_absent found one)
-            outside = ([None] if second else []) if counters is None else [
-                k for k, r in counters.items() if k not in seen and k != QUEUE_ROW and (r[1] is None or r[1] < lim)]
             absent = [k for k in outside if self.lean_looked.get(k, 0) <= self.lean_claims]
             if absent or self.deep_found or self.deep_skips >= DEEP_SKIPS:
                 for k in absent:
@@ -515,7 +517,10 @@ class FlowClaims:
         ordered.sort()
         self._lean_count("lean_recount" if recount else "lean")
         keys = list(caps)
-        self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
+        # Every key with a free slot seen: the head held them all, or is the whole queue (the
+        # read again past jobs too new for the consumer, for_version, says drained by it)
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full or not outside,
+                          dict(own))
         grant = Grant([r[4] for r in ordered], not full, held, False, {r[4]: r[5] for r in ordered},
                       len(caps) + unkeyed, held_ready=bool(held))  # (the head's keys: ready jobs)
         self.active_keys = grant.active_keys
