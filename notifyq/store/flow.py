@@ -93,6 +93,8 @@ UNKEYED_DEPTH = 1000
 # server's time): half the rows a limited claim read. Unkeyed jobs wait at most this many
 # claims of each consumer; a claim that would take nothing always reads them.
 DEEP_SKIPS = 8
+# A lean claim's head grows to this many times unkeyed_limit at most (FlowClaims.lean_head)
+HEAD_GROWTH = 8
 # How long a counting queue's claim trusts a key's counter after its last recount (seconds). A
 # counter is never low while every consumer of the queue counts (docs/flow-control.md), but it can
 # be high: a job taken out of status 2 by a path that does not release it (a reaper, an expired
@@ -253,6 +255,10 @@ class FlowClaims:
         # (flow_lean_head_counted, lean_steps)
         self.lean_keys_over = 0
         self.lean_read_many = False  # this claim's lean read looked them up (lean_steps)
+        # The lean head's length (its jobs read), when grown past unkeyed_limit: a head whose
+        # grantable jobs did not fill the batch doubles it, up to HEAD_GROWTH times (lean_grant)
+        self.lean_head = 0
+        self.lean_head_now = 0  # this claim's (lean_steps)
         self.deep_skips = 0  # reads of unkeyed jobs skipped since the last one (DEEP_SKIPS)
         self.deep_found = True  # whether the last read of unkeyed jobs found any
         # Keys the last claim found unnamed after it had named some already (name_keys): the
@@ -371,21 +377,24 @@ class FlowClaims:
         for one of more (lean_keys_over), the head with its keys' counters (a lookup a job) and
         whether a key it does not hold may be free (one row at most)."""
         limit = unkeyed_limit(batch_size)
+        head = self.lean_head_now = min(max(limit, self.lean_head), limit * HEAD_GROWTH)
         self.lean_read_many = limit <= self.lean_keys_over
         if not self.lean_read_many:
             return [(Q["flow_lean_counters"], {"queue": queue, "trust_s": self.trust_s, "most": limit + 1}),
-                    (Q["flow_lean_head"], {"queue": queue, "limit": limit})]
-        return [(Q["flow_lean_head_counted"], {"queue": queue, "limit": limit, "trust_s": self.trust_s}),
-                (Q["flow_lean_absent"], {"queue": queue, "limit": limit, "lim": self.limits.limit_per_key})]
+                    (Q["flow_lean_head"], {"queue": queue, "limit": head})]
+        return [(Q["flow_lean_head_counted"], {"queue": queue, "limit": head, "trust_s": self.trust_s}),
+                (Q["flow_lean_absent"], {"queue": queue, "limit": head, "lim": self.limits.limit_per_key})]
 
     def _lean_count(self, why: str) -> None:
         self.lean_stats[why] = self.lean_stats.get(why, 0) + 1
 
     def lean_grant(self, queue: str, batch_size: int, first: list[tuple], second: list[tuple]) -> Grant | None:
         """A lean claim's grant from its counters and head alone, or None where those cannot
-        decide (the full read then runs): a key of the head without a row (to be named) or with
-        a counter it may not trust (to be recounted), or a full head whose grantable jobs do not
-        fill the batch (free keys, or unkeyed jobs, behind it). The head's jobs of each free key
+        decide (the full read then runs): a full head whose grantable jobs do not fill the batch
+        (free keys, or unkeyed jobs, behind it). Keys of the head without a row raise
+        UnnamedKeys (every one of them, named before the claim runs again); a key whose counter
+        it may not trust is granted up to the limit, its KeyGate recounting it under its lock.
+        The head's jobs of each free key
         up to its free slots, and its unkeyed ones; in claim order by groups: within a
         priority, first the keys of the jobs this claim's acks end, then keys with every slot
         free, then the rest (unkeyed jobs with the second), each by its first job.
@@ -395,6 +404,7 @@ class FlowClaims:
         judged it, and each job is granted or not as it comes."""
         lim = self.limits.limit_per_key
         limit = unkeyed_limit(batch_size)
+        head_limit = self.lean_head_now or limit
         many = self.lean_read_many
         if many:
             # (flow_lean_head_counted, flow_lean_absent): each head job with its key's counter
@@ -415,6 +425,9 @@ class FlowClaims:
         running: dict[str | None, int] = {}
         ordered: list[tuple] = []  # (prio, tier, the key's first place, place, id, key)
         unkeyed = False
+        recount = False  # a key of the head whose counter its KeyGate recounts
+        unnamed: list[str] = []  # keys of the head that no row names
+        filled = head_limit  # the head's place where its grantable jobs filled the batch
         for pos, row in enumerate(head):
             key = row[2]
             if key is None:
@@ -426,18 +439,39 @@ class FlowClaims:
                 known = row if counters is None else counters.get(key)
                 trusted = None if known is None else known[at + 1]
                 if trusted is None:
-                    self._lean_count("unnamed")
-                    return None
-                if not trusted:
-                    self._lean_count("untrusted")
-                    return None
-                n = running[key] = int(known[at]) - freed.get(key, 0)
-                st = seen[key] = [lim - n, 0 if key in own else 1 if n <= 0 else 2, pos, False]
+                    # A key no row names: collected, and named with the head's other such keys
+                    # before the claim runs again (UnnamedKeys). The full read named only the
+                    # few keys its discovery met, claim after claim (a fresh queue of 100 keys
+                    # ramped up over its first claims, of 8, 24, 56 jobs)
+                    unnamed.append(key)
+                    running[key] = lim
+                    st = seen[key] = [0, 2, pos, False]
+                elif trusted:
+                    n = running[key] = int(known[at]) - freed.get(key, 0)
+                    st = seen[key] = [lim - n, 0 if key in own else 1 if n <= 0 else 2, pos, False]
+                else:
+                    # A counter it may not trust (unknown, or not recounted within the trust
+                    # bound): granted up to the limit, with the keys known free (placed after
+                    # them, such a key was never locked, so never recounted: its jobs waited
+                    # for the queue's end). Its KeyGate
+                    # recounts it under the key's lock (flow_recount) and keeps only what the
+                    # count leaves room for, as a full read's claim does: the lean read need not
+                    # give way to the full one (it did, and a consumer whose key affinity kept
+                    # it on the same keys read fully on every claim while the others' counters
+                    # stayed unknown)
+                    recount = True
+                    running[key] = 0
+                    st = seen[key] = [lim, 0 if key in own else 1, pos, False]
             if st[0] > 0:
                 st[0] -= 1
                 ordered.append((row[1], st[1], st[2], pos, row[0], key))
+                if len(ordered) == batch_size:
+                    filled = pos
             else:
                 st[3] = True
+        if unnamed:
+            self._lean_count("unnamed")
+            raise UnnamedKeys(unnamed)
         held: list[str] = []
         caps: dict[str, int] = {}
         for key, st in seen.items():
@@ -448,8 +482,21 @@ class FlowClaims:
             caps[key] = free
             if st[3]:
                 held.append(key)
-        full = len(head) >= limit
+        full = len(head) >= head_limit
         self.lean_claims += 1
+        # The head's length for the next claim: doubled where this one's grantable jobs did not
+        # fill the batch, halved (to unkeyed_limit at least) where half of it did. The keys'
+        # progress drifts apart (each consumer takes the keys its acks free first): the keys of
+        # one consumer's slots then ran ahead of the others', out of a head of fixed length,
+        # and its claims took half a batch
+        if full and len(ordered) < batch_size:
+            self.lean_head = head_limit * 2
+        elif filled < head_limit // 2:
+            self.lean_head = head_limit // 2
+        # Free keys (or keys of unknown count) the head does not hold: their jobs, if any, lie
+        # behind it. (None stands for any key of a queue of many keys: flow_lean_absent found one)
+        outside = [] if not full else ([None] if second else []) if counters is None else [
+            k for k, r in counters.items() if k not in seen and k != QUEUE_ROW and (r[1] is None or r[1] < lim)]
         if full and len(ordered) < batch_size:
             # Grantable jobs may lie behind the head: of free keys it does not hold (their jobs
             # later in claim order, or none: a key drained), or unkeyed ones. The full read looks
@@ -459,8 +506,6 @@ class FlowClaims:
             # claims at most (as the full read's skips). Keys in the head with fewer jobs there
             # than free slots take what the head holds (their next jobs come into it).
             # (None stands for any key of a queue of many keys: flow_lean_absent found one)
-            outside = ([None] if second else []) if counters is None else [
-                k for k, r in counters.items() if k not in seen and k != QUEUE_ROW and (r[1] is None or r[1] < lim)]
             absent = [k for k in outside if self.lean_looked.get(k, 0) <= self.lean_claims]
             if absent or self.deep_found or self.deep_skips >= DEEP_SKIPS:
                 for k in absent:
@@ -470,9 +515,12 @@ class FlowClaims:
             self.deep_skips += 1
             self._lean_count("lean_short")
         ordered.sort()
-        self._lean_count("lean")
+        self._lean_count("lean_recount" if recount else "lean")
         keys = list(caps)
-        self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full, dict(own))
+        # Every key with a free slot seen: the head held them all, or is the whole queue (the
+        # read again past jobs too new for the consumer, for_version, says drained by it)
+        self.read = _Read(queue, batch_size, keys, caps, set(), running, None, held, not full or not outside,
+                          dict(own))
         grant = Grant([r[4] for r in ordered], not full, held, False, {r[4]: r[5] for r in ordered},
                       len(caps) + unkeyed, held_ready=bool(held))  # (the head's keys: ready jobs)
         self.active_keys = grant.active_keys

@@ -565,7 +565,7 @@ def test_a_lean_claim_reads_the_key_rows_of_its_head_not_every_key_of_the_queue(
         session.close()
 
 
-def test_a_claim_that_falls_back_to_the_full_read_reads_its_window_of_keys_not_every_key(db):
+def test_a_lean_claim_recounts_a_counter_it_may_not_trust_under_its_lock_without_the_full_read(db):
     # Given a queue of 4,000 named keys, all but three without ready jobs, and keys a, b, c with
     # 6 ready jobs each, limit_per_key = 2, after a first claim (2 jobs of each)
     cfg = db.config()
@@ -576,19 +576,62 @@ def test_a_claim_that_falls_back_to_the_full_read_reads_its_window_of_keys_not_e
     try:
         first = _claim(session, flow, batch=10)
         assert len(first.jobs) == 6
-        # When a's counter is past the trust bound, so that the lean read cannot decide and the
-        # claim reads fully (its first send's counts, then its KeyGate's recount of a)
-        db.query("UPDATE nq_flow_key SET counted_at = NOW(6) - INTERVAL 1 HOUR WHERE queue = 'q' AND job_key = 'a'")
+        # When a's counter is past the trust bound, and too high (a slot a path that does not
+        # release it left taken): the lean read cannot tell a's free slots
+        db.query("UPDATE nq_flow_key SET running = running + 2, counted_at = NOW(6) - INTERVAL 1 HOUR "
+                 "WHERE queue = 'q' AND job_key = 'a'")
         acks = queries.Acks([j.id for j in first.jobs], first.token, False, wake="q",
                             keys=[j.key for j in first.jobs])
-        untrusted, before = flow.lean_stats.get("untrusted", 0), _rows_read(session)
+        before = _rows_read(session)
         again = _claim(session, flow, batch=10, acks=acks)
         read = _rows_read(session) - before
-        # Then it takes the next jobs within the limits, reading rows bounded by its window of
-        # keys (3 x its batch) and its head, not the 4,000 keys
-        assert flow.lean_stats.get("untrusted") == untrusted + 1, flow.lean_stats
+        # Then the claim decides lean, a's counter recounted under its row's lock (its KeyGate),
+        # and takes the next jobs within the limits, reading rows bounded by its head, not the
+        # 4,000 keys
+        assert flow.lean_stats.get("lean_recount") == 1 and "untrusted" not in flow.lean_stats, flow.lean_stats
         assert sorted(j.key for j in again.jobs) == ["a", "a", "b", "b", "c", "c"]
         assert read < 1000, read
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_lean_claim_names_every_unnamed_key_of_its_head_at_once(db):
+    # Given ten keys with 3 ready jobs each, no row naming any of them, limit_per_key = 2
+    cfg = db.config()
+    _put_keyed(db, cfg, [f"k{i}" for i in range(10)] * 3)
+    db.query("DELETE FROM nq_flow_key WHERE queue = 'q'")
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        # When a consumer's first claim runs (batch 100)
+        claim = _claim(session, flow, batch=100)
+        # Then it named the head's ten keys before it ran again, and took two jobs of each (the
+        # full read named the few keys its discovery met: 4, and took 8 jobs)
+        assert sorted(j.key for j in claim.jobs) == sorted([f"k{i}" for i in range(10)] * 2)
+        assert flow.lean_stats.get("unnamed") == 1, flow.lean_stats
+        _exact(db)
+    finally:
+        session.close()
+
+
+def test_a_lean_claim_whose_head_held_too_few_grantable_jobs_reads_a_longer_head_next(db):
+    # Given key a's 40 ready jobs, then key b's 20 (its first 2 running: b at its limit), then
+    # key c's 20, limit_per_key = 2, batch 4 (a head of 32 jobs)
+    cfg = db.config()
+    _put_keyed(db, cfg, ["a"] * 40 + ["b"] * 20 + ["c"] * 20)
+    session = Session(cfg.dsn)
+    flow = FlowClaims(FlowLimits(limit_per_key=2))
+    try:
+        first = _claim(session, flow, batch=4)
+        assert sorted(j.key for j in first.jobs) == ["a", "a", "b", "b"]
+        acks = queries.Acks([j.id for j in first.jobs if j.key == "a"], first.token, False, wake="q",
+                            keys=["a", "a"])
+        # When lean claims carry a's acks: their head (32 jobs) holds a's jobs alone, 2 of them free
+        second = _claim(session, flow, batch=4, acks=acks)
+        # Then the next claim's head is twice as long (64 jobs), and reaches c's jobs
+        assert flow.lean_head == 64
+        assert [j.key for j in second.jobs].count("a") == 2
         _exact(db)
     finally:
         session.close()
