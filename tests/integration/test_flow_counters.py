@@ -761,6 +761,18 @@ def test_a_keys_first_ready_jobs_another_session_holds_hold_up_its_later_jobs_bu
         session.close()
 
 
+def _rows_held(db, ids: list[int]) -> bool:
+    """Whether another transaction holds every one of the jobs' rows (a locking read that skips
+    locked rows finds none of them)."""
+    return not db.query("SELECT id FROM nq_job WHERE id IN %s FOR UPDATE SKIP LOCKED", (tuple(ids),))
+
+
+def _running_statement(db, session) -> bool:
+    """Whether the session is in the middle of a statement (not idle between them)."""
+    return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE id = %s AND command = 'Query'",
+                     (session.connection_id,)) == 1
+
+
 @pytest.mark.parametrize("outcome", ["ack", "failure"])
 def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_their_lease(db, outcome):
     """Regression (fault schedule, seed 43: three jobs ran twice, attempt 1 both times, no fault on
@@ -797,10 +809,9 @@ def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_t
 
         sender = threading.Thread(target=send, name="outcome", daemon=True)
         sender.start()
-        # (its own session's wait: the server's other tests, another xdist worker's, wait too)
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = "
-                                     "'LOCK WAIT' AND trx_mysql_thread_id = %s", (session.connection_id,)) == 1,
-                   10, message="the outcome waits")
+        # (seen as the jobs' rows held and the outcome's statement still running: the server
+        # does not always list such a wait as LOCK WAIT, nor only this test's)
+        wait_until(lambda: _rows_held(db, ids) and _running_statement(db, session), 10, message="the outcome waits")
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 3,
                    10, message="the lease ran out")
         # And a reaper pass runs meanwhile
@@ -899,9 +910,8 @@ def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_rea
 
         retaking = threading.Thread(target=retake, name="retake", daemon=True)
         retaking.start()
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = "
-                                     "'LOCK WAIT' AND trx_mysql_thread_id = %s", (session.connection_id,)) == 1,
-                   10, message="the retake waits")
+        wait_until(lambda: _rows_held(db, ids[1:]) and _running_statement(db, session), 10,
+                   message="the retake waits")
         wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 2,
                    10, message="the held jobs' lease ran out")
         # And a reaper pass runs meanwhile
