@@ -256,12 +256,33 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
 
 def _bump_unheld(db, queue: str, slot: int, n: int, refused: Exception) -> None:
     """put()'s bump after bump_signal_nowait was refused (another open transaction holds its
-    random slot): bump_signal, on a slot nobody holds, one more round trip. Raises `refused` if
-    the server rolled the whole transaction back (innodb_rollback_on_timeout): the job is gone."""
-    db.query(_encoded(Q["in_transaction"], db.encoding))
-    if not int(db.store_result().fetch_row()[0][0]):
-        raise refused
-    db.query(_bump_text(db.encoding, db.literal(queue), slot, n, _BUMP))
+    random slot), on MariaDB. First bump_signal, on a slot row nobody holds, refused rather than
+    waited on too: with no such row (every row held, or a new queue with few rows made, and an
+    open transaction holding the one made), its own fallback is the held random slot. Then each
+    other slot by turns, refused rather than waited on: a slot with no row yet is made, and a
+    row held by an open transaction is passed by. Only when all 16 are refused does it wait, on
+    its random slot. Raises `refused` if the server rolled the whole transaction back
+    (innodb_rollback_on_timeout): the job is gone."""
+    literal = db.literal(queue)
+    tries = [_NOWAIT_PREFIX + _bump_text(db.encoding, literal, slot, n, _BUMP)]
+    tries += [_bump_text(db.encoding, literal, (slot + i) % SIGNAL_SLOTS, n, _BUMP_NOWAIT)
+              for i in range(1, SIGNAL_SLOTS)]
+    for statement in tries:
+        db.query(_encoded(Q["in_transaction"], db.encoding))
+        if not int(db.store_result().fetch_row()[0][0]):
+            raise refused
+        try:
+            db.query(statement)
+            return
+        except MySQLdb.OperationalError as e:
+            if e.args[0] != LOCK_WAIT_TIMEOUT:
+                raise
+            refused = e
+    db.query(_bump_text(db.encoding, literal, slot, n, _BUMP))
+
+
+# bump_signal refused rather than waited on (MariaDB's SET STATEMENT, as bump_signal_nowait).
+_NOWAIT_PREFIX = b"SET STATEMENT innodb_lock_wait_timeout = 0 FOR\n"
 
 
 # _one_statement's texts, by (encoding, the row's values before its payload, the signal's queue

@@ -155,3 +155,25 @@ def admin_connect_holding(db, slots: list[int]):
         cur.execute("INSERT INTO nq_signal (queue, slot, seq) VALUES ('q', %s, 0) "
                     "ON DUPLICATE KEY UPDATE seq = seq", (slot,))
     return conn
+
+
+@pytest.mark.parametrize("name", ["put", "put_many"])
+def test_a_put_on_a_new_queue_never_waits_on_the_one_slot_row_an_open_transaction_made(db, monkeypatch, name):
+    """Regression (an outside attack: 2 puts in 40 on new queues waited 10 s, then failed): on a
+    queue whose slot rows were not all made, an application's open transaction that put a job
+    made and held one row; a put whose random slot was that one found no row nobody holds, and
+    bump_signal's own fallback, the random slot, waited on it. It now makes another slot's row."""
+    # Given a new queue, and an application's open transaction that put a job (its bump made slot
+    # 3's row, the queue's only one, and holds it); every bump's random slot is 3
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        holder = _caller(db)
+        p.put({"n": 0}, conn=holder)
+        assert db.query("SELECT slot FROM nq_signal WHERE queue = 'q'") == []  # (not committed)
+        # When the producer puts through its own session
+        body = {"put": lambda: p.put({"n": 1}), "put_many": lambda: p.put_many([{"n": 1}, {"n": 2}])}[name]
+        waited, done = _prompt(db, holder, body)
+    # Then it returned at once, counted on a slot of its own making
+    assert not waited, f"{name} waited on the slot row the open transaction made"
+    assert done, f"{name} raised"
+    assert 3 not in _counted(db) and len(_counted(db)) == 1
