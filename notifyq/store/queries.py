@@ -1132,7 +1132,7 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
         if retried or (wake and freed):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher
             # of the slot it frees
-            _bump_after_release(cur, queue, max(retried, freed), token)
+            bump_signal(cur, queue, max(retried, freed))
         return owned
 
     return session.run(body, what="fail")
@@ -1161,19 +1161,10 @@ def give_back(session: Session, queue: str, ids: list[int], token: int) -> int:
         if n < len(ids) and still_claimed(cur, ids, token):
             raise cut_short(f"give back {len(ids)} jobs: {n} returned")
         if n:
-            _bump_after_release(cur, queue, n, token)
+            bump_signal(cur, queue, n)
         return n
 
     return session.run(body, what="give back")
-
-
-def _bump_after_release(cur, queue: str, n: int, token: int) -> None:
-    """An outcome's signal bump, on a slot no other transaction holds (bump_signal). A counting
-    claim's outcome holds its keys' rows (their counters' release, flow_count_release): on a
-    random slot it waited on a claim that held that slot (its own acks' bump) and waited for one
-    of those key rows: a deadlock, whose victim (the claim, its acks with it) let go of jobs a
-    reaper had found expired while it waited, and they ran again."""
-    bump_signal(cur, queue, n)
 
 
 def extend_lease(session: Session, ids: list[int], token: int, lease_s: float) -> list[int]:

@@ -19,7 +19,9 @@ def bump(queue: str, n: int) -> tuple[str, dict]:
     """The statement that bumps a queue's counter by n, to send with others: on the first slot
     from a random one on that no other transaction holds (queries.sql, bump_signal), so that it
     never waits behind a transaction that bumped a slot and stays open (a producer stopped inside
-    its put's transaction, an application's own transaction that put a job)."""
+    its put's transaction, an application's own transaction that put a job), nor deadlocks
+    with a claim that holds its random slot (its acks' bump) and waits for a key row the bumping
+    transaction holds (a counting claim's outcome: the claim's victim let go of its acks)."""
     return Q["bump_signal"], {"queue": queue, "slot": slot(), "n": n}
 
 

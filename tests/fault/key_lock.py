@@ -27,9 +27,8 @@ import MySQLdb
 from notifyq.config import DSN
 
 from .history import Fault
+from .row_lock import holder_session, take_one
 
-FIND_S = 2.0  # how long a lock looks for a key with running jobs
-FIND_EVERY_S = 0.02
 
 
 class KeyLocker(threading.Thread):
@@ -44,16 +43,9 @@ class KeyLocker(threading.Thread):
         self.fault: Fault | None = None
         self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
 
-    def _connect(self):
-        args = self.admin.connect_args()
-        args["database"] = self.admin.database
-        conn = MySQLdb.connect(**args, autocommit=True, connect_timeout=2, read_timeout=10)
-        conn.query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        return conn
-
     def run(self) -> None:
         try:
-            conn = self._connect()
+            conn = holder_session(self.admin)
         except MySQLdb.Error:
             return  # the server restarts: no lock this time
         try:
@@ -74,23 +66,8 @@ class KeyLocker(threading.Thread):
 
     def _take(self, conn) -> tuple[str | None, float]:
         """Lock the row of a random key with claimed jobs (not waiting for one a claim holds)."""
-        deadline = time.monotonic() + FIND_S
-        cur = conn.cursor()
-        while time.monotonic() < deadline and not self.stop.is_set():
-            try:
-                conn.autocommit(True)
-                cur.execute("SELECT DISTINCT job_key FROM nq_job WHERE queue = %s AND status = 2 "
-                            "AND job_key IS NOT NULL LIMIT 20", (self.queue,))
-                keys = [k for (k,) in cur.fetchall()]
-                if keys:
-                    conn.autocommit(False)
-                    cur.execute("SELECT job_key FROM nq_flow_key WHERE queue = %s AND job_key = %s "
-                                "FOR UPDATE SKIP LOCKED", (self.queue, self.rng.choice(keys)))
-                    row = cur.fetchone()
-                    if row is not None:
-                        return row[0], time.monotonic()
-                    conn.rollback()
-            except MySQLdb.Error:
-                return None, 0.0
-            self.stop.wait(FIND_EVERY_S)  # the look's pace, not a synchronisation
-        return None, 0.0
+        return take_one(conn, self.rng, self.stop,
+                        ("SELECT DISTINCT job_key FROM nq_job WHERE queue = %s AND status = 2 "
+                         "AND job_key IS NOT NULL LIMIT 20", (self.queue,)),
+                        lambda key: ("SELECT job_key FROM nq_flow_key WHERE queue = %s AND job_key = %s "
+                                     "FOR UPDATE SKIP LOCKED", (self.queue, key)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import Any, Callable
 
 import MySQLdb
 
@@ -41,16 +42,9 @@ class RowLocker(threading.Thread):
         self.lock: RowLock | None = None
         self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
 
-    def _connect(self):
-        args = self.admin.connect_args()
-        args["database"] = self.admin.database
-        conn = MySQLdb.connect(**args, autocommit=True, connect_timeout=2, read_timeout=10)
-        conn.query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        return conn
-
     def run(self) -> None:
         try:
-            conn = self._connect()
+            conn = holder_session(self.admin)
         except MySQLdb.Error:
             return  # the server restarts: no lock this time
         try:
@@ -74,23 +68,44 @@ class RowLocker(threading.Thread):
 
     def _take(self, conn) -> tuple[int | None, float]:
         """Lock a random ready job's row (not waiting for one a claim holds); (its id, when)."""
-        deadline = time.monotonic() + FIND_S
-        cur = conn.cursor()
-        while time.monotonic() < deadline and not self.stop.is_set():
-            try:
-                conn.autocommit(True)
-                cur.execute("SELECT id FROM nq_job WHERE queue = %s AND status = %s AND job_key IS NULL LIMIT %s",
-                            (self.queue, READY, CANDIDATES))
-                ids = [int(i) for (i,) in cur.fetchall()]
-                if ids:
-                    conn.autocommit(False)
-                    cur.execute("SELECT id FROM nq_job WHERE id = %s AND status = %s FOR UPDATE SKIP LOCKED",
-                                (self.rng.choice(ids), READY))
-                    row = cur.fetchone()
-                    if row is not None:
-                        return int(row[0]), time.monotonic()
-                    conn.rollback()
-            except MySQLdb.Error:
-                return None, 0.0
-            self.stop.wait(FIND_EVERY_S)  # the look's pace, not a synchronisation
-        return None, 0.0
+        job, start = take_one(conn, self.rng, self.stop,
+                              ("SELECT id FROM nq_job WHERE queue = %s AND status = %s AND job_key IS NULL LIMIT %s",
+                               (self.queue, READY, CANDIDATES)),
+                              lambda job: ("SELECT id FROM nq_job WHERE id = %s AND status = %s FOR UPDATE SKIP LOCKED",
+                                           (job, READY)))
+        return (None if job is None else int(job)), start
+
+
+def holder_session(admin: DSN):
+    """A lock holder's session: the server's admin (the schedule's KILLs of the runtime user's
+    sessions never end its lock early), autocommit until it locks, READ COMMITTED."""
+    args = admin.connect_args()
+    args["database"] = admin.database
+    conn = MySQLdb.connect(**args, autocommit=True, connect_timeout=2, read_timeout=10)
+    conn.query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn
+
+
+def take_one(conn, rng: random.Random, stop: threading.Event, find: tuple[str, tuple],
+             lock: Callable[[Any], tuple[str, tuple]]) -> tuple[Any, float]:
+    """Look for candidates (`find`) for up to FIND_S, lock a random one with `lock(candidate)`
+    (a locking read that skips what a claim holds) and leave its transaction open: (the locked
+    row's first column, when), or (None, 0.0) if none was locked or the server went."""
+    deadline = time.monotonic() + FIND_S
+    cur = conn.cursor()
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            conn.autocommit(True)
+            cur.execute(*find)
+            found = [value for (value,) in cur.fetchall()]
+            if found:
+                conn.autocommit(False)
+                cur.execute(*lock(rng.choice(found)))
+                row = cur.fetchone()
+                if row is not None:
+                    return row[0], time.monotonic()
+                conn.rollback()
+        except MySQLdb.Error:
+            return None, 0.0
+        stop.wait(FIND_EVERY_S)  # the look's pace, not a synchronisation
+    return None, 0.0
