@@ -324,4 +324,5 @@ class LineupWatch:
         waker = self._wakers.get(queue)
         if waker is None:
             waker = self._wakers[queue] = InstantWake(queue, self._locks(queue), insist=wakeup.instant_wake is True)
+        waker.follow(wakeup.instant_wake)  # (a reload may have changed it since)
         waker.wake(session)

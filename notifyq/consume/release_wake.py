@@ -48,6 +48,13 @@ class ReleaseWake:
             self.wakes += 1
             waker.wake()
 
+    def reload(self, config: Config) -> None:
+        """A reload's config: the next wakes read its `wakeup.instant_wake`."""
+        with self._mutex:
+            self.config = config
+            for waker in self.wakers.values():
+                waker.reload(config)
+
     def close(self) -> None:
         with self._mutex:
             for waker in self.wakers.values():

@@ -44,5 +44,9 @@ class SlotWake:
         self.wakes += 1
         self.waker.wake()
 
+    def reload(self, config: Config) -> None:
+        """A reload's config: the next wakes read its `wakeup.instant_wake`."""
+        self.waker.reload(config)
+
     def close(self) -> None:
         self.waker.close()

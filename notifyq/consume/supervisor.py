@@ -226,6 +226,12 @@ class Supervisor:
             # outage at different times (some opened before the reload, some after)
             lines.append("reload: connect_retry_s changed; restart the service to apply it")
         new = dataclasses.replace(new, connect_retry_s=self.config.connect_retry_s)
+        use_locks = self.config.wakeup.use_locks
+        if new.wakeup.use_locks != use_locks:
+            # The liveness and watch locks are taken at the start; the wakes (which read the
+            # config a reload gives them) must not stop or start looking for a watcher meanwhile
+            lines.append("reload: wakeup.use_locks changed; restart the service to apply it")
+            new = dataclasses.replace(new, wakeup=dataclasses.replace(new.wakeup, use_locks=use_locks))
         idle_s = self.config.consumer.session_idle_s
         if new.consumer.session_idle_s != idle_s:
             # The liveness sessions' server idle timeout is set when they connect; a keeper

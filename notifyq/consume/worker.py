@@ -225,6 +225,10 @@ class Worker:
         self.qc = self.outcomes.qc = config.queue(self.queue)
         self.batch_size = batch_size or self.qc.batch_size
         self.flow = FlowClaims.for_queue(self.qc)
+        # Their wakers keep the config they were made with, until told (wakeup.instant_wake)
+        self.release_wake.reload(config)
+        if self.slot_wake is not None:
+            self.slot_wake.reload(config)
         self._arm_slot_wake()
 
     def _arm_slot_wake(self) -> None:

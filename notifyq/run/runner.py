@@ -105,7 +105,7 @@ def _is_socket(path: str) -> bool:
 
 
 # What a SIGHUP cannot change in a running process: (what to call it, how to read it). The
-# consumer service reports a changed dsn itself.
+# consumer service keeps, and reports, a changed dsn, connect_retry_s and wakeup.use_locks itself.
 _FIXED = [("log.format", lambda c: c.log.format),
           ("log.file", lambda c: c.log.file), ("log.syslog", lambda c: c.log.syslog),
           ("wakeup.use_locks", lambda c: c.wakeup.use_locks)]

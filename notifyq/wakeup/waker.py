@@ -20,8 +20,8 @@ sends the KILL on the same connection (so both name sessions of the same server,
 Galera node). A KILL is only safe and useful where
   - producers and consumers log in as the same database user: otherwise the server refuses it
     (1095). With "auto" (the default) the producer stops trying after the first refusal, for its
-    life, and says once what to set; with true it keeps trying (a watcher of its own user may
-    come), and says once that it was refused;
+    life (a consumer's, until a reload sets true), and says once what to set; with true it keeps
+    trying (a watcher of its own user may come), and says once that it was refused;
   - the producer talks to the server directly: behind a multiplexing proxy (ProxySQL, RDS Proxy)
     the handshake's id is not the server's, and a KILL by the server's id could hit another
     client's session. Then it never sends one (true and "auto" alike);
@@ -300,6 +300,15 @@ class InstantWake:
         self.look = Look(bells.instant_look(locks))
         self._told_refused = False
 
+    def follow(self, mode: bool | str) -> None:
+        """Take `wakeup.instant_wake` as it is now (a consumer's reload changes it): true tries
+        again after a refusal that stopped "auto", and "auto" stops at its next refusal. A stop
+        for a proxy or a server without locks holds whatever the mode: nothing a reload says
+        makes a KILL safe there."""
+        self.insist = mode is True
+        if self.insist and self.off == "refused":
+            self.off = None
+
     def commit_and_look(self, work: Session, cur, result: Any) -> bool:
         """Inside a put's body on `work`: COMMIT with the look in its round trip, then the KILL,
         on that connection, if a consumer watches. False: the look failed after the COMMIT (the
@@ -463,6 +472,11 @@ class Waker:
         if instant is not None and instant.look.due():
             instant.look.saw_nobody()
 
+    def reload(self, config: Config) -> None:
+        """The settings the next wake reads (a consumer's reload: `wakeup.instant_wake`); its
+        session and bell stay as they are, on the server (dsn) the process started with."""
+        self.config = config
+
     def close(self) -> None:
         """Give up the bell (which wakes its watcher to its polling) and close the session."""
         if self.bell is not None:
@@ -496,6 +510,7 @@ class Waker:
             return None
         if self.instant is None:
             self.instant = InstantWake(self.queue, self.locks, insist=mode is True)
+        self.instant.follow(mode)
         return self.instant if self.instant.off is None else None
 
     def _armed_bell(self) -> Bell | None:

@@ -6,12 +6,14 @@ running on; the next good one applies. The metrics count both kinds."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
 
 import pytest
 from conftest import wait_until
+from test_wakeup_producers import as_user, other_user  # noqa: F401 (other_user: a fixture)
 
 from notifyq.consume.service import ConsumeOptions, ConsumerService
 
@@ -222,3 +224,144 @@ def test_a_reload_that_changes_connect_retry_s_keeps_it_and_says_it_needs_a_rest
         assert service.config.connect_retry_s == 30
         warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warned == ["reload: connect_retry_s changed; restart the service to apply it"], warned
+
+
+def test_a_reload_that_changes_use_locks_keeps_it_and_says_it_needs_a_restart(db, caplog):
+    """Regression: the new value reached what reads the config at each wake (the hand-back's,
+    a freed slot's, a released child's), though the process keeps its locks or its polling."""
+    # Given a consumer started with advisory locks
+    cfg = db.config()
+    with supervised(cfg, ConsumeOptions(queues=("plain",), function=lambda job: None)) as (service, reload):
+        # When a reload turns them off, beside a live change
+        status = reload(db.config(wakeup={"use_locks": False}, defaults={"batch_size": 7}))
+        # Then the reload applies, keeps use_locks as it runs, and one warning says so
+        assert not refused(caplog) and "reload=failed" not in status and service.workers[0].batch_size == 7
+        assert service.config.wakeup.use_locks is True and service.presence.lineup.config.wakeup.use_locks is True
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warned == ["reload: wakeup.use_locks changed; restart the service to apply it"], warned
+
+
+# ------------------------------------------------------------------ wakeup.instant_wake
+
+
+def _watch_held_by(cfg, user: str | None = None):
+    """A session (the consumers' user, or `user`) holding the watch locks of queues "lim" and
+    "other": a peer process's watcher, which every wake of this consumer looks for and interrupts."""
+    from notifyq.store import advisory
+    from notifyq.store.db import Session
+    from notifyq.store.locks import QueueLocks
+
+    watcher = Session((cfg if user is None else as_user(cfg, user)).dsn, autocommit=True, name="watcher")
+    for queue in ("lim", "other"):
+        assert advisory.get_lock(watcher, QueueLocks(cfg.dsn.database, queue).watch, 0) == 1
+    return watcher
+
+
+def _limited(db, mode="auto"):
+    """A config whose queue "lim" has a limit, with instant_wake as `mode` ("auto": not set). Its
+    workers queue for the watch lock held elsewhere: a short idle_wait_s has them claim the jobs
+    that watcher (a test's session) never hands on soon."""
+    wakeup = {"idle_wait_s": 0.2} | ({} if mode == "auto" else {"instant_wake": mode})
+    return db.config(queue={"lim": {"limit": 1}}, wakeup=wakeup)
+
+
+def _free_a_slot_and_release(service, cfg, done: list[int]) -> None:
+    """Run a job on "lim" and wait until the slot it freed woke (or tried to); then have the
+    worker's release wake wake "other", as the ack of a job whose child waits there does."""
+    from notifyq.produce.producer import Producer
+
+    worker = service.workers[0]
+    wakes = worker.slot_wake.wakes
+    quiet = dataclasses.replace(cfg, wakeup=dataclasses.replace(cfg.wakeup, instant_wake=False))  # wakes nobody
+    with Producer("lim", quiet) as p:
+        job = p.put({"n": len(done)})
+    wait_until(lambda: job in done and worker.slot_wake.wakes > wakes, 20, message="the job's slot freed")
+    worker.release_wake.released(["other"])
+
+
+def _instant_wakes(service):
+    """The worker's instant wakes: its slot wake's ("lim"), its release wake's ("other")."""
+    worker = service.workers[0]
+    return worker.slot_wake.waker.instant, worker.release_wake.wakers["other"].instant
+
+
+def _kills(service) -> list[int]:
+    return [instant.kills if instant is not None else 0 for instant in _instant_wakes(service)]
+
+
+def _await_refusals(instant, refusals: int, off: str | None) -> None:
+    """Until the instant wake's refusals and stop are these (its wake runs on the worker's thread)."""
+    wait_until(lambda: (instant.refusals, instant.off) == (refusals, off), 20,
+               message=f"{refusals} refusals, stop {off}")
+
+
+@pytest.mark.parametrize("modes", [("auto", False, "auto"), (False, True, False)])
+def test_a_reloads_instant_wake_applies_to_the_wakes_of_a_freed_slot_and_a_released_child(db, caplog, modes):
+    """Regression: a limited queue's slot wake and a workflow's release wake kept the config the
+    worker started with: a reload to instant_wake = false went on interrupting the watcher's
+    wait, one from false to "auto" or true never did."""
+    # Given a consumer of a limited queue, with instant_wake as the first mode, and a watcher
+    # of that queue and of another (the same database user) in another process
+    done: list[int] = []
+    cfg = _limited(db, modes[0])
+    watcher = _watch_held_by(cfg)
+    try:
+        with supervised(cfg, ConsumeOptions(queues=("lim",), function=lambda job: done.append(job.id))) \
+                as (service, reload):
+            kills = 0
+            for i, mode in enumerate(modes):
+                if i:  # When a reload sets the next mode (nothing else changed)
+                    status = reload(_limited(db, mode))
+                    assert not refused(caplog) and "reload=failed" not in status
+                # Then a job's ack interrupts the watcher's waits unless it is false: for the
+                # slot it freed and for a child it released
+                _free_a_slot_and_release(service, cfg, done)
+                kills += mode is not False
+                wait_until(lambda: _kills(service) == [kills, kills], 20, message=f"{kills} KILLs each under {mode}")
+    finally:
+        watcher.close()
+
+
+def test_a_reloads_instant_wake_true_tries_again_after_a_refusal_and_auto_stops_at_the_next(db, other_user, caplog):
+    """Regression: the consumer's instant wakes kept whether they insist (instant_wake = true)
+    from the config they were made with: one stopped by a refusal under "auto" stayed stopped
+    after a reload to true, and one made under true kept trying after a reload to "auto"."""
+    from notifyq.store.db import Session
+
+    # Given a consumer of a limited queue with the default instant_wake ("auto"), and a watcher
+    # of that queue and of another logged in as another database user (the consumer may not
+    # KILL its statements)
+    done: list[int] = []
+    cfg = _limited(db)
+    watcher = _watch_held_by(cfg, other_user)
+    lineup_session = Session(cfg.dsn, autocommit=True, name="lineup-test")
+    try:
+        with supervised(cfg, ConsumeOptions(queues=("lim",), function=lambda job: done.append(job.id))) \
+                as (service, reload):
+            lineup = service.presence.lineup
+
+            def wake_all() -> None:
+                """A job's ack (its freed slot, a child it released), then a hand-back's wake."""
+                _free_a_slot_and_release(service, cfg, done)
+                lineup.wake("lim", lineup_session)
+
+            # When every wake of the consumer's interrupts the watcher's wait: each is refused, each stops
+            wake_all()
+            instants = [*_instant_wakes(service), lineup._wakers["lim"]]
+            for instant in instants:
+                _await_refusals(instant, 1, "refused")
+            # When a reload sets instant_wake = true, and each wakes again
+            reload(_limited(db, True))
+            wake_all()
+            # Then each tries again, and goes on trying after that refusal
+            for instant in instants:
+                _await_refusals(instant, 2, None)
+            # When a reload goes back to "auto", and each wakes again
+            reload(_limited(db))
+            wake_all()
+            # Then that refusal stops each again
+            for instant in instants:
+                _await_refusals(instant, 3, "refused")
+    finally:
+        lineup_session.close()
+        watcher.close()
