@@ -250,6 +250,15 @@ def test_a_claim_whose_recount_holds_a_key_whose_job_rows_another_session_holds_
         session.close()
 
 
+def _as_if_its_commit_failed(db, counted: bool = True) -> None:
+    """As if the running claim's COMMIT did not land: its rows ready again (attempts as before)
+    and, where the claim counted, the counter as before it (0)."""
+    db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
+             "attempts = attempts - 1 WHERE status = 2")
+    if counted:
+        db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+
+
 def test_a_counting_claim_retaken_after_its_commit_failed_leaves_the_counter_unknown_never_low(db):
     # Given a counting claim of 2 of a's jobs (limit_per_key = 2) whose COMMIT did not land: its
     # rows ready again (attempts as before), the counter as before it (0)
@@ -260,9 +269,7 @@ def test_a_counting_claim_retaken_after_its_commit_failed_leaves_the_counter_unk
     try:
         claim = _claim(session, flow)
         assert len(claim.jobs) == 2 and queries.counted_token(claim.token)
-        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
-                 "attempts = attempts - 1 WHERE status = 2")
-        db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        _as_if_its_commit_failed(db)
         # When the claim takes them back (its first job had started: queries.retake) and acks them
         held = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0)
         assert sorted(held) == sorted(j.id for j in claim.jobs)
@@ -289,10 +296,7 @@ def test_a_claim_retaken_after_its_commit_failed_takes_no_slot_a_peer_took_meanw
         claim = _claim(session, FlowClaims(limits))
         mine = [j.id for j in claim.jobs]
         assert len(mine) == 2
-        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
-                 "attempts = attempts - 1 WHERE status = 2")
-        if limits.counts:  # (a queue with a `limit` keeps no counter)
-            db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        _as_if_its_commit_failed(db, counted=limits.counts)  # (a queue with a `limit` keeps no counter)
         # And a peer's claim that then takes the limit's 2 slots with 2 other jobs of a (ours
         # out of its reach meanwhile: still locked by our transaction, say)
         db.query("UPDATE nq_job SET status = 1, run_at = NOW(6) + INTERVAL 1 HOUR WHERE id IN %s", (mine,))
@@ -321,9 +325,7 @@ def test_a_claim_retaken_after_its_commit_failed_takes_back_what_its_key_has_roo
     try:
         claim = _claim(session, FlowClaims(limits))
         mine = [j.id for j in claim.jobs]
-        db.query("UPDATE nq_job SET status = 0, owner = NULL, claim_token = NULL, lease_until = NULL, "
-                 "attempts = attempts - 1 WHERE status = 2")
-        db.query("UPDATE nq_flow_key SET running = 0, counted_at = NOW(6) WHERE queue = 'q'")
+        _as_if_its_commit_failed(db)
         db.query("UPDATE nq_job SET status = 1, run_at = NOW(6) + INTERVAL 1 HOUR WHERE id IN %s", (mine,))
         taken = queries.claim(peer, "q", "p" * 32, 1, 60, flow=FlowClaims(limits))
         peer.pipeline.read_reply()
@@ -773,8 +775,72 @@ def _running_statement(db, session) -> bool:
                      (session.connection_id,)) == 1
 
 
+class KeyRowHeldPastLease:
+    """A counting claim of key k's three jobs on a 1 s lease (limit_per_key = 5), then a peer's
+    claim holding k's row while a statement of the claiming session waits for it until the
+    lease of the jobs it holds ran out, and a reaper pass meanwhile: the outcome's and the
+    retake's wait for their keys' rows."""
+
+    def __init__(self, db):
+        self.db = db
+        cfg = db.config()
+        _put_keyed(db, cfg, ["k"] * 3)
+        self.session, self.reaper = Session(cfg.dsn), Session(cfg.dsn)
+        self.limits = FlowLimits(limit_per_key=5)
+        self.peer = admin_connect(db.admin, db.admin.database)
+        self.waiting: threading.Thread | None = None
+
+    def claim_three(self) -> None:
+        self.claim = queries.claim(self.session, "q", OWNER, 10, 1.0, flow=FlowClaims(self.limits))
+        self.session.pipeline.read_reply()
+        self.ids = sorted(j.id for j in self.claim.jobs)
+        assert len(self.ids) == 3 and queries.counted_token(self.claim.token)
+
+    def hold_key_row(self) -> None:
+        """A peer's claim holds k's row (as its KeyGate does until its COMMIT)."""
+        cur = self.peer.cursor()
+        cur.execute("BEGIN")
+        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
+
+    def reap_while_waiting(self, statement, held: list[int], what: str) -> int:
+        """Run `statement` on a thread of its own; once it waits for k's row and the lease of
+        `held` ran out, a reaper pass: the jobs it took back."""
+        self.waiting = threading.Thread(target=statement, name=what, daemon=True)
+        self.waiting.start()
+        # (seen as the held jobs' rows held and the statement still running: the server
+        # does not always list such a wait as LOCK WAIT, nor only this test's)
+        wait_until(lambda: _rows_held(self.db, held) and _running_statement(self.db, self.session), 10,
+                   message=f"the {what} waits")
+        wait_until(lambda: self.db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)")
+                   == len(held), 10, message="the held jobs' lease ran out")
+        return liveness.reclaim_expired(self.reaper)
+
+    def free_key_row(self) -> None:
+        """The peer's claim ends: the waiting statement goes on, and ends."""
+        self.peer.rollback()
+        self.waiting.join(15)
+
+    def close(self) -> None:
+        self.peer.close()
+        if self.waiting is not None:
+            self.waiting.join(15)
+        self.session.close()
+        self.reaper.close()
+
+
+@pytest.fixture
+def key_row_wait(db):
+    """KeyRowHeldPastLease, its claim made."""
+    wait = KeyRowHeldPastLease(db)
+    try:
+        wait.claim_three()
+        yield wait
+    finally:
+        wait.close()
+
+
 @pytest.mark.parametrize("outcome", ["ack", "failure"])
-def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_their_lease(db, outcome):
+def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_their_lease(db, key_row_wait, outcome):
     """Regression (fault schedule, seed 43: three jobs ran twice, attempt 1 both times, no fault on
     either consumer): a counting claim's outcome takes its jobs off their keys' counters first
     (flow_count_release), and that statement locked the key's row, waiting for it while a peer's
@@ -783,57 +849,32 @@ def test_an_outcome_waiting_for_its_keys_row_keeps_its_jobs_from_a_reaper_past_t
     uncharged), the outcome found them gone, and the jobs that had run ran again elsewhere. The
     jobs' rows are locked first now: the reaper passes over them, and the outcome lands."""
     # Given a counting claim of key k's three jobs, on a 1 s lease
-    cfg = db.config()
-    _put_keyed(db, cfg, ["k"] * 3)
-    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
-    peer = admin_connect(db.admin, db.admin.database)
-    sender = None
-    try:
-        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(FlowLimits(limit_per_key=5)))
-        session.pipeline.read_reply()
-        ids = sorted(j.id for j in claim.jobs)
-        assert len(ids) == 3 and queries.counted_token(claim.token)
-        # And a peer's claim holding k's row (as its KeyGate does until its COMMIT)
-        cur = peer.cursor()
-        cur.execute("BEGIN")
-        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
-        # When the jobs' outcome is sent, and waits for that row until their lease has run out
-        sent: dict[str, object] = {}
+    session, claim, ids = key_row_wait.session, key_row_wait.claim, key_row_wait.ids
+    # And a peer's claim holding k's row
+    key_row_wait.hold_key_row()
+    # When the jobs' outcome is sent, and waits for that row until their lease has run out
+    sent: dict[str, object] = {}
 
-        def send() -> None:
-            if outcome == "ack":
-                sent["n"] = queries.ack(session, ids, claim.token, keep=False)
-            else:
-                sent["n"] = len(queries.reschedule_or_bury(session, "q", claim.token,
-                                                           [(i, 60.0, "boom") for i in ids]))
-
-        sender = threading.Thread(target=send, name="outcome", daemon=True)
-        sender.start()
-        # (seen as the jobs' rows held and the outcome's statement still running: the server
-        # does not always list such a wait as LOCK WAIT, nor only this test's)
-        wait_until(lambda: _rows_held(db, ids) and _running_statement(db, session), 10, message="the outcome waits")
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 3,
-                   10, message="the lease ran out")
-        # And a reaper pass runs meanwhile
-        taken = liveness.reclaim_expired(reaper)
-        # Then it takes none of them back
-        assert taken == 0
-        # And once the peer's claim ends, the outcome lands on each job, charged once
-        peer.rollback()
-        sender.join(15)
-        assert sent == {"n": 3}
+    def send() -> None:
         if outcome == "ack":
-            assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(ids),)) == 0
+            sent["n"] = queries.ack(session, ids, claim.token, keep=False)
         else:
-            assert db.query("SELECT status, attempts, suspect FROM nq_job WHERE id IN %s",
-                            (tuple(ids),)) == [(1, 1, 0)] * 3
-        assert _counters(db) == {"k": 0}
-    finally:
-        peer.close()
-        if sender is not None:
-            sender.join(15)
-        session.close()
-        reaper.close()
+            sent["n"] = len(queries.reschedule_or_bury(session, "q", claim.token,
+                                                       [(i, 60.0, "boom") for i in ids]))
+
+    # And a reaper pass runs meanwhile
+    taken = key_row_wait.reap_while_waiting(send, ids, "outcome")
+    # Then it takes none of them back
+    assert taken == 0
+    # And once the peer's claim ends, the outcome lands on each job, charged once
+    key_row_wait.free_key_row()
+    assert sent == {"n": 3}
+    if outcome == "ack":
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN %s", (tuple(ids),)) == 0
+    else:
+        assert db.query("SELECT status, attempts, suspect FROM nq_job WHERE id IN %s",
+                        (tuple(ids),)) == [(1, 1, 0)] * 3
+    assert _counters(db) == {"k": 0}
 
 
 def test_a_counting_claims_failure_and_give_back_bump_a_signal_slot_no_other_transaction_holds(db):
@@ -880,51 +921,28 @@ def test_a_counting_claims_failure_and_give_back_bump_a_signal_slot_no_other_tra
         session.close()
 
 
-def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_reaper(db):
+def test_a_retake_waiting_for_its_keys_row_keeps_what_its_claim_holds_from_a_reaper(db, key_row_wait):
     """A claim retaken after its COMMIT failed (queries.retake) reads what it still holds, then
     waits for its keys' rows to take again what it does not. It read them plainly: while a
     peer's claim held a key's row past the jobs' lease, a reaper took them back, and the retake
     still called them its own (their next starts ran jobs that were anyone's). Locked now."""
     # Given a counting claim of key k's three jobs on a 1 s lease, one of them given back (not
     # held: the retake takes it again, after k's row)
-    cfg = db.config()
-    _put_keyed(db, cfg, ["k"] * 3)
-    session, reaper = Session(cfg.dsn), Session(cfg.dsn)
-    limits = FlowLimits(limit_per_key=5)
-    peer = admin_connect(db.admin, db.admin.database)
-    retaking = None
-    try:
-        claim = queries.claim(session, "q", OWNER, 10, 1.0, flow=FlowClaims(limits))
-        session.pipeline.read_reply()
-        ids = sorted(j.id for j in claim.jobs)
-        assert len(ids) == 3 and queries.give_back(session, "q", ids[:1], claim.token) == 1
-        # And a peer's claim holding k's row
-        cur = peer.cursor()
-        cur.execute("BEGIN")
-        cur.execute("SELECT running FROM nq_flow_key WHERE queue = 'q' AND job_key = 'k' FOR UPDATE")
-        # When the claim is retaken, and waits for that row until the held jobs' lease ran out
-        held: dict[str, object] = {}
+    session, claim, ids = key_row_wait.session, key_row_wait.claim, key_row_wait.ids
+    assert queries.give_back(session, "q", ids[:1], claim.token) == 1
+    # And a peer's claim holding k's row
+    key_row_wait.hold_key_row()
+    # When the claim is retaken, and waits for that row until the held jobs' lease ran out
+    held: dict[str, object] = {}
 
-        def retake() -> None:
-            held["ids"] = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0, limits=limits)
+    def retake() -> None:
+        held["ids"] = queries.retake(session, claim.jobs, claim.token, OWNER, 60, None, 0.0,
+                                     limits=key_row_wait.limits)
 
-        retaking = threading.Thread(target=retake, name="retake", daemon=True)
-        retaking.start()
-        wait_until(lambda: _rows_held(db, ids[1:]) and _running_statement(db, session), 10,
-                   message="the retake waits")
-        wait_until(lambda: db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND lease_until < NOW(6)") == 2,
-                   10, message="the held jobs' lease ran out")
-        # And a reaper pass runs meanwhile
-        taken = liveness.reclaim_expired(reaper)
-        # Then it takes none of them back, and the retake holds all three once the row is free
-        assert taken == 0
-        peer.rollback()
-        retaking.join(15)
-        assert sorted(held["ids"]) == ids
-        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND claim_token = %s", (claim.token,)) == 3
-    finally:
-        peer.close()
-        if retaking is not None:
-            retaking.join(15)
-        session.close()
-        reaper.close()
+    # And a reaper pass runs meanwhile
+    taken = key_row_wait.reap_while_waiting(retake, ids[1:], "retake")
+    # Then it takes none of them back, and the retake holds all three once the row is free
+    assert taken == 0
+    key_row_wait.free_key_row()
+    assert sorted(held["ids"]) == ids
+    assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE status = 2 AND claim_token = %s", (claim.token,)) == 3
