@@ -7,6 +7,7 @@ written, a fake $NOTIFY_SOCKET tells when it is READY, and nq_job shows what was
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import json
 import os
@@ -14,7 +15,9 @@ import signal
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -64,6 +67,32 @@ def wait_with_log(predicate, timeout: float, message: str, err: Path) -> None:
         raise AssertionError(f"{e}\n--- producer log ---\n{err.read_text()[-6000:]}") from None
 
 
+class SystemdStream(NamedTuple):
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+    fd: int  # the FIFO's end a test writes to (systemd's)
+    config: Path
+    ready: int  # the READY=1 message's index in notify.messages()
+
+
+@contextlib.contextmanager
+def systemd_stream(db, tmp_path: Path, notify: NotifyListener, procs, config: str) -> Iterator[SystemdStream]:
+    """`notifyq produce -q s` with the config file `config`, its stdin a FIFO opened
+    O_RDWR|O_NONBLOCK, as systemd passes ListenFIFO= with StandardInput=socket (never at EOF,
+    and empty reads fail with EAGAIN); yielded once it said READY=1."""
+    env = setup_env(db, tmp_path, config, notify)
+    fifo = tmp_path / "systemd.fifo"
+    os.mkfifo(fifo)
+    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
+        ready = notify.wait_for("READY=1")
+        yield SystemdStream(proc, out, err, systemd_end, Path(env["NOTIFYQ_CONFIG"]), ready)
+    finally:
+        os.close(systemd_end)
+
+
 def test_a_followed_fifo_survives_writers_coming_and_going_and_commits_a_slow_line_in_time(db, tmp_path, notify, procs):
     # Given a producer following a FIFO, committing every 100 lines or 0.2 s
     env = setup_env(db, tmp_path, "[producer]\nbatch_lines = 100\nbatch_wait_s = 0.2\n", notify)
@@ -109,13 +138,8 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
     # Given stdin is a FIFO opened O_RDWR|O_NONBLOCK, as systemd passes ListenFIFO= with
     # StandardInput=socket: never at EOF, and empty reads fail with EAGAIN
     config = "[producer]\nbatch_lines = 1\nbatch_wait_s = 30.0\n[log]\nlevel = \"info\"\n"
-    env = setup_env(db, tmp_path, config, notify)
-    fifo = tmp_path / "systemd.fifo"
-    os.mkfifo(fifo)
-    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
-        ready = notify.wait_for("READY=1")
+    with systemd_stream(db, tmp_path, notify, procs, config) as \
+            (proc, out, err, systemd_end, path, ready):
         assert any(ln == "STATUS=queue=s enqueued=0 rejected=0 batches=0" for ln in notify.messages()[ready][1])
         # When a line arrives in two halves, with the pipe empty in between
         os.write(systemd_end, b'{"n": 1, "text": "')
@@ -126,8 +150,7 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
         wait_until(lambda: payloads(db) == [{"n": 1, "text": "abc"}], 10, message="the joined line")
         notify.wait_for("STATUS=queue=s enqueued=1 rejected=0 batches=1")
         # When the config changes to batches of 3 within 0.1 s, debug logs, and SIGHUP comes
-        Path(env["NOTIFYQ_CONFIG"]).write_text(
-            "[producer]\nbatch_lines = 3\nbatch_wait_s = 0.1\n[log]\nlevel = \"debug\"\n")
+        path.write_text("[producer]\nbatch_lines = 3\nbatch_wait_s = 0.1\n[log]\nlevel = \"debug\"\n")
         mark = len(notify.messages())
         proc.send_signal(signal.SIGHUP)
         reloading = notify.wait_for("RELOADING=1", mark)
@@ -146,8 +169,6 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
         notify.wait_for("STOPPING=1", mark)
         assert proc.wait(30) == 0, err.read_text()
         assert out.read_text() == "enqueued 4\n"
-    finally:
-        os.close(systemd_end)
 
 
 def test_sighup_after_the_queues_section_is_gone_is_refused_and_the_stream_runs_on(db, tmp_path, notify, procs):
@@ -155,14 +176,8 @@ def test_sighup_after_the_queues_section_is_gone_is_refused_and_the_stream_runs_
     max_attempts instead of the section's, in silence (a section deleted, or its name mistyped)."""
     # Given a producer of a queue whose section sets max_attempts, reading a FIFO as systemd passes it
     section = "[producer]\nbatch_lines = 1\n[queue.{name}]\nmax_attempts = 2\n"
-    env = setup_env(db, tmp_path, section.format(name="s"), notify)
-    path = Path(env["NOTIFYQ_CONFIG"])
-    fifo = tmp_path / "systemd.fifo"
-    os.mkfifo(fifo)
-    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
-        notify.wait_for("READY=1")
+    with systemd_stream(db, tmp_path, notify, procs, section.format(name="s")) as \
+            (proc, out, err, systemd_end, path, ready):
         # When the section's name is mistyped and SIGHUP comes
         path.write_text(section.format(name="S"))
         mark = len(notify.messages())
@@ -181,8 +196,6 @@ def test_sighup_after_the_queues_section_is_gone_is_refused_and_the_stream_runs_
         assert db.scalar("SELECT max_attempts FROM nq_job") == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, err.read_text()
-    finally:
-        os.close(systemd_end)
 
 
 def test_bad_lines_are_reported_counted_and_kept_while_every_good_line_is_enqueued(db, tmp_path):
@@ -233,14 +246,8 @@ def test_a_refused_reload_stays_in_status_until_a_reload_applies(db, tmp_path, n
     """Regression: the next batch's STATUS= dropped `reload=failed`, as if the reload had applied."""
     # Given a producer reading a FIFO as systemd passes it, whose reload was refused (a bad value)
     config = "[producer]\nbatch_lines = 1\n"
-    env = setup_env(db, tmp_path, config, notify)
-    path = Path(env["NOTIFYQ_CONFIG"])
-    fifo = tmp_path / "systemd.fifo"
-    os.mkfifo(fifo)
-    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
-        notify.wait_for("READY=1")
+    with systemd_stream(db, tmp_path, notify, procs, config) as \
+            (proc, out, err, systemd_end, path, ready):
         lines = reload_and_wait(proc, notify, path, "[producer]\nbatch_lines = 0\n")
         assert "STATUS=queue=s enqueued=0 rejected=0 batches=0 reload=failed" in lines
         # When a line is enqueued, and another is rejected
@@ -260,8 +267,6 @@ def test_a_refused_reload_stays_in_status_until_a_reload_applies(db, tmp_path, n
         notify.wait_for("STATUS=queue=s enqueued=2 rejected=1 batches=2", mark)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, err.read_text()
-    finally:
-        os.close(systemd_end)
 
 
 def write_all(fd: int, data: bytes, chunk: int = 16384) -> None:
@@ -276,16 +281,10 @@ def test_a_reload_applies_the_payload_limit_and_max_attempts_to_the_next_line(db
     the queue's max_attempts the producer started with."""
     # Given a producer of a queue with max_attempts 2 and a 100-byte payload limit
     config = "[producer]\nbatch_lines = 1\nmax_payload_bytes = {limit}\n[queue.s]\nmax_attempts = {attempts}\n"
-    env = setup_env(db, tmp_path, config.format(limit=100, attempts=2), notify)
-    path = Path(env["NOTIFYQ_CONFIG"])
-    fifo = tmp_path / "systemd.fifo"
-    os.mkfifo(fifo)
-    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
     big = json.dumps({"text": "x" * 296}).encode()  # 308 bytes
     huge = json.dumps({"text": "y" * 70000}).encode()  # longer than a line may be at a 100-byte limit
-    try:
-        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
-        notify.wait_for("READY=1")
+    with systemd_stream(db, tmp_path, notify, procs, config.format(limit=100, attempts=2)) as \
+            (proc, out, err, systemd_end, path, ready):
         os.write(systemd_end, big + b"\n")
         wait_with_log(lambda: "over the 100-byte limit" in err.read_text(), 10, "the first reject", err)
         # When the limit is raised to 100000, max_attempts to 7, and SIGHUP comes
@@ -305,8 +304,6 @@ def test_a_reload_applies_the_payload_limit_and_max_attempts_to_the_next_line(db
         assert err.read_text().count("over the 100-byte limit") == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, err.read_text()
-    finally:
-        os.close(systemd_end)
 
 
 def test_a_reload_says_which_changed_settings_the_stream_keeps_until_a_restart(db, tmp_path, notify, procs):
@@ -314,14 +311,8 @@ def test_a_reload_says_which_changed_settings_the_stream_keeps_until_a_restart(d
     "reloaded config" and nothing else, while the producer went on with the old values."""
     # Given a producer stream started with a config file
     config = "connect_retry_s = {retry}\n[wakeup]\ninstant_wake = {wake}\npoll_max_s = {poll}\n"
-    env = setup_env(db, tmp_path, config.format(retry=30, wake='"auto"', poll=0.5), notify)
-    path = Path(env["NOTIFYQ_CONFIG"])
-    fifo = tmp_path / "systemd.fifo"
-    os.mkfifo(fifo)
-    systemd_end = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        proc, out, err = producer(procs, env, tmp_path, "-q", "s", stdin=systemd_end)
-        notify.wait_for("READY=1")
+    with systemd_stream(db, tmp_path, notify, procs, config.format(retry=30, wake='"auto"', poll=0.5)) as \
+            (proc, out, err, systemd_end, path, ready):
         # When the file changes connect_retry_s, wakeup.instant_wake and the consumers'
         # poll_max_s, and SIGHUP comes
         reload_and_wait(proc, notify, path, config.format(retry=5, wake="false", poll=2))
@@ -339,5 +330,3 @@ def test_a_reload_says_which_changed_settings_the_stream_keeps_until_a_restart(d
         assert err.read_text().count("restart the service") == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, err.read_text()
-    finally:
-        os.close(systemd_end)
