@@ -86,7 +86,8 @@ Outside attack 35 (a KILL of a connection id from before a server restart):
 A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... FOR UPDATE):
 - locked_pickup: a job still ready when the lock went (not cancelled) is claimed (its batch's
   first start) within the deployment's wakeup.poll_max_s and LOCKED_PICKUP_SLACK_S of the lock's
-  end, unless the server restarted between the lock and the start, the starting process was hit
+  end (of the last lock, when the next one took the same job again before a claim did), unless
+  the server restarted between the lock and the start, the starting process was hit
   (it may have claimed the job and stopped), a claim of the job was lost or handed back
   unstarted in between, a reaper took a claim back in between, or a consumer was stopped as the lock went (the watch it may hold
   wakes nobody); and a late claim is a violation only where the fleet sat idle longer than
@@ -1161,6 +1162,8 @@ def locked_pickups(h: History) -> list[tuple]:
             continue  # never run again: the lost rule's
         first = after[0]
         picked = batch_first.get((first.deploy, first.pid, first.token), first.start) if first.token else first.start
+        if any(again.key == lock.key and lock.end <= again.start < picked for again in h.row_locks):
+            continue  # the next lock took the same job before a claim did: that lock is judged
         out.append((lock, first, picked, [r for r in runs if r.start < lock.start]))
     return out
 

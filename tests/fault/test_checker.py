@@ -1123,6 +1123,20 @@ def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that
         assert rules(locked(late, enqueues, [lock], faults=[fault])).get("locked_pickup") == 1, fault
 
 
+def test_a_job_locked_again_by_the_next_lock_is_judged_from_that_locks_end():
+    # Job 5's row held t=1-4, and again t=4.05-12 by the next lock (seen: the same ready job
+    # drawn twice); claimed at 12.5 while job 1 keeps the fleet busy. A claim at 9 took job 7,
+    # behind it in claim order, while the second lock held it: no pass-over of the first lock's
+    first, again = RowLock("main", 5, 1.0, 4.0, 0), RowLock("main", 5, 4.05, 12.0, 0)
+    runs = [run(1, 1, 12, 0.1, 13.0), run(7, 1, 11, 9.0, 9.1), run(5, 1, 10, 12.5, 12.6)]
+    enqueues = [enq(1), enq(5, at=0.5), enq(7, at=0.6)]
+    assert checker.check(locked(runs, enqueues, [first, again])).ok
+    # Planted: claimed long after the second lock went, passed over meanwhile: caught, once
+    again = dataclasses.replace(again, end=8.0)
+    late = [run(1, 1, 12, 0.1, 20.0), run(7, 1, 11, 13.0, 13.1), run(5, 1, 10, 18.0, 18.1)]
+    assert rules(locked(late, enqueues, [first, again])) == {"locked_pickup": 1}
+
+
 def test_a_held_row_is_no_stall_and_no_priority_inversion_while_it_is_held():
     # Job 2 (priority 9) is ready from t=1, its row held t=1.5-8, started at 8.5; nothing else runs
     # from t=1 on: a span of 7 s with a job ready, but a job no claim could take
