@@ -86,13 +86,17 @@ Outside attack 35 (a KILL of a connection id from before a server restart):
 A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... FOR UPDATE):
 - locked_pickup: a job still ready when the lock went (not cancelled) is claimed (its batch's
   first start) within the deployment's wakeup.poll_max_s and LOCKED_PICKUP_SLACK_S of the lock's
-  end, unless the server restarted between the lock and the start, the starting process was hit
+  end (of the last lock, when the next one took the same job again before a claim did), unless
+  the server restarted between the lock and the start, the starting process was hit
   (it may have claimed the job and stopped), a claim of the job was lost or handed back
   unstarted in between, a reaper took a claim back in between, or a consumer was stopped as the lock went (the watch it may hold
   wakes nobody); and a late claim is a violation only where the fleet sat idle longer than
   that bound while the job waited, or a claim begun past it took a job ranked after it in claim
   order: behind a backlog, its turn comes when the jobs ahead of it are done. Its held span is no ready span for no_progress, and no claimable one for
-  priority.
+  priority. A span in which a session of the deployment waited for a key row an outside
+  session held (the key_lock class; the holder records when it saw a waiter) is no idle span:
+  an outcome of the key's job waits there (a claim carrying its ack, maybe the one watcher's),
+  and so does that claim; the rest of the hold, and the time after it, count as before.
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
   finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
@@ -1158,6 +1162,8 @@ def locked_pickups(h: History) -> list[tuple]:
             continue  # never run again: the lost rule's
         first = after[0]
         picked = batch_first.get((first.deploy, first.pid, first.token), first.start) if first.token else first.start
+        if any(again.key == lock.key and lock.end <= again.start < picked for again in h.row_locks):
+            continue  # the next lock took the same job before a claim did: that lock is judged
         out.append((lock, first, picked, [r for r in runs if r.start < lock.start]))
     return out
 
@@ -1167,7 +1173,8 @@ def check_locked_pickup(h: History) -> list[Violation]:
     unless a backlog ahead of it in claim order kept the fleet busy meanwhile (claims take the
     queue in order: its turn comes when theirs is done). Late is a violation when the fleet sat
     idle longer than the bound while it waited (the lost pick-up: nothing woke a consumer for
-    it), or when a claim that began past the bound took a job ranked after it (passed over)."""
+    it), or when a claim that began past the bound took a job ranked after it (passed over).
+    A key_lock's outcome waiting on its key row is no idleness (_longest_idle)."""
     if not h.row_locks:
         return []
     faults = [f for f in h.faults if f.kind not in EVIDENCE and f.kind not in ("kill_query", "sighup")]
@@ -1210,9 +1217,13 @@ def check_locked_pickup(h: History) -> list[Violation]:
 
 def _longest_idle(h: History, deploy: str, lo: float, hi: float) -> float:
     """The longest span within [lo, hi] in which no handler of the deployment ran (a run without
-    an end counts its start only)."""
-    spans = sorted((r.start, r.end if r.end is not None else r.start) for r in h.runs
-                   if r.deploy == deploy and r.start <= hi and (r.end if r.end is not None else r.start) >= lo)
+    an end counts its start only) and no session of it waited for a key row an outside session
+    held (the key_lock class: an outcome waiting on a key row is a worker at work, maybe the
+    one watcher, its claim behind that outcome; only the spans the holder saw a waiter count)."""
+    spans = [(r.start, r.end if r.end is not None else r.start) for r in h.runs
+             if r.deploy == deploy and r.start <= hi and (r.end if r.end is not None else r.start) >= lo]
+    spans += [(a, b) for lock in h.key_locks if lock.deploy == deploy for a, b in lock.waits if a <= hi and b >= lo]
+    spans.sort()
     longest, free_from = 0.0, lo
     for start, end in spans:
         if start > free_from:

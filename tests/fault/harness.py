@@ -244,6 +244,12 @@ class FaultRun:
             note += (f"row_lock: {len(locks)} rows held of {len(self.row_lockers)} tries "
                      f"({sum(lk.status is None for lk in locks)} ended by a server fault); claimed after the "
                      f"lock went: {', '.join(f'{d:.2f}' for d in delays) or '-'} s\n")
+        if self.key_lockers:
+            held = [t.lock for t in self.key_lockers if t.lock is not None]
+            waited = [b - a for lk in held for a, b in lk.waits]
+            note += (f"key_lock: {len(held)} keys held of {len(self.key_lockers)} tries, "
+                     f"{sum(bool(lk.waits) for lk in held)} waited for; waits of "
+                     f"{min(waited, default=0):.2f}-{max(waited, default=0):.2f} s\n")
         if self.reload_drops:
             note += (f"reload_drop: {len(self.reload_drops)} plays, reloads of the bad config refused "
                      f"{sum(p.refused for p in self.reload_drops)}, applied {sum(p.applied for p in self.reload_drops)}, "
@@ -419,7 +425,7 @@ class FaultRun:
             self.row_lockers.append(locker)
             locker.start()
         elif step.kind == "key_lock":
-            key_locker = KeyLocker(self.dbs["main"].admin, QUEUE, step.pick, step.length_s)
+            key_locker = KeyLocker(self.dbs["main"].admin, "main", QUEUE, step.pick, step.length_s)
             self.key_lockers.append(key_locker)
             key_locker.start()
         elif step.kind == "reload_drop":
@@ -797,6 +803,7 @@ class FaultRun:
                        key_limits={"main": KEY_LIMIT},
                        bystander_losses=self.bystander.losses if self.bystander else [],
                        row_locks=[t.lock for t in self.row_lockers if t.lock is not None],
+                       key_locks=[t.lock for t in self.key_lockers if t.lock is not None],
                        poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {},
                        lease_takebacks=self._lease_takebacks())
 

@@ -9,6 +9,7 @@ Its sources, all timed on CLOCK_MONOTONIC (shared by every process of the machin
 - the effect rows that `fx` jobs' handlers wrote through job.transaction() (issue 29);
 - the bystander application's sessions that died (outside attack 35);
 - the row_lock class's locks on ready jobs' rows (when each was taken and let go);
+- the key_lock class's locks on key rows, with the spans in which a session waited for one;
 - the reapers' take-backs of expired leases, with the jobs each named.
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
@@ -179,6 +180,20 @@ class RowLock:
 
 
 @dataclasses.dataclass(frozen=True)
+class KeyLock:
+    """An outside session's lock on a key's nq_flow_key row (key_lock.py): held from `start`
+    (the locking read returned) until `end` (the ROLLBACK returned, or its session lost;
+    monotonic). waits: the spans in which the holder saw a transaction waiting for its lock (an
+    outcome of a job of the key: a claim carrying its ack, a failure, a give-back), each from
+    the first look that saw one to the first that saw none, or to `end`."""
+    deploy: str
+    key: str
+    start: float
+    end: float
+    waits: tuple[tuple[float, float], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class FinalRow:
     deploy: str
     job: int
@@ -222,6 +237,8 @@ class History:
     # the row_lock class: an application's locks on ready jobs' rows, and each deployment's
     # wakeup.poll_max_s (its consumers' largest: the longest wait before a claim is tried again)
     row_locks: list[RowLock] = dataclasses.field(default_factory=list)
+    # the key_lock class: an outside session's locks on key rows (their faults are in `faults`)
+    key_locks: list[KeyLock] = dataclasses.field(default_factory=list)
     poll_max_s: dict[str, float] = dataclasses.field(default_factory=dict)
     # reapers' take-backs of expired leases, with the jobs they named (the checker's messages)
     lease_takebacks: list[LeaseTakeBack] = dataclasses.field(default_factory=list)

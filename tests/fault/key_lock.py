@@ -11,6 +11,12 @@ class made it, rarely, when it stopped a consumer inside a claim). The lock is n
 either consumer, so it excuses no second run; it is recorded (with pid None) as a fault of
 nobody's, so that the checker's no_progress rule lets the fleet wait for the held key.
 
+While it holds the row the holder looks, every WAIT_LOOK_S, for a transaction waiting for its
+lock, and records the spans it saw one (History.key_locks): a worker whose claim carries an
+ack of the key's job waits there with the jobs it would claim, and if it is the one idle
+watcher the fleet runs nothing meanwhile. The checker's locked_pickup rule counts such a span
+as work, not idleness (an outcome waiting on a key row), and nothing else of the hold.
+
 The holder is the server's admin, not the runtime user: the schedule's KILLs of the runtime
 user's sessions never end it early. It takes a key that has claimed jobs, so that their
 outcomes meet it.
@@ -26,22 +32,32 @@ import MySQLdb
 
 from notifyq.config import DSN
 
-from .history import Fault
+from .history import Fault, KeyLock
 from .row_lock import holder_session, take_one
 
+WAIT_LOOK_S = 0.05  # how often the holder looks for a transaction waiting for its lock
+# The transactions waiting for a lock the holder's own transaction holds (InnoDB's view)
+WAITERS = ("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t "
+           "ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = CONNECTION_ID()")
 
 
 class KeyLocker(threading.Thread):
     """One lock: a key of `queue` with claimed jobs, its nq_flow_key row held `length_s`, then
-    rolled back. `fault` is its record once taken (None: no such key was found, or the server
+    rolled back. `lock` is its record once taken (None: no such key was found, or the server
     was away)."""
 
-    def __init__(self, admin: DSN, queue: str, pick: float, length_s: float):
+    def __init__(self, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
         super().__init__(name="key-lock", daemon=True)
-        self.admin, self.queue, self.length_s = admin, queue, length_s
+        self.admin, self.deploy, self.queue, self.length_s = admin, deploy, queue, length_s
         self.rng = random.Random(pick)
-        self.fault: Fault | None = None
+        self.lock: KeyLock | None = None
         self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
+
+    @property
+    def fault(self) -> Fault | None:
+        """The lock as a fault of nobody's (the no_progress rule's excuse)."""
+        lock = self.lock
+        return None if lock is None else Fault("key_lock", lock.start, lock.end, None, detail=lock.key)
 
     def run(self) -> None:
         try:
@@ -52,17 +68,40 @@ class KeyLocker(threading.Thread):
             key, start = self._take(conn)
             if key is None:
                 return
-            self.stop.wait(self.length_s)  # the lock's length: the fault's duration, not a wait for a state
+            waits = self._hold(conn, start + self.length_s)
             try:
                 conn.rollback()
             except MySQLdb.Error:
                 pass  # the session went (a server fault), the lock with it
-            self.fault = Fault("key_lock", start, time.monotonic(), None, detail=key)
+            end = time.monotonic()
+            self.lock = KeyLock(self.deploy, key, start, end, tuple((a, end if b is None else b) for a, b in waits))
         finally:
             try:
                 conn.close()
             except MySQLdb.Error:
                 pass
+
+    def _hold(self, conn, until: float) -> list[tuple[float, float | None]]:
+        """Hold the lock until `until` (or the stop), looking for waiters every WAIT_LOOK_S: the
+        spans in which one was seen, each from the first look that saw one to the first that
+        saw none (None: still seen at the last look). A look the server does not answer ends
+        the hold: the session went, its lock with it."""
+        waits: list[tuple[float, float | None]] = []
+        cur = conn.cursor()
+        while not self.stop.is_set() and (now := time.monotonic()) < until:
+            try:
+                cur.execute(WAITERS)
+                waiting = int(cur.fetchone()[0]) > 0
+            except MySQLdb.Error:
+                break
+            seen = time.monotonic()
+            if waiting and (not waits or waits[-1][1] is not None):
+                waits.append((seen, None))
+            elif not waiting and waits and waits[-1][1] is None:
+                waits[-1] = (waits[-1][0], seen)
+            # the lock's length is the fault's duration; this wait paces the looks, it waits for no state
+            self.stop.wait(min(WAIT_LOOK_S, max(0.0, until - now)))
+        return waits
 
     def _take(self, conn) -> tuple[str | None, float]:
         """Lock the row of a random key with claimed jobs (not waiting for one a claim holds)."""

@@ -68,13 +68,16 @@ Cheap classes for two fixed behaviours, on the main deployment (in the CI draw):
                    seconds later the file is restored and they are SIGHUPed again (reload_drop.py).
                    The reload must be refused whole: the key_limit rule catches a consumer that
                    applied it (its limit_per_key gone, more runs of the key at once)
-A cheap class for a fixed behaviour, on the main deployment, named on its own only (OPT_IN):
+A cheap class for a fixed behaviour, on the main deployment (in the CI draw):
   key_lock         about every 6 s, another session (key_lock.py, the server's admin) holds the
                    nq_flow_key row of a key with running jobs for 5-7 s (longer than the lease),
                    as a consumer stopped in the middle of a claim holds it, then rolls back: the
                    outcomes of that key's running jobs wait for it, and must keep their jobs
                    (a reaper may not take them back as expired meanwhile); it excuses no
-                   second run (the checker's run_twice and attempts)
+                   second run (the checker's run_twice and attempts). The holder records the
+                   spans in which a transaction waited for its lock: for locked_pickup those
+                   are work (an outcome waiting on a key row, maybe the watcher's claim behind
+                   it), not an idle fleet; the rest of the hold is judged as any time
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -122,14 +125,11 @@ LOCK_RELOAD = ("row_lock", "reload_drop")
 KEY_LOCK = ("key_lock",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
             "grace_outage", "frozen_at_stop")
-FAULT_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + EPISODES
-# Classes named on their own only (not in "all" nor CI's draw): key_lock holds keys for 5-7 s,
-# and the rules that judge an idle fleet (locked_pickup) would take its waiting acks for idleness
-OPT_IN = KEY_LOCK
-KNOWN_CLASSES = FAULT_CLASSES + OPT_IN
+FAULT_CLASSES = (BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + KEY_LOCK
+                 + EPISODES)
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD  # the long episodes run in benchmarks/fault_schedule.py
+CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + KEY_LOCK
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
@@ -161,13 +161,13 @@ def parse_classes(text: str) -> tuple[str, ...]:
         names = {"all": FAULT_CLASSES, "ci": CI_CLASSES, "today": CI_CLASSES, "none": (), "before26": BEFORE_26,
                  "cheap26": CHEAP_26, "effects29": EFFECTS_29, "episodes": EPISODES}.get(name, (name,))
         for n in names:
-            if n not in KNOWN_CLASSES:
-                raise ValueError(f"unknown fault class {n!r}; known: {', '.join(KNOWN_CLASSES)}")
+            if n not in FAULT_CLASSES:
+                raise ValueError(f"unknown fault class {n!r}; known: {', '.join(FAULT_CLASSES)}")
             if remove and n in chosen:
                 chosen.remove(n)
             elif not remove and n not in chosen:
                 chosen.append(n)
-    return tuple(c for c in KNOWN_CLASSES if c in chosen)
+    return tuple(c for c in FAULT_CLASSES if c in chosen)
 
 
 @dataclasses.dataclass(frozen=True)

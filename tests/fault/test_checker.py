@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, LeaseTakeBack, Refused,
-                      RowLock, Run)
+from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, KeyLock, LeaseTakeBack,
+                      Refused, RowLock, Run)
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -1123,6 +1123,20 @@ def test_a_late_pickup_after_a_row_lock_is_excused_only_by_what_could_delay_that
         assert rules(locked(late, enqueues, [lock], faults=[fault])).get("locked_pickup") == 1, fault
 
 
+def test_a_job_locked_again_by_the_next_lock_is_judged_from_that_locks_end():
+    # Job 5's row held t=1-4, and again t=4.05-12 by the next lock (seen: the same ready job
+    # drawn twice); claimed at 12.5 while job 1 keeps the fleet busy. A claim at 9 took job 7,
+    # behind it in claim order, while the second lock held it: no pass-over of the first lock's
+    first, again = RowLock("main", 5, 1.0, 4.0, 0), RowLock("main", 5, 4.05, 12.0, 0)
+    runs = [run(1, 1, 12, 0.1, 13.0), run(7, 1, 11, 9.0, 9.1), run(5, 1, 10, 12.5, 12.6)]
+    enqueues = [enq(1), enq(5, at=0.5), enq(7, at=0.6)]
+    assert checker.check(locked(runs, enqueues, [first, again])).ok
+    # Planted: claimed long after the second lock went, passed over meanwhile: caught, once
+    again = dataclasses.replace(again, end=8.0)
+    late = [run(1, 1, 12, 0.1, 20.0), run(7, 1, 11, 13.0, 13.1), run(5, 1, 10, 18.0, 18.1)]
+    assert rules(locked(late, enqueues, [first, again])) == {"locked_pickup": 1}
+
+
 def test_a_held_row_is_no_stall_and_no_priority_inversion_while_it_is_held():
     # Job 2 (priority 9) is ready from t=1, its row held t=1.5-8, started at 8.5; nothing else runs
     # from t=1 on: a span of 7 s with a job ready, but a job no claim could take
@@ -1167,8 +1181,7 @@ def test_one_id_returned_to_two_enqueues_without_a_dedup_key_is_caught():
 
 
 def test_the_key_lock_class_holds_keys_past_the_lease_and_excuses_no_second_run():
-    assert "key_lock" not in parse_classes("all") and "key_lock" not in CI_CLASSES  # named on its own
-    assert parse_classes("all,key_lock")[-1] == "key_lock"
+    assert "key_lock" in parse_classes("all") and "key_lock" in CI_CLASSES and "key_lock" in parse_classes("ci")
     plan = make_plan(1, parse_classes("key_lock"), 60.0, 3000)
     locks = [s for s in plan.steps if s.kind == "key_lock"]
     assert len(locks) >= 6 and all(LEASE < s.length_s <= 7.0 and s.at_s + s.length_s < 60.0 for s in locks)
@@ -1181,6 +1194,39 @@ def test_the_key_lock_class_holds_keys_past_the_lease_and_excuses_no_second_run(
     held = Fault("key_lock", 1.0, 7.0, None, detail="fk1")
     h = history([run(1, 1, 10, 1.5, 1.6), run(1, 1, 11, 6.5, 6.6)], [enq(1)], faults=[held])
     assert rules(h) == {"run_twice": 1, "attempts": 1}
+
+
+def key_locked(runs, enqueues, row_lock, key_lock):
+    """A history with a row lock and a key lock, the key lock also a fault (as the harness has it)."""
+    fault = Fault("key_lock", key_lock.start, key_lock.end, None, detail=key_lock.key)
+    return dataclasses.replace(locked(runs, enqueues, [row_lock], faults=[fault]), key_locks=[key_lock])
+
+
+def test_a_pickup_behind_an_outcome_waiting_on_a_held_key_is_no_idle_fleet_but_a_stall_around_it_is():
+    # Job 5's row held t=1-4. Job 1 (key fk1) ends at 3.0 and its ack waits in its consumer's
+    # next claim for fk1's row, which an outside session holds t=2.5-10: the holder saw that
+    # claim waiting t=3.0-10. No handler runs from 3.0; job 5 is claimed at 10.3, when the
+    # key's row went and the claim behind the ack ran: 6.3 s after its row lock, past poll_max_s
+    # 1 + the slack, but an outcome waited on a key row meanwhile, no idle fleet
+    row_lock = RowLock("main", 5, 1.0, 4.0, 0)
+    waited = KeyLock("main", "fk1", 2.5, 10.0, ((3.0, 10.0),))
+    enqueues = [enq(1), enq(5, at=0.5)]
+    behind = [run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 10.3, 10.4)]
+    assert checker.check(key_locked(behind, enqueues, row_lock, waited)).ok
+    # Planted: a hold nobody waited for excuses nothing (a real stall while a key was held)
+    unwaited = dataclasses.replace(waited, waits=())
+    assert rules(key_locked(behind, enqueues, row_lock, unwaited)) == {"locked_pickup": 1}
+    # Planted: a waiter seen t=3-5 only, the fleet idle from then to the end of the hold and past
+    # the bound: a stall inside the key_lock window is still caught
+    brief = dataclasses.replace(waited, waits=((3.0, 5.0),))
+    found = checker.check(key_locked(behind, enqueues, row_lock, brief)).violations
+    assert [v.rule for v in found] == ["locked_pickup"] and "idle 5.3 s" in found[0].detail, found
+    # Planted: the wait ended at 10, the fleet idle past the bound after it: caught
+    after = [run(1, 1, 10, 0.1, 3.0), run(5, 1, 10, 16.0, 16.1)]
+    assert rules(key_locked(after, enqueues, row_lock, waited)) == {"locked_pickup": 1}
+    # Planted: a wait on another deployment's key row keeps no worker of this one busy
+    elsewhere = dataclasses.replace(waited, deploy="rated")
+    assert rules(key_locked(behind, enqueues, row_lock, elsewhere)) == {"locked_pickup": 1}
 
 
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():
