@@ -10,10 +10,11 @@ own sends), and after a job.transaction() block's COMMIT that released children,
 each such queue's watcher with the instant wake (KILL QUERY of its wait: wakeup/waker.py), on a
 session of its own per queue, opened on first use. The worker's own queue needs none: the
 worker claims again at once after an ack that released children. Best effort, as any wake: a
-watcher woken before the ack's COMMIT lands (a claim's COMMIT is not waited for) finds the
-signal moved past what its claim saw at its next turn, whose first wait ends within
-FIRST_WAIT_S (wakeup/waiter.py); one that misses the wake (no advisory locks, a KILL refused)
-reads the signal at its next poll, within wakeup.poll_max_s.
+watcher woken before the ack's COMMIT lands (a claim's COMMIT is not waited for) claims in
+vain, then finds the signal moved by its next turn's reads of the count (the first at once, the
+next after FIRST_WAIT_S, wakeup/waiter.py, then backing off from wakeup.poll_initial_s); one
+that misses the wake (no advisory locks, a KILL refused) reads the signal at its next poll.
+Either way within wakeup.poll_max_s of the COMMIT.
 """
 
 from __future__ import annotations
