@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
 
 from notifyq import errors
 from notifyq.consume.outcomes import Outcomes
@@ -43,8 +42,6 @@ class PendingAcks:
         # Carried by the last claim, whose COMMIT may still be on the wire (None: unread)
         self._riding: tuple[queries.Acks, Pending | None] | None = None
         self._released = False  # an ack since the last released_children() released workflow children
-        # Called with the queues of the children an ack released, once it is sent (release_wake.py)
-        self.on_release: Callable[[tuple[str, ...]], None] | None = None
         # Every Acks handed over (keep) and not known landed yet: waiting, carried by a claim whose
         # COMMIT was not read, or on the wire (a claim's or an ack's that a frozen server holds).
         # The shutdown sends them again if its worker could not (send_at_exit); its batch was
@@ -108,6 +105,7 @@ class PendingAcks:
             raise
         if acks is not None:
             self._note_release(acks)
+            self.outcomes.report_release(acks)  # (an ack on its own reports in Outcomes.ack)
             self._riding = (acks, claim.commit)
             if not claim.jobs:
                 self._land_riding(session)  # nothing runs next on this session to read the COMMIT
@@ -128,10 +126,7 @@ class PendingAcks:
         return released
 
     def _note_release(self, acks: queries.Acks) -> None:
-        if acks.released:
-            self._released = True
-            if self.on_release is not None:
-                self.on_release(acks.released)
+        self._released = self._released or bool(acks.released)
 
     def flush(self, session: Session) -> None:
         """Before anything but a claim: what waits for one is acked on its own, now."""

@@ -43,6 +43,11 @@ class Outcomes:
         # A limited queue's: called after each COMMIT that freed slots (consume/slots.py), with
         # whether a consumer watched as the claim that carried them read it (None: not read)
         self.freed: Callable[..., None] | None = None
+        # Called with the queues of the workflow children an ack released, once it is sent
+        # (consume/release_wake.py wakes their idle consumers). Every ack reports here, whoever
+        # sends it: the next claim's (PendingAcks.claim), or one on its own (ack()): a flush, a
+        # batch whose lease is due an extension or whose worker stops, the stop's own sends.
+        self.on_release: Callable[[tuple[str, ...]], None] | None = None
         # claim token -> the ids of its outcomes counted, for the last COUNTED_CLAIMS claims: a
         # job's outcome sent twice (its worker's send held by the server past the grace's end,
         # and the stop's, of Batch.sending, on another thread) lands once, and counts once
@@ -173,6 +178,13 @@ class Outcomes:
     def ack(self, session: Session, acks: queries.Acks) -> None:
         """Ack the successes `acks` on their own, now."""
         self.count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
+        self.report_release(acks)
+
+    def report_release(self, acks: queries.Acks) -> None:
+        """`acks` were sent: the queues of the workflow children they released (if any) are told
+        to on_release."""
+        if acks.released and self.on_release is not None:
+            self.on_release(acks.released)
 
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
         """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT; which

@@ -105,7 +105,7 @@ class Worker:
         self.acks = PendingAcks(self.outcomes)
         # Workflow children its acks release on other queues: their idle consumers woken
         self.release_wake = ReleaseWake(config, queue)
-        self.acks.on_release = self.release_wake.released
+        self.outcomes.on_release = self.release_wake.released
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
         self.claim_backoff = ClaimBackoff(queue, name)  # claims that gave up on lock conflicts
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees

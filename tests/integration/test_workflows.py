@@ -15,6 +15,7 @@ from test_effects import drain
 
 import notifyq
 from notifyq import errors
+from notifyq.consume import batch as batch_mod
 from notifyq.consume import handlers, reaper
 from notifyq.consume.stats import Budget
 from notifyq.consume.worker import Worker
@@ -337,6 +338,54 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, e
         assert workers[0].release_wake.wakes >= 1
     finally:
         stop.set()
+        for t in threads:
+            t.join(30)
+
+
+@pytest.mark.parametrize("alone", ["its worker stops", "its lease is due an extension"])
+def test_a_child_released_by_an_ack_sent_on_its_own_wakes_its_queues_idle_consumer(db, monkeypatch, alone):
+    # Given idle watchers of two queues that poll only every 30 s, and a workflow of a parent on
+    # "q" and its child on "other", whose ack goes on its own, not with a next claim: its worker
+    # stops as the parent runs, or the parent's run took a third of the lease (here: any run)
+    if alone == "its lease is due an extension":
+        monkeypatch.setattr(batch_mod, "EXTEND_EVERY", 0.0)
+    cfg = db.config(wakeup={"poll_initial_s": 30.0, "poll_max_s": 30.0})
+    stops = {queue: threading.Event() for queue in ("q", "other")}
+    ran: dict[int, float] = {}
+
+    def in_its_poll(worker) -> bool:
+        """Its watch statement waits out the poll: past its turn's first wait (FIRST_WAIT_S,
+        rounded up to a second as the server's wait is)."""
+        waiting = worker.waiter.session.waiting
+        return waiting is not None and waiting.what == "watch" and waiting.wait_s >= 2
+
+    def handler(job):
+        ran.setdefault(job.id, time.monotonic())
+        if job.queue == "q":
+            # The ack is sent once the other queue's watcher waits out its poll: only a wake ends it
+            wait_until(lambda: in_its_poll(workers[1]), 30, message="the other queue's watcher in its poll")
+            if alone == "its worker stops":
+                stops["q"].set()
+
+    workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False), stop=stops[queue],
+                      budget=Budget(None), batch_size=10) for queue in ("q", "other")]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: all(w.waiter.watching for w in workers), 30, message="both queues watched")
+        wf = notifyq.Workflow()
+        wf.add("other", {"n": 1}, after=[wf.add("q", {"n": 0})])
+        with Producer("q", db.config()) as p:
+            parent, child = p.put_workflow(wf)
+        # When the parent runs and its ack goes on its own
+        wait_until(lambda: parent in ran, 30, message="the parent run")
+        # Then that ack wakes the other queue's watcher: its child runs long before its 30 s poll
+        wait_until(lambda: child in ran, 10, message="the child run, woken by its parent's ack")
+        assert workers[0].release_wake.wakes == 1
+    finally:
+        for stop in stops.values():
+            stop.set()
         for t in threads:
             t.join(30)
 
