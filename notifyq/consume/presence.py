@@ -284,9 +284,9 @@ class Presence:
             except (errors.SchemaError, errors.UnsupportedServer) as e:
                 raise type(e)(f"{self.unchecked}: {e}") from None
             self.unchecked = None
-        for queue in self.queues:  # before any claim, retry or due job's promotion bumps them
-            slot_rows.make(self.config.dsn, queue, retry_s=self.session.retry_s,
-                           retry_setting=self.session.retry_setting)
+        # Before any claim, retry or due job's promotion bumps them (store/slot_rows.py)
+        slot_rows.make(self.config.dsn, self.queues, retry_s=self.session.retry_s,
+                       retry_setting=self.session.retry_setting)
         if old_id and advisory.get_lock(self.session, self._lock_name(old_id), OLD_LOCK_WAIT_S) == 1:
             self.consumer_id = old_id
         else:

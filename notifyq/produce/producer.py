@@ -620,10 +620,10 @@ class Producer:
         """The queues' counter slot rows, all 16 of each, made outside the put's transaction (a
         session of their own: a caller's connection may be inside the caller's own transaction)
         before its first bump, once per process and queue (store/slot_rows.py)."""
-        for queue in queues:
-            slot_rows.make(self.config.dsn, queue, **self._retry)
-            if queue == self.queue:
-                self._slot_rows_made = True
+        queues = list(queues)
+        slot_rows.make(self.config.dsn, queues, **self._retry)
+        if self.queue in queues:
+            self._slot_rows_made = True
 
 
 def _min_version(min_version: Any, dedup_key: str | None) -> int:

@@ -13,7 +13,9 @@ rows committed, a bump finds one nobody holds unless 16 open transactions hold o
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from notifyq.config import DSN, validate_queue_name
@@ -33,10 +35,11 @@ TRIES = SIGNAL_SLOTS
 log = logging.getLogger(__name__)
 
 
-def make(dsn: DSN, queue: str, **session_args: Any) -> None:
-    """The queue's 16 slot rows, each made unless it is there (committed or not), on a session
-    of its own in autocommit: never inside the caller's transaction, which may be open on its
-    own connection (put(conn=...)) and would otherwise hold the rows it made until it ends.
+def make(dsn: DSN, queues: Iterable[str], **session_args: Any) -> None:
+    """Each queue's 16 slot rows, each made unless it is there (committed or not), on a session
+    of their own in autocommit (one for all the queues not made yet): never inside the caller's
+    transaction, which may be open on its own connection (put(conn=...)) and would otherwise
+    hold the rows it made until it ends.
 
     Never waits on a row another transaction holds: the rows are read with their uncommitted
     ones (READ UNCOMMITTED, no lock) and only those missing are inserted, with the least lock
@@ -44,17 +47,19 @@ def make(dsn: DSN, queue: str, **session_args: Any) -> None:
     slot's row between the read and the INSERT). A row held so is that transaction's to commit.
     session_args: Session's (the caller's retry budget); errors are retried as any write's
     (Session.run), and one that outlasts the retries is raised, as the queue's own row's."""
-    key = (dsn.servers, dsn.unix_socket, dsn.database, validate_queue_name(queue))
-    if key in _MADE:
+    place = (dsn.servers, dsn.unix_socket, dsn.database)
+    missing = [queue for queue in queues if (*place, queue) not in _MADE]
+    if not missing:
         return
     # No lock between threads: two makers of one queue at once cost a round trip or two (the
     # second's INSERT meets the first's rows, refused or waited on until its autocommit ends)
     session = Session(dsn, autocommit=True, name="slot rows", **session_args)
     try:
-        session.run(lambda cur: _make_rows(cur, queue), what=f"make {queue}'s signal slot rows")
+        for queue in map(validate_queue_name, missing):
+            session.run(functools.partial(_make_rows, queue=queue), what=f"make {queue}'s signal slot rows")
+            _MADE.add((*place, queue))
     finally:
         session.close()
-    _MADE.add(key)
 
 
 def _make_rows(cur, queue: str) -> None:

@@ -13,7 +13,7 @@ from conftest import cron_run
 
 import notifyq
 from notifyq.produce.producer import Producer
-from notifyq.store import inserts, signal
+from notifyq.store import inserts, signal, slot_rows
 
 FREE = 7  # the one slot row the other transaction leaves free
 PROMPT_S = 2.0  # a bump that waited took the producer session's lock wait timeout (10 s)
@@ -266,3 +266,29 @@ def test_a_queues_slot_rows_are_made_without_waiting_on_one_an_open_transaction_
     assert done, "the put raised"
     assert [r[0] for r in db.query("SELECT slot FROM nq_signal WHERE queue = 'q' ORDER BY slot")] == [
         s for s in range(signal.SIGNAL_SLOTS) if s != 3]
+
+
+def test_a_consumer_makes_its_queues_slot_rows_before_its_first_bump(db, monkeypatch):
+    """A queue whose rows an earlier version left few (a row made only as a bump drew it): a
+    consumer makes the rest when it registers, before its retries or promotions bump it."""
+    # Given a queue with one slot row (3), which an application's open transaction holds, and
+    # a job there; a process that made no slot rows yet, whose bumps all draw slot 3
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        run = _retry(db, p)
+    db.query("DELETE FROM nq_signal WHERE queue = 'q' AND slot <> 3")
+    monkeypatch.setattr(slot_rows, "_MADE", set())
+    holder = admin_connect_holding_only(db, 3)
+    # When a worker runs the job, whose failure retries it and bumps the queue
+    waited, done = _prompt(db, holder, run)
+    # Then its bump did not wait on the held row
+    assert not waited, "the retry's bump waited on the counter slot the open transaction held"
+    assert done[0].error is None, done[0].error
+    assert db.scalar("SELECT COUNT(*) FROM nq_signal WHERE queue = 'q'") == signal.SIGNAL_SLOTS
+
+
+def admin_connect_holding_only(db, slot: int):
+    """Another session's open transaction holding one slot row of queue q's counter, as it is."""
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    conn.cursor().execute("UPDATE nq_signal SET seq = seq WHERE queue = 'q' AND slot = %s", (slot,))
+    return conn
