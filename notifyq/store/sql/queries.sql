@@ -166,7 +166,8 @@ WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 -- Every change that makes work claimable bumps a slot of its queue's counter, inside the same
 -- transaction, so the watcher can never see the count before the rows: the first slot row no
 -- other transaction holds at or after the random `slot`, else before it (wrapping round), else
--- (every row held, or none yet) `slot` itself, which may wait. A transaction that bumped a slot
+-- (every row held; all 16 are made before the queue's first bump, store/slot_rows.py) `slot`
+-- itself, which may wait. A transaction that bumped a slot
 -- and stays open holds that row until it ends: a producer stopped (SIGSTOP, a paused VM) between
 -- its put and its COMMIT, an application's own transaction that put a job (put(conn=...), the
 -- Django and SQLAlchemy integrations) and goes on working, a claim stopped inside its
