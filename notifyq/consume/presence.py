@@ -47,7 +47,7 @@ from notifyq.config import Config
 from notifyq.consume import reaper
 from notifyq.consume.heartbeat import Heartbeat
 from notifyq.consume.lineup import ClaimSizer, LineupWatch
-from notifyq.store import advisory, count_trust, liveness, locks, schema, workflows
+from notifyq.store import advisory, count_trust, liveness, locks, schema, slot_rows, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.flow import FlowLimits
@@ -284,6 +284,9 @@ class Presence:
             except (errors.SchemaError, errors.UnsupportedServer) as e:
                 raise type(e)(f"{self.unchecked}: {e}") from None
             self.unchecked = None
+        # Before any claim, retry or due job's promotion bumps them (store/slot_rows.py)
+        slot_rows.make(self.config.dsn, self.queues, retry_s=self.session.retry_s,
+                       retry_setting=self.session.retry_setting)
         if old_id and advisory.get_lock(self.session, self._lock_name(old_id), OLD_LOCK_WAIT_S) == 1:
             self.consumer_id = old_id
         else:

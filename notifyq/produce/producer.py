@@ -21,7 +21,7 @@ from notifyq.config import values
 from notifyq.config import DSN, Config, validate_queue_name
 from notifyq.jobs import Status, envelope, tracing
 from notifyq.produce import conns, workflow
-from notifyq.store import inserts, queries, workflows
+from notifyq.store import inserts, queries, slot_rows, workflows
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
@@ -129,6 +129,9 @@ class Producer:
         # of its own for the bell and wake(); it is called under self._mutex.
         self._waker = Waker(self.queue, self.locks, config, ring=ring, retry=self._retry)
         self._queue_known = False
+        # The queue's counter slot rows are made (slot_rows.make): before a put on a caller's
+        # connection, which never opens the producer's own session
+        self._slot_rows_made = False
         self._caller_packets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # One thread at a time on the producer's own sessions and bell: a MySQLdb connection
         # shared by two threads mixes their statements (ids returned for jobs rolled back).
@@ -263,7 +266,7 @@ class Producer:
             return (queue, int(status) if status is not None else how[0], *how[1:], text, None, key)
 
         if conn is not None:
-            ids = self._run_caller(body, conn, True)
+            ids = self._run_caller(body, conn, True, wf.queues())
             if pending:
                 with self._mutex:
                     if len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
@@ -271,6 +274,7 @@ class Producer:
             return ids
         with self._mutex:
             session = self._work_session()
+            self._make_slot_rows(wf.queues())  # the children's queues too: their release bumps them
             packet = session.max_allowed_packet
             ids = self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
                                               committed=inserts.jobs_stored)
@@ -546,14 +550,18 @@ class Producer:
         runs as a transaction of its own: its key lock must last until its job is in."""
         # min_version: the UPDATE after the INSERT, which must commit with it
         return self._run_caller(self._body(rows, unique, replace, min_version), conn,
-                                unique or len(rows) > 1 or min_version is not None)
+                                unique or len(rows) > 1 or min_version is not None,
+                                () if self._slot_rows_made else (self.queue,))
 
-    def _run_caller(self, body: Callable[[Any, int], Any], conn: Any, several: bool) -> Any:
+    def _run_caller(self, body: Callable[[Any, int], Any], conn: Any, several: bool,
+                    queues: Iterable[str]) -> Any:
         """body(cursor, max_packet) on the caller's connection (_write_caller). several: more than
-        one statement, which must commit together."""
+        one statement, which must commit together. queues: those whose slot rows are made first,
+        on a session of their own (the caller's transaction may be open: _make_slot_rows)."""
         conn = conns.dbapi(conn)
         if not callable(getattr(conn, "cursor", None)):
             raise errors.InputError(f"conn: expected a database connection, got {values.shown(conn)}")
+        self._make_slot_rows(queues)
         try:
             cur = conn.cursor()
             try:
@@ -604,8 +612,18 @@ class Producer:
             self._session = Session(self.config.dsn, name="producer", **self._retry)
         if not self._queue_known:
             self._session.run(lambda cur: queries.ensure_queue(cur, self.queue), what="ensure queue")
+            self._make_slot_rows([self.queue])
             self._queue_known = True
         return self._session
+
+    def _make_slot_rows(self, queues: Iterable[str]) -> None:
+        """The queues' counter slot rows, all 16 of each, made outside the put's transaction (a
+        session of their own: a caller's connection may be inside the caller's own transaction)
+        before its first bump, once per process and queue (store/slot_rows.py)."""
+        queues = list(queues)
+        slot_rows.make(self.config.dsn, queues, **self._retry)
+        if self.queue in queues:
+            self._slot_rows_made = True
 
 
 def _min_version(min_version: Any, dedup_key: str | None) -> int:

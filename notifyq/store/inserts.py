@@ -257,8 +257,8 @@ def _insert_one(db, row: tuple, signal: tuple[str, int], max_packet: int) -> int
 def _bump_unheld(db, queue: str, slot: int, n: int, refused: Exception) -> None:
     """put()'s bump after bump_signal_nowait was refused (another open transaction holds its
     random slot), on MariaDB. First bump_signal, on a slot row nobody holds, refused rather than
-    waited on too: with no such row (every row held, or a new queue with few rows made, and an
-    open transaction holding the one made), its own fallback is the held random slot. Then each
+    waited on too: with no such row (every row held; a queue's 16 rows are made before its first
+    bump, store/slot_rows.py), its own fallback is the held random slot. Then each
     other slot by turns, refused rather than waited on: a slot with no row yet is made, and a
     row held by an open transaction is passed by. Only when all 16 are refused does it wait, on
     its random slot. Raises `refused` if the server rolled the whole transaction back

@@ -13,7 +13,7 @@ from conftest import cron_run
 
 import notifyq
 from notifyq.produce.producer import Producer
-from notifyq.store import inserts, signal
+from notifyq.store import inserts, signal, slot_rows
 
 FREE = 7  # the one slot row the other transaction leaves free
 PROMPT_S = 2.0  # a bump that waited took the producer session's lock wait timeout (10 s)
@@ -162,18 +162,133 @@ def test_a_put_on_a_new_queue_never_waits_on_the_one_slot_row_an_open_transactio
     """Regression (an outside attack: 2 puts in 40 on new queues waited 10 s, then failed): on a
     queue whose slot rows were not all made, an application's open transaction that put a job
     made and held one row; a put whose random slot was that one found no row nobody holds, and
-    bump_signal's own fallback, the random slot, waited on it. It now makes another slot's row."""
-    # Given a new queue, and an application's open transaction that put a job (its bump made slot
-    # 3's row, the queue's only one, and holds it); every bump's random slot is 3
+    bump_signal's own fallback, the random slot, waited on it. The queue's 16 rows are now made
+    before the application's put, outside its transaction."""
+    # Given a new queue, and an application's open transaction that put a job (its bump took
+    # slot 3 and holds it); every bump's random slot is 3
     _start_at(monkeypatch, 3)
     with Producer("q", db.config()) as p:
         holder = _caller(db)
         p.put({"n": 0}, conn=holder)
-        assert db.query("SELECT slot FROM nq_signal WHERE queue = 'q'") == []  # (not committed)
         # When the producer puts through its own session
         body = {"put": lambda: p.put({"n": 1}), "put_many": lambda: p.put_many([{"n": 1}, {"n": 2}])}[name]
         waited, done = _prompt(db, holder, body)
-    # Then it returned at once, counted on a slot of its own making
-    assert not waited, f"{name} waited on the slot row the open transaction made"
+    # Then it returned at once, counted on another slot
+    assert not waited, f"{name} waited on the slot row the open transaction held"
     assert done, f"{name} raised"
     assert 3 not in _counted(db) and len(_counted(db)) == 1
+    # And the rows were made, and committed, outside the application's transaction
+    assert db.query("SELECT COUNT(*) FROM nq_signal WHERE queue = 'q'") == [(signal.SIGNAL_SLOTS,)]
+
+
+def _retry(db, p):
+    """A job whose handler fails once: its failure's transaction retries it and bumps the queue."""
+    p.put({"n": 1})
+    return lambda: cron_run(db.config(), "q", _fail_first, timeout=60)
+
+
+def _fail_first(job):
+    raise RuntimeError("a failure, retried")
+
+
+def _promotion(db, p):
+    """A scheduled job fallen due: a claim promotes it, and bumps the queue as it commits that."""
+    [job_id] = p.put_many([{"n": 1}], delay=600)
+    db.query("UPDATE nq_job SET run_at = NOW(6) - INTERVAL 1 SECOND WHERE id = %s", (job_id,))
+    return lambda: cron_run(db.config(), "q", lambda job: None, timeout=60)
+
+
+def _release(db, p):
+    """A chain of two jobs: the first one's ack releases the second, and bumps the queue."""
+    _workflow(db, p)
+    return lambda: cron_run(db.config(), "q", lambda job: None, timeout=60)
+
+
+OUTCOMES = {"retry": _retry, "due_promotion": _promotion, "workflow_release": _release}
+
+
+@pytest.mark.parametrize("name", list(OUTCOMES))
+def test_an_outcome_on_a_new_queue_never_waits_on_the_slot_row_an_open_transaction_holds(db, monkeypatch, name):
+    """Regression: a new queue's slot rows were made only as bumps drew them. A put made one
+    (slot 3), an application's open transaction that put a job bumped that one and held it, and
+    a retry, a due job's promotion or a workflow's release found no row nobody held: it took
+    its random slot, the held one (1 bump in 16), and waited on it for the lock wait timeout,
+    again after each retry. A queue's 16 rows are now made before its first bump."""
+    # Given a new queue whose bumps all draw slot 3, its jobs put, and an application's open
+    # transaction that put a job too, holding the slot row its bump took
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        run = OUTCOMES[name](db, p)
+        holder = _caller(db)
+        p.put({"n": 0}, conn=holder)
+        # When a worker runs the queue's jobs: a retry, a promotion or a release bumps the queue
+        waited, done = _prompt(db, holder, run)
+    # Then it did not wait on the held row: the run ended at once, and its bump counted elsewhere
+    assert not waited, f"the {name}'s bump waited on the counter slot the open transaction held"
+    assert done[0].error is None, done[0].error
+    assert set(_counted(db)) - {3}, _counted(db)
+
+
+def test_a_release_on_a_queue_first_used_by_the_children_never_waits_on_a_row_an_open_transaction_made(
+        db, monkeypatch):
+    """Regression: the children of a workflow waited on a queue nothing had bumped yet; an
+    application's open transaction that put a job there made its first slot row and held it,
+    and the release's bump, finding no other, waited on that one. put_workflow now makes the
+    rows of every queue of the workflow, the children's too."""
+    # Given a parent on queue a and its child on queue q, and an application's open transaction
+    # that then put a job on q; every bump draws slot 3
+    _start_at(monkeypatch, 3)
+    with Producer("a", db.config()) as p:
+        wf = notifyq.Workflow()
+        wf.add("q", {"n": 2}, after=[wf.add("a", {"n": 1})])
+        p.put_workflow(wf)
+    with Producer("q", db.config()) as q:
+        holder = _caller(db)
+        q.put({"n": 0}, conn=holder)
+        # When a worker runs the parent, whose ack releases the child
+        waited, done = _prompt(db, holder, lambda: cron_run(db.config(), "a", lambda job: None, timeout=60))
+    # Then the release did not wait on the held row
+    assert not waited, "the release's bump waited on the counter slot the open transaction held"
+    assert done[0].error is None, done[0].error
+    assert db.query("SELECT status FROM nq_job WHERE queue = 'q'") == [(0,)]  # the child, ready
+
+
+def test_a_queues_slot_rows_are_made_without_waiting_on_one_an_open_transaction_made(db, monkeypatch):
+    # Given a new queue whose one slot row (3) another session's open transaction made and holds
+    holder = _caller(db)
+    holder.cursor().execute("INSERT INTO nq_signal (queue, slot, seq) VALUES ('q', 3, 1)")
+    with Producer("q", db.config()) as p:
+        # When a producer puts its first job there (the rows are made first)
+        _start_at(monkeypatch, 3)
+        waited, done = _prompt(db, holder, lambda: p.put({"n": 1}))
+    # Then it did not wait on that row, and made the other 15 (3 went with the rollback)
+    assert not waited, "making the slot rows waited on the one the open transaction made"
+    assert done, "the put raised"
+    assert [r[0] for r in db.query("SELECT slot FROM nq_signal WHERE queue = 'q' ORDER BY slot")] == [
+        s for s in range(signal.SIGNAL_SLOTS) if s != 3]
+
+
+def test_a_consumer_makes_its_queues_slot_rows_before_its_first_bump(db, monkeypatch):
+    """A queue whose rows an earlier version left few (a row made only as a bump drew it): a
+    consumer makes the rest when it registers, before its retries or promotions bump it."""
+    # Given a queue with one slot row (3), which an application's open transaction holds, and
+    # a job there; a process that made no slot rows yet, whose bumps all draw slot 3
+    _start_at(monkeypatch, 3)
+    with Producer("q", db.config()) as p:
+        run = _retry(db, p)
+    db.query("DELETE FROM nq_signal WHERE queue = 'q' AND slot <> 3")
+    monkeypatch.setattr(slot_rows, "_MADE", set())
+    holder = admin_connect_holding_only(db, 3)
+    # When a worker runs the job, whose failure retries it and bumps the queue
+    waited, done = _prompt(db, holder, run)
+    # Then its bump did not wait on the held row
+    assert not waited, "the retry's bump waited on the counter slot the open transaction held"
+    assert done[0].error is None, done[0].error
+    assert db.scalar("SELECT COUNT(*) FROM nq_signal WHERE queue = 'q'") == signal.SIGNAL_SLOTS
+
+
+def admin_connect_holding_only(db, slot: int):
+    """Another session's open transaction holding one slot row of queue q's counter, as it is."""
+    conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
+    conn.cursor().execute("UPDATE nq_signal SET seq = seq WHERE queue = 'q' AND slot = %s", (slot,))
+    return conn

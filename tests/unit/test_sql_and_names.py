@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "notifyq"
 # The hot path, operators' statements, DDL: all in the store.
 SQL_RUNNERS = {"store/queries.py", "store/completion.py", "store/inserts.py", "store/dedup.py", "store/bells.py",
                "store/liveness.py", "store/admin_queries.py", "store/advisory.py", "store/results.py", "store/rates.py",
-               "store/steps.py", "store/schema.py", "store/db.py",  # db: tls_cipher
+               "store/steps.py", "store/schema.py", "store/slot_rows.py", "store/db.py",  # db: tls_cipher
                "store/workflows.py", "store/signal.py",
                "store/metadata_locks.py", "store/flow.py", "store/key_gate.py", "store/key_sweep.py",
                "store/count_trust.py"}  # status --locks

@@ -166,7 +166,8 @@ WHERE d.queue = %(queue)s AND d.dedup_key IN %(keys)s AND j.id IS NULL
 -- Every change that makes work claimable bumps a slot of its queue's counter, inside the same
 -- transaction, so the watcher can never see the count before the rows: the first slot row no
 -- other transaction holds at or after the random `slot`, else before it (wrapping round), else
--- (every row held, or none yet) `slot` itself, which may wait. A transaction that bumped a slot
+-- (every row held; all 16 are made before the queue's first bump, store/slot_rows.py) `slot`
+-- itself, which may wait. A transaction that bumped a slot
 -- and stays open holds that row until it ends: a producer stopped (SIGSTOP, a paused VM) between
 -- its put and its COMMIT, an application's own transaction that put a job (put(conn=...), the
 -- Django and SQLAlchemy integrations) and goes on working, a claim stopped inside its
@@ -198,6 +199,26 @@ ON DUPLICATE KEY UPDATE seq = seq + %(n)s
 SET STATEMENT innodb_lock_wait_timeout = 0 FOR
 INSERT INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, %(n)s)
 ON DUPLICATE KEY UPDATE seq = seq + %(n)s
+
+-- slot_rows_lock_wait --
+-- The lock wait of the session that makes a queue's slot rows (store/slot_rows.py): the least
+-- the server takes (MariaDB 0, MySQL 1 s). It writes for a caller that waits for it, and rows
+-- another open transaction holds are left to that transaction: never waited on.
+SET SESSION innodb_lock_wait_timeout = %(s)s
+
+-- slot_rows_dirty --
+-- The next statement reads rows other transactions have not committed: the slot rows an open
+-- transaction made, which an INSERT of the same slot would wait on (slot_rows_made).
+SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED
+
+-- slot_rows_made --
+-- The queue's slot rows, committed or not (after slot_rows_dirty): a plain read, no lock.
+SELECT slot FROM nq_signal WHERE queue = %(queue)s
+
+-- slot_row_make --
+-- A slot row that slot_rows_made did not find, counting nothing (sent for all of them at once:
+-- executemany's multi-row INSERT). IGNORE: another session may have made it meanwhile.
+INSERT IGNORE INTO nq_signal (queue, slot, seq) VALUES (%(queue)s, %(slot)s, 0)
 
 -- in_transaction --
 -- Whether the session's transaction is still open: after bump_signal_nowait was refused.
