@@ -621,9 +621,8 @@ class Producer:
         session of their own: a caller's connection may be inside the caller's own transaction)
         before its first bump, once per process and queue (store/slot_rows.py)."""
         queues = list(queues)
-        slot_rows.make(self.config.dsn, queues, **self._retry)
-        if self.queue in queues:
-            self._slot_rows_made = True
+        if slot_rows.make(self.config.dsn, queues, **self._retry) and self.queue in queues:
+            self._slot_rows_made = True  # (not made: a later put tries again, after TRY_AGAIN_S)
 
 
 def _min_version(min_version: Any, dedup_key: str | None) -> int:

@@ -292,3 +292,24 @@ def admin_connect_holding_only(db, slot: int):
     conn = MySQLdb.connect(**db.admin.connect_args(), autocommit=False)
     conn.cursor().execute("UPDATE nq_signal SET seq = seq WHERE queue = 'q' AND slot = %s", (slot,))
     return conn
+
+
+def test_a_put_on_the_callers_connection_goes_on_when_its_slot_rows_cannot_be_made(db, caplog):
+    """Regression (an outside attack): the rows are made on a session of the producer's DSN; a
+    put(conn=...) needs nothing else of that DSN, and with it unreachable the put raised after
+    the producer's retries. Making the rows is best effort: the put goes on, its bump taking
+    its random slot as before rows were made, and a warning says so."""
+    # Given a producer whose DSN names a port nobody listens on, and the application's own
+    # connection to the database
+    unreachable = db.config(dsn=f"mysql://{db.dsn.user}@127.0.0.1:1/{db.dsn.database}")
+    conn = _caller(db)
+    try:
+        with Producer("q", unreachable) as p:
+            # When it puts a job in the application's transaction, which then commits
+            p.put({"n": 1}, conn=conn)
+            conn.commit()
+    finally:
+        conn.close()
+    # Then the job is stored, and the rows it could not make were logged, not raised
+    assert db.query("SELECT COUNT(*) FROM nq_job WHERE queue = 'q'") == [(1,)]
+    assert any("signal slot rows of q not made" in r.getMessage() for r in caplog.records), caplog.text
