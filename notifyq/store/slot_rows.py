@@ -68,6 +68,7 @@ def make(dsn: DSN, queues: Iterable[str], **session_args: Any) -> bool:
     if not missing:
         return all((*place, queue) in _MADE for queue in queues)
     session_args["retry_s"] = min(RETRY_S, session_args.get("retry_s", RETRY_S))
+    session_args["retry_log_level"] = logging.DEBUG  # (one warning below says what it came to)
     # No lock between threads: two makers of one queue at once cost a round trip or two (the
     # second's INSERT meets the first's rows, refused or waited on until its autocommit ends)
     session = Session(dsn, autocommit=True, name="slot rows", **session_args)
