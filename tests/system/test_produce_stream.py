@@ -160,6 +160,8 @@ def test_stdin_as_systemd_passes_it_reads_whole_lines_and_reloads_on_sighup(db, 
         os.write(systemd_end, b'{"n": 2}\n{"n": 3}\n{"n": 4}\n')
         wait_with_log(lambda: len(payloads(db)) == 4, 10, "three more jobs", err)
         wait_with_log(lambda: "batch enqueued queue=s n=3 " in err.read_text(), 10, "one batch of 3", err)
+        # (the batch's line is logged before its jobs': wait for theirs, then no fourth)
+        wait_with_log(lambda: err.read_text().count("job enqueued queue=s") >= 3, 10, "a line per job", err)
         text = err.read_text()
         assert text.count("job enqueued queue=s") == 3
         assert "reloaded config" in text and "batch_lines=3" in text
