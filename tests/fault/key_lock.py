@@ -24,8 +24,6 @@ outcomes meet it.
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 
 import MySQLdb
@@ -33,7 +31,7 @@ import MySQLdb
 from notifyq.config import DSN
 
 from .history import Fault, KeyLock
-from .row_lock import holder_session, take_one
+from .row_lock import LockHolder, take_one
 
 WAIT_LOOK_S = 0.05  # how often the holder looks for a transaction waiting for its lock
 # The transactions waiting for a lock the holder's own transaction holds (InnoDB's view)
@@ -41,17 +39,13 @@ WAITERS = ("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN inf
            "ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = CONNECTION_ID()")
 
 
-class KeyLocker(threading.Thread):
+class KeyLocker(LockHolder):
     """One lock: a key of `queue` with claimed jobs, its nq_flow_key row held `length_s`, then
-    rolled back. `lock` is its record once taken (None: no such key was found, or the server
+    rolled back. `lock` is its KeyLock once taken (None: no such key was found, or the server
     was away)."""
 
     def __init__(self, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
-        super().__init__(name="key-lock", daemon=True)
-        self.admin, self.deploy, self.queue, self.length_s = admin, deploy, queue, length_s
-        self.rng = random.Random(pick)
-        self.lock: KeyLock | None = None
-        self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
+        super().__init__("key-lock", admin, deploy, queue, pick, length_s)
 
     @property
     def fault(self) -> Fault | None:
@@ -59,29 +53,16 @@ class KeyLocker(threading.Thread):
         lock = self.lock
         return None if lock is None else Fault("key_lock", lock.start, lock.end, None, detail=lock.key)
 
-    def run(self) -> None:
+    def _hold(self, conn, key: str, start: float) -> KeyLock:
+        waits = self._watch(conn, start + self.length_s)
         try:
-            conn = holder_session(self.admin)
+            conn.rollback()
         except MySQLdb.Error:
-            return  # the server restarts: no lock this time
-        try:
-            key, start = self._take(conn)
-            if key is None:
-                return
-            waits = self._hold(conn, start + self.length_s)
-            try:
-                conn.rollback()
-            except MySQLdb.Error:
-                pass  # the session went (a server fault), the lock with it
-            end = time.monotonic()
-            self.lock = KeyLock(self.deploy, key, start, end, tuple((a, end if b is None else b) for a, b in waits))
-        finally:
-            try:
-                conn.close()
-            except MySQLdb.Error:
-                pass
+            pass  # the session went (a server fault), the lock with it
+        end = time.monotonic()
+        return KeyLock(self.deploy, key, start, end, tuple((a, end if b is None else b) for a, b in waits))
 
-    def _hold(self, conn, until: float) -> list[tuple[float, float | None]]:
+    def _watch(self, conn, until: float) -> list[tuple[float, float | None]]:
         """Hold the lock until `until` (or the stop), looking for waiters every WAIT_LOOK_S: the
         spans in which one was seen, each from the first look that saw one to the first that
         saw none (None: still seen at the last look). A look the server does not answer ends

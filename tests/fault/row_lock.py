@@ -31,15 +31,16 @@ CANDIDATES = 200
 READY = 0
 
 
-class RowLocker(threading.Thread):
-    """One lock: find a ready job of `queue` without a key, hold its row `length_s`, roll back.
-    `lock` is its record once taken (None: no ready job was found, or the server was away)."""
+class LockHolder(threading.Thread):
+    """One lock of an outside session (row_lock's, key_lock's): taken by _take (None: nothing
+    found, or the server was away), held and rolled back by _hold, which returns its record
+    (`lock`, None until then)."""
 
-    def __init__(self, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
-        super().__init__(name="row-lock", daemon=True)
+    def __init__(self, name: str, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
+        super().__init__(name=name, daemon=True)
         self.admin, self.deploy, self.queue, self.length_s = admin, deploy, queue, length_s
         self.rng = random.Random(pick)
-        self.lock: RowLock | None = None
+        self.lock: Any = None
         self.stop = threading.Event()  # cuts the hold short (the run is being torn down)
 
     def run(self) -> None:
@@ -48,23 +49,39 @@ class RowLocker(threading.Thread):
         except MySQLdb.Error:
             return  # the server restarts: no lock this time
         try:
-            job, start = self._take(conn)
-            if job is None:
-                return
-            self.stop.wait(self.length_s)  # the lock's length: the fault's duration, not a wait for a state
-            cur = conn.cursor()
-            try:
-                cur.execute("SELECT status FROM nq_job WHERE id = %s", (job,))
-                status = int(cur.fetchone()[0])
-                conn.rollback()
-            except MySQLdb.Error:
-                status = None  # the session went (a server fault), the lock with it, when is not known
-            self.lock = RowLock(self.deploy, job, start, time.monotonic(), status)
+            taken, start = self._take(conn)
+            if taken is not None:
+                self.lock = self._hold(conn, taken, start)
         finally:
             try:
                 conn.close()
             except MySQLdb.Error:
                 pass
+
+    def _take(self, conn) -> tuple[Any, float]:
+        raise NotImplementedError
+
+    def _hold(self, conn, taken: Any, start: float) -> Any:
+        raise NotImplementedError
+
+
+class RowLocker(LockHolder):
+    """One lock: find a ready job of `queue` without a key, hold its row `length_s`, roll back.
+    `lock` is its RowLock once taken (None: no ready job was found, or the server was away)."""
+
+    def __init__(self, admin: DSN, deploy: str, queue: str, pick: float, length_s: float):
+        super().__init__("row-lock", admin, deploy, queue, pick, length_s)
+
+    def _hold(self, conn, job: int, start: float) -> RowLock:
+        self.stop.wait(self.length_s)  # the lock's length: the fault's duration, not a wait for a state
+        cur = conn.cursor()
+        try:
+            cur.execute("SELECT status FROM nq_job WHERE id = %s", (job,))
+            status = int(cur.fetchone()[0])
+            conn.rollback()
+        except MySQLdb.Error:
+            status = None  # the session went (a server fault), the lock with it, when is not known
+        return RowLock(self.deploy, job, start, time.monotonic(), status)
 
     def _take(self, conn) -> tuple[int | None, float]:
         """Lock a random ready job's row (not waiting for one a claim holds); (its id, when)."""
