@@ -60,6 +60,7 @@ SESSION_KINDS = ("liveness", "liveness", "work", "other")
 EWE_EVERY_S = 4.0  # a cron-like `--exit-when-empty` run this often on the second deployment
 EWE_BURST = 30
 EFFECTS_TABLE = "nqf_effect"  # tests/helpers/nqfault.py writes it (the consumers' import path)
+STRANDED_TRACE_LINES = 40  # a stranded verdict's log lines in the summary, at most
 
 
 def _tail(path: Path, lines: int = 3, chars: int = 600) -> str:
@@ -258,6 +259,7 @@ class FaultRun:
             on_targets = [k for _, k in self.bystander.fills[1:]]
             note += (f"bystander: {len(self.bystander.fills)} fills, after each restart "
                      f"{on_targets or 'none'} sessions on ids of before it, {len(self.bystander.losses)} sessions lost\n")
+        note += self._stranded_trace(report)
         if self.episodes is not None:
             note += f"episodes played: {' '.join(self.episodes.played) or 'none'}"
             note += f"; stopped by {self.episodes.error}" if self.episodes.error else ""
@@ -265,6 +267,36 @@ class FaultRun:
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
                          running_at_end, self._false_reclaims(), note.strip())
+
+    def _stranded_trace(self, report: checker.Report) -> str:
+        """For each consumer judged stranded: its own last log lines, and the fleet's lines that
+        name it or tell of a reaper pass that could not run (a CI run's work directory is gone by
+        the time anyone reads its failure)."""
+        gone = {}  # consumer id prefix -> pid
+        for v in report.violations:
+            if v.rule == "stranded":
+                words = v.detail.split()
+                gone[words[4].split("/", 1)[1]] = int(words[6])
+        if not gone:
+            return ""
+        told = ("reaper lock", "pass failed", "reaper pass")
+        lines = []
+        for consumer in self.fleet.started:
+            try:
+                text = consumer.err.read_text().splitlines()
+            except FileNotFoundError:
+                continue
+            own = text[-5:] if consumer.pid in gone.values() else []
+            lines += [f"pid {consumer.pid}: {line}" for line in text
+                      if line in own or any(i in line for i in gone) or any(t in line for t in told)]
+        lines.sort(key=lambda line: line.split("ts=", 1)[-1][:23])
+        shown = lines[-STRANDED_TRACE_LINES:]
+        wall = time.time() - time.monotonic()  # the logs' clock, from the harness's
+        killed = [f"{prefix} at {dt.datetime.fromtimestamp(c.killed_at + wall, dt.timezone.utc):%H:%M:%S.%f}"[:-3]
+                  for prefix, pid in sorted(gone.items()) if (c := self.fleet.by_pid(pid)) and c.killed_at]
+        return (f"stranded trace (killed: {', '.join(killed) or '?'}; {len(shown)} of {len(lines)} lines of "
+                "or naming them, or of a reaper pass that could not run):\n"
+                + "".join(f"  {line[:300]}\n" for line in shown))
 
     def _create_effects_table(self, db: TestDB) -> None:
         """The application's table the `fx` jobs write to (tests/helpers/nqfault.py): no unique

@@ -146,16 +146,18 @@ class Workload(threading.Thread):
 
     def __init__(self, deploy: str, config: Config, queue: str, seed: int, classes: tuple[str, ...],
                  jobs: int, duration_s: float, lease_s: float, methods: tuple[str, ...] = METHODS,
-                 ring: bool = False):
+                 ring: bool = False, more=None):
         """ring: a second, long-lived producer that rings the consumers' bell (Producer(ring=True))
-        takes every other enqueue, chosen at random; methods: the enqueue paths to use."""
+        takes every other enqueue, chosen at random; methods: the enqueue paths to use; more: a
+        callable, true while the run still needs enqueues after the `jobs` (one at a time, at the
+        same pace; the harness stops the workload at the latest a minute after `duration_s`)."""
         super().__init__(name=f"workload-{deploy}", daemon=True)
         self.deploy, self.config, self.queue = deploy, config, queue
         self.rng = random.Random(seed)
         self.mix = Mix(random.Random(seed + 1), classes, lease_s, jobs, duration_s)
         self.key_rng = random.Random(seed + 38)  # a stream of its own: the other draws are unchanged
         self.jobs, self.duration_s = jobs, duration_s
-        self.methods, self.ring = methods, ring
+        self.methods, self.ring, self.more = methods, ring, more
         self.enqueues: list[Enqueue] = []
         self.unknown = 0
         self.errors = 0
@@ -168,7 +170,7 @@ class Workload(threading.Thread):
         produced = 0
         next_burst = started + BURST_EVERY_S / 2 if "due_priority" in self.mix.classes else float("inf")
         with Producer(self.queue, self.config) as plain, Producer(self.queue, self.config, ring=self.ring) as ringer:
-            while produced < self.jobs and not self.stop.is_set():
+            while (produced < self.jobs or (self.more is not None and self.more())) and not self.stop.is_set():
                 due = started + produced / rate
                 if self.stop.wait(max(0.0, due - time.monotonic())):  # pacing, not synchronisation
                     break
@@ -178,7 +180,7 @@ class Workload(threading.Thread):
                 producer = ringer if self.ring and self.rng.random() < 0.5 else plain
                 method = self.rng.choice(self.methods)
                 n = self.rng.randint(5, 60) if method == "put_many" else 1
-                n = min(n, self.jobs - produced)
+                n = min(n, self.jobs - produced) if produced < self.jobs else 1
                 try:
                     self._enqueue(producer, method, n)
                 except errors.OutcomeUnknown:
