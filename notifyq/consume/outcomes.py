@@ -152,9 +152,11 @@ class Outcomes:
         the job fails. Returns the jobs whose outcome is still to be sent."""
         pending = [j for j in jobs if run_of(j).completed == PENDING]
         landed = Completion(session, token, self.qc.keep_done).completions_landed(pending) if pending else set()
-        rest, results = [], []
+        rest, results, released = [], [], []
         for job in jobs:
             run = run_of(job)
+            if run.completed == PENDING and job.id in landed:
+                released += run.released
             if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
                 if self.first_count(token, [job.id]):
                     self.stats.succeeded += 1
@@ -169,6 +171,10 @@ class Outcomes:
             if run.completed == PENDING:
                 run.completion_missed()
             rest.append(job)
+        if released and self.on_release is not None:
+            # The caller's COMMIT released workflow children: their queues' idle consumers are
+            # woken as after an ack's (job.transaction() blocks wake them at their own COMMIT)
+            self.on_release(tuple(dict.fromkeys(released)))
         try:  # the value returned after the completion committed: written right after it
             kept.keep_results(session, token, results)
         except errors.NotifyqError as e:

@@ -27,7 +27,7 @@ _NEVER = float("-inf")  # a cancel check's time before the first (made once, not
 class Run:
     __slots__ = ("_error", "_retry", "_detail", "_exception", "_snooze_s", "_result", "_started", "_ended",
                  "_completed", "_reported", "_extend", "_completion", "_cancel_seen", "_cancel_checked_at", "_trace", "_task",
-                 "_interrupted", "_text", "_encoded", "_clock")
+                 "_interrupted", "_text", "_encoded", "_clock", "_released")
 
     def __init__(self, clock: Any = None) -> None:
         self._error: str | None = None  # None: a success (so far)
@@ -43,6 +43,7 @@ class Run:
         self._started: float | None = None  # monotonic, for the attempt's record
         self._ended: float | None = None
         self._completed: str | None = None  # COMMITTED, PENDING or None
+        self._released: tuple[str, ...] = ()  # PENDING: the queues of the children it released
         self._reported = False  # handed to on_failure already
         self._extend: Any = None  # the worker's: () -> None, push the claim's lease out
         self._completion: Any = None  # the worker's: the claim's Completion (consume/effects.py)
@@ -68,6 +69,7 @@ class Run:
     started = property(attrgetter("_started"))
     ended = property(attrgetter("_ended"))
     completed = property(attrgetter("_completed"))
+    released = property(attrgetter("_released"))
     completion = property(attrgetter("_completion"))
     cancel_seen = property(attrgetter("_cancel_seen"))
     trace = property(attrgetter("_trace"))
@@ -161,9 +163,11 @@ class Run:
         """job.transaction() committed the job's completion: done, never acked again."""
         self._completed = COMMITTED
 
-    def completed_pending(self) -> None:
-        """job.complete_in(conn) wrote the completion; the caller's COMMIT decides."""
+    def completed_pending(self, released: list[str]) -> None:
+        """job.complete_in(conn) wrote the completion, which released workflow children on the
+        queues `released`; the caller's COMMIT decides."""
         self._completed = PENDING
+        self._released = tuple(released)
 
     def completion_missed(self) -> None:
         """complete_in's transaction did not commit: nothing of it is stored, the attempt fails

@@ -325,7 +325,7 @@ class Completion:
                     f"job {job.id}: complete_in(conn): the connection is in autocommit mode with no "
                     "transaction open, so the completion would commit apart from your writes: open "
                     "the transaction first (BEGIN, or autocommit off)")
-            ok = complete(cur, job, self.token, self.keep, self.owner, self._result(job, result))
+            released = complete(cur, job, self.token, self.keep, self.owner, self._result(job, result))
         except errors.NotifyqError:
             raise
         except Exception as e:  # noqa: BLE001 - any driver's error: told apart by its code
@@ -337,14 +337,14 @@ class Completion:
         finally:
             self.caller.waiting, self.caller.socket = None, None
             _close(cur)
-        if not ok:
+        if released is None:
             if rollback:
                 conn.rollback()
             raise errors.ClaimLost(f"job {job.id}: its claim was taken back before it completed; "
                                    "the caller's transaction must roll back")
         if conn_id is not None:  # with when it was last known open: it answered just now
             self.caller_conns[job.id] = (conn_id, time.monotonic())
-        run_of(job).completed_pending()
+        run_of(job).completed_pending(released)
 
     def cancel_requested(self, job_id: int) -> bool:
         """Job.cancel_requested(): asked only when a handler asks (a statement on the work
@@ -417,10 +417,12 @@ def completion_params(job: Job, token: int, owner: str | None, result: str | Non
             "started_age_us": queries.microseconds(time.monotonic() - started), "result": result}
 
 
-def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: str | None = None) -> bool:
+def complete(cur, job: Job, token: int, keep: bool, owner: str | None,
+             result: str | None = None) -> list[str] | None:
     """The completion and its record on a caller's cursor, in its transaction (one statement at
-    a time: its connection may not take multi-statement queries); True when the claim still held
-    the job (the record is written only then)."""
+    a time: its connection may not take multi-statement queries). The queues of the workflow
+    children it released (to wake once the caller's COMMIT landed) when the claim still held
+    the job; None when it did not (the record is written only when it did)."""
     params = completion_params(job, token, owner, result)
     released = 0
     if queries.counted_token(token):
@@ -431,12 +433,11 @@ def complete(cur, job: Job, token: int, keep: bool, owner: str | None, result: s
     if cur.rowcount != 1:
         if released:  # held under the release's lock: a KILL QUERY's OK reply to the completion
             raise cut_short(f"job {job.id}: its completion was cut short after its key's release")
-        return False
+        return None
     cur.execute(Q["complete_record"], params)
     if cur.rowcount != 1:  # a KILL QUERY's OK reply to a statement it cut short
         raise cut_short(f"job {job.id}: its completion's record was not written")
-    workflows.release_after_completion(cur, job.id, token)  # its children, in the same transaction
-    return True
+    return workflows.release_after_completion(cur, job.id, token)  # its children, in the same transaction
 
 
 def landed(cur, ids: list[int], token: int) -> set[int]:

@@ -305,10 +305,11 @@ def test_a_released_child_wakes_an_idle_consumer(db):
             t.join(30)
 
 
-@pytest.mark.parametrize("ends", ["acked", "completed in its transaction"])
+@pytest.mark.parametrize("ends", ["acked", "completed in its transaction", "completed on the caller's connection"])
 def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, ends):
     # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
-    # of a parent on queue "q" (whose handler ends it by its ack, or in job.transaction())
+    # of a parent on queue "q" (whose handler ends it by its ack, in job.transaction(), or by
+    # job.complete_in() on the application's own connection, which the application commits)
     cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
     with Producer("q", db.config()) as p:
         [parent] = p.put_many([{"n": 0}], delay=1.5)  # runs once both workers idle
@@ -320,9 +321,16 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, e
 
     def handler(job):
         ran.setdefault(job.id, time.monotonic())
-        if ends != "acked":
+        if ends == "completed in its transaction":
             with job.transaction():
                 pass
+        elif ends == "completed on the caller's connection":
+            conn = MySQLdb.connect(**db.config().dsn.connect_args())
+            try:
+                job.complete_in(conn)
+                conn.commit()
+            finally:
+                conn.close()
 
     workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
                       stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
