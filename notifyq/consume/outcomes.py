@@ -100,6 +100,7 @@ class Outcomes:
             owned = queries.reschedule_or_bury(session, self.queue, token, [
                 queries.Failure(j.id, r.snooze_s, "cancelled while snoozing", j.attempts, None, r.started,
                                 r.ended, snooze=True, clock=r.clock) for j, r in snoozed], wake=self.qc.limited)
+            self._report_ended(owned)
             first = set(self.first_count(token, list(owned)))  # (each once, whichever send landed it)
             self.stats.snoozed += len(first - owned.cancelled)
             for job, _ in snoozed:
@@ -186,6 +187,12 @@ class Outcomes:
         self.count_acked(acks, queries.ack(session, acks.ids, acks.token, acks.keep, acks))
         self.report_release(acks)
 
+    def _report_ended(self, owned: queries.Owned) -> None:
+        """Failures sent: the queues of the workflow children that run anyway which the jobs that
+        ended dead or cancelled released are told to on_release, as an ack's are."""
+        if owned.released and self.on_release is not None:
+            self.on_release(tuple(dict.fromkeys(owned.released)))
+
     def report_release(self, acks: queries.Acks) -> None:
         """`acks` were sent: the queues of the workflow children they released (if any) are told
         to on_release."""
@@ -256,6 +263,7 @@ class Outcomes:
         owned = queries.reschedule_or_bury(session, self.queue, token, [
             queries.Failure(j.id, 0.0, j.error or "interrupted", j.attempts, None, run_of(j).started,
                             run_of(j).ended, interrupted=True, clock=run_of(j).clock) for j in jobs])
+        self._report_ended(owned)
         first = set(self.first_count(token, list(owned)))  # (each once, whichever send landed it)
         back = [j for j in jobs if j.id in first and j.id not in owned.cancelled]
         self.stats.given_back += len(back)
@@ -283,6 +291,7 @@ class Outcomes:
             raise  # the server is away: the worker's outage path, as for any statement
         except Exception as e:  # the server refused the statement: it must not end the worker
             owned, unrecorded = self._fail_one_by_one(session, token, decided, e)
+        self._report_ended(owned)
         if owned and self.freed is not None:
             self.freed()
         logged: dict[str, int] = {}  # traceback -> the job whose line showed it
@@ -328,6 +337,7 @@ class Outcomes:
                     owned += alone
                     owned.cancelled |= alone.cancelled
                     owned.earlier |= alone.earlier
+                    owned.released += alone.released
                     break
                 except errors.DatabaseError:
                     raise

@@ -1049,6 +1049,8 @@ class Owned(list):
         super().__init__()
         self.cancelled: set[int] = set()
         self.earlier: set[int] = set()
+        # The queues of the workflow children that run anyway these ends released (to wake)
+        self.released: list[str] = []
 
 
 def reschedule_or_bury(session: Session, queue: str, token: int,
@@ -1125,9 +1127,9 @@ def reschedule_or_bury(session: Session, queue: str, token: int,
             # A job that ended here (dead, or cancelled) settles its workflow's children in the
             # same transaction: cancelled, or counted where they run anyway
             if f.id in owned.cancelled:
-                workflows.settle_failed(cur, [f.id], "cancelled")
+                workflows.settle_failed(cur, [f.id], "cancelled", owned.released)
             elif f.delay_s is None and not f.snooze:
-                workflows.settle_failed(cur, [f.id], "dead")
+                workflows.settle_failed(cur, [f.id], "dead", owned.released)
         freed = len(owned) - len(owned.earlier)  # (another send's freed its slots, and bumped)
         if retried or (wake and freed):
             # the watcher's next-due deadline must learn of a retry; a limited queue's watcher

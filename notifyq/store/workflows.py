@@ -106,11 +106,12 @@ def settle_done(cur, ids: list[int]) -> None:
             cur.execute(sql, params)
 
 
-def settle_failed(cur, ids: list[int], why: str) -> int:
+def settle_failed(cur, ids: list[int], why: str, released: list[str] | None = None) -> int:
     """Parents that ended dead or cancelled (`why`: 'dead', 'cancelled'), in the caller's
     transaction: children that need every parent done end cancelled, with the reason, and so on
     down (their own children in turn); children that run anyway count the failure, and run once
-    no parent is left. Returns how many jobs it cancelled."""
+    no parent is left. Returns how many jobs it cancelled. released: given, the queues of the
+    children it made ready are added to it (for the caller to wake after its COMMIT)."""
     cancelled = 0
     level = list(ids)
     for _ in range(CASCADE_MAX):
@@ -124,8 +125,14 @@ def settle_failed(cur, ids: list[int], why: str) -> int:
         cur.execute(Q["children_cancelled_ids"], edges)
         below = [int(r[0]) for r in cur.fetchall()]
         cur.execute(Q["children_failed_count"], edges)
-        for sql, params in _count_and_release(edges):
-            cur.execute(sql, params)
+        count_down, release, wake, counted = _count_and_release(edges)
+        cur.execute(*count_down)
+        cur.execute(*release)
+        if cur.rowcount and released is not None:  # (read while this level's edges are marked)
+            cur.execute(Q["children_released_queues"], edges)
+            released += [str(r[0]) for r in cur.fetchall()]
+        cur.execute(*wake)
+        cur.execute(*counted)
         cancelled += len(below)
         level, why = below, "cancelled"
     return cancelled

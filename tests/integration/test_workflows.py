@@ -350,6 +350,46 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, e
             t.join(30)
 
 
+@pytest.mark.parametrize("ends", ["dead", "cancelled while it ran"])
+def test_a_child_that_runs_anyway_released_by_a_failed_parent_wakes_its_queues_idle_consumer(db, ends):
+    # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
+    # that runs anyway after its parent on "q", whose one attempt fails (dead), or whose cancel
+    # is asked while it runs
+    cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    with Producer("q", db.config()) as p:
+        [parent] = p.put_many([{"n": 0}], delay=1.5, max_attempts=1)  # runs once both workers idle
+        with Producer("other", db.config()) as child:
+            child_id = child.put({"n": 1}, after=[parent], run_anyway=True)
+    ran: dict[int, float] = {}
+    stop = threading.Event()
+
+    def handler(job):
+        ran.setdefault(job.id, time.monotonic())
+        if job.queue == "q":
+            if ends == "cancelled while it ran":
+                with opened(db) as session:
+                    assert admin.cancel(session, job.id) == "requested"
+            raise RuntimeError("the parent fails")
+
+    workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
+                      stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        # When the parent runs and ends
+        wait_until(lambda: parent in ran, 60, message="the parent run")
+        # Then the other queue's idle worker runs the child well before its 10 s poll
+        wait_until(lambda: child_id in ran, 30, message="the child run")
+        assert ran[child_id] - ran[parent] < 4.0, "the child waited for its consumer's poll"
+        assert workers[0].release_wake.wakes >= 1
+        assert status(db, parent) == (4 if ends == "dead" else 5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+
 @pytest.mark.parametrize("alone", ["its worker stops", "its lease is due an extension"])
 def test_a_child_released_by_an_ack_sent_on_its_own_wakes_its_queues_idle_consumer(db, monkeypatch, alone):
     # Given idle watchers of two queues that poll only every 30 s, and a workflow of a parent on
