@@ -317,7 +317,6 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, e
         with child:
             [child_id] = child.put_many([{"n": 1}], after=[parent])
     ran: dict[int, float] = {}
-    stop = threading.Event()
 
     def handler(job):
         ran.setdefault(job.id, time.monotonic())
@@ -332,15 +331,22 @@ def test_a_child_released_on_another_queue_wakes_that_queues_idle_consumer(db, e
             finally:
                 conn.close()
 
+    # When the parent runs and is acked; then the other queue's idle worker runs the child well
+    # before its 10 s poll
+    _child_runs_before_its_poll(cfg, handler, ran, parent, child_id)
+
+
+def _child_runs_before_its_poll(cfg, handler, ran: dict[int, float], parent: int, child_id: int) -> None:
+    """Idle workers of "q" and "other" (`cfg` polls every 10 s) run `handler`: once the parent
+    on "q" ran, its child on "other" runs well within that poll, woken by the parent's worker."""
+    stop = threading.Event()
     workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
                       stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
     threads = [threading.Thread(target=w.run) for w in workers]
     for t in threads:
         t.start()
     try:
-        # When the parent runs and is acked
         wait_until(lambda: parent in ran, 60, message="the parent run")
-        # Then the other queue's idle worker runs the child well before its 10 s poll
         wait_until(lambda: child_id in ran, 30, message="the child run")
         assert ran[child_id] - ran[parent] < 4.0, "the child waited for its consumer's poll"
         assert workers[0].release_wake.wakes >= 1
@@ -361,7 +367,6 @@ def test_a_child_that_runs_anyway_released_by_a_failed_parent_wakes_its_queues_i
         with Producer("other", db.config()) as child:
             child_id = child.put({"n": 1}, after=[parent], run_anyway=True)
     ran: dict[int, float] = {}
-    stop = threading.Event()
 
     def handler(job):
         ran.setdefault(job.id, time.monotonic())
@@ -371,23 +376,10 @@ def test_a_child_that_runs_anyway_released_by_a_failed_parent_wakes_its_queues_i
                     assert admin.cancel(session, job.id) == "requested"
             raise RuntimeError("the parent fails")
 
-    workers = [Worker(cfg, queue, handlers.PythonHandler(handler, False),
-                      stop=stop, budget=Budget(None), batch_size=10) for queue in ("q", "other")]
-    threads = [threading.Thread(target=w.run) for w in workers]
-    for t in threads:
-        t.start()
-    try:
-        # When the parent runs and ends
-        wait_until(lambda: parent in ran, 60, message="the parent run")
-        # Then the other queue's idle worker runs the child well before its 10 s poll
-        wait_until(lambda: child_id in ran, 30, message="the child run")
-        assert ran[child_id] - ran[parent] < 4.0, "the child waited for its consumer's poll"
-        assert workers[0].release_wake.wakes >= 1
-        assert status(db, parent) == (4 if ends == "dead" else 5)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+    # When the parent runs and ends; then the other queue's idle worker runs the child well
+    # before its 10 s poll
+    _child_runs_before_its_poll(cfg, handler, ran, parent, child_id)
+    assert status(db, parent) == (4 if ends == "dead" else 5)
 
 
 @pytest.mark.parametrize("alone", ["its worker stops", "its lease is due an extension"])
