@@ -118,10 +118,13 @@ def touch_consumer(session: Session, consumer_id: str, wakeup: str) -> None:
 
 def unregister_unclaiming(session: Session, consumer_id: str) -> bool:
     """A consumer's row gone at its exit, unless it still holds claims (then False): the reaper
-    takes them back once its lock is free (queries.sql, unregister_unclaiming)."""
+    takes them back once its lock is free (queries.sql, claims_left)."""
     def body(cur) -> bool:
-        cur.execute(Q["unregister_unclaiming"], {"id": consumer_id})
-        return cur.rowcount > 0 or not _row_exists(cur, consumer_id)
+        cur.execute(Q["claims_left"], {"id": consumer_id})
+        if cur.fetchone()[0]:
+            return not _row_exists(cur, consumer_id)  # (a reaper took the row already)
+        cur.execute(Q["unregister_consumer"], {"id": consumer_id})
+        return True
 
     return session.run(body, what="unregister consumer")
 

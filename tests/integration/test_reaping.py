@@ -548,6 +548,38 @@ def test_a_dead_consumers_jobs_come_back_while_a_peer_is_stopped_in_the_middle_o
         stalled.close()
 
 
+def test_a_consumers_exit_neither_waits_on_nor_deadlocks_with_a_peers_ack_under_way(db):
+    """Regression (the fault schedule's signal_gap and key_lock classes: run_twice): a consumer's
+    exit unregistered with a DELETE whose subquery read the claimed range of ix_state, which
+    took a shared lock on each claimed row it passed, every consumer's. It waited on a peer's
+    ack under way (here: rows held by its open transaction), and once that ack went on to the
+    index entries the exit had read-locked, InnoDB rolled one of them back as a deadlock: the ack,
+    past its lease, and its jobs ran again."""
+    # Given a registered consumer with no claim left, and a peer's claimed rows held by its ack
+    cfg = db.config()
+    exiting = _live_consumer(db, "d" * 32, "q")
+    held, ack = _claimed_rows_held_open(db, "e" * 32, 2, 300)
+    try:
+        # When the consumer exits and unregisters
+        start = time.monotonic()
+        session = Session(cfg.dsn, name="exit", retry_s=5)
+        try:
+            gone = liveness.unregister_unclaiming(session, "d" * 32)
+        finally:
+            session.close()
+        # Then its row went at once, not after the ack's transaction
+        assert time.monotonic() - start < 3.0, "the exit waited on the peer's ack"
+        assert gone and db.scalar("SELECT COUNT(*) FROM nq_consumer WHERE id = %s", ("d" * 32,)) == 0
+        # And the ack goes on: it deletes its rows and commits, no deadlock
+        cur = ack.cursor()
+        cur.execute("DELETE FROM nq_job WHERE id IN (%s)" % ",".join(map(str, held)))
+        ack.commit()
+        assert db.scalar("SELECT COUNT(*) FROM nq_job WHERE id IN (%s)" % ",".join(map(str, held))) == 0
+    finally:
+        ack.close()
+        exiting.close()
+
+
 def _live_consumer(db, consumer_id: str, queue: str) -> Session:
     """A registered lock-mode consumer whose liveness lock is held (by the returned session)."""
     cfg = db.config()

@@ -1019,13 +1019,18 @@ SELECT stopping FROM nq_consumer WHERE id = %(id)s
 -- unregister_consumer --
 DELETE FROM nq_consumer WHERE id = %(id)s
 
--- unregister_unclaiming --
--- A consumer's own at its exit: its row goes only if it holds no claim any more. One that does
--- (a worker failed before it settled its batch) keeps its row: its lock, free once it exited, is
--- its death to the next reaper pass, which takes those jobs back then, not at their lease's end.
-DELETE FROM nq_consumer
-WHERE id = %(id)s
-  AND NOT EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND owner = %(id)s)
+-- claims_left --
+-- A consumer's own at its exit: does it still hold a claim? Its row goes only if not
+-- (liveness.unregister_unclaiming). One that does (a worker failed before it settled its batch)
+-- keeps its row: its lock, free once it exited, is its death to the next reaper pass, which takes
+-- those jobs back then, not at their lease's end. A plain read, apart from the DELETE: the claimed
+-- range of ix_state is every consumer's, and the owner is tested on the row, so as a subquery of
+-- the DELETE it took a shared lock on every claimed row it passed. It waited on a peer's ack
+-- under way, and, once that ack went on to the index entry it had read-locked, deadlocked with
+-- it: InnoDB rolled the ack back, past its lease, and its jobs ran again (the fault schedule).
+-- Nothing claims under an exiting consumer's id (its workers have ended); a claim that did would
+-- find no row, and come back as an orphan's (reclaim_orphan).
+SELECT EXISTS (SELECT 1 FROM nq_job FORCE INDEX (ix_state) WHERE status = 2 AND owner = %(id)s)
 
 -- reap_needed --
 -- The reaper's cheap question, asked every few seconds: is anyone dead or any lease over?
