@@ -97,6 +97,13 @@ A ready job's row held by an application (the row_lock class: BEGIN; SELECT ... 
   session held (the key_lock class; the holder records when it saw a waiter) is no idle span:
   an outcome of the key's job waits there (a claim carrying its ack, maybe the one watcher's),
   and so does that claim; the rest of the hold, and the time after it, count as before.
+A gap lock an outside session holds on nq_signal's key range (the signal_gap class):
+- signal_gap: a put of one job on a new queue, made while the gap its slot rows go in was held,
+  returns without an error within GAP_PUT_BOUND_S of the hold's end; the `consume
+  --exit-when-empty` started on another new queue as the hold began exits by itself, status 0,
+  within GAP_CONSUMER_BOUND_S of the hold's start. A server fault, or a KILL of the harness's
+  (the producer's) session, while the put ran excuses its error or lateness; a server fault or a
+  fault on the consumer's process before its exit excuses its lateness, not its status.
 - the new faults excuse less than the old ones (EXCUSE): a KILL of a session excuses a peer's
   second run, not the process's own; a server restart excuses the second run of a job that had
   finished before it, not of one whose handler ran through it; a SIGHUP excuses nothing. A
@@ -183,6 +190,17 @@ FROZEN_LEAD_S = 3.0
 # land behind a batch of 0.1 s jobs' acks; a job waiting for the safety claim (60 s) is far past it
 LOCKED_PICKUP_SLACK_S = 3.0
 READY = 0
+# signal_gap: a put on a new queue waits for the gap lock once (its signal row's INSERT), after
+# the slot rows' best effort gave up (about 1 s, RETRY_S, inside the hold): it is back as the
+# lock goes, plus its own round trips and the harness's CPU share on the loaded 2-core box (the
+# lock-holding sessions' slack, as LOCKED_PICKUP_SLACK_S). A put that waited out a lock wait
+# timeout (10 s on notifyq's session) and retried is far past it.
+GAP_PUT_BOUND_S = 3.0
+# a `consume --exit-when-empty` on a new queue: the interpreter's start on the loaded box (a few
+# seconds), the registration, whose slot rows give up after about 1 s, an empty claim, the exit;
+# the harness sees the exit at its next look (0.5 s). One stuck in its registration (a lock wait
+# timeout, retried) or not leaving is far past it.
+GAP_CONSUMER_BOUND_S = 20.0
 
 @dataclasses.dataclass(frozen=True)
 class Violation:
@@ -1288,6 +1306,41 @@ def check_progress(h: History) -> list[Violation]:
     return out
 
 
+def check_signal_gap(h: History) -> list[Violation]:
+    """signal_gap: each hold's put on a new queue back without an error within GAP_PUT_BOUND_S of
+    the hold's end, its consumer on a new queue gone by itself (status 0) within
+    GAP_CONSUMER_BOUND_S of its start, unless a fault explains it (the module's docstring)."""
+    server = [f for f in h.faults if f.kind in SERVER_CAUSES]
+    producer = server + [f for f in h.faults if f.kind == "kill_connection" and f.pid not in h.consumer_pids]
+    exits = {e.pid: e for e in h.exits}
+    out: list[Violation] = []
+    for hold in h.signal_gaps:
+        for put in hold.puts:
+            if any(f.start <= put.end and f.end >= put.start for f in producer):
+                continue
+            if put.error:
+                out.append(Violation("signal_gap", None, f"a put on new queue {put.queue} during the gap lock of "
+                                     f"t={hold.start:.3f}-{hold.end:.3f} raised {put.error}"))
+            elif put.end > hold.end + GAP_PUT_BOUND_S:
+                out.append(Violation("signal_gap", None, f"a put on new queue {put.queue} returned "
+                                     f"{put.end - hold.end:.2f} s after the gap lock of t={hold.start:.3f}-"
+                                     f"{hold.end:.3f} went (bound {GAP_PUT_BOUND_S:g} s)"))
+        if hold.consumer is None:
+            continue
+        gone = exits.get(hold.consumer)
+        if gone is None or gone.code != 0 or gone.why != "exit when empty":
+            how = "never exited" if gone is None else f"exited {gone.code} ({gone.why})"
+            out.append(Violation("signal_gap", None, f"the consume --exit-when-empty (pid {hold.consumer}) on a new "
+                                 f"queue during the gap lock of t={hold.start:.3f}-{hold.end:.3f} {how}"))
+        elif gone.at > hold.start + GAP_CONSUMER_BOUND_S and not any(
+                f.start <= gone.at and f.end >= hold.start and (f.pid == hold.consumer or f.kind in SERVER_CAUSES)
+                for f in h.faults):
+            out.append(Violation("signal_gap", None, f"the consume --exit-when-empty (pid {hold.consumer}) on a new "
+                                 f"queue during the gap lock of t={hold.start:.3f}-{hold.end:.3f} exited "
+                                 f"{gone.at - hold.start:.1f} s after it began (bound {GAP_CONSUMER_BOUND_S:g} s)"))
+    return out
+
+
 def check(h: History) -> Report:
     """Every rule; the lease-bound ones on each deployment with its own lease (lease_of)."""
     deploys = sorted({r.deploy for r in h.runs} | {e.deploy for e in h.enqueues} | {f.deploy for f in h.final_rows}
@@ -1300,6 +1353,7 @@ def check(h: History) -> Report:
     violations += check_grace_restarts(h)
     violations += [Violation("invalid_result", key, "a kept result is not valid JSON") for key in h.invalid_results]
     violations += check_progress(_only(h, STALL_DEPLOY)) + check_bystander(h) + check_locked_pickup(h)
+    violations += check_signal_gap(h)
     duplicates: collections.Counter = collections.Counter()
     for p in parts:
         duplicates.update(p.duplicates)

@@ -48,6 +48,7 @@ from .producers import DedupCaller, SharedProducer
 from .reload_drop import ReloadDrop
 from .key_lock import KeyLocker
 from .row_lock import RowLocker
+from .signal_gap import GAP_QUEUES, GapHolder, consumer_queue
 from .schedule import EPISODES, Plan, Step
 from .workload import Workload
 
@@ -144,6 +145,7 @@ class FaultRun:
         self.bystander: Bystander | None = None  # the bystander class's application
         self.row_lockers: list[RowLocker] = []  # the row_lock class's locks, one thread each
         self.key_lockers: list[KeyLocker] = []  # the key_lock class's locks, one thread each
+        self.gap_holders: list[GapHolder] = []  # the signal_gap class's holds, one thread each
         self.reload_drops: list[ReloadDrop] = []  # the reload_drop class's plays, one thread each
 
     # ------------------------------------------------------------ the run
@@ -235,6 +237,8 @@ class FaultRun:
         kinds = Counter(f.kind for f in self.faults if f.kind != "cancel" or f.detail != "none")
         if history.row_locks:
             kinds["row_lock"] = len(history.row_locks)
+        if history.signal_gaps:
+            kinds["signal_gap"] = len(history.signal_gaps)
         kinds.update(f.kind for f in history.faults if f.kind == "poison_exit")
         if self.rolling_restarts:
             kinds["rolling_restart"] = self.rolling_restarts
@@ -251,6 +255,8 @@ class FaultRun:
             note += (f"key_lock: {len(held)} keys held of {len(self.key_lockers)} tries, "
                      f"{sum(bool(lk.waits) for lk in held)} waited for; waits of "
                      f"{min(waited, default=0):.2f}-{max(waited, default=0):.2f} s\n")
+        if self.gap_holders:
+            note += self._signal_gap_note(history)
         if self.reload_drops:
             note += (f"reload_drop: {len(self.reload_drops)} plays, reloads of the bad config refused "
                      f"{sum(p.refused for p in self.reload_drops)}, applied {sum(p.applied for p in self.reload_drops)}, "
@@ -267,6 +273,22 @@ class FaultRun:
         return RunResult(plan, report, history, kinds, len(self.fleet.started), codes, self.unexpected,
                          workload.errors, workload.unknown, drained, time.monotonic() - t0, self.workdir,
                          running_at_end, self._false_reclaims(), note.strip())
+
+    def _signal_gap_note(self, history: History) -> str:
+        """How the gap locks went: held, really a gap lock, the puts' and consumers' times."""
+        holds = history.signal_gaps
+        puts = [(p, hold) for hold in holds for p in hold.puts]
+        after = sorted(p.end - hold.end for p, hold in puts if not p.error)
+        took = sorted(p.end - p.start for p, _ in puts if not p.error)
+        exits = {e.pid: e for e in history.exits}
+        lived = sorted(exits[hold.consumer].at - hold.start for hold in holds
+                       if hold.consumer in exits and exits[hold.consumer].code == 0)
+        return (f"signal_gap: {len(holds)} gaps held of {len(self.gap_holders)} tries, {sum(h.gap for h in holds)} "
+                f"refused the probe's INSERT; puts on new queues {len(puts)} ({sum(bool(p.error) for p, _ in puts)} "
+                f"errors), each {min(took, default=0):.2f}-{max(took, default=0):.2f} s, back "
+                f"{min(after, default=0):+.2f} to {max(after, default=0):+.2f} s from the hold's end; consumers on "
+                f"new queues exited 0 {len(lived)} of {sum(h.consumer is not None for h in holds)}, "
+                f"{min(lived, default=0):.1f}-{max(lived, default=0):.1f} s after the hold began\n")
 
     def _stranded_trace(self, report: checker.Report) -> str:
         """For each consumer judged stranded: its own last log lines, and the fleet's lines that
@@ -460,6 +482,15 @@ class FaultRun:
             key_locker = KeyLocker(self.dbs["main"].admin, "main", QUEUE, step.pick, step.length_s)
             self.key_lockers.append(key_locker)
             key_locker.start()
+        elif step.kind == "signal_gap":
+            n = len(self.gap_holders) + 1
+            holder = GapHolder(self.dbs["main"].admin, "main", self._config("main"), n, step.pick, step.length_s)
+            # Its process starts (the interpreter, a second or more) while the holder takes its
+            # lock (a round trip or two): it registers under the hold
+            holder.consumer = self.fleet.spawn(self.dbs["main"].env, "main", consumer_queue(n), "locks",
+                                               self.configs["locks"], 10, -1, "--exit-when-empty").pid
+            self.gap_holders.append(holder)
+            holder.start()
         elif step.kind == "reload_drop":
             play = ReloadDrop(self, step.pick, step.length_s)
             self.reload_drops.append(play)
@@ -697,13 +728,17 @@ class FaultRun:
             producer.close()
 
     def _join_lock_reload(self) -> None:
-        """The row and key locks let go and the reload plays' files restored, before the drain: a
-        held row keeps its job pending, a bad file would be a respawn's config."""
-        for t in [*self.row_lockers, *self.key_lockers, *self.reload_drops]:
+        """The row, key and gap locks let go and the reload plays' files restored, before the
+        drain: a held row keeps its job pending, a bad file would be a respawn's config. The gap
+        holds' jobs on their new queues are deleted: nothing consumes them (the drain waits for
+        every pending job, and no enqueue of the workload's names them)."""
+        for t in [*self.row_lockers, *self.key_lockers, *self.gap_holders, *self.reload_drops]:
             t.join(30)
         for play in self.reload_drops:
             self.faults += play.faults
         self.faults += [t.fault for t in self.key_lockers if t.fault is not None]
+        if self.gap_holders:
+            self.roots["main"].query("DELETE FROM nq_job WHERE queue LIKE %s", (GAP_QUEUES,))
 
     def _poll_max_s(self) -> float:
         """The main deployment's wakeup.poll_max_s: the largest of its consumers' configs."""
@@ -836,6 +871,7 @@ class FaultRun:
                        bystander_losses=self.bystander.losses if self.bystander else [],
                        row_locks=[t.lock for t in self.row_lockers if t.lock is not None],
                        key_locks=[t.lock for t in self.key_lockers if t.lock is not None],
+                       signal_gaps=[t.lock for t in self.gap_holders if t.lock is not None],
                        poll_max_s={"main": self._poll_max_s()} if self.row_lockers else {},
                        lease_takebacks=self._lease_takebacks())
 

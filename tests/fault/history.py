@@ -10,6 +10,8 @@ Its sources, all timed on CLOCK_MONOTONIC (shared by every process of the machin
 - the bystander application's sessions that died (outside attack 35);
 - the row_lock class's locks on ready jobs' rows (when each was taken and let go);
 - the key_lock class's locks on key rows, with the spans in which a session waited for one;
+- the signal_gap class's gap locks on nq_signal's key range, and the puts on new queues made
+  under them;
 - the reapers' take-backs of expired leases, with the jobs each named.
 
 A job is named by (deploy, id): the schedule may run two notifyq databases (deployments).
@@ -194,6 +196,34 @@ class KeyLock:
 
 
 @dataclasses.dataclass(frozen=True)
+class GapPut:
+    """A put of one job on a queue that did not exist, made while a signal_gap hold held the gap
+    its slot rows go in (signal_gap.py): from `start` to `end` (monotonic); error: what it
+    raised ("" when it returned)."""
+    queue: str
+    start: float
+    end: float
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalGap:
+    """An outside session's gap lock on nq_signal's key range (signal_gap.py): a locking read of
+    a queue that does not exist, under REPEATABLE READ, held from `start` (the read returned)
+    until `end` (the ROLLBACK returned, or its session lost; monotonic). gap: an INSERT of that
+    queue's row on another session was refused meanwhile (the gap really was locked); puts: the
+    puts on a new queue made during the hold; consumer: the pid of the `consume
+    --exit-when-empty` started on another new queue as the hold began (None: none)."""
+    deploy: str
+    queue: str
+    start: float
+    end: float
+    gap: bool
+    puts: tuple[GapPut, ...] = ()
+    consumer: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class FinalRow:
     deploy: str
     job: int
@@ -239,6 +269,8 @@ class History:
     row_locks: list[RowLock] = dataclasses.field(default_factory=list)
     # the key_lock class: an outside session's locks on key rows (their faults are in `faults`)
     key_locks: list[KeyLock] = dataclasses.field(default_factory=list)
+    # the signal_gap class: an outside session's gap locks on nq_signal, with their new-queue puts
+    signal_gaps: list[SignalGap] = dataclasses.field(default_factory=list)
     poll_max_s: dict[str, float] = dataclasses.field(default_factory=dict)
     # reapers' take-backs of expired leases, with the jobs they named (the checker's messages)
     lease_takebacks: list[LeaseTakeBack] = dataclasses.field(default_factory=list)

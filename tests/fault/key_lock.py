@@ -11,11 +11,12 @@ class made it, rarely, when it stopped a consumer inside a claim). The lock is n
 either consumer, so it excuses no second run; it is recorded (with pid None) as a fault of
 nobody's, so that the checker's no_progress rule lets the fleet wait for the held key.
 
-While it holds the row the holder looks, every WAIT_LOOK_S, for a transaction waiting for its
-lock, and records the spans it saw one (History.key_locks): a worker whose claim carries an
-ack of the key's job waits there with the jobs it would claim, and if it is the one idle
-watcher the fleet runs nothing meanwhile. The checker's locked_pickup rule counts such a span
-as work, not idleness (an outcome waiting on a key row), and nothing else of the hold.
+While it holds the row the holder looks, every WAIT_LOOK_S (row_lock.LockHolder._watch), for a
+transaction waiting for its lock, and records the spans it saw one (History.key_locks): a
+worker whose claim carries an ack of the key's job waits there with the jobs it would claim,
+and if it is the one idle watcher the fleet runs nothing meanwhile. The checker's locked_pickup
+rule counts such a span as work, not idleness (an outcome waiting on a key row), and nothing
+else of the hold.
 
 The holder is the server's admin, not the runtime user: the schedule's KILLs of the runtime
 user's sessions never end it early. It takes a key that has claimed jobs, so that their
@@ -32,11 +33,6 @@ from notifyq.config import DSN
 
 from .history import Fault, KeyLock
 from .row_lock import LockHolder, take_one
-
-WAIT_LOOK_S = 0.05  # how often the holder looks for a transaction waiting for its lock
-# The transactions waiting for a lock the holder's own transaction holds (InnoDB's view)
-WAITERS = ("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t "
-           "ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = CONNECTION_ID()")
 
 
 class KeyLocker(LockHolder):
@@ -61,28 +57,6 @@ class KeyLocker(LockHolder):
             pass  # the session went (a server fault), the lock with it
         end = time.monotonic()
         return KeyLock(self.deploy, key, start, end, tuple((a, end if b is None else b) for a, b in waits))
-
-    def _watch(self, conn, until: float) -> list[tuple[float, float | None]]:
-        """Hold the lock until `until` (or the stop), looking for waiters every WAIT_LOOK_S: the
-        spans in which one was seen, each from the first look that saw one to the first that
-        saw none (None: still seen at the last look). A look the server does not answer ends
-        the hold: the session went, its lock with it."""
-        waits: list[tuple[float, float | None]] = []
-        cur = conn.cursor()
-        while not self.stop.is_set() and (now := time.monotonic()) < until:
-            try:
-                cur.execute(WAITERS)
-                waiting = int(cur.fetchone()[0]) > 0
-            except MySQLdb.Error:
-                break
-            seen = time.monotonic()
-            if waiting and (not waits or waits[-1][1] is not None):
-                waits.append((seen, None))
-            elif not waiting and waits and waits[-1][1] is None:
-                waits[-1] = (waits[-1][0], seen)
-            # the lock's length is the fault's duration; this wait paces the looks, it waits for no state
-            self.stop.wait(min(WAIT_LOOK_S, max(0.0, until - now)))
-        return waits
 
     def _take(self, conn) -> tuple[str | None, float]:
         """Lock the row of a random key with claimed jobs (not waiting for one a claim holds)."""

@@ -29,6 +29,10 @@ FIND_S = 2.0  # how long a lock looks for a ready job (the queue drains fast: th
 FIND_EVERY_S = 0.02
 CANDIDATES = 200
 READY = 0
+WAIT_LOOK_S = 0.05  # how often a holder looks for a transaction waiting for its lock
+# The transactions waiting for a lock the holder's own transaction holds (InnoDB's view)
+WAITERS = ("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t "
+           "ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = CONNECTION_ID()")
 
 
 class LockHolder(threading.Thread):
@@ -63,6 +67,28 @@ class LockHolder(threading.Thread):
 
     def _hold(self, conn, taken: Any, start: float) -> Any:
         raise NotImplementedError
+
+    def _watch(self, conn, until: float) -> list[tuple[float, float | None]]:
+        """Hold the lock until `until` (or the stop), looking for waiters every WAIT_LOOK_S: the
+        spans in which one was seen, each from the first look that saw one to the first that
+        saw none (None: still seen at the last look). A look the server does not answer ends
+        the hold: the session went, its lock with it."""
+        waits: list[tuple[float, float | None]] = []
+        cur = conn.cursor()
+        while not self.stop.is_set() and (now := time.monotonic()) < until:
+            try:
+                cur.execute(WAITERS)
+                waiting = int(cur.fetchone()[0]) > 0
+            except MySQLdb.Error:
+                break
+            seen = time.monotonic()
+            if waiting and (not waits or waits[-1][1] is not None):
+                waits.append((seen, None))
+            elif not waiting and waits and waits[-1][1] is None:
+                waits[-1] = (waits[-1][0], seen)
+            # the lock's length is the fault's duration; this wait paces the looks, it waits for no state
+            self.stop.wait(min(WAIT_LOOK_S, max(0.0, until - now)))
+        return waits
 
 
 class RowLocker(LockHolder):

@@ -78,6 +78,13 @@ A cheap class for a fixed behaviour, on the main deployment (in the CI draw):
                    spans in which a transaction waited for its lock: for locked_pickup those
                    are work (an outcome waiting on a key row, maybe the watcher's claim behind
                    it), not an idle fleet; the rest of the hold is judged as any time
+  signal_gap       about every 6 s, an application (signal_gap.py, the server's admin) holds a gap
+                   lock on nq_signal's key range for 2-4 s (REPEATABLE READ; SELECT ... FOR UPDATE
+                   of a queue that does not exist), then rolls back: a new queue's slot rows wait
+                   for it. Meanwhile one job is put on a new queue and a `consume
+                   --exit-when-empty` starts on another: the checker's `signal_gap` rule wants the
+                   put back without an error within 3 s of the hold's end and the consumer gone by
+                   itself (status 0) within 20 s of its start; the live queue goes on (no_progress)
 Long ones, episodes on a second deployment ("long": lease 30 s, session_idle_s 4, queue fl for
 Python handlers, fc and fg for --command), one at a time in a seeded order:
   stall_idle       SIGSTOP a consumer 9 s (> session_idle_s) while five 2 s jobs of its batch
@@ -123,13 +130,15 @@ FLOW_38 = ("rate",)
 ATTACK_35 = ("bystander",)
 LOCK_RELOAD = ("row_lock", "reload_drop")
 KEY_LOCK = ("key_lock",)
+SIGNAL_GAP = ("signal_gap",)
 EPISODES = ("stall_idle", "busy_restart", "sighup_reload", "long_command", "grace_expiry", "grace_restart",
             "grace_outage", "frozen_at_stop")
 FAULT_CLASSES = (BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + KEY_LOCK
-                 + EPISODES)
+                 + SIGNAL_GAP + EPISODES)
 # What the CI schedule (test_fault_schedule.py) runs: every class but the long episodes (each
 # takes 15-45 s of a second deployment; benchmarks/fault_schedule.py runs them).
-CI_CLASSES = BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + KEY_LOCK
+CI_CLASSES = (BEFORE_26 + CHEAP_26 + EFFECTS_29 + STALL_15 + FLOW_38 + ATTACK_35 + LOCK_RELOAD + KEY_LOCK
+              + SIGNAL_GAP)
 EPISODE_GAP_S = 3.0  # between two episodes: the long deployment's queue is empty again
 # Faults the schedule injects at its own pace (the rest shape the workload or the fleet).
 # Step kind -> the class that enables it. A rolling restart (SIGTERM, a fresh process in the
@@ -149,6 +158,8 @@ RELOAD_DROP_EVERY_S = 20.0  # reload_drop's plays, about this often, on a stream
 RELOAD_DROP_S = 5.0  # how long the bad config stays in place
 KEY_LOCK_EVERY_S = 6.0  # key_lock's locks, about this often, on a stream of their own
 KEY_LOCK_S = (5.0, 7.0)  # each held this long: past the schedule's usual 4 s lease
+SIGNAL_GAP_EVERY_S = 6.0  # signal_gap's holds, about this often, on a stream of their own
+SIGNAL_GAP_S = (2.0, 4.0)  # each held this long: past the slot rows' 1 s, within any lock wait timeout
 
 
 def parse_classes(text: str) -> tuple[str, ...]:
@@ -272,8 +283,8 @@ def make_plan(seed: int, classes: tuple[str, ...], duration_s: float, jobs: int,
 
 
 def _lock_reload_steps(seed: int, classes: tuple[str, ...], duration_s: float) -> list[Step]:
-    """row_lock's, key_lock's and reload_drop's steps, each class on a stream of its own: the
-    other faults keep their offsets, and each keeps its own with or without the others."""
+    """row_lock's, key_lock's, signal_gap's and reload_drop's steps, each class on a stream of its
+    own: the other faults keep their offsets, and each keeps its own with or without the others."""
     steps: list[Step] = []
     if "row_lock" in classes:
         rng, t = random.Random(seed * 1000 + 41), 0.0
@@ -286,6 +297,10 @@ def _lock_reload_steps(seed: int, classes: tuple[str, ...], duration_s: float) -
         rng, t = random.Random(seed * 1000 + 43), 0.0
         while (t := t + rng.uniform(0.5, 1.5) * KEY_LOCK_EVERY_S) < duration_s - KEY_LOCK_S[1]:
             steps.append(Step(round(t, 3), "key_lock", rng.random(), round(rng.uniform(*KEY_LOCK_S), 3)))
+    if "signal_gap" in classes:
+        rng, t = random.Random(seed * 1000 + 44), 0.0
+        while (t := t + rng.uniform(0.5, 1.5) * SIGNAL_GAP_EVERY_S) < duration_s - SIGNAL_GAP_S[1]:
+            steps.append(Step(round(t, 3), "signal_gap", rng.random(), round(rng.uniform(*SIGNAL_GAP_S), 3)))
     if "reload_drop" in classes:
         rng, t = random.Random(seed * 1000 + 42), 0.0
         while (t := t + rng.uniform(0.5, 1.5) * RELOAD_DROP_EVERY_S) < duration_s - RELOAD_DROP_S:

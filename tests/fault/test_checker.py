@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import checker
-from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, HandBack, History, KeyLock, LeaseTakeBack,
-                      Refused, RowLock, Run)
+from .history import (BystanderLoss, Enqueue, Exit, Fault, FinalRow, GapPut, HandBack, History, KeyLock,
+                      LeaseTakeBack, Refused, RowLock, Run, SignalGap)
 from .schedule import CI_CLASSES, make_cluster_plan, make_plan, parse_classes
 
 LEASE = 4.0
@@ -1227,6 +1227,68 @@ def test_a_pickup_behind_an_outcome_waiting_on_a_held_key_is_no_idle_fleet_but_a
     # Planted: a wait on another deployment's key row keeps no worker of this one busy
     elsewhere = dataclasses.replace(waited, deploy="rated")
     assert rules(key_locked(behind, enqueues, row_lock, elsewhere)) == {"locked_pickup": 1}
+
+
+def gap_held(put: GapPut, consumer_exit: Exit | None = None, faults=()):
+    """A clean history with one signal_gap hold t=10-13 (its gap really locked), its put on a new
+    queue, and its consume --exit-when-empty (pid 77) with the exit given."""
+    hold = SignalGap("main", "sg0001", 10.0, 13.0, True, (put,), 77)
+    h = history([run(1, 1, 10, 1.0, 1.1)], [enq(1)], faults=faults)
+    return dataclasses.replace(h, signal_gaps=[hold], exits=[consumer_exit] if consumer_exit else [],
+                               consumer_pids={10, 77})
+
+
+GAP_CONSUMER_GONE = Exit(77, 14.5, 0, True, "exit when empty")
+
+
+def test_a_put_on_a_new_queue_under_a_signal_gap_that_errs_or_returns_late_is_caught_and_a_prompt_one_passes():
+    assert "signal_gap" in CI_CLASSES and "signal_gap" in parse_classes("all")
+    plan = make_plan(1, parse_classes("signal_gap"), 60.0, 3000)
+    holds = [s for s in plan.steps if s.kind == "signal_gap"]
+    assert len(holds) >= 6 and all(2.0 <= s.length_s <= 4.0 and s.at_s + s.length_s < 60.0 for s in holds)
+    # each class on a stream of its own: the other lock classes keep their offsets
+    locks = parse_classes("row_lock,key_lock")
+    assert [s for s in make_plan(1, parse_classes("row_lock,key_lock,signal_gap"), 60.0, 3000).steps
+            if s.kind != "signal_gap"] == list(make_plan(1, locks, 60.0, 3000).steps)
+    # The put began as the hold t=10-13 did and returned 0.2 s after it went: as documented
+    prompt = GapPut("sg0001p", 10.0, 13.2)
+    assert checker.check(gap_held(prompt, GAP_CONSUMER_GONE)).ok
+    # within the bound: back 2.9 s after the hold's end
+    assert checker.check(gap_held(dataclasses.replace(prompt, end=15.9), GAP_CONSUMER_GONE)).ok
+    # Planted: the put raised (a lock wait timeout after the producer's retries)
+    errored = dataclasses.replace(prompt, end=21.0, error="DatabaseError: MySQL error 1205: Lock wait timeout")
+    found = checker.check(gap_held(errored, GAP_CONSUMER_GONE)).violations
+    assert [v.rule for v in found] == ["signal_gap"] and "1205" in found[0].detail, found
+    # Planted: back 10.5 s after the hold went (it waited out a lock wait timeout and retried)
+    late = dataclasses.replace(prompt, end=23.5)
+    found = checker.check(gap_held(late, GAP_CONSUMER_GONE)).violations
+    assert [v.rule for v in found] == ["signal_gap"] and "10.50 s after" in found[0].detail, found
+    # A server restart while the put ran explains either
+    restart = Fault("server_restart", 12.0, 14.0)
+    assert checker.check(gap_held(errored, GAP_CONSUMER_GONE, faults=[restart])).ok
+    # A KILL of a consumer's session does not (only the harness's own, the producer's)
+    killed = Fault("kill_connection", 12.0, 12.0, 10)
+    assert rules(gap_held(late, GAP_CONSUMER_GONE, faults=[killed])) == {"signal_gap": 1}
+    assert checker.check(gap_held(late, GAP_CONSUMER_GONE, faults=[dataclasses.replace(killed, pid=4242)])).ok
+
+
+def test_a_consumer_on_a_new_queue_under_a_signal_gap_that_never_leaves_or_fails_is_caught():
+    prompt = GapPut("sg0001p", 10.0, 13.2)
+    # Planted: the consume --exit-when-empty never exited by itself (the final stop ended it)
+    stopped = dataclasses.replace(GAP_CONSUMER_GONE, at=90.0, why="SIGTERM")
+    found = checker.check(gap_held(prompt, stopped)).violations
+    assert [v.rule for v in found] == ["signal_gap"] and "exited 0 (SIGTERM)" in found[0].detail, found
+    # Planted: no exit seen at all
+    assert rules(gap_held(prompt, None)) == {"signal_gap": 1}
+    # Planted: it exited 1 (its registration failed); consumer_exit catches the exit too
+    failed = Exit(77, 14.5, 1, False, "not the schedule's doing")
+    assert rules(gap_held(prompt, failed)) == {"signal_gap": 1, "consumer_exit": 1}
+    # Planted: gone by itself, but 25 s after the hold began
+    slow = dataclasses.replace(GAP_CONSUMER_GONE, at=35.0)
+    found = checker.check(gap_held(prompt, slow)).violations
+    assert [v.rule for v in found] == ["signal_gap"] and "25.0 s after" in found[0].detail, found
+    # ... unless a fault on it (a killed session) or the server came in between
+    assert checker.check(gap_held(prompt, slow, faults=[Fault("kill_connection", 11.0, 11.0, 77)])).ok
 
 
 def test_an_episodes_restart_excuses_a_second_run_of_another_deployment_as_any_restart():
