@@ -442,7 +442,7 @@ class BatchRun:
         completion = Completion(self.work, self.batch.token, self.qc.keep_done, self.qc.keeps_results,
                                 self.batch.owner)
         completion.settle_claim = self._confirm_claim
-        completion.released = self.worker.release_wake.released
+        completion.released = self.worker.release_wake.wake
         return completion
 
     def _run_in_order(self) -> None:

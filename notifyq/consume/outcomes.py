@@ -44,7 +44,7 @@ class Outcomes:
         # whether a consumer watched as the claim that carried them read it (None: not read)
         self.freed: Callable[..., None] | None = None
         # Called with the queues of the workflow children an ack released, once it is sent
-        # (consume/release_wake.py wakes their idle consumers). Every ack reports here, whoever
+        # (wakeup/queue_wakes.py wakes their idle consumers). Every ack reports here, whoever
         # sends it: the next claim's (PendingAcks.claim), or one on its own (ack()): a flush, a
         # batch whose lease is due an extension or whose worker stops, the stop's own sends.
         self.on_release: Callable[[tuple[str, ...]], None] | None = None

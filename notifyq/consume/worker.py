@@ -28,7 +28,6 @@ from notifyq.consume.fair_order import round_robin_by_key
 from notifyq.consume.handler import Handler, declared
 from notifyq.consume.outcomes import Outcomes
 from notifyq.consume.presence import Presence
-from notifyq.consume.release_wake import ReleaseWake
 from notifyq.consume.slots import SlotWake
 from notifyq.consume.stats import Budget, Stats
 from notifyq.consume.timeout import HandlerCaller
@@ -37,6 +36,7 @@ from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.rates import Rates
 from notifyq.store.flow import FlowClaims
+from notifyq.wakeup.queue_wakes import QueueWakes
 
 log = logging.getLogger("notifyq.consumer")
 
@@ -104,8 +104,8 @@ class Worker:
         # anything else first (then they are flushed: acked on their own)
         self.acks = PendingAcks(self.outcomes)
         # Workflow children its acks release on other queues: their idle consumers woken
-        self.release_wake = ReleaseWake(config, queue)
-        self.outcomes.on_release = self.release_wake.released
+        self.release_wake = QueueWakes(config, queue)  # the queues its outcomes release children on
+        self.outcomes.on_release = self.release_wake.wake
         self.flow = FlowClaims.for_queue(self.qc)  # limits and fairness (None: a plain claim)
         self.claim_backoff = ClaimBackoff(queue, name)  # claims that gave up on lock conflicts
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees

@@ -26,6 +26,7 @@ from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
 from notifyq.store.locks import QueueLocks
 from notifyq.wakeup import Waker
+from notifyq.wakeup.queue_wakes import QueueWakes
 
 log = logging.getLogger("notifyq.producer")
 
@@ -142,6 +143,11 @@ class Producer:
         # Parents that were pending when a put on a caller's connection read them: wake(), which
         # the caller runs after its COMMIT, settles those that ended meanwhile (under _mutex)
         self._settle_on_wake: set[int] = set()
+        # The other queues a workflow's put made jobs ready on: their idle consumers are woken
+        # after its COMMIT (for a put on a caller's connection, by wake()), each on a session of
+        # its own, opened on first use (under _mutex)
+        self._other_queues = QueueWakes(config, self.queue)
+        self._wake_others_on_wake: set[str] = set()
 
     # -------------------------------------------------------- the API
 
@@ -267,10 +273,10 @@ class Producer:
 
         if conn is not None:
             ids = self._run_caller(body, conn, True, wf.queues())
-            if pending:
-                with self._mutex:
-                    if len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
-                        self._settle_on_wake.update(pending)
+            with self._mutex:
+                self._wake_others_on_wake.update(wf.ready_queues())
+                if pending and len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
+                    self._settle_on_wake.update(pending)
             return ids
         with self._mutex:
             session = self._work_session()
@@ -278,6 +284,7 @@ class Producer:
             packet = session.max_allowed_packet
             ids = self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
                                               committed=inserts.jobs_stored)
+            self._other_queues.wake(wf.ready_queues())
             if pending:
                 # A parent that ended between the put's read and its COMMIT did not see the new
                 # edges (the put takes no lock on it): settled now, not at the consumers' sweep
@@ -375,6 +382,7 @@ class Producer:
         new ones. `with Producer(...) as producer:` closes it at the end of the block."""
         with self._mutex:
             self._waker.close()
+            self._other_queues.end_sessions()
             self._end(Session.close)
 
     def drop(self) -> None:
@@ -382,6 +390,7 @@ class Producer:
         bell's among them, die with them."""
         with self._mutex:
             self._waker.drop()
+            self._other_queues.end_sessions(drop=True)
             self._end(Session.discard)
 
     def _end(self, how: Callable[[Session], None]) -> None:
@@ -391,13 +400,17 @@ class Producer:
         self._queue_known = False
 
     def wake(self, instant: bool | None = None) -> None:
-        """Wake an idle consumer of the queue now, for jobs put on the caller's connection
-        (notifyq.Producer.wake). Best effort: it never raises."""
+        """Wake an idle consumer of the queue now, for jobs put on the caller's connection (and
+        of each other queue a workflow put there made jobs ready on): notifyq.Producer.wake.
+        Best effort: it never raises."""
         with self._mutex:
             if self._settle_on_wake:
                 parents, self._settle_on_wake = self._settle_on_wake, set()
                 self._settle_ended(None, parents)
             self._waker.wake(instant)
+            if self._wake_others_on_wake:
+                queues, self._wake_others_on_wake = self._wake_others_on_wake, set()
+                self._other_queues.wake(queues)
 
     def leave_wake_to(self, other: Any) -> None:
         """Leave the wake-up after this producer's puts to `other`, a producer of the same queue

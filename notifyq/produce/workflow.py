@@ -127,6 +127,10 @@ class Workflow:
         """The queues its jobs are put on."""
         return {n.queue for n in self._nodes}
 
+    def ready_queues(self) -> set[str]:
+        """The queues of its jobs that wait for no parent: ready (or scheduled) once it is put."""
+        return {n.queue for n in self._nodes if not (n.parents or n.external)}
+
     def __len__(self) -> int:
         return len(self._nodes)
 

@@ -363,9 +363,10 @@ class Producer:
             producer.drop()
 
     def wake(self, instant: bool | None = None) -> None:
-        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`):
-        call it after your COMMIT, or the consumers find them at their next poll (up to
-        `wakeup.poll_max_s`, 1 s). contrib.django's enqueue_on_commit calls it on commit.
+        """Wake an idle consumer of the queue now, for jobs put on your own connection (`conn=`),
+        and one of each other queue a `put_workflow(conn=)` made jobs ready on: call it after
+        your COMMIT, or the consumers find them at their next poll (up to `wakeup.poll_max_s`,
+        1 s). contrib.django's enqueue_on_commit calls it on commit.
 
         Rings as a `ring=True` producer's put does; a producer without the bell interrupts the
         idle consumer's wait instead (the instant wake), unless `instant` is False (None: as

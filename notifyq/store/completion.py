@@ -94,7 +94,7 @@ class Completion:
         self.settle_claim: Callable[[], None] | None = None
         self._steps: dict[int, Any] = {}  # job id -> its Steps (store/steps.py), once it took one
         # The worker's: called with the queues of the workflow children a committed block
-        # released (consume/release_wake.py wakes their idle consumers)
+        # released (wakeup/queue_wakes.py wakes their idle consumers)
         self.released: Callable[[list[str]], None] | None = None
         self.block_serial = 0  # counts the blocks opened: a step written in one is pending until it commits
 

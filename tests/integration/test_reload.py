@@ -276,7 +276,7 @@ def _free_a_slot_and_release(service, cfg, done: list[int]) -> None:
     with Producer("lim", quiet) as p:
         job = p.put({"n": len(done)})
     wait_until(lambda: job in done and worker.slot_wake.wakes > wakes, 20, message="the job's slot freed")
-    worker.release_wake.released(["other"])
+    worker.release_wake.wake(["other"])
 
 
 def _instant_wakes(service):

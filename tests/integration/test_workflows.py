@@ -356,6 +356,48 @@ def _child_runs_before_its_poll(cfg, handler, ran: dict[int, float], parent: int
             t.join(30)
 
 
+def _in_its_poll(worker) -> bool:
+    """Its watch statement waits out the poll: past its turn's first wait (FIRST_WAIT_S, rounded
+    up to a second as the server's wait is)."""
+    waiting = worker.waiter.session.waiting
+    return waiting is not None and waiting.what == "watch" and waiting.wait_s >= 2
+
+
+@pytest.mark.parametrize("put", ["on the producer's session", "on the caller's connection"])
+def test_a_workflow_put_wakes_the_idle_consumers_of_the_other_queues_it_made_jobs_ready_on(db, put):
+    # Given an idle worker of queue "other" that polls only every 10 s, and a producer of "q"
+    cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    ran: dict[int, float] = {}
+    stop = threading.Event()
+    worker = Worker(cfg, "other", handlers.PythonHandler(lambda job: ran.setdefault(job.id, time.monotonic()), False),
+                    stop=stop, budget=Budget(None), batch_size=10)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: _in_its_poll(worker), 30, message="the other queue's watcher in its poll")
+        # When it puts a workflow whose first job is on "other" (and a child on "q")
+        wf = notifyq.Workflow()
+        wf.add("q", {"n": 1}, after=[wf.add("other", {"n": 0})])
+        with Producer("q", db.config()) as p:
+            put_at = time.monotonic()
+            if put == "on the producer's session":
+                root, _ = p.put_workflow(wf)
+            else:  # the caller commits, then wakes (as the framework integrations do on commit)
+                conn = MySQLdb.connect(**db.config().dsn.connect_args())
+                try:
+                    root, _ = p.put_workflow(wf, conn=conn)
+                    conn.commit()
+                finally:
+                    conn.close()
+                p.wake()
+            # Then the other queue's idle worker runs it well before its 10 s poll
+            wait_until(lambda: root in ran, 30, message="the workflow's first job run")
+        assert ran[root] - put_at < 4.0, "the job waited for its consumer's poll"
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 @pytest.mark.parametrize("ends", ["dead", "cancelled while it ran"])
 def test_a_child_that_runs_anyway_released_by_a_failed_parent_wakes_its_queues_idle_consumer(db, ends):
     # Given idle workers of two queues that poll only every 10 s, and a child on queue "other"
@@ -393,17 +435,11 @@ def test_a_child_released_by_an_ack_sent_on_its_own_wakes_its_queues_idle_consum
     stops = {queue: threading.Event() for queue in ("q", "other")}
     ran: dict[int, float] = {}
 
-    def in_its_poll(worker) -> bool:
-        """Its watch statement waits out the poll: past its turn's first wait (FIRST_WAIT_S,
-        rounded up to a second as the server's wait is)."""
-        waiting = worker.waiter.session.waiting
-        return waiting is not None and waiting.what == "watch" and waiting.wait_s >= 2
-
     def handler(job):
         ran.setdefault(job.id, time.monotonic())
         if job.queue == "q":
             # The ack is sent once the other queue's watcher waits out its poll: only a wake ends it
-            wait_until(lambda: in_its_poll(workers[1]), 30, message="the other queue's watcher in its poll")
+            wait_until(lambda: _in_its_poll(workers[1]), 30, message="the other queue's watcher in its poll")
             if alone == "its worker stops":
                 stops["q"].set()
 
