@@ -247,6 +247,7 @@ class Producer:
         """put_workflow's transaction; context: the trace context each job's envelope carries."""
         chunk = self.config.producer.chunk_size
         pending: list[int] = []  # parents put before, pending when the put read them
+        ready: list[str] = []  # the queues it made jobs ready on (put_body)
 
         def fresh(ids: list[int]) -> dict[int, str]:
             # On the producer's own session (its own short transaction): never under _mutex here
@@ -255,7 +256,7 @@ class Producer:
                                                 what="read parents")
 
         def body(cur: Any, packet: int) -> list[int]:
-            ids = workflow.put_body(wf, row, chunk, packet, pending, fresh if conn is not None else None)(cur)
+            ids = workflow.put_body(wf, row, chunk, packet, pending, fresh if conn is not None else None, ready)(cur)
             if min_version is not None:  # before the COMMIT, as any put's (inserts.put_jobs)
                 inserts.require_version(cur, ids, min_version)
             return ids
@@ -274,7 +275,7 @@ class Producer:
         if conn is not None:
             ids = self._run_caller(body, conn, True, wf.queues())
             with self._mutex:
-                self._wake_others_on_wake.update(wf.ready_queues())
+                self._wake_others_on_wake.update(ready)
                 if pending and len(self._settle_on_wake) < SETTLE_ON_WAKE_MAX:  # beyond: the sweep's
                     self._settle_on_wake.update(pending)
             return ids
@@ -284,7 +285,7 @@ class Producer:
             packet = session.max_allowed_packet
             ids = self._waker.commit_and_wake(session, lambda cur: body(cur, packet), what=self._what,
                                               committed=inserts.jobs_stored)
-            self._other_queues.wake(wf.ready_queues())
+            self._other_queues.wake(ready)
             if pending:
                 # A parent that ended between the put's read and its COMMIT did not see the new
                 # edges (the put takes no lock on it): settled now, not at the consumers' sweep

@@ -110,26 +110,27 @@ class Workflow:
         members = list(members)
         if not members:
             raise errors.InputError("batch: no members")
-        made = {}
-        for name, spec, mode in (("on_success", on_success, workflows.ALL_DONE),
-                                 ("on_complete", on_complete, workflows.ALL_ENDED),
-                                 ("on_dead", on_dead, workflows.SOME_FAILED)):
-            if spec is None:
-                made[name] = None
-                continue
-            if not (isinstance(spec, tuple) and len(spec) == 2):
+        callbacks = (("on_success", on_success, workflows.ALL_DONE),
+                     ("on_complete", on_complete, workflows.ALL_ENDED),
+                     ("on_dead", on_dead, workflows.SOME_FAILED))
+        for name, spec, _ in callbacks:  # all checked before the first is added: all or none
+            if spec is not None and not (isinstance(spec, tuple) and len(spec) == 2):
                 raise errors.InputError(f"{name}: expected (queue, payload), got {values.shown(spec)}")
-            made[name] = self._add(spec[0], spec[1], members, mode, {})
+            if spec is not None:
+                validate_queue_name(spec[0])
+        count = sum(spec is not None for _, spec, _ in callbacks)
+        if len(self._nodes) + count > MAX_JOBS:
+            raise errors.InputError(f"a workflow holds at most {MAX_JOBS} jobs")
+        self._room(len(members) * count)
+        made = {}
+        for name, spec, mode in callbacks:
+            made[name] = None if spec is None else self._add(spec[0], spec[1], members, mode, {})
         refs = [m for m in members if isinstance(m, Ref)]
         return Batch(refs, made["on_success"], made["on_complete"], made["on_dead"])
 
     def queues(self) -> set[str]:
         """The queues its jobs are put on."""
         return {n.queue for n in self._nodes}
-
-    def ready_queues(self) -> set[str]:
-        """The queues of its jobs that wait for no parent: ready (or scheduled) once it is put."""
-        return {n.queue for n in self._nodes if not (n.parents or n.external)}
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -143,10 +144,12 @@ class Workflow:
         validate_queue_name(queue)
         if isinstance(after, (Ref, int)):
             after = [after]
-        self._nodes.append(_Node(queue, payload, options, mode))
+        parents, external = self._parents(after)  # checked, as the room, before anything changes
+        node = _Node(queue, payload, options, mode)
+        self._nodes.append(node)
+        self._attach(node, parents, external)
         ref = Ref(self, len(self._nodes) - 1)
         self._refs.append(ref)
-        self._link(ref.index, after)
         return ref
 
     def _own(self, ref: Any, what: str) -> int:
@@ -155,17 +158,33 @@ class Workflow:
         return ref.index
 
     def _link(self, child: int, parents: Iterable[Ref | int]) -> None:
-        node = self._nodes[child]
+        self._attach(self._nodes[child], *self._parents(parents))
+
+    def _parents(self, parents: Iterable[Ref | int]) -> tuple[list[int], list[int]]:
+        """`after`'s parents checked, nothing changed: (indexes of this workflow's, ids put
+        before); InputError when one is neither, or when they would take the workflow past
+        MAX_EDGES (a call that raises adds nothing: a batch callback half-linked to its members
+        would run before the rest end)."""
+        refs: list[int] = []
+        external: list[int] = []
         for parent in parents:
             if isinstance(parent, Ref):
-                node.parents.append(self._own(parent, "after"))
+                refs.append(self._own(parent, "after"))
             elif parent.__class__ is int and parent > 0:
-                node.external.append(parent)
+                external.append(parent)
             else:
                 raise errors.InputError(f"after: expected job ids or jobs of this workflow, got {values.shown(parent)}")
-            self._edges += 1
-            if self._edges > MAX_EDGES:
-                raise errors.InputError(f"too many edges: a workflow put holds at most {MAX_EDGES}")
+        self._room(len(refs) + len(external))
+        return refs, external
+
+    def _room(self, edges: int) -> None:
+        if self._edges + edges > MAX_EDGES:
+            raise errors.InputError(f"too many edges: a workflow put holds at most {MAX_EDGES}")
+
+    def _attach(self, node: _Node, refs: list[int], external: list[int]) -> None:
+        node.parents += refs
+        node.external += external
+        self._edges += len(refs) + len(external)
 
     def order(self) -> list[int]:
         """The nodes' indexes, parents before children; InputError naming a cycle if any."""
@@ -192,13 +211,15 @@ class Workflow:
 
 
 def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pending: list[int] | None = None,
-             missing: Any = None):
+             missing: Any = None, ready: list[str] | None = None):
     """The statements of a workflow's put, as a body for a transaction (cursor -> ids). rows_of:
     (queue, payload, options, status) -> the row inserts.insert_jobs takes (the producer checks
     every argument). Every argument is checked before it returns: nothing is written on bad input.
     pending: filled with the parents put before that were pending when the body read them (for
     workflows.settle_ended after the COMMIT). missing: workflows.parents_state's (on a caller's
-    connection: the parents its transaction does not see, read on the producer's session)."""
+    connection: the parents its transaction does not see, read on the producer's session).
+    ready: filled with the queues it made jobs ready (or scheduled) on: its jobs with no parent,
+    and those whose parents put before had ended (to wake their idle consumers after the COMMIT)."""
     from notifyq.store import inserts  # the producer's module loads it already
 
     if not wf._nodes:
@@ -240,9 +261,12 @@ def put_body(wf: Workflow, rows_of: Any, chunk_size: int, max_packet: int, pendi
         for queue, n in roots.items():
             queries.bump_signal(cur, queue, n)
         # Parents that ended before this put: settled now, as their end would have
-        workflows.settle_done(cur, [p for p in external if ended[p] == "done"])
+        released: list[str] = []
+        workflows.settle_done(cur, [p for p in external if ended[p] == "done"], released)
         for why in ("dead", "cancelled"):
-            workflows.settle_failed(cur, [p for p in external if ended[p] == why], why)
+            workflows.settle_failed(cur, [p for p in external if ended[p] == why], why, released)
+        if ready is not None:
+            ready[:] = sorted(set(roots) | set(released))
         return ids
 
     return body

@@ -88,6 +88,19 @@ def _count_and_release(edges: dict[str, Any]) -> list[tuple[str, dict[str, Any]]
             (Q["edges_counted"], edges)]
 
 
+def _count_and_release_reading(cur, edges: dict[str, Any], released: list[str] | None) -> None:
+    """_count_and_release's statements, the queues of the children they made ready added to
+    `released` (read while the edges are marked, before they are counted)."""
+    count_down, release, wake, counted = _count_and_release(edges)
+    cur.execute(*count_down)
+    cur.execute(*release)
+    if cur.rowcount and released is not None:
+        cur.execute(Q["children_released_queues"], edges)
+        released += [str(r[0]) for r in cur.fetchall()]
+    cur.execute(*wake)
+    cur.execute(*counted)
+
+
 def release_after_completion(cur, job_id: int, token: int) -> list[str]:
     """The release on a cursor in the completion's transaction (job.complete_in on a caller's
     connection: one statement at a time). Returns the released children's queues."""
@@ -96,14 +109,14 @@ def release_after_completion(cur, job_id: int, token: int) -> list[str]:
     return release_rest(cur, [job_id], cur.rowcount) if cur.rowcount else []
 
 
-def settle_done(cur, ids: list[int]) -> None:
-    """Parents known to have ended done (unfenced): their waiting edges released."""
+def settle_done(cur, ids: list[int], released: list[str] | None = None) -> None:
+    """Parents known to have ended done (unfenced): their waiting edges released. released:
+    given, the queues of the children it made ready are added to it (to wake after the COMMIT)."""
     if not ids:
         return
     cur.execute(Q["edges_mark_done_any"], {"ids": _ids(ids)})
     if cur.rowcount:
-        for sql, params in _count_and_release({"ids": _ids(ids)}):
-            cur.execute(sql, params)
+        _count_and_release_reading(cur, {"ids": _ids(ids)}, released)
 
 
 def settle_failed(cur, ids: list[int], why: str, released: list[str] | None = None) -> int:
@@ -125,14 +138,7 @@ def settle_failed(cur, ids: list[int], why: str, released: list[str] | None = No
         cur.execute(Q["children_cancelled_ids"], edges)
         below = [int(r[0]) for r in cur.fetchall()]
         cur.execute(Q["children_failed_count"], edges)
-        count_down, release, wake, counted = _count_and_release(edges)
-        cur.execute(*count_down)
-        cur.execute(*release)
-        if cur.rowcount and released is not None:  # (read while this level's edges are marked)
-            cur.execute(Q["children_released_queues"], edges)
-            released += [str(r[0]) for r in cur.fetchall()]
-        cur.execute(*wake)
-        cur.execute(*counted)
+        _count_and_release_reading(cur, edges, released)
         cancelled += len(below)
         level, why = below, "cancelled"
     return cancelled

@@ -8,7 +8,7 @@ workflow children on other queues (every ack that released some, whoever sends i
 Outcomes.on_release; a job.transaction() block's COMMIT; a complete_in COMMIT found landed; a
 failure that released run_anyway children), and a producer whose put_workflow() made jobs
 ready on other queues than its own. This wakes each such queue's watcher with the instant wake
-(KILL QUERY of its wait: wakeup/waker.py), on a session of its own per queue, opened on first
+(KILL QUERY of its wait: wakeup/waker.py), all on one session of its own, opened on first
 use. The own queue needs none: its worker claims again at once after such an outcome, and a
 producer's put wakes it already. Best effort, as any wake: a watcher woken before the COMMIT
 lands (a claim's COMMIT is not waited for) claims in vain, then finds the signal moved by its
@@ -25,8 +25,9 @@ import threading
 from collections.abc import Iterable
 
 from notifyq.config import Config
+from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
-from notifyq.wakeup.waker import Waker
+from notifyq.wakeup.waker import InstantWake
 
 WAKE_RETRY_S = 1.0  # the wake's session gives up on an unreachable server soon: the poll covers it
 
@@ -35,7 +36,11 @@ class QueueWakes:
     def __init__(self, config: Config, own_queue: str):
         self.config = config
         self.own_queue = own_queue
-        self.wakers: dict[str, Waker] = {}
+        # Per queue woken, its instant wake (what it learnt: a refusal, a proxy; its look's quiet
+        # window); all of them on one session, however many queues: a workflow's put may make
+        # jobs ready on hundreds, and a session each held the server's connections (1040)
+        self.instants: dict[str, InstantWake] = {}
+        self.session: Session | None = None
         self.wakes = 0  # tests read it
         # A worker's acks and its handler's blocks (on the handler's thread) both call it, and
         # so does the stop's send of what the worker could not ack (the service's thread)
@@ -48,41 +53,52 @@ class QueueWakes:
         with self._mutex:
             self._wake([q for q in queues if q != self.own_queue])
             if self._closed:  # (the stop's sends come after its worker closed us: no session kept)
-                self._close_wakers()
+                self._end_session()
 
     def _wake(self, queues: list[str]) -> None:
+        """Each queue's watcher, by the instant wake (the KILL QUERY of its wait), as a producer
+        wakes its own queue's (Waker._instant), unless `wakeup.instant_wake` or
+        `wakeup.use_locks` is off: then their poll finds the jobs."""
+        mode = self.config.wakeup.instant_wake
         for queue in queues:
-            waker = self.wakers.get(queue)
-            if waker is None:
-                waker = self.wakers[queue] = Waker(
-                    queue, QueueLocks(self.config.dsn.database, queue), self.config, ring=False,
-                    retry={"retry_s": WAKE_RETRY_S, "retry_log_level": logging.DEBUG})
             self.wakes += 1
-            waker.wake()
+            if mode is False or not self.config.wakeup.use_locks:
+                continue
+            instant = self.instants.get(queue)
+            if instant is None:
+                instant = self.instants[queue] = InstantWake(
+                    queue, QueueLocks(self.config.dsn.database, queue), insist=mode is True)
+            instant.follow(mode)
+            if instant.off is None and instant.look.due():
+                instant.wake(self._session())
+
+    def _session(self) -> Session:
+        if self.session is None:
+            self.session = Session(self.config.dsn, autocommit=True, name="queue-wakes", retry_s=WAKE_RETRY_S,
+                                   retry_log_level=logging.DEBUG)
+        return self.session
 
     def reload(self, config: Config) -> None:
         """A reload's config: the next wakes read its `wakeup.instant_wake`."""
         with self._mutex:
             self.config = config
-            for waker in self.wakers.values():
-                waker.reload(config)
 
     def close(self) -> None:
-        """For good (a worker's end): a wake after it opens its sessions and closes them again."""
+        """For good (a worker's end): a wake after it opens its session and closes it again."""
         with self._mutex:
             self._closed = True
-            self._close_wakers()
+            self._end_session()
 
     def end_sessions(self, drop: bool = False) -> None:
-        """The wakers' sessions ended (drop: without a word to a server that is gone); the next
-        wake opens new ones (a producer's close(), after which a put may come)."""
+        """The session ended (drop: without a word to a server that is gone); the next wake
+        opens a new one (a producer's close(), after which a put may come)."""
         with self._mutex:
-            self._close_wakers(drop)
+            self._end_session(drop)
 
-    def _close_wakers(self, drop: bool = False) -> None:
-        for waker in self.wakers.values():
+    def _end_session(self, drop: bool = False) -> None:
+        if self.session is not None:
             if drop:
-                waker.drop()
+                self.session.discard()
             else:
-                waker.close()
-        self.wakers.clear()
+                self.session.close()
+        self.session = None

@@ -282,7 +282,7 @@ def _free_a_slot_and_release(service, cfg, done: list[int]) -> None:
 def _instant_wakes(service):
     """The worker's instant wakes: its slot wake's ("lim"), its release wake's ("other")."""
     worker = service.workers[0]
-    return worker.slot_wake.waker.instant, worker.release_wake.wakers["other"].instant
+    return worker.slot_wake.waker.instant, worker.release_wake.instants.get("other")
 
 
 def _kills(service) -> list[int]:

@@ -223,6 +223,31 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(db, case, monkeypat
     assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 0
 
 
+@pytest.mark.parametrize("call", ["batch", "add", "after"])
+def test_a_call_refused_for_too_many_edges_adds_nothing_and_the_put_stays_within_the_limit(db, monkeypatch, call):
+    """Regression (an attack on the limits): a second batch's callback went past MAX_EDGES
+    after its node and most of its edges were added; the put then wrote them all, the callback
+    linked to all its members but the last (it could run before that one ended)."""
+    # Given a workflow of 5 jobs, 5 edges short of its limit of 10
+    monkeypatch.setattr(workflow_mod, "MAX_EDGES", 10)
+    wf = notifyq.Workflow()
+    members = [wf.add("q", {"n": n}) for n in range(5)]
+    wf.batch(members, on_success=("q", {"cb": 1}))
+    # When a call would add 6 more edges
+    with pytest.raises(errors.InputError, match="too many edges"):
+        if call == "batch":
+            wf.batch(members, on_complete=("q", {"cb": 2}), on_dead=("q", {"cb": 3}))
+        elif call == "add":
+            wf.add("q", {"cb": 2}, after=members + [members[0]])
+        else:
+            wf.after(members[4], members[:4] + [members[0], members[1]])
+    # Then it added nothing: the put writes the 6 jobs and 5 edges, every edge whole
+    with Producer("q", db.config()) as p:
+        p.put_workflow(wf)
+    assert db.scalar("SELECT COUNT(*) FROM nq_job") == 6
+    assert db.scalar("SELECT COUNT(*) FROM nq_edge") == 5
+
+
 def test_a_workflow_put_twice_is_refused_and_nothing_more_is_written(db):
     # Given a workflow that was put
     wf = notifyq.Workflow()
@@ -363,10 +388,18 @@ def _in_its_poll(worker) -> bool:
     return waiting is not None and waiting.what == "watch" and waiting.wait_s >= 2
 
 
+@pytest.mark.parametrize("ready", ["with no parent", "after a parent that is done"])
 @pytest.mark.parametrize("put", ["on the producer's session", "on the caller's connection"])
-def test_a_workflow_put_wakes_the_idle_consumers_of_the_other_queues_it_made_jobs_ready_on(db, put):
-    # Given an idle worker of queue "other" that polls only every 10 s, and a producer of "q"
+def test_a_workflow_put_wakes_the_idle_consumers_of_the_other_queues_it_made_jobs_ready_on(db, put, ready):
+    # Given an idle worker of queue "other" that polls only every 10 s, a producer of "q", and
+    # (for a job put after it) a parent that is done already
     cfg = db.config(wakeup={"poll_initial_s": 10.0, "poll_max_s": 10.0})
+    after = []
+    if ready == "after a parent that is done":
+        with Producer("q", db.config()) as p, opened(db) as session:
+            after = [p.put({"n": -1})]
+            claim = queries.claim(session, "q", "owner-1", 10, 30.0)
+            queries.ack(session, after, claim.token, keep=False)
     ran: dict[int, float] = {}
     stop = threading.Event()
     worker = Worker(cfg, "other", handlers.PythonHandler(lambda job: ran.setdefault(job.id, time.monotonic()), False),
@@ -377,7 +410,7 @@ def test_a_workflow_put_wakes_the_idle_consumers_of_the_other_queues_it_made_job
         wait_until(lambda: _in_its_poll(worker), 30, message="the other queue's watcher in its poll")
         # When it puts a workflow whose first job is on "other" (and a child on "q")
         wf = notifyq.Workflow()
-        wf.add("q", {"n": 1}, after=[wf.add("other", {"n": 0})])
+        wf.add("q", {"n": 1}, after=[wf.add("other", {"n": 0}, after=after)])
         with Producer("q", db.config()) as p:
             put_at = time.monotonic()
             if put == "on the producer's session":
@@ -396,6 +429,27 @@ def test_a_workflow_put_wakes_the_idle_consumers_of_the_other_queues_it_made_job
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_a_workflow_put_on_many_queues_wakes_them_on_one_session(db):
+    """Regression (an attack on the wake of the other queues): each queue woken kept a session
+    of its own for the producer's life; a workflow with first jobs on 300 queues took the
+    server past max_connections (1040 to every other client)."""
+    # Given a producer that has put once (its own sessions are open)
+    def sessions() -> int:
+        return db.scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = %s",
+                         (db.config().dsn.database,))
+
+    with Producer("q", db.config()) as p:
+        p.put({"n": 0})
+        before = sessions()
+        # When it puts a workflow whose first jobs are on 60 other queues
+        wf = notifyq.Workflow()
+        for n in range(60):
+            wf.add(f"many{n:02d}", {"n": n})
+        p.put_workflow(wf)
+        # Then it holds one session more for those wakes, not 60
+        assert sessions() - before <= 2, (before, sessions())
 
 
 @pytest.mark.parametrize("ends", ["dead", "cancelled while it ran"])
