@@ -36,6 +36,7 @@ from notifyq.store.db import Session
 from notifyq.store.driver import DriverError, locks_unavailable
 from notifyq.store.rates import Rates
 from notifyq.store.flow import FlowClaims
+from notifyq.wakeup.nap import NapLock
 from notifyq.wakeup.queue_wakes import QueueWakes
 
 log = logging.getLogger("notifyq.consumer")
@@ -110,6 +111,7 @@ class Worker:
         self.claim_backoff = ClaimBackoff(queue, name)  # claims that gave up on lock conflicts
         self.slot_wake: SlotWake | None = None  # a limited queue's wake when a slot frees
         self.watch_waits_ended = 0  # _end_watch_wait's KILLs (tests read it)
+        self.nap = NapLock(config.dsn.database)  # what its watch waits in without a bell, held on its work session
         self._arm_slot_wake()
 
     @property
@@ -318,6 +320,7 @@ class Worker:
             self.watch_seat.leave(self)  # (already left when the watch was handed on)
 
     def _idle_with_locks(self) -> bool:
+        self.waiter.nap = self.nap.held(self.work)  # (taken once per connection of the work session)
         if not self.waiter.acquire_watch():
             # Timed out or interrupted: the loop turns, then we queue up again, unless work
             # waits that the watcher should have handed on by now (its host may be gone), or

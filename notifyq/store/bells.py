@@ -43,15 +43,16 @@ class WatchState:
 
 
 def watch(session: Session, queue: str, locks: QueueLocks, wait_on: int | None, wait_s: float,
-          use_bell: bool = True, on_generation: int | None = None) -> WatchState:
-    """on_generation: as advisory.get_lock's (a rerun on a newer connection does not wait)."""
+          use_bell: bool = True, on_generation: int | None = None, nap: str | None = None) -> WatchState:
+    """on_generation: as advisory.get_lock's (a rerun on a newer connection does not wait).
+    nap: the lock a wait without a bell waits on, if another session holds it (wakeup/nap.py)."""
     def body(cur) -> WatchState:
         wait_s_now = wait_s if on_generation in (None, session.generation) else 0.0
         try:
             cur.execute(Q["watch_bell"], {
                 "queue": queue, "bell0": locks.bells[0], "bell1": locks.bells[1], "wait_on": wait_on,
                 "wait_s": max(0.0, wait_s_now),
-                "lock_wait_s": lock_wait_s(session, wait_s_now), "use_bell": int(use_bell),
+                "lock_wait_s": lock_wait_s(session, wait_s_now), "use_bell": int(use_bell), "nap": nap,
                 "stale_us": microseconds(POLLING_STALE_S)})
         except MySQLdb.OperationalError as e:
             if error_code(e) != QUERY_INTERRUPTED:

@@ -8,10 +8,11 @@ at a time (consume/presence.py); its other idle workers wait for that seat in th
 The one holding it, the watcher, runs one statement in a loop (sql `watch_bell`): it reads the
 queue's enqueue count (the sum of its nq_signal slots) and, only if nothing new arrived, waits
 inside that same statement: in GET_LOCK on a bell when a long-running producer rings
-this queue, otherwise in SLEEP with exponential backoff (poll_initial_s doubling up to
-poll_max_s, and never past the earliest scheduled job's run_at). When the count moved or the
-bell rang, the watcher claims a batch while still holding the watch lock. That claim reads the
-count again in its first round trip, just before its candidate read, and if the batch drained
+this queue, otherwise asleep with exponential backoff (poll_initial_s doubling up to
+poll_max_s, and never past the earliest scheduled job's run_at): in SLEEP, or on MariaDB in
+GET_LOCK on a lock its worker's work session holds, whose KILL never takes the server 2 s
+(nap.py). When the count moved or the bell rang, the watcher claims a batch while still
+holding the watch lock. That claim reads the count again in its first round trip, just before its candidate read, and if the batch drained
 the queue it records that count as watched in its own COMMIT (queries.claim, as_watcher), so the
 next watcher does not wake for work already taken. Then it releases the watch lock (without
 waiting for the reply) before running the batch: the next idle consumer becomes the watcher.

@@ -42,6 +42,7 @@ class Waiter:
         self.stop = stop
         self.on_turn = on_turn  # called once per loop turn: liveness for the systemd watchdog
         self.on_reap = on_reap  # the watch statement saw a dead peer or an expired lease
+        self.nap: str | None = None  # the seated worker's nap lock (nap.py; None: SLEEP)
         self.watching = False
         self.watch_timed_out = False  # the last acquire_watch ended by its timeout
         # Why wait_for_work/poll_for_work returned work: tests and the benchmark read these.
@@ -266,7 +267,7 @@ class Waiter:
                 wait = self.until_claim_again(wait)
             sent = time.monotonic()  # due_in_s is measured before the statement's wait
             state = bells.watch(self.session, self.queue, self.locks, wait_on, wait,
-                                use_bell=not self._suspect_bell, on_generation=generation)
+                                use_bell=not self._suspect_bell, on_generation=generation, nap=self.nap)
             if self.session.generation != generation:
                 self.watching = False  # the watch lock died with the old connection
                 return None

@@ -118,10 +118,14 @@ def watch_state(db, queue: str = Q) -> tuple[int | None, int]:
 
 
 def watcher_waits_on_the_bell(db, queue: str = Q) -> bool:
-    """The watcher's statement is inside GET_LOCK on a bell (not SLEEP): a ringer is armed."""
+    """The watcher's statement is inside GET_LOCK on a bell: a ringer is armed. (Its wait without
+    a bell is in GET_LOCK too on MariaDB, on its worker's nap lock: wakeup/nap.py; only while a
+    ringer holds a bell does the statement wait on one.)"""
     holder, _ = watch_state(db, queue)
+    bells = QueueLocks(db.dsn.database, queue).bells
     return holder is not None and db.scalar(
-        "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,)) == "User lock"
+        "SELECT STATE = 'User lock' AND (IS_USED_LOCK(%s) IS NOT NULL OR IS_USED_LOCK(%s) IS NOT NULL)"
+        " FROM information_schema.PROCESSLIST WHERE ID = %s", (*bells, holder)) == 1
 
 
 def watcher_sleep_s(db, queue: str = Q) -> float | None:

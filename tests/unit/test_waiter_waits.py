@@ -20,7 +20,7 @@ class _Session:
 def _waits(monkeypatch, cfg: WakeupConfig, answers: list[WatchState]) -> list[float]:
     sent: list[float] = []
 
-    def watch(session, queue, locks, wait_on, wait_s, use_bell=True, on_generation=None):
+    def watch(session, queue, locks, wait_on, wait_s, use_bell=True, on_generation=None, nap=None):
         sent.append(wait_s)
         return answers.pop(0)
 

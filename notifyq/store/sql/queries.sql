@@ -1258,7 +1258,9 @@ WHERE id IN %(ids)s AND status = 2
 -- hide both (two rings during the tests are a count moved twice, which the bounded wait covers).
 -- reap and due_in_us: as in `watch`; due_in_us is also when a rate frees a start for the jobs a
 -- claim held back (nq_rate_hold, store/rates.py), if that comes first. lock_wait_s is wait_s as
--- GET_LOCK keeps it (advisory.lock_wait_s).
+-- GET_LOCK keeps it (advisory.lock_wait_s). `nap` (NULL: none) is a lock another session of the
+-- process holds: with no bell, the wait is in GET_LOCK on it, not in SLEEP, whose KILL on MariaDB
+-- may take 2 s (wakeup/nap.py); granted (its holder gone), it is let go at once; -1 however it ends.
 SELECT s.total, q.watched_seq, q.paused,
        IF(s.total > q.watched_seq AND q.paused = 0, NULL,
           IF(%(use_bell)s AND (IS_USED_LOCK(%(bell0)s) IS NOT NULL OR IS_USED_LOCK(%(bell1)s) IS NOT NULL
@@ -1266,7 +1268,9 @@ SELECT s.total, q.watched_seq, q.paused,
              IF(%(wait_on)s IS NULL, NULL,
                 IF(GET_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s), %(lock_wait_s)s) = 1,
                    RELEASE_LOCK(IF(%(wait_on)s = 0, %(bell0)s, %(bell1)s)), 0)),
-             SLEEP(%(wait_s)s) - 1)) AS waited,
+             IF(IFNULL(IS_USED_LOCK(%(nap)s) <> CONNECTION_ID(), 0),
+                IF(GET_LOCK(%(nap)s, %(lock_wait_s)s) = 1, RELEASE_LOCK(%(nap)s) - 2, -1),
+                SLEEP(%(wait_s)s) - 1))) AS waited,
        (SELECT COUNT(*) FROM nq_consumer
         WHERE IF(wakeup = 'locks', IS_FREE_LOCK(lock_name) = 1,
                  last_seen < NOW(6) - INTERVAL %(stale_us)s MICROSECOND))
