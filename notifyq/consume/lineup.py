@@ -44,7 +44,7 @@ from notifyq import errors
 from notifyq.config import Config
 from notifyq.consume.handler import Handler
 from notifyq.jobs import Job
-from notifyq.wakeup.waker import InstantWake
+from notifyq.wakeup.waker import InstantWake, instant_wanted
 from notifyq.store import advisory, queries
 from notifyq.store.db import Session
 from notifyq.store.driver import DriverError
@@ -318,11 +318,10 @@ class LineupWatch:
     def wake(self, queue: str, session: Session) -> None:
         """The queue's idle watcher, in any process, claims what was given back now, not at its
         next poll (on `session`: the watch's, or the stop's give-back's)."""
-        wakeup = self.config.wakeup
-        if not wakeup.use_locks or wakeup.instant_wake is False:
+        if not instant_wanted(self.config):
             return  # the watchers poll: their next look at the count finds them
-        waker = self._wakers.get(queue)
-        if waker is None:
-            waker = self._wakers[queue] = InstantWake(queue, self._locks(queue), insist=wakeup.instant_wake is True)
-        waker.follow(wakeup.instant_wake)  # (a reload may have changed it since)
-        waker.wake(session)
+        if queue not in self._wakers:
+            self._wakers[queue] = InstantWake(queue, self._locks(queue))
+        waker = self._wakers[queue].usable(self.config.wakeup.instant_wake)  # (a reload may have changed it)
+        if waker is not None:
+            waker.wake(session)

@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from operator import attrgetter
 
 from notifyq import errors, logs
@@ -156,9 +156,10 @@ class Outcomes:
         rest, results, released = [], [], []
         for job in jobs:
             run = run_of(job)
-            if run.completed == PENDING and job.id in landed:
+            landed_here = run.completed == PENDING and job.id in landed
+            if landed_here:
                 released += run.released
-            if run.completed == COMMITTED or (run.completed == PENDING and job.id in landed):
+            if run.completed == COMMITTED or landed_here:
                 if self.first_count(token, [job.id]):
                     self.stats.succeeded += 1
                     self.stats.by_task.of(run.task).counters["succeeded"] += 1
@@ -172,10 +173,9 @@ class Outcomes:
             if run.completed == PENDING:
                 run.completion_missed()
             rest.append(job)
-        if released and self.on_release is not None:
-            # The caller's COMMIT released workflow children: their queues' idle consumers are
-            # woken as after an ack's (job.transaction() blocks wake them at their own COMMIT)
-            self.on_release(tuple(dict.fromkeys(released)))
+        # The caller's COMMIT released workflow children: their queues' idle consumers are woken
+        # as after an ack's (job.transaction() blocks wake them at their own COMMIT)
+        self._tell_released(released)
         try:  # the value returned after the completion committed: written right after it
             kept.keep_results(session, token, results)
         except errors.NotifyqError as e:
@@ -190,14 +190,16 @@ class Outcomes:
     def _report_ended(self, owned: queries.Owned) -> None:
         """Failures sent: the queues of the workflow children that run anyway which the jobs that
         ended dead or cancelled released are told to on_release, as an ack's are."""
-        if owned.released and self.on_release is not None:
-            self.on_release(tuple(dict.fromkeys(owned.released)))
+        self._tell_released(owned.released)
 
     def report_release(self, acks: queries.Acks) -> None:
         """`acks` were sent: the queues of the workflow children they released (if any) are told
         to on_release."""
-        if acks.released and self.on_release is not None:
-            self.on_release(acks.released)
+        self._tell_released(acks.released)
+
+    def _tell_released(self, queues: Iterable[str]) -> None:
+        if queues and self.on_release is not None:
+            self.on_release(tuple(queues))
 
     def count_acked(self, acks: queries.Acks, acked: int) -> None:
         """`acked` of `acks` landed (the ack's row count, alone or in a claim's COMMIT; which

@@ -144,8 +144,8 @@ class Producer:
         # the caller runs after its COMMIT, settles those that ended meanwhile (under _mutex)
         self._settle_on_wake: set[int] = set()
         # The other queues a workflow's put made jobs ready on: their idle consumers are woken
-        # after its COMMIT (for a put on a caller's connection, by wake()), each on a session of
-        # its own, opened on first use (under _mutex)
+        # after its COMMIT (for a put on a caller's connection, by wake()), all on one session,
+        # opened on first use (under _mutex)
         self._other_queues = QueueWakes(config, self.queue)
         self._wake_others_on_wake: set[str] = set()
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from notifyq.config import Config
 from notifyq.store.db import Session
 from notifyq.store.locks import QueueLocks
-from notifyq.wakeup.waker import InstantWake
+from notifyq.wakeup.waker import InstantWake, instant_wanted
 
 WAKE_RETRY_S = 1.0  # the wake's session gives up on an unreachable server soon: the poll covers it
 
@@ -51,7 +51,7 @@ class QueueWakes:
         """After a COMMIT that made jobs ready on `queues`: wake their watchers, the own queue's
         apart (never raises)."""
         with self._mutex:
-            self._wake([q for q in queues if q != self.own_queue])
+            self._wake([q for q in dict.fromkeys(queues) if q != self.own_queue])
             if self._closed:  # (the stop's sends come after its worker closed us: no session kept)
                 self._end_session()
 
@@ -59,17 +59,14 @@ class QueueWakes:
         """Each queue's watcher, by the instant wake (the KILL QUERY of its wait), as a producer
         wakes its own queue's (Waker._instant), unless `wakeup.instant_wake` or
         `wakeup.use_locks` is off: then their poll finds the jobs."""
-        mode = self.config.wakeup.instant_wake
         for queue in queues:
             self.wakes += 1
-            if mode is False or not self.config.wakeup.use_locks:
+            if not instant_wanted(self.config):
                 continue
-            instant = self.instants.get(queue)
-            if instant is None:
-                instant = self.instants[queue] = InstantWake(
-                    queue, QueueLocks(self.config.dsn.database, queue), insist=mode is True)
-            instant.follow(mode)
-            if instant.off is None and instant.look.due():
+            if queue not in self.instants:
+                self.instants[queue] = InstantWake(queue, QueueLocks(self.config.dsn.database, queue))
+            instant = self.instants[queue].usable(self.config.wakeup.instant_wake)
+            if instant is not None and instant.look.due():
                 instant.wake(self._session())
 
     def _session(self) -> Session:

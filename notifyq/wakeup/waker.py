@@ -288,10 +288,17 @@ class Bell:
         self.held = None
 
 
+def instant_wanted(config: Config, instant: bool | None = None) -> bool:
+    """Whether the instant wake may be tried: `instant` (None: `wakeup.instant_wake`) is not
+    False, and locks are on. (InstantWake.usable says whether one queue's still tries.)"""
+    mode = config.wakeup.instant_wake
+    return (mode if instant is None else instant) is not False and config.wakeup.use_locks
+
+
 class InstantWake:
     """One producer's instant wake for its queue: whether it still tries, and its look."""
 
-    def __init__(self, queue: str, locks: QueueLocks, insist: bool):
+    def __init__(self, queue: str, locks: QueueLocks, insist: bool = False):
         self.queue = queue
         self.locks = locks
         self.insist = insist  # instant_wake = true: a refusal does not stop it
@@ -308,6 +315,11 @@ class InstantWake:
         self.insist = mode is True
         if self.insist and self.off == "refused":
             self.off = None
+
+    def usable(self, mode: bool | str) -> InstantWake | None:
+        """Itself, following `mode` (`wakeup.instant_wake` now), unless it stopped for good."""
+        self.follow(mode)
+        return self if self.off is None else None
 
     def commit_and_look(self, work: Session, cur, result: Any) -> bool:
         """Inside a put's body on `work`: COMMIT with the look in its round trip, then the KILL,
@@ -505,13 +517,11 @@ class Waker:
     def _instant(self, instant: bool | None) -> InstantWake | None:
         """The instant wake, unless `instant` (None: `wakeup.instant_wake`) is False, locks are
         off, or it stopped for good."""
-        mode = self.config.wakeup.instant_wake
-        if (mode if instant is None else instant) is False or not self.config.wakeup.use_locks:
+        if not instant_wanted(self.config, instant):
             return None
         if self.instant is None:
-            self.instant = InstantWake(self.queue, self.locks, insist=mode is True)
-        self.instant.follow(mode)
-        return self.instant if self.instant.off is None else None
+            self.instant = InstantWake(self.queue, self.locks)
+        return self.instant.usable(self.config.wakeup.instant_wake)
 
     def _armed_bell(self) -> Bell | None:
         if not self.ring or not self.config.wakeup.use_locks:
