@@ -95,6 +95,16 @@ def microseconds(seconds: float) -> int:
     return max(0, int(seconds * 1_000_000))
 
 
+def _signal_read(total: Any, queue: str) -> int:
+    """A claim's read of its queue's signal total (never NULL: COALESCE). NULL is a KILL QUERY's
+    cut that MariaDB answered without an error: the claim is rolled back and run again, as after
+    the KILL's own 1317 (an outside storm of KILL QUERY once ended the worker, and its process,
+    with a TypeError here)."""
+    if total is None:
+        raise cut_short(f"claim {queue}: its signal read came back NULL")
+    return int(total)
+
+
 def claim_clock(server_now: dt.datetime | None) -> tuple[dt.datetime, float] | None:
     """A claim's clock (Claim.clock): the server's time its read replied with, and the monotonic
     time now, as its reply has just come in."""
@@ -424,7 +434,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             cur.execute(first_query(cur))  # one round trip: the looks, then the locking read
             seen, due, paused, server_now = cur.fetchone()
             clock = claim_clock(server_now)
-            seen_seq, due = int(seen), bool(due)
+            seen_seq, due = _signal_read(seen, queue), bool(due)
             cur.nextset()
             rows = cur.fetchall()  # locked, in claim order (ix_state's)
             if paused:  # (the COMMIT lets go of what claim_take locked)
@@ -466,7 +476,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
                     # (the same jobs per key as its key affinity's, counted once in claim())
                     flow.freed = dict(flow.own_acked)
             if as_watcher:
-                seen_seq = int(count[0][0][0])
+                seen_seq = _signal_read(count[0][0][0], queue)
             due = bool(due_rows)
             paused, server_now = paused_rows[0] if paused_rows else (0, None)  # (a KILL QUERY's cut)
             clock = claim_clock(server_now)
@@ -478,7 +488,7 @@ def claim(session: Session, queue: str, owner: str, batch_size: int, lease_s: fl
             names = ("signal_total",) * as_watcher + ("claim_ready", "due_any", "queue_paused")
             cur.execute(";\n".join([cur.mogrify(Q[name], params) for name in names]))  # one round trip
             if as_watcher:
-                seen_seq = int(cur.fetchone()[0])
+                seen_seq = _signal_read(cur.fetchone()[0], queue)
                 cur.nextset()
             ordered = [row[0] for row in cur.fetchall()]  # already in claim order: ix_state's
             cur.nextset()

@@ -130,3 +130,30 @@ def test_a_watchers_claim_whose_watched_count_stalls_delivers_at_once(db):
         assert session.connection_id == first_connection, "no read timeout, no retry"
     finally:
         session.close()
+
+
+def test_a_watchers_claim_whose_signal_read_comes_back_null_is_run_again(db, monkeypatch):
+    """Regression (an attack's storm of KILL QUERY at the claim statements): MariaDB answered a
+    KILL that cut the claim's read of the signal total with OK and a NULL total, not with 1317;
+    int(None) raised a TypeError that ended the worker, and with it the consumer process. The
+    read is taken as cut short: the claim is rolled back and run again, as after the KILL's 1317."""
+    # Given 2 ready jobs, and a claim whose first read of the signal total comes back NULL
+    with Producer("q", db.config()) as p:
+        ids = sorted(p.put_many([{"n": 0}, {"n": 1}]))
+    read = queries._signal_read
+    totals = []
+
+    def first_cut(total, queue):
+        totals.append(total)
+        return read(None if len(totals) == 1 else total, queue)
+
+    monkeypatch.setattr(queries, "_signal_read", first_cut)
+    session = Session(db.config().dsn, name="test", retry_s=30)
+    try:
+        # When the watcher claims
+        claim = queries.claim(session, "q", OWNER, 10, 60, as_watcher=True)
+        # Then it ran again and took both jobs; nothing raised
+        assert sorted(job.id for job in claim.jobs) == ids
+        assert len(totals) == 2 and totals[1] is not None
+    finally:
+        session.close()
